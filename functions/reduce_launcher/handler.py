@@ -1,0 +1,27 @@
+"""ReduceLauncher: WorkDone → (at the quorum, once) one Reduce message per reducer."""
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.parser import envelopes, event_parser
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from slsml.idempotency import once_per_message
+from slsml.messages import WorkDone
+from slsml.services import from_env
+from slsml.steps import reduce_launcher
+from slsml.steps.common import failing_run_on_bad_input
+
+logger, tracer, metrics = Logger(), Tracer(), Metrics()
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics(capture_cold_start_metric=True)
+@event_parser(model=WorkDone, envelope=envelopes.SnsEnvelope)
+def lambda_handler(messages: list[WorkDone], context: LambdaContext) -> None:
+    services = from_env()
+    metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(messages))
+    record = once_per_message(lambda done: reduce_launcher.on_work_done(done, services), context)
+    for message in messages:
+        with failing_run_on_bad_input(services, message.run_id, "reduce launcher"):
+            metrics.add_metric("WorkersDone", MetricUnit.Count, 1)
+            record(message)

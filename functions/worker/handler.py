@@ -1,0 +1,29 @@
+"""Worker: Work → its slice's update in S3 (one part per reducer) → WorkDone."""
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.parser import envelopes, event_parser
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from slsml.idempotency import once_per_message
+from slsml.messages import WorkMessage
+from slsml.services import from_env
+from slsml.steps import worker
+from slsml.steps.common import failing_run_on_bad_input
+
+logger, tracer, metrics = Logger(), Tracer(), Metrics()
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics(capture_cold_start_metric=True)
+@event_parser(model=WorkMessage, envelope=envelopes.SnsEnvelope)
+def lambda_handler(messages: list[WorkMessage], context: LambdaContext) -> None:
+    services = from_env()
+    metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(messages))
+    work = once_per_message(lambda message: worker.work(message, services), context)
+    for message in messages:
+        with failing_run_on_bad_input(services, message.run_id, f"worker {message.worker}"):
+            done = work(message)
+            if done:
+                metrics.add_metric("WorkerComputeSeconds", MetricUnit.Seconds, done["compute_s"])
+                metrics.add_metric("TrainLoss", MetricUnit.NoUnit, done["loss"])

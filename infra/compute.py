@@ -1,0 +1,158 @@
+"""Compute: one Lambda function per pipeline step in slsml.wiring.FUNCTIONS, each with its own
+least-privilege role. TensorFlow steps run as one container image (functions/worker/Dockerfile, the
+handler picked by the image command); the others are zip functions on the common layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aws_cdk import Duration, Size
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
+from cdk_nag import NagPackSuppression, NagSuppressions, RegexAppliesTo
+from constructs import Construct
+from slsml import deployment, wiring
+
+from infra.layers import ARCHITECTURE, ROOT, RUNTIME, CommonLayer
+from infra.naming import pascal
+from infra.settings import Settings
+
+FUNCTIONS_DIR = ROOT / "functions"
+DOCKERFILE = "functions/worker/Dockerfile"  # relative to the image's build context, the repository root
+HANDLER = "lambda_handler"  # the entry point in every functions/<name>/handler.py
+# Powertools Idempotency keeps its records in the run table and deletes one when a step fails, so
+# that a retry runs again: hence DeleteItem besides the run-state actions.
+TABLE_ACTIONS = ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query"]
+
+
+class Compute(Construct):
+    """The pipeline functions, by wiring name."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: Settings,
+        bucket: s3.IBucket,
+        table: dynamodb.ITable,
+        topics: Mapping[str, sns.ITopic],
+        failures: sqs.IQueue,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._settings = settings
+        self._bucket = bucket
+        self._table = table
+        self._topics = topics
+        self._failures = failures
+        self.layer = CommonLayer(self, "CommonLayer", build=not settings.skip_layer_build).layer
+        self.functions: dict[str, lambda_.Function] = {fn.name: self._function(fn) for fn in wiring.FUNCTIONS}
+
+    def _function(self, fn: wiring.Function) -> lambda_.Function:
+        name = pascal(fn.name)
+        sizing = self._settings.functions[fn.name]
+        log_group = logs.LogGroup(
+            self,
+            f"{name}Logs",
+            retention=self._settings.log_retention,
+            removal_policy=self._settings.cdk_removal_policy,
+        )
+        role = self._role(fn, log_group)
+        environment = {
+            wiring.BUCKET_ENV: self._bucket.bucket_name,
+            wiring.TABLE_ENV: self._table.table_name,
+            "POWERTOOLS_SERVICE_NAME": deployment.SERVICE_NAME,
+            "POWERTOOLS_METRICS_NAMESPACE": deployment.METRICS_NAMESPACE,
+            **{topic.env_var: self._topics[topic.name].topic_arn for topic in fn.publishes},
+        }
+        common = {
+            "description": f"slsml {fn.name}: {fn.trigger.name} -> {', '.join(t.name for t in fn.publishes) or 'S3'}",
+            "role": role,
+            "log_group": log_group,
+            "environment": environment,
+            "architecture": ARCHITECTURE,
+            "memory_size": sizing.memory_mb,
+            "timeout": Duration.seconds(sizing.timeout_s),
+            "ephemeral_storage_size": Size.mebibytes(sizing.ephemeral_storage_mb),
+            "reserved_concurrent_executions": sizing.reserved_concurrency,
+            "tracing": lambda_.Tracing.ACTIVE,
+            "dead_letter_queue": self._failures,
+        }
+        if fn.needs_tensorflow:
+            code = lambda_.DockerImageCode.from_image_asset(
+                str(ROOT),
+                file=DOCKERFILE,
+                cmd=[f"{fn.name}.handler.{HANDLER}"],
+                platform=ecr_assets.Platform.LINUX_AMD64,
+            )
+            return lambda_.DockerImageFunction(self, name, code=code, **common)
+        function = lambda_.Function(
+            self,
+            name,
+            runtime=RUNTIME,
+            handler=f"handler.{HANDLER}",
+            code=lambda_.Code.from_asset(str(FUNCTIONS_DIR / fn.name), exclude=["__pycache__"]),
+            layers=[self.layer],
+            **common,
+        )
+        NagSuppressions.add_resource_suppressions(
+            function,
+            [
+                NagPackSuppression(
+                    id="AwsSolutions-L1",
+                    reason=f"Pinned to {RUNTIME.name}, the Python of the TensorFlow image (TensorFlow 2.21"
+                    " wheels need glibc 2.27, so no image older than python:3.12) and of the layer's wheels.",
+                )
+            ],
+        )
+        return function
+
+    def _role(self, fn: wiring.Function, log_group: logs.ILogGroup) -> iam.Role:
+        """Logs, the bucket (read runs/ and datasets/, write runs/ only), the table, its own topics."""
+        role = iam.Role(
+            self,
+            f"{pascal(fn.name)}Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"slsml {fn.name}",
+        )
+        log_group.grant_write(role)
+        readable = [self._bucket.arn_for_objects(f"{prefix}*") for prefix in deployment.READABLE_PREFIXES]
+        writable = [self._bucket.arn_for_objects(f"{prefix}*") for prefix in deployment.WRITABLE_PREFIXES]
+        role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=readable))
+        # ListBucket makes a GET/HEAD of a missing key answer 404 (not 403), which storage.head relies
+        # on; IfExists: that check carries no s3:prefix, a listing must stay within the readable prefixes.
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[self._bucket.bucket_arn],
+                conditions={"StringLikeIfExists": {"s3:prefix": [f"{p}*" for p in deployment.READABLE_PREFIXES]}},
+            )
+        )
+        # PutObjectTagging: scratch objects are written with the expiry tag.
+        role.add_to_policy(iam.PolicyStatement(actions=["s3:PutObject", "s3:PutObjectTagging"], resources=writable))
+        role.add_to_policy(iam.PolicyStatement(actions=TABLE_ACTIONS, resources=[self._table.table_arn]))
+        for topic in fn.publishes:
+            self._topics[topic.name].grant_publish(role)
+        NagSuppressions.add_resource_suppressions(
+            role,
+            [
+                NagPackSuppression(
+                    id="AwsSolutions-IAM5",
+                    reason="Objects are keyed by run and iteration, so access is granted per prefix"
+                    " (read runs/ and datasets/, write runs/); X-Ray accepts no resource but *.",
+                    applies_to=[
+                        RegexAppliesTo(regex=r"/^Resource::<.+\.Arn>\/(runs|datasets)\/\*$/g"),
+                        "Resource::*",
+                    ],
+                )
+            ],
+            apply_to_children=True,
+        )
+        return role

@@ -1,0 +1,97 @@
+"""Messaging: the pipeline's SNS topics (from slsml.wiring), the bucket notifications that feed them,
+the function subscriptions and the dead-letter queues that catch what could not be delivered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_notifications as s3n
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_sqs as sqs
+from cdk_nag import NagPackSuppression, NagSuppressions
+from constructs import Construct
+from slsml import wiring
+
+from infra.naming import pascal
+
+# Run lifecycle notifications (started, completed, failed) for people and tools to follow; published
+# by the orchestration, which is not deployed yet.
+RUN_EVENTS = "RunEvents"
+DLQ_RETENTION = Duration.days(14)
+
+_SUBSCRIPTION_DLQ_SUPPRESSIONS = [
+    NagPackSuppression(
+        id="AwsSolutions-SQS3",
+        reason="This queue is the dead-letter queue of an SNS subscription (cdk-nag recognizes only SQS redrive).",
+    )
+]
+_BASIC_EXECUTION_ROLE = "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole"
+
+
+class Messaging(Construct):
+    """Topics, bucket notifications, subscriptions and dead-letter queues."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, bucket: s3.IBucket) -> None:
+        super().__init__(scope, construct_id)
+        self.topics: dict[str, sns.Topic] = {
+            name: self._topic(name) for name in (*(topic.name for topic in wiring.TOPICS), RUN_EVENTS)
+        }
+        self.dead_letter_queues: dict[str, sqs.Queue] = {}
+        # What Lambda could not process after its own retries of an asynchronous (SNS) invocation.
+        self.function_failures = self._dead_letter_queue("FunctionFailures")
+
+        for notification in wiring.BUCKET_NOTIFICATIONS:
+            bucket.add_event_notification(
+                s3.EventType.OBJECT_CREATED,
+                s3n.SnsDestination(self.topics[notification.topic.name]),
+                s3.NotificationKeyFilter(prefix=notification.prefix, suffix=notification.suffix),
+            )
+        self._suppress_notifications_handler()
+
+    def subscribe(self, functions: Mapping[str, lambda_.IFunction]) -> None:
+        """Each function to its trigger topic, with a dead-letter queue for undeliverable messages."""
+        for fn in wiring.FUNCTIONS:
+            dlq = self._dead_letter_queue(f"{pascal(fn.name)}Subscription")
+            NagSuppressions.add_resource_suppressions(dlq, _SUBSCRIPTION_DLQ_SUPPRESSIONS)
+            self.topics[fn.trigger.name].add_subscription(
+                subscriptions.LambdaSubscription(functions[fn.name], dead_letter_queue=dlq)
+            )
+
+    def _suppress_notifications_handler(self) -> None:
+        """The custom resource writing the bucket's notification configuration is a CDK singleton."""
+        stack = Stack.of(self)
+        for handler in stack.node.children:
+            if handler.node.id.startswith("BucketNotificationsHandler"):
+                NagSuppressions.add_resource_suppressions(
+                    handler,
+                    [
+                        NagPackSuppression(
+                            id="AwsSolutions-IAM4",
+                            reason="CDK's own bucket-notification handler, which only writes the log"
+                            " streams of its one configuration call.",
+                            applies_to=[_BASIC_EXECUTION_ROLE],
+                        )
+                    ],
+                    apply_to_children=True,
+                )
+
+    def _topic(self, name: str) -> sns.Topic:
+        # TLS enforced, no KMS: messages carry run ids, S3 keys and counters, never data, and S3 can
+        # publish to an encrypted topic only with a customer-managed key (a key and KMS calls per message).
+        return sns.Topic(self, name, display_name=f"slsml {name}", enforce_ssl=True)
+
+    def _dead_letter_queue(self, name: str) -> sqs.Queue:
+        queue = sqs.Queue(
+            self,
+            f"{name}Dlq",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=DLQ_RETENTION,
+        )
+        self.dead_letter_queues[name] = queue
+        return queue

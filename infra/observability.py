@@ -1,0 +1,122 @@
+"""Observability: a CloudWatch dashboard of the pipeline and alarms on function errors, dead letters
+and failed runs, all notifying one topic. Custom metrics follow slsml.deployment (Powertools EMF).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+from slsml.deployment import METRICS_NAMESPACE, SERVICE_NAME, Metric
+
+from infra.naming import pascal
+
+PERIOD = Duration.minutes(5)
+WIDGET_WIDTH = 8
+CUSTOM_STATISTICS = {
+    Metric.ITERATION_SECONDS: "Average",
+    Metric.TRAIN_LOSS: "Average",
+    Metric.WORKERS_DONE: "Sum",
+    Metric.LATE_WORKERS: "Sum",
+    Metric.BYTES_READ: "Sum",
+    Metric.BYTES_WRITTEN: "Sum",
+}
+
+
+def custom_metric(metric: Metric, statistic: str) -> cloudwatch.Metric:
+    """A metric the functions emit through Powertools (namespace and service dimension shared by all)."""
+    return cloudwatch.Metric(
+        namespace=METRICS_NAMESPACE,
+        metric_name=metric.value,
+        dimensions_map={"service": SERVICE_NAME},
+        statistic=statistic,
+        period=PERIOD,
+    )
+
+
+class Observability(Construct):
+    """Dashboard, alarms and the topic the alarms notify."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        functions: Mapping[str, lambda_.IFunction],
+        dead_letter_queues: Mapping[str, sqs.IQueue],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        # No KMS (as for the pipeline topics): CloudWatch publishes to encrypted topics only with a
+        # customer-managed key, and alarm notifications carry only alarm names and states.
+        self.alarm_topic = sns.Topic(self, "Alarms", display_name="slsml alarms", enforce_ssl=True)
+
+        self.alarms: list[cloudwatch.Alarm] = []
+        for name, fn in functions.items():
+            self._alarm(f"{pascal(name)}Errors", fn.metric_errors(period=PERIOD, statistic="Sum"), f"{name} failed")
+        for name, queue in dead_letter_queues.items():
+            depth = queue.metric_approximate_number_of_messages_visible(period=PERIOD, statistic="Maximum")
+            self._alarm(f"{name}DeadLetters", depth, f"messages in the {name} dead-letter queue")
+        self._alarm("RunsFailed", custom_metric(Metric.RUNS_FAILED, "Sum"), "a training run failed")
+
+        self.dashboard = cloudwatch.Dashboard(
+            self,
+            "Dashboard",
+            dashboard_name=f"{Stack.of(self).stack_name}-pipeline",
+            default_interval=Duration.hours(3),
+        )
+        self.dashboard.add_widgets(
+            self._graph("Invocations", [fn.metric_invocations(period=PERIOD, label=n) for n, fn in functions.items()]),
+            self._graph("Errors", [fn.metric_errors(period=PERIOD, label=n) for n, fn in functions.items()]),
+            self._graph(
+                "Duration p90 (ms)",
+                [fn.metric_duration(period=PERIOD, statistic="p90", label=n) for n, fn in functions.items()],
+            ),
+        )
+        self.dashboard.add_widgets(
+            self._graph(
+                "Dead-letter queue depth",
+                [
+                    queue.metric_approximate_number_of_messages_visible(period=PERIOD, statistic="Maximum", label=n)
+                    for n, queue in dead_letter_queues.items()
+                ],
+            ),
+            cloudwatch.AlarmStatusWidget(title="Alarms", alarms=self.alarms, width=2 * WIDGET_WIDTH),
+        )
+        self.dashboard.add_widgets(
+            *(
+                self._graph(f"{metric.value} ({statistic})", [custom_metric(metric, statistic)])
+                for metric, statistic in CUSTOM_STATISTICS.items()
+            )
+        )
+
+    @property
+    def dashboard_url(self) -> str:
+        stack = Stack.of(self)
+        return (
+            f"https://{stack.region}.console.aws.amazon.com/cloudwatch/home?region={stack.region}"
+            f"#dashboards:name={self.dashboard.dashboard_name}"
+        )
+
+    def _alarm(self, construct_id: str, metric: cloudwatch.IMetric, description: str) -> None:
+        alarm = cloudwatch.Alarm(
+            self,
+            construct_id,
+            metric=metric,
+            threshold=0,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=f"slsml: {description}",
+        )
+        alarm.add_alarm_action(actions.SnsAction(self.alarm_topic))
+        self.alarms.append(alarm)
+
+    @staticmethod
+    def _graph(title: str, metrics: list[cloudwatch.IMetric]) -> cloudwatch.GraphWidget:
+        return cloudwatch.GraphWidget(title=title, left=metrics, width=WIDGET_WIDTH)

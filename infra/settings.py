@@ -1,0 +1,75 @@
+"""Deployment settings: CDK context (cdk.json, ``cdk deploy -c key=value``) over the defaults here.
+
+Per-function overrides merge over the function's defaults, e.g. in cdk.json
+``"functions": {"worker": {"memory_mb": 4096, "reserved_concurrency": 50}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_logs as logs
+from constructs import Node
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from slsml import wiring
+
+
+class FunctionSettings(BaseModel):
+    """Sizing of one Lambda function."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory_mb: int = Field(default=512, ge=128, le=10240)
+    timeout_s: int = Field(default=60, ge=1, le=900)
+    ephemeral_storage_mb: int = Field(default=512, ge=512, le=10240)
+    reserved_concurrency: int | None = Field(default=None, ge=1)
+
+
+# The TensorFlow functions get room for the framework and a cached model; 1769 MB is one full vCPU
+# for the reducers' numpy math.
+DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
+    "work_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
+    "worker": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
+    "reduce_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
+    "reducer": FunctionSettings(memory_mb=1769, timeout_s=300),
+    "merger": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
+}
+
+
+class Settings(BaseModel):
+    """Everything a deployment may tune; each field is a CDK context key of the same name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stack_name: str = Field(default="Slsml", pattern=r"^[A-Za-z][A-Za-z0-9-]{0,100}$")
+    removal_policy: Literal["retain", "destroy"] = "retain"
+    bucket_versioning: bool = False
+    scratch_expiry_days: int = Field(default=7, ge=1)
+    log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
+    # Tests only: ship layers/common as is instead of pip-installing the layer (fast, not deployable).
+    skip_layer_build: bool = False
+    functions: dict[str, FunctionSettings] = Field(default_factory=dict, validate_default=True)
+
+    @field_validator("functions", mode="before")
+    @classmethod
+    def _merge_function_defaults(cls, value: Any) -> dict[str, Any]:
+        overrides = json.loads(value) if isinstance(value, str) else dict(value)
+        unknown = set(overrides) - {fn.name for fn in wiring.FUNCTIONS}
+        if unknown:
+            raise ValueError(f"no pipeline function named {sorted(unknown)}")
+        return {
+            fn.name: DEFAULT_FUNCTIONS.get(fn.name, FunctionSettings()).model_dump() | overrides.get(fn.name, {})
+            for fn in wiring.FUNCTIONS
+        }
+
+    @classmethod
+    def from_context(cls, node: Node) -> Settings:
+        """The settings named in the app's context; the defaults for the others."""
+        given = {name: node.try_get_context(name) for name in cls.model_fields}
+        return cls.model_validate({k: v for k, v in given.items() if v is not None})
+
+    @property
+    def cdk_removal_policy(self) -> RemovalPolicy:
+        return RemovalPolicy.DESTROY if self.removal_policy == "destroy" else RemovalPolicy.RETAIN

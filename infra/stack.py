@@ -1,0 +1,53 @@
+"""The slsml stack: storage, messaging, compute and observability, wired by slsml.wiring.
+
+Orchestration (Step Functions, one execution per run) will be one more construct here, taking the
+storage, the topics and the run-events topic like the others do.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Stack
+from constructs import Construct
+from slsml import wiring
+
+from infra.compute import Compute
+from infra.messaging import Messaging
+from infra.naming import pascal
+from infra.observability import Observability
+from infra.settings import Settings
+from infra.storage import Storage
+
+
+class SlsmlStack(Stack):
+    """Everything one slsml deployment needs."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings) -> None:
+        super().__init__(scope, construct_id, description="slsml: serverless training of Keras models")
+        self.settings = settings
+        self.storage = Storage(self, "Storage", settings=settings)
+        self.messaging = Messaging(self, "Messaging", bucket=self.storage.bucket)
+        self.compute = Compute(
+            self,
+            "Compute",
+            settings=settings,
+            bucket=self.storage.bucket,
+            table=self.storage.table,
+            topics=self.messaging.topics,
+            failures=self.messaging.function_failures,
+        )
+        self.messaging.subscribe(self.compute.functions)
+        self.observability = Observability(
+            self,
+            "Observability",
+            functions=self.compute.functions,
+            dead_letter_queues=self.messaging.dead_letter_queues,
+        )
+
+        CfnOutput(self, "BucketName", value=self.storage.bucket.bucket_name)
+        CfnOutput(self, "TableName", value=self.storage.table.table_name)
+        for name, topic in self.messaging.topics.items():
+            CfnOutput(self, f"{name}TopicArn", value=topic.topic_arn)
+        CfnOutput(self, "AlarmsTopicArn", value=self.observability.alarm_topic.topic_arn)
+        CfnOutput(self, "DashboardUrl", value=self.observability.dashboard_url)
+        for fn in wiring.FUNCTIONS:
+            CfnOutput(self, f"{pascal(fn.name)}FunctionName", value=self.compute.functions[fn.name].function_name)

@@ -1,0 +1,77 @@
+"""Storage: the data bucket (models, datasets, run scratch), its access-log bucket and the run table."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+from slsml import deployment
+
+from infra.settings import Settings
+
+TTL_ATTRIBUTE = "expires_at"
+
+
+class Storage(Construct):
+    """The bucket every function reads and writes, and the table holding run and iteration state."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: Settings) -> None:
+        super().__init__(scope, construct_id)
+        removal = settings.cdk_removal_policy
+        destroy = settings.removal_policy == "destroy"
+
+        self.access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            lifecycle_rules=[s3.LifecycleRule(id="ExpireAccessLogs", expiration=Duration.days(90))],
+            removal_policy=removal,
+            auto_delete_objects=destroy,
+        )
+
+        # Lifecycle filters match a key prefix (and tags), not a pattern, and the scratch lives at
+        # runs/<run>/iters/: a rule on the prefix runs/ alone would also expire models, run configs and
+        # final models. So writers tag scratch objects (slsml.deployment.SCRATCH_TAG_*) and the rule
+        # matches prefix runs/ AND that tag; untagged objects are kept.
+        scratch_rule = s3.LifecycleRule(
+            id="ExpireIterationScratch",
+            prefix=deployment.RUNS_PREFIX,
+            tag_filters={deployment.SCRATCH_TAG_KEY: deployment.SCRATCH_TAG_VALUE},
+            expiration=Duration.days(settings.scratch_expiry_days),
+            noncurrent_version_expiration=(
+                Duration.days(settings.scratch_expiry_days) if settings.bucket_versioning else None
+            ),
+        )
+        self.bucket = s3.Bucket(
+            self,
+            "Bucket",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            enforce_ssl=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="data/",
+            versioned=settings.bucket_versioning,
+            lifecycle_rules=[
+                scratch_rule,
+                s3.LifecycleRule(id="AbortIncompleteUploads", abort_incomplete_multipart_upload_after=Duration.days(1)),
+            ],
+            removal_policy=removal,
+            auto_delete_objects=destroy,
+        )
+
+        self.table = dynamodb.Table(
+            self,
+            "Table",
+            partition_key=dynamodb.Attribute(name="pk", type=dynamodb.AttributeType.STRING),
+            sort_key=dynamodb.Attribute(name="sk", type=dynamodb.AttributeType.STRING),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            time_to_live_attribute=TTL_ATTRIBUTE,
+            encryption=dynamodb.TableEncryption.AWS_MANAGED,
+            removal_policy=removal,
+        )

@@ -1,0 +1,66 @@
+"""Where every object lives in the bucket. Objects are versioned by iteration, never overwritten.
+
+```
+datasets/<name>/manifest.json, train-00000.npz, test-00000.npz
+runs/<run>/run.json                           run config (immutable)
+runs/<run>/models/<iter>.keras                model entering iteration <iter>: the trigger
+runs/<run>/final.keras                        the trained model, when the run completed
+runs/<run>/iters/<iter>/weights/<shard>.npy   flat weights entering <iter>, one file per shard
+runs/<run>/iters/<iter>/updates/<worker>.bin  one worker's update (all shards, see updates.py)
+runs/<run>/state/<shard>/<iter>.npz           optimizer slots entering <iter>
+incoming/<name>.keras                         drop-in: start a run with the deployment defaults
+```
+"""
+
+from __future__ import annotations
+
+import re
+
+MODELS_PREFIX = "runs/"
+MODEL_SUFFIX = ".keras"
+_MODEL_KEY = re.compile(r"^runs/(?P<run>[a-z0-9][a-z0-9-]{0,62})/models/(?P<iter>\d{6})\.keras$")
+
+
+def run_prefix(run_id: str) -> str:
+    return f"runs/{run_id}/"
+
+
+def run_config(run_id: str) -> str:
+    return f"runs/{run_id}/run.json"
+
+
+def model(run_id: str, iteration: int) -> str:
+    return f"runs/{run_id}/models/{iteration:06d}.keras"
+
+
+def final_model(run_id: str) -> str:
+    return f"runs/{run_id}/final.keras"
+
+
+def weights(run_id: str, iteration: int, shard: int) -> str:
+    return f"runs/{run_id}/iters/{iteration:06d}/weights/{shard:04d}.npy"
+
+
+def update(run_id: str, iteration: int, worker: int, attempt: int = 0) -> str:
+    suffix = f"-a{attempt}" if attempt else ""
+    return f"runs/{run_id}/iters/{iteration:06d}/updates/{worker:05d}{suffix}.bin"
+
+
+def optimizer_state(run_id: str, shard: int, iteration: int) -> str:
+    return f"runs/{run_id}/state/{shard:04d}/{iteration:06d}.npz"
+
+
+def dataset_manifest(name: str) -> str:
+    return f"datasets/{name}/manifest.json"
+
+
+def dataset_shard(name: str, split: str, index: int) -> str:
+    return f"datasets/{name}/{split}-{index:05d}.npz"
+
+
+def parse_model_key(key: str) -> tuple[str, int] | None:
+    """``runs/<run>/models/<iter>.keras`` → (run, iter); anything else → None."""
+    match = _MODEL_KEY.match(key)
+    if match is None:
+        return None
+    return match["run"], int(match["iter"])

@@ -1,0 +1,129 @@
+"""moto in server mode (a thread of this process) and the resources of the wiring spec in it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+
+import boto3
+from moto.server import ThreadedMotoServer
+
+from slsml import wiring
+
+REGION = "us-east-1"
+MAX_RECEIVES = 3  # Lambda's first try + its two async retries, then the DLQ
+VISIBILITY_TIMEOUT_S = 900
+
+
+@dataclass
+class LocalDeployment:
+    endpoint: str
+    bucket: str
+    table: str
+    topic_arns: dict[str, str]
+    queues: dict[str, str] = field(default_factory=dict)  # function → queue URL
+    dead_letter_queues: dict[str, str] = field(default_factory=dict)
+
+    def environment(self) -> dict[str, str]:
+        """What a function (or this process) needs to reach the embedded cloud."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "slsml-local",
+            "AWS_SECRET_ACCESS_KEY": "slsml-local",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+            wiring.BUCKET_ENV: self.bucket,
+            wiring.TABLE_ENV: self.table,
+            **{t.env_var: self.topic_arns[t.name] for t in wiring.TOPICS},
+        }
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class EmbeddedCloud:
+    """S3, SNS, SQS and DynamoDB on 127.0.0.1 for as long as this object is started."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def _client(self, service: str):
+        return boto3.client(
+            service,
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id="slsml-local",
+            aws_secret_access_key="slsml-local",
+        )
+
+    def provision(self, name: str = "slsml") -> LocalDeployment:
+        """Create bucket, table, topics, one queue (+ DLQ) per function and the bucket notifications."""
+        s3, sns, sqs, dynamodb = (self._client(s) for s in ("s3", "sns", "sqs", "dynamodb"))
+        bucket, table = f"{name}-local", f"{name}-runs"
+        s3.create_bucket(Bucket=bucket)
+        dynamodb.create_table(
+            TableName=table,
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            AttributeDefinitions=[
+                {"AttributeName": "pk", "AttributeType": "S"},
+                {"AttributeName": "sk", "AttributeType": "S"},
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        dynamodb.update_time_to_live(
+            TableName=table, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"}
+        )
+        topic_arns = {t.name: sns.create_topic(Name=f"{name}-{t.name}")["TopicArn"] for t in wiring.TOPICS}
+        deployment = LocalDeployment(self.endpoint, bucket, table, topic_arns)
+        for fn in wiring.FUNCTIONS:
+            dlq = sqs.create_queue(QueueName=f"{name}-{fn.name}-dlq")["QueueUrl"]
+            dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+            queue = sqs.create_queue(
+                QueueName=f"{name}-{fn.name}",
+                Attributes={
+                    "VisibilityTimeout": str(VISIBILITY_TIMEOUT_S),
+                    "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": MAX_RECEIVES}),
+                },
+            )["QueueUrl"]
+            queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+            sns.subscribe(TopicArn=topic_arns[fn.trigger.name], Protocol="sqs", Endpoint=queue_arn)
+            deployment.queues[fn.name], deployment.dead_letter_queues[fn.name] = queue, dlq
+        s3.put_bucket_notification_configuration(
+            Bucket=bucket,
+            NotificationConfiguration={
+                "TopicConfigurations": [
+                    {
+                        "TopicArn": topic_arns[n.topic.name],
+                        "Events": ["s3:ObjectCreated:*"],
+                        "Filter": {
+                            "Key": {
+                                "FilterRules": [
+                                    {"Name": "prefix", "Value": n.prefix},
+                                    {"Name": "suffix", "Value": n.suffix},
+                                ]
+                            }
+                        },
+                    }
+                    for n in wiring.BUCKET_NOTIFICATIONS
+                ]
+            },
+        )
+        return deployment
+
+
+def use_deployment(deployment: LocalDeployment) -> None:
+    """Point this process's AWS clients at the embedded cloud."""
+    os.environ.update(deployment.environment())

@@ -1,0 +1,108 @@
+"""The messages the pipeline functions exchange over SNS. Versioned: a reader accepts its own
+``schema_version`` and rejects others with a clear error, so formats can grow without breaking runs.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import unquote_plus
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    run_id: str = Field(min_length=1, max_length=63)
+    iteration: int = Field(ge=0)
+
+
+class WorkMessage(Message):
+    """WorkLauncher → Worker: compute your slice of global batch ``iteration``."""
+
+    worker: int = Field(ge=0)
+    attempt: int = Field(default=0, ge=0)
+
+
+class WorkDone(Message):
+    """Worker → ReduceLauncher: my update is in S3."""
+
+    worker: int = Field(ge=0)
+    attempt: int = Field(default=0, ge=0)
+    samples: int = Field(ge=0)
+    loss: float
+    accuracy: float | None = None
+    compute_s: float = Field(ge=0, description="gradient computation, excluding S3 and messaging")
+    bytes_read: int = Field(default=0, ge=0)
+    bytes_written: int = Field(default=0, ge=0)
+
+
+class Participant(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    worker: int = Field(ge=0)
+    attempt: int = Field(default=0, ge=0)
+    samples: int = Field(ge=0)
+
+
+class ReduceMessage(Message):
+    """ReduceLauncher → Reducer: average these workers' parts of your shard and step the optimizer."""
+
+    shard: int = Field(ge=0)
+    participants: tuple[Participant, ...] = Field(min_length=1)
+
+
+class ReduceDone(Message):
+    """Reducer → Merger: the new weights of my shard are in S3."""
+
+    shard: int = Field(ge=0)
+    bytes_read: int = Field(default=0, ge=0)
+    bytes_written: int = Field(default=0, ge=0)
+
+
+class _S3Object(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    key: str
+    eTag: str | None = None
+    sequencer: str | None = None
+
+
+class _S3Entity(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    object: _S3Object
+
+
+class _S3Record(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    eventName: str
+    s3: _S3Entity
+
+
+class S3Notification(BaseModel):
+    """The body of a ModelUpdated message: an S3 event, or the test event S3 sends on configuration.
+
+    Only the fields slsml reads are required, so any S3-compatible event source works.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    Records: list[_S3Record] = Field(default_factory=list)
+    Event: str | None = None
+
+
+class ModelLanded(BaseModel):
+    """One object created under a watched prefix (key URL-decoded)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    sequencer: str
+
+
+def landed_objects(notification: S3Notification) -> list[ModelLanded]:
+    return [
+        ModelLanded(key=unquote_plus(r.s3.object.key), sequencer=r.s3.object.sequencer or r.s3.object.eTag or "")
+        for r in notification.Records
+        if r.eventName.startswith("ObjectCreated")
+    ]

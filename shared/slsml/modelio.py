@@ -1,0 +1,200 @@
+"""Keras models as the pipeline sees them: bytes in S3 ↔ a flat float32 vector in plan order, and
+the worker's update computation. The only module (with ``steps.worker``/``steps.merger``) that
+imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import warnings
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from slsml.config import OptimizerConfig
+from slsml.errors import BadInputError
+from slsml.plan import ShardPlan, VariableSpec
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras
+import tensorflow as tf
+
+
+def load_model(data: bytes, where: str = "the model") -> keras.Model:
+    """A ``.keras`` archive → a Keras model; anything else → BadInputError naming the problem."""
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        raise BadInputError(f"{where} is not a Keras model (.keras files are zip archives; got {len(data)} bytes)")
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.keras")
+        with open(path, "wb") as file:
+            file.write(data)
+        try:
+            with warnings.catch_warnings():  # a compiled model saved before training has unbuilt optimizer state
+                warnings.simplefilter("ignore")
+                model = keras.saving.load_model(path)
+        except Exception as error:  # keras raises many types for corrupt archives
+            raise BadInputError(f"{where} could not be loaded as a Keras model: {error}") from None
+    if not isinstance(model, keras.Model):
+        raise BadInputError(f"{where} holds a {type(model).__name__}, not a Keras model")
+    if not model.built:
+        raise BadInputError(f"{where} is not built (its weights have no shapes yet): build or call it once before saving")
+    return model
+
+
+def save_model(model: keras.Model) -> bytes:
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.keras")
+        model.save(path)
+        with open(path, "rb") as file:
+            return file.read()
+
+
+def variable_specs(model: keras.Model) -> list[VariableSpec]:
+    trainable = {id(v) for v in model.trainable_weights}
+    specs = []
+    for variable in model.weights:
+        if variable.dtype != "float32":
+            raise BadInputError(
+                f"weight {variable.path} has dtype {variable.dtype}; slsml trains float32 models only"
+            )
+        specs.append(VariableSpec(name=variable.path, shape=tuple(variable.shape), trainable=id(variable) in trainable))
+    if not any(s.trainable for s in specs):
+        raise BadInputError("the model has no trainable weights")
+    return specs
+
+
+def get_flat(model: keras.Model, plan: ShardPlan) -> np.ndarray:
+    return plan.flatten([np.asarray(v.numpy()) for v in model.weights])
+
+
+def set_flat(model: keras.Model, plan: ShardPlan, flat: np.ndarray) -> None:
+    for variable, value in zip(model.weights, plan.unflatten(flat), strict=True):
+        variable.assign(value)
+
+
+def optimizer_config(model: keras.Model) -> OptimizerConfig:
+    """The optimizer the model was compiled with, if the reducers can apply it exactly."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise BadInputError("the model is not compiled: give an optimizer (e.g. --optimizer adam)")
+    config = optimizer.get_config()
+    name = type(optimizer).__name__.lower()
+    if name not in ("sgd", "adam"):
+        raise BadInputError(f"optimizer {type(optimizer).__name__} is not supported; use SGD or Adam")
+    for feature in ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "loss_scale_factor"):
+        if config.get(feature):
+            raise BadInputError(f"optimizer option {feature} is not supported by the reducers")
+    if config.get("use_ema") or (config.get("gradient_accumulation_steps") or 1) > 1:
+        raise BadInputError("optimizer EMA and gradient accumulation are not supported")
+    if isinstance(config.get("learning_rate"), dict):
+        raise BadInputError("learning-rate schedules are not supported yet; use a constant learning rate")
+    fields = {k: config[k] for k in OptimizerConfig.model_fields if k in config and k != "name"}
+    return OptimizerConfig(name=name, **fields)
+
+
+def loss_config(model: keras.Model, override: str | None) -> str:
+    """The loss as a JSON-serialized Keras loss, from ``override`` or the compiled model."""
+    loss = override if override is not None else getattr(model, "loss", None)
+    if loss is None:
+        raise BadInputError("the model is not compiled with a loss: give one (e.g. --loss sparse_categorical_crossentropy)")
+    if isinstance(loss, list | dict):
+        raise BadInputError("models with several losses are not supported")
+    try:
+        return json.dumps(keras.losses.serialize(keras.losses.get(loss)))
+    except (ValueError, TypeError) as error:
+        raise BadInputError(f"unknown loss {loss!r}: {error}") from None
+
+
+def deserialize_loss(config: str) -> Callable[[Any, Any], Any]:
+    """A mean-reduced Keras loss (a plain loss function is averaged over the batch, as ``compile`` does)."""
+    loss = keras.losses.deserialize(json.loads(config))
+    if isinstance(loss, keras.losses.Loss):
+        return loss
+    return lambda y, prediction: keras.ops.mean(loss(y, prediction))
+
+
+@dataclass
+class Update:
+    vector: np.ndarray  # gradient for trainable weights, new values for non-trainable ones
+    loss: float
+    accuracy: float | None
+
+
+def _accuracy(y: tf.Tensor, prediction: tf.Tensor) -> tf.Tensor:
+    if prediction.shape[-1] == 1:
+        predicted = tf.cast(tf.reshape(prediction, [-1]) > 0.5, tf.int64)
+    else:
+        predicted = tf.argmax(prediction, axis=-1)
+    return tf.reduce_mean(tf.cast(tf.equal(predicted, tf.cast(tf.reshape(y, [-1]), tf.int64)), tf.float32))
+
+
+class Trainer:
+    """A warm model for one run: set its weights, compute an update or evaluate."""
+
+    def __init__(self, model: keras.Model, plan: ShardPlan, loss: str, classification: bool) -> None:
+        self.model = model
+        self.plan = plan
+        self.loss_fn = deserialize_loss(loss)
+        self.classification = classification
+        self._trainable_index = {id(v): i for i, v in enumerate(model.trainable_weights)}
+        self._step = tf.function(self._step_fn, reduce_retracing=True)
+
+    def _step_fn(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor], tf.Tensor]:
+        with tf.GradientTape() as tape:
+            prediction = self.model(x, training=True)
+            loss = self.loss_fn(y, prediction)
+            if self.model.losses:
+                loss = loss + tf.add_n(self.model.losses)
+        gradients = tape.gradient(loss, self.model.trainable_weights)
+        accuracy = _accuracy(y, prediction) if self.classification else tf.constant(float("nan"))
+        return loss, gradients, accuracy
+
+    def compute_update(self, x: np.ndarray, y: np.ndarray) -> Update:
+        loss, gradients, accuracy = self._step(tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+        arrays = []
+        for variable in self.model.weights:
+            index = self._trainable_index.get(id(variable))
+            if index is None:
+                arrays.append(np.asarray(variable.numpy()))
+            elif gradients[index] is None:
+                arrays.append(np.zeros(variable.shape, dtype=np.float32))
+            else:
+                arrays.append(np.asarray(tf.convert_to_tensor(gradients[index])))
+        return Update(
+            vector=self.plan.flatten(arrays),
+            loss=float(loss),
+            accuracy=float(accuracy) if self.classification else None,
+        )
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch: int = 1024) -> tuple[float, float | None]:
+        total_loss, total_correct = 0.0, 0.0
+        for start in range(0, len(x), batch):
+            xb, yb = x[start : start + batch], y[start : start + batch]
+            prediction = self.model(xb, training=False)
+            total_loss += float(self.loss_fn(yb, prediction)) * len(xb)
+            if self.classification:
+                total_correct += float(_accuracy(tf.convert_to_tensor(yb), prediction)) * len(xb)
+        return total_loss / len(x), (total_correct / len(x) if self.classification else None)
+
+
+def check_fits(model: keras.Model, loss: str, x: np.ndarray, y: np.ndarray, classes: int | None) -> None:
+    """Raise BadInputError unless a forward pass and the loss run on a few samples of the data."""
+    try:
+        prediction = model(x[:2], training=False)
+        float(deserialize_loss(loss)(y[:2], prediction))
+    except Exception as error:
+        raise BadInputError(
+            f"the data does not fit the model: samples of shape {x.shape[1:]} / labels {y.shape[1:]} "
+            f"vs model input {model.input_shape}: {str(error).splitlines()[0][:300]}"
+        ) from None
+    outputs = prediction.shape[-1]
+    if classes is not None and outputs > 1 and classes > outputs:
+        raise BadInputError(f"labels go up to {classes - 1} but the model has only {outputs} outputs")

@@ -1,0 +1,155 @@
+"""Starting a run, following it, and summing it up. Used by the CLI, the local runtime and tests."""
+
+from __future__ import annotations
+
+import secrets
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import numpy as np
+from pydantic import BaseModel
+
+from slsml import data, keys
+from slsml.config import RunConfig, TrainingSpec
+from slsml.errors import BadInputError
+from slsml.plan import ShardPlan
+from slsml.runstate import IterationRecord, RunRecord, RunStatus
+from slsml.services import Services
+
+TERMINAL = {RunStatus.COMPLETED, RunStatus.FAILED}
+
+
+def new_run_id(stem: str = "run") -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{stem}-{stamp}-{secrets.token_hex(2)}"
+
+
+def start_run(
+    services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None
+) -> RunConfig:
+    """Validate model and data, write the run's config and initial weights, then place the model
+    at ``models/000000.keras`` — the upload that starts the pipeline. Bad input raises BadInputError
+    before anything is written."""
+    from slsml import modelio  # TensorFlow: only where a model is read
+
+    run_id = run_id or new_run_id()
+    store = services.store
+    manifest = data.load_manifest(store, dataset)
+    model = modelio.load_model(model_bytes, where="the model")
+    loss = modelio.loss_config(model, spec.loss)
+    optimizer = spec.optimizer or modelio.optimizer_config(model)
+    data.iterations_per_epoch(manifest.train.count, spec.global_batch)
+    x, y = data.DatasetReader(store, manifest).take("train", np.arange(min(2, manifest.train.count)))
+    modelio.check_fits(model, loss, x, y, manifest.classes)
+    plan = ShardPlan.build(modelio.variable_specs(model), spec.reducers)
+    config = RunConfig(
+        run_id=run_id,
+        dataset=dataset,
+        training=spec,
+        optimizer=optimizer,
+        loss=loss,
+        classification=manifest.classes is not None,
+        plan=plan,
+    )
+    if not store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json")):
+        raise BadInputError(f"a run named {run_id!r} already exists")
+    flat = modelio.get_flat(model, plan)
+    for shard in range(plan.reducers):
+        layout = plan.shard(shard)
+        store.put_array_new(keys.weights(run_id, 0, shard), flat[layout.start : layout.stop])
+    now = time.time()
+    services.table.create_run(
+        RunRecord(
+            run_id=run_id,
+            status=RunStatus.RUNNING,
+            iterations=spec.iterations,
+            workers=spec.workers,
+            reducers=spec.reducers,
+            quorum=spec.quorum,
+            dataset=dataset,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    store.put_new(keys.model(run_id, 0), model_bytes)
+    return config
+
+
+def wait_for_run(
+    services: Services,
+    run_id: str,
+    on_progress: Callable[[RunRecord, list[IterationRecord]], None] | None = None,
+    timeout_s: float | None = None,
+    poll_s: float = 0.25,
+    is_stalled: Callable[[], str | None] | None = None,
+) -> RunRecord:
+    """Poll until the run is COMPLETED or FAILED (or ``timeout_s`` passes: the run is marked FAILED)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        run = services.table.get_run(run_id)
+        if on_progress is not None:
+            on_progress(run, services.table.list_iterations(run_id))
+        if run.status in TERMINAL:
+            return run
+        reason = is_stalled() if is_stalled else None
+        if reason is None and deadline is not None and time.monotonic() > deadline:
+            reason = f"no completion within {timeout_s:.0f} s (at iteration {run.iteration})"
+        if reason is not None:
+            services.table.fail(run_id, reason)
+            return services.table.get_run(run_id)
+        time.sleep(poll_s)
+
+
+class RunSummary(BaseModel):
+    run_id: str
+    status: RunStatus
+    reason: str | None
+    iterations: int
+    workers: int
+    reducers: int
+    quorum: float
+    test_accuracy: float | None
+    test_loss: float | None
+    final_train_loss: float | None
+    wall_s: float
+    median_iteration_s: float | None
+    median_worker_compute_s: float | None
+    overhead_share: float | None
+    bytes_read_per_iteration: float | None
+    bytes_written_per_iteration: float | None
+    late_workers: int
+    final_model: str | None = None
+
+
+def summarize(run: RunRecord, iterations: list[IterationRecord], wall_s: float) -> RunSummary:
+    """Figures of a run: how an iteration's time splits between worker compute and the rest."""
+    launched = sorted((r for r in iterations if r.launched_at), key=lambda r: r.iteration)
+    cycle = [b.launched_at - a.launched_at for a, b in zip(launched, launched[1:], strict=False)]
+    done = [r for r in launched[: len(cycle)] if r.reports]
+    compute = [max(rep.compute_s for rep in r.reports.values()) for r in done]
+    merged = [r for r in iterations if r.merged_at]
+    median_cycle = statistics.median(cycle) if cycle else None
+    median_compute = statistics.median(compute) if compute else None
+    last_loss = next((r.train_loss for r in sorted(merged, key=lambda r: -r.iteration)), None)
+    return RunSummary(
+        run_id=run.run_id,
+        status=run.status,
+        reason=run.reason,
+        iterations=run.iteration,
+        workers=run.workers,
+        reducers=run.reducers,
+        quorum=run.quorum,
+        test_accuracy=run.test_accuracy,
+        test_loss=run.test_loss,
+        final_train_loss=last_loss,
+        wall_s=round(wall_s, 3),
+        median_iteration_s=median_cycle,
+        median_worker_compute_s=median_compute,
+        overhead_share=(1 - median_compute / median_cycle) if median_cycle and median_compute else None,
+        bytes_read_per_iteration=statistics.median(r.bytes_read for r in merged) if merged else None,
+        bytes_written_per_iteration=statistics.median(r.bytes_written for r in merged) if merged else None,
+        late_workers=sum(len(r.late) for r in iterations),
+        final_model=run.final_key,
+    )

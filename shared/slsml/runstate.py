@@ -1,0 +1,315 @@
+"""Run bookkeeping in DynamoDB: one ``META`` item per run and one ``ITER#<i>`` item per iteration.
+
+Counting is by set-add (a duplicate adds nothing) and every barrier fires through a conditional
+write that records who fired it: only that message (or a retry of it) publishes downstream.
+"""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ConfigDict, Field
+
+from slsml.aws import error_code
+from slsml.errors import BadInputError, NotFoundError
+from slsml.messages import Participant, WorkDone
+
+ITERATION_TTL_S = 14 * 24 * 3600
+
+
+class RunStatus(StrEnum):
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+
+class RunRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    run_id: str
+    status: RunStatus
+    iterations: int
+    iteration: int = 0
+    workers: int
+    reducers: int
+    quorum: float
+    dataset: str
+    created_at: float
+    updated_at: float
+    reason: str | None = None
+    final_key: str | None = None
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+
+
+class WorkerReport(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    worker: int
+    attempt: int = 0
+    samples: int
+    loss: float
+    accuracy: float | None = None
+    compute_s: float = 0.0
+
+
+class IterationRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    iteration: int
+    launched_at: float | None = None
+    launched_by: str | None = None
+    done: set[int] = Field(default_factory=set)
+    reports: dict[int, WorkerReport] = Field(default_factory=dict)
+    reduce_fired_by: int | None = None
+    reduce_fired_at: float | None = None
+    participants: list[Participant] = Field(default_factory=list)
+    shards: set[int] = Field(default_factory=set)
+    merge_fired_by: int | None = None
+    merged_at: float | None = None
+    bytes_read: int = 0
+    bytes_written: int = 0
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+
+    @property
+    def late(self) -> set[int]:
+        """Workers that reported after the reduce fired without them."""
+        if self.reduce_fired_by is None:
+            return set()
+        return self.done - {p.worker for p in self.participants}
+
+    @property
+    def train_loss(self) -> float | None:
+        return _weighted([(r.loss, r.samples) for r in self._included()])
+
+    @property
+    def train_accuracy(self) -> float | None:
+        return _weighted([(r.accuracy, r.samples) for r in self._included() if r.accuracy is not None])
+
+    def _included(self) -> list[WorkerReport]:
+        chosen = {p.worker for p in self.participants} or self.done
+        return [r for w, r in self.reports.items() if w in chosen]
+
+
+def _weighted(pairs: list[tuple[float, int]]) -> float | None:
+    total = sum(n for _, n in pairs)
+    return sum(v * n for v, n in pairs) / total if total else None
+
+
+def _plain(value: Any) -> Any:
+    """DynamoDB's Decimals and sets → Python numbers and sets."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, set):
+        return {_plain(v) for v in value}
+    return value
+
+
+def _dynamo(value: Any) -> Any:
+    """Python floats → Decimals (DynamoDB rejects floats)."""
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {k: _dynamo(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_dynamo(v) for v in value]
+    return value
+
+
+def _iteration_record(iteration: int, item: dict[str, Any]) -> IterationRecord:
+    item = _plain(item)
+    reports = {
+        int(name[2:]): WorkerReport.model_validate(value) for name, value in item.items() if name.startswith("w#")
+    }
+    return IterationRecord(iteration=iteration, reports=reports, **item)
+
+
+class RunTable:
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    @staticmethod
+    def _key(run_id: str, sort: str) -> dict[str, str]:
+        return {"pk": f"RUN#{run_id}", "sk": sort}
+
+    @staticmethod
+    def _iter_sk(iteration: int) -> str:
+        return f"ITER#{iteration:06d}"
+
+    def _is_conflict(self, error: ClientError) -> bool:
+        return error_code(error) == "ConditionalCheckFailedException"
+
+    # runs
+    def create_run(self, record: RunRecord) -> None:
+        try:
+            self.table.put_item(
+                Item={**self._key(record.run_id, "META"), **_dynamo(record.model_dump(mode="json"))},
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+        except ClientError as error:
+            if self._is_conflict(error):
+                raise BadInputError(f"a run named {record.run_id!r} already exists") from None
+            raise
+
+    def get_run(self, run_id: str) -> RunRecord:
+        item = self.table.get_item(Key=self._key(run_id, "META"), ConsistentRead=True).get("Item")
+        if item is None:
+            raise NotFoundError(f"no run named {run_id!r}")
+        return RunRecord.model_validate(_plain(item))
+
+    def list_runs(self) -> list[RunRecord]:
+        items, kwargs = [], {}
+        while True:
+            page = self.table.scan(**kwargs)
+            items += [i for i in page["Items"] if i["sk"] == "META"]
+            if "LastEvaluatedKey" not in page:
+                break
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return sorted((RunRecord.model_validate(_plain(i)) for i in items), key=lambda r: r.created_at)
+
+    def _update_run(self, run_id: str, values: dict[str, Any], only_if_running: bool = True) -> bool:
+        values = {**values, "updated_at": time.time()}
+        names = {f"#{k}": k for k in values}
+        try:
+            self.table.update_item(
+                Key=self._key(run_id, "META"),
+                UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in values),
+                ConditionExpression="#status = :running" if only_if_running else "attribute_exists(pk)",
+                ExpressionAttributeNames={**names, "#status": "status"},
+                ExpressionAttributeValues={
+                    **{f":{k}": _dynamo(v) for k, v in values.items()},
+                    **({":running": RunStatus.RUNNING.value} if only_if_running else {}),
+                },
+            )
+        except ClientError as error:
+            if self._is_conflict(error):
+                return False
+            raise
+        return True
+
+    def advance(self, run_id: str, iteration: int) -> None:
+        """The model entering ``iteration`` exists (heartbeat of the run)."""
+        self._update_run(run_id, {"iteration": iteration})
+
+    def complete(self, run_id: str, final_key: str, test_loss: float | None, test_accuracy: float | None) -> bool:
+        return self._update_run(
+            run_id,
+            {
+                "status": RunStatus.COMPLETED.value,
+                "final_key": final_key,
+                "test_loss": test_loss,
+                "test_accuracy": test_accuracy,
+            },
+        )
+
+    def fail(self, run_id: str, reason: str) -> bool:
+        """Mark a running run FAILED; the first reason is kept."""
+        return self._update_run(run_id, {"status": RunStatus.FAILED.value, "reason": reason[:2000]})
+
+    # iterations
+    def get_iteration(self, run_id: str, iteration: int) -> IterationRecord:
+        item = self.table.get_item(Key=self._key(run_id, self._iter_sk(iteration)), ConsistentRead=True).get("Item")
+        return _iteration_record(iteration, item or {})
+
+    def list_iterations(self, run_id: str) -> list[IterationRecord]:
+        records, kwargs = [], {}
+        while True:
+            page = self.table.query(
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :iter)",
+                ExpressionAttributeValues={":pk": f"RUN#{run_id}", ":iter": "ITER#"},
+                ConsistentRead=True,
+                **kwargs,
+            )
+            records += [_iteration_record(int(i["sk"][5:]), i) for i in page["Items"]]
+            if "LastEvaluatedKey" not in page:
+                return records
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def _fire(self, run_id: str, iteration: int, owner_attr: str, owner: Any, extra: dict[str, Any]) -> bool:
+        """Set ``owner_attr`` once. True if this call set it or ``owner`` had set it before (a retry)."""
+        values = {owner_attr: owner, **extra}
+        try:
+            self.table.update_item(
+                Key=self._key(run_id, self._iter_sk(iteration)),
+                UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in values),
+                ConditionExpression=f"attribute_not_exists(#{owner_attr}) OR #{owner_attr} = :{owner_attr}",
+                ExpressionAttributeNames={f"#{k}": k for k in values},
+                ExpressionAttributeValues={f":{k}": _dynamo(v) for k, v in values.items()},
+            )
+        except ClientError as error:
+            if self._is_conflict(error):
+                return False
+            raise
+        return True
+
+    def claim_launch(self, run_id: str, iteration: int, trigger_id: str) -> bool:
+        return self._fire(
+            run_id,
+            iteration,
+            "launched_by",
+            trigger_id,
+            {"launched_at": time.time(), "expires_at": int(time.time()) + ITERATION_TTL_S},
+        )
+
+    def record_worker(self, done: WorkDone, bytes_moved: tuple[int, int]) -> IterationRecord:
+        report = WorkerReport.model_validate(done.model_dump()).model_dump()
+        item = self.table.update_item(
+            Key=self._key(done.run_id, self._iter_sk(done.iteration)),
+            UpdateExpression="ADD done :w, bytes_read :r, bytes_written :wr SET #report = :report",
+            ExpressionAttributeNames={"#report": f"w#{done.worker:05d}"},
+            ExpressionAttributeValues={
+                ":w": {done.worker},
+                ":r": bytes_moved[0],
+                ":wr": bytes_moved[1],
+                ":report": _dynamo(report),
+            },
+            ReturnValues="ALL_NEW",
+        )["Attributes"]
+        return _iteration_record(done.iteration, item)
+
+    def fire_reduce(self, run_id: str, iteration: int, worker: int, participants: list[Participant]) -> bool:
+        return self._fire(
+            run_id,
+            iteration,
+            "reduce_fired_by",
+            worker,
+            {"participants": [p.model_dump() for p in participants], "reduce_fired_at": time.time()},
+        )
+
+    def record_shard(self, run_id: str, iteration: int, shard: int, bytes_moved: tuple[int, int]) -> IterationRecord:
+        item = self.table.update_item(
+            Key=self._key(run_id, self._iter_sk(iteration)),
+            UpdateExpression="ADD shards :s, bytes_read :r, bytes_written :w",
+            ExpressionAttributeValues={":s": {shard}, ":r": bytes_moved[0], ":w": bytes_moved[1]},
+            ReturnValues="ALL_NEW",
+        )["Attributes"]
+        return _iteration_record(iteration, item)
+
+    def fire_merge(self, run_id: str, iteration: int, shard: int) -> bool:
+        return self._fire(run_id, iteration, "merge_fired_by", shard, {})
+
+    def record_merge(
+        self, run_id: str, iteration: int, bytes_moved: tuple[int, int], test: tuple[float, float | None] | None
+    ) -> None:
+        values: dict[str, Any] = {":now": time.time(), ":r": bytes_moved[0], ":w": bytes_moved[1]}
+        expression = "SET merged_at = :now"
+        if test is not None:
+            expression += ", test_loss = :tl"
+            values[":tl"] = test[0]
+            if test[1] is not None:
+                expression += ", test_accuracy = :ta"
+                values[":ta"] = test[1]
+        self.table.update_item(
+            Key=self._key(run_id, self._iter_sk(iteration)),
+            UpdateExpression=expression + " ADD bytes_read :r, bytes_written :w",
+            ExpressionAttributeValues=_dynamo(values),
+        )

@@ -1,0 +1,42 @@
+"""The AWS resources a pipeline function uses, found from its environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cache
+
+from slsml import aws, wiring
+from slsml.bus import Bus
+from slsml.errors import SlsmlError
+from slsml.runstate import RunTable
+from slsml.storage import ObjectStore
+
+
+@dataclass
+class Services:
+    store: ObjectStore
+    table: RunTable
+    bus: Bus
+
+    @classmethod
+    def from_names(cls, bucket: str, table: str, topic_arns: dict[str, str]) -> Services:
+        return cls(
+            store=ObjectStore(aws.client("s3"), bucket),
+            table=RunTable(aws.resource("dynamodb").Table(table)),
+            bus=Bus(aws.client("sns"), topic_arns),
+        )
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise SlsmlError(f"environment variable {name} is not set: is this function deployed by slsml?")
+    return value
+
+
+@cache
+def from_env() -> Services:
+    """The services of a deployed function: bucket, table and the topics it may publish to."""
+    topics = {t.name: os.environ[t.env_var] for t in wiring.TOPICS if os.environ.get(t.env_var)}
+    return Services.from_names(_env(wiring.BUCKET_ENV), _env(wiring.TABLE_ENV), topics)

@@ -1,0 +1,62 @@
+"""Reducer: average one shard of the participants' updates and step the optimizer on it."""
+
+from __future__ import annotations
+
+import numpy as np
+from aws_lambda_powertools import Logger
+
+from slsml import keys, optimizers, updates, wiring
+from slsml.errors import RunFailed
+from slsml.messages import ReduceDone, ReduceMessage
+from slsml.services import Services
+from slsml.steps.common import run_config
+
+logger = Logger(child=True)
+
+
+def reduce(message: ReduceMessage, services: Services) -> ReduceDone:
+    store = services.store
+    store.reset_counters()
+    config = run_config(store, message.run_id)
+    run, iteration, shard = message.run_id, message.iteration, message.shard
+    output = keys.weights(run, iteration + 1, shard)
+    if not store.exists(output):  # else a duplicate: announce the stored shard again
+        _reduce(message, services)
+    done = ReduceDone(
+        run_id=run, iteration=iteration, shard=shard, bytes_read=store.bytes_read, bytes_written=store.bytes_written
+    )
+    services.bus.publish(wiring.REDUCE_DONE, [done])
+    return done
+
+
+def _reduce(message: ReduceMessage, services: Services) -> None:
+    store = services.store
+    config = run_config(store, message.run_id)
+    run, iteration, shard = message.run_id, message.iteration, message.shard
+    layout = config.plan.shard(shard)
+    byte_range = updates.part_range(config.plan, shard)
+    parts = store.get_many(
+        [keys.update(run, iteration, p.worker, p.attempt) for p in message.participants],
+        [byte_range] * len(message.participants),
+    )
+    total = sum(p.samples for p in message.participants)
+    if total == 0:
+        raise RunFailed(f"iteration {iteration}: the participating workers processed no samples")
+    mean = np.zeros(layout.size, dtype=np.float64)
+    for participant, part in zip(message.participants, parts, strict=True):
+        mean += updates.decode_part(part, config.plan, shard).astype(np.float64) * participant.samples
+    mean = (mean / total).astype(np.float32)
+
+    weights = store.get_array(keys.weights(run, iteration, shard))
+    trainable = layout.trainable
+    state = (
+        store.get_arrays(keys.optimizer_state(run, shard, iteration))
+        if iteration > 0
+        else optimizers.initial_state(config.optimizer, int(trainable.sum()))
+    )
+    stepped, state = optimizers.apply(config.optimizer, weights[trainable], mean[trainable], state)
+    new_weights = weights.copy()
+    new_weights[trainable] = stepped
+    new_weights[~trainable] = mean[~trainable]  # non-trainable state (e.g. BatchNorm statistics): averaged
+    store.put_arrays_new(keys.optimizer_state(run, shard, iteration + 1), state)
+    store.put_array_new(keys.weights(run, iteration + 1, shard), new_weights)  # last: marks the shard done

@@ -1,0 +1,59 @@
+"""WorkLauncher: a model landed in S3 → launch its iteration's workers, or finish the run."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from aws_lambda_powertools import Logger
+
+from slsml import keys, wiring
+from slsml.errors import NotFoundError
+from slsml.messages import ModelLanded, WorkMessage
+from slsml.runstate import RunStatus
+from slsml.services import Services
+
+logger = Logger(child=True)
+
+
+class Outcome(StrEnum):
+    IGNORED = "ignored"
+    LAUNCHED = "launched"
+    ALREADY_LAUNCHED = "already-launched"
+    COMPLETED = "completed"
+
+
+def on_model(landed: ModelLanded, services: Services) -> Outcome:
+    key = landed.key
+    parsed = keys.parse_model_key(key)
+    if parsed is None:
+        logger.info("object is not a pipeline model: ignored", extra={"key": key})
+        return Outcome.IGNORED
+    run_id, iteration = parsed
+    try:
+        run = services.table.get_run(run_id)
+    except NotFoundError:
+        logger.error("model belongs to no known run: ignored", extra={"key": key, "run_id": run_id})
+        return Outcome.IGNORED
+    if run.status != RunStatus.RUNNING:
+        logger.info("run is not running: ignored", extra={"run_id": run_id, "status": run.status})
+        return Outcome.IGNORED
+    if iteration >= run.iterations:
+        return _complete(run_id, iteration, services)
+    if not services.table.claim_launch(run_id, iteration, f"{key}@{landed.sequencer}"):
+        return Outcome.ALREADY_LAUNCHED
+    services.bus.publish(
+        wiring.WORK,
+        [WorkMessage(run_id=run_id, iteration=iteration, worker=w) for w in range(run.workers)],
+    )
+    logger.info("iteration launched", extra={"run_id": run_id, "iteration": iteration, "workers": run.workers})
+    return Outcome.LAUNCHED
+
+
+def _complete(run_id: str, iteration: int, services: Services) -> Outcome:
+    """The iteration budget is spent: the model entering ``iteration`` is the final one."""
+    final_key = keys.final_model(run_id)
+    services.store.copy_new(keys.model(run_id, iteration), final_key)
+    last = services.table.get_iteration(run_id, iteration - 1)
+    services.table.complete(run_id, final_key, last.test_loss, last.test_accuracy)
+    logger.info("run completed", extra={"run_id": run_id, "iterations": iteration, "final": final_key})
+    return Outcome.COMPLETED

@@ -1,0 +1,100 @@
+"""Worker: compute the update of one slice of a global batch and split it for the reducers."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+from aws_lambda_powertools import Logger
+
+from slsml import data, keys, modelio, updates, wiring
+from slsml.config import RunConfig
+from slsml.errors import BadInputError, RunFailed
+from slsml.messages import WorkDone, WorkMessage
+from slsml.runstate import RunStatus
+from slsml.services import Services
+from slsml.steps.common import load_weights, run_config
+from slsml.storage import ObjectStore
+
+logger = Logger(child=True)
+
+# warm-container caches: one model per run, one reader per dataset
+_trainers: dict[str, modelio.Trainer] = {}
+_readers: dict[str, data.DatasetReader] = {}
+
+
+def trainer_for(store: ObjectStore, config: RunConfig, iteration: int) -> tuple[modelio.Trainer, bool]:
+    """The run's warm model, loaded from ``models/<iteration>.keras`` on a cold start.
+
+    Returns (trainer, fresh): a fresh trainer already holds the weights entering ``iteration``.
+    """
+    trainer = _trainers.get(config.run_id)
+    if trainer is not None:
+        return trainer, False
+    key = keys.model(config.run_id, iteration)
+    model = modelio.load_model(store.get(key), where=key)
+    if [s.model_dump() for s in modelio.variable_specs(model)] != [v.model_dump() for v in config.plan.variables]:
+        raise BadInputError(f"{key} does not have the weights of the model the run was started with")
+    trainer = _trainers[config.run_id] = modelio.Trainer(model, config.plan, config.loss, config.classification)
+    return trainer, True
+
+
+def reader_for(store: ObjectStore, dataset: str) -> data.DatasetReader:
+    reader = _readers.get(dataset)
+    if reader is None:
+        reader = _readers[dataset] = data.DatasetReader(store, data.load_manifest(store, dataset))
+    return reader
+
+
+def work(message: WorkMessage, services: Services) -> WorkDone | None:
+    store = services.store
+    store.reset_counters()
+    config = run_config(store, message.run_id)
+    if message.worker >= config.workers:
+        raise RunFailed(f"work message for worker {message.worker} but the run has {config.workers} workers")
+    key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
+    existing = store.head(key)
+    if existing is not None:  # a duplicate or retried message: announce the stored update again
+        done = WorkDone.model_validate_json(existing["done"])
+    else:
+        if services.table.get_run(message.run_id).status != RunStatus.RUNNING:
+            logger.info("run is not running: work skipped", extra={"run_id": message.run_id})
+            return None
+        done = _compute(message, config, services)
+    services.bus.publish(wiring.WORK_DONE, [done])
+    return done
+
+
+def _compute(message: WorkMessage, config: RunConfig, services: Services) -> WorkDone:
+    store = services.store
+    trainer, fresh = trainer_for(store, config, message.iteration)
+    if not fresh:
+        modelio.set_flat(trainer.model, config.plan, load_weights(store, config, message.iteration))
+    reader = reader_for(store, config.dataset)
+    batch = data.global_batch_indices(
+        reader.manifest.train.count, config.training.global_batch, config.training.seed, message.iteration
+    )
+    x, y = reader.take("train", data.worker_indices(batch, config.workers, message.worker))
+    started = time.perf_counter()
+    update = trainer.compute_update(x, y)
+    compute_s = time.perf_counter() - started
+    body = updates.encode(update.vector, samples=len(x))
+    done = WorkDone(
+        run_id=message.run_id,
+        iteration=message.iteration,
+        worker=message.worker,
+        attempt=message.attempt,
+        samples=len(x),
+        loss=update.loss,
+        accuracy=update.accuracy,
+        compute_s=compute_s,
+        bytes_read=store.bytes_read,
+        bytes_written=store.bytes_written + len(body),
+    )
+    if not (np.isfinite(update.loss) and np.isfinite(update.vector).all()):
+        raise RunFailed(f"worker {message.worker} computed a non-finite update (loss {update.loss})")
+    key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
+    store.put_new(key, body, metadata={"done": json.dumps(done.model_dump(mode="json"))})
+    return done
+

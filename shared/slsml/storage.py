@@ -1,0 +1,108 @@
+"""S3 access for the pipeline: write-once objects, ranged reads, byte accounting."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from botocore.exceptions import ClientError
+
+from slsml.aws import error_code
+from slsml.errors import NotFoundError
+
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+
+
+class ObjectStore:
+    """One bucket. Every write is create-only (``If-None-Match: *``): nothing stored is overwritten."""
+
+    def __init__(self, s3: Any, bucket: str) -> None:
+        self.s3 = s3
+        self.bucket = bucket
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+    def reset_counters(self) -> None:
+        self.bytes_read = self.bytes_written = 0
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        extra = {"Range": f"bytes={byte_range[0]}-{byte_range[1]}"} if byte_range else {}
+        try:
+            body = self.s3.get_object(Bucket=self.bucket, Key=key, **extra)["Body"].read()
+        except ClientError as error:
+            if error_code(error) in _MISSING:
+                raise NotFoundError(f"s3://{self.bucket}/{key} does not exist") from None
+            raise
+        self.bytes_read += len(body)
+        return body
+
+    def get_many(self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None] | None = None) -> list[bytes]:
+        """Parallel GETs, results in the order of ``keys``."""
+        keys = list(keys)
+        ranges = list(ranges) if ranges is not None else [None] * len(keys)
+        if len(keys) <= 1:
+            return [self.get(k, r) for k, r in zip(keys, ranges, strict=True)]
+        with ThreadPoolExecutor(max_workers=min(16, len(keys))) as pool:
+            return list(pool.map(self.get, keys, ranges))
+
+    def exists(self, key: str) -> bool:
+        return self.head(key) is not None
+
+    def head(self, key: str) -> dict[str, str] | None:
+        """The object's user metadata, or None if it does not exist."""
+        try:
+            return self.s3.head_object(Bucket=self.bucket, Key=key)["Metadata"]
+        except ClientError as error:
+            if error_code(error) in _MISSING:
+                return None
+            raise
+
+    def put_new(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> bool:
+        """Create ``key``; False (and nothing written) if it already exists."""
+        try:
+            self.s3.put_object(
+                Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*", Metadata=metadata or {}
+            )
+        except ClientError as error:
+            if error_code(error) in {"PreconditionFailed", "ConditionalRequestConflict"}:
+                return False
+            raise
+        self.bytes_written += len(data)
+        return True
+
+    def copy_new(self, source: str, destination: str) -> bool:
+        if self.exists(destination):
+            return False
+        return self.put_new(destination, self.get(source))
+
+    def list_keys(self, prefix: str) -> list[str]:
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+
+    # typed helpers
+    def get_json(self, key: str) -> Any:
+        return json.loads(self.get(key))
+
+    def put_json_new(self, key: str, value: Any) -> bool:
+        return self.put_new(key, json.dumps(value, indent=1).encode())
+
+    def get_array(self, key: str) -> np.ndarray:
+        return np.load(io.BytesIO(self.get(key)), allow_pickle=False)
+
+    def put_array_new(self, key: str, array: np.ndarray) -> bool:
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=False)
+        return self.put_new(key, buffer.getvalue())
+
+    def get_arrays(self, key: str) -> dict[str, np.ndarray]:
+        with np.load(io.BytesIO(self.get(key)), allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+
+    def put_arrays_new(self, key: str, arrays: dict[str, np.ndarray]) -> bool:
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        return self.put_new(key, buffer.getvalue())

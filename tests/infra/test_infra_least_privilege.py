@@ -1,0 +1,122 @@
+"""Every function role allows only what its step needs: its logs, reads of runs/ and datasets/,
+writes under runs/ only, the run table, its own published topics, the failure queue and X-Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from slsml import deployment, keys, wiring
+
+from infra.compute import TABLE_ACTIONS
+
+if TYPE_CHECKING:
+    from conftest import Synthesized
+
+POLICY_DOCUMENTS = {
+    "AWS::IAM::Policy": "PolicyDocument",
+    "AWS::IAM::ManagedPolicy": "PolicyDocument",
+    "AWS::S3::BucketPolicy": "PolicyDocument",
+    "AWS::SNS::TopicPolicy": "PolicyDocument",
+    "AWS::SQS::QueuePolicy": "PolicyDocument",
+}
+S3_READ_ACTIONS = {"s3:GetObject", "s3:ListBucket"}
+
+
+def render(value: Any) -> str:
+    """A resource ARN as text: ``{"Fn::GetAtt": ["Bucket", "Arn"]}`` → ``<Bucket.Arn>``."""
+    if isinstance(value, str):
+        return value
+    if "Ref" in value:
+        return f"<{value['Ref']}>"
+    if "Fn::GetAtt" in value:
+        return "<{}.{}>".format(*value["Fn::GetAtt"])
+    if "Fn::Join" in value:
+        separator, parts = value["Fn::Join"]
+        return separator.join(render(part) for part in parts)
+    raise AssertionError(f"unexpected intrinsic in a policy: {value}")
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def role_statements(synthesized: Synthesized, role_id: str) -> Iterator[dict[str, Any]]:
+    """Statements of every policy attached to the role (inline, attached or role-default)."""
+    role = synthesized.resources[role_id]["Properties"]
+    assert "ManagedPolicyArns" not in role, "AWS managed policies grant more than a step needs"
+    for policy in role.get("Policies", []):
+        yield from policy["PolicyDocument"]["Statement"]
+    for resource in synthesized.resources.values():
+        attached = resource["Properties"].get("Roles", []) if resource["Type"].startswith("AWS::IAM::") else []
+        if {"Ref": role_id} in attached:
+            yield from resource["Properties"]["PolicyDocument"]["Statement"]
+
+
+def test_no_wildcard_action_is_allowed_anywhere(synthesized: Synthesized) -> None:
+    for name, resource in synthesized.resources.items():
+        document = POLICY_DOCUMENTS.get(resource["Type"])
+        policies = [resource["Properties"][document]] if document else []
+        policies += [p["PolicyDocument"] for p in resource["Properties"].get("Policies", [])]
+        for policy in policies:
+            for statement in policy["Statement"]:
+                if statement["Effect"] == "Allow":
+                    assert not [a for a in as_list(statement["Action"]) if "*" in a], name
+
+
+@pytest.mark.parametrize("fn", wiring.FUNCTIONS, ids=lambda fn: fn.name)
+def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.Function) -> None:
+    stack = synthesized.stack
+    function = synthesized.resources[synthesized.logical_id(stack.compute.functions[fn.name])]["Properties"]
+    bucket = f"<{synthesized.logical_id(stack.storage.bucket)}.Arn>"
+    readable = {f"{bucket}/{prefix}*" for prefix in deployment.READABLE_PREFIXES}
+    writable = {f"{bucket}/{prefix}*" for prefix in deployment.WRITABLE_PREFIXES}
+    own_topics = {f"<{synthesized.logical_id(stack.messaging.topics[t.name])}>" for t in fn.publishes}
+    table = f"<{synthesized.logical_id(stack.storage.table)}.Arn>"
+    failures = f"<{synthesized.logical_id(stack.messaging.function_failures)}.Arn>"
+    log_group = f"<{function['LoggingConfig']['LogGroup']['Ref']}.Arn>"
+
+    published: set[str] = set()
+    for statement in role_statements(synthesized, function["Role"]["Fn::GetAtt"][0]):
+        assert statement["Effect"] == "Allow"
+        resources = {render(r) for r in as_list(statement["Resource"])}
+        for action in as_list(statement["Action"]):
+            assert "*" not in action
+            service = action.split(":")[0]
+            if action == "s3:ListBucket":
+                assert resources == {bucket}
+            elif action == "s3:GetObject":
+                assert resources <= readable
+            elif service == "s3":
+                assert action not in S3_READ_ACTIONS
+                assert resources <= writable, f"{fn.name} may write outside {deployment.WRITABLE_PREFIXES}"
+            elif service == "sns":
+                assert action == "sns:Publish"
+                published |= resources
+            elif service == "dynamodb":
+                assert action in TABLE_ACTIONS
+                assert resources == {table}
+            elif service == "logs":
+                assert resources == {log_group}
+            elif service == "sqs":
+                assert (action, resources) == ("sqs:SendMessage", {failures})
+            else:
+                assert service == "xray", f"{fn.name} has an unexpected action {action}"
+                assert action in {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+    assert published == own_topics
+
+
+def test_the_key_layout_stays_inside_the_granted_prefixes() -> None:
+    written = [
+        keys.run_config("r"),
+        keys.model("r", 1),
+        keys.final_model("r"),
+        keys.weights("r", 1, 0),
+        keys.update("r", 1, 0, attempt=1),
+        keys.optimizer_state("r", 0, 1),
+    ]
+    read = [*written, keys.dataset_manifest("d"), keys.dataset_shard("d", "train", 0)]
+    assert all(key.startswith(deployment.WRITABLE_PREFIXES) for key in written)
+    assert all(key.startswith(deployment.READABLE_PREFIXES) for key in read)

@@ -1,0 +1,160 @@
+"""The synthesized stack has the resources the pipeline needs, configured as the design says."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aws_cdk.assertions import Match
+from slsml import deployment, wiring
+
+from infra.layers import RUNTIME
+
+if TYPE_CHECKING:
+    from conftest import Synthesized
+
+PIPELINE_SIZE = len(wiring.FUNCTIONS)
+
+
+def _of_type(resources: dict[str, dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {name: r for name, r in resources.items() if r["Type"] == kind}
+
+
+def _function(synthesized: Synthesized, name: str) -> dict[str, Any]:
+    return synthesized.resources[synthesized.logical_id(synthesized.stack.compute.functions[name])]["Properties"]
+
+
+def test_one_traced_function_per_pipeline_step(synthesized: Synthesized) -> None:
+    functions = _of_type(synthesized.resources, "AWS::Lambda::Function")
+    traced = {name for name, f in functions.items() if f["Properties"].get("TracingConfig") == {"Mode": "Active"}}
+    pipeline = {synthesized.logical_id(fn) for fn in synthesized.stack.compute.functions.values()}
+    assert len(pipeline) == PIPELINE_SIZE == 5
+    assert traced == pipeline  # the one other function is CDK's bucket-notification handler
+
+
+def test_tensorflow_steps_are_images_and_the_others_zips_on_the_layer(synthesized: Synthesized) -> None:
+    layer = {"Ref": synthesized.logical_id(synthesized.stack.compute.layer)}
+    for fn in wiring.FUNCTIONS:
+        props = _function(synthesized, fn.name)
+        if fn.needs_tensorflow:
+            assert props["PackageType"] == "Image"
+            assert props["ImageConfig"]["Command"] == [f"{fn.name}.handler.lambda_handler"]
+        else:
+            assert props["Runtime"] == RUNTIME.name
+            assert props["Handler"] == "handler.lambda_handler"
+            assert props["Layers"] == [layer]
+
+
+def test_function_environment_names_bucket_table_and_published_topics(synthesized: Synthesized) -> None:
+    stack = synthesized.stack
+    for fn in wiring.FUNCTIONS:
+        env = _function(synthesized, fn.name)["Environment"]["Variables"]
+        published = {t.env_var: {"Ref": synthesized.logical_id(stack.messaging.topics[t.name])} for t in fn.publishes}
+        assert env == {
+            wiring.BUCKET_ENV: {"Ref": synthesized.logical_id(stack.storage.bucket)},
+            wiring.TABLE_ENV: {"Ref": synthesized.logical_id(stack.storage.table)},
+            "POWERTOOLS_SERVICE_NAME": deployment.SERVICE_NAME,
+            "POWERTOOLS_METRICS_NAMESPACE": deployment.METRICS_NAMESPACE,
+            **published,
+        }
+
+
+def test_functions_are_sized_by_settings_and_log_to_retained_groups(synthesized: Synthesized) -> None:
+    settings = synthesized.stack.settings
+    for fn in wiring.FUNCTIONS:
+        props, sizing = _function(synthesized, fn.name), settings.functions[fn.name]
+        assert (props["MemorySize"], props["Timeout"]) == (sizing.memory_mb, sizing.timeout_s)
+        assert props["EphemeralStorage"] == {"Size": sizing.ephemeral_storage_mb}
+        assert props["DeadLetterConfig"]["TargetArn"]["Fn::GetAtt"][0] == synthesized.logical_id(
+            synthesized.stack.messaging.function_failures
+        )
+        log_group = synthesized.resources[props["LoggingConfig"]["LogGroup"]["Ref"]]
+        assert log_group["Properties"]["RetentionInDays"] == 30
+
+
+def test_topics_enforce_tls(synthesized: Synthesized) -> None:
+    topics = _of_type(synthesized.resources, "AWS::SNS::Topic")
+    assert len(topics) == len(wiring.TOPICS) + 2  # + RunEvents and Alarms
+    synthesized.template.resource_count_is("AWS::SNS::TopicPolicy", len(topics))
+    synthesized.template.all_resources_properties(
+        "AWS::SNS::TopicPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [Match.object_like({"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})]
+                )
+            }
+        },
+    )
+
+
+def test_dead_letter_queues_are_encrypted_and_enforce_tls(synthesized: Synthesized) -> None:
+    synthesized.template.resource_count_is("AWS::SQS::Queue", PIPELINE_SIZE + 1)
+    synthesized.template.all_resources_properties(
+        "AWS::SQS::Queue", {"SqsManagedSseEnabled": True, "MessageRetentionPeriod": 14 * 24 * 3600}
+    )
+    synthesized.template.resource_count_is("AWS::SQS::QueuePolicy", PIPELINE_SIZE + 1)
+
+
+def test_table(synthesized: Synthesized) -> None:
+    synthesized.template.has_resource_properties(
+        "AWS::DynamoDB::Table",
+        {
+            "KeySchema": [{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            "BillingMode": "PAY_PER_REQUEST",
+            "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+            "TimeToLiveSpecification": {"AttributeName": "expires_at", "Enabled": True},
+            "SSESpecification": {"SSEEnabled": True},
+        },
+    )
+    synthesized.template.has_resource("AWS::DynamoDB::Table", {"DeletionPolicy": "Retain"})
+
+
+def test_bucket_is_private_encrypted_logged_and_expires_tagged_scratch(synthesized: Synthesized) -> None:
+    bucket = synthesized.resources[synthesized.logical_id(synthesized.stack.storage.bucket)]
+    props = bucket["Properties"]
+    assert bucket["DeletionPolicy"] == "Retain"
+    assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"] == {
+        "SSEAlgorithm": "AES256"
+    }
+    assert set(props["PublicAccessBlockConfiguration"].values()) == {True}
+    assert props["LoggingConfiguration"]["DestinationBucketName"] == {
+        "Ref": synthesized.logical_id(synthesized.stack.storage.access_logs)
+    }
+    scratch = next(r for r in props["LifecycleConfiguration"]["Rules"] if r["Id"] == "ExpireIterationScratch")
+    assert scratch["Prefix"] == deployment.RUNS_PREFIX
+    assert scratch["TagFilters"] == [{"Key": deployment.SCRATCH_TAG_KEY, "Value": deployment.SCRATCH_TAG_VALUE}]
+    assert scratch["ExpirationInDays"] == synthesized.stack.settings.scratch_expiry_days
+
+
+def test_alarms_cover_errors_dead_letters_and_failed_runs(synthesized: Synthesized) -> None:
+    alarms = _of_type(synthesized.resources, "AWS::CloudWatch::Alarm").values()
+    by_metric: dict[str, int] = {}
+    for alarm in alarms:
+        name = alarm["Properties"]["MetricName"]
+        by_metric[name] = by_metric.get(name, 0) + 1
+        assert alarm["Properties"]["AlarmActions"] == [
+            {"Ref": synthesized.logical_id(synthesized.stack.observability.alarm_topic)}
+        ]
+    assert by_metric == {
+        "Errors": PIPELINE_SIZE,
+        "ApproximateNumberOfMessagesVisible": PIPELINE_SIZE + 1,
+        deployment.Metric.RUNS_FAILED.value: 1,
+    }
+    synthesized.template.has_resource_properties(
+        "AWS::CloudWatch::Alarm",
+        {"MetricName": "RunsFailed", "Namespace": deployment.METRICS_NAMESPACE, "Threshold": 0},
+    )
+
+
+def test_dashboard_shows_the_custom_metrics(synthesized: Synthesized) -> None:
+    dashboards = list(_of_type(synthesized.resources, "AWS::CloudWatch::Dashboard").values())
+    assert len(dashboards) == 1
+    body = str(dashboards[0]["Properties"]["DashboardBody"])
+    shown = {m for m in deployment.Metric if f'"{m.value}"' in body}
+    assert shown == set(deployment.Metric) - {deployment.Metric.RUNS_FAILED}
+
+
+def test_outputs(synthesized: Synthesized) -> None:
+    outputs = set(synthesized.template.to_json()["Outputs"])
+    topics = {f"{t.name}TopicArn" for t in wiring.TOPICS}
+    assert {"BucketName", "TableName", "DashboardUrl", "RunEventsTopicArn", *topics} <= outputs

@@ -1,0 +1,68 @@
+"""Deployment settings come from CDK context, over per-function defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_cdk import App
+from aws_cdk.assertions import Annotations, Match, Template
+from pydantic import ValidationError
+from slsml import wiring
+
+from infra import create_app
+from infra.settings import DEFAULT_FUNCTIONS, Settings
+
+
+def test_defaults_size_every_pipeline_function() -> None:
+    settings = Settings.from_context(App().node)
+    assert settings.stack_name == "Slsml"
+    assert set(settings.functions) == {fn.name for fn in wiring.FUNCTIONS}
+    assert settings.functions["worker"] == DEFAULT_FUNCTIONS["worker"]
+
+
+def test_context_overrides_merge_over_the_function_defaults() -> None:
+    context = {
+        "stack_name": "SlsmlDev",
+        "removal_policy": "destroy",
+        "skip_layer_build": "true",  # `cdk -c key=value` passes strings
+        "functions": '{"worker": {"memory_mb": 4096, "reserved_concurrency": 50}}',
+    }
+    settings = Settings.from_context(App(context=context).node)
+    assert (settings.stack_name, settings.removal_policy, settings.skip_layer_build) == ("SlsmlDev", "destroy", True)
+    worker = settings.functions["worker"]
+    assert (worker.memory_mb, worker.reserved_concurrency) == (4096, 50)
+    assert worker.timeout_s == DEFAULT_FUNCTIONS["worker"].timeout_s
+    assert settings.functions["reducer"] == DEFAULT_FUNCTIONS["reducer"]
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        {"functions": {"trainer": {"memory_mb": 1024}}},
+        {"functions": {"worker": {"memory_mb": 64}}},
+        {"stack_name": "1x"},
+    ],
+)
+def test_invalid_settings_are_rejected(context: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        Settings.from_context(App(context=context).node)
+
+
+def test_a_disposable_deployment_synthesizes_cleanly(cdk_context: dict[str, Any], tmp_path: Path) -> None:
+    context = cdk_context | {"stack_name": "SlsmlDev", "removal_policy": "destroy", "bucket_versioning": True}
+    app, stack = create_app(context, outdir=str(tmp_path))
+    template = Template.from_json(app.synth().get_stack_by_name("SlsmlDev").template)
+    assert Annotations.from_stack(stack).find_error("*", Match.string_like_regexp("AwsSolutions-.*")) == []
+    template.all_resources("AWS::S3::Bucket", {"DeletionPolicy": "Delete"})
+    template.all_resources("AWS::DynamoDB::Table", {"DeletionPolicy": "Delete"})
+    template.resource_count_is("Custom::S3AutoDeleteObjects", 2)
+    scratch = Match.object_like({"Id": "ExpireIterationScratch", "NoncurrentVersionExpiration": Match.any_value()})
+    template.has_resource_properties(
+        "AWS::S3::Bucket",
+        {
+            "VersioningConfiguration": {"Status": "Enabled"},
+            "LifecycleConfiguration": {"Rules": Match.array_with([scratch])},
+        },
+    )
