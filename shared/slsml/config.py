@@ -36,9 +36,9 @@ class TrainingSpec(BaseModel):
     workers: int = Field(default=4, ge=1, le=1000)
     reducers: int = Field(default=2, ge=1, le=256)
     global_batch: int = Field(default=128, ge=1)
-    iterations: int = Field(default=150, ge=1)
+    iterations: int = Field(default=150, ge=1, le=999_999)  # model keys hold six digits
     quorum: float = Field(default=1.0, gt=0, le=1)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0)
     eval_every: int = Field(default=10, ge=0, description="test-set evaluation period; 0: only at the end")
     optimizer: OptimizerConfig | None = Field(
         default=None, description="None: take the optimizer the model was compiled with"

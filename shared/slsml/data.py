@@ -104,7 +104,10 @@ def put_dataset(
         for index, start in enumerate(range(0, len(xs), shard_size)):
             buffer = io.BytesIO()
             np.savez(buffer, x=xs[start : start + shard_size], y=ys[start : start + shard_size])
-            store.put_new(keys.dataset_shard(name, split, index), buffer.getvalue())
+            if not store.put_new(keys.dataset_shard(name, split, index), buffer.getvalue()):
+                raise BadInputError(
+                    f"dataset {name!r} has shards left by an interrupted upload; choose another name"
+                )
     if not store.put_json_new(keys.dataset_manifest(name), manifest.model_dump(mode="json")):
         raise BadInputError(f"dataset {name!r} was created concurrently by someone else")
     return manifest

@@ -60,7 +60,7 @@ def dataset_shard(name: str, split: str, index: int) -> str:
 
 def parse_model_key(key: str) -> tuple[str, int] | None:
     """``runs/<run>/models/<iter>.keras`` → (run, iter); anything else → None."""
-    match = _MODEL_KEY.match(key)
+    match = _MODEL_KEY.fullmatch(key)
     if match is None:
         return None
     return match["run"], int(match["iter"])

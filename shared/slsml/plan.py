@@ -72,7 +72,13 @@ class ShardPlan(BaseModel):
         if not 0 <= index < self.reducers:
             raise ValueError(f"shard {index} outside 0..{self.reducers - 1}")
         start, stop = self.bounds[index], self.bounds[index + 1]
-        return ShardLayout(start, stop, self.trainable_mask()[start:stop])
+        mask, offset = np.empty(stop - start, dtype=bool), 0
+        for variable in self.variables:
+            first, last = max(offset, start), min(offset + variable.size, stop)
+            if first < last:
+                mask[first - start : last - start] = variable.trainable
+            offset += variable.size
+        return ShardLayout(start, stop, mask)
 
     def trainable_mask(self) -> np.ndarray:
         return np.concatenate([np.full(v.size, v.trainable) for v in self.variables])

@@ -29,9 +29,22 @@ def new_run_id(stem: str = "run") -> str:
 def start_run(
     services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None
 ) -> RunConfig:
-    """Validate model and data, write the run's config and initial weights, then place the model
-    at ``models/000000.keras`` — the upload that starts the pipeline. Bad input raises BadInputError
-    before anything is written."""
+    """Register a run, then place its model at ``models/000000.keras``: the upload that starts it."""
+    config = register_run(services, model_bytes, dataset, spec, run_id)
+    place_initial_model(services, config.run_id, model_bytes)
+    return config
+
+
+def place_initial_model(services: Services, run_id: str, model_bytes: bytes) -> None:
+    if not services.store.put_new(keys.model(run_id, 0), model_bytes):
+        raise BadInputError(f"run {run_id!r} already has its initial model")
+
+
+def register_run(
+    services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None
+) -> RunConfig:
+    """Validate model and data, then write the run's config, initial weights and state (RUNNING).
+    Bad input raises BadInputError before anything is written."""
     from slsml import modelio  # TensorFlow: only where a model is read
 
     run_id = run_id or new_run_id()
@@ -73,7 +86,6 @@ def start_run(
             updated_at=now,
         )
     )
-    store.put_new(keys.model(run_id, 0), model_bytes)
     return config
 
 

@@ -1,0 +1,300 @@
+"""The ``slsml`` command: train on the embedded local cloud, inspect runs, upload data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from pydantic import ValidationError  # noqa: E402
+
+from slsml.config import OptimizerConfig, TrainingSpec  # noqa: E402
+from slsml.errors import SlsmlError  # noqa: E402
+
+RUNS_DIR = Path("runs")
+
+
+def _console():  # noqa: ANN202 (rich is imported only where output is drawn)
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+# ---- options ---------------------------------------------------------------------------------
+
+
+def _training_options(parser: argparse.ArgumentParser, iterations: int | None) -> None:
+    group = parser.add_argument_group("training")
+    group.add_argument("--workers", type=int, default=4, help="data-parallel workers (default 4)")
+    group.add_argument("--reducers", type=int, default=2, help="model-parallel reducers (default 2)")
+    group.add_argument("--batch", type=int, default=128, help="global mini-batch (default 128)")
+    group.add_argument("--iterations", type=int, default=iterations, required=iterations is None,
+                       help="iteration budget" + (f" (default {iterations})" if iterations else ""))
+    group.add_argument("--quorum", type=float, default=1.0, help="fraction of workers a reduce waits for (default 1)")
+    group.add_argument("--optimizer", choices=["adam", "sgd"], help="default: the model's compiled optimizer")
+    group.add_argument("--learning-rate", type=float, help="learning rate of --optimizer")
+    group.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
+    group.add_argument("--nesterov", action="store_true", help="SGD with Nesterov momentum")
+    group.add_argument("--loss", help="Keras loss name (default: the model's compiled loss)")
+    group.add_argument("--seed", type=int, default=0, help="data order seed (default 0)")
+    group.add_argument("--eval-every", type=int, default=10, help="test evaluation period; 0: at the end only")
+    group.add_argument("--run-id", help="run name (default: generated)")
+    group.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    group.add_argument("--timeout", type=float, default=3600, help="fail the run after this many seconds")
+    group.add_argument("--duplicate-deliveries", action="store_true", help=argparse.SUPPRESS)
+
+
+def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) -> TrainingSpec:
+    optimizer = None
+    if args.optimizer or args.learning_rate:
+        fields: dict[str, Any] = {"name": args.optimizer or "adam"}
+        learning_rate = args.learning_rate or default_learning_rate
+        if learning_rate:
+            fields["learning_rate"] = learning_rate
+        if fields["name"] == "sgd":
+            fields.update(momentum=args.momentum, nesterov=args.nesterov)
+        optimizer = OptimizerConfig(**fields)
+    return TrainingSpec(
+        workers=args.workers,
+        reducers=args.reducers,
+        global_batch=args.batch,
+        iterations=args.iterations,
+        quorum=args.quorum,
+        seed=args.seed,
+        eval_every=args.eval_every,
+        optimizer=optimizer,
+        loss=args.loss,
+    )
+
+
+# ---- running locally -------------------------------------------------------------------------
+
+
+def _train_locally(
+    args: argparse.Namespace, spec: TrainingSpec, model_bytes: bytes, dataset: str, arrays: Any, out: Path | None
+) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from slsml import data, runs
+    from slsml.local.runtime import LocalRuntime
+
+    console = _console()
+    run_id = args.run_id or runs.new_run_id()
+    with console.status("starting the embedded cloud and warm function processes…"):
+        local = LocalRuntime(
+            workers=spec.workers,
+            reducers=spec.reducers,
+            duplicate_deliveries=args.duplicate_deliveries,
+            log_dir=Path(".slsml/logs") / run_id,
+        ).__enter__()
+    try:
+        services = local.services
+        if arrays is not None:
+            data.put_dataset(services.store, dataset, *arrays)
+        runs.start_run(services, model_bytes, dataset, spec, run_id=run_id)
+        started = time.time()
+        columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[run]}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=False) as progress:
+            task = progress.add_task("train", total=spec.iterations, run=run_id, stats="")
+
+            def show(run: Any, iterations: list[Any]) -> None:
+                progress.update(task, completed=run.iteration, stats=_progress_text(run, iterations, started))
+
+            run = runs.wait_for_run(services, run_id, on_progress=show, timeout_s=args.timeout)
+        summary = runs.summarize(run, services.table.list_iterations(run_id), time.time() - started)
+        record_dir = RUNS_DIR / run_id
+        record_dir.mkdir(parents=True, exist_ok=True)
+        if run.final_key:
+            out = out or record_dir / "final.keras"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(services.store.get(run.final_key))
+            summary.final_model = str(out)
+        (record_dir / "summary.json").write_text(summary.model_dump_json(indent=1))
+    finally:
+        local.__exit__(None, None, None)
+    _print_summary(summary, args.json)
+    return 0 if summary.status == "COMPLETED" else 1
+
+
+def _progress_text(run: Any, iterations: list[Any], started: float) -> str:
+    merged = sorted((r for r in iterations if r.merged_at), key=lambda r: r.iteration)
+    if not merged:
+        return ""
+    last = merged[-1]
+    tested = [r for r in merged if r.test_accuracy is not None]
+    parts = [f"loss {last.train_loss:.4f}"] if last.train_loss is not None else []
+    if last.train_accuracy is not None:
+        parts.append(f"acc {last.train_accuracy:.3f}")
+    if tested:
+        parts.append(f"test acc {tested[-1].test_accuracy:.3f}")
+    parts.append(f"{(time.time() - started) / max(1, run.iteration):.2f} s/iter")
+    return "  ".join(parts)
+
+
+def _print_summary(summary: Any, as_json: bool) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"run {summary.run_id}", show_header=False)
+
+    def row(name: str, value: Any) -> None:
+        table.add_row(name, "–" if value is None else str(value))
+
+    row("status", summary.status.value + (f": {summary.reason}" if summary.reason else ""))
+    row("iterations", summary.iterations)
+    row("workers × reducers (quorum)", f"{summary.workers} × {summary.reducers} ({summary.quorum})")
+    row("test accuracy", None if summary.test_accuracy is None else f"{summary.test_accuracy:.4f}")
+    row("wall time", f"{summary.wall_s:.1f} s")
+    if summary.median_iteration_s:
+        compute = summary.median_worker_compute_s or 0.0
+        row("median iteration", f"{summary.median_iteration_s * 1000:.0f} ms")
+        row("  worker compute", f"{compute * 1000:.1f} ms ({compute / summary.median_iteration_s:.1%})")
+        row("  control/data plane", f"{(summary.median_iteration_s - compute) * 1000:.0f} ms")
+    if summary.bytes_read_per_iteration is not None:
+        row("S3 bytes per iteration", f"read {summary.bytes_read_per_iteration / 1e6:.2f} MB, "
+                                       f"written {summary.bytes_written_per_iteration / 1e6:.2f} MB")
+    row("late workers", summary.late_workers)
+    row("final model", summary.final_model)
+    _console().print(table)
+    if as_json:
+        print(summary.model_dump_json())
+
+
+# ---- commands --------------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from slsml import demo, modelio
+
+    spec = _spec(args, default_learning_rate=3e-3)
+    model = demo.digits_cnn(learning_rate=args.learning_rate or 3e-3, seed=args.seed)
+    out = Path(args.out) if args.out else None
+    return _train_locally(args, spec, modelio.save_model(model), "digits", demo.digits(args.seed), out)
+
+
+def _read_arrays(path: Path, test_fraction: float, seed: int) -> tuple[Any, ...]:
+    import numpy as np
+
+    from slsml.data import split_train_test
+    from slsml.errors import BadInputError
+
+    if not path.exists():
+        raise BadInputError(f"{path} does not exist")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as error:
+        raise BadInputError(f"{path} is not a .npz file of arrays: {error}") from None
+    names = set(archive.files)
+    if not {"x", "y"} <= names:
+        raise BadInputError(f"{path} must hold arrays named x and y (it has {sorted(names)})")
+    if {"x_test", "y_test"} <= names:
+        return archive["x"], archive["y"], archive["x_test"], archive["y_test"]
+    return split_train_test(archive["x"], archive["y"], test_fraction, seed)
+
+
+def cmd_run_start(args: argparse.Namespace) -> int:
+    from slsml.errors import BadInputError
+
+    if not args.local:
+        raise BadInputError("only --local runs are available in this version (the embedded cloud)")
+    model_path = Path(args.model)
+    if not model_path.is_file():
+        raise BadInputError(f"model file {model_path} does not exist")
+    data_path = Path(args.data)
+    if not data_path.suffix == ".npz":
+        raise BadInputError(f"--data {args.data}: give a local .npz file with arrays x, y (and x_test, y_test)")
+    arrays = _read_arrays(data_path, args.test_fraction, args.seed)
+    name = data_path.stem.lower().replace("_", "-")[:63] or "data"
+    out = Path(args.out) if args.out else None
+    return _train_locally(args, _spec(args), model_path.read_bytes(), name, arrays, out)
+
+
+def _local_record(run_id: str) -> Any:
+    from slsml.errors import NotFoundError
+    from slsml.runs import RunSummary
+
+    path = RUNS_DIR / run_id / "summary.json"
+    if not path.exists():
+        raise NotFoundError(f"no run named {run_id!r} (no {path})")
+    return RunSummary.model_validate_json(path.read_text())
+
+
+def cmd_run_status(args: argparse.Namespace) -> int:
+    summary = _local_record(args.run_id)
+    _print_summary(summary, args.json)
+    return 0
+
+
+def cmd_run_fetch(args: argparse.Namespace) -> int:
+    from slsml.errors import NotFoundError
+
+    summary = _local_record(args.run_id)
+    if not summary.final_model or not Path(summary.final_model).exists():
+        raise NotFoundError(f"run {args.run_id} has no final model (status {summary.status.value})")
+    out = Path(args.out or f"{args.run_id}.keras")
+    out.write_bytes(Path(summary.final_model).read_bytes())
+    _console().print(f"final model of {args.run_id} → {out}")
+    return 0
+
+
+def cmd_run_list(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    table = Table("run", "status", "iterations", "test accuracy", "wall s")
+    for path in sorted(RUNS_DIR.glob("*/summary.json")):
+        s = _local_record(path.parent.name)
+        table.add_row(s.run_id, s.status.value, str(s.iterations),
+                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", f"{s.wall_s:.1f}")
+    _console().print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slsml", description="Elastic, serverless training of Keras models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="train a small CNN on digits through the whole local pipeline")
+    _training_options(demo, iterations=150)
+    demo.add_argument("--out", help="where to save the final model (default runs/<run>/final.keras)")
+    demo.set_defaults(handler=cmd_demo)
+
+    run = commands.add_parser("run", help="start and inspect training runs").add_subparsers(dest="action", required=True)
+    start = run.add_parser("start", help="train your .keras model on your data")
+    start.add_argument("--local", action="store_true", help="run on the embedded local cloud")
+    start.add_argument("--model", required=True, help="a .keras model file")
+    start.add_argument("--data", required=True, help="a .npz file with x, y (optional x_test, y_test)")
+    start.add_argument("--test-fraction", type=float, default=0.2, help="held out when the data has no x_test")
+    start.add_argument("--out", help="where to save the final model (default runs/<run>/final.keras)")
+    _training_options(start, iterations=None)
+    start.set_defaults(handler=cmd_run_start)
+    status = run.add_parser("status", help="a run's state and figures")
+    status.add_argument("run_id")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=cmd_run_status)
+    fetch = run.add_parser("fetch", help="copy a run's final model")
+    fetch.add_argument("run_id")
+    fetch.add_argument("--out", help="destination (default <run>.keras)")
+    fetch.set_defaults(handler=cmd_run_fetch)
+    run.add_parser("list", help="runs recorded under ./runs").set_defaults(handler=cmd_run_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (SlsmlError, ValidationError) as error:
+        _console().print(f"[red]error:[/red] {error}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""One embedded cloud with warm function processes for the whole end-to-end session."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from slsml import data, demo, keys, modelio, runs
+from slsml.config import TrainingSpec
+from slsml.local.runtime import LocalRuntime
+from slsml.runstate import RunRecord
+from slsml.services import Services
+
+DIGITS = "digits"
+
+
+@pytest.fixture(scope="session")
+def local(tmp_path_factory: pytest.TempPathFactory) -> LocalRuntime:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with LocalRuntime(workers=4, reducers=3, log_dir=tmp_path_factory.mktemp("logs")) as runtime:
+        yield runtime
+
+
+@pytest.fixture(scope="session")
+def services(local: LocalRuntime) -> Services:
+    return local.services
+
+
+@pytest.fixture(scope="session")
+def digits(services: Services) -> tuple[np.ndarray, ...]:
+    arrays = demo.digits()
+    data.put_dataset(services.store, DIGITS, *arrays)
+    return arrays
+
+
+def train(services: Services, spec: TrainingSpec, run_id: str, model_bytes: bytes | None = None) -> None:
+    """Start a run on the digits data (without waiting)."""
+    model_bytes = model_bytes or modelio.save_model(demo.digits_cnn(seed=1))
+    runs.start_run(services, model_bytes, DIGITS, spec, run_id=run_id)
+
+
+def finish(services: Services, run_id: str, timeout_s: float = 300) -> RunRecord:
+    return runs.wait_for_run(services, run_id, timeout_s=timeout_s)
+
+
+def final_weights(services: Services, run_id: str) -> np.ndarray:
+    """The weights of the run's final model, read from the .keras file a user would get."""
+    run = services.table.get_run(run_id)
+    model = modelio.load_model(services.store.get(keys.final_model(run_id)))
+    return np.concatenate([np.asarray(w).ravel() for w in model.get_weights()]), run

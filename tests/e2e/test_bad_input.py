@@ -1,0 +1,88 @@
+"""Bad input: a clear error naming the problem, the run FAILED with the reason, nothing overwritten."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from slsml import data, demo, keys, modelio, runs
+from slsml.config import TrainingSpec
+from slsml.errors import BadInputError, NotFoundError
+
+from .conftest import DIGITS, finish, train
+
+SPEC = TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=2, eval_every=0)
+
+
+def test_upload_that_is_not_a_keras_model_fails_the_run(services, digits):  # noqa: ANN001
+    good = modelio.save_model(demo.digits_cnn())
+    runs.register_run(services, good, DIGITS, SPEC, run_id="bad-model")
+    runs.place_initial_model(services, "bad-model", b"definitely not a zip archive")
+    run = finish(services, "bad-model", timeout_s=60)
+    assert run.status == "FAILED"
+    assert "not a Keras model" in run.reason and "runs/bad-model/models/000000.keras" in run.reason
+    assert services.store.get(keys.model("bad-model", 0)) == b"definitely not a zip archive"
+    assert not services.store.exists(keys.model("bad-model", 1))
+
+
+def test_start_rejects_a_file_that_is_not_a_model(services, digits):  # noqa: ANN001
+    with pytest.raises(BadInputError, match="not a Keras model"):
+        runs.start_run(services, b"PK\x03\x04 truncated", DIGITS, SPEC, run_id="garbage")
+    assert not services.store.exists(keys.run_config("garbage"))
+
+
+def test_data_that_does_not_fit_the_model(services, digits):  # noqa: ANN001
+    x, y, x_test, y_test = digits
+    data.put_dataset(services.store, "flat-digits", x.reshape(len(x), -1), y, x_test.reshape(len(x_test), -1), y_test)
+    with pytest.raises(BadInputError, match="does not fit the model"):
+        runs.start_run(
+            services, modelio.save_model(demo.digits_cnn()), "flat-digits", SPEC, run_id="misfit"
+        )
+    assert not services.store.exists(keys.run_config("misfit"))
+
+
+def test_labels_beyond_the_model_outputs(services, digits):  # noqa: ANN001
+    x, y, x_test, y_test = digits
+    data.put_dataset(services.store, "many-classes", x, y * 2, x_test, y_test * 2)
+    with pytest.raises(BadInputError, match="labels go up to 18 but the model has only 10 outputs"):
+        runs.start_run(services, modelio.save_model(demo.digits_cnn()), "many-classes", SPEC, run_id="classes")
+
+
+def test_missing_dataset(services, digits):  # noqa: ANN001
+    with pytest.raises(NotFoundError, match="dataset 'nowhere' does not exist"):
+        runs.start_run(services, modelio.save_model(demo.digits_cnn()), "nowhere", SPEC, run_id="no-data")
+
+
+def test_unknown_run_is_ignored_and_reported(local, services, digits):  # noqa: ANN001
+    services.store.put_new(keys.model("ghost", 0), modelio.save_model(demo.digits_cnn()))
+    with pytest.raises(NotFoundError, match="no run named 'ghost'"):
+        services.table.get_run("ghost")
+    time.sleep(2)
+    assert services.table.list_iterations("ghost") == []
+    log = (local.log_dir / "work_launcher.log").read_text()
+    assert "model belongs to no known run" in log and "ghost" in log
+
+
+def test_an_existing_run_is_never_overwritten(services, digits):  # noqa: ANN001
+    train(services, SPEC, "keep-me")
+    assert finish(services, "keep-me").status == "COMPLETED"
+    config_before = services.store.get(keys.run_config("keep-me"))
+    final_before = services.store.get(keys.final_model("keep-me"))
+    other = modelio.save_model(demo.digits_cnn(seed=7))
+    with pytest.raises(BadInputError, match="already exists"):
+        runs.start_run(services, other, DIGITS, SPEC, run_id="keep-me")
+    assert services.store.get(keys.run_config("keep-me")) == config_before
+    assert services.store.get(keys.final_model("keep-me")) == final_before
+    assert services.table.get_run("keep-me").status == "COMPLETED"
+
+
+def test_dataset_names_are_never_reused(services, digits):  # noqa: ANN001
+    x, y, x_test, y_test = digits
+    manifest_before = services.store.get(keys.dataset_manifest(DIGITS))
+    with pytest.raises(BadInputError, match="already exists"):
+        data.put_dataset(services.store, DIGITS, x[:10], y[:10], x_test[:5], y_test[:5])
+    assert services.store.get(keys.dataset_manifest(DIGITS)) == manifest_before
+    assert np.array_equal(data.DatasetReader(services.store, data.load_manifest(services.store, DIGITS)).take(
+        "train", np.arange(5))[1], y[:5])

@@ -1,0 +1,230 @@
+"""Keras models ↔ flat vectors, the compiled optimizer, model loading and the worker's update."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from slsml import modelio
+from slsml.config import OptimizerConfig
+from slsml.errors import BadInputError
+from slsml.plan import ShardPlan
+
+# keras' own model.save converts tensors with np.array(x) (numpy 2 copy-keyword deprecation): not ours to fix
+pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
+
+NOT_A_MODEL = r"is not a Keras model|could not be loaded as a Keras model"
+
+
+def bn_model(seed: int = 0, momentum: float = 0.99) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((4,))
+    hidden = keras.layers.BatchNormalization(momentum=momentum, name="bn")(inputs)
+    hidden = keras.layers.Dense(5, activation="relu", name="hidden")(hidden)
+    outputs = keras.layers.Dense(3, activation="softmax", name="out")(hidden)
+    return keras.Model(inputs, outputs)
+
+
+def dense_model(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((4,))
+    outputs = keras.layers.Dense(3, activation="softmax", name="out")(keras.layers.Dense(6, activation="tanh")(inputs))
+    return keras.Model(inputs, outputs)
+
+
+def plan_of(model: keras.Model, reducers: int = 3) -> ShardPlan:
+    return ShardPlan.build(modelio.variable_specs(model), reducers)
+
+
+def batch(seed: int, n: int = 16, loc: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.normal(loc, 2.0, (n, 4)).astype(np.float32), rng.integers(0, 3, n).astype(np.int64)
+
+
+# ---- specs and flat vectors ---------------------------------------------------------------------
+
+
+def test_variable_specs_of_a_batchnorm_model() -> None:
+    model = bn_model()
+    specs = modelio.variable_specs(model)
+    assert [s.name for s in specs] == [v.path for v in model.weights]
+    assert [s.shape for s in specs] == [tuple(v.shape) for v in model.weights]
+    flags = {s.name.rsplit("/", 1)[-1] if s.name.startswith("bn/") else s.name: s.trainable for s in specs}
+    assert flags["gamma"] and flags["beta"]
+    assert not flags["moving_mean"] and not flags["moving_variance"]
+    assert [s.name for s in specs if not s.trainable] == ["bn/moving_mean", "bn/moving_variance"]
+    assert sum(s.size for s in specs) == 4 * 4 + (4 * 5 + 5) + (5 * 3 + 3)
+
+
+def test_variable_specs_refuse_unusable_models() -> None:
+    inputs = keras.Input((4,))
+    float64 = keras.Model(inputs, keras.layers.Dense(2, dtype="float64")(inputs))
+    with pytest.raises(BadInputError, match="float64"):
+        modelio.variable_specs(float64)
+    frozen = bn_model()
+    frozen.trainable = False
+    with pytest.raises(BadInputError, match="no trainable weights"):
+        modelio.variable_specs(frozen)
+
+
+def test_get_set_flat_round_trip() -> None:
+    model = bn_model()
+    plan = plan_of(model)
+    flat = modelio.get_flat(model, plan)
+    np.testing.assert_array_equal(flat, np.concatenate([np.ravel(v.numpy()) for v in model.weights]))
+
+    new = np.random.default_rng(1).standard_normal(plan.size).astype(np.float32)
+    modelio.set_flat(model, plan, new)
+    np.testing.assert_array_equal(modelio.get_flat(model, plan), new)
+    offset = 0
+    for spec in plan.variables:  # each Keras variable holds its own slice
+        variable = next(v for v in model.weights if v.path == spec.name)
+        np.testing.assert_array_equal(variable.numpy(), new[offset : offset + spec.size].reshape(spec.shape))
+        offset += spec.size
+
+    reloaded = modelio.load_model(modelio.save_model(model))
+    np.testing.assert_array_equal(modelio.get_flat(reloaded, plan_of(reloaded)), new)
+
+
+# ---- optimizer ----------------------------------------------------------------------------------
+
+
+def compiled(optimizer: keras.optimizers.Optimizer) -> keras.Model:
+    model = dense_model()
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    return model
+
+
+def test_optimizer_config_of_adam() -> None:
+    model = compiled(keras.optimizers.Adam(learning_rate=0.0123, beta_1=0.8, beta_2=0.95, epsilon=1e-6, amsgrad=True))
+    config = modelio.optimizer_config(model)
+    assert config.name == "adam" and config.amsgrad is True
+    assert config.learning_rate == pytest.approx(0.0123, rel=1e-6)
+    assert (config.beta_1, config.beta_2, config.epsilon) == pytest.approx((0.8, 0.95, 1e-6))
+    defaults = modelio.optimizer_config(compiled(keras.optimizers.Adam())).model_dump()
+    assert defaults == pytest.approx(OptimizerConfig(name="adam", learning_rate=0.001).model_dump())
+
+
+def test_optimizer_config_of_sgd() -> None:
+    config = modelio.optimizer_config(compiled(keras.optimizers.SGD(learning_rate=0.05, momentum=0.9, nesterov=True)))
+    assert config.name == "sgd" and config.nesterov is True
+    assert (config.learning_rate, config.momentum) == pytest.approx((0.05, 0.9))
+    plain = modelio.optimizer_config(compiled(keras.optimizers.SGD(learning_rate=0.2)))
+    assert plain.name == "sgd" and plain.momentum == 0 and not plain.nesterov
+    assert plain.learning_rate == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "message"),
+    [
+        (keras.optimizers.RMSprop(), "RMSprop is not supported"),
+        (keras.optimizers.AdamW(), "AdamW is not supported"),
+        (keras.optimizers.Adam(clipnorm=1.0), "clipnorm"),
+        (keras.optimizers.SGD(clipvalue=0.5), "clipvalue"),
+        (keras.optimizers.SGD(weight_decay=0.01), "weight_decay"),
+        (keras.optimizers.Adam(use_ema=True), "EMA"),
+        (keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.9)), "schedule"),
+    ],
+)
+def test_unsupported_optimizers_are_refused(optimizer: keras.optimizers.Optimizer, message: str) -> None:
+    with pytest.raises(BadInputError, match=message):
+        modelio.optimizer_config(compiled(optimizer))
+
+
+def test_uncompiled_model_has_no_optimizer() -> None:
+    with pytest.raises(BadInputError, match="not compiled"):
+        modelio.optimizer_config(dense_model())
+
+
+# ---- loading ------------------------------------------------------------------------------------
+
+
+def test_load_model_refuses_random_bytes() -> None:
+    junk = np.random.default_rng(0).bytes(4096)
+    with pytest.raises(BadInputError, match=NOT_A_MODEL) as raised:
+        modelio.load_model(junk, where="s3://bucket/incoming/x.keras")
+    assert "s3://bucket/incoming/x.keras" in str(raised.value)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.9, 0.999])
+def test_load_model_refuses_a_truncated_model(keep: float) -> None:
+    data = modelio.save_model(bn_model())
+    assert isinstance(modelio.load_model(data), keras.Model)
+    with pytest.raises(BadInputError, match=NOT_A_MODEL):
+        modelio.load_model(data[: int(len(data) * keep)])
+
+
+def test_load_model_refuses_a_zip_that_is_not_a_model() -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("notes.txt", "hello")
+    with pytest.raises(BadInputError, match="could not be loaded as a Keras model"):
+        modelio.load_model(buffer.getvalue())
+
+
+# ---- the worker's update ------------------------------------------------------------------------
+
+
+def tape_gradient(model: keras.Model, x: np.ndarray, y: np.ndarray) -> tuple[dict[str, np.ndarray], float]:
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    gradients = tape.gradient(loss, model.trainable_weights)
+    return {v.path: np.asarray(g) for v, g in zip(model.trainable_weights, gradients, strict=True)}, float(loss)
+
+
+def parts(plan: ShardPlan, vector: np.ndarray) -> dict[str, np.ndarray]:
+    return {spec.name: array for spec, array in zip(plan.variables, plan.unflatten(vector), strict=True)}
+
+
+def test_compute_update_is_the_gradient() -> None:
+    model = dense_model(seed=3)
+    plan = plan_of(model, reducers=2)
+    trainer = modelio.Trainer(model, plan, modelio.loss_config(model, "sparse_categorical_crossentropy"), True)
+    x, y = batch(4)
+
+    update = trainer.compute_update(x, y)
+    expected, expected_loss = tape_gradient(model, x, y)
+
+    assert update.vector.shape == (plan.size,) and update.vector.dtype == np.float32
+    got = parts(plan, update.vector)
+    assert got.keys() == expected.keys()
+    for name, gradient in expected.items():
+        assert np.abs(gradient).max() > 1e-4, f"{name}: vanishing gradient makes the test vacuous"
+        np.testing.assert_allclose(got[name], gradient, rtol=1e-5, atol=1e-7, err_msg=name)
+    assert update.loss == pytest.approx(expected_loss, rel=1e-6)
+    predicted = np.argmax(np.asarray(model(x, training=False)), axis=-1)
+    assert update.accuracy == pytest.approx(float(np.mean(predicted == y)))
+
+
+def test_compute_update_of_a_batchnorm_model() -> None:
+    """Non-trainable part: the moving statistics after one training-mode forward pass on the batch."""
+    momentum = 0.9
+    model = bn_model(seed=5, momentum=momentum)
+    plan = plan_of(model)
+    rng = np.random.default_rng(6)
+    bn = model.get_layer("bn")
+    old_mean = rng.normal(0, 1, 4).astype(np.float32)
+    old_variance = rng.uniform(0.5, 2, 4).astype(np.float32)
+    bn.moving_mean.assign(old_mean)
+    bn.moving_variance.assign(old_variance)
+    trainer = modelio.Trainer(model, plan, modelio.loss_config(model, "sparse_categorical_crossentropy"), False)
+    x, y = batch(7, n=32, loc=3.0)
+
+    update = trainer.compute_update(x, y)
+    got = parts(plan, update.vector)
+
+    expected_mean = old_mean * momentum + x.mean(axis=0) * (1 - momentum)
+    expected_variance = old_variance * momentum + x.var(axis=0) * (1 - momentum)
+    np.testing.assert_allclose(got["bn/moving_mean"], expected_mean, rtol=1e-5)
+    np.testing.assert_allclose(got["bn/moving_variance"], expected_variance, rtol=1e-5)
+    assert not np.allclose(got["bn/moving_mean"], old_mean)
+    assert update.accuracy is None
+
+    expected, _ = tape_gradient(model, x, y)  # gradients do not depend on the moving statistics
+    for name, gradient in expected.items():
+        np.testing.assert_allclose(got[name], gradient, rtol=1e-5, atol=1e-7, err_msg=name)
