@@ -22,7 +22,7 @@ test: install  ## lint, then unit, integration, infrastructure and end-to-end te
 	$(BIN)/python -m pytest -q
 
 synth: install  ## the CloudFormation template, offline
-	$(BIN)/python app.py
+	CDK_OUTDIR=cdk.out $(BIN)/python app.py
 
 clean:
 	rm -rf $(VENV) cdk.out .slsml runs .pytest_cache

@@ -4,6 +4,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.parser import envelopes, event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from slsml.deployment import Metric
 from slsml.idempotency import once_per_message
 from slsml.messages import WorkDone
 from slsml.services import from_env
@@ -23,5 +24,5 @@ def lambda_handler(messages: list[WorkDone], context: LambdaContext) -> None:
     record = once_per_message(lambda done: reduce_launcher.on_work_done(done, services), context)
     for message in messages:
         with failing_run_on_bad_input(services, message.run_id, "reduce launcher"):
-            metrics.add_metric("WorkersDone", MetricUnit.Count, 1)
+            metrics.add_metric(Metric.WORKERS_DONE, MetricUnit.Count, 1)
             record(message)

@@ -4,6 +4,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.parser import envelopes, event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from slsml.deployment import Metric
 from slsml.idempotency import once_per_message
 from slsml.messages import WorkMessage
 from slsml.services import from_env
@@ -26,4 +27,4 @@ def lambda_handler(messages: list[WorkMessage], context: LambdaContext) -> None:
             done = work(message)
             if done:
                 metrics.add_metric("WorkerComputeSeconds", MetricUnit.Seconds, done["compute_s"])
-                metrics.add_metric("TrainLoss", MetricUnit.NoUnit, done["loss"])
+                metrics.add_metric(Metric.TRAIN_LOSS, MetricUnit.NoUnit, done["loss"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -12,15 +11,15 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from pydantic import ValidationError  # noqa: E402
+from pydantic import ValidationError
 
-from slsml.config import OptimizerConfig, TrainingSpec  # noqa: E402
-from slsml.errors import SlsmlError  # noqa: E402
+from slsml.config import OptimizerConfig, TrainingSpec
+from slsml.errors import SlsmlError
 
 RUNS_DIR = Path("runs")
 
 
-def _console():  # noqa: ANN202 (rich is imported only where output is drawn)
+def _console():
     from rich.console import Console
 
     return Console(stderr=True)
@@ -206,6 +205,9 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     model_path = Path(args.model)
     if not model_path.is_file():
         raise BadInputError(f"model file {model_path} does not exist")
+    from slsml import modelio
+
+    modelio.load_model(model_path.read_bytes(), where=str(model_path))  # fail fast, before the cloud starts
     data_path = Path(args.data)
     if not data_path.suffix == ".npz":
         raise BadInputError(f"--data {args.data}: give a local .npz file with arrays x, y (and x_test, y_test)")
@@ -264,7 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", help="where to save the final model (default runs/<run>/final.keras)")
     demo.set_defaults(handler=cmd_demo)
 
-    run = commands.add_parser("run", help="start and inspect training runs").add_subparsers(dest="action", required=True)
+    run = commands.add_parser("run", help="start and inspect training runs")
+    run = run.add_subparsers(dest="action", required=True)
     start = run.add_parser("start", help="train your .keras model on your data")
     start.add_argument("--local", action="store_true", help="run on the embedded local cloud")
     start.add_argument("--model", required=True, help="a .keras model file")

@@ -64,3 +64,8 @@ def parse_model_key(key: str) -> tuple[str, int] | None:
     if match is None:
         return None
     return match["run"], int(match["iter"])
+
+
+def is_scratch(key: str) -> bool:
+    """Per-iteration objects (``runs/<run>/iters/``): needed only while a run is young."""
+    return key.startswith("runs/") and "/iters/" in key

@@ -45,7 +45,7 @@ def load_model(data: bytes, where: str = "the model") -> keras.Model:
     if not isinstance(model, keras.Model):
         raise BadInputError(f"{where} holds a {type(model).__name__}, not a Keras model")
     if not model.built:
-        raise BadInputError(f"{where} is not built (its weights have no shapes yet): build or call it once before saving")
+        raise BadInputError(f"{where} is not built (its weights have no shapes yet): call it once before saving")
     return model
 
 
@@ -104,7 +104,7 @@ def loss_config(model: keras.Model, override: str | None) -> str:
     """The loss as a JSON-serialized Keras loss, from ``override`` or the compiled model."""
     loss = override if override is not None else getattr(model, "loss", None)
     if loss is None:
-        raise BadInputError("the model is not compiled with a loss: give one (e.g. --loss sparse_categorical_crossentropy)")
+        raise BadInputError("the model is not compiled with a loss: give one (e.g. --loss categorical_crossentropy)")
     if isinstance(loss, list | dict):
         raise BadInputError("models with several losses are not supported")
     try:

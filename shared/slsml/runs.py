@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import statistics
 import time
@@ -138,7 +139,7 @@ class RunSummary(BaseModel):
 def summarize(run: RunRecord, iterations: list[IterationRecord], wall_s: float) -> RunSummary:
     """Figures of a run: how an iteration's time splits between worker compute and the rest."""
     launched = sorted((r for r in iterations if r.launched_at), key=lambda r: r.iteration)
-    cycle = [b.launched_at - a.launched_at for a, b in zip(launched, launched[1:], strict=False)]
+    cycle = [b.launched_at - a.launched_at for a, b in itertools.pairwise(launched)]
     done = [r for r in launched[: len(cycle)] if r.reports]
     compute = [max(rep.compute_s for rep in r.reports.values()) for r in done]
     merged = [r for r in iterations if r.merged_at]

@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 from botocore.exceptions import ClientError
 
+from slsml import keys
 from slsml.aws import error_code
+from slsml.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
 from slsml.errors import NotFoundError
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
@@ -63,9 +65,11 @@ class ObjectStore:
 
     def put_new(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> bool:
         """Create ``key``; False (and nothing written) if it already exists."""
+        # scratch carries the tag the bucket's lifecycle rule expires by
+        tagging = {"Tagging": f"{SCRATCH_TAG_KEY}={SCRATCH_TAG_VALUE}"} if keys.is_scratch(key) else {}
         try:
             self.s3.put_object(
-                Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*", Metadata=metadata or {}
+                Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*", Metadata=metadata or {}, **tagging
             )
         except ClientError as error:
             if error_code(error) in {"PreconditionFailed", "ConditionalRequestConflict"}:

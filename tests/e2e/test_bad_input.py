@@ -6,7 +6,6 @@ import time
 
 import numpy as np
 import pytest
-
 from slsml import data, demo, keys, modelio, runs
 from slsml.config import TrainingSpec
 from slsml.errors import BadInputError, NotFoundError
@@ -16,7 +15,7 @@ from .conftest import DIGITS, finish, train
 SPEC = TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=2, eval_every=0)
 
 
-def test_upload_that_is_not_a_keras_model_fails_the_run(services, digits):  # noqa: ANN001
+def test_upload_that_is_not_a_keras_model_fails_the_run(services, digits):
     good = modelio.save_model(demo.digits_cnn())
     runs.register_run(services, good, DIGITS, SPEC, run_id="bad-model")
     runs.place_initial_model(services, "bad-model", b"definitely not a zip archive")
@@ -27,13 +26,13 @@ def test_upload_that_is_not_a_keras_model_fails_the_run(services, digits):  # no
     assert not services.store.exists(keys.model("bad-model", 1))
 
 
-def test_start_rejects_a_file_that_is_not_a_model(services, digits):  # noqa: ANN001
+def test_start_rejects_a_file_that_is_not_a_model(services, digits):
     with pytest.raises(BadInputError, match="not a Keras model"):
         runs.start_run(services, b"PK\x03\x04 truncated", DIGITS, SPEC, run_id="garbage")
     assert not services.store.exists(keys.run_config("garbage"))
 
 
-def test_data_that_does_not_fit_the_model(services, digits):  # noqa: ANN001
+def test_data_that_does_not_fit_the_model(services, digits):
     x, y, x_test, y_test = digits
     data.put_dataset(services.store, "flat-digits", x.reshape(len(x), -1), y, x_test.reshape(len(x_test), -1), y_test)
     with pytest.raises(BadInputError, match="does not fit the model"):
@@ -43,19 +42,19 @@ def test_data_that_does_not_fit_the_model(services, digits):  # noqa: ANN001
     assert not services.store.exists(keys.run_config("misfit"))
 
 
-def test_labels_beyond_the_model_outputs(services, digits):  # noqa: ANN001
+def test_labels_beyond_the_model_outputs(services, digits):
     x, y, x_test, y_test = digits
     data.put_dataset(services.store, "many-classes", x, y * 2, x_test, y_test * 2)
     with pytest.raises(BadInputError, match="labels go up to 18 but the model has only 10 outputs"):
         runs.start_run(services, modelio.save_model(demo.digits_cnn()), "many-classes", SPEC, run_id="classes")
 
 
-def test_missing_dataset(services, digits):  # noqa: ANN001
+def test_missing_dataset(services, digits):
     with pytest.raises(NotFoundError, match="dataset 'nowhere' does not exist"):
         runs.start_run(services, modelio.save_model(demo.digits_cnn()), "nowhere", SPEC, run_id="no-data")
 
 
-def test_unknown_run_is_ignored_and_reported(local, services, digits):  # noqa: ANN001
+def test_unknown_run_is_ignored_and_reported(local, services, digits):
     services.store.put_new(keys.model("ghost", 0), modelio.save_model(demo.digits_cnn()))
     with pytest.raises(NotFoundError, match="no run named 'ghost'"):
         services.table.get_run("ghost")
@@ -65,7 +64,7 @@ def test_unknown_run_is_ignored_and_reported(local, services, digits):  # noqa: 
     assert "model belongs to no known run" in log and "ghost" in log
 
 
-def test_an_existing_run_is_never_overwritten(services, digits):  # noqa: ANN001
+def test_an_existing_run_is_never_overwritten(services, digits):
     train(services, SPEC, "keep-me")
     assert finish(services, "keep-me").status == "COMPLETED"
     config_before = services.store.get(keys.run_config("keep-me"))
@@ -78,7 +77,7 @@ def test_an_existing_run_is_never_overwritten(services, digits):  # noqa: ANN001
     assert services.table.get_run("keep-me").status == "COMPLETED"
 
 
-def test_dataset_names_are_never_reused(services, digits):  # noqa: ANN001
+def test_dataset_names_are_never_reused(services, digits):
     x, y, x_test, y_test = digits
     manifest_before = services.store.get(keys.dataset_manifest(DIGITS))
     with pytest.raises(BadInputError, match="already exists"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-
 from slsml.config import OptimizerConfig, TrainingSpec
 
 from .conftest import final_weights, finish, train
@@ -12,7 +11,7 @@ SPEC = TrainingSpec(workers=4, reducers=2, global_batch=128, iterations=4, eval_
                     optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
 
 
-def test_duplicated_deliveries_give_bit_identical_weights(local, services, digits):  # noqa: ANN001
+def test_duplicated_deliveries_give_bit_identical_weights(local, services, digits):
     train(services, SPEC, "dup-clean")
     assert finish(services, "dup-clean").status == "COMPLETED"
     invocations_before = sum(local.host.invocations.values())

@@ -8,7 +8,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from slsml import data, demo, modelio
 from slsml.config import OptimizerConfig, TrainingSpec
 
@@ -34,7 +33,7 @@ def _run_id(name: str, workers: int, reducers: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def pipeline_runs(services, digits):  # noqa: ANN001, ANN201
+def pipeline_runs(services, digits):
     """All cases at once through the shared pipeline (runs also must not disturb each other)."""
     for name, workers, reducers in CASES:
         spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=ITERATIONS,
@@ -62,7 +61,7 @@ def reference_weights(name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("name", "workers", "reducers"), CASES)
-def test_pipeline_matches_single_process_keras(pipeline_runs, services, digits, name, workers, reducers):  # noqa: ANN001
+def test_pipeline_matches_single_process_keras(pipeline_runs, services, digits, name, workers, reducers):
     run = pipeline_runs[(name, workers, reducers)]
     assert run.status == "COMPLETED", run.reason
     assert run.iteration == ITERATIONS

@@ -17,7 +17,6 @@ logger = Logger(child=True)
 def reduce(message: ReduceMessage, services: Services) -> ReduceDone:
     store = services.store
     store.reset_counters()
-    config = run_config(store, message.run_id)
     run, iteration, shard = message.run_id, message.iteration, message.shard
     output = keys.weights(run, iteration + 1, shard)
     if not store.exists(output):  # else a duplicate: announce the stored shard again

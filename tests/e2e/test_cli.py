@@ -1,0 +1,52 @@
+"""The ``slsml`` command as a user runs it (a fresh process, its own embedded cloud)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from slsml import demo, modelio
+
+REQUIRED = {"run_id", "status", "iterations", "workers", "reducers", "quorum", "test_accuracy", "wall_s",
+            "median_iteration_s"}
+
+
+def slsml(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slsml.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path) -> None:
+    x, y, x_test, y_test = demo.digits()
+    np.savez(tmp_path / "my_digits.npz", x=x, y=y, x_test=x_test, y_test=y_test)
+    (tmp_path / "model.keras").write_bytes(modelio.save_model(demo.digits_cnn()))
+
+    done = slsml("run", "start", "--local", "--model", "model.keras", "--data", "my_digits.npz", "--workers", "2",
+                 "--reducers", "1", "--iterations", "4", "--run-id", "cli-run", "--out", "trained.keras", "--json",
+                 cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary.keys() >= REQUIRED
+    assert (summary["run_id"], summary["status"], summary["iterations"]) == ("cli-run", "COMPLETED", 4)
+    assert 0 <= summary["test_accuracy"] <= 1 and summary["median_iteration_s"] > 0
+    assert modelio.load_model((tmp_path / "trained.keras").read_bytes()).count_params() > 0
+
+    status = slsml("run", "status", "cli-run", "--json", cwd=tmp_path)
+    assert status.returncode == 0 and json.loads(status.stdout.strip().splitlines()[-1])["status"] == "COMPLETED"
+    fetched = slsml("run", "fetch", "cli-run", "--out", "copy.keras", cwd=tmp_path)
+    assert fetched.returncode == 0
+    assert (tmp_path / "copy.keras").read_bytes() == (tmp_path / "trained.keras").read_bytes()
+
+
+def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
+    (tmp_path / "model.keras").write_bytes(b"not a model")
+    np.savez(tmp_path / "d.npz", x=np.zeros((10, 8, 8, 1), np.float32), y=np.zeros(10, np.int64))
+    bad_model = slsml("run", "start", "--local", "--model", "model.keras", "--data", "d.npz", "--iterations", "1",
+                      cwd=tmp_path)
+    assert bad_model.returncode == 2
+    assert "model.keras is not a Keras model" in bad_model.stderr
+    unknown = slsml("run", "status", "no-such-run", cwd=tmp_path)
+    assert unknown.returncode == 2 and "no run named 'no-such-run'" in unknown.stderr

@@ -1,0 +1,48 @@
+"""ObjectStore: create-only writes and scratch tagging, against moto's S3."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from slsml import keys
+from slsml.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
+from slsml.errors import NotFoundError
+from slsml.storage import ObjectStore
+
+
+@pytest.fixture
+def store():  # noqa: ANN201
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="bucket")
+        yield ObjectStore(s3, "bucket")
+
+
+def _tags(store: ObjectStore, key: str) -> dict[str, str]:
+    tags = store.s3.get_object_tagging(Bucket="bucket", Key=key)["TagSet"]
+    return {t["Key"]: t["Value"] for t in tags}
+
+
+def test_put_new_never_overwrites(store: ObjectStore) -> None:
+    assert store.put_new("runs/a/run.json", b"first")
+    assert not store.put_new("runs/a/run.json", b"second")
+    assert store.get("runs/a/run.json") == b"first"
+    assert store.bytes_written == len(b"first")
+
+
+def test_scratch_objects_carry_the_expiry_tag_and_models_do_not(store: ObjectStore) -> None:
+    store.put_new(keys.update("a", 3, 1), b"update")
+    store.put_new(keys.model("a", 3), b"model")
+    assert _tags(store, keys.update("a", 3, 1)) == {SCRATCH_TAG_KEY: SCRATCH_TAG_VALUE}
+    assert _tags(store, keys.model("a", 3)) == {}
+
+
+def test_ranged_get_and_missing_keys(store: ObjectStore) -> None:
+    store.put_new("runs/a/x", bytes(range(10)))
+    assert store.get("runs/a/x", (2, 4)) == bytes([2, 3, 4])
+    assert store.get_many(["runs/a/x", "runs/a/x"], [(0, 0), (9, 9)]) == [b"\x00", b"\x09"]
+    with pytest.raises(NotFoundError, match="runs/a/missing does not exist"):
+        store.get("runs/a/missing")
+    assert store.head("runs/a/missing") is None
