@@ -257,6 +257,21 @@ def cmd_run_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_put(args: argparse.Namespace) -> int:
+    from slsml import aws, data
+    from slsml.storage import ObjectStore
+
+    arrays = _read_arrays(Path(args.file), args.test_fraction, args.seed)
+    store = ObjectStore(aws.client("s3"), args.bucket)
+    with _console().status(f"uploading {args.name} to s3://{args.bucket}/datasets/{args.name}/…"):
+        manifest = data.put_dataset(store, args.name, *arrays, shard_size=args.shard_size)
+    _console().print(
+        f"dataset {manifest.name}: {manifest.train.count} train / {manifest.test.count} test samples "
+        f"of shape {manifest.x_shape}, {manifest.train.shards + manifest.test.shards} shards"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slsml", description="Elastic, serverless training of Keras models.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -285,6 +300,16 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--out", help="destination (default <run>.keras)")
     fetch.set_defaults(handler=cmd_run_fetch)
     run.add_parser("list", help="runs recorded under ./runs").set_defaults(handler=cmd_run_list)
+
+    datasets = commands.add_parser("data", help="datasets in S3").add_subparsers(dest="action", required=True)
+    put = datasets.add_parser("put", help="upload x/y arrays (.npz) as shards plus a manifest")
+    put.add_argument("name", help="dataset name (lowercase letters, digits, '-')")
+    put.add_argument("file", help="a .npz file with x, y (optional x_test, y_test)")
+    put.add_argument("--bucket", required=True, help="the bucket (AWS credentials and AWS_ENDPOINT_URL apply)")
+    put.add_argument("--test-fraction", type=float, default=0.2, help="held out when the file has no x_test")
+    put.add_argument("--shard-size", type=int, default=4096, help="samples per shard object")
+    put.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
+    put.set_defaults(handler=cmd_data_put)
     return parser
 
 

@@ -50,3 +50,26 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
     assert "model.keras is not a Keras model" in bad_model.stderr
     unknown = slsml("run", "status", "no-such-run", cwd=tmp_path)
     assert unknown.returncode == 2 and "no run named 'no-such-run'" in unknown.stderr
+
+
+def test_data_put_uploads_shards_and_a_manifest(tmp_path: Path, local, services) -> None:
+    import os
+
+    from slsml import data
+
+    x = np.arange(50 * 3, dtype=np.float32).reshape(50, 3)
+    y = np.arange(50) % 4
+    np.savez(tmp_path / "small.npz", x=x, y=y)
+    env = {**os.environ, **local.deployment.environment()}
+    done = subprocess.run([sys.executable, "-m", "slsml.cli", "data", "put", "small", "small.npz", "--bucket",
+                           local.deployment.bucket, "--shard-size", "16"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "40 train / 10 test samples" in done.stderr
+    manifest = data.load_manifest(services.store, "small")
+    assert (manifest.train.count, manifest.test.count, manifest.train.shards, manifest.classes) == (40, 10, 3, 4)
+    x_train, _y_train = data.DatasetReader(services.store, manifest).split("train")
+    assert {tuple(row) for row in x_train} <= {tuple(row) for row in x}
+    again = subprocess.run([sys.executable, "-m", "slsml.cli", "data", "put", "small", "small.npz", "--bucket",
+                            local.deployment.bucket], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert again.returncode == 2 and "dataset 'small' already exists" in again.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 import boto3
 import pytest
 from moto import mock_aws
-
 from slsml import keys
 from slsml.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
 from slsml.errors import NotFoundError
@@ -13,7 +12,7 @@ from slsml.storage import ObjectStore
 
 
 @pytest.fixture
-def store():  # noqa: ANN201
+def store():
     with mock_aws():
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket="bucket")
