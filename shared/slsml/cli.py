@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -85,15 +86,15 @@ def _train_locally(
 
     console = _console()
     run_id = args.run_id or runs.new_run_id()
-    with console.status("starting the embedded cloud and warm function processes…"):
-        local = LocalRuntime(
-            workers=spec.workers,
-            reducers=spec.reducers,
-            duplicate_deliveries=args.duplicate_deliveries,
-            log_dir=Path(".slsml/logs") / run_id,
-        ).__enter__()
-    try:
-        services = local.services
+    runtime = LocalRuntime(
+        workers=spec.workers,
+        reducers=spec.reducers,
+        duplicate_deliveries=args.duplicate_deliveries,
+        log_dir=Path(".slsml/logs") / run_id,
+    )
+    with ExitStack() as stack:
+        with console.status("starting the embedded cloud and warm function processes…"):
+            services = stack.enter_context(runtime).services
         if arrays is not None:
             data.put_dataset(services.store, dataset, *arrays)
         runs.start_run(services, model_bytes, dataset, spec, run_id=run_id)
@@ -102,9 +103,10 @@ def _train_locally(
                    TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
         with Progress(*columns, console=console, transient=False) as progress:
             task = progress.add_task("train", total=spec.iterations, run=run_id, stats="")
+            shown = _ProgressText(started)
 
-            def show(run: Any, iterations: list[Any]) -> None:
-                progress.update(task, completed=run.iteration, stats=_progress_text(run, iterations, started))
+            def show(run: Any, latest: Any) -> None:
+                progress.update(task, completed=run.iteration, stats=shown.update(run, latest))
 
             run = runs.wait_for_run(services, run_id, on_progress=show, timeout_s=args.timeout)
         summary = runs.summarize(run, services.table.list_iterations(run_id), time.time() - started)
@@ -116,25 +118,29 @@ def _train_locally(
             out.write_bytes(services.store.get(run.final_key))
             summary.final_model = str(out)
         (record_dir / "summary.json").write_text(summary.model_dump_json(indent=1))
-    finally:
-        local.__exit__(None, None, None)
     _print_summary(summary, args.json)
     return 0 if summary.status == "COMPLETED" else 1
 
 
-def _progress_text(run: Any, iterations: list[Any], started: float) -> str:
-    merged = sorted((r for r in iterations if r.merged_at), key=lambda r: r.iteration)
-    if not merged:
-        return ""
-    last = merged[-1]
-    tested = [r for r in merged if r.test_accuracy is not None]
-    parts = [f"loss {last.train_loss:.4f}"] if last.train_loss is not None else []
-    if last.train_accuracy is not None:
-        parts.append(f"acc {last.train_accuracy:.3f}")
-    if tested:
-        parts.append(f"test acc {tested[-1].test_accuracy:.3f}")
-    parts.append(f"{(time.time() - started) / max(1, run.iteration):.2f} s/iter")
-    return "  ".join(parts)
+class _ProgressText:
+    """The figures on the progress line; remembers the last test accuracy seen."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.test_accuracy: float | None = None
+
+    def update(self, run: Any, latest: Any) -> str:
+        if latest is None:
+            return ""
+        if latest.test_accuracy is not None:
+            self.test_accuracy = latest.test_accuracy
+        parts = [f"loss {latest.train_loss:.4f}"] if latest.train_loss is not None else []
+        if latest.train_accuracy is not None:
+            parts.append(f"acc {latest.train_accuracy:.3f}")
+        if self.test_accuracy is not None:
+            parts.append(f"test acc {self.test_accuracy:.3f}")
+        parts.append(f"{(time.time() - self.started) / max(1, run.iteration):.2f} s/iter")
+        return "  ".join(parts)
 
 
 def _print_summary(summary: Any, as_json: bool) -> None:

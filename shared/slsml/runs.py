@@ -93,24 +93,24 @@ def register_run(
 def wait_for_run(
     services: Services,
     run_id: str,
-    on_progress: Callable[[RunRecord, list[IterationRecord]], None] | None = None,
+    on_progress: Callable[[RunRecord, IterationRecord | None], None] | None = None,
     timeout_s: float | None = None,
     poll_s: float = 0.25,
-    is_stalled: Callable[[], str | None] | None = None,
 ) -> RunRecord:
-    """Poll until the run is COMPLETED or FAILED (or ``timeout_s`` passes: the run is marked FAILED)."""
+    """Poll until the run is COMPLETED or FAILED (or ``timeout_s`` passes: the run is marked FAILED).
+
+    ``on_progress`` gets the run and its last merged iteration (None before the first).
+    """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         run = services.table.get_run(run_id)
         if on_progress is not None:
-            on_progress(run, services.table.list_iterations(run_id))
+            latest = services.table.get_iteration(run_id, run.iteration - 1) if run.iteration else None
+            on_progress(run, latest)
         if run.status in TERMINAL:
             return run
-        reason = is_stalled() if is_stalled else None
-        if reason is None and deadline is not None and time.monotonic() > deadline:
-            reason = f"no completion within {timeout_s:.0f} s (at iteration {run.iteration})"
-        if reason is not None:
-            services.table.fail(run_id, reason)
+        if deadline is not None and time.monotonic() > deadline:
+            services.table.fail(run_id, f"no completion within {timeout_s:.0f} s (at iteration {run.iteration})")
             return services.table.get_run(run_id)
         time.sleep(poll_s)
 
@@ -145,7 +145,7 @@ def summarize(run: RunRecord, iterations: list[IterationRecord], wall_s: float) 
     merged = [r for r in iterations if r.merged_at]
     median_cycle = statistics.median(cycle) if cycle else None
     median_compute = statistics.median(compute) if compute else None
-    last_loss = next((r.train_loss for r in sorted(merged, key=lambda r: -r.iteration)), None)
+    last_loss = max(merged, key=lambda r: r.iteration).train_loss if merged else None
     return RunSummary(
         run_id=run.run_id,
         status=run.status,

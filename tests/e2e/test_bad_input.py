@@ -85,3 +85,15 @@ def test_dataset_names_are_never_reused(services, digits):
     assert services.store.get(keys.dataset_manifest(DIGITS)) == manifest_before
     assert np.array_equal(data.DatasetReader(services.store, data.load_manifest(services.store, DIGITS)).take(
         "train", np.arange(5))[1], y[:5])
+
+
+def test_a_message_failing_three_times_fails_its_run_via_the_dead_letter_queue(local, services, digits):
+    runs.register_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="corrupt-config")
+    # damage behind slsml's back (slsml itself never overwrites): every worker now fails unexpectedly
+    services.store.s3.put_object(Bucket=services.store.bucket, Key=keys.run_config("corrupt-config"), Body=b"{}")
+    runs.place_initial_model(services, "corrupt-config", modelio.save_model(demo.digits_cnn()))
+    run = finish(services, "corrupt-config", timeout_s=120)
+    assert run.status == "FAILED"
+    assert run.reason.startswith("worker failed three times on one message: ValidationError"), run.reason
+    assert any(d["run_id"] == "corrupt-config" and d["function"] == "worker" for d in local.host.dead_letters)
+    assert "corrupt-config" in (local.log_dir / "dead-letters.jsonl").read_text()

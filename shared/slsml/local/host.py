@@ -148,7 +148,6 @@ class FunctionHost:
         self._stopping = threading.Event()
         self._last_error: dict[str, str] = {}
         self.invocations: dict[str, int] = dict.fromkeys(concurrency, 0)
-        self.failures: dict[str, int] = dict.fromkeys(concurrency, 0)
         self.dead_letters: list[dict[str, Any]] = []
 
     def _environment(self, function: str) -> dict[str, str]:
@@ -240,7 +239,6 @@ class FunctionHost:
             if error is None:
                 self.sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
                 return
-            self.failures[function] += 1
             self._last_error[body["MessageId"]] = str(error).splitlines()[0][:500]
             receives = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
             self.sqs.change_message_visibility(

@@ -10,7 +10,7 @@ from slsml.messages import ReduceDone
 from slsml.runstate import RunStatus
 from slsml.services import Services
 from slsml.steps.common import load_weights, run_config
-from slsml.steps.worker import reader_for, trainer_for
+from slsml.steps.warm import reader_for, trainer_for
 
 logger = Logger(child=True)
 

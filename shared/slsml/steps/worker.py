@@ -10,41 +10,14 @@ from aws_lambda_powertools import Logger
 
 from slsml import data, keys, modelio, updates, wiring
 from slsml.config import RunConfig
-from slsml.errors import BadInputError, RunFailed
+from slsml.errors import RunFailed
 from slsml.messages import WorkDone, WorkMessage
 from slsml.runstate import RunStatus
 from slsml.services import Services
 from slsml.steps.common import load_weights, run_config
-from slsml.storage import ObjectStore
+from slsml.steps.warm import reader_for, trainer_for
 
 logger = Logger(child=True)
-
-# warm-container caches: one model per run, one reader per dataset
-_trainers: dict[str, modelio.Trainer] = {}
-_readers: dict[str, data.DatasetReader] = {}
-
-
-def trainer_for(store: ObjectStore, config: RunConfig, iteration: int) -> tuple[modelio.Trainer, bool]:
-    """The run's warm model, loaded from ``models/<iteration>.keras`` on a cold start.
-
-    Returns (trainer, fresh): a fresh trainer already holds the weights entering ``iteration``.
-    """
-    trainer = _trainers.get(config.run_id)
-    if trainer is not None:
-        return trainer, False
-    key = keys.model(config.run_id, iteration)
-    model = modelio.load_model(store.get(key), where=key)
-    if [s.model_dump() for s in modelio.variable_specs(model)] != [v.model_dump() for v in config.plan.variables]:
-        raise BadInputError(f"{key} does not have the weights of the model the run was started with")
-    trainer = _trainers[config.run_id] = modelio.Trainer(model, config.plan, config.loss, config.classification)
-    return trainer, True
-
-
-def reader_for(store: ObjectStore, dataset: str) -> data.DatasetReader:
-    reader = _readers.get(dataset)
-    if reader is None:
-        reader = _readers[dataset] = data.DatasetReader(store, data.load_manifest(store, dataset))
-    return reader
 
 
 def work(message: WorkMessage, services: Services) -> WorkDone | None:
