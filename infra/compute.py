@@ -18,11 +18,11 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from cdk_nag import NagPackSuppression, NagSuppressions, RegexAppliesTo
 from constructs import Construct
-from slsml import deployment, wiring
 
 from infra.layers import ARCHITECTURE, ROOT, RUNTIME, CommonLayer
 from infra.naming import pascal
 from infra.settings import Settings
+from slsml import deployment, wiring
 
 FUNCTIONS_DIR = ROOT / "functions"
 DOCKERFILE = "functions/worker/Dockerfile"  # relative to the image's build context, the repository root

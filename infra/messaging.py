@@ -15,9 +15,9 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
-from slsml import wiring
 
 from infra.naming import pascal
+from slsml import wiring
 
 # Run lifecycle notifications (started, completed, failed) for people and tools to follow; published
 # by the orchestration, which is not deployed yet.

@@ -13,9 +13,9 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
-from slsml.deployment import METRICS_NAMESPACE, SERVICE_NAME, Metric
 
 from infra.naming import pascal
+from slsml.deployment import METRICS_NAMESPACE, SERVICE_NAME, Metric
 
 PERIOD = Duration.minutes(5)
 WIDGET_WIDTH = 8

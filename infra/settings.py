@@ -13,6 +13,7 @@ from aws_cdk import RemovalPolicy
 from aws_cdk import aws_logs as logs
 from constructs import Node
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from slsml import wiring
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
-from slsml import wiring
 
 from infra.compute import Compute
 from infra.messaging import Messaging
@@ -16,6 +15,7 @@ from infra.naming import pascal
 from infra.observability import Observability
 from infra.settings import Settings
 from infra.storage import Storage
+from slsml import wiring
 
 
 class SlsmlStack(Stack):

@@ -6,9 +6,9 @@ from aws_cdk import Duration
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
-from slsml import deployment
 
 from infra.settings import Settings
+from slsml import deployment
 
 TTL_ATTRIBUTE = "expires_at"
 

@@ -4,6 +4,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.parser import envelopes, event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from slsml.idempotency import once_per_message
 from slsml.messages import ReduceMessage
 from slsml.services import from_env

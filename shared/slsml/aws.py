@@ -4,6 +4,7 @@ variable, so the same code talks to AWS or to the embedded cloud.
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from typing import Any
 
@@ -18,14 +19,23 @@ RETRIES = Config(
 )
 
 
-@cache
 def client(service: str) -> Any:
-    return boto3.session.Session().client(service, config=RETRIES)
+    return _client(service, os.environ.get("AWS_ENDPOINT_URL"))
+
+
+def resource(service: str) -> Any:
+    return _resource(service, os.environ.get("AWS_ENDPOINT_URL"))
+
+
+# cached per endpoint: a process that starts a second embedded cloud must not reach the first
+@cache
+def _client(service: str, endpoint: str | None) -> Any:
+    return boto3.session.Session().client(service, config=RETRIES, endpoint_url=endpoint)
 
 
 @cache
-def resource(service: str) -> Any:
-    return boto3.session.Session().resource(service, config=RETRIES)
+def _resource(service: str, endpoint: str | None) -> Any:
+    return boto3.session.Session().resource(service, config=RETRIES, endpoint_url=endpoint)
 
 
 def error_code(error: Exception) -> str:

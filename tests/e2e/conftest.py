@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+
 from slsml import data, demo, keys, modelio, runs
 from slsml.config import TrainingSpec
 from slsml.local.runtime import LocalRuntime

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
 from slsml import demo, modelio
 
 REQUIRED = {"run_id", "status", "iterations", "workers", "reducers", "quorum", "test_accuracy", "wall_s",

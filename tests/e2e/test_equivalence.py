@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+
 from slsml import data, demo, modelio
 from slsml.config import OptimizerConfig, TrainingSpec
 

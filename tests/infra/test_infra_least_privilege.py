@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from slsml import deployment, keys, wiring
 
 from infra.compute import TABLE_ACTIONS
+from slsml import deployment, keys, wiring
 
 if TYPE_CHECKING:
     from conftest import Synthesized

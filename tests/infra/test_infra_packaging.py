@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aws_cdk import App, Stack
-from slsml import wiring
 
 from infra.compute import DOCKERFILE
 from infra.layers import ROOT, RUNTIME, RUNTIME_PROVIDED, CommonLayer
+from slsml import wiring
 
 if TYPE_CHECKING:
     from conftest import Synthesized

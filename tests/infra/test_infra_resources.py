@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from aws_cdk.assertions import Match
-from slsml import deployment, wiring
 
 from infra.layers import RUNTIME
+from slsml import deployment, wiring
 
 if TYPE_CHECKING:
     from conftest import Synthesized

@@ -9,10 +9,10 @@ import pytest
 from aws_cdk import App
 from aws_cdk.assertions import Annotations, Match, Template
 from pydantic import ValidationError
-from slsml import wiring
 
 from infra import create_app
 from infra.settings import DEFAULT_FUNCTIONS, Settings
+from slsml import wiring
 
 
 def test_defaults_size_every_pipeline_function() -> None:

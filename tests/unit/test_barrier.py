@@ -6,6 +6,7 @@ import math
 from fractions import Fraction
 
 import pytest
+
 from slsml.barrier import quorum_count
 
 

@@ -9,6 +9,7 @@ import boto3
 import numpy as np
 import pytest
 from moto import mock_aws
+
 from slsml import data, keys
 from slsml.config import TrainingSpec
 from slsml.errors import BadInputError

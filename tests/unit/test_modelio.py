@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+
 from slsml import modelio
 from slsml.config import OptimizerConfig
 from slsml.errors import BadInputError

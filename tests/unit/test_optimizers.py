@@ -7,6 +7,7 @@ import itertools
 import keras
 import numpy as np
 import pytest
+
 from slsml import optimizers
 from slsml.config import OptimizerConfig
 

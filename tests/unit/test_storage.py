@@ -5,6 +5,7 @@ from __future__ import annotations
 import boto3
 import pytest
 from moto import mock_aws
+
 from slsml import keys
 from slsml.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
 from slsml.errors import NotFoundError

@@ -6,6 +6,7 @@ import struct
 
 import numpy as np
 import pytest
+
 from slsml import updates
 from slsml.plan import ShardPlan, VariableSpec
 from slsml.updates import HEADER_SIZE, UpdateFormatError

@@ -8,6 +8,7 @@ import socket
 from dataclasses import dataclass, field
 
 import boto3
+from moto.moto_api._internal.models import moto_api_backend
 from moto.server import ThreadedMotoServer
 
 from slsml import wiring
@@ -58,7 +59,10 @@ class EmbeddedCloud:
         self._server.start()
 
     def stop(self) -> None:
+        """Stop serving and forget every resource: moto keeps its state per process, so a later
+        cloud in the same process starts empty."""
         self._server.stop()
+        moto_api_backend.reset()
 
     def _client(self, service: str):
         return boto3.client(
