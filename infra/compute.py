@@ -16,6 +16,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
 from cdk_nag import NagPackSuppression, NagSuppressions, RegexAppliesTo
 from constructs import Construct
 
@@ -45,6 +46,7 @@ class Compute(Construct):
         table: dynamodb.ITable,
         topics: Mapping[str, sns.ITopic],
         failures: sqs.IQueue,
+        state_machine: sfn.IStateMachine,
     ) -> None:
         super().__init__(scope, construct_id)
         self._settings = settings
@@ -52,6 +54,7 @@ class Compute(Construct):
         self._table = table
         self._topics = topics
         self._failures = failures
+        self._state_machine = state_machine
         self.layer = CommonLayer(self, "CommonLayer", build=not settings.skip_layer_build).layer
         self.functions: dict[str, lambda_.Function] = {fn.name: self._function(fn) for fn in wiring.FUNCTIONS}
 
@@ -72,8 +75,13 @@ class Compute(Construct):
             "POWERTOOLS_METRICS_NAMESPACE": deployment.METRICS_NAMESPACE,
             **{topic.env_var: self._topics[topic.name].topic_arn for topic in fn.publishes},
         }
+        if fn.starts_runs:
+            environment[wiring.STATE_MACHINE_ENV] = self._state_machine.state_machine_arn
+            environment[wiring.RUN_DEFAULTS_ENV] = self._settings.run_defaults.model_dump_json()
+        triggers = "/".join(t.name for t in fn.triggers)
+        publishes = ", ".join(t.name for t in fn.publishes) or "S3"
         common = {
-            "description": f"slsml {fn.name}: {fn.trigger.name} -> {', '.join(t.name for t in fn.publishes) or 'S3'}",
+            "description": f"slsml {fn.name}: {triggers} -> {publishes}",
             "role": role,
             "log_group": log_group,
             "environment": environment,
@@ -125,7 +133,10 @@ class Compute(Construct):
         log_group.grant_write(role)
         readable = [self._bucket.arn_for_objects(f"{prefix}*") for prefix in deployment.READABLE_PREFIXES]
         writable = [self._bucket.arn_for_objects(f"{prefix}*") for prefix in deployment.WRITABLE_PREFIXES]
-        role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=readable))
+        notified = [self._bucket.arn_for_objects(f"{prefix}*") for prefix in wiring.notified_prefixes(fn)]
+        role.add_to_policy(
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=list(dict.fromkeys(readable + notified)))
+        )
         # ListBucket makes a GET/HEAD of a missing key answer 404 (not 403), which storage.head relies
         # on; IfExists: that check carries no s3:prefix, a listing must stay within the readable prefixes.
         role.add_to_policy(
@@ -140,15 +151,23 @@ class Compute(Construct):
         role.add_to_policy(iam.PolicyStatement(actions=TABLE_ACTIONS, resources=[self._table.table_arn]))
         for topic in fn.publishes:
             self._topics[topic.name].grant_publish(role)
+        # answering the run execution's task token: success, failure, heartbeat
+        self._state_machine.grant_task_response(role)
+        if fn.starts_runs:
+            self._state_machine.grant_start_execution(role)
+            self._state_machine.grant_execution(role, "states:DescribeExecution")
         NagSuppressions.add_resource_suppressions(
             role,
             [
                 NagPackSuppression(
                     id="AwsSolutions-IAM5",
                     reason="Objects are keyed by run and iteration, so access is granted per prefix"
-                    " (read runs/ and datasets/, write runs/); X-Ray accepts no resource but *.",
+                    " (read runs/ and datasets/, and the prefix whose uploads trigger the function; write"
+                    " runs/); a run starter follows the executions it starts, whose names are run ids;"
+                    " X-Ray accepts no resource but *.",
                     applies_to=[
-                        RegexAppliesTo(regex=r"/^Resource::<.+\.Arn>\/(runs|datasets)\/\*$/g"),
+                        RegexAppliesTo(regex=r"/^Resource::<.+\.Arn>\/(runs|datasets|incoming)\/\*$/g"),
+                        RegexAppliesTo(regex=r"/^Resource::arn:<AWS::Partition>:states:.*:execution:.*:\*$/g"),
                         "Resource::*",
                     ],
                 )

@@ -19,9 +19,6 @@ from constructs import Construct
 from infra.naming import pascal
 from slsml import wiring
 
-# Run lifecycle notifications (started, completed, failed) for people and tools to follow; published
-# by the orchestration, which is not deployed yet.
-RUN_EVENTS = "RunEvents"
 DLQ_RETENTION = Duration.days(14)
 
 _SUBSCRIPTION_DLQ_SUPPRESSIONS = [
@@ -39,7 +36,7 @@ class Messaging(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, bucket: s3.IBucket) -> None:
         super().__init__(scope, construct_id)
         self.topics: dict[str, sns.Topic] = {
-            name: self._topic(name) for name in (*(topic.name for topic in wiring.TOPICS), RUN_EVENTS)
+            topic.name: self._topic(topic.name) for topic in wiring.TOPICS
         }
         self.dead_letter_queues: dict[str, sqs.Queue] = {}
         # What Lambda could not process after its own retries of an asynchronous (SNS) invocation.
@@ -58,9 +55,10 @@ class Messaging(Construct):
         for fn in wiring.FUNCTIONS:
             dlq = self._dead_letter_queue(f"{pascal(fn.name)}Subscription")
             NagSuppressions.add_resource_suppressions(dlq, _SUBSCRIPTION_DLQ_SUPPRESSIONS)
-            self.topics[fn.trigger.name].add_subscription(
-                subscriptions.LambdaSubscription(functions[fn.name], dead_letter_queue=dlq)
-            )
+            for topic in fn.triggers:
+                self.topics[topic.name].add_subscription(
+                    subscriptions.LambdaSubscription(functions[fn.name], dead_letter_queue=dlq)
+                )
 
     def _suppress_notifications_handler(self) -> None:
         """The custom resource writing the bucket's notification configuration is a CDK singleton."""

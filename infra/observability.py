@@ -12,6 +12,7 @@ from aws_cdk import aws_cloudwatch_actions as actions
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.naming import pascal
@@ -50,6 +51,7 @@ class Observability(Construct):
         *,
         functions: Mapping[str, lambda_.IFunction],
         dead_letter_queues: Mapping[str, sqs.IQueue],
+        state_machine: sfn.IStateMachine,
     ) -> None:
         super().__init__(scope, construct_id)
         # No KMS (as for the pipeline topics): CloudWatch publishes to encrypted topics only with a
@@ -62,7 +64,7 @@ class Observability(Construct):
         for name, queue in dead_letter_queues.items():
             depth = queue.metric_approximate_number_of_messages_visible(period=PERIOD, statistic="Maximum")
             self._alarm(f"{name}DeadLetters", depth, f"messages in the {name} dead-letter queue")
-        self._alarm("RunsFailed", custom_metric(Metric.RUNS_FAILED, "Sum"), "a training run failed")
+        self._alarm("RunsFailed", state_machine.metric_failed(period=PERIOD, statistic="Sum"), "a training run failed")
 
         self.dashboard = cloudwatch.Dashboard(
             self,

@@ -15,6 +15,7 @@ from constructs import Node
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from slsml import wiring
+from slsml.config import DropInRequest
 
 
 class FunctionSettings(BaseModel):
@@ -36,6 +37,7 @@ DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
     "reduce_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
     "reducer": FunctionSettings(memory_mb=1769, timeout_s=300),
     "merger": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
+    "run_starter": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
 }
 
 
@@ -52,6 +54,8 @@ class Settings(BaseModel):
     # Tests only: ship layers/common as is instead of pip-installing the layer (fast, not deployable).
     skip_layer_build: bool = False
     functions: dict[str, FunctionSettings] = Field(default_factory=dict, validate_default=True)
+    # what a model dropped under incoming/ trains with, e.g. {"dataset": "digits", "training": {"iterations": 300}}
+    run_defaults: DropInRequest = DropInRequest()
 
     @field_validator("functions", mode="before")
     @classmethod

@@ -1,8 +1,4 @@
-"""The slsml stack: storage, messaging, compute and observability, wired by slsml.wiring.
-
-Orchestration (Step Functions, one execution per run) will be one more construct here, taking the
-storage, the topics and the run-events topic like the others do.
-"""
+"""The slsml stack: storage, messaging, orchestration, compute and observability, wired by slsml.wiring."""
 
 from __future__ import annotations
 
@@ -13,6 +9,7 @@ from infra.compute import Compute
 from infra.messaging import Messaging
 from infra.naming import pascal
 from infra.observability import Observability
+from infra.orchestration import Orchestration
 from infra.settings import Settings
 from infra.storage import Storage
 from slsml import wiring
@@ -26,6 +23,14 @@ class SlsmlStack(Stack):
         self.settings = settings
         self.storage = Storage(self, "Storage", settings=settings)
         self.messaging = Messaging(self, "Messaging", bucket=self.storage.bucket)
+        self.orchestration = Orchestration(
+            self,
+            "Orchestration",
+            settings=settings,
+            bucket=self.storage.bucket,
+            table=self.storage.table,
+            topics=self.messaging.topics,
+        )
         self.compute = Compute(
             self,
             "Compute",
@@ -34,6 +39,7 @@ class SlsmlStack(Stack):
             table=self.storage.table,
             topics=self.messaging.topics,
             failures=self.messaging.function_failures,
+            state_machine=self.orchestration.state_machine,
         )
         self.messaging.subscribe(self.compute.functions)
         self.observability = Observability(
@@ -41,10 +47,12 @@ class SlsmlStack(Stack):
             "Observability",
             functions=self.compute.functions,
             dead_letter_queues=self.messaging.dead_letter_queues,
+            state_machine=self.orchestration.state_machine,
         )
 
         CfnOutput(self, "BucketName", value=self.storage.bucket.bucket_name)
         CfnOutput(self, "TableName", value=self.storage.table.table_name)
+        CfnOutput(self, "StateMachineArn", value=self.orchestration.state_machine.state_machine_arn)
         for name, topic in self.messaging.topics.items():
             CfnOutput(self, f"{name}TopicArn", value=topic.topic_arn)
         CfnOutput(self, "AlarmsTopicArn", value=self.observability.alarm_topic.topic_arn)

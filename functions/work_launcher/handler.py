@@ -1,4 +1,5 @@
-"""WorkLauncher: ModelUpdated (an S3 event via SNS) → one Work message per worker, or run completion."""
+"""WorkLauncher: ModelUpdated (an S3 event via SNS) → one Work message per worker, or run completion;
+RunControl (a run started) → keep the run execution's task token."""
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
@@ -6,7 +7,7 @@ from aws_lambda_powertools.utilities.parser import envelopes, event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from slsml.idempotency import once_per_message
-from slsml.messages import S3Notification, landed_objects
+from slsml.messages import LauncherEvent, RunStarted, S3Notification, landed_objects
 from slsml.services import from_env
 from slsml.steps import work_launcher
 
@@ -16,11 +17,14 @@ logger, tracer, metrics = Logger(), Tracer(), Metrics()
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 @metrics.log_metrics(capture_cold_start_metric=True)
-@event_parser(model=S3Notification, envelope=envelopes.SnsEnvelope)
-def lambda_handler(notifications: list[S3Notification], context: LambdaContext) -> None:
+@event_parser(model=LauncherEvent, envelope=envelopes.SnsEnvelope)
+def lambda_handler(events: list[RunStarted | S3Notification], context: LambdaContext) -> None:
     services = from_env()
-    metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(notifications))
+    metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(events))
     launch = once_per_message(lambda landed: work_launcher.on_model(landed, services), context)
-    for notification in notifications:
-        for landed in landed_objects(notification):
+    for event in events:
+        if isinstance(event, RunStarted):
+            work_launcher.on_run_started(event, services)
+            continue
+        for landed in landed_objects(event):
             launch(landed)

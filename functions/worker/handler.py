@@ -28,4 +28,5 @@ def lambda_handler(messages: list[WorkMessage], context: LambdaContext) -> None:
             done = work(message)
             if done:
                 metrics.add_metric("WorkerComputeSeconds", MetricUnit.Seconds, done["compute_s"])
-                metrics.add_metric(Metric.TRAIN_LOSS, MetricUnit.NoUnit, done["loss"])
+                if done["samples"]:  # a non-finite update is announced with no samples and no loss
+                    metrics.add_metric(Metric.TRAIN_LOSS, MetricUnit.NoUnit, done["loss"])

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,23 @@ def _training_options(parser: argparse.ArgumentParser, iterations: int | None) -
     group.add_argument("--eval-every", type=int, default=10, help="test evaluation period; 0: at the end only")
     group.add_argument("--run-id", help="run name (default: generated)")
     group.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    group.add_argument("--timeout", type=float, default=3600, help="fail the run after this many seconds")
-    group.add_argument("--duplicate-deliveries", action="store_true", help=argparse.SUPPRESS)
+    group.add_argument("--heartbeat", type=int, default=900,
+                       help="the run fails if an iteration takes longer than this many seconds (default 900)")
+    group.add_argument("--time-budget", type=int, default=7 * 24 * 3600,
+                       help="the run fails if it takes longer than this many seconds (default a week)")
+    group.add_argument("--timeout", type=float, default=3600, help="stop waiting (and fail the run) after this long")
+    group.add_argument("--faults", type=_faults,
+                       help="local runs: inject faults, e.g. 'seed=3,duplicate=0.5,worker_crash=0.25,"
+                       "s3_get_delay=0.2:1.5' (also reducer_crash, merger_crash_once, sns_delay)")
+
+
+def _faults(text: str) -> Any:
+    from slsml.faults import Faults
+
+    try:
+        return Faults.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) -> TrainingSpec:
@@ -70,6 +86,8 @@ def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) 
         eval_every=args.eval_every,
         optimizer=optimizer,
         loss=args.loss,
+        heartbeat_s=args.heartbeat,
+        time_budget_s=args.time_budget,
     )
 
 
@@ -79,45 +97,60 @@ def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) 
 def _train_locally(
     args: argparse.Namespace, spec: TrainingSpec, model_bytes: bytes, dataset: str, arrays: Any, out: Path | None
 ) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from slsml import data, runs
     from slsml.local.runtime import LocalRuntime
 
-    console = _console()
     run_id = args.run_id or runs.new_run_id()
     runtime = LocalRuntime(
         workers=spec.workers,
         reducers=spec.reducers,
-        duplicate_deliveries=args.duplicate_deliveries,
         log_dir=Path(".slsml/logs") / run_id,
     )
     with ExitStack() as stack:
-        with console.status("starting the embedded cloud and warm function processes…"):
+        with _console().status("starting the embedded cloud and warm function processes…"):
             services = stack.enter_context(runtime).services
+        runtime.host.faults = args.faults
         if arrays is not None:
             data.put_dataset(services.store, dataset, *arrays)
         runs.start_run(services, model_bytes, dataset, spec, run_id=run_id)
-        started = time.time()
-        columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[run]}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=False) as progress:
-            task = progress.add_task("train", total=spec.iterations, run=run_id, stats="")
-            shown = _ProgressText(started)
+        return _follow(services, run_id, spec.iterations, args, out, faults=runtime.host.fault_report)
 
-            def show(run: Any, latest: Any) -> None:
-                progress.update(task, completed=run.iteration, stats=shown.update(run, latest))
 
-            run = runs.wait_for_run(services, run_id, on_progress=show, timeout_s=args.timeout)
-        summary = runs.summarize(run, services.table.list_iterations(run_id), time.time() - started)
-        record_dir = RUNS_DIR / run_id
-        record_dir.mkdir(parents=True, exist_ok=True)
-        if run.final_key:
-            out = out or record_dir / "final.keras"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(services.store.get(run.final_key))
-            summary.final_model = str(out)
-        (record_dir / "summary.json").write_text(summary.model_dump_json(indent=1))
+def _follow(
+    services: Any,
+    run_id: str,
+    iterations: int,
+    args: argparse.Namespace,
+    out: Path | None,
+    faults: Callable[[], dict[str, Any]] | None = None,
+) -> int:
+    """Show a run's progress until it ends; record its summary (and final model) under runs/<run>/."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from slsml import runs
+
+    started = time.time()
+    columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[run]}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
+    with Progress(*columns, console=_console(), transient=False) as progress:
+        task = progress.add_task("train", total=iterations, run=run_id, stats="")
+        shown = _ProgressText(started)
+
+        def show(run: Any, latest: Any) -> None:
+            progress.update(task, completed=run.iteration, stats=shown.update(run, latest))
+
+        run = runs.wait_for_run(services, run_id, on_progress=show, timeout_s=args.timeout)
+    summary = runs.summarize(run, services.table.list_iterations(run_id), time.time() - started)
+    if faults is not None and args.faults:
+        summary.faults = faults()
+    record_dir = RUNS_DIR / run_id
+    record_dir.mkdir(parents=True, exist_ok=True)
+    if run.final_key:
+        out = out or record_dir / "final.keras"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(services.store.get(run.final_key))
+        summary.final_model = str(out)
+    (record_dir / "summary.json").write_text(summary.model_dump_json(indent=1))
     _print_summary(summary, args.json)
     return 0 if summary.status == "COMPLETED" else 1
 
@@ -204,49 +237,72 @@ def _read_arrays(path: Path, test_fraction: float, seed: int) -> tuple[Any, ...]
 
 
 def cmd_run_start(args: argparse.Namespace) -> int:
+    from slsml import data, modelio, runs
     from slsml.errors import BadInputError
 
-    if not args.local:
-        raise BadInputError("only --local runs are available in this version (the embedded cloud)")
+    if args.local == bool(args.stack):
+        raise BadInputError("say where to run: --local (the embedded cloud) or --stack NAME (a deployed stack)")
     model_path = Path(args.model)
     if not model_path.is_file():
         raise BadInputError(f"model file {model_path} does not exist")
-    from slsml import modelio
-
-    modelio.load_model(model_path.read_bytes(), where=str(model_path))  # fail fast, before the cloud starts
+    model_bytes = model_path.read_bytes()
+    modelio.load_model(model_bytes, where=str(model_path))  # fail fast, before any cloud is touched
     data_path = Path(args.data)
-    if not data_path.suffix == ".npz":
-        raise BadInputError(f"--data {args.data}: give a local .npz file with arrays x, y (and x_test, y_test)")
-    arrays = _read_arrays(data_path, args.test_fraction, args.seed)
-    name = data_path.stem.lower().replace("_", "-")[:63] or "data"
+    arrays = _read_arrays(data_path, args.test_fraction, args.seed) if data_path.suffix == ".npz" else None
+    dataset = data_path.stem.lower().replace("_", "-")[:63] if arrays is not None else args.data
     out = Path(args.out) if args.out else None
-    return _train_locally(args, _spec(args), model_path.read_bytes(), name, arrays, out)
+    if args.local:
+        if arrays is None:
+            raise BadInputError(f"--data {args.data}: a local run takes a .npz file with arrays x, y")
+        return _train_locally(args, _spec(args), model_bytes, dataset, arrays, out)
+    services = _stack_services(args.stack)
+    if arrays is not None:
+        data.put_dataset(services.store, dataset, *arrays)
+    spec = _spec(args)
+    config = runs.start_run(services, model_bytes, dataset, spec, run_id=args.run_id)
+    if args.no_wait:
+        print(config.run_id)
+        return 0
+    return _follow(services, config.run_id, spec.iterations, args, out)
 
 
-def _local_record(run_id: str) -> Any:
+def _stack_services(name: str) -> Any:
+    from slsml.stack import services_for_stack
+
+    return services_for_stack(name)
+
+
+def _run_summary(args: argparse.Namespace) -> Any:
+    """A run's summary: live from a stack's table, or the record a local run left under runs/."""
+    from slsml import runs
     from slsml.errors import NotFoundError
-    from slsml.runs import RunSummary
 
-    path = RUNS_DIR / run_id / "summary.json"
+    if args.stack:
+        services = _stack_services(args.stack)
+        run = services.table.get_run(args.run_id)
+        return runs.summarize(run, services.table.list_iterations(args.run_id), run.updated_at - run.created_at)
+    path = RUNS_DIR / args.run_id / "summary.json"
     if not path.exists():
-        raise NotFoundError(f"no run named {run_id!r} (no {path})")
-    return RunSummary.model_validate_json(path.read_text())
+        raise NotFoundError(f"no run named {args.run_id!r} (no {path}; for a deployed run give --stack)")
+    return runs.RunSummary.model_validate_json(path.read_text())
 
 
 def cmd_run_status(args: argparse.Namespace) -> int:
-    summary = _local_record(args.run_id)
-    _print_summary(summary, args.json)
+    _print_summary(_run_summary(args), args.json)
     return 0
 
 
 def cmd_run_fetch(args: argparse.Namespace) -> int:
     from slsml.errors import NotFoundError
 
-    summary = _local_record(args.run_id)
-    if not summary.final_model or not Path(summary.final_model).exists():
-        raise NotFoundError(f"run {args.run_id} has no final model (status {summary.status.value})")
+    summary = _run_summary(args)
     out = Path(args.out or f"{args.run_id}.keras")
-    out.write_bytes(Path(summary.final_model).read_bytes())
+    if args.stack and summary.final_model:
+        out.write_bytes(_stack_services(args.stack).store.get(summary.final_model))
+    elif not args.stack and summary.final_model and Path(summary.final_model).exists():
+        out.write_bytes(Path(summary.final_model).read_bytes())
+    else:
+        raise NotFoundError(f"run {args.run_id} has no final model (status {summary.status.value})")
     _console().print(f"final model of {args.run_id} → {out}")
     return 0
 
@@ -254,22 +310,32 @@ def cmd_run_fetch(args: argparse.Namespace) -> int:
 def cmd_run_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    table = Table("run", "status", "iterations", "test accuracy", "wall s")
-    for path in sorted(RUNS_DIR.glob("*/summary.json")):
-        s = _local_record(path.parent.name)
+    from slsml import runs
+
+    table = Table("run", "status", "iterations", "test accuracy", "reason")
+    if args.stack:
+        summaries = [runs.summarize(r, [], r.updated_at - r.created_at)
+                     for r in _stack_services(args.stack).table.list_runs()]
+    else:
+        records = sorted(RUNS_DIR.glob("*/summary.json"))
+        summaries = [runs.RunSummary.model_validate_json(p.read_text()) for p in records]
+    for s in summaries:
         table.add_row(s.run_id, s.status.value, str(s.iterations),
-                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", f"{s.wall_s:.1f}")
+                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", s.reason or "")
     _console().print(table)
     return 0
 
 
 def cmd_data_put(args: argparse.Namespace) -> int:
     from slsml import aws, data
+    from slsml.errors import BadInputError
     from slsml.storage import ObjectStore
 
+    if bool(args.bucket) == bool(args.stack):
+        raise BadInputError("say where to upload: --stack NAME (a deployed stack) or --bucket BUCKET")
     arrays = _read_arrays(Path(args.file), args.test_fraction, args.seed)
-    store = ObjectStore(aws.client("s3"), args.bucket)
-    with _console().status(f"uploading {args.name} to s3://{args.bucket}/datasets/{args.name}/…"):
+    store = _stack_services(args.stack).store if args.stack else ObjectStore(aws.client("s3"), args.bucket)
+    with _console().status(f"uploading {args.name} to s3://{store.bucket}/datasets/{args.name}/…"):
         manifest = data.put_dataset(store, args.name, *arrays, shard_size=args.shard_size)
     _console().print(
         f"dataset {manifest.name}: {manifest.train.count} train / {manifest.test.count} test samples "
@@ -291,27 +357,36 @@ def build_parser() -> argparse.ArgumentParser:
     run = run.add_subparsers(dest="action", required=True)
     start = run.add_parser("start", help="train your .keras model on your data")
     start.add_argument("--local", action="store_true", help="run on the embedded local cloud")
+    start.add_argument("--stack", help="run on the deployed stack of this name (CloudFormation outputs)")
     start.add_argument("--model", required=True, help="a .keras model file")
-    start.add_argument("--data", required=True, help="a .npz file with x, y (optional x_test, y_test)")
+    start.add_argument("--data", required=True,
+                       help="a .npz file with x, y (optional x_test, y_test), or a dataset already in the stack")
+    start.add_argument("--no-wait", action="store_true", help="print the run id and return (--stack)")
     start.add_argument("--test-fraction", type=float, default=0.2, help="held out when the data has no x_test")
     start.add_argument("--out", help="where to save the final model (default runs/<run>/final.keras)")
     _training_options(start, iterations=None)
     start.set_defaults(handler=cmd_run_start)
+    stack_help = "read the deployed stack of this name (default: the local runs recorded under ./runs)"
     status = run.add_parser("status", help="a run's state and figures")
     status.add_argument("run_id")
+    status.add_argument("--stack", help=stack_help)
     status.add_argument("--json", action="store_true")
     status.set_defaults(handler=cmd_run_status)
     fetch = run.add_parser("fetch", help="copy a run's final model")
     fetch.add_argument("run_id")
+    fetch.add_argument("--stack", help=stack_help)
     fetch.add_argument("--out", help="destination (default <run>.keras)")
     fetch.set_defaults(handler=cmd_run_fetch)
-    run.add_parser("list", help="runs recorded under ./runs").set_defaults(handler=cmd_run_list)
+    listing = run.add_parser("list", help="runs and their status")
+    listing.add_argument("--stack", help=stack_help)
+    listing.set_defaults(handler=cmd_run_list)
 
     datasets = commands.add_parser("data", help="datasets in S3").add_subparsers(dest="action", required=True)
     put = datasets.add_parser("put", help="upload x/y arrays (.npz) as shards plus a manifest")
     put.add_argument("name", help="dataset name (lowercase letters, digits, '-')")
     put.add_argument("file", help="a .npz file with x, y (optional x_test, y_test)")
-    put.add_argument("--bucket", required=True, help="the bucket (AWS credentials and AWS_ENDPOINT_URL apply)")
+    put.add_argument("--stack", help="upload to the bucket of the deployed stack of this name")
+    put.add_argument("--bucket", help="or to this bucket (AWS credentials and AWS_ENDPOINT_URL apply)")
     put.add_argument("--test-fraction", type=float, default=0.2, help="held out when the file has no x_test")
     put.add_argument("--shard-size", type=int, default=4096, help="samples per shard object")
     put.add_argument("--seed", type=int, default=0, help="seed of the train/test split")

@@ -44,6 +44,8 @@ class TrainingSpec(BaseModel):
         default=None, description="None: take the optimizer the model was compiled with"
     )
     loss: str | None = Field(default=None, description="Keras loss name; None: the model's compiled loss")
+    heartbeat_s: int = Field(default=900, ge=1, description="the run fails if an iteration takes longer")
+    time_budget_s: int = Field(default=7 * 24 * 3600, ge=1, description="the run fails if it takes longer")
 
     @model_validator(mode="after")
     def _batch_covers_workers(self) -> TrainingSpec:
@@ -83,3 +85,18 @@ class RunConfig(BaseModel):
     @property
     def reducers(self) -> int:
         return self.training.reducers
+
+
+class DropInRequest(BaseModel):
+    """How a model dropped under ``incoming/`` trains: the deployment's defaults, overridden field by
+    field by an optional ``incoming/<name>.json`` of the same shape."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: str | None = None
+    training: dict[str, object] = Field(default_factory=dict, description="TrainingSpec fields")
+
+    def over(self, defaults: DropInRequest) -> DropInRequest:
+        return DropInRequest(
+            dataset=self.dataset or defaults.dataset, training={**defaults.training, **self.training}
+        )

@@ -22,7 +22,6 @@ class Metric(StrEnum):
     LATE_WORKERS = "LateWorkers"
     BYTES_READ = "BytesRead"
     BYTES_WRITTEN = "BytesWritten"
-    RUNS_FAILED = "RunsFailed"
 
 
 # What the functions' IAM policies allow in the bucket (keys.py puts every object under one of these).

@@ -54,7 +54,7 @@ def once_per_message(step: Callable[[M], Any], context: LambdaContext) -> Callab
         try:
             return run_once(message=message)
         except IdempotencyAlreadyInProgressError:
-            logger.info("duplicate of a message in progress: dropped", extra={"message": message.model_dump()})
+            logger.info("duplicate of a message in progress: dropped", extra={"duplicate": message.model_dump()})
             return None
 
     return guarded

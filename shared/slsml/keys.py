@@ -3,12 +3,14 @@
 ```
 datasets/<name>/manifest.json, train-00000.npz, test-00000.npz
 runs/<run>/run.json                           run config (immutable)
+runs/<run>/source.keras                       the model as given; the run state machine copies it to…
 runs/<run>/models/<iter>.keras                model entering iteration <iter>: the trigger
 runs/<run>/final.keras                        the trained model, when the run completed
 runs/<run>/iters/<iter>/weights/<shard>.npy   flat weights entering <iter>, one file per shard
 runs/<run>/iters/<iter>/updates/<worker>.bin  one worker's update (all shards, see updates.py)
 runs/<run>/state/<shard>/<iter>.npz           optimizer slots entering <iter>
 incoming/<name>.keras                         drop-in: start a run with the deployment defaults
+incoming/<name>.json                          (optional) what to override of those defaults
 ```
 """
 
@@ -17,7 +19,9 @@ from __future__ import annotations
 import re
 
 MODELS_PREFIX = "runs/"
+INCOMING_PREFIX = "incoming/"
 MODEL_SUFFIX = ".keras"
+_INCOMING_KEY = re.compile(r"^incoming/(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,100})\.keras$")
 _MODEL_KEY = re.compile(r"^runs/(?P<run>[a-z0-9][a-z0-9-]{0,62})/models/(?P<iter>\d{6})\.keras$")
 
 
@@ -29,8 +33,19 @@ def run_config(run_id: str) -> str:
     return f"runs/{run_id}/run.json"
 
 
+SOURCE_MODEL = "source.keras"
+
+
+def source_model(run_id: str) -> str:
+    return f"runs/{run_id}/{SOURCE_MODEL}"
+
+
+def model_name(iteration: int) -> str:
+    return f"{iteration:06d}.keras"
+
+
 def model(run_id: str, iteration: int) -> str:
-    return f"runs/{run_id}/models/{iteration:06d}.keras"
+    return f"runs/{run_id}/models/{model_name(iteration)}"
 
 
 def final_model(run_id: str) -> str:
@@ -69,3 +84,13 @@ def parse_model_key(key: str) -> tuple[str, int] | None:
 def is_scratch(key: str) -> bool:
     """Per-iteration objects (``runs/<run>/iters/``): needed only while a run is young."""
     return key.startswith("runs/") and "/iters/" in key
+
+
+def parse_incoming_key(key: str) -> str | None:
+    """``incoming/<name>.keras`` → name; anything else → None."""
+    match = _INCOMING_KEY.fullmatch(key)
+    return match["name"] if match else None
+
+
+def incoming_request(name: str) -> str:
+    return f"{INCOMING_PREFIX}{name}.json"

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import unquote_plus
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -106,3 +106,17 @@ def landed_objects(notification: S3Notification) -> list[ModelLanded]:
         for r in notification.Records
         if r.eventName.startswith("ObjectCreated")
     ]
+
+
+class RunStarted(BaseModel):
+    """Run state machine → WorkLauncher: the run is registered; report its end with this token."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    run_id: str = Field(min_length=1, max_length=63)
+    task_token: str = Field(min_length=1)
+
+
+# What the WorkLauncher receives: a model landed (S3 event) or a run started (task token).
+LauncherEvent = Annotated[RunStarted | S3Notification, Field(union_mode="left_to_right")]

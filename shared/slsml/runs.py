@@ -8,13 +8,15 @@ import statistics
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
 
 from slsml import data, keys
 from slsml.config import RunConfig, TrainingSpec
-from slsml.errors import BadInputError
+from slsml.errors import BadInputError, NotFoundError, SlsmlError
+from slsml.orchestration import ExecutionInput
 from slsml.plan import ShardPlan
 from slsml.runstate import IterationRecord, RunRecord, RunStatus
 from slsml.services import Services
@@ -30,21 +32,51 @@ def new_run_id(stem: str = "run") -> str:
 def start_run(
     services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None
 ) -> RunConfig:
-    """Register a run, then place its model at ``models/000000.keras``: the upload that starts it."""
-    config = register_run(services, model_bytes, dataset, spec, run_id)
-    place_initial_model(services, config.run_id, model_bytes)
+    """Prepare a run, then start its execution of the run state machine, which registers it and
+    places its model at ``models/000000.keras``: the upload that starts the pipeline."""
+    config = prepare_run(services, model_bytes, dataset, spec, run_id)
+    launch_run(services, config)
     return config
 
 
-def place_initial_model(services: Services, run_id: str, model_bytes: bytes) -> None:
-    if not services.store.put_new(keys.model(run_id, 0), model_bytes):
-        raise BadInputError(f"run {run_id!r} already has its initial model")
+def launch_run(services: Services, config: RunConfig) -> None:
+    """Start the execution of a prepared run; returns once the run is registered."""
+    spec = config.training
+    execution = services.orchestrator.start(
+        ExecutionInput(
+            run_id=config.run_id,
+            dataset=config.dataset,
+            iterations=spec.iterations,
+            workers=spec.workers,
+            reducers=spec.reducers,
+            quorum=spec.quorum,
+            created_at=time.time(),
+            heartbeat_s=spec.heartbeat_s,
+            time_budget_s=spec.time_budget_s,
+        )
+    )
+    _wait_until_registered(services, config.run_id, execution)
 
 
-def register_run(
+def _wait_until_registered(services: Services, run_id: str, execution: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            services.table.get_run(run_id)
+            return
+        except NotFoundError:
+            status, cause = services.orchestrator.describe(execution)
+            if status != "RUNNING":
+                raise SlsmlError(f"run {run_id!r} was not registered: its execution {status}: {cause}") from None
+            if time.monotonic() > deadline:
+                raise SlsmlError(f"run {run_id!r} was not registered within {timeout_s:.0f} s") from None
+        time.sleep(0.05)
+
+
+def prepare_run(
     services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None
 ) -> RunConfig:
-    """Validate model and data, then write the run's config, initial weights and state (RUNNING).
+    """Validate model and data, then write the run's config, initial weights and ``source.keras``.
     Bad input raises BadInputError before anything is written."""
     from slsml import modelio  # TensorFlow: only where a model is read
 
@@ -73,20 +105,7 @@ def register_run(
     for shard in range(plan.reducers):
         layout = plan.shard(shard)
         store.put_array_new(keys.weights(run_id, 0, shard), flat[layout.start : layout.stop])
-    now = time.time()
-    services.table.create_run(
-        RunRecord(
-            run_id=run_id,
-            status=RunStatus.RUNNING,
-            iterations=spec.iterations,
-            workers=spec.workers,
-            reducers=spec.reducers,
-            quorum=spec.quorum,
-            dataset=dataset,
-            created_at=now,
-            updated_at=now,
-        )
-    )
+    store.put_new(keys.source_model(run_id), model_bytes)
     return config
 
 
@@ -110,7 +129,7 @@ def wait_for_run(
         if run.status in TERMINAL:
             return run
         if deadline is not None and time.monotonic() > deadline:
-            services.table.fail(run_id, f"no completion within {timeout_s:.0f} s (at iteration {run.iteration})")
+            services.fail_run(run_id, f"no completion within {timeout_s:.0f} s (at iteration {run.iteration})")
             return services.table.get_run(run_id)
         time.sleep(poll_s)
 
@@ -133,7 +152,10 @@ class RunSummary(BaseModel):
     bytes_read_per_iteration: float | None
     bytes_written_per_iteration: float | None
     late_workers: int
+    dropped_parts: int = 0
+    nonfinite_updates: int = 0
     final_model: str | None = None
+    faults: dict[str, Any] | None = None  # what the local runtime injected and how the pipeline fared
 
 
 def summarize(run: RunRecord, iterations: list[IterationRecord], wall_s: float) -> RunSummary:
@@ -163,6 +185,8 @@ def summarize(run: RunRecord, iterations: list[IterationRecord], wall_s: float) 
         overhead_share=(1 - median_compute / median_cycle) if median_cycle and median_compute else None,
         bytes_read_per_iteration=statistics.median(r.bytes_read for r in merged) if merged else None,
         bytes_written_per_iteration=statistics.median(r.bytes_written for r in merged) if merged else None,
-        late_workers=sum(len(r.late) for r in iterations),
+        late_workers=sum(len(r.late - r.nonfinite) for r in iterations),
+        dropped_parts=sum(len(r.dropped_parts) for r in iterations),
+        nonfinite_updates=sum(len(r.nonfinite) for r in iterations),
         final_model=run.final_key,
     )

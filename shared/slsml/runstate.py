@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict, Field
 
 from slsml.aws import error_code
-from slsml.errors import BadInputError, NotFoundError
+from slsml.errors import NotFoundError
 from slsml.messages import Participant, WorkDone
 
 ITERATION_TTL_S = 14 * 24 * 3600
@@ -44,6 +44,8 @@ class RunRecord(BaseModel):
     final_key: str | None = None
     test_loss: float | None = None
     test_accuracy: float | None = None
+    execution_arn: str | None = None
+    task_token: str | None = None
 
 
 class WorkerReport(BaseModel):
@@ -75,6 +77,10 @@ class IterationRecord(BaseModel):
     bytes_written: int = 0
     test_loss: float | None = None
     test_accuracy: float | None = None
+    nonfinite: set[int] = Field(default_factory=set, description="workers whose update had NaN or Inf")
+    dropped_parts: set[str] = Field(
+        default_factory=set, description='"<shard>:<worker>": parts a reducer left out after its read timeout'
+    )
 
     @property
     def late(self) -> set[int]:
@@ -149,17 +155,6 @@ class RunTable:
         return error_code(error) == "ConditionalCheckFailedException"
 
     # runs
-    def create_run(self, record: RunRecord) -> None:
-        try:
-            self.table.put_item(
-                Item={**self._key(record.run_id, "META"), **_dynamo(record.model_dump(mode="json"))},
-                ConditionExpression="attribute_not_exists(pk)",
-            )
-        except ClientError as error:
-            if self._is_conflict(error):
-                raise BadInputError(f"a run named {record.run_id!r} already exists") from None
-            raise
-
     def get_run(self, run_id: str) -> RunRecord:
         item = self.table.get_item(Key=self._key(run_id, "META"), ConsistentRead=True).get("Item")
         if item is None:
@@ -176,43 +171,45 @@ class RunTable:
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
         return sorted((RunRecord.model_validate(_plain(i)) for i in items), key=lambda r: r.created_at)
 
-    def _update_run(self, run_id: str, values: dict[str, Any], only_if_running: bool = True) -> bool:
+    def _update_run(self, run_id: str, values: dict[str, Any], only_if_running: bool = True) -> RunRecord | None:
+        """SET ``values`` on the run; the updated run, or None if it was not running (or is unknown)."""
         values = {**values, "updated_at": time.time()}
         names = {f"#{k}": k for k in values}
         try:
-            self.table.update_item(
+            item = self.table.update_item(
                 Key=self._key(run_id, "META"),
                 UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in values),
                 ConditionExpression="#status = :running" if only_if_running else "attribute_exists(pk)",
-                ExpressionAttributeNames={**names, "#status": "status"},
+                ExpressionAttributeNames={**names, **({"#status": "status"} if only_if_running else {})},
                 ExpressionAttributeValues={
                     **{f":{k}": _dynamo(v) for k, v in values.items()},
                     **({":running": RunStatus.RUNNING.value} if only_if_running else {}),
                 },
-            )
+                ReturnValues="ALL_NEW",
+            )["Attributes"]
         except ClientError as error:
             if self._is_conflict(error):
-                return False
+                return None
             raise
-        return True
+        return RunRecord.model_validate(_plain(item))
 
-    def advance(self, run_id: str, iteration: int) -> None:
-        """The model entering ``iteration`` exists (heartbeat of the run)."""
-        self._update_run(run_id, {"iteration": iteration})
+    def advance(self, run_id: str, iteration: int) -> RunRecord | None:
+        """The model entering ``iteration`` exists (the run's heartbeat)."""
+        return self._update_run(run_id, {"iteration": iteration})
 
-    def complete(self, run_id: str, final_key: str, test_loss: float | None, test_accuracy: float | None) -> bool:
-        return self._update_run(
-            run_id,
-            {
-                "status": RunStatus.COMPLETED.value,
-                "final_key": final_key,
-                "test_loss": test_loss,
-                "test_accuracy": test_accuracy,
-            },
-        )
+    def attach_task_token(self, run_id: str, token: str) -> RunRecord | None:
+        """Record the token of the run's execution, whatever the run's status (None: unknown run)."""
+        return self._update_run(run_id, {"task_token": token}, only_if_running=False)
 
-    def fail(self, run_id: str, reason: str) -> bool:
-        """Mark a running run FAILED; the first reason is kept."""
+    def record_outcome(
+        self, run_id: str, final_key: str, test_loss: float | None, test_accuracy: float | None
+    ) -> RunRecord | None:
+        """The budget is spent: the final model and its test figures (the execution marks COMPLETED)."""
+        values = {"final_key": final_key, "test_loss": test_loss, "test_accuracy": test_accuracy}
+        return self._update_run(run_id, {k: v for k, v in values.items() if v is not None})
+
+    def fail(self, run_id: str, reason: str) -> RunRecord | None:
+        """Mark a running run FAILED, keeping the first reason; the failed run, or None if it was not running."""
         return self._update_run(run_id, {"status": RunStatus.FAILED.value, "reason": reason[:2000]})
 
     # iterations
@@ -313,3 +310,20 @@ class RunTable:
             UpdateExpression=expression + " ADD bytes_read :r, bytes_written :w",
             ExpressionAttributeValues=_dynamo(values),
         )
+
+    def record_nonfinite(self, run_id: str, iteration: int, worker: int) -> None:
+        """``worker``'s update for ``iteration`` holds NaN or Inf: it must not be averaged in."""
+        self.table.update_item(
+            Key=self._key(run_id, self._iter_sk(iteration)),
+            UpdateExpression="ADD nonfinite :w",
+            ExpressionAttributeValues={":w": {worker}},
+        )
+
+    def record_dropped_parts(self, run_id: str, iteration: int, shard: int, workers: list[int]) -> None:
+        """Reducer ``shard`` averaged ``iteration`` without these workers' parts (their reads timed out)."""
+        if workers:
+            self.table.update_item(
+                Key=self._key(run_id, self._iter_sk(iteration)),
+                UpdateExpression="ADD dropped_parts :p",
+                ExpressionAttributeValues={":p": {f"{shard}:{w}" for w in workers}},
+            )

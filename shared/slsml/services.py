@@ -9,6 +9,7 @@ from functools import cache
 from slsml import aws, wiring
 from slsml.bus import Bus
 from slsml.errors import SlsmlError
+from slsml.orchestration import Orchestrator
 from slsml.runstate import RunTable
 from slsml.storage import ObjectStore
 
@@ -18,14 +19,25 @@ class Services:
     store: ObjectStore
     table: RunTable
     bus: Bus
+    orchestrator: Orchestrator
 
     @classmethod
-    def from_names(cls, bucket: str, table: str, topic_arns: dict[str, str]) -> Services:
+    def from_names(
+        cls, bucket: str, table: str, topic_arns: dict[str, str], state_machine_arn: str | None = None
+    ) -> Services:
         return cls(
             store=ObjectStore(aws.client("s3"), bucket),
             table=RunTable(aws.resource("dynamodb").Table(table)),
             bus=Bus(aws.client("sns"), topic_arns),
+            orchestrator=Orchestrator(aws.client("stepfunctions"), state_machine_arn),
         )
+
+    def fail_run(self, run_id: str, reason: str) -> bool:
+        """Fail a running run with ``reason`` and end its execution; False if it was not running."""
+        run = self.table.fail(run_id, reason)
+        if run is not None:
+            self.orchestrator.fail(run.task_token, reason)
+        return run is not None
 
 
 def _env(name: str) -> str:
@@ -39,4 +51,6 @@ def _env(name: str) -> str:
 def from_env() -> Services:
     """The services of a deployed function: bucket, table and the topics it may publish to."""
     topics = {t.name: os.environ[t.env_var] for t in wiring.TOPICS if os.environ.get(t.env_var)}
-    return Services.from_names(_env(wiring.BUCKET_ENV), _env(wiring.TABLE_ENV), topics)
+    return Services.from_names(
+        _env(wiring.BUCKET_ENV), _env(wiring.TABLE_ENV), topics, os.environ.get(wiring.STATE_MACHINE_ENV)
+    )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,8 @@ from slsml.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
 from slsml.errors import NotFoundError
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+_MAX_READS = 64  # concurrent GETs of one get_quorum call
+_POLL_S = 0.05  # how often reads still queued behind others are checked for having started
 
 
 class ObjectStore:
@@ -32,15 +35,18 @@ class ObjectStore:
         self.bytes_read = self.bytes_written = 0
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        body = self._fetch(key, byte_range)
+        self.bytes_read += len(body)
+        return body
+
+    def _fetch(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         extra = {"Range": f"bytes={byte_range[0]}-{byte_range[1]}"} if byte_range else {}
         try:
-            body = self.s3.get_object(Bucket=self.bucket, Key=key, **extra)["Body"].read()
+            return self.s3.get_object(Bucket=self.bucket, Key=key, **extra)["Body"].read()
         except ClientError as error:
             if error_code(error) in _MISSING:
                 raise NotFoundError(f"s3://{self.bucket}/{key} does not exist") from None
             raise
-        self.bytes_read += len(body)
-        return body
 
     def get_many(self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None] | None = None) -> list[bytes]:
         """Parallel GETs, results in the order of ``keys``."""
@@ -50,6 +56,50 @@ class ObjectStore:
             return [self.get(k, r) for k, r in zip(keys, ranges, strict=True)]
         with ThreadPoolExecutor(max_workers=min(16, len(keys))) as pool:
             return list(pool.map(self.get, keys, ranges))
+
+    def get_quorum(
+        self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None], need: int, timeout_s: float
+    ) -> list[bytes | None]:
+        """Parallel GETs that may leave slow objects out: results in the order of ``keys``, None for
+        a dropped one.
+
+        Returns once at least ``need`` objects are read and every read still running has taken
+        longer than ``timeout_s`` (each read's clock starts when it starts). Until ``need`` are
+        read it waits, however long. Reads left behind finish in the background and are not
+        counted in ``bytes_read``. A read that fails raises.
+        """
+        keys, ranges = list(keys), list(ranges)
+        if need >= len(keys):
+            return self.get_many(keys, ranges)
+        started: list[float | None] = [None] * len(keys)
+
+        def read(index: int) -> bytes:
+            started[index] = time.monotonic()
+            return self._fetch(keys[index], ranges[index])
+
+        results: list[bytes | None] = [None] * len(keys)
+        pool = ThreadPoolExecutor(max_workers=min(_MAX_READS, len(keys)))
+        futures: dict[Future, int] = {pool.submit(read, i): i for i in range(len(keys))}
+        pending, read_count = set(futures), 0
+        try:
+            while pending:
+                wait_s = None  # fewer than need read: wait for the next one, however long
+                if read_count >= need:
+                    starts = [started[futures[f]] for f in pending]
+                    if None in starts:  # queued behind other reads: its clock has not started
+                        wait_s = _POLL_S
+                    else:
+                        wait_s = max(starts) + timeout_s - time.monotonic()
+                        if wait_s <= 0:
+                            break  # every read still running is overdue
+                done, pending = wait(pending, timeout=wait_s, return_when=FIRST_COMPLETED)
+                for future in done:
+                    results[futures[future]] = future.result()  # a failed read raises here
+                    read_count += 1
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self.bytes_read += sum(len(r) for r in results if r is not None)
+        return results
 
     def exists(self, key: str) -> bool:
         return self.head(key) is not None

@@ -18,9 +18,10 @@ class Topic:
 @dataclass(frozen=True)
 class Function:
     name: str  # folder under functions/ and logical id stem
-    trigger: Topic
+    triggers: tuple[Topic, ...]
     publishes: tuple[Topic, ...]
     needs_tensorflow: bool  # container image (TensorFlow) or zip + common layer
+    starts_runs: bool = False  # may start executions of the run state machine
 
 
 @dataclass(frozen=True)
@@ -35,23 +36,41 @@ WORK = Topic("Work", "SLSML_TOPIC_WORK")
 WORK_DONE = Topic("WorkDone", "SLSML_TOPIC_WORK_DONE")
 REDUCE = Topic("Reduce", "SLSML_TOPIC_REDUCE")
 REDUCE_DONE = Topic("ReduceDone", "SLSML_TOPIC_REDUCE_DONE")
+# the run state machine → WorkLauncher: a run was registered; here is the task token to report to
+RUN_CONTROL = Topic("RunControl", "SLSML_TOPIC_RUN_CONTROL")
+# S3 → RunStarter: a model was dropped under incoming/
+MODEL_DROPPED = Topic("ModelDropped", "SLSML_TOPIC_MODEL_DROPPED")
+# the run state machine → people and tools: a run COMPLETED or FAILED
+RUN_EVENTS = Topic("RunEvents", "SLSML_TOPIC_RUN_EVENTS")
 
-TOPICS: tuple[Topic, ...] = (MODEL_UPDATED, WORK, WORK_DONE, REDUCE, REDUCE_DONE)
+TOPICS: tuple[Topic, ...] = (
+    MODEL_UPDATED, WORK, WORK_DONE, REDUCE, REDUCE_DONE, RUN_CONTROL, MODEL_DROPPED, RUN_EVENTS
+)
 
 FUNCTIONS: tuple[Function, ...] = (
-    Function("work_launcher", trigger=MODEL_UPDATED, publishes=(WORK,), needs_tensorflow=False),
-    Function("worker", trigger=WORK, publishes=(WORK_DONE,), needs_tensorflow=True),
-    Function("reduce_launcher", trigger=WORK_DONE, publishes=(REDUCE,), needs_tensorflow=False),
-    Function("reducer", trigger=REDUCE, publishes=(REDUCE_DONE,), needs_tensorflow=False),
-    Function("merger", trigger=REDUCE_DONE, publishes=(), needs_tensorflow=True),
+    Function("work_launcher", triggers=(MODEL_UPDATED, RUN_CONTROL), publishes=(WORK,), needs_tensorflow=False),
+    Function("worker", triggers=(WORK,), publishes=(WORK_DONE,), needs_tensorflow=True),
+    Function("reduce_launcher", triggers=(WORK_DONE,), publishes=(REDUCE,), needs_tensorflow=False),
+    Function("reducer", triggers=(REDUCE,), publishes=(REDUCE_DONE,), needs_tensorflow=False),
+    Function("merger", triggers=(REDUCE_DONE,), publishes=(), needs_tensorflow=True),
+    # outside the loop: a plain upload to incoming/ starts a run with the deployment's defaults
+    Function("run_starter", triggers=(MODEL_DROPPED,), publishes=(), needs_tensorflow=True, starts_runs=True),
 )
 
 BUCKET_NOTIFICATIONS: tuple[BucketNotification, ...] = (
     BucketNotification(prefix=keys.MODELS_PREFIX, suffix=keys.MODEL_SUFFIX, topic=MODEL_UPDATED),
+    BucketNotification(prefix=keys.INCOMING_PREFIX, suffix=keys.MODEL_SUFFIX, topic=MODEL_DROPPED),
 )
 
 BUCKET_ENV = "SLSML_BUCKET"
 TABLE_ENV = "SLSML_TABLE"
+STATE_MACHINE_ENV = "SLSML_STATE_MACHINE"
+RUN_DEFAULTS_ENV = "SLSML_RUN_DEFAULTS"  # JSON of a DropInRequest: what an incoming/ model trains with
+
+
+def notified_prefixes(fn: Function) -> tuple[str, ...]:
+    """The bucket prefixes whose new objects reach ``fn`` (it reads what it is told about)."""
+    return tuple(n.prefix for n in BUCKET_NOTIFICATIONS if n.topic in fn.triggers)
 
 
 def function(name: str) -> Function:

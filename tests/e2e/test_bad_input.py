@@ -17,13 +17,15 @@ SPEC = TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=2, eval_e
 
 
 def test_upload_that_is_not_a_keras_model_fails_the_run(services, digits):
-    good = modelio.save_model(demo.digits_cnn())
-    runs.register_run(services, good, DIGITS, SPEC, run_id="bad-model")
-    runs.place_initial_model(services, "bad-model", b"definitely not a zip archive")
+    config = runs.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="bad-model")
+    # an upload that is not a model, behind slsml's back (prepare_run checks what it is given)
+    store = services.store
+    store.s3.put_object(Bucket=store.bucket, Key=keys.source_model("bad-model"), Body=b"definitely not a zip archive")
+    runs.launch_run(services, config)
     run = finish(services, "bad-model", timeout_s=60)
     assert run.status == "FAILED"
     assert "not a Keras model" in run.reason and "runs/bad-model/models/000000.keras" in run.reason
-    assert services.store.get(keys.model("bad-model", 0)) == b"definitely not a zip archive"
+    assert store.get(keys.model("bad-model", 0)) == b"definitely not a zip archive"
     assert not services.store.exists(keys.model("bad-model", 1))
 
 
@@ -89,10 +91,10 @@ def test_dataset_names_are_never_reused(services, digits):
 
 
 def test_a_message_failing_three_times_fails_its_run_via_the_dead_letter_queue(local, services, digits):
-    runs.register_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="corrupt-config")
+    config = runs.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="corrupt-config")
     # damage behind slsml's back (slsml itself never overwrites): every worker now fails unexpectedly
     services.store.s3.put_object(Bucket=services.store.bucket, Key=keys.run_config("corrupt-config"), Body=b"{}")
-    runs.place_initial_model(services, "corrupt-config", modelio.save_model(demo.digits_cnn()))
+    runs.launch_run(services, config)
     run = finish(services, "corrupt-config", timeout_s=120)
     assert run.status == "FAILED"
     assert run.reason.startswith("worker failed three times on one message: ValidationError"), run.reason

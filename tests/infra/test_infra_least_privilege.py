@@ -36,6 +36,10 @@ def render(value: Any) -> str:
     if "Fn::Join" in value:
         separator, parts = value["Fn::Join"]
         return separator.join(render(part) for part in parts)
+    if "Fn::Select" in value:  # e.g. a state machine's name, cut out of its ARN
+        index, (source,) = value["Fn::Select"][0], [value["Fn::Select"][1]]
+        separator, of = source["Fn::Split"]
+        return f"<part {index} of {render(of)} split by {separator!r}>"
     raise AssertionError(f"unexpected intrinsic in a policy: {value}")
 
 
@@ -71,12 +75,14 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
     stack = synthesized.stack
     function = synthesized.resources[synthesized.logical_id(stack.compute.functions[fn.name])]["Properties"]
     bucket = f"<{synthesized.logical_id(stack.storage.bucket)}.Arn>"
-    readable = {f"{bucket}/{prefix}*" for prefix in deployment.READABLE_PREFIXES}
+    readable = {f"{bucket}/{prefix}*" for prefix in (*deployment.READABLE_PREFIXES, *wiring.notified_prefixes(fn))}
     writable = {f"{bucket}/{prefix}*" for prefix in deployment.WRITABLE_PREFIXES}
     own_topics = {f"<{synthesized.logical_id(stack.messaging.topics[t.name])}>" for t in fn.publishes}
     table = f"<{synthesized.logical_id(stack.storage.table)}.Arn>"
     failures = f"<{synthesized.logical_id(stack.messaging.function_failures)}.Arn>"
     log_group = f"<{function['LoggingConfig']['LogGroup']['Ref']}.Arn>"
+    state_machine = f"<{synthesized.logical_id(stack.orchestration.state_machine)}>"
+    state_machine_name = synthesized.logical_id(stack.orchestration.state_machine)
 
     published: set[str] = set()
     for statement in role_statements(synthesized, function["Role"]["Fn::GetAtt"][0]):
@@ -102,6 +108,13 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
                 assert resources == {log_group}
             elif service == "sqs":
                 assert (action, resources) == ("sqs:SendMessage", {failures})
+            elif service == "states":  # answering the run execution's task token; starting runs if allowed
+                if action in {"states:StartExecution", "states:DescribeExecution"}:
+                    assert fn.starts_runs, f"{fn.name} may not start runs"
+                    assert len(resources) == 1 and state_machine_name in next(iter(resources))
+                else:
+                    assert action in {"states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"}
+                    assert resources == {state_machine}
             else:
                 assert service == "xray", f"{fn.name} has an unexpected action {action}"
                 assert action in {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}

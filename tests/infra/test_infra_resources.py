@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from aws_cdk.assertions import Match
@@ -27,7 +28,7 @@ def test_one_traced_function_per_pipeline_step(synthesized: Synthesized) -> None
     functions = _of_type(synthesized.resources, "AWS::Lambda::Function")
     traced = {name for name, f in functions.items() if f["Properties"].get("TracingConfig") == {"Mode": "Active"}}
     pipeline = {synthesized.logical_id(fn) for fn in synthesized.stack.compute.functions.values()}
-    assert len(pipeline) == PIPELINE_SIZE == 5
+    assert len(pipeline) == PIPELINE_SIZE == 6  # the five of the loop and the run starter
     assert traced == pipeline  # the one other function is CDK's bucket-notification handler
 
 
@@ -49,6 +50,9 @@ def test_function_environment_names_bucket_table_and_published_topics(synthesize
     for fn in wiring.FUNCTIONS:
         env = _function(synthesized, fn.name)["Environment"]["Variables"]
         published = {t.env_var: {"Ref": synthesized.logical_id(stack.messaging.topics[t.name])} for t in fn.publishes}
+        if fn.starts_runs:
+            published[wiring.STATE_MACHINE_ENV] = {"Ref": synthesized.logical_id(stack.orchestration.state_machine)}
+            published[wiring.RUN_DEFAULTS_ENV] = stack.settings.run_defaults.model_dump_json()
         assert env == {
             wiring.BUCKET_ENV: {"Ref": synthesized.logical_id(stack.storage.bucket)},
             wiring.TABLE_ENV: {"Ref": synthesized.logical_id(stack.storage.table)},
@@ -73,7 +77,7 @@ def test_functions_are_sized_by_settings_and_log_to_retained_groups(synthesized:
 
 def test_topics_enforce_tls(synthesized: Synthesized) -> None:
     topics = _of_type(synthesized.resources, "AWS::SNS::Topic")
-    assert len(topics) == len(wiring.TOPICS) + 2  # + RunEvents and Alarms
+    assert len(topics) == len(wiring.TOPICS) + 1  # + Alarms
     synthesized.template.resource_count_is("AWS::SNS::TopicPolicy", len(topics))
     synthesized.template.all_resources_properties(
         "AWS::SNS::TopicPolicy",
@@ -138,11 +142,17 @@ def test_alarms_cover_errors_dead_letters_and_failed_runs(synthesized: Synthesiz
     assert by_metric == {
         "Errors": PIPELINE_SIZE,
         "ApproximateNumberOfMessagesVisible": PIPELINE_SIZE + 1,
-        deployment.Metric.RUNS_FAILED.value: 1,
+        "ExecutionsFailed": 1,
     }
+    state_machine = synthesized.logical_id(synthesized.stack.orchestration.state_machine)
     synthesized.template.has_resource_properties(
         "AWS::CloudWatch::Alarm",
-        {"MetricName": "RunsFailed", "Namespace": deployment.METRICS_NAMESPACE, "Threshold": 0},
+        {
+            "MetricName": "ExecutionsFailed",
+            "Namespace": "AWS/States",
+            "Threshold": 0,
+            "Dimensions": [{"Name": "StateMachineArn", "Value": {"Ref": state_machine}}],
+        },
     )
 
 
@@ -151,10 +161,34 @@ def test_dashboard_shows_the_custom_metrics(synthesized: Synthesized) -> None:
     assert len(dashboards) == 1
     body = str(dashboards[0]["Properties"]["DashboardBody"])
     shown = {m for m in deployment.Metric if f'"{m.value}"' in body}
-    assert shown == set(deployment.Metric) - {deployment.Metric.RUNS_FAILED}
+    assert shown == set(deployment.Metric)
 
 
 def test_outputs(synthesized: Synthesized) -> None:
     outputs = set(synthesized.template.to_json()["Outputs"])
     topics = {f"{t.name}TopicArn" for t in wiring.TOPICS}
-    assert {"BucketName", "TableName", "DashboardUrl", "RunEventsTopicArn", *topics} <= outputs
+    assert {"BucketName", "TableName", "StateMachineArn", "DashboardUrl", *topics} <= outputs
+
+
+def test_the_run_state_machine_is_traced_logged_and_uses_service_integrations_only(synthesized: Synthesized) -> None:
+    machines = _of_type(synthesized.resources, "AWS::StepFunctions::StateMachine")
+    assert len(machines) == 1
+    props = next(iter(machines.values()))["Properties"]
+    assert props["TracingConfiguration"] == {"Enabled": True}
+    assert props["LoggingConfiguration"]["Level"] == "ALL"
+    definition = json.loads(_render_join(props["DefinitionString"]))
+    assert definition["StartAt"] == "RegisterRun"
+    resources = [state["Resource"] for state in definition["States"].values() if state["Type"] == "Task"]
+    assert resources and all(r.startswith("arn:aws:states:::") for r in resources)
+    assert not [r for r in resources if "lambda" in r]
+    wait = definition["States"]["WaitForPipeline"]
+    assert wait["Resource"].endswith(".waitForTaskToken")
+    assert {"HeartbeatSecondsPath", "TimeoutSecondsPath"} <= wait.keys()
+
+
+def _render_join(value: object) -> str:
+    """A DefinitionString (plain or Fn::Join of literals and references) as text, references as "REF"."""
+    if isinstance(value, str):
+        return value
+    parts = value["Fn::Join"][1]
+    return "".join(p if isinstance(p, str) else "REF" for p in parts)

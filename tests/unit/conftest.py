@@ -4,5 +4,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+
+@pytest.fixture(autouse=True)
+def _no_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto's in-process mock, never a server an earlier test pointed AWS_ENDPOINT_URL at."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import boto3
 
-from slsml import wiring
+from slsml import orchestration, wiring
 
 REGION = "us-east-1"
 MAX_RECEIVES = 3  # Lambda's first try + its two async retries, then the DLQ
@@ -26,6 +26,8 @@ class LocalDeployment:
     bucket: str
     table: str
     topic_arns: dict[str, str]
+    state_machine_arn: str = ""
+    run_defaults: str = ""  # JSON of a DropInRequest, for models dropped under incoming/
     queues: dict[str, str] = field(default_factory=dict)  # function → queue URL
     dead_letter_queues: dict[str, str] = field(default_factory=dict)
 
@@ -39,6 +41,8 @@ class LocalDeployment:
             "AWS_REGION": REGION,
             wiring.BUCKET_ENV: self.bucket,
             wiring.TABLE_ENV: self.table,
+            wiring.STATE_MACHINE_ENV: self.state_machine_arn,
+            wiring.RUN_DEFAULTS_ENV: self.run_defaults,
             **{t.env_var: self.topic_arns[t.name] for t in wiring.TOPICS},
         }
 
@@ -67,6 +71,7 @@ class EmbeddedCloud:
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={**os.environ, "MOTO_PORT": str(self.port)},  # where moto's Step Functions tasks call AWS
         )
         deadline = time.monotonic() + 60
         while True:
@@ -82,7 +87,11 @@ class EmbeddedCloud:
     def stop(self) -> None:
         if self._server is not None:
             self._server.terminate()
-            self._server.wait(timeout=10)
+            try:
+                self._server.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # busy finishing a state machine execution: no need to wait
+                self._server.kill()
+                self._server.wait()
             self._server = None
 
     def _client(self, service: str):
@@ -124,7 +133,8 @@ class EmbeddedCloud:
                 },
             )["QueueUrl"]
             queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-            sns.subscribe(TopicArn=topic_arns[fn.trigger.name], Protocol="sqs", Endpoint=queue_arn)
+            for topic in fn.triggers:
+                sns.subscribe(TopicArn=topic_arns[topic.name], Protocol="sqs", Endpoint=queue_arn)
             deployment.queues[fn.name], deployment.dead_letter_queues[fn.name] = queue, dlq
         s3.put_bucket_notification_configuration(
             Bucket=bucket,
@@ -146,7 +156,28 @@ class EmbeddedCloud:
                 ]
             },
         )
+        self._execute_state_machines()
+        deployment.state_machine_arn = self._client("stepfunctions").create_state_machine(
+            name=f"{name}-run",
+            definition=json.dumps(
+                orchestration.definition(
+                    bucket, table, topic_arns[wiring.RUN_CONTROL.name], topic_arns[wiring.RUN_EVENTS.name]
+                )
+            ),
+            roleArn="arn:aws:iam::123456789012:role/slsml-local-run",
+        )["stateMachineArn"]
         return deployment
+
+    def _execute_state_machines(self) -> None:
+        """moto only records executions unless told to run them."""
+        request = urllib.request.Request(
+            f"{self.endpoint}/moto-api/config",
+            data=json.dumps({"stepfunctions": {"execute_state_machine": True}}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10):
+            pass
 
 
 def use_deployment(deployment: LocalDeployment) -> None:

@@ -2,6 +2,9 @@
 processes (one import of the handler, TensorFlow included, per process, like a warm Lambda
 container), with an SNS-shaped event and a Lambda-like context. A failed invocation is retried
 by SQS; after three receives the message goes to the function's DLQ and its run is failed.
+
+Faults (``slsml.faults``) can be injected: set ``FunctionHost.faults`` at any time, and read
+``fault_report()`` for what was injected and what it caused.
 """
 
 from __future__ import annotations
@@ -15,20 +18,26 @@ import threading
 import time
 import traceback
 import uuid
+from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import boto3
 
-from slsml import keys
-from slsml.local.cloud import REGION, LocalDeployment
-from slsml.runstate import RunTable
+from slsml import aws, keys
+from slsml import faults as fault_injection
+from slsml.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
+from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment
+from slsml.services import Services
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[3] / "functions"
 DUPLICATE_ATTRIBUTE = "slsml-duplicate"
 FUNCTION_TIMEOUT_S = 900
+INJECTED_KINDS = ("duplicate", "sns_delay", "worker_crash", "reducer_crash", "merger_crash", "s3_get_delay")
 
 # ---- inside a function process ------------------------------------------------------------------
 
@@ -64,12 +73,36 @@ def _start_process(function: str, environment: dict[str, str], log_path: str) ->
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     _handler = module.lambda_handler
+    fault_injection.install(aws.client("s3"), aws.client("sns"))  # the clients the handler's services use
 
 
-def _invoke(event: dict[str, Any], function: str, request_id: str) -> None:
+@contextmanager
+def _environment_set(values: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _invoke(
+    event: dict[str, Any],
+    function: str,
+    request_id: str,
+    plan: InvocationFaults | None = None,
+    environment: dict[str, str] | None = None,
+) -> dict[str, int]:
+    """Run the handler once; returns the counts of faults injected inside the process."""
     context = LambdaContext(function, request_id, time.time() + FUNCTION_TIMEOUT_S)
     try:
-        _handler(event, context)
+        with _environment_set(environment or {}), fault_injection.invocation(plan) as injected:
+            _handler(event, context)
+        return dict(injected)
     except Exception as error:  # re-raised as plain text: exceptions must cross the process boundary
         raise RuntimeError(f"{type(error).__name__}: {error}\n{traceback.format_exc()}") from None
     finally:
@@ -126,6 +159,10 @@ def run_of(body: dict[str, Any]) -> str | None:
 
 
 class FunctionHost:
+    """``faults`` and ``function_environment`` (variables set in a function's process for each
+    invocation, e.g. a ``ReadPolicy``'s) may be changed while the host runs: each message received
+    afterwards is handled under the new values."""
+
     def __init__(
         self,
         deployment: LocalDeployment,
@@ -133,15 +170,19 @@ class FunctionHost:
         log_dir: Path,
         duplicate_deliveries: bool = False,
         tf_threads: int = 1,
+        faults: Faults | None = None,
+        function_environment: dict[str, str] | None = None,
     ) -> None:
         self.deployment = deployment
         self.concurrency = concurrency
         self.log_dir = log_dir
         self.duplicate_deliveries = duplicate_deliveries
         self.tf_threads = tf_threads
+        self.faults = faults
+        self.function_environment = dict(function_environment or {})
         self.sqs = boto3.client("sqs", endpoint_url=deployment.endpoint, region_name=REGION)
-        self.table = RunTable(
-            boto3.resource("dynamodb", endpoint_url=deployment.endpoint, region_name=REGION).Table(deployment.table)
+        self.services = Services.from_names(
+            deployment.bucket, deployment.table, deployment.topic_arns, deployment.state_machine_arn
         )
         self._pools: dict[str, ProcessPoolExecutor] = {}
         self._threads: list[threading.Thread] = []
@@ -149,6 +190,30 @@ class FunctionHost:
         self._last_error: dict[str, str] = {}
         self.invocations: dict[str, int] = dict.fromkeys(concurrency, 0)
         self.dead_letters: list[dict[str, Any]] = []
+        self._counts: Counter = Counter()  # faults injected, failed invocations, retries
+        self._errors: Counter = Counter()  # failures that were not injected: "function: first line"
+        self._counts_lock = threading.Lock()
+        self._merger_crashed: set[str] = set()  # runs whose Merger crashed on purpose already
+
+    def _count(self, counts: dict[str, int]) -> None:
+        with self._counts_lock:
+            self._counts.update(counts)
+
+    def fault_report(self) -> dict[str, Any]:
+        """Since the host started: the faults injected, per kind, and what happened — invocations
+        that failed, how many of those SQS retried, messages that went to a dead-letter queue, and
+        the errors of failures that were not injected."""
+        with self._counts_lock:
+            counts, errors = dict(self._counts), dict(self._errors)
+        return {
+            "faults": str(self.faults) if self.faults is not None else "",
+            "injected": {kind: counts.get(kind, 0) for kind in INJECTED_KINDS},
+            "invocations": sum(self.invocations.values()),
+            "failed_invocations": counts.get("failed_invocations", 0),
+            "retries": counts.get("retries", 0),
+            "dead_letters": len(self.dead_letters),
+            "errors": errors,
+        }
 
     def _environment(self, function: str) -> dict[str, str]:
         threads = str(self.tf_threads)
@@ -224,28 +289,71 @@ class FunctionHost:
         self, function: str, queue: str, pool: ProcessPoolExecutor, message: dict[str, Any], free: threading.Semaphore
     ) -> None:
         body = json.loads(message["Body"])
-        if self.duplicate_deliveries and DUPLICATE_ATTRIBUTE not in message.get("MessageAttributes", {}):
+        fault_spec = self.faults if self.faults is not None and self.faults.active else None
+        identity = message_identity(body)
+        receives = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
+        copy = DUPLICATE_ATTRIBUTE in message.get("MessageAttributes", {})
+        if not copy and receives == 1 and (
+            self.duplicate_deliveries or (fault_spec is not None and fault_spec.duplicates(identity))
+        ):
             self.sqs.send_message(
                 QueueUrl=queue,
                 MessageBody=message["Body"],
                 MessageAttributes={DUPLICATE_ATTRIBUTE: {"DataType": "String", "StringValue": "1"}},
             )
-        self.invocations[function] += 1
-        future = pool.submit(_invoke, sns_event(body, f"{body['TopicArn']}:{function}"), function, str(uuid.uuid4()))
+            self._count({"duplicate": 1})
+        run_id = run_of(body)
+        plan, hold_s = None, 0.0
+        if fault_spec is not None:
+            plan = fault_spec.for_invocation(function, identity, receives, run_id not in self._merger_crashed)
+            hold_s = fault_spec.held_back(identity, receives)
+        event = sns_event(body, f"{body['TopicArn']}:{function}")
+        environment = dict(self.function_environment)
 
         def finished(done: Future) -> None:
             free.release()
+            if self._stopping.is_set():
+                return  # the cloud is going away: nothing to acknowledge
             error = done.exception()
             if error is None:
+                self._count(done.result() or {})
                 self.sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
                 return
-            self._last_error[body["MessageId"]] = str(error).splitlines()[0][:500]
-            receives = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
+            text = str(error)
+            self._last_error[body["MessageId"]] = text.splitlines()[0][:500]
+            counts = {"failed_invocations": 1, "retries": int(receives < MAX_RECEIVES)}
+            if text.startswith(INJECTED_MARK):
+                counts[CRASH_KINDS.get(function, f"{function}_crash")] = 1
+                if function == "merger" and run_id:
+                    self._merger_crashed.add(run_id)
+            else:
+                with self._counts_lock:
+                    self._errors[f"{function}: {text.splitlines()[0][:200]}"] += 1
+            self._count(counts)
             self.sqs.change_message_visibility(
                 QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=min(receives, 5)
             )
 
-        future.add_done_callback(finished)
+        def invoke() -> None:
+            if self._stopping.is_set():
+                free.release()
+                return
+            with self._counts_lock:
+                self.invocations[function] += 1
+            try:
+                future = pool.submit(_invoke, event, function, str(uuid.uuid4()), plan, environment)
+            except RuntimeError:  # the pool has shut down
+                free.release()
+                return
+            future.add_done_callback(finished)
+
+        if hold_s > 0:
+            self._count({"sns_delay": 1})
+            timer = threading.Timer(hold_s, invoke)
+            timer.daemon = True
+            timer.start()
+        else:
+            invoke()
 
     def _watch_dead_letters(self) -> None:
         while not self._stopping.is_set():
@@ -266,4 +374,4 @@ class FunctionHost:
         with open(self.log_dir / "dead-letters.jsonl", "a") as log:
             log.write(json.dumps({"function": function, "error": error, "message": body.get("Message")}) + "\n")
         if run_id:
-            self.table.fail(run_id, f"{function} failed three times on one message: {error}")
+            self.services.fail_run(run_id, f"{function} failed three times on one message: {error}")

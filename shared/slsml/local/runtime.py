@@ -32,6 +32,7 @@ class LocalRuntime:
             "reduce_launcher": 2,
             "reducer": reducers,
             "merger": 1,
+            "run_starter": 1,
         }
         self.duplicate_deliveries = duplicate_deliveries
         self.log_dir = log_dir
@@ -46,7 +47,10 @@ class LocalRuntime:
             self.deployment = self.cloud.provision()
             use_deployment(self.deployment)
             self.services = Services.from_names(
-                self.deployment.bucket, self.deployment.table, self.deployment.topic_arns
+                self.deployment.bucket,
+                self.deployment.table,
+                self.deployment.topic_arns,
+                self.deployment.state_machine_arn,
             )
             self.host = FunctionHost(
                 self.deployment, self.concurrency, self.log_dir, self.duplicate_deliveries, self.tf_threads

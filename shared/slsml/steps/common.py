@@ -44,4 +44,4 @@ def failing_run_on_bad_input(services: Services, run_id: str, stage: str) -> Ite
     except (BadInputError, RunFailed, NotFoundError) as error:
         reason = f"{stage}: {error}"
         logger.error("run failed", extra={"run_id": run_id, "reason": reason})
-        services.table.fail(run_id, reason)
+        services.fail_run(run_id, reason)

@@ -36,7 +36,9 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
         test = trainer.evaluate(*reader.split("test"))
     body = modelio.save_model(trainer.model)
     services.table.record_merge(run, iteration, (store.bytes_read, store.bytes_written + len(body)), test)
-    services.table.advance(run, iteration + 1)
+    advanced = services.table.advance(run, iteration + 1)
+    if advanced is not None:
+        services.orchestrator.heartbeat(advanced.task_token)
     store.put_new(next_key, body)
     logger.info("model merged", extra={"run_id": run, "iteration": iteration + 1, "test": test})
     return next_key

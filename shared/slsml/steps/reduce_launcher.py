@@ -1,4 +1,5 @@
-"""ReduceLauncher: count finished workers; at the quorum, fire the reducers exactly once."""
+"""ReduceLauncher: count finished workers; at the quorum, fire the reducers exactly once. Workers whose
+update is non-finite count as arrived but are left out; if all of them are, the run fails."""
 
 from __future__ import annotations
 
@@ -18,16 +19,25 @@ def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
     config = run_config(services.store, done.run_id)
     record = services.table.record_worker(done, (done.bytes_read, done.bytes_written))
     if record.reduce_fired_by is not None and record.reduce_fired_by != done.worker:
-        if done.worker in record.late:
+        if done.worker in record.late and done.worker not in record.nonfinite:
             logger.info("late worker ignored", extra={"run_id": done.run_id, "iteration": done.iteration,
                                                       "worker": done.worker})
         return []
     if record.reduce_fired_by is None:
-        if len(record.done) < quorum_count(config.workers, config.training.quorum):
+        finite = sorted(record.done - record.nonfinite)
+        everyone_in = len(record.done) >= config.workers
+        if not finite:
+            if everyone_in:
+                reason = f"all {config.workers} workers produced non-finite updates at iteration {done.iteration}"
+                logger.error("run failed", extra={"run_id": done.run_id, "reason": reason})
+                services.fail_run(done.run_id, reason)
+            return []
+        # non-finite updates are left out; once every worker is in there is nothing left to wait for
+        if len(finite) < quorum_count(config.workers, config.training.quorum) and not everyone_in:
             return []
         participants = [
             Participant(worker=w, attempt=record.reports[w].attempt, samples=record.reports[w].samples)
-            for w in sorted(record.done)
+            for w in finite
         ]
         if not services.table.fire_reduce(done.run_id, done.iteration, done.worker, participants):
             return []  # another worker's message fired it first
@@ -39,5 +49,5 @@ def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
     ]
     services.bus.publish(wiring.REDUCE, messages)
     logger.info("reduce fired", extra={"run_id": done.run_id, "iteration": done.iteration,
-                                       "participants": len(participants)})
+                                       "participants": len(participants), "nonfinite": sorted(record.nonfinite)})
     return messages

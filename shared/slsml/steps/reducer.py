@@ -1,4 +1,5 @@
-"""Reducer: average one shard of the participants' updates and step the optimizer on it."""
+"""Reducer: average one shard of the participants' updates and step the optimizer on it. Under a read
+quorum below 1 (``slsml.reliability.ReadPolicy``), parts whose reads time out are left out and recorded."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import numpy as np
 from aws_lambda_powertools import Logger
 
 from slsml import keys, optimizers, updates, wiring
+from slsml.barrier import quorum_count
 from slsml.errors import RunFailed
 from slsml.messages import ReduceDone, ReduceMessage
+from slsml.reliability import ReadPolicy
 from slsml.services import Services
 from slsml.steps.common import run_config
 
@@ -34,15 +37,24 @@ def _reduce(message: ReduceMessage, services: Services) -> None:
     run, iteration, shard = message.run_id, message.iteration, message.shard
     layout = config.plan.shard(shard)
     byte_range = updates.part_range(config.plan, shard)
-    parts = store.get_many(
+    policy = ReadPolicy()
+    parts = store.get_quorum(
         [keys.update(run, iteration, p.worker, p.attempt) for p in message.participants],
         [byte_range] * len(message.participants),
+        need=quorum_count(len(message.participants), policy.quorum),
+        timeout_s=policy.timeout_s,
     )
-    total = sum(p.samples for p in message.participants)
+    included = [(p, part) for p, part in zip(message.participants, parts, strict=True) if part is not None]
+    dropped = [p.worker for p, part in zip(message.participants, parts, strict=True) if part is None]
+    if dropped:
+        services.table.record_dropped_parts(run, iteration, shard, dropped)
+        logger.warning("parts dropped after their read timeout", extra={
+            "run_id": run, "iteration": iteration, "shard": shard, "workers": dropped, "timeout_s": policy.timeout_s})
+    total = sum(p.samples for p, _ in included)
     if total == 0:
         raise RunFailed(f"iteration {iteration}: the participating workers processed no samples")
     mean = np.zeros(layout.size, dtype=np.float64)
-    for participant, part in zip(message.participants, parts, strict=True):
+    for participant, part in included:  # in message order: the same sums as long as nothing is dropped
         mean += updates.decode_part(part, config.plan, shard).astype(np.float64) * participant.samples
     mean = (mean / total).astype(np.float32)
 

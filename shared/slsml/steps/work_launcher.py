@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from aws_lambda_powertools import Logger
 
 from slsml import keys, wiring
 from slsml.errors import NotFoundError
-from slsml.messages import ModelLanded, WorkMessage
-from slsml.runstate import RunStatus
+from slsml.messages import ModelLanded, RunStarted, WorkMessage
+from slsml.runstate import RunRecord, RunStatus
 from slsml.services import Services
 
 logger = Logger(child=True)
@@ -45,6 +46,7 @@ def on_model(landed: ModelLanded, services: Services) -> Outcome:
         wiring.WORK,
         [WorkMessage(run_id=run_id, iteration=iteration, worker=w) for w in range(run.workers)],
     )
+    services.orchestrator.heartbeat(run.task_token)
     logger.info("iteration launched", extra={"run_id": run_id, "iteration": iteration, "workers": run.workers})
     return Outcome.LAUNCHED
 
@@ -54,6 +56,24 @@ def _complete(run_id: str, iteration: int, services: Services) -> Outcome:
     final_key = keys.final_model(run_id)
     services.store.copy_new(keys.model(run_id, iteration), final_key)
     last = services.table.get_iteration(run_id, iteration - 1)
-    services.table.complete(run_id, final_key, last.test_loss, last.test_accuracy)
+    run = services.table.record_outcome(run_id, final_key, last.test_loss, last.test_accuracy)
+    if run is not None:
+        services.orchestrator.succeed(run.task_token, _outcome(run))
     logger.info("run completed", extra={"run_id": run_id, "iterations": iteration, "final": final_key})
     return Outcome.COMPLETED
+
+
+def on_run_started(started: RunStarted, services: Services) -> None:
+    """Keep the execution's task token; answer it at once if the run already ended (a fast run)."""
+    run = services.table.attach_task_token(started.run_id, started.task_token)
+    if run is None:
+        services.orchestrator.fail(started.task_token, f"run {started.run_id!r} is not registered")
+    elif run.status == RunStatus.FAILED:
+        services.orchestrator.fail(started.task_token, run.reason or "the run failed")
+    elif run.final_key:
+        services.orchestrator.succeed(started.task_token, _outcome(run))
+
+
+def _outcome(run: RunRecord) -> dict[str, Any]:
+    return {"final_key": run.final_key, "iterations": run.iteration, "test_accuracy": run.test_accuracy,
+            "test_loss": run.test_loss}

@@ -1,4 +1,5 @@
-"""Worker: compute the update of one slice of a global batch and split it for the reducers."""
+"""Worker: compute the update of one slice of a global batch and split it for the reducers. An update
+with NaN or Inf is stored and announced like any other but marked non-finite, so that it is left out."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from slsml.steps.common import load_weights, run_config
 from slsml.steps.warm import reader_for, trainer_for
 
 logger = Logger(child=True)
+NONFINITE_METADATA = "nonfinite"  # on an update object: its loss, when the update holds NaN or Inf
 
 
 def work(message: WorkMessage, services: Services) -> WorkDone | None:
@@ -30,6 +32,8 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     existing = store.head(key)
     if existing is not None:  # a duplicate or retried message: announce the stored update again
         done = WorkDone.model_validate_json(existing["done"])
+        if NONFINITE_METADATA in existing:  # the first try may have stopped before recording it
+            services.table.record_nonfinite(message.run_id, message.iteration, message.worker)
     else:
         if services.table.get_run(message.run_id).status != RunStatus.RUNNING:
             logger.info("run is not running: work skipped", extra={"run_id": message.run_id})
@@ -53,21 +57,28 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     update = trainer.compute_update(x, y)
     compute_s = time.perf_counter() - started
     body = updates.encode(update.vector, samples=len(x))
+    finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
     done = WorkDone(
         run_id=message.run_id,
         iteration=message.iteration,
         worker=message.worker,
         attempt=message.attempt,
-        samples=len(x),
-        loss=update.loss,
-        accuracy=update.accuracy,
+        # WorkDone has no field saying "non-finite" and JSON has no NaN (pydantic writes null, which
+        # does not parse back): a non-finite update is announced as one that contributes no samples,
+        # and the run table's ``nonfinite`` set, written before the announcement, is what counts.
+        samples=len(x) if finite else 0,
+        loss=update.loss if finite else 0.0,
+        accuracy=update.accuracy if finite else None,
         compute_s=compute_s,
         bytes_read=store.bytes_read,
         bytes_written=store.bytes_written + len(body),
     )
-    if not (np.isfinite(update.loss) and np.isfinite(update.vector).all()):
-        raise RunFailed(f"worker {message.worker} computed a non-finite update (loss {update.loss})")
+    metadata = {"done": json.dumps(done.model_dump(mode="json"))}
+    if not finite:
+        logger.warning("non-finite update", extra={"run_id": message.run_id, "iteration": message.iteration,
+                                                   "worker": message.worker, "loss": repr(update.loss)})
+        metadata[NONFINITE_METADATA] = repr(update.loss)
+        services.table.record_nonfinite(message.run_id, message.iteration, message.worker)
     key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
-    store.put_new(key, body, metadata={"done": json.dumps(done.model_dump(mode="json"))})
+    store.put_new(key, body, metadata=metadata)
     return done
-

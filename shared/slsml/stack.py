@@ -1,0 +1,29 @@
+"""A deployed slsml stack, found by name from its CloudFormation outputs: no ARNs typed by hand."""
+
+from __future__ import annotations
+
+from botocore.exceptions import ClientError
+
+from slsml import aws, wiring
+from slsml.errors import NotFoundError
+from slsml.services import Services
+
+
+def services_for_stack(name: str) -> Services:
+    """The bucket, table, topics and state machine of stack ``name`` (AWS credentials, region and
+    ``AWS_ENDPOINT_URL`` as for any AWS tool)."""
+    try:
+        stacks = aws.client("cloudformation").describe_stacks(StackName=name)["Stacks"]
+    except ClientError as error:
+        raise NotFoundError(f"no stack named {name!r}: {error}") from None
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
+    wanted = ["BucketName", "TableName", "StateMachineArn", *(f"{t.name}TopicArn" for t in wiring.TOPICS)]
+    missing = [key for key in wanted if key not in outputs]
+    if missing:
+        raise NotFoundError(f"stack {name!r} is not an slsml stack (no outputs {', '.join(missing)})")
+    return Services.from_names(
+        outputs["BucketName"],
+        outputs["TableName"],
+        {t.name: outputs[f"{t.name}TopicArn"] for t in wiring.TOPICS},
+        outputs["StateMachineArn"],
+    )

@@ -1,0 +1,105 @@
+"""Every run is an execution of the run state machine, locally as in AWS."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import boto3
+import pytest
+
+from slsml import wiring
+from slsml.config import OptimizerConfig, TrainingSpec
+
+from .conftest import finish, train
+
+HEARTBEAT_S = 10  # more than a cold first iteration (model loads, tracing: ~6 s here)
+SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=40, eval_every=0, heartbeat_s=HEARTBEAT_S,
+                    optimizer=OptimizerConfig(name="adam"))
+
+
+@pytest.fixture
+def run_events(local):
+    """An SQS queue subscribed to RunEvents, as a user's tool would."""
+    endpoint = local.deployment.endpoint
+    sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
+    sns = boto3.client("sns", endpoint_url=endpoint, region_name="us-east-1")
+    queue = sqs.create_queue(QueueName=f"run-events-{time.time_ns()}")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    sns.subscribe(TopicArn=local.deployment.topic_arns[wiring.RUN_EVENTS.name], Protocol="sqs", Endpoint=arn)
+
+    def events() -> list[dict]:
+        messages = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=2).get("Messages", [])
+        return [json.loads(json.loads(m["Body"])["Message"]) for m in messages]
+
+    return events
+
+
+def _execution(local, run_id: str) -> tuple[dict, list[str]]:
+    sfn = local.services.orchestrator.sfn
+    arn = local.services.table.get_run(run_id).execution_arn
+    for _ in range(100):  # the execution's last states run just after the table says the run ended
+        execution = sfn.describe_execution(executionArn=arn)
+        if execution["status"] != "RUNNING":
+            break
+        time.sleep(0.1)
+    history = sfn.get_execution_history(executionArn=arn)["events"]
+    entered = [e["stateEnteredEventDetails"]["name"] for e in history if "stateEnteredEventDetails" in e]
+    return execution, entered
+
+
+def test_a_run_is_an_execution_kept_alive_by_heartbeats(local, services, digits, run_events):
+    started = time.monotonic()
+    train(services, SPEC, "sfn-ok")
+    run = finish(services, "sfn-ok")
+    took = time.monotonic() - started
+    assert run.status == "COMPLETED", run.reason
+    execution, entered = _execution(local, "sfn-ok")
+    assert execution["status"] == "SUCCEEDED"
+    assert entered == ["RegisterRun", "PlaceInitialModel", "WaitForPipeline", "MarkCompleted", "PublishCompleted",
+                       "Completed"]
+    # the run outlived its heartbeat window several times over: only the Merger's heartbeats kept it waiting
+    assert took > 2 * HEARTBEAT_S, f"run took {took:.1f} s: too short to prove heartbeats"
+    assert json.loads(execution["output"])["outcome"]["final_key"] == "runs/sfn-ok/final.keras"
+    assert {"run_id": "sfn-ok", "status": "COMPLETED"}.items() <= next(
+        e for e in run_events() if e["run_id"] == "sfn-ok"
+    ).items()
+
+
+def test_a_pipeline_that_stops_reporting_fails_by_heartbeat_timeout(local, services, digits, run_events):
+    sns = boto3.client("sns", endpoint_url=local.deployment.endpoint, region_name="us-east-1")
+    merger_queue = local.host.sqs.get_queue_attributes(
+        QueueUrl=local.deployment.queues["merger"], AttributeNames=["QueueArn"]
+    )["Attributes"]["QueueArn"]
+    topic = local.deployment.topic_arns[wiring.REDUCE_DONE.name]
+    subscription = next(s["SubscriptionArn"] for s in sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+                        if s["Endpoint"] == merger_queue)
+    sns.unsubscribe(SubscriptionArn=subscription)  # ReduceDone no longer reaches the Merger
+    try:
+        train(services, SPEC, "sfn-stalled")
+        run = finish(services, "sfn-stalled", timeout_s=60)
+    finally:
+        sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=merger_queue)
+    assert run.status == "FAILED"
+    assert run.reason.startswith(f"the pipeline stopped reporting: no progress within {HEARTBEAT_S} s"), run.reason
+    assert run.iteration == 0
+    execution, entered = _execution(local, "sfn-stalled")
+    assert execution["status"] == "FAILED"
+    assert entered[-6:] == ["ExplainFailure", "NoHeartbeat", "MarkFailed", "ReadReason", "PublishFailed", "Failed"]
+    assert next(e for e in run_events() if e["run_id"] == "sfn-stalled")["status"] == "FAILED"
+
+
+def test_a_failed_step_ends_the_execution_with_its_reason(local, services, digits):
+    from slsml import keys, modelio, runs
+    from slsml.demo import digits_cnn
+
+    config = runs.prepare_run(services, modelio.save_model(digits_cnn()), "digits", SPEC, run_id="sfn-bad")
+    store = services.store
+    store.s3.put_object(Bucket=store.bucket, Key=keys.source_model("sfn-bad"), Body=b"not a model")
+    runs.launch_run(services, config)
+    run = finish(services, "sfn-bad", timeout_s=60)
+    execution, entered = _execution(local, "sfn-bad")
+    assert run.status == "FAILED" and "not a Keras model" in run.reason
+    assert execution["status"] == "FAILED"
+    assert entered[-4:] == ["MarkFailed", "ReadReason", "PublishFailed", "Failed"]
+    assert execution["cause"] == run.reason  # the pipeline's own reason, as the table keeps it

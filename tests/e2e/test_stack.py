@@ -1,0 +1,71 @@
+"""`slsml` against a deployed stack found by name: the same commands a user runs after `cdk deploy`,
+here with a stack in the embedded cloud whose outputs name the embedded resources."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+
+from slsml import demo, modelio, wiring
+
+STACK = "slsml-test"
+
+
+@pytest.fixture(scope="module")
+def stack_env(local):
+    deployment = local.deployment
+    outputs = {
+        "BucketName": deployment.bucket,
+        "TableName": deployment.table,
+        "StateMachineArn": deployment.state_machine_arn,
+        **{f"{t.name}TopicArn": deployment.topic_arns[t.name] for t in wiring.TOPICS},
+    }
+    template = {
+        "Resources": {"Placeholder": {"Type": "AWS::SQS::Queue", "Properties": {"QueueName": "stack-placeholder"}}},
+        "Outputs": {key: {"Value": value} for key, value in outputs.items()},
+    }
+    boto3.client("cloudformation", endpoint_url=deployment.endpoint, region_name="us-east-1").create_stack(
+        StackName=STACK, TemplateBody=json.dumps(template)
+    )
+    return {**os.environ, **deployment.environment()}
+
+
+def slsml(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "slsml.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_data_put_run_start_status_list_fetch_on_a_stack(stack_env, tmp_path: Path, digits) -> None:
+    x, y, x_test, y_test = digits
+    np.savez(tmp_path / "few.npz", x=x[:300], y=y[:300], x_test=x_test[:50], y_test=y_test[:50])
+    (tmp_path / "m.keras").write_bytes(modelio.save_model(demo.digits_cnn()))
+
+    put = slsml(stack_env, tmp_path, "data", "put", "few-digits", "few.npz", "--stack", STACK)
+    assert put.returncode == 0, put.stderr
+    started = slsml(stack_env, tmp_path, "run", "start", "--stack", STACK, "--model", "m.keras", "--data",
+                    "few-digits", "--workers", "2", "--reducers", "2", "--batch", "64", "--iterations", "3",
+                    "--run-id", "on-stack", "--json")
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert json.loads(started.stdout.strip().splitlines()[-1])["status"] == "COMPLETED"
+
+    status = slsml(stack_env, tmp_path, "run", "status", "on-stack", "--stack", STACK, "--json")
+    assert status.returncode == 0, status.stderr
+    summary = json.loads(status.stdout.strip().splitlines()[-1])
+    assert (summary["status"], summary["iterations"], summary["workers"]) == ("COMPLETED", 3, 2)
+    listed = slsml(stack_env, tmp_path, "run", "list", "--stack", STACK)
+    assert "on-stack" in listed.stderr and "COMPLETED" in listed.stderr
+    fetched = slsml(stack_env, tmp_path, "run", "fetch", "on-stack", "--stack", STACK, "--out", "got.keras")
+    assert fetched.returncode == 0, fetched.stderr
+    assert modelio.load_model((tmp_path / "got.keras").read_bytes()).count_params() > 0
+
+
+def test_a_stack_that_is_not_there_is_named(stack_env, tmp_path: Path) -> None:
+    missing = slsml(stack_env, tmp_path, "run", "list", "--stack", "nope")
+    assert missing.returncode == 2 and "no stack named 'nope'" in missing.stderr

@@ -1,0 +1,176 @@
+"""ReduceLauncher and Reducer against moto: non-finite updates left out (or failing the run when all
+are), and parts dropped by the reducer's read quorum, recorded and left out of the average."""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+
+import boto3
+import numpy as np
+import pytest
+from moto import mock_aws
+
+from slsml import faults, keys, optimizers, updates, wiring
+from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.faults import Delay, InvocationFaults
+from slsml.messages import ReduceMessage, WorkDone
+from slsml.plan import ShardPlan, VariableSpec
+from slsml.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV
+from slsml.services import Services
+from slsml.steps import reduce_launcher, reducer
+
+PLAN = ShardPlan.build(
+    [VariableSpec(name="kernel", shape=(2, 3), trainable=True), VariableSpec(name="mean", shape=(2,), trainable=False)],
+    reducers=2,
+)
+WEIGHTS = np.linspace(-1, 1, PLAN.size, dtype=np.float32)
+SGD = OptimizerConfig(name="sgd", learning_rate=0.1)
+RNG = np.random.default_rng(0)
+VECTORS = [RNG.standard_normal(PLAN.size).astype(np.float32) for _ in range(4)]
+SAMPLES = [4, 4, 8, 4]
+
+
+@pytest.fixture
+def services(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name in (READ_TIMEOUT_ENV, READ_QUORUM_ENV):
+        monkeypatch.delenv(name, raising=False)
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bucket")
+        boto3.client("dynamodb", region_name="us-east-1").create_table(
+            TableName="runs",
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            AttributeDefinitions=[
+                {"AttributeName": "pk", "AttributeType": "S"},
+                {"AttributeName": "sk", "AttributeType": "S"},
+            ],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        sns = boto3.client("sns", region_name="us-east-1")
+        arns = {t.name: sns.create_topic(Name=t.name)["TopicArn"] for t in wiring.TOPICS}
+        yield Services.from_names("bucket", "runs", arns)
+
+
+def _register(services: Services, run_id: str, workers: int, quorum: float = 1.0) -> RunConfig:
+    spec = TrainingSpec(workers=workers, reducers=PLAN.reducers, global_batch=8 * workers, quorum=quorum)
+    config = RunConfig(
+        run_id=run_id, dataset="d", training=spec, optimizer=SGD, loss="mse", classification=False, plan=PLAN
+    )
+    services.store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
+    for shard in range(PLAN.reducers):
+        layout = PLAN.shard(shard)
+        services.store.put_array_new(keys.weights(run_id, 0, shard), WEIGHTS[layout.start : layout.stop])
+    services.table.table.put_item(
+        Item={
+            "pk": f"RUN#{run_id}", "sk": "META", "run_id": run_id, "status": "RUNNING", "iterations": 1,
+            "iteration": 0, "workers": workers, "reducers": PLAN.reducers, "quorum": Decimal(str(quorum)),
+            "dataset": "d", "created_at": 0, "updated_at": 0,
+        }
+    )
+    return config
+
+
+def _arrive(services: Services, run_id: str, worker: int, finite: bool = True) -> list[ReduceMessage]:
+    """What a worker does (record non-finite, store the update, announce it), then the ReduceLauncher."""
+    vector = VECTORS[worker] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
+    if not finite:
+        services.table.record_nonfinite(run_id, 0, worker)
+    services.store.put_new(keys.update(run_id, 0, worker), updates.encode(vector, SAMPLES[worker]))
+    done = WorkDone(
+        run_id=run_id, iteration=0, worker=worker, samples=SAMPLES[worker] if finite else 0,
+        loss=0.5 if finite else 0.0, compute_s=0.01,
+    )
+    return reduce_launcher.on_work_done(done, services)
+
+
+def _expected_weights(workers: list[int]) -> np.ndarray:
+    """One SGD step on the sample-weighted mean of these workers' vectors (float64 sums in worker order)."""
+    mean = np.zeros(PLAN.size, dtype=np.float64)
+    for w in workers:
+        mean += VECTORS[w].astype(np.float64) * SAMPLES[w]
+    mean = (mean / sum(SAMPLES[w] for w in workers)).astype(np.float32)
+    trainable = PLAN.trainable_mask()
+    stepped, _ = optimizers.apply(SGD, WEIGHTS[trainable], mean[trainable],
+                                  optimizers.initial_state(SGD, int(trainable.sum())))
+    expected = WEIGHTS.copy()
+    expected[trainable], expected[~trainable] = stepped, mean[~trainable]
+    return expected
+
+
+def _new_weights(services: Services, run_id: str) -> np.ndarray:
+    return np.concatenate([services.store.get_array(keys.weights(run_id, 1, r)) for r in range(PLAN.reducers)])
+
+
+def test_a_non_finite_update_is_left_out(services: Services) -> None:
+    _register(services, "one-nan", workers=3)
+    assert _arrive(services, "one-nan", 0) == []
+    assert _arrive(services, "one-nan", 1, finite=False) == []
+    fired = _arrive(services, "one-nan", 2)  # everyone is in: the reduce fires without worker 1
+    assert [m.shard for m in fired] == [0, 1]
+    assert [(p.worker, p.samples) for p in fired[0].participants] == [(0, 4), (2, 8)]
+    record = services.table.get_iteration("one-nan", 0)
+    assert record.nonfinite == {1} and record.done == {0, 1, 2}
+    assert [p.worker for p in record.participants] == [0, 2]
+    for message in fired:
+        reducer.reduce(message, services)
+    assert np.array_equal(_new_weights(services, "one-nan"), _expected_weights([0, 2]))  # bit for bit
+    assert services.table.get_iteration("one-nan", 0).dropped_parts == set()
+    assert services.table.get_run("one-nan").status == "RUNNING"
+
+
+def test_the_quorum_counts_finite_updates_only(services: Services) -> None:
+    _register(services, "half-nan", workers=4, quorum=0.5)
+    assert _arrive(services, "half-nan", 0, finite=False) == []
+    assert _arrive(services, "half-nan", 1) == []  # two in, but one finite: below ⌈0.5·4⌉
+    fired = _arrive(services, "half-nan", 2)
+    assert [p.worker for p in fired[0].participants] == [1, 2]
+    assert _arrive(services, "half-nan", 3) == []  # late
+    assert services.table.get_iteration("half-nan", 0).nonfinite == {0}
+
+
+def test_all_updates_non_finite_fails_the_run(services: Services) -> None:
+    _register(services, "all-nan", workers=2)
+    assert _arrive(services, "all-nan", 0, finite=False) == []
+    assert _arrive(services, "all-nan", 1, finite=False) == []
+    run = services.table.get_run("all-nan")
+    assert run.status == "FAILED"
+    assert run.reason == "all 2 workers produced non-finite updates at iteration 0"
+    record = services.table.get_iteration("all-nan", 0)
+    assert record.nonfinite == {0, 1} and record.reduce_fired_by is None
+
+
+def test_the_reducer_drops_a_part_whose_read_times_out(services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    _register(services, "slow-part", workers=3)
+    fired = []
+    for worker in range(3):
+        fired += _arrive(services, "slow-part", worker)
+    monkeypatch.setenv(READ_TIMEOUT_ENV, "0.2")
+    monkeypatch.setenv(READ_QUORUM_ENV, "0.5")
+    faults.install(services.store.s3, services.bus.sns)
+    slow = InvocationFaults(s3_get_delay=Delay(probability=1, seconds=1.5), s3_get_delay_match="/updates/00001")
+    started = time.perf_counter()
+    for message in fired:
+        with faults.invocation(slow) as injected:
+            done = reducer.reduce(message, services)
+        assert injected == {"s3_get_delay": 1}
+        assert done.bytes_read > 0
+    assert time.perf_counter() - started < 2.5  # neither reducer waited for the slow part
+    assert services.table.get_iteration("slow-part", 0).dropped_parts == {"0:1", "1:1"}
+    assert np.array_equal(_new_weights(services, "slow-part"), _expected_weights([0, 2]))
+
+
+def test_with_a_read_quorum_nothing_is_dropped_from_reads_within_the_timeout(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _register(services, "all-parts", workers=3)
+    fired = []
+    for worker in range(3):
+        fired += _arrive(services, "all-parts", worker)
+    monkeypatch.setenv(READ_TIMEOUT_ENV, "5")
+    monkeypatch.setenv(READ_QUORUM_ENV, "0.5")
+    for message in fired:
+        reducer.reduce(message, services)
+    assert services.table.get_iteration("all-parts", 0).dropped_parts == set()
+    assert np.array_equal(_new_weights(services, "all-parts"), _expected_weights([0, 1, 2]))
