@@ -326,6 +326,17 @@ def cmd_run_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_stop(args: argparse.Namespace) -> int:
+    from slsml.errors import BadInputError
+
+    services = _stack_services(args.stack)
+    if not services.stop_run(args.run_id):
+        status = services.table.get_run(args.run_id).status.value
+        raise BadInputError(f"run {args.run_id} is not running (status {status})")
+    _console().print(f"run {args.run_id} stopped: no new iteration starts; work in flight drains")
+    return 0
+
+
 def cmd_data_put(args: argparse.Namespace) -> int:
     from slsml import aws, data
     from slsml.errors import BadInputError
@@ -377,6 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--stack", help=stack_help)
     fetch.add_argument("--out", help="destination (default <run>.keras)")
     fetch.set_defaults(handler=cmd_run_fetch)
+    stop = run.add_parser("stop", help="stop a run of a stack: no new iteration starts")
+    stop.add_argument("run_id")
+    stop.add_argument("--stack", required=True, help="the deployed stack of this name")
+    stop.set_defaults(handler=cmd_run_stop)
     listing = run.add_parser("list", help="runs and their status")
     listing.add_argument("--stack", help=stack_help)
     listing.set_defaults(handler=cmd_run_list)

@@ -22,6 +22,7 @@ from slsml.aws import error_code
 from slsml.wiring import STATE_MACHINE_ENV
 
 logger = Logger(child=True)
+STOPPED_ERROR = "RunStopped"
 _ENDED = {"TaskTimedOut", "InvalidToken", "TaskDoesNotExist"}  # the execution has moved on already
 
 
@@ -136,6 +137,7 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
             "ExplainFailure": {
                 "Type": "Choice",
                 "Choices": [
+                    {"Variable": "$.error.Error", "StringEquals": STOPPED_ERROR, "Next": "Stopped"},
                     {"Variable": "$.error.Error", "StringEquals": "States.HeartbeatTimeout", "Next": "NoHeartbeat"},
                     {"Variable": "$.error.Error", "StringEquals": "States.Timeout", "Next": "NoHeartbeat"},
                     {
@@ -148,6 +150,7 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                 ],
                 "Default": "UnexplainedFailure",
             },
+            "Stopped": {"Type": "Fail", "Error": STOPPED_ERROR, "Cause": "the run was stopped"},
             "NoHeartbeat": {
                 "Type": "Pass",
                 "Parameters": {
@@ -224,6 +227,10 @@ class Orchestrator:
         """(status, cause) of an execution."""
         execution = self.sfn.describe_execution(executionArn=execution_arn)
         return execution["status"], execution.get("cause") or execution.get("error")
+
+    def stop(self, token: str | None, reason: str) -> None:
+        """End the execution as stopped (the run table already says STOPPED)."""
+        self._answer("send_task_failure", token, error=STOPPED_ERROR, cause=reason[:32000])
 
     def succeed(self, token: str | None, outcome: dict[str, Any]) -> None:
         self._answer("send_task_success", token, output=json.dumps(outcome))

@@ -21,7 +21,7 @@ from slsml.plan import ShardPlan
 from slsml.runstate import IterationRecord, RunRecord, RunStatus
 from slsml.services import Services
 
-TERMINAL = {RunStatus.COMPLETED, RunStatus.FAILED}
+TERMINAL = {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED}
 
 
 def new_run_id(stem: str = "run") -> str:

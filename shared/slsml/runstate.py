@@ -25,6 +25,7 @@ class RunStatus(StrEnum):
     RUNNING = "RUNNING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
+    STOPPED = "STOPPED"
 
 
 class RunRecord(BaseModel):
@@ -207,6 +208,10 @@ class RunTable:
         """The budget is spent: the final model and its test figures (the execution marks COMPLETED)."""
         values = {"final_key": final_key, "test_loss": test_loss, "test_accuracy": test_accuracy}
         return self._update_run(run_id, {k: v for k, v in values.items() if v is not None})
+
+    def stop(self, run_id: str, reason: str) -> RunRecord | None:
+        """Mark a running run STOPPED: no new iteration starts; the stopped run, or None if it was not running."""
+        return self._update_run(run_id, {"status": RunStatus.STOPPED.value, "reason": reason[:2000]})
 
     def fail(self, run_id: str, reason: str) -> RunRecord | None:
         """Mark a running run FAILED, keeping the first reason; the failed run, or None if it was not running."""

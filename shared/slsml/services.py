@@ -32,6 +32,13 @@ class Services:
             orchestrator=Orchestrator(aws.client("stepfunctions"), state_machine_arn),
         )
 
+    def stop_run(self, run_id: str, reason: str = "stopped by the user") -> bool:
+        """Stop a running run: its execution ends, no new iteration starts, in-flight work drains."""
+        run = self.table.stop(run_id, reason)
+        if run is not None:
+            self.orchestrator.stop(run.task_token, reason)
+        return run is not None
+
     def fail_run(self, run_id: str, reason: str) -> bool:
         """Fail a running run with ``reason`` and end its execution; False if it was not running."""
         run = self.table.fail(run_id, reason)

@@ -69,3 +69,33 @@ def test_data_put_run_start_status_list_fetch_on_a_stack(stack_env, tmp_path: Pa
 def test_a_stack_that_is_not_there_is_named(stack_env, tmp_path: Path) -> None:
     missing = slsml(stack_env, tmp_path, "run", "list", "--stack", "nope")
     assert missing.returncode == 2 and "no stack named 'nope'" in missing.stderr
+
+
+def test_run_stop_ends_the_run_and_its_execution(stack_env, tmp_path: Path, services, digits) -> None:
+    import time
+
+    from slsml.config import TrainingSpec
+
+    from .conftest import train
+
+    train(services, TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=500, eval_every=0), "to-stop")
+    while services.table.get_run("to-stop").iteration < 2:
+        time.sleep(0.1)
+    stopped = slsml(stack_env, tmp_path, "run", "stop", "to-stop", "--stack", STACK)
+    assert stopped.returncode == 0, stopped.stderr
+    run = services.table.get_run("to-stop")
+    assert run.status == "STOPPED" and run.reason == "stopped by the user"
+    sfn = services.orchestrator.sfn
+    for _ in range(100):
+        status = sfn.describe_execution(executionArn=run.execution_arn)["status"]
+        if status != "RUNNING":
+            break
+        time.sleep(0.1)
+    execution = sfn.describe_execution(executionArn=run.execution_arn)
+    assert (status, execution.get("error")) == ("FAILED", "RunStopped")
+    time.sleep(3)  # in-flight work drains; nothing new is launched
+    at_stop = run.iteration
+    assert services.table.get_run("to-stop").iteration <= at_stop + 1
+    assert len(services.table.list_iterations("to-stop")) <= at_stop + 2
+    again = slsml(stack_env, tmp_path, "run", "stop", "to-stop", "--stack", STACK)
+    assert again.returncode == 2 and "is not running (status STOPPED)" in again.stderr
