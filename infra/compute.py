@@ -45,6 +45,7 @@ class Compute(Construct):
         bucket: s3.IBucket,
         table: dynamodb.ITable,
         topics: Mapping[str, sns.ITopic],
+        queues: Mapping[str, sqs.IQueue],
         failures: sqs.IQueue,
         state_machine: sfn.IStateMachine,
     ) -> None:
@@ -53,6 +54,7 @@ class Compute(Construct):
         self._bucket = bucket
         self._table = table
         self._topics = topics
+        self._queues = queues
         self._failures = failures
         self._state_machine = state_machine
         self.layer = CommonLayer(self, "CommonLayer", build=not settings.skip_layer_build).layer
@@ -74,11 +76,12 @@ class Compute(Construct):
             "POWERTOOLS_SERVICE_NAME": deployment.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": deployment.METRICS_NAMESPACE,
             **{topic.env_var: self._topics[topic.name].topic_arn for topic in fn.publishes},
+            **{queue.env_var: self._queues[queue.name].queue_url for queue in fn.sends},
         }
         if fn.starts_runs:
             environment[wiring.STATE_MACHINE_ENV] = self._state_machine.state_machine_arn
             environment[wiring.RUN_DEFAULTS_ENV] = self._settings.run_defaults.model_dump_json()
-        triggers = "/".join(t.name for t in fn.triggers)
+        triggers = "/".join([t.name for t in fn.triggers] + ([fn.queue.name] if fn.queue else []))
         publishes = ", ".join(t.name for t in fn.publishes) or "S3"
         common = {
             "description": f"slsml {fn.name}: {triggers} -> {publishes}",
@@ -151,6 +154,8 @@ class Compute(Construct):
         role.add_to_policy(iam.PolicyStatement(actions=TABLE_ACTIONS, resources=[self._table.table_arn]))
         for topic in fn.publishes:
             self._topics[topic.name].grant_publish(role)
+        for queue in fn.sends:
+            self._queues[queue.name].grant_send_messages(role)
         # answering the run execution's task token: success, failure, heartbeat
         self._state_machine.grant_task_response(role)
         if fn.starts_runs:

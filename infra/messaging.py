@@ -1,5 +1,6 @@
-"""Messaging: the pipeline's SNS topics (from slsml.wiring), the bucket notifications that feed them,
-the function subscriptions and the dead-letter queues that catch what could not be delivered.
+"""Messaging: the pipeline's SNS topics and queues (from slsml.wiring), the bucket notifications that
+feed the topics, the function subscriptions and the dead-letter queues that catch what could not be
+delivered.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from collections.abc import Mapping
 
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as event_sources
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_notifications as s3n
 from aws_cdk import aws_sns as sns
@@ -17,6 +19,7 @@ from cdk_nag import NagPackSuppression, NagSuppressions
 from constructs import Construct
 
 from infra.naming import pascal
+from infra.settings import Settings
 from slsml import wiring
 
 DLQ_RETENTION = Duration.days(14)
@@ -33,12 +36,17 @@ _BASIC_EXECUTION_ROLE = "Policy::arn:<AWS::Partition>:iam::aws:policy/service-ro
 class Messaging(Construct):
     """Topics, bucket notifications, subscriptions and dead-letter queues."""
 
-    def __init__(self, scope: Construct, construct_id: str, *, bucket: s3.IBucket) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, bucket: s3.IBucket, settings: Settings) -> None:
         super().__init__(scope, construct_id)
         self.topics: dict[str, sns.Topic] = {
             topic.name: self._topic(topic.name) for topic in wiring.TOPICS
         }
         self.dead_letter_queues: dict[str, sqs.Queue] = {}
+        self.queues: dict[str, sqs.Queue] = {
+            fn.queue.name: self._trigger_queue(fn.queue.name, settings.functions[fn.name].timeout_s)
+            for fn in wiring.FUNCTIONS
+            if fn.queue is not None
+        }
         # What Lambda could not process after its own retries of an asynchronous (SNS) invocation.
         self.function_failures = self._dead_letter_queue("FunctionFailures")
 
@@ -51,8 +59,15 @@ class Messaging(Construct):
         self._suppress_notifications_handler()
 
     def subscribe(self, functions: Mapping[str, lambda_.IFunction]) -> None:
-        """Each function to its trigger topic, with a dead-letter queue for undeliverable messages."""
+        """Each function to its trigger topics, with a dead-letter queue for undeliverable messages, or
+        to its trigger queue."""
         for fn in wiring.FUNCTIONS:
+            if fn.queue is not None:
+                functions[fn.name].add_event_source(
+                    event_sources.SqsEventSource(self.queues[fn.queue.name], batch_size=10)
+                )
+            if not fn.triggers:
+                continue
             dlq = self._dead_letter_queue(f"{pascal(fn.name)}Subscription")
             NagSuppressions.add_resource_suppressions(dlq, _SUBSCRIPTION_DLQ_SUPPRESSIONS)
             for topic in fn.triggers:
@@ -82,6 +97,18 @@ class Messaging(Construct):
         # TLS enforced, no KMS: messages carry run ids, S3 keys and counters, never data, and S3 can
         # publish to an encrypted topic only with a customer-managed key (a key and KMS calls per message).
         return sns.Topic(self, name, display_name=f"slsml {name}", enforce_ssl=True)
+
+    def _trigger_queue(self, name: str, consumer_timeout_s: int) -> sqs.Queue:
+        """A queue that triggers a function; what fails three times moves to its dead-letter queue."""
+        return sqs.Queue(
+            self,
+            f"{name}Queue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            # AWS's advice for a Lambda event source: six times the function's timeout
+            visibility_timeout=Duration.seconds(6 * consumer_timeout_s),
+            dead_letter_queue=sqs.DeadLetterQueue(max_receive_count=3, queue=self._dead_letter_queue(name)),
+        )
 
     def _dead_letter_queue(self, name: str) -> sqs.Queue:
         queue = sqs.Queue(

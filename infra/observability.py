@@ -27,6 +27,7 @@ CUSTOM_STATISTICS = {
     Metric.LATE_WORKERS: "Sum",
     Metric.BYTES_READ: "Sum",
     Metric.BYTES_WRITTEN: "Sum",
+    Metric.DEADLINE_ACTIONS: "Sum",
 }
 
 

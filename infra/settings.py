@@ -37,6 +37,7 @@ DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
     "reduce_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
     "reducer": FunctionSettings(memory_mb=1769, timeout_s=300),
     "merger": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
+    "watchdog": FunctionSettings(memory_mb=512, timeout_s=60),
     "run_starter": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
 }
 

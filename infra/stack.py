@@ -22,7 +22,7 @@ class SlsmlStack(Stack):
         super().__init__(scope, construct_id, description="slsml: serverless training of Keras models")
         self.settings = settings
         self.storage = Storage(self, "Storage", settings=settings)
-        self.messaging = Messaging(self, "Messaging", bucket=self.storage.bucket)
+        self.messaging = Messaging(self, "Messaging", bucket=self.storage.bucket, settings=settings)
         self.orchestration = Orchestration(
             self,
             "Orchestration",
@@ -38,6 +38,7 @@ class SlsmlStack(Stack):
             bucket=self.storage.bucket,
             table=self.storage.table,
             topics=self.messaging.topics,
+            queues=self.messaging.queues,
             failures=self.messaging.function_failures,
             state_machine=self.orchestration.state_machine,
         )

@@ -1,23 +1,20 @@
 """Merger: ReduceDone → (when all shards are in, once) the next model in S3, which triggers WorkLauncher."""
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.parser import envelopes, event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from slsml.envelope import pipeline_handler
 from slsml.idempotency import once_per_message
 from slsml.messages import ReduceDone
 from slsml.services import from_env
 from slsml.steps import merger
 from slsml.steps.common import failing_run_on_bad_input
 
-logger, tracer, metrics = Logger(), Tracer(), Metrics()
+metrics = Metrics()
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics(capture_cold_start_metric=True)
-@event_parser(model=ReduceDone, envelope=envelopes.SnsEnvelope)
+@pipeline_handler(ReduceDone)
 def lambda_handler(messages: list[ReduceDone], context: LambdaContext) -> None:
     services = from_env()
     metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(messages))

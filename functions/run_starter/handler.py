@@ -1,22 +1,19 @@
 """RunStarter: ModelDropped (an S3 event for incoming/<name>.keras via SNS) → a run with the defaults."""
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.parser import envelopes, event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from slsml.envelope import pipeline_handler
 from slsml.idempotency import once_per_message
 from slsml.messages import S3Notification, landed_objects
 from slsml.services import from_env
 from slsml.steps import run_starter
 
-logger, tracer, metrics = Logger(), Tracer(), Metrics()
+metrics = Metrics()
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics(capture_cold_start_metric=True)
-@event_parser(model=S3Notification, envelope=envelopes.SnsEnvelope)
+@pipeline_handler(S3Notification)
 def lambda_handler(notifications: list[S3Notification], context: LambdaContext) -> None:
     services = from_env()
     metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(notifications))

@@ -1,23 +1,20 @@
 """WorkLauncher: ModelUpdated (an S3 event via SNS) → one Work message per worker, or run completion;
 RunControl (a run started) → keep the run execution's task token."""
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.parser import envelopes, event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from slsml.envelope import pipeline_handler
 from slsml.idempotency import once_per_message
 from slsml.messages import LauncherEvent, RunStarted, S3Notification, landed_objects
 from slsml.services import from_env
 from slsml.steps import work_launcher
 
-logger, tracer, metrics = Logger(), Tracer(), Metrics()
+metrics = Metrics()
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics(capture_cold_start_metric=True)
-@event_parser(model=LauncherEvent, envelope=envelopes.SnsEnvelope)
+@pipeline_handler(LauncherEvent)
 def lambda_handler(events: list[RunStarted | S3Notification], context: LambdaContext) -> None:
     services = from_env()
     metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(events))

@@ -1,24 +1,21 @@
 """Worker: Work → its slice's update in S3 (one part per reducer) → WorkDone."""
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Metrics
 from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.parser import envelopes, event_parser
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from slsml.deployment import Metric
+from slsml.envelope import pipeline_handler
 from slsml.idempotency import once_per_message
 from slsml.messages import WorkMessage
 from slsml.services import from_env
 from slsml.steps import worker
 from slsml.steps.common import failing_run_on_bad_input
 
-logger, tracer, metrics = Logger(), Tracer(), Metrics()
+metrics = Metrics()
 
 
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics(capture_cold_start_metric=True)
-@event_parser(model=WorkMessage, envelope=envelopes.SnsEnvelope)
+@pipeline_handler(WorkMessage)
 def lambda_handler(messages: list[WorkMessage], context: LambdaContext) -> None:
     services = from_env()
     metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(messages))

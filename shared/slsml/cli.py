@@ -54,7 +54,8 @@ def _training_options(parser: argparse.ArgumentParser, iterations: int | None) -
     group.add_argument("--timeout", type=float, default=3600, help="stop waiting (and fail the run) after this long")
     group.add_argument("--faults", type=_faults,
                        help="local runs: inject faults, e.g. 'seed=3,duplicate=0.5,worker_crash=0.25,"
-                       "s3_get_delay=0.2:1.5' (also reducer_crash, merger_crash_once, sns_delay)")
+                       "s3_get_delay=0.2:1.5' (also reducer_crash, merger_crash_once, sns_delay, "
+                       "worker_hang=p with hang_s=SECONDS, crash_every_receive, slow_worker=WORKER:SECONDS)")
 
 
 def _faults(text: str) -> Any:
@@ -355,6 +356,64 @@ def cmd_data_put(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_stragglers(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from slsml import bench, runs
+    from slsml.local.runtime import LocalRuntime
+
+    pool = bench.worker_pool(args.workers, args.factor)
+    runtime = LocalRuntime(workers=pool, reducers=2, log_dir=Path(".slsml/logs") / runs.new_run_id("bench"))
+    with ExitStack() as stack:
+        with _console().status(f"starting the embedded cloud and warm function processes ({pool} for workers)…"):
+            stack.enter_context(runtime)
+        columns = (TextColumn("[bold]({task.description})"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=_console()) as progress:
+            tasks: dict[str, Any] = {}
+
+            def show(case: str, done: int, total: int) -> None:
+                if case not in tasks:
+                    tasks[case] = progress.add_task(case, total=total)
+                progress.update(tasks[case], completed=done)
+
+            report = bench.stragglers(runtime, args.workers, args.iterations, args.slow_iterations, args.factor, show)
+    _print_stragglers(report)
+    if args.json:
+        print(report.model_dump_json())
+    return 0 if all(case.summary.status == "COMPLETED" for case in report.cases) else 1
+
+
+def _print_stragglers(report: Any) -> None:
+    from fractions import Fraction
+
+    from rich.table import Table
+
+    from slsml import bench
+
+    table = Table("", "straggler", "quorum", "status", "iterations", "median iteration", "× (a)", "test accuracy",
+                  "late workers", title=f"stragglers: {report.workers} workers, factor {report.factor:g}")
+    for case in report.cases:
+        s = case.summary
+        table.add_row(case.name, f"worker {report.straggler}" if case.straggler else "–",
+                      str(Fraction(case.quorum).limit_denominator(report.workers)), s.status.value, str(s.iterations),
+                      "–" if s.median_iteration_s is None else f"{s.median_iteration_s:.3f} s",
+                      "–" if case.ratio is None else f"{case.ratio:.2f}",
+                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", str(s.late_workers))
+    console = _console()
+    console.print(table)
+    c, yes = report.case("c"), {True: "yes", False: "no"}
+    console.print(f"delay: worker {report.straggler} sleeps {report.delay_s:.2f} s at the start of every invocation "
+                  f"= ({report.factor:g} − 1) × {report.baseline_s:.3f} s, the {report.baseline}")
+    ratio = "–" if c.ratio is None else f"{c.ratio:.2f}×"
+    console.print(f"(c) median iteration {ratio} (a)'s: within {bench.WITHIN}× of (a): {yes[report.c_within]}")
+    console.print(f"(d) median iteration grew by {report.d_growth_s:.2f} s over (a)'s, "
+                  f"{report.d_growth_s / report.delay_s:.2f} × the delay: grew with the delay "
+                  f"(at least {bench.GREW:g} × it): {yes[report.d_grew]}")
+    accuracy = "–" if c.summary.test_accuracy is None else f"{c.summary.test_accuracy:.4f}"
+    console.print(f"(c) test accuracy {accuracy}: reaches the demo's {bench.ACCURACY_TARGET}: "
+                  f"{yes[report.c_reaches_target]}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slsml", description="Elastic, serverless training of Keras models.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -395,6 +454,21 @@ def build_parser() -> argparse.ArgumentParser:
     listing = run.add_parser("list", help="runs and their status")
     listing.add_argument("--stack", help=stack_help)
     listing.set_defaults(handler=cmd_run_list)
+
+    benchmarks = commands.add_parser("bench", help="benchmarks on the local runtime")
+    benchmarks = benchmarks.add_subparsers(dest="benchmark", required=True)
+    stragglers = benchmarks.add_parser(
+        "stragglers", help="the demo with and without a worker that is slow every iteration, quorum 1 and (W−1)/W"
+    )
+    stragglers.add_argument("--workers", type=int, default=8, help="workers; the last one straggles (default 8)")
+    stragglers.add_argument("--iterations", type=int, default=150,
+                            help="iterations of the runs (a), (b), (c) (default 150, the demo's)")
+    stragglers.add_argument("--slow-iterations", type=int, default=15,
+                            help="iterations of (d), the straggler under quorum 1: slow by design (default 15)")
+    stragglers.add_argument("--factor", type=float, default=20.0,
+                            help="the straggler's invocation lasts this many (a) work phases (default 20)")
+    stragglers.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    stragglers.set_defaults(handler=cmd_bench_stragglers)
 
     datasets = commands.add_parser("data", help="datasets in S3").add_subparsers(dest="action", required=True)
     put = datasets.add_parser("put", help="upload x/y arrays (.npz) as shards plus a manifest")

@@ -46,6 +46,21 @@ class TrainingSpec(BaseModel):
     loss: str | None = Field(default=None, description="Keras loss name; None: the model's compiled loss")
     heartbeat_s: int = Field(default=900, ge=1, description="the run fails if an iteration takes longer")
     time_budget_s: int = Field(default=7 * 24 * 3600, ge=1, description="the run fails if it takes longer")
+    deadline_s: float = Field(
+        default=120.0, gt=0, le=24 * 3600,
+        description="how long a stage (the workers, then the reducers) of an iteration may take before the"
+        " watchdog acts on what is missing",
+    )
+    deadline_floor: float = Field(
+        default=0.5, gt=0, le=1,
+        description="at a deadline, the fraction of workers that lets the reduce fire without the others"
+        " (at most the quorum)",
+    )
+    deadline_retries: int = Field(
+        default=2, ge=0, le=20,
+        description="how often missing workers or reducers are re-launched before the run fails"
+        " (workers) or a shard keeps its weights (reducers)",
+    )
 
     @model_validator(mode="after")
     def _batch_covers_workers(self) -> TrainingSpec:

@@ -22,6 +22,7 @@ class Metric(StrEnum):
     LATE_WORKERS = "LateWorkers"
     BYTES_READ = "BytesRead"
     BYTES_WRITTEN = "BytesWritten"
+    DEADLINE_ACTIONS = "DeadlineActions"  # the watchdog fired a barrier, re-launched steps or failed a run
 
 
 # What the functions' IAM policies allow in the bucket (keys.py puts every object under one of these).

@@ -15,3 +15,8 @@ class RunFailed(SlsmlError):
 
 class NotFoundError(SlsmlError):
     """A run, dataset or object that was asked for does not exist."""
+
+
+class MessageRejected(SlsmlError):
+    """A pipeline message too big, not JSON or not of the receiving function's type: it is retried and
+    dead-lettered, and fails no run (a forged or corrupt message must not end a healthy run)."""

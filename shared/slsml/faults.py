@@ -1,5 +1,5 @@
-"""Fault injection for the local runtime: duplicated and delayed deliveries, crashing functions and
-slow S3 reads, seeded and reproducible.
+"""Fault injection for the local runtime: duplicated and delayed deliveries, crashing and hanging
+functions, a straggling worker and slow S3 reads, seeded and reproducible.
 
 Every decision is a hash of the seed, the kind of fault and what it applies to: a message's
 identity (its topic and the fields that name it: run, iteration, worker, shard, attempt; the object
@@ -29,6 +29,8 @@ from slsml import keys
 
 CRASH_KINDS = {"worker": "worker_crash", "reducer": "reducer_crash", "merger": "merger_crash"}
 INJECTED_MARK = "InjectedFault"  # how an injected crash reads in an invocation's error
+# where an invocation crashes: before any work, before announcing it, before writing a model; or it hangs
+CrashPoint = Literal["start", "publish", "model_put", "hang"]
 
 
 class InjectedFault(RuntimeError):
@@ -47,6 +49,26 @@ class Delay(BaseModel):
         return f"{self.probability:g}:{self.seconds:g}"
 
 
+class SlowWorker(BaseModel):
+    """Worker ``worker`` sleeps ``seconds`` at the start of every invocation. Written ``worker:seconds`` (``7:4``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    worker: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+
+    def __str__(self) -> str:
+        return f"{self.worker}:{self.seconds:g}"
+
+
+# the faults of two values, written ``name=first:second``: their two fields and an example
+_PAIRS = {
+    "s3_get_delay": ("probability", "seconds", "0.2:1.5"),
+    "sns_delay": ("probability", "seconds", "0.2:1.5"),
+    "slow_worker": ("worker", "seconds", "7:4"),
+}
+
+
 class Faults(BaseModel):
     """What to inject into a local run. Probabilities are per message (per read for S3 delays)."""
 
@@ -56,6 +78,18 @@ class Faults(BaseModel):
     duplicate: float = Field(default=0.0, ge=0, le=1, description="a message is delivered twice")
     worker_crash: float = Field(default=0.0, ge=0, le=1, description="a Worker fails on its first receive")
     reducer_crash: float = Field(default=0.0, ge=0, le=1, description="a Reducer fails on its first receive")
+    worker_hang: float = Field(
+        default=0.0, ge=0, le=1, description="a Worker hangs on its first receive until it times out (hang_s)"
+    )
+    hang_s: float = Field(
+        default=30.0, gt=0, description="how long a hung invocation runs before it times out: the function's timeout"
+    )
+    crash_every_receive: bool = Field(
+        default=False, description="worker and reducer crashes and worker hangs hit every receive, retries included"
+    )
+    slow_worker: SlowWorker | None = Field(
+        default=None, description="this worker sleeps this long at the start of every invocation: a straggler"
+    )
     merger_crash_once: bool = Field(
         default=False, description="the Merger fails once per run, just before it writes the run's first merged model"
     )
@@ -78,6 +112,7 @@ class Faults(BaseModel):
     @classmethod
     def parse(cls, text: str) -> Faults:
         """``"duplicate=0.5,worker_crash=0.25,s3_get_delay=0.2:1.5,merger_crash_once,seed=3"`` → Faults.
+        Flags (``merger_crash_once``, ``crash_every_receive``) need no value; ``slow_worker=7:4`` is worker:seconds.
 
         Raises ValueError naming the bad item. An empty string means no faults.
         """
@@ -92,14 +127,17 @@ class Faults(BaseModel):
             if name in values:
                 raise ValueError(f"fault {name!r} given twice in {text!r}")
             if not has_value:
-                if name != "merger_crash_once":
+                if cls.model_fields[name].annotation is not bool:
                     raise ValueError(f"fault {name!r} needs a value ({name}=...)")
                 value = "true"
-            if name in {"s3_get_delay", "sns_delay"}:
-                probability, colon, seconds = value.partition(":")
+            if name in _PAIRS:
+                first_name, second_name, example = _PAIRS[name]
+                first, colon, second = value.partition(":")
                 if not colon:
-                    raise ValueError(f"{name} is written probability:seconds, e.g. {name}=0.2:1.5, not {value!r}")
-                values[name] = {"probability": probability, "seconds": seconds}
+                    raise ValueError(
+                        f"{name} is written {first_name}:{second_name}, e.g. {name}={example}, not {value!r}"
+                    )
+                values[name] = {first_name: first, second_name: second}
             else:
                 values[name] = value
         try:
@@ -120,8 +158,9 @@ class Faults(BaseModel):
     @property
     def active(self) -> bool:
         return bool(
-            self.duplicate or self.worker_crash or self.reducer_crash or self.merger_crash_once
+            self.duplicate or self.worker_crash or self.reducer_crash or self.worker_hang or self.merger_crash_once
             or (self.s3_get_delay and self.s3_get_delay.probability) or (self.sns_delay and self.sns_delay.probability)
+            or self.slow_worker
         )
 
     # decisions (the host makes them)
@@ -141,18 +180,24 @@ class Faults(BaseModel):
     def for_invocation(self, function: str, identity: str, receives: int, merge_crash: bool) -> InvocationFaults:
         """What one invocation of ``function`` on a message gets; ``merge_crash``: the run's Merger has
         not crashed yet (the host keeps track)."""
-        crash: Literal["start", "publish", "model_put"] | None = None
-        if receives == 1:
+        crash: CrashPoint | None = None
+        if receives == 1 or self.crash_every_receive:
             probability = {"worker": self.worker_crash, "reducer": self.reducer_crash}.get(function, 0.0)
             if self.happens(f"{function}_crash", probability, identity):
                 # before any work, or after the work is stored but before it is announced
                 crash = "start" if chance(self.seed, "crash_point", identity) < 0.5 else "publish"
-            elif function == "merger" and self.merger_crash_once and merge_crash:
-                crash = "model_put"
+            elif function == "worker" and self.happens("worker_hang", self.worker_hang, identity):
+                crash = "hang"
+        if crash is None and receives == 1 and function == "merger" and self.merger_crash_once and merge_crash:
+            crash = "model_put"
+        slow = self.slow_worker
+        slow_s = slow.seconds if slow and function == "worker" and _worker_of(identity) == slow.worker else 0.0
         return InvocationFaults(
             seed=self.seed,
             identity=identity,
             crash=crash,
+            hang_s=self.hang_s,
+            slow_s=slow_s,
             s3_get_delay=self.s3_get_delay,
             s3_get_delay_match=self.s3_get_delay_match,
         )
@@ -165,7 +210,9 @@ class InvocationFaults(BaseModel):
 
     seed: int = 0
     identity: str = ""
-    crash: Literal["start", "publish", "model_put"] | None = None
+    crash: CrashPoint | None = None
+    hang_s: float = 30.0  # a "hang" crash: how long before the invocation times out
+    slow_s: float = 0.0  # sleep before doing anything
     s3_get_delay: Delay | None = None
     s3_get_delay_match: str | None = None
 
@@ -177,6 +224,13 @@ def chance(seed: int, *subject: object) -> float:
 
 
 _IDENTITY_FIELDS = ("run_id", "iteration", "worker", "shard", "attempt")
+
+
+def _worker_of(identity: str) -> int | None:
+    """The worker a message's identity names, if any."""
+    fields = dict(part.split("=", 1) for part in identity.partition("|")[2].split(",") if "=" in part)
+    worker = fields.get("worker", "")
+    return int(worker) if worker.isdigit() else None
 
 
 def message_identity(body: dict[str, Any]) -> str:
@@ -213,8 +267,13 @@ def invocation(plan: InvocationFaults | None) -> Iterator[Counter]:
     with _lock:
         _current = (plan, injected) if plan is not None else None
     try:
-        if plan is not None and plan.crash == "start":
-            _crash(plan, "before doing anything")
+        if plan is not None:
+            time.sleep(plan.slow_s)
+            if plan.crash == "start":
+                _crash(plan, "before doing anything")
+            if plan.crash == "hang":  # a hung invocation: it runs until its timeout, as Lambda reports one
+                time.sleep(plan.hang_s)
+                raise InjectedFault(f"Task timed out after {plan.hang_s:.2f} seconds (injected hang): {plan.identity}")
         yield injected
     finally:
         with _lock:

@@ -16,6 +16,7 @@ class Message(BaseModel):
     schema_version: Literal[1] = 1
     run_id: str = Field(min_length=1, max_length=63)
     iteration: int = Field(ge=0)
+    generation: int = Field(default=0, ge=0, description="how often the run was resumed when this was sent")
 
 
 class WorkMessage(Message):
@@ -51,6 +52,7 @@ class ReduceMessage(Message):
 
     shard: int = Field(ge=0)
     participants: tuple[Participant, ...] = Field(min_length=1)
+    attempt: int = Field(default=0, ge=0, description="> 0: re-launched by the watchdog")
 
 
 class ReduceDone(Message):
@@ -59,6 +61,17 @@ class ReduceDone(Message):
     shard: int = Field(ge=0)
     bytes_read: int = Field(default=0, ge=0)
     bytes_written: int = Field(default=0, ge=0)
+
+
+class Deadline(Message):
+    """WorkLauncher/Watchdog → Watchdog, through a delayed queue: look at ``iteration`` at ``due_at``.
+
+    ``stage`` is the barrier being watched and ``round`` how many deadlines of that stage passed.
+    """
+
+    stage: Literal["work", "reduce"]
+    round: int = Field(ge=0)
+    due_at: float = Field(ge=0, description="epoch seconds")
 
 
 class _S3Object(BaseModel):

@@ -37,6 +37,7 @@ class ExecutionInput(BaseModel):
     workers: int
     reducers: int
     quorum: float
+    deadline_s: float
     created_at: float
     heartbeat_s: int = Field(default=900, ge=1, description="the longest an iteration may take")
     time_budget_s: int = Field(default=7 * 24 * 3600, ge=1, description="the longest the run may take")
@@ -72,6 +73,7 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                         "workers": _number("$.workers"),
                         "reducers": _number("$.reducers"),
                         "quorum": _number("$.quorum"),
+                        "deadline_s": _number("$.deadline_s"),
                         "created_at": _number("$.created_at"),
                         "updated_at": _number("$.created_at"),
                         "execution_arn": {"S.$": "$$.Execution.Id"},

@@ -50,6 +50,7 @@ def launch_run(services: Services, config: RunConfig) -> None:
             workers=spec.workers,
             reducers=spec.reducers,
             quorum=spec.quorum,
+            deadline_s=spec.deadline_s,
             created_at=time.time(),
             heartbeat_s=spec.heartbeat_s,
             time_budget_s=spec.time_budget_s,

@@ -19,6 +19,7 @@ from slsml.errors import NotFoundError
 from slsml.messages import Participant, WorkDone
 
 ITERATION_TTL_S = 14 * 24 * 3600
+DEADLINE_OWNER = -1  # reduce_fired_by when the watchdog fired the reduce at a deadline
 
 
 class RunStatus(StrEnum):
@@ -38,6 +39,7 @@ class RunRecord(BaseModel):
     workers: int
     reducers: int
     quorum: float
+    deadline_s: float = 120.0
     dataset: str
     created_at: float
     updated_at: float
@@ -47,6 +49,7 @@ class RunRecord(BaseModel):
     test_accuracy: float | None = None
     execution_arn: str | None = None
     task_token: str | None = None
+    generation: int = Field(default=0, description="how often the run was resumed")
 
 
 class WorkerReport(BaseModel):
@@ -64,6 +67,7 @@ class IterationRecord(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     iteration: int
+    generation: int = 0
     launched_at: float | None = None
     launched_by: str | None = None
     done: set[int] = Field(default_factory=set)
@@ -82,6 +86,18 @@ class IterationRecord(BaseModel):
     dropped_parts: set[str] = Field(
         default_factory=set, description='"<shard>:<worker>": parts a reducer left out after its read timeout'
     )
+    relaunched: dict[int, int] = Field(
+        default_factory=dict, description="worker → the attempt the watchdog re-launched it with"
+    )
+    stale_attempts: int = Field(default=0, description="reports of superseded attempts, ignored")
+    reduce_relaunches: int = Field(default=0, description="reducers the watchdog re-launched")
+    stale_shards: set[int] = Field(
+        default_factory=set, description="shards that kept their weights: no reducer finished in time"
+    )
+
+    @property
+    def fired_at_deadline(self) -> bool:
+        return self.reduce_fired_by == DEADLINE_OWNER
 
     @property
     def late(self) -> set[int]:
@@ -137,7 +153,12 @@ def _iteration_record(iteration: int, item: dict[str, Any]) -> IterationRecord:
     reports = {
         int(name[2:]): WorkerReport.model_validate(value) for name, value in item.items() if name.startswith("w#")
     }
-    return IterationRecord(iteration=iteration, reports=reports, **item)
+    relaunched = {int(name[2:]): value for name, value in item.items() if name.startswith("a#")}
+    return IterationRecord(iteration=iteration, reports=reports, relaunched=relaunched, **item)
+
+
+def _attempt_attr(worker: int) -> str:
+    return f"a#{worker:05d}"
 
 
 class RunTable:
@@ -213,6 +234,29 @@ class RunTable:
         """Mark a running run STOPPED: no new iteration starts; the stopped run, or None if it was not running."""
         return self._update_run(run_id, {"status": RunStatus.STOPPED.value, "reason": reason[:2000]})
 
+    def resume(self, run_id: str, iteration: int) -> RunRecord | None:
+        """Make a STOPPED or FAILED run RUNNING again from the model entering ``iteration``, in a new
+        generation; the resumed run, or None if it was neither stopped nor failed."""
+        try:
+            item = self.table.update_item(
+                Key=self._key(run_id, "META"),
+                UpdateExpression="SET #status = :running, iteration = :i, updated_at = :now,"
+                " generation = if_not_exists(generation, :zero) + :one REMOVE reason, task_token, final_key",
+                ConditionExpression="#status IN (:stopped, :failed)",
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues={
+                    ":running": RunStatus.RUNNING.value, ":stopped": RunStatus.STOPPED.value,
+                    ":failed": RunStatus.FAILED.value, ":i": iteration, ":now": _dynamo(time.time()),
+                    ":zero": 0, ":one": 1,
+                },
+                ReturnValues="ALL_NEW",
+            )["Attributes"]
+        except ClientError as error:
+            if self._is_conflict(error):
+                return None
+            raise
+        return RunRecord.model_validate(_plain(item))
+
     def fail(self, run_id: str, reason: str) -> RunRecord | None:
         """Mark a running run FAILED, keeping the first reason; the failed run, or None if it was not running."""
         return self._update_run(run_id, {"status": RunStatus.FAILED.value, "reason": reason[:2000]})
@@ -236,6 +280,12 @@ class RunTable:
                 return records
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
+    def forget_iterations(self, run_id: str, first: int) -> None:
+        """Delete the records of iterations from ``first`` on (a resumed run runs them again)."""
+        for record in self.list_iterations(run_id):
+            if record.iteration >= first:
+                self.table.delete_item(Key=self._key(run_id, self._iter_sk(record.iteration)))
+
     def _fire(self, run_id: str, iteration: int, owner_attr: str, owner: Any, extra: dict[str, Any]) -> bool:
         """Set ``owner_attr`` once. True if this call set it or ``owner`` had set it before (a retry)."""
         values = {owner_attr: owner, **extra}
@@ -253,30 +303,76 @@ class RunTable:
             raise
         return True
 
-    def claim_launch(self, run_id: str, iteration: int, trigger_id: str) -> bool:
+    def claim_launch(self, run_id: str, iteration: int, trigger_id: str, generation: int = 0) -> bool:
         return self._fire(
             run_id,
             iteration,
             "launched_by",
             trigger_id,
-            {"launched_at": time.time(), "expires_at": int(time.time()) + ITERATION_TTL_S},
+            {"launched_at": time.time(), "expires_at": int(time.time()) + ITERATION_TTL_S, "generation": generation},
         )
 
-    def record_worker(self, done: WorkDone, bytes_moved: tuple[int, int]) -> IterationRecord:
+    def record_worker(self, done: WorkDone, bytes_moved: tuple[int, int]) -> IterationRecord | None:
+        """Count ``done``; None if it is stale: an attempt the watchdog superseded, or an earlier
+        generation of a resumed run (it is counted in ``stale_attempts`` instead)."""
         report = WorkerReport.model_validate(done.model_dump()).model_dump()
-        item = self.table.update_item(
-            Key=self._key(done.run_id, self._iter_sk(done.iteration)),
-            UpdateExpression="ADD done :w, bytes_read :r, bytes_written :wr SET #report = :report",
-            ExpressionAttributeNames={"#report": f"w#{done.worker:05d}"},
-            ExpressionAttributeValues={
-                ":w": {done.worker},
-                ":r": bytes_moved[0],
-                ":wr": bytes_moved[1],
-                ":report": _dynamo(report),
-            },
-            ReturnValues="ALL_NEW",
-        )["Attributes"]
+        key = self._key(done.run_id, self._iter_sk(done.iteration))
+        try:
+            item = self.table.update_item(
+                Key=key,
+                UpdateExpression="ADD done :w, bytes_read :r, bytes_written :wr SET #report = :report",
+                ConditionExpression="(attribute_not_exists(#attempt) OR #attempt <= :attempt)"
+                " AND (attribute_not_exists(generation) OR generation = :generation)",
+                ExpressionAttributeNames={"#report": f"w#{done.worker:05d}", "#attempt": _attempt_attr(done.worker)},
+                ExpressionAttributeValues={
+                    ":w": {done.worker},
+                    ":r": bytes_moved[0],
+                    ":wr": bytes_moved[1],
+                    ":report": _dynamo(report),
+                    ":attempt": done.attempt,
+                    ":generation": done.generation,
+                },
+                ReturnValues="ALL_NEW",
+            )["Attributes"]
+        except ClientError as error:
+            if self._is_conflict(error):
+                self.table.update_item(Key=key, UpdateExpression="ADD stale_attempts :one",
+                                       ExpressionAttributeValues={":one": 1})
+                return None
+            raise
         return _iteration_record(done.iteration, item)
+
+    def relaunch_workers(self, run_id: str, iteration: int, attempts: dict[int, int]) -> bool:
+        """Supersede these workers' earlier attempts (worker → new attempt) unless the reduce fired."""
+        names = {f"#a{w}": _attempt_attr(w) for w in attempts}
+        try:
+            self.table.update_item(
+                Key=self._key(run_id, self._iter_sk(iteration)),
+                UpdateExpression="SET " + ", ".join(f"#a{w} = :a{w}" for w in attempts),
+                ConditionExpression="attribute_not_exists(reduce_fired_by)",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues={f":a{w}": a for w, a in attempts.items()},
+            )
+        except ClientError as error:
+            if self._is_conflict(error):
+                return False
+            raise
+        return True
+
+    def record_reduce_relaunch(self, run_id: str, iteration: int, shards: int) -> None:
+        self.table.update_item(
+            Key=self._key(run_id, self._iter_sk(iteration)),
+            UpdateExpression="ADD reduce_relaunches :n",
+            ExpressionAttributeValues={":n": shards},
+        )
+
+    def record_stale_shard(self, run_id: str, iteration: int, shard: int) -> None:
+        """No reducer of ``shard`` finished ``iteration`` in time: the shard kept its weights."""
+        self.table.update_item(
+            Key=self._key(run_id, self._iter_sk(iteration)),
+            UpdateExpression="ADD stale_shards :s",
+            ExpressionAttributeValues={":s": {shard}},
+        )
 
     def fire_reduce(self, run_id: str, iteration: int, worker: int, participants: list[Participant]) -> bool:
         return self._fire(

@@ -8,6 +8,7 @@ from functools import cache
 
 from slsml import aws, wiring
 from slsml.bus import Bus
+from slsml.deadlines import DeadlineQueue
 from slsml.errors import SlsmlError
 from slsml.orchestration import Orchestrator
 from slsml.runstate import RunTable
@@ -20,16 +21,23 @@ class Services:
     table: RunTable
     bus: Bus
     orchestrator: Orchestrator
+    deadlines: DeadlineQueue
 
     @classmethod
     def from_names(
-        cls, bucket: str, table: str, topic_arns: dict[str, str], state_machine_arn: str | None = None
+        cls,
+        bucket: str,
+        table: str,
+        topic_arns: dict[str, str],
+        state_machine_arn: str | None = None,
+        deadline_queue_url: str | None = None,
     ) -> Services:
         return cls(
             store=ObjectStore(aws.client("s3"), bucket),
             table=RunTable(aws.resource("dynamodb").Table(table)),
             bus=Bus(aws.client("sns"), topic_arns),
             orchestrator=Orchestrator(aws.client("stepfunctions"), state_machine_arn),
+            deadlines=DeadlineQueue(aws.client("sqs"), deadline_queue_url),
         )
 
     def stop_run(self, run_id: str, reason: str = "stopped by the user") -> bool:
@@ -59,5 +67,9 @@ def from_env() -> Services:
     """The services of a deployed function: bucket, table and the topics it may publish to."""
     topics = {t.name: os.environ[t.env_var] for t in wiring.TOPICS if os.environ.get(t.env_var)}
     return Services.from_names(
-        _env(wiring.BUCKET_ENV), _env(wiring.TABLE_ENV), topics, os.environ.get(wiring.STATE_MACHINE_ENV)
+        _env(wiring.BUCKET_ENV),
+        _env(wiring.TABLE_ENV),
+        topics,
+        os.environ.get(wiring.STATE_MACHINE_ENV),
+        os.environ.get(wiring.DEADLINES.env_var),
     )

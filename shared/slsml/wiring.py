@@ -16,12 +16,22 @@ class Topic:
 
 
 @dataclass(frozen=True)
+class Queue:
+    """A queue a function is triggered by directly (messages sent with a delay), not through a topic."""
+
+    name: str
+    env_var: str  # the variable that carries the queue's URL to the functions that send to it
+
+
+@dataclass(frozen=True)
 class Function:
     name: str  # folder under functions/ and logical id stem
     triggers: tuple[Topic, ...]
     publishes: tuple[Topic, ...]
     needs_tensorflow: bool  # container image (TensorFlow) or zip + common layer
     starts_runs: bool = False  # may start executions of the run state machine
+    queue: Queue | None = None  # the queue that triggers it, if any (besides its topics)
+    sends: tuple[Queue, ...] = ()  # queues it sends (delayed) messages to
 
 
 @dataclass(frozen=True)
@@ -43,16 +53,27 @@ MODEL_DROPPED = Topic("ModelDropped", "SLSML_TOPIC_MODEL_DROPPED")
 # the run state machine → people and tools: a run COMPLETED or FAILED
 RUN_EVENTS = Topic("RunEvents", "SLSML_TOPIC_RUN_EVENTS")
 
+# WorkLauncher/Watchdog → Watchdog: an iteration's deadline, delivered when it is due
+DEADLINES = Queue("Deadlines", "SLSML_QUEUE_DEADLINES")
+
 TOPICS: tuple[Topic, ...] = (
     MODEL_UPDATED, WORK, WORK_DONE, REDUCE, REDUCE_DONE, RUN_CONTROL, MODEL_DROPPED, RUN_EVENTS
 )
 
 FUNCTIONS: tuple[Function, ...] = (
-    Function("work_launcher", triggers=(MODEL_UPDATED, RUN_CONTROL), publishes=(WORK,), needs_tensorflow=False),
+    Function(
+        "work_launcher", triggers=(MODEL_UPDATED, RUN_CONTROL), publishes=(WORK,), needs_tensorflow=False,
+        sends=(DEADLINES,),
+    ),
     Function("worker", triggers=(WORK,), publishes=(WORK_DONE,), needs_tensorflow=True),
     Function("reduce_launcher", triggers=(WORK_DONE,), publishes=(REDUCE,), needs_tensorflow=False),
     Function("reducer", triggers=(REDUCE,), publishes=(REDUCE_DONE,), needs_tensorflow=False),
     Function("merger", triggers=(REDUCE_DONE,), publishes=(), needs_tensorflow=True),
+    # beside the loop: at each deadline, fire a late barrier, re-launch what is missing, or fail the run
+    Function(
+        "watchdog", triggers=(), publishes=(WORK, REDUCE, REDUCE_DONE), needs_tensorflow=False,
+        queue=DEADLINES, sends=(DEADLINES,),
+    ),
     # outside the loop: a plain upload to incoming/ starts a run with the deployment's defaults
     Function("run_starter", triggers=(MODEL_DROPPED,), publishes=(), needs_tensorflow=True, starts_runs=True),
 )
@@ -61,6 +82,8 @@ BUCKET_NOTIFICATIONS: tuple[BucketNotification, ...] = (
     BucketNotification(prefix=keys.MODELS_PREFIX, suffix=keys.MODEL_SUFFIX, topic=MODEL_UPDATED),
     BucketNotification(prefix=keys.INCOMING_PREFIX, suffix=keys.MODEL_SUFFIX, topic=MODEL_DROPPED),
 )
+
+QUEUES: tuple[Queue, ...] = (DEADLINES,)
 
 BUCKET_ENV = "SLSML_BUCKET"
 TABLE_ENV = "SLSML_TABLE"

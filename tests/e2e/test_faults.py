@@ -26,13 +26,15 @@ CASES: dict[str, Faults] = {
     "worker-crash": Faults(seed=2, worker_crash=0.25),
     "reducer-crash": Faults(seed=3, reducer_crash=0.5),
     "merger-crash": Faults(merger_crash_once=True),
+    "worker-hang": Faults(seed=7, worker_hang=0.25, hang_s=3),  # one hung worker in each iteration
     "s3-get-delay": Faults(seed=4, s3_get_delay=Delay(probability=0.2, seconds=0.3)),
     "sns-delay": Faults(seed=5, sns_delay=Delay(probability=0.2, seconds=0.5)),
     "mixed": Faults.parse("seed=6,duplicate=0.5,worker_crash=0.25,s3_get_delay=0.2:0.3"),
 }
 INJECTED_BY = {
     "duplicate": "duplicate", "worker_crash": "worker_crash", "reducer_crash": "reducer_crash",
-    "merger_crash_once": "merger_crash", "s3_get_delay": "s3_get_delay", "sns_delay": "sns_delay",
+    "worker_hang": "worker_hang", "merger_crash_once": "merger_crash", "s3_get_delay": "s3_get_delay",
+    "sns_delay": "sns_delay",
 }
 
 
@@ -89,8 +91,8 @@ def test_a_run_under_faults_completes_bit_identical(local, services, digits, cle
     assert np.array_equal(weights, clean_weights)
     for kind in (field for field in INJECTED_BY if getattr(faults, field)):
         assert report["injected"][INJECTED_BY[kind]] > 0, (kind, report)
-    crashes = sum(report["injected"][k] for k in ("worker_crash", "reducer_crash", "merger_crash"))
-    assert report["retries"] >= crashes and report["dead_letters"] == 0
+    crashes = sum(report["injected"][k] for k in ("worker_crash", "reducer_crash", "merger_crash", "worker_hang"))
+    assert report["failed_invocations"] >= crashes and report["retries"] >= crashes and report["dead_letters"] == 0
     if faults.merger_crash_once:
         assert report["injected"]["merger_crash"] == 1
     for iteration in services.table.list_iterations(run_id):

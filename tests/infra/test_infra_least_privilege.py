@@ -1,5 +1,5 @@
 """Every function role allows only what its step needs: its logs, reads of runs/ and datasets/,
-writes under runs/ only, the run table, its own published topics, the failure queue and X-Ray.
+writes under runs/ only, the run table, its own published topics and queues, the failure queue and X-Ray.
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ POLICY_DOCUMENTS = {
     "AWS::SQS::QueuePolicy": "PolicyDocument",
 }
 S3_READ_ACTIONS = {"s3:GetObject", "s3:ListBucket"}
+SQS_SEND_ACTIONS = {"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
+SQS_CONSUME_ACTIONS = {
+    "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
+    "sqs:GetQueueUrl",
+}
 
 
 def render(value: Any) -> str:
@@ -83,6 +88,8 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
     log_group = f"<{function['LoggingConfig']['LogGroup']['Ref']}.Arn>"
     state_machine = f"<{synthesized.logical_id(stack.orchestration.state_machine)}>"
     state_machine_name = synthesized.logical_id(stack.orchestration.state_machine)
+    sent_to = {f"<{synthesized.logical_id(stack.messaging.queues[q.name])}.Arn>" for q in fn.sends}
+    trigger_queue = {f"<{synthesized.logical_id(stack.messaging.queues[fn.queue.name])}.Arn>"} if fn.queue else set()
 
     published: set[str] = set()
     for statement in role_statements(synthesized, function["Role"]["Fn::GetAtt"][0]):
@@ -107,7 +114,13 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
             elif service == "logs":
                 assert resources == {log_group}
             elif service == "sqs":
-                assert (action, resources) == ("sqs:SendMessage", {failures})
+                if resources == {failures}:
+                    assert action == "sqs:SendMessage"
+                else:  # a queue it sends to, or the one that triggers it
+                    assert resources <= sent_to | trigger_queue, (action, resources)
+                    allowed = (SQS_SEND_ACTIONS if resources <= sent_to else set()) | (
+                        SQS_CONSUME_ACTIONS if resources <= trigger_queue else set())
+                    assert action in allowed, (action, resources)
             elif service == "states":  # answering the run execution's task token; starting runs if allowed
                 if action in {"states:StartExecution", "states:DescribeExecution"}:
                     assert fn.starts_runs, f"{fn.name} may not start runs"

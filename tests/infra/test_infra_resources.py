@@ -28,7 +28,7 @@ def test_one_traced_function_per_pipeline_step(synthesized: Synthesized) -> None
     functions = _of_type(synthesized.resources, "AWS::Lambda::Function")
     traced = {name for name, f in functions.items() if f["Properties"].get("TracingConfig") == {"Mode": "Active"}}
     pipeline = {synthesized.logical_id(fn) for fn in synthesized.stack.compute.functions.values()}
-    assert len(pipeline) == PIPELINE_SIZE == 6  # the five of the loop and the run starter
+    assert len(pipeline) == PIPELINE_SIZE == 7  # the five of the loop, the watchdog and the run starter
     assert traced == pipeline  # the one other function is CDK's bucket-notification handler
 
 
@@ -50,6 +50,7 @@ def test_function_environment_names_bucket_table_and_published_topics(synthesize
     for fn in wiring.FUNCTIONS:
         env = _function(synthesized, fn.name)["Environment"]["Variables"]
         published = {t.env_var: {"Ref": synthesized.logical_id(stack.messaging.topics[t.name])} for t in fn.publishes}
+        published |= {q.env_var: {"Ref": synthesized.logical_id(stack.messaging.queues[q.name])} for q in fn.sends}
         if fn.starts_runs:
             published[wiring.STATE_MACHINE_ENV] = {"Ref": synthesized.logical_id(stack.orchestration.state_machine)}
             published[wiring.RUN_DEFAULTS_ENV] = stack.settings.run_defaults.model_dump_json()
@@ -91,12 +92,18 @@ def test_topics_enforce_tls(synthesized: Synthesized) -> None:
     )
 
 
-def test_dead_letter_queues_are_encrypted_and_enforce_tls(synthesized: Synthesized) -> None:
-    synthesized.template.resource_count_is("AWS::SQS::Queue", PIPELINE_SIZE + 1)
-    synthesized.template.all_resources_properties(
-        "AWS::SQS::Queue", {"SqsManagedSseEnabled": True, "MessageRetentionPeriod": 14 * 24 * 3600}
-    )
-    synthesized.template.resource_count_is("AWS::SQS::QueuePolicy", PIPELINE_SIZE + 1)
+def test_queues_are_encrypted_and_enforce_tls_and_dead_letters_are_kept_two_weeks(synthesized: Synthesized) -> None:
+    messaging = synthesized.stack.messaging
+    # a DLQ per topic subscriber, the failure queue, and each trigger queue with its DLQ
+    subscribers = sum(1 for fn in wiring.FUNCTIONS if fn.triggers)
+    queue_count = subscribers + 1 + 2 * len(wiring.QUEUES)
+    assert len(messaging.dead_letter_queues) == queue_count - len(wiring.QUEUES)
+    synthesized.template.resource_count_is("AWS::SQS::Queue", queue_count)
+    synthesized.template.all_resources_properties("AWS::SQS::Queue", {"SqsManagedSseEnabled": True})
+    for queue in messaging.dead_letter_queues.values():
+        props = synthesized.resources[synthesized.logical_id(queue)]["Properties"]
+        assert props["MessageRetentionPeriod"] == 14 * 24 * 3600
+    synthesized.template.resource_count_is("AWS::SQS::QueuePolicy", queue_count)
 
 
 def test_table(synthesized: Synthesized) -> None:

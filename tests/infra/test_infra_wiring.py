@@ -43,3 +43,25 @@ def test_bucket_notifications_are_the_declared_ones(synthesized: Synthesized) ->
         deployed.add((rules.get("prefix", ""), rules.get("suffix", ""), topic_names[config["TopicArn"]["Ref"]]))
 
     assert deployed == {(n.prefix, n.suffix, n.topic.name) for n in wiring.BUCKET_NOTIFICATIONS}
+
+
+def test_each_queue_triggers_its_function_and_fails_over_to_a_dead_letter_queue(synthesized: Synthesized) -> None:
+    stack = synthesized.stack
+    queue_names = {synthesized.logical_id(queue): name for name, queue in stack.messaging.queues.items()}
+    function_names = {synthesized.logical_id(fn): name for name, fn in stack.compute.functions.items()}
+    dead_letter_queues = {synthesized.logical_id(queue) for queue in stack.messaging.dead_letter_queues.values()}
+
+    deployed = set()
+    for resource in synthesized.resources.values():
+        if resource["Type"] == "AWS::Lambda::EventSourceMapping":
+            props = resource["Properties"]
+            deployed.add((queue_names[props["EventSourceArn"]["Fn::GetAtt"][0]],
+                          function_names[props["FunctionName"]["Ref"]]))
+    assert deployed == {(fn.queue.name, fn.name) for fn in wiring.FUNCTIONS if fn.queue is not None}
+
+    for name, queue in stack.messaging.queues.items():
+        props = synthesized.resources[synthesized.logical_id(queue)]["Properties"]
+        assert props["RedrivePolicy"]["maxReceiveCount"] == 3
+        assert props["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0] in dead_letter_queues
+        consumer = next(fn for fn in wiring.FUNCTIONS if fn.queue is not None and fn.queue.name == name)
+        assert props["VisibilityTimeout"] >= stack.settings.functions[consumer.name].timeout_s

@@ -10,7 +10,7 @@ import pytest
 from moto import mock_aws
 
 from slsml import faults, keys
-from slsml.faults import Delay, Faults, InjectedFault, InvocationFaults, chance, message_identity
+from slsml.faults import Delay, Faults, InjectedFault, InvocationFaults, SlowWorker, chance, message_identity
 from slsml.messages import WorkDone
 
 
@@ -24,6 +24,17 @@ def test_parse_and_text_form_round_trip() -> None:
     assert Faults.parse("sns_delay=1:0.5,s3_get_delay=1:2,s3_get_delay_match=/updates/00001").active
 
 
+def test_hangs_persistent_crashes_and_a_slow_worker_round_trip() -> None:
+    spec = Faults.parse("slow_worker=7:4.0,crash_every_receive,worker_hang=0.5,hang_s=3,seed=2")
+    slow = SlowWorker(worker=7, seconds=4)
+    assert spec == Faults(seed=2, worker_hang=0.5, hang_s=3, crash_every_receive=True, slow_worker=slow)
+    assert str(spec) == "seed=2,worker_hang=0.5,hang_s=3.0,crash_every_receive,slow_worker=7:4"
+    assert Faults.parse(str(spec)) == spec
+    assert Faults(slow_worker=slow).active and Faults(worker_hang=0.1).active
+    # settings of how faults act inject nothing by themselves
+    assert not Faults(hang_s=3, crash_every_receive=True).active
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -34,6 +45,11 @@ def test_parse_and_text_form_round_trip() -> None:
         ("seed=1,seed=2", "given twice"),
         ("sns_delay=0.5:-1", "sns_delay.seconds"),
         ("s3_get_delay_match=([", "not a regular expression"),
+        ("slow_worker=7", "worker:seconds, e.g. slow_worker=7:4"),
+        ("slow_worker=-1:2", "slow_worker.worker: Input should be greater than or equal to 0"),
+        ("worker_hang", "needs a value"),
+        ("hang_s=0", "hang_s: Input should be greater than 0"),
+        ("crash_every_receive=maybe", "crash_every_receive: Input should be a valid boolean"),
     ],
 )
 def test_parse_names_what_is_wrong(text: str, message: str) -> None:
@@ -73,6 +89,47 @@ def test_decisions_are_reproducible_and_follow_the_probability() -> None:
     # only the first receive crashes; other functions are untouched
     assert all(spec.for_invocation("worker", i, 2, True).crash is None for i in identities)
     assert all(spec.for_invocation("reducer", i, 1, True).crash is None for i in identities)
+
+
+def test_hangs_hit_workers_on_their_first_receive() -> None:
+    spec = Faults(seed=3, worker_hang=0.3, hang_s=2)
+    identities = [f"slsml-Work|run_id=r,iteration={i},worker={w},attempt=0" for i in range(100) for w in range(8)]
+    plans = [spec.for_invocation("worker", i, 1, True) for i in identities]
+    assert {p.crash for p in plans} == {None, "hang"} and {p.hang_s for p in plans} == {2}
+    assert 0.25 < sum(p.crash == "hang" for p in plans) / len(plans) < 0.35
+    assert all(spec.for_invocation("worker", i, 2, True).crash is None for i in identities)
+    assert all(spec.for_invocation("reducer", i, 1, True).crash is None for i in identities)
+    # a crash wins over a hang that the same message draws
+    both = Faults(seed=3, worker_hang=1, worker_crash=1)
+    assert {both.for_invocation("worker", i, 1, True).crash for i in identities} == {"start", "publish"}
+
+
+def test_crash_every_receive_hits_the_same_messages_on_every_receive() -> None:
+    spec = Faults(seed=5, worker_crash=0.2, reducer_crash=0.2, worker_hang=0.2, crash_every_receive=True)
+    works = [f"slsml-Work|run_id=r,iteration={i},worker={w},attempt=0" for i in range(50) for w in range(8)]
+    reduces = [f"slsml-Reduce|run_id=r,iteration={i},shard={s}" for i in range(50) for s in range(4)]
+    for function, identities in (("worker", works), ("reducer", reduces)):
+        first = [spec.for_invocation(function, i, 1, True).crash for i in identities]
+        assert 0.1 < sum(c is not None for c in first) / len(first) < 0.5
+        for receives in (2, 3):
+            assert [spec.for_invocation(function, i, receives, True).crash for i in identities] == first
+    assert "hang" in {spec.for_invocation("worker", i, 3, True).crash for i in works}
+    # a message launched again (its next attempt) draws anew
+    again = [spec.for_invocation("worker", i.replace("attempt=0", "attempt=1"), 1, True).crash for i in works]
+    assert again != [spec.for_invocation("worker", i, 1, True).crash for i in works]
+
+
+def test_the_slow_worker_sleeps_on_every_invocation_and_no_one_else_does() -> None:
+    spec = Faults(slow_worker=SlowWorker(worker=7, seconds=4))
+    for iteration in range(5):
+        for receives in (1, 2):
+            slow = spec.for_invocation("worker", f"slsml-Work|run_id=r,iteration={iteration},worker=7", receives, True)
+            assert slow.slow_s == 4 and slow.crash is None
+            other = spec.for_invocation("worker", f"slsml-Work|run_id=r,iteration={iteration},worker=1", receives, True)
+            assert other.slow_s == 0
+    assert spec.for_invocation("worker", "slsml-Work|run_id=r,iteration=0,worker=17,attempt=0", 1, True).slow_s == 0
+    done = "slsml-WorkDone|run_id=r,iteration=0,worker=7,attempt=0"  # worker 7's announcement, not its work
+    assert spec.for_invocation("reduce_launcher", done, 1, True).slow_s == 0
 
 
 def test_the_merger_crashes_only_while_the_host_says_it_has_not() -> None:
@@ -116,6 +173,25 @@ def test_s3_delay_applies_inside_an_invocation_to_the_matching_keys(clients) -> 
         assert _timed_get(s3, fast) < 0.3
     assert injected == {"s3_get_delay": 1}
     assert _timed_get(s3, slow) < 0.3  # outside an invocation: nothing injected
+
+
+def test_a_hang_runs_until_its_timeout_and_fails_as_lambda_reports_it() -> None:
+    started = time.perf_counter()
+    timed_out = r"^Task timed out after 0\.30 seconds \(injected hang\): w$"
+    hang = InvocationFaults(crash="hang", hang_s=0.3, identity="w")
+    with pytest.raises(InjectedFault, match=timed_out), faults.invocation(hang):
+        pytest.fail("a hung invocation does not get to its work")
+    assert time.perf_counter() - started >= 0.3
+
+
+def test_a_slow_invocation_sleeps_before_its_work() -> None:
+    started = time.perf_counter()
+    with faults.invocation(InvocationFaults(slow_s=0.3)):
+        waited = time.perf_counter() - started
+    assert waited >= 0.3
+    started = time.perf_counter()
+    with faults.invocation(InvocationFaults()):
+        assert time.perf_counter() - started < 0.3
 
 
 def test_crash_points(clients) -> None:

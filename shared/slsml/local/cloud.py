@@ -30,6 +30,11 @@ class LocalDeployment:
     run_defaults: str = ""  # JSON of a DropInRequest, for models dropped under incoming/
     queues: dict[str, str] = field(default_factory=dict)  # function → queue URL
     dead_letter_queues: dict[str, str] = field(default_factory=dict)
+    queue_urls: dict[str, str] = field(default_factory=dict)  # wiring queue name → URL
+
+    @property
+    def deadline_queue_url(self) -> str:
+        return self.queue_urls[wiring.DEADLINES.name]
 
     def environment(self) -> dict[str, str]:
         """What a function (or this process) needs to reach the embedded cloud."""
@@ -44,6 +49,7 @@ class LocalDeployment:
             wiring.STATE_MACHINE_ENV: self.state_machine_arn,
             wiring.RUN_DEFAULTS_ENV: self.run_defaults,
             **{t.env_var: self.topic_arns[t.name] for t in wiring.TOPICS},
+            **{q.env_var: self.queue_urls[q.name] for q in wiring.QUEUES},
         }
 
 
@@ -104,7 +110,8 @@ class EmbeddedCloud:
         )
 
     def provision(self, name: str = "slsml") -> LocalDeployment:
-        """Create bucket, table, topics, one queue (+ DLQ) per function and the bucket notifications."""
+        """Create bucket, table, topics, one queue (+ DLQ) per function (subscribed to its topics, or the
+        queue that triggers it) and the bucket notifications."""
         s3, sns, sqs, dynamodb = (self._client(s) for s in ("s3", "sns", "sqs", "dynamodb"))
         bucket, table = f"{name}-local", f"{name}-runs"
         s3.create_bucket(Bucket=bucket)
@@ -135,6 +142,8 @@ class EmbeddedCloud:
             queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
             for topic in fn.triggers:
                 sns.subscribe(TopicArn=topic_arns[topic.name], Protocol="sqs", Endpoint=queue_arn)
+            if fn.queue is not None:  # the function's queue is the one its senders send to
+                deployment.queue_urls[fn.queue.name] = queue
             deployment.queues[fn.name], deployment.dead_letter_queues[fn.name] = queue, dlq
         s3.put_bucket_notification_configuration(
             Bucket=bucket,

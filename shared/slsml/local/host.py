@@ -1,7 +1,8 @@
 """The function host: long-polls each function's queue and runs the real handler in a pool of warm
 processes (one import of the handler, TensorFlow included, per process, like a warm Lambda
 container), with an SNS-shaped event and a Lambda-like context. A failed invocation is retried
-by SQS; after three receives the message goes to the function's DLQ and its run is failed.
+by SQS; after three receives the message goes to the function's DLQ and its run is failed (unless
+the function rejected the message as malformed: ``slsml.envelope``).
 
 Faults (``slsml.faults``) can be injected: set ``FunctionHost.faults`` at any time, and read
 ``fault_report()`` for what was injected and what it caused.
@@ -28,8 +29,9 @@ from typing import Any
 
 import boto3
 
-from slsml import aws, keys
+from slsml import aws, keys, wiring
 from slsml import faults as fault_injection
+from slsml.errors import MessageRejected
 from slsml.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
 from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment
 from slsml.services import Services
@@ -37,7 +39,11 @@ from slsml.services import Services
 FUNCTIONS_DIR = Path(__file__).resolve().parents[3] / "functions"
 DUPLICATE_ATTRIBUTE = "slsml-duplicate"
 FUNCTION_TIMEOUT_S = 900
-INJECTED_KINDS = ("duplicate", "sns_delay", "worker_crash", "reducer_crash", "merger_crash", "s3_get_delay")
+REJECTED_MARK = f"{MessageRejected.__name__}: "  # how a rejected message's failed invocation reads
+INJECTED_KINDS = (
+    "duplicate", "sns_delay", "worker_crash", "reducer_crash", "merger_crash", "worker_hang", "slow_worker",
+    "s3_get_delay",
+)
 
 # ---- inside a function process ------------------------------------------------------------------
 
@@ -143,16 +149,54 @@ def sns_event(body: dict[str, Any], subscription_arn: str) -> dict[str, Any]:
     }
 
 
+def queued_body(message: dict[str, Any], queue_name: str) -> dict[str, Any]:
+    """A message sent straight to a function's queue, shaped like a queued SNS message (the host
+    reads its run and identity the same way)."""
+    return {"TopicArn": queue_name, "MessageId": message["MessageId"], "Message": message["Body"]}
+
+
+def sqs_event(message: dict[str, Any], queue_url: str) -> dict[str, Any]:
+    """The event Lambda's SQS event source mapping would hand the function for ``message``."""
+    now = str(int(time.time() * 1000))
+    attributes = message.get("Attributes", {})
+    return {
+        "Records": [
+            {
+                "messageId": message["MessageId"],
+                "receiptHandle": message["ReceiptHandle"],
+                "body": message["Body"],
+                "attributes": {
+                    "ApproximateReceiveCount": attributes.get("ApproximateReceiveCount", "1"),
+                    "SentTimestamp": attributes.get("SentTimestamp", now),
+                    "SenderId": "slsml-local",
+                    "ApproximateFirstReceiveTimestamp": now,
+                },
+                "messageAttributes": {},
+                "md5OfBody": message["MD5OfBody"],
+                "eventSource": "aws:sqs",
+                "eventSourceARN": f"arn:aws:sqs:{REGION}:000000000000:{queue_url.rsplit('/', 1)[-1]}",
+                "awsRegion": REGION,
+            }
+        ]
+    }
+
+
 def run_of(body: dict[str, Any]) -> str | None:
-    """The run a queued SNS message is about, if any."""
+    """The run a queued SNS message is about, if any (None for a body of any other shape)."""
     try:
         message = json.loads(body["Message"])
-    except (KeyError, ValueError):
+    except (KeyError, TypeError, ValueError):
         return None
-    if "run_id" in message:
+    if not isinstance(message, dict):
+        return None
+    if isinstance(message.get("run_id"), str):
         return message["run_id"]
-    for record in message.get("Records", []):
-        parsed = keys.parse_model_key(record.get("s3", {}).get("object", {}).get("key", ""))
+    records = message.get("Records")
+    for record in records if isinstance(records, list) else []:
+        try:
+            parsed = keys.parse_model_key(record["s3"]["object"]["key"])
+        except (KeyError, TypeError):
+            continue
         if parsed:
             return parsed[0]
     return None
@@ -194,6 +238,8 @@ class FunctionHost:
         self._errors: Counter = Counter()  # failures that were not injected: "function: first line"
         self._counts_lock = threading.Lock()
         self._merger_crashed: set[str] = set()  # runs whose Merger crashed on purpose already
+        # functions triggered by a queue of their own (not through SNS): function → queue name
+        self._queue_triggers = {fn.name: fn.queue.name for fn in wiring.FUNCTIONS if fn.queue is not None}
 
     def _count(self, counts: dict[str, int]) -> None:
         with self._counts_lock:
@@ -288,7 +334,8 @@ class FunctionHost:
     def _dispatch(
         self, function: str, queue: str, pool: ProcessPoolExecutor, message: dict[str, Any], free: threading.Semaphore
     ) -> None:
-        body = json.loads(message["Body"])
+        queue_name = self._queue_triggers.get(function)
+        body = json.loads(message["Body"]) if queue_name is None else queued_body(message, queue_name)
         fault_spec = self.faults if self.faults is not None and self.faults.active else None
         identity = message_identity(body)
         receives = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
@@ -307,11 +354,18 @@ class FunctionHost:
         if fault_spec is not None:
             plan = fault_spec.for_invocation(function, identity, receives, run_id not in self._merger_crashed)
             hold_s = fault_spec.held_back(identity, receives)
-        event = sns_event(body, f"{body['TopicArn']}:{function}")
+        event = sns_event(body, f"{body['TopicArn']}:{function}") if queue_name is None else sqs_event(message, queue)
         environment = dict(self.function_environment)
+        slot_taken = True  # the poller took one of the function's slots for this message
+
+        def release_slot() -> None:
+            nonlocal slot_taken
+            if slot_taken:
+                slot_taken = False
+                free.release()
 
         def finished(done: Future) -> None:
-            free.release()
+            release_slot()
             if self._stopping.is_set():
                 return  # the cloud is going away: nothing to acknowledge
             error = done.exception()
@@ -323,7 +377,8 @@ class FunctionHost:
             self._last_error[body["MessageId"]] = text.splitlines()[0][:500]
             counts = {"failed_invocations": 1, "retries": int(receives < MAX_RECEIVES)}
             if text.startswith(INJECTED_MARK):
-                counts[CRASH_KINDS.get(function, f"{function}_crash")] = 1
+                hung = plan is not None and plan.crash == "hang"
+                counts["worker_hang" if hung else CRASH_KINDS.get(function, f"{function}_crash")] = 1
                 if function == "merger" and run_id:
                     self._merger_crashed.add(run_id)
             else:
@@ -336,19 +391,24 @@ class FunctionHost:
 
         def invoke() -> None:
             if self._stopping.is_set():
-                free.release()
+                release_slot()
                 return
             with self._counts_lock:
                 self.invocations[function] += 1
             try:
                 future = pool.submit(_invoke, event, function, str(uuid.uuid4()), plan, environment)
             except RuntimeError:  # the pool has shut down
-                free.release()
+                release_slot()
                 return
+            if plan is not None and plan.slow_s:
+                self._count({"slow_worker": 1})
             future.add_done_callback(finished)
 
         if hold_s > 0:
+            # a delivery still in flight: the poller may take other messages meanwhile, and the pool
+            # runs this one when a process is free (its slot is not taken again, so not given back)
             self._count({"sns_delay": 1})
+            release_slot()
             timer = threading.Timer(hold_s, invoke)
             timer.daemon = True
             timer.start()
@@ -368,10 +428,15 @@ class FunctionHost:
             self._stopping.wait(0.5)
 
     def _on_dead_letter(self, function: str, body: dict[str, Any]) -> None:
+        """Record a dead letter and fail its run, unless the function rejected the message as malformed
+        (``MessageRejected``): a forged or corrupt message must not end a run, and a real one that is
+        lost this way is launched again by the run's deadlines."""
         error = self._last_error.get(body.get("MessageId", ""), "unknown error")
+        rejected = error.startswith(REJECTED_MARK)
         run_id = run_of(body)
-        self.dead_letters.append({"function": function, "run_id": run_id, "error": error})
+        self.dead_letters.append({"function": function, "run_id": run_id, "error": error, "rejected": rejected})
         with open(self.log_dir / "dead-letters.jsonl", "a") as log:
-            log.write(json.dumps({"function": function, "error": error, "message": body.get("Message")}) + "\n")
-        if run_id:
+            entry = {"function": function, "error": error, "rejected": rejected, "message": body.get("Message")}
+            log.write(json.dumps(entry) + "\n")
+        if run_id and not rejected:
             self.services.fail_run(run_id, f"{function} failed three times on one message: {error}")

@@ -32,6 +32,7 @@ class LocalRuntime:
             "reduce_launcher": 2,
             "reducer": reducers,
             "merger": 1,
+            "watchdog": 1,
             "run_starter": 1,
         }
         self.duplicate_deliveries = duplicate_deliveries
@@ -51,6 +52,7 @@ class LocalRuntime:
                 self.deployment.table,
                 self.deployment.topic_arns,
                 self.deployment.state_machine_arn,
+                self.deployment.deadline_queue_url,
             )
             self.host = FunctionHost(
                 self.deployment, self.concurrency, self.log_dir, self.duplicate_deliveries, self.tf_threads

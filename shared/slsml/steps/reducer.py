@@ -8,6 +8,7 @@ from aws_lambda_powertools import Logger
 
 from slsml import keys, optimizers, updates, wiring
 from slsml.barrier import quorum_count
+from slsml.config import RunConfig
 from slsml.errors import RunFailed
 from slsml.messages import ReduceDone, ReduceMessage
 from slsml.reliability import ReadPolicy
@@ -25,7 +26,8 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone:
     if not store.exists(output):  # else a duplicate: announce the stored shard again
         _reduce(message, services)
     done = ReduceDone(
-        run_id=run, iteration=iteration, shard=shard, bytes_read=store.bytes_read, bytes_written=store.bytes_written
+        run_id=run, iteration=iteration, generation=message.generation, shard=shard, bytes_read=store.bytes_read,
+        bytes_written=store.bytes_written,
     )
     services.bus.publish(wiring.REDUCE_DONE, [done])
     return done
@@ -71,3 +73,16 @@ def _reduce(message: ReduceMessage, services: Services) -> None:
     new_weights[~trainable] = mean[~trainable]  # non-trainable state (e.g. BatchNorm statistics): averaged
     store.put_arrays_new(keys.optimizer_state(run, shard, iteration + 1), state)
     store.put_array_new(keys.weights(run, iteration + 1, shard), new_weights)  # last: marks the shard done
+
+
+def keep_weights(services: Services, config: RunConfig, iteration: int, shard: int) -> None:
+    """No reducer of ``shard`` finished ``iteration``: the shard enters the next iteration with its
+    weights and optimizer state unchanged (whatever a late reducer wrote first is kept)."""
+    store, run = services.store, config.run_id
+    services.table.record_stale_shard(run, iteration, shard)
+    if iteration > 0:
+        state = store.get_arrays(keys.optimizer_state(run, shard, iteration))
+    else:
+        state = optimizers.initial_state(config.optimizer, int(config.plan.shard(shard).trainable.sum()))
+    store.put_arrays_new(keys.optimizer_state(run, shard, iteration + 1), state)
+    store.put_array_new(keys.weights(run, iteration + 1, shard), store.get_array(keys.weights(run, iteration, shard)))

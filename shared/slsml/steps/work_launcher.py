@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from enum import StrEnum
 from typing import Any
 
@@ -9,7 +10,7 @@ from aws_lambda_powertools import Logger
 
 from slsml import keys, wiring
 from slsml.errors import NotFoundError
-from slsml.messages import ModelLanded, RunStarted, WorkMessage
+from slsml.messages import Deadline, ModelLanded, RunStarted, WorkMessage
 from slsml.runstate import RunRecord, RunStatus
 from slsml.services import Services
 
@@ -35,16 +36,31 @@ def on_model(landed: ModelLanded, services: Services) -> Outcome:
     except NotFoundError:
         logger.error("model belongs to no known run: ignored", extra={"key": key, "run_id": run_id})
         return Outcome.IGNORED
+    return _launch(run, iteration, f"{key}@{landed.sequencer}", services)
+
+
+def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services) -> Outcome:
+    """Launch the workers of ``iteration`` (once per trigger) and schedule its deadline, or finish the run."""
+    run_id = run.run_id
     if run.status != RunStatus.RUNNING:
         logger.info("run is not running: ignored", extra={"run_id": run_id, "status": run.status})
         return Outcome.IGNORED
+    if iteration != run.iteration:  # e.g. the initial model placed again when a run is resumed
+        logger.info("model is not the run's current one: ignored",
+                    extra={"run_id": run_id, "iteration": iteration, "current": run.iteration})
+        return Outcome.IGNORED
     if iteration >= run.iterations:
         return _complete(run_id, iteration, services)
-    if not services.table.claim_launch(run_id, iteration, f"{key}@{landed.sequencer}"):
+    if not services.table.claim_launch(run_id, iteration, trigger_id, run.generation):
         return Outcome.ALREADY_LAUNCHED
     services.bus.publish(
         wiring.WORK,
-        [WorkMessage(run_id=run_id, iteration=iteration, worker=w) for w in range(run.workers)],
+        [WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w)
+         for w in range(run.workers)],
+    )
+    services.deadlines.schedule(
+        Deadline(run_id=run_id, iteration=iteration, generation=run.generation, stage="work", round=0,
+                 due_at=time.time() + run.deadline_s)
     )
     services.orchestrator.heartbeat(run.task_token)
     logger.info("iteration launched", extra={"run_id": run_id, "iteration": iteration, "workers": run.workers})
@@ -64,7 +80,8 @@ def _complete(run_id: str, iteration: int, services: Services) -> Outcome:
 
 
 def on_run_started(started: RunStarted, services: Services) -> None:
-    """Keep the execution's task token; answer it at once if the run already ended (a fast run)."""
+    """Keep the execution's task token; answer it at once if the run already ended (a fast run). A
+    resumed run is launched from here: its current model is in place already."""
     run = services.table.attach_task_token(started.run_id, started.task_token)
     if run is None:
         services.orchestrator.fail(started.task_token, f"run {started.run_id!r} is not registered")
@@ -72,6 +89,8 @@ def on_run_started(started: RunStarted, services: Services) -> None:
         services.orchestrator.fail(started.task_token, run.reason or "the run failed")
     elif run.final_key:
         services.orchestrator.succeed(started.task_token, _outcome(run))
+    elif run.generation and services.store.exists(keys.model(run.run_id, run.iteration)):
+        _launch(run, run.iteration, f"resume-{run.generation}", services)
 
 
 def _outcome(run: RunRecord) -> dict[str, Any]:

@@ -31,7 +31,8 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
     existing = store.head(key)
     if existing is not None:  # a duplicate or retried message: announce the stored update again
-        done = WorkDone.model_validate_json(existing["done"])
+        # as announced first, but in the sender's generation (a resumed run may announce it again)
+        done = WorkDone.model_validate_json(existing["done"]).model_copy(update={"generation": message.generation})
         if NONFINITE_METADATA in existing:  # the first try may have stopped before recording it
             services.table.record_nonfinite(message.run_id, message.iteration, message.worker)
     else:
@@ -61,6 +62,7 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     done = WorkDone(
         run_id=message.run_id,
         iteration=message.iteration,
+        generation=message.generation,
         worker=message.worker,
         attempt=message.attempt,
         # WorkDone has no field saying "non-finite" and JSON has no NaN (pydantic writes null, which

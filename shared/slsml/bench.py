@@ -1,0 +1,160 @@
+"""Benchmarks on the local runtime.
+
+``stragglers``: what a worker that is slow on every iteration costs a run, with a quorum that lets
+the reduce go ahead without it and without one. Four runs of the demo (model, data, optimizer), one
+after the other in one runtime:
+
+- (a) no straggler, quorum 1: the reference;
+- (b) no straggler, quorum (W−1)/W;
+- (c) the last worker delayed on every iteration, quorum (W−1)/W;
+- (d) the same straggler, quorum 1.
+
+The delay makes the straggler's invocation ``factor`` times as long as (a)'s median work phase
+(from an iteration's launch to its reduce firing: the slowest worker's turn, its delivery included).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel
+
+from slsml import data, demo, keys, modelio, runs
+from slsml.config import TrainingSpec
+from slsml.errors import SlsmlError
+from slsml.faults import Faults, SlowWorker
+from slsml.local.runtime import LocalRuntime
+from slsml.runstate import IterationRecord
+
+DATASET = "digits"
+ACCURACY_TARGET = 0.95  # the demo's promise
+WITHIN = 1.2  # (c) keeps pace when its median iteration is within this factor of (a)'s
+GREW = 0.8  # (d) grew with the delay when its median iteration is longer than (a)'s by this share of the delay
+BASELINE = "median work phase of (a): launch → reduce fired, the slowest worker's turn with its delivery"
+
+Progress = Callable[[str, int, int], None]  # (case, iterations merged, iterations)
+CaseName = Literal["a", "b", "c", "d"]
+
+
+class StragglerCase(BaseModel):
+    name: CaseName
+    description: str
+    quorum: float
+    straggler: bool
+    summary: runs.RunSummary
+    ratio: float | None  # median iteration / (a)'s
+
+
+class StragglerReport(BaseModel):
+    workers: int
+    factor: float
+    straggler: int  # the slow worker
+    baseline: str  # what the delay is measured against
+    baseline_s: float
+    delay_s: float  # the straggler's sleep, at the start of each of its invocations: (factor − 1) × baseline_s
+    cases: list[StragglerCase]  # a, b, c, d
+    c_within: bool  # (c)'s median iteration is within WITHIN × (a)'s
+    c_reaches_target: bool  # (c)'s test accuracy is at least ACCURACY_TARGET
+    d_growth_s: float  # (d)'s median iteration minus (a)'s
+    d_grew: bool  # by at least GREW × delay_s
+
+    def case(self, name: CaseName) -> StragglerCase:
+        return next(c for c in self.cases if c.name == name)
+
+
+def worker_pool(workers: int, factor: float) -> int:
+    """Worker processes the benchmark needs. The straggler sleeps (factor − 1) work phases per invocation,
+    and an iteration lasts at least one, so at most ⌈factor⌉ of its invocations overlap; with that many
+    spare processes, none of the other workers' invocations waits (in Lambda, concurrency is elastic)."""
+    return workers + math.ceil(factor)
+
+
+def work_phase_s(records: list[IterationRecord]) -> float:
+    """The median time from an iteration's launch to its reduce firing."""
+    phases = [r.reduce_fired_at - r.launched_at for r in records if r.launched_at and r.reduce_fired_at]
+    if not phases:
+        raise SlsmlError("no iteration of the reference run fired its reduce: nothing to measure the delay by")
+    return statistics.median(phases)
+
+
+def stragglers(
+    local: LocalRuntime,
+    workers: int = 8,
+    iterations: int = 150,
+    slow_iterations: int = 15,
+    factor: float = 20.0,
+    progress: Progress | None = None,
+) -> StragglerReport:
+    """Run the four cases on ``local`` (an entered runtime with ``worker_pool(workers, factor)`` worker
+    processes) and compare them. (c) runs last: its straggler's invocations still asleep when it ends
+    do not overlap another case."""
+    if workers < 2 or factor <= 1:
+        raise SlsmlError(f"a straggler needs at least 2 workers and a factor above 1 (got {workers}, {factor})")
+    services = local.services
+    if not services.store.exists(keys.dataset_manifest(DATASET)):
+        data.put_dataset(services.store, DATASET, *demo.digits())
+    model_bytes = modelio.save_model(demo.digits_cnn())
+    stem = runs.new_run_id("stragglers")
+    slow, quorum, q = workers - 1, (workers - 1) / workers, f"{workers - 1}/{workers}"
+    described: dict[CaseName, tuple[str, float, bool]] = {  # description, quorum, straggler
+        "a": ("no straggler, quorum 1", 1.0, False),
+        "b": (f"no straggler, quorum {q}", quorum, False),
+        "c": (f"worker {slow} delayed every iteration, quorum {q}", quorum, True),
+        "d": (f"worker {slow} delayed every iteration, quorum 1", 1.0, True),
+    }
+
+    def run(name: CaseName, budget: int, delay_s: float = 0.0) -> runs.RunSummary:
+        spec = TrainingSpec(workers=workers, reducers=2, global_batch=128, iterations=budget,
+                            quorum=described[name][1], eval_every=0)
+        run_id = f"{stem}-{name}"
+        faults = Faults(slow_worker=SlowWorker(worker=slow, seconds=delay_s)) if delay_s else None
+        previous, local.host.faults = local.host.faults, faults
+        try:
+            started = time.time()
+            runs.start_run(services, model_bytes, DATASET, spec, run_id=run_id)
+            shown = None if progress is None else lambda record, _: progress(name, record.iteration, budget)
+            record = runs.wait_for_run(services, run_id, on_progress=shown, timeout_s=600 + budget * (60 + delay_s))
+        finally:
+            local.host.faults = previous
+        return runs.summarize(record, services.table.list_iterations(run_id), time.time() - started)
+
+    summaries = {"a": run("a", iterations)}
+    if summaries["a"].status != "COMPLETED":
+        raise SlsmlError(f"the reference run (a) did not complete: {summaries['a'].reason}")
+    baseline_s = work_phase_s(services.table.list_iterations(summaries["a"].run_id))
+    delay_s = (factor - 1) * baseline_s
+    summaries["b"] = run("b", iterations)
+    summaries["d"] = run("d", slow_iterations, delay_s)
+    summaries["c"] = run("c", iterations, delay_s)
+
+    reference = summaries["a"].median_iteration_s
+
+    def ratio(name: CaseName) -> float | None:
+        median = summaries[name].median_iteration_s
+        return median / reference if median and reference else None
+
+    cases = [
+        StragglerCase(name=name, description=description, quorum=case_quorum, straggler=straggler,
+                      summary=summaries[name], ratio=ratio(name))
+        for name, (description, case_quorum, straggler) in described.items()
+    ]
+    c, d = summaries["c"], summaries["d"]
+    growth = (d.median_iteration_s or 0.0) - (reference or 0.0)
+    c_ratio = ratio("c")
+    return StragglerReport(
+        workers=workers,
+        factor=factor,
+        straggler=slow,
+        baseline=BASELINE,
+        baseline_s=baseline_s,
+        delay_s=delay_s,
+        cases=cases,
+        c_within=c_ratio is not None and c_ratio <= WITHIN,
+        c_reaches_target=c.test_accuracy is not None and c.test_accuracy >= ACCURACY_TARGET,
+        d_growth_s=growth,
+        d_grew=growth >= GREW * delay_s,
+    )

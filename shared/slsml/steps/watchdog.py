@@ -1,0 +1,116 @@
+"""Watchdog: an iteration's deadline came and the iteration is not merged yet.
+
+Work stage (the reduce has not fired): if at least the floor of workers is in, fire the reduce
+with them; otherwise re-launch the missing workers with a new attempt number (reports of the old
+attempt are ignored from then on), and once the retry budget is spent, fail the run with a reason
+naming the stage. Reduce stage: re-launch the reducers whose shards are missing; once the budget is
+spent, those shards keep the iteration's weights (counted and logged) and the merge goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+
+from aws_lambda_powertools import Logger
+
+from slsml import wiring
+from slsml.barrier import quorum_count
+from slsml.config import RunConfig
+from slsml.errors import NotFoundError
+from slsml.messages import Deadline, ReduceDone, WorkMessage
+from slsml.runstate import DEADLINE_OWNER, IterationRecord, RunStatus
+from slsml.services import Services
+from slsml.steps.common import run_config
+from slsml.steps.reduce_launcher import fire_reduce, publish_reduce
+from slsml.steps.reducer import keep_weights
+
+logger = Logger(child=True)
+
+
+class Action(StrEnum):
+    NOTHING = "nothing"  # the stage is done, or the run moved on
+    NOT_DUE = "not-due"  # delivered early (SQS delays at most 15 minutes): sent on again
+    WATCHING_REDUCE = "watching-reduce"
+    FIRED = "fired"
+    RELAUNCHED = "relaunched"
+    STALE_SHARDS = "stale-shards"
+    FAILED = "failed"
+
+
+def on_deadline(deadline: Deadline, services: Services) -> Action:
+    if deadline.due_at > time.time() + 1:
+        services.deadlines.schedule(deadline)
+        return Action.NOT_DUE
+    try:
+        run = services.table.get_run(deadline.run_id)
+    except NotFoundError:
+        return Action.NOTHING
+    if run.status != RunStatus.RUNNING or (run.generation, run.iteration) != (deadline.generation, deadline.iteration):
+        return Action.NOTHING
+    config = run_config(services.store, deadline.run_id)
+    record = services.table.get_iteration(deadline.run_id, deadline.iteration)
+    if deadline.stage == "work":
+        return _work_deadline(deadline, config, record, services)
+    return _reduce_deadline(deadline, config, record, services)
+
+
+def _next(deadline: Deadline, stage: str, round_: int, due_at: float) -> Deadline:
+    return deadline.model_copy(update={"stage": stage, "round": round_, "due_at": due_at})
+
+
+def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Action:
+    spec, run_id, iteration = config.training, config.run_id, deadline.iteration
+    if record.reduce_fired_by is not None:  # the workers made it: watch the reducers from when they started
+        services.deadlines.schedule(_next(deadline, "reduce", 0, (record.reduce_fired_at or 0) + spec.deadline_s))
+        return Action.WATCHING_REDUCE
+    finite = sorted(record.done - record.nonfinite)
+    floor = min(quorum_count(config.workers, spec.deadline_floor), quorum_count(config.workers, spec.quorum))
+    missing = [w for w in range(config.workers) if w not in record.done]
+    log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "missing": missing}
+    if finite and len(finite) >= floor:
+        fire_reduce(services, config, record, DEADLINE_OWNER, deadline.generation)
+        services.deadlines.schedule(_next(deadline, "reduce", 0, time.time() + spec.deadline_s))
+        logger.warning("deadline: reduce fired without the missing workers", extra=log)
+        return Action.FIRED
+    if deadline.round < spec.deadline_retries:
+        attempt = deadline.round + 1
+        if services.table.relaunch_workers(run_id, iteration, dict.fromkeys(missing, attempt)):
+            services.bus.publish(wiring.WORK, [
+                WorkMessage(run_id=run_id, iteration=iteration, generation=deadline.generation, worker=w,
+                            attempt=attempt)
+                for w in missing
+            ])
+            logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})
+        services.deadlines.schedule(_next(deadline, "work", attempt, time.time() + spec.deadline_s))
+        return Action.RELAUNCHED
+    reason = (
+        f"work stage of iteration {iteration}: {len(finite)} of {config.workers} workers delivered an update"
+        f" within {spec.deadline_retries + 1} deadlines of {spec.deadline_s:g} s, fewer than the floor of"
+        f" {floor}; workers {missing} were re-launched {spec.deadline_retries} times"
+    )
+    logger.error("run failed", extra={**log, "reason": reason})
+    services.fail_run(run_id, reason)
+    return Action.FAILED
+
+
+def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Action:
+    spec, run_id, iteration = config.training, config.run_id, deadline.iteration
+    missing = [s for s in range(config.reducers) if s not in record.shards]
+    if record.merge_fired_by is not None or not missing:
+        return Action.NOTHING  # the Merger has what it needs; its own retries cover it
+    log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "shards": missing}
+    if deadline.round < spec.deadline_retries:
+        attempt = deadline.round + 1
+        publish_reduce(services, config, record, record.participants, deadline.generation, missing, attempt)
+        services.table.record_reduce_relaunch(run_id, iteration, len(missing))
+        services.deadlines.schedule(_next(deadline, "reduce", attempt, time.time() + spec.deadline_s))
+        logger.warning("deadline: missing reducers re-launched", extra={**log, "attempt": attempt})
+        return Action.RELAUNCHED
+    for shard in missing:
+        keep_weights(services, config, iteration, shard)
+    services.bus.publish(wiring.REDUCE_DONE, [
+        ReduceDone(run_id=run_id, iteration=iteration, generation=deadline.generation, shard=s) for s in missing
+    ])
+    logger.warning("deadline: shards keep their weights for this iteration", extra=log)
+    return Action.STALE_SHARDS

@@ -1,0 +1,62 @@
+"""Deadlines: the watchdog re-launches missing workers and reducers, fires a late barrier at its floor,
+lets a shard keep its weights as a last resort, and fails a run whose workers never deliver."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slsml import demo, keys, modelio
+from slsml.config import OptimizerConfig, TrainingSpec
+from slsml.faults import Delay, Faults
+
+from .conftest import final_weights, finish, train
+from .test_faults import injecting
+
+SPEC = TrainingSpec(workers=4, reducers=2, global_batch=128, iterations=3, eval_every=0,
+                    optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
+
+
+@pytest.fixture(scope="module")
+def clean_weights(services, digits) -> np.ndarray:
+    train(services, SPEC, "deadline-clean")
+    run = finish(services, "deadline-clean")
+    assert run.status == "COMPLETED", run.reason
+    return final_weights(services, "deadline-clean")[0]
+
+
+def test_lost_deliveries_are_relaunched_and_the_result_is_unchanged(local, services, digits, clean_weights):
+    """Messages held back for 6 s miss 3 s deadlines: the watchdog re-launches those workers and
+    reducers with new attempts, the held-back attempts are ignored, and with a floor of 1 (wait for
+    every worker) the weights are bit-identical to the clean run's."""
+    spec = SPEC.model_copy(update={"deadline_s": 3.0, "deadline_floor": 1.0, "deadline_retries": 4})
+    with injecting(local, Faults(seed=11, sns_delay=Delay(probability=0.15, seconds=6))) as report:
+        train(services, spec, "deadline-relaunch")
+        run = finish(services, "deadline-relaunch")
+    print(f"relaunch: {report}")
+    assert run.status == "COMPLETED", run.reason
+    assert np.array_equal(final_weights(services, "deadline-relaunch")[0], clean_weights)
+    iterations = services.table.list_iterations("deadline-relaunch")
+    relaunched = sum(len(r.relaunched) for r in iterations)
+    assert relaunched + sum(r.reduce_relaunches for r in iterations) > 0, iterations
+    assert not any(r.stale_shards for r in iterations), [(r.iteration, r.stale_shards) for r in iterations]
+    for record in iterations:  # each participant's report is of its latest attempt
+        for participant in record.participants:
+            assert participant.attempt >= record.relaunched.get(participant.worker, 0)
+
+
+def test_a_shard_no_reducer_finishes_keeps_its_weights(local, services, digits):
+    """Every reducer's reads take 6 s, past two 1 s deadlines: both shards keep the initial weights
+    and the run still completes, counting the stale shards."""
+    spec = SPEC.model_copy(update={"iterations": 1, "deadline_s": 1.0, "deadline_retries": 1})
+    model = demo.digits_cnn(seed=1)
+    slow_reads = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=r"/updates/")
+    with injecting(local, slow_reads):
+        train(services, spec, "deadline-stale", modelio.save_model(model))
+        run = finish(services, "deadline-stale")
+    assert run.status == "COMPLETED", run.reason
+    record = services.table.get_iteration("deadline-stale", 0)
+    assert record.stale_shards == {0, 1} and record.reduce_relaunches == 2
+    weights, _ = final_weights(services, "deadline-stale")
+    assert np.array_equal(weights, np.concatenate([np.asarray(w).ravel() for w in model.get_weights()]))
+    assert services.store.exists(keys.optimizer_state("deadline-stale", 1, 1))
