@@ -338,6 +338,15 @@ def cmd_run_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_resume(args: argparse.Namespace) -> int:
+    from slsml import runs
+
+    run = runs.resume_run(_stack_services(args.stack), args.run_id)
+    _console().print(f"run {args.run_id} resumed from its model entering iteration {run.iteration}"
+                     f" ({run.iterations - run.iteration} iterations to go)")
+    return 0
+
+
 def cmd_data_put(args: argparse.Namespace) -> int:
     from slsml import aws, data
     from slsml.errors import BadInputError
@@ -451,6 +460,10 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("run_id")
     stop.add_argument("--stack", required=True, help="the deployed stack of this name")
     stop.set_defaults(handler=cmd_run_stop)
+    resume = run.add_parser("resume", help="run a stopped or failed run of a stack on from its last complete model")
+    resume.add_argument("run_id")
+    resume.add_argument("--stack", required=True, help="the deployed stack of this name")
+    resume.set_defaults(handler=cmd_run_resume)
     listing = run.add_parser("list", help="runs and their status")
     listing.add_argument("--stack", help=stack_help)
     listing.set_defaults(handler=cmd_run_list)

@@ -44,8 +44,12 @@ def model_name(iteration: int) -> str:
     return f"{iteration:06d}.keras"
 
 
+def models_prefix(run_id: str) -> str:
+    return f"runs/{run_id}/models/"
+
+
 def model(run_id: str, iteration: int) -> str:
-    return f"runs/{run_id}/models/{model_name(iteration)}"
+    return f"{models_prefix(run_id)}{model_name(iteration)}"
 
 
 def final_model(run_id: str) -> str:

@@ -1,11 +1,13 @@
-"""The run state machine: one Step Functions execution per training run, its lifecycle.
+"""The run state machine: one Step Functions execution per training run (and per resumption), its
+lifecycle.
 
 Register the run (DynamoDB) → place the initial model (S3 copy of ``source.keras`` to
 ``models/000000.keras``, which starts the pipeline) → wait for the pipeline (SNS RunControl carries
 a task token to the WorkLauncher; the Merger heartbeats each iteration; the WorkLauncher reports
 success when the budget is spent, any step reports failure) within a run time budget → mark
-COMPLETED or FAILED with the reason → publish to RunEvents. Service integrations only, so the same
-definition runs in AWS and in the embedded cloud.
+COMPLETED or FAILED with the reason → publish to RunEvents. A resumed run skips registration and
+placement: its execution records itself on the run and waits for the pipeline. Service integrations
+only, so the same definition runs in AWS and in the embedded cloud.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class ExecutionInput(BaseModel):
     created_at: float
     heartbeat_s: int = Field(default=900, ge=1, description="the longest an iteration may take")
     time_budget_s: int = Field(default=7 * 24 * 3600, ge=1, description="the longest the run may take")
+    resume: bool = Field(default=False, description="the run is registered and its model in place: go on with it")
 
 
 def _run_key() -> dict[str, Any]:
@@ -56,8 +59,26 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
     mark = "arn:aws:states:::dynamodb:updateItem"
     return {
         "Comment": "slsml: one training run",
-        "StartAt": "RegisterRun",
+        "StartAt": "NewOrResumed",
         "States": {
+            "NewOrResumed": {
+                "Type": "Choice",
+                "Choices": [{"Variable": "$.resume", "BooleanEquals": True, "Next": "RecordExecution"}],
+                "Default": "RegisterRun",
+            },
+            "RecordExecution": {  # a resumed run: this execution now answers for it
+                "Type": "Task",
+                "Resource": mark,
+                "Parameters": {
+                    "TableName": table,
+                    "Key": _run_key(),
+                    "UpdateExpression": "SET execution_arn = :execution",
+                    "ExpressionAttributeValues": {":execution": {"S.$": "$$.Execution.Id"}},
+                },
+                "ResultPath": None,
+                "Next": "WaitForPipeline",
+                "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "ExplainFailure"}],
+            },
             "RegisterRun": {
                 "Type": "Task",
                 "Resource": "arn:aws:states:::dynamodb:putItem",
@@ -218,11 +239,12 @@ class Orchestrator:
         self.sfn = sfn
         self.state_machine_arn = state_machine_arn
 
-    def start(self, execution: ExecutionInput) -> str:
+    def start(self, execution: ExecutionInput, name: str | None = None) -> str:
+        """Start an execution named ``name`` (default: the run id)."""
         if not self.state_machine_arn:
             raise RuntimeError(f"no run state machine configured (set {STATE_MACHINE_ENV})")
         return self.sfn.start_execution(
-            stateMachineArn=self.state_machine_arn, name=execution.run_id, input=execution.model_dump_json()
+            stateMachineArn=self.state_machine_arn, name=name or execution.run_id, input=execution.model_dump_json()
         )["executionArn"]
 
     def describe(self, execution_arn: str) -> tuple[str, str | None]:

@@ -41,22 +41,52 @@ def start_run(
 
 def launch_run(services: Services, config: RunConfig) -> None:
     """Start the execution of a prepared run; returns once the run is registered."""
-    spec = config.training
-    execution = services.orchestrator.start(
-        ExecutionInput(
-            run_id=config.run_id,
-            dataset=config.dataset,
-            iterations=spec.iterations,
-            workers=spec.workers,
-            reducers=spec.reducers,
-            quorum=spec.quorum,
-            deadline_s=spec.deadline_s,
-            created_at=time.time(),
-            heartbeat_s=spec.heartbeat_s,
-            time_budget_s=spec.time_budget_s,
-        )
-    )
+    execution = services.orchestrator.start(_execution_input(config))
     _wait_until_registered(services, config.run_id, execution)
+
+
+def _execution_input(config: RunConfig, resume: bool = False) -> ExecutionInput:
+    spec = config.training
+    return ExecutionInput(
+        run_id=config.run_id,
+        dataset=config.dataset,
+        iterations=spec.iterations,
+        workers=spec.workers,
+        reducers=spec.reducers,
+        quorum=spec.quorum,
+        deadline_s=spec.deadline_s,
+        created_at=time.time(),
+        heartbeat_s=spec.heartbeat_s,
+        time_budget_s=spec.time_budget_s,
+        resume=resume,
+    )
+
+
+def last_complete_model(services: Services, run_id: str) -> int | None:
+    """The latest iteration whose entering model is stored (None: not even the initial one)."""
+    keys_found = services.store.list_keys(keys.models_prefix(run_id))
+    return max((parsed[1] for key in keys_found if (parsed := keys.parse_model_key(key))), default=None)
+
+
+def resume_run(services: Services, run_id: str) -> RunRecord:
+    """Run a STOPPED or FAILED run on from its last complete model, in a new execution. Iterations
+    after that model are run again; what they stored already is kept and reused."""
+    run = services.table.get_run(run_id)
+    if run.status not in {RunStatus.STOPPED, RunStatus.FAILED}:
+        raise SlsmlError(f"run {run_id!r} is {run.status}: only a STOPPED or FAILED run can be resumed")
+    config = RunConfig.model_validate(services.store.get_json(keys.run_config(run_id)))
+    iteration = last_complete_model(services, run_id)
+    if iteration is None:  # it failed before its initial model was placed
+        services.store.copy_new(keys.source_model(run_id), keys.model(run_id, 0))
+        iteration = 0
+    resumed = services.table.resume(run_id, iteration)
+    if resumed is None:
+        raise SlsmlError(f"run {run_id!r} is no longer STOPPED or FAILED: was it resumed meanwhile?")
+    services.table.forget_iterations(run_id, iteration)
+    services.orchestrator.start(
+        _execution_input(config, resume=True), name=f"{run_id}-resumed-{resumed.generation}"
+    )
+    return resumed
 
 
 def _wait_until_registered(services: Services, run_id: str, execution: str, timeout_s: float = 60) -> None:

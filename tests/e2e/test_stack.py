@@ -7,13 +7,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import boto3
 import numpy as np
 import pytest
 
-from slsml import demo, modelio, wiring
+from slsml import demo, modelio, runs, wiring
+from slsml.config import OptimizerConfig, TrainingSpec
+
+from .conftest import final_weights, finish, train
 
 STACK = "slsml-test"
 
@@ -72,12 +76,6 @@ def test_a_stack_that_is_not_there_is_named(stack_env, tmp_path: Path) -> None:
 
 
 def test_run_stop_ends_the_run_and_its_execution(stack_env, tmp_path: Path, services, digits) -> None:
-    import time
-
-    from slsml.config import TrainingSpec
-
-    from .conftest import train
-
     train(services, TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=500, eval_every=0), "to-stop")
     while services.table.get_run("to-stop").iteration < 2:
         time.sleep(0.1)
@@ -99,3 +97,33 @@ def test_run_stop_ends_the_run_and_its_execution(stack_env, tmp_path: Path, serv
     assert len(services.table.list_iterations("to-stop")) <= at_stop + 2
     again = slsml(stack_env, tmp_path, "run", "stop", "to-stop", "--stack", STACK)
     assert again.returncode == 2 and "is not running (status STOPPED)" in again.stderr
+
+
+def test_stopped_and_failed_runs_resume_to_the_weights_of_an_uninterrupted_run(
+    stack_env, tmp_path: Path, services, digits
+) -> None:
+    spec = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=8, eval_every=0,
+                        optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
+    train(services, spec, "uninterrupted")
+    assert finish(services, "uninterrupted").status == "COMPLETED"
+
+    train(services, spec, "interrupted")
+    while services.table.get_run("interrupted").iteration < 2:
+        time.sleep(0.05)
+    assert slsml(stack_env, tmp_path, "run", "stop", "interrupted", "--stack", STACK).returncode == 0
+    time.sleep(2)  # in-flight work drains
+    resumed = slsml(stack_env, tmp_path, "run", "resume", "interrupted", "--stack", STACK)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from its model entering iteration" in resumed.stderr
+
+    while services.table.get_run("interrupted").iteration < 5:  # then it fails, and is resumed again
+        time.sleep(0.05)
+    services.fail_run("interrupted", "a failure for the test")
+    assert runs.resume_run(services, "interrupted").generation == 2
+
+    run = finish(services, "interrupted")
+    assert (run.status, run.iteration, run.generation) == ("COMPLETED", spec.iterations, 2), run.reason
+    assert np.array_equal(final_weights(services, "interrupted")[0], final_weights(services, "uninterrupted")[0])
+    again = slsml(stack_env, tmp_path, "run", "resume", "interrupted", "--stack", STACK)
+    message = " ".join(again.stderr.split())  # the console wraps long lines
+    assert again.returncode == 2 and "is COMPLETED: only a STOPPED or FAILED run can be resumed" in message
