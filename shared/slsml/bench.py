@@ -110,6 +110,12 @@ def stragglers(
     def run(name: CaseName, budget: int, delay_s: float = 0.0) -> runs.RunSummary:
         spec = TrainingSpec(workers=workers, reducers=2, global_batch=128, iterations=budget,
                             quorum=described[name][1], eval_every=0)
+        if delay_s:  # the watchdog must not fire the reduce without the straggler: deadlines beyond its delay
+            spec = TrainingSpec.model_validate({
+                **spec.model_dump(),
+                "deadline_s": spec.deadline_s + 2 * delay_s,
+                "heartbeat_s": spec.heartbeat_s + math.ceil(2 * (spec.deadline_retries + 1) * delay_s),
+            })
         run_id = f"{stem}-{name}"
         faults = Faults(slow_worker=SlowWorker(worker=slow, seconds=delay_s)) if delay_s else None
         previous, local.host.faults = local.host.faults, faults

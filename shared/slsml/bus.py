@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from slsml.messages import Message
 from slsml.wiring import Topic
 
-_BATCH = 10  # SNS PublishBatch limit
+BATCH_ENTRIES = 10  # SNS PublishBatch limits: 10 entries…
+BATCH_BYTES = 256 * 1024  # …and 256 KiB in all
 
 
 class Bus:
@@ -18,13 +19,23 @@ class Bus:
 
     def publish(self, topic: Topic, messages: Sequence[Message]) -> None:
         arn = self.topic_arns[topic.name]
-        for start in range(0, len(messages), _BATCH):
-            batch = messages[start : start + _BATCH]
-            response = self.sns.publish_batch(
-                TopicArn=arn,
-                PublishBatchRequestEntries=[
-                    {"Id": str(i), "Message": message.model_dump_json()} for i, message in enumerate(batch)
-                ],
-            )
+        for batch in batches([message.model_dump_json() for message in messages]):
+            entries = [{"Id": str(i), "Message": body} for i, body in enumerate(batch)]
+            response = self.sns.publish_batch(TopicArn=arn, PublishBatchRequestEntries=entries)
             if response.get("Failed"):
                 raise RuntimeError(f"publishing to {topic.name} failed: {response['Failed']}")
+
+
+def batches(bodies: list[str]) -> Iterator[list[str]]:
+    """``bodies`` in order, in batches within PublishBatch's limits on entries and total size."""
+    batch: list[str] = []
+    size = 0
+    for body in bodies:
+        length = len(body.encode())
+        if batch and (len(batch) == BATCH_ENTRIES or size + length > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(body)
+        size += length
+    if batch:
+        yield batch

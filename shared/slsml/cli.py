@@ -51,6 +51,13 @@ def _training_options(parser: argparse.ArgumentParser, iterations: int | None) -
                        help="the run fails if an iteration takes longer than this many seconds (default 900)")
     group.add_argument("--time-budget", type=int, default=7 * 24 * 3600,
                        help="the run fails if it takes longer than this many seconds (default a week)")
+    group.add_argument("--deadline", type=float, default=120,
+                       help="seconds a stage (workers, then reducers) may take before the watchdog acts (default 120)")
+    group.add_argument("--deadline-floor", type=float, default=0.5,
+                       help="at a deadline, the fraction of workers the reduce fires with (default 0.5)")
+    group.add_argument("--deadline-retries", type=int, default=2,
+                       help="re-launches of missing workers/reducers before the run fails or a shard keeps"
+                       " its weights (default 2)")
     group.add_argument("--timeout", type=float, default=3600, help="stop waiting (and fail the run) after this long")
     group.add_argument("--faults", type=_faults,
                        help="local runs: inject faults, e.g. 'seed=3,duplicate=0.5,worker_crash=0.25,"
@@ -89,6 +96,9 @@ def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) 
         loss=args.loss,
         heartbeat_s=args.heartbeat,
         time_budget_s=args.time_budget,
+        deadline_s=args.deadline,
+        deadline_floor=args.deadline_floor,
+        deadline_retries=args.deadline_retries,
     )
 
 
@@ -199,6 +209,9 @@ def _print_summary(summary: Any, as_json: bool) -> None:
         row("S3 bytes per iteration", f"read {summary.bytes_read_per_iteration / 1e6:.2f} MB, "
                                        f"written {summary.bytes_written_per_iteration / 1e6:.2f} MB")
     row("late workers", summary.late_workers)
+    if summary.deadlines_fired or summary.relaunched_workers or summary.relaunched_reducers or summary.stale_shards:
+        row("deadlines", f"{summary.deadlines_fired} fired, {summary.relaunched_workers} workers and"
+                         f" {summary.relaunched_reducers} reducers re-launched, {summary.stale_shards} stale shards")
     row("final model", summary.final_model)
     _console().print(table)
     if as_json:
@@ -399,17 +412,20 @@ def _print_stragglers(report: Any) -> None:
 
     from slsml import bench
 
-    table = Table("", "straggler", "quorum", "status", "iterations", "median iteration", "× (a)", "test accuracy",
-                  "late workers", title=f"stragglers: {report.workers} workers, factor {report.factor:g}")
+    table = Table("", "straggler", "quorum", "iters", "median iter", "× (a)", "test acc", "late",
+                  title=f"stragglers: {report.workers} workers, factor {report.factor:g}")
     for case in report.cases:
         s = case.summary
         table.add_row(case.name, f"worker {report.straggler}" if case.straggler else "–",
-                      str(Fraction(case.quorum).limit_denominator(report.workers)), s.status.value, str(s.iterations),
+                      str(Fraction(case.quorum).limit_denominator(report.workers)), str(s.iterations),
                       "–" if s.median_iteration_s is None else f"{s.median_iteration_s:.3f} s",
                       "–" if case.ratio is None else f"{case.ratio:.2f}",
                       "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", str(s.late_workers))
     console = _console()
     console.print(table)
+    for case in report.cases:
+        if case.summary.status != "COMPLETED":
+            console.print(f"[red]({case.name}) {case.summary.status.value}[/red]: {case.summary.reason}")
     c, yes = report.case("c"), {True: "yes", False: "no"}
     console.print(f"delay: worker {report.straggler} sleeps {report.delay_s:.2f} s at the start of every invocation "
                   f"= ({report.factor:g} − 1) × {report.baseline_s:.3f} s, the {report.baseline}")

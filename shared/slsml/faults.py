@@ -243,14 +243,18 @@ def message_identity(body: dict[str, Any]) -> str:
         return f"{topic}|{body.get('MessageId', '')}"
     if not isinstance(message, dict):
         return f"{topic}|{message!r}"
-    if "Records" in message:  # an S3 event
+    if isinstance(message.get("Records"), list):  # an S3 event
         objects = sorted(
-            f"{r.get('eventName', '')}:{r.get('s3', {}).get('object', {}).get('key', '')}"
-            for r in message["Records"]
-            if isinstance(r, dict)
+            f"{r.get('eventName', '')}:{_object_key(r)}" for r in message["Records"] if isinstance(r, dict)
         )
         return f"{topic}|" + ",".join(objects)
     return f"{topic}|" + ",".join(f"{k}={message[k]}" for k in _IDENTITY_FIELDS if k in message)
+
+
+def _object_key(record: dict[str, Any]) -> str:
+    s3 = record.get("s3")
+    obj = s3.get("object") if isinstance(s3, dict) else None
+    return str(obj.get("key", "")) if isinstance(obj, dict) else ""
 
 
 # ---- inside a function process ------------------------------------------------------------------

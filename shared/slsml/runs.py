@@ -185,6 +185,11 @@ class RunSummary(BaseModel):
     late_workers: int
     dropped_parts: int = 0
     nonfinite_updates: int = 0
+    deadlines_fired: int = 0  # reduces the watchdog fired at a deadline, without the missing workers
+    relaunched_workers: int = 0
+    relaunched_reducers: int = 0
+    stale_shards: int = 0
+    stale_attempts: int = 0  # reports of superseded attempts or of an earlier generation, ignored
     final_model: str | None = None
     faults: dict[str, Any] | None = None  # what the local runtime injected and how the pipeline fared
 
@@ -219,5 +224,10 @@ def summarize(run: RunRecord, iterations: list[IterationRecord], wall_s: float) 
         late_workers=sum(len(r.late - r.nonfinite) for r in iterations),
         dropped_parts=sum(len(r.dropped_parts) for r in iterations),
         nonfinite_updates=sum(len(r.nonfinite) for r in iterations),
+        deadlines_fired=sum(r.fired_at_deadline for r in iterations),
+        relaunched_workers=sum(len(r.relaunched) for r in iterations),
+        relaunched_reducers=sum(r.reduce_relaunches for r in iterations),
+        stale_shards=sum(len(r.stale_shards) for r in iterations),
+        stale_attempts=sum(r.stale_attempts for r in iterations),
         final_model=run.final_key,
     )

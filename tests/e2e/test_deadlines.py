@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from slsml import demo, keys, modelio
+from slsml import demo, keys, modelio, runs
 from slsml.config import OptimizerConfig, TrainingSpec
 from slsml.faults import Delay, Faults
 
@@ -60,3 +60,35 @@ def test_a_shard_no_reducer_finishes_keeps_its_weights(local, services, digits):
     weights, _ = final_weights(services, "deadline-stale")
     assert np.array_equal(weights, np.concatenate([np.asarray(w).ravel() for w in model.get_weights()]))
     assert services.store.exists(keys.optimizer_state("deadline-stale", 1, 1))
+
+
+def test_a_straggler_is_left_behind_at_the_deadline_floor(local, services, digits):
+    """Worker 3 takes 8 s every iteration; with a floor of one half the watchdog fires each reduce at
+    the 2 s deadline with workers 0-2, so the run neither waits for it nor re-launches it."""
+    spec = SPEC.model_copy(update={"iterations": 2, "deadline_s": 2.0, "deadline_floor": 0.5})
+    with injecting(local, Faults.parse("slow_worker=3:8")) as report:
+        train(services, spec, "deadline-floor")
+        run = finish(services, "deadline-floor")
+    assert run.status == "COMPLETED", run.reason
+    assert report["injected"]["slow_worker"] >= 1
+    iterations = services.table.list_iterations("deadline-floor")
+    for record in iterations:
+        assert record.fired_at_deadline, record
+        assert [p.worker for p in record.participants] == [0, 1, 2] and not record.relaunched
+    summary = runs.summarize(run, iterations, wall_s=0)
+    assert (summary.deadlines_fired, summary.relaunched_workers) == (spec.iterations, 0)
+
+
+def test_workers_that_hang_on_every_attempt_fail_the_run_within_its_deadline_budget(local, services, digits):
+    spec = SPEC.model_copy(update={"workers": 2, "global_batch": 64, "deadline_s": 2.0, "deadline_retries": 1})
+    hang = Faults(worker_hang=1.0, crash_every_receive=True, hang_s=5)
+    with injecting(local, hang):
+        train(services, spec, "deadline-hang")
+        run = finish(services, "deadline-hang", timeout_s=60)
+    assert run.status == "FAILED"
+    assert run.reason.startswith("work stage of iteration 0: 0 of 2 workers delivered an update within 2 deadlines"
+                                 " of 2 s"), run.reason
+    record = services.table.get_iteration("deadline-hang", 0)
+    assert record.relaunched == {0: 1, 1: 1} and not record.done
+    budget = (spec.deadline_retries + 1) * spec.deadline_s
+    assert budget <= run.updated_at - record.launched_at < budget + 3  # SQS delays are whole seconds

@@ -56,8 +56,8 @@ def test_a_run_is_an_execution_kept_alive_by_heartbeats(local, services, digits,
     assert run.status == "COMPLETED", run.reason
     execution, entered = _execution(local, "sfn-ok")
     assert execution["status"] == "SUCCEEDED"
-    assert entered == ["RegisterRun", "PlaceInitialModel", "WaitForPipeline", "MarkCompleted", "PublishCompleted",
-                       "Completed"]
+    assert entered == ["NewOrResumed", "RegisterRun", "PlaceInitialModel", "WaitForPipeline", "MarkCompleted",
+                       "PublishCompleted", "Completed"]
     # the run outlived its heartbeat window several times over: only the Merger's heartbeats kept it waiting
     assert took > 2 * HEARTBEAT_S, f"run took {took:.1f} s: too short to prove heartbeats"
     assert json.loads(execution["output"])["outcome"]["final_key"] == "runs/sfn-ok/final.keras"

@@ -331,11 +331,16 @@ class FunctionHost:
             for message in received:
                 self._dispatch(function, queue, pool, message, free)
 
+    def _queued(self, function: str, message: dict[str, Any]) -> dict[str, Any]:
+        """The SNS message a queued message carries (or stands for, on a function's own queue)."""
+        queue_name = self._queue_triggers.get(function)
+        return json.loads(message["Body"]) if queue_name is None else queued_body(message, queue_name)
+
     def _dispatch(
         self, function: str, queue: str, pool: ProcessPoolExecutor, message: dict[str, Any], free: threading.Semaphore
     ) -> None:
         queue_name = self._queue_triggers.get(function)
-        body = json.loads(message["Body"]) if queue_name is None else queued_body(message, queue_name)
+        body = self._queued(function, message)
         fault_spec = self.faults if self.faults is not None and self.faults.active else None
         identity = message_identity(body)
         receives = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
@@ -423,7 +428,7 @@ class FunctionHost:
                 except Exception:  # the cloud is shutting down
                     return
                 for message in received:
-                    self._on_dead_letter(function, json.loads(message["Body"]))
+                    self._on_dead_letter(function, self._queued(function, message))
                     self.sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
             self._stopping.wait(0.5)
 
