@@ -72,6 +72,7 @@ class Deadline(Message):
     stage: Literal["work", "reduce"]
     round: int = Field(ge=0)
     due_at: float = Field(ge=0, description="epoch seconds")
+    resent: int = Field(default=0, ge=0, description="times it came early and was sent on (a new message each time)")
 
 
 class _S3Object(BaseModel):

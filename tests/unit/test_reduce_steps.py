@@ -1,5 +1,5 @@
-"""ReduceLauncher and Reducer against moto: non-finite updates left out (or failing the run when all
-are), and parts dropped by the reducer's read quorum, recorded and left out of the average."""
+"""ReduceLauncher, Reducer and Watchdog against moto: non-finite updates left out (or failing the run
+when all are), parts dropped by the reducer's read quorum, and what the watchdog does at a deadline."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from moto import mock_aws
 from slsml import faults, keys, optimizers, updates, wiring
 from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.faults import Delay, InvocationFaults
-from slsml.messages import ReduceMessage, WorkDone
+from slsml.messages import Deadline, ReduceMessage, WorkDone
 from slsml.plan import ShardPlan, VariableSpec
 from slsml.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV
 from slsml.services import Services
-from slsml.steps import reduce_launcher, reducer
+from slsml.steps import reduce_launcher, reducer, watchdog
+from slsml.steps.watchdog import Action
 
 PLAN = ShardPlan.build(
     [VariableSpec(name="kernel", shape=(2, 3), trainable=True), VariableSpec(name="mean", shape=(2,), trainable=False)],
@@ -50,11 +51,12 @@ def services(monkeypatch: pytest.MonkeyPatch):
         )
         sns = boto3.client("sns", region_name="us-east-1")
         arns = {t.name: sns.create_topic(Name=t.name)["TopicArn"] for t in wiring.TOPICS}
-        yield Services.from_names("bucket", "runs", arns)
+        deadlines = boto3.client("sqs", region_name="us-east-1").create_queue(QueueName="deadlines")["QueueUrl"]
+        yield Services.from_names("bucket", "runs", arns, deadline_queue_url=deadlines)
 
 
-def _register(services: Services, run_id: str, workers: int, quorum: float = 1.0) -> RunConfig:
-    spec = TrainingSpec(workers=workers, reducers=PLAN.reducers, global_batch=8 * workers, quorum=quorum)
+def _register(services: Services, run_id: str, workers: int, quorum: float = 1.0, **training: object) -> RunConfig:
+    spec = TrainingSpec(workers=workers, reducers=PLAN.reducers, global_batch=8 * workers, quorum=quorum, **training)
     config = RunConfig(
         run_id=run_id, dataset="d", training=spec, optimizer=SGD, loss="mse", classification=False, plan=PLAN
     )
@@ -72,14 +74,16 @@ def _register(services: Services, run_id: str, workers: int, quorum: float = 1.0
     return config
 
 
-def _arrive(services: Services, run_id: str, worker: int, finite: bool = True) -> list[ReduceMessage]:
+def _arrive(
+    services: Services, run_id: str, worker: int, finite: bool = True, attempt: int = 0
+) -> list[ReduceMessage]:
     """What a worker does (record non-finite, store the update, announce it), then the ReduceLauncher."""
     vector = VECTORS[worker] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
     if not finite:
         services.table.record_nonfinite(run_id, 0, worker)
-    services.store.put_new(keys.update(run_id, 0, worker), updates.encode(vector, SAMPLES[worker]))
+    services.store.put_new(keys.update(run_id, 0, worker, attempt), updates.encode(vector, SAMPLES[worker]))
     done = WorkDone(
-        run_id=run_id, iteration=0, worker=worker, samples=SAMPLES[worker] if finite else 0,
+        run_id=run_id, iteration=0, worker=worker, attempt=attempt, samples=SAMPLES[worker] if finite else 0,
         loss=0.5 if finite else 0.0, compute_s=0.01,
     )
     return reduce_launcher.on_work_done(done, services)
@@ -174,3 +178,75 @@ def test_with_a_read_quorum_nothing_is_dropped_from_reads_within_the_timeout(
         reducer.reduce(message, services)
     assert services.table.get_iteration("all-parts", 0).dropped_parts == set()
     assert np.array_equal(_new_weights(services, "all-parts"), _expected_weights([0, 1, 2]))
+
+
+def _deadline(run_id: str, stage: str = "work", round_: int = 0, due_in: float = 0.0) -> Deadline:
+    return Deadline(run_id=run_id, iteration=0, stage=stage, round=round_, due_at=time.time() + due_in)
+
+
+def _delayed(services: Services) -> int:
+    """Deadline messages waiting in the queue for their delay to pass."""
+    attributes = services.deadlines.sqs.get_queue_attributes(
+        QueueUrl=services.deadlines.queue_url, AttributeNames=["ApproximateNumberOfMessagesDelayed"]
+    )["Attributes"]
+    return int(attributes["ApproximateNumberOfMessagesDelayed"])
+
+
+def test_a_deadline_that_comes_early_is_sent_on(services: Services) -> None:
+    _register(services, "early", workers=2)
+    assert watchdog.on_deadline(_deadline("early", due_in=3600), services) == Action.NOT_DUE
+    assert _delayed(services) == 1
+    assert services.table.get_iteration("early", 0).relaunched == {}
+
+
+def test_a_report_of_a_superseded_attempt_is_ignored(services: Services) -> None:
+    _register(services, "superseded", workers=2)
+    assert services.table.relaunch_workers("superseded", 0, {1: 1})
+    assert _arrive(services, "superseded", 0) == []
+    assert _arrive(services, "superseded", 1, attempt=0) == []  # its first attempt, late: ignored
+    record = services.table.get_iteration("superseded", 0)
+    assert (record.done, record.stale_attempts) == ({0}, 1)
+    fired = _arrive(services, "superseded", 1, attempt=1)
+    assert [(p.worker, p.attempt) for p in fired[0].participants] == [(0, 0), (1, 1)]
+    for message in fired:
+        reducer.reduce(message, services)
+    assert np.array_equal(_new_weights(services, "superseded"), _expected_weights([0, 1]))
+
+
+def test_at_a_deadline_the_reduce_fires_with_the_workers_in_if_they_reach_the_floor(services: Services) -> None:
+    _register(services, "floor", workers=4, deadline_floor=0.5)
+    assert _arrive(services, "floor", 0) == [] and _arrive(services, "floor", 1) == []  # quorum 1: waiting
+    assert watchdog.on_deadline(_deadline("floor"), services) == Action.FIRED
+    record = services.table.get_iteration("floor", 0)
+    assert record.fired_at_deadline and [p.worker for p in record.participants] == [0, 1]
+    assert _delayed(services) == 1  # the reducers' deadline
+    assert _arrive(services, "floor", 2) == []
+    assert services.table.get_iteration("floor", 0).late == {2}
+
+
+def test_below_the_floor_missing_workers_are_relaunched_then_the_run_fails(services: Services) -> None:
+    _register(services, "below", workers=4, deadline_floor=0.5, deadline_retries=1, deadline_s=30)
+    _arrive(services, "below", 0)
+    assert watchdog.on_deadline(_deadline("below"), services) == Action.RELAUNCHED
+    assert services.table.get_iteration("below", 0).relaunched == {1: 1, 2: 1, 3: 1}
+    assert watchdog.on_deadline(_deadline("below", round_=1), services) == Action.FAILED
+    run = services.table.get_run("below")
+    assert run.status == "FAILED"
+    assert run.reason == (
+        "work stage of iteration 0: 1 of 4 workers delivered an update within 2 deadlines of 30 s, fewer than the"
+        " floor of 2; workers [1, 2, 3] were re-launched 1 times"
+    )
+
+
+def test_a_shard_whose_reducer_never_finishes_keeps_its_weights(services: Services) -> None:
+    _register(services, "stale", workers=2, deadline_retries=1)
+    fired = _arrive(services, "stale", 0) + _arrive(services, "stale", 1)
+    reducer.reduce(fired[0], services)
+    services.table.record_shard("stale", 0, 0, (0, 0))  # the Merger has shard 0 only
+    assert watchdog.on_deadline(_deadline("stale", "reduce"), services) == Action.RELAUNCHED
+    assert services.table.get_iteration("stale", 0).reduce_relaunches == 1
+    assert watchdog.on_deadline(_deadline("stale", "reduce", round_=1), services) == Action.STALE_SHARDS
+    assert services.table.get_iteration("stale", 0).stale_shards == {1}
+    assert np.array_equal(services.store.get_array(keys.weights("stale", 1, 1)),
+                          services.store.get_array(keys.weights("stale", 0, 1)))
+    assert int(services.store.get_arrays(keys.optimizer_state("stale", 1, 1))["step"]) == 0

@@ -40,7 +40,7 @@ class Action(StrEnum):
 
 def on_deadline(deadline: Deadline, services: Services) -> Action:
     if deadline.due_at > time.time() + 1:
-        services.deadlines.schedule(deadline)
+        services.deadlines.schedule(deadline.model_copy(update={"resent": deadline.resent + 1}))
         return Action.NOT_DUE
     try:
         run = services.table.get_run(deadline.run_id)
@@ -56,7 +56,7 @@ def on_deadline(deadline: Deadline, services: Services) -> Action:
 
 
 def _next(deadline: Deadline, stage: str, round_: int, due_at: float) -> Deadline:
-    return deadline.model_copy(update={"stage": stage, "round": round_, "due_at": due_at})
+    return deadline.model_copy(update={"stage": stage, "round": round_, "due_at": due_at, "resent": 0})
 
 
 def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Action:
