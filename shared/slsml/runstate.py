@@ -78,8 +78,9 @@ class IterationRecord(BaseModel):
     shards: set[int] = Field(default_factory=set)
     merge_fired_by: int | None = None
     merged_at: float | None = None
-    bytes_read: int = 0
-    bytes_written: int = 0
+    moved: dict[str, tuple[int, int]] = Field(
+        default_factory=dict, description="S3 bytes (read, written) by each step of the iteration, first report kept"
+    )
     test_loss: float | None = None
     test_accuracy: float | None = None
     nonfinite: set[int] = Field(default_factory=set, description="workers whose update had NaN or Inf")
@@ -105,6 +106,14 @@ class IterationRecord(BaseModel):
         if self.reduce_fired_by is None:
             return set()
         return self.done - {p.worker for p in self.participants}
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(read for read, _ in self.moved.values())
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(written for _, written in self.moved.values())
 
     @property
     def train_loss(self) -> float | None:
@@ -154,7 +163,21 @@ def _iteration_record(iteration: int, item: dict[str, Any]) -> IterationRecord:
         int(name[2:]): WorkerReport.model_validate(value) for name, value in item.items() if name.startswith("w#")
     }
     relaunched = {int(name[2:]): value for name, value in item.items() if name.startswith("a#")}
-    return IterationRecord(iteration=iteration, reports=reports, relaunched=relaunched, **item)
+    moved = {name[3:]: tuple(value) for name, value in item.items() if name.startswith(_MOVED)}
+    return IterationRecord(iteration=iteration, reports=reports, relaunched=relaunched, moved=moved, **item)
+
+
+_MOVED = "io#"
+
+
+def _moved(step: str, bytes_moved: tuple[int, int]) -> tuple[str, dict[str, str], dict[str, Any]]:
+    """An update clause recording the bytes ``step`` moved, once: a retried or duplicated step that
+    reports again (perhaps only what its second look cost) leaves the first report in place."""
+    return (
+        "#moved = if_not_exists(#moved, :moved)",
+        {"#moved": f"{_MOVED}{step}"},
+        {":moved": list(bytes_moved)},
+    )
 
 
 def _attempt_attr(worker: int) -> str:
@@ -317,20 +340,22 @@ class RunTable:
         generation of a resumed run (it is counted in ``stale_attempts`` instead)."""
         report = WorkerReport.model_validate(done.model_dump()).model_dump()
         key = self._key(done.run_id, self._iter_sk(done.iteration))
+        moved, moved_names, moved_values = _moved(f"w{done.worker:05d}", bytes_moved)
         try:
             item = self.table.update_item(
                 Key=key,
-                UpdateExpression="ADD done :w, bytes_read :r, bytes_written :wr SET #report = :report",
+                UpdateExpression=f"ADD done :w SET #report = :report, {moved}",
                 ConditionExpression="(attribute_not_exists(#attempt) OR #attempt <= :attempt)"
                 " AND (attribute_not_exists(generation) OR generation = :generation)",
-                ExpressionAttributeNames={"#report": f"w#{done.worker:05d}", "#attempt": _attempt_attr(done.worker)},
+                ExpressionAttributeNames={
+                    "#report": f"w#{done.worker:05d}", "#attempt": _attempt_attr(done.worker), **moved_names,
+                },
                 ExpressionAttributeValues={
                     ":w": {done.worker},
-                    ":r": bytes_moved[0],
-                    ":wr": bytes_moved[1],
                     ":report": _dynamo(report),
                     ":attempt": done.attempt,
                     ":generation": done.generation,
+                    **moved_values,
                 },
                 ReturnValues="ALL_NEW",
             )["Attributes"]
@@ -384,10 +409,12 @@ class RunTable:
         )
 
     def record_shard(self, run_id: str, iteration: int, shard: int, bytes_moved: tuple[int, int]) -> IterationRecord:
+        moved, moved_names, moved_values = _moved(f"s{shard:04d}", bytes_moved)
         item = self.table.update_item(
             Key=self._key(run_id, self._iter_sk(iteration)),
-            UpdateExpression="ADD shards :s, bytes_read :r, bytes_written :w",
-            ExpressionAttributeValues={":s": {shard}, ":r": bytes_moved[0], ":w": bytes_moved[1]},
+            UpdateExpression=f"ADD shards :s SET {moved}",
+            ExpressionAttributeNames=moved_names,
+            ExpressionAttributeValues={":s": {shard}, **moved_values},
             ReturnValues="ALL_NEW",
         )["Attributes"]
         return _iteration_record(iteration, item)
@@ -398,8 +425,9 @@ class RunTable:
     def record_merge(
         self, run_id: str, iteration: int, bytes_moved: tuple[int, int], test: tuple[float, float | None] | None
     ) -> None:
-        values: dict[str, Any] = {":now": time.time(), ":r": bytes_moved[0], ":w": bytes_moved[1]}
-        expression = "SET merged_at = :now"
+        moved, moved_names, moved_values = _moved("merge", bytes_moved)
+        values: dict[str, Any] = {":now": time.time(), **moved_values}
+        expression = f"SET merged_at = :now, {moved}"
         if test is not None:
             expression += ", test_loss = :tl"
             values[":tl"] = test[0]
@@ -408,7 +436,8 @@ class RunTable:
                 values[":ta"] = test[1]
         self.table.update_item(
             Key=self._key(run_id, self._iter_sk(iteration)),
-            UpdateExpression=expression + " ADD bytes_read :r, bytes_written :w",
+            UpdateExpression=expression,
+            ExpressionAttributeNames=moved_names,
             ExpressionAttributeValues=_dynamo(values),
         )
 

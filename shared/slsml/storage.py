@@ -156,7 +156,9 @@ class ObjectStore:
         with np.load(io.BytesIO(self.get(key)), allow_pickle=False) as archive:
             return {name: archive[name] for name in archive.files}
 
-    def put_arrays_new(self, key: str, arrays: dict[str, np.ndarray]) -> bool:
+    def put_arrays_new(
+        self, key: str, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+    ) -> bool:
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
-        return self.put_new(key, buffer.getvalue())
+        return self.put_new(key, buffer.getvalue(), metadata)

@@ -10,12 +10,15 @@ import pytest
 
 from slsml import wiring
 from slsml.config import OptimizerConfig, TrainingSpec
+from slsml.faults import Faults
 
 from .conftest import finish, train
+from .test_faults import injecting
 
 HEARTBEAT_S = 10  # more than a cold first iteration (model loads, tracing: ~6 s here)
-SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=40, eval_every=0, heartbeat_s=HEARTBEAT_S,
+SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=21, eval_every=0, heartbeat_s=HEARTBEAT_S,
                     optimizer=OptimizerConfig(name="adam"))
+PACE = Faults.parse("slow_worker=0:1")  # every iteration takes over 1 s: the run outlives its heartbeat window
 
 
 @pytest.fixture
@@ -50,8 +53,9 @@ def _execution(local, run_id: str) -> tuple[dict, list[str]]:
 
 def test_a_run_is_an_execution_kept_alive_by_heartbeats(local, services, digits, run_events):
     started = time.monotonic()
-    train(services, SPEC, "sfn-ok")
-    run = finish(services, "sfn-ok")
+    with injecting(local, PACE):
+        train(services, SPEC, "sfn-ok")
+        run = finish(services, "sfn-ok")
     took = time.monotonic() - started
     assert run.status == "COMPLETED", run.reason
     execution, entered = _execution(local, "sfn-ok")

@@ -184,7 +184,9 @@ def test_the_run_state_machine_is_traced_logged_and_uses_service_integrations_on
     assert props["TracingConfiguration"] == {"Enabled": True}
     assert props["LoggingConfiguration"]["Level"] == "ALL"
     definition = json.loads(_render_join(props["DefinitionString"]))
-    assert definition["StartAt"] == "RegisterRun"
+    start = definition["States"][definition["StartAt"]]  # a new run is registered, a resumed one re-attached
+    assert start["Type"] == "Choice" and start["Default"] == "RegisterRun"
+    assert [c["Next"] for c in start["Choices"]] == ["RecordExecution"]
     resources = [state["Resource"] for state in definition["States"].values() if state["Type"] == "Task"]
     assert resources and all(r.startswith("arn:aws:states:::") for r in resources)
     assert not [r for r in resources if "lambda" in r]

@@ -250,3 +250,89 @@ def test_a_shard_whose_reducer_never_finishes_keeps_its_weights(services: Servic
     assert np.array_equal(services.store.get_array(keys.weights("stale", 1, 1)),
                           services.store.get_array(keys.weights("stale", 0, 1)))
     assert int(services.store.get_arrays(keys.optimizer_state("stale", 1, 1))["step"]) == 0
+
+
+class Crash(Exception):
+    """A reducer that stops between writing its shard's optimizer state and its weights."""
+
+
+def _crash_before_weights(services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    def put_array_new(key: str, array: np.ndarray) -> bool:
+        raise Crash(key)
+
+    monkeypatch.setattr(services.store, "put_array_new", put_array_new)
+
+
+def _slow_reads_drop_worker_1(fired: list[ReduceMessage], services: Services,
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each reducer's first try leaves worker 1 out (its read is slow), then stops before its weights."""
+    monkeypatch.setenv(READ_TIMEOUT_ENV, "0.2")
+    monkeypatch.setenv(READ_QUORUM_ENV, "0.5")
+    faults.install(services.store.s3, services.bus.sns)
+    slow = InvocationFaults(s3_get_delay=Delay(probability=1, seconds=1), s3_get_delay_match="/updates/00001")
+    with monkeypatch.context() as crashing:
+        _crash_before_weights(services, crashing)
+        for message in fired:
+            with faults.invocation(slow), pytest.raises(Crash):
+                reducer.reduce(message, services)
+    assert services.store.exists(keys.optimizer_state(fired[0].run_id, 0, 1))
+    assert not services.store.exists(keys.weights(fired[0].run_id, 1, 0))
+
+
+def test_a_retried_reducer_averages_what_its_first_try_averaged(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its retry reads every part in time, yet averages workers 0 and 2 again, as the stored state did."""
+    _register(services, "retried", workers=3)
+    fired = [m for w in range(3) for m in _arrive(services, "retried", w)]
+    _slow_reads_drop_worker_1(fired, services, monkeypatch)
+    for message in fired:  # the retries: no slow reads now
+        reducer.reduce(message, services)
+    assert np.array_equal(_new_weights(services, "retried"), _expected_weights([0, 2]))
+
+
+def test_the_watchdog_finishes_a_reducer_that_stepped_its_shard_before_stopping(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the last reduce deadline a shard whose state is stepped takes that state's average, not the old weights."""
+    _register(services, "half-done", workers=3, deadline_retries=0)
+    fired = [m for w in range(3) for m in _arrive(services, "half-done", w)]
+    _slow_reads_drop_worker_1(fired, services, monkeypatch)
+    assert watchdog.on_deadline(_deadline("half-done", "reduce"), services) == Action.STALE_SHARDS
+    assert services.table.get_iteration("half-done", 0).stale_shards == set()
+    assert np.array_equal(_new_weights(services, "half-done"), _expected_weights([0, 2]))
+
+
+def test_a_late_reducer_keeps_the_weights_the_watchdog_kept(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog stopped between keeping shard 0's state and its weights; the late reducer keeps both."""
+    _register(services, "kept", workers=2, deadline_retries=0)
+    fired = _arrive(services, "kept", 0) + _arrive(services, "kept", 1)
+    with monkeypatch.context() as crashing:
+        _crash_before_weights(services, crashing)
+        with pytest.raises(Crash):
+            watchdog.on_deadline(_deadline("kept", "reduce"), services)
+    for message in fired:
+        reducer.reduce(message, services)
+    assert np.array_equal(services.store.get_array(keys.weights("kept", 1, 0)),
+                          services.store.get_array(keys.weights("kept", 0, 0)))
+    assert int(services.store.get_arrays(keys.optimizer_state("kept", 0, 1))["step"]) == 0
+    assert np.array_equal(services.store.get_array(keys.weights("kept", 1, 1)),
+                          _expected_weights([0, 1])[PLAN.shard(1).start:PLAN.shard(1).stop])
+
+
+def test_bytes_moved_are_counted_once_per_step_however_often_it_reports(services: Services) -> None:
+    _register(services, "bytes", workers=2)
+    done = WorkDone(run_id="bytes", iteration=0, worker=0, samples=4, loss=0.5, compute_s=0.01)
+    for _ in range(2):  # a duplicate, then a retry that found its update stored (and read less)
+        services.table.record_worker(done, (100, 10))
+    services.table.record_worker(done, (1, 0))
+    services.table.record_worker(done.model_copy(update={"worker": 1}), (200, 20))
+    for moved in ((1000, 100), (5, 0)):
+        services.table.record_shard("bytes", 0, 0, moved)
+    services.table.record_shard("bytes", 0, 1, (2000, 200))
+    for moved in ((7, 70), (3, 0)):
+        services.table.record_merge("bytes", 0, moved, None)
+    record = services.table.get_iteration("bytes", 0)
+    assert (record.bytes_read, record.bytes_written) == (100 + 200 + 1000 + 2000 + 7, 10 + 20 + 100 + 200 + 70)

@@ -94,8 +94,8 @@ class EmbeddedCloud:
         if self._server is not None:
             self._server.terminate()
             try:
-                self._server.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # busy finishing a state machine execution: no need to wait
+                self._server.wait(timeout=1)
+            except subprocess.TimeoutExpired:  # waits on a state machine execution: its state goes anyway
                 self._server.kill()
                 self._server.wait()
             self._server = None

@@ -11,6 +11,7 @@ Faults (``slsml.faults``) can be injected: set ``FunctionHost.faults`` at any ti
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import multiprocessing
 import os
@@ -39,6 +40,7 @@ from slsml.services import Services
 FUNCTIONS_DIR = Path(__file__).resolve().parents[3] / "functions"
 DUPLICATE_ATTRIBUTE = "slsml-duplicate"
 FUNCTION_TIMEOUT_S = 900
+_LOG_BUFFER_BYTES = 1 << 20  # longer than any log line
 REJECTED_MARK = f"{MessageRejected.__name__}: "  # how a rejected message's failed invocation reads
 INJECTED_KINDS = (
     "duplicate", "sns_delay", "worker_crash", "reducer_crash", "merger_crash", "worker_hang", "slow_worker",
@@ -74,6 +76,10 @@ def _start_process(function: str, environment: dict[str, str], log_path: str) ->
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    # the function's processes share its log: each line leaves in one append, whole, never split or interleaved
+    sys.stdout = sys.stderr = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(log, "w", closefd=False), buffer_size=_LOG_BUFFER_BYTES), line_buffering=True
+    )
     path = FUNCTIONS_DIR / function / "handler.py"
     spec = importlib.util.spec_from_file_location(f"slsml_function_{function}", path)
     module = importlib.util.module_from_spec(spec)

@@ -1,5 +1,10 @@
 """Reducer: average one shard of the participants' updates and step the optimizer on it. Under a read
-quorum below 1 (``slsml.reliability.ReadPolicy``), parts whose reads time out are left out and recorded."""
+quorum below 1 (``slsml.reliability.ReadPolicy``), parts whose reads time out are left out and recorded.
+
+The shard's next optimizer state is written first and names the workers it averaged; its next
+weights are written last and mark the shard done. A try that stopped between the two is finished by
+averaging exactly those workers again, so weights and state always come from the same average.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +17,14 @@ from slsml.config import RunConfig
 from slsml.errors import RunFailed
 from slsml.messages import ReduceDone, ReduceMessage
 from slsml.reliability import ReadPolicy
+from slsml.runstate import IterationRecord
 from slsml.services import Services
 from slsml.steps.common import run_config
+from slsml.storage import ObjectStore
 
 logger = Logger(child=True)
+AVERAGED_METADATA = "averaged"  # on a shard's optimizer state: the workers whose parts it averaged…
+KEPT = "none"  # …or none: the shard kept its weights
 
 
 def reduce(message: ReduceMessage, services: Services) -> ReduceDone:
@@ -40,14 +49,22 @@ def _reduce(message: ReduceMessage, services: Services) -> None:
     layout = config.plan.shard(shard)
     byte_range = updates.part_range(config.plan, shard)
     policy = ReadPolicy()
+    participants, need = message.participants, quorum_count(len(message.participants), policy.quorum)
+    stepped_before = _averaged(store, run, iteration, shard)
+    if stepped_before == set():  # the watchdog kept this shard's weights: so does this late try
+        _carry_weights(store, run, iteration, shard)
+        return
+    if stepped_before is not None:  # an earlier try stepped the optimizer, then stopped: the same average again
+        participants = tuple(p for p in participants if p.worker in stepped_before)
+        need = len(participants)
     parts = store.get_quorum(
-        [keys.update(run, iteration, p.worker, p.attempt) for p in message.participants],
-        [byte_range] * len(message.participants),
-        need=quorum_count(len(message.participants), policy.quorum),
+        [keys.update(run, iteration, p.worker, p.attempt) for p in participants],
+        [byte_range] * len(participants),
+        need=need,
         timeout_s=policy.timeout_s,
     )
-    included = [(p, part) for p, part in zip(message.participants, parts, strict=True) if part is not None]
-    dropped = [p.worker for p, part in zip(message.participants, parts, strict=True) if part is None]
+    included = [(p, part) for p, part in zip(participants, parts, strict=True) if part is not None]
+    dropped = [p.worker for p, part in zip(participants, parts, strict=True) if part is None]
     if dropped:
         services.table.record_dropped_parts(run, iteration, shard, dropped)
         logger.warning("parts dropped after their read timeout", extra={
@@ -71,18 +88,40 @@ def _reduce(message: ReduceMessage, services: Services) -> None:
     new_weights = weights.copy()
     new_weights[trainable] = stepped
     new_weights[~trainable] = mean[~trainable]  # non-trainable state (e.g. BatchNorm statistics): averaged
-    store.put_arrays_new(keys.optimizer_state(run, shard, iteration + 1), state)
+    averaged = ",".join(str(p.worker) for p, _ in included)
+    store.put_arrays_new(keys.optimizer_state(run, shard, iteration + 1), state, {AVERAGED_METADATA: averaged})
     store.put_array_new(keys.weights(run, iteration + 1, shard), new_weights)  # last: marks the shard done
 
 
-def keep_weights(services: Services, config: RunConfig, iteration: int, shard: int) -> None:
-    """No reducer of ``shard`` finished ``iteration``: the shard enters the next iteration with its
-    weights and optimizer state unchanged (whatever a late reducer wrote first is kept)."""
-    store, run = services.store, config.run_id
-    services.table.record_stale_shard(run, iteration, shard)
+def _averaged(store: ObjectStore, run: str, iteration: int, shard: int) -> set[int] | None:
+    """The workers averaged into the shard's optimizer state after ``iteration`` (empty: the shard kept its
+    weights), or None if no state is stored yet."""
+    metadata = store.head(keys.optimizer_state(run, shard, iteration + 1))
+    if metadata is None:
+        return None
+    return {int(w) for w in metadata.get(AVERAGED_METADATA, KEPT).split(",") if w != KEPT}
+
+
+def keep_weights(services: Services, config: RunConfig, record: IterationRecord, generation: int, shard: int) -> None:
+    """No reducer of ``shard`` finished ``record``'s iteration: the shard enters the next iteration with its
+    weights and optimizer state unchanged, unless a late reducer stepped the optimizer first, whose
+    average then stands (and is finished here)."""
+    store, run, iteration = services.store, config.run_id, record.iteration
+    if store.exists(keys.weights(run, iteration + 1, shard)):
+        return  # a late reducer finished after all
     if iteration > 0:
         state = store.get_arrays(keys.optimizer_state(run, shard, iteration))
     else:
         state = optimizers.initial_state(config.optimizer, int(config.plan.shard(shard).trainable.sum()))
-    store.put_arrays_new(keys.optimizer_state(run, shard, iteration + 1), state)
+    store.put_arrays_new(keys.optimizer_state(run, shard, iteration + 1), state, {AVERAGED_METADATA: KEPT})
+    if _averaged(store, run, iteration, shard):
+        late = ReduceMessage(run_id=run, iteration=iteration, generation=generation, shard=shard,
+                             participants=tuple(record.participants))
+        _reduce(late, services)
+        return
+    services.table.record_stale_shard(run, iteration, shard)
+    _carry_weights(store, run, iteration, shard)
+
+
+def _carry_weights(store: ObjectStore, run: str, iteration: int, shard: int) -> None:
     store.put_array_new(keys.weights(run, iteration + 1, shard), store.get_array(keys.weights(run, iteration, shard)))

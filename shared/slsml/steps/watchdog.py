@@ -108,7 +108,7 @@ def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRec
         logger.warning("deadline: missing reducers re-launched", extra={**log, "attempt": attempt})
         return Action.RELAUNCHED
     for shard in missing:
-        keep_weights(services, config, iteration, shard)
+        keep_weights(services, config, record, deadline.generation, shard)
     services.bus.publish(wiring.REDUCE_DONE, [
         ReduceDone(run_id=run_id, iteration=iteration, generation=deadline.generation, shard=s) for s in missing
     ])

@@ -1,0 +1,71 @@
+"""Objects slsml did not write, under the prefixes that notify the pipeline, while runs train: those
+that are no model of the pipeline's are ignored with a logged reason and left as they are; one
+that takes the key of a run's next model fails that run with a reason naming it, overwriting nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from slsml import demo, keys, modelio
+from slsml.config import TrainingSpec
+
+from .conftest import final_weights, finish, train
+
+SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=3, eval_every=0)
+
+
+def logged(path: Any, message: str) -> list[dict[str, Any]]:
+    """The entries of a function's (Powertools JSON) log with this message."""
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+    return [e for e in entries if e.get("message") == message]
+
+
+def test_objects_that_are_no_pipeline_model_are_ignored_and_kept(local, services, digits):
+    train(services, SPEC, "stray-clean")
+    assert finish(services, "stray-clean").status == "COMPLETED"
+
+    other_model = modelio.save_model(demo.digits_cnn(seed=5))
+    stray = {
+        "runs/stray/models/notes.keras": b"a note, not a model",  # not an iteration's name
+        "runs/stray/models/000007.keras": other_model,  # an iteration the run never reaches
+        "runs/stray/backup.keras": other_model,  # beside the run's own objects
+        "incoming/not a name!.keras": other_model,  # a drop-in name that no run id can come from
+        "incoming/nested/model.keras": other_model,
+    }
+    train(services, SPEC, "stray")
+    for key, body in stray.items():
+        services.store.put_new(key, body)
+    run = finish(services, "stray")
+
+    assert run.status == "COMPLETED", run.reason
+    assert run.iteration == SPEC.iterations
+    assert np.array_equal(final_weights(services, "stray")[0], final_weights(services, "stray-clean")[0])
+    for key, body in stray.items():
+        assert services.store.get(key) == body, key
+    launcher_log = local.log_dir / "work_launcher.log"
+    not_models = {e["key"] for e in logged(launcher_log, "object is not a pipeline model: ignored")}
+    assert {"runs/stray/models/notes.keras", "runs/stray/backup.keras"} <= not_models
+    not_current = logged(launcher_log, "model is not the run's current one: ignored")
+    assert any(e["run_id"] == "stray" and e["iteration"] == 7 for e in not_current)
+    dropped = {e["key"] for e in logged(local.log_dir / "run_starter.log", "object is not a dropped model: ignored")}
+    assert {k for k in stray if k.startswith("incoming/")} <= dropped
+    assert not [r.run_id for r in services.table.list_runs() if r.run_id.startswith(("not-a-name", "nested"))]
+
+
+def test_a_foreign_object_at_the_next_model_key_fails_the_run_and_stays(services, digits):
+    foreign_key = keys.model("squatted", 2)
+    foreign = b"not the pipeline's model"
+    train(services, SPEC, "squatted")
+    services.store.put_new(foreign_key, foreign)
+    run = finish(services, "squatted", timeout_s=120)
+
+    assert run.status == "FAILED"
+    assert run.reason.startswith(f"merger: {foreign_key} was stored by something other than this run's Merger"), \
+        run.reason
+    assert services.store.get(foreign_key) == foreign
+    for iteration in (0, 1):  # the models before it are the pipeline's and load
+        modelio.load_model(services.store.get(keys.model("squatted", iteration)))
+    assert not services.store.exists(keys.final_model("squatted"))
