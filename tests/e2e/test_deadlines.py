@@ -92,3 +92,18 @@ def test_workers_that_hang_on_every_attempt_fail_the_run_within_its_deadline_bud
     assert record.relaunched == {0: 1, 1: 1} and not record.done
     budget = (spec.deadline_retries + 1) * spec.deadline_s
     assert budget <= run.updated_at - record.launched_at < budget + 3  # SQS delays are whole seconds
+
+
+def test_workers_that_crash_on_every_attempt_fail_the_run_within_its_deadline_budget(local, services, digits):
+    """Crashes, unlike hangs, use up a message's three receives before its deadline: the dead letter
+    fails the run, naming the worker stage."""
+    spec = SPEC.model_copy(update={"workers": 2, "global_batch": 64, "deadline_s": 2.0, "deadline_retries": 1})
+    with injecting(local, Faults(worker_crash=1.0, crash_every_receive=True)):
+        train(services, spec, "deadline-crash")
+        run = finish(services, "deadline-crash", timeout_s=60)
+    assert run.status == "FAILED"
+    assert run.reason.startswith("worker failed three times on one message: "), run.reason
+    assert "crash" in run.reason, run.reason
+    record = services.table.get_iteration("deadline-crash", 0)
+    assert not record.done and record.reduce_fired_by is None
+    assert run.updated_at - record.launched_at < (spec.deadline_retries + 1) * spec.deadline_s + 3
