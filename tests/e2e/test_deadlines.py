@@ -3,6 +3,8 @@ lets a shard keep its weights as a last resort, and fails a run whose workers ne
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -95,15 +97,16 @@ def test_workers_that_hang_on_every_attempt_fail_the_run_within_its_deadline_bud
 
 
 def test_workers_that_crash_on_every_attempt_fail_the_run_within_its_deadline_budget(local, services, digits):
-    """Crashes, unlike hangs, use up a message's three receives before its deadline: the dead letter
-    fails the run, naming the worker stage."""
+    """Crashes, unlike hangs, use up a message's three receives within about two deadlines: the dead
+    letter or the watchdog, whichever comes first, fails the run, naming the work stage."""
     spec = SPEC.model_copy(update={"workers": 2, "global_batch": 64, "deadline_s": 2.0, "deadline_retries": 1})
     with injecting(local, Faults(worker_crash=1.0, crash_every_receive=True)):
         train(services, spec, "deadline-crash")
         run = finish(services, "deadline-crash", timeout_s=60)
     assert run.status == "FAILED"
-    assert run.reason.startswith("worker failed three times on one message: "), run.reason
-    assert "crash" in run.reason, run.reason
+    assert re.match(r"worker failed three times on one message: .*crash"
+                    r"|work stage of iteration 0: 0 of 2 workers delivered an update within 2 deadlines", run.reason), \
+        run.reason
     record = services.table.get_iteration("deadline-crash", 0)
     assert not record.done and record.reduce_fired_by is None
     assert run.updated_at - record.launched_at < (spec.deadline_retries + 1) * spec.deadline_s + 3
