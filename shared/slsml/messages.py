@@ -32,9 +32,10 @@ class WorkDone(Message):
     worker: int = Field(ge=0)
     attempt: int = Field(default=0, ge=0)
     samples: int = Field(ge=0)
-    loss: float
+    loss: float = Field(description="0 when the update is not finite (JSON has no NaN)")
     accuracy: float | None = None
     compute_s: float = Field(ge=0, description="gradient computation, excluding S3 and messaging")
+    finite: bool = Field(default=True, description="False: the update holds NaN or Inf and must be left out")
     bytes_read: int = Field(default=0, ge=0)
     bytes_written: int = Field(default=0, ge=0)
 

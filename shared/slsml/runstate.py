@@ -124,7 +124,7 @@ class IterationRecord(BaseModel):
         return _weighted([(r.accuracy, r.samples) for r in self._included() if r.accuracy is not None])
 
     def _included(self) -> list[WorkerReport]:
-        chosen = {p.worker for p in self.participants} or self.done
+        chosen = {p.worker for p in self.participants} or self.done - self.nonfinite
         return [r for w, r in self.reports.items() if w in chosen]
 
 
@@ -336,15 +336,16 @@ class RunTable:
         )
 
     def record_worker(self, done: WorkDone, bytes_moved: tuple[int, int]) -> IterationRecord | None:
-        """Count ``done``; None if it is stale: an attempt the watchdog superseded, or an earlier
-        generation of a resumed run (it is counted in ``stale_attempts`` instead)."""
+        """Count ``done`` (in ``nonfinite`` too if its update is); None if it is stale: an attempt the
+        watchdog superseded, or an earlier generation of a resumed run (it is counted in
+        ``stale_attempts`` instead)."""
         report = WorkerReport.model_validate(done.model_dump()).model_dump()
         key = self._key(done.run_id, self._iter_sk(done.iteration))
         moved, moved_names, moved_values = _moved(f"w{done.worker:05d}", bytes_moved)
         try:
             item = self.table.update_item(
                 Key=key,
-                UpdateExpression=f"ADD done :w SET #report = :report, {moved}",
+                UpdateExpression=f"ADD done :w{'' if done.finite else ', nonfinite :w'} SET #report = :report, {moved}",
                 ConditionExpression="(attribute_not_exists(#attempt) OR #attempt <= :attempt)"
                 " AND (attribute_not_exists(generation) OR generation = :generation)",
                 ExpressionAttributeNames={
@@ -439,14 +440,6 @@ class RunTable:
             UpdateExpression=expression,
             ExpressionAttributeNames=moved_names,
             ExpressionAttributeValues=_dynamo(values),
-        )
-
-    def record_nonfinite(self, run_id: str, iteration: int, worker: int) -> None:
-        """``worker``'s update for ``iteration`` holds NaN or Inf: it must not be averaged in."""
-        self.table.update_item(
-            Key=self._key(run_id, self._iter_sk(iteration)),
-            UpdateExpression="ADD nonfinite :w",
-            ExpressionAttributeValues={":w": {worker}},
         )
 
     def record_dropped_parts(self, run_id: str, iteration: int, shard: int, workers: list[int]) -> None:

@@ -77,14 +77,12 @@ def _register(services: Services, run_id: str, workers: int, quorum: float = 1.0
 def _arrive(
     services: Services, run_id: str, worker: int, finite: bool = True, attempt: int = 0
 ) -> list[ReduceMessage]:
-    """What a worker does (record non-finite, store the update, announce it), then the ReduceLauncher."""
+    """What a worker does (store the update, announce it), then the ReduceLauncher."""
     vector = VECTORS[worker] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
-    if not finite:
-        services.table.record_nonfinite(run_id, 0, worker)
     services.store.put_new(keys.update(run_id, 0, worker, attempt), updates.encode(vector, SAMPLES[worker]))
     done = WorkDone(
-        run_id=run_id, iteration=0, worker=worker, attempt=attempt, samples=SAMPLES[worker] if finite else 0,
-        loss=0.5 if finite else 0.0, compute_s=0.01,
+        run_id=run_id, iteration=0, worker=worker, attempt=attempt, samples=SAMPLES[worker],
+        loss=0.5 if finite else 0.0, compute_s=0.01, finite=finite,
     )
     return reduce_launcher.on_work_done(done, services)
 
@@ -211,6 +209,17 @@ def test_a_report_of_a_superseded_attempt_is_ignored(services: Services) -> None
     for message in fired:
         reducer.reduce(message, services)
     assert np.array_equal(_new_weights(services, "superseded"), _expected_weights([0, 1]))
+
+
+def test_a_superseded_attempt_that_was_not_finite_leaves_its_worker_in(services: Services) -> None:
+    _register(services, "superseded-nan", workers=2)
+    assert services.table.relaunch_workers("superseded-nan", 0, {1: 1})
+    assert _arrive(services, "superseded-nan", 1, finite=False, attempt=0) == []  # stale: not counted at all
+    assert _arrive(services, "superseded-nan", 0) == []
+    fired = _arrive(services, "superseded-nan", 1, attempt=1)
+    assert [(p.worker, p.attempt) for p in fired[0].participants] == [(0, 0), (1, 1)]
+    record = services.table.get_iteration("superseded-nan", 0)
+    assert (record.nonfinite, record.stale_attempts) == (set(), 1)
 
 
 def test_at_a_deadline_the_reduce_fires_with_the_workers_in_if_they_reach_the_floor(services: Services) -> None:

@@ -19,7 +19,6 @@ from slsml.steps.common import load_weights, run_config
 from slsml.steps.warm import reader_for, trainer_for
 
 logger = Logger(child=True)
-NONFINITE_METADATA = "nonfinite"  # on an update object: its loss, when the update holds NaN or Inf
 
 
 def work(message: WorkMessage, services: Services) -> WorkDone | None:
@@ -33,8 +32,6 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     if existing is not None:  # a duplicate or retried message: announce the stored update again
         # as announced first, but in the sender's generation (a resumed run may announce it again)
         done = WorkDone.model_validate_json(existing["done"]).model_copy(update={"generation": message.generation})
-        if NONFINITE_METADATA in existing:  # the first try may have stopped before recording it
-            services.table.record_nonfinite(message.run_id, message.iteration, message.worker)
     else:
         if services.table.get_run(message.run_id).status != RunStatus.RUNNING:
             logger.info("run is not running: work skipped", extra={"run_id": message.run_id})
@@ -65,13 +62,11 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         generation=message.generation,
         worker=message.worker,
         attempt=message.attempt,
-        # WorkDone has no field saying "non-finite" and JSON has no NaN (pydantic writes null, which
-        # does not parse back): a non-finite update is announced as one that contributes no samples,
-        # and the run table's ``nonfinite`` set, written before the announcement, is what counts.
-        samples=len(x) if finite else 0,
+        samples=len(x),
         loss=update.loss if finite else 0.0,
         accuracy=update.accuracy if finite else None,
         compute_s=compute_s,
+        finite=finite,
         bytes_read=store.bytes_read,
         bytes_written=store.bytes_written + len(body),
     )
@@ -79,8 +74,6 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     if not finite:
         logger.warning("non-finite update", extra={"run_id": message.run_id, "iteration": message.iteration,
                                                    "worker": message.worker, "loss": repr(update.loss)})
-        metadata[NONFINITE_METADATA] = repr(update.loss)
-        services.table.record_nonfinite(message.run_id, message.iteration, message.worker)
     key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
     store.put_new(key, body, metadata=metadata)
     return done
