@@ -345,3 +345,24 @@ def test_bytes_moved_are_counted_once_per_step_however_often_it_reports(services
         services.table.record_merge("bytes", 0, moved, None)
     record = services.table.get_iteration("bytes", 0)
     assert (record.bytes_read, record.bytes_written) == (100 + 200 + 1000 + 2000 + 7, 10 + 20 + 100 + 200 + 70)
+
+
+def test_a_reducer_overtaken_by_the_watchdog_keeps_the_weights_it_kept(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While reducer 0 reads, the watchdog stores shard 0's kept state (its weights not yet): the reducer
+    then writes the kept weights, not its own average, so weights and state agree."""
+    _register(services, "overtaken", workers=2)
+    fired = _arrive(services, "overtaken", 0) + _arrive(services, "overtaken", 1)
+    read = services.store.get_quorum
+
+    def overtaken(*args, **kwargs):
+        kept = optimizers.initial_state(SGD, int(PLAN.shard(0).trainable.sum()))
+        services.store.put_arrays_new(keys.optimizer_state("overtaken", 0, 1), kept,
+                                      {reducer.AVERAGED_METADATA: reducer.KEPT})
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(services.store, "get_quorum", overtaken)
+    reducer.reduce(fired[0], services)
+    assert np.array_equal(services.store.get_array(keys.weights("overtaken", 1, 0)),
+                          services.store.get_array(keys.weights("overtaken", 0, 0)))

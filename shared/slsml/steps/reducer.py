@@ -88,8 +88,13 @@ def _reduce(message: ReduceMessage, services: Services) -> None:
     new_weights = weights.copy()
     new_weights[trainable] = stepped
     new_weights[~trainable] = mean[~trainable]  # non-trainable state (e.g. BatchNorm statistics): averaged
-    averaged = ",".join(str(p.worker) for p, _ in included)
-    store.put_arrays_new(keys.optimizer_state(run, shard, iteration + 1), state, {AVERAGED_METADATA: averaged})
+    averaged = [p.worker for p, _ in included]
+    metadata = {AVERAGED_METADATA: ",".join(map(str, averaged))}
+    if not store.put_arrays_new(keys.optimizer_state(run, shard, iteration + 1), state, metadata) and (
+        _averaged(store, run, iteration, shard) != set(averaged)
+    ):  # the watchdog, or a concurrent try with other parts, stored the state first: follow it
+        _reduce(message, services)
+        return
     store.put_array_new(keys.weights(run, iteration + 1, shard), new_weights)  # last: marks the shard done
 
 
