@@ -209,9 +209,17 @@ def _print_summary(summary: Any, as_json: bool) -> None:
         row("S3 bytes per iteration", f"read {summary.bytes_read_per_iteration / 1e6:.2f} MB, "
                                        f"written {summary.bytes_written_per_iteration / 1e6:.2f} MB")
     row("late workers", summary.late_workers)
+    if summary.dropped_parts or summary.nonfinite_updates or summary.stale_attempts:
+        row("left out", f"{summary.dropped_parts} parts past their read timeout, {summary.nonfinite_updates}"
+                        f" non-finite updates, {summary.stale_attempts} reports of superseded attempts")
     if summary.deadlines_fired or summary.relaunched_workers or summary.relaunched_reducers or summary.stale_shards:
         row("deadlines", f"{summary.deadlines_fired} fired, {summary.relaunched_workers} workers and"
                          f" {summary.relaunched_reducers} reducers re-launched, {summary.stale_shards} stale shards")
+    if summary.faults is not None:
+        injected = ", ".join(f"{kind} {n}" for kind, n in summary.faults["injected"].items() if n) or "none"
+        row("faults injected", injected)
+        row("  what it took", f"{summary.faults['failed_invocations']} failed invocations,"
+                              f" {summary.faults['retries']} retried, {summary.faults['dead_letters']} dead letters")
     row("final model", summary.final_model)
     _console().print(table)
     if as_json:

@@ -27,12 +27,17 @@ def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path)
 
     done = slsml("run", "start", "--local", "--model", "model.keras", "--data", "my_digits.npz", "--workers", "2",
                  "--reducers", "1", "--iterations", "4", "--run-id", "cli-run", "--out", "trained.keras", "--json",
-                 cwd=tmp_path)
+                 "--faults", "seed=1,duplicate=0.5,worker_crash=0.3", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary.keys() >= REQUIRED
     assert (summary["run_id"], summary["status"], summary["iterations"]) == ("cli-run", "COMPLETED", 4)
     assert 0 <= summary["test_accuracy"] <= 1 and summary["median_iteration_s"] > 0
+    injected = {kind: n for kind, n in summary["faults"]["injected"].items() if n}
+    assert injected.keys() == {"duplicate", "worker_crash"}, summary["faults"]
+    table = done.stderr  # the summary a person reads says the same
+    assert "faults injected" in table and ", ".join(f"{k} {n}" for k, n in injected.items()) in table, table
+    assert f"{summary['faults']['failed_invocations']} failed invocations" in table, table
     assert modelio.load_model((tmp_path / "trained.keras").read_bytes()).count_params() > 0
 
     status = slsml("run", "status", "cli-run", "--json", cwd=tmp_path)
