@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,6 +36,12 @@ def digits(services: Services) -> tuple[np.ndarray, ...]:
     arrays = demo.digits()
     data.put_dataset(services.store, DIGITS, *arrays)
     return arrays
+
+
+def log_entries(path: Path, **fields: Any) -> list[dict[str, Any]]:
+    """The JSON (Powertools) entries of a function's log whose fields have these values."""
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+    return [e for e in entries if all(e.get(k) == v for k, v in fields.items())]
 
 
 def train(services: Services, spec: TrainingSpec, run_id: str, model_bytes: bytes | None = None) -> None:

@@ -17,7 +17,7 @@ from slsml.envelope import MAX_MESSAGE_BYTES
 from slsml.faults import Delay, Faults
 from slsml.local.cloud import REGION
 
-from .conftest import final_weights, finish, train
+from .conftest import final_weights, finish, log_entries, train
 
 RUN = "rejections"
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=4, eval_every=0)
@@ -52,12 +52,6 @@ CASES: list[tuple[str, str, str, str]] = [
 ]
 
 
-def logged_errors(path: Any) -> list[dict[str, Any]]:
-    """The error lines of a function's (Powertools JSON) log."""
-    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
-    return [entry for entry in map(json.loads, lines) if entry.get("level") == "ERROR"]
-
-
 def test_malformed_messages_are_dead_lettered_with_a_reason_and_fail_no_run(local, services, digits):
     sns = boto3.client("sns", endpoint_url=local.deployment.endpoint, region_name=REGION)
     local.host.faults = HOLD
@@ -83,7 +77,7 @@ def test_malformed_messages_are_dead_lettered_with_a_reason_and_fail_no_run(loca
         assert letter["function"] == function and letter["rejected"], letter
         assert letter["error"].startswith(f"MessageRejected: {expected}"), (letter["error"], expected)
         assert letter["run_id"] == (RUN if function in ("reduce_launcher", "merger", "reducer") else None)
-        assert [e["message"] for e in logged_errors(local.log_dir / f"{function}.log")
+        assert [e["message"] for e in log_entries(local.log_dir / f"{function}.log", level="ERROR")
                 if e.get("message_id") == message_id] == [letter["error"].removeprefix("MessageRejected: ")] * 3
     recorded = [json.loads(line) for line in (local.log_dir / "dead-letters.jsonl").read_text().splitlines()]
     for message_id, *_ in published:

@@ -4,23 +4,14 @@ that takes the key of a run's next model fails that run with a reason naming it,
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import numpy as np
 
 from slsml import demo, keys, modelio
 from slsml.config import TrainingSpec
 
-from .conftest import final_weights, finish, train
+from .conftest import final_weights, finish, log_entries, train
 
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=3, eval_every=0)
-
-
-def logged(path: Any, message: str) -> list[dict[str, Any]]:
-    """The entries of a function's (Powertools JSON) log with this message."""
-    entries = [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
-    return [e for e in entries if e.get("message") == message]
 
 
 def test_objects_that_are_no_pipeline_model_are_ignored_and_kept(local, services, digits):
@@ -46,11 +37,12 @@ def test_objects_that_are_no_pipeline_model_are_ignored_and_kept(local, services
     for key, body in stray.items():
         assert services.store.get(key) == body, key
     launcher_log = local.log_dir / "work_launcher.log"
-    not_models = {e["key"] for e in logged(launcher_log, "object is not a pipeline model: ignored")}
+    not_models = {e["key"] for e in log_entries(launcher_log, message="object is not a pipeline model: ignored")}
     assert {"runs/stray/models/notes.keras", "runs/stray/backup.keras"} <= not_models
-    not_current = logged(launcher_log, "model is not the run's current one: ignored")
+    not_current = log_entries(launcher_log, message="model is not the run's current one: ignored")
     assert any(e["run_id"] == "stray" and e["iteration"] == 7 for e in not_current)
-    dropped = {e["key"] for e in logged(local.log_dir / "run_starter.log", "object is not a dropped model: ignored")}
+    dropped = {e["key"] for e in log_entries(local.log_dir / "run_starter.log",
+                                           message="object is not a dropped model: ignored")}
     assert {k for k in stray if k.startswith("incoming/")} <= dropped
     assert not [r.run_id for r in services.table.list_runs() if r.run_id.startswith(("not-a-name", "nested"))]
 
