@@ -5,7 +5,6 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from slsml.envelope import pipeline_handler
-from slsml.idempotency import once_per_message
 from slsml.messages import ReduceDone
 from slsml.services import from_env
 from slsml.steps import merger
@@ -18,7 +17,8 @@ metrics = Metrics()
 def lambda_handler(messages: list[ReduceDone], context: LambdaContext) -> None:
     services = from_env()
     metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(messages))
-    merge = once_per_message(lambda message: merger.on_reduce_done(message, services), context)
+    def merge(message):
+        return merger.on_reduce_done(message, services)
     for message in messages:
         with failing_run_on_bad_input(services, message.run_id, "merger"):
             merge(message)

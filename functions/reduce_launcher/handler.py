@@ -6,7 +6,6 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from slsml.deployment import Metric
 from slsml.envelope import pipeline_handler
-from slsml.idempotency import once_per_message
 from slsml.messages import WorkDone
 from slsml.services import from_env
 from slsml.steps import reduce_launcher
@@ -19,7 +18,8 @@ metrics = Metrics()
 def lambda_handler(messages: list[WorkDone], context: LambdaContext) -> None:
     services = from_env()
     metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(messages))
-    record = once_per_message(lambda done: reduce_launcher.on_work_done(done, services), context)
+    def record(done):
+        return reduce_launcher.on_work_done(done, services)
     for message in messages:
         with failing_run_on_bad_input(services, message.run_id, "reduce launcher"):
             metrics.add_metric(Metric.WORKERS_DONE, MetricUnit.Count, 1)

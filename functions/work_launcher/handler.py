@@ -6,7 +6,6 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from slsml.envelope import pipeline_handler
-from slsml.idempotency import once_per_message
 from slsml.messages import LauncherEvent, RunStarted, S3Notification, landed_objects
 from slsml.services import from_env
 from slsml.steps import work_launcher
@@ -18,7 +17,8 @@ metrics = Metrics()
 def lambda_handler(events: list[RunStarted | S3Notification], context: LambdaContext) -> None:
     services = from_env()
     metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(events))
-    launch = once_per_message(lambda landed: work_launcher.on_model(landed, services), context)
+    def launch(landed):
+        return work_launcher.on_model(landed, services)
     for event in events:
         if isinstance(event, RunStarted):
             work_launcher.on_run_started(event, services)

@@ -6,7 +6,6 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from slsml.deployment import Metric
 from slsml.envelope import pipeline_handler
-from slsml.idempotency import once_per_message
 from slsml.messages import WorkMessage
 from slsml.services import from_env
 from slsml.steps import worker
@@ -19,11 +18,12 @@ metrics = Metrics()
 def lambda_handler(messages: list[WorkMessage], context: LambdaContext) -> None:
     services = from_env()
     metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(messages))
-    work = once_per_message(lambda message: worker.work(message, services), context)
+    def work(message):
+        return worker.work(message, services)
     for message in messages:
         with failing_run_on_bad_input(services, message.run_id, f"worker {message.worker}"):
             done = work(message)
             if done:
-                metrics.add_metric("WorkerComputeSeconds", MetricUnit.Seconds, done["compute_s"])
-                if done["samples"]:  # a non-finite update is announced with no samples and no loss
-                    metrics.add_metric(Metric.TRAIN_LOSS, MetricUnit.NoUnit, done["loss"])
+                metrics.add_metric("WorkerComputeSeconds", MetricUnit.Seconds, done.compute_s)
+                if done.finite:  # a non-finite update is announced with no samples and no loss
+                    metrics.add_metric(Metric.TRAIN_LOSS, MetricUnit.NoUnit, done.loss)
