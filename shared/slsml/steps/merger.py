@@ -62,6 +62,7 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
 
 def _heartbeat(services: Services, run: RunRecord) -> None:
     """Tell the run's execution the pipeline lives, a few times per heartbeat window (not every iteration)."""
-    if run.heartbeat_at is None or time.time() - run.heartbeat_at > run.heartbeat_s / HEARTBEATS_PER_WINDOW:
+    due = run.heartbeat_at is None or time.time() - run.heartbeat_at > run.heartbeat_s / HEARTBEATS_PER_WINDOW
+    if run.task_token and due:
         services.orchestrator.heartbeat(run.task_token)
         services.table.mark_heartbeat(run.run_id)
