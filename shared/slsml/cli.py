@@ -447,6 +447,12 @@ def _print_stragglers(report: Any) -> None:
                   f"{yes[report.c_reaches_target]}")
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from slsml import planreport
+
+    return planreport.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slsml", description="Elastic, serverless training of Keras models.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -506,6 +512,12 @@ def build_parser() -> argparse.ArgumentParser:
                             help="the straggler's invocation lasts this many (a) work phases (default 20)")
     stragglers.add_argument("--json", action="store_true", help="print the report as one JSON line")
     stragglers.set_defaults(handler=cmd_bench_stragglers)
+
+    plan = commands.add_parser("plan", help="predict a run's time, requests, dollars and quotas on AWS")
+    from slsml.planreport import add_arguments
+
+    add_arguments(plan)
+    plan.set_defaults(handler=cmd_plan)
 
     datasets = commands.add_parser("data", help="datasets in S3").add_subparsers(dest="action", required=True)
     put = datasets.add_parser("put", help="upload x/y arrays (.npz) as shards plus a manifest")
