@@ -222,9 +222,7 @@ def load_overrides(calibration: str | Path | None, pairs: Iterable[str], model: 
         raise BadInputError(f"{model.__name__.lower()}: {problems}") from None
 
 
-def from_params(
-    params: int, parameters: Parameters, model_file_bytes: int | None = None, compute_per_sample_s: float | None = None
-) -> dict[str, Any]:
+def from_params(params: int, parameters: Parameters, compute_per_sample_s: float | None = None) -> dict[str, Any]:
     """The model's figures from its size alone (a ResNet-50-like network on 224×224 images)."""
     if params <= 0:
         raise BadInputError(f"--params {params}: a model has at least one weight")
@@ -237,7 +235,7 @@ def from_params(
         "model": "model (--params)",
         "params": params,
         "trainable_params": params,
-        "model_file_bytes": model_file_bytes or round(4 * params * (1 + parameters.keras_file_overhead)),
+        "model_file_bytes": round(4 * params * (1 + parameters.keras_file_overhead)),
         "activation_bytes_per_sample": params * parameters.activation_bytes_per_param_sample,
         "compute_per_sample_s": compute,
         "compute_source": source,
@@ -263,7 +261,7 @@ def from_keras_file(path: str | Path, batch: int, measure: bool, parameters: Par
         "params": sum(s.size for s in specs),
         "trainable_params": sum(s.size for s in specs if s.trainable),
         "model_file_bytes": len(data),
-        "sample_bytes": 4 * math.prod(shapes[1:]),
+        "sample_bytes": 4 * math.prod(d or 1 for d in shapes[1:]),
         "activation_bytes_per_sample": 4 * _layer_outputs(model),
     }
     with suppress(BadInputError):  # not compiled, or not an optimizer the reducers apply: the default stands
@@ -312,7 +310,7 @@ def measure_step(model: Any, specs: list, batch: int) -> float:
 
     trainer = modelio.Trainer(model, ShardPlan.build(specs, 1), json.dumps("mean_squared_error"), classification=False)
     rng = np.random.default_rng(0)
-    x = rng.random((batch, *model.input_shape[1:]), dtype=np.float32)
+    x = rng.random((batch, *(d or 1 for d in model.input_shape[1:])), dtype=np.float32)
     y = np.zeros((batch, *(d or 1 for d in model.output_shape[1:])), dtype=np.float32)
     trainer.compute_update(x, y)
     started = time.perf_counter()
@@ -723,21 +721,22 @@ def _quotas(
             f": at {q.dynamodb_partition_wu_s:,} WU/s an iteration lasts at least {floor_s:.2f} s, "
             f"{floor_s - chain_s:.2f} s over the {chain_s:.2f} s chain" if floor_s > chain_s else ""))
     updates_prefix = keys.update("<run>", 0, 0).rsplit("/", 1)[0].replace("000000", "<i>") + "/"
-    iteration_prefix = updates_prefix.rsplit("/updates/", 1)[0] + "/"
+    iteration_prefix = updates_prefix.removesuffix("updates/")
+    models_prefix = keys.models_prefix("<run>")
     gets = {
-        f"{updates_prefix} (reducers' ranged reads)": R * n / max(1.0, spreads["reduce"] + reduce_read),
-        f"{iteration_prefix} (workers read the weights)": W / max(1.0, spreads["work"]),
+        f"{updates_prefix}: the reducers' {R}×{n} ranged reads": R * n / max(1.0, spreads["reduce"] + reduce_read),
+        f"{iteration_prefix}: {W} workers read the weights": W / max(1.0, spreads["work"]),
     }
     puts = {
-        f"{updates_prefix} (workers' updates)": W / max(1.0, spreads["work"]),
-        f"{iteration_prefix} (reducers' shards)": R / max(1.0, spreads["reduce"]),
+        f"{updates_prefix}: {W} workers' updates": W / max(1.0, spreads["work"]),
+        f"{iteration_prefix}: {R} reducers' shards": R / max(1.0, spreads["reduce"]),
     }
+    hit = f"the chain hits {updates_prefix}, {iteration_prefix} and {models_prefix}, all one prefix until S3 splits it"
     for kind, rates, limit in (("GET", gets, q.s3_get_per_s), ("PUT", puts, q.s3_put_per_s)):
-        prefix, value = max(rates.items(), key=lambda item: item[1])
+        busiest, value = max(rates.items(), key=lambda item: item[1])
+        over = f": over by {value - limit:,.0f}/s, S3 answers 503 SlowDown and the requests retry"
         add(f"S3 {kind} rate", value, limit, f"{kind}/s",
-            f"{prefix}; until S3 splits it, runs/<run>/ is one prefix" + (
-                f": over by {value - limit:,.0f}/s, S3 answers 503 SlowDown and the reads retry" if value > limit
-                else ""))
+            f"busiest {busiest}" + (f"; {hit}" if kind == "GET" else "") + (over if value > limit else ""))
     add("zip package", p.zip_layer_mb, q.zip_mb, "MB", "numpy layer + slsml, unzipped", hard=True)
     add("container image", p.image_mb, q.image_mb, "MB", "TensorFlow image of the worker and merger", hard=True)
     return checks

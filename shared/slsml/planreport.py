@@ -79,8 +79,6 @@ def workload(args: argparse.Namespace, parameters: Parameters) -> Workload:
     if args.optimizer:
         figures["optimizer"] = OptimizerConfig(name=args.optimizer, momentum=args.momentum if args.optimizer == "sgd"
                                                else 0.0)
-    if args.samples is not None and args.batch > args.samples:
-        raise BadInputError(f"global batch {args.batch} is larger than the {args.samples} training samples")
     if args.epochs is not None:
         iterations = max(1, round(args.epochs * (args.samples // args.batch)))
     else:
@@ -184,11 +182,13 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
                    f"chain {_time(plan.chain_s)}; DynamoDB floor {_time(plan.floor_s)}")
     console.print(stages)
 
-    functions = Table("function", "invocations", "memory", "needs", "time", "GB-s", "S3 read", "S3 written",
-                      title="by function (time, bytes: the invocation on the path; GB-s: all of an iteration)")
+    functions = Table("function", "invocations", "memory", "needs", "time", "GB-s", "S3 read (all)",
+                      "S3 written (all)", title="by function: the invocation on the path (all of an iteration)")
     for f in plan.functions:
         functions.add_row(f.function, f"{f.invocations:,}", f"{f.memory_mb:,} MB", f"{f.memory_needed_mb:,.0f} MB",
-                          _time(f.seconds), f"{f.gb_seconds:,.1f}", _bytes(f.bytes_read), _bytes(f.bytes_written))
+                          _time(f.seconds), f"{f.gb_seconds:,.1f}",
+                          f"{_bytes(f.bytes_read)} ({_bytes(f.bytes_read_total)})",
+                          f"{_bytes(f.bytes_written)} ({_bytes(f.bytes_written_total)})")
     console.print(functions)
 
     services = Table("request", "per iteration", title="requests by service:Operation")
@@ -204,8 +204,7 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
     for service, amount in sorted(plan.dollars_per_iteration.items(), key=lambda item: -item[1]):
         money.add_row(service, _dollars(amount), _dollars(None if per_epoch is None else amount * per_epoch),
                       _dollars(amount * w.iterations))
-    money.add_row("first iteration, extra", _dollars(plan.first_iteration.extra_dollars), "",
-                  _dollars(plan.first_iteration.extra_dollars))
+    money.add_row("first iteration, extra", "", "", _dollars(plan.first_iteration.extra_dollars))
     money.add_row("[bold]total", f"[bold]{_dollars(plan.iteration_dollars)}", f"[bold]{_dollars(plan.epoch_dollars)}",
                   f"[bold]{_dollars(plan.run_dollars)}")
     console.print(money)
@@ -215,7 +214,8 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
                   f"and {sum(plan.first_iteration.extra_requests.values()):,} reads "
                   f"({plan.first_iteration.detail})")
 
-    quotas = Table("quota", "value", "limit", "use", "", "detail", title="quotas")
+    quotas = Table("quota", "value", "limit", "use", "", title="quotas")
+    quotas.add_column("detail", overflow="fold")
     for q in plan.quotas:
         mark = "[green]ok" if q.ok else ("[red]cannot run" if q.hard else "[yellow]over")
         quotas.add_row(q.name, _number(q.value), f"{_number(q.limit)} {q.unit}", f"{q.utilization:.0%}", mark, q.detail)
