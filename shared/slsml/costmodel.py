@@ -522,7 +522,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
 
     lat, ddb, pub, hop = p.s3_request_s, p.dynamodb_s, p.sns_publish_s, p.sns_lambda_s
     # WorkLauncher: read the run, claim the iteration, publish Work (the n-th message's batch is on the path)
-    launch_s = p.handler_s + 2 * ddb + math.ceil(n / bus.BATCH_ENTRIES) * pub
+    launch_s = p.handler_s + 2 * ddb + publish_batches(n, work_bytes) * pub
     launcher_s = p.handler_s + 2 * ddb + work_batches * pub
     worker_cpus = _speedup(vcpus(mem["worker"]), p.vcpu_efficiency)
     read_weights = _transfer(1, M, lat, p.s3_read_mb_s)
@@ -554,8 +554,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         Stage(name="model → WorkLauncher", function=None, seconds=p.s3_event_s + hop,
               detail="S3 event → SNS ModelUpdated → Lambda"),
         Stage(name="WorkLauncher", function="work_launcher", seconds=launch_s,
-              detail=f"run + claim (DynamoDB), Work to the {n}-th worker: {math.ceil(n / 10)} of {work_batches} "
-                     "PublishBatch"),
+              detail=f"run + claim (DynamoDB), Work to the {n}-th worker: {publish_batches(n, work_bytes)} of "
+                     f"{work_batches} PublishBatch"),
         Stage(name="Work → Worker", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(name="Worker", function="worker", seconds=worker_s,
               detail=f"read weights {read_weights:.2f} s, compute {local_batch} samples {compute_s:.2f} s, "
@@ -670,7 +670,7 @@ def _first_iteration(
 def _quotas(
     w: Workload, p: Parameters, q: Quotas, n: int, reduce_bytes: int, critical: dict[str, float],
     memory_needed: dict[str, float], spreads: dict[str, float], reduce_read: float, chain_s: float, floor_s: float,
-    counter_wu: int,
+    counter_units: int,
 ) -> list[QuotaCheck]:
     W, R = w.workers, w.reducers
     checks: list[QuotaCheck] = []
@@ -682,10 +682,10 @@ def _quotas(
     # Workers run while the WorkLauncher still publishes (when a worker outlasts the launch), reducers likewise.
     workers_in_flight = W if critical["worker"] >= spreads["work"] else math.ceil(W * critical["worker"] /
                                                                                   spreads["work"])
-    peak = max(workers_in_flight + 1, R + 1)
-    add("Lambda concurrency", peak, q.lambda_concurrency, "executions",
-        f"{workers_in_flight} workers in flight while the WorkLauncher publishes (+1); throttled invocations "
-        "wait and retry")
+    stage = (f"{workers_in_flight} workers in flight while the WorkLauncher publishes (+1)" if workers_in_flight >= R
+             else f"{R} reducers in flight while the ReduceLauncher publishes (+1)")
+    add("Lambda concurrency", max(workers_in_flight, R) + 1, q.lambda_concurrency, "executions",
+        f"{stage}; throttled invocations wait and retry")
     add("Lambda burst (first iteration)", W * 10 / max(10.0, spreads["work"]), q.lambda_burst_per_10s,
         "new workers / 10 s", f"{W} cold workers start within {spreads['work']:.1f} s")
     for name in ("worker", "reducer", "merger"):
@@ -694,7 +694,7 @@ def _quotas(
         add(f"memory: {name}", need, limit, "MB",
             f"{name} needs ~{need:,.0f} MB and has {have:,} MB" + (
                 f": over by {need - have:,.0f} MB" + (
-                    f", beyond Lambda's {q.lambda_memory_mb:,} MB: change R or the model" if need > q.lambda_memory_mb
+                    f", beyond Lambda's {q.lambda_memory_mb:,} MB: {_RELIEF[name]}" if need > q.lambda_memory_mb
                     else f" (--memory {name}={_fitting(need)})") if need > have else ""),
             hard=True)
     for name in ("worker", "reducer", "merger"):
@@ -715,9 +715,9 @@ def _quotas(
         f"the participants item of {n} workers is ~{item:,.0f} B" + (
             f": over DynamoDB's {q.dynamodb_item_bytes:,} B by {item - q.dynamodb_item_bytes:,.0f} B"
             if item > q.dynamodb_item_bytes else ""), hard=True)
-    rate = counter_wu / max(chain_s, 1e-9)
+    rate = counter_units / max(chain_s, 1e-9)
     add("DynamoDB partition writes", rate, q.dynamodb_partition_wu_s, "WU/s",
-        f"the iteration counter item takes {counter_wu} writes an iteration (W + R + 3)" + (
+        f"the iteration counter item takes {counter_units} write units an iteration (W + R + 3 writes)" + (
             f": at {q.dynamodb_partition_wu_s:,} WU/s an iteration lasts at least {floor_s:.2f} s, "
             f"{floor_s - chain_s:.2f} s over the {chain_s:.2f} s chain" if floor_s > chain_s else ""))
     updates_prefix = keys.update("<run>", 0, 0).rsplit("/", 1)[0].replace("000000", "<i>") + "/"
@@ -740,6 +740,10 @@ def _quotas(
     add("zip package", p.zip_layer_mb, q.zip_mb, "MB", "numpy layer + slsml, unzipped", hard=True)
     add("container image", p.image_mb, q.image_mb, "MB", "TensorFlow image of the worker and merger", hard=True)
     return checks
+
+
+_RELIEF = {"worker": "more workers (a smaller slice each) or a smaller model", "reducer": "more reducers",
+           "merger": "a smaller model"}
 
 
 def _fitting(need_mb: float) -> int:

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def workload(args: argparse.Namespace, parameters: Parameters) -> Workload:
-    """The workload the arguments describe (R: the fastest for W when not given)."""
+    """The workload the arguments describe (R 1 when not given: ``run`` then picks the fastest)."""
     from slsml import costmodel
     from slsml.config import OptimizerConfig, TrainingSpec
 
