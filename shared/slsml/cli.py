@@ -471,6 +471,12 @@ def cmd_bench_barrier(args: argparse.Namespace) -> int:
     return 0 if fired and report.item_bytes_within and report.write_units_within else 1
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from slsml import planreport
+
+    return planreport.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slsml", description="Elastic, serverless training of Keras models.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -538,6 +544,12 @@ def build_parser() -> argparse.ArgumentParser:
     barrier.add_argument("--reducers", type=int, default=10, help="reducers of both (default 10)")
     barrier.add_argument("--json", action="store_true", help="print the report as one JSON line")
     barrier.set_defaults(handler=cmd_bench_barrier)
+
+    plan = commands.add_parser("plan", help="predict a run's time, requests, dollars and quotas on AWS")
+    from slsml.planreport import add_arguments
+
+    add_arguments(plan)
+    plan.set_defaults(handler=cmd_plan)
 
     datasets = commands.add_parser("data", help="datasets in S3").add_subparsers(dest="action", required=True)
     put = datasets.add_parser("put", help="upload x/y arrays (.npz) as shards plus a manifest")
