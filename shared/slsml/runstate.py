@@ -37,6 +37,7 @@ from slsml.records import (
     worker_sk,
 )
 
+BATCH_READ = 100  # keys of one BatchGetItem request
 _SAME_GENERATION = "(attribute_not_exists(generation) OR generation = :generation)"
 
 
@@ -112,8 +113,10 @@ class RunTable:
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
 
     def advance(self, run_id: str, iteration: int) -> RunRecord | None:
-        """The model entering ``iteration`` is about to be stored (the run's heartbeat)."""
-        return self._update_run(run_id, {"iteration": iteration, "iteration_at": time.time()})
+        """The model entering ``iteration`` is about to be stored (the run's heartbeat); None if the run is
+        not running or is past ``iteration`` already (a late retry never moves it back)."""
+        return self._update_run(run_id, {"iteration": iteration, "iteration_at": time.time()},
+                                condition="#iteration <= :iteration")
 
     def mark_heartbeat(self, run_id: str) -> None:
         self._update_run(run_id, {"heartbeat_at": time.time()})
@@ -176,11 +179,21 @@ class RunTable:
             by_iteration.setdefault(iteration_of(item["sk"]), []).append(item)
         return [iteration_record(i, items) for i, items in sorted(by_iteration.items())]
 
-    def worker_reports(self, run_id: str, iteration: int, generation: int) -> list[WorkerReport]:
-        """The reports of ``iteration`` in this generation (re-launch placeholders left out)."""
-        items = self._query(run_id, f"{iteration_sk(iteration)}#W#")
+    def worker_reports(self, run_id: str, iteration: int, workers: int, generation: int) -> list[WorkerReport]:
+        """The reports of ``iteration`` in this generation (re-launch placeholders left out), read by key
+        (``BATCH_READ`` keys a request) rather than by a query, whose cost grows with the partition."""
+        client, name = self.table.meta.client, self.table.name  # the resource's client: plain values
+        pending = [self._key(run_id, worker_sk(iteration, w)) for w in range(workers)]
+        items: list[dict[str, Any]] = []
+        while pending:
+            batch, pending = pending[:BATCH_READ], pending[BATCH_READ:]
+            request = {name: {"Keys": batch, "ConsistentRead": True}}
+            while request:
+                response = client.batch_get_item(RequestItems=request)
+                items += response["Responses"].get(name, [])
+                request = response.get("UnprocessedKeys") or {}
         reports = [WorkerReport.model_validate(plain(i)) for i in items]
-        return [r for r in reports if r.reported and r.generation == generation]
+        return sorted((r for r in reports if r.reported and r.generation == generation), key=lambda r: r.worker)
 
     def forget_iterations(self, run_id: str, first: int) -> None:
         """Delete the items of iterations from ``first`` on (a resumed run runs them again)."""

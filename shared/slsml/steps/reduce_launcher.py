@@ -42,8 +42,8 @@ def fire_reduce(
     """Fire the reduce of ``iteration`` with its finite reports, once, if at least ``quorum`` of the workers
     (or all of them, non-finite ones included) reported: [] if not, or if someone else fired it."""
     table, run_id, workers = services.table, config.run_id, config.workers
-    reports = table.worker_reports(run_id, iteration, generation)
-    finite = sorted((r for r in reports if r.finite), key=lambda r: r.worker)
+    reports = table.worker_reports(run_id, iteration, workers, generation)
+    finite = [r for r in reports if r.finite]
     if len(reports) >= workers and not finite:
         reason = f"all {workers} workers produced non-finite updates at iteration {iteration}"
         logger.error("run failed", extra={"run_id": run_id, "reason": reason})

@@ -33,7 +33,11 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone:
     weights = current.weights.copy()
     weights[trainable] = stepped
     weights[~trainable] = mean[~trainable]  # non-trainable state (e.g. BatchNorm statistics): averaged
-    services.store.put_new(keys.shard(run, iteration + 1, shard), shards.encode(shards.Shard(weights, state, averaged)))
+    body = shards.encode(shards.Shard(weights, state, averaged))
+    stored = services.store.put_new(keys.shard(run, iteration + 1, shard), body)
+    dropped = [p.worker for p in message.participants if p.worker not in averaged]
+    if stored and dropped:  # else another try's shard stands, and with it what that try left out
+        services.table.record_dropped_parts(run, iteration, shard, dropped)
     done = ReduceDone(run_id=run, iteration=iteration, generation=message.generation, shard=shard)
     services.bus.publish(wiring.REDUCE_DONE, [done])
     return done
@@ -52,7 +56,6 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> t
     )
     dropped = [p.worker for p, part in zip(participants, parts, strict=True) if part is None]
     if dropped:
-        services.table.record_dropped_parts(run, iteration, shard, dropped)
         logger.warning("parts dropped after their read timeout", extra={
             "run_id": run, "iteration": iteration, "shard": shard, "workers": dropped, "timeout_s": policy.timeout_s})
     included = [(p, part) for p, part in zip(participants, parts, strict=True) if part is not None]

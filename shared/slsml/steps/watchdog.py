@@ -23,7 +23,7 @@ from slsml.barrier import quorum_count
 from slsml.config import RunConfig
 from slsml.errors import NotFoundError
 from slsml.messages import Deadline, ReduceDone, WorkMessage
-from slsml.records import DEADLINE_OWNER, IterationRecord, RunStatus
+from slsml.records import DEADLINE_OWNER, IterationRecord, RunRecord, RunStatus
 from slsml.services import Services
 from slsml.steps.common import run_config
 from slsml.steps.reduce_launcher import fire_reduce, publish_reduce
@@ -43,7 +43,9 @@ class Action(StrEnum):
 
 
 def on_deadline(deadline: Deadline, services: Services) -> Action:
-    """Act on the run's current iteration; unless the run ended, send the chain's next deadline."""
+    """Act on the run's current iteration; unless the run ended, send the chain's next deadline. The
+    chain moves on (``RunRecord.watched``) only once the next deadline is sent, so a try that failed
+    midway is carried on by its redelivery, and a duplicate that comes later finds the chain moved."""
     if deadline.due_at > time.time() + 1:
         services.deadlines.schedule(deadline.model_copy(update={"resent": deadline.resent + 1}))
         return Action.NOT_DUE
@@ -51,11 +53,14 @@ def on_deadline(deadline: Deadline, services: Services) -> Action:
         run = services.table.get_run(deadline.run_id)
     except NotFoundError:
         return Action.NOTHING
-    if run.status != RunStatus.RUNNING or run.generation != deadline.generation:
-        return Action.NOTHING
-    if services.table.watch(run.run_id, deadline.link, deadline.link + 1) is None:
-        return Action.NOTHING  # a duplicate: another copy of this deadline carries the chain on
-    deadline = deadline.model_copy(update={"link": deadline.link + 1, "resent": 0})
+    if run.status != RunStatus.RUNNING or run.generation != deadline.generation or run.watched != deadline.link:
+        return Action.NOTHING  # the run ended, or another copy of this deadline carried the chain on
+    action = _act(deadline.model_copy(update={"link": deadline.link + 1, "resent": 0}), run, services)
+    services.table.watch(run.run_id, deadline.link, deadline.link + 1)
+    return action
+
+
+def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
     if run.iteration != deadline.iteration:  # the run moved on: watch the iteration it is at
         deadline = _next(deadline, "work", 0, (run.iteration_at or time.time()) + run.deadline_s)
         deadline = deadline.model_copy(update={"iteration": run.iteration})

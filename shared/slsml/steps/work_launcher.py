@@ -58,11 +58,12 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         [WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w)
          for w in range(run.workers)],
     )
-    if run.watched is None and services.table.watch(run_id, None, 0):  # the first launch of this generation
+    if run.watched is None:  # the first launch of this generation starts its chain of deadlines
         services.deadlines.schedule(
             Deadline(run_id=run_id, iteration=iteration, generation=run.generation, stage="work", round=0,
                      due_at=time.time() + run.deadline_s)
         )
+        services.table.watch(run_id, None, 0)
     logger.info("iteration launched", extra={"run_id": run_id, "iteration": iteration, "workers": run.workers})
     return Outcome.LAUNCHED
 
