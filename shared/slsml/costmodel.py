@@ -10,7 +10,7 @@ q, n = ⌈q·W⌉ participants, M = 4·params bytes, P = M/R bytes per shard, k 
 | WorkLauncher (1) | GetItem 1, UpdateItem 1, PublishBatch ⌈W/10⌉ | – |
 | Worker (W) | GetObject 1, PutObject 1, PublishBatch 1 | reads M, writes M + 32 |
 | ReduceLauncher (W) | PutItem 1, UpdateItem 1; the firing one also UpdateItem 1, | – |
-| | Query ⌈W·record/1 MiB⌉, PutItem 1, PublishBatch ⌈R/per batch⌉ | |
+| | BatchGetItem ⌈W/100⌉, PutItem 1, PublishBatch ⌈R/per batch⌉ | |
 | Reducer (R) | GetObject n + 1, PutObject 1, PublishBatch 1 | reads n·P + P(1+k), writes P(1+k) |
 | Merger (R) | UpdateItem 1; the merging one also GetObject R, UpdateItem 2, | reads M, |
 | | PutObject 2 | writes M + model file |
@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from slsml import bus, keys, optimizers, prices, updates
+from slsml import bus, keys, optimizers, prices, runstate, updates
 from slsml.barrier import quorum_count
 from slsml.config import OptimizerConfig, TrainingSpec
 from slsml.data import DEFAULT_SHARD_SIZE
@@ -501,14 +501,14 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     work_bytes, reduce_bytes = message_bytes(n, local_batch, R)
     work_batches = publish_batches(W, work_bytes)
     reduce_batches = publish_batches(R, reduce_bytes)
-    pages = max(1, math.ceil(W * p.record_bytes / _MIB))
+    pages = math.ceil(W / runstate.BATCH_READ)  # the fire reads the W records by key
     mem = w.memory_mb
 
     requests = {
         "dynamodb:GetItem": 1,
         "dynamodb:UpdateItem": 1 + W + 1 + R + 2,
         "dynamodb:PutItem": W + 1,
-        "dynamodb:Query": pages,
+        "dynamodb:BatchGetItem": pages,
         "s3:GetObject": W + R * (n + 1) + R,
         "s3:PutObject": W + R + 2,
         "sns:PublishBatch": work_batches + W + reduce_batches + R,
@@ -517,7 +517,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     counter_writes = 1 + W + 1 + R + 1  # claim, counts, fire, shard counts, fire+merge record
     write_units = (counter_writes * counter_wu + W * _units(p.record_bytes, 1024)
                    + _units(n * p.participant_bytes, 1024) + _units(p.run_item_bytes, 1024))
-    read_units = _units(p.run_item_bytes, 4096) + math.ceil(W * p.record_bytes / 4096)
+    read_units = _units(p.run_item_bytes, 4096) + W * _units(p.record_bytes, 4096)  # BatchGetItem: per item
     sns_billed = W * prices.sns_chunks(work_bytes) + W + R * prices.sns_chunks(reduce_bytes) + R + 1  # +1: S3 event
 
     lat, ddb, pub, hop = p.s3_request_s, p.dynamodb_s, p.sns_publish_s, p.sns_lambda_s
@@ -562,7 +562,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
                      f"write update {write_update:.2f} s, WorkDone"),
         Stage(name="WorkDone → ReduceLauncher", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(name="ReduceLauncher (fires)", function="reduce_launcher", seconds=fire_s,
-              detail=f"record + count, fire, {pages} Query page(s), participants, {reduce_batches} PublishBatch"),
+              detail=f"record + count, {pages} BatchGetItem, participants, fire, {reduce_batches} PublishBatch"),
         Stage(name="Reduce → Reducer", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(name="Reducer", function="reducer", seconds=reducer_s,
               detail=f"{n + 1} GETs {reduce_read:.2f} s, average + optimizer {reduce_math:.2f} s, write shard"),

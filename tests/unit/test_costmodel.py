@@ -119,7 +119,7 @@ def test_requests_follow_the_request_chain() -> None:
         "dynamodb:GetItem": 1,
         "dynamodb:UpdateItem": 1 + 8 + 1 + 3 + 2,  # claim, counters, fire, merger counters, fire+merge, advance
         "dynamodb:PutItem": 8 + 1,  # records, participants
-        "dynamodb:Query": 1,
+        "dynamodb:BatchGetItem": 1,
         "s3:GetObject": 8 + 3 * 7 + 3,  # weights, (6 parts + shard) per reducer, merger's ranged reads
         "s3:PutObject": 8 + 3 + 2,  # updates, shards, weights + model
         "sns:PublishBatch": 1 + 8 + 1 + 3,  # Work, WorkDone, Reduce, ReduceDone
