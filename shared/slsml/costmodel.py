@@ -47,7 +47,6 @@ IMAGE_FUNCTIONS = ("worker", "merger")  # container images with TensorFlow; the 
 MEMORY_CHOICES_MB = (512, 1024, 1769, 2048, 3008, 3538, 4096, 5307, 7076, 8845, 10240)
 REDUCER_CHOICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 SWEEP_WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
-_MIB = 1024 * 1024
 _VCPU_MB = 1769  # one vCPU; Lambda allocates CPU in proportion to memory, 6 vCPUs at 10,240 MB
 
 

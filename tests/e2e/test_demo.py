@@ -23,7 +23,8 @@ def test_demo_configuration_reaches_95_percent(services, digits):
     for record in iterations:  # WorkLauncher → 4 Workers → ReduceLauncher → 2 Reducers → Merger
         assert record.launched_by and record.reduce_fired_by is not None and record.merged_at
         assert set(record.reports) == {0, 1, 2, 3}
-        assert record.shards == {0, 1}
+        assert [p.worker for p in record.participants] == [0, 1, 2, 3] and record.participant_count == 4
+        assert (record.shards_in, record.merge_fired_by in {0, 1}, record.stale_shards) == (2, True, set())
         assert services.store.exists(keys.model("demo-accuracy", record.iteration + 1))
     model = modelio.load_model(services.store.get(keys.final_model("demo-accuracy")))
     assert model.count_params() > 0

@@ -33,5 +33,9 @@ def test_duplicated_deliveries_give_bit_identical_weights(local, services, digit
     clean, _ = final_weights(services, "dup-clean")
     twice, _ = final_weights(services, "dup-twice")
     assert np.array_equal(clean, twice)
-    for iteration in services.table.list_iterations("dup-twice"):
-        assert len(iteration.participants) == SPEC.workers  # every worker counted once
+    iterations = services.table.list_iterations("dup-twice")
+    assert len(iterations) == SPEC.iterations
+    for iteration in iterations:  # the counts are hints a duplicate inflates; the reduce took every worker once
+        assert [p.worker for p in iteration.participants] == list(range(SPEC.workers))
+        assert iteration.participant_count == SPEC.workers and iteration.arrived >= SPEC.workers
+        assert iteration.shards_in >= SPEC.reducers and not iteration.stale_shards
