@@ -231,10 +231,10 @@ def _print_summary(summary: Any, as_json: bool) -> None:
     if summary.cost_usd is not None:
         per_iteration = summary.cost_per_iteration_usd
         row("cost", f"{_dollars(summary.cost_usd)} in all"
-                    + ("" if per_iteration is None else f", {_dollars(per_iteration)} per iteration")
-                    + f" (Lambda {summary.gb_seconds:g} GB-s)")
+                    + ("" if per_iteration is None else f", {_dollars(per_iteration)} per iteration"))
         by_cost = sorted(summary.cost_by_service_usd.items(), key=lambda item: -item[1])
         row("  by service", ", ".join(f"{service} {_dollars(dollars)}" for service, dollars in by_cost))
+        row("  Lambda GB-seconds", f"{summary.gb_seconds:g}")
     row("late workers", summary.late_workers)
     if summary.dropped_parts or summary.nonfinite_updates or summary.stale_attempts:
         row("left out", f"{summary.dropped_parts} parts past their read timeout, {summary.nonfinite_updates}"

@@ -40,6 +40,7 @@ from aws_lambda_powertools import Logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slsml import prices
+from slsml.deployment import SERVICE_NAME
 from slsml.prices import PriceTable
 
 USAGE_KEY = "usage"  # the key of a usage log line
@@ -47,7 +48,8 @@ _CALL = "slsml_usage"  # the key of a call's bookkeeping in botocore's request c
 _DYNAMODB_READS = {"GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems"}
 _WRITE_UNIT_BYTES, _READ_UNIT_BYTES = 1024, 4096
 
-logger = Logger(child=True)
+# named, not from POWERTOOLS_SERVICE_NAME: slsml.aws imports this module before a local function's environment is set
+logger = Logger(service=SERVICE_NAME, child=True)
 
 
 class UsageRecord(BaseModel):
