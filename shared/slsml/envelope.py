@@ -105,7 +105,8 @@ def pipeline_handler(
     unpack: Callable[[Any], Iterable[Any]] = lambda message: (message,),
     idempotent: bool = True,
 ) -> Callable[[dict[str, Any], LambdaContext], None]:
-    """A pipeline function's Lambda handler: ``step(message, services)`` for each message.
+    """The Lambda handler of pipeline function ``function`` (its wiring name, which its usage lines
+    carry): ``step(message, services)`` for each message.
 
     Powertools Logger (the Lambda context in each line), Tracer, Metrics (cold starts; the number of
     messages as ``Messages``; a ``Metrics()`` of the step's adds to the same set) and Parser, which

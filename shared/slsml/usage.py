@@ -145,7 +145,7 @@ def scope(run_id: str | None, iteration: int | None) -> Iterator[None]:
     global _scope, _pending
     current = _invocation
     if current is None:
-        raise RuntimeError("a usage scope is opened within an invocation")
+        raise RuntimeError("a usage scope must be opened within an invocation")
     with _lock:
         opened = _Scope(run_id, iteration, _pending)
         _scope, _pending = opened, _Counts()
@@ -199,7 +199,7 @@ def instrument(client: Any) -> None:
 
 def _before_build(params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
     call = context[_CALL] = _Call(_scope, params)
-    if "ReturnConsumedCapacity" in model.input_shape.members:
+    if model.input_shape is not None and "ReturnConsumedCapacity" in model.input_shape.members:
         params.setdefault("ReturnConsumedCapacity", "TOTAL")
     if model.name == "PublishBatch":
         call.publishes = {e["Id"]: prices.sns_chunks(_publish_bytes(e)) for e in params["PublishBatchRequestEntries"]}
