@@ -1,5 +1,5 @@
-"""Deployment settings: CDK context (cdk.json, ``cdk deploy -c key=value``) over the defaults here and the
-functions' sizing in ``slsml.deployment`` (which the local host runs its functions with).
+"""Deployment settings: CDK context (cdk.json, ``cdk deploy -c key=value``) over the defaults here
+(function sizes: ``slsml.deployment.DEFAULT_FUNCTIONS``, which ``slsml plan`` reads too).
 
 Per-function overrides merge over the function's defaults, e.g. in cdk.json
 ``"functions": {"worker": {"memory_mb": 4096, "reserved_concurrency": 50}}``.

@@ -19,4 +19,5 @@ def record(done: WorkDone, services: Services) -> Any:
     return reduce_launcher.on_work_done(done, services)
 
 
-lambda_handler = pipeline_handler("reduce_launcher", WorkDone, record, stage=lambda _: "reduce launcher")
+lambda_handler = pipeline_handler("reduce_launcher", WorkDone, record, stage=lambda _: "reduce launcher",
+                                  idempotent=False)

@@ -19,4 +19,4 @@ def landed(event: RunStarted | S3Notification) -> list[RunStarted | ModelLanded]
     return [event] if isinstance(event, RunStarted) else landed_objects(event)
 
 
-lambda_handler = pipeline_handler("work_launcher", LauncherEvent, launch, unpack=landed)
+lambda_handler = pipeline_handler("work_launcher", LauncherEvent, launch, unpack=landed, idempotent=False)

@@ -18,9 +18,9 @@ def work(message: WorkMessage, services: Services) -> Any:
     done = worker.work(message, services)
     if done:
         metrics.add_metric("WorkerComputeSeconds", MetricUnit.Seconds, done.compute_s)
-        if done.samples:  # a non-finite update is announced with no samples and no loss
+        if done.finite:  # a non-finite update is announced with no samples and no loss
             metrics.add_metric(Metric.TRAIN_LOSS, MetricUnit.NoUnit, done.loss)
     return done
 
 
-lambda_handler = pipeline_handler("worker", WorkMessage, work, stage=lambda m: f"worker {m.worker}")
+lambda_handler = pipeline_handler("worker", WorkMessage, work, stage=lambda m: f"worker {m.worker}", idempotent=False)

@@ -28,7 +28,7 @@ from slsml.config import TrainingSpec
 from slsml.errors import SlsmlError
 from slsml.faults import Faults, SlowWorker
 from slsml.local.runtime import LocalRuntime
-from slsml.runstate import IterationRecord
+from slsml.records import IterationRecord
 
 DATASET = "digits"
 ACCURACY_TARGET = 0.95  # the demo's promise

@@ -485,6 +485,36 @@ def _print_stragglers(report: Any) -> None:
                   f"{yes[report.c_reaches_target]}")
 
 
+def cmd_bench_barrier(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from slsml import bench_barrier
+
+    with _console().status(f"driving {args.small} and {args.workers} reports through the barriers…"):
+        report = bench_barrier.barrier(args.workers, args.reducers, args.small)
+    table = Table("workers", "reducers", "max item bytes", "WU / report", "max WU / report", "WU / shard report",
+                  "participants item", "RU at fire", "s / report", title="barrier cost per report")
+    for f in (report.small, report.large):
+        table.add_row(str(f.workers), str(f.reducers), str(f.max_item_bytes), f"{f.write_units_per_report:.2f}",
+                      str(f.max_write_units_per_report), f"{f.write_units_per_shard_report:.2f}",
+                      f"{f.participants_item_bytes} B", f"{f.fire_read_units:g}",
+                      f"{f.seconds_per_report * 1000:.1f} ms")
+    console, yes = _console(), {True: "yes", False: "no"}
+    console.print(table)
+    console.print(f"at {args.workers} workers, within {bench_barrier.WITHIN:.0%} of {args.small}: max item bytes "
+                  f"{yes[report.item_bytes_within]}, write units per report {yes[report.write_units_within]}")
+    if args.json:
+        print(report.model_dump_json())
+    fired = all(f.fired and f.merged for f in (report.small, report.large))
+    return 0 if fired and report.item_bytes_within and report.write_units_within else 1
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from slsml import planreport
+
+    return planreport.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slsml", description="Elastic, serverless training of Keras models.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -544,6 +574,20 @@ def build_parser() -> argparse.ArgumentParser:
                             help="the straggler's invocation lasts this many (a) work phases (default 20)")
     stragglers.add_argument("--json", action="store_true", help="print the report as one JSON line")
     stragglers.set_defaults(handler=cmd_bench_stragglers)
+    barrier = benchmarks.add_parser(
+        "barrier", help="what one report costs the barriers (item bytes, write units), small and large fleet"
+    )
+    barrier.add_argument("--workers", type=int, default=1000, help="the large fleet (default 1000)")
+    barrier.add_argument("--small", type=int, default=10, help="the small fleet (default 10)")
+    barrier.add_argument("--reducers", type=int, default=10, help="reducers of both (default 10)")
+    barrier.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    barrier.set_defaults(handler=cmd_bench_barrier)
+
+    plan = commands.add_parser("plan", help="predict a run's time, requests, dollars and quotas on AWS")
+    from slsml.planreport import add_arguments
+
+    add_arguments(plan)
+    plan.set_defaults(handler=cmd_plan)
 
     datasets = commands.add_parser("data", help="datasets in S3").add_subparsers(dest="action", required=True)
     put = datasets.add_parser("put", help="upload x/y arrays (.npz) as shards plus a manifest")

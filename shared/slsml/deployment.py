@@ -1,7 +1,8 @@
-"""What the deployed stack and the code running in it agree on beyond the wiring: the functions'
-sizing (the local host gives its functions the same memory, so local GB-seconds are what a default
-deployment bills), the bucket prefixes the functions may touch, the metrics the dashboard and alarms
-read, and the object tag that lets the bucket expire per-iteration scratch.
+"""What the deployed stack and the code running in it agree on beyond the wiring: the bucket
+prefixes the functions may touch, the metrics the dashboard and alarms read, the object tag
+that lets the bucket expire per-iteration scratch, the functions' default sizes (which
+``slsml plan`` prices, and the local host runs its functions with, so that local GB-seconds are what a
+default deployment bills), and the stack outputs that name the functions' log groups.
 """
 
 from __future__ import annotations
@@ -14,6 +15,30 @@ METRICS_NAMESPACE = "slsml"
 # POWERTOOLS_SERVICE_NAME of every function. Powertools adds it as the `service` dimension of each
 # custom metric, so one value for all functions keeps a metric in one series whoever emits it.
 SERVICE_NAME = "slsml"
+
+
+class Metric(StrEnum):
+    """Custom metrics (namespace METRICS_NAMESPACE, dimension service=SERVICE_NAME, no others)."""
+
+    ITERATION_SECONDS = "IterationSeconds"
+    TRAIN_LOSS = "TrainLoss"
+    WORKERS_DONE = "WorkersDone"
+    LATE_WORKERS = "LateWorkers"
+    BYTES_READ = "BytesRead"
+    BYTES_WRITTEN = "BytesWritten"
+    DEADLINE_ACTIONS = "DeadlineActions"  # the watchdog fired a barrier, re-launched steps or failed a run
+
+
+# What the functions' IAM policies allow in the bucket (keys.py puts every object under one of these).
+RUNS_PREFIX = "runs/"
+DATASETS_PREFIX = "datasets/"
+READABLE_PREFIXES = (RUNS_PREFIX, DATASETS_PREFIX)
+WRITABLE_PREFIXES = (RUNS_PREFIX,)
+
+# S3 lifecycle rules filter on a key prefix and object tags, not on a pattern: scratch objects under
+# runs/<run>/iters/ carry this tag (PutObject Tagging="slsml-scratch=true") and expire after a few days.
+SCRATCH_TAG_KEY = "slsml-scratch"
+SCRATCH_TAG_VALUE = "true"
 
 
 class FunctionSettings(BaseModel):
@@ -43,27 +68,3 @@ DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
 def log_group_output(function: str) -> str:
     """The stack output naming a function's log group (``worker`` → ``WorkerLogGroupName``)."""
     return "".join(part.capitalize() for part in function.split("_")) + "LogGroupName"
-
-
-class Metric(StrEnum):
-    """Custom metrics (namespace METRICS_NAMESPACE, dimension service=SERVICE_NAME, no others)."""
-
-    ITERATION_SECONDS = "IterationSeconds"
-    TRAIN_LOSS = "TrainLoss"
-    WORKERS_DONE = "WorkersDone"
-    LATE_WORKERS = "LateWorkers"
-    BYTES_READ = "BytesRead"
-    BYTES_WRITTEN = "BytesWritten"
-    DEADLINE_ACTIONS = "DeadlineActions"  # the watchdog fired a barrier, re-launched steps or failed a run
-
-
-# What the functions' IAM policies allow in the bucket (keys.py puts every object under one of these).
-RUNS_PREFIX = "runs/"
-DATASETS_PREFIX = "datasets/"
-READABLE_PREFIXES = (RUNS_PREFIX, DATASETS_PREFIX)
-WRITABLE_PREFIXES = (RUNS_PREFIX,)
-
-# S3 lifecycle rules filter on a key prefix and object tags, not on a pattern: scratch objects under
-# runs/<run>/iters/ carry this tag (PutObject Tagging="slsml-scratch=true") and expire after a few days.
-SCRATCH_TAG_KEY = "slsml-scratch"
-SCRATCH_TAG_VALUE = "true"

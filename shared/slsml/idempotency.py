@@ -21,7 +21,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel
 
 from slsml import aws, wiring
-from slsml.runstate import ITERATION_TTL_S
+from slsml.records import ITERATION_TTL_S
 
 logger = Logger(child=True)
 CONFIG = IdempotencyConfig(expires_after_seconds=ITERATION_TTL_S)

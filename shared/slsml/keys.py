@@ -6,9 +6,9 @@ runs/<run>/run.json                           run config (immutable)
 runs/<run>/source.keras                       the model as given; the run state machine copies it to…
 runs/<run>/models/<iter>.keras                model entering iteration <iter>: the trigger
 runs/<run>/final.keras                        the trained model, when the run completed
-runs/<run>/iters/<iter>/weights/<shard>.npy   flat weights entering <iter>, one file per shard
+runs/<run>/iters/<iter>/weights.npy           flat weights entering <iter>: what workers read
+runs/<run>/iters/<iter>/shards/<shard>.bin    one shard's weights and optimizer state entering <iter>
 runs/<run>/iters/<iter>/updates/<worker>.bin  one worker's update (all shards, see updates.py)
-runs/<run>/state/<shard>/<iter>.npz           optimizer slots entering <iter>
 incoming/<name>.keras                         drop-in: start a run with the deployment defaults
 incoming/<name>.json                          (optional) what to override of those defaults
 ```
@@ -56,17 +56,17 @@ def final_model(run_id: str) -> str:
     return f"runs/{run_id}/final.keras"
 
 
-def weights(run_id: str, iteration: int, shard: int) -> str:
-    return f"runs/{run_id}/iters/{iteration:06d}/weights/{shard:04d}.npy"
+def weights(run_id: str, iteration: int) -> str:
+    return f"runs/{run_id}/iters/{iteration:06d}/weights.npy"
+
+
+def shard(run_id: str, iteration: int, shard: int) -> str:
+    return f"runs/{run_id}/iters/{iteration:06d}/shards/{shard:04d}.bin"
 
 
 def update(run_id: str, iteration: int, worker: int, attempt: int = 0) -> str:
     suffix = f"-a{attempt}" if attempt else ""
     return f"runs/{run_id}/iters/{iteration:06d}/updates/{worker:05d}{suffix}.bin"
-
-
-def optimizer_state(run_id: str, shard: int, iteration: int) -> str:
-    return f"runs/{run_id}/state/{shard:04d}/{iteration:06d}.npz"
 
 
 def dataset_manifest(name: str) -> str:

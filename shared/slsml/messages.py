@@ -36,8 +36,6 @@ class WorkDone(Message):
     accuracy: float | None = None
     compute_s: float = Field(ge=0, description="gradient computation, excluding S3 and messaging")
     finite: bool = Field(default=True, description="False: the update holds NaN or Inf and must be left out")
-    bytes_read: int = Field(default=0, ge=0)
-    bytes_written: int = Field(default=0, ge=0)
 
 
 class Participant(BaseModel):
@@ -60,8 +58,6 @@ class ReduceDone(Message):
     """Reducer → Merger: the new weights of my shard are in S3."""
 
     shard: int = Field(ge=0)
-    bytes_read: int = Field(default=0, ge=0)
-    bytes_written: int = Field(default=0, ge=0)
 
 
 class Deadline(Message):
@@ -74,6 +70,7 @@ class Deadline(Message):
     round: int = Field(ge=0)
     due_at: float = Field(ge=0, description="epoch seconds")
     resent: int = Field(default=0, ge=0, description="times it came early and was sent on (a new message each time)")
+    link: int = Field(default=0, ge=0, description="its place in the run's chain of deadlines (one pending at a time)")
 
 
 class _S3Object(BaseModel):

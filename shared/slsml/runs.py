@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from slsml import data, keys, prices, usage
+from slsml import data, keys, optimizers, prices, shards, usage
 from slsml.config import RunConfig, TrainingSpec
 from slsml.errors import BadInputError, NotFoundError, SlsmlError
 from slsml.orchestration import ExecutionInput
 from slsml.plan import ShardPlan
-from slsml.runstate import IterationRecord, RunRecord, RunStatus
+from slsml.records import Counter, IterationRecord, RunRecord, RunStatus
 from slsml.services import Services
 
 TERMINAL = {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED}
@@ -135,7 +135,10 @@ def prepare_run(
     flat = modelio.get_flat(model, plan)
     for shard in range(plan.reducers):
         layout = plan.shard(shard)
-        store.put_array_new(keys.weights(run_id, 0, shard), flat[layout.start : layout.stop])
+        state = optimizers.initial_state(optimizer, int(layout.trainable.sum()))
+        initial = shards.Shard(flat[layout.start : layout.stop], state, averaged=[])
+        store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
+    store.put_array_new(keys.weights(run_id, 0), flat)
     store.put_new(keys.source_model(run_id), model_bytes)
     return config
 
@@ -143,7 +146,7 @@ def prepare_run(
 def wait_for_run(
     services: Services,
     run_id: str,
-    on_progress: Callable[[RunRecord, IterationRecord | None], None] | None = None,
+    on_progress: Callable[[RunRecord, Counter | None], None] | None = None,
     timeout_s: float | None = None,
     poll_s: float = 0.25,
 ) -> RunRecord:
@@ -155,7 +158,7 @@ def wait_for_run(
     while True:
         run = services.table.get_run(run_id)
         if on_progress is not None:
-            latest = services.table.get_iteration(run_id, run.iteration - 1) if run.iteration else None
+            latest = services.table.get_counter(run_id, run.iteration - 1) if run.iteration else None
             on_progress(run, latest)
         if run.status in TERMINAL:
             return run
@@ -231,8 +234,8 @@ def summarize(
         median_iteration_s=median_cycle,
         median_worker_compute_s=median_compute,
         overhead_share=(1 - median_compute / median_cycle) if median_cycle and median_compute else None,
-        bytes_read_per_iteration=statistics.median(r.bytes_read for r in merged) if merged else None,
-        bytes_written_per_iteration=statistics.median(r.bytes_written for r in merged) if merged else None,
+        bytes_read_per_iteration=None,
+        bytes_written_per_iteration=None,
         late_workers=sum(len(r.late - r.nonfinite) for r in iterations),
         dropped_parts=sum(len(r.dropped_parts) for r in iterations),
         nonfinite_updates=sum(len(r.nonfinite) for r in iterations),

@@ -1,187 +1,59 @@
-"""Run bookkeeping in DynamoDB: one ``META`` item per run and one ``ITER#<i>`` item per iteration.
+"""Run bookkeeping in DynamoDB (the items are described in ``slsml.records``).
 
-Counting is by set-add (a duplicate adds nothing) and every barrier fires through a conditional
-write that records who fired it: only that message (or a retry of it) publishes downstream.
+A worker's report is its own record, written create-only, and adds one to the iteration's counter;
+a barrier that the counter says may be complete reads the records and fires by a create-only write
+of what it fired with. Every barrier fires once, and a duplicate or a retry changes nothing: it
+finds its record, or the fire, already stored.
 """
 
 from __future__ import annotations
 
 import time
-from decimal import Decimal
-from enum import StrEnum
+from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict, Field
 
 from slsml.aws import error_code
 from slsml.errors import NotFoundError
 from slsml.messages import Participant, WorkDone
+from slsml.records import (
+    ITERATION_TTL_S,
+    META,
+    Counter,
+    IterationRecord,
+    RunRecord,
+    RunStatus,
+    WorkerReport,
+    decode_participants,
+    dynamo,
+    encode_participants,
+    iteration_of,
+    iteration_record,
+    iteration_sk,
+    participants_sk,
+    plain,
+    shard_sk,
+    worker_sk,
+)
 
-ITERATION_TTL_S = 14 * 24 * 3600
-DEADLINE_OWNER = -1  # reduce_fired_by when the watchdog fired the reduce at a deadline
-
-
-class RunStatus(StrEnum):
-    RUNNING = "RUNNING"
-    COMPLETED = "COMPLETED"
-    FAILED = "FAILED"
-    STOPPED = "STOPPED"
-
-
-class RunRecord(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    run_id: str
-    status: RunStatus
-    iterations: int
-    iteration: int = 0
-    workers: int
-    reducers: int
-    quorum: float
-    deadline_s: float = 120.0
-    dataset: str
-    created_at: float
-    updated_at: float
-    reason: str | None = None
-    final_key: str | None = None
-    test_loss: float | None = None
-    test_accuracy: float | None = None
-    execution_arn: str | None = None
-    task_token: str | None = None
-    generation: int = Field(default=0, description="how often the run was resumed")
+_SAME_GENERATION = "(attribute_not_exists(generation) OR generation = :generation)"
 
 
-class WorkerReport(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    worker: int
-    attempt: int = 0
-    samples: int
-    loss: float
-    accuracy: float | None = None
-    compute_s: float = 0.0
-
-
-class IterationRecord(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    iteration: int
-    generation: int = 0
-    launched_at: float | None = None
-    launched_by: str | None = None
-    done: set[int] = Field(default_factory=set)
-    reports: dict[int, WorkerReport] = Field(default_factory=dict)
-    reduce_fired_by: int | None = None
-    reduce_fired_at: float | None = None
-    participants: list[Participant] = Field(default_factory=list)
-    shards: set[int] = Field(default_factory=set)
-    merge_fired_by: int | None = None
-    merged_at: float | None = None
-    moved: dict[str, tuple[int, int]] = Field(
-        default_factory=dict, description="S3 bytes (read, written) by each step of the iteration, first report kept"
-    )
-    test_loss: float | None = None
-    test_accuracy: float | None = None
-    nonfinite: set[int] = Field(default_factory=set, description="workers whose update had NaN or Inf")
-    dropped_parts: set[str] = Field(
-        default_factory=set, description='"<shard>:<worker>": parts a reducer left out after its read timeout'
-    )
-    relaunched: dict[int, int] = Field(
-        default_factory=dict, description="worker → the attempt the watchdog re-launched it with"
-    )
-    stale_attempts: int = Field(default=0, description="reports of superseded attempts, ignored")
-    reduce_relaunches: int = Field(default=0, description="reducers the watchdog re-launched")
-    stale_shards: set[int] = Field(
-        default_factory=set, description="shards that kept their weights: no reducer finished in time"
-    )
-
-    @property
-    def fired_at_deadline(self) -> bool:
-        return self.reduce_fired_by == DEADLINE_OWNER
-
-    @property
-    def late(self) -> set[int]:
-        """Workers that reported after the reduce fired without them."""
-        if self.reduce_fired_by is None:
-            return set()
-        return self.done - {p.worker for p in self.participants}
-
-    @property
-    def bytes_read(self) -> int:
-        return sum(read for read, _ in self.moved.values())
-
-    @property
-    def bytes_written(self) -> int:
-        return sum(written for _, written in self.moved.values())
-
-    @property
-    def train_loss(self) -> float | None:
-        return _weighted([(r.loss, r.samples) for r in self._included()])
-
-    @property
-    def train_accuracy(self) -> float | None:
-        return _weighted([(r.accuracy, r.samples) for r in self._included() if r.accuracy is not None])
-
-    def _included(self) -> list[WorkerReport]:
-        chosen = {p.worker for p in self.participants} or self.done - self.nonfinite
-        return [r for w, r in self.reports.items() if w in chosen]
+def conditional(write: Callable[[], Any]) -> Any | None:
+    """``write()``'s result, or None if its condition failed (someone else's write came first)."""
+    try:
+        return write()
+    except ClientError as error:
+        if error_code(error) == "ConditionalCheckFailedException":
+            return None
+        raise
 
 
-def _weighted(pairs: list[tuple[float, int]]) -> float | None:
-    total = sum(n for _, n in pairs)
-    return sum(v * n for v, n in pairs) / total if total else None
-
-
-def _plain(value: Any) -> Any:
-    """DynamoDB's Decimals and sets → Python numbers and sets."""
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, set):
-        return {_plain(v) for v in value}
-    return value
-
-
-def _dynamo(value: Any) -> Any:
-    """Python floats → Decimals (DynamoDB rejects floats)."""
-    if isinstance(value, float):
-        return Decimal(repr(value))
-    if isinstance(value, dict):
-        return {k: _dynamo(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list | tuple):
-        return [_dynamo(v) for v in value]
-    return value
-
-
-def _iteration_record(iteration: int, item: dict[str, Any]) -> IterationRecord:
-    item = _plain(item)
-    reports = {
-        int(name[2:]): WorkerReport.model_validate(value) for name, value in item.items() if name.startswith("w#")
-    }
-    relaunched = {int(name[2:]): value for name, value in item.items() if name.startswith("a#")}
-    moved = {name[3:]: tuple(value) for name, value in item.items() if name.startswith(_MOVED)}
-    return IterationRecord(iteration=iteration, reports=reports, relaunched=relaunched, moved=moved, **item)
-
-
-_MOVED = "io#"
-
-
-def _moved(step: str, bytes_moved: tuple[int, int]) -> tuple[str, dict[str, str], dict[str, Any]]:
-    """An update clause recording the bytes ``step`` moved, once: a retried or duplicated step that
-    reports again (perhaps only what its second look cost) leaves the first report in place."""
-    return (
-        "#moved = if_not_exists(#moved, :moved)",
-        {"#moved": f"{_MOVED}{step}"},
-        {":moved": list(bytes_moved)},
-    )
-
-
-def _attempt_attr(worker: int) -> str:
-    return f"a#{worker:05d}"
+def _set(values: dict[str, Any], keep_first: frozenset[str] = frozenset()) -> tuple[str, dict, dict]:
+    """A ``SET`` clause for ``values`` (those in ``keep_first`` only if not set yet), with its names and values."""
+    clauses = [f"#{k} = if_not_exists(#{k}, :{k})" if k in keep_first else f"#{k} = :{k}" for k in values]
+    return "SET " + ", ".join(clauses), {f"#{k}": k for k in values}, {f":{k}": dynamo(v) for k, v in values.items()}
 
 
 class RunTable:
@@ -192,55 +64,66 @@ class RunTable:
     def _key(run_id: str, sort: str) -> dict[str, str]:
         return {"pk": f"RUN#{run_id}", "sk": sort}
 
-    @staticmethod
-    def _iter_sk(iteration: int) -> str:
-        return f"ITER#{iteration:06d}"
-
-    def _is_conflict(self, error: ClientError) -> bool:
-        return error_code(error) == "ConditionalCheckFailedException"
+    def _query(self, run_id: str, prefix: str) -> list[dict[str, Any]]:
+        items, kwargs = [], {}
+        while True:
+            page = self.table.query(
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+                ExpressionAttributeValues={":pk": f"RUN#{run_id}", ":prefix": prefix},
+                ConsistentRead=True,
+                **kwargs,
+            )
+            items += page["Items"]
+            if "LastEvaluatedKey" not in page:
+                return items
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     # runs
     def get_run(self, run_id: str) -> RunRecord:
-        item = self.table.get_item(Key=self._key(run_id, "META"), ConsistentRead=True).get("Item")
+        item = self.table.get_item(Key=self._key(run_id, META), ConsistentRead=True).get("Item")
         if item is None:
             raise NotFoundError(f"no run named {run_id!r}")
-        return RunRecord.model_validate(_plain(item))
+        return RunRecord.model_validate(plain(item))
 
     def list_runs(self) -> list[RunRecord]:
         items, kwargs = [], {}
         while True:
             page = self.table.scan(**kwargs)
-            items += [i for i in page["Items"] if i["sk"] == "META"]
+            items += [i for i in page["Items"] if i["sk"] == META]
             if "LastEvaluatedKey" not in page:
                 break
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        return sorted((RunRecord.model_validate(_plain(i)) for i in items), key=lambda r: r.created_at)
+        return sorted((RunRecord.model_validate(plain(i)) for i in items), key=lambda r: r.created_at)
 
-    def _update_run(self, run_id: str, values: dict[str, Any], only_if_running: bool = True) -> RunRecord | None:
-        """SET ``values`` on the run; the updated run, or None if it was not running (or is unknown)."""
-        values = {**values, "updated_at": time.time()}
-        names = {f"#{k}": k for k in values}
-        try:
-            item = self.table.update_item(
-                Key=self._key(run_id, "META"),
-                UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in values),
-                ConditionExpression="#status = :running" if only_if_running else "attribute_exists(pk)",
-                ExpressionAttributeNames={**names, **({"#status": "status"} if only_if_running else {})},
-                ExpressionAttributeValues={
-                    **{f":{k}": _dynamo(v) for k, v in values.items()},
-                    **({":running": RunStatus.RUNNING.value} if only_if_running else {}),
-                },
-                ReturnValues="ALL_NEW",
-            )["Attributes"]
-        except ClientError as error:
-            if self._is_conflict(error):
-                return None
-            raise
-        return RunRecord.model_validate(_plain(item))
+    def _update_run(
+        self, run_id: str, values: dict[str, Any], only_if_running: bool = True, condition: str = "", **extra: Any
+    ) -> RunRecord | None:
+        """SET ``values`` on the run; the updated run, or None if it was not running (or is unknown, or
+        ``condition`` failed)."""
+        expression, names, bound = _set({**values, "updated_at": time.time()})
+        conditions = ["#status = :running" if only_if_running else "attribute_exists(pk)"]
+        conditions += [condition] if condition else []
+        if only_if_running:
+            names["#status"], bound[":running"] = "status", RunStatus.RUNNING.value
+        item = conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, META), UpdateExpression=expression, ConditionExpression=" AND ".join(conditions),
+            ExpressionAttributeNames=names, ExpressionAttributeValues={**bound, **extra}, ReturnValues="ALL_NEW",
+        ))
+        return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
 
     def advance(self, run_id: str, iteration: int) -> RunRecord | None:
-        """The model entering ``iteration`` exists (the run's heartbeat)."""
-        return self._update_run(run_id, {"iteration": iteration})
+        """The model entering ``iteration`` is about to be stored (the run's heartbeat)."""
+        return self._update_run(run_id, {"iteration": iteration, "iteration_at": time.time()})
+
+    def mark_heartbeat(self, run_id: str) -> None:
+        self._update_run(run_id, {"heartbeat_at": time.time()})
+
+    def watch(self, run_id: str, expected: int | None, position: int) -> RunRecord | None:
+        """Move the deadline chain from ``expected`` to ``position``; None if another message moved it."""
+        if expected is None:
+            return self._update_run(run_id, {"watched": position}, condition="attribute_not_exists(watched)")
+        return self._update_run(run_id, {"watched": position}, condition="watched = :expected",
+                                **{":expected": expected})
 
     def attach_task_token(self, run_id: str, token: str) -> RunRecord | None:
         """Record the token of the run's execution, whatever the run's status (None: unknown run)."""
@@ -257,196 +140,187 @@ class RunTable:
         """Mark a running run STOPPED: no new iteration starts; the stopped run, or None if it was not running."""
         return self._update_run(run_id, {"status": RunStatus.STOPPED.value, "reason": reason[:2000]})
 
-    def resume(self, run_id: str, iteration: int) -> RunRecord | None:
-        """Make a STOPPED or FAILED run RUNNING again from the model entering ``iteration``, in a new
-        generation; the resumed run, or None if it was neither stopped nor failed."""
-        try:
-            item = self.table.update_item(
-                Key=self._key(run_id, "META"),
-                UpdateExpression="SET #status = :running, iteration = :i, updated_at = :now,"
-                " generation = if_not_exists(generation, :zero) + :one REMOVE reason, task_token, final_key",
-                ConditionExpression="#status IN (:stopped, :failed)",
-                ExpressionAttributeNames={"#status": "status"},
-                ExpressionAttributeValues={
-                    ":running": RunStatus.RUNNING.value, ":stopped": RunStatus.STOPPED.value,
-                    ":failed": RunStatus.FAILED.value, ":i": iteration, ":now": _dynamo(time.time()),
-                    ":zero": 0, ":one": 1,
-                },
-                ReturnValues="ALL_NEW",
-            )["Attributes"]
-        except ClientError as error:
-            if self._is_conflict(error):
-                return None
-            raise
-        return RunRecord.model_validate(_plain(item))
-
     def fail(self, run_id: str, reason: str) -> RunRecord | None:
         """Mark a running run FAILED, keeping the first reason; the failed run, or None if it was not running."""
         return self._update_run(run_id, {"status": RunStatus.FAILED.value, "reason": reason[:2000]})
 
-    # iterations
+    def resume(self, run_id: str, iteration: int) -> RunRecord | None:
+        """Make a STOPPED or FAILED run RUNNING again from the model entering ``iteration``, in a new
+        generation; the resumed run, or None if it was neither stopped nor failed."""
+        item = conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, META),
+            UpdateExpression="SET #status = :running, iteration = :i, iteration_at = :now, updated_at = :now,"
+            " generation = if_not_exists(generation, :zero) + :one REMOVE reason, task_token, final_key, watched",
+            ConditionExpression="#status IN (:stopped, :failed)",
+            ExpressionAttributeNames={"#status": "status"},
+            ExpressionAttributeValues={
+                ":running": RunStatus.RUNNING.value, ":stopped": RunStatus.STOPPED.value,
+                ":failed": RunStatus.FAILED.value, ":i": iteration, ":now": dynamo(time.time()),
+                ":zero": 0, ":one": 1,
+            },
+            ReturnValues="ALL_NEW",
+        ))
+        return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
+
+    # iterations: reading
+    def get_counter(self, run_id: str, iteration: int) -> Counter:
+        item = self.table.get_item(Key=self._key(run_id, iteration_sk(iteration)), ConsistentRead=True).get("Item")
+        return Counter.model_validate({**plain(item or {}), "iteration": iteration})
+
     def get_iteration(self, run_id: str, iteration: int) -> IterationRecord:
-        item = self.table.get_item(Key=self._key(run_id, self._iter_sk(iteration)), ConsistentRead=True).get("Item")
-        return _iteration_record(iteration, item or {})
+        return iteration_record(iteration, self._query(run_id, iteration_sk(iteration)))
 
     def list_iterations(self, run_id: str) -> list[IterationRecord]:
-        records, kwargs = [], {}
-        while True:
-            page = self.table.query(
-                KeyConditionExpression="pk = :pk AND begins_with(sk, :iter)",
-                ExpressionAttributeValues={":pk": f"RUN#{run_id}", ":iter": "ITER#"},
-                ConsistentRead=True,
-                **kwargs,
-            )
-            records += [_iteration_record(int(i["sk"][5:]), i) for i in page["Items"]]
-            if "LastEvaluatedKey" not in page:
-                return records
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        by_iteration: dict[int, list[dict[str, Any]]] = {}
+        for item in self._query(run_id, "ITER#"):
+            by_iteration.setdefault(iteration_of(item["sk"]), []).append(item)
+        return [iteration_record(i, items) for i, items in sorted(by_iteration.items())]
+
+    def worker_reports(self, run_id: str, iteration: int, generation: int) -> list[WorkerReport]:
+        """The reports of ``iteration`` in this generation (re-launch placeholders left out)."""
+        items = self._query(run_id, f"{iteration_sk(iteration)}#W#")
+        reports = [WorkerReport.model_validate(plain(i)) for i in items]
+        return [r for r in reports if r.reported and r.generation == generation]
 
     def forget_iterations(self, run_id: str, first: int) -> None:
-        """Delete the records of iterations from ``first`` on (a resumed run runs them again)."""
-        for record in self.list_iterations(run_id):
-            if record.iteration >= first:
-                self.table.delete_item(Key=self._key(run_id, self._iter_sk(record.iteration)))
+        """Delete the items of iterations from ``first`` on (a resumed run runs them again)."""
+        with self.table.batch_writer() as batch:
+            for item in self._query(run_id, "ITER#"):
+                if iteration_of(item["sk"]) >= first:
+                    batch.delete_item(Key={"pk": item["pk"], "sk": item["sk"]})
 
-    def _fire(self, run_id: str, iteration: int, owner_attr: str, owner: Any, extra: dict[str, Any]) -> bool:
-        """Set ``owner_attr`` once. True if this call set it or ``owner`` had set it before (a retry)."""
-        values = {owner_attr: owner, **extra}
-        try:
-            self.table.update_item(
-                Key=self._key(run_id, self._iter_sk(iteration)),
-                UpdateExpression="SET " + ", ".join(f"#{k} = :{k}" for k in values),
-                ConditionExpression=f"attribute_not_exists(#{owner_attr}) OR #{owner_attr} = :{owner_attr}",
-                ExpressionAttributeNames={f"#{k}": k for k in values},
-                ExpressionAttributeValues={f":{k}": _dynamo(v) for k, v in values.items()},
-            )
-        except ClientError as error:
-            if self._is_conflict(error):
-                return False
-            raise
-        return True
-
+    # iterations: the work barrier
     def claim_launch(self, run_id: str, iteration: int, trigger_id: str, generation: int = 0) -> bool:
-        return self._fire(
-            run_id,
-            iteration,
-            "launched_by",
-            trigger_id,
-            {"launched_at": time.time(), "expires_at": int(time.time()) + ITERATION_TTL_S, "generation": generation},
-        )
+        now = time.time()
+        values = {"launched_by": trigger_id, "launched_at": now, "expires_at": int(now) + ITERATION_TTL_S,
+                  "generation": generation}
+        expression, names, bound = _set(values)
+        return conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
+            ConditionExpression="attribute_not_exists(launched_by) OR launched_by = :launched_by",
+            ExpressionAttributeNames=names, ExpressionAttributeValues=bound,
+        )) is not None
 
-    def record_worker(self, done: WorkDone, bytes_moved: tuple[int, int]) -> IterationRecord | None:
-        """Count ``done`` (in ``nonfinite`` too if its update is); None if it is stale: an attempt the
-        watchdog superseded, or an earlier generation of a resumed run (it is counted in
-        ``stale_attempts`` instead)."""
-        report = WorkerReport.model_validate(done.model_dump()).model_dump()
-        key = self._key(done.run_id, self._iter_sk(done.iteration))
-        moved, moved_names, moved_values = _moved(f"w{done.worker:05d}", bytes_moved)
-        try:
-            item = self.table.update_item(
-                Key=key,
-                UpdateExpression=f"ADD done :w{'' if done.finite else ', nonfinite :w'} SET #report = :report, {moved}",
-                ConditionExpression="(attribute_not_exists(#attempt) OR #attempt <= :attempt)"
-                " AND (attribute_not_exists(generation) OR generation = :generation)",
-                ExpressionAttributeNames={
-                    "#report": f"w#{done.worker:05d}", "#attempt": _attempt_attr(done.worker), **moved_names,
-                },
-                ExpressionAttributeValues={
-                    ":w": {done.worker},
-                    ":report": _dynamo(report),
-                    ":attempt": done.attempt,
-                    ":generation": done.generation,
-                    **moved_values,
-                },
-                ReturnValues="ALL_NEW",
-            )["Attributes"]
-        except ClientError as error:
-            if self._is_conflict(error):
-                self.table.update_item(Key=key, UpdateExpression="ADD stale_attempts :one",
-                                       ExpressionAttributeValues={":one": 1})
+    def record_worker(self, done: WorkDone) -> Counter | None:
+        """Store ``done``'s report (once) and count it; the counter after, or None if the report is stale:
+        an attempt the watchdog superseded, or an earlier generation of a resumed run (counted in
+        ``stale_attempts`` instead). A report stored before (a duplicate, or a retry after a crash)
+        is counted again: counts are hints that barriers check against the records."""
+        report = WorkerReport.model_validate(done.model_dump())
+        key = self._key(done.run_id, worker_sk(done.iteration, done.worker))
+        stored = conditional(lambda: self.table.put_item(
+            Item={**key, **dynamo(report.model_dump()), "expires_at": int(time.time()) + ITERATION_TTL_S},
+            ConditionExpression="attribute_not_exists(sk) OR (attribute_not_exists(samples) AND attempt <= :attempt)",
+            ExpressionAttributeValues={":attempt": done.attempt},
+        ))
+        if stored is None:
+            existing = WorkerReport.model_validate(plain(self.table.get_item(Key=key, ConsistentRead=True)["Item"]))
+            if (existing.attempt, existing.generation) != (done.attempt, done.generation):
+                self._add(done.run_id, done.iteration, "stale_attempts")
                 return None
-            raise
-        return _iteration_record(done.iteration, item)
+        counter_key = self._key(done.run_id, iteration_sk(done.iteration))
+        item = conditional(lambda: self.table.update_item(
+            Key=counter_key,
+            UpdateExpression="ADD arrived :one" + ("" if done.finite else ", nonfinite_arrived :one"),
+            ConditionExpression=_SAME_GENERATION,
+            ExpressionAttributeValues={":one": 1, ":generation": done.generation},
+            ReturnValues="ALL_NEW",
+        ))
+        if item is None:
+            self._add(done.run_id, done.iteration, "stale_attempts")
+            return None
+        return Counter.model_validate({**plain(item["Attributes"]), "iteration": done.iteration})
 
-    def relaunch_workers(self, run_id: str, iteration: int, attempts: dict[int, int]) -> bool:
-        """Supersede these workers' earlier attempts (worker → new attempt) unless the reduce fired."""
-        names = {f"#a{w}": _attempt_attr(w) for w in attempts}
-        try:
-            self.table.update_item(
-                Key=self._key(run_id, self._iter_sk(iteration)),
-                UpdateExpression="SET " + ", ".join(f"#a{w} = :a{w}" for w in attempts),
-                ConditionExpression="attribute_not_exists(reduce_fired_by)",
-                ExpressionAttributeNames=names,
-                ExpressionAttributeValues={f":a{w}": a for w, a in attempts.items()},
-            )
-        except ClientError as error:
-            if self._is_conflict(error):
-                return False
-            raise
-        return True
+    def _add(self, run_id: str, iteration: int, counter: str, amount: int = 1) -> None:
+        self.table.update_item(Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=f"ADD {counter} :n",
+                               ExpressionAttributeValues={":n": amount})
+
+    def freeze_participants(
+        self, run_id: str, iteration: int, owner: int, participants: list[Participant]
+    ) -> tuple[int, list[Participant]]:
+        """Fire the reduce of ``iteration`` with ``participants``, once: returns who fired it and with whom
+        (``owner`` and ``participants`` if this call, or an earlier one of ``owner``'s, did)."""
+        key = self._key(run_id, participants_sk(iteration))
+        item = {**key, "owner": owner, "participants": encode_participants(participants),
+                "expires_at": int(time.time()) + ITERATION_TTL_S}
+        if conditional(lambda: self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(sk)")):
+            return owner, participants
+        return self.fired_with(run_id, iteration)
+
+    def fired_with(self, run_id: str, iteration: int) -> tuple[int, list[Participant]]:
+        """Who fired the reduce of ``iteration``, and with whom (it has fired)."""
+        key = self._key(run_id, participants_sk(iteration))
+        stored = plain(self.table.get_item(Key=key, ConsistentRead=True)["Item"])
+        return stored["owner"], decode_participants(stored["participants"])
+
+    def mark_reduce_fired(
+        self, run_id: str, iteration: int, owner: int, participants: list[Participant], reports: list[WorkerReport]
+    ) -> None:
+        """Note on the counter that the reduce fired (late reports then skip the barrier), with the
+        participants' weighted train loss and accuracy."""
+        chosen = {p.worker for p in participants}
+        included = [r for r in reports if r.worker in chosen]
+        values = {"reduce_fired_by": owner, "reduce_fired_at": time.time(), "participant_count": len(participants),
+                  "train_loss": _weighted([(r.loss, r.samples) for r in included]),
+                  "train_accuracy": _weighted([(r.accuracy, r.samples) for r in included if r.accuracy is not None])}
+        values = {k: v for k, v in values.items() if v is not None}
+        expression, names, bound = _set(values, keep_first=frozenset(values))
+        self.table.update_item(Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
+                               ExpressionAttributeNames=names, ExpressionAttributeValues=bound)
+
+    def relaunch_workers(self, run_id: str, iteration: int, generation: int, attempts: dict[int, int]) -> None:
+        """Supersede these workers' earlier attempts (worker → new attempt): their reports are ignored."""
+        expires = int(time.time()) + ITERATION_TTL_S
+        for worker, attempt in attempts.items():
+            report = WorkerReport(worker=worker, attempt=attempt, generation=generation)
+            conditional(lambda report=report, worker=worker: self.table.put_item(
+                Item={**self._key(run_id, worker_sk(iteration, worker)), **dynamo(report.model_dump()),
+                      "expires_at": expires},
+                ConditionExpression="attribute_not_exists(samples)",
+            ))
 
     def record_reduce_relaunch(self, run_id: str, iteration: int, shards: int) -> None:
-        self.table.update_item(
-            Key=self._key(run_id, self._iter_sk(iteration)),
-            UpdateExpression="ADD reduce_relaunches :n",
-            ExpressionAttributeValues={":n": shards},
-        )
+        self._add(run_id, iteration, "reduce_relaunches", shards)
 
     def record_stale_shard(self, run_id: str, iteration: int, shard: int) -> None:
         """No reducer of ``shard`` finished ``iteration`` in time: the shard kept its weights."""
         self.table.update_item(
-            Key=self._key(run_id, self._iter_sk(iteration)),
+            Key=self._key(run_id, iteration_sk(iteration)),
             UpdateExpression="ADD stale_shards :s",
             ExpressionAttributeValues={":s": {shard}},
-        )
-
-    def fire_reduce(self, run_id: str, iteration: int, worker: int, participants: list[Participant]) -> bool:
-        return self._fire(
-            run_id,
-            iteration,
-            "reduce_fired_by",
-            worker,
-            {"participants": [p.model_dump() for p in participants], "reduce_fired_at": time.time()},
-        )
-
-    def record_shard(self, run_id: str, iteration: int, shard: int, bytes_moved: tuple[int, int]) -> IterationRecord:
-        moved, moved_names, moved_values = _moved(f"s{shard:04d}", bytes_moved)
-        item = self.table.update_item(
-            Key=self._key(run_id, self._iter_sk(iteration)),
-            UpdateExpression=f"ADD shards :s SET {moved}",
-            ExpressionAttributeNames=moved_names,
-            ExpressionAttributeValues={":s": {shard}, **moved_values},
-            ReturnValues="ALL_NEW",
-        )["Attributes"]
-        return _iteration_record(iteration, item)
-
-    def fire_merge(self, run_id: str, iteration: int, shard: int) -> bool:
-        return self._fire(run_id, iteration, "merge_fired_by", shard, {})
-
-    def record_merge(
-        self, run_id: str, iteration: int, bytes_moved: tuple[int, int], test: tuple[float, float | None] | None
-    ) -> None:
-        moved, moved_names, moved_values = _moved("merge", bytes_moved)
-        values: dict[str, Any] = {":now": time.time(), **moved_values}
-        expression = f"SET merged_at = :now, {moved}"
-        if test is not None:
-            expression += ", test_loss = :tl"
-            values[":tl"] = test[0]
-            if test[1] is not None:
-                expression += ", test_accuracy = :ta"
-                values[":ta"] = test[1]
-        self.table.update_item(
-            Key=self._key(run_id, self._iter_sk(iteration)),
-            UpdateExpression=expression,
-            ExpressionAttributeNames=moved_names,
-            ExpressionAttributeValues=_dynamo(values),
         )
 
     def record_dropped_parts(self, run_id: str, iteration: int, shard: int, workers: list[int]) -> None:
         """Reducer ``shard`` averaged ``iteration`` without these workers' parts (their reads timed out)."""
         if workers:
-            self.table.update_item(
-                Key=self._key(run_id, self._iter_sk(iteration)),
-                UpdateExpression="ADD dropped_parts :p",
-                ExpressionAttributeValues={":p": {f"{shard}:{w}" for w in workers}},
-            )
+            self.table.put_item(Item={**self._key(run_id, shard_sk(iteration, shard)), "shard": shard,
+                                      "dropped": workers, "expires_at": int(time.time()) + ITERATION_TTL_S})
+
+    # iterations: the merge barrier
+    def record_shard(self, run_id: str, iteration: int, generation: int) -> Counter | None:
+        """Count a finished shard; the counter after (None: an earlier generation's)."""
+        item = conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, iteration_sk(iteration)),
+            UpdateExpression="ADD shards_in :one",
+            ConditionExpression=_SAME_GENERATION,
+            ExpressionAttributeValues={":one": 1, ":generation": generation},
+            ReturnValues="ALL_NEW",
+        ))
+        return None if item is None else Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
+
+    def fire_merge(self, run_id: str, iteration: int, shard: int, test: tuple[float, float | None] | None) -> bool:
+        """Claim the merge of ``iteration`` (True for ``shard``'s message, again on its retry)."""
+        values: dict[str, Any] = {"merge_fired_by": shard, "merged_at": time.time()}
+        if test is not None:
+            values |= {"test_loss": test[0], "test_accuracy": test[1]}
+        expression, names, bound = _set({k: v for k, v in values.items() if v is not None})
+        return conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
+            ConditionExpression="attribute_not_exists(merge_fired_by) OR merge_fired_by = :merge_fired_by",
+            ExpressionAttributeNames=names, ExpressionAttributeValues=bound,
+        )) is not None
+
+
+def _weighted(pairs: list[tuple[float, int]]) -> float | None:
+    total = sum(n for _, n in pairs)
+    return sum(v * n for v, n in pairs) / total if total else None

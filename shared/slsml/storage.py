@@ -1,4 +1,4 @@
-"""S3 access for the pipeline: write-once objects, ranged reads, byte accounting."""
+"""S3 access for the pipeline: write-once objects, ranged reads."""
 
 from __future__ import annotations
 
@@ -28,18 +28,8 @@ class ObjectStore:
     def __init__(self, s3: Any, bucket: str) -> None:
         self.s3 = s3
         self.bucket = bucket
-        self.bytes_read = 0
-        self.bytes_written = 0
-
-    def reset_counters(self) -> None:
-        self.bytes_read = self.bytes_written = 0
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
-        body = self._fetch(key, byte_range)
-        self.bytes_read += len(body)
-        return body
-
-    def _fetch(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         extra = {"Range": f"bytes={byte_range[0]}-{byte_range[1]}"} if byte_range else {}
         try:
             return self.s3.get_object(Bucket=self.bucket, Key=key, **extra)["Body"].read()
@@ -65,8 +55,7 @@ class ObjectStore:
 
         Returns once at least ``need`` objects are read and every read still running has taken
         longer than ``timeout_s`` (each read's clock starts when it starts). Until ``need`` are
-        read it waits, however long. Reads left behind finish in the background and are not
-        counted in ``bytes_read``. A read that fails raises.
+        read it waits, however long. Reads left behind finish in the background. A read that fails raises.
         """
         keys, ranges = list(keys), list(ranges)
         if need >= len(keys):
@@ -75,7 +64,7 @@ class ObjectStore:
 
         def read(index: int) -> bytes:
             started[index] = time.monotonic()
-            return self._fetch(keys[index], ranges[index])
+            return self.get(keys[index], ranges[index])
 
         results: list[bytes | None] = [None] * len(keys)
         pool = ThreadPoolExecutor(max_workers=min(_MAX_READS, len(keys)))
@@ -98,7 +87,6 @@ class ObjectStore:
                     read_count += 1
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
-        self.bytes_read += sum(len(r) for r in results if r is not None)
         return results
 
     def exists(self, key: str) -> bool:
@@ -125,7 +113,6 @@ class ObjectStore:
             if error_code(error) in {"PreconditionFailed", "ConditionalRequestConflict"}:
                 return False
             raise
-        self.bytes_written += len(data)
         return True
 
     def copy_new(self, source: str, destination: str) -> bool:

@@ -24,7 +24,6 @@ invocation's billed duration, bar what follows the last one.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import threading
 import time
@@ -39,14 +38,13 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from slsml import prices
+from slsml import capacity, prices
 from slsml.deployment import SERVICE_NAME
 from slsml.prices import PriceTable
 
 USAGE_KEY = "usage"  # the key of a usage log line
 _CALL = "slsml_usage"  # the key of a call's bookkeeping in botocore's request context
 _DYNAMODB_READS = {"GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems"}
-_WRITE_UNIT_BYTES, _READ_UNIT_BYTES = 1024, 4096
 
 # named, not from POWERTOOLS_SERVICE_NAME: slsml.aws imports this module before a local function's environment is set
 logger = Logger(service=SERVICE_NAME, child=True)
@@ -270,9 +268,7 @@ def _body_bytes(body: Any) -> int:
 
 def _dynamodb_units(operation: str, params: dict[str, Any], parsed: dict[str, Any], ok: bool) -> float:
     """The units one call consumed: the larger of what the response reports (``ConsumedCapacity``) and
-    DynamoDB's rule applied to the items the call carries. A write takes 1 unit per 1 KB of the item
-    (at least 1), a strongly consistent read 1 unit per 4 KB read (at least 1), an eventually consistent
-    read half that.
+    DynamoDB's rules (``slsml.capacity``) applied to the items the call carries.
 
     In AWS the reported figure is exact, and the rule, which sees only the items in the request and
     the response, stays at or below it. The embedded cloud (moto 5.2.5) reports fixed figures whatever
@@ -285,13 +281,11 @@ def _dynamodb_units(operation: str, params: dict[str, Any], parsed: dict[str, An
         return _write_units(operation, params, parsed) if failed_condition else 0.0
     reported = parsed.get("ConsumedCapacity") or []
     reported = sum(c.get("CapacityUnits", 0.0) for c in ([reported] if isinstance(reported, dict) else reported))
-    if operation in _DYNAMODB_READS:
+    if operation in {"GetItem", "Query", "Scan"}:
         items = [parsed["Item"]] if parsed.get("Item") else parsed.get("Items", [])
-        if operation in {"GetItem", "Query", "Scan"}:
-            units = max(1, math.ceil(sum(map(item_bytes, items)) / _READ_UNIT_BYTES))
-            rule = units if params.get("ConsistentRead") else units / 2
-        else:
-            rule = 0.0
+        rule = capacity.read_units(sum(map(wire_item_bytes, items)), bool(params.get("ConsistentRead")))
+    elif operation in _DYNAMODB_READS:  # batches and transactions: as reported
+        rule = 0.0
     else:
         rule = _write_units(operation, params, parsed)
     return max(float(reported), rule)
@@ -299,19 +293,19 @@ def _dynamodb_units(operation: str, params: dict[str, Any], parsed: dict[str, An
 
 def _write_units(operation: str, params: dict[str, Any], parsed: dict[str, Any]) -> float:
     if operation == "PutItem":
-        written = item_bytes(params.get("Item", {}))
+        written = wire_item_bytes(params.get("Item", {}))
     elif operation in {"UpdateItem", "DeleteItem"}:  # what the request carries: a lower bound of the item
         names = sum(len(name.encode()) for name in (params.get("ExpressionAttributeNames") or {}).values())
         values = sum(_value_bytes(v) for v in (params.get("ExpressionAttributeValues") or {}).values())
-        written = item_bytes(params.get("Key", {})) + names + values
+        written = wire_item_bytes(params.get("Key", {})) + names + values
     else:
         return 0.0
-    returned = max(item_bytes(parsed.get("Attributes") or {}), item_bytes(parsed.get("Item") or {}))
-    return float(max(1, math.ceil(max(written, returned) / _WRITE_UNIT_BYTES)))
+    returned = (wire_item_bytes(parsed.get(key) or {}) for key in ("Attributes", "Item"))
+    return float(capacity.write_units(written, *returned))
 
 
-def item_bytes(item: Mapping[str, Any]) -> int:
-    """An item's size as DynamoDB counts it: attribute names and values (low-level ``{"S": ...}`` form)."""
+def wire_item_bytes(item: Mapping[str, Any]) -> int:
+    """``capacity.item_bytes`` of an item in the wire form (``{"S": ...}``) that requests and responses carry."""
     return sum(len(name.encode()) + _value_bytes(value) for name, value in item.items())
 
 

@@ -139,9 +139,9 @@ def test_the_key_layout_stays_inside_the_granted_prefixes() -> None:
         keys.run_config("r"),
         keys.model("r", 1),
         keys.final_model("r"),
-        keys.weights("r", 1, 0),
+        keys.weights("r", 1),
+        keys.shard("r", 1, 0),
         keys.update("r", 1, 0, attempt=1),
-        keys.optimizer_state("r", 0, 1),
     ]
     read = [*written, keys.dataset_manifest("d"), keys.dataset_shard("d", "train", 0)]
     assert all(key.startswith(deployment.WRITABLE_PREFIXES) for key in written)

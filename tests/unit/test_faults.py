@@ -204,7 +204,7 @@ def test_crash_points(clients) -> None:
         with pytest.raises(InjectedFault, match="before announcing it: w"):
             sns.publish_batch(TopicArn=topic, PublishBatchRequestEntries=[{"Id": "0", "Message": "{}"}])
     with faults.invocation(InvocationFaults(crash="model_put")):
-        s3.put_object(Bucket="bucket", Key=keys.weights("r", 1, 0), Body=b"shard")  # not a model: written
+        s3.put_object(Bucket="bucket", Key=keys.shard("r", 1, 0), Body=b"shard")  # not a model: written
         with pytest.raises(InjectedFault, match=r"before writing runs/r/models/000001\.keras"):
             s3.put_object(Bucket="bucket", Key=keys.model("r", 1), Body=b"model")
         sns.publish_batch(TopicArn=topic, PublishBatchRequestEntries=[{"Id": "0", "Message": "{}"}])

@@ -19,9 +19,9 @@ def test_parse_model_key_accepts_model_keys(run: str, iteration: int) -> None:
     [
         keys.final_model("run-1"),
         keys.run_config("run-1"),
-        keys.weights("run-1", 3, 0),
+        keys.weights("run-1", 3),
+        keys.shard("run-1", 3, 0),
         keys.update("run-1", 3, 0),
-        keys.optimizer_state("run-1", 0, 3),
         keys.dataset_shard("digits", "train", 0),
         "incoming/model.keras",
         "runs/run-1/models/000001.h5",

@@ -36,33 +36,31 @@ class SlowS3:
         return {"Body": io.BytesIO(Key.encode())}
 
 
-def _read(keys: list[str], need: int, timeout_s: float) -> tuple[list[bytes | None], float, ObjectStore]:
+def _read(keys: list[str], need: int, timeout_s: float) -> tuple[list[bytes | None], float]:
     store = ObjectStore(SlowS3(), "bucket")
     started = time.perf_counter()
     results = store.get_quorum(keys, [None] * len(keys), need=need, timeout_s=timeout_s)
-    return results, time.perf_counter() - started, store
+    return results, time.perf_counter() - started
 
 
 def test_everything_needed_waits_for_everything() -> None:
-    results, took, store = _read(["0.0", "0.4", "0.0"], need=3, timeout_s=0.05)
+    results, took = _read(["0.0", "0.4", "0.0"], need=3, timeout_s=0.05)
     assert results == [b"0.0", b"0.4", b"0.0"] and took >= 0.4
-    assert store.bytes_read == 9
 
 
 def test_a_slow_object_is_dropped_after_its_timeout() -> None:
-    results, took, store = _read(["0.0", "2.0", "0.05"], need=2, timeout_s=0.3)
+    results, took = _read(["0.0", "2.0", "0.05"], need=2, timeout_s=0.3)
     assert results == [b"0.0", None, b"0.05"]
     assert 0.3 <= took < 1.5
-    assert store.bytes_read == 7  # what was dropped is not counted, even once it arrives
 
 
 def test_a_read_within_its_timeout_is_waited_for() -> None:
-    results, took, _ = _read(["0.0", "0.3", "0.0"], need=1, timeout_s=2.0)
+    results, took = _read(["0.0", "0.3", "0.0"], need=1, timeout_s=2.0)
     assert results == [b"0.0", b"0.3", b"0.0"] and took < 1.0
 
 
 def test_the_quorum_is_waited_for_even_past_the_timeout() -> None:
-    results, took, _ = _read(["0.6", "3.0", "0.0"], need=2, timeout_s=0.1)
+    results, took = _read(["0.6", "3.0", "0.0"], need=2, timeout_s=0.1)
     assert results == [b"0.6", None, b"0.0"]
     assert 0.6 <= took < 2.0
 

@@ -1,8 +1,10 @@
-"""ReduceLauncher, Reducer and Watchdog against moto: non-finite updates left out (or failing the run
-when all are), parts dropped by the reducer's read quorum, and what the watchdog does at a deadline."""
+"""ReduceLauncher, Reducer, Merger and Watchdog against moto: non-finite updates left out (or failing the
+run when all are), parts dropped by the reducer's read quorum, barriers that fire once whatever the
+duplicates, run-table items whose size does not depend on the fleet, and the watchdog's deadline chain."""
 
 from __future__ import annotations
 
+import json
 import time
 from decimal import Decimal
 
@@ -11,15 +13,17 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
-from slsml import faults, keys, optimizers, updates, wiring
+from slsml import faults, keys, optimizers, shards, updates, wiring
 from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
-from slsml.faults import Delay, InvocationFaults
-from slsml.messages import Deadline, ReduceMessage, WorkDone
+from slsml.faults import Delay, InjectedFault, InvocationFaults
+from slsml.messages import Deadline, ModelLanded, ReduceMessage, WorkDone
 from slsml.plan import ShardPlan, VariableSpec
+from slsml.records import DEADLINE_OWNER, iteration_sk, participants_sk, plain, worker_sk
 from slsml.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV
 from slsml.services import Services
-from slsml.steps import reduce_launcher, reducer, watchdog
+from slsml.steps import reduce_launcher, reducer, watchdog, work_launcher
 from slsml.steps.watchdog import Action
+from slsml.steps.work_launcher import Outcome
 
 PLAN = ShardPlan.build(
     [VariableSpec(name="kernel", shape=(2, 3), trainable=True), VariableSpec(name="mean", shape=(2,), trainable=False)],
@@ -55,7 +59,25 @@ def services(monkeypatch: pytest.MonkeyPatch):
         yield Services.from_names("bucket", "runs", arns, deadline_queue_url=deadlines)
 
 
-def _register(services: Services, run_id: str, workers: int, quorum: float = 1.0, **training: object) -> RunConfig:
+@pytest.fixture
+def sent(services: Services, monkeypatch: pytest.MonkeyPatch) -> list[Deadline]:
+    """The deadlines sent (to the real queue) from here on."""
+    deadlines: list[Deadline] = []
+    schedule = services.deadlines.schedule
+
+    def recording(deadline: Deadline) -> None:
+        deadlines.append(deadline)
+        schedule(deadline)
+
+    monkeypatch.setattr(services.deadlines, "schedule", recording)
+    return deadlines
+
+
+def _register(
+    services: Services, run_id: str, workers: int, quorum: float = 1.0, watched: bool = True, **training: object
+) -> RunConfig:
+    """A run as prepare_run leaves it (config, shards and flat weights of iteration 0), launched: the
+    deadline chain is at its first link unless ``watched`` is False."""
     spec = TrainingSpec(workers=workers, reducers=PLAN.reducers, global_batch=8 * workers, quorum=quorum, **training)
     config = RunConfig(
         run_id=run_id, dataset="d", training=spec, optimizer=SGD, loss="mse", classification=False, plan=PLAN
@@ -63,15 +85,28 @@ def _register(services: Services, run_id: str, workers: int, quorum: float = 1.0
     services.store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
     for shard in range(PLAN.reducers):
         layout = PLAN.shard(shard)
-        services.store.put_array_new(keys.weights(run_id, 0, shard), WEIGHTS[layout.start : layout.stop])
+        state = optimizers.initial_state(SGD, int(layout.trainable.sum()))
+        initial = shards.Shard(WEIGHTS[layout.start : layout.stop], state, averaged=[])
+        services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
+    services.store.put_array_new(keys.weights(run_id, 0), WEIGHTS)
     services.table.table.put_item(
         Item={
-            "pk": f"RUN#{run_id}", "sk": "META", "run_id": run_id, "status": "RUNNING", "iterations": 1,
-            "iteration": 0, "workers": workers, "reducers": PLAN.reducers, "quorum": Decimal(str(quorum)),
-            "dataset": "d", "created_at": 0, "updated_at": 0,
+            "pk": f"RUN#{run_id}", "sk": "META", "run_id": run_id, "status": "RUNNING",
+            "iterations": spec.iterations, "iteration": 0, "iteration_at": Decimal(repr(time.time())),
+            "workers": workers, "reducers": PLAN.reducers, "quorum": Decimal(str(quorum)),
+            "deadline_s": Decimal(str(spec.deadline_s)), "dataset": "d", "created_at": 0, "updated_at": 0,
         }
     )
+    if watched:
+        assert services.table.watch(run_id, None, 0) is not None
     return config
+
+
+def _done(run_id: str, worker: int, finite: bool = True, attempt: int = 0) -> WorkDone:
+    return WorkDone(
+        run_id=run_id, iteration=0, worker=worker, attempt=attempt, samples=SAMPLES[worker % len(SAMPLES)],
+        loss=0.5 if finite else 0.0, compute_s=0.01, finite=finite,
+    )
 
 
 def _arrive(
@@ -80,11 +115,7 @@ def _arrive(
     """What a worker does (store the update, announce it), then the ReduceLauncher."""
     vector = VECTORS[worker] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
     services.store.put_new(keys.update(run_id, 0, worker, attempt), updates.encode(vector, SAMPLES[worker]))
-    done = WorkDone(
-        run_id=run_id, iteration=0, worker=worker, attempt=attempt, samples=SAMPLES[worker],
-        loss=0.5 if finite else 0.0, compute_s=0.01, finite=finite,
-    )
-    return reduce_launcher.on_work_done(done, services)
+    return reduce_launcher.on_work_done(_done(run_id, worker, finite, attempt), services)
 
 
 def _expected_weights(workers: list[int]) -> np.ndarray:
@@ -101,8 +132,24 @@ def _expected_weights(workers: list[int]) -> np.ndarray:
     return expected
 
 
+def _shard(services: Services, run_id: str, iteration: int, shard: int) -> shards.Shard:
+    return shards.decode(services.store.get(keys.shard(run_id, iteration, shard)), PLAN.shard(shard).size)
+
+
 def _new_weights(services: Services, run_id: str) -> np.ndarray:
-    return np.concatenate([services.store.get_array(keys.weights(run_id, 1, r)) for r in range(PLAN.reducers)])
+    return np.concatenate([_shard(services, run_id, 1, r).weights for r in range(PLAN.reducers)])
+
+
+def _part(array: np.ndarray, shard: int) -> np.ndarray:
+    return array[PLAN.shard(shard).start : PLAN.shard(shard).stop]
+
+
+def _assert_kept(services: Services, run_id: str, shard: int) -> None:
+    """``shard`` enters iteration 1 with the weights and optimizer state it entered iteration 0 with."""
+    kept = _shard(services, run_id, 1, shard)
+    assert kept.kept and kept.averaged == []
+    assert np.array_equal(kept.weights, _part(WEIGHTS, shard))
+    assert int(kept.state["step"]) == 0
 
 
 def test_a_non_finite_update_is_left_out(services: Services) -> None:
@@ -115,9 +162,12 @@ def test_a_non_finite_update_is_left_out(services: Services) -> None:
     record = services.table.get_iteration("one-nan", 0)
     assert record.nonfinite == {1} and record.done == {0, 1, 2}
     assert [p.worker for p in record.participants] == [0, 2]
+    assert (record.reduce_fired_by, record.participant_count) == (2, 2)
     for message in fired:
         reducer.reduce(message, services)
     assert np.array_equal(_new_weights(services, "one-nan"), _expected_weights([0, 2]))  # bit for bit
+    assert [_shard(services, "one-nan", 1, r).averaged for r in range(2)] == [[0, 2], [0, 2]]
+    assert int(_shard(services, "one-nan", 1, 0).state["step"]) == 1
     assert services.table.get_iteration("one-nan", 0).dropped_parts == set()
     assert services.table.get_run("one-nan").status == "RUNNING"
 
@@ -129,7 +179,8 @@ def test_the_quorum_counts_finite_updates_only(services: Services) -> None:
     fired = _arrive(services, "half-nan", 2)
     assert [p.worker for p in fired[0].participants] == [1, 2]
     assert _arrive(services, "half-nan", 3) == []  # late
-    assert services.table.get_iteration("half-nan", 0).nonfinite == {0}
+    record = services.table.get_iteration("half-nan", 0)
+    assert record.nonfinite == {0} and record.late == {0, 3}
 
 
 def test_all_updates_non_finite_fails_the_run(services: Services) -> None:
@@ -140,36 +191,38 @@ def test_all_updates_non_finite_fails_the_run(services: Services) -> None:
     assert run.status == "FAILED"
     assert run.reason == "all 2 workers produced non-finite updates at iteration 0"
     record = services.table.get_iteration("all-nan", 0)
-    assert record.nonfinite == {0, 1} and record.reduce_fired_by is None
+    assert record.nonfinite == {0, 1} and record.reduce_fired_by is None and record.participants == []
+
+
+def _slow_part_of_worker_1(services: Services, monkeypatch: pytest.MonkeyPatch, seconds: float) -> InvocationFaults:
+    """Reads of worker 1's update take ``seconds``; a reducer waits 0.2 s for a part once half are in."""
+    monkeypatch.setenv(READ_TIMEOUT_ENV, "0.2")
+    monkeypatch.setenv(READ_QUORUM_ENV, "0.5")
+    faults.install(services.store.s3, services.bus.sns)
+    return InvocationFaults(s3_get_delay=Delay(probability=1, seconds=seconds), s3_get_delay_match="/updates/00001")
 
 
 def test_the_reducer_drops_a_part_whose_read_times_out(services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
     _register(services, "slow-part", workers=3)
-    fired = []
-    for worker in range(3):
-        fired += _arrive(services, "slow-part", worker)
-    monkeypatch.setenv(READ_TIMEOUT_ENV, "0.2")
-    monkeypatch.setenv(READ_QUORUM_ENV, "0.5")
-    faults.install(services.store.s3, services.bus.sns)
-    slow = InvocationFaults(s3_get_delay=Delay(probability=1, seconds=1.5), s3_get_delay_match="/updates/00001")
+    fired = [m for w in range(3) for m in _arrive(services, "slow-part", w)]
+    slow = _slow_part_of_worker_1(services, monkeypatch, 1.5)
     started = time.perf_counter()
     for message in fired:
         with faults.invocation(slow) as injected:
             done = reducer.reduce(message, services)
         assert injected == {"s3_get_delay": 1}
-        assert done.bytes_read > 0
+        assert (done.iteration, done.shard) == (0, message.shard)
     assert time.perf_counter() - started < 2.5  # neither reducer waited for the slow part
     assert services.table.get_iteration("slow-part", 0).dropped_parts == {"0:1", "1:1"}
     assert np.array_equal(_new_weights(services, "slow-part"), _expected_weights([0, 2]))
+    assert [_shard(services, "slow-part", 1, r).averaged for r in range(2)] == [[0, 2], [0, 2]]
 
 
 def test_with_a_read_quorum_nothing_is_dropped_from_reads_within_the_timeout(
     services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _register(services, "all-parts", workers=3)
-    fired = []
-    for worker in range(3):
-        fired += _arrive(services, "all-parts", worker)
+    fired = [m for w in range(3) for m in _arrive(services, "all-parts", w)]
     monkeypatch.setenv(READ_TIMEOUT_ENV, "5")
     monkeypatch.setenv(READ_QUORUM_ENV, "0.5")
     for message in fired:
@@ -178,8 +231,105 @@ def test_with_a_read_quorum_nothing_is_dropped_from_reads_within_the_timeout(
     assert np.array_equal(_new_weights(services, "all-parts"), _expected_weights([0, 1, 2]))
 
 
-def _deadline(run_id: str, stage: str = "work", round_: int = 0, due_in: float = 0.0) -> Deadline:
-    return Deadline(run_id=run_id, iteration=0, stage=stage, round=round_, due_at=time.time() + due_in)
+def test_a_report_of_a_superseded_attempt_is_ignored(services: Services) -> None:
+    _register(services, "superseded", workers=2)
+    services.table.relaunch_workers("superseded", 0, 0, {1: 1})
+    assert _arrive(services, "superseded", 0) == []
+    assert _arrive(services, "superseded", 1, attempt=0) == []  # its first attempt, late: ignored
+    record = services.table.get_iteration("superseded", 0)
+    assert (record.done, record.stale_attempts, record.relaunched) == ({0}, 1, {1: 1})
+    assert record.arrived == 1
+    fired = _arrive(services, "superseded", 1, attempt=1)
+    assert [(p.worker, p.attempt) for p in fired[0].participants] == [(0, 0), (1, 1)]
+    for message in fired:
+        reducer.reduce(message, services)
+    assert np.array_equal(_new_weights(services, "superseded"), _expected_weights([0, 1]))
+
+
+def test_a_superseded_attempt_that_was_not_finite_leaves_its_worker_in(services: Services) -> None:
+    _register(services, "superseded-nan", workers=2)
+    services.table.relaunch_workers("superseded-nan", 0, 0, {1: 1})
+    assert _arrive(services, "superseded-nan", 1, finite=False, attempt=0) == []  # stale: not counted at all
+    assert _arrive(services, "superseded-nan", 0) == []
+    fired = _arrive(services, "superseded-nan", 1, attempt=1)
+    assert [(p.worker, p.attempt) for p in fired[0].participants] == [(0, 0), (1, 1)]
+    record = services.table.get_iteration("superseded-nan", 0)
+    assert (record.nonfinite, record.stale_attempts, record.nonfinite_arrived) == (set(), 1, 0)
+
+
+def test_duplicate_reports_count_twice_but_the_reduce_fires_once_with_each_worker_once(services: Services) -> None:
+    _register(services, "dup-work", workers=3)
+    assert _arrive(services, "dup-work", 0) == []
+    assert _arrive(services, "dup-work", 0) == []
+    assert _arrive(services, "dup-work", 1) == []  # the counter says three arrived: the records say two
+    counter = services.table.get_counter("dup-work", 0)
+    assert (counter.arrived, counter.reduce_fired_by) == (3, None)
+    fired = _arrive(services, "dup-work", 2)
+    assert [m.shard for m in fired] == [0, 1]
+    assert [p.worker for p in fired[0].participants] == [0, 1, 2]
+    assert _arrive(services, "dup-work", 1) == []  # after the fire: not a late worker, not a second fire
+    again = _arrive(services, "dup-work", 2)  # the firing message again: the same reduce, published again
+    assert [m.participants for m in again] == [m.participants for m in fired]
+    record = services.table.get_iteration("dup-work", 0)
+    assert (record.arrived, record.participant_count, record.reduce_fired_by) == (6, 3, 2)
+    assert [p.worker for p in record.participants] == [0, 1, 2]
+    assert record.done == {0, 1, 2} and record.late == set()
+    assert record.train_loss == pytest.approx(0.5)
+
+
+def test_a_duplicate_non_finite_report_does_not_hold_the_quorum_back(services: Services) -> None:
+    _register(services, "dup-nan", workers=4, quorum=0.5)
+    for _ in range(3):
+        assert _arrive(services, "dup-nan", 0, finite=False) == []
+    assert _arrive(services, "dup-nan", 1) == []  # the counter says all four in: one finite report, though
+    fired = _arrive(services, "dup-nan", 2)
+    assert [p.worker for p in fired[0].participants] == [1, 2]
+    record = services.table.get_iteration("dup-nan", 0)
+    assert (record.nonfinite, record.nonfinite_arrived, record.participant_count) == ({0}, 3, 2)
+
+
+def _item_bytes(services: Services, run_id: str, sort_key: str) -> int:
+    """An item's stored size, counted as DynamoDB does roughly: attribute names plus encoded values."""
+    item = services.table.table.get_item(Key={"pk": f"RUN#{run_id}", "sk": sort_key})["Item"]
+    return sum(len(name) + len(json.dumps(plain(value), default=sorted)) for name, value in item.items())
+
+
+def _report_all(services: Services, run_id: str, workers: int) -> list[ReduceMessage]:
+    fired = []
+    for worker in range(workers):
+        fired += reduce_launcher.on_work_done(_done(run_id, worker), services)
+    return fired
+
+
+def test_the_counter_and_a_workers_record_do_not_grow_with_the_workers(services: Services) -> None:
+    sizes = {}
+    for workers in (10, 300):
+        run_id = f"fleet-{workers:03d}"
+        _register(services, run_id, workers=workers)
+        fired = _report_all(services, run_id, workers)
+        assert len(fired[0].participants) == workers
+        services.table.record_shard(run_id, 0, 0)
+        sizes[workers] = {
+            "counter": _item_bytes(services, run_id, iteration_sk(0)),
+            "record": _item_bytes(services, run_id, worker_sk(0, 7)),
+            "participants": _item_bytes(services, run_id, participants_sk(0)),
+        }
+    small, large = sizes[10], sizes[300]
+    assert large["counter"] - small["counter"] <= 16  # a few more digits in the counts and times, no more
+    assert large["record"] == small["record"]
+    assert large["counter"] < 1024 and large["record"] < 300
+    assert large["participants"] < 300 * 20  # written once per iteration: ~15 bytes per participant
+
+
+def _deadline(run_id: str, stage: str = "work", round_: int = 0, due_in: float = 0.0, link: int = 0,
+              iteration: int = 0) -> Deadline:
+    return Deadline(run_id=run_id, iteration=iteration, stage=stage, round=round_, due_at=time.time() + due_in,
+                    link=link)
+
+
+def _due(deadline: Deadline) -> Deadline:
+    """``deadline`` as it arrives when its time has come."""
+    return deadline.model_copy(update={"due_at": time.time()})
 
 
 def _delayed(services: Services) -> int:
@@ -190,179 +340,294 @@ def _delayed(services: Services) -> int:
     return int(attributes["ApproximateNumberOfMessagesDelayed"])
 
 
-def test_a_deadline_that_comes_early_is_sent_on(services: Services) -> None:
+def test_a_deadline_that_comes_early_is_sent_on(services: Services, sent: list[Deadline]) -> None:
     _register(services, "early", workers=2)
     assert watchdog.on_deadline(_deadline("early", due_in=3600), services) == Action.NOT_DUE
     assert _delayed(services) == 1
+    assert [(d.link, d.resent) for d in sent] == [(0, 1)]  # the same link: the chain has not moved
+    assert services.table.get_run("early").watched == 0
     assert services.table.get_iteration("early", 0).relaunched == {}
 
 
-def test_a_report_of_a_superseded_attempt_is_ignored(services: Services) -> None:
-    _register(services, "superseded", workers=2)
-    assert services.table.relaunch_workers("superseded", 0, {1: 1})
-    assert _arrive(services, "superseded", 0) == []
-    assert _arrive(services, "superseded", 1, attempt=0) == []  # its first attempt, late: ignored
-    record = services.table.get_iteration("superseded", 0)
-    assert (record.done, record.stale_attempts) == ({0}, 1)
-    fired = _arrive(services, "superseded", 1, attempt=1)
-    assert [(p.worker, p.attempt) for p in fired[0].participants] == [(0, 0), (1, 1)]
-    for message in fired:
-        reducer.reduce(message, services)
-    assert np.array_equal(_new_weights(services, "superseded"), _expected_weights([0, 1]))
-
-
-def test_a_superseded_attempt_that_was_not_finite_leaves_its_worker_in(services: Services) -> None:
-    _register(services, "superseded-nan", workers=2)
-    assert services.table.relaunch_workers("superseded-nan", 0, {1: 1})
-    assert _arrive(services, "superseded-nan", 1, finite=False, attempt=0) == []  # stale: not counted at all
-    assert _arrive(services, "superseded-nan", 0) == []
-    fired = _arrive(services, "superseded-nan", 1, attempt=1)
-    assert [(p.worker, p.attempt) for p in fired[0].participants] == [(0, 0), (1, 1)]
-    record = services.table.get_iteration("superseded-nan", 0)
-    assert (record.nonfinite, record.stale_attempts) == (set(), 1)
-
-
-def test_at_a_deadline_the_reduce_fires_with_the_workers_in_if_they_reach_the_floor(services: Services) -> None:
+def test_at_a_deadline_the_reduce_fires_with_the_workers_in_if_they_reach_the_floor(
+    services: Services, sent: list[Deadline]
+) -> None:
     _register(services, "floor", workers=4, deadline_floor=0.5)
     assert _arrive(services, "floor", 0) == [] and _arrive(services, "floor", 1) == []  # quorum 1: waiting
     assert watchdog.on_deadline(_deadline("floor"), services) == Action.FIRED
     record = services.table.get_iteration("floor", 0)
-    assert record.fired_at_deadline and [p.worker for p in record.participants] == [0, 1]
-    assert _delayed(services) == 1  # the reducers' deadline
+    assert record.fired_at_deadline and record.reduce_fired_by == DEADLINE_OWNER
+    assert [p.worker for p in record.participants] == [0, 1]
+    assert _delayed(services) == 1
+    assert [(d.stage, d.round, d.link) for d in sent] == [("reduce", 0, 1)]  # the reducers' deadline
     assert _arrive(services, "floor", 2) == []
     assert services.table.get_iteration("floor", 0).late == {2}
 
 
-def test_below_the_floor_missing_workers_are_relaunched_then_the_run_fails(services: Services) -> None:
+def test_below_the_floor_missing_workers_are_relaunched_then_the_run_fails(
+    services: Services, sent: list[Deadline]
+) -> None:
     _register(services, "below", workers=4, deadline_floor=0.5, deadline_retries=1, deadline_s=30)
     _arrive(services, "below", 0)
     assert watchdog.on_deadline(_deadline("below"), services) == Action.RELAUNCHED
     assert services.table.get_iteration("below", 0).relaunched == {1: 1, 2: 1, 3: 1}
-    assert watchdog.on_deadline(_deadline("below", round_=1), services) == Action.FAILED
+    assert [(d.stage, d.round, d.link) for d in sent] == [("work", 1, 1)]
+    assert watchdog.on_deadline(_due(sent[-1]), services) == Action.FAILED
     run = services.table.get_run("below")
     assert run.status == "FAILED"
     assert run.reason == (
         "work stage of iteration 0: 1 of 4 workers delivered an update within 2 deadlines of 30 s, fewer than the"
         " floor of 2; workers [1, 2, 3] were re-launched 1 times"
     )
+    assert len(sent) == 1  # the run failed: the chain ends
 
 
-def test_a_shard_whose_reducer_never_finishes_keeps_its_weights(services: Services) -> None:
+def test_a_duplicate_deadline_does_not_start_a_second_chain(services: Services, sent: list[Deadline]) -> None:
+    _register(services, "dup-deadline", workers=4, deadline_floor=0.5)
+    _arrive(services, "dup-deadline", 0)
+    deadline = _deadline("dup-deadline")
+    assert watchdog.on_deadline(deadline, services) == Action.RELAUNCHED
+    assert watchdog.on_deadline(deadline, services) == Action.NOTHING  # the copy: the chain moved on
+    assert [(d.stage, d.round, d.link) for d in sent] == [("work", 1, 1)]
+    assert _delayed(services) == 1
+    assert services.table.get_run("dup-deadline").watched == 1
+    assert services.table.get_iteration("dup-deadline", 0).relaunched == {1: 1, 2: 1, 3: 1}
+
+
+def test_the_first_launch_sends_the_runs_only_deadline(services: Services, sent: list[Deadline]) -> None:
+    _register(services, "chain", workers=2, watched=False)
+    landed = ModelLanded(key=keys.model("chain", 0), sequencer="a")
+    assert work_launcher.on_model(landed, services) == Outcome.LAUNCHED
+    assert work_launcher.on_model(landed, services) == Outcome.LAUNCHED  # the same event again: published again
+    again = ModelLanded(key=landed.key, sequencer="b")
+    assert work_launcher.on_model(again, services) == Outcome.ALREADY_LAUNCHED
+    assert [(d.iteration, d.stage, d.link) for d in sent] == [(0, "work", 0)]
+    services.table.advance("chain", 1)
+    assert work_launcher.on_model(ModelLanded(key=keys.model("chain", 1), sequencer="c"), services) == Outcome.LAUNCHED
+    assert len(sent) == 1  # the chain goes on from the deadline pending, not from every launch
+    assert services.table.get_run("chain").watched == 0
+
+
+def test_a_deadline_of_an_iteration_the_run_has_passed_watches_the_current_one(
+    services: Services, sent: list[Deadline]
+) -> None:
+    _register(services, "moved", workers=2, deadline_s=60)
+    services.table.advance("moved", 2)
+    entered = services.table.get_run("moved").iteration_at
+    assert watchdog.on_deadline(_deadline("moved"), services) == Action.NOTHING
+    assert [(d.iteration, d.stage, d.round, d.link) for d in sent] == [(2, "work", 0, 1)]
+    assert sent[0].due_at == pytest.approx(entered + 60)
+    assert services.table.get_iteration("moved", 0).relaunched == {}
+
+
+def test_a_deadline_rebased_on_an_overdue_iteration_acts_on_it_at_once(
+    services: Services, sent: list[Deadline]
+) -> None:
+    _register(services, "overdue", workers=2, deadline_s=60)
+    services.table.advance("overdue", 2)
+    services.table.table.update_item(  # iteration 2 started longer than a deadline ago
+        Key={"pk": "RUN#overdue", "sk": "META"}, UpdateExpression="SET iteration_at = :t",
+        ExpressionAttributeValues={":t": Decimal(repr(time.time() - 600))},
+    )
+    assert watchdog.on_deadline(_deadline("overdue"), services) == Action.RELAUNCHED
+    assert services.table.get_iteration("overdue", 2).relaunched == {0: 1, 1: 1}
+    assert services.table.get_iteration("overdue", 0).relaunched == {}
+    assert [(d.iteration, d.stage, d.round, d.link) for d in sent] == [(2, "work", 1, 1)]
+
+
+def test_a_deadline_that_failed_midway_is_carried_on_by_its_redelivery(
+    services: Services, sent: list[Deadline]
+) -> None:
+    """The queue delivers a deadline again when its handler failed: the chain must not end there."""
+    _register(services, "redelivered", workers=4, deadline_floor=0.5)
+    _arrive(services, "redelivered", 0)
+    deadline = _deadline("redelivered")
+    faults.install(services.store.s3, services.bus.sns)
+    with faults.invocation(InvocationFaults(crash="publish")), pytest.raises(InjectedFault):
+        watchdog.on_deadline(deadline, services)  # stops before the re-launched workers' messages go out
+    assert sent == []
+    assert watchdog.on_deadline(deadline, services) == Action.RELAUNCHED
+    assert [(d.stage, d.round) for d in sent] == [("work", 1)]
+    assert services.table.get_iteration("redelivered", 0).relaunched == {1: 1, 2: 1, 3: 1}
+
+
+def test_a_shard_whose_reducer_never_finishes_keeps_its_weights(services: Services, sent: list[Deadline]) -> None:
     _register(services, "stale", workers=2, deadline_retries=1)
     fired = _arrive(services, "stale", 0) + _arrive(services, "stale", 1)
     reducer.reduce(fired[0], services)
-    services.table.record_shard("stale", 0, 0, (0, 0))  # the Merger has shard 0 only
+    services.table.record_shard("stale", 0, 0)  # the Merger has shard 0 only
     assert watchdog.on_deadline(_deadline("stale", "reduce"), services) == Action.RELAUNCHED
     assert services.table.get_iteration("stale", 0).reduce_relaunches == 1
-    assert watchdog.on_deadline(_deadline("stale", "reduce", round_=1), services) == Action.STALE_SHARDS
+    assert [(d.stage, d.round) for d in sent] == [("reduce", 1)]
+    assert watchdog.on_deadline(_due(sent[-1]), services) == Action.STALE_SHARDS
     assert services.table.get_iteration("stale", 0).stale_shards == {1}
-    assert np.array_equal(services.store.get_array(keys.weights("stale", 1, 1)),
-                          services.store.get_array(keys.weights("stale", 0, 1)))
-    assert int(services.store.get_arrays(keys.optimizer_state("stale", 1, 1))["step"]) == 0
+    _assert_kept(services, "stale", 1)
+    assert np.array_equal(_shard(services, "stale", 1, 0).weights, _part(_expected_weights([0, 1]), 0))
+    assert [d.stage for d in sent] == ["reduce", "work"]  # then it watches the next iteration
 
 
-class Crash(Exception):
-    """A reducer that stops between writing its shard's optimizer state and its weights."""
-
-
-def _crash_before_weights(services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
-    def put_array_new(key: str, array: np.ndarray) -> bool:
-        raise Crash(key)
-
-    monkeypatch.setattr(services.store, "put_array_new", put_array_new)
-
-
-def _slow_reads_drop_worker_1(fired: list[ReduceMessage], services: Services,
-                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each reducer's first try leaves worker 1 out (its read is slow), then stops before its weights."""
-    monkeypatch.setenv(READ_TIMEOUT_ENV, "0.2")
-    monkeypatch.setenv(READ_QUORUM_ENV, "0.5")
-    faults.install(services.store.s3, services.bus.sns)
-    slow = InvocationFaults(s3_get_delay=Delay(probability=1, seconds=1), s3_get_delay_match="/updates/00001")
-    with monkeypatch.context() as crashing:
-        _crash_before_weights(services, crashing)
-        for message in fired:
-            with faults.invocation(slow), pytest.raises(Crash):
-                reducer.reduce(message, services)
-    assert services.store.exists(keys.optimizer_state(fired[0].run_id, 0, 1))
-    assert not services.store.exists(keys.weights(fired[0].run_id, 1, 0))
-
-
-def test_a_retried_reducer_averages_what_its_first_try_averaged(
-    services: Services, monkeypatch: pytest.MonkeyPatch
+def test_the_watchdog_keeps_a_shard_before_a_late_reducer_the_kept_shard_stands(
+    services: Services, sent: list[Deadline]
 ) -> None:
-    """Its retry reads every part in time, yet averages workers 0 and 2 again, as the stored state did."""
-    _register(services, "retried", workers=3)
-    fired = [m for w in range(3) for m in _arrive(services, "retried", w)]
-    _slow_reads_drop_worker_1(fired, services, monkeypatch)
-    for message in fired:  # the retries: no slow reads now
-        reducer.reduce(message, services)
-    assert np.array_equal(_new_weights(services, "retried"), _expected_weights([0, 2]))
-
-
-def test_the_watchdog_finishes_a_reducer_that_stepped_its_shard_before_stopping(
-    services: Services, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """At the last reduce deadline a shard whose state is stepped takes that state's average, not the old weights."""
-    _register(services, "half-done", workers=3, deadline_retries=0)
-    fired = [m for w in range(3) for m in _arrive(services, "half-done", w)]
-    _slow_reads_drop_worker_1(fired, services, monkeypatch)
-    assert watchdog.on_deadline(_deadline("half-done", "reduce"), services) == Action.STALE_SHARDS
-    assert services.table.get_iteration("half-done", 0).stale_shards == set()
-    assert np.array_equal(_new_weights(services, "half-done"), _expected_weights([0, 2]))
-
-
-def test_a_late_reducer_keeps_the_weights_the_watchdog_kept(
-    services: Services, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The watchdog stopped between keeping shard 0's state and its weights; the late reducer keeps both."""
     _register(services, "kept", workers=2, deadline_retries=0)
     fired = _arrive(services, "kept", 0) + _arrive(services, "kept", 1)
-    with monkeypatch.context() as crashing:
-        _crash_before_weights(services, crashing)
-        with pytest.raises(Crash):
-            watchdog.on_deadline(_deadline("kept", "reduce"), services)
-    for message in fired:
-        reducer.reduce(message, services)
-    assert np.array_equal(services.store.get_array(keys.weights("kept", 1, 0)),
-                          services.store.get_array(keys.weights("kept", 0, 0)))
-    assert int(services.store.get_arrays(keys.optimizer_state("kept", 0, 1))["step"]) == 0
-    assert np.array_equal(services.store.get_array(keys.weights("kept", 1, 1)),
-                          _expected_weights([0, 1])[PLAN.shard(1).start:PLAN.shard(1).stop])
+    assert watchdog.on_deadline(_deadline("kept", "reduce"), services) == Action.STALE_SHARDS
+    for message in fired:  # the late reducers announce the stored shards
+        done = reducer.reduce(message, services)
+        assert (done.iteration, done.shard) == (0, message.shard)
+    for shard in range(2):
+        _assert_kept(services, "kept", shard)
+    assert services.table.get_iteration("kept", 0).stale_shards == {0, 1}
 
 
-def test_bytes_moved_are_counted_once_per_step_however_often_it_reports(services: Services) -> None:
-    _register(services, "bytes", workers=2)
-    done = WorkDone(run_id="bytes", iteration=0, worker=0, samples=4, loss=0.5, compute_s=0.01)
-    for _ in range(2):  # a duplicate, then a retry that found its update stored (and read less)
-        services.table.record_worker(done, (100, 10))
-    services.table.record_worker(done, (1, 0))
-    services.table.record_worker(done.model_copy(update={"worker": 1}), (200, 20))
-    for moved in ((1000, 100), (5, 0)):
-        services.table.record_shard("bytes", 0, 0, moved)
-    services.table.record_shard("bytes", 0, 1, (2000, 200))
-    for moved in ((7, 70), (3, 0)):
-        services.table.record_merge("bytes", 0, moved, None)
-    record = services.table.get_iteration("bytes", 0)
-    assert (record.bytes_read, record.bytes_written) == (100 + 200 + 1000 + 2000 + 7, 10 + 20 + 100 + 200 + 70)
+def test_a_late_reducer_that_stores_first_its_average_stands(services: Services) -> None:
+    config = _register(services, "late-first", workers=2, deadline_retries=0)
+    fired = _arrive(services, "late-first", 0) + _arrive(services, "late-first", 1)
+    reducer.reduce(fired[0], services)
+    assert reducer.keep_weights(services, config, 0, 0) is False
+    assert reducer.keep_weights(services, config, 0, 1) is True
+    assert np.array_equal(_shard(services, "late-first", 1, 0).weights, _part(_expected_weights([0, 1]), 0))
+    assert _shard(services, "late-first", 1, 0).averaged == [0, 1]
+    _assert_kept(services, "late-first", 1)
+    assert services.table.get_iteration("late-first", 0).stale_shards == {1}
 
 
-def test_a_reducer_overtaken_by_the_watchdog_keeps_the_weights_it_kept(
+def test_a_reducer_overtaken_by_the_watchdog_keeps_the_shard_it_kept(
     services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """While reducer 0 reads, the watchdog stores shard 0's kept state (its weights not yet): the reducer
-    then writes the kept weights, not its own average, so weights and state agree."""
-    _register(services, "overtaken", workers=2)
+    """While reducer 0 reads, the watchdog keeps shard 0: the reducer's average is dropped, weights and
+    optimizer state stay the kept ones, and the reducer announces the shard all the same."""
+    config = _register(services, "overtaken", workers=2)
     fired = _arrive(services, "overtaken", 0) + _arrive(services, "overtaken", 1)
     read = services.store.get_quorum
 
     def overtaken(*args, **kwargs):
-        kept = optimizers.initial_state(SGD, int(PLAN.shard(0).trainable.sum()))
-        services.store.put_arrays_new(keys.optimizer_state("overtaken", 0, 1), kept,
-                                      {reducer.AVERAGED_METADATA: reducer.KEPT})
+        assert reducer.keep_weights(services, config, 0, 0)
         return read(*args, **kwargs)
 
     monkeypatch.setattr(services.store, "get_quorum", overtaken)
-    reducer.reduce(fired[0], services)
-    assert np.array_equal(services.store.get_array(keys.weights("overtaken", 1, 0)),
-                          services.store.get_array(keys.weights("overtaken", 0, 0)))
+    done = reducer.reduce(fired[0], services)
+    assert (done.iteration, done.shard) == (0, 0)
+    _assert_kept(services, "overtaken", 0)
+    assert services.table.get_iteration("overtaken", 0).stale_shards == {0}
+
+
+def test_a_retried_reducer_stands_by_what_its_first_try_stored(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first tries leave worker 1 out (its reads are slow) and store; the retries read every part in
+    time, yet the shards stay the first tries' averages of workers 0 and 2."""
+    _register(services, "retried", workers=3)
+    fired = [m for w in range(3) for m in _arrive(services, "retried", w)]
+    slow = _slow_part_of_worker_1(services, monkeypatch, 1)
+    for message in fired:
+        with faults.invocation(slow):
+            reducer.reduce(message, services)
+    monkeypatch.setenv(READ_TIMEOUT_ENV, "5")
+    for message in fired:
+        reducer.reduce(message, services)
+    assert np.array_equal(_new_weights(services, "retried"), _expected_weights([0, 2]))
+    assert [_shard(services, "retried", 1, r).averaged for r in range(2)] == [[0, 2], [0, 2]]
+
+
+class Crash(Exception):
+    """A reducer that stops before it stores its shard."""
+
+
+def test_a_reducer_that_stopped_before_storing_is_retried_in_full(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _register(services, "crashed", workers=3)
+    fired = [m for w in range(3) for m in _arrive(services, "crashed", w)]
+    with monkeypatch.context() as crashing:
+        def put_new(key: str, data: bytes, metadata: dict[str, str] | None = None) -> bool:
+            raise Crash(key)
+
+        crashing.setattr(services.store, "put_new", put_new)
+        for message in fired:
+            with pytest.raises(Crash):
+                reducer.reduce(message, services)
+    assert not any(services.store.exists(keys.shard("crashed", 1, r)) for r in range(2))
+    for message in fired:
+        reducer.reduce(message, services)
+    assert np.array_equal(_new_weights(services, "crashed"), _expected_weights([0, 1, 2]))
+
+
+def test_parts_dropped_by_a_try_whose_shard_was_not_stored_are_not_counted(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A duplicate Reduce message after the shard is stored reads slowly and leaves worker 1 out: the
+    stored shard, which averaged every worker, is what the run's record must tell."""
+    _register(services, "dup-reduce", workers=3)
+    fired = [m for w in range(3) for m in _arrive(services, "dup-reduce", w)]
+    for message in fired:
+        reducer.reduce(message, services)
+    slow = _slow_part_of_worker_1(services, monkeypatch, 1)
+    for message in fired:
+        with faults.invocation(slow):
+            reducer.reduce(message, services)
+    assert [_shard(services, "dup-reduce", 1, r).averaged for r in range(2)] == [[0, 1, 2], [0, 1, 2]]
+    assert services.table.get_iteration("dup-reduce", 0).dropped_parts == set()
+
+
+def _merge_run(services: Services, run_id: str) -> list[ReduceMessage]:
+    """A run of a small Keras model whose workers reported; the Reduce messages of its shards."""
+    import keras
+
+    from slsml import modelio
+
+    keras.utils.set_random_seed(0)
+    body = modelio.save_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(3, use_bias=False)]))
+    model = modelio.load_model(body)  # as prepare_run reads it
+    plan = ShardPlan.build(modelio.variable_specs(model), reducers=2)
+    spec = TrainingSpec(workers=2, reducers=2, global_batch=4, iterations=5, eval_every=0)
+    config = RunConfig(run_id=run_id, dataset="d", training=spec, optimizer=SGD, loss=modelio.loss_config(model, "mse"),
+                       classification=False, plan=plan)
+    services.store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
+    flat = modelio.get_flat(model, plan)
+    for shard in range(2):
+        layout = plan.shard(shard)
+        initial = shards.Shard(flat[layout.start : layout.stop], optimizers.initial_state(SGD, layout.size), [])
+        services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
+    services.store.put_new(keys.model(run_id, 0), body)
+    services.table.table.put_item(Item={
+        "pk": f"RUN#{run_id}", "sk": "META", "run_id": run_id, "status": "RUNNING", "iterations": 5, "iteration": 0,
+        "workers": 2, "reducers": 2, "quorum": 1, "dataset": "d", "created_at": 0, "updated_at": 0,
+    })
+    fired = []
+    for worker in range(2):
+        services.store.put_new(keys.update(run_id, 0, worker), updates.encode(RNG.standard_normal(plan.size), 2))
+        fired += reduce_launcher.on_work_done(_done(run_id, worker), services)
+    return fired
+
+
+def test_duplicate_shard_reports_count_twice_but_the_merge_fires_once(services: Services) -> None:
+    from slsml.steps import merger
+
+    fired = _merge_run(services, "dup-merge")
+    first = reducer.reduce(fired[0], services)
+    merged = [merger.on_reduce_done(first, services) for _ in range(2)]
+    assert merged == [None, None]  # the counter says both shards are in: shard 1 is not, though
+    assert services.table.get_counter("dup-merge", 0).merge_fired_by is None
+    second = reducer.reduce(fired[1], services)
+    merged = [merger.on_reduce_done(done, services) for done in (second, second, first)]
+    assert merged == [keys.model("dup-merge", 1), None, None]
+    counter = services.table.get_counter("dup-merge", 0)
+    assert (counter.shards_in, counter.merge_fired_by) == (5, 1)
+    weights = np.concatenate([shards.decode(services.store.get(keys.shard("dup-merge", 1, r))).weights
+                              for r in range(2)])
+    assert np.array_equal(services.store.get_array(keys.weights("dup-merge", 1)), weights)
+    assert services.store.head(keys.model("dup-merge", 1)) == {merger.MERGED_METADATA: "0"}
+    assert services.table.get_run("dup-merge").iteration == 1
+
+
+def test_a_late_duplicate_of_the_merging_shard_report_leaves_the_run_where_it_is(services: Services) -> None:
+    from slsml.steps import merger
+
+    dones = [reducer.reduce(message, services) for message in _merge_run(services, "late-merge")]
+    assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.model("late-merge", 1)]
+    services.table.advance("late-merge", 2)  # the next iteration merged too
+    entered = services.table.get_run("late-merge").iteration_at
+    assert merger.on_reduce_done(dones[1], services) is None  # a retry of the merging message, minutes later
+    run = services.table.get_run("late-merge")
+    assert (run.iteration, run.iteration_at) == (2, entered)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -31,9 +30,8 @@ def run_config(store: ObjectStore, run_id: str) -> RunConfig:
 
 
 def load_weights(store: ObjectStore, config: RunConfig, iteration: int) -> np.ndarray:
-    """The flat weights entering ``iteration``, from its R shard files (read in parallel)."""
-    shards = store.get_many(keys.weights(config.run_id, iteration, r) for r in range(config.reducers))
-    return np.concatenate([np.load(io.BytesIO(s), allow_pickle=False) for s in shards])
+    """The flat weights entering ``iteration`` (one object, stored by the Merger)."""
+    return store.get_array(keys.weights(config.run_id, iteration))
 
 
 @contextmanager

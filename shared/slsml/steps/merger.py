@@ -3,50 +3,66 @@ of the next iteration), evaluating it on the test set when due."""
 
 from __future__ import annotations
 
+import time
+
+import numpy as np
 from aws_lambda_powertools import Logger
 
-from slsml import keys, modelio
-from slsml.errors import RunFailed
+from slsml import keys, modelio, shards
+from slsml.errors import NotFoundError, RunFailed
 from slsml.messages import ReduceDone
-from slsml.runstate import RunStatus
+from slsml.records import RunRecord
 from slsml.services import Services
-from slsml.steps.common import load_weights, run_config
+from slsml.steps.common import run_config
 from slsml.steps.warm import reader_for, trainer_for
 
 logger = Logger(child=True)
 MERGED_METADATA = "merged-from"  # on a model the Merger stored: the iteration whose shards it assembled
+HEARTBEATS_PER_WINDOW = 4  # the run's execution hears from the pipeline this often within its heartbeat window
 
 
 def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
-    """Record the shard; returns the key of the next model if this message completed the iteration."""
-    store = services.store
-    store.reset_counters()
+    """Count the shard; returns the key of the next model if this message completed the iteration."""
+    store, table = services.store, services.table
     config = run_config(store, message.run_id)
     run, iteration = message.run_id, message.iteration
-    record = services.table.record_shard(run, iteration, message.shard, (message.bytes_read, message.bytes_written))
-    if len(record.shards) < config.reducers or not services.table.fire_merge(run, iteration, message.shard):
+    counter = table.record_shard(run, iteration, message.generation)
+    if counter is None or counter.shards_in < config.reducers or counter.merge_fired_by not in {None, message.shard}:
         return None
-    next_key = keys.model(run, iteration + 1)
-    stored = store.head(next_key)
-    if stored is not None:  # merged before (a retry, or a resumed run), unless something else put it there
-        if stored.get(MERGED_METADATA) != str(iteration):
-            raise RunFailed(f"{next_key} was stored by something other than this run's Merger: it is not"
-                            " overwritten, and the run cannot go on without its own model there")
+    try:  # the count is a hint (a duplicate counts twice): every shard must be there
+        parts = store.get_many(
+            [keys.shard(run, iteration + 1, r) for r in range(config.reducers)],
+            [shards.weights_range(config.plan, r) for r in range(config.reducers)],
+        )
+    except NotFoundError:
         return None
-    if services.table.get_run(run).status != RunStatus.RUNNING:
-        return None
+    weights = np.concatenate([shards.decode_weights(part, config.plan, r) for r, part in enumerate(parts)])
     trainer, _ = trainer_for(store, config, iteration)
-    modelio.set_flat(trainer.model, config.plan, load_weights(store, config, iteration + 1))
+    modelio.set_flat(trainer.model, config.plan, weights)
     test = None
     every = config.training.eval_every
     if iteration + 1 == config.training.iterations or (every and (iteration + 1) % every == 0):
-        reader = reader_for(store, config.dataset)
-        test = trainer.evaluate(*reader.split("test"))
-    body = modelio.save_model(trainer.model)
-    services.table.record_merge(run, iteration, (store.bytes_read, store.bytes_written + len(body)), test)
-    advanced = services.table.advance(run, iteration + 1)
-    if advanced is not None:
-        services.orchestrator.heartbeat(advanced.task_token)
-    store.put_new(next_key, body, {MERGED_METADATA: str(iteration)})
+        test = trainer.evaluate(*reader_for(store, config.dataset).split("test"))
+    if not table.fire_merge(run, iteration, message.shard, test):
+        return None
+    advanced = table.advance(run, iteration + 1)
+    if advanced is None:  # stopped or failed meanwhile
+        return None
+    next_key = keys.model(run, iteration + 1)
+    store.put_array_new(keys.weights(run, iteration + 1), weights)
+    if not store.put_new(next_key, modelio.save_model(trainer.model), {MERGED_METADATA: str(iteration)}):
+        if store.head(next_key).get(MERGED_METADATA) != str(iteration):
+            raise RunFailed(f"{next_key} was stored by something other than this run's Merger: it is not"
+                            " overwritten, and the run cannot go on without its own model there")
+        return None  # merged before: a retry, or a resumed run
+    _heartbeat(services, advanced)
     logger.info("model merged", extra={"run_id": run, "iteration": iteration + 1, "test": test})
     return next_key
+
+
+def _heartbeat(services: Services, run: RunRecord) -> None:
+    """Tell the run's execution the pipeline lives, a few times per heartbeat window (not every iteration)."""
+    due = run.heartbeat_at is None or time.time() - run.heartbeat_at > run.heartbeat_s / HEARTBEATS_PER_WINDOW
+    if run.task_token and due:
+        services.orchestrator.heartbeat(run.task_token)
+        services.table.mark_heartbeat(run.run_id)

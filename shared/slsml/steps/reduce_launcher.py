@@ -10,7 +10,6 @@ from slsml import wiring
 from slsml.barrier import quorum_count
 from slsml.config import RunConfig
 from slsml.messages import Participant, ReduceMessage, WorkDone
-from slsml.runstate import IterationRecord
 from slsml.services import Services
 from slsml.steps.common import run_config
 
@@ -20,62 +19,65 @@ logger = Logger(child=True)
 def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
     """Record ``done``; return the reduce messages published (none unless this message fires the barrier)."""
     config = run_config(services.store, done.run_id)
-    record = services.table.record_worker(done, (done.bytes_read, done.bytes_written))
-    if record is None:
-        logger.info("stale attempt ignored", extra={"run_id": done.run_id, "iteration": done.iteration,
-                                                    "worker": done.worker, "attempt": done.attempt})
+    log = {"run_id": done.run_id, "iteration": done.iteration, "worker": done.worker, "attempt": done.attempt}
+    counter = services.table.record_worker(done)
+    if counter is None:
+        logger.info("stale attempt ignored", extra=log)
         return []
-    if record.reduce_fired_by is not None and record.reduce_fired_by != done.worker:
-        if done.worker in record.late and done.worker not in record.nonfinite:
-            logger.info("late worker ignored", extra={"run_id": done.run_id, "iteration": done.iteration,
-                                                      "worker": done.worker})
+    if counter.reduce_fired_by == done.worker:  # this worker fired before and its message came again
+        _, participants = services.table.fired_with(config.run_id, done.iteration)
+        return publish_reduce(services, config, done.iteration, participants, done.generation)
+    if counter.reduce_fired_by is not None:
+        logger.info("late worker ignored", extra=log)
         return []
-    if record.reduce_fired_by is not None:  # this worker fired before and its message came again
-        return publish_reduce(services, config, record, record.participants, done.generation)
-    finite = sorted(record.done - record.nonfinite)
-    everyone_in = len(record.done) >= config.workers
-    if not finite:
-        if everyone_in:
-            reason = f"all {config.workers} workers produced non-finite updates at iteration {done.iteration}"
-            logger.error("run failed", extra={"run_id": done.run_id, "reason": reason})
-            services.fail_run(done.run_id, reason)
+    finite = counter.arrived - counter.nonfinite_arrived
+    if finite < quorum_count(config.workers, config.training.quorum) and counter.arrived < config.workers:
         return []
-    # non-finite updates are left out; once every worker is in there is nothing left to wait for
-    if len(finite) < quorum_count(config.workers, config.training.quorum) and not everyone_in:
-        return []
-    return fire_reduce(services, config, record, done.worker, done.generation)
+    return fire_reduce(services, config, done.iteration, done.generation, done.worker, config.training.quorum)
 
 
 def fire_reduce(
-    services: Services, config: RunConfig, record: IterationRecord, owner: int, generation: int
+    services: Services, config: RunConfig, iteration: int, generation: int, owner: int, quorum: float
 ) -> list[ReduceMessage]:
-    """Fire the reduce of ``record`` with its finite reports, once: [] if someone else fired it."""
-    participants = [
-        Participant(worker=w, attempt=record.reports[w].attempt, samples=record.reports[w].samples)
-        for w in sorted(record.done - record.nonfinite)
-    ]
-    if not services.table.fire_reduce(config.run_id, record.iteration, owner, participants):
+    """Fire the reduce of ``iteration`` with its finite reports, once, if at least ``quorum`` of the workers
+    (or all of them, non-finite ones included) reported: [] if not, or if someone else fired it."""
+    table, run_id, workers = services.table, config.run_id, config.workers
+    reports = table.worker_reports(run_id, iteration, generation)
+    finite = sorted((r for r in reports if r.finite), key=lambda r: r.worker)
+    if len(reports) >= workers and not finite:
+        reason = f"all {workers} workers produced non-finite updates at iteration {iteration}"
+        logger.error("run failed", extra={"run_id": run_id, "reason": reason})
+        services.fail_run(run_id, reason)
+        return []
+    if not finite or (len(finite) < quorum_count(workers, quorum) and len(reports) < workers):
+        return []  # the counter ran ahead of the records (a duplicate report counted twice)
+    participants = [Participant(worker=r.worker, attempt=r.attempt, samples=r.samples) for r in finite]
+    fired_by, participants = table.freeze_participants(run_id, iteration, owner, participants)
+    if fired_by != owner:
         return []  # another worker's message (or the watchdog) fired it first
-    return publish_reduce(services, config, record, participants, generation)
+    table.mark_reduce_fired(run_id, iteration, owner, participants, reports)
+    return publish_reduce(services, config, iteration, participants, generation,
+                          nonfinite=sorted(r.worker for r in reports if not r.finite))
 
 
 def publish_reduce(
     services: Services,
     config: RunConfig,
-    record: IterationRecord,
+    iteration: int,
     participants: list[Participant],
     generation: int,
     shards: list[int] | None = None,
     attempt: int = 0,
+    nonfinite: list[int] | None = None,
 ) -> list[ReduceMessage]:
     """One Reduce message per shard (all, or ``shards``); reducers are idempotent, so publishing again is safe."""
     messages = [
-        ReduceMessage(run_id=config.run_id, iteration=record.iteration, generation=generation, shard=r,
+        ReduceMessage(run_id=config.run_id, iteration=iteration, generation=generation, shard=r,
                       participants=tuple(participants), attempt=attempt)
         for r in (range(config.reducers) if shards is None else shards)
     ]
     services.bus.publish(wiring.REDUCE, messages)
-    logger.info("reduce fired", extra={"run_id": config.run_id, "iteration": record.iteration,
-                                       "participants": len(participants), "nonfinite": sorted(record.nonfinite),
+    logger.info("reduce fired", extra={"run_id": config.run_id, "iteration": iteration,
+                                       "participants": len(participants), "nonfinite": nonfinite or [],
                                        "shards": len(messages), "attempt": attempt})
     return messages

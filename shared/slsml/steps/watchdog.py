@@ -1,5 +1,9 @@
 """Watchdog: an iteration's deadline came and the iteration is not merged yet.
 
+One deadline of a run is pending at a time: the first launch of a run (or of a resumed generation)
+sends one, and each deadline, when it comes, sends the next one, for the iteration the run is at then.
+A fast run thus costs one watchdog invocation per deadline period, not one per iteration.
+
 Work stage (the reduce has not fired): if at least the floor of workers is in, fire the reduce
 with them; otherwise re-launch the missing workers with a new attempt number (reports of the old
 attempt are ignored from then on), and once the retry budget is spent, fail the run with a reason
@@ -14,12 +18,12 @@ from enum import StrEnum
 
 from aws_lambda_powertools import Logger
 
-from slsml import wiring
+from slsml import keys, wiring
 from slsml.barrier import quorum_count
 from slsml.config import RunConfig
 from slsml.errors import NotFoundError
 from slsml.messages import Deadline, ReduceDone, WorkMessage
-from slsml.runstate import DEADLINE_OWNER, IterationRecord, RunStatus
+from slsml.records import DEADLINE_OWNER, IterationRecord, RunStatus
 from slsml.services import Services
 from slsml.steps.common import run_config
 from slsml.steps.reduce_launcher import fire_reduce, publish_reduce
@@ -39,6 +43,7 @@ class Action(StrEnum):
 
 
 def on_deadline(deadline: Deadline, services: Services) -> Action:
+    """Act on the run's current iteration; unless the run ended, send the chain's next deadline."""
     if deadline.due_at > time.time() + 1:
         services.deadlines.schedule(deadline.model_copy(update={"resent": deadline.resent + 1}))
         return Action.NOT_DUE
@@ -46,8 +51,17 @@ def on_deadline(deadline: Deadline, services: Services) -> Action:
         run = services.table.get_run(deadline.run_id)
     except NotFoundError:
         return Action.NOTHING
-    if run.status != RunStatus.RUNNING or (run.generation, run.iteration) != (deadline.generation, deadline.iteration):
+    if run.status != RunStatus.RUNNING or run.generation != deadline.generation:
         return Action.NOTHING
+    if services.table.watch(run.run_id, deadline.link, deadline.link + 1) is None:
+        return Action.NOTHING  # a duplicate: another copy of this deadline carries the chain on
+    deadline = deadline.model_copy(update={"link": deadline.link + 1, "resent": 0})
+    if run.iteration != deadline.iteration:  # the run moved on: watch the iteration it is at
+        deadline = _next(deadline, "work", 0, (run.iteration_at or time.time()) + run.deadline_s)
+        deadline = deadline.model_copy(update={"iteration": run.iteration})
+        if deadline.due_at > time.time():
+            services.deadlines.schedule(deadline)
+            return Action.NOTHING
     config = run_config(services.store, deadline.run_id)
     record = services.table.get_iteration(deadline.run_id, deadline.iteration)
     if deadline.stage == "work":
@@ -69,19 +83,18 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
     missing = [w for w in range(config.workers) if w not in record.done]
     log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "missing": missing}
     if finite and len(finite) >= floor:
-        fire_reduce(services, config, record, DEADLINE_OWNER, deadline.generation)
+        fire_reduce(services, config, iteration, deadline.generation, DEADLINE_OWNER, spec.deadline_floor)
         services.deadlines.schedule(_next(deadline, "reduce", 0, time.time() + spec.deadline_s))
         logger.warning("deadline: reduce fired without the missing workers", extra=log)
         return Action.FIRED
     if deadline.round < spec.deadline_retries:
         attempt = deadline.round + 1
-        if services.table.relaunch_workers(run_id, iteration, dict.fromkeys(missing, attempt)):
-            services.bus.publish(wiring.WORK, [
-                WorkMessage(run_id=run_id, iteration=iteration, generation=deadline.generation, worker=w,
-                            attempt=attempt)
-                for w in missing
-            ])
-            logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})
+        services.table.relaunch_workers(run_id, iteration, deadline.generation, dict.fromkeys(missing, attempt))
+        services.bus.publish(wiring.WORK, [
+            WorkMessage(run_id=run_id, iteration=iteration, generation=deadline.generation, worker=w, attempt=attempt)
+            for w in missing
+        ])
+        logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})
         services.deadlines.schedule(_next(deadline, "work", attempt, time.time() + spec.deadline_s))
         return Action.RELAUNCHED
     reason = (
@@ -96,21 +109,25 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
 
 def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Action:
     spec, run_id, iteration = config.training, config.run_id, deadline.iteration
-    missing = [s for s in range(config.reducers) if s not in record.shards]
-    if record.merge_fired_by is not None or not missing:
-        return Action.NOTHING  # the Merger has what it needs; its own retries cover it
+    missing = [] if record.merge_fired_by is not None else [
+        s for s in range(config.reducers) if not services.store.exists(keys.shard(run_id, iteration + 1, s))
+    ]
+    if not missing:  # the Merger has what it needs (its own retries cover it): look again in a while
+        services.deadlines.schedule(_next(deadline, "work", 0, time.time() + spec.deadline_s))
+        return Action.NOTHING
     log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "shards": missing}
     if deadline.round < spec.deadline_retries:
         attempt = deadline.round + 1
-        publish_reduce(services, config, record, record.participants, deadline.generation, missing, attempt)
+        publish_reduce(services, config, iteration, record.participants, deadline.generation, missing, attempt)
         services.table.record_reduce_relaunch(run_id, iteration, len(missing))
         services.deadlines.schedule(_next(deadline, "reduce", attempt, time.time() + spec.deadline_s))
         logger.warning("deadline: missing reducers re-launched", extra={**log, "attempt": attempt})
         return Action.RELAUNCHED
     for shard in missing:
-        keep_weights(services, config, record, deadline.generation, shard)
+        keep_weights(services, config, iteration, shard)
     services.bus.publish(wiring.REDUCE_DONE, [
         ReduceDone(run_id=run_id, iteration=iteration, generation=deadline.generation, shard=s) for s in missing
     ])
+    services.deadlines.schedule(_next(deadline, "work", 0, time.time() + spec.deadline_s))
     logger.warning("deadline: shards keep their weights for this iteration", extra=log)
     return Action.STALE_SHARDS

@@ -11,7 +11,7 @@ from aws_lambda_powertools import Logger
 from slsml import keys, wiring
 from slsml.errors import NotFoundError
 from slsml.messages import Deadline, ModelLanded, RunStarted, WorkMessage
-from slsml.runstate import RunRecord, RunStatus
+from slsml.records import RunRecord, RunStatus
 from slsml.services import Services
 
 logger = Logger(child=True)
@@ -58,11 +58,11 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         [WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w)
          for w in range(run.workers)],
     )
-    services.deadlines.schedule(
-        Deadline(run_id=run_id, iteration=iteration, generation=run.generation, stage="work", round=0,
-                 due_at=time.time() + run.deadline_s)
-    )
-    services.orchestrator.heartbeat(run.task_token)
+    if run.watched is None and services.table.watch(run_id, None, 0):  # the first launch of this generation
+        services.deadlines.schedule(
+            Deadline(run_id=run_id, iteration=iteration, generation=run.generation, stage="work", round=0,
+                     due_at=time.time() + run.deadline_s)
+        )
     logger.info("iteration launched", extra={"run_id": run_id, "iteration": iteration, "workers": run.workers})
     return Outcome.LAUNCHED
 
@@ -71,7 +71,7 @@ def _complete(run_id: str, iteration: int, services: Services) -> Outcome:
     """The iteration budget is spent: the model entering ``iteration`` is the final one."""
     final_key = keys.final_model(run_id)
     services.store.copy_new(keys.model(run_id, iteration), final_key)
-    last = services.table.get_iteration(run_id, iteration - 1)
+    last = services.table.get_counter(run_id, iteration - 1)
     run = services.table.record_outcome(run_id, final_key, last.test_loss, last.test_accuracy)
     if run is not None:
         services.orchestrator.succeed(run.task_token, _outcome(run))

@@ -13,7 +13,6 @@ from slsml import data, keys, modelio, updates, wiring
 from slsml.config import RunConfig
 from slsml.errors import RunFailed
 from slsml.messages import WorkDone, WorkMessage
-from slsml.runstate import RunStatus
 from slsml.services import Services
 from slsml.steps.common import load_weights, run_config
 from slsml.steps.warm import reader_for, trainer_for
@@ -21,22 +20,11 @@ from slsml.steps.warm import reader_for, trainer_for
 logger = Logger(child=True)
 
 
-def work(message: WorkMessage, services: Services) -> WorkDone | None:
-    store = services.store
-    store.reset_counters()
-    config = run_config(store, message.run_id)
+def work(message: WorkMessage, services: Services) -> WorkDone:
+    config = run_config(services.store, message.run_id)
     if message.worker >= config.workers:
         raise RunFailed(f"work message for worker {message.worker} but the run has {config.workers} workers")
-    key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
-    existing = store.head(key)
-    if existing is not None:  # a duplicate or retried message: announce the stored update again
-        # as announced first, but in the sender's generation (a resumed run may announce it again)
-        done = WorkDone.model_validate_json(existing["done"]).model_copy(update={"generation": message.generation})
-    else:
-        if services.table.get_run(message.run_id).status != RunStatus.RUNNING:
-            logger.info("run is not running: work skipped", extra={"run_id": message.run_id})
-            return None
-        done = _compute(message, config, services)
+    done = _compute(message, config, services)
     services.bus.publish(wiring.WORK_DONE, [done])
     return done
 
@@ -67,13 +55,13 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         accuracy=update.accuracy if finite else None,
         compute_s=compute_s,
         finite=finite,
-        bytes_read=store.bytes_read,
-        bytes_written=store.bytes_written + len(body),
     )
     metadata = {"done": json.dumps(done.model_dump(mode="json"))}
     if not finite:
         logger.warning("non-finite update", extra={"run_id": message.run_id, "iteration": message.iteration,
                                                    "worker": message.worker, "loss": repr(update.loss)})
     key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
-    store.put_new(key, body, metadata=metadata)
+    if not store.put_new(key, body, metadata=metadata):  # a duplicate or a retry: announce the stored update
+        stored = WorkDone.model_validate_json(store.head(key)["done"])
+        done = stored.model_copy(update={"generation": message.generation})  # a resumed run may announce it again
     return done

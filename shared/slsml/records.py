@@ -1,0 +1,225 @@
+"""What the run table holds, and how it is encoded in DynamoDB.
+
+One partition per run (``pk = RUN#<run>``). Per run a ``META`` item; per iteration a counter item of
+fixed size (``ITER#<i>``: launch, counts, who fired the reduce and the merge, test figures), one record
+per worker that reported (``ITER#<i>#W#<w>``), the participants the reduce was fired with (``ITER#<i>#P``,
+written once), and a record per shard whose reducer left parts out (``ITER#<i>#S#<s>``). No item on the
+per-iteration path grows with the number of workers or reducers, so every report costs the same
+write units whatever the fleet's size.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from slsml.messages import Participant
+
+ITERATION_TTL_S = 14 * 24 * 3600
+DEADLINE_OWNER = -1  # reduce_fired_by when the watchdog fired the reduce at a deadline
+
+
+class RunStatus(StrEnum):
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+class RunRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    run_id: str
+    status: RunStatus
+    iterations: int
+    iteration: int = 0
+    iteration_at: float | None = Field(default=None, description="when the model entering `iteration` was stored")
+    heartbeat_at: float | None = Field(default=None, description="the last heartbeat sent to the run's execution")
+    watched: int | None = Field(default=None, description="the deadline chain's position (see the watchdog)")
+    workers: int
+    reducers: int
+    quorum: float
+    deadline_s: float = 120.0
+    heartbeat_s: int = 900
+    dataset: str
+    created_at: float
+    updated_at: float
+    reason: str | None = None
+    final_key: str | None = None
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+    execution_arn: str | None = None
+    task_token: str | None = None
+    generation: int = Field(default=0, description="how often the run was resumed")
+
+
+class WorkerReport(BaseModel):
+    """One worker's report of one iteration; a record with no samples yet is a re-launch placeholder."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    worker: int
+    attempt: int = 0
+    generation: int = 0
+    samples: int | None = None
+    loss: float = 0.0
+    accuracy: float | None = None
+    compute_s: float = 0.0
+    finite: bool = True
+
+    @property
+    def reported(self) -> bool:
+        return self.samples is not None
+
+
+class Counter(BaseModel):
+    """An iteration's counter item: fixed size, written by every report (counts are hints: a duplicate
+    may add twice, so a barrier checks the records before it fires)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    iteration: int
+    generation: int = 0
+    launched_at: float | None = None
+    launched_by: str | None = None
+    arrived: int = 0
+    nonfinite_arrived: int = 0
+    reduce_fired_by: int | None = None
+    reduce_fired_at: float | None = None
+    participant_count: int = 0
+    train_loss: float | None = None
+    train_accuracy: float | None = None
+    shards_in: int = 0
+    merge_fired_by: int | None = None
+    merged_at: float | None = None
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+    stale_attempts: int = Field(default=0, description="reports of superseded attempts, ignored")
+    reduce_relaunches: int = Field(default=0, description="reducers the watchdog re-launched")
+    stale_shards: set[int] = Field(
+        default_factory=set, description="shards that kept their weights: no reducer finished in time"
+    )
+
+    @property
+    def fired_at_deadline(self) -> bool:
+        return self.reduce_fired_by == DEADLINE_OWNER
+
+
+class IterationRecord(Counter):
+    """An iteration with its records: what the watchdog and the run summary read."""
+
+    reports: dict[int, WorkerReport] = Field(default_factory=dict, description="workers that reported")
+    relaunched: dict[int, int] = Field(
+        default_factory=dict, description="worker → the attempt the watchdog re-launched it with"
+    )
+    participants: list[Participant] = Field(default_factory=list)
+    dropped_parts: set[str] = Field(
+        default_factory=set, description='"<shard>:<worker>": parts a reducer left out after its read timeout'
+    )
+
+    @property
+    def done(self) -> set[int]:
+        return set(self.reports)
+
+    @property
+    def nonfinite(self) -> set[int]:
+        return {w for w, r in self.reports.items() if not r.finite}
+
+    @property
+    def late(self) -> set[int]:
+        """Workers that reported after the reduce fired without them."""
+        if self.reduce_fired_by is None:
+            return set()
+        return self.done - {p.worker for p in self.participants}
+
+
+def plain(value: Any) -> Any:
+    """DynamoDB's Decimals and sets → Python numbers and sets."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, set):
+        return {plain(v) for v in value}
+    return value
+
+
+def dynamo(value: Any) -> Any:
+    """Python floats → Decimals (DynamoDB rejects floats); None-valued fields left out."""
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {k: dynamo(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [dynamo(v) for v in value]
+    return value
+
+
+# sort keys
+META = "META"
+
+
+def iteration_sk(iteration: int) -> str:
+    return f"ITER#{iteration:06d}"
+
+
+def worker_sk(iteration: int, worker: int) -> str:
+    return f"{iteration_sk(iteration)}#W#{worker:05d}"
+
+
+def participants_sk(iteration: int) -> str:
+    return f"{iteration_sk(iteration)}#P"
+
+
+def shard_sk(iteration: int, shard: int) -> str:
+    return f"{iteration_sk(iteration)}#S#{shard:04d}"
+
+
+def iteration_of(sk: str) -> int:
+    return int(sk[5:11])
+
+
+def encode_participants(participants: list[Participant]) -> list[list[int]]:
+    """Compact: [worker, attempt, samples] per participant (about 15 bytes each)."""
+    return [[p.worker, p.attempt, p.samples] for p in participants]
+
+
+def decode_participants(rows: list[list[int]]) -> list[Participant]:
+    return [Participant(worker=w, attempt=a, samples=n) for w, a, n in plain(rows)]
+
+
+def iteration_record(iteration: int, items: list[dict[str, Any]]) -> IterationRecord:
+    """An iteration's items (counter, worker records, participants, shard records) → one record."""
+    fields: dict[str, Any] = {"iteration": iteration}
+    reports: dict[int, WorkerReport] = {}
+    relaunched: dict[int, int] = {}
+    dropped: set[str] = set()
+    participants: list[Participant] = []
+    generation = None
+    for item in items:
+        item = plain(item)
+        kind = item["sk"][len(iteration_sk(iteration)):]
+        if kind == "":
+            fields.update(item)
+            generation = item.get("generation", 0)
+        elif kind.startswith("#W#"):
+            record = WorkerReport.model_validate(item)
+            if record.reported:
+                reports[record.worker] = record
+            if record.attempt:
+                relaunched[record.worker] = record.attempt
+        elif kind == "#P":
+            participants = decode_participants(item["participants"])
+        elif kind.startswith("#S#"):
+            dropped |= {f"{item['shard']}:{w}" for w in item.get("dropped", [])}
+    if generation is not None:  # records an earlier generation left behind do not count
+        reports = {w: r for w, r in reports.items() if r.generation == generation}
+    return IterationRecord(
+        **{k: v for k, v in fields.items() if k not in {"pk", "sk"}},
+        reports=reports, relaunched=relaunched, participants=participants, dropped_parts=dropped,
+    )

@@ -1,0 +1,263 @@
+"""slsml plan: the cost model against the pipeline's real formats, physics and quotas, and its CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slsml import bus, costmodel, optimizers, prices, updates
+from slsml.cli import main
+from slsml.config import OptimizerConfig
+from slsml.costmodel import Parameters, Quotas, Workload
+from slsml.errors import BadInputError
+from slsml.messages import Participant, ReduceMessage
+from slsml.plan import ShardPlan, VariableSpec
+
+PRICES = prices.PriceTable()
+RESNET = 25_600_000
+
+
+def workload(params: int = RESNET, workers: int = 8, reducers: int = 4, **changes) -> Workload:
+    fields = costmodel.from_params(params, Parameters()) | {
+        "workers": workers, "reducers": reducers, "global_batch": 8192, "iterations": 100, "samples": 1_280_000,
+        "memory_mb": costmodel.function_memory(), "timeout_s": costmodel.function_timeouts(),
+    }
+    return Workload(**(fields | changes))
+
+
+def predict(work: Workload, parameters: Parameters | None = None, quotas: Quotas | None = None) -> costmodel.Plan:
+    return costmodel.predict(work, parameters or Parameters(), quotas or Quotas(), PRICES)
+
+
+def function(plan: costmodel.Plan, name: str) -> costmodel.FunctionFigures:
+    return next(f for f in plan.functions if f.function == name)
+
+
+# ---- against the pipeline's own code -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keras_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    """A compiled Keras model with non-trainable weights (BatchNorm statistics), saved as .keras."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(37), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(5, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
+    path = tmp_path_factory.mktemp("model") / "small.keras"
+    model.save(path)
+    return path, model
+
+
+def test_bytes_match_the_update_format_and_shard_plan_of_a_real_model(keras_model) -> None:
+    from slsml import modelio
+
+    path, model = keras_model
+    specs = modelio.variable_specs(model)
+    figures = costmodel.from_keras_file(path, batch=4, measure=False, parameters=Parameters())
+    work = workload(**figures, compute_per_sample_s=0.001, compute_source="test", workers=6, reducers=4,
+                    global_batch=60, quorum=0.5)
+    plan = predict(work)
+    shard_plan = ShardPlan.build(specs, 4)
+    config = OptimizerConfig(name="adam")
+    n = 3  # ⌈0.5 · 6⌉ participants
+
+    update = updates.encode(modelio.get_flat(model, shard_plan), samples=10)
+    worker = function(plan, "worker")
+    assert worker.bytes_written == len(update)
+    assert worker.bytes_read == 4 * shard_plan.size
+    assert figures["model_file_bytes"] == path.stat().st_size
+    assert function(plan, "merger").bytes_written == 4 * shard_plan.size + path.stat().st_size
+
+    def state_bytes(shard: int) -> int:
+        trainable = int(shard_plan.shard(shard).trainable.sum())
+        return sum(a.nbytes for a in optimizers.initial_state(config, trainable).values() if a.ndim == 1)
+
+    parts = []
+    for shard in range(4):
+        first, last = updates.part_range(shard_plan, shard)
+        weights = 4 * shard_plan.shard(shard).size
+        assert last - first + 1 == weights
+        parts.append((n * weights + weights + state_bytes(shard), weights + state_bytes(shard)))
+    reducer = function(plan, "reducer")
+    assert reducer.bytes_read_total == sum(read for read, _ in parts)
+    assert reducer.bytes_written_total == sum(written for _, written in parts)
+    assert reducer.bytes_read >= max(read for read, _ in parts)  # the reducer on the path: the largest shard
+    assert plan.state_slots == 2
+
+
+def test_reducer_bytes_on_the_path_are_the_largest_shard_of_an_all_trainable_model() -> None:
+    specs = [VariableSpec(name="kernel", shape=(1001,), trainable=True)]
+    shard_plan = ShardPlan.build(specs, 7)
+    plan = predict(workload(params=1001, workers=5, reducers=7, global_batch=50, optimizer=OptimizerConfig(
+        name="sgd", momentum=0.9)))
+    largest = max(shard_plan.shard(s).size for s in range(7))
+    assert function(plan, "reducer").bytes_read == (5 + 1) * 4 * largest + 4 * largest  # n parts + weights, 1 slot
+
+
+def test_reduce_publishes_follow_the_bus_batching_of_real_messages() -> None:
+    plan = predict(workload(workers=1000, reducers=100))
+    reduce = ReduceMessage(run_id="r" * 63, iteration=999_999, shard=99,
+                           participants=tuple(Participant(worker=w, samples=9) for w in range(1000)))
+    batches = len(list(bus.batches([reduce.model_dump_json()] * 100)))
+    assert batches > math.ceil(100 / 10)  # 1000 participants make a message too big for 10 in one batch
+    # WorkLauncher ⌈W/10⌉, one WorkDone per worker, the Reduce batches, one ReduceDone per reducer
+    assert plan.requests_per_iteration["sns:PublishBatch"] == 100 + 1000 + batches + 100
+
+
+def test_requests_follow_the_request_chain() -> None:
+    """W = 8, R = 3, quorum 0.75: n = 6 participants, counted by hand from the chain's table."""
+    plan = predict(workload(workers=8, reducers=3, quorum=0.75))
+    assert plan.participants == 6
+    assert plan.requests_per_iteration == {
+        "dynamodb:GetItem": 1,
+        "dynamodb:UpdateItem": 1 + 8 + 1 + 3 + 2,  # claim, counters, fire, merger counters, fire+merge, advance
+        "dynamodb:PutItem": 8 + 1,  # records, participants
+        "dynamodb:Query": 1,
+        "s3:GetObject": 8 + 3 * 7 + 3,  # weights, (6 parts + shard) per reducer, merger's ranged reads
+        "s3:PutObject": 8 + 3 + 2,  # updates, shards, weights + model
+        "sns:PublishBatch": 1 + 8 + 1 + 3,  # Work, WorkDone, Reduce, ReduceDone
+    }
+    assert plan.first_iteration.extra_requests["s3:GetObject"] > 0
+
+
+# ---- physics ------------------------------------------------------------------------------------
+
+
+def test_doubling_workers_doubles_the_workers_requests() -> None:
+    small, large = predict(workload(workers=16)), predict(workload(workers=32))
+    for operation, others in (("s3:PutObject", 4 + 2), ("dynamodb:PutItem", 1)):  # minus the reducers' and merger's
+        workers_own = [plan.requests_per_iteration[operation] - others for plan in (small, large)]
+        assert workers_own[1] == 2 * workers_own[0]
+    assert function(large, "worker").invocations == 2 * function(small, "worker").invocations
+    assert function(large, "reducer").bytes_read_total > function(small, "reducer").bytes_read_total
+
+
+def test_compute_bound_epochs_cost_the_same_and_take_half_the_time_with_twice_the_workers() -> None:
+    base = workload(params=10_000, reducers=1, compute_per_sample_s=0.5)  # tiny model, slow samples
+    small, large = predict(base.at(workers=16)), predict(base.at(workers=32))
+    assert large.epoch_s / small.epoch_s == pytest.approx(0.5, rel=0.03)
+    assert large.epoch_dollars == pytest.approx(small.epoch_dollars, rel=0.03)
+
+
+def test_communication_bound_iterations_grow_with_workers_at_fixed_reducers() -> None:
+    base = workload(compute_per_sample_s=1e-6)
+    times = [predict(base.at(workers=w)).iteration_s for w in (64, 128, 256, 512)]
+    assert times == sorted(times)
+
+
+def test_memory_buys_worker_compute_and_a_quorum_saves_reads() -> None:
+    base = workload(workers=64)
+    small = predict(costmodel._with_memory(base, worker=1769))
+    large = predict(costmodel._with_memory(base, worker=10240))
+    assert function(large, "worker").seconds < function(small, "worker").seconds
+    full, quorum = predict(base), predict(base.at(quorum=0.5))
+    assert quorum.requests_per_iteration["s3:GetObject"] < full.requests_per_iteration["s3:GetObject"]
+    assert quorum.iteration_s < full.iteration_s
+
+
+def test_the_dynamodb_counter_floors_an_instant_chain() -> None:
+    instant = Parameters(**{name: 0 for name in ("s3_event_s", "sns_lambda_s", "sns_publish_s", "s3_request_s",
+                                                 "dynamodb_s", "handler_s", "average_ns", "optimizer_ns")},
+                         s3_read_mb_s=1e12, s3_write_mb_s=1e12, keras_mb_s=1e12)
+    plan = predict(workload(params=1000, workers=500, reducers=10, compute_per_sample_s=0), instant)
+    assert plan.iteration_s == pytest.approx((500 + 10 + 3) / 1000)
+    assert plan.binding.name == "DynamoDB partition writes"
+    assert not plan.binding.ok
+
+
+def test_the_binding_quota_switches_to_reducer_memory_once_the_parts_outgrow_it() -> None:
+    """R = 10 shards of a 25.6 M-weight model are 10.24 MB parts: a 3008 MB reducer holds fewer than
+    3008 / 10.24 = 293 of them. Below that the worker's memory (its model buffers) is the closest limit."""
+    memory = costmodel.function_memory({"worker": 1769, "reducer": 3008})
+    base = workload(reducers=10, compute_per_sample_s=0.01, activation_bytes_per_sample=0, memory_mb=memory)
+    assert predict(base.at(workers=150)).binding.name == "memory: worker"
+    over = predict(base.at(workers=300)).binding
+    assert (over.name, over.ok, over.hard) == ("memory: reducer", False, True)
+    changes = costmodel.quota_changes(base, Parameters(), Quotas(), PRICES, top=400)
+    threshold = next(w for w, name, exceeded in changes if name == "memory: reducer" and exceeded)
+    assert 270 < threshold <= 293
+
+
+# ---- the command --------------------------------------------------------------------------------
+
+
+def plan_json(capsys: pytest.CaptureFixture, *argv: str) -> dict:
+    assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_is_one_object_with_requests_keyed_like_a_run_summary(capsys: pytest.CaptureFixture) -> None:
+    out = plan_json(capsys, "--params", "100000", "--workers", "4", "--reducers", "2", "--iterations", "10")
+    assert all(re.fullmatch(r"(s3|dynamodb|sns):[A-Z][A-Za-z]+", key) for key in out["requests_per_iteration"])
+    assert all(isinstance(count, int) for count in out["requests_per_iteration"].values())
+    assert out["dollars"]["run"] > 10 * out["dollars"]["iteration"] > 0
+    assert {q["name"] for q in out["quotas"]} >= {"Lambda concurrency", "DynamoDB partition writes", "S3 GET rate"}
+    assert out["binding"].startswith(max(out["quotas"], key=lambda q: q["utilization"])["name"])
+    assert out["recommendation"]["fastest"]["reducers"] >= 1
+    assert out["parameters"]["sns_lambda_s"] == {"value": 0.073, "unit": "s", "what": "SNS → Lambda delivery",
+                                                 "source": "published p50 73 ms (p90 125 ms, p99 225 ms)"}
+
+
+def test_calibration_and_params_override_the_defaults(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    calibration = tmp_path / "fitted.json"
+    calibration.write_text(json.dumps({"s3_read_mb_s": 130.0}))
+    argv = ("--params", "1000000", "--workers", "8", "--reducers", "2", "--iterations", "10")
+    base = plan_json(capsys, *argv)
+    fitted = plan_json(capsys, *argv, "--calibration", str(calibration))
+    assert fitted["parameters"]["s3_read_mb_s"] == base["parameters"]["s3_read_mb_s"] | {
+        "value": 130.0, "source": "calibration fitted.json"}
+    assert fitted["iteration_s"] < base["iteration_s"]
+    slower = plan_json(capsys, *argv, "--param", "sns_lambda_s=0.2")
+    assert slower["parameters"]["sns_lambda_s"]["source"] == "given"
+    # five SNS deliveries on the path: ModelUpdated, Work, WorkDone, Reduce, ReduceDone
+    assert slower["iteration_s"] - base["iteration_s"] == pytest.approx(5 * (0.2 - 0.073))
+    with pytest.raises(BadInputError, match=r"unknown parameters.*sns_lambda_s"):
+        costmodel.load_overrides(None, ["sns_latency=1"], Parameters)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--params", "3000000000", "--workers", "1000", "--batch", "8192"], "beyond Lambda's 10,240 MB"),
+    (["--params", "1000", "--workers", "1200", "--batch", "8192"], "concurrency quota of 1,000 by 200"),
+    (["--params", "1000", "--workers", "1000", "--reducers", "2", "--batch", "8192",
+      "--quota", "sns_message_bytes=20000"], "SNS allows 20,000 B.*over by"),
+    (["--params", "10", "--workers", "2", "--reducers", "20"], "20 reducers but the model has only 10 weights"),
+    (["--params", "1000", "--workers", "8", "--batch", "4"], "global batch 4 is smaller than the 8 workers by 4"),
+    (["--params", "1000", "--memory", "worker=20000"], "outside Lambda's 128–10,240 MB"),
+])
+def test_impossible_settings_name_the_limit(capsys: pytest.CaptureFixture, argv: list[str], message: str) -> None:
+    assert main(["plan", *argv]) == 2
+    assert re.search(message, " ".join(capsys.readouterr().err.split()))
+
+
+def test_sweep_writes_a_chart_with_a_point_per_worker_count(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    from matplotlib import image
+    from PIL import Image
+
+    png = tmp_path / "sweep.png"
+    out = plan_json(capsys, "--params", "1000000", "--reducers", "4", "--batch", "64", "--epochs", "1",
+                    "--samples", "6400", "--sweep", "--png", str(png))
+    expected = [w for w in costmodel.SWEEP_WORKERS if w <= 64]
+    assert [point["workers"] for point in out["sweep"]] == expected
+    pixels = image.imread(png)
+    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+    drawn = json.loads(Image.open(png).text["slsml-sweep"])
+    assert [point["workers"] for point in drawn] == expected
+    assert all(point["epoch_dollars"] > 0 for point in drawn)
+
+
+def test_a_keras_model_is_counted_and_timed(capsys: pytest.CaptureFixture, keras_model) -> None:
+    path, model = keras_model
+    out = plan_json(capsys, "--model", str(path), "--workers", "2", "--reducers", "2", "--batch", "16",
+                    "--iterations", "5")
+    assert out["workload"]["params"] == model.count_params()
+    assert out["workload"]["compute_source"].startswith("measured")
+    assert out["workload"]["compute_per_sample_s"] > 0
+    assert out["workload"]["optimizer"]["name"] == "adam"
+    assert np.isfinite(out["iteration_s"])
