@@ -58,6 +58,7 @@ class Compute(Construct):
         self._failures = failures
         self._state_machine = state_machine
         self.layer = CommonLayer(self, "CommonLayer", build=not settings.skip_layer_build).layer
+        self.log_groups: dict[str, logs.LogGroup] = {}
         self.functions: dict[str, lambda_.Function] = {fn.name: self._function(fn) for fn in wiring.FUNCTIONS}
 
     def _function(self, fn: wiring.Function) -> lambda_.Function:
@@ -69,6 +70,7 @@ class Compute(Construct):
             retention=self._settings.log_retention,
             removal_policy=self._settings.cdk_removal_policy,
         )
+        self.log_groups[fn.name] = log_group
         role = self._role(fn, log_group)
         environment = {
             wiring.BUCKET_ENV: self._bucket.bucket_name,

@@ -13,6 +13,7 @@ from infra.orchestration import Orchestration
 from infra.settings import Settings
 from infra.storage import Storage
 from slsml import wiring
+from slsml.deployment import log_group_output
 
 
 class SlsmlStack(Stack):
@@ -60,3 +61,5 @@ class SlsmlStack(Stack):
         CfnOutput(self, "DashboardUrl", value=self.observability.dashboard_url)
         for fn in wiring.FUNCTIONS:
             CfnOutput(self, f"{pascal(fn.name)}FunctionName", value=self.compute.functions[fn.name].function_name)
+            # where the CLI reads the functions' usage lines
+            CfnOutput(self, log_group_output(fn.name), value=self.compute.log_groups[fn.name].log_group_name)

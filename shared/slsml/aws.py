@@ -1,5 +1,6 @@
 """boto3 clients with one retry policy. The endpoint comes from the standard ``AWS_ENDPOINT_URL``
-variable, so the same code talks to AWS or to the embedded cloud.
+variable, so the same code talks to AWS or to the embedded cloud. Each client counts what it sends
+(``slsml.usage``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
+
+from slsml import usage
 
 RETRIES = Config(
     retries={"mode": "standard", "max_attempts": 6},
@@ -30,12 +33,16 @@ def resource(service: str) -> Any:
 # cached per endpoint: a process that starts a second embedded cloud must not reach the first
 @cache
 def _client(service: str, endpoint: str | None) -> Any:
-    return boto3.session.Session().client(service, config=RETRIES, endpoint_url=endpoint)
+    made = boto3.session.Session().client(service, config=RETRIES, endpoint_url=endpoint)
+    usage.instrument(made)
+    return made
 
 
 @cache
 def _resource(service: str, endpoint: str | None) -> Any:
-    return boto3.session.Session().resource(service, config=RETRIES, endpoint_url=endpoint)
+    made = boto3.session.Session().resource(service, config=RETRIES, endpoint_url=endpoint)
+    usage.instrument(made.meta.client)
+    return made
 
 
 def error_code(error: Exception) -> str:

@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from slsml.config import OptimizerConfig, TrainingSpec
 from slsml.errors import SlsmlError
 
 RUNS_DIR = Path("runs")
+IDLE_WAIT_S = 30  # after a local run ends: how long its last invocations may take to log their usage
 
 
 def _console():
@@ -124,7 +126,14 @@ def _train_locally(
         if arrays is not None:
             data.put_dataset(services.store, dataset, *arrays)
         runs.start_run(services, model_bytes, dataset, spec, run_id=run_id)
-        return _follow(services, run_id, spec.iterations, args, out, faults=runtime.host.fault_report)
+
+        def usage(run: Any) -> list[Any]:
+            from slsml import usage
+
+            runtime.host.wait_idle(run.run_id, IDLE_WAIT_S)
+            return usage.read_local(runtime.log_dir, run.run_id)
+
+        return _follow(services, run_id, spec.iterations, args, out, faults=runtime.host.fault_report, usage=usage)
 
 
 def _follow(
@@ -134,8 +143,10 @@ def _follow(
     args: argparse.Namespace,
     out: Path | None,
     faults: Callable[[], dict[str, Any]] | None = None,
+    usage: Callable[[Any], list[Any]] | None = None,
 ) -> int:
-    """Show a run's progress until it ends; record its summary (and final model) under runs/<run>/."""
+    """Show a run's progress until it ends; record its summary (and final model) under runs/<run>/.
+    ``usage`` gives the functions' usage records of the ended run."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from slsml import runs
@@ -151,7 +162,8 @@ def _follow(
             progress.update(task, completed=run.iteration, stats=shown.update(run, latest))
 
         run = runs.wait_for_run(services, run_id, on_progress=show, timeout_s=args.timeout)
-    summary = runs.summarize(run, services.table.list_iterations(run_id), time.time() - started)
+    wall_s = time.time() - started
+    summary = runs.summarize(run, services.table.list_iterations(run_id), wall_s, usage(run) if usage else None)
     if faults is not None and args.faults:
         summary.faults = faults()
     record_dir = RUNS_DIR / run_id
@@ -208,6 +220,21 @@ def _print_summary(summary: Any, as_json: bool) -> None:
     if summary.bytes_read_per_iteration is not None:
         row("S3 bytes per iteration", f"read {summary.bytes_read_per_iteration / 1e6:.2f} MB, "
                                        f"written {summary.bytes_written_per_iteration / 1e6:.2f} MB")
+    if summary.requests_per_iteration is not None:
+        by_service: dict[str, list[str]] = {}
+        for operation, count in summary.requests_per_iteration.items():
+            if count:
+                service, _, name = operation.partition(":")
+                by_service.setdefault(service, []).append(f"{name} {count:g}")
+        for i, (service, counts) in enumerate(by_service.items()):
+            row("requests per iteration" if i == 0 else "", f"{service}: {', '.join(counts)}")
+    if summary.cost_usd is not None:
+        per_iteration = summary.cost_per_iteration_usd
+        row("cost", f"{_dollars(summary.cost_usd)} in all"
+                    + ("" if per_iteration is None else f", {_dollars(per_iteration)} per iteration"))
+        by_cost = sorted(summary.cost_by_service_usd.items(), key=lambda item: -item[1])
+        row("  by service", ", ".join(f"{service} {_dollars(dollars)}" for service, dollars in by_cost))
+        row("  Lambda GB-seconds", f"{summary.gb_seconds:g}")
     row("late workers", summary.late_workers)
     if summary.dropped_parts or summary.nonfinite_updates or summary.stale_attempts:
         row("left out", f"{summary.dropped_parts} parts past their read timeout, {summary.nonfinite_updates}"
@@ -224,6 +251,10 @@ def _print_summary(summary: Any, as_json: bool) -> None:
     _console().print(table)
     if as_json:
         print(summary.model_dump_json())
+
+
+def _dollars(amount: float) -> str:
+    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.3g}"
 
 
 # ---- commands --------------------------------------------------------------------------------
@@ -285,13 +316,19 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     if args.no_wait:
         print(config.run_id)
         return 0
-    return _follow(services, config.run_id, spec.iterations, args, out)
+    return _follow(services, config.run_id, spec.iterations, args, out, usage=partial(_stack_usage, args.stack))
 
 
 def _stack_services(name: str) -> Any:
     from slsml.stack import services_for_stack
 
     return services_for_stack(name)
+
+
+def _stack_usage(stack: str, run: Any) -> list[Any]:
+    from slsml.stack import usage_records
+
+    return usage_records(stack, run.run_id, run.created_at - 60)
 
 
 def _run_summary(args: argparse.Namespace) -> Any:
@@ -302,7 +339,8 @@ def _run_summary(args: argparse.Namespace) -> Any:
     if args.stack:
         services = _stack_services(args.stack)
         run = services.table.get_run(args.run_id)
-        return runs.summarize(run, services.table.list_iterations(args.run_id), run.updated_at - run.created_at)
+        return runs.summarize(run, services.table.list_iterations(args.run_id), run.updated_at - run.created_at,
+                              _stack_usage(args.stack, run))
     path = RUNS_DIR / args.run_id / "summary.json"
     if not path.exists():
         raise NotFoundError(f"no run named {args.run_id!r} (no {path}; for a deployed run give --stack)")

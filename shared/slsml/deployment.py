@@ -1,7 +1,8 @@
 """What the deployed stack and the code running in it agree on beyond the wiring: the bucket
 prefixes the functions may touch, the metrics the dashboard and alarms read, the object tag
-that lets the bucket expire per-iteration scratch, and the functions' default sizes (which
-``slsml plan`` prices).
+that lets the bucket expire per-iteration scratch, the functions' default sizes (which
+``slsml plan`` prices, and the local host runs its functions with, so that local GB-seconds are what a
+default deployment bills), and the stack outputs that name the functions' log groups.
 """
 
 from __future__ import annotations
@@ -62,3 +63,8 @@ DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
     "watchdog": FunctionSettings(memory_mb=512, timeout_s=60),
     "run_starter": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
 }
+
+
+def log_group_output(function: str) -> str:
+    """The stack output naming a function's log group (``worker`` → ``WorkerLogGroupName``)."""
+    return "".join(part.capitalize() for part in function.split("_")) + "LogGroupName"

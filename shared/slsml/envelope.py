@@ -1,30 +1,36 @@
 """How a pipeline function receives its messages: SNS (or SQS) records, each checked for size and parsed into
 the function's message type. A message that is too big, not JSON or not of that type is rejected:
 the reason is logged and ``MessageRejected`` fails the invocation, so the message is retried and ends
-in the function's dead-letter queue without touching any run.
+in the function's dead-letter queue without touching any run. ``pipeline_handler`` is what every
+function's handler is made of.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import cache
+from collections.abc import Callable, Iterable
+from functools import cache, partial
 from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.parser.envelopes.base import BaseEnvelope
 from aws_lambda_powertools.utilities.parser.models import SnsModel, SqsModel
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import TypeAdapter, ValidationError
 
+from slsml import keys, usage
 from slsml.errors import MessageRejected
+from slsml.idempotency import once_per_message
+from slsml.messages import ModelLanded
+from slsml.services import Services, from_env
+from slsml.steps.common import failing_run_on_bad_input
 
 MAX_MESSAGE_BYTES = 128 * 1024  # the biggest real message, a Reduce for 1000 workers, is 45 KiB; SNS allows 256
 MAX_REASON_CHARS = 300  # of the validation errors in a rejection's reason
 
 logger = Logger(child=True)
 M = TypeVar("M")
-Handler = Callable[[list[Any], LambdaContext], None]
 
 
 def type_name(model: Any) -> str:
@@ -80,18 +86,58 @@ class SqsMessages(BaseEnvelope):
         return [parse_message(r.body, model, r.messageId) for r in SqsModel.model_validate(data).Records]
 
 
+def run_and_iteration(message: Any) -> tuple[str | None, int | None]:
+    """What a message is about, for its usage scope: pipeline messages name both; a landed model its key
+    (``runs/<run>/models/<iteration>.keras``); a run starting only its run (the scope is the run's, of no
+    iteration); a dropped model neither (its step may name the run it starts: ``usage.attribute``)."""
+    if isinstance(message, ModelLanded):
+        return keys.parse_model_key(message.key) or (None, None)
+    return getattr(message, "run_id", None), getattr(message, "iteration", None)
+
+
 def pipeline_handler(
-    model: Any, envelope: type[BaseEnvelope] = SnsMessages
-) -> Callable[[Handler], Callable[[dict[str, Any], LambdaContext], None]]:
-    """What every pipeline function's handler is wrapped in: Powertools Logger (the Lambda context in
-    each line), Tracer, Metrics (cold starts; a ``Metrics()`` of the handler's adds to the same set)
-    and Parser, which hands the handler its messages as a list of ``model`` (see ``SnsMessages``)."""
+    function: str,
+    model: Any,
+    step: Callable[[Any, Services], Any],
+    *,
+    envelope: type[BaseEnvelope] = SnsMessages,
+    stage: Callable[[Any], str] | None = None,
+    unpack: Callable[[Any], Iterable[Any]] = lambda message: (message,),
+    idempotent: bool = True,
+) -> Callable[[dict[str, Any], LambdaContext], None]:
+    """The Lambda handler of pipeline function ``function`` (its wiring name, which its usage lines
+    carry): ``step(message, services)`` for each message.
+
+    Powertools Logger (the Lambda context in each line), Tracer, Metrics (cold starts; the number of
+    messages as ``Messages``; a ``Metrics()`` of the step's adds to the same set) and Parser, which
+    parses the event into ``model`` records (``envelope``). ``unpack`` turns a record into the messages
+    to handle (the objects of an S3 event). Each message is handled in its own usage scope
+    (``run_and_iteration``), once (Powertools Idempotency, unless ``idempotent`` is False: for a step
+    that is idempotent by itself), and, given ``stage`` (its name in a failed run's reason), with bad
+    input failing its run (``failing_run_on_bad_input``).
+    """
     service_logger, tracer, metrics = Logger(), Tracer(), Metrics()
 
-    def decorate(handler: Handler) -> Callable[[dict[str, Any], LambdaContext], None]:
-        parsed = event_parser(model=model, envelope=envelope)(handler)
-        return service_logger.inject_lambda_context(
-            tracer.capture_lambda_handler(metrics.log_metrics(parsed, capture_cold_start_metric=True))
-        )
+    def handle(records: list[Any], context: LambdaContext) -> None:
+        services = from_env()
+        metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(records))
+        run = partial(step, services=services)
+        if idempotent:
+            run = once_per_message(run, context)
+        for message in (message for record in records for message in unpack(record)):
+            with usage.scope(*run_and_iteration(message)):
+                if stage is None:
+                    run(message)
+                    continue
+                with failing_run_on_bad_input(services, message.run_id, stage(message)):
+                    run(message)
 
-    return decorate
+    parsed = event_parser(model=model, envelope=envelope)(handle)
+
+    def counted(event: dict[str, Any], context: LambdaContext) -> None:
+        with usage.invocation(function, int(context.memory_limit_in_mb)):
+            parsed(event, context)
+
+    return service_logger.inject_lambda_context(
+        tracer.capture_lambda_handler(metrics.log_metrics(counted, capture_cold_start_metric=True))
+    )

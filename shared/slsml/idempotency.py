@@ -20,7 +20,7 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyAl
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel
 
-from slsml import wiring
+from slsml import aws, wiring
 from slsml.records import ITERATION_TTL_S
 
 logger = Logger(child=True)
@@ -36,6 +36,7 @@ def _persistence(function_name: str) -> DynamoDBPersistenceLayer:
         sort_key_attr="sk",
         static_pk_value=f"IDEMPOTENCY#{function_name}",
         expiry_attr="expires_at",
+        boto3_client=aws.client("dynamodb"),  # counted with the function's other requests (slsml.usage)
     )
 
 

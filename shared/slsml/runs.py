@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from slsml import data, keys, optimizers, shards
+from slsml import data, keys, optimizers, prices, shards, usage
 from slsml.config import RunConfig, TrainingSpec
 from slsml.errors import BadInputError, NotFoundError, SlsmlError
 from slsml.orchestration import ExecutionInput
@@ -195,10 +195,22 @@ class RunSummary(BaseModel):
     stale_attempts: int = 0  # reports of superseded attempts or of an earlier generation, ignored
     final_model: str | None = None
     faults: dict[str, Any] | None = None  # what the local runtime injected and how the pipeline fared
+    # from the functions' usage lines (slsml.usage), priced by slsml.prices; None without them
+    requests_per_iteration: dict[str, float] | None = None  # service:Operation → median over iterations
+    gb_seconds: float | None = None  # Lambda: each invocation's duration × its memory
+    cost_usd: float | None = None
+    cost_per_iteration_usd: float | None = None  # median over iterations
+    cost_by_service_usd: dict[str, float] | None = None
 
 
-def summarize(run: RunRecord, iterations: list[IterationRecord], wall_s: float) -> RunSummary:
-    """Figures of a run: how an iteration's time splits between worker compute and the rest."""
+def summarize(
+    run: RunRecord,
+    iterations: list[IterationRecord],
+    wall_s: float,
+    usage_records: list[usage.UsageRecord] | None = None,
+) -> RunSummary:
+    """Figures of a run: how an iteration's time splits between worker compute and the rest, and,
+    given the functions' usage records of the run, its requests and cost (``prices.load()``)."""
     launched = sorted((r for r in iterations if r.launched_at), key=lambda r: r.iteration)
     cycle = [b.launched_at - a.launched_at for a, b in itertools.pairwise(launched)]
     done = [r for r in launched[: len(cycle)] if r.reports]
@@ -233,4 +245,5 @@ def summarize(run: RunRecord, iterations: list[IterationRecord], wall_s: float) 
         stale_shards=sum(len(r.stale_shards) for r in iterations),
         stale_attempts=sum(r.stale_attempts for r in iterations),
         final_model=run.final_key,
+        **(usage.figures(usage_records, run.iteration, prices.load()) if usage_records else {}),
     )

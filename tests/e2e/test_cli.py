@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from slsml import demo, modelio
+from slsml import cli, demo, modelio
 
 REQUIRED = {"run_id", "status", "iterations", "workers", "reducers", "quorum", "test_accuracy", "wall_s",
-            "median_iteration_s"}
+            "median_iteration_s", "requests_per_iteration", "gb_seconds", "cost_usd", "cost_per_iteration_usd",
+            "cost_by_service_usd"}
 
 
 def slsml(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -38,10 +39,17 @@ def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path)
     table = done.stderr  # the summary a person reads says the same
     assert "faults injected" in table and ", ".join(f"{k} {n}" for k, n in injected.items()) in table, table
     assert f"{summary['faults']['failed_invocations']} failed invocations" in table, table
+    requests = summary["requests_per_iteration"]  # counted by the functions, priced (slsml.usage)
+    assert requests["s3:PutObject"] >= 3 and requests["sns:PublishBatch"] >= 3 and requests["dynamodb:UpdateItem"] > 0
+    assert summary["gb_seconds"] > 0 and 0 < summary["cost_per_iteration_usd"] < summary["cost_usd"]
+    assert summary["cost_by_service_usd"].keys() >= {"lambda", "s3", "sns", "dynamodb"}
+    s3 = ", ".join(f"{op.split(':')[1]} {n:g}" for op, n in requests.items() if op.startswith("s3:") and n)
+    assert f"s3: {s3}" in table, table
+    assert f"{cli._dollars(summary['cost_usd'])} in all, {cli._dollars(summary['cost_per_iteration_usd'])}" in table
     assert modelio.load_model((tmp_path / "trained.keras").read_bytes()).count_params() > 0
 
     status = slsml("run", "status", "cli-run", "--json", cwd=tmp_path)
-    assert status.returncode == 0 and json.loads(status.stdout.strip().splitlines()[-1])["status"] == "COMPLETED"
+    assert status.returncode == 0 and json.loads(status.stdout.strip().splitlines()[-1]) == summary
     fetched = slsml("run", "fetch", "cli-run", "--out", "copy.keras", cwd=tmp_path)
     assert fetched.returncode == 0
     assert (tmp_path / "copy.keras").read_bytes() == (tmp_path / "trained.keras").read_bytes()

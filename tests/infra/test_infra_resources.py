@@ -201,3 +201,12 @@ def _render_join(value: object) -> str:
         return value
     parts = value["Fn::Join"][1]
     return "".join(p if isinstance(p, str) else "REF" for p in parts)
+
+
+def test_each_functions_log_group_is_an_output(synthesized: Synthesized) -> None:
+    """The CLI reads a deployed run's usage lines from the log groups these outputs name."""
+    outputs = synthesized.template.to_json()["Outputs"]
+    for fn in wiring.FUNCTIONS:
+        logged_to = _function(synthesized, fn.name)["LoggingConfig"]["LogGroup"]
+        assert outputs[deployment.log_group_output(fn.name)]["Value"] == logged_to
+        assert synthesized.resources[logged_to["Ref"]]["Type"] == "AWS::Logs::LogGroup"

@@ -32,6 +32,7 @@ import boto3
 
 from slsml import aws, keys, wiring
 from slsml import faults as fault_injection
+from slsml.deployment import DEFAULT_FUNCTIONS
 from slsml.errors import MessageRejected
 from slsml.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
 from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment
@@ -59,7 +60,7 @@ class LambdaContext:
     function_name: str
     aws_request_id: str
     deadline: float
-    memory_limit_in_mb: int = 3008
+    memory_limit_in_mb: int
     function_version: str = "$LATEST"
 
     @property
@@ -110,7 +111,8 @@ def _invoke(
     environment: dict[str, str] | None = None,
 ) -> dict[str, int]:
     """Run the handler once; returns the counts of faults injected inside the process."""
-    context = LambdaContext(function, request_id, time.time() + FUNCTION_TIMEOUT_S)
+    memory = DEFAULT_FUNCTIONS[function].memory_mb  # as deployed by default: local GB-seconds are what AWS bills
+    context = LambdaContext(function, request_id, time.time() + FUNCTION_TIMEOUT_S, memory)
     try:
         with _environment_set(environment or {}), fault_injection.invocation(plan) as injected:
             _handler(event, context)
@@ -244,6 +246,8 @@ class FunctionHost:
         self._errors: Counter = Counter()  # failures that were not injected: "function: first line"
         self._counts_lock = threading.Lock()
         self._merger_crashed: set[str] = set()  # runs whose Merger crashed on purpose already
+        self._in_flight: Counter = Counter()  # run → messages received and not yet handled (held back or running)
+        self._idle = threading.Condition()
         # functions triggered by a queue of their own (not through SNS): function → queue name
         self._queue_triggers = {fn.name: fn.queue.name for fn in wiring.FUNCTIONS if fn.queue is not None}
 
@@ -267,11 +271,24 @@ class FunctionHost:
             "errors": errors,
         }
 
+    def _handling(self, run_id: str | None, change: int) -> None:
+        with self._idle:
+            self._in_flight[run_id] += change
+            self._idle.notify_all()
+
+    def wait_idle(self, run_id: str, timeout_s: float) -> bool:
+        """Wait until no message of ``run_id`` that the host received is still being handled (held
+        back or in an invocation), so the run's function logs are complete; False after ``timeout_s``."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight[run_id] <= 0, timeout=timeout_s)
+
     def _environment(self, function: str) -> dict[str, str]:
         threads = str(self.tf_threads)
         return {
             **self.deployment.environment(),
             "AWS_LAMBDA_FUNCTION_NAME": function,
+            # app/slsml-<function> in the User-Agent: the embedded cloud's request log names whose request it was
+            "AWS_SDK_UA_APP_ID": f"slsml-{function}",
             "POWERTOOLS_SERVICE_NAME": "slsml",
             "POWERTOOLS_METRICS_NAMESPACE": "slsml",
             "POWERTOOLS_TRACE_DISABLED": "true",
@@ -377,6 +394,7 @@ class FunctionHost:
 
         def finished(done: Future) -> None:
             release_slot()
+            self._handling(run_id, -1)
             if self._stopping.is_set():
                 return  # the cloud is going away: nothing to acknowledge
             error = done.exception()
@@ -403,6 +421,7 @@ class FunctionHost:
         def invoke() -> None:
             if self._stopping.is_set():
                 release_slot()
+                self._handling(run_id, -1)
                 return
             with self._counts_lock:
                 self.invocations[function] += 1
@@ -410,11 +429,13 @@ class FunctionHost:
                 future = pool.submit(_invoke, event, function, str(uuid.uuid4()), plan, environment)
             except RuntimeError:  # the pool has shut down
                 release_slot()
+                self._handling(run_id, -1)
                 return
             if plan is not None and plan.slow_s:
                 self._count({"slow_worker": 1})
             future.add_done_callback(finished)
 
+        self._handling(run_id, +1)
         if hold_s > 0:
             # a delivery still in flight: the poller may take other messages meanwhile, and the pool
             # runs this one when a process is free (its slot is not taken again, so not given back)

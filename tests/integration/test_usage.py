@@ -1,0 +1,187 @@
+"""Usage counted by the clients of ``slsml.aws`` against a moto server: exact requests, units, publishes
+and bytes for known calls; scopes and invocations; the CloudWatch reader."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from boto3.dynamodb.conditions import Attr
+from botocore.config import Config
+from botocore.exceptions import ClientError, EndpointConnectionError
+
+from slsml import aws, usage
+from slsml.local.cloud import REGION, EmbeddedCloud
+
+BUCKET, TABLE = "usage-bucket", "usage-table"
+ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": REGION}
+
+
+@pytest.fixture(scope="module")
+def cloud() -> Iterator[EmbeddedCloud]:
+    server = EmbeddedCloud()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def endpoint(cloud: EmbeddedCloud, monkeypatch: pytest.MonkeyPatch) -> str:
+    for name, value in {**ENVIRONMENT, "AWS_ENDPOINT_URL": cloud.endpoint}.items():
+        monkeypatch.setenv(name, value)
+    return cloud.endpoint
+
+
+@pytest.fixture
+def lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    """The usage lines logged during the test (filled as they are logged)."""
+    caplog.set_level(logging.INFO, logger=usage.logger.name)
+    emitted: list[dict[str, Any]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if hasattr(record, usage.USAGE_KEY):
+                emitted.append(getattr(record, usage.USAGE_KEY))
+
+    handler = Collect()
+    logging.getLogger(usage.logger.name).addHandler(handler)
+    yield emitted
+    logging.getLogger(usage.logger.name).removeHandler(handler)
+
+
+def settle(lines: list[dict[str, Any]]) -> None:
+    """Log what the test's setup sent outside any scope, and forget that line."""
+    with usage.invocation("setup", 128):
+        pass
+    lines.clear()
+
+
+def _table(endpoint: str) -> Any:
+    dynamodb = aws.resource("dynamodb")
+    names = dynamodb.meta.client.list_tables()["TableNames"]
+    if TABLE not in names:
+        dynamodb.create_table(
+            TableName=TABLE,
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
+                                  {"AttributeName": "sk", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+    return dynamodb.Table(TABLE)
+
+
+def test_a_known_sequence_of_calls_counts_exactly(endpoint: str, lines: list[dict[str, Any]]) -> None:
+    s3, sns, table = aws.client("s3"), aws.client("sns"), _table(endpoint)
+    s3.create_bucket(Bucket=BUCKET)
+    topic = sns.create_topic(Name="usage-topic")["TopicArn"]
+    big = "x" * 1500  # an item of 1.5 KB: 2 write units, 1 read unit
+    settle(lines)
+    with usage.invocation("worker", 3008), usage.scope("run-a", 7):
+        s3.put_object(Bucket=BUCKET, Key="runs/a/blob", Body=b"\x01" * 3000)
+        assert len(s3.get_object(Bucket=BUCKET, Key="runs/a/blob", Range="bytes=0-99")["Body"].read()) == 100
+        s3.get_object(Bucket=BUCKET, Key="runs/a/blob")["Body"].read()
+        table.put_item(Item={"pk": "run", "sk": "big", "blob": big})  # moto reports 1
+        table.put_item(Item={"pk": "run", "sk": "small", "n": 1})
+        assert table.get_item(Key={"pk": "run", "sk": "big"}, ConsistentRead=True)["Item"]["blob"] == big  # moto 0.5
+        table.get_item(Key={"pk": "run", "sk": "small"})  # eventually consistent: 0.5
+        table.update_item(Key={"pk": "run", "sk": "small"}, UpdateExpression="ADD n :one",
+                          ExpressionAttributeValues={":one": 1})  # moto reports 0.5 unasked
+        with pytest.raises(ClientError):  # a failed conditional write consumes its units
+            table.put_item(Item={"pk": "run", "sk": "small", "n": 5}, ConditionExpression=Attr("pk").not_exists())
+        assert len(table.query(KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": "run"},
+                               ConsistentRead=True)["Items"]) == 2
+        entries = [{"Id": "0", "Message": "a"}, {"Id": "1", "Message": "b" * 100_000}, {"Id": "2", "Message": "c"}]
+        sns.publish_batch(TopicArn=topic, PublishBatchRequestEntries=entries)
+    (line,) = lines
+    assert line["requests"] == {
+        "dynamodb:GetItem": 2, "dynamodb:PutItem": 3, "dynamodb:Query": 1, "dynamodb:UpdateItem": 1,
+        "s3:GetObject": 2, "s3:PutObject": 1, "sns:PublishBatch": 1,
+    }
+    assert line["write_units"] == 2 + 1 + 1 + 1  # big, small, update, failed condition
+    assert line["read_units"] == 1 + 0.5 + 1  # strongly consistent 1.5 KB, eventually consistent, query of 1.5 KB
+    assert line["sns_billed"] == 1 + 2 + 1  # 100,000 bytes are two 64 KB chunks
+    assert (line["bytes_read"], line["bytes_written"]) == (3100, 3000)
+    assert (line["run_id"], line["iteration"], line["function"], line["memory_mb"]) == ("run-a", 7, "worker", 3008)
+    assert line["end"] >= line["start"] and line["duration_s"] >= 0
+    assert usage.UsageRecord.model_validate(line).requests == line["requests"]
+
+
+def test_every_attempt_counts(endpoint: str, lines: list[dict[str, Any]]) -> None:
+    settle(lines)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    config = Config(retries={"mode": "standard", "total_max_attempts": 3}, connect_timeout=1)
+    s3 = boto3.session.Session().client("s3", endpoint_url=closed, config=config)
+    usage.instrument(s3)
+    with usage.invocation("merger", 512), usage.scope("run-b", 0), pytest.raises(EndpointConnectionError):
+        s3.get_object(Bucket=BUCKET, Key="nothing")
+    assert lines[0]["requests"] == {"s3:GetObject": 3}
+
+
+def test_requests_outside_a_scope_go_to_the_next_one_and_scopes_split_the_invocation(
+    endpoint: str, lines: list[dict[str, Any]]
+) -> None:
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    settle(lines)
+    s3.list_objects_v2(Bucket=BUCKET)  # outside any invocation (a cold start's import): for the next scope
+    with usage.invocation("reducer", 1769):
+        s3.head_bucket(Bucket=BUCKET)  # before the first scope
+        with usage.scope("run-c", 1):
+            s3.put_object(Bucket=BUCKET, Key="runs/c/1", Body=b"1")
+        with usage.scope("run-c", 2):
+            s3.put_object(Bucket=BUCKET, Key="runs/c/2", Body=b"22")
+    with usage.invocation("reducer", 1769):  # no scope, e.g. a rejected message: its own line, of no run
+        s3.head_bucket(Bucket=BUCKET)
+    first, second, unattributed = lines
+    assert first["requests"] == {"s3:ListObjectsV2": 1, "s3:HeadBucket": 1, "s3:PutObject": 1}
+    assert (second["iteration"], second["requests"], second["bytes_written"]) == (2, {"s3:PutObject": 1}, 2)
+    assert second["start"] == first["end"]  # a message's time runs from the end of the one before it
+    assert (unattributed["run_id"], unattributed["requests"]) == (None, {"s3:HeadBucket": 1})
+
+
+def test_a_dropped_model_scope_is_named_by_its_step(endpoint: str, lines: list[dict[str, Any]]) -> None:
+    settle(lines)
+    with usage.invocation("run_starter", 3008), usage.scope(None, None):
+        usage.attribute("model-1234abcd")
+    assert (lines[0]["run_id"], lines[0]["iteration"]) == ("model-1234abcd", None)
+
+
+def test_cloudwatch_reader_returns_the_runs_usage_lines(endpoint: str) -> None:
+    logs = boto3.client("logs", endpoint_url=endpoint, region_name=REGION)
+    groups = {"/aws/lambda/Slsml-Worker": "worker", "/aws/lambda/Slsml-Merger": "merger"}
+    now_ms = int(time.time() * 1000)
+
+    def line(function: str, run_id: str, iteration: int | None, request_id: str) -> str:
+        record = {"run_id": run_id, "iteration": iteration, "function": function, "start": 100.0, "end": 100.5,
+                  "duration_s": 0.5, "memory_mb": 3008, "requests": {"s3:GetObject": 2}, "read_units": 0.0,
+                  "write_units": 1.0, "sns_billed": 1, "bytes_read": 10, "bytes_written": 20}
+        return json.dumps({"level": "INFO", "message": "usage", "function_request_id": request_id, "usage": record})
+
+    for group, function in groups.items():
+        logs.create_log_group(logGroupName=group)
+        logs.create_log_stream(logGroupName=group, logStreamName="2026/01/01/[$LATEST]abc")
+        messages = [
+            line(function, "run-d", 0, f"{function}-1"),
+            line(function, "run-d", 1, f"{function}-2"),
+            line(function, "run-e", 0, f"{function}-3"),  # another run
+            json.dumps({"level": "INFO", "message": "run-d merged", "run_id": "run-d"}),  # no usage
+            "START RequestId: 1 Version: $LATEST",
+        ]
+        logs.put_log_events(logGroupName=group, logStreamName="2026/01/01/[$LATEST]abc",
+                            logEvents=[{"timestamp": now_ms + i, "message": m} for i, m in enumerate(messages)])
+    records = usage.read_cloudwatch(logs, groups, "run-d", since=now_ms / 1000 - 60)
+    assert sorted((r.function, r.iteration, r.invocation) for r in records) == [
+        ("merger", 0, "merger-1"), ("merger", 1, "merger-2"), ("worker", 0, "worker-1"), ("worker", 1, "worker-2")
+    ]
+    assert all(r.run_id == "run-d" and r.requests == {"s3:GetObject": 2} for r in records)
+    assert usage.read_cloudwatch(logs, groups, "run-d", since=now_ms / 1000 + 60) == []  # after the lines
