@@ -408,6 +408,27 @@ def test_the_first_launch_sends_the_runs_only_deadline(services: Services, sent:
     assert services.table.get_run("chain").watched == 0
 
 
+def test_two_copies_of_a_model_event_handled_at_once_start_one_chain(
+    services: Services, sent: list[Deadline], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A duplicate delivery handled by a second invocation while the first is between reading the run and
+    launching: the run still gets one deadline."""
+    _register(services, "chain-race", workers=2, watched=False)
+    landed = ModelLanded(key=keys.model("chain-race", 0), sequencer="a")
+    claim, interleaved, other_copy = services.table.claim_launch, [], []
+
+    def claim_after_the_other_copy(*args, **kwargs):
+        if not interleaved:
+            interleaved.append(True)
+            other_copy.append(work_launcher.on_model(landed, services))  # the other invocation, meanwhile
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(services.table, "claim_launch", claim_after_the_other_copy)
+    assert work_launcher.on_model(landed, services) == Outcome.LAUNCHED
+    assert other_copy == [Outcome.LAUNCHED]
+    assert [(d.iteration, d.link) for d in sent] == [(0, 0)]
+
+
 def test_a_deadline_of_an_iteration_the_run_has_passed_watches_the_current_one(
     services: Services, sent: list[Deadline]
 ) -> None:
@@ -433,6 +454,28 @@ def test_a_deadline_rebased_on_an_overdue_iteration_acts_on_it_at_once(
     assert services.table.get_iteration("overdue", 2).relaunched == {0: 1, 1: 1}
     assert services.table.get_iteration("overdue", 0).relaunched == {}
     assert [(d.iteration, d.stage, d.round, d.link) for d in sent] == [(2, "work", 1, 1)]
+
+
+def test_two_copies_of_a_deadline_handled_at_once_send_one_next_deadline(
+    services: Services, sent: list[Deadline], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue may hand two copies of a deadline to two invocations at once: the chain goes on once."""
+    _register(services, "deadline-race", workers=4, deadline_floor=0.5)
+    _arrive(services, "deadline-race", 0)
+    deadline = _deadline("deadline-race")
+    watch, interleaved, other_copy = services.table.watch, [], []
+
+    def watch_after_the_other_copy(*args, **kwargs):
+        if not interleaved:
+            interleaved.append(True)
+            other_copy.append(watchdog.on_deadline(deadline, services))  # the other invocation, meanwhile
+        return watch(*args, **kwargs)
+
+    monkeypatch.setattr(services.table, "watch", watch_after_the_other_copy)
+    actions = {watchdog.on_deadline(deadline, services), *other_copy}
+    assert [(d.stage, d.round, d.link) for d in sent] == [("work", 1, 1)]
+    assert actions == {Action.RELAUNCHED, Action.NOTHING}
+    assert services.table.get_run("deadline-race").watched == 1
 
 
 def test_a_deadline_that_failed_midway_is_carried_on_by_its_redelivery(
