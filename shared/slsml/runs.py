@@ -183,8 +183,8 @@ class RunSummary(BaseModel):
     median_iteration_s: float | None
     median_worker_compute_s: float | None
     overhead_share: float | None
-    bytes_read_per_iteration: float | None
-    bytes_written_per_iteration: float | None
+    bytes_read_per_iteration: float | None = None  # S3, from the functions' usage lines (slsml.usage)
+    bytes_written_per_iteration: float | None = None
     late_workers: int
     dropped_parts: int = 0
     nonfinite_updates: int = 0
@@ -234,8 +234,6 @@ def summarize(
         median_iteration_s=median_cycle,
         median_worker_compute_s=median_compute,
         overhead_share=(1 - median_compute / median_cycle) if median_cycle and median_compute else None,
-        bytes_read_per_iteration=None,
-        bytes_written_per_iteration=None,
         late_workers=sum(len(r.late - r.nonfinite) for r in iterations),
         dropped_parts=sum(len(r.dropped_parts) for r in iterations),
         nonfinite_updates=sum(len(r.nonfinite) for r in iterations),

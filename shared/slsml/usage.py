@@ -407,6 +407,18 @@ def cost(records: Iterable[UsageRecord], table: PriceTable) -> dict[str, float]:
     )
 
 
+def _typical(per_iteration: list[Counter], operations: list[str]) -> dict[str, float]:
+    """The median count of each operation over the iterations; operations most iterations do not make
+    (a deadline or a heartbeat every few minutes) are left out: they count in the cost."""
+    medians = {op: statistics.median(c[op] for c in per_iteration) for op in operations}
+    return {op: int(m) if m == int(m) else m for op, m in medians.items() if m}
+
+
+def _median(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None
+
+
 def figures(records: list[UsageRecord], iterations: int, table: PriceTable) -> dict[str, Any]:
     """A run's usage figures (``RunSummary`` fields). Per iteration: the median over the iterations
     ``0 … iterations-1`` of what was done for each; records of no iteration (a run starting, the run
@@ -423,7 +435,9 @@ def figures(records: list[UsageRecord], iterations: int, table: PriceTable) -> d
     operations = sorted(set().union(*per_iteration)) if per_iteration else []
     by_service = cost(records, table)
     return {
-        "requests_per_iteration": {op: statistics.median(c[op] for c in per_iteration) for op in operations},
+        "requests_per_iteration": _typical(per_iteration, operations),
+        "bytes_read_per_iteration": _median(sum(r.bytes_read for r in done) for done in counted),
+        "bytes_written_per_iteration": _median(sum(r.bytes_written for r in done) for done in counted),
         "gb_seconds": round(lambda_usage(records)[0], 3),
         "cost_usd": sum(by_service.values()),
         "cost_per_iteration_usd": statistics.median(sum(cost(d, table).values()) for d in counted) if counted else None,
