@@ -16,30 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from slsml import wiring
 from slsml.config import DropInRequest
-
-
-class FunctionSettings(BaseModel):
-    """Sizing of one Lambda function."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    memory_mb: int = Field(default=512, ge=128, le=10240)
-    timeout_s: int = Field(default=60, ge=1, le=900)
-    ephemeral_storage_mb: int = Field(default=512, ge=512, le=10240)
-    reserved_concurrency: int | None = Field(default=None, ge=1)
-
-
-# The TensorFlow functions get room for the framework and a cached model; 1769 MB is one full vCPU
-# for the reducers' numpy math.
-DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
-    "work_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
-    "worker": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
-    "reduce_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
-    "reducer": FunctionSettings(memory_mb=1769, timeout_s=300),
-    "merger": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
-    "watchdog": FunctionSettings(memory_mb=512, timeout_s=60),
-    "run_starter": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
-}
+from slsml.deployment import DEFAULT_FUNCTIONS, FunctionSettings
 
 
 class Settings(BaseModel):

@@ -1,11 +1,37 @@
-"""What the deployed stack and the code running in it agree on beyond the wiring: the bucket
-prefixes the functions may touch, the metrics the dashboard and alarms read, and the object tag
-that lets the bucket expire per-iteration scratch.
+"""What the deployed stack and the code running in it agree on beyond the wiring: the functions'
+default sizing, the bucket prefixes the functions may touch, the metrics the dashboard and alarms read,
+and the object tag that lets the bucket expire per-iteration scratch.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class FunctionSettings(BaseModel):
+    """Sizing of one Lambda function."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory_mb: int = Field(default=512, ge=128, le=10240)
+    timeout_s: int = Field(default=60, ge=1, le=900)
+    ephemeral_storage_mb: int = Field(default=512, ge=512, le=10240)
+    reserved_concurrency: int | None = Field(default=None, ge=1)
+
+
+# The TensorFlow functions get room for the framework and a cached model; 1769 MB is one full vCPU
+# for the reducers' numpy math. The local host gives each function's processes its memory_mb.
+DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
+    "work_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
+    "worker": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
+    "reduce_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
+    "reducer": FunctionSettings(memory_mb=1769, timeout_s=300),
+    "merger": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
+    "watchdog": FunctionSettings(memory_mb=512, timeout_s=60),
+    "run_starter": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
+}
 
 METRICS_NAMESPACE = "slsml"
 # POWERTOOLS_SERVICE_NAME of every function. Powertools adds it as the `service` dimension of each
