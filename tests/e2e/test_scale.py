@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from slsml import demo, modelio
+from slsml.deployment import DEFAULT_FUNCTIONS
 
 from .conftest import log_entries
 from .test_cli import slsml
@@ -37,4 +38,4 @@ def test_256_workers_run_to_the_end_on_a_pool_of_warm_processes(tmp_path: Path) 
     started = log_entries(tmp_path / ".slsml" / "logs" / "wide" / "worker.log", message="warm process started")
     pids = {entry["pid"] for entry in started}
     assert 1 <= len(pids) <= POOL, pids  # these processes served all 256 workers of every iteration
-    assert {entry["function_memory_size"] for entry in started} == {3008}
+    assert {entry["function_memory_size"] for entry in started} == {DEFAULT_FUNCTIONS["worker"].memory_mb}

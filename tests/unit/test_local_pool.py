@@ -3,8 +3,6 @@ function's processes bounded by it whatever the concurrency asked for."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from slsml.local import runtime
@@ -15,11 +13,12 @@ def test_the_pool_is_set_by_the_environment_or_derived_from_cores_and_memory(mon
     monkeypatch.setenv(POOL_ENV, "7")
     assert default_pool() == 7
     monkeypatch.delenv(POOL_ENV)
-    cores, slot_mb = len(os.sched_getaffinity(0)), runtime.WARM_WORKER_MB + runtime.WARM_REDUCER_MB
-    monkeypatch.setattr(runtime, "_available_memory_mb", lambda: 64 * 1024)
-    assert default_pool() == min(runtime.PROCESSES_PER_CORE * cores, 32 * 1024 // slot_mb)
-    monkeypatch.setattr(runtime, "_available_memory_mb", lambda: 4 * slot_mb)  # two pool slots in half of it
-    assert default_pool() == min(runtime.PROCESSES_PER_CORE * cores, 2)
+    slot_mb = runtime.WARM_WORKER_MB + runtime.WARM_REDUCER_MB
+    monkeypatch.setattr(runtime, "_cores", lambda: 2)
+    monkeypatch.setattr(runtime, "_available_memory_mb", lambda: 24 * 1024)  # this machine: bound by its cores
+    assert default_pool() == 2 * runtime.PROCESSES_PER_CORE
+    monkeypatch.setattr(runtime, "_cores", lambda: 64)
+    assert default_pool() == int(runtime.MEMORY_SHARE * 24 * 1024) // slot_mb  # a big machine: bound by memory
     monkeypatch.setattr(runtime, "_available_memory_mb", lambda: 100)
     assert default_pool() == 1
 

@@ -31,15 +31,18 @@ def _available_memory_mb() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def default_pool() -> int:
     """The most warm processes per function: ``SLSML_POOL`` if set, else what this machine holds:
     ``PROCESSES_PER_CORE`` per core, and no more pool slots than ``MEMORY_SHARE`` of the available
     memory holds."""
     if os.environ.get(POOL_ENV):
         return int(os.environ[POOL_ENV])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     by_memory = int(MEMORY_SHARE * _available_memory_mb()) // (WARM_WORKER_MB + WARM_REDUCER_MB)
-    return max(1, min(PROCESSES_PER_CORE * cores, by_memory))
+    return max(1, min(PROCESSES_PER_CORE * _cores(), by_memory))
 
 
 class LocalRuntime:
