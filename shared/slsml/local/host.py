@@ -2,8 +2,8 @@
 processes (one import of the handler, TensorFlow included, per process, like a warm Lambda
 container), with an SNS-shaped event and a Lambda-like context. A poller takes no more messages than
 its pool has free processes: the others wait in the queue. Each process has its function's memory
-setting (``AWS_LAMBDA_FUNCTION_MEMORY_SIZE``) and logs its pid once started. A failed invocation is retried
-by SQS; after three receives the message goes to the function's DLQ and its run is failed (unless
+setting (``AWS_LAMBDA_FUNCTION_MEMORY_SIZE``) and logs its pid once started. A failed invocation is
+retried by SQS; after three receives the message goes to the function's DLQ and its run is failed (unless
 the function rejected the message as malformed: ``slsml.envelope``).
 
 Faults (``slsml.faults``) can be injected: set ``FunctionHost.faults`` at any time, and read

@@ -64,7 +64,7 @@ class LocalRuntime:
         tf_threads: int = 1,
     ) -> None:
         self.cloud = EmbeddedCloud()
-        self.pool = pool or default_pool()
+        pool = pool or default_pool()
         wanted = {
             "work_launcher": 1,
             "worker": workers,
@@ -74,13 +74,14 @@ class LocalRuntime:
             "watchdog": 1,
             "run_starter": 1,
         }
-        self.concurrency = {function: min(n, self.pool) for function, n in wanted.items()}
+        self.concurrency = {function: min(n, pool) for function, n in wanted.items()}
         self.duplicate_deliveries = duplicate_deliveries
         self.log_dir = log_dir
         self.tf_threads = tf_threads
         self.deployment: LocalDeployment | None = None
         self.host: FunctionHost | None = None
         self.services: Services | None = None
+
     def __enter__(self) -> LocalRuntime:
         self.cloud.start()
         try:
