@@ -61,6 +61,8 @@ def _training_options(parser: argparse.ArgumentParser, iterations: int | None) -
                        help="re-launches of missing workers/reducers before the run fails or a shard keeps"
                        " its weights (default 2)")
     group.add_argument("--timeout", type=float, default=3600, help="stop waiting (and fail the run) after this long")
+    group.add_argument("--pool", type=int, help="local runs: the most warm processes per function (default: from"
+                       " this machine's cores and memory, or the SLSML_POOL environment variable)")
     group.add_argument("--faults", type=_faults,
                        help="local runs: inject faults, e.g. 'seed=3,duplicate=0.5,worker_crash=0.25,"
                        "s3_get_delay=0.2:1.5' (also reducer_crash, merger_crash_once, sns_delay, "
@@ -117,6 +119,7 @@ def _train_locally(
     runtime = LocalRuntime(
         workers=spec.workers,
         reducers=spec.reducers,
+        pool=args.pool,
         log_dir=Path(".slsml/logs") / run_id,
     )
     with ExitStack() as stack:
@@ -431,7 +434,7 @@ def cmd_bench_stragglers(args: argparse.Namespace) -> int:
     from slsml.local.runtime import LocalRuntime
 
     pool = bench.worker_pool(args.workers, args.factor)
-    runtime = LocalRuntime(workers=pool, reducers=2, log_dir=Path(".slsml/logs") / runs.new_run_id("bench"))
+    runtime = LocalRuntime(workers=pool, reducers=2, pool=pool, log_dir=Path(".slsml/logs") / runs.new_run_id("bench"))
     with ExitStack() as stack:
         with _console().status(f"starting the embedded cloud and warm function processes ({pool} for workers)…"):
             stack.enter_context(runtime)

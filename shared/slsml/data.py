@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from slsml import keys
+from slsml.cache import LRUCache
 from slsml.config import DATASET_PATTERN
 from slsml.errors import BadInputError, NotFoundError
 from slsml.storage import ObjectStore
@@ -140,21 +141,24 @@ def worker_indices(batch: np.ndarray, workers: int, worker: int) -> np.ndarray:
 
 
 class DatasetReader:
-    """Reads samples by index, fetching each shard once (kept for the life of a warm container)."""
+    """Reads samples by index, fetching a shard only when ``cache`` does not hold it (default: a cache
+    of the reader's own, unbounded). Shards are cached under ``("shard", dataset, split, index)``."""
 
-    def __init__(self, store: ObjectStore, manifest: DatasetManifest) -> None:
+    def __init__(self, store: ObjectStore, manifest: DatasetManifest, cache: LRUCache | None = None) -> None:
         self.store = store
         self.manifest = manifest
-        self._shards: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._cache = LRUCache(None) if cache is None else cache
 
     def _shard(self, split: Split, index: int) -> tuple[np.ndarray, np.ndarray]:
-        cached = self._shards.get((split, index))
+        key = ("shard", self.manifest.name, split, index)
+        cached = self._cache.get(key)
         if cached is None:
             try:
                 arrays = self.store.get_arrays(keys.dataset_shard(self.manifest.name, split, index))
             except NotFoundError:
                 raise NotFoundError(f"dataset {self.manifest.name!r} is missing its {split} shard {index}") from None
-            cached = self._shards[(split, index)] = (arrays["x"], arrays["y"])
+            x, y = arrays["x"], arrays["y"]
+            cached = self._cache.put(key, (x, y), x.nbytes + y.nbytes)
         return cached
 
     def take(self, split: Split, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

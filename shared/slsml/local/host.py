@@ -1,7 +1,9 @@
 """The function host: long-polls each function's queue and runs the real handler in a pool of warm
 processes (one import of the handler, TensorFlow included, per process, like a warm Lambda
-container), with an SNS-shaped event and a Lambda-like context. A failed invocation is retried
-by SQS; after three receives the message goes to the function's DLQ and its run is failed (unless
+container), with an SNS-shaped event and a Lambda-like context. A poller takes no more messages than
+its pool has free processes: the others wait in the queue. Each process has its function's memory
+setting (``AWS_LAMBDA_FUNCTION_MEMORY_SIZE``) and logs its pid once started. A failed invocation is
+retried by SQS; after three receives the message goes to the function's DLQ and its run is failed (unless
 the function rejected the message as malformed: ``slsml.envelope``).
 
 Faults (``slsml.faults``) can be injected: set ``FunctionHost.faults`` at any time, and read
@@ -32,6 +34,7 @@ import boto3
 
 from slsml import aws, keys, wiring
 from slsml import faults as fault_injection
+from slsml.cache import MEMORY_ENV
 from slsml.deployment import DEFAULT_FUNCTIONS
 from slsml.errors import MessageRejected
 from slsml.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
@@ -87,6 +90,9 @@ def _start_process(function: str, environment: dict[str, str], log_path: str) ->
     spec.loader.exec_module(module)
     _handler = module.lambda_handler
     fault_injection.install(aws.client("s3"), aws.client("sns"))  # the clients the handler's services use
+    started = {"level": "INFO", "message": "warm process started", "function_name": function, "pid": os.getpid(),
+               "function_memory_size": int(os.environ[MEMORY_ENV]), "timestamp": time.time()}
+    print(json.dumps(started))
 
 
 @contextmanager
@@ -111,8 +117,7 @@ def _invoke(
     environment: dict[str, str] | None = None,
 ) -> dict[str, int]:
     """Run the handler once; returns the counts of faults injected inside the process."""
-    memory = DEFAULT_FUNCTIONS[function].memory_mb  # as deployed by default: local GB-seconds are what AWS bills
-    context = LambdaContext(function, request_id, time.time() + FUNCTION_TIMEOUT_S, memory)
+    context = LambdaContext(function, request_id, time.time() + FUNCTION_TIMEOUT_S, int(os.environ[MEMORY_ENV]))
     try:
         with _environment_set(environment or {}), fault_injection.invocation(plan) as injected:
             _handler(event, context)
@@ -289,6 +294,7 @@ class FunctionHost:
             "AWS_LAMBDA_FUNCTION_NAME": function,
             # app/slsml-<function> in the User-Agent: the embedded cloud's request log names whose request it was
             "AWS_SDK_UA_APP_ID": f"slsml-{function}",
+            MEMORY_ENV: str(DEFAULT_FUNCTIONS[function].memory_mb),
             "POWERTOOLS_SERVICE_NAME": "slsml",
             "POWERTOOLS_METRICS_NAMESPACE": "slsml",
             "POWERTOOLS_TRACE_DISABLED": "true",

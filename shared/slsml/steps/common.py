@@ -8,24 +8,26 @@ from contextlib import contextmanager
 import numpy as np
 from aws_lambda_powertools import Logger
 
-from slsml import keys
+from slsml import cache, keys
 from slsml.config import RunConfig
 from slsml.errors import BadInputError, NotFoundError, RunFailed
 from slsml.services import Services
 from slsml.storage import ObjectStore
 
 logger = Logger(child=True)
-_configs: dict[str, RunConfig] = {}
 
 
 def run_config(store: ObjectStore, run_id: str) -> RunConfig:
-    """``runs/<run>/run.json``, read once per warm container (it never changes)."""
-    config = _configs.get(run_id)
+    """``runs/<run>/run.json``, kept in the warm cache (it never changes)."""
+    warm = cache.warm()
+    config = warm.get(("config", run_id))
     if config is None:
         try:
-            config = _configs[run_id] = RunConfig.model_validate(store.get_json(keys.run_config(run_id)))
+            body = store.get(keys.run_config(run_id))
         except NotFoundError:
             raise RunFailed(f"run {run_id!r} has no run.json: it was not started with slsml") from None
+        config = RunConfig.model_validate_json(body)
+        warm.put(("config", run_id), config, cache.PARSED_BYTES_PER_JSON_BYTE * len(body))
     return config
 
 

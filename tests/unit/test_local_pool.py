@@ -1,0 +1,32 @@
+"""The local runtime's pool of warm processes: its size from the machine or SLSML_POOL, and every
+function's processes bounded by it whatever the concurrency asked for."""
+
+from __future__ import annotations
+
+import pytest
+
+from slsml.local import runtime
+from slsml.local.runtime import POOL_ENV, LocalRuntime, default_pool
+
+
+def test_the_pool_is_set_by_the_environment_or_derived_from_cores_and_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(POOL_ENV, "7")
+    assert default_pool() == 7
+    monkeypatch.delenv(POOL_ENV)
+    slot_mb = runtime.WARM_WORKER_MB + runtime.WARM_REDUCER_MB
+    monkeypatch.setattr(runtime, "_cores", lambda: 2)
+    monkeypatch.setattr(runtime, "_available_memory_mb", lambda: 24 * 1024)  # this machine: bound by its cores
+    assert default_pool() == 2 * runtime.PROCESSES_PER_CORE
+    monkeypatch.setattr(runtime, "_cores", lambda: 64)
+    assert default_pool() == int(runtime.MEMORY_SHARE * 24 * 1024) // slot_mb  # a big machine: bound by memory
+    monkeypatch.setattr(runtime, "_available_memory_mb", lambda: 100)
+    assert default_pool() == 1
+
+
+def test_every_function_gets_at_most_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(POOL_ENV, "3")
+    assert LocalRuntime(workers=256, reducers=8).concurrency == {
+        "work_launcher": 1, "worker": 3, "reduce_launcher": 2, "reducer": 3, "merger": 1, "watchdog": 1,
+        "run_starter": 1,
+    }
+    assert LocalRuntime(workers=2, reducers=1, pool=40).concurrency["worker"] == 2

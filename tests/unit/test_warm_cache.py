@@ -1,0 +1,91 @@
+"""The warm cache: one LRU cache bounded by bytes, its bound from the function's memory, and a warm
+process serving run after run of different models within it."""
+
+from __future__ import annotations
+
+import boto3
+import keras
+import numpy as np
+import pytest
+from moto import mock_aws
+
+from slsml import cache, data, keys, modelio
+from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.plan import ShardPlan
+from slsml.steps.common import run_config
+from slsml.steps.warm import reader_for, trainer_bytes, trainer_for
+from slsml.storage import ObjectStore
+
+pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
+
+MB = 2**20
+
+
+def test_least_recently_used_entries_go_first_once_over_the_bound() -> None:
+    lru = cache.LRUCache(limit=10)
+    lru.put("a", "A", 4)
+    lru.put("b", "B", 4)
+    assert lru.get("a") == "A"  # now "b" is the least recently used
+    lru.put("c", "C", 4)
+    assert (lru.get("b"), lru.get("a"), lru.get("c"), lru.nbytes) == (None, "A", "C", 8)
+    assert lru.put("huge", "H", 11) == "H" and lru.get("huge") is None  # bigger than the bound: not kept
+    lru.put("a", "A2", 6)  # a new value replaces the old one and its size
+    assert (lru.get("a"), lru.get("c"), lru.nbytes) == ("A2", "C", 10)
+    unbounded = cache.LRUCache(limit=None)
+    for i in range(100):
+        unbounded.put(i, i, MB)
+    assert len(unbounded) == 100
+
+
+def test_the_bound_is_a_share_of_the_functions_memory_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cache.BOUND_ENV, raising=False)
+    monkeypatch.setenv(cache.MEMORY_ENV, "3008")
+    assert cache.limit_bytes() == int(cache.MEMORY_SHARE * 3008 * MB)
+    monkeypatch.setenv(cache.BOUND_ENV, "64")
+    assert cache.limit_bytes() == 64 * MB
+
+
+def _model(i: int) -> keras.Model:
+    """Model i of 20, all different: widths 16 to 320, every other one compiled with Adam (its slots count)."""
+    keras.utils.set_random_seed(i)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16 * (i + 1), activation="relu"),
+                              keras.layers.Dense(4, activation="softmax")])
+    if i % 2:
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return model
+
+
+def test_a_warm_process_serving_20_runs_stays_within_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    limit = 12 * MB
+    monkeypatch.setenv(cache.BOUND_ENV, str(limit / MB))
+    monkeypatch.setattr(cache, "_warm", None)  # a fresh process's cache: the bound read at its first use
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((200, 8)).astype(np.float32), rng.integers(0, 4, 200)
+    loss = modelio.loss_config(_model(0), "sparse_categorical_crossentropy")
+    with mock_aws():
+        boto3.client("s3").create_bucket(Bucket="bucket")
+        store = ObjectStore(boto3.client("s3"), "bucket")
+        data.put_dataset(store, "d", x[:160], y[:160], x[160:], y[160:], shard_size=64)
+        runs = [f"run-{i}" for i in range(20)]
+        sizes = []
+        for i, run_id in enumerate(runs):
+            blob = modelio.save_model(_model(i))
+            store.put_new(keys.model(run_id, 0), blob)
+            config = RunConfig(run_id=run_id, dataset="d", training=TrainingSpec(workers=1, reducers=1, global_batch=8),
+                               optimizer=OptimizerConfig(name="adam"), loss=loss, classification=True,
+                               plan=ShardPlan.build(modelio.variable_specs(modelio.load_model(blob)), 1))
+            store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
+
+            config = run_config(store, run_id)  # what a worker does with the run's work
+            trainer, fresh = trainer_for(store, config, 0)
+            assert fresh
+            trainer.compute_update(*reader_for(store, "d").take("train", np.arange(i, i + 8)))
+            sizes.append(trainer_bytes(trainer))
+            warm = cache.warm()
+            assert warm.limit == limit and warm.nbytes <= limit, (run_id, warm.nbytes)
+
+        assert sum(sizes) > 2 * limit  # without eviction the cache would hold them all
+        assert trainer_for(store, run_config(store, runs[-1]), 0) == (trainer, False)  # the latest run hits
+        assert trainer_for(store, run_config(store, runs[0]), 0)[1]  # the first run was evicted: loaded again
+        assert cache.warm().nbytes <= limit
