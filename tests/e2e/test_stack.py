@@ -16,20 +16,30 @@ import pytest
 
 from slsml import demo, modelio, runs, wiring
 from slsml.config import OptimizerConfig, TrainingSpec
+from slsml.deployment import log_group_output
 
 from .conftest import final_weights, finish, train
 
 STACK = "slsml-test"
 
 
+def _log_group(function: str) -> str:
+    return f"/aws/lambda/{STACK}-{function}"
+
+
 @pytest.fixture(scope="module")
 def stack_env(local):
     deployment = local.deployment
+    logs = boto3.client("logs", endpoint_url=deployment.endpoint, region_name="us-east-1")
+    for fn in wiring.FUNCTIONS:
+        logs.create_log_group(logGroupName=_log_group(fn.name))
+        logs.create_log_stream(logGroupName=_log_group(fn.name), logStreamName="local")
     outputs = {
         "BucketName": deployment.bucket,
         "TableName": deployment.table,
         "StateMachineArn": deployment.state_machine_arn,
         **{f"{t.name}TopicArn": deployment.topic_arns[t.name] for t in wiring.TOPICS},
+        **{log_group_output(fn.name): _log_group(fn.name) for fn in wiring.FUNCTIONS},
     }
     template = {
         "Resources": {"Placeholder": {"Type": "AWS::SQS::Queue", "Properties": {"QueueName": "stack-placeholder"}}},
@@ -41,12 +51,26 @@ def stack_env(local):
     return {**os.environ, **deployment.environment()}
 
 
+def ship_logs(local, run_id: str) -> int:
+    """Put the run's lines of the local functions' logs into the stack's log groups, as Lambda does."""
+    logs = boto3.client("logs", endpoint_url=local.deployment.endpoint, region_name="us-east-1")
+    shipped = 0
+    for fn in wiring.FUNCTIONS:
+        lines = [line for line in (local.log_dir / f"{fn.name}.log").read_text().splitlines() if run_id in line]
+        if lines:
+            now = int(time.time() * 1000)
+            logs.put_log_events(logGroupName=_log_group(fn.name), logStreamName="local",
+                                logEvents=[{"timestamp": now, "message": line} for line in lines])
+            shipped += len(lines)
+    return shipped
+
+
 def slsml(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "slsml.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
 
-def test_data_put_run_start_status_list_fetch_on_a_stack(stack_env, tmp_path: Path, digits) -> None:
+def test_data_put_run_start_status_list_fetch_on_a_stack(local, stack_env, tmp_path: Path, digits) -> None:
     x, y, x_test, y_test = digits
     np.savez(tmp_path / "few.npz", x=x[:300], y=y[:300], x_test=x_test[:50], y_test=y_test[:50])
     (tmp_path / "m.keras").write_bytes(modelio.save_model(demo.digits_cnn()))
@@ -59,10 +83,12 @@ def test_data_put_run_start_status_list_fetch_on_a_stack(stack_env, tmp_path: Pa
     assert started.returncode == 0, started.stderr[-2000:]
     assert json.loads(started.stdout.strip().splitlines()[-1])["status"] == "COMPLETED"
 
+    assert ship_logs(local, "on-stack") > 0
     status = slsml(stack_env, tmp_path, "run", "status", "on-stack", "--stack", STACK, "--json")
     assert status.returncode == 0, status.stderr
     summary = json.loads(status.stdout.strip().splitlines()[-1])
     assert (summary["status"], summary["iterations"], summary["workers"]) == ("COMPLETED", 3, 2)
+    assert summary["requests_per_iteration"]["s3:PutObject"] > 0 and summary["cost_usd"] > 0  # from CloudWatch
     listed = slsml(stack_env, tmp_path, "run", "list", "--stack", STACK)
     assert "on-stack" in listed.stderr and "COMPLETED" in listed.stderr
     fetched = slsml(stack_env, tmp_path, "run", "fetch", "on-stack", "--stack", STACK, "--out", "got.keras")
