@@ -148,7 +148,7 @@ def wait_for_run(
     run_id: str,
     on_progress: Callable[[RunRecord, Counter | None], None] | None = None,
     timeout_s: float | None = None,
-    poll_s: float = 0.25,
+    poll_s: float = 0.5,
 ) -> RunRecord:
     """Poll until the run is COMPLETED or FAILED (or ``timeout_s`` passes: the run is marked FAILED).
 

@@ -59,6 +59,10 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+# moto's server, without a log line per request (it formats and writes one for every call)
+_SERVE = "import logging, sys; logging.getLogger('werkzeug').disabled = True; from moto.server import main; main()"
+
+
 class EmbeddedCloud:
     """S3, SNS, SQS and DynamoDB on 127.0.0.1 for as long as this object is started.
 
@@ -74,7 +78,7 @@ class EmbeddedCloud:
 
     def start(self) -> None:
         self._server = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-c", _SERVE, "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env={**os.environ, "MOTO_PORT": str(self.port)},  # where moto's Step Functions tasks call AWS

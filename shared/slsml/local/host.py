@@ -17,6 +17,7 @@ import io
 import json
 import multiprocessing
 import os
+import queue as queue_module
 import sys
 import threading
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from botocore.config import Config
 
 from slsml import aws, keys, wiring
 from slsml import faults as fault_injection
@@ -44,6 +46,7 @@ from slsml.services import Services
 FUNCTIONS_DIR = Path(__file__).resolve().parents[3] / "functions"
 DUPLICATE_ATTRIBUTE = "slsml-duplicate"
 FUNCTION_TIMEOUT_S = 900
+DEAD_LETTER_WAIT_S = 5  # a dead-letter queue's long poll: a dead letter fails its run within this long
 _LOG_BUFFER_BYTES = 1 << 20  # longer than any log line
 REJECTED_MARK = f"{MessageRejected.__name__}: "  # how a rejected message's failed invocation reads
 INJECTED_KINDS = (
@@ -237,7 +240,9 @@ class FunctionHost:
         self.tf_threads = tf_threads
         self.faults = faults
         self.function_environment = dict(function_environment or {})
-        self.sqs = boto3.client("sqs", endpoint_url=deployment.endpoint, region_name=REGION)
+        self.sqs = boto3.client("sqs", endpoint_url=deployment.endpoint, region_name=REGION,
+                                config=Config(max_pool_connections=64))  # a long poll per queue at once
+        self._done: queue_module.SimpleQueue[tuple[str, str]] = queue_module.SimpleQueue()  # (queue, receipt)
         self.services = Services.from_names(
             deployment.bucket, deployment.table, deployment.topic_arns, deployment.state_machine_arn
         )
@@ -324,9 +329,12 @@ class FunctionHost:
             thread = threading.Thread(target=self._poll, args=(function,), name=f"poll-{function}", daemon=True)
             thread.start()
             self._threads.append(thread)
-        watcher = threading.Thread(target=self._watch_dead_letters, name="dead-letters", daemon=True)
-        watcher.start()
-        self._threads.append(watcher)
+        deleter = threading.Thread(target=self._delete_handled, name="acknowledge", daemon=True)
+        deleter.start()
+        self._threads.append(deleter)
+        for function, queue in self.deployment.dead_letter_queues.items():  # long polls: not joined at stop
+            threading.Thread(target=self._watch_dead_letters, args=(function, queue), name=f"dead-letters-{function}",
+                             daemon=True).start()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -406,7 +414,7 @@ class FunctionHost:
             error = done.exception()
             if error is None:
                 self._count(done.result() or {})
-                self.sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
+                self._done.put((queue, message["ReceiptHandle"]))
                 return
             text = str(error)
             self._last_error[body["MessageId"]] = text.splitlines()[0][:500]
@@ -453,17 +461,40 @@ class FunctionHost:
         else:
             invoke()
 
-    def _watch_dead_letters(self) -> None:
+    def _delete_handled(self) -> None:
+        """Acknowledge handled messages in batches (one request for up to ten of a queue)."""
         while not self._stopping.is_set():
-            for function, queue in self.deployment.dead_letter_queues.items():
+            try:
+                handled = [self._done.get(timeout=0.5)]
+            except queue_module.Empty:
+                continue
+            while len(handled) < 100:
                 try:
-                    received = self.sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10).get("Messages", [])
-                except Exception:  # the cloud is shutting down
-                    return
-                for message in received:
-                    self._on_dead_letter(function, self._queued(function, message))
-                    self.sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
-            self._stopping.wait(0.5)
+                    handled.append(self._done.get_nowait())
+                except queue_module.Empty:
+                    break
+            by_queue: dict[str, list[str]] = {}
+            for queue, receipt in handled:
+                by_queue.setdefault(queue, []).append(receipt)
+            for queue, receipts in by_queue.items():
+                for start in range(0, len(receipts), 10):
+                    entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts[start:start + 10])]
+                    try:
+                        self.sqs.delete_message_batch(QueueUrl=queue, Entries=entries)
+                    except Exception:  # the cloud is shutting down
+                        return
+
+    def _watch_dead_letters(self, function: str, queue: str) -> None:
+        while not self._stopping.is_set():
+            try:
+                received = self.sqs.receive_message(
+                    QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=DEAD_LETTER_WAIT_S
+                ).get("Messages", [])
+            except Exception:  # the cloud is shutting down
+                return
+            for message in received:
+                self._on_dead_letter(function, self._queued(function, message))
+                self.sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
 
     def _on_dead_letter(self, function: str, body: dict[str, Any]) -> None:
         """Record a dead letter and fail its run, unless the function rejected the message as malformed
