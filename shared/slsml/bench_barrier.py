@@ -33,7 +33,7 @@ class BarrierFigures(BaseModel):
     max_write_units_per_report: int
     write_units_per_shard_report: float  # mean over the R shard reports: counter update
     participants_item_bytes: int  # written once per iteration, by the fire
-    fire_read_units: float  # the fire's query of the W records
+    fire_read_units: float  # the fire's BatchGetItem of the W records (each item rounds up to a unit)
     fired: bool  # the reduce fired exactly once, with every worker
     merged: bool  # the merge fired and stored the next model
     seconds_per_report: float  # wall time of one report through the ReduceLauncher on the embedded cloud
@@ -106,7 +106,7 @@ def _measure(services: Services, model: object, workers: int, reducers: int) -> 
         record_bytes, after = capacity.item_bytes(item(worker_sk(0, worker))), capacity.item_bytes(item(counter_sk))
         units.append(capacity.write_units(record_bytes) + capacity.write_units(counter_bytes, after))
         largest, counter_bytes = max(largest, record_bytes, after), after
-    record_total = sum(capacity.item_bytes(item(worker_sk(0, w))) for w in range(workers))
+    fire_reads = sum(capacity.read_units(capacity.item_bytes(item(worker_sk(0, w)))) for w in range(workers))
     fired = table.get_iteration(run_id, 0)
     for shard in range(reducers):
         layout = plan.shard(shard)
@@ -127,7 +127,7 @@ def _measure(services: Services, model: object, workers: int, reducers: int) -> 
         max_write_units_per_report=max(units),
         write_units_per_shard_report=statistics.mean(shard_units),
         participants_item_bytes=capacity.item_bytes(item(participants_sk(0))),
-        fire_read_units=capacity.read_units(record_total),
+        fire_read_units=fire_reads,
         fired=fired.reduce_fired_by is not None and [p.worker for p in fired.participants] == list(range(workers)),
         merged=store.exists(keys.model(run_id, 1)),
         seconds_per_report=statistics.median(seconds),
