@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from slsml.cache import MEMORY_ENV
 from slsml.deployment import DEFAULT_FUNCTIONS
 from slsml.errors import MessageRejected
 from slsml.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
-from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment
+from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment, raw_delivery
 from slsml.services import Services
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[3] / "functions"
@@ -165,6 +166,15 @@ def sns_event(body: dict[str, Any], subscription_arn: str) -> dict[str, Any]:
     }
 
 
+def raw_body(message: dict[str, Any], topic_arn: str) -> dict[str, Any]:
+    """A message SNS delivered raw (as it was published) to a queue that serves one topic, shaped like
+    the envelope SNS would have wrapped it in."""
+    sent = int(message.get("Attributes", {}).get("SentTimestamp", time.time() * 1000))
+    stamp = datetime.fromtimestamp(sent / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return {"Type": "Notification", "MessageId": message["MessageId"], "TopicArn": topic_arn,
+            "Message": message["Body"], "Timestamp": stamp}
+
+
 def queued_body(message: dict[str, Any], queue_name: str) -> dict[str, Any]:
     """A message sent straight to a function's queue, shaped like a queued SNS message (the host
     reads its run and identity the same way)."""
@@ -260,6 +270,9 @@ class FunctionHost:
         self._idle = threading.Condition()
         # functions triggered by a queue of their own (not through SNS): function → queue name
         self._queue_triggers = {fn.name: fn.queue.name for fn in wiring.FUNCTIONS if fn.queue is not None}
+        # functions whose queue serves one topic get its messages raw: function → that topic's ARN
+        self._raw_topics = {fn.name: deployment.topic_arns[fn.triggers[0].name]
+                            for fn in wiring.FUNCTIONS if raw_delivery(fn)}
 
     def _count(self, counts: dict[str, int]) -> None:
         with self._counts_lock:
@@ -359,7 +372,7 @@ class FunctionHost:
                     MaxNumberOfMessages=capacity,
                     WaitTimeSeconds=1,
                     MessageAttributeNames=["All"],
-                    AttributeNames=["ApproximateReceiveCount"],
+                    AttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
                 ).get("Messages", [])
             except Exception:  # the cloud is shutting down
                 received = []
@@ -370,8 +383,11 @@ class FunctionHost:
 
     def _queued(self, function: str, message: dict[str, Any]) -> dict[str, Any]:
         """The SNS message a queued message carries (or stands for, on a function's own queue)."""
-        queue_name = self._queue_triggers.get(function)
-        return json.loads(message["Body"]) if queue_name is None else queued_body(message, queue_name)
+        if function in self._queue_triggers:
+            return queued_body(message, self._queue_triggers[function])
+        if function in self._raw_topics:
+            return raw_body(message, self._raw_topics[function])
+        return json.loads(message["Body"])
 
     def _dispatch(
         self, function: str, queue: str, pool: ProcessPoolExecutor, message: dict[str, Any], free: threading.Semaphore
