@@ -78,6 +78,16 @@ def _faults(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, e.g. 1,4,16") from None
+    if min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: counts start at 1")
+    return counts
+
+
 def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) -> TrainingSpec:
     optimizer = None
     if args.optimizer or args.learning_rate:
@@ -512,6 +522,85 @@ def cmd_bench_barrier(args: argparse.Namespace) -> int:
     return 0 if fired and report.item_bytes_within and report.write_units_within else 1
 
 
+def cmd_bench_scale(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from slsml import bench_scale, runs
+
+    local = bench_scale.runtime(Path(".slsml/logs") / runs.new_run_id("scale"))
+    with ExitStack() as stack:
+        with _console().status("starting the embedded cloud and one warm process per function…"):
+            stack.enter_context(local)
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=_console()) as progress:
+            tasks: dict[str, Any] = {}
+
+            def show(point: str, done: int, total: int) -> None:
+                if point not in tasks:
+                    tasks[point] = progress.add_task(point, total=total)
+                progress.update(tasks[point], completed=done)
+
+            grid = (args.workers or bench_scale.WORKERS, args.reducers or bench_scale.REDUCERS)
+            report = bench_scale.scale(local, *grid, args.iterations, show)
+    bench_scale.write_calibration(report, Path(args.calibration))
+    _print_scale(report, args.calibration)
+    if args.json:
+        print(report.model_dump_json())
+    return 0 if all(point.status == "COMPLETED" for point in report.points) else 1
+
+
+def _print_scale(report: Any, calibration: str) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from slsml import bench_scale
+    from slsml.costmodel import Parameters
+
+    console = _console()
+    console.print(f"[bold]{report.model}[/bold]: {report.params:,} weights, batch {report.batch}, quorum 1, "
+                  f"{report.iterations} iterations per configuration; warm processes per function: "
+                  + ", ".join(f"{name} {n}" for name, n in report.pools.items()))
+    requests = Table("W", "R", "plan", "run", "differences (plan → run)",
+                     title="requests per iteration: the plan against the run summary (median iteration)")
+    for p in report.points:
+        differences = ", ".join(f"{op} {a:g} → {b:g}" for op, (a, b) in p.mismatches.items())
+        requests.add_row(str(p.workers), str(p.reducers), f"{sum(p.predicted_requests.values()):g}",
+                         f"{sum(p.measured_requests.values()):g}",
+                         f"[red]{differences}" if differences else "[green]none")
+    console.print(requests)
+    columns = {"event": ("model → WorkLauncher",), "launch": ("WorkLauncher",), "hops": bench_scale.HOPS,
+               "work": ("Worker",), "fire": ("ReduceLauncher (fires)",), "reduce": ("Reducer",),
+               "merge": ("Merger (merges)",)}
+    stages = Table("W×R", "", *columns, "iter", "error", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
+                   title="stage times (ms), median steady iteration: the run and the fitted model")
+    for p in report.points:
+        label = f"{p.workers}×{p.reducers}"
+        if p.predicted_iteration_s is None:
+            stages.add_row(label, p.status.lower())
+            continue
+        for i, (source, figures, total) in enumerate((("run", p.measured_stages, p.measured_iteration_s),
+                                                      ("model", p.predicted_stages, p.predicted_iteration_s))):
+            cells = [f"{sum(figures[s] for s in names) * 1000:.0f}" for names in columns.values()]
+            stages.add_row(label if i == 0 else "", source, *cells, f"{total * 1000:.0f}",
+                           f"{p.error:+.0%}" if i else "", end_section=i == 1)
+    console.print(stages)
+    defaults = Parameters()
+    fitted = Table("parameter", "fitted (embedded cloud)", "the model's default (AWS)", "unit",
+                   title="parameters fitted by least squares on the stage times")
+    for name, value in report.fitted.items():
+        unit = Parameters.model_fields[name].json_schema_extra["unit"]
+        fitted.add_row(name, f"{value:.4g}", f"{getattr(defaults, name):.4g}", unit)
+    fitted.add_row("(local runtime) dispatch", f"{report.dispatch_s:.4g}", "", "s")
+    console.print(fitted)
+    unresolved = [name for name, value in report.fitted.items() if value >= bench_scale.UNBOUNDED_MB_S]
+    if unresolved:
+        console.print(f"{', '.join(unresolved)}: the grid's bytes took no time the fit could see (its inverse is 0)")
+    worst = max((p for p in report.points if p.error is not None), key=lambda p: abs(p.error))
+    console.print(f"iteration time, fitted model against measured: median error {report.median_error:.1%}, "
+                  f"max {report.max_error:.1%} (W {worst.workers}, R {worst.reducers})")
+    console.print(f"calibration written to {calibration}: slsml plan --calibration {calibration} …")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from slsml import planreport
 
@@ -585,6 +674,19 @@ def build_parser() -> argparse.ArgumentParser:
     barrier.add_argument("--reducers", type=int, default=10, help="reducers of both (default 10)")
     barrier.add_argument("--json", action="store_true", help="print the report as one JSON line")
     barrier.set_defaults(handler=cmd_bench_barrier)
+
+    scale = benchmarks.add_parser(
+        "scale", help="the plan's requests and stage times against the local pipeline over a grid of W and R;"
+        " fits the plan's latencies to the embedded cloud"
+    )
+    scale.add_argument("--workers", type=_counts, help="workers of the grid, comma-separated (default 1,4,16,64)")
+    scale.add_argument("--reducers", type=_counts, help="reducers of the grid, comma-separated (default 1,2,4)")
+    scale.add_argument("--iterations", type=int, default=6, help="iterations per configuration (default 6, at least 3)")
+    scale.add_argument("--calibration", default="scale-calibration.json",
+                       help="where the fitted parameters go, for slsml plan --calibration (default"
+                       " scale-calibration.json)")
+    scale.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    scale.set_defaults(handler=cmd_bench_scale)
 
     plan = commands.add_parser("plan", help="predict a run's time, requests, dollars and quotas on AWS")
     from slsml.planreport import add_arguments

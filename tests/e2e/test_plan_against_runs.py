@@ -1,0 +1,72 @@
+"""The plan against the real pipeline: ``costmodel.predict``'s requests per iteration are the run summary's
+(built from the functions' usage lines, as ``slsml run`` builds it), operation by operation; and ``bench
+scale`` in miniature fits a calibration that ``slsml plan`` reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slsml import bench_scale, costmodel, demo, modelio, prices, runs, usage
+from slsml.cli import main
+from slsml.config import TrainingSpec
+from slsml.costmodel import Parameters, Quotas, Workload
+from slsml.local.runtime import LocalRuntime
+from slsml.services import Services
+from tests.e2e.conftest import finish, train
+
+# The median iteration is a steady one: the first (cold containers), the last (a merger's first read of the
+# test split) and the first turn of each warm process that the first iteration left idle (a worker, a
+# reducer, a ReduceLauncher) make at most 4 others.
+ITERATIONS = 9
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "cnn.keras"
+    path.write_bytes(modelio.save_model(demo.digits_cnn(seed=1)))
+    return path
+
+
+@pytest.mark.parametrize(("workers", "reducers"), [(4, 2), (3, 3)])
+def test_the_plan_counts_the_requests_of_an_iteration(
+    local: LocalRuntime, services: Services, digits, cnn: Path, workers: int, reducers: int
+) -> None:
+    run_id = f"plan-requests-{workers}x{reducers}"
+    spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=128, iterations=ITERATIONS, eval_every=0)
+    train(services, spec, run_id, cnn.read_bytes())
+    run = finish(services, run_id)
+    assert run.status == "COMPLETED", run.reason
+    assert local.host.wait_idle(run_id, 60)
+    records = usage.read_local(local.log_dir, run_id)
+    summary = runs.summarize(run, services.table.list_iterations(run_id), 0.0, records)
+
+    figures = costmodel.from_keras_file(cnn, batch=32, measure=False, parameters=Parameters())
+    work = Workload(**figures, compute_per_sample_s=0.0, compute_source="not timed", workers=workers,
+                    reducers=reducers, global_batch=128, iterations=ITERATIONS, memory_mb=costmodel.function_memory(),
+                    timeout_s=costmodel.function_timeouts())
+    plan = costmodel.predict(work, Parameters(), Quotas(), prices.PriceTable())
+    assert plan.requests_per_iteration == summary.requests_per_iteration
+
+
+def test_bench_scale_fits_a_calibration_the_plan_reads(local: LocalRuntime, digits, tmp_path: Path, capsys) -> None:
+    report = bench_scale.scale(local, workers=(2,), reducers=(2,), iterations=3)
+    (point,) = report.points
+    assert (point.workers, point.reducers, point.status) == (2, 2, "COMPLETED")
+    assert point.steady_iterations == 1
+    assert tuple(point.measured_stages) == tuple(point.predicted_stages) == bench_scale.STAGES
+    assert sum(point.measured_stages.values()) == pytest.approx(point.measured_iteration_s)
+    assert point.predicted_requests.keys() == point.measured_requests.keys()
+    assert report.pools == local.concurrency
+    assert report.max_error == abs(point.error) < 1
+
+    path = tmp_path / "fitted.json"
+    bench_scale.write_calibration(report, path)
+    capsys.readouterr()
+    assert main(["plan", "--params", "2410", "--compute-per-sample", "1e-4", "--workers", "2", "--reducers", "2",
+                 "--calibration", str(path), "--json"]) == 0
+    parameters = json.loads(capsys.readouterr().out)["parameters"]
+    for name, value in report.fitted.items():
+        assert parameters[name] == {**parameters[name], "value": value, "source": "calibration fitted.json"}
