@@ -482,6 +482,7 @@ def test_two_copies_of_a_deadline_handled_at_once_carry_the_chain_on_once(
     monkeypatch.setattr(services.table, "watch", watch_after_the_other_copy)
     assert {watchdog.on_deadline(deadline, services), *other_copy} == {Action.RELAUNCHED}
     assert [(d.stage, d.round, d.link) for d in sent] == [("work", 1, 1)] * 2
+    assert sent[0] == sent[1]  # identical messages: the watchdog's idempotency takes them once
     assert services.table.get_run("deadline-race").watched == 1
     monkeypatch.setattr(services.table, "watch", watch)
     nexts = list(sent)

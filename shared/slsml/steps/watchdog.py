@@ -13,6 +13,7 @@ spent, those shards keep the iteration's weights (counted and logged) and the me
 
 from __future__ import annotations
 
+import math
 import time
 from enum import StrEnum
 
@@ -62,7 +63,7 @@ def on_deadline(deadline: Deadline, services: Services) -> Action:
 
 def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
     if run.iteration != deadline.iteration:  # the run moved on: watch the iteration it is at
-        deadline = _next(deadline, "work", 0, (run.iteration_at or time.time()) + run.deadline_s)
+        deadline = _next(deadline, "work", 0, (run.iteration_at or deadline.due_at) + run.deadline_s)
         deadline = deadline.model_copy(update={"iteration": run.iteration})
         if deadline.due_at > time.time():
             services.deadlines.schedule(deadline)
@@ -72,6 +73,13 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
     if deadline.stage == "work":
         return _work_deadline(deadline, config, record, services)
     return _reduce_deadline(deadline, config, record, services)
+
+
+def _after(deadline: Deadline, seconds: float) -> float:
+    """When the next deadline is due: ``seconds`` after this one came, in whole seconds from when it was
+    due, so that two copies of it handled at once send identical next deadlines (which the watchdog's
+    idempotency then takes once)."""
+    return math.floor(max(deadline.due_at, time.time())) + seconds
 
 
 def _next(deadline: Deadline, stage: str, round_: int, due_at: float) -> Deadline:
@@ -89,7 +97,7 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
     log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "missing": missing}
     if finite and len(finite) >= floor:
         fire_reduce(services, config, iteration, deadline.generation, DEADLINE_OWNER, spec.deadline_floor)
-        services.deadlines.schedule(_next(deadline, "reduce", 0, time.time() + spec.deadline_s))
+        services.deadlines.schedule(_next(deadline, "reduce", 0, _after(deadline, spec.deadline_s)))
         logger.warning("deadline: reduce fired without the missing workers", extra=log)
         return Action.FIRED
     if deadline.round < spec.deadline_retries:
@@ -100,7 +108,7 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
             for w in missing
         ])
         logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})
-        services.deadlines.schedule(_next(deadline, "work", attempt, time.time() + spec.deadline_s))
+        services.deadlines.schedule(_next(deadline, "work", attempt, _after(deadline, spec.deadline_s)))
         return Action.RELAUNCHED
     reason = (
         f"work stage of iteration {iteration}: {len(finite)} of {config.workers} workers delivered an update"
@@ -118,14 +126,14 @@ def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRec
         s for s in range(config.reducers) if not services.store.exists(keys.shard(run_id, iteration + 1, s))
     ]
     if not missing:  # the Merger has what it needs (its own retries cover it): look again in a while
-        services.deadlines.schedule(_next(deadline, "work", 0, time.time() + spec.deadline_s))
+        services.deadlines.schedule(_next(deadline, "work", 0, _after(deadline, spec.deadline_s)))
         return Action.NOTHING
     log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "shards": missing}
     if deadline.round < spec.deadline_retries:
         attempt = deadline.round + 1
         publish_reduce(services, config, iteration, record.participants, deadline.generation, missing, attempt)
         services.table.record_reduce_relaunch(run_id, iteration, len(missing))
-        services.deadlines.schedule(_next(deadline, "reduce", attempt, time.time() + spec.deadline_s))
+        services.deadlines.schedule(_next(deadline, "reduce", attempt, _after(deadline, spec.deadline_s)))
         logger.warning("deadline: missing reducers re-launched", extra={**log, "attempt": attempt})
         return Action.RELAUNCHED
     for shard in missing:
@@ -133,6 +141,6 @@ def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRec
     services.bus.publish(wiring.REDUCE_DONE, [
         ReduceDone(run_id=run_id, iteration=iteration, generation=deadline.generation, shard=s) for s in missing
     ])
-    services.deadlines.schedule(_next(deadline, "work", 0, time.time() + spec.deadline_s))
+    services.deadlines.schedule(_next(deadline, "work", 0, _after(deadline, spec.deadline_s)))
     logger.warning("deadline: shards keep their weights for this iteration", extra=log)
     return Action.STALE_SHARDS
