@@ -30,7 +30,10 @@ DOCKERFILE = "functions/worker/Dockerfile"  # relative to the image's build cont
 HANDLER = "lambda_handler"  # the entry point in every functions/<name>/handler.py
 # Powertools Idempotency keeps its records in the run table and deletes one when a step fails, so
 # that a retry runs again: hence DeleteItem besides the run-state actions.
-TABLE_ACTIONS = ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:Query"]
+TABLE_ACTIONS = [
+    "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem",
+    "dynamodb:Query",
+]
 
 
 class Compute(Construct):
