@@ -78,12 +78,14 @@ def test_a_pipeline_that_stops_reporting_fails_by_heartbeat_timeout(local, servi
     topic = local.deployment.topic_arns[wiring.REDUCE_DONE.name]
     subscription = next(s["SubscriptionArn"] for s in sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
                         if s["Endpoint"] == merger_queue)
+    raw = sns.get_subscription_attributes(SubscriptionArn=subscription)["Attributes"].get("RawMessageDelivery")
     sns.unsubscribe(SubscriptionArn=subscription)  # ReduceDone no longer reaches the Merger
     try:
         train(services, SPEC, "sfn-stalled")
         run = finish(services, "sfn-stalled", timeout_s=60)
-    finally:
-        sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=merger_queue)
+    finally:  # as it was subscribed, for the session's later runs
+        sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=merger_queue,
+                      Attributes={"RawMessageDelivery": raw} if raw else {})
     assert run.status == "FAILED"
     assert run.reason.startswith(f"the pipeline stopped reporting: no progress within {HEARTBEAT_S} s"), run.reason
     assert run.iteration == 0
