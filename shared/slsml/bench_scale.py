@@ -4,7 +4,7 @@ A grid of W workers × R reducers trains a small dense model on the digits, a fe
 global batch 128). Per configuration:
 
 - requests per iteration by ``service:Operation``: the plan's against the run summary's, which the functions'
-  own usage lines give (``slsml.usage``);
+  own usage lines give (``slsml.usage``), and the run's against the plan's minimum chain;
 - the stages of each steady iteration (the first, with its cold containers, and the last, which completes the
   run, are left out), from the usage lines' start and end of each invocation. The stages tile the iteration,
   from one WorkLauncher's start to the next one's: WorkLauncher, Work → Worker (the first worker's start),
@@ -77,6 +77,7 @@ class ScalePoint(BaseModel):
     reason: str | None
     predicted_requests: dict[str, int]  # the plan's, per iteration
     measured_requests: dict[str, float]  # the run summary's median iteration
+    minimum_requests: dict[str, int]  # the plan's minimum chain, per iteration
     compute_per_sample_s: float  # the workers' reports, median
     steady_iterations: int  # iterations the stage times are the medians of
     measured_stages: dict[str, float]  # stage → seconds, median over the steady iterations
@@ -91,6 +92,12 @@ class ScalePoint(BaseModel):
         operations = sorted(set(self.predicted_requests) | set(self.measured_requests))
         pairs = {op: (self.predicted_requests.get(op, 0), self.measured_requests.get(op, 0)) for op in operations}
         return {op: pair for op, pair in pairs.items() if pair[0] != pair[1]}
+
+    @computed_field
+    @property
+    def over_minimum(self) -> float:
+        """The run's requests per iteration over the minimum chain's."""
+        return sum(self.measured_requests.values()) / sum(self.minimum_requests.values())
 
     @computed_field
     @property
@@ -325,6 +332,7 @@ def _measure(
     point = ScalePoint(
         workers=workers, reducers=reducers, status=summary.status.value, reason=summary.reason,
         predicted_requests=plan.requests_per_iteration, measured_requests=summary.requests_per_iteration or {},
+        minimum_requests=plan.minimum_requests_per_iteration,
         compute_per_sample_s=compute, steady_iterations=len(steady),
         measured_stages={stage: statistics.median(s[stage] for s in steady) for stage in STAGES} if steady else {},
         measured_iteration_s=statistics.median(sum(s.values()) for s in steady) if steady else None,

@@ -560,13 +560,14 @@ def _print_scale(report: Any, calibration: str) -> None:
     console.print(f"[bold]{report.model}[/bold]: {report.params:,} weights, batch {report.batch}, quorum 1, "
                   f"{report.iterations} iterations per configuration; warm processes per function: "
                   + ", ".join(f"{name} {n}" for name, n in report.pools.items()))
-    requests = Table("W", "R", "plan", "run", "differences (plan → run)",
-                     title="requests per iteration: the plan against the run summary (median iteration)")
+    requests = Table("W", "R", "plan", "run", "minimum", "run ÷ minimum", "differences (plan → run)",
+                     title="requests per iteration: the plan against the run summary (median iteration), and the "
+                           "minimum chain")
     for p in report.points:
         differences = ", ".join(f"{op} {a:g} → {b:g}" for op, (a, b) in p.mismatches.items())
         requests.add_row(str(p.workers), str(p.reducers), f"{sum(p.predicted_requests.values()):g}",
-                         f"{sum(p.measured_requests.values()):g}",
-                         f"[red]{differences}" if differences else "[green]none")
+                         f"{sum(p.measured_requests.values()):g}", f"{sum(p.minimum_requests.values()):g}",
+                         f"{p.over_minimum:.2f}×", f"[red]{differences}" if differences else "[green]none")
     console.print(requests)
     columns = {"event": ("model → WorkLauncher",), "launch": ("WorkLauncher",), "hops": bench_scale.HOPS,
                "work": ("Worker",), "fire": ("ReduceLauncher (fires)",), "reduce": ("Reducer",),

@@ -15,6 +15,11 @@ q, n = ⌈q·W⌉ participants, M = 4·params bytes, P = M/R bytes per shard, k 
 | Merger (R) | UpdateItem 1; the merging one also GetObject R, UpdateItem 2, | reads M, |
 | | PutObject 2 | writes M + model file |
 
+The minimum chain is what any at-least-once pipeline of this shape must do: the data plane above (S3),
+one message per hop, one durable write per report (W + R), the launch's read and claim, one read of the
+reports at the fire (⌈W/100⌉ BatchGetItem) and one write per barrier fire (2). The chain's calls beyond
+it, each with its reason, are ``chain_extras``.
+
 The critical path of an iteration: the model's S3 event → WorkLauncher → the n-th worker's Work
 message → Worker → ReduceLauncher (fires) → the last Reduce message → Reducer → Merger (merges) →
 the next model. It can be no shorter than the DynamoDB floor: the iteration counter item takes
@@ -391,11 +396,22 @@ class FirstIteration(BaseModel):
     detail: str
 
 
+class ExtraCall(BaseModel):
+    """Calls of the chain beyond its minimum, and why they are made."""
+
+    operation: str = Field(description="service:Operation")
+    count: int = Field(description="per iteration")
+    call: str
+    reason: str
+
+
 class Plan(BaseModel):
     workload: Workload
     participants: int
     state_slots: int
     requests_per_iteration: dict[str, int] = Field(description="by service:Operation, as botocore names them")
+    minimum_requests_per_iteration: dict[str, int] = Field(description="the minimum chain, by service:Operation")
+    extra_calls: list[ExtraCall] = Field(description="the chain's calls beyond the minimum")
     read_units: float
     write_units: float
     sns_billed_publishes: int
@@ -425,6 +441,11 @@ class Plan(BaseModel):
         return self.workload.iterations * self.iteration_dollars + self.first_iteration.extra_dollars
 
     @property
+    def requests_ratio(self) -> float:
+        """Requests per iteration over those of the minimum chain."""
+        return sum(self.requests_per_iteration.values()) / sum(self.minimum_requests_per_iteration.values())
+
+    @property
     def violations(self) -> list[QuotaCheck]:
         return [q for q in self.quotas if not q.ok]
 
@@ -441,6 +462,7 @@ class Plan(BaseModel):
         for check, row in zip(self.quotas, out["quotas"], strict=True):
             row["utilization"] = check.utilization
         out["binding"] = binding_sentence(self)
+        out["requests_ratio"] = self.requests_ratio
         return out
 
 
@@ -475,6 +497,36 @@ def publish_batches(messages: int, message_size: int) -> int:
     """PublishBatch calls for ``messages`` of one size (``slsml.bus``: 10 entries, 256 KiB a batch)."""
     per_batch = max(1, min(bus.BATCH_ENTRIES, bus.BATCH_BYTES // message_size))
     return math.ceil(messages / per_batch)
+
+
+def minimum_chain(workers: int, reducers: int, participants: int, work_batches: int, reduce_batches: int
+                  ) -> dict[str, int]:
+    """The requests of one steady iteration that any at-least-once pipeline of this shape makes."""
+    W, R, n = workers, reducers, participants
+    return {
+        "dynamodb:GetItem": 1,  # the launch reads the run
+        "dynamodb:UpdateItem": 1 + R + 1,  # the launch claim, one durable write per shard report, the merge fire
+        "dynamodb:PutItem": W + 1,  # one durable write per worker report, the reduce fire (its participants)
+        "dynamodb:BatchGetItem": math.ceil(W / runstate.BATCH_READ),  # the reports, read once at the fire
+        "s3:GetObject": W + R * n + R + R,  # weights; each reducer's parts and shard; the merger's shards
+        "s3:PutObject": W + R + 2,  # updates, shards, the flat weights and the .keras model
+        "sns:PublishBatch": work_batches + W + reduce_batches + R,  # one message per hop
+    }
+
+
+def chain_extras(workers: int) -> list[ExtraCall]:
+    """The chain's calls beyond the minimum one, each with why it is made."""
+    return [
+        ExtraCall(operation="dynamodb:UpdateItem", count=workers, call="the counter update per worker report",
+                  reason="the O(1) signal that the barrier may be complete, without reading every record on every "
+                         "report"),
+        ExtraCall(operation="dynamodb:UpdateItem", count=1, call="the reduce fire's mark on the counter",
+                  reason="the participants item is the fire; its list grows with W, so it cannot live on the "
+                         "counter that every report rewrites, where the mark turns late reports away"),
+        ExtraCall(operation="dynamodb:UpdateItem", count=1, call="the run advance, apart from the merge fire",
+                  reason="the run item (status, iteration, token) and the iteration counter are different items; "
+                         "the advance is also the heartbeat and the stop check"),
+    ]
 
 
 def _units(item_bytes: float, unit_bytes: int) -> int:
@@ -621,7 +673,9 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
                      counter_writes * counter_wu)
     per_epoch = w.iterations_per_epoch
     return Plan(
-        workload=w, participants=n, state_slots=k, requests_per_iteration=requests, read_units=read_units,
+        workload=w, participants=n, state_slots=k, requests_per_iteration=requests,
+        minimum_requests_per_iteration=minimum_chain(W, R, n, work_batches, reduce_batches),
+        extra_calls=chain_extras(W), read_units=read_units,
         write_units=write_units, sns_billed_publishes=sns_billed, stages=stages, functions=functions,
         chain_s=chain_s, floor_s=floor_s, iteration_s=iteration_s,
         epoch_s=None if per_epoch is None else per_epoch * iteration_s,
@@ -772,6 +826,11 @@ def binding_sentence(plan: Plan) -> str:
     if share > 1:
         return f"{head}, over by {q.value - q.limit:,.4g} {q.unit}. {q.detail}"
     return f"{head}: {1 / share:.2g}× headroom. {q.detail}"
+
+
+def minimum_sentence(plan: Plan) -> str:
+    total, minimum = sum(plan.requests_per_iteration.values()), sum(plan.minimum_requests_per_iteration.values())
+    return f"requests: {total:,} per iteration, {minimum:,} in the minimum chain ({plan.requests_ratio:.2f}×)"
 
 
 # ---- choices -----------------------------------------------------------------------------------

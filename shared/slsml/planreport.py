@@ -162,7 +162,7 @@ def _dollars(amount: float | None) -> str:
 
 
 def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_given: bool = True) -> None:
-    from rich.table import Table
+    from rich.table import Column, Table
 
     from slsml import costmodel
 
@@ -191,12 +191,18 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
                           f"{_bytes(f.bytes_written)} ({_bytes(f.bytes_written_total)})")
     console.print(functions)
 
-    services = Table("request", "per iteration", title="requests by service:Operation")
+    services = Table("request", "per iteration", "minimum chain", title="requests by service:Operation")
     for operation, count in sorted(plan.requests_per_iteration.items()):
-        services.add_row(operation, f"{count:,}")
+        services.add_row(operation, f"{count:,}", f"{plan.minimum_requests_per_iteration.get(operation, 0):,}")
     services.add_row("DynamoDB units", f"{plan.write_units:,.0f} write, {plan.read_units:,.0f} read")
     services.add_row("SNS billed publishes", f"{plan.sns_billed_publishes:,} (each entry, 64 KB chunks)")
     console.print(services)
+    console.print(costmodel.minimum_sentence(plan))
+    extras = Table(Column("request", no_wrap=True), "per iteration", "call", "why",
+                   title="requests beyond the minimum chain")
+    for extra in plan.extra_calls:
+        extras.add_row(extra.operation, f"{extra.count:,}", extra.call, extra.reason)
+    console.print(extras)
 
     per_epoch = w.iterations_per_epoch
     money = Table("service", "per iteration", "per epoch", f"per run ({w.iterations:,} iterations)",

@@ -49,6 +49,10 @@ def test_the_plan_counts_the_requests_of_an_iteration(
                     timeout_s=costmodel.function_timeouts())
     plan = costmodel.predict(work, Parameters(), Quotas(), prices.PriceTable())
     assert plan.requests_per_iteration == summary.requests_per_iteration
+    measured, minimum = summary.requests_per_iteration, plan.minimum_requests_per_iteration
+    beyond = {op: count - minimum[op] for op, count in measured.items() if count != minimum[op]}
+    assert beyond == {"dynamodb:UpdateItem": workers + 2}  # the extras: a counter update per report, 2 more
+    assert sum(measured.values()) <= 1.2 * sum(minimum.values())
 
 
 def test_bench_scale_fits_a_calibration_the_plan_reads(local: LocalRuntime, digits, tmp_path: Path, capsys) -> None:
@@ -59,6 +63,8 @@ def test_bench_scale_fits_a_calibration_the_plan_reads(local: LocalRuntime, digi
     assert tuple(point.measured_stages) == tuple(point.predicted_stages) == bench_scale.STAGES
     assert sum(point.measured_stages.values()) == pytest.approx(point.measured_iteration_s)
     assert point.predicted_requests.keys() == point.measured_requests.keys()
+    assert point.minimum_requests.keys() == point.measured_requests.keys()
+    assert point.over_minimum == sum(point.measured_requests.values()) / sum(point.minimum_requests.values()) > 1
     assert report.pools == local.concurrency
     assert report.max_error == abs(point.error) < 1
 

@@ -124,7 +124,44 @@ def test_requests_follow_the_request_chain() -> None:
         "s3:PutObject": 8 + 3 + 2,  # updates, shards, weights + model
         "sns:PublishBatch": 1 + 8 + 1 + 3,  # Work, WorkDone, Reduce, ReduceDone
     }
+    assert plan.minimum_requests_per_iteration == plan.requests_per_iteration | {
+        "dynamodb:UpdateItem": 1 + 3 + 1,  # claim, merger counters (the shards' durable reports), merge fire
+    }
+    assert [(extra.operation, extra.count) for extra in plan.extra_calls] == [("dynamodb:UpdateItem", 8),
+                                                                               ("dynamodb:UpdateItem", 1),
+                                                                               ("dynamodb:UpdateItem", 1)]
     assert plan.first_iteration.extra_requests["s3:GetObject"] > 0
+
+
+# One reducer under a quorum below 1 reads fewer parts than the W workers report: from W = 64 on, the W counter
+# updates are more than a fifth of the minimum chain (1 / (4.11 + R·q) of it as W grows).
+OVER_A_FIFTH = {(64, 1, 0.75), (256, 1, 0.75), (1000, 1, 0.75)}
+
+
+def test_the_chain_is_its_minimum_and_the_extras_within_a_fifth_of_it() -> None:
+    ratios = {}
+    for workers in (1, 4, 16, 64, 256, 1000):
+        for reducers in (1, 2, 4, 16, 100):
+            for quorum in (1, 0.75):
+                plan = predict(workload(params=1_000_000, workers=workers, reducers=reducers, quorum=quorum))
+                total, minimum = plan.requests_per_iteration, plan.minimum_requests_per_iteration
+                assert total.keys() == minimum.keys()
+                for operation in total:
+                    extras = sum(extra.count for extra in plan.extra_calls if extra.operation == operation)
+                    assert total[operation] - minimum[operation] == extras, (workers, reducers, quorum, operation)
+                assert all(extra.reason for extra in plan.extra_calls)
+                ratios[workers, reducers, quorum] = plan.requests_ratio
+    assert {point for point, ratio in ratios.items() if ratio > 1.2} == OVER_A_FIFTH
+    assert max(ratios.values()) < 1.21
+    assert max(ratio for point, ratio in ratios.items() if point[1] > 1 or point[2] == 1) < 1.2
+
+
+def test_the_readme_states_the_demos_requests_and_the_extras() -> None:
+    plan = predict(workload(params=100_000, workers=4, reducers=2, global_batch=128))
+    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    assert costmodel.minimum_sentence(plan) in readme
+    for extra in plan.extra_calls:
+        assert extra.reason in readme
 
 
 # ---- physics ------------------------------------------------------------------------------------
@@ -200,6 +237,9 @@ def test_json_is_one_object_with_requests_keyed_like_a_run_summary(capsys: pytes
     assert out["dollars"]["run"] > 10 * out["dollars"]["iteration"] > 0
     assert {q["name"] for q in out["quotas"]} >= {"Lambda concurrency", "DynamoDB partition writes", "S3 GET rate"}
     assert out["binding"].startswith(max(out["quotas"], key=lambda q: q["utilization"])["name"])
+    total, minimum = out["requests_per_iteration"], out["minimum_requests_per_iteration"]
+    assert out["requests_ratio"] == sum(total.values()) / sum(minimum.values()) == 49 / 43
+    assert sum(extra["count"] for extra in out["extra_calls"]) == sum(total.values()) - sum(minimum.values())
     assert out["recommendation"]["fastest"]["reducers"] >= 1
     assert out["parameters"]["sns_lambda_s"] == {"value": 0.073, "unit": "s", "what": "SNS → Lambda delivery",
                                                  "source": "published p50 73 ms (p90 125 ms, p99 225 ms)"}
