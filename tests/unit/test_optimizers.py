@@ -289,3 +289,9 @@ def test_keras_defaults_fill_fields_not_given() -> None:
     assert OptimizerConfig(name="lion").beta_2 == keras.optimizers.Lion().beta_2
     assert OptimizerConfig(name="lion", beta_2=0.5).beta_2 == 0.5
     assert OptimizerConfig(name="adam").weight_decay is None
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_config_survives_run_json(case: str) -> None:
+    config = CONFIGS[case]
+    assert OptimizerConfig.model_validate_json(config.model_dump_json()) == config
