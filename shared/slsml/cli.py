@@ -16,7 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from pydantic import ValidationError
 
-from slsml.config import OptimizerConfig, TrainingSpec
+from slsml.config import OPTIMIZER_NAMES, OptimizerConfig, TrainingSpec
 from slsml.errors import SlsmlError
 
 RUNS_DIR = Path("runs")
@@ -40,9 +40,9 @@ def _training_options(parser: argparse.ArgumentParser, iterations: int | None) -
     group.add_argument("--iterations", type=int, default=iterations, required=iterations is None,
                        help="iteration budget" + (f" (default {iterations})" if iterations else ""))
     group.add_argument("--quorum", type=float, default=1.0, help="fraction of workers a reduce waits for (default 1)")
-    group.add_argument("--optimizer", choices=["adam", "sgd"], help="default: the model's compiled optimizer")
+    group.add_argument("--optimizer", choices=OPTIMIZER_NAMES, help="default: the model's compiled optimizer")
     group.add_argument("--learning-rate", type=float, help="learning rate of --optimizer")
-    group.add_argument("--momentum", type=float, default=0.0, help="SGD momentum")
+    group.add_argument("--momentum", type=float, default=0.0, help="SGD or RMSprop momentum")
     group.add_argument("--nesterov", action="store_true", help="SGD with Nesterov momentum")
     group.add_argument("--loss", help="Keras loss name (default: the model's compiled loss)")
     group.add_argument("--seed", type=int, default=0, help="data order seed (default 0)")
@@ -97,6 +97,8 @@ def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) 
             fields["learning_rate"] = learning_rate
         if fields["name"] == "sgd":
             fields.update(momentum=args.momentum, nesterov=args.nesterov)
+        elif fields["name"] == "rmsprop":
+            fields.update(momentum=args.momentum)
         optimizer = OptimizerConfig(**fields)
     return TrainingSpec(
         workers=args.workers,

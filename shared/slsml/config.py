@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from slsml import schedules
+from slsml.errors import BadInputError
 from slsml.plan import ShardPlan
+from slsml.schedules import Schedule
 
 RUN_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 DATASET_PATTERN = RUN_ID_PATTERN
+
+
+KERAS_OPTIMIZERS = {
+    "sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad", "adamax": "Adamax",
+    "nadam": "Nadam", "lion": "Lion",
+}
+OptimizerName = Literal["sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "lion"]
+OPTIMIZER_NAMES: tuple[str, ...] = get_args(OptimizerName)
+# Keras defaults that differ from the fields' defaults below, filled in where a field is not given
+_KERAS_DEFAULTS: dict[str, dict[str, object]] = {"adamw": {"weight_decay": 0.004}, "lion": {"beta_2": 0.99}}
+_UNSUPPORTED = ("clipnorm", "global_clipnorm", "clipvalue", "use_ema", "loss_scale_factor")
 
 
 class OptimizerConfig(BaseModel):
@@ -18,14 +32,82 @@ class OptimizerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: Literal["sgd", "adam"] = "adam"
-    learning_rate: float = Field(default=0.003, gt=0)
-    momentum: float = Field(default=0.0, ge=0, lt=1)
+    name: OptimizerName = "adam"
+    learning_rate: float | Schedule = Field(default=0.003, description="a constant (> 0) or a Keras schedule")
+    momentum: float = Field(default=0.0, ge=0, lt=1, description="sgd, rmsprop")
     nesterov: bool = False
-    beta_1: float = Field(default=0.9, ge=0, lt=1)
-    beta_2: float = Field(default=0.999, ge=0, lt=1)
+    beta_1: float = Field(default=0.9, ge=0, le=1)
+    beta_2: float = Field(default=0.999, ge=0, le=1)
     epsilon: float = Field(default=1e-7, gt=0)
     amsgrad: bool = False
+    rho: float = Field(default=0.9, ge=0, lt=1, description="rmsprop")
+    centered: bool = False
+    initial_accumulator_value: float = Field(default=0.1, ge=0, description="adagrad")
+    weight_decay: float | None = Field(default=None, ge=0, description="decoupled, applied before the update")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keras_defaults(cls, data: object) -> object:
+        if isinstance(data, dict):
+            return {**_KERAS_DEFAULTS.get(data.get("name", "adam"), {}), **data}
+        return data
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _positive(cls, value: float | Schedule) -> float | Schedule:
+        if isinstance(value, float) and value <= 0:
+            raise ValueError(f"learning rate {value} must be positive")
+        return value
+
+    @classmethod
+    def from_keras(cls, class_name: str, config: dict[str, Any]) -> OptimizerConfig:
+        """A Keras optimizer's ``get_config()`` → the config, if the reducers can apply it exactly; else
+        BadInputError naming what they cannot."""
+        name = class_name.lower()
+        if name not in KERAS_OPTIMIZERS:
+            raise BadInputError(
+                f"optimizer {class_name} is not supported; use one of {', '.join(KERAS_OPTIMIZERS.values())}"
+            )
+        for option in _UNSUPPORTED:
+            if config.get(option):
+                raise BadInputError(f"optimizer option {option}={config[option]!r} is not supported yet")
+        if (config.get("gradient_accumulation_steps") or 1) > 1:
+            raise BadInputError(
+                f"optimizer option gradient_accumulation_steps={config['gradient_accumulation_steps']} is not"
+                " supported yet"
+            )
+        fields = {k: config[k] for k in cls.model_fields if k in config and k not in ("name", "learning_rate")}
+        fields["learning_rate"] = _keras_learning_rate(config.get("learning_rate", 0.001))
+        try:
+            return cls(name=name, **fields)
+        except ValidationError as error:
+            raise BadInputError(f"optimizer {class_name}: {_problems(error)}") from None
+
+
+def _keras_learning_rate(value: object) -> object:
+    """A serialized Keras learning rate: a number, or a built-in schedule as ``{class_name, config}``."""
+    if not isinstance(value, dict):
+        return value
+    class_name, config = value.get("class_name"), value.get("config")
+    if class_name not in schedules.NAMES or value.get("module", schedules.KERAS_MODULE) != schedules.KERAS_MODULE:
+        raise BadInputError(
+            f"learning-rate schedule {class_name} is not supported; use a constant or one of"
+            f" {', '.join(schedules.NAMES)}"
+        )
+    if not isinstance(config, dict):
+        raise BadInputError(f"learning-rate schedule {class_name} has no config")
+    fields = {k: v for k, v in config.items() if k != "name"}
+    try:
+        return TypeAdapter(Schedule).validate_python({**fields, "class_name": class_name})
+    except ValidationError as error:
+        raise BadInputError(f"learning-rate schedule {class_name}: {_problems(error)}") from None
+
+
+def _problems(error: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(part) for part in e['loc'] if part not in schedules.NAMES) or 'config'}: {e['msg']}"
+        for e in error.errors()
+    )
 
 
 class TrainingSpec(BaseModel):

@@ -85,19 +85,15 @@ def optimizer_config(model: keras.Model) -> OptimizerConfig:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         raise BadInputError("the model is not compiled: give an optimizer (e.g. --optimizer adam)")
-    config = optimizer.get_config()
-    name = type(optimizer).__name__.lower()
-    if name not in ("sgd", "adam"):
-        raise BadInputError(f"optimizer {type(optimizer).__name__} is not supported; use SGD or Adam")
-    for feature in ("clipnorm", "clipvalue", "global_clipnorm", "weight_decay", "loss_scale_factor"):
-        if config.get(feature):
-            raise BadInputError(f"optimizer option {feature} is not supported by the reducers")
-    if config.get("use_ema") or (config.get("gradient_accumulation_steps") or 1) > 1:
-        raise BadInputError("optimizer EMA and gradient accumulation are not supported")
-    if isinstance(config.get("learning_rate"), dict):
-        raise BadInputError("learning-rate schedules are not supported yet; use a constant learning rate")
-    fields = {k: config[k] for k in OptimizerConfig.model_fields if k in config and k != "name"}
-    return OptimizerConfig(name=name, **fields)
+    if getattr(optimizer, "_exclude_from_weight_decay", None) or getattr(
+        optimizer, "_exclude_from_weight_decay_pattern", None
+    ):
+        raise BadInputError("optimizer option exclude_from_weight_decay is not supported yet")
+    try:
+        config = optimizer.get_config()
+    except NotImplementedError as error:  # e.g. a custom learning-rate schedule without get_config
+        raise BadInputError(f"optimizer {type(optimizer).__name__} cannot be read: {error}") from None
+    return OptimizerConfig.from_keras(type(optimizer).__name__, config)
 
 
 def loss_config(model: keras.Model, override: str | None) -> str:

@@ -5,6 +5,8 @@ and step count) is a dict of arrays that the reducer keeps in S3 between iterati
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from slsml.config import OptimizerConfig
@@ -14,15 +16,34 @@ _F = np.float32
 
 
 def initial_state(config: OptimizerConfig, size: int) -> State:
+    """Every slot of ``config``'s optimizer for a shard of ``size`` trainable weights, as Keras builds it."""
     state: State = {"step": np.zeros((), dtype=np.int64)}
+    slots: tuple[str, ...] = ()
     if config.name == "sgd" and config.momentum:
-        state["momentum"] = np.zeros(size, dtype=_F)
-    if config.name == "adam":
-        state["m"] = np.zeros(size, dtype=_F)
-        state["v"] = np.zeros(size, dtype=_F)
-        if config.amsgrad:
-            state["v_hat"] = np.zeros(size, dtype=_F)
+        slots = ("momentum",)
+    elif config.name in ("adam", "adamw"):
+        slots = ("m", "v", "v_hat") if config.amsgrad else ("m", "v")
+    elif config.name == "rmsprop":
+        slots = ("velocity",) + ("momentum",) * (config.momentum > 0) + ("average_gradient",) * config.centered
+    elif config.name == "adamax":
+        slots = ("m", "u")
+    elif config.name == "nadam":
+        slots = ("m", "v")
+        state["u_product"] = np.ones((), dtype=_F)
+    elif config.name == "lion":
+        slots = ("momentum",)
+    for slot in slots:
+        state[slot] = np.zeros(size, dtype=_F)
+    if config.name == "adagrad":
+        state["accumulator"] = np.full(size, config.initial_accumulator_value, dtype=_F)
     return state
+
+
+def learning_rate(config: OptimizerConfig, step: int) -> np.float32:
+    """The learning rate of the step that follows ``step`` completed steps (Keras: at ``iterations``)."""
+    if isinstance(config.learning_rate, float):
+        return _F(config.learning_rate)
+    return _F(config.learning_rate.rate(step))
 
 
 def apply(config: OptimizerConfig, weights: np.ndarray, gradient: np.ndarray, state: State) -> tuple[np.ndarray, State]:
@@ -31,11 +52,10 @@ def apply(config: OptimizerConfig, weights: np.ndarray, gradient: np.ndarray, st
         raise ValueError(f"weights {weights.shape} and gradient {gradient.shape} differ in shape")
     w, g = weights.astype(_F, copy=True), gradient.astype(_F, copy=False)
     state = {name: value.copy() for name, value in state.items()}
-    lr = _F(config.learning_rate)
-    if config.name == "sgd":
-        _sgd(config, w, g, lr, state)
-    else:
-        _adam(config, w, g, lr, state)
+    lr = learning_rate(config, int(state["step"]))
+    if config.weight_decay:
+        w -= w * _F(config.weight_decay) * lr
+    _STEPS[config.name](config, w, g, lr, state)
     state["step"] = state["step"] + 1
     return w, state
 
@@ -65,3 +85,65 @@ def _adam(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32,
         np.maximum(state["v_hat"], v, out=state["v_hat"])
         v = state["v_hat"]
     w -= (m * alpha) / (np.sqrt(v) + _F(config.epsilon))
+
+
+def _rmsprop(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32, state: State) -> None:
+    rho, velocity = _F(config.rho), state["velocity"]
+    velocity[...] = rho * velocity + _F(1 - config.rho) * np.square(g)
+    if config.centered:
+        average = state["average_gradient"]
+        average[...] = rho * average + _F(1 - config.rho) * g
+        denominator = velocity - np.square(average) + _F(config.epsilon)
+    else:
+        denominator = velocity + _F(config.epsilon)
+    increment = (lr * g) / np.sqrt(denominator)
+    if config.momentum > 0:
+        momentum = state["momentum"]
+        momentum[...] = _F(config.momentum) * momentum + increment
+        w -= momentum
+    else:
+        w -= increment
+
+
+def _adagrad(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32, state: State) -> None:
+    accumulator = state["accumulator"]
+    accumulator += np.square(g)
+    w -= (lr * g) / np.sqrt(accumulator + _F(config.epsilon))
+
+
+def _adamax(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32, state: State) -> None:
+    beta_1_power = np.power(_F(config.beta_1), _F(state["step"] + 1))
+    m, u = state["m"], state["u"]
+    m += (g - m) * _F(1 - config.beta_1)
+    u[...] = np.maximum(_F(config.beta_2) * u, np.abs(g))
+    w -= (lr * m) / ((_F(1) - beta_1_power) * (u + _F(config.epsilon)))
+
+
+def _nadam(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32, state: State) -> None:
+    local_step, next_step = _F(state["step"] + 1), _F(state["step"] + 2)
+    beta_1, beta_2, decay, half = _F(config.beta_1), _F(config.beta_2), _F(0.96), _F(0.5)
+    # Keras advances the product once per step, before the update, with its own association
+    state["u_product"] = state["u_product"] * beta_1 * (_F(1) - half * np.power(decay, local_step))
+    u_t = beta_1 * (_F(1) - half * np.power(decay, local_step))
+    u_t_1 = beta_1 * (_F(1) - half * np.power(decay, next_step))
+    u_product_t = _F(state["u_product"])
+    u_product_t_1 = u_product_t * u_t_1
+    beta_2_power = np.power(beta_2, local_step)
+    m, v = state["m"], state["v"]
+    m += (g - m) * (_F(1) - beta_1)
+    v += (np.square(g) - v) * (_F(1) - beta_2)
+    m_hat = (u_t_1 * m) / (_F(1) - u_product_t_1) + ((_F(1) - u_t) * g) / (_F(1) - u_product_t)
+    v_hat = v / (_F(1) - beta_2_power)
+    w -= (m_hat * lr) / (np.sqrt(v_hat) + _F(config.epsilon))
+
+
+def _lion(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32, state: State) -> None:
+    beta_1, beta_2, m = _F(config.beta_1), _F(config.beta_2), state["momentum"]
+    w -= lr * np.sign(m * beta_1 + g * (_F(1) - beta_1))
+    m[...] = m * beta_2 + g * (_F(1) - beta_2)
+
+
+_STEPS: dict[str, Callable[[OptimizerConfig, np.ndarray, np.ndarray, np.float32, State], None]] = {
+    "sgd": _sgd, "adam": _adam, "adamw": _adam, "rmsprop": _rmsprop, "adagrad": _adagrad, "adamax": _adamax,
+    "nadam": _nadam, "lion": _lion,
+}

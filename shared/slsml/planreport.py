@@ -18,6 +18,8 @@ SWEEP_METADATA = "slsml-sweep"  # PNG text chunk: the plotted points as JSON
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from slsml.config import OPTIMIZER_NAMES
+
     model = parser.add_argument_group("model (one of)")
     model.add_argument("--model", help="a .keras file: its weights are counted and one gradient step is timed")
     model.add_argument("--params", type=int, help="or the number of float32 weights (a ResNet-50-like network)")
@@ -29,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shape.add_argument("--reducers", type=int, help="reducers R (default: the fastest R for W)")
     shape.add_argument("--batch", type=int, default=128, help="global mini-batch (default 128)")
     shape.add_argument("--quorum", type=float, default=1.0, help="fraction of workers a reduce waits for (default 1)")
-    shape.add_argument("--optimizer", choices=["adam", "sgd"], help="default: the model's compiled one, else adam")
-    shape.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (one state slot if > 0)")
+    shape.add_argument("--optimizer", choices=OPTIMIZER_NAMES, help="default: the model's compiled one, else adam")
+    shape.add_argument("--momentum", type=float, default=0.0, help="SGD or RMSprop momentum (one state slot if > 0)")
     shape.add_argument("--memory", action="append", default=[], metavar="FUNCTION=MB",
                        help="function memory, e.g. worker=4096 (default: the deployment's settings)")
     length = parser.add_argument_group("length")
@@ -77,8 +79,8 @@ def workload(args: argparse.Namespace, parameters: Parameters) -> Workload:
     if args.sample_bytes is not None:
         figures["sample_bytes"] = args.sample_bytes
     if args.optimizer:
-        figures["optimizer"] = OptimizerConfig(name=args.optimizer, momentum=args.momentum if args.optimizer == "sgd"
-                                               else 0.0)
+        momentum = args.momentum if args.optimizer in ("sgd", "rmsprop") else 0.0
+        figures["optimizer"] = OptimizerConfig(name=args.optimizer, momentum=momentum)
     if args.epochs is not None:
         iterations = max(1, round(args.epochs * (args.samples // args.batch)))
     else:

@@ -9,36 +9,61 @@ import numpy as np
 import pytest
 
 from slsml import optimizers
-from slsml.config import OptimizerConfig
+from slsml.config import KERAS_OPTIMIZERS, OPTIMIZER_NAMES, OptimizerConfig
+from slsml.errors import BadInputError
 
 STEPS = 20
 # (shape, weight scale, gradient scale): ordinary, large-magnitude, tiny, scalar.
 VARIABLES = [((3, 4), 1.0, 1.0), ((257,), 1e3, 1e2), ((5, 2, 3), 1e-6, 1e-8), ((), 0.5, 0.1)]
 
-CONFIGS = {
-    "sgd": OptimizerConfig(name="sgd", learning_rate=0.01),
-    "sgd-momentum": OptimizerConfig(name="sgd", learning_rate=0.02, momentum=0.9),
-    "sgd-nesterov": OptimizerConfig(name="sgd", learning_rate=0.005, momentum=0.75, nesterov=True),
-    "adam": OptimizerConfig(name="adam", learning_rate=0.003),
-    "adam-custom": OptimizerConfig(name="adam", learning_rate=0.01, beta_1=0.8, beta_2=0.95, epsilon=1e-6),
-    "adam-amsgrad": OptimizerConfig(name="adam", learning_rate=0.004, amsgrad=True),
-    "adam-amsgrad-fast": OptimizerConfig(name="adam", learning_rate=0.02, beta_2=0.6, amsgrad=True),
+S = keras.optimizers.schedules
+# Keras optimizers; the numpy config of each is read from its get_config(), as from a compiled model.
+KERAS = {
+    "sgd": lambda: keras.optimizers.SGD(learning_rate=0.01),
+    "sgd-momentum": lambda: keras.optimizers.SGD(learning_rate=0.02, momentum=0.9),
+    "sgd-nesterov": lambda: keras.optimizers.SGD(learning_rate=0.005, momentum=0.75, nesterov=True),
+    "sgd-decay-exponential": lambda: keras.optimizers.SGD(
+        learning_rate=S.ExponentialDecay(0.05, decay_steps=4, decay_rate=0.6), momentum=0.5, weight_decay=0.1
+    ),
+    "adam": lambda: keras.optimizers.Adam(learning_rate=0.003),
+    "adam-custom": lambda: keras.optimizers.Adam(learning_rate=0.01, beta_1=0.8, beta_2=0.95, epsilon=1e-6),
+    "adam-amsgrad": lambda: keras.optimizers.Adam(learning_rate=0.004, amsgrad=True),
+    "adam-amsgrad-fast": lambda: keras.optimizers.Adam(learning_rate=0.02, beta_2=0.6, amsgrad=True),
+    "adam-piecewise": lambda: keras.optimizers.Adam(
+        learning_rate=S.PiecewiseConstantDecay([4, 11], [0.02, 0.01, 1e-3])
+    ),
+    "adamw": lambda: keras.optimizers.AdamW(learning_rate=0.01, weight_decay=0.05),
+    "adamw-cosine-warmup": lambda: keras.optimizers.AdamW(
+        learning_rate=S.CosineDecay(0.001, decay_steps=12, alpha=0.1, warmup_target=0.02, warmup_steps=5),
+        amsgrad=True,
+    ),
+    "rmsprop": lambda: keras.optimizers.RMSprop(learning_rate=0.003),
+    "rmsprop-momentum-centered": lambda: keras.optimizers.RMSprop(
+        learning_rate=S.InverseTimeDecay(0.004, decay_steps=3, decay_rate=0.5, staircase=True),
+        rho=0.8, momentum=0.6, centered=True,
+    ),
+    "adagrad": lambda: keras.optimizers.Adagrad(learning_rate=0.05),
+    "adagrad-polynomial": lambda: keras.optimizers.Adagrad(
+        learning_rate=S.PolynomialDecay(0.1, decay_steps=6, end_learning_rate=0.01, power=0.5, cycle=True),
+        initial_accumulator_value=0.3, epsilon=1e-5, weight_decay=0.02,
+    ),
+    "adamax": lambda: keras.optimizers.Adamax(learning_rate=0.01, beta_1=0.85),
+    "nadam": lambda: keras.optimizers.Nadam(learning_rate=0.004),
+    "nadam-restarts": lambda: keras.optimizers.Nadam(
+        learning_rate=S.CosineDecayRestarts(0.01, first_decay_steps=3, t_mul=2.0, m_mul=0.8, alpha=0.05),
+        beta_2=0.9,
+    ),
+    "lion": lambda: keras.optimizers.Lion(learning_rate=1e-3),
+    "lion-cosine": lambda: keras.optimizers.Lion(
+        learning_rate=S.CosineDecay(3e-3, decay_steps=15, alpha=0.2), beta_1=0.8, weight_decay=0.3
+    ),
 }
-TOLERANCE = {"sgd": 1e-6, "adam": 1e-5}
+CONFIGS = {case: OptimizerConfig.from_keras(type(make()).__name__, make().get_config()) for case, make in KERAS.items()}
+TOLERANCE = {"sgd": 1e-6}
 
 
-def keras_optimizer(config: OptimizerConfig) -> keras.optimizers.Optimizer:
-    if config.name == "sgd":
-        return keras.optimizers.SGD(
-            learning_rate=config.learning_rate, momentum=config.momentum, nesterov=config.nesterov
-        )
-    return keras.optimizers.Adam(
-        learning_rate=config.learning_rate,
-        beta_1=config.beta_1,
-        beta_2=config.beta_2,
-        epsilon=config.epsilon,
-        amsgrad=config.amsgrad,
-    )
+def keras_optimizer(case: str) -> keras.optimizers.Optimizer:
+    return KERAS[case]()
 
 
 def random_problem(seed: int) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
@@ -54,10 +79,10 @@ def random_problem(seed: int) -> tuple[list[np.ndarray], list[list[np.ndarray]]]
 
 
 def run_keras(
-    config: OptimizerConfig, weights: list[np.ndarray], gradients: list[list[np.ndarray]]
+    case: str, weights: list[np.ndarray], gradients: list[list[np.ndarray]]
 ) -> list[np.ndarray]:
     variables = [keras.Variable(w, dtype="float32") for w in weights]
-    optimizer = keras_optimizer(config)
+    optimizer = keras_optimizer(case)
     for step in gradients:
         optimizer.apply_gradients(zip([keras.ops.convert_to_tensor(g) for g in step], variables, strict=True))
     return [np.asarray(v.numpy()) for v in variables]
@@ -80,12 +105,12 @@ def flat(arrays: list[np.ndarray]) -> np.ndarray:
 def test_matches_keras_step_for_step(case: str) -> None:
     config = CONFIGS[case]
     weights, gradients = random_problem(seed=len(case))
-    expected = run_keras(config, weights, gradients)
+    expected = run_keras(case, weights, gradients)
     got, state = run_numpy(config, flat(weights), [flat(g) for g in gradients])
 
     assert got.dtype == np.float32 and got.shape == (sum(w.size for w in weights),)
     assert int(state["step"]) == STEPS
-    tolerance = TOLERANCE[config.name]
+    tolerance = TOLERANCE.get(config.name, 1e-5)
     offset = 0
     for (shape, _, _), start, final in zip(VARIABLES, weights, expected, strict=True):
         part = got[offset : offset + final.size].reshape(shape)
@@ -114,9 +139,10 @@ def test_shards_step_independently(case: str) -> None:
         part_states.append(state)
 
     np.testing.assert_array_equal(np.concatenate(parts), whole)
+    assert int(whole_state["step"]) == STEPS
     for name, value in whole_state.items():
-        if name == "step":
-            assert all(int(s["step"]) == int(value) == STEPS for s in part_states)
+        if value.ndim == 0:  # the step, Nadam's momentum-schedule product: one per optimizer
+            assert all(s[name] == value for s in part_states), name
         else:
             np.testing.assert_array_equal(np.concatenate([s[name] for s in part_states]), value, err_msg=name)
 
@@ -142,7 +168,7 @@ def test_apply_does_not_mutate_its_inputs(case: str) -> None:
     assert not np.array_equal(new_weights, weights)
     assert int(new_state["step"]) == int(state["step"]) + 1
     for name in state:
-        if name != "step":
+        if state[name].ndim:
             assert not np.shares_memory(new_state[name], state[name]), name
 
 
@@ -155,7 +181,117 @@ def test_initial_state_slots() -> None:
     assert all(state[k].shape == (4,) and state[k].dtype == np.float32 for k in ("m", "v", "v_hat"))
 
 
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_initial_state_has_every_keras_slot(case: str) -> None:
+    """As many per-weight slots as Keras builds for a variable, with the same initial values."""
+    optimizer = keras_optimizer(case)
+    optimizer.build([keras.Variable(np.zeros(5, np.float32))])
+    expected = sorted(float(np.asarray(v.numpy())[0]) for v in optimizer.variables if tuple(v.shape) == (5,))
+    state = optimizers.initial_state(CONFIGS[case], 5)
+    got = sorted(float(v[0]) for v in state.values() if v.shape == (5,))
+    assert got == expected
+
+
 def test_shape_mismatch_is_refused() -> None:
     config = CONFIGS["adam"]
     with pytest.raises(ValueError, match="shape"):
         optimizers.apply(config, np.zeros(3, np.float32), np.zeros(4, np.float32), optimizers.initial_state(config, 3))
+
+
+SCHEDULES = {
+    "exponential": S.ExponentialDecay(0.1, decay_steps=7, decay_rate=0.5),
+    "exponential-staircase": S.ExponentialDecay(0.1, decay_steps=3, decay_rate=0.9, staircase=True),
+    "inverse-time": S.InverseTimeDecay(0.1, decay_steps=5, decay_rate=0.7),
+    "inverse-time-staircase": S.InverseTimeDecay(0.1, decay_steps=4, decay_rate=1.3, staircase=True),
+    "piecewise": S.PiecewiseConstantDecay([3, 8, 20], [0.1, 0.05, 0.01, 0.002]),
+    "polynomial": S.PolynomialDecay(0.1, decay_steps=10, end_learning_rate=0.01, power=2.0),
+    "polynomial-cycle": S.PolynomialDecay(0.1, decay_steps=7, power=0.5, cycle=True),
+    "cosine": S.CosineDecay(0.1, decay_steps=12, alpha=0.1),
+    "cosine-warmup": S.CosineDecay(0.01, decay_steps=9, warmup_target=0.3, warmup_steps=6),
+    "restarts": S.CosineDecayRestarts(0.1, first_decay_steps=4, t_mul=2.0, m_mul=0.8, alpha=0.05),
+    "restarts-constant-period": S.CosineDecayRestarts(0.1, first_decay_steps=5, t_mul=1.0, m_mul=0.5),
+}
+
+
+@pytest.mark.parametrize("case", list(SCHEDULES))
+def test_schedule_matches_keras(case: str) -> None:
+    schedule = SCHEDULES[case]
+    config = OptimizerConfig.from_keras("SGD", {"learning_rate": S.serialize(schedule)})
+    steps = range(60)
+    expected = np.array([float(schedule(keras.ops.convert_to_tensor(s, dtype="int64"))) for s in steps])
+    got = np.array([optimizers.learning_rate(config, s) for s in steps])
+    assert len(set(expected.tolist())) > 3, "the schedule does not vary: the test is vacuous"
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-9)
+
+
+class Halving(S.LearningRateSchedule):
+    def __call__(self, step: object) -> object:
+        return 0.1 * 0.5 ** keras.ops.cast(step, "float32")
+
+    def get_config(self) -> dict[str, object]:
+        return {}
+
+
+class ExponentialDecay(S.ExponentialDecay):
+    """A custom schedule with a built-in's name."""
+
+
+@pytest.mark.parametrize(
+    ("learning_rate", "message"),
+    [
+        (Halving(), "schedule Halving is not supported"),
+        (ExponentialDecay(0.1, 10, 0.5), "schedule ExponentialDecay is not supported"),
+        ({"class_name": "CosineDecay", "config": {"initial_learning_rate": 0.1}},
+         "CosineDecay: decay_steps: Field required"),
+        ({"class_name": "CosineDecay", "config": {"initial_learning_rate": 0.1, "decay_steps": 10, "beta": 1}},
+         "CosineDecay: beta: Extra inputs"),
+        ({"class_name": "PiecewiseConstantDecay", "config": {"boundaries": [5, 2], "values": [1.0, 0.5, 0.1]}},
+         "PiecewiseConstantDecay: .*must increase"),
+        ({"class_name": "ExponentialDecay", "config": None}, "ExponentialDecay has no config"),
+        ({"class_name": "PolynomialDecay", "config": {"initial_learning_rate": 0.1, "decay_steps": 0}},
+         "PolynomialDecay: decay_steps: Input should be greater than 0"),
+    ],
+    ids=["custom", "custom-named-as-builtin", "missing-field", "unknown-field", "boundaries", "no-config", "zero"],
+)
+def test_bad_schedule_is_refused_by_name(learning_rate: object, message: str) -> None:
+    if isinstance(learning_rate, S.LearningRateSchedule):
+        learning_rate = keras.optimizers.Adam(learning_rate=learning_rate).get_config()["learning_rate"]
+    with pytest.raises(BadInputError, match=message):
+        OptimizerConfig.from_keras("Adam", {"learning_rate": learning_rate})
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "message"),
+    [
+        (keras.optimizers.Adam(clipnorm=1.0), "clipnorm=1.0 is not supported yet"),
+        (keras.optimizers.SGD(global_clipnorm=2.0), "global_clipnorm=2.0 is not supported yet"),
+        (keras.optimizers.RMSprop(clipvalue=0.5), "clipvalue=0.5 is not supported yet"),
+        (keras.optimizers.Lion(use_ema=True), "use_ema=True is not supported yet"),
+        (keras.optimizers.Nadam(gradient_accumulation_steps=4), "gradient_accumulation_steps=4 is not supported yet"),
+        (keras.optimizers.Ftrl(), "optimizer Ftrl is not supported; use one of SGD, Adam, AdamW"),
+        (keras.optimizers.RMSprop(rho=1.5), "optimizer RMSprop: rho: Input should be less than 1"),
+    ],
+    ids=["clipnorm", "global_clipnorm", "clipvalue", "ema", "accumulation", "ftrl", "bad-value"],
+)
+def test_unsupported_optimizer_option_is_refused_by_name(optimizer: keras.optimizers.Optimizer, message: str) -> None:
+    with pytest.raises(BadInputError, match=message):
+        OptimizerConfig.from_keras(type(optimizer).__name__, optimizer.get_config())
+
+
+def test_every_optimizer_name_has_a_keras_class_and_a_step() -> None:
+    assert set(OPTIMIZER_NAMES) == set(KERAS_OPTIMIZERS) == set(optimizers._STEPS)
+    assert {name.lower() for name in KERAS_OPTIMIZERS.values()} == set(OPTIMIZER_NAMES)
+    assert all(hasattr(keras.optimizers, name) for name in KERAS_OPTIMIZERS.values())
+
+
+def test_keras_defaults_fill_fields_not_given() -> None:
+    assert OptimizerConfig(name="adamw").weight_decay == keras.optimizers.AdamW().weight_decay
+    assert OptimizerConfig(name="lion").beta_2 == keras.optimizers.Lion().beta_2
+    assert OptimizerConfig(name="lion", beta_2=0.5).beta_2 == 0.5
+    assert OptimizerConfig(name="adam").weight_decay is None
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_config_survives_run_json(case: str) -> None:
+    config = CONFIGS[case]
+    assert OptimizerConfig.model_validate_json(config.model_dump_json()) == config
