@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ REQUIRED = {"run_id", "status", "iterations", "workers", "reducers", "quorum", "
 
 def slsml(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "slsml.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env={**os.environ, "COLUMNS": "200"})  # table rows on one line each
 
 
 def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path) -> None:

@@ -23,7 +23,8 @@ RUN = "rejections"
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=4, eval_every=0)
 # while the messages are rejected, reads of the weights entering iteration 2 take 6 s (workers', then
 # reducers'): the run is still running when they are dead-lettered (after 3 receives, about 8 s)
-HOLD = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^runs/{RUN}/iters/000002/weights/")
+HOLD = Faults(s3_get_delay=Delay(probability=1, seconds=6),
+              s3_get_delay_match=rf"^runs/{RUN}/iters/000002/(weights\.npy|shards/)")
 FORGED = 999  # the iteration the forged messages name: a step that took one in would fail the run
 REDUCE = {"run_id": RUN, "iteration": FORGED, "shard": 0, "participants": [{"worker": 0, "samples": 32}]}
 # topic, body, the function that receives it, what its rejection says
@@ -58,30 +59,30 @@ def test_malformed_messages_are_dead_lettered_with_a_reason_and_fail_no_run(loca
     try:
         train(services, SPEC, RUN)
         config_before = services.store.get(keys.run_config(RUN))
-        published = [
-            (sns.publish(TopicArn=local.deployment.topic_arns[topic], Message=body)["MessageId"], function, reason)
-            for topic, body, function, reason in CASES
-        ]
+        bodies = {body: (function, reason) for _, body, function, reason in CASES}
+        for topic, body, *_ in CASES:
+            sns.publish(TopicArn=local.deployment.topic_arns[topic], Message=body)
         deadline = time.monotonic() + 120
         letters: dict[str, dict[str, Any]] = {}
-        while len(letters) < len(published) and time.monotonic() < deadline:
-            letters = {i: d for i, *_ in published for d in local.host.dead_letters if i in d["error"]}
+        while len(letters) < len(bodies) and time.monotonic() < deadline:
+            letters = {d["message"]: d for d in local.host.dead_letters if d["message"] in bodies}
             time.sleep(0.5)
         run = services.table.get_run(RUN)
     finally:
         local.host.faults = None
     assert run.status == "RUNNING", f"the run was {run.status} when the messages were dead-lettered: {run.reason}"
-    for message_id, function, reason in published:
-        expected = reason.format(id=message_id)
-        letter = letters[message_id]
+    assert set(letters) == set(bodies)
+    for body, (function, reason) in bodies.items():
+        letter = letters[body]  # the id is the one the function was handed (locally: the queued message's)
+        expected = reason.format(id=letter["message_id"])
         assert letter["function"] == function and letter["rejected"], letter
         assert letter["error"].startswith(f"MessageRejected: {expected}"), (letter["error"], expected)
         assert letter["run_id"] == (RUN if function in ("reduce_launcher", "merger", "reducer") else None)
-        assert [e["message"] for e in log_entries(local.log_dir / f"{function}.log", level="ERROR")
-                if e.get("message_id") == message_id] == [letter["error"].removeprefix("MessageRejected: ")] * 3
+        logged = log_entries(local.log_dir / f"{function}.log", level="ERROR", message_id=letter["message_id"])
+        assert [e["message"] for e in logged] == [letter["error"].removeprefix("MessageRejected: ")] * 3
     recorded = [json.loads(line) for line in (local.log_dir / "dead-letters.jsonl").read_text().splitlines()]
-    for message_id, *_ in published:
-        assert any(r["rejected"] and message_id in r["error"] for r in recorded)
+    for letter in letters.values():
+        assert any(r["rejected"] and r["message_id"] == letter["message_id"] for r in recorded)
 
     run = finish(services, RUN)
     assert run.status == "COMPLETED", run.reason

@@ -519,9 +519,10 @@ class FunctionHost:
         error = self._last_error.get(body.get("MessageId", ""), "unknown error")
         rejected = error.startswith(REJECTED_MARK)
         run_id = run_of(body)
-        self.dead_letters.append({"function": function, "run_id": run_id, "error": error, "rejected": rejected})
+        letter = {"function": function, "run_id": run_id, "error": error, "rejected": rejected,
+                  "message_id": body.get("MessageId"), "message": body.get("Message")}
+        self.dead_letters.append(letter)
         with open(self.log_dir / "dead-letters.jsonl", "a") as log:
-            entry = {"function": function, "error": error, "rejected": rejected, "message": body.get("Message")}
-            log.write(json.dumps(entry) + "\n")
+            log.write(json.dumps(letter) + "\n")
         if run_id and not rejected:
             self.services.fail_run(run_id, f"{function} failed three times on one message: {error}")
