@@ -18,30 +18,29 @@ class _Schedule(BaseModel):
     initial_learning_rate: float = Field(ge=0)
 
 
-class ExponentialDecay(_Schedule):
+class _Decay(_Schedule):
+    decay_steps: float = Field(gt=0)
+    decay_rate: float
+    staircase: bool = False
+
+    def _progress(self, step: int) -> np.float32:
+        """step / decay_steps, whole decay periods only with ``staircase``."""
+        p = _F(step) / _F(self.decay_steps)
+        return np.floor(p) if self.staircase else p
+
+
+class ExponentialDecay(_Decay):
     class_name: Literal["ExponentialDecay"] = "ExponentialDecay"
-    decay_steps: float = Field(gt=0)
-    decay_rate: float
-    staircase: bool = False
 
     def rate(self, step: int) -> np.float32:
-        p = _F(step) / _F(self.decay_steps)
-        if self.staircase:
-            p = np.floor(p)
-        return _F(self.initial_learning_rate) * np.power(_F(self.decay_rate), p)
+        return _F(self.initial_learning_rate) * np.power(_F(self.decay_rate), self._progress(step))
 
 
-class InverseTimeDecay(_Schedule):
+class InverseTimeDecay(_Decay):
     class_name: Literal["InverseTimeDecay"] = "InverseTimeDecay"
-    decay_steps: float = Field(gt=0)
-    decay_rate: float
-    staircase: bool = False
 
     def rate(self, step: int) -> np.float32:
-        p = _F(step) / _F(self.decay_steps)
-        if self.staircase:
-            p = np.floor(p)
-        return _F(self.initial_learning_rate) / (_F(1) + _F(self.decay_rate) * p)
+        return _F(self.initial_learning_rate) / (_F(1) + _F(self.decay_rate) * self._progress(step))
 
 
 class PiecewiseConstantDecay(BaseModel):
