@@ -4,6 +4,7 @@ of the next iteration), evaluating it on the test set when due."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from aws_lambda_powertools import Logger
@@ -45,12 +46,15 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
         test = trainer.evaluate(*reader_for(store, config.dataset).split("test"))
     if not table.fire_merge(run, iteration, message.shard, test):
         return None
-    advanced = table.advance(run, iteration + 1)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # advance and store the weights while the model is saved
+        advancing = pool.submit(table.advance, run, iteration + 1)
+        storing = pool.submit(store.put_array_new, keys.weights(run, iteration + 1), weights)
+        body = modelio.save_model(trainer.model)
+        advanced, _ = advancing.result(), storing.result()
     if advanced is None:  # stopped or failed meanwhile
         return None
     next_key = keys.model(run, iteration + 1)
-    store.put_array_new(keys.weights(run, iteration + 1), weights)
-    if not store.put_new(next_key, modelio.save_model(trainer.model), {MERGED_METADATA: str(iteration)}):
+    if not store.put_new(next_key, body, {MERGED_METADATA: str(iteration)}):
         if store.head(next_key).get(MERGED_METADATA) != str(iteration):
             raise RunFailed(f"{next_key} was stored by something other than this run's Merger: it is not"
                             " overwritten, and the run cannot go on without its own model there")

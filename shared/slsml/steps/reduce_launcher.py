@@ -55,9 +55,10 @@ def fire_reduce(
     fired_by, participants = table.freeze_participants(run_id, iteration, owner, participants)
     if fired_by != owner:
         return []  # another worker's message (or the watchdog) fired it first
-    table.mark_reduce_fired(run_id, iteration, owner, participants, reports)
-    return publish_reduce(services, config, iteration, participants, generation,
-                          nonfinite=sorted(r.worker for r in reports if not r.finite))
+    messages = publish_reduce(services, config, iteration, participants, generation,
+                              nonfinite=sorted(r.worker for r in reports if not r.finite))
+    table.mark_reduce_fired(run_id, iteration, owner, participants, reports)  # after: the reducers need not wait
+    return messages
 
 
 def publish_reduce(

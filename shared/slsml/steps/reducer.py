@@ -8,6 +8,8 @@ and every later try announces what is stored.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from aws_lambda_powertools import Logger
 
@@ -26,8 +28,10 @@ logger = Logger(child=True)
 def reduce(message: ReduceMessage, services: Services) -> ReduceDone:
     config = run_config(services.store, message.run_id)
     run, iteration, shard = message.run_id, message.iteration, message.shard
-    current = shards.decode(services.store.get(keys.shard(run, iteration, shard)), config.plan.shard(shard).size)
-    mean, averaged = _average(message, config, services)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the shard is read while the parts are
+        stored_shard = pool.submit(services.store.get, keys.shard(run, iteration, shard))
+        mean, averaged = _average(message, config, services)
+        current = shards.decode(stored_shard.result(), config.plan.shard(shard).size)
     trainable = config.plan.shard(shard).trainable
     stepped, state = optimizers.apply(config.optimizer, current.weights[trainable], mean[trainable], current.state)
     weights = current.weights.copy()
