@@ -3,6 +3,7 @@ minutes; a later deadline is delivered early and sent on again by the watchdog).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -19,5 +20,5 @@ class DeadlineQueue:
     def schedule(self, deadline: Deadline) -> None:
         if not self.queue_url:
             raise RuntimeError("no deadline queue configured: is this function deployed by slsml?")
-        delay = min(MAX_DELAY_S, max(0, round(deadline.due_at - time.time())))
+        delay = min(MAX_DELAY_S, max(0, math.ceil(deadline.due_at - time.time())))  # never before it is due
         self.sqs.send_message(QueueUrl=self.queue_url, MessageBody=deadline.model_dump_json(), DelaySeconds=delay)

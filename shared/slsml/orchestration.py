@@ -203,13 +203,22 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                 "Parameters": {
                     "TableName": table,
                     "Key": _run_key(),
-                    # a reason the pipeline recorded first is kept
+                    # a reason the pipeline recorded first is kept; a run resumed since is another execution's
                     "UpdateExpression": "SET #status = :failed, reason = if_not_exists(reason, :reason)",
+                    "ConditionExpression": "execution_arn = :execution",
                     "ExpressionAttributeNames": {"#status": "status"},
-                    "ExpressionAttributeValues": {":failed": {"S": "FAILED"}, ":reason": {"S.$": "$.failure.reason"}},
+                    "ExpressionAttributeValues": {
+                        ":failed": {"S": "FAILED"}, ":reason": {"S.$": "$.failure.reason"},
+                        ":execution": {"S.$": "$$.Execution.Id"},
+                    },
                 },
                 "ResultPath": None,
                 "Next": "ReadReason",
+                "Catch": [{"ErrorEquals": ["DynamoDB.ConditionalCheckFailedException"], "ResultPath": "$.error",
+                           "Next": "Superseded"}],
+            },
+            "Superseded": {
+                "Type": "Fail", "Error": "RunSuperseded", "Cause": "the run was resumed by a newer execution",
             },
             "ReadReason": {  # the reason the table kept: the pipeline's own, if it recorded one first
                 "Type": "Task",

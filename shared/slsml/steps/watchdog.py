@@ -76,10 +76,11 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
 
 
 def _after(deadline: Deadline, seconds: float) -> float:
-    """When the next deadline is due: ``seconds`` after this one came, in whole seconds from when it was
-    due, so that two copies of it handled at once send identical next deadlines (which the watchdog's
-    idempotency then takes once)."""
-    return math.floor(max(deadline.due_at, time.time())) + seconds
+    """When the next deadline is due: ``seconds`` after this one was due, so that two copies of it handled at
+    once send identical next deadlines (which the watchdog's idempotency takes once); ``seconds`` from now
+    if this one came late by half of that or more."""
+    now = time.time()
+    return (deadline.due_at if now - deadline.due_at < seconds / 2 else math.ceil(now)) + seconds
 
 
 def _next(deadline: Deadline, stage: str, round_: int, due_at: float) -> Deadline:
