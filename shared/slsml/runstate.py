@@ -97,7 +97,8 @@ class RunTable:
         return sorted((RunRecord.model_validate(plain(i)) for i in items), key=lambda r: r.created_at)
 
     def _update_run(
-        self, run_id: str, values: dict[str, Any], only_if_running: bool = True, condition: str = "", **extra: Any
+        self, run_id: str, values: dict[str, Any], only_if_running: bool = True, condition: str = "",
+        condition_values: dict[str, Any] | None = None,
     ) -> RunRecord | None:
         """SET ``values`` on the run; the updated run, or None if it was not running (or is unknown, or
         ``condition`` failed)."""
@@ -108,7 +109,8 @@ class RunTable:
             names["#status"], bound[":running"] = "status", RunStatus.RUNNING.value
         item = conditional(lambda: self.table.update_item(
             Key=self._key(run_id, META), UpdateExpression=expression, ConditionExpression=" AND ".join(conditions),
-            ExpressionAttributeNames=names, ExpressionAttributeValues={**bound, **extra}, ReturnValues="ALL_NEW",
+            ExpressionAttributeNames=names, ExpressionAttributeValues={**bound, **(condition_values or {})},
+            ReturnValues="ALL_NEW",
         ))
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
 
@@ -126,7 +128,7 @@ class RunTable:
         if expected is None:
             return self._update_run(run_id, {"watched": position}, condition="attribute_not_exists(watched)")
         return self._update_run(run_id, {"watched": position}, condition="watched = :expected",
-                                **{":expected": expected})
+                                condition_values={":expected": expected})
 
     def attach_task_token(self, run_id: str, token: str) -> RunRecord | None:
         """Record the token of the run's execution, whatever the run's status (None: unknown run)."""
