@@ -24,7 +24,13 @@ OptimizerName = Literal["sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", 
 OPTIMIZER_NAMES: tuple[str, ...] = get_args(OptimizerName)
 # Keras defaults that differ from the fields' defaults below, filled in where a field is not given
 _KERAS_DEFAULTS: dict[str, dict[str, object]] = {"adamw": {"weight_decay": 0.004}, "lion": {"beta_2": 0.99}}
-_UNSUPPORTED = ("clipnorm", "global_clipnorm", "clipvalue", "use_ema", "loss_scale_factor")
+# Keras optimizer options the reducers refuse, and why
+_REFUSED = {
+    "use_ema": "an exponential moving average of the weights is not kept by the reducers; train without it",
+    "loss_scale_factor": "loss scaling is for mixed precision, and workers compute in float32; compile without it",
+    "gradient_accumulation_steps": "the global batch already adds up every worker's gradient: raise --batch by"
+    " that factor instead",
+}
 
 
 class OptimizerConfig(BaseModel):
@@ -44,6 +50,14 @@ class OptimizerConfig(BaseModel):
     centered: bool = False
     initial_accumulator_value: float = Field(default=0.1, ge=0, description="adagrad")
     weight_decay: float | None = Field(default=None, ge=0, description="decoupled, applied before the update")
+    exclude_from_weight_decay: tuple[str, ...] = Field(
+        default=(), description="patterns (regular expressions) of variable names that take no weight decay"
+    )
+    clipnorm: float | None = Field(default=None, gt=0, description="clip each variable's gradient to this norm")
+    global_clipnorm: float | None = Field(
+        default=None, gt=0, description="clip the whole gradient to this norm (over all shards)"
+    )
+    clipvalue: float | None = Field(default=None, gt=0, description="clip each gradient element to ±this")
 
     @model_validator(mode="before")
     @classmethod
@@ -51,6 +65,32 @@ class OptimizerConfig(BaseModel):
         if isinstance(data, dict):
             return {**_KERAS_DEFAULTS.get(data.get("name", "adam"), {}), **data}
         return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OptimizerConfig:
+        if self.clipnorm and self.global_clipnorm:
+            raise ValueError("clipnorm and global_clipnorm contradict each other: give one of them")
+        if self.clipvalue and (self.clipnorm or self.global_clipnorm):
+            raise ValueError("clipvalue and a clipping norm contradict each other: Keras would clip by the norm and"
+                             " ignore clipvalue; give one of them")
+        if self.exclude_from_weight_decay and not self.weight_decay:
+            raise ValueError("exclude_from_weight_decay needs a weight_decay")
+        for pattern in self.exclude_from_weight_decay:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"exclude_from_weight_decay pattern {pattern!r}: {error}") from None
+        return self
+
+    @property
+    def clips_by_norm(self) -> bool:
+        """The update needs gradient norms that span shards (clipnorm or global_clipnorm)."""
+        return bool(self.clipnorm or self.global_clipnorm)
+
+    def decays(self, variable_name: str) -> bool:
+        """Whether weight decay applies to the variable of this name (``a/b/kernel``: Keras matches ``kernel``)."""
+        name = variable_name.rsplit("/", 1)[-1]
+        return bool(self.weight_decay) and not any(re.search(p, name) for p in self.exclude_from_weight_decay)
 
     @field_validator("learning_rate")
     @classmethod
@@ -68,14 +108,9 @@ class OptimizerConfig(BaseModel):
             raise BadInputError(
                 f"optimizer {class_name} is not supported; use one of {', '.join(KERAS_OPTIMIZERS.values())}"
             )
-        for option in _UNSUPPORTED:
-            if config.get(option):
-                raise BadInputError(f"optimizer option {option}={config[option]!r} is not supported yet")
-        if (config.get("gradient_accumulation_steps") or 1) > 1:
-            raise BadInputError(
-                f"optimizer option gradient_accumulation_steps={config['gradient_accumulation_steps']} is not"
-                " supported yet"
-            )
+        for option, reason in _REFUSED.items():
+            if config.get(option) and not (option == "gradient_accumulation_steps" and config[option] == 1):
+                raise BadInputError(f"optimizer option {option}={config[option]!r} is not supported: {reason}")
         fields = {k: config[k] for k in cls.model_fields if k in config and k not in ("name", "learning_rate")}
         fields["learning_rate"] = _keras_learning_rate(config.get("learning_rate", 0.001))
         try:

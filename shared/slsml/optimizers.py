@@ -46,15 +46,21 @@ def learning_rate(config: OptimizerConfig, step: int) -> np.float32:
     return _F(config.learning_rate.rate(step))
 
 
-def apply(config: OptimizerConfig, weights: np.ndarray, gradient: np.ndarray, state: State) -> tuple[np.ndarray, State]:
-    """One optimizer step; returns new weights and new state (inputs are not modified)."""
+def apply(
+    config: OptimizerConfig, weights: np.ndarray, gradient: np.ndarray, state: State, decays: np.ndarray | None = None
+) -> tuple[np.ndarray, State]:
+    """One optimizer step on a clipped gradient; returns new weights and new state (inputs are not modified).
+    ``decays``: which weights take the weight decay (default all)."""
     if weights.shape != gradient.shape:
         raise ValueError(f"weights {weights.shape} and gradient {gradient.shape} differ in shape")
     w, g = weights.astype(_F, copy=True), gradient.astype(_F, copy=False)
     state = {name: value.copy() for name, value in state.items()}
     lr = learning_rate(config, int(state["step"]))
     if config.weight_decay:
-        w -= w * _F(config.weight_decay) * lr
+        if decays is None:
+            w -= w * _F(config.weight_decay) * lr
+        else:
+            w[decays] -= w[decays] * _F(config.weight_decay) * lr
     _STEPS[config.name](config, w, g, lr, state)
     state["step"] = state["step"] + 1
     return w, state

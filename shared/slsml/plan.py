@@ -6,6 +6,7 @@ TensorFlow.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,16 @@ class VariableSpec(BaseModel):
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part of one variable that one shard holds."""
+
+    number: int  # the variable's index in the plan
+    variable: VariableSpec
+    span: slice  # its elements within the shard
+    whole: bool  # the shard holds all of the variable
 
 
 @dataclass(frozen=True)
@@ -69,16 +80,30 @@ class ShardPlan(BaseModel):
         return len(self.bounds) - 1
 
     def shard(self, index: int) -> ShardLayout:
+        mask = self.mask(index, lambda v: v.trainable)
+        return ShardLayout(self.bounds[index], self.bounds[index + 1], mask)
+
+    def pieces(self, index: int) -> list[Piece]:
+        """The variables that shard ``index`` holds all or part of, in order, with their slices of it."""
         if not 0 <= index < self.reducers:
             raise ValueError(f"shard {index} outside 0..{self.reducers - 1}")
         start, stop = self.bounds[index], self.bounds[index + 1]
-        mask, offset = np.empty(stop - start, dtype=bool), 0
-        for variable in self.variables:
+        pieces, offset = [], 0
+        for number, variable in enumerate(self.variables):
             first, last = max(offset, start), min(offset + variable.size, stop)
             if first < last:
-                mask[first - start : last - start] = variable.trainable
+                whole = first == offset and last == offset + variable.size
+                pieces.append(Piece(number, variable, slice(first - start, last - start), whole))
             offset += variable.size
-        return ShardLayout(start, stop, mask)
+        return pieces
+
+    def mask(self, index: int, predicate: Callable[[VariableSpec], bool]) -> np.ndarray:
+        """One bool per element of shard ``index``: whether its variable satisfies ``predicate``."""
+        pieces = self.pieces(index)
+        mask = np.empty(self.bounds[index + 1] - self.bounds[index], dtype=bool)
+        for piece in pieces:
+            mask[piece.span] = predicate(piece.variable)
+        return mask
 
     def trainable_mask(self) -> np.ndarray:
         return np.concatenate([np.full(v.size, v.trainable) for v in self.variables])

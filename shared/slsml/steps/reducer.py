@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from aws_lambda_powertools import Logger
 
-from slsml import keys, optimizers, shards, updates, wiring
+from slsml import clipping, keys, optimizers, shards, updates, wiring
 from slsml.barrier import quorum_count
 from slsml.config import RunConfig
 from slsml.errors import RunFailed
@@ -33,7 +33,11 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone:
         mean, averaged = _average(message, config, services)
         current = shards.decode(stored_shard.result(), config.plan.shard(shard).size)
     trainable = config.plan.shard(shard).trainable
-    stepped, state = optimizers.apply(config.optimizer, current.weights[trainable], mean[trainable], current.state)
+    gradient = clipping.clip(config.optimizer, config.plan, shard, mean, {})
+    decays = config.plan.mask(shard, lambda v: config.optimizer.decays(v.name))[trainable]
+    stepped, state = optimizers.apply(
+        config.optimizer, current.weights[trainable], gradient[trainable], current.state, decays
+    )
     weights = current.weights.copy()
     weights[trainable] = stepped
     weights[~trainable] = mean[~trainable]  # non-trainable state (e.g. BatchNorm statistics): averaged
