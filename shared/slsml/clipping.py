@@ -51,19 +51,23 @@ def totals(contributions: list[Squares]) -> Squares:
     return summed
 
 
-def clip(config: OptimizerConfig, plan: ShardPlan, shard: int, gradient: np.ndarray, squares: Squares) -> np.ndarray:
+def clip(
+    config: OptimizerConfig, plan: ShardPlan, shard: int, gradient: np.ndarray, squares: Squares | None
+) -> np.ndarray:
     """Shard ``shard``'s gradient clipped as Keras clips the whole gradient (non-trainable elements
-    untouched); ``squares``: the ``totals`` of the exchange, if ``needs_exchange``."""
+    untouched). ``squares``: the ``totals`` of the exchange where ``needs_exchange``, else None."""
+    if squares is None and needs_exchange(config, plan):
+        raise ValueError(f"shard {shard} cannot clip by norm alone: its norms span shards")
     g = gradient.astype(_F, copy=True)
     pieces = [p for p in plan.pieces(shard) if p.variable.trainable]
     if config.clipnorm:
         limit = _F(config.clipnorm)
         for piece in pieces:
-            total = _squares(g[piece.span]) if piece.whole or not squares else squares[str(piece.number)]
+            total = _squares(g[piece.span]) if piece.whole else squares[str(piece.number)]
             g[piece.span] = (g[piece.span] * limit) / np.maximum(_F(np.sqrt(total)), limit)
     elif config.global_clipnorm:
         limit = _F(config.global_clipnorm)
-        total = squares[GLOBAL] if squares else sum(_squares(g[p.span]) for p in pieces)
+        total = squares[GLOBAL] if squares is not None else sum(_squares(g[p.span]) for p in pieces)
         norm = _F(np.sqrt(total))
         scale = limit * np.minimum(_F(1) / norm, _F(1) / limit) + (norm - norm)  # NaN for a non-finite norm
         for piece in pieces:

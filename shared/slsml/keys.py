@@ -9,6 +9,7 @@ runs/<run>/final.keras                        the trained model, when the run co
 runs/<run>/iters/<iter>/weights.npy           flat weights entering <iter>: what workers read
 runs/<run>/iters/<iter>/shards/<shard>.bin    one shard's weights and optimizer state entering <iter>
 runs/<run>/iters/<iter>/updates/<worker>.bin  one worker's update (all shards, see updates.py)
+runs/<run>/iters/<iter>/means/<shard>.bin     one shard's averaged gradient, kept for its clipped step
 incoming/<name>.keras                         drop-in: start a run with the deployment defaults
 incoming/<name>.json                          (optional) what to override of those defaults
 ```
@@ -62,6 +63,10 @@ def weights(run_id: str, iteration: int) -> str:
 
 def shard(run_id: str, iteration: int, shard: int) -> str:
     return f"runs/{run_id}/iters/{iteration:06d}/shards/{shard:04d}.bin"
+
+
+def mean(run_id: str, iteration: int, shard: int) -> str:
+    return f"runs/{run_id}/iters/{iteration:06d}/means/{shard:04d}.bin"
 
 
 def update(run_id: str, iteration: int, worker: int, attempt: int = 0) -> str:

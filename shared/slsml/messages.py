@@ -52,6 +52,10 @@ class ReduceMessage(Message):
     shard: int = Field(ge=0)
     participants: tuple[Participant, ...] = Field(min_length=1)
     attempt: int = Field(default=0, ge=0, description="> 0: re-launched by the watchdog")
+    squares: dict[str, float] | None = Field(
+        default=None, description="runs that clip by norm: every shard's sums of squares are in, these are their"
+        " totals; step with your stored average (see slsml.clipping)",
+    )
 
 
 class ReduceDone(Message):

@@ -3,7 +3,8 @@
 One partition per run (``pk = RUN#<run>``). Per run a ``META`` item; per iteration a counter item of
 fixed size (``ITER#<i>``: launch, counts, who fired the reduce and the merge, test figures), one record
 per worker that reported (``ITER#<i>#W#<w>``), the participants the reduce was fired with (``ITER#<i>#P``,
-written once), and a record per shard whose reducer left parts out (``ITER#<i>#S#<s>``). No item on the
+written once), a record per shard whose reducer left parts out (``ITER#<i>#S#<s>``), and, in runs that
+clip by norm, each shard's sums of squares (``ITER#<i>#N#<s>``, see ``slsml.clipping``). No item on the
 per-iteration path grows with the number of workers or reducers, so every report costs the same
 write units whatever the fleet's size.
 """
@@ -92,6 +93,8 @@ class Counter(BaseModel):
     participant_count: int = 0
     train_loss: float | None = None
     train_accuracy: float | None = None
+    squares_in: int = Field(default=0, description="shards whose sums of squares are in (runs that clip by norm)")
+    steps_released_by: int | None = Field(default=None, description="the shard that released the clipped steps")
     shards_in: int = 0
     merge_fired_by: int | None = None
     merged_at: float | None = None
@@ -178,6 +181,10 @@ def participants_sk(iteration: int) -> str:
 
 def shard_sk(iteration: int, shard: int) -> str:
     return f"{iteration_sk(iteration)}#S#{shard:04d}"
+
+
+def squares_sk(iteration: int, shard: int) -> str:
+    return f"{iteration_sk(iteration)}#N#{shard:04d}"
 
 
 def iteration_of(sk: str) -> int:

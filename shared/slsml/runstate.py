@@ -34,6 +34,7 @@ from slsml.records import (
     participants_sk,
     plain,
     shard_sk,
+    squares_sk,
     worker_sk,
 )
 
@@ -182,20 +183,24 @@ class RunTable:
         return [iteration_record(i, items) for i, items in sorted(by_iteration.items())]
 
     def worker_reports(self, run_id: str, iteration: int, workers: int, generation: int) -> list[WorkerReport]:
-        """The reports of ``iteration`` in this generation (re-launch placeholders left out), read by key
-        (``BATCH_READ`` keys a request) rather than by a query, whose cost grows with the partition."""
+        """The reports of ``iteration`` in this generation (re-launch placeholders left out)."""
+        items = self._get_by_keys([self._key(run_id, worker_sk(iteration, w)) for w in range(workers)])
+        reports = [WorkerReport.model_validate(plain(i)) for i in items]
+        return sorted((r for r in reports if r.reported and r.generation == generation), key=lambda r: r.worker)
+
+    def _get_by_keys(self, keys: list[dict[str, str]]) -> list[dict[str, Any]]:
+        """The items of these keys that exist, read by key (``BATCH_READ`` keys a request) rather than by a
+        query, whose cost grows with the partition."""
         client, name = self.table.meta.client, self.table.name  # the resource's client: plain values
-        pending = [self._key(run_id, worker_sk(iteration, w)) for w in range(workers)]
         items: list[dict[str, Any]] = []
-        while pending:
-            batch, pending = pending[:BATCH_READ], pending[BATCH_READ:]
+        while keys:
+            batch, keys = keys[:BATCH_READ], keys[BATCH_READ:]
             request = {name: {"Keys": batch, "ConsistentRead": True}}
             while request:
                 response = client.batch_get_item(RequestItems=request)
                 items += response["Responses"].get(name, [])
                 request = response.get("UnprocessedKeys") or {}
-        reports = [WorkerReport.model_validate(plain(i)) for i in items]
-        return sorted((r for r in reports if r.reported and r.generation == generation), key=lambda r: r.worker)
+        return items
 
     def forget_iterations(self, run_id: str, first: int) -> None:
         """Delete the items of iterations from ``first`` on (a resumed run runs them again)."""
@@ -311,12 +316,42 @@ class RunTable:
             self.table.put_item(Item={**self._key(run_id, shard_sk(iteration, shard)), "shard": shard,
                                       "dropped": workers, "expires_at": int(time.time()) + ITERATION_TTL_S})
 
+    # iterations: the norm exchange (runs that clip by norm; see slsml.clipping)
+    def record_squares(
+        self, run_id: str, iteration: int, shard: int, generation: int, squares: dict[str, float]
+    ) -> Counter | None:
+        """Store ``shard``'s sums of squares (once: they come from its stored average) and count them; the
+        counter after (None: an earlier generation's)."""
+        item = {**self._key(run_id, squares_sk(iteration, shard)), "shard": shard, "squares": dynamo(squares),
+                "expires_at": int(time.time()) + ITERATION_TTL_S}
+        conditional(lambda: self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(sk)"))
+        return self._count(run_id, iteration, "squares_in", generation)
+
+    def shard_squares(self, run_id: str, iteration: int, reducers: int) -> list[dict[str, float]]:
+        """The sums of squares stored so far for ``iteration``, one mapping per shard that stored them, in
+        shard order (so that every reducer adds them up alike)."""
+        items = self._get_by_keys([self._key(run_id, squares_sk(iteration, r)) for r in range(reducers)])
+        return [plain(item["squares"]) for item in sorted(items, key=lambda item: int(item["shard"]))]
+
+    def release_steps(self, run_id: str, iteration: int, shard: int) -> bool:
+        """Claim the release of ``iteration``'s steps once every shard's squares are in (True for
+        ``shard``'s message, again on its retry)."""
+        return conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression="SET steps_released_by = :shard",
+            ConditionExpression="attribute_not_exists(steps_released_by) OR steps_released_by = :shard",
+            ExpressionAttributeValues={":shard": shard},
+        )) is not None
+
     # iterations: the merge barrier
     def record_shard(self, run_id: str, iteration: int, generation: int) -> Counter | None:
         """Count a finished shard; the counter after (None: an earlier generation's)."""
+        return self._count(run_id, iteration, "shards_in", generation)
+
+    def _count(self, run_id: str, iteration: int, counter: str, generation: int) -> Counter | None:
+        """Add one to ``counter`` of the iteration of this generation; the counter item after, or None."""
         item = conditional(lambda: self.table.update_item(
             Key=self._key(run_id, iteration_sk(iteration)),
-            UpdateExpression="ADD shards_in :one",
+            UpdateExpression=f"ADD {counter} :one",
             ConditionExpression=_SAME_GENERATION,
             ExpressionAttributeValues={":one": 1, ":generation": generation},
             ReturnValues="ALL_NEW",

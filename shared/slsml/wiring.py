@@ -67,7 +67,9 @@ FUNCTIONS: tuple[Function, ...] = (
     ),
     Function("worker", triggers=(WORK,), publishes=(WORK_DONE,), needs_tensorflow=True),
     Function("reduce_launcher", triggers=(WORK_DONE,), publishes=(REDUCE,), needs_tensorflow=False),
-    Function("reducer", triggers=(REDUCE,), publishes=(REDUCE_DONE,), needs_tensorflow=False),
+    # publishes Reduce too: in runs that clip by norm, the reducer that completes the norm exchange
+    # releases the other shards' steps
+    Function("reducer", triggers=(REDUCE,), publishes=(REDUCE_DONE, REDUCE), needs_tensorflow=False),
     Function("merger", triggers=(REDUCE_DONE,), publishes=(), needs_tensorflow=True),
     # beside the loop: at each deadline, fire a late barrier, re-launch what is missing, or fail the run
     Function(

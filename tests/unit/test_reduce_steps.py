@@ -74,18 +74,19 @@ def sent(services: Services, monkeypatch: pytest.MonkeyPatch) -> list[Deadline]:
 
 
 def _register(
-    services: Services, run_id: str, workers: int, quorum: float = 1.0, watched: bool = True, **training: object
+    services: Services, run_id: str, workers: int, quorum: float = 1.0, watched: bool = True,
+    optimizer: OptimizerConfig = SGD, **training: object
 ) -> RunConfig:
     """A run as prepare_run leaves it (config, shards and flat weights of iteration 0), launched: the
     deadline chain is at its first link unless ``watched`` is False."""
     spec = TrainingSpec(workers=workers, reducers=PLAN.reducers, global_batch=8 * workers, quorum=quorum, **training)
     config = RunConfig(
-        run_id=run_id, dataset="d", training=spec, optimizer=SGD, loss="mse", classification=False, plan=PLAN
+        run_id=run_id, dataset="d", training=spec, optimizer=optimizer, loss="mse", classification=False, plan=PLAN
     )
     services.store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
     for shard in range(PLAN.reducers):
         layout = PLAN.shard(shard)
-        state = optimizers.initial_state(SGD, int(layout.trainable.sum()))
+        state = optimizers.initial_state(optimizer, int(layout.trainable.sum()))
         initial = shards.Shard(WEIGHTS[layout.start : layout.stop], state, averaged=[])
         services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     services.store.put_array_new(keys.weights(run_id, 0), WEIGHTS)
@@ -688,3 +689,39 @@ def test_a_late_duplicate_of_the_merging_shard_report_leaves_the_run_where_it_is
     assert merger.on_reduce_done(dones[1], services) is None  # a retry of the merging message, minutes later
     run = services.table.get_run("late-merge")
     assert (run.iteration, run.iteration_at) == (2, entered)
+
+
+def test_norm_exchange_releases_each_clipped_step_once(services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    """global_clipnorm with a variable cut by the shards: the reducers wait for each other's sums of squares;
+    the one that completes them steps and releases the other, and duplicates change nothing."""
+    clip = OptimizerConfig(name="sgd", learning_rate=0.1, global_clipnorm=0.5)
+    _register(services, "clip", workers=4, optimizer=clip)
+    released: list[ReduceMessage] = []
+    publish = services.bus.publish
+
+    def recording(topic: wiring.Topic, messages: list) -> None:
+        released.extend(m for m in messages if topic == wiring.REDUCE)
+        publish(topic, messages)
+
+    monkeypatch.setattr(services.bus, "publish", recording)
+    fired = [m for w in range(4) for m in _arrive(services, "clip", w)]
+    released.clear()
+    assert [m.shard for m in fired] == [0, 1]
+    assert reducer.reduce(fired[0], services) is None
+    assert reducer.reduce(fired[0], services) is None  # a duplicate still waits, and releases nothing
+    assert not released
+    assert reducer.reduce(fired[1], services) is not None  # completes the sums: steps, releases shard 0
+    assert [(m.shard, m.squares is not None) for m in released] == [(0, True)]
+    assert not services.store.exists(keys.shard("clip", 1, 0))
+    assert reducer.reduce(released[0], services) is not None
+    assert reducer.reduce(fired[0], services) is not None  # a late duplicate finds the sums complete
+    assert len(released) == 1  # ...and leaves the release to the shard that claimed it
+
+    mean = sum(v * n for v, n in zip(VECTORS, SAMPLES, strict=True)) / sum(SAMPLES)
+    trainable = PLAN.trainable_mask()
+    norm = np.sqrt(np.square(mean[trainable], dtype=np.float64).sum())
+    expected = mean.copy()
+    expected[trainable] = WEIGHTS[trainable] - 0.1 * mean[trainable] * min(1.0, 0.5 / norm)
+    got = np.concatenate([shards.decode(services.store.get(keys.shard("clip", 1, r))).weights for r in range(2)])
+    assert norm > 1.0, "the clipping must bite"
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)

@@ -4,6 +4,12 @@ quorum below 1 (``slsml.reliability.ReadPolicy``), parts whose reads time out ar
 A shard's weights and optimizer state are one object (``slsml.shards``), written create-only: the
 first try to store it wins, whether a retry averaged other parts or the watchdog kept the weights,
 and every later try announces what is stored.
+
+Runs that clip by norm across shards (``slsml.clipping``) step in two halves: each reducer stores its
+average and its sums of squares and counts them on the iteration's counter; the reducer whose sums
+complete the set steps its shard and releases the others' steps, once, with the totals (one more Reduce
+message per shard, which steps with the stored average). A shard whose sums never come is re-launched
+by the watchdog like any missing shard; past its retries, the shards still waiting keep their weights.
 """
 
 from __future__ import annotations
@@ -25,15 +31,37 @@ from slsml.steps.common import run_config
 logger = Logger(child=True)
 
 
-def reduce(message: ReduceMessage, services: Services) -> ReduceDone:
+def reduce(message: ReduceMessage, services: Services) -> ReduceDone | None:
+    """Average and step the shard; None if the step waits for the other shards' sums of squares (runs
+    that clip by norm), to be released by the shard whose sums complete the set."""
     config = run_config(services.store, message.run_id)
     run, iteration, shard = message.run_id, message.iteration, message.shard
+    size = config.plan.shard(shard).size
+    if message.squares is not None:  # released after the exchange: step with the stored average
+        stored_mean, stored_shard = services.store.get_many([keys.mean(run, iteration, shard),
+                                                             keys.shard(run, iteration, shard)])
+        average = shards.decode(stored_mean, size)
+        return _step(message, config, services, shards.decode(stored_shard, size), average, message.squares)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the shard is read while the parts are
         stored_shard = pool.submit(services.store.get, keys.shard(run, iteration, shard))
-        mean, averaged = _average(message, config, services)
-        current = shards.decode(stored_shard.result(), config.plan.shard(shard).size)
-    trainable = config.plan.shard(shard).trainable
-    gradient = clipping.clip(config.optimizer, config.plan, shard, mean, {})
+        average = _average(message, config, services)
+        current = shards.decode(stored_shard.result(), size)
+    if not clipping.needs_exchange(config.optimizer, config.plan):
+        return _step(message, config, services, current, average, None)
+    exchanged = _exchange(message, config, services, average)
+    if exchanged is None:
+        return None
+    return _step(message, config, services, current, *exchanged)
+
+
+def _step(
+    message: ReduceMessage, config: RunConfig, services: Services, current: shards.Shard, average: shards.Shard,
+    squares: clipping.Squares | None,
+) -> ReduceDone:
+    """Clip the averaged gradient, step the optimizer, store the shard of the next iteration and announce it."""
+    run, iteration, shard = message.run_id, message.iteration, message.shard
+    trainable, mean = config.plan.shard(shard).trainable, average.weights
+    gradient = clipping.clip(config.optimizer, config.plan, shard, mean, squares)
     decays = config.plan.mask(shard, lambda v: config.optimizer.decays(v.name))[trainable]
     stepped, state = optimizers.apply(
         config.optimizer, current.weights[trainable], gradient[trainable], current.state, decays
@@ -41,9 +69,9 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone:
     weights = current.weights.copy()
     weights[trainable] = stepped
     weights[~trainable] = mean[~trainable]  # non-trainable state (e.g. BatchNorm statistics): averaged
-    body = shards.encode(shards.Shard(weights, state, averaged))
+    body = shards.encode(shards.Shard(weights, state, average.averaged))
     stored = services.store.put_new(keys.shard(run, iteration + 1, shard), body)
-    dropped = [p.worker for p in message.participants if p.worker not in averaged]
+    dropped = [p.worker for p in message.participants if p.worker not in average.averaged]
     if stored and dropped:  # else another try's shard stands, and with it what that try left out
         services.table.record_dropped_parts(run, iteration, shard, dropped)
     done = ReduceDone(run_id=run, iteration=iteration, generation=message.generation, shard=shard)
@@ -51,8 +79,31 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone:
     return done
 
 
-def _average(message: ReduceMessage, config: RunConfig, services: Services) -> tuple[np.ndarray, list[int]]:
-    """The samples-weighted mean of the participants' parts of the shard, and the workers whose parts were
+def _exchange(
+    message: ReduceMessage, config: RunConfig, services: Services, average: shards.Shard
+) -> tuple[shards.Shard, clipping.Squares] | None:
+    """Store the shard's average and its sums of squares, and count them. If every shard's are in, release
+    the other shards' steps (once) and return this shard's average with the totals; else None."""
+    store, table = services.store, services.table
+    run, iteration, shard = message.run_id, message.iteration, message.shard
+    if not store.put_new(keys.mean(run, iteration, shard), shards.encode(average)):
+        average = shards.decode(store.get(keys.mean(run, iteration, shard)))  # another try's average stands
+    squares = clipping.shared_squares(config.optimizer, config.plan, shard, average.weights)
+    counter = table.record_squares(run, iteration, shard, message.generation, squares)
+    if counter is None or counter.squares_in < config.reducers:
+        return None
+    contributions = table.shard_squares(run, iteration, config.reducers)
+    if len(contributions) < config.reducers:
+        return None  # the count ran ahead of the records (a retry counted twice)
+    totals = clipping.totals(contributions)
+    if table.release_steps(run, iteration, shard):
+        services.bus.publish(wiring.REDUCE, [message.model_copy(update={"shard": r, "squares": totals})
+                                             for r in range(config.reducers) if r != shard])
+    return average, totals
+
+
+def _average(message: ReduceMessage, config: RunConfig, services: Services) -> shards.Shard:
+    """The samples-weighted mean of the participants' parts of the shard, with the workers whose parts were
     read in time (the others are left out)."""
     run, iteration, shard = message.run_id, message.iteration, message.shard
     policy, participants = ReadPolicy(), message.participants
@@ -73,7 +124,7 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> t
     mean = np.zeros(config.plan.shard(shard).size, dtype=np.float64)
     for participant, part in included:  # in message order: the same sums as long as nothing is dropped
         mean += updates.decode_part(part, config.plan, shard).astype(np.float64) * participant.samples
-    return (mean / total).astype(np.float32), [p.worker for p, _ in included]
+    return shards.Shard((mean / total).astype(np.float32), {}, [p.worker for p, _ in included])
 
 
 def keep_weights(services: Services, config: RunConfig, iteration: int, shard: int) -> bool:
