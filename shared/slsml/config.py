@@ -18,12 +18,28 @@ DATASET_PATTERN = RUN_ID_PATTERN
 
 KERAS_OPTIMIZERS = {
     "sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad", "adamax": "Adamax",
-    "nadam": "Nadam", "lion": "Lion",
+    "nadam": "Nadam", "lion": "Lion", "adadelta": "Adadelta", "ftrl": "Ftrl",
 }
-OptimizerName = Literal["sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "lion"]
+OptimizerName = Literal["sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "lion", "adadelta", "ftrl"]
 OPTIMIZER_NAMES: tuple[str, ...] = get_args(OptimizerName)
 # Keras defaults that differ from the fields' defaults below, filled in where a field is not given
-_KERAS_DEFAULTS: dict[str, dict[str, object]] = {"adamw": {"weight_decay": 0.004}, "lion": {"beta_2": 0.99}}
+_KERAS_DEFAULTS: dict[str, dict[str, object]] = {
+    "adamw": {"weight_decay": 0.004}, "lion": {"beta_2": 0.99}, "adadelta": {"rho": 0.95},
+}
+# Keras optimizers the reducers refuse, and why (a reducer steps one shard: a slice of the flat vector
+# that cuts across variables, so it can apply only updates of each weight on its own)
+_REFUSED_OPTIMIZERS = {
+    "Adafactor": "it factors its second moment over the rows and columns of each variable, which model-parallel"
+    " shards cut across",
+    "Lamb": "its trust ratio scales each variable's update by the norms of the whole variable and of its update,"
+    " which no one shard holds",
+    "Muon": "it orthogonalizes the momentum of each matrix as a whole (Newton-Schulz iterations), which"
+    " model-parallel shards cut across",
+    "LossScaleOptimizer": "loss scaling is for mixed precision, and workers compute in float32; compile with the"
+    " optimizer it wraps",
+    "MultiOptimizer": "it applies different optimizers to different variables, and the reducers apply one to every"
+    " weight",
+}
 # Keras optimizer options the reducers refuse, and why
 _REFUSED = {
     "use_ema": "an exponential moving average of the weights is not kept by the reducers; train without it",
@@ -46,9 +62,18 @@ class OptimizerConfig(BaseModel):
     beta_2: float = Field(default=0.999, ge=0, le=1)
     epsilon: float = Field(default=1e-7, gt=0)
     amsgrad: bool = False
-    rho: float = Field(default=0.9, ge=0, lt=1, description="rmsprop")
+    rho: float = Field(default=0.9, ge=0, lt=1, description="rmsprop, adadelta (Keras default 0.95)")
     centered: bool = False
-    initial_accumulator_value: float = Field(default=0.1, ge=0, description="adagrad")
+    initial_accumulator_value: float = Field(default=0.1, ge=0, description="adagrad, ftrl")
+    learning_rate_power: float = Field(
+        default=-0.5, le=0, description="ftrl: how the per-weight learning rate falls (0: fixed)"
+    )
+    l1_regularization_strength: float = Field(default=0.0, ge=0, description="ftrl")
+    l2_regularization_strength: float = Field(default=0.0, ge=0, description="ftrl: stabilization penalty")
+    l2_shrinkage_regularization_strength: float = Field(
+        default=0.0, ge=0, description="ftrl: magnitude penalty (added to the gradient)"
+    )
+    beta: float = Field(default=0.0, ge=0, description="ftrl: the beta of McMahan et al. (2013)")
     weight_decay: float | None = Field(default=None, ge=0, description="decoupled, applied before the update")
     exclude_from_weight_decay: tuple[str, ...] = Field(
         default=(), description="patterns (regular expressions) of variable names that take no weight decay"
@@ -103,6 +128,8 @@ class OptimizerConfig(BaseModel):
     def from_keras(cls, class_name: str, config: dict[str, Any]) -> OptimizerConfig:
         """A Keras optimizer's ``get_config()`` → the config, if the reducers can apply it exactly; else
         BadInputError naming what they cannot."""
+        if class_name in _REFUSED_OPTIMIZERS:
+            raise BadInputError(f"optimizer {class_name} is not supported: {_REFUSED_OPTIMIZERS[class_name]}")
         name = class_name.lower()
         if name not in KERAS_OPTIMIZERS:
             raise BadInputError(

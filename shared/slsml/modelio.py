@@ -81,18 +81,26 @@ def set_flat(model: keras.Model, plan: ShardPlan, flat: np.ndarray) -> None:
 
 
 def optimizer_config(model: keras.Model) -> OptimizerConfig:
-    """The optimizer the model was compiled with, if the reducers can apply it exactly."""
+    """The optimizer the model was compiled with, if the reducers can apply it exactly.
+
+    Keras does not serialize ``exclude_from_weight_decay`` (a loaded model never carries it); set in
+    memory, its ``var_names`` pattern is carried over, its ``var_list`` refused."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         raise BadInputError("the model is not compiled: give an optimizer (e.g. --optimizer adam)")
-    if getattr(optimizer, "_exclude_from_weight_decay", None) or getattr(
-        optimizer, "_exclude_from_weight_decay_pattern", None
-    ):
-        raise BadInputError("optimizer option exclude_from_weight_decay is not supported yet")
+    if getattr(optimizer, "_exclude_from_weight_decay", None):
+        raise BadInputError(
+            "optimizer option exclude_from_weight_decay(var_list=...) is not supported: Keras keeps the ids of"
+            " the variables, which cannot be turned into names reliably; give names instead (var_names=..., or"
+            " --exclude-from-weight-decay)"
+        )
     try:
         config = optimizer.get_config()
     except NotImplementedError as error:  # e.g. a custom learning-rate schedule without get_config
         raise BadInputError(f"optimizer {type(optimizer).__name__} cannot be read: {error}") from None
+    pattern = getattr(optimizer, "_exclude_from_weight_decay_pattern", None)
+    if pattern is not None and config.get("weight_decay"):  # without weight decay, Keras ignores it
+        config = {**config, "exclude_from_weight_decay": (pattern.pattern,)}
     return OptimizerConfig.from_keras(type(optimizer).__name__, config)
 
 

@@ -32,9 +32,13 @@ def initial_state(config: OptimizerConfig, size: int) -> State:
         state["u_product"] = np.ones((), dtype=_F)
     elif config.name == "lion":
         slots = ("momentum",)
+    elif config.name == "adadelta":
+        slots = ("accumulated_grad", "accumulated_delta_var")
+    elif config.name == "ftrl":
+        slots = ("linear",)
     for slot in slots:
         state[slot] = np.zeros(size, dtype=_F)
-    if config.name == "adagrad":
+    if config.name in ("adagrad", "ftrl"):
         state["accumulator"] = np.full(size, config.initial_accumulator_value, dtype=_F)
     return state
 
@@ -149,7 +153,29 @@ def _lion(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32,
     m[...] = m * beta_2 + g * (_F(1) - beta_2)
 
 
+def _adadelta(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32, state: State) -> None:
+    rho, epsilon = _F(config.rho), _F(config.epsilon)
+    accumulated_grad, accumulated_delta = state["accumulated_grad"], state["accumulated_delta_var"]
+    accumulated_grad[...] = rho * accumulated_grad + _F(1 - config.rho) * np.square(g)
+    delta = -(np.sqrt(accumulated_delta + epsilon) * g) / np.sqrt(accumulated_grad + epsilon)
+    accumulated_delta[...] = rho * accumulated_delta + _F(1 - config.rho) * np.square(delta)
+    w += lr * delta
+
+
+def _ftrl(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32, state: State) -> None:
+    power, l1 = _F(-config.learning_rate_power), _F(config.l1_regularization_strength)
+    l2 = _F(config.l2_regularization_strength) + _F(config.beta) / (_F(2) * lr)
+    accumulator, linear = state["accumulator"], state["linear"]
+    new_accumulator = accumulator + np.square(g)
+    powered = np.power(new_accumulator, power)
+    shrunk = g + _F(2 * config.l2_shrinkage_regularization_strength) * w
+    linear += shrunk - (powered - np.power(accumulator, power)) / lr * w
+    quadratic = powered / lr + _F(2) * l2
+    w[...] = (np.clip(linear, -l1, l1) - linear) / quadratic
+    accumulator[...] = new_accumulator
+
+
 _STEPS: dict[str, Callable[[OptimizerConfig, np.ndarray, np.ndarray, np.float32, State], None]] = {
     "sgd": _sgd, "adam": _adam, "adamw": _adam, "rmsprop": _rmsprop, "adagrad": _adagrad, "adamax": _adamax,
-    "nadam": _nadam, "lion": _lion,
+    "nadam": _nadam, "lion": _lion, "adadelta": _adadelta, "ftrl": _ftrl,
 }

@@ -57,6 +57,17 @@ KERAS = {
     "lion-cosine": lambda: keras.optimizers.Lion(
         learning_rate=S.CosineDecay(3e-3, decay_steps=15, alpha=0.2), beta_1=0.8, weight_decay=0.3
     ),
+    "adadelta": lambda: keras.optimizers.Adadelta(learning_rate=1.0),
+    "adadelta-polynomial": lambda: keras.optimizers.Adadelta(
+        learning_rate=S.PolynomialDecay(0.5, decay_steps=8, end_learning_rate=0.05), rho=0.8, epsilon=1e-6,
+        weight_decay=0.05,
+    ),
+    "ftrl": lambda: keras.optimizers.Ftrl(learning_rate=0.05),
+    "ftrl-regularized-exponential": lambda: keras.optimizers.Ftrl(
+        learning_rate=S.ExponentialDecay(0.1, decay_steps=5, decay_rate=0.7), learning_rate_power=-0.3,
+        initial_accumulator_value=0.2, l1_regularization_strength=1e-3, l2_regularization_strength=0.01,
+        l2_shrinkage_regularization_strength=0.02, beta=0.5, weight_decay=0.05,
+    ),
 }
 CONFIGS = {case: OptimizerConfig.from_keras(type(make()).__name__, make().get_config()) for case, make in KERAS.items()}
 TOLERANCE = {"sgd": 1e-6}
@@ -263,19 +274,90 @@ def test_bad_schedule_is_refused_by_name(learning_rate: object, message: str) ->
 @pytest.mark.parametrize(
     ("optimizer", "message"),
     [
-        (keras.optimizers.Adam(clipnorm=1.0), "clipnorm=1.0 is not supported yet"),
-        (keras.optimizers.SGD(global_clipnorm=2.0), "global_clipnorm=2.0 is not supported yet"),
-        (keras.optimizers.RMSprop(clipvalue=0.5), "clipvalue=0.5 is not supported yet"),
-        (keras.optimizers.Lion(use_ema=True), "use_ema=True is not supported yet"),
-        (keras.optimizers.Nadam(gradient_accumulation_steps=4), "gradient_accumulation_steps=4 is not supported yet"),
-        (keras.optimizers.Ftrl(), "optimizer Ftrl is not supported; use one of SGD, Adam, AdamW"),
+        (keras.optimizers.Lion(use_ema=True), "use_ema=True is not supported: an exponential moving average"),
+        (keras.optimizers.Nadam(gradient_accumulation_steps=4),
+         "gradient_accumulation_steps=4 is not supported: the global batch already adds up"),
+        (keras.optimizers.Adam(loss_scale_factor=128.0),
+         "loss_scale_factor=128.0 is not supported: loss scaling is for mixed precision"),
+        (keras.optimizers.ScheduleFreeAdamW(), "optimizer ScheduleFreeAdamW is not supported; use one of SGD, Adam"),
         (keras.optimizers.RMSprop(rho=1.5), "optimizer RMSprop: rho: Input should be less than 1"),
+        (keras.optimizers.Ftrl(beta=-1.0), "optimizer Ftrl: beta: Input should be greater than or equal to 0"),
     ],
-    ids=["clipnorm", "global_clipnorm", "clipvalue", "ema", "accumulation", "ftrl", "bad-value"],
+    ids=["ema", "accumulation", "loss-scale", "unknown", "bad-value", "bad-ftrl-value"],
 )
 def test_unsupported_optimizer_option_is_refused_by_name(optimizer: keras.optimizers.Optimizer, message: str) -> None:
     with pytest.raises(BadInputError, match=message):
         OptimizerConfig.from_keras(type(optimizer).__name__, optimizer.get_config())
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "reason"),
+    [
+        (keras.optimizers.Adafactor(), "factors its second moment over the rows and columns of each variable"),
+        (keras.optimizers.Lamb(), "trust ratio scales each variable's update by the norms of the whole variable"),
+        (keras.optimizers.Muon(), "orthogonalizes the momentum of each matrix as a whole"),
+        (keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()), "loss scaling is for mixed precision"),
+        (keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(keras.optimizers.Adam())),
+         "applies different optimizers to different variables"),
+    ],
+    ids=["Adafactor", "Lamb", "Muon", "LossScaleOptimizer", "MultiOptimizer"],
+)
+def test_optimizer_that_is_not_element_wise_is_refused_with_the_reason(
+    optimizer: keras.optimizers.Optimizer, reason: str
+) -> None:
+    with pytest.raises(BadInputError, match=f"optimizer {type(optimizer).__name__} is not supported: .*{reason}"):
+        OptimizerConfig.from_keras(type(optimizer).__name__, optimizer.get_config())
+
+
+def test_gradient_accumulation_of_one_step_is_accepted() -> None:
+    """Keras 3.15 refuses 1 itself, but a config written elsewhere may hold it: it accumulates nothing."""
+    config = {**keras.optimizers.Adam().get_config(), "gradient_accumulation_steps": 1}
+    assert OptimizerConfig.from_keras("Adam", config).name == "adam"
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "clipping"),
+    [
+        (keras.optimizers.Adam(clipnorm=1.0), {"clipnorm": 1.0, "global_clipnorm": None, "clipvalue": None}),
+        (keras.optimizers.SGD(global_clipnorm=2.0), {"clipnorm": None, "global_clipnorm": 2.0, "clipvalue": None}),
+        (keras.optimizers.RMSprop(clipvalue=0.5), {"clipnorm": None, "global_clipnorm": None, "clipvalue": 0.5}),
+    ],
+    ids=["clipnorm", "global_clipnorm", "clipvalue"],
+)
+def test_clipping_options_map_onto_the_config(optimizer: keras.optimizers.Optimizer, clipping: dict) -> None:
+    config = OptimizerConfig.from_keras(type(optimizer).__name__, optimizer.get_config())
+    assert {option: getattr(config, option) for option in clipping} == clipping
+
+
+def test_exclude_from_weight_decay_matches_keras() -> None:
+    """AdamW that decays a Dense layer's kernel and not its bias, by name as Keras matches it."""
+    layer = keras.layers.Dense(3, name="dense")
+    layer.build((4,))
+    rng = np.random.default_rng(3)
+    for variable in layer.trainable_variables:
+        variable.assign(rng.standard_normal(variable.shape).astype(np.float32))
+    weights = [np.asarray(v.numpy()) for v in layer.trainable_variables]
+    gradients = [[rng.standard_normal(w.shape).astype(np.float32) for w in weights] for _ in range(10)]
+    optimizer = keras.optimizers.AdamW(learning_rate=0.05, weight_decay=0.5)
+    optimizer.exclude_from_weight_decay(var_names=["bias"])
+    for step in gradients:
+        optimizer.apply_gradients(zip(step, layer.trainable_variables, strict=True))
+    expected = flat([np.asarray(v.numpy()) for v in layer.trainable_variables])
+
+    config = OptimizerConfig.from_keras("AdamW", {**optimizer.get_config(), "exclude_from_weight_decay": ["bias"]})
+    names = [v.path for v in layer.trainable_variables]
+    assert names == ["dense/kernel", "dense/bias"] and [config.decays(n) for n in names] == [True, False]
+    mask = np.concatenate([np.full(w.size, config.decays(n)) for n, w in zip(names, weights, strict=True)])
+    got, state = flat(weights), optimizers.initial_state(config, mask.size)
+    for step in gradients:
+        got, state = optimizers.apply(config, got, flat(step), state, decays=mask)
+    decayed_everywhere, state = flat(weights), optimizers.initial_state(config, mask.size)
+    for step in gradients:
+        decayed_everywhere, state = optimizers.apply(config, decayed_everywhere, flat(step), state)
+
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(got[~mask], decayed_everywhere[~mask], rtol=1e-3), "the exclusion had no effect"
+    np.testing.assert_array_equal(got[mask], decayed_everywhere[mask])
 
 
 def test_every_optimizer_name_has_a_keras_class_and_a_step() -> None:
@@ -287,6 +369,14 @@ def test_every_optimizer_name_has_a_keras_class_and_a_step() -> None:
 def test_keras_defaults_fill_fields_not_given() -> None:
     assert OptimizerConfig(name="adamw").weight_decay == keras.optimizers.AdamW().weight_decay
     assert OptimizerConfig(name="lion").beta_2 == keras.optimizers.Lion().beta_2
+    assert OptimizerConfig(name="adadelta").rho == keras.optimizers.Adadelta().rho
+    assert OptimizerConfig(name="rmsprop").rho == keras.optimizers.RMSprop().rho
+    ftrl, keras_ftrl = OptimizerConfig(name="ftrl"), keras.optimizers.Ftrl()
+    for option in ("initial_accumulator_value", "learning_rate_power", "l1_regularization_strength",
+                   "l2_regularization_strength", "l2_shrinkage_regularization_strength", "beta"):
+        assert getattr(ftrl, option) == getattr(keras_ftrl, option), option
+    adagrad = keras.optimizers.Adagrad()
+    assert OptimizerConfig(name="adagrad").initial_accumulator_value == adagrad.initial_accumulator_value
     assert OptimizerConfig(name="lion", beta_2=0.5).beta_2 == 0.5
     assert OptimizerConfig(name="adam").weight_decay is None
 
