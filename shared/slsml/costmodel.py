@@ -499,6 +499,32 @@ def publish_batches(messages: int, message_size: int) -> int:
     return math.ceil(messages / per_batch)
 
 
+class NormExchange(BaseModel):
+    """What clipping by norm across shards adds to an iteration (``slsml.clipping``)."""
+
+    requests: dict[str, int] = Field(default_factory=dict)
+    released: int = Field(default=0, description="reducers stepped by a second invocation, released by another")
+    release_bytes: int = 0
+
+
+def norm_exchange(optimizer: OptimizerConfig, reducers: int, reduce_bytes: int) -> NormExchange:
+    """Nothing unless the optimizer clips by norm with R > 1: then each reducer stores its average and its
+    sums of squares and counts them; the last one reads them all, claims the release and publishes it to
+    the R - 1 others, which read their average back."""
+    R = reducers
+    if R == 1 or not optimizer.clips_by_norm:
+        return NormExchange()
+    entries = 1 if optimizer.global_clipnorm else R - 1  # the global sum, or each cut variable's
+    squares = json.dumps({"squares": {str(10**5 + i): -1.2345678901234567e-300 for i in range(entries)}})
+    release_bytes = reduce_bytes + len(squares)
+    return NormExchange(
+        requests={"dynamodb:PutItem": R, "dynamodb:UpdateItem": R + 1,
+                  "dynamodb:BatchGetItem": math.ceil(R / runstate.BATCH_READ), "s3:PutObject": R,
+                  "s3:GetObject": R - 1, "sns:PublishBatch": publish_batches(R - 1, release_bytes)},
+        released=R - 1, release_bytes=release_bytes,
+    )
+
+
 def minimum_chain(workers: int, reducers: int, participants: int, work_batches: int, reduce_batches: int
                   ) -> dict[str, int]:
     """The requests of one steady iteration that any at-least-once pipeline of this shape makes."""
@@ -564,12 +590,18 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         "s3:PutObject": W + R + 2,
         "sns:PublishBatch": work_batches + W + reduce_batches + R,
     }
+    exchange = norm_exchange(w.optimizer, R, reduce_bytes)
+    for operation, count in exchange.requests.items():
+        requests[operation] += count
     counter_wu = _units(p.counter_item_bytes, 1024)
-    counter_writes = 1 + W + 1 + R + 1  # claim, counts, fire, shard counts, fire+merge record
-    write_units = (counter_writes * counter_wu + W * _units(p.record_bytes, 1024)
+    # claim, counts, fire, shard counts, fire+merge record; with the norm exchange its counts and release
+    counter_writes = 1 + W + 1 + R + 1 + (R + 1 if exchange.released else 0)
+    write_units = (counter_writes * counter_wu + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 1024)
                    + _units(n * p.participant_bytes, 1024) + _units(p.run_item_bytes, 1024))
-    read_units = _units(p.run_item_bytes, 4096) + W * _units(p.record_bytes, 4096)  # BatchGetItem: per item
-    sns_billed = W * prices.sns_chunks(work_bytes) + W + R * prices.sns_chunks(reduce_bytes) + R + 1  # +1: S3 event
+    read_units = (_units(p.run_item_bytes, 4096)  # BatchGetItem: per item
+                  + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 4096))
+    sns_billed = (W * prices.sns_chunks(work_bytes) + W + R * prices.sns_chunks(reduce_bytes) + R + 1  # +1: S3 event
+                  + exchange.released * prices.sns_chunks(exchange.release_bytes))
 
     lat, ddb, pub, hop = p.s3_request_s, p.dynamodb_s, p.sns_publish_s, p.sns_lambda_s
     # WorkLauncher: read the run, claim the iteration, publish Work (the n-th message's batch is on the path)
@@ -594,6 +626,12 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
 
     reduce_read, reduce_math, reducer_s = reducer(shard_weights, shard_state)
     reducer_mean_s = reducer(mean_weights, mean_state)[2]
+    share_s = step_s = 0.0
+    if exchange.released:  # store the average, record + count + read the sums + claim, release; read back
+        share_s = (_transfer(1, shard_weights, lat, p.s3_write_mb_s) + (3 + math.ceil(R / runstate.BATCH_READ)) * ddb
+                   + publish_batches(exchange.released, exchange.release_bytes) * pub)
+        step_s = p.handler_s + _transfer(2, 2 * shard_weights + shard_state, lat, p.s3_read_mb_s,
+                                         p.s3_parallel_reads)
     merge_cpu = min(1.0, vcpus(mem["merger"]))
     shards_read = _transfer(R, M, lat, p.s3_read_mb_s, p.s3_parallel_reads)
     assemble = F / (p.keras_mb_s * 1e6) / merge_cpu
@@ -617,6 +655,9 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         Stage(name="Reduce → Reducer", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(name="Reducer", function="reducer", seconds=reducer_s,
               detail=f"{n + 1} GETs {reduce_read:.2f} s, average + optimizer {reduce_math:.2f} s, write shard"),
+        *([Stage(name="Norm exchange", function="reducer", seconds=share_s + hop + step_s,
+                 detail=f"store average + sums of squares, release {exchange.released} shards (SNS → Lambda), "
+                        "read average and shard back")] if exchange.released else []),
         Stage(name="ReduceDone → Merger", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(name="Merger (merges)", function="merger", seconds=merge_s,
               detail=f"{R} ranged GETs {shards_read:.2f} s, assemble {assemble:.2f} s, write weights + model"),
@@ -629,7 +670,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         "work_launcher": [(1, launcher_s)],
         "worker": [(W, worker_s)],
         "reduce_launcher": [(W - 1, count_s), (1, fire_s)],
-        "reducer": [(R, reducer_mean_s)],
+        "reducer": [(R, reducer_mean_s + share_s), (exchange.released, step_s)],
         "merger": [(R - 1, merger_count_s), (1, merge_s)],
     }
     state_total = k * 4 * w.trainable_params
@@ -662,7 +703,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
             seconds=critical[name], gb_seconds=gbs, bytes_read=read, bytes_written=written,
             bytes_read_total=read_total, bytes_written_total=written_total, memory_needed_mb=memory_needed[name],
         ))
-    invocations = 1 + 2 * W + 2 * R
+    invocations = 1 + 2 * W + 2 * R + exchange.released
     dollars = price_table.cost(
         requests, read_units=read_units, write_units=write_units, gb_seconds=gb_seconds, invocations=invocations,
         publish_chunks={"sns:PublishBatch": sns_billed}, log_bytes=invocations * p.log_bytes_per_invocation,

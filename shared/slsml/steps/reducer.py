@@ -42,16 +42,17 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone | None:
                                                              keys.shard(run, iteration, shard)])
         average = shards.decode(stored_mean, size)
         return _step(message, config, services, shards.decode(stored_shard, size), average, message.squares)
+    if clipping.needs_exchange(config.optimizer, config.plan):
+        exchanged = _exchange(message, config, services, _average(message, config, services))
+        if exchanged is None:
+            return None
+        current = shards.decode(services.store.get(keys.shard(run, iteration, shard)), size)
+        return _step(message, config, services, current, *exchanged)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the shard is read while the parts are
         stored_shard = pool.submit(services.store.get, keys.shard(run, iteration, shard))
         average = _average(message, config, services)
         current = shards.decode(stored_shard.result(), size)
-    if not clipping.needs_exchange(config.optimizer, config.plan):
-        return _step(message, config, services, current, average, None)
-    exchanged = _exchange(message, config, services, average)
-    if exchanged is None:
-        return None
-    return _step(message, config, services, current, *exchanged)
+    return _step(message, config, services, current, average, None)
 
 
 def _step(
