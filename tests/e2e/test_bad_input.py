@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import io
+import json
 import time
+import zipfile
 
+import keras
 import numpy as np
 import pytest
 
@@ -100,3 +104,54 @@ def test_a_message_failing_three_times_fails_its_run_via_the_dead_letter_queue(l
     assert run.reason.startswith("worker failed three times on one message: ValidationError"), run.reason
     assert any(d["run_id"] == "corrupt-config" and d["function"] == "worker" for d in local.host.dead_letters)
     assert "corrupt-config" in (local.log_dir / "dead-letters.jsonl").read_text()
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class HalvingSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    def __call__(self, step):
+        return 0.01 / (1.0 + keras.ops.cast(step, "float32"))
+
+    def get_config(self):
+        return {}
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class TunedSGD(keras.optimizers.SGD):
+    pass
+
+
+def _compiled(optimizer: keras.optimizers.Optimizer) -> bytes:
+    model = demo.digits_cnn()
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    return modelio.save_model(model)
+
+
+def _with_learning_rate(model_bytes: bytes, learning_rate: object) -> bytes:
+    """The same .keras file with its compiled optimizer's learning rate replaced (as a hand edit would)."""
+    source, target = io.BytesIO(model_bytes), io.BytesIO()
+    with zipfile.ZipFile(source) as zin, zipfile.ZipFile(target, "w") as zout:
+        for item in zin.infolist():
+            body = zin.read(item)
+            if item.filename == "config.json":
+                config = json.loads(body)
+                config["compile_config"]["optimizer"]["config"]["learning_rate"] = learning_rate
+                body = json.dumps(config).encode()
+            zout.writestr(item, body)
+    return target.getvalue()
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    (lambda: _compiled(keras.optimizers.Adam(HalvingSchedule())), "learning-rate schedule HalvingSchedule is not"),
+    (lambda: _compiled(TunedSGD(0.01)), "optimizer TunedSGD is not supported"),
+    (lambda: _with_learning_rate(_compiled(keras.optimizers.Adam()), {
+        "module": "keras.optimizers.schedules", "class_name": "ExponentialDecay",
+        "config": {"initial_learning_rate": 0.01, "decay_steps": -3, "decay_rate": 0.5}}),
+     "decay_steps` must be > 0. Received: decay_steps=-3"),
+], ids=["custom-schedule", "custom-optimizer", "malformed-schedule"])
+def test_an_optimizer_the_reducers_cannot_apply_is_refused_by_name(services, digits, model, message):
+    run_id = "refused-optimizer"
+    with pytest.raises(BadInputError, match=message):
+        runs.start_run(services, model(), DIGITS, SPEC, run_id=run_id)
+    assert not services.store.list_keys(keys.run_prefix(run_id))
+    with pytest.raises(NotFoundError):
+        services.table.get_run(run_id)
