@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
+import types
 from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from pydantic import ValidationError
 
-from slsml.config import OPTIMIZER_NAMES, OptimizerConfig, TrainingSpec
-from slsml.errors import SlsmlError
+from slsml.config import KERAS_OPTIMIZERS, OPTIMIZER_NAMES, OptimizerConfig, TrainingSpec
+from slsml.errors import BadInputError, SlsmlError
 
 RUNS_DIR = Path("runs")
 IDLE_WAIT_S = 30  # after a local run ends: how long its last invocations may take to log their usage
@@ -40,10 +42,6 @@ def _training_options(parser: argparse.ArgumentParser, iterations: int | None) -
     group.add_argument("--iterations", type=int, default=iterations, required=iterations is None,
                        help="iteration budget" + (f" (default {iterations})" if iterations else ""))
     group.add_argument("--quorum", type=float, default=1.0, help="fraction of workers a reduce waits for (default 1)")
-    group.add_argument("--optimizer", choices=OPTIMIZER_NAMES, help="default: the model's compiled optimizer")
-    group.add_argument("--learning-rate", type=float, help="learning rate of --optimizer")
-    group.add_argument("--momentum", type=float, default=0.0, help="SGD or RMSprop momentum")
-    group.add_argument("--nesterov", action="store_true", help="SGD with Nesterov momentum")
     group.add_argument("--loss", help="Keras loss name (default: the model's compiled loss)")
     group.add_argument("--seed", type=int, default=0, help="data order seed (default 0)")
     group.add_argument("--eval-every", type=int, default=10, help="test evaluation period; 0: at the end only")
@@ -67,6 +65,44 @@ def _training_options(parser: argparse.ArgumentParser, iterations: int | None) -
                        help="local runs: inject faults, e.g. 'seed=3,duplicate=0.5,worker_crash=0.25,"
                        "s3_get_delay=0.2:1.5' (also reducer_crash, merger_crash_once, sns_delay, "
                        "worker_hang=p with hang_s=SECONDS, crash_every_receive, slow_worker=WORKER:SECONDS)")
+    _optimizer_options(parser)
+
+
+# OptimizerConfig's fields other than name and learning_rate: one flag each (--beta-1 sets beta_1)
+HYPER_PARAMETERS = tuple(name for name in OptimizerConfig.model_fields if name not in {"name", "learning_rate"})
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _optimizer_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "optimizer", "default: the optimizer the model was compiled with; an option left out keeps Keras's default"
+    )
+    group.add_argument("--optimizer", choices=OPTIMIZER_NAMES, help="the optimizer the reducers apply")
+    group.add_argument("--learning-rate", type=float,
+                       help="a constant learning rate (a schedule comes from the model file); without --optimizer:"
+                       " Adam with this rate")
+    for name in HYPER_PARAMETERS:
+        field = OptimizerConfig.model_fields[name]
+        kind = field.annotation
+        if get_origin(kind) in {Union, types.UnionType}:
+            kinds = set(get_args(kind)) - {type(None)}
+            kind = kinds.pop() if len(kinds) == 1 else kind
+        if kind is bool:
+            group.add_argument(_flag(name), action="store_true", default=None, help=field.description)
+        elif kind in {int, float}:
+            group.add_argument(_flag(name), type=kind, help=field.description)
+        elif get_origin(kind) is tuple and get_args(kind) == (str, ...):
+            group.add_argument(_flag(name), type=_patterns, action="extend", metavar="PATTERN[,PATTERN]",
+                               help=f"{field.description} (comma-separated or repeated)")
+        else:
+            raise TypeError(f"OptimizerConfig.{name}: no command-line option for a {field.annotation}")
+
+
+def _patterns(text: str) -> list[str]:
+    return [pattern for pattern in text.split(",") if pattern]
 
 
 def _faults(text: str) -> Any:
@@ -89,17 +125,6 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) -> TrainingSpec:
-    optimizer = None
-    if args.optimizer or args.learning_rate:
-        fields: dict[str, Any] = {"name": args.optimizer or "adam"}
-        learning_rate = args.learning_rate or default_learning_rate
-        if learning_rate:
-            fields["learning_rate"] = learning_rate
-        if fields["name"] == "sgd":
-            fields.update(momentum=args.momentum, nesterov=args.nesterov)
-        elif fields["name"] == "rmsprop":
-            fields.update(momentum=args.momentum)
-        optimizer = OptimizerConfig(**fields)
     return TrainingSpec(
         workers=args.workers,
         reducers=args.reducers,
@@ -108,7 +133,7 @@ def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) 
         quorum=args.quorum,
         seed=args.seed,
         eval_every=args.eval_every,
-        optimizer=optimizer,
+        optimizer=_optimizer(args, default_learning_rate),
         loss=args.loss,
         heartbeat_s=args.heartbeat,
         time_budget_s=args.time_budget,
@@ -118,7 +143,72 @@ def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) 
     )
 
 
+def _optimizer(args: argparse.Namespace, default_learning_rate: float | None) -> OptimizerConfig | None:
+    """The optimizer the flags ask for; None (the model's compiled one) when they name none."""
+    given = {name: getattr(args, name) for name in HYPER_PARAMETERS if getattr(args, name) is not None}
+    if not args.optimizer and given:
+        flags = ", ".join(_flag(name) for name in given)
+        raise BadInputError(f"{flags} need{'s' if len(given) == 1 else ''} --optimizer (without it the model's"
+                            " compiled optimizer is used as it is)")
+    if not (args.optimizer or args.learning_rate):
+        return None
+    fields: dict[str, Any] = {"name": args.optimizer or "adam", **given}
+    if learning_rate := args.learning_rate or default_learning_rate:
+        fields["learning_rate"] = learning_rate
+    try:
+        return OptimizerConfig(**fields)
+    except ValidationError as error:
+        raise BadInputError("; ".join(_flagged(e) for e in error.errors())) from None
+
+
+def _flagged(error: Any) -> str:
+    """A pydantic error of OptimizerConfig, on one line, naming flags rather than fields."""
+    message = error["msg"].removeprefix("Value error, ")
+    fields = "|".join((*HYPER_PARAMETERS, "learning_rate"))
+    message = re.sub(rf"(?<![\w-])({fields})(?![\w-])", lambda match: _flag(match[1]), message)
+    return f"{_flag(str(error['loc'][0]))}: {message}" if error["loc"] else message
+
+
+def describe_optimizer(config: OptimizerConfig) -> str:
+    """One line: the optimizer, its learning rate or schedule, other hyper-parameters that differ from the
+    defaults, weight decay and clipping."""
+    rate = config.learning_rate
+    if isinstance(rate, float):
+        rate_text = f"{rate:g}"
+    else:  # a schedule: its class and the numbers that differ from Keras's defaults
+        numbers = rate.model_dump(exclude_defaults=True)
+        rate_text = f"{rate.class_name}({', '.join(f'{k}={_number(v)}' for k, v in numbers.items())})"
+    parts = [KERAS_OPTIMIZERS[config.name], f"learning rate {rate_text}"]
+    said = {"weight_decay", "exclude_from_weight_decay", "clipnorm", "global_clipnorm", "clipvalue"}
+    defaults = OptimizerConfig(name=config.name)
+    parts += [name if value is True else f"{name} {_number(value)}" for name in HYPER_PARAMETERS
+              if name not in said and (value := getattr(config, name)) != getattr(defaults, name)]
+    decay = f"weight decay {config.weight_decay:g}" if config.weight_decay else "no weight decay"
+    if config.exclude_from_weight_decay:
+        decay += f" (not on {', '.join(config.exclude_from_weight_decay)})"
+    clipping = [f"{name} {value:g}" for name in ("clipnorm", "global_clipnorm", "clipvalue")
+                if (value := getattr(config, name))]
+    return "optimizer: " + ", ".join([*parts, decay, *(clipping or ["no clipping"])])
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return "(" + ", ".join(_number(v) for v in value) + ")"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 # ---- running locally -------------------------------------------------------------------------
+
+
+def _start(services: Any, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None) -> Any:
+    """Prepare a run, say which optimizer it applies (the model's compiled one unless the flags name one),
+    then start it."""
+    from slsml import runs
+
+    config = runs.prepare_run(services, model_bytes, dataset, spec, run_id=run_id)
+    _console().print(describe_optimizer(config.optimizer), markup=False, highlight=False, soft_wrap=True)
+    runs.launch_run(services, config)
+    return config
 
 
 def _train_locally(
@@ -140,7 +230,7 @@ def _train_locally(
         runtime.host.faults = args.faults
         if arrays is not None:
             data.put_dataset(services.store, dataset, *arrays)
-        runs.start_run(services, model_bytes, dataset, spec, run_id=run_id)
+        _start(services, model_bytes, dataset, spec, run_id)
 
         def usage(run: Any) -> list[Any]:
             from slsml import usage
@@ -276,9 +366,9 @@ def _dollars(amount: float) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    spec = _spec(args, default_learning_rate=3e-3)  # bad flags fail before TensorFlow loads
     from slsml import demo, modelio
 
-    spec = _spec(args, default_learning_rate=3e-3)
     model = demo.digits_cnn(learning_rate=args.learning_rate or 3e-3, seed=args.seed)
     out = Path(args.out) if args.out else None
     return _train_locally(args, spec, modelio.save_model(model), "digits", demo.digits(args.seed), out)
@@ -288,7 +378,6 @@ def _read_arrays(path: Path, test_fraction: float, seed: int) -> tuple[Any, ...]
     import numpy as np
 
     from slsml.data import split_train_test
-    from slsml.errors import BadInputError
 
     if not path.exists():
         raise BadInputError(f"{path} does not exist")
@@ -305,11 +394,11 @@ def _read_arrays(path: Path, test_fraction: float, seed: int) -> tuple[Any, ...]
 
 
 def cmd_run_start(args: argparse.Namespace) -> int:
-    from slsml import data, modelio, runs
-    from slsml.errors import BadInputError
+    from slsml import data, modelio
 
     if args.local == bool(args.stack):
         raise BadInputError("say where to run: --local (the embedded cloud) or --stack NAME (a deployed stack)")
+    spec = _spec(args)
     model_path = Path(args.model)
     if not model_path.is_file():
         raise BadInputError(f"model file {model_path} does not exist")
@@ -322,12 +411,11 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     if args.local:
         if arrays is None:
             raise BadInputError(f"--data {args.data}: a local run takes a .npz file with arrays x, y")
-        return _train_locally(args, _spec(args), model_bytes, dataset, arrays, out)
+        return _train_locally(args, spec, model_bytes, dataset, arrays, out)
     services = _stack_services(args.stack)
     if arrays is not None:
         data.put_dataset(services.store, dataset, *arrays)
-    spec = _spec(args)
-    config = runs.start_run(services, model_bytes, dataset, spec, run_id=args.run_id)
+    config = _start(services, model_bytes, dataset, spec, args.run_id)
     if args.no_wait:
         print(config.run_id)
         return 0
@@ -402,8 +490,6 @@ def cmd_run_list(args: argparse.Namespace) -> int:
 
 
 def cmd_run_stop(args: argparse.Namespace) -> int:
-    from slsml.errors import BadInputError
-
     services = _stack_services(args.stack)
     if not services.stop_run(args.run_id):
         status = services.table.get_run(args.run_id).status.value
@@ -423,7 +509,6 @@ def cmd_run_resume(args: argparse.Namespace) -> int:
 
 def cmd_data_put(args: argparse.Namespace) -> int:
     from slsml import aws, data
-    from slsml.errors import BadInputError
     from slsml.storage import ObjectStore
 
     if bool(args.bucket) == bool(args.stack):
@@ -715,7 +800,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (SlsmlError, ValidationError) as error:
-        _console().print(f"[red]error:[/red] {error}")
+        from rich.markup import escape
+
+        _console().print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)  # not cut at the terminal width
         return 2
     except KeyboardInterrupt:
         return 130
