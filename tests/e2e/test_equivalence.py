@@ -1,32 +1,102 @@
-"""With quorum 1 the pipeline reproduces single-process Keras training on the same global batches."""
+"""With quorum 1 the pipeline reproduces single-process Keras training on the same global batches, for
+every optimizer, learning-rate schedule, weight decay (with exclusions) and kind of gradient clipping."""
 
 from __future__ import annotations
 
+import functools
 import itertools
+from collections.abc import Callable
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from slsml import data, demo, modelio
-from slsml.config import OptimizerConfig, TrainingSpec
+from slsml import data, demo, keys, modelio, schedules
+from slsml.config import OPTIMIZER_NAMES, OptimizerConfig, RunConfig, TrainingSpec
+from slsml.plan import ShardPlan
 
 from .conftest import final_weights, finish, train
 
-ITERATIONS = 3
+ITERATIONS = 4
 BATCH = 96
-OPTIMIZERS = {
-    "sgd-momentum": OptimizerConfig(name="sgd", learning_rate=0.05, momentum=0.9),
-    "sgd-nesterov": OptimizerConfig(name="sgd", learning_rate=0.05, momentum=0.9, nesterov=True),
-    "adam": OptimizerConfig(name="adam", learning_rate=3e-3),
+K, S = keras.optimizers, keras.optimizers.schedules
+# Each case once, as a Keras optimizer: the reference trains with it, and the pipeline with the config
+# read from its get_config(), as from a compiled model. The schedules change the rate within ITERATIONS
+# steps; the clipping thresholds lie below the gradients' norms (global ≈ 0.3-0.5, the dense kernel's
+# ≈ 0.16-0.23, max|g| ≈ 0.05-0.08), so that clipping acts in every step.
+KERAS: dict[str, Callable[[], keras.optimizers.Optimizer]] = {
+    "sgd-momentum": lambda: K.SGD(learning_rate=0.05, momentum=0.9),
+    "sgd-nesterov": lambda: K.SGD(learning_rate=0.05, momentum=0.9, nesterov=True),
+    "adam": lambda: K.Adam(learning_rate=3e-3),
+    "adamw-cosine-warmup-globalclip": lambda: K.AdamW(
+        learning_rate=S.CosineDecay(5e-4, decay_steps=2, alpha=0.1, warmup_target=4e-3, warmup_steps=2),
+        weight_decay=0.25, global_clipnorm=0.2,
+    ),
+    "rmsprop-centered-exponential": lambda: K.RMSprop(
+        learning_rate=S.ExponentialDecay(2e-3, decay_steps=1, decay_rate=0.6), rho=0.8, momentum=0.5, centered=True,
+    ),
+    "adagrad-inversetime-decay": lambda: K.Adagrad(
+        learning_rate=S.InverseTimeDecay(0.05, decay_steps=1.5, decay_rate=1.0, staircase=True), weight_decay=0.1,
+    ),
+    "adamax-piecewise-clipvalue": lambda: K.Adamax(
+        learning_rate=S.PiecewiseConstantDecay([1, 2], [4e-3, 2e-3, 1e-3]), clipvalue=0.005,
+    ),
+    "nadam-polynomial": lambda: K.Nadam(
+        learning_rate=S.PolynomialDecay(4e-3, decay_steps=3, end_learning_rate=5e-4, power=2.0),
+    ),
+    "lion-restarts": lambda: K.Lion(
+        learning_rate=S.CosineDecayRestarts(1e-3, first_decay_steps=1.5, t_mul=2.0, m_mul=0.7, alpha=0.1),
+    ),
+    "sgd-decay-exclude-clipnorm": lambda: K.SGD(learning_rate=0.1, momentum=0.9, weight_decay=0.2, clipnorm=0.1),
+    "adadelta-decay": lambda: K.Adadelta(learning_rate=1.0, rho=0.8, epsilon=1e-5, weight_decay=0.01),
+    "ftrl-regularized": lambda: K.Ftrl(
+        learning_rate=0.05, learning_rate_power=-0.4, l1_regularization_strength=1e-4,
+        l2_regularization_strength=1e-3, l2_shrinkage_regularization_strength=1e-3, beta=0.2,
+    ),
 }
-# SGD: float32 round-off of a different summation order (worker means, then a weighted mean).
-# Adam: m/(sqrt(v)+eps) turns relative errors of ~1e-7 in g into larger absolute steps where v is
-# tiny (a gradient near 0 gives a step of ±lr whatever its size), so a looser bound, 1e-4.
-TOLERANCE = {"sgd-momentum": 1e-5, "sgd-nesterov": 1e-5, "adam": 1e-4}
-SHAPES = [(w, r) for w, r in itertools.product((1, 3, 4), (1, 2, 3))]
-CASES = [(name, w, r) for name in ("sgd-momentum", "adam") for w, r in SHAPES] + [("sgd-nesterov", 3, 2)]
+# exclude_from_weight_decay is no part of get_config(): set on both sides
+EXCLUDE = {"sgd-decay-exclude-clipnorm": ("bias",)}
+# Round-off: float32 sums in another order (each worker's mean, then their weighted mean in float64) and
+# numpy's arithmetic for TensorFlow's change the averaged gradient and the step by ~1e-7 relative. Where
+# an optimizer's step is a smooth function of g, the weights stay within ~1e-7 of their scale (measured:
+# at most 2.6e-6, Ftrl): TOLERANCE 1e-5. Adam, Adamax and Nadam divide m by sqrt(v) (Adamax: max|g|) + eps,
+# which is ~|g|: where g is tiny, cancelling to near 0, a relative error of ~1e-7 of its summands is a
+# large one of g, and the step is ±lr whatever its size: 1e-4 (measured: up to 7.4e-6, Nadam with W=3).
+# AdamW's case divides alike but measures 1.5e-7, so it keeps 1e-5. Lion steps by sign(...), which such a
+# g could flip (a step of 2·lr, beyond any tolerance); measured: exact.
+TOLERANCE = {name: 1e-5 for name in KERAS}
+TOLERANCE |= {"adam": 1e-4, "adamax-piecewise-clipvalue": 1e-4, "nadam-polynomial": 1e-4}
+# the shapes of the first cases trimmed to those the newer ones leave out (R=2, W=4)
+CASES = [(name, w, r) for name in ("sgd-momentum", "adam") for w, r in ((1, 2), (4, 1), (4, 2), (4, 3))]
+CASES += [("sgd-nesterov", 3, 2)]
+CASES += [
+    (name, w, r)
+    for name in KERAS
+    if name not in ("sgd-momentum", "sgd-nesterov", "adam")
+    for w, r in itertools.product((1, 3), (1, 3))
+]
+
+
+def config_of(name: str) -> OptimizerConfig:
+    """The pipeline's optimizer: read from the Keras optimizer's config, as from a compiled model."""
+    optimizer = KERAS[name]()
+    config = OptimizerConfig.from_keras(type(optimizer).__name__, optimizer.get_config())
+    if name in EXCLUDE:
+        config = OptimizerConfig.model_validate({**config.model_dump(), "exclude_from_weight_decay": EXCLUDE[name]})
+    return config
+
+
+def keras_optimizer(name: str, drop: tuple[str, ...] = (), exclude: bool = True) -> keras.optimizers.Optimizer:
+    """The case's Keras optimizer; ``drop``: without these options (to see that they matter), ``exclude``:
+    with the case's exclusions from weight decay."""
+    optimizer = KERAS[name]()
+    if drop:
+        unset = {option: 0.0 if option == "weight_decay" else None for option in drop}  # AdamW needs a number
+        optimizer = type(optimizer).from_config({**optimizer.get_config(), **unset})
+    if exclude and name in EXCLUDE:
+        optimizer.exclude_from_weight_decay(var_names=list(EXCLUDE[name]))
+    return optimizer
 
 
 def _run_id(name: str, workers: int, reducers: int) -> str:
@@ -38,27 +108,52 @@ def pipeline_runs(services, digits):
     """All cases at once through the shared pipeline (runs also must not disturb each other)."""
     for name, workers, reducers in CASES:
         spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=ITERATIONS,
-                            optimizer=OPTIMIZERS[name], eval_every=0)
+                            optimizer=config_of(name), eval_every=0)
         train(services, spec, _run_id(name, workers, reducers))
     return {case: finish(services, _run_id(*case)) for case in CASES}
 
 
-def reference_weights(name: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Single-process Keras: the same model, global batches, loss and optimizer."""
+def flat(model: keras.Model) -> np.ndarray:
+    return np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])
+
+
+@functools.cache
+def reference(name: str, drop: tuple[str, ...] = (), exclude: bool = True) -> tuple[np.ndarray, tuple[bool, ...]]:
+    """Single-process Keras on the same model, global batches, loss and optimizer: the final weights, and
+    for each step whether the case's clipping changed the gradient (for ``clipnorm``: of a variable that
+    three shards cut across)."""
+    x, y, _, _ = demo.digits()
     model = demo.digits_cnn(seed=1)
-    config = OPTIMIZERS[name]
-    if config.name == "sgd":
-        optimizer = keras.optimizers.SGD(config.learning_rate, momentum=config.momentum, nesterov=config.nesterov)
-    else:
-        optimizer = keras.optimizers.Adam(config.learning_rate)
+    optimizer = keras_optimizer(name, drop, exclude)
     loss_fn = modelio.deserialize_loss(modelio.loss_config(model, None))
+    plan = ShardPlan.build(modelio.variable_specs(model), 3)
+    cut = {p.number for r in range(3) for p in plan.pieces(r) if not p.whole}
+    clipped = []
     for iteration in range(ITERATIONS):
         batch = data.global_batch_indices(len(x), BATCH, seed=0, iteration=iteration)
         with tf.GradientTape() as tape:
             loss = loss_fn(y[batch], model(x[batch], training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_weights), model.trainable_weights,
-                                      strict=True))
-    return np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])
+        gradients = tape.gradient(loss, model.trainable_weights)
+        norms = [float(np.linalg.norm(np.asarray(g, dtype=np.float64))) for g in gradients]
+        if optimizer.global_clipnorm:
+            clipped.append(float(np.linalg.norm(norms)) > optimizer.global_clipnorm)
+        elif optimizer.clipnorm:
+            clipped.append(any(norms[i] > optimizer.clipnorm for i in cut))
+        elif optimizer.clipvalue:
+            clipped.append(any(float(np.abs(g).max()) > optimizer.clipvalue for g in gradients))
+        optimizer.apply_gradients(zip(gradients, model.trainable_weights, strict=True))
+    return flat(model), tuple(clipped)
+
+
+def test_the_cases_cover_every_optimizer_schedule_decay_and_clipping():
+    configs = [config_of(name) for name in KERAS]
+    assert {c.name for c in configs} == set(OPTIMIZER_NAMES)
+    rates = [c.learning_rate for c in configs if not isinstance(c.learning_rate, float)]
+    assert {r.class_name for r in rates} == set(schedules.NAMES)
+    assert any(r.class_name == "CosineDecay" and r.warmup_target is not None for r in rates)
+    assert all(len({float(r.rate(step)) for step in range(ITERATIONS)}) > 2 for r in rates), "a rate barely changes"
+    assert any(c.weight_decay and c.exclude_from_weight_decay for c in configs)
+    assert all(any(getattr(c, option) for c in configs) for option in ("clipnorm", "global_clipnorm", "clipvalue"))
 
 
 @pytest.mark.parametrize(("name", "workers", "reducers"), CASES)
@@ -66,9 +161,31 @@ def test_pipeline_matches_single_process_keras(pipeline_runs, services, digits, 
     run = pipeline_runs[(name, workers, reducers)]
     assert run.status == "COMPLETED", run.reason
     assert run.iteration == ITERATIONS
+    config = RunConfig.model_validate(services.store.get_json(keys.run_config(run.run_id)))
+    assert config.optimizer == config_of(name)
+    if reducers == 3:  # the shards cut across variables (the exchange of norm clipping spans them)
+        assert any(not p.whole and p.variable.trainable for r in range(3) for p in config.plan.pieces(r))
+    squares_in = {services.table.get_counter(run.run_id, i).squares_in for i in range(ITERATIONS)}
+    assert squares_in == ({reducers} if config.optimizer.clips_by_norm and reducers > 1 else {0})
+
     got, _ = final_weights(services, run.run_id)
-    expected = reference_weights(name, digits[0], digits[1])
-    initial = np.concatenate([np.asarray(w).ravel() for w in demo.digits_cnn(seed=1).get_weights()])
-    assert np.abs(expected - initial).max() > 100 * TOLERANCE[name] * np.abs(expected).max(), "training moved nothing"
-    error = np.abs(got - expected).max() / np.abs(expected).max()
-    assert error <= TOLERANCE[name], f"{name} W={workers} R={reducers}: max|Δw|/max|w| = {error:.2e}"
+    expected, clipped = reference(name)
+    tolerance = TOLERANCE[name]
+    scale = np.abs(expected).max()
+    initial = flat(demo.digits_cnn(seed=1))
+    assert np.abs(expected - initial).max() > 100 * tolerance * scale, "training moved nothing"
+    # each feature of the case changes the result by far more than the tolerance: the test can see it fail
+    features = {"clipping": ("clipnorm", "global_clipnorm", "clipvalue"), "weight decay": ("weight_decay",)}
+    for feature, options in features.items():
+        if any(getattr(config.optimizer, option) for option in options):
+            without, _ = reference(name, drop=options)
+            assert np.abs(expected - without).max() > 10 * tolerance * scale, f"{feature} changed nothing"
+    if name in EXCLUDE:
+        included, _ = reference(name, exclude=False)
+        assert np.abs(expected - included).max() > 10 * tolerance * scale, "the exclusion changed nothing"
+    if clipped:
+        assert sum(clipped) > len(clipped) / 2, f"clipping acted in {sum(clipped)} of {len(clipped)} steps"
+
+    error = np.abs(got - expected).max() / scale
+    print(f"\n{name} W={workers} R={reducers}: max|Δw|/max|w| = {error:.2e} (tolerance {tolerance:g})")
+    assert error <= tolerance, f"{name} W={workers} R={reducers}: max|Δw|/max|w| = {error:.2e}"
