@@ -42,7 +42,6 @@ _REFUSED_OPTIMIZERS = {
 }
 # Keras optimizer options the reducers refuse, and why
 _REFUSED = {
-    "use_ema": "an exponential moving average of the weights is not kept by the reducers; train without it",
     "loss_scale_factor": "loss scaling is for mixed precision, and workers compute in float32; compile without it",
     "gradient_accumulation_steps": "the global batch already adds up every worker's gradient: raise --batch by"
     " that factor instead",
@@ -77,6 +76,12 @@ class OptimizerConfig(BaseModel):
     weight_decay: float | None = Field(default=None, ge=0, description="decoupled, applied before the update")
     exclude_from_weight_decay: tuple[str, ...] = Field(
         default=(), description="patterns (regular expressions) of variable names that take no weight decay"
+    )
+    use_ema: bool = Field(default=False, description="keep an exponential moving average of the weights; the final"
+                          " model carries it")
+    ema_momentum: float = Field(default=0.99, ge=0, le=1, description="the average's momentum")
+    ema_overwrite_frequency: int | None = Field(
+        default=None, ge=1, description="every this many steps the weights take the average's value"
     )
     clipnorm: float | None = Field(default=None, gt=0, description="clip each variable's gradient to this norm")
     global_clipnorm: float | None = Field(

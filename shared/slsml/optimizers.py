@@ -40,6 +40,8 @@ def initial_state(config: OptimizerConfig, size: int) -> State:
         state[slot] = np.zeros(size, dtype=_F)
     if config.name in ("adagrad", "ftrl"):
         state["accumulator"] = np.full(size, config.initial_accumulator_value, dtype=_F)
+    if config.use_ema:
+        state["average"] = np.zeros(size, dtype=_F)
     return state
 
 
@@ -66,8 +68,26 @@ def apply(
         else:
             w[decays] -= w[decays] * _F(config.weight_decay) * lr
     _STEPS[config.name](config, w, g, lr, state)
+    if config.use_ema:
+        _moving_average(config, w, state)
     state["step"] = state["step"] + 1
     return w, state
+
+
+def finalize(config: OptimizerConfig, weights: np.ndarray, state: State) -> np.ndarray:
+    """The weights training ends with: with ``use_ema`` their moving average (Keras' ``fit`` ends so)."""
+    return state["average"].copy() if config.use_ema else weights
+
+
+def _moving_average(config: OptimizerConfig, w: np.ndarray, state: State) -> None:
+    """Keras: the average starts at the first step's weights; every ``ema_overwrite_frequency`` steps the
+    weights take its value."""
+    step = int(state["step"])
+    momentum = _F(step != 0) * _F(config.ema_momentum)
+    average = state["average"]
+    average[...] = momentum * average + (_F(1) - momentum) * w
+    if config.ema_overwrite_frequency and (step + 1) % config.ema_overwrite_frequency == 0:
+        w[...] = average
 
 
 def _sgd(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32, state: State) -> None:

@@ -1,5 +1,6 @@
 """With quorum 1 the pipeline reproduces single-process Keras training on the same global batches, for
-every optimizer, learning-rate schedule, weight decay (with exclusions) and kind of gradient clipping."""
+every optimizer, learning-rate schedule, weight decay (with exclusions), kind of gradient clipping, and
+the moving average of the weights."""
 
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ KERAS: dict[str, Callable[[], keras.optimizers.Optimizer]] = {
     ),
     "sgd-decay-exclude-clipnorm": lambda: K.SGD(learning_rate=0.1, momentum=0.9, weight_decay=0.2, clipnorm=0.1),
     "adadelta-decay": lambda: K.Adadelta(learning_rate=1.0, rho=0.8, epsilon=1e-5, weight_decay=0.01),
+    "adam-ema-overwrite": lambda: K.Adam(
+        learning_rate=3e-3, use_ema=True, ema_momentum=0.6, ema_overwrite_frequency=3
+    ),
     "ftrl-regularized": lambda: K.Ftrl(
         learning_rate=0.05, learning_rate_power=-0.4, l1_regularization_strength=1e-4,
         l2_regularization_strength=1e-3, l2_shrinkage_regularization_strength=1e-3, beta=0.2,
@@ -66,7 +70,7 @@ EXCLUDE = {"sgd-decay-exclude-clipnorm": ("bias",)}
 # AdamW's case divides alike but measures 1.5e-7, so it keeps 1e-5. Lion steps by sign(...), which such a
 # g could flip (a step of 2·lr, beyond any tolerance); measured: exact.
 TOLERANCE = {name: 1e-5 for name in KERAS}
-TOLERANCE |= {"adam": 1e-4, "adamax-piecewise-clipvalue": 1e-4, "nadam-polynomial": 1e-4}
+TOLERANCE |= {"adam": 1e-4, "adam-ema-overwrite": 1e-4, "adamax-piecewise-clipvalue": 1e-4, "nadam-polynomial": 1e-4}
 # the shapes of the first cases trimmed to those the newer ones leave out (R=2, W=4)
 CASES = [(name, w, r) for name in ("sgd-momentum", "adam") for w, r in ((1, 2), (4, 1), (4, 2), (4, 3))]
 CASES += [("sgd-nesterov", 3, 2)]
@@ -92,7 +96,7 @@ def keras_optimizer(name: str, drop: tuple[str, ...] = (), exclude: bool = True)
     with the case's exclusions from weight decay."""
     optimizer = KERAS[name]()
     if drop:
-        unset = {option: 0.0 if option == "weight_decay" else None for option in drop}  # AdamW needs a number
+        unset = {option: {"weight_decay": 0.0, "use_ema": False}.get(option) for option in drop}  # AdamW: a number
         optimizer = type(optimizer).from_config({**optimizer.get_config(), **unset})
     if exclude and name in EXCLUDE:
         optimizer.exclude_from_weight_decay(var_names=list(EXCLUDE[name]))
@@ -142,6 +146,7 @@ def reference(name: str, drop: tuple[str, ...] = (), exclude: bool = True) -> tu
         elif optimizer.clipvalue:
             clipped.append(any(float(np.abs(g).max()) > optimizer.clipvalue for g in gradients))
         optimizer.apply_gradients(zip(gradients, model.trainable_weights, strict=True))
+    optimizer.finalize_variable_values(model.trainable_weights)  # as fit ends: with use_ema, the average
     return flat(model), tuple(clipped)
 
 
@@ -153,6 +158,7 @@ def test_the_cases_cover_every_optimizer_schedule_decay_and_clipping():
     assert any(r.class_name == "CosineDecay" and r.warmup_target is not None for r in rates)
     assert all(len({float(r.rate(step)) for step in range(ITERATIONS)}) > 2 for r in rates), "a rate barely changes"
     assert any(c.weight_decay and c.exclude_from_weight_decay for c in configs)
+    assert any(c.use_ema and c.ema_overwrite_frequency for c in configs)
     assert all(any(getattr(c, option) for c in configs) for option in ("clipnorm", "global_clipnorm", "clipvalue"))
 
 
@@ -175,7 +181,8 @@ def test_pipeline_matches_single_process_keras(pipeline_runs, services, digits, 
     initial = flat(demo.digits_cnn(seed=1))
     assert np.abs(expected - initial).max() > 100 * tolerance * scale, "training moved nothing"
     # each feature of the case changes the result by far more than the tolerance: the test can see it fail
-    features = {"clipping": ("clipnorm", "global_clipnorm", "clipvalue"), "weight decay": ("weight_decay",)}
+    features = {"clipping": ("clipnorm", "global_clipnorm", "clipvalue"), "weight decay": ("weight_decay",),
+                "the moving average": ("use_ema",)}
     for feature, options in features.items():
         if any(getattr(config.optimizer, option) for option in options):
             without, _ = reference(name, drop=options)

@@ -22,7 +22,7 @@ def optimizer(*flags: str, command: tuple[str, ...] = ("demo",)) -> OptimizerCon
 @pytest.mark.parametrize("field", [f for f in OptimizerConfig.model_fields if f not in {"name", "learning_rate"}])
 def test_every_optimizer_field_has_a_flag(command: tuple[str, ...], field: str) -> None:
     flag = "--" + field.replace("_", "-")
-    args, unknown = cli.build_parser().parse_known_args([*command, flag, "0.5"])  # a switch leaves "0.5" over
+    args, unknown = cli.build_parser().parse_known_args([*command, flag, "1"])  # a switch leaves "1" over
     assert flag not in unknown and getattr(args, field, None) is not None, f"no {flag} for OptimizerConfig.{field}"
 
 

@@ -137,12 +137,11 @@ def test_optimizer_config_with_schedule_and_weight_decay_survives_the_keras_file
     [
         (keras.optimizers.Lamb(), "optimizer Lamb is not supported: its trust ratio"),
         (keras.optimizers.ScheduleFreeAdamW(), "ScheduleFreeAdamW is not supported; use one of"),
-        (keras.optimizers.Adam(use_ema=True), "use_ema=True is not supported: an exponential moving average"),
         (keras.optimizers.SGD(gradient_accumulation_steps=2), "gradient_accumulation_steps=2 is not supported"),
         (keras.optimizers.Adam(keras.optimizers.schedules.LearningRateSchedule()),
          "schedule 'LearningRateSchedule' must override"),
     ],
-    ids=["lamb", "unknown", "ema", "accumulation", "custom-schedule"],
+    ids=["lamb", "unknown", "accumulation", "custom-schedule"],
 )
 def test_unsupported_optimizers_are_refused(optimizer: keras.optimizers.Optimizer, message: str) -> None:
     with pytest.raises(BadInputError, match=message):

@@ -63,6 +63,10 @@ KERAS = {
         weight_decay=0.05,
     ),
     "ftrl": lambda: keras.optimizers.Ftrl(learning_rate=0.05),
+    "adam-ema": lambda: keras.optimizers.Adam(learning_rate=0.01, use_ema=True, ema_momentum=0.9),
+    "sgd-ema-overwrite": lambda: keras.optimizers.SGD(
+        learning_rate=0.05, momentum=0.9, use_ema=True, ema_momentum=0.7, ema_overwrite_frequency=6
+    ),
     "ftrl-regularized-exponential": lambda: keras.optimizers.Ftrl(
         learning_rate=S.ExponentialDecay(0.1, decay_steps=5, decay_rate=0.7), learning_rate_power=-0.3,
         initial_accumulator_value=0.2, l1_regularization_strength=1e-3, l2_regularization_strength=0.01,
@@ -274,7 +278,6 @@ def test_bad_schedule_is_refused_by_name(learning_rate: object, message: str) ->
 @pytest.mark.parametrize(
     ("optimizer", "message"),
     [
-        (keras.optimizers.Lion(use_ema=True), "use_ema=True is not supported: an exponential moving average"),
         (keras.optimizers.Nadam(gradient_accumulation_steps=4),
          "gradient_accumulation_steps=4 is not supported: the global batch already adds up"),
         (keras.optimizers.Adam(loss_scale_factor=128.0),
@@ -283,7 +286,7 @@ def test_bad_schedule_is_refused_by_name(learning_rate: object, message: str) ->
         (keras.optimizers.RMSprop(rho=1.5), "optimizer RMSprop: rho: Input should be less than 1"),
         (keras.optimizers.Ftrl(beta=-1.0), "optimizer Ftrl: beta: Input should be greater than or equal to 0"),
     ],
-    ids=["ema", "accumulation", "loss-scale", "unknown", "bad-value", "bad-ftrl-value"],
+    ids=["accumulation", "loss-scale", "unknown", "bad-value", "bad-ftrl-value"],
 )
 def test_unsupported_optimizer_option_is_refused_by_name(optimizer: keras.optimizers.Optimizer, message: str) -> None:
     with pytest.raises(BadInputError, match=message):
@@ -385,3 +388,22 @@ def test_keras_defaults_fill_fields_not_given() -> None:
 def test_config_survives_run_json(case: str) -> None:
     config = CONFIGS[case]
     assert OptimizerConfig.model_validate_json(config.model_dump_json()) == config
+
+
+@pytest.mark.parametrize("case", ["adam-ema", "sgd-ema-overwrite"])
+def test_ema_final_weights_match_keras_fit(case: str) -> None:
+    """Training ends with the moving average in the weights, as Keras' fit leaves it."""
+    config = CONFIGS[case]
+    weights, gradients = random_problem(seed=3)
+    variables = [keras.Variable(w, dtype="float32") for w in weights]
+    optimizer = keras_optimizer(case)
+    for step in gradients:
+        optimizer.apply_gradients(zip([keras.ops.convert_to_tensor(g) for g in step], variables, strict=True))
+    raw = flat([np.asarray(v.numpy()) for v in variables])
+    optimizer.finalize_variable_values(variables)
+    expected = flat([np.asarray(v.numpy()) for v in variables])
+    got, state = run_numpy(config, flat(weights), [flat(g) for g in gradients])
+    final = optimizers.finalize(config, got, state)
+    assert not np.allclose(expected, raw, rtol=1e-3, atol=0), "the average equals the weights: vacuous"
+    np.testing.assert_allclose(final, expected, rtol=1e-5, atol=1e-12)
+    assert optimizers.finalize(CONFIGS["adam"], got, state) is got

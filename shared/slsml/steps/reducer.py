@@ -67,6 +67,8 @@ def _step(
     stepped, state = optimizers.apply(
         config.optimizer, current.weights[trainable], gradient[trainable], current.state, decays
     )
+    if iteration + 1 == config.training.iterations:  # the final shard
+        stepped = optimizers.finalize(config.optimizer, stepped, state)
     weights = current.weights.copy()
     weights[trainable] = stepped
     weights[~trainable] = mean[~trainable]  # non-trainable state (e.g. BatchNorm statistics): averaged
