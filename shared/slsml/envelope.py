@@ -125,7 +125,7 @@ def pipeline_handler(
         if idempotent:
             run = once_per_message(run, context)
         for message in (message for record in records for message in unpack(record)):
-            with usage.scope(*run_and_iteration(message)):
+            with usage.scope(*run_and_iteration(message), **usage.about(message)):
                 if stage is None:
                     run(message)
                     continue

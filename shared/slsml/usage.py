@@ -14,9 +14,10 @@ invocation (``invocation``, ``scope``). Requests made outside any scope (at impo
 messages) go to the invocation's next scope; an invocation that opens none (a rejected message)
 reports its time and requests with no run. Each scope ends in one log line through Powertools'
 Logger, with key ``usage``: the function, start, end, duration and memory, the requests by
-operation, the read and write units, billed publishes and bytes. Its duration runs from the end of
-the invocation's previous scope (its start, for the first), so a message's scopes add up to its
-invocation's billed duration, bar what follows the last one.
+operation, the read and write units, billed publishes and bytes, and which part of the iteration the
+message was (``about``: its worker or shard, attempt, a deadline's stage), where it names one. Its
+duration runs from the end of the invocation's previous scope (its start, for the first), so a
+message's scopes add up to its invocation's billed duration, bar what follows the last one.
 
 ``read_local`` and ``read_cloudwatch`` collect a run's records; ``figures`` prices them.
 """
@@ -43,6 +44,7 @@ from slsml.deployment import SERVICE_NAME
 from slsml.prices import PriceTable
 
 USAGE_KEY = "usage"  # the key of a usage log line
+PART_FIELDS = ("worker", "shard", "attempt", "stage")  # which part of an iteration a message was, if it says
 _CALL = "slsml_usage"  # the key of a call's bookkeeping in botocore's request context
 _DYNAMODB_READS = {"GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems"}
 
@@ -51,7 +53,8 @@ logger = Logger(service=SERVICE_NAME, child=True)
 
 
 class UsageRecord(BaseModel):
-    """One scope's usage line (``invocation``, the Lambda request id, comes from the line around it)."""
+    """One scope's usage line (``invocation``, the Lambda request id, and ``trace_id``, the X-Ray trace on
+    AWS, come from the line around it)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -68,7 +71,13 @@ class UsageRecord(BaseModel):
     sns_billed: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    # the message's part of the iteration (``about``); logged only where the message names it
+    worker: int | None = None
+    shard: int | None = None
+    attempt: int | None = None
+    stage: str | None = Field(default=None, description="a deadline's: the barrier it watched (work, reduce)")
     invocation: str | None = Field(default=None, exclude=True)
+    trace_id: str | None = Field(default=None, exclude=True)
 
 
 # ---- counting, in a function's process -----------------------------------------------------------
@@ -89,6 +98,7 @@ class _Scope:
     run_id: str | None
     iteration: int | None
     counts: _Counts
+    part: dict[str, Any] = field(default_factory=dict)  # of PART_FIELDS
     open: bool = True
 
 
@@ -137,15 +147,21 @@ def invocation(function: str, memory_mb: int) -> Iterator[None]:
         _invocation = None
 
 
+def about(message: Any) -> dict[str, Any]:
+    """Which part of its iteration a message is, for its scope: the fields of ``PART_FIELDS`` it has."""
+    return {name: value for name in PART_FIELDS if (value := getattr(message, name, None)) is not None}
+
+
 @contextmanager
-def scope(run_id: str | None, iteration: int | None) -> Iterator[None]:
-    """Count what is sent until the block ends for (``run_id``, ``iteration``), then log it."""
+def scope(run_id: str | None, iteration: int | None, **part: Any) -> Iterator[None]:
+    """Count what is sent until the block ends for (``run_id``, ``iteration``), then log it with ``part``
+    (``about``: worker, shard, attempt, stage)."""
     global _scope, _pending
     current = _invocation
     if current is None:
         raise RuntimeError("a usage scope must be opened within an invocation")
     with _lock:
-        opened = _Scope(run_id, iteration, _pending)
+        opened = _Scope(run_id, iteration, _pending, part)
         _scope, _pending = opened, _Counts()
     try:
         yield
@@ -179,8 +195,10 @@ def _log(opened: _Scope, current: _Invocation, end: float) -> None:
         sns_billed=counts.sns_billed,
         bytes_read=counts.bytes_read,
         bytes_written=counts.bytes_written,
+        **opened.part,
     )
-    logger.info(USAGE_KEY, extra={USAGE_KEY: record.model_dump()})
+    unnamed = {name for name in PART_FIELDS if getattr(record, name) is None}  # no bytes for what it is not
+    logger.info(USAGE_KEY, extra={USAGE_KEY: record.model_dump(exclude=unnamed)})
 
 
 def instrument(client: Any) -> None:
@@ -349,7 +367,9 @@ def _record(line: str, run_id: str) -> UsageRecord | None:
         usage = entry.get(USAGE_KEY) if isinstance(entry, dict) else None
         if not isinstance(usage, dict) or usage.get("run_id") != run_id:
             return None
-        return UsageRecord.model_validate({**usage, "invocation": entry.get("function_request_id")})
+        return UsageRecord.model_validate(
+            {**usage, "invocation": entry.get("function_request_id"), "trace_id": entry.get("xray_trace_id")}
+        )
     except (ValueError, ValidationError):
         return None
 

@@ -156,6 +156,24 @@ def test_a_dropped_model_scope_is_named_by_its_step(endpoint: str, lines: list[d
     assert (lines[0]["run_id"], lines[0]["iteration"]) == ("model-1234abcd", None)
 
 
+def test_a_scope_says_which_part_of_its_iteration_the_message_was(endpoint: str, lines: list[dict[str, Any]]) -> None:
+    from slsml.messages import Deadline, ReduceDone, WorkMessage
+
+    settle(lines)
+    messages = [WorkMessage(run_id="r", iteration=3, worker=2, attempt=1), ReduceDone(run_id="r", iteration=3, shard=0),
+                Deadline(run_id="r", iteration=3, stage="work", round=0, due_at=0.0)]
+    with usage.invocation("worker", 3008):
+        for message in messages:
+            with usage.scope(message.run_id, message.iteration, **usage.about(message)):
+                pass
+    work, done, deadline = lines
+    assert (work["worker"], work["attempt"], "shard" in work, "stage" in work) == (2, 1, False, False)
+    assert (done["shard"], "worker" in done) == (0, False) and deadline["stage"] == "work"
+    entry = {"function_request_id": "req-1", "xray_trace_id": "1-abc-def", usage.USAGE_KEY: work}
+    record = usage._record(json.dumps(entry), "r")
+    assert (record.worker, record.shard, record.invocation, record.trace_id) == (2, None, "req-1", "1-abc-def")
+
+
 def test_cloudwatch_reader_returns_the_runs_usage_lines(endpoint: str) -> None:
     logs = boto3.client("logs", endpoint_url=endpoint, region_name=REGION)
     groups = {"/aws/lambda/Slsml-Worker": "worker", "/aws/lambda/Slsml-Merger": "merger"}
