@@ -40,6 +40,9 @@ class DatasetManifest(BaseModel):
     y_shape: tuple[int, ...]
     y_dtype: str
     classes: int | None = Field(description="number of classes when labels are integer class ids")
+    x_range: tuple[float, float] | None = Field(
+        default=None, description="the smallest and the largest value of x, train and test (None: not recorded)"
+    )
     shard_size: int = Field(gt=0)
     train: SplitInfo
     test: SplitInfo
@@ -97,6 +100,7 @@ def put_dataset(
         y_shape=y.shape[1:],
         y_dtype=str(y.dtype),
         classes=int(max(y.max(), y_test.max())) + 1 if integer_labels else None,
+        x_range=(float(min(x.min(), x_test.min())), float(max(x.max(), x_test.max()))),
         shard_size=shard_size,
         train=SplitInfo(count=len(x), shards=-(-len(x) // shard_size)),
         test=SplitInfo(count=len(x_test), shards=-(-len(x_test) // shard_size)),

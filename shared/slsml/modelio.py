@@ -189,8 +189,99 @@ class Trainer:
         return total_loss / len(x), (total_correct / len(x) if self.classification else None)
 
 
-def check_fits(model: keras.Model, loss: str, x: np.ndarray, y: np.ndarray, classes: int | None) -> None:
-    """Raise BadInputError unless a forward pass and the loss run on a few samples of the data."""
+@dataclass(frozen=True)
+class InputSpec:
+    """One input of a model: its name, its shape with the batch dimension (None: any size) and its dtype."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: str
+
+
+def model_inputs(model: keras.Model) -> list[InputSpec] | None:
+    """The inputs a model declares; None for a subclassed model, which declares none."""
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        return None
+    return [InputSpec(name=str(t.name), shape=tuple(t.shape), dtype=str(t.dtype)) for t in inputs]
+
+
+def _shape(shape: tuple[int | None, ...]) -> str:
+    return f"({', '.join(str(d) for d in shape)}{',' if len(shape) == 1 else ''})"
+
+
+def _kind(dtype: str) -> str:
+    """numpy's kind of a Keras dtype name ("f", "i", "u", "b"; "?" for others, e.g. strings)."""
+    if "float" in dtype:  # bfloat16 too, which numpy does not know
+        return "f"
+    try:
+        return np.dtype(dtype).kind
+    except TypeError:
+        return "?"
+
+
+def input_mismatch(
+    inputs: list[InputSpec], x_shape: tuple[int, ...], x_dtype: str, x_range: tuple[float, float] | None
+) -> str | None:
+    """Why data of per-sample shape ``x_shape`` and dtype ``x_dtype`` (values within ``x_range``, if known)
+    cannot be a model's input, naming both shapes and dtypes; None if it can.
+
+    Dimensions the model leaves free (None) take any size. Integer or boolean data may feed a float input
+    (it is cast exactly, up to 2**24 in float32); an integer input takes integer or boolean data whose values
+    its dtype holds (by ``x_range``, else by the data's dtype), never float data (the cast would truncate it);
+    a boolean input takes boolean data only."""
+    if len(inputs) != 1:
+        named = "; ".join(f"{i.name!r} {_shape(i.shape[1:])} {i.dtype}" for i in inputs)
+        return (f"the model takes {len(inputs)} inputs ({named}) and a dataset holds one array x: slsml trains"
+                " models of one input. Join the inputs into one array (e.g. concatenate the features) and split"
+                " it inside the model (e.g. with a Lambda or slicing layer)")
+    spec = inputs[0]
+    wanted, kind, given = spec.shape[1:], _kind(spec.dtype), np.dtype(x_dtype)
+    problems = []
+    if len(wanted) != len(x_shape) or any(w is not None and w != d for w, d in zip(wanted, x_shape, strict=False)):
+        if len(wanted) == len(x_shape) == 1:
+            problems.append(f"{x_shape[0]} features where the model takes {wanted[0]}")
+        elif len(wanted) != len(x_shape):
+            problems.append(f"samples of {len(x_shape)} dimensions where the model takes {len(wanted)}")
+        else:
+            dims = [f"dimension {i + 1}: {d} vs {w}" for i, (w, d) in enumerate(zip(wanted, x_shape, strict=True))
+                    if w is not None and w != d]
+            problems.append(", ".join(dims))
+    if kind in "iu":
+        if given.kind in "fc":
+            problems.append(f"{given} data for an integer input: the cast would truncate it; give integers")
+        elif given.kind in "iu":
+            info = np.iinfo(spec.dtype)
+            low, high = x_range if x_range is not None else (np.iinfo(given).min, np.iinfo(given).max)
+            if low < info.min or high > info.max:
+                where = f"values from {low:g} to {high:g}" if x_range is not None else f"{given} values"
+                problems.append(f"{where} do not fit {spec.dtype} ({info.min} to {info.max})")
+    elif kind == "b" and given.kind != "b":
+        problems.append(f"{given} data for a boolean input")
+    elif kind not in "fb":
+        problems.append(f"inputs of dtype {spec.dtype} are not supported")
+    if not problems:
+        return None
+    return (f"samples of shape {_shape(x_shape)} {given} vs model input {spec.name!r} of shape {_shape(wanted)}"
+            f" {spec.dtype}: {'; '.join(problems)}")
+
+
+def check_fits(
+    model: keras.Model,
+    loss: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    classes: int | None,
+    x_range: tuple[float, float] | None = None,
+) -> None:
+    """Raise BadInputError unless the data's samples (shape and dtype, values within ``x_range``: default
+    those of ``x``) fit the model's declared input, and a forward pass and the loss run on a few of them."""
+    inputs = model_inputs(model)
+    if inputs is not None:
+        if x_range is None and len(x) and x.dtype.kind in "iub":
+            x_range = (float(x.min()), float(x.max()))
+        if problem := input_mismatch(inputs, x.shape[1:], str(x.dtype), x_range):
+            raise BadInputError(f"the data does not fit the model: {problem}")
     try:
         prediction = model(x[:2], training=False)
         float(deserialize_loss(loss)(y[:2], prediction))

@@ -119,7 +119,7 @@ def prepare_run(
     optimizer = spec.optimizer or modelio.optimizer_config(model)
     data.iterations_per_epoch(manifest.train.count, spec.global_batch)
     x, y = data.DatasetReader(store, manifest).take("train", np.arange(min(2, manifest.train.count)))
-    modelio.check_fits(model, loss, x, y, manifest.classes)
+    modelio.check_fits(model, loss, x, y, manifest.classes, manifest.x_range)
     plan = ShardPlan.build(modelio.variable_specs(model), spec.reducers)
     config = RunConfig(
         run_id=run_id,

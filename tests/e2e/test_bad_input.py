@@ -49,6 +49,44 @@ def test_data_that_does_not_fit_the_model(services, digits):
     assert not services.store.exists(keys.run_config("misfit"))
 
 
+def _token_classifier(dtype: str = "int32") -> bytes:
+    model = keras.Sequential([keras.Input((12,), dtype=dtype), keras.layers.Embedding(50, 8), keras.layers.GRU(4),
+                              keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    return modelio.save_model(model)
+
+
+def _nothing_stored(services, run_id: str) -> None:
+    assert not services.store.list_keys(keys.run_prefix(run_id))
+    with pytest.raises(NotFoundError):
+        services.table.get_run(run_id)
+
+
+def test_float_features_for_an_integer_input_of_another_width_are_refused(services):
+    """A Sequential model would run on them (Keras only warns, and casts the floats): a run trained on garbage."""
+    rng = np.random.default_rng(0)
+    x, y = rng.random((200, 30)).astype(np.float32), rng.integers(0, 3, 200)
+    data.put_dataset(services.store, "thirty-floats", x[:160], y[:160], x[160:], y[160:])
+    with pytest.raises(BadInputError) as refused:
+        runs.start_run(services, _token_classifier(), "thirty-floats", SPEC, run_id="garbage-in")
+    message = str(refused.value)
+    assert message.startswith("the data does not fit the model: samples of shape (30,) float32 vs model input")
+    assert "of shape (12,) int32: 30 features where the model takes 12; float32 data for an integer input" in message
+    _nothing_stored(services, "garbage-in")
+
+
+def test_integer_values_beyond_the_inputs_dtype_are_refused(services):
+    """The dataset's recorded value range counts, not only the samples the check reads."""
+    rng = np.random.default_rng(1)
+    x, y = rng.integers(0, 50, (200, 12)), rng.integers(0, 3, 200)
+    x[-1, -1] = 40_000  # in the test split: the first training samples look fine
+    data.put_dataset(services.store, "wide-ids", x[:160], y[:160], x[160:], y[160:])
+    with pytest.raises(BadInputError, match=r"samples of shape \(12,\) int64 vs model input '\w+' of shape \(12,\)"
+                       r" int16: values from 0 to 40000 do not fit int16 \(-32768 to 32767\)"):
+        runs.start_run(services, _token_classifier("int16"), "wide-ids", SPEC, run_id="wide-ids")
+    _nothing_stored(services, "wide-ids")
+
+
 def test_labels_beyond_the_model_outputs(services, digits):
     x, y, x_test, y_test = digits
     data.put_dataset(services.store, "many-classes", x, y * 2, x_test, y_test * 2)

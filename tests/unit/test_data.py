@@ -103,6 +103,7 @@ def test_reader_takes_rows_across_shards(store: ObjectStore) -> None:
     assert manifest.train.count == 50 and manifest.train.shards == 8
     assert manifest.test.count == 9 and manifest.test.shards == 2
     assert manifest.x_shape == (3, 2) and manifest.classes == 4
+    assert manifest.x_range == (float(min(x.min(), x_test.min())), float(max(x.max(), x_test.max())))
 
     reader = data.DatasetReader(store, data.load_manifest(store, "digits-1"))
     rng = np.random.default_rng(1)
