@@ -48,31 +48,51 @@ _REFUSED = {
 }
 
 
+def _only(*names: str) -> dict[str, Any]:
+    """A field's ``json_schema_extra``: the optimizers it applies to (a field without it applies to every one)."""
+    assert set(names) <= set(OPTIMIZER_NAMES), names
+    return {"optimizers": names}
+
+
 class OptimizerConfig(BaseModel):
-    """An element-wise optimizer the reducers apply in numpy, matching ``keras.optimizers``."""
+    """An element-wise optimizer the reducers apply in numpy, matching ``keras.optimizers``. A hyper-parameter
+    that does not apply to ``name`` (its field's ``json_schema_extra["optimizers"]``) keeps its default."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: OptimizerName = "adam"
     learning_rate: float | Schedule = Field(default=0.003, description="a constant (> 0) or a Keras schedule")
-    momentum: float = Field(default=0.0, ge=0, lt=1, description="sgd, rmsprop")
-    nesterov: bool = False
-    beta_1: float = Field(default=0.9, ge=0, le=1)
-    beta_2: float = Field(default=0.999, ge=0, le=1)
-    epsilon: float = Field(default=1e-7, gt=0)
-    amsgrad: bool = False
-    rho: float = Field(default=0.9, ge=0, lt=1, description="rmsprop, adadelta (Keras default 0.95)")
-    centered: bool = False
-    initial_accumulator_value: float = Field(default=0.1, ge=0, description="adagrad, ftrl")
+    momentum: float = Field(default=0.0, ge=0, lt=1, json_schema_extra=_only("sgd", "rmsprop"))
+    nesterov: bool = Field(default=False, json_schema_extra=_only("sgd"))
+    beta_1: float = Field(default=0.9, ge=0, le=1, json_schema_extra=_only("adam", "adamw", "adamax", "nadam", "lion"))
+    beta_2: float = Field(
+        default=0.999, ge=0, le=1, description="Lion's default 0.99",
+        json_schema_extra=_only("adam", "adamw", "adamax", "nadam", "lion"),
+    )
+    epsilon: float = Field(
+        default=1e-7, gt=0,
+        json_schema_extra=_only("adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "adadelta"),
+    )
+    amsgrad: bool = Field(default=False, json_schema_extra=_only("adam", "adamw"))
+    rho: float = Field(
+        default=0.9, ge=0, lt=1, description="Adadelta's default 0.95", json_schema_extra=_only("rmsprop", "adadelta")
+    )
+    centered: bool = Field(default=False, json_schema_extra=_only("rmsprop"))
+    initial_accumulator_value: float = Field(default=0.1, ge=0, json_schema_extra=_only("adagrad", "ftrl"))
     learning_rate_power: float = Field(
-        default=-0.5, le=0, description="ftrl: how the per-weight learning rate falls (0: fixed)"
+        default=-0.5, le=0, description="how the per-weight learning rate falls (0: fixed)",
+        json_schema_extra=_only("ftrl"),
     )
-    l1_regularization_strength: float = Field(default=0.0, ge=0, description="ftrl")
-    l2_regularization_strength: float = Field(default=0.0, ge=0, description="ftrl: stabilization penalty")
+    l1_regularization_strength: float = Field(default=0.0, ge=0, json_schema_extra=_only("ftrl"))
+    l2_regularization_strength: float = Field(
+        default=0.0, ge=0, description="stabilization penalty", json_schema_extra=_only("ftrl")
+    )
     l2_shrinkage_regularization_strength: float = Field(
-        default=0.0, ge=0, description="ftrl: magnitude penalty (added to the gradient)"
+        default=0.0, ge=0, description="magnitude penalty (added to the gradient)", json_schema_extra=_only("ftrl")
     )
-    beta: float = Field(default=0.0, ge=0, description="ftrl: the beta of McMahan et al. (2013)")
+    beta: float = Field(
+        default=0.0, ge=0, description="the beta of McMahan et al. (2013)", json_schema_extra=_only("ftrl")
+    )
     weight_decay: float | None = Field(default=None, ge=0, description="decoupled, applied before the update")
     exclude_from_weight_decay: tuple[str, ...] = Field(
         default=(), description="patterns (regular expressions) of variable names that take no weight decay"
@@ -96,8 +116,34 @@ class OptimizerConfig(BaseModel):
             return {**_KERAS_DEFAULTS.get(data.get("name", "adam"), {}), **data}
         return data
 
+    @classmethod
+    def applies(cls, field: str, name: str) -> bool:
+        """Whether the hyper-parameter ``field`` is one of optimizer ``name``'s."""
+        extra = cls.model_fields[field].json_schema_extra
+        return not isinstance(extra, dict) or name in extra["optimizers"]  # type: ignore[operator]
+
+    @classmethod
+    def optimizers_of(cls, field: str) -> tuple[str, ...]:
+        """The optimizers the hyper-parameter ``field`` applies to."""
+        return tuple(name for name in OPTIMIZER_NAMES if cls.applies(field, name))
+
+    def foreign(self) -> list[str]:
+        """The fields set to a value other than their default (or Keras's for this optimizer) that do not
+        apply to this optimizer."""
+        keras_defaults = _KERAS_DEFAULTS.get(self.name, {})
+        return [
+            field for field, info in type(self).model_fields.items()
+            if not self.applies(field, self.name) and (value := getattr(self, field)) != info.default
+            and value != keras_defaults.get(field, info.default)
+        ]
+
     @model_validator(mode="after")
     def _consistent(self) -> OptimizerConfig:
+        if foreign := self.foreign():
+            raise ValueError("; ".join(
+                f"{field} does not apply to {KERAS_OPTIMIZERS[self.name]} (only to"
+                f" {', '.join(KERAS_OPTIMIZERS[n] for n in self.optimizers_of(field))})" for field in foreign
+            ))
         if self.clipnorm and self.global_clipnorm:
             raise ValueError("clipnorm and global_clipnorm contradict each other: give one of them")
         if self.clipvalue and (self.clipnorm or self.global_clipnorm):

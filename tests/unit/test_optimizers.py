@@ -369,6 +369,37 @@ def test_every_optimizer_name_has_a_keras_class_and_a_step() -> None:
     assert all(hasattr(keras.optimizers, name) for name in KERAS_OPTIMIZERS.values())
 
 
+@pytest.mark.parametrize("name", OPTIMIZER_NAMES)
+def test_each_field_applies_to_the_optimizers_whose_keras_config_has_it(name: str) -> None:
+    """The declaration in OptimizerConfig against Keras: a field applies to an optimizer iff its get_config() has
+    it (exclude_from_weight_decay, which Keras does not serialize, applies to every one)."""
+    keras_config = getattr(keras.optimizers, KERAS_OPTIMIZERS[name])().get_config()
+    fields = [f for f in OptimizerConfig.model_fields if f not in {"name", "learning_rate"}]
+    applies = {f for f in fields if OptimizerConfig.applies(f, name)}
+    assert applies == {f for f in fields if f in keras_config} | {"exclude_from_weight_decay"}
+    for field in applies:
+        assert name in OptimizerConfig.optimizers_of(field)
+    # what Keras's defaults are for this optimizer never trips the check
+    assert OptimizerConfig.from_keras(KERAS_OPTIMIZERS[name], keras_config).foreign() == []
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"name": "adam", "momentum": 0.9},
+     r"Value error, momentum does not apply to Adam \(only to SGD, RMSprop\) \[type"),
+    ({"name": "adam", "nesterov": True}, r"Value error, nesterov does not apply to Adam \(only to SGD\) \[type"),
+    ({"name": "sgd", "amsgrad": True, "rho": 0.95},
+     r"Value error, amsgrad does not apply to SGD \(only to Adam, AdamW\); rho does not apply to SGD \(only to RMSprop,"
+     r" Adadelta\) \[type"),
+    ({"name": "ftrl", "beta_2": 0.99},
+     r"Value error, beta_2 does not apply to Ftrl \(only to Adam, AdamW, Adamax, Nadam, Lion\) \[type"),
+])
+def test_a_value_for_a_field_of_another_optimizer_is_refused(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        OptimizerConfig.model_validate(fields)
+    assert OptimizerConfig(name="sgd", momentum=0.0, beta_1=0.9).foreign() == []  # defaults are no values
+    assert OptimizerConfig(name="lion", rho=0.9).name == "lion"  # the field's default, not Adadelta's
+
+
 def test_keras_defaults_fill_fields_not_given() -> None:
     assert OptimizerConfig(name="adamw").weight_decay == keras.optimizers.AdamW().weight_decay
     assert OptimizerConfig(name="lion").beta_2 == keras.optimizers.Lion().beta_2
