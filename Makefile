@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# the AWS CLI that the tests drive the local cloud with, in an environment of its own (its botocore pin)
+AWS_CLI_VENV ?= .venv-awscli
+AWS_CLI := $(AWS_CLI_VENV)/bin/aws
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
 .PHONY: install demo test lint synth clean
@@ -12,17 +15,21 @@ $(BIN)/slsml: pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	touch $@
 
+$(AWS_CLI):
+	$(PYTHON) -m venv $(AWS_CLI_VENV)
+	$(AWS_CLI_VENV)/bin/pip install --quiet "awscli>=1.36"
+
 install: $(BIN)/slsml
 
 demo: install  ## train a CNN on digits through the whole pipeline on the embedded cloud
 	$(BIN)/slsml demo
 
-test: install  ## lint, then unit, integration, infrastructure and end-to-end tests
+test: install $(AWS_CLI)  ## lint, then unit, integration, infrastructure and end-to-end tests
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	SLSML_AWS_CLI=$(abspath $(AWS_CLI)) $(BIN)/python -m pytest -q
 
 synth: install  ## the CloudFormation template, offline
 	CDK_OUTDIR=cdk.out $(BIN)/python app.py
 
 clean:
-	rm -rf $(VENV) cdk.out .slsml runs .pytest_cache
+	rm -rf $(VENV) $(AWS_CLI_VENV) cdk.out .slsml runs .pytest_cache

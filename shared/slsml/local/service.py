@@ -1,0 +1,156 @@
+"""The local cloud as a background service: ``slsml local up`` starts the embedded cloud and the warm
+function hosts in a process of their own and returns once they are ready; every ``slsml run`` command
+then works against it as against a deployed stack, and any AWS client reaches it with ``local env``'s
+variables. Its state (bucket, table, runs) lives in that process: it lasts as long as the service.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from slsml.errors import NotFoundError, SlsmlError
+from slsml.local.cloud import LocalDeployment, use_deployment
+from slsml.services import Services
+
+STATE_DIR = Path(".slsml/local")
+STATE_FILE = "service.json"
+OUTPUT_FILE = "service.log"
+READY_TIMEOUT_S = 180.0
+CONCURRENCY = 1000  # per function, before the pool bounds it: a service takes runs of any shape
+
+
+class ServiceState(BaseModel):
+    """What ``local up`` leaves behind for the commands that follow: where the service is and what it holds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pid: int
+    started_at: float
+    pool: int
+    log_dir: str
+    deployment: dict
+
+    @property
+    def endpoint(self) -> str:
+        return self.deployment["endpoint"]
+
+    def local_deployment(self) -> LocalDeployment:
+        return LocalDeployment(**self.deployment)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def status(state_dir: Path = STATE_DIR) -> ServiceState | None:
+    """The running service's state, or None (a state file whose process is gone is removed)."""
+    path = state_dir / STATE_FILE
+    if not path.exists():
+        return None
+    state = ServiceState.model_validate_json(path.read_text())
+    if not _alive(state.pid):
+        path.unlink(missing_ok=True)
+        return None
+    return state
+
+
+def up(state_dir: Path = STATE_DIR, pool: int | None = None, timeout_s: float = READY_TIMEOUT_S) -> ServiceState:
+    """Start the service (or return the one running) once it is ready to take runs."""
+    running = status(state_dir)
+    if running is not None:
+        return running
+    state_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "slsml.local.service", str(state_dir)] + ([str(pool)] if pool else [])
+    with open(state_dir / OUTPUT_FILE, "wb") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)  # outlives this command and its terminal's Ctrl-C
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = status(state_dir)
+        if state is not None and state.pid == process.pid:
+            return state
+        if process.poll() is not None:
+            tail = (state_dir / OUTPUT_FILE).read_text(errors="replace")[-2000:]
+            raise SlsmlError(f"the local service exited ({process.returncode}) before it was ready:\n{tail}")
+        time.sleep(0.2)
+    process.terminate()
+    raise SlsmlError(f"the local service was not ready within {timeout_s:.0f} s (see {state_dir / OUTPUT_FILE})")
+
+
+def down(state_dir: Path = STATE_DIR, timeout_s: float = 60.0) -> bool:
+    """Stop the service: its cloud, its functions and everything they held. False if none was up."""
+    state = status(state_dir)
+    if state is None:
+        return False
+    os.kill(state.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(state.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _alive(state.pid):
+        os.kill(state.pid, signal.SIGKILL)
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    return True
+
+
+def connect(state_dir: Path = STATE_DIR) -> tuple[ServiceState, Services]:
+    """The running service's state, and Services that reach it (this process's AWS clients point at it)."""
+    state = status(state_dir)
+    if state is None:
+        raise NotFoundError("no local service is up: start one with `slsml local up`, or give --stack NAME")
+    deployment = state.local_deployment()
+    use_deployment(deployment)
+    services = Services.from_names(deployment.bucket, deployment.table, deployment.topic_arns,
+                                   deployment.state_machine_arn, deployment.deadline_queue_url)
+    return state, services
+
+
+def environment(state: ServiceState) -> dict[str, str]:
+    """The variables with which any AWS client (the AWS CLI, boto3) reaches the service."""
+    return state.local_deployment().environment()
+
+
+def serve(state_dir: Path, pool: int | None) -> None:
+    """The service's process: run the local runtime until SIGTERM or SIGINT."""
+    from slsml.local.runtime import LocalRuntime
+
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log_dir = (state_dir / "logs").resolve()
+    runtime = LocalRuntime(workers=CONCURRENCY, reducers=CONCURRENCY, pool=pool, log_dir=log_dir)
+    with runtime:
+        state = ServiceState(pid=os.getpid(), started_at=time.time(), pool=runtime.concurrency["worker"],
+                             log_dir=str(log_dir), deployment=dataclasses.asdict(runtime.deployment))
+        path = state_dir / STATE_FILE
+        staged = path.with_suffix(".tmp")
+        staged.write_text(json.dumps(state.model_dump(), indent=1))
+        staged.replace(path)  # whole, or not at all: readers never see half a file
+        print(f"local service ready at {state.endpoint}", flush=True)
+        while not stopping:
+            time.sleep(0.5)
+        path.unlink(missing_ok=True)
+    print("local service stopped", flush=True)
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -1,0 +1,102 @@
+"""The local cloud as a service that stays up, driven as a user would: `slsml local up`, the AWS CLI
+dropping a model into incoming/, `slsml run list`, `run watch` to COMPLETED, `run stop` and `run resume`
+on a local run, `local down`. Every command is its own process, as in a terminal."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slsml import demo, modelio
+
+SLSML = [sys.executable, "-m", "slsml.cli"]
+AWS_CLI = os.environ.get("SLSML_AWS_CLI", str(Path(__file__).parents[2] / ".venv-awscli" / "bin" / "aws"))
+
+
+def _slsml(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*SLSML, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def _exports(text: str) -> dict[str, str]:
+    """``export NAME=value`` lines → a mapping (as a shell would read them)."""
+    pairs = [shlex.split(line.removeprefix("export "))[0] for line in text.splitlines() if line.startswith("export ")]
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory):
+    """`slsml local up` in a folder of its own; `local down` at the end (and the test checks it)."""
+    home = tmp_path_factory.mktemp("service")
+    x, y, x_test, y_test = demo.digits()
+    np.savez(home / "digits.npz", x=x, y=y, x_test=x_test, y_test=y_test)
+    (home / "cnn.keras").write_bytes(modelio.save_model(demo.digits_cnn(seed=1)))
+    up = _slsml(home, "local", "up", "--pool", "2")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield home
+    finally:
+        _slsml(home, "local", "down")
+
+
+def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service: Path) -> None:
+    env = _exports(_slsml(service, "local", "env").stdout)
+    assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+    put = _slsml(service, "data", "put", "digits", "digits.npz")
+    assert put.returncode == 0, put.stderr
+    request = service / "cnn.json"
+    request.write_text(json.dumps({"dataset": "digits", "training": {"iterations": 6, "eval_every": 3,
+                                                                     "workers": 3, "reducers": 2}}))
+    aws = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **env}
+    bucket = f"s3://{env['SLSML_BUCKET']}/incoming/"
+    for path in (request, service / "cnn.keras"):  # the request first: the model's upload starts the run
+        copied = subprocess.run([AWS_CLI, "s3", "cp", str(path), bucket], capture_output=True, text=True, env=aws,
+                                timeout=120)
+        assert copied.returncode == 0, copied.stderr
+    run_id = f"cnn-{hashlib.sha256((service / 'cnn.keras').read_bytes()).hexdigest()[:8]}"
+    deadline = time.monotonic() + 180  # the RunStarter loads the model and checks it against the data first
+    while run_id not in _slsml(service, "run", "list").stderr:  # the table goes where the progress goes
+        assert time.monotonic() < deadline, f"{run_id} never appeared in `slsml run list`"
+        time.sleep(2)
+
+    watched = _slsml(service, "run", "watch", run_id, "--json", "--timeout", "300")
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    summary = json.loads(watched.stdout.strip().splitlines()[-1])
+    assert (summary["run_id"], summary["status"], summary["iterations"]) == (run_id, "COMPLETED", 6)
+    assert summary["workers"] == 3 and summary["test_accuracy"] > 0.3
+
+
+def test_a_local_run_stops_and_resumes(service: Path) -> None:
+    started = _slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--data", "digits", "--iterations",
+                     "40", "--eval-every", "0", "--run-id", "stop-me", "--no-wait")
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == "stop-me"
+    stopped = _slsml(service, "run", "stop", "stop-me")
+    assert stopped.returncode == 0, stopped.stderr
+    status = json.loads(_slsml(service, "run", "status", "stop-me", "--json").stdout.strip().splitlines()[-1])
+    assert status["status"] == "STOPPED"
+    resumed = _slsml(service, "run", "resume", "stop-me")
+    assert resumed.returncode == 0, resumed.stderr
+    watched = _slsml(service, "run", "watch", "stop-me", "--json", "--timeout", "300")
+    summary = json.loads(watched.stdout.strip().splitlines()[-1])
+    assert (summary["status"], summary["iterations"]) == ("COMPLETED", 40)
+    fetched = _slsml(service, "run", "fetch", "stop-me", "--out", "stopped.keras")
+    assert fetched.returncode == 0, fetched.stderr
+    assert modelio.load_model((service / "stopped.keras").read_bytes()).count_params() > 0
+
+
+def test_local_down_ends_the_service(service: Path) -> None:
+    assert _slsml(service, "local", "status").returncode == 0
+    assert "local service stopped" in _slsml(service, "local", "down").stderr
+    assert _slsml(service, "local", "status").returncode == 1
+    listing = _slsml(service, "run", "stop", "stop-me")
+    assert listing.returncode == 2 and "no local service is up" in listing.stderr
