@@ -22,6 +22,7 @@ from slsml.config import KERAS_OPTIMIZERS, OPTIMIZER_NAMES, OptimizerConfig, Tra
 from slsml.errors import BadInputError, SlsmlError
 
 RUNS_DIR = Path("runs")
+DEMO_LEARNING_RATE = 3e-3  # the demo's model: Adam at this rate
 IDLE_WAIT_S = 30  # after a local run ends: how long its last invocations may take to log their usage
 
 
@@ -34,30 +35,38 @@ def _console():
 # ---- options ---------------------------------------------------------------------------------
 
 
+# TrainingSpec fields set by a flag of the same default and help: the flag's dest → the field
+SPEC_FLAGS = {
+    "workers": "workers", "reducers": "reducers", "batch": "global_batch", "quorum": "quorum", "seed": "seed",
+    "eval_every": "eval_every", "heartbeat": "heartbeat_s", "time_budget": "time_budget_s", "deadline": "deadline_s",
+    "deadline_floor": "deadline_floor", "deadline_retries": "deadline_retries",
+}
+
+
+def _spec_option(group: argparse._ArgumentGroup, dest: str) -> None:
+    """The flag of TrainingSpec field ``SPEC_FLAGS[dest]``: its type, default and description come from the field."""
+    field = TrainingSpec.model_fields[SPEC_FLAGS[dest]]
+    if field.annotation not in {int, float} or field.description is None:
+        raise TypeError(f"TrainingSpec.{SPEC_FLAGS[dest]}: a flag needs a number with a description")
+    group.add_argument(_flag(dest), type=field.annotation, default=field.default,
+                       help=f"{field.description} (default {_number(field.default)})")
+
+
 def _training_options(parser: argparse.ArgumentParser, iterations: int | None) -> None:
     group = parser.add_argument_group("training")
-    group.add_argument("--workers", type=int, default=4, help="data-parallel workers (default 4)")
-    group.add_argument("--reducers", type=int, default=2, help="model-parallel reducers (default 2)")
-    group.add_argument("--batch", type=int, default=128, help="global mini-batch (default 128)")
+    for dest in ("workers", "reducers", "batch"):
+        _spec_option(group, dest)
     group.add_argument("--iterations", type=int, default=iterations, required=iterations is None,
-                       help="iteration budget" + (f" (default {iterations})" if iterations else ""))
-    group.add_argument("--quorum", type=float, default=1.0, help="fraction of workers a reduce waits for (default 1)")
+                       help=TrainingSpec.model_fields["iterations"].description
+                       + (f" (default {iterations})" if iterations else ""))
+    _spec_option(group, "quorum")
     group.add_argument("--loss", help="Keras loss name (default: the model's compiled loss)")
-    group.add_argument("--seed", type=int, default=0, help="data order seed (default 0)")
-    group.add_argument("--eval-every", type=int, default=10, help="test evaluation period; 0: at the end only")
+    for dest in ("seed", "eval_every"):
+        _spec_option(group, dest)
     group.add_argument("--run-id", help="run name (default: generated)")
     group.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    group.add_argument("--heartbeat", type=int, default=900,
-                       help="the run fails if an iteration takes longer than this many seconds (default 900)")
-    group.add_argument("--time-budget", type=int, default=7 * 24 * 3600,
-                       help="the run fails if it takes longer than this many seconds (default a week)")
-    group.add_argument("--deadline", type=float, default=120,
-                       help="seconds a stage (workers, then reducers) may take before the watchdog acts (default 120)")
-    group.add_argument("--deadline-floor", type=float, default=0.5,
-                       help="at a deadline, the fraction of workers the reduce fires with (default 0.5)")
-    group.add_argument("--deadline-retries", type=int, default=2,
-                       help="re-launches of missing workers/reducers before the run fails or a shard keeps"
-                       " its weights (default 2)")
+    for dest in ("heartbeat", "time_budget", "deadline", "deadline_floor", "deadline_retries"):
+        _spec_option(group, dest)
     group.add_argument("--timeout", type=float, default=3600, help="stop waiting (and fail the run) after this long")
     group.add_argument("--pool", type=int, help="local runs: the most warm processes per function (default: from"
                        " this machine's cores and memory, or the SLSML_POOL environment variable)")
@@ -83,20 +92,24 @@ def _optimizer_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--optimizer", choices=OPTIMIZER_NAMES, help="the optimizer the reducers apply")
     group.add_argument("--learning-rate", type=float,
                        help="a constant learning rate (a schedule comes from the model file); without --optimizer:"
-                       " Adam with this rate")
+                       " the model's compiled optimizer at this rate")
     for name in HYPER_PARAMETERS:
         field = OptimizerConfig.model_fields[name]
         kind = field.annotation
         if get_origin(kind) in {Union, types.UnionType}:
             kinds = set(get_args(kind)) - {type(None)}
             kind = kinds.pop() if len(kinds) == 1 else kind
+        owners = OptimizerConfig.optimizers_of(name)
+        about = "; ".join(filter(None, [
+            field.description, None if owners == OPTIMIZER_NAMES else ", ".join(KERAS_OPTIMIZERS[n] for n in owners)
+        ]))
         if kind is bool:
-            group.add_argument(_flag(name), action="store_true", default=None, help=field.description)
+            group.add_argument(_flag(name), action="store_true", default=None, help=about or None)
         elif kind in {int, float}:
-            group.add_argument(_flag(name), type=kind, help=field.description)
+            group.add_argument(_flag(name), type=kind, help=about or None)
         elif get_origin(kind) is tuple and get_args(kind) == (str, ...):
             group.add_argument(_flag(name), type=_patterns, action="extend", metavar="PATTERN[,PATTERN]",
-                               help=f"{field.description} (comma-separated or repeated)")
+                               help=f"{about} (comma-separated or repeated)")
         else:
             raise TypeError(f"OptimizerConfig.{name}: no command-line option for a {field.annotation}")
 
@@ -125,40 +138,55 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) -> TrainingSpec:
+    """The run the flags ask for. Without --optimizer its optimizer is None (the model's compiled one): the
+    optimizer flags apply on top of it once the model is read (``_with_flags``)."""
     return TrainingSpec(
-        workers=args.workers,
-        reducers=args.reducers,
-        global_batch=args.batch,
+        **{field: getattr(args, dest) for dest, field in SPEC_FLAGS.items()},
         iterations=args.iterations,
-        quorum=args.quorum,
-        seed=args.seed,
-        eval_every=args.eval_every,
         optimizer=_optimizer(args, default_learning_rate),
         loss=args.loss,
-        heartbeat_s=args.heartbeat,
-        time_budget_s=args.time_budget,
-        deadline_s=args.deadline,
-        deadline_floor=args.deadline_floor,
-        deadline_retries=args.deadline_retries,
     )
 
 
-def _optimizer(args: argparse.Namespace, default_learning_rate: float | None) -> OptimizerConfig | None:
-    """The optimizer the flags ask for; None (the model's compiled one) when they name none."""
+def _optimizer_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The optimizer flags given (other than --optimizer), by OptimizerConfig field."""
     given = {name: getattr(args, name) for name in HYPER_PARAMETERS if getattr(args, name) is not None}
-    if not args.optimizer and given:
-        flags = ", ".join(_flag(name) for name in given)
-        raise BadInputError(f"{flags} need{'s' if len(given) == 1 else ''} --optimizer (without it the model's"
-                            " compiled optimizer is used as it is)")
-    if not (args.optimizer or args.learning_rate):
+    return given if args.learning_rate is None else {"learning_rate": args.learning_rate, **given}
+
+
+def _optimizer(args: argparse.Namespace, default_learning_rate: float | None) -> OptimizerConfig | None:
+    """The optimizer --optimizer names, with the other optimizer flags; None without --optimizer."""
+    if not args.optimizer:
         return None
-    fields: dict[str, Any] = {"name": args.optimizer or "adam", **given}
-    if learning_rate := args.learning_rate or default_learning_rate:
-        fields["learning_rate"] = learning_rate
+    fields: dict[str, Any] = {"name": args.optimizer, **_optimizer_flags(args)}
+    if default_learning_rate and "learning_rate" not in fields:
+        fields["learning_rate"] = default_learning_rate
+    return _optimizer_config(fields)
+
+
+def _with_flags(args: argparse.Namespace, spec: TrainingSpec, model: Any) -> TrainingSpec:
+    """``spec`` with the optimizer in effect: without --optimizer, the model's compiled optimizer with the
+    optimizer flags given applied on top of it (a flag that is not one of its options is an error)."""
+    flags = _optimizer_flags(args)
+    if spec.optimizer is not None or not flags:
+        return spec
+    from slsml import modelio
+
+    compiled = modelio.optimizer_config(model)
+    return spec.model_copy(update={"optimizer": _optimizer_config({**dict(compiled), **flags}, compiled.name)})
+
+
+def _optimizer_config(fields: dict[str, Any], compiled: str | None = None) -> OptimizerConfig:
+    """OptimizerConfig(**fields); BadInputError on one line naming flags. ``compiled``: the fields are the
+    model's compiled optimizer of this name with flags on top."""
     try:
         return OptimizerConfig(**fields)
     except ValidationError as error:
-        raise BadInputError("; ".join(_flagged(e) for e in error.errors())) from None
+        message = "; ".join(_flagged(e) for e in error.errors())
+        if compiled:
+            message += (f" (the optimizer the model is compiled with is {KERAS_OPTIMIZERS[compiled]}; --optimizer"
+                        " NAME replaces it)")
+        raise BadInputError(message) from None
 
 
 def _flagged(error: Any) -> str:
@@ -366,10 +394,11 @@ def _dollars(amount: float) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    spec = _spec(args, default_learning_rate=3e-3)  # bad flags fail before TensorFlow loads
+    spec = _spec(args, default_learning_rate=DEMO_LEARNING_RATE)  # bad flags fail before TensorFlow loads
     from slsml import demo, modelio
 
-    model = demo.digits_cnn(learning_rate=args.learning_rate or 3e-3, seed=args.seed)
+    model = demo.digits_cnn(learning_rate=DEMO_LEARNING_RATE, seed=args.seed)  # compiled: Adam
+    spec = _with_flags(args, spec, model)
     out = Path(args.out) if args.out else None
     return _train_locally(args, spec, modelio.save_model(model), "digits", demo.digits(args.seed), out)
 
@@ -403,7 +432,8 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     if not model_path.is_file():
         raise BadInputError(f"model file {model_path} does not exist")
     model_bytes = model_path.read_bytes()
-    modelio.load_model(model_bytes, where=str(model_path))  # fail fast, before any cloud is touched
+    model = modelio.load_model(model_bytes, where=str(model_path))  # fail fast, before any cloud is touched
+    spec = _with_flags(args, spec, model)
     data_path = Path(args.data)
     arrays = _read_arrays(data_path, args.test_fraction, args.seed) if data_path.suffix == ".npz" else None
     dataset = data_path.stem.lower().replace("_", "-")[:63] if arrays is not None else args.data

@@ -228,22 +228,22 @@ class TrainingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workers: int = Field(default=4, ge=1, le=1000)
-    reducers: int = Field(default=2, ge=1, le=256)
-    global_batch: int = Field(default=128, ge=1)
-    iterations: int = Field(default=150, ge=1, le=999_999)  # model keys hold six digits
-    quorum: float = Field(default=1.0, gt=0, le=1)
-    seed: int = Field(default=0, ge=0)
+    workers: int = Field(default=4, ge=1, le=1000, description="data-parallel workers")
+    reducers: int = Field(default=2, ge=1, le=256, description="model-parallel reducers (shards of the weights)")
+    global_batch: int = Field(default=128, ge=1, description="global mini-batch: samples per iteration")
+    iterations: int = Field(default=150, ge=1, le=999_999, description="iteration budget")  # model keys: six digits
+    quorum: float = Field(default=1.0, gt=0, le=1, description="fraction of workers a reduce waits for")
+    seed: int = Field(default=0, ge=0, description="data order seed (one permutation per epoch)")
     eval_every: int = Field(default=10, ge=0, description="test-set evaluation period; 0: only at the end")
     optimizer: OptimizerConfig | None = Field(
         default=None, description="None: take the optimizer the model was compiled with"
     )
     loss: str | None = Field(default=None, description="Keras loss name; None: the model's compiled loss")
-    heartbeat_s: int = Field(default=900, ge=1, description="the run fails if an iteration takes longer")
-    time_budget_s: int = Field(default=7 * 24 * 3600, ge=1, description="the run fails if it takes longer")
+    heartbeat_s: int = Field(default=900, ge=1, description="seconds: the run fails if an iteration takes longer")
+    time_budget_s: int = Field(default=7 * 24 * 3600, ge=1, description="seconds: the run fails if it takes longer")
     deadline_s: float = Field(
         default=120.0, gt=0, le=24 * 3600,
-        description="how long a stage (the workers, then the reducers) of an iteration may take before the"
+        description="seconds a stage (the workers, then the reducers) of an iteration may take before the"
         " watchdog acts on what is missing",
     )
     deadline_floor: float = Field(

@@ -39,17 +39,77 @@ def test_flags_set_the_optimizer_config() -> None:
     assert (sgd.learning_rate, sgd.momentum, sgd.nesterov, sgd.clipvalue) == (3e-3, 0.9, True, 0.5)
 
 
+def compiled(keras_optimizer: keras.optimizers.Optimizer) -> keras.Model:
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras_optimizer, loss="mse")
+    return model
+
+
+def in_effect(model: keras.Model, *flags: str, command: tuple[str, ...] = RUN_START) -> OptimizerConfig | None:
+    """The optimizer a run of ``model`` applies with these flags (as cmd_run_start resolves it)."""
+    args = cli.build_parser().parse_args([*command, *flags])
+    return cli._with_flags(args, cli._spec(args), model).optimizer
+
+
 def test_without_an_optimizer_flag_the_models_optimizer_applies() -> None:
     assert optimizer() is None and optimizer(command=RUN_START) is None
-    assert optimizer("--learning-rate", "0.01") == OptimizerConfig(name="adam", learning_rate=0.01)
     assert optimizer("--optimizer", "rmsprop", command=RUN_START) == OptimizerConfig(name="rmsprop")
+    assert in_effect(compiled(keras.optimizers.SGD(0.05, momentum=0.9))) is None  # prepare_run reads it as it is
 
 
-def test_a_hyper_parameter_needs_the_optimizer() -> None:
-    with pytest.raises(BadInputError, match=r"^--clipnorm needs --optimizer"):
-        optimizer("--clipnorm", "1")
-    with pytest.raises(BadInputError, match=r"^--centered, --weight-decay need --optimizer"):
-        optimizer("--learning-rate", "0.1", "--weight-decay", "0.1", "--centered")
+def test_learning_rate_alone_keeps_the_compiled_optimizer() -> None:
+    assert optimizer("--learning-rate", "0.01") is None  # not Adam: it waits for the model
+    sgd = compiled(keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True))
+    assert in_effect(sgd, "--learning-rate", "0.01") == OptimizerConfig(
+        name="sgd", learning_rate=0.01, momentum=0.9, nesterov=True)
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    assert in_effect(compiled(keras.optimizers.RMSprop(schedule, rho=0.8)), "--learning-rate", "0.2") == (
+        OptimizerConfig(name="rmsprop", learning_rate=0.2, rho=0.8))
+
+
+def test_hyper_parameter_flags_apply_on_top_of_the_compiled_optimizer() -> None:
+    adamw = compiled(keras.optimizers.AdamW(0.0625, weight_decay=0.05, beta_2=0.95))  # rates exact in float32
+    assert in_effect(adamw, "--beta-1", "0.8", "--amsgrad", "--exclude-from-weight-decay", "bias",
+                     "--global-clipnorm", "1") == OptimizerConfig(
+        name="adamw", learning_rate=0.0625, weight_decay=0.05, beta_1=0.8, beta_2=0.95, amsgrad=True,
+        exclude_from_weight_decay=("bias",), global_clipnorm=1.0)
+    sgd = compiled(keras.optimizers.SGD(0.125))
+    assert in_effect(sgd, "--momentum", "0.9", "--nesterov", "--clipvalue", "0.5") == OptimizerConfig(
+        name="sgd", learning_rate=0.125, momentum=0.9, nesterov=True, clipvalue=0.5)
+    assert cli.describe_optimizer(in_effect(sgd, "--momentum", "0.9", "--learning-rate", "0.1")) == (
+        "optimizer: SGD, learning rate 0.1, momentum 0.9, no weight decay, no clipping")
+
+
+def test_the_demo_trains_adam_at_its_rate_unless_told_otherwise() -> None:
+    from slsml import demo
+
+    model = demo.digits_cnn(learning_rate=cli.DEMO_LEARNING_RATE)
+    assert in_effect(model, command=("demo",)) is None
+    assert in_effect(model, "--learning-rate", "0.01", command=("demo",)) == OptimizerConfig(
+        name="adam", learning_rate=0.01)
+    assert in_effect(model, "--optimizer", "sgd", command=("demo",)) == OptimizerConfig(
+        name="sgd", learning_rate=cli.DEMO_LEARNING_RATE)
+
+
+@pytest.mark.parametrize(("keras_optimizer", "flags", "message"), [
+    (keras.optimizers.Adam(), ["--momentum", "0.9"], r"^--momentum does not apply to Adam \(only to SGD, RMSprop\)"),
+    (keras.optimizers.Adam(), ["--nesterov"], r"^--nesterov does not apply to Adam \(only to SGD\)"),
+    (keras.optimizers.SGD(), ["--amsgrad", "--learning-rate", "0.1"],
+     r"^--amsgrad does not apply to SGD \(only to Adam, AdamW\) \(the optimizer the model is compiled with is SGD;"
+     r" --optimizer NAME replaces it\)$"),
+])
+def test_a_flag_of_another_optimizer_is_an_error_naming_both(keras_optimizer, flags, message) -> None:
+    with pytest.raises(BadInputError, match=message):
+        in_effect(compiled(keras_optimizer), *flags)
+    name = type(keras_optimizer).__name__.lower()
+    with pytest.raises(BadInputError, match=message.split(r" \(the optimizer")[0]):  # named, the same
+        optimizer("--optimizer", name, *flags, command=RUN_START)
+
+
+def test_flags_on_an_uncompiled_model_need_an_optimizer() -> None:
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(BadInputError, match=r"the model is not compiled: give an optimizer \(e\.g\. --optimizer"):
+        in_effect(model, "--learning-rate", "0.1")
 
 
 @pytest.mark.parametrize("where", [["--local"], ["--stack", "no-such-stack"]])
