@@ -18,8 +18,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from pydantic import ValidationError
 
+from slsml import quiet
 from slsml.config import KERAS_OPTIMIZERS, OPTIMIZER_NAMES, OptimizerConfig, TrainingSpec
 from slsml.errors import BadInputError, SlsmlError
+
+quiet.install()  # before anything imports TensorFlow: its start-up lines stay off the terminal
 
 RUNS_DIR = Path("runs")
 DEMO_LEARNING_RATE = 3e-3  # the demo's model: Adam at this rate

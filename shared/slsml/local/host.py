@@ -35,7 +35,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from slsml import aws, keys, wiring
+from slsml import aws, keys, quiet, wiring
 from slsml import faults as fault_injection
 from slsml.cache import MEMORY_ENV
 from slsml.deployment import DEFAULT_FUNCTIONS
@@ -88,6 +88,7 @@ def _start_process(function: str, environment: dict[str, str], log_path: str) ->
     sys.stdout = sys.stderr = io.TextIOWrapper(
         io.BufferedWriter(io.FileIO(log, "w", closefd=False), buffer_size=_LOG_BUFFER_BYTES), line_buffering=True
     )
+    quiet.install()  # TensorFlow's start-up lines stay out of the JSON log
     path = FUNCTIONS_DIR / function / "handler.py"
     spec = importlib.util.spec_from_file_location(f"slsml_function_{function}", path)
     module = importlib.util.module_from_spec(spec)

@@ -1,0 +1,41 @@
+"""TensorFlow's start-up lines stay off file descriptor 2; everything else written there gets through."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from slsml import quiet
+
+NOISE = ("oneDNN custom operations", "absl::InitializeLog", "cpu_feature_guard")
+
+
+def stderr_of(code: str, **env: str) -> str:
+    environment = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"} | env
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=environment)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+def test_importing_tensorflow_after_install_writes_none_of_its_start_up_lines() -> None:
+    loud = stderr_of("import tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    assert "oneDNN custom operations" in loud, "TensorFlow no longer says this: the test shows nothing"
+    quiet_run = stderr_of("from slsml import quiet; quiet.install(); import os, sys; import keras, tensorflow;"
+                          " print('mine', file=sys.stderr); os.write(2, b'native\\n')")
+    assert not any(line in quiet_run for line in NOISE), quiet_run
+    assert quiet_run.splitlines()[-2:] == ["mine", "native"]
+
+
+def test_lines_written_meanwhile_that_are_not_tensorflows_get_through(capfd) -> None:
+    with quiet.filtered_stderr():
+        os.write(2, b"I0000 00:00:1.0 1 port.cc:153] oneDNN custom operations are on. ...\n")
+        os.write(2, b"a warning of someone else's\n")
+        os.write(2, b"W0000 cpu_feature_guard.cc:227] This TensorFlow binary is optimized\n")
+    assert capfd.readouterr().err == "a warning of someone else's\n"
+
+
+def test_the_slsml_command_installs_it_before_tensorflow() -> None:
+    said = stderr_of("import sys; from slsml import cli; from slsml import modelio;"
+                     " assert 'tensorflow' in sys.modules")
+    assert not any(line in said for line in NOISE), said
