@@ -8,9 +8,13 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from infra.settings import Settings
-from slsml import deployment
+from slsml import deployment, records
 
-TTL_ATTRIBUTE = "expires_at"
+_TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER}
+
+
+def _attribute(key: records.KeyAttribute) -> dynamodb.Attribute:
+    return dynamodb.Attribute(name=key.name, type=_TYPES[key.type])
 
 
 class Storage(Construct):
@@ -62,16 +66,24 @@ class Storage(Construct):
             auto_delete_objects=destroy,
         )
 
+        # the table as slsml.records defines it (the local runtime creates it from the same definition)
         self.table = dynamodb.Table(
             self,
             "Table",
-            partition_key=dynamodb.Attribute(name="pk", type=dynamodb.AttributeType.STRING),
-            sort_key=dynamodb.Attribute(name="sk", type=dynamodb.AttributeType.STRING),
+            partition_key=_attribute(records.PARTITION_KEY),
+            sort_key=_attribute(records.SORT_KEY),
             billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
             point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
                 point_in_time_recovery_enabled=True
             ),
-            time_to_live_attribute=TTL_ATTRIBUTE,
+            time_to_live_attribute=records.TTL_ATTRIBUTE,
             encryption=dynamodb.TableEncryption.AWS_MANAGED,
             removal_policy=removal,
         )
+        for index in records.INDEXES:
+            self.table.add_global_secondary_index(
+                index_name=index.name,
+                partition_key=_attribute(index.partition),
+                sort_key=_attribute(index.sort),
+                projection_type=dynamodb.ProjectionType.ALL,
+            )

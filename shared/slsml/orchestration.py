@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slsml import keys
 from slsml.aws import error_code
+from slsml.records import META, RUN_KIND, RUNS_INDEX
 from slsml.wiring import STATE_MACHINE_ENV
 
 logger = Logger(child=True)
@@ -47,7 +48,7 @@ class ExecutionInput(BaseModel):
 
 
 def _run_key() -> dict[str, Any]:
-    return {"pk": {"S.$": "States.Format('RUN#{}', $.run_id)"}, "sk": {"S": "META"}}
+    return {"pk": {"S.$": "States.Format('RUN#{}', $.run_id)"}, "sk": {"S": META}}
 
 
 def _number(path: str) -> dict[str, str]:
@@ -86,6 +87,7 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                     "TableName": table,
                     "Item": {
                         **_run_key(),
+                        RUNS_INDEX.partition.name: {"S": RUN_KIND},  # in the runs index
                         "run_id": {"S.$": "$.run_id"},
                         "status": {"S": "RUNNING"},
                         "dataset": {"S.$": "$.dataset"},

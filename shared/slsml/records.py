@@ -6,14 +6,16 @@ per worker that reported (``ITER#<i>#W#<w>``), the participants the reduce was f
 written once), a record per shard whose reducer left parts out (``ITER#<i>#S#<s>``), and, in runs that
 clip by norm, each shard's sums of squares (``ITER#<i>#N#<s>``, see ``slsml.clipping``). No item on the
 per-iteration path grows with the number of workers or reducers, so every report costs the same
-write units whatever the fleet's size.
+write units whatever the fleet's size. The ``META`` item alone carries ``kind = "run"``: the key of the
+sparse ``runs`` index (by ``created_at``) that lists the runs without reading anything else.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -165,6 +167,57 @@ def dynamo(value: Any) -> Any:
 
 # sort keys
 META = "META"
+
+
+# ---- the table: one definition, which the CDK app (infra/storage.py) and the local runtime
+# (slsml.local.cloud) both create the table from
+
+
+@dataclass(frozen=True)
+class KeyAttribute:
+    name: str
+    type: Literal["S", "N"]
+
+
+@dataclass(frozen=True)
+class Index:
+    """A global secondary index, projecting every attribute."""
+
+    name: str
+    partition: KeyAttribute
+    sort: KeyAttribute
+
+
+PARTITION_KEY, SORT_KEY = KeyAttribute("pk", "S"), KeyAttribute("sk", "S")
+TTL_ATTRIBUTE = "expires_at"
+# Runs by creation time: only a run's META item carries ``kind`` (= RUN_KIND), so the index is sparse and a
+# listing of runs is one query (a page per MB), whatever the number of iteration items in the table
+RUNS_INDEX = Index("runs", KeyAttribute("kind", "S"), KeyAttribute("created_at", "N"))
+RUN_KIND = "run"
+INDEXES = (RUNS_INDEX,)
+
+
+def _key_schema(partition: KeyAttribute, sort: KeyAttribute) -> list[dict[str, str]]:
+    return [{"AttributeName": partition.name, "KeyType": "HASH"}, {"AttributeName": sort.name, "KeyType": "RANGE"}]
+
+
+def create_table_arguments(table: str) -> dict[str, Any]:
+    """DynamoDB CreateTable's arguments for the run table named ``table`` (on demand; set its TTL with
+    ``TTL_ATTRIBUTE`` after)."""
+    keys = [PARTITION_KEY, SORT_KEY, *(key for index in INDEXES for key in (index.partition, index.sort))]
+    return {
+        "TableName": table,
+        "KeySchema": _key_schema(PARTITION_KEY, SORT_KEY),
+        "AttributeDefinitions": [
+            {"AttributeName": name, "AttributeType": kind} for name, kind in {k.name: k.type for k in keys}.items()
+        ],
+        "GlobalSecondaryIndexes": [
+            {"IndexName": index.name, "KeySchema": _key_schema(index.partition, index.sort),
+             "Projection": {"ProjectionType": "ALL"}}
+            for index in INDEXES
+        ],
+        "BillingMode": "PAY_PER_REQUEST",
+    }
 
 
 def iteration_sk(iteration: int) -> str:

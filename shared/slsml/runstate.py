@@ -20,6 +20,8 @@ from slsml.messages import Participant, WorkDone
 from slsml.records import (
     ITERATION_TTL_S,
     META,
+    RUN_KIND,
+    RUNS_INDEX,
     Counter,
     IterationRecord,
     RunRecord,
@@ -88,14 +90,22 @@ class RunTable:
         return RunRecord.model_validate(plain(item))
 
     def list_runs(self) -> list[RunRecord]:
-        items, kwargs = [], {}
+        """Every run, oldest first: a query of the sparse runs index (only runs' META items are in it), page by
+        page; it reads no iteration item."""
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {}
         while True:
-            page = self.table.scan(**kwargs)
-            items += [i for i in page["Items"] if i["sk"] == META]
+            page = self.table.query(
+                IndexName=RUNS_INDEX.name,
+                KeyConditionExpression="#kind = :kind",
+                ExpressionAttributeNames={"#kind": RUNS_INDEX.partition.name},
+                ExpressionAttributeValues={":kind": RUN_KIND},
+                **kwargs,
+            )
+            items += page["Items"]
             if "LastEvaluatedKey" not in page:
-                break
+                return [RunRecord.model_validate(plain(i)) for i in items]
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        return sorted((RunRecord.model_validate(plain(i)) for i in items), key=lambda r: r.created_at)
 
     def _update_run(
         self, run_id: str, values: dict[str, Any], only_if_running: bool = True, condition: str = "",

@@ -16,7 +16,7 @@ from boto3.dynamodb.conditions import Attr
 from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from slsml import aws, usage
+from slsml import aws, records, usage
 from slsml.local.cloud import REGION, EmbeddedCloud
 
 BUCKET, TABLE = "usage-bucket", "usage-table"
@@ -68,13 +68,7 @@ def _table(endpoint: str) -> Any:
     dynamodb = aws.resource("dynamodb")
     names = dynamodb.meta.client.list_tables()["TableNames"]
     if TABLE not in names:
-        dynamodb.create_table(
-            TableName=TABLE,
-            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
-                                  {"AttributeName": "sk", "AttributeType": "S"}],
-            BillingMode="PAY_PER_REQUEST",
-        )
+        dynamodb.create_table(**records.create_table_arguments(TABLE))
     return dynamodb.Table(TABLE)
 
 

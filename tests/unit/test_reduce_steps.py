@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
-from slsml import faults, keys, optimizers, shards, updates, wiring
+from slsml import faults, keys, optimizers, records, shards, updates, wiring
 from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.faults import Delay, InjectedFault, InvocationFaults
 from slsml.messages import Deadline, ModelLanded, ReduceMessage, WorkDone
@@ -44,15 +44,7 @@ def services(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.delenv(name, raising=False)
     with mock_aws():
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bucket")
-        boto3.client("dynamodb", region_name="us-east-1").create_table(
-            TableName="runs",
-            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-            AttributeDefinitions=[
-                {"AttributeName": "pk", "AttributeType": "S"},
-                {"AttributeName": "sk", "AttributeType": "S"},
-            ],
-            BillingMode="PAY_PER_REQUEST",
-        )
+        boto3.client("dynamodb", region_name="us-east-1").create_table(**records.create_table_arguments("runs"))
         sns = boto3.client("sns", region_name="us-east-1")
         arns = {t.name: sns.create_topic(Name=t.name)["TopicArn"] for t in wiring.TOPICS}
         deadlines = boto3.client("sqs", region_name="us-east-1").create_queue(QueueName="deadlines")["QueueUrl"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import boto3
 
-from slsml import orchestration, wiring
+from slsml import orchestration, records, wiring
 
 REGION = "us-east-1"
 MAX_RECEIVES = 3  # Lambda's first try + its two async retries, then the DLQ
@@ -119,17 +119,9 @@ class EmbeddedCloud:
         s3, sns, sqs, dynamodb = (self._client(s) for s in ("s3", "sns", "sqs", "dynamodb"))
         bucket, table = f"{name}-local", f"{name}-runs"
         s3.create_bucket(Bucket=bucket)
-        dynamodb.create_table(
-            TableName=table,
-            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-            AttributeDefinitions=[
-                {"AttributeName": "pk", "AttributeType": "S"},
-                {"AttributeName": "sk", "AttributeType": "S"},
-            ],
-            BillingMode="PAY_PER_REQUEST",
-        )
+        dynamodb.create_table(**records.create_table_arguments(table))  # as infra/storage.py defines it
         dynamodb.update_time_to_live(
-            TableName=table, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"}
+            TableName=table, TimeToLiveSpecification={"Enabled": True, "AttributeName": records.TTL_ATTRIBUTE}
         )
         topic_arns = {t.name: sns.create_topic(Name=f"{name}-{t.name}")["TopicArn"] for t in wiring.TOPICS}
         deployment = LocalDeployment(self.endpoint, bucket, table, topic_arns)

@@ -1,0 +1,78 @@
+"""The run table as slsml.records defines it, on moto: runs are listed by a query of the sparse runs index."""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from slsml import orchestration, records
+from slsml.records import META, RUN_KIND, RUNS_INDEX, dynamo, iteration_sk, worker_sk
+from slsml.runstate import RunTable
+
+
+@pytest.fixture
+def table(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        boto3.client("dynamodb").create_table(**records.create_table_arguments("runs"))
+        yield boto3.resource("dynamodb").Table("runs")
+
+
+def register(table: Any, run_id: str, created_at: float, iterations: int = 3) -> None:
+    """A run's META item as the state machine's RegisterRun writes it, and iteration items beside it."""
+    item = {"pk": f"RUN#{run_id}", "sk": META, RUNS_INDEX.partition.name: RUN_KIND, "run_id": run_id,
+            "status": "RUNNING", "dataset": "d", "iterations": iterations, "iteration": 0, "workers": 2,
+            "reducers": 1, "quorum": 1, "created_at": Decimal(repr(created_at)),
+            "updated_at": Decimal(repr(created_at))}
+    table.put_item(Item=item)
+    for i in range(iterations):
+        table.put_item(Item=dynamo({"pk": f"RUN#{run_id}", "sk": iteration_sk(i), "iteration": i, "created_at": 1}))
+        table.put_item(Item=dynamo({"pk": f"RUN#{run_id}", "sk": worker_sk(i, 0), "worker": 0}))
+
+
+def test_the_definition_has_the_runs_index_on_attributes_only_run_items_carry() -> None:
+    arguments = records.create_table_arguments("t")
+    assert arguments["KeySchema"] == [{"AttributeName": "pk", "KeyType": "HASH"},
+                                      {"AttributeName": "sk", "KeyType": "RANGE"}]
+    assert arguments["GlobalSecondaryIndexes"] == [{
+        "IndexName": "runs", "Projection": {"ProjectionType": "ALL"},
+        "KeySchema": [{"AttributeName": "kind", "KeyType": "HASH"},
+                      {"AttributeName": "created_at", "KeyType": "RANGE"}],
+    }]
+    assert {a["AttributeName"]: a["AttributeType"] for a in arguments["AttributeDefinitions"]} == {
+        "pk": "S", "sk": "S", "kind": "S", "created_at": "N"}
+    registered = orchestration.definition("b", "t", "c", "e")["States"]["RegisterRun"]["Parameters"]["Item"]
+    assert registered["kind"] == {"S": RUN_KIND} and "created_at" in registered
+
+
+def test_list_runs_queries_the_index_page_by_page_oldest_first(table: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = time.time()
+    for n, run_id in enumerate(["c", "a", "e", "b", "d"]):
+        register(table, run_id, now + [3, 1, 5, 2, 4][n])
+    runs = RunTable(table)
+    calls: list[dict[str, Any]] = []
+    query = table.query
+
+    def small_pages(**kwargs: Any) -> dict[str, Any]:
+        calls.append(kwargs)
+        return query(Limit=2, **kwargs)
+
+    monkeypatch.setattr(table, "query", small_pages)
+    monkeypatch.setattr(table, "scan", lambda **kwargs: pytest.fail("list_runs scanned the table"))
+    listed = runs.list_runs()
+    assert [r.run_id for r in listed] == ["a", "b", "c", "d", "e"]
+    assert [r.iterations for r in listed] == [3] * 5
+    assert len(calls) == 3 and all(c["IndexName"] == "runs" for c in calls)
+    assert "ExclusiveStartKey" in calls[1] and "ExclusiveStartKey" in calls[2]
+
+
+def test_items_without_the_kind_are_not_listed(table: Any) -> None:
+    register(table, "real", 10.0)
+    table.put_item(Item=dynamo({"pk": "RUN#stray", "sk": META, "run_id": "stray", "created_at": 5}))
+    assert [r.run_id for r in RunTable(table).list_runs()] == ["real"]
+    assert RunTable(table).list_runs()[0].created_at == 10.0
