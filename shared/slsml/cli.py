@@ -299,7 +299,8 @@ def _follow(
 
         run = runs.wait_for_run(services, run_id, on_progress=show, timeout_s=args.timeout)
     wall_s = time.time() - started
-    summary = runs.summarize(run, services.table.list_iterations(run_id), wall_s, usage(run) if usage else None)
+    records = usage(run) if usage else None
+    summary = runs.summarize(run, services.table.list_iterations(run_id), wall_s, records)
     if faults is not None and args.faults:
         summary.faults = faults()
     record_dir = RUNS_DIR / run_id
@@ -310,6 +311,8 @@ def _follow(
         out.write_bytes(services.store.get(run.final_key))
         summary.final_model = str(out)
     (record_dir / "summary.json").write_text(summary.model_dump_json(indent=1))
+    if getattr(args, "report", None):
+        _write_report(services, records or [], run_id, Path(args.report), summary=summary)
     _print_summary(summary, args.json)
     return 0 if summary.status == "COMPLETED" else 1
 
@@ -387,6 +390,25 @@ def _print_summary(summary: Any, as_json: bool) -> None:
     _console().print(table)
     if as_json:
         print(summary.model_dump_json())
+
+
+def _write_report(services: Any, records: list[Any], run_id: str, out_dir: Path, chosen: tuple[int, ...] = (),
+                  summary: Any = None) -> None:
+    from slsml import report
+
+    with _console().status(f"writing the report of {run_id}…"):
+        page = report.write_report(services, records, run_id, out_dir, chosen, summary)
+    _console().print(f"report: {page}", markup=False, highlight=False, soft_wrap=True)
+
+
+def cmd_run_report(args: argparse.Namespace) -> int:
+    if not args.stack:
+        raise BadInputError("a local run's records last only while its `slsml run start --local` or `slsml demo`"
+                            " runs: give that command --report DIR; for a deployed run give --stack NAME")
+    services = _stack_services(args.stack)
+    run = services.table.get_run(args.run_id)
+    _write_report(services, _stack_usage(args.stack, run), args.run_id, Path(args.out), tuple(args.iteration or ()))
+    return 0
 
 
 def _dollars(amount: float) -> str:
@@ -735,6 +757,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="train a small CNN on digits through the whole local pipeline")
     _training_options(demo, iterations=150)
     demo.add_argument("--out", help="where to save the final model (default runs/<run>/final.keras)")
+    demo.add_argument("--report", metavar="DIR",
+                      help="when the run ends, write its report: DIR/index.html and its PNGs")
     demo.set_defaults(handler=cmd_demo)
 
     run = commands.add_parser("run", help="start and inspect training runs")
@@ -748,6 +772,8 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--no-wait", action="store_true", help="print the run id and return (--stack)")
     start.add_argument("--test-fraction", type=float, default=0.2, help="held out when the data has no x_test")
     start.add_argument("--out", help="where to save the final model (default runs/<run>/final.keras)")
+    start.add_argument("--report", metavar="DIR",
+                       help="when the run ends, write its report: DIR/index.html and its PNGs")
     _training_options(start, iterations=None)
     start.set_defaults(handler=cmd_run_start)
     stack_help = "read the deployed stack of this name (default: the local runs recorded under ./runs)"
@@ -756,6 +782,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--stack", help=stack_help)
     status.add_argument("--json", action="store_true")
     status.set_defaults(handler=cmd_run_status)
+    report = run.add_parser("report", help="a run's report: one HTML page with its curves, iteration timelines,"
+                            " costs and faults, and its PNGs")
+    report.add_argument("run_id")
+    report.add_argument("--out", required=True, metavar="DIR", help="where index.html and its PNGs go")
+    report.add_argument("--iteration", type=int, nargs="+", action="extend", metavar="I",
+                        help="also draw these iterations' timelines (besides the slowest and a median one)")
+    report.add_argument("--stack", help="the deployed stack of this name (a local run: --report DIR of run start"
+                        " --local or demo)")
+    report.set_defaults(handler=cmd_run_report)
     fetch = run.add_parser("fetch", help="copy a run's final model")
     fetch.add_argument("run_id")
     fetch.add_argument("--stack", help=stack_help)
