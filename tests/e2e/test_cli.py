@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +30,12 @@ def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path)
 
     done = slsml("run", "start", "--local", "--model", "model.keras", "--data", "my_digits.npz", "--workers", "2",
                  "--reducers", "1", "--iterations", "4", "--run-id", "cli-run", "--out", "trained.keras", "--json",
-                 "--faults", "seed=1,duplicate=0.5,worker_crash=0.3", cwd=tmp_path)
+                 "--faults", "seed=1,duplicate=0.5,worker_crash=0.3", "--report", "report", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
+    page = (tmp_path / "report" / "index.html").read_text()  # --report: the page shows the same summary
+    assert json.loads(re.search(r'id="summary-json">(.*?)</script>', page).group(1)) == summary
+    assert f"report: {Path('report') / 'index.html'}" in done.stderr
     assert summary.keys() >= REQUIRED
     assert (summary["run_id"], summary["status"], summary["iterations"]) == ("cli-run", "COMPLETED", 4)
     assert 0 <= summary["test_accuracy"] <= 1 and summary["median_iteration_s"] > 0
