@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -89,6 +90,12 @@ def test_data_put_run_start_status_list_fetch_on_a_stack(local, stack_env, tmp_p
     summary = json.loads(status.stdout.strip().splitlines()[-1])
     assert (summary["status"], summary["iterations"], summary["workers"]) == ("COMPLETED", 3, 2)
     assert summary["requests_per_iteration"]["s3:PutObject"] > 0 and summary["cost_usd"] > 0  # from CloudWatch
+    reported = slsml(stack_env, tmp_path, "run", "report", "on-stack", "--stack", STACK, "--out", "report",
+                     "--iteration", "1")
+    assert reported.returncode == 0, reported.stderr
+    page = (tmp_path / "report" / "index.html").read_text()  # the figures of run status
+    assert json.loads(re.search(r'id="summary-json">(.*?)</script>', page).group(1)) == summary
+    assert (tmp_path / "report" / "timeline-1.png").stat().st_size > 0
     listed = slsml(stack_env, tmp_path, "run", "list", "--stack", STACK)
     assert "on-stack" in listed.stderr and "COMPLETED" in listed.stderr
     fetched = slsml(stack_env, tmp_path, "run", "fetch", "on-stack", "--stack", STACK, "--out", "got.keras")
