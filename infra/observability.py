@@ -22,6 +22,7 @@ PERIOD = Duration.minutes(5)
 WIDGET_WIDTH = 8
 CUSTOM_STATISTICS = {
     Metric.ITERATION_SECONDS: "Average",
+    Metric.WORKER_COMPUTE_SECONDS: "Average",
     Metric.TRAIN_LOSS: "Average",
     Metric.WORKERS_DONE: "Sum",
     Metric.LATE_WORKERS: "Sum",

@@ -18,9 +18,11 @@ SERVICE_NAME = "slsml"
 
 
 class Metric(StrEnum):
-    """Custom metrics (namespace METRICS_NAMESPACE, dimension service=SERVICE_NAME, no others)."""
+    """Custom metrics (namespace METRICS_NAMESPACE, dimension service=SERVICE_NAME, no others), each emitted
+    where it is true: see ``slsml.metrics``."""
 
     ITERATION_SECONDS = "IterationSeconds"
+    WORKER_COMPUTE_SECONDS = "WorkerComputeSeconds"
     TRAIN_LOSS = "TrainLoss"
     WORKERS_DONE = "WorkersDone"
     LATE_WORKERS = "LateWorkers"

@@ -20,9 +20,11 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import TypeAdapter, ValidationError
 
 from slsml import keys, usage
+from slsml.deployment import Metric
 from slsml.errors import MessageRejected
 from slsml.idempotency import once_per_message
 from slsml.messages import ModelLanded
+from slsml.metrics import emit, emitting
 from slsml.services import Services, from_env
 from slsml.steps.common import failing_run_on_bad_input
 
@@ -109,7 +111,8 @@ def pipeline_handler(
     carry): ``step(message, services)`` for each message.
 
     Powertools Logger (the Lambda context in each line), Tracer, Metrics (cold starts; the number of
-    messages as ``Messages``; a ``Metrics()`` of the step's adds to the same set) and Parser, which
+    messages as ``Messages``; what the step emits through ``slsml.metrics``; the S3 bytes the invocation's
+    usage lines count, as ``BytesRead`` and ``BytesWritten``) and Parser, which
     parses the event into ``model`` records (``envelope``). ``unpack`` turns a record into the messages
     to handle (the objects of an S3 event). Each message is handled in its own usage scope
     (``run_and_iteration``), once (Powertools Idempotency, unless ``idempotent`` is False: for a step
@@ -135,9 +138,22 @@ def pipeline_handler(
     parsed = event_parser(model=model, envelope=envelope)(handle)
 
     def counted(event: dict[str, Any], context: LambdaContext) -> None:
-        with usage.invocation(function, int(context.memory_limit_in_mb)):
-            parsed(event, context)
+        with emitting():
+            spent = None
+            try:
+                with usage.invocation(function, int(context.memory_limit_in_mb)) as spent:
+                    parsed(event, context)
+            finally:
+                if spent is not None:
+                    _emit_bytes(spent.bytes_read, spent.bytes_written)
 
     return service_logger.inject_lambda_context(
         tracer.capture_lambda_handler(metrics.log_metrics(counted, capture_cold_start_metric=True))
     )
+
+
+def _emit_bytes(read: int, written: int) -> None:
+    """The S3 bytes an invocation moved, as its usage lines count them (none for a function that moved none)."""
+    for metric, value in ((Metric.BYTES_READ, read), (Metric.BYTES_WRITTEN, written)):
+        if value:
+            emit(metric, value, MetricUnit.Bytes)

@@ -108,6 +108,8 @@ class _Invocation:
     memory_mb: int
     mark: float  # when its previous scope ended (its start, before the first)
     scopes: int = 0
+    bytes_read: int = 0  # S3 bytes of its scopes' lines, summed
+    bytes_written: int = 0
 
 
 @dataclass
@@ -134,12 +136,13 @@ def _counts(scope: _Scope | None) -> _Counts:
 
 
 @contextmanager
-def invocation(function: str, memory_mb: int) -> Iterator[None]:
-    """One Lambda invocation of ``function`` (its configured memory); scopes are opened within it."""
+def invocation(function: str, memory_mb: int) -> Iterator[_Invocation]:
+    """One Lambda invocation of ``function`` (its configured memory); scopes are opened within it. What it
+    yields sums the S3 bytes of its scopes' lines (``bytes_read``, ``bytes_written``) once they are logged."""
     global _invocation
     _invocation = current = _Invocation(function, memory_mb, time.time())
     try:
-        yield
+        yield current
     finally:
         if current.scopes == 0:
             with scope(None, None):
@@ -181,6 +184,8 @@ def attribute(run_id: str | None, iteration: int | None = None) -> None:
 
 def _log(opened: _Scope, current: _Invocation, end: float) -> None:
     counts = opened.counts
+    current.bytes_read += counts.bytes_read
+    current.bytes_written += counts.bytes_written
     record = UsageRecord(
         run_id=opened.run_id,
         iteration=opened.iteration,

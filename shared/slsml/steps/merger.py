@@ -8,8 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from aws_lambda_powertools import Logger
+from aws_lambda_powertools.metrics import MetricUnit
 
-from slsml import keys, modelio, shards
+from slsml import keys, metrics, modelio, shards
+from slsml.deployment import Metric
 from slsml.errors import NotFoundError, RunFailed
 from slsml.messages import ReduceDone
 from slsml.records import RunRecord
@@ -60,6 +62,8 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
                             " overwritten, and the run cannot go on without its own model there")
         return None  # merged before: a retry, or a resumed run
     _heartbeat(services, advanced)
+    if counter.launched_at is not None:  # since the iteration was launched, on its model's S3 event
+        metrics.emit(Metric.ITERATION_SECONDS, time.time() - counter.launched_at, MetricUnit.Seconds)
     logger.info("model merged", extra={"run_id": run, "iteration": iteration + 1, "test": test})
     return next_key
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from aws_lambda_powertools import Logger
 
-from slsml import wiring
+from slsml import metrics, wiring
 from slsml.barrier import quorum_count
 from slsml.config import RunConfig
+from slsml.deployment import Metric
 from slsml.messages import Participant, ReduceMessage, WorkDone
+from slsml.records import DEADLINE_OWNER
 from slsml.services import Services
 from slsml.steps.common import run_config
 
@@ -18,6 +20,7 @@ logger = Logger(child=True)
 
 def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
     """Record ``done``; return the reduce messages published (none unless this message fires the barrier)."""
+    metrics.emit(Metric.WORKERS_DONE, 1)
     config = run_config(services.store, done.run_id)
     log = {"run_id": done.run_id, "iteration": done.iteration, "worker": done.worker, "attempt": done.attempt}
     counter = services.table.record_worker(done)
@@ -28,7 +31,7 @@ def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
         _, participants = services.table.fired_with(config.run_id, done.iteration)
         return publish_reduce(services, config, done.iteration, participants, done.generation)
     if counter.reduce_fired_by is not None:
-        logger.info("late worker ignored", extra=log)
+        _late(log)
         return []
     finite = counter.arrived - counter.nonfinite_arrived
     if finite < quorum_count(config.workers, config.training.quorum) and counter.arrived < config.workers:
@@ -53,12 +56,20 @@ def fire_reduce(
         return []  # the counter ran ahead of the records (a duplicate report counted twice)
     participants = [Participant(worker=r.worker, attempt=r.attempt, samples=r.samples) for r in finite]
     fired_by, participants = table.freeze_participants(run_id, iteration, owner, participants)
-    if fired_by != owner:
-        return []  # another worker's message (or the watchdog) fired it first
+    if fired_by != owner:  # another worker's message (or the watchdog) fired it first
+        if owner != DEADLINE_OWNER and owner not in {p.worker for p in participants}:
+            _late({"run_id": run_id, "iteration": iteration, "worker": owner})
+        return []
     messages = publish_reduce(services, config, iteration, participants, generation,
                               nonfinite=sorted(r.worker for r in reports if not r.finite))
     table.mark_reduce_fired(run_id, iteration, owner, participants, reports)  # after: the reducers need not wait
     return messages
+
+
+def _late(log: dict[str, object]) -> None:
+    """A worker's report came after the reduce fired without it: it is recorded and left out."""
+    logger.info("late worker ignored", extra=log)
+    metrics.emit(Metric.LATE_WORKERS, 1)
 
 
 def publish_reduce(

@@ -19,9 +19,10 @@ from enum import StrEnum
 
 from aws_lambda_powertools import Logger
 
-from slsml import keys, wiring
+from slsml import keys, metrics, wiring
 from slsml.barrier import quorum_count
 from slsml.config import RunConfig
+from slsml.deployment import Metric
 from slsml.errors import NotFoundError
 from slsml.messages import Deadline, ReduceDone, WorkMessage
 from slsml.records import DEADLINE_OWNER, IterationRecord, RunRecord, RunStatus
@@ -43,6 +44,8 @@ class Action(StrEnum):
     FAILED = "failed"
 
 
+ACTED = {Action.FIRED, Action.RELAUNCHED, Action.STALE_SHARDS, Action.FAILED}  # what DeadlineActions counts
+
 def on_deadline(deadline: Deadline, services: Services) -> Action:
     """Act on the run's current iteration; unless the run ended, send the chain's next deadline. The
     chain moves on (``RunRecord.watched``) only once the next deadline is sent, so a try that failed
@@ -57,6 +60,8 @@ def on_deadline(deadline: Deadline, services: Services) -> Action:
     if run.status != RunStatus.RUNNING or run.generation != deadline.generation or run.watched != deadline.link:
         return Action.NOTHING  # the run ended, or another copy of this deadline carried the chain on
     action = _act(deadline.model_copy(update={"link": deadline.link + 1, "resent": 0}), run, services)
+    if action in ACTED:
+        metrics.emit(Metric.DEADLINE_ACTIONS, 1)
     services.table.watch(run.run_id, deadline.link, deadline.link + 1)
     return action
 

@@ -8,9 +8,11 @@ import time
 
 import numpy as np
 from aws_lambda_powertools import Logger
+from aws_lambda_powertools.metrics import MetricUnit
 
-from slsml import data, keys, modelio, updates, wiring
+from slsml import data, keys, metrics, modelio, updates, wiring
 from slsml.config import RunConfig
+from slsml.deployment import Metric
 from slsml.errors import RunFailed
 from slsml.messages import WorkDone, WorkMessage
 from slsml.services import Services
@@ -26,6 +28,9 @@ def work(message: WorkMessage, services: Services) -> WorkDone:
         raise RunFailed(f"work message for worker {message.worker} but the run has {config.workers} workers")
     done = _compute(message, config, services)
     services.bus.publish(wiring.WORK_DONE, [done])
+    metrics.emit(Metric.WORKER_COMPUTE_SECONDS, done.compute_s, MetricUnit.Seconds)
+    if done.finite:  # a non-finite update is announced with no loss
+        metrics.emit(Metric.TRAIN_LOSS, done.loss, MetricUnit.NoUnit)
     return done
 
 

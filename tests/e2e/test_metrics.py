@@ -1,0 +1,78 @@
+"""The dashboard's custom metrics are emitted where they are true. A short run whose worker 3 is a
+straggler left behind at the deadline floor (so that the watchdog acts and a worker comes late) writes,
+in its functions' embedded-metric-format log lines, every metric the deployed dashboard graphs, under
+the namespace and with the dimensions the dashboard graphs it with (``infra.observability``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from infra.observability import CUSTOM_STATISTICS, custom_metric
+from slsml.config import OptimizerConfig, TrainingSpec
+from slsml.faults import Faults
+
+from .conftest import finish, train
+from .test_faults import injecting
+
+RUN = "metrics-straggler"
+SPEC = TrainingSpec(workers=4, reducers=2, global_batch=128, iterations=2, eval_every=0, deadline_s=2.0,
+                    deadline_floor=0.5, optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
+MetricKey = tuple[str, str, frozenset[tuple[str, str]]]  # namespace, name, dimensions
+
+
+def graphed() -> set[MetricKey]:
+    """What the dashboard's custom-metric graphs read: the CDK metric objects it is built from."""
+    keys = set()
+    for metric, statistic in CUSTOM_STATISTICS.items():
+        shown = custom_metric(metric, statistic)
+        keys.add((shown.namespace, shown.metric_name, frozenset((shown.dimensions or {}).items())))
+    return keys
+
+
+def emitted(lines: list[str]) -> set[MetricKey]:
+    """The metrics in embedded-metric-format lines (JSON with an ``_aws`` key), each with each dimension set
+    it is emitted under, as CloudWatch stores them."""
+    found: set[MetricKey] = set()
+    for line in lines:
+        try:
+            entry: Any = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict) or "_aws" not in entry:
+            continue
+        for directive in entry["_aws"]["CloudWatchMetrics"]:
+            for dimension_set in directive["Dimensions"]:
+                dimensions = frozenset((name, entry[name]) for name in dimension_set)
+                found |= {(directive["Namespace"], m["Name"], dimensions) for m in directive["Metrics"]
+                          if m["Name"] in entry}
+    return found
+
+
+def _new_lines(log_dir: Path, offsets: dict[Path, int]) -> list[str]:
+    lines: list[str] = []
+    for path in sorted(log_dir.glob("*.log")):
+        with path.open("rb") as log:
+            log.seek(offsets.get(path, 0))
+            lines += log.read().decode(errors="replace").splitlines()
+    return lines
+
+
+def test_every_metric_the_dashboard_graphs_is_emitted_with_its_dimensions(local, services, digits):
+    expected = graphed()
+    assert len(expected) == len(CUSTOM_STATISTICS)
+    offsets = {path: path.stat().st_size for path in local.log_dir.glob("*.log")}
+    with injecting(local, Faults.parse("slow_worker=3:8")) as report:
+        train(services, SPEC, RUN)
+        run = finish(services, RUN)
+        assert run.status == "COMPLETED", run.reason
+        # the straggler's reports come after the run completed: wait for them (and each invocation's metrics)
+        deadline = time.monotonic() + 60
+        while not expected <= emitted(_new_lines(local.log_dir, offsets)) and time.monotonic() < deadline:
+            time.sleep(1)
+    assert report["injected"]["slow_worker"] >= 1
+    assert all(r.fired_at_deadline for r in services.table.list_iterations(RUN))
+    missing = expected - emitted(_new_lines(local.log_dir, offsets))
+    assert not missing, f"graphed on the dashboard but never emitted: {sorted(missing, key=str)}"
