@@ -75,7 +75,7 @@ class Compute(Construct):
         )
         self.log_groups[fn.name] = log_group
         role = self._role(fn, log_group)
-        environment = {
+        environment = {  # the dead-letter reader's sources are added by Messaging.subscribe
             wiring.BUCKET_ENV: self._bucket.bucket_name,
             wiring.TABLE_ENV: self._table.table_name,
             "POWERTOOLS_SERVICE_NAME": deployment.SERVICE_NAME,
@@ -99,7 +99,8 @@ class Compute(Construct):
             "ephemeral_storage_size": Size.mebibytes(sizing.ephemeral_storage_mb),
             "reserved_concurrent_executions": sizing.reserved_concurrency,
             "tracing": lambda_.Tracing.ACTIVE,
-            "dead_letter_queue": self._failures,
+            # the dead-letter reader is only ever invoked by its queues (synchronously): no DLQ of its own
+            "dead_letter_queue": None if fn.reads_dead_letters else self._failures,
         }
         if fn.needs_tensorflow:
             code = lambda_.DockerImageCode.from_image_asset(
@@ -131,7 +132,8 @@ class Compute(Construct):
         return function
 
     def _role(self, fn: wiring.Function, log_group: logs.ILogGroup) -> iam.Role:
-        """Logs, the bucket (read runs/ and datasets/, write runs/ only), the table, its own topics."""
+        """Logs, the bucket (read runs/ and datasets/, write runs/ only), the table, its own topics; for
+        the dead-letter reader, only what failing a run takes."""
         role = iam.Role(
             self,
             f"{pascal(fn.name)}Role",
@@ -139,6 +141,17 @@ class Compute(Construct):
             description=f"slsml {fn.name}",
         )
         log_group.grant_write(role)
+        if fn.reads_dead_letters:  # the run item's update and the execution's task failure (its queues: their own)
+            role.add_to_policy(iam.PolicyStatement(actions=["dynamodb:UpdateItem"], resources=[self._table.table_arn]))
+            role.add_to_policy(iam.PolicyStatement(actions=["states:SendTaskFailure"],
+                                                   resources=[self._state_machine.state_machine_arn]))
+            NagSuppressions.add_resource_suppressions(
+                role,
+                [NagPackSuppression(id="AwsSolutions-IAM5", reason="X-Ray accepts no resource but *.",
+                                    applies_to=["Resource::*"])],
+                apply_to_children=True,
+            )
+            return role
         readable = [self._bucket.arn_for_objects(f"{prefix}*") for prefix in deployment.READABLE_PREFIXES]
         writable = [self._bucket.arn_for_objects(f"{prefix}*") for prefix in deployment.WRITABLE_PREFIXES]
         notified = [self._bucket.arn_for_objects(f"{prefix}*") for prefix in wiring.notified_prefixes(fn)]

@@ -1,6 +1,6 @@
 """Messaging: the pipeline's SNS topics and queues (from slsml.wiring), the bucket notifications that
 feed the topics, the function subscriptions and the dead-letter queues that catch what could not be
-delivered.
+delivered, which all feed the dead-letter reader (it fails the runs their messages name).
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ class Messaging(Construct):
 
     def __init__(self, scope: Construct, construct_id: str, *, bucket: s3.IBucket, settings: Settings) -> None:
         super().__init__(scope, construct_id)
+        # the dead-letter reader is fed by every DLQ: AWS's advice for a Lambda event source, six times its timeout
+        self._dead_letter_visibility = Duration.seconds(
+            6 * settings.functions[wiring.dead_letter_reader().name].timeout_s
+        )
         self.topics: dict[str, sns.Topic] = {
             topic.name: self._topic(topic.name) for topic in wiring.TOPICS
         }
@@ -58,22 +62,34 @@ class Messaging(Construct):
             )
         self._suppress_notifications_handler()
 
-    def subscribe(self, functions: Mapping[str, lambda_.IFunction]) -> None:
+    def subscribe(self, functions: Mapping[str, lambda_.Function]) -> None:
         """Each function to its trigger topics, with a dead-letter queue for undeliverable messages, or
-        to its trigger queue."""
+        to its trigger queue; then the dead-letter reader to every dead-letter queue."""
+        holds: list[tuple[str, str]] = []  # (dead-letter queue ARN, the one function whose messages it holds)
         for fn in wiring.FUNCTIONS:
             if fn.queue is not None:
                 functions[fn.name].add_event_source(
                     event_sources.SqsEventSource(self.queues[fn.queue.name], batch_size=10)
                 )
+                holds.append((self.dead_letter_queues[fn.queue.name].queue_arn, fn.name))
             if not fn.triggers:
                 continue
             dlq = self._dead_letter_queue(f"{pascal(fn.name)}Subscription")
             NagSuppressions.add_resource_suppressions(dlq, _SUBSCRIPTION_DLQ_SUPPRESSIONS)
+            holds.append((dlq.queue_arn, fn.name))
             for topic in fn.triggers:
                 self.topics[topic.name].add_subscription(
                     subscriptions.LambdaSubscription(functions[fn.name], dead_letter_queue=dlq)
                 )
+        # Lambda's asynchronous-invocation DLQ (function_failures) holds every SNS-triggered function's
+        # events: they name their topic, which says whose they were.
+        reader = functions[wiring.dead_letter_reader().name]
+        topic_arns = {name: topic.topic_arn for name, topic in self.topics.items()}
+        reader.add_environment(
+            wiring.DEAD_LETTER_SOURCES_ENV, Stack.of(self).to_json_string(wiring.dead_letter_sources(holds, topic_arns))
+        )
+        for queue in self.dead_letter_queues.values():
+            reader.add_event_source(event_sources.SqsEventSource(queue, batch_size=10))
 
     def _suppress_notifications_handler(self) -> None:
         """The custom resource writing the bucket's notification configuration is a CDK singleton."""
@@ -117,6 +133,7 @@ class Messaging(Construct):
             encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
             retention_period=DLQ_RETENTION,
+            visibility_timeout=self._dead_letter_visibility,
         )
         self.dead_letter_queues[name] = queue
         return queue

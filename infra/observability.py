@@ -1,5 +1,7 @@
 """Observability: a CloudWatch dashboard of the pipeline and alarms on function errors, dead letters
-and failed runs, all notifying one topic. Custom metrics follow slsml.deployment (Powertools EMF).
+and failed runs, all notifying one topic. Custom metrics follow slsml.deployment (Powertools EMF),
+emitted where slsml.metrics says. The dead-letter queues feed the dead-letter reader, which takes each
+message as it comes: what they show is the messages received from them (by the reader).
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ class Observability(Construct):
         for name, fn in functions.items():
             self._alarm(f"{pascal(name)}Errors", fn.metric_errors(period=PERIOD, statistic="Sum"), f"{name} failed")
         for name, queue in dead_letter_queues.items():
-            depth = queue.metric_approximate_number_of_messages_visible(period=PERIOD, statistic="Maximum")
-            self._alarm(f"{name}DeadLetters", depth, f"messages in the {name} dead-letter queue")
+            received = queue.metric_number_of_messages_received(period=PERIOD, statistic="Sum")
+            self._alarm(f"{name}DeadLetters", received,
+                        f"messages dead-lettered in the {name} queue (the dead-letter reader fails their runs)")
         self._alarm("RunsFailed", state_machine.metric_failed(period=PERIOD, statistic="Sum"), "a training run failed")
 
         self.dashboard = cloudwatch.Dashboard(
@@ -84,9 +87,9 @@ class Observability(Construct):
         )
         self.dashboard.add_widgets(
             self._graph(
-                "Dead-letter queue depth",
+                "Dead letters",
                 [
-                    queue.metric_approximate_number_of_messages_visible(period=PERIOD, statistic="Maximum", label=n)
+                    queue.metric_number_of_messages_received(period=PERIOD, statistic="Sum", label=n)
                     for n, queue in dead_letter_queues.items()
                 ],
             ),

@@ -64,6 +64,8 @@ DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
     "merger": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
     "watchdog": FunctionSettings(memory_mb=512, timeout_s=60),
     "run_starter": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
+    # fails runs of dead-lettered messages: a table update and a task failure each
+    "dead_letters": FunctionSettings(memory_mb=256, timeout_s=30),
 }
 
 

@@ -69,9 +69,9 @@ def parse_message(body: str, model: Any, message_id: str) -> Any:
         except ValidationError as error:
             problem = _problems(error)
     message_type = type_name(model)
-    reason = f"{message_type} message {message_id} rejected: {problem}"
-    logger.error(reason, extra={"message_id": message_id, "message_type": message_type, "problem": problem})
-    raise MessageRejected(reason)
+    rejection = MessageRejected.of(message_type, message_id, problem)
+    logger.error(str(rejection), extra={"message_id": message_id, "message_type": message_type, "problem": problem})
+    raise rejection
 
 
 class SnsMessages(BaseEnvelope):
@@ -86,6 +86,22 @@ class SqsMessages(BaseEnvelope):
 
     def parse(self, data: dict[str, Any] | Any | None, model: type[M]) -> list[M]:
         return [parse_message(r.body, model, r.messageId) for r in SqsModel.model_validate(data).Records]
+
+
+class DeadLetterRecords(BaseEnvelope):
+    """A dead-letter queue's records as they are, for the step that reads them (``slsml.steps.dead_letters``):
+    the queue, the message id, the body (of any size: a message may have been rejected for its size) and
+    the message attributes (Lambda's ``ErrorCode``, ``ErrorMessage`` and ``RequestID``, where it sent them)."""
+
+    def parse(self, data: dict[str, Any] | Any | None, model: type[M]) -> list[M]:
+        return [
+            model.model_validate({
+                "queue_arn": r.eventSourceARN, "message_id": r.messageId, "body": r.body,
+                "attributes": {name: a.stringValue for name, a in r.messageAttributes.items()
+                               if a.stringValue is not None},
+            })
+            for r in SqsModel.model_validate(data).Records
+        ]
 
 
 def run_and_iteration(message: Any) -> tuple[str | None, int | None]:

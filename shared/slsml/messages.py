@@ -4,10 +4,19 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal
 from urllib.parse import unquote_plus
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from slsml import keys
+
+# the message attributes Lambda attaches to an event it dead-letters (a function's asynchronous-invocation DLQ):
+# the HTTP status of the failed invocation, the error's message (its first KB) and the last invocation's id
+DEAD_LETTER_ERROR_CODE = "ErrorCode"
+DEAD_LETTER_ERROR_MESSAGE = "ErrorMessage"
+DEAD_LETTER_REQUEST_ID = "RequestID"
 
 
 class Message(BaseModel):
@@ -136,3 +145,25 @@ class RunStarted(BaseModel):
 
 # What the WorkLauncher receives: a model landed (S3 event) or a run started (task token).
 LauncherEvent = Annotated[RunStarted | S3Notification, Field(union_mode="left_to_right")]
+
+
+def run_named(message: str) -> str | None:
+    """The run a pipeline message names, whatever its type: its ``run_id``, or for an S3 event the run of
+    a model it is about (None for a message of any other shape)."""
+    try:
+        parsed = json.loads(message)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    if isinstance(parsed.get("run_id"), str):
+        return parsed["run_id"]
+    records = parsed.get("Records")
+    for record in records if isinstance(records, list) else []:
+        try:
+            key = keys.parse_model_key(record["s3"]["object"]["key"])
+        except (KeyError, TypeError):
+            continue
+        if key:
+            return key[0]
+    return None

@@ -32,6 +32,8 @@ class Function:
     starts_runs: bool = False  # may start executions of the run state machine
     queue: Queue | None = None  # the queue that triggers it, if any (besides its topics)
     sends: tuple[Queue, ...] = ()  # queues it sends (delayed) messages to
+    # triggered by every dead-letter queue: fails the run a dead letter names, and may do nothing else
+    reads_dead_letters: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ FUNCTIONS: tuple[Function, ...] = (
     ),
     # outside the loop: a plain upload to incoming/ starts a run with the deployment's defaults
     Function("run_starter", triggers=(MODEL_DROPPED,), publishes=(), needs_tensorflow=True, starts_runs=True),
+    # beside everything: a message a function failed on three times (or SNS could not deliver) fails its run
+    Function("dead_letters", triggers=(), publishes=(), needs_tensorflow=False, reads_dead_letters=True),
 )
 
 BUCKET_NOTIFICATIONS: tuple[BucketNotification, ...] = (
@@ -91,11 +95,29 @@ BUCKET_ENV = "SLSML_BUCKET"
 TABLE_ENV = "SLSML_TABLE"
 STATE_MACHINE_ENV = "SLSML_STATE_MACHINE"
 RUN_DEFAULTS_ENV = "SLSML_RUN_DEFAULTS"  # JSON of a DropInRequest: what an incoming/ model trains with
+# JSON of the dead-letter reader's sources (``dead_letter_sources``)
+DEAD_LETTER_SOURCES_ENV = "SLSML_DEAD_LETTER_SOURCES"
 
 
 def notified_prefixes(fn: Function) -> tuple[str, ...]:
     """The bucket prefixes whose new objects reach ``fn`` (it reads what it is told about)."""
     return tuple(n.prefix for n in BUCKET_NOTIFICATIONS if n.topic in fn.triggers)
+
+
+def dead_letter_sources(queues: list[tuple[str, str]], topic_arns: dict[str, str]) -> dict[str, list[list[str]]]:
+    """Whose messages the dead letters are, for the function that reads them, as [ARN, function] pairs (a
+    deployment's ARNs are tokens, which JSON keys cannot be): ``queues``, (dead-letter queue ARN, the
+    function whose messages it holds) — a queue that holds several functions', as Lambda's
+    asynchronous-invocation one, is left out: its messages are SNS events, which name their topic — and
+    ``topics``, each topic that triggers a function (``topic_arns``: ARN by topic name) and that function."""
+    return {
+        "queues": [[arn, function] for arn, function in queues],
+        "topics": [[topic_arns[topic.name], fn.name] for fn in FUNCTIONS for topic in fn.triggers],
+    }
+
+
+def dead_letter_reader() -> Function:
+    return next(fn for fn in FUNCTIONS if fn.reads_dead_letters)
 
 
 def function(name: str) -> Function:

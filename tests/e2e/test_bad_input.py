@@ -15,7 +15,7 @@ from slsml import data, demo, keys, modelio, runs
 from slsml.config import TrainingSpec
 from slsml.errors import BadInputError, NotFoundError
 
-from .conftest import DIGITS, finish, train
+from .conftest import DIGITS, finish, log_entries, train
 
 SPEC = TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=2, eval_every=0)
 
@@ -139,9 +139,17 @@ def test_a_message_failing_three_times_fails_its_run_via_the_dead_letter_queue(l
     runs.launch_run(services, config)
     run = finish(services, "corrupt-config", timeout_s=120)
     assert run.status == "FAILED"
-    assert run.reason.startswith("worker failed three times on one message: ValidationError"), run.reason
+    # the error as Lambda attaches it to a dead letter: the exception's message, without its name
+    assert run.reason.startswith("worker failed three times on one message: "), run.reason
+    assert "validation errors for RunConfig" in run.reason, run.reason
     assert any(d["run_id"] == "corrupt-config" and d["function"] == "worker" for d in local.host.dead_letters)
     assert "corrupt-config" in (local.log_dir / "dead-letters.jsonl").read_text()
+    # failed by the dead-letter reader, as on AWS, from the dead letters the host handed it
+    assert local.host.wait_idle("corrupt-config", timeout_s=60)  # its log is written
+    letters = log_entries(local.log_dir / "dead_letters.log", message="dead letter", run_id="corrupt-config")
+    assert letters and all(e["function"] == "worker" and not e["rejected"] for e in letters), letters
+    failed = log_entries(local.log_dir / "dead_letters.log", message="run failed", run_id="corrupt-config")
+    assert [e["reason"] for e in failed] == [run.reason]
 
 
 @keras.saving.register_keras_serializable(package="tests")

@@ -1,5 +1,7 @@
 """Every function role allows only what its step needs: its logs, reads of runs/ and datasets/,
-writes under runs/ only, the run table, its own published topics and queues, the failure queue and X-Ray.
+writes under runs/ only, the run table, its own published topics and queues, the failure queue and X-Ray;
+the dead-letter reader only its logs, its queues (the dead-letter queues), the run item's update, the
+execution's task failure and X-Ray.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
     state_machine_name = synthesized.logical_id(stack.orchestration.state_machine)
     sent_to = {f"<{synthesized.logical_id(stack.messaging.queues[q.name])}.Arn>" for q in fn.sends}
     trigger_queue = {f"<{synthesized.logical_id(stack.messaging.queues[fn.queue.name])}.Arn>"} if fn.queue else set()
+    if fn.reads_dead_letters:
+        trigger_queue = {f"<{synthesized.logical_id(q)}.Arn>" for q in stack.messaging.dead_letter_queues.values()}
 
     published: set[str] = set()
     for statement in role_statements(synthesized, function["Role"]["Fn::GetAtt"][0]):
@@ -114,7 +118,7 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
             elif service == "logs":
                 assert resources == {log_group}
             elif service == "sqs":
-                if resources == {failures}:
+                if resources == {failures} and not fn.reads_dead_letters:
                     assert action == "sqs:SendMessage"
                 else:  # a queue it sends to, or the one that triggers it
                     assert resources <= sent_to | trigger_queue, (action, resources)
@@ -132,6 +136,25 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
                 assert service == "xray", f"{fn.name} has an unexpected action {action}"
                 assert action in {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
     assert published == own_topics
+
+
+def test_the_dead_letter_reader_may_fail_runs_and_do_nothing_else(synthesized: Synthesized) -> None:
+    stack = synthesized.stack
+    reader = wiring.dead_letter_reader()
+    function = synthesized.resources[synthesized.logical_id(stack.compute.functions[reader.name])]["Properties"]
+    table = f"<{synthesized.logical_id(stack.storage.table)}.Arn>"
+    state_machine = f"<{synthesized.logical_id(stack.orchestration.state_machine)}>"
+    queues = {f"<{synthesized.logical_id(q)}.Arn>" for q in stack.messaging.dead_letter_queues.values()}
+    granted: dict[str, set[str]] = {}
+    for statement in role_statements(synthesized, function["Role"]["Fn::GetAtt"][0]):
+        for action in as_list(statement["Action"]):
+            granted.setdefault(action, set()).update(render(r) for r in as_list(statement["Resource"]))
+    assert granted.pop("dynamodb:UpdateItem") == {table}  # the run item, FAILED with the reason
+    assert granted.pop("states:SendTaskFailure") == {state_machine}  # the run's execution, failed
+    for action in SQS_CONSUME_ACTIONS - {"sqs:GetQueueUrl"}:  # every dead-letter queue, and only those
+        assert granted.pop(action) == queues, action
+    granted.pop("sqs:GetQueueUrl", None)
+    assert {action.split(":")[0] for action in granted} <= {"logs", "xray"}, granted
 
 
 def test_the_key_layout_stays_inside_the_granted_prefixes() -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aws_cdk.assertions import Match
 
 from infra.layers import RUNTIME
+from infra.observability import CUSTOM_STATISTICS, custom_metric
 from slsml import deployment, wiring
 
 if TYPE_CHECKING:
@@ -28,7 +30,7 @@ def test_one_traced_function_per_pipeline_step(synthesized: Synthesized) -> None
     functions = _of_type(synthesized.resources, "AWS::Lambda::Function")
     traced = {name for name, f in functions.items() if f["Properties"].get("TracingConfig") == {"Mode": "Active"}}
     pipeline = {synthesized.logical_id(fn) for fn in synthesized.stack.compute.functions.values()}
-    assert len(pipeline) == PIPELINE_SIZE == 7  # the five of the loop, the watchdog and the run starter
+    assert len(pipeline) == PIPELINE_SIZE == 8  # the five of the loop, the watchdog, run starter, dead-letter reader
     assert traced == pipeline  # the one other function is CDK's bucket-notification handler
 
 
@@ -54,6 +56,8 @@ def test_function_environment_names_bucket_table_and_published_topics(synthesize
         if fn.starts_runs:
             published[wiring.STATE_MACHINE_ENV] = {"Ref": synthesized.logical_id(stack.orchestration.state_machine)}
             published[wiring.RUN_DEFAULTS_ENV] = stack.settings.run_defaults.model_dump_json()
+        if fn.reads_dead_letters:  # checked by test_infra_wiring
+            published[wiring.DEAD_LETTER_SOURCES_ENV] = env.get(wiring.DEAD_LETTER_SOURCES_ENV)
         assert env == {
             wiring.BUCKET_ENV: {"Ref": synthesized.logical_id(stack.storage.bucket)},
             wiring.TABLE_ENV: {"Ref": synthesized.logical_id(stack.storage.table)},
@@ -69,9 +73,12 @@ def test_functions_are_sized_by_settings_and_log_to_retained_groups(synthesized:
         props, sizing = _function(synthesized, fn.name), settings.functions[fn.name]
         assert (props["MemorySize"], props["Timeout"]) == (sizing.memory_mb, sizing.timeout_s)
         assert props["EphemeralStorage"] == {"Size": sizing.ephemeral_storage_mb}
-        assert props["DeadLetterConfig"]["TargetArn"]["Fn::GetAtt"][0] == synthesized.logical_id(
-            synthesized.stack.messaging.function_failures
-        )
+        if fn.reads_dead_letters:  # invoked by its queues only, never asynchronously
+            assert "DeadLetterConfig" not in props
+        else:
+            assert props["DeadLetterConfig"]["TargetArn"]["Fn::GetAtt"][0] == synthesized.logical_id(
+                synthesized.stack.messaging.function_failures
+            )
         log_group = synthesized.resources[props["LoggingConfig"]["LogGroup"]["Ref"]]
         assert log_group["Properties"]["RetentionInDays"] == 30
 
@@ -100,9 +107,11 @@ def test_queues_are_encrypted_and_enforce_tls_and_dead_letters_are_kept_two_week
     assert len(messaging.dead_letter_queues) == queue_count - len(wiring.QUEUES)
     synthesized.template.resource_count_is("AWS::SQS::Queue", queue_count)
     synthesized.template.all_resources_properties("AWS::SQS::Queue", {"SqsManagedSseEnabled": True})
+    reader_timeout = synthesized.stack.settings.functions[wiring.dead_letter_reader().name].timeout_s
     for queue in messaging.dead_letter_queues.values():
         props = synthesized.resources[synthesized.logical_id(queue)]["Properties"]
         assert props["MessageRetentionPeriod"] == 14 * 24 * 3600
+        assert props["VisibilityTimeout"] >= reader_timeout  # each feeds the dead-letter reader
     synthesized.template.resource_count_is("AWS::SQS::QueuePolicy", queue_count)
 
 
@@ -148,7 +157,7 @@ def test_alarms_cover_errors_dead_letters_and_failed_runs(synthesized: Synthesiz
         ]
     assert by_metric == {
         "Errors": PIPELINE_SIZE,
-        "ApproximateNumberOfMessagesVisible": PIPELINE_SIZE + 1,
+        "NumberOfMessagesReceived": len(synthesized.stack.messaging.dead_letter_queues),
         "ExecutionsFailed": 1,
     }
     state_machine = synthesized.logical_id(synthesized.stack.orchestration.state_machine)
@@ -163,12 +172,63 @@ def test_alarms_cover_errors_dead_letters_and_failed_runs(synthesized: Synthesiz
     )
 
 
-def test_dashboard_shows_the_custom_metrics(synthesized: Synthesized) -> None:
-    dashboards = list(_of_type(synthesized.resources, "AWS::CloudWatch::Dashboard").values())
-    assert len(dashboards) == 1
-    body = str(dashboards[0]["Properties"]["DashboardBody"])
-    shown = {m for m in deployment.Metric if f'"{m.value}"' in body}
-    assert shown == set(deployment.Metric)
+def _dashboard_metrics(synthesized: Synthesized) -> set[tuple[str, str, frozenset[tuple[str, str]]]]:
+    """(namespace, name, dimensions) of each metric the dashboard graphs: references as their template text."""
+    (dashboard,) = _of_type(synthesized.resources, "AWS::CloudWatch::Dashboard").values()
+    body = json.loads(_render_join(dashboard["Properties"]["DashboardBody"], _reference))
+    graphed = set()
+    for widget in body["widgets"]:
+        for row in widget["properties"].get("metrics", []):
+            fields = [f for f in row if not isinstance(f, dict)]  # [namespace, name, dimension, value, …, {options}]
+            namespace, name, dimensions = fields[0], fields[1], fields[2:]
+            graphed.add((namespace, name, frozenset(zip(dimensions[::2], dimensions[1::2], strict=True))))
+    return graphed
+
+
+def _reference(value: Any) -> str:
+    """A reference inside a JSON string: ``{"Ref": "X"}`` → ``<X>``, ``{"Fn::GetAtt": ["X", "Arn"]}`` → ``<X.Arn>``."""
+    return "<{}>".format(value["Ref"] if "Ref" in value else ".".join(value["Fn::GetAtt"]))
+
+
+def test_dashboard_graphs_the_custom_metrics_as_the_functions_emit_them(synthesized: Synthesized) -> None:
+    """Each custom metric with the namespace and the one dimension Powertools gives it in the functions
+    (``tests/e2e/test_metrics.py`` holds the functions' output to ``custom_metric``, these graphs' source)."""
+    custom = {m for m in _dashboard_metrics(synthesized) if m[0] == deployment.METRICS_NAMESPACE}
+    service = frozenset({("service", deployment.SERVICE_NAME)})
+    assert custom == {(deployment.METRICS_NAMESPACE, m.value, service) for m in deployment.Metric}
+    expected = set()
+    for metric, statistic in CUSTOM_STATISTICS.items():
+        shown = custom_metric(metric, statistic)
+        expected.add((shown.namespace, shown.metric_name, frozenset(shown.dimensions.items())))
+    assert custom == expected
+
+
+# what AWS emits for a resource of this stack, by namespace: the metric names and the dimension naming the resource
+AWS_METRICS = {
+    "AWS/Lambda": ({"Errors", "Invocations", "Duration", "Throttles"}, "FunctionName", "AWS::Lambda::Function"),
+    "AWS/SQS": ({"NumberOfMessagesReceived", "ApproximateNumberOfMessagesVisible"}, "QueueName", "AWS::SQS::Queue"),
+    "AWS/States": ({"ExecutionsFailed"}, "StateMachineArn", "AWS::StepFunctions::StateMachine"),
+}
+
+
+def test_every_alarm_watches_a_metric_that_is_emitted(synthesized: Synthesized) -> None:
+    """An alarm reads either a metric AWS emits for a resource of this stack, or a custom metric the
+    dashboard graphs (which tests/e2e/test_metrics.py shows the functions emit)."""
+    graphed = _dashboard_metrics(synthesized)
+    alarms = _of_type(synthesized.resources, "AWS::CloudWatch::Alarm").values()
+    assert alarms
+    for alarm in alarms:
+        props = alarm["Properties"]
+        namespace, name = props["Namespace"], props["MetricName"]
+        if namespace == deployment.METRICS_NAMESPACE:
+            dimensions = frozenset((d["Name"], d["Value"]) for d in props.get("Dimensions", []))
+            assert (namespace, name, dimensions) in graphed, props
+            continue
+        names, dimension, resource_type = AWS_METRICS[namespace]
+        assert name in names, props
+        (watched,) = [d["Value"] for d in props["Dimensions"] if d["Name"] == dimension]
+        reference = watched.get("Ref") or watched["Fn::GetAtt"][0]
+        assert synthesized.resources[reference]["Type"] == resource_type, props
 
 
 def test_outputs(synthesized: Synthesized) -> None:
@@ -195,12 +255,13 @@ def test_the_run_state_machine_is_traced_logged_and_uses_service_integrations_on
     assert {"HeartbeatSecondsPath", "TimeoutSecondsPath"} <= wait.keys()
 
 
-def _render_join(value: object) -> str:
-    """A DefinitionString (plain or Fn::Join of literals and references) as text, references as "REF"."""
+def _render_join(value: object, reference: Callable[[object], str] = lambda _: "REF") -> str:
+    """A DefinitionString (plain or Fn::Join of literals and references) as text, references as "REF"
+    (or as ``reference`` writes them)."""
     if isinstance(value, str):
         return value
     parts = value["Fn::Join"][1]
-    return "".join(p if isinstance(p, str) else "REF" for p in parts)
+    return "".join(p if isinstance(p, str) else reference(p) for p in parts)
 
 
 def test_each_functions_log_group_is_an_output(synthesized: Synthesized) -> None:

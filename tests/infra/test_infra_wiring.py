@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
+from infra.naming import pascal
 from slsml import wiring
 
 if TYPE_CHECKING:
@@ -49,15 +51,20 @@ def test_each_queue_triggers_its_function_and_fails_over_to_a_dead_letter_queue(
     stack = synthesized.stack
     queue_names = {synthesized.logical_id(queue): name for name, queue in stack.messaging.queues.items()}
     function_names = {synthesized.logical_id(fn): name for name, fn in stack.compute.functions.items()}
-    dead_letter_queues = {synthesized.logical_id(queue) for queue in stack.messaging.dead_letter_queues.values()}
+    dead_letter_names = {synthesized.logical_id(q): name for name, q in stack.messaging.dead_letter_queues.items()}
+    dead_letter_queues = set(dead_letter_names)
 
     deployed = set()
     for resource in synthesized.resources.values():
         if resource["Type"] == "AWS::Lambda::EventSourceMapping":
             props = resource["Properties"]
-            deployed.add((queue_names[props["EventSourceArn"]["Fn::GetAtt"][0]],
+            source = props["EventSourceArn"]["Fn::GetAtt"][0]
+            deployed.add((queue_names.get(source) or dead_letter_names[source],
                           function_names[props["FunctionName"]["Ref"]]))
-    assert deployed == {(fn.queue.name, fn.name) for fn in wiring.FUNCTIONS if fn.queue is not None}
+    reader = wiring.dead_letter_reader().name
+    assert deployed == {(fn.queue.name, fn.name) for fn in wiring.FUNCTIONS if fn.queue is not None} | {
+        (name, reader) for name in stack.messaging.dead_letter_queues  # every dead-letter queue feeds the reader
+    }
 
     for name, queue in stack.messaging.queues.items():
         props = synthesized.resources[synthesized.logical_id(queue)]["Properties"]
@@ -65,3 +72,25 @@ def test_each_queue_triggers_its_function_and_fails_over_to_a_dead_letter_queue(
         assert props["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0] in dead_letter_queues
         consumer = next(fn for fn in wiring.FUNCTIONS if fn.queue is not None and fn.queue.name == name)
         assert props["VisibilityTimeout"] >= stack.settings.functions[consumer.name].timeout_s
+
+
+def test_the_dead_letter_reader_knows_whose_each_dead_letter_is(synthesized: Synthesized) -> None:
+    """Its sources: each topic with the function it triggers, and each dead-letter queue that holds one
+    function's messages with that function (Lambda's asynchronous-invocation DLQ holds several: its
+    messages are SNS events, which name their topic)."""
+    stack = synthesized.stack
+    reader = synthesized.resources[synthesized.logical_id(stack.compute.functions[wiring.dead_letter_reader().name])]
+    sources = reader["Properties"]["Environment"]["Variables"][wiring.DEAD_LETTER_SOURCES_ENV]
+    text = "".join(p if isinstance(p, str) else "<{}>".format(p.get("Ref") or ".".join(p["Fn::GetAtt"]))
+                   for p in sources["Fn::Join"][1])
+    parsed = json.loads(text)
+    topics = {f"<{synthesized.logical_id(topic)}>": name for name, topic in stack.messaging.topics.items()}
+    assert {(topics[arn], fn) for arn, fn in parsed["topics"]} == {
+        (topic.name, fn.name) for fn in wiring.FUNCTIONS for topic in fn.triggers
+    }
+    queues = {f"<{synthesized.logical_id(q)}.Arn>": name for name, q in stack.messaging.dead_letter_queues.items()}
+    held = {(queues[arn], fn) for arn, fn in parsed["queues"]}
+    assert held == {(f"{pascal(fn.name)}Subscription", fn.name) for fn in wiring.FUNCTIONS if fn.triggers} | {
+        (fn.queue.name, fn.name) for fn in wiring.FUNCTIONS if fn.queue is not None
+    }
+    assert "FunctionFailures" in stack.messaging.dead_letter_queues  # read by the topics its events name

@@ -29,7 +29,8 @@ class LocalDeployment:
     state_machine_arn: str = ""
     run_defaults: str = ""  # JSON of a DropInRequest, for models dropped under incoming/
     queues: dict[str, str] = field(default_factory=dict)  # function → queue URL
-    dead_letter_queues: dict[str, str] = field(default_factory=dict)
+    dead_letter_queues: dict[str, str] = field(default_factory=dict)  # function → its DLQ's URL
+    dead_letter_arns: dict[str, str] = field(default_factory=dict)  # function → its DLQ's ARN
     queue_urls: dict[str, str] = field(default_factory=dict)  # wiring queue name → URL
 
     @property
@@ -48,6 +49,9 @@ class LocalDeployment:
             wiring.TABLE_ENV: self.table,
             wiring.STATE_MACHINE_ENV: self.state_machine_arn,
             wiring.RUN_DEFAULTS_ENV: self.run_defaults,
+            wiring.DEAD_LETTER_SOURCES_ENV: json.dumps(wiring.dead_letter_sources(
+                [(arn, function) for function, arn in self.dead_letter_arns.items()], self.topic_arns
+            )),
             **{t.env_var: self.topic_arns[t.name] for t in wiring.TOPICS},
             **{q.env_var: self.queue_urls[q.name] for q in wiring.QUEUES},
         }
@@ -115,7 +119,8 @@ class EmbeddedCloud:
 
     def provision(self, name: str = "slsml") -> LocalDeployment:
         """Create bucket, table, topics, one queue (+ DLQ) per function (subscribed to its topics, or the
-        queue that triggers it) and the bucket notifications."""
+        queue that triggers it; none for the dead-letter reader, which the host hands the DLQs' messages)
+        and the bucket notifications."""
         s3, sns, sqs, dynamodb = (self._client(s) for s in ("s3", "sns", "sqs", "dynamodb"))
         bucket, table = f"{name}-local", f"{name}-runs"
         s3.create_bucket(Bucket=bucket)
@@ -126,6 +131,8 @@ class EmbeddedCloud:
         topic_arns = {t.name: sns.create_topic(Name=f"{name}-{t.name}")["TopicArn"] for t in wiring.TOPICS}
         deployment = LocalDeployment(self.endpoint, bucket, table, topic_arns)
         for fn in wiring.FUNCTIONS:
+            if fn.reads_dead_letters:
+                continue
             dlq = sqs.create_queue(QueueName=f"{name}-{fn.name}-dlq")["QueueUrl"]
             dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
             queue = sqs.create_queue(
@@ -144,6 +151,7 @@ class EmbeddedCloud:
             if fn.queue is not None:  # the function's queue is the one its senders send to
                 deployment.queue_urls[fn.queue.name] = queue
             deployment.queues[fn.name], deployment.dead_letter_queues[fn.name] = queue, dlq
+            deployment.dead_letter_arns[fn.name] = dlq_arn
         s3.put_bucket_notification_configuration(
             Bucket=bucket,
             NotificationConfiguration={

@@ -3,8 +3,11 @@ processes (one import of the handler, TensorFlow included, per process, like a w
 container), with an SNS-shaped event and a Lambda-like context. A poller takes no more messages than
 its pool has free processes: the others wait in the queue. Each process has its function's memory
 setting (``AWS_LAMBDA_FUNCTION_MEMORY_SIZE``) and logs its pid once started. A failed invocation is
-retried by SQS; after three receives the message goes to the function's DLQ and its run is failed (unless
-the function rejected the message as malformed: ``slsml.envelope``).
+retried by SQS; after three receives the message goes to the function's DLQ. The host hands each dead letter to the
+dead-letter reader (``wiring.dead_letter_reader``, ``slsml.steps.dead_letters``) in the shape its AWS
+dead-letter queue would hold it: an SNS-triggered function's event with the error Lambda attaches, a
+queue-triggered function's message as SQS moves it. That step fails the run (unless the function
+rejected the message as malformed: ``slsml.errors.rejected``), as it does on AWS.
 
 Faults (``slsml.faults``) can be injected: set ``FunctionHost.faults`` at any time, and read
 ``fault_report()`` for what was injected and what it caused.
@@ -35,21 +38,23 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from slsml import aws, keys, quiet, wiring
+from slsml import aws, quiet, wiring
 from slsml import faults as fault_injection
 from slsml.cache import MEMORY_ENV
 from slsml.deployment import DEFAULT_FUNCTIONS
-from slsml.errors import MessageRejected
+from slsml.errors import rejected
 from slsml.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
 from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment, raw_delivery
+from slsml.messages import DEAD_LETTER_ERROR_CODE, DEAD_LETTER_ERROR_MESSAGE, DEAD_LETTER_REQUEST_ID, run_named
 from slsml.services import Services
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[3] / "functions"
 DUPLICATE_ATTRIBUTE = "slsml-duplicate"
 FUNCTION_TIMEOUT_S = 900
 DEAD_LETTER_WAIT_S = 5  # a dead-letter queue's long poll: a dead letter fails its run within this long
+LAMBDA_ERROR_MESSAGE_BYTES = 1024  # Lambda truncates the error it attaches to a dead letter to 1 KB
+_TRACEBACK = "\nTraceback (most recent call last):"
 _LOG_BUFFER_BYTES = 1 << 20  # longer than any log line
-REJECTED_MARK = f"{MessageRejected.__name__}: "  # how a rejected message's failed invocation reads
 INJECTED_KINDS = (
     "duplicate", "sns_delay", "worker_crash", "reducer_crash", "merger_crash", "worker_hang", "slow_worker",
     "s3_get_delay",
@@ -210,23 +215,38 @@ def sqs_event(message: dict[str, Any], queue_url: str) -> dict[str, Any]:
 
 def run_of(body: dict[str, Any]) -> str | None:
     """The run a queued SNS message is about, if any (None for a body of any other shape)."""
-    try:
-        message = json.loads(body["Message"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    if not isinstance(message, dict):
-        return None
-    if isinstance(message.get("run_id"), str):
-        return message["run_id"]
-    records = message.get("Records")
-    for record in records if isinstance(records, list) else []:
-        try:
-            parsed = keys.parse_model_key(record["s3"]["object"]["key"])
-        except (KeyError, TypeError):
-            continue
-        if parsed:
-            return parsed[0]
-    return None
+    message = body.get("Message") if isinstance(body, dict) else None
+    return run_named(message) if isinstance(message, str) else None
+
+
+def error_message(text: str) -> str:
+    """A failed invocation's error (``Type: message`` and its traceback) as Lambda reports it on a dead
+    letter: the exception's message alone, its first KB."""
+    name, _, message = text.split(_TRACEBACK, 1)[0].partition(": ")
+    return (message or name).encode()[:LAMBDA_ERROR_MESSAGE_BYTES].decode(errors="ignore")
+
+
+def dead_letter_event(message_id: str, body: str, attributes: dict[str, str], queue_arn: str) -> dict[str, Any]:
+    """The event Lambda's SQS event source mapping hands the dead-letter reader for one dead letter."""
+    now = str(int(time.time() * 1000))
+    return {
+        "Records": [
+            {
+                "messageId": message_id,
+                "receiptHandle": message_id,
+                "body": body,
+                "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": now, "SenderId": "slsml-local",
+                               "ApproximateFirstReceiveTimestamp": now},
+                "messageAttributes": {name: {"stringValue": value,
+                                             "dataType": "Number" if name == DEAD_LETTER_ERROR_CODE else "String"}
+                                      for name, value in attributes.items()},
+                "md5OfBody": "",
+                "eventSource": "aws:sqs",
+                "eventSourceARN": queue_arn,
+                "awsRegion": REGION,
+            }
+        ]
+    }
 
 
 class FunctionHost:
@@ -260,7 +280,9 @@ class FunctionHost:
         self._pools: dict[str, ProcessPoolExecutor] = {}
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
-        self._last_error: dict[str, str] = {}
+        self._last_error: dict[str, tuple[str, str, str]] = {}  # message id → (first line, error text, request id)
+        self._dead_seen: set[str] = set()  # dead letters recorded (one may be handed to the reader again)
+        self._reader = wiring.dead_letter_reader().name
         self.invocations: dict[str, int] = dict.fromkeys(concurrency, 0)
         self.dead_letters: list[dict[str, Any]] = []
         self._counts: Counter = Counter()  # faults injected, failed invocations, retries
@@ -339,7 +361,7 @@ class FunctionHost:
             warmups += [pool.submit(_ready) for _ in range(size)]
         for warmup in warmups:
             warmup.result()
-        for function in self.concurrency:
+        for function in (f for f in self.concurrency if f in self.deployment.queues):  # the reader has none
             thread = threading.Thread(target=self._poll, args=(function,), name=f"poll-{function}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -415,6 +437,7 @@ class FunctionHost:
             hold_s = fault_spec.held_back(identity, receives)
         event = sns_event(body, f"{body['TopicArn']}:{function}") if queue_name is None else sqs_event(message, queue)
         environment = dict(self.function_environment)
+        request_id = str(uuid.uuid4())
         slot_taken = True  # the poller took one of the function's slots for this message
 
         def release_slot() -> None:
@@ -434,7 +457,7 @@ class FunctionHost:
                 self._done.put((queue, message["ReceiptHandle"]))
                 return
             text = str(error)
-            self._last_error[body["MessageId"]] = text.splitlines()[0][:500]
+            self._last_error[body["MessageId"]] = (text.splitlines()[0][:500], text, request_id)
             counts = {"failed_invocations": 1, "retries": int(receives < MAX_RECEIVES)}
             if text.startswith(INJECTED_MARK):
                 hung = plan is not None and plan.crash == "hang"
@@ -457,7 +480,7 @@ class FunctionHost:
             with self._counts_lock:
                 self.invocations[function] += 1
             try:
-                future = pool.submit(_invoke, event, function, str(uuid.uuid4()), plan, environment)
+                future = pool.submit(_invoke, event, function, request_id, plan, environment)
             except RuntimeError:  # the pool has shut down
                 release_slot()
                 self._handling(run_id, -1)
@@ -510,20 +533,43 @@ class FunctionHost:
             except Exception:  # the cloud is shutting down
                 return
             for message in received:
-                self._on_dead_letter(function, self._queued(function, message))
+                self._on_dead_letter(function, queue, message)
+
+    def _on_dead_letter(self, function: str, queue: str, message: dict[str, Any]) -> None:
+        """Record a dead letter (once) and hand it to the dead-letter reader as its AWS dead-letter queue
+        would: deleted once handled, received again if the reader fails."""
+        body = self._queued(function, message)
+        first_line, text, request_id = self._last_error.get(body.get("MessageId", ""), ("unknown error", "", ""))
+        run_id = run_of(body)
+        if message["MessageId"] not in self._dead_seen:
+            self._dead_seen.add(message["MessageId"])
+            letter = {"function": function, "run_id": run_id, "error": first_line, "rejected": rejected(first_line),
+                      "message_id": body.get("MessageId"), "message": body.get("Message")}
+            self.dead_letters.append(letter)
+            with open(self.log_dir / "dead-letters.jsonl", "a") as log:
+                log.write(json.dumps(letter) + "\n")
+        if function in self._queue_triggers:  # SQS moved it: the message as sent, no error
+            dead, attributes = message["Body"], {}
+        else:  # Lambda's asynchronous-invocation DLQ: the function's event, with the error
+            dead = json.dumps(sns_event(body, f"{body['TopicArn']}:{function}"))
+            attributes = {DEAD_LETTER_ERROR_CODE: "200", DEAD_LETTER_ERROR_MESSAGE: error_message(text),
+                          DEAD_LETTER_REQUEST_ID: request_id} if text else {}
+        event = dead_letter_event(message["MessageId"], dead, attributes, self.deployment.dead_letter_arns[function])
+
+        def handled(done: Future) -> None:
+            self._handling(run_id, -1)
+            if done.exception() is not None:
+                with self._counts_lock:
+                    self._errors[f"{self._reader}: {str(done.exception()).splitlines()[0][:200]}"] += 1
+            elif not self._stopping.is_set():
                 self.sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
 
-    def _on_dead_letter(self, function: str, body: dict[str, Any]) -> None:
-        """Record a dead letter and fail its run, unless the function rejected the message as malformed
-        (``MessageRejected``): a forged or corrupt message must not end a run, and a real one that is
-        lost this way is launched again by the run's deadlines."""
-        error = self._last_error.get(body.get("MessageId", ""), "unknown error")
-        rejected = error.startswith(REJECTED_MARK)
-        run_id = run_of(body)
-        letter = {"function": function, "run_id": run_id, "error": error, "rejected": rejected,
-                  "message_id": body.get("MessageId"), "message": body.get("Message")}
-        self.dead_letters.append(letter)
-        with open(self.log_dir / "dead-letters.jsonl", "a") as log:
-            log.write(json.dumps(letter) + "\n")
-        if run_id and not rejected:
-            self.services.fail_run(run_id, f"{function} failed three times on one message: {error}")
+        self._handling(run_id, +1)
+        with self._counts_lock:
+            self.invocations[self._reader] = self.invocations.get(self._reader, 0) + 1
+        try:
+            future = self._pools[self._reader].submit(_invoke, event, self._reader, str(uuid.uuid4()))
+        except RuntimeError:  # the pool has shut down
+            self._handling(run_id, -1)
+            return
+        future.add_done_callback(handled)

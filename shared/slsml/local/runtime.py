@@ -73,6 +73,7 @@ class LocalRuntime:
             "merger": 1,
             "watchdog": 1,
             "run_starter": 1,
+            "dead_letters": 1,
         }
         self.concurrency = {function: min(n, pool) for function, n in wanted.items()}
         self.duplicate_deliveries = duplicate_deliveries

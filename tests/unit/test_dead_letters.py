@@ -1,0 +1,154 @@
+"""The dead-letter reader: each shape an AWS dead-letter queue holds (Lambda's asynchronous-invocation
+DLQ with the error it attaches, a subscription's DLQ, a trigger queue's DLQ), parsed as its event source
+mapping delivers it, fails the run it names with the function's error; a rejected message or one that
+names no run fails none."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from slsml.envelope import DeadLetterRecords
+from slsml.local.host import error_message
+from slsml.steps import dead_letters
+from slsml.steps.dead_letters import DeadLetter, on_dead_letter
+
+from .test_envelope import sns_event
+
+WORK_TOPIC = "arn:aws:sns:us-east-1:000000000000:Work"  # test_envelope's SNS events come from it
+WORK_DONE_TOPIC = "arn:aws:sns:us-east-1:000000000000:WorkDone"
+MODEL_UPDATED_TOPIC = "arn:aws:sns:us-east-1:000000000000:ModelUpdated"
+FAILURES = "arn:aws:sqs:us-east-1:000000000000:FunctionFailuresDlq"
+REDUCE_LAUNCHER_SUBSCRIPTION = "arn:aws:sqs:us-east-1:000000000000:ReduceLauncherSubscriptionDlq"
+DEADLINES_DLQ = "arn:aws:sqs:us-east-1:000000000000:DeadlinesDlq"
+SOURCES = {
+    "queues": [[REDUCE_LAUNCHER_SUBSCRIPTION, "reduce_launcher"], [DEADLINES_DLQ, "watchdog"]],
+    "topics": [[WORK_TOPIC, "worker"], [WORK_DONE_TOPIC, "reduce_launcher"], [MODEL_UPDATED_TOPIC, "work_launcher"]],
+}
+WORK = json.dumps({"run_id": "r1", "iteration": 3, "worker": 2})
+
+
+class FailingServices:
+    """What the step may use: ``fail_run`` (recorded), of runs that are running."""
+
+    def __init__(self, running: set[str]) -> None:
+        self.running = running
+        self.failed: list[tuple[str, str]] = []
+
+    def fail_run(self, run_id: str, reason: str) -> bool:
+        self.failed.append((run_id, reason))
+        was_running = run_id in self.running
+        self.running.discard(run_id)
+        return was_running
+
+
+def sqs_record(body: str, queue_arn: str, attributes: dict[str, tuple[str, str]] | None = None) -> dict[str, Any]:
+    """One record as Lambda's SQS event source mapping hands it over (attributes: name → (type, value))."""
+    return {
+        "messageId": "dead-1",
+        "receiptHandle": "handle",
+        "body": body,
+        "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "1700000000000", "SenderId": "AROA",
+                       "ApproximateFirstReceiveTimestamp": "1700000000001"},
+        "messageAttributes": {name: {"stringValue": value, "dataType": kind, "stringListValues": [],
+                                     "binaryListValues": []}
+                              for name, (kind, value) in (attributes or {}).items()},
+        "md5OfBody": "",
+        "eventSource": "aws:sqs",
+        "eventSourceARN": queue_arn,
+        "awsRegion": "us-east-1",
+    }
+
+
+def parsed(*records: dict[str, Any]) -> list[DeadLetter]:
+    return DeadLetterRecords().parse({"Records": list(records)}, DeadLetter)
+
+
+def lambda_dead_letter(message: str, error: str, topic: str = WORK_TOPIC) -> DeadLetter:
+    """What Lambda leaves in its asynchronous-invocation DLQ: the function's event, and the error."""
+    event = sns_event(message)
+    event["Records"][0]["Sns"]["TopicArn"] = topic
+    attributes = {"ErrorCode": ("Number", "200"), "ErrorMessage": ("String", error), "RequestID": ("String", "req")}
+    (letter,) = parsed(sqs_record(json.dumps(event), FAILURES, attributes))
+    return letter
+
+
+@pytest.fixture(autouse=True)
+def _sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dead_letters, "deployed_sources", lambda: SOURCES)
+
+
+def test_a_function_failing_three_times_fails_the_run_with_its_error() -> None:
+    letter = lambda_dead_letter(WORK, "1 validation error for RunConfig\nrun_id\n  Field required")
+    assert letter.attributes["ErrorCode"] == "200" and letter.run_id == "r1"
+    services = FailingServices({"r1"})
+    assert on_dead_letter(letter, services) == ["r1"]
+    assert services.failed == [("r1", "worker failed three times on one message: 1 validation error for RunConfig"
+                                      "\nrun_id\n  Field required")]
+
+
+def test_a_model_event_fails_the_run_of_the_model() -> None:
+    key = "runs/r9/models/000003.keras"
+    s3_event = {"Records": [{"eventName": "ObjectCreated:Put", "s3": {"object": {"key": key}}}]}
+    services = FailingServices({"r9"})
+    assert on_dead_letter(lambda_dead_letter(json.dumps(s3_event), "boom", MODEL_UPDATED_TOPIC), services) == ["r9"]
+    assert services.failed == [("r9", "work_launcher failed three times on one message: boom")]
+
+
+@pytest.mark.parametrize("error", [
+    "WorkMessage message m-1 rejected: not JSON: Invalid JSON",
+    "RunStarted | S3Notification message m-2 rejected: RunStarted: Input should be a valid dictionary",
+    "MessageRejected: WorkDone message m-3 rejected: samples: Field required",
+])
+def test_a_message_its_function_rejected_fails_no_run(error: str) -> None:
+    services = FailingServices({"r1"})
+    assert on_dead_letter(lambda_dead_letter(WORK, error), services) == []
+    assert services.failed == []
+
+
+def test_a_dead_letter_that_names_no_run_fails_none() -> None:
+    dropped = {"Records": [{"eventName": "ObjectCreated:Put", "s3": {"object": {"key": "incoming/mine.keras"}}}]}
+    services = FailingServices(set())
+    for message in ("not json at all", json.dumps(dropped), json.dumps([1, 2])):
+        assert on_dead_letter(lambda_dead_letter(message, "boom"), services) == []
+    assert services.failed == []
+
+
+def test_a_message_sns_could_not_deliver_fails_its_run() -> None:
+    done = json.dumps({"run_id": "r2", "iteration": 0, "worker": 1, "samples": 4, "loss": 1.0, "compute_s": 0.1})
+    envelope = {"Type": "Notification", "MessageId": "sns-1", "TopicArn": WORK_DONE_TOPIC, "Message": done,
+                "Timestamp": "2024-01-01T00:00:00.000Z"}
+    (letter,) = parsed(sqs_record(json.dumps(envelope), REDUCE_LAUNCHER_SUBSCRIPTION))
+    services = FailingServices({"r2"})
+    assert on_dead_letter(letter, services) == ["r2"]
+    assert services.failed == [("r2", "SNS could not deliver a message to reduce_launcher (its subscription's"
+                                      " dead-letter queue has it)")]
+
+
+def test_a_queue_triggered_functions_dead_letter_is_named_by_its_queue() -> None:
+    deadline = json.dumps({"run_id": "r3", "iteration": 5, "stage": "work", "round": 0, "due_at": 1.0})
+    (letter,) = parsed(sqs_record(deadline, DEADLINES_DLQ))
+    services = FailingServices({"r3"})
+    assert on_dead_letter(letter, services) == ["r3"]
+    assert services.failed == [("r3", "watchdog failed three times on one message (its error is in watchdog's log)")]
+
+
+def test_a_run_no_longer_running_is_left_as_it_is() -> None:
+    services = FailingServices(set())
+    assert on_dead_letter(lambda_dead_letter(WORK, "boom"), services) == []
+    assert services.failed == [("r1", "worker failed three times on one message: boom")]  # tried, changed nothing
+
+
+def test_a_dead_letter_of_any_size_is_read() -> None:
+    big = json.dumps({"run_id": "r1", "iteration": 0, "worker": 0}).ljust(200_000)
+    assert lambda_dead_letter(big, "ReduceMessage message m rejected: 200000 bytes, over the limit").run_id == "r1"
+
+
+def test_the_local_host_reports_an_error_as_lambda_does() -> None:
+    text = 'ValidationError: 1 validation error for RunConfig\nrun_id\n  Field required\nTraceback (most recent call' \
+           ' last):\n  File "x.py", line 1\nValidationError: ...'
+    assert error_message(text) == "1 validation error for RunConfig\nrun_id\n  Field required"
+    assert error_message("KeyError\nTraceback (most recent call last):\n...") == "KeyError"
+    assert len(error_message("ValueError: " + "é" * 2000).encode()) <= 1024
