@@ -68,8 +68,10 @@ class Messaging(Construct):
         holds: list[tuple[str, str]] = []  # (dead-letter queue ARN, the one function whose messages it holds)
         for fn in wiring.FUNCTIONS:
             if fn.queue is not None:
+                # one message per invocation, as the local host delivers them: a message that fails fails
+                # alone, and only it is dead-lettered (and fails its run), not the others of its batch
                 functions[fn.name].add_event_source(
-                    event_sources.SqsEventSource(self.queues[fn.queue.name], batch_size=10)
+                    event_sources.SqsEventSource(self.queues[fn.queue.name], batch_size=1)
                 )
                 holds.append((self.dead_letter_queues[fn.queue.name].queue_arn, fn.name))
             if not fn.triggers:

@@ -94,3 +94,12 @@ def test_the_dead_letter_reader_knows_whose_each_dead_letter_is(synthesized: Syn
         (fn.queue.name, fn.name) for fn in wiring.FUNCTIONS if fn.queue is not None
     }
     assert "FunctionFailures" in stack.messaging.dead_letter_queues  # read by the topics its events name
+
+
+def test_a_trigger_queue_hands_its_function_one_message_at_a_time(synthesized: Synthesized) -> None:
+    """A failing message is retried and dead-lettered alone (its batch-mates' runs are not failed with it)."""
+    queues = {synthesized.logical_id(queue) for queue in synthesized.stack.messaging.queues.values()}
+    mappings = [r["Properties"] for r in synthesized.resources.values()
+                if r["Type"] == "AWS::Lambda::EventSourceMapping"
+                and r["Properties"]["EventSourceArn"]["Fn::GetAtt"][0] in queues]
+    assert mappings and all(m["BatchSize"] == 1 for m in mappings)
