@@ -27,6 +27,6 @@ def test_every_function_gets_at_most_the_pool(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv(POOL_ENV, "3")
     assert LocalRuntime(workers=256, reducers=8).concurrency == {
         "work_launcher": 1, "worker": 3, "reduce_launcher": 2, "reducer": 3, "merger": 1, "watchdog": 1,
-        "run_starter": 1,
+        "run_starter": 1, "dead_letters": 1,
     }
     assert LocalRuntime(workers=2, reducers=1, pool=40).concurrency["worker"] == 2
