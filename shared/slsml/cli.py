@@ -280,14 +280,15 @@ def _follow(
     out: Path | None,
     faults: Callable[[], dict[str, Any]] | None = None,
     usage: Callable[[Any], list[Any]] | None = None,
+    started: float | None = None,
 ) -> int:
     """Show a run's progress until it ends; record its summary (and final model) under runs/<run>/.
-    ``usage`` gives the functions' usage records of the ended run."""
+    ``usage`` gives the functions' usage records of the ended run; ``started``: when it started (default now)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from slsml import runs
 
-    started = time.time()
+    started = started or time.time()
     columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[run]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
     with Progress(*columns, console=_console(), transient=False) as progress:
@@ -402,12 +403,12 @@ def _write_report(services: Any, records: list[Any], run_id: str, out_dir: Path,
 
 
 def cmd_run_report(args: argparse.Namespace) -> int:
-    if not args.stack:
-        raise BadInputError("a local run's records last only while its `slsml run start --local` or `slsml demo`"
-                            " runs: give that command --report DIR; for a deployed run give --stack NAME")
-    services = _stack_services(args.stack)
+    if _target(args) is None:
+        raise BadInputError("no local service is up and no --stack given: a one-shot local run's records last only"
+                            " while its `slsml run start --local` or `slsml demo` runs (give it --report DIR)")
+    services, usage = _required_target(args)
     run = services.table.get_run(args.run_id)
-    _write_report(services, _stack_usage(args.stack, run), args.run_id, Path(args.out), tuple(args.iteration or ()))
+    _write_report(services, usage(run), args.run_id, Path(args.out), tuple(args.iteration or ()))
     return 0
 
 
@@ -463,18 +464,24 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     arrays = _read_arrays(data_path, args.test_fraction, args.seed) if data_path.suffix == ".npz" else None
     dataset = data_path.stem.lower().replace("_", "-")[:63] if arrays is not None else args.data
     out = Path(args.out) if args.out else None
-    if args.local:
+    if args.local and _local_service() is None:  # one-shot: a cloud for this run alone
         if arrays is None:
             raise BadInputError(f"--data {args.data}: a local run takes a .npz file with arrays x, y")
         return _train_locally(args, spec, model_bytes, dataset, arrays, out)
-    services = _stack_services(args.stack)
+    services, usage = _required_target(args)
     if arrays is not None:
         data.put_dataset(services.store, dataset, *arrays)
     config = _start(services, model_bytes, dataset, spec, args.run_id)
     if args.no_wait:
         print(config.run_id)
         return 0
-    return _follow(services, config.run_id, spec.iterations, args, out, usage=partial(_stack_usage, args.stack))
+    return _follow(services, config.run_id, spec.iterations, args, out, usage=usage)
+
+
+def _local_service() -> Any:
+    from slsml.local import service
+
+    return service.status()
 
 
 def _stack_services(name: str) -> Any:
@@ -489,16 +496,46 @@ def _stack_usage(stack: str, run: Any) -> list[Any]:
     return usage_records(stack, run.run_id, run.created_at - 60)
 
 
+def _target(args: argparse.Namespace) -> tuple[Any, Callable[[Any], list[Any]]] | None:
+    """Where a run command acts, with how to read a run's usage records: the deployed stack ``--stack``
+    names, else the local service if one is up, else None (the one-shot local runs recorded under runs/)."""
+    if getattr(args, "stack", None):
+        return _stack_services(args.stack), partial(_stack_usage, args.stack)
+    from slsml.local import service
+
+    if service.status() is None:
+        return None
+    state, services = service.connect()
+    return services, partial(_service_usage, Path(state.log_dir))
+
+
+def _service_usage(log_dir: Path, run: Any) -> list[Any]:
+    from slsml import usage
+
+    return usage.read_local(log_dir, run.run_id)
+
+
+def _required_target(args: argparse.Namespace) -> tuple[Any, Callable[[Any], list[Any]]]:
+    from slsml.errors import NotFoundError
+
+    target = _target(args)
+    if target is None:
+        raise NotFoundError("no local service is up (start one with `slsml local up`) and no --stack given")
+    return target
+
+
 def _run_summary(args: argparse.Namespace) -> Any:
-    """A run's summary: live from a stack's table, or the record a local run left under runs/."""
+    """A run's summary: live from a stack's or the local service's table, or the record a one-shot local
+    run left under runs/."""
     from slsml import runs
     from slsml.errors import NotFoundError
 
-    if args.stack:
-        services = _stack_services(args.stack)
+    target = _target(args)
+    if target is not None:
+        services, usage = target
         run = services.table.get_run(args.run_id)
         return runs.summarize(run, services.table.list_iterations(args.run_id), run.updated_at - run.created_at,
-                              _stack_usage(args.stack, run))
+                              usage(run))
     path = RUNS_DIR / args.run_id / "summary.json"
     if not path.exists():
         raise NotFoundError(f"no run named {args.run_id!r} (no {path}; for a deployed run give --stack)")
@@ -515,9 +552,10 @@ def cmd_run_fetch(args: argparse.Namespace) -> int:
 
     summary = _run_summary(args)
     out = Path(args.out or f"{args.run_id}.keras")
-    if args.stack and summary.final_model:
-        out.write_bytes(_stack_services(args.stack).store.get(summary.final_model))
-    elif not args.stack and summary.final_model and Path(summary.final_model).exists():
+    target = _target(args)
+    if target is not None and summary.final_model:
+        out.write_bytes(target[0].store.get(summary.final_model))
+    elif target is None and summary.final_model and Path(summary.final_model).exists():
         out.write_bytes(Path(summary.final_model).read_bytes())
     else:
         raise NotFoundError(f"run {args.run_id} has no final model (status {summary.status.value})")
@@ -531,9 +569,9 @@ def cmd_run_list(args: argparse.Namespace) -> int:
     from slsml import runs
 
     table = Table("run", "status", "iterations", "test accuracy", "reason")
-    if args.stack:
-        summaries = [runs.summarize(r, [], r.updated_at - r.created_at)
-                     for r in _stack_services(args.stack).table.list_runs()]
+    target = _target(args)
+    if target is not None:
+        summaries = [runs.summarize(r, [], r.updated_at - r.created_at) for r in target[0].table.list_runs()]
     else:
         records = sorted(RUNS_DIR.glob("*/summary.json"))
         summaries = [runs.RunSummary.model_validate_json(p.read_text()) for p in records]
@@ -545,7 +583,7 @@ def cmd_run_list(args: argparse.Namespace) -> int:
 
 
 def cmd_run_stop(args: argparse.Namespace) -> int:
-    services = _stack_services(args.stack)
+    services, _ = _required_target(args)
     if not services.stop_run(args.run_id):
         status = services.table.get_run(args.run_id).status.value
         raise BadInputError(f"run {args.run_id} is not running (status {status})")
@@ -556,9 +594,67 @@ def cmd_run_stop(args: argparse.Namespace) -> int:
 def cmd_run_resume(args: argparse.Namespace) -> int:
     from slsml import runs
 
-    run = runs.resume_run(_stack_services(args.stack), args.run_id)
+    run = runs.resume_run(_required_target(args)[0], args.run_id)
     _console().print(f"run {args.run_id} resumed from its model entering iteration {run.iteration}"
                      f" ({run.iterations - run.iteration} iterations to go)")
+    return 0
+
+
+def cmd_run_watch(args: argparse.Namespace) -> int:
+    services, usage = _required_target(args)
+    run = services.table.get_run(args.run_id)
+    try:
+        return _follow(services, args.run_id, run.iterations, args, None, usage=usage, started=run.created_at)
+    except KeyboardInterrupt:
+        _console().print(f"stopped watching: run {args.run_id} goes on")
+        return 130
+
+
+def cmd_local_up(args: argparse.Namespace) -> int:
+    from slsml.local import service
+
+    running = service.status()
+    if running is None:
+        with _console().status("starting the embedded cloud and warm function processes…"):
+            running = service.up(pool=args.pool)
+    _console().print(f"local service up at {running.endpoint} (pid {running.pid}, {running.pool} warm processes"
+                     f" per function); bucket {running.deployment['bucket']}. Its runs and data last as long as"
+                     " the service: `slsml local down` ends them. `slsml local env` prints the variables for"
+                     " other AWS clients.", soft_wrap=True)
+    return 0
+
+
+def cmd_local_down(args: argparse.Namespace) -> int:
+    from slsml.local import service
+
+    _console().print("local service stopped" if service.down() else "no local service was up")
+    return 0
+
+
+def cmd_local_status(args: argparse.Namespace) -> int:
+    from slsml.local import service
+
+    state = service.status()
+    if state is None:
+        _console().print("no local service is up (`slsml local up` starts one)")
+        return 1
+    _console().print(f"local service up at {state.endpoint} (pid {state.pid}) for"
+                     f" {time.time() - state.started_at:.0f} s; bucket {state.deployment['bucket']}, table"
+                     f" {state.deployment['table']}; logs in {state.log_dir}", soft_wrap=True)
+    return 0
+
+
+def cmd_local_env(args: argparse.Namespace) -> int:
+    import shlex
+
+    from slsml.errors import NotFoundError
+    from slsml.local import service
+
+    state = service.status()
+    if state is None:
+        raise NotFoundError("no local service is up (`slsml local up` starts one)")
+    for name, value in service.environment(state).items():
+        print(f"export {name}={shlex.quote(value)}")
     return 0
 
 
@@ -566,10 +662,10 @@ def cmd_data_put(args: argparse.Namespace) -> int:
     from slsml import aws, data
     from slsml.storage import ObjectStore
 
-    if bool(args.bucket) == bool(args.stack):
-        raise BadInputError("say where to upload: --stack NAME (a deployed stack) or --bucket BUCKET")
+    if args.bucket and args.stack:
+        raise BadInputError("say where to upload: --stack NAME (a deployed stack) or --bucket BUCKET, not both")
     arrays = _read_arrays(Path(args.file), args.test_fraction, args.seed)
-    store = _stack_services(args.stack).store if args.stack else ObjectStore(aws.client("s3"), args.bucket)
+    store = ObjectStore(aws.client("s3"), args.bucket) if args.bucket else _required_target(args)[0].store
     with _console().status(f"uploading {args.name} to s3://{store.bucket}/datasets/{args.name}/…"):
         manifest = data.put_dataset(store, args.name, *arrays, shard_size=args.shard_size)
     _console().print(
@@ -769,14 +865,17 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--model", required=True, help="a .keras model file")
     start.add_argument("--data", required=True,
                        help="a .npz file with x, y (optional x_test, y_test), or a dataset already in the stack")
-    start.add_argument("--no-wait", action="store_true", help="print the run id and return (--stack)")
+    start.add_argument("--no-wait", action="store_true", help="print the run id and return (--stack, or --local"
+                       " with the local service up)")
     start.add_argument("--test-fraction", type=float, default=0.2, help="held out when the data has no x_test")
     start.add_argument("--out", help="where to save the final model (default runs/<run>/final.keras)")
     start.add_argument("--report", metavar="DIR",
                        help="when the run ends, write its report: DIR/index.html and its PNGs")
     _training_options(start, iterations=None)
     start.set_defaults(handler=cmd_run_start)
-    stack_help = "read the deployed stack of this name (default: the local runs recorded under ./runs)"
+    stack_help = ("the deployed stack of this name (default: the local service if one is up, else the local runs"
+                  " recorded under ./runs)")
+    act_help = "the deployed stack of this name (default: the local service)"
     status = run.add_parser("status", help="a run's state and figures")
     status.add_argument("run_id")
     status.add_argument("--stack", help=stack_help)
@@ -788,25 +887,43 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", required=True, metavar="DIR", help="where index.html and its PNGs go")
     report.add_argument("--iteration", type=int, nargs="+", action="extend", metavar="I",
                         help="also draw these iterations' timelines (besides the slowest and a median one)")
-    report.add_argument("--stack", help="the deployed stack of this name (a local run: --report DIR of run start"
-                        " --local or demo)")
+    report.add_argument("--stack", help="the deployed stack of this name (default: the local service; a one-shot"
+                        " local run: --report DIR of run start --local or demo)")
     report.set_defaults(handler=cmd_run_report)
     fetch = run.add_parser("fetch", help="copy a run's final model")
     fetch.add_argument("run_id")
     fetch.add_argument("--stack", help=stack_help)
     fetch.add_argument("--out", help="destination (default <run>.keras)")
     fetch.set_defaults(handler=cmd_run_fetch)
-    stop = run.add_parser("stop", help="stop a run of a stack: no new iteration starts")
+    stop = run.add_parser("stop", help="stop a run: no new iteration starts")
     stop.add_argument("run_id")
-    stop.add_argument("--stack", required=True, help="the deployed stack of this name")
+    stop.add_argument("--stack", help=act_help)
     stop.set_defaults(handler=cmd_run_stop)
-    resume = run.add_parser("resume", help="run a stopped or failed run of a stack on from its last complete model")
+    resume = run.add_parser("resume", help="run a stopped or failed run on from its last complete model")
     resume.add_argument("run_id")
-    resume.add_argument("--stack", required=True, help="the deployed stack of this name")
+    resume.add_argument("--stack", help=act_help)
     resume.set_defaults(handler=cmd_run_resume)
     listing = run.add_parser("list", help="runs and their status")
     listing.add_argument("--stack", help=stack_help)
     listing.set_defaults(handler=cmd_run_list)
+    watch = run.add_parser("watch", help="follow a run until it ends (Ctrl-C leaves the run alone)")
+    watch.add_argument("run_id")
+    watch.add_argument("--stack", help=act_help)
+    watch.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    watch.add_argument("--timeout", type=float, default=7 * 24 * 3600, help="stop watching after this long")
+    watch.set_defaults(handler=cmd_run_watch)
+
+    local = commands.add_parser("local", help="the local cloud as a service that stays up")
+    local = local.add_subparsers(dest="action", required=True)
+    local_up = local.add_parser("up", help="start the embedded cloud and warm functions in the background")
+    local_up.add_argument("--pool", type=int, help="the most warm processes per function (default: from this"
+                          " machine's cores and memory)")
+    local_up.set_defaults(handler=cmd_local_up)
+    local.add_parser("down", help="stop the service: its runs and data go with it").set_defaults(
+        handler=cmd_local_down)
+    local.add_parser("status", help="whether the service is up, and where").set_defaults(handler=cmd_local_status)
+    local.add_parser("env", help="export lines with which any AWS client reaches the service").set_defaults(
+        handler=cmd_local_env)
 
     benchmarks = commands.add_parser("bench", help="benchmarks on the local runtime")
     benchmarks = benchmarks.add_subparsers(dest="benchmark", required=True)
@@ -854,7 +971,8 @@ def build_parser() -> argparse.ArgumentParser:
     put = datasets.add_parser("put", help="upload x/y arrays (.npz) as shards plus a manifest")
     put.add_argument("name", help="dataset name (lowercase letters, digits, '-')")
     put.add_argument("file", help="a .npz file with x, y (optional x_test, y_test)")
-    put.add_argument("--stack", help="upload to the bucket of the deployed stack of this name")
+    put.add_argument("--stack", help="upload to the bucket of the deployed stack of this name (default: the local"
+                     " service's bucket)")
     put.add_argument("--bucket", help="or to this bucket (AWS credentials and AWS_ENDPOINT_URL apply)")
     put.add_argument("--test-fraction", type=float, default=0.2, help="held out when the file has no x_test")
     put.add_argument("--shard-size", type=int, default=4096, help="samples per shard object")

@@ -73,6 +73,11 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     summary = json.loads(watched.stdout.strip().splitlines()[-1])
     assert (summary["run_id"], summary["status"], summary["iterations"]) == (run_id, "COMPLETED", 6)
     assert summary["workers"] == 3 and summary["test_accuracy"] > 0.3
+    report = _slsml(service, "run", "report", run_id, "--out", "report")
+    assert report.returncode == 0, report.stderr
+    page = (service / "report" / "index.html").read_text()
+    assert run_id in page and "COMPLETED" in page
+    assert all((service / "report" / image).stat().st_size > 0 for image in ("curves.png", "cost.png"))
 
 
 def test_a_local_run_stops_and_resumes(service: Path) -> None:
