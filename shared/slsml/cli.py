@@ -18,8 +18,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from pydantic import ValidationError
 
-from slsml import quiet
-from slsml.config import KERAS_OPTIMIZERS, OPTIMIZER_NAMES, OptimizerConfig, TrainingSpec
+from slsml import display, quiet
+from slsml.config import (
+    HYPER_PARAMETERS,
+    KERAS_OPTIMIZERS,
+    OPTIMIZER_NAMES,
+    OptimizerConfig,
+    TrainingSpec,
+)
 from slsml.errors import BadInputError, SlsmlError
 
 quiet.install()  # before anything imports TensorFlow: its start-up lines stay off the terminal
@@ -27,12 +33,7 @@ quiet.install()  # before anything imports TensorFlow: its start-up lines stay o
 RUNS_DIR = Path("runs")
 DEMO_LEARNING_RATE = 3e-3  # the demo's model: Adam at this rate
 IDLE_WAIT_S = 30  # after a local run ends: how long its last invocations may take to log their usage
-
-
-def _console():
-    from rich.console import Console
-
-    return Console(stderr=True)
+_console = display.console  # the commands' one-line messages and spinners
 
 
 # ---- options ---------------------------------------------------------------------------------
@@ -52,7 +53,7 @@ def _spec_option(group: argparse._ArgumentGroup, dest: str) -> None:
     if field.annotation not in {int, float} or field.description is None:
         raise TypeError(f"TrainingSpec.{SPEC_FLAGS[dest]}: a flag needs a number with a description")
     group.add_argument(_flag(dest), type=field.annotation, default=field.default,
-                       help=f"{field.description} (default {_number(field.default)})")
+                       help=f"{field.description} (default {display.number(field.default)})")
 
 
 def _training_options(parser: argparse.ArgumentParser, iterations: int | None) -> None:
@@ -78,10 +79,6 @@ def _training_options(parser: argparse.ArgumentParser, iterations: int | None) -
                        "s3_get_delay=0.2:1.5' (also reducer_crash, merger_crash_once, sns_delay, "
                        "worker_hang=p with hang_s=SECONDS, crash_every_receive, slow_worker=WORKER:SECONDS)")
     _optimizer_options(parser)
-
-
-# OptimizerConfig's fields other than name and learning_rate: one flag each (--beta-1 sets beta_1)
-HYPER_PARAMETERS = tuple(name for name in OptimizerConfig.model_fields if name not in {"name", "learning_rate"})
 
 
 def _flag(field: str) -> str:
@@ -200,34 +197,6 @@ def _flagged(error: Any) -> str:
     return f"{_flag(str(error['loc'][0]))}: {message}" if error["loc"] else message
 
 
-def describe_optimizer(config: OptimizerConfig) -> str:
-    """One line: the optimizer, its learning rate or schedule, other hyper-parameters that differ from the
-    defaults, weight decay and clipping."""
-    rate = config.learning_rate
-    if isinstance(rate, float):
-        rate_text = f"{rate:g}"
-    else:  # a schedule: its class and the numbers that differ from Keras's defaults
-        numbers = rate.model_dump(exclude_defaults=True)
-        rate_text = f"{rate.class_name}({', '.join(f'{k}={_number(v)}' for k, v in numbers.items())})"
-    parts = [KERAS_OPTIMIZERS[config.name], f"learning rate {rate_text}"]
-    said = {"weight_decay", "exclude_from_weight_decay", "clipnorm", "global_clipnorm", "clipvalue"}
-    defaults = OptimizerConfig(name=config.name)
-    parts += [name if value is True else f"{name} {_number(value)}" for name in HYPER_PARAMETERS
-              if name not in said and (value := getattr(config, name)) != getattr(defaults, name)]
-    decay = f"weight decay {config.weight_decay:g}" if config.weight_decay else "no weight decay"
-    if config.exclude_from_weight_decay:
-        decay += f" (not on {', '.join(config.exclude_from_weight_decay)})"
-    clipping = [f"{name} {value:g}" for name in ("clipnorm", "global_clipnorm", "clipvalue")
-                if (value := getattr(config, name))]
-    return "optimizer: " + ", ".join([*parts, decay, *(clipping or ["no clipping"])])
-
-
-def _number(value: Any) -> str:
-    if isinstance(value, tuple | list):
-        return "(" + ", ".join(_number(v) for v in value) + ")"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 # ---- running locally -------------------------------------------------------------------------
 
 
@@ -237,7 +206,7 @@ def _start(services: Any, model_bytes: bytes, dataset: str, spec: TrainingSpec, 
     from slsml import runs
 
     config = runs.prepare_run(services, model_bytes, dataset, spec, run_id=run_id)
-    _console().print(describe_optimizer(config.optimizer), markup=False, highlight=False, soft_wrap=True)
+    display.say(display.describe_optimizer(config.optimizer))
     runs.launch_run(services, config)
     return config
 
@@ -284,20 +253,10 @@ def _follow(
 ) -> int:
     """Show a run's progress until it ends; record its summary (and final model) under runs/<run>/.
     ``usage`` gives the functions' usage records of the ended run; ``started``: when it started (default now)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     from slsml import runs
 
     started = started or time.time()
-    columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[run]}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
-    with Progress(*columns, console=_console(), transient=False) as progress:
-        task = progress.add_task("train", total=iterations, run=run_id, stats="")
-        shown = _ProgressText(started)
-
-        def show(run: Any, latest: Any) -> None:
-            progress.update(task, completed=run.iteration, stats=shown.update(run, latest))
-
+    with display.run_progress(run_id, iterations, started) as show:
         run = runs.wait_for_run(services, run_id, on_progress=show, timeout_s=args.timeout)
     wall_s = time.time() - started
     records = usage(run) if usage else None
@@ -314,83 +273,8 @@ def _follow(
     (record_dir / "summary.json").write_text(summary.model_dump_json(indent=1))
     if getattr(args, "report", None):
         _write_report(services, records or [], run_id, Path(args.report), summary=summary)
-    _print_summary(summary, args.json)
+    display.print_summary(summary, args.json)
     return 0 if summary.status == "COMPLETED" else 1
-
-
-class _ProgressText:
-    """The figures on the progress line; remembers the last test accuracy seen."""
-
-    def __init__(self, started: float) -> None:
-        self.started = started
-        self.test_accuracy: float | None = None
-
-    def update(self, run: Any, latest: Any) -> str:
-        if latest is None:
-            return ""
-        if latest.test_accuracy is not None:
-            self.test_accuracy = latest.test_accuracy
-        parts = [f"loss {latest.train_loss:.4f}"] if latest.train_loss is not None else []
-        if latest.train_accuracy is not None:
-            parts.append(f"acc {latest.train_accuracy:.3f}")
-        if self.test_accuracy is not None:
-            parts.append(f"test acc {self.test_accuracy:.3f}")
-        parts.append(f"{(time.time() - self.started) / max(1, run.iteration):.2f} s/iter")
-        return "  ".join(parts)
-
-
-def _print_summary(summary: Any, as_json: bool) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"run {summary.run_id}", show_header=False)
-
-    def row(name: str, value: Any) -> None:
-        table.add_row(name, "–" if value is None else str(value))
-
-    row("status", summary.status.value + (f": {summary.reason}" if summary.reason else ""))
-    row("iterations", summary.iterations)
-    row("workers × reducers (quorum)", f"{summary.workers} × {summary.reducers} ({summary.quorum})")
-    row("test accuracy", None if summary.test_accuracy is None else f"{summary.test_accuracy:.4f}")
-    row("wall time", f"{summary.wall_s:.1f} s")
-    if summary.median_iteration_s:
-        compute = summary.median_worker_compute_s or 0.0
-        row("median iteration", f"{summary.median_iteration_s * 1000:.0f} ms")
-        row("  worker compute", f"{compute * 1000:.1f} ms ({compute / summary.median_iteration_s:.1%})")
-        row("  control/data plane", f"{(summary.median_iteration_s - compute) * 1000:.0f} ms")
-    if summary.bytes_read_per_iteration is not None:
-        row("S3 bytes per iteration", f"read {summary.bytes_read_per_iteration / 1e6:.2f} MB, "
-                                       f"written {summary.bytes_written_per_iteration / 1e6:.2f} MB")
-    if summary.requests_per_iteration is not None:
-        by_service: dict[str, list[str]] = {}
-        for operation, count in summary.requests_per_iteration.items():
-            if count:
-                service, _, name = operation.partition(":")
-                by_service.setdefault(service, []).append(f"{name} {count:g}")
-        for i, (service, counts) in enumerate(by_service.items()):
-            row("requests per iteration" if i == 0 else "", f"{service}: {', '.join(counts)}")
-    if summary.cost_usd is not None:
-        per_iteration = summary.cost_per_iteration_usd
-        row("cost", f"{_dollars(summary.cost_usd)} in all"
-                    + ("" if per_iteration is None else f", {_dollars(per_iteration)} per iteration"))
-        by_cost = sorted(summary.cost_by_service_usd.items(), key=lambda item: -item[1])
-        row("  by service", ", ".join(f"{service} {_dollars(dollars)}" for service, dollars in by_cost))
-        row("  Lambda GB-seconds", f"{summary.gb_seconds:g}")
-    row("late workers", summary.late_workers)
-    if summary.dropped_parts or summary.nonfinite_updates or summary.stale_attempts:
-        row("left out", f"{summary.dropped_parts} parts past their read timeout, {summary.nonfinite_updates}"
-                        f" non-finite updates, {summary.stale_attempts} reports of superseded attempts")
-    if summary.deadlines_fired or summary.relaunched_workers or summary.relaunched_reducers or summary.stale_shards:
-        row("deadlines", f"{summary.deadlines_fired} fired, {summary.relaunched_workers} workers and"
-                         f" {summary.relaunched_reducers} reducers re-launched, {summary.stale_shards} stale shards")
-    if summary.faults is not None:
-        injected = ", ".join(f"{kind} {n}" for kind, n in summary.faults["injected"].items() if n) or "none"
-        row("faults injected", injected)
-        row("  what it took", f"{summary.faults['failed_invocations']} failed invocations,"
-                              f" {summary.faults['retries']} retried, {summary.faults['dead_letters']} dead letters")
-    row("final model", summary.final_model)
-    _console().print(table)
-    if as_json:
-        print(summary.model_dump_json())
 
 
 def _write_report(services: Any, records: list[Any], run_id: str, out_dir: Path, chosen: tuple[int, ...] = (),
@@ -410,10 +294,6 @@ def cmd_run_report(args: argparse.Namespace) -> int:
     run = services.table.get_run(args.run_id)
     _write_report(services, usage(run), args.run_id, Path(args.out), tuple(args.iteration or ()))
     return 0
-
-
-def _dollars(amount: float) -> str:
-    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.3g}"
 
 
 # ---- commands --------------------------------------------------------------------------------
@@ -543,7 +423,7 @@ def _run_summary(args: argparse.Namespace) -> Any:
 
 
 def cmd_run_status(args: argparse.Namespace) -> int:
-    _print_summary(_run_summary(args), args.json)
+    display.print_summary(_run_summary(args), args.json)
     return 0
 
 
@@ -564,21 +444,15 @@ def cmd_run_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_run_list(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from slsml import runs
 
-    table = Table("run", "status", "iterations", "test accuracy", "reason")
     target = _target(args)
     if target is not None:
         summaries = [runs.summarize(r, [], r.updated_at - r.created_at) for r in target[0].table.list_runs()]
     else:
         records = sorted(RUNS_DIR.glob("*/summary.json"))
         summaries = [runs.RunSummary.model_validate_json(p.read_text()) for p in records]
-    for s in summaries:
-        table.add_row(s.run_id, s.status.value, str(s.iterations),
-                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", s.reason or "")
-    _console().print(table)
+    display.print_runs(summaries)
     return 0
 
 
@@ -676,8 +550,6 @@ def cmd_data_put(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_stragglers(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from slsml import bench, runs
     from slsml.local.runtime import LocalRuntime
 
@@ -686,74 +558,20 @@ def cmd_bench_stragglers(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         with _console().status(f"starting the embedded cloud and warm function processes ({pool} for workers)…"):
             stack.enter_context(runtime)
-        columns = (TextColumn("[bold]({task.description})"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=_console()) as progress:
-            tasks: dict[str, Any] = {}
-
-            def show(case: str, done: int, total: int) -> None:
-                if case not in tasks:
-                    tasks[case] = progress.add_task(case, total=total)
-                progress.update(tasks[case], completed=done)
-
+        with display.named_progress("[bold]({task.description})") as show:
             report = bench.stragglers(runtime, args.workers, args.iterations, args.slow_iterations, args.factor, show)
-    _print_stragglers(report)
+    display.print_stragglers(report)
     if args.json:
         print(report.model_dump_json())
     return 0 if all(case.summary.status == "COMPLETED" for case in report.cases) else 1
 
 
-def _print_stragglers(report: Any) -> None:
-    from fractions import Fraction
-
-    from rich.table import Table
-
-    from slsml import bench
-
-    table = Table("", "straggler", "quorum", "iters", "median iter", "× (a)", "test acc", "late",
-                  title=f"stragglers: {report.workers} workers, factor {report.factor:g}")
-    for case in report.cases:
-        s = case.summary
-        table.add_row(case.name, f"worker {report.straggler}" if case.straggler else "–",
-                      str(Fraction(case.quorum).limit_denominator(report.workers)), str(s.iterations),
-                      "–" if s.median_iteration_s is None else f"{s.median_iteration_s:.3f} s",
-                      "–" if case.ratio is None else f"{case.ratio:.2f}",
-                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", str(s.late_workers))
-    console = _console()
-    console.print(table)
-    for case in report.cases:
-        if case.summary.status != "COMPLETED":
-            console.print(f"[red]({case.name}) {case.summary.status.value}[/red]: {case.summary.reason}")
-    c, yes = report.case("c"), {True: "yes", False: "no"}
-    console.print(f"delay: worker {report.straggler} sleeps {report.delay_s:.2f} s at the start of every invocation "
-                  f"= ({report.factor:g} − 1) × {report.baseline_s:.3f} s, the {report.baseline}")
-    ratio = "–" if c.ratio is None else f"{c.ratio:.2f}×"
-    console.print(f"(c) median iteration {ratio} (a)'s: within {bench.WITHIN}× of (a): {yes[report.c_within]}")
-    console.print(f"(d) median iteration grew by {report.d_growth_s:.2f} s over (a)'s, "
-                  f"{report.d_growth_s / report.delay_s:.2f} × the delay: grew with the delay "
-                  f"(at least {bench.GREW:g} × it): {yes[report.d_grew]}")
-    accuracy = "–" if c.summary.test_accuracy is None else f"{c.summary.test_accuracy:.4f}"
-    console.print(f"(c) test accuracy {accuracy}: reaches the demo's {bench.ACCURACY_TARGET}: "
-                  f"{yes[report.c_reaches_target]}")
-
-
 def cmd_bench_barrier(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from slsml import bench_barrier
 
     with _console().status(f"driving {args.small} and {args.workers} reports through the barriers…"):
         report = bench_barrier.barrier(args.workers, args.reducers, args.small)
-    table = Table("workers", "reducers", "max item bytes", "WU / report", "max WU / report", "WU / shard report",
-                  "participants item", "RU at fire", "s / report", title="barrier cost per report")
-    for f in (report.small, report.large):
-        table.add_row(str(f.workers), str(f.reducers), str(f.max_item_bytes), f"{f.write_units_per_report:.2f}",
-                      str(f.max_write_units_per_report), f"{f.write_units_per_shard_report:.2f}",
-                      f"{f.participants_item_bytes} B", f"{f.fire_read_units:g}",
-                      f"{f.seconds_per_report * 1000:.1f} ms")
-    console, yes = _console(), {True: "yes", False: "no"}
-    console.print(table)
-    console.print(f"at {args.workers} workers, within {bench_barrier.WITHIN:.0%} of {args.small}: max item bytes "
-                  f"{yes[report.item_bytes_within]}, write units per report {yes[report.write_units_within]}")
+    display.print_barrier(report, args.workers, args.small)
     if args.json:
         print(report.model_dump_json())
     fired = all(f.fired and f.merged for f in (report.small, report.large))
@@ -761,83 +579,20 @@ def cmd_bench_barrier(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_scale(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from slsml import bench_scale, runs
 
     local = bench_scale.runtime(Path(".slsml/logs") / runs.new_run_id("scale"))
     with ExitStack() as stack:
         with _console().status("starting the embedded cloud and one warm process per function…"):
             stack.enter_context(local)
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=_console()) as progress:
-            tasks: dict[str, Any] = {}
-
-            def show(point: str, done: int, total: int) -> None:
-                if point not in tasks:
-                    tasks[point] = progress.add_task(point, total=total)
-                progress.update(tasks[point], completed=done)
-
+        with display.named_progress("[bold]{task.description}") as show:
             grid = (args.workers or bench_scale.WORKERS, args.reducers or bench_scale.REDUCERS)
             report = bench_scale.scale(local, *grid, args.iterations, show)
     bench_scale.write_calibration(report, Path(args.calibration))
-    _print_scale(report, args.calibration)
+    display.print_scale(report, args.calibration)
     if args.json:
         print(report.model_dump_json())
     return 0 if all(point.status == "COMPLETED" for point in report.points) else 1
-
-
-def _print_scale(report: Any, calibration: str) -> None:
-    from rich import box
-    from rich.table import Table
-
-    from slsml import bench_scale
-    from slsml.costmodel import Parameters
-
-    console = _console()
-    console.print(f"[bold]{report.model}[/bold]: {report.params:,} weights, batch {report.batch}, quorum 1, "
-                  f"{report.iterations} iterations per configuration; warm processes per function: "
-                  + ", ".join(f"{name} {n}" for name, n in report.pools.items()))
-    requests = Table("W", "R", "plan", "run", "minimum", "run ÷ minimum", "differences (plan → run)",
-                     title="requests per iteration: the plan against the run summary (median iteration), and the "
-                           "minimum chain")
-    for p in report.points:
-        differences = ", ".join(f"{op} {a:g} → {b:g}" for op, (a, b) in p.mismatches.items())
-        requests.add_row(str(p.workers), str(p.reducers), f"{sum(p.predicted_requests.values()):g}",
-                         f"{sum(p.measured_requests.values()):g}", f"{sum(p.minimum_requests.values()):g}",
-                         f"{p.over_minimum:.2f}×", f"[red]{differences}" if differences else "[green]none")
-    console.print(requests)
-    columns = {"event": ("model → WorkLauncher",), "launch": ("WorkLauncher",), "hops": bench_scale.HOPS,
-               "work": ("Worker",), "fire": ("ReduceLauncher (fires)",), "reduce": ("Reducer",),
-               "merge": ("Merger (merges)",)}
-    stages = Table("W×R", "", *columns, "iter", "error", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
-                   title="stage times (ms), median steady iteration: the run and the fitted model")
-    for p in report.points:
-        label = f"{p.workers}×{p.reducers}"
-        if p.predicted_iteration_s is None:
-            stages.add_row(label, p.status.lower())
-            continue
-        for i, (source, figures, total) in enumerate((("run", p.measured_stages, p.measured_iteration_s),
-                                                      ("model", p.predicted_stages, p.predicted_iteration_s))):
-            cells = [f"{sum(figures[s] for s in names) * 1000:.0f}" for names in columns.values()]
-            stages.add_row(label if i == 0 else "", source, *cells, f"{total * 1000:.0f}",
-                           f"{p.error:+.0%}" if i else "", end_section=i == 1)
-    console.print(stages)
-    defaults = Parameters()
-    fitted = Table("parameter", "fitted (embedded cloud)", "the model's default (AWS)", "unit",
-                   title="parameters fitted by least squares on the stage times")
-    for name, value in report.fitted.items():
-        unit = Parameters.model_fields[name].json_schema_extra["unit"]
-        fitted.add_row(name, f"{value:.4g}", f"{getattr(defaults, name):.4g}", unit)
-    fitted.add_row("(local runtime) dispatch", f"{report.dispatch_s:.4g}", "", "s")
-    console.print(fitted)
-    unresolved = [name for name, value in report.fitted.items() if value >= bench_scale.UNBOUNDED_MB_S]
-    if unresolved:
-        console.print(f"{', '.join(unresolved)}: the grid's bytes took no time the fit could see (its inverse is 0)")
-    worst = max((p for p in report.points if p.error is not None), key=lambda p: abs(p.error))
-    console.print(f"iteration time, fitted model against measured: median error {report.median_error:.1%}, "
-                  f"max {report.max_error:.1%} (W {worst.workers}, R {worst.reducers})")
-    console.print(f"calibration written to {calibration}: slsml plan --calibration {calibration} …")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -986,9 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (SlsmlError, ValidationError) as error:
-        from rich.markup import escape
-
-        _console().print(f"[red]error:[/red] {escape(str(error))}", soft_wrap=True)  # not cut at the terminal width
+        display.error(str(error))
         return 2
     except KeyboardInterrupt:
         return 130

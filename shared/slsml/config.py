@@ -197,6 +197,10 @@ class OptimizerConfig(BaseModel):
             raise BadInputError(f"optimizer {class_name}: {_problems(error)}") from None
 
 
+# OptimizerConfig's hyper-parameters: its fields other than name and learning_rate (a CLI flag each)
+HYPER_PARAMETERS: tuple[str, ...] = tuple(f for f in OptimizerConfig.model_fields if f not in {"name", "learning_rate"})
+
+
 def _keras_learning_rate(value: object) -> object:
     """A serialized Keras learning rate: a number, or a built-in schedule as ``{class_name, config}``."""
     if not isinstance(value, dict):

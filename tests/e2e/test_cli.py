@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slsml import cli, demo, modelio
+from slsml import demo, display, modelio
 
 REQUIRED = {"run_id", "status", "iterations", "workers", "reducers", "quorum", "test_accuracy", "wall_s",
             "median_iteration_s", "requests_per_iteration", "gb_seconds", "cost_usd", "cost_per_iteration_usd",
@@ -50,7 +50,8 @@ def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path)
     assert summary["cost_by_service_usd"].keys() >= {"lambda", "s3", "sns", "dynamodb"}
     s3 = ", ".join(f"{op.split(':')[1]} {n:g}" for op, n in requests.items() if op.startswith("s3:") and n)
     assert f"s3: {s3}" in table, table
-    assert f"{cli._dollars(summary['cost_usd'])} in all, {cli._dollars(summary['cost_per_iteration_usd'])}" in table
+    dollars = display.dollars
+    assert f"{dollars(summary['cost_usd'])} in all, {dollars(summary['cost_per_iteration_usd'])}" in table
     assert modelio.load_model((tmp_path / "trained.keras").read_bytes()).count_params() > 0
 
     status = slsml("run", "status", "cli-run", "--json", cwd=tmp_path)

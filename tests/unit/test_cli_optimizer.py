@@ -6,7 +6,7 @@ from __future__ import annotations
 import keras
 import pytest
 
-from slsml import cli
+from slsml import cli, display
 from slsml.config import OptimizerConfig
 from slsml.errors import BadInputError
 
@@ -76,7 +76,7 @@ def test_hyper_parameter_flags_apply_on_top_of_the_compiled_optimizer() -> None:
     sgd = compiled(keras.optimizers.SGD(0.125))
     assert in_effect(sgd, "--momentum", "0.9", "--nesterov", "--clipvalue", "0.5") == OptimizerConfig(
         name="sgd", learning_rate=0.125, momentum=0.9, nesterov=True, clipvalue=0.5)
-    assert cli.describe_optimizer(in_effect(sgd, "--momentum", "0.9", "--learning-rate", "0.1")) == (
+    assert display.describe_optimizer(in_effect(sgd, "--momentum", "0.9", "--learning-rate", "0.1")) == (
         "optimizer: SGD, learning rate 0.1, momentum 0.9, no weight decay, no clipping")
 
 
@@ -136,15 +136,15 @@ def test_the_description_names_the_schedule_decay_and_clipping() -> None:
     schedule = keras.optimizers.schedules.CosineDecay(1e-3, 100, warmup_target=1e-2, warmup_steps=10)
     keras_optimizer = keras.optimizers.AdamW(learning_rate=schedule, global_clipnorm=1.0)
     config = OptimizerConfig.from_keras("AdamW", keras_optimizer.get_config())
-    assert cli.describe_optimizer(config) == (
+    assert display.describe_optimizer(config) == (
         "optimizer: AdamW, learning rate CosineDecay(initial_learning_rate=0.001, decay_steps=100,"
         " warmup_target=0.01, warmup_steps=10), weight decay 0.004, global_clipnorm 1"
     )
     sgd = OptimizerConfig(name="sgd", learning_rate=0.05, momentum=0.9, nesterov=True, weight_decay=0.01,
                           exclude_from_weight_decay=("bias", "gamma"), clipvalue=0.5)
-    assert cli.describe_optimizer(sgd) == (
+    assert display.describe_optimizer(sgd) == (
         "optimizer: SGD, learning rate 0.05, momentum 0.9, nesterov, weight decay 0.01 (not on bias, gamma),"
         " clipvalue 0.5"
     )
     plain = "optimizer: Adam, learning rate 0.003, no weight decay, no clipping"
-    assert cli.describe_optimizer(OptimizerConfig()) == plain
+    assert display.describe_optimizer(OptimizerConfig()) == plain

@@ -1,0 +1,298 @@
+"""What the ``slsml`` command shows: rich tables, summaries and progress, on stderr (stdout keeps the
+``--json`` lines). ``slsml.cli`` parses and runs the commands; everything it draws is here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from slsml.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig
+
+
+def console() -> Any:
+    """The console everything is drawn on: stderr."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def say(text: str) -> None:
+    """One line as it is (no markup, not cut at the terminal's width)."""
+    console().print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def error(message: str) -> None:
+    """A command's error, on one line (not cut at the terminal's width)."""
+    from rich.markup import escape
+
+    console().print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+
+
+# ---- the optimizer a run applies -------------------------------------------------------------
+
+
+def describe_optimizer(config: OptimizerConfig) -> str:
+    """One line: the optimizer, its learning rate or schedule, other hyper-parameters that differ from the
+    defaults, weight decay and clipping."""
+    rate = config.learning_rate
+    if isinstance(rate, float):
+        rate_text = f"{rate:g}"
+    else:  # a schedule: its class and the numbers that differ from Keras's defaults
+        numbers = rate.model_dump(exclude_defaults=True)
+        rate_text = f"{rate.class_name}({', '.join(f'{k}={number(v)}' for k, v in numbers.items())})"
+    parts = [KERAS_OPTIMIZERS[config.name], f"learning rate {rate_text}"]
+    said = {"weight_decay", "exclude_from_weight_decay", "clipnorm", "global_clipnorm", "clipvalue"}
+    defaults = OptimizerConfig(name=config.name)
+    parts += [name if value is True else f"{name} {number(value)}" for name in HYPER_PARAMETERS
+              if name not in said and (value := getattr(config, name)) != getattr(defaults, name)]
+    decay = f"weight decay {config.weight_decay:g}" if config.weight_decay else "no weight decay"
+    if config.exclude_from_weight_decay:
+        decay += f" (not on {', '.join(config.exclude_from_weight_decay)})"
+    clipping = [f"{name} {value:g}" for name in ("clipnorm", "global_clipnorm", "clipvalue")
+                if (value := getattr(config, name))]
+    return "optimizer: " + ", ".join([*parts, decay, *(clipping or ["no clipping"])])
+
+
+def number(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return "(" + ", ".join(number(v) for v in value) + ")"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# ---- a run: its progress and its summary -----------------------------------------------------
+
+
+@contextmanager
+def run_progress(run_id: str, iterations: int, started: float) -> Iterator[Callable[[Any, Any], None]]:
+    """A progress bar of a run while the block runs; yields the ``on_progress`` callback of
+    ``runs.wait_for_run`` that moves it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[run]}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console(), transient=False) as progress:
+        task = progress.add_task("train", total=iterations, run=run_id, stats="")
+        shown = ProgressText(started)
+
+        def show(run: Any, latest: Any) -> None:
+            progress.update(task, completed=run.iteration, stats=shown.update(run, latest))
+
+        yield show
+
+
+class ProgressText:
+    """The figures on the progress line; remembers the last test accuracy seen."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.test_accuracy: float | None = None
+
+    def update(self, run: Any, latest: Any) -> str:
+        if latest is None:
+            return ""
+        if latest.test_accuracy is not None:
+            self.test_accuracy = latest.test_accuracy
+        parts = [f"loss {latest.train_loss:.4f}"] if latest.train_loss is not None else []
+        if latest.train_accuracy is not None:
+            parts.append(f"acc {latest.train_accuracy:.3f}")
+        if self.test_accuracy is not None:
+            parts.append(f"test acc {self.test_accuracy:.3f}")
+        parts.append(f"{(time.time() - self.started) / max(1, run.iteration):.2f} s/iter")
+        return "  ".join(parts)
+
+
+def print_summary(summary: Any, as_json: bool) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"run {summary.run_id}", show_header=False)
+
+    def row(name: str, value: Any) -> None:
+        table.add_row(name, "–" if value is None else str(value))
+
+    row("status", summary.status.value + (f": {summary.reason}" if summary.reason else ""))
+    row("iterations", summary.iterations)
+    row("workers × reducers (quorum)", f"{summary.workers} × {summary.reducers} ({summary.quorum})")
+    row("test accuracy", None if summary.test_accuracy is None else f"{summary.test_accuracy:.4f}")
+    row("wall time", f"{summary.wall_s:.1f} s")
+    if summary.median_iteration_s:
+        compute = summary.median_worker_compute_s or 0.0
+        row("median iteration", f"{summary.median_iteration_s * 1000:.0f} ms")
+        row("  worker compute", f"{compute * 1000:.1f} ms ({compute / summary.median_iteration_s:.1%})")
+        row("  control/data plane", f"{(summary.median_iteration_s - compute) * 1000:.0f} ms")
+    if summary.bytes_read_per_iteration is not None:
+        row("S3 bytes per iteration", f"read {summary.bytes_read_per_iteration / 1e6:.2f} MB, "
+                                       f"written {summary.bytes_written_per_iteration / 1e6:.2f} MB")
+    if summary.requests_per_iteration is not None:
+        by_service: dict[str, list[str]] = {}
+        for operation, count in summary.requests_per_iteration.items():
+            if count:
+                service, _, name = operation.partition(":")
+                by_service.setdefault(service, []).append(f"{name} {count:g}")
+        for i, (service, counts) in enumerate(by_service.items()):
+            row("requests per iteration" if i == 0 else "", f"{service}: {', '.join(counts)}")
+    if summary.cost_usd is not None:
+        per_iteration = summary.cost_per_iteration_usd
+        row("cost", f"{dollars(summary.cost_usd)} in all"
+                    + ("" if per_iteration is None else f", {dollars(per_iteration)} per iteration"))
+        by_cost = sorted(summary.cost_by_service_usd.items(), key=lambda item: -item[1])
+        row("  by service", ", ".join(f"{service} {dollars(amount)}" for service, amount in by_cost))
+        row("  Lambda GB-seconds", f"{summary.gb_seconds:g}")
+    row("late workers", summary.late_workers)
+    if summary.dropped_parts or summary.nonfinite_updates or summary.stale_attempts:
+        row("left out", f"{summary.dropped_parts} parts past their read timeout, {summary.nonfinite_updates}"
+                        f" non-finite updates, {summary.stale_attempts} reports of superseded attempts")
+    if summary.deadlines_fired or summary.relaunched_workers or summary.relaunched_reducers or summary.stale_shards:
+        row("deadlines", f"{summary.deadlines_fired} fired, {summary.relaunched_workers} workers and"
+                         f" {summary.relaunched_reducers} reducers re-launched, {summary.stale_shards} stale shards")
+    if summary.faults is not None:
+        injected = ", ".join(f"{kind} {n}" for kind, n in summary.faults["injected"].items() if n) or "none"
+        row("faults injected", injected)
+        row("  what it took", f"{summary.faults['failed_invocations']} failed invocations,"
+                              f" {summary.faults['retries']} retried, {summary.faults['dead_letters']} dead letters")
+    row("final model", summary.final_model)
+    console().print(table)
+    if as_json:
+        print(summary.model_dump_json())
+
+
+def dollars(amount: float) -> str:
+    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.3g}"
+
+
+def print_runs(summaries: list[Any]) -> None:
+    """``run list``: one row per run."""
+    from rich.table import Table
+
+    table = Table("run", "status", "iterations", "test accuracy", "reason")
+    for s in summaries:
+        table.add_row(s.run_id, s.status.value, str(s.iterations),
+                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", s.reason or "")
+    console().print(table)
+
+
+# ---- benchmarks ------------------------------------------------------------------------------
+
+
+@contextmanager
+def named_progress(label: str) -> Iterator[Callable[[str, int, int], None]]:
+    """Progress bars, one per name (a benchmark's case or grid point), labelled by the rich markup ``label``
+    of ``{task.description}``; yields ``show(name, done, total)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console()) as progress:
+        tasks: dict[str, Any] = {}
+
+        def show(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = progress.add_task(name, total=total)
+            progress.update(tasks[name], completed=done)
+
+        yield show
+
+
+def print_stragglers(report: Any) -> None:
+    from fractions import Fraction
+
+    from rich.table import Table
+
+    from slsml import bench
+
+    table = Table("", "straggler", "quorum", "iters", "median iter", "× (a)", "test acc", "late",
+                  title=f"stragglers: {report.workers} workers, factor {report.factor:g}")
+    for case in report.cases:
+        s = case.summary
+        table.add_row(case.name, f"worker {report.straggler}" if case.straggler else "–",
+                      str(Fraction(case.quorum).limit_denominator(report.workers)), str(s.iterations),
+                      "–" if s.median_iteration_s is None else f"{s.median_iteration_s:.3f} s",
+                      "–" if case.ratio is None else f"{case.ratio:.2f}",
+                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", str(s.late_workers))
+    out = console()
+    out.print(table)
+    for case in report.cases:
+        if case.summary.status != "COMPLETED":
+            out.print(f"[red]({case.name}) {case.summary.status.value}[/red]: {case.summary.reason}")
+    c, yes = report.case("c"), {True: "yes", False: "no"}
+    out.print(f"delay: worker {report.straggler} sleeps {report.delay_s:.2f} s at the start of every invocation "
+              f"= ({report.factor:g} − 1) × {report.baseline_s:.3f} s, the {report.baseline}")
+    ratio = "–" if c.ratio is None else f"{c.ratio:.2f}×"
+    out.print(f"(c) median iteration {ratio} (a)'s: within {bench.WITHIN}× of (a): {yes[report.c_within]}")
+    out.print(f"(d) median iteration grew by {report.d_growth_s:.2f} s over (a)'s, "
+              f"{report.d_growth_s / report.delay_s:.2f} × the delay: grew with the delay "
+              f"(at least {bench.GREW:g} × it): {yes[report.d_grew]}")
+    accuracy = "–" if c.summary.test_accuracy is None else f"{c.summary.test_accuracy:.4f}"
+    out.print(f"(c) test accuracy {accuracy}: reaches the demo's {bench.ACCURACY_TARGET}: "
+              f"{yes[report.c_reaches_target]}")
+
+
+def print_barrier(report: Any, workers: int, small: int) -> None:
+    from rich.table import Table
+
+    from slsml import bench_barrier
+
+    table = Table("workers", "reducers", "max item bytes", "WU / report", "max WU / report", "WU / shard report",
+                  "participants item", "RU at fire", "s / report", title="barrier cost per report")
+    for f in (report.small, report.large):
+        table.add_row(str(f.workers), str(f.reducers), str(f.max_item_bytes), f"{f.write_units_per_report:.2f}",
+                      str(f.max_write_units_per_report), f"{f.write_units_per_shard_report:.2f}",
+                      f"{f.participants_item_bytes} B", f"{f.fire_read_units:g}",
+                      f"{f.seconds_per_report * 1000:.1f} ms")
+    out, yes = console(), {True: "yes", False: "no"}
+    out.print(table)
+    out.print(f"at {workers} workers, within {bench_barrier.WITHIN:.0%} of {small}: max item bytes "
+              f"{yes[report.item_bytes_within]}, write units per report {yes[report.write_units_within]}")
+
+
+def print_scale(report: Any, calibration: str) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from slsml import bench_scale
+    from slsml.costmodel import Parameters
+
+    out = console()
+    out.print(f"[bold]{report.model}[/bold]: {report.params:,} weights, batch {report.batch}, quorum 1, "
+              f"{report.iterations} iterations per configuration; warm processes per function: "
+              + ", ".join(f"{name} {n}" for name, n in report.pools.items()))
+    requests = Table("W", "R", "plan", "run", "minimum", "run ÷ minimum", "differences (plan → run)",
+                     title="requests per iteration: the plan against the run summary (median iteration), and the "
+                           "minimum chain")
+    for p in report.points:
+        differences = ", ".join(f"{op} {a:g} → {b:g}" for op, (a, b) in p.mismatches.items())
+        requests.add_row(str(p.workers), str(p.reducers), f"{sum(p.predicted_requests.values()):g}",
+                         f"{sum(p.measured_requests.values()):g}", f"{sum(p.minimum_requests.values()):g}",
+                         f"{p.over_minimum:.2f}×", f"[red]{differences}" if differences else "[green]none")
+    out.print(requests)
+    columns = {"event": ("model → WorkLauncher",), "launch": ("WorkLauncher",), "hops": bench_scale.HOPS,
+               "work": ("Worker",), "fire": ("ReduceLauncher (fires)",), "reduce": ("Reducer",),
+               "merge": ("Merger (merges)",)}
+    stages = Table("W×R", "", *columns, "iter", "error", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
+                   title="stage times (ms), median steady iteration: the run and the fitted model")
+    for p in report.points:
+        label = f"{p.workers}×{p.reducers}"
+        if p.predicted_iteration_s is None:
+            stages.add_row(label, p.status.lower())
+            continue
+        for i, (source, figures, total) in enumerate((("run", p.measured_stages, p.measured_iteration_s),
+                                                      ("model", p.predicted_stages, p.predicted_iteration_s))):
+            cells = [f"{sum(figures[s] for s in names) * 1000:.0f}" for names in columns.values()]
+            stages.add_row(label if i == 0 else "", source, *cells, f"{total * 1000:.0f}",
+                           f"{p.error:+.0%}" if i else "", end_section=i == 1)
+    out.print(stages)
+    defaults = Parameters()
+    fitted = Table("parameter", "fitted (embedded cloud)", "the model's default (AWS)", "unit",
+                   title="parameters fitted by least squares on the stage times")
+    for name, value in report.fitted.items():
+        unit = Parameters.model_fields[name].json_schema_extra["unit"]
+        fitted.add_row(name, f"{value:.4g}", f"{getattr(defaults, name):.4g}", unit)
+    fitted.add_row("(local runtime) dispatch", f"{report.dispatch_s:.4g}", "", "s")
+    out.print(fitted)
+    unresolved = [name for name, value in report.fitted.items() if value >= bench_scale.UNBOUNDED_MB_S]
+    if unresolved:
+        out.print(f"{', '.join(unresolved)}: the grid's bytes took no time the fit could see (its inverse is 0)")
+    worst = max((p for p in report.points if p.error is not None), key=lambda p: abs(p.error))
+    out.print(f"iteration time, fitted model against measured: median error {report.median_error:.1%}, "
+              f"max {report.max_error:.1%} (W {worst.workers}, R {worst.reducers})")
+    out.print(f"calibration written to {calibration}: slsml plan --calibration {calibration} …")
