@@ -273,5 +273,5 @@ def test_the_report_command_reads_a_stack_and_says_where_a_local_runs_report_com
                                           "--iteration", "7"])
     assert (args.run_id, args.out, args.iteration, args.stack) == ("r", "d", [3, 5, 7], None)
     assert cli.main(["run", "report", "r", "--out", "d"]) == 2
-    assert "give that command --report DIR" in capsys.readouterr().err
+    assert "no local service is up and no --stack given" in capsys.readouterr().err
     assert cli.build_parser().parse_args(["demo", "--report", "out"]).report == "out"
