@@ -238,7 +238,8 @@ def _train_locally(
             runtime.host.wait_idle(run.run_id, IDLE_WAIT_S)
             return usage.read_local(runtime.log_dir, run.run_id)
 
-        return _follow(services, run_id, spec.iterations, args, out, faults=runtime.host.fault_report, usage=usage)
+        return _follow(services, run_id, spec.iterations, args, out, faults=runtime.host.fault_report, usage=usage,
+                       so_far=partial(_service_usage, runtime.log_dir))
 
 
 def _follow(
@@ -250,13 +251,16 @@ def _follow(
     faults: Callable[[], dict[str, Any]] | None = None,
     usage: Callable[[Any], list[Any]] | None = None,
     started: float | None = None,
+    so_far: Callable[[Any], list[Any]] | None = None,
 ) -> int:
     """Show a run's progress until it ends; record its summary (and final model) under runs/<run>/.
-    ``usage`` gives the functions' usage records of the ended run; ``started``: when it started (default now)."""
+    ``usage`` gives the functions' usage records of the ended run, ``so_far`` (if cheap to read) those of a
+    running one; ``started``: when it started (default now)."""
     from slsml import runs
 
     started = started or time.time()
-    with display.run_progress(run_id, iterations, started) as show:
+    spent = None if so_far is None else partial(_spent, so_far)
+    with display.run_progress(run_id, iterations, started, spent) as show:
         run = runs.wait_for_run(services, run_id, on_progress=show, timeout_s=args.timeout)
     wall_s = time.time() - started
     records = usage(run) if usage else None
@@ -275,6 +279,21 @@ def _follow(
         _write_report(services, records or [], run_id, Path(args.report), summary=summary)
     display.print_summary(summary, args.json)
     return 0 if summary.status == "COMPLETED" else 1
+
+
+def _live_usage(args: argparse.Namespace) -> Callable[[Any], list[Any]] | None:
+    """How to read a running run's usage lines while it is followed: from the local service's logs (a stack's
+    are in CloudWatch: read once, at the end)."""
+    state = None if getattr(args, "stack", None) else _local_service()
+    return None if state is None else partial(_service_usage, Path(state.log_dir))
+
+
+def _spent(usage: Callable[[Any], list[Any]], run: Any) -> float:
+    """The dollars a run's functions used so far, by their usage lines."""
+    from slsml import prices
+    from slsml import usage as accounting
+
+    return sum(accounting.cost(usage(run), prices.load()).values())
 
 
 def _write_report(services: Any, records: list[Any], run_id: str, out_dir: Path, chosen: tuple[int, ...] = (),
@@ -355,7 +374,7 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     if args.no_wait:
         print(config.run_id)
         return 0
-    return _follow(services, config.run_id, spec.iterations, args, out, usage=usage)
+    return _follow(services, config.run_id, spec.iterations, args, out, usage=usage, so_far=_live_usage(args))
 
 
 def _local_service() -> Any:
@@ -478,7 +497,8 @@ def cmd_run_watch(args: argparse.Namespace) -> int:
     services, usage = _required_target(args)
     run = services.table.get_run(args.run_id)
     try:
-        return _follow(services, args.run_id, run.iterations, args, None, usage=usage, started=run.created_at)
+        return _follow(services, args.run_id, run.iterations, args, None, usage=usage, started=run.created_at,
+                       so_far=_live_usage(args))
     except KeyboardInterrupt:
         _console().print(f"stopped watching: run {args.run_id} goes on")
         return 130

@@ -65,16 +65,18 @@ def number(value: Any) -> str:
 
 
 @contextmanager
-def run_progress(run_id: str, iterations: int, started: float) -> Iterator[Callable[[Any, Any], None]]:
+def run_progress(
+    run_id: str, iterations: int, started: float, spent: Callable[[Any], float] | None = None
+) -> Iterator[Callable[[Any, Any], None]]:
     """A progress bar of a run while the block runs; yields the ``on_progress`` callback of
-    ``runs.wait_for_run`` that moves it."""
+    ``runs.wait_for_run`` that moves it. ``spent(run)``: the dollars the run used so far, if known."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[run]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
     with Progress(*columns, console=console(), transient=False) as progress:
         task = progress.add_task("train", total=iterations, run=run_id, stats="")
-        shown = ProgressText(started)
+        shown = ProgressText(started, spent)
 
         def show(run: Any, latest: Any) -> None:
             progress.update(task, completed=run.iteration, stats=shown.update(run, latest))
@@ -83,23 +85,41 @@ def run_progress(run_id: str, iterations: int, started: float) -> Iterator[Calla
 
 
 class ProgressText:
-    """The figures on the progress line; remembers the last test accuracy seen."""
+    """The figures on the progress line: the last merged iteration's losses and stage times, and what the
+    run has met so far (late workers, re-launches, shards that kept their weights, dollars)."""
 
-    def __init__(self, started: float) -> None:
-        self.started = started
+    SPENT_EVERY_S = 5.0  # reading the usage lines costs more than a poll: the dollars are refreshed this often
+
+    def __init__(self, started: float, spent: Callable[[Any], float] | None = None) -> None:
+        self.started, self.spent = started, spent
         self.test_accuracy: float | None = None
+        self.seen: dict[int, tuple[int, int, int]] = {}  # iteration → (late, re-launches, stale shards)
+        self.dollars: float | None = None
+        self.dollars_at = 0.0
 
     def update(self, run: Any, latest: Any) -> str:
         if latest is None:
             return ""
         if latest.test_accuracy is not None:
             self.test_accuracy = latest.test_accuracy
+        late = max(0, latest.arrived - latest.participant_count) if latest.reduce_fired_by is not None else 0
+        self.seen[latest.iteration] = (late, latest.reduce_relaunches, len(latest.stale_shards))
         parts = [f"loss {latest.train_loss:.4f}"] if latest.train_loss is not None else []
         if latest.train_accuracy is not None:
             parts.append(f"acc {latest.train_accuracy:.3f}")
         if self.test_accuracy is not None:
             parts.append(f"test acc {self.test_accuracy:.3f}")
         parts.append(f"{(time.time() - self.started) / max(1, run.iteration):.2f} s/iter")
+        if latest.launched_at and latest.reduce_fired_at and latest.merged_at:
+            parts.append(f"workers {latest.reduce_fired_at - latest.launched_at:.2f} s"
+                         f" reduce+merge {latest.merged_at - latest.reduce_fired_at:.2f} s")
+        met = [sum(counts[k] for counts in self.seen.values()) for k in range(3)]
+        parts += [f"{n} {what}" for n, what in zip(met, ("late", "re-launched reducers", "stale shards"),
+                                                   strict=True) if n]
+        if self.spent is not None and time.monotonic() - self.dollars_at > self.SPENT_EVERY_S:
+            self.dollars, self.dollars_at = self.spent(run), time.monotonic()
+        if self.dollars is not None:
+            parts.append(f"{dollars(self.dollars)} so far")
         return "  ".join(parts)
 
 
