@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from slsml import cli, display
-from slsml.records import RunStatus
+from slsml.records import Counter, RunRecord, RunStatus
 from slsml.runs import RunSummary
 
 SUMMARY = RunSummary(
@@ -49,11 +48,12 @@ def test_the_run_list(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
 
 def test_the_progress_line_says_loss_accuracy_and_time_per_iteration() -> None:
     text = display.ProgressText(started=0.0)
-    run = SimpleNamespace(iteration=4)
+    run = RunRecord(run_id="r", status=RunStatus.RUNNING, iterations=10, iteration=4, workers=4, reducers=2,
+                    quorum=1.0, dataset="d", created_at=0.0, updated_at=0.0)
     assert text.update(run, None) == ""
-    line = text.update(run, SimpleNamespace(train_loss=0.5, train_accuracy=0.75, test_accuracy=0.6))
-    assert line.startswith("loss 0.5000  acc 0.750  test acc 0.600  ") and line.endswith(" s/iter")
-    later = text.update(run, SimpleNamespace(train_loss=0.25, train_accuracy=None, test_accuracy=None))
+    line = text.update(run, Counter(iteration=3, train_loss=0.5, train_accuracy=0.75, test_accuracy=0.6))
+    assert line.startswith("loss 0.5000  acc 0.750  test acc 0.600  ") and "s/iter" in line
+    later = text.update(run, Counter(iteration=4, train_loss=0.25))
     assert "test acc 0.600" in later  # the last one seen
     with display.run_progress("run-1", 10, started=0.0) as show:
-        show(run, SimpleNamespace(train_loss=0.5, train_accuracy=None, test_accuracy=None))
+        show(run, Counter(iteration=4, train_loss=0.5))
