@@ -24,6 +24,7 @@ from slsml.config import (
     KERAS_OPTIMIZERS,
     OPTIMIZER_NAMES,
     OptimizerConfig,
+    RegularExpression,
     TrainingSpec,
 )
 from slsml.errors import BadInputError, SlsmlError
@@ -107,7 +108,7 @@ def _optimizer_options(parser: argparse.ArgumentParser) -> None:
             group.add_argument(_flag(name), action="store_true", default=None, help=about or None)
         elif kind in {int, float}:
             group.add_argument(_flag(name), type=kind, help=about or None)
-        elif get_origin(kind) is tuple and get_args(kind) == (str, ...):
+        elif get_origin(kind) is tuple and get_args(kind) == (RegularExpression, ...):
             group.add_argument(_flag(name), type=_patterns, action="extend", metavar="PATTERN[,PATTERN]",
                                help=f"{about} (comma-separated or repeated)")
         else:

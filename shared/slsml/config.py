@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from slsml import schedules
 from slsml.errors import BadInputError
 from slsml.plan import ShardPlan
 from slsml.schedules import Schedule
+
+
+def _compiles(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"{pattern!r} is not a regular expression: {error}") from None
+    return pattern
+
+
+RegularExpression = Annotated[str, AfterValidator(_compiles)]
+"""A field that holds a regular expression (checked when the model is validated)."""
 
 RUN_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 DATASET_PATTERN = RUN_ID_PATTERN
@@ -94,7 +115,7 @@ class OptimizerConfig(BaseModel):
         default=0.0, ge=0, description="the beta of McMahan et al. (2013)", json_schema_extra=_only("ftrl")
     )
     weight_decay: float | None = Field(default=None, ge=0, description="decoupled, applied before the update")
-    exclude_from_weight_decay: tuple[str, ...] = Field(
+    exclude_from_weight_decay: tuple[RegularExpression, ...] = Field(
         default=(), description="patterns (regular expressions) of variable names that take no weight decay"
     )
     use_ema: bool = Field(default=False, description="keep an exponential moving average of the weights; the final"
@@ -151,11 +172,6 @@ class OptimizerConfig(BaseModel):
                              " ignore clipvalue; give one of them")
         if self.exclude_from_weight_decay and not self.weight_decay:
             raise ValueError("exclude_from_weight_decay needs a weight_decay")
-        for pattern in self.exclude_from_weight_decay:
-            try:
-                re.compile(pattern)
-            except re.error as error:
-                raise ValueError(f"exclude_from_weight_decay pattern {pattern!r}: {error}") from None
         return self
 
     @property

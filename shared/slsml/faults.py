@@ -23,9 +23,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slsml import keys
+from slsml.config import RegularExpression
 
 CRASH_KINDS = {"worker": "worker_crash", "reducer": "reducer_crash", "merger": "merger_crash"}
 INJECTED_MARK = "InjectedFault"  # how an injected crash reads in an invocation's error
@@ -94,20 +95,10 @@ class Faults(BaseModel):
         default=False, description="the Merger fails once per run, just before it writes the run's first merged model"
     )
     s3_get_delay: Delay | None = Field(default=None, description="an S3 GetObject in a function is delayed")
-    s3_get_delay_match: str | None = Field(
+    s3_get_delay_match: RegularExpression | None = Field(
         default=None, description="regular expression: only GETs of keys it matches are delayed"
     )
     sns_delay: Delay | None = Field(default=None, description="the host holds a received message back")
-
-    @field_validator("s3_get_delay_match")
-    @classmethod
-    def _valid_pattern(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as error:
-                raise ValueError(f"s3_get_delay_match {value!r} is not a regular expression: {error}") from None
-        return value
 
     @classmethod
     def parse(cls, text: str) -> Faults:

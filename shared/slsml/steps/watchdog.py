@@ -46,6 +46,7 @@ class Action(StrEnum):
 
 ACTED = {Action.FIRED, Action.RELAUNCHED, Action.STALE_SHARDS, Action.FAILED}  # what DeadlineActions counts
 
+
 def on_deadline(deadline: Deadline, services: Services) -> Action:
     """Act on the run's current iteration; unless the run ended, send the chain's next deadline. The
     chain moves on (``RunRecord.watched``) only once the next deadline is sent, so a try that failed
