@@ -243,6 +243,13 @@ def _problems(error: ValidationError) -> str:
     )
 
 
+Algorithm = Literal["gradient", "average"]
+# TrainingSpec fields that apply to model averaging alone
+AVERAGING_OPTIONS = ("local_steps", "local_optimizer", "local_learning_rate", "local_momentum", "local_state", "server")
+# what a worker's update holds, by algorithm (the update format's kind, see slsml.updates)
+UPDATE_KINDS: dict[str, str] = {"gradient": "gradient", "average": "weight change"}
+
+
 class TrainingSpec(BaseModel):
     """The knobs of a training run that a user sets (CLI flags, API arguments)."""
 
@@ -277,6 +284,32 @@ class TrainingSpec(BaseModel):
         " (workers) or a shard keeps its weights (reducers)",
     )
 
+    algorithm: Algorithm = Field(
+        default="gradient",
+        description="gradient: workers send the gradient of their slice of one global batch (gradient averaging);"
+        " average: each takes local_steps steps of the local optimizer and sends its weight change (model"
+        " averaging)",
+    )
+    local_steps: int = Field(
+        default=1, ge=1, le=1000,
+        description="model averaging: local steps per round, one per global batch (a round takes this many)",
+    )
+    local_optimizer: OptimizerName = Field(default="sgd", description="model averaging: the workers' local optimizer")
+    local_learning_rate: float = Field(default=0.1, gt=0, description="model averaging: its constant learning rate")
+    local_momentum: float = Field(
+        default=0.0, ge=0, lt=1, description="model averaging: its momentum (sgd, rmsprop)"
+    )
+    local_state: Literal["reset", "keep"] = Field(
+        default="reset",
+        description="model averaging: the local optimizer's state (e.g. momentum) starts fresh every round, or"
+        " is kept per worker slot in S3",
+    )
+    server: Literal["average", "optimizer"] = Field(
+        default="average",
+        description="model averaging: the reducers apply the average of the weight changes (FedAvg), or step the"
+        " run's optimizer with it as the gradient (FedOpt)",
+    )
+
     @model_validator(mode="after")
     def _batch_covers_workers(self) -> TrainingSpec:
         if self.global_batch < self.workers:
@@ -284,6 +317,32 @@ class TrainingSpec(BaseModel):
                 f"global_batch ({self.global_batch}) must be at least the number of workers ({self.workers})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _averaging_options(self) -> TrainingSpec:
+        if self.algorithm == "gradient":
+            given = [f for f in AVERAGING_OPTIONS if getattr(self, f) != type(self).model_fields[f].default]
+            if given:
+                raise ValueError(f"{', '.join(given)} only apply to model averaging (algorithm 'average')")
+        else:
+            self.local_optimizer_config()  # the local optimizer must take its options
+        return self
+
+    @property
+    def local_batches(self) -> int:
+        """Global batches a round takes: its local steps under model averaging, else one."""
+        return self.local_steps if self.algorithm == "average" else 1
+
+    def local_optimizer_config(self) -> OptimizerConfig:
+        """The workers' local optimizer (model averaging)."""
+        fields: dict[str, Any] = {"name": self.local_optimizer, "learning_rate": self.local_learning_rate}
+        if self.local_momentum:
+            fields["momentum"] = self.local_momentum
+        try:
+            return OptimizerConfig(**fields)
+        except ValidationError as error:
+            problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in error.errors())
+            raise ValueError(f"local optimizer: {problems}") from None
 
 
 class RunConfig(BaseModel):
@@ -311,6 +370,14 @@ class RunConfig(BaseModel):
     @property
     def workers(self) -> int:
         return self.training.workers
+
+    @property
+    def server_optimizer(self) -> OptimizerConfig:
+        """What the reducers step with the averaged update: the run's optimizer, or under plain model averaging
+        (FedAvg) a step of SGD at rate 1, which moves each weight by the average weight change."""
+        if self.training.algorithm == "average" and self.training.server == "average":
+            return OptimizerConfig(name="sgd", learning_rate=1.0)
+        return self.optimizer
 
     @property
     def reducers(self) -> int:

@@ -10,6 +10,7 @@ runs/<run>/iters/<iter>/weights.npy           flat weights entering <iter>: what
 runs/<run>/iters/<iter>/shards/<shard>.bin    one shard's weights and optimizer state entering <iter>
 runs/<run>/iters/<iter>/updates/<worker>.bin  one worker's update (all shards, see updates.py)
 runs/<run>/iters/<iter>/means/<shard>.bin     one shard's averaged gradient, kept for its clipped step
+runs/<run>/iters/<iter>/local/<worker>.npz    model averaging: worker slot's local optimizer state after <iter>
 incoming/<name>.keras                         drop-in: start a run with the deployment defaults
 incoming/<name>.json                          (optional) what to override of those defaults
 ```
@@ -72,6 +73,10 @@ def mean(run_id: str, iteration: int, shard: int) -> str:
 def update(run_id: str, iteration: int, worker: int, attempt: int = 0) -> str:
     suffix = f"-a{attempt}" if attempt else ""
     return f"runs/{run_id}/iters/{iteration:06d}/updates/{worker:05d}{suffix}.bin"
+
+
+def local_state(run_id: str, iteration: int, worker: int) -> str:
+    return f"runs/{run_id}/iters/{iteration:06d}/local/{worker:05d}.npz"
 
 
 def dataset_manifest(name: str) -> str:

@@ -6,6 +6,7 @@ import io
 import json
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -22,6 +23,14 @@ _MAX_READS = 64  # concurrent GETs of one get_quorum call
 _POLL_S = 0.05  # how often reads still queued behind others are checked for having started
 
 
+@dataclass(frozen=True)
+class Stored:
+    """An object (or a byte range of it) as read, with the object's user metadata."""
+
+    body: bytes
+    metadata: dict[str, str]
+
+
 class ObjectStore:
     """One bucket. Every write is create-only (``If-None-Match: *``): nothing stored is overwritten."""
 
@@ -30,13 +39,18 @@ class ObjectStore:
         self.bucket = bucket
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        return self.read(key, byte_range).body
+
+    def read(self, key: str, byte_range: tuple[int, int] | None = None) -> Stored:
+        """The object (or its bytes ``byte_range``, inclusive) with its metadata: one GET."""
         extra = {"Range": f"bytes={byte_range[0]}-{byte_range[1]}"} if byte_range else {}
         try:
-            return self.s3.get_object(Bucket=self.bucket, Key=key, **extra)["Body"].read()
+            response = self.s3.get_object(Bucket=self.bucket, Key=key, **extra)
         except ClientError as error:
             if error_code(error) in _MISSING:
                 raise NotFoundError(f"s3://{self.bucket}/{key} does not exist") from None
             raise
+        return Stored(response["Body"].read(), response.get("Metadata", {}))
 
     def get_many(self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None] | None = None) -> list[bytes]:
         """Parallel GETs, results in the order of ``keys``."""
@@ -49,24 +63,27 @@ class ObjectStore:
 
     def get_quorum(
         self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None], need: int, timeout_s: float
-    ) -> list[bytes | None]:
-        """Parallel GETs that may leave slow objects out: results in the order of ``keys``, None for
-        a dropped one.
+    ) -> list[Stored | None]:
+        """Parallel GETs that may leave slow objects out: results (with their metadata) in the order of
+        ``keys``, None for a dropped one.
 
         Returns once at least ``need`` objects are read and every read still running has taken
         longer than ``timeout_s`` (each read's clock starts when it starts). Until ``need`` are
         read it waits, however long. Reads left behind finish in the background. A read that fails raises.
         """
         keys, ranges = list(keys), list(ranges)
-        if need >= len(keys):
-            return self.get_many(keys, ranges)
+        if need >= len(keys):  # every one is needed
+            if len(keys) <= 1:
+                return [self.read(k, r) for k, r in zip(keys, ranges, strict=True)]
+            with ThreadPoolExecutor(max_workers=min(16, len(keys))) as pool:
+                return list(pool.map(self.read, keys, ranges))
         started: list[float | None] = [None] * len(keys)
 
-        def read(index: int) -> bytes:
+        def read(index: int) -> Stored:
             started[index] = time.monotonic()
-            return self.get(keys[index], ranges[index])
+            return self.read(keys[index], ranges[index])
 
-        results: list[bytes | None] = [None] * len(keys)
+        results: list[Stored | None] = [None] * len(keys)
         pool = ThreadPoolExecutor(max_workers=min(_MAX_READS, len(keys)))
         futures: dict[Future, int] = {pool.submit(read, i): i for i in range(len(keys))}
         pending, read_count = set(futures), 0

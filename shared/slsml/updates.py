@@ -2,15 +2,21 @@
 GET of its own part.
 
 Version 1, encoding 0 (dense float32): a 32-byte header — magic ``SLSU``, u16 version, u16 encoding,
-u64 element count, u64 sample count, 8 reserved bytes — then the flat vector, little-endian. For
-trainable weights the vector holds the worker's mean gradient; for non-trainable weights (e.g.
-BatchNorm statistics) it holds the values after the worker's forward pass. New encodings (sparse,
-compressed) get new numbers; readers reject ones they do not know.
+u64 element count, u64 sample count, u16 kind, 6 reserved bytes — then the flat vector, little-endian.
+The kind says what the trainable weights' elements are: the worker's mean gradient (gradient averaging)
+or its weight change over a round's local steps, start minus end (model averaging). For non-trainable
+weights (e.g. BatchNorm statistics) the vector holds their values after the worker's last forward pass.
+
+A reducer's ranged GET does not reach the header, so the header is also the object's user metadata
+(``slsml-update``), which S3 returns with every GET: each reducer checks it on every part it reads and
+rejects, naming it, a version, encoding or kind it does not know or the run did not ask for. New
+encodings (sparse, compressed) get new numbers.
 """
 
 from __future__ import annotations
 
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,7 +25,10 @@ from slsml.plan import ShardPlan
 MAGIC = b"SLSU"
 VERSION = 1
 DENSE_F32 = 0
-_HEADER = struct.Struct("<4sHHQQ8x")
+ENCODINGS = {DENSE_F32: "dense float32"}
+KINDS = ("gradient", "weight change")  # by number
+METADATA = "slsml-update"
+_HEADER = struct.Struct("<4sHHQQH6x")
 HEADER_SIZE = _HEADER.size
 
 
@@ -27,11 +36,41 @@ class UpdateFormatError(ValueError):
     pass
 
 
-def encode(vector: np.ndarray, samples: int) -> bytes:
+class Encoded(NamedTuple):
+    body: bytes
+    metadata: dict[str, str]
+
+
+def encode(vector: np.ndarray, samples: int, kind: str = "gradient") -> Encoded:
+    """The update object and its user metadata (the header, as a reducer's ranged GET returns it)."""
     flat = np.ascontiguousarray(vector, dtype="<f4")
     if flat.ndim != 1:
         raise ValueError("an update is a flat vector")
-    return _HEADER.pack(MAGIC, VERSION, DENSE_F32, flat.size, samples) + flat.tobytes()
+    header = _HEADER.pack(MAGIC, VERSION, DENSE_F32, flat.size, samples, KINDS.index(kind))
+    return Encoded(header + flat.tobytes(), {METADATA: f"{VERSION}/{DENSE_F32}/{KINDS.index(kind)}"})
+
+
+def check(metadata: dict[str, str], kind: str, where: str) -> None:
+    """An update's header as its metadata says it: UpdateFormatError naming what a reducer cannot read, or
+    a kind other than the run's."""
+    header = metadata.get(METADATA)
+    try:
+        version, encoding, number = (int(part) for part in (header or "").split("/"))
+    except ValueError:
+        raise UpdateFormatError(f"{where}: not an slsml update (its {METADATA} header is {header!r})") from None
+    _check(version, encoding, number, kind, where)
+
+
+def _check(version: int, encoding: int, number: int, kind: str, where: str) -> None:
+    if version != VERSION:
+        raise UpdateFormatError(f"{where}: update format version {version} is not supported (only {VERSION})")
+    if encoding not in ENCODINGS:
+        raise UpdateFormatError(f"{where}: update encoding {encoding} is not supported (only"
+                                f" {', '.join(f'{n} ({name})' for n, name in ENCODINGS.items())})")
+    if number >= len(KINDS):
+        raise UpdateFormatError(f"{where}: update kind {number} is not known")
+    if KINDS[number] != kind:
+        raise UpdateFormatError(f"{where}: the update holds a {KINDS[number]}, but the run averages a {kind}")
 
 
 def part_range(plan: ShardPlan, shard: int) -> tuple[int, int]:
@@ -47,15 +86,14 @@ def decode_part(data: bytes, plan: ShardPlan, shard: int) -> np.ndarray:
     return np.frombuffer(data, dtype="<f4").astype(np.float32)
 
 
-def decode(data: bytes) -> tuple[np.ndarray, int]:
+def decode(data: bytes, kind: str = "gradient") -> tuple[np.ndarray, int]:
     """A whole update object → (vector, samples)."""
     if len(data) < HEADER_SIZE:
         raise UpdateFormatError(f"update of {len(data)} bytes is shorter than its header")
-    magic, version, encoding, count, samples = _HEADER.unpack_from(data)
+    magic, version, encoding, count, samples, number = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise UpdateFormatError("not an slsml update (bad magic)")
-    if version != VERSION or encoding != DENSE_F32:
-        raise UpdateFormatError(f"update format v{version} encoding {encoding} is not supported")
+    _check(version, encoding, number, kind, "update")
     if len(data) != HEADER_SIZE + 4 * count:
         raise UpdateFormatError(f"update declares {count} elements but holds {len(data) - HEADER_SIZE} bytes")
     return np.frombuffer(data, dtype="<f4", offset=HEADER_SIZE).astype(np.float32), samples

@@ -68,7 +68,7 @@ def test_bytes_match_the_update_format_and_shard_plan_of_a_real_model(keras_mode
     config = OptimizerConfig(name="adam")
     n = 3  # ⌈0.5 · 6⌉ participants
 
-    update = updates.encode(modelio.get_flat(model, shard_plan), samples=10)
+    update = updates.encode(modelio.get_flat(model, shard_plan), samples=10).body
     worker = function(plan, "worker")
     assert worker.bytes_written == len(update)
     assert worker.bytes_read == 4 * shard_plan.size

@@ -15,6 +15,7 @@ from moto import mock_aws
 
 from slsml import faults, keys, optimizers, records, shards, updates, wiring
 from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.errors import RunFailed
 from slsml.faults import Delay, InjectedFault, InvocationFaults
 from slsml.messages import Deadline, ModelLanded, ReduceMessage, WorkDone
 from slsml.plan import ShardPlan, VariableSpec
@@ -107,7 +108,7 @@ def _arrive(
 ) -> list[ReduceMessage]:
     """What a worker does (store the update, announce it), then the ReduceLauncher."""
     vector = VECTORS[worker] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
-    services.store.put_new(keys.update(run_id, 0, worker, attempt), updates.encode(vector, SAMPLES[worker]))
+    services.store.put_new(keys.update(run_id, 0, worker, attempt), *updates.encode(vector, SAMPLES[worker]))
     return reduce_launcher.on_work_done(_done(run_id, worker, finite, attempt), services)
 
 
@@ -646,7 +647,7 @@ def _merge_run(services: Services, run_id: str) -> list[ReduceMessage]:
     })
     fired = []
     for worker in range(2):
-        services.store.put_new(keys.update(run_id, 0, worker), updates.encode(RNG.standard_normal(plan.size), 2))
+        services.store.put_new(keys.update(run_id, 0, worker), *updates.encode(RNG.standard_normal(plan.size), 2))
         fired += reduce_launcher.on_work_done(_done(run_id, worker), services)
     return fired
 
@@ -717,3 +718,25 @@ def test_norm_exchange_releases_each_clipped_step_once(services: Services, monke
     got = np.concatenate([shards.decode(services.store.get(keys.shard("clip", 1, r))).weights for r in range(2)])
     assert norm > 1.0, "the clipping must bite"
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(("forged", "named"), [
+    (updates.encode(VECTORS[1], SAMPLES[1], kind="weight change"), "holds a weight change, but the run averages a"
+     " gradient"),
+    (updates.Encoded(updates.encode(VECTORS[1], SAMPLES[1]).body, {}), "not an slsml update"),
+    (updates.Encoded(updates.encode(VECTORS[1], SAMPLES[1]).body, {updates.METADATA: "2/0/0"}), "version 2"),
+])
+def test_a_reducer_refuses_an_update_the_run_did_not_ask_for_by_name(
+    services: Services, forged: updates.Encoded, named: str
+) -> None:
+    """An update whose header names another kind, no header or an unknown version fails the run with the object's
+    key in the reason; nothing of the next iteration is stored."""
+    run_id = f"forged-{abs(hash(named)) % 10_000}"
+    _register(services, run_id, workers=2)
+    fired = _arrive(services, run_id, 0)
+    services.store.put_new(keys.update(run_id, 0, 1), *forged)
+    fired = reduce_launcher.on_work_done(_done(run_id, 1), services)
+    with pytest.raises(RunFailed, match=named) as failure:
+        reducer.reduce(fired[0], services)
+    assert keys.update(run_id, 0, 1) in str(failure.value)
+    assert not services.store.exists(keys.shard(run_id, 1, 0))

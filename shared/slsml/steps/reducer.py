@@ -21,7 +21,7 @@ from aws_lambda_powertools import Logger
 
 from slsml import clipping, keys, optimizers, shards, updates, wiring
 from slsml.barrier import quorum_count
-from slsml.config import RunConfig
+from slsml.config import UPDATE_KINDS, RunConfig
 from slsml.errors import RunFailed
 from slsml.messages import ReduceDone, ReduceMessage
 from slsml.reliability import ReadPolicy
@@ -42,7 +42,7 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone | None:
                                                              keys.shard(run, iteration, shard)])
         average = shards.decode(stored_mean, size)
         return _step(message, config, services, shards.decode(stored_shard, size), average, message.squares)
-    if clipping.needs_exchange(config.optimizer, config.plan):
+    if clipping.needs_exchange(config.server_optimizer, config.plan):
         exchanged = _exchange(message, config, services, _average(message, config, services))
         if exchanged is None:
             return None
@@ -62,13 +62,13 @@ def _step(
     """Clip the averaged gradient, step the optimizer, store the shard of the next iteration and announce it."""
     run, iteration, shard = message.run_id, message.iteration, message.shard
     trainable, mean = config.plan.shard(shard).trainable, average.weights
-    gradient = clipping.clip(config.optimizer, config.plan, shard, mean, squares)
-    decays = config.plan.mask(shard, lambda v: config.optimizer.decays(v.name))[trainable]
+    gradient = clipping.clip(config.server_optimizer, config.plan, shard, mean, squares)
+    decays = config.plan.mask(shard, lambda v: config.server_optimizer.decays(v.name))[trainable]
     stepped, state = optimizers.apply(
-        config.optimizer, current.weights[trainable], gradient[trainable], current.state, decays
+        config.server_optimizer, current.weights[trainable], gradient[trainable], current.state, decays
     )
     if iteration + 1 == config.training.iterations:  # the final shard
-        stepped = optimizers.finalize(config.optimizer, stepped, state)
+        stepped = optimizers.finalize(config.server_optimizer, stepped, state)
     weights = current.weights.copy()
     weights[trainable] = stepped
     weights[~trainable] = mean[~trainable]  # non-trainable state (e.g. BatchNorm statistics): averaged
@@ -91,7 +91,7 @@ def _exchange(
     run, iteration, shard = message.run_id, message.iteration, message.shard
     if not store.put_new(keys.mean(run, iteration, shard), shards.encode(average)):
         average = shards.decode(store.get(keys.mean(run, iteration, shard)))  # another try's average stands
-    squares = clipping.shared_squares(config.optimizer, config.plan, shard, average.weights)
+    squares = clipping.shared_squares(config.server_optimizer, config.plan, shard, average.weights)
     counter = table.record_squares(run, iteration, shard, message.generation, squares)
     if counter is None or counter.squares_in < config.reducers:
         return None
@@ -121,12 +121,19 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
         logger.warning("parts dropped after their read timeout", extra={
             "run_id": run, "iteration": iteration, "shard": shard, "workers": dropped, "timeout_s": policy.timeout_s})
     included = [(p, part) for p, part in zip(participants, parts, strict=True) if part is not None]
+    kind = UPDATE_KINDS[config.training.algorithm]
+    for participant, part in included:
+        where = keys.update(run, iteration, participant.worker, participant.attempt)
+        try:
+            updates.check(part.metadata, kind, where)
+        except updates.UpdateFormatError as error:
+            raise RunFailed(str(error)) from None
     total = sum(p.samples for p, _ in included)
     if total == 0:
         raise RunFailed(f"iteration {iteration}: the participating workers processed no samples")
     mean = np.zeros(config.plan.shard(shard).size, dtype=np.float64)
     for participant, part in included:  # in message order: the same sums as long as nothing is dropped
-        mean += updates.decode_part(part, config.plan, shard).astype(np.float64) * participant.samples
+        mean += updates.decode_part(part.body, config.plan, shard).astype(np.float64) * participant.samples
     return shards.Shard((mean / total).astype(np.float32), {}, [p.worker for p, _ in included])
 
 

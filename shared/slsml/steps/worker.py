@@ -10,10 +10,10 @@ import numpy as np
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.metrics import MetricUnit
 
-from slsml import data, keys, metrics, modelio, updates, wiring
-from slsml.config import RunConfig
+from slsml import averaging, data, keys, metrics, modelio, updates, wiring
+from slsml.config import UPDATE_KINDS, RunConfig
 from slsml.deployment import Metric
-from slsml.errors import RunFailed
+from slsml.errors import NotFoundError, RunFailed
 from slsml.messages import WorkDone, WorkMessage
 from slsml.services import Services
 from slsml.steps.common import load_weights, run_config
@@ -40,14 +40,22 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     if not fresh:
         modelio.set_flat(trainer.model, config.plan, load_weights(store, config, message.iteration))
     reader = reader_for(store, config.dataset)
-    batch = data.global_batch_indices(
-        reader.manifest.train.count, config.training.global_batch, config.training.seed, message.iteration
-    )
-    x, y = reader.take("train", data.worker_indices(batch, config.workers, message.worker))
+    spec = config.training
+    slices = [  # the worker's slice of each global batch of the round
+        reader.take("train", data.worker_indices(
+            data.global_batch_indices(reader.manifest.train.count, spec.global_batch, spec.seed, number),
+            config.workers, message.worker,
+        ))
+        for number in range(message.iteration * spec.local_batches, (message.iteration + 1) * spec.local_batches)
+    ]
+    samples = sum(len(x) for x, _ in slices)
     started = time.perf_counter()
-    update = trainer.compute_update(x, y)
+    if spec.algorithm == "average":
+        update = _local_steps(message, config, services, trainer, slices)
+    else:
+        update = trainer.compute_update(*slices[0])
     compute_s = time.perf_counter() - started
-    body = updates.encode(update.vector, samples=len(x))
+    body, header = updates.encode(update.vector, samples=samples, kind=UPDATE_KINDS[spec.algorithm])
     finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
     done = WorkDone(
         run_id=message.run_id,
@@ -55,13 +63,13 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         generation=message.generation,
         worker=message.worker,
         attempt=message.attempt,
-        samples=len(x),
+        samples=samples,
         loss=update.loss if finite else 0.0,
         accuracy=update.accuracy if finite else None,
         compute_s=compute_s,
         finite=finite,
     )
-    metadata = {"done": json.dumps(done.model_dump(mode="json"))}
+    metadata = {"done": json.dumps(done.model_dump(mode="json")), **header}
     if not finite:
         logger.warning("non-finite update", extra={"run_id": message.run_id, "iteration": message.iteration,
                                                    "worker": message.worker, "loss": repr(update.loss)})
@@ -70,3 +78,24 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         stored = WorkDone.model_validate_json(store.head(key)["done"])
         done = stored.model_copy(update={"generation": message.generation})  # a resumed run may announce it again
     return done
+
+
+def _local_steps(
+    message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer,
+    slices: list[tuple[np.ndarray, np.ndarray]],
+) -> modelio.Update:
+    """Model averaging: the round's local steps from the model entering it. With ``local_state`` keep, the local
+    optimizer goes on from the state this worker slot stored after the round before (fresh if there is none)."""
+    store, spec, run = services.store, config.training, message.run_id
+    state = None
+    if spec.local_state == "keep" and message.iteration > 0:
+        try:
+            state = store.get_arrays(keys.local_state(run, message.iteration - 1, message.worker))
+        except NotFoundError:
+            logger.info("no local optimizer state of the round before: starting fresh",
+                        extra={"run_id": run, "iteration": message.iteration, "worker": message.worker})
+    start = modelio.get_flat(trainer.model, config.plan)
+    update, state = averaging.take_local_steps(trainer, start, slices, spec.local_optimizer_config(), state)
+    if spec.local_state == "keep":  # create-only: a retry's state, computed from the same start, is the same
+        store.put_arrays_new(keys.local_state(run, message.iteration, message.worker), state)
+    return update
