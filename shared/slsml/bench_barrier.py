@@ -18,7 +18,7 @@ from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.local.cloud import EmbeddedCloud, use_deployment
 from slsml.messages import ReduceDone, WorkDone
 from slsml.plan import ShardPlan
-from slsml.records import META, RunStatus, dynamo, iteration_sk, participants_sk, worker_sk
+from slsml.records import iteration_sk, participants_sk, run_item, worker_sk
 from slsml.services import Services
 from slsml.steps import merger, reduce_launcher
 
@@ -84,12 +84,7 @@ def _measure(services: Services, model: object, workers: int, reducers: int) -> 
     store, table = services.store, services.table
     store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
     store.put_new(keys.model(run_id, 0), modelio.save_model(model))
-    now = time.time()
-    table.table.put_item(Item=dynamo({
-        "pk": f"RUN#{run_id}", "sk": META, "run_id": run_id, "status": RunStatus.RUNNING.value,
-        "iterations": spec.iterations, "iteration": 0, "workers": workers, "reducers": reducers, "quorum": 1.0,
-        "dataset": "none", "created_at": now, "updated_at": now,
-    }))
+    table.table.put_item(Item=run_item(run_id, "none", spec, time.time()))
     table.claim_launch(run_id, 0, "bench")
 
     def item(sort_key: str) -> dict:

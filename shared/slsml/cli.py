@@ -12,11 +12,11 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from slsml import display, quiet
 from slsml.config import (
@@ -40,38 +40,89 @@ _console = display.console  # the commands' one-line messages and spinners
 # ---- options ---------------------------------------------------------------------------------
 
 
-# TrainingSpec fields set by a flag of the same default and help: the flag's dest → the field
-SPEC_FLAGS = {
-    "workers": "workers", "reducers": "reducers", "batch": "global_batch", "quorum": "quorum", "seed": "seed",
-    "eval_every": "eval_every", "heartbeat": "heartbeat_s", "time_budget": "time_budget_s", "deadline": "deadline_s",
-    "deadline_floor": "deadline_floor", "deadline_retries": "deadline_retries",
+# TrainingSpec fields whose flag is not named after the field (the flags' names came first): field → dest
+FLAG_NAMES = {
+    "global_batch": "batch", "heartbeat_s": "heartbeat", "time_budget_s": "time_budget", "deadline_s": "deadline",
 }
+# TrainingSpec fields with options of their own: the optimizer group (_optimizer_options) and --loss
+OWN_OPTIONS = frozenset({"optimizer", "loss"})
 
 
-def _spec_option(group: argparse._ArgumentGroup, dest: str) -> None:
-    """The flag of TrainingSpec field ``SPEC_FLAGS[dest]``: its type, default and description come from the field."""
-    field = TrainingSpec.model_fields[SPEC_FLAGS[dest]]
-    if field.annotation not in {int, float} or field.description is None:
-        raise TypeError(f"TrainingSpec.{SPEC_FLAGS[dest]}: a flag needs a number with a description")
-    group.add_argument(_flag(dest), type=field.annotation, default=field.default,
-                       help=f"{field.description} (default {display.number(field.default)})")
+def _dest(field: str) -> str:
+    """The dest of TrainingSpec field ``field``'s flag."""
+    return FLAG_NAMES.get(field, field)
+
+
+def _readings(spec: type[BaseModel]) -> dict[str, dict[str, Any]]:
+    """How argparse reads each of ``spec``'s fields (but OWN_OPTIONS) from its flag: ``add_argument``'s
+    keywords other than the default and help. TypeError for a field no flag can set."""
+    readings = {}
+    for name, field in spec.model_fields.items():
+        if name in OWN_OPTIONS:
+            continue
+        reading = _reading(field.annotation)
+        if reading is None or not field.description:
+            raise TypeError(f"{spec.__name__}.{name}: no command-line option for a {field.annotation}"
+                            + ("" if field.description else " without a description"))
+        readings[name] = reading
+    return readings
+
+
+def _reading(annotation: Any) -> dict[str, Any] | None:
+    """``add_argument``'s keywords for a value of ``annotation``: an int, float, str or bool, a ``Literal``'s
+    values, a number or a ``Literal``'s words (``int | Literal["auto"]``), or any of those or None; None for
+    another type."""
+    union = get_origin(annotation) in {Union, types.UnionType}
+    members = [get_args(m)[0] if get_origin(m) is Annotated else m
+               for m in (get_args(annotation) if union else (annotation,)) if m is not type(None)]
+    words = [value for m in members if get_origin(m) is Literal for value in get_args(m)]
+    kinds = [m for m in members if get_origin(m) is not Literal]
+    if not kinds and len({type(word) for word in words}) == 1:
+        return {"type": type(words[0]), "choices": words}
+    if kinds == [bool] and not words:
+        return {"action": argparse.BooleanOptionalAction}
+    if len(kinds) != 1 or kinds[0] not in {int, float, str}:
+        return None
+    if not words:
+        return {"type": kinds[0]}
+    if kinds[0] is str or not all(isinstance(word, str) for word in words):
+        return None
+    return {"type": partial(_number_or_word, kinds[0], tuple(words)),
+            "metavar": "|".join([kinds[0].__name__.upper(), *words])}
+
+
+def _number_or_word(kind: type, words: tuple[str, ...], text: str) -> Any:
+    """``text`` as one of ``words``, else as a number of ``kind``."""
+    if text in words:
+        return text
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number ({kind.__name__}) or one of"
+                                         f" {', '.join(words)}") from None
+
+
+SPEC_READINGS = _readings(TrainingSpec)  # a field no flag can set fails here, at import
 
 
 def _training_options(parser: argparse.ArgumentParser, iterations: int | None) -> None:
+    """A flag per TrainingSpec field, its type, default and help from the field (the optimizer's in a group of
+    their own). ``iterations``: this command's iteration budget (None: --iterations is required)."""
     group = parser.add_argument_group("training")
-    for dest in ("workers", "reducers", "batch"):
-        _spec_option(group, dest)
-    group.add_argument("--iterations", type=int, default=iterations, required=iterations is None,
-                       help=TrainingSpec.model_fields["iterations"].description
-                       + (f" (default {iterations})" if iterations else ""))
-    _spec_option(group, "quorum")
+    for name, reading in SPEC_READINGS.items():
+        field = TrainingSpec.model_fields[name]
+        required = field.is_required()
+        default = None if required else field.get_default(call_default_factory=True)
+        if name == "iterations":  # each command's own budget
+            default, required = iterations, iterations is None
+        action = group.add_argument(_flag(_dest(name)), default=default, required=required, **reading)
+        # set after: BooleanOptionalAction adds a default of its own to the help it is given
+        shown = "" if default is None else f" (default {display.number(default)})"
+        action.help = f"{field.description}{shown}".replace("%", "%%")
     group.add_argument("--loss", help="Keras loss name (default: the model's compiled loss)")
-    for dest in ("seed", "eval_every"):
-        _spec_option(group, dest)
+    group = parser.add_argument_group("run")
     group.add_argument("--run-id", help="run name (default: generated)")
     group.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    for dest in ("heartbeat", "time_budget", "deadline", "deadline_floor", "deadline_retries"):
-        _spec_option(group, dest)
     group.add_argument("--timeout", type=float, default=3600, help="stop waiting (and fail the run) after this long")
     group.add_argument("--pool", type=int, help="local runs: the most warm processes per function (default: from"
                        " this machine's cores and memory, or the SLSML_POOL environment variable)")
@@ -142,8 +193,7 @@ def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) 
     """The run the flags ask for. Without --optimizer its optimizer is None (the model's compiled one): the
     optimizer flags apply on top of it once the model is read (``_with_flags``)."""
     return TrainingSpec(
-        **{field: getattr(args, dest) for dest, field in SPEC_FLAGS.items()},
-        iterations=args.iterations,
+        **{name: getattr(args, _dest(name)) for name in SPEC_READINGS},
         optimizer=_optimizer(args, default_learning_rate),
         loss=args.loss,
     )

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from slsml.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig
+from slsml.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig, TrainingSpec
 
 
 def console() -> Any:
@@ -134,6 +134,8 @@ def print_summary(summary: Any, as_json: bool) -> None:
     row("status", summary.status.value + (f": {summary.reason}" if summary.reason else ""))
     row("iterations", summary.iterations)
     row("workers × reducers (quorum)", f"{summary.workers} × {summary.reducers} ({summary.quorum})")
+    if options := spec_options(summary.training, left_out={"workers", "reducers", "quorum", "iterations"}):
+        row("options", options)
     row("test accuracy", None if summary.test_accuracy is None else f"{summary.test_accuracy:.4f}")
     row("wall time", f"{summary.wall_s:.1f} s")
     if summary.median_iteration_s:
@@ -175,6 +177,15 @@ def print_summary(summary: Any, as_json: bool) -> None:
     console().print(table)
     if as_json:
         print(summary.model_dump_json())
+
+
+def spec_options(spec: TrainingSpec, left_out: Collection[str] = ()) -> str:
+    """The spec's fields (but ``left_out``) that are not at their default, e.g. ``eval_every 3, quorum 0.5``."""
+    return ", ".join(
+        f"{name} {KERAS_OPTIMIZERS[value.name] if isinstance(value, OptimizerConfig) else number(value)}"
+        for name, field in type(spec).model_fields.items()
+        if name not in left_out and (value := getattr(spec, name)) != field.get_default(call_default_factory=True)
+    )
 
 
 def dollars(amount: float) -> str:

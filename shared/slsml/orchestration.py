@@ -1,13 +1,13 @@
 """The run state machine: one Step Functions execution per training run (and per resumption), its
 lifecycle.
 
-Register the run (DynamoDB) → place the initial model (S3 copy of ``source.keras`` to
-``models/000000.keras``, which starts the pipeline) → wait for the pipeline (SNS RunControl carries
-a task token to the WorkLauncher; the Merger heartbeats each iteration; the WorkLauncher reports
-success when the budget is spent, any step reports failure) within a run time budget → mark
-COMPLETED or FAILED with the reason → publish to RunEvents. A resumed run skips registration and
-placement: its execution records itself on the run and waits for the pipeline. Service integrations
-only, so the same definition runs in AWS and in the embedded cloud.
+Register the run (DynamoDB: its item, with the training spec stored once, as JSON) → place the
+initial model (S3 copy of ``source.keras`` to ``models/000000.keras``, which starts the pipeline) →
+wait for the pipeline (SNS RunControl carries a task token to the WorkLauncher; the Merger heartbeats
+each iteration; the WorkLauncher reports success when the budget is spent, any step reports failure)
+within a run time budget → mark COMPLETED or FAILED with the reason → publish to RunEvents. A resumed
+run skips registration and placement: its execution records itself on the run and waits for the
+pipeline. Service integrations only, so the same definition runs in AWS and in the embedded cloud.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slsml import keys
 from slsml.aws import error_code
+from slsml.config import TrainingSpec
 from slsml.records import META, RUN_KIND, RUNS_INDEX
 from slsml.wiring import STATE_MACHINE_ENV
 
@@ -30,20 +31,14 @@ _ENDED = {"TaskTimedOut", "InvalidToken", "TaskDoesNotExist"}  # the execution h
 
 
 class ExecutionInput(BaseModel):
-    """What an execution starts with: the run's registration and its time limits."""
+    """What an execution starts with: the run, its training spec (its time limits among them) and when."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     run_id: str
     dataset: str
-    iterations: int
-    workers: int
-    reducers: int
-    quorum: float
-    deadline_s: float
+    training: TrainingSpec
     created_at: float
-    heartbeat_s: int = Field(default=900, ge=1, description="the longest an iteration may take")
-    time_budget_s: int = Field(default=7 * 24 * 3600, ge=1, description="the longest the run may take")
     resume: bool = Field(default=False, description="the run is registered and its model in place: go on with it")
 
 
@@ -91,13 +86,9 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                         "run_id": {"S.$": "$.run_id"},
                         "status": {"S": "RUNNING"},
                         "dataset": {"S.$": "$.dataset"},
-                        "iterations": _number("$.iterations"),
+                        "training": {"S.$": "States.JsonToString($.training)"},  # the whole spec, once
+                        "workers": _number("$.training.workers"),  # the workers it trains with now
                         "iteration": {"N": "0"},
-                        "workers": _number("$.workers"),
-                        "reducers": _number("$.reducers"),
-                        "quorum": _number("$.quorum"),
-                        "deadline_s": _number("$.deadline_s"),
-                        "heartbeat_s": _number("$.heartbeat_s"),
                         "created_at": _number("$.created_at"),
                         "iteration_at": _number("$.created_at"),
                         "updated_at": _number("$.created_at"),
@@ -129,8 +120,8 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                     "TopicArn": run_control_topic,
                     "Message": {"schema_version": 1, "run_id.$": "$.run_id", "task_token.$": "$$.Task.Token"},
                 },
-                "HeartbeatSecondsPath": "$.heartbeat_s",
-                "TimeoutSecondsPath": "$.time_budget_s",
+                "HeartbeatSecondsPath": "$.training.heartbeat_s",
+                "TimeoutSecondsPath": "$.training.time_budget_s",
                 "ResultPath": "$.outcome",
                 "Next": "MarkCompleted",
                 "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "ExplainFailure"}],
@@ -182,7 +173,7 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                 "Type": "Pass",
                 "Parameters": {
                     "reason.$": "States.Format('the pipeline stopped reporting: no progress within {} s (heartbeat) "
-                    "or the run exceeded its {} s budget', $.heartbeat_s, $.time_budget_s)"
+                    "or the run exceeded its {} s budget', $.training.heartbeat_s, $.training.time_budget_s)"
                 },
                 "ResultPath": "$.failure",
                 "Next": "MarkFailed",

@@ -1,6 +1,7 @@
 """What the run table holds, and how it is encoded in DynamoDB.
 
-One partition per run (``pk = RUN#<run>``). Per run a ``META`` item; per iteration a counter item of
+One partition per run (``pk = RUN#<run>``). Per run a ``META`` item (its state, and its training spec
+stored once, as JSON); per iteration a counter item of
 fixed size (``ITER#<i>``: launch, counts, who fired the reduce and the merge, test figures), one record
 per worker that reported (``ITER#<i>#W#<w>``), the participants the reduce was fired with (``ITER#<i>#P``,
 written once), a record per shard whose reducer left parts out (``ITER#<i>#S#<s>``), and, in runs that
@@ -12,13 +13,15 @@ sparse ``runs`` index (by ``created_at``) that lists the runs without reading an
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from slsml.config import TrainingSpec
 from slsml.messages import Participant
 
 ITERATION_TTL_S = 14 * 24 * 3600
@@ -33,20 +36,18 @@ class RunStatus(StrEnum):
 
 
 class RunRecord(BaseModel):
+    """A run's ``META`` item: the training spec it was started with (one JSON attribute) and its state."""
+
     model_config = ConfigDict(extra="ignore")
 
     run_id: str
     status: RunStatus
-    iterations: int
+    training: TrainingSpec
     iteration: int = 0
     iteration_at: float | None = Field(default=None, description="when the model entering `iteration` was stored")
     heartbeat_at: float | None = Field(default=None, description="the last heartbeat sent to the run's execution")
     watched: int | None = Field(default=None, description="the deadline chain's position (see the watchdog)")
-    workers: int
-    reducers: int
-    quorum: float
-    deadline_s: float = 120.0
-    heartbeat_s: int = 900
+    workers: int = Field(description="the workers the run trains with now (at first, the spec's)")
     dataset: str
     created_at: float
     updated_at: float
@@ -57,6 +58,31 @@ class RunRecord(BaseModel):
     execution_arn: str | None = None
     task_token: str | None = None
     generation: int = Field(default=0, description="how often the run was resumed")
+
+    @field_validator("training", mode="before")
+    @classmethod
+    def _from_json(cls, value: object) -> object:
+        return json.loads(value) if isinstance(value, str) else value
+
+    @property
+    def iterations(self) -> int:
+        return self.training.iterations
+
+    @property
+    def reducers(self) -> int:
+        return self.training.reducers
+
+    @property
+    def quorum(self) -> float:
+        return self.training.quorum
+
+    @property
+    def deadline_s(self) -> float:
+        return self.training.deadline_s
+
+    @property
+    def heartbeat_s(self) -> int:
+        return self.training.heartbeat_s
 
 
 class WorkerReport(BaseModel):
@@ -195,6 +221,17 @@ TTL_ATTRIBUTE = "expires_at"
 RUNS_INDEX = Index("runs", KeyAttribute("kind", "S"), KeyAttribute("created_at", "N"))
 RUN_KIND = "run"
 INDEXES = (RUNS_INDEX,)
+
+
+def run_item(run_id: str, dataset: str, training: TrainingSpec, created_at: float) -> dict[str, Any]:
+    """A new run's ``META`` item as the run state machine's RegisterRun writes it (``slsml.orchestration``),
+    for runs registered without an execution (benchmarks, tests)."""
+    return dynamo({
+        PARTITION_KEY.name: f"RUN#{run_id}", SORT_KEY.name: META, RUNS_INDEX.partition.name: RUN_KIND,
+        "run_id": run_id, "status": RunStatus.RUNNING.value, "dataset": dataset,
+        "training": training.model_dump_json(), "workers": training.workers, "iteration": 0,
+        "created_at": created_at, "iteration_at": created_at, "updated_at": created_at,
+    })
 
 
 def _key_schema(partition: KeyAttribute, sort: KeyAttribute) -> list[dict[str, str]]:

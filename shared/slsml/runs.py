@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 
 from slsml import data, keys, optimizers, prices, shards, usage
 from slsml.config import RunConfig, TrainingSpec
@@ -46,19 +46,8 @@ def launch_run(services: Services, config: RunConfig) -> None:
 
 
 def _execution_input(config: RunConfig, resume: bool = False) -> ExecutionInput:
-    spec = config.training
     return ExecutionInput(
-        run_id=config.run_id,
-        dataset=config.dataset,
-        iterations=spec.iterations,
-        workers=spec.workers,
-        reducers=spec.reducers,
-        quorum=spec.quorum,
-        deadline_s=spec.deadline_s,
-        created_at=time.time(),
-        heartbeat_s=spec.heartbeat_s,
-        time_budget_s=spec.time_budget_s,
-        resume=resume,
+        run_id=config.run_id, dataset=config.dataset, training=config.training, created_at=time.time(), resume=resume
     )
 
 
@@ -172,10 +161,9 @@ class RunSummary(BaseModel):
     run_id: str
     status: RunStatus
     reason: str | None
-    iterations: int
-    workers: int
-    reducers: int
-    quorum: float
+    iterations: int  # done
+    workers: int  # the workers it trained with last
+    training: TrainingSpec  # what it was started with
     test_accuracy: float | None
     test_loss: float | None
     final_train_loss: float | None
@@ -202,6 +190,16 @@ class RunSummary(BaseModel):
     cost_per_iteration_usd: float | None = None  # median over iterations
     cost_by_service_usd: dict[str, float] | None = None
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def reducers(self) -> int:
+        return self.training.reducers
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def quorum(self) -> float:
+        return self.training.quorum
+
 
 def summarize(
     run: RunRecord,
@@ -225,8 +223,7 @@ def summarize(
         reason=run.reason,
         iterations=run.iteration,
         workers=run.workers,
-        reducers=run.reducers,
-        quorum=run.quorum,
+        training=run.training,
         test_accuracy=run.test_accuracy,
         test_loss=run.test_loss,
         final_train_loss=last_loss,

@@ -29,7 +29,8 @@ def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path)
     (tmp_path / "model.keras").write_bytes(modelio.save_model(demo.digits_cnn()))
 
     done = slsml("run", "start", "--local", "--model", "model.keras", "--data", "my_digits.npz", "--workers", "2",
-                 "--reducers", "1", "--iterations", "4", "--run-id", "cli-run", "--out", "trained.keras", "--json",
+                 "--reducers", "1", "--iterations", "4", "--deadline-floor", "0.7", "--run-id", "cli-run", "--out",
+                 "trained.keras", "--json",
                  "--faults", "seed=1,duplicate=0.5,worker_crash=0.3", "--report", "report", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -38,10 +39,12 @@ def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path)
     assert f"report: {Path('report') / 'index.html'}" in done.stderr
     assert summary.keys() >= REQUIRED
     assert (summary["run_id"], summary["status"], summary["iterations"]) == ("cli-run", "COMPLETED", 4)
+    assert summary["training"]["deadline_floor"] == 0.7 and summary["training"]["iterations"] == 4
     assert 0 <= summary["test_accuracy"] <= 1 and summary["median_iteration_s"] > 0
     injected = {kind: n for kind, n in summary["faults"]["injected"].items() if n}
     assert injected.keys() == {"duplicate", "worker_crash"}, summary["faults"]
     table = done.stderr  # the summary a person reads says the same
+    assert re.search(r"options\s*│ deadline_floor 0\.7\s*│", table), table
     assert "faults injected" in table and ", ".join(f"{k} {n}" for k, n in injected.items()) in table, table
     assert f"{summary['faults']['failed_invocations']} failed invocations" in table, table
     requests = summary["requests_per_iteration"]  # counted by the functions, priced (slsml.usage)

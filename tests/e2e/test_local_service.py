@@ -88,12 +88,13 @@ def test_a_local_run_stops_and_resumes(service: Path) -> None:
     stopped = _slsml(service, "run", "stop", "stop-me")
     assert stopped.returncode == 0, stopped.stderr
     status = json.loads(_slsml(service, "run", "status", "stop-me", "--json").stdout.strip().splitlines()[-1])
-    assert status["status"] == "STOPPED"
+    assert status["status"] == "STOPPED" and status["training"]["eval_every"] == 0  # the flag, not the default
     resumed = _slsml(service, "run", "resume", "stop-me")
     assert resumed.returncode == 0, resumed.stderr
     watched = _slsml(service, "run", "watch", "stop-me", "--json", "--timeout", "300")
     summary = json.loads(watched.stdout.strip().splitlines()[-1])
     assert (summary["status"], summary["iterations"]) == ("COMPLETED", 40)
+    assert summary["training"] == status["training"]  # a resumed run goes on with the spec it started with
     fetched = _slsml(service, "run", "fetch", "stop-me", "--out", "stopped.keras")
     assert fetched.returncode == 0, fetched.stderr
     assert modelio.load_model((service / "stopped.keras").read_bytes()).count_params() > 0

@@ -1,13 +1,44 @@
-"""The CLI's training flags: their defaults and help come from TrainingSpec's fields."""
+"""The CLI's training flags: one per TrainingSpec field, its type, default and help from the field."""
 
 from __future__ import annotations
 
-import pytest
+import argparse
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from slsml import cli
-from slsml.config import TrainingSpec
+import pytest
+from pydantic import Field, create_model
+from pydantic.fields import FieldInfo
+
+from slsml import cli, display
+from slsml.config import RegularExpression, TrainingSpec
 
 RUN_START = ("run", "start", "--local", "--model", "m.keras", "--data", "d.npz", "--iterations", "3")
+
+
+def _actions(parser: argparse.ArgumentParser, *command: str) -> dict[str, argparse.Action]:
+    """The actions of a (sub)command's parser, by option string."""
+    for name in command:
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    return {option: action for action in parser._actions for option in action.option_strings}
+
+
+def _flag(field: str) -> str:
+    return "--" + cli.FLAG_NAMES.get(field, field).replace("_", "-")
+
+
+def _other(field: FieldInfo) -> tuple[list[str], Any]:
+    """Arguments that give a field's flag a value other than the field's default, and that value."""
+    default, kind = field.default, field.annotation
+    if get_origin(kind) in {Union, types.UnionType}:  # X | None
+        kind = next(k for k in get_args(kind) if k is not type(None))
+    if get_origin(kind) is Literal:
+        value = next(v for v in get_args(kind) if v != default)
+        return [str(value)], value
+    if kind is bool:
+        return [], not default
+    value = {int: (default or 0) + 1, float: (default or 1.0) / 2, str: "other"}[kind]
+    return [str(value)], value
 
 
 @pytest.mark.parametrize("command", [("demo",), RUN_START])
@@ -18,18 +49,29 @@ def test_flags_left_out_give_the_specs_defaults(command: tuple[str, ...]) -> Non
     assert spec.iterations == (150 if command == ("demo",) else 3)
 
 
-def test_every_flag_of_a_spec_field_has_its_default_and_description() -> None:
+def test_every_spec_field_has_a_flag_with_its_default_and_description_that_sets_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     parser = cli.build_parser()
-    start = parser._subparsers._group_actions[0].choices["run"]._subparsers._group_actions[0].choices["start"]
-    actions = {action.dest: action for action in start._actions}
-    for dest, field_name in cli.SPEC_FLAGS.items():
-        field = TrainingSpec.model_fields[field_name]
-        action = actions[dest]
-        assert action.option_strings == ["--" + dest.replace("_", "-")]
-        assert action.default == field.default and action.type is field.annotation, dest
-        assert action.help.startswith(field.description), dest
-    assert actions["workers"].help == "data-parallel workers (default 4)"
-    assert actions["time_budget"].help == "seconds: the run fails if it takes longer (default 604800)"
+    actions = _actions(parser, "run", "start")
+    defaults = cli._spec(parser.parse_args(RUN_START))
+    # one flag's value may need another's (model averaging's options need --algorithm average): unvalidated
+    monkeypatch.setattr(cli, "TrainingSpec", TrainingSpec.model_construct)
+    fields = {name: field for name, field in TrainingSpec.model_fields.items() if name not in cli.OWN_OPTIONS}
+    assert len(fields) >= 14
+    for name, field in fields.items():
+        action = actions[_flag(name)]
+        if name != "iterations":  # run start asks for it
+            assert getattr(defaults, name) == field.default, name
+            shown = "" if field.default is None else f" (default {display.number(field.default)})"
+            assert action.help == field.description + shown, name
+        arguments, value = _other(field)
+        flag = _flag(name) if value is not False else "--no-" + _flag(name)[2:]
+        spec = cli._spec(parser.parse_args([*RUN_START, flag, *arguments]))
+        assert getattr(spec, name) == value and value != field.default, name
+    assert actions["--workers"].help == "data-parallel workers (default 4)"
+    assert actions["--time-budget"].help == "seconds: the run fails if it takes longer (default 604800)"
+    assert actions["--iterations"].required and actions["--iterations"].help == fields["iterations"].description
 
 
 def test_flags_set_the_spec() -> None:
@@ -38,3 +80,43 @@ def test_flags_set_the_spec() -> None:
     spec = cli._spec(args)
     assert (spec.workers, spec.global_batch, spec.quorum, spec.deadline_s, spec.deadline_retries,
             spec.time_budget_s) == (8, 256, 0.75, 30.0, 0, 60)
+
+
+class Extended(TrainingSpec):
+    """TrainingSpec with fields of every kind a flag reads."""
+
+    mode: Literal["one", "two"] = Field(default="one", description="a choice")
+    cap: int | None = Field(default=None, ge=1, description="a number or nothing")
+    pinned: bool = Field(default=False, description="a switch")
+    fleet: int | Literal["auto"] = Field(default="auto", description="a number or a word")
+    pattern: RegularExpression = Field(default="x", description="an annotated string")
+    rate: Annotated[float, Field(gt=0)] | None = Field(default=None, description="an annotated number or nothing")
+
+
+def test_a_new_field_of_any_scalar_kind_gets_its_flag(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli, "TrainingSpec", Extended)
+    monkeypatch.setattr(cli, "SPEC_READINGS", cli._readings(Extended))
+    parser = cli.build_parser()
+    assert cli._spec(parser.parse_args(RUN_START)) == Extended(iterations=3)
+    spec = cli._spec(parser.parse_args([*RUN_START, "--mode", "two", "--cap", "5", "--pinned", "--fleet", "7",
+                                        "--pattern", "^a", "--rate", "0.5"]))
+    assert isinstance(spec, Extended)
+    assert (spec.mode, spec.cap, spec.pinned, spec.fleet, spec.pattern, spec.rate) == ("two", 5, True, 7, "^a", 0.5)
+    assert cli._spec(parser.parse_args([*RUN_START, "--fleet", "auto", "--no-pinned"])).fleet == "auto"
+    help_of = _actions(parser, "run", "start")
+    assert help_of["--pinned"].help == "a switch (default False)" and help_of["--cap"].help == "a number or nothing"
+    assert help_of["--fleet"].metavar == "INT|auto" and help_of["--mode"].choices == ["one", "two"]
+    for wrong in (["--fleet", "many"], ["--mode", "three"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args([*RUN_START, *wrong])
+    assert "'many': give a number (int) or one of auto" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("annotation", [dict[str, int], list[int], int | str, int | float])
+def test_a_field_no_flag_can_set_is_refused(annotation: Any) -> None:
+    odd = create_model("Odd", odd=(annotation | None, Field(default=None, description="odd")))
+    with pytest.raises(TypeError, match=r"Odd\.odd: no command-line option"):
+        cli._readings(odd)
+    with pytest.raises(TypeError, match=r"Bare\.count: .* without a description"):
+        cli._readings(create_model("Bare", count=(int, 1)))

@@ -83,14 +83,7 @@ def _register(
         initial = shards.Shard(WEIGHTS[layout.start : layout.stop], state, averaged=[])
         services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     services.store.put_array_new(keys.weights(run_id, 0), WEIGHTS)
-    services.table.table.put_item(
-        Item={
-            "pk": f"RUN#{run_id}", "sk": "META", "run_id": run_id, "status": "RUNNING",
-            "iterations": spec.iterations, "iteration": 0, "iteration_at": Decimal(repr(time.time())),
-            "workers": workers, "reducers": PLAN.reducers, "quorum": Decimal(str(quorum)),
-            "deadline_s": Decimal(str(spec.deadline_s)), "dataset": "d", "created_at": 0, "updated_at": 0,
-        }
-    )
+    services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
     if watched:
         assert services.table.watch(run_id, None, 0) is not None
     return config
@@ -641,10 +634,7 @@ def _merge_run(services: Services, run_id: str) -> list[ReduceMessage]:
         initial = shards.Shard(flat[layout.start : layout.stop], optimizers.initial_state(SGD, layout.size), [])
         services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     services.store.put_new(keys.model(run_id, 0), body)
-    services.table.table.put_item(Item={
-        "pk": f"RUN#{run_id}", "sk": "META", "run_id": run_id, "status": "RUNNING", "iterations": 5, "iteration": 0,
-        "workers": 2, "reducers": 2, "quorum": 1, "dataset": "d", "created_at": 0, "updated_at": 0,
-    })
+    services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
     fired = []
     for worker in range(2):
         services.store.put_new(keys.update(run_id, 0, worker), *updates.encode(RNG.standard_normal(plan.size), 2))

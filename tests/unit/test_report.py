@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from slsml import report, runs
+from slsml.config import TrainingSpec
 from slsml.errors import BadInputError
 from slsml.messages import Participant
 from slsml.prices import PriceTable
@@ -115,15 +116,15 @@ def test_iteration_seconds_are_the_ones_the_summary_takes_its_median_of() -> Non
     iterations = [IterationRecord(iteration=i, launched_at=T0 + t) for i, t in enumerate(launched)]
     seconds = report.iteration_seconds(iterations)
     assert seconds == pytest.approx({0: 5.0, 1: 1.0, 2: 1.2, 3: 0.9})
-    run = RunRecord(run_id="r", status=RunStatus.COMPLETED, iterations=5, iteration=5, workers=1, reducers=1,
-                    quorum=1.0, dataset="d", created_at=T0, updated_at=T0 + 9)
+    run = RunRecord(run_id="r", status=RunStatus.COMPLETED, training=TrainingSpec(workers=1, reducers=1, iterations=5),
+                    iteration=5, workers=1, dataset="d", created_at=T0, updated_at=T0 + 9)
     assert runs.summarize(run, iterations, 9.0).median_iteration_s == pytest.approx(statistics.median(
         seconds.values()))
 
 
 def test_curves_add_up_the_dollars_through_each_iteration() -> None:
-    run = RunRecord(run_id="r", status=RunStatus.COMPLETED, iterations=2, iteration=2, workers=1, reducers=1,
-                    quorum=1.0, dataset="d", created_at=T0 - 10, updated_at=T0 + 9)
+    run = RunRecord(run_id="r", status=RunStatus.COMPLETED, training=TrainingSpec(workers=1, reducers=1, iterations=2),
+                    iteration=2, workers=1, dataset="d", created_at=T0 - 10, updated_at=T0 + 9)
     records = [use("work_launcher", T0 - 9, T0 - 8, iteration=None, requests={"s3:PutObject": 1}),
                use("worker", T0, T0 + 1, iteration=0, requests={"s3:GetObject": 10}),
                use("worker", T0 + 2, T0 + 3, iteration=1, requests={"s3:GetObject": 10})]
@@ -149,8 +150,9 @@ def test_usage_by_function_in_chain_order_with_requests_and_dollars_by_service()
 
 
 def test_faults_say_what_happened_and_what_the_pipeline_did() -> None:
-    run = RunRecord(run_id="r", status=RunStatus.FAILED, iterations=5, iteration=2, workers=3, reducers=2,
-                    quorum=1.0, dataset="d", created_at=T0, updated_at=T0, reason="work stage of iteration 2: …")
+    run = RunRecord(run_id="r", status=RunStatus.FAILED, training=TrainingSpec(workers=3, reducers=2, iterations=5),
+                    iteration=2, workers=3, dataset="d", created_at=T0, updated_at=T0,
+                    reason="work stage of iteration 2: …")
     iterations = [
         record_one(relaunched={2: 1}, dropped_parts={"1:0"}, stale_shards={1}, stale_attempts=2,
                    reduce_relaunches=1),
@@ -214,8 +216,9 @@ class _Page(HTMLParser):
 
 
 def _report(tmp_path: Path, reason: str | None = None) -> tuple[report.Report, runs.RunSummary]:
-    run = RunRecord(run_id="r<1>", status=RunStatus.COMPLETED, iterations=3, iteration=3, workers=3, reducers=2,
-                    quorum=1.0, dataset="d&d", created_at=T0 - 10, updated_at=T0 + 9, reason=reason)
+    run = RunRecord(run_id="r<1>", status=RunStatus.COMPLETED,
+                    training=TrainingSpec(workers=3, reducers=2, iterations=3), iteration=3, workers=3,
+                    dataset="d&d", created_at=T0 - 10, updated_at=T0 + 9, reason=reason)
     records = [*iteration_one(), use("work_launcher", T0 + 1.5, T0 + 1.6, iteration=2)]
     iterations = [IterationRecord(iteration=0, launched_at=T0 - 1, train_loss=2.0, train_accuracy=0.1),
                   record_one(train_loss=1.8, train_accuracy=0.3, test_loss=1.7, test_accuracy=0.42),
@@ -250,8 +253,8 @@ def test_the_page_shows_the_summarys_figures_escaped_with_its_pngs_beside_it(tmp
 
 
 def test_chosen_iterations_must_be_the_runs(tmp_path: Path) -> None:
-    run = RunRecord(run_id="r", status=RunStatus.COMPLETED, iterations=1, iteration=1, workers=1, reducers=1,
-                    quorum=1.0, dataset="d", created_at=T0, updated_at=T0)
+    run = RunRecord(run_id="r", status=RunStatus.COMPLETED, training=TrainingSpec(workers=1, reducers=1, iterations=1),
+                    iteration=1, workers=1, dataset="d", created_at=T0, updated_at=T0)
     summary = runs.summarize(run, [], 1.0)
     with pytest.raises(BadInputError, match=r"--iteration 7: not an iteration of run 'r' \(its iterations: 1–1\)"):
         report.gather(run, [], [use("worker", T0, T0 + 1)], summary, chosen=[7], table=PRICES)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from decimal import Decimal
 from typing import Any
 
 import boto3
@@ -11,7 +10,8 @@ import pytest
 from moto import mock_aws
 
 from slsml import orchestration, records
-from slsml.records import META, RUN_KIND, RUNS_INDEX, dynamo, iteration_sk, worker_sk
+from slsml.config import TrainingSpec
+from slsml.records import META, RUN_KIND, dynamo, iteration_sk, worker_sk
 from slsml.runstate import RunTable
 
 
@@ -25,11 +25,8 @@ def table(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def register(table: Any, run_id: str, created_at: float, iterations: int = 3) -> None:
     """A run's META item as the state machine's RegisterRun writes it, and iteration items beside it."""
-    item = {"pk": f"RUN#{run_id}", "sk": META, RUNS_INDEX.partition.name: RUN_KIND, "run_id": run_id,
-            "status": "RUNNING", "dataset": "d", "iterations": iterations, "iteration": 0, "workers": 2,
-            "reducers": 1, "quorum": 1, "created_at": Decimal(repr(created_at)),
-            "updated_at": Decimal(repr(created_at))}
-    table.put_item(Item=item)
+    table.put_item(Item=records.run_item(run_id, "d", TrainingSpec(workers=2, reducers=1, iterations=iterations),
+                                         created_at))
     for i in range(iterations):
         table.put_item(Item=dynamo({"pk": f"RUN#{run_id}", "sk": iteration_sk(i), "iteration": i, "created_at": 1}))
         table.put_item(Item=dynamo({"pk": f"RUN#{run_id}", "sk": worker_sk(i, 0), "worker": 0}))
@@ -48,6 +45,19 @@ def test_the_definition_has_the_runs_index_on_attributes_only_run_items_carry() 
         "pk": "S", "sk": "S", "kind": "S", "created_at": "N"}
     registered = orchestration.definition("b", "t", "c", "e")["States"]["RegisterRun"]["Parameters"]["Item"]
     assert registered["kind"] == {"S": RUN_KIND} and "created_at" in registered
+
+
+def test_a_run_item_stores_the_spec_once_beside_what_the_pipeline_updates(table: Any) -> None:
+    registered = orchestration.definition("b", "t", "c", "e")["States"]["RegisterRun"]["Parameters"]["Item"]
+    spec = TrainingSpec(workers=3, reducers=2, iterations=7, quorum=0.5, eval_every=3, deadline_floor=0.25)
+    item = records.run_item("r", "d", spec, 5.0)
+    assert item.keys() == registered.keys() - {"execution_arn"}  # as the state machine registers a run
+    assert registered["training"] == {"S.$": "States.JsonToString($.training)"}
+    table.put_item(Item=item)
+    run = RunTable(table).get_run("r")
+    assert run.training == spec and run.workers == 3
+    assert (run.iterations, run.reducers, run.quorum, run.deadline_s, run.heartbeat_s) == (
+        7, 2, 0.5, spec.deadline_s, spec.heartbeat_s)
 
 
 def test_list_runs_queries_the_index_page_by_page_oldest_first(table: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from slsml import prices, runs, usage
+from slsml.config import TrainingSpec
 from slsml.prices import PriceTable
 from slsml.records import RunRecord, RunStatus
 
@@ -56,8 +57,8 @@ def test_lambda_bills_each_invocation_rounded_up_to_the_millisecond() -> None:
 
 def test_the_summary_carries_the_figures_and_the_price_file_is_honoured(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    run = RunRecord(run_id="r", status=RunStatus.COMPLETED, iteration=3, iterations=3, workers=1, reducers=1,
-                    quorum=1.0, dataset="d", created_at=0.0, updated_at=10.0)
+    run = RunRecord(run_id="r", status=RunStatus.COMPLETED, training=TrainingSpec(workers=1, reducers=1, iterations=3),
+                    iteration=3, workers=1, dataset="d", created_at=0.0, updated_at=10.0)
     builtin = runs.summarize(run, [], 10.0, RECORDS)
     assert builtin.requests_per_iteration["s3:PutObject"] == 1 and builtin.cost_usd > 0
     price_file = tmp_path / "prices.json"

@@ -3,13 +3,15 @@ times, what the run met so far, and the dollars spent, refreshed from the usage 
 
 from __future__ import annotations
 
+from slsml.config import TrainingSpec
 from slsml.display import ProgressText
 from slsml.records import Counter, RunRecord, RunStatus
 
 
 def _run(iteration: int) -> RunRecord:
-    return RunRecord(run_id="r", status=RunStatus.RUNNING, iterations=10, iteration=iteration, workers=4, reducers=2,
-                     quorum=0.75, dataset="d", created_at=0.0, updated_at=0.0)
+    return RunRecord(run_id="r", status=RunStatus.RUNNING,
+                     training=TrainingSpec(workers=4, reducers=2, iterations=10, quorum=0.75), iteration=iteration,
+                     workers=4, dataset="d", created_at=0.0, updated_at=0.0)
 
 
 def _counter(iteration: int, arrived: int, relaunches: int = 0, stale: set[int] | None = None) -> Counter:
