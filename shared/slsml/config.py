@@ -310,6 +310,29 @@ class TrainingSpec(BaseModel):
         " run's optimizer with it as the gradient (FedOpt)",
     )
 
+    min_workers: int | None = Field(
+        default=None, ge=1, description="the fewest workers `run scale` may set while the run trains (default 1)"
+    )
+    max_workers: int | None = Field(
+        default=None, ge=1, le=1000,
+        description="the most workers `run scale` may set while the run trains (default: the global batch, at"
+        " most 1000)",
+    )
+
+    @property
+    def worker_bounds(self) -> tuple[int, int]:
+        """The fewest and the most workers the run may train with."""
+        return self.min_workers or 1, self.max_workers or min(self.global_batch, 1000)
+
+    @model_validator(mode="after")
+    def _workers_within_bounds(self) -> TrainingSpec:
+        low, high = self.worker_bounds
+        if not low <= self.workers <= high:
+            raise ValueError(f"workers ({self.workers}) must lie within min_workers and max_workers ({low}-{high})")
+        if high > self.global_batch:
+            raise ValueError(f"max_workers ({high}) must be at most the global batch ({self.global_batch})")
+        return self
+
     @model_validator(mode="after")
     def _batch_covers_workers(self) -> TrainingSpec:
         if self.global_batch < self.workers:

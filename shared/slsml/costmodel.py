@@ -485,7 +485,7 @@ def _speedup(cpus: float, efficiency: float) -> float:
 def message_bytes(participants: int, samples: int, reducers: int) -> tuple[int, int]:
     """(Work, Reduce) message sizes as the pipeline serializes them, for a run id of the longest form."""
     run_id = "r" * 63
-    work = WorkMessage(run_id=run_id, iteration=999_999, worker=participants - 1)
+    work = WorkMessage(run_id=run_id, iteration=999_999, worker=participants - 1, workers=participants)
     reduce = ReduceMessage(
         run_id=run_id, iteration=999_999, shard=reducers - 1,
         participants=tuple(Participant(worker=w, samples=samples) for w in range(participants)),

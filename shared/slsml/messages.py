@@ -29,9 +29,10 @@ class Message(BaseModel):
 
 
 class WorkMessage(Message):
-    """WorkLauncher → Worker: compute your slice of global batch ``iteration``."""
+    """WorkLauncher → Worker: compute your slice of the global batches of ``iteration``."""
 
     worker: int = Field(ge=0)
+    workers: int = Field(ge=1, description="the workers the iteration was launched with (its slices)")
     attempt: int = Field(default=0, ge=0)
 
 

@@ -48,6 +48,7 @@ class RunRecord(BaseModel):
     heartbeat_at: float | None = Field(default=None, description="the last heartbeat sent to the run's execution")
     watched: int | None = Field(default=None, description="the deadline chain's position (see the watchdog)")
     workers: int = Field(description="the workers the run trains with now (at first, the spec's)")
+    workers_reason: str | None = Field(default=None, description="why the workers last changed (run scale, the tuner)")
     dataset: str
     created_at: float
     updated_at: float
@@ -114,6 +115,8 @@ class Counter(BaseModel):
     generation: int = 0
     launched_at: float | None = None
     launched_by: str | None = None
+    workers: int | None = Field(default=None, description="the workers the iteration was launched with")
+    workers_reason: str | None = Field(default=None, description="why they differ from the iteration before's")
     arrived: int = 0
     nonfinite_arrived: int = 0
     reduce_fired_by: int | None = None

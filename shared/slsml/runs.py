@@ -78,6 +78,22 @@ def resume_run(services: Services, run_id: str) -> RunRecord:
     return resumed
 
 
+def scale_run(services: Services, run_id: str, workers: int, reason: str = "run scale") -> RunRecord:
+    """Train a RUNNING run with ``workers`` workers from the next iteration launched on (an iteration keeps
+    the workers it was launched with). BadInputError outside the run's bounds; nothing changes then."""
+    run = services.table.get_run(run_id)
+    if run.status != RunStatus.RUNNING:
+        raise SlsmlError(f"run {run_id!r} is {run.status}: only a RUNNING run can be scaled")
+    low, high = run.training.worker_bounds
+    if not low <= workers <= high:
+        raise BadInputError(f"{workers} workers lie outside run {run_id!r}'s bounds of {low} to {high} (set with"
+                            " --min-workers and --max-workers when a run starts)")
+    scaled = services.table.scale_workers(run_id, workers, reason)
+    if scaled is None:
+        raise SlsmlError(f"run {run_id!r} ended meanwhile: it was not scaled")
+    return scaled
+
+
 def _wait_until_registered(services: Services, run_id: str, execution: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -124,7 +140,7 @@ def prepare_run(
     flat = modelio.get_flat(model, plan)
     for shard in range(plan.reducers):
         layout = plan.shard(shard)
-        state = optimizers.initial_state(optimizer, int(layout.trainable.sum()))
+        state = optimizers.initial_state(config.server_optimizer, int(layout.trainable.sum()))
         initial = shards.Shard(flat[layout.start : layout.stop], state, averaged=[])
         store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     store.put_array_new(keys.weights(run_id, 0), flat)

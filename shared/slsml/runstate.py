@@ -220,16 +220,34 @@ class RunTable:
                     batch.delete_item(Key={"pk": item["pk"], "sk": item["sk"]})
 
     # iterations: the work barrier
-    def claim_launch(self, run_id: str, iteration: int, trigger_id: str, generation: int = 0) -> bool:
+    def scale_workers(self, run_id: str, workers: int, reason: str) -> RunRecord | None:
+        """Set the workers a RUNNING run's next launched iteration takes; None if the run is not RUNNING."""
+        item = conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, META), UpdateExpression="SET workers = :workers, workers_reason = :reason",
+            ConditionExpression="#status = :running", ExpressionAttributeNames={"#status": "status"},
+            ExpressionAttributeValues={":workers": workers, ":reason": reason, ":running": RunStatus.RUNNING.value},
+            ReturnValues="ALL_NEW",
+        ))
+        return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
+
+    def claim_launch(
+        self, run_id: str, iteration: int, trigger_id: str, generation: int = 0, workers: int | None = None,
+        reason: str | None = None,
+    ) -> Counter | None:
+        """Claim the launch of ``iteration`` for ``trigger_id`` with ``workers`` workers (a change of the fleet
+        with its ``reason``): the iteration's counter, with the workers the first claim set (a retry of the same
+        trigger launches the same ones), or None if another trigger launched it."""
         now = time.time()
         values = {"launched_by": trigger_id, "launched_at": now, "expires_at": int(now) + ITERATION_TTL_S,
-                  "generation": generation}
-        expression, names, bound = _set(values)
-        return conditional(lambda: self.table.update_item(
+                  "generation": generation, "workers": workers, "workers_reason": reason}
+        expression, names, bound = _set({k: v for k, v in values.items() if v is not None},
+                                         keep_first=frozenset({"workers", "workers_reason"}))
+        item = conditional(lambda: self.table.update_item(
             Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
             ConditionExpression="attribute_not_exists(launched_by) OR launched_by = :launched_by",
-            ExpressionAttributeNames=names, ExpressionAttributeValues=bound,
-        )) is not None
+            ExpressionAttributeNames=names, ExpressionAttributeValues=bound, ReturnValues="ALL_NEW",
+        ))
+        return None if item is None else Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
 
     def record_worker(self, done: WorkDone) -> Counter | None:
         """Store ``done``'s report (once) and count it; the counter after, or None if the report is stale:

@@ -154,7 +154,8 @@ def test_a_scope_says_which_part_of_its_iteration_the_message_was(endpoint: str,
     from slsml.messages import Deadline, ReduceDone, WorkMessage
 
     settle(lines)
-    messages = [WorkMessage(run_id="r", iteration=3, worker=2, attempt=1), ReduceDone(run_id="r", iteration=3, shard=0),
+    messages = [WorkMessage(run_id="r", iteration=3, worker=2, workers=3, attempt=1),
+                ReduceDone(run_id="r", iteration=3, shard=0),
                 Deadline(run_id="r", iteration=3, stage="work", round=0, due_at=0.0)]
     with usage.invocation("worker", 3008):
         for message in messages:

@@ -13,7 +13,7 @@ from slsml.envelope import MAX_MESSAGE_BYTES, MAX_REASON_CHARS, SnsMessages
 from slsml.errors import MessageRejected
 from slsml.messages import LauncherEvent, Participant, ReduceMessage, RunStarted, S3Notification, WorkMessage
 
-WORK = {"run_id": "r1", "iteration": 3, "worker": 2}
+WORK = {"run_id": "r1", "iteration": 3, "worker": 2, "workers": 4}
 
 
 def sns_event(*bodies: str) -> dict:
@@ -87,7 +87,7 @@ def test_a_body_that_is_not_json_is_rejected() -> None:
 @pytest.mark.parametrize(
     ("body", "problems"),
     [
-        ({"run_id": "r1", "worker": 2}, "iteration: Field required"),
+        ({"run_id": "r1", "worker": 2, "workers": 4}, "iteration: Field required"),
         ({**WORK, "shard": 1}, "shard: Extra inputs are not permitted"),
         ({**WORK, "iteration": -1}, "iteration: Input should be greater than or equal to 0"),
         ([WORK], "(message): Input should be an object"),

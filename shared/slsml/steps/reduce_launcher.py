@@ -33,18 +33,19 @@ def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
     if counter.reduce_fired_by is not None:
         _late(log)
         return []
-    finite = counter.arrived - counter.nonfinite_arrived
-    if finite < quorum_count(config.workers, config.training.quorum) and counter.arrived < config.workers:
+    finite, workers = counter.arrived - counter.nonfinite_arrived, counter.workers or config.workers
+    if finite < quorum_count(workers, config.training.quorum) and counter.arrived < workers:
         return []
-    return fire_reduce(services, config, done.iteration, done.generation, done.worker, config.training.quorum)
+    return fire_reduce(services, config, done.iteration, workers, done.generation, done.worker,
+                       config.training.quorum)
 
 
 def fire_reduce(
-    services: Services, config: RunConfig, iteration: int, generation: int, owner: int, quorum: float
+    services: Services, config: RunConfig, iteration: int, workers: int, generation: int, owner: int, quorum: float
 ) -> list[ReduceMessage]:
-    """Fire the reduce of ``iteration`` with its finite reports, once, if at least ``quorum`` of the workers
+    """Fire the reduce of ``iteration`` with its finite reports, once, if at least ``quorum`` of its ``workers``
     (or all of them, non-finite ones included) reported: [] if not, or if someone else fired it."""
-    table, run_id, workers = services.table, config.run_id, config.workers
+    table, run_id = services.table, config.run_id
     reports = table.worker_reports(run_id, iteration, workers, generation)
     finite = [r for r in reports if r.finite]
     if len(reports) >= workers and not finite:

@@ -98,12 +98,12 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
     if record.reduce_fired_by is not None:  # the workers made it: watch the reducers from when they started
         services.deadlines.schedule(_next(deadline, "reduce", 0, (record.reduce_fired_at or 0) + spec.deadline_s))
         return Action.WATCHING_REDUCE
-    finite = sorted(record.done - record.nonfinite)
-    floor = min(quorum_count(config.workers, spec.deadline_floor), quorum_count(config.workers, spec.quorum))
-    missing = [w for w in range(config.workers) if w not in record.done]
+    finite, workers = sorted(record.done - record.nonfinite), record.workers or config.workers
+    floor = min(quorum_count(workers, spec.deadline_floor), quorum_count(workers, spec.quorum))
+    missing = [w for w in range(workers) if w not in record.done]
     log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "missing": missing}
     if finite and len(finite) >= floor:
-        fire_reduce(services, config, iteration, deadline.generation, DEADLINE_OWNER, spec.deadline_floor)
+        fire_reduce(services, config, iteration, workers, deadline.generation, DEADLINE_OWNER, spec.deadline_floor)
         services.deadlines.schedule(_next(deadline, "reduce", 0, _after(deadline, spec.deadline_s)))
         logger.warning("deadline: reduce fired without the missing workers", extra=log)
         return Action.FIRED
@@ -111,14 +111,15 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
         attempt = deadline.round + 1
         services.table.relaunch_workers(run_id, iteration, deadline.generation, dict.fromkeys(missing, attempt))
         services.bus.publish(wiring.WORK, [
-            WorkMessage(run_id=run_id, iteration=iteration, generation=deadline.generation, worker=w, attempt=attempt)
+            WorkMessage(run_id=run_id, iteration=iteration, generation=deadline.generation, worker=w, workers=workers,
+                        attempt=attempt)
             for w in missing
         ])
         logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})
         services.deadlines.schedule(_next(deadline, "work", attempt, _after(deadline, spec.deadline_s)))
         return Action.RELAUNCHED
     reason = (
-        f"work stage of iteration {iteration}: {len(finite)} of {config.workers} workers delivered an update"
+        f"work stage of iteration {iteration}: {len(finite)} of {workers} workers delivered an update"
         f" within {spec.deadline_retries + 1} deadlines of {spec.deadline_s:g} s, fewer than the floor of"
         f" {floor}; workers {missing} were re-launched {spec.deadline_retries} times"
     )

@@ -51,12 +51,15 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         return Outcome.IGNORED
     if iteration >= run.iterations:
         return _complete(run_id, iteration, services)
-    if not services.table.claim_launch(run_id, iteration, trigger_id, run.generation):
+    counter = services.table.claim_launch(run_id, iteration, trigger_id, run.generation, run.workers,
+                                          run.workers_reason)
+    if counter is None:
         return Outcome.ALREADY_LAUNCHED
+    workers = counter.workers or run.workers
     services.bus.publish(
         wiring.WORK,
-        [WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w)
-         for w in range(run.workers)],
+        [WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w, workers=workers)
+         for w in range(workers)],
     )
     if run.watched is None:  # the first launch of this generation starts its chain of deadlines
         services.deadlines.schedule(
@@ -64,7 +67,7 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
                      due_at=time.time() + run.deadline_s)
         )
         services.table.watch(run_id, None, 0)
-    logger.info("iteration launched", extra={"run_id": run_id, "iteration": iteration, "workers": run.workers})
+    logger.info("iteration launched", extra={"run_id": run_id, "iteration": iteration, "workers": workers})
     return Outcome.LAUNCHED
 
 

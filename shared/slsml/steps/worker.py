@@ -24,8 +24,8 @@ logger = Logger(child=True)
 
 def work(message: WorkMessage, services: Services) -> WorkDone:
     config = run_config(services.store, message.run_id)
-    if message.worker >= config.workers:
-        raise RunFailed(f"work message for worker {message.worker} but the run has {config.workers} workers")
+    if message.worker >= message.workers:
+        raise RunFailed(f"work message for worker {message.worker} of an iteration of {message.workers} workers")
     done = _compute(message, config, services)
     services.bus.publish(wiring.WORK_DONE, [done])
     metrics.emit(Metric.WORKER_COMPUTE_SECONDS, done.compute_s, MetricUnit.Seconds)
@@ -44,7 +44,7 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     slices = [  # the worker's slice of each global batch of the round
         reader.take("train", data.worker_indices(
             data.global_batch_indices(reader.manifest.train.count, spec.global_batch, spec.seed, number),
-            config.workers, message.worker,
+            message.workers, message.worker,
         ))
         for number in range(message.iteration * spec.local_batches, (message.iteration + 1) * spec.local_batches)
     ]
