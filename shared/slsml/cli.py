@@ -270,7 +270,7 @@ def _train_locally(
 
     run_id = args.run_id or runs.new_run_id()
     runtime = LocalRuntime(
-        workers=spec.workers,
+        workers=spec.max_workers or spec.initial_workers,  # warm processes for the most it may scale to
         reducers=spec.reducers,
         pool=args.pool,
         log_dir=Path(".slsml/logs") / run_id,

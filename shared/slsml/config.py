@@ -244,6 +244,7 @@ def _problems(error: ValidationError) -> str:
 
 
 Algorithm = Literal["gradient", "average"]
+Objective = Literal["time", "cost"]
 # TrainingSpec fields that apply to model averaging alone
 AVERAGING_OPTIONS = ("local_steps", "local_optimizer", "local_learning_rate", "local_momentum", "local_state", "server")
 # what a worker's update holds, by algorithm (the update format's kind, see slsml.updates)
@@ -255,7 +256,11 @@ class TrainingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workers: int = Field(default=4, ge=1, le=1000, description="data-parallel workers")
+    workers: Annotated[int, Field(ge=1, le=1000)] | Literal["auto"] = Field(
+        default=4,
+        description="data-parallel workers; auto: the tuner sets them each round, between min_workers and"
+        " max_workers (starting at min_workers), toward the objective",
+    )
     reducers: int = Field(default=2, ge=1, le=256, description="model-parallel reducers (shards of the weights)")
     global_batch: int = Field(default=128, ge=1, description="global mini-batch: samples per iteration")
     iterations: int = Field(default=150, ge=1, le=999_999, description="iteration budget")  # model keys: six digits
@@ -319,15 +324,30 @@ class TrainingSpec(BaseModel):
         " most 1000)",
     )
 
+    objective: Objective = Field(
+        default="time", description="--workers auto: what the tuner minimizes, seconds or dollars per round"
+    )
+
     @property
     def worker_bounds(self) -> tuple[int, int]:
         """The fewest and the most workers the run may train with."""
         return self.min_workers or 1, self.max_workers or min(self.global_batch, 1000)
 
+    @property
+    def initial_workers(self) -> int:
+        """The workers of the first round (with auto: the fewest)."""
+        return self.worker_bounds[0] if self.workers == "auto" else self.workers
+
     @model_validator(mode="after")
     def _workers_within_bounds(self) -> TrainingSpec:
+        if self.workers == "auto" and (self.min_workers is None or self.max_workers is None):
+            raise ValueError("workers auto needs min_workers and max_workers: the bounds the tuner moves within")
+        if self.workers != "auto" and self.objective != type(self).model_fields["objective"].default:
+            raise ValueError("objective applies to workers auto only")
         low, high = self.worker_bounds
-        if not low <= self.workers <= high:
+        if low > high:
+            raise ValueError(f"min_workers ({low}) must be at most max_workers ({high})")
+        if not low <= self.initial_workers <= high:
             raise ValueError(f"workers ({self.workers}) must lie within min_workers and max_workers ({low}-{high})")
         if high > self.global_batch:
             raise ValueError(f"max_workers ({high}) must be at most the global batch ({self.global_batch})")
@@ -335,9 +355,9 @@ class TrainingSpec(BaseModel):
 
     @model_validator(mode="after")
     def _batch_covers_workers(self) -> TrainingSpec:
-        if self.global_batch < self.workers:
+        if self.global_batch < self.initial_workers:
             raise ValueError(
-                f"global_batch ({self.global_batch}) must be at least the number of workers ({self.workers})"
+                f"global_batch ({self.global_batch}) must be at least the number of workers ({self.initial_workers})"
             )
         return self
 
@@ -392,7 +412,8 @@ class RunConfig(BaseModel):
 
     @property
     def workers(self) -> int:
-        return self.training.workers
+        """The workers of the first round (later rounds: their counters, ``Counter.workers``)."""
+        return self.training.initial_workers
 
     @property
     def server_optimizer(self) -> OptimizerConfig:

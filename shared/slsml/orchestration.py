@@ -38,6 +38,7 @@ class ExecutionInput(BaseModel):
     run_id: str
     dataset: str
     training: TrainingSpec
+    workers: int = Field(ge=1, description="the workers it trains with at first (the spec's, or auto's fewest)")
     created_at: float
     resume: bool = Field(default=False, description="the run is registered and its model in place: go on with it")
 
@@ -87,7 +88,7 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                         "status": {"S": "RUNNING"},
                         "dataset": {"S.$": "$.dataset"},
                         "training": {"S.$": "States.JsonToString($.training)"},  # the whole spec, once
-                        "workers": _number("$.training.workers"),  # the workers it trains with now
+                        "workers": _number("$.workers"),  # the workers it trains with now
                         "iteration": {"N": "0"},
                         "created_at": _number("$.created_at"),
                         "iteration_at": _number("$.created_at"),

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from slsml.config import TrainingSpec
 from slsml.messages import Participant
+from slsml.tuner import TunerState
 
 ITERATION_TTL_S = 14 * 24 * 3600
 DEADLINE_OWNER = -1  # reduce_fired_by when the watchdog fired the reduce at a deadline
@@ -49,6 +50,7 @@ class RunRecord(BaseModel):
     watched: int | None = Field(default=None, description="the deadline chain's position (see the watchdog)")
     workers: int = Field(description="the workers the run trains with now (at first, the spec's)")
     workers_reason: str | None = Field(default=None, description="why the workers last changed (run scale, the tuner)")
+    tuner: TunerState | None = Field(default=None, description="--workers auto: what the tuner measured (JSON)")
     dataset: str
     created_at: float
     updated_at: float
@@ -60,7 +62,7 @@ class RunRecord(BaseModel):
     task_token: str | None = None
     generation: int = Field(default=0, description="how often the run was resumed")
 
-    @field_validator("training", mode="before")
+    @field_validator("training", "tuner", mode="before")
     @classmethod
     def _from_json(cls, value: object) -> object:
         return json.loads(value) if isinstance(value, str) else value
@@ -232,7 +234,7 @@ def run_item(run_id: str, dataset: str, training: TrainingSpec, created_at: floa
     return dynamo({
         PARTITION_KEY.name: f"RUN#{run_id}", SORT_KEY.name: META, RUNS_INDEX.partition.name: RUN_KIND,
         "run_id": run_id, "status": RunStatus.RUNNING.value, "dataset": dataset,
-        "training": training.model_dump_json(), "workers": training.workers, "iteration": 0,
+        "training": training.model_dump_json(), "workers": training.initial_workers, "iteration": 0,
         "created_at": created_at, "iteration_at": created_at, "updated_at": created_at,
     })
 

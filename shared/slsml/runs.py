@@ -47,7 +47,8 @@ def launch_run(services: Services, config: RunConfig) -> None:
 
 def _execution_input(config: RunConfig, resume: bool = False) -> ExecutionInput:
     return ExecutionInput(
-        run_id=config.run_id, dataset=config.dataset, training=config.training, created_at=time.time(), resume=resume
+        run_id=config.run_id, dataset=config.dataset, training=config.training, workers=config.workers,
+        created_at=time.time(), resume=resume
     )
 
 
@@ -173,12 +174,31 @@ def wait_for_run(
         time.sleep(poll_s)
 
 
+class FleetChange(BaseModel):
+    """The workers a run trained with from an iteration on, and why."""
+
+    iteration: int
+    workers: int
+    reason: str | None = None
+
+
+def fleet(iterations: list[IterationRecord]) -> list[FleetChange]:
+    """The run's worker counts over its launched iterations: the first, then each change with its reason."""
+    changes: list[FleetChange] = []
+    for record in sorted(iterations, key=lambda r: r.iteration):
+        if record.workers and (not changes or changes[-1].workers != record.workers):
+            changes.append(FleetChange(iteration=record.iteration, workers=record.workers,
+                                       reason=record.workers_reason if changes else None))
+    return changes
+
+
 class RunSummary(BaseModel):
     run_id: str
     status: RunStatus
     reason: str | None
     iterations: int  # done
     workers: int  # the workers it trained with last
+    fleet: list[FleetChange] = []  # the workers it started with, then each change (run scale, the tuner)
     training: TrainingSpec  # what it was started with
     test_accuracy: float | None
     test_loss: float | None
@@ -256,5 +276,6 @@ def summarize(
         stale_shards=sum(len(r.stale_shards) for r in iterations),
         stale_attempts=sum(r.stale_attempts for r in iterations),
         final_model=run.final_key,
+        fleet=fleet(iterations),
         **(usage.figures(usage_records, run.iteration, prices.load()) if usage_records else {}),
     )

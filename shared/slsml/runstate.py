@@ -39,6 +39,7 @@ from slsml.records import (
     squares_sk,
     worker_sk,
 )
+from slsml.tuner import TunerState
 
 BATCH_READ = 100  # keys of one BatchGetItem request
 _SAME_GENERATION = "(attribute_not_exists(generation) OR generation = :generation)"
@@ -227,6 +228,21 @@ class RunTable:
             ConditionExpression="#status = :running", ExpressionAttributeNames={"#status": "status"},
             ExpressionAttributeValues={":workers": workers, ":reason": reason, ":running": RunStatus.RUNNING.value},
             ReturnValues="ALL_NEW",
+        ))
+        return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
+
+    def tune(
+        self, run_id: str, iteration: int, state: TunerState, workers: int, reason: str | None
+    ) -> RunRecord | None:
+        """Store the tuner's decision for ``iteration`` (its state, and the workers with the reason if they
+        change), once per iteration; None if it was stored before or the run is not RUNNING."""
+        values = {"tuner": state.model_dump_json(), "tuned": iteration, "workers": workers, "workers_reason": reason}
+        expression, names, bound = _set({k: v for k, v in values.items() if v is not None})
+        item = conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, META), UpdateExpression=expression,
+            ConditionExpression="#status = :running AND (attribute_not_exists(#tuned) OR #tuned < :tuned)",
+            ExpressionAttributeNames={**names, "#status": "status"},
+            ExpressionAttributeValues={**bound, ":running": RunStatus.RUNNING.value}, ReturnValues="ALL_NEW",
         ))
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
 

@@ -6,8 +6,8 @@ import io
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

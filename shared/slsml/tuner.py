@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from slsml.config import RunConfig
+from slsml.config import Objective, RunConfig
 
-Objective = Literal["time", "cost"]
 MARGIN = 0.05  # a move must promise at least this much less of the objective
 DWELL = 2  # measured rounds at a count before moving on from it
 KEEP = 5  # measurements kept per count

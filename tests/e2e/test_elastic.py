@@ -76,3 +76,23 @@ def test_scaling_outside_the_bounds_or_a_finished_run_is_refused_and_changes_not
     finally:
         services.fail_run("elastic-bounds", "test over")
     assert services.table.get_run("elastic-scaled").workers == before.workers
+
+
+def test_the_cost_tuner_walks_a_scaled_out_run_back_one_step_a_round(services, digits):
+    """--workers auto --objective cost: scaled out to 8 by hand, the tuner takes the run back to its fewest
+    workers, one ladder step per round, each change with its reason on the iteration's counter."""
+    spec = TrainingSpec(workers="auto", min_workers=2, max_workers=8, objective="cost", reducers=2,
+                        global_batch=BATCH, iterations=24, eval_every=0, optimizer=SGD)
+    train(services, spec, "elastic-tuned")
+    _when_at(services, "elastic-tuned", 1)
+    runs.scale_run(services, "elastic-tuned", 8)
+    run = finish(services, "elastic-tuned")
+    assert run.status == "COMPLETED", run.reason
+    counters = [services.table.get_counter("elastic-tuned", i) for i in range(24)]
+    fleet = [c.workers for c in counters]
+    print(f"\nworkers by iteration: {fleet}")
+    assert fleet[0] == 2 and 8 in fleet and fleet[-1] == 2, fleet
+    changes = runs.fleet(services.table.list_iterations("elastic-tuned"))  # as the summary shows them
+    assert [c.workers for c in changes] == [2, 8, 6, 4, 3, 2], changes
+    assert changes[0].reason is None and changes[1].reason == "run scale"
+    assert all(c.reason.startswith("tuner (cost): $") for c in changes[2:]), [c.reason for c in changes]

@@ -8,11 +8,12 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
-from slsml import keys, wiring
+from slsml import keys, tuner, wiring
 from slsml.errors import NotFoundError
 from slsml.messages import Deadline, ModelLanded, RunStarted, WorkMessage
 from slsml.records import RunRecord, RunStatus
 from slsml.services import Services
+from slsml.steps.common import run_config
 
 logger = Logger(child=True)
 
@@ -51,6 +52,8 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         return Outcome.IGNORED
     if iteration >= run.iterations:
         return _complete(run_id, iteration, services)
+    if run.training.workers == "auto" and iteration > 0:
+        run = _tune(run, iteration, services)
     counter = services.table.claim_launch(run_id, iteration, trigger_id, run.generation, run.workers,
                                           run.workers_reason)
     if counter is None:
@@ -69,6 +72,29 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         services.table.watch(run_id, None, 0)
     logger.info("iteration launched", extra={"run_id": run_id, "iteration": iteration, "workers": workers})
     return Outcome.LAUNCHED
+
+
+def _tune(run: RunRecord, iteration: int, services: Services) -> RunRecord:
+    """``--workers auto``: the tuner's workers for ``iteration``, from the round before's time (once per
+    iteration: a duplicate launch finds the decision stored)."""
+    state = run.tuner or tuner.TunerState()
+    if state.tuned >= iteration:
+        return run
+    last = services.table.get_iteration(run.run_id, iteration - 1)
+    if last.workers and last.launched_at and last.merged_at:
+        state = tuner.measure(state, last.workers, last.merged_at - last.launched_at)
+    finite = [r for r in last.reports.values() if r.finite and r.samples]
+    per_sample = sum(r.compute_s for r in finite) / max(1, sum(r.samples or 0 for r in finite))
+    spec = run.training
+    predict = tuner.predictor(run_config(services.store, run.run_id), per_sample)
+    decision = tuner.decide(state, iteration, run.workers, spec.objective, spec.worker_bounds, predict)
+    changed = decision.workers != run.workers
+    if changed:
+        logger.info("tuner changes the workers", extra={"run_id": run.run_id, "iteration": iteration,
+                                                       "workers": decision.workers, "reason": decision.reason})
+    tuned = services.table.tune(run.run_id, iteration, decision.state, decision.workers,
+                                decision.reason if changed else None)
+    return tuned or services.table.get_run(run.run_id)
 
 
 def _complete(run_id: str, iteration: int, services: Services) -> Outcome:
