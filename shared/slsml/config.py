@@ -243,6 +243,7 @@ def _problems(error: ValidationError) -> str:
     )
 
 
+MAX_WORKERS = 1000
 Algorithm = Literal["gradient", "average"]
 Objective = Literal["time", "cost"]
 # TrainingSpec fields that apply to model averaging alone
@@ -256,7 +257,7 @@ class TrainingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workers: Annotated[int, Field(ge=1, le=1000)] | Literal["auto"] = Field(
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | Literal["auto"] = Field(
         default=4,
         description="data-parallel workers; auto: the tuner sets them each round, between min_workers and"
         " max_workers (starting at min_workers), toward the objective",
@@ -319,9 +320,9 @@ class TrainingSpec(BaseModel):
         default=None, ge=1, description="the fewest workers `run scale` may set while the run trains (default 1)"
     )
     max_workers: int | None = Field(
-        default=None, ge=1, le=1000,
-        description="the most workers `run scale` may set while the run trains (default: the global batch, at"
-        " most 1000)",
+        default=None, ge=1, le=MAX_WORKERS,
+        description=f"the most workers `run scale` may set while the run trains (default: the global batch, at"
+        f" most {MAX_WORKERS})",
     )
 
     objective: Objective = Field(
@@ -331,7 +332,7 @@ class TrainingSpec(BaseModel):
     @property
     def worker_bounds(self) -> tuple[int, int]:
         """The fewest and the most workers the run may train with."""
-        return self.min_workers or 1, self.max_workers or min(self.global_batch, 1000)
+        return self.min_workers or 1, self.max_workers or min(self.global_batch, MAX_WORKERS)
 
     @property
     def initial_workers(self) -> int:

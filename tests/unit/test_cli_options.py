@@ -30,8 +30,10 @@ def _flag(field: str) -> str:
 def _other(field: FieldInfo) -> tuple[list[str], Any]:
     """Arguments that give a field's flag a value other than the field's default, and that value."""
     default, kind = field.default, field.annotation
-    if get_origin(kind) in {Union, types.UnionType}:  # X | None
+    if get_origin(kind) in {Union, types.UnionType}:  # X | None, or a number | Literal words: the number
         kind = next(k for k in get_args(kind) if k is not type(None))
+    if get_origin(kind) is Annotated:
+        kind = get_args(kind)[0]
     if get_origin(kind) is Literal:
         value = next(v for v in get_args(kind) if v != default)
         return [str(value)], value
@@ -69,7 +71,9 @@ def test_every_spec_field_has_a_flag_with_its_default_and_description_that_sets_
         flag = _flag(name) if value is not False else "--no-" + _flag(name)[2:]
         spec = cli._spec(parser.parse_args([*RUN_START, flag, *arguments]))
         assert getattr(spec, name) == value and value != field.default, name
-    assert actions["--workers"].help == "data-parallel workers (default 4)"
+    assert actions["--workers"].help.startswith("data-parallel workers; auto: ")
+    assert actions["--workers"].help.endswith(" (default 4)")
+    assert cli._spec(parser.parse_args([*RUN_START, "--workers", "auto"])).workers == "auto"
     assert actions["--time-budget"].help == "seconds: the run fails if it takes longer (default 604800)"
     assert actions["--iterations"].required and actions["--iterations"].help == fields["iterations"].description
 

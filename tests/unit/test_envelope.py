@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from slsml import envelope
-from slsml.config import TrainingSpec
+from slsml.config import MAX_WORKERS, TrainingSpec
 from slsml.envelope import MAX_MESSAGE_BYTES, MAX_REASON_CHARS, SnsMessages
 from slsml.errors import MessageRejected
 from slsml.messages import LauncherEvent, Participant, ReduceMessage, RunStarted, S3Notification, WorkMessage
@@ -63,7 +63,7 @@ def test_a_union_is_parsed_into_its_first_matching_member() -> None:
 
 
 def test_the_biggest_real_message_is_far_under_the_size_limit() -> None:
-    workers = TrainingSpec.model_json_schema()["properties"]["workers"]["maximum"]
+    workers = TrainingSpec(workers=MAX_WORKERS, global_batch=MAX_WORKERS).workers
     participants = tuple(Participant(worker=w, attempt=99, samples=10**7) for w in range(workers))
     reduce = ReduceMessage(run_id="r" * 63, iteration=999_999, shard=255, participants=participants)
     assert 2 * len(reduce.model_dump_json()) < MAX_MESSAGE_BYTES
