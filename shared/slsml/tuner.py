@@ -9,6 +9,11 @@ round after a change left out: it starts containers). A count not tried yet is p
 cost model's ratio of its seconds to the current count's, times what the current count measured. Dollars
 come from the cost model with the worker compute measured. A move needs the objective to improve by
 ``MARGIN`` and ``DWELL`` measured rounds at the current count, so noise does not make it oscillate.
+
+The cost model knows AWS, where a round's control plane hardly grows with the workers; elsewhere (the
+embedded cloud serves requests one by one) it may not hold. So with objective ``time``, a neighbour not
+tried that the model does not predict clearly slower (within ``MARGIN``) is tried once: from then on its
+measurement decides.
 """
 
 from __future__ import annotations
@@ -90,13 +95,20 @@ def decide(
 
     values = {w: value(w) for w in predicted}
     best = min(values, key=lambda w: values[w][0])
-    if best == workers or values[best][0] > (1 - MARGIN) * values[workers][0]:
-        return Decision(workers=workers, reason=None, state=state)
+    now, how_now = values[workers]
     unit = "s" if objective == "time" else "$"
-    (now, how_now), (then, how_then) = values[workers], values[best]
-    reason = (f"tuner ({objective}): {_amount(now, unit)} per round at {workers} workers ({how_now}), "
-              f"{_amount(then, unit)} at {best} ({how_then})")
-    return Decision(workers=best, reason=reason, state=state)
+    if best != workers and values[best][0] <= (1 - MARGIN) * now:
+        then, how_then = values[best]
+        reason = (f"tuner ({objective}): {_amount(now, unit)} per round at {workers} workers ({how_now}), "
+                  f"{_amount(then, unit)} at {best} ({how_then})")
+        return Decision(workers=best, reason=reason, state=state)
+    untried = [w for w, (seconds, how) in values.items() if how == "predicted" and seconds <= (1 + MARGIN) * now]
+    if objective == "time" and untried:
+        trial = min(untried, key=lambda w: values[w][0])
+        reason = (f"tuner (time): {_amount(now, 's')} per round at {workers} workers (measured), {trial} not"
+                  f" tried, predicted {_amount(values[trial][0], 's')}: trying it")
+        return Decision(workers=trial, reason=reason, state=state)
+    return Decision(workers=workers, reason=None, state=state)
 
 
 def _amount(value: float, unit: str) -> str:

@@ -55,9 +55,25 @@ def test_a_measured_count_outweighs_the_prediction():
 
 
 def test_no_move_for_less_than_the_margin():
-    state = _measured(TunerState(), 4, 1.0, 1.0)
+    state = _measured(_measured(_measured(TunerState(), 4, 1.0, 1.0), 3, 0.98, 0.98), 6, 0.97)
     nearly_flat = lambda w: (1.0 - 0.01 * w, 0.0)  # noqa: E731
-    assert tuner.decide(state, 4, 4, "time", (2, 8), nearly_flat).workers == 4
+    assert tuner.decide(state, 9, 4, "time", (2, 8), nearly_flat).workers == 4
+
+
+def test_time_tries_a_neighbour_the_model_does_not_predict_clearly_slower():
+    """The model predicts no gain: the neighbour predicted best is tried once; measured slower, the run goes
+    back and stays, without trying it again."""
+    flat = lambda w: (1.0, 0.0)  # noqa: E731
+    state = _measured(TunerState(), 2, 1.0, 1.0)
+    trial = tuner.decide(state, 3, 2, "time", (2, 8), flat)
+    assert trial.workers == 3 and "not tried" in trial.reason
+    state = _measured(trial.state, 3, 1.3, 1.3)
+    back = tuner.decide(state, 7, 3, "time", (2, 8), flat)
+    assert back.workers == 2 and "measured" in back.reason
+    state = _measured(back.state, 2, 1.0, 1.0)
+    assert tuner.decide(state, 11, 2, "time", (2, 8), flat).workers == 2
+    slower = lambda w: (1.0 + 0.2 * w, 0.0)  # noqa: E731
+    assert tuner.decide(_measured(TunerState(), 2, 1.0, 1.0), 3, 2, "time", (2, 8), slower).workers == 2
 
 
 def test_cost_scales_in_to_the_lower_bound_one_step_a_round():
