@@ -29,6 +29,7 @@ def _averaging(workers: int, reducers: int, **options) -> TrainingSpec:
 RUNS = {
     "avg-w1": _averaging(1, 2),
     "avg-w3": _averaging(3, 3),
+    "avg-w3-keep": _averaging(3, 2, local_momentum=0.9, local_state="keep"),
     "avg-k1-server": _averaging(3, 2, local_steps=1, local_learning_rate=1.0, server="optimizer"),
     "grad-w3": TrainingSpec(workers=3, reducers=2, global_batch=BATCH, iterations=ROUNDS, eval_every=0,
                             optimizer=SERVER),
@@ -46,10 +47,12 @@ def _flat(model: keras.Model) -> np.ndarray:
     return np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])
 
 
-def _local_steps(model: keras.Model, start: list[np.ndarray], batches: list[np.ndarray], x, y) -> list[np.ndarray]:
-    """K steps of Keras SGD at the local rate from ``start``, one per batch; the trainable weights' change."""
+def _local_steps(model: keras.Model, start: list[np.ndarray], batches: list[np.ndarray], x, y,
+                 optimizer: keras.optimizers.Optimizer | None = None) -> list[np.ndarray]:
+    """K steps of Keras SGD (default: plain, at the local rate) from ``start``, one per batch; the trainable
+    weights' change."""
     model.set_weights(start)
-    optimizer = keras.optimizers.SGD(learning_rate=LOCAL_RATE)
+    optimizer = optimizer or keras.optimizers.SGD(learning_rate=LOCAL_RATE)
     loss_fn = modelio.deserialize_loss(modelio.loss_config(model, None))
     for batch in batches:
         with tf.GradientTape() as tape:
@@ -59,19 +62,25 @@ def _local_steps(model: keras.Model, start: list[np.ndarray], batches: list[np.n
     return [s - np.asarray(w) for s, w in zip(start, model.get_weights(), strict=True)]
 
 
-def reference(workers: int) -> np.ndarray:
+def reference(workers: int, momentum: float = 0.0, keep: bool = True) -> np.ndarray:
     """Each round: every worker's local steps on its slices of the round's global batches, from the round's
-    model; the changes averaged by samples and subtracted (FedAvg)."""
+    model; the changes averaged by samples and subtracted (FedAvg). With ``momentum``, each worker slot
+    keeps one Keras SGD optimizer, and with it its momentum, from round to round (``keep``), or takes a
+    new one every round."""
     x, y, _, _ = demo.digits()
     model = demo.digits_cnn(seed=1)
     weights = model.get_weights()
+    slots = [keras.optimizers.SGD(learning_rate=LOCAL_RATE, momentum=momentum) if momentum else None
+             for _ in range(workers)]
     for round_number in range(ROUNDS):
         numbers = range(round_number * LOCAL_STEPS, (round_number + 1) * LOCAL_STEPS)
         batches = [data.global_batch_indices(len(x), BATCH, seed=0, iteration=n) for n in numbers]
         changes, samples = [], []
+        if momentum and not keep:
+            slots = [keras.optimizers.SGD(learning_rate=LOCAL_RATE, momentum=momentum) for _ in range(workers)]
         for worker in range(workers):
             slices = [data.worker_indices(b, workers, worker) for b in batches]
-            changes.append(_local_steps(model, weights, slices, x, y))
+            changes.append(_local_steps(model, weights, slices, x, y, slots[worker]))
             samples.append(sum(len(s) for s in slices))
         total = sum(samples)
         weights = [w - sum(n * c[i] for n, c in zip(samples, changes, strict=True)) / total
@@ -116,6 +125,19 @@ def test_three_workers_average_their_local_changes(finished, services):
     assert error <= TOLERANCE
     # averaging the changes is not training one model on the round's whole batches: the test can tell them apart
     assert np.abs(expected - single_process_sgd()).max() > 10 * TOLERANCE * np.abs(expected).max()
+
+
+def test_local_momentum_kept_per_worker_slot_goes_on_from_round_to_round(finished, services):
+    run = finished["avg-w3-keep"]
+    assert run.status == "COMPLETED", run.reason
+    got, _ = final_weights(services, "avg-w3-keep")
+    expected = reference(3, momentum=0.9)
+    error = _error(got, expected)
+    print(f"\nW=3 K={LOCAL_STEPS}, momentum kept per slot: max|Δw|/max|w| = {error:.2e}")
+    assert error <= TOLERANCE
+    # momentum that started fresh every round would end elsewhere: the test can tell them apart
+    reset = np.abs(expected - reference(3, momentum=0.9, keep=False)).max()
+    assert reset > 10 * TOLERANCE * np.abs(expected).max()
 
 
 def test_one_local_step_at_rate_one_with_the_server_optimizer_is_gradient_averaging(finished, services):
