@@ -82,13 +82,13 @@ def test_the_cost_tuner_walks_a_scaled_out_run_back_one_step_a_round(services, d
     """--workers auto --objective cost: scaled out to 8 by hand, the tuner takes the run back to its fewest
     workers, one ladder step per round, each change with its reason on the iteration's counter."""
     spec = TrainingSpec(workers="auto", min_workers=2, max_workers=8, objective="cost", reducers=2,
-                        global_batch=BATCH, iterations=24, eval_every=0, optimizer=SGD)
+                        global_batch=BATCH, iterations=18, eval_every=0, optimizer=SGD)
     train(services, spec, "elastic-tuned")
     _when_at(services, "elastic-tuned", 1)
     runs.scale_run(services, "elastic-tuned", 8)
     run = finish(services, "elastic-tuned")
     assert run.status == "COMPLETED", run.reason
-    counters = [services.table.get_counter("elastic-tuned", i) for i in range(24)]
+    counters = [services.table.get_counter("elastic-tuned", i) for i in range(18)]
     fleet = [c.workers for c in counters]
     print(f"\nworkers by iteration: {fleet}")
     assert fleet[0] == 2 and 8 in fleet and fleet[-1] == 2, fleet
