@@ -34,6 +34,7 @@ quiet.install()  # before anything imports TensorFlow: its start-up lines stay o
 RUNS_DIR = Path("runs")
 DEMO_LEARNING_RATE = 3e-3  # the demo's model: Adam at this rate
 IDLE_WAIT_S = 30  # after a local run ends: how long its last invocations may take to log their usage
+LAUNCH_WAIT_S = 5.0  # run scale: how long to wait for the launch of the iteration the run is at
 _console = display.console  # the commands' one-line messages and spinners
 
 
@@ -187,6 +188,16 @@ def _counts(text: str) -> tuple[int, ...]:
     if min(counts) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: counts start at 1")
     return counts
+
+
+def _workers(text: str) -> int:
+    try:
+        workers = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of workers") from None
+    if workers < 1:
+        raise argparse.ArgumentTypeError(f"{workers}: a run trains with at least 1 worker")
+    return workers
 
 
 def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) -> TrainingSpec:
@@ -544,6 +555,30 @@ def cmd_run_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_scale(args: argparse.Namespace) -> int:
+    from slsml import runs
+
+    services, _ = _required_target(args)
+    was = services.table.get_run(args.run_id).workers
+    run = runs.scale_run(services, args.run_id, args.workers)
+    tuned = "; workers auto: the tuner goes on from there" if run.training.workers == "auto" else ""
+    display.say(f"run {args.run_id}: {run.workers} workers {_scaled_from(services, run)} (was {was}){tuned}")
+    return 0
+
+
+def _scaled_from(services: Any, run: Any) -> str:
+    """From which iteration on the run just scaled (``run``: its record as the scale left it) trains with its
+    new workers: the iteration it is at, if that one is launched after the scale, else the next one."""
+    if run.iteration >= run.iterations:
+        return f"for no iteration: its budget of {run.iterations} is spent"
+    deadline = time.monotonic() + LAUNCH_WAIT_S
+    while (counter := services.table.get_counter(run.run_id, run.iteration)).workers is None:
+        if time.monotonic() > deadline:
+            return f"from the next iteration launched on ({run.iteration} at the earliest)"
+        time.sleep(0.1)
+    return f"from iteration {run.iteration if counter.workers == run.workers else run.iteration + 1} on"
+
+
 def cmd_run_watch(args: argparse.Namespace) -> int:
     services, usage = _required_target(args)
     run = services.table.get_run(args.run_id)
@@ -666,6 +701,24 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
     return 0 if all(point.status == "COMPLETED" for point in report.points) else 1
 
 
+def cmd_bench_algorithms(args: argparse.Namespace) -> int:
+    from slsml import bench_algorithms, runs
+    from slsml.local.runtime import LocalRuntime
+
+    pool = max(max(bench_algorithms.FIXED_WORKERS), args.pool or 0)
+    log_dir = Path(".slsml/logs") / runs.new_run_id("algorithms")
+    runtime = LocalRuntime(workers=pool, reducers=2, pool=pool, log_dir=log_dir)
+    with ExitStack() as stack:
+        with _console().status(f"starting the embedded cloud and warm function processes ({pool} for workers)…"):
+            stack.enter_context(runtime)
+        with display.named_progress("[bold]{task.description}") as show:
+            report = bench_algorithms.algorithms(runtime, show)
+    display.print_algorithms(report)
+    if args.json:
+        print(report.model_dump_json())
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from slsml import planreport
 
@@ -729,6 +782,12 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("run_id")
     resume.add_argument("--stack", help=act_help)
     resume.set_defaults(handler=cmd_run_resume)
+    scale = run.add_parser("scale", help="change a running run's workers, from the next iteration launched on")
+    scale.add_argument("run_id")
+    scale.add_argument("--workers", type=_workers, required=True,
+                       help="the workers (within the run's --min-workers and --max-workers)")
+    scale.add_argument("--stack", help=act_help)
+    scale.set_defaults(handler=cmd_run_scale)
     listing = run.add_parser("list", help="runs and their status")
     listing.add_argument("--stack", help=stack_help)
     listing.set_defaults(handler=cmd_run_list)
@@ -786,6 +845,14 @@ def build_parser() -> argparse.ArgumentParser:
                        " scale-calibration.json)")
     scale.add_argument("--json", action="store_true", help="print the report as one JSON line")
     scale.set_defaults(handler=cmd_bench_scale)
+
+    algorithms = benchmarks.add_parser(
+        "algorithms", help="gradient averaging at 2, 4, 8 and auto workers against model averaging with 4 and 16"
+        " local steps: rounds, time, requests and dollars to the demo's accuracy, on one sample budget"
+    )
+    algorithms.add_argument("--pool", type=int, help="warm processes per function (default and at least 8)")
+    algorithms.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    algorithms.set_defaults(handler=cmd_bench_algorithms)
 
     plan = commands.add_parser("plan", help="predict a run's time, requests, dollars and quotas on AWS")
     from slsml.planreport import add_arguments

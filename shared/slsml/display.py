@@ -85,14 +85,17 @@ def run_progress(
 
 
 class ProgressText:
-    """The figures on the progress line: the last merged iteration's losses and stage times, and what the
-    run has met so far (late workers, re-launches, shards that kept their weights, dollars)."""
+    """The figures on the progress line: the last merged iteration's losses, workers and stage times, and what
+    the run has met so far (late workers, re-launches, shards that kept their weights, dollars)."""
 
     SPENT_EVERY_S = 5.0  # reading the usage lines costs more than a poll: the dollars are refreshed this often
+    RECENT = 5  # iterations after a change of the workers during which the line says why they changed
 
     def __init__(self, started: float, spent: Callable[[Any], float] | None = None) -> None:
         self.started, self.spent = started, spent
         self.test_accuracy: float | None = None
+        self.workers: int | None = None  # the last merged iteration's, as last seen
+        self.changed: tuple[int, str | None] | None = None  # the last change seen: its iteration and reason
         self.seen: dict[int, tuple[int, int, int]] = {}  # iteration → (late, re-launches, stale shards)
         self.dollars: float | None = None
         self.dollars_at = 0.0
@@ -110,6 +113,7 @@ class ProgressText:
         if self.test_accuracy is not None:
             parts.append(f"test acc {self.test_accuracy:.3f}")
         parts.append(f"{(time.time() - self.started) / max(1, run.iteration):.2f} s/iter")
+        parts.append(self._workers(run, latest))
         if latest.launched_at and latest.reduce_fired_at and latest.merged_at:
             parts.append(f"workers {latest.reduce_fired_at - latest.launched_at:.2f} s"
                          f" reduce+merge {latest.merged_at - latest.reduce_fired_at:.2f} s")
@@ -122,6 +126,44 @@ class ProgressText:
             parts.append(f"{dollars(self.dollars)} so far")
         return "  ".join(parts)
 
+    def _workers(self, run: Any, latest: Any) -> str:
+        """``W=8``: the workers of the last merged iteration; ``W=4→8`` while the next iterations launched take
+        others; the reason of a change pending or seen within ``RECENT`` iterations."""
+        workers = latest.workers or run.workers
+        if self.workers is not None and workers != self.workers:
+            self.changed = (latest.iteration, latest.workers_reason)
+        self.workers = workers
+        if run.workers != workers:
+            return f"W={workers}→{run.workers}" + (f" ({why(run.workers_reason)})" if run.workers_reason else "")
+        if self.changed and self.changed[1] and latest.iteration - self.changed[0] < self.RECENT:
+            return f"W={workers} ({why(self.changed[1])})"
+        return f"W={workers}"
+
+
+def why(reason: str) -> str:
+    """The gist of why a run's workers changed: its reason up to any colon, e.g. ``run scale`` or, for
+    ``tuner (time): 1.2 s per round at 4 workers …``, ``tuner, time``."""
+    head = reason.partition(":")[0].strip()
+    return head.replace(" (", ", ").removesuffix(")") if head.endswith(")") else head
+
+
+FLEET_SHOWN = 2, 3  # a summary spells out the first 2 and the last 3 changes of the workers (--json: all)
+
+
+def fleet(summary: Any) -> str:
+    """A run's workers: the number if they never changed, else the first ones and each change with its iteration
+    and why, e.g. ``4 → 8 at iteration 2 (run scale) → 2 at iteration 5 (run scale)``; a running run scaled since
+    its last launch ends in ``→ 8 next``."""
+    changes = [f"{c.workers} at iteration {c.iteration}" + (f" ({why(c.reason)})" if c.reason else "")
+               for c in summary.fleet[1:]]
+    first, last = FLEET_SHOWN
+    if len(changes) > first + last:
+        changes = [*changes[:first], f"… {len(changes) - first - last} more", *changes[-last:]]
+    launched = summary.fleet[-1].workers if summary.fleet else summary.workers
+    if summary.status == "RUNNING" and summary.workers != launched:
+        changes.append(f"{summary.workers} next")
+    return " → ".join([str(summary.fleet[0].workers if summary.fleet else summary.workers), *changes])
+
 
 def print_summary(summary: Any, as_json: bool) -> None:
     from rich.table import Table
@@ -133,7 +175,8 @@ def print_summary(summary: Any, as_json: bool) -> None:
 
     row("status", summary.status.value + (f": {summary.reason}" if summary.reason else ""))
     row("iterations", summary.iterations)
-    row("workers × reducers (quorum)", f"{summary.workers} × {summary.reducers} ({summary.quorum})")
+    row("workers", fleet(summary))
+    row("reducers (quorum)", f"{summary.reducers} ({summary.quorum})")
     if options := spec_options(summary.training, left_out={"workers", "reducers", "quorum", "iterations"}):
         row("options", options)
     row("test accuracy", None if summary.test_accuracy is None else f"{summary.test_accuracy:.4f}")
@@ -327,3 +370,40 @@ def print_scale(report: Any, calibration: str) -> None:
     out.print(f"iteration time, fitted model against measured: median error {report.median_error:.1%}, "
               f"max {report.max_error:.1%} (W {worst.workers}, R {worst.reducers})")
     out.print(f"calibration written to {calibration}: slsml plan --calibration {calibration} …")
+
+
+def print_algorithms(report: Any) -> None:
+    """``bench algorithms``: a row per variant, to the target and over the whole sample budget, then whether
+    model averaging was fast enough and the tuner close enough to the fastest fixed fleet."""
+    from rich.table import Table
+
+    from slsml import bench_algorithms as bench
+
+    target = f"{report.target:g}"
+    table = Table("variant", "rounds", f"rounds to {target}", f"s to {target}", f"requests to {target}",
+                  f"$ to {target}", "final acc", "total s", "total requests", "total $", "fleet",
+                  title=f"algorithms: the demo's CNN on digits, global batch {report.global_batch},"
+                        f" {report.sample_budget:,} samples each; target test accuracy {target}")
+
+    def figure(value: float | None, text: Callable[[float], str]) -> str:
+        return "–" if value is None else text(value)
+
+    for v in report.variants:
+        table.add_row(v.name, str(v.rounds), figure(v.rounds_to_target, str),
+                      figure(v.wall_to_target_s, "{:.1f}".format), figure(v.requests_to_target, "{:,}".format),
+                      figure(v.cost_to_target_usd, dollars), figure(v.final_accuracy, "{:.4f}".format),
+                      f"{v.wall_s:.1f}", f"{v.requests:,}", dollars(v.cost_usd),
+                      "→".join(str(c.workers) for c in v.fleet) or "–")
+    out, yes = console(), {True: "yes", False: "no"}
+    out.print(table)
+    fixed = [v for v in report.variants if v.name in {f"gradient-w{w}" for w in bench.FIXED_WORKERS}
+             and v.wall_to_target_s is not None]
+    fastest = min(fixed, key=lambda v: v.wall_to_target_s or 0.0).name if fixed else "none reached it"
+
+    def ratio(value: float | None) -> str:
+        return f"no ratio (not both reached {target})" if value is None else f"{value:.2f}× the time to {target}"
+
+    out.print(f"model averaging, K={max(bench.LOCAL_STEPS)}, against gradient averaging, W={bench.WORKERS}:"
+              f" {ratio(report.averaging_ratio)}; at most 1/{bench.SPEEDUP}: {yes[report.averaging_fast]}")
+    out.print(f"workers auto against the fastest fixed W ({fastest}): {ratio(report.tuned_ratio)}; within"
+              f" {bench.TUNED_WITHIN - 1:.0%}: {yes[report.tuned_close]}")

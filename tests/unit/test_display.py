@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from slsml import cli, display
+from slsml import cli, display, runs
 from slsml.config import TrainingSpec
-from slsml.records import Counter, RunRecord, RunStatus
+from slsml.records import Counter, IterationRecord, RunRecord, RunStatus
 from slsml.runs import RunSummary
 
 SUMMARY = RunSummary(
@@ -37,6 +37,46 @@ def test_the_summary_table_and_its_json(monkeypatch: pytest.MonkeyPatch, capsys:
     assert re.search(r"options\s*│ eval_every 3, deadline_floor 0.7\s*│", err), err  # the spec's, not at default
     assert f"{display.dollars(0.0123)} in all, {display.dollars(0.001)} per iteration" in err
     assert display.dollars(1234.5) == "$1,234.50" and display.dollars(0.0123) == "$0.0123"
+    assert re.search(r"workers\s*│ 4\s*│", err) and re.search(r"reducers \(quorum\)\s*│ 2 \(1\.0\)\s*│", err), err
+
+
+def _scaled(workers: list[int], reasons: dict[int, str], status: RunStatus = RunStatus.COMPLETED,
+            now: int | None = None) -> RunSummary:
+    """The summary of a run whose iterations were launched with ``workers``, the fleet changed at the iterations
+    of ``reasons`` for those reasons (a counter keeps the run's reason of its launch, as the WorkLauncher writes
+    it); ``now``: the run's workers (default the last iteration's)."""
+    spec = TrainingSpec(workers=workers[0], reducers=2, iterations=len(workers) + 2, max_workers=8)
+    reason = None
+    iterations = []
+    for i, w in enumerate(workers):
+        reason = reasons.get(i, reason)
+        iterations.append(IterationRecord(iteration=i, workers=w, workers_reason=reason, launched_at=float(i)))
+    run = RunRecord(run_id="scaled", status=status, training=spec, iteration=len(workers), workers=now or workers[-1],
+                    dataset="d", created_at=0.0, updated_at=10.0)
+    return runs.summarize(run, iterations, wall_s=10.0)
+
+
+def _row(name: str, summary: RunSummary, capsys: pytest.CaptureFixture[str]) -> str:
+    display.print_summary(summary, as_json=False)
+    row = re.search(rf"│ {re.escape(name)}\s*│ (.*?)\s*│", capsys.readouterr().err)
+    assert row, f"no {name} row"
+    return row[1]
+
+
+def test_the_summary_shows_how_the_workers_changed(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    scaled = _scaled([4, 4, 8, 8, 8, 2, 2], {2: "run scale", 5: "run scale"})
+    assert _row("workers", scaled, capsys) == "4 → 8 at iteration 2 (run scale) → 2 at iteration 5 (run scale)"
+    assert _row("workers", _scaled([4, 4, 4], {}), capsys) == "4"
+    tuned = _scaled([2, 2, 3, 3, 3], {2: "tuner (time): 1.2 s per round at 2 workers (measured), 0.9 s at 3"})
+    assert _row("workers", tuned, capsys) == "2 → 3 at iteration 2 (tuner, time)"
+    pending = _scaled([4, 4], {}, status=RunStatus.RUNNING, now=8)  # scaled, no iteration launched with 8 yet
+    assert _row("workers", pending, capsys) == "4 → 8 next"
+    many = _scaled([1, 2, 3, 4, 5, 6, 7, 8], {i: "run scale" for i in range(1, 8)})
+    assert _row("workers", many, capsys) == ("1 → 2 at iteration 1 (run scale) → 3 at iteration 2 (run scale) → … 2"
+                                             " more → 6 at iteration 5 (run scale) → 7 at iteration 6 (run scale) → 8"
+                                             " at iteration 7 (run scale)")
 
 
 def test_the_run_list(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

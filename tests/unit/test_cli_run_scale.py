@@ -1,0 +1,77 @@
+"""`slsml run scale` on a run table in moto: the line it prints says from which iteration the new workers train
+(the one the run is at if its launch comes after the scale, else the next); bad counts and a run that is not
+running fail on one line and change nothing.
+(tests/e2e/test_run_scale.py scales a run that trains on the local service.)"""
+
+from __future__ import annotations
+
+import re
+import types
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from slsml import cli, records
+from slsml.config import TrainingSpec
+from slsml.runstate import RunTable
+
+ITERATIONS = 6
+Capture = pytest.CaptureFixture[str]
+
+
+@pytest.fixture
+def table(monkeypatch: pytest.MonkeyPatch) -> Iterator[RunTable]:
+    """A run ``r`` of 4 workers (at most 8) at iteration 3, which ``slsml run scale`` reaches."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("COLUMNS", "200")
+    with mock_aws():
+        boto3.client("dynamodb").create_table(**records.create_table_arguments("runs"))
+        runs = RunTable(boto3.resource("dynamodb").Table("runs"))
+        spec = TrainingSpec(workers=4, max_workers=8, iterations=ITERATIONS)
+        runs.table.put_item(Item=records.run_item("r", "d", spec, 1.0))
+        runs.advance("r", 3)
+        services = types.SimpleNamespace(table=runs)
+        monkeypatch.setattr(cli, "_required_target", lambda args: (services, None))
+        yield runs
+
+
+def _scale(workers: int, capsys: Capture) -> tuple[int, str]:
+    code = cli.main(["run", "scale", "r", "--workers", str(workers)])
+    return code, capsys.readouterr().err.strip()
+
+
+def test_an_iteration_launched_before_the_scale_keeps_its_workers(table: RunTable, capsys: Capture) -> None:
+    table.claim_launch("r", 3, "models/3", workers=4)
+    assert _scale(8, capsys) == (0, "run r: 8 workers from iteration 4 on (was 4)")
+    assert table.get_run("r").workers == 8
+
+
+def test_an_iteration_launched_after_the_scale_takes_them(table: RunTable, capsys: Capture) -> None:
+    table.claim_launch("r", 3, "models/3", workers=2, reason="run scale")  # as the WorkLauncher would, given 2
+    assert _scale(2, capsys) == (0, "run r: 2 workers from iteration 3 on (was 4)")
+
+
+def test_an_iteration_not_launched_yet_is_the_earliest(table: RunTable, capsys: Capture,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "LAUNCH_WAIT_S", 0.2)
+    assert _scale(6, capsys) == (0, "run r: 6 workers from the next iteration launched on (3 at the earliest) (was 4)")
+
+
+def test_a_run_at_the_end_of_its_budget_launches_no_iteration(table: RunTable, capsys: Capture) -> None:
+    table.advance("r", ITERATIONS)
+    assert _scale(8, capsys) == (0, f"run r: 8 workers for no iteration: its budget of {ITERATIONS} is spent (was 4)")
+
+
+def test_bad_counts_fail_on_one_line_and_change_nothing(table: RunTable, capsys: Capture) -> None:
+    code, said = _scale(9, capsys)
+    assert code == 2 and re.fullmatch(r"error: 9 workers lie outside run 'r''s bounds of 1 to 8 .*", said), said
+    table.stop("r", "stopped by the user")
+    code, said = _scale(5, capsys)
+    assert code == 2 and said == "error: run 'r' is STOPPED: only a RUNNING run can be scaled"
+    for text in ("0", "two"):
+        with pytest.raises(SystemExit, match="2"):
+            cli.main(["run", "scale", "r", "--workers", text])
+        assert "argument --workers:" in capsys.readouterr().err
+    assert table.get_run("r").workers == 4
