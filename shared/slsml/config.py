@@ -20,6 +20,7 @@ from slsml import schedules
 from slsml.errors import BadInputError
 from slsml.plan import ShardPlan
 from slsml.schedules import Schedule
+from slsml.updates import Compression
 
 
 def _compiles(pattern: str) -> str:
@@ -328,6 +329,23 @@ class TrainingSpec(BaseModel):
     objective: Objective = Field(
         default="time", description="--workers auto: what the tuner minimizes, seconds or dollars per round"
     )
+    compress: str = Field(
+        default="none",
+        description="what workers send: none (float32), fp16, topk:F (each part's fraction F of largest entries) or"
+        " significance:V (the entries whose change relative to their weight exceeds V); what is left out is kept"
+        " per worker slot and added to its next update (error feedback)",
+    )
+
+    @field_validator("compress")
+    @classmethod
+    def _compressor(cls, text: str) -> str:
+        Compression.parse(text)
+        return text
+
+    @property
+    def compression(self) -> Compression:
+        """The ``compress`` option, parsed."""
+        return Compression.parse(self.compress)
 
     @property
     def worker_bounds(self) -> tuple[int, int]:

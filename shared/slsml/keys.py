@@ -11,6 +11,7 @@ runs/<run>/iters/<iter>/shards/<shard>.bin    one shard's weights and optimizer 
 runs/<run>/iters/<iter>/updates/<worker>.bin  one worker's update (all shards, see updates.py)
 runs/<run>/iters/<iter>/means/<shard>.bin     one shard's averaged gradient, kept for its clipped step
 runs/<run>/iters/<iter>/local/<worker>.npz    model averaging: worker slot's local optimizer state after <iter>
+runs/<run>/iters/<iter>/residuals/<worker>.bin  compressed updates: worker slot's residual after <iter> (feedback.py)
 incoming/<name>.keras                         drop-in: start a run with the deployment defaults
 incoming/<name>.json                          (optional) what to override of those defaults
 ```
@@ -77,6 +78,10 @@ def update(run_id: str, iteration: int, worker: int, attempt: int = 0) -> str:
 
 def local_state(run_id: str, iteration: int, worker: int) -> str:
     return f"runs/{run_id}/iters/{iteration:06d}/local/{worker:05d}.npz"
+
+
+def residual(run_id: str, iteration: int, worker: int) -> str:
+    return f"runs/{run_id}/iters/{iteration:06d}/residuals/{worker:05d}.bin"
 
 
 def dataset_manifest(name: str) -> str:

@@ -29,6 +29,7 @@ class Stored:
 
     body: bytes
     metadata: dict[str, str]
+    size: int | None = None  # the whole object's bytes (of a ranged read: from its Content-Range)
 
 
 class ObjectStore:
@@ -50,7 +51,9 @@ class ObjectStore:
             if error_code(error) in _MISSING:
                 raise NotFoundError(f"s3://{self.bucket}/{key} does not exist") from None
             raise
-        return Stored(response["Body"].read(), response.get("Metadata", {}))
+        total = response.get("ContentRange", "").rpartition("/")[2]
+        size = int(total) if total.isdigit() else None if byte_range else response.get("ContentLength")
+        return Stored(response["Body"].read(), response.get("Metadata", {}), size)
 
     def get_many(self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None] | None = None) -> list[bytes]:
         """Parallel GETs, results in the order of ``keys``."""

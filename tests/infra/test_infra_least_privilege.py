@@ -165,6 +165,7 @@ def test_the_key_layout_stays_inside_the_granted_prefixes() -> None:
         keys.weights("r", 1),
         keys.shard("r", 1, 0),
         keys.update("r", 1, 0, attempt=1),
+        keys.residual("r", 1, 0),
     ]
     read = [*written, keys.dataset_manifest("d"), keys.dataset_shard("d", "train", 0)]
     assert all(key.startswith(deployment.WRITABLE_PREFIXES) for key in written)

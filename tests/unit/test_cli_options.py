@@ -39,7 +39,9 @@ def _other(field: FieldInfo) -> tuple[list[str], Any]:
         return [str(value)], value
     if kind is bool:
         return [], not default
-    value = {int: (default or 0) + 1, float: (default or 1.0) / 2, str: "other"}[kind]
+    if kind is str:  # whatever the default
+        return ["other"], "other"
+    value = {int: (default or 0) + 1, float: (default or 1.0) / 2}[kind]
     return [str(value)], value
 
 

@@ -22,6 +22,7 @@ def test_parse_model_key_accepts_model_keys(run: str, iteration: int) -> None:
         keys.weights("run-1", 3),
         keys.shard("run-1", 3, 0),
         keys.update("run-1", 3, 0),
+        keys.residual("run-1", 3, 0),
         keys.dataset_shard("digits", "train", 0),
         "incoming/model.keras",
         "runs/run-1/models/000001.h5",

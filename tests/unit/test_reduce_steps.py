@@ -5,6 +5,7 @@ duplicates, run-table items whose size does not depend on the fleet, and the wat
 from __future__ import annotations
 
 import json
+import struct
 import time
 from decimal import Decimal
 
@@ -105,11 +106,11 @@ def _arrive(
     return reduce_launcher.on_work_done(_done(run_id, worker, finite, attempt), services)
 
 
-def _expected_weights(workers: list[int]) -> np.ndarray:
+def _expected_weights(workers: list[int], vectors: list[np.ndarray] = VECTORS) -> np.ndarray:
     """One SGD step on the sample-weighted mean of these workers' vectors (float64 sums in worker order)."""
     mean = np.zeros(PLAN.size, dtype=np.float64)
     for w in workers:
-        mean += VECTORS[w].astype(np.float64) * SAMPLES[w]
+        mean += vectors[w].astype(np.float64) * SAMPLES[w]
     mean = (mean / sum(SAMPLES[w] for w in workers)).astype(np.float32)
     trainable = PLAN.trainable_mask()
     stepped, _ = optimizers.apply(SGD, WEIGHTS[trainable], mean[trainable],
@@ -730,3 +731,90 @@ def test_a_reducer_refuses_an_update_the_run_did_not_ask_for_by_name(
         reducer.reduce(fired[0], services)
     assert keys.update(run_id, 0, 1) in str(failure.value)
     assert not services.store.exists(keys.shard(run_id, 1, 0))
+
+
+# ---- compressed updates ------------------------------------------------------------------------------------
+
+
+def _compressed(worker: int, compress: str, vector: np.ndarray | None = None) -> updates.Encoded:
+    """Worker ``worker``'s update as a run that compresses with ``compress`` stores it."""
+    compression = updates.Compression.parse(compress)
+    weights = WEIGHTS if compression.kind == "significance" else None
+    vector = VECTORS[worker] if vector is None else vector
+    return updates.encode(vector, SAMPLES[worker], "gradient", compression, PLAN, weights)
+
+
+def _arrive_with(services: Services, run_id: str, worker: int, update: updates.Encoded) -> list[ReduceMessage]:
+    services.store.put_new(keys.update(run_id, 0, worker), *update)
+    return reduce_launcher.on_work_done(_done(run_id, worker), services)
+
+
+@pytest.mark.parametrize("compress", ["fp16", "topk:0.5", "significance:0.5"])
+def test_reducers_average_compressed_updates(services: Services, compress: str) -> None:
+    """Each reducer reads its part of every update (top-k: the 2 largest of shard 0's 4 trainable entries, 1 of
+    shard 1's 2; significance: through the part table) and steps the mean of what was sent."""
+    run_id = f"compressed-{compress.split(':')[0]}"
+    _register(services, run_id, workers=3, compress=compress)
+    fired = [m for w in range(3) for m in _arrive_with(services, run_id, w, _compressed(w, compress))]
+    for message in fired:
+        reducer.reduce(message, services)
+    compression = updates.Compression.parse(compress)
+    sent = [updates.decode(_compressed(w, compress).body, plan=PLAN, compression=compression)[0] for w in range(3)]
+    if compression.kind != "fp16":
+        assert all(0 < np.count_nonzero(s[PLAN.trainable_mask()]) < 6 for s in sent), "sparse, but not empty"
+    assert np.array_equal(_new_weights(services, run_id), _expected_weights([0, 1, 2], sent))
+    assert not np.array_equal(_new_weights(services, run_id), _expected_weights([0, 1, 2]))
+
+
+def _forged_indices(update: updates.Encoded, compress: str) -> updates.Encoded:
+    """``update`` with the first index of every part set to 9, beyond each part's 4 entries."""
+    body, compression = bytearray(update.body), updates.Compression.parse(compress)
+    for shard in range(PLAN.reducers):
+        if compression.kind == "significance":
+            first, last = updates.table_range(PLAN, shard)
+            first, _ = updates.significant_part_range(bytes(body[first : last + 1]), PLAN, shard, len(body))
+            first += 4  # the part's count
+        else:
+            first, _ = updates.part_range(PLAN, shard, compression)
+        struct.pack_into("<I", body, first, 9)
+    return updates.Encoded(bytes(body), update.metadata)
+
+
+def _table_beyond_the_end(update: updates.Encoded, compress: str) -> updates.Encoded:
+    """A significance update whose part table puts every part's end 8 bytes past the object's."""
+    body = bytearray(update.body)
+    for shard in range(PLAN.reducers):
+        struct.pack_into("<Q", body, updates.table_range(PLAN, shard)[0] + 8, len(body) + 8)
+    return updates.Encoded(bytes(body), update.metadata)
+
+
+@pytest.mark.parametrize(("compress", "forge", "named"), [
+    ("topk:0.5", _forged_indices, "index 9 lies outside the part's 4 entries"),
+    ("significance:0.5", _forged_indices, "index 9 lies outside the part's 4 entries"),
+    ("significance:0.5", _table_beyond_the_end, r"the part table puts shard \d's part at bytes .* of the object's 112"),
+    ("topk:0.5", lambda u, c: _compressed(1, "fp16"), "the update's encoding is 1 \\(dense float16\\), but the run's"
+     " compress option topk:0.5 sends encoding 2 \\(top-k\\)"),
+    ("significance:0.5", lambda u, c: _compressed(1, "none"), "the update's encoding is 0 \\(dense float32\\), but"
+     " the run's compress option significance:0.5 sends encoding 3 \\(significance\\)"),
+    ("none", lambda u, c: _compressed(1, "topk:0.5"), "the update's encoding is 2 \\(top-k\\), but the run's"
+     " compress option none sends encoding 0"),
+    ("fp16", lambda u, c: updates.Encoded(u.body[:-2], u.metadata), "part of shard 1 has 10 bytes, expected 12 bytes"),
+])
+def test_a_reducer_refuses_a_forged_compressed_update_by_name(
+    services: Services, compress: str, forge, named: str
+) -> None:
+    """A sparse part whose indices fall outside the part, a part table beyond the object, an encoding the run does not
+    send, a part of the wrong length: the run fails with the object's key and the reason; nothing of the next
+    iteration is stored."""
+    run_id = f"forged-{compress.split(':')[0]}-{abs(hash(named)) % 10_000}"
+    _register(services, run_id, workers=2, compress=compress)
+    _arrive_with(services, run_id, 0, _compressed(0, compress))
+    fired = _arrive_with(services, run_id, 1, forge(_compressed(1, compress), compress))
+    shards_failed = [0, 1] if "shard 1" not in named else [1]
+    for message in fired:
+        if message.shard not in shards_failed:
+            continue
+        with pytest.raises(RunFailed, match=named) as failure:
+            reducer.reduce(message, services)
+        assert str(failure.value).startswith(keys.update(run_id, 0, 1) + ": ")
+        assert not services.store.exists(keys.shard(run_id, 1, message.shard))

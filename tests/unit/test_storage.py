@@ -45,3 +45,11 @@ def test_ranged_get_and_missing_keys(store: ObjectStore) -> None:
     with pytest.raises(NotFoundError, match="runs/a/missing does not exist"):
         store.get("runs/a/missing")
     assert store.head("runs/a/missing") is None
+
+
+def test_a_read_tells_the_whole_objects_size_even_of_a_range(store: ObjectStore) -> None:
+    store.put_new(keys.residual("a", 3, 1), b"x" * 100, metadata={"m": "1"})
+    ranged = store.read(keys.residual("a", 3, 1), (10, 25))
+    assert (ranged.body, ranged.metadata, ranged.size) == (b"x" * 16, {"m": "1"}, 100)
+    assert store.read(keys.residual("a", 3, 1)).size == 100
+    assert _tags(store, keys.residual("a", 3, 1)) == {SCRATCH_TAG_KEY: SCRATCH_TAG_VALUE}  # residuals expire

@@ -27,6 +27,7 @@ from slsml.messages import ReduceDone, ReduceMessage
 from slsml.reliability import ReadPolicy
 from slsml.services import Services
 from slsml.steps.common import run_config
+from slsml.storage import ObjectStore, Stored
 
 logger = Logger(child=True)
 
@@ -110,31 +111,62 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     read in time (the others are left out)."""
     run, iteration, shard = message.run_id, message.iteration, message.shard
     policy, participants = ReadPolicy(), message.participants
-    parts = services.store.get_quorum(
-        [keys.update(run, iteration, p.worker, p.attempt) for p in participants],
-        [updates.part_range(config.plan, shard)] * len(participants),
-        need=quorum_count(len(participants), policy.quorum),
-        timeout_s=policy.timeout_s,
-    )
+    compression, kind = config.training.compression, UPDATE_KINDS[config.training.algorithm]
+    where = [keys.update(run, iteration, p.worker, p.attempt) for p in participants]
+    need = quorum_count(len(participants), policy.quorum)
+    if compression.kind == "significance":
+        parts = _read_significant_parts(services.store, where, config, shard, need, policy)
+    else:
+        ranges = [updates.part_range(config.plan, shard, compression)] * len(participants)
+        parts = services.store.get_quorum(where, ranges, need=need, timeout_s=policy.timeout_s)
     dropped = [p.worker for p, part in zip(participants, parts, strict=True) if part is None]
     if dropped:
         logger.warning("parts dropped after their read timeout", extra={
             "run_id": run, "iteration": iteration, "shard": shard, "workers": dropped, "timeout_s": policy.timeout_s})
-    included = [(p, part) for p, part in zip(participants, parts, strict=True) if part is not None]
-    kind = UPDATE_KINDS[config.training.algorithm]
-    for participant, part in included:
-        where = keys.update(run, iteration, participant.worker, participant.attempt)
-        try:
-            updates.check(part.metadata, kind, where)
+    included, decoded = [], []
+    for participant, key, part in zip(participants, where, parts, strict=True):
+        if part is None:
+            continue
+        try:  # every part is checked and decoded before any is used
+            updates.check(part.metadata, kind, key, compression)
+            decoded.append(updates.decode_part(part.body, config.plan, shard, compression))
         except updates.UpdateFormatError as error:
-            raise RunFailed(str(error)) from None
-    total = sum(p.samples for p, _ in included)
+            raise RunFailed(str(error) if str(error).startswith(key) else f"{key}: {error}") from None
+        included.append(participant)
+    total = sum(p.samples for p in included)
     if total == 0:
         raise RunFailed(f"iteration {iteration}: the participating workers processed no samples")
     mean = np.zeros(config.plan.shard(shard).size, dtype=np.float64)
-    for participant, part in included:  # in message order: the same sums as long as nothing is dropped
-        mean += updates.decode_part(part.body, config.plan, shard).astype(np.float64) * participant.samples
-    return shards.Shard((mean / total).astype(np.float32), {}, [p.worker for p, _ in included])
+    for participant, part in zip(included, decoded, strict=True):  # in message order: the same sums as long
+        mean += part.astype(np.float64) * participant.samples  # as nothing is dropped
+    return shards.Shard((mean / total).astype(np.float32), {}, [p.worker for p in included])
+
+
+def _read_significant_parts(
+    store: ObjectStore, where: list[str], config: RunConfig, shard: int, need: int, policy: ReadPolicy
+) -> list[Stored | None]:
+    """Significance updates (``slsml.updates``): the shard's two entries of each update's part table, then the
+    parts they point at; a read that times out under the read quorum leaves its participant out (each of the
+    two rounds of reads waits up to the read timeout)."""
+    compression, kind = config.training.compression, UPDATE_KINDS[config.training.algorithm]
+    entries = store.get_quorum(where, [updates.table_range(config.plan, shard)] * len(where), need=need,
+                               timeout_s=policy.timeout_s)
+    ranges: dict[int, tuple[int, int]] = {}
+    for number, (key, entry) in enumerate(zip(where, entries, strict=True)):
+        if entry is None:
+            continue
+        try:  # the header first: the table of an update of another encoding is no table
+            updates.check(entry.metadata, kind, key, compression)
+            ranges[number] = updates.significant_part_range(entry.body, config.plan, shard, entry.size)
+        except updates.UpdateFormatError as error:
+            raise RunFailed(str(error) if str(error).startswith(key) else f"{key}: {error}") from None
+    read = list(ranges)
+    parts = store.get_quorum([where[n] for n in read], [ranges[n] for n in read], need=min(need, len(read)),
+                             timeout_s=policy.timeout_s)
+    out: list[Stored | None] = [None] * len(where)
+    for number, part in zip(read, parts, strict=True):
+        out[number] = part
+    return out
 
 
 def keep_weights(services: Services, config: RunConfig, iteration: int, shard: int) -> bool:

@@ -1,16 +1,19 @@
 """Worker: compute the update of one slice of a global batch and split it for the reducers. An update
-with NaN or Inf is stored and announced like any other but marked non-finite, so that it is left out."""
+with NaN or Inf is stored and announced like any other but marked non-finite, so that it is left out.
+A run that compresses its updates (``compress``) adds the worker slot's residual to the update before it is
+compressed and stores the new residual before the update (error feedback, ``slsml.feedback``)."""
 
 from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.metrics import MetricUnit
 
-from slsml import averaging, data, keys, metrics, modelio, updates, wiring
+from slsml import averaging, data, feedback, keys, metrics, modelio, updates, wiring
 from slsml.config import UPDATE_KINDS, RunConfig
 from slsml.deployment import Metric
 from slsml.errors import NotFoundError, RunFailed
@@ -18,6 +21,7 @@ from slsml.messages import WorkDone, WorkMessage
 from slsml.services import Services
 from slsml.steps.common import load_weights, run_config
 from slsml.steps.warm import reader_for, trainer_for
+from slsml.storage import ObjectStore
 
 logger = Logger(child=True)
 
@@ -49,14 +53,25 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         for number in range(message.iteration * spec.local_batches, (message.iteration + 1) * spec.local_batches)
     ]
     samples = sum(len(x) for x, _ in slices)
-    started = time.perf_counter()
-    if spec.algorithm == "average":
-        update = _local_steps(message, config, services, trainer, slices)
-    else:
-        update = trainer.compute_update(*slices[0])
-    compute_s = time.perf_counter() - started
-    body, header = updates.encode(update.vector, samples=samples, kind=UPDATE_KINDS[spec.algorithm])
+    compression, kind = spec.compression, UPDATE_KINDS[spec.algorithm]
+    weights = modelio.get_flat(trainer.model, config.plan) if compression.kind == "significance" else None
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
+        residual = pool.submit(_residual, message, config, store) if compression.lossy else None
+        started = time.perf_counter()
+        if spec.algorithm == "average":
+            update = _local_steps(message, config, services, trainer, slices)
+        else:
+            update = trainer.compute_update(*slices[0])
+        compute_s = time.perf_counter() - started
+        previous = residual.result() if residual is not None else None
     finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
+    if compression.lossy:  # error feedback: the residual is stored first, create-only (see slsml.feedback)
+        compressed = feedback.compress(update.vector, previous, config.plan, compression, samples, kind, weights)
+        body, header = compressed.update
+        store.put_new(keys.residual(message.run_id, message.iteration, message.worker),
+                      feedback.encode_residual(compressed.residual))
+    else:
+        body, header = updates.encode(update.vector, samples=samples, kind=kind)
     done = WorkDone(
         run_id=message.run_id,
         iteration=message.iteration,
@@ -78,6 +93,23 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         stored = WorkDone.model_validate_json(store.head(key)["done"])
         done = stored.model_copy(update={"generation": message.generation})  # a resumed run may announce it again
     return done
+
+
+def _residual(message: WorkMessage, config: RunConfig, store: ObjectStore) -> np.ndarray | None:
+    """What compression left out of this worker slot's updates up to the iteration before (None: nothing)."""
+    if message.iteration == 0:
+        return None
+    key = keys.residual(message.run_id, message.iteration - 1, message.worker)
+    try:
+        body = store.get(key)
+    except NotFoundError:
+        logger.info("no residual of the iteration before: starting from zeros",
+                    extra={"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker})
+        return None
+    try:
+        return feedback.decode_residual(body, config.plan, key)
+    except feedback.ResidualError as error:
+        raise RunFailed(str(error)) from None
 
 
 def _local_steps(

@@ -1,0 +1,66 @@
+"""Compressed updates through the pipeline (the demo CNN on digits, W=4, R=2): each compressor's run completes, its
+update objects are smaller by about the expected factor (fp16 2×, topk:0.01 about 50×), and every worker slot
+stores its residual each iteration (none without compression)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slsml import demo, keys
+from slsml.config import OptimizerConfig, TrainingSpec
+
+from .conftest import final_weights, finish, train
+
+ITERATIONS, WORKERS = 4, 4
+COMPRESSORS = {"none": "none", "fp16": "fp16", "topk": "topk:0.01", "significance": "significance:0.1"}
+
+
+def _run_id(name: str) -> str:
+    return f"compress-{name}"
+
+
+@pytest.fixture(scope="module")
+def finished(services, digits):
+    for name, compress in COMPRESSORS.items():
+        spec = TrainingSpec(workers=WORKERS, reducers=2, global_batch=128, iterations=ITERATIONS, eval_every=0,
+                            optimizer=OptimizerConfig(name="adam", learning_rate=0.003), compress=compress)
+        train(services, spec, _run_id(name))
+    return {name: finish(services, _run_id(name)) for name in COMPRESSORS}
+
+
+def _sizes(services, run_id: str, folder: str) -> dict[str, int]:
+    """The objects of ``iters/<i>/<folder>/`` of the run, by key, with their bytes."""
+    pages = services.store.s3.get_paginator("list_objects_v2").paginate(
+        Bucket=services.store.bucket, Prefix=f"{keys.run_prefix(run_id)}iters/")
+    return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", []) if f"/{folder}/" in o["Key"]}
+
+
+def test_every_compressor_completes_and_shrinks_the_updates(finished, services):
+    initial = np.concatenate([np.asarray(w).ravel() for w in demo.digits_cnn(seed=1).get_weights()])
+    sizes = {}
+    for name, run in finished.items():
+        assert run.status == "COMPLETED", f"{name}: {run.reason}"
+        weights, _ = final_weights(services, _run_id(name))
+        assert np.isfinite(weights).all() and not np.array_equal(weights, initial), name
+        found = _sizes(services, _run_id(name), "updates")
+        assert len(found) == ITERATIONS * WORKERS, name
+        sizes[name] = float(np.mean(list(found.values())))
+    dense = sizes["none"]
+    assert dense == 32 + 4 * initial.size  # the dense float32 format, unchanged
+    ratios = {name: dense / size for name, size in sizes.items()}
+    print("\nupdate object bytes (ratio to dense): " + ", ".join(
+        f"{COMPRESSORS[n]} {sizes[n]:.0f} ({ratios[n]:.1f}×)" for n in COMPRESSORS))
+    assert 1.99 < ratios["fp16"] <= 2.0
+    assert 45 < ratios["topk"] < 51  # 8 bytes per pair: 1 / (2·0.01), less the header
+    assert ratios["significance"] > 2
+
+
+def test_each_worker_slot_stores_its_residual_each_iteration(finished, services):
+    weights = sum(np.asarray(w).size for w in demo.digits_cnn(seed=1).get_weights())
+    assert not _sizes(services, _run_id("none"), "residuals")
+    for name in ("fp16", "topk", "significance"):
+        residuals = _sizes(services, _run_id(name), "residuals")
+        expected = {keys.residual(_run_id(name), i, w) for i in range(ITERATIONS) for w in range(WORKERS)}
+        assert set(residuals) == expected, name
+        assert set(residuals.values()) == {4 * weights}, name

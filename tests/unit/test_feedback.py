@@ -1,0 +1,198 @@
+"""Error feedback: over iterations, what a worker slot sent plus its stored residual is the sum of its uncompressed
+updates; the worker reads the slot's residual of the iteration before and stores the next, create-only, and
+refuses a residual that does not fit the model, storing nothing."""
+
+from __future__ import annotations
+
+import time
+
+import boto3
+import numpy as np
+import pytest
+from moto import mock_aws
+
+from slsml import cache, data, feedback, keys, records, updates, usage, wiring
+from slsml.config import OptimizerConfig, TrainingSpec
+from slsml.errors import RunFailed
+from slsml.messages import WorkMessage
+from slsml.plan import ShardPlan, VariableSpec
+from slsml.services import Services
+from slsml.updates import Compression
+
+PLAN = ShardPlan.build(
+    [VariableSpec(name="kernel", shape=(40, 10), trainable=True), VariableSpec(name="mean", shape=(10,),
+                                                                               trainable=False),
+     VariableSpec(name="bias", shape=(10,), trainable=True)],
+    reducers=3,
+)
+TRAINABLE = PLAN.trainable_mask()
+LOSSY = [Compression.parse(t) for t in ("fp16", "topk:0.05", "significance:0.3")]
+
+
+def _updates(iterations: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    scale = 10.0 ** rng.uniform(-7, 0, PLAN.size)  # magnitudes float16 rounds, or loses below its subnormals
+    return [(rng.standard_normal(PLAN.size) * scale).astype(np.float32) for _ in range(iterations)]
+
+
+@pytest.mark.parametrize("compression", LOSSY, ids=str)
+def test_what_was_sent_plus_the_residual_is_the_sum_of_the_updates(compression: Compression) -> None:
+    weights = np.random.default_rng(1).standard_normal(PLAN.size).astype(np.float32)
+    residual, sent_total, update_total = None, np.zeros(TRAINABLE.sum()), np.zeros(TRAINABLE.sum())
+    for number, update in enumerate(_updates(12)):
+        compressed = feedback.compress(update, residual, PLAN, compression, 8, "gradient", weights)
+        decoded, samples = updates.decode(compressed.update.body, "gradient", PLAN, compression)
+        assert samples == 8 and np.array_equal(decoded, compressed.sent)
+        assert np.array_equal(compressed.sent[~TRAINABLE], update[~TRAINABLE])  # values, sent whole
+        assert not compressed.residual[~TRAINABLE].any()
+        sent_total += compressed.sent[TRAINABLE]
+        update_total += update[TRAINABLE]
+        residual = feedback.decode_residual(feedback.encode_residual(compressed.residual), PLAN, "r")  # stored
+        error = np.abs(sent_total + residual[TRAINABLE] - update_total).max()
+        assert error <= 1e-6 * np.abs(update_total).max(), f"iteration {number}: {error:.2e}"
+    left = np.abs(residual[TRAINABLE]).max()
+    assert left > 1e-4 * np.abs(update_total).max(), "compression must leave something out, or this tests nothing"
+
+
+@pytest.mark.parametrize("compression", LOSSY, ids=str)
+def test_without_the_residual_the_sums_drift(compression: Compression) -> None:
+    """The same updates compressed alone: their sum misses what the residuals kept (the test above can fail)."""
+    weights = np.random.default_rng(1).standard_normal(PLAN.size).astype(np.float32)
+    alone = sum(feedback.compress(u, None, PLAN, compression, 8, "gradient", weights).sent[TRAINABLE]
+                for u in _updates(12))
+    total = sum(u[TRAINABLE].astype(np.float64) for u in _updates(12))
+    assert np.abs(alone - total).max() > 1e-4 * np.abs(total).max()
+
+
+def test_a_large_residual_entry_is_sent_when_it_grows_large_enough() -> None:
+    topk = Compression.parse("topk:0.01")
+    update = np.full(PLAN.size, 1e-3, dtype=np.float32)
+    residual = np.zeros(PLAN.size, dtype=np.float32)
+    residual[7] = 5.0
+    compressed = feedback.compress(update, residual, PLAN, topk, 8, "gradient")
+    assert compressed.sent[7] == np.float32(5.001) and compressed.residual[7] == 0
+    assert compressed.residual[8] == np.float32(1e-3)
+
+
+def test_a_non_finite_update_keeps_the_residual_it_found() -> None:
+    residual = np.linspace(-1, 1, PLAN.size, dtype=np.float32) * TRAINABLE
+    update = _updates(1)[0]
+    update[3] = np.nan
+    compressed = feedback.compress(update, residual, PLAN, LOSSY[1], 8, "gradient")
+    assert np.array_equal(compressed.residual, residual)
+    assert not feedback.compress(update, None, PLAN, LOSSY[1], 8, "gradient").residual.any()
+
+
+@pytest.mark.parametrize("change", [-4, 4, -1])
+def test_a_residual_of_another_size_is_refused_by_name(change: int) -> None:
+    body = feedback.encode_residual(np.zeros(PLAN.size, dtype=np.float32))
+    body = body[:change] if change < 0 else body + b"\0" * change
+    with pytest.raises(feedback.ResidualError, match=f"res.bin: a residual of {len(body)} bytes does not match the"
+                       f" model's {PLAN.size} weights"):
+        feedback.decode_residual(body, PLAN, "res.bin")
+    with pytest.raises(feedback.ResidualError, match="NaN"):
+        feedback.decode_residual(np.full(PLAN.size, np.inf, dtype="<f4").tobytes(), PLAN, "res.bin")
+
+
+# ---- the worker: reads the slot's residual, stores the next ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_bytes() -> bytes:
+    """A small Keras model with BatchNorm statistics (non-trainable weights)."""
+    import keras
+
+    from slsml import modelio
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(40), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    return modelio.save_model(model)
+
+
+@pytest.fixture
+def services(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setattr(cache, "_warm", None)  # no trainer or dataset reader of another test's cloud
+    monkeypatch.setattr(usage, "_pending", usage._Counts())  # requests made outside a handler: not the next one's
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bucket")
+        boto3.client("dynamodb", region_name="us-east-1").create_table(**records.create_table_arguments("runs"))
+        sns = boto3.client("sns", region_name="us-east-1")
+        arns = {t.name: sns.create_topic(Name=t.name)["TopicArn"] for t in wiring.TOPICS}
+        services = Services.from_names("bucket", "runs", arns)
+        rng = np.random.default_rng(0)
+        x, y = rng.standard_normal((64, 6)).astype(np.float32), rng.integers(0, 3, 64)
+        data.put_dataset(services.store, "d", x, y, x[:8], y[:8])
+        yield services
+
+
+def _run(services: Services, model_bytes: bytes, run_id: str, compress: str):
+    from slsml import runs
+
+    spec = TrainingSpec(workers=2, reducers=2, global_batch=16, iterations=5, compress=compress,
+                        optimizer=OptimizerConfig(name="sgd", learning_rate=0.1))
+    config = runs.prepare_run(services, model_bytes, "d", spec, run_id)
+    services.store.put_new(keys.model(run_id, 0), model_bytes)
+    services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
+    return config
+
+
+def _work(services: Services, run_id: str, iteration: int, worker: int, workers: int = 2):
+    from slsml.steps import worker as step
+
+    if iteration:  # the model entering the iteration: that of iteration 0 (what matters is the residual)
+        store = services.store
+        store.put_array_new(keys.weights(run_id, iteration), store.get_array(keys.weights(run_id, 0)))
+        store.put_new(keys.model(run_id, iteration), store.get(keys.model(run_id, 0)))
+    return step.work(WorkMessage(run_id=run_id, iteration=iteration, worker=worker, workers=workers), services)
+
+
+def _update(services: Services, config, iteration: int, worker: int) -> np.ndarray:
+    body = services.store.get(keys.update(config.run_id, iteration, worker))
+    return updates.decode(body, "gradient", config.plan, config.training.compression)[0]
+
+
+def test_the_worker_adds_its_slots_residual_and_stores_the_next(services: Services, model_bytes: bytes) -> None:
+    plain = _run(services, model_bytes, "plain", "none")
+    for iteration in range(2):
+        _work(services, "plain", iteration, 0)
+    assert not services.store.list_keys("runs/plain/iters/000000/residuals/")  # none without compression
+    uncompressed = [_update(services, plain, i, 0) for i in range(2)]
+
+    config = _run(services, model_bytes, "topk", "topk:0.1")
+    trainable = config.plan.trainable_mask()
+    assert (~trainable).sum() == 80, "the model has BatchNorm statistics"
+    _work(services, "topk", 0, 0)
+    residual_0 = feedback.decode_residual(services.store.get(keys.residual("topk", 0, 0)), config.plan, "r0")
+    sent_0 = _update(services, config, 0, 0)
+    assert np.array_equal(sent_0 + residual_0, uncompressed[0])  # every entry is sent or kept, exactly
+    assert np.array_equal(sent_0[~trainable], uncompressed[0][~trainable]) and not residual_0[~trainable].any()
+    assert (sent_0[trainable] != 0).sum() < 0.11 * trainable.sum()
+
+    _work(services, "topk", 1, 0)
+    residual_1 = feedback.decode_residual(services.store.get(keys.residual("topk", 1, 0)), config.plan, "r1")
+    sent_1 = _update(services, config, 1, 0)
+    np.testing.assert_allclose((sent_0 + sent_1 + residual_1)[trainable], (uncompressed[0] + uncompressed[1])[
+        trainable], rtol=0, atol=1e-6 * np.abs(uncompressed[0]).max())
+    dense = services.store.head(keys.update("plain", 0, 0))
+    assert dense is not None
+    plain_size = len(services.store.get(keys.update("plain", 0, 0)))
+    assert len(services.store.get(keys.update("topk", 0, 0))) < plain_size / 3
+
+    # a slot new at iteration 1 (a scale-out) has no residual: it starts from zeros, and stores one
+    _work(services, "topk", 1, 2, workers=3)
+    assert services.store.exists(keys.residual("topk", 1, 2))
+
+
+def test_a_residual_that_does_not_fit_the_model_fails_the_run_and_stores_nothing(
+    services: Services, model_bytes: bytes
+) -> None:
+    config = _run(services, model_bytes, "bad-residual", "fp16")
+    wrong = keys.residual("bad-residual", 0, 1)
+    services.store.put_new(wrong, feedback.encode_residual(np.zeros(config.plan.size - 1, dtype=np.float32)))
+    with pytest.raises(RunFailed, match=f"{wrong}: a residual of {4 * config.plan.size - 4} bytes does not match"):
+        _work(services, "bad-residual", 1, 1)
+    assert not services.store.exists(keys.update("bad-residual", 1, 1))
+    assert not services.store.exists(keys.residual("bad-residual", 1, 1))
