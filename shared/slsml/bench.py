@@ -7,10 +7,15 @@ after the other in one runtime:
 - (a) no straggler, quorum 1: the reference;
 - (b) no straggler, quorum (W−1)/W;
 - (c) the last worker delayed on every iteration, quorum (W−1)/W;
-- (d) the same straggler, quorum 1.
+- (d) the same straggler, quorum 1;
+- (e) the last worker delayed by a little more than an iteration, quorum (W−1)/W: its updates come late
+  and are dropped;
+- (f) the same, with bounded staleness ``STALENESS``: its late updates are folded into later reduces.
 
 The delay makes the straggler's invocation ``factor`` times as long as (a)'s median work phase
-(from an iteration's launch to its reduce firing: the slowest worker's turn, its delivery included).
+(from an iteration's launch to its reduce firing: the slowest worker's turn, its delivery included);
+``ssp_factor`` times for (e) and (f), which evaluate the test set every iteration to count the
+iterations they take to the target.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ GREW = 0.8  # (d) grew with the delay when its median iteration is longer than (
 BASELINE = "median work phase of (a): launch → reduce fired, the slowest worker's turn with its delivery"
 
 Progress = Callable[[str, int, int], None]  # (case, iterations merged, iterations)
-CaseName = Literal["a", "b", "c", "d"]
+CaseName = Literal["a", "b", "c", "d", "e", "f"]
+STALENESS = 2  # (f)'s
 
 
 class StragglerCase(BaseModel):
@@ -45,8 +51,10 @@ class StragglerCase(BaseModel):
     description: str
     quorum: float
     straggler: bool
+    staleness: int = 0
     summary: runs.RunSummary
     ratio: float | None  # median iteration / (a)'s
+    rounds_to_target: int | None = None  # (e), (f): iterations until the test accuracy reached the target
 
 
 class StragglerReport(BaseModel):
@@ -61,9 +69,23 @@ class StragglerReport(BaseModel):
     c_reaches_target: bool  # (c)'s test accuracy is at least ACCURACY_TARGET
     d_growth_s: float  # (d)'s median iteration minus (a)'s
     d_grew: bool  # by at least GREW × delay_s
+    ssp_factor: float
+    ssp_delay_s: float  # (e) and (f)'s straggler's sleep: (ssp_factor − 1) × baseline_s
+    # (f)'s late updates once the benchmark ended (its summary was taken when the run ended: fewer may be in)
+    f_late: int
+    f_folded: int  # folded into a later reduce
+    f_dropped: int  # left out, of iterations with STALENESS more after them: none, when staleness keeps every one
+    f_at_the_end: int  # left out, of the last STALENESS iterations, with fewer reduces after them
+    f_keeps_every_update: bool
+    f_no_slower: bool  # (f) reaches the target in no more iterations than (e)
 
     def case(self, name: CaseName) -> StragglerCase:
         return next(c for c in self.cases if c.name == name)
+
+
+def rounds_to_target(records: list[IterationRecord]) -> int | None:
+    reached = runs.first_reaching(records, ACCURACY_TARGET)
+    return None if reached is None else reached + 1
 
 
 def worker_pool(workers: int, factor: float) -> int:
@@ -88,8 +110,9 @@ def stragglers(
     slow_iterations: int = 15,
     factor: float = 20.0,
     progress: Progress | None = None,
+    ssp_factor: float = 1.5,
 ) -> StragglerReport:
-    """Run the four cases on ``local`` (an entered runtime with ``worker_pool(workers, factor)`` worker
+    """Run the six cases on ``local`` (an entered runtime with ``worker_pool(workers, factor)`` worker
     processes) and compare them. (c) runs last: its straggler's invocations still asleep when it ends
     do not overlap another case."""
     if workers < 2 or factor <= 1:
@@ -105,11 +128,16 @@ def stragglers(
         "b": (f"no straggler, quorum {q}", quorum, False),
         "c": (f"worker {slow} delayed every iteration, quorum {q}", quorum, True),
         "d": (f"worker {slow} delayed every iteration, quorum 1", 1.0, True),
+        "e": (f"worker {slow} delayed a little over an iteration, quorum {q}", quorum, True),
+        "f": (f"the same, staleness {STALENESS}: late updates folded in", quorum, True),
     }
 
     def run(name: CaseName, budget: int, delay_s: float = 0.0) -> runs.RunSummary:
+        staleness = {"eval_every": 1} if name in ("e", "f") else {"eval_every": 0}
+        if name == "f":
+            staleness["staleness"] = STALENESS
         spec = TrainingSpec(workers=workers, reducers=2, global_batch=128, iterations=budget,
-                            quorum=described[name][1], eval_every=0)
+                            quorum=described[name][1], **staleness)
         if delay_s:  # the watchdog must not fire the reduce without the straggler: deadlines beyond its delay
             spec = TrainingSpec.model_validate({
                 **spec.model_dump(),
@@ -135,7 +163,11 @@ def stragglers(
     delay_s = (factor - 1) * baseline_s
     summaries["b"] = run("b", iterations)
     summaries["d"] = run("d", slow_iterations, delay_s)
+    ssp_delay_s = (ssp_factor - 1) * baseline_s
+    summaries["e"] = run("e", iterations, ssp_delay_s)
+    summaries["f"] = run("f", iterations, ssp_delay_s)
     summaries["c"] = run("c", iterations, delay_s)
+    rounds = {name: rounds_to_target(services.table.list_iterations(summaries[name].run_id)) for name in "ef"}
 
     reference = summaries["a"].median_iteration_s
 
@@ -145,9 +177,15 @@ def stragglers(
 
     cases = [
         StragglerCase(name=name, description=description, quorum=case_quorum, straggler=straggler,
-                      summary=summaries[name], ratio=ratio(name))
+                      staleness=summaries[name].training.staleness, summary=summaries[name], ratio=ratio(name),
+                      rounds_to_target=rounds.get(name))
         for name, (description, case_quorum, straggler) in described.items()
     ]
+    f = summaries["f"]
+    f_records = services.table.list_iterations(f.run_id)
+    left_out = {r.iteration: len(r.late - r.nonfinite - r.folded) for r in f_records}
+    f_dropped = sum(n for i, n in left_out.items() if i < f.iterations - STALENESS)
+    f_folded = sum(len(r.folded) for r in f_records)
     c, d = summaries["c"], summaries["d"]
     growth = (d.median_iteration_s or 0.0) - (reference or 0.0)
     c_ratio = ratio("c")
@@ -163,4 +201,12 @@ def stragglers(
         c_reaches_target=c.test_accuracy is not None and c.test_accuracy >= ACCURACY_TARGET,
         d_growth_s=growth,
         d_grew=growth >= GREW * delay_s,
+        ssp_factor=ssp_factor,
+        ssp_delay_s=ssp_delay_s,
+        f_late=sum(len(r.late - r.nonfinite) for r in f_records),
+        f_folded=f_folded,
+        f_dropped=f_dropped,
+        f_at_the_end=sum(left_out.values()) - f_dropped,
+        f_keeps_every_update=f_dropped == 0 and f_folded > 0,
+        f_no_slower=rounds["f"] is not None and (rounds["e"] is None or rounds["f"] <= rounds["e"]),
     )

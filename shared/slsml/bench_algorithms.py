@@ -94,7 +94,7 @@ def _variant(name: str, description: str, spec: TrainingSpec, run: runs.RunRecor
     counters = [services.table.get_counter(run.run_id, i) for i in range(run.iteration)]
     records = usage.read_local(log_dir, run.run_id)
     table = prices.load()
-    reached = next((c.iteration for c in counters if (c.test_accuracy or 0) >= ACCURACY_TARGET), None)
+    reached = runs.first_reaching(counters, ACCURACY_TARGET)
 
     def until(last: int) -> list[usage.UsageRecord]:
         return [r for r in records if r.iteration is None or r.iteration <= last]

@@ -202,12 +202,15 @@ def _workers(text: str) -> int:
 
 def _spec(args: argparse.Namespace, default_learning_rate: float | None = None) -> TrainingSpec:
     """The run the flags ask for. Without --optimizer its optimizer is None (the model's compiled one): the
-    optimizer flags apply on top of it once the model is read (``_with_flags``)."""
-    return TrainingSpec(
-        **{name: getattr(args, _dest(name)) for name in SPEC_READINGS},
-        optimizer=_optimizer(args, default_learning_rate),
-        loss=args.loss,
-    )
+    optimizer flags apply on top of it once the model is read (``_with_flags``). BadInputError on one line
+    naming the flags for values that do not make a spec."""
+    optimizer = _optimizer(args, default_learning_rate)
+    try:
+        return TrainingSpec(**{name: getattr(args, _dest(name)) for name in SPEC_READINGS}, optimizer=optimizer,
+                            loss=args.loss)
+    except ValidationError as error:
+        flags = {name: _flag(_dest(name)) for name in SPEC_READINGS}
+        raise BadInputError("; ".join(_flagged(e, flags) for e in error.errors())) from None
 
 
 def _optimizer_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -251,12 +254,14 @@ def _optimizer_config(fields: dict[str, Any], compiled: str | None = None) -> Op
         raise BadInputError(message) from None
 
 
-def _flagged(error: Any) -> str:
-    """A pydantic error of OptimizerConfig, on one line, naming flags rather than fields."""
+def _flagged(error: Any, flags: dict[str, str] | None = None) -> str:
+    """A pydantic error, on one line, naming flags rather than fields: ``flags``, field → flag (default:
+    OptimizerConfig's)."""
+    flags = flags or {name: _flag(name) for name in (*HYPER_PARAMETERS, "learning_rate")}
     message = error["msg"].removeprefix("Value error, ")
-    fields = "|".join((*HYPER_PARAMETERS, "learning_rate"))
-    message = re.sub(rf"(?<![\w-])({fields})(?![\w-])", lambda match: _flag(match[1]), message)
-    return f"{_flag(str(error['loc'][0]))}: {message}" if error["loc"] else message
+    fields = "|".join(sorted(flags, key=len, reverse=True))
+    message = re.sub(rf"(?<![\w-])({fields})(?![\w-])", lambda match: flags[match[1]], message)
+    return f"{flags.get(str(error['loc'][0]), error['loc'][0])}: {message}" if error["loc"] else message
 
 
 # ---- running locally -------------------------------------------------------------------------

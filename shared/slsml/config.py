@@ -317,6 +317,14 @@ class TrainingSpec(BaseModel):
         " run's optimizer with it as the gradient (FedOpt)",
     )
 
+    staleness: int = Field(
+        default=0, ge=0, le=100,
+        description="bounded staleness (SSP): a worker's update that comes after its round's reduce fired is"
+        " folded into a later round's reduce, at most this many rounds later; 0: it is left out",
+    )
+    staleness_decay: float = Field(
+        default=1.0, gt=0, le=1, description="a folded update's weight: its samples × this to the power of its age"
+    )
     min_workers: int | None = Field(
         default=None, ge=1, description="the fewest workers `run scale` may set while the run trains (default 1)"
     )
@@ -381,11 +389,17 @@ class TrainingSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _staleness_options(self) -> TrainingSpec:
+        if self.staleness_decay != 1 and not self.staleness:
+            raise ValueError("staleness_decay needs a staleness above 0")
+        return self
+
+    @model_validator(mode="after")
     def _averaging_options(self) -> TrainingSpec:
         if self.algorithm == "gradient":
             given = [f for f in AVERAGING_OPTIONS if getattr(self, f) != type(self).model_fields[f].default]
             if given:
-                raise ValueError(f"{', '.join(given)} only apply to model averaging (algorithm 'average')")
+                raise ValueError(f"{', '.join(given)}: options of model averaging (algorithm average) only")
         else:
             self.local_optimizer_config()  # the local optimizer must take its options
         return self
@@ -404,7 +418,7 @@ class TrainingSpec(BaseModel):
             return OptimizerConfig(**fields)
         except ValidationError as error:
             problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in error.errors())
-            raise ValueError(f"local optimizer: {problems}") from None
+            raise ValueError(f"local_optimizer {self.local_optimizer}: {problems}") from None
 
 
 class RunConfig(BaseModel):

@@ -274,15 +274,19 @@ def print_stragglers(report: Any) -> None:
 
     from slsml import bench
 
-    table = Table("", "straggler", "quorum", "iters", "median iter", "× (a)", "test acc", "late",
-                  title=f"stragglers: {report.workers} workers, factor {report.factor:g}")
+    table = Table("", "straggler", "quorum", "staleness", "iters", "median iter", "× (a)", "test acc",
+                  f"iters to {bench.ACCURACY_TARGET}", "late", "folded",
+                  title=f"stragglers: {report.workers} workers, factor {report.factor:g} ((e), (f):"
+                  f" {report.ssp_factor:g})")
     for case in report.cases:
         s = case.summary
         table.add_row(case.name, f"worker {report.straggler}" if case.straggler else "–",
-                      str(Fraction(case.quorum).limit_denominator(report.workers)), str(s.iterations),
-                      "–" if s.median_iteration_s is None else f"{s.median_iteration_s:.3f} s",
+                      str(Fraction(case.quorum).limit_denominator(report.workers)), str(case.staleness or "–"),
+                      str(s.iterations), "–" if s.median_iteration_s is None else f"{s.median_iteration_s:.3f} s",
                       "–" if case.ratio is None else f"{case.ratio:.2f}",
-                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", str(s.late_workers))
+                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}",
+                      "–" if case.rounds_to_target is None else str(case.rounds_to_target), str(s.late_workers),
+                      str(s.late_folded))
     out = console()
     out.print(table)
     for case in report.cases:
@@ -299,6 +303,12 @@ def print_stragglers(report: Any) -> None:
     accuracy = "–" if c.summary.test_accuracy is None else f"{c.summary.test_accuracy:.4f}"
     out.print(f"(c) test accuracy {accuracy}: reaches the demo's {bench.ACCURACY_TARGET}: "
               f"{yes[report.c_reaches_target]}")
+    e, f = report.case("e"), report.case("f")
+    out.print(f"(f) late updates {report.f_late}: {report.f_folded} folded into a later reduce, {report.f_dropped}"
+              f" left out beyond the bound, {report.f_at_the_end} of the last {bench.STALENESS} iterations left out"
+              f" at the end: keeps every update: {yes[report.f_keeps_every_update]}")
+    out.print(f"(f) iterations to {bench.ACCURACY_TARGET}: {f.rounds_to_target or '–'} vs (e)'s"
+              f" {e.rounds_to_target or '–'} (late updates dropped): no more: {yes[report.f_no_slower]}")
 
 
 def print_barrier(report: Any, workers: int, small: int) -> None:

@@ -54,6 +54,9 @@ class Participant(BaseModel):
     worker: int = Field(ge=0)
     attempt: int = Field(default=0, ge=0)
     samples: int = Field(ge=0)
+    iteration: int | None = Field(
+        default=None, ge=0, description="a late update folded in (bounded staleness): the iteration it is of"
+    )
 
 
 class ReduceMessage(Message):

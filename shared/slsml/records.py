@@ -101,6 +101,7 @@ class WorkerReport(BaseModel):
     accuracy: float | None = None
     compute_s: float = 0.0
     finite: bool = True
+    folded_into: int | None = Field(default=None, description="late: the iteration whose reduce took it (SSP)")
 
     @property
     def reported(self) -> bool:
@@ -169,7 +170,12 @@ class IterationRecord(Counter):
         """Workers that reported after the reduce fired without them."""
         if self.reduce_fired_by is None:
             return set()
-        return self.done - {p.worker for p in self.participants}
+        return self.done - {p.worker for p in self.participants if p.iteration is None}
+
+    @property
+    def folded(self) -> set[int]:
+        """Late workers whose updates a later reduce took (bounded staleness)."""
+        return {w for w, r in self.reports.items() if r.folded_into is not None}
 
 
 def plain(value: Any) -> Any:
@@ -287,12 +293,13 @@ def iteration_of(sk: str) -> int:
 
 
 def encode_participants(participants: list[Participant]) -> list[list[int]]:
-    """Compact: [worker, attempt, samples] per participant (about 15 bytes each)."""
-    return [[p.worker, p.attempt, p.samples] for p in participants]
+    """Compact: [worker, attempt, samples] per participant (about 15 bytes each), and the iteration of a late
+    update folded in."""
+    return [[p.worker, p.attempt, p.samples, *([] if p.iteration is None else [p.iteration])] for p in participants]
 
 
 def decode_participants(rows: list[list[int]]) -> list[Participant]:
-    return [Participant(worker=w, attempt=a, samples=n) for w, a, n in plain(rows)]
+    return [Participant(worker=w, attempt=a, samples=n, iteration=i[0] if i else None) for w, a, n, *i in plain(rows)]
 
 
 def iteration_record(iteration: int, items: list[dict[str, Any]]) -> IterationRecord:

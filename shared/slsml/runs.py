@@ -192,6 +192,12 @@ def fleet(iterations: list[IterationRecord]) -> list[FleetChange]:
     return changes
 
 
+def first_reaching(iterations: list[Counter], accuracy: float) -> int | None:
+    """The first iteration whose merged model reached ``accuracy`` on the test set (None: none did)."""
+    return next((c.iteration for c in sorted(iterations, key=lambda c: c.iteration)
+                 if (c.test_accuracy or 0) >= accuracy), None)
+
+
 class RunSummary(BaseModel):
     run_id: str
     status: RunStatus
@@ -210,6 +216,7 @@ class RunSummary(BaseModel):
     bytes_read_per_iteration: float | None = None  # S3, from the functions' usage lines (slsml.usage)
     bytes_written_per_iteration: float | None = None
     late_workers: int
+    late_folded: int = 0  # late updates a later reduce took (bounded staleness); the others were dropped
     dropped_parts: int = 0
     nonfinite_updates: int = 0
     deadlines_fired: int = 0  # reduces the watchdog fired at a deadline, without the missing workers
@@ -268,6 +275,7 @@ def summarize(
         median_worker_compute_s=median_compute,
         overhead_share=(1 - median_compute / median_cycle) if median_cycle and median_compute else None,
         late_workers=sum(len(r.late - r.nonfinite) for r in iterations),
+        late_folded=sum(len(r.folded) for r in iterations),
         dropped_parts=sum(len(r.dropped_parts) for r in iterations),
         nonfinite_updates=sum(len(r.nonfinite) for r in iterations),
         deadlines_fired=sum(r.fired_at_deadline for r in iterations),

@@ -232,17 +232,20 @@ class RunTable:
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
 
     def tune(
-        self, run_id: str, iteration: int, state: TunerState, workers: int, reason: str | None
+        self, run_id: str, iteration: int, state: TunerState, was: int, workers: int, reason: str | None
     ) -> RunRecord | None:
-        """Store the tuner's decision for ``iteration`` (its state, and the workers with the reason if they
-        change), once per iteration; None if it was stored before or the run is not RUNNING."""
+        """Store the tuner's decision for ``iteration``: its state, and the workers with the reason if they
+        change from ``was``. Once per iteration, and only if the workers are still ``was`` (a ``run scale``
+        meanwhile stands); None if it was not stored or the run is not RUNNING."""
         values = {"tuner": state.model_dump_json(), "tuned": iteration, "workers": workers, "workers_reason": reason}
         expression, names, bound = _set({k: v for k, v in values.items() if v is not None})
         item = conditional(lambda: self.table.update_item(
             Key=self._key(run_id, META), UpdateExpression=expression,
-            ConditionExpression="#status = :running AND (attribute_not_exists(#tuned) OR #tuned < :tuned)",
+            ConditionExpression="#status = :running AND #workers = :was"
+            " AND (attribute_not_exists(#tuned) OR #tuned < :tuned)",
             ExpressionAttributeNames={**names, "#status": "status"},
-            ExpressionAttributeValues={**bound, ":running": RunStatus.RUNNING.value}, ReturnValues="ALL_NEW",
+            ExpressionAttributeValues={**bound, ":running": RunStatus.RUNNING.value, ":was": was},
+            ReturnValues="ALL_NEW",
         ))
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
 
@@ -298,6 +301,38 @@ class RunTable:
     def _add(self, run_id: str, iteration: int, counter: str, amount: int = 1) -> None:
         self.table.update_item(Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=f"ADD {counter} :n",
                                ExpressionAttributeValues={":n": amount})
+
+    def late_reports(self, run_id: str, iteration: int, staleness: int, generation: int) -> list[Participant]:
+        """The finite updates of the ``staleness`` iterations before ``iteration`` that came after their
+        reduce fired and no other reduce took (or ``iteration``'s did): one query per iteration looked at."""
+        late: list[Participant] = []
+        for source in range(max(0, iteration - staleness), iteration):
+            record = self.get_iteration(run_id, source)
+            if record.reduce_fired_by is None or record.generation != generation:
+                continue
+            late += [Participant(worker=r.worker, attempt=r.attempt, samples=r.samples or 0, iteration=source)
+                     for w, r in sorted(record.reports.items())
+                     if w in record.late and r.finite and r.folded_into in (None, iteration)]
+        return late
+
+    def fold(self, run_id: str, participant: Participant, into: int) -> bool:
+        """Claim a late update for the reduce of ``into`` (again, for the same one); False if another took it."""
+        assert participant.iteration is not None
+        return conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, worker_sk(participant.iteration, participant.worker)),
+            UpdateExpression="SET folded_into = :into",
+            ConditionExpression="attempt = :attempt AND (attribute_not_exists(folded_into) OR folded_into = :into)",
+            ExpressionAttributeValues={":into": into, ":attempt": participant.attempt},
+        )) is not None
+
+    def unfold(self, run_id: str, participant: Participant, into: int) -> None:
+        """Give back a late update claimed for a reduce that fired without it."""
+        assert participant.iteration is not None
+        conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, worker_sk(participant.iteration, participant.worker)),
+            UpdateExpression="REMOVE folded_into", ConditionExpression="folded_into = :into",
+            ExpressionAttributeValues={":into": into},
+        ))
 
     def freeze_participants(
         self, run_id: str, iteration: int, owner: int, participants: list[Participant]

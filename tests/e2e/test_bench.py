@@ -1,5 +1,5 @@
-"""The straggler benchmark, in miniature: its four runs complete, and a straggler that the quorum
-waits for lengthens the iterations."""
+"""The straggler benchmark, in miniature: its six runs complete, a straggler that the quorum waits for
+lengthens the iterations, and with bounded staleness the straggler's late updates are folded in."""
 
 from __future__ import annotations
 
@@ -8,18 +8,19 @@ import pytest
 from slsml import bench
 
 
-def test_the_straggler_benchmark_compares_four_runs(local, services, digits):
+def test_the_straggler_benchmark_compares_six_runs(local, services, digits):
     progress: dict[str, int] = {}
-    report = bench.stragglers(local, workers=2, iterations=3, slow_iterations=3, factor=3,
+    report = bench.stragglers(local, workers=2, iterations=4, slow_iterations=3, factor=3,
                               progress=lambda case, done, total: progress.__setitem__(case, total))
     print(report.model_dump_json(indent=1))
-    assert [c.name for c in report.cases] == ["a", "b", "c", "d"]
-    assert progress == {"a": 3, "b": 3, "c": 3, "d": 3}
-    assert [(c.quorum, c.straggler) for c in report.cases] == [(1, False), (0.5, False), (0.5, True), (1, True)]
+    assert [c.name for c in report.cases] == ["a", "b", "c", "d", "e", "f"]
+    assert progress == {"a": 4, "b": 4, "c": 4, "d": 3, "e": 4, "f": 4}
+    assert [(c.quorum, c.straggler, c.staleness) for c in report.cases] == [
+        (1, False, 0), (0.5, False, 0), (0.5, True, 0), (1, True, 0), (0.5, True, 0), (0.5, True, bench.STALENESS)]
     for case in report.cases:
         summary = case.summary
         assert summary.status == "COMPLETED", (case.name, summary.reason)
-        assert summary.iterations == 3 and summary.workers == 2 and summary.quorum == case.quorum
+        assert summary.iterations == progress[case.name] and summary.workers == 2 and summary.quorum == case.quorum
         assert summary.median_iteration_s is not None and summary.test_accuracy is not None
     assert report.straggler == 1 and report.baseline_s > 0
     assert report.delay_s == pytest.approx(2 * report.baseline_s)
@@ -28,3 +29,8 @@ def test_the_straggler_benchmark_compares_four_runs(local, services, digits):
     assert report.d_growth_s == pytest.approx(d.median_iteration_s - a.median_iteration_s)
     assert report.case("d").ratio == pytest.approx(d.median_iteration_s / a.median_iteration_s)
     assert local.host.faults is None  # the straggler is gone once the benchmark ends
+    e, f = report.case("e").summary, report.case("f").summary
+    assert e.late_workers > 0 and e.late_folded == 0  # without staleness the late updates are dropped
+    assert report.f_folded > 0 and report.f_late == report.f_folded + report.f_dropped + report.f_at_the_end
+    assert f.late_folded <= report.f_folded
+    assert report.ssp_delay_s == pytest.approx((report.ssp_factor - 1) * report.baseline_s)

@@ -12,6 +12,7 @@ from pydantic.fields import FieldInfo
 
 from slsml import cli, display
 from slsml.config import RegularExpression, TrainingSpec
+from slsml.errors import BadInputError
 
 RUN_START = ("run", "start", "--local", "--model", "m.keras", "--data", "d.npz", "--iterations", "3")
 
@@ -126,3 +127,27 @@ def test_a_field_no_flag_can_set_is_refused(annotation: Any) -> None:
         cli._readings(odd)
     with pytest.raises(TypeError, match=r"Bare\.count: .* without a description"):
         cli._readings(create_model("Bare", count=(int, 1)))
+
+
+@pytest.mark.parametrize(("arguments", "named"), [
+    (["--algorithm", "average", "--local-steps", "0"], "--local-steps: Input should be greater than or equal to 1"),
+    (["--local-steps", "4", "--server", "optimizer"], "--local-steps, --server: options of model averaging"
+     " (--algorithm average) only"),
+    (["--algorithm", "average", "--local-optimizer", "adam", "--local-momentum", "0.9"],
+     "--local-optimizer adam: momentum does not apply to Adam"),
+    (["--workers", "auto"], "--workers auto needs --min-workers and --max-workers"),
+    (["--objective", "cost"], "--objective applies to --workers auto only"),
+    (["--workers", "auto", "--min-workers", "6", "--max-workers", "3"], "--min-workers (6) must be at most"
+     " --max-workers (3)"),
+])
+def test_spec_flags_that_make_no_spec_fail_on_one_line_naming_the_flags(arguments: list[str], named: str) -> None:
+    with pytest.raises(BadInputError) as refused:
+        cli._spec(cli.build_parser().parse_args([*RUN_START, *arguments]))
+    assert str(refused.value).startswith(named), str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_local_optimizer_the_reducers_do_not_implement_is_no_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([*RUN_START, "--algorithm", "average", "--local-optimizer", "adafactor"])
+    assert "--local-optimizer: invalid choice: 'adafactor'" in capsys.readouterr().err

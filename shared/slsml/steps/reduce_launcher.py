@@ -56,7 +56,10 @@ def fire_reduce(
     if not finite or (len(finite) < quorum_count(workers, quorum) and len(reports) < workers):
         return []  # the counter ran ahead of the records (a duplicate report counted twice)
     participants = [Participant(worker=r.worker, attempt=r.attempt, samples=r.samples) for r in finite]
-    fired_by, participants = table.freeze_participants(run_id, iteration, owner, participants)
+    folded = _fold_late(services, config, iteration, generation)
+    fired_by, participants = table.freeze_participants(run_id, iteration, owner, participants + folded)
+    for late in set(folded) - set(participants):  # claimed for a reduce that fired without them: free again
+        table.unfold(run_id, late, iteration)
     if fired_by != owner:  # another worker's message (or the watchdog) fired it first
         if owner != DEADLINE_OWNER and owner not in {p.worker for p in participants}:
             _late({"run_id": run_id, "iteration": iteration, "worker": owner})
@@ -65,6 +68,16 @@ def fire_reduce(
                               nonfinite=sorted(r.worker for r in reports if not r.finite))
     table.mark_reduce_fired(run_id, iteration, owner, participants, reports)  # after: the reducers need not wait
     return messages
+
+
+def _fold_late(services: Services, config: RunConfig, iteration: int, generation: int) -> list[Participant]:
+    """Bounded staleness: the late updates of the last ``staleness`` iterations that no reduce took yet,
+    claimed for this one."""
+    if not config.training.staleness:
+        return []
+    table = services.table
+    candidates = table.late_reports(config.run_id, iteration, config.training.staleness, generation)
+    return [late for late in candidates if table.fold(config.run_id, late, iteration)]
 
 
 def _late(log: dict[str, object]) -> None:

@@ -23,7 +23,7 @@ from slsml import clipping, keys, optimizers, shards, updates, wiring
 from slsml.barrier import quorum_count
 from slsml.config import UPDATE_KINDS, RunConfig
 from slsml.errors import RunFailed
-from slsml.messages import ReduceDone, ReduceMessage
+from slsml.messages import Participant, ReduceDone, ReduceMessage
 from slsml.reliability import ReadPolicy
 from slsml.services import Services
 from slsml.steps.common import run_config
@@ -112,7 +112,8 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     run, iteration, shard = message.run_id, message.iteration, message.shard
     policy, participants = ReadPolicy(), message.participants
     compression, kind = config.training.compression, UPDATE_KINDS[config.training.algorithm]
-    where = [keys.update(run, iteration, p.worker, p.attempt) for p in participants]
+    where = [keys.update(run, iteration if p.iteration is None else p.iteration, p.worker, p.attempt)
+             for p in participants]
     need = quorum_count(len(participants), policy.quorum)
     if compression.kind == "significance":
         parts = _read_significant_parts(services.store, where, config, shard, need, policy)
@@ -133,13 +134,21 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
         except updates.UpdateFormatError as error:
             raise RunFailed(str(error) if str(error).startswith(key) else f"{key}: {error}") from None
         included.append(participant)
-    total = sum(p.samples for p in included)
+    weights = [_weight(p, iteration, config.training.staleness_decay) for p in included]
+    total = sum(weights)
     if total == 0:
         raise RunFailed(f"iteration {iteration}: the participating workers processed no samples")
     mean = np.zeros(config.plan.shard(shard).size, dtype=np.float64)
-    for participant, part in zip(included, decoded, strict=True):  # in message order: the same sums as long
-        mean += part.astype(np.float64) * participant.samples  # as nothing is dropped
+    for weight, part in zip(weights, decoded, strict=True):  # in message order: the same sums as long as
+        mean += part.astype(np.float64) * weight  # nothing is dropped
     return shards.Shard((mean / total).astype(np.float32), {}, [p.worker for p in included])
+
+
+def _weight(participant: Participant, iteration: int, decay: float) -> float:
+    """A part's weight in the mean: its samples, × ``decay`` per iteration of age for a late update folded in."""
+    if participant.iteration is None:
+        return participant.samples
+    return participant.samples * decay ** (iteration - participant.iteration)
 
 
 def _read_significant_parts(

@@ -92,7 +92,7 @@ def _tune(run: RunRecord, iteration: int, services: Services) -> RunRecord:
     if changed:
         logger.info("tuner changes the workers", extra={"run_id": run.run_id, "iteration": iteration,
                                                        "workers": decision.workers, "reason": decision.reason})
-    tuned = services.table.tune(run.run_id, iteration, decision.state, decision.workers,
+    tuned = services.table.tune(run.run_id, iteration, decision.state, run.workers, decision.workers,
                                 decision.reason if changed else None)
     return tuned or services.table.get_run(run.run_id)
 
