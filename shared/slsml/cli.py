@@ -670,7 +670,8 @@ def cmd_bench_stragglers(args: argparse.Namespace) -> int:
         with _console().status(f"starting the embedded cloud and warm function processes ({pool} for workers)…"):
             stack.enter_context(runtime)
         with display.named_progress("[bold]({task.description})") as show:
-            report = bench.stragglers(runtime, args.workers, args.iterations, args.slow_iterations, args.factor, show)
+            report = bench.stragglers(runtime, args.workers, args.iterations, args.slow_iterations, args.factor, show,
+                                      args.ssp_factor)
     display.print_stragglers(report)
     if args.json:
         print(report.model_dump_json())
@@ -827,6 +828,9 @@ def build_parser() -> argparse.ArgumentParser:
                             help="iterations of (d), the straggler under quorum 1: slow by design (default 15)")
     stragglers.add_argument("--factor", type=float, default=20.0,
                             help="the straggler's invocation lasts this many (a) work phases (default 20)")
+    stragglers.add_argument("--ssp-factor", type=float, default=1.5,
+                            help="(e) and (f): the straggler's invocation lasts this many (a) work phases (default"
+                            " 1.5)")
     stragglers.add_argument("--json", action="store_true", help="print the report as one JSON line")
     stragglers.set_defaults(handler=cmd_bench_stragglers)
     barrier = benchmarks.add_parser(
