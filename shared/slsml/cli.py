@@ -725,6 +725,30 @@ def cmd_bench_algorithms(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_communication(args: argparse.Namespace) -> int:
+    from slsml import bench_communication, runs
+    from slsml.local.runtime import LocalRuntime
+
+    if args.iterations < 1:
+        raise BadInputError(f"--iterations must be at least 1, not {args.iterations}")
+    significance = bench_communication.SIGNIFICANCE if args.significance is None else args.significance
+    if not significance > 0:
+        raise BadInputError(f"--significance must be above 0, not {significance:g}")
+    workers = bench_communication.WORKERS
+    log_dir = Path(".slsml/logs") / runs.new_run_id("communication")
+    runtime = LocalRuntime(workers=workers, reducers=bench_communication.REDUCERS, pool=workers, log_dir=log_dir)
+    with ExitStack() as stack:
+        with _console().status(f"starting the embedded cloud and warm function processes ({workers} for workers)…"):
+            stack.enter_context(runtime)
+        with display.named_progress("[bold]{task.description}") as show:
+            report = bench_communication.communication(runtime, args.iterations, show,
+                                                       significance=significance)
+    display.print_communication(report)
+    if args.json:
+        print(report.model_dump_json())
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from slsml import planreport
 
@@ -862,6 +886,17 @@ def build_parser() -> argparse.ArgumentParser:
     algorithms.add_argument("--pool", type=int, help="warm processes per function (default and at least 8)")
     algorithms.add_argument("--json", action="store_true", help="print the report as one JSON line")
     algorithms.set_defaults(handler=cmd_bench_algorithms)
+
+    communication = benchmarks.add_parser(
+        "communication", help="dense, fp16, top-k 1%% and significance-filtered updates (error feedback) at 8 workers:"
+        " update, residual and reducer bytes, requests and dollars to the demo's accuracy and over a fixed budget"
+    )
+    communication.add_argument("--iterations", type=int, default=150,
+                               help="iterations of every run (default 150, the demo's)")
+    communication.add_argument("--significance", type=float, metavar="V",
+                               help="the significance variant's threshold, significance:V (default 0.2)")
+    communication.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    communication.set_defaults(handler=cmd_bench_communication)
 
     plan = commands.add_parser("plan", help="predict a run's time, requests, dollars and quotas on AWS")
     from slsml.planreport import add_arguments

@@ -417,3 +417,100 @@ def print_algorithms(report: Any) -> None:
               f" {ratio(report.averaging_ratio)}; at most 1/{bench.SPEEDUP}: {yes[report.averaging_fast]}")
     out.print(f"workers auto against the fastest fixed W ({fastest}): {ratio(report.tuned_ratio)}; within"
               f" {bench.TUNED_WITHIN - 1:.0%}: {yes[report.tuned_close]}")
+
+
+def byte_size(count: float) -> str:
+    """Bytes in decimal units, three figures: 812 B, 74.5 kB, 3.68 MB, 1.20 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            value = count / scale
+            return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}" if value < 100 else \
+                f"{value:,.0f} {unit}"
+    return f"{count:.0f} B"
+
+
+def accuracy_checkpoints(iterations: int) -> list[int]:
+    """Iterations at which ``bench communication`` shows each run's test accuracy: 10, 20, 30, 50, 75, 100 and
+    150 of 150, in proportion for another budget."""
+    return sorted({max(1, round(iterations * share)) for share in (1 / 15, 2 / 15, 1 / 5, 1 / 3, 1 / 2, 2 / 3, 1)})
+
+
+def print_communication(report: Any) -> None:
+    """``bench communication``: a row per compressor to the target and over the fixed number of iterations, the
+    test accuracy by iteration, then whether fp16 halved the update bytes at the same accuracy and whether top-k
+    reached the target on a twentieth of them."""
+    from rich.table import Table
+
+    from slsml import bench_communication as bench
+
+    target, n = f"{report.target:g}", report.iterations
+    dense = report.variant("dense")
+
+    def figure(value: float | None, text: Callable[[float], str]) -> str:
+        return "–" if value is None else text(value)
+
+    def fewer(value: float | None, reference: float | None) -> str:
+        return "–" if not value or not reference else f"{reference / value:.1f}×"
+
+    out, yes = console(), {True: "yes", False: "no"}
+    title = (f"communication: the demo's CNN on digits, {report.workers} workers, {report.reducers} reducers, global"
+             f" batch {report.global_batch}, Adam 3e-3, error feedback on every lossy compressor")
+    reaching = Table("variant", "compress", f"iters to {target}", "s", "update bytes", "× fewer than dense",
+                     "residual bytes", "reducers read", "of which updates", "requests", "$",
+                     title=f"{title}\nto the first model at test accuracy {target}")
+    for v in report.variants:
+        reaching.add_row(v.name, v.compress, figure(v.iterations_to_target, str),
+                         figure(v.wall_to_target_s, "{:.1f}".format), figure(v.update_bytes_to_target, byte_size),
+                         fewer(v.update_bytes_to_target, dense.update_bytes_to_target),
+                         figure(v.residual_bytes_to_target, byte_size),
+                         figure(v.reducer_bytes_read_to_target, byte_size),
+                         figure(v.reducer_update_bytes_read_to_target, byte_size),
+                         figure(v.requests_to_target, "{:,}".format), figure(v.cost_to_target_usd, dollars))
+    out.print(reaching)
+    total = Table("variant", "update (mean)", "update bytes", "× fewer than dense", "residual bytes",
+                  "workers wrote", "reducers read", "of which updates", "requests", "$", "s", "test acc",
+                  title=f"in total: {n} iterations each")
+    for v in report.variants:
+        total.add_row(v.name, byte_size(v.mean_update_bytes), byte_size(v.update_bytes),
+                      fewer(v.update_bytes, dense.update_bytes), byte_size(v.residual_bytes),
+                      byte_size(v.worker_usage_bytes_written), byte_size(v.reducer_bytes_read),
+                      byte_size(v.reducer_update_bytes_read), f"{v.requests:,}", dollars(v.cost_usd), f"{v.wall_s:.1f}",
+                      figure(v.final_accuracy, "{:.4f}".format))
+    out.print(total)
+    checkpoints = accuracy_checkpoints(n)
+    accuracy = Table("variant", *(str(i) for i in checkpoints), "best (iteration)",
+                     title="test accuracy after iteration …")
+    for v in report.variants:
+        scored = [(a, i + 1) for i, a in enumerate(v.accuracy_by_iteration) if a is not None]
+        best = max(scored, key=lambda pair: (pair[0], -pair[1]), default=None)
+        cells = [figure(v.accuracy_by_iteration[i - 1] if i <= len(v.accuracy_by_iteration) else None,
+                        "{:.4f}".format) for i in checkpoints]
+        accuracy.add_row(v.name, *cells, "–" if best is None else f"{best[0]:.4f} ({best[1]})")
+    out.print(accuracy)
+    written = all(v.worker_usage_bytes_written == v.update_bytes + v.residual_bytes for v in report.variants)
+    out.print(f"update and residual bytes: the objects in S3 (the workers' usage lines count them together; they add"
+              f" up: {yes[written]}); reducers read: their usage lines, of which updates: from the update objects")
+    fp16 = report.variant("fp16")
+    gap = "no accuracy to compare" if report.fp16_accuracy_gap is None else (
+        f"test accuracy {fp16.final_accuracy:.4f} against dense's {dense.final_accuracy:.4f},"
+        f" {100 * report.fp16_accuracy_gap:+.2f} points")
+    out.print(f"fp16: {report.fp16_ratio:.2f}× fewer update bytes than dense over {n} iterations (at least"
+              f" {bench.FP16_FEWER:g}×: {yes[report.fp16_fewer]}); {gap} (within {100 * bench.FP16_WITHIN:g}:"
+              f" {yes[report.fp16_close]})")
+    topk = report.variant("topk")
+    if report.topk_ratio is not None:
+        out.print(f"top-k {topk.compress.partition(':')[2]} with error feedback: {report.topk_ratio:.1f}× fewer update"
+                  f" bytes than dense to {target} ({topk.iterations_to_target} iterations against dense's"
+                  f" {dense.iterations_to_target}); at least {bench.TOPK_FEWER}×: {yes[report.topk_fewer]}")
+    else:
+        why = f"top-k did not reach {target} within {n} iterations" if topk.iterations_to_target is None else \
+            f"dense did not reach {target} within {n} iterations"
+        best = "–" if report.topk_best_accuracy is None else \
+            f"{report.topk_best_accuracy:.4f} after iteration {report.topk_best_iteration}"
+        out.print(f"top-k {topk.compress.partition(':')[2]} with error feedback: no ratio ({why}; top-k's best test"
+                  f" accuracy {best}, dense reached {target} at iteration {dense.iterations_to_target or '–'});"
+                  f" at least {bench.TOPK_FEWER}×: no")
+    significance = report.variant("significance")
+    to_target = fewer(significance.update_bytes_to_target, dense.update_bytes_to_target)
+    out.print(f"{significance.compress}: {fewer(significance.update_bytes, dense.update_bytes)} fewer update bytes"
+              f" than dense over {n} iterations, {to_target} to {target}")
