@@ -5,7 +5,6 @@ the moving average of the weights."""
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Callable
 
 import keras
@@ -74,11 +73,10 @@ TOLERANCE |= {"adam": 1e-4, "adam-ema-overwrite": 1e-4, "adamax-piecewise-clipva
 # the shapes of the first cases trimmed to those the newer ones leave out (R=2, W=4)
 CASES = [(name, w, r) for name in ("sgd-momentum", "adam") for w, r in ((1, 2), (4, 1), (4, 2), (4, 3))]
 CASES += [("sgd-nesterov", 3, 2)]
+# the others with one worker and one shard, and with three of each (several workers to average, shards that
+# cut across variables: the exchange of norm clipping spans them)
 CASES += [
-    (name, w, r)
-    for name in KERAS
-    if name not in ("sgd-momentum", "sgd-nesterov", "adam")
-    for w, r in itertools.product((1, 3), (1, 3))
+    (name, w, r) for name in KERAS if name not in ("sgd-momentum", "sgd-nesterov", "adam") for w, r in ((1, 1), (3, 3))
 ]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -80,9 +81,10 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     assert all((service / "report" / image).stat().st_size > 0 for image in ("curves.png", "cost.png"))
 
 
-def test_a_local_run_stops_and_resumes(service: Path) -> None:
+def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     started = _slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--data", "digits", "--iterations",
-                     "40", "--eval-every", "0", "--run-id", "stop-me", "--no-wait")
+                     "40", "--eval-every", "0", "--run-id", "stop-me", "--no-wait", "--workers", "2",
+                     "--max-workers", "4")
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip() == "stop-me"
     stopped = _slsml(service, "run", "stop", "stop-me")
@@ -91,10 +93,23 @@ def test_a_local_run_stops_and_resumes(service: Path) -> None:
     assert status["status"] == "STOPPED" and status["training"]["eval_every"] == 0  # the flag, not the default
     resumed = _slsml(service, "run", "resume", "stop-me")
     assert resumed.returncode == 0, resumed.stderr
+    outside = _slsml(service, "run", "scale", "stop-me", "--workers", "5")
+    assert outside.returncode == 2 and "5 workers lie outside run 'stop-me''s bounds of 1 to 4" in outside.stderr
+    scaled = _slsml(service, "run", "scale", "stop-me", "--workers", "4")
+    assert scaled.returncode == 0, scaled.stderr
+    told = re.search(r"run stop-me: 4 workers from (?:iteration (\d+) on|the next iteration launched on)",
+                     scaled.stderr)
+    assert told, scaled.stderr
     watched = _slsml(service, "run", "watch", "stop-me", "--json", "--timeout", "300")
     summary = json.loads(watched.stdout.strip().splitlines()[-1])
     assert (summary["status"], summary["iterations"]) == ("COMPLETED", 40)
     assert summary["training"] == status["training"]  # a resumed run goes on with the spec it started with
+    first, changed = summary["fleet"]  # the iterations after the scale trained with 4 workers, and say why
+    assert (first["workers"], changed["workers"], changed["reason"]) == (2, 4, "run scale"), summary["fleet"]
+    assert told[1] is None or changed["iteration"] == int(told[1])
+    assert re.search(rf"workers\s*│ 2 → 4 at iteration {changed['iteration']} \(run scale\)", watched.stderr)
+    finished = _slsml(service, "run", "scale", "stop-me", "--workers", "3")
+    assert finished.returncode == 2 and "is COMPLETED: only a RUNNING run can be scaled" in finished.stderr
     fetched = _slsml(service, "run", "fetch", "stop-me", "--out", "stopped.keras")
     assert fetched.returncode == 0, fetched.stderr
     assert modelio.load_model((service / "stopped.keras").read_bytes()).count_params() > 0
