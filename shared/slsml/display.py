@@ -390,22 +390,23 @@ def print_algorithms(report: Any) -> None:
     from slsml import bench_algorithms as bench
 
     target = f"{report.target:g}"
-    table = Table("variant", "rounds", f"rounds to {target}", f"s to {target}", f"requests to {target}",
-                  f"$ to {target}", "final acc", "total s", "total requests", "total $", "fleet",
-                  title=f"algorithms: the demo's CNN on digits, global batch {report.global_batch},"
-                        f" {report.sample_budget:,} samples each; target test accuracy {target}")
+    to_target = Table("variant", "rounds", "s", "requests", "$", "workers",
+                      title=f"to test accuracy {target} (the demo's CNN, global batch {report.global_batch})")
+    budget = Table("variant", "rounds", "test acc", "s", "requests", "$",
+                   title=f"the whole budget: {report.sample_budget:,} samples each")
 
     def figure(value: float | None, text: Callable[[float], str]) -> str:
         return "–" if value is None else text(value)
 
     for v in report.variants:
-        table.add_row(v.name, str(v.rounds), figure(v.rounds_to_target, str),
-                      figure(v.wall_to_target_s, "{:.1f}".format), figure(v.requests_to_target, "{:,}".format),
-                      figure(v.cost_to_target_usd, dollars), figure(v.final_accuracy, "{:.4f}".format),
-                      f"{v.wall_s:.1f}", f"{v.requests:,}", dollars(v.cost_usd),
-                      "→".join(str(c.workers) for c in v.fleet) or "–")
+        to_target.add_row(v.name, figure(v.rounds_to_target, str), figure(v.wall_to_target_s, "{:.1f}".format),
+                          figure(v.requests_to_target, "{:,}".format), figure(v.cost_to_target_usd, dollars),
+                          "→".join(str(c.workers) for c in v.fleet) or "–")
+        budget.add_row(v.name, str(v.rounds), figure(v.final_accuracy, "{:.4f}".format), f"{v.wall_s:.1f}",
+                       f"{v.requests:,}", dollars(v.cost_usd))
     out, yes = console(), {True: "yes", False: "no"}
-    out.print(table)
+    out.print(to_target)
+    out.print(budget)
     fixed = [v for v in report.variants if v.name in {f"gradient-w{w}" for w in bench.FIXED_WORKERS}
              and v.wall_to_target_s is not None]
     fastest = min(fixed, key=lambda v: v.wall_to_target_s or 0.0).name if fixed else "none reached it"
