@@ -273,7 +273,7 @@ def _start(services: Any, model_bytes: bytes, dataset: str, spec: TrainingSpec, 
     from slsml import runs
 
     config = runs.prepare_run(services, model_bytes, dataset, spec, run_id=run_id)
-    display.say(display.describe_optimizer(config.optimizer))
+    display.say(display.describe_update(config))
     runs.launch_run(services, config)
     return config
 

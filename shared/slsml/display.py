@@ -55,6 +55,21 @@ def describe_optimizer(config: OptimizerConfig) -> str:
     return "optimizer: " + ", ".join([*parts, decay, *(clipping or ["no clipping"])])
 
 
+def describe_update(config: Any) -> str:
+    """One line: what a run's reducers apply (``describe_optimizer``), and under model averaging what a worker's
+    round takes first."""
+    spec = config.training
+    if spec.algorithm != "average":
+        return describe_optimizer(config.optimizer)
+    local = describe_optimizer(spec.local_optimizer_config()).removeprefix("optimizer: ")
+    local = local.removesuffix(", no weight decay, no clipping")
+    state = "kept per worker slot" if spec.local_state == "keep" else "fresh every round"
+    server = ("the reducers apply the average weight change (FedAvg)" if spec.server == "average"
+              else "the reducers step " + describe_optimizer(config.optimizer).removeprefix("optimizer: ")
+              + " with the average weight change (FedOpt)")
+    return f"model averaging: {spec.local_steps} local steps a round of {local} (state {state}); {server}"
+
+
 def number(value: Any) -> str:
     if isinstance(value, tuple | list):
         return "(" + ", ".join(number(v) for v in value) + ")"

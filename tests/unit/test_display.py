@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from slsml import cli, display, runs
-from slsml.config import TrainingSpec
+from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.plan import ShardPlan, VariableSpec
 from slsml.records import Counter, IterationRecord, RunRecord, RunStatus
 from slsml.runs import RunSummary
 
@@ -100,3 +101,21 @@ def test_the_progress_line_says_loss_accuracy_and_time_per_iteration() -> None:
     assert "test acc 0.600" in later  # the last one seen
     with display.run_progress("run-1", 10, started=0.0) as show:
         show(run, Counter(iteration=4, train_loss=0.5))
+
+
+def test_the_line_before_a_run_says_what_model_averaging_applies() -> None:
+    plan = ShardPlan.build([VariableSpec(name="kernel", shape=(2,), trainable=True)], 1)
+
+    def line(**training: object) -> str:
+        spec = TrainingSpec(reducers=1, **training)
+        config = RunConfig(run_id="r", dataset="d", training=spec, optimizer=OptimizerConfig(name="adam"),
+                           loss="mse", classification=True, plan=plan)
+        return display.describe_update(config)
+
+    assert line() == "optimizer: Adam, learning rate 0.003, no weight decay, no clipping"
+    assert line(algorithm="average", local_steps=16, local_momentum=0.9) == (
+        "model averaging: 16 local steps a round of SGD, learning rate 0.1, momentum 0.9 (state fresh every"
+        " round); the reducers apply the average weight change (FedAvg)")
+    fedopt = line(algorithm="average", local_steps=4, local_state="keep", server="optimizer")
+    assert fedopt.endswith("(state kept per worker slot); the reducers step Adam, learning rate 0.003, no weight"
+                           " decay, no clipping with the average weight change (FedOpt)"), fedopt
