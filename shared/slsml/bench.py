@@ -33,7 +33,8 @@ from slsml.config import TrainingSpec
 from slsml.errors import SlsmlError
 from slsml.faults import Faults, SlowWorker
 from slsml.local.runtime import LocalRuntime
-from slsml.records import IterationRecord
+from slsml.records import IterationRecord, RunRecord
+from slsml.services import Services
 
 DATASET = "digits"
 ACCURACY_TARGET = 0.95  # the demo's promise
@@ -83,6 +84,27 @@ class StragglerReport(BaseModel):
         return next(c for c in self.cases if c.name == name)
 
 
+def demo_model(services: Services) -> bytes:
+    """The demo's CNN as a ``.keras`` file, with the digits dataset in the store (put there once)."""
+    if not services.store.exists(keys.dataset_manifest(DATASET)):
+        data.put_dataset(services.store, DATASET, *demo.digits())
+    return modelio.save_model(demo.digits_cnn())
+
+
+def run_to_the_end(
+    services: Services, model_bytes: bytes, spec: TrainingSpec, run_id: str, name: str, progress: Progress | None
+) -> tuple[RunRecord, float]:
+    """Train ``spec`` on the digits as ``run_id`` and wait for it (``progress``: as variant ``name``); the
+    COMPLETED run and when it started. SlsmlError if it did not complete."""
+    started = time.time()
+    runs.start_run(services, model_bytes, DATASET, spec, run_id=run_id)
+    shown = None if progress is None else lambda record, _: progress(name, record.iteration, spec.iterations)
+    run = runs.wait_for_run(services, run_id, on_progress=shown, timeout_s=600 + 30 * spec.iterations)
+    if run.status != "COMPLETED":
+        raise SlsmlError(f"run {run_id} ({name}) did not complete: {run.reason}")
+    return run, started
+
+
 def rounds_to_target(records: list[IterationRecord]) -> int | None:
     reached = runs.first_reaching(records, ACCURACY_TARGET)
     return None if reached is None else reached + 1
@@ -118,9 +140,7 @@ def stragglers(
     if workers < 2 or factor <= 1:
         raise SlsmlError(f"a straggler needs at least 2 workers and a factor above 1 (got {workers}, {factor})")
     services = local.services
-    if not services.store.exists(keys.dataset_manifest(DATASET)):
-        data.put_dataset(services.store, DATASET, *demo.digits())
-    model_bytes = modelio.save_model(demo.digits_cnn())
+    model_bytes = demo_model(services)
     stem = runs.new_run_id("stragglers")
     slow, quorum, q = workers - 1, (workers - 1) / workers, f"{workers - 1}/{workers}"
     described: dict[CaseName, tuple[str, float, bool]] = {  # description, quorum, straggler

@@ -16,12 +16,10 @@ from collections.abc import Callable
 
 from pydantic import BaseModel
 
-from slsml import data, demo, keys, modelio, prices, runs, usage
+from slsml import bench, prices, runs, usage
 from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.errors import SlsmlError
 from slsml.local.runtime import LocalRuntime
 
-DATASET = "digits"
 ACCURACY_TARGET = 0.95
 WORKERS, BATCH = 4, 128  # model averaging's workers; the global batch of every run
 FIXED_WORKERS = (2, 4, 8)  # gradient averaging's, and the tuner's bounds
@@ -121,20 +119,11 @@ def algorithms(local: LocalRuntime, progress: Progress | None = None) -> Algorit
     """Run every variant on ``local`` (an entered runtime with at least ``max(FIXED_WORKERS)`` worker
     processes), one after the other, and compare them."""
     services = local.services
-    if not services.store.exists(keys.dataset_manifest(DATASET)):
-        data.put_dataset(services.store, DATASET, *demo.digits())
-    model_bytes = modelio.save_model(demo.digits_cnn())
+    model_bytes = bench.demo_model(services)
     stem = runs.new_run_id("algorithms")
     compared = []
     for name, (description, spec) in variants().items():
-        run_id = f"{stem}-{name}"
-        started = time.time()
-        runs.start_run(services, model_bytes, DATASET, spec, run_id=run_id)
-        shown = None if progress is None else lambda record, _, n=name, s=spec: progress(n, record.iteration,
-                                                                                      s.iterations)
-        run = runs.wait_for_run(services, run_id, on_progress=shown, timeout_s=600 + 30 * spec.iterations)
-        if run.status != "COMPLETED":
-            raise SlsmlError(f"run {run_id} ({name}) did not complete: {run.reason}")
+        run, started = bench.run_to_the_end(services, model_bytes, spec, f"{stem}-{name}", name, progress)
         compared.append(_variant(name, description, spec, run, services, local.log_dir, started))
     by_name = {v.name: v for v in compared}
 

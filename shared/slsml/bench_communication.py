@@ -31,14 +31,12 @@ from typing import NamedTuple
 
 from pydantic import BaseModel
 
-from slsml import data, demo, keys, modelio, prices, runs, updates, usage
+from slsml import bench, keys, prices, runs, updates, usage
 from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.errors import SlsmlError
 from slsml.local.runtime import LocalRuntime
 from slsml.services import Services
 from slsml.updates import Compression
 
-DATASET = "digits"
 ACCURACY_TARGET = 0.95
 WORKERS, REDUCERS, BATCH = 8, 2, 128
 ITERATIONS = 150  # the default budget of every run
@@ -203,19 +201,11 @@ def communication(local: LocalRuntime, iterations: int = ITERATIONS, progress: P
     """Run every variant on ``local`` (an entered runtime, best with ``workers`` worker processes), one after
     the other, for ``iterations`` each, and compare them."""
     services = local.services
-    if not services.store.exists(keys.dataset_manifest(DATASET)):
-        data.put_dataset(services.store, DATASET, *demo.digits())
-    model_bytes = modelio.save_model(demo.digits_cnn())
+    model_bytes = bench.demo_model(services)
     stem = runs.new_run_id("communication")
     compared = []
     for name, spec in variants(iterations, workers, significance).items():
-        run_id = f"{stem}-{name}"
-        started = time.time()
-        runs.start_run(services, model_bytes, DATASET, spec, run_id=run_id)
-        shown = None if progress is None else lambda record, _, n=name: progress(n, record.iteration, iterations)
-        run = runs.wait_for_run(services, run_id, on_progress=shown, timeout_s=600 + 30 * iterations)
-        if run.status != "COMPLETED":
-            raise SlsmlError(f"run {run_id} ({name}) did not complete: {run.reason}")
+        run, started = bench.run_to_the_end(services, model_bytes, spec, f"{stem}-{name}", name, progress)
         compared.append(_variant(name, spec, run, services, local.log_dir, started))
     return judge(compared, workers, iterations, significance)
 
