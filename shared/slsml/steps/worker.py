@@ -41,8 +41,11 @@ def work(message: WorkMessage, services: Services) -> WorkDone:
 def _compute(message: WorkMessage, config: RunConfig, services: Services) -> WorkDone:
     store = services.store
     trainer, fresh = trainer_for(store, config, message.iteration)
-    if not fresh:
-        modelio.set_flat(trainer.model, config.plan, load_weights(store, config, message.iteration))
+    if fresh:  # the weights entering the iteration, in the model and as one flat vector
+        start = modelio.get_flat(trainer.model, config.plan)
+    else:
+        start = load_weights(store, config, message.iteration)
+        modelio.set_flat(trainer.model, config.plan, start)
     reader = reader_for(store, config.dataset)
     spec = config.training
     slices = [  # the worker's slice of each global batch of the round
@@ -54,12 +57,12 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     ]
     samples = sum(len(x) for x, _ in slices)
     compression, kind = spec.compression, UPDATE_KINDS[spec.algorithm]
-    weights = modelio.get_flat(trainer.model, config.plan) if compression.kind == "significance" else None
+    weights = start if compression.kind == "significance" else None
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
         started = time.perf_counter()
         if spec.algorithm == "average":
-            update = _local_steps(message, config, services, trainer, slices)
+            update = _local_steps(message, config, services, trainer, start, slices)
         else:
             update = trainer.compute_update(*slices[0])
         compute_s = time.perf_counter() - started
@@ -113,7 +116,7 @@ def _residual(message: WorkMessage, config: RunConfig, store: ObjectStore) -> np
 
 
 def _local_steps(
-    message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer,
+    message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer, start: np.ndarray,
     slices: list[tuple[np.ndarray, np.ndarray]],
 ) -> modelio.Update:
     """Model averaging: the round's local steps from the model entering it. With ``local_state`` keep, the local
@@ -126,7 +129,6 @@ def _local_steps(
         except NotFoundError:
             logger.info("no local optimizer state of the round before: starting fresh",
                         extra={"run_id": run, "iteration": message.iteration, "worker": message.worker})
-    start = modelio.get_flat(trainer.model, config.plan)
     update, state = averaging.take_local_steps(trainer, start, slices, spec.local_optimizer_config(), state)
     if spec.local_state == "keep":  # create-only: a retry's state, computed from the same start, is the same
         store.put_arrays_new(keys.local_state(run, message.iteration, message.worker), state)
