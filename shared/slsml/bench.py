@@ -92,12 +92,13 @@ def demo_model(services: Services) -> bytes:
 
 
 def run_to_the_end(
-    services: Services, model_bytes: bytes, spec: TrainingSpec, run_id: str, name: str, progress: Progress | None
+    services: Services, model_bytes: bytes, spec: TrainingSpec, run_id: str, name: str, progress: Progress | None,
+    dataset: str = DATASET,
 ) -> tuple[RunRecord, float]:
-    """Train ``spec`` on the digits as ``run_id`` and wait for it (``progress``: as variant ``name``); the
-    COMPLETED run and when it started. SlsmlError if it did not complete."""
+    """Train ``spec`` on ``dataset`` (default the digits) as ``run_id`` and wait for it (``progress``: as variant
+    ``name``); the COMPLETED run and when it started. SlsmlError if it did not complete."""
     started = time.time()
-    runs.start_run(services, model_bytes, DATASET, spec, run_id=run_id)
+    runs.start_run(services, model_bytes, dataset, spec, run_id=run_id)
     shown = None if progress is None else lambda record, _: progress(name, record.iteration, spec.iterations)
     run = runs.wait_for_run(services, run_id, on_progress=shown, timeout_s=600 + 30 * spec.iterations)
     if run.status != "COMPLETED":

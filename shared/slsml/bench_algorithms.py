@@ -87,12 +87,13 @@ def variants() -> dict[str, tuple[str, TrainingSpec]]:
     return compared
 
 
-def _variant(name: str, description: str, spec: TrainingSpec, run: runs.RunRecord, services, log_dir,
-             started: float) -> Variant:
+def measure(name: str, description: str, spec: TrainingSpec, run: runs.RunRecord, services, log_dir,
+            started: float, target: float = ACCURACY_TARGET) -> Variant:
+    """The figures of a COMPLETED run that started at ``started``, to ``target`` test accuracy and over the run."""
     counters = [services.table.get_counter(run.run_id, i) for i in range(run.iteration)]
     records = usage.read_local(log_dir, run.run_id)
     table = prices.load()
-    reached = runs.first_reaching(counters, ACCURACY_TARGET)
+    reached = runs.first_reaching(counters, target)
 
     def until(last: int) -> list[usage.UsageRecord]:
         return [r for r in records if r.iteration is None or r.iteration <= last]
@@ -124,7 +125,7 @@ def algorithms(local: LocalRuntime, progress: Progress | None = None) -> Algorit
     compared = []
     for name, (description, spec) in variants().items():
         run, started = bench.run_to_the_end(services, model_bytes, spec, f"{stem}-{name}", name, progress)
-        compared.append(_variant(name, description, spec, run, services, local.log_dir, started))
+        compared.append(measure(name, description, spec, run, services, local.log_dir, started))
     by_name = {v.name: v for v in compared}
 
     def ratio(numerator: Variant, denominator: Variant) -> float | None:

@@ -749,6 +749,24 @@ def cmd_bench_communication(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_admm(args: argparse.Namespace) -> int:
+    from slsml import bench_admm, runs
+    from slsml.local.runtime import LocalRuntime
+
+    workers = bench_admm.WORKERS
+    log_dir = Path(".slsml/logs") / runs.new_run_id("admm")
+    runtime = LocalRuntime(workers=workers, reducers=bench_admm.REDUCERS, pool=workers, log_dir=log_dir)
+    with ExitStack() as stack:
+        with _console().status(f"starting the embedded cloud and warm function processes ({workers} for workers)…"):
+            stack.enter_context(runtime)
+        with display.named_progress("[bold]{task.description}") as show:
+            report = bench_admm.admm_against_gradient(runtime, show)
+    display.print_admm(report)
+    if args.json:
+        print(report.model_dump_json())
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from slsml import planreport
 
@@ -897,6 +915,13 @@ def build_parser() -> argparse.ArgumentParser:
                                help="the significance variant's threshold, significance:V (default 0.2)")
     communication.add_argument("--json", action="store_true", help="print the report as one JSON line")
     communication.set_defaults(handler=cmd_bench_communication)
+
+    admm = benchmarks.add_parser(
+        "admm", help="ADMM against gradient averaging on logistic regression (breast cancer data, 4 workers):"
+        " rounds to the same test accuracy"
+    )
+    admm.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    admm.set_defaults(handler=cmd_bench_admm)
 
     plan = commands.add_parser("plan", help="predict a run's time, requests, dollars and quotas on AWS")
     from slsml.planreport import add_arguments

@@ -245,12 +245,17 @@ def _problems(error: ValidationError) -> str:
 
 
 MAX_WORKERS = 1000
-Algorithm = Literal["gradient", "average"]
+Algorithm = Literal["gradient", "average", "admm"]
 Objective = Literal["time", "cost"]
-# TrainingSpec fields that apply to model averaging alone
-AVERAGING_OPTIONS = ("local_steps", "local_optimizer", "local_learning_rate", "local_momentum", "local_state", "server")
-# what a worker's update holds, by algorithm (the update format's kind, see slsml.updates)
-UPDATE_KINDS: dict[str, str] = {"gradient": "gradient", "average": "weight change"}
+# TrainingSpec fields that apply to some algorithms alone, and to which
+LOCAL_OPTIONS = ("local_steps", "local_optimizer", "local_learning_rate", "local_momentum")
+ALGORITHM_OPTIONS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(LOCAL_OPTIONS, ("average", "admm")),
+    "local_state": ("average",), "server": ("average",), "admm_rho": ("admm",),
+}
+# what a worker's update holds, by algorithm (the update format's kind, see slsml.updates): under ADMM, the
+# consensus less the slot's local model and dual (slsml.admm), which the reducers average as a weight change
+UPDATE_KINDS: dict[str, str] = {"gradient": "gradient", "average": "weight change", "admm": "weight change"}
 
 
 class TrainingSpec(BaseModel):
@@ -295,16 +300,26 @@ class TrainingSpec(BaseModel):
         default="gradient",
         description="gradient: workers send the gradient of their slice of one global batch (gradient averaging);"
         " average: each takes local_steps steps of the local optimizer and sends its weight change (model"
-        " averaging)",
+        " averaging); admm: each keeps its own data partition, local model and dual, takes local_steps steps on"
+        " its partition's loss plus the proximal term, and the reducers form the consensus (models without hidden"
+        " layers)",
     )
     local_steps: int = Field(
         default=1, ge=1, le=1000,
-        description="model averaging: local steps per round, one per global batch (a round takes this many)",
+        description="model averaging and ADMM: local steps per round, one per batch the size of the worker's share"
+        " of the global batch (a round takes this many)",
     )
-    local_optimizer: OptimizerName = Field(default="sgd", description="model averaging: the workers' local optimizer")
-    local_learning_rate: float = Field(default=0.1, gt=0, description="model averaging: its constant learning rate")
+    local_optimizer: OptimizerName = Field(
+        default="sgd", description="model averaging and ADMM: the workers' local optimizer"
+    )
+    local_learning_rate: float = Field(
+        default=0.1, gt=0, description="model averaging and ADMM: its constant learning rate"
+    )
     local_momentum: float = Field(
-        default=0.0, ge=0, lt=1, description="model averaging: its momentum (sgd, rmsprop)"
+        default=0.0, ge=0, lt=1, description="model averaging and ADMM: its momentum (sgd, rmsprop)"
+    )
+    admm_rho: float = Field(
+        default=0.1, gt=0, description="ADMM: the weight ρ of the proximal term (ρ/2)·‖x − z + u‖² of local steps"
     )
     local_state: Literal["reset", "keep"] = Field(
         default="reset",
@@ -395,19 +410,34 @@ class TrainingSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _averaging_options(self) -> TrainingSpec:
-        if self.algorithm == "gradient":
-            given = [f for f in AVERAGING_OPTIONS if getattr(self, f) != type(self).model_fields[f].default]
-            if given:
-                raise ValueError(f"{', '.join(given)}: options of model averaging (algorithm average) only")
-        else:
+    def _algorithm_options(self) -> TrainingSpec:
+        fields = type(self).model_fields
+        foreign = [f for f, algorithms in ALGORITHM_OPTIONS.items()
+                   if self.algorithm not in algorithms and getattr(self, f) != fields[f].default]
+        if foreign:
+            raise ValueError("; ".join(f"{f} is an option of algorithm {' or '.join(ALGORITHM_OPTIONS[f])} only"
+                                       for f in foreign))
+        if self.algorithm != "gradient":
             self.local_optimizer_config()  # the local optimizer must take its options
+        if self.algorithm == "admm":
+            if self.workers == "auto" or self.min_workers is not None or self.max_workers is not None:
+                raise ValueError("algorithm admm trains a fixed fleet: each worker keeps its data partition and"
+                                 " dual variable, which another count would cut anew (no workers auto, min_workers"
+                                 " or max_workers)")
+            if self.staleness:
+                raise ValueError("algorithm admm folds no late updates: a late worker's local model is kept with"
+                                 " its slot and enters the consensus in the slot's next round (no staleness)")
         return self
 
     @property
     def local_batches(self) -> int:
-        """Global batches a round takes: its local steps under model averaging, else one."""
-        return self.local_steps if self.algorithm == "average" else 1
+        """Batches a worker takes per round: its local steps under model averaging and ADMM, else one."""
+        return 1 if self.algorithm == "gradient" else self.local_steps
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the run's workers may change while it trains (not under ADMM)."""
+        return self.algorithm != "admm"
 
     def local_optimizer_config(self) -> OptimizerConfig:
         """The workers' local optimizer (model averaging)."""
@@ -451,8 +481,8 @@ class RunConfig(BaseModel):
     @property
     def server_optimizer(self) -> OptimizerConfig:
         """What the reducers step with the averaged update: the run's optimizer, or under plain model averaging
-        (FedAvg) a step of SGD at rate 1, which moves each weight by the average weight change."""
-        if self.training.algorithm == "average" and self.training.server == "average":
+        (FedAvg) and ADMM a step of SGD at rate 1, which moves each weight by the average weight change."""
+        if self.training.algorithm != "gradient" and self.training.server == "average":  # ADMM's is always average
             return OptimizerConfig(name="sgd", learning_rate=1.0)
         return self.optimizer
 

@@ -3,7 +3,8 @@
 A dataset is a manifest plus ``.npz`` shards of ``shard_size`` samples (train and test splits).
 Iteration i of a run uses global batch i of a seeded per-epoch permutation of the training set;
 worker w takes its contiguous slice of that batch. The order depends only on (seed, iteration,
-workers), which is what lets the pipeline reproduce single-process training.
+workers), which is what lets the pipeline reproduce single-process training. Under ADMM, worker w
+keeps a partition of its own instead (``partition_batch``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from slsml import keys
 from slsml.cache import LRUCache
-from slsml.config import DATASET_PATTERN
+from slsml.config import DATASET_PATTERN, TrainingSpec
 from slsml.errors import BadInputError, NotFoundError
 from slsml.storage import ObjectStore
 
@@ -142,6 +143,29 @@ def global_batch_indices(train_count: int, global_batch: int, seed: int, iterati
 def worker_indices(batch: np.ndarray, workers: int, worker: int) -> np.ndarray:
     """Worker ``worker``'s contiguous, size-balanced slice of a global batch."""
     return np.array_split(batch, workers)[worker]
+
+
+def partition_batch(train_count: int, global_batch: int, seed: int, workers: int, worker: int,
+                    number: int) -> np.ndarray:
+    """Sample indices of worker ``worker``'s batch ``number`` within its own partition of the training set
+    (ADMM): the partition is its slice of a seeded permutation; its batches, of the worker's share of the
+    global batch, follow a seeded per-epoch permutation of the partition."""
+    part = np.array_split(np.random.default_rng([seed, workers]).permutation(train_count), workers)[worker]
+    size = len(worker_indices(np.arange(global_batch), workers, worker))
+    epoch, position = divmod(number, max(1, len(part) // size))
+    order = np.random.default_rng([seed, workers, worker, epoch]).permutation(len(part))
+    return part[order[position * size : (position + 1) * size]]
+
+
+def round_batches(spec: TrainingSpec, train_count: int, workers: int, worker: int, iteration: int) -> list[np.ndarray]:
+    """Sample indices of each of worker ``worker``'s batches in round ``iteration``: its slice of the round's
+    global batch (gradient averaging), of each of the round's ``local_steps`` global batches (model averaging),
+    or its own partition's next ``local_steps`` batches (ADMM)."""
+    numbers = range(iteration * spec.local_batches, (iteration + 1) * spec.local_batches)
+    if spec.algorithm == "admm":
+        return [partition_batch(train_count, spec.global_batch, spec.seed, workers, worker, n) for n in numbers]
+    return [worker_indices(global_batch_indices(train_count, spec.global_batch, spec.seed, n), workers, worker)
+            for n in numbers]
 
 
 class DatasetReader:

@@ -56,13 +56,16 @@ def describe_optimizer(config: OptimizerConfig) -> str:
 
 
 def describe_update(config: Any) -> str:
-    """One line: what a run's reducers apply (``describe_optimizer``), and under model averaging what a worker's
-    round takes first."""
+    """One line: what a run's reducers apply (``describe_optimizer``), and under model averaging and ADMM what a
+    worker's round takes first."""
     spec = config.training
-    if spec.algorithm != "average":
+    if spec.algorithm == "gradient":
         return describe_optimizer(config.optimizer)
     local = describe_optimizer(spec.local_optimizer_config()).removeprefix("optimizer: ")
     local = local.removesuffix(", no weight decay, no clipping")
+    if spec.algorithm == "admm":
+        return (f"ADMM: {spec.local_steps} local steps a round of {local} on each worker's own partition, proximal"
+                f" weight rho {spec.admm_rho:g}; the reducers average the local models and duals into the consensus")
     state = "kept per worker slot" if spec.local_state == "keep" else "fresh every round"
     server = ("the reducers apply the average weight change (FedAvg)" if spec.server == "average"
               else "the reducers step " + describe_optimizer(config.optimizer).removeprefix("optimizer: ")
@@ -433,6 +436,34 @@ def print_algorithms(report: Any) -> None:
               f" {ratio(report.averaging_ratio)}; at most 1/{bench.SPEEDUP}: {yes[report.averaging_fast]}")
     out.print(f"workers auto against the fastest fixed W ({fastest}): {ratio(report.tuned_ratio)}; within"
               f" {bench.TUNED_WITHIN - 1:.0%}: {yes[report.tuned_close]}")
+
+
+def print_admm(report: Any) -> None:
+    """``bench admm``: a row per variant with the rounds it took to the target (ADMM: less a point), its first
+    rounds' test accuracy, then whether ADMM took at most a third of gradient averaging's rounds."""
+    from rich.table import Table
+
+    from slsml import bench_admm as bench
+
+    table = Table("variant", "rounds", "test acc", "rounds to target", "s", "requests", "$",
+                  title=f"logistic regression on breast cancer, {report.workers} workers, global batch"
+                  f" {report.global_batch}")
+    to_target = {"gradient": report.gradient_rounds, "admm": report.admm_rounds}
+    for v in report.variants:
+        table.add_row(v.name, str(v.rounds), "–" if v.final_accuracy is None else f"{v.final_accuracy:.4f}",
+                      str(to_target.get(v.name) or "–"), f"{v.wall_s:.1f}", f"{v.requests:,}", dollars(v.cost_usd))
+    out = console()
+    out.print(table)
+    for v in report.variants:
+        out.print(f"{v.name} test accuracy by round: "
+                  + " ".join("–" if a is None else f"{a:.3f}" for a in v.accuracy_by_round[:30]))
+    if report.target is None:
+        out.print("gradient averaging has no test accuracy: no verdict")
+        return
+    reached = "did not reach it" if report.admm_rounds is None else f"reached it in {report.admm_rounds} rounds"
+    out.print(f"target: gradient averaging's {report.target:.4f}, reached in {report.gradient_rounds} rounds; ADMM"
+              f" {reached} (less {bench.WITHIN:g})" + ("" if report.ratio is None else f": {report.ratio:.2f}×")
+              + f"; at most 1/{bench.FEWER}: {'yes' if report.admm_fewer else 'no'}")
 
 
 def byte_size(count: float) -> str:

@@ -83,6 +83,9 @@ def scale_run(services: Services, run_id: str, workers: int, reason: str = "run 
     """Train a RUNNING run with ``workers`` workers from the next iteration launched on (an iteration keeps
     the workers it was launched with). BadInputError outside the run's bounds; nothing changes then."""
     run = services.table.get_run(run_id)
+    if not run.training.elastic:
+        raise BadInputError(f"run {run_id!r} trains with ADMM: each worker keeps its data partition and dual variable,"
+                            " which a change of workers would cut anew; its workers stay fixed")
     if run.status != RunStatus.RUNNING:
         raise SlsmlError(f"run {run_id!r} is {run.status}: only a RUNNING run can be scaled")
     low, high = run.training.worker_bounds
@@ -121,6 +124,10 @@ def prepare_run(
     store = services.store
     manifest = data.load_manifest(store, dataset)
     model = modelio.load_model(model_bytes, where="the model")
+    if spec.algorithm == "admm":
+        from slsml import admm
+
+        admm.check_model(model)
     loss = modelio.loss_config(model, spec.loss)
     optimizer = spec.optimizer or modelio.optimizer_config(model)
     data.iterations_per_epoch(manifest.train.count, spec.global_batch)

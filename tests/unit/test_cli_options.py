@@ -131,8 +131,14 @@ def test_a_field_no_flag_can_set_is_refused(annotation: Any) -> None:
 
 @pytest.mark.parametrize(("arguments", "named"), [
     (["--algorithm", "average", "--local-steps", "0"], "--local-steps: Input should be greater than or equal to 1"),
-    (["--local-steps", "4", "--server", "optimizer"], "--local-steps, --server: options of model averaging"
-     " (--algorithm average) only"),
+    (["--local-steps", "4", "--server", "optimizer"], "--local-steps is an option of --algorithm average or admm"
+     " only; --server is an option of --algorithm average only"),
+    (["--admm-rho", "0.5"], "--admm-rho is an option of --algorithm admm only"),
+    (["--algorithm", "admm", "--server", "optimizer"], "--server is an option of --algorithm average only"),
+    (["--algorithm", "admm", "--workers", "auto", "--min-workers", "2", "--max-workers", "4"],
+     "--algorithm admm trains a fixed fleet"),
+    (["--algorithm", "admm", "--staleness", "2"], "--algorithm admm folds no late updates"),
+    (["--algorithm", "admm", "--admm-rho", "0"], "--admm-rho: Input should be greater than 0"),
     (["--algorithm", "average", "--local-optimizer", "adam", "--local-momentum", "0.9"],
      "--local-optimizer adam: momentum does not apply to Adam"),
     (["--workers", "auto"], "--workers auto needs --min-workers and --max-workers"),

@@ -13,10 +13,10 @@ import numpy as np
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.metrics import MetricUnit
 
-from slsml import averaging, data, feedback, keys, metrics, modelio, updates, wiring
+from slsml import admm, averaging, data, feedback, keys, metrics, modelio, updates, wiring
 from slsml.config import UPDATE_KINDS, RunConfig
 from slsml.deployment import Metric
-from slsml.errors import NotFoundError, RunFailed
+from slsml.errors import BadInputError, NotFoundError, RunFailed
 from slsml.messages import WorkDone, WorkMessage
 from slsml.services import Services
 from slsml.steps.common import load_weights, run_config
@@ -48,13 +48,8 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         modelio.set_flat(trainer.model, config.plan, start)
     reader = reader_for(store, config.dataset)
     spec = config.training
-    slices = [  # the worker's slice of each global batch of the round
-        reader.take("train", data.worker_indices(
-            data.global_batch_indices(reader.manifest.train.count, spec.global_batch, spec.seed, number),
-            message.workers, message.worker,
-        ))
-        for number in range(message.iteration * spec.local_batches, (message.iteration + 1) * spec.local_batches)
-    ]
+    slices = [reader.take("train", indices) for indices in data.round_batches(
+        spec, reader.manifest.train.count, message.workers, message.worker, message.iteration)]
     samples = sum(len(x) for x, _ in slices)
     compression, kind = spec.compression, UPDATE_KINDS[spec.algorithm]
     weights = start if compression.kind == "significance" else None
@@ -63,6 +58,8 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         started = time.perf_counter()
         if spec.algorithm == "average":
             update = _local_steps(message, config, services, trainer, start, slices)
+        elif spec.algorithm == "admm":
+            update = _admm_round(message, config, services, trainer, start, slices)
         else:
             update = trainer.compute_update(*slices[0])
         compute_s = time.perf_counter() - started
@@ -133,3 +130,34 @@ def _local_steps(
     if spec.local_state == "keep":  # create-only: a retry's state, computed from the same start, is the same
         store.put_arrays_new(keys.local_state(run, message.iteration, message.worker), state)
     return update
+
+
+def _admm_round(
+    message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer, consensus: np.ndarray,
+    batches: list[tuple[np.ndarray, np.ndarray]],
+) -> modelio.Update:
+    """ADMM: the slot's local steps from its state of the round before, and its new state, stored create-only. A
+    retry that finds a state stored sends the update of that state, so that the update and the state agree."""
+    store, spec, run, worker = services.store, config.training, message.run_id, message.worker
+    previous = None
+    if message.iteration > 0:
+        previous = _slot_state(store, keys.local_state(run, message.iteration - 1, worker), config)
+        if previous is None:
+            logger.info("no ADMM state of the round before: starting from the consensus with a zero dual",
+                        extra={"run_id": run, "iteration": message.iteration, "worker": worker})
+    update, state = admm.local_round(trainer, consensus, previous, batches, spec.local_optimizer_config(),
+                                     spec.admm_rho)
+    key = keys.local_state(run, message.iteration, worker)
+    if store.put_new(key, state.encode()) or (stored := _slot_state(store, key, config)) is None:
+        return update
+    return admm.update_of(consensus, stored, config.plan.trainable_mask(), update.loss, update.accuracy)
+
+
+def _slot_state(store: ObjectStore, key: str, config: RunConfig) -> admm.SlotState | None:
+    """The ADMM slot state stored at ``key`` (None: none); RunFailed naming it if it does not fit the model."""
+    try:
+        return admm.SlotState.decode(store.get(key), config.plan.size, key)
+    except NotFoundError:
+        return None
+    except BadInputError as error:
+        raise RunFailed(str(error)) from None
