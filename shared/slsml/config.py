@@ -440,7 +440,7 @@ class TrainingSpec(BaseModel):
         return self.algorithm != "admm"
 
     def local_optimizer_config(self) -> OptimizerConfig:
-        """The workers' local optimizer (model averaging)."""
+        """The workers' local optimizer (model averaging and ADMM)."""
         fields: dict[str, Any] = {"name": self.local_optimizer, "learning_rate": self.local_learning_rate}
         if self.local_momentum:
             fields["momentum"] = self.local_momentum

@@ -1,5 +1,7 @@
-"""Worker: compute the update of one slice of a global batch and split it for the reducers. An update
-with NaN or Inf is stored and announced like any other but marked non-finite, so that it is left out.
+"""Worker: compute the update of a round's batches (gradient averaging: its slice of one global batch; model
+averaging: local steps on its slices of several; ADMM: local steps on its own partition, ``slsml.admm``) and
+store it for the reducers, who read a part each. An update with NaN or Inf is stored and announced like any
+other but marked non-finite, so that it is left out.
 A run that compresses its updates (``compress``) adds the worker slot's residual to the update before it is
 compressed and stores the new residual before the update (error feedback, ``slsml.feedback``)."""
 
