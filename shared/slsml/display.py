@@ -501,7 +501,8 @@ def print_communication(report: Any) -> None:
 
     out, yes = console(), {True: "yes", False: "no"}
     title = (f"communication: the demo's CNN on digits, {report.workers} workers, {report.reducers} reducers, global"
-             f" batch {report.global_batch}, Adam 3e-3, error feedback on every lossy compressor")
+             f" batch {report.global_batch}, Adam 3e-3 (top-k: SGD 0.1, momentum 0.9), error feedback on every lossy"
+             " compressor")
     reaching = Table("variant", "compress", f"iters to {target}", "s", "update bytes", "× fewer than dense",
                      "residual bytes", "reducers read", "of which updates", "requests", "$",
                      title=f"{title}\nto the first model at test accuracy {target}")

@@ -85,7 +85,9 @@ def test_the_verdicts_follow_the_figures() -> None:
     assert [v.name for v in report.variants] == ["dense", "fp16", "topk", "significance"]
     assert [v.compress for v in report.variants] == ["none", "fp16", "topk:0.01", "significance:0.2"]
     assert all(v.spec.workers == 8 and v.spec.reducers == 2 and v.spec.global_batch == 128 and v.spec.eval_every == 1
-               and v.spec.iterations == ITERATIONS and v.spec.optimizer.learning_rate == 3e-3 for v in report.variants)
+               and v.spec.iterations == ITERATIONS for v in report.variants)
+    assert [(v.spec.optimizer.name, v.spec.optimizer.learning_rate, v.spec.optimizer.momentum)
+            for v in report.variants] == [("adam", 3e-3, 0.0)] * 2 + [("sgd", 0.1, 0.9), ("adam", 3e-3, 0.0)]
     assert report.fp16_ratio == pytest.approx(DENSE_UPDATE / (32 + 2 * 38_282)) and report.fp16_fewer
     assert report.fp16_accuracy_gap == pytest.approx(0.9694 - 0.9721) and report.fp16_close
     assert report.topk_ratio == pytest.approx(40 * DENSE_UPDATE / (70 * (32 + 8 * 384))) and report.topk_fewer
