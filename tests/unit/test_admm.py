@@ -10,11 +10,17 @@ import keras
 import numpy as np
 import pytest
 
-from slsml import admm, bench_admm, data, display, modelio, optimizers
+from slsml import admm, bench_admm, data, display, keys, modelio, optimizers, updates
 from slsml.bench_algorithms import Variant
 from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.errors import BadInputError
+from slsml.errors import BadInputError, RunFailed
 from slsml.plan import ShardPlan
+from slsml.services import Services
+
+from . import test_feedback
+from .test_feedback import _run, _work
+
+services = test_feedback.services  # the fixture: a bucket, run table and topics in moto, dataset d (6 features)
 
 WORKERS = 4
 
@@ -112,6 +118,29 @@ def test_a_slot_state_that_does_not_fit_the_model_is_refused_naming_it() -> None
     half = admm.SlotState(np.ones(6, dtype=np.float16), np.zeros(6, dtype=np.float16))
     with pytest.raises(BadInputError, match="float32"):
         admm.SlotState.decode(half.encode(), 6, "k")
+
+
+def test_the_worker_goes_on_from_its_slot_state_and_fails_the_run_on_one_that_does_not_fit(
+    services: Services,
+) -> None:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    config = _run(services, modelio.save_model(model), "admm", algorithm="admm", local_steps=2)
+    store, size = services.store, config.plan.size
+    for iteration in range(2):
+        _work(services, "admm", iteration, 0)
+    state = admm.SlotState.decode(store.get(keys.local_state("admm", 1, 0)), size, "s")
+    sent = updates.decode(store.get(keys.update("admm", 1, 0)), "weight change", config.plan)[0]
+    consensus = store.get_array(keys.weights("admm", 0))  # round 1's model is round 0's here (see _work)
+    np.testing.assert_allclose(sent, consensus - state.model - state.dual, atol=1e-6)
+    assert np.abs(state.dual).max() > 0  # round 1's dual stepped from round 0's model
+
+    wrong = keys.local_state("admm", 0, 1)
+    store.put_new(wrong, admm.SlotState(np.zeros(size - 1, np.float32), np.zeros(size - 1, np.float32)).encode())
+    with pytest.raises(RunFailed, match=f"{wrong}: an ADMM slot state holds a model and a dual of {size} float32"):
+        _work(services, "admm", 1, 1)
+    assert not store.exists(keys.update("admm", 1, 1)) and not store.exists(keys.local_state("admm", 1, 1))
 
 
 def test_each_worker_keeps_its_own_partition_and_goes_through_it_epoch_by_epoch() -> None:

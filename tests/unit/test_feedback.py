@@ -128,11 +128,12 @@ def services(monkeypatch: pytest.MonkeyPatch):
         yield services
 
 
-def _run(services: Services, model_bytes: bytes, run_id: str, compress: str):
+def _run(services: Services, model_bytes: bytes, run_id: str, **options):
+    """A registered run of 2 workers on dataset ``d`` with the TrainingSpec ``options``, its model placed."""
     from slsml import runs
 
-    spec = TrainingSpec(workers=2, reducers=2, global_batch=16, iterations=5, compress=compress,
-                        optimizer=OptimizerConfig(name="sgd", learning_rate=0.1))
+    spec = TrainingSpec(**{"workers": 2, "reducers": 2, "global_batch": 16, "iterations": 5,
+                           "optimizer": OptimizerConfig(name="sgd", learning_rate=0.1), **options})
     config = runs.prepare_run(services, model_bytes, "d", spec, run_id)
     services.store.put_new(keys.model(run_id, 0), model_bytes)
     services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
@@ -155,13 +156,13 @@ def _update(services: Services, config, iteration: int, worker: int) -> np.ndarr
 
 
 def test_the_worker_adds_its_slots_residual_and_stores_the_next(services: Services, model_bytes: bytes) -> None:
-    plain = _run(services, model_bytes, "plain", "none")
+    plain = _run(services, model_bytes, "plain", compress="none")
     for iteration in range(2):
         _work(services, "plain", iteration, 0)
     assert not services.store.list_keys("runs/plain/iters/000000/residuals/")  # none without compression
     uncompressed = [_update(services, plain, i, 0) for i in range(2)]
 
-    config = _run(services, model_bytes, "topk", "topk:0.1")
+    config = _run(services, model_bytes, "topk", compress="topk:0.1")
     trainable = config.plan.trainable_mask()
     assert (~trainable).sum() == 80, "the model has BatchNorm statistics"
     _work(services, "topk", 0, 0)
@@ -189,7 +190,7 @@ def test_the_worker_adds_its_slots_residual_and_stores_the_next(services: Servic
 def test_a_residual_that_does_not_fit_the_model_fails_the_run_and_stores_nothing(
     services: Services, model_bytes: bytes
 ) -> None:
-    config = _run(services, model_bytes, "bad-residual", "fp16")
+    config = _run(services, model_bytes, "bad-residual", compress="fp16")
     wrong = keys.residual("bad-residual", 0, 1)
     services.store.put_new(wrong, feedback.encode_residual(np.zeros(config.plan.size - 1, dtype=np.float32)))
     with pytest.raises(RunFailed, match=f"{wrong}: a residual of {4 * config.plan.size - 4} bytes does not match"):
