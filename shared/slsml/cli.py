@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable
@@ -943,8 +945,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (a ``timeout``, a CI job ending) unwinds like Ctrl-C, so that a local runtime stops its embedded
+    cloud and warm processes instead of leaving them behind."""
+    def interrupt(signum: int, frame: types.FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _stop_on_sigterm()
     try:
         return args.handler(args)
     except (SlsmlError, ValidationError) as error:

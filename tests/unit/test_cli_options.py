@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import time
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -157,3 +160,14 @@ def test_a_local_optimizer_the_reducers_do_not_implement_is_no_choice(capsys: py
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args([*RUN_START, "--algorithm", "average", "--local-optimizer", "adafactor"])
     assert "--local-optimizer: invalid choice: 'adafactor'" in capsys.readouterr().err
+
+
+def test_sigterm_unwinds_like_ctrl_c_so_a_local_runtime_stops_what_it_started() -> None:
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        cli._stop_on_sigterm()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs between bytecodes: well before this ends
+    finally:
+        signal.signal(signal.SIGTERM, previous)
