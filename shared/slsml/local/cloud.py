@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import boto3
 
@@ -63,8 +64,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-# moto's server, without a log line per request (it formats and writes one for every call)
-_SERVE = "import logging, sys; logging.getLogger('werkzeug').disabled = True; from moto.server import main; main()"
+_SERVER = Path(__file__).with_name("moto_server.py")  # moto's server, tuned; run with -P (its folder off sys.path)
 
 
 class EmbeddedCloud:
@@ -82,7 +82,7 @@ class EmbeddedCloud:
 
     def start(self) -> None:
         self._server = subprocess.Popen(
-            [sys.executable, "-c", _SERVE, "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-P", str(_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env={**os.environ, "MOTO_PORT": str(self.port)},  # where moto's Step Functions tasks call AWS

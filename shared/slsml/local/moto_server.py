@@ -1,0 +1,62 @@
+"""The embedded cloud's server: moto's own, with the lookups it repeats on every request done once.
+
+moto (5.2.5) lists its package folder to route each request, re-derives every handler class's method
+names and converts the same camel-case names again and again, and finds the aliases of each response
+field anew for every value it serializes. Each of these is a pure function of what it is given, so its
+answers are kept: the responses are the same, served with less CPU. Run as a script with moto's server
+arguments (``python moto_server.py -H 127.0.0.1 -p PORT``); it imports nothing of slsml.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from typing import Any
+
+
+def tune() -> None:
+    """Keep the answers of moto's per-request lookups (each a pure function of its arguments)."""
+    from moto import backends
+    from moto.core import responses, serialize, utils
+
+    modules = tuple(backends.list_of_moto_modules())
+    backends.list_of_moto_modules = lambda: modules  # the package's folders do not change while it runs
+
+    camel = functools.lru_cache(maxsize=8192)(utils.camelcase_to_underscores)
+    for module in list(sys.modules.values()):  # every module that imported it by name
+        if getattr(module, "camelcase_to_underscores", None) is utils.camelcase_to_underscores:
+            module.camelcase_to_underscores = camel
+    utils.camelcase_to_underscores = camel
+
+    methods = functools.lru_cache(maxsize=1024)(utils.method_names_from_class)  # classes do not change
+    responses.method_names_from_class = methods
+
+    picker = serialize.XFormedAttributePicker
+    uncached = picker.get_possible_keys
+    known: dict[tuple[Any, ...], tuple[str, ...]] = {}
+
+    def possible_keys(self: Any, context: Any) -> Any:
+        # the aliases of a plain dict's field depend on the picker's alias providers and the field's name
+        # and shape alone (a dict has no Meta, and its class name is the same for all)
+        if type(context.obj) is not dict:
+            return uncached(self, context)
+        found = (tuple(self.alias_providers), context.key, context.shape)  # shapes live as long as the server
+        keys = known.get(found)
+        if keys is None:
+            keys = known[found] = tuple(uncached(self, context))
+        return keys
+
+    picker.get_possible_keys = possible_keys
+
+
+def main() -> None:
+    logging.getLogger("werkzeug").disabled = True  # it formats and writes a line for every request
+    tune()
+    from moto.server import main as serve
+
+    serve()
+
+
+if __name__ == "__main__":
+    main()

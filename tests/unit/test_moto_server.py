@@ -1,0 +1,63 @@
+"""The embedded cloud's tuned moto server: the lookups it keeps give the answers moto's own give, and the
+responses of the services the pipeline uses are the same. It runs in a child process, so that this
+process's moto stays as it is."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import slsml.local.moto_server
+
+CHECK = textwrap.dedent(
+    """
+    import json, sys
+    import boto3
+    from moto import mock_aws
+
+    def responses():
+        with mock_aws():
+            ddb = boto3.client("dynamodb", region_name="us-east-1")
+            ddb.create_table(TableName="t", BillingMode="PAY_PER_REQUEST",
+                             KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+                             AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}])
+            out = []
+            for n in range(3):
+                out.append(ddb.update_item(
+                    TableName="t", Key={"pk": {"S": "a"}}, UpdateExpression="ADD c :one SET m = :m, l = :l",
+                    ExpressionAttributeValues={":one": {"N": "1"}, ":m": {"M": {"x": {"N": str(n)}}},
+                                               ":l": {"L": [{"S": "s"}, {"BOOL": True}, {"NULL": True}]}},
+                    ReturnValues="ALL_NEW")["Attributes"])
+            out.append(ddb.get_item(TableName="t", Key={"pk": {"S": "a"}}, ConsistentRead=True)["Item"])
+            sqs = boto3.client("sqs", region_name="us-east-1")
+            url = sqs.create_queue(QueueName="q")["QueueUrl"]
+            sqs.send_message(QueueUrl=url, MessageBody="hello")
+            out.append(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+                       ["ApproximateNumberOfMessages"])
+            out.append([m["Body"] for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]])
+            return out
+
+    from moto import backends
+    from moto.core import utils
+    modules = list(backends.list_of_moto_modules())
+    names = ["MessageRetentionPeriod", "DBInstanceIdentifier", "theNewAttribute", ""]
+    converted = [utils.camelcase_to_underscores(n) for n in names]
+    before = responses()
+    sys.path.insert(0, sys.argv[1])
+    import moto_server
+    moto_server.tune()
+    assert list(backends.list_of_moto_modules()) == modules
+    assert [utils.camelcase_to_underscores(n) for n in names] == converted
+    assert responses() == before
+    print(json.dumps(before, default=str))
+    """
+)
+
+
+def test_the_tuned_server_answers_as_moto_does() -> None:
+    folder = Path(slsml.local.moto_server.__file__).parent
+    done = subprocess.run([sys.executable, "-P", "-c", CHECK, str(folder)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert '"hello"' in done.stdout
