@@ -5,10 +5,12 @@ imports TensorFlow.
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import os
 import tempfile
+import time
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -55,6 +57,86 @@ def save_model(model: keras.Model) -> bytes:
         model.save(path)
         with open(path, "rb") as file:
             return file.read()
+
+
+_WEIGHTS_ENTRY = "model.weights.h5"  # the entries of a .keras archive that change with the weights
+_METADATA_ENTRY = "metadata.json"
+_MARKER = -(2.0**20) - 0.5  # variable i is filled with _MARKER - i to find its dataset (exact in float32)
+_LARGEST_KEPT_ARCHIVE = 64 * 2**20  # an ArchiveWriter keeps no copy of a bigger archive: it saves with Keras
+
+
+class ArchiveWriter:
+    """``save_model`` for a model of which only the values of ``model.weights`` change between saves (the
+    Merger's): the first save is Keras' own, with each weight filled with a marker that finds its dataset
+    in the archive's weights file; every later save is that archive with the weights written into their
+    datasets and the save date renewed, the archive Keras would write, without walking the model again.
+    Where the datasets cannot all be told apart, or the archive is large, every save is Keras' own."""
+
+    def __init__(self, model: keras.Model) -> None:
+        self.model = model
+        self._archive: bytes | None = None
+        self._datasets: list[str] = []  # the weights file's dataset of each of model.weights
+        self._plain = False
+
+    def save(self) -> bytes:
+        if not self._plain and self._archive is None:
+            self._locate()
+        if self._plain:
+            return save_model(self.model)
+        return self._rewrite()
+
+    def _locate(self) -> None:
+        import h5py
+
+        values = [v.numpy() for v in self.model.weights]
+        try:
+            for index, variable in enumerate(self.model.weights):
+                variable.assign(np.full(variable.shape, _MARKER - index, dtype=np.float32))
+            archive = save_model(self.model)
+        finally:
+            for variable, value in zip(self.model.weights, values, strict=True):
+                variable.assign(value)
+        found: dict[int, list[str]] = {}
+
+        def visit(name: str, node: Any) -> None:
+            if isinstance(node, h5py.Dataset) and node.dtype == np.float32 and node.size:
+                data = node[()]
+                index = _MARKER - float(data.flat[0])
+                if index.is_integer() and 0 <= index < len(values) and (data == np.float32(_MARKER - index)).all():
+                    found.setdefault(int(index), []).append(name)
+
+        with zipfile.ZipFile(io.BytesIO(archive)) as entries:
+            if _WEIGHTS_ENTRY in entries.namelist():
+                with h5py.File(io.BytesIO(entries.read(_WEIGHTS_ENTRY)), "r") as h5:
+                    h5.visititems(visit)
+        located = all(len(found.get(i, ())) == 1 for i in range(len(values)))
+        if not located or len(archive) > _LARGEST_KEPT_ARCHIVE:
+            self._plain = True
+            return
+        self._archive, self._datasets = archive, [found[i][0] for i in range(len(values))]
+
+    def _rewrite(self) -> bytes:
+        import h5py
+
+        assert self._archive is not None
+        out = io.BytesIO()
+        with zipfile.ZipFile(io.BytesIO(self._archive)) as template, zipfile.ZipFile(out, "w") as archive:
+            for entry in template.infolist():
+                body = template.read(entry.filename)
+                if entry.filename == _WEIGHTS_ENTRY:
+                    weights = io.BytesIO(body)
+                    with h5py.File(weights, "r+") as h5:
+                        for name, variable in zip(self._datasets, self.model.weights, strict=True):
+                            h5[name][...] = variable.numpy()
+                    body = weights.getvalue()
+                elif entry.filename == _METADATA_ENTRY:
+                    metadata = json.loads(body)
+                    metadata["date_saved"] = datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S")  # as Keras
+                    body = json.dumps(metadata).encode()
+                info = zipfile.ZipInfo(entry.filename, date_time=time.localtime()[:6])
+                info.compress_type = entry.compress_type
+                archive.writestr(info, body)
+        return out.getvalue()
 
 
 def variable_specs(model: keras.Model) -> list[VariableSpec]:
@@ -150,6 +232,13 @@ class Trainer:
         self.classification = classification
         self._trainable_index = {id(v): i for i, v in enumerate(model.trainable_weights)}
         self._step = tf.function(self._step_fn, reduce_retracing=True)
+        self._writer: ArchiveWriter | None = None
+
+    def save(self) -> bytes:
+        """The model as a ``.keras`` archive (an ``ArchiveWriter``'s: only its weights change between saves)."""
+        if self._writer is None:
+            self._writer = ArchiveWriter(self.model)
+        return self._writer.save()
 
     def _step_fn(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor], tf.Tensor]:
         with tf.GradientTape() as tape:

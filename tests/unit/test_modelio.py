@@ -346,3 +346,38 @@ def test_check_fits_refuses_what_keras_would_run_on() -> None:
     with pytest.raises(BadInputError, match=r"values from 0 to 3e\+09 do not fit int32"):
         modelio.check_fits(model, loss, np.zeros((2, 12), np.int64), np.array([0, 1]), 3, x_range=(0, 3e9))
     modelio.check_fits(model, loss, np.arange(24).reshape(2, 12), np.array([0, 1]), 3)  # int64 ids: fine
+
+
+def test_an_archive_writer_writes_what_keras_saves() -> None:
+    model = compiled(keras.optimizers.Adam(1e-3))
+    plan = plan_of(model)
+    model.optimizer.build(model.trainable_variables)
+    model.optimizer.variables[-1].assign(np.ones(model.optimizer.variables[-1].shape))  # state the writer keeps
+    writer = modelio.ArchiveWriter(model)
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # the first save finds the datasets, the later ones rewrite them
+        weights = rng.standard_normal(plan.size).astype(np.float32)
+        modelio.set_flat(model, plan, weights)
+        ours, theirs = writer.save(), modelio.save_model(model)
+        np.testing.assert_array_equal(modelio.get_flat(model, plan), weights)  # the markers are gone
+        with zipfile.ZipFile(io.BytesIO(ours)) as a, zipfile.ZipFile(io.BytesIO(theirs)) as b:
+            assert a.namelist() == b.namelist()
+            assert a.read("model.weights.h5") == b.read("model.weights.h5")
+            assert a.read("config.json") == b.read("config.json")
+        loaded = modelio.load_model(ours)
+        np.testing.assert_array_equal(modelio.get_flat(loaded, plan), weights)
+        for mine, keras_own in zip(loaded.optimizer.variables, model.optimizer.variables, strict=True):
+            np.testing.assert_array_equal(mine.numpy(), keras_own.numpy())
+
+
+def test_an_archive_writer_of_weights_it_cannot_tell_apart_saves_with_keras(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = dense_model()
+    writer = modelio.ArchiveWriter(model)
+    monkeypatch.setattr(modelio, "_WEIGHTS_ENTRY", "elsewhere.h5")  # no dataset found
+    keras_save, saved = modelio.save_model, []
+    monkeypatch.setattr(modelio, "save_model", lambda m: saved.append(m) or keras_save(m))
+    plan = plan_of(model)
+    weights = modelio.get_flat(model, plan)
+    for _ in range(2):
+        np.testing.assert_array_equal(modelio.get_flat(modelio.load_model(writer.save()), plan), weights)
+    assert len(saved) == 3  # the marked save, then Keras' own every time

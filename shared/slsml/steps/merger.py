@@ -51,7 +51,7 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     with ThreadPoolExecutor(max_workers=2) as pool:  # advance and store the weights while the model is saved
         advancing = pool.submit(table.advance, run, iteration + 1)
         storing = pool.submit(store.put_array_new, keys.weights(run, iteration + 1), weights)
-        body = modelio.save_model(trainer.model)
+        body = trainer.save()
         advanced, _ = advancing.result(), storing.result()
     if advanced is None:  # stopped or failed meanwhile
         return None
