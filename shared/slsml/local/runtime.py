@@ -68,7 +68,7 @@ class LocalRuntime:
         wanted = {
             "work_launcher": 1,
             "worker": workers,
-            "reduce_launcher": 2,
+            "reduce_launcher": workers,  # one report per worker: none waits for another's
             "reducer": reducers,
             "merger": 1,
             "watchdog": 1,
