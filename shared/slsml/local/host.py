@@ -52,6 +52,7 @@ FUNCTIONS_DIR = Path(__file__).resolve().parents[3] / "functions"
 DUPLICATE_ATTRIBUTE = "slsml-duplicate"
 FUNCTION_TIMEOUT_S = 900
 DEAD_LETTER_WAIT_S = 5  # a dead-letter queue's long poll: a dead letter fails its run within this long
+ACKNOWLEDGE_WINDOW_S = 0.1  # handled messages are deleted together, a batch per queue, fewer requests
 LAMBDA_ERROR_MESSAGE_BYTES = 1024  # Lambda truncates the error it attaches to a dead letter to 1 KB
 _TRACEBACK = "\nTraceback (most recent call last):"
 _LOG_BUFFER_BYTES = 1 << 20  # longer than any log line
@@ -502,12 +503,14 @@ class FunctionHost:
             invoke()
 
     def _delete_handled(self) -> None:
-        """Acknowledge handled messages in batches (one request for up to ten of a queue)."""
+        """Acknowledge handled messages in batches (one request for up to ten of a queue), gathered over
+        ``ACKNOWLEDGE_WINDOW_S``: a handled message stays invisible for the queue's visibility timeout."""
         while not self._stopping.is_set():
             try:
                 handled = [self._done.get(timeout=0.5)]
             except queue_module.Empty:
                 continue
+            self._stopping.wait(ACKNOWLEDGE_WINDOW_S)
             while len(handled) < 100:
                 try:
                     handled.append(self._done.get_nowait())
