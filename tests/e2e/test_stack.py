@@ -135,7 +135,9 @@ def test_run_stop_ends_the_run_and_its_execution(stack_env, tmp_path: Path, serv
 def test_stopped_and_failed_runs_resume_to_the_weights_of_an_uninterrupted_run(
     stack_env, tmp_path: Path, services, digits
 ) -> None:
-    spec = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=8, eval_every=0,
+    # iterations enough that the run is still going when each command returns (a few seconds; an iteration
+    # takes a fraction of one)
+    spec = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=30, eval_every=0,
                         optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
     train(services, spec, "uninterrupted")
     assert finish(services, "uninterrupted").status == "COMPLETED"
