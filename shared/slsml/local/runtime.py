@@ -11,11 +11,13 @@ from slsml.local.host import FunctionHost
 from slsml.services import Services
 
 POOL_ENV = "SLSML_POOL"
-# A pool slot is one warm Worker process and one warm Reducer process. Their resident memory, measured
-# after a 10-iteration run of the demo: 702 MB for a Worker (635 MB of it TensorFlow, before any
-# invocation), 133 MB for a Reducer.
+# A pool slot is one warm Worker, Reducer and ReduceLauncher process each. Their resident memory, measured
+# after a run of the demo: 702 MB for a Worker (635 MB of it TensorFlow, before any invocation), 133 MB for
+# a Reducer, 124-126 MB for a ReduceLauncher.
 WARM_WORKER_MB = 700
 WARM_REDUCER_MB = 135
+WARM_REDUCE_LAUNCHER_MB = 125
+SLOT_MB = WARM_WORKER_MB + WARM_REDUCER_MB + WARM_REDUCE_LAUNCHER_MB
 PROCESSES_PER_CORE = 2  # an invocation also waits on the embedded cloud: two per core keep the cores busy
 MEMORY_SHARE = 0.5  # of the memory available when the runtime starts
 
@@ -41,7 +43,7 @@ def default_pool() -> int:
     memory holds."""
     if os.environ.get(POOL_ENV):
         return int(os.environ[POOL_ENV])
-    by_memory = int(MEMORY_SHARE * _available_memory_mb()) // (WARM_WORKER_MB + WARM_REDUCER_MB)
+    by_memory = int(MEMORY_SHARE * _available_memory_mb()) // SLOT_MB
     return max(1, min(PROCESSES_PER_CORE * _cores(), by_memory))
 
 
