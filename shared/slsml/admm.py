@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from slsml import modelio, optimizers
+from slsml import averaging, modelio
 from slsml.config import OptimizerConfig
 from slsml.errors import BadInputError
 
@@ -96,25 +96,14 @@ def local_round(
     if state is None:
         current, dual = consensus.copy(), np.zeros_like(consensus)
     else:
-        current, dual = state.model.copy(), state.dual + state.model - consensus
+        current, dual = state.model, state.dual + state.model - consensus
         dual[~trainable] = 0
     anchor = (consensus - dual)[trainable]  # the proximal term pulls x toward z − u
-    step_state = optimizers.initial_state(optimizer, int(trainable.sum()))
-    losses: list[float] = []
-    accuracies: list[float] = []
-    for x, y in batches:
-        modelio.set_flat(trainer.model, trainer.plan, current)
-        step = trainer.compute_update(x, y)
-        losses.append(step.loss)
-        if step.accuracy is not None:
-            accuracies.append(step.accuracy)
-        gradient = step.vector[trainable] + np.float32(rho) * (current[trainable] - anchor)
-        current[trainable], step_state = optimizers.apply(optimizer, current[trainable], gradient, step_state)
-        current[~trainable] = step.vector[~trainable]
-    modelio.set_flat(trainer.model, trainer.plan, current)
-    accuracy = float(np.mean(accuracies)) if accuracies else None
+    rho32 = np.float32(rho)
+    current, _, loss, accuracy = averaging.local_steps(trainer, current, batches, optimizer, None,
+                                                       pull=lambda weights: rho32 * (weights - anchor))
     state = SlotState(current, dual)
-    return update_of(consensus, state, trainable, float(np.mean(losses)), accuracy), state
+    return update_of(consensus, state, trainable, loss, accuracy), state
 
 
 def update_of(consensus: np.ndarray, state: SlotState, trainable: np.ndarray, loss: float,

@@ -5,7 +5,7 @@ and apply them (``RunConfig.server_optimizer``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -25,6 +25,25 @@ def take_local_steps(
     weights, the values after the last forward pass for the others, the mean loss and accuracy over the
     steps) and the local optimizer's state (``state`` None: fresh). The trainer's model ends at the end
     weights."""
+    end, state, loss, accuracy = local_steps(trainer, start, batches, optimizer, state)
+    trainable = trainer.plan.trainable_mask()
+    change = end.copy()
+    change[trainable] = start[trainable] - end[trainable]
+    return modelio.Update(vector=change, loss=loss, accuracy=accuracy), state
+
+
+def local_steps(
+    trainer: modelio.Trainer,
+    start: np.ndarray,
+    batches: Iterable[tuple[np.ndarray, np.ndarray]],
+    optimizer: OptimizerConfig,
+    state: State | None,
+    pull: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> tuple[np.ndarray, State, float, float | None]:
+    """Steps of the local optimizer from the flat weights ``start``, one per batch, each on the batch's gradient
+    plus ``pull(trainable weights)`` if given (e.g. ADMM's proximal term); returns the end weights (non-trainable
+    ones: their values after the last forward pass), the optimizer's state and the mean loss and accuracy over
+    the steps. The trainer's model ends at the end weights."""
     trainable = trainer.plan.trainable_mask()
     current = start.copy()
     state = optimizers.initial_state(optimizer, int(trainable.sum())) if state is None else state
@@ -36,10 +55,8 @@ def take_local_steps(
         losses.append(step.loss)
         if step.accuracy is not None:
             accuracies.append(step.accuracy)
-        current[trainable], state = optimizers.apply(optimizer, current[trainable], step.vector[trainable], state)
+        gradient = step.vector[trainable] if pull is None else step.vector[trainable] + pull(current[trainable])
+        current[trainable], state = optimizers.apply(optimizer, current[trainable], gradient, state)
         current[~trainable] = step.vector[~trainable]
     modelio.set_flat(trainer.model, trainer.plan, current)
-    change = current.copy()
-    change[trainable] = start[trainable] - current[trainable]
-    accuracy = float(np.mean(accuracies)) if accuracies else None
-    return modelio.Update(vector=change, loss=float(np.mean(losses)), accuracy=accuracy), state
+    return current, state, float(np.mean(losses)), float(np.mean(accuracies)) if accuracies else None

@@ -709,63 +709,52 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
     return 0 if all(point.status == "COMPLETED" for point in report.points) else 1
 
 
-def cmd_bench_algorithms(args: argparse.Namespace) -> int:
-    from slsml import bench_algorithms, runs
+def _bench(args: argparse.Namespace, stem: str, workers: int, reducers: int,
+           run: Callable[[Any, Any], Any], draw: Callable[[Any], None]) -> Any:
+    """Start a local runtime with ``workers`` warm worker processes, run ``run(runtime, progress)`` under a
+    progress bar, draw its report, and with --json print it as one JSON line; returns the report."""
+    from slsml import runs
     from slsml.local.runtime import LocalRuntime
 
-    pool = max(max(bench_algorithms.FIXED_WORKERS), args.pool or 0)
-    log_dir = Path(".slsml/logs") / runs.new_run_id("algorithms")
-    runtime = LocalRuntime(workers=pool, reducers=2, pool=pool, log_dir=log_dir)
+    log_dir = Path(".slsml/logs") / runs.new_run_id(stem)
+    runtime = LocalRuntime(workers=workers, reducers=reducers, pool=workers, log_dir=log_dir)
     with ExitStack() as stack:
-        with _console().status(f"starting the embedded cloud and warm function processes ({pool} for workers)…"):
+        with _console().status(f"starting the embedded cloud and warm function processes ({workers} for workers)…"):
             stack.enter_context(runtime)
         with display.named_progress("[bold]{task.description}") as show:
-            report = bench_algorithms.algorithms(runtime, show)
-    display.print_algorithms(report)
+            report = run(runtime, show)
+    draw(report)
     if args.json:
         print(report.model_dump_json())
+    return report
+
+
+def cmd_bench_algorithms(args: argparse.Namespace) -> int:
+    from slsml import bench_algorithms
+
+    pool = max(max(bench_algorithms.FIXED_WORKERS), args.pool or 0)
+    _bench(args, "algorithms", pool, 2, bench_algorithms.algorithms, display.print_algorithms)
     return 0
 
 
 def cmd_bench_communication(args: argparse.Namespace) -> int:
-    from slsml import bench_communication, runs
-    from slsml.local.runtime import LocalRuntime
+    from slsml import bench_communication as bench
 
     if args.iterations < 1:
         raise BadInputError(f"--iterations must be at least 1, not {args.iterations}")
-    significance = bench_communication.SIGNIFICANCE if args.significance is None else args.significance
+    significance = bench.SIGNIFICANCE if args.significance is None else args.significance
     if not significance > 0:
         raise BadInputError(f"--significance must be above 0, not {significance:g}")
-    workers = bench_communication.WORKERS
-    log_dir = Path(".slsml/logs") / runs.new_run_id("communication")
-    runtime = LocalRuntime(workers=workers, reducers=bench_communication.REDUCERS, pool=workers, log_dir=log_dir)
-    with ExitStack() as stack:
-        with _console().status(f"starting the embedded cloud and warm function processes ({workers} for workers)…"):
-            stack.enter_context(runtime)
-        with display.named_progress("[bold]{task.description}") as show:
-            report = bench_communication.communication(runtime, args.iterations, show,
-                                                       significance=significance)
-    display.print_communication(report)
-    if args.json:
-        print(report.model_dump_json())
+    _bench(args, "communication", bench.WORKERS, bench.REDUCERS,
+           lambda runtime, show: bench.communication(runtime, args.iterations, show, significance=significance),
+           display.print_communication)
     return 0
 
 
 def cmd_bench_admm(args: argparse.Namespace) -> int:
-    from slsml import bench_admm, runs
-    from slsml.local.runtime import LocalRuntime
+    from slsml import bench_admm as bench
 
-    workers = bench_admm.WORKERS
-    log_dir = Path(".slsml/logs") / runs.new_run_id("admm")
-    runtime = LocalRuntime(workers=workers, reducers=bench_admm.REDUCERS, pool=workers, log_dir=log_dir)
-    with ExitStack() as stack:
-        with _console().status(f"starting the embedded cloud and warm function processes ({workers} for workers)…"):
-            stack.enter_context(runtime)
-        with display.named_progress("[bold]{task.description}") as show:
-            report = bench_admm.admm_against_gradient(runtime, show)
-    display.print_admm(report)
-    if args.json:
-        print(report.model_dump_json())
+    _bench(args, "admm", bench.WORKERS, bench.REDUCERS, bench.admm_against_gradient, display.print_admm)
     return 0
 
 
