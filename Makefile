@@ -24,9 +24,11 @@ install: $(BIN)/slsml
 demo: install  ## train a CNN on digits through the whole pipeline on the embedded cloud
 	$(BIN)/slsml demo
 
+# two test processes, each test file whole in one (its module fixtures run once), each e2e process with an
+# embedded cloud of its own: much of an end-to-end test is waiting on the pipeline, so two share two cores well
 test: install $(AWS_CLI)  ## lint, then unit, integration, infrastructure and end-to-end tests
 	$(BIN)/ruff check .
-	SLSML_AWS_CLI=$(abspath $(AWS_CLI)) $(BIN)/python -m pytest -q
+	SLSML_AWS_CLI=$(abspath $(AWS_CLI)) $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 synth: install  ## the CloudFormation template, offline
 	CDK_OUTDIR=cdk.out $(BIN)/python app.py

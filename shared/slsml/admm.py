@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from slsml import averaging, modelio
+from slsml import averaging, modelio, storage
 from slsml.config import OptimizerConfig
 from slsml.errors import BadInputError
 
@@ -47,8 +47,7 @@ class SlotState(NamedTuple):
         """A stored state → the state; BadInputError naming ``where`` unless it holds a model and a dual of
         ``size`` float32 weights each."""
         try:
-            with np.load(io.BytesIO(body), allow_pickle=False) as archive:
-                arrays = {name: archive[name] for name in archive.files}
+            arrays = storage.npz_arrays(body)
         except (ValueError, OSError, zipfile.BadZipFile) as error:
             raise BadInputError(f"{where}: not an ADMM slot state ({error})") from None
         found = {name: (np.shape(arrays[name]), str(arrays[name].dtype)) if name in arrays else None

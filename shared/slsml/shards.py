@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slsml import storage
 from slsml.optimizers import State
 from slsml.plan import ShardPlan
 
@@ -54,8 +55,7 @@ def decode(data: bytes, expected_size: int | None = None) -> Shard:
     end = HEADER_SIZE + 4 * count
     if len(data) != end + state_bytes:
         raise ShardFormatError(f"shard of {len(data)} bytes does not match its header ({end + state_bytes})")
-    with np.load(io.BytesIO(data[end:]), allow_pickle=False) as archive:
-        arrays = {name: archive[name] for name in archive.files}
+    arrays = storage.npz_arrays(data[end:])
     averaged = arrays.pop(_AVERAGED).tolist()
     weights = np.frombuffer(data, dtype="<f4", count=count, offset=HEADER_SIZE).astype(np.float32)
     return Shard(weights=weights, state=arrays, averaged=averaged, kept=bool(flags & KEPT))

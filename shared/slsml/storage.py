@@ -23,6 +23,12 @@ _MAX_READS = 64  # concurrent GETs of one get_quorum call
 _POLL_S = 0.05  # how often reads still queued behind others are checked for having started
 
 
+def npz_arrays(body: bytes) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` archive's bytes, by name (numpy's errors for bytes that are not one)."""
+    with np.load(io.BytesIO(body), allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
 @dataclass(frozen=True)
 class Stored:
     """An object (or a byte range of it) as read, with the object's user metadata."""
@@ -160,8 +166,7 @@ class ObjectStore:
         return self.put_new(key, buffer.getvalue())
 
     def get_arrays(self, key: str) -> dict[str, np.ndarray]:
-        with np.load(io.BytesIO(self.get(key)), allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
+        return npz_arrays(self.get(key))
 
     def put_arrays_new(
         self, key: str, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None

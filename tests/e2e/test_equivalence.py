@@ -169,8 +169,11 @@ def test_pipeline_matches_single_process_keras(pipeline_runs, services, digits, 
     assert config.optimizer == config_of(name)
     if reducers == 3:  # the shards cut across variables (the exchange of norm clipping spans them)
         assert any(not p.whole and p.variable.trainable for r in range(3) for p in config.plan.pieces(r))
-    squares_in = {services.table.get_counter(run.run_id, i).squares_in for i in range(ITERATIONS)}
-    assert squares_in == ({reducers} if config.optimizer.clips_by_norm and reducers > 1 else {0})
+    counters = [services.table.get_counter(run.run_id, i) for i in range(ITERATIONS)]
+    if config.optimizer.clips_by_norm and reducers > 1:  # every shard's squares in, once, bar relaunched shards'
+        assert all(reducers <= c.squares_in <= reducers + c.reduce_relaunches for c in counters), counters
+    else:
+        assert all(c.squares_in == 0 for c in counters)
 
     got, _ = final_weights(services, run.run_id)
     expected, clipped = reference(name)

@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from slsml import usage
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
@@ -14,3 +16,9 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 def _no_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     """moto's in-process mock, never a server an earlier test pointed AWS_ENDPOINT_URL at."""
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_earlier_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests that earlier tests in this process made outside a handler are not the next handler's."""
+    monkeypatch.setattr(usage, "_pending", usage._Counts())

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
-from slsml import cache, data, feedback, keys, records, updates, usage, wiring
+from slsml import cache, data, feedback, keys, records, updates, wiring
 from slsml.config import OptimizerConfig, TrainingSpec
 from slsml.errors import RunFailed
 from slsml.messages import WorkMessage
@@ -115,7 +115,6 @@ def model_bytes() -> bytes:
 def services(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setattr(cache, "_warm", None)  # no trainer or dataset reader of another test's cloud
-    monkeypatch.setattr(usage, "_pending", usage._Counts())  # requests made outside a handler: not the next one's
     with mock_aws():
         boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bucket")
         boto3.client("dynamodb", region_name="us-east-1").create_table(**records.create_table_arguments("runs"))
