@@ -438,11 +438,12 @@ class RunTable:
         return None if item is None else Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
 
     def fire_merge(self, run_id: str, iteration: int, shard: int, test: tuple[float, float | None] | None) -> bool:
-        """Claim the merge of ``iteration`` (True for ``shard``'s message, again on its retry)."""
+        """Claim the merge of ``iteration`` (True for ``shard``'s message, again on its retry, which keeps the
+        first claim's ``merged_at``)."""
         values: dict[str, Any] = {"merge_fired_by": shard, "merged_at": time.time()}
         if test is not None:
             values |= {"test_loss": test[0], "test_accuracy": test[1]}
-        expression, names, bound = _set({k: v for k, v in values.items() if v is not None})
+        expression, names, bound = _set({k: v for k, v in values.items() if v is not None}, frozenset({"merged_at"}))
         return conditional(lambda: self.table.update_item(
             Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
             ConditionExpression="attribute_not_exists(merge_fired_by) OR merge_fired_by = :merge_fired_by",

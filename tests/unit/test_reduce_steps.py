@@ -670,9 +670,11 @@ def test_a_late_duplicate_of_the_merging_shard_report_leaves_the_run_where_it_is
     assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.model("late-merge", 1)]
     services.table.advance("late-merge", 2)  # the next iteration merged too
     entered = services.table.get_run("late-merge").iteration_at
+    merged_at = services.table.get_counter("late-merge", 0).merged_at
     assert merger.on_reduce_done(dones[1], services) is None  # a retry of the merging message, minutes later
     run = services.table.get_run("late-merge")
     assert (run.iteration, run.iteration_at) == (2, entered)
+    assert services.table.get_counter("late-merge", 0).merged_at == merged_at  # the merge's time is the first's
 
 
 def test_norm_exchange_releases_each_clipped_step_once(services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
