@@ -710,9 +710,9 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, stem: str, workers: int, reducers: int,
-           run: Callable[[Any, Any], Any], draw: Callable[[Any], None]) -> Any:
+           run: Callable[[Any, Any], Any], draw: Callable[[Any], None]) -> None:
     """Start a local runtime with ``workers`` warm worker processes, run ``run(runtime, progress)`` under a
-    progress bar, draw its report, and with --json print it as one JSON line; returns the report."""
+    progress bar, draw its report, and with --json print it as one JSON line."""
     from slsml import runs
     from slsml.local.runtime import LocalRuntime
 
@@ -726,7 +726,6 @@ def _bench(args: argparse.Namespace, stem: str, workers: int, reducers: int,
     draw(report)
     if args.json:
         print(report.model_dump_json())
-    return report
 
 
 def cmd_bench_algorithms(args: argparse.Namespace) -> int:
