@@ -18,7 +18,7 @@ from slsml import faults, keys, optimizers, records, shards, updates, wiring
 from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.errors import RunFailed
 from slsml.faults import Delay, InjectedFault, InvocationFaults
-from slsml.messages import Deadline, ModelLanded, ReduceMessage, WorkDone
+from slsml.messages import Deadline, ModelLanded, Participant, ReduceMessage, WorkDone
 from slsml.plan import ShardPlan, VariableSpec
 from slsml.records import DEADLINE_OWNER, iteration_sk, participants_sk, plain, worker_sk
 from slsml.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV
@@ -256,13 +256,30 @@ def test_duplicate_reports_count_twice_but_the_reduce_fires_once_with_each_worke
     assert [m.shard for m in fired] == [0, 1]
     assert [p.worker for p in fired[0].participants] == [0, 1, 2]
     assert _arrive(services, "dup-work", 1) == []  # after the fire: not a late worker, not a second fire
-    again = _arrive(services, "dup-work", 2)  # the firing message again: the same reduce, published again
-    assert [m.participants for m in again] == [m.participants for m in fired]
+    assert _arrive(services, "dup-work", 2) == []  # the firing message again: its reduce went out the first time
     record = services.table.get_iteration("dup-work", 0)
     assert (record.arrived, record.participant_count, record.reduce_fired_by) == (6, 3, 2)
     assert [p.worker for p in record.participants] == [0, 1, 2]
     assert record.done == {0, 1, 2} and record.late == set()
     assert record.train_loss == pytest.approx(0.5)
+
+
+def test_a_retry_of_a_report_that_fired_but_did_not_publish_publishes_the_same_reduce_once(
+    services: Services,
+) -> None:
+    """The firing message's first copy froze the participants, then crashed before it published the reduce:
+    its retry publishes that reduce (with those participants), and a copy after that publishes nothing."""
+    _register(services, "fire-crash", workers=3, quorum=0.6)
+    assert _arrive(services, "fire-crash", 0) == []
+    frozen = [Participant(worker=w, samples=SAMPLES[w]) for w in (0, 1)]  # what the crashed copy froze
+    assert services.table.freeze_participants("fire-crash", 0, 1, frozen) == (1, frozen)
+    services.store.put_new(keys.update("fire-crash", 0, 1), *updates.encode(VECTORS[1], SAMPLES[1]))
+    retried = reduce_launcher.on_work_done(_done("fire-crash", 1), services)
+    assert [m.shard for m in retried] == [0, 1] and all(m.participants == tuple(frozen) for m in retried)
+    assert reduce_launcher.on_work_done(_done("fire-crash", 1), services) == []
+    assert _arrive(services, "fire-crash", 2) == []  # late: the reduce fired without it
+    record = services.table.get_iteration("fire-crash", 0)
+    assert (record.reduce_fired_by, [p.worker for p in record.participants], record.late) == (1, [0, 1], {2})
 
 
 def test_a_duplicate_non_finite_report_does_not_hold_the_quorum_back(services: Services) -> None:
@@ -661,6 +678,26 @@ def test_duplicate_shard_reports_count_twice_but_the_merge_fires_once(services: 
     assert np.array_equal(services.store.get_array(keys.weights("dup-merge", 1)), weights)
     assert services.store.head(keys.model("dup-merge", 1)) == {merger.MERGED_METADATA: "0"}
     assert services.table.get_run("dup-merge").iteration == 1
+
+
+def test_a_copy_of_the_merging_report_after_the_merge_does_not_merge_again(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy whose first claimed the merge and crashed before the model was stored merges; once the model is
+    stored, a copy finds it and stops before it assembles the weights again."""
+    from slsml.steps import merger
+
+    dones = [reducer.reduce(message, services) for message in _merge_run(services, "copy-merge")]
+    assert merger.on_reduce_done(dones[0], services) is None
+    assert services.table.fire_merge("copy-merge", 0, 1, None)  # the crashed copy's claim
+    assert merger.on_reduce_done(dones[1], services) == keys.model("copy-merge", 1)
+
+    def assembled(*_: object) -> None:
+        raise AssertionError("a copy of the merging report assembled the model again")
+
+    monkeypatch.setattr(merger, "trainer_for", assembled)
+    assert merger.on_reduce_done(dones[1], services) is None
+    assert services.table.get_run("copy-merge").iteration == 1
 
 
 def test_a_late_duplicate_of_the_merging_shard_report_leaves_the_run_where_it_is(services: Services) -> None:

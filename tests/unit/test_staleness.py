@@ -45,7 +45,7 @@ def test_a_late_update_is_folded_into_the_next_reduce_once_and_weighted_by_its_s
     assert services.table.get_iteration("ssp", 0).folded == {2}
     again = reduce_launcher.on_work_done(WorkDone(run_id="ssp", iteration=1, worker=1, samples=SAMPLES[1],
                                                   loss=0.5, compute_s=0.01), services)  # a duplicate
-    assert [m.participants for m in again] == [m.participants for m in fired]
+    assert again == []  # its reduce went out with the late update the first time
 
     before = np.concatenate([_shard(services, "ssp", 1, r).weights for r in range(PLAN.reducers)])
     for message in fired:

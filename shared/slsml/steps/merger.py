@@ -32,6 +32,9 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     counter = table.record_shard(run, iteration, message.generation)
     if counter is None or counter.shards_in < config.reducers or counter.merge_fired_by not in {None, message.shard}:
         return None
+    next_key = keys.model(run, iteration + 1)
+    if counter.merged_at is not None and store.exists(next_key):  # a copy of the message that merged
+        return None
     try:  # the count is a hint (a duplicate counts twice): every shard must be there
         parts = store.get_many(
             [keys.shard(run, iteration + 1, r) for r in range(config.reducers)],
@@ -55,7 +58,6 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
         advanced, _ = advancing.result(), storing.result()
     if advanced is None:  # stopped or failed meanwhile
         return None
-    next_key = keys.model(run, iteration + 1)
     if not store.put_new(next_key, body, {MERGED_METADATA: str(iteration)}):
         if store.head(next_key).get(MERGED_METADATA) != str(iteration):
             raise RunFailed(f"{next_key} was stored by something other than this run's Merger: it is not"

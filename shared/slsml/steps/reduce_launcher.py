@@ -27,9 +27,9 @@ def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
     if counter is None:
         logger.info("stale attempt ignored", extra=log)
         return []
-    if counter.reduce_fired_by == done.worker:  # this worker fired before and its message came again
-        _, participants = services.table.fired_with(config.run_id, done.iteration)
-        return publish_reduce(services, config, done.iteration, participants, done.generation)
+    if counter.reduce_fired_by == done.worker:  # a copy of the report that fired: its reduce went out then
+        logger.info("duplicate of the firing report ignored", extra=log)
+        return []
     if counter.reduce_fired_by is not None:
         _late(log)
         return []
