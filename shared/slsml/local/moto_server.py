@@ -3,8 +3,8 @@
 moto (5.2.5) lists its package folder to route each request, re-derives every handler class's method
 names and converts the same camel-case names again and again, and finds the aliases of each response
 field anew for every value it serializes. Each of these is a pure function of what it is given, so its
-answers are kept: the responses are the same, served with less CPU. Its server also keeps connections
-open (HTTP/1.1), as AWS endpoints do, instead of one connection (and server thread) per request. Run
+answers are kept: the responses are the same, served with less CPU. Its server (werkzeug's) closes
+every connection after one response, so each request opens a connection and a server thread. Run
 as a script with moto's server arguments (``python moto_server.py -H 127.0.0.1 -p PORT``); it imports
 nothing of slsml.
 """
@@ -50,10 +50,6 @@ def tune() -> None:
         return keys
 
     picker.get_possible_keys = possible_keys
-
-    from moto.moto_server import werkzeug_app
-
-    werkzeug_app.MotoRequestHandler.protocol_version = "HTTP/1.1"  # keep-alive: no connection per request
 
 
 def main() -> None:
