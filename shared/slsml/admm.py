@@ -16,14 +16,13 @@ refuses the others."""
 
 from __future__ import annotations
 
-import io
 import zipfile
 from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
 
-from slsml import averaging, modelio, storage
+from slsml import averaging, modelio, npz
 from slsml.config import OptimizerConfig
 from slsml.errors import BadInputError
 
@@ -38,16 +37,14 @@ class SlotState(NamedTuple):
     dual: np.ndarray
 
     def encode(self) -> bytes:
-        buffer = io.BytesIO()
-        np.savez(buffer, model=self.model, dual=self.dual)
-        return buffer.getvalue()
+        return npz.encode(model=self.model, dual=self.dual)
 
     @classmethod
     def decode(cls, body: bytes, size: int, where: str) -> SlotState:
         """A stored state → the state; BadInputError naming ``where`` unless it holds a model and a dual of
         ``size`` float32 weights each."""
         try:
-            arrays = storage.npz_arrays(body)
+            arrays = npz.decode(body)
         except (ValueError, OSError, zipfile.BadZipFile) as error:
             raise BadInputError(f"{where}: not an ADMM slot state ({error})") from None
         found = {name: (np.shape(arrays[name]), str(arrays[name].dtype)) if name in arrays else None

@@ -9,13 +9,12 @@ keeps a partition of its own instead (``partition_batch``).
 
 from __future__ import annotations
 
-import io
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from slsml import keys
+from slsml import keys, npz
 from slsml.cache import LRUCache
 from slsml.config import DATASET_PATTERN, TrainingSpec
 from slsml.errors import BadInputError, NotFoundError
@@ -108,9 +107,8 @@ def put_dataset(
     )
     for split, xs, ys in (("train", x, y), ("test", x_test, y_test)):
         for index, start in enumerate(range(0, len(xs), shard_size)):
-            buffer = io.BytesIO()
-            np.savez(buffer, x=xs[start : start + shard_size], y=ys[start : start + shard_size])
-            if not store.put_new(keys.dataset_shard(name, split, index), buffer.getvalue()):
+            body = npz.encode(x=xs[start : start + shard_size], y=ys[start : start + shard_size])
+            if not store.put_new(keys.dataset_shard(name, split, index), body):
                 raise BadInputError(
                     f"dataset {name!r} has shards left by an interrupted upload; choose another name"
                 )

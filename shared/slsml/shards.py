@@ -9,13 +9,12 @@ and the workers averaged as an ``.npz`` archive. The Merger reads only the weigh
 
 from __future__ import annotations
 
-import io
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
-from slsml import storage
+from slsml import npz
 from slsml.optimizers import State
 from slsml.plan import ShardPlan
 
@@ -41,9 +40,7 @@ class Shard:
 
 def encode(shard: Shard) -> bytes:
     weights = np.ascontiguousarray(shard.weights, dtype="<f4")
-    archive = io.BytesIO()
-    np.savez(archive, **shard.state, **{_AVERAGED: np.asarray(shard.averaged, dtype=np.int64)})
-    state = archive.getvalue()
+    state = npz.encode(**shard.state, **{_AVERAGED: np.asarray(shard.averaged, dtype=np.int64)})
     header = _HEADER.pack(MAGIC, VERSION, KEPT if shard.kept else 0, weights.size, len(state))
     return header + weights.tobytes() + state
 
@@ -55,7 +52,7 @@ def decode(data: bytes, expected_size: int | None = None) -> Shard:
     end = HEADER_SIZE + 4 * count
     if len(data) != end + state_bytes:
         raise ShardFormatError(f"shard of {len(data)} bytes does not match its header ({end + state_bytes})")
-    arrays = storage.npz_arrays(data[end:])
+    arrays = npz.decode(data[end:])
     averaged = arrays.pop(_AVERAGED).tolist()
     weights = np.frombuffer(data, dtype="<f4", count=count, offset=HEADER_SIZE).astype(np.float32)
     return Shard(weights=weights, state=arrays, averaged=averaged, kept=bool(flags & KEPT))

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from botocore.exceptions import ClientError
 
-from slsml import keys
+from slsml import keys, npz
 from slsml.aws import error_code
 from slsml.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
 from slsml.errors import NotFoundError
@@ -21,12 +21,6 @@ from slsml.errors import NotFoundError
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 _MAX_READS = 64  # concurrent GETs of one get_quorum call
 _POLL_S = 0.05  # how often reads still queued behind others are checked for having started
-
-
-def npz_arrays(body: bytes) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` archive's bytes, by name (numpy's errors for bytes that are not one)."""
-    with np.load(io.BytesIO(body), allow_pickle=False) as archive:
-        return {name: archive[name] for name in archive.files}
 
 
 @dataclass(frozen=True)
@@ -166,11 +160,9 @@ class ObjectStore:
         return self.put_new(key, buffer.getvalue())
 
     def get_arrays(self, key: str) -> dict[str, np.ndarray]:
-        return npz_arrays(self.get(key))
+        return npz.decode(self.get(key))
 
     def put_arrays_new(
         self, key: str, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None
     ) -> bool:
-        buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
-        return self.put_new(key, buffer.getvalue(), metadata)
+        return self.put_new(key, npz.encode(**arrays), metadata)

@@ -1,0 +1,20 @@
+"""Named arrays as the bytes of an ``.npz`` archive: dataset shards, optimizer and averaging states,
+ADMM slot states."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+
+def encode(**arrays: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def decode(body: bytes) -> dict[str, np.ndarray]:
+    """The arrays of an archive's bytes, by name (numpy's errors for bytes that are not one)."""
+    with np.load(io.BytesIO(body), allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}
