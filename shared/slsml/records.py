@@ -27,6 +27,7 @@ from slsml.tuner import TunerState
 
 ITERATION_TTL_S = 14 * 24 * 3600
 DEADLINE_OWNER = -1  # reduce_fired_by when the watchdog fired the reduce at a deadline
+DEADLINE_LAUNCH = "deadline"  # launched_by when the watchdog launched an iteration whose own launch had not come
 
 
 class RunStatus(StrEnum):

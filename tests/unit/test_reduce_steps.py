@@ -20,7 +20,7 @@ from slsml.errors import RunFailed
 from slsml.faults import Delay, InjectedFault, InvocationFaults
 from slsml.messages import Deadline, ModelLanded, Participant, ReduceMessage, WorkDone
 from slsml.plan import ShardPlan, VariableSpec
-from slsml.records import DEADLINE_OWNER, iteration_sk, participants_sk, plain, worker_sk
+from slsml.records import DEADLINE_LAUNCH, DEADLINE_OWNER, iteration_sk, participants_sk, plain, worker_sk
 from slsml.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV
 from slsml.services import Services
 from slsml.steps import reduce_launcher, reducer, watchdog, work_launcher
@@ -465,6 +465,28 @@ def test_a_deadline_rebased_on_an_overdue_iteration_acts_on_it_at_once(
     assert services.table.get_iteration("overdue", 2).relaunched == {0: 1, 1: 1}
     assert services.table.get_iteration("overdue", 0).relaunched == {}
     assert [(d.iteration, d.stage, d.round, d.link) for d in sent] == [(2, "work", 1, 1)]
+
+
+def test_an_iteration_whose_launch_is_late_is_launched_by_its_deadline_and_the_late_launch_does_nothing(
+    services: Services, sent: list[Deadline]
+) -> None:
+    """The model of iteration 1 is merged, but its event is held past the deadline: the watchdog launches the
+    iteration with the run's workers now (scaled to 3), and the event, when it comes, finds it launched."""
+    _register(services, "late-launch", workers=2, deadline_s=5)
+    services.table.advance("late-launch", 1)
+    services.table.scale_workers("late-launch", 3, "scaled by the user")
+    services.table.table.update_item(  # iteration 1 started longer than a deadline ago
+        Key={"pk": "RUN#late-launch", "sk": "META"}, UpdateExpression="SET iteration_at = :t",
+        ExpressionAttributeValues={":t": Decimal(repr(time.time() - 60))},
+    )
+    before = time.time()
+    assert watchdog.on_deadline(_deadline("late-launch"), services) == Action.RELAUNCHED
+    record = services.table.get_iteration("late-launch", 1)
+    assert (record.launched_by, record.workers, record.relaunched) == (DEADLINE_LAUNCH, 3, {0: 1, 1: 1, 2: 1})
+    assert record.launched_at >= before
+    late = ModelLanded(key=keys.model("late-launch", 1), sequencer="held")
+    assert work_launcher.on_model(late, services) == Outcome.ALREADY_LAUNCHED
+    assert services.table.get_iteration("late-launch", 1).launched_at == record.launched_at
 
 
 def test_two_copies_of_a_deadline_handled_at_once_carry_the_chain_on_once(

@@ -7,8 +7,10 @@ A fast run thus costs one watchdog invocation per deadline period, not one per i
 Work stage (the reduce has not fired): if at least the floor of workers is in, fire the reduce
 with them; otherwise re-launch the missing workers with a new attempt number (reports of the old
 attempt are ignored from then on), and once the retry budget is spent, fail the run with a reason
-naming the stage. Reduce stage: re-launch the reducers whose shards are missing; once the budget is
-spent, those shards keep the iteration's weights (counted and logged) and the merge goes on.
+naming the stage. An iteration whose launch has not come (its model's event is late or lost) is
+launched by the watchdog: it claims the launch, with the run's current workers, and re-launches them
+all. Reduce stage: re-launch the reducers whose shards are missing; once the budget is spent, those
+shards keep the iteration's weights (counted and logged) and the merge goes on.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from slsml.config import RunConfig
 from slsml.deployment import Metric
 from slsml.errors import NotFoundError
 from slsml.messages import Deadline, ReduceDone, WorkMessage
-from slsml.records import DEADLINE_OWNER, IterationRecord, RunRecord, RunStatus
+from slsml.records import DEADLINE_LAUNCH, DEADLINE_OWNER, IterationRecord, RunRecord, RunStatus
 from slsml.services import Services
 from slsml.steps.common import run_config
 from slsml.steps.reduce_launcher import fire_reduce, publish_reduce
@@ -77,8 +79,20 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
     config = run_config(services.store, deadline.run_id)
     record = services.table.get_iteration(deadline.run_id, deadline.iteration)
     if deadline.stage == "work":
+        if record.launched_by is None:  # its model's launch is late or lost: the workers re-launched now launch it
+            record = _claim_launch(deadline, run, record, services)
         return _work_deadline(deadline, config, record, services)
     return _reduce_deadline(deadline, config, record, services)
+
+
+def _claim_launch(deadline: Deadline, run: RunRecord, record: IterationRecord, services: Services) -> IterationRecord:
+    """Claim the launch of the deadline's iteration with the run's current workers, so that the late launch
+    finds it taken and publishes nothing, and the iteration's times start here."""
+    counter = services.table.claim_launch(run.run_id, deadline.iteration, DEADLINE_LAUNCH, deadline.generation,
+                                          run.workers, run.workers_reason)
+    if counter is None:  # the launch came meanwhile
+        return services.table.get_iteration(run.run_id, deadline.iteration)
+    return record.model_copy(update=counter.model_dump(include={"launched_by", "launched_at", "workers"}))
 
 
 def _after(deadline: Deadline, seconds: float) -> float:
