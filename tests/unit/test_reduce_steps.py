@@ -712,7 +712,9 @@ def test_a_copy_of_the_merging_report_after_the_merge_does_not_merge_again(
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "copy-merge")]
     assert merger.on_reduce_done(dones[0], services) is None
     assert services.table.fire_merge("copy-merge", 0, 1, None)  # the crashed copy's claim
+    claimed_at = services.table.get_counter("copy-merge", 0).merged_at
     assert merger.on_reduce_done(dones[1], services) == keys.model("copy-merge", 1)
+    assert services.table.get_counter("copy-merge", 0).merged_at == claimed_at  # the merge's time is the first's
 
     def assembled(*_: object) -> None:
         raise AssertionError("a copy of the merging report assembled the model again")
