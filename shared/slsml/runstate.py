@@ -42,7 +42,12 @@ from slsml.records import (
 from slsml.tuner import TunerState
 
 BATCH_READ = 100  # keys of one BatchGetItem request
-_SAME_GENERATION = "(attribute_not_exists(generation) OR generation = :generation)"
+# a count goes into the counter its generation's launch claimed: an earlier generation's late report neither
+# counts in a resumed run's counter nor recreates one that the resume deleted (with counts the new one would keep)
+_SAME_GENERATION = "generation = :generation"
+# a worker's record an earlier generation left (a late report landing after the resume deleted the records)
+# gives way to this generation's report or re-launch
+_EARLIER_GENERATION = "generation < :generation"
 
 
 def conditional(write: Callable[[], Any]) -> Any | None:
@@ -167,7 +172,10 @@ class RunTable:
         item = conditional(lambda: self.table.update_item(
             Key=self._key(run_id, META),
             UpdateExpression="SET #status = :running, iteration = :i, iteration_at = :now, updated_at = :now,"
-            " generation = if_not_exists(generation, :zero) + :one REMOVE reason, task_token, final_key, watched",
+            " generation = if_not_exists(generation, :zero) + :one"
+            # no execution answers for the run until the new one records itself: the old one's last
+            # states (MarkFailed) then find it superseded, however late they run
+            " REMOVE reason, task_token, final_key, watched, execution_arn",
             ConditionExpression="#status IN (:stopped, :failed)",
             ExpressionAttributeNames={"#status": "status"},
             ExpressionAttributeValues={
@@ -277,8 +285,9 @@ class RunTable:
         key = self._key(done.run_id, worker_sk(done.iteration, done.worker))
         stored = conditional(lambda: self.table.put_item(
             Item={**key, **dynamo(report.model_dump()), "expires_at": int(time.time()) + ITERATION_TTL_S},
-            ConditionExpression="attribute_not_exists(sk) OR (attribute_not_exists(samples) AND attempt <= :attempt)",
-            ExpressionAttributeValues={":attempt": done.attempt},
+            ConditionExpression=f"attribute_not_exists(sk) OR {_EARLIER_GENERATION}"
+                                " OR (attribute_not_exists(samples) AND attempt <= :attempt)",
+            ExpressionAttributeValues={":attempt": done.attempt, ":generation": done.generation},
         ))
         if stored is None:
             existing = WorkerReport.model_validate(plain(self.table.get_item(Key=key, ConsistentRead=True)["Item"]))
@@ -375,7 +384,8 @@ class RunTable:
             conditional(lambda report=report, worker=worker: self.table.put_item(
                 Item={**self._key(run_id, worker_sk(iteration, worker)), **dynamo(report.model_dump()),
                       "expires_at": expires},
-                ConditionExpression="attribute_not_exists(samples)",
+                ConditionExpression=f"attribute_not_exists(samples) OR {_EARLIER_GENERATION}",
+                ExpressionAttributeValues={":generation": generation},
             ))
 
     def record_reduce_relaunch(self, run_id: str, iteration: int, shards: int) -> None:

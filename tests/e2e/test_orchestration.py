@@ -38,9 +38,10 @@ def run_events(local):
     return events
 
 
-def _execution(local, run_id: str) -> tuple[dict, list[str]]:
+def _execution(local, run_id: str, arn: str | None = None) -> tuple[dict, list[str]]:
+    """The run's execution (or the one at ``arn``) once it ended, and the states it entered."""
     sfn = local.services.orchestrator.sfn
-    arn = local.services.table.get_run(run_id).execution_arn
+    arn = arn or local.services.table.get_run(run_id).execution_arn
     for _ in range(100):  # the execution's last states run just after the table says the run ended
         execution = sfn.describe_execution(executionArn=arn)
         if execution["status"] != "RUNNING":
@@ -109,3 +110,19 @@ def test_a_failed_step_ends_the_execution_with_its_reason(local, services, digit
     assert execution["status"] == "FAILED"
     assert entered[-4:] == ["MarkFailed", "ReadReason", "PublishFailed", "Failed"]
     assert execution["cause"] == run.reason  # the pipeline's own reason, as the table keeps it
+
+
+def test_an_execution_superseded_by_a_resume_leaves_the_resumed_run_alone(local, services, digits):
+    # a failed run's execution ends on its own time: here only after the run was resumed
+    with injecting(local, PACE):  # the run is still going when the test resumes it
+        train(services, SPEC, "sfn-superseded")
+        while not (old := services.table.get_run("sfn-superseded")).task_token:
+            time.sleep(0.05)
+        services.table.fail("sfn-superseded", "a failure for the test")
+        resumed = services.table.resume("sfn-superseded", old.iteration)
+        services.orchestrator.fail(old.task_token, "a failure for the test")
+        execution, entered = _execution(local, "sfn-superseded", old.execution_arn)
+        run = services.table.get_run("sfn-superseded")
+        services.fail_run("sfn-superseded", "the test is done")  # it has no execution: nothing launches on
+    assert (execution["status"], entered[-2:]) == ("FAILED", ["MarkFailed", "Superseded"])
+    assert (run.status, run.generation, run.reason) == ("RUNNING", resumed.generation, None)

@@ -69,10 +69,10 @@ def sent(services: Services, monkeypatch: pytest.MonkeyPatch) -> list[Deadline]:
 
 def _register(
     services: Services, run_id: str, workers: int, quorum: float = 1.0, watched: bool = True,
-    optimizer: OptimizerConfig = SGD, **training: object
+    optimizer: OptimizerConfig = SGD, launched: bool = True, **training: object
 ) -> RunConfig:
-    """A run as prepare_run leaves it (config, shards and flat weights of iteration 0), launched: the
-    deadline chain is at its first link unless ``watched`` is False."""
+    """A run as prepare_run leaves it (config, shards and flat weights of iteration 0), with iteration 0
+    launched unless ``launched`` is False: the deadline chain is at its first link unless ``watched`` is False."""
     spec = TrainingSpec(workers=workers, reducers=PLAN.reducers, global_batch=8 * workers, quorum=quorum, **training)
     config = RunConfig(
         run_id=run_id, dataset="d", training=spec, optimizer=optimizer, loss="mse", classification=False, plan=PLAN
@@ -84,10 +84,17 @@ def _register(
         initial = shards.Shard(WEIGHTS[layout.start : layout.stop], state, averaged=[])
         services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     services.store.put_array_new(keys.weights(run_id, 0), WEIGHTS)
-    services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
+    _put_run(services, run_id, spec, launched)
     if watched:
         assert services.table.watch(run_id, None, 0) is not None
     return config
+
+
+def _put_run(services: Services, run_id: str, spec: TrainingSpec, launched: bool = True) -> None:
+    """The run's record as the state machine registers it, with iteration 0 launched unless ``launched`` is False."""
+    services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
+    if launched:
+        assert services.table.claim_launch(run_id, 0, "launch-0", 0, spec.workers) is not None
 
 
 def _done(run_id: str, worker: int, finite: bool = True, attempt: int = 0) -> WorkDone:
@@ -400,7 +407,7 @@ def test_a_duplicate_deadline_does_not_start_a_second_chain(services: Services, 
 
 
 def test_the_first_launch_sends_the_runs_only_deadline(services: Services, sent: list[Deadline]) -> None:
-    _register(services, "chain", workers=2, watched=False)
+    _register(services, "chain", workers=2, watched=False, launched=False)
     landed = ModelLanded(key=keys.model("chain", 0), sequencer="a")
     assert work_launcher.on_model(landed, services) == Outcome.LAUNCHED
     assert work_launcher.on_model(landed, services) == Outcome.LAUNCHED  # the same event again: published again
@@ -418,7 +425,7 @@ def test_two_copies_of_a_model_event_handled_at_once_start_one_chain(
 ) -> None:
     """A duplicate delivery handled by a second invocation while the first is between reading the run and
     launching: both may send the chain's first deadline, but when the two come, one carries the chain on."""
-    _register(services, "chain-race", workers=2, watched=False)
+    _register(services, "chain-race", workers=2, watched=False, launched=False)
     landed = ModelLanded(key=keys.model("chain-race", 0), sequencer="a")
     claim, interleaved, other_copy = services.table.claim_launch, [], []
 
@@ -674,7 +681,7 @@ def _merge_run(services: Services, run_id: str) -> list[ReduceMessage]:
         initial = shards.Shard(flat[layout.start : layout.stop], optimizers.initial_state(SGD, layout.size), [])
         services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     services.store.put_new(keys.model(run_id, 0), body)
-    services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
+    _put_run(services, run_id, spec)
     fired = []
     for worker in range(2):
         services.store.put_new(keys.update(run_id, 0, worker), *updates.encode(RNG.standard_normal(plan.size), 2))
@@ -700,6 +707,30 @@ def test_duplicate_shard_reports_count_twice_but_the_merge_fires_once(services: 
     assert np.array_equal(services.store.get_array(keys.weights("dup-merge", 1)), weights)
     assert services.store.head(keys.model("dup-merge", 1)) == {merger.MERGED_METADATA: "0"}
     assert services.table.get_run("dup-merge").iteration == 1
+
+
+def test_an_earlier_generations_late_reports_leave_a_resumed_runs_iteration_alone(services: Services) -> None:
+    """The run fails and is resumed at the iteration its reducers were finishing: their reports, and its
+    workers', late, must neither merge nor recreate the counter the resume deleted (the new generation would
+    find it counted), and the workers' records they leave give way to the new generation's."""
+    from slsml.steps import merger
+
+    dones = [reducer.reduce(message, services) for message in _merge_run(services, "resumed-race")]
+    assert services.table.fail("resumed-race", "a failure for the test") is not None
+    assert services.table.resume("resumed-race", 0).generation == 1
+    services.table.forget_iterations("resumed-race", 0)
+    assert [merger.on_reduce_done(d, services) for d in dones] == [None, None]
+    assert [reduce_launcher.on_work_done(_done("resumed-race", w), services) for w in range(2)] == [[], []]
+    relaunched = services.table.claim_launch("resumed-race", 0, "resume-1", 1, 2)
+    assert (relaunched.arrived, relaunched.shards_in, relaunched.merge_fired_by) == (0, 0, None)
+    assert not services.store.exists(keys.model("resumed-race", 1))
+    # the late workers' records give way to the new generation's re-launch (worker 0) and report (worker 1)
+    services.table.relaunch_workers("resumed-race", 0, 1, {0: 1})
+    assert services.table.get_iteration("resumed-race", 0).relaunched == {0: 1}
+    reports = [_done("resumed-race", 0, attempt=1).model_copy(update={"generation": 1}),
+               _done("resumed-race", 1).model_copy(update={"generation": 1})]
+    fired = [m for report in reports for m in reduce_launcher.on_work_done(report, services)]
+    assert fired and all({p.worker for p in m.participants} == {0, 1} for m in fired)
 
 
 def test_a_copy_of_the_merging_report_after_the_merge_does_not_merge_again(
