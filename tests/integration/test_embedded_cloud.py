@@ -1,6 +1,9 @@
-"""Embedded clouds are isolated: two alive in one process hold their own resources."""
+"""Embedded clouds are isolated (two alive in one process hold their own resources) and apply concurrent
+writes as the services do."""
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import boto3
 import pytest
@@ -35,3 +38,31 @@ def _use(monkeypatch: pytest.MonkeyPatch, deployment: LocalDeployment) -> None:
     """What ``use_deployment`` does, undone after the test."""
     for name, value in deployment.environment().items():
         monkeypatch.setenv(name, value)
+
+
+def test_concurrent_adds_to_one_item_are_all_counted() -> None:
+    """A barrier's counter is an UpdateItem ADD from every report at once: DynamoDB counts each one."""
+    cloud = EmbeddedCloud()
+    cloud.start()
+    try:
+        table = cloud.provision().table
+        threads, adds = 16, 250
+        key = {"pk": {"S": "RUN#race"}, "sk": {"S": "ITER#0"}}
+
+        def client():  # one per thread, as each function process has its own
+            return boto3.client("dynamodb", endpoint_url=cloud.endpoint, region_name="us-east-1",
+                                aws_access_key_id="slsml-local", aws_secret_access_key="slsml-local")
+
+        def add() -> None:
+            dynamodb = client()
+            for _ in range(adds):
+                dynamodb.update_item(TableName=table, Key=key, UpdateExpression="ADD arrived :one",
+                                     ExpressionAttributeValues={":one": {"N": "1"}})
+
+        with ThreadPoolExecutor(threads) as pool:
+            for done in [pool.submit(add) for _ in range(threads)]:
+                done.result()
+        item = client().get_item(TableName=table, Key=key, ConsistentRead=True)["Item"]
+        assert int(item["arrived"]["N"]) == threads * adds
+    finally:
+        cloud.stop()
