@@ -17,7 +17,7 @@ def test_the_pool_is_set_by_the_environment_or_derived_from_cores_and_memory(mon
     monkeypatch.setattr(runtime, "_available_memory_mb", lambda: 24 * 1024)  # this machine: bound by its cores
     assert default_pool() == 2 * runtime.PROCESSES_PER_CORE
     monkeypatch.setattr(runtime, "_cores", lambda: 64)
-    assert default_pool() == 12  # a big machine: bound by memory, half of 24 GB at 960 MB a slot
+    assert default_pool() == 32  # a big machine: bound by memory, half of 24 GB at 375 MB a slot
     monkeypatch.setattr(runtime, "_available_memory_mb", lambda: 100)
     assert default_pool() == 1
 

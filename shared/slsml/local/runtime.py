@@ -7,16 +7,18 @@ from pathlib import Path
 from types import TracebackType
 
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment, use_deployment
-from slsml.local.host import FunctionHost
+from slsml.local.host import FunctionHost, start_preloading
 from slsml.services import Services
 
 POOL_ENV = "SLSML_POOL"
-# A pool slot is one warm Worker, Reducer and ReduceLauncher process each. Their resident memory, measured
-# after a run of the demo: 702 MB for a Worker (635 MB of it TensorFlow, before any invocation), 133 MB for
-# a Reducer, 124-126 MB for a ReduceLauncher.
-WARM_WORKER_MB = 700
-WARM_REDUCER_MB = 135
-WARM_REDUCE_LAUNCHER_MB = 125
+# A pool slot is one warm Worker, Reducer and ReduceLauncher process each. What each adds to the machine's
+# memory (its proportional set size: the pages it shares with its siblings, TensorFlow's among them, counted
+# once among them all), measured after a 20-iteration demo-sized run: 154 MB for a Worker, 108 MB for a
+# Reducer, 106 MB for a ReduceLauncher (each 310-420 MB resident, most of it shared). Where there is no fork
+# server (Windows) each process imports TensorFlow itself, and a Worker was measured at 700 MB: set the pool.
+WARM_WORKER_MB = 155
+WARM_REDUCER_MB = 110
+WARM_REDUCE_LAUNCHER_MB = 110
 SLOT_MB = WARM_WORKER_MB + WARM_REDUCER_MB + WARM_REDUCE_LAUNCHER_MB
 PROCESSES_PER_CORE = 2  # an invocation also waits on the embedded cloud: two per core keep the cores busy
 MEMORY_SHARE = 0.5  # of the memory available when the runtime starts
@@ -86,6 +88,7 @@ class LocalRuntime:
         self.services: Services | None = None
 
     def __enter__(self) -> LocalRuntime:
+        start_preloading()  # TensorFlow imports for the function processes while the cloud starts
         self.cloud.start()
         try:
             self.deployment = self.cloud.provision()

@@ -1,0 +1,24 @@
+"""The libraries every warm function process imports, imported once: the function host forks its processes
+from a server process that imported this module (``multiprocessing``'s forkserver), so a process starts in
+well under a second, not in the seconds TensorFlow takes to import, and shares those pages with its
+siblings. slsml's own modules are left to each process, as on Lambda: their loggers and settings read the
+function's environment when they are imported."""
+
+import gc
+import os
+
+from slsml import quiet
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # numpy's BLAS threads, read once at its import: one per process
+quiet.install()
+
+import aws_lambda_powertools.utilities.idempotency  # noqa: E402
+import aws_lambda_powertools.utilities.parser  # noqa: E402,F401
+import aws_xray_sdk.core  # noqa: E402,F401
+import boto3  # noqa: E402,F401
+import keras  # noqa: E402,F401
+import numpy  # noqa: E402,F401
+import pydantic_settings  # noqa: E402,F401
+import tensorflow  # noqa: E402,F401
+
+gc.freeze()  # the collector leaves these objects alone, so the forked processes do not copy their pages
