@@ -90,6 +90,7 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                         "training": {"S.$": "States.JsonToString($.training)"},  # the whole spec, once
                         "workers": _number("$.workers"),  # the workers it trains with now
                         "iteration": {"N": "0"},
+                        "generation": {"N": "0"},  # resumes count on from here
                         "created_at": _number("$.created_at"),
                         "iteration_at": _number("$.created_at"),
                         "updated_at": _number("$.created_at"),

@@ -242,7 +242,7 @@ def run_item(run_id: str, dataset: str, training: TrainingSpec, created_at: floa
         PARTITION_KEY.name: f"RUN#{run_id}", SORT_KEY.name: META, RUNS_INDEX.partition.name: RUN_KIND,
         "run_id": run_id, "status": RunStatus.RUNNING.value, "dataset": dataset,
         "training": training.model_dump_json(), "workers": training.initial_workers, "iteration": 0,
-        "created_at": created_at, "iteration_at": created_at, "updated_at": created_at,
+        "created_at": created_at, "iteration_at": created_at, "updated_at": created_at, "generation": 0,
     })
 
 

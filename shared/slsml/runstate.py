@@ -42,8 +42,9 @@ from slsml.records import (
 from slsml.tuner import TunerState
 
 BATCH_READ = 100  # keys of one BatchGetItem request
-# a count goes into the counter its generation's launch claimed: an earlier generation's late report neither
-# counts in a resumed run's counter nor recreates one that the resume deleted (with counts the new one would keep)
+# a count or a fire goes into the counter its generation's launch claimed: an earlier generation's late report or
+# fire neither counts in a resumed run's counter nor recreates one that the resume deleted (with counts or fires
+# the new generation would keep, and wait on)
 _SAME_GENERATION = "generation = :generation"
 # a worker's record an earlier generation left (a late report landing after the resume deleted the records)
 # gives way to this generation's report or re-launch
@@ -131,11 +132,13 @@ class RunTable:
         ))
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
 
-    def advance(self, run_id: str, iteration: int) -> RunRecord | None:
+    def advance(self, run_id: str, iteration: int, generation: int = 0) -> RunRecord | None:
         """The model entering ``iteration`` is about to be stored (the run's heartbeat); None if the run is
-        not running or is past ``iteration`` already (a late retry never moves it back)."""
+        not running, is past ``iteration`` already (a late retry never moves it back), or was resumed since
+        ``generation`` (whose late Merger then stores nothing)."""
         return self._update_run(run_id, {"iteration": iteration, "iteration_at": time.time()},
-                                condition="#iteration <= :iteration")
+                                condition=f"#iteration <= :iteration AND {_SAME_GENERATION}",
+                                condition_values={":generation": generation})
 
     def mark_heartbeat(self, run_id: str) -> None:
         self._update_run(run_id, {"heartbeat_at": time.time()})
@@ -344,28 +347,30 @@ class RunTable:
         ))
 
     def freeze_participants(
-        self, run_id: str, iteration: int, owner: int, participants: list[Participant]
-    ) -> tuple[int, list[Participant]]:
-        """Fire the reduce of ``iteration`` with ``participants``, once: returns who fired it and with whom
-        (``owner`` and ``participants`` if this call, or an earlier one of ``owner``'s, did)."""
+        self, run_id: str, iteration: int, owner: int, participants: list[Participant], generation: int = 0
+    ) -> tuple[int, list[Participant]] | None:
+        """Fire the reduce of ``iteration`` in ``generation`` with ``participants``, once: returns who fired it
+        and with whom (``owner`` and ``participants`` if this call, or an earlier one of ``owner``'s, did), or
+        None if a later generation fired it (an earlier generation's firing gives way to this one)."""
         key = self._key(run_id, participants_sk(iteration))
-        item = {**key, "owner": owner, "participants": encode_participants(participants),
+        item = {**key, "owner": owner, "participants": encode_participants(participants), "generation": generation,
                 "expires_at": int(time.time()) + ITERATION_TTL_S}
-        if conditional(lambda: self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(sk)")):
+        if conditional(lambda: self.table.put_item(
+            Item=item, ConditionExpression=f"attribute_not_exists(sk) OR {_EARLIER_GENERATION}",
+            ExpressionAttributeValues={":generation": generation},
+        )):
             return owner, participants
-        return self.fired_with(run_id, iteration)
-
-    def fired_with(self, run_id: str, iteration: int) -> tuple[int, list[Participant]]:
-        """Who fired the reduce of ``iteration``, and with whom (it has fired)."""
-        key = self._key(run_id, participants_sk(iteration))
         stored = plain(self.table.get_item(Key=key, ConsistentRead=True)["Item"])
+        if stored.get("generation", 0) != generation:
+            return None
         return stored["owner"], decode_participants(stored["participants"])
 
     def mark_reduce_fired(
-        self, run_id: str, iteration: int, owner: int, participants: list[Participant], reports: list[WorkerReport]
+        self, run_id: str, iteration: int, owner: int, participants: list[Participant], reports: list[WorkerReport],
+        generation: int = 0,
     ) -> None:
-        """Note on the counter that the reduce fired (late reports then skip the barrier), with the
-        participants' weighted train loss and accuracy."""
+        """Note on the counter of ``generation`` that the reduce fired (late reports then skip the barrier),
+        with the participants' weighted train loss and accuracy."""
         chosen = {p.worker for p in participants}
         included = [r for r in reports if r.worker in chosen]
         values = {"reduce_fired_by": owner, "reduce_fired_at": time.time(), "participant_count": len(participants),
@@ -373,8 +378,11 @@ class RunTable:
                   "train_accuracy": _weighted([(r.accuracy, r.samples) for r in included if r.accuracy is not None])}
         values = {k: v for k, v in values.items() if v is not None}
         expression, names, bound = _set(values, keep_first=frozenset(values))
-        self.table.update_item(Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
-                               ExpressionAttributeNames=names, ExpressionAttributeValues=bound)
+        conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
+            ConditionExpression=_SAME_GENERATION, ExpressionAttributeNames=names,
+            ExpressionAttributeValues={**bound, ":generation": generation},
+        ))
 
     def relaunch_workers(self, run_id: str, iteration: int, generation: int, attempts: dict[int, int]) -> None:
         """Supersede these workers' earlier attempts (worker → new attempt): their reports are ignored."""
@@ -422,13 +430,14 @@ class RunTable:
         items = self._get_by_keys([self._key(run_id, squares_sk(iteration, r)) for r in range(reducers)])
         return [plain(item["squares"]) for item in sorted(items, key=lambda item: int(item["shard"]))]
 
-    def release_steps(self, run_id: str, iteration: int, shard: int) -> bool:
-        """Claim the release of ``iteration``'s steps once every shard's squares are in (True for
-        ``shard``'s message, again on its retry)."""
+    def release_steps(self, run_id: str, iteration: int, shard: int, generation: int = 0) -> bool:
+        """Claim the release of ``iteration``'s steps in ``generation`` once every shard's squares are in (True
+        for ``shard``'s message, again on its retry)."""
         return conditional(lambda: self.table.update_item(
             Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression="SET steps_released_by = :shard",
-            ConditionExpression="attribute_not_exists(steps_released_by) OR steps_released_by = :shard",
-            ExpressionAttributeValues={":shard": shard},
+            ConditionExpression="(attribute_not_exists(steps_released_by) OR steps_released_by = :shard)"
+                                f" AND {_SAME_GENERATION}",
+            ExpressionAttributeValues={":shard": shard, ":generation": generation},
         )) is not None
 
     # iterations: the merge barrier
@@ -447,17 +456,20 @@ class RunTable:
         ))
         return None if item is None else Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
 
-    def fire_merge(self, run_id: str, iteration: int, shard: int, test: tuple[float, float | None] | None) -> bool:
-        """Claim the merge of ``iteration`` (True for ``shard``'s message, again on its retry, which keeps the
-        first claim's ``merged_at``)."""
+    def fire_merge(
+        self, run_id: str, iteration: int, shard: int, test: tuple[float, float | None] | None, generation: int = 0
+    ) -> bool:
+        """Claim the merge of ``iteration`` in ``generation`` (True for ``shard``'s message, again on its retry,
+        which keeps the first claim's ``merged_at``)."""
         values: dict[str, Any] = {"merge_fired_by": shard, "merged_at": time.time()}
         if test is not None:
             values |= {"test_loss": test[0], "test_accuracy": test[1]}
         expression, names, bound = _set({k: v for k, v in values.items() if v is not None}, frozenset({"merged_at"}))
         return conditional(lambda: self.table.update_item(
             Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
-            ConditionExpression="attribute_not_exists(merge_fired_by) OR merge_fired_by = :merge_fired_by",
-            ExpressionAttributeNames=names, ExpressionAttributeValues=bound,
+            ConditionExpression="(attribute_not_exists(merge_fired_by) OR merge_fired_by = :merge_fired_by)"
+                                f" AND {_SAME_GENERATION}",
+            ExpressionAttributeNames=names, ExpressionAttributeValues={**bound, ":generation": generation},
         )) is not None
 
 

@@ -18,7 +18,7 @@ from slsml import faults, keys, optimizers, records, shards, updates, wiring
 from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.errors import RunFailed
 from slsml.faults import Delay, InjectedFault, InvocationFaults
-from slsml.messages import Deadline, ModelLanded, Participant, ReduceMessage, WorkDone
+from slsml.messages import Deadline, ModelLanded, Participant, ReduceDone, ReduceMessage, WorkDone
 from slsml.plan import ShardPlan, VariableSpec
 from slsml.records import DEADLINE_LAUNCH, DEADLINE_OWNER, iteration_sk, participants_sk, plain, worker_sk
 from slsml.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV
@@ -731,6 +731,88 @@ def test_an_earlier_generations_late_reports_leave_a_resumed_runs_iteration_alon
                _done("resumed-race", 1).model_copy(update={"generation": 1})]
     fired = [m for report in reports for m in reduce_launcher.on_work_done(report, services)]
     assert fired and all({p.worker for p in m.participants} == {0, 1} for m in fired)
+
+
+def _resume_at_0(services: Services, run_id: str) -> None:
+    """The run fails and is resumed as ``runs.resume_run`` leaves it: generation 1, iteration 0's items gone."""
+    assert services.table.fail(run_id, "a failure for the test") is not None
+    assert services.table.resume(run_id, 0).generation == 1
+    services.table.forget_iterations(run_id, 0)
+
+
+def _in_generation_1(message: WorkDone | ReduceDone) -> WorkDone | ReduceDone:
+    return message.model_copy(update={"generation": 1})
+
+
+def test_a_reduce_an_earlier_generation_fires_after_the_resume_leaves_the_new_barrier_alone(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generation 0's last report passes the barrier, and the run is resumed before it fires the reduce: what
+    its firing writes must not stand for generation 1, whose reports fire the reduce anew."""
+    _register(services, "late-fire", workers=2)
+    assert _arrive(services, "late-fire", 0) == []
+    freeze = services.table.freeze_participants
+
+    def resumed_first(*args: object, **kwargs: object) -> object:
+        _resume_at_0(services, "late-fire")
+        return freeze(*args, **kwargs)
+
+    monkeypatch.setattr(services.table, "freeze_participants", resumed_first)
+    _arrive(services, "late-fire", 1)
+    monkeypatch.setattr(services.table, "freeze_participants", freeze)
+    assert services.table.claim_launch("late-fire", 0, "resume-1", 1, 2) is not None
+    fired = [m for w in range(2) for m in reduce_launcher.on_work_done(_in_generation_1(_done("late-fire", w)),
+                                                                        services)]
+    assert [(m.shard, m.generation, {p.worker for p in m.participants}) for m in fired] == [(0, 1, {0, 1}),
+                                                                                           (1, 1, {0, 1})]
+    assert services.table.get_iteration("late-fire", 0).participants == list(fired[0].participants)
+
+
+def test_a_merge_an_earlier_generation_claims_after_the_resume_leaves_the_new_merge_alone(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generation 0's Merger counts the last shard, and the run is resumed before it claims the merge: its
+    claim must neither stand for generation 1 (whose last shard is another) nor store a model."""
+    from slsml.steps import merger
+
+    dones = [reducer.reduce(message, services) for message in _merge_run(services, "late-claim")]
+    assert merger.on_reduce_done(dones[0], services) is None
+    fire_merge = services.table.fire_merge
+
+    def resumed_first(*args: object, **kwargs: object) -> bool:
+        _resume_at_0(services, "late-claim")
+        return fire_merge(*args, **kwargs)
+
+    monkeypatch.setattr(services.table, "fire_merge", resumed_first)
+    assert merger.on_reduce_done(dones[1], services) is None
+    monkeypatch.setattr(services.table, "fire_merge", fire_merge)
+    assert not services.store.exists(keys.model("late-claim", 1))
+    assert services.table.claim_launch("late-claim", 0, "resume-1", 1, 2) is not None
+    fired = [m for w in range(2) for m in reduce_launcher.on_work_done(_in_generation_1(_done("late-claim", w)),
+                                                                        services)]
+    again = [reducer.reduce(message, services) for message in fired]
+    assert [merger.on_reduce_done(d, services) for d in reversed(again)] == [None, keys.model("late-claim", 1)]
+    assert (services.table.get_run("late-claim").iteration, again[0].generation) == (1, 1)
+
+
+def test_an_earlier_generations_merger_resumed_before_it_advances_stores_no_model(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generation 0's Merger claims the merge, and the run is resumed before it advances the run: it must not
+    move generation 1's run on nor store the model (whose event would launch it in generation 1)."""
+    from slsml.steps import merger
+
+    dones = [reducer.reduce(message, services) for message in _merge_run(services, "late-advance")]
+    advance = services.table.advance
+
+    def resumed_first(*args: object, **kwargs: object) -> object:
+        _resume_at_0(services, "late-advance")
+        return advance(*args, **kwargs)
+
+    monkeypatch.setattr(services.table, "advance", resumed_first)
+    assert [merger.on_reduce_done(d, services) for d in dones] == [None, None]
+    run = services.table.get_run("late-advance")
+    assert (run.iteration, run.generation, services.store.exists(keys.model("late-advance", 1))) == (0, 1, False)
 
 
 def test_a_copy_of_the_merging_report_after_the_merge_does_not_merge_again(

@@ -49,14 +49,14 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     every = config.training.eval_every
     if iteration + 1 == config.training.iterations or (every and (iteration + 1) % every == 0):
         test = trainer.evaluate(*reader_for(store, config.dataset).split("test"))
-    if not table.fire_merge(run, iteration, message.shard, test):
+    if not table.fire_merge(run, iteration, message.shard, test, message.generation):
         return None
     with ThreadPoolExecutor(max_workers=2) as pool:  # advance and store the weights while the model is saved
-        advancing = pool.submit(table.advance, run, iteration + 1)
+        advancing = pool.submit(table.advance, run, iteration + 1, message.generation)
         storing = pool.submit(store.put_array_new, keys.weights(run, iteration + 1), weights)
         body = trainer.save()
         advanced, _ = advancing.result(), storing.result()
-    if advanced is None:  # stopped or failed meanwhile
+    if advanced is None:  # stopped, failed or resumed meanwhile
         return None
     if not store.put_new(next_key, body, {MERGED_METADATA: str(iteration)}):
         if store.head(next_key).get(MERGED_METADATA) != str(iteration):

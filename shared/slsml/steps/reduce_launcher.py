@@ -57,7 +57,10 @@ def fire_reduce(
         return []  # the counter ran ahead of the records (a duplicate report counted twice)
     participants = [Participant(worker=r.worker, attempt=r.attempt, samples=r.samples) for r in finite]
     folded = _fold_late(services, config, iteration, generation)
-    fired_by, participants = table.freeze_participants(run_id, iteration, owner, participants + folded)
+    fired = table.freeze_participants(run_id, iteration, owner, participants + folded, generation)
+    if fired is None:  # the run was resumed: a later generation fired it
+        return []
+    fired_by, participants = fired
     for late in set(folded) - set(participants):  # claimed for a reduce that fired without them: free again
         table.unfold(run_id, late, iteration)
     if fired_by != owner:  # another worker's message (or the watchdog) fired it first
@@ -66,7 +69,7 @@ def fire_reduce(
         return []
     messages = publish_reduce(services, config, iteration, participants, generation,
                               nonfinite=sorted(r.worker for r in reports if not r.finite))
-    table.mark_reduce_fired(run_id, iteration, owner, participants, reports)  # after: the reducers need not wait
+    table.mark_reduce_fired(run_id, iteration, owner, participants, reports, generation)  # after: reducers go on
     return messages
 
 

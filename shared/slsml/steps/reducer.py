@@ -100,7 +100,7 @@ def _exchange(
     if len(contributions) < config.reducers:
         return None  # the count ran ahead of the records (a retry counted twice)
     totals = clipping.totals(contributions)
-    if table.release_steps(run, iteration, shard):
+    if table.release_steps(run, iteration, shard, message.generation):
         services.bus.publish(wiring.REDUCE, [message.model_copy(update={"shard": r, "squares": totals})
                                              for r in range(config.reducers) if r != shard])
     return average, totals
