@@ -140,6 +140,11 @@ class ObjectStore:
             return False
         return self.put_new(destination, self.get(source))
 
+    def restamp(self, key: str, metadata: dict[str, str]) -> None:
+        """Store ``key`` again in place, its bytes unchanged, with ``metadata``: a new ObjectCreated event for it."""
+        self.s3.copy_object(Bucket=self.bucket, Key=key, CopySource={"Bucket": self.bucket, "Key": key},
+                            Metadata=metadata, MetadataDirective="REPLACE")
+
     def list_keys(self, prefix: str) -> list[str]:
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return [obj["Key"] for page in pages for obj in page.get("Contents", [])]

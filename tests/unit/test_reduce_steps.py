@@ -18,7 +18,16 @@ from slsml import faults, keys, optimizers, records, shards, updates, wiring
 from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.errors import RunFailed
 from slsml.faults import Delay, InjectedFault, InvocationFaults
-from slsml.messages import Deadline, ModelLanded, Participant, ReduceDone, ReduceMessage, WorkDone
+from slsml.messages import (
+    Deadline,
+    ModelLanded,
+    Participant,
+    ReduceDone,
+    ReduceMessage,
+    S3Notification,
+    WorkDone,
+    landed_objects,
+)
 from slsml.plan import ShardPlan, VariableSpec
 from slsml.records import DEADLINE_LAUNCH, DEADLINE_OWNER, iteration_sk, participants_sk, plain, worker_sk
 from slsml.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV
@@ -705,7 +714,8 @@ def test_duplicate_shard_reports_count_twice_but_the_merge_fires_once(services: 
     weights = np.concatenate([shards.decode(services.store.get(keys.shard("dup-merge", 1, r))).weights
                               for r in range(2)])
     assert np.array_equal(services.store.get_array(keys.weights("dup-merge", 1)), weights)
-    assert services.store.head(keys.model("dup-merge", 1)) == {merger.MERGED_METADATA: "0"}
+    assert services.store.head(keys.model("dup-merge", 1)) == {merger.MERGED_METADATA: "0",
+                                                               merger.GENERATION_METADATA: "0"}
     assert services.table.get_run("dup-merge").iteration == 1
 
 
@@ -813,6 +823,44 @@ def test_an_earlier_generations_merger_resumed_before_it_advances_stores_no_mode
     assert [merger.on_reduce_done(d, services) for d in dones] == [None, None]
     run = services.table.get_run("late-advance")
     assert (run.iteration, run.generation, services.store.exists(keys.model("late-advance", 1))) == (0, 1, False)
+
+
+def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_and_announced(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Generation 0's Merger advanced the run, and the run is resumed before its model lands: the model's event
+    comes while the resumed run is at the iteration before and launches nothing. Generation 1's merge of that
+    iteration finds the model and stores it again in place as its own, whose event launches the next one."""
+    from slsml.steps import merger
+
+    dones = [reducer.reduce(message, services) for message in _merge_run(services, "adopt")]
+    put_new = services.store.put_new
+
+    def resumed_first(key: str, *args: object, **kwargs: object) -> bool:
+        if key == keys.model("adopt", 1):
+            _resume_at_0(services, "adopt")
+        return put_new(key, *args, **kwargs)
+
+    monkeypatch.setattr(services.store, "put_new", resumed_first)
+    assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.model("adopt", 1)]
+    monkeypatch.setattr(services.store, "put_new", put_new)
+    sqs = boto3.client("sqs", region_name="us-east-1")
+    events = sqs.create_queue(QueueName="model-events")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=events, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    services.store.s3.put_bucket_notification_configuration(Bucket="bucket", NotificationConfiguration={
+        "QueueConfigurations": [{"QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"]}]})
+    assert services.table.claim_launch("adopt", 0, "resume-1", 1, 2) is not None
+    fired = [m for w in range(2) for m in reduce_launcher.on_work_done(_in_generation_1(_done("adopt", w)),
+                                                                        services)]
+    again = [reducer.reduce(message, services) for message in fired]
+    assert [merger.on_reduce_done(d, services) for d in again] == [None, keys.model("adopt", 1)]
+    assert services.store.head(keys.model("adopt", 1)) == {merger.MERGED_METADATA: "0",
+                                                           merger.GENERATION_METADATA: "1"}
+    received = sqs.receive_message(QueueUrl=events, MaxNumberOfMessages=10)["Messages"]
+    landed = [o for m in received for o in landed_objects(S3Notification.model_validate_json(m["Body"]))]
+    assert [o.key for o in landed] == [keys.model("adopt", 1)]
+    assert work_launcher.on_model(landed[0], services) == Outcome.LAUNCHED
+    assert merger.on_reduce_done(again[1], services) is None  # a retry of generation 1's merge: stored already
 
 
 def test_a_copy_of_the_merging_report_after_the_merge_does_not_merge_again(

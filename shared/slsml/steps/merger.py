@@ -18,9 +18,11 @@ from slsml.records import RunRecord
 from slsml.services import Services
 from slsml.steps.common import run_config
 from slsml.steps.warm import reader_for, trainer_for
+from slsml.storage import ObjectStore
 
 logger = Logger(child=True)
 MERGED_METADATA = "merged-from"  # on a model the Merger stored: the iteration whose shards it assembled
+GENERATION_METADATA = "generation"  # and the run's generation that assembled them
 HEARTBEATS_PER_WINDOW = 4  # the run's execution hears from the pipeline this often within its heartbeat window
 
 
@@ -58,16 +60,29 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
         advanced, _ = advancing.result(), storing.result()
     if advanced is None:  # stopped, failed or resumed meanwhile
         return None
-    if not store.put_new(next_key, body, {MERGED_METADATA: str(iteration)}):
-        if store.head(next_key).get(MERGED_METADATA) != str(iteration):
-            raise RunFailed(f"{next_key} was stored by something other than this run's Merger: it is not"
-                            " overwritten, and the run cannot go on without its own model there")
-        return None  # merged before: a retry, or a resumed run
+    metadata = {MERGED_METADATA: str(iteration), GENERATION_METADATA: str(message.generation)}
+    if not store.put_new(next_key, body, metadata) and not _adopt(store, next_key, metadata):
+        return None  # merged before: a retry
     _heartbeat(services, advanced)
     if counter.launched_at is not None:  # since the iteration was launched, on its model's S3 event
         metrics.emit(Metric.ITERATION_SECONDS, time.time() - counter.launched_at, MetricUnit.Seconds)
     logger.info("model merged", extra={"run_id": run, "iteration": iteration + 1, "test": test})
     return next_key
+
+
+def _adopt(store: ObjectStore, key: str, metadata: dict[str, str]) -> bool:
+    """The model at ``key`` was stored before. True if an earlier generation of the run stored it: a resumed run
+    merged again an iteration the earlier one had finished, whose model landed while the run was at an iteration
+    before, so that its event launched nothing. The model is then stored again in place as this generation's,
+    and its new event launches the next iteration. False if this generation stored it (a retry)."""
+    stored = store.head(key) or {}
+    if stored.get(MERGED_METADATA) != metadata[MERGED_METADATA]:
+        raise RunFailed(f"{key} was stored by something other than this run's Merger: it is not overwritten,"
+                        " and the run cannot go on without its own model there")
+    if int(stored.get(GENERATION_METADATA, 0)) >= int(metadata[GENERATION_METADATA]):
+        return False
+    store.restamp(key, metadata)
+    return True
 
 
 def _heartbeat(services: Services, run: RunRecord) -> None:
