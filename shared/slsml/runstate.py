@@ -266,18 +266,27 @@ class RunTable:
     ) -> Counter | None:
         """Claim the launch of ``iteration`` for ``trigger_id`` with ``workers`` workers (a change of the fleet
         with its ``reason``): the iteration's counter, with the workers the first claim set (a retry of the same
-        trigger launches the same ones), or None if another trigger launched it."""
+        trigger launches the same ones), or None if another trigger of this generation or a later one launched
+        it. An earlier generation's claim (its watchdog's, landing after a resume deleted the counter) gives
+        way: the counter starts anew."""
         now = time.time()
-        values = {"launched_by": trigger_id, "launched_at": now, "expires_at": int(now) + ITERATION_TTL_S,
-                  "generation": generation, "workers": workers, "workers_reason": reason}
-        expression, names, bound = _set({k: v for k, v in values.items() if v is not None},
-                                         keep_first=frozenset({"workers", "workers_reason"}))
+        claim = {"launched_by": trigger_id, "launched_at": now, "expires_at": int(now) + ITERATION_TTL_S,
+                 "generation": generation, "workers": workers, "workers_reason": reason}
+        values = {k: v for k, v in claim.items() if v is not None}
+        expression, names, bound = _set(values, keep_first=frozenset({"workers", "workers_reason"}))
+        key = self._key(run_id, iteration_sk(iteration))
         item = conditional(lambda: self.table.update_item(
-            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
+            Key=key, UpdateExpression=expression,
             ConditionExpression="attribute_not_exists(launched_by) OR launched_by = :launched_by",
             ExpressionAttributeNames=names, ExpressionAttributeValues=bound, ReturnValues="ALL_NEW",
         ))
-        return None if item is None else Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
+        if item is not None:
+            return Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
+        fresh = {**key, **dynamo(values)}
+        taken = conditional(lambda: self.table.put_item(
+            Item=fresh, ConditionExpression=_EARLIER_GENERATION, ExpressionAttributeValues={":generation": generation},
+        ))
+        return None if taken is None else Counter.model_validate({**plain(fresh), "iteration": iteration})
 
     def record_worker(self, done: WorkDone) -> Counter | None:
         """Store ``done``'s report (once) and count it; the counter after, or None if the report is stale:

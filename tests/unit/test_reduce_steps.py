@@ -24,6 +24,7 @@ from slsml.messages import (
     Participant,
     ReduceDone,
     ReduceMessage,
+    RunStarted,
     S3Notification,
     WorkDone,
     landed_objects,
@@ -861,6 +862,22 @@ def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_a
     assert [o.key for o in landed] == [keys.model("adopt", 1)]
     assert work_launcher.on_model(landed[0], services) == Outcome.LAUNCHED
     assert merger.on_reduce_done(again[1], services) is None  # a retry of generation 1's merge: stored already
+
+
+def test_a_launch_an_earlier_generations_watchdog_claims_after_the_resume_gives_way_to_the_new_launch(
+    services: Services,
+) -> None:
+    """Generation 0's watchdog read the run before the resume and claims the iteration's launch after the resume
+    deleted its counter: the resumed run's own launch must take the counter over, anew, and its workers fire."""
+    _merge_run(services, "takeover")
+    _resume_at_0(services, "takeover")
+    assert services.table.claim_launch("takeover", 0, DEADLINE_LAUNCH, 0, 2) is not None  # the late watchdog
+    work_launcher.on_run_started(RunStarted(run_id="takeover", task_token="token"), services)
+    counter = services.table.get_counter("takeover", 0)
+    assert (counter.launched_by, counter.generation, counter.arrived) == ("resume-1", 1, 0)
+    fired = [m for w in range(2) for m in reduce_launcher.on_work_done(_in_generation_1(_done("takeover", w)),
+                                                                        services)]
+    assert [(m.shard, m.generation) for m in fired] == [(0, 1), (1, 1)]
 
 
 def test_a_copy_of_the_merging_report_after_the_merge_does_not_merge_again(
