@@ -3,7 +3,9 @@
 A worker's report is its own record, written create-only, and adds one to the iteration's counter;
 a barrier that the counter says may be complete reads the records and fires by a create-only write
 of what it fired with. Every barrier fires once, and a duplicate or a retry changes nothing: it
-finds its record, or the fire, already stored.
+finds its record, or the fire, already stored. A resumed run's iterations belong to its new generation:
+every write of a report, count, fire or advance is conditional on the generation, so a late step of the
+generation before neither counts in them nor fires them.
 """
 
 from __future__ import annotations
