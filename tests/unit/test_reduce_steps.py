@@ -751,6 +751,23 @@ def _resume_at_0(services: Services, run_id: str) -> None:
     services.table.forget_iterations(run_id, 0)
 
 
+def _resume_before(
+    monkeypatch: pytest.MonkeyPatch, services: Services, run_id: str, target: object, method: str,
+    first_argument: str | None = None,
+) -> None:
+    """The run fails and is resumed at iteration 0 just before ``target.method`` is first called (with
+    ``first_argument``, if given): a step of the generation before that was under way then goes on after."""
+    original = getattr(target, method)
+
+    def resumed_first(*args: object, **kwargs: object) -> object:
+        if first_argument is None or args[0] == first_argument:
+            monkeypatch.setattr(target, method, original)
+            _resume_at_0(services, run_id)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(target, method, resumed_first)
+
+
 def _in_generation_1(message: WorkDone | ReduceDone) -> WorkDone | ReduceDone:
     return message.model_copy(update={"generation": 1})
 
@@ -762,15 +779,8 @@ def test_a_reduce_an_earlier_generation_fires_after_the_resume_leaves_the_new_ba
     its firing writes must not stand for generation 1, whose reports fire the reduce anew."""
     _register(services, "late-fire", workers=2)
     assert _arrive(services, "late-fire", 0) == []
-    freeze = services.table.freeze_participants
-
-    def resumed_first(*args: object, **kwargs: object) -> object:
-        _resume_at_0(services, "late-fire")
-        return freeze(*args, **kwargs)
-
-    monkeypatch.setattr(services.table, "freeze_participants", resumed_first)
+    _resume_before(monkeypatch, services, "late-fire", services.table, "freeze_participants")
     _arrive(services, "late-fire", 1)
-    monkeypatch.setattr(services.table, "freeze_participants", freeze)
     assert services.table.claim_launch("late-fire", 0, "resume-1", 1, 2) is not None
     fired = [m for w in range(2) for m in reduce_launcher.on_work_done(_in_generation_1(_done("late-fire", w)),
                                                                         services)]
@@ -788,15 +798,8 @@ def test_a_merge_an_earlier_generation_claims_after_the_resume_leaves_the_new_me
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "late-claim")]
     assert merger.on_reduce_done(dones[0], services) is None
-    fire_merge = services.table.fire_merge
-
-    def resumed_first(*args: object, **kwargs: object) -> bool:
-        _resume_at_0(services, "late-claim")
-        return fire_merge(*args, **kwargs)
-
-    monkeypatch.setattr(services.table, "fire_merge", resumed_first)
+    _resume_before(monkeypatch, services, "late-claim", services.table, "fire_merge")
     assert merger.on_reduce_done(dones[1], services) is None
-    monkeypatch.setattr(services.table, "fire_merge", fire_merge)
     assert not services.store.exists(keys.model("late-claim", 1))
     assert services.table.claim_launch("late-claim", 0, "resume-1", 1, 2) is not None
     fired = [m for w in range(2) for m in reduce_launcher.on_work_done(_in_generation_1(_done("late-claim", w)),
@@ -814,13 +817,7 @@ def test_an_earlier_generations_merger_resumed_before_it_advances_stores_no_mode
     from slsml.steps import merger
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "late-advance")]
-    advance = services.table.advance
-
-    def resumed_first(*args: object, **kwargs: object) -> object:
-        _resume_at_0(services, "late-advance")
-        return advance(*args, **kwargs)
-
-    monkeypatch.setattr(services.table, "advance", resumed_first)
+    _resume_before(monkeypatch, services, "late-advance", services.table, "advance")
     assert [merger.on_reduce_done(d, services) for d in dones] == [None, None]
     run = services.table.get_run("late-advance")
     assert (run.iteration, run.generation, services.store.exists(keys.model("late-advance", 1))) == (0, 1, False)
@@ -835,16 +832,8 @@ def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_a
     from slsml.steps import merger
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "adopt")]
-    put_new = services.store.put_new
-
-    def resumed_first(key: str, *args: object, **kwargs: object) -> bool:
-        if key == keys.model("adopt", 1):
-            _resume_at_0(services, "adopt")
-        return put_new(key, *args, **kwargs)
-
-    monkeypatch.setattr(services.store, "put_new", resumed_first)
+    _resume_before(monkeypatch, services, "adopt", services.store, "put_new", keys.model("adopt", 1))
     assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.model("adopt", 1)]
-    monkeypatch.setattr(services.store, "put_new", put_new)
     sqs = boto3.client("sqs", region_name="us-east-1")
     events = sqs.create_queue(QueueName="model-events")["QueueUrl"]
     queue_arn = sqs.get_queue_attributes(QueueUrl=events, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
