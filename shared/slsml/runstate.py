@@ -138,8 +138,10 @@ class RunTable:
         """The model entering ``iteration`` is about to be stored (the run's heartbeat); None if the run is
         not running, is past ``iteration`` already (a late retry never moves it back), or was resumed since
         ``generation`` (whose late Merger then stores nothing)."""
+        # a run registered before runs carried their generation has none until it is resumed
+        same = f"({_SAME_GENERATION} OR attribute_not_exists(generation))" if generation == 0 else _SAME_GENERATION
         return self._update_run(run_id, {"iteration": iteration, "iteration_at": time.time()},
-                                condition=f"#iteration <= :iteration AND {_SAME_GENERATION}",
+                                condition=f"#iteration <= :iteration AND {same}",
                                 condition_values={":generation": generation})
 
     def mark_heartbeat(self, run_id: str) -> None:

@@ -86,3 +86,17 @@ def test_items_without_the_kind_are_not_listed(table: Any) -> None:
     table.put_item(Item=dynamo({"pk": "RUN#stray", "sk": META, "run_id": "stray", "created_at": 5}))
     assert [r.run_id for r in RunTable(table).list_runs()] == ["real"]
     assert RunTable(table).list_runs()[0].created_at == 10.0
+
+
+def test_the_run_advances_in_its_generation_only(table: Any) -> None:
+    """A run registered before runs carried their generation advances in generation 0; once resumed, only its
+    new generation moves it."""
+    item = records.run_item("old", "d", TrainingSpec(workers=2, reducers=1, iterations=9), 1.0)
+    del item["generation"]
+    table.put_item(Item=item)
+    runs = RunTable(table)
+    assert runs.advance("old", 1, 0).iteration == 1
+    assert runs.fail("old", "a failure for the test") is not None
+    assert runs.resume("old", 1).generation == 1
+    assert runs.advance("old", 2, 0) is None  # a late Merger of the generation before
+    assert (runs.advance("old", 2, 1).iteration, runs.get_run("old").generation) == (2, 1)
