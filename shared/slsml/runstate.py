@@ -134,7 +134,7 @@ class RunTable:
         ))
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
 
-    def advance(self, run_id: str, iteration: int, generation: int = 0) -> RunRecord | None:
+    def advance(self, run_id: str, iteration: int, generation: int) -> RunRecord | None:
         """The model entering ``iteration`` is about to be stored (the run's heartbeat); None if the run is
         not running, is past ``iteration`` already (a late retry never moves it back), or was resumed since
         ``generation`` (whose late Merger then stores nothing)."""
@@ -360,7 +360,7 @@ class RunTable:
         ))
 
     def freeze_participants(
-        self, run_id: str, iteration: int, owner: int, participants: list[Participant], generation: int = 0
+        self, run_id: str, iteration: int, owner: int, participants: list[Participant], generation: int
     ) -> tuple[int, list[Participant]] | None:
         """Fire the reduce of ``iteration`` in ``generation`` with ``participants``, once: returns who fired it
         and with whom (``owner`` and ``participants`` if this call, or an earlier one of ``owner``'s, did), or
@@ -380,7 +380,7 @@ class RunTable:
 
     def mark_reduce_fired(
         self, run_id: str, iteration: int, owner: int, participants: list[Participant], reports: list[WorkerReport],
-        generation: int = 0,
+        generation: int,
     ) -> None:
         """Note on the counter of ``generation`` that the reduce fired (late reports then skip the barrier),
         with the participants' weighted train loss and accuracy."""
@@ -443,7 +443,7 @@ class RunTable:
         items = self._get_by_keys([self._key(run_id, squares_sk(iteration, r)) for r in range(reducers)])
         return [plain(item["squares"]) for item in sorted(items, key=lambda item: int(item["shard"]))]
 
-    def release_steps(self, run_id: str, iteration: int, shard: int, generation: int = 0) -> bool:
+    def release_steps(self, run_id: str, iteration: int, shard: int, generation: int) -> bool:
         """Claim the release of ``iteration``'s steps in ``generation`` once every shard's squares are in (True
         for ``shard``'s message, again on its retry)."""
         return conditional(lambda: self.table.update_item(
@@ -470,7 +470,7 @@ class RunTable:
         return None if item is None else Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
 
     def fire_merge(
-        self, run_id: str, iteration: int, shard: int, test: tuple[float, float | None] | None, generation: int = 0
+        self, run_id: str, iteration: int, shard: int, test: tuple[float, float | None] | None, generation: int
     ) -> bool:
         """Claim the merge of ``iteration`` in ``generation`` (True for ``shard``'s message, again on its retry,
         which keeps the first claim's ``merged_at``)."""

@@ -31,7 +31,7 @@ def table(monkeypatch: pytest.MonkeyPatch) -> Iterator[RunTable]:
         runs = RunTable(boto3.resource("dynamodb").Table("runs"))
         spec = TrainingSpec(workers=4, max_workers=8, iterations=ITERATIONS)
         runs.table.put_item(Item=records.run_item("r", "d", spec, 1.0))
-        runs.advance("r", 3)
+        runs.advance("r", 3, 0)
         services = types.SimpleNamespace(table=runs)
         monkeypatch.setattr(cli, "_required_target", lambda args: (services, None))
         yield runs
@@ -60,7 +60,7 @@ def test_an_iteration_not_launched_yet_is_the_earliest(table: RunTable, capsys: 
 
 
 def test_a_run_at_the_end_of_its_budget_launches_no_iteration(table: RunTable, capsys: Capture) -> None:
-    table.advance("r", ITERATIONS)
+    table.advance("r", ITERATIONS, 0)
     assert _scale(8, capsys) == (0, f"run r: 8 workers for no iteration: its budget of {ITERATIONS} is spent (was 4)")
 
 

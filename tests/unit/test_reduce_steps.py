@@ -289,7 +289,7 @@ def test_a_retry_of_a_report_that_fired_but_did_not_publish_publishes_the_same_r
     _register(services, "fire-crash", workers=3, quorum=0.6)
     assert _arrive(services, "fire-crash", 0) == []
     frozen = [Participant(worker=w, samples=SAMPLES[w]) for w in (0, 1)]  # what the crashed copy froze
-    assert services.table.freeze_participants("fire-crash", 0, 1, frozen) == (1, frozen)
+    assert services.table.freeze_participants("fire-crash", 0, 1, frozen, 0) == (1, frozen)
     services.store.put_new(keys.update("fire-crash", 0, 1), *updates.encode(VECTORS[1], SAMPLES[1]))
     retried = reduce_launcher.on_work_done(_done("fire-crash", 1), services)
     assert [m.shard for m in retried] == [0, 1] and all(m.participants == tuple(frozen) for m in retried)
@@ -424,7 +424,7 @@ def test_the_first_launch_sends_the_runs_only_deadline(services: Services, sent:
     again = ModelLanded(key=landed.key, sequencer="b")
     assert work_launcher.on_model(again, services) == Outcome.ALREADY_LAUNCHED
     assert [(d.iteration, d.stage, d.link) for d in sent] == [(0, "work", 0)]
-    services.table.advance("chain", 1)
+    services.table.advance("chain", 1, 0)
     assert work_launcher.on_model(ModelLanded(key=keys.model("chain", 1), sequencer="c"), services) == Outcome.LAUNCHED
     assert len(sent) == 1  # the chain goes on from the deadline pending, not from every launch
     assert services.table.get_run("chain").watched == 0
@@ -461,7 +461,7 @@ def test_a_deadline_of_an_iteration_the_run_has_passed_watches_the_current_one(
     services: Services, sent: list[Deadline]
 ) -> None:
     _register(services, "moved", workers=2, deadline_s=60)
-    services.table.advance("moved", 2)
+    services.table.advance("moved", 2, 0)
     entered = services.table.get_run("moved").iteration_at
     assert watchdog.on_deadline(_deadline("moved"), services) == Action.NOTHING
     assert [(d.iteration, d.stage, d.round, d.link) for d in sent] == [(2, "work", 0, 1)]
@@ -473,7 +473,7 @@ def test_a_deadline_rebased_on_an_overdue_iteration_acts_on_it_at_once(
     services: Services, sent: list[Deadline]
 ) -> None:
     _register(services, "overdue", workers=2, deadline_s=60)
-    services.table.advance("overdue", 2)
+    services.table.advance("overdue", 2, 0)
     services.table.table.update_item(  # iteration 2 started longer than a deadline ago
         Key={"pk": "RUN#overdue", "sk": "META"}, UpdateExpression="SET iteration_at = :t",
         ExpressionAttributeValues={":t": Decimal(repr(time.time() - 600))},
@@ -490,7 +490,7 @@ def test_an_iteration_whose_launch_is_late_is_launched_by_its_deadline_and_the_l
     """The model of iteration 1 is merged, but its event is held past the deadline: the watchdog launches the
     iteration with the run's workers now (scaled to 3), and the event, when it comes, finds it launched."""
     _register(services, "late-launch", workers=2, deadline_s=5)
-    services.table.advance("late-launch", 1)
+    services.table.advance("late-launch", 1, 0)
     services.table.scale_workers("late-launch", 3, "scaled by the user")
     services.table.table.update_item(  # iteration 1 started longer than a deadline ago
         Key={"pk": "RUN#late-launch", "sk": "META"}, UpdateExpression="SET iteration_at = :t",
@@ -878,7 +878,7 @@ def test_a_copy_of_the_merging_report_after_the_merge_does_not_merge_again(
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "copy-merge")]
     assert merger.on_reduce_done(dones[0], services) is None
-    assert services.table.fire_merge("copy-merge", 0, 1, None)  # the crashed copy's claim
+    assert services.table.fire_merge("copy-merge", 0, 1, None, 0)  # the crashed copy's claim
     claimed_at = services.table.get_counter("copy-merge", 0).merged_at
     assert merger.on_reduce_done(dones[1], services) == keys.model("copy-merge", 1)
     assert services.table.get_counter("copy-merge", 0).merged_at == claimed_at  # the merge's time is the first's
@@ -896,7 +896,7 @@ def test_a_late_duplicate_of_the_merging_shard_report_leaves_the_run_where_it_is
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "late-merge")]
     assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.model("late-merge", 1)]
-    services.table.advance("late-merge", 2)  # the next iteration merged too
+    services.table.advance("late-merge", 2, 0)  # the next iteration merged too
     entered = services.table.get_run("late-merge").iteration_at
     merged_at = services.table.get_counter("late-merge", 0).merged_at
     assert merger.on_reduce_done(dones[1], services) is None  # a retry of the merging message, minutes later
