@@ -49,12 +49,8 @@ def test_concurrent_adds_to_one_item_are_all_counted() -> None:
         threads, adds = 16, 250
         key = {"pk": {"S": "RUN#race"}, "sk": {"S": "ITER#0"}}
 
-        def client():  # one per thread, as each function process has its own
-            return boto3.client("dynamodb", endpoint_url=cloud.endpoint, region_name="us-east-1",
-                                aws_access_key_id="slsml-local", aws_secret_access_key="slsml-local")
-
         def add() -> None:
-            dynamodb = client()
+            dynamodb = cloud.client("dynamodb")  # one per thread, as each function process has its own
             for _ in range(adds):
                 dynamodb.update_item(TableName=table, Key=key, UpdateExpression="ADD arrived :one",
                                      ExpressionAttributeValues={":one": {"N": "1"}})
@@ -62,7 +58,7 @@ def test_concurrent_adds_to_one_item_are_all_counted() -> None:
         with ThreadPoolExecutor(threads) as pool:
             for done in [pool.submit(add) for _ in range(threads)]:
                 done.result()
-        item = client().get_item(TableName=table, Key=key, ConsistentRead=True)["Item"]
+        item = cloud.client("dynamodb").get_item(TableName=table, Key=key, ConsistentRead=True)["Item"]
         assert int(item["arrived"]["N"]) == threads * adds
     finally:
         cloud.stop()

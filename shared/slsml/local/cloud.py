@@ -108,7 +108,8 @@ class EmbeddedCloud:
                 self._server.wait()
             self._server = None
 
-    def _client(self, service: str):
+    def client(self, service: str):
+        """A new client of ``service`` in this cloud."""
         return boto3.client(
             service,
             endpoint_url=self.endpoint,
@@ -121,7 +122,7 @@ class EmbeddedCloud:
         """Create bucket, table, topics, one queue (+ DLQ) per function (subscribed to its topics, or the
         queue that triggers it; none for the dead-letter reader, which the host hands the DLQs' messages)
         and the bucket notifications."""
-        s3, sns, sqs, dynamodb = (self._client(s) for s in ("s3", "sns", "sqs", "dynamodb"))
+        s3, sns, sqs, dynamodb = (self.client(s) for s in ("s3", "sns", "sqs", "dynamodb"))
         bucket, table = f"{name}-local", f"{name}-runs"
         s3.create_bucket(Bucket=bucket)
         dynamodb.create_table(**records.create_table_arguments(table))  # as infra/storage.py defines it
@@ -173,7 +174,7 @@ class EmbeddedCloud:
             },
         )
         self._execute_state_machines()
-        deployment.state_machine_arn = self._client("stepfunctions").create_state_machine(
+        deployment.state_machine_arn = self.client("stepfunctions").create_state_machine(
             name=f"{name}-run",
             definition=json.dumps(
                 orchestration.definition(
