@@ -323,9 +323,13 @@ class RunTable:
             return None
         return Counter.model_validate({**plain(item["Attributes"]), "iteration": done.iteration})
 
-    def _add(self, run_id: str, iteration: int, counter: str, amount: int = 1) -> None:
-        self.table.update_item(Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=f"ADD {counter} :n",
-                               ExpressionAttributeValues={":n": amount})
+    def _add(self, run_id: str, iteration: int, counter: str, amount: Any = 1) -> None:
+        """Add to one of the iteration's summary counts, if its counter is there: a count that comes after a
+        resume deleted the counter is dropped, not stored in an item of its own."""
+        conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=f"ADD {counter} :n",
+            ConditionExpression="attribute_exists(sk)", ExpressionAttributeValues={":n": amount},
+        ))
 
     def late_reports(self, run_id: str, iteration: int, staleness: int, generation: int) -> list[Participant]:
         """The finite updates of the ``staleness`` iterations before ``iteration`` that came after their
@@ -414,11 +418,7 @@ class RunTable:
 
     def record_stale_shard(self, run_id: str, iteration: int, shard: int) -> None:
         """No reducer of ``shard`` finished ``iteration`` in time: the shard kept its weights."""
-        self.table.update_item(
-            Key=self._key(run_id, iteration_sk(iteration)),
-            UpdateExpression="ADD stale_shards :s",
-            ExpressionAttributeValues={":s": {shard}},
-        )
+        self._add(run_id, iteration, "stale_shards", {shard})
 
     def record_dropped_parts(self, run_id: str, iteration: int, shard: int, workers: list[int]) -> None:
         """Reducer ``shard`` averaged ``iteration`` without these workers' parts (their reads timed out)."""

@@ -100,3 +100,19 @@ def test_the_run_advances_in_its_generation_only(table: Any) -> None:
     assert runs.resume("old", 1).generation == 1
     assert runs.advance("old", 2, 0) is None  # a late Merger of the generation before
     assert (runs.advance("old", 2, 1).iteration, runs.get_run("old").generation) == (2, 1)
+
+
+def test_a_count_that_comes_after_a_resume_deleted_its_counter_stores_nothing(table: Any) -> None:
+    """A late step of the generation before adds to the summary counts of an iteration the resume forgot: no
+    item comes back for it (it would carry neither generation nor expiry)."""
+    register(table, "forgotten", 1.0)
+    runs = RunTable(table)
+    runs.record_stale_shard("forgotten", 0, 1)
+    runs.record_reduce_relaunch("forgotten", 0, 2)
+    assert (runs.get_counter("forgotten", 0).stale_shards, runs.get_counter("forgotten", 0).reduce_relaunches) == (
+        {1}, 2)
+    runs.forget_iterations("forgotten", 1)
+    runs.record_stale_shard("forgotten", 1, 0)
+    runs.record_reduce_relaunch("forgotten", 2, 1)
+    counters = {iteration_sk(i) for i in range(3)}
+    assert [item["sk"] for item in table.scan()["Items"] if item["sk"] in counters] == [iteration_sk(0)]
