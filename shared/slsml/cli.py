@@ -575,7 +575,12 @@ def cmd_run_scale(args: argparse.Namespace) -> int:
 
 def _scaled_from(services: Any, run: Any) -> str:
     """From which iteration on the run just scaled (``run``: its record as the scale left it) trains with its
-    new workers: the iteration it is at, if that one is launched after the scale, else the next one."""
+    new workers: the iteration it is at, if that one is launched after the scale, else the next one; a stopped
+    or failed run's first once resumed."""
+    from slsml.records import RunStatus
+
+    if run.status != RunStatus.RUNNING:
+        return f"from the first iteration it runs once resumed (it is {run.status})"
     if run.iteration >= run.iterations:
         return f"for no iteration: its budget of {run.iterations} is spent"
     deadline = time.monotonic() + LAUNCH_WAIT_S
@@ -820,7 +825,8 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("run_id")
     resume.add_argument("--stack", help=act_help)
     resume.set_defaults(handler=cmd_run_resume)
-    scale = run.add_parser("scale", help="change a running run's workers, from the next iteration launched on")
+    scale = run.add_parser("scale", help="change a run's workers, from the next iteration launched on (a stopped or"
+                           " failed run's: from its resume on)")
     scale.add_argument("run_id")
     scale.add_argument("--workers", type=_workers, required=True,
                        help="the workers (within the run's --min-workers and --max-workers)")

@@ -80,21 +80,22 @@ def resume_run(services: Services, run_id: str) -> RunRecord:
 
 
 def scale_run(services: Services, run_id: str, workers: int, reason: str = "run scale") -> RunRecord:
-    """Train a RUNNING run with ``workers`` workers from the next iteration launched on (an iteration keeps
-    the workers it was launched with). BadInputError outside the run's bounds; nothing changes then."""
+    """Train a run with ``workers`` workers from the next iteration launched on (an iteration keeps the
+    workers it was launched with): a RUNNING run's next one, a STOPPED or FAILED run's first once it is
+    resumed. BadInputError outside the run's bounds; nothing changes then."""
     run = services.table.get_run(run_id)
     if not run.training.elastic:
         raise BadInputError(f"run {run_id!r} trains with ADMM: each worker keeps its data partition and dual variable,"
                             " which a change of workers would cut anew; its workers stay fixed")
-    if run.status != RunStatus.RUNNING:
-        raise SlsmlError(f"run {run_id!r} is {run.status}: only a RUNNING run can be scaled")
+    if run.status == RunStatus.COMPLETED:
+        raise SlsmlError(f"run {run_id!r} is COMPLETED: only a RUNNING, STOPPED or FAILED run can be scaled")
     low, high = run.training.worker_bounds
     if not low <= workers <= high:
         raise BadInputError(f"{workers} workers lie outside run {run_id!r}'s bounds of {low} to {high} (set with"
                             " --min-workers and --max-workers when a run starts)")
     scaled = services.table.scale_workers(run_id, workers, reason)
     if scaled is None:
-        raise SlsmlError(f"run {run_id!r} ended meanwhile: it was not scaled")
+        raise SlsmlError(f"run {run_id!r} completed meanwhile: it was not scaled")
     return scaled
 
 

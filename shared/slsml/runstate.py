@@ -237,11 +237,13 @@ class RunTable:
 
     # iterations: the work barrier
     def scale_workers(self, run_id: str, workers: int, reason: str) -> RunRecord | None:
-        """Set the workers a RUNNING run's next launched iteration takes; None if the run is not RUNNING."""
+        """Set the workers the run's next launched iteration takes (a STOPPED or FAILED run's: the first once it
+        is resumed); None if the run is COMPLETED."""
         item = conditional(lambda: self.table.update_item(
             Key=self._key(run_id, META), UpdateExpression="SET workers = :workers, workers_reason = :reason",
-            ConditionExpression="#status = :running", ExpressionAttributeNames={"#status": "status"},
-            ExpressionAttributeValues={":workers": workers, ":reason": reason, ":running": RunStatus.RUNNING.value},
+            ConditionExpression="attribute_exists(#status) AND #status <> :completed",
+            ExpressionAttributeNames={"#status": "status"},
+            ExpressionAttributeValues={":workers": workers, ":reason": reason, ":completed": RunStatus.COMPLETED.value},
             ReturnValues="ALL_NEW",
         ))
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))

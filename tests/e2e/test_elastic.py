@@ -65,7 +65,7 @@ def test_a_run_scaled_4_8_2_ends_with_the_weights_of_the_fixed_run(scaled, servi
 
 def test_scaling_outside_the_bounds_or_a_finished_run_is_refused_and_changes_nothing(scaled, services):
     before = services.table.get_run("elastic-scaled")
-    with pytest.raises(SlsmlError, match="COMPLETED: only a RUNNING run can be scaled"):
+    with pytest.raises(SlsmlError, match="COMPLETED: only a RUNNING, STOPPED or FAILED run can be scaled"):
         runs.scale_run(services, "elastic-scaled", 4)
     train(services, _spec().model_copy(update={"iterations": 400}), "elastic-bounds")
     try:

@@ -81,33 +81,44 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     assert all((service / "report" / image).stat().st_size > 0 for image in ("curves.png", "cost.png"))
 
 
+def _status(cwd: Path, run_id: str) -> dict:
+    """`slsml run status RUN --json`, read."""
+    return json.loads(_slsml(cwd, "run", "status", run_id, "--json").stdout.strip().splitlines()[-1])
+
+
 def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     started = _slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--data", "digits", "--iterations",
                      "60", "--eval-every", "0", "--run-id", "stop-me", "--no-wait", "--workers", "2",
                      "--max-workers", "4")
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip() == "stop-me"
+    deadline = time.monotonic() + 120  # two iterations complete: the run resumes past its first, with 2 workers
+    while _status(service, "stop-me")["iterations"] < 2:
+        assert time.monotonic() < deadline, "run stop-me completed no iteration"
+        time.sleep(0.5)
     stopped = _slsml(service, "run", "stop", "stop-me")
     assert stopped.returncode == 0, stopped.stderr
-    status = json.loads(_slsml(service, "run", "status", "stop-me", "--json").stdout.strip().splitlines()[-1])
+    status = _status(service, "stop-me")
     assert status["status"] == "STOPPED" and status["training"]["eval_every"] == 0  # the flag, not the default
+    scaled = _slsml(service, "run", "scale", "stop-me", "--workers", "4")  # the stopped run, for its resume
+    assert scaled.returncode == 0, scaled.stderr
+    assert "run stop-me: 4 workers from the first iteration it runs once resumed (it is STOPPED) (was 2)" in (
+        scaled.stderr), scaled.stderr
     resumed = _slsml(service, "run", "resume", "stop-me")
     assert resumed.returncode == 0, resumed.stderr
-    scaled = _slsml(service, "run", "scale", "stop-me", "--workers", "4")
-    assert scaled.returncode == 0, scaled.stderr
-    told = re.search(r"run stop-me: 4 workers from (?:iteration (\d+) on|the next iteration launched on)",
-                     scaled.stderr)
-    assert told, scaled.stderr
+    entering = re.search(r"resumed from its model entering iteration (\d+)", resumed.stdout + resumed.stderr)
+    assert entering, resumed.stdout + resumed.stderr
     watched = _slsml(service, "run", "watch", "stop-me", "--json", "--timeout", "300")
     summary = json.loads(watched.stdout.strip().splitlines()[-1])
     assert (summary["status"], summary["iterations"]) == ("COMPLETED", 60)
     assert summary["training"] == status["training"]  # a resumed run goes on with the spec it started with
-    first, changed = summary["fleet"]  # the iterations after the scale trained with 4 workers, and say why
+    first, changed = summary["fleet"]  # the iterations from the resume on trained with 4 workers, and say why
     assert (first["workers"], changed["workers"], changed["reason"]) == (2, 4, "run scale"), summary["fleet"]
-    assert told[1] is None or changed["iteration"] == int(told[1])
+    assert changed["iteration"] == int(entering[1])
     assert re.search(rf"workers\s*│ 2 → 4 at iteration {changed['iteration']} \(run scale\)", watched.stderr)
     finished = _slsml(service, "run", "scale", "stop-me", "--workers", "3")
-    assert finished.returncode == 2 and "is COMPLETED: only a RUNNING run can be scaled" in finished.stderr
+    assert finished.returncode == 2 and "is COMPLETED: only a RUNNING, STOPPED or FAILED run can be scaled" in (
+        finished.stderr)
     fetched = _slsml(service, "run", "fetch", "stop-me", "--out", "stopped.keras")
     assert fetched.returncode == 0, fetched.stderr
     assert modelio.load_model((service / "stopped.keras").read_bytes()).count_params() > 0

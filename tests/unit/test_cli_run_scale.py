@@ -1,7 +1,7 @@
 """`slsml run scale` on a run table in moto: the line it prints says from which iteration the new workers train
-(the one the run is at if its launch comes after the scale, else the next); bad counts and a run that is not
-running fail on one line and change nothing.
-(tests/e2e/test_run_scale.py scales a run that trains on the local service.)"""
+(the one the run is at if its launch comes after the scale, else the next; a stopped or failed run's first once
+resumed); bad counts and a completed run fail on one line and change nothing.
+(tests/e2e/test_local_service.py scales a run on the local service.)"""
 
 from __future__ import annotations
 
@@ -64,12 +64,26 @@ def test_a_run_at_the_end_of_its_budget_launches_no_iteration(table: RunTable, c
     assert _scale(8, capsys) == (0, f"run r: 8 workers for no iteration: its budget of {ITERATIONS} is spent (was 4)")
 
 
+@pytest.mark.parametrize("end", ["stop", "fail"])
+def test_a_stopped_or_failed_run_takes_the_workers_once_resumed(table: RunTable, capsys: Capture, end: str) -> None:
+    table.claim_launch("r", 3, "models/3", workers=4)
+    getattr(table, end)("r", "ended for the test")
+    status = table.get_run("r").status
+    assert _scale(6, capsys) == (0, f"run r: 6 workers from the first iteration it runs once resumed (it is {status})"
+                                    " (was 4)")
+    assert table.resume("r", 3) is not None
+    table.forget_iterations("r", 3)  # as `run resume` does
+    run = table.get_run("r")
+    assert table.claim_launch("r", 3, "resume-1", run.generation, run.workers, run.workers_reason).workers == 6
+
+
 def test_bad_counts_fail_on_one_line_and_change_nothing(table: RunTable, capsys: Capture) -> None:
     code, said = _scale(9, capsys)
     assert code == 2 and re.fullmatch(r"error: 9 workers lie outside run 'r''s bounds of 1 to 8 .*", said), said
-    table.stop("r", "stopped by the user")
+    table.table.update_item(Key={"pk": "RUN#r", "sk": records.META}, UpdateExpression="SET #s = :done",
+                            ExpressionAttributeNames={"#s": "status"}, ExpressionAttributeValues={":done": "COMPLETED"})
     code, said = _scale(5, capsys)
-    assert code == 2 and said == "error: run 'r' is STOPPED: only a RUNNING run can be scaled"
+    assert code == 2 and said == "error: run 'r' is COMPLETED: only a RUNNING, STOPPED or FAILED run can be scaled"
     for text in ("0", "two"):
         with pytest.raises(SystemExit, match="2"):
             cli.main(["run", "scale", "r", "--workers", text])
