@@ -325,7 +325,7 @@ class RunTable:
             return None
         return Counter.model_validate({**plain(item["Attributes"]), "iteration": done.iteration})
 
-    def _add(self, run_id: str, iteration: int, counter: str, amount: Any = 1) -> None:
+    def _add(self, run_id: str, iteration: int, counter: str, amount: int | set[int] = 1) -> None:
         """Add to one of the iteration's summary counts, if its counter is there: a count that comes after a
         resume deleted the counter is dropped, not stored in an item of its own."""
         conditional(lambda: self.table.update_item(

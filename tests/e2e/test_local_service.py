@@ -28,6 +28,11 @@ def _slsml(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedP
                           env={**os.environ, "COLUMNS": "200"})
 
 
+def _summary(done: subprocess.CompletedProcess) -> dict:
+    """The run summary a `--json` command printed last."""
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def _exports(text: str) -> dict[str, str]:
     """``export NAME=value`` lines → a mapping (as a shell would read them)."""
     pairs = [shlex.split(line.removeprefix("export "))[0] for line in text.splitlines() if line.startswith("export ")]
@@ -71,7 +76,7 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
 
     watched = _slsml(service, "run", "watch", run_id, "--json", "--timeout", "300")
     assert watched.returncode == 0, watched.stdout + watched.stderr
-    summary = json.loads(watched.stdout.strip().splitlines()[-1])
+    summary = _summary(watched)
     assert (summary["run_id"], summary["status"], summary["iterations"]) == (run_id, "COMPLETED", 6)
     assert summary["workers"] == 3 and summary["test_accuracy"] > 0.3
     report = _slsml(service, "run", "report", run_id, "--out", "report")
@@ -83,7 +88,7 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
 
 def _status(cwd: Path, run_id: str) -> dict:
     """`slsml run status RUN --json`, read."""
-    return json.loads(_slsml(cwd, "run", "status", run_id, "--json").stdout.strip().splitlines()[-1])
+    return _summary(_slsml(cwd, "run", "status", run_id, "--json"))
 
 
 def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
@@ -109,7 +114,7 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     entering = re.search(r"resumed from its model entering iteration (\d+)", resumed.stdout + resumed.stderr)
     assert entering, resumed.stdout + resumed.stderr
     watched = _slsml(service, "run", "watch", "stop-me", "--json", "--timeout", "300")
-    summary = json.loads(watched.stdout.strip().splitlines()[-1])
+    summary = _summary(watched)
     assert (summary["status"], summary["iterations"]) == ("COMPLETED", 60)
     assert summary["training"] == status["training"]  # a resumed run goes on with the spec it started with
     first, changed = summary["fleet"]  # the iterations from the resume on trained with 4 workers, and say why

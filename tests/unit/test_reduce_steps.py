@@ -22,7 +22,6 @@ from slsml.messages import (
     Deadline,
     ModelLanded,
     Participant,
-    ReduceDone,
     ReduceMessage,
     RunStarted,
     S3Notification,
@@ -768,8 +767,10 @@ def _resume_before(
     monkeypatch.setattr(target, method, resumed_first)
 
 
-def _in_generation_1(message: WorkDone | ReduceDone) -> WorkDone | ReduceDone:
-    return message.model_copy(update={"generation": 1})
+def _report_in_generation_1(services: Services, run_id: str) -> list[ReduceMessage]:
+    """Workers 0 and 1 report iteration 0 again in the resumed run's generation 1 (their updates are stored)."""
+    return [m for w in range(2)
+            for m in reduce_launcher.on_work_done(_done(run_id, w).model_copy(update={"generation": 1}), services)]
 
 
 def test_a_reduce_an_earlier_generation_fires_after_the_resume_leaves_the_new_barrier_alone(
@@ -782,8 +783,7 @@ def test_a_reduce_an_earlier_generation_fires_after_the_resume_leaves_the_new_ba
     _resume_before(monkeypatch, services, "late-fire", services.table, "freeze_participants")
     _arrive(services, "late-fire", 1)
     assert services.table.claim_launch("late-fire", 0, "resume-1", 1, 2) is not None
-    fired = [m for w in range(2) for m in reduce_launcher.on_work_done(_in_generation_1(_done("late-fire", w)),
-                                                                        services)]
+    fired = _report_in_generation_1(services, "late-fire")
     assert [(m.shard, m.generation, {p.worker for p in m.participants}) for m in fired] == [(0, 1, {0, 1}),
                                                                                            (1, 1, {0, 1})]
     assert services.table.get_iteration("late-fire", 0).participants == list(fired[0].participants)
@@ -802,8 +802,7 @@ def test_a_merge_an_earlier_generation_claims_after_the_resume_leaves_the_new_me
     assert merger.on_reduce_done(dones[1], services) is None
     assert not services.store.exists(keys.model("late-claim", 1))
     assert services.table.claim_launch("late-claim", 0, "resume-1", 1, 2) is not None
-    fired = [m for w in range(2) for m in reduce_launcher.on_work_done(_in_generation_1(_done("late-claim", w)),
-                                                                        services)]
+    fired = _report_in_generation_1(services, "late-claim")
     again = [reducer.reduce(message, services) for message in fired]
     assert [merger.on_reduce_done(d, services) for d in reversed(again)] == [None, keys.model("late-claim", 1)]
     assert (services.table.get_run("late-claim").iteration, again[0].generation) == (1, 1)
@@ -840,8 +839,7 @@ def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_a
     services.store.s3.put_bucket_notification_configuration(Bucket="bucket", NotificationConfiguration={
         "QueueConfigurations": [{"QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"]}]})
     assert services.table.claim_launch("adopt", 0, "resume-1", 1, 2) is not None
-    fired = [m for w in range(2) for m in reduce_launcher.on_work_done(_in_generation_1(_done("adopt", w)),
-                                                                        services)]
+    fired = _report_in_generation_1(services, "adopt")
     again = [reducer.reduce(message, services) for message in fired]
     assert [merger.on_reduce_done(d, services) for d in again] == [None, keys.model("adopt", 1)]
     assert services.store.head(keys.model("adopt", 1)) == {merger.MERGED_METADATA: "0",
@@ -864,8 +862,7 @@ def test_a_launch_an_earlier_generations_watchdog_claims_after_the_resume_gives_
     work_launcher.on_run_started(RunStarted(run_id="takeover", task_token="token"), services)
     counter = services.table.get_counter("takeover", 0)
     assert (counter.launched_by, counter.generation, counter.arrived) == ("resume-1", 1, 0)
-    fired = [m for w in range(2) for m in reduce_launcher.on_work_done(_in_generation_1(_done("takeover", w)),
-                                                                        services)]
+    fired = _report_in_generation_1(services, "takeover")
     assert [(m.shard, m.generation) for m in fired] == [(0, 1), (1, 1)]
 
 
