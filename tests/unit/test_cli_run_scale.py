@@ -80,6 +80,7 @@ def test_a_stopped_or_failed_run_takes_the_workers_once_resumed(table: RunTable,
 def test_bad_counts_fail_on_one_line_and_change_nothing(table: RunTable, capsys: Capture) -> None:
     code, said = _scale(9, capsys)
     assert code == 2 and re.fullmatch(r"error: 9 workers lie outside run 'r''s bounds of 1 to 8 .*", said), said
+    # COMPLETED is written by the run's execution (the state machine), not by the run table: as it writes it
     table.table.update_item(Key={"pk": "RUN#r", "sk": records.META}, UpdateExpression="SET #s = :done",
                             ExpressionAttributeNames={"#s": "status"}, ExpressionAttributeValues={":done": "COMPLETED"})
     code, said = _scale(5, capsys)
