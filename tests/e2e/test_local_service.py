@@ -14,10 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+import boto3
 import numpy as np
 import pytest
 
-from slsml import demo, modelio
+from slsml import demo, modelio, wiring
+from slsml.errors import NotFoundError
+from slsml.runstate import RunTable
 
 SLSML = [sys.executable, "-m", "slsml.cli"]
 AWS_CLI = os.environ.get("SLSML_AWS_CLI", str(Path(__file__).parents[2] / ".venv-awscli" / "bin" / "aws"))
@@ -86,6 +89,23 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     assert all((service / "report" / image).stat().st_size > 0 for image in ("curves.png", "cost.png"))
 
 
+def _table(cwd: Path) -> RunTable:
+    """The service's run table, reached as any AWS client would, with the variables `slsml local env` prints."""
+    env = _exports(_slsml(cwd, "local", "env").stdout)
+    dynamodb = boto3.resource("dynamodb", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
+                              aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                              aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    return RunTable(dynamodb.Table(env[wiring.TABLE_ENV]))
+
+
+def _iteration(table: RunTable, run_id: str) -> int:
+    """The iteration the run is in; 0 until it is registered."""
+    try:
+        return table.get_run(run_id).iteration
+    except NotFoundError:
+        return 0
+
+
 def _status(cwd: Path, run_id: str) -> dict:
     """`slsml run status RUN --json`, read."""
     return _summary(_slsml(cwd, "run", "status", run_id, "--json"))
@@ -97,10 +117,13 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
                      "--max-workers", "4")
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip() == "stop-me"
-    deadline = time.monotonic() + 120  # two iterations complete: the run resumes past its first, with 2 workers
-    while _status(service, "stop-me")["iterations"] < 2:
+    # two iterations complete: the run resumes past its first, with 2 workers. Watched in the service's table
+    # (a command would take a second or two to answer, and a loaded machine runs many iterations meanwhile)
+    table = _table(service)
+    deadline = time.monotonic() + 120
+    while _iteration(table, "stop-me") < 2:
         assert time.monotonic() < deadline, "run stop-me completed no iteration"
-        time.sleep(0.5)
+        time.sleep(0.05)
     stopped = _slsml(service, "run", "stop", "stop-me")
     assert stopped.returncode == 0, stopped.stderr
     status = _status(service, "stop-me")
