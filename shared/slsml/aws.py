@@ -1,11 +1,17 @@
 """boto3 clients with one retry policy. The endpoint comes from the standard ``AWS_ENDPOINT_URL``
 variable, so the same code talks to AWS or to the embedded cloud. Each client counts what it sends
 (``slsml.usage``).
+
+The clients of a process come from one session, boto3's default: botocore reads its service descriptions
+(JSON, several MB) once per session, so a client of a session of its own would read them again — about a
+quarter of a second of a cold start for the five services a function uses. A session is not safe to make
+clients from in several threads at once: they are made one at a time.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from functools import cache
 from typing import Any
 
@@ -30,17 +36,29 @@ def resource(service: str) -> Any:
     return _resource(service, os.environ.get("AWS_ENDPOINT_URL"))
 
 
+_making = threading.Lock()
+
+
+def session() -> boto3.session.Session:
+    """boto3's default session, made if there is none yet."""
+    if boto3.DEFAULT_SESSION is None:
+        boto3.setup_default_session()
+    return boto3.DEFAULT_SESSION
+
+
 # cached per endpoint: a process that starts a second embedded cloud must not reach the first
 @cache
 def _client(service: str, endpoint: str | None) -> Any:
-    made = boto3.session.Session().client(service, config=RETRIES, endpoint_url=endpoint)
+    with _making:
+        made = session().client(service, config=RETRIES, endpoint_url=endpoint)
     usage.instrument(made)
     return made
 
 
 @cache
 def _resource(service: str, endpoint: str | None) -> Any:
-    made = boto3.session.Session().resource(service, config=RETRIES, endpoint_url=endpoint)
+    with _making:
+        made = session().resource(service, config=RETRIES, endpoint_url=endpoint)
     usage.instrument(made.meta.client)
     return made
 

@@ -1,8 +1,9 @@
 """The libraries every warm function process imports, imported once: the function host forks its processes
 from a server process that imported this module (``multiprocessing``'s forkserver), so a process starts in
 well under a second, not in the seconds TensorFlow takes to import, and shares those pages with its
-siblings. slsml's own modules are left to each process, as on Lambda: their loggers and settings read the
-function's environment when they are imported."""
+siblings. boto3's default session, which ``slsml.aws`` makes its clients from, has read the service
+descriptions of what the functions call already. slsml's own modules are left to each process, as on
+Lambda: their loggers and settings read the function's environment when they are imported."""
 
 import gc
 import os
@@ -15,10 +16,19 @@ quiet.install()
 import aws_lambda_powertools.utilities.idempotency  # noqa: E402
 import aws_lambda_powertools.utilities.parser  # noqa: E402,F401
 import aws_xray_sdk.core  # noqa: E402,F401
-import boto3  # noqa: E402,F401
+import boto3  # noqa: E402
 import keras  # noqa: E402,F401
 import numpy  # noqa: E402,F401
 import pydantic_settings  # noqa: E402,F401
 import tensorflow  # noqa: E402,F401
+
+# the session reads a service's descriptions when it makes its first client; these clients are thrown away (a
+# function's own read the region, credentials and endpoint of its environment)
+boto3.setup_default_session()
+for service in ("s3", "dynamodb", "sns", "sqs", "stepfunctions"):
+    boto3.DEFAULT_SESSION.client(service, region_name="us-east-1", endpoint_url="http://127.0.0.1",
+                                 aws_access_key_id="preload", aws_secret_access_key="preload")
+boto3.DEFAULT_SESSION.resource("dynamodb", region_name="us-east-1", endpoint_url="http://127.0.0.1",
+                               aws_access_key_id="preload", aws_secret_access_key="preload")
 
 gc.freeze()  # the collector leaves these objects alone, so the forked processes do not copy their pages
