@@ -464,6 +464,10 @@ class RunConfig(BaseModel):
     loss: str
     classification: bool = Field(description="labels are class ids: workers report accuracy")
     plan: ShardPlan
+    architecture: str | None = Field(
+        default=None, description="digest of what the model computes (modelio.architecture): a warm worker serves "
+        "the runs of one architecture with one model (None: with the run's own)"
+    )
     update_format: Literal[1] = 1
 
     @field_validator("run_id")

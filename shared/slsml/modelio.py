@@ -6,6 +6,7 @@ imports TensorFlow.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import io
 import json
 import os
@@ -57,6 +58,36 @@ def save_model(model: keras.Model) -> bytes:
         model.save(path)
         with open(path, "rb") as file:
             return file.read()
+
+
+def architecture(model: keras.Model) -> str:
+    """A digest of what the model computes in training: its config without the compile config (workers take the
+    loss from the run), the names of the model and its layers replaced by their order of appearance (Keras
+    numbers the names of the models one process builds: two models built alike differ in nothing else)."""
+    config = json.loads(model.to_json())
+    config.pop("compile_config", None)
+    names: dict[str, str] = {}
+
+    def collect(node: Any, layer: bool) -> None:  # layer: a model or an entry of a "layers" list
+        if isinstance(node, dict):
+            name = node.get("config", {}).get("name") if layer and isinstance(node.get("config"), dict) else None
+            if isinstance(name, str):
+                names.setdefault(name, f"\0{len(names)}")
+            for key, value in node.items():
+                collect(value, key == "layers")
+        elif isinstance(node, list):
+            for value in node:
+                collect(value, layer)
+
+    def renamed(node: Any) -> Any:  # the names, and every reference to them (a functional model's wiring)
+        if isinstance(node, dict):
+            return {key: renamed(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [renamed(value) for value in node]
+        return names.get(node, node) if isinstance(node, str) else node
+
+    collect(config, True)
+    return hashlib.sha256(json.dumps(renamed(config), sort_keys=True).encode()).hexdigest()
 
 
 _WEIGHTS_ENTRY = "model.weights.h5"  # the entries of a .keras archive that change with the weights

@@ -143,6 +143,7 @@ def prepare_run(
         loss=loss,
         classification=manifest.classes is not None,
         plan=plan,
+        architecture=modelio.architecture(model),
     )
     if not store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json")):
         raise BadInputError(f"a run named {run_id!r} already exists")

@@ -89,3 +89,53 @@ def test_a_warm_process_serving_20_runs_stays_within_its_bound(monkeypatch: pyte
         assert trainer_for(store, run_config(store, runs[-1]), 0) == (trainer, False)  # the latest run hits
         assert trainer_for(store, run_config(store, runs[0]), 0)[1]  # the first run was evicted: loaded again
         assert cache.warm().nbytes <= limit
+
+
+def _alike(seed: int, activation: str = "relu") -> keras.Model:
+    """A model of one architecture whatever the seed: its weights differ, and so do its names (Keras numbers
+    those of each model a process builds)."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation=activation),
+                             keras.layers.Dense(4, activation="softmax")])
+
+
+def test_a_workers_warm_model_serves_the_runs_of_one_architecture(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache, "_warm", None)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((8, 8)).astype(np.float32), rng.integers(0, 4, 8)
+    models = {"first": _alike(1), "alike": _alike(2), "other-loss": _alike(3), "tanh": _alike(4, "tanh")}
+    assert models["first"].layers[0].name != models["alike"].layers[0].name
+    losses = {name: "sparse_categorical_crossentropy" for name in models} | {"other-loss": "categorical_hinge"}
+    with mock_aws():
+        boto3.client("s3").create_bucket(Bucket="bucket")
+        store = ObjectStore(boto3.client("s3"), "bucket")
+        configs = {}
+        for name in models:  # as a run is prepared: from the model the user's bytes load
+            blob = modelio.save_model(models[name])
+            store.put_new(keys.model(name, 0), blob)
+            models[name] = model = modelio.load_model(blob)
+            configs[name] = RunConfig(
+                run_id=name, dataset="d", training=TrainingSpec(workers=1, reducers=1, global_batch=8),
+                optimizer=OptimizerConfig(name="sgd"), loss=modelio.loss_config(model, losses[name]),
+                classification=True, plan=ShardPlan.build(modelio.variable_specs(model), 1),
+                architecture=modelio.architecture(model),
+            )
+        first, fresh = trainer_for(store, configs["first"], 0, shared=True)
+        assert fresh
+        first.compute_update(x, y)
+
+        # a run of the same architecture: the same warm model, with that run's weights set as on any warm start
+        shared, fresh = trainer_for(store, configs["alike"], 0, shared=True)
+        assert (shared is first, fresh) == (True, False)
+        modelio.set_flat(shared.model, configs["alike"].plan, modelio.get_flat(models["alike"], configs["alike"].plan))
+        got = shared.compute_update(x, y)
+        alone = modelio.Trainer(models["alike"], configs["alike"].plan, configs["alike"].loss, True)
+        expected = alone.compute_update(x, y)
+        assert np.array_equal(got.vector, expected.vector) and got.loss == expected.loss
+
+        # another loss, another activation, or a Merger's model (it saves the run's own archive): a model of its own
+        for name in ("other-loss", "tanh"):
+            assert trainer_for(store, configs[name], 0, shared=True)[1], name
+        own, fresh = trainer_for(store, configs["alike"], 0)
+        assert own is not first and fresh

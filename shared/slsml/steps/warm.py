@@ -1,5 +1,6 @@
 """What a TensorFlow function (Worker, Merger) keeps warm between invocations, in the process's warm
-cache (``slsml.cache``): one model per run, one dataset reader (and its shards) per dataset."""
+cache (``slsml.cache``): one model per run (a Worker's: per architecture), one dataset reader (and its shards)
+per dataset."""
 
 from __future__ import annotations
 
@@ -29,21 +30,30 @@ def trainer_bytes(trainer: modelio.Trainer) -> int:
     return int(TRAINER_OVERHEAD_FACTOR * held) + TRAINER_FIXED_BYTES
 
 
-def trainer_for(store: ObjectStore, config: RunConfig, iteration: int) -> tuple[modelio.Trainer, bool]:
+def trainer_for(
+    store: ObjectStore, config: RunConfig, iteration: int, shared: bool = False
+) -> tuple[modelio.Trainer, bool]:
     """The run's warm model, loaded from ``models/<iteration>.keras`` on a cold start (or once evicted).
+    ``shared`` (a Worker's, which only computes with it): one warm model serves every run of the same
+    architecture, loss and kind of labels, so that a run that finds one skips the model's download, build and
+    tracing (a sweep's runs, a notebook's models built alike).
 
     Returns (trainer, fresh): a fresh trainer already holds the weights entering ``iteration``.
     """
     warm = cache.warm()
-    trainer = warm.get(("trainer", config.run_id))
+    key = ("trainer", config.run_id)
+    if shared and config.architecture is not None:
+        key = ("trainer", config.architecture, config.loss, config.classification)
+    trainer = warm.get(key)
     if trainer is not None:
+        trainer.plan = config.plan  # the variables' names are the run's (the same shapes, in the same order)
         return trainer, False
-    key = keys.model(config.run_id, iteration)
-    model = modelio.load_model(store.get(key), where=key)
+    model_key = keys.model(config.run_id, iteration)
+    model = modelio.load_model(store.get(model_key), where=model_key)
     if tuple(modelio.variable_specs(model)) != config.plan.variables:
-        raise BadInputError(f"{key} does not have the weights of the model the run was started with")
+        raise BadInputError(f"{model_key} does not have the weights of the model the run was started with")
     trainer = modelio.Trainer(model, config.plan, config.loss, config.classification)
-    return warm.put(("trainer", config.run_id), trainer, trainer_bytes(trainer)), True
+    return warm.put(key, trainer, trainer_bytes(trainer)), True
 
 
 def reader_for(store: ObjectStore, dataset: str) -> data.DatasetReader:

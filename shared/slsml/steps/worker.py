@@ -42,7 +42,7 @@ def work(message: WorkMessage, services: Services) -> WorkDone:
 
 def _compute(message: WorkMessage, config: RunConfig, services: Services) -> WorkDone:
     store = services.store
-    trainer, fresh = trainer_for(store, config, message.iteration)
+    trainer, fresh = trainer_for(store, config, message.iteration, shared=True)
     if fresh:  # the weights entering the iteration, in the model and as one flat vector
         start = modelio.get_flat(trainer.model, config.plan)
     else:
