@@ -46,11 +46,16 @@ def session() -> boto3.session.Session:
     return boto3.DEFAULT_SESSION
 
 
+def new_client(service: str, **options: Any) -> Any:
+    """A client of the process's session, made with boto3's ``client`` options; not counted."""
+    with _making:
+        return session().client(service, **options)
+
+
 # cached per endpoint: a process that starts a second embedded cloud must not reach the first
 @cache
 def _client(service: str, endpoint: str | None) -> Any:
-    with _making:
-        made = session().client(service, config=RETRIES, endpoint_url=endpoint)
+    made = new_client(service, config=RETRIES, endpoint_url=endpoint)
     usage.instrument(made)
     return made
 

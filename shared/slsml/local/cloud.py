@@ -12,9 +12,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import boto3
-
-from slsml import orchestration, records, wiring
+from slsml import aws, orchestration, records, wiring
 
 REGION = "us-east-1"
 MAX_RECEIVES = 3  # Lambda's first try + its two async retries, then the DLQ
@@ -110,7 +108,7 @@ class EmbeddedCloud:
 
     def client(self, service: str):
         """A new client of ``service`` in this cloud."""
-        return boto3.client(
+        return aws.new_client(
             service,
             endpoint_url=self.endpoint,
             region_name=REGION,

@@ -38,7 +38,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import boto3
 from botocore.config import Config
 
 from slsml import aws, quiet, wiring
@@ -289,8 +288,8 @@ class FunctionHost:
         self.tf_threads = tf_threads
         self.faults = faults
         self.function_environment = dict(function_environment or {})
-        self.sqs = boto3.client("sqs", endpoint_url=deployment.endpoint, region_name=REGION,
-                                config=Config(max_pool_connections=64))  # a long poll per queue at once
+        self.sqs = aws.new_client("sqs", endpoint_url=deployment.endpoint, region_name=REGION,
+                                  config=Config(max_pool_connections=64))  # a long poll per queue at once
         self._done: queue_module.SimpleQueue[tuple[str, str]] = queue_module.SimpleQueue()  # (queue, receipt)
         self.services = Services.from_names(
             deployment.bucket, deployment.table, deployment.topic_arns, deployment.state_machine_arn
