@@ -39,7 +39,7 @@ def resource(service: str) -> Any:
 _making = threading.Lock()
 
 
-def session() -> boto3.session.Session:
+def _session() -> boto3.session.Session:
     """boto3's default session, made if there is none yet."""
     if boto3.DEFAULT_SESSION is None:
         boto3.setup_default_session()
@@ -49,7 +49,7 @@ def session() -> boto3.session.Session:
 def new_client(service: str, **options: Any) -> Any:
     """A client of the process's session, made with boto3's ``client`` options; not counted."""
     with _making:
-        return session().client(service, **options)
+        return _session().client(service, **options)
 
 
 # cached per endpoint: a process that starts a second embedded cloud must not reach the first
@@ -63,7 +63,7 @@ def _client(service: str, endpoint: str | None) -> Any:
 @cache
 def _resource(service: str, endpoint: str | None) -> Any:
     with _making:
-        made = session().resource(service, config=RETRIES, endpoint_url=endpoint)
+        made = _session().resource(service, config=RETRIES, endpoint_url=endpoint)
     usage.instrument(made.meta.client)
     return made
 
