@@ -70,9 +70,9 @@ def architecture(model: keras.Model) -> str:
 
     def collect(node: Any, layer: bool) -> None:  # layer: a model or an entry of a "layers" list
         if isinstance(node, dict):
-            name = node.get("config", {}).get("name") if layer and isinstance(node.get("config"), dict) else None
-            if isinstance(name, str):
-                names.setdefault(name, f"\0{len(names)}")
+            own = node.get("config") if layer else None
+            if isinstance(own, dict) and isinstance(own.get("name"), str):
+                names.setdefault(own["name"], f"\0{len(names)}")
             for key, value in node.items():
                 collect(value, key == "layers")
         elif isinstance(node, list):

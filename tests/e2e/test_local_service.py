@@ -36,8 +36,9 @@ def _summary(done: subprocess.CompletedProcess) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _exports(text: str) -> dict[str, str]:
-    """``export NAME=value`` lines → a mapping (as a shell would read them)."""
+def _service_env(cwd: Path) -> dict[str, str]:
+    """The variables `slsml local env` exports, read as a shell would."""
+    text = _slsml(cwd, "local", "env").stdout
     pairs = [shlex.split(line.removeprefix("export "))[0] for line in text.splitlines() if line.startswith("export ")]
     return dict(pair.split("=", 1) for pair in pairs)
 
@@ -58,7 +59,7 @@ def service(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service: Path) -> None:
-    env = _exports(_slsml(service, "local", "env").stdout)
+    env = _service_env(service)
     assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
     put = _slsml(service, "data", "put", "digits", "digits.npz")
     assert put.returncode == 0, put.stderr
@@ -91,7 +92,7 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
 
 def _table(cwd: Path) -> RunTable:
     """The service's run table, reached as any AWS client would, with the variables `slsml local env` prints."""
-    env = _exports(_slsml(cwd, "local", "env").stdout)
+    env = _service_env(cwd)
     dynamodb = boto3.resource("dynamodb", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
                               aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
                               aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
