@@ -1,8 +1,9 @@
-"""Embedded clouds are isolated (two alive in one process hold their own resources) and apply concurrent
-writes as the services do."""
+"""Embedded clouds are isolated (two alive in one process hold their own resources), apply concurrent
+writes as the services do, and serve over kept-alive connections what moto's own server would."""
 
 from __future__ import annotations
 
+import http.client
 from concurrent.futures import ThreadPoolExecutor
 
 import boto3
@@ -60,5 +61,33 @@ def test_concurrent_adds_to_one_item_are_all_counted() -> None:
                 done.result()
         item = cloud.client("dynamodb").get_item(TableName=table, Key=key, ConsistentRead=True)["Item"]
         assert int(item["arrived"]["N"]) == threads * adds
+    finally:
+        cloud.stop()
+
+
+def test_the_server_keeps_connections_and_s3s_names_as_sent() -> None:
+    """Requests reuse one connection; S3 metadata keys with underscores and object keys with escaped
+    characters come back as they were stored."""
+    cloud = EmbeddedCloud()
+    cloud.start()
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", cloud.port, timeout=10)
+        sockets = []
+        for _ in range(3):
+            connection.request("GET", "/moto-api/data.json")
+            response = connection.getresponse()
+            response.read()
+            assert response.status == 200 and response.getheader("Connection") != "close"
+            sockets.append(connection.sock)
+        assert sockets[0] is not None and sockets == [sockets[0]] * 3
+        s3 = cloud.client("s3")
+        s3.create_bucket(Bucket="names")
+        metadata = {"slsml-update": "1/dense/3", "user_key": "kept"}
+        stored = ["plain", "with space+plus%25", "a//double"]
+        for key in stored:
+            s3.put_object(Bucket="names", Key=key, Body=key.encode(), Metadata=metadata)
+            assert s3.head_object(Bucket="names", Key=key)["Metadata"] == metadata
+            assert s3.get_object(Bucket="names", Key=key)["Body"].read() == key.encode()
+        assert sorted(o["Key"] for o in s3.list_objects_v2(Bucket="names")["Contents"]) == sorted(stored)
     finally:
         cloud.stop()

@@ -11,18 +11,27 @@ its connection, so two UpdateItem ADDs to one item at once could count once (16 
 times ended 1 to 3 short), and a barrier's counter would stop short of its workers until a deadline.
 Its DynamoDB requests are therefore applied one at a time.
 
-Its server (werkzeug's) closes every connection after one response, so each request opens a connection
-and a server thread. Run as a script with moto's server arguments (``python moto_server.py -H 127.0.0.1
--p PORT``); it imports nothing of slsml.
+moto's own server (werkzeug's development server) closes every connection after one response, so each
+request opens a connection and starts a server thread. cheroot serves the same application from a pool of
+threads over kept-alive connections: measured request by request, about a quarter less CPU in the server
+and a fifth less in its clients. Its environ carries what moto's request handler adds to werkzeug's: the
+request's path as sent, and the names of S3 metadata headers with underscores as sent.
+
+Run as a script (``python moto_server.py -H 127.0.0.1 -p PORT``); it imports nothing of slsml.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
-import logging
+import os
 import sys
 import threading
 from typing import Any
+
+# Threads serving requests. Each long poll holds one for its wait: the local host keeps two per function
+# (its queue, 1 s; its dead-letter queue, 5 s); a kept-alive connection holds none between requests.
+SERVER_THREADS = 64
 
 
 def tune() -> None:
@@ -75,13 +84,43 @@ def serialize_dynamodb() -> None:
     DynamoHandler.call_action = call_action
 
 
+def gateway() -> type:
+    """cheroot's WSGI gateway, with the environ entries moto's request handler adds to werkzeug's."""
+    from cheroot import wsgi
+    from moto.core.request import (
+        PRESERVED_HEADER_NAMES_ENVIRON_KEY,
+        environ_key_for_header,
+        should_preserve_original_header_name,
+    )
+
+    class MotoGateway(wsgi.Gateway_10):
+        def get_environ(self) -> dict[str, Any]:
+            environ = super().get_environ()
+            environ["RAW_URI"] = environ["REQUEST_URI"]  # moto matches S3 keys against the path as sent
+            names = (name.decode("latin-1") for name in self.req.inheaders)
+            environ[PRESERVED_HEADER_NAMES_ENVIRON_KEY] = {  # WSGI folds "_" and "-" in header names into one
+                environ_key_for_header(name): name for name in names if should_preserve_original_header_name(name)
+            }
+            return environ
+
+    return MotoGateway
+
+
 def main() -> None:
-    logging.getLogger("werkzeug").disabled = True  # it formats and writes a line for every request
+    parser = argparse.ArgumentParser(description="moto's server, tuned")
+    parser.add_argument("-H", "--host", default="127.0.0.1")
+    parser.add_argument("-p", "--port", type=int, required=True)
+    args = parser.parse_args()
+    os.environ.setdefault("MOTO_PORT", str(args.port))  # where moto's Step Functions tasks call AWS
     tune()
     serialize_dynamodb()
-    from moto.server import main as serve
+    from cheroot import wsgi
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
-    serve()
+    server = wsgi.Server((args.host, args.port), DomainDispatcherApplication(create_backend_app),
+                         numthreads=SERVER_THREADS, request_queue_size=128)
+    server.gateway = gateway()
+    server.safe_start()
 
 
 if __name__ == "__main__":
