@@ -25,7 +25,9 @@ def test_the_straggler_benchmark_compares_six_runs(local, services, digits):
     assert report.straggler == 1 and report.baseline_s > 0
     assert report.delay_s == pytest.approx(2 * report.baseline_s)
     a, d = report.case("a").summary, report.case("d").summary
-    assert d.median_iteration_s > a.median_iteration_s  # quorum 1 waits for the straggler
+    # quorum 1 waits for the straggler: each of its iterations lasts the straggler's delay and more. (Against
+    # (a), the reference, a 4-iteration miniature is noisy: its median may hold a process's cold start.)
+    assert d.median_iteration_s > report.delay_s
     assert report.d_growth_s == pytest.approx(d.median_iteration_s - a.median_iteration_s)
     assert report.case("d").ratio == pytest.approx(d.median_iteration_s / a.median_iteration_s)
     assert local.host.faults is None  # the straggler is gone once the benchmark ends

@@ -1,5 +1,5 @@
-"""The embedded cloud's server: moto's own, with the lookups it repeats on every request done once, and
-DynamoDB's writes atomic.
+"""The embedded cloud's server: moto's application over kept-alive connections, with the lookups it repeats
+on every request done once, and DynamoDB's writes atomic.
 
 moto (5.2.5) lists its package folder to route each request, re-derives every handler class's method
 names and converts the same camel-case names again and again, and finds the aliases of each response
@@ -13,9 +13,10 @@ Its DynamoDB requests are therefore applied one at a time.
 
 moto's own server (werkzeug's development server) closes every connection after one response, so each
 request opens a connection and starts a server thread. cheroot serves the same application from a pool of
-threads over kept-alive connections: measured request by request, about a quarter less CPU in the server
-and a fifth less in its clients. Its environ carries what moto's request handler adds to werkzeug's: the
-request's path as sent, and the names of S3 metadata headers with underscores as sent.
+threads over kept-alive connections: measured over S3 PUTs and GETs and DynamoDB UpdateItems from one
+client, 0.90 ms of server CPU a request instead of 1.13, and 0.78 ms of the client's instead of 0.85. Its
+environ carries what moto's request handler adds to werkzeug's: the request's path as sent, and the names of
+S3 metadata headers with underscores as sent.
 
 Run as a script (``python moto_server.py -H 127.0.0.1 -p PORT``); it imports nothing of slsml.
 """
