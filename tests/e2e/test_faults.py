@@ -92,7 +92,9 @@ def test_a_run_under_faults_completes_bit_identical(local, services, digits, cle
     for kind in (field for field in INJECTED_BY if getattr(faults, field)):
         assert report["injected"][INJECTED_BY[kind]] > 0, (kind, report)
     crashes = sum(report["injected"][k] for k in ("worker_crash", "reducer_crash", "merger_crash", "worker_hang"))
-    assert report["failed_invocations"] >= crashes and report["retries"] >= crashes and report["dead_letters"] == 0
+    assert report["failed_invocations"] >= crashes and report["retries"] >= crashes
+    # none of the run's messages was dead-lettered (an earlier test's crashed messages may still arrive meanwhile)
+    assert [letter for letter in local.host.dead_letters if letter["run_id"] == run_id] == []
     if faults.merger_crash_once:
         assert report["injected"]["merger_crash"] == 1
     for iteration in services.table.list_iterations(run_id):
