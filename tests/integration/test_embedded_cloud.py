@@ -79,6 +79,7 @@ def test_the_server_keeps_connections_and_s3s_names_as_sent() -> None:
             response.read()
             assert response.status == 200 and response.getheader("Connection") != "close"
             sockets.append(connection.sock)
+        connection.close()
         assert sockets[0] is not None and sockets == [sockets[0]] * 3
         s3 = cloud.client("s3")
         s3.create_bucket(Bucket="names")
