@@ -28,11 +28,11 @@ def clean_weights(services, digits) -> np.ndarray:
 
 
 def test_lost_deliveries_are_relaunched_and_the_result_is_unchanged(local, services, digits, clean_weights):
-    """Messages held back for 6 s miss 3 s deadlines: the watchdog re-launches those workers and
+    """Messages held back for 4 s miss 2 s deadlines: the watchdog re-launches those workers and
     reducers with new attempts, the held-back attempts are ignored, and with a floor of 1 (wait for
     every worker) the weights are bit-identical to the clean run's."""
-    spec = SPEC.model_copy(update={"deadline_s": 3.0, "deadline_floor": 1.0, "deadline_retries": 4})
-    with injecting(local, Faults(seed=11, sns_delay=Delay(probability=0.15, seconds=6))) as report:
+    spec = SPEC.model_copy(update={"deadline_s": 2.0, "deadline_floor": 1.0, "deadline_retries": 4})
+    with injecting(local, Faults(seed=11, sns_delay=Delay(probability=0.15, seconds=4))) as report:
         train(services, spec, "deadline-relaunch")
         run = finish(services, "deadline-relaunch")
     print(f"relaunch: {report}")
@@ -84,14 +84,14 @@ def test_a_straggler_is_left_behind_at_the_deadline_floor(local, services, digit
 
 
 def test_workers_that_hang_on_every_attempt_fail_the_run_within_its_deadline_budget(local, services, digits):
-    spec = SPEC.model_copy(update={"workers": 2, "global_batch": 64, "deadline_s": 2.0, "deadline_retries": 1})
-    hang = Faults(worker_hang=1.0, crash_every_receive=True, hang_s=5)
+    spec = SPEC.model_copy(update={"workers": 2, "global_batch": 64, "deadline_s": 1.0, "deadline_retries": 1})
+    hang = Faults(worker_hang=1.0, crash_every_receive=True, hang_s=3)
     with injecting(local, hang):
         train(services, spec, "deadline-hang")
         run = finish(services, "deadline-hang", timeout_s=60)
     assert run.status == "FAILED"
     assert run.reason.startswith("work stage of iteration 0: 0 of 2 workers delivered an update within 2 deadlines"
-                                 " of 2 s"), run.reason
+                                 " of 1 s"), run.reason
     record = services.table.get_iteration("deadline-hang", 0)
     assert record.relaunched == {0: 1, 1: 1} and not record.done
     budget = (spec.deadline_retries + 1) * spec.deadline_s
@@ -101,7 +101,7 @@ def test_workers_that_hang_on_every_attempt_fail_the_run_within_its_deadline_bud
 def test_workers_that_crash_on_every_attempt_fail_the_run_within_its_deadline_budget(local, services, digits):
     """Crashes, unlike hangs, use up a message's three receives within about two deadlines: the dead
     letter or the watchdog, whichever comes first, fails the run, naming the work stage."""
-    spec = SPEC.model_copy(update={"workers": 2, "global_batch": 64, "deadline_s": 2.0, "deadline_retries": 1})
+    spec = SPEC.model_copy(update={"workers": 2, "global_batch": 64, "deadline_s": 1.0, "deadline_retries": 1})
     with injecting(local, Faults(worker_crash=1.0, crash_every_receive=True)):
         train(services, spec, "deadline-crash")
         run = finish(services, "deadline-crash", timeout_s=60)

@@ -15,10 +15,10 @@ from slsml.faults import Faults
 from .conftest import finish, train
 from .test_faults import injecting
 
-HEARTBEAT_S = 10  # more than a cold first iteration (model loads, tracing: ~6 s here)
+HEARTBEAT_S = 5  # more than a paced first iteration with its cold model loads (~2 s here)
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=11, eval_every=0, heartbeat_s=HEARTBEAT_S,
                     optimizer=OptimizerConfig(name="adam"))
-PACE = Faults.parse("slow_worker=0:2")  # every iteration takes over 2 s: the run outlives its heartbeat window
+PACE = Faults.parse("slow_worker=0:1")  # every iteration takes over 1 s: the run outlives two heartbeat windows
 
 
 @pytest.fixture
