@@ -66,21 +66,24 @@ def test_concurrent_adds_to_one_item_are_all_counted() -> None:
 
 
 def test_the_server_keeps_connections_and_s3s_names_as_sent() -> None:
-    """Requests reuse one connection; S3 metadata keys with underscores and object keys with escaped
-    characters come back as they were stored."""
+    """Every client's connection is reused, however many idle at once; S3 metadata keys with underscores
+    and object keys with escaped characters come back as they were stored."""
     cloud = EmbeddedCloud()
     cloud.start()
     try:
-        connection = http.client.HTTPConnection("127.0.0.1", cloud.port, timeout=10)
-        sockets = []
+        # more connections than cheroot keeps idle by default (10), each idling while the others are served
+        connections = [http.client.HTTPConnection("127.0.0.1", cloud.port, timeout=10) for _ in range(40)]
+        sockets: dict[int, list[object]] = {i: [] for i in range(len(connections))}
         for _ in range(3):
-            connection.request("GET", "/moto-api/data.json")
-            response = connection.getresponse()
-            response.read()
-            assert response.status == 200 and response.getheader("Connection") != "close"
-            sockets.append(connection.sock)
-        connection.close()
-        assert sockets[0] is not None and sockets == [sockets[0]] * 3
+            for i, connection in enumerate(connections):
+                connection.request("GET", "/moto-api/data.json")
+                response = connection.getresponse()
+                response.read()
+                assert response.status == 200 and response.getheader("Connection") != "close"
+                sockets[i].append(connection.sock)
+        for connection in connections:
+            connection.close()
+        assert all(used[0] is not None and used == [used[0]] * 3 for used in sockets.values())
         s3 = cloud.client("s3")
         s3.create_bucket(Bucket="names")
         metadata = {"slsml-update": "1/dense/3", "user_key": "kept"}

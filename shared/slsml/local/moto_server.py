@@ -33,6 +33,10 @@ from typing import Any
 # Threads serving requests. Each long poll holds one for its wait: the local host keeps two per function
 # (its queue, 1 s; its dead-letter queue, 5 s); a kept-alive connection holds none between requests.
 SERVER_THREADS = 64
+# Idle kept-alive connections the server keeps open (cheroot's default: 10, beyond which it closes each
+# connection after its response). Every function process and the host keep a few: a run of W workers
+# holds a few dozen to a few hundred, each an open socket and nothing more.
+KEEP_ALIVE_CONNECTIONS = 4096
 
 
 def tune() -> None:
@@ -121,6 +125,7 @@ def main() -> None:
     server = wsgi.Server((args.host, args.port), DomainDispatcherApplication(create_backend_app),
                          numthreads=SERVER_THREADS, request_queue_size=128)
     server.gateway = gateway()
+    server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS
     server.safe_start()
 
 
