@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 
 import pytest
+from moto.core.config import default_user_config
 
 from slsml import usage
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+# moto's mock intercepts every session's clients: keeping boto3's default session keeps its parsed service
+# descriptions (several MB of JSON) from test to test, where a new session per mock reads them again
+default_user_config["core"]["reset_boto3_session"] = False
 
 
 @pytest.fixture(autouse=True)
