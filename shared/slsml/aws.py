@@ -17,6 +17,7 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import NoCredentialsError, NoRegionError, PartialCredentialsError
 
 from slsml import usage
 
@@ -70,3 +71,14 @@ def _resource(service: str, endpoint: str | None) -> Any:
 
 def error_code(error: Exception) -> str:
     return getattr(error, "response", {}).get("Error", {}).get("Code", "")
+
+
+def setup_problem(error: BaseException) -> str | None:
+    """What the AWS configuration lacks when boto3 cannot call AWS at all (no region, no credentials),
+    said as the fix; None for any other error."""
+    if isinstance(error, NoRegionError):
+        return "no AWS region is set: set AWS_DEFAULT_REGION (or a region in your AWS profile) to the stack's region"
+    if isinstance(error, (NoCredentialsError, PartialCredentialsError)):
+        return (f"{error.fmt.rstrip('.')}: configure them as for the AWS CLI"
+                " (aws configure, AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)")
+    return None

@@ -959,6 +959,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as error:
+        from slsml import aws
+
+        if (problem := aws.setup_problem(error)) is None:
+            raise
+        display.error(problem)
+        return 2
 
 
 if __name__ == "__main__":

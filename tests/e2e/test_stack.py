@@ -108,6 +108,19 @@ def test_a_stack_that_is_not_there_is_named(stack_env, tmp_path: Path) -> None:
     assert missing.returncode == 2 and "no stack named 'nope'" in missing.stderr
 
 
+@pytest.mark.parametrize(("unset", "names"), [
+    (("AWS_DEFAULT_REGION", "AWS_REGION"), "no AWS region is set: set AWS_DEFAULT_REGION"),
+    (("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"), "Unable to locate credentials: configure them as for the AWS CLI"),
+])
+def test_a_stack_command_without_a_region_or_credentials_says_what_to_set(stack_env, tmp_path, unset, names) -> None:
+    nowhere = str(tmp_path / "no-such-file")  # no AWS profile either, and no instance to ask
+    env = {k: v for k, v in stack_env.items() if k not in unset}
+    env |= {"AWS_CONFIG_FILE": nowhere, "AWS_SHARED_CREDENTIALS_FILE": nowhere, "AWS_EC2_METADATA_DISABLED": "true"}
+    done = slsml(env, tmp_path, "run", "list", "--stack", STACK)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert names in " ".join(done.stderr.split()), done.stderr
+
+
 def test_run_stop_ends_the_run_and_its_execution(stack_env, tmp_path: Path, services, digits) -> None:
     train(services, TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=500, eval_every=0), "to-stop")
     while services.table.get_run("to-stop").iteration < 2:
