@@ -26,7 +26,7 @@ CASES: dict[str, Faults] = {
     "worker-crash": Faults(seed=2, worker_crash=0.25),
     "reducer-crash": Faults(seed=3, reducer_crash=0.5),
     "merger-crash": Faults(merger_crash_once=True),
-    "worker-hang": Faults(seed=7, worker_hang=0.25, hang_s=1.5),  # one hung worker in each iteration
+    "worker-hang": Faults(seed=7, worker_hang=0.25, hang_s=0.5),  # one hung worker in each iteration
     "s3-get-delay": Faults(seed=4, s3_get_delay=Delay(probability=0.2, seconds=0.3)),
     "sns-delay": Faults(seed=5, sns_delay=Delay(probability=0.2, seconds=0.5)),
     "mixed": Faults.parse("seed=6,duplicate=0.5,worker_crash=0.25,s3_get_delay=0.2:0.3"),

@@ -146,20 +146,18 @@ def test_run_stop_ends_the_run_and_its_execution(stack_env, tmp_path: Path, serv
 
 
 def test_stopped_and_failed_runs_resume_to_the_weights_of_an_uninterrupted_run(
-    stack_env, tmp_path: Path, services, digits
+    local, stack_env, tmp_path: Path, services, digits
 ) -> None:
     # iterations enough that the run is still going when each command returns (a few seconds; an iteration
     # takes a fraction of one)
     spec = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=30, eval_every=0,
                         optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
-    train(services, spec, "uninterrupted")
-    assert finish(services, "uninterrupted").status == "COMPLETED"
-
+    train(services, spec, "uninterrupted")  # alongside the interrupted run: runs do not disturb each other
     train(services, spec, "interrupted")
     while services.table.get_run("interrupted").iteration < 2:
         time.sleep(0.05)
     assert slsml(stack_env, tmp_path, "run", "stop", "interrupted", "--stack", STACK).returncode == 0
-    time.sleep(2)  # in-flight work drains
+    assert local.host.wait_idle("interrupted", timeout_s=60)  # its in-flight work drains
     resumed = slsml(stack_env, tmp_path, "run", "resume", "interrupted", "--stack", STACK)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from its model entering iteration" in resumed.stderr
@@ -171,6 +169,7 @@ def test_stopped_and_failed_runs_resume_to_the_weights_of_an_uninterrupted_run(
 
     run = finish(services, "interrupted")
     assert (run.status, run.iteration, run.generation) == ("COMPLETED", spec.iterations, 2), run.reason
+    assert finish(services, "uninterrupted").status == "COMPLETED"
     assert np.array_equal(final_weights(services, "interrupted")[0], final_weights(services, "uninterrupted")[0])
     again = slsml(stack_env, tmp_path, "run", "resume", "interrupted", "--stack", STACK)
     message = " ".join(again.stderr.split())  # the console wraps long lines
