@@ -73,17 +73,17 @@ def test_the_server_keeps_connections_and_s3s_names_as_sent() -> None:
     try:
         # more connections than cheroot keeps idle by default (10), each idling while the others are served
         connections = [http.client.HTTPConnection("127.0.0.1", cloud.port, timeout=10) for _ in range(40)]
-        sockets: dict[int, list[object]] = {i: [] for i in range(len(connections))}
+        sockets: list[list[object]] = [[] for _ in connections]
         for _ in range(3):
-            for i, connection in enumerate(connections):
+            for used, connection in zip(sockets, connections, strict=True):
                 connection.request("GET", "/moto-api/data.json")
                 response = connection.getresponse()
                 response.read()
                 assert response.status == 200 and response.getheader("Connection") != "close"
-                sockets[i].append(connection.sock)
+                used.append(connection.sock)
         for connection in connections:
             connection.close()
-        assert all(used[0] is not None and used == [used[0]] * 3 for used in sockets.values())
+        assert all(used[0] is not None and used == [used[0]] * 3 for used in sockets)
         s3 = cloud.client("s3")
         s3.create_bucket(Bucket="names")
         metadata = {"slsml-update": "1/dense/3", "user_key": "kept"}

@@ -83,7 +83,6 @@ class EmbeddedCloud:
             [sys.executable, "-P", str(_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env={**os.environ, "MOTO_PORT": str(self.port)},  # where moto's Step Functions tasks call AWS
         )
         deadline = time.monotonic() + 60
         while True:

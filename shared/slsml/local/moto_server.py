@@ -116,7 +116,7 @@ def main() -> None:
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, required=True)
     args = parser.parse_args()
-    os.environ.setdefault("MOTO_PORT", str(args.port))  # where moto's Step Functions tasks call AWS
+    os.environ["MOTO_PORT"] = str(args.port)  # where moto's Step Functions tasks call AWS: this server
     tune()
     serialize_dynamodb()
     from cheroot import wsgi
