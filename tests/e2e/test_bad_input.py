@@ -6,6 +6,7 @@ import io
 import json
 import time
 import zipfile
+from datetime import datetime
 
 import keras
 import numpy as np
@@ -150,6 +151,18 @@ def test_a_message_failing_three_times_fails_its_run_via_the_dead_letter_queue(l
     assert letters and all(e["function"] == "worker" and not e["rejected"] for e in letters), letters
     failed = log_entries(local.log_dir / "dead_letters.log", message="run failed", run_id="corrupt-config")
     assert [e["reason"] for e in failed] == [run.reason]
+    # as Lambda retries: each worker's message tried again 1 s, then 2 s after it failed, and dead-lettered
+    # as soon as its third try failed
+    tries: dict[int, list[dict]] = {}
+    for entry in log_entries(local.log_dir / "worker.log", message="usage"):
+        if entry["usage"]["run_id"] == "corrupt-config":
+            tries.setdefault(entry["usage"]["worker"], []).append(entry["usage"])
+    assert sorted(tries) == [0, 1] and all(len(made) == 3 for made in tries.values()), tries
+    for made in tries.values():
+        first, second, third = sorted(made, key=lambda usage: usage["start"])
+        assert second["start"] - first["end"] >= 1.0 and third["start"] - second["end"] >= 2.0, made
+    lettered = min(datetime.strptime(e["timestamp"], "%Y-%m-%d %H:%M:%S,%f%z").timestamp() for e in letters)
+    assert lettered - min(max(usage["end"] for usage in made) for made in tries.values()) < 1.0
 
 
 @keras.saving.register_keras_serializable(package="tests")

@@ -1,9 +1,12 @@
 """Embedded clouds are isolated (two alive in one process hold their own resources), apply concurrent
-writes as the services do, and serve over kept-alive connections what moto's own server would."""
+writes as the services do, serve over kept-alive connections what moto's own server would, and answer
+SQS long polls as SQS does."""
 
 from __future__ import annotations
 
 import http.client
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import boto3
@@ -93,5 +96,46 @@ def test_the_server_keeps_connections_and_s3s_names_as_sent() -> None:
             assert s3.head_object(Bucket="names", Key=key)["Metadata"] == metadata
             assert s3.get_object(Bucket="names", Key=key)["Body"].read() == key.encode()
         assert sorted(o["Key"] for o in s3.list_objects_v2(Bucket="names")["Contents"]) == sorted(stored)
+    finally:
+        cloud.stop()
+
+
+def test_a_long_poll_returns_a_message_when_it_becomes_visible() -> None:
+    """A waiting long poll gets a message when its delivery delay ends, when its visibility timeout ends, or
+    when its visibility is changed to now: not at the server's next look at the queue (moto's: 1 s later)."""
+    cloud = EmbeddedCloud()
+    cloud.start()
+    try:
+        sqs = cloud.client("sqs")
+        queue = sqs.create_queue(QueueName="polls")["QueueUrl"]
+
+        def seconds_until_received(event: Callable[[], None]) -> float:
+            """Start a long poll, 0.5 s later cause ``event``: how long after it the poll got a message."""
+            poller = cloud.client("sqs")
+            with ThreadPoolExecutor(1) as pool:
+                polled = pool.submit(lambda: (poller.receive_message(QueueUrl=queue, WaitTimeSeconds=5),
+                                              time.time()))
+                time.sleep(0.5)
+                caused = time.time()
+                event()
+                received, at = polled.result()
+            assert len(received.get("Messages", [])) == 1
+            sqs.delete_message(QueueUrl=queue, ReceiptHandle=received["Messages"][0]["ReceiptHandle"])
+            return at - caused
+
+        def in_flight() -> str:
+            sqs.send_message(QueueUrl=queue, MessageBody="retried")
+            return sqs.receive_message(QueueUrl=queue, VisibilityTimeout=30)["Messages"][0]["ReceiptHandle"]
+
+        delayed = seconds_until_received(lambda: sqs.send_message(QueueUrl=queue, MessageBody="due", DelaySeconds=1))
+        assert 1.0 <= delayed < 1.35, delayed
+        receipt = in_flight()
+        retried = seconds_until_received(
+            lambda: sqs.change_message_visibility(QueueUrl=queue, ReceiptHandle=receipt, VisibilityTimeout=1))
+        assert 1.0 <= retried < 1.35, retried
+        receipt = in_flight()
+        released = seconds_until_received(
+            lambda: sqs.change_message_visibility(QueueUrl=queue, ReceiptHandle=receipt, VisibilityTimeout=0))
+        assert released < 0.35, released
     finally:
         cloud.stop()

@@ -4,8 +4,9 @@ event and a Lambda-like context. The processes are forked from a server process 
 TensorFlow and the other libraries once (``slsml.local.preload``), so each starts in under a second.
 A poller takes no more messages than its pool has free processes: the others wait in the queue. Each
 process has its function's memory setting (``AWS_LAMBDA_FUNCTION_MEMORY_SIZE``) and logs its pid once
-started. A failed invocation is retried by SQS; after three receives the message goes to the
-function's DLQ. The host hands each dead letter to the dead-letter reader (``wiring.dead_letter_reader``,
+started. A failed invocation is retried by SQS, 1 s and then 2 s after it failed (Lambda retries an
+asynchronous event 1 and 2 minutes later); when its third try fails, the message goes to the function's
+DLQ at once. The host hands each dead letter to the dead-letter reader (``wiring.dead_letter_reader``,
 ``slsml.steps.dead_letters``) in the shape its AWS dead-letter queue would hold it: an SNS-triggered
 function's event with the error Lambda attaches, a queue-triggered function's message as SQS moves it.
 That step fails the run (unless the function rejected the message as malformed:
@@ -149,6 +150,12 @@ def _ready() -> int:
 
 
 # ---- in the host process ------------------------------------------------------------------------
+
+
+def retry_after_s(receives: int) -> int:
+    """How long a message whose invocation failed on its ``receives``-th try stays invisible: until its
+    next try, or none after its last (its next receive moves it to the DLQ)."""
+    return receives if receives < MAX_RECEIVES else 0
 
 
 def sns_event(body: dict[str, Any], subscription_arn: str) -> dict[str, Any]:
@@ -487,7 +494,7 @@ class FunctionHost:
                     self._errors[f"{function}: {text.splitlines()[0][:200]}"] += 1
             self._count(counts)
             self.sqs.change_message_visibility(
-                QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=min(receives, 5)
+                QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=retry_after_s(receives)
             )
 
         def invoke() -> None:

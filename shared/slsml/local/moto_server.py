@@ -11,6 +11,10 @@ its connection, so two UpdateItem ADDs to one item at once could count once (16 
 times ended 1 to 3 short), and a barrier's counter would stop short of its workers until a deadline.
 Its DynamoDB requests are therefore applied one at a time.
 
+An SQS long poll returns a message as soon as it becomes visible, as SQS does. moto's wakes only when a
+message is sent to the queue, or after 1 s: a message whose visibility timeout or delivery delay ended
+meanwhile, or whose visibility was changed, waited up to 1 s more (a retry, a deadline, a dead letter).
+
 moto's own server (werkzeug's development server) closes every connection after one response, so each
 request opens a connection and starts a server thread. cheroot serves the same application from a pool of
 threads over kept-alive connections: measured over S3 PUTs and GETs and DynamoDB UpdateItems from one
@@ -89,6 +93,36 @@ def serialize_dynamodb() -> None:
     DynamoHandler.call_action = call_action
 
 
+def wake_long_polls_when_due() -> None:
+    """A long poll waits until a message is sent, or until the first message now invisible or delayed is
+    due, or until its time is up; changing a message's visibility wakes the queue's polls."""
+    from moto.core.utils import unix_time_millis
+    from moto.sqs.models import Queue, SQSBackend
+
+    def wait_for_messages(self: Any, timeout: float) -> None:
+        end = unix_time_millis() + timeout * 1000
+        with self._messages_lock:
+            while not self.messages:
+                now = unix_time_millis()
+                due = [when for m in self._messages if (when := max(m.visible_at, m.delayed_until)) > now]
+                wake = min([end, *due])
+                if now >= end:
+                    return
+                self._messages_lock.wait((wake - now) / 1000 + 0.001)  # visible once the clock passes it
+
+    unchanged = SQSBackend.change_message_visibility
+
+    @functools.wraps(unchanged)
+    def change_message_visibility(self: Any, queue_name: str, *args: Any, **kwargs: Any) -> None:
+        unchanged(self, queue_name, *args, **kwargs)
+        queue = self.get_queue(queue_name)
+        with queue._messages_lock:
+            queue._messages_lock.notify_all()
+
+    Queue.wait_for_messages = wait_for_messages
+    SQSBackend.change_message_visibility = change_message_visibility
+
+
 def gateway() -> type:
     """cheroot's WSGI gateway, with the environ entries moto's request handler adds to werkzeug's."""
     from cheroot import wsgi
@@ -119,6 +153,7 @@ def main() -> None:
     os.environ["MOTO_PORT"] = str(args.port)  # where moto's Step Functions tasks call AWS: this server
     tune()
     serialize_dynamodb()
+    wake_long_polls_when_due()
     from cheroot import wsgi
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
