@@ -302,7 +302,6 @@ class FunctionHost:
             deployment.bucket, deployment.table, deployment.topic_arns, deployment.state_machine_arn
         )
         self._pools: dict[str, ProcessPoolExecutor] = {}
-        self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._last_error: dict[str, tuple[str, str, str]] = {}  # message id → (first line, error text, request id)
         self._dead_seen: set[str] = set()  # dead letters recorded (one may be handed to the reader again)
@@ -387,20 +386,17 @@ class FunctionHost:
         for warmup in warmups:
             warmup.result()
         for function in (f for f in self.concurrency if f in self.deployment.queues):  # the reader has none
-            thread = threading.Thread(target=self._poll, args=(function,), name=f"poll-{function}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        deleter = threading.Thread(target=self._delete_handled, name="acknowledge", daemon=True)
-        deleter.start()
-        self._threads.append(deleter)
-        for function, queue in self.deployment.dead_letter_queues.items():  # long polls: not joined at stop
+            threading.Thread(target=self._poll, args=(function,), name=f"poll-{function}", daemon=True).start()
+        threading.Thread(target=self._delete_handled, name="acknowledge", daemon=True).start()
+        for function, queue in self.deployment.dead_letter_queues.items():
             threading.Thread(target=self._watch_dead_letters, args=(function, queue), name=f"dead-letters-{function}",
                              daemon=True).start()
 
     def stop(self) -> None:
+        """Take no more messages, start no more invocations and shut the function processes down. The
+        threads are not waited for: each ends when its long poll returns (at once if the cloud is stopped)
+        and hands nothing on."""
         self._stopping.set()
-        for thread in self._threads:
-            thread.join(timeout=5)
         for pool in self._pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
 

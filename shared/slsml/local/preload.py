@@ -2,8 +2,10 @@
 from a server process that imported this module (``multiprocessing``'s forkserver), so a process starts in
 well under a second, not in the seconds TensorFlow takes to import, and shares those pages with its
 siblings. boto3's default session, which ``slsml.aws`` makes its clients from, has read the service
-descriptions of what the functions call already. slsml's own modules are left to each process, as on
-Lambda: their loggers and settings read the function's environment when they are imported."""
+descriptions of what the functions call already. Of slsml's own modules, only the pure definitions of its
+messages, records and settings are imported here (pydantic builds their classes, a tenth of a second); the
+others are left to each process, as on Lambda: their loggers and settings read the function's environment
+when they are imported."""
 
 import gc
 import os
@@ -21,6 +23,8 @@ import keras  # noqa: E402,F401
 import numpy  # noqa: E402,F401
 import pydantic_settings  # noqa: E402,F401
 import tensorflow  # noqa: E402,F401
+
+import slsml.records  # noqa: E402,F401  (with slsml.config and slsml.messages: classes, nothing read from the environment)
 
 # the session reads a service's descriptions when it makes its first client; these clients are thrown away (a
 # function's own read the region, credentials and endpoint of its environment)
