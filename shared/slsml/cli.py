@@ -280,19 +280,27 @@ def _start(services: Any, model_bytes: bytes, dataset: str, spec: TrainingSpec, 
     return config
 
 
-def _train_locally(
-    args: argparse.Namespace, spec: TrainingSpec, model_bytes: bytes, dataset: str, arrays: Any, out: Path | None
-) -> int:
-    from slsml import data, runs
+def _one_shot_runtime(args: argparse.Namespace, spec: TrainingSpec) -> Any:
+    """The local runtime of a run on a cloud of its own, begun: its cloud and function processes get ready
+    while this process loads TensorFlow and the model. Its logs go to .slsml/logs/<run id>."""
+    from slsml import runs
     from slsml.local.runtime import LocalRuntime
 
-    run_id = args.run_id or runs.new_run_id()
-    runtime = LocalRuntime(
+    return LocalRuntime(
         workers=spec.max_workers or spec.initial_workers,  # warm processes for the most it may scale to
         reducers=spec.reducers,
         pool=args.pool,
-        log_dir=Path(".slsml/logs") / run_id,
-    )
+        log_dir=Path(".slsml/logs") / (args.run_id or runs.new_run_id()),
+    ).begin()
+
+
+def _train_locally(
+    args: argparse.Namespace, runtime: Any, spec: TrainingSpec, model_bytes: bytes, dataset: str, arrays: Any,
+    out: Path | None,
+) -> int:
+    from slsml import data
+
+    run_id = runtime.log_dir.name
     with ExitStack() as stack:
         with _console().status("starting the embedded cloud and warm function processes…"):
             services = stack.enter_context(runtime).services
@@ -389,12 +397,13 @@ def cmd_run_report(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     spec = _spec(args, default_learning_rate=DEMO_LEARNING_RATE)  # bad flags fail before TensorFlow loads
+    runtime = _one_shot_runtime(args, spec)
     from slsml import demo, modelio
 
     model = demo.digits_cnn(learning_rate=DEMO_LEARNING_RATE, seed=args.seed)  # compiled: Adam
     spec = _with_flags(args, spec, model)
     out = Path(args.out) if args.out else None
-    return _train_locally(args, spec, modelio.save_model(model), "digits", demo.digits(args.seed), out)
+    return _train_locally(args, runtime, spec, modelio.save_model(model), "digits", demo.digits(args.seed), out)
 
 
 def _read_arrays(path: Path, test_fraction: float, seed: int) -> tuple[Any, ...]:
@@ -417,25 +426,27 @@ def _read_arrays(path: Path, test_fraction: float, seed: int) -> tuple[Any, ...]
 
 
 def cmd_run_start(args: argparse.Namespace) -> int:
-    from slsml import data, modelio
-
     if args.local == bool(args.stack):
         raise BadInputError("say where to run: --local (the embedded cloud) or --stack NAME (a deployed stack)")
     spec = _spec(args)
     model_path = Path(args.model)
     if not model_path.is_file():
         raise BadInputError(f"model file {model_path} does not exist")
-    model_bytes = model_path.read_bytes()
-    model = modelio.load_model(model_bytes, where=str(model_path))  # fail fast, before any cloud is touched
-    spec = _with_flags(args, spec, model)
     data_path = Path(args.data)
+    one_shot = args.local and _local_service() is None  # a cloud for this run alone
+    if one_shot and data_path.suffix != ".npz":
+        raise BadInputError(f"--data {args.data}: a local run takes a .npz file with arrays x, y")
+    runtime = _one_shot_runtime(args, spec) if one_shot else None
+    from slsml import data, modelio
+
+    model_bytes = model_path.read_bytes()
+    model = modelio.load_model(model_bytes, where=str(model_path))  # fail fast: before anything is stored
+    spec = _with_flags(args, spec, model)
     arrays = _read_arrays(data_path, args.test_fraction, args.seed) if data_path.suffix == ".npz" else None
     dataset = data_path.stem.lower().replace("_", "-")[:63] if arrays is not None else args.data
     out = Path(args.out) if args.out else None
-    if args.local and _local_service() is None:  # one-shot: a cloud for this run alone
-        if arrays is None:
-            raise BadInputError(f"--data {args.data}: a local run takes a .npz file with arrays x, y")
-        return _train_locally(args, spec, model_bytes, dataset, arrays, out)
+    if runtime is not None:
+        return _train_locally(args, runtime, spec, model_bytes, dataset, arrays, out)
     services, usage = _required_target(args)
     if arrays is not None:
         data.put_dataset(services.store, dataset, *arrays)

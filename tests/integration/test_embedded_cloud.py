@@ -1,11 +1,16 @@
 """Embedded clouds are isolated (two alive in one process hold their own resources), apply concurrent
-writes as the services do, serve over kept-alive connections what moto's own server would, and answer
-SQS long polls as SQS does."""
+writes as the services do, serve over kept-alive connections what moto's own server would, answer
+SQS long polls as SQS does, and end with the process that started them."""
 
 from __future__ import annotations
 
 import http.client
+import os
+import signal
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -139,3 +144,26 @@ def test_a_long_poll_returns_a_message_when_it_becomes_visible() -> None:
         assert released < 0.35, released
     finally:
         cloud.stop()
+
+
+def test_the_server_ends_with_the_process_that_started_it() -> None:
+    """However that process ends (here: SIGKILL, which runs no clean-up), its cloud's server does not
+    outlive it."""
+    script = "from slsml.local.cloud import EmbeddedCloud; c = EmbeddedCloud(); c.start(); print(c.endpoint)"
+    owner = subprocess.Popen([sys.executable, "-c", script + "; import time; time.sleep(120)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        endpoint = owner.stdout.readline().strip()
+        with urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=5) as served:
+            assert served.status == 200
+    finally:
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=1).close()
+        except OSError:
+            break  # nothing serves there any more
+        assert time.monotonic() < deadline, "the embedded cloud outlived the process that started it"
+        time.sleep(0.1)

@@ -78,12 +78,20 @@ class EmbeddedCloud:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._server: subprocess.Popen | None = None
 
+    def launch(self) -> None:
+        """Start the server's process, without waiting for it to serve (``start`` waits). It ends with this
+        process, if not stopped before: it watches its standard input, this end of a pipe."""
+        if self._server is None:
+            self._server = subprocess.Popen(
+                [sys.executable, "-P", str(_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+
     def start(self) -> None:
-        self._server = subprocess.Popen(
-            [sys.executable, "-P", str(_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        """Launch the server (if not launched yet) and wait until it serves."""
+        self.launch()
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -97,6 +105,7 @@ class EmbeddedCloud:
 
     def stop(self) -> None:
         if self._server is not None:
+            self._server.stdin.close()
             self._server.terminate()
             try:
                 self._server.wait(timeout=1)

@@ -22,7 +22,13 @@ client, 0.90 ms of server CPU a request instead of 1.13, and 0.78 ms of the clie
 environ carries what moto's request handler adds to werkzeug's: the request's path as sent, and the names of
 S3 metadata headers with underscores as sent.
 
-Run as a script (``python moto_server.py -H 127.0.0.1 -p PORT``); it imports nothing of slsml.
+It lasts no longer than the process that started it: it ends when its standard input does (that
+process's end of the pipe closes when it exits, however it exits). While it starts serving, it imports in
+the background what the first request to each service would: the first CreateStateMachine alone imported
+moto's Step Functions interpreter, 0.7 s.
+
+Run as a script (``python moto_server.py -H 127.0.0.1 -p PORT``, its standard input a pipe); it imports
+nothing of slsml.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ SERVER_THREADS = 64
 # connection after its response). Every function process and the host keep a few: a run of W workers
 # holds a few dozen to a few hundred, each an open socket and nothing more.
 KEEP_ALIVE_CONNECTIONS = 4096
+SERVICES = ("s3", "dynamodb", "sns", "sqs", "stepfunctions")  # what the embedded cloud serves
 
 
 def tune() -> None:
@@ -123,6 +130,31 @@ def wake_long_polls_when_due() -> None:
     SQSBackend.change_message_visibility = change_message_visibility
 
 
+def end_with_parent() -> None:
+    """End this process once its standard input ends: the parent that holds the pipe has exited."""
+
+    def watch() -> None:
+        while sys.stdin.buffer.read(4096):
+            pass
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent", daemon=True).start()
+
+
+def import_services() -> None:
+    """Import, in the background, each service's backend and the Step Functions interpreter that runs
+    the state machine's executions."""
+
+    def load() -> None:
+        from moto import backends
+
+        for service in SERVICES:
+            backends.get_backend(service)
+        import moto.stepfunctions.parser.models  # noqa: F401
+
+    threading.Thread(target=load, name="imports", daemon=True).start()
+
+
 def gateway() -> type:
     """cheroot's WSGI gateway, with the environ entries moto's request handler adds to werkzeug's."""
     from cheroot import wsgi
@@ -151,6 +183,7 @@ def main() -> None:
     parser.add_argument("-p", "--port", type=int, required=True)
     args = parser.parse_args()
     os.environ["MOTO_PORT"] = str(args.port)  # where moto's Step Functions tasks call AWS: this server
+    end_with_parent()
     tune()
     serialize_dynamodb()
     wake_long_polls_when_due()
@@ -161,6 +194,7 @@ def main() -> None:
                          numthreads=SERVER_THREADS, request_queue_size=128)
     server.gateway = gateway()
     server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS
+    import_services()
     server.safe_start()
 
 

@@ -87,8 +87,17 @@ class LocalRuntime:
         self.host: FunctionHost | None = None
         self.services: Services | None = None
 
+    def begin(self) -> LocalRuntime:
+        """Start, in processes of their own, what takes longest to get ready: the function processes'
+        imports (TensorFlow's among them) and the embedded cloud's server. This process goes on meanwhile
+        (a command loads TensorFlow and the model); entering the runtime waits for them. Both end with this
+        process if it is never entered."""
+        start_preloading()
+        self.cloud.launch()
+        return self
+
     def __enter__(self) -> LocalRuntime:
-        start_preloading()  # TensorFlow imports for the function processes while the cloud starts
+        self.begin()  # the function processes import while the cloud starts
         self.cloud.start()
         try:
             self.deployment = self.cloud.provision()
