@@ -7,12 +7,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 from slsml import demo, display, modelio
+from tests.processes import left_running
 
 REQUIRED = {"run_id", "status", "iterations", "workers", "reducers", "quorum", "test_accuracy", "wall_s",
             "median_iteration_s", "requests_per_iteration", "gb_seconds", "cost_usd", "cost_per_iteration_usd",
@@ -65,19 +65,6 @@ def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path)
     assert (tmp_path / "copy.keras").read_bytes() == (tmp_path / "trained.keras").read_bytes()
 
 
-def _running_in_group(group: int) -> list[str]:
-    """The processes of a process group that have not exited, as ``pid state`` (Linux's /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command name: state, ppid, pgrp, …
-        except OSError:
-            continue  # gone meanwhile
-        if int(fields[2]) == group and fields[0] != "Z":
-            found.append(f"{stat.parent.name} {fields[0]}")
-    return found
-
-
 def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
     (tmp_path / "model.keras").write_bytes(b"not a model")
     np.savez(tmp_path / "d.npz", x=np.zeros((10, 8, 8, 1), np.float32), y=np.zeros(10, np.int64))
@@ -88,11 +75,7 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
     _, stderr = bad_model.communicate(timeout=600)
     assert bad_model.returncode == 2
     assert "model.keras is not a Keras model" in stderr
-    # the cloud and the function processes it began while the model loaded end with it
-    deadline = time.monotonic() + 10
-    while _running_in_group(bad_model.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _running_in_group(bad_model.pid) == []
+    assert left_running(bad_model.pid) == []  # nor the cloud and fork server it began while the model loaded
     unknown = slsml("run", "status", "no-such-run", cwd=tmp_path)
     assert unknown.returncode == 2 and "no run named 'no-such-run'" in unknown.stderr
 

@@ -1,17 +1,21 @@
-"""The function host's warm processes start from libraries imported once, in a fork server, and run with
-the host's environment as it is when they start, not the fork server's."""
+"""The function host's warm processes start from libraries imported once, in a fork server, run with the
+host's environment as it is when they start, not the fork server's, and end with the host."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+from tests.processes import left_running
+
 SCRIPT = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, sys, time
     from pathlib import Path
     from slsml.local.host import start_preloading
     from slsml.local.runtime import LocalRuntime
@@ -26,18 +30,28 @@ SCRIPT = textwrap.dedent(
         del os.environ["SLSML_GONE"]
         with LocalRuntime(workers=1, reducers=1, pool=1, log_dir=Path(sys.argv[1])) as local:
             pools = local.host._pools
-            print(json.dumps({function: pool.submit(probe).result() for function, pool in pools.items()}))
+            print(json.dumps({function: pool.submit(probe).result() for function, pool in pools.items()}), flush=True)
+            time.sleep(300)  # until killed
     """
 )
 
 
-def test_warm_processes_have_the_preloaded_libraries_and_the_hosts_environment(tmp_path: Path) -> None:
+def test_warm_processes_start_preloaded_with_the_hosts_environment_and_end_with_the_host(tmp_path: Path) -> None:
+    """The host is killed outright (SIGKILL: it shuts nothing down): its cloud, fork server and warm
+    processes end anyway."""
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "logs")], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    with open(tmp_path / "stderr.txt", "w") as stderr:
+        host = subprocess.Popen([sys.executable, str(script), str(tmp_path / "logs")], stdout=subprocess.PIPE,
+                                stderr=stderr, text=True, start_new_session=True)  # its own process group
+    try:
+        line = host.stdout.readline()
+    finally:
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait()
+    assert line, (tmp_path / "stderr.txt").read_text()
+    assert left_running(host.pid) == []
+    seen = json.loads(line)
     assert set(seen) >= {"worker", "reducer", "merger", "reduce_launcher", "work_launcher"}
     for function, (probe, gone, tensorflow) in seen.items():
         assert probe == "as the host started its processes", function

@@ -90,6 +90,7 @@ class LambdaContext:
 
 def _start_process(function: str, environment: dict[str, str], log_path: str) -> None:
     global _handler
+    _end_with_host()
     os.environ.clear()  # forked from the preloaded server: the environment is the host's now, not the server's
     os.environ.update(environment)
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -109,6 +110,17 @@ def _start_process(function: str, environment: dict[str, str], log_path: str) ->
     started = {"level": "INFO", "message": "warm process started", "function_name": function, "pid": os.getpid(),
                "function_memory_size": int(os.environ[MEMORY_ENV]), "timestamp": time.time()}
     print(json.dumps(started))
+
+
+def _end_with_host() -> None:
+    """End this process when the host process ends: one killed outright cannot shut its pools down."""
+    host = multiprocessing.parent_process()  # whose sentinel is ready once it has exited
+
+    def watch() -> None:
+        host.join()
+        os._exit(0)
+
+    threading.Thread(target=watch, name="host", daemon=True).start()
 
 
 @contextmanager
