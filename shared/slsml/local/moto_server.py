@@ -109,13 +109,9 @@ def wake_long_polls_when_due() -> None:
     def wait_for_messages(self: Any, timeout: float) -> None:
         end = unix_time_millis() + timeout * 1000
         with self._messages_lock:
-            while not self.messages:
-                now = unix_time_millis()
-                due = [when for m in self._messages if (when := max(m.visible_at, m.delayed_until)) > now]
-                wake = min([end, *due])
-                if now >= end:
-                    return
-                self._messages_lock.wait((wake - now) / 1000 + 0.001)  # visible once the clock passes it
+            while not self.messages and (now := unix_time_millis()) < end:
+                due = (when for m in self._messages if (when := max(m.visible_at, m.delayed_until)) > now)
+                self._messages_lock.wait((min([end, *due]) - now) / 1000 + 0.001)  # visible once the clock passes it
 
     unchanged = SQSBackend.change_message_visibility
 

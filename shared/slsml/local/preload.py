@@ -24,7 +24,8 @@ import numpy  # noqa: E402,F401
 import pydantic_settings  # noqa: E402,F401
 import tensorflow  # noqa: E402,F401
 
-import slsml.records  # noqa: E402,F401  (with slsml.config and slsml.messages: classes, nothing read from the environment)
+# with slsml.config and slsml.messages: classes, nothing read from the environment
+import slsml.records  # noqa: E402,F401
 
 # the session reads a service's descriptions when it makes its first client; these clients are thrown away (a
 # function's own read the region, credentials and endpoint of its environment)
