@@ -1,4 +1,4 @@
-"""Compute: one Lambda function per pipeline step in slsml.wiring.FUNCTIONS, each with its own
+"""Compute: one Lambda function per pipeline step in slsml.spec.wiring.FUNCTIONS, each with its own
 least-privilege role. TensorFlow steps run as one container image (functions/worker/Dockerfile, the
 handler picked by the image command); the others are zip functions on the common layer.
 """
@@ -23,7 +23,7 @@ from constructs import Construct
 from infra.layers import ARCHITECTURE, ROOT, RUNTIME, CommonLayer
 from infra.naming import pascal
 from infra.settings import Settings
-from slsml import deployment, wiring
+from slsml.spec import deployment, wiring
 
 FUNCTIONS_DIR = ROOT / "functions"
 DOCKERFILE = "functions/worker/Dockerfile"  # relative to the image's build context, the repository root

@@ -1,4 +1,4 @@
-"""Messaging: the pipeline's SNS topics and queues (from slsml.wiring), the bucket notifications that
+"""Messaging: the pipeline's SNS topics and queues (from slsml.spec.wiring), the bucket notifications that
 feed the topics, the function subscriptions and the dead-letter queues that catch what could not be
 delivered, which all feed the dead-letter reader (it fails the runs their messages name).
 """
@@ -20,7 +20,7 @@ from constructs import Construct
 
 from infra.naming import pascal
 from infra.settings import Settings
-from slsml import wiring
+from slsml.spec import wiring
 
 DLQ_RETENTION = Duration.days(14)
 

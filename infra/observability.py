@@ -1,6 +1,6 @@
 """Observability: a CloudWatch dashboard of the pipeline and alarms on function errors, dead letters
-and failed runs, all notifying one topic. Custom metrics follow slsml.deployment (Powertools EMF),
-emitted where slsml.metrics says. The dead-letter queues feed the dead-letter reader, which takes each
+and failed runs, all notifying one topic. Custom metrics follow slsml.spec.deployment (Powertools EMF),
+emitted where slsml.pipeline.metrics says. The dead-letter queues feed the dead-letter reader, which takes each
 message as it comes: what they show is the messages received from them (by the reader).
 """
 
@@ -18,7 +18,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from infra.naming import pascal
-from slsml.deployment import METRICS_NAMESPACE, SERVICE_NAME, Metric
+from slsml.spec.deployment import METRICS_NAMESPACE, SERVICE_NAME, Metric
 
 PERIOD = Duration.minutes(5)
 WIDGET_WIDTH = 8

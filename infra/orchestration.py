@@ -1,4 +1,4 @@
-"""Orchestration: the run state machine (slsml.orchestration's definition, the same one the local
+"""Orchestration: the run state machine (slsml.state.orchestration's definition, the same one the local
 runtime executes), traced with X-Ray and logged in full. Service integrations only: its role may
 register runs in the table, copy a run's source model, and publish to RunControl and RunEvents.
 """
@@ -18,7 +18,8 @@ from cdk_nag import NagPackSuppression, NagSuppressions, RegexAppliesTo
 from constructs import Construct
 
 from infra.settings import Settings
-from slsml import deployment, orchestration, wiring
+from slsml.spec import deployment, wiring
+from slsml.state import orchestration
 
 
 class Orchestration(Construct):

@@ -1,5 +1,5 @@
 """Deployment settings: CDK context (cdk.json, ``cdk deploy -c key=value``) over the defaults here
-(function sizes: ``slsml.deployment.DEFAULT_FUNCTIONS``, which ``slsml plan`` reads too).
+(function sizes: ``slsml.spec.deployment.DEFAULT_FUNCTIONS``, which ``slsml plan`` reads too).
 
 Per-function overrides merge over the function's defaults, e.g. in cdk.json
 ``"functions": {"worker": {"memory_mb": 4096, "reserved_concurrency": 50}}``.
@@ -15,9 +15,9 @@ from aws_cdk import aws_logs as logs
 from constructs import Node
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from slsml import wiring
-from slsml.config import DropInRequest
-from slsml.deployment import DEFAULT_FUNCTIONS, FunctionSettings
+from slsml.spec import wiring
+from slsml.spec.config import DropInRequest
+from slsml.spec.deployment import DEFAULT_FUNCTIONS, FunctionSettings
 
 
 class Settings(BaseModel):

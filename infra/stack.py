@@ -1,4 +1,4 @@
-"""The slsml stack: storage, messaging, orchestration, compute and observability, wired by slsml.wiring."""
+"""The slsml stack: storage, messaging, orchestration, compute and observability, wired by slsml.spec.wiring."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from infra.observability import Observability
 from infra.orchestration import Orchestration
 from infra.settings import Settings
 from infra.storage import Storage
-from slsml import wiring
-from slsml.deployment import log_group_output
+from slsml.spec import wiring
+from slsml.spec.deployment import log_group_output
 
 
 class SlsmlStack(Stack):

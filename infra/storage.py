@@ -8,7 +8,8 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from infra.settings import Settings
-from slsml import deployment, records
+from slsml.spec import deployment
+from slsml.state import records
 
 _TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER}
 
@@ -38,7 +39,7 @@ class Storage(Construct):
 
         # Lifecycle filters match a key prefix (and tags), not a pattern, and the scratch lives at
         # runs/<run>/iters/: a rule on the prefix runs/ alone would also expire models, run configs and
-        # final models. So writers tag scratch objects (slsml.deployment.SCRATCH_TAG_*) and the rule
+        # final models. So writers tag scratch objects (slsml.spec.deployment.SCRATCH_TAG_*) and the rule
         # matches prefix runs/ AND that tag; untagged objects are kept.
         scratch_rule = s3.LifecycleRule(
             id="ExpireIterationScratch",
@@ -66,7 +67,7 @@ class Storage(Construct):
             auto_delete_objects=destroy,
         )
 
-        # the table as slsml.records defines it (the local runtime creates it from the same definition)
+        # the table as slsml.state.records defines it (the local runtime creates it from the same definition)
         self.table = dynamodb.Table(
             self,
             "Table",

@@ -1,10 +1,10 @@
 """RunStarter: ModelDropped (an S3 event for incoming/<name>.keras via SNS) → a run with the defaults."""
 
-from slsml import usage
-from slsml.envelope import pipeline_handler
-from slsml.messages import ModelLanded, S3Notification, landed_objects
-from slsml.services import Services
-from slsml.steps import run_starter
+from slsml.accounting import usage
+from slsml.pipeline.envelope import pipeline_handler
+from slsml.pipeline.services import Services
+from slsml.pipeline.steps import run_starter
+from slsml.spec.messages import ModelLanded, S3Notification, landed_objects
 
 
 def start(landed: ModelLanded, services: Services) -> str | None:

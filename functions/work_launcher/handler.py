@@ -3,10 +3,10 @@ RunControl (a run started) → keep the run execution's task token."""
 
 from typing import Any
 
-from slsml.envelope import pipeline_handler
-from slsml.messages import LauncherEvent, ModelLanded, RunStarted, S3Notification, landed_objects
-from slsml.services import Services
-from slsml.steps import work_launcher
+from slsml.pipeline.envelope import pipeline_handler
+from slsml.pipeline.services import Services
+from slsml.pipeline.steps import work_launcher
+from slsml.spec.messages import LauncherEvent, ModelLanded, RunStarted, S3Notification, landed_objects
 
 
 def launch(event: RunStarted | ModelLanded, services: Services) -> Any:

@@ -10,11 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slsml import data, demo, keys, modelio, runs
-from slsml.config import TrainingSpec
+from slsml.client import demo, runs
+from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
-from slsml.runstate import RunRecord
-from slsml.services import Services
+from slsml.pipeline.services import Services
+from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
+from slsml.state.runtable import RunRecord
+from slsml.training import modelio
 
 DIGITS = "digits"
 

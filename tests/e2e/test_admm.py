@@ -10,9 +10,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from slsml import admm, bench_admm, data, keys, modelio, runs
-from slsml.config import TrainingSpec
-from slsml.errors import BadInputError
+from slsml.bench import admm as bench_admm
+from slsml.client import runs
+from slsml.data import datasets as data
+from slsml.rules import admm
+from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import BadInputError
+from slsml.training import modelio
 
 from .conftest import final_weights, finish
 

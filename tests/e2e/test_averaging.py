@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from slsml import data, demo, modelio
-from slsml.config import OptimizerConfig, TrainingSpec
+from slsml.client import demo
+from slsml.data import datasets as data
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.training import modelio
 
 from .conftest import final_weights, finish, train
 

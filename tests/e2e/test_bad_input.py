@@ -12,9 +12,12 @@ import keras
 import numpy as np
 import pytest
 
-from slsml import data, demo, keys, modelio, runs
-from slsml.config import TrainingSpec
-from slsml.errors import BadInputError, NotFoundError
+from slsml.client import demo, runs
+from slsml.data import datasets as data
+from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import BadInputError, NotFoundError
+from slsml.training import modelio
 
 from .conftest import DIGITS, finish, log_entries, train
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from slsml import bench
+from slsml.bench import pipeline as bench
 
 
 def test_the_straggler_benchmark_compares_six_runs(local, services, digits):

@@ -6,8 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from slsml import bench_communication, demo, keys, modelio, updates, usage
-from slsml.plan import ShardPlan
+from slsml.accounting import usage
+from slsml.bench import communication as bench_communication
+from slsml.client import demo
+from slsml.spec import keys
+from slsml.spec.shardplan import ShardPlan
+from slsml.training import modelio, updates
 
 ITERATIONS, WORKERS = 3, 4
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from slsml import demo, display, modelio
+from slsml.cli import display
+from slsml.client import demo
+from slsml.training import modelio
 from tests.processes import left_running
 
 REQUIRED = {"run_id", "status", "iterations", "workers", "reducers", "quorum", "test_accuracy", "wall_s",
@@ -20,7 +22,7 @@ REQUIRED = {"run_id", "status", "iterations", "workers", "reducers", "quorum", "
 
 
 def slsml(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slsml.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "slsml.cli.main", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "COLUMNS": "200"})  # table rows on one line each
 
 
@@ -48,7 +50,7 @@ def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path)
     assert re.search(r"options\s*│ deadline_floor 0\.7\s*│", table), table
     assert "faults injected" in table and ", ".join(f"{k} {n}" for k, n in injected.items()) in table, table
     assert f"{summary['faults']['failed_invocations']} failed invocations" in table, table
-    requests = summary["requests_per_iteration"]  # counted by the functions, priced (slsml.usage)
+    requests = summary["requests_per_iteration"]  # counted by the functions, priced (slsml.accounting.usage)
     assert requests["s3:PutObject"] >= 3 and requests["sns:PublishBatch"] >= 3 and requests["dynamodb:UpdateItem"] > 0
     assert summary["gb_seconds"] > 0 and 0 < summary["cost_per_iteration_usd"] < summary["cost_usd"]
     assert summary["cost_by_service_usd"].keys() >= {"lambda", "s3", "sns", "dynamodb"}
@@ -69,7 +71,7 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
     (tmp_path / "model.keras").write_bytes(b"not a model")
     np.savez(tmp_path / "d.npz", x=np.zeros((10, 8, 8, 1), np.float32), y=np.zeros(10, np.int64))
     bad_model = subprocess.Popen(
-        [sys.executable, "-m", "slsml.cli", "run", "start", "--local", "--model", "model.keras", "--data", "d.npz",
+        [sys.executable, "-m", "slsml.cli.main", "run", "start", "--local", "--model", "model.keras", "--data", "d.npz",
          "--iterations", "1"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)  # its process group: the command and every process it starts
     _, stderr = bad_model.communicate(timeout=600)
@@ -83,13 +85,13 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
 def test_data_put_uploads_shards_and_a_manifest(tmp_path: Path, local, services) -> None:
     import os
 
-    from slsml import data
+    from slsml.data import datasets as data
 
     x = np.arange(50 * 3, dtype=np.float32).reshape(50, 3)
     y = np.arange(50) % 4
     np.savez(tmp_path / "small.npz", x=x, y=y)
     env = {**os.environ, **local.deployment.environment()}
-    done = subprocess.run([sys.executable, "-m", "slsml.cli", "data", "put", "small", "small.npz", "--bucket",
+    done = subprocess.run([sys.executable, "-m", "slsml.cli.main", "data", "put", "small", "small.npz", "--bucket",
                            local.deployment.bucket, "--shard-size", "16"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -98,6 +100,6 @@ def test_data_put_uploads_shards_and_a_manifest(tmp_path: Path, local, services)
     assert (manifest.train.count, manifest.test.count, manifest.train.shards, manifest.classes) == (40, 10, 3, 4)
     x_train, _y_train = data.DatasetReader(services.store, manifest).split("train")
     assert {tuple(row) for row in x_train} <= {tuple(row) for row in x}
-    again = subprocess.run([sys.executable, "-m", "slsml.cli", "data", "put", "small", "small.npz", "--bucket",
+    again = subprocess.run([sys.executable, "-m", "slsml.cli.main", "data", "put", "small", "small.npz", "--bucket",
                             local.deployment.bucket], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.returncode == 2 and "dataset 'small' already exists" in again.stderr

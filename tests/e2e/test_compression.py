@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from slsml import demo, keys
-from slsml.config import OptimizerConfig, TrainingSpec
+from slsml.client import demo
+from slsml.spec import keys
+from slsml.spec.config import OptimizerConfig, TrainingSpec
 
 from .conftest import final_weights, finish, train
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from boto3.dynamodb.conditions import Key
 
-from slsml import keys
-from slsml.config import OptimizerConfig, TrainingSpec
+from slsml.spec import keys
+from slsml.spec.config import OptimizerConfig, TrainingSpec
 
 from .conftest import final_weights, finish, train
 

@@ -8,9 +8,11 @@ import re
 import numpy as np
 import pytest
 
-from slsml import demo, keys, modelio, runs, shards
-from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.faults import Delay, Faults
+from slsml.client import demo, runs
+from slsml.local.faults import Delay, Faults
+from slsml.spec import keys
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.training import modelio, shards
 
 from .conftest import final_weights, finish, train
 from .test_faults import injecting

@@ -3,8 +3,9 @@ all five functions (4 workers, 2 reducers, quorum 1)."""
 
 from __future__ import annotations
 
-from slsml import keys, modelio
-from slsml.config import TrainingSpec
+from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
+from slsml.training import modelio
 
 from .conftest import finish, train
 
@@ -12,7 +13,7 @@ DEMO = TrainingSpec(workers=4, reducers=2, global_batch=128, iterations=150, quo
 
 
 def test_demo_configuration_reaches_95_percent(services, digits):
-    from slsml import demo
+    from slsml.client import demo
 
     train(services, DEMO, "demo-accuracy", modelio.save_model(demo.digits_cnn(learning_rate=3e-3, seed=0)))
     run = finish(services, "demo-accuracy", timeout_s=900)

@@ -6,7 +6,9 @@ import hashlib
 import json
 import time
 
-from slsml import demo, keys, modelio
+from slsml.client import demo
+from slsml.spec import keys
+from slsml.training import modelio
 
 from .conftest import finish
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from slsml.config import OptimizerConfig, TrainingSpec
+from slsml.spec.config import OptimizerConfig, TrainingSpec
 
 from .conftest import final_weights, finish, train
 

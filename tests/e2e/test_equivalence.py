@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from slsml import data, demo, keys, modelio, schedules
-from slsml.config import OPTIMIZER_NAMES, OptimizerConfig, RunConfig, TrainingSpec
-from slsml.plan import ShardPlan
+from slsml.client import demo
+from slsml.data import datasets as data
+from slsml.spec import keys, schedules
+from slsml.spec.config import OPTIMIZER_NAMES, OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.shardplan import ShardPlan
+from slsml.training import modelio
 
 from .conftest import final_weights, finish, train
 

@@ -10,10 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slsml import data, demo, modelio, runs
-from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.faults import Delay, Faults
-from slsml.reliability import ReadPolicy
+from slsml.client import demo, runs
+from slsml.data import datasets as data
+from slsml.local.faults import Delay, Faults
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.reliability import ReadPolicy
+from slsml.training import modelio
 
 from .conftest import final_weights, finish, train
 

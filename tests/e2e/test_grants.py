@@ -13,9 +13,12 @@ from collections import defaultdict
 
 import pytest
 
-from slsml import demo, keys, modelio, usage, wiring
-from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.faults import Faults
+from slsml.accounting import usage
+from slsml.client import demo
+from slsml.local.faults import Faults
+from slsml.spec import keys, wiring
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.training import modelio
 
 from .conftest import finish, train
 from .test_faults import injecting

@@ -18,11 +18,13 @@ import boto3
 import numpy as np
 import pytest
 
-from slsml import demo, modelio, wiring
-from slsml.errors import NotFoundError
-from slsml.runstate import RunTable
+from slsml.client import demo
+from slsml.spec import wiring
+from slsml.spec.errors import NotFoundError
+from slsml.state.runtable import RunTable
+from slsml.training import modelio
 
-SLSML = [sys.executable, "-m", "slsml.cli"]
+SLSML = [sys.executable, "-m", "slsml.cli.main"]
 AWS_CLI = os.environ.get("SLSML_AWS_CLI", str(Path(__file__).parents[2] / ".venv-awscli" / "bin" / "aws"))
 
 

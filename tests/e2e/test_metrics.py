@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from infra.observability import CUSTOM_STATISTICS, custom_metric
-from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.faults import Faults
+from slsml.local.faults import Faults
+from slsml.spec.config import OptimizerConfig, TrainingSpec
 
 from .conftest import finish, train
 from .test_faults import injecting

@@ -8,9 +8,9 @@ import time
 import boto3
 import pytest
 
-from slsml import wiring
-from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.faults import Faults
+from slsml.local.faults import Faults
+from slsml.spec import wiring
+from slsml.spec.config import OptimizerConfig, TrainingSpec
 
 from .conftest import finish, train
 from .test_faults import injecting
@@ -97,8 +97,10 @@ def test_a_pipeline_that_stops_reporting_fails_by_heartbeat_timeout(local, servi
 
 
 def test_a_failed_step_ends_the_execution_with_its_reason(local, services, digits):
-    from slsml import keys, modelio, runs
-    from slsml.demo import digits_cnn
+    from slsml.client import runs
+    from slsml.client.demo import digits_cnn
+    from slsml.spec import keys
+    from slsml.training import modelio
 
     config = runs.prepare_run(services, modelio.save_model(digits_cnn()), "digits", SPEC, run_id="sfn-bad")
     store = services.store

@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from slsml import bench_scale, costmodel, demo, modelio, prices, runs, usage
-from slsml.cli import main
-from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.costmodel import Parameters, Quotas, Workload
+from slsml.accounting import prices, usage
+from slsml.bench import scale as bench_scale
+from slsml.cli.main import main
+from slsml.client import demo, runs
+from slsml.cost import model as costmodel
+from slsml.cost.model import Parameters, Quotas, Workload
 from slsml.local.runtime import LocalRuntime
-from slsml.services import Services
+from slsml.pipeline.services import Services
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.training import modelio
 from tests.e2e.conftest import finish, train
 
 # The median iteration is a steady one: the first (cold containers), the last (a merger's first read of the

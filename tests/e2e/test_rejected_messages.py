@@ -11,11 +11,11 @@ from typing import Any
 import boto3
 import numpy as np
 
-from slsml import keys
-from slsml.config import TrainingSpec
-from slsml.envelope import MAX_MESSAGE_BYTES
-from slsml.faults import Delay, Faults
 from slsml.local.cloud import REGION
+from slsml.local.faults import Delay, Faults
+from slsml.pipeline.envelope import MAX_MESSAGE_BYTES
+from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
 
 from .conftest import final_weights, finish, log_entries, train
 

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from slsml import report, runs, usage
-from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.faults import Faults
+from slsml.accounting import usage
+from slsml.cli import report
+from slsml.client import runs
+from slsml.local.faults import Faults
+from slsml.spec.config import OptimizerConfig, TrainingSpec
 
 from .conftest import finish, train
 from .test_faults import injecting

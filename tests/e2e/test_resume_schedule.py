@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from slsml import runs
-from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.schedules import CosineDecay, ExponentialDecay
+from slsml.client import runs
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.schedules import CosineDecay, ExponentialDecay
 
 from .conftest import final_weights, finish, train
 

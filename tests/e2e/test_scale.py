@@ -9,8 +9,9 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from slsml import demo, modelio
-from slsml.deployment import DEFAULT_FUNCTIONS
+from slsml.client import demo
+from slsml.spec.deployment import DEFAULT_FUNCTIONS
+from slsml.training import modelio
 
 from .conftest import log_entries
 from .test_cli import slsml

@@ -15,9 +15,11 @@ import boto3
 import numpy as np
 import pytest
 
-from slsml import demo, modelio, runs, wiring
-from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.deployment import log_group_output
+from slsml.client import demo, runs
+from slsml.spec import wiring
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.deployment import log_group_output
+from slsml.training import modelio
 
 from .conftest import final_weights, finish, train
 
@@ -67,7 +69,7 @@ def ship_logs(local, run_id: str) -> int:
 
 
 def slsml(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slsml.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "slsml.cli.main", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from slsml import cli, runs
+from slsml.cli import main as cli
+from slsml.client import runs
 
 from .conftest import DIGITS, finish, train
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from slsml import demo, keys, modelio
-from slsml.config import TrainingSpec
+from slsml.client import demo
+from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
+from slsml.training import modelio
 
 from .conftest import final_weights, finish, log_entries, train
 

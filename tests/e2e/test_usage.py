@@ -16,10 +16,13 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from slsml import data, demo, modelio, runs, usage
-from slsml.config import TrainingSpec
-from slsml.deployment import DEFAULT_FUNCTIONS
+from slsml.accounting import usage
+from slsml.client import demo, runs
+from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
+from slsml.spec.config import TrainingSpec
+from slsml.spec.deployment import DEFAULT_FUNCTIONS
+from slsml.training import modelio
 
 RUN = "usage-recorded"
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=3, eval_every=0)

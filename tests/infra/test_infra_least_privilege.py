@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from infra.compute import TABLE_ACTIONS
-from slsml import deployment, keys, wiring
+from slsml.spec import deployment, keys, wiring
 
 if TYPE_CHECKING:
     from conftest import Synthesized

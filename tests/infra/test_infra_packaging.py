@@ -12,7 +12,7 @@ from aws_cdk import App, Stack
 
 from infra.compute import DOCKERFILE
 from infra.layers import ROOT, RUNTIME, RUNTIME_PROVIDED, CommonLayer
-from slsml import wiring
+from slsml.spec import wiring
 
 if TYPE_CHECKING:
     from conftest import Synthesized

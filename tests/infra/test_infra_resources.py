@@ -10,7 +10,7 @@ from aws_cdk.assertions import Match
 
 from infra.layers import RUNTIME
 from infra.observability import CUSTOM_STATISTICS, custom_metric
-from slsml import deployment, wiring
+from slsml.spec import deployment, wiring
 
 if TYPE_CHECKING:
     from conftest import Synthesized

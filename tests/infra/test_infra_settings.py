@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from infra import create_app
 from infra.settings import DEFAULT_FUNCTIONS, Settings
-from slsml import wiring
+from slsml.spec import wiring
 
 
 def test_defaults_size_every_pipeline_function() -> None:

@@ -1,8 +1,8 @@
-"""The run table in the template is the one slsml.records defines, which the local runtime creates too."""
+"""The run table in the template is the one slsml.state.records defines, which the local runtime creates too."""
 
 from __future__ import annotations
 
-from slsml import records
+from slsml.state import records
 
 from .conftest import Synthesized
 

@@ -1,4 +1,4 @@
-"""The deployed wiring is exactly slsml.wiring: the same spec the local runtime reads."""
+"""The deployed wiring is exactly slsml.spec.wiring: the same spec the local runtime reads."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from typing import TYPE_CHECKING
 
 from infra.naming import pascal
-from slsml import wiring
+from slsml.spec import wiring
 
 if TYPE_CHECKING:
     from conftest import Synthesized

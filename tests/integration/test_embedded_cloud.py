@@ -17,8 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 import boto3
 import pytest
 
-from slsml import aws, wiring
+from slsml.aws import clients as aws
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment
+from slsml.spec import wiring
 from tests.processes import left_running
 
 

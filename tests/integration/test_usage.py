@@ -1,4 +1,4 @@
-"""Usage counted by the clients of ``slsml.aws`` against a moto server: exact requests, units, publishes
+"""Usage counted by the clients of ``slsml.aws.clients`` against a moto server: exact requests, units, publishes
 and bytes for known calls; scopes and invocations; the CloudWatch reader."""
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from boto3.dynamodb.conditions import Attr
 from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from slsml import aws, records, usage
+from slsml.accounting import usage
+from slsml.aws import clients as aws
 from slsml.local.cloud import REGION, EmbeddedCloud
+from slsml.state import records
 
 BUCKET, TABLE = "usage-bucket", "usage-table"
 ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": REGION}
@@ -151,7 +153,7 @@ def test_a_dropped_model_scope_is_named_by_its_step(endpoint: str, lines: list[d
 
 
 def test_a_scope_says_which_part_of_its_iteration_the_message_was(endpoint: str, lines: list[dict[str, Any]]) -> None:
-    from slsml.messages import Deadline, ReduceDone, WorkMessage
+    from slsml.spec.messages import Deadline, ReduceDone, WorkMessage
 
     settle(lines)
     messages = [WorkMessage(run_id="r", iteration=3, worker=2, workers=3, attempt=1),

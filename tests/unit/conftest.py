@@ -7,7 +7,7 @@ import os
 import pytest
 from moto.core.config import default_user_config
 
-from slsml import usage
+from slsml.accounting import usage
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")

@@ -1,4 +1,4 @@
-"""ADMM (``slsml.admm``): its rounds reach the optimum of the whole objective where model averaging's fixed point
+"""ADMM (``slsml.rules.admm``): its rounds reach the optimum of the whole objective where model averaging's fixed point
 lies off it; the models it applies to; its slot state's checks; each worker's own partition of the data; and the
 ``bench admm`` verdict and report."""
 
@@ -10,12 +10,17 @@ import keras
 import numpy as np
 import pytest
 
-from slsml import admm, bench_admm, data, display, keys, modelio, optimizers, updates
-from slsml.bench_algorithms import Variant
-from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.errors import BadInputError, RunFailed
-from slsml.plan import ShardPlan
-from slsml.services import Services
+from slsml.bench import admm as bench_admm
+from slsml.bench.algorithms import Variant
+from slsml.cli import display
+from slsml.data import datasets as data
+from slsml.pipeline.services import Services
+from slsml.rules import admm
+from slsml.spec import keys
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.errors import BadInputError, RunFailed
+from slsml.spec.shardplan import ShardPlan
+from slsml.training import modelio, optimizers, updates
 
 from . import test_feedback
 from .test_feedback import _run, _work

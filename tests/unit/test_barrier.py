@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from slsml.barrier import quorum_count
+from slsml.state.barrier import quorum_count
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,10 @@ import re
 
 import pytest
 
-from slsml import bench_algorithms, display
-from slsml.bench_algorithms import AlgorithmsReport, Variant
-from slsml.runs import FleetChange
+from slsml.bench import algorithms as bench_algorithms
+from slsml.bench.algorithms import AlgorithmsReport, Variant
+from slsml.cli import display
+from slsml.client.runs import FleetChange
 
 # name → (rounds to the target, seconds to it, fleet): averaging K=16 is fast, the tuner near the fastest fixed W
 FIGURES: dict[str, tuple[int | None, float | None, list[int]]] = {

@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from slsml import bench_communication, display
-from slsml.bench_communication import CommunicationReport, Variant
+from slsml.bench import communication as bench_communication
+from slsml.bench.communication import CommunicationReport, Variant
+from slsml.cli import display
 
 DENSE_UPDATE = 32 + 4 * 38_282  # bytes of one dense update of the demo CNN
 WORKERS, ITERATIONS = 8, 150

@@ -8,10 +8,12 @@ import math
 
 import pytest
 
-from slsml import bench_scale, costmodel, prices
-from slsml.bench_scale import STAGES
-from slsml.costmodel import Parameters, Quotas, Workload
-from slsml.usage import UsageRecord
+from slsml.accounting import prices
+from slsml.accounting.usage import UsageRecord
+from slsml.bench import scale as bench_scale
+from slsml.bench.scale import STAGES
+from slsml.cost import model as costmodel
+from slsml.cost.model import Parameters, Quotas, Workload
 
 ONE_PROCESS = dict.fromkeys(costmodel.PIPELINE, 1)
 

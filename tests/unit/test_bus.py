@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slsml.bus import BATCH_BYTES, BATCH_ENTRIES, batches
+from slsml.pipeline.bus import BATCH_BYTES, BATCH_ENTRIES, batches
 
 
 def test_publish_batches_keep_within_the_sns_limits_on_entries_and_bytes() -> None:

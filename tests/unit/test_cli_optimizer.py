@@ -6,9 +6,10 @@ from __future__ import annotations
 import keras
 import pytest
 
-from slsml import cli, display
-from slsml.config import OptimizerConfig
-from slsml.errors import BadInputError
+from slsml.cli import display
+from slsml.cli import main as cli
+from slsml.spec.config import OptimizerConfig
+from slsml.spec.errors import BadInputError
 
 RUN_START = ("run", "start", "--local", "--model", "m.keras", "--data", "d.npz", "--iterations", "3")
 
@@ -81,7 +82,7 @@ def test_hyper_parameter_flags_apply_on_top_of_the_compiled_optimizer() -> None:
 
 
 def test_the_demo_trains_adam_at_its_rate_unless_told_otherwise() -> None:
-    from slsml import demo
+    from slsml.client import demo
 
     model = demo.digits_cnn(learning_rate=cli.DEMO_LEARNING_RATE)
     assert in_effect(model, command=("demo",)) is None

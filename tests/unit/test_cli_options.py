@@ -13,9 +13,10 @@ import pytest
 from pydantic import Field, create_model
 from pydantic.fields import FieldInfo
 
-from slsml import cli, display
-from slsml.config import RegularExpression, TrainingSpec
-from slsml.errors import BadInputError
+from slsml.cli import display
+from slsml.cli import main as cli
+from slsml.spec.config import RegularExpression, TrainingSpec
+from slsml.spec.errors import BadInputError
 
 RUN_START = ("run", "start", "--local", "--model", "m.keras", "--data", "d.npz", "--iterations", "3")
 

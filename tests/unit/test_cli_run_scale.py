@@ -13,9 +13,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from slsml import cli, records
-from slsml.config import TrainingSpec
-from slsml.runstate import RunTable
+from slsml.cli import main as cli
+from slsml.spec.config import TrainingSpec
+from slsml.state import records
+from slsml.state.runtable import RunTable
 
 ITERATIONS = 6
 Capture = pytest.CaptureFixture[str]

@@ -8,9 +8,9 @@ import keras
 import numpy as np
 import pytest
 
-from slsml import clipping, optimizers
-from slsml.config import OptimizerConfig
-from slsml.plan import ShardPlan, VariableSpec
+from slsml.spec.config import OptimizerConfig
+from slsml.spec.shardplan import ShardPlan, VariableSpec
+from slsml.training import clipping, optimizers
 
 STEPS = 12
 VARIABLES = [

@@ -10,13 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slsml import bus, costmodel, optimizers, prices, updates
-from slsml.cli import main
-from slsml.config import OptimizerConfig
-from slsml.costmodel import Parameters, Quotas, Workload
-from slsml.errors import BadInputError
-from slsml.messages import Participant, ReduceMessage
-from slsml.plan import ShardPlan, VariableSpec
+from slsml.accounting import prices
+from slsml.cli.main import main
+from slsml.cost import model as costmodel
+from slsml.cost.model import Parameters, Quotas, Workload
+from slsml.pipeline import bus
+from slsml.spec.config import OptimizerConfig
+from slsml.spec.errors import BadInputError
+from slsml.spec.messages import Participant, ReduceMessage
+from slsml.spec.shardplan import ShardPlan, VariableSpec
+from slsml.training import optimizers, updates
 
 PRICES = prices.PriceTable()
 RESNET = 25_600_000
@@ -56,7 +59,7 @@ def keras_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]
 
 
 def test_bytes_match_the_update_format_and_shard_plan_of_a_real_model(keras_model) -> None:
-    from slsml import modelio
+    from slsml.training import modelio
 
     path, model = keras_model
     specs = modelio.variable_specs(model)

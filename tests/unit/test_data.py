@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
-from slsml import data, keys
-from slsml.config import TrainingSpec
-from slsml.errors import BadInputError
-from slsml.storage import ObjectStore
+from slsml.aws.storage import ObjectStore
+from slsml.data import datasets as data
+from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import BadInputError
 
 BUCKET = "slsml-unit-tests"
 

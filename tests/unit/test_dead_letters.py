@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from slsml.envelope import DeadLetterRecords
 from slsml.local.host import error_message
-from slsml.steps import dead_letters
-from slsml.steps.dead_letters import DeadLetter, on_dead_letter
+from slsml.pipeline.envelope import DeadLetterRecords
+from slsml.pipeline.steps import dead_letters
+from slsml.pipeline.steps.dead_letters import DeadLetter, on_dead_letter
 
 from .test_envelope import sns_event
 

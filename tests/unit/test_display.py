@@ -1,4 +1,4 @@
-"""What the slsml command draws lives in slsml.display; cli.py parses and runs commands."""
+"""What the slsml command draws lives in slsml.cli.display; cli.py parses and runs commands."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from slsml import cli, display, runs
-from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
-from slsml.plan import ShardPlan, VariableSpec
-from slsml.records import Counter, IterationRecord, RunRecord, RunStatus
-from slsml.runs import RunSummary
+from slsml.cli import display
+from slsml.cli import main as cli
+from slsml.client import runs
+from slsml.client.runs import RunSummary
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.shardplan import ShardPlan, VariableSpec
+from slsml.state.records import Counter, IterationRecord, RunRecord, RunStatus
 
 SUMMARY = RunSummary(
     run_id="run-1", status=RunStatus.COMPLETED, reason=None, iterations=5, workers=4,

@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from slsml import envelope
-from slsml.config import MAX_WORKERS, TrainingSpec
-from slsml.envelope import MAX_MESSAGE_BYTES, MAX_REASON_CHARS, SnsMessages
-from slsml.errors import MessageRejected
-from slsml.messages import LauncherEvent, Participant, ReduceMessage, RunStarted, S3Notification, WorkMessage
+from slsml.pipeline import envelope
+from slsml.pipeline.envelope import MAX_MESSAGE_BYTES, MAX_REASON_CHARS, SnsMessages
+from slsml.spec.config import MAX_WORKERS, TrainingSpec
+from slsml.spec.errors import MessageRejected
+from slsml.spec.messages import LauncherEvent, Participant, ReduceMessage, RunStarted, S3Notification, WorkMessage
 
 WORK = {"run_id": "r1", "iteration": 3, "worker": 2, "workers": 4}
 

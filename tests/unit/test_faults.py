@@ -9,9 +9,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from slsml import faults, keys
-from slsml.faults import Delay, Faults, InjectedFault, InvocationFaults, SlowWorker, chance, message_identity
-from slsml.messages import WorkDone
+from slsml.local import faults
+from slsml.local.faults import Delay, Faults, InjectedFault, InvocationFaults, SlowWorker, chance, message_identity
+from slsml.spec import keys
+from slsml.spec.messages import WorkDone
 
 
 def test_parse_and_text_form_round_trip() -> None:

@@ -11,13 +11,17 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
-from slsml import cache, data, feedback, keys, records, updates, wiring
-from slsml.config import OptimizerConfig, TrainingSpec
-from slsml.errors import RunFailed
-from slsml.messages import WorkMessage
-from slsml.plan import ShardPlan, VariableSpec
-from slsml.services import Services
-from slsml.updates import Compression
+from slsml.aws import cache
+from slsml.data import datasets as data
+from slsml.pipeline.services import Services
+from slsml.spec import keys, wiring
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.errors import RunFailed
+from slsml.spec.messages import WorkMessage
+from slsml.spec.shardplan import ShardPlan, VariableSpec
+from slsml.state import records
+from slsml.training import feedback, updates
+from slsml.training.updates import Compression
 
 PLAN = ShardPlan.build(
     [VariableSpec(name="kernel", shape=(40, 10), trainable=True), VariableSpec(name="mean", shape=(10,),
@@ -102,7 +106,7 @@ def model_bytes() -> bytes:
     """A small Keras model with BatchNorm statistics (non-trainable weights)."""
     import keras
 
-    from slsml import modelio
+    from slsml.training import modelio
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(40), keras.layers.BatchNormalization(),
@@ -129,7 +133,7 @@ def services(monkeypatch: pytest.MonkeyPatch):
 
 def _run(services: Services, model_bytes: bytes, run_id: str, **options):
     """A registered run of 2 workers on dataset ``d`` with the TrainingSpec ``options``, its model placed."""
-    from slsml import runs
+    from slsml.client import runs
 
     spec = TrainingSpec(**{"workers": 2, "reducers": 2, "global_batch": 16, "iterations": 5,
                            "optimizer": OptimizerConfig(name="sgd", learning_rate=0.1), **options})
@@ -140,7 +144,7 @@ def _run(services: Services, model_bytes: bytes, run_id: str, **options):
 
 
 def _work(services: Services, run_id: str, iteration: int, worker: int, workers: int = 2):
-    from slsml.steps import worker as step
+    from slsml.pipeline.steps import worker as step
 
     if iteration:  # the model entering the iteration: that of iteration 0 (what matters is the residual)
         store = services.store

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slsml import keys
+from slsml.spec import keys
 
 
 @pytest.mark.parametrize(("run", "iteration"), [("run-1", 0), ("a", 7), ("0abc-def", 123456), ("r" * 63, 999999)])

@@ -11,11 +11,12 @@ import pytest
 from aws_lambda_powertools import Metrics
 from moto import mock_aws
 
-from slsml import envelope, metrics, wiring
-from slsml.deployment import METRICS_NAMESPACE, SERVICE_NAME, Metric
 from slsml.local.host import LambdaContext
-from slsml.messages import WorkMessage
-from slsml.services import Services, from_env
+from slsml.pipeline import envelope, metrics
+from slsml.pipeline.services import Services, from_env
+from slsml.spec import wiring
+from slsml.spec.deployment import METRICS_NAMESPACE, SERVICE_NAME, Metric
+from slsml.spec.messages import WorkMessage
 
 from .test_envelope import WORK, sns_event
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from slsml import modelio
-from slsml.config import OptimizerConfig
-from slsml.errors import BadInputError
-from slsml.plan import ShardPlan
+from slsml.spec.config import OptimizerConfig
+from slsml.spec.errors import BadInputError
+from slsml.spec.shardplan import ShardPlan
+from slsml.training import modelio
 
 # keras' own model.save converts tensors with np.array(x) (numpy 2 copy-keyword deprecation): not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")

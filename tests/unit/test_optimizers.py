@@ -8,9 +8,9 @@ import keras
 import numpy as np
 import pytest
 
-from slsml import optimizers
-from slsml.config import KERAS_OPTIMIZERS, OPTIMIZER_NAMES, OptimizerConfig
-from slsml.errors import BadInputError
+from slsml.spec.config import KERAS_OPTIMIZERS, OPTIMIZER_NAMES, OptimizerConfig
+from slsml.spec.errors import BadInputError
+from slsml.training import optimizers
 
 STEPS = 20
 # (shape, weight scale, gradient scale): ordinary, large-magnitude, tiny, scalar.

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from slsml.plan import ShardPlan, VariableSpec
+from slsml.spec.shardplan import ShardPlan, VariableSpec
 
 SPECS = [
     VariableSpec(name="dense/kernel", shape=(3, 4), trainable=True),

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from slsml import quiet
+from slsml.training import quiet
 
 NOISE = ("oneDNN custom operations", "absl::InitializeLog", "cpu_feature_guard")
 

@@ -8,9 +8,9 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from slsml.errors import NotFoundError
-from slsml.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV, ReadPolicy
-from slsml.storage import ObjectStore
+from slsml.aws.storage import ObjectStore
+from slsml.spec.errors import NotFoundError
+from slsml.spec.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV, ReadPolicy
 
 
 def test_read_policy_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,11 +14,16 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
-from slsml import faults, keys, optimizers, records, shards, updates, wiring
-from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
-from slsml.errors import RunFailed
-from slsml.faults import Delay, InjectedFault, InvocationFaults
-from slsml.messages import (
+from slsml.local import faults
+from slsml.local.faults import Delay, InjectedFault, InvocationFaults
+from slsml.pipeline.services import Services
+from slsml.pipeline.steps import reduce_launcher, reducer, watchdog, work_launcher
+from slsml.pipeline.steps.watchdog import Action
+from slsml.pipeline.steps.work_launcher import Outcome
+from slsml.spec import keys, wiring
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.errors import RunFailed
+from slsml.spec.messages import (
     Deadline,
     ModelLanded,
     Participant,
@@ -28,13 +33,11 @@ from slsml.messages import (
     WorkDone,
     landed_objects,
 )
-from slsml.plan import ShardPlan, VariableSpec
-from slsml.records import DEADLINE_LAUNCH, DEADLINE_OWNER, iteration_sk, participants_sk, plain, worker_sk
-from slsml.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV
-from slsml.services import Services
-from slsml.steps import reduce_launcher, reducer, watchdog, work_launcher
-from slsml.steps.watchdog import Action
-from slsml.steps.work_launcher import Outcome
+from slsml.spec.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV
+from slsml.spec.shardplan import ShardPlan, VariableSpec
+from slsml.state import records
+from slsml.state.records import DEADLINE_LAUNCH, DEADLINE_OWNER, iteration_sk, participants_sk, plain, worker_sk
+from slsml.training import optimizers, shards, updates
 
 PLAN = ShardPlan.build(
     [VariableSpec(name="kernel", shape=(2, 3), trainable=True), VariableSpec(name="mean", shape=(2,), trainable=False)],
@@ -674,7 +677,7 @@ def _merge_run(services: Services, run_id: str) -> list[ReduceMessage]:
     """A run of a small Keras model whose workers reported; the Reduce messages of its shards."""
     import keras
 
-    from slsml import modelio
+    from slsml.training import modelio
 
     keras.utils.set_random_seed(0)
     body = modelio.save_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(3, use_bias=False)]))
@@ -699,7 +702,7 @@ def _merge_run(services: Services, run_id: str) -> list[ReduceMessage]:
 
 
 def test_duplicate_shard_reports_count_twice_but_the_merge_fires_once(services: Services) -> None:
-    from slsml.steps import merger
+    from slsml.pipeline.steps import merger
 
     fired = _merge_run(services, "dup-merge")
     first = reducer.reduce(fired[0], services)
@@ -723,7 +726,7 @@ def test_an_earlier_generations_late_reports_leave_a_resumed_runs_iteration_alon
     """The run fails and is resumed at the iteration its reducers were finishing: their reports, and its
     workers', late, must neither merge nor recreate the counter the resume deleted (the new generation would
     find it counted), and the workers' records they leave give way to the new generation's."""
-    from slsml.steps import merger
+    from slsml.pipeline.steps import merger
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "resumed-race")]
     assert services.table.fail("resumed-race", "a failure for the test") is not None
@@ -794,7 +797,7 @@ def test_a_merge_an_earlier_generation_claims_after_the_resume_leaves_the_new_me
 ) -> None:
     """Generation 0's Merger counts the last shard, and the run is resumed before it claims the merge: its
     claim must neither stand for generation 1 (whose last shard is another) nor store a model."""
-    from slsml.steps import merger
+    from slsml.pipeline.steps import merger
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "late-claim")]
     assert merger.on_reduce_done(dones[0], services) is None
@@ -813,7 +816,7 @@ def test_an_earlier_generations_merger_resumed_before_it_advances_stores_no_mode
 ) -> None:
     """Generation 0's Merger claims the merge, and the run is resumed before it advances the run: it must not
     move generation 1's run on nor store the model (whose event would launch it in generation 1)."""
-    from slsml.steps import merger
+    from slsml.pipeline.steps import merger
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "late-advance")]
     _resume_before(monkeypatch, services, "late-advance", services.table, "advance")
@@ -828,7 +831,7 @@ def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_a
     """Generation 0's Merger advanced the run, and the run is resumed before its model lands: the model's event
     comes while the resumed run is at the iteration before and launches nothing. Generation 1's merge of that
     iteration finds the model and stores it again in place as its own, whose event launches the next one."""
-    from slsml.steps import merger
+    from slsml.pipeline.steps import merger
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "adopt")]
     _resume_before(monkeypatch, services, "adopt", services.store, "put_new", keys.model("adopt", 1))
@@ -871,7 +874,7 @@ def test_a_copy_of_the_merging_report_after_the_merge_does_not_merge_again(
 ) -> None:
     """A copy whose first claimed the merge and crashed before the model was stored merges; once the model is
     stored, a copy finds it and stops before it assembles the weights again."""
-    from slsml.steps import merger
+    from slsml.pipeline.steps import merger
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "copy-merge")]
     assert merger.on_reduce_done(dones[0], services) is None
@@ -889,7 +892,7 @@ def test_a_copy_of_the_merging_report_after_the_merge_does_not_merge_again(
 
 
 def test_a_late_duplicate_of_the_merging_shard_report_leaves_the_run_where_it_is(services: Services) -> None:
-    from slsml.steps import merger
+    from slsml.pipeline.steps import merger
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "late-merge")]
     assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.model("late-merge", 1)]

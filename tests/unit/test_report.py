@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from slsml import report, runs
-from slsml.config import TrainingSpec
-from slsml.errors import BadInputError
-from slsml.messages import Participant
-from slsml.prices import PriceTable
-from slsml.records import DEADLINE_OWNER, IterationRecord, RunRecord, RunStatus, WorkerReport
-from slsml.usage import UsageRecord
+from slsml.accounting.prices import PriceTable
+from slsml.accounting.usage import UsageRecord
+from slsml.cli import report
+from slsml.client import runs
+from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import BadInputError
+from slsml.spec.messages import Participant
+from slsml.state.records import DEADLINE_OWNER, IterationRecord, RunRecord, RunStatus, WorkerReport
 
 PRICES = PriceTable(lambda_gb_second=1.0, lambda_request=0.5, s3_put=0.01, s3_get=0.001, sns_publish=0.1,
                     sqs_request=0.0, dynamodb_write_unit=2.0, dynamodb_read_unit=1.0)
@@ -270,7 +271,7 @@ def test_summary_figures_as_shown() -> None:
 
 
 def test_the_report_command_reads_a_stack_and_says_where_a_local_runs_report_comes_from(capsys) -> None:
-    from slsml import cli
+    from slsml.cli import main as cli
 
     args = cli.build_parser().parse_args(["run", "report", "r", "--out", "d", "--iteration", "3", "5",
                                           "--iteration", "7"])

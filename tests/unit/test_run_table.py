@@ -1,4 +1,4 @@
-"""The run table as slsml.records defines it, on moto: runs are listed by a query of the sparse runs index."""
+"""The run table as slsml.state.records defines it, on moto: runs are listed by a query of the sparse runs index."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from slsml import orchestration, records
-from slsml.config import TrainingSpec
-from slsml.records import META, RUN_KIND, dynamo, iteration_sk, worker_sk
-from slsml.runstate import RunTable
+from slsml.spec.config import TrainingSpec
+from slsml.state import orchestration, records
+from slsml.state.records import META, RUN_KIND, dynamo, iteration_sk, worker_sk
+from slsml.state.runtable import RunTable
 
 
 @pytest.fixture

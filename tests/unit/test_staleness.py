@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from slsml import keys, optimizers, runs, updates
-from slsml.messages import Participant, ReduceMessage, WorkDone
-from slsml.services import Services
-from slsml.steps import reduce_launcher, reducer
+from slsml.client import runs
+from slsml.pipeline.services import Services
+from slsml.pipeline.steps import reduce_launcher, reducer
+from slsml.spec import keys
+from slsml.spec.messages import Participant, ReduceMessage, WorkDone
+from slsml.training import optimizers, updates
 
 from . import test_reduce_steps
 from .test_reduce_steps import PLAN, SAMPLES, SGD, VECTORS, _register, _shard

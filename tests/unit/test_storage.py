@@ -6,10 +6,10 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from slsml import keys
-from slsml.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
-from slsml.errors import NotFoundError
-from slsml.storage import ObjectStore
+from slsml.aws.storage import ObjectStore
+from slsml.spec import keys
+from slsml.spec.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
+from slsml.spec.errors import NotFoundError
 
 
 @pytest.fixture

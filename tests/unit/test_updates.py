@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from slsml import cli, updates
-from slsml.config import TrainingSpec
-from slsml.errors import BadInputError
-from slsml.plan import ShardPlan, VariableSpec
-from slsml.updates import HEADER_SIZE, UpdateFormatError
+from slsml.cli import main as cli
+from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import BadInputError
+from slsml.spec.shardplan import ShardPlan, VariableSpec
+from slsml.training import updates
+from slsml.training.updates import HEADER_SIZE, UpdateFormatError
 
 SPECS = [
     VariableSpec(name="a", shape=(10, 7), trainable=True),

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from slsml import prices, runs, usage
-from slsml.config import TrainingSpec
-from slsml.prices import PriceTable
-from slsml.records import RunRecord, RunStatus
+from slsml.accounting import prices, usage
+from slsml.accounting.prices import PriceTable
+from slsml.client import runs
+from slsml.spec.config import TrainingSpec
+from slsml.state.records import RunRecord, RunStatus
 
 PRICES = PriceTable(lambda_gb_second=1.0, lambda_request=0.5, s3_put=0.01, s3_get=0.001, sns_publish=0.1,
                     sqs_request=0.0, dynamodb_write_unit=2.0, dynamodb_read_unit=1.0)

@@ -9,12 +9,15 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
-from slsml import cache, data, keys, modelio
-from slsml.config import OptimizerConfig, RunConfig, TrainingSpec
-from slsml.plan import ShardPlan
-from slsml.steps.common import run_config
-from slsml.steps.warm import reader_for, trainer_bytes, trainer_for
-from slsml.storage import ObjectStore
+from slsml.aws import cache
+from slsml.aws.storage import ObjectStore
+from slsml.data import datasets as data
+from slsml.pipeline.steps.common import run_config
+from slsml.pipeline.steps.warm import reader_for, trainer_bytes, trainer_for
+from slsml.spec import keys
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.shardplan import ShardPlan
+from slsml.training import modelio
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
 

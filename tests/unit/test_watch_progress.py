@@ -3,9 +3,9 @@ times, what the run met so far, and the dollars spent, refreshed from the usage 
 
 from __future__ import annotations
 
-from slsml.config import TrainingSpec
-from slsml.display import ProgressText
-from slsml.records import Counter, RunRecord, RunStatus
+from slsml.cli.display import ProgressText
+from slsml.spec.config import TrainingSpec
+from slsml.state.records import Counter, RunRecord, RunStatus
 
 
 def _run(iteration: int, workers: int = 4, reason: str | None = None) -> RunRecord:

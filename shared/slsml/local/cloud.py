@@ -12,7 +12,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slsml import aws, orchestration, records, wiring
+from slsml.aws import clients as aws
+from slsml.spec import wiring
+from slsml.state import orchestration, records
 
 REGION = "us-east-1"
 MAX_RECEIVES = 3  # Lambda's first try + its two async retries, then the DLQ

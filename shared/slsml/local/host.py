@@ -7,12 +7,12 @@ process has its function's memory setting (``AWS_LAMBDA_FUNCTION_MEMORY_SIZE``) 
 started. A failed invocation is retried by SQS, 1 s and then 2 s after it failed (Lambda retries an
 asynchronous event 1 and 2 minutes later); when its third try fails, the message goes to the function's
 DLQ at once. The host hands each dead letter to the dead-letter reader (``wiring.dead_letter_reader``,
-``slsml.steps.dead_letters``) in the shape its AWS dead-letter queue would hold it: an SNS-triggered
+``slsml.pipeline.steps.dead_letters``) in the shape its AWS dead-letter queue would hold it: an SNS-triggered
 function's event with the error Lambda attaches, a queue-triggered function's message as SQS moves it.
 That step fails the run (unless the function rejected the message as malformed:
-``slsml.errors.rejected``), as it does on AWS.
+``slsml.spec.errors.rejected``), as it does on AWS.
 
-Faults (``slsml.faults``) can be injected: set ``FunctionHost.faults`` at any time, and read
+Faults (``slsml.local.faults``) can be injected: set ``FunctionHost.faults`` at any time, and read
 ``fault_report()`` for what was injected and what it caused.
 """
 
@@ -41,15 +41,17 @@ from typing import Any
 
 from botocore.config import Config
 
-from slsml import aws, quiet, wiring
-from slsml import faults as fault_injection
-from slsml.cache import MEMORY_ENV
-from slsml.deployment import DEFAULT_FUNCTIONS
-from slsml.errors import rejected
-from slsml.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
+from slsml.aws import clients as aws
+from slsml.aws.cache import MEMORY_ENV
+from slsml.local import faults as fault_injection
 from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment, raw_delivery
-from slsml.messages import DEAD_LETTER_ERROR_CODE, DEAD_LETTER_ERROR_MESSAGE, DEAD_LETTER_REQUEST_ID, run_named
-from slsml.services import Services
+from slsml.local.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
+from slsml.pipeline.services import Services
+from slsml.spec import wiring
+from slsml.spec.deployment import DEFAULT_FUNCTIONS
+from slsml.spec.errors import rejected
+from slsml.spec.messages import DEAD_LETTER_ERROR_CODE, DEAD_LETTER_ERROR_MESSAGE, DEAD_LETTER_REQUEST_ID, run_named
+from slsml.training import quiet
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[3] / "functions"
 DUPLICATE_ATTRIBUTE = "slsml-duplicate"

@@ -1,7 +1,7 @@
 """The libraries every warm function process imports, imported once: the function host forks its processes
 from a server process that imported this module (``multiprocessing``'s forkserver), so a process starts in
 well under a second, not in the seconds TensorFlow takes to import, and shares those pages with its
-siblings. boto3's default session, which ``slsml.aws`` makes its clients from, has read the service
+siblings. boto3's default session, which ``slsml.aws.clients`` makes its clients from, has read the service
 descriptions of what the functions call already. Of slsml's own modules, only the pure definitions of its
 messages, records and settings are imported here (pydantic builds their classes, a tenth of a second); the
 others are left to each process, as on Lambda: their loggers and settings read the function's environment
@@ -10,7 +10,7 @@ when they are imported."""
 import gc
 import os
 
-from slsml import quiet
+from slsml.training import quiet
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # numpy's BLAS threads, read once at its import: one per process
 quiet.install()
@@ -24,8 +24,8 @@ import numpy  # noqa: E402,F401
 import pydantic_settings  # noqa: E402,F401
 import tensorflow  # noqa: E402,F401
 
-# with slsml.config and slsml.messages: classes, nothing read from the environment
-import slsml.records  # noqa: E402,F401
+# with slsml.spec.config and slsml.spec.messages: classes, nothing read from the environment
+import slsml.state.records  # noqa: E402,F401
 
 # the session reads a service's descriptions when it makes its first client; these clients are thrown away (a
 # function's own read the region, credentials and endpoint of its environment)

@@ -8,7 +8,7 @@ from types import TracebackType
 
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment, use_deployment
 from slsml.local.host import FunctionHost, start_preloading
-from slsml.services import Services
+from slsml.pipeline.services import Services
 
 POOL_ENV = "SLSML_POOL"
 # A pool slot is one warm Worker, Reducer and ReduceLauncher process each. What each adds to the machine's

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from slsml.errors import NotFoundError, SlsmlError
 from slsml.local.cloud import LocalDeployment, use_deployment
-from slsml.services import Services
+from slsml.pipeline.services import Services
+from slsml.spec.errors import NotFoundError, SlsmlError
 
 STATE_DIR = Path(".slsml/local")
 STATE_FILE = "service.json"

@@ -1,0 +1,2 @@
+"""What requests, bytes and function time cost: AWS list prices, DynamoDB capacity, the usage each
+function counts."""

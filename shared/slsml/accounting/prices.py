@@ -1,0 +1,107 @@
+"""AWS list prices, one table for everything slsml prices: run summaries and ``slsml plan``.
+
+The built-in table is us-east-1 on-demand list prices as of November 2026, from the public pricing
+pages (aws.amazon.com/lambda/pricing, /s3/pricing, /sns/pricing, /sqs/pricing, /dynamodb/pricing,
+/step-functions/pricing, /cloudwatch/pricing). Another region or a newer price list is a JSON file of
+the same shape (any subset of fields), given as ``--prices FILE`` or ``SLSML_PRICES``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from slsml.spec.errors import BadInputError
+
+PRICES_ENV = "SLSML_PRICES"
+
+
+class PriceTable(BaseModel):
+    """Dollars per unit. Requests are priced by ``service:Operation`` (as botocore names them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    region: str = "us-east-1"
+    as_of: str = "2026-11"
+    source: str = "AWS public pricing pages, on-demand list prices"
+    lambda_gb_second: float = Field(default=0.0000166667, description="x86; arm64 is 0.0000133334")
+    lambda_request: float = 0.20 / 1e6
+    s3_put: float = Field(default=0.005 / 1000, description="PUT, COPY, POST, LIST")
+    s3_get: float = Field(default=0.0004 / 1000, description="GET, HEAD and all other requests")
+    sns_publish: float = Field(default=0.50 / 1e6, description="per 64 KB chunk of a published message")
+    sqs_request: float = Field(default=0.40 / 1e6, description="per 64 KB chunk")
+    dynamodb_write_unit: float = Field(default=0.625 / 1e6, description="on demand, per write request unit")
+    dynamodb_read_unit: float = Field(default=0.125 / 1e6, description="on demand, per read request unit")
+    states_transition: float = 0.025 / 1000
+    logs_ingested_gb: float = 0.50
+
+    def request_price(self, operation: str) -> float:
+        """The price of one ``service:Operation`` request, apart from what it consumes (DynamoDB units)."""
+        service, _, name = operation.partition(":")
+        if service == "s3":
+            return self.s3_put if name in _S3_PUT_CLASS else self.s3_get
+        if service == "sns":
+            return self.sns_publish if name.startswith("Publish") else 0.0
+        if service == "sqs":
+            return self.sqs_request
+        return 0.0  # DynamoDB is priced by units; Step Functions by state transitions; control calls are free
+
+    def cost(
+        self,
+        requests: Mapping[str, float],
+        read_units: float = 0.0,
+        write_units: float = 0.0,
+        gb_seconds: float = 0.0,
+        invocations: float = 0.0,
+        publish_chunks: Mapping[str, float] | None = None,
+        log_bytes: float = 0.0,
+    ) -> dict[str, float]:
+        """Dollars by service for the given usage. ``publish_chunks`` overrides the request count of
+        SNS operations where messages span several 64 KB chunks (a PublishBatch entry is one publish)."""
+        by_service: dict[str, float] = {}
+        for operation, count in requests.items():
+            if publish_chunks and operation in publish_chunks:
+                count = publish_chunks[operation]
+            service = operation.partition(":")[0]
+            by_service[service] = by_service.get(service, 0.0) + count * self.request_price(operation)
+        units = read_units * self.dynamodb_read_unit + write_units * self.dynamodb_write_unit
+        by_service["dynamodb"] = by_service.get("dynamodb", 0.0) + units
+        by_service["lambda"] = gb_seconds * self.lambda_gb_second + invocations * self.lambda_request
+        by_service["logs"] = log_bytes / 1e9 * self.logs_ingested_gb
+        return {service: dollars for service, dollars in by_service.items() if dollars}
+
+
+_S3_PUT_CLASS = {"PutObject", "CopyObject", "PostObject", "ListObjects", "ListObjectsV2", "CreateMultipartUpload",
+                 "UploadPart", "CompleteMultipartUpload", "ListObjectVersions"}
+
+
+def sns_chunks(message_bytes: int) -> int:
+    """SNS bills each 64 KB of a published payload as one request."""
+    return max(1, math.ceil(message_bytes / (64 * 1024)))
+
+
+def gb_seconds(duration_s: float, memory_mb: int) -> float:
+    """Lambda bills duration rounded up to the millisecond, times the configured memory."""
+    return math.ceil(duration_s * 1000) / 1000 * memory_mb / 1024
+
+
+def load(path: str | os.PathLike | None = None) -> PriceTable:
+    """The price table: built in, or overridden field by field from ``path`` (or ``$SLSML_PRICES``)."""
+    path = path or os.environ.get(PRICES_ENV)
+    if not path:
+        return PriceTable()
+    try:
+        overrides = json.loads(Path(path).read_text())
+        return PriceTable.model_validate({**PriceTable().model_dump(), **overrides})
+    except FileNotFoundError:
+        raise BadInputError(f"price file {path} does not exist") from None
+    except (json.JSONDecodeError, TypeError) as error:
+        raise BadInputError(f"price file {path} is not a JSON object: {error}") from None
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise BadInputError(f"price file {path}: {problems}") from None

@@ -1,0 +1,174 @@
+"""S3 access for the pipeline: write-once objects, ranged reads."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from botocore.exceptions import ClientError
+
+from slsml.aws.clients import error_code
+from slsml.spec import keys
+from slsml.spec.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
+from slsml.spec.errors import NotFoundError
+from slsml.training import npz
+
+_MISSING = {"NoSuchKey", "404", "NotFound"}
+_MAX_READS = 64  # concurrent GETs of one get_quorum call
+_POLL_S = 0.05  # how often reads still queued behind others are checked for having started
+
+
+@dataclass(frozen=True)
+class Stored:
+    """An object (or a byte range of it) as read, with the object's user metadata."""
+
+    body: bytes
+    metadata: dict[str, str]
+    size: int | None = None  # the whole object's bytes (of a ranged read: from its Content-Range)
+
+
+class ObjectStore:
+    """One bucket. Every write is create-only (``If-None-Match: *``): nothing stored is overwritten."""
+
+    def __init__(self, s3: Any, bucket: str) -> None:
+        self.s3 = s3
+        self.bucket = bucket
+
+    def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
+        return self.read(key, byte_range).body
+
+    def read(self, key: str, byte_range: tuple[int, int] | None = None) -> Stored:
+        """The object (or its bytes ``byte_range``, inclusive) with its metadata: one GET."""
+        extra = {"Range": f"bytes={byte_range[0]}-{byte_range[1]}"} if byte_range else {}
+        try:
+            response = self.s3.get_object(Bucket=self.bucket, Key=key, **extra)
+        except ClientError as error:
+            if error_code(error) in _MISSING:
+                raise NotFoundError(f"s3://{self.bucket}/{key} does not exist") from None
+            raise
+        total = response.get("ContentRange", "").rpartition("/")[2]
+        size = int(total) if total.isdigit() else None if byte_range else response.get("ContentLength")
+        return Stored(response["Body"].read(), response.get("Metadata", {}), size)
+
+    def get_many(self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None] | None = None) -> list[bytes]:
+        """Parallel GETs, results in the order of ``keys``."""
+        keys = list(keys)
+        ranges = list(ranges) if ranges is not None else [None] * len(keys)
+        if len(keys) <= 1:
+            return [self.get(k, r) for k, r in zip(keys, ranges, strict=True)]
+        with ThreadPoolExecutor(max_workers=min(16, len(keys))) as pool:
+            return list(pool.map(self.get, keys, ranges))
+
+    def get_quorum(
+        self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None], need: int, timeout_s: float
+    ) -> list[Stored | None]:
+        """Parallel GETs that may leave slow objects out: results (with their metadata) in the order of
+        ``keys``, None for a dropped one.
+
+        Returns once at least ``need`` objects are read and every read still running has taken
+        longer than ``timeout_s`` (each read's clock starts when it starts). Until ``need`` are
+        read it waits, however long. Reads left behind finish in the background. A read that fails raises.
+        """
+        keys, ranges = list(keys), list(ranges)
+        if need >= len(keys):  # every one is needed
+            if len(keys) <= 1:
+                return [self.read(k, r) for k, r in zip(keys, ranges, strict=True)]
+            with ThreadPoolExecutor(max_workers=min(16, len(keys))) as pool:
+                return list(pool.map(self.read, keys, ranges))
+        started: list[float | None] = [None] * len(keys)
+
+        def read(index: int) -> Stored:
+            started[index] = time.monotonic()
+            return self.read(keys[index], ranges[index])
+
+        results: list[Stored | None] = [None] * len(keys)
+        pool = ThreadPoolExecutor(max_workers=min(_MAX_READS, len(keys)))
+        futures: dict[Future, int] = {pool.submit(read, i): i for i in range(len(keys))}
+        pending, read_count = set(futures), 0
+        try:
+            while pending:
+                wait_s = None  # fewer than need read: wait for the next one, however long
+                if read_count >= need:
+                    starts = [started[futures[f]] for f in pending]
+                    if None in starts:  # queued behind other reads: its clock has not started
+                        wait_s = _POLL_S
+                    else:
+                        wait_s = max(starts) + timeout_s - time.monotonic()
+                        if wait_s <= 0:
+                            break  # every read still running is overdue
+                done, pending = wait(pending, timeout=wait_s, return_when=FIRST_COMPLETED)
+                for future in done:
+                    results[futures[future]] = future.result()  # a failed read raises here
+                    read_count += 1
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        return results
+
+    def exists(self, key: str) -> bool:
+        return self.head(key) is not None
+
+    def head(self, key: str) -> dict[str, str] | None:
+        """The object's user metadata, or None if it does not exist."""
+        try:
+            return self.s3.head_object(Bucket=self.bucket, Key=key)["Metadata"]
+        except ClientError as error:
+            if error_code(error) in _MISSING:
+                return None
+            raise
+
+    def put_new(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> bool:
+        """Create ``key``; False (and nothing written) if it already exists."""
+        # scratch carries the tag the bucket's lifecycle rule expires by
+        tagging = {"Tagging": f"{SCRATCH_TAG_KEY}={SCRATCH_TAG_VALUE}"} if keys.is_scratch(key) else {}
+        try:
+            self.s3.put_object(
+                Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*", Metadata=metadata or {}, **tagging
+            )
+        except ClientError as error:
+            if error_code(error) in {"PreconditionFailed", "ConditionalRequestConflict"}:
+                return False
+            raise
+        return True
+
+    def copy_new(self, source: str, destination: str) -> bool:
+        if self.exists(destination):
+            return False
+        return self.put_new(destination, self.get(source))
+
+    def restamp(self, key: str, metadata: dict[str, str]) -> None:
+        """Store ``key`` again in place, its bytes unchanged, with ``metadata``: a new ObjectCreated event for it."""
+        self.s3.copy_object(Bucket=self.bucket, Key=key, CopySource={"Bucket": self.bucket, "Key": key},
+                            Metadata=metadata, MetadataDirective="REPLACE")
+
+    def list_keys(self, prefix: str) -> list[str]:
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+
+    # typed helpers
+    def get_json(self, key: str) -> Any:
+        return json.loads(self.get(key))
+
+    def put_json_new(self, key: str, value: Any) -> bool:
+        return self.put_new(key, json.dumps(value, indent=1).encode())
+
+    def get_array(self, key: str) -> np.ndarray:
+        return np.load(io.BytesIO(self.get(key)), allow_pickle=False)
+
+    def put_array_new(self, key: str, array: np.ndarray) -> bool:
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=False)
+        return self.put_new(key, buffer.getvalue())
+
+    def get_arrays(self, key: str) -> dict[str, np.ndarray]:
+        return npz.decode(self.get(key))
+
+    def put_arrays_new(
+        self, key: str, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+    ) -> bool:
+        return self.put_new(key, npz.encode(**arrays), metadata)

@@ -1,0 +1,564 @@
+"""What the ``slsml`` command shows: rich tables, summaries and progress, on stderr (stdout keeps the
+``--json`` lines). ``slsml.cli.main`` parses and runs the commands; everything it draws is here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from slsml.spec.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig, TrainingSpec
+
+
+def console() -> Any:
+    """The console everything is drawn on: stderr."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def say(text: str) -> None:
+    """One line as it is (no markup, not cut at the terminal's width)."""
+    console().print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def error(message: str) -> None:
+    """A command's error, on one line (not cut at the terminal's width)."""
+    from rich.markup import escape
+
+    console().print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+
+
+# ---- the optimizer a run applies -------------------------------------------------------------
+
+
+def describe_optimizer(config: OptimizerConfig) -> str:
+    """One line: the optimizer, its learning rate or schedule, other hyper-parameters that differ from the
+    defaults, weight decay and clipping."""
+    rate = config.learning_rate
+    if isinstance(rate, float):
+        rate_text = f"{rate:g}"
+    else:  # a schedule: its class and the numbers that differ from Keras's defaults
+        numbers = rate.model_dump(exclude_defaults=True)
+        rate_text = f"{rate.class_name}({', '.join(f'{k}={number(v)}' for k, v in numbers.items())})"
+    parts = [KERAS_OPTIMIZERS[config.name], f"learning rate {rate_text}"]
+    said = {"weight_decay", "exclude_from_weight_decay", "clipnorm", "global_clipnorm", "clipvalue"}
+    defaults = OptimizerConfig(name=config.name)
+    parts += [name if value is True else f"{name} {number(value)}" for name in HYPER_PARAMETERS
+              if name not in said and (value := getattr(config, name)) != getattr(defaults, name)]
+    decay = f"weight decay {config.weight_decay:g}" if config.weight_decay else "no weight decay"
+    if config.exclude_from_weight_decay:
+        decay += f" (not on {', '.join(config.exclude_from_weight_decay)})"
+    clipping = [f"{name} {value:g}" for name in ("clipnorm", "global_clipnorm", "clipvalue")
+                if (value := getattr(config, name))]
+    return "optimizer: " + ", ".join([*parts, decay, *(clipping or ["no clipping"])])
+
+
+def describe_update(config: Any) -> str:
+    """One line: what a run's reducers apply (``describe_optimizer``), and under model averaging and ADMM what a
+    worker's round takes first."""
+    spec = config.training
+    if spec.algorithm == "gradient":
+        return describe_optimizer(config.optimizer)
+    local = describe_optimizer(spec.local_optimizer_config()).removeprefix("optimizer: ")
+    local = local.removesuffix(", no weight decay, no clipping")
+    if spec.algorithm == "admm":
+        return (f"ADMM: {spec.local_steps} local steps a round of {local} on each worker's own partition, proximal"
+                f" weight rho {spec.admm_rho:g}; the reducers average the local models and duals into the consensus")
+    state = "kept per worker slot" if spec.local_state == "keep" else "fresh every round"
+    server = ("the reducers apply the average weight change (FedAvg)" if spec.server == "average"
+              else "the reducers step " + describe_optimizer(config.optimizer).removeprefix("optimizer: ")
+              + " with the average weight change (FedOpt)")
+    return f"model averaging: {spec.local_steps} local steps a round of {local} (state {state}); {server}"
+
+
+def number(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return "(" + ", ".join(number(v) for v in value) + ")"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# ---- a run: its progress and its summary -----------------------------------------------------
+
+
+@contextmanager
+def run_progress(
+    run_id: str, iterations: int, started: float, spent: Callable[[Any], float] | None = None
+) -> Iterator[Callable[[Any, Any], None]]:
+    """A progress bar of a run while the block runs; yields the ``on_progress`` callback of
+    ``runs.wait_for_run`` that moves it. ``spent(run)``: the dollars the run used so far, if known."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[run]}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console(), transient=False) as progress:
+        task = progress.add_task("train", total=iterations, run=run_id, stats="")
+        shown = ProgressText(started, spent)
+
+        def show(run: Any, latest: Any) -> None:
+            progress.update(task, completed=run.iteration, stats=shown.update(run, latest))
+
+        yield show
+
+
+class ProgressText:
+    """The figures on the progress line: the last merged iteration's losses, workers and stage times, and what
+    the run has met so far (late workers, re-launches, shards that kept their weights, dollars)."""
+
+    SPENT_EVERY_S = 5.0  # reading the usage lines costs more than a poll: the dollars are refreshed this often
+    RECENT = 5  # iterations after a change of the workers during which the line says why they changed
+
+    def __init__(self, started: float, spent: Callable[[Any], float] | None = None) -> None:
+        self.started, self.spent = started, spent
+        self.test_accuracy: float | None = None
+        self.workers: int | None = None  # the last merged iteration's, as last seen
+        self.changed: tuple[int, str | None] | None = None  # the last change seen: its iteration and reason
+        self.seen: dict[int, tuple[int, int, int]] = {}  # iteration → (late, re-launches, stale shards)
+        self.dollars: float | None = None
+        self.dollars_at = 0.0
+
+    def update(self, run: Any, latest: Any) -> str:
+        if latest is None:
+            return ""
+        if latest.test_accuracy is not None:
+            self.test_accuracy = latest.test_accuracy
+        late = max(0, latest.arrived - latest.participant_count) if latest.reduce_fired_by is not None else 0
+        self.seen[latest.iteration] = (late, latest.reduce_relaunches, len(latest.stale_shards))
+        parts = [f"loss {latest.train_loss:.4f}"] if latest.train_loss is not None else []
+        if latest.train_accuracy is not None:
+            parts.append(f"acc {latest.train_accuracy:.3f}")
+        if self.test_accuracy is not None:
+            parts.append(f"test acc {self.test_accuracy:.3f}")
+        parts.append(f"{(time.time() - self.started) / max(1, run.iteration):.2f} s/iter")
+        parts.append(self._workers(run, latest))
+        if latest.launched_at and latest.reduce_fired_at and latest.merged_at:
+            parts.append(f"workers {latest.reduce_fired_at - latest.launched_at:.2f} s"
+                         f" reduce+merge {latest.merged_at - latest.reduce_fired_at:.2f} s")
+        met = [sum(counts[k] for counts in self.seen.values()) for k in range(3)]
+        parts += [f"{n} {what}" for n, what in zip(met, ("late", "re-launched reducers", "stale shards"),
+                                                   strict=True) if n]
+        if self.spent is not None and time.monotonic() - self.dollars_at > self.SPENT_EVERY_S:
+            self.dollars, self.dollars_at = self.spent(run), time.monotonic()
+        if self.dollars is not None:
+            parts.append(f"{dollars(self.dollars)} so far")
+        return "  ".join(parts)
+
+    def _workers(self, run: Any, latest: Any) -> str:
+        """``W=8``: the workers of the last merged iteration; ``W=4→8`` while the next iterations launched take
+        others; the reason of a change pending or seen within ``RECENT`` iterations."""
+        workers = latest.workers or run.workers
+        if self.workers is not None and workers != self.workers:
+            self.changed = (latest.iteration, latest.workers_reason)
+        self.workers = workers
+        if run.workers != workers:
+            return f"W={workers}→{run.workers}" + (f" ({why(run.workers_reason)})" if run.workers_reason else "")
+        if self.changed and self.changed[1] and latest.iteration - self.changed[0] < self.RECENT:
+            return f"W={workers} ({why(self.changed[1])})"
+        return f"W={workers}"
+
+
+def why(reason: str) -> str:
+    """The gist of why a run's workers changed: its reason up to any colon, e.g. ``run scale`` or, for
+    ``tuner (time): 1.2 s per round at 4 workers …``, ``tuner, time``."""
+    head = reason.partition(":")[0].strip()
+    return head.replace(" (", ", ").removesuffix(")") if head.endswith(")") else head
+
+
+FLEET_SHOWN = 2, 3  # a summary spells out the first 2 and the last 3 changes of the workers (--json: all)
+
+
+def fleet(summary: Any) -> str:
+    """A run's workers: the number if they never changed, else the first ones and each change with its iteration
+    and why, e.g. ``4 → 8 at iteration 2 (run scale) → 2 at iteration 5 (run scale)``; a running run scaled since
+    its last launch ends in ``→ 8 next``."""
+    changes = [f"{c.workers} at iteration {c.iteration}" + (f" ({why(c.reason)})" if c.reason else "")
+               for c in summary.fleet[1:]]
+    first, last = FLEET_SHOWN
+    if len(changes) > first + last:
+        changes = [*changes[:first], f"… {len(changes) - first - last} more", *changes[-last:]]
+    launched = summary.fleet[-1].workers if summary.fleet else summary.workers
+    if summary.status == "RUNNING" and summary.workers != launched:
+        changes.append(f"{summary.workers} next")
+    return " → ".join([str(summary.fleet[0].workers if summary.fleet else summary.workers), *changes])
+
+
+def print_summary(summary: Any, as_json: bool) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"run {summary.run_id}", show_header=False)
+
+    def row(name: str, value: Any) -> None:
+        table.add_row(name, "–" if value is None else str(value))
+
+    row("status", summary.status.value + (f": {summary.reason}" if summary.reason else ""))
+    row("iterations", summary.iterations)
+    row("workers", fleet(summary))
+    row("reducers (quorum)", f"{summary.reducers} ({summary.quorum})")
+    if options := spec_options(summary.training, left_out={"workers", "reducers", "quorum", "iterations"}):
+        row("options", options)
+    row("test accuracy", None if summary.test_accuracy is None else f"{summary.test_accuracy:.4f}")
+    row("wall time", f"{summary.wall_s:.1f} s")
+    if summary.median_iteration_s:
+        compute = summary.median_worker_compute_s or 0.0
+        row("median iteration", f"{summary.median_iteration_s * 1000:.0f} ms")
+        row("  worker compute", f"{compute * 1000:.1f} ms ({compute / summary.median_iteration_s:.1%})")
+        row("  control/data plane", f"{(summary.median_iteration_s - compute) * 1000:.0f} ms")
+    if summary.bytes_read_per_iteration is not None:
+        row("S3 bytes per iteration", f"read {summary.bytes_read_per_iteration / 1e6:.2f} MB, "
+                                       f"written {summary.bytes_written_per_iteration / 1e6:.2f} MB")
+    if summary.requests_per_iteration is not None:
+        by_service: dict[str, list[str]] = {}
+        for operation, count in summary.requests_per_iteration.items():
+            if count:
+                service, _, name = operation.partition(":")
+                by_service.setdefault(service, []).append(f"{name} {count:g}")
+        for i, (service, counts) in enumerate(by_service.items()):
+            row("requests per iteration" if i == 0 else "", f"{service}: {', '.join(counts)}")
+    if summary.cost_usd is not None:
+        per_iteration = summary.cost_per_iteration_usd
+        row("cost", f"{dollars(summary.cost_usd)} in all"
+                    + ("" if per_iteration is None else f", {dollars(per_iteration)} per iteration"))
+        by_cost = sorted(summary.cost_by_service_usd.items(), key=lambda item: -item[1])
+        row("  by service", ", ".join(f"{service} {dollars(amount)}" for service, amount in by_cost))
+        row("  Lambda GB-seconds", f"{summary.gb_seconds:g}")
+    row("late workers", summary.late_workers)
+    if summary.dropped_parts or summary.nonfinite_updates or summary.stale_attempts:
+        row("left out", f"{summary.dropped_parts} parts past their read timeout, {summary.nonfinite_updates}"
+                        f" non-finite updates, {summary.stale_attempts} reports of superseded attempts")
+    if summary.deadlines_fired or summary.relaunched_workers or summary.relaunched_reducers or summary.stale_shards:
+        row("deadlines", f"{summary.deadlines_fired} fired, {summary.relaunched_workers} workers and"
+                         f" {summary.relaunched_reducers} reducers re-launched, {summary.stale_shards} stale shards")
+    if summary.faults is not None:
+        injected = ", ".join(f"{kind} {n}" for kind, n in summary.faults["injected"].items() if n) or "none"
+        row("faults injected", injected)
+        row("  what it took", f"{summary.faults['failed_invocations']} failed invocations,"
+                              f" {summary.faults['retries']} retried, {summary.faults['dead_letters']} dead letters")
+    row("final model", summary.final_model)
+    console().print(table)
+    if as_json:
+        print(summary.model_dump_json())
+
+
+def spec_options(spec: TrainingSpec, left_out: Collection[str] = ()) -> str:
+    """The spec's fields (but ``left_out``) that are not at their default, e.g. ``eval_every 3, quorum 0.5``."""
+    return ", ".join(
+        f"{name} {KERAS_OPTIMIZERS[value.name] if isinstance(value, OptimizerConfig) else number(value)}"
+        for name, field in type(spec).model_fields.items()
+        if name not in left_out and (value := getattr(spec, name)) != field.get_default(call_default_factory=True)
+    )
+
+
+def dollars(amount: float) -> str:
+    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.3g}"
+
+
+def print_runs(summaries: list[Any]) -> None:
+    """``run list``: one row per run."""
+    from rich.table import Table
+
+    table = Table("run", "status", "iterations", "test accuracy", "reason")
+    for s in summaries:
+        table.add_row(s.run_id, s.status.value, str(s.iterations),
+                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", s.reason or "")
+    console().print(table)
+
+
+# ---- benchmarks ------------------------------------------------------------------------------
+
+
+@contextmanager
+def named_progress(label: str) -> Iterator[Callable[[str, int, int], None]]:
+    """Progress bars, one per name (a benchmark's case or grid point), labelled by the rich markup ``label``
+    of ``{task.description}``; yields ``show(name, done, total)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console()) as progress:
+        tasks: dict[str, Any] = {}
+
+        def show(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = progress.add_task(name, total=total)
+            progress.update(tasks[name], completed=done)
+
+        yield show
+
+
+def print_stragglers(report: Any) -> None:
+    from fractions import Fraction
+
+    from rich.table import Table
+
+    from slsml.bench import pipeline as bench
+
+    table = Table("", "straggler", "quorum", "staleness", "iters", "median iter", "× (a)", "test acc",
+                  f"iters to {bench.ACCURACY_TARGET}", "late", "folded",
+                  title=f"stragglers: {report.workers} workers, factor {report.factor:g} ((e), (f):"
+                  f" {report.ssp_factor:g})")
+    for case in report.cases:
+        s = case.summary
+        table.add_row(case.name, f"worker {report.straggler}" if case.straggler else "–",
+                      str(Fraction(case.quorum).limit_denominator(report.workers)), str(case.staleness or "–"),
+                      str(s.iterations), "–" if s.median_iteration_s is None else f"{s.median_iteration_s:.3f} s",
+                      "–" if case.ratio is None else f"{case.ratio:.2f}",
+                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}",
+                      "–" if case.rounds_to_target is None else str(case.rounds_to_target), str(s.late_workers),
+                      str(s.late_folded))
+    out = console()
+    out.print(table)
+    for case in report.cases:
+        if case.summary.status != "COMPLETED":
+            out.print(f"[red]({case.name}) {case.summary.status.value}[/red]: {case.summary.reason}")
+    c, yes = report.case("c"), {True: "yes", False: "no"}
+    out.print(f"delay: worker {report.straggler} sleeps {report.delay_s:.2f} s at the start of every invocation "
+              f"= ({report.factor:g} − 1) × {report.baseline_s:.3f} s, the {report.baseline}")
+    ratio = "–" if c.ratio is None else f"{c.ratio:.2f}×"
+    out.print(f"(c) median iteration {ratio} (a)'s: within {bench.WITHIN}× of (a): {yes[report.c_within]}")
+    out.print(f"(d) median iteration grew by {report.d_growth_s:.2f} s over (a)'s, "
+              f"{report.d_growth_s / report.delay_s:.2f} × the delay: grew with the delay "
+              f"(at least {bench.GREW:g} × it): {yes[report.d_grew]}")
+    accuracy = "–" if c.summary.test_accuracy is None else f"{c.summary.test_accuracy:.4f}"
+    out.print(f"(c) test accuracy {accuracy}: reaches the demo's {bench.ACCURACY_TARGET}: "
+              f"{yes[report.c_reaches_target]}")
+    e, f = report.case("e"), report.case("f")
+    out.print(f"(f) late updates {report.f_late}: {report.f_folded} folded into a later reduce, {report.f_dropped}"
+              f" left out beyond the bound, {report.f_at_the_end} of the last {bench.STALENESS} iterations left out"
+              f" at the end: keeps every update: {yes[report.f_keeps_every_update]}")
+    out.print(f"(f) iterations to {bench.ACCURACY_TARGET}: {f.rounds_to_target or '–'} vs (e)'s"
+              f" {e.rounds_to_target or '–'} (late updates dropped): no more: {yes[report.f_no_slower]}")
+
+
+def print_barrier(report: Any, workers: int, small: int) -> None:
+    from rich.table import Table
+
+    from slsml.bench import barrier as bench_barrier
+
+    table = Table("workers", "reducers", "max item bytes", "WU / report", "max WU / report", "WU / shard report",
+                  "participants item", "RU at fire", "s / report", title="barrier cost per report")
+    for f in (report.small, report.large):
+        table.add_row(str(f.workers), str(f.reducers), str(f.max_item_bytes), f"{f.write_units_per_report:.2f}",
+                      str(f.max_write_units_per_report), f"{f.write_units_per_shard_report:.2f}",
+                      f"{f.participants_item_bytes} B", f"{f.fire_read_units:g}",
+                      f"{f.seconds_per_report * 1000:.1f} ms")
+    out, yes = console(), {True: "yes", False: "no"}
+    out.print(table)
+    out.print(f"at {workers} workers, within {bench_barrier.WITHIN:.0%} of {small}: max item bytes "
+              f"{yes[report.item_bytes_within]}, write units per report {yes[report.write_units_within]}")
+
+
+def print_scale(report: Any, calibration: str) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from slsml.bench import scale as bench_scale
+    from slsml.cost.model import Parameters
+
+    out = console()
+    out.print(f"[bold]{report.model}[/bold]: {report.params:,} weights, batch {report.batch}, quorum 1, "
+              f"{report.iterations} iterations per configuration; warm processes per function: "
+              + ", ".join(f"{name} {n}" for name, n in report.pools.items()))
+    requests = Table("W", "R", "plan", "run", "minimum", "run ÷ minimum", "differences (plan → run)",
+                     title="requests per iteration: the plan against the run summary (median iteration), and the "
+                           "minimum chain")
+    for p in report.points:
+        differences = ", ".join(f"{op} {a:g} → {b:g}" for op, (a, b) in p.mismatches.items())
+        requests.add_row(str(p.workers), str(p.reducers), f"{sum(p.predicted_requests.values()):g}",
+                         f"{sum(p.measured_requests.values()):g}", f"{sum(p.minimum_requests.values()):g}",
+                         f"{p.over_minimum:.2f}×", f"[red]{differences}" if differences else "[green]none")
+    out.print(requests)
+    columns = {"event": ("model → WorkLauncher",), "launch": ("WorkLauncher",), "hops": bench_scale.HOPS,
+               "work": ("Worker",), "fire": ("ReduceLauncher (fires)",), "reduce": ("Reducer",),
+               "merge": ("Merger (merges)",)}
+    stages = Table("W×R", "", *columns, "iter", "error", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
+                   title="stage times (ms), median steady iteration: the run and the fitted model")
+    for p in report.points:
+        label = f"{p.workers}×{p.reducers}"
+        if p.predicted_iteration_s is None:
+            stages.add_row(label, p.status.lower())
+            continue
+        for i, (source, figures, total) in enumerate((("run", p.measured_stages, p.measured_iteration_s),
+                                                      ("model", p.predicted_stages, p.predicted_iteration_s))):
+            cells = [f"{sum(figures[s] for s in names) * 1000:.0f}" for names in columns.values()]
+            stages.add_row(label if i == 0 else "", source, *cells, f"{total * 1000:.0f}",
+                           f"{p.error:+.0%}" if i else "", end_section=i == 1)
+    out.print(stages)
+    defaults = Parameters()
+    fitted = Table("parameter", "fitted (embedded cloud)", "the model's default (AWS)", "unit",
+                   title="parameters fitted by least squares on the stage times")
+    for name, value in report.fitted.items():
+        unit = Parameters.model_fields[name].json_schema_extra["unit"]
+        fitted.add_row(name, f"{value:.4g}", f"{getattr(defaults, name):.4g}", unit)
+    fitted.add_row("(local runtime) dispatch", f"{report.dispatch_s:.4g}", "", "s")
+    out.print(fitted)
+    unresolved = [name for name, value in report.fitted.items() if value >= bench_scale.UNBOUNDED_MB_S]
+    if unresolved:
+        out.print(f"{', '.join(unresolved)}: the grid's bytes took no time the fit could see (its inverse is 0)")
+    worst = max((p for p in report.points if p.error is not None), key=lambda p: abs(p.error))
+    out.print(f"iteration time, fitted model against measured: median error {report.median_error:.1%}, "
+              f"max {report.max_error:.1%} (W {worst.workers}, R {worst.reducers})")
+    out.print(f"calibration written to {calibration}: slsml plan --calibration {calibration} …")
+
+
+def print_algorithms(report: Any) -> None:
+    """``bench algorithms``: a row per variant, to the target and over the whole sample budget, then whether
+    model averaging was fast enough and the tuner close enough to the fastest fixed fleet."""
+    from rich.table import Table
+
+    from slsml.bench import algorithms as bench
+
+    target = f"{report.target:g}"
+    to_target = Table("variant", "rounds", "s", "requests", "$", "workers",
+                      title=f"to test accuracy {target} (the demo's CNN, global batch {report.global_batch})")
+    budget = Table("variant", "rounds", "test acc", "s", "requests", "$",
+                   title=f"the whole budget: {report.sample_budget:,} samples each")
+
+    def figure(value: float | None, text: Callable[[float], str]) -> str:
+        return "–" if value is None else text(value)
+
+    for v in report.variants:
+        to_target.add_row(v.name, figure(v.rounds_to_target, str), figure(v.wall_to_target_s, "{:.1f}".format),
+                          figure(v.requests_to_target, "{:,}".format), figure(v.cost_to_target_usd, dollars),
+                          "→".join(str(c.workers) for c in v.fleet) or "–")
+        budget.add_row(v.name, str(v.rounds), figure(v.final_accuracy, "{:.4f}".format), f"{v.wall_s:.1f}",
+                       f"{v.requests:,}", dollars(v.cost_usd))
+    out, yes = console(), {True: "yes", False: "no"}
+    out.print(to_target)
+    out.print(budget)
+    fixed = [v for v in report.variants if v.name in {f"gradient-w{w}" for w in bench.FIXED_WORKERS}
+             and v.wall_to_target_s is not None]
+    fastest = min(fixed, key=lambda v: v.wall_to_target_s or 0.0).name if fixed else "none reached it"
+
+    def ratio(value: float | None) -> str:
+        return f"no ratio (not both reached {target})" if value is None else f"{value:.2f}× the time to {target}"
+
+    out.print(f"model averaging, K={max(bench.LOCAL_STEPS)}, against gradient averaging, W={bench.WORKERS}:"
+              f" {ratio(report.averaging_ratio)}; at most 1/{bench.SPEEDUP}: {yes[report.averaging_fast]}")
+    out.print(f"workers auto against the fastest fixed W ({fastest}): {ratio(report.tuned_ratio)}; within"
+              f" {bench.TUNED_WITHIN - 1:.0%}: {yes[report.tuned_close]}")
+
+
+def print_admm(report: Any) -> None:
+    """``bench admm``: a row per variant with the rounds it took to the target (ADMM: less a point), its first
+    rounds' test accuracy, then whether ADMM took at most a third of gradient averaging's rounds."""
+    from rich.table import Table
+
+    from slsml.bench import admm as bench
+
+    table = Table("variant", "rounds", "test acc", "rounds to target", "s", "requests", "$",
+                  title=f"logistic regression on breast cancer, {report.workers} workers, global batch"
+                  f" {report.global_batch}")
+    to_target = {"gradient": report.gradient_rounds, "admm": report.admm_rounds}
+    for v in report.variants:
+        table.add_row(v.name, str(v.rounds), "–" if v.final_accuracy is None else f"{v.final_accuracy:.4f}",
+                      str(to_target.get(v.name) or "–"), f"{v.wall_s:.1f}", f"{v.requests:,}", dollars(v.cost_usd))
+    out = console()
+    out.print(table)
+    for v in report.variants:
+        out.print(f"{v.name} test accuracy by round: "
+                  + " ".join("–" if a is None else f"{a:.3f}" for a in v.accuracy_by_round[:30]))
+    if report.target is None:
+        out.print("gradient averaging has no test accuracy: no verdict")
+        return
+    reached = "did not reach it" if report.admm_rounds is None else f"reached it in {report.admm_rounds} rounds"
+    out.print(f"target: gradient averaging's {report.target:.4f}, reached in {report.gradient_rounds} rounds; ADMM"
+              f" {reached} (less {bench.WITHIN:g})" + ("" if report.ratio is None else f": {report.ratio:.2f}×")
+              + f"; at most 1/{bench.FEWER}: {'yes' if report.admm_fewer else 'no'}")
+
+
+def byte_size(count: float) -> str:
+    """Bytes in decimal units, three figures: 812 B, 74.5 kB, 3.68 MB, 1.20 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            value = count / scale
+            return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}" if value < 100 else \
+                f"{value:,.0f} {unit}"
+    return f"{count:.0f} B"
+
+
+def accuracy_checkpoints(iterations: int) -> list[int]:
+    """Iterations at which ``bench communication`` shows each run's test accuracy: 10, 20, 30, 50, 75, 100 and
+    150 of 150, in proportion for another budget."""
+    return sorted({max(1, round(iterations * share)) for share in (1 / 15, 2 / 15, 1 / 5, 1 / 3, 1 / 2, 2 / 3, 1)})
+
+
+def print_communication(report: Any) -> None:
+    """``bench communication``: a row per compressor to the target and over the fixed number of iterations, the
+    test accuracy by iteration, then whether fp16 halved the update bytes at the same accuracy and whether top-k
+    reached the target on a twentieth of them."""
+    from rich.table import Table
+
+    from slsml.bench import communication as bench
+
+    target, n = f"{report.target:g}", report.iterations
+    dense = report.variant("dense")
+
+    def figure(value: float | None, text: Callable[[float], str]) -> str:
+        return "–" if value is None else text(value)
+
+    def fewer(value: float | None, reference: float | None) -> str:
+        return "–" if not value or not reference else f"{reference / value:.1f}×"
+
+    out, yes = console(), {True: "yes", False: "no"}
+    title = (f"communication: the demo's CNN on digits, {report.workers} workers, {report.reducers} reducers, global"
+             f" batch {report.global_batch}, Adam 3e-3 (top-k: SGD 0.1, momentum 0.9), error feedback on every lossy"
+             " compressor")
+    reaching = Table("variant", "compress", f"iters to {target}", "s", "update bytes", "× fewer than dense",
+                     "residual bytes", "reducers read", "of which updates", "requests", "$",
+                     title=f"{title}\nto the first model at test accuracy {target}")
+    for v in report.variants:
+        reaching.add_row(v.name, v.compress, figure(v.iterations_to_target, str),
+                         figure(v.wall_to_target_s, "{:.1f}".format), figure(v.update_bytes_to_target, byte_size),
+                         fewer(v.update_bytes_to_target, dense.update_bytes_to_target),
+                         figure(v.residual_bytes_to_target, byte_size),
+                         figure(v.reducer_bytes_read_to_target, byte_size),
+                         figure(v.reducer_update_bytes_read_to_target, byte_size),
+                         figure(v.requests_to_target, "{:,}".format), figure(v.cost_to_target_usd, dollars))
+    out.print(reaching)
+    total = Table("variant", "update (mean)", "update bytes", "× fewer than dense", "residual bytes",
+                  "workers wrote", "reducers read", "of which updates", "requests", "$", "s", "test acc",
+                  title=f"in total: {n} iterations each")
+    for v in report.variants:
+        total.add_row(v.name, byte_size(v.mean_update_bytes), byte_size(v.update_bytes),
+                      fewer(v.update_bytes, dense.update_bytes), byte_size(v.residual_bytes),
+                      byte_size(v.worker_usage_bytes_written), byte_size(v.reducer_bytes_read),
+                      byte_size(v.reducer_update_bytes_read), f"{v.requests:,}", dollars(v.cost_usd), f"{v.wall_s:.1f}",
+                      figure(v.final_accuracy, "{:.4f}".format))
+    out.print(total)
+    checkpoints = accuracy_checkpoints(n)
+    accuracy = Table("variant", *(str(i) for i in checkpoints), "best (iteration)",
+                     title="test accuracy after iteration …")
+    for v in report.variants:
+        scored = [(a, i + 1) for i, a in enumerate(v.accuracy_by_iteration) if a is not None]
+        best = max(scored, key=lambda pair: (pair[0], -pair[1]), default=None)
+        cells = [figure(v.accuracy_by_iteration[i - 1] if i <= len(v.accuracy_by_iteration) else None,
+                        "{:.4f}".format) for i in checkpoints]
+        accuracy.add_row(v.name, *cells, "–" if best is None else f"{best[0]:.4f} ({best[1]})")
+    out.print(accuracy)
+    written = all(v.worker_usage_bytes_written == v.update_bytes + v.residual_bytes for v in report.variants)
+    out.print(f"update and residual bytes: the objects in S3 (the workers' usage lines count them together; they add"
+              f" up: {yes[written]}); reducers read: their usage lines, of which updates: from the update objects")
+    fp16 = report.variant("fp16")
+    gap = "no accuracy to compare" if report.fp16_accuracy_gap is None else (
+        f"test accuracy {fp16.final_accuracy:.4f} against dense's {dense.final_accuracy:.4f},"
+        f" {100 * report.fp16_accuracy_gap:+.2f} points")
+    out.print(f"fp16: {report.fp16_ratio:.2f}× fewer update bytes than dense over {n} iterations (at least"
+              f" {bench.FP16_FEWER:g}×: {yes[report.fp16_fewer]}); {gap} (within {100 * bench.FP16_WITHIN:g}:"
+              f" {yes[report.fp16_close]})")
+    topk = report.variant("topk")
+    if report.topk_ratio is not None:
+        out.print(f"top-k {topk.compress.partition(':')[2]} with error feedback: {report.topk_ratio:.1f}× fewer update"
+                  f" bytes than dense to {target} ({topk.iterations_to_target} iterations against dense's"
+                  f" {dense.iterations_to_target}); at least {bench.TOPK_FEWER}×: {yes[report.topk_fewer]}")
+    else:
+        why = f"top-k did not reach {target} within {n} iterations" if topk.iterations_to_target is None else \
+            f"dense did not reach {target} within {n} iterations"
+        best = "–" if report.topk_best_accuracy is None else \
+            f"{report.topk_best_accuracy:.4f} after iteration {report.topk_best_iteration}"
+        out.print(f"top-k {topk.compress.partition(':')[2]} with error feedback: no ratio ({why}; top-k's best test"
+                  f" accuracy {best}, dense reached {target} at iteration {dense.iterations_to_target or '–'});"
+                  f" at least {bench.TOPK_FEWER}×: no")
+    significance = report.variant("significance")
+    to_target = fewer(significance.update_bytes_to_target, dense.update_bytes_to_target)
+    out.print(f"{significance.compress}: {fewer(significance.update_bytes, dense.update_bytes)} fewer update bytes"
+              f" than dense over {n} iterations, {to_target} to {target}")

@@ -1,0 +1,301 @@
+"""Starting a run, following it, and summing it up. Used by the CLI, the local runtime and tests."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, computed_field
+
+from slsml.accounting import prices, usage
+from slsml.data import datasets as data
+from slsml.pipeline.services import Services
+from slsml.spec import keys
+from slsml.spec.config import RunConfig, TrainingSpec
+from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
+from slsml.spec.shardplan import ShardPlan
+from slsml.state.orchestration import ExecutionInput
+from slsml.state.records import Counter, IterationRecord, RunRecord, RunStatus
+from slsml.training import optimizers, shards
+
+TERMINAL = {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED}
+
+
+def new_run_id(stem: str = "run") -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{stem}-{stamp}-{secrets.token_hex(2)}"
+
+
+def start_run(
+    services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None
+) -> RunConfig:
+    """Prepare a run, then start its execution of the run state machine, which registers it and
+    places its model at ``models/000000.keras``: the upload that starts the pipeline."""
+    config = prepare_run(services, model_bytes, dataset, spec, run_id)
+    launch_run(services, config)
+    return config
+
+
+def launch_run(services: Services, config: RunConfig) -> None:
+    """Start the execution of a prepared run; returns once the run is registered."""
+    execution = services.orchestrator.start(_execution_input(config))
+    _wait_until_registered(services, config.run_id, execution)
+
+
+def _execution_input(config: RunConfig, resume: bool = False) -> ExecutionInput:
+    return ExecutionInput(
+        run_id=config.run_id, dataset=config.dataset, training=config.training, workers=config.workers,
+        created_at=time.time(), resume=resume
+    )
+
+
+def last_complete_model(services: Services, run_id: str) -> int | None:
+    """The latest iteration whose entering model is stored (None: not even the initial one)."""
+    keys_found = services.store.list_keys(keys.models_prefix(run_id))
+    return max((parsed[1] for key in keys_found if (parsed := keys.parse_model_key(key))), default=None)
+
+
+def resume_run(services: Services, run_id: str) -> RunRecord:
+    """Run a STOPPED or FAILED run on from its last complete model, in a new execution. Iterations
+    after that model are run again; what they stored already is kept and reused."""
+    run = services.table.get_run(run_id)
+    if run.status not in {RunStatus.STOPPED, RunStatus.FAILED}:
+        raise SlsmlError(f"run {run_id!r} is {run.status}: only a STOPPED or FAILED run can be resumed")
+    config = RunConfig.model_validate(services.store.get_json(keys.run_config(run_id)))
+    iteration = last_complete_model(services, run_id)
+    if iteration is None:  # it failed before its initial model was placed
+        services.store.copy_new(keys.source_model(run_id), keys.model(run_id, 0))
+        iteration = 0
+    resumed = services.table.resume(run_id, iteration)
+    if resumed is None:
+        raise SlsmlError(f"run {run_id!r} is no longer STOPPED or FAILED: was it resumed meanwhile?")
+    services.table.forget_iterations(run_id, iteration)
+    services.orchestrator.start(
+        _execution_input(config, resume=True), name=f"{run_id}-resumed-{resumed.generation}"
+    )
+    return resumed
+
+
+def scale_run(services: Services, run_id: str, workers: int, reason: str = "run scale") -> RunRecord:
+    """Train a run with ``workers`` workers from the next iteration launched on (an iteration keeps the
+    workers it was launched with): a RUNNING run's next one, a STOPPED or FAILED run's first once it is
+    resumed. BadInputError outside the run's bounds; nothing changes then."""
+    run = services.table.get_run(run_id)
+    if not run.training.elastic:
+        raise BadInputError(f"run {run_id!r} trains with ADMM: each worker keeps its data partition and dual variable,"
+                            " which a change of workers would cut anew; its workers stay fixed")
+    if run.status == RunStatus.COMPLETED:
+        raise SlsmlError(f"run {run_id!r} is COMPLETED: only a RUNNING, STOPPED or FAILED run can be scaled")
+    low, high = run.training.worker_bounds
+    if not low <= workers <= high:
+        raise BadInputError(f"{workers} workers lie outside run {run_id!r}'s bounds of {low} to {high} (set with"
+                            " --min-workers and --max-workers when a run starts)")
+    scaled = services.table.scale_workers(run_id, workers, reason)
+    if scaled is None:
+        raise SlsmlError(f"run {run_id!r} completed meanwhile: it was not scaled")
+    return scaled
+
+
+def _wait_until_registered(services: Services, run_id: str, execution: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            services.table.get_run(run_id)
+            return
+        except NotFoundError:
+            status, cause = services.orchestrator.describe(execution)
+            if status != "RUNNING":
+                raise SlsmlError(f"run {run_id!r} was not registered: its execution {status}: {cause}") from None
+            if time.monotonic() > deadline:
+                raise SlsmlError(f"run {run_id!r} was not registered within {timeout_s:.0f} s") from None
+        time.sleep(0.05)
+
+
+def prepare_run(
+    services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None
+) -> RunConfig:
+    """Validate model and data, then write the run's config, initial weights and ``source.keras``.
+    Bad input raises BadInputError before anything is written."""
+    from slsml.training import modelio  # TensorFlow: only where a model is read
+
+    run_id = run_id or new_run_id()
+    store = services.store
+    manifest = data.load_manifest(store, dataset)
+    model = modelio.load_model(model_bytes, where="the model")
+    if spec.algorithm == "admm":
+        from slsml.rules import admm
+
+        admm.check_model(model)
+    loss = modelio.loss_config(model, spec.loss)
+    optimizer = spec.optimizer or modelio.optimizer_config(model)
+    data.iterations_per_epoch(manifest.train.count, spec.global_batch)
+    x, y = data.DatasetReader(store, manifest).take("train", np.arange(min(2, manifest.train.count)))
+    modelio.check_fits(model, loss, x, y, manifest.classes, manifest.x_range)
+    plan = ShardPlan.build(modelio.variable_specs(model), spec.reducers)
+    config = RunConfig(
+        run_id=run_id,
+        dataset=dataset,
+        training=spec,
+        optimizer=optimizer,
+        loss=loss,
+        classification=manifest.classes is not None,
+        plan=plan,
+        architecture=modelio.architecture(model),
+    )
+    if not store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json")):
+        raise BadInputError(f"a run named {run_id!r} already exists")
+    flat = modelio.get_flat(model, plan)
+    for shard in range(plan.reducers):
+        layout = plan.shard(shard)
+        state = optimizers.initial_state(config.server_optimizer, int(layout.trainable.sum()))
+        initial = shards.Shard(flat[layout.start : layout.stop], state, averaged=[])
+        store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
+    store.put_array_new(keys.weights(run_id, 0), flat)
+    store.put_new(keys.source_model(run_id), model_bytes)
+    return config
+
+
+def wait_for_run(
+    services: Services,
+    run_id: str,
+    on_progress: Callable[[RunRecord, Counter | None], None] | None = None,
+    timeout_s: float | None = None,
+    poll_s: float = 0.5,
+) -> RunRecord:
+    """Poll until the run is COMPLETED or FAILED (or ``timeout_s`` passes: the run is marked FAILED).
+
+    ``on_progress`` gets the run and its last merged iteration (None before the first).
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        run = services.table.get_run(run_id)
+        if on_progress is not None:
+            latest = services.table.get_counter(run_id, run.iteration - 1) if run.iteration else None
+            on_progress(run, latest)
+        if run.status in TERMINAL:
+            return run
+        if deadline is not None and time.monotonic() > deadline:
+            services.fail_run(run_id, f"no completion within {timeout_s:.0f} s (at iteration {run.iteration})")
+            return services.table.get_run(run_id)
+        time.sleep(poll_s)
+
+
+class FleetChange(BaseModel):
+    """The workers a run trained with from an iteration on, and why."""
+
+    iteration: int
+    workers: int
+    reason: str | None = None
+
+
+def fleet(iterations: list[IterationRecord]) -> list[FleetChange]:
+    """The run's worker counts over its launched iterations: the first, then each change with its reason."""
+    changes: list[FleetChange] = []
+    for record in sorted(iterations, key=lambda r: r.iteration):
+        if record.workers and (not changes or changes[-1].workers != record.workers):
+            changes.append(FleetChange(iteration=record.iteration, workers=record.workers,
+                                       reason=record.workers_reason if changes else None))
+    return changes
+
+
+def first_reaching(iterations: list[Counter], accuracy: float) -> int | None:
+    """The first iteration whose merged model reached ``accuracy`` on the test set (None: none did)."""
+    return next((c.iteration for c in sorted(iterations, key=lambda c: c.iteration)
+                 if (c.test_accuracy or 0) >= accuracy), None)
+
+
+class RunSummary(BaseModel):
+    run_id: str
+    status: RunStatus
+    reason: str | None
+    iterations: int  # done
+    workers: int  # the workers it trained with last
+    fleet: list[FleetChange] = []  # the workers it started with, then each change (run scale, the tuner)
+    training: TrainingSpec  # what it was started with
+    test_accuracy: float | None
+    test_loss: float | None
+    final_train_loss: float | None
+    wall_s: float
+    median_iteration_s: float | None
+    median_worker_compute_s: float | None
+    overhead_share: float | None
+    bytes_read_per_iteration: float | None = None  # S3, from the functions' usage lines (slsml.accounting.usage)
+    bytes_written_per_iteration: float | None = None
+    late_workers: int
+    late_folded: int = 0  # late updates a later reduce took (bounded staleness); the others were dropped
+    dropped_parts: int = 0
+    nonfinite_updates: int = 0
+    deadlines_fired: int = 0  # reduces the watchdog fired at a deadline, without the missing workers
+    relaunched_workers: int = 0
+    relaunched_reducers: int = 0
+    stale_shards: int = 0
+    stale_attempts: int = 0  # reports of superseded attempts or of an earlier generation, ignored
+    final_model: str | None = None
+    faults: dict[str, Any] | None = None  # what the local runtime injected and how the pipeline fared
+    # from the functions' usage lines (slsml.accounting.usage), priced by slsml.accounting.prices; None without them
+    requests_per_iteration: dict[str, float] | None = None  # service:Operation → median over iterations
+    gb_seconds: float | None = None  # Lambda: each invocation's duration × its memory
+    cost_usd: float | None = None
+    cost_per_iteration_usd: float | None = None  # median over iterations
+    cost_by_service_usd: dict[str, float] | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def reducers(self) -> int:
+        return self.training.reducers
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def quorum(self) -> float:
+        return self.training.quorum
+
+
+def summarize(
+    run: RunRecord,
+    iterations: list[IterationRecord],
+    wall_s: float,
+    usage_records: list[usage.UsageRecord] | None = None,
+) -> RunSummary:
+    """Figures of a run: how an iteration's time splits between worker compute and the rest, and,
+    given the functions' usage records of the run, its requests and cost (``prices.load()``)."""
+    launched = sorted((r for r in iterations if r.launched_at), key=lambda r: r.iteration)
+    cycle = [b.launched_at - a.launched_at for a, b in itertools.pairwise(launched)]
+    done = [r for r in launched[: len(cycle)] if r.reports]
+    compute = [max(rep.compute_s for rep in r.reports.values()) for r in done]
+    merged = [r for r in iterations if r.merged_at]
+    median_cycle = statistics.median(cycle) if cycle else None
+    median_compute = statistics.median(compute) if compute else None
+    last_loss = max(merged, key=lambda r: r.iteration).train_loss if merged else None
+    return RunSummary(
+        run_id=run.run_id,
+        status=run.status,
+        reason=run.reason,
+        iterations=run.iteration,
+        workers=run.workers,
+        training=run.training,
+        test_accuracy=run.test_accuracy,
+        test_loss=run.test_loss,
+        final_train_loss=last_loss,
+        wall_s=round(wall_s, 3),
+        median_iteration_s=median_cycle,
+        median_worker_compute_s=median_compute,
+        overhead_share=(1 - median_compute / median_cycle) if median_cycle and median_compute else None,
+        late_workers=sum(len(r.late - r.nonfinite) for r in iterations),
+        late_folded=sum(len(r.folded) for r in iterations),
+        dropped_parts=sum(len(r.dropped_parts) for r in iterations),
+        nonfinite_updates=sum(len(r.nonfinite) for r in iterations),
+        deadlines_fired=sum(r.fired_at_deadline for r in iterations),
+        relaunched_workers=sum(len(r.relaunched) for r in iterations),
+        relaunched_reducers=sum(r.reduce_relaunches for r in iterations),
+        stale_shards=sum(len(r.stale_shards) for r in iterations),
+        stale_attempts=sum(r.stale_attempts for r in iterations),
+        final_model=run.final_key,
+        fleet=fleet(iterations),
+        **(usage.figures(usage_records, run.iteration, prices.load()) if usage_records else {}),
+    )

@@ -1,0 +1,1004 @@
+"""The analytic time and cost model of one training run: requests, bytes, time per stage, dollars,
+quotas, and the reducers and memory to choose. Pure arithmetic over the pipeline's request chain;
+TensorFlow is imported only to read a ``.keras`` file and time one gradient step of it.
+
+One iteration, steady state (warm containers, no faults, no duplicates), W workers, R reducers, quorum
+q, n = ⌈q·W⌉ participants, M = 4·params bytes, P = M/R bytes per shard, k optimizer state slots:
+
+| function (invocations) | requests per invocation | S3 bytes |
+|---|---|---|
+| WorkLauncher (1) | GetItem 1, UpdateItem 1, PublishBatch ⌈W/10⌉ | – |
+| Worker (W) | GetObject 1, PutObject 1, PublishBatch 1 | reads M, writes M + 32 |
+| ReduceLauncher (W) | PutItem 1, UpdateItem 1; the firing one also UpdateItem 1, | – |
+| | BatchGetItem ⌈W/100⌉, PutItem 1, PublishBatch ⌈R/per batch⌉ | |
+| Reducer (R) | GetObject n + 1, PutObject 1, PublishBatch 1 | reads n·P + P(1+k), writes P(1+k) |
+| Merger (R) | UpdateItem 1; the merging one also GetObject R, UpdateItem 2, | reads M, |
+| | PutObject 2 | writes M + model file |
+
+The minimum chain is what any at-least-once pipeline of this shape must do: the data plane above (S3),
+one message per hop, one durable write per report (W + R), the launch's read and claim, one read of the
+reports at the fire (⌈W/100⌉ BatchGetItem) and one write per barrier fire (2). The chain's calls beyond
+it, each with its reason, are ``chain_extras``.
+
+The critical path of an iteration: the model's S3 event → WorkLauncher → the n-th worker's Work
+message → Worker → ReduceLauncher (fires) → the last Reduce message → Reducer → Merger (merges) →
+the next model. It can be no shorter than the DynamoDB floor: the iteration counter item takes
+W + R + 3 writes, at most ``dynamodb_partition_wu_s`` a second.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from contextlib import suppress
+from functools import cache, lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from slsml.accounting import prices
+from slsml.data.datasets import DEFAULT_SHARD_SIZE
+from slsml.pipeline import bus
+from slsml.spec import keys
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.deployment import DEFAULT_FUNCTIONS
+from slsml.spec.errors import BadInputError
+from slsml.spec.messages import MAX_MESSAGE_BYTES, Participant, ReduceMessage, WorkMessage
+from slsml.state import runtable as runstate
+from slsml.state.barrier import quorum_count
+from slsml.training import optimizers, updates
+
+PIPELINE = ("work_launcher", "worker", "reduce_launcher", "reducer", "merger")
+IMAGE_FUNCTIONS = ("worker", "merger")  # container images with TensorFlow; the others are zip + layer
+MEMORY_CHOICES_MB = (512, 1024, 1769, 2048, 3008, 3538, 4096, 5307, 7076, 8845, 10240)
+REDUCER_CHOICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+SWEEP_WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
+_VCPU_MB = 1769  # one vCPU; Lambda allocates CPU in proportion to memory, 6 vCPUs at 10,240 MB
+
+
+def _param(default: float, unit: str, what: str, source: str, positive: bool = False) -> Any:
+    bounds = {"gt": 0} if positive else {"ge": 0}
+    return Field(default=default, description=what, json_schema_extra={"unit": unit, "source": source}, **bounds)
+
+
+class Parameters(BaseModel):
+    """Every figure the model rests on, with its published or measured source. Override any of them
+    with ``--param name=value`` or a calibration file (a JSON object of fitted values)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    s3_event_s: float = _param(1.0, "s", "model PUT → S3 event → SNS ModelUpdated",
+                               "S3 docs: event notifications 'typically seconds, sometimes a minute or longer'")
+    sns_lambda_s: float = _param(0.073, "s", "SNS → Lambda delivery",
+                                 "published p50 73 ms (p90 125 ms, p99 225 ms)")
+    sns_publish_s: float = _param(0.02, "s", "one PublishBatch call",
+                                  "estimate: one in-region HTTPS round trip; calibrate")
+    s3_request_s: float = _param(0.04, "s", "S3 request latency (first byte)",
+                                 "FuncPipe §3.3: under 40 ms from Lambda (LambdaML Table 6: 80 ± 20 ms)")
+    s3_read_mb_s: float = _param(65.0, "MB/s", "S3 read bandwidth of one function",
+                                 "LambdaML Table 6: 65 ± 7 MB/s; 50–70 MB/s re-measured in 2026", True)
+    s3_write_mb_s: float = _param(65.0, "MB/s", "S3 write bandwidth of one function", "as s3_read_mb_s", True)
+    s3_parallel_reads: float = _param(16, "GETs", "concurrent GETs of one reader", "slsml.aws.storage.get_many",
+                               True)
+    dynamodb_s: float = _param(0.005, "s", "one DynamoDB request", "DynamoDB docs: single-digit milliseconds")
+    handler_s: float = _param(0.005, "s", "warm invocation overhead (parse, log)", "estimate; calibrate")
+    cold_start_zip_s: float = _param(0.5, "s", "cold start of a zip function (numpy layer)",
+                                     "Lambda docs: cold starts 'from under 100 ms to over 1 second'")
+    cold_start_image_s: float = _param(6.0, "s", "cold start of the TensorFlow image",
+                                       "TensorFlow 2.21 import ~6 s, measured (DESIGN.md)")
+    vcpu_efficiency: float = _param(0.8, "", "TensorFlow's speed-up per vCPU beyond the first",
+                                    "estimate; calibrate")
+    compute_s_per_param_sample: float = _param(
+        1.92e-8, "s", "gradient time per sample and weight on one vCPU (--params only)",
+        "ResNet-50 on 224×224×3: 0.49 s per sample on one core, TF 2.21, measured")
+    activation_bytes_per_param_sample: float = _param(
+        5.8, "B", "layer outputs kept for the backward pass, per sample and weight (--params only)",
+        "ResNet-50 on 224×224×3: 148 MB of layer outputs per sample, counted")
+    keras_file_overhead: float = _param(0.0064, "", ".keras file bytes beyond the weights, relative (--params only)",
+                                        "ResNet-50: 103,199,296 B file for 102,546,848 B of weights, measured")
+    keras_mb_s: float = _param(73.0, "MB/s", "saving or loading a .keras file, one vCPU",
+                               "ResNet-50 .keras saved in 1.41 s, measured", True)
+    average_ns: float = _param(1.0, "ns", "weighted sum of one part, per weight (reducer)",
+                               "numpy on one core: 0.7 ns, measured")
+    optimizer_ns: float = _param(10.6, "ns", "optimizer step per weight (reducer)", "numpy Adam on one core, measured")
+    tf_runtime_mb: float = _param(584, "MB", "memory of a TensorFlow function before the model",
+                                  "RSS after importing TensorFlow 2.21, measured")
+    python_runtime_mb: float = _param(50, "MB", "memory of a zip function before its data",
+                                      "RSS after importing numpy, boto3, pydantic, Powertools, measured")
+    worker_model_copies: float = _param(5, "× M", "model-sized buffers of a worker",
+                                        "steps/worker: weights, gradients, flat update, encoded update, weights read")
+    merger_model_copies: float = _param(4, "× M", "model-sized buffers of the merger",
+                                        "steps/merger: shards read, flat weights, model weights, saved file")
+    record_bytes: float = _param(200, "B", "one worker's record item", "the pipeline's table layout")
+    participant_bytes: float = _param(30, "B", "one participant in the participants item", "the table layout")
+    counter_item_bytes: float = _param(500, "B", "the iteration counter item", "the table layout: under 1 KB")
+    run_item_bytes: float = _param(1000, "B", "the run's META item", "the table layout: ~1 KB")
+    log_bytes_per_invocation: float = _param(1000, "B", "CloudWatch log bytes per invocation",
+                                             "estimate: START/END/REPORT lines and one usage line")
+    zip_layer_mb: float = _param(95, "MB", "unzipped zip function + layer",
+                                 "numpy, pydantic, Powertools, slsml as installed, measured")
+    image_mb: float = _param(2000, "MB", "TensorFlow container image",
+                             "TensorFlow 2.21 + keras installed 1.3 GB, measured, on the Lambda base image")
+
+
+class Quotas(BaseModel):
+    """AWS default quotas (raise some by request: ``--quota name=value``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lambda_concurrency: int = Field(1000, gt=0, description="concurrent executions per region (account)")
+    lambda_burst_per_10s: int = Field(1000, gt=0, description="new execution environments per 10 s per function")
+    lambda_memory_mb: int = Field(10240, gt=0, description="memory of one function")
+    lambda_timeout_s: int = Field(900, gt=0, description="duration of one invocation")
+    zip_mb: int = Field(250, gt=0, description="unzipped zip function + layers")
+    image_mb: int = Field(10240, gt=0, description="container image")
+    dynamodb_item_bytes: int = Field(400 * 1024, gt=0, description="one item")
+    dynamodb_partition_wu_s: int = Field(1000, gt=0, description="write units per second on one partition")
+    s3_put_per_s: int = Field(3500, gt=0, description="PUT/COPY/POST/DELETE per second per prefix")
+    s3_get_per_s: int = Field(5500, gt=0, description="GET/HEAD per second per prefix")
+    sns_message_bytes: int = Field(256 * 1024, gt=0, description="one SNS message")
+
+
+class Workload(BaseModel):
+    """What is trained and how: the model's size and speed, the pipeline's shape, the run's length."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="where the model's figures come from")
+    params: int = Field(gt=0, description="float32 weights")
+    trainable_params: int = Field(gt=0)
+    model_file_bytes: int = Field(gt=0)
+    sample_bytes: int | None = Field(default=None, description="one training sample in the dataset")
+    activation_bytes_per_sample: float = Field(ge=0)
+    compute_per_sample_s: float = Field(ge=0, description="one sample's gradient on one vCPU")
+    compute_source: str
+    optimizer: OptimizerConfig = OptimizerConfig()
+    workers: int = Field(gt=0)
+    reducers: int = Field(gt=0)
+    global_batch: int = Field(gt=0)
+    quorum: float = Field(default=1.0, gt=0, le=1)
+    iterations: int = Field(gt=0)
+    samples: int | None = Field(default=None, gt=0, description="training samples (an epoch)")
+    memory_mb: dict[str, int]
+    timeout_s: dict[str, int]
+
+    @property
+    def iterations_per_epoch(self) -> int | None:
+        return None if self.samples is None else max(1, self.samples // self.global_batch)
+
+    def at(self, **changes: Any) -> Workload:
+        return self.model_copy(update=changes)
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+
+
+def function_memory(overrides: Mapping[str, int] | None = None) -> dict[str, int]:
+    """Each pipeline function's memory: the deployment's defaults, then ``overrides``."""
+    memory = {name: DEFAULT_FUNCTIONS[name].memory_mb for name in PIPELINE}
+    for name, mb in (overrides or {}).items():
+        if name not in memory:
+            raise BadInputError(f"no pipeline function named {name!r} (one of {', '.join(PIPELINE)})")
+        if not 128 <= mb <= 10240:
+            raise BadInputError(f"{name} memory {mb} MB is outside Lambda's 128–10,240 MB")
+        memory[name] = mb
+    return memory
+
+
+def function_timeouts() -> dict[str, int]:
+    return {name: DEFAULT_FUNCTIONS[name].timeout_s for name in PIPELINE}
+
+
+def state_slots(optimizer: OptimizerConfig) -> int:
+    """Optimizer state arrays as large as the trainable weights (Adam 2, SGD with momentum 1, SGD 0)."""
+    return sum(1 for value in optimizers.initial_state(optimizer, 1).values() if value.ndim == 1)
+
+
+def load_overrides(calibration: str | Path | None, pairs: Iterable[str], model: type[BaseModel]) -> tuple[Any, dict]:
+    """``model`` with values from a calibration JSON file, then ``name=value`` pairs; and where each
+    overridden value came from."""
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    if calibration:
+        path = Path(calibration)
+        try:
+            fitted = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise BadInputError(f"calibration file {path} does not exist") from None
+        except json.JSONDecodeError as error:
+            raise BadInputError(f"calibration file {path} is not JSON: {error}") from None
+        if not isinstance(fitted, dict):
+            raise BadInputError(f"calibration file {path} must hold a JSON object of parameter values")
+        values.update(fitted)
+        origin.update(dict.fromkeys(fitted, f"calibration {path.name}"))
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise BadInputError(f"{pair!r}: write name=value")
+        values[name.strip()] = value.strip()
+        origin[name.strip()] = "given"
+    unknown = sorted(set(values) - set(model.model_fields))
+    if unknown:
+        raise BadInputError(f"unknown {model.__name__.lower()} {unknown}; known: {', '.join(model.model_fields)}")
+    try:
+        return model(**values), origin
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise BadInputError(f"{model.__name__.lower()}: {problems}") from None
+
+
+def from_params(params: int, parameters: Parameters, compute_per_sample_s: float | None = None) -> dict[str, Any]:
+    """The model's figures from its size alone (a ResNet-50-like network on 224×224 images)."""
+    if params <= 0:
+        raise BadInputError(f"--params {params}: a model has at least one weight")
+    compute = compute_per_sample_s
+    source = "given (--compute-per-sample)"
+    if compute is None:
+        compute = params * parameters.compute_s_per_param_sample
+        source = "estimated from the parameter count (ResNet-50-like): give --compute-per-sample or --model"
+    return {
+        "model": "model (--params)",
+        "params": params,
+        "trainable_params": params,
+        "model_file_bytes": round(4 * params * (1 + parameters.keras_file_overhead)),
+        "activation_bytes_per_sample": params * parameters.activation_bytes_per_param_sample,
+        "compute_per_sample_s": compute,
+        "compute_source": source,
+    }
+
+
+def from_keras_file(path: str | Path, batch: int, measure: bool, parameters: Parameters) -> dict[str, Any]:
+    """The model's figures from a ``.keras`` file; with ``measure``, one timed gradient step, converted from
+    TensorFlow's threads here to one vCPU with ``parameters.vcpu_efficiency`` (see ``pin_one_thread``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInputError(f"model file {path} does not exist")
+    from slsml.training import modelio
+
+    data = path.read_bytes()
+    model = modelio.load_model(data, where=str(path))
+    specs = modelio.variable_specs(model)
+    shapes = model.input_shape
+    if not isinstance(shapes, tuple) or (shapes and isinstance(shapes[0], tuple | list)):
+        raise BadInputError(f"{path}: the plan reads single-input models; give --params and --compute-per-sample")
+    figures: dict[str, Any] = {
+        "model": path.name,
+        "params": sum(s.size for s in specs),
+        "trainable_params": sum(s.size for s in specs if s.trainable),
+        "model_file_bytes": len(data),
+        "sample_bytes": 4 * math.prod(d or 1 for d in shapes[1:]),
+        "activation_bytes_per_sample": 4 * _layer_outputs(model),
+    }
+    with suppress(BadInputError):  # not compiled, or not an optimizer the reducers apply: the default stands
+        figures["optimizer"] = modelio.optimizer_config(model)
+    if measure:
+        threads = _threads()
+        seconds = measure_step(model, specs, batch)
+        figures["compute_per_sample_s"] = seconds / batch * _speedup(threads, parameters.vcpu_efficiency)
+        figures["compute_source"] = f"measured: one gradient step of {batch} samples on {threads:g} thread(s) here"
+    return figures
+
+
+def pin_one_thread() -> None:
+    """Run TensorFlow on one thread (a measured step is then per vCPU), if it has not started yet."""
+    import tensorflow as tf
+
+    with suppress(RuntimeError):  # already running: it keeps its threads, and _threads() says how many
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def _threads() -> float:
+    import os
+
+    import tensorflow as tf
+
+    return float(tf.config.threading.get_intra_op_parallelism_threads() or len(os.sched_getaffinity(0)))
+
+
+def _layer_outputs(model: Any) -> int:
+    total = 0
+    for layer in model.layers:
+        outputs = layer.output if isinstance(layer.output, list | tuple) else [layer.output]
+        total += sum(math.prod(d or 1 for d in o.shape[1:]) for o in outputs)
+    return total
+
+
+def measure_step(model: Any, specs: list, batch: int) -> float:
+    """Seconds of one gradient step of ``batch`` random samples (after one untimed step that traces it)."""
+    import time
+
+    import numpy as np
+
+    from slsml.spec.shardplan import ShardPlan
+    from slsml.training import modelio
+
+    trainer = modelio.Trainer(model, ShardPlan.build(specs, 1), json.dumps("mean_squared_error"), classification=False)
+    rng = np.random.default_rng(0)
+    x = rng.random((batch, *(d or 1 for d in model.input_shape[1:])), dtype=np.float32)
+    y = np.zeros((batch, *(d or 1 for d in model.output_shape[1:])), dtype=np.float32)
+    trainer.compute_update(x, y)
+    started = time.perf_counter()
+    trainer.compute_update(x, y)
+    return time.perf_counter() - started
+
+
+def check(workload: Workload, parameters: Parameters, quotas: Quotas) -> None:
+    """Raise BadInputError for settings that cannot run at all, naming the limit and by how much."""
+    w = workload
+    if w.workers > quotas.lambda_concurrency:
+        raise BadInputError(
+            f"{w.workers} workers need {w.workers} concurrent Lambda executions: over the account's concurrency "
+            f"quota of {quotas.lambda_concurrency:,} by {w.workers - quotas.lambda_concurrency:,} "
+            "(ask AWS for more and give --quota lambda_concurrency=N)")
+    if w.global_batch < w.workers:
+        raise BadInputError(f"global batch {w.global_batch} is smaller than the {w.workers} workers by "
+                            f"{w.workers - w.global_batch}: every worker needs at least one sample")
+    if w.reducers > w.params:
+        raise BadInputError(f"{w.reducers} reducers but the model has only {w.params} weights: "
+                            f"{w.reducers - w.params} reducers would own no shard")
+    if w.samples is not None and w.global_batch > w.samples:
+        raise BadInputError(f"global batch {w.global_batch} is larger than the {w.samples} training samples")
+    try:
+        TrainingSpec(workers=w.workers, reducers=w.reducers, global_batch=w.global_batch, quorum=w.quorum,
+                     iterations=min(w.iterations, 999_999))
+    except ValidationError as error:
+        raise BadInputError("; ".join(f"{e['loc'][0] if e['loc'] else 'training'}: {e['msg']}"
+                                      for e in error.errors())) from None
+    problems = [q.detail for q in predict(workload, parameters, quotas, prices.PriceTable()).quotas
+                if q.hard and not q.ok]
+    if problems:
+        raise BadInputError("; ".join(problems))
+
+
+# ---- outputs -----------------------------------------------------------------------------------
+
+
+class Stage(BaseModel):
+    name: str
+    function: str | None = Field(description="the function that runs it; None for a hop between functions")
+    seconds: float
+    detail: str
+
+
+class FunctionFigures(BaseModel):
+    function: str
+    invocations: int
+    memory_mb: int
+    seconds: float = Field(description="the invocation on the critical path")
+    gb_seconds: float = Field(description="all invocations of one iteration")
+    bytes_read: int = Field(description="S3, the invocation on the critical path")
+    bytes_written: int
+    bytes_read_total: int = Field(description="S3, all invocations of one iteration")
+    bytes_written_total: int
+    memory_needed_mb: float
+
+
+class QuotaCheck(BaseModel):
+    name: str
+    value: float
+    limit: float
+    unit: str
+    ok: bool
+    hard: bool = Field(description="the run cannot work at all (plan refuses it); else it is slowed or throttled")
+    detail: str
+
+    @property
+    def utilization(self) -> float:
+        return self.value / self.limit
+
+
+class FirstIteration(BaseModel):
+    """What the first iteration (cold containers) adds on top of a steady one."""
+
+    extra_s: float
+    extra_requests: dict[str, int]
+    extra_dollars: float
+    detail: str
+
+
+class ExtraCall(BaseModel):
+    """Calls of the chain beyond its minimum, and why they are made."""
+
+    operation: str = Field(description="service:Operation")
+    count: int = Field(description="per iteration")
+    call: str
+    reason: str
+
+
+class Plan(BaseModel):
+    workload: Workload
+    participants: int
+    state_slots: int
+    requests_per_iteration: dict[str, int] = Field(description="by service:Operation, as botocore names them")
+    minimum_requests_per_iteration: dict[str, int] = Field(description="the minimum chain, by service:Operation")
+    extra_calls: list[ExtraCall] = Field(description="the chain's calls beyond the minimum")
+    read_units: float
+    write_units: float
+    sns_billed_publishes: int
+    stages: list[Stage]
+    functions: list[FunctionFigures]
+    chain_s: float = Field(description="the critical path of one iteration")
+    floor_s: float = Field(description="the iteration counter item's writes at the partition's write rate")
+    iteration_s: float
+    epoch_s: float | None
+    run_s: float
+    dollars_per_iteration: dict[str, float]
+    first_iteration: FirstIteration
+    quotas: list[QuotaCheck]
+    parameters: dict[str, dict[str, Any]]
+
+    @property
+    def iteration_dollars(self) -> float:
+        return sum(self.dollars_per_iteration.values())
+
+    @property
+    def epoch_dollars(self) -> float | None:
+        per_epoch = self.workload.iterations_per_epoch
+        return None if per_epoch is None else per_epoch * self.iteration_dollars
+
+    @property
+    def run_dollars(self) -> float:
+        return self.workload.iterations * self.iteration_dollars + self.first_iteration.extra_dollars
+
+    @property
+    def requests_ratio(self) -> float:
+        """Requests per iteration over those of the minimum chain."""
+        return sum(self.requests_per_iteration.values()) / sum(self.minimum_requests_per_iteration.values())
+
+    @property
+    def violations(self) -> list[QuotaCheck]:
+        return [q for q in self.quotas if not q.ok]
+
+    @property
+    def binding(self) -> QuotaCheck:
+        """The quota closest to (or furthest past) its limit: the first to bind as load grows."""
+        return max(self.quotas, key=lambda q: q.utilization)
+
+    def summary(self) -> dict[str, Any]:
+        """The plan as one JSON-ready object."""
+        out = self.model_dump(mode="json")
+        out["iterations_per_epoch"] = self.workload.iterations_per_epoch
+        out["dollars"] = {"iteration": self.iteration_dollars, "epoch": self.epoch_dollars, "run": self.run_dollars}
+        for check, row in zip(self.quotas, out["quotas"], strict=True):
+            row["utilization"] = check.utilization
+        out["binding"] = binding_sentence(self)
+        out["requests_ratio"] = self.requests_ratio
+        return out
+
+
+# ---- the model ---------------------------------------------------------------------------------
+
+
+def vcpus(memory_mb: float) -> float:
+    """Lambda's CPU share: in proportion to memory, 1 vCPU at 1,769 MB, 6 at 10,240 MB."""
+    if memory_mb <= _VCPU_MB:
+        return memory_mb / _VCPU_MB
+    return 1 + (memory_mb - _VCPU_MB) * 5 / (10240 - _VCPU_MB)
+
+
+def _speedup(cpus: float, efficiency: float) -> float:
+    """How many times faster than one vCPU TensorFlow runs on ``cpus``."""
+    return cpus if cpus <= 1 else 1 + (cpus - 1) * efficiency
+
+
+@lru_cache(maxsize=256)
+def message_bytes(participants: int, samples: int, reducers: int) -> tuple[int, int]:
+    """(Work, Reduce) message sizes as the pipeline serializes them, for a run id of the longest form."""
+    run_id = "r" * 63
+    work = WorkMessage(run_id=run_id, iteration=999_999, worker=participants - 1, workers=participants)
+    reduce = ReduceMessage(
+        run_id=run_id, iteration=999_999, shard=reducers - 1,
+        participants=tuple(Participant(worker=w, samples=samples) for w in range(participants)),
+    )
+    return len(work.model_dump_json().encode()), len(reduce.model_dump_json().encode())
+
+
+def publish_batches(messages: int, message_size: int) -> int:
+    """PublishBatch calls for ``messages`` of one size (``slsml.pipeline.bus``: 10 entries, 256 KiB a batch)."""
+    per_batch = max(1, min(bus.BATCH_ENTRIES, bus.BATCH_BYTES // message_size))
+    return math.ceil(messages / per_batch)
+
+
+class NormExchange(BaseModel):
+    """What clipping by norm across shards adds to an iteration (``slsml.training.clipping``)."""
+
+    requests: dict[str, int] = Field(default_factory=dict)
+    released: int = Field(default=0, description="reducers stepped by a second invocation, released by another")
+    release_bytes: int = 0
+
+
+def norm_exchange(optimizer: OptimizerConfig, reducers: int, reduce_bytes: int) -> NormExchange:
+    """Nothing unless the optimizer clips by norm with R > 1: then each reducer stores its average and its
+    sums of squares and counts them; the last one reads them all, claims the release and publishes it to
+    the R - 1 others, which read their average back."""
+    R = reducers
+    if R == 1 or not optimizer.clips_by_norm:
+        return NormExchange()
+    entries = 1 if optimizer.global_clipnorm else R - 1  # the global sum, or each cut variable's
+    squares = json.dumps({"squares": {str(10**5 + i): -1.2345678901234567e-300 for i in range(entries)}})
+    release_bytes = reduce_bytes + len(squares)
+    return NormExchange(
+        requests={"dynamodb:PutItem": R, "dynamodb:UpdateItem": R + 1,
+                  "dynamodb:BatchGetItem": math.ceil(R / runstate.BATCH_READ), "s3:PutObject": R,
+                  "s3:GetObject": R - 1, "sns:PublishBatch": publish_batches(R - 1, release_bytes)},
+        released=R - 1, release_bytes=release_bytes,
+    )
+
+
+def minimum_chain(workers: int, reducers: int, participants: int, work_batches: int, reduce_batches: int
+                  ) -> dict[str, int]:
+    """The requests of one steady iteration that any at-least-once pipeline of this shape makes."""
+    W, R, n = workers, reducers, participants
+    return {
+        "dynamodb:GetItem": 1,  # the launch reads the run
+        "dynamodb:UpdateItem": 1 + R + 1,  # the launch claim, one durable write per shard report, the merge fire
+        "dynamodb:PutItem": W + 1,  # one durable write per worker report, the reduce fire (its participants)
+        "dynamodb:BatchGetItem": math.ceil(W / runstate.BATCH_READ),  # the reports, read once at the fire
+        "s3:GetObject": W + R * n + R + R,  # weights; each reducer's parts and shard; the merger's shards
+        "s3:PutObject": W + R + 2,  # updates, shards, the flat weights and the .keras model
+        "sns:PublishBatch": work_batches + W + reduce_batches + R,  # one message per hop
+    }
+
+
+def chain_extras(workers: int) -> list[ExtraCall]:
+    """The chain's calls beyond the minimum one, each with why it is made."""
+    return [
+        ExtraCall(operation="dynamodb:UpdateItem", count=workers, call="the counter update per worker report",
+                  reason="the O(1) signal that the barrier may be complete, without reading every record on every "
+                         "report"),
+        ExtraCall(operation="dynamodb:UpdateItem", count=1, call="the reduce fire's mark on the counter",
+                  reason="the participants item is the fire; its list grows with W, so it cannot live on the "
+                         "counter that every report rewrites, where the mark turns late reports away"),
+        ExtraCall(operation="dynamodb:UpdateItem", count=1, call="the run advance, apart from the merge fire",
+                  reason="the run item (status, iteration, token) and the iteration counter are different items; "
+                         "the advance is also the heartbeat and the stop check"),
+    ]
+
+
+def _units(item_bytes: float, unit_bytes: int) -> int:
+    return max(1, math.ceil(item_bytes / unit_bytes))
+
+
+def _transfer(requests: float, size: float, latency: float, mb_s: float, parallel: float = 1) -> float:
+    """Seconds to move ``size`` bytes in ``requests`` requests, ``parallel`` at a time."""
+    return math.ceil(requests / max(1, parallel)) * latency + size / (mb_s * 1e6)
+
+
+def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable) -> Plan:
+    """The plan of one configuration: requests, bytes, time and dollars per iteration; quotas."""
+    w, p = workload, parameters
+    W, R, B = w.workers, w.reducers, w.global_batch
+    n = quorum_count(W, w.quorum)
+    k = state_slots(w.optimizer)
+    M, F = 4 * w.params, w.model_file_bytes
+    shard_weights = 4 * math.ceil(w.params / R)  # the largest shard: the reducer on the critical path
+    shard_state = k * 4 * min(math.ceil(w.params / R), w.trainable_params)  # at most: every weight trainable
+    mean_weights, mean_state = M / R, k * 4 * w.trainable_params / R
+    local_batch = math.ceil(B / W)
+    work_bytes, reduce_bytes = message_bytes(n, local_batch, R)
+    work_batches = publish_batches(W, work_bytes)
+    reduce_batches = publish_batches(R, reduce_bytes)
+    pages = math.ceil(W / runstate.BATCH_READ)  # the fire reads the W records by key
+    mem = w.memory_mb
+
+    requests = {
+        "dynamodb:GetItem": 1,
+        "dynamodb:UpdateItem": 1 + W + 1 + R + 2,
+        "dynamodb:PutItem": W + 1,
+        "dynamodb:BatchGetItem": pages,
+        "s3:GetObject": W + R * (n + 1) + R,
+        "s3:PutObject": W + R + 2,
+        "sns:PublishBatch": work_batches + W + reduce_batches + R,
+    }
+    exchange = norm_exchange(w.optimizer, R, reduce_bytes)
+    for operation, count in exchange.requests.items():
+        requests[operation] += count
+    counter_wu = _units(p.counter_item_bytes, 1024)
+    # claim, counts, fire, shard counts, fire+merge record; with the norm exchange its counts and release
+    counter_writes = 1 + W + 1 + R + 1 + (R + 1 if exchange.released else 0)
+    write_units = (counter_writes * counter_wu + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 1024)
+                   + _units(n * p.participant_bytes, 1024) + _units(p.run_item_bytes, 1024))
+    read_units = (_units(p.run_item_bytes, 4096)  # BatchGetItem: per item
+                  + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 4096))
+    sns_billed = (W * prices.sns_chunks(work_bytes) + W + R * prices.sns_chunks(reduce_bytes) + R + 1  # +1: S3 event
+                  + exchange.released * prices.sns_chunks(exchange.release_bytes))
+
+    lat, ddb, pub, hop = p.s3_request_s, p.dynamodb_s, p.sns_publish_s, p.sns_lambda_s
+    # WorkLauncher: read the run, claim the iteration, publish Work (the n-th message's batch is on the path)
+    launch_s = p.handler_s + 2 * ddb + publish_batches(n, work_bytes) * pub
+    launcher_s = p.handler_s + 2 * ddb + work_batches * pub
+    worker_cpus = _speedup(vcpus(mem["worker"]), p.vcpu_efficiency)
+    read_weights = _transfer(1, M, lat, p.s3_read_mb_s)
+    compute_s = local_batch * w.compute_per_sample_s / worker_cpus
+    write_update = _transfer(1, M + updates.HEADER_SIZE, lat, p.s3_write_mb_s)
+    worker_s = p.handler_s + read_weights + compute_s + write_update + pub
+    count_s = p.handler_s + 2 * ddb
+    fire_s = count_s + ddb + pages * ddb + ddb + reduce_batches * pub
+
+    def reducer(weights: float, state: float) -> tuple[float, float, float]:
+        """(read, compute, total) seconds of one reducer of a shard of this size."""
+        elements = weights / 4
+        read = _transfer(n + 1, n * weights + weights + state, lat, p.s3_read_mb_s, p.s3_parallel_reads)
+        cpu = min(1.0, vcpus(mem["reducer"]))
+        math_s = elements * (n * p.average_ns + p.optimizer_ns) * 1e-9 / cpu
+        total = p.handler_s + read + math_s + _transfer(1, weights + state, lat, p.s3_write_mb_s) + pub
+        return read, math_s, total
+
+    reduce_read, reduce_math, reducer_s = reducer(shard_weights, shard_state)
+    reducer_mean_s = reducer(mean_weights, mean_state)[2]
+    share_s = step_s = 0.0
+    if exchange.released:  # store the average, record + count + read the sums + claim, release; read back
+        share_s = (_transfer(1, shard_weights, lat, p.s3_write_mb_s) + (3 + math.ceil(R / runstate.BATCH_READ)) * ddb
+                   + publish_batches(exchange.released, exchange.release_bytes) * pub)
+        step_s = p.handler_s + _transfer(2, 2 * shard_weights + shard_state, lat, p.s3_read_mb_s,
+                                         p.s3_parallel_reads)
+    merge_cpu = min(1.0, vcpus(mem["merger"]))
+    shards_read = _transfer(R, M, lat, p.s3_read_mb_s, p.s3_parallel_reads)
+    assemble = F / (p.keras_mb_s * 1e6) / merge_cpu
+    merge_writes = 2 * lat + (M + F) / (p.s3_write_mb_s * 1e6)
+    merge_s = p.handler_s + ddb + shards_read + 2 * ddb + assemble + merge_writes
+    merger_count_s = p.handler_s + ddb
+
+    stages = [
+        Stage(name="model → WorkLauncher", function=None, seconds=p.s3_event_s + hop,
+              detail="S3 event → SNS ModelUpdated → Lambda"),
+        Stage(name="WorkLauncher", function="work_launcher", seconds=launch_s,
+              detail=f"run + claim (DynamoDB), Work to the {n}-th worker: {publish_batches(n, work_bytes)} of "
+                     f"{work_batches} PublishBatch"),
+        Stage(name="Work → Worker", function=None, seconds=hop, detail="SNS → Lambda"),
+        Stage(name="Worker", function="worker", seconds=worker_s,
+              detail=f"read weights {read_weights:.2f} s, compute {local_batch} samples {compute_s:.2f} s, "
+                     f"write update {write_update:.2f} s, WorkDone"),
+        Stage(name="WorkDone → ReduceLauncher", function=None, seconds=hop, detail="SNS → Lambda"),
+        Stage(name="ReduceLauncher (fires)", function="reduce_launcher", seconds=fire_s,
+              detail=f"record + count, {pages} BatchGetItem, participants, fire, {reduce_batches} PublishBatch"),
+        Stage(name="Reduce → Reducer", function=None, seconds=hop, detail="SNS → Lambda"),
+        Stage(name="Reducer", function="reducer", seconds=reducer_s,
+              detail=f"{n + 1} GETs {reduce_read:.2f} s, average + optimizer {reduce_math:.2f} s, write shard"),
+        *([Stage(name="Norm exchange", function="reducer", seconds=share_s + hop + step_s,
+                 detail=f"store average + sums of squares, release {exchange.released} shards (SNS → Lambda), "
+                        "read average and shard back")] if exchange.released else []),
+        Stage(name="ReduceDone → Merger", function=None, seconds=hop, detail="SNS → Lambda"),
+        Stage(name="Merger (merges)", function="merger", seconds=merge_s,
+              detail=f"{R} ranged GETs {shards_read:.2f} s, assemble {assemble:.2f} s, write weights + model"),
+    ]
+    chain_s = sum(s.seconds for s in stages)
+    floor_s = counter_writes * counter_wu / quotas.dynamodb_partition_wu_s
+    iteration_s = max(chain_s, floor_s)
+
+    durations = {  # (invocations, billed seconds of each) per function
+        "work_launcher": [(1, launcher_s)],
+        "worker": [(W, worker_s)],
+        "reduce_launcher": [(W - 1, count_s), (1, fire_s)],
+        "reducer": [(R, reducer_mean_s + share_s), (exchange.released, step_s)],
+        "merger": [(R - 1, merger_count_s), (1, merge_s)],
+    }
+    state_total = k * 4 * w.trainable_params
+    io = {  # (read, written) bytes: the critical invocation, then all of one iteration
+        "work_launcher": (0, 0, 0, 0),
+        "worker": (M, M + updates.HEADER_SIZE, W * M, W * (M + updates.HEADER_SIZE)),
+        "reduce_launcher": (0, 0, 0, 0),
+        "reducer": ((n + 1) * shard_weights + shard_state, shard_weights + shard_state,
+                    (n + 1) * M + state_total, M + state_total),
+        "merger": (M, M + F, M, M + F),
+    }
+    memory_needed = {
+        "work_launcher": p.python_runtime_mb,
+        "worker": p.tf_runtime_mb + (p.worker_model_copies * M + local_batch * w.activation_bytes_per_sample) / 1e6,
+        "reduce_launcher": p.python_runtime_mb + W * p.record_bytes / 1e6,
+        "reducer": p.python_runtime_mb + (n * shard_weights + 8 * shard_weights / 4
+                                          + 2 * (shard_weights + shard_state)) / 1e6,
+        "merger": p.tf_runtime_mb + p.merger_model_copies * M / 1e6,
+    }
+    critical = {"work_launcher": launcher_s, "worker": worker_s, "reduce_launcher": fire_s,
+                "reducer": reducer_s, "merger": merge_s}
+    functions = []
+    gb_seconds = 0.0
+    for name in PIPELINE:
+        gbs = sum(count * prices.gb_seconds(seconds, mem[name]) for count, seconds in durations[name])
+        gb_seconds += gbs
+        read, written, read_total, written_total = io[name]
+        functions.append(FunctionFigures(
+            function=name, invocations=sum(c for c, _ in durations[name]), memory_mb=mem[name],
+            seconds=critical[name], gb_seconds=gbs, bytes_read=read, bytes_written=written,
+            bytes_read_total=read_total, bytes_written_total=written_total, memory_needed_mb=memory_needed[name],
+        ))
+    invocations = 1 + 2 * W + 2 * R + exchange.released
+    dollars = price_table.cost(
+        requests, read_units=read_units, write_units=write_units, gb_seconds=gb_seconds, invocations=invocations,
+        publish_chunks={"sns:PublishBatch": sns_billed}, log_bytes=invocations * p.log_bytes_per_invocation,
+    )
+    first = _first_iteration(w, p, price_table, M, F, local_batch)
+    spreads = {"work": work_batches * pub, "reduce": reduce_batches * pub}
+    checks = _quotas(w, p, quotas, n, reduce_bytes, critical, memory_needed, spreads, reduce_read, chain_s, floor_s,
+                     counter_writes * counter_wu)
+    per_epoch = w.iterations_per_epoch
+    return Plan(
+        workload=w, participants=n, state_slots=k, requests_per_iteration=requests,
+        minimum_requests_per_iteration=minimum_chain(W, R, n, work_batches, reduce_batches),
+        extra_calls=chain_extras(W), read_units=read_units,
+        write_units=write_units, sns_billed_publishes=sns_billed, stages=stages, functions=functions,
+        chain_s=chain_s, floor_s=floor_s, iteration_s=iteration_s,
+        epoch_s=None if per_epoch is None else per_epoch * iteration_s,
+        run_s=w.iterations * iteration_s + first.extra_s, dollars_per_iteration=dollars, first_iteration=first,
+        quotas=checks, parameters=_described(p),
+    )
+
+
+def _first_iteration(
+    w: Workload, p: Parameters, price_table: prices.PriceTable, M: int, F: int, local_batch: int
+) -> FirstIteration:
+    """Cold starts on the critical path and the reads only a cold container makes."""
+    W, R = w.workers, w.reducers
+    cold = {name: p.cold_start_image_s if name in IMAGE_FUNCTIONS else p.cold_start_zip_s for name in PIPELINE}
+    load_model = F / (p.keras_mb_s * 1e6) / min(1.0, vcpus(w.memory_mb["worker"]))
+    shards_each = 0.0
+    data_s = 0.0
+    notes = []
+    if w.samples is not None:
+        shards = math.ceil(w.samples / DEFAULT_SHARD_SIZE)
+        shards_each = shards * (1 - (1 - 1 / shards) ** local_batch)  # distinct shards of a random slice
+        if w.sample_bytes:
+            shard_bytes = min(DEFAULT_SHARD_SIZE, w.samples) * w.sample_bytes
+            data_s = shards_each * (p.s3_request_s + shard_bytes / (p.s3_read_mb_s * 1e6))
+            notes.append(f"each worker reads {shards_each:.1f} dataset shards of {shard_bytes / 1e6:.0f} MB")
+        else:
+            notes.append(f"each worker reads {shards_each:.1f} dataset shards (their size unknown: --sample-bytes)")
+    # the worker reads run.json, the model file (instead of the flat weights), the manifest and its shards
+    worker_extra = 2 * p.s3_request_s + (F - M) / (p.s3_read_mb_s * 1e6) + load_model + data_s
+    extra_s = sum(cold.values()) + worker_extra + p.s3_request_s + F / (p.s3_read_mb_s * 1e6) + load_model
+    gets = W * (2 + math.ceil(shards_each)) + W + R + R + 1  # workers; run.json of every other cold container
+    extra = {"s3:GetObject": gets}
+    memory = w.memory_mb
+    init_gbs = (prices.gb_seconds(cold["work_launcher"], memory["work_launcher"])
+                + W * prices.gb_seconds(cold["worker"] + worker_extra, memory["worker"])
+                + W * prices.gb_seconds(cold["reduce_launcher"], memory["reduce_launcher"])
+                + R * prices.gb_seconds(cold["reducer"], memory["reducer"])
+                + R * prices.gb_seconds(cold["merger"], memory["merger"]))
+    dollars = sum(price_table.cost(extra, gb_seconds=init_gbs).values())
+    notes.insert(0, "cold starts on the path: " + ", ".join(f"{name} {s:g} s" for name, s in cold.items()))
+    notes.append("every container reads run.json; workers and the merging merger read the model file")
+    return FirstIteration(extra_s=extra_s, extra_requests=extra, extra_dollars=dollars, detail="; ".join(notes))
+
+
+def _quotas(
+    w: Workload, p: Parameters, q: Quotas, n: int, reduce_bytes: int, critical: dict[str, float],
+    memory_needed: dict[str, float], spreads: dict[str, float], reduce_read: float, chain_s: float, floor_s: float,
+    counter_units: int,
+) -> list[QuotaCheck]:
+    W, R = w.workers, w.reducers
+    checks: list[QuotaCheck] = []
+
+    def add(name: str, value: float, limit: float, unit: str, detail: str, hard: bool = False) -> None:
+        checks.append(QuotaCheck(name=name, value=value, limit=limit, unit=unit, ok=value <= limit, hard=hard,
+                                 detail=detail))
+
+    # Workers run while the WorkLauncher still publishes (when a worker outlasts the launch), reducers likewise.
+    workers_in_flight = W if critical["worker"] >= spreads["work"] else math.ceil(W * critical["worker"] /
+                                                                                  spreads["work"])
+    stage = (f"{workers_in_flight} workers in flight while the WorkLauncher publishes (+1)" if workers_in_flight >= R
+             else f"{R} reducers in flight while the ReduceLauncher publishes (+1)")
+    add("Lambda concurrency", max(workers_in_flight, R) + 1, q.lambda_concurrency, "executions",
+        f"{stage}; throttled invocations wait and retry")
+    add("Lambda burst (first iteration)", W * 10 / max(10.0, spreads["work"]), q.lambda_burst_per_10s,
+        "new workers / 10 s", f"{W} cold workers start within {spreads['work']:.1f} s")
+    for name in ("worker", "reducer", "merger"):
+        need, have = memory_needed[name], w.memory_mb[name]
+        limit = min(have, q.lambda_memory_mb)
+        add(f"memory: {name}", need, limit, "MB",
+            f"{name} needs ~{need:,.0f} MB and has {have:,} MB" + (
+                f": over by {need - have:,.0f} MB" + (
+                    f", beyond Lambda's {q.lambda_memory_mb:,} MB: {_RELIEF[name]}" if need > q.lambda_memory_mb
+                    else f" (--memory {name}={_fitting(need)})") if need > have else ""),
+            hard=True)
+    for name in ("worker", "reducer", "merger"):
+        timeout = min(w.timeout_s[name], q.lambda_timeout_s)
+        seconds = critical[name]
+        add(f"duration: {name}", seconds, timeout, "s",
+            f"{name} runs {seconds:,.1f} s of its {timeout} s timeout" + (
+                "" if seconds <= timeout else f": over by {seconds - timeout:,.1f} s" + (
+                    f", beyond Lambda's {q.lambda_timeout_s} s" if seconds > q.lambda_timeout_s else
+                    " (raise the deployment's functions.<name>.timeout_s)")))
+    message_limit = min(q.sns_message_bytes, MAX_MESSAGE_BYTES)
+    add("Reduce message size", reduce_bytes, message_limit, "B",
+        f"Reduce message with {n} participants is {reduce_bytes:,} B; SNS allows {q.sns_message_bytes:,} B, "
+        f"slsml's functions take {MAX_MESSAGE_BYTES:,} B" + (
+            f": over by {reduce_bytes - message_limit:,} B" if reduce_bytes > message_limit else ""), hard=True)
+    item = n * p.participant_bytes
+    add("DynamoDB item size", item, q.dynamodb_item_bytes, "B",
+        f"the participants item of {n} workers is ~{item:,.0f} B" + (
+            f": over DynamoDB's {q.dynamodb_item_bytes:,} B by {item - q.dynamodb_item_bytes:,.0f} B"
+            if item > q.dynamodb_item_bytes else ""), hard=True)
+    rate = counter_units / max(chain_s, 1e-9)
+    add("DynamoDB partition writes", rate, q.dynamodb_partition_wu_s, "WU/s",
+        f"the iteration counter item takes {counter_units} write units an iteration (W + R + 3 writes)" + (
+            f": at {q.dynamodb_partition_wu_s:,} WU/s an iteration lasts at least {floor_s:.2f} s, "
+            f"{floor_s - chain_s:.2f} s over the {chain_s:.2f} s chain" if floor_s > chain_s else ""))
+    updates_prefix = keys.update("<run>", 0, 0).rsplit("/", 1)[0].replace("000000", "<i>") + "/"
+    iteration_prefix = updates_prefix.removesuffix("updates/")
+    models_prefix = keys.models_prefix("<run>")
+    gets = {
+        f"{updates_prefix}: the reducers' {R}×{n} ranged reads": R * n / max(1.0, spreads["reduce"] + reduce_read),
+        f"{iteration_prefix}: {W} workers read the weights": W / max(1.0, spreads["work"]),
+    }
+    puts = {
+        f"{updates_prefix}: {W} workers' updates": W / max(1.0, spreads["work"]),
+        f"{iteration_prefix}: {R} reducers' shards": R / max(1.0, spreads["reduce"]),
+    }
+    hit = f"the chain hits {updates_prefix}, {iteration_prefix} and {models_prefix}, all one prefix until S3 splits it"
+    for kind, rates, limit in (("GET", gets, q.s3_get_per_s), ("PUT", puts, q.s3_put_per_s)):
+        busiest, value = max(rates.items(), key=lambda item: item[1])
+        over = f": over by {value - limit:,.0f}/s, S3 answers 503 SlowDown and the requests retry"
+        add(f"S3 {kind} rate", value, limit, f"{kind}/s",
+            f"busiest {busiest}" + (f"; {hit}" if kind == "GET" else "") + (over if value > limit else ""))
+    add("zip package", p.zip_layer_mb, q.zip_mb, "MB", "numpy layer + slsml, unzipped", hard=True)
+    add("container image", p.image_mb, q.image_mb, "MB", "TensorFlow image of the worker and merger", hard=True)
+    return checks
+
+
+_RELIEF = {"worker": "more workers (a smaller slice each) or a smaller model", "reducer": "more reducers",
+           "merger": "a smaller model"}
+
+
+def _fitting(need_mb: float) -> int:
+    return next((mb for mb in MEMORY_CHOICES_MB if mb >= need_mb), 10240)
+
+
+def _described(p: Parameters) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name, field in Parameters.model_fields.items():
+        extra = field.json_schema_extra or {}
+        out[name] = {"value": getattr(p, name), "unit": extra.get("unit", ""), "what": field.description,
+                     "source": extra.get("source", "")}
+    return out
+
+
+def with_origin(plan: Plan, origin: Mapping[str, str]) -> Plan:
+    """The plan with overridden parameters' sources naming where their values came from."""
+    for name, where in origin.items():
+        plan.parameters[name]["source"] = where
+    return plan
+
+
+def binding_sentence(plan: Plan) -> str:
+    q = plan.binding
+    share = q.utilization
+    head = f"{q.name} binds first: {q.value:,.4g} of {q.limit:,.4g} {q.unit} ({share:.0%})"
+    if share > 1:
+        return f"{head}, over by {q.value - q.limit:,.4g} {q.unit}. {q.detail}"
+    return f"{head}: {1 / share:.2g}× headroom. {q.detail}"
+
+
+def minimum_sentence(plan: Plan) -> str:
+    total, minimum = sum(plan.requests_per_iteration.values()), sum(plan.minimum_requests_per_iteration.values())
+    return f"requests: {total:,} per iteration, {minimum:,} in the minimum chain ({plan.requests_ratio:.2f}×)"
+
+
+# ---- choices -----------------------------------------------------------------------------------
+
+
+class Choice(BaseModel):
+    reducers: int
+    worker_memory_mb: int
+    reducer_memory_mb: int
+    iteration_s: float
+    iteration_dollars: float
+    epoch_dollars: float | None
+
+
+class Recommendation(BaseModel):
+    fastest: Choice | None = Field(description="least time per iteration; None: nothing fits Lambda's limits")
+    cheapest: Choice | None = Field(description="fewest dollars per iteration")
+    over: list[str] = Field(description="throughput quotas the fastest choice still exceeds (none fits them all)")
+    as_workers_grow: str = Field(description="the quotas W reaches as it grows, R and the batch fixed")
+
+
+def _choice(plan: Plan) -> Choice:
+    w = plan.workload
+    return Choice(reducers=w.reducers, worker_memory_mb=w.memory_mb["worker"],
+                  reducer_memory_mb=w.memory_mb["reducer"], iteration_s=plan.iteration_s,
+                  iteration_dollars=plan.iteration_dollars, epoch_dollars=plan.epoch_dollars)
+
+
+def _rank(plan: Plan, objective: float) -> tuple[int, int, float]:
+    """Within Lambda's hard limits first, then within the throughput quotas, then by the objective."""
+    return (sum(q.hard for q in plan.violations), sum(not q.hard for q in plan.violations), objective)
+
+
+def recommend(workload: Workload, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable,
+              reducers_fixed: bool = False) -> Recommendation:
+    """The fastest and the cheapest R and worker and reducer memory for the workload's W and model."""
+    reducers = [workload.reducers] if reducers_fixed else sorted(
+        {r for r in (*REDUCER_CHOICES, workload.reducers) if r <= min(256, workload.params)})
+    plans = [predict(_with_memory(workload, worker=wm, reducer=rm).at(reducers=r), parameters, quotas, price_table)
+             for r in reducers for wm in MEMORY_CHOICES_MB for rm in MEMORY_CHOICES_MB]
+    fastest = min(plans, key=lambda plan: _rank(plan, plan.iteration_s + 1e-9 * plan.iteration_dollars))
+    cheapest = min(plans, key=lambda plan: _rank(plan, plan.iteration_dollars + 1e-9 * plan.iteration_s))
+
+    def fits(plan: Plan) -> Choice | None:
+        return None if any(q.hard for q in plan.violations) else _choice(plan)
+
+    return Recommendation(
+        fastest=fits(fastest), cheapest=fits(cheapest), over=[q.name for q in fastest.violations],
+        as_workers_grow=as_workers_grow(workload, parameters, quotas, price_table),
+    )
+
+
+def fastest_reducers(workload: Workload, parameters: Parameters, quotas: Quotas,
+                     price_table: prices.PriceTable) -> int:
+    """The R of least iteration time for the workload's W and memory."""
+    plans = [predict(workload.at(reducers=r), parameters, quotas, price_table)
+             for r in REDUCER_CHOICES if r <= workload.params]
+    return min(plans, key=lambda plan: _rank(plan, plan.iteration_s)).workload.reducers
+
+
+def _with_memory(workload: Workload, **sizes: int) -> Workload:
+    return workload.at(memory_mb={**workload.memory_mb, **sizes})
+
+
+def quota_changes(workload: Workload, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable,
+                  top: int | None = None) -> list[tuple[int, str, bool]]:
+    """(W, quota, exceeded from this W on) for each quota that changes side as W grows from 1 to ``top``,
+    R, batch and memory fixed."""
+    top = top or min(quotas.lambda_concurrency, workload.global_batch)
+
+    @cache
+    def broken(workers: int) -> frozenset[str]:
+        plan = predict(workload.at(workers=workers), parameters, quotas, price_table)
+        return frozenset(q.name for q in plan.violations)
+
+    changes = []
+    previous = 1
+    grid = sorted({min(top, max(1, round(1.05 ** i))) for i in range(400)} | {top})
+    for workers in grid[1:]:
+        for name in sorted(broken(previous) ^ broken(workers)):
+            low, high = previous, workers  # bisect to the first W on the new side
+            while high - low > 1:
+                middle = (low + high) // 2
+                low, high = (low, middle) if (name in broken(middle)) != (name in broken(previous)) else (middle, high)
+            changes.append((high, name, name in broken(workers)))
+        previous = workers
+    return sorted(changes)
+
+
+def as_workers_grow(workload: Workload, parameters: Parameters, quotas: Quotas,
+                    price_table: prices.PriceTable) -> str:
+    """The quotas' changes as W grows, in words."""
+    top = min(quotas.lambda_concurrency, workload.global_batch)
+    head = f"as W grows from 1 to {top} (R = {workload.reducers}, batch {workload.global_batch})"
+    initially = sorted(q.name for q in predict(workload.at(workers=1), parameters, quotas, price_table).violations)
+    parts = [f"over at W = 1: {', '.join(initially)}"] if initially else []
+    for workers, name, exceeded in quota_changes(workload, parameters, quotas, price_table, top):
+        parts.append(f"{name} {'exceeded' if exceeded else 'fits'} from W = {workers}")
+    return f"{head}: " + ("; ".join(parts) if parts else "no quota is reached")
+
+
+class SweepPoint(BaseModel):
+    workers: int
+    reducers: int
+    iteration_s: float
+    epoch_s: float
+    epoch_dollars: float
+    violations: list[str]
+
+
+def sweep(workload: Workload, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable,
+          reducers_fixed: bool, workers: Iterable[int] = SWEEP_WORKERS) -> list[SweepPoint]:
+    """Time and dollars per epoch against W (batch, memory fixed; R fixed or the fastest at each W)."""
+    if workload.iterations_per_epoch is None:
+        raise BadInputError("a sweep prices epochs: give --epochs and --samples")
+    points = []
+    for count in workers:
+        if count > min(workload.global_batch, quotas.lambda_concurrency):
+            continue
+        at = workload.at(workers=count)
+        if not reducers_fixed:
+            at = at.at(reducers=fastest_reducers(at, parameters, quotas, price_table))
+        plan = predict(at, parameters, quotas, price_table)
+        points.append(SweepPoint(workers=count, reducers=at.reducers, iteration_s=plan.iteration_s,
+                                 epoch_s=plan.epoch_s, epoch_dollars=plan.epoch_dollars,
+                                 violations=[q.name for q in plan.violations]))
+    return points

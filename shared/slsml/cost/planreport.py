@@ -1,0 +1,309 @@
+"""``slsml plan``: the cost model's inputs from the command line, its answers as tables, JSON and a sweep
+chart in the shape of slsML's Figure 4 (time and cost per epoch against the number of workers)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from slsml.spec.errors import BadInputError
+
+if TYPE_CHECKING:  # the model's modules load when a plan is made, not when the CLI parses its arguments
+    from slsml.cost.model import Parameters, Plan, Recommendation, SweepPoint, Workload
+
+SWEEP_METADATA = "slsml-sweep"  # PNG text chunk: the plotted points as JSON
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from slsml.spec.config import OPTIMIZER_NAMES
+
+    model = parser.add_argument_group("model (one of)")
+    model.add_argument("--model", help="a .keras file: its weights are counted and one gradient step is timed")
+    model.add_argument("--params", type=int, help="or the number of float32 weights (a ResNet-50-like network)")
+    model.add_argument("--compute-per-sample", type=float,
+                       help="seconds of one sample's gradient on one vCPU (default: measured with --model)")
+    model.add_argument("--sample-bytes", type=int, help="bytes of one training sample (default: the model's input)")
+    shape = parser.add_argument_group("pipeline")
+    shape.add_argument("--workers", type=int, default=4, help="data-parallel workers W (default 4)")
+    shape.add_argument("--reducers", type=int, help="reducers R (default: the fastest R for W)")
+    shape.add_argument("--batch", type=int, default=128, help="global mini-batch (default 128)")
+    shape.add_argument("--quorum", type=float, default=1.0, help="fraction of workers a reduce waits for (default 1)")
+    shape.add_argument("--optimizer", choices=OPTIMIZER_NAMES, help="default: the model's compiled one, else adam")
+    shape.add_argument("--momentum", type=float, default=0.0, help="SGD or RMSprop momentum (one state slot if > 0)")
+    shape.add_argument("--memory", action="append", default=[], metavar="FUNCTION=MB",
+                       help="function memory, e.g. worker=4096 (default: the deployment's settings)")
+    length = parser.add_argument_group("length")
+    length.add_argument("--iterations", type=int, help="iterations of the run")
+    length.add_argument("--epochs", type=float, help="or epochs of --samples")
+    length.add_argument("--samples", type=int, help="training samples: per-epoch figures")
+    model_of = parser.add_argument_group("model parameters, quotas, prices")
+    model_of.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                          help="override a parameter of the model (listed in the output)")
+    model_of.add_argument("--calibration", help="a JSON object of fitted parameter values")
+    model_of.add_argument("--quota", action="append", default=[], metavar="NAME=VALUE",
+                          help="a raised AWS quota, e.g. lambda_concurrency=3000")
+    model_of.add_argument("--prices", help="a JSON price table over the built-in one (default $SLSML_PRICES)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--sweep", action="store_true", help="time and dollars per epoch against W from 1 to 1,000")
+    out.add_argument("--png", default="plan-sweep.png", help="where --sweep draws its chart (default plan-sweep.png)")
+    out.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+
+
+def workload(args: argparse.Namespace, parameters: Parameters) -> Workload:
+    """The workload the arguments describe (R 1 when not given: ``run`` then picks the fastest)."""
+    from slsml.cost import model as costmodel
+    from slsml.spec.config import OptimizerConfig, TrainingSpec
+
+    if bool(args.model) == (args.params is not None):
+        raise BadInputError("give the model: --model FILE.keras or --params N")
+    memory = costmodel.function_memory(dict(_memory(text) for text in args.memory))
+    if args.epochs is not None and args.iterations is not None:
+        raise BadInputError("give --iterations or --epochs, not both")
+    if args.epochs is not None and args.samples is None:
+        raise BadInputError("--epochs needs --samples (the training samples of one epoch)")
+    if min(args.workers, args.batch) < 1 or (args.samples is not None and args.samples < 1):
+        raise BadInputError("--workers, --batch and --samples count from 1")
+    if args.model:
+        measure = args.compute_per_sample is None
+        batch = max(1, min(32, math.ceil(args.batch / args.workers)))
+        if measure:
+            costmodel.pin_one_thread()
+        figures = costmodel.from_keras_file(args.model, batch, measure, parameters)
+        if not measure:
+            figures.update(compute_per_sample_s=args.compute_per_sample, compute_source="given (--compute-per-sample)")
+    else:
+        figures = costmodel.from_params(args.params, parameters, compute_per_sample_s=args.compute_per_sample)
+    if args.sample_bytes is not None:
+        figures["sample_bytes"] = args.sample_bytes
+    if args.optimizer:
+        momentum = args.momentum if args.optimizer in ("sgd", "rmsprop") else 0.0
+        figures["optimizer"] = OptimizerConfig(name=args.optimizer, momentum=momentum)
+    if args.epochs is not None:
+        iterations = max(1, round(args.epochs * (args.samples // args.batch)))
+    else:
+        iterations = args.iterations or (
+            args.samples // args.batch if args.samples else TrainingSpec.model_fields["iterations"].default)
+    return costmodel.Workload(**figures, workers=args.workers, reducers=args.reducers or 1, global_batch=args.batch,
+                    quorum=args.quorum, iterations=iterations, samples=args.samples, memory_mb=memory,
+                    timeout_s=costmodel.function_timeouts())
+
+
+def _memory(text: str) -> tuple[str, int]:
+    name, _, value = text.partition("=")
+    try:
+        return name.strip(), int(value)
+    except ValueError:
+        raise BadInputError(f"--memory {text!r}: write FUNCTION=MB, e.g. worker=4096") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from slsml.accounting import prices
+    from slsml.cost import model as costmodel
+    from slsml.cost.model import Parameters, Quotas
+
+    parameters, origin = costmodel.load_overrides(args.calibration, args.param, Parameters)
+    quotas, _ = costmodel.load_overrides(None, args.quota, Quotas)
+    price_table = prices.load(args.prices)
+    work = workload(args, parameters)
+    fixed = args.reducers is not None
+    if not fixed:
+        work = work.at(reducers=costmodel.fastest_reducers(work, parameters, quotas, price_table))
+    costmodel.check(work, parameters, quotas)
+    plan = costmodel.with_origin(costmodel.predict(work, parameters, quotas, price_table), origin)
+    recommendation = costmodel.recommend(work, parameters, quotas, price_table)
+    points = None
+    if args.sweep:
+        points = costmodel.sweep(work, parameters, quotas, price_table, reducers_fixed=fixed)
+        reducers = f"R = {work.reducers}" if fixed else "the fastest R at each W"
+        write_sweep_png(points, Path(args.png), f"{work.model}: {work.params:,} weights, batch {work.global_batch:,},"
+                        f" {work.samples:,} samples per epoch, {reducers}")
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    render(plan, recommendation, console, fixed)
+    if points is not None:
+        render_sweep(points, args.png, console)
+    if args.json:
+        out = plan.summary() | {"recommendation": recommendation.model_dump(mode="json")}
+        if points is not None:
+            out |= {"sweep": [point.model_dump(mode="json") for point in points], "png": str(args.png)}
+        print(json.dumps(out))
+    return 0
+
+
+# ---- text --------------------------------------------------------------------------------------
+
+
+def _bytes(count: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= size:
+            return f"{count / size:,.1f} {unit}"
+    return f"{count:,.0f} B"
+
+
+def _time(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    if seconds >= 3600:
+        return f"{seconds / 3600:,.2f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:,.1f} min"
+    return f"{seconds:,.2f} s" if seconds >= 1 else f"{seconds * 1000:,.0f} ms"
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _dollars(amount: float | None) -> str:
+    if amount is None:
+        return "–"
+    return f"${amount:,.2f}" if amount >= 10 else f"${amount:,.4f}"
+
+
+def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_given: bool = True) -> None:
+    from rich.table import Column, Table
+
+    from slsml.cost import model as costmodel
+
+    w = plan.workload
+    per_worker = math.ceil(w.global_batch / w.workers)
+    reducers = "" if reducers_given else " (the fastest)"
+    console.print(
+        f"[bold]{w.model}[/bold]: {w.params:,} weights, {_bytes(4 * w.params)} · W {w.workers} · R {w.reducers}"
+        f"{reducers} · batch {w.global_batch:,} (≤ {per_worker} per worker) · quorum {w.quorum:g} "
+        f"(n = {plan.participants}) · {w.optimizer.name} ({plan.state_slots} state slots)")
+    console.print(f"compute {w.compute_per_sample_s:.4g} s per sample on one vCPU: {w.compute_source}")
+
+    stages = Table("stage", "time", "what", title="one iteration, steady state: the critical path")
+    for stage in plan.stages:
+        stages.add_row(stage.name, _time(stage.seconds), stage.detail, style=None if stage.function else "dim")
+    stages.add_row("[bold]iteration", f"[bold]{_time(plan.iteration_s)}",
+                   f"chain {_time(plan.chain_s)}; DynamoDB floor {_time(plan.floor_s)}")
+    console.print(stages)
+
+    functions = Table("function", "invocations", "memory", "needs", "time", "GB-s", "S3 read (all)",
+                      "S3 written (all)", title="by function: the invocation on the path (all of an iteration)")
+    for f in plan.functions:
+        functions.add_row(f.function, f"{f.invocations:,}", f"{f.memory_mb:,} MB", f"{f.memory_needed_mb:,.0f} MB",
+                          _time(f.seconds), f"{f.gb_seconds:,.1f}",
+                          f"{_bytes(f.bytes_read)} ({_bytes(f.bytes_read_total)})",
+                          f"{_bytes(f.bytes_written)} ({_bytes(f.bytes_written_total)})")
+    console.print(functions)
+
+    services = Table("request", "per iteration", "minimum chain", title="requests by service:Operation")
+    for operation, count in sorted(plan.requests_per_iteration.items()):
+        services.add_row(operation, f"{count:,}", f"{plan.minimum_requests_per_iteration.get(operation, 0):,}")
+    services.add_row("DynamoDB units", f"{plan.write_units:,.0f} write, {plan.read_units:,.0f} read")
+    services.add_row("SNS billed publishes", f"{plan.sns_billed_publishes:,} (each entry, 64 KB chunks)")
+    console.print(services)
+    console.print(costmodel.minimum_sentence(plan))
+    extras = Table(Column("request", no_wrap=True), "per iteration", "call", "why",
+                   title="requests beyond the minimum chain")
+    for extra in plan.extra_calls:
+        extras.add_row(extra.operation, f"{extra.count:,}", extra.call, extra.reason)
+    console.print(extras)
+
+    per_epoch = w.iterations_per_epoch
+    money = Table("service", "per iteration", "per epoch", f"per run ({w.iterations:,} iterations)",
+                  title="dollars")
+    for service, amount in sorted(plan.dollars_per_iteration.items(), key=lambda item: -item[1]):
+        money.add_row(service, _dollars(amount), _dollars(None if per_epoch is None else amount * per_epoch),
+                      _dollars(amount * w.iterations))
+    money.add_row("first iteration, extra", "", "", _dollars(plan.first_iteration.extra_dollars))
+    money.add_row("[bold]total", f"[bold]{_dollars(plan.iteration_dollars)}", f"[bold]{_dollars(plan.epoch_dollars)}",
+                  f"[bold]{_dollars(plan.run_dollars)}")
+    console.print(money)
+    epoch = "" if per_epoch is None else f", per epoch ({per_epoch:,} iterations) {_time(plan.epoch_s)}"
+    console.print(f"time per iteration {_time(plan.iteration_s)}{epoch}, per run {_time(plan.run_s)}; "
+                  f"the first iteration adds {_time(plan.first_iteration.extra_s)} "
+                  f"and {sum(plan.first_iteration.extra_requests.values()):,} reads "
+                  f"({plan.first_iteration.detail})")
+
+    quotas = Table("quota", "value", "limit", "use", "", title="quotas")
+    quotas.add_column("detail", overflow="fold")
+    for q in plan.quotas:
+        mark = "[green]ok" if q.ok else ("[red]cannot run" if q.hard else "[yellow]over")
+        quotas.add_row(q.name, _number(q.value), f"{_number(q.limit)} {q.unit}", f"{q.utilization:.0%}", mark, q.detail)
+    console.print(quotas)
+    console.print(f"[bold]{costmodel.binding_sentence(plan)}")
+    _render_recommendation(recommendation, console)
+    _render_parameters(plan, console)
+
+
+def _render_recommendation(recommendation: Recommendation, console: Any) -> None:
+    for label, choice in (("fastest", recommendation.fastest), ("cheapest", recommendation.cheapest)):
+        if choice is None:
+            console.print(f"recommended ({label}): nothing fits Lambda's limits at this W; see the quotas")
+            continue
+        epoch = "" if choice.epoch_dollars is None else f", {_dollars(choice.epoch_dollars)} per epoch"
+        console.print(
+            f"recommended ({label}): R = {choice.reducers}, worker {choice.worker_memory_mb:,} MB, reducer "
+            f"{choice.reducer_memory_mb:,} MB: {_time(choice.iteration_s)} and {_dollars(choice.iteration_dollars)}"
+            f" per iteration{epoch}")
+    if recommendation.over:
+        console.print(f"no choice at this W keeps within {', '.join(recommendation.over)}")
+    console.print(recommendation.as_workers_grow)
+
+
+def _render_parameters(plan: Plan, console: Any) -> None:
+    from rich.table import Table
+
+    table = Table("parameter", "value", "what", "source", title="model parameters (--param NAME=VALUE)")
+    for name, entry in plan.parameters.items():
+        table.add_row(name, f"{entry['value']:.4g} {entry['unit']}".strip(), entry["what"], entry["source"])
+    console.print(table)
+
+
+def render_sweep(points: list[SweepPoint], png: str, console: Any) -> None:
+    from rich.table import Table
+
+    table = Table("W", "R", "per iteration", "per epoch", "$ per epoch", "over", title="sweep: one epoch against W")
+    for point in points:
+        table.add_row(str(point.workers), str(point.reducers), _time(point.iteration_s), _time(point.epoch_s),
+                      _dollars(point.epoch_dollars), ", ".join(point.violations))
+    console.print(table)
+    console.print(f"chart: {png}")
+
+
+# ---- chart -------------------------------------------------------------------------------------
+
+
+def write_sweep_png(points: list[SweepPoint], path: Path, title: str) -> None:
+    """Time per epoch (left axis) and dollars per epoch (right axis) against W, log-scaled W; points
+    that exceed a quota hollow. The points ride along as JSON in the PNG's ``slsml-sweep`` text chunk."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workers = [p.workers for p in points]
+    hours = [p.epoch_s / 3600 for p in points]
+    dollars = [p.epoch_dollars for p in points]
+    figure, time_axis = plt.subplots(figsize=(8, 5), dpi=100)
+    cost_axis = time_axis.twinx()
+    time_axis.plot(workers, hours, color="tab:red", linestyle=":", label="time per epoch")
+    time_axis.plot(workers, [hours[0] * workers[0] / w for w in workers], color="grey", linewidth=0.8,
+                   linestyle="--", label="ideal 1/W")
+    cost_axis.plot(workers, dollars, color="tab:blue", label="cost per epoch")
+    for axis, values, color in ((time_axis, hours, "tab:red"), (cost_axis, dollars, "tab:blue")):
+        for point, value in zip(points, values, strict=True):
+            axis.plot(point.workers, value, "o", color=color, markerfacecolor="white" if point.violations else color)
+    time_axis.set_xscale("log", base=2)
+    time_axis.set_yscale("log")
+    time_axis.set_xlabel("workers (W)")
+    time_axis.set_ylabel("hours per epoch", color="tab:red")
+    cost_axis.set_ylabel("dollars per epoch", color="tab:blue")
+    cost_axis.set_ylim(bottom=0)
+    time_axis.set_xticks(workers, [str(w) for w in workers])
+    lines = time_axis.get_lines()[:2] + cost_axis.get_lines()[:1]
+    time_axis.legend(lines, [line.get_label() for line in lines], loc="upper center")
+    time_axis.set_title(f"{title}\n(hollow: over a quota)", fontsize=10)
+    figure.tight_layout()
+    metadata = {SWEEP_METADATA: json.dumps([p.model_dump(mode="json") for p in points])}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png", metadata=metadata)
+    plt.close(figure)

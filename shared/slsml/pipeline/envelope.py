@@ -1,0 +1,174 @@
+"""How a pipeline function receives its messages: SNS (or SQS) records, each checked for size and parsed into
+the function's message type. A message that is too big, not JSON or not of that type is rejected:
+the reason is logged and ``MessageRejected`` fails the invocation, so the message is retried and ends
+in the function's dead-letter queue without touching any run. ``pipeline_handler`` is what every
+function's handler is made of.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import cache, partial
+from typing import Annotated, Any, TypeVar, get_args, get_origin
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.parser import event_parser
+from aws_lambda_powertools.utilities.parser.envelopes.base import BaseEnvelope
+from aws_lambda_powertools.utilities.parser.models import SnsModel, SqsModel
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from pydantic import TypeAdapter, ValidationError
+
+from slsml.accounting import usage
+from slsml.pipeline.metrics import emit, emitting
+from slsml.pipeline.services import Services, failing_run_on_bad_input, from_env
+from slsml.spec import keys
+from slsml.spec.deployment import Metric
+from slsml.spec.errors import MessageRejected
+from slsml.spec.messages import MAX_MESSAGE_BYTES, ModelLanded
+from slsml.state.idempotency import once_per_message
+
+MAX_REASON_CHARS = 300  # of the validation errors in a rejection's reason
+
+logger = Logger(child=True)
+M = TypeVar("M")
+
+
+def type_name(model: Any) -> str:
+    """``WorkMessage``; ``RunStarted | S3Notification`` for an (annotated) union of models."""
+    if get_origin(model) is Annotated:
+        model = get_args(model)[0]
+    return " | ".join(getattr(member, "__name__", str(member)) for member in get_args(model) or (model,))
+
+
+@cache
+def _adapter(model: Any) -> TypeAdapter:
+    return TypeAdapter(model)
+
+
+def _problems(error: ValidationError) -> str:
+    """The validation errors on one line, without the (possibly huge) input."""
+    if any(e["type"] == "json_invalid" for e in error.errors()):
+        problems = "not JSON: " + error.errors()[0]["msg"]
+    else:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in e['loc']) or '(message)'}: {e['msg']}" for e in error.errors()
+        )
+    return problems if len(problems) <= MAX_REASON_CHARS else problems[: MAX_REASON_CHARS - 1] + "…"
+
+
+def parse_message(body: str, model: Any, message_id: str) -> Any:
+    """One SNS message body as ``model``, or ``MessageRejected`` (logged) naming what is wrong with it."""
+    size = len(body.encode())
+    if size > MAX_MESSAGE_BYTES:
+        problem = f"{size} bytes, over the {MAX_MESSAGE_BYTES}-byte limit"
+    else:
+        try:
+            return _adapter(model).validate_json(body)
+        except ValidationError as error:
+            problem = _problems(error)
+    message_type = type_name(model)
+    rejection = MessageRejected.of(message_type, message_id, problem)
+    logger.error(str(rejection), extra={"message_id": message_id, "message_type": message_type, "problem": problem})
+    raise rejection
+
+
+class SnsMessages(BaseEnvelope):
+    """Powertools' SNS envelope with ``parse_message``'s checks on every record."""
+
+    def parse(self, data: dict[str, Any] | Any | None, model: type[M]) -> list[M]:
+        return [parse_message(r.Sns.Message, model, r.Sns.MessageId) for r in SnsModel.model_validate(data).Records]
+
+
+class SqsMessages(BaseEnvelope):
+    """The same for a function triggered by a queue of its own."""
+
+    def parse(self, data: dict[str, Any] | Any | None, model: type[M]) -> list[M]:
+        return [parse_message(r.body, model, r.messageId) for r in SqsModel.model_validate(data).Records]
+
+
+class DeadLetterRecords(BaseEnvelope):
+    """A dead-letter queue's records as they are, for the step that reads them (``slsml.pipeline.steps.dead_letters``):
+    the queue, the message id, the body (of any size: a message may have been rejected for its size) and
+    the message attributes (Lambda's ``ErrorCode``, ``ErrorMessage`` and ``RequestID``, where it sent them)."""
+
+    def parse(self, data: dict[str, Any] | Any | None, model: type[M]) -> list[M]:
+        return [
+            model.model_validate({
+                "queue_arn": r.eventSourceARN, "message_id": r.messageId, "body": r.body,
+                "attributes": {name: a.stringValue for name, a in r.messageAttributes.items()
+                               if a.stringValue is not None},
+            })
+            for r in SqsModel.model_validate(data).Records
+        ]
+
+
+def run_and_iteration(message: Any) -> tuple[str | None, int | None]:
+    """What a message is about, for its usage scope: pipeline messages name both; a landed model its key
+    (``runs/<run>/models/<iteration>.keras``); a run starting only its run (the scope is the run's, of no
+    iteration); a dropped model neither (its step may name the run it starts: ``usage.attribute``)."""
+    if isinstance(message, ModelLanded):
+        return keys.parse_model_key(message.key) or (None, None)
+    return getattr(message, "run_id", None), getattr(message, "iteration", None)
+
+
+def pipeline_handler(
+    function: str,
+    model: Any,
+    step: Callable[[Any, Services], Any],
+    *,
+    envelope: type[BaseEnvelope] = SnsMessages,
+    stage: Callable[[Any], str] | None = None,
+    unpack: Callable[[Any], Iterable[Any]] = lambda message: (message,),
+    idempotent: bool = True,
+) -> Callable[[dict[str, Any], LambdaContext], None]:
+    """The Lambda handler of pipeline function ``function`` (its wiring name, which its usage lines
+    carry): ``step(message, services)`` for each message.
+
+    Powertools Logger (the Lambda context in each line), Tracer, Metrics (cold starts; the number of
+    messages as ``Messages``; what the step emits through ``slsml.pipeline.metrics``; the S3 bytes the invocation's
+    usage lines count, as ``BytesRead`` and ``BytesWritten``) and Parser, which
+    parses the event into ``model`` records (``envelope``). ``unpack`` turns a record into the messages
+    to handle (the objects of an S3 event). Each message is handled in its own usage scope
+    (``run_and_iteration``), once (Powertools Idempotency, unless ``idempotent`` is False: for a step
+    that is idempotent by itself), and, given ``stage`` (its name in a failed run's reason), with bad
+    input failing its run (``failing_run_on_bad_input``).
+    """
+    service_logger, tracer, metrics = Logger(), Tracer(), Metrics()
+
+    def handle(records: list[Any], context: LambdaContext) -> None:
+        services = from_env()
+        metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(records))
+        run = partial(step, services=services)
+        if idempotent:
+            run = once_per_message(run, context)
+        for message in (message for record in records for message in unpack(record)):
+            with usage.scope(*run_and_iteration(message), **usage.about(message)):
+                if stage is None:
+                    run(message)
+                    continue
+                with failing_run_on_bad_input(services, message.run_id, stage(message)):
+                    run(message)
+
+    parsed = event_parser(model=model, envelope=envelope)(handle)
+
+    def counted(event: dict[str, Any], context: LambdaContext) -> None:
+        with emitting():
+            spent = None
+            try:
+                with usage.invocation(function, int(context.memory_limit_in_mb)) as spent:
+                    parsed(event, context)
+            finally:
+                if spent is not None:
+                    _emit_bytes(spent.bytes_read, spent.bytes_written)
+
+    return service_logger.inject_lambda_context(
+        tracer.capture_lambda_handler(metrics.log_metrics(counted, capture_cold_start_metric=True))
+    )
+
+
+def _emit_bytes(read: int, written: int) -> None:
+    """The S3 bytes an invocation moved, as its usage lines count them (none for a function that moved none)."""
+    for metric, value in ((Metric.BYTES_READ, read), (Metric.BYTES_WRITTEN, written)):
+        if value:
+            emit(metric, value, MetricUnit.Bytes)

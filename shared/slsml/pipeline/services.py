@@ -1,0 +1,93 @@
+"""The AWS resources a pipeline function uses, found from its environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+
+from aws_lambda_powertools import Logger
+
+from slsml.aws import clients as aws
+from slsml.aws.storage import ObjectStore
+from slsml.pipeline.bus import Bus
+from slsml.pipeline.deadlines import DeadlineQueue
+from slsml.spec import wiring
+from slsml.spec.errors import BadInputError, NotFoundError, RunFailed, SlsmlError
+from slsml.state.orchestration import Orchestrator
+from slsml.state.runtable import RunTable
+
+logger = Logger(child=True)
+
+
+@dataclass
+class Services:
+    store: ObjectStore
+    table: RunTable
+    bus: Bus
+    orchestrator: Orchestrator
+    deadlines: DeadlineQueue
+
+    @classmethod
+    def from_names(
+        cls,
+        bucket: str,
+        table: str,
+        topic_arns: dict[str, str],
+        state_machine_arn: str | None = None,
+        deadline_queue_url: str | None = None,
+    ) -> Services:
+        return cls(
+            store=ObjectStore(aws.client("s3"), bucket),
+            table=RunTable(aws.resource("dynamodb").Table(table)),
+            bus=Bus(aws.client("sns"), topic_arns),
+            orchestrator=Orchestrator(aws.client("stepfunctions"), state_machine_arn),
+            deadlines=DeadlineQueue(aws.client("sqs"), deadline_queue_url),
+        )
+
+    def stop_run(self, run_id: str, reason: str = "stopped by the user") -> bool:
+        """Stop a running run: its execution ends, no new iteration starts, in-flight work drains."""
+        run = self.table.stop(run_id, reason)
+        if run is not None:
+            self.orchestrator.stop(run.task_token, reason)
+        return run is not None
+
+    def fail_run(self, run_id: str, reason: str) -> bool:
+        """Fail a running run with ``reason`` and end its execution; False if it was not running."""
+        run = self.table.fail(run_id, reason)
+        if run is not None:
+            self.orchestrator.fail(run.task_token, reason)
+        return run is not None
+
+
+def _env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise SlsmlError(f"environment variable {name} is not set: is this function deployed by slsml?")
+    return value
+
+
+@cache
+def from_env() -> Services:
+    """The services of a deployed function: bucket, table and the topics it may publish to."""
+    topics = {t.name: os.environ[t.env_var] for t in wiring.TOPICS if os.environ.get(t.env_var)}
+    return Services.from_names(
+        _env(wiring.BUCKET_ENV),
+        _env(wiring.TABLE_ENV),
+        topics,
+        os.environ.get(wiring.STATE_MACHINE_ENV),
+        os.environ.get(wiring.DEADLINES.env_var),
+    )
+
+
+@contextmanager
+def failing_run_on_bad_input(services: Services, run_id: str, stage: str) -> Iterator[None]:
+    """Bad input fails the run with a reason (no retries: retrying cannot fix it)."""
+    try:
+        yield
+    except (BadInputError, RunFailed, NotFoundError) as error:
+        reason = f"{stage}: {error}"
+        logger.error("run failed", extra={"run_id": run_id, "reason": reason})
+        services.fail_run(run_id, reason)

@@ -1,0 +1,95 @@
+"""Merger: when every shard of an iteration is in, assemble and upload the next model (the trigger
+of the next iteration), evaluating it on the test set when due."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.metrics import MetricUnit
+
+from slsml.aws.storage import ObjectStore
+from slsml.pipeline import metrics
+from slsml.pipeline.services import Services
+from slsml.pipeline.steps.common import run_config
+from slsml.pipeline.steps.warm import reader_for, trainer_for
+from slsml.spec import keys
+from slsml.spec.deployment import Metric
+from slsml.spec.errors import NotFoundError, RunFailed
+from slsml.spec.messages import ReduceDone
+from slsml.state.records import RunRecord
+from slsml.training import modelio, shards
+
+logger = Logger(child=True)
+MERGED_METADATA = "merged-from"  # on a model the Merger stored: the iteration whose shards it assembled
+GENERATION_METADATA = "generation"  # and the run's generation that assembled them
+HEARTBEATS_PER_WINDOW = 4  # the run's execution hears from the pipeline this often within its heartbeat window
+
+
+def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
+    """Count the shard; returns the key of the next model if this message completed the iteration."""
+    store, table = services.store, services.table
+    config = run_config(store, message.run_id)
+    run, iteration = message.run_id, message.iteration
+    counter = table.record_shard(run, iteration, message.generation)
+    if counter is None or counter.shards_in < config.reducers or counter.merge_fired_by not in {None, message.shard}:
+        return None
+    next_key = keys.model(run, iteration + 1)
+    if counter.merged_at is not None and store.exists(next_key):  # a copy of the message that merged
+        return None
+    try:  # the count is a hint (a duplicate counts twice): every shard must be there
+        parts = store.get_many(
+            [keys.shard(run, iteration + 1, r) for r in range(config.reducers)],
+            [shards.weights_range(config.plan, r) for r in range(config.reducers)],
+        )
+    except NotFoundError:
+        return None
+    weights = np.concatenate([shards.decode_weights(part, config.plan, r) for r, part in enumerate(parts)])
+    trainer, _ = trainer_for(store, config, iteration)
+    modelio.set_flat(trainer.model, config.plan, weights)
+    test = None
+    every = config.training.eval_every
+    if iteration + 1 == config.training.iterations or (every and (iteration + 1) % every == 0):
+        test = trainer.evaluate(*reader_for(store, config.dataset).split("test"))
+    if not table.fire_merge(run, iteration, message.shard, test, message.generation):
+        return None
+    with ThreadPoolExecutor(max_workers=2) as pool:  # advance and store the weights while the model is saved
+        advancing = pool.submit(table.advance, run, iteration + 1, message.generation)
+        storing = pool.submit(store.put_array_new, keys.weights(run, iteration + 1), weights)
+        body = trainer.save()
+        advanced, _ = advancing.result(), storing.result()
+    if advanced is None:  # stopped, failed or resumed meanwhile
+        return None
+    metadata = {MERGED_METADATA: str(iteration), GENERATION_METADATA: str(message.generation)}
+    if not store.put_new(next_key, body, metadata) and not _adopt(store, next_key, metadata):
+        return None  # merged before: a retry
+    _heartbeat(services, advanced)
+    if counter.launched_at is not None:  # since the iteration was launched, on its model's S3 event
+        metrics.emit(Metric.ITERATION_SECONDS, time.time() - counter.launched_at, MetricUnit.Seconds)
+    logger.info("model merged", extra={"run_id": run, "iteration": iteration + 1, "test": test})
+    return next_key
+
+
+def _adopt(store: ObjectStore, key: str, metadata: dict[str, str]) -> bool:
+    """The model at ``key`` was stored before. True if an earlier generation of the run stored it: a resumed run
+    merged again an iteration the earlier one had finished, whose model landed while the run was at an iteration
+    before, so that its event launched nothing. The model is then stored again in place as this generation's,
+    and its new event launches the next iteration. False if this generation stored it (a retry)."""
+    stored = store.head(key) or {}
+    if stored.get(MERGED_METADATA) != metadata[MERGED_METADATA]:
+        raise RunFailed(f"{key} was stored by something other than this run's Merger: it is not overwritten,"
+                        " and the run cannot go on without its own model there")
+    if int(stored.get(GENERATION_METADATA, 0)) >= int(metadata[GENERATION_METADATA]):
+        return False
+    store.restamp(key, metadata)
+    return True
+
+
+def _heartbeat(services: Services, run: RunRecord) -> None:
+    """Tell the run's execution the pipeline lives, a few times per heartbeat window (not every iteration)."""
+    due = run.heartbeat_at is None or time.time() - run.heartbeat_at > run.heartbeat_s / HEARTBEATS_PER_WINDOW
+    if run.task_token and due:
+        services.orchestrator.heartbeat(run.task_token)
+        services.table.mark_heartbeat(run.run_id)

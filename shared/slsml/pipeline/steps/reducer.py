@@ -1,0 +1,191 @@
+"""Reducer: average one shard of the participants' updates and step the optimizer on it. Under a read
+quorum below 1 (``slsml.spec.reliability.ReadPolicy``), parts whose reads time out are left out and recorded.
+
+A shard's weights and optimizer state are one object (``slsml.training.shards``), written create-only: the
+first try to store it wins, whether a retry averaged other parts or the watchdog kept the weights,
+and every later try announces what is stored.
+
+Runs that clip by norm across shards (``slsml.training.clipping``) step in two halves: each reducer stores its
+average and its sums of squares and counts them on the iteration's counter; the reducer whose sums
+complete the set steps its shard and releases the others' steps, once, with the totals (one more Reduce
+message per shard, which steps with the stored average). A shard whose sums never come is re-launched
+by the watchdog like any missing shard; past its retries, the shards still waiting keep their weights.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from aws_lambda_powertools import Logger
+
+from slsml.aws.storage import ObjectStore, Stored
+from slsml.pipeline.services import Services
+from slsml.pipeline.steps.common import run_config
+from slsml.spec import keys, wiring
+from slsml.spec.config import UPDATE_KINDS, RunConfig
+from slsml.spec.errors import RunFailed
+from slsml.spec.messages import Participant, ReduceDone, ReduceMessage
+from slsml.spec.reliability import ReadPolicy
+from slsml.state.barrier import quorum_count
+from slsml.training import clipping, optimizers, shards, updates
+
+logger = Logger(child=True)
+
+
+def reduce(message: ReduceMessage, services: Services) -> ReduceDone | None:
+    """Average and step the shard; None if the step waits for the other shards' sums of squares (runs
+    that clip by norm), to be released by the shard whose sums complete the set."""
+    config = run_config(services.store, message.run_id)
+    run, iteration, shard = message.run_id, message.iteration, message.shard
+    size = config.plan.shard(shard).size
+    if message.squares is not None:  # released after the exchange: step with the stored average
+        stored_mean, stored_shard = services.store.get_many([keys.mean(run, iteration, shard),
+                                                             keys.shard(run, iteration, shard)])
+        average = shards.decode(stored_mean, size)
+        return _step(message, config, services, shards.decode(stored_shard, size), average, message.squares)
+    if clipping.needs_exchange(config.server_optimizer, config.plan):
+        exchanged = _exchange(message, config, services, _average(message, config, services))
+        if exchanged is None:
+            return None
+        current = shards.decode(services.store.get(keys.shard(run, iteration, shard)), size)
+        return _step(message, config, services, current, *exchanged)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the shard is read while the parts are
+        stored_shard = pool.submit(services.store.get, keys.shard(run, iteration, shard))
+        average = _average(message, config, services)
+        current = shards.decode(stored_shard.result(), size)
+    return _step(message, config, services, current, average, None)
+
+
+def _step(
+    message: ReduceMessage, config: RunConfig, services: Services, current: shards.Shard, average: shards.Shard,
+    squares: clipping.Squares | None,
+) -> ReduceDone:
+    """Clip the averaged gradient, step the optimizer, store the shard of the next iteration and announce it."""
+    run, iteration, shard = message.run_id, message.iteration, message.shard
+    trainable, mean = config.plan.shard(shard).trainable, average.weights
+    gradient = clipping.clip(config.server_optimizer, config.plan, shard, mean, squares)
+    decays = config.plan.mask(shard, lambda v: config.server_optimizer.decays(v.name))[trainable]
+    stepped, state = optimizers.apply(
+        config.server_optimizer, current.weights[trainable], gradient[trainable], current.state, decays
+    )
+    if iteration + 1 == config.training.iterations:  # the final shard
+        stepped = optimizers.finalize(config.server_optimizer, stepped, state)
+    weights = current.weights.copy()
+    weights[trainable] = stepped
+    weights[~trainable] = mean[~trainable]  # non-trainable state (e.g. BatchNorm statistics): averaged
+    body = shards.encode(shards.Shard(weights, state, average.averaged))
+    stored = services.store.put_new(keys.shard(run, iteration + 1, shard), body)
+    dropped = [p.worker for p in message.participants if p.worker not in average.averaged]
+    if stored and dropped:  # else another try's shard stands, and with it what that try left out
+        services.table.record_dropped_parts(run, iteration, shard, dropped)
+    done = ReduceDone(run_id=run, iteration=iteration, generation=message.generation, shard=shard)
+    services.bus.publish(wiring.REDUCE_DONE, [done])
+    return done
+
+
+def _exchange(
+    message: ReduceMessage, config: RunConfig, services: Services, average: shards.Shard
+) -> tuple[shards.Shard, clipping.Squares] | None:
+    """Store the shard's average and its sums of squares, and count them. If every shard's are in, release
+    the other shards' steps (once) and return this shard's average with the totals; else None."""
+    store, table = services.store, services.table
+    run, iteration, shard = message.run_id, message.iteration, message.shard
+    if not store.put_new(keys.mean(run, iteration, shard), shards.encode(average)):
+        average = shards.decode(store.get(keys.mean(run, iteration, shard)))  # another try's average stands
+    squares = clipping.shared_squares(config.server_optimizer, config.plan, shard, average.weights)
+    counter = table.record_squares(run, iteration, shard, message.generation, squares)
+    if counter is None or counter.squares_in < config.reducers:
+        return None
+    contributions = table.shard_squares(run, iteration, config.reducers)
+    if len(contributions) < config.reducers:
+        return None  # the count ran ahead of the records (a retry counted twice)
+    totals = clipping.totals(contributions)
+    if table.release_steps(run, iteration, shard, message.generation):
+        services.bus.publish(wiring.REDUCE, [message.model_copy(update={"shard": r, "squares": totals})
+                                             for r in range(config.reducers) if r != shard])
+    return average, totals
+
+
+def _average(message: ReduceMessage, config: RunConfig, services: Services) -> shards.Shard:
+    """The samples-weighted mean of the participants' parts of the shard, with the workers whose parts were
+    read in time (the others are left out)."""
+    run, iteration, shard = message.run_id, message.iteration, message.shard
+    policy, participants = ReadPolicy(), message.participants
+    compression, kind = config.training.compression, UPDATE_KINDS[config.training.algorithm]
+    where = [keys.update(run, iteration if p.iteration is None else p.iteration, p.worker, p.attempt)
+             for p in participants]
+    need = quorum_count(len(participants), policy.quorum)
+    if compression.kind == "significance":
+        parts = _read_significant_parts(services.store, where, config, shard, need, policy)
+    else:
+        ranges = [updates.part_range(config.plan, shard, compression)] * len(participants)
+        parts = services.store.get_quorum(where, ranges, need=need, timeout_s=policy.timeout_s)
+    dropped = [p.worker for p, part in zip(participants, parts, strict=True) if part is None]
+    if dropped:
+        logger.warning("parts dropped after their read timeout", extra={
+            "run_id": run, "iteration": iteration, "shard": shard, "workers": dropped, "timeout_s": policy.timeout_s})
+    included, decoded = [], []
+    for participant, key, part in zip(participants, where, parts, strict=True):
+        if part is None:
+            continue
+        try:  # every part is checked and decoded before any is used
+            updates.check(part.metadata, kind, key, compression)
+            decoded.append(updates.decode_part(part.body, config.plan, shard, compression))
+        except updates.UpdateFormatError as error:
+            raise RunFailed(str(error) if str(error).startswith(key) else f"{key}: {error}") from None
+        included.append(participant)
+    weights = [_weight(p, iteration, config.training.staleness_decay) for p in included]
+    total = sum(weights)
+    if total == 0:
+        raise RunFailed(f"iteration {iteration}: the participating workers processed no samples")
+    mean = np.zeros(config.plan.shard(shard).size, dtype=np.float64)
+    for weight, part in zip(weights, decoded, strict=True):  # in message order: the same sums as long as
+        mean += part.astype(np.float64) * weight  # nothing is dropped
+    return shards.Shard((mean / total).astype(np.float32), {}, [p.worker for p in included])
+
+
+def _weight(participant: Participant, iteration: int, decay: float) -> float:
+    """A part's weight in the mean: its samples, × ``decay`` per iteration of age for a late update folded in."""
+    if participant.iteration is None:
+        return participant.samples
+    return participant.samples * decay ** (iteration - participant.iteration)
+
+
+def _read_significant_parts(
+    store: ObjectStore, where: list[str], config: RunConfig, shard: int, need: int, policy: ReadPolicy
+) -> list[Stored | None]:
+    """Significance updates (``slsml.training.updates``): the shard's two entries of each update's part table, then the
+    parts they point at; a read that times out under the read quorum leaves its participant out (each of the
+    two rounds of reads waits up to the read timeout)."""
+    compression, kind = config.training.compression, UPDATE_KINDS[config.training.algorithm]
+    entries = store.get_quorum(where, [updates.table_range(config.plan, shard)] * len(where), need=need,
+                               timeout_s=policy.timeout_s)
+    ranges: dict[int, tuple[int, int]] = {}
+    for number, (key, entry) in enumerate(zip(where, entries, strict=True)):
+        if entry is None:
+            continue
+        try:  # the header first: the table of an update of another encoding is no table
+            updates.check(entry.metadata, kind, key, compression)
+            ranges[number] = updates.significant_part_range(entry.body, config.plan, shard, entry.size)
+        except updates.UpdateFormatError as error:
+            raise RunFailed(str(error) if str(error).startswith(key) else f"{key}: {error}") from None
+    read = list(ranges)
+    parts = store.get_quorum([where[n] for n in read], [ranges[n] for n in read], need=min(need, len(read)),
+                             timeout_s=policy.timeout_s)
+    out: list[Stored | None] = [None] * len(where)
+    for number, part in zip(read, parts, strict=True):
+        out[number] = part
+    return out
+
+
+def keep_weights(services: Services, config: RunConfig, iteration: int, shard: int) -> bool:
+    """No reducer of ``shard`` finished ``iteration`` in time: the shard enters the next iteration with its
+    weights and optimizer state unchanged. False if a late reducer stored its average first: it stands."""
+    store, run = services.store, config.run_id
+    current = shards.decode(store.get(keys.shard(run, iteration, shard)))
+    kept = shards.Shard(current.weights, current.state, [], kept=True)
+    if not store.put_new(keys.shard(run, iteration + 1, shard), shards.encode(kept)):
+        return False
+    services.table.record_stale_shard(run, iteration, shard)
+    return True

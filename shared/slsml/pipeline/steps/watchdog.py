@@ -1,0 +1,169 @@
+"""Watchdog: an iteration's deadline came and the iteration is not merged yet.
+
+One deadline of a run is pending at a time: the first launch of a run (or of a resumed generation)
+sends one, and each deadline, when it comes, sends the next one, for the iteration the run is at then.
+A fast run thus costs one watchdog invocation per deadline period, not one per iteration.
+
+Work stage (the reduce has not fired): if at least the floor of workers is in, fire the reduce
+with them; otherwise re-launch the missing workers with a new attempt number (reports of the old
+attempt are ignored from then on), and once the retry budget is spent, fail the run with a reason
+naming the stage. An iteration whose launch has not come (its model's event is late or lost) is
+launched by the watchdog: it claims the launch, with the run's current workers, and re-launches them
+all. Reduce stage: re-launch the reducers whose shards are missing; once the budget is spent, those
+shards keep the iteration's weights (counted and logged) and the merge goes on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from enum import StrEnum
+
+from aws_lambda_powertools import Logger
+
+from slsml.pipeline import metrics
+from slsml.pipeline.services import Services
+from slsml.pipeline.steps.common import run_config
+from slsml.pipeline.steps.reduce_launcher import fire_reduce, publish_reduce
+from slsml.pipeline.steps.reducer import keep_weights
+from slsml.spec import keys, wiring
+from slsml.spec.config import RunConfig
+from slsml.spec.deployment import Metric
+from slsml.spec.errors import NotFoundError
+from slsml.spec.messages import Deadline, ReduceDone, WorkMessage
+from slsml.state.barrier import quorum_count
+from slsml.state.records import DEADLINE_LAUNCH, DEADLINE_OWNER, IterationRecord, RunRecord, RunStatus
+
+logger = Logger(child=True)
+
+
+class Action(StrEnum):
+    NOTHING = "nothing"  # the stage is done, or the run moved on
+    NOT_DUE = "not-due"  # delivered early (SQS delays at most 15 minutes): sent on again
+    WATCHING_REDUCE = "watching-reduce"
+    FIRED = "fired"
+    RELAUNCHED = "relaunched"
+    STALE_SHARDS = "stale-shards"
+    FAILED = "failed"
+
+
+ACTED = {Action.FIRED, Action.RELAUNCHED, Action.STALE_SHARDS, Action.FAILED}  # what DeadlineActions counts
+
+
+def on_deadline(deadline: Deadline, services: Services) -> Action:
+    """Act on the run's current iteration; unless the run ended, send the chain's next deadline. The
+    chain moves on (``RunRecord.watched``) only once the next deadline is sent, so a try that failed
+    midway is carried on by its redelivery, and a duplicate that comes later finds the chain moved."""
+    if deadline.due_at > time.time() + 1:
+        services.deadlines.schedule(deadline.model_copy(update={"resent": deadline.resent + 1}))
+        return Action.NOT_DUE
+    try:
+        run = services.table.get_run(deadline.run_id)
+    except NotFoundError:
+        return Action.NOTHING
+    if run.status != RunStatus.RUNNING or run.generation != deadline.generation or run.watched != deadline.link:
+        return Action.NOTHING  # the run ended, or another copy of this deadline carried the chain on
+    action = _act(deadline.model_copy(update={"link": deadline.link + 1, "resent": 0}), run, services)
+    if action in ACTED:
+        metrics.emit(Metric.DEADLINE_ACTIONS, 1)
+    services.table.watch(run.run_id, deadline.link, deadline.link + 1)
+    return action
+
+
+def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
+    if run.iteration != deadline.iteration:  # the run moved on: watch the iteration it is at
+        deadline = _next(deadline, "work", 0, (run.iteration_at or deadline.due_at) + run.deadline_s)
+        deadline = deadline.model_copy(update={"iteration": run.iteration})
+        if deadline.due_at > time.time():
+            services.deadlines.schedule(deadline)
+            return Action.NOTHING
+    config = run_config(services.store, deadline.run_id)
+    record = services.table.get_iteration(deadline.run_id, deadline.iteration)
+    if deadline.stage == "work":
+        if record.launched_by is None:  # its model's launch is late or lost: the workers re-launched now launch it
+            record = _claim_launch(deadline, run, record, services)
+        return _work_deadline(deadline, config, record, services)
+    return _reduce_deadline(deadline, config, record, services)
+
+
+def _claim_launch(deadline: Deadline, run: RunRecord, record: IterationRecord, services: Services) -> IterationRecord:
+    """Claim the launch of the deadline's iteration with the run's current workers, so that the late launch
+    finds it taken and publishes nothing, and the iteration's times start here."""
+    counter = services.table.claim_launch(run.run_id, deadline.iteration, DEADLINE_LAUNCH, deadline.generation,
+                                          run.workers, run.workers_reason)
+    if counter is None:  # the launch came meanwhile
+        return services.table.get_iteration(run.run_id, deadline.iteration)
+    return record.model_copy(update=counter.model_dump(include={"launched_by", "launched_at", "workers"}))
+
+
+def _after(deadline: Deadline, seconds: float) -> float:
+    """When the next deadline is due: ``seconds`` after this one was due, so that two copies of it handled at
+    once send identical next deadlines (which the watchdog's idempotency takes once); ``seconds`` from now
+    if this one came late by half of that or more."""
+    now = time.time()
+    return (deadline.due_at if now - deadline.due_at < seconds / 2 else math.ceil(now)) + seconds
+
+
+def _next(deadline: Deadline, stage: str, round_: int, due_at: float) -> Deadline:
+    return deadline.model_copy(update={"stage": stage, "round": round_, "due_at": due_at, "resent": 0})
+
+
+def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Action:
+    spec, run_id, iteration = config.training, config.run_id, deadline.iteration
+    if record.reduce_fired_by is not None:  # the workers made it: watch the reducers from when they started
+        services.deadlines.schedule(_next(deadline, "reduce", 0, (record.reduce_fired_at or 0) + spec.deadline_s))
+        return Action.WATCHING_REDUCE
+    finite, workers = sorted(record.done - record.nonfinite), record.workers or config.workers
+    floor = min(quorum_count(workers, spec.deadline_floor), quorum_count(workers, spec.quorum))
+    missing = [w for w in range(workers) if w not in record.done]
+    log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "missing": missing}
+    if finite and len(finite) >= floor:
+        fire_reduce(services, config, iteration, workers, deadline.generation, DEADLINE_OWNER, spec.deadline_floor)
+        services.deadlines.schedule(_next(deadline, "reduce", 0, _after(deadline, spec.deadline_s)))
+        logger.warning("deadline: reduce fired without the missing workers", extra=log)
+        return Action.FIRED
+    if deadline.round < spec.deadline_retries:
+        attempt = deadline.round + 1
+        services.table.relaunch_workers(run_id, iteration, deadline.generation, dict.fromkeys(missing, attempt))
+        services.bus.publish(wiring.WORK, [
+            WorkMessage(run_id=run_id, iteration=iteration, generation=deadline.generation, worker=w, workers=workers,
+                        attempt=attempt)
+            for w in missing
+        ])
+        logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})
+        services.deadlines.schedule(_next(deadline, "work", attempt, _after(deadline, spec.deadline_s)))
+        return Action.RELAUNCHED
+    reason = (
+        f"work stage of iteration {iteration}: {len(finite)} of {workers} workers delivered an update"
+        f" within {spec.deadline_retries + 1} deadlines of {spec.deadline_s:g} s, fewer than the floor of"
+        f" {floor}; workers {missing} were re-launched {spec.deadline_retries} times"
+    )
+    logger.error("run failed", extra={**log, "reason": reason})
+    services.fail_run(run_id, reason)
+    return Action.FAILED
+
+
+def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Action:
+    spec, run_id, iteration = config.training, config.run_id, deadline.iteration
+    missing = [] if record.merge_fired_by is not None else [
+        s for s in range(config.reducers) if not services.store.exists(keys.shard(run_id, iteration + 1, s))
+    ]
+    if not missing:  # the Merger has what it needs (its own retries cover it): look again in a while
+        services.deadlines.schedule(_next(deadline, "work", 0, _after(deadline, spec.deadline_s)))
+        return Action.NOTHING
+    log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "shards": missing}
+    if deadline.round < spec.deadline_retries:
+        attempt = deadline.round + 1
+        publish_reduce(services, config, iteration, record.participants, deadline.generation, missing, attempt)
+        services.table.record_reduce_relaunch(run_id, iteration, len(missing))
+        services.deadlines.schedule(_next(deadline, "reduce", attempt, _after(deadline, spec.deadline_s)))
+        logger.warning("deadline: missing reducers re-launched", extra={**log, "attempt": attempt})
+        return Action.RELAUNCHED
+    for shard in missing:
+        keep_weights(services, config, iteration, shard)
+    services.bus.publish(wiring.REDUCE_DONE, [
+        ReduceDone(run_id=run_id, iteration=iteration, generation=deadline.generation, shard=s) for s in missing
+    ])
+    services.deadlines.schedule(_next(deadline, "work", 0, _after(deadline, spec.deadline_s)))
+    logger.warning("deadline: shards keep their weights for this iteration", extra=log)
+    return Action.STALE_SHARDS

@@ -1,0 +1,129 @@
+"""WorkLauncher: a model landed in S3 → launch its iteration's workers, or finish the run."""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+from aws_lambda_powertools import Logger
+
+from slsml.cost import tuner
+from slsml.pipeline.services import Services
+from slsml.pipeline.steps.common import run_config
+from slsml.spec import keys, wiring
+from slsml.spec.errors import NotFoundError
+from slsml.spec.messages import Deadline, ModelLanded, RunStarted, WorkMessage
+from slsml.state.records import RunRecord, RunStatus
+
+logger = Logger(child=True)
+
+
+class Outcome(StrEnum):
+    IGNORED = "ignored"
+    LAUNCHED = "launched"
+    ALREADY_LAUNCHED = "already-launched"
+    COMPLETED = "completed"
+
+
+def on_model(landed: ModelLanded, services: Services) -> Outcome:
+    key = landed.key
+    parsed = keys.parse_model_key(key)
+    if parsed is None:
+        logger.info("object is not a pipeline model: ignored", extra={"key": key})
+        return Outcome.IGNORED
+    run_id, iteration = parsed
+    try:
+        run = services.table.get_run(run_id)
+    except NotFoundError:
+        logger.error("model belongs to no known run: ignored", extra={"key": key, "run_id": run_id})
+        return Outcome.IGNORED
+    return _launch(run, iteration, f"{key}@{landed.sequencer}", services)
+
+
+def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services) -> Outcome:
+    """Launch the workers of ``iteration`` (once per trigger) and schedule its deadline, or finish the run."""
+    run_id = run.run_id
+    if run.status != RunStatus.RUNNING:
+        logger.info("run is not running: ignored", extra={"run_id": run_id, "status": run.status})
+        return Outcome.IGNORED
+    if iteration != run.iteration:  # e.g. the initial model placed again when a run is resumed
+        logger.info("model is not the run's current one: ignored",
+                    extra={"run_id": run_id, "iteration": iteration, "current": run.iteration})
+        return Outcome.IGNORED
+    if iteration >= run.iterations:
+        return _complete(run_id, iteration, services)
+    if run.training.workers == "auto" and iteration > 0:
+        run = _tune(run, iteration, services)
+    counter = services.table.claim_launch(run_id, iteration, trigger_id, run.generation, run.workers,
+                                          run.workers_reason)
+    if counter is None:
+        return Outcome.ALREADY_LAUNCHED
+    workers = counter.workers or run.workers
+    services.bus.publish(
+        wiring.WORK,
+        [WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w, workers=workers)
+         for w in range(workers)],
+    )
+    if run.watched is None:  # the first launch of this generation starts its chain of deadlines
+        services.deadlines.schedule(
+            Deadline(run_id=run_id, iteration=iteration, generation=run.generation, stage="work", round=0,
+                     due_at=time.time() + run.deadline_s)
+        )
+        services.table.watch(run_id, None, 0)
+    logger.info("iteration launched", extra={"run_id": run_id, "iteration": iteration, "workers": workers})
+    return Outcome.LAUNCHED
+
+
+def _tune(run: RunRecord, iteration: int, services: Services) -> RunRecord:
+    """``--workers auto``: the tuner's workers for ``iteration``, from the round before's time (once per
+    iteration: a duplicate launch finds the decision stored)."""
+    state = run.tuner or tuner.TunerState()
+    if state.tuned >= iteration:
+        return run
+    last = services.table.get_iteration(run.run_id, iteration - 1)
+    if last.workers and last.launched_at and last.merged_at:
+        state = tuner.measure(state, last.workers, last.merged_at - last.launched_at)
+    finite = [r for r in last.reports.values() if r.finite and r.samples]
+    per_sample = sum(r.compute_s for r in finite) / max(1, sum(r.samples or 0 for r in finite))
+    spec = run.training
+    predict = tuner.predictor(run_config(services.store, run.run_id), per_sample)
+    decision = tuner.decide(state, iteration, run.workers, spec.objective, spec.worker_bounds, predict)
+    changed = decision.workers != run.workers
+    if changed:
+        logger.info("tuner changes the workers", extra={"run_id": run.run_id, "iteration": iteration,
+                                                       "workers": decision.workers, "reason": decision.reason})
+    tuned = services.table.tune(run.run_id, iteration, decision.state, run.workers, decision.workers,
+                                decision.reason if changed else None)
+    return tuned or services.table.get_run(run.run_id)
+
+
+def _complete(run_id: str, iteration: int, services: Services) -> Outcome:
+    """The iteration budget is spent: the model entering ``iteration`` is the final one."""
+    final_key = keys.final_model(run_id)
+    services.store.copy_new(keys.model(run_id, iteration), final_key)
+    last = services.table.get_counter(run_id, iteration - 1)
+    run = services.table.record_outcome(run_id, final_key, last.test_loss, last.test_accuracy)
+    if run is not None:
+        services.orchestrator.succeed(run.task_token, _outcome(run))
+    logger.info("run completed", extra={"run_id": run_id, "iterations": iteration, "final": final_key})
+    return Outcome.COMPLETED
+
+
+def on_run_started(started: RunStarted, services: Services) -> None:
+    """Keep the execution's task token; answer it at once if the run already ended (a fast run). A
+    resumed run is launched from here: its current model is in place already."""
+    run = services.table.attach_task_token(started.run_id, started.task_token)
+    if run is None:
+        services.orchestrator.fail(started.task_token, f"run {started.run_id!r} is not registered")
+    elif run.status == RunStatus.FAILED:
+        services.orchestrator.fail(started.task_token, run.reason or "the run failed")
+    elif run.final_key:
+        services.orchestrator.succeed(started.task_token, _outcome(run))
+    elif run.generation and services.store.exists(keys.model(run.run_id, run.iteration)):
+        _launch(run, run.iteration, f"resume-{run.generation}", services)
+
+
+def _outcome(run: RunRecord) -> dict[str, Any]:
+    return {"final_key": run.final_key, "iterations": run.iteration, "test_accuracy": run.test_accuracy,
+            "test_loss": run.test_loss}

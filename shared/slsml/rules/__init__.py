@@ -1,0 +1,1 @@
+"""Update rules beyond plain gradient averaging: model averaging and ADMM."""

@@ -1,0 +1,510 @@
+"""Run configuration: what a user asks for, stored once as ``runs/<run>/run.json``."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from slsml.spec import schedules
+from slsml.spec.compression import Compression
+from slsml.spec.errors import BadInputError
+from slsml.spec.schedules import Schedule
+from slsml.spec.shardplan import ShardPlan
+
+
+def _compiles(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"{pattern!r} is not a regular expression: {error}") from None
+    return pattern
+
+
+RegularExpression = Annotated[str, AfterValidator(_compiles)]
+"""A field that holds a regular expression (checked when the model is validated)."""
+
+RUN_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+DATASET_PATTERN = RUN_ID_PATTERN
+
+
+KERAS_OPTIMIZERS = {
+    "sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad", "adamax": "Adamax",
+    "nadam": "Nadam", "lion": "Lion", "adadelta": "Adadelta", "ftrl": "Ftrl",
+}
+OptimizerName = Literal["sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "lion", "adadelta", "ftrl"]
+OPTIMIZER_NAMES: tuple[str, ...] = get_args(OptimizerName)
+# Keras defaults that differ from the fields' defaults below, filled in where a field is not given
+_KERAS_DEFAULTS: dict[str, dict[str, object]] = {
+    "adamw": {"weight_decay": 0.004}, "lion": {"beta_2": 0.99}, "adadelta": {"rho": 0.95},
+}
+# Keras optimizers the reducers refuse, and why (a reducer steps one shard: a slice of the flat vector
+# that cuts across variables, so it can apply only updates of each weight on its own)
+_REFUSED_OPTIMIZERS = {
+    "Adafactor": "it factors its second moment over the rows and columns of each variable, which model-parallel"
+    " shards cut across",
+    "Lamb": "its trust ratio scales each variable's update by the norms of the whole variable and of its update,"
+    " which no one shard holds",
+    "Muon": "it orthogonalizes the momentum of each matrix as a whole (Newton-Schulz iterations), which"
+    " model-parallel shards cut across",
+    "LossScaleOptimizer": "loss scaling is for mixed precision, and workers compute in float32; compile with the"
+    " optimizer it wraps",
+    "MultiOptimizer": "it applies different optimizers to different variables, and the reducers apply one to every"
+    " weight",
+}
+# Keras optimizer options the reducers refuse, and why
+_REFUSED = {
+    "loss_scale_factor": "loss scaling is for mixed precision, and workers compute in float32; compile without it",
+    "gradient_accumulation_steps": "the global batch already adds up every worker's gradient: raise --batch by"
+    " that factor instead",
+}
+
+
+def _only(*names: str) -> dict[str, Any]:
+    """A field's ``json_schema_extra``: the optimizers it applies to (a field without it applies to every one)."""
+    assert set(names) <= set(OPTIMIZER_NAMES), names
+    return {"optimizers": names}
+
+
+class OptimizerConfig(BaseModel):
+    """An element-wise optimizer the reducers apply in numpy, matching ``keras.optimizers``. A hyper-parameter
+    that does not apply to ``name`` (its field's ``json_schema_extra["optimizers"]``) keeps its default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: OptimizerName = "adam"
+    learning_rate: float | Schedule = Field(default=0.003, description="a constant (> 0) or a Keras schedule")
+    momentum: float = Field(default=0.0, ge=0, lt=1, json_schema_extra=_only("sgd", "rmsprop"))
+    nesterov: bool = Field(default=False, json_schema_extra=_only("sgd"))
+    beta_1: float = Field(default=0.9, ge=0, le=1, json_schema_extra=_only("adam", "adamw", "adamax", "nadam", "lion"))
+    beta_2: float = Field(
+        default=0.999, ge=0, le=1, description="Lion's default 0.99",
+        json_schema_extra=_only("adam", "adamw", "adamax", "nadam", "lion"),
+    )
+    epsilon: float = Field(
+        default=1e-7, gt=0,
+        json_schema_extra=_only("adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "adadelta"),
+    )
+    amsgrad: bool = Field(default=False, json_schema_extra=_only("adam", "adamw"))
+    rho: float = Field(
+        default=0.9, ge=0, lt=1, description="Adadelta's default 0.95", json_schema_extra=_only("rmsprop", "adadelta")
+    )
+    centered: bool = Field(default=False, json_schema_extra=_only("rmsprop"))
+    initial_accumulator_value: float = Field(default=0.1, ge=0, json_schema_extra=_only("adagrad", "ftrl"))
+    learning_rate_power: float = Field(
+        default=-0.5, le=0, description="how the per-weight learning rate falls (0: fixed)",
+        json_schema_extra=_only("ftrl"),
+    )
+    l1_regularization_strength: float = Field(default=0.0, ge=0, json_schema_extra=_only("ftrl"))
+    l2_regularization_strength: float = Field(
+        default=0.0, ge=0, description="stabilization penalty", json_schema_extra=_only("ftrl")
+    )
+    l2_shrinkage_regularization_strength: float = Field(
+        default=0.0, ge=0, description="magnitude penalty (added to the gradient)", json_schema_extra=_only("ftrl")
+    )
+    beta: float = Field(
+        default=0.0, ge=0, description="the beta of McMahan et al. (2013)", json_schema_extra=_only("ftrl")
+    )
+    weight_decay: float | None = Field(default=None, ge=0, description="decoupled, applied before the update")
+    exclude_from_weight_decay: tuple[RegularExpression, ...] = Field(
+        default=(), description="patterns (regular expressions) of variable names that take no weight decay"
+    )
+    use_ema: bool = Field(default=False, description="keep an exponential moving average of the weights; the final"
+                          " model carries it")
+    ema_momentum: float = Field(default=0.99, ge=0, le=1, description="the average's momentum")
+    ema_overwrite_frequency: int | None = Field(
+        default=None, ge=1, description="every this many steps the weights take the average's value"
+    )
+    clipnorm: float | None = Field(default=None, gt=0, description="clip each variable's gradient to this norm")
+    global_clipnorm: float | None = Field(
+        default=None, gt=0, description="clip the whole gradient to this norm (over all shards)"
+    )
+    clipvalue: float | None = Field(default=None, gt=0, description="clip each gradient element to ±this")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keras_defaults(cls, data: object) -> object:
+        if isinstance(data, dict):
+            return {**_KERAS_DEFAULTS.get(data.get("name", "adam"), {}), **data}
+        return data
+
+    @classmethod
+    def applies(cls, field: str, name: str) -> bool:
+        """Whether the hyper-parameter ``field`` is one of optimizer ``name``'s."""
+        extra = cls.model_fields[field].json_schema_extra
+        return not isinstance(extra, dict) or name in extra["optimizers"]  # type: ignore[operator]
+
+    @classmethod
+    def optimizers_of(cls, field: str) -> tuple[str, ...]:
+        """The optimizers the hyper-parameter ``field`` applies to."""
+        return tuple(name for name in OPTIMIZER_NAMES if cls.applies(field, name))
+
+    def foreign(self) -> list[str]:
+        """The fields set to a value other than their default (or Keras's for this optimizer) that do not
+        apply to this optimizer."""
+        keras_defaults = _KERAS_DEFAULTS.get(self.name, {})
+        return [
+            field for field, info in type(self).model_fields.items()
+            if not self.applies(field, self.name) and (value := getattr(self, field)) != info.default
+            and value != keras_defaults.get(field, info.default)
+        ]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OptimizerConfig:
+        if foreign := self.foreign():
+            raise ValueError("; ".join(
+                f"{field} does not apply to {KERAS_OPTIMIZERS[self.name]} (only to"
+                f" {', '.join(KERAS_OPTIMIZERS[n] for n in self.optimizers_of(field))})" for field in foreign
+            ))
+        if self.clipnorm and self.global_clipnorm:
+            raise ValueError("clipnorm and global_clipnorm contradict each other: give one of them")
+        if self.clipvalue and (self.clipnorm or self.global_clipnorm):
+            raise ValueError("clipvalue and a clipping norm contradict each other: Keras would clip by the norm and"
+                             " ignore clipvalue; give one of them")
+        if self.exclude_from_weight_decay and not self.weight_decay:
+            raise ValueError("exclude_from_weight_decay needs a weight_decay")
+        return self
+
+    @property
+    def clips_by_norm(self) -> bool:
+        """The update needs gradient norms that span shards (clipnorm or global_clipnorm)."""
+        return bool(self.clipnorm or self.global_clipnorm)
+
+    def decays(self, variable_name: str) -> bool:
+        """Whether weight decay applies to the variable of this name (``a/b/kernel``: Keras matches ``kernel``)."""
+        name = variable_name.rsplit("/", 1)[-1]
+        return bool(self.weight_decay) and not any(re.search(p, name) for p in self.exclude_from_weight_decay)
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _positive(cls, value: float | Schedule) -> float | Schedule:
+        if isinstance(value, float) and value <= 0:
+            raise ValueError(f"learning rate {value} must be positive")
+        return value
+
+    @classmethod
+    def from_keras(cls, class_name: str, config: dict[str, Any]) -> OptimizerConfig:
+        """A Keras optimizer's ``get_config()`` → the config, if the reducers can apply it exactly; else
+        BadInputError naming what they cannot."""
+        if class_name in _REFUSED_OPTIMIZERS:
+            raise BadInputError(f"optimizer {class_name} is not supported: {_REFUSED_OPTIMIZERS[class_name]}")
+        name = class_name.lower()
+        if name not in KERAS_OPTIMIZERS:
+            raise BadInputError(
+                f"optimizer {class_name} is not supported; use one of {', '.join(KERAS_OPTIMIZERS.values())}"
+            )
+        for option, reason in _REFUSED.items():
+            if config.get(option) and not (option == "gradient_accumulation_steps" and config[option] == 1):
+                raise BadInputError(f"optimizer option {option}={config[option]!r} is not supported: {reason}")
+        fields = {k: config[k] for k in cls.model_fields if k in config and k not in ("name", "learning_rate")}
+        fields["learning_rate"] = _keras_learning_rate(config.get("learning_rate", 0.001))
+        try:
+            return cls(name=name, **fields)
+        except ValidationError as error:
+            raise BadInputError(f"optimizer {class_name}: {_problems(error)}") from None
+
+
+# OptimizerConfig's hyper-parameters: its fields other than name and learning_rate (a CLI flag each)
+HYPER_PARAMETERS: tuple[str, ...] = tuple(f for f in OptimizerConfig.model_fields if f not in {"name", "learning_rate"})
+
+
+def _keras_learning_rate(value: object) -> object:
+    """A serialized Keras learning rate: a number, or a built-in schedule as ``{class_name, config}``."""
+    if not isinstance(value, dict):
+        return value
+    class_name, config = value.get("class_name"), value.get("config")
+    if class_name not in schedules.NAMES or value.get("module", schedules.KERAS_MODULE) != schedules.KERAS_MODULE:
+        raise BadInputError(
+            f"learning-rate schedule {class_name} is not supported; use a constant or one of"
+            f" {', '.join(schedules.NAMES)}"
+        )
+    if not isinstance(config, dict):
+        raise BadInputError(f"learning-rate schedule {class_name} has no config")
+    fields = {k: v for k, v in config.items() if k != "name"}
+    try:
+        return TypeAdapter(Schedule).validate_python({**fields, "class_name": class_name})
+    except ValidationError as error:
+        raise BadInputError(f"learning-rate schedule {class_name}: {_problems(error)}") from None
+
+
+def _problems(error: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(part) for part in e['loc'] if part not in schedules.NAMES) or 'config'}: {e['msg']}"
+        for e in error.errors()
+    )
+
+
+MAX_WORKERS = 1000
+Algorithm = Literal["gradient", "average", "admm"]
+Objective = Literal["time", "cost"]
+# TrainingSpec fields that apply to some algorithms alone, and to which
+LOCAL_OPTIONS = ("local_steps", "local_optimizer", "local_learning_rate", "local_momentum")
+ALGORITHM_OPTIONS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(LOCAL_OPTIONS, ("average", "admm")),
+    "local_state": ("average",), "server": ("average",), "admm_rho": ("admm",),
+}
+# what a worker's update holds, by algorithm (the update format's kind, see slsml.training.updates): under ADMM, the
+# consensus less the slot's local model and dual (slsml.rules.admm), which the reducers average as a weight change
+UPDATE_KINDS: dict[str, str] = {"gradient": "gradient", "average": "weight change", "admm": "weight change"}
+
+
+class TrainingSpec(BaseModel):
+    """The knobs of a training run that a user sets (CLI flags, API arguments)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS)] | Literal["auto"] = Field(
+        default=4,
+        description="data-parallel workers; auto: the tuner sets them each round, between min_workers and"
+        " max_workers (starting at min_workers), toward the objective",
+    )
+    reducers: int = Field(default=2, ge=1, le=256, description="model-parallel reducers (shards of the weights)")
+    global_batch: int = Field(default=128, ge=1, description="global mini-batch: samples per iteration")
+    iterations: int = Field(default=150, ge=1, le=999_999, description="iteration budget")  # model keys: six digits
+    quorum: float = Field(default=1.0, gt=0, le=1, description="fraction of workers a reduce waits for")
+    seed: int = Field(default=0, ge=0, description="data order seed (one permutation per epoch)")
+    eval_every: int = Field(default=10, ge=0, description="test-set evaluation period; 0: only at the end")
+    optimizer: OptimizerConfig | None = Field(
+        default=None, description="None: take the optimizer the model was compiled with"
+    )
+    loss: str | None = Field(default=None, description="Keras loss name; None: the model's compiled loss")
+    heartbeat_s: int = Field(default=900, ge=1, description="seconds: the run fails if an iteration takes longer")
+    time_budget_s: int = Field(default=7 * 24 * 3600, ge=1, description="seconds: the run fails if it takes longer")
+    deadline_s: float = Field(
+        default=120.0, gt=0, le=24 * 3600,
+        description="seconds a stage (the workers, then the reducers) of an iteration may take before the"
+        " watchdog acts on what is missing",
+    )
+    deadline_floor: float = Field(
+        default=0.5, gt=0, le=1,
+        description="at a deadline, the fraction of workers that lets the reduce fire without the others"
+        " (at most the quorum)",
+    )
+    deadline_retries: int = Field(
+        default=2, ge=0, le=20,
+        description="how often missing workers or reducers are re-launched before the run fails"
+        " (workers) or a shard keeps its weights (reducers)",
+    )
+
+    algorithm: Algorithm = Field(
+        default="gradient",
+        description="gradient: workers send the gradient of their slice of one global batch (gradient averaging);"
+        " average: each takes local_steps steps of the local optimizer and sends its weight change (model"
+        " averaging); admm: each keeps its own data partition, local model and dual, takes local_steps steps on"
+        " its partition's loss plus the proximal term, and the reducers form the consensus (models without hidden"
+        " layers)",
+    )
+    local_steps: int = Field(
+        default=1, ge=1, le=1000,
+        description="model averaging and ADMM: local steps per round, one per batch the size of the worker's share"
+        " of the global batch (a round takes this many)",
+    )
+    local_optimizer: OptimizerName = Field(
+        default="sgd", description="model averaging and ADMM: the workers' local optimizer"
+    )
+    local_learning_rate: float = Field(
+        default=0.1, gt=0, description="model averaging and ADMM: its constant learning rate"
+    )
+    local_momentum: float = Field(
+        default=0.0, ge=0, lt=1, description="model averaging and ADMM: its momentum (sgd, rmsprop)"
+    )
+    admm_rho: float = Field(
+        default=0.1, gt=0, description="ADMM: the weight ρ of the proximal term (ρ/2)·‖x − z + u‖² of local steps"
+    )
+    local_state: Literal["reset", "keep"] = Field(
+        default="reset",
+        description="model averaging: the local optimizer's state (e.g. momentum) starts fresh every round, or"
+        " is kept per worker slot in S3",
+    )
+    server: Literal["average", "optimizer"] = Field(
+        default="average",
+        description="model averaging: the reducers apply the average of the weight changes (FedAvg), or step the"
+        " run's optimizer with it as the gradient (FedOpt)",
+    )
+
+    staleness: int = Field(
+        default=0, ge=0, le=100,
+        description="bounded staleness (SSP): a worker's update that comes after its round's reduce fired is"
+        " folded into a later round's reduce, at most this many rounds later; 0: it is left out",
+    )
+    staleness_decay: float = Field(
+        default=1.0, gt=0, le=1, description="a folded update's weight: its samples × this to the power of its age"
+    )
+    min_workers: int | None = Field(
+        default=None, ge=1, description="the fewest workers `run scale` may set while the run trains (default 1)"
+    )
+    max_workers: int | None = Field(
+        default=None, ge=1, le=MAX_WORKERS,
+        description=f"the most workers `run scale` may set while the run trains (default: the global batch, at"
+        f" most {MAX_WORKERS})",
+    )
+
+    objective: Objective = Field(
+        default="time", description="--workers auto: what the tuner minimizes, seconds or dollars per round"
+    )
+    compress: str = Field(
+        default="none",
+        description="what workers send: none (float32), fp16, topk:F (each part's fraction F of largest entries) or"
+        " significance:V (the entries whose change relative to their weight exceeds V); what is left out is kept"
+        " per worker slot and added to its next update (error feedback)",
+    )
+
+    @field_validator("compress")
+    @classmethod
+    def _compressor(cls, text: str) -> str:
+        Compression.parse(text)
+        return text
+
+    @property
+    def compression(self) -> Compression:
+        """The ``compress`` option, parsed."""
+        return Compression.parse(self.compress)
+
+    @property
+    def worker_bounds(self) -> tuple[int, int]:
+        """The fewest and the most workers the run may train with."""
+        return self.min_workers or 1, self.max_workers or min(self.global_batch, MAX_WORKERS)
+
+    @property
+    def initial_workers(self) -> int:
+        """The workers of the first round (with auto: the fewest)."""
+        return self.worker_bounds[0] if self.workers == "auto" else self.workers
+
+    @model_validator(mode="after")
+    def _workers_within_bounds(self) -> TrainingSpec:
+        if self.workers == "auto" and (self.min_workers is None or self.max_workers is None):
+            raise ValueError("workers auto needs min_workers and max_workers: the bounds the tuner moves within")
+        if self.workers != "auto" and self.objective != type(self).model_fields["objective"].default:
+            raise ValueError("objective applies to workers auto only")
+        low, high = self.worker_bounds
+        if low > high:
+            raise ValueError(f"min_workers ({low}) must be at most max_workers ({high})")
+        if not low <= self.initial_workers <= high:
+            raise ValueError(f"workers ({self.workers}) must lie within min_workers and max_workers ({low}-{high})")
+        if high > self.global_batch:
+            raise ValueError(f"max_workers ({high}) must be at most the global batch ({self.global_batch})")
+        return self
+
+    @model_validator(mode="after")
+    def _batch_covers_workers(self) -> TrainingSpec:
+        if self.global_batch < self.initial_workers:
+            raise ValueError(
+                f"global_batch ({self.global_batch}) must be at least the number of workers ({self.initial_workers})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _staleness_options(self) -> TrainingSpec:
+        if self.staleness_decay != 1 and not self.staleness:
+            raise ValueError("staleness_decay needs a staleness above 0")
+        return self
+
+    @model_validator(mode="after")
+    def _algorithm_options(self) -> TrainingSpec:
+        fields = type(self).model_fields
+        foreign = [f for f, algorithms in ALGORITHM_OPTIONS.items()
+                   if self.algorithm not in algorithms and getattr(self, f) != fields[f].default]
+        if foreign:
+            raise ValueError("; ".join(f"{f} is an option of algorithm {' or '.join(ALGORITHM_OPTIONS[f])} only"
+                                       for f in foreign))
+        if self.algorithm != "gradient":
+            self.local_optimizer_config()  # the local optimizer must take its options
+        if self.algorithm == "admm":
+            if self.workers == "auto" or self.min_workers is not None or self.max_workers is not None:
+                raise ValueError("algorithm admm trains a fixed fleet: each worker keeps its data partition and"
+                                 " dual variable, which another count would cut anew (no workers auto, min_workers"
+                                 " or max_workers)")
+            if self.staleness:
+                raise ValueError("algorithm admm folds no late updates: a late worker's local model is kept with"
+                                 " its slot and enters the consensus in the slot's next round (no staleness)")
+        return self
+
+    @property
+    def local_batches(self) -> int:
+        """Batches a worker takes per round: its local steps under model averaging and ADMM, else one."""
+        return 1 if self.algorithm == "gradient" else self.local_steps
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the run's workers may change while it trains (not under ADMM)."""
+        return self.algorithm != "admm"
+
+    def local_optimizer_config(self) -> OptimizerConfig:
+        """The workers' local optimizer (model averaging and ADMM)."""
+        fields: dict[str, Any] = {"name": self.local_optimizer, "learning_rate": self.local_learning_rate}
+        if self.local_momentum:
+            fields["momentum"] = self.local_momentum
+        try:
+            return OptimizerConfig(**fields)
+        except ValidationError as error:
+            problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in error.errors())
+            raise ValueError(f"local_optimizer {self.local_optimizer}: {problems}") from None
+
+
+class RunConfig(BaseModel):
+    """Everything the functions need to know about a run; immutable once written."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    run_id: str
+    dataset: str
+    training: TrainingSpec
+    optimizer: OptimizerConfig
+    loss: str
+    classification: bool = Field(description="labels are class ids: workers report accuracy")
+    plan: ShardPlan
+    architecture: str | None = Field(
+        default=None, description="digest of what the model computes (modelio.architecture): a warm worker serves "
+        "the runs of one architecture with one model (None: with the run's own)"
+    )
+    update_format: Literal[1] = 1
+
+    @field_validator("run_id")
+    @classmethod
+    def _valid_run_id(cls, value: str) -> str:
+        if not RUN_ID_PATTERN.match(value):
+            raise ValueError(f"run id {value!r} must be 1-63 lowercase letters, digits or '-'")
+        return value
+
+    @property
+    def workers(self) -> int:
+        """The workers of the first round (later rounds: their counters, ``Counter.workers``)."""
+        return self.training.initial_workers
+
+    @property
+    def server_optimizer(self) -> OptimizerConfig:
+        """What the reducers step with the averaged update: the run's optimizer, or under plain model averaging
+        (FedAvg) and ADMM a step of SGD at rate 1, which moves each weight by the average weight change."""
+        if self.training.algorithm != "gradient" and self.training.server == "average":  # ADMM's is always average
+            return OptimizerConfig(name="sgd", learning_rate=1.0)
+        return self.optimizer
+
+    @property
+    def reducers(self) -> int:
+        return self.training.reducers
+
+
+class DropInRequest(BaseModel):
+    """How a model dropped under ``incoming/`` trains: the deployment's defaults, overridden field by
+    field by an optional ``incoming/<name>.json`` of the same shape."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: str | None = None
+    training: dict[str, object] = Field(default_factory=dict, description="TrainingSpec fields")
+
+    def over(self, defaults: DropInRequest) -> DropInRequest:
+        return DropInRequest(
+            dataset=self.dataset or defaults.dataset, training={**defaults.training, **self.training}
+        )

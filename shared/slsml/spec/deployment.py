@@ -1,0 +1,74 @@
+"""What the deployed stack and the code running in it agree on beyond the wiring: the bucket
+prefixes the functions may touch, the metrics the dashboard and alarms read, the object tag
+that lets the bucket expire per-iteration scratch, the functions' default sizes (which
+``slsml plan`` prices, and the local host runs its functions with, so that local GB-seconds are what a
+default deployment bills), and the stack outputs that name the functions' log groups.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+METRICS_NAMESPACE = "slsml"
+# POWERTOOLS_SERVICE_NAME of every function. Powertools adds it as the `service` dimension of each
+# custom metric, so one value for all functions keeps a metric in one series whoever emits it.
+SERVICE_NAME = "slsml"
+
+
+class Metric(StrEnum):
+    """Custom metrics (namespace METRICS_NAMESPACE, dimension service=SERVICE_NAME, no others), each emitted
+    where it is true: see ``slsml.pipeline.metrics``."""
+
+    ITERATION_SECONDS = "IterationSeconds"
+    WORKER_COMPUTE_SECONDS = "WorkerComputeSeconds"
+    TRAIN_LOSS = "TrainLoss"
+    WORKERS_DONE = "WorkersDone"
+    LATE_WORKERS = "LateWorkers"
+    BYTES_READ = "BytesRead"
+    BYTES_WRITTEN = "BytesWritten"
+    DEADLINE_ACTIONS = "DeadlineActions"  # the watchdog fired a barrier, re-launched steps or failed a run
+
+
+# What the functions' IAM policies allow in the bucket (keys.py puts every object under one of these).
+RUNS_PREFIX = "runs/"
+DATASETS_PREFIX = "datasets/"
+READABLE_PREFIXES = (RUNS_PREFIX, DATASETS_PREFIX)
+WRITABLE_PREFIXES = (RUNS_PREFIX,)
+
+# S3 lifecycle rules filter on a key prefix and object tags, not on a pattern: scratch objects under
+# runs/<run>/iters/ carry this tag (PutObject Tagging="slsml-scratch=true") and expire after a few days.
+SCRATCH_TAG_KEY = "slsml-scratch"
+SCRATCH_TAG_VALUE = "true"
+
+
+class FunctionSettings(BaseModel):
+    """Sizing of one Lambda function."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    memory_mb: int = Field(default=512, ge=128, le=10240)
+    timeout_s: int = Field(default=60, ge=1, le=900)
+    ephemeral_storage_mb: int = Field(default=512, ge=512, le=10240)
+    reserved_concurrency: int | None = Field(default=None, ge=1)
+
+
+# The TensorFlow functions get room for the framework and a cached model; 1769 MB is one full vCPU
+# for the reducers' numpy math.
+DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
+    "work_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
+    "worker": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
+    "reduce_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
+    "reducer": FunctionSettings(memory_mb=1769, timeout_s=300),
+    "merger": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
+    "watchdog": FunctionSettings(memory_mb=512, timeout_s=60),
+    "run_starter": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
+    # fails runs of dead-lettered messages: a table update and a task failure each
+    "dead_letters": FunctionSettings(memory_mb=256, timeout_s=30),
+}
+
+
+def log_group_output(function: str) -> str:
+    """The stack output naming a function's log group (``worker`` → ``WorkerLogGroupName``)."""
+    return "".join(part.capitalize() for part in function.split("_")) + "LogGroupName"

@@ -1,0 +1,176 @@
+"""The messages the pipeline functions exchange over SNS. Versioned: a reader accepts its own
+``schema_version`` and rejects others with a clear error, so formats can grow without breaking runs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+from urllib.parse import unquote_plus
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from slsml.spec import keys
+
+# the message attributes Lambda attaches to an event it dead-letters (a function's asynchronous-invocation DLQ):
+# the HTTP status of the failed invocation, the error's message (its first KB) and the last invocation's id
+DEAD_LETTER_ERROR_CODE = "ErrorCode"
+DEAD_LETTER_ERROR_MESSAGE = "ErrorMessage"
+DEAD_LETTER_REQUEST_ID = "RequestID"
+
+MAX_MESSAGE_BYTES = 128 * 1024  # the biggest real message, a Reduce for 1000 workers, is 45 KiB; SNS allows 256
+
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    run_id: str = Field(min_length=1, max_length=63)
+    iteration: int = Field(ge=0)
+    generation: int = Field(default=0, ge=0, description="how often the run was resumed when this was sent")
+
+
+class WorkMessage(Message):
+    """WorkLauncher → Worker: compute your slice of the global batches of ``iteration``."""
+
+    worker: int = Field(ge=0)
+    workers: int = Field(ge=1, description="the workers the iteration was launched with (its slices)")
+    attempt: int = Field(default=0, ge=0)
+
+
+class WorkDone(Message):
+    """Worker → ReduceLauncher: my update is in S3."""
+
+    worker: int = Field(ge=0)
+    attempt: int = Field(default=0, ge=0)
+    samples: int = Field(ge=0)
+    loss: float = Field(description="0 when the update is not finite (JSON has no NaN)")
+    accuracy: float | None = None
+    compute_s: float = Field(ge=0, description="gradient computation, excluding S3 and messaging")
+    finite: bool = Field(default=True, description="False: the update holds NaN or Inf and must be left out")
+
+
+class Participant(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    worker: int = Field(ge=0)
+    attempt: int = Field(default=0, ge=0)
+    samples: int = Field(ge=0)
+    iteration: int | None = Field(
+        default=None, ge=0, description="a late update folded in (bounded staleness): the iteration it is of"
+    )
+
+
+class ReduceMessage(Message):
+    """ReduceLauncher → Reducer: average these workers' parts of your shard and step the optimizer."""
+
+    shard: int = Field(ge=0)
+    participants: tuple[Participant, ...] = Field(min_length=1)
+    attempt: int = Field(default=0, ge=0, description="> 0: re-launched by the watchdog")
+    squares: dict[str, float] | None = Field(
+        default=None, description="runs that clip by norm: every shard's sums of squares are in, these are their"
+        " totals; step with your stored average (see slsml.training.clipping)",
+    )
+
+
+class ReduceDone(Message):
+    """Reducer → Merger: the new weights of my shard are in S3."""
+
+    shard: int = Field(ge=0)
+
+
+class Deadline(Message):
+    """WorkLauncher/Watchdog → Watchdog, through a delayed queue: look at ``iteration`` at ``due_at``.
+
+    ``stage`` is the barrier being watched and ``round`` how many deadlines of that stage passed.
+    """
+
+    stage: Literal["work", "reduce"]
+    round: int = Field(ge=0)
+    due_at: float = Field(ge=0, description="epoch seconds")
+    resent: int = Field(default=0, ge=0, description="times it came early and was sent on (a new message each time)")
+    link: int = Field(default=0, ge=0, description="its place in the run's chain of deadlines (one pending at a time)")
+
+
+class _S3Object(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    key: str
+    eTag: str | None = None
+    sequencer: str | None = None
+
+
+class _S3Entity(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    object: _S3Object
+
+
+class _S3Record(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    eventName: str
+    s3: _S3Entity
+
+
+class S3Notification(BaseModel):
+    """The body of a ModelUpdated message: an S3 event, or the test event S3 sends on configuration.
+
+    Only the fields slsml reads are required, so any S3-compatible event source works.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    Records: list[_S3Record] = Field(default_factory=list)
+    Event: str | None = None
+
+
+class ModelLanded(BaseModel):
+    """One object created under a watched prefix (key URL-decoded)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    sequencer: str
+
+
+def landed_objects(notification: S3Notification) -> list[ModelLanded]:
+    return [
+        ModelLanded(key=unquote_plus(r.s3.object.key), sequencer=r.s3.object.sequencer or r.s3.object.eTag or "")
+        for r in notification.Records
+        if r.eventName.startswith("ObjectCreated")
+    ]
+
+
+class RunStarted(BaseModel):
+    """Run state machine → WorkLauncher: the run is registered; report its end with this token."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    run_id: str = Field(min_length=1, max_length=63)
+    task_token: str = Field(min_length=1)
+
+
+# What the WorkLauncher receives: a model landed (S3 event) or a run started (task token).
+LauncherEvent = Annotated[RunStarted | S3Notification, Field(union_mode="left_to_right")]
+
+
+def run_named(message: str) -> str | None:
+    """The run a pipeline message names, whatever its type: its ``run_id``, or for an S3 event the run of
+    a model it is about (None for a message of any other shape)."""
+    try:
+        parsed = json.loads(message)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    if isinstance(parsed.get("run_id"), str):
+        return parsed["run_id"]
+    records = parsed.get("Records")
+    for record in records if isinstance(records, list) else []:
+        try:
+            key = keys.parse_model_key(record["s3"]["object"]["key"])
+        except (KeyError, TypeError):
+            continue
+        if key:
+            return key[0]
+    return None

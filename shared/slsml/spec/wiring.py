@@ -1,0 +1,127 @@
+"""The one wiring spec: which topic feeds which function and which bucket prefix notifies which
+topic. The CDK constructs and the local runtime both read it, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slsml.spec import keys
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    env_var: str  # the variable that carries the topic's ARN to the functions that publish to it
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A queue a function is triggered by directly (messages sent with a delay), not through a topic."""
+
+    name: str
+    env_var: str  # the variable that carries the queue's URL to the functions that send to it
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str  # folder under functions/ and logical id stem
+    triggers: tuple[Topic, ...]
+    publishes: tuple[Topic, ...]
+    needs_tensorflow: bool  # container image (TensorFlow) or zip + common layer
+    starts_runs: bool = False  # may start executions of the run state machine
+    queue: Queue | None = None  # the queue that triggers it, if any (besides its topics)
+    sends: tuple[Queue, ...] = ()  # queues it sends (delayed) messages to
+    # triggered by every dead-letter queue: fails the run a dead letter names, and may do nothing else
+    reads_dead_letters: bool = False
+
+
+@dataclass(frozen=True)
+class BucketNotification:
+    prefix: str
+    suffix: str
+    topic: Topic
+
+
+MODEL_UPDATED = Topic("ModelUpdated", "SLSML_TOPIC_MODEL_UPDATED")
+WORK = Topic("Work", "SLSML_TOPIC_WORK")
+WORK_DONE = Topic("WorkDone", "SLSML_TOPIC_WORK_DONE")
+REDUCE = Topic("Reduce", "SLSML_TOPIC_REDUCE")
+REDUCE_DONE = Topic("ReduceDone", "SLSML_TOPIC_REDUCE_DONE")
+# the run state machine → WorkLauncher: a run was registered; here is the task token to report to
+RUN_CONTROL = Topic("RunControl", "SLSML_TOPIC_RUN_CONTROL")
+# S3 → RunStarter: a model was dropped under incoming/
+MODEL_DROPPED = Topic("ModelDropped", "SLSML_TOPIC_MODEL_DROPPED")
+# the run state machine → people and tools: a run COMPLETED or FAILED
+RUN_EVENTS = Topic("RunEvents", "SLSML_TOPIC_RUN_EVENTS")
+
+# WorkLauncher/Watchdog → Watchdog: an iteration's deadline, delivered when it is due
+DEADLINES = Queue("Deadlines", "SLSML_QUEUE_DEADLINES")
+
+TOPICS: tuple[Topic, ...] = (
+    MODEL_UPDATED, WORK, WORK_DONE, REDUCE, REDUCE_DONE, RUN_CONTROL, MODEL_DROPPED, RUN_EVENTS
+)
+
+FUNCTIONS: tuple[Function, ...] = (
+    Function(
+        "work_launcher", triggers=(MODEL_UPDATED, RUN_CONTROL), publishes=(WORK,), needs_tensorflow=False,
+        sends=(DEADLINES,),
+    ),
+    Function("worker", triggers=(WORK,), publishes=(WORK_DONE,), needs_tensorflow=True),
+    Function("reduce_launcher", triggers=(WORK_DONE,), publishes=(REDUCE,), needs_tensorflow=False),
+    # publishes Reduce too: in runs that clip by norm, the reducer that completes the norm exchange
+    # releases the other shards' steps
+    Function("reducer", triggers=(REDUCE,), publishes=(REDUCE_DONE, REDUCE), needs_tensorflow=False),
+    Function("merger", triggers=(REDUCE_DONE,), publishes=(), needs_tensorflow=True),
+    # beside the loop: at each deadline, fire a late barrier, re-launch what is missing, or fail the run
+    Function(
+        "watchdog", triggers=(), publishes=(WORK, REDUCE, REDUCE_DONE), needs_tensorflow=False,
+        queue=DEADLINES, sends=(DEADLINES,),
+    ),
+    # outside the loop: a plain upload to incoming/ starts a run with the deployment's defaults
+    Function("run_starter", triggers=(MODEL_DROPPED,), publishes=(), needs_tensorflow=True, starts_runs=True),
+    # beside everything: a message a function failed on three times (or SNS could not deliver) fails its run
+    Function("dead_letters", triggers=(), publishes=(), needs_tensorflow=False, reads_dead_letters=True),
+)
+
+BUCKET_NOTIFICATIONS: tuple[BucketNotification, ...] = (
+    BucketNotification(prefix=keys.MODELS_PREFIX, suffix=keys.MODEL_SUFFIX, topic=MODEL_UPDATED),
+    BucketNotification(prefix=keys.INCOMING_PREFIX, suffix=keys.MODEL_SUFFIX, topic=MODEL_DROPPED),
+)
+
+QUEUES: tuple[Queue, ...] = (DEADLINES,)
+
+BUCKET_ENV = "SLSML_BUCKET"
+TABLE_ENV = "SLSML_TABLE"
+STATE_MACHINE_ENV = "SLSML_STATE_MACHINE"
+RUN_DEFAULTS_ENV = "SLSML_RUN_DEFAULTS"  # JSON of a DropInRequest: what an incoming/ model trains with
+# JSON of the dead-letter reader's sources (``dead_letter_sources``)
+DEAD_LETTER_SOURCES_ENV = "SLSML_DEAD_LETTER_SOURCES"
+
+
+def notified_prefixes(fn: Function) -> tuple[str, ...]:
+    """The bucket prefixes whose new objects reach ``fn`` (it reads what it is told about)."""
+    return tuple(n.prefix for n in BUCKET_NOTIFICATIONS if n.topic in fn.triggers)
+
+
+def dead_letter_sources(queues: list[tuple[str, str]], topic_arns: dict[str, str]) -> dict[str, list[list[str]]]:
+    """Whose messages the dead letters are, for the function that reads them, as [ARN, function] pairs (a
+    deployment's ARNs are tokens, which JSON keys cannot be): ``queues``, (dead-letter queue ARN, the
+    function whose messages it holds) — a queue that holds several functions', as Lambda's
+    asynchronous-invocation one, is left out: its messages are SNS events, which name their topic — and
+    ``topics``, each topic that triggers a function (``topic_arns``: ARN by topic name) and that function."""
+    return {
+        "queues": [[arn, function] for arn, function in queues],
+        "topics": [[topic_arns[topic.name], fn.name] for fn in FUNCTIONS for topic in fn.triggers],
+    }
+
+
+def dead_letter_reader() -> Function:
+    return next(fn for fn in FUNCTIONS if fn.reads_dead_letters)
+
+
+def function(name: str) -> Function:
+    for fn in FUNCTIONS:
+        if fn.name == name:
+            return fn
+    raise KeyError(f"no pipeline function named {name!r}")

@@ -1,0 +1,493 @@
+"""Run bookkeeping in DynamoDB (the items are described in ``slsml.state.records``).
+
+A worker's report is its own record, written create-only, and adds one to the iteration's counter;
+a barrier that the counter says may be complete reads the records and fires by a create-only write
+of what it fired with. Every barrier fires once, and a duplicate or a retry changes nothing: it
+finds its record, or the fire, already stored. A resumed run's iterations belong to its new generation:
+every write of a report, count, fire or advance is conditional on the generation, so a late step of the
+generation before neither counts in them nor fires them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from slsml.aws.clients import error_code
+from slsml.spec.errors import NotFoundError
+from slsml.spec.messages import Participant, WorkDone
+from slsml.state.records import (
+    ITERATION_TTL_S,
+    META,
+    RUN_KIND,
+    RUNS_INDEX,
+    Counter,
+    IterationRecord,
+    RunRecord,
+    RunStatus,
+    TunerState,
+    WorkerReport,
+    decode_participants,
+    dynamo,
+    encode_participants,
+    iteration_of,
+    iteration_record,
+    iteration_sk,
+    participants_sk,
+    plain,
+    shard_sk,
+    squares_sk,
+    worker_sk,
+)
+
+BATCH_READ = 100  # keys of one BatchGetItem request
+# a count or a fire goes into the counter its generation's launch claimed: an earlier generation's late report or
+# fire neither counts in a resumed run's counter nor recreates one that the resume deleted (with counts or fires
+# the new generation would keep, and wait on)
+_SAME_GENERATION = "generation = :generation"
+# a worker's record an earlier generation left (a late report landing after the resume deleted the records)
+# gives way to this generation's report or re-launch
+_EARLIER_GENERATION = "generation < :generation"
+
+
+def conditional(write: Callable[[], Any]) -> Any | None:
+    """``write()``'s result, or None if its condition failed (someone else's write came first)."""
+    try:
+        return write()
+    except ClientError as error:
+        if error_code(error) == "ConditionalCheckFailedException":
+            return None
+        raise
+
+
+def _set(values: dict[str, Any], keep_first: frozenset[str] = frozenset()) -> tuple[str, dict, dict]:
+    """A ``SET`` clause for ``values`` (those in ``keep_first`` only if not set yet), with its names and values."""
+    clauses = [f"#{k} = if_not_exists(#{k}, :{k})" if k in keep_first else f"#{k} = :{k}" for k in values]
+    return "SET " + ", ".join(clauses), {f"#{k}": k for k in values}, {f":{k}": dynamo(v) for k, v in values.items()}
+
+
+class RunTable:
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    @staticmethod
+    def _key(run_id: str, sort: str) -> dict[str, str]:
+        return {"pk": f"RUN#{run_id}", "sk": sort}
+
+    def _query(self, run_id: str, prefix: str) -> list[dict[str, Any]]:
+        items, kwargs = [], {}
+        while True:
+            page = self.table.query(
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+                ExpressionAttributeValues={":pk": f"RUN#{run_id}", ":prefix": prefix},
+                ConsistentRead=True,
+                **kwargs,
+            )
+            items += page["Items"]
+            if "LastEvaluatedKey" not in page:
+                return items
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    # runs
+    def get_run(self, run_id: str) -> RunRecord:
+        item = self.table.get_item(Key=self._key(run_id, META), ConsistentRead=True).get("Item")
+        if item is None:
+            raise NotFoundError(f"no run named {run_id!r}")
+        return RunRecord.model_validate(plain(item))
+
+    def list_runs(self) -> list[RunRecord]:
+        """Every run, oldest first: a query of the sparse runs index (only runs' META items are in it), page by
+        page; it reads no iteration item."""
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {}
+        while True:
+            page = self.table.query(
+                IndexName=RUNS_INDEX.name,
+                KeyConditionExpression="#kind = :kind",
+                ExpressionAttributeNames={"#kind": RUNS_INDEX.partition.name},
+                ExpressionAttributeValues={":kind": RUN_KIND},
+                **kwargs,
+            )
+            items += page["Items"]
+            if "LastEvaluatedKey" not in page:
+                return [RunRecord.model_validate(plain(i)) for i in items]
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def _update_run(
+        self, run_id: str, values: dict[str, Any], only_if_running: bool = True, condition: str = "",
+        condition_values: dict[str, Any] | None = None,
+    ) -> RunRecord | None:
+        """SET ``values`` on the run; the updated run, or None if it was not running (or is unknown, or
+        ``condition`` failed)."""
+        expression, names, bound = _set({**values, "updated_at": time.time()})
+        conditions = ["#status = :running" if only_if_running else "attribute_exists(pk)"]
+        conditions += [condition] if condition else []
+        if only_if_running:
+            names["#status"], bound[":running"] = "status", RunStatus.RUNNING.value
+        item = conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, META), UpdateExpression=expression, ConditionExpression=" AND ".join(conditions),
+            ExpressionAttributeNames=names, ExpressionAttributeValues={**bound, **(condition_values or {})},
+            ReturnValues="ALL_NEW",
+        ))
+        return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
+
+    def advance(self, run_id: str, iteration: int, generation: int) -> RunRecord | None:
+        """The model entering ``iteration`` is about to be stored (the run's heartbeat); None if the run is
+        not running, is past ``iteration`` already (a late retry never moves it back), or was resumed since
+        ``generation`` (whose late Merger then stores nothing)."""
+        # a run registered before runs carried their generation has none until it is resumed
+        same = f"({_SAME_GENERATION} OR attribute_not_exists(generation))" if generation == 0 else _SAME_GENERATION
+        return self._update_run(run_id, {"iteration": iteration, "iteration_at": time.time()},
+                                condition=f"#iteration <= :iteration AND {same}",
+                                condition_values={":generation": generation})
+
+    def mark_heartbeat(self, run_id: str) -> None:
+        self._update_run(run_id, {"heartbeat_at": time.time()})
+
+    def watch(self, run_id: str, expected: int | None, position: int) -> RunRecord | None:
+        """Move the deadline chain from ``expected`` to ``position``; None if another message moved it."""
+        if expected is None:
+            return self._update_run(run_id, {"watched": position}, condition="attribute_not_exists(watched)")
+        return self._update_run(run_id, {"watched": position}, condition="watched = :expected",
+                                condition_values={":expected": expected})
+
+    def attach_task_token(self, run_id: str, token: str) -> RunRecord | None:
+        """Record the token of the run's execution, whatever the run's status (None: unknown run)."""
+        return self._update_run(run_id, {"task_token": token}, only_if_running=False)
+
+    def record_outcome(
+        self, run_id: str, final_key: str, test_loss: float | None, test_accuracy: float | None
+    ) -> RunRecord | None:
+        """The budget is spent: the final model and its test figures (the execution marks COMPLETED)."""
+        values = {"final_key": final_key, "test_loss": test_loss, "test_accuracy": test_accuracy}
+        return self._update_run(run_id, {k: v for k, v in values.items() if v is not None})
+
+    def stop(self, run_id: str, reason: str) -> RunRecord | None:
+        """Mark a running run STOPPED: no new iteration starts; the stopped run, or None if it was not running."""
+        return self._update_run(run_id, {"status": RunStatus.STOPPED.value, "reason": reason[:2000]})
+
+    def fail(self, run_id: str, reason: str) -> RunRecord | None:
+        """Mark a running run FAILED, keeping the first reason; the failed run, or None if it was not running."""
+        return self._update_run(run_id, {"status": RunStatus.FAILED.value, "reason": reason[:2000]})
+
+    def resume(self, run_id: str, iteration: int) -> RunRecord | None:
+        """Make a STOPPED or FAILED run RUNNING again from the model entering ``iteration``, in a new
+        generation; the resumed run, or None if it was neither stopped nor failed."""
+        item = conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, META),
+            UpdateExpression="SET #status = :running, iteration = :i, iteration_at = :now, updated_at = :now,"
+            " generation = if_not_exists(generation, :zero) + :one"
+            # no execution answers for the run until the new one records itself: the old one's last
+            # states (MarkFailed) then find it superseded, however late they run
+            " REMOVE reason, task_token, final_key, watched, execution_arn",
+            ConditionExpression="#status IN (:stopped, :failed)",
+            ExpressionAttributeNames={"#status": "status"},
+            ExpressionAttributeValues={
+                ":running": RunStatus.RUNNING.value, ":stopped": RunStatus.STOPPED.value,
+                ":failed": RunStatus.FAILED.value, ":i": iteration, ":now": dynamo(time.time()),
+                ":zero": 0, ":one": 1,
+            },
+            ReturnValues="ALL_NEW",
+        ))
+        return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
+
+    # iterations: reading
+    def get_counter(self, run_id: str, iteration: int) -> Counter:
+        item = self.table.get_item(Key=self._key(run_id, iteration_sk(iteration)), ConsistentRead=True).get("Item")
+        return Counter.model_validate({**plain(item or {}), "iteration": iteration})
+
+    def get_iteration(self, run_id: str, iteration: int) -> IterationRecord:
+        return iteration_record(iteration, self._query(run_id, iteration_sk(iteration)))
+
+    def list_iterations(self, run_id: str) -> list[IterationRecord]:
+        by_iteration: dict[int, list[dict[str, Any]]] = {}
+        for item in self._query(run_id, "ITER#"):
+            by_iteration.setdefault(iteration_of(item["sk"]), []).append(item)
+        return [iteration_record(i, items) for i, items in sorted(by_iteration.items())]
+
+    def worker_reports(self, run_id: str, iteration: int, workers: int, generation: int) -> list[WorkerReport]:
+        """The reports of ``iteration`` in this generation (re-launch placeholders left out)."""
+        items = self._get_by_keys([self._key(run_id, worker_sk(iteration, w)) for w in range(workers)])
+        reports = [WorkerReport.model_validate(plain(i)) for i in items]
+        return sorted((r for r in reports if r.reported and r.generation == generation), key=lambda r: r.worker)
+
+    def _get_by_keys(self, keys: list[dict[str, str]]) -> list[dict[str, Any]]:
+        """The items of these keys that exist, read by key (``BATCH_READ`` keys a request) rather than by a
+        query, whose cost grows with the partition."""
+        client, name = self.table.meta.client, self.table.name  # the resource's client: plain values
+        items: list[dict[str, Any]] = []
+        while keys:
+            batch, keys = keys[:BATCH_READ], keys[BATCH_READ:]
+            request = {name: {"Keys": batch, "ConsistentRead": True}}
+            while request:
+                response = client.batch_get_item(RequestItems=request)
+                items += response["Responses"].get(name, [])
+                request = response.get("UnprocessedKeys") or {}
+        return items
+
+    def forget_iterations(self, run_id: str, first: int) -> None:
+        """Delete the items of iterations from ``first`` on (a resumed run runs them again)."""
+        with self.table.batch_writer() as batch:
+            for item in self._query(run_id, "ITER#"):
+                if iteration_of(item["sk"]) >= first:
+                    batch.delete_item(Key={"pk": item["pk"], "sk": item["sk"]})
+
+    # iterations: the work barrier
+    def scale_workers(self, run_id: str, workers: int, reason: str) -> RunRecord | None:
+        """Set the workers the run's next launched iteration takes (a STOPPED or FAILED run's: the first once it
+        is resumed); None if the run is COMPLETED."""
+        item = conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, META), UpdateExpression="SET workers = :workers, workers_reason = :reason",
+            ConditionExpression="attribute_exists(#status) AND #status <> :completed",
+            ExpressionAttributeNames={"#status": "status"},
+            ExpressionAttributeValues={":workers": workers, ":reason": reason, ":completed": RunStatus.COMPLETED.value},
+            ReturnValues="ALL_NEW",
+        ))
+        return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
+
+    def tune(
+        self, run_id: str, iteration: int, state: TunerState, was: int, workers: int, reason: str | None
+    ) -> RunRecord | None:
+        """Store the tuner's decision for ``iteration``: its state, and the workers with the reason if they
+        change from ``was``. Once per iteration, and only if the workers are still ``was`` (a ``run scale``
+        meanwhile stands); None if it was not stored or the run is not RUNNING."""
+        values = {"tuner": state.model_dump_json(), "tuned": iteration, "workers": workers, "workers_reason": reason}
+        expression, names, bound = _set({k: v for k, v in values.items() if v is not None})
+        item = conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, META), UpdateExpression=expression,
+            ConditionExpression="#status = :running AND #workers = :was"
+            " AND (attribute_not_exists(#tuned) OR #tuned < :tuned)",
+            ExpressionAttributeNames={**names, "#status": "status"},
+            ExpressionAttributeValues={**bound, ":running": RunStatus.RUNNING.value, ":was": was},
+            ReturnValues="ALL_NEW",
+        ))
+        return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
+
+    def claim_launch(
+        self, run_id: str, iteration: int, trigger_id: str, generation: int = 0, workers: int | None = None,
+        reason: str | None = None,
+    ) -> Counter | None:
+        """Claim the launch of ``iteration`` for ``trigger_id`` with ``workers`` workers (a change of the fleet
+        with its ``reason``): the iteration's counter, with the workers the first claim set (a retry of the same
+        trigger launches the same ones), or None if another trigger of this generation or a later one launched
+        it. An earlier generation's claim (its watchdog's, landing after a resume deleted the counter) gives
+        way: the counter starts anew."""
+        now = time.time()
+        claim = {"launched_by": trigger_id, "launched_at": now, "expires_at": int(now) + ITERATION_TTL_S,
+                 "generation": generation, "workers": workers, "workers_reason": reason}
+        values = {k: v for k, v in claim.items() if v is not None}
+        expression, names, bound = _set(values, keep_first=frozenset({"workers", "workers_reason"}))
+        key = self._key(run_id, iteration_sk(iteration))
+        item = conditional(lambda: self.table.update_item(
+            Key=key, UpdateExpression=expression,
+            ConditionExpression="attribute_not_exists(launched_by) OR launched_by = :launched_by",
+            ExpressionAttributeNames=names, ExpressionAttributeValues=bound, ReturnValues="ALL_NEW",
+        ))
+        if item is not None:
+            return Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
+        fresh = {**key, **dynamo(values)}
+        taken = conditional(lambda: self.table.put_item(
+            Item=fresh, ConditionExpression=_EARLIER_GENERATION, ExpressionAttributeValues={":generation": generation},
+        ))
+        return None if taken is None else Counter.model_validate({**plain(fresh), "iteration": iteration})
+
+    def record_worker(self, done: WorkDone) -> Counter | None:
+        """Store ``done``'s report (once) and count it; the counter after, or None if the report is stale:
+        an attempt the watchdog superseded, or an earlier generation of a resumed run (counted in
+        ``stale_attempts`` instead). A report stored before (a duplicate, or a retry after a crash)
+        is counted again: counts are hints that barriers check against the records."""
+        report = WorkerReport.model_validate(done.model_dump())
+        key = self._key(done.run_id, worker_sk(done.iteration, done.worker))
+        stored = conditional(lambda: self.table.put_item(
+            Item={**key, **dynamo(report.model_dump()), "expires_at": int(time.time()) + ITERATION_TTL_S},
+            ConditionExpression=f"attribute_not_exists(sk) OR {_EARLIER_GENERATION}"
+                                " OR (attribute_not_exists(samples) AND attempt <= :attempt)",
+            ExpressionAttributeValues={":attempt": done.attempt, ":generation": done.generation},
+        ))
+        if stored is None:
+            existing = WorkerReport.model_validate(plain(self.table.get_item(Key=key, ConsistentRead=True)["Item"]))
+            if (existing.attempt, existing.generation) != (done.attempt, done.generation):
+                self._add(done.run_id, done.iteration, "stale_attempts")
+                return None
+        counter_key = self._key(done.run_id, iteration_sk(done.iteration))
+        item = conditional(lambda: self.table.update_item(
+            Key=counter_key,
+            UpdateExpression="ADD arrived :one" + ("" if done.finite else ", nonfinite_arrived :one"),
+            ConditionExpression=_SAME_GENERATION,
+            ExpressionAttributeValues={":one": 1, ":generation": done.generation},
+            ReturnValues="ALL_NEW",
+        ))
+        if item is None:
+            self._add(done.run_id, done.iteration, "stale_attempts")
+            return None
+        return Counter.model_validate({**plain(item["Attributes"]), "iteration": done.iteration})
+
+    def _add(self, run_id: str, iteration: int, counter: str, amount: int | set[int] = 1) -> None:
+        """Add to one of the iteration's summary counts, if its counter is there: a count that comes after a
+        resume deleted the counter is dropped, not stored in an item of its own."""
+        conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=f"ADD {counter} :n",
+            ConditionExpression="attribute_exists(sk)", ExpressionAttributeValues={":n": amount},
+        ))
+
+    def late_reports(self, run_id: str, iteration: int, staleness: int, generation: int) -> list[Participant]:
+        """The finite updates of the ``staleness`` iterations before ``iteration`` that came after their
+        reduce fired and no other reduce took (or ``iteration``'s did): one query per iteration looked at."""
+        late: list[Participant] = []
+        for source in range(max(0, iteration - staleness), iteration):
+            record = self.get_iteration(run_id, source)
+            if record.reduce_fired_by is None or record.generation != generation:
+                continue
+            late += [Participant(worker=r.worker, attempt=r.attempt, samples=r.samples or 0, iteration=source)
+                     for w, r in sorted(record.reports.items())
+                     if w in record.late and r.finite and r.folded_into in (None, iteration)]
+        return late
+
+    def fold(self, run_id: str, participant: Participant, into: int) -> bool:
+        """Claim a late update for the reduce of ``into`` (again, for the same one); False if another took it."""
+        assert participant.iteration is not None
+        return conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, worker_sk(participant.iteration, participant.worker)),
+            UpdateExpression="SET folded_into = :into",
+            ConditionExpression="attempt = :attempt AND (attribute_not_exists(folded_into) OR folded_into = :into)",
+            ExpressionAttributeValues={":into": into, ":attempt": participant.attempt},
+        )) is not None
+
+    def unfold(self, run_id: str, participant: Participant, into: int) -> None:
+        """Give back a late update claimed for a reduce that fired without it."""
+        assert participant.iteration is not None
+        conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, worker_sk(participant.iteration, participant.worker)),
+            UpdateExpression="REMOVE folded_into", ConditionExpression="folded_into = :into",
+            ExpressionAttributeValues={":into": into},
+        ))
+
+    def freeze_participants(
+        self, run_id: str, iteration: int, owner: int, participants: list[Participant], generation: int
+    ) -> tuple[int, list[Participant]] | None:
+        """Fire the reduce of ``iteration`` in ``generation`` with ``participants``, once: returns who fired it
+        and with whom (``owner`` and ``participants`` if this call, or an earlier one of ``owner``'s, did), or
+        None if a later generation fired it (an earlier generation's firing gives way to this one)."""
+        key = self._key(run_id, participants_sk(iteration))
+        item = {**key, "owner": owner, "participants": encode_participants(participants), "generation": generation,
+                "expires_at": int(time.time()) + ITERATION_TTL_S}
+        if conditional(lambda: self.table.put_item(
+            Item=item, ConditionExpression=f"attribute_not_exists(sk) OR {_EARLIER_GENERATION}",
+            ExpressionAttributeValues={":generation": generation},
+        )):
+            return owner, participants
+        stored = plain(self.table.get_item(Key=key, ConsistentRead=True)["Item"])
+        if stored.get("generation", 0) != generation:
+            return None
+        return stored["owner"], decode_participants(stored["participants"])
+
+    def mark_reduce_fired(
+        self, run_id: str, iteration: int, owner: int, participants: list[Participant], reports: list[WorkerReport],
+        generation: int,
+    ) -> None:
+        """Note on the counter of ``generation`` that the reduce fired (late reports then skip the barrier),
+        with the participants' weighted train loss and accuracy."""
+        chosen = {p.worker for p in participants}
+        included = [r for r in reports if r.worker in chosen]
+        values = {"reduce_fired_by": owner, "reduce_fired_at": time.time(), "participant_count": len(participants),
+                  "train_loss": _weighted([(r.loss, r.samples) for r in included]),
+                  "train_accuracy": _weighted([(r.accuracy, r.samples) for r in included if r.accuracy is not None])}
+        values = {k: v for k, v in values.items() if v is not None}
+        expression, names, bound = _set(values, keep_first=frozenset(values))
+        conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
+            ConditionExpression=_SAME_GENERATION, ExpressionAttributeNames=names,
+            ExpressionAttributeValues={**bound, ":generation": generation},
+        ))
+
+    def relaunch_workers(self, run_id: str, iteration: int, generation: int, attempts: dict[int, int]) -> None:
+        """Supersede these workers' earlier attempts (worker → new attempt): their reports are ignored."""
+        expires = int(time.time()) + ITERATION_TTL_S
+        for worker, attempt in attempts.items():
+            report = WorkerReport(worker=worker, attempt=attempt, generation=generation)
+            conditional(lambda report=report, worker=worker: self.table.put_item(
+                Item={**self._key(run_id, worker_sk(iteration, worker)), **dynamo(report.model_dump()),
+                      "expires_at": expires},
+                ConditionExpression=f"attribute_not_exists(samples) OR {_EARLIER_GENERATION}",
+                ExpressionAttributeValues={":generation": generation},
+            ))
+
+    def record_reduce_relaunch(self, run_id: str, iteration: int, shards: int) -> None:
+        self._add(run_id, iteration, "reduce_relaunches", shards)
+
+    def record_stale_shard(self, run_id: str, iteration: int, shard: int) -> None:
+        """No reducer of ``shard`` finished ``iteration`` in time: the shard kept its weights."""
+        self._add(run_id, iteration, "stale_shards", {shard})
+
+    def record_dropped_parts(self, run_id: str, iteration: int, shard: int, workers: list[int]) -> None:
+        """Reducer ``shard`` averaged ``iteration`` without these workers' parts (their reads timed out)."""
+        if workers:
+            self.table.put_item(Item={**self._key(run_id, shard_sk(iteration, shard)), "shard": shard,
+                                      "dropped": workers, "expires_at": int(time.time()) + ITERATION_TTL_S})
+
+    # iterations: the norm exchange (runs that clip by norm; see slsml.training.clipping)
+    def record_squares(
+        self, run_id: str, iteration: int, shard: int, generation: int, squares: dict[str, float]
+    ) -> Counter | None:
+        """Store ``shard``'s sums of squares (once: they come from its stored average) and count them; the
+        counter after (None: an earlier generation's)."""
+        item = {**self._key(run_id, squares_sk(iteration, shard)), "shard": shard, "squares": dynamo(squares),
+                "expires_at": int(time.time()) + ITERATION_TTL_S}
+        conditional(lambda: self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(sk)"))
+        return self._count(run_id, iteration, "squares_in", generation)
+
+    def shard_squares(self, run_id: str, iteration: int, reducers: int) -> list[dict[str, float]]:
+        """The sums of squares stored so far for ``iteration``, one mapping per shard that stored them, in
+        shard order (so that every reducer adds them up alike)."""
+        items = self._get_by_keys([self._key(run_id, squares_sk(iteration, r)) for r in range(reducers)])
+        return [plain(item["squares"]) for item in sorted(items, key=lambda item: int(item["shard"]))]
+
+    def release_steps(self, run_id: str, iteration: int, shard: int, generation: int) -> bool:
+        """Claim the release of ``iteration``'s steps in ``generation`` once every shard's squares are in (True
+        for ``shard``'s message, again on its retry)."""
+        return conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression="SET steps_released_by = :shard",
+            ConditionExpression="(attribute_not_exists(steps_released_by) OR steps_released_by = :shard)"
+                                f" AND {_SAME_GENERATION}",
+            ExpressionAttributeValues={":shard": shard, ":generation": generation},
+        )) is not None
+
+    # iterations: the merge barrier
+    def record_shard(self, run_id: str, iteration: int, generation: int) -> Counter | None:
+        """Count a finished shard; the counter after (None: an earlier generation's)."""
+        return self._count(run_id, iteration, "shards_in", generation)
+
+    def _count(self, run_id: str, iteration: int, counter: str, generation: int) -> Counter | None:
+        """Add one to ``counter`` of the iteration of this generation; the counter item after, or None."""
+        item = conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, iteration_sk(iteration)),
+            UpdateExpression=f"ADD {counter} :one",
+            ConditionExpression=_SAME_GENERATION,
+            ExpressionAttributeValues={":one": 1, ":generation": generation},
+            ReturnValues="ALL_NEW",
+        ))
+        return None if item is None else Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
+
+    def fire_merge(
+        self, run_id: str, iteration: int, shard: int, test: tuple[float, float | None] | None, generation: int
+    ) -> bool:
+        """Claim the merge of ``iteration`` in ``generation`` (True for ``shard``'s message, again on its retry,
+        which keeps the first claim's ``merged_at``)."""
+        values: dict[str, Any] = {"merge_fired_by": shard, "merged_at": time.time()}
+        if test is not None:
+            values |= {"test_loss": test[0], "test_accuracy": test[1]}
+        expression, names, bound = _set({k: v for k, v in values.items() if v is not None}, frozenset({"merged_at"}))
+        return conditional(lambda: self.table.update_item(
+            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
+            ConditionExpression="(attribute_not_exists(merge_fired_by) OR merge_fired_by = :merge_fired_by)"
+                                f" AND {_SAME_GENERATION}",
+            ExpressionAttributeNames=names, ExpressionAttributeValues={**bound, ":generation": generation},
+        )) is not None
+
+
+def _weighted(pairs: list[tuple[float, int]]) -> float | None:
+    total = sum(n for _, n in pairs)
+    return sum(v * n for v, n in pairs) / total if total else None

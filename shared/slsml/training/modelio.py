@@ -1,0 +1,415 @@
+"""Keras models as the pipeline sees them: bytes in S3 ↔ a flat float32 vector in plan order, and
+the worker's update computation. The only module (with ``steps.worker``/``steps.merger``) that
+imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import json
+import os
+import tempfile
+import time
+import warnings
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from slsml.spec.config import OptimizerConfig
+from slsml.spec.errors import BadInputError
+from slsml.spec.shardplan import ShardPlan, VariableSpec
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras
+import tensorflow as tf
+
+
+def load_model(data: bytes, where: str = "the model") -> keras.Model:
+    """A ``.keras`` archive → a Keras model; anything else → BadInputError naming the problem."""
+    if not zipfile.is_zipfile(io.BytesIO(data)):
+        raise BadInputError(f"{where} is not a Keras model (.keras files are zip archives; got {len(data)} bytes)")
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.keras")
+        with open(path, "wb") as file:
+            file.write(data)
+        try:
+            with warnings.catch_warnings():  # a compiled model saved before training has unbuilt optimizer state
+                warnings.simplefilter("ignore")
+                model = keras.saving.load_model(path)
+        except Exception as error:  # keras raises many types for corrupt archives
+            raise BadInputError(f"{where} could not be loaded as a Keras model: {error}") from None
+    if not isinstance(model, keras.Model):
+        raise BadInputError(f"{where} holds a {type(model).__name__}, not a Keras model")
+    if not model.built:
+        raise BadInputError(f"{where} is not built (its weights have no shapes yet): call it once before saving")
+    return model
+
+
+def save_model(model: keras.Model) -> bytes:
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "model.keras")
+        model.save(path)
+        with open(path, "rb") as file:
+            return file.read()
+
+
+def architecture(model: keras.Model) -> str:
+    """A digest of what the model computes in training: its config without the compile config (workers take the
+    loss from the run), the names of the model and its layers replaced by their order of appearance (Keras
+    numbers the names of the models one process builds: two models built alike differ in nothing else)."""
+    config = json.loads(model.to_json())
+    config.pop("compile_config", None)
+    names: dict[str, str] = {}
+
+    def collect(node: Any, layer: bool) -> None:  # layer: a model or an entry of a "layers" list
+        if isinstance(node, dict):
+            own = node.get("config") if layer else None
+            if isinstance(own, dict) and isinstance(own.get("name"), str):
+                names.setdefault(own["name"], f"\0{len(names)}")
+            for key, value in node.items():
+                collect(value, key == "layers")
+        elif isinstance(node, list):
+            for value in node:
+                collect(value, layer)
+
+    def renamed(node: Any) -> Any:  # the names, and every reference to them (a functional model's wiring)
+        if isinstance(node, dict):
+            return {key: renamed(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [renamed(value) for value in node]
+        return names.get(node, node) if isinstance(node, str) else node
+
+    collect(config, True)
+    return hashlib.sha256(json.dumps(renamed(config), sort_keys=True).encode()).hexdigest()
+
+
+_WEIGHTS_ENTRY = "model.weights.h5"  # the entries of a .keras archive that change with the weights
+_METADATA_ENTRY = "metadata.json"
+_MARKER = -(2.0**20) - 0.5  # variable i is filled with _MARKER - i to find its dataset (exact in float32)
+_LARGEST_KEPT_ARCHIVE = 64 * 2**20  # an ArchiveWriter keeps no copy of a bigger archive: it saves with Keras
+
+
+class ArchiveWriter:
+    """``save_model`` for a model of which only the values of ``model.weights`` change between saves (the
+    Merger's): the first save is Keras' own, with each weight filled with a marker that finds its dataset
+    in the archive's weights file; every later save is that archive with the weights written into their
+    datasets and the save date renewed, the archive Keras would write, without walking the model again.
+    Where the datasets cannot all be told apart, or the archive is large, every save is Keras' own."""
+
+    def __init__(self, model: keras.Model) -> None:
+        self.model = model
+        self._archive: bytes | None = None
+        self._datasets: list[str] = []  # the weights file's dataset of each of model.weights
+        self._plain = False
+
+    def save(self) -> bytes:
+        if not self._plain and self._archive is None:
+            self._locate()
+        if self._plain:
+            return save_model(self.model)
+        return self._rewrite()
+
+    def _locate(self) -> None:
+        import h5py
+
+        values = [v.numpy() for v in self.model.weights]
+        try:
+            for index, variable in enumerate(self.model.weights):
+                variable.assign(np.full(variable.shape, _MARKER - index, dtype=np.float32))
+            archive = save_model(self.model)
+        finally:
+            for variable, value in zip(self.model.weights, values, strict=True):
+                variable.assign(value)
+        found: dict[int, list[str]] = {}
+
+        def visit(name: str, node: Any) -> None:
+            if isinstance(node, h5py.Dataset) and node.dtype == np.float32 and node.size:
+                data = node[()]
+                index = _MARKER - float(data.flat[0])
+                if index.is_integer() and 0 <= index < len(values) and (data == np.float32(_MARKER - index)).all():
+                    found.setdefault(int(index), []).append(name)
+
+        with zipfile.ZipFile(io.BytesIO(archive)) as entries:
+            if _WEIGHTS_ENTRY in entries.namelist():
+                with h5py.File(io.BytesIO(entries.read(_WEIGHTS_ENTRY)), "r") as h5:
+                    h5.visititems(visit)
+        located = all(len(found.get(i, ())) == 1 for i in range(len(values)))
+        if not located or len(archive) > _LARGEST_KEPT_ARCHIVE:
+            self._plain = True
+            return
+        self._archive, self._datasets = archive, [found[i][0] for i in range(len(values))]
+
+    def _rewrite(self) -> bytes:
+        import h5py
+
+        assert self._archive is not None
+        out = io.BytesIO()
+        with zipfile.ZipFile(io.BytesIO(self._archive)) as template, zipfile.ZipFile(out, "w") as archive:
+            for entry in template.infolist():
+                body = template.read(entry.filename)
+                if entry.filename == _WEIGHTS_ENTRY:
+                    weights = io.BytesIO(body)
+                    with h5py.File(weights, "r+") as h5:
+                        for name, variable in zip(self._datasets, self.model.weights, strict=True):
+                            h5[name][...] = variable.numpy()
+                    body = weights.getvalue()
+                elif entry.filename == _METADATA_ENTRY:
+                    metadata = json.loads(body)
+                    metadata["date_saved"] = datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S")  # as Keras
+                    body = json.dumps(metadata).encode()
+                info = zipfile.ZipInfo(entry.filename, date_time=time.localtime()[:6])
+                info.compress_type = entry.compress_type
+                archive.writestr(info, body)
+        return out.getvalue()
+
+
+def variable_specs(model: keras.Model) -> list[VariableSpec]:
+    trainable = {id(v) for v in model.trainable_weights}
+    specs = []
+    for variable in model.weights:
+        if variable.dtype != "float32":
+            raise BadInputError(
+                f"weight {variable.path} has dtype {variable.dtype}; slsml trains float32 models only"
+            )
+        specs.append(VariableSpec(name=variable.path, shape=tuple(variable.shape), trainable=id(variable) in trainable))
+    if not any(s.trainable for s in specs):
+        raise BadInputError("the model has no trainable weights")
+    return specs
+
+
+def get_flat(model: keras.Model, plan: ShardPlan) -> np.ndarray:
+    return plan.flatten([np.asarray(v.numpy()) for v in model.weights])
+
+
+def set_flat(model: keras.Model, plan: ShardPlan, flat: np.ndarray) -> None:
+    for variable, value in zip(model.weights, plan.unflatten(flat), strict=True):
+        variable.assign(value)
+
+
+def optimizer_config(model: keras.Model) -> OptimizerConfig:
+    """The optimizer the model was compiled with, if the reducers can apply it exactly.
+
+    Keras does not serialize ``exclude_from_weight_decay`` (a loaded model never carries it); set in
+    memory, its ``var_names`` pattern is carried over, its ``var_list`` refused."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise BadInputError("the model is not compiled: give an optimizer (e.g. --optimizer adam)")
+    if getattr(optimizer, "_exclude_from_weight_decay", None):
+        raise BadInputError(
+            "optimizer option exclude_from_weight_decay(var_list=...) is not supported: Keras keeps the ids of"
+            " the variables, which cannot be turned into names reliably; give names instead (var_names=..., or"
+            " --exclude-from-weight-decay)"
+        )
+    try:
+        config = optimizer.get_config()
+    except NotImplementedError as error:  # e.g. a custom learning-rate schedule without get_config
+        raise BadInputError(f"optimizer {type(optimizer).__name__} cannot be read: {error}") from None
+    pattern = getattr(optimizer, "_exclude_from_weight_decay_pattern", None)
+    if pattern is not None and config.get("weight_decay"):  # without weight decay, Keras ignores it
+        config = {**config, "exclude_from_weight_decay": (pattern.pattern,)}
+    return OptimizerConfig.from_keras(type(optimizer).__name__, config)
+
+
+def loss_config(model: keras.Model, override: str | None) -> str:
+    """The loss as a JSON-serialized Keras loss, from ``override`` or the compiled model."""
+    loss = override if override is not None else getattr(model, "loss", None)
+    if loss is None:
+        raise BadInputError("the model is not compiled with a loss: give one (e.g. --loss categorical_crossentropy)")
+    if isinstance(loss, list | dict):
+        raise BadInputError("models with several losses are not supported")
+    try:
+        return json.dumps(keras.losses.serialize(keras.losses.get(loss)))
+    except (ValueError, TypeError) as error:
+        raise BadInputError(f"unknown loss {loss!r}: {error}") from None
+
+
+def deserialize_loss(config: str) -> Callable[[Any, Any], Any]:
+    """A mean-reduced Keras loss (a plain loss function is averaged over the batch, as ``compile`` does)."""
+    loss = keras.losses.deserialize(json.loads(config))
+    if isinstance(loss, keras.losses.Loss):
+        return loss
+    return lambda y, prediction: keras.ops.mean(loss(y, prediction))
+
+
+@dataclass
+class Update:
+    vector: np.ndarray  # gradient for trainable weights, new values for non-trainable ones
+    loss: float
+    accuracy: float | None
+
+
+def _accuracy(y: tf.Tensor, prediction: tf.Tensor) -> tf.Tensor:
+    if prediction.shape[-1] == 1:
+        predicted = tf.cast(tf.reshape(prediction, [-1]) > 0.5, tf.int64)
+    else:
+        predicted = tf.argmax(prediction, axis=-1)
+    return tf.reduce_mean(tf.cast(tf.equal(predicted, tf.cast(tf.reshape(y, [-1]), tf.int64)), tf.float32))
+
+
+class Trainer:
+    """A warm model for one run: set its weights, compute an update or evaluate."""
+
+    def __init__(self, model: keras.Model, plan: ShardPlan, loss: str, classification: bool) -> None:
+        self.model = model
+        self.plan = plan
+        self.loss_fn = deserialize_loss(loss)
+        self.classification = classification
+        self._trainable_index = {id(v): i for i, v in enumerate(model.trainable_weights)}
+        self._step = tf.function(self._step_fn, reduce_retracing=True)
+        self._writer: ArchiveWriter | None = None
+
+    def save(self) -> bytes:
+        """The model as a ``.keras`` archive (an ``ArchiveWriter``'s: only its weights change between saves)."""
+        if self._writer is None:
+            self._writer = ArchiveWriter(self.model)
+        return self._writer.save()
+
+    def _step_fn(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor], tf.Tensor]:
+        with tf.GradientTape() as tape:
+            prediction = self.model(x, training=True)
+            loss = self.loss_fn(y, prediction)
+            if self.model.losses:
+                loss = loss + tf.add_n(self.model.losses)
+        gradients = tape.gradient(loss, self.model.trainable_weights)
+        accuracy = _accuracy(y, prediction) if self.classification else tf.constant(float("nan"))
+        return loss, gradients, accuracy
+
+    def compute_update(self, x: np.ndarray, y: np.ndarray) -> Update:
+        loss, gradients, accuracy = self._step(tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+        arrays = []
+        for variable in self.model.weights:
+            index = self._trainable_index.get(id(variable))
+            if index is None:
+                arrays.append(np.asarray(variable.numpy()))
+            elif gradients[index] is None:
+                arrays.append(np.zeros(variable.shape, dtype=np.float32))
+            else:
+                arrays.append(np.asarray(tf.convert_to_tensor(gradients[index])))
+        return Update(
+            vector=self.plan.flatten(arrays),
+            loss=float(loss),
+            accuracy=float(accuracy) if self.classification else None,
+        )
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch: int = 1024) -> tuple[float, float | None]:
+        total_loss, total_correct = 0.0, 0.0
+        for start in range(0, len(x), batch):
+            xb, yb = x[start : start + batch], y[start : start + batch]
+            prediction = self.model(xb, training=False)
+            total_loss += float(self.loss_fn(yb, prediction)) * len(xb)
+            if self.classification:
+                total_correct += float(_accuracy(tf.convert_to_tensor(yb), prediction)) * len(xb)
+        return total_loss / len(x), (total_correct / len(x) if self.classification else None)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input of a model: its name, its shape with the batch dimension (None: any size) and its dtype."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: str
+
+
+def model_inputs(model: keras.Model) -> list[InputSpec] | None:
+    """The inputs a model declares; None for a subclassed model, which declares none."""
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        return None
+    return [InputSpec(name=str(t.name), shape=tuple(t.shape), dtype=str(t.dtype)) for t in inputs]
+
+
+def _shape(shape: tuple[int | None, ...]) -> str:
+    return f"({', '.join(str(d) for d in shape)}{',' if len(shape) == 1 else ''})"
+
+
+def _kind(dtype: str) -> str:
+    """numpy's kind of a Keras dtype name ("f", "i", "u", "b"; "?" for others, e.g. strings)."""
+    if "float" in dtype:  # bfloat16 too, which numpy does not know
+        return "f"
+    try:
+        return np.dtype(dtype).kind
+    except TypeError:
+        return "?"
+
+
+def input_mismatch(
+    inputs: list[InputSpec], x_shape: tuple[int, ...], x_dtype: str, x_range: tuple[float, float] | None
+) -> str | None:
+    """Why data of per-sample shape ``x_shape`` and dtype ``x_dtype`` (values within ``x_range``, if known)
+    cannot be a model's input, naming both shapes and dtypes; None if it can.
+
+    Dimensions the model leaves free (None) take any size. Integer or boolean data may feed a float input
+    (it is cast exactly, up to 2**24 in float32); an integer input takes integer or boolean data whose values
+    its dtype holds (by ``x_range``, else by the data's dtype), never float data (the cast would truncate it);
+    a boolean input takes boolean data only."""
+    if len(inputs) != 1:
+        named = "; ".join(f"{i.name!r} {_shape(i.shape[1:])} {i.dtype}" for i in inputs)
+        return (f"the model takes {len(inputs)} inputs ({named}) and a dataset holds one array x: slsml trains"
+                " models of one input. Join the inputs into one array (e.g. concatenate the features) and split"
+                " it inside the model (e.g. with a Lambda or slicing layer)")
+    spec = inputs[0]
+    wanted, kind, given = spec.shape[1:], _kind(spec.dtype), np.dtype(x_dtype)
+    problems = []
+    if len(wanted) != len(x_shape) or any(w is not None and w != d for w, d in zip(wanted, x_shape, strict=False)):
+        if len(wanted) == len(x_shape) == 1:
+            problems.append(f"{x_shape[0]} features where the model takes {wanted[0]}")
+        elif len(wanted) != len(x_shape):
+            problems.append(f"samples of {len(x_shape)} dimensions where the model takes {len(wanted)}")
+        else:
+            dims = [f"dimension {i + 1}: {d} vs {w}" for i, (w, d) in enumerate(zip(wanted, x_shape, strict=True))
+                    if w is not None and w != d]
+            problems.append(", ".join(dims))
+    if kind in "iu":
+        if given.kind in "fc":
+            problems.append(f"{given} data for an integer input: the cast would truncate it; give integers")
+        elif given.kind in "iu":
+            info = np.iinfo(spec.dtype)
+            low, high = x_range if x_range is not None else (np.iinfo(given).min, np.iinfo(given).max)
+            if low < info.min or high > info.max:
+                where = f"values from {low:g} to {high:g}" if x_range is not None else f"{given} values"
+                problems.append(f"{where} do not fit {spec.dtype} ({info.min} to {info.max})")
+    elif kind == "b" and given.kind != "b":
+        problems.append(f"{given} data for a boolean input")
+    elif kind not in "fb":
+        problems.append(f"inputs of dtype {spec.dtype} are not supported")
+    if not problems:
+        return None
+    return (f"samples of shape {_shape(x_shape)} {given} vs model input {spec.name!r} of shape {_shape(wanted)}"
+            f" {spec.dtype}: {'; '.join(problems)}")
+
+
+def check_fits(
+    model: keras.Model,
+    loss: str,
+    x: np.ndarray,
+    y: np.ndarray,
+    classes: int | None,
+    x_range: tuple[float, float] | None = None,
+) -> None:
+    """Raise BadInputError unless the data's samples (shape and dtype, values within ``x_range``: default
+    those of ``x``) fit the model's declared input, and a forward pass and the loss run on a few of them."""
+    inputs = model_inputs(model)
+    if inputs is not None:
+        if x_range is None and len(x) and x.dtype.kind in "iub":
+            x_range = (float(x.min()), float(x.max()))
+        if problem := input_mismatch(inputs, x.shape[1:], str(x.dtype), x_range):
+            raise BadInputError(f"the data does not fit the model: {problem}")
+    try:
+        prediction = model(x[:2], training=False)
+        float(deserialize_loss(loss)(y[:2], prediction))
+    except Exception as error:
+        raise BadInputError(
+            f"the data does not fit the model: samples of shape {x.shape[1:]} / labels {y.shape[1:]} "
+            f"vs model input {model.input_shape}: {str(error).splitlines()[0][:300]}"
+        ) from None
+    outputs = prediction.shape[-1]
+    if classes is not None and outputs > 1 and classes > outputs:
+        raise BadInputError(f"labels go up to {classes - 1} but the model has only {outputs} outputs")

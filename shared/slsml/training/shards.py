@@ -1,0 +1,83 @@
+"""The shard format: one S3 object per shard and iteration holding the shard's weights and its
+optimizer state together, so that the two always come from the same average, written once.
+
+Version 1: a 32-byte header — magic ``SLSS``, u16 version, u16 flags (1: the shard kept the weights of
+the iteration before, no reducer finished it), u64 element count, u64 byte length of the state
+archive, 8 reserved bytes — then the weights as float32 (little-endian), then the optimizer state
+and the workers averaged as an ``.npz`` archive. The Merger reads only the weights (one ranged GET).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from slsml.spec.shardplan import ShardPlan
+from slsml.training import npz
+from slsml.training.optimizers import State
+
+MAGIC = b"SLSS"
+VERSION = 1
+KEPT = 1
+_HEADER = struct.Struct("<4sHHQQ8x")
+HEADER_SIZE = _HEADER.size
+_AVERAGED = "averaged"
+
+
+class ShardFormatError(ValueError):
+    pass
+
+
+@dataclass
+class Shard:
+    weights: np.ndarray
+    state: State
+    averaged: list[int]  # the workers whose parts were averaged into this shard
+    kept: bool = False  # the weights of the iteration before, carried over
+
+
+def encode(shard: Shard) -> bytes:
+    weights = np.ascontiguousarray(shard.weights, dtype="<f4")
+    state = npz.encode(**shard.state, **{_AVERAGED: np.asarray(shard.averaged, dtype=np.int64)})
+    header = _HEADER.pack(MAGIC, VERSION, KEPT if shard.kept else 0, weights.size, len(state))
+    return header + weights.tobytes() + state
+
+
+def decode(data: bytes, expected_size: int | None = None) -> Shard:
+    flags, count, state_bytes = _header(data)
+    if expected_size is not None and count != expected_size:
+        raise ShardFormatError(f"shard holds {count} weights, the plan expects {expected_size}")
+    end = HEADER_SIZE + 4 * count
+    if len(data) != end + state_bytes:
+        raise ShardFormatError(f"shard of {len(data)} bytes does not match its header ({end + state_bytes})")
+    arrays = npz.decode(data[end:])
+    averaged = arrays.pop(_AVERAGED).tolist()
+    weights = np.frombuffer(data, dtype="<f4", count=count, offset=HEADER_SIZE).astype(np.float32)
+    return Shard(weights=weights, state=arrays, averaged=averaged, kept=bool(flags & KEPT))
+
+
+def _header(data: bytes) -> tuple[int, int, int]:
+    if len(data) < HEADER_SIZE:
+        raise ShardFormatError(f"shard of {len(data)} bytes is shorter than its header")
+    magic, version, flags, count, state_bytes = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ShardFormatError("not an slsml shard (bad magic)")
+    if version != VERSION:
+        raise ShardFormatError(f"shard format v{version} is not supported (this slsml reads v{VERSION})")
+    return flags, count, state_bytes
+
+
+def weights_range(plan: ShardPlan, shard: int) -> tuple[int, int]:
+    """First and last byte (inclusive, as in an HTTP Range) of the weights in ``shard``'s object."""
+    return 0, HEADER_SIZE + 4 * plan.shard(shard).size - 1
+
+
+def decode_weights(data: bytes, plan: ShardPlan, shard: int) -> np.ndarray:
+    """The weights from a ranged read (``weights_range``) of a shard object."""
+    _, count, _ = _header(data)
+    size = plan.shard(shard).size
+    if count != size or len(data) != HEADER_SIZE + 4 * size:
+        raise ShardFormatError(f"shard {shard} holds {count} weights, the plan expects {size}")
+    return np.frombuffer(data, dtype="<f4", offset=HEADER_SIZE).astype(np.float32)
