@@ -1,0 +1,50 @@
+"""Where datasets come from: a format is a module of this package (its options, its ``Source``) plus its entry
+in ``FORMATS``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from slsml.data.sources import arrays, images, tables, tfrecord
+from slsml.data.sources.base import DEFAULT_CHUNK_BYTES, Chunk, Format, Source, SourceOptions
+from slsml.spec.errors import BadInputError
+
+FORMATS: dict[str, Format] = {f.name: f for f in (arrays.FORMAT, images.FORMAT, tables.PARQUET, tables.CSV,
+                                                   tfrecord.FORMAT)}
+from_python = arrays.from_python
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "FORMATS", "Chunk", "Format", "Source", "SourceOptions", "detect", "from_python",
+           "open_source"]
+
+
+def detect(path: Path) -> Format:
+    """The format of file or folder ``path``: by a file's suffix; a folder by its files' suffixes, or of
+    images in class subfolders."""
+    if not path.exists():
+        raise BadInputError(f"{path} does not exist")
+    names = [path.name.lower()] if path.is_file() else [p.name.lower() for p in path.rglob("*") if p.is_file()]
+    for format in FORMATS.values():
+        if not format.class_folders and names and all(name.endswith(format.suffixes) for name in names):
+            return format
+    if path.is_dir():
+        return images.FORMAT
+    known = ", ".join(f"{f.name} ({' '.join(f.suffixes)})" for f in FORMATS.values())
+    raise BadInputError(f"{path}: not a format slsml reads ({known}); name one with --format")
+
+
+def open_source(path: Path, format: str | None = None, **options: Any) -> Source:
+    """A source of file or folder ``path`` in ``format`` (default: ``detect``ed), with that format's options."""
+    chosen = detect(path) if format is None else FORMATS.get(format)
+    if chosen is None:
+        raise BadInputError(f"format {format!r}: slsml reads {', '.join(FORMATS)}")
+    if not path.exists():
+        raise BadInputError(f"{path} does not exist")
+    try:
+        settings = chosen.options.model_validate(options)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in error.errors())
+        raise BadInputError(f"{path} ({chosen.name}): {problems}") from None
+    return chosen.open(path, settings)

@@ -1,0 +1,106 @@
+"""What every data source is: samples read as bounded ``(x, y)`` numpy chunks, checked as they come."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from slsml.data.datasets import validate_arrays
+from slsml.spec.errors import BadInputError
+
+Chunk = tuple[np.ndarray, np.ndarray]
+DEFAULT_CHUNK_BYTES = 16 * 2**20  # one chunk of samples in memory at a time: a quarter of a shard
+
+
+def comma_list(value: Any) -> Any:
+    """A flag's ``a,b,c`` as a list (other values as they are)."""
+    return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
+
+CommaList = Annotated[list[str], BeforeValidator(comma_list)]
+# the labels' column (tables) or feature (TFRecord): declared once, a flag of every format that reads it
+Label = Annotated[str, Field(description="the column (tables) or feature (TFRecord) that holds the labels")]
+
+
+class SourceOptions(BaseModel):
+    """A format's own options: each field is a ``slsml data put`` flag (its description the flag's help)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(ABC):
+    """Samples of one dataset as ``(x, y)`` chunks of at most about ``chunk_bytes`` each.
+
+    ``where`` names it in messages; ``classes`` are the names of integer labels 0 … C−1 where the source has
+    them; ``test`` is a held-out part the source brings along (None: the ingest splits one off)."""
+
+    format: str = ""
+    classes: tuple[str, ...] | None = None
+    test: Source | None = None
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def count(self) -> int | None:
+        """The number of samples, where the source knows it before reading them (progress bars)."""
+        return None
+
+    @abstractmethod
+    def read(self, chunk_bytes: int) -> Iterator[Chunk]:
+        """The samples in a fixed order (the same every time: an interrupted ingest continues)."""
+
+    def chunks(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Chunk]:
+        """``read``'s chunks, checked: numeric, finite, x and y of the same length, every chunk's samples of
+        the first chunk's shapes and dtypes (BadInputError naming ``where`` otherwise)."""
+        first: tuple[Any, ...] | None = None
+        start = 0
+        for x, y in self.read(chunk_bytes):
+            x, y = np.asarray(x), np.asarray(y)
+            if not len(x) and not len(y):
+                continue
+            what = f"{self.where} (samples {start}–{start + len(x) - 1})"
+            validate_arrays(x, y, what)
+            kind = (x.shape[1:], x.dtype, y.shape[1:], y.dtype)
+            if first is None:
+                first = kind
+            elif kind != first:
+                raise BadInputError(f"{what}: samples of x {x.shape[1:]} {x.dtype}, y {y.shape[1:]} {y.dtype},"
+                                    f" where the first are x {first[0]} {first[1]}, y {first[2]} {first[3]}")
+            start += len(x)
+            yield x, y
+        if first is None:
+            raise BadInputError(f"{self.where}: no samples")
+
+
+def rows_per_chunk(sample_bytes: int, chunk_bytes: int) -> int:
+    """How many samples of ``sample_bytes`` make a chunk of at most ``chunk_bytes`` (at least one)."""
+    return max(1, chunk_bytes // max(1, sample_bytes))
+
+
+@dataclass(frozen=True)
+class Format:
+    """A source format: its name (``--format``), the file suffixes it reads (a folder: the suffixes of its
+    files), whether it reads a folder of class subfolders, its options and how to open a source."""
+
+    name: str
+    suffixes: tuple[str, ...]
+    options: type[SourceOptions]
+    open: Callable[[Path, Any], Source]
+    class_folders: bool = False
+
+
+def files_of(path: Path, suffixes: Iterable[str]) -> list[Path]:
+    """``path`` itself, or the files under the folder ``path`` whose names end in one of ``suffixes``, sorted."""
+    if path.is_file():
+        return [path]
+    ends = tuple(suffixes)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(ends))
+    if not files:
+        raise BadInputError(f"{path}: no {', '.join(ends)} files in this folder")
+    return files

@@ -1,0 +1,75 @@
+"""Parquet and CSV tables (a file, or a folder of them), read with pyarrow a batch of rows at a time: one column
+of labels, feature columns as float32 (default: every other numeric column)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from pydantic import Field
+
+from slsml.data.sources.base import Chunk, CommaList, Format, Label, Source, SourceOptions, files_of, rows_per_chunk
+from slsml.spec.errors import BadInputError
+
+
+class TableOptions(SourceOptions):
+    label: Label
+    features: CommaList | None = Field(
+        default=None, description="tables: the feature columns, comma-separated (default: every other numeric column)")
+
+
+class TableSource(Source):
+    def __init__(self, path: Path, options: TableOptions, format: str) -> None:
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        super().__init__(str(path))
+        self.format = format
+        files = files_of(path, (f".{format}",))
+        try:
+            self._table = ds.dataset([str(f) for f in files], format=format)
+            schema = self._table.schema
+        except (pa.ArrowInvalid, OSError) as error:
+            raise BadInputError(f"{path}: not a readable {format} table ({error})") from None
+        numeric = {f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+                   or pa.types.is_boolean(f.type)}
+        features = options.features or [name for name in schema.names if name in numeric and name != options.label]
+        for column in (options.label, *features):
+            if column not in schema.names:
+                raise BadInputError(f"{path}: no column {column!r} (it has {', '.join(schema.names)})")
+            if column not in numeric:
+                raise BadInputError(f"{path}: column {column!r} is {schema.field(column).type}, not numeric")
+        if not features:
+            raise BadInputError(f"{path}: no numeric column besides the label {options.label!r}")
+        self.label, self.features = options.label, features
+
+    def count(self) -> int | None:
+        return self._table.count_rows() if self.format == "parquet" else None  # Parquet's footers hold it
+
+    def read(self, chunk_bytes: int) -> Iterator[Chunk]:
+        import pyarrow as pa
+
+        rows = rows_per_chunk(4 * len(self.features) + 8, chunk_bytes)
+        batches = self._table.to_batches(columns=[*self.features, self.label], batch_size=rows,
+                                         batch_readahead=1, fragment_readahead=1)
+        try:
+            for batch in batches:
+                x = np.empty((batch.num_rows, len(self.features)), dtype=np.float32)
+                for index, name in enumerate(self.features):
+                    x[:, index] = self._values(batch.column(name), name)
+                y = self._values(batch.column(self.label), self.label)
+                yield x, y.astype(np.float32) if y.dtype.kind == "f" else y
+        except pa.ArrowInvalid as error:
+            raise BadInputError(f"{self.where}: {error}") from None
+
+    def _values(self, column: object, name: str) -> np.ndarray:
+        if column.null_count:
+            raise BadInputError(f"{self.where}: column {name!r} has empty values")
+        return column.to_numpy(zero_copy_only=False)
+
+
+PARQUET = Format(name="parquet", suffixes=(".parquet",), options=TableOptions,
+                 open=lambda path, options: TableSource(path, options, "parquet"))
+CSV = Format(name="csv", suffixes=(".csv",), options=TableOptions,
+             open=lambda path, options: TableSource(path, options, "csv"))
