@@ -111,7 +111,7 @@ def test_images_get_keras_labels_and_every_format_decodes(tmp_path: Path) -> Non
     np.testing.assert_array_equal(y, [int(label) for _, label in keras_set])
     assert np.array_equal(x[5], np.full((12, 10, 3), [255, 0, 0]))  # cat/deeper/a.png, a solid red
     write_images(tmp_path / "webp", {"a": ["1.webp"], "b": ["2.webp", "3.webp"]})
-    x, y, _ = read_all(sources.open_source(tmp_path / "webp", image_size="8,6", color_mode="grayscale"))
+    x, y, _ = read_all(sources.open_source(tmp_path / "webp", image_size="8,6", grayscale=True))
     assert x.shape == (3, 8, 6, 1)
     np.testing.assert_array_equal(y, [0, 1, 1])
 
@@ -126,7 +126,7 @@ def test_bad_images_are_named(tmp_path: Path, damage, message: str) -> None:
     write_images(tmp_path, {"a": ["1.png"], "b": ["2.jpg", "3.png"]})
     damage(tmp_path)
     with pytest.raises(BadInputError, match=message):
-        read_all(sources.open_source(tmp_path, image_size=(16, 16), color_mode="keep"))
+        read_all(sources.open_source(tmp_path, image_size=(16, 16), keep_channels=True))
 
 
 # ---- tables ---------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """A folder of images in class subfolders, read as ``keras.utils.image_dataset_from_directory`` reads it: the
 classes are the sorted names of the folder's subfolders (hidden ones left out), label i the i-th; each class's
 images are the files under its subfolder, at any depth, walked in sorted order. Images are decoded with Pillow
-(JPEG, PNG, BMP, GIF's first frame, WebP) and resized bilinearly to ``image_size``, stored as uint8."""
+(JPEG, PNG, BMP, GIF's first frame, WebP), converted to RGB (or grayscale, or kept as they are) and resized
+bilinearly to ``image_size``, stored as uint8."""
 
 from __future__ import annotations
 
@@ -9,26 +10,36 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import numpy as np
 from PIL import Image
-from pydantic import BeforeValidator, Field, PositiveInt
+from pydantic import BeforeValidator, Field, PositiveInt, model_validator
 
 from slsml.data.sources.base import Chunk, Format, Source, SourceOptions, comma_list, rows_per_chunk
 from slsml.spec.errors import BadInputError
 
 SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")  # Keras's, and WebP
-MODES = {"rgb": "RGB", "grayscale": "L", "rgba": "RGBA"}  # --color-mode → the Pillow mode converted to
-KEPT = {"1": "L", "L": "L", "LA": "LA", "RGB": "RGB", "RGBA": "RGBA"}  # color mode keep: a file's mode → the one stored
+KEPT = {"1": "L", "L": "L", "LA": "LA", "RGB": "RGB", "RGBA": "RGBA"}  # --keep-channels: a file's mode → the one stored
 
 
 class ImageOptions(SourceOptions):
     image_size: Annotated[tuple[PositiveInt, PositiveInt], BeforeValidator(comma_list)] = Field(
         default=(256, 256), description="images: the height,width every image is resized to (bilinear)")
-    color_mode: Literal["rgb", "grayscale", "rgba", "keep"] = Field(
-        default="rgb", description="images: convert each to 3 channels (rgb), 1 (grayscale), 4 (rgba), or keep the"
-        " channels the files have (all must have as many)")
+    grayscale: bool = Field(default=False, description="images: convert each to 1 channel (default: 3, RGB)")
+    keep_channels: bool = Field(
+        default=False, description="images: keep the channels the files have, all alike (default: convert to RGB)")
+
+    @model_validator(mode="after")
+    def _one_conversion(self) -> ImageOptions:
+        if self.grayscale and self.keep_channels:
+            raise ValueError("--grayscale converts every image; --keep-channels converts none: give one")
+        return self
+
+    @property
+    def mode(self) -> str | None:
+        """The Pillow mode every image is converted to (None: kept)."""
+        return None if self.keep_channels else "L" if self.grayscale else "RGB"
 
 
 def class_files(folder: Path) -> tuple[tuple[str, ...], list[tuple[Path, int]]]:
@@ -54,8 +65,8 @@ def decode(path: Path, options: ImageOptions) -> np.ndarray:
     try:
         with Image.open(path) as image:
             image.load()
-            if options.color_mode != "keep":
-                image = image.convert(MODES[options.color_mode])
+            if options.mode is not None:
+                image = image.convert(options.mode)
             elif image.mode == "P":
                 image = image.convert("RGBA" if "transparency" in image.info else "RGB")
             elif image.mode in KEPT:
@@ -94,7 +105,7 @@ class ImageFolderSource(Source):
                     channels = channels or (image.shape[-1], path)
                     if image.shape[-1] != channels[0]:
                         raise BadInputError(f"{path}: {image.shape[-1]} channels where {channels[1]} has"
-                                            f" {channels[0]}; convert them with --color-mode rgb, grayscale or rgba")
+                                            f" {channels[0]}; leave out --keep-channels to convert them to RGB")
                 yield np.stack(images), np.array([label for _, label in part], dtype=np.int32)
 
 
