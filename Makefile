@@ -7,7 +7,7 @@ AWS_CLI_VENV ?= .venv-awscli
 AWS_CLI := $(AWS_CLI_VENV)/bin/aws
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: install demo test lint synth clean
+.PHONY: install demo test docs lint synth clean
 
 $(BIN)/slsml: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,11 @@ test: install $(AWS_CLI)  ## lint, then unit, integration, infrastructure and en
 	$(BIN)/ruff check .
 	SLSML_AWS_CLI=$(abspath $(AWS_CLI)) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
+docs: install  ## serve the docs site (docs/, with the CLI reference generated) at http://127.0.0.1:8000
+	$(BIN)/mkdocs serve
+
 synth: install  ## the CloudFormation template, offline
 	CDK_OUTDIR=cdk.out $(BIN)/python app.py
 
 clean:
-	rm -rf $(VENV) $(AWS_CLI_VENV) cdk.out .slsml runs .pytest_cache
+	rm -rf $(VENV) $(AWS_CLI_VENV) cdk.out .slsml runs .pytest_cache site

@@ -1,0 +1,85 @@
+"""The CLI reference page (``cli.md``), generated at build time from ``slsml.cli.main.build_parser()``.
+
+Every command and subcommand, its usage, and each option with its argument, default and help, as argparse
+knows them, so the page cannot drift from the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from mkdocs.structure.files import File, Files
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = "cli.md"
+INTRO = """# CLI reference
+
+Generated from the `slsml` command's parser when the site is built: every command, every option.
+A command's result goes to stdout (with `--json`, one JSON object as its last line); progress and
+diagnostics go to stderr.
+"""
+
+
+def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[
+    tuple[tuple[str, ...], argparse.ArgumentParser, str]
+]:
+    """Each command of ``parser`` depth first, with its words after ``slsml`` and its one-line help."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield (*path, name), sub, helps.get(name, "")
+                yield from commands(sub, (*path, name))
+
+
+def _cell(text: str) -> str:
+    return html.escape(" ".join(text.split())).replace("|", "\\|")
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    formatter = parser._get_formatter()
+    rows = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) or action.help == argparse.SUPPRESS:
+            continue
+        invocation = html.escape(formatter._format_action_invocation(action)).replace("|", "&#124;")
+        help_text = formatter._expand_help(action) if action.help else ""
+        default = action.default
+        shown = "" if default is None or default is False or default == [] or default == argparse.SUPPRESS else default
+        rows.append(f"| <code>{invocation}</code> | {_cell(str(shown))} | {_cell(help_text)} |")
+    return ["| option | default | what |", "|---|---|---|", *rows]
+
+
+def synopsis(path: tuple[str, ...], parser: argparse.ArgumentParser) -> str:
+    """``slsml run start [options]``, with the positional arguments named."""
+    positionals = [action.metavar or action.dest for action in parser._get_positional_actions()
+                   if not isinstance(action, argparse._SubParsersAction)]
+    return " ".join(["slsml", *path, "[options]", *positionals])
+
+
+def render(parser: argparse.ArgumentParser) -> str:
+    """The whole reference page as Markdown."""
+    lines = [INTRO, "## slsml", "", *_options(parser), ""]
+    for path, sub, help_text in commands(parser):
+        lines += [f"{'#' * min(len(path) + 1, 4)} slsml {' '.join(path)}", "", _cell(help_text), ""]
+        if not any(isinstance(action, argparse._SubParsersAction) for action in sub._actions):
+            lines += ["```text", synopsis(path, sub), "```", ""]
+        lines += [*_options(sub), ""]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``slsml`` parser of this tree (not of another installed copy)."""
+    sys.path.insert(0, str(ROOT / "shared"))
+    from slsml.cli.main import build_parser as slsml_parser
+
+    return slsml_parser()
+
+
+def on_files(files: Files, config: dict) -> Files:
+    files.append(File.generated(config, PAGE, content=render(build_parser())))
+    return files
