@@ -35,7 +35,8 @@ def import_graph() -> dict[str, set[str]]:
                 found.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 for alias in node.names:
-                    found.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module)
+                    dotted = f"{node.module}.{alias.name}"
+                    found.add(dotted if dotted in modules else node.module)
         graph[name] = {m for m in found if m in modules and m != name and m != "slsml"}
     return graph
 
