@@ -33,7 +33,7 @@ test: install $(AWS_CLI)  ## lint, then unit, integration, infrastructure and en
 	SLSML_AWS_CLI=$(abspath $(AWS_CLI)) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 docs: install  ## serve the docs site (docs/, with the CLI reference generated) at http://127.0.0.1:8000
-	$(BIN)/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 synth: install  ## the CloudFormation template, offline
 	CDK_OUTDIR=cdk.out $(BIN)/python app.py
