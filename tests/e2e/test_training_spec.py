@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from slsml.cli import main as cli
+from slsml.cli import options
 from slsml.client import runs
 
 from .conftest import DIGITS, finish, train
@@ -18,7 +19,7 @@ def test_an_option_given_as_its_flag_is_in_the_run_record_and_the_summary(servic
         "run", "start", "--local", "--model", "m.keras", "--data", DIGITS, "--iterations", "3", "--workers", "2",
         "--reducers", "1", "--batch", "64", "--eval-every", "3", "--deadline-floor", "0.7",
     ])
-    spec = cli._spec(args)
+    spec = options.training_spec(args)
     train(services, spec, RUN_ID)
     run = finish(services, RUN_ID, timeout_s=120)
     assert run.status == "COMPLETED", run.reason

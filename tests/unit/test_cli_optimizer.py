@@ -6,7 +6,8 @@ from __future__ import annotations
 import keras
 import pytest
 
-from slsml.cli import display
+from slsml.cli import demo as cli_demo
+from slsml.cli import display, options
 from slsml.cli import main as cli
 from slsml.spec.config import OptimizerConfig
 from slsml.spec.errors import BadInputError
@@ -16,7 +17,8 @@ RUN_START = ("run", "start", "--local", "--model", "m.keras", "--data", "d.npz",
 
 def optimizer(*flags: str, command: tuple[str, ...] = ("demo",)) -> OptimizerConfig | None:
     args = cli.build_parser().parse_args([*command, *flags])
-    return cli._spec(args, default_learning_rate=3e-3 if command[0] == "demo" else None).optimizer  # as cmd_demo
+    rate = 3e-3 if command[0] == "demo" else None  # as cmd_demo
+    return options.training_spec(args, default_learning_rate=rate).optimizer
 
 
 @pytest.mark.parametrize("command", [("demo",), RUN_START])
@@ -49,7 +51,7 @@ def compiled(keras_optimizer: keras.optimizers.Optimizer) -> keras.Model:
 def in_effect(model: keras.Model, *flags: str, command: tuple[str, ...] = RUN_START) -> OptimizerConfig | None:
     """The optimizer a run of ``model`` applies with these flags (as cmd_run_start resolves it)."""
     args = cli.build_parser().parse_args([*command, *flags])
-    return cli._with_flags(args, cli._spec(args), model).optimizer
+    return options.with_flags(args, options.training_spec(args), model).optimizer
 
 
 def test_without_an_optimizer_flag_the_models_optimizer_applies() -> None:
@@ -84,12 +86,12 @@ def test_hyper_parameter_flags_apply_on_top_of_the_compiled_optimizer() -> None:
 def test_the_demo_trains_adam_at_its_rate_unless_told_otherwise() -> None:
     from slsml.client import demo
 
-    model = demo.digits_cnn(learning_rate=cli.DEMO_LEARNING_RATE)
+    model = demo.digits_cnn(learning_rate=cli_demo.DEMO_LEARNING_RATE)
     assert in_effect(model, command=("demo",)) is None
     assert in_effect(model, "--learning-rate", "0.01", command=("demo",)) == OptimizerConfig(
         name="adam", learning_rate=0.01)
     assert in_effect(model, "--optimizer", "sgd", command=("demo",)) == OptimizerConfig(
-        name="sgd", learning_rate=cli.DEMO_LEARNING_RATE)
+        name="sgd", learning_rate=cli_demo.DEMO_LEARNING_RATE)
 
 
 @pytest.mark.parametrize(("keras_optimizer", "flags", "message"), [

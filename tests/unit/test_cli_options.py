@@ -13,7 +13,7 @@ import pytest
 from pydantic import Field, create_model
 from pydantic.fields import FieldInfo
 
-from slsml.cli import display
+from slsml.cli import display, options
 from slsml.cli import main as cli
 from slsml.spec.config import RegularExpression, TrainingSpec
 from slsml.spec.errors import BadInputError
@@ -29,7 +29,7 @@ def _actions(parser: argparse.ArgumentParser, *command: str) -> dict[str, argpar
 
 
 def _flag(field: str) -> str:
-    return "--" + cli.FLAG_NAMES.get(field, field).replace("_", "-")
+    return "--" + options.FLAG_NAMES.get(field, field).replace("_", "-")
 
 
 def _other(field: FieldInfo) -> tuple[list[str], Any]:
@@ -53,7 +53,7 @@ def _other(field: FieldInfo) -> tuple[list[str], Any]:
 @pytest.mark.parametrize("command", [("demo",), RUN_START])
 def test_flags_left_out_give_the_specs_defaults(command: tuple[str, ...]) -> None:
     args = cli.build_parser().parse_args(command)
-    spec = cli._spec(args)
+    spec = options.training_spec(args)
     assert spec == TrainingSpec(iterations=spec.iterations)
     assert spec.iterations == (150 if command == ("demo",) else 3)
 
@@ -63,10 +63,10 @@ def test_every_spec_field_has_a_flag_with_its_default_and_description_that_sets_
 ) -> None:
     parser = cli.build_parser()
     actions = _actions(parser, "run", "start")
-    defaults = cli._spec(parser.parse_args(RUN_START))
+    defaults = options.training_spec(parser.parse_args(RUN_START))
     # one flag's value may need another's (model averaging's options need --algorithm average): unvalidated
-    monkeypatch.setattr(cli, "TrainingSpec", TrainingSpec.model_construct)
-    fields = {name: field for name, field in TrainingSpec.model_fields.items() if name not in cli.OWN_OPTIONS}
+    monkeypatch.setattr(options, "TrainingSpec", TrainingSpec.model_construct)
+    fields = {name: field for name, field in TrainingSpec.model_fields.items() if name not in options.OWN_OPTIONS}
     assert len(fields) >= 14
     for name, field in fields.items():
         action = actions[_flag(name)]
@@ -76,11 +76,11 @@ def test_every_spec_field_has_a_flag_with_its_default_and_description_that_sets_
             assert action.help == field.description + shown, name
         arguments, value = _other(field)
         flag = _flag(name) if value is not False else "--no-" + _flag(name)[2:]
-        spec = cli._spec(parser.parse_args([*RUN_START, flag, *arguments]))
+        spec = options.training_spec(parser.parse_args([*RUN_START, flag, *arguments]))
         assert getattr(spec, name) == value and value != field.default, name
     assert actions["--workers"].help.startswith("data-parallel workers; auto: ")
     assert actions["--workers"].help.endswith(" (default 4)")
-    assert cli._spec(parser.parse_args([*RUN_START, "--workers", "auto"])).workers == "auto"
+    assert options.training_spec(parser.parse_args([*RUN_START, "--workers", "auto"])).workers == "auto"
     assert actions["--time-budget"].help == "seconds: the run fails if it takes longer (default 604800)"
     assert actions["--iterations"].required and actions["--iterations"].help == fields["iterations"].description
 
@@ -88,7 +88,7 @@ def test_every_spec_field_has_a_flag_with_its_default_and_description_that_sets_
 def test_flags_set_the_spec() -> None:
     args = cli.build_parser().parse_args([*RUN_START, "--workers", "8", "--batch", "256", "--quorum", "0.75",
                                           "--deadline", "30", "--deadline-retries", "0", "--time-budget", "60"])
-    spec = cli._spec(args)
+    spec = options.training_spec(args)
     assert (spec.workers, spec.global_batch, spec.quorum, spec.deadline_s, spec.deadline_retries,
             spec.time_budget_s) == (8, 256, 0.75, 30.0, 0, 60)
 
@@ -106,15 +106,15 @@ class Extended(TrainingSpec):
 
 def test_a_new_field_of_any_scalar_kind_gets_its_flag(monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(cli, "TrainingSpec", Extended)
-    monkeypatch.setattr(cli, "SPEC_READINGS", cli._readings(Extended))
+    monkeypatch.setattr(options, "TrainingSpec", Extended)
+    monkeypatch.setattr(options, "SPEC_READINGS", options.readings(Extended))
     parser = cli.build_parser()
-    assert cli._spec(parser.parse_args(RUN_START)) == Extended(iterations=3)
-    spec = cli._spec(parser.parse_args([*RUN_START, "--mode", "two", "--cap", "5", "--pinned", "--fleet", "7",
-                                        "--pattern", "^a", "--rate", "0.5"]))
+    assert options.training_spec(parser.parse_args(RUN_START)) == Extended(iterations=3)
+    spec = options.training_spec(parser.parse_args([*RUN_START, "--mode", "two", "--cap", "5", "--pinned", "--fleet",
+                                                    "7", "--pattern", "^a", "--rate", "0.5"]))
     assert isinstance(spec, Extended)
     assert (spec.mode, spec.cap, spec.pinned, spec.fleet, spec.pattern, spec.rate) == ("two", 5, True, 7, "^a", 0.5)
-    assert cli._spec(parser.parse_args([*RUN_START, "--fleet", "auto", "--no-pinned"])).fleet == "auto"
+    assert options.training_spec(parser.parse_args([*RUN_START, "--fleet", "auto", "--no-pinned"])).fleet == "auto"
     help_of = _actions(parser, "run", "start")
     assert help_of["--pinned"].help == "a switch (default False)" and help_of["--cap"].help == "a number or nothing"
     assert help_of["--fleet"].metavar == "INT|auto" and help_of["--mode"].choices == ["one", "two"]
@@ -128,9 +128,9 @@ def test_a_new_field_of_any_scalar_kind_gets_its_flag(monkeypatch: pytest.Monkey
 def test_a_field_no_flag_can_set_is_refused(annotation: Any) -> None:
     odd = create_model("Odd", odd=(annotation | None, Field(default=None, description="odd")))
     with pytest.raises(TypeError, match=r"Odd\.odd: no command-line option"):
-        cli._readings(odd)
+        options.readings(odd)
     with pytest.raises(TypeError, match=r"Bare\.count: .* without a description"):
-        cli._readings(create_model("Bare", count=(int, 1)))
+        options.readings(create_model("Bare", count=(int, 1)))
 
 
 @pytest.mark.parametrize(("arguments", "named"), [
@@ -152,7 +152,7 @@ def test_a_field_no_flag_can_set_is_refused(annotation: Any) -> None:
 ])
 def test_spec_flags_that_make_no_spec_fail_on_one_line_naming_the_flags(arguments: list[str], named: str) -> None:
     with pytest.raises(BadInputError) as refused:
-        cli._spec(cli.build_parser().parse_args([*RUN_START, *arguments]))
+        options.training_spec(cli.build_parser().parse_args([*RUN_START, *arguments]))
     assert str(refused.value).startswith(named), str(refused.value)
     assert "\n" not in str(refused.value)
 

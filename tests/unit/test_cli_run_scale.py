@@ -14,6 +14,8 @@ import pytest
 from moto import mock_aws
 
 from slsml.cli import main as cli
+from slsml.cli import runs as cli_runs
+from slsml.cli import targets
 from slsml.spec.config import TrainingSpec
 from slsml.state import records
 from slsml.state.runtable import RunTable
@@ -34,7 +36,7 @@ def table(monkeypatch: pytest.MonkeyPatch) -> Iterator[RunTable]:
         runs.table.put_item(Item=records.run_item("r", "d", spec, 1.0))
         runs.advance("r", 3, 0)
         services = types.SimpleNamespace(table=runs)
-        monkeypatch.setattr(cli, "_required_target", lambda args: (services, None))
+        monkeypatch.setattr(targets, "required_target", lambda args: (services, None))
         yield runs
 
 
@@ -56,7 +58,7 @@ def test_an_iteration_launched_after_the_scale_takes_them(table: RunTable, capsy
 
 def test_an_iteration_not_launched_yet_is_the_earliest(table: RunTable, capsys: Capture,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "LAUNCH_WAIT_S", 0.2)
+    monkeypatch.setattr(cli_runs, "LAUNCH_WAIT_S", 0.2)
     assert _scale(6, capsys) == (0, "run r: 6 workers from the next iteration launched on (3 at the earliest) (was 4)")
 
 

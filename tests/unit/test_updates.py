@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from slsml.cli import main as cli
+from slsml.cli import options
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
 from slsml.spec.shardplan import ShardPlan, VariableSpec
@@ -193,7 +194,7 @@ def test_bad_compress_values_are_refused_naming_the_option_and_its_forms(text: s
         assert "compress takes none, fp16, topk:F (0 < F ≤ 1" in message and "significance:V (V > 0" in message
     assert str(refused.value).startswith("1 validation error for TrainingSpec\ncompress\n")  # the option, by name
     with pytest.raises((BadInputError, ValidationError), match="compress") as flagged:  # the CLI's flag
-        cli._spec(cli.build_parser().parse_args(["run", "start", "--model", "m.keras", "--data", "d.npz",
+        options.training_spec(cli.build_parser().parse_args(["run", "start", "--model", "m.keras", "--data", "d.npz",
                                                  "--iterations", "3", "--compress", text]))
     assert f"{text!r}: " in str(flagged.value)
 

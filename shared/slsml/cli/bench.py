@@ -1,0 +1,180 @@
+"""`slsml bench`: benchmarks on the local runtime."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from slsml.cli import display, options
+from slsml.spec.errors import BadInputError
+
+_console = display.console
+
+
+def cmd_bench_stragglers(args: argparse.Namespace) -> int:
+    from slsml.bench import pipeline as bench
+    from slsml.client import runs
+    from slsml.local.runtime import LocalRuntime
+
+    pool = bench.worker_pool(args.workers, args.factor)
+    runtime = LocalRuntime(workers=pool, reducers=2, pool=pool, log_dir=Path(".slsml/logs") / runs.new_run_id("bench"))
+    with ExitStack() as stack:
+        with _console().status(f"starting the embedded cloud and warm function processes ({pool} for workers)…"):
+            stack.enter_context(runtime)
+        with display.named_progress("[bold]({task.description})") as show:
+            report = bench.stragglers(runtime, args.workers, args.iterations, args.slow_iterations, args.factor, show,
+                                      args.ssp_factor)
+    display.print_stragglers(report)
+    if args.json:
+        print(report.model_dump_json())
+    return 0 if all(case.summary.status == "COMPLETED" for case in report.cases) else 1
+
+
+def cmd_bench_barrier(args: argparse.Namespace) -> int:
+    from slsml.bench import barrier as bench_barrier
+
+    with _console().status(f"driving {args.small} and {args.workers} reports through the barriers…"):
+        report = bench_barrier.barrier(args.workers, args.reducers, args.small)
+    display.print_barrier(report, args.workers, args.small)
+    if args.json:
+        print(report.model_dump_json())
+    fired = all(f.fired and f.merged for f in (report.small, report.large))
+    return 0 if fired and report.item_bytes_within and report.write_units_within else 1
+
+
+def cmd_bench_scale(args: argparse.Namespace) -> int:
+    from slsml.bench import scale as bench_scale
+    from slsml.client import runs
+
+    local = bench_scale.runtime(Path(".slsml/logs") / runs.new_run_id("scale"))
+    with ExitStack() as stack:
+        with _console().status("starting the embedded cloud and one warm process per function…"):
+            stack.enter_context(local)
+        with display.named_progress("[bold]{task.description}") as show:
+            grid = (args.workers or bench_scale.WORKERS, args.reducers or bench_scale.REDUCERS)
+            report = bench_scale.scale(local, *grid, args.iterations, show)
+    bench_scale.write_calibration(report, Path(args.calibration))
+    display.print_scale(report, args.calibration)
+    if args.json:
+        print(report.model_dump_json())
+    return 0 if all(point.status == "COMPLETED" for point in report.points) else 1
+
+
+def _bench(args: argparse.Namespace, stem: str, workers: int, reducers: int,
+           run: Callable[[Any, Any], Any], draw: Callable[[Any], None]) -> None:
+    """Start a local runtime with ``workers`` warm worker processes, run ``run(runtime, progress)`` under a
+    progress bar, draw its report, and with --json print it as one JSON line."""
+    from slsml.client import runs
+    from slsml.local.runtime import LocalRuntime
+
+    log_dir = Path(".slsml/logs") / runs.new_run_id(stem)
+    runtime = LocalRuntime(workers=workers, reducers=reducers, pool=workers, log_dir=log_dir)
+    with ExitStack() as stack:
+        with _console().status(f"starting the embedded cloud and warm function processes ({workers} for workers)…"):
+            stack.enter_context(runtime)
+        with display.named_progress("[bold]{task.description}") as show:
+            report = run(runtime, show)
+    draw(report)
+    if args.json:
+        print(report.model_dump_json())
+
+
+def cmd_bench_algorithms(args: argparse.Namespace) -> int:
+    from slsml.bench import algorithms as bench_algorithms
+
+    pool = max(max(bench_algorithms.FIXED_WORKERS), args.pool or 0)
+    _bench(args, "algorithms", pool, 2, bench_algorithms.algorithms, display.print_algorithms)
+    return 0
+
+
+def cmd_bench_communication(args: argparse.Namespace) -> int:
+    from slsml.bench import communication as bench
+
+    if args.iterations < 1:
+        raise BadInputError(f"--iterations must be at least 1, not {args.iterations}")
+    significance = bench.SIGNIFICANCE if args.significance is None else args.significance
+    if not significance > 0:
+        raise BadInputError(f"--significance must be above 0, not {significance:g}")
+    _bench(args, "communication", bench.WORKERS, bench.REDUCERS,
+           lambda runtime, show: bench.communication(runtime, args.iterations, show, significance=significance),
+           display.print_communication)
+    return 0
+
+
+def cmd_bench_admm(args: argparse.Namespace) -> int:
+    from slsml.bench import admm as bench
+
+    _bench(args, "admm", bench.WORKERS, bench.REDUCERS, bench.admm_against_gradient, display.print_admm)
+    return 0
+
+
+def add_commands(commands: Any) -> None:
+    """`slsml bench` and its benchmarks."""
+    benchmarks = commands.add_parser("bench", help="benchmarks on the local runtime")
+    benchmarks = benchmarks.add_subparsers(dest="benchmark", required=True)
+    stragglers = benchmarks.add_parser(
+        "stragglers", help="the demo with and without a worker that is slow every iteration, quorum 1 and (W−1)/W"
+    )
+    stragglers.add_argument("--workers", type=int, default=8, help="workers; the last one straggles (default 8)")
+    stragglers.add_argument("--iterations", type=int, default=150,
+                            help="iterations of the runs (a), (b), (c) (default 150, the demo's)")
+    stragglers.add_argument("--slow-iterations", type=int, default=15,
+                            help="iterations of (d), the straggler under quorum 1: slow by design (default 15)")
+    stragglers.add_argument("--factor", type=float, default=20.0,
+                            help="the straggler's invocation lasts this many (a) work phases (default 20)")
+    stragglers.add_argument("--ssp-factor", type=float, default=1.5,
+                            help="(e) and (f): the straggler's invocation lasts this many (a) work phases (default"
+                            " 1.5)")
+    stragglers.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    stragglers.set_defaults(handler=cmd_bench_stragglers)
+    barrier = benchmarks.add_parser(
+        "barrier", help="what one report costs the barriers (item bytes, write units), small and large fleet"
+    )
+    barrier.add_argument("--workers", type=int, default=1000, help="the large fleet (default 1000)")
+    barrier.add_argument("--small", type=int, default=10, help="the small fleet (default 10)")
+    barrier.add_argument("--reducers", type=int, default=10, help="reducers of both (default 10)")
+    barrier.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    barrier.set_defaults(handler=cmd_bench_barrier)
+
+    scale = benchmarks.add_parser(
+        "scale", help="the plan's requests and stage times against the local pipeline over a grid of W and R;"
+        " fits the plan's latencies to the embedded cloud"
+    )
+    scale.add_argument("--workers", type=options.counts,
+                       help="workers of the grid, comma-separated (default 1,4,16,64)")
+    scale.add_argument("--reducers", type=options.counts, help="reducers of the grid, comma-separated (default 1,2,4)")
+    scale.add_argument("--iterations", type=int, default=6, help="iterations per configuration (default 6, at least 3)")
+    scale.add_argument("--calibration", default="scale-calibration.json",
+                       help="where the fitted parameters go, for slsml plan --calibration (default"
+                       " scale-calibration.json)")
+    scale.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    scale.set_defaults(handler=cmd_bench_scale)
+
+    algorithms = benchmarks.add_parser(
+        "algorithms", help="gradient averaging at 2, 4, 8 and auto workers against model averaging with 4 and 16"
+        " local steps: rounds, time, requests and dollars to the demo's accuracy, on one sample budget"
+    )
+    algorithms.add_argument("--pool", type=int, help="warm processes per function (default and at least 8)")
+    algorithms.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    algorithms.set_defaults(handler=cmd_bench_algorithms)
+
+    communication = benchmarks.add_parser(
+        "communication", help="dense, fp16, top-k 1%% and significance-filtered updates (error feedback) at 8 workers:"
+        " update, residual and reducer bytes, requests and dollars to the demo's accuracy and over a fixed budget"
+    )
+    communication.add_argument("--iterations", type=int, default=150,
+                               help="iterations of every run (default 150, the demo's)")
+    communication.add_argument("--significance", type=float, metavar="V",
+                               help="the significance variant's threshold, significance:V (default 0.2)")
+    communication.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    communication.set_defaults(handler=cmd_bench_communication)
+
+    admm = benchmarks.add_parser(
+        "admm", help="ADMM against gradient averaging on logistic regression (breast cancer data, 4 workers):"
+        " rounds to the same test accuracy"
+    )
+    admm.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    admm.set_defaults(handler=cmd_bench_admm)

@@ -1,0 +1,131 @@
+"""Starting a run and following it to its end: progress on the terminal, its summary and final model recorded
+under runs/<run>/, its report on request; a run on an embedded cloud of its own."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from slsml.cli import display, targets
+from slsml.spec.config import TrainingSpec
+
+IDLE_WAIT_S = 30  # after a local run ends: how long its last invocations may take to log their usage
+_console = display.console  # the commands' one-line messages and spinners
+
+
+def start(services: Any, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None) -> Any:
+    """Prepare a run, say which optimizer it applies (the model's compiled one unless the flags name one),
+    then start it."""
+    from slsml.client import runs
+
+    config = runs.prepare_run(services, model_bytes, dataset, spec, run_id=run_id)
+    display.say(display.describe_update(config))
+    runs.launch_run(services, config)
+    return config
+
+
+def one_shot_runtime(args: argparse.Namespace, spec: TrainingSpec) -> Any:
+    """The local runtime of a run on a cloud of its own, begun: its cloud and function processes get ready
+    while this process loads TensorFlow and the model. Its logs go to .slsml/logs/<run id>."""
+    from slsml.client import runs
+    from slsml.local.runtime import LocalRuntime
+
+    return LocalRuntime(
+        workers=spec.max_workers or spec.initial_workers,  # warm processes for the most it may scale to
+        reducers=spec.reducers,
+        pool=args.pool,
+        log_dir=Path(".slsml/logs") / (args.run_id or runs.new_run_id()),
+    ).begin()
+
+
+def train_locally(
+    args: argparse.Namespace, runtime: Any, spec: TrainingSpec, model_bytes: bytes, dataset: str, arrays: Any,
+    out: Path | None,
+) -> int:
+    from slsml.data import datasets as data
+
+    run_id = runtime.log_dir.name
+    with ExitStack() as stack:
+        with _console().status("starting the embedded cloud and warm function processes…"):
+            services = stack.enter_context(runtime).services
+        runtime.host.faults = args.faults
+        if arrays is not None:
+            data.put_dataset(services.store, dataset, *arrays)
+        start(services, model_bytes, dataset, spec, run_id)
+
+        def usage(run: Any) -> list[Any]:
+            from slsml.accounting import usage
+
+            runtime.host.wait_idle(run.run_id, IDLE_WAIT_S)
+            return usage.read_local(runtime.log_dir, run.run_id)
+
+        return follow(services, run_id, spec.iterations, args, out, faults=runtime.host.fault_report, usage=usage,
+                       so_far=partial(targets.service_usage, runtime.log_dir))
+
+
+def follow(
+    services: Any,
+    run_id: str,
+    iterations: int,
+    args: argparse.Namespace,
+    out: Path | None,
+    faults: Callable[[], dict[str, Any]] | None = None,
+    usage: Callable[[Any], list[Any]] | None = None,
+    started: float | None = None,
+    so_far: Callable[[Any], list[Any]] | None = None,
+) -> int:
+    """Show a run's progress until it ends; record its summary (and final model) under runs/<run>/.
+    ``usage`` gives the functions' usage records of the ended run, ``so_far`` (if cheap to read) those of a
+    running one; ``started``: when it started (default now)."""
+    from slsml.client import runs
+
+    started = started or time.time()
+    spent = None if so_far is None else partial(_spent, so_far)
+    with display.run_progress(run_id, iterations, started, spent) as show:
+        run = runs.wait_for_run(services, run_id, on_progress=show, timeout_s=args.timeout)
+    wall_s = time.time() - started
+    records = usage(run) if usage else None
+    summary = runs.summarize(run, services.table.list_iterations(run_id), wall_s, records)
+    if faults is not None and args.faults:
+        summary.faults = faults()
+    record_dir = targets.RUNS_DIR / run_id
+    record_dir.mkdir(parents=True, exist_ok=True)
+    if run.final_key:
+        out = out or record_dir / "final.keras"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(services.store.get(run.final_key))
+        summary.final_model = str(out)
+    (record_dir / "summary.json").write_text(summary.model_dump_json(indent=1))
+    if getattr(args, "report", None):
+        write_report(services, records or [], run_id, Path(args.report), summary=summary)
+    display.print_summary(summary, args.json)
+    return 0 if summary.status == "COMPLETED" else 1
+
+
+def live_usage(args: argparse.Namespace) -> Callable[[Any], list[Any]] | None:
+    """How to read a running run's usage lines while it is followed: from the local service's logs (a stack's
+    are in CloudWatch: read once, at the end)."""
+    state = None if getattr(args, "stack", None) else targets.local_service()
+    return None if state is None else partial(targets.service_usage, Path(state.log_dir))
+
+
+def _spent(usage: Callable[[Any], list[Any]], run: Any) -> float:
+    """The dollars a run's functions used so far, by their usage lines."""
+    from slsml.accounting import prices
+    from slsml.accounting import usage as accounting
+
+    return sum(accounting.cost(usage(run), prices.load()).values())
+
+
+def write_report(services: Any, records: list[Any], run_id: str, out_dir: Path, chosen: tuple[int, ...] = (),
+                  summary: Any = None) -> None:
+    from slsml.cli import report
+
+    with _console().status(f"writing the report of {run_id}…"):
+        page = report.write_report(services, records, run_id, out_dir, chosen, summary)
+    _console().print(f"report: {page}", markup=False, highlight=False, soft_wrap=True)

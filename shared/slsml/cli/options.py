@@ -1,0 +1,247 @@
+"""The training flags, generated from TrainingSpec's fields (the optimizer's from OptimizerConfig's), and the
+spec they make; the argument types the commands share."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import types
+from functools import partial
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+from slsml.cli import display
+from slsml.spec.config import (
+    HYPER_PARAMETERS,
+    KERAS_OPTIMIZERS,
+    OPTIMIZER_NAMES,
+    OptimizerConfig,
+    RegularExpression,
+    TrainingSpec,
+)
+from slsml.spec.errors import BadInputError
+
+# TrainingSpec fields whose flag is not named after the field (the flags' names came first): field → dest
+FLAG_NAMES = {
+    "global_batch": "batch", "heartbeat_s": "heartbeat", "time_budget_s": "time_budget", "deadline_s": "deadline",
+}
+# TrainingSpec fields with options of their own: the optimizer group (_optimizer_options) and --loss
+OWN_OPTIONS = frozenset({"optimizer", "loss"})
+
+
+def _dest(field: str) -> str:
+    """The dest of TrainingSpec field ``field``'s flag."""
+    return FLAG_NAMES.get(field, field)
+
+
+def readings(spec: type[BaseModel]) -> dict[str, dict[str, Any]]:
+    """How argparse reads each of ``spec``'s fields (but OWN_OPTIONS) from its flag: ``add_argument``'s
+    keywords other than the default and help. TypeError for a field no flag can set."""
+    found = {}
+    for name, field in spec.model_fields.items():
+        if name in OWN_OPTIONS:
+            continue
+        reading = _reading(field.annotation)
+        if reading is None or not field.description:
+            raise TypeError(f"{spec.__name__}.{name}: no command-line option for a {field.annotation}"
+                            + ("" if field.description else " without a description"))
+        found[name] = reading
+    return found
+
+
+def _reading(annotation: Any) -> dict[str, Any] | None:
+    """``add_argument``'s keywords for a value of ``annotation``: an int, float, str or bool, a ``Literal``'s
+    values, a number or a ``Literal``'s words (``int | Literal["auto"]``), or any of those or None; None for
+    another type."""
+    union = get_origin(annotation) in {Union, types.UnionType}
+    members = [get_args(m)[0] if get_origin(m) is Annotated else m
+               for m in (get_args(annotation) if union else (annotation,)) if m is not type(None)]
+    words = [value for m in members if get_origin(m) is Literal for value in get_args(m)]
+    kinds = [m for m in members if get_origin(m) is not Literal]
+    if not kinds and len({type(word) for word in words}) == 1:
+        return {"type": type(words[0]), "choices": words}
+    if kinds == [bool] and not words:
+        return {"action": argparse.BooleanOptionalAction}
+    if len(kinds) != 1 or kinds[0] not in {int, float, str}:
+        return None
+    if not words:
+        return {"type": kinds[0]}
+    if kinds[0] is str or not all(isinstance(word, str) for word in words):
+        return None
+    return {"type": partial(_number_or_word, kinds[0], tuple(words)),
+            "metavar": "|".join([kinds[0].__name__.upper(), *words])}
+
+
+def _number_or_word(kind: type, words: tuple[str, ...], text: str) -> Any:
+    """``text`` as one of ``words``, else as a number of ``kind``."""
+    if text in words:
+        return text
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number ({kind.__name__}) or one of"
+                                         f" {', '.join(words)}") from None
+
+
+SPEC_READINGS = readings(TrainingSpec)  # a field no flag can set fails here, at import
+
+
+def training_options(parser: argparse.ArgumentParser, iterations: int | None) -> None:
+    """A flag per TrainingSpec field, its type, default and help from the field (the optimizer's in a group of
+    their own). ``iterations``: this command's iteration budget (None: --iterations is required)."""
+    group = parser.add_argument_group("training")
+    for name, reading in SPEC_READINGS.items():
+        field = TrainingSpec.model_fields[name]
+        required = field.is_required()
+        default = None if required else field.get_default(call_default_factory=True)
+        if name == "iterations":  # each command's own budget
+            default, required = iterations, iterations is None
+        action = group.add_argument(flag(_dest(name)), default=default, required=required, **reading)
+        # set after: BooleanOptionalAction adds a default of its own to the help it is given
+        shown = "" if default is None else f" (default {display.number(default)})"
+        action.help = f"{field.description}{shown}".replace("%", "%%")
+    group.add_argument("--loss", help="Keras loss name (default: the model's compiled loss)")
+    group = parser.add_argument_group("run")
+    group.add_argument("--run-id", help="run name (default: generated)")
+    group.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    group.add_argument("--timeout", type=float, default=3600, help="stop waiting (and fail the run) after this long")
+    group.add_argument("--pool", type=int, help="local runs: the most warm processes per function (default: from"
+                       " this machine's cores and memory, or the SLSML_POOL environment variable)")
+    group.add_argument("--faults", type=_faults,
+                       help="local runs: inject faults, e.g. 'seed=3,duplicate=0.5,worker_crash=0.25,"
+                       "s3_get_delay=0.2:1.5' (also reducer_crash, merger_crash_once, sns_delay, "
+                       "worker_hang=p with hang_s=SECONDS, crash_every_receive, slow_worker=WORKER:SECONDS)")
+    _optimizer_options(parser)
+
+
+def flag(field: str) -> str:
+    """The option string of ``field``."""
+    return "--" + field.replace("_", "-")
+
+
+def _optimizer_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "optimizer", "default: the optimizer the model was compiled with; an option left out keeps Keras's default"
+    )
+    group.add_argument("--optimizer", choices=OPTIMIZER_NAMES, help="the optimizer the reducers apply")
+    group.add_argument("--learning-rate", type=float,
+                       help="a constant learning rate (a schedule comes from the model file); without --optimizer:"
+                       " the model's compiled optimizer at this rate")
+    for name in HYPER_PARAMETERS:
+        field = OptimizerConfig.model_fields[name]
+        kind = field.annotation
+        if get_origin(kind) in {Union, types.UnionType}:
+            kinds = set(get_args(kind)) - {type(None)}
+            kind = kinds.pop() if len(kinds) == 1 else kind
+        owners = OptimizerConfig.optimizers_of(name)
+        about = "; ".join(filter(None, [
+            field.description, None if owners == OPTIMIZER_NAMES else ", ".join(KERAS_OPTIMIZERS[n] for n in owners)
+        ]))
+        if kind is bool:
+            group.add_argument(flag(name), action="store_true", default=None, help=about or None)
+        elif kind in {int, float}:
+            group.add_argument(flag(name), type=kind, help=about or None)
+        elif get_origin(kind) is tuple and get_args(kind) == (RegularExpression, ...):
+            group.add_argument(flag(name), type=_patterns, action="extend", metavar="PATTERN[,PATTERN]",
+                               help=f"{about} (comma-separated or repeated)")
+        else:
+            raise TypeError(f"OptimizerConfig.{name}: no command-line option for a {field.annotation}")
+
+
+def _patterns(text: str) -> list[str]:
+    return [pattern for pattern in text.split(",") if pattern]
+
+
+def _faults(text: str) -> Any:
+    from slsml.local.faults import Faults
+
+    try:
+        return Faults.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, e.g. 1,4,16") from None
+    if min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: counts start at 1")
+    return counts
+
+
+def workers(text: str) -> int:
+    try:
+        workers = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of workers") from None
+    if workers < 1:
+        raise argparse.ArgumentTypeError(f"{workers}: a run trains with at least 1 worker")
+    return workers
+
+
+def training_spec(args: argparse.Namespace, default_learning_rate: float | None = None) -> TrainingSpec:
+    """The run the flags ask for. Without --optimizer its optimizer is None (the model's compiled one): the
+    optimizer flags apply on top of it once the model is read (``with_flags``). BadInputError on one line
+    naming the flags for values that do not make a spec."""
+    optimizer = _optimizer(args, default_learning_rate)
+    try:
+        return TrainingSpec(**{name: getattr(args, _dest(name)) for name in SPEC_READINGS}, optimizer=optimizer,
+                            loss=args.loss)
+    except ValidationError as error:
+        flags = {name: flag(_dest(name)) for name in SPEC_READINGS}
+        raise BadInputError("; ".join(_flagged(e, flags) for e in error.errors())) from None
+
+
+def _optimizer_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The optimizer flags given (other than --optimizer), by OptimizerConfig field."""
+    given = {name: getattr(args, name) for name in HYPER_PARAMETERS if getattr(args, name) is not None}
+    return given if args.learning_rate is None else {"learning_rate": args.learning_rate, **given}
+
+
+def _optimizer(args: argparse.Namespace, default_learning_rate: float | None) -> OptimizerConfig | None:
+    """The optimizer --optimizer names, with the other optimizer flags; None without --optimizer."""
+    if not args.optimizer:
+        return None
+    fields: dict[str, Any] = {"name": args.optimizer, **_optimizer_flags(args)}
+    if default_learning_rate and "learning_rate" not in fields:
+        fields["learning_rate"] = default_learning_rate
+    return _optimizer_config(fields)
+
+
+def with_flags(args: argparse.Namespace, spec: TrainingSpec, model: Any) -> TrainingSpec:
+    """``spec`` with the optimizer in effect: without --optimizer, the model's compiled optimizer with the
+    optimizer flags given applied on top of it (a flag that is not one of its options is an error)."""
+    flags = _optimizer_flags(args)
+    if spec.optimizer is not None or not flags:
+        return spec
+    from slsml.training import modelio
+
+    compiled = modelio.optimizer_config(model)
+    return spec.model_copy(update={"optimizer": _optimizer_config({**dict(compiled), **flags}, compiled.name)})
+
+
+def _optimizer_config(fields: dict[str, Any], compiled: str | None = None) -> OptimizerConfig:
+    """OptimizerConfig(**fields); BadInputError on one line naming flags. ``compiled``: the fields are the
+    model's compiled optimizer of this name with flags on top."""
+    try:
+        return OptimizerConfig(**fields)
+    except ValidationError as error:
+        message = "; ".join(_flagged(e) for e in error.errors())
+        if compiled:
+            message += (f" (the optimizer the model is compiled with is {KERAS_OPTIMIZERS[compiled]}; --optimizer"
+                        " NAME replaces it)")
+        raise BadInputError(message) from None
+
+
+def _flagged(error: Any, flags: dict[str, str] | None = None) -> str:
+    """A pydantic error, on one line, naming flags rather than fields: ``flags``, field → flag (default:
+    OptimizerConfig's)."""
+    flags = flags or {name: flag(name) for name in (*HYPER_PARAMETERS, "learning_rate")}
+    message = error["msg"].removeprefix("Value error, ")
+    fields = "|".join(sorted(flags, key=len, reverse=True))
+    message = re.sub(rf"(?<![\w-])({fields})(?![\w-])", lambda match: flags[match[1]], message)
+    return f"{flags.get(str(error['loc'][0]), error['loc'][0])}: {message}" if error["loc"] else message
+

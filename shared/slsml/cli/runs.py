@@ -1,0 +1,235 @@
+"""`slsml run`: start a run, follow it, and inspect, stop, resume, scale, list and report runs."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from slsml.cli import display, follow, options, targets
+from slsml.cli.data import read_arrays
+from slsml.spec.errors import BadInputError
+
+LAUNCH_WAIT_S = 5.0  # run scale: how long to wait for the launch of the iteration the run is at
+_console = display.console  # the commands' one-line messages and spinners
+
+
+def cmd_run_start(args: argparse.Namespace) -> int:
+    if args.local == bool(args.stack):
+        raise BadInputError("say where to run: --local (the embedded cloud) or --stack NAME (a deployed stack)")
+    spec = options.training_spec(args)
+    model_path = Path(args.model)
+    if not model_path.is_file():
+        raise BadInputError(f"model file {model_path} does not exist")
+    data_path = Path(args.data)
+    one_shot = args.local and targets.local_service() is None  # a cloud for this run alone
+    if one_shot and data_path.suffix != ".npz":
+        raise BadInputError(f"--data {args.data}: a local run takes a .npz file with arrays x, y")
+    runtime = follow.one_shot_runtime(args, spec) if one_shot else None
+    from slsml.data import datasets as data
+    from slsml.training import modelio
+
+    model_bytes = model_path.read_bytes()
+    model = modelio.load_model(model_bytes, where=str(model_path))  # fail fast: before anything is stored
+    spec = options.with_flags(args, spec, model)
+    arrays = read_arrays(data_path, args.test_fraction, args.seed) if data_path.suffix == ".npz" else None
+    dataset = data_path.stem.lower().replace("_", "-")[:63] if arrays is not None else args.data
+    out = Path(args.out) if args.out else None
+    if runtime is not None:
+        return follow.train_locally(args, runtime, spec, model_bytes, dataset, arrays, out)
+    services, usage = targets.required_target(args)
+    if arrays is not None:
+        data.put_dataset(services.store, dataset, *arrays)
+    config = follow.start(services, model_bytes, dataset, spec, args.run_id)
+    if args.no_wait:
+        print(config.run_id)
+        return 0
+    return follow.follow(services, config.run_id, spec.iterations, args, out, usage=usage,
+                         so_far=follow.live_usage(args))
+
+
+def _run_summary(args: argparse.Namespace) -> Any:
+    """A run's summary: live from a stack's or the local service's table, or the record a one-shot local
+    run left under runs/."""
+    from slsml.client import runs
+    from slsml.spec.errors import NotFoundError
+
+    target = targets.target(args)
+    if target is not None:
+        services, usage = target
+        run = services.table.get_run(args.run_id)
+        return runs.summarize(run, services.table.list_iterations(args.run_id), run.updated_at - run.created_at,
+                              usage(run))
+    path = targets.RUNS_DIR / args.run_id / "summary.json"
+    if not path.exists():
+        raise NotFoundError(f"no run named {args.run_id!r} (no {path}; for a deployed run give --stack)")
+    return runs.RunSummary.model_validate_json(path.read_text())
+
+
+def cmd_run_status(args: argparse.Namespace) -> int:
+    display.print_summary(_run_summary(args), args.json)
+    return 0
+
+
+def cmd_run_fetch(args: argparse.Namespace) -> int:
+    from slsml.spec.errors import NotFoundError
+
+    summary = _run_summary(args)
+    out = Path(args.out or f"{args.run_id}.keras")
+    target = targets.target(args)
+    if target is not None and summary.final_model:
+        out.write_bytes(target[0].store.get(summary.final_model))
+    elif target is None and summary.final_model and Path(summary.final_model).exists():
+        out.write_bytes(Path(summary.final_model).read_bytes())
+    else:
+        raise NotFoundError(f"run {args.run_id} has no final model (status {summary.status.value})")
+    _console().print(f"final model of {args.run_id} → {out}")
+    return 0
+
+
+def cmd_run_list(args: argparse.Namespace) -> int:
+    from slsml.client import runs
+
+    target = targets.target(args)
+    if target is not None:
+        summaries = [runs.summarize(r, [], r.updated_at - r.created_at) for r in target[0].table.list_runs()]
+    else:
+        records = sorted(targets.RUNS_DIR.glob("*/summary.json"))
+        summaries = [runs.RunSummary.model_validate_json(p.read_text()) for p in records]
+    display.print_runs(summaries)
+    return 0
+
+
+def cmd_run_stop(args: argparse.Namespace) -> int:
+    services, _ = targets.required_target(args)
+    if not services.stop_run(args.run_id):
+        status = services.table.get_run(args.run_id).status.value
+        raise BadInputError(f"run {args.run_id} is not running (status {status})")
+    _console().print(f"run {args.run_id} stopped: no new iteration starts; work in flight drains")
+    return 0
+
+
+def cmd_run_resume(args: argparse.Namespace) -> int:
+    from slsml.client import runs
+
+    run = runs.resume_run(targets.required_target(args)[0], args.run_id)
+    _console().print(f"run {args.run_id} resumed from its model entering iteration {run.iteration}"
+                     f" ({run.iterations - run.iteration} iterations to go)")
+    return 0
+
+
+def cmd_run_scale(args: argparse.Namespace) -> int:
+    from slsml.client import runs
+
+    services, _ = targets.required_target(args)
+    was = services.table.get_run(args.run_id).workers
+    run = runs.scale_run(services, args.run_id, args.workers)
+    tuned = "; workers auto: the tuner goes on from there" if run.training.workers == "auto" else ""
+    display.say(f"run {args.run_id}: {run.workers} workers {_scaled_from(services, run)} (was {was}){tuned}")
+    return 0
+
+
+def _scaled_from(services: Any, run: Any) -> str:
+    """From which iteration on the run just scaled (``run``: its record as the scale left it) trains with its
+    new workers: the iteration it is at, if that one is launched after the scale, else the next one; a stopped
+    or failed run's first once resumed."""
+    from slsml.state.records import RunStatus
+
+    if run.status != RunStatus.RUNNING:
+        return f"from the first iteration it runs once resumed (it is {run.status})"
+    if run.iteration >= run.iterations:
+        return f"for no iteration: its budget of {run.iterations} is spent"
+    deadline = time.monotonic() + LAUNCH_WAIT_S
+    while (counter := services.table.get_counter(run.run_id, run.iteration)).workers is None:
+        if time.monotonic() > deadline:
+            return f"from the next iteration launched on ({run.iteration} at the earliest)"
+        time.sleep(0.1)
+    return f"from iteration {run.iteration if counter.workers == run.workers else run.iteration + 1} on"
+
+
+def cmd_run_watch(args: argparse.Namespace) -> int:
+    services, usage = targets.required_target(args)
+    run = services.table.get_run(args.run_id)
+    try:
+        return follow.follow(services, args.run_id, run.iterations, args, None, usage=usage, started=run.created_at,
+                       so_far=follow.live_usage(args))
+    except KeyboardInterrupt:
+        _console().print(f"stopped watching: run {args.run_id} goes on")
+        return 130
+
+
+def cmd_run_report(args: argparse.Namespace) -> int:
+    if targets.target(args) is None:
+        raise BadInputError("no local service is up and no --stack given: a one-shot local run's records last only"
+                            " while its `slsml run start --local` or `slsml demo` runs (give it --report DIR)")
+    services, usage = targets.required_target(args)
+    run = services.table.get_run(args.run_id)
+    follow.write_report(services, usage(run), args.run_id, Path(args.out), tuple(args.iteration or ()))
+    return 0
+
+
+def add_commands(commands: Any) -> None:
+    """`slsml run` and its actions."""
+    run = commands.add_parser("run", help="start and inspect training runs")
+    run = run.add_subparsers(dest="action", required=True)
+    start = run.add_parser("start", help="train your .keras model on your data")
+    start.add_argument("--local", action="store_true", help="run on the embedded local cloud")
+    start.add_argument("--stack", help="run on the deployed stack of this name (CloudFormation outputs)")
+    start.add_argument("--model", required=True, help="a .keras model file")
+    start.add_argument("--data", required=True,
+                       help="a .npz file with x, y (optional x_test, y_test), or a dataset already in the stack")
+    start.add_argument("--no-wait", action="store_true", help="print the run id and return (--stack, or --local"
+                       " with the local service up)")
+    start.add_argument("--test-fraction", type=float, default=0.2, help="held out when the data has no x_test")
+    start.add_argument("--out", help="where to save the final model (default runs/<run>/final.keras)")
+    start.add_argument("--report", metavar="DIR",
+                       help="when the run ends, write its report: DIR/index.html and its PNGs")
+    options.training_options(start, iterations=None)
+    start.set_defaults(handler=cmd_run_start)
+    stack_help = ("the deployed stack of this name (default: the local service if one is up, else the local runs"
+                  " recorded under ./runs)")
+    act_help = "the deployed stack of this name (default: the local service)"
+    status = run.add_parser("status", help="a run's state and figures")
+    status.add_argument("run_id")
+    status.add_argument("--stack", help=stack_help)
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=cmd_run_status)
+    report = run.add_parser("report", help="a run's report: one HTML page with its curves, iteration timelines,"
+                            " costs and faults, and its PNGs")
+    report.add_argument("run_id")
+    report.add_argument("--out", required=True, metavar="DIR", help="where index.html and its PNGs go")
+    report.add_argument("--iteration", type=int, nargs="+", action="extend", metavar="I",
+                        help="also draw these iterations' timelines (besides the slowest and a median one)")
+    report.add_argument("--stack", help="the deployed stack of this name (default: the local service; a one-shot"
+                        " local run: --report DIR of run start --local or demo)")
+    report.set_defaults(handler=cmd_run_report)
+    fetch = run.add_parser("fetch", help="copy a run's final model")
+    fetch.add_argument("run_id")
+    fetch.add_argument("--stack", help=stack_help)
+    fetch.add_argument("--out", help="destination (default <run>.keras)")
+    fetch.set_defaults(handler=cmd_run_fetch)
+    stop = run.add_parser("stop", help="stop a run: no new iteration starts")
+    stop.add_argument("run_id")
+    stop.add_argument("--stack", help=act_help)
+    stop.set_defaults(handler=cmd_run_stop)
+    resume = run.add_parser("resume", help="run a stopped or failed run on from its last complete model")
+    resume.add_argument("run_id")
+    resume.add_argument("--stack", help=act_help)
+    resume.set_defaults(handler=cmd_run_resume)
+    scale = run.add_parser("scale", help="change a run's workers, from the next iteration launched on (a stopped or"
+                           " failed run's: from its resume on)")
+    scale.add_argument("run_id")
+    scale.add_argument("--workers", type=options.workers, required=True,
+                       help="the workers (within the run's --min-workers and --max-workers)")
+    scale.add_argument("--stack", help=act_help)
+    scale.set_defaults(handler=cmd_run_scale)
+    listing = run.add_parser("list", help="runs and their status")
+    listing.add_argument("--stack", help=stack_help)
+    listing.set_defaults(handler=cmd_run_list)
+    watch = run.add_parser("watch", help="follow a run until it ends (Ctrl-C leaves the run alone)")
+    watch.add_argument("run_id")
+    watch.add_argument("--stack", help=act_help)
+    watch.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    watch.add_argument("--timeout", type=float, default=7 * 24 * 3600, help="stop watching after this long")
+    watch.set_defaults(handler=cmd_run_watch)

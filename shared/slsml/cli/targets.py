@@ -1,0 +1,57 @@
+"""Where a run command acts: a deployed stack, the local service, or the records one-shot local runs left."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+RUNS_DIR = Path("runs")  # a one-shot local run's record: runs/<run>/summary.json and its final model
+
+
+def local_service() -> Any:
+    from slsml.local import service
+
+    return service.status()
+
+
+def _stack_services(name: str) -> Any:
+    from slsml.client.stack import services_for_stack
+
+    return services_for_stack(name)
+
+
+def _stack_usage(stack: str, run: Any) -> list[Any]:
+    from slsml.client.stack import usage_records
+
+    return usage_records(stack, run.run_id, run.created_at - 60)
+
+
+def target(args: argparse.Namespace) -> tuple[Any, Callable[[Any], list[Any]]] | None:
+    """Where a run command acts, with how to read a run's usage records: the deployed stack ``--stack``
+    names, else the local service if one is up, else None (the one-shot local runs recorded under runs/)."""
+    if getattr(args, "stack", None):
+        return _stack_services(args.stack), partial(_stack_usage, args.stack)
+    from slsml.local import service
+
+    if service.status() is None:
+        return None
+    state, services = service.connect()
+    return services, partial(service_usage, Path(state.log_dir))
+
+
+def service_usage(log_dir: Path, run: Any) -> list[Any]:
+    from slsml.accounting import usage
+
+    return usage.read_local(log_dir, run.run_id)
+
+
+def required_target(args: argparse.Namespace) -> tuple[Any, Callable[[Any], list[Any]]]:
+    from slsml.spec.errors import NotFoundError
+
+    found = target(args)
+    if found is None:
+        raise NotFoundError("no local service is up (start one with `slsml local up`) and no --stack given")
+    return found
