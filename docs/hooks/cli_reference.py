@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = "cli.md"
+_STATED_DEFAULT = re.compile(r"\s*\(default [^()]*\)$")  # the default column says it
 INTRO = """# CLI reference
 
 Generated from the `slsml` command's parser when the site is built: every command, every option.
@@ -37,7 +39,18 @@ def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Ite
 
 
 def _cell(text: str) -> str:
-    return html.escape(" ".join(text.split())).replace("|", "\\|")
+    return html.escape(" ".join(text.split()), quote=False).replace("|", "\\|")
+
+
+def _invocation(formatter: argparse.HelpFormatter, action: argparse.Action) -> str:
+    """The option's names (kept on one line) and its argument, or a positional argument's name."""
+    if not action.option_strings:
+        return f"<code>{html.escape(formatter._format_action_invocation(action))}</code>"
+    names = ", ".join(f'<code class="flag">{html.escape(name)}</code>' for name in action.option_strings)
+    if action.nargs == 0:
+        return names
+    argument = formatter._format_args(action, formatter._get_default_metavar_for_optional(action))
+    return f"{names} <code>{html.escape(argument).replace('|', '&#124;')}</code>"
 
 
 def _options(parser: argparse.ArgumentParser) -> list[str]:
@@ -46,11 +59,12 @@ def _options(parser: argparse.ArgumentParser) -> list[str]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction) or action.help == argparse.SUPPRESS:
             continue
-        invocation = html.escape(formatter._format_action_invocation(action)).replace("|", "&#124;")
-        help_text = formatter._expand_help(action) if action.help else ""
         default = action.default
         shown = "" if default is None or default is False or default == [] or default == argparse.SUPPRESS else default
-        rows.append(f"| <code>{invocation}</code> | {_cell(str(shown))} | {_cell(help_text)} |")
+        help_text = formatter._expand_help(action) if action.help else ""
+        if shown != "":
+            help_text = _STATED_DEFAULT.sub("", help_text)
+        rows.append(f"| {_invocation(formatter, action)} | {_cell(str(shown))} | {_cell(help_text)} |")
     return ["| option | default | what |", "|---|---|---|", *rows]
 
 
