@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, computed_field
 
+from slsml import rules
 from slsml.accounting import prices, usage
 from slsml.data import datasets as data
 from slsml.pipeline.services import Services
@@ -128,10 +129,7 @@ def prepare_run(
     store = services.store
     manifest = data.load_manifest(store, dataset)
     model = modelio.load_model(model_bytes, where="the model")
-    if spec.algorithm == "admm":
-        from slsml.rules import admm
-
-        admm.check_model(model)
+    rules.of(spec).check_model(model)
     loss = modelio.loss_config(model, spec.loss)
     optimizer = spec.optimizer or modelio.optimizer_config(model)
     data.iterations_per_epoch(manifest.train.count, spec.global_batch)
@@ -153,7 +151,7 @@ def prepare_run(
     flat = modelio.get_flat(model, plan)
     for shard in range(plan.reducers):
         layout = plan.shard(shard)
-        state = optimizers.initial_state(config.server_optimizer, int(layout.trainable.sum()))
+        state = optimizers.initial_state(rules.server_optimizer(config), int(layout.trainable.sum()))
         initial = shards.Shard(flat[layout.start : layout.stop], state, averaged=[])
         store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     store.put_array_new(keys.weights(run_id, 0), flat)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
+from slsml import rules
 from slsml.spec.config import Objective, RunConfig
 from slsml.state.records import Measurement, TunerState
 
@@ -113,7 +114,7 @@ def predictor(config: RunConfig, compute_per_sample_s: float) -> Predict:
     workload = costmodel.Workload(
         **{**costmodel.from_params(config.plan.size, parameters, compute_per_sample_s),
            "model": "the run's", "trainable_params": max(1, int(config.plan.trainable_mask().sum()))},
-        optimizer=config.server_optimizer, workers=1, reducers=spec.reducers,
+        optimizer=rules.server_optimizer(config), workers=1, reducers=spec.reducers,
         global_batch=spec.global_batch * spec.local_batches, quorum=spec.quorum, iterations=spec.iterations,
         memory_mb=costmodel.function_memory(), timeout_s=costmodel.function_timeouts(),
     )

@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import zipfile
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from slsml.rules import averaging
-from slsml.spec.config import OptimizerConfig
-from slsml.spec.errors import BadInputError
-from slsml.training import modelio, npz
+from slsml.rules.base import Round, SlotTraffic, UpdateRule, archive_bytes
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.errors import BadInputError, RunFailed
+from slsml.training import npz
+
+if TYPE_CHECKING:
+    from slsml.training.modelio import Trainer, Update
 
 # output activations under which a single Dense layer with a convex loss is a convex problem in its weights
 CONVEX_ACTIVATIONS = ("linear", "sigmoid", "softmax")
@@ -56,6 +60,44 @@ class SlotState(NamedTuple):
         return cls(arrays["model"], arrays["dual"])
 
 
+class Admm(UpdateRule):
+    """Each round stores the slot's new state create-only; a retry that finds a state stored sends the update of
+    that state, so that the update and the state agree. The reducers' plain average makes the consensus."""
+
+    name = "admm"
+    kind = "weight change"
+
+    def round(self, work: Round) -> Update:
+        size, trainable = work.trainer.plan.size, work.trainer.plan.trainable_mask()
+        previous = _state(work.slot.previous(), size, work.slot.where(previous=True))
+        update, state = local_round(work.trainer, work.start, previous, work.batches,
+                                    work.spec.local_optimizer_config(), work.spec.admm_rho)
+        if work.slot.put(state.encode()):
+            return update
+        stored = _state(work.slot.current(), size, work.slot.where())
+        return update if stored is None else update_of(work.start, stored, trainable, update.loss, update.accuracy)
+
+    def check_model(self, model: Any) -> None:
+        check_model(model)
+
+    def server_optimizer(self, spec: TrainingSpec, optimizer: OptimizerConfig) -> OptimizerConfig:
+        return averaging.SERVER_AVERAGE
+
+    def slot_traffic(self, spec: TrainingSpec, params: int, trainable: int) -> SlotTraffic:
+        empty = np.zeros(0, dtype=np.float32)
+        return SlotTraffic(archive_bytes({"model": empty, "dual": empty}, params))
+
+
+def _state(body: bytes | None, size: int, where: str) -> SlotState | None:
+    """A stored slot state (None: none); RunFailed naming it if it does not fit the model."""
+    if body is None:
+        return None
+    try:
+        return SlotState.decode(body, size, where)
+    except BadInputError as error:
+        raise RunFailed(str(error)) from None
+
+
 def check_model(model) -> None:
     """BadInputError, with the reason, unless ADMM applies to ``model``: one layer with weights, Dense, with a
     linear, sigmoid or softmax output."""
@@ -79,13 +121,13 @@ def check_model(model) -> None:
 
 
 def local_round(
-    trainer: modelio.Trainer,
+    trainer: Trainer,
     consensus: np.ndarray,
     state: SlotState | None,
     batches: Iterable[tuple[np.ndarray, np.ndarray]],
     optimizer: OptimizerConfig,
     rho: float,
-) -> tuple[modelio.Update, SlotState]:
+) -> tuple[Update, SlotState]:
     """One round of slot w from the consensus ``consensus`` and the slot's state of the round before (None:
     none); returns the update (z − (x + u) for trainable weights, the values after the last forward pass for
     the others, the mean loss and accuracy over the steps, the proximal term left out) and the new state."""
@@ -104,8 +146,13 @@ def local_round(
 
 
 def update_of(consensus: np.ndarray, state: SlotState, trainable: np.ndarray, loss: float,
-              accuracy: float | None) -> modelio.Update:
+              accuracy: float | None) -> Update:
     """The update a slot in ``state`` sends: z − (x + u) for trainable weights, x for the others."""
+    from slsml.training.modelio import Update
+
     change = state.model.copy()
     change[trainable] = consensus[trainable] - (state.model[trainable] + state.dual[trainable])
-    return modelio.Update(vector=change, loss=loss, accuracy=accuracy)
+    return Update(vector=change, loss=loss, accuracy=accuracy)
+
+
+RULE = Admm()

@@ -1,39 +1,77 @@
 """Model averaging (local SGD, FedAvg/FedOpt): a worker starts from the round's model, takes one local step
 per global batch of the round with the run's local optimizer (numpy, as the reducers' optimizers) on
 its slice of each, and sends its weight change. The reducers average the changes, weighted by samples,
-and apply them (``RunConfig.server_optimizer``)."""
+and apply them (``ModelAveraging.server_optimizer``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from slsml.spec.config import OptimizerConfig
-from slsml.training import modelio, optimizers
+from slsml.rules.base import Round, SlotTraffic, UpdateRule, archive_bytes
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.training import npz, optimizers
 from slsml.training.optimizers import State
+
+if TYPE_CHECKING:
+    from slsml.training.modelio import Trainer, Update
+
+
+class ModelAveraging(UpdateRule):
+    """With ``local_state`` keep, the local optimizer goes on from the state the worker slot stored after the
+    round before (fresh if there is none), and the slot stores its state after the round."""
+
+    name = "average"
+    kind = "weight change"
+
+    def round(self, work: Round) -> Update:
+        keep = work.spec.local_state == "keep"
+        previous = work.slot.previous() if keep else None
+        state = None if previous is None else npz.decode(previous)
+        update, state = take_local_steps(work.trainer, work.start, work.batches, work.spec.local_optimizer_config(),
+                                         state)
+        if keep:  # create-only: a retry's state, computed from the same start, is the same
+            work.slot.put(npz.encode(**state))
+        return update
+
+    def server_optimizer(self, spec: TrainingSpec, optimizer: OptimizerConfig) -> OptimizerConfig:
+        """FedAvg (``server`` average): a step of SGD at rate 1, which moves each weight by the average weight
+        change; FedOpt (``server`` optimizer): the run's optimizer with it as the gradient."""
+        return SERVER_AVERAGE if spec.server == "average" else optimizer
+
+    def slot_traffic(self, spec: TrainingSpec, params: int, trainable: int) -> SlotTraffic:
+        if spec.local_state != "keep":
+            return SlotTraffic()
+        return SlotTraffic(archive_bytes(optimizers.initial_state(spec.local_optimizer_config(), 0), trainable))
+
+
+SERVER_AVERAGE = OptimizerConfig(name="sgd", learning_rate=1.0)
 
 
 def take_local_steps(
-    trainer: modelio.Trainer,
+    trainer: Trainer,
     start: np.ndarray,
     batches: Iterable[tuple[np.ndarray, np.ndarray]],
     optimizer: OptimizerConfig,
     state: State | None,
-) -> tuple[modelio.Update, State]:
+) -> tuple[Update, State]:
     """Steps from the flat weights ``start``, one per batch; returns the update (start minus end for trainable
     weights, the values after the last forward pass for the others, the mean loss and accuracy over the
     steps) and the local optimizer's state (``state`` None: fresh). The trainer's model ends at the end
     weights."""
+    from slsml.training.modelio import Update
+
     end, state, loss, accuracy = local_steps(trainer, start, batches, optimizer, state)
     trainable = trainer.plan.trainable_mask()
     change = end.copy()
     change[trainable] = start[trainable] - end[trainable]
-    return modelio.Update(vector=change, loss=loss, accuracy=accuracy), state
+    return Update(vector=change, loss=loss, accuracy=accuracy), state
 
 
 def local_steps(
-    trainer: modelio.Trainer,
+    trainer: Trainer,
     start: np.ndarray,
     batches: Iterable[tuple[np.ndarray, np.ndarray]],
     optimizer: OptimizerConfig,
@@ -44,6 +82,8 @@ def local_steps(
     plus ``pull(trainable weights)`` if given (e.g. ADMM's proximal term); returns the end weights (non-trainable
     ones: their values after the last forward pass), the optimizer's state and the mean loss and accuracy over
     the steps. The trainer's model ends at the end weights."""
+    from slsml.training import modelio
+
     trainable = trainer.plan.trainable_mask()
     current = start.copy()
     state = optimizers.initial_state(optimizer, int(trainable.sum())) if state is None else state
@@ -60,3 +100,6 @@ def local_steps(
         current[~trainable] = step.vector[~trainable]
     modelio.set_flat(trainer.model, trainer.plan, current)
     return current, state, float(np.mean(losses)), float(np.mean(accuracies)) if accuracies else None
+
+
+RULE = ModelAveraging()

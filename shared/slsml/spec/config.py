@@ -253,9 +253,6 @@ ALGORITHM_OPTIONS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(LOCAL_OPTIONS, ("average", "admm")),
     "local_state": ("average",), "server": ("average",), "admm_rho": ("admm",),
 }
-# what a worker's update holds, by algorithm (the update format's kind, see slsml.training.updates): under ADMM, the
-# consensus less the slot's local model and dual (slsml.rules.admm), which the reducers average as a weight change
-UPDATE_KINDS: dict[str, str] = {"gradient": "gradient", "average": "weight change", "admm": "weight change"}
 
 
 class TrainingSpec(BaseModel):
@@ -481,14 +478,6 @@ class RunConfig(BaseModel):
     def workers(self) -> int:
         """The workers of the first round (later rounds: their counters, ``Counter.workers``)."""
         return self.training.initial_workers
-
-    @property
-    def server_optimizer(self) -> OptimizerConfig:
-        """What the reducers step with the averaged update: the run's optimizer, or under plain model averaging
-        (FedAvg) and ADMM a step of SGD at rate 1, which moves each weight by the average weight change."""
-        if self.training.algorithm != "gradient" and self.training.server == "average":  # ADMM's is always average
-            return OptimizerConfig(name="sgd", learning_rate=1.0)
-        return self.optimizer
 
     @property
     def reducers(self) -> int:

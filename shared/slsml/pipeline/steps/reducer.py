@@ -19,11 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from aws_lambda_powertools import Logger
 
+from slsml import rules
 from slsml.aws.storage import ObjectStore, Stored
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import run_config
 from slsml.spec import keys, wiring
-from slsml.spec.config import UPDATE_KINDS, RunConfig
+from slsml.spec.config import RunConfig
 from slsml.spec.errors import RunFailed
 from slsml.spec.messages import Participant, ReduceDone, ReduceMessage
 from slsml.spec.reliability import ReadPolicy
@@ -44,7 +45,7 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone | None:
                                                              keys.shard(run, iteration, shard)])
         average = shards.decode(stored_mean, size)
         return _step(message, config, services, shards.decode(stored_shard, size), average, message.squares)
-    if clipping.needs_exchange(config.server_optimizer, config.plan):
+    if clipping.needs_exchange(rules.server_optimizer(config), config.plan):
         exchanged = _exchange(message, config, services, _average(message, config, services))
         if exchanged is None:
             return None
@@ -63,14 +64,14 @@ def _step(
 ) -> ReduceDone:
     """Clip the averaged gradient, step the optimizer, store the shard of the next iteration and announce it."""
     run, iteration, shard = message.run_id, message.iteration, message.shard
-    trainable, mean = config.plan.shard(shard).trainable, average.weights
-    gradient = clipping.clip(config.server_optimizer, config.plan, shard, mean, squares)
-    decays = config.plan.mask(shard, lambda v: config.server_optimizer.decays(v.name))[trainable]
+    trainable, mean, server = config.plan.shard(shard).trainable, average.weights, rules.server_optimizer(config)
+    gradient = clipping.clip(server, config.plan, shard, mean, squares)
+    decays = config.plan.mask(shard, lambda v: server.decays(v.name))[trainable]
     stepped, state = optimizers.apply(
-        config.server_optimizer, current.weights[trainable], gradient[trainable], current.state, decays
+        server, current.weights[trainable], gradient[trainable], current.state, decays
     )
     if iteration + 1 == config.training.iterations:  # the final shard
-        stepped = optimizers.finalize(config.server_optimizer, stepped, state)
+        stepped = optimizers.finalize(server, stepped, state)
     weights = current.weights.copy()
     weights[trainable] = stepped
     weights[~trainable] = mean[~trainable]  # non-trainable state (e.g. BatchNorm statistics): averaged
@@ -93,7 +94,7 @@ def _exchange(
     run, iteration, shard = message.run_id, message.iteration, message.shard
     if not store.put_new(keys.mean(run, iteration, shard), shards.encode(average)):
         average = shards.decode(store.get(keys.mean(run, iteration, shard)))  # another try's average stands
-    squares = clipping.shared_squares(config.server_optimizer, config.plan, shard, average.weights)
+    squares = clipping.shared_squares(rules.server_optimizer(config), config.plan, shard, average.weights)
     counter = table.record_squares(run, iteration, shard, message.generation, squares)
     if counter is None or counter.squares_in < config.reducers:
         return None
@@ -112,7 +113,7 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     read in time (the others are left out)."""
     run, iteration, shard = message.run_id, message.iteration, message.shard
     policy, participants = ReadPolicy(), message.participants
-    compression, kind = config.training.compression, UPDATE_KINDS[config.training.algorithm]
+    compression, kind = config.training.compression, rules.of(config.training).kind
     where = [keys.update(run, iteration if p.iteration is None else p.iteration, p.worker, p.attempt)
              for p in participants]
     need = quorum_count(len(participants), policy.quorum)
@@ -158,7 +159,7 @@ def _read_significant_parts(
     """Significance updates (``slsml.training.updates``): the shard's two entries of each update's part table, then the
     parts they point at; a read that times out under the read quorum leaves its participant out (each of the
     two rounds of reads waits up to the read timeout)."""
-    compression, kind = config.training.compression, UPDATE_KINDS[config.training.algorithm]
+    compression, kind = config.training.compression, rules.of(config.training).kind
     entries = store.get_quorum(where, [updates.table_range(config.plan, shard)] * len(where), need=need,
                                timeout_s=policy.timeout_s)
     ranges: dict[int, tuple[int, int]] = {}

@@ -1,5 +1,4 @@
-"""Worker: compute the update of a round's batches (gradient averaging: its slice of one global batch; model
-averaging: local steps on its slices of several; ADMM: local steps on its own partition, ``slsml.rules.admm``) and
+"""Worker: compute the update of a round's batches with the run's update rule (``slsml.rules``) and
 store it for the reducers, who read a part each. An update with NaN or Inf is stored and announced like any
 other but marked non-finite, so that it is left out.
 A run that compresses its updates (``compress``) adds the worker slot's residual to the update before it is
@@ -15,17 +14,18 @@ import numpy as np
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.metrics import MetricUnit
 
+from slsml import rules
 from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import load_weights, run_config
 from slsml.pipeline.steps.warm import reader_for, trainer_for
-from slsml.rules import admm, averaging
+from slsml.rules.base import Round
 from slsml.spec import keys, wiring
-from slsml.spec.config import UPDATE_KINDS, RunConfig
+from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
-from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
+from slsml.spec.errors import NotFoundError, RunFailed
 from slsml.spec.messages import WorkDone, WorkMessage
 from slsml.training import feedback, modelio, updates
 
@@ -57,27 +57,23 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     slices = [reader.take("train", indices) for indices in data.round_batches(
         spec, reader.manifest.train.count, message.workers, message.worker, message.iteration)]
     samples = sum(len(x) for x, _ in slices)
-    compression, kind = spec.compression, UPDATE_KINDS[spec.algorithm]
+    compression, rule = spec.compression, rules.of(spec)
     weights = start if compression.kind == "significance" else None
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
         started = time.perf_counter()
-        if spec.algorithm == "average":
-            update = _local_steps(message, config, services, trainer, start, slices)
-        elif spec.algorithm == "admm":
-            update = _admm_round(message, config, services, trainer, start, slices)
-        else:
-            update = trainer.compute_update(*slices[0])
+        update = rule.round(Round(trainer, start, slices, spec, _Slot(store, message)))
         compute_s = time.perf_counter() - started
         previous = residual.result() if residual is not None else None
     finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
     if compression.lossy:  # error feedback: the residual is stored first, create-only (see slsml.training.feedback)
-        compressed = feedback.compress(update.vector, previous, config.plan, compression, samples, kind, weights)
+        compressed = feedback.compress(update.vector, previous, config.plan, compression, samples, rule.kind,
+                                       weights)
         body, header = compressed.update
         store.put_new(keys.residual(message.run_id, message.iteration, message.worker),
                       feedback.encode_residual(compressed.residual))
     else:
-        body, header = updates.encode(update.vector, samples=samples, kind=kind)
+        body, header = updates.encode(update.vector, samples=samples, kind=rule.kind)
     done = WorkDone(
         run_id=message.run_id,
         iteration=message.iteration,
@@ -118,52 +114,33 @@ def _residual(message: WorkMessage, config: RunConfig, store: ObjectStore) -> np
         raise RunFailed(str(error)) from None
 
 
-def _local_steps(
-    message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer, start: np.ndarray,
-    slices: list[tuple[np.ndarray, np.ndarray]],
-) -> modelio.Update:
-    """Model averaging: the round's local steps from the model entering it. With ``local_state`` keep, the local
-    optimizer goes on from the state this worker slot stored after the round before (fresh if there is none)."""
-    store, spec, run = services.store, config.training, message.run_id
-    state = None
-    if spec.local_state == "keep" and message.iteration > 0:
+class _Slot:
+    """The worker slot's state objects (``keys.local_state``), for the run's update rule."""
+
+    def __init__(self, store: ObjectStore, message: WorkMessage) -> None:
+        self.store, self.message = store, message
+
+    def where(self, previous: bool = False) -> str:
+        message = self.message
+        return keys.local_state(message.run_id, message.iteration - previous, message.worker)
+
+    def previous(self) -> bytes | None:
+        if self.message.iteration == 0:
+            return None
+        body = self._get(self.where(previous=True))
+        if body is None:
+            logger.info("no slot state of the round before: starting fresh", extra={
+                "run_id": self.message.run_id, "iteration": self.message.iteration, "worker": self.message.worker})
+        return body
+
+    def put(self, body: bytes) -> bool:
+        return self.store.put_new(self.where(), body)
+
+    def current(self) -> bytes | None:
+        return self._get(self.where())
+
+    def _get(self, key: str) -> bytes | None:
         try:
-            state = store.get_arrays(keys.local_state(run, message.iteration - 1, message.worker))
+            return self.store.get(key)
         except NotFoundError:
-            logger.info("no local optimizer state of the round before: starting fresh",
-                        extra={"run_id": run, "iteration": message.iteration, "worker": message.worker})
-    update, state = averaging.take_local_steps(trainer, start, slices, spec.local_optimizer_config(), state)
-    if spec.local_state == "keep":  # create-only: a retry's state, computed from the same start, is the same
-        store.put_arrays_new(keys.local_state(run, message.iteration, message.worker), state)
-    return update
-
-
-def _admm_round(
-    message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer, consensus: np.ndarray,
-    batches: list[tuple[np.ndarray, np.ndarray]],
-) -> modelio.Update:
-    """ADMM: the slot's local steps from its state of the round before, and its new state, stored create-only. A
-    retry that finds a state stored sends the update of that state, so that the update and the state agree."""
-    store, spec, run, worker = services.store, config.training, message.run_id, message.worker
-    previous = None
-    if message.iteration > 0:
-        previous = _slot_state(store, keys.local_state(run, message.iteration - 1, worker), config)
-        if previous is None:
-            logger.info("no ADMM state of the round before: starting from the consensus with a zero dual",
-                        extra={"run_id": run, "iteration": message.iteration, "worker": worker})
-    update, state = admm.local_round(trainer, consensus, previous, batches, spec.local_optimizer_config(),
-                                     spec.admm_rho)
-    key = keys.local_state(run, message.iteration, worker)
-    if store.put_new(key, state.encode()) or (stored := _slot_state(store, key, config)) is None:
-        return update
-    return admm.update_of(consensus, stored, config.plan.trainable_mask(), update.loss, update.accuracy)
-
-
-def _slot_state(store: ObjectStore, key: str, config: RunConfig) -> admm.SlotState | None:
-    """The ADMM slot state stored at ``key`` (None: none); RunFailed naming it if it does not fit the model."""
-    try:
-        return admm.SlotState.decode(store.get(key), config.plan.size, key)
-    except NotFoundError:
-        return None
-    except BadInputError as error:
-        raise RunFailed(str(error)) from None
+            return None

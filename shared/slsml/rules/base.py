@@ -1,0 +1,97 @@
+"""The interface every update rule implements (``UpdateRule``): the worker's round, what the reducers apply,
+what a worker slot keeps between rounds, and what all of it costs in the plan.
+
+A rule's module defines one ``UpdateRule`` and ``slsml.rules`` registers it under the name ``--algorithm``
+takes. The worker and reducer steps and the cost model ask the run's rule (``slsml.rules.of``) and never
+branch on its name. Rules import TensorFlow only inside a round, so that the zip functions (the reducer)
+read a rule's declarations without it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.training import npz
+
+if TYPE_CHECKING:
+    from slsml.training.modelio import Trainer, Update
+
+
+class Slot(Protocol):
+    """A worker slot's stored state (one object per slot and round, create-only)."""
+
+    def previous(self) -> bytes | None:
+        """The state the slot stored after the round before (None: none, or the first round)."""
+
+    def put(self, body: bytes) -> bool:
+        """Store this round's state; False (nothing written) if a try of this round stored one first."""
+
+    def current(self) -> bytes | None:
+        """This round's state as stored (None: none)."""
+
+    def where(self, previous: bool = False) -> str:
+        """The name of this round's state object (``previous``: the round before's), for messages."""
+
+
+@dataclass(frozen=True)
+class Round:
+    """What a worker's round starts from."""
+
+    trainer: Trainer
+    start: np.ndarray  # the flat weights entering the round (the consensus, under ADMM)
+    batches: list[tuple[np.ndarray, np.ndarray]]  # the worker's batches of the round, in order
+    spec: TrainingSpec
+    slot: Slot
+
+
+@dataclass(frozen=True)
+class SlotTraffic:
+    """What a worker slot's stored state moves per steady round: one read of the round before's object and one
+    write of its own, of ``bytes`` each (none when ``bytes`` is 0)."""
+
+    bytes: int = 0
+
+    @property
+    def objects(self) -> int:
+        """Objects read, and objects written, per worker and round."""
+        return 1 if self.bytes else 0
+
+
+class UpdateRule(ABC):
+    """How a worker's round turns weights and data into an update, and what the reducers apply with it."""
+
+    name: ClassVar[str]  # the --algorithm value
+    kind: ClassVar[str]  # what an update holds: the update format's kind (slsml.training.updates.KINDS)
+
+    @abstractmethod
+    def round(self, work: Round) -> Update:
+        """The worker's round: its update (the trainer's model ends at the round's end weights)."""
+
+    def check_model(self, model: Any) -> None:
+        """BadInputError, with the reason, unless the rule applies to ``model`` (every model: nothing)."""
+        return None
+
+    def server_optimizer(self, spec: TrainingSpec, optimizer: OptimizerConfig) -> OptimizerConfig:
+        """What the reducers step with the averaged update, the run's optimizer being ``optimizer``."""
+        return optimizer
+
+    def slot_traffic(self, spec: TrainingSpec, params: int, trainable: int) -> SlotTraffic:
+        """What a worker slot's stored state moves per round, for a model of ``params`` float32 weights of which
+        ``trainable`` are trainable (nothing stored: none)."""
+        return SlotTraffic()
+
+    def compute_steps(self, spec: TrainingSpec) -> int:
+        """Gradient computations a worker's round takes, each on its share of one global batch."""
+        return spec.local_batches
+
+
+def archive_bytes(template: dict[str, np.ndarray], elements: int) -> int:
+    """Bytes of the ``.npz`` archive of ``template``'s arrays with each empty 1-D array holding ``elements``
+    entries (as ``slsml.training.npz`` stores them), without building it."""
+    grown = [array for array in template.values() if array.ndim == 1 and array.size == 0]
+    return len(npz.encode(**template)) + sum(array.dtype.itemsize for array in grown) * elements
+

@@ -1,0 +1,23 @@
+"""Gradient averaging (synchronous data-parallel SGD): a worker computes the gradient of its slice of the round's
+global batch; the reducers average the gradients, weighted by samples, and step the run's optimizer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from slsml.rules.base import Round, UpdateRule
+
+if TYPE_CHECKING:
+    from slsml.training.modelio import Update
+
+
+class GradientAveraging(UpdateRule):
+    name = "gradient"
+    kind = "gradient"
+
+    def round(self, work: Round) -> Update:
+        (batch,) = work.batches
+        return work.trainer.compute_update(*batch)
+
+
+RULE = GradientAveraging()
