@@ -92,12 +92,13 @@ def test_data_put_uploads_shards_and_a_manifest(tmp_path: Path, local, services)
     np.savez(tmp_path / "small.npz", x=x, y=y)
     env = {**os.environ, **local.deployment.environment()}
     done = subprocess.run([sys.executable, "-m", "slsml.cli.main", "data", "put", "small", "small.npz", "--bucket",
-                           local.deployment.bucket, "--shard-size", "16"], cwd=tmp_path, env=env,
+                           local.deployment.bucket, "--shard-mb", str(16 * 20 / 2**20)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "40 train / 10 test samples" in done.stderr
     manifest = data.load_manifest(services.store, "small")
-    assert (manifest.train.count, manifest.test.count, manifest.train.shards, manifest.classes) == (40, 10, 3, 4)
+    assert (manifest.train.count, manifest.test.count, len(manifest.train.shards), manifest.classes) == (40, 10, 3, 4)
+    assert manifest.shard_records == 16  # records of 12 + 8 bytes
     x_train, _y_train = data.DatasetReader(services.store, manifest).split("train")
     assert {tuple(row) for row in x_train} <= {tuple(row) for row in x}
     again = subprocess.run([sys.executable, "-m", "slsml.cli.main", "data", "put", "small", "small.npz", "--bucket",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import io
+import hashlib
 from collections.abc import Iterator
 
 import boto3
@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
+from slsml.aws.cache import LRUCache
 from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
+from slsml.data.writer import DatasetWriter
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
-from slsml.spec.errors import BadInputError
+from slsml.spec.errors import BadInputError, NotFoundError
 
 BUCKET = "slsml-unit-tests"
 
@@ -97,46 +99,165 @@ def test_worker_slices_concatenate_to_the_batch() -> None:
 
 # ---- datasets in S3 -----------------------------------------------------------------------------
 
+RECORD = 3 * 2 * 4 + 8  # x (3, 2) float32, y int64
+SEVEN = 7 * RECORD / 2**20  # shards of 7 records
+
+
+def counting_gets(store: ObjectStore) -> list[tuple[str, str | None]]:
+    """The (key, Range) of every GET ``store`` makes from now on."""
+    gets: list[tuple[str, str | None]] = []
+    real_get = store.s3.get_object
+    store.s3.get_object = lambda **kwargs: gets.append((kwargs["Key"], kwargs.get("Range"))) or real_get(**kwargs)
+    return gets
+
 
 def test_reader_takes_rows_across_shards(store: ObjectStore) -> None:
     x, y, x_test, y_test = arrays(0)
-    manifest = data.put_dataset(store, "digits-1", x, y, x_test, y_test, shard_size=7)
-    assert manifest.train.count == 50 and manifest.train.shards == 8
-    assert manifest.test.count == 9 and manifest.test.shards == 2
-    assert manifest.x_shape == (3, 2) and manifest.classes == 4
+    manifest = data.put_dataset(store, "digits-1", x, y, x_test, y_test, shard_mb=SEVEN)
+    assert manifest.train.count == 50 and len(manifest.train.shards) == 8
+    assert manifest.test.count == 9 and len(manifest.test.shards) == 2
+    assert manifest.x_shape == (3, 2) and manifest.classes == 4 and manifest.record_bytes == RECORD
     assert manifest.x_range == (float(min(x.min(), x_test.min())), float(max(x.max(), x_test.max())))
+    for index, entry in enumerate(manifest.train.shards):
+        body = store.get(keys.dataset_shard("digits-1", "train", index))
+        assert (entry.bytes, entry.sha256) == (len(body), hashlib.sha256(body).hexdigest())
 
-    reader = data.DatasetReader(store, data.load_manifest(store, "digits-1"))
+    loaded = data.load_manifest(store, "digits-1")
+    cached, ranged = data.DatasetReader(store, loaded, LRUCache(None)), data.DatasetReader(store, loaded)
+    assert cached.cached("train") and not ranged.cached("train")
     rng = np.random.default_rng(1)
     for _ in range(5):
         indices = rng.choice(50, size=20, replace=True)  # unsorted, with repeats
         assert len(np.unique(indices // 7)) >= 3
-        x_got, y_got = reader.take("train", indices)
-        assert x_got.dtype == x.dtype and y_got.dtype == y.dtype
-        np.testing.assert_array_equal(x_got, x[indices])
-        np.testing.assert_array_equal(y_got, y[indices])
+        for reader in (cached, ranged):
+            x_got, y_got = reader.take("train", indices)
+            assert x_got.dtype == x.dtype and y_got.dtype == y.dtype
+            np.testing.assert_array_equal(x_got, x[indices])
+            np.testing.assert_array_equal(y_got, y[indices])
     test_indices = np.array([8, 0, 6, 7])
-    x_got, y_got = reader.take("test", test_indices)
-    np.testing.assert_array_equal(x_got, x_test[test_indices])
-    np.testing.assert_array_equal(y_got, y_test[test_indices])
-    x_all, y_all = reader.split("train")
-    np.testing.assert_array_equal(x_all, x)
-    np.testing.assert_array_equal(y_all, y)
+    for reader in (cached, ranged):
+        x_got, y_got = reader.take("test", test_indices)
+        np.testing.assert_array_equal(x_got, x_test[test_indices])
+        np.testing.assert_array_equal(y_got, y_test[test_indices])
+        x_all, y_all = reader.split("train")
+        np.testing.assert_array_equal(x_all, x)
+        np.testing.assert_array_equal(y_all, y)
 
-    gets = []
-    real_get = store.s3.get_object
-    store.s3.get_object = lambda **kwargs: gets.append(kwargs["Key"]) or real_get(**kwargs)
-    reader.take("train", np.arange(50))  # every shard is cached by now
+    gets = counting_gets(store)
+    cached.take("train", np.arange(50))  # every shard is cached by now
     assert gets == []
+
+
+def test_a_ranged_reader_gets_only_the_records_it_uses(store: ObjectStore) -> None:
+    x, y, x_test, y_test = arrays(0)
+    manifest = data.put_dataset(store, "ranged", x, y, x_test, y_test, shard_mb=SEVEN)
+    reader = data.DatasetReader(store, manifest)
+    gets = counting_gets(store)
+    indices = np.array([16, 3, 4, 5, 15, 13, 14, 4, 40])  # records 3-5 of shard 0, 13 | 14-16 across shards 1 and 2
+    x_got, _ = reader.take("train", indices)
+    np.testing.assert_array_equal(x_got, x[indices])
+    assert sorted(gets) == sorted([
+        (keys.dataset_shard("ranged", "train", 0), f"bytes={3 * RECORD}-{6 * RECORD - 1}"),
+        (keys.dataset_shard("ranged", "train", 1), f"bytes={6 * RECORD}-{7 * RECORD - 1}"),
+        (keys.dataset_shard("ranged", "train", 2), f"bytes=0-{3 * RECORD - 1}"),
+        (keys.dataset_shard("ranged", "train", 5), f"bytes={5 * RECORD}-{6 * RECORD - 1}"),
+    ])
+    assert data.coalesce(indices, 7) == [(0, 3, 6), (1, 6, 7), (2, 0, 3), (5, 5, 6)]
+
+
+def test_only_a_split_that_fits_the_caches_share_for_data_is_cached(store: ObjectStore) -> None:
+    x, y, x_test, y_test = arrays(0)
+    manifest = data.put_dataset(store, "sized", x, y, x_test, y_test, shard_mb=SEVEN)
+    train_bytes = 50 * RECORD
+    fits = LRUCache(int(train_bytes / data.DATA_CACHE_SHARE))
+    too_small = LRUCache(int(train_bytes / data.DATA_CACHE_SHARE) - 1)
+    assert data.DatasetReader(store, manifest, fits).cached("train")
+    reader = data.DatasetReader(store, manifest, too_small)
+    assert not reader.cached("train") and reader.cached("test")
+    reader.take("train", np.arange(20))
+    assert len(too_small) == 0, "a split past the cache's share for data left shards in it"
+
+
+def test_the_writer_takes_chunks_of_any_length_and_stores_the_same_dataset(store: ObjectStore) -> None:
+    x, y, x_test, y_test = arrays(4)
+    whole = data.put_dataset(store, "whole", x, y, x_test, y_test, shard_mb=SEVEN)
+    stored = []
+    with DatasetWriter(store, "chunked", (3, 2), "float32", (), "int64", shard_mb=SEVEN, uploads=2,
+                       progress=stored.append) as writer:
+        for start, stop in ((0, 1), (1, 1), (1, 20), (20, 23), (23, 50)):
+            writer.write("train", x[start:stop], y[start:stop])
+            writer.write("test", x_test[start // 6 : stop // 6], y_test[start // 6 : stop // 6])
+        writer.write("test", x_test[8:], y_test[8:])
+        chunked = writer.finish()
+    assert chunked.model_dump(exclude={"name"}) == whole.model_dump(exclude={"name"})
+    assert sum(stored) == whole.train.bytes + whole.test.bytes
+    for split, info in (("train", whole.train), ("test", whole.test)):
+        for index in range(len(info.shards)):
+            assert store.get(keys.dataset_shard("chunked", split, index)) == store.get(
+                keys.dataset_shard("whole", split, index))
+
+
+def test_an_interrupted_upload_is_continued_without_sending_stored_shards_again(store: ObjectStore) -> None:
+    x, y, x_test, y_test = arrays(5)
+    with pytest.raises(RuntimeError), DatasetWriter(store, "resumed", (3, 2), "float32", (), "int64",
+                                                    shard_mb=SEVEN, uploads=1) as writer:
+        writer.write("train", x[:30], y[:30])
+        raise RuntimeError("interrupted")
+    assert not store.exists(keys.dataset_manifest("resumed"))
+    with pytest.raises(NotFoundError, match="'resumed' does not exist"):
+        data.load_manifest(store, "resumed")
+    stored = set(store.list_keys("datasets/resumed/"))
+    assert len(stored) >= 3  # shards 0-2 (and 3, unless its upload had not begun)
+
+    puts = []
+    real_put = store.s3.put_object
+    store.s3.put_object = lambda **kwargs: puts.append(kwargs["Key"]) or real_put(**kwargs)
+    manifest = data.put_dataset(store, "resumed", x, y, x_test, y_test, shard_mb=SEVEN)
+    assert sorted(puts) == sorted(set(store.list_keys("datasets/resumed/")) - stored)
+    assert keys.dataset_manifest("resumed") in puts and len(puts) == 1 + len(manifest.train.shards) + len(
+        manifest.test.shards) - len(stored)
+    reader = data.DatasetReader(store, manifest, LRUCache(None))
+    np.testing.assert_array_equal(reader.split("train")[0], x)  # the cached reader checks every shard's checksum
+
+
+def test_a_stored_shard_that_does_not_match_its_manifest_is_named(store: ObjectStore) -> None:
+    x, y, x_test, y_test = arrays(6)
+    manifest = data.put_dataset(store, "tampered", x, y, x_test, y_test, shard_mb=SEVEN)
+    store.s3.put_object(Bucket=store.bucket, Key=keys.dataset_shard("tampered", "train", 2),
+                        Body=b"\0" * (7 * RECORD))
+    with pytest.raises(BadInputError, match="'tampered': train shard 2 does not match the checksum"):
+        data.DatasetReader(store, manifest, LRUCache(None)).take("train", np.arange(20))
+    store.s3.put_object(Bucket=store.bucket, Key=keys.dataset_shard("tampered", "train", 3), Body=b"short")
+    with pytest.raises(BadInputError, match="train shard 3 is shorter than its manifest says"):
+        data.DatasetReader(store, manifest).take("train", np.array([22, 23]))
+
+
+def test_a_manifest_that_does_not_add_up_is_refused() -> None:
+    entry = {"records": 7, "bytes": 7 * RECORD, "sha256": "0" * 64}
+    manifest = {"name": "m", "x_shape": [3, 2], "x_dtype": "float32", "y_shape": [], "y_dtype": "int64",
+                "classes": 4, "record_bytes": RECORD, "shard_records": 7,
+                "train": {"count": 14, "shards": [entry, entry]}, "test": {"count": 7, "shards": [entry]}}
+    assert data.DatasetManifest.model_validate(manifest).train.bytes == 14 * RECORD
+    for change, says in (({"record_bytes": 40}, "take 32 bytes, not 40"),
+                         ({"train": {"count": 15, "shards": [entry, entry]}}, "train shards hold 14 records, not 15"),
+                         ({"test": {"count": 6, "shards": [{**entry, "records": 6}]}}, "test shard 0 of 6 records")):
+        with pytest.raises(ValueError, match=says):
+            data.DatasetManifest.model_validate({**manifest, **change})
+
+
+def test_a_dataset_of_the_old_format_is_named(store: ObjectStore) -> None:
+    store.put_json_new(keys.dataset_manifest("old"), {"schema_version": 1, "name": "old"})
+    with pytest.raises(BadInputError, match="'old' is stored in format 1"):
+        data.load_manifest(store, "old")
 
 
 def test_put_dataset_refuses_an_existing_name(store: ObjectStore) -> None:
     first = arrays(0)
-    data.put_dataset(store, "mine", *first, shard_size=7)
+    data.put_dataset(store, "mine", *first, shard_mb=SEVEN)
     objects = {key: store.get(key) for key in store.list_keys("datasets/mine/")}
 
     with pytest.raises(BadInputError, match="'mine' already exists"):
-        data.put_dataset(store, "mine", *arrays(1), shard_size=7)
+        data.put_dataset(store, "mine", *arrays(1), shard_mb=SEVEN)
 
     assert {key: store.get(key) for key in store.list_keys("datasets/mine/")} == objects
     reader = data.DatasetReader(store, data.load_manifest(store, "mine"))
@@ -145,18 +266,12 @@ def test_put_dataset_refuses_an_existing_name(store: ObjectStore) -> None:
 
 
 def test_put_dataset_does_not_serve_shards_left_by_an_interrupted_upload(store: ObjectStore) -> None:
-    """An upload that died after some shards (no manifest yet) must not leave them in the next upload's dataset."""
-    stale = io.BytesIO()
-    np.savez(stale, x=np.full((7, 3, 2), 99.0, np.float32), y=np.zeros(7, np.int64))
-    store.put_new(keys.dataset_shard("retry", "train", 0), stale.getvalue())
-
-    x, y, x_test, y_test = arrays(2)
-    try:
-        manifest = data.put_dataset(store, "retry", x, y, x_test, y_test, shard_size=7)
-    except BadInputError:
-        return  # refusing is acceptable too
-    x_got, _ = data.DatasetReader(store, manifest).split("train")
-    np.testing.assert_array_equal(x_got, x, err_msg="the dataset serves a stale shard of an earlier upload")
+    """An upload of other data that died after some shards (no manifest yet) must not leave them in the next
+    upload's dataset: the next upload is refused, naming the shard."""
+    store.put_new(keys.dataset_shard("retry", "train", 0), np.full(7 * RECORD, 99, np.uint8).tobytes())
+    with pytest.raises(BadInputError, match="'retry': train shard 0 stored by an earlier upload holds other data"):
+        data.put_dataset(store, "retry", *arrays(2), shard_mb=SEVEN)
+    assert not store.exists(keys.dataset_manifest("retry"))
 
 
 @pytest.mark.parametrize(
@@ -177,13 +292,28 @@ def test_put_dataset_does_not_serve_shards_left_by_an_interrupted_upload(store: 
 )
 def test_put_dataset_refuses_bad_inputs(store: ObjectStore, name: str, mangle, message: str) -> None:
     original = arrays(0)
-    data.put_dataset(store, "first", *original, shard_size=7)
+    data.put_dataset(store, "first", *original, shard_mb=SEVEN)
     before = {key: store.get(key) for key in store.list_keys("")}
 
     with pytest.raises(BadInputError) as raised:
-        data.put_dataset(store, name, *mangle(arrays(3)), shard_size=7)
+        data.put_dataset(store, name, *mangle(arrays(3)), shard_mb=SEVEN)
     assert message in str(raised.value)
 
     assert {key: store.get(key) for key in store.list_keys("")} == before, "a refused upload wrote objects"
     reader = data.DatasetReader(store, data.load_manifest(store, "first"))
     np.testing.assert_array_equal(reader.split("train")[0], original[0])
+
+
+def test_the_writer_names_a_chunk_unlike_the_dataset(store: ObjectStore) -> None:
+    x, y, _, _ = arrays(0)
+    with DatasetWriter(store, "typed", (3, 2), "float32", (), "int64", shard_mb=SEVEN) as writer:
+        with pytest.raises(BadInputError, match=r"training data: x samples are float64\[3, 2\] where the dataset's "
+                                                r"are float32\[3, 2\]"):
+            writer.write("train", x.astype(np.float64), y)
+        with pytest.raises(BadInputError, match=r"test data: y samples are int64\[2\] where the dataset's are "
+                                                r"int64\[\]"):
+            writer.write("test", x[:4], y[:8].reshape(4, 2))
+        writer.write("train", x, y)
+        with pytest.raises(BadInputError, match="test data: no samples"):
+            writer.finish()
+    assert not store.exists(keys.dataset_manifest("typed"))

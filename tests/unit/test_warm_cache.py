@@ -69,7 +69,7 @@ def test_a_warm_process_serving_20_runs_stays_within_its_bound(monkeypatch: pyte
     with mock_aws():
         boto3.client("s3").create_bucket(Bucket="bucket")
         store = ObjectStore(boto3.client("s3"), "bucket")
-        data.put_dataset(store, "d", x[:160], y[:160], x[160:], y[160:], shard_size=64)
+        data.put_dataset(store, "d", x[:160], y[:160], x[160:], y[160:], shard_mb=64 * 40 / MB)  # 64 records
         runs = [f"run-{i}" for i in range(20)]
         sizes = []
         for i, run_id in enumerate(runs):

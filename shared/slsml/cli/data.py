@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from slsml.cli import display, targets
+from slsml.data.manifest import DEFAULT_SHARD_MB
 from slsml.spec.errors import BadInputError
 
 _console = display.console
@@ -41,10 +42,10 @@ def cmd_data_put(args: argparse.Namespace) -> int:
     arrays = read_arrays(Path(args.file), args.test_fraction, args.seed)
     store = ObjectStore(aws.client("s3"), args.bucket) if args.bucket else targets.required_target(args)[0].store
     with _console().status(f"uploading {args.name} to s3://{store.bucket}/datasets/{args.name}/…"):
-        manifest = data.put_dataset(store, args.name, *arrays, shard_size=args.shard_size)
+        manifest = data.put_dataset(store, args.name, *arrays, shard_mb=args.shard_mb)
     _console().print(
         f"dataset {manifest.name}: {manifest.train.count} train / {manifest.test.count} test samples "
-        f"of shape {manifest.x_shape}, {manifest.train.shards + manifest.test.shards} shards"
+        f"of shape {manifest.x_shape}, {len(manifest.train.shards) + len(manifest.test.shards)} shards"
     )
     return 0
 
@@ -59,6 +60,6 @@ def add_commands(commands: Any) -> None:
                      " service's bucket)")
     put.add_argument("--bucket", help="or to this bucket (AWS credentials and AWS_ENDPOINT_URL apply)")
     put.add_argument("--test-fraction", type=float, default=0.2, help="held out when the file has no x_test")
-    put.add_argument("--shard-size", type=int, default=4096, help="samples per shard object")
+    put.add_argument("--shard-mb", type=float, default=DEFAULT_SHARD_MB, help="MB per shard object")
     put.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
     put.set_defaults(handler=cmd_data_put)

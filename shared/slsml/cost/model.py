@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slsml.accounting import prices
-from slsml.data.datasets import DEFAULT_SHARD_SIZE
+from slsml.data.manifest import DEFAULT_SHARD_MB, shard_records
 from slsml.pipeline import bus
 from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
@@ -738,15 +738,16 @@ def _first_iteration(
     shards_each = 0.0
     data_s = 0.0
     notes = []
-    if w.samples is not None:
-        shards = math.ceil(w.samples / DEFAULT_SHARD_SIZE)
+    if w.samples is not None and w.sample_bytes:
+        per_shard = min(shard_records(w.sample_bytes), w.samples)
+        shards = math.ceil(w.samples / per_shard)
         shards_each = shards * (1 - (1 - 1 / shards) ** local_batch)  # distinct shards of a random slice
-        if w.sample_bytes:
-            shard_bytes = min(DEFAULT_SHARD_SIZE, w.samples) * w.sample_bytes
-            data_s = shards_each * (p.s3_request_s + shard_bytes / (p.s3_read_mb_s * 1e6))
-            notes.append(f"each worker reads {shards_each:.1f} dataset shards of {shard_bytes / 1e6:.0f} MB")
-        else:
-            notes.append(f"each worker reads {shards_each:.1f} dataset shards (their size unknown: --sample-bytes)")
+        shard_bytes = per_shard * w.sample_bytes
+        data_s = shards_each * (p.s3_request_s + shard_bytes / (p.s3_read_mb_s * 1e6))
+        notes.append(f"each worker reads {shards_each:.1f} dataset shards of {shard_bytes / 1e6:.0f} MB")
+    elif w.samples is not None:
+        notes.append(f"each worker reads dataset shards of up to {DEFAULT_SHARD_MB:g} MB (their number unknown: "
+                     "--sample-bytes)")
     # the worker reads run.json, the model file (instead of the flat weights), the manifest and its shards
     worker_extra = 2 * p.s3_request_s + (F - M) / (p.s3_read_mb_s * 1e6) + load_model + data_s
     extra_s = sum(cold.values()) + worker_extra + p.s3_request_s + F / (p.s3_read_mb_s * 1e6) + load_model

@@ -1,64 +1,36 @@
 """Datasets in S3 and the deterministic data order of a run.
 
-A dataset is a manifest plus ``.npz`` shards of ``shard_size`` samples (train and test splits).
-Iteration i of a run uses global batch i of a seeded per-epoch permutation of the training set;
-worker w takes its contiguous slice of that batch. The order depends only on (seed, iteration,
-workers), which is what lets the pipeline reproduce single-process training. Under ADMM, worker w
+A dataset is a manifest plus shards of fixed-size records (train and test splits; ``slsml.data.manifest`` gives
+the layout, ``slsml.data.writer`` writes one in bounded memory). Iteration i of a run uses global batch i of a seeded
+per-epoch permutation of the training set; worker w takes its contiguous slice of that batch. The order depends only
+on (seed, iteration, workers), which is what lets the pipeline reproduce single-process training. Under ADMM, worker w
 keeps a partition of its own instead (``partition_batch``).
+
+A ``DatasetReader`` fetches the records a batch uses by ranged GETs, unless the split fits the warm cache's share
+for data (``DATA_CACHE_SHARE`` of its bound): then whole shards are read once and kept.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from botocore.exceptions import ClientError
 
 from slsml.aws.cache import LRUCache
+from slsml.aws.clients import error_code
 from slsml.aws.storage import ObjectStore
+from slsml.data.manifest import DEFAULT_SHARD_MB, SCHEMA_VERSION, DatasetManifest, Split
+from slsml.data.writer import DatasetWriter, validate_arrays
 from slsml.spec import keys
-from slsml.spec.config import DATASET_PATTERN, TrainingSpec
+from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError
-from slsml.training import npz
 
-Split = Literal["train", "test"]
-DEFAULT_SHARD_SIZE = 4096
-
-
-class SplitInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    count: int = Field(ge=0)
-    shards: int = Field(ge=0)
-
-
-class DatasetManifest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    schema_version: Literal[1] = 1
-    name: str
-    x_shape: tuple[int, ...]
-    x_dtype: str
-    y_shape: tuple[int, ...]
-    y_dtype: str
-    classes: int | None = Field(description="number of classes when labels are integer class ids")
-    x_range: tuple[float, float] | None = Field(
-        default=None, description="the smallest and the largest value of x, train and test (None: not recorded)"
-    )
-    shard_size: int = Field(gt=0)
-    train: SplitInfo
-    test: SplitInfo
-
-
-def validate_arrays(x: np.ndarray, y: np.ndarray, what: str) -> None:
-    if len(x) != len(y):
-        raise BadInputError(f"{what}: x has {len(x)} samples but y has {len(y)}")
-    if len(x) == 0:
-        raise BadInputError(f"{what}: no samples")
-    for name, array in (("x", x), ("y", y)):
-        if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
-            raise BadInputError(f"{what}: {name} has non-numeric dtype {array.dtype}")
-        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
-            raise BadInputError(f"{what}: {name} contains NaN or Inf")
+# A split whose shards take at most this share of the warm cache's bound is kept there whole; the rest of the
+# cache holds the run's model (and its config, its manifest).
+DATA_CACHE_SHARE = 0.5
+READS = 16  # concurrent GETs of one batch
 
 
 def split_train_test(
@@ -79,11 +51,10 @@ def put_dataset(
     y: np.ndarray,
     x_test: np.ndarray,
     y_test: np.ndarray,
-    shard_size: int = DEFAULT_SHARD_SIZE,
+    shard_mb: float = DEFAULT_SHARD_MB,
 ) -> DatasetManifest:
-    """Upload a dataset as shards plus a manifest (written last). An existing dataset is never replaced."""
-    if not DATASET_PATTERN.match(name):
-        raise BadInputError(f"dataset name {name!r} must be 1-63 lowercase letters, digits or '-'")
+    """Upload arrays as a dataset (``DatasetWriter``): every array is checked before anything is stored, the
+    manifest is written last, and an existing dataset is never replaced."""
     validate_arrays(x, y, "training data")
     validate_arrays(x_test, y_test, "test data")
     if x.shape[1:] != x_test.shape[1:] or y.shape[1:] != y_test.shape[1:]:
@@ -91,38 +62,21 @@ def put_dataset(
             f"train and test samples differ in shape: x {x.shape[1:]} vs {x_test.shape[1:]}, "
             f"y {y.shape[1:]} vs {y_test.shape[1:]}"
         )
-    if store.exists(keys.dataset_manifest(name)):
-        raise BadInputError(f"dataset {name!r} already exists; choose another name")
-    integer_labels = np.issubdtype(y.dtype, np.integer) and y.ndim == 1
-    manifest = DatasetManifest(
-        name=name,
-        x_shape=x.shape[1:],
-        x_dtype=str(x.dtype),
-        y_shape=y.shape[1:],
-        y_dtype=str(y.dtype),
-        classes=int(max(y.max(), y_test.max())) + 1 if integer_labels else None,
-        x_range=(float(min(x.min(), x_test.min())), float(max(x.max(), x_test.max()))),
-        shard_size=shard_size,
-        train=SplitInfo(count=len(x), shards=-(-len(x) // shard_size)),
-        test=SplitInfo(count=len(x_test), shards=-(-len(x_test) // shard_size)),
-    )
-    for split, xs, ys in (("train", x, y), ("test", x_test, y_test)):
-        for index, start in enumerate(range(0, len(xs), shard_size)):
-            body = npz.encode(x=xs[start : start + shard_size], y=ys[start : start + shard_size])
-            if not store.put_new(keys.dataset_shard(name, split, index), body):
-                raise BadInputError(
-                    f"dataset {name!r} has shards left by an interrupted upload; choose another name"
-                )
-    if not store.put_json_new(keys.dataset_manifest(name), manifest.model_dump(mode="json")):
-        raise BadInputError(f"dataset {name!r} was created concurrently by someone else")
-    return manifest
+    with DatasetWriter(store, name, x.shape[1:], str(x.dtype), y.shape[1:], str(y.dtype), shard_mb) as writer:
+        writer.write("train", x, y)
+        writer.write("test", x_test.astype(x.dtype, copy=False), y_test.astype(y.dtype, copy=False))
+        return writer.finish()
 
 
 def load_manifest(store: ObjectStore, name: str) -> DatasetManifest:
     try:
-        return DatasetManifest.model_validate(store.get_json(keys.dataset_manifest(name)))
+        stored = store.get_json(keys.dataset_manifest(name))
     except NotFoundError:
         raise NotFoundError(f"dataset {name!r} does not exist (upload it with `slsml data put`)") from None
+    if isinstance(stored, dict) and stored.get("schema_version") != SCHEMA_VERSION:
+        raise BadInputError(f"dataset {name!r} is stored in format {stored.get('schema_version')}, which this slsml "
+                            f"no longer reads (v{SCHEMA_VERSION}); upload it again under another name")
+    return DatasetManifest.model_validate(stored)
 
 
 def iterations_per_epoch(train_count: int, global_batch: int) -> int:
@@ -167,38 +121,96 @@ def round_batches(spec: TrainingSpec, train_count: int, workers: int, worker: in
             for n in numbers]
 
 
+def coalesce(indices: np.ndarray, shard_records: int) -> list[tuple[int, int, int]]:
+    """The ranged reads that fetch records ``indices`` of a split: (shard, first record, end record) per run of
+    adjacent records within a shard, in index order. Their number is the GETs a batch costs."""
+    unique = np.unique(indices)
+    if not len(unique):
+        return []
+    shard_of = unique // shard_records
+    breaks = np.flatnonzero((np.diff(unique) != 1) | (np.diff(shard_of) != 0)) + 1
+    starts, stops = np.concatenate(([0], breaks)), np.concatenate((breaks, [len(unique)]))
+    return [(int(shard_of[a]), int(unique[a] - shard_of[a] * shard_records),
+             int(unique[b - 1] - shard_of[a] * shard_records + 1)) for a, b in zip(starts, stops, strict=True)]
+
+
 class DatasetReader:
-    """Reads samples by index, fetching a shard only when ``cache`` does not hold it (default: a cache
-    of the reader's own, unbounded). Shards are cached under ``("shard", dataset, split, index)``."""
+    """Reads samples by index. A split whose bytes fit ``DATA_CACHE_SHARE`` of ``cache``'s bound is read by whole
+    shards, checked against the manifest's SHA-256 and kept in ``cache`` under ``("shard", dataset, split, index)``;
+    any other split (every split, without a cache) by ranged GETs of the records used alone (``coalesce``), issued
+    concurrently."""
 
     def __init__(self, store: ObjectStore, manifest: DatasetManifest, cache: LRUCache | None = None) -> None:
         self.store = store
         self.manifest = manifest
-        self._cache = LRUCache(None) if cache is None else cache
+        self._cache = cache
 
-    def _shard(self, split: Split, index: int) -> tuple[np.ndarray, np.ndarray]:
-        key = ("shard", self.manifest.name, split, index)
-        cached = self._cache.get(key)
-        if cached is None:
-            try:
-                arrays = self.store.get_arrays(keys.dataset_shard(self.manifest.name, split, index))
-            except NotFoundError:
-                raise NotFoundError(f"dataset {self.manifest.name!r} is missing its {split} shard {index}") from None
-            x, y = arrays["x"], arrays["y"]
-            cached = self._cache.put(key, (x, y), x.nbytes + y.nbytes)
-        return cached
+    def cached(self, split: Split) -> bool:
+        """Whether ``split`` is read by whole shards kept in the cache."""
+        if self._cache is None:
+            return False
+        return self._cache.limit is None or self.manifest.split(split).bytes <= DATA_CACHE_SHARE * self._cache.limit
 
     def take(self, split: Split, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        shard_of, offset = np.divmod(indices, self.manifest.shard_size)
         m = self.manifest
-        x_out = np.empty((len(indices), *m.x_shape), dtype=m.x_dtype)
-        y_out = np.empty((len(indices), *m.y_shape), dtype=m.y_dtype)
-        for index in np.unique(shard_of):
-            x, y = self._shard(split, int(index))
-            rows = shard_of == index
-            x_out[rows], y_out[rows] = x[offset[rows]], y[offset[rows]]
-        return x_out, y_out
+        indices = np.asarray(indices, dtype=np.int64)
+        count = m.split(split).count
+        if len(indices) and (indices.min() < 0 or indices.max() >= count):
+            raise IndexError(f"{split} sample indices {indices.min()}..{indices.max()} outside 0..{count - 1}")
+        records = self._cached_records(split, indices) if self.cached(split) else self._ranged_records(split, indices)
+        return records["x"].astype(m.x_dtype), records["y"].astype(m.y_dtype)
 
     def split(self, split: Split) -> tuple[np.ndarray, np.ndarray]:
-        count = self.manifest.train.count if split == "train" else self.manifest.test.count
-        return self.take(split, np.arange(count))
+        return self.take(split, np.arange(self.manifest.split(split).count))
+
+    def _ranged_records(self, split: Split, indices: np.ndarray) -> np.ndarray:
+        size, per_shard = self.manifest.record_bytes, self.manifest.shard_records
+        reads = coalesce(indices, per_shard)
+        bodies = self._get(split, [shard for shard, _, _ in reads],
+                           [(first * size, end * size - 1) for _, first, end in reads])
+        records = np.empty(sum(end - first for _, first, end in reads), self.manifest.record_dtype)
+        at = 0
+        for (shard, first, end), body in zip(reads, bodies, strict=True):
+            if len(body) != (end - first) * size:
+                raise BadInputError(f"dataset {self.manifest.name!r}: {split} shard {shard} is shorter than its "
+                                    f"manifest says (records {first}..{end - 1} read {len(body)} bytes)")
+            records[at : at + end - first] = np.frombuffer(body, self.manifest.record_dtype)
+            at += end - first
+        return records[np.searchsorted(np.unique(indices), indices)]
+
+    def _cached_records(self, split: Split, indices: np.ndarray) -> np.ndarray:
+        assert self._cache is not None
+        shard_of, offset = np.divmod(indices, self.manifest.shard_records)
+        needed = [int(s) for s in np.unique(shard_of)]
+        shards = {s: self._cache.get(("shard", self.manifest.name, split, s)) for s in needed}
+        missing = [s for s in needed if shards[s] is None]
+        for shard, body in zip(missing, self._get(split, missing, [None] * len(missing)), strict=True):
+            entry = self.manifest.split(split).shards[shard]
+            if len(body) != entry.bytes or hashlib.sha256(body).hexdigest() != entry.sha256:
+                raise BadInputError(f"dataset {self.manifest.name!r}: {split} shard {shard} does not match the "
+                                    "checksum in its manifest")
+            records = np.frombuffer(body, self.manifest.record_dtype)
+            shards[shard] = self._cache.put(("shard", self.manifest.name, split, shard), records, len(body))
+        out = np.empty(len(indices), self.manifest.record_dtype)
+        for shard in needed:
+            rows = shard_of == shard
+            out[rows] = shards[shard][offset[rows]]
+        return out
+
+    def _get(self, split: Split, shards: list[int], ranges: list[tuple[int, int] | None]) -> list[bytes]:
+        """Concurrent GETs of ``shards`` of ``split`` (their byte ``ranges``), in order."""
+        if len(shards) <= 1:
+            return [self._read(split, s, r) for s, r in zip(shards, ranges, strict=True)]
+        with ThreadPoolExecutor(max_workers=min(READS, len(shards))) as pool:
+            return list(pool.map(self._read, [split] * len(shards), shards, ranges))
+
+    def _read(self, split: Split, shard: int, byte_range: tuple[int, int] | None) -> bytes:
+        try:
+            return self.store.get(keys.dataset_shard(self.manifest.name, split, shard), byte_range)
+        except NotFoundError:
+            raise NotFoundError(f"dataset {self.manifest.name!r} is missing its {split} shard {shard}") from None
+        except ClientError as error:
+            if error_code(error) != "InvalidRange":
+                raise
+            raise BadInputError(f"dataset {self.manifest.name!r}: {split} shard {shard} is shorter than its manifest "
+                                f"says (bytes {byte_range} read)") from None

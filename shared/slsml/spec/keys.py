@@ -1,7 +1,7 @@
 """Where every object lives in the bucket. Objects are versioned by iteration, never overwritten.
 
 ```
-datasets/<name>/manifest.json, train-00000.npz, test-00000.npz
+datasets/<name>/manifest.json, train-00000.bin, test-00000.bin  (slsml.data.manifest)
 runs/<run>/run.json                           run config (immutable)
 runs/<run>/source.keras                       the model as given; the run state machine copies it to…
 runs/<run>/models/<iter>.keras                model entering iteration <iter>: the trigger
@@ -89,7 +89,7 @@ def dataset_manifest(name: str) -> str:
 
 
 def dataset_shard(name: str, split: str, index: int) -> str:
-    return f"datasets/{name}/{split}-{index:05d}.npz"
+    return f"datasets/{name}/{split}-{index:05d}.bin"
 
 
 def parse_model_key(key: str) -> tuple[str, int] | None:
