@@ -8,11 +8,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from slsml.aws import clients as aws
+from slsml.local.moto_server import LOOPBACK, OWNER_PATH
 from slsml.spec import wiring
 from slsml.state import orchestration, records
 
@@ -60,7 +62,7 @@ class LocalDeployment:
 
 def _free_port() -> int:
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((LOOPBACK, 0))
         return probe.getsockname()[1]
 
 
@@ -77,7 +79,7 @@ class EmbeddedCloud:
 
     def __init__(self, port: int | None = None) -> None:
         self.port = port or _free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"http://{LOOPBACK}:{self.port}"
         self._server: subprocess.Popen | None = None
 
     def launch(self) -> None:
@@ -85,7 +87,7 @@ class EmbeddedCloud:
         process, if not stopped before: it watches its standard input, this end of a pipe."""
         if self._server is None:
             self._server = subprocess.Popen(
-                [sys.executable, "-P", str(_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
+                [sys.executable, "-P", str(_SERVER), "-p", str(self.port)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -203,6 +205,20 @@ class EmbeddedCloud:
         )
         with urllib.request.urlopen(request, timeout=10):
             pass
+
+
+def owner(endpoint: str) -> int | None:
+    """The pid of the process whose embedded cloud serves at ``endpoint`` (a loopback address), or None
+    where none does."""
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.scheme != "http" or parts.hostname != LOOPBACK or parts.path not in ("", "/"):
+        return None
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+    try:
+        with direct.open(f"http://{LOOPBACK}:{parts.port}{OWNER_PATH}", timeout=5) as answer:
+            return int(json.load(answer)["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def raw_delivery(fn: wiring.Function) -> bool:

@@ -22,12 +22,18 @@ client, 0.90 ms of server CPU a request instead of 1.13, and 0.78 ms of the clie
 environ carries what moto's request handler adds to werkzeug's: the request's path as sent, and the names of
 S3 metadata headers with underscores as sent.
 
+It is local: it listens on 127.0.0.1 alone and answers no web page. A request whose ``Host`` is not this
+server's loopback address (a DNS-rebinding page), whose ``Origin`` is not this server's own, or that a
+browser marks as sent from another site (``Sec-Fetch-Site``: scripts cannot set or drop it) is refused with
+a 403 and no CORS header: a page the user opens can neither read nor change the runs and datasets it holds,
+nor reach moto's management endpoints (``/moto-api/reset``). AWS clients send none of these headers.
+
 It lasts no longer than the process that started it: it ends when its standard input does (that
 process's end of the pipe closes when it exits, however it exits). While it starts serving, it imports in
 the background what the first request to each service would: the first CreateStateMachine alone imported
 moto's Step Functions interpreter, 0.7 s.
 
-Run as a script (``python moto_server.py -H 127.0.0.1 -p PORT``, its standard input a pipe); it imports
+Run as a script (``python moto_server.py -p PORT``, its standard input a pipe); it imports
 nothing of slsml.
 """
 
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import sys
 import threading
@@ -48,6 +55,8 @@ SERVER_THREADS = 64
 # holds a few dozen to a few hundred, each an open socket and nothing more.
 KEEP_ALIVE_CONNECTIONS = 4096
 SERVICES = ("s3", "dynamodb", "sns", "sqs", "stepfunctions")  # what the embedded cloud serves
+LOOPBACK = "127.0.0.1"
+OWNER_PATH = "/slsml/owner"  # answers the pid of the process that started the server (who may act on it)
 
 
 def tune() -> None:
@@ -151,6 +160,37 @@ def import_services() -> None:
     threading.Thread(target=load, name="imports", daemon=True).start()
 
 
+def refusal(environ: dict[str, Any], port: int) -> str | None:
+    """Why a request is refused, or None: one a web page sent, or one addressed to another host."""
+    host = environ.get("HTTP_HOST", "")
+    name, _, at = host.rpartition(":")
+    if at != str(port) or not (name in (LOOPBACK, "localhost") or name.endswith(".localhost")):
+        return f"the local cloud answers requests for {LOOPBACK}:{port} only, not for {host!r}"
+    origin = environ.get("HTTP_ORIGIN")
+    if origin is not None and origin not in (f"http://{LOOPBACK}:{port}", f"http://localhost:{port}"):
+        return f"the local cloud answers no web page: cross-origin request from {origin!r} refused"
+    site = environ.get("HTTP_SEC_FETCH_SITE")
+    if site is not None and site not in ("same-origin", "none"):
+        return f"the local cloud answers no web page: request from a {site} page refused"
+    return None
+
+
+def local_only(app: Any, port: int) -> Any:
+    """``app`` behind ``refusal``'s checks; it also answers ``OWNER_PATH``."""
+
+    def guarded(environ: dict[str, Any], start_response: Any) -> Any:
+        refused = refusal(environ, port)
+        if refused is not None:
+            start_response("403 Forbidden", [("Content-Type", "text/plain"), ("Vary", "Origin")])
+            return [refused.encode()]
+        if environ.get("PATH_INFO") == OWNER_PATH:
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [json.dumps({"pid": os.getppid()}).encode()]
+        return app(environ, start_response)
+
+    return guarded
+
+
 def gateway() -> type:
     """cheroot's WSGI gateway, with the environ entries moto's request handler adds to werkzeug's."""
     from cheroot import wsgi
@@ -175,10 +215,10 @@ def gateway() -> type:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="moto's server, tuned")
-    parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, required=True)
     args = parser.parse_args()
     os.environ["MOTO_PORT"] = str(args.port)  # where moto's Step Functions tasks call AWS: this server
+    os.environ["MOTO_DISABLE_GLOBAL_CORS"] = "true"  # moto's CORS would echo any Origin
     end_with_parent()
     tune()
     serialize_dynamodb()
@@ -186,7 +226,8 @@ def main() -> None:
     from cheroot import wsgi
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
-    server = wsgi.Server((args.host, args.port), DomainDispatcherApplication(create_backend_app),
+    app = local_only(DomainDispatcherApplication(create_backend_app), args.port)
+    server = wsgi.Server((LOOPBACK, args.port), app,
                          numthreads=SERVER_THREADS, request_queue_size=128)
     server.gateway = gateway()
     server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS

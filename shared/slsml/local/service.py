@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from slsml.local.cloud import LocalDeployment, use_deployment
+from slsml.local.cloud import LocalDeployment, owner, use_deployment
 from slsml.pipeline.services import Services
 from slsml.spec.errors import NotFoundError, SlsmlError
 
@@ -58,12 +58,14 @@ def _alive(pid: int) -> bool:
 
 
 def status(state_dir: Path = STATE_DIR) -> ServiceState | None:
-    """The running service's state, or None (a state file whose process is gone is removed)."""
+    """The running service's state, or None. The state file is trusted only if its endpoint is a loopback
+    address whose cloud answers that its owner is the file's pid, alive: a file that says otherwise (its
+    service gone, its pid reused, or a file not written by the service) is removed and nothing acts on it."""
     path = state_dir / STATE_FILE
     if not path.exists():
         return None
     state = ServiceState.model_validate_json(path.read_text())
-    if not _alive(state.pid):
+    if not _alive(state.pid) or owner(state.endpoint) != state.pid:
         path.unlink(missing_ok=True)
         return None
     return state
