@@ -29,7 +29,7 @@ def test_the_common_layer_holds_linux_wheels_for_the_runtime_and_slsml(tmp_path:
     (layer,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::LayerVersion"]
     site = tmp_path / f"asset.{layer['Properties']['Content']['S3Key'].removesuffix('.zip')}" / "python"
 
-    assert (site / "slsml" / "wiring.py").is_file()
+    assert (site / "slsml" / "spec" / "wiring.py").is_file()
     for package in ("numpy", "pydantic", "pydantic_settings", "aws_lambda_powertools", "aws_xray_sdk"):
         assert (site / package / "__init__.py").is_file(), package
     abi = RUNTIME.name.replace("python", "cpython-").replace(".", "")  # python3.12 → cpython-312
