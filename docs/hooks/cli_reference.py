@@ -21,8 +21,6 @@ _STATED_DEFAULT = re.compile(r"\s*\(default [^()]*\)$")  # the default column sa
 INTRO = """# CLI reference
 
 Generated from the `slsml` command's parser when the site is built: every command, every option.
-A command's result goes to stdout (with `--json`, one JSON object as its last line); progress and
-diagnostics go to stderr.
 """
 
 
@@ -75,11 +73,17 @@ def synopsis(path: tuple[str, ...], parser: argparse.ArgumentParser) -> str:
     return " ".join(["slsml", *path, "[options]", *positionals])
 
 
+def _prose(parser: argparse.ArgumentParser, help_text: str = "") -> list[str]:
+    """A command's one-line help, its description where it says more, and its epilog."""
+    texts = [help_text, *(text for text in (parser.description, parser.epilog) if text and text != help_text)]
+    return [line for text in texts if text for line in (_cell(text), "")]
+
+
 def render(parser: argparse.ArgumentParser) -> str:
     """The whole reference page as Markdown."""
-    lines = [INTRO, "## slsml", "", *_options(parser), ""]
+    lines = [INTRO, "## slsml", "", *_prose(parser), *_options(parser), ""]
     for path, sub, help_text in commands(parser):
-        lines += [f"{'#' * min(len(path) + 1, 4)} slsml {' '.join(path)}", "", _cell(help_text), ""]
+        lines += [f"{'#' * min(len(path) + 1, 4)} slsml {' '.join(path)}", "", *_prose(sub, help_text)]
         if not any(isinstance(action, argparse._SubParsersAction) for action in sub._actions):
             lines += ["```text", synopsis(path, sub), "```", ""]
         lines += [*_options(sub), ""]
