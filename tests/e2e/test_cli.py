@@ -95,7 +95,7 @@ def test_data_put_uploads_shards_and_a_manifest(tmp_path: Path, local, services)
                            local.deployment.bucket, "--shard-mb", str(16 * 20 / 2**20)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "40 train / 10 test samples" in done.stderr
+    assert "40 train, 10 test" in done.stdout
     manifest = data.load_manifest(services.store, "small")
     assert (manifest.train.count, manifest.test.count, len(manifest.train.shards), manifest.classes) == (40, 10, 3, 4)
     assert manifest.shard_records == 16  # records of 12 + 8 bytes

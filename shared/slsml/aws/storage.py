@@ -150,6 +150,13 @@ class ObjectStore:
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
 
+    def delete(self, keys: Iterable[str]) -> None:
+        """Delete the objects ``keys`` (those that do not exist too), a thousand a request."""
+        keys = list(keys)
+        for start in range(0, len(keys), 1000):
+            objects = [{"Key": key} for key in keys[start : start + 1000]]
+            self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+
     # typed helpers
     def get_json(self, key: str) -> Any:
         return json.loads(self.get(key))

@@ -16,12 +16,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     spec = options.training_spec(args, default_learning_rate=DEMO_LEARNING_RATE)
     runtime = follow.one_shot_runtime(args, spec)
     from slsml.client import demo
+    from slsml.data import datasets as data
     from slsml.training import modelio
 
     model = demo.digits_cnn(learning_rate=DEMO_LEARNING_RATE, seed=args.seed)  # compiled: Adam
     spec = options.with_flags(args, spec, model)
     out = Path(args.out) if args.out else None
-    return follow.train_locally(args, runtime, spec, modelio.save_model(model), "digits", demo.digits(args.seed), out)
+    arrays = demo.digits(args.seed)
+    return follow.train_locally(args, runtime, spec, modelio.save_model(model),
+                                lambda store: data.put_dataset(store, "digits", *arrays).name, out)
 
 
 def add_commands(commands: Any) -> None:

@@ -264,6 +264,50 @@ def print_runs(summaries: list[Any]) -> None:
     console().print(table)
 
 
+def _size(count: int) -> str:
+    """Bytes in kB, MB or GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if count >= scale:
+            return f"{count / scale:,.1f} {unit}"
+    return f"{count / 1e3:,.1f} kB"
+
+
+def _shape(summary: dict[str, Any], part: str) -> str:
+    return f"{summary[part + '_dtype']}[{','.join(map(str, summary[part + '_shape']))}]"
+
+
+def print_datasets(summaries: list[dict[str, Any]]) -> None:
+    """``data list``: one row per dataset (``slsml.data.catalog.summary``), on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("dataset", "format", "train", "test", "x", "y", "classes", "stored")
+    for s in summaries:
+        table.add_row(s["name"], s["format"] or "–", str(s["train"]), str(s["test"]), _shape(s, "x"), _shape(s, "y"),
+                      "–" if s["classes"] is None else str(s["classes"]), _size(s["bytes"]))
+    Console().print(table)
+
+
+def print_dataset(summary: dict[str, Any]) -> None:
+    """``data show``, ``data put``: a dataset's manifest, a line per fact, on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None)
+    classes = summary["classes"]
+    names = summary["class_names"]
+    for label, value in (
+        ("dataset", summary["name"]), ("format", summary["format"] or "–"),
+        ("samples", f"{summary['train']:,} train, {summary['test']:,} test"),
+        ("x", _shape(summary, "x")), ("y", _shape(summary, "y")),
+        ("classes", "–" if classes is None else f"{classes}" + (f": {', '.join(names)}" if names else "")),
+        ("stored", f"{_size(summary['bytes'])} in {summary['shards']} shards"),
+        ("source sha256", summary["sha256"] or "–"),
+    ):
+        table.add_row(label, value)
+    Console().print(table)
+
+
 # ---- benchmarks ------------------------------------------------------------------------------
 
 

@@ -44,18 +44,17 @@ def one_shot_runtime(args: argparse.Namespace, spec: TrainingSpec) -> Any:
 
 
 def train_locally(
-    args: argparse.Namespace, runtime: Any, spec: TrainingSpec, model_bytes: bytes, dataset: str, arrays: Any,
-    out: Path | None,
+    args: argparse.Namespace, runtime: Any, spec: TrainingSpec, model_bytes: bytes,
+    dataset: str | Callable[[Any], str], out: Path | None,
 ) -> int:
-    from slsml.data import datasets as data
-
+    """Train on ``dataset``: a dataset's name, or what uploads one to a store and names it."""
     run_id = runtime.log_dir.name
     with ExitStack() as stack:
         with _console().status("starting the embedded cloud and warm function processes…"):
             services = stack.enter_context(runtime).services
         runtime.host.faults = args.faults
-        if arrays is not None:
-            data.put_dataset(services.store, dataset, *arrays)
+        if callable(dataset):
+            dataset = dataset(services.store)
         start(services, model_bytes, dataset, spec, run_id)
 
         def usage(run: Any) -> list[Any]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from slsml.cli import display, follow, options, targets
-from slsml.cli.data import read_arrays
+from slsml.cli.data import upload_file
 from slsml.spec.errors import BadInputError
 
 LAUNCH_WAIT_S = 5.0  # run scale: how long to wait for the launch of the iteration the run is at
@@ -27,20 +28,24 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     if one_shot and data_path.suffix != ".npz":
         raise BadInputError(f"--data {args.data}: a local run takes a .npz file with arrays x, y")
     runtime = follow.one_shot_runtime(args, spec) if one_shot else None
-    from slsml.data import datasets as data
     from slsml.training import modelio
 
     model_bytes = model_path.read_bytes()
     model = modelio.load_model(model_bytes, where=str(model_path))  # fail fast: before anything is stored
     spec = options.with_flags(args, spec, model)
-    arrays = read_arrays(data_path, args.test_fraction, args.seed) if data_path.suffix == ".npz" else None
-    dataset = data_path.stem.lower().replace("_", "-")[:63] if arrays is not None else args.data
+    if data_path.suffix == ".npz":
+        dataset: Any = partial(upload_file, path=data_path, name=args.dataset, test_fraction=args.test_fraction,
+                               seed=args.seed)
+    elif args.dataset:
+        raise BadInputError(f"--dataset names the dataset a file is uploaded as; --data {args.data} is no file")
+    else:
+        dataset = args.data
     out = Path(args.out) if args.out else None
     if runtime is not None:
-        return follow.train_locally(args, runtime, spec, model_bytes, dataset, arrays, out)
+        return follow.train_locally(args, runtime, spec, model_bytes, dataset, out)
     services, usage = targets.required_target(args)
-    if arrays is not None:
-        data.put_dataset(services.store, dataset, *arrays)
+    if callable(dataset):
+        dataset = dataset(services.store)
     config = follow.start(services, model_bytes, dataset, spec, args.run_id)
     if args.no_wait:
         print(config.run_id)
@@ -181,6 +186,8 @@ def add_commands(commands: Any) -> None:
                        help="a .npz file with x, y (optional x_test, y_test), or a dataset already in the stack")
     start.add_argument("--no-wait", action="store_true", help="print the run id and return (--stack, or --local"
                        " with the local service up)")
+    start.add_argument("--dataset", metavar="NAME", help="the name --data FILE is uploaded as (default: the file's"
+                       " name); a file whose content is uploaded already is trained on as it is")
     start.add_argument("--test-fraction", type=float, default=0.2, help="held out when the data has no x_test")
     start.add_argument("--out", help="where to save the final model (default runs/<run>/final.keras)")
     start.add_argument("--report", metavar="DIR",

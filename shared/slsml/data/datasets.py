@@ -22,7 +22,8 @@ from slsml.aws.cache import LRUCache
 from slsml.aws.clients import error_code
 from slsml.aws.storage import ObjectStore
 from slsml.data.manifest import DEFAULT_SHARD_MB, SCHEMA_VERSION, DatasetManifest, Split
-from slsml.data.writer import DatasetWriter, validate_arrays
+from slsml.data.sources.base import validate_arrays
+from slsml.data.writer import DatasetWriter
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError

@@ -12,7 +12,7 @@ exist, whatever shards an interrupted upload left.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -43,6 +43,18 @@ class SplitInfo(BaseModel):
         return sum(shard.bytes for shard in self.shards)
 
 
+class DatasetOrigin(BaseModel):
+    """Where a dataset came from and how it was read: the same file read the same way is the same dataset."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    format: str = Field(description="the source's format (slsml.data.sources)")
+    class_names: tuple[str, ...] | None = Field(default=None, description="the name of each label 0 … C−1")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="the source's checksum (slsml.data.ingest.checksum)")
+    options: dict[str, Any] = Field(default_factory=dict, description="the format's options it was read with")
+    test_fraction: float | None = Field(description="held out by the ingest (None: the source's own test part)")
+    seed: int
+
+
 class DatasetManifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -60,6 +72,7 @@ class DatasetManifest(BaseModel):
     shard_records: int = Field(gt=0, description="records of every shard but a split's last")
     train: SplitInfo
     test: SplitInfo
+    origin: DatasetOrigin | None = Field(default=None, description="the file or folder it was read from (None: arrays)")
 
     @model_validator(mode="after")
     def _consistent(self) -> DatasetManifest:

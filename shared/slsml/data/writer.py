@@ -34,12 +34,14 @@ from slsml.data.manifest import (
     DEFAULT_SHARD_MB,
     SPLITS,
     DatasetManifest,
+    DatasetOrigin,
     ShardEntry,
     Split,
     SplitInfo,
     record_dtype,
     shard_records,
 )
+from slsml.data.sources.base import validate_arrays
 from slsml.spec import keys
 from slsml.spec.config import DATASET_PATTERN
 from slsml.spec.errors import BadInputError
@@ -47,19 +49,6 @@ from slsml.spec.errors import BadInputError
 UPLOADS = 4  # shards uploaded at once
 CHECKSUM_METADATA = "sha256"
 WHAT = {"train": "training data", "test": "test data"}
-
-
-def validate_arrays(x: np.ndarray, y: np.ndarray, what: str) -> None:
-    """One line naming ``what`` is wrong with a chunk of samples (BadInputError), if anything is."""
-    if len(x) != len(y):
-        raise BadInputError(f"{what}: x has {len(x)} samples but y has {len(y)}")
-    if len(x) == 0:
-        raise BadInputError(f"{what}: no samples")
-    for name, array in (("x", x), ("y", y)):
-        if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
-            raise BadInputError(f"{what}: {name} has non-numeric dtype {array.dtype}")
-        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
-            raise BadInputError(f"{what}: {name} contains NaN or Inf")
 
 
 @dataclass
@@ -77,13 +66,13 @@ class DatasetWriter:
     def __init__(
         self, store: ObjectStore, name: str, x_shape: tuple[int, ...], x_dtype: str, y_shape: tuple[int, ...],
         y_dtype: str, shard_mb: float = DEFAULT_SHARD_MB, uploads: int = UPLOADS,
-        progress: Callable[[int], None] | None = None,
+        progress: Callable[[int], None] | None = None, origin: DatasetOrigin | None = None,
     ) -> None:
         if not DATASET_PATTERN.match(name):
             raise BadInputError(f"dataset name {name!r} must be 1-63 lowercase letters, digits or '-'")
         if store.exists(keys.dataset_manifest(name)):
             raise BadInputError(f"dataset {name!r} already exists; choose another name")
-        self.store, self.name, self.progress = store, name, progress
+        self.store, self.name, self.progress, self.origin = store, name, progress, origin
         self.x_shape, self.y_shape = tuple(x_shape), tuple(y_shape)
         self.x_dtype, self.y_dtype = str(np.dtype(x_dtype)), str(np.dtype(y_dtype))
         self.dtype = record_dtype(self.x_shape, self.x_dtype, self.y_shape, self.y_dtype)
@@ -134,7 +123,7 @@ class DatasetWriter:
                 name=self.name, x_shape=self.x_shape, x_dtype=self.x_dtype, y_shape=self.y_shape,
                 y_dtype=self.y_dtype, classes=self._label_max + 1 if self._integer_labels else None,
                 x_range=(self._low, self._high), record_bytes=self.dtype.itemsize, shard_records=self.shard_records,
-                **infos,
+                origin=self.origin, **infos,
             )
             if not self.store.put_json_new(keys.dataset_manifest(self.name), manifest.model_dump(mode="json")):
                 raise BadInputError(f"dataset {self.name!r} was created concurrently by someone else")

@@ -47,4 +47,6 @@ def open_source(path: Path, format: str | None = None, **options: Any) -> Source
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in error.errors())
         raise BadInputError(f"{path} ({chosen.name}): {problems}") from None
-    return chosen.open(path, settings)
+    source = chosen.open(path, settings)
+    source.options = settings
+    return source

@@ -11,7 +11,6 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from slsml.data.datasets import validate_arrays
 from slsml.spec.errors import BadInputError
 
 Chunk = tuple[np.ndarray, np.ndarray]
@@ -43,6 +42,7 @@ class Source(ABC):
     format: str = ""
     classes: tuple[str, ...] | None = None
     test: Source | None = None
+    options: SourceOptions | None = None  # how it was opened (None: from Python)
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -76,6 +76,19 @@ class Source(ABC):
             yield x, y
         if first is None:
             raise BadInputError(f"{self.where}: no samples")
+
+
+def validate_arrays(x: np.ndarray, y: np.ndarray, what: str) -> None:
+    """One line naming ``what`` is wrong with a chunk of samples (BadInputError), if anything is."""
+    if len(x) != len(y):
+        raise BadInputError(f"{what}: x has {len(x)} samples but y has {len(y)}")
+    if len(x) == 0:
+        raise BadInputError(f"{what}: no samples")
+    for name, array in (("x", x), ("y", y)):
+        if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+            raise BadInputError(f"{what}: {name} has non-numeric dtype {array.dtype}")
+        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+            raise BadInputError(f"{what}: {name} contains NaN or Inf")
 
 
 def rows_per_chunk(sample_bytes: int, chunk_bytes: int) -> int:

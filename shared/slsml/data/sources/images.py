@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
-from PIL import Image
 from pydantic import BeforeValidator, Field, PositiveInt, model_validator
 
 from slsml.data.sources.base import Chunk, Format, Source, SourceOptions, comma_list, rows_per_chunk
@@ -62,6 +61,8 @@ def class_files(folder: Path) -> tuple[tuple[str, ...], list[tuple[Path, int]]]:
 
 def decode(path: Path, options: ImageOptions) -> np.ndarray:
     """One image as a ``(height, width, channels)`` uint8 array."""
+    from PIL import Image
+
     try:
         with Image.open(path) as image:
             image.load()

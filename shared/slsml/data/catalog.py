@@ -1,0 +1,52 @@
+"""The datasets of a bucket: listed from their manifests, found by where they came from, removed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slsml.aws.storage import ObjectStore
+from slsml.data.datasets import load_manifest
+from slsml.data.manifest import DatasetManifest, DatasetOrigin
+from slsml.spec import keys
+
+PREFIX = "datasets/"
+
+
+def datasets(store: ObjectStore) -> list[DatasetManifest]:
+    """Every dataset with a manifest (an upload interrupted before it has none), by name."""
+    names = sorted(key.split("/")[1] for key in store.list_keys(PREFIX)
+                   if key.count("/") == 2 and key == keys.dataset_manifest(key.split("/")[1]))
+    return [load_manifest(store, name) for name in names]
+
+
+def exists(store: ObjectStore, name: str) -> bool:
+    return store.exists(keys.dataset_manifest(name))
+
+
+def summary(manifest: DatasetManifest) -> dict[str, Any]:
+    """What ``data show`` and ``data list`` say of a dataset: its samples, shapes, classes, bytes and origin."""
+    origin = manifest.origin
+    return {
+        "name": manifest.name, "format": origin.format if origin else None, "train": manifest.train.count,
+        "test": manifest.test.count, "x_shape": list(manifest.x_shape), "x_dtype": manifest.x_dtype,
+        "y_shape": list(manifest.y_shape), "y_dtype": manifest.y_dtype, "classes": manifest.classes,
+        "class_names": list(origin.class_names) if origin and origin.class_names else None,
+        "bytes": manifest.train.bytes + manifest.test.bytes,
+        "shards": len(manifest.train.shards) + len(manifest.test.shards),
+        "sha256": origin.sha256 if origin else None,
+    }
+
+
+def same_origin(store: ObjectStore, origin: DatasetOrigin) -> DatasetManifest | None:
+    """A dataset read from the same content the same way, if there is one."""
+    return next((manifest for manifest in datasets(store) if manifest.origin == origin), None)
+
+
+def remove(store: ObjectStore, name: str) -> int:
+    """Delete dataset ``name`` (NotFoundError if it does not exist): its manifest first, so that it is gone at
+    once, then its shards. Returns how many objects were deleted."""
+    load_manifest(store, name)
+    store.delete([keys.dataset_manifest(name)])
+    shards = store.list_keys(f"{PREFIX}{name}/")
+    store.delete(shards)
+    return 1 + len(shards)

@@ -1,0 +1,97 @@
+"""Ingest: a source's chunks streamed into a dataset's shards (``DatasetWriter``), in bounded memory.
+
+Where the source brings no test part, a seeded ``test_fraction`` of its samples is held out, block by block of
+``SPLIT_BLOCK`` samples, so that a sample's split depends only on its index: the same source read again gives the
+same shards, which is what lets an interrupted ingest continue (shards stored and verified are not sent again).
+The manifest keeps where the dataset came from (its format, class names and the source's checksum), so that the
+same file given again is recognised by its content."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from slsml.aws.storage import ObjectStore
+from slsml.data.manifest import DEFAULT_SHARD_MB, DatasetManifest, DatasetOrigin
+from slsml.data.sources import DEFAULT_CHUNK_BYTES, Source
+from slsml.data.writer import DatasetWriter
+from slsml.spec.errors import BadInputError
+
+SPLIT_BLOCK = 1024  # samples: each block of them holds out its share exactly
+_READ = 2**20
+
+
+def held_out(start: int, count: int, fraction: float, seed: int, total: int | None) -> np.ndarray:
+    """Whether each of samples start … start+count−1 goes to the test split: in each block of ``SPLIT_BLOCK``
+    samples (the last of ``total`` samples shorter, where it is known), a seeded choice of ``fraction`` of them,
+    at least one."""
+    mask = np.zeros(count, dtype=bool)
+    for block in range(start // SPLIT_BLOCK, -(-(start + count) // SPLIT_BLOCK)):
+        first = block * SPLIT_BLOCK
+        size = SPLIT_BLOCK if total is None else min(SPLIT_BLOCK, total - first)
+        chosen = first + np.random.default_rng([seed, block]).permutation(size)[: max(1, round(size * fraction))]
+        chosen = chosen[(chosen >= start) & (chosen < start + count)]
+        mask[chosen - start] = True
+    return mask
+
+
+def checksum(path: Path) -> str:
+    """SHA-256 of a file's bytes, or of a folder's files (their paths within it and their bytes, in sorted order)."""
+    digest = hashlib.sha256()
+    for file in [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()):
+        if file != path:
+            digest.update(f"{file.relative_to(path).as_posix()}\0{file.stat().st_size}\0".encode())
+        with file.open("rb") as stream:
+            while block := stream.read(_READ):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _split(source: Source, test_fraction: float, seed: int) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """(split, x, y) of every sample of ``source``: its own test part, or a held-out fraction."""
+    if source.test is not None:
+        yield from (("train", x, y) for x, y in source.chunks(DEFAULT_CHUNK_BYTES))
+        yield from (("test", x, y) for x, y in source.test.chunks(DEFAULT_CHUNK_BYTES))
+        return
+    if not 0 < test_fraction < 1:
+        raise BadInputError(f"test fraction must be between 0 and 1, got {test_fraction}")
+    total, start = source.count(), 0
+    for x, y in source.chunks(DEFAULT_CHUNK_BYTES):
+        test = held_out(start, len(x), test_fraction, seed, total)
+        start += len(x)
+        yield "train", x[~test], y[~test]
+        yield "test", x[test], y[test]
+
+
+def put(
+    store: ObjectStore, name: str, source: Source, test_fraction: float = 0.2, seed: int = 0,
+    shard_mb: float = DEFAULT_SHARD_MB, origin: DatasetOrigin | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> DatasetManifest:
+    """Stream ``source`` into dataset ``name`` (see the module's docstring); ``progress`` is called with the number
+    of samples read, chunk by chunk. Running it again after an interruption continues the upload."""
+    parts = _split(source, test_fraction, seed)
+    try:
+        first = next(parts)
+    except StopIteration:
+        raise BadInputError(f"{source.where}: no samples") from None
+    x, y = first[1], first[2]
+    writer = DatasetWriter(store, name, x_shape=x.shape[1:], x_dtype=str(x.dtype), y_shape=y.shape[1:],
+                           y_dtype=str(y.dtype), shard_mb=shard_mb, origin=origin)
+    with writer:
+        for split, x, y in chain([first], parts):
+            writer.write(split, x, y)
+            if progress is not None:
+                progress(len(x))
+        return writer.finish()
+
+
+def origin_of(path: Path, source: Source, test_fraction: float, seed: int) -> DatasetOrigin:
+    """Where a dataset read from file or folder ``path`` came from (its checksum), and how it was read."""
+    return DatasetOrigin(format=source.format, class_names=source.classes, sha256=checksum(path),
+                         options=source.options.model_dump(mode="json") if source.options is not None else {},
+                         test_fraction=None if source.test is not None else test_fraction, seed=seed)

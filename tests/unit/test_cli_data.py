@@ -1,0 +1,33 @@
+"""`slsml data put`'s format flags: one per field of each format's options, refused for a source of another format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from slsml.cli import data
+from slsml.cli import main as cli
+from slsml.data import sources
+from slsml.spec.errors import BadInputError
+
+
+def test_every_formats_options_are_flags_and_another_formats_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "cats").mkdir()
+    Image.fromarray(np.zeros((9, 7, 3), np.uint8)).save(tmp_path / "cats" / "a.png")
+    parser = cli.build_parser()
+    put = ("data", "put", "pets", str(tmp_path))
+    flags = {name for format in sources.FORMATS.values() for name in format.options.model_fields}
+    assert {"image_size", "grayscale", "label", "features", "tfrecord_features", "labels_file"} <= flags
+    source = data._source(parser.parse_args([*put, "--image-size", "5,4", "--grayscale"]))
+    assert (source.format, source.classes, source.count()) == ("images", ("cats",), 1)
+    x, y = next(source.chunks())
+    assert x.shape == (1, 5, 4, 1) and y.tolist() == [0]
+    with pytest.raises(BadInputError, match=r"--label does not apply to .*, a source of format images"):
+        data._source(parser.parse_args([*put, "--label", "kind"]))
+    with pytest.raises(BadInputError, match="image_size"):
+        data._source(parser.parse_args([*put, "--image-size", "5,0"]))
+    chosen = data._source(parser.parse_args([*put, "--format", "images"]))
+    assert chosen.options.image_size == (256, 256)  # the field's default

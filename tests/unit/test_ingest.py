@@ -1,0 +1,100 @@
+"""Ingest streams a source into a dataset (moto's S3): held-out split by index, the origin kept, an interrupted
+upload continued without sending its stored shards again, and one of other data refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+from moto import mock_aws
+
+from slsml.aws.storage import ObjectStore
+from slsml.data import datasets as data
+from slsml.data import ingest, sources
+from slsml.spec import keys
+from slsml.spec.errors import BadInputError
+
+BUCKET = "slsml-unit-tests"
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        yield client
+
+
+def puts(client: object) -> list[str]:
+    """The keys of every PutObject the client sends from now on."""
+    sent: list[str] = []
+    client.meta.events.register("before-parameter-build.s3.PutObject", lambda params, **_: sent.append(params["Key"]))
+    return sent
+
+
+def test_held_out_samples_depend_on_their_index_alone() -> None:
+    whole = ingest.held_out(0, 5000, 0.2, seed=7, total=5000)
+    pieces = np.concatenate([ingest.held_out(s, min(333, 5000 - s), 0.2, 7, 5000) for s in range(0, 5000, 333)])
+    np.testing.assert_array_equal(whole, pieces)
+    assert whole[:4096].sum() == 4 * round(1024 * 0.2)  # each full block holds out its share exactly
+    assert whole.sum() == 4 * round(1024 * 0.2) + round(904 * 0.2)
+    assert not np.array_equal(whole, ingest.held_out(0, 5000, 0.2, seed=8, total=5000))
+    assert ingest.held_out(0, 50, 0.2, 0, total=50).sum() == 10
+
+
+def test_a_source_streams_into_a_dataset_with_its_origin(s3, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((3000, 6)).astype(np.float32), rng.integers(0, 5, 3000)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    store = ObjectStore(s3, BUCKET)
+    source = sources.open_source(tmp_path / "d.npz")
+    origin = ingest.origin_of(tmp_path / "d.npz", source, 0.25, 3)
+    manifest = ingest.put(store, "d", source, test_fraction=0.25, seed=3, shard_mb=0.01, origin=origin)
+    test = ingest.held_out(0, 3000, 0.25, 3, 3000)
+    assert (manifest.train.count, manifest.test.count) == ((~test).sum(), test.sum())
+    assert len(manifest.train.shards) > 3
+    reader = data.DatasetReader(store, data.load_manifest(store, "d"))
+    for split, rows in (("train", ~test), ("test", test)):
+        got_x, got_y = reader.split(split)
+        np.testing.assert_array_equal(got_x, x[rows])
+        np.testing.assert_array_equal(got_y, y[rows])
+    assert data.load_manifest(store, "d").origin == origin
+    assert origin.sha256 == ingest.checksum(tmp_path / "d.npz") != ingest.checksum(tmp_path)
+
+
+def test_an_interrupted_ingest_continues_and_other_data_is_refused(s3, tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "d.npz", x=rng.standard_normal((4000, 10)).astype(np.float32), y=rng.integers(0, 3, 4000))
+    store = ObjectStore(s3, BUCKET)
+
+    def stop_after(samples: int):
+        read = [0]
+
+        def progress(count: int) -> None:
+            read[0] += count
+            if read[0] >= samples:
+                raise KeyboardInterrupt
+
+        return progress
+
+    with pytest.raises(KeyboardInterrupt):
+        ingest.put(store, "d", sources.open_source(tmp_path / "d.npz"), shard_mb=0.02, progress=stop_after(2500))
+    assert not store.exists(keys.dataset_manifest("d"))
+    stored = {key for key in store.list_keys("datasets/d/")}
+    assert stored
+    sent = puts(s3)
+    manifest = ingest.put(store, "d", sources.open_source(tmp_path / "d.npz"), shard_mb=0.02)
+    assert set(sent).isdisjoint(stored) and keys.dataset_manifest("d") in sent
+    assert manifest.train.count + manifest.test.count == 4000
+
+    with pytest.raises(KeyboardInterrupt):
+        ingest.put(store, "e", sources.open_source(tmp_path / "d.npz"), shard_mb=0.02, progress=stop_after(2500))
+    with pytest.raises(BadInputError, match=r"dataset 'e': train shard 0 stored by an earlier upload holds other"):
+        ingest.put(store, "e", sources.open_source(tmp_path / "d.npz"), seed=1, shard_mb=0.02)
+    assert not store.exists(keys.dataset_manifest("e"))
+    with pytest.raises(BadInputError, match="dataset 'd' already exists"):
+        ingest.put(store, "d", sources.open_source(tmp_path / "d.npz"), shard_mb=0.02)
