@@ -61,3 +61,50 @@ def test_the_tuned_server_answers_as_moto_does() -> None:
     done = subprocess.run([sys.executable, "-P", "-c", CHECK, str(folder)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert '"hello"' in done.stdout
+
+
+RANGES = textwrap.dedent(
+    """
+    import json, sys
+    import boto3
+    from botocore.exceptions import ClientError
+    from moto import mock_aws
+
+    BODY = bytes(range(256)) * (6 * 2**20 // 256 + 3)  # past moto's 5 MB in memory: kept in a temporary file
+    RANGES = [None, "bytes=0-0", "bytes=1000-2999", f"bytes={len(BODY) - 10}-{len(BODY) + 50}", "bytes=-100",
+              "bytes=100-", "bytes=5-2", "bytes=0-1,5-9", f"bytes={len(BODY)}-{len(BODY) + 1}"]
+
+    def responses():
+        with mock_aws():
+            s3 = boto3.client("s3", region_name="us-east-1")
+            s3.create_bucket(Bucket="ranges")
+            s3.put_object(Bucket="ranges", Key="k", Body=BODY)
+            out = []
+            for byte_range in RANGES:
+                try:
+                    got = s3.get_object(Bucket="ranges", Key="k", **({"Range": byte_range} if byte_range else {}))
+                    body = got["Body"].read()
+                    out.append([byte_range, got.get("ContentRange"), len(body), body == BODY[:len(body)] or
+                                BODY.find(body)])
+                except ClientError as error:
+                    out.append([byte_range, error.response["Error"]["Code"]])
+            got = s3.get_object(Bucket="ranges", Key="k", Range="bytes=1000-2999")["Body"].read()
+            assert got == BODY[1000:3000], "a ranged read returned other bytes"
+            return out
+
+    before = responses()
+    sys.path.insert(0, sys.argv[1])
+    import moto_server
+    moto_server.ranged_reads()
+    assert responses() == before, (responses(), before)
+    print(json.dumps(before))
+    """
+)
+
+
+def test_ranged_reads_answer_as_moto_does() -> None:
+    folder = Path(slsml.local.moto_server.__file__).parent
+    done = subprocess.run([sys.executable, "-P", "-c", RANGES, str(folder)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert '"bytes 1000-2999/' in done.stdout and "InvalidRange" in done.stdout

@@ -48,6 +48,19 @@ def test_the_bound_is_a_share_of_the_functions_memory_unless_set(monkeypatch: py
     assert cache.limit_bytes() == 64 * MB
 
 
+def test_an_invocation_that_sets_another_bound_shrinks_the_warm_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache, "_warm", None)
+    monkeypatch.setenv(cache.BOUND_ENV, "4")
+    warm = cache.warm()
+    for i in range(4):
+        warm.put(i, i, MB)
+    monkeypatch.setenv(cache.BOUND_ENV, "2.5")
+    assert cache.warm() is warm and warm.limit == int(2.5 * MB)
+    assert (warm.nbytes, [warm.get(i) for i in range(4)]) == (2 * MB, [None, None, 2, 3])
+    monkeypatch.setenv(cache.BOUND_ENV, "8")
+    assert cache.warm().limit == 8 * MB and len(warm) == 2
+
+
 def _model(i: int) -> keras.Model:
     """Model i of 20, all different: widths 16 to 320, every other one compiled with Adam (its slots count)."""
     keras.utils.set_random_seed(i)
@@ -61,7 +74,7 @@ def _model(i: int) -> keras.Model:
 def test_a_warm_process_serving_20_runs_stays_within_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     limit = 12 * MB
     monkeypatch.setenv(cache.BOUND_ENV, str(limit / MB))
-    monkeypatch.setattr(cache, "_warm", None)  # a fresh process's cache: the bound read at its first use
+    monkeypatch.setattr(cache, "_warm", None)  # a fresh process's cache
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((200, 8)).astype(np.float32), rng.integers(0, 4, 200)

@@ -45,6 +45,12 @@ class LRUCache:
         self._entries.move_to_end(key)
         return entry[0]
 
+    def bound(self, limit: int | None) -> None:
+        """Bound the cache by ``limit`` bytes from now on, evicting the least recently used past it."""
+        self.limit = limit
+        if limit is not None:
+            self._evict_to(limit)
+
     def put(self, key: Hashable, value: V, nbytes: int) -> V:
         """Keep ``value`` (``nbytes`` large) under ``key``, making room; returns ``value``."""
         previous = self._entries.pop(key, None)
@@ -52,12 +58,16 @@ class LRUCache:
             self.nbytes -= previous[1]
         if self.limit is not None and nbytes > self.limit:
             return value
-        while self.limit is not None and self._entries and self.nbytes + nbytes > self.limit:
-            _, (_, evicted) = self._entries.popitem(last=False)
-            self.nbytes -= evicted
+        if self.limit is not None:
+            self._evict_to(self.limit - nbytes)
         self._entries[key] = (value, nbytes)
         self.nbytes += nbytes
         return value
+
+    def _evict_to(self, nbytes: int) -> None:
+        while self._entries and self.nbytes > nbytes:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self.nbytes -= evicted
 
 
 def limit_bytes() -> int:
@@ -73,8 +83,11 @@ _warm: LRUCache | None = None
 
 
 def warm() -> LRUCache:
-    """The process's warm cache, bounded by ``limit_bytes()`` as of its first use."""
+    """The process's warm cache, bounded by ``limit_bytes()`` as of this use (an invocation may set another
+    ``SLSML_WARM_CACHE_MB``)."""
     global _warm
     if _warm is None:
         _warm = LRUCache(limit_bytes())
+    elif _warm.limit != (limit := limit_bytes()):
+        _warm.bound(limit)
     return _warm

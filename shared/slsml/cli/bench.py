@@ -111,6 +111,18 @@ def cmd_bench_admm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_data(args: argparse.Namespace) -> int:
+    from slsml.bench import data as bench
+
+    samples, iterations = args.samples or bench.SAMPLES, args.iterations or bench.ITERATIONS
+    if samples < bench.BATCH or iterations < 2:
+        raise BadInputError(f"--samples must be at least {bench.BATCH} and --iterations at least 2")
+    _bench(args, "data", bench.WORKERS, bench.REDUCERS,
+           lambda runtime, show: bench.data_reads(runtime, samples, iterations, args.cache_mb or bench.CACHE_MB, show),
+           display.print_data)
+    return 0
+
+
 def add_commands(commands: Any) -> None:
     """`slsml bench` and its benchmarks."""
     benchmarks = commands.add_parser("bench", help="benchmarks on the local runtime")
@@ -178,3 +190,14 @@ def add_commands(commands: Any) -> None:
     )
     admm.add_argument("--json", action="store_true", help="print the report as one JSON line")
     admm.set_defaults(handler=cmd_bench_admm)
+
+    data = benchmarks.add_parser(
+        "data", help="a synthetic image dataset past the workers' warm cache, read by range, against the same run"
+        " with the dataset cached: S3 bytes and GETs per iteration, median iteration; ingest MB/s"
+    )
+    data.add_argument("--samples", type=int, help="training images of 32×32×3 uint8 (default 60000: 184 MB)")
+    data.add_argument("--iterations", type=int, help="of each run (default 30)")
+    data.add_argument("--cache-mb", type=float, help="the workers' warm cache bound of the variants past the cache"
+                      " (default 64)")
+    data.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    data.set_defaults(handler=cmd_bench_data)

@@ -606,3 +606,32 @@ def print_communication(report: Any) -> None:
     to_target = fewer(significance.update_bytes_to_target, dense.update_bytes_to_target)
     out.print(f"{significance.compress}: {fewer(significance.update_bytes, dense.update_bytes)} fewer update bytes"
               f" than dense over {n} iterations, {to_target} to {target}")
+
+
+def print_data(report: Any) -> None:
+    from rich.table import Table
+
+    from slsml.bench import data as bench_data
+
+    out = console()
+    out.print(f"[bold]{report.samples:,} images[/bold] of {report.sample_bytes:,} B "
+              f"({report.dataset_bytes / 1e6:.0f} MB with the test split), {report.workers} workers, global batch "
+              f"{report.global_batch}, "
+              f"{report.iterations} iterations per run; written at {report.ingest.mb_s:g} MB/s")
+    table = Table("variant", "S3 read / iteration", "samples used", "read ÷ used", "GETs / iteration",
+                  "median iteration", title="reading the data",
+                  caption="; ".join(f"{v.name}: {v.description}" for v in report.variants))
+    for v in report.variants:
+        read = v.bytes_read_per_iteration
+        table.add_row(v.name, "–" if read is None else f"{read / 1e6:.2f} MB",
+                      f"{v.bytes_used_per_iteration / 1e6:.2f} MB",
+                      "–" if read is None else f"{read / v.bytes_used_per_iteration:.1f}",
+                      "–" if v.gets_per_iteration is None else f"{v.gets_per_iteration:g}",
+                      "–" if v.median_iteration_s is None else f"{v.median_iteration_s:.3f} s")
+    out.print(table)
+    yes = {True: "yes", False: "no"}
+    if report.bytes_ratio is not None and report.time_ratio is not None:
+        out.print(f"past the cache: S3 bytes {report.bytes_ratio:.2f}× (samples used + cached run's), within "
+                  f"{bench_data.BYTES_WITHIN:g}×: {yes[report.bytes_within]}; median iteration "
+                  f"{report.time_ratio:.2f}× the cached run's, within {bench_data.TIME_WITHIN:g}×: "
+                  f"{yes[report.time_within]}")

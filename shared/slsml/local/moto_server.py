@@ -28,6 +28,10 @@ browser marks as sent from another site (``Sec-Fetch-Site``: scripts cannot set 
 a 403 and no CORS header: a page the user opens can neither read nor change the runs and datasets it holds,
 nor reach moto's management endpoints (``/moto-api/reset``). AWS clients send none of these headers.
 
+A ranged S3 GET reads its bytes alone. moto read the whole object for each (from a temporary file, past
+5 MB) and sliced the range out of it: a worker's ranged reads of a 64 MB dataset shard cost the server
+64 MB each.
+
 It lasts no longer than the process that started it: it ends when its standard input does (that
 process's end of the pipe closes when it exits, however it exits). While it starts serving, it imports in
 the background what the first request to each service would: the first CreateStateMachine alone imported
@@ -43,6 +47,7 @@ import argparse
 import functools
 import json
 import os
+import re
 import sys
 import threading
 from typing import Any
@@ -135,6 +140,47 @@ def wake_long_polls_when_due() -> None:
     SQSBackend.change_message_visibility = change_message_visibility
 
 
+_RANGE = re.compile(r"bytes=(\d+)-(\d+)")
+
+
+def ranged_reads() -> None:
+    """A GET of one byte range ``bytes=A-B`` (A ≤ B) reads bytes A…B of the object, not the object: moto's
+    get_object gets, instead of the object's bytes, a view that has its length and reads a slice on demand."""
+    from moto.s3 import models, responses
+
+    reading = threading.local()
+    whole = models.FakeKey.value
+
+    class Ranged:
+        def __init__(self, key: Any) -> None:
+            self.key = key
+
+        def __len__(self) -> int:
+            return self.key.contentsize
+
+        def __getitem__(self, part: slice) -> bytes:  # the range response's slice [begin : end + 1]
+            with self.key.lock:
+                self.key._value_buffer.seek(part.start)
+                return self.key._value_buffer.read(min(part.stop, self.key.contentsize) - part.start)
+
+    def value(key: Any) -> Any:
+        return Ranged(key) if getattr(reading, "ranged", False) else whole.fget(key)
+
+    models.FakeKey.value = property(value, whole.fset)
+    unranged = responses.S3Response.get_object
+
+    @functools.wraps(unranged)
+    def get_object(self: Any) -> Any:
+        match = _RANGE.fullmatch(self.headers.get("range") or "")
+        reading.ranged = bool(match and int(match[1]) <= int(match[2]) and "partNumber" not in self.querystring)
+        try:
+            return unranged(self)
+        finally:
+            reading.ranged = False
+
+    responses.S3Response.get_object = get_object
+
+
 def end_with_parent() -> None:
     """End this process once its standard input ends: the parent that holds the pipe has exited."""
 
@@ -223,6 +269,7 @@ def main() -> None:
     tune()
     serialize_dynamodb()
     wake_long_polls_when_due()
+    ranged_reads()
     from cheroot import wsgi
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 

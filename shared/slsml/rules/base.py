@@ -9,6 +9,7 @@ read a rule's declarations without it."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -43,7 +44,7 @@ class Round:
 
     trainer: Trainer
     start: np.ndarray  # the flat weights entering the round (the consensus, under ADMM)
-    batches: list[tuple[np.ndarray, np.ndarray]]  # the worker's batches of the round, in order
+    batches: Sequence[tuple[np.ndarray, np.ndarray]]  # the worker's batches of the round, in order
     spec: TrainingSpec
     slot: Slot
 

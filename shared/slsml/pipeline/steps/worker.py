@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, overload
 
 import numpy as np
 from aws_lambda_powertools import Logger
@@ -44,23 +46,53 @@ def work(message: WorkMessage, services: Services) -> WorkDone:
     return done
 
 
+class _Prefetched(Sequence[tuple[np.ndarray, np.ndarray]]):
+    """The round's batches, read concurrently from the start: batch k waits for its own read alone, so that the
+    batches after it are read while it computes."""
+
+    def __init__(self, reads: list[Future[tuple[np.ndarray, np.ndarray]]]) -> None:
+        self._reads = reads
+
+    def __len__(self) -> int:
+        return len(self._reads)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[tuple[np.ndarray, np.ndarray]]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [read.result() for read in self._reads[index]]
+        return self._reads[index].result()
+
+
 def _compute(message: WorkMessage, config: RunConfig, services: Services) -> WorkDone:
-    store = services.store
-    trainer, fresh = trainer_for(store, config, message.iteration, shared=True)
-    if fresh:  # the weights entering the iteration, in the model and as one flat vector
-        start = modelio.get_flat(trainer.model, config.plan)
-    else:
-        start = load_weights(store, config, message.iteration)
-        modelio.set_flat(trainer.model, config.plan, start)
+    store, spec = services.store, config.training
     reader = reader_for(store, config.dataset)
-    spec = config.training
-    slices = [reader.take("train", indices) for indices in data.round_batches(
-        spec, reader.manifest.train.count, message.workers, message.worker, message.iteration)]
-    samples = sum(len(x) for x, _ in slices)
+    batches = data.round_batches(spec, reader.manifest.train.count, message.workers, message.worker,
+                                 message.iteration)
+    with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="batch") as reads:
+        # the round's samples are read while the model and the weights are
+        slices = _Prefetched([reads.submit(reader.take, "train", indices) for indices in batches])
+        trainer, fresh = trainer_for(store, config, message.iteration, shared=True)
+        if fresh:  # the weights entering the iteration, in the model and as one flat vector
+            start = modelio.get_flat(trainer.model, config.plan)
+        else:
+            start = load_weights(store, config, message.iteration)
+            modelio.set_flat(trainer.model, config.plan, start)
+        return _train(message, config, services, trainer, start, slices, sum(len(b) for b in batches))
+
+
+def _train(message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer, start: np.ndarray,
+           slices: Sequence[tuple[np.ndarray, np.ndarray]], samples: int) -> WorkDone:
+    store, spec = services.store, config.training
     compression, rule = spec.compression, rules.of(spec)
     weights = start if compression.kind == "significance" else None
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
+        slices[0]  # the first batch read: compute starts (the others are read meanwhile)
         started = time.perf_counter()
         update = rule.round(Round(trainer, start, slices, spec, _Slot(store, message)))
         compute_s = time.perf_counter() - started
