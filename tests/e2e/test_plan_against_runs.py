@@ -11,7 +11,8 @@ import pytest
 
 from slsml.accounting import prices, usage
 from slsml.bench import scale as bench_scale
-from slsml.cli.main import main
+from slsml.cli import options
+from slsml.cli.main import build_parser, main
 from slsml.client import demo, runs
 from slsml.cost import model as costmodel
 from slsml.cost.model import Parameters, Quotas, Workload
@@ -73,6 +74,63 @@ def test_the_plan_counts_the_requests_of_an_iteration(
     assert beyond == {**extras, "dynamodb:UpdateItem": extras["dynamodb:UpdateItem"] + workers}
     if optimizer is None:
         assert sum(measured.values()) <= 1.2 * sum(minimum.values())
+
+
+@pytest.fixture(scope="module")
+def linear(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model ADMM applies to: softmax regression on the digits."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy")
+    path = tmp_path_factory.mktemp("model") / "linear.keras"
+    path.write_bytes(modelio.save_model(model))
+    return path
+
+
+# each option of the update rules, compression and staleness, as `run start` and `plan` take them
+OPTIONS = {
+    "average-k4": ["--algorithm", "average", "--local-steps", "4"],
+    "average-keep": ["--algorithm", "average", "--local-steps", "2", "--local-state", "keep",
+                     "--local-momentum", "0.9"],
+    "fedopt": ["--algorithm", "average", "--local-steps", "2", "--server", "optimizer"],
+    "admm": ["--algorithm", "admm", "--local-steps", "2"],
+    "topk": ["--compress", "topk:0.01"],
+    "fp16": ["--compress", "fp16"],
+    "significance": ["--compress", "significance:0.01"],
+    "staleness": ["--staleness", "2"],
+}
+SHAPE = ["--workers", "4", "--reducers", "2", "--batch", "128", "--iterations", str(ITERATIONS)]
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_the_plan_counts_the_requests_of_every_update_rule_and_option(
+    local: LocalRuntime, services: Services, digits, cnn: Path, linear: Path, name: str, capsys,
+) -> None:
+    model = linear if "admm" in OPTIONS[name] else cnn
+    flags = [*SHAPE, *OPTIONS[name]]
+    args = build_parser().parse_args(["run", "start", "--model", str(model), "--data", "digits", *flags])
+    spec = options.training_spec(args).model_copy(update={"eval_every": 0})
+    run_id = f"plan-options-{name}"
+    train(services, spec, run_id, model.read_bytes())
+    run = finish(services, run_id)
+    assert run.status == "COMPLETED", run.reason
+    assert local.host.wait_idle(run_id, 60)
+    summary = runs.summarize(run, services.table.list_iterations(run_id), 0.0, usage.read_local(local.log_dir, run_id))
+
+    capsys.readouterr()
+    assert main(["plan", "--model", str(model), "--compute-per-sample", "0", *flags, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["requests_per_iteration"] == summary.requests_per_iteration
+    minimum = plan["minimum_requests_per_iteration"]
+    beyond = {op: count - minimum.get(op, 0) for op, count in summary.requests_per_iteration.items()
+              if count != minimum.get(op, 0)}
+    explained: dict[str, int] = {}
+    for call in plan["extra_calls"]:
+        explained[call["operation"]] = explained.get(call["operation"], 0) + call["count"]
+    assert beyond == explained
 
 
 def test_bench_scale_fits_a_calibration_the_plan_reads(local: LocalRuntime, digits, tmp_path: Path, capsys) -> None:

@@ -15,7 +15,7 @@ from slsml.cli.main import main
 from slsml.cost import model as costmodel
 from slsml.cost.model import Parameters, Quotas, Workload
 from slsml.pipeline import bus
-from slsml.spec.config import OptimizerConfig
+from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.errors import BadInputError
 from slsml.spec.messages import Participant, ReduceMessage
 from slsml.spec.shardplan import ShardPlan, VariableSpec
@@ -267,11 +267,14 @@ def test_calibration_and_params_override_the_defaults(capsys: pytest.CaptureFixt
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--params", "3000000000", "--workers", "1000", "--batch", "8192"], "beyond Lambda's 10,240 MB"),
-    (["--params", "1000", "--workers", "1200", "--batch", "8192"], "concurrency quota of 1,000 by 200"),
+    (["--params", "1000", "--workers", "800", "--batch", "8192", "--quota", "lambda_concurrency=500"],
+     "concurrency quota of 500 by 300"),
+    (["--params", "1000", "--workers", "1200", "--batch", "8192"], "--workers: .* less than or equal to 1000"),
     (["--params", "1000", "--workers", "1000", "--reducers", "2", "--batch", "8192",
       "--quota", "sns_message_bytes=20000"], "SNS allows 20,000 B.*over by"),
     (["--params", "10", "--workers", "2", "--reducers", "20"], "20 reducers but the model has only 10 weights"),
-    (["--params", "1000", "--workers", "8", "--batch", "4"], "global batch 4 is smaller than the 8 workers by 4"),
+    (["--params", "1000", "--workers", "8", "--batch", "4"],
+     r"--batch \(4\) must be at least the number of --workers \(8\)"),
     (["--params", "1000", "--memory", "worker=20000"], "outside Lambda's 128–10,240 MB"),
 ])
 def test_impossible_settings_name_the_limit(capsys: pytest.CaptureFixture, argv: list[str], message: str) -> None:
@@ -304,3 +307,46 @@ def test_a_keras_model_is_counted_and_timed(capsys: pytest.CaptureFixture, keras
     assert out["workload"]["compute_per_sample_s"] > 0
     assert out["workload"]["optimizer"]["name"] == "adam"
     assert np.isfinite(out["iteration_s"])
+
+
+# ---- update rules and options ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compress", ["none", "fp16", "topk:0.01", "significance:0.05"])
+def test_the_plan_s_update_is_as_large_as_the_encoder_s(keras_model, compress: str) -> None:
+    from slsml.training import modelio
+
+    path, model = keras_model
+    spec = TrainingSpec(workers=4, reducers=3, compress=compress)
+    plan_of = ShardPlan.build(modelio.variable_specs(model), 3)
+    rng = np.random.default_rng(0)
+    vector, weights = rng.normal(size=plan_of.size).astype(np.float32), rng.normal(size=plan_of.size)
+    body = updates.encode(vector, 32, "gradient", spec.compression, plan_of, weights.astype(np.float32)).body
+    figures = costmodel.from_keras_file(path, batch=32, measure=False, parameters=Parameters())
+    trainable = plan_of.trainable_mask()
+    sent = (np.abs(vector) > 0.05 * np.maximum(np.abs(weights), updates.SIGNIFICANCE_EPS))[trainable].mean()
+    traffic = costmodel.round_traffic(
+        Workload(**figures, compute_per_sample_s=0, compute_source="-", training=spec, workers=4, reducers=3,
+                 global_batch=128, iterations=1, memory_mb=costmodel.function_memory(),
+                 timeout_s=costmodel.function_timeouts()),
+        Parameters(significance_density=float(sent)))
+    exact = compress in ("none", "fp16")  # else each shard's count of trainable entries rounds on its own
+    assert traffic.update_bytes == pytest.approx(len(body), abs=0 if exact else 8 * 3 * 2)
+    assert (traffic.residual_bytes, traffic.table_reads) == (
+        0 if compress == "none" else 4 * plan_of.size, int(compress.startswith("significance")))
+
+
+def test_the_plan_follows_the_update_rule_and_compression() -> None:
+    gradient = predict(workload())
+    averaged = predict(workload(training=TrainingSpec(algorithm="average", local_steps=4)))
+    fedopt = predict(workload(training=TrainingSpec(algorithm="average", local_steps=4, server="optimizer")))
+    topk = predict(workload(training=TrainingSpec(compress="topk:0.01")))
+    compute = {name: float(re.search(r"samples ([\d.]+) s", stage.detail)[1]) for name, plan in
+               (("gradient", gradient), ("average", averaged)) for stage in plan.stages if stage.name == "Worker"}
+    assert compute["average"] == pytest.approx(4 * compute["gradient"], rel=0.01)
+    assert (averaged.state_slots, fedopt.state_slots, gradient.state_slots) == (0, 2, 2)  # FedAvg: SGD at rate 1
+    W = gradient.workload.workers
+    more = {op: topk.requests_per_iteration[op] - count for op, count in gradient.requests_per_iteration.items()}
+    assert {op: n for op, n in more.items() if n} == {"s3:GetObject": W, "s3:PutObject": W}  # the residuals
+    stale = predict(workload(training=TrainingSpec(staleness=3)))
+    assert stale.requests_per_iteration["dynamodb:Query"] == 3

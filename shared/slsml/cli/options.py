@@ -87,21 +87,31 @@ def _number_or_word(kind: type, words: tuple[str, ...], text: str) -> Any:
 SPEC_READINGS = readings(TrainingSpec)  # a field no flag can set fails here, at import
 
 
-def training_options(parser: argparse.ArgumentParser, iterations: int | None) -> None:
+def training_flags(parser: argparse.ArgumentParser, iterations: int | None, required: bool,
+                   defaults: dict[str, Any] | None = None) -> None:
     """A flag per TrainingSpec field, its type, default and help from the field (the optimizer's in a group of
-    their own). ``iterations``: this command's iteration budget (None: --iterations is required)."""
+    their own). ``iterations``: this command's iteration budget, --iterations ``required`` or not; ``defaults``:
+    this command's own defaults of other fields (None: the flag's value is left to the command)."""
     group = parser.add_argument_group("training")
     for name, reading in SPEC_READINGS.items():
         field = TrainingSpec.model_fields[name]
-        required = field.is_required()
-        default = None if required else field.get_default(call_default_factory=True)
+        needed = field.is_required()
+        default = None if needed else field.get_default(call_default_factory=True)
         if name == "iterations":  # each command's own budget
-            default, required = iterations, iterations is None
-        action = group.add_argument(flag(_dest(name)), default=default, required=required, **reading)
+            default, needed = iterations, required
+        default = (defaults or {}).get(name, default)
+        action = group.add_argument(flag(_dest(name)), default=default, required=needed, **reading)
         # set after: BooleanOptionalAction adds a default of its own to the help it is given
         shown = "" if default is None else f" (default {display.number(default)})"
         action.help = f"{field.description}{shown}".replace("%", "%%")
     group.add_argument("--loss", help="Keras loss name (default: the model's compiled loss)")
+    _optimizer_options(parser)
+
+
+def training_options(parser: argparse.ArgumentParser, iterations: int | None) -> None:
+    """The training flags (``training_flags``) and a run's. ``iterations``: this command's iteration budget
+    (None: --iterations is required)."""
+    training_flags(parser, iterations, required=iterations is None)
     group = parser.add_argument_group("run")
     group.add_argument("--run-id", help="run name (default: generated)")
     group.add_argument("--json", action="store_true", help="print the summary as one JSON line")
@@ -112,7 +122,6 @@ def training_options(parser: argparse.ArgumentParser, iterations: int | None) ->
                        help="local runs: inject faults, e.g. 'seed=3,duplicate=0.5,worker_crash=0.25,"
                        "s3_get_delay=0.2:1.5' (also reducer_crash, merger_crash_once, sns_delay, "
                        "worker_hang=p with hang_s=SECONDS, crash_every_receive, slow_worker=WORKER:SECONDS)")
-    _optimizer_options(parser)
 
 
 def flag(field: str) -> str:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from slsml.cli import options
+
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from slsml.cost import planreport
 
-    return planreport.run(args)
+    spec = options.training_spec(argparse.Namespace(**{
+        **vars(args), "iterations": planreport.iterations(args), "reducers": args.reducers or 1}))
+    return planreport.run(args, spec)
 
 
 def add_commands(commands: Any) -> None:
@@ -17,5 +21,6 @@ def add_commands(commands: Any) -> None:
     from slsml.cost import planreport
 
     plan = commands.add_parser("plan", help="predict a run's time, requests, dollars and quotas on AWS")
+    options.training_flags(plan, iterations=None, required=False, defaults={"reducers": None})
     planreport.add_arguments(plan)
     plan.set_defaults(handler=cmd_plan)

@@ -38,6 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from slsml import rules
 from slsml.accounting import prices
 from slsml.data.manifest import DEFAULT_SHARD_MB, shard_records
 from slsml.pipeline import bus
@@ -48,7 +49,7 @@ from slsml.spec.errors import BadInputError
 from slsml.spec.messages import MAX_MESSAGE_BYTES, Participant, ReduceMessage, WorkMessage
 from slsml.state import runtable as runstate
 from slsml.state.barrier import quorum_count
-from slsml.training import optimizers, updates
+from slsml.training import feedback, optimizers, updates
 
 PIPELINE = ("work_launcher", "worker", "reduce_launcher", "reducer", "merger")
 IMAGE_FUNCTIONS = ("worker", "merger")  # container images with TensorFlow; the others are zip + layer
@@ -98,6 +99,8 @@ class Parameters(BaseModel):
         "ResNet-50 on 224×224×3: 148 MB of layer outputs per sample, counted")
     keras_file_overhead: float = _param(0.0064, "", ".keras file bytes beyond the weights, relative (--params only)",
                                         "ResNet-50: 103,199,296 B file for 102,546,848 B of weights, measured")
+    significance_density: float = _param(0.01, "", "fraction of a part's trainable entries a significance:V update"
+                                         " sends", "estimate: depends on V and the model; calibrate")
     keras_mb_s: float = _param(73.0, "MB/s", "saving or loading a .keras file, one vCPU",
                                "ResNet-50 .keras saved in 1.41 s, measured", True)
     average_ns: float = _param(1.0, "ns", "weighted sum of one part, per weight (reducer)",
@@ -155,6 +158,10 @@ class Workload(BaseModel):
     compute_per_sample_s: float = Field(ge=0, description="one sample's gradient on one vCPU")
     compute_source: str
     optimizer: OptimizerConfig = OptimizerConfig()
+    training: TrainingSpec = Field(
+        default_factory=TrainingSpec, description="the run's training options: its update rule (algorithm, local"
+        " steps and state, server), compression and staleness; the workers, reducers, batch, quorum and iterations"
+        " are the workload's own")
     workers: int = Field(gt=0)
     reducers: int = Field(gt=0)
     global_batch: int = Field(gt=0)
@@ -342,8 +349,10 @@ def check(workload: Workload, parameters: Parameters, quotas: Quotas) -> None:
     if w.samples is not None and w.global_batch > w.samples:
         raise BadInputError(f"global batch {w.global_batch} is larger than the {w.samples} training samples")
     try:
-        TrainingSpec(workers=w.workers, reducers=w.reducers, global_batch=w.global_batch, quorum=w.quorum,
-                     iterations=min(w.iterations, 999_999))
+        TrainingSpec.model_validate({
+            **w.training.model_dump(exclude={"workers", "min_workers", "max_workers", "objective"}),
+            "workers": w.workers, "reducers": w.reducers, "global_batch": w.global_batch, "quorum": w.quorum,
+            "iterations": min(w.iterations, 999_999)})
     except ValidationError as error:
         raise BadInputError("; ".join(f"{e['loc'][0] if e['loc'] else 'training'}: {e['msg']}"
                                       for e in error.errors())) from None
@@ -528,24 +537,84 @@ def norm_exchange(optimizer: OptimizerConfig, reducers: int, reduce_bytes: int) 
     )
 
 
-def minimum_chain(workers: int, reducers: int, participants: int, work_batches: int, reduce_batches: int
-                  ) -> dict[str, int]:
-    """The requests of one steady iteration that any at-least-once pipeline of this shape makes."""
+class RoundTraffic(BaseModel):
+    """What the run's update rule (``slsml.rules``), compression and staleness make a round move."""
+
+    compute_steps: int = Field(description="gradient computations of a worker's round, each on its local batch")
+    update_bytes: int = Field(description="one worker's update object")
+    part_bytes: int = Field(description="the largest shard's part of an update, as a reducer reads it")
+    table_reads: int = Field(description="ranged GETs of an update's part table before its part (significance)")
+    slot_bytes: int = Field(description="one worker slot's stored state (the rule's; 0: none)")
+    residual_bytes: int = Field(description="one worker slot's error-feedback residual (0: none)")
+    late_queries: int = Field(description="iterations the reduce fire looks at for late updates (staleness)")
+    server: OptimizerConfig = Field(description="what the reducers step with")
+
+    def worker_requests(self, workers: int) -> dict[str, int]:
+        """Per steady round: each worker reads the objects its slot stored the round before and stores its own."""
+        objects = workers * (bool(self.slot_bytes) + bool(self.residual_bytes))
+        return {"s3:GetObject": objects, "s3:PutObject": objects}
+
+
+def round_traffic(w: Workload, p: Parameters) -> RoundTraffic:
+    """The round of the workload's update rule and options."""
+    spec, rule, R = w.training, rules.of(w.training), w.reducers
+    compression = spec.compression
+    trainable, other = w.trainable_params, w.params - w.trainable_params
+    significance = compression.kind == "significance"
+
+    def part(t: int, o: int) -> int:
+        return updates.part_bytes(compression, t, o, math.ceil(p.significance_density * t))
+
+    # R parts of near-equal trainable and other entries: shard r holds one more of each below its remainder
+    (low_t, extra_t), (low_o, extra_o) = divmod(trainable, R), divmod(other, R)
+    both = min(extra_t, extra_o)
+    total = (both * part(low_t + 1, low_o + 1) + (extra_t - both) * part(low_t + 1, low_o)
+             + (extra_o - both) * part(low_t, low_o + 1) + (R - max(extra_t, extra_o)) * part(low_t, low_o))
+    return RoundTraffic(
+        compute_steps=rule.compute_steps(spec),
+        update_bytes=updates.HEADER_SIZE + (updates.table_bytes(R) if significance else 0) + total,
+        part_bytes=part(math.ceil(trainable / R), math.ceil(other / R)), table_reads=int(significance),
+        slot_bytes=rule.slot_traffic(spec, w.params, w.trainable_params).bytes,
+        residual_bytes=feedback.residual_bytes(w.params) if compression.lossy else 0,
+        late_queries=spec.staleness, server=rule.server_optimizer(spec, w.optimizer),
+    )
+
+
+def minimum_chain(workers: int, reducers: int, participants: int, work_batches: int, reduce_batches: int,
+                  traffic: RoundTraffic) -> dict[str, int]:
+    """The requests of one steady iteration that any at-least-once pipeline of this shape and update rule makes."""
     W, R, n = workers, reducers, participants
+    slots = traffic.worker_requests(W)  # what the worker slots keep between rounds: read once, stored once
     return {
         "dynamodb:GetItem": 1,  # the launch reads the run
         "dynamodb:UpdateItem": 1 + R + 1,  # the launch claim, one durable write per shard report, the merge fire
         "dynamodb:PutItem": W + 1,  # one durable write per worker report, the reduce fire (its participants)
         "dynamodb:BatchGetItem": math.ceil(W / runstate.BATCH_READ),  # the reports, read once at the fire
-        "s3:GetObject": W + R * n + R + R,  # weights; each reducer's parts and shard; the merger's shards
-        "s3:PutObject": W + R + 2,  # updates, shards, the flat weights and the .keras model
+        "s3:GetObject": W + R * n + R + R + slots["s3:GetObject"],  # weights; each reducer's parts and shard; the
+        "s3:PutObject": W + R + 2 + slots["s3:PutObject"],  # merger's shards. Updates, shards, weights, model
         "sns:PublishBatch": work_batches + W + reduce_batches + R,  # one message per hop
     }
 
 
-def chain_extras(workers: int) -> list[ExtraCall]:
+def option_extras(reducers: int, participants: int, traffic: RoundTraffic) -> list[ExtraCall]:
+    """The calls beyond the minimum chain that the run's options add, each with why it is made."""
+    extras = []
+    if traffic.table_reads:
+        extras.append(ExtraCall(
+            operation="s3:GetObject", count=reducers * participants * traffic.table_reads,
+            call="each reducer's read of its two entries of every update's part table",
+            reason="significance parts vary in size, so a reducer learns where its part lies before reading it"))
+    if traffic.late_queries:
+        extras.append(ExtraCall(
+            operation="dynamodb:Query", count=traffic.late_queries, call="the reduce fire's look for late updates",
+            reason=f"bounded staleness folds the late updates of the last {traffic.late_queries} iterations"))
+    return extras
+
+
+def chain_extras(workers: int, reducers: int, participants: int, traffic: RoundTraffic) -> list[ExtraCall]:
     """The chain's calls beyond the minimum one, each with why it is made."""
     return [
+        *option_extras(reducers, participants, traffic),
         ExtraCall(operation="dynamodb:UpdateItem", count=workers, call="the counter update per worker report",
                   reason="the O(1) signal that the barrier may be complete, without reading every record on every "
                          "report"),
@@ -572,9 +641,12 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     w, p = workload, parameters
     W, R, B = w.workers, w.reducers, w.global_batch
     n = quorum_count(W, w.quorum)
-    k = state_slots(w.optimizer)
-    M, F = 4 * w.params, w.model_file_bytes
+    traffic = round_traffic(w, p)
+    k = state_slots(traffic.server)
+    M, F, U = 4 * w.params, w.model_file_bytes, traffic.update_bytes
+    slot_b, residual_b = traffic.slot_bytes, traffic.residual_bytes
     shard_weights = 4 * math.ceil(w.params / R)  # the largest shard: the reducer on the critical path
+    part = traffic.part_bytes  # its part of one update
     shard_state = k * 4 * min(math.ceil(w.params / R), w.trainable_params)  # at most: every weight trainable
     mean_weights, mean_state = M / R, k * 4 * w.trainable_params / R
     local_batch = math.ceil(B / W)
@@ -593,16 +665,18 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         "s3:PutObject": W + R + 2,
         "sns:PublishBatch": work_batches + W + reduce_batches + R,
     }
-    exchange = norm_exchange(w.optimizer, R, reduce_bytes)
-    for operation, count in exchange.requests.items():
-        requests[operation] += count
+    exchange = norm_exchange(traffic.server, R, reduce_bytes)
+    for operation, count in (*exchange.requests.items(), *traffic.worker_requests(W).items(),
+                             *((e.operation, e.count) for e in option_extras(R, n, traffic))):
+        requests[operation] = requests.get(operation, 0) + count
     counter_wu = _units(p.counter_item_bytes, 1024)
     # claim, counts, fire, shard counts, fire+merge record; with the norm exchange its counts and release
     counter_writes = 1 + W + 1 + R + 1 + (R + 1 if exchange.released else 0)
     write_units = (counter_writes * counter_wu + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 1024)
                    + _units(n * p.participant_bytes, 1024) + _units(p.run_item_bytes, 1024))
     read_units = (_units(p.run_item_bytes, 4096)  # BatchGetItem: per item
-                  + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 4096))
+                  + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 4096)
+                  + traffic.late_queries * _units(W * p.record_bytes + p.counter_item_bytes, 4096))
     sns_billed = (W * prices.sns_chunks(work_bytes) + W + R * prices.sns_chunks(reduce_bytes) + R + 1  # +1: S3 event
                   + exchange.released * prices.sns_chunks(exchange.release_bytes))
 
@@ -612,16 +686,24 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     launcher_s = p.handler_s + 2 * ddb + work_batches * pub
     worker_cpus = _speedup(vcpus(mem["worker"]), p.vcpu_efficiency)
     read_weights = _transfer(1, M, lat, p.s3_read_mb_s)
-    compute_s = local_batch * w.compute_per_sample_s / worker_cpus
-    write_update = _transfer(1, M + updates.HEADER_SIZE, lat, p.s3_write_mb_s)
-    worker_s = p.handler_s + read_weights + compute_s + write_update + pub
+    compute_s = traffic.compute_steps * local_batch * w.compute_per_sample_s / worker_cpus
+    # the rule's round reads the slot's state before its steps and stores the new one after them; the residual
+    # is read alongside the round and stored before the update
+    slot_s = 2 * _transfer(1, slot_b, lat, p.s3_read_mb_s) if slot_b else 0.0
+    residual_read, residual_write = (_transfer(1, residual_b, lat, p.s3_read_mb_s),
+                                     _transfer(1, residual_b, lat, p.s3_write_mb_s)) if residual_b else (0.0, 0.0)
+    round_s = max(slot_s + compute_s, residual_read)
+    write_update = residual_write + _transfer(1, U, lat, p.s3_write_mb_s)
+    worker_s = p.handler_s + read_weights + round_s + write_update + pub
     count_s = p.handler_s + 2 * ddb
-    fire_s = count_s + ddb + pages * ddb + ddb + reduce_batches * pub
+    fire_s = count_s + ddb + pages * ddb + ddb + traffic.late_queries * ddb + reduce_batches * pub
 
     def reducer(weights: float, state: float) -> tuple[float, float, float]:
         """(read, compute, total) seconds of one reducer of a shard of this size."""
         elements = weights / 4
-        read = _transfer(n + 1, n * weights + weights + state, lat, p.s3_read_mb_s, p.s3_parallel_reads)
+        parts = n * part * weights / shard_weights  # the participants' parts of a shard of this size
+        read = (traffic.table_reads * _transfer(n, 16 * n, lat, p.s3_read_mb_s, p.s3_parallel_reads)
+                + _transfer(n + 1, parts + weights + state, lat, p.s3_read_mb_s, p.s3_parallel_reads))
         cpu = min(1.0, vcpus(mem["reducer"]))
         math_s = elements * (n * p.average_ns + p.optimizer_ns) * 1e-9 / cpu
         total = p.handler_s + read + math_s + _transfer(1, weights + state, lat, p.s3_write_mb_s) + pub
@@ -650,14 +732,20 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
                      f"{work_batches} PublishBatch"),
         Stage(name="Work → Worker", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(name="Worker", function="worker", seconds=worker_s,
-              detail=f"read weights {read_weights:.2f} s, compute {local_batch} samples {compute_s:.2f} s, "
-                     f"write update {write_update:.2f} s, WorkDone"),
+              detail=f"read weights {read_weights:.2f} s, {w.training.algorithm}: compute "
+                     f"{traffic.compute_steps} × {local_batch} samples {compute_s:.2f} s"
+                     + (f", slot state {slot_s:.2f} s" if slot_b else "")
+                     + (f", residual read {residual_read:.2f} s (alongside), written" if residual_b else "")
+                     + f", write update {write_update:.2f} s, WorkDone"),
         Stage(name="WorkDone → ReduceLauncher", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(name="ReduceLauncher (fires)", function="reduce_launcher", seconds=fire_s,
-              detail=f"record + count, {pages} BatchGetItem, participants, fire, {reduce_batches} PublishBatch"),
+              detail=f"record + count, {pages} BatchGetItem, participants, "
+                     + (f"{traffic.late_queries} Query for late updates, " if traffic.late_queries else "")
+                     + f"fire, {reduce_batches} PublishBatch"),
         Stage(name="Reduce → Reducer", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(name="Reducer", function="reducer", seconds=reducer_s,
-              detail=f"{n + 1} GETs {reduce_read:.2f} s, average + optimizer {reduce_math:.2f} s, write shard"),
+              detail=(f"{n} part-table GETs, then " if traffic.table_reads else "")
+                     + f"{n + 1} GETs {reduce_read:.2f} s, average + optimizer {reduce_math:.2f} s, write shard"),
         *([Stage(name="Norm exchange", function="reducer", seconds=share_s + hop + step_s,
                  detail=f"store average + sums of squares, release {exchange.released} shards (SNS → Lambda), "
                         "read average and shard back")] if exchange.released else []),
@@ -679,17 +767,19 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     state_total = k * 4 * w.trainable_params
     io = {  # (read, written) bytes: the critical invocation, then all of one iteration
         "work_launcher": (0, 0, 0, 0),
-        "worker": (M, M + updates.HEADER_SIZE, W * M, W * (M + updates.HEADER_SIZE)),
+        "worker": (M + slot_b + residual_b, U + slot_b + residual_b, W * (M + slot_b + residual_b),
+                   W * (U + slot_b + residual_b)),
         "reduce_launcher": (0, 0, 0, 0),
-        "reducer": ((n + 1) * shard_weights + shard_state, shard_weights + shard_state,
-                    (n + 1) * M + state_total, M + state_total),
+        "reducer": (n * part + shard_weights + shard_state, shard_weights + shard_state,
+                    n * (U - updates.HEADER_SIZE) + M + state_total, M + state_total),
         "merger": (M, M + F, M, M + F),
     }
     memory_needed = {
         "work_launcher": p.python_runtime_mb,
-        "worker": p.tf_runtime_mb + (p.worker_model_copies * M + local_batch * w.activation_bytes_per_sample) / 1e6,
+        "worker": p.tf_runtime_mb + (p.worker_model_copies * M + 2 * slot_b + 2 * residual_b
+                                     + local_batch * w.activation_bytes_per_sample) / 1e6,
         "reduce_launcher": p.python_runtime_mb + W * p.record_bytes / 1e6,
-        "reducer": p.python_runtime_mb + (n * shard_weights + 8 * shard_weights / 4
+        "reducer": p.python_runtime_mb + (n * max(part, shard_weights) + 8 * shard_weights / 4
                                           + 2 * (shard_weights + shard_state)) / 1e6,
         "merger": p.tf_runtime_mb + p.merger_model_copies * M / 1e6,
     }
@@ -718,8 +808,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     per_epoch = w.iterations_per_epoch
     return Plan(
         workload=w, participants=n, state_slots=k, requests_per_iteration=requests,
-        minimum_requests_per_iteration=minimum_chain(W, R, n, work_batches, reduce_batches),
-        extra_calls=chain_extras(W), read_units=read_units,
+        minimum_requests_per_iteration=minimum_chain(W, R, n, work_batches, reduce_batches, traffic),
+        extra_calls=chain_extras(W, R, n, traffic), read_units=read_units,
         write_units=write_units, sns_billed_publishes=sns_billed, stages=stages, functions=functions,
         chain_s=chain_s, floor_s=floor_s, iteration_s=iteration_s,
         epoch_s=None if per_epoch is None else per_epoch * iteration_s,

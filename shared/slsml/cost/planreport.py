@@ -13,13 +13,14 @@ from slsml.spec.errors import BadInputError
 
 if TYPE_CHECKING:  # the model's modules load when a plan is made, not when the CLI parses its arguments
     from slsml.cost.model import Parameters, Plan, Recommendation, SweepPoint, Workload
+    from slsml.spec.config import TrainingSpec
 
 SWEEP_METADATA = "slsml-sweep"  # PNG text chunk: the plotted points as JSON
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from slsml.spec.config import OPTIMIZER_NAMES
-
+    """The plan's own options; the run's training flags (``run start``'s) come from the CLI, and a plan without
+    --reducers takes the fastest R for W."""
     model = parser.add_argument_group("model (one of)")
     model.add_argument("--model", help="a .keras file: its weights are counted and one gradient step is timed")
     model.add_argument("--params", type=int, help="or the number of float32 weights (a ResNet-50-like network)")
@@ -27,17 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="seconds of one sample's gradient on one vCPU (default: measured with --model)")
     model.add_argument("--sample-bytes", type=int, help="bytes of one training sample (default: the model's input)")
     shape = parser.add_argument_group("pipeline")
-    shape.add_argument("--workers", type=int, default=4, help="data-parallel workers W (default 4)")
-    shape.add_argument("--reducers", type=int, help="reducers R (default: the fastest R for W)")
-    shape.add_argument("--batch", type=int, default=128, help="global mini-batch (default 128)")
-    shape.add_argument("--quorum", type=float, default=1.0, help="fraction of workers a reduce waits for (default 1)")
-    shape.add_argument("--optimizer", choices=OPTIMIZER_NAMES, help="default: the model's compiled one, else adam")
-    shape.add_argument("--momentum", type=float, default=0.0, help="SGD or RMSprop momentum (one state slot if > 0)")
     shape.add_argument("--memory", action="append", default=[], metavar="FUNCTION=MB",
                        help="function memory, e.g. worker=4096 (default: the deployment's settings)")
-    length = parser.add_argument_group("length")
-    length.add_argument("--iterations", type=int, help="iterations of the run")
-    length.add_argument("--epochs", type=float, help="or epochs of --samples")
+    length = parser.add_argument_group("length (or --iterations)")
+    length.add_argument("--epochs", type=float, help="epochs of --samples")
     length.add_argument("--samples", type=int, help="training samples: per-epoch figures")
     model_of = parser.add_argument_group("model parameters, quotas, prices")
     model_of.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
@@ -52,23 +46,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json", action="store_true", help="print the plan as one JSON object")
 
 
-def workload(args: argparse.Namespace, parameters: Parameters) -> Workload:
-    """The workload the arguments describe (R 1 when not given: ``run`` then picks the fastest)."""
-    from slsml.cost import model as costmodel
-    from slsml.spec.config import OptimizerConfig, TrainingSpec
+def iterations(args: argparse.Namespace) -> int:
+    """The run's iterations: --iterations, or --epochs of --samples, or an epoch of --samples, or the spec's."""
+    from slsml.spec.config import TrainingSpec
 
-    if bool(args.model) == (args.params is not None):
-        raise BadInputError("give the model: --model FILE.keras or --params N")
-    memory = costmodel.function_memory(dict(_memory(text) for text in args.memory))
     if args.epochs is not None and args.iterations is not None:
         raise BadInputError("give --iterations or --epochs, not both")
     if args.epochs is not None and args.samples is None:
         raise BadInputError("--epochs needs --samples (the training samples of one epoch)")
-    if min(args.workers, args.batch) < 1 or (args.samples is not None and args.samples < 1):
-        raise BadInputError("--workers, --batch and --samples count from 1")
+    if args.samples is not None and args.samples < 1:
+        raise BadInputError("--samples counts from 1")
+    if args.epochs is not None:
+        return max(1, round(args.epochs * (args.samples // args.batch)))
+    return args.iterations or (
+        args.samples // args.batch if args.samples else TrainingSpec.model_fields["iterations"].default)
+
+
+def workload(args: argparse.Namespace, spec: TrainingSpec, parameters: Parameters) -> Workload:
+    """The workload the arguments and the run's training flags (``spec``) describe."""
+    from slsml.cost import model as costmodel
+
+    if bool(args.model) == (args.params is not None):
+        raise BadInputError("give the model: --model FILE.keras or --params N")
+    memory = costmodel.function_memory(dict(_memory(text) for text in args.memory))
+    workers = spec.initial_workers
     if args.model:
         measure = args.compute_per_sample is None
-        batch = max(1, min(32, math.ceil(args.batch / args.workers)))
+        batch = max(1, min(32, math.ceil(spec.global_batch / workers)))
         if measure:
             costmodel.pin_one_thread()
         figures = costmodel.from_keras_file(args.model, batch, measure, parameters)
@@ -78,17 +82,11 @@ def workload(args: argparse.Namespace, parameters: Parameters) -> Workload:
         figures = costmodel.from_params(args.params, parameters, compute_per_sample_s=args.compute_per_sample)
     if args.sample_bytes is not None:
         figures["sample_bytes"] = args.sample_bytes
-    if args.optimizer:
-        momentum = args.momentum if args.optimizer in ("sgd", "rmsprop") else 0.0
-        figures["optimizer"] = OptimizerConfig(name=args.optimizer, momentum=momentum)
-    if args.epochs is not None:
-        iterations = max(1, round(args.epochs * (args.samples // args.batch)))
-    else:
-        iterations = args.iterations or (
-            args.samples // args.batch if args.samples else TrainingSpec.model_fields["iterations"].default)
-    return costmodel.Workload(**figures, workers=args.workers, reducers=args.reducers or 1, global_batch=args.batch,
-                    quorum=args.quorum, iterations=iterations, samples=args.samples, memory_mb=memory,
-                    timeout_s=costmodel.function_timeouts())
+    if spec.optimizer is not None:
+        figures["optimizer"] = spec.optimizer
+    return costmodel.Workload(**figures, training=spec, workers=workers, reducers=spec.reducers,
+                              global_batch=spec.global_batch, quorum=spec.quorum, iterations=spec.iterations,
+                              samples=args.samples, memory_mb=memory, timeout_s=costmodel.function_timeouts())
 
 
 def _memory(text: str) -> tuple[str, int]:
@@ -99,7 +97,8 @@ def _memory(text: str) -> tuple[str, int]:
         raise BadInputError(f"--memory {text!r}: write FUNCTION=MB, e.g. worker=4096") from None
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, spec: TrainingSpec) -> int:
+    """The plan of the run ``spec`` (its R the fastest for W unless --reducers was given) and the arguments."""
     from slsml.accounting import prices
     from slsml.cost import model as costmodel
     from slsml.cost.model import Parameters, Quotas
@@ -107,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     parameters, origin = costmodel.load_overrides(args.calibration, args.param, Parameters)
     quotas, _ = costmodel.load_overrides(None, args.quota, Quotas)
     price_table = prices.load(args.prices)
-    work = workload(args, parameters)
+    work = workload(args, spec, parameters)
     fixed = args.reducers is not None
     if not fixed:
         work = work.at(reducers=costmodel.fastest_reducers(work, parameters, quotas, price_table))

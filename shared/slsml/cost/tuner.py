@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
-from slsml import rules
 from slsml.spec.config import Objective, RunConfig
 from slsml.state.records import Measurement, TunerState
 
@@ -114,8 +113,8 @@ def predictor(config: RunConfig, compute_per_sample_s: float) -> Predict:
     workload = costmodel.Workload(
         **{**costmodel.from_params(config.plan.size, parameters, compute_per_sample_s),
            "model": "the run's", "trainable_params": max(1, int(config.plan.trainable_mask().sum()))},
-        optimizer=rules.server_optimizer(config), workers=1, reducers=spec.reducers,
-        global_batch=spec.global_batch * spec.local_batches, quorum=spec.quorum, iterations=spec.iterations,
+        optimizer=config.optimizer, training=spec, workers=1, reducers=spec.reducers,
+        global_batch=spec.global_batch, quorum=spec.quorum, iterations=spec.iterations,
         memory_mb=costmodel.function_memory(), timeout_s=costmodel.function_timeouts(),
     )
 

@@ -379,6 +379,10 @@ class TrainingSpec(BaseModel):
 
     @model_validator(mode="after")
     def _workers_within_bounds(self) -> TrainingSpec:
+        if self.global_batch < self.initial_workers:  # first: the default max_workers is the global batch
+            raise ValueError(
+                f"global_batch ({self.global_batch}) must be at least the number of workers ({self.initial_workers})"
+            )
         if self.workers == "auto" and (self.min_workers is None or self.max_workers is None):
             raise ValueError("workers auto needs min_workers and max_workers: the bounds the tuner moves within")
         if self.workers != "auto" and self.objective != type(self).model_fields["objective"].default:
@@ -390,14 +394,6 @@ class TrainingSpec(BaseModel):
             raise ValueError(f"workers ({self.workers}) must lie within min_workers and max_workers ({low}-{high})")
         if high > self.global_batch:
             raise ValueError(f"max_workers ({high}) must be at most the global batch ({self.global_batch})")
-        return self
-
-    @model_validator(mode="after")
-    def _batch_covers_workers(self) -> TrainingSpec:
-        if self.global_batch < self.initial_workers:
-            raise ValueError(
-                f"global_batch ({self.global_batch}) must be at least the number of workers ({self.initial_workers})"
-            )
         return self
 
     @model_validator(mode="after")

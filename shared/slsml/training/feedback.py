@@ -70,6 +70,11 @@ def compress(
     return Compressed(update, left, sent)
 
 
+def residual_bytes(size: int) -> int:
+    """Bytes of a stored residual of a model of ``size`` weights."""
+    return 4 * size
+
+
 def encode_residual(residual: np.ndarray) -> bytes:
     return np.ascontiguousarray(residual, dtype="<f4").tobytes()
 

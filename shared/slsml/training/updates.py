@@ -105,14 +105,26 @@ def top_k(compression: Compression, trainable: int) -> int:
 
 def part_size(plan: ShardPlan, shard: int, compression: Compression = NONE) -> int:
     """Bytes of ``shard``'s part (fixed layouts: every encoding but significance)."""
-    trainable, other = _entry_counts(plan)[shard]
+    if compression.kind == "significance":
+        raise ValueError("significance parts have no fixed size: read the part table (table_range)")
+    return part_bytes(compression, *_entry_counts(plan)[shard])
+
+
+def part_bytes(compression: Compression, trainable: int, other: int, significant: int = 0) -> int:
+    """Bytes of a part of ``trainable`` trainable and ``other`` non-trainable entries (significance: of which
+    ``significant`` are sent)."""
     if compression.kind == "none":
         return 4 * (trainable + other)
     if compression.kind == "fp16":
         return 2 * trainable + 4 * other
     if compression.kind == "topk":
         return 8 * top_k(compression, trainable) + 4 * other
-    raise ValueError("significance parts have no fixed size: read the part table (table_range)")
+    return _COUNT.size + 8 * significant + 4 * other
+
+
+def table_bytes(reducers: int) -> int:
+    """Bytes of a significance update's part table: R+1 offsets."""
+    return 8 * (reducers + 1)
 
 
 def part_range(plan: ShardPlan, shard: int, compression: Compression = NONE) -> tuple[int, int]:
@@ -122,10 +134,6 @@ def part_range(plan: ShardPlan, shard: int, compression: Compression = NONE) -> 
         return HEADER_SIZE + 4 * layout.start, HEADER_SIZE + 4 * layout.stop - 1
     first = HEADER_SIZE + sum(part_size(plan, r, compression) for r in range(shard))
     return first, first + part_size(plan, shard, compression) - 1
-
-
-def _table_size(plan: ShardPlan) -> int:
-    return 8 * (plan.reducers + 1)
 
 
 def table_range(plan: ShardPlan, shard: int) -> tuple[int, int]:
@@ -143,7 +151,7 @@ def significant_part_range(entries: bytes, plan: ShardPlan, shard: int, size: in
     start, end = _OFFSETS.unpack(entries)
     trainable, other = _entry_counts(plan)[shard]
     smallest = _COUNT.size + 4 * other
-    parts = HEADER_SIZE + _table_size(plan)
+    parts = HEADER_SIZE + table_bytes(plan.reducers)
     if start < parts or end < start + smallest or end > start + smallest + 8 * trainable or \
             (end - start - smallest) % _PAIR.itemsize or (size is not None and end > size):
         within = f" of the object's {size} bytes" if size is not None else ""
@@ -179,7 +187,7 @@ def encode(
             parts.append(_encode_part(flat[layout.start : layout.stop], layout.trainable, compression, scale))
         body = b"".join(parts)
         if encoding == SIGNIFICANCE:
-            offsets = np.cumsum([HEADER_SIZE + _table_size(plan)] + [len(p) for p in parts], dtype=np.uint64)
+            offsets = np.cumsum([HEADER_SIZE + table_bytes(plan.reducers)] + [len(p) for p in parts], dtype=np.uint64)
             body = offsets.astype("<u8").tobytes() + body
     number = KINDS.index(kind)
     header = _HEADER.pack(MAGIC, VERSION, encoding, flat.size, samples, number)
@@ -316,7 +324,7 @@ def decode(
         for r in range(plan.reducers):
             first, last = table_range(plan, r)
             ranges.append(significant_part_range(data[first : last + 1], plan, r, len(data)))
-        end = HEADER_SIZE + _table_size(plan)
+        end = HEADER_SIZE + table_bytes(plan.reducers)
     else:
         ranges = [part_range(plan, r, compression) for r in range(plan.reducers)]
         end = HEADER_SIZE
