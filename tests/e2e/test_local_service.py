@@ -76,7 +76,7 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
         assert copied.returncode == 0, copied.stderr
     run_id = f"cnn-{hashlib.sha256((service / 'cnn.keras').read_bytes()).hexdigest()[:8]}"
     deadline = time.monotonic() + 180  # the RunStarter loads the model and checks it against the data first
-    while run_id not in _slsml(service, "run", "list").stderr:  # the table goes where the progress goes
+    while run_id not in _slsml(service, "run", "list").stdout:
         assert time.monotonic() < deadline, f"{run_id} never appeared in `slsml run list`"
         time.sleep(2)
 
@@ -155,9 +155,22 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     assert modelio.load_model((service / "stopped.keras").read_bytes()).count_params() > 0
 
 
-def test_local_down_ends_the_service(service: Path) -> None:
+def _listed(cwd: Path) -> list[tuple[str, str]]:
+    """`slsml run list --json`: each run's id and status, in the order listed."""
+    listed = _slsml(cwd, "run", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return [(summary["run_id"], summary["status"]) for summary in json.loads(listed.stdout)]
+
+
+def test_local_down_ends_the_service_and_its_runs_stay_listed(service: Path) -> None:
     assert _slsml(service, "local", "status").returncode == 0
+    listed = _listed(service)
+    assert {run_id for run_id, _ in listed} >= {"stop-me"} and len(listed) >= 2
     assert "local service stopped" in _slsml(service, "local", "down").stderr
     assert _slsml(service, "local", "status").returncode == 1
+    assert _listed(service) == listed  # recorded under runs/, in the same order
+    fetched = _slsml(service, "run", "fetch", "stop-me", "--out", "after-down.keras")
+    assert fetched.returncode == 0, fetched.stderr
+    assert (service / "after-down.keras").read_bytes() == (service / "stopped.keras").read_bytes()
     listing = _slsml(service, "run", "stop", "stop-me")
     assert listing.returncode == 2 and "no local service is up" in listing.stderr

@@ -99,7 +99,7 @@ def test_data_put_run_start_status_list_fetch_on_a_stack(local, stack_env, tmp_p
     assert json.loads(re.search(r'id="summary-json">(.*?)</script>', page).group(1)) == summary
     assert (tmp_path / "report" / "timeline-1.png").stat().st_size > 0
     listed = slsml(stack_env, tmp_path, "run", "list", "--stack", STACK)
-    assert "on-stack" in listed.stderr and "COMPLETED" in listed.stderr
+    assert "on-stack" in listed.stdout and "COMPLETED" in listed.stdout
     fetched = slsml(stack_env, tmp_path, "run", "fetch", "on-stack", "--stack", STACK, "--out", "got.keras")
     assert fetched.returncode == 0, fetched.stderr
     assert modelio.load_model((tmp_path / "got.keras").read_bytes()).count_params() > 0

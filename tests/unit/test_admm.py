@@ -185,9 +185,9 @@ def test_the_verdict_counts_admm_rounds_to_gradient_averaging_s_accuracy_less_a_
         (0.96, 6, rounds, fewer)
     monkeypatch.setenv("COLUMNS", "200")
     display.print_admm(report)
-    err = capsys.readouterr().err
-    rows = {cells[0]: cells[1:] for line in err.splitlines()
+    drawn = capsys.readouterr().out
+    rows = {cells[0]: cells[1:] for line in drawn.splitlines()
             if (cells := re.split(r"\s*│\s*", line.strip("│ ")))[0] in ("gradient", "admm")}
     assert rows["gradient"][:3] == ["8", "0.9600", "6"]
     assert rows["admm"][2] == (str(rounds) if rounds else "–")
-    assert f"at most 1/3: {'yes' if fewer else 'no'}" in err
+    assert f"at most 1/3: {'yes' if fewer else 'no'}" in drawn

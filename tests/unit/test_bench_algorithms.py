@@ -41,9 +41,9 @@ def test_a_row_per_variant_and_the_verdicts(monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     display.print_algorithms(_report())
-    err = capsys.readouterr().err
+    drawn = capsys.readouterr().out
     rows: dict[str, list[str]] = {}  # variant → its cells to the target, then over the budget
-    for line in err.splitlines():
+    for line in drawn.splitlines():
         if (cells := re.split(r"\s*│\s*", line.strip("│ ")))[0] in FIGURES:
             rows.setdefault(cells[0], []).extend(cells[1:])
     assert rows["gradient-auto"] == ["62", "88.0", "6,000", "$0.006", "2→3→2", "150", "0.9712", "150.0", "12,345",
@@ -51,8 +51,8 @@ def test_a_row_per_variant_and_the_verdicts(monkeypatch: pytest.MonkeyPatch,
     assert rows["average-k4"][:4] == ["–"] * 4 and rows["average-k4"][5] == "37"  # 19,200 samples / (128 × 4)
     assert rows["average-k16"][:2] == ["5", "12.0"] and rows["average-k16"][5] == "9"
     assert rows["gradient-w8"][4] == "8"
-    assert "model averaging, K=16, against gradient averaging, W=4: 0.15× the time to 0.95; at most 1/4: yes" in err
-    assert "workers auto against the fastest fixed W (gradient-w4): 1.10× the time to 0.95; within 15%: yes" in err
+    assert "model averaging, K=16, against gradient averaging, W=4: 0.15× the time to 0.95; at most 1/4: yes" in drawn
+    assert "workers auto against the fastest fixed W (gradient-w4): 1.10× the time to 0.95; within 15%: yes" in drawn
 
 
 def test_a_verdict_without_the_figures_says_so(monkeypatch: pytest.MonkeyPatch,
@@ -63,6 +63,6 @@ def test_a_verdict_without_the_figures_says_so(monkeypatch: pytest.MonkeyPatch,
         v.wall_to_target_s = None
     display.print_algorithms(report.model_copy(update={"averaging_ratio": None, "averaging_fast": False,
                                                        "tuned_ratio": None, "tuned_close": False}))
-    err = capsys.readouterr().err
-    assert "W=4: no ratio (not both reached 0.95); at most 1/4: no" in err
-    assert "fastest fixed W (none reached it): no ratio (not both reached 0.95); within 15%: no" in err
+    drawn = capsys.readouterr().out
+    assert "W=4: no ratio (not both reached 0.95); at most 1/4: no" in drawn
+    assert "fastest fixed W (none reached it): no ratio (not both reached 0.95); within 15%: no" in drawn

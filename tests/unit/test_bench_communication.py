@@ -67,9 +67,9 @@ def _report(**changed: tuple[int, int | None, float]) -> CommunicationReport:
 _SAVED = dict(FIGURES)
 
 
-def _rows(err: str, table: str) -> dict[str, list[str]]:
+def _rows(drawn: str, table: str) -> dict[str, list[str]]:
     """The rows of the table whose title holds ``table``, by variant."""
-    lines = err.splitlines()
+    lines = drawn.splitlines()
     start = next(i for i, line in enumerate(lines) if table in line)
     rows = {}
     for line in lines[start:]:
@@ -105,23 +105,23 @@ def test_the_verdicts_follow_the_figures() -> None:
 def test_the_tables_and_the_verdict_lines(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COLUMNS", "300")
     display.print_communication(_report())
-    err = capsys.readouterr().err
-    reaching = _rows(err, "to the first model at test accuracy 0.95")
+    drawn = capsys.readouterr().out
+    reaching = _rows(drawn, "to the first model at test accuracy 0.95")
     assert reaching["dense"] == ["none", "40", "60.0", "49.0 MB", "1.0×", "0 B", "67.4 MB", "49.0 MB", "10,800",
                                  "$0.048"]
     assert reaching["topk"][:6] == ["topk:0.01", "70", "105.0", "1.74 MB", "28.2×", "85.8 MB"]
-    total = _rows(err, "in total: 150 iterations each")
+    total = _rows(drawn, "in total: 150 iterations each")
     assert total["fp16"] == ["76.6 kB", "91.9 MB", "2.0×", "184 MB", "276 MB", "161 MB", "91.9 MB", "40,000",
                              "$0.25", "250.0", "0.9694"]
-    accuracy = _rows(err, "test accuracy after iteration")
+    accuracy = _rows(drawn, "test accuracy after iteration")
     assert accuracy["dense"][-2:] == ["0.9721", "0.9721 (150)"] and accuracy["dense"][3] == "0.9550"  # after 50
     assert "update and residual bytes: the objects in S3 (the workers' usage lines count them together; they add" \
-           " up: yes)" in err
+           " up: yes)" in drawn
     assert "fp16: 2.00× fewer update bytes than dense over 150 iterations (at least 1.9×: yes); test accuracy 0.9694" \
-           " against dense's 0.9721, -0.27 points (within 0.5: yes)" in err
+           " against dense's 0.9721, -0.27 points (within 0.5: yes)" in drawn
     assert "top-k 0.01 with error feedback: 28.2× fewer update bytes than dense to 0.95 (70 iterations against" \
-           " dense's 40); at least 20×: yes" in err
-    assert "significance:0.2: 7.7× fewer update bytes than dense over 150 iterations, 6.8× to 0.95" in err
+           " dense's 40); at least 20×: yes" in drawn
+    assert "significance:0.2: 7.7× fewer update bytes than dense over 150 iterations, 6.8× to 0.95" in drawn
 
 
 def test_top_k_short_of_the_target_shows_how_close(monkeypatch: pytest.MonkeyPatch,
@@ -129,11 +129,11 @@ def test_top_k_short_of_the_target_shows_how_close(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("COLUMNS", "300")
     report = _report(topk=(32 + 8 * 384, None, 0.9400))
     display.print_communication(report)
-    err = capsys.readouterr().err
-    assert _rows(err, "to the first model")["topk"][1:5] == ["–", "–", "–", "–"]
+    drawn = capsys.readouterr().out
+    assert _rows(drawn, "to the first model")["topk"][1:5] == ["–", "–", "–", "–"]
     assert "top-k 0.01 with error feedback: no ratio (top-k did not reach 0.95 within 150 iterations; top-k's best" \
-           " test accuracy 0.9400 after iteration 150, dense reached 0.95 at iteration 40); at least 20×: no" in err
-    assert _rows(err, "test accuracy after iteration")["topk"][-1] == "0.9400 (150)"
+           " test accuracy 0.9400 after iteration 150, dense reached 0.95 at iteration 40); at least 20×: no" in drawn
+    assert _rows(drawn, "test accuracy after iteration")["topk"][-1] == "0.9400 (150)"
 
 
 def test_accuracy_checkpoints() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,7 @@ def _scaled(workers: list[int], reasons: dict[int, str], status: RunStatus = Run
 
 def _row(name: str, summary: RunSummary, capsys: pytest.CaptureFixture[str]) -> str:
     display.print_summary(summary, as_json=False)
-    row = re.search(rf"│ {re.escape(name)}\s*│ (.*?)\s*│", capsys.readouterr().err)
+    row = re.search(rf"│ {re.escape(name)}\s*│ (.*?)\s*│", capsys.readouterr().out)
     assert row, f"no {name} row"
     return row[1]
 
@@ -87,11 +88,17 @@ def test_the_summary_shows_how_the_workers_changed(monkeypatch: pytest.MonkeyPat
 def test_the_run_list(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     failed = SUMMARY.model_copy(update={"run_id": "run-2", "status": RunStatus.FAILED, "reason": "no data",
-                                        "test_accuracy": None})
+                                        "test_accuracy": None, "started_at": 1.8e9})
     display.print_runs([SUMMARY, failed])
-    rows = [line for line in capsys.readouterr().err.splitlines() if "run-" in line]
-    assert [re.split(r"\s*│\s*", row.strip("│ "))[:4] for row in rows] == [
-        ["run-1", "COMPLETED", "5", "0.9123"], ["run-2", "FAILED", "5", "–"]]
+    out, err = capsys.readouterr()
+    rows = [line for line in out.splitlines() if "run-" in line]
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1.8e9))
+    assert [re.split(r"\s*│\s*", row.strip("│ "))[:5] for row in rows] == [
+        ["run-1", "–", "COMPLETED", "5", "0.9123"], ["run-2", started, "FAILED", "5", "–"]]
+    assert err == ""
+    display.print_runs([SUMMARY, failed], as_json=True)
+    out, err = capsys.readouterr()
+    assert [RunSummary.model_validate(s) for s in json.loads(out)] == [SUMMARY, failed] and "run-2" in err
 
 
 def test_the_progress_line_says_loss_accuracy_and_time_per_iteration() -> None:

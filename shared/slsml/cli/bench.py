@@ -27,7 +27,7 @@ def cmd_bench_stragglers(args: argparse.Namespace) -> int:
         with display.named_progress("[bold]({task.description})") as show:
             report = bench.stragglers(runtime, args.workers, args.iterations, args.slow_iterations, args.factor, show,
                                       args.ssp_factor)
-    display.print_stragglers(report)
+    display.print_stragglers(report, args.json)
     if args.json:
         print(report.model_dump_json())
     return 0 if all(case.summary.status == "COMPLETED" for case in report.cases) else 1
@@ -38,7 +38,7 @@ def cmd_bench_barrier(args: argparse.Namespace) -> int:
 
     with _console().status(f"driving {args.small} and {args.workers} reports through the barriers…"):
         report = bench_barrier.barrier(args.workers, args.reducers, args.small)
-    display.print_barrier(report, args.workers, args.small)
+    display.print_barrier(report, args.workers, args.small, args.json)
     if args.json:
         print(report.model_dump_json())
     fired = all(f.fired and f.merged for f in (report.small, report.large))
@@ -57,14 +57,14 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
             grid = (args.workers or bench_scale.WORKERS, args.reducers or bench_scale.REDUCERS)
             report = bench_scale.scale(local, *grid, args.iterations, show)
     bench_scale.write_calibration(report, Path(args.calibration))
-    display.print_scale(report, args.calibration)
+    display.print_scale(report, args.calibration, args.json)
     if args.json:
         print(report.model_dump_json())
     return 0 if all(point.status == "COMPLETED" for point in report.points) else 1
 
 
 def _bench(args: argparse.Namespace, stem: str, workers: int, reducers: int,
-           run: Callable[[Any, Any], Any], draw: Callable[[Any], None]) -> None:
+           run: Callable[[Any, Any], Any], draw: Callable[[Any, bool], None]) -> None:
     """Start a local runtime with ``workers`` warm worker processes, run ``run(runtime, progress)`` under a
     progress bar, draw its report, and with --json print it as one JSON line."""
     from slsml.client import runs
@@ -77,7 +77,7 @@ def _bench(args: argparse.Namespace, stem: str, workers: int, reducers: int,
             stack.enter_context(runtime)
         with display.named_progress("[bold]{task.description}") as show:
             report = run(runtime, show)
-    draw(report)
+    draw(report, args.json)
     if args.json:
         print(report.model_dump_json())
 

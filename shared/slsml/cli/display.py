@@ -1,8 +1,11 @@
-"""What the ``slsml`` command shows: rich tables, summaries and progress, on stderr (stdout keeps the
-``--json`` lines). ``slsml.cli.main`` parses and runs the commands; everything it draws is here."""
+"""What the ``slsml`` command shows: a command's result (a table, a listing, a summary, a report) on stdout, or
+with ``--json`` as one JSON line on stdout and drawn on stderr; progress and diagnostics on stderr. The other
+modules of ``slsml.cli`` parse and run the commands; everything they draw is here."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
@@ -10,12 +13,26 @@ from typing import Any
 
 from slsml.spec.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig, TrainingSpec
 
+UNCUT_WIDTH = 1000  # the width drawn at into a file or a pipe (COLUMNS unset): lines are not cut at 80 columns
+
 
 def console() -> Any:
-    """The console everything is drawn on: stderr."""
+    """The console progress and diagnostics are drawn on: stderr."""
+    return _console(stderr=True)
+
+
+def results(as_json: bool = False) -> Any:
+    """The console a command's result is drawn on: stdout, or stderr where stdout carries it as JSON."""
+    return _console(stderr=as_json)
+
+
+def _console(stderr: bool) -> Any:
     from rich.console import Console
 
-    return Console(stderr=True)
+    drawn = Console(stderr=stderr)
+    if not drawn.is_terminal and "COLUMNS" not in os.environ:
+        drawn.width = UNCUT_WIDTH
+    return drawn
 
 
 def say(text: str) -> None:
@@ -86,20 +103,49 @@ def number(value: Any) -> str:
 def run_progress(
     run_id: str, iterations: int, started: float, spent: Callable[[Any], float] | None = None
 ) -> Iterator[Callable[[Any, Any], None]]:
-    """A progress bar of a run while the block runs; yields the ``on_progress`` callback of
-    ``runs.wait_for_run`` that moves it. ``spent(run)``: the dollars the run used so far, if known."""
+    """A progress bar of a run (whole lines into a file or a pipe) while the block runs; yields the
+    ``on_progress`` callback of ``runs.wait_for_run`` that moves it. ``spent(run)``: the dollars the run used
+    so far, if known."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    shown = ProgressText(started, spent)
+    if not console().is_terminal:
+        lines = ProgressLines(run_id, iterations, started)
+        yield lambda run, latest: lines.show(run.iteration, shown.update(run, latest))
+        lines.end()
+        return
     columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[run]}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
     with Progress(*columns, console=console(), transient=False) as progress:
         task = progress.add_task("train", total=iterations, run=run_id, stats="")
-        shown = ProgressText(started, spent)
 
         def show(run: Any, latest: Any) -> None:
             progress.update(task, completed=run.iteration, stats=shown.update(run, latest))
 
         yield show
+
+
+class ProgressLines:
+    """A run's progress as whole lines, for a file or a pipe (no bar, never cut at a width): a line every
+    ``EVERY_S`` at most, and the last one when the run ends."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, run_id: str, iterations: int, started: float) -> None:
+        self.run_id, self.iterations, self.started = run_id, iterations, started
+        self.line: str | None = None
+        self.said: str | None = None
+        self.said_at = -self.EVERY_S
+
+    def show(self, iteration: int, figures: str) -> None:
+        self.line = f"{self.run_id} {iteration}/{self.iterations}  {figures}  {time.time() - self.started:.0f} s"
+        if time.monotonic() - self.said_at >= self.EVERY_S:
+            say(self.line)
+            self.said, self.said_at = self.line, time.monotonic()
+
+    def end(self) -> None:
+        if self.line != self.said:
+            say(self.line)
 
 
 class ProgressText:
@@ -235,7 +281,7 @@ def print_summary(summary: Any, as_json: bool) -> None:
         row("  what it took", f"{summary.faults['failed_invocations']} failed invocations,"
                               f" {summary.faults['retries']} retried, {summary.faults['dead_letters']} dead letters")
     row("final model", summary.final_model)
-    console().print(table)
+    results(as_json).print(table)
     if as_json:
         print(summary.model_dump_json())
 
@@ -253,15 +299,19 @@ def dollars(amount: float) -> str:
     return f"${amount:,.2f}" if amount >= 1 else f"${amount:.3g}"
 
 
-def print_runs(summaries: list[Any]) -> None:
-    """``run list``: one row per run."""
+def print_runs(summaries: list[Any], as_json: bool = False) -> None:
+    """``run list``: one row per run, in the order given; ``as_json``: also one JSON line, a list of the
+    summaries."""
     from rich.table import Table
 
-    table = Table("run", "status", "iterations", "test accuracy", "reason")
+    table = Table("run", "started", "status", "iterations", "test accuracy", "reason")
     for s in summaries:
-        table.add_row(s.run_id, s.status.value, str(s.iterations),
+        started = "–" if s.started_at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.started_at))
+        table.add_row(s.run_id, started, s.status.value, str(s.iterations),
                       "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", s.reason or "")
-    console().print(table)
+    results(as_json).print(table)
+    if as_json:
+        print(json.dumps([summary.model_dump(mode="json") for summary in summaries]))
 
 
 def _size(count: int) -> str:
@@ -329,7 +379,7 @@ def named_progress(label: str) -> Iterator[Callable[[str, int, int], None]]:
         yield show
 
 
-def print_stragglers(report: Any) -> None:
+def print_stragglers(report: Any, as_json: bool = False) -> None:
     from fractions import Fraction
 
     from rich.table import Table
@@ -349,7 +399,7 @@ def print_stragglers(report: Any) -> None:
                       "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}",
                       "–" if case.rounds_to_target is None else str(case.rounds_to_target), str(s.late_workers),
                       str(s.late_folded))
-    out = console()
+    out = results(as_json)
     out.print(table)
     for case in report.cases:
         if case.summary.status != "COMPLETED":
@@ -373,7 +423,7 @@ def print_stragglers(report: Any) -> None:
               f" {e.rounds_to_target or '–'} (late updates dropped): no more: {yes[report.f_no_slower]}")
 
 
-def print_barrier(report: Any, workers: int, small: int) -> None:
+def print_barrier(report: Any, workers: int, small: int, as_json: bool = False) -> None:
     from rich.table import Table
 
     from slsml.bench import barrier as bench_barrier
@@ -385,20 +435,20 @@ def print_barrier(report: Any, workers: int, small: int) -> None:
                       str(f.max_write_units_per_report), f"{f.write_units_per_shard_report:.2f}",
                       f"{f.participants_item_bytes} B", f"{f.fire_read_units:g}",
                       f"{f.seconds_per_report * 1000:.1f} ms")
-    out, yes = console(), {True: "yes", False: "no"}
+    out, yes = results(as_json), {True: "yes", False: "no"}
     out.print(table)
     out.print(f"at {workers} workers, within {bench_barrier.WITHIN:.0%} of {small}: max item bytes "
               f"{yes[report.item_bytes_within]}, write units per report {yes[report.write_units_within]}")
 
 
-def print_scale(report: Any, calibration: str) -> None:
+def print_scale(report: Any, calibration: str, as_json: bool = False) -> None:
     from rich import box
     from rich.table import Table
 
     from slsml.bench import scale as bench_scale
     from slsml.cost.model import Parameters
 
-    out = console()
+    out = results(as_json)
     out.print(f"[bold]{report.model}[/bold]: {report.params:,} weights, batch {report.batch}, quorum 1, "
               f"{report.iterations} iterations per configuration; warm processes per function: "
               + ", ".join(f"{name} {n}" for name, n in report.pools.items()))
@@ -444,7 +494,7 @@ def print_scale(report: Any, calibration: str) -> None:
     out.print(f"calibration written to {calibration}: slsml plan --calibration {calibration} …")
 
 
-def print_algorithms(report: Any) -> None:
+def print_algorithms(report: Any, as_json: bool = False) -> None:
     """``bench algorithms``: a row per variant, to the target and over the whole sample budget, then whether
     model averaging was fast enough and the tuner close enough to the fastest fixed fleet."""
     from rich.table import Table
@@ -466,7 +516,7 @@ def print_algorithms(report: Any) -> None:
                           "→".join(str(c.workers) for c in v.fleet) or "–")
         budget.add_row(v.name, str(v.rounds), figure(v.final_accuracy, "{:.4f}".format), f"{v.wall_s:.1f}",
                        f"{v.requests:,}", dollars(v.cost_usd))
-    out, yes = console(), {True: "yes", False: "no"}
+    out, yes = results(as_json), {True: "yes", False: "no"}
     out.print(to_target)
     out.print(budget)
     fixed = [v for v in report.variants if v.name in {f"gradient-w{w}" for w in bench.FIXED_WORKERS}
@@ -482,7 +532,7 @@ def print_algorithms(report: Any) -> None:
               f" {bench.TUNED_WITHIN - 1:.0%}: {yes[report.tuned_close]}")
 
 
-def print_admm(report: Any) -> None:
+def print_admm(report: Any, as_json: bool = False) -> None:
     """``bench admm``: a row per variant with the rounds it took to the target (ADMM: less a point), its first
     rounds' test accuracy, then whether ADMM took at most a third of gradient averaging's rounds."""
     from rich.table import Table
@@ -496,7 +546,7 @@ def print_admm(report: Any) -> None:
     for v in report.variants:
         table.add_row(v.name, str(v.rounds), "–" if v.final_accuracy is None else f"{v.final_accuracy:.4f}",
                       str(to_target.get(v.name) or "–"), f"{v.wall_s:.1f}", f"{v.requests:,}", dollars(v.cost_usd))
-    out = console()
+    out = results(as_json)
     out.print(table)
     for v in report.variants:
         out.print(f"{v.name} test accuracy by round: "
@@ -526,7 +576,7 @@ def accuracy_checkpoints(iterations: int) -> list[int]:
     return sorted({max(1, round(iterations * share)) for share in (1 / 15, 2 / 15, 1 / 5, 1 / 3, 1 / 2, 2 / 3, 1)})
 
 
-def print_communication(report: Any) -> None:
+def print_communication(report: Any, as_json: bool = False) -> None:
     """``bench communication``: a row per compressor to the target and over the fixed number of iterations, the
     test accuracy by iteration, then whether fp16 halved the update bytes at the same accuracy and whether top-k
     reached the target on a twentieth of them."""
@@ -543,7 +593,7 @@ def print_communication(report: Any) -> None:
     def fewer(value: float | None, reference: float | None) -> str:
         return "–" if not value or not reference else f"{reference / value:.1f}×"
 
-    out, yes = console(), {True: "yes", False: "no"}
+    out, yes = results(as_json), {True: "yes", False: "no"}
     title = (f"communication: the demo's CNN on digits, {report.workers} workers, {report.reducers} reducers, global"
              f" batch {report.global_batch}, Adam 3e-3 (top-k: SGD 0.1, momentum 0.9), error feedback on every lossy"
              " compressor")

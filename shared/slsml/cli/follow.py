@@ -92,14 +92,7 @@ def follow(
     summary = runs.summarize(run, services.table.list_iterations(run_id), wall_s, records)
     if faults is not None and args.faults:
         summary.faults = faults()
-    record_dir = targets.RUNS_DIR / run_id
-    record_dir.mkdir(parents=True, exist_ok=True)
-    if run.final_key:
-        out = out or record_dir / "final.keras"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(services.store.get(run.final_key))
-        summary.final_model = str(out)
-    (record_dir / "summary.json").write_text(summary.model_dump_json(indent=1))
+    targets.record(services, summary, out)
     if getattr(args, "report", None):
         write_report(services, records or [], run_id, Path(args.report), summary=summary)
     display.print_summary(summary, args.json)

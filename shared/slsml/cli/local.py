@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
-from slsml.cli import display
+from slsml.cli import display, targets
 
 _console = display.console
 
@@ -28,8 +29,37 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 def cmd_local_down(args: argparse.Namespace) -> int:
     from slsml.local import service
 
-    _console().print("local service stopped" if service.down() else "no local service was up")
+    if service.status() is None:
+        _console().print("no local service was up")
+        return 0
+    kept = _record_runs()
+    service.down()
+    _console().print(f"local service stopped; {kept} of its runs recorded under {targets.RUNS_DIR}/ (run list, run"
+                     " status and run fetch read them)", soft_wrap=True)
     return 0
+
+
+def _record_runs() -> int:
+    """Record the local service's runs under runs/, as a followed run records itself, so that ``run list`` shows
+    the same runs once the service is down: those not recorded there yet or recorded as running; a run still
+    running is recorded as stopped. How many were recorded."""
+    from slsml.client import runs
+    from slsml.local import service
+    from slsml.state.records import RunStatus
+
+    state, services = service.connect()
+    ended = {summary.run_id for summary in targets.recorded() if summary.status != RunStatus.RUNNING}
+    kept = 0
+    for run in services.table.list_runs():
+        if run.run_id in ended:
+            continue
+        summary = runs.summarize(run, services.table.list_iterations(run.run_id), run.updated_at - run.created_at,
+                                 targets.service_usage(Path(state.log_dir), run))
+        if summary.status == RunStatus.RUNNING:
+            summary.status, summary.reason = RunStatus.STOPPED, "the local service was stopped while it ran"
+        targets.record(services, summary)
+        kept += 1
+    return kept
 
 
 def cmd_local_status(args: argparse.Namespace) -> int:
@@ -38,14 +68,20 @@ def cmd_local_status(args: argparse.Namespace) -> int:
     state = service.status()
     if state is None:
         _console().print("no local service is up (`slsml local up` starts one)")
+        if args.json:
+            print("null")
         return 1
-    _console().print(f"local service up at {state.endpoint} (pid {state.pid}) for"
-                     f" {time.time() - state.started_at:.0f} s; bucket {state.deployment['bucket']}, table"
-                     f" {state.deployment['table']}; logs in {state.log_dir}", soft_wrap=True)
+    display.results(args.json).print(
+        f"local service up at {state.endpoint} (pid {state.pid}) for {time.time() - state.started_at:.0f} s; bucket"
+        f" {state.deployment['bucket']}, table {state.deployment['table']}; logs in {state.log_dir}",
+        markup=False, highlight=False, soft_wrap=True)
+    if args.json:
+        print(state.model_dump_json())
     return 0
 
 
 def cmd_local_env(args: argparse.Namespace) -> int:
+    import json
     import shlex
 
     from slsml.local import service
@@ -54,7 +90,11 @@ def cmd_local_env(args: argparse.Namespace) -> int:
     state = service.status()
     if state is None:
         raise NotFoundError("no local service is up (`slsml local up` starts one)")
-    for name, value in service.environment(state).items():
+    variables = service.environment(state)
+    if args.json:
+        print(json.dumps(variables))
+        return 0
+    for name, value in variables.items():
         print(f"export {name}={shlex.quote(value)}")
     return 0
 
@@ -67,8 +107,12 @@ def add_commands(commands: Any) -> None:
     local_up.add_argument("--pool", type=int, help="the most warm processes per function (default: from this"
                           " machine's cores and memory)")
     local_up.set_defaults(handler=cmd_local_up)
-    local.add_parser("down", help="stop the service: its runs and data go with it").set_defaults(
-        handler=cmd_local_down)
-    local.add_parser("status", help="whether the service is up, and where").set_defaults(handler=cmd_local_status)
-    local.add_parser("env", help="export lines with which any AWS client reaches the service").set_defaults(
-        handler=cmd_local_env)
+    local.add_parser("down", help="stop the service: its data goes with it, its runs stay listed (their records"
+                     " under ./runs)").set_defaults(handler=cmd_local_down)
+    status = local.add_parser("status", help="whether the service is up, and where (exit code 1: none is up)")
+    status.add_argument("--json", action="store_true", help="print the service's state as one JSON line (null: none"
+                        " is up)")
+    status.set_defaults(handler=cmd_local_status)
+    env = local.add_parser("env", help="export lines with which any AWS client reaches the service")
+    env.add_argument("--json", action="store_true", help="print the variables as one JSON object")
+    env.set_defaults(handler=cmd_local_env)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import signal
 import sys
 import threading
 import types
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -20,11 +22,33 @@ from slsml.training import quiet
 quiet.install()  # before anything imports TensorFlow: its start-up lines stay off the terminal
 
 GROUPS = (demo, runs, local, bench, plan, data)  # the command groups, in the order the help lists them
+EXIT_CODES = ("exit codes: 0 done; 1 the run failed or was stopped (a benchmark: one of its checks failed; local"
+              " status: no service is up); 2 bad usage or input; 130 interrupted (Ctrl-C, SIGTERM). A command's"
+              " result (a table, a listing, a status, a plan) goes to stdout, with --json as one JSON line;"
+              " progress and diagnostics go to stderr.")
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser that names the usage of the command an unknown argument was given to (``slsml run
+    start --batch-size 32``: run start's), not the top level's."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown and not hasattr(parsed, "_unknown_in"):  # the innermost command: it parses first
+            parsed._unknown_in = self
+        return parsed, unknown
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            getattr(parsed, "_unknown_in", self).error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole ``slsml`` parser: every command, subcommand and flag."""
-    parser = argparse.ArgumentParser(prog="slsml", description="Elastic, serverless training of Keras models.")
+    parser = Parser(prog="slsml", description="Elastic, serverless training of Keras models.", epilog=EXIT_CODES)
+    parser.add_argument("--version", action="version", version=f"slsml {importlib.metadata.version('slsml')}")
     commands = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         group.add_commands(commands)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from slsml.cli import options
+from slsml.cli import display, options
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -13,7 +13,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     spec = options.training_spec(argparse.Namespace(**{
         **vars(args), "iterations": planreport.iterations(args), "reducers": args.reducers or 1}))
-    return planreport.run(args, spec)
+    return planreport.run(args, spec, display.results(args.json))
 
 
 def add_commands(commands: Any) -> None:

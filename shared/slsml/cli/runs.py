@@ -54,38 +54,44 @@ def cmd_run_start(args: argparse.Namespace) -> int:
                          so_far=follow.live_usage(args))
 
 
-def _run_summary(args: argparse.Namespace) -> Any:
-    """A run's summary: live from a stack's or the local service's table, or the record a one-shot local
-    run left under runs/."""
+def _run_summary(args: argparse.Namespace) -> tuple[Any, Any]:
+    """A run's summary, with the services it was read from: live from a stack's or the local service's table,
+    else (services None) the record a local run left under runs/."""
     from slsml.client import runs
     from slsml.spec.errors import NotFoundError
 
     target = targets.target(args)
     if target is not None:
         services, usage = target
-        run = services.table.get_run(args.run_id)
-        return runs.summarize(run, services.table.list_iterations(args.run_id), run.updated_at - run.created_at,
-                              usage(run))
-    path = targets.RUNS_DIR / args.run_id / "summary.json"
-    if not path.exists():
-        raise NotFoundError(f"no run named {args.run_id!r} (no {path}; for a deployed run give --stack)")
-    return runs.RunSummary.model_validate_json(path.read_text())
+        try:
+            run = services.table.get_run(args.run_id)
+        except NotFoundError:
+            if args.stack:
+                raise
+        else:
+            summary = runs.summarize(run, services.table.list_iterations(args.run_id),
+                                     run.updated_at - run.created_at, usage(run))
+            return summary, services
+    if recorded := targets.recorded(args.run_id):
+        return recorded[0], None
+    where = "" if target is None else ", nor in the local service"
+    raise NotFoundError(f"no run named {args.run_id!r} (no record under {targets.RUNS_DIR}/{where}; for a deployed"
+                        " run give --stack)")
 
 
 def cmd_run_status(args: argparse.Namespace) -> int:
-    display.print_summary(_run_summary(args), args.json)
+    display.print_summary(_run_summary(args)[0], args.json)
     return 0
 
 
 def cmd_run_fetch(args: argparse.Namespace) -> int:
     from slsml.spec.errors import NotFoundError
 
-    summary = _run_summary(args)
+    summary, services = _run_summary(args)
     out = Path(args.out or f"{args.run_id}.keras")
-    target = targets.target(args)
-    if target is not None and summary.final_model:
-        out.write_bytes(target[0].store.get(summary.final_model))
-    elif target is None and summary.final_model and Path(summary.final_model).exists():
+    if services is not None and summary.final_model:
+        out.write_bytes(services.store.get(summary.final_model))
+    elif services is None and summary.final_model and Path(summary.final_model).exists():
         out.write_bytes(Path(summary.final_model).read_bytes())
     else:
         raise NotFoundError(f"run {args.run_id} has no final model (status {summary.status.value})")
@@ -94,15 +100,16 @@ def cmd_run_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_run_list(args: argparse.Namespace) -> int:
+    """The runs of a deployed stack (--stack), else those recorded under runs/ and the local service's if it is
+    up (its own figures where both have a run): the same runs whether or not it is up, as ``local down``
+    records the service's runs there. Oldest first."""
     from slsml.client import runs
 
+    listed = {} if args.stack else {summary.run_id: summary for summary in targets.recorded()}
     target = targets.target(args)
     if target is not None:
-        summaries = [runs.summarize(r, [], r.updated_at - r.created_at) for r in target[0].table.list_runs()]
-    else:
-        records = sorted(targets.RUNS_DIR.glob("*/summary.json"))
-        summaries = [runs.RunSummary.model_validate_json(p.read_text()) for p in records]
-    display.print_runs(summaries)
+        listed |= {r.run_id: runs.summarize(r, [], r.updated_at - r.created_at) for r in target[0].table.list_runs()}
+    display.print_runs(sorted(listed.values(), key=lambda s: (s.started_at or 0.0, s.run_id)), args.json)
     return 0
 
 
@@ -194,13 +201,13 @@ def add_commands(commands: Any) -> None:
                        help="when the run ends, write its report: DIR/index.html and its PNGs")
     options.training_options(start, iterations=None)
     start.set_defaults(handler=cmd_run_start)
-    stack_help = ("the deployed stack of this name (default: the local service if one is up, else the local runs"
-                  " recorded under ./runs)")
+    stack_help = ("the deployed stack of this name (default: the local runs: the local service's, if one is up, and"
+                  " those recorded under ./runs)")
     act_help = "the deployed stack of this name (default: the local service)"
     status = run.add_parser("status", help="a run's state and figures")
     status.add_argument("run_id")
     status.add_argument("--stack", help=stack_help)
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     status.set_defaults(handler=cmd_run_status)
     report = run.add_parser("report", help="a run's report: one HTML page with its curves, iteration timelines,"
                             " costs and faults, and its PNGs")
@@ -231,8 +238,9 @@ def add_commands(commands: Any) -> None:
                        help="the workers (within the run's --min-workers and --max-workers)")
     scale.add_argument("--stack", help=act_help)
     scale.set_defaults(handler=cmd_run_scale)
-    listing = run.add_parser("list", help="runs and their status")
+    listing = run.add_parser("list", help="runs and their status, oldest first")
     listing.add_argument("--stack", help=stack_help)
+    listing.add_argument("--json", action="store_true", help="print the runs as one JSON line: a list of summaries")
     listing.set_defaults(handler=cmd_run_list)
     watch = run.add_parser("watch", help="follow a run until it ends (Ctrl-C leaves the run alone)")
     watch.add_argument("run_id")

@@ -1,4 +1,4 @@
-"""Where a run command acts: a deployed stack, the local service, or the records one-shot local runs left."""
+"""Where a run command acts: a deployed stack, the local service, or the records local runs left under runs/."""
 
 from __future__ import annotations
 
@@ -8,10 +8,32 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-RUNS_DIR = Path("runs")  # a one-shot local run's record: runs/<run>/summary.json and its final model
+RUNS_DIR = Path("runs")  # a local run's record: runs/<run>/summary.json and its final model
+
+
+def record(services: Any, summary: Any, out: Path | None = None) -> None:
+    """Keep a run's summary under runs/<run>/, with its final model (at ``out`` if given, else beside it):
+    what ``run list``, ``run status`` and ``run fetch`` read once the run's cloud is gone."""
+    record_dir = RUNS_DIR / summary.run_id
+    record_dir.mkdir(parents=True, exist_ok=True)
+    if summary.final_model:  # its key in the run's bucket
+        out = out or record_dir / "final.keras"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(services.store.get(summary.final_model))
+        summary.final_model = str(out)
+    (record_dir / "summary.json").write_text(summary.model_dump_json(indent=1))
+
+
+def recorded(run_id: str | None = None) -> list[Any]:
+    """The summaries of the runs recorded under runs/ (``run_id``'s alone, if given and recorded)."""
+    from slsml.client.runs import RunSummary
+
+    paths = [RUNS_DIR / run_id / "summary.json"] if run_id else RUNS_DIR.glob("*/summary.json")
+    return [RunSummary.model_validate_json(path.read_text()) for path in paths if path.is_file()]
 
 
 def local_service() -> Any:
+    """The local service's state, None if none is up."""
     from slsml.local import service
 
     return service.status()

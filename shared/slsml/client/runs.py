@@ -210,6 +210,7 @@ def first_reaching(iterations: list[Counter], accuracy: float) -> int | None:
 
 class RunSummary(BaseModel):
     run_id: str
+    started_at: float | None = None  # when it was created, epoch seconds (None: a record that does not say)
     status: RunStatus
     reason: str | None
     iterations: int  # done
@@ -272,6 +273,7 @@ def summarize(
     last_loss = max(merged, key=lambda r: r.iteration).train_loss if merged else None
     return RunSummary(
         run_id=run.run_id,
+        started_at=run.created_at,
         status=run.status,
         reason=run.reason,
         iterations=run.iteration,

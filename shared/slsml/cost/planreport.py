@@ -97,8 +97,9 @@ def _memory(text: str) -> tuple[str, int]:
         raise BadInputError(f"--memory {text!r}: write FUNCTION=MB, e.g. worker=4096") from None
 
 
-def run(args: argparse.Namespace, spec: TrainingSpec) -> int:
-    """The plan of the run ``spec`` (its R the fastest for W unless --reducers was given) and the arguments."""
+def run(args: argparse.Namespace, spec: TrainingSpec, console: Any) -> int:
+    """The plan of the run ``spec`` (its R the fastest for W unless --reducers was given) and the arguments, drawn
+    on ``console``; with --json also as one JSON object on stdout."""
     from slsml.accounting import prices
     from slsml.cost import model as costmodel
     from slsml.cost.model import Parameters, Quotas
@@ -119,9 +120,6 @@ def run(args: argparse.Namespace, spec: TrainingSpec) -> int:
         reducers = f"R = {work.reducers}" if fixed else "the fastest R at each W"
         write_sweep_png(points, Path(args.png), f"{work.model}: {work.params:,} weights, batch {work.global_batch:,},"
                         f" {work.samples:,} samples per epoch, {reducers}")
-    from rich.console import Console
-
-    console = Console(stderr=True)
     render(plan, recommendation, console, fixed)
     if points is not None:
         render_sweep(points, args.png, console)
