@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from slsml.cli import display, targets
 from slsml.spec.errors import BadInputError
-
-_console = display.console
-
 
 # ---- a source from the command line: each format's options are flags ------------------------------------------
 
@@ -57,18 +52,6 @@ def _source(args: argparse.Namespace) -> Any:
     return sources.open_source(path, format.name, **given)
 
 
-@contextmanager
-def _progress(name: str, total: int | None) -> Iterator[Callable[[int], None]]:
-    """A progress bar of the samples read (stderr); yields what advances it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn(f"ingesting {name}"), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-               TimeElapsedColumn())
-    with Progress(*columns, console=_console(), transient=True) as progress:
-        task = progress.add_task(name, total=total)
-        yield lambda count: progress.advance(task, count)
-
-
 def _ingest(store: Any, name: str, path: Path, source: Any, test_fraction: float, seed: int,
             shard_mb: float | None = None) -> Any:
     """Stream ``source`` (read from ``path``) into dataset ``name`` with a progress bar; its manifest."""
@@ -76,7 +59,7 @@ def _ingest(store: Any, name: str, path: Path, source: Any, test_fraction: float
     from slsml.data.manifest import DEFAULT_SHARD_MB
 
     origin = ingest.origin_of(path, source, test_fraction, seed)
-    with _progress(name, source.count()) as advance:
+    with display.samples_progress(f"ingesting {name}", source.count()) as advance:
         return ingest.put(store, name, source, test_fraction, seed, shard_mb or DEFAULT_SHARD_MB, origin, advance)
 
 

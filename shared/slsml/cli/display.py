@@ -326,21 +326,31 @@ def _shape(summary: dict[str, Any], part: str) -> str:
     return f"{summary[part + '_dtype']}[{','.join(map(str, summary[part + '_shape']))}]"
 
 
+@contextmanager
+def samples_progress(label: str, total: int | None) -> Iterator[Callable[[int], None]]:
+    """A progress bar of the samples read (stderr), gone when done; yields what advances it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn(label, markup=False), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console(), transient=True) as progress:
+        task = progress.add_task(label, total=total)
+        yield lambda count: progress.advance(task, count)
+
+
 def print_datasets(summaries: list[dict[str, Any]]) -> None:
     """``data list``: one row per dataset (``slsml.data.catalog.summary``), on stdout."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("dataset", "format", "train", "test", "x", "y", "classes", "stored")
     for s in summaries:
         table.add_row(s["name"], s["format"] or "–", str(s["train"]), str(s["test"]), _shape(s, "x"), _shape(s, "y"),
                       "–" if s["classes"] is None else str(s["classes"]), _size(s["bytes"]))
-    Console().print(table)
+    results().print(table)
 
 
 def print_dataset(summary: dict[str, Any]) -> None:
     """``data show``, ``data put``: a dataset's manifest, a line per fact, on stdout."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(show_header=False, box=None)
@@ -355,7 +365,7 @@ def print_dataset(summary: dict[str, Any]) -> None:
         ("source sha256", summary["sha256"] or "–"),
     ):
         table.add_row(label, value)
-    Console().print(table)
+    results().print(table)
 
 
 # ---- benchmarks ------------------------------------------------------------------------------
