@@ -668,12 +668,12 @@ def print_communication(report: Any, as_json: bool = False) -> None:
               f" than dense over {n} iterations, {to_target} to {target}")
 
 
-def print_data(report: Any) -> None:
+def print_data(report: Any, as_json: bool = False) -> None:
     from rich.table import Table
 
     from slsml.bench import data as bench_data
 
-    out = console()
+    out = results(as_json)
     out.print(f"[bold]{report.samples:,} images[/bold] of {report.sample_bytes:,} B "
               f"({report.dataset_bytes / 1e6:.0f} MB with the test split), {report.workers} workers, global batch "
               f"{report.global_batch}, "
