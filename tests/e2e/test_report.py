@@ -2,7 +2,7 @@
 from the run table and the functions' usage logs, then opened in headless Chromium. The page renders, every
 image loaded, and the figures it shows are the run summary's (``runs.summarize``, what ``--json`` prints).
 
-Needs Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs them); without them the test fails,
+Needs Debian's ``chromium`` and ``chromium-driver`` (``make test`` installs them); without them the test fails,
 saying what to install."""
 
 from __future__ import annotations
