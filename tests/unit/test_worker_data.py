@@ -115,3 +115,32 @@ def test_the_worker_sends_the_same_update_from_ranged_reads_as_from_cached_shard
         body = services.store.get(keys.update(run_id, 0, 1))
         sent[run_id] = updates.decode(body, "gradient", config.plan, config.training.compression)[0]
     np.testing.assert_array_equal(sent["ranged"], sent["cached"])
+
+
+def test_in_the_shard_order_the_worker_reads_its_lanes_windows_once(
+    services: Services, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _run(services, model_bytes, "lanes", shuffle="shards", shuffle_buffer=4)
+    store = services.store
+    order = data.shard_order(config.training, data.load_manifest(store, "d"))
+    lanes = data.worker_indices(np.arange(16), 2, 0)
+    windows = np.concatenate([order.window(0, int(lane), 0) for lane in lanes])
+    monkeypatch.setenv(cache.BOUND_ENV, str(300 * RECORD / 2**20))  # the windows fit; the split (200) is past half
+    real_get, gets = store.s3.get_object, []
+
+    def get_object(**kwargs):
+        if kwargs["Key"].startswith("datasets/d/train-"):
+            gets.append(kwargs["Range"])
+        return real_get(**kwargs)
+
+    monkeypatch.setattr(store.s3, "get_object", get_object)
+    for iteration in range(4):  # the lanes' first windows serve 4 iterations
+        if iteration:
+            store.put_array_new(keys.weights("lanes", iteration), store.get_array(keys.weights("lanes", 0)))
+            store.put_new(keys.model("lanes", iteration), model_bytes)
+        from slsml.pipeline.steps import worker as step
+
+        step.work(WorkMessage(run_id="lanes", iteration=iteration, worker=0, workers=2), services)
+        assert len(gets) == len(data.coalesce(windows, 50)), f"iteration {iteration} read {gets}"
+    assert sorted(gets) == sorted(f"bytes={first * RECORD}-{end * RECORD - 1}"
+                                  for _, first, end in data.coalesce(windows, 50))

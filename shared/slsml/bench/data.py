@@ -4,7 +4,9 @@ the same model, workers and global batch, one run each in one local runtime:
 
 - ``cached``: the default bound (half a Worker's memory) holds the dataset: whole shards, read once;
 - ``ranged``: the workers' warm cache bounded at ``cache_mb`` (``SLSML_WARM_CACHE_MB``), below the dataset: each
-  worker fetches the records of its slice of the global batch by ranged GETs (the exact global order).
+  worker fetches the records of its slice of the global batch by ranged GETs (the exact global order);
+- ``shards``: the same bound, in the shard order (``shuffle shards``): each worker reads its lanes' shuffle buffers,
+  one ranged GET of consecutive records per lane every ``shuffle_buffer`` iterations.
 
 Per variant, from the functions' usage lines: S3 bytes read and GETs per iteration (medians), against the bytes of
 the samples an iteration uses, and the median iteration."""
@@ -119,15 +121,17 @@ def data_reads(local: LocalRuntime, samples: int = SAMPLES, iterations: int = IT
     spec = TrainingSpec(workers=WORKERS, reducers=REDUCERS, global_batch=BATCH, iterations=iterations, eval_every=0,
                         optimizer=OptimizerConfig(name="adam", learning_rate=1e-3))
     compared = {
-        "cached": ("the dataset in the workers' warm cache (default bound): whole shards, read once", None),
-        "ranged": (f"warm cache bounded at {cache_mb:g} MB: ranged GETs of the samples used", cache_mb),
+        "cached": ("the dataset in the workers' warm cache (default bound): whole shards, read once", None, spec),
+        "ranged": (f"warm cache bounded at {cache_mb:g} MB: ranged GETs of the samples used", cache_mb, spec),
+        "shards": (f"warm cache bounded at {cache_mb:g} MB, shuffle shards: a ranged GET per lane and shuffle buffer",
+                   cache_mb, spec.model_copy(update={"shuffle": "shards"})),
     }
     variants = []
-    for name, (description, bound) in compared.items():
+    for name, (description, bound, trained) in compared.items():
         run_id = f"{stem}-{name}"
         local.host.function_environment = {} if bound is None else {BOUND_ENV: f"{bound:g}"}
         try:
-            run, started = bench.run_to_the_end(services, model_bytes, spec, run_id, name, progress, dataset=stem)
+            run, started = bench.run_to_the_end(services, model_bytes, trained, run_id, name, progress, dataset=stem)
             local.host.wait_idle(run_id, IDLE_WAIT_S)
         finally:
             local.host.function_environment = {}
@@ -140,7 +144,7 @@ def data_reads(local: LocalRuntime, samples: int = SAMPLES, iterations: int = IT
             gets_per_iteration=(summary.requests_per_iteration or {}).get("s3:GetObject"),
             median_iteration_s=summary.median_iteration_s,
         ))
-    cached, ranged = variants
+    cached, ranged = variants[:2]
     bytes_ratio = time_ratio = None
     if cached.bytes_read_per_iteration is not None and ranged.bytes_read_per_iteration is not None:
         bytes_ratio = ranged.bytes_read_per_iteration / (ranged.bytes_used_per_iteration
