@@ -98,3 +98,16 @@ def test_an_interrupted_ingest_continues_and_other_data_is_refused(s3, tmp_path:
     assert not store.exists(keys.dataset_manifest("e"))
     with pytest.raises(BadInputError, match="dataset 'd' already exists"):
         ingest.put(store, "d", sources.open_source(tmp_path / "d.npz"), shard_mb=0.02)
+
+
+def test_bad_input_midway_leaves_no_dataset_visible(s3) -> None:
+    from slsml.data import catalog
+
+    store = ObjectStore(s3, BUCKET)
+    rng = np.random.default_rng(2)
+    batches = [(rng.standard_normal((500, 8)).astype(np.float32), rng.integers(0, 2, 500)) for _ in range(6)]
+    batches[4][0][123, 5] = np.inf
+    with pytest.raises(BadInputError, match=r"the \(x, y\) batches \(samples 2\d{3}–\d+\): x contains NaN or Inf"):
+        ingest.put(store, "bad", sources.from_python(batches), shard_mb=0.01)
+    assert store.list_keys("datasets/bad/")  # shards went up before the bad batch came
+    assert not catalog.exists(store, "bad") and catalog.datasets(store) == []
