@@ -77,6 +77,14 @@ def test_the_readme_fits_on_a_screen_or_two_and_names_every_package() -> None:
             assert f"`{init.parent.relative_to(PACKAGE).as_posix()}`" in readme, init.parent
 
 
+def test_the_readme_links_every_page_of_the_docs() -> None:
+    readme = README.read_text()
+    pages = [page for page in (ROOT / "docs").glob("*.md") if page.name not in {"index.md", "contributing.md"}]
+    assert len(pages) >= 12
+    for page in pages:
+        assert f"](docs/{page.name})" in readme, page.name
+
+
 def test_the_readmes_make_commands_are_targets_of_the_makefile() -> None:
     targets = set(re.findall(r"^([a-z]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
     commands = set(re.findall(r"^make ([a-z]+)", README.read_text(), re.MULTILINE))
