@@ -44,7 +44,7 @@ def _invocation(formatter: argparse.HelpFormatter, action: argparse.Action) -> s
     """The option's names (kept on one line) and its argument, or a positional argument's name."""
     if not action.option_strings:
         return f"<code>{html.escape(formatter._format_action_invocation(action))}</code>"
-    names = ", ".join(f'<code class="flag">{html.escape(name)}</code>' for name in action.option_strings)
+    names = ", ".join(f'<code class="nowrap">{html.escape(name)}</code>' for name in action.option_strings)
     if action.nargs == 0:
         return names
     argument = formatter._format_args(action, formatter._get_default_metavar_for_optional(action))

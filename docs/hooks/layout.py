@@ -45,7 +45,9 @@ def render() -> str:
         lines += [f"### `{dotted}`", "", summary(init), ""]
         if modules:
             lines += ["| module | what it holds |", "|---|---|"]
-            lines += [f"| `{module.relative_to(ROOT / 'shared')}` | {_cell(summary(module))} |" for module in modules]
+            for module in modules:
+                path = module.relative_to(ROOT / "shared")
+                lines.append(f'| <code class="nowrap">{path}</code> | {_cell(summary(module))} |')
             lines.append("")
     return "\n".join(lines)
 

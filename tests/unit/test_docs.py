@@ -66,7 +66,7 @@ def test_the_architecture_page_lists_every_module(site: Path) -> None:
     modules = [path for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"]
     assert len(modules) > 50
     for module in modules:
-        assert f"<code>{module.relative_to(PACKAGE.parent)}</code>" in page, module
+        assert f'<code class="nowrap">{module.relative_to(PACKAGE.parent)}</code>' in page, module
 
 
 def test_the_readme_fits_on_a_screen_or_two_and_names_every_package() -> None:
