@@ -144,3 +144,47 @@ def test_in_the_shard_order_the_worker_reads_its_lanes_windows_once(
         assert len(gets) == len(data.coalesce(windows, 50)), f"iteration {iteration} read {gets}"
     assert sorted(gets) == sorted(f"bytes={first * RECORD}-{end * RECORD - 1}"
                                   for _, first, end in data.coalesce(windows, 50))
+
+
+@pytest.mark.parametrize("shuffle", ["global", "shards"])
+def test_the_plans_data_gets_are_a_runs(services: Services, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch,
+                                        shuffle: str) -> None:
+    from slsml.cost.datatraffic import data_traffic
+    from slsml.pipeline.steps import worker as step
+
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((2000, 6)).astype(np.float32), rng.integers(0, 3, 2000)
+    store = services.store
+    manifest = data.put_dataset(store, "big", x, y, x[:8], y[:8], shard_mb=500 * RECORD / 2**20)
+    cache_mb = 3000 * RECORD / 2**20  # the training split (2,000 records) is past half of it
+    options = {"shuffle_buffer": 4} if shuffle == "shards" else {}
+    spec = TrainingSpec(workers=2, reducers=1, global_batch=32, iterations=8, shuffle=shuffle, **options,
+                        optimizer=OptimizerConfig(name="sgd", learning_rate=0.1))
+    from slsml.client import runs
+
+    runs.prepare_run(services, model_bytes, "big", spec, "measured")
+    services.table.table.put_item(Item=records.run_item("measured", "big", spec, time.time()))
+    monkeypatch.setenv(cache.BOUND_ENV, str(cache_mb))
+    real_get, gets = store.s3.get_object, []
+
+    def get_object(**kwargs):
+        if kwargs["Key"].startswith("datasets/big/train-"):
+            gets.append(kwargs["Key"])
+        return real_get(**kwargs)
+
+    monkeypatch.setattr(store.s3, "get_object", get_object)
+    for iteration in range(spec.iterations):
+        store.put_new(keys.model("measured", iteration), model_bytes)
+        if iteration:
+            store.put_array_new(keys.weights("measured", iteration), store.get_array(keys.weights("measured", 0)))
+        for worker in range(2):
+            step.work(WorkMessage(run_id="measured", iteration=iteration, worker=worker, workers=2), services)
+    measured = len(gets) / spec.iterations
+
+    planned = data_traffic(shuffle, manifest.train.count, manifest.record_bytes, 32, 2, 1, spec.shuffle_buffer,
+                           3008, cache_mb, manifest.shard_records, 0.04, 65).gets_per_iteration
+    assert not data_traffic(shuffle, manifest.train.count, manifest.record_bytes, 32, 2, 1, spec.shuffle_buffer,
+                            3008, None, manifest.shard_records, 0.04, 65).gets_per_iteration  # cached: none
+    assert measured == pytest.approx(planned, rel=0.02), (measured, planned)
+    per_sample = spec.global_batch  # a GET per sample; a GET per lane and window
+    assert measured == pytest.approx(per_sample if shuffle == "global" else per_sample / spec.shuffle_buffer, rel=0.02)

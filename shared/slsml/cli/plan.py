@@ -5,15 +5,24 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from slsml.cli import display, options
+from slsml.cli import display, options, targets
+from slsml.spec.errors import BadInputError
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from slsml.cost import planreport
 
+    manifest = None
+    if args.data:  # the dataset's samples, their bytes and its shards
+        from slsml.data import datasets as data
+
+        manifest = data.load_manifest(targets.required_target(args)[0].store, args.data)
+        if args.samples is not None and args.samples != manifest.train.count:
+            raise BadInputError(f"--samples {args.samples}: dataset {args.data!r} has {manifest.train.count:,}")
+        args.samples = manifest.train.count
     spec = options.training_spec(argparse.Namespace(**{
         **vars(args), "iterations": planreport.iterations(args), "reducers": args.reducers or 1}))
-    return planreport.run(args, spec, display.results(args.json))
+    return planreport.run(args, spec, display.results(args.json), manifest)
 
 
 def add_commands(commands: Any) -> None:

@@ -40,7 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slsml import rules
 from slsml.accounting import prices
-from slsml.data.manifest import DEFAULT_SHARD_MB, shard_records
+from slsml.cost.datatraffic import DataTraffic, data_traffic
+from slsml.data.manifest import DEFAULT_SHARD_MB
 from slsml.pipeline import bus
 from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
@@ -168,6 +169,10 @@ class Workload(BaseModel):
     quorum: float = Field(default=1.0, gt=0, le=1)
     iterations: int = Field(gt=0)
     samples: int | None = Field(default=None, gt=0, description="training samples (an epoch)")
+    shard_records: int | None = Field(default=None, gt=0, description="samples per dataset shard (default: the"
+                                      " shards slsml writes of the sample's size)")
+    cache_mb: float | None = Field(default=None, gt=0, description="the workers' warm cache bound"
+                                   " (SLSML_WARM_CACHE_MB; default half a Worker's memory)")
     memory_mb: dict[str, int]
     timeout_s: dict[str, int]
 
@@ -438,6 +443,8 @@ class Plan(BaseModel):
     first_iteration: FirstIteration
     quotas: list[QuotaCheck]
     parameters: dict[str, dict[str, Any]]
+    data: DataTraffic | None = Field(default=None, description="the workers' data reads (with --samples and the"
+                                     " sample's bytes)")
 
     @property
     def iteration_dollars(self) -> float:
@@ -655,13 +662,15 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     reduce_batches = publish_batches(R, reduce_bytes)
     pages = math.ceil(W / runstate.BATCH_READ)  # the fire reads the W records by key
     mem = w.memory_mb
+    data = workload_data(w, p)
+    data_gets = round(data.gets_per_iteration) if data else 0
 
     requests = {
         "dynamodb:GetItem": 1,
         "dynamodb:UpdateItem": 1 + W + 1 + R + 2,
         "dynamodb:PutItem": W + 1,
         "dynamodb:BatchGetItem": pages,
-        "s3:GetObject": W + R * (n + 1) + R,
+        "s3:GetObject": W + R * (n + 1) + R + data_gets,
         "s3:PutObject": W + R + 2,
         "sns:PublishBatch": work_batches + W + reduce_batches + R,
     }
@@ -694,7 +703,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
                                      _transfer(1, residual_b, lat, p.s3_write_mb_s)) if residual_b else (0.0, 0.0)
     round_s = max(slot_s + compute_s, residual_read)
     write_update = residual_write + _transfer(1, U, lat, p.s3_write_mb_s)
-    worker_s = p.handler_s + read_weights + round_s + write_update + pub
+    read_s = max(read_weights, data.read_s) if data else read_weights  # the samples are read with the weights
+    worker_s = p.handler_s + read_s + round_s + write_update + pub
     count_s = p.handler_s + 2 * ddb
     fire_s = count_s + ddb + pages * ddb + ddb + traffic.late_queries * ddb + reduce_batches * pub
 
@@ -732,7 +742,10 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
                      f"{work_batches} PublishBatch"),
         Stage(name="Work → Worker", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(name="Worker", function="worker", seconds=worker_s,
-              detail=f"read weights {read_weights:.2f} s, {w.training.algorithm}: compute "
+              detail=f"read weights {read_weights:.2f} s"
+                     + (f" and {data.gets_per_iteration / W:,.1f} data GETs {data.read_s:.2f} s (alongside)"
+                        if data and data.gets_per_iteration else "")
+                     + f", {w.training.algorithm}: compute "
                      f"{traffic.compute_steps} × {local_batch} samples {compute_s:.2f} s"
                      + (f", slot state {slot_s:.2f} s" if slot_b else "")
                      + (f", residual read {residual_read:.2f} s (alongside), written" if residual_b else "")
@@ -765,10 +778,11 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         "merger": [(R - 1, merger_count_s), (1, merge_s)],
     }
     state_total = k * 4 * w.trainable_params
+    data_bytes = round(data.bytes_per_iteration) if data else 0
     io = {  # (read, written) bytes: the critical invocation, then all of one iteration
         "work_launcher": (0, 0, 0, 0),
-        "worker": (M + slot_b + residual_b, U + slot_b + residual_b, W * (M + slot_b + residual_b),
-                   W * (U + slot_b + residual_b)),
+        "worker": (M + slot_b + residual_b + math.ceil(data_bytes / W), U + slot_b + residual_b,
+                   W * (M + slot_b + residual_b) + data_bytes, W * (U + slot_b + residual_b)),
         "reduce_launcher": (0, 0, 0, 0),
         "reducer": (n * part + shard_weights + shard_state, shard_weights + shard_state,
                     n * (U - updates.HEADER_SIZE) + M + state_total, M + state_total),
@@ -801,14 +815,16 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         requests, read_units=read_units, write_units=write_units, gb_seconds=gb_seconds, invocations=invocations,
         publish_chunks={"sns:PublishBatch": sns_billed}, log_bytes=invocations * p.log_bytes_per_invocation,
     )
-    first = _first_iteration(w, p, price_table, M, F, local_batch)
+    first = _first_iteration(w, p, price_table, M, F, local_batch, data)
     spreads = {"work": work_batches * pub, "reduce": reduce_batches * pub}
     checks = _quotas(w, p, quotas, n, reduce_bytes, critical, memory_needed, spreads, reduce_read, chain_s, floor_s,
-                     counter_writes * counter_wu)
+                     counter_writes * counter_wu, data)
     per_epoch = w.iterations_per_epoch
+    minimum = minimum_chain(W, R, n, work_batches, reduce_batches, traffic)
+    minimum["s3:GetObject"] += data_gets  # the samples used are read however the pipeline runs
     return Plan(
         workload=w, participants=n, state_slots=k, requests_per_iteration=requests,
-        minimum_requests_per_iteration=minimum_chain(W, R, n, work_batches, reduce_batches, traffic),
+        minimum_requests_per_iteration=minimum, data=data,
         extra_calls=chain_extras(W, R, n, traffic), read_units=read_units,
         write_units=write_units, sns_billed_publishes=sns_billed, stages=stages, functions=functions,
         chain_s=chain_s, floor_s=floor_s, iteration_s=iteration_s,
@@ -818,8 +834,19 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     )
 
 
+def workload_data(w: Workload, p: Parameters) -> DataTraffic | None:
+    """The workers' data reads (``slsml.cost.datatraffic``); None without the samples and their bytes."""
+    if w.samples is None or not w.sample_bytes:
+        return None
+    spec = w.training
+    return data_traffic(spec.shuffle, w.samples, w.sample_bytes, w.global_batch, w.workers, spec.local_batches,
+                        spec.shuffle_buffer, w.memory_mb["worker"], w.cache_mb, w.shard_records, p.s3_request_s,
+                        p.s3_read_mb_s)
+
+
 def _first_iteration(
-    w: Workload, p: Parameters, price_table: prices.PriceTable, M: int, F: int, local_batch: int
+    w: Workload, p: Parameters, price_table: prices.PriceTable, M: int, F: int, local_batch: int,
+    data: DataTraffic | None,
 ) -> FirstIteration:
     """Cold starts on the critical path and the reads only a cold container makes."""
     W, R = w.workers, w.reducers
@@ -828,13 +855,15 @@ def _first_iteration(
     shards_each = 0.0
     data_s = 0.0
     notes = []
-    if w.samples is not None and w.sample_bytes:
-        per_shard = min(shard_records(w.sample_bytes), w.samples)
-        shards = math.ceil(w.samples / per_shard)
+    if data is not None and data.cached:  # whole shards, once
+        per_shard = min(data.shard_records, w.samples or data.shard_records)
+        shards = math.ceil(data.samples / per_shard)
         shards_each = shards * (1 - (1 - 1 / shards) ** local_batch)  # distinct shards of a random slice
-        shard_bytes = per_shard * w.sample_bytes
+        shard_bytes = per_shard * data.sample_bytes
         data_s = shards_each * (p.s3_request_s + shard_bytes / (p.s3_read_mb_s * 1e6))
         notes.append(f"each worker reads {shards_each:.1f} dataset shards of {shard_bytes / 1e6:.0f} MB")
+    elif data is not None:
+        notes.append("the workers read the samples they use, as every iteration does (past their cache)")
     elif w.samples is not None:
         notes.append(f"each worker reads dataset shards of up to {DEFAULT_SHARD_MB:g} MB (their number unknown: "
                      "--sample-bytes)")
@@ -858,7 +887,7 @@ def _first_iteration(
 def _quotas(
     w: Workload, p: Parameters, q: Quotas, n: int, reduce_bytes: int, critical: dict[str, float],
     memory_needed: dict[str, float], spreads: dict[str, float], reduce_read: float, chain_s: float, floor_s: float,
-    counter_units: int,
+    counter_units: int, data: DataTraffic | None = None,
 ) -> list[QuotaCheck]:
     W, R = w.workers, w.reducers
     checks: list[QuotaCheck] = []
@@ -925,6 +954,13 @@ def _quotas(
         over = f": over by {value - limit:,.0f}/s, S3 answers 503 SlowDown and the requests retry"
         add(f"S3 {kind} rate", value, limit, f"{kind}/s",
             f"busiest {busiest}" + (f"; {hit}" if kind == "GET" else "") + (over if value > limit else ""))
+    if data is not None and data.burst_gets:  # the workers read their samples together, as they start
+        prefix = keys.dataset_manifest("<name>").removesuffix("manifest.json")
+        value = data.burst_gets / max(1.0, spreads["work"] + data.burst_s)
+        add("S3 GET rate: data", value, q.s3_get_per_s, "GET/s",
+            f"{prefix}: {W} workers' {data.burst_gets:,.0f} GETs as they start" + (
+                f": over by {value - q.s3_get_per_s:,.0f}/s, S3 answers 503 SlowDown and the requests retry (the"
+                " shard order reads a lane's samples in one GET)" if value > q.s3_get_per_s else ""))
     add("zip package", p.zip_layer_mb, q.zip_mb, "MB", "numpy layer + slsml, unzipped", hard=True)
     add("container image", p.image_mb, q.image_mb, "MB", "TensorFlow image of the worker and merger", hard=True)
     return checks

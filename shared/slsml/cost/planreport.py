@@ -13,6 +13,7 @@ from slsml.spec.errors import BadInputError
 
 if TYPE_CHECKING:  # the model's modules load when a plan is made, not when the CLI parses its arguments
     from slsml.cost.model import Parameters, Plan, Recommendation, SweepPoint, Workload
+    from slsml.data.manifest import DatasetManifest
     from slsml.spec.config import TrainingSpec
 
 SWEEP_METADATA = "slsml-sweep"  # PNG text chunk: the plotted points as JSON
@@ -27,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--compute-per-sample", type=float,
                        help="seconds of one sample's gradient on one vCPU (default: measured with --model)")
     model.add_argument("--sample-bytes", type=int, help="bytes of one training sample (default: the model's input)")
+    data = parser.add_argument_group("data")
+    data.add_argument("--data", metavar="NAME", help="an uploaded dataset: its samples, their bytes and its shards"
+                      " from its manifest (the local service's, or --stack's)")
+    data.add_argument("--stack", help="the deployed stack whose bucket holds --data")
+    data.add_argument("--cache-mb", type=float, help="the workers' warm cache bound, SLSML_WARM_CACHE_MB (default:"
+                      " half a Worker's memory)")
     shape = parser.add_argument_group("pipeline")
     shape.add_argument("--memory", action="append", default=[], metavar="FUNCTION=MB",
                        help="function memory, e.g. worker=4096 (default: the deployment's settings)")
@@ -62,8 +69,9 @@ def iterations(args: argparse.Namespace) -> int:
         args.samples // args.batch if args.samples else TrainingSpec.model_fields["iterations"].default)
 
 
-def workload(args: argparse.Namespace, spec: TrainingSpec, parameters: Parameters) -> Workload:
-    """The workload the arguments and the run's training flags (``spec``) describe."""
+def workload(args: argparse.Namespace, spec: TrainingSpec, parameters: Parameters,
+             manifest: DatasetManifest | None = None) -> Workload:
+    """The workload the arguments, the run's training flags (``spec``) and the dataset (``--data``) describe."""
     from slsml.cost import model as costmodel
 
     if bool(args.model) == (args.params is not None):
@@ -82,11 +90,15 @@ def workload(args: argparse.Namespace, spec: TrainingSpec, parameters: Parameter
         figures = costmodel.from_params(args.params, parameters, compute_per_sample_s=args.compute_per_sample)
     if args.sample_bytes is not None:
         figures["sample_bytes"] = args.sample_bytes
+    if manifest is not None:  # the dataset's own figures
+        figures.update(sample_bytes=manifest.record_bytes, shard_records=manifest.shard_records)
     if spec.optimizer is not None:
         figures["optimizer"] = spec.optimizer
+    samples = manifest.train.count if manifest is not None else args.samples
     return costmodel.Workload(**figures, training=spec, workers=workers, reducers=spec.reducers,
                               global_batch=spec.global_batch, quorum=spec.quorum, iterations=spec.iterations,
-                              samples=args.samples, memory_mb=memory, timeout_s=costmodel.function_timeouts())
+                              samples=samples, cache_mb=args.cache_mb, memory_mb=memory,
+                              timeout_s=costmodel.function_timeouts())
 
 
 def _memory(text: str) -> tuple[str, int]:
@@ -97,9 +109,9 @@ def _memory(text: str) -> tuple[str, int]:
         raise BadInputError(f"--memory {text!r}: write FUNCTION=MB, e.g. worker=4096") from None
 
 
-def run(args: argparse.Namespace, spec: TrainingSpec, console: Any) -> int:
-    """The plan of the run ``spec`` (its R the fastest for W unless --reducers was given) and the arguments, drawn
-    on ``console``; with --json also as one JSON object on stdout."""
+def run(args: argparse.Namespace, spec: TrainingSpec, console: Any, manifest: DatasetManifest | None = None) -> int:
+    """The plan of the run ``spec`` (its R the fastest for W unless --reducers was given), the arguments and the
+    dataset, drawn on ``console``; with --json also as one JSON object on stdout."""
     from slsml.accounting import prices
     from slsml.cost import model as costmodel
     from slsml.cost.model import Parameters, Quotas
@@ -107,7 +119,7 @@ def run(args: argparse.Namespace, spec: TrainingSpec, console: Any) -> int:
     parameters, origin = costmodel.load_overrides(args.calibration, args.param, Parameters)
     quotas, _ = costmodel.load_overrides(None, args.quota, Quotas)
     price_table = prices.load(args.prices)
-    work = workload(args, spec, parameters)
+    work = workload(args, spec, parameters, manifest)
     fixed = args.reducers is not None
     if not fixed:
         work = work.at(reducers=costmodel.fastest_reducers(work, parameters, quotas, price_table))
@@ -174,6 +186,11 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
         f"{reducers} · batch {w.global_batch:,} (≤ {per_worker} per worker) · quorum {w.quorum:g} "
         f"(n = {plan.participants}) · {w.optimizer.name} ({plan.state_slots} state slots)")
     console.print(f"compute {w.compute_per_sample_s:.4g} s per sample on one vCPU: {w.compute_source}")
+    if (data := plan.data) is not None:
+        console.print(f"data ({data.order} order): {data.samples:,} samples of {_bytes(data.sample_bytes)}, "
+                      f"{_bytes(data.split_bytes)} in shards of {data.shard_records:,}; {data.detail}: "
+                      f"{data.gets_per_iteration:,.1f} GETs and {_bytes(data.bytes_per_iteration)} an iteration, "
+                      f"{_time(data.read_s)} of a worker's alongside its weights")
 
     stages = Table("stage", "time", "what", title="one iteration, steady state: the critical path")
     for stage in plan.stages:

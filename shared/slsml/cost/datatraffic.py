@@ -1,0 +1,84 @@
+"""What a run's data costs the workers per iteration in steady state, for the plan (``slsml.cost.model``).
+
+A training split of N samples of s bytes in shards of S samples is cached when it fits the workers' warm cache's
+share for data (``DATA_CACHE_SHARE`` of the bound: ``SLSML_WARM_CACHE_MB``, else half a Worker's memory): read
+once, then nothing. Past it:
+
+- the exact order (``shuffle global``): each of the round's K batches, a worker's b = B/W samples of a random batch,
+  costs one ranged GET per run of adjacent samples; b random samples of N hold b·(b−1)·(N − N/S)/(N·(N−1))
+  adjacent pairs of one shard on average, so a worker sends b minus that many GETs, all at once (``READS`` at a
+  time), and reads b·s bytes;
+- the shard order (``shuffle shards``): every Q-th batch (Q: ``shuffle_buffer``) a worker reads each of its b
+  lanes' next window of Q samples, one GET, two where the window crosses a shard's end ((Q − 1)/S of them): on
+  average K·B/Q·(1 + (Q − 1)/S) GETs an iteration for K·B·s bytes.
+
+The worker reads its samples while it reads the weights, so a read adds to its time only where it is longer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from slsml.aws.cache import MEMORY_SHARE
+from slsml.data.datasets import DATA_CACHE_SHARE, READS
+from slsml.data.manifest import shard_records
+
+Order = Literal["global", "shards"]
+
+
+class DataTraffic(BaseModel):
+    order: Order
+    samples: int
+    sample_bytes: int
+    shard_records: int
+    split_bytes: int = Field(description="the training split")
+    cache_bytes: int = Field(description="the workers' warm cache bound")
+    cached: bool = Field(description="the split fits the cache's share for data: read once, then from memory")
+    gets_per_iteration: float = Field(description="data GETs of all workers, an iteration on average")
+    bytes_per_iteration: float = Field(description="data bytes all workers read, an iteration on average")
+    burst_gets: float = Field(description="data GETs the workers send together at an iteration that reads")
+    worker_gets: float = Field(description="a worker's GETs at an iteration that reads")
+    burst_s: float = Field(description="a worker's data read at an iteration that reads")
+    read_s: float = Field(description="a worker's data read, an iteration on average")
+    detail: str
+
+
+def data_traffic(order: Order, samples: int, sample_bytes: int, global_batch: int, workers: int, batches: int,
+                 buffer: int, worker_memory_mb: int, cache_mb: float | None, per_shard: int | None,
+                 latency_s: float, read_mb_s: float) -> DataTraffic:
+    """The data traffic of ``batches`` global batches a round of ``global_batch`` samples among ``workers``."""
+    per_shard = per_shard or shard_records(sample_bytes)
+    cache = int((cache_mb if cache_mb is not None else MEMORY_SHARE * worker_memory_mb) * 2**20)
+    split = samples * sample_bytes
+    cached = split <= DATA_CACHE_SHARE * cache
+    b = global_batch / workers
+    used = batches * global_batch * sample_bytes
+    common = {"order": order, "samples": samples, "sample_bytes": sample_bytes, "shard_records": per_shard,
+              "split_bytes": split, "cache_bytes": cache, "cached": cached}
+    if cached:
+        return DataTraffic(**common, gets_per_iteration=0, bytes_per_iteration=0, burst_gets=0, worker_gets=0,
+                           burst_s=0, read_s=0, detail=f"the {split / 1e6:,.0f} MB training split fits the workers'"
+                           f" cache ({DATA_CACHE_SHARE:.0%} of {cache / 2**20:,.0f} MB): read once")
+    if order == "global":
+        adjacent = b * (b - 1) * (samples - samples / per_shard) / (samples * (samples - 1))
+        worker_gets = batches * (b - adjacent)
+        read_s = _read_s(worker_gets, batches * b * sample_bytes, latency_s, read_mb_s)
+        return DataTraffic(**common, gets_per_iteration=workers * worker_gets, bytes_per_iteration=used,
+                           burst_gets=workers * worker_gets, worker_gets=worker_gets, burst_s=read_s, read_s=read_s,
+                           detail=f"past the workers' cache: {worker_gets:,.1f} ranged GETs of one sample a worker")
+    crossing = 1 + (buffer - 1) / per_shard
+    worker_gets = b * crossing  # at an iteration that starts the lanes' windows
+    windows = batches / buffer  # window reads an iteration, on average
+    burst_s = _read_s(worker_gets, b * buffer * sample_bytes, latency_s, read_mb_s)
+    return DataTraffic(**common, gets_per_iteration=windows * workers * worker_gets, bytes_per_iteration=used,
+                       burst_gets=workers * worker_gets, worker_gets=worker_gets, burst_s=burst_s,
+                       read_s=windows * burst_s,
+                       detail=f"shard order: each worker reads its {b:,.0f} lanes' windows of {buffer} samples "
+                       f"({worker_gets:,.1f} GETs) every {buffer / batches:g} iterations")
+
+
+def _read_s(gets: float, size: float, latency_s: float, read_mb_s: float) -> float:
+    return math.ceil(gets / READS) * latency_s + size / (read_mb_s * 1e6) if gets else 0.0
