@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +54,12 @@ def _source(args: argparse.Namespace) -> Any:
     return sources.open_source(path, format.name, **given)
 
 
-def _ingest(store: Any, name: str, path: Path, source: Any, test_fraction: float, seed: int,
+def _ingest(store: Any, name: str, source: Any, origin: Callable[[], Any], test_fraction: float, seed: int,
             shard_mb: float | None = None) -> Any:
-    """Stream ``source`` (read from ``path``) into dataset ``name`` with a progress bar; its manifest."""
+    """Stream ``source`` into dataset ``name`` with a progress bar; its manifest."""
     from slsml.data import ingest
     from slsml.data.manifest import DEFAULT_SHARD_MB
 
-    origin = ingest.origin_of(path, source, test_fraction, seed)
     with display.samples_progress(f"ingesting {name}", source.count()) as advance:
         return ingest.put(store, name, source, test_fraction, seed, shard_mb or DEFAULT_SHARD_MB, origin, advance)
 
@@ -69,7 +70,8 @@ def upload_file(store: Any, path: Path, name: str | None, test_fraction: float, 
     from slsml.data import catalog, ingest, sources
 
     source = sources.open_source(path)
-    same = catalog.same_origin(store, ingest.origin_of(path, source, test_fraction, seed))
+    origin = ingest.origin_of(path, source, test_fraction, seed)
+    same = catalog.same_origin(store, origin)
     if same is not None:
         display.say(f"{path} is dataset {same.name} already (same content): training on it")
         return same.name
@@ -77,7 +79,7 @@ def upload_file(store: Any, path: Path, name: str | None, test_fraction: float, 
     if catalog.exists(store, name):
         raise BadInputError(f"dataset {name!r} already exists and holds other data: name this one with --dataset NAME"
                             f" (or train on that one with --data {name})")
-    return _ingest(store, name, path, source, test_fraction, seed).name
+    return _ingest(store, name, source, lambda: origin, test_fraction, seed).name
 
 
 # ---- the commands --------------------------------------------------------------------------------------------
@@ -104,9 +106,12 @@ def _show(manifest: Any, as_json: bool) -> None:
 
 
 def cmd_data_put(args: argparse.Namespace) -> int:
+    from slsml.data import ingest
+
     source = _source(args)
     store = _store(args)
-    manifest = _ingest(store, args.name, Path(args.source), source, args.test_fraction, args.seed, args.shard_mb)
+    origin = partial(ingest.origin_of, Path(args.source), source, args.test_fraction, args.seed)
+    manifest = _ingest(store, args.name, source, origin, args.test_fraction, args.seed, args.shard_mb)
     _show(manifest, args.json)
     return 0
 

@@ -39,15 +39,17 @@ def held_out(start: int, count: int, fraction: float, seed: int, total: int | No
     return mask
 
 
-def checksum(path: Path) -> str:
-    """SHA-256 of a file's bytes, or of a folder's files (their paths within it and their bytes, in sorted order)."""
+def checksum(*paths: Path) -> str:
+    """SHA-256 of files' bytes, a folder's files among them (their paths within it and their bytes, in sorted
+    order)."""
     digest = hashlib.sha256()
-    for file in [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()):
-        if file != path:
-            digest.update(f"{file.relative_to(path).as_posix()}\0{file.stat().st_size}\0".encode())
-        with file.open("rb") as stream:
-            while block := stream.read(_READ):
-                digest.update(block)
+    for path in paths:
+        for file in [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()):
+            if file != path:
+                digest.update(f"{file.relative_to(path).as_posix()}\0{file.stat().st_size}\0".encode())
+            with file.open("rb") as stream:
+                while block := stream.read(_READ):
+                    digest.update(block)
     return digest.hexdigest()
 
 
@@ -69,11 +71,12 @@ def _split(source: Source, test_fraction: float, seed: int) -> Iterator[tuple[st
 
 def put(
     store: ObjectStore, name: str, source: Source, test_fraction: float = 0.2, seed: int = 0,
-    shard_mb: float = DEFAULT_SHARD_MB, origin: DatasetOrigin | None = None,
+    shard_mb: float = DEFAULT_SHARD_MB, origin: Callable[[], DatasetOrigin] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> DatasetManifest:
-    """Stream ``source`` into dataset ``name`` (see the module's docstring); ``progress`` is called with the number
-    of samples read, chunk by chunk. Running it again after an interruption continues the upload."""
+    """Stream ``source`` into dataset ``name`` (see the module's docstring); ``origin`` gives where it came from,
+    asked once the name is known to be free (a checksum reads the whole source); ``progress`` is called with the
+    number of samples read, chunk by chunk. Running it again after an interruption continues the upload."""
     parts = _split(source, test_fraction, seed)
     try:
         first = next(parts)
@@ -81,17 +84,20 @@ def put(
         raise BadInputError(f"{source.where}: no samples") from None
     x, y = first[1], first[2]
     writer = DatasetWriter(store, name, x_shape=x.shape[1:], x_dtype=str(x.dtype), y_shape=y.shape[1:],
-                           y_dtype=str(y.dtype), shard_mb=shard_mb, origin=origin)
+                           y_dtype=str(y.dtype), shard_mb=shard_mb)
     with writer:
         for split, x, y in chain([first], parts):
             writer.write(split, x, y)
             if progress is not None:
                 progress(len(x))
-        return writer.finish()
+        return writer.finish(origin() if origin is not None else None)
 
 
 def origin_of(path: Path, source: Source, test_fraction: float, seed: int) -> DatasetOrigin:
-    """Where a dataset read from file or folder ``path`` came from (its checksum), and how it was read."""
-    return DatasetOrigin(format=source.format, class_names=source.classes, sha256=checksum(path),
+    """Where a dataset read from file or folder ``path`` came from (its checksum, with the files its options name),
+    and how it was read."""
+    options = vars(source.options) if source.options is not None else {}
+    files = [value for value in options.values() if isinstance(value, Path)]
+    return DatasetOrigin(format=source.format, class_names=source.classes, sha256=checksum(path, *files),
                          options=source.options.model_dump(mode="json") if source.options is not None else {},
                          test_fraction=None if source.test is not None else test_fraction, seed=seed)

@@ -66,13 +66,13 @@ class DatasetWriter:
     def __init__(
         self, store: ObjectStore, name: str, x_shape: tuple[int, ...], x_dtype: str, y_shape: tuple[int, ...],
         y_dtype: str, shard_mb: float = DEFAULT_SHARD_MB, uploads: int = UPLOADS,
-        progress: Callable[[int], None] | None = None, origin: DatasetOrigin | None = None,
+        progress: Callable[[int], None] | None = None,
     ) -> None:
         if not DATASET_PATTERN.match(name):
             raise BadInputError(f"dataset name {name!r} must be 1-63 lowercase letters, digits or '-'")
         if store.exists(keys.dataset_manifest(name)):
             raise BadInputError(f"dataset {name!r} already exists; choose another name")
-        self.store, self.name, self.progress, self.origin = store, name, progress, origin
+        self.store, self.name, self.progress = store, name, progress
         self.x_shape, self.y_shape = tuple(x_shape), tuple(y_shape)
         self.x_dtype, self.y_dtype = str(np.dtype(x_dtype)), str(np.dtype(y_dtype))
         self.dtype = record_dtype(self.x_shape, self.x_dtype, self.y_shape, self.y_dtype)
@@ -108,8 +108,9 @@ class DatasetWriter:
             if state.filled == self.shard_records:
                 self._flush(split, state)
 
-    def finish(self) -> DatasetManifest:
-        """Store the last shards, wait for every upload, then write the manifest; returns it."""
+    def finish(self, origin: DatasetOrigin | None = None) -> DatasetManifest:
+        """Store the last shards, wait for every upload, then write the manifest (with where the dataset came
+        from, ``origin``); returns it."""
         with self:
             for split in SPLITS:
                 state = self._splits.get(split)
@@ -123,7 +124,7 @@ class DatasetWriter:
                 name=self.name, x_shape=self.x_shape, x_dtype=self.x_dtype, y_shape=self.y_shape,
                 y_dtype=self.y_dtype, classes=self._label_max + 1 if self._integer_labels else None,
                 x_range=(self._low, self._high), record_bytes=self.dtype.itemsize, shard_records=self.shard_records,
-                origin=self.origin, **infos,
+                origin=origin, **infos,
             )
             if not self.store.put_json_new(keys.dataset_manifest(self.name), manifest.model_dump(mode="json")):
                 raise BadInputError(f"dataset {self.name!r} was created concurrently by someone else")
