@@ -31,6 +31,7 @@ CUSTOM_STATISTICS = {
     Metric.BYTES_READ: "Sum",
     Metric.BYTES_WRITTEN: "Sum",
     Metric.DEADLINE_ACTIONS: "Sum",
+    Metric.REJECTED_MESSAGES: "Sum",
 }
 
 

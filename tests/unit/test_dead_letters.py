@@ -127,14 +127,6 @@ def test_a_message_sns_could_not_deliver_fails_its_run() -> None:
                                       " dead-letter queue has it)")]
 
 
-def test_a_queue_triggered_functions_dead_letter_is_named_by_its_queue() -> None:
-    deadline = json.dumps({"run_id": "r3", "iteration": 5, "stage": "work", "round": 0, "due_at": 1.0})
-    (letter,) = parsed(sqs_record(deadline, DEADLINES_DLQ))
-    services = FailingServices({"r3"})
-    assert on_dead_letter(letter, services) == ["r3"]
-    assert services.failed == [("r3", "watchdog failed three times on one message (its error is in watchdog's log)")]
-
-
 def test_a_run_no_longer_running_is_left_as_it_is() -> None:
     services = FailingServices(set())
     assert on_dead_letter(lambda_dead_letter(WORK, "boom"), services) == []

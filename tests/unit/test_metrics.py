@@ -14,9 +14,14 @@ from moto import mock_aws
 from slsml.local.host import LambdaContext
 from slsml.pipeline import envelope, metrics
 from slsml.pipeline.services import Services, from_env
-from slsml.spec import wiring
+from slsml.spec import keys, wiring
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.spec.deployment import METRICS_NAMESPACE, SERVICE_NAME, Metric
+from slsml.spec.errors import MessageRejected
 from slsml.spec.messages import WorkMessage
+from slsml.spec.shardplan import ShardPlan, VariableSpec
+from slsml.state import records
+from slsml.state.runtable import RunTable
 
 from .test_envelope import WORK, sns_event
 
@@ -35,7 +40,17 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Any:
     with mock_aws():
         boto3.client("s3").create_bucket(Bucket="bucket")
         boto3.client("s3").put_object(Bucket="bucket", Key="runs/r1/blob", Body=BLOB)
-        yield
+        boto3.client("dynamodb").create_table(**records.create_table_arguments("runs"))
+        spec = TrainingSpec(workers=4, reducers=1)  # run r1, its iteration 3 launched (WORK's)
+        plan = ShardPlan.build([VariableSpec(name="kernel", shape=(2,), trainable=True)], 1)
+        config = RunConfig(run_id="r1", dataset="d", training=spec, optimizer=OptimizerConfig(name="adam"),
+                           loss="mse", classification=True, plan=plan)
+        run_json = config.model_dump_json().encode()
+        boto3.client("s3").put_object(Bucket="bucket", Key=keys.run_config("r1"), Body=run_json)
+        table = RunTable(boto3.resource("dynamodb").Table("runs"))
+        table.table.put_item(Item={**records.run_item("r1", "d", spec, 0.0), "iteration": 3})
+        table.claim_launch("r1", 3, "test", workers=4)
+        yield run_json
     from_env.cache_clear()
 
 
@@ -43,7 +58,7 @@ def emf_lines(out: str) -> list[dict[str, Any]]:
     return [entry for line in out.splitlines() if line.startswith("{") and "_aws" in (entry := json.loads(line))]
 
 
-def test_a_handler_writes_its_steps_metrics_and_its_s3_bytes(deployed: Any, capsys: pytest.CaptureFixture) -> None:
+def test_a_handler_writes_its_steps_metrics_and_its_s3_bytes(deployed: bytes, capsys: pytest.CaptureFixture) -> None:
     def step(message: WorkMessage, services: Services) -> None:
         services.store.get("runs/r1/blob")
         services.store.put_new("runs/r1/out", b"y" * 10)
@@ -59,7 +74,8 @@ def test_a_handler_writes_its_steps_metrics_and_its_s3_bytes(deployed: Any, caps
     assert directive["Namespace"] == METRICS_NAMESPACE and directive["Dimensions"] == [["service"]]
     assert entry["service"] == SERVICE_NAME
     values = {m: entry[m.value] for m in (Metric.LATE_WORKERS, Metric.BYTES_READ, Metric.BYTES_WRITTEN)}
-    assert values == {Metric.LATE_WORKERS: [1.0], Metric.BYTES_READ: [len(BLOB)], Metric.BYTES_WRITTEN: [10.0]}
+    read = len(BLOB) + len(deployed)  # the blob, and the run's config (the message's check reads it, cold)
+    assert values == {Metric.LATE_WORKERS: [1.0], Metric.BYTES_READ: [read], Metric.BYTES_WRITTEN: [10.0]}
 
 
 def test_a_handler_that_moves_no_bytes_emits_none(deployed: Any, capsys: pytest.CaptureFixture) -> None:
@@ -73,3 +89,15 @@ def test_a_handler_that_moves_no_bytes_emits_none(deployed: Any, capsys: pytest.
 def test_outside_a_handler_nothing_is_kept() -> None:
     metrics.emit(Metric.WORKERS_DONE, 1)
     assert Metric.WORKERS_DONE.value not in Metrics().metric_set
+
+
+def test_a_message_not_of_its_run_is_rejected_and_counted(deployed: Any, capsys: pytest.CaptureFixture) -> None:
+    def step(message: WorkMessage, services: Services) -> None:
+        pytest.fail("the step acted on a message of an iteration the run is not at")
+
+    handler = envelope.pipeline_handler("worker", WorkMessage, step, idempotent=False)
+    capsys.readouterr()
+    with pytest.raises(MessageRejected, match=r"WorkMessage message r1/4 rejected: iteration 4 was not launched"):
+        handler(sns_event(json.dumps(WORK | {"iteration": 4})), LambdaContext("worker", "request-3", 1e12, 3008))
+    (entry,) = [e for e in emf_lines(capsys.readouterr().out) if Metric.REJECTED_MESSAGES.value in e]
+    assert entry[Metric.REJECTED_MESSAGES.value] == [1.0]

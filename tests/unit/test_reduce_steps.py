@@ -121,8 +121,10 @@ def _arrive(
 ) -> list[ReduceMessage]:
     """What a worker does (store the update, announce it), then the ReduceLauncher."""
     vector = VECTORS[worker] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
-    services.store.put_new(keys.update(run_id, 0, worker, attempt), *updates.encode(vector, SAMPLES[worker]))
-    return reduce_launcher.on_work_done(_done(run_id, worker, finite, attempt), services)
+    body, header = updates.encode(vector, SAMPLES[worker])
+    done = _done(run_id, worker, finite, attempt)  # stored with the update, as the worker stores it
+    services.store.put_new(keys.update(run_id, 0, worker, attempt), body, {"done": done.model_dump_json(), **header})
+    return reduce_launcher.on_work_done(done, services)
 
 
 def _expected_weights(workers: list[int], vectors: list[np.ndarray] = VECTORS) -> np.ndarray:

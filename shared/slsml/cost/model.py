@@ -8,16 +8,20 @@ q, n = ⌈q·W⌉ participants, M = 4·params bytes, P = M/R bytes per shard, k 
 | function (invocations) | requests per invocation | S3 bytes |
 |---|---|---|
 | WorkLauncher (1) | GetItem 1, UpdateItem 1, PublishBatch ⌈W/10⌉ | – |
-| Worker (W) | GetObject 1, PutObject 1, PublishBatch 1 | reads M, writes M + 32 |
-| ReduceLauncher (W) | PutItem 1, UpdateItem 1; the firing one also UpdateItem 1, | – |
-| | BatchGetItem ⌈W/100⌉, PutItem 1, PublishBatch ⌈R/per batch⌉ | |
-| Reducer (R) | GetObject n + 1, PutObject 1, PublishBatch 1 | reads n·P + P(1+k), writes P(1+k) |
-| Merger (R) | UpdateItem 1; the merging one also GetObject R, UpdateItem 2, | reads M, |
+| Worker (W) | GetItem 1 (its check), GetObject 1, PutObject 1, PublishBatch 1 | reads M, writes M + 32 |
+| ReduceLauncher (W) | HeadObject 1 (its check: the update's own report), PutItem 1, UpdateItem 1; | – |
+| | the firing one also UpdateItem 1, BatchGetItem ⌈W/100⌉, PutItem 1, PublishBatch ⌈R/per batch⌉ | |
+| Reducer (R) | GetItem 1 (its check), GetObject n + 1, PutObject 1, PublishBatch 1 | reads n·P + P(1+k), |
+| | | writes P(1+k) |
+| Merger (R) | HeadObject 1 (its check), UpdateItem 1; the merging one also GetObject R, UpdateItem 2, | reads M, |
 | | PutObject 2 | writes M + model file |
 
+The checks are each message's against the run it names (``slsml.pipeline.admission``).
+
 The minimum chain is what any at-least-once pipeline of this shape must do: the data plane above (S3),
-one message per hop, one durable write per report (W + R), the launch's read and claim, one read of the
-reports at the fire (⌈W/100⌉ BatchGetItem) and one write per barrier fire (2). The chain's calls beyond
+one message per hop, one check of each message that a forged one could make act (2W + 2R), one durable
+write per report (W + R), the launch's read and claim, one read of the reports at the fire (⌈W/100⌉
+BatchGetItem) and one write per barrier fire (2). The chain's calls beyond
 it, each with its reason, are ``chain_extras``.
 
 The critical path of an iteration: the model's S3 event → WorkLauncher → the n-th worker's Work
@@ -537,7 +541,7 @@ def norm_exchange(optimizer: OptimizerConfig, reducers: int, reduce_bytes: int) 
     squares = json.dumps({"squares": {str(10**5 + i): -1.2345678901234567e-300 for i in range(entries)}})
     release_bytes = reduce_bytes + len(squares)
     return NormExchange(
-        requests={"dynamodb:PutItem": R, "dynamodb:UpdateItem": R + 1,
+        requests={"dynamodb:PutItem": R, "dynamodb:UpdateItem": R + 1, "dynamodb:GetItem": R - 1,
                   "dynamodb:BatchGetItem": math.ceil(R / runstate.BATCH_READ), "s3:PutObject": R,
                   "s3:GetObject": R - 1, "sns:PublishBatch": publish_batches(R - 1, release_bytes)},
         released=R - 1, release_bytes=release_bytes,
@@ -593,11 +597,13 @@ def minimum_chain(workers: int, reducers: int, participants: int, work_batches: 
     W, R, n = workers, reducers, participants
     slots = traffic.worker_requests(W)  # what the worker slots keep between rounds: read once, stored once
     return {
-        "dynamodb:GetItem": 1,  # the launch reads the run
+        # the launch reads the run; the checks of Work (its iteration's counter) and Reduce (its participants)
+        "dynamodb:GetItem": 1 + W + R,
         "dynamodb:UpdateItem": 1 + R + 1,  # the launch claim, one durable write per shard report, the merge fire
         "dynamodb:PutItem": W + 1,  # one durable write per worker report, the reduce fire (its participants)
         "dynamodb:BatchGetItem": math.ceil(W / runstate.BATCH_READ),  # the reports, read once at the fire
         "s3:GetObject": W + R * n + R + R + slots["s3:GetObject"],  # weights; each reducer's parts and shard; the
+        "s3:HeadObject": W + R,  # the checks of each WorkDone (its update's own report), each ReduceDone (its shard)
         "s3:PutObject": W + R + 2 + slots["s3:PutObject"],  # merger's shards. Updates, shards, weights, model
         "sns:PublishBatch": work_batches + W + reduce_batches + R,  # one message per hop
     }
@@ -666,11 +672,12 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     data_gets = round(data.gets_per_iteration) if data else 0
 
     requests = {
-        "dynamodb:GetItem": 1,
+        "dynamodb:GetItem": 1 + W + R,
         "dynamodb:UpdateItem": 1 + W + 1 + R + 2,
         "dynamodb:PutItem": W + 1,
         "dynamodb:BatchGetItem": pages,
         "s3:GetObject": W + R * (n + 1) + R + data_gets,
+        "s3:HeadObject": W + R,
         "s3:PutObject": W + R + 2,
         "sns:PublishBatch": work_batches + W + reduce_batches + R,
     }
@@ -685,7 +692,9 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
                    + _units(n * p.participant_bytes, 1024) + _units(p.run_item_bytes, 1024))
     read_units = (_units(p.run_item_bytes, 4096)  # BatchGetItem: per item
                   + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 4096)
-                  + traffic.late_queries * _units(W * p.record_bytes + p.counter_item_bytes, 4096))
+                  + traffic.late_queries * _units(W * p.record_bytes + p.counter_item_bytes, 4096)
+                  + W * _units(p.counter_item_bytes, 4096)  # the checks: Work's counter, Reduce's participants
+                  + (R + exchange.released) * _units(n * p.participant_bytes, 4096))
     sns_billed = (W * prices.sns_chunks(work_bytes) + W + R * prices.sns_chunks(reduce_bytes) + R + 1  # +1: S3 event
                   + exchange.released * prices.sns_chunks(exchange.release_bytes))
 
@@ -704,8 +713,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     round_s = max(slot_s + compute_s, residual_read)
     write_update = residual_write + _transfer(1, U, lat, p.s3_write_mb_s)
     read_s = max(read_weights, data.read_s) if data else read_weights  # the samples are read with the weights
-    worker_s = p.handler_s + read_s + round_s + write_update + pub
-    count_s = p.handler_s + 2 * ddb
+    worker_s = p.handler_s + ddb + read_s + round_s + write_update + pub  # ddb: the Work's check
+    count_s = p.handler_s + lat + 2 * ddb  # lat: the WorkDone's check
     fire_s = count_s + ddb + pages * ddb + ddb + traffic.late_queries * ddb + reduce_batches * pub
 
     def reducer(weights: float, state: float) -> tuple[float, float, float]:
@@ -716,7 +725,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
                 + _transfer(n + 1, parts + weights + state, lat, p.s3_read_mb_s, p.s3_parallel_reads))
         cpu = min(1.0, vcpus(mem["reducer"]))
         math_s = elements * (n * p.average_ns + p.optimizer_ns) * 1e-9 / cpu
-        total = p.handler_s + read + math_s + _transfer(1, weights + state, lat, p.s3_write_mb_s) + pub
+        total = p.handler_s + ddb + read + math_s + _transfer(1, weights + state, lat, p.s3_write_mb_s) + pub
         return read, math_s, total
 
     reduce_read, reduce_math, reducer_s = reducer(shard_weights, shard_state)
@@ -725,14 +734,14 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     if exchange.released:  # store the average, record + count + read the sums + claim, release; read back
         share_s = (_transfer(1, shard_weights, lat, p.s3_write_mb_s) + (3 + math.ceil(R / runstate.BATCH_READ)) * ddb
                    + publish_batches(exchange.released, exchange.release_bytes) * pub)
-        step_s = p.handler_s + _transfer(2, 2 * shard_weights + shard_state, lat, p.s3_read_mb_s,
+        step_s = p.handler_s + ddb + _transfer(2, 2 * shard_weights + shard_state, lat, p.s3_read_mb_s,
                                          p.s3_parallel_reads)
     merge_cpu = min(1.0, vcpus(mem["merger"]))
     shards_read = _transfer(R, M, lat, p.s3_read_mb_s, p.s3_parallel_reads)
     assemble = F / (p.keras_mb_s * 1e6) / merge_cpu
     merge_writes = 2 * lat + (M + F) / (p.s3_write_mb_s * 1e6)
-    merge_s = p.handler_s + ddb + shards_read + 2 * ddb + assemble + merge_writes
-    merger_count_s = p.handler_s + ddb
+    merge_s = p.handler_s + lat + ddb + shards_read + 2 * ddb + assemble + merge_writes  # lat: the check
+    merger_count_s = p.handler_s + lat + ddb
 
     stages = [
         Stage(name="model → WorkLauncher", function=None, seconds=p.s3_event_s + hop,

@@ -1,8 +1,9 @@
 """How a pipeline function receives its messages: SNS (or SQS) records, each checked for size and parsed into
-the function's message type. A message that is too big, not JSON or not of that type is rejected:
-the reason is logged and ``MessageRejected`` fails the invocation, so the message is retried and ends
-in the function's dead-letter queue without touching any run. ``pipeline_handler`` is what every
-function's handler is made of.
+the function's message type, then checked against the run it names (``slsml.pipeline.admission``). A message
+that is too big, not JSON, not of that type or not of its run is rejected: the reason is logged, counted
+(``RejectedMessages``) and ``MessageRejected`` fails the invocation, so the message is retried and ends in
+the function's dead-letter queue without touching any run. ``pipeline_handler`` is what every function's
+handler is made of.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import TypeAdapter, ValidationError
 
 from slsml.accounting import usage
+from slsml.pipeline import admission
 from slsml.pipeline.metrics import emit, emitting
 from slsml.pipeline.services import Services, failing_run_on_bad_input, from_env
 from slsml.spec import keys
@@ -67,10 +69,23 @@ def parse_message(body: str, model: Any, message_id: str) -> Any:
             return _adapter(model).validate_json(body)
         except ValidationError as error:
             problem = _problems(error)
-    message_type = type_name(model)
+    raise reject(type_name(model), message_id, problem)
+
+
+def reject(message_type: str, message_id: str, problem: str) -> MessageRejected:
+    """The rejection of a message, logged and counted."""
     rejection = MessageRejected.of(message_type, message_id, problem)
     logger.error(str(rejection), extra={"message_id": message_id, "message_type": message_type, "problem": problem})
-    raise rejection
+    emit(Metric.REJECTED_MESSAGES, 1)
+    return rejection
+
+
+def admit(message: Any, services: Services) -> None:
+    """``MessageRejected`` (logged and counted) if ``message`` does not belong to the run it names."""
+    problem = admission.problem(message, services)
+    if problem is not None:
+        name = f"{message.run_id}/{getattr(message, 'iteration', '-')}"
+        raise reject(type(message).__name__, name, problem)
 
 
 class SnsMessages(BaseEnvelope):
@@ -129,7 +144,8 @@ def pipeline_handler(
     messages as ``Messages``; what the step emits through ``slsml.pipeline.metrics``; the S3 bytes the invocation's
     usage lines count, as ``BytesRead`` and ``BytesWritten``) and Parser, which
     parses the event into ``model`` records (``envelope``). ``unpack`` turns a record into the messages
-    to handle (the objects of an S3 event). Each message is handled in its own usage scope
+    to handle (the objects of an S3 event). Each message is checked against its run (``admit``), then handled in
+    its own usage scope
     (``run_and_iteration``), once (Powertools Idempotency, unless ``idempotent`` is False: for a step
     that is idempotent by itself), and, given ``stage`` (its name in a failed run's reason), with bad
     input failing its run (``failing_run_on_bad_input``).
@@ -144,6 +160,7 @@ def pipeline_handler(
             run = once_per_message(run, context)
         for message in (message for record in records for message in unpack(record)):
             with usage.scope(*run_and_iteration(message), **usage.about(message)):
+                admit(message, services)
                 if stage is None:
                     run(message)
                     continue

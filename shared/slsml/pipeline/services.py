@@ -1,4 +1,4 @@
-"""The AWS resources a pipeline function uses, found from its environment."""
+"""The AWS resources a pipeline function uses, found from its environment, and a run's immutable config."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from functools import cache
 
 from aws_lambda_powertools import Logger
 
+from slsml.aws import cache as warm_cache
 from slsml.aws import clients as aws
 from slsml.aws.storage import ObjectStore
 from slsml.pipeline.bus import Bus
 from slsml.pipeline.deadlines import DeadlineQueue
-from slsml.spec import wiring
+from slsml.spec import keys, wiring
+from slsml.spec.config import RunConfig
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed, SlsmlError
 from slsml.state.orchestration import Orchestrator
 from slsml.state.runtable import RunTable
@@ -60,6 +62,20 @@ class Services:
         if run is not None:
             self.orchestrator.fail(run.task_token, reason)
         return run is not None
+
+
+def run_config(store: ObjectStore, run_id: str) -> RunConfig:
+    """``runs/<run>/run.json``, kept in the warm cache (it never changes)."""
+    warm = warm_cache.warm()
+    config = warm.get(("config", run_id))
+    if config is None:
+        try:
+            body = store.get(keys.run_config(run_id))
+        except NotFoundError:
+            raise RunFailed(f"run {run_id!r} has no run.json: it was not started with slsml") from None
+        config = RunConfig.model_validate_json(body)
+        warm.put(("config", run_id), config, warm_cache.PARSED_BYTES_PER_JSON_BYTE * len(body))
+    return config
 
 
 def _env(name: str) -> str:

@@ -29,6 +29,7 @@ class Metric(StrEnum):
     BYTES_READ = "BytesRead"
     BYTES_WRITTEN = "BytesWritten"
     DEADLINE_ACTIONS = "DeadlineActions"  # the watchdog fired a barrier, re-launched steps or failed a run
+    REJECTED_MESSAGES = "RejectedMessages"  # malformed, or not belonging to the run it names: no step acted
 
 
 # What the functions' IAM policies allow in the bucket (keys.py puts every object under one of these).

@@ -271,6 +271,16 @@ class Orchestrator:
     def heartbeat(self, token: str | None) -> None:
         self._answer("send_task_heartbeat", token)
 
+    def waiting(self, token: str) -> bool:
+        """Whether an execution waits on ``token`` now (a heartbeat it accepts: harmless to send)."""
+        try:
+            self.sfn.send_task_heartbeat(taskToken=token)
+        except ClientError as error:
+            if error_code(error) not in _ENDED:
+                raise
+            return False
+        return True
+
     def _answer(self, call: str, token: str | None, **fields: str) -> None:
         if not token:
             return  # the token is not recorded yet: WorkLauncher answers when it records it

@@ -384,6 +384,15 @@ class RunTable:
             return None
         return stored["owner"], decode_participants(stored["participants"])
 
+    def frozen_participants(self, run_id: str, iteration: int) -> tuple[int, list[Participant]] | None:
+        """(generation, participants) of the reduce of ``iteration`` as ``freeze_participants`` fired it; None
+        before it fired."""
+        item = self.table.get_item(Key=self._key(run_id, participants_sk(iteration)), ConsistentRead=True).get("Item")
+        if item is None:
+            return None
+        stored = plain(item)
+        return stored.get("generation", 0), decode_participants(stored["participants"])
+
     def mark_reduce_fired(
         self, run_id: str, iteration: int, owner: int, participants: list[Participant], reports: list[WorkerReport],
         generation: int,

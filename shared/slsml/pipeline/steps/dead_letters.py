@@ -15,7 +15,9 @@ A dead letter comes in one of three shapes, by the queue that holds it:
 ``wiring.dead_letter_sources`` (in ``wiring.DEAD_LETTER_SOURCES_ENV``) maps topics and queues to the
 functions they feed. A message the function rejected as malformed (``errors.rejected``, read from its
 error) fails no run: a forged or corrupt message must not end a healthy run, and a real one lost this
-way is launched again by the run's deadlines. Neither does a dead letter that names no run (a model
+way is launched again by the run's deadlines. SQS moves a queue-fed function's message without its error: it
+is taken as rejected if that function would reject it now (``envelope.parse_message``, ``envelope.admit``).
+Neither does a dead letter that names no run (a model
 dropped under ``incoming/``, a body that is not JSON). Each dead letter is logged with its function,
 run, error and message. The local host hands its dead letters to this same step, in these shapes
 (``slsml.local.host``).
@@ -32,13 +34,21 @@ from typing import Any
 from aws_lambda_powertools import Logger
 from pydantic import BaseModel, ConfigDict, Field
 
+from slsml.pipeline.envelope import admit, parse_message
 from slsml.pipeline.services import Services
 from slsml.spec import wiring
-from slsml.spec.errors import rejected
-from slsml.spec.messages import DEAD_LETTER_ERROR_CODE, DEAD_LETTER_ERROR_MESSAGE, DEAD_LETTER_REQUEST_ID, run_named
+from slsml.spec.errors import MessageRejected, rejected
+from slsml.spec.messages import (
+    DEAD_LETTER_ERROR_CODE,
+    DEAD_LETTER_ERROR_MESSAGE,
+    DEAD_LETTER_REQUEST_ID,
+    Deadline,
+    run_named,
+)
 
 logger = Logger(child=True)
 LOGGED_MESSAGE_CHARS = 2000  # of a dead-lettered message, in its log line
+QUEUED_MESSAGES: dict[str, type] = {"watchdog": Deadline}  # what each queue-fed function's queue carries
 
 
 class DeadLetter(BaseModel):
@@ -120,6 +130,18 @@ def read(letter: DeadLetter, sources: dict[str, list[list[str]]]) -> list[Letter
     ]
 
 
+def _rejected_now(said: Letter, letter: DeadLetter, services: Services) -> bool:
+    """Whether the queue-fed function whose message SQS moved here (no error with it) would reject it now."""
+    model = QUEUED_MESSAGES.get(said.function or "")
+    if model is None or said.undelivered:
+        return False
+    try:
+        admit(parse_message(said.message, model, letter.message_id), services)
+    except MessageRejected:
+        return True
+    return False
+
+
 @cache
 def deployed_sources() -> dict[str, list[list[str]]]:
     """The deployment's ``wiring.dead_letter_sources``, from the function's environment."""
@@ -131,7 +153,7 @@ def on_dead_letter(letter: DeadLetter, services: Services) -> list[str]:
     malformed; returns the runs it failed (a run no longer running is left as it is)."""
     failed: list[str] = []
     for said in read(letter, deployed_sources()):
-        is_rejection = said.error is not None and rejected(said.error)
+        is_rejection = rejected(said.error) if said.error is not None else _rejected_now(said, letter, services)
         logger.error("dead letter", extra={
             "function": said.function, "run_id": said.run_id, "error": said.error, "rejected": is_rejection,
             "undelivered": said.undelivered, "dead_letter_id": letter.message_id, "queue": letter.queue_arn,
