@@ -69,6 +69,13 @@ def test_the_architecture_page_lists_every_module(site: Path) -> None:
         assert f'<code class="nowrap">{module.relative_to(PACKAGE.parent)}</code>' in page, module
 
 
+def test_the_cost_page_shows_what_slsml_plan_prints(site: Path) -> None:
+    page = html.unescape((site / "cost" / "index.html").read_text())
+    assert "<!-- output:" not in page
+    for printed in ("one iteration, steady state: the critical path", "recommended (fastest): R = 100", "binds first"):
+        assert printed in page, printed
+
+
 def test_the_readme_fits_on_a_screen_or_two_and_names_every_package() -> None:
     readme = README.read_text()
     assert len(readme.splitlines()) <= 250
