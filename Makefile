@@ -44,8 +44,11 @@ demo: install  ## train a CNN on digits through the whole pipeline on the embedd
 # embedded cloud of its own: much of an end-to-end test is waiting on the pipeline, so two share two cores well.
 # Files go out in collection order (end-to-end first, the many short unit files last), not by their number of
 # tests, which would leave the long one-test end-to-end files for the end.
-test: install $(AWS_CLI) browser  ## lint, then unit, integration, infrastructure and end-to-end tests
+lint: install  ## ruff, and mypy over the package (pyproject.toml's [tool.mypy])
 	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: install $(AWS_CLI) browser lint  ## lint, then unit, integration, infrastructure and end-to-end tests
 	SLSML_AWS_CLI=$(abspath $(AWS_CLI)) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 docs: install  ## serve the docs site (docs/, with the CLI reference generated) at http://127.0.0.1:8000

@@ -454,7 +454,7 @@ def figures(records: list[UsageRecord], iterations: int, table: PriceTable) -> d
         if record.iteration is not None and record.iteration < iterations:
             by_iteration[record.iteration].append(record)
     counted = [by_iteration[i] for i in range(iterations)]
-    per_iteration = [Counter() for _ in counted]
+    per_iteration: list[Counter[str]] = [Counter() for _ in counted]
     for counter, done in zip(per_iteration, counted, strict=True):
         for record in done:
             counter.update(record.requests)

@@ -96,10 +96,11 @@ class ObjectStore:
                 wait_s = None  # fewer than need read: wait for the next one, however long
                 if read_count >= need:
                     starts = [started[futures[f]] for f in pending]
-                    if None in starts:  # queued behind other reads: its clock has not started
+                    clocks = [start for start in starts if start is not None]
+                    if len(clocks) < len(starts):  # queued behind other reads: its clock has not started
                         wait_s = _POLL_S
                     else:
-                        wait_s = max(starts) + timeout_s - time.monotonic()
+                        wait_s = max(clocks) + timeout_s - time.monotonic()
                         if wait_s <= 0:
                             break  # every read still running is overdue
                 done, pending = wait(pending, timeout=wait_s, return_when=FIRST_COMPLETED)
@@ -122,7 +123,7 @@ class ObjectStore:
                 return None
             raise
 
-    def put_new(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> bool:
+    def put_new(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> bool:
         """Create ``key``; False (and nothing written) if it already exists."""
         # scratch carries the tag the bucket's lifecycle rule expires by
         tagging = {"Tagging": f"{SCRATCH_TAG_KEY}={SCRATCH_TAG_VALUE}"} if keys.is_scratch(key) else {}

@@ -23,7 +23,7 @@ from slsml.accounting import usage
 from slsml.aws.cache import BOUND_ENV
 from slsml.bench import pipeline as bench
 from slsml.client import runs
-from slsml.data.manifest import DatasetManifest
+from slsml.data.manifest import DatasetManifest, Split
 from slsml.data.writer import DatasetWriter
 from slsml.local.runtime import LocalRuntime
 from slsml.pipeline.services import Services
@@ -99,7 +99,8 @@ def put_images(services: Services, name: str, samples: int, test_samples: int, s
     rng = np.random.default_rng(seed)
     started = time.perf_counter()
     with DatasetWriter(services.store, name, SHAPE, "uint8", (), "int64") as writer:
-        for split, count in (("train", samples), ("test", test_samples)):
+        splits: tuple[tuple[Split, int], ...] = (("train", samples), ("test", test_samples))
+        for split, count in splits:
             for start in range(0, count, CHUNK):
                 n = min(CHUNK, count - start)
                 writer.write(split, rng.integers(0, 256, (n, *SHAPE), dtype=np.uint8),

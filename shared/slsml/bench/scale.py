@@ -89,7 +89,7 @@ class ScalePoint(BaseModel):
     predicted_stages: dict[str, float] = {}  # the fitted model, in the local runtime's waves
     predicted_iteration_s: float | None = None
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def mismatches(self) -> dict[str, tuple[float, float]]:
         """Operation → (predicted, measured) where they differ."""
@@ -97,13 +97,13 @@ class ScalePoint(BaseModel):
         pairs = {op: (self.predicted_requests.get(op, 0), self.measured_requests.get(op, 0)) for op in operations}
         return {op: pair for op, pair in pairs.items() if pair[0] != pair[1]}
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def over_minimum(self) -> float:
         """The run's requests per iteration over the minimum chain's."""
         return sum(self.measured_requests.values()) / sum(self.minimum_requests.values())
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def error(self) -> float | None:
         """Relative error of the fitted model's iteration time."""
@@ -164,7 +164,8 @@ def measured_stages(records: list[UsageRecord], iterations: int, participants: i
         fire = _first(by[i, "reduce_launcher"], "dynamodb:BatchGetItem")
         merge = _first(by[i, "merger"], "s3:PutObject")
         workers, reducers = by[i, "worker"], by[i, "reducer"]
-        if None in (launch, following, fire, merge) or len(workers) < participants or not reducers:
+        if launch is None or following is None or fire is None or merge is None or len(workers) < participants or (
+                not reducers):
             continue
         first_worker = min(r.start for r in workers)
         nth_worker = sorted(r.end for r in workers)[participants - 1]
@@ -254,6 +255,7 @@ def fit(
         solution, residual = nnls(columns * weights[:, None], (target - base) * weights)
         if best is None or residual < best[0]:
             best = residual, dict(zip(UNKNOWNS, solution.tolist(), strict=True)) | {"s3_parallel_reads": reads}
+    assert best is not None  # one fit per candidate, and there are some
     return best[1]
 
 
@@ -297,11 +299,11 @@ def scale(
         raise SlsmlError("no configuration completed a steady iteration: nothing to fit")
     pools = dict(local.concurrency)
     values = fit([w for _, w in usable], [p.measured_stages for p, _ in usable],
-                 [p.measured_iteration_s for p, _ in usable], pools)
+                 [p.measured_iteration_s for p, _ in usable if p.measured_iteration_s], pools)
     for point, workload in usable:
         point.predicted_stages = predicted_stages(workload, values, pools)
         point.predicted_iteration_s = sum(point.predicted_stages.values())
-    errors = [abs(point.error) for point, _ in usable]
+    errors = [abs(point.error) for point, _ in usable if point.error is not None]
     return ScaleReport(model=figures["model"], params=figures["params"], batch=BATCH, iterations=iterations,
                        pools=pools, points=[point for point, _ in measured], fitted=calibration(values),
                        dispatch_s=values[DISPATCH], median_error=statistics.median(errors), max_error=max(errors))

@@ -144,7 +144,7 @@ class ProgressLines:
             self.said, self.said_at = self.line, time.monotonic()
 
     def end(self) -> None:
-        if self.line != self.said:
+        if self.line is not None and self.line != self.said:
             say(self.line)
 
 
@@ -456,7 +456,7 @@ def print_scale(report: Any, calibration: str, as_json: bool = False) -> None:
     from rich.table import Table
 
     from slsml.bench import scale as bench_scale
-    from slsml.cost.model import Parameters
+    from slsml.cost.model import Parameters, parameter_facts
 
     out = results(as_json)
     out.print(f"[bold]{report.model}[/bold]: {report.params:,} weights, batch {report.batch}, quorum 1, "
@@ -491,7 +491,7 @@ def print_scale(report: Any, calibration: str, as_json: bool = False) -> None:
     fitted = Table("parameter", "fitted (embedded cloud)", "the model's default (AWS)", "unit",
                    title="parameters fitted by least squares on the stage times")
     for name, value in report.fitted.items():
-        unit = Parameters.model_fields[name].json_schema_extra["unit"]
+        unit = parameter_facts(name)["unit"]
         fitted.add_row(name, f"{value:.4g}", f"{getattr(defaults, name):.4g}", unit)
     fitted.add_row("(local runtime) dispatch", f"{report.dispatch_s:.4g}", "", "s")
     out.print(fitted)
@@ -657,10 +657,10 @@ def print_communication(report: Any, as_json: bool = False) -> None:
     else:
         why = f"top-k did not reach {target} within {n} iterations" if topk.iterations_to_target is None else \
             f"dense did not reach {target} within {n} iterations"
-        best = "–" if report.topk_best_accuracy is None else \
+        topk_best = "–" if report.topk_best_accuracy is None else \
             f"{report.topk_best_accuracy:.4f} after iteration {report.topk_best_iteration}"
         out.print(f"top-k {topk.compress.partition(':')[2]} with error feedback: no ratio ({why}; top-k's best test"
-                  f" accuracy {best}, dense reached {target} at iteration {dense.iterations_to_target or '–'});"
+                  f" accuracy {topk_best}, dense reached {target} at iteration {dense.iterations_to_target or '–'});"
                   f" at least {bench.TOPK_FEWER}×: no")
     significance = report.variant("significance")
     to_target = fewer(significance.update_bytes_to_target, dense.update_bytes_to_target)

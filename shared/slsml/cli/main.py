@@ -32,7 +32,7 @@ class Parser(argparse.ArgumentParser):
     """An argument parser that names the usage of the command an unknown argument was given to (``slsml run
     start --batch-size 32``: run start's), not the top level's."""
 
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:
         parsed, unknown = super().parse_known_args(args, namespace)
         if unknown and not hasattr(parsed, "_unknown_in"):  # the innermost command: it parses first
             parsed._unknown_in = self

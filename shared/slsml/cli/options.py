@@ -149,8 +149,8 @@ def _optimizer_options(parser: argparse.ArgumentParser) -> None:
         ]))
         if kind is bool:
             group.add_argument(flag(name), action="store_true", default=None, help=about or None)
-        elif kind in {int, float}:
-            group.add_argument(flag(name), type=kind, help=about or None)
+        elif kind is int or kind is float:
+            group.add_argument(flag(name), type=int if kind is int else float, help=about or None)
         elif get_origin(kind) is tuple and get_args(kind) == (RegularExpression, ...):
             group.add_argument(flag(name), type=_patterns, action="extend", metavar="PATTERN[,PATTERN]",
                                help=f"{about} (comma-separated or repeated)")

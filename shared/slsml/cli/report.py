@@ -165,7 +165,8 @@ def timeline(
 def iteration_seconds(iterations: Iterable[IterationRecord]) -> dict[int, float]:
     """Each iteration's time, its launch to the next one's, as ``runs.summarize`` counts its median."""
     launched = sorted((r for r in iterations if r.launched_at), key=lambda r: r.iteration)
-    return {a.iteration: b.launched_at - a.launched_at for a, b in itertools.pairwise(launched)}
+    return {a.iteration: b.launched_at - a.launched_at for a, b in itertools.pairwise(launched)
+            if a.launched_at and b.launched_at}
 
 
 def choose(seconds: Mapping[int, float], chosen: Sequence[int] = ()) -> list[tuple[int, str]]:

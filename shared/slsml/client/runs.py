@@ -6,7 +6,7 @@ import itertools
 import secrets
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -202,7 +202,7 @@ def fleet(iterations: list[IterationRecord]) -> list[FleetChange]:
     return changes
 
 
-def first_reaching(iterations: list[Counter], accuracy: float) -> int | None:
+def first_reaching(iterations: Sequence[Counter], accuracy: float) -> int | None:
     """The first iteration whose merged model reached ``accuracy`` on the test set (None: none did)."""
     return next((c.iteration for c in sorted(iterations, key=lambda c: c.iteration)
                  if (c.test_accuracy or 0) >= accuracy), None)
@@ -264,7 +264,7 @@ def summarize(
     """Figures of a run: how an iteration's time splits between worker compute and the rest, and,
     given the functions' usage records of the run, its requests and cost (``prices.load()``)."""
     launched = sorted((r for r in iterations if r.launched_at), key=lambda r: r.iteration)
-    cycle = [b.launched_at - a.launched_at for a, b in itertools.pairwise(launched)]
+    cycle = [b.launched_at - a.launched_at for a, b in itertools.pairwise(launched) if a.launched_at and b.launched_at]
     done = [r for r in launched[: len(cycle)] if r.reports]
     compute = [max(rep.compute_s for rep in r.reports.values()) for r in done]
     merged = [r for r in iterations if r.merged_at]

@@ -65,8 +65,10 @@ _VCPU_MB = 1769  # one vCPU; Lambda allocates CPU in proportion to memory, 6 vCP
 
 
 def _param(default: float, unit: str, what: str, source: str, positive: bool = False) -> Any:
-    bounds = {"gt": 0} if positive else {"ge": 0}
-    return Field(default=default, description=what, json_schema_extra={"unit": unit, "source": source}, **bounds)
+    extra: dict[str, Any] = {"unit": unit, "source": source}
+    if positive:
+        return Field(default=default, description=what, json_schema_extra=extra, gt=0)
+    return Field(default=default, description=what, json_schema_extra=extra, ge=0)
 
 
 class Parameters(BaseModel):
@@ -983,10 +985,16 @@ def _fitting(need_mb: float) -> int:
     return next((mb for mb in MEMORY_CHOICES_MB if mb >= need_mb), 10240)
 
 
+def parameter_facts(name: str) -> dict[str, Any]:
+    """A parameter's unit and source (its field's ``json_schema_extra``, as ``_param`` gives it)."""
+    extra = Parameters.model_fields[name].json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
 def _described(p: Parameters) -> dict[str, dict[str, Any]]:
     out = {}
     for name, field in Parameters.model_fields.items():
-        extra = field.json_schema_extra or {}
+        extra = parameter_facts(name)
         out[name] = {"value": getattr(p, name), "unit": extra.get("unit", ""), "what": field.description,
                      "source": extra.get("source", "")}
     return out

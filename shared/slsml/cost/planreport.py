@@ -314,7 +314,7 @@ def write_sweep_png(points: list[SweepPoint], path: Path, title: str) -> None:
     cost_axis.set_ylim(bottom=0)
     time_axis.set_xticks(workers, [str(w) for w in workers])
     lines = time_axis.get_lines()[:2] + cost_axis.get_lines()[:1]
-    time_axis.legend(lines, [line.get_label() for line in lines], loc="upper center")
+    time_axis.legend(lines, [str(line.get_label()) for line in lines], loc="upper center")
     time_axis.set_title(f"{title}\n(hollow: over a quota)", fontsize=10)
     figure.tight_layout()
     metadata = {SWEEP_METADATA: json.dumps([p.model_dump(mode="json") for p in points])}

@@ -235,8 +235,9 @@ class DatasetReader:
             shards[shard] = self._cache.put(("shard", self.manifest.name, split, shard), records, len(body))
         out = np.empty(len(indices), self.manifest.record_dtype)
         for shard in needed:
-            rows = shard_of == shard
-            out[rows] = shards[shard][offset[rows]]
+            rows, cached = shard_of == shard, shards[shard]
+            assert cached is not None  # cached, or read just now
+            out[rows] = cached[offset[rows]]
         return out
 
     def _get(self, split: Split, shards: list[int], ranges: list[tuple[int, int] | None]) -> list[bytes]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from slsml.aws.storage import ObjectStore
-from slsml.data.manifest import DEFAULT_SHARD_MB, DatasetManifest, DatasetOrigin
+from slsml.data.manifest import DEFAULT_SHARD_MB, DatasetManifest, DatasetOrigin, Split
 from slsml.data.sources import DEFAULT_CHUNK_BYTES, Source
 from slsml.data.writer import DatasetWriter
 from slsml.spec.errors import BadInputError
@@ -53,7 +53,7 @@ def checksum(*paths: Path) -> str:
     return digest.hexdigest()
 
 
-def _split(source: Source, test_fraction: float, seed: int) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+def _split(source: Source, test_fraction: float, seed: int) -> Iterator[tuple[Split, np.ndarray, np.ndarray]]:
     """(split, x, y) of every sample of ``source``: its own test part, or a held-out fraction."""
     if source.test is not None:
         yield from (("train", x, y) for x, y in source.chunks(DEFAULT_CHUNK_BYTES))

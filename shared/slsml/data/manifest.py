@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Split = Literal["train", "test"]
 SPLITS: tuple[Split, Split] = ("train", "test")
-SCHEMA_VERSION = 2
+SCHEMA_VERSION: Literal[2] = 2
 # 64 MB shards: a whole-shard GET streams for ~0.7 s at S3's ~90 MB/s per connection, so its ~20-50 ms first byte
 # costs under 10% and a million 150 KB images make ~3,000 objects; the writer holds one shard per split (plus those
 # in upload) and a cached shard is a small part of a Worker's warm cache (half of its 3,008 MB).

@@ -102,14 +102,15 @@ class EmbeddedCloud:
                 with urllib.request.urlopen(f"{self.endpoint}/moto-api/data.json", timeout=1):
                     return
             except OSError:
-                if self._server.poll() is not None or time.monotonic() > deadline:
+                if self._server is None or self._server.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError("the embedded cloud (moto server) did not start") from None
                 time.sleep(0.1)
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.stdin.close()
+            if self._server.stdin is not None:
+                self._server.stdin.close()
             self._server.terminate()
             try:
                 self._server.wait(timeout=1)

@@ -105,6 +105,7 @@ def _start_process(function: str, environment: dict[str, str], log_path: str) ->
     quiet.install()  # TensorFlow's start-up lines stay out of the JSON log
     path = FUNCTIONS_DIR / function / "handler.py"
     spec = importlib.util.spec_from_file_location(f"slsml_function_{function}", path)
+    assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     _handler = module.lambda_handler
@@ -117,6 +118,7 @@ def _start_process(function: str, environment: dict[str, str], log_path: str) ->
 def _end_with_host() -> None:
     """End this process when the host process ends: one killed outright cannot shut its pools down."""
     host = multiprocessing.parent_process()  # whose sentinel is ready once it has exited
+    assert host is not None, "a function process is started by its host"
 
     def watch() -> None:
         host.join()

@@ -84,8 +84,22 @@ class LocalRuntime:
         self.log_dir = log_dir
         self.tf_threads = tf_threads
         self.deployment: LocalDeployment | None = None
-        self.host: FunctionHost | None = None
-        self.services: Services | None = None
+        self._host: FunctionHost | None = None
+        self._services: Services | None = None
+
+    @property
+    def services(self) -> Services:
+        """The clients of the embedded cloud's services, once the runtime is entered."""
+        if self._services is None:
+            raise RuntimeError("the local runtime is not started: use it as `with LocalRuntime(...) as local:`")
+        return self._services
+
+    @property
+    def host(self) -> FunctionHost:
+        """The warm function processes, once the runtime is entered."""
+        if self._host is None:
+            raise RuntimeError("the local runtime is not started: use it as `with LocalRuntime(...) as local:`")
+        return self._host
 
     def begin(self) -> LocalRuntime:
         """Start, in processes of their own, what takes longest to get ready: the function processes'
@@ -102,23 +116,23 @@ class LocalRuntime:
         try:
             self.deployment = self.cloud.provision()
             use_deployment(self.deployment)
-            self.services = Services.from_names(
+            self._services = Services.from_names(
                 self.deployment.bucket,
                 self.deployment.table,
                 self.deployment.topic_arns,
                 self.deployment.state_machine_arn,
                 self.deployment.deadline_queue_url,
             )
-            self.host = FunctionHost(
+            self._host = FunctionHost(
                 self.deployment, self.concurrency, self.log_dir, self.duplicate_deliveries, self.tf_threads
             )
-            self.host.start()
+            self._host.start()
         except BaseException:
             self.cloud.stop()
             raise
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        if self.host is not None:
-            self.host.stop()
+        if self._host is not None:
+            self._host.stop()
         self.cloud.stop()

@@ -141,6 +141,7 @@ def serve(state_dir: Path, pool: int | None) -> None:
     log_dir = (state_dir / "logs").resolve()
     runtime = LocalRuntime(workers=CONCURRENCY, reducers=CONCURRENCY, pool=pool, log_dir=log_dir)
     with runtime:
+        assert runtime.deployment is not None  # provisioned as the runtime is entered
         state = ServiceState(pid=os.getpid(), started_at=time.time(), pool=runtime.concurrency["worker"],
                              log_dir=str(log_dir), deployment=dataclasses.asdict(runtime.deployment))
         path = state_dir / STATE_FILE

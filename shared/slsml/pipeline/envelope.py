@@ -18,12 +18,12 @@ from aws_lambda_powertools.utilities.parser import event_parser
 from aws_lambda_powertools.utilities.parser.envelopes.base import BaseEnvelope
 from aws_lambda_powertools.utilities.parser.models import SnsModel, SqsModel
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from slsml.accounting import usage
 from slsml.pipeline import admission
 from slsml.pipeline.metrics import emit, emitting
-from slsml.pipeline.services import Services, failing_run_on_bad_input, from_env
+from slsml.pipeline.services import failing_run_on_bad_input, from_env
 from slsml.spec import keys
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import MessageRejected
@@ -33,7 +33,7 @@ from slsml.state.idempotency import once_per_message
 MAX_REASON_CHARS = 300  # of the validation errors in a rejection's reason
 
 logger = Logger(child=True)
-M = TypeVar("M")
+M = TypeVar("M", bound=BaseModel)
 
 
 def type_name(model: Any) -> str:
@@ -91,15 +91,16 @@ def admit(message: Any, services: Services) -> None:
 class SnsMessages(BaseEnvelope):
     """Powertools' SNS envelope with ``parse_message``'s checks on every record."""
 
-    def parse(self, data: dict[str, Any] | Any | None, model: type[M]) -> list[M]:
-        return [parse_message(r.Sns.Message, model, r.Sns.MessageId) for r in SnsModel.model_validate(data).Records]
+    def parse(self, data: dict[str, Any] | Any | None, model: type[M]) -> list[M]:  # type: ignore[override]
+        records = SnsModel.model_validate(data).Records
+        return [parse_message(str(r.Sns.Message), model, r.Sns.MessageId) for r in records]
 
 
 class SqsMessages(BaseEnvelope):
     """The same for a function triggered by a queue of its own."""
 
-    def parse(self, data: dict[str, Any] | Any | None, model: type[M]) -> list[M]:
-        return [parse_message(r.body, model, r.messageId) for r in SqsModel.model_validate(data).Records]
+    def parse(self, data: dict[str, Any] | Any | None, model: type[M]) -> list[M]:  # type: ignore[override]
+        return [parse_message(str(r.body), model, r.messageId) for r in SqsModel.model_validate(data).Records]
 
 
 class DeadLetterRecords(BaseEnvelope):
@@ -107,7 +108,7 @@ class DeadLetterRecords(BaseEnvelope):
     the queue, the message id, the body (of any size: a message may have been rejected for its size) and
     the message attributes (Lambda's ``ErrorCode``, ``ErrorMessage`` and ``RequestID``, where it sent them)."""
 
-    def parse(self, data: dict[str, Any] | Any | None, model: type[M]) -> list[M]:
+    def parse(self, data: dict[str, Any] | Any | None, model: type[M]) -> list[M]:  # type: ignore[override]
         return [
             model.model_validate({
                 "queue_arn": r.eventSourceARN, "message_id": r.messageId, "body": r.body,
@@ -130,7 +131,7 @@ def run_and_iteration(message: Any) -> tuple[str | None, int | None]:
 def pipeline_handler(
     function: str,
     model: Any,
-    step: Callable[[Any, Services], Any],
+    step: Callable[..., Any],
     *,
     envelope: type[BaseEnvelope] = SnsMessages,
     stage: Callable[[Any], str] | None = None,
@@ -155,7 +156,7 @@ def pipeline_handler(
     def handle(records: list[Any], context: LambdaContext) -> None:
         services = from_env()
         metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(records))
-        run = partial(step, services=services)
+        run: Callable[[Any], Any] = partial(step, services=services)
         if idempotent:
             run = once_per_message(run, context)
         for message in (message for record in records for message in unpack(record)):

@@ -43,7 +43,7 @@ class Compression(BaseModel):
         (as a TrainingSpec field's error, after the field's name or flag)."""
         kind, _, value = text.strip().lower().partition(":")
         try:
-            return cls(kind=kind, value=float(value) if value else None)  # type: ignore[arg-type]
+            return cls(kind=kind, value=float(value) if value else None)
         except ValueError as error:  # a pydantic ValidationError is one too
             problems = getattr(error, "errors", None)
             why = "; ".join(e["msg"].removeprefix("Value error, ") for e in problems()) if problems else str(error)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -78,7 +79,8 @@ class RunTable:
         return {"pk": f"RUN#{run_id}", "sk": sort}
 
     def _query(self, run_id: str, prefix: str) -> list[dict[str, Any]]:
-        items, kwargs = [], {}
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {}
         while True:
             page = self.table.query(
                 KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
@@ -349,8 +351,9 @@ class RunTable:
     def fold(self, run_id: str, participant: Participant, into: int) -> bool:
         """Claim a late update for the reduce of ``into`` (again, for the same one); False if another took it."""
         assert participant.iteration is not None
+        key = self._key(run_id, worker_sk(participant.iteration, participant.worker))
         return conditional(lambda: self.table.update_item(
-            Key=self._key(run_id, worker_sk(participant.iteration, participant.worker)),
+            Key=key,
             UpdateExpression="SET folded_into = :into",
             ConditionExpression="attempt = :attempt AND (attribute_not_exists(folded_into) OR folded_into = :into)",
             ExpressionAttributeValues={":into": into, ":attempt": participant.attempt},
@@ -359,8 +362,9 @@ class RunTable:
     def unfold(self, run_id: str, participant: Participant, into: int) -> None:
         """Give back a late update claimed for a reduce that fired without it."""
         assert participant.iteration is not None
+        key = self._key(run_id, worker_sk(participant.iteration, participant.worker))
         conditional(lambda: self.table.update_item(
-            Key=self._key(run_id, worker_sk(participant.iteration, participant.worker)),
+            Key=key,
             UpdateExpression="REMOVE folded_into", ConditionExpression="folded_into = :into",
             ExpressionAttributeValues={":into": into},
         ))
@@ -402,8 +406,9 @@ class RunTable:
         chosen = {p.worker for p in participants}
         included = [r for r in reports if r.worker in chosen]
         values = {"reduce_fired_by": owner, "reduce_fired_at": time.time(), "participant_count": len(participants),
-                  "train_loss": _weighted([(r.loss, r.samples) for r in included]),
-                  "train_accuracy": _weighted([(r.accuracy, r.samples) for r in included if r.accuracy is not None])}
+                  "train_loss": _weighted([(r.loss, r.samples or 0) for r in included]),
+                  "train_accuracy": _weighted([(r.accuracy, r.samples or 0) for r in included
+                                               if r.accuracy is not None])}
         values = {k: v for k, v in values.items() if v is not None}
         expression, names, bound = _set(values, keep_first=frozenset(values))
         conditional(lambda: self.table.update_item(
@@ -417,7 +422,8 @@ class RunTable:
         expires = int(time.time()) + ITERATION_TTL_S
         for worker, attempt in attempts.items():
             report = WorkerReport(worker=worker, attempt=attempt, generation=generation)
-            conditional(lambda report=report, worker=worker: self.table.put_item(
+            conditional(partial(
+                self.table.put_item,
                 Item={**self._key(run_id, worker_sk(iteration, worker)), **dynamo(report.model_dump()),
                       "expires_at": expires},
                 ConditionExpression=f"attribute_not_exists(samples) OR {_EARLIER_GENERATION}",

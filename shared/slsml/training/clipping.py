@@ -63,7 +63,7 @@ def clip(
     if config.clipnorm:
         limit = _F(config.clipnorm)
         for piece in pieces:
-            total = _squares(g[piece.span]) if piece.whole else squares[str(piece.number)]
+            total = _squares(g[piece.span]) if piece.whole else (squares or {})[str(piece.number)]
             g[piece.span] = (g[piece.span] * limit) / np.maximum(_F(np.sqrt(total)), limit)
     elif config.global_clipnorm:
         limit = _F(config.global_clipnorm)

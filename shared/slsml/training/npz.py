@@ -10,7 +10,7 @@ import numpy as np
 
 def encode(**arrays: np.ndarray) -> bytes:
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy types allow_pickle among the keywords
     return buffer.getvalue()
 
 

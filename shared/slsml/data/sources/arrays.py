@@ -90,7 +90,8 @@ def open_file(path: Path, options: ArrayOptions) -> Source:
         if options.labels_file is None:
             raise BadInputError(f"{path}: a .npy source holds x alone; give its labels with --labels-file Y.npy")
         x = _StoredArray(lambda: path.open("rb"), str(path))
-        y = _StoredArray(lambda: options.labels_file.open("rb"), str(options.labels_file))
+        labels = options.labels_file
+        y = _StoredArray(lambda: labels.open("rb"), str(labels))
         source = StoredArraysSource(str(path), x, y)
     else:
         try:

@@ -64,8 +64,9 @@ def decode(path: Path, options: ImageOptions) -> np.ndarray:
     from PIL import Image
 
     try:
-        with Image.open(path) as image:
-            image.load()
+        with Image.open(path) as opened:
+            opened.load()
+            image: Image.Image = opened
             if options.mode is not None:
                 image = image.convert(options.mode)
             elif image.mode == "P":
@@ -88,20 +89,20 @@ class ImageFolderSource(Source):
 
     def __init__(self, folder: Path, options: ImageOptions) -> None:
         super().__init__(str(folder))
-        self.options = options
+        self.options = self.settings = options
         self.classes, self._files = class_files(folder)
 
     def count(self) -> int:
         return len(self._files)
 
     def read(self, chunk_bytes: int) -> Iterator[Chunk]:
-        height, width = self.options.image_size
+        height, width = self.settings.image_size
         rows = rows_per_chunk(height * width * 4, chunk_bytes)
         channels: tuple[int, Path] | None = None
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # Pillow decodes without the GIL
             for start in range(0, len(self._files), rows):
                 part = self._files[start : start + rows]
-                images = list(pool.map(lambda item: decode(item[0], self.options), part))
+                images = list(pool.map(lambda item: decode(item[0], self.settings), part))
                 for (path, _), image in zip(part, images, strict=True):
                     channels = channels or (image.shape[-1], path)
                     if image.shape[-1] != channels[0]:

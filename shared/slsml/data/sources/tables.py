@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import Field
@@ -63,7 +64,7 @@ class TableSource(Source):
         except pa.ArrowInvalid as error:
             raise BadInputError(f"{self.where}: {error}") from None
 
-    def _values(self, column: object, name: str) -> np.ndarray:
+    def _values(self, column: Any, name: str) -> np.ndarray:
         if column.null_count:
             raise BadInputError(f"{self.where}: column {name!r} has empty values")
         return column.to_numpy(zero_copy_only=False)

@@ -46,6 +46,7 @@ class TFRecordSource(Source):
         self.features: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
         for spec in options.tfrecord_features:
             match = _FEATURE.match(spec)
+            assert match is not None, spec  # TFRecordOptions checked every feature spec
             shape = tuple(int(d) for d in match["shape"].split("x")) if match["shape"] else ()
             self.features[match["name"]] = (np.dtype(match["dtype"]), shape)
         if options.label not in self.features:

@@ -116,8 +116,8 @@ def read(letter: DeadLetter, sources: dict[str, list[list[str]]]) -> list[Letter
     """What ``letter`` says, one ``Letter`` per message it holds (``sources``: ``wiring.dead_letter_sources``)."""
     error = letter.attributes.get(DEAD_LETTER_ERROR_MESSAGE)
     undelivered = error is None and _is_envelope(letter.body)
-    queue_function = dict(map(tuple, sources.get("queues", []))).get(letter.queue_arn)
-    topics = dict(map(tuple, sources.get("topics", [])))
+    queue_function = {arn: name for arn, name in sources.get("queues", [])}.get(letter.queue_arn)
+    topics = {arn: name for arn, name in sources.get("topics", [])}
     return [
         Letter(
             function=topics.get(topic or "") or queue_function,

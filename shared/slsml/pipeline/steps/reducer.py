@@ -52,9 +52,9 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone | None:
         current = shards.decode(services.store.get(keys.shard(run, iteration, shard)), size)
         return _step(message, config, services, current, *exchanged)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the shard is read while the parts are
-        stored_shard = pool.submit(services.store.get, keys.shard(run, iteration, shard))
+        shard_read = pool.submit(services.store.get, keys.shard(run, iteration, shard))
         average = _average(message, config, services)
-        current = shards.decode(stored_shard.result(), size)
+        current = shards.decode(shard_read.result(), size)
     return _step(message, config, services, current, average, None)
 
 
@@ -141,8 +141,8 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     if total == 0:
         raise RunFailed(f"iteration {iteration}: the participating workers processed no samples")
     mean = np.zeros(config.plan.shard(shard).size, dtype=np.float64)
-    for weight, part in zip(weights, decoded, strict=True):  # in message order: the same sums as long as
-        mean += part.astype(np.float64) * weight  # nothing is dropped
+    for weight, values in zip(weights, decoded, strict=True):  # in message order: the same sums as long as
+        mean += values.astype(np.float64) * weight  # nothing is dropped
     return shards.Shard((mean / total).astype(np.float32), {}, [p.worker for p in included])
 
 

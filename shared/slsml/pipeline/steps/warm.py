@@ -44,7 +44,7 @@ def trainer_for(
     Returns (trainer, fresh): a fresh trainer already holds the weights entering ``iteration``.
     """
     warm = cache.warm()
-    key = ("trainer", config.run_id)
+    key: tuple[str | bool | None, ...] = ("trainer", config.run_id)
     if shared and config.architecture is not None:
         key = ("trainer", config.architecture, config.loss, config.classification)
     trainer = warm.get(key)

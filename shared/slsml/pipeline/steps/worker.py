@@ -129,7 +129,7 @@ def _train(message: WorkMessage, config: RunConfig, services: Services, trainer:
                                                    "worker": message.worker, "loss": repr(update.loss)})
     key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
     if not store.put_new(key, body, metadata=metadata):  # a duplicate or a retry: announce the stored update
-        stored = WorkDone.model_validate_json(store.head(key)["done"])
+        stored = WorkDone.model_validate_json((store.head(key) or {})["done"])
         done = stored.model_copy(update={"generation": message.generation})  # a resumed run may announce it again
     return done
 
