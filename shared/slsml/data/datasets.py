@@ -189,7 +189,8 @@ class DatasetReader:
         epoch, window, position = order.locate(number)
         keys_ = {int(lane): ("window", self.manifest.name, order, epoch, int(lane), window) for lane in lanes}
         with self._lanes:  # batches of one round in turn: the next finds the windows the one before read
-            found = {lane: None if self._cache is None else self._cache.get(key) for lane, key in keys_.items()}
+            found: dict[int, tuple[np.ndarray, np.ndarray] | None] = {
+                lane: None if self._cache is None else self._cache.get(key) for lane, key in keys_.items()}
             missing = [lane for lane, got in found.items() if got is None]
             if missing:
                 windows = [order.window(epoch, lane, window) for lane in missing]
@@ -199,7 +200,8 @@ class DatasetReader:
                     found[lane] = (x[a:b], y[a:b])
                     if self._cache is not None:
                         self._cache.put(keys_[lane], found[lane], x[a:b].nbytes + y[a:b].nbytes)
-        picked = [found[int(lane)] for lane in lanes]
+        read = {lane: got for lane, got in found.items() if got is not None}  # every lane's, cached or read
+        picked = [read[int(lane)] for lane in lanes]
         return np.stack([x[position] for x, _ in picked]), np.stack([y[position] for _, y in picked])
 
     def split(self, split: Split) -> tuple[np.ndarray, np.ndarray]:

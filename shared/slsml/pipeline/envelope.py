@@ -23,7 +23,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from slsml.accounting import usage
 from slsml.pipeline import admission
 from slsml.pipeline.metrics import emit, emitting
-from slsml.pipeline.services import failing_run_on_bad_input, from_env
+from slsml.pipeline.services import Services, failing_run_on_bad_input, from_env
 from slsml.spec import keys
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import MessageRejected
