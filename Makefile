@@ -58,4 +58,4 @@ synth: install  ## the CloudFormation template, offline
 	CDK_OUTDIR=cdk.out $(BIN)/python app.py
 
 clean:
-	rm -rf $(VENV) $(AWS_CLI_VENV) cdk.out .slsml runs .pytest_cache site
+	rm -rf $(VENV) $(AWS_CLI_VENV) cdk.out .slsml runs .pytest_cache .mypy_cache site
