@@ -13,8 +13,10 @@ from typing import Any
 
 from slsml.cli import display, targets
 from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import BadInputError
 
 IDLE_WAIT_S = 30  # after a local run ends: how long its last invocations may take to log their usage
+LOGS_DIR = Path(".slsml/logs")  # a one-shot local run's function logs: .slsml/logs/<run>
 _console = display.console  # the commands' one-line messages and spinners
 
 
@@ -31,15 +33,21 @@ def start(services: Any, model_bytes: bytes, dataset: str, spec: TrainingSpec, r
 
 def one_shot_runtime(args: argparse.Namespace, spec: TrainingSpec) -> Any:
     """The local runtime of a run on a cloud of its own, begun: its cloud and function processes get ready
-    while this process loads TensorFlow and the model. Its logs go to .slsml/logs/<run id>."""
+    while this process loads TensorFlow and the model. Its logs go to .slsml/logs/<run id>. A name an earlier
+    one-shot run left a record or logs under is refused: nothing of that run is overwritten."""
     from slsml.client import runs
     from slsml.local.runtime import LocalRuntime
 
+    log_dir = LOGS_DIR / (args.run_id or runs.new_run_id())
+    used = [str(path) for path in (targets.RUNS_DIR / log_dir.name, log_dir) if path.exists()]
+    if used:
+        raise BadInputError(f"--run-id {log_dir.name}: an earlier local run has this name ({' and '.join(used)});"
+                            " give another")
     return LocalRuntime(
         workers=spec.max_workers or spec.initial_workers,  # warm processes for the most it may scale to
         reducers=spec.reducers,
         pool=args.pool,
-        log_dir=Path(".slsml/logs") / (args.run_id or runs.new_run_id()),
+        log_dir=log_dir,
     ).begin()
 
 
@@ -49,22 +57,28 @@ def train_locally(
 ) -> int:
     """Train on ``dataset``: a dataset's name, or what uploads one to a store and names it."""
     run_id = runtime.log_dir.name
-    with ExitStack() as stack:
-        with _console().status("starting the embedded cloud and warm function processes…"):
-            services = stack.enter_context(runtime).services
-        runtime.host.faults = args.faults
-        if callable(dataset):
-            dataset = dataset(services.store)
-        start(services, model_bytes, dataset, spec, run_id)
+    started = False
+    try:
+        with ExitStack() as stack:
+            with _console().status("starting the embedded cloud and warm function processes…"):
+                services = stack.enter_context(runtime).services
+            runtime.host.faults = args.faults
+            if callable(dataset):
+                dataset = dataset(services.store)
+            start(services, model_bytes, dataset, spec, run_id)
+            started = True
 
-        def usage(run: Any) -> list[Any]:
-            from slsml.accounting import usage
+            def usage(run: Any) -> list[Any]:
+                from slsml.accounting import usage
 
-            runtime.host.wait_idle(run.run_id, IDLE_WAIT_S)
-            return usage.read_local(runtime.log_dir, run.run_id)
+                runtime.host.wait_idle(run.run_id, IDLE_WAIT_S)
+                return usage.read_local(runtime.log_dir, run.run_id)
 
-        return follow(services, run_id, spec.iterations, args, out, faults=runtime.host.fault_report, usage=usage,
-                       so_far=partial(targets.service_usage, runtime.log_dir))
+            return follow(services, run_id, spec.iterations, args, out, faults=runtime.host.fault_report,
+                          usage=usage, so_far=partial(targets.service_usage, runtime.log_dir))
+    except KeyboardInterrupt:
+        what = "ended with the embedded cloud it ran on" if started else "was not started"
+        raise KeyboardInterrupt(f"interrupted: run {run_id} {what}; its logs are in {runtime.log_dir}") from None
 
 
 def follow(

@@ -55,25 +55,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stop_on_sigterm() -> None:
-    """SIGTERM (a ``timeout``, a CI job ending) unwinds like Ctrl-C, so that a local runtime stops its embedded
-    cloud and warm processes instead of leaving them behind."""
+EXIT_GRACE_S = 5.0  # after Ctrl-C or SIGTERM: how long the command may take to end before it ends at once
+
+
+def _end_on_interrupt() -> None:
+    """Ctrl-C (SIGINT) and SIGTERM (a ``timeout``, a CI job ending) unwind the command, so that a local runtime
+    stops its embedded cloud and warm processes; the command ends within ``EXIT_GRACE_S`` however its threads
+    are blocked, and at once on a second signal. Its embedded cloud and warm processes end with it, however it
+    ends (``slsml.local.host``, ``slsml.local.moto_server``)."""
+    interrupted = threading.Event()
+
+    def end_now() -> None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(130)
+
     def interrupt(signum: int, frame: types.FrameType | None) -> None:
+        if interrupted.is_set():
+            end_now()
+        interrupted.set()
+        deadline = threading.Timer(EXIT_GRACE_S, end_now)
+        deadline.daemon = True  # a command that ends in time ends without waiting for it
+        deadline.start()
         raise KeyboardInterrupt
 
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, interrupt)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, interrupt)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _stop_on_sigterm()
+    _end_on_interrupt()
     try:
         return args.handler(args)
     except (SlsmlError, ValidationError) as error:
         display.error(str(error))
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
+        display.say(str(interrupt) or "interrupted")  # what became of the command's run, where it says
         return 130
     except Exception as error:
         from slsml.aws import clients as aws
