@@ -25,6 +25,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import queue as queue_module
+import signal
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -55,7 +57,6 @@ from slsml.training import quiet
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[3] / "functions"
 DUPLICATE_ATTRIBUTE = "slsml-duplicate"
-FUNCTION_TIMEOUT_S = 900
 DEAD_LETTER_WAIT_S = 5  # a dead-letter queue's long poll: a dead letter fails its run within this long
 ACKNOWLEDGE_WINDOW_S = 0.1  # handled messages are deleted together, a batch per queue, fewer requests
 LAMBDA_ERROR_MESSAGE_BYTES = 1024  # Lambda truncates the error it attaches to a dead letter to 1 KB
@@ -141,22 +142,41 @@ def _environment_set(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+class TimedOut(BaseException):
+    """The invocation ran past its function's timeout (a BaseException: handler code catches no such thing)."""
+
+
+def _time_out(signum: int, frame: Any) -> None:
+    raise TimedOut
+
+
 def _invoke(
     event: dict[str, Any],
     function: str,
     request_id: str,
     plan: InvocationFaults | None = None,
     environment: dict[str, str] | None = None,
+    timeout_s: float | None = None,
 ) -> dict[str, int]:
-    """Run the handler once; returns the counts of faults injected inside the process."""
-    context = LambdaContext(function, request_id, time.time() + FUNCTION_TIMEOUT_S, int(os.environ[MEMORY_ENV]))
+    """Run the handler once, for at most ``timeout_s`` (default: the function's timeout, as Lambda ends an
+    invocation at its timeout); returns the counts of faults injected inside the process."""
+    timeout_s = timeout_s or DEFAULT_FUNCTIONS[function].timeout_s
+    context = LambdaContext(function, request_id, time.time() + timeout_s, int(os.environ[MEMORY_ENV]))
+    timer = hasattr(signal, "setitimer")  # where the system has none (Windows), invocations are not timed
+    if timer:
+        signal.signal(signal.SIGALRM, _time_out)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
         with _environment_set(environment or {}), fault_injection.invocation(plan) as injected:
             _handler(event, context)
         return dict(injected)
+    except TimedOut:
+        raise RuntimeError(f"Task timed out after {timeout_s:.2f} seconds") from None
     except Exception as error:  # re-raised as plain text: exceptions must cross the process boundary
         raise RuntimeError(f"{type(error).__name__}: {error}\n{traceback.format_exc()}") from None
     finally:
+        if timer:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         sys.stdout.flush()
         sys.stderr.flush()
 
@@ -318,6 +338,10 @@ class FunctionHost:
             deployment.bucket, deployment.table, deployment.topic_arns, deployment.state_machine_arn
         )
         self._pools: dict[str, ProcessPoolExecutor] = {}
+        self._pools_lock = threading.Lock()
+        self._context: multiprocessing.context.BaseContext | None = None
+        # each function's timeout (Lambda's: its deployment's); may be changed while the host runs
+        self.timeouts: dict[str, float] = {name: DEFAULT_FUNCTIONS[name].timeout_s for name in concurrency}
         self._stopping = threading.Event()
         self._last_error: dict[str, tuple[str, str, str]] = {}  # message id → (first line, error text, request id)
         self._dead_seen: set[str] = set()  # dead letters recorded (one may be handed to the reader again)
@@ -342,8 +366,8 @@ class FunctionHost:
 
     def fault_report(self) -> dict[str, Any]:
         """Since the host started: the faults injected, per kind, and what happened — invocations
-        that failed, how many of those SQS retried, messages that went to a dead-letter queue, and
-        the errors of failures that were not injected."""
+        that failed, how many of those SQS retried, messages that went to a dead-letter queue, warm
+        processes replaced after one died, and the errors of failures that were not injected."""
         with self._counts_lock:
             counts, errors = dict(self._counts), dict(self._errors)
         return {
@@ -353,6 +377,7 @@ class FunctionHost:
             "failed_invocations": counts.get("failed_invocations", 0),
             "retries": counts.get("retries", 0),
             "dead_letters": len(self.dead_letters),
+            "replaced_processes": counts.get("replaced_processes", 0),
             "errors": errors,
         }
 
@@ -387,17 +412,10 @@ class FunctionHost:
     def start(self) -> None:
         """Start every function's warm processes (waiting for their imports) and queue pollers."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        context = start_preloading()
+        self._context = start_preloading()
         warmups: list[Future] = []
         for function, size in self.concurrency.items():
-            pool = ProcessPoolExecutor(
-                max_workers=size,
-                mp_context=context,
-                initializer=_start_process,
-                initargs=(function, {**os.environ, **self._environment(function)},
-                          str(self.log_dir / f"{function}.log")),
-            )
-            self._pools[function] = pool
+            pool = self._pools[function] = self._new_pool(function)
             warmups += [pool.submit(_ready) for _ in range(size)]
         for warmup in warmups:
             warmup.result()
@@ -408,17 +426,45 @@ class FunctionHost:
             threading.Thread(target=self._watch_dead_letters, args=(function, queue), name=f"dead-letters-{function}",
                              daemon=True).start()
 
+    def _new_pool(self, function: str) -> ProcessPoolExecutor:
+        """``function``'s warm processes (started as they are first needed)."""
+        return ProcessPoolExecutor(
+            max_workers=self.concurrency[function],
+            mp_context=self._context,
+            initializer=_start_process,
+            initargs=(function, {**os.environ, **self._environment(function)}, str(self.log_dir / f"{function}.log")),
+        )
+
+    def _submit(self, function: str, *args: Any) -> Future:
+        """``_invoke(*args)`` in one of ``function``'s warm processes. A pool one of whose processes died (killed,
+        out of memory) is broken: it is replaced by a fresh one, as Lambda starts a fresh container after a
+        crash. RuntimeError once the host is stopping."""
+        pool = self._pools[function]
+        try:
+            return pool.submit(_invoke, *args)
+        except BrokenProcessPool:
+            return self._renewed(function, pool).submit(_invoke, *args)
+
+    def _renewed(self, function: str, broken: ProcessPoolExecutor) -> ProcessPoolExecutor:
+        """A fresh pool for ``function`` in place of ``broken`` (once, however many found it broken)."""
+        with self._pools_lock:
+            if self._pools[function] is broken and not self._stopping.is_set():
+                broken.shutdown(wait=False, cancel_futures=True)
+                self._pools[function] = self._new_pool(function)
+                self._count({"replaced_processes": 1})
+            return self._pools[function]
+
     def stop(self) -> None:
         """Take no more messages, start no more invocations and shut the function processes down. The
         threads are not waited for: each ends when its long poll returns (at once if the cloud is stopped)
         and hands nothing on."""
         self._stopping.set()
-        for pool in self._pools.values():
-            pool.shutdown(wait=False, cancel_futures=True)
+        with self._pools_lock:
+            for pool in self._pools.values():
+                pool.shutdown(wait=False, cancel_futures=True)
 
     def _poll(self, function: str) -> None:
         queue = self.deployment.queues[function]
-        pool = self._pools[function]
         free = threading.Semaphore(self.concurrency[function])
         while not self._stopping.is_set():
             if not free.acquire(timeout=0.5):
@@ -439,7 +485,7 @@ class FunctionHost:
             for _ in range(capacity - len(received)):
                 free.release()
             for message in received:
-                self._dispatch(function, queue, pool, message, free)
+                self._dispatch(function, queue, message, free)
 
     def _queued(self, function: str, message: dict[str, Any]) -> dict[str, Any]:
         """The SNS message a queued message carries (or stands for, on a function's own queue)."""
@@ -449,9 +495,7 @@ class FunctionHost:
             return raw_body(message, self._raw_topics[function])
         return json.loads(message["Body"])
 
-    def _dispatch(
-        self, function: str, queue: str, pool: ProcessPoolExecutor, message: dict[str, Any], free: threading.Semaphore
-    ) -> None:
+    def _dispatch(self, function: str, queue: str, message: dict[str, Any], free: threading.Semaphore) -> None:
         queue_name = self._queue_triggers.get(function)
         body = self._queued(function, message)
         fault_spec = self.faults if self.faults is not None and self.faults.active else None
@@ -475,6 +519,7 @@ class FunctionHost:
         event = sns_event(body, f"{body['TopicArn']}:{function}") if queue_name is None else sqs_event(message, queue)
         environment = dict(self.function_environment)
         request_id = str(uuid.uuid4())
+        pool = self._pools[function]  # the pool the invocation ran in (replaced if it breaks)
         slot_taken = True  # the poller took one of the function's slots for this message
 
         def release_slot() -> None:
@@ -493,6 +538,9 @@ class FunctionHost:
                 self._count(done.result() or {})
                 self._done.put((queue, message["ReceiptHandle"]))
                 return
+            if isinstance(error, BrokenProcessPool):  # its process died: retried in a fresh one, as on Lambda
+                self._renewed(function, pool)
+                error = RuntimeError(f"Runtime exited: a warm process of {function} died ({error})")
             text = str(error)
             self._last_error[body["MessageId"]] = (text.splitlines()[0][:500], text, request_id)
             counts = {"failed_invocations": 1, "retries": int(receives < MAX_RECEIVES)}
@@ -516,8 +564,12 @@ class FunctionHost:
                 return
             with self._counts_lock:
                 self.invocations[function] += 1
+            nonlocal pool
+            pool = self._pools[function]
             try:
-                future = pool.submit(_invoke, event, function, request_id, plan, environment)
+                future = self._submit(function, event, function, request_id, plan, environment,
+                                      self.timeouts.get(function))
+                pool = self._pools[function]
             except RuntimeError:  # the pool has shut down
                 release_slot()
                 self._handling(run_id, -1)
@@ -607,7 +659,7 @@ class FunctionHost:
         with self._counts_lock:
             self.invocations[self._reader] = self.invocations.get(self._reader, 0) + 1
         try:
-            future = self._pools[self._reader].submit(_invoke, event, self._reader, str(uuid.uuid4()))
+            future = self._submit(self._reader, event, self._reader, str(uuid.uuid4()))
         except RuntimeError:  # the pool has shut down
             self._handling(run_id, -1)
             return

@@ -1,0 +1,60 @@
+"""The local host's warm processes behave like Lambda's containers: one killed outright (out of memory, a
+segfault) is replaced by a fresh one and the messages it held are retried; an invocation that runs past its
+function's timeout is ended there and retried. A run that meets both completes with weights bit-identical to
+an undisturbed run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+
+from slsml.local.faults import Faults
+from slsml.spec.config import TrainingSpec
+
+from .conftest import final_weights, finish, train
+
+RUN, REFERENCE = "contained", "contained-reference"
+SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=4, eval_every=0)
+TIMEOUT_S = 2.0  # the Worker's, for this test: every Worker's first receive hangs past it
+HANG = Faults(worker_hang=1.0, hang_s=600)  # ten minutes, if nothing ended it
+
+
+def _warm_pids(local, function: str) -> set[int]:
+    """The processes ``function`` started so far, as its log says."""
+    lines = (local.log_dir / f"{function}.log").read_text().splitlines()
+    return {entry["pid"] for line in lines if line.startswith("{")
+            if (entry := json.loads(line)).get("message") == "warm process started"}
+
+
+def test_a_killed_warm_process_and_a_step_past_its_timeout_change_nothing(local, services, digits):
+    train(services, SPEC, REFERENCE)
+    assert finish(services, REFERENCE).status == "COMPLETED"
+    report_before = local.host.fault_report()
+    timeouts = local.host.timeouts
+    local.host.timeouts = {**timeouts, "worker": TIMEOUT_S}
+    local.host.faults = HANG
+    try:
+        train(services, SPEC, RUN)
+        deadline = time.monotonic() + 120
+        while services.table.get_run(RUN).iteration < 1:
+            assert time.monotonic() < deadline, "the run never completed an iteration"
+            time.sleep(0.05)
+        started = _warm_pids(local, "reducer")
+        os.kill(min(started), signal.SIGKILL)  # as the out-of-memory killer would
+        run = finish(services, RUN)
+    finally:
+        local.host.faults = None
+        local.host.timeouts = timeouts
+    assert run.status == "COMPLETED", run.reason
+    report = local.host.fault_report()
+    assert report["replaced_processes"] > report_before["replaced_processes"]
+    timed_out = f"worker: Task timed out after {TIMEOUT_S:.2f} seconds"
+    assert report["errors"].get(timed_out, 0) >= SPEC.workers * SPEC.iterations, report["errors"]
+    assert _warm_pids(local, "reducer") - started  # fresh processes took the killed one's place
+    attacked, _ = final_weights(services, RUN)
+    undisturbed, _ = final_weights(services, REFERENCE)
+    assert np.array_equal(attacked, undisturbed)
