@@ -510,6 +510,26 @@ def test_an_iteration_whose_launch_is_late_is_launched_by_its_deadline_and_the_l
     assert services.table.get_iteration("late-launch", 1).launched_at == record.launched_at
 
 
+def test_a_deadline_past_the_last_iteration_completes_the_run_and_launches_nothing(
+    services: Services, sent: list[Deadline]
+) -> None:
+    """The final model (entering iteration 1 of a 1-iteration run) is merged, but its event is lost: the
+    watchdog waits for the model, then completes the run rather than launch an iteration past the budget."""
+    _register(services, "lost-final", workers=2, deadline_s=5, iterations=1)
+    services.table.advance("lost-final", 1, 0)
+    services.table.table.update_item(  # iteration 1 started longer than a deadline ago
+        Key={"pk": "RUN#lost-final", "sk": "META"}, UpdateExpression="SET iteration_at = :t",
+        ExpressionAttributeValues={":t": Decimal(repr(time.time() - 60))},
+    )
+    assert watchdog.on_deadline(_deadline("lost-final"), services) == Action.NOTHING  # the model is not in yet
+    assert services.table.get_run("lost-final").status == "RUNNING" and sent[-1].iteration == 1
+    services.store.put_new(keys.model("lost-final", 1), b"the final model")
+    assert watchdog.on_deadline(_due(sent[-1]), services) == Action.COMPLETED
+    assert services.table.get_run("lost-final").final_key == keys.final_model("lost-final")  # the execution ends it
+    assert services.store.get(keys.final_model("lost-final")) == b"the final model"
+    assert services.table.get_iteration("lost-final", 1).launched_by is None  # nothing launched past the budget
+
+
 def test_two_copies_of_a_deadline_handled_at_once_carry_the_chain_on_once(
     services: Services, sent: list[Deadline], monkeypatch: pytest.MonkeyPatch
 ) -> None:

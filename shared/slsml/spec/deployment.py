@@ -28,7 +28,7 @@ class Metric(StrEnum):
     LATE_WORKERS = "LateWorkers"
     BYTES_READ = "BytesRead"
     BYTES_WRITTEN = "BytesWritten"
-    DEADLINE_ACTIONS = "DeadlineActions"  # the watchdog fired a barrier, re-launched steps or failed a run
+    DEADLINE_ACTIONS = "DeadlineActions"  # the watchdog fired a barrier, re-launched steps, failed or completed a run
     REJECTED_MESSAGES = "RejectedMessages"  # malformed, or not belonging to the run it names: no step acted
 
 

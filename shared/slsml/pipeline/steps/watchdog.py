@@ -9,8 +9,9 @@ with them; otherwise re-launch the missing workers with a new attempt number (re
 attempt are ignored from then on), and once the retry budget is spent, fail the run with a reason
 naming the stage. An iteration whose launch has not come (its model's event is late or lost) is
 launched by the watchdog: it claims the launch, with the run's current workers, and re-launches them
-all. Reduce stage: re-launch the reducers whose shards are missing; once the budget is spent, those
-shards keep the iteration's weights (counted and logged) and the merge goes on.
+all; past the run's iterations it completes the run instead, once the final model is stored. Reduce
+stage: re-launch the reducers whose shards are missing; once the budget is spent, those shards keep the
+iteration's weights (counted and logged) and the merge goes on.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from aws_lambda_powertools import Logger
 
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
+from slsml.pipeline.steps import work_launcher
 from slsml.pipeline.steps.common import run_config
 from slsml.pipeline.steps.reduce_launcher import fire_reduce, publish_reduce
 from slsml.pipeline.steps.reducer import keep_weights
@@ -45,9 +47,11 @@ class Action(StrEnum):
     RELAUNCHED = "relaunched"
     STALE_SHARDS = "stale-shards"
     FAILED = "failed"
+    COMPLETED = "completed"  # the final model's event is late or lost: the run is completed, nothing launched
 
 
-ACTED = {Action.FIRED, Action.RELAUNCHED, Action.STALE_SHARDS, Action.FAILED}  # what DeadlineActions counts
+# what DeadlineActions counts
+ACTED = {Action.FIRED, Action.RELAUNCHED, Action.STALE_SHARDS, Action.FAILED, Action.COMPLETED}
 
 
 def on_deadline(deadline: Deadline, services: Services) -> Action:
@@ -77,6 +81,12 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
         if deadline.due_at > time.time():
             services.deadlines.schedule(deadline)
             return Action.NOTHING
+    if deadline.iteration >= run.iterations:  # the budget is spent: complete the run once its final model is in
+        if not services.store.exists(keys.model(run.run_id, deadline.iteration)):
+            services.deadlines.schedule(_next(deadline, "work", 0, _after(deadline, run.deadline_s)))
+            return Action.NOTHING
+        work_launcher.complete(run.run_id, deadline.iteration, services)
+        return Action.COMPLETED
     config = run_config(services.store, deadline.run_id)
     record = services.table.get_iteration(deadline.run_id, deadline.iteration)
     if deadline.stage == "work":

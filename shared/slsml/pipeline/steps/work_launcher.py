@@ -52,7 +52,7 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
                     extra={"run_id": run_id, "iteration": iteration, "current": run.iteration})
         return Outcome.IGNORED
     if iteration >= run.iterations:
-        return _complete(run_id, iteration, services)
+        return complete(run_id, iteration, services)
     if run.training.workers == "auto" and iteration > 0:
         run = _tune(run, iteration, services)
     counter = services.table.claim_launch(run_id, iteration, trigger_id, run.generation, run.workers,
@@ -98,7 +98,7 @@ def _tune(run: RunRecord, iteration: int, services: Services) -> RunRecord:
     return tuned or services.table.get_run(run.run_id)
 
 
-def _complete(run_id: str, iteration: int, services: Services) -> Outcome:
+def complete(run_id: str, iteration: int, services: Services) -> Outcome:
     """The iteration budget is spent: the model entering ``iteration`` is the final one."""
     final_key = keys.final_model(run_id)
     services.store.copy_new(keys.model(run_id, iteration), final_key)
