@@ -49,11 +49,12 @@ def on_dropped(landed: ModelLanded, services: Services, defaults: DropInRequest)
 
 
 def _request(services: Services, name: str) -> DropInRequest:
+    """The run request beside a dropped model (parsed by pydantic's JSON parser, whose nesting is bounded)."""
     try:
-        return DropInRequest.model_validate(services.store.get_json(keys.incoming_request(name)))
+        return DropInRequest.model_validate_json(services.store.get(keys.incoming_request(name)))
     except NotFoundError:
         return DropInRequest()
-    except (ValueError, ValidationError) as error:
+    except ValidationError as error:
         raise BadInputError(f"{keys.incoming_request(name)} is not a valid run request: {error}") from None
 
 
