@@ -91,7 +91,8 @@ class Messaging(Construct):
             wiring.DEAD_LETTER_SOURCES_ENV, Stack.of(self).to_json_string(wiring.dead_letter_sources(holds, topic_arns))
         )
         for queue in self.dead_letter_queues.values():
-            reader.add_event_source(event_sources.SqsEventSource(queue, batch_size=10))
+            # a letter the reader fails on is retried alone: its batch-mates are not held back with it
+            reader.add_event_source(event_sources.SqsEventSource(queue, batch_size=10, report_batch_item_failures=True))
 
     def _suppress_notifications_handler(self) -> None:
         """The custom resource writing the bucket's notification configuration is a CDK singleton."""

@@ -4,4 +4,5 @@ from slsml.pipeline.envelope import DeadLetterRecords, pipeline_handler
 from slsml.pipeline.steps import dead_letters
 
 lambda_handler = pipeline_handler("dead_letters", dead_letters.DeadLetter, dead_letters.on_dead_letter,
-                                  envelope=DeadLetterRecords, idempotent=False)
+                                  envelope=DeadLetterRecords, idempotent=False,
+                                  batch_failures=True)

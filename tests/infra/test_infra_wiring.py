@@ -103,3 +103,13 @@ def test_a_trigger_queue_hands_its_function_one_message_at_a_time(synthesized: S
                 if r["Type"] == "AWS::Lambda::EventSourceMapping"
                 and r["Properties"]["EventSourceArn"]["Fn::GetAtt"][0] in queues]
     assert mappings and all(m["BatchSize"] == 1 for m in mappings)
+
+
+def test_the_dead_letter_reader_reports_the_letters_it_failed_on_alone(synthesized: Synthesized) -> None:
+    """Its batches of 10 answer with the letters that failed (partial batch response), so one poison letter
+    does not hold back the nine beside it."""
+    reader = synthesized.logical_id(synthesized.stack.compute.functions[wiring.dead_letter_reader().name])
+    mappings = [resource["Properties"] for resource in synthesized.resources.values()
+                if resource["Type"] == "AWS::Lambda::EventSourceMapping"
+                and resource["Properties"]["FunctionName"] == {"Ref": reader}]
+    assert mappings and all(m["FunctionResponseTypes"] == ["ReportBatchItemFailures"] for m in mappings)

@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 
-from slsml.local.host import error_message
-from slsml.pipeline.envelope import DeadLetterRecords
+from slsml.local.host import LambdaContext, error_message
+from slsml.pipeline.envelope import DeadLetterRecords, pipeline_handler
+from slsml.pipeline.services import Services, from_env
 from slsml.pipeline.steps import dead_letters
 from slsml.pipeline.steps.dead_letters import DeadLetter, on_dead_letter
+from slsml.spec import wiring
+from slsml.spec.deployment import METRICS_NAMESPACE
 
 from .test_envelope import sns_event
 
@@ -144,3 +147,28 @@ def test_the_local_host_reports_an_error_as_lambda_does() -> None:
     assert error_message(text) == "1 validation error for RunConfig\nrun_id\n  Field required"
     assert error_message("KeyError\nTraceback (most recent call last):\n...") == "KeyError"
     assert len(error_message("ValueError: " + "é" * 2000).encode()) <= 1024
+
+
+def test_a_letter_the_reader_fails_on_is_retried_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lambda's partial batch response: the reader's batch of letters reports the one it failed on, and is done
+    with the others (which a failed batch would have held back and redelivered with it)."""
+    for name, value in {"AWS_DEFAULT_REGION": "us-east-1", wiring.BUCKET_ENV: "b", wiring.TABLE_ENV: "t",
+                        "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE, "POWERTOOLS_TRACE_DISABLED": "true"}.items():
+        monkeypatch.setenv(name, value)
+    from_env.cache_clear()
+    handled: list[str] = []
+
+    def step(letter: DeadLetter, services: Services) -> None:
+        if letter.message_id == "poison":
+            raise RuntimeError("the run's table is not reachable")
+        handled.append(letter.message_id)
+
+    handler = pipeline_handler("dead_letters", DeadLetter, step, envelope=DeadLetterRecords, idempotent=False,
+                               batch_failures=True)
+    records = [sqs_record(WORK, FAILURES) | {"messageId": name} for name in ("first", "poison", "last")]
+    try:
+        answer = handler({"Records": records}, LambdaContext("dead_letters", "request-1", 1e12, 256))
+    finally:
+        from_env.cache_clear()
+    assert answer == {"batchItemFailures": [{"itemIdentifier": "poison"}]}
+    assert handled == ["first", "last"]

@@ -168,7 +168,9 @@ def _invoke(
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
         with _environment_set(environment or {}), fault_injection.invocation(plan) as injected:
-            _handler(event, context)
+            response = _handler(event, context)
+        if isinstance(response, dict) and response.get("batchItemFailures"):  # a batch of one here: it failed
+            raise RuntimeError(f"the function reported failed messages: {response['batchItemFailures']}")
         return dict(injected)
     except TimedOut:
         raise RuntimeError(f"Task timed out after {timeout_s:.2f} seconds") from None

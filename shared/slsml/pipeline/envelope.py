@@ -137,7 +137,8 @@ def pipeline_handler(
     stage: Callable[[Any], str] | None = None,
     unpack: Callable[[Any], Iterable[Any]] = lambda message: (message,),
     idempotent: bool = True,
-) -> Callable[[dict[str, Any], LambdaContext], None]:
+    batch_failures: bool = False,
+) -> Callable[[dict[str, Any], LambdaContext], dict[str, Any] | None]:
     """The Lambda handler of pipeline function ``function`` (its wiring name, which its usage lines
     carry): ``step(message, services)`` for each message.
 
@@ -149,33 +150,43 @@ def pipeline_handler(
     its own usage scope
     (``run_and_iteration``), once (Powertools Idempotency, unless ``idempotent`` is False: for a step
     that is idempotent by itself), and, given ``stage`` (its name in a failed run's reason), with bad
-    input failing its run (``failing_run_on_bad_input``).
+    input failing its run (``failing_run_on_bad_input``). With ``batch_failures`` (an SQS batch of records that each
+    carry a ``message_id``), a message the step fails on is logged and reported as the batch's failure alone
+    (Lambda's partial batch response): the others are done with.
     """
     service_logger, tracer, metrics = Logger(), Tracer(), Metrics()
 
-    def handle(records: list[Any], context: LambdaContext) -> None:
+    def handle(records: list[Any], context: LambdaContext) -> dict[str, Any] | None:
         services = from_env()
         metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(records))
         run: Callable[[Any], Any] = partial(step, services=services)
         if idempotent:
             run = once_per_message(run, context)
+        failures = []
         for message in (message for record in records for message in unpack(record)):
             with usage.scope(*run_and_iteration(message), **usage.about(message)):
-                admit(message, services)
-                if stage is None:
-                    run(message)
-                    continue
-                with failing_run_on_bad_input(services, message.run_id, stage(message)):
-                    run(message)
+                try:
+                    admit(message, services)
+                    if stage is None:
+                        run(message)
+                        continue
+                    with failing_run_on_bad_input(services, message.run_id, stage(message)):
+                        run(message)
+                except Exception:
+                    if not batch_failures:
+                        raise
+                    logger.exception("message failed: retried alone", extra={"message_id": message.message_id})
+                    failures.append({"itemIdentifier": message.message_id})
+        return {"batchItemFailures": failures} if batch_failures else None
 
     parsed = event_parser(model=model, envelope=envelope)(handle)
 
-    def counted(event: dict[str, Any], context: LambdaContext) -> None:
+    def counted(event: dict[str, Any], context: LambdaContext) -> dict[str, Any] | None:
         with emitting():
             spent = None
             try:
                 with usage.invocation(function, int(context.memory_limit_in_mb)) as spent:
-                    parsed(event, context)
+                    return parsed(event, context)
             finally:
                 if spent is not None:
                     _emit_bytes(spent.bytes_read, spent.bytes_written)
