@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,9 +25,9 @@ Generated from the `slsml` command's parser when the site is built: every comman
 """
 
 
-def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[
-    tuple[tuple[str, ...], argparse.ArgumentParser, str]
-]:
+def commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser, str]]:
     """Each command of ``parser`` depth first, with its words after ``slsml`` and its one-line help."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
@@ -68,8 +69,11 @@ def _options(parser: argparse.ArgumentParser) -> list[str]:
 
 def synopsis(path: tuple[str, ...], parser: argparse.ArgumentParser) -> str:
     """``slsml run start [options]``, with the positional arguments named."""
-    positionals = [action.metavar or action.dest for action in parser._get_positional_actions()
-                   if not isinstance(action, argparse._SubParsersAction)]
+    positionals = [
+        action.metavar if isinstance(action.metavar, str) else action.dest
+        for action in parser._get_positional_actions()
+        if not isinstance(action, argparse._SubParsersAction)
+    ]
     return " ".join(["slsml", *path, "[options]", *positionals])
 
 
@@ -98,6 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
     return slsml_parser()
 
 
-def on_files(files: Files, config: dict) -> Files:
+def on_files(files: Files, config: MkDocsConfig) -> Files:
     files.append(File.generated(config, PAGE, content=render(build_parser())))
     return files

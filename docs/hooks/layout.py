@@ -10,6 +10,10 @@ import ast
 import re
 from pathlib import Path
 
+from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.structure.files import Files
+from mkdocs.structure.pages import Page
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "shared" / "slsml"
 PAGE = "architecture.md"
@@ -52,7 +56,7 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:
+def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
     if page.file.src_uri != PAGE:
         return markdown
     if MARKER not in markdown:
