@@ -354,6 +354,8 @@ def print_dataset(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(show_header=False, box=None)
+    table.add_column()
+    table.add_column(overflow="fold")  # a checksum whole, however narrow the terminal
     classes = summary["classes"]
     names = summary["class_names"]
     for label, value in (
