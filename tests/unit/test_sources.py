@@ -151,6 +151,9 @@ def test_tables_read_in_batches_with_default_and_chosen_features(tmp_path: Path,
     for part, start in enumerate(range(0, 500, 200)):  # a folder of three files
         path = folder / f"part-{part}.{format}"
         (pq.write_table if format == "parquet" else csv.write_csv)(data.slice(start, 200), str(path))
+    (folder / "_SUCCESS").touch()  # what Spark leaves beside its tables, and a hidden copy: neither is read
+    (folder / f".part-0.{format}").write_bytes(b"not a table")
+    assert sources.detect(folder).name == format
     x, y, chunks = read_all(sources.open_source(folder, label="label"), chunk_bytes=1024)
     assert chunks > 3 and x.dtype == np.float32 and x.shape == (500, 3)
     expected = np.stack([data[c].to_numpy() for c in ("a", "b", "c")], axis=1).astype(np.float32)

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from slsml.data.sources import arrays, images, tables, tfrecord
-from slsml.data.sources.base import DEFAULT_CHUNK_BYTES, Chunk, Format, Source, SourceOptions
+from slsml.data.sources.base import DEFAULT_CHUNK_BYTES, Chunk, Format, Source, SourceOptions, data_files
 from slsml.spec.errors import BadInputError
 
 FORMATS: dict[str, Format] = {f.name: f for f in (arrays.FORMAT, images.FORMAT, tables.PARQUET, tables.CSV,
@@ -25,7 +25,7 @@ def detect(path: Path) -> Format:
     images in class subfolders."""
     if not path.exists():
         raise BadInputError(f"{path} does not exist")
-    names = [path.name.lower()] if path.is_file() else [p.name.lower() for p in path.rglob("*") if p.is_file()]
+    names = [p.name.lower() for p in ([path] if path.is_file() else data_files(path))]
     for format in FORMATS.values():
         if not format.class_folders and names and all(name.endswith(format.suffixes) for name in names):
             return format

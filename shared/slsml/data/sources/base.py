@@ -108,12 +108,19 @@ class Format:
     class_folders: bool = False
 
 
+def data_files(folder: Path) -> list[Path]:
+    """The files under ``folder`` but those named as hidden or as metadata (``.*``, ``_*``: ``_SUCCESS``,
+    ``.DS_Store``), as pyarrow leaves them out."""
+    return [p for p in folder.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))]
+
+
 def files_of(path: Path, suffixes: Iterable[str]) -> list[Path]:
-    """``path`` itself, or the files under the folder ``path`` whose names end in one of ``suffixes``, sorted."""
+    """``path`` itself, or the ``data_files`` of the folder ``path`` whose names end in one of ``suffixes``,
+    sorted."""
     if path.is_file():
         return [path]
     ends = tuple(suffixes)
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.lower().endswith(ends))
+    files = sorted(p for p in data_files(path) if p.name.lower().endswith(ends))
     if not files:
         raise BadInputError(f"{path}: no {', '.join(ends)} files in this folder")
     return files
