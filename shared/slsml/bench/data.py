@@ -1,20 +1,27 @@
-"""Benchmark ``data``: reading a dataset bigger than the workers' warm cache. A synthetic image dataset (``samples``
-of 32×32×3 uint8, random, 10 classes) is written through ``DatasetWriter`` (its MB/s measured), then trained on with
-the same model, workers and global batch, one run each in one local runtime:
+"""Benchmark ``data``: reading a dataset far bigger than the workers' warm cache. A synthetic image dataset (``samples``
+random 32×32×3 uint8 images, 10 classes) is written as a ``.npy`` source and ingested by ``slsml data put`` in a
+process of its own (its peak RSS and MB/s measured), then trained on with the same model, workers and global batch,
+one run each in one local runtime:
 
 - ``cached``: the default bound (half a Worker's memory) holds the dataset: whole shards, read once;
-- ``ranged``: the workers' warm cache bounded at ``cache_mb`` (``SLSML_WARM_CACHE_MB``), below the dataset: each
+- ``ranged``: the workers' warm cache bounded at ``cache_mb`` (``SLSML_WARM_CACHE_MB``), far below the dataset: each
   worker fetches the records of its slice of the global batch by ranged GETs (the exact global order);
-- ``shards``: the same bound, in the shard order (``shuffle shards``): each worker reads its lanes' shuffle buffers,
-  one ranged GET of consecutive records per lane every ``shuffle_buffer`` iterations.
+- ``shards``: the same bound, in the shard order (``shuffle shards``, a buffer of ``SHUFFLE_BUFFER``): each worker
+  reads its lanes' windows, one ranged GET of consecutive records per lane every ``SHUFFLE_BUFFER`` iterations.
 
-Per variant, from the functions' usage lines: S3 bytes read and GETs per iteration (medians), against the bytes of
-the samples an iteration uses, and the median iteration."""
+Per variant, from the functions' usage lines: S3 bytes read and GETs per iteration (the median, and the mean after
+the first iteration, whose iterations are a whole number of the shard order's windows), the data's share (the mean
+beyond the cached run's) per byte of the samples used, and the median iteration."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel
@@ -23,19 +30,20 @@ from slsml.accounting import usage
 from slsml.aws.cache import BOUND_ENV
 from slsml.bench import pipeline as bench
 from slsml.client import runs
-from slsml.data.manifest import DatasetManifest, Split
-from slsml.data.writer import DatasetWriter
+from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
-from slsml.pipeline.services import Services
 from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.errors import SlsmlError
 from slsml.training import modelio
 
 SHAPE, CLASSES = (32, 32, 3), 10
-SAMPLES, TEST_SAMPLES = 60_000, 1_000
+SAMPLES = 60_000  # training images (184 MB), and TEST_FRACTION more held out
+TEST_FRACTION = 1 / 61
 WORKERS, REDUCERS, BATCH = 4, 2, 128
-CACHE_MB = 64.0
-ITERATIONS = 30
-CHUNK = 4096  # samples generated and written at a time
+CACHE_MB = 16.0  # the dataset is over 10× this
+SHUFFLE_BUFFER = 8
+ITERATIONS = 1 + 4 * SHUFFLE_BUFFER  # after the first: four windows of the shard order
+CHUNK = 4096  # images generated and written to the source at a time
 BYTES_WITHIN = 2.0  # ranged: S3 bytes per iteration ≤ this × (bytes of the samples used + the cached run's)
 TIME_WITHIN = 1.5  # ranged: median iteration ≤ this × the cached run's
 IDLE_WAIT_S = 30
@@ -44,9 +52,10 @@ Progress = Callable[[str, int, int], None]  # (variant, iterations merged, itera
 
 
 class Ingest(BaseModel):
-    bytes: int  # of the shards written
+    source_bytes: int  # of the .npy files read
     seconds: float
-    mb_s: float
+    mb_s: float  # source bytes a second
+    peak_rss_mb: float  # of the `slsml data put` process
 
 
 class DataVariant(BaseModel):
@@ -57,6 +66,9 @@ class DataVariant(BaseModel):
     bytes_used_per_iteration: int  # of the samples the iteration's workers train on
     bytes_read_per_iteration: float | None  # S3, every function of the iteration (median)
     gets_per_iteration: float | None  # s3:GetObject, every function of the iteration (median)
+    mean_bytes_read: float  # S3 bytes an iteration, every function, the mean after the first iteration
+    mean_gets: float  # s3:GetObject likewise
+    data_bytes_per_byte_used: float | None = None  # (mean bytes − the cached run's) / bytes used
     median_iteration_s: float | None
 
 
@@ -64,6 +76,7 @@ class DataReport(BaseModel):
     samples: int
     sample_bytes: int
     dataset_bytes: int
+    cache_mb: float
     workers: int
     global_batch: int
     iterations: int
@@ -93,22 +106,48 @@ def image_model(seed: int = 0) -> bytes:
     return modelio.save_model(model)
 
 
-def put_images(services: Services, name: str, samples: int, test_samples: int, seed: int = 0) -> tuple[
-        DatasetManifest, Ingest]:
-    """A synthetic dataset of random images, generated and written ``CHUNK`` samples at a time."""
+def write_source(folder: Path, samples: int, seed: int = 0) -> tuple[Path, Path]:
+    """Random images and labels as ``x.npy`` and ``y.npy`` in ``folder``, written ``CHUNK`` images at a time."""
     rng = np.random.default_rng(seed)
-    started = time.perf_counter()
-    with DatasetWriter(services.store, name, SHAPE, "uint8", (), "int64") as writer:
-        splits: tuple[tuple[Split, int], ...] = (("train", samples), ("test", test_samples))
-        for split, count in splits:
-            for start in range(0, count, CHUNK):
-                n = min(CHUNK, count - start)
-                writer.write(split, rng.integers(0, 256, (n, *SHAPE), dtype=np.uint8),
-                             rng.integers(0, CLASSES, n, dtype=np.int64))
-        manifest = writer.finish()
-    seconds = time.perf_counter() - started
-    written = manifest.train.bytes + manifest.test.bytes
-    return manifest, Ingest(bytes=written, seconds=round(seconds, 3), mb_s=round(written / seconds / 1e6, 1))
+    x_path, y_path = folder / "x.npy", folder / "y.npy"
+    x = np.lib.format.open_memmap(x_path, mode="w+", dtype=np.uint8, shape=(samples, *SHAPE))
+    y = np.lib.format.open_memmap(y_path, mode="w+", dtype=np.int64, shape=(samples,))
+    for start in range(0, samples, CHUNK):
+        stop = min(start + CHUNK, samples)
+        x[start:stop] = rng.integers(0, 256, (stop - start, *SHAPE), dtype=np.uint8)
+        y[start:stop] = rng.integers(0, CLASSES, stop - start)
+        x.flush()
+    del x, y
+    return x_path, y_path
+
+
+def ingest(local: LocalRuntime, name: str, samples: int) -> Ingest:
+    """Write the source and ingest it with ``slsml data put`` in a process of its own: its time and peak RSS."""
+    assert local.deployment is not None
+    with tempfile.TemporaryDirectory(prefix="slsml-bench-data-") as folder:
+        x_path, y_path = write_source(Path(folder), samples + round(samples * TEST_FRACTION / (1 - TEST_FRACTION)))
+        source_bytes = x_path.stat().st_size + y_path.stat().st_size
+        command = [sys.executable, "-m", "slsml.cli.main", "data", "put", name, str(x_path), "--labels-file",
+                   str(y_path), "--test-fraction", f"{TEST_FRACTION}", "--bucket", local.deployment.bucket]
+        log = Path(folder) / "put.log"
+        started = time.perf_counter()
+        with log.open("w") as stderr:
+            process = subprocess.Popen(command, env={**os.environ, **local.deployment.environment()},
+                                       stdout=subprocess.DEVNULL, stderr=stderr)
+            _, status, used = os.wait4(process.pid, 0)  # this child's own resource use
+        seconds = time.perf_counter() - started
+        if os.waitstatus_to_exitcode(status):
+            raise SlsmlError(f"slsml data put failed: {log.read_text()[-2000:]}")
+    return Ingest(source_bytes=source_bytes, seconds=round(seconds, 3), mb_s=round(source_bytes / seconds / 1e6, 1),
+                  peak_rss_mb=round(used.ru_maxrss / 1024, 1))  # Linux: kilobytes
+
+
+def _means(records: list[usage.UsageRecord], iterations: int) -> tuple[float, float]:
+    """S3 bytes read and GETs an iteration, the mean over iterations 1 … ``iterations``−1."""
+    counted = [r for r in records if r.iteration is not None and 1 <= r.iteration < iterations]
+    span = max(1, iterations - 1)
+    return (sum(r.bytes_read for r in counted) / span,
+            sum(r.requests.get("s3:GetObject", 0) for r in counted) / span)
 
 
 def data_reads(local: LocalRuntime, samples: int = SAMPLES, iterations: int = ITERATIONS, cache_mb: float = CACHE_MB,
@@ -117,7 +156,8 @@ def data_reads(local: LocalRuntime, samples: int = SAMPLES, iterations: int = IT
     and compare them."""
     services = local.services
     stem = runs.new_run_id("data")
-    manifest, ingest = put_images(services, stem, samples, TEST_SAMPLES)
+    ingested = ingest(local, stem, samples)
+    manifest = data.load_manifest(services.store, stem)
     model_bytes = image_model()
     spec = TrainingSpec(workers=WORKERS, reducers=REDUCERS, global_batch=BATCH, iterations=iterations, eval_every=0,
                         optimizer=OptimizerConfig(name="adam", learning_rate=1e-3))
@@ -125,7 +165,7 @@ def data_reads(local: LocalRuntime, samples: int = SAMPLES, iterations: int = IT
         "cached": ("the dataset in the workers' warm cache (default bound): whole shards, read once", None, spec),
         "ranged": (f"warm cache bounded at {cache_mb:g} MB: ranged GETs of the samples used", cache_mb, spec),
         "shards": (f"warm cache bounded at {cache_mb:g} MB, shuffle shards: a ranged GET per lane and shuffle buffer",
-                   cache_mb, spec.model_copy(update={"shuffle": "shards"})),
+                   cache_mb, spec.model_copy(update={"shuffle": "shards", "shuffle_buffer": SHUFFLE_BUFFER})),
     }
     variants = []
     for name, (description, bound, trained) in compared.items():
@@ -136,16 +176,20 @@ def data_reads(local: LocalRuntime, samples: int = SAMPLES, iterations: int = IT
             local.host.wait_idle(run_id, IDLE_WAIT_S)
         finally:
             local.host.function_environment = {}
-        summary = runs.summarize(run, services.table.list_iterations(run_id), time.time() - started,
-                                 usage.read_local(local.log_dir, run_id))
+        records = usage.read_local(local.log_dir, run_id)
+        summary = runs.summarize(run, services.table.list_iterations(run_id), time.time() - started, records)
+        mean_bytes, mean_gets = _means(records, iterations)
         variants.append(DataVariant(
             name=name, description=description, cache_mb=bound, summary=summary,
             bytes_used_per_iteration=BATCH * manifest.record_bytes,
             bytes_read_per_iteration=summary.bytes_read_per_iteration,
             gets_per_iteration=(summary.requests_per_iteration or {}).get("s3:GetObject"),
-            median_iteration_s=summary.median_iteration_s,
+            mean_bytes_read=mean_bytes, mean_gets=mean_gets, median_iteration_s=summary.median_iteration_s,
         ))
     cached, ranged = variants[:2]
+    for variant in variants[1:]:
+        variant.data_bytes_per_byte_used = (variant.mean_bytes_read - cached.mean_bytes_read) / (
+            variant.bytes_used_per_iteration)
     bytes_ratio = time_ratio = None
     if cached.bytes_read_per_iteration is not None and ranged.bytes_read_per_iteration is not None:
         bytes_ratio = ranged.bytes_read_per_iteration / (ranged.bytes_used_per_iteration
@@ -153,8 +197,9 @@ def data_reads(local: LocalRuntime, samples: int = SAMPLES, iterations: int = IT
     if cached.median_iteration_s and ranged.median_iteration_s:
         time_ratio = ranged.median_iteration_s / cached.median_iteration_s
     return DataReport(
-        samples=samples, sample_bytes=manifest.record_bytes, dataset_bytes=manifest.train.bytes + manifest.test.bytes,
-        workers=WORKERS, global_batch=BATCH, iterations=iterations, ingest=ingest, variants=variants,
+        samples=manifest.train.count, sample_bytes=manifest.record_bytes,
+        dataset_bytes=manifest.train.bytes + manifest.test.bytes, cache_mb=cache_mb, workers=WORKERS,
+        global_batch=BATCH, iterations=iterations, ingest=ingested, variants=variants,
         bytes_ratio=bytes_ratio, time_ratio=time_ratio,
         bytes_within=bytes_ratio is not None and bytes_ratio <= BYTES_WITHIN,
         time_within=time_ratio is not None and time_ratio <= TIME_WITHIN,
