@@ -28,19 +28,19 @@ def plan(shuffle: str = "global", cache_mb: float | None = None, **changes) -> c
     return costmodel.predict(work, Parameters(), Quotas(), prices.PriceTable())
 
 
-def test_past_the_cache_the_exact_order_costs_a_get_per_sample_and_the_shard_order_one_per_window() -> None:
-    exact, shards = plan("global"), plan("shards")
-    for p in (exact, shards):
+def test_past_the_cache_the_exact_order_costs_a_get_per_sample_and_the_block_order_one_per_block() -> None:
+    exact, blocks = plan("global"), plan("blocks")
+    for p in (exact, blocks):
         assert not p.data.cached and p.data.bytes_per_iteration == 8192 * 150_528
     assert exact.data.gets_per_iteration == pytest.approx(8192, rel=1e-3)
-    assert shards.data.gets_per_iteration == pytest.approx(8192 / 64 * (1 + 63 / exact.data.shard_records))
+    assert blocks.data.gets_per_iteration == pytest.approx(8192 / 16 * (1 + 15 / exact.data.shard_records), rel=1e-3)
     base = exact.requests_per_iteration["s3:GetObject"] - round(exact.data.gets_per_iteration)
-    assert shards.requests_per_iteration["s3:GetObject"] == base + round(shards.data.gets_per_iteration)
+    assert blocks.requests_per_iteration["s3:GetObject"] == base + round(blocks.data.gets_per_iteration)
     worker = next(s for s in exact.stages if s.function == "worker")
     assert "data GETs" in worker.detail
     rate = {q.name: q for q in exact.quotas}["S3 GET rate: data"]
     assert rate.value > Quotas().s3_get_per_s and not rate.ok and "datasets/<name>/" in rate.detail
-    assert {q.name: q for q in shards.quotas}["S3 GET rate: data"].ok
+    assert {q.name: q for q in blocks.quotas}["S3 GET rate: data"].ok
 
 
 def test_a_split_that_fits_the_workers_cache_costs_nothing_in_steady_state() -> None:

@@ -117,36 +117,7 @@ def test_the_worker_sends_the_same_update_from_ranged_reads_as_from_cached_shard
     np.testing.assert_array_equal(sent["ranged"], sent["cached"])
 
 
-def test_in_the_shard_order_the_worker_reads_its_lanes_windows_once(
-    services: Services, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    config = _run(services, model_bytes, "lanes", shuffle="shards", shuffle_buffer=4)
-    store = services.store
-    order = data.shard_order(config.training, data.load_manifest(store, "d"))
-    lanes = data.worker_indices(np.arange(16), 2, 0)
-    windows = np.concatenate([order.window(0, int(lane), 0) for lane in lanes])
-    monkeypatch.setenv(cache.BOUND_ENV, str(300 * RECORD / 2**20))  # the windows fit; the split (200) is past half
-    real_get, gets = store.s3.get_object, []
-
-    def get_object(**kwargs):
-        if kwargs["Key"].startswith("datasets/d/train-"):
-            gets.append(kwargs["Range"])
-        return real_get(**kwargs)
-
-    monkeypatch.setattr(store.s3, "get_object", get_object)
-    for iteration in range(4):  # the lanes' first windows serve 4 iterations
-        if iteration:
-            store.put_array_new(keys.weights("lanes", iteration), store.get_array(keys.weights("lanes", 0)))
-            store.put_new(keys.model("lanes", iteration), model_bytes)
-        from slsml.pipeline.steps import worker as step
-
-        step.work(WorkMessage(run_id="lanes", iteration=iteration, worker=0, workers=2), services)
-        assert len(gets) == len(data.coalesce(windows, 50)), f"iteration {iteration} read {gets}"
-    assert sorted(gets) == sorted(f"bytes={first * RECORD}-{end * RECORD - 1}"
-                                  for _, first, end in data.coalesce(windows, 50))
-
-
-@pytest.mark.parametrize("shuffle", ["global", "shards"])
+@pytest.mark.parametrize("shuffle", ["global", "blocks"])
 def test_the_plans_data_gets_are_a_runs(services: Services, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch,
                                         shuffle: str) -> None:
     from slsml.cost.datatraffic import data_traffic
@@ -157,7 +128,7 @@ def test_the_plans_data_gets_are_a_runs(services: Services, model_bytes: bytes, 
     store = services.store
     manifest = data.put_dataset(store, "big", x, y, x[:8], y[:8], shard_mb=500 * RECORD / 2**20)
     cache_mb = 3000 * RECORD / 2**20  # the training split (2,000 records) is past half of it
-    options = {"shuffle_buffer": 4} if shuffle == "shards" else {}
+    options = {"shuffle_block": 4} if shuffle == "blocks" else {}
     spec = TrainingSpec(workers=2, reducers=1, global_batch=32, iterations=8, shuffle=shuffle, **options,
                         optimizer=OptimizerConfig(name="sgd", learning_rate=0.1))
     from slsml.client import runs
@@ -181,10 +152,11 @@ def test_the_plans_data_gets_are_a_runs(services: Services, model_bytes: bytes, 
             step.work(WorkMessage(run_id="measured", iteration=iteration, worker=worker, workers=2), services)
     measured = len(gets) / spec.iterations
 
-    planned = data_traffic(shuffle, manifest.train.count, manifest.record_bytes, 32, 2, 1, spec.shuffle_buffer,
+    planned = data_traffic(shuffle, manifest.train.count, manifest.record_bytes, 32, 2, 1, spec.shuffle_block,
                            3008, cache_mb, manifest.shard_records, 0.04, 65).gets_per_iteration
-    assert not data_traffic(shuffle, manifest.train.count, manifest.record_bytes, 32, 2, 1, spec.shuffle_buffer,
+    assert not data_traffic(shuffle, manifest.train.count, manifest.record_bytes, 32, 2, 1, spec.shuffle_block,
                             3008, None, manifest.shard_records, 0.04, 65).gets_per_iteration  # cached: none
-    assert measured == pytest.approx(planned, rel=0.02), (measured, planned)
-    per_sample = spec.global_batch  # a GET per sample; a GET per lane and window
-    assert measured == pytest.approx(per_sample if shuffle == "global" else per_sample / spec.shuffle_buffer, rel=0.02)
+    # crossings and adjacent pairs are rare events: within 2%, or 2 GETs over the run
+    assert measured == pytest.approx(planned, rel=0.02, abs=2 / spec.iterations), (measured, planned)
+    per_sample = spec.global_batch  # a GET per sample; a GET per block
+    assert measured == pytest.approx(per_sample if shuffle == "global" else per_sample / spec.shuffle_block, rel=0.02)

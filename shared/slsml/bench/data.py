@@ -6,12 +6,12 @@ one run each in one local runtime:
 - ``cached``: the default bound (half a Worker's memory) holds the dataset: whole shards, read once;
 - ``ranged``: the workers' warm cache bounded at ``cache_mb`` (``SLSML_WARM_CACHE_MB``), far below the dataset: each
   worker fetches the records of its slice of the global batch by ranged GETs (the exact global order);
-- ``shards``: the same bound, in the shard order (``shuffle shards``, a buffer of ``SHUFFLE_BUFFER``): each worker
-  reads its lanes' windows, one ranged GET of consecutive records per lane every ``SHUFFLE_BUFFER`` iterations.
+- ``blocks``: the same bound, in the block order (``shuffle blocks``, blocks of 16): each worker reads its slice's
+  blocks, one ranged GET of consecutive records each.
 
 Per variant, from the functions' usage lines: S3 bytes read and GETs per iteration (the median, and the mean after
-the first iteration, whose iterations are a whole number of the shard order's windows), the data's share (the mean
-beyond the cached run's) per byte of the samples used, and the median iteration."""
+the first iteration), the data's share (the mean beyond the cached run's median) per byte of the samples used, and
+the median iteration."""
 
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ SAMPLES = 60_000  # training images (184 MB), and TEST_FRACTION more held out
 TEST_FRACTION = 1 / 61
 WORKERS, REDUCERS, BATCH = 4, 2, 128
 CACHE_MB = 16.0  # the dataset is over 10× this
-SHUFFLE_BUFFER = 8
-ITERATIONS = 1 + 4 * SHUFFLE_BUFFER  # after the first: four windows of the shard order
+ITERATIONS = 30
 CHUNK = 4096  # images generated and written to the source at a time
 BYTES_WITHIN = 2.0  # ranged: S3 bytes per iteration ≤ this × (bytes of the samples used + the cached run's)
 TIME_WITHIN = 1.5  # ranged: median iteration ≤ this × the cached run's
@@ -164,8 +163,8 @@ def data_reads(local: LocalRuntime, samples: int = SAMPLES, iterations: int = IT
     compared = {
         "cached": ("the dataset in the workers' warm cache (default bound): whole shards, read once", None, spec),
         "ranged": (f"warm cache bounded at {cache_mb:g} MB: ranged GETs of the samples used", cache_mb, spec),
-        "shards": (f"warm cache bounded at {cache_mb:g} MB, shuffle shards: a ranged GET per lane and shuffle buffer",
-                   cache_mb, spec.model_copy(update={"shuffle": "shards", "shuffle_buffer": SHUFFLE_BUFFER})),
+        "blocks": (f"warm cache bounded at {cache_mb:g} MB, shuffle blocks: a ranged GET per block of 16 samples",
+                   cache_mb, spec.model_copy(update={"shuffle": "blocks"})),
     }
     variants = []
     for name, (description, bound, trained) in compared.items():
@@ -188,7 +187,7 @@ def data_reads(local: LocalRuntime, samples: int = SAMPLES, iterations: int = IT
         ))
     cached, ranged = variants[:2]
     for variant in variants[1:]:
-        variant.data_bytes_per_byte_used = (variant.mean_bytes_read - cached.mean_bytes_read) / (
+        variant.data_bytes_per_byte_used = (variant.mean_bytes_read - (cached.bytes_read_per_iteration or 0)) / (
             variant.bytes_used_per_iteration)
     bytes_ratio = time_ratio = None
     if cached.bytes_read_per_iteration is not None and ranged.bytes_read_per_iteration is not None:

@@ -196,8 +196,7 @@ def add_commands(commands: Any) -> None:
         " with the dataset cached: S3 bytes and GETs per iteration, median iteration; ingest MB/s"
     )
     data.add_argument("--samples", type=int, help="training images of 32×32×3 uint8 (default 60000: 184 MB)")
-    data.add_argument("--iterations", type=int, help="of each run (default 33: four shard-order windows of 8 after"
-                      " the first)")
+    data.add_argument("--iterations", type=int, help="of each run (default 30)")
     data.add_argument("--cache-mb", type=float, help="the workers' warm cache bound of the variants past the cache"
                       " (default 16)")
     data.add_argument("--json", action="store_true", help="print the report as one JSON line")

@@ -8,9 +8,10 @@ once, then nothing. Past it:
   costs one ranged GET per run of adjacent samples; b random samples of N hold b·(b−1)·(N − N/S)/(N·(N−1))
   adjacent pairs of one shard on average, so a worker sends b minus that many GETs, all at once (``READS`` at a
   time), and reads b·s bytes;
-- the shard order (``shuffle shards``): every Q-th batch (Q: ``shuffle_buffer``) a worker reads each of its b
-  lanes' next window of Q samples, one GET, two where the window crosses a shard's end ((Q − 1)/S of them): on
-  average K·B/Q·(1 + (Q − 1)/S) GETs an iteration for K·B·s bytes.
+- the block order (``shuffle blocks``): a worker's slice of each batch is whole blocks of c (``shuffle_block``)
+  consecutive samples, a GET each, two where a block crosses a shard's end ((c − 1)/S of them), one for two where
+  the next block of the slice is the one stored after it: b/c blocks where the slices fall on blocks' ends (B and b
+  multiples of c), else 1 + (b − 1)/c on average, for K·b·s bytes.
 
 The worker reads its samples while it reads the weights, so a read adds to its time only where it is longer.
 """
@@ -26,7 +27,7 @@ from slsml.aws.cache import MEMORY_SHARE
 from slsml.data.datasets import DATA_CACHE_SHARE, READS
 from slsml.data.manifest import shard_records
 
-Order = Literal["global", "shards"]
+Order = Literal["global", "blocks"]
 
 
 class DataTraffic(BaseModel):
@@ -47,7 +48,7 @@ class DataTraffic(BaseModel):
 
 
 def data_traffic(order: Order, samples: int, sample_bytes: int, global_batch: int, workers: int, batches: int,
-                 buffer: int, worker_memory_mb: int, cache_mb: float | None, per_shard: int | None,
+                 block: int, worker_memory_mb: int, cache_mb: float | None, per_shard: int | None,
                  latency_s: float, read_mb_s: float) -> DataTraffic:
     """The data traffic of ``batches`` global batches a round of ``global_batch`` samples among ``workers``."""
     per_shard = per_shard or shard_records(sample_bytes)
@@ -69,15 +70,14 @@ def data_traffic(order: Order, samples: int, sample_bytes: int, global_batch: in
         return DataTraffic(**common, gets_per_iteration=workers * worker_gets, bytes_per_iteration=used,
                            burst_gets=workers * worker_gets, worker_gets=worker_gets, burst_s=read_s, read_s=read_s,
                            detail=f"past the workers' cache: {worker_gets:,.1f} ranged GETs of one sample a worker")
-    crossing = 1 + (buffer - 1) / per_shard
-    worker_gets = b * crossing  # at an iteration that starts the lanes' windows
-    windows = batches / buffer  # window reads an iteration, on average
-    burst_s = _read_s(worker_gets, b * buffer * sample_bytes, latency_s, read_mb_s)
-    return DataTraffic(**common, gets_per_iteration=windows * workers * worker_gets, bytes_per_iteration=used,
-                       burst_gets=workers * worker_gets, worker_gets=worker_gets, burst_s=burst_s,
-                       read_s=windows * burst_s,
-                       detail=f"shard order: each worker reads its {b:,.0f} lanes' windows of {buffer} samples "
-                       f"({worker_gets:,.1f} GETs) every {buffer / batches:g} iterations")
+    aligned = global_batch % (block := min(block, samples)) == 0 and global_batch % workers == 0 and b % block == 0
+    blocks = b / block if aligned else 1 + (b - 1) / block  # blocks a worker's slice touches
+    # a GET each, two where it crosses a shard's end, one for two where the next is the block stored after it
+    worker_gets = batches * (blocks * (1 + (block - 1) / per_shard) - (blocks - 1) / max(1, samples // block - 1))
+    read_s = _read_s(worker_gets, batches * b * sample_bytes, latency_s, read_mb_s)
+    return DataTraffic(**common, gets_per_iteration=workers * worker_gets, bytes_per_iteration=used,
+                       burst_gets=workers * worker_gets, worker_gets=worker_gets, burst_s=read_s, read_s=read_s,
+                       detail=f"block order: {worker_gets:,.1f} ranged GETs of blocks of {block} samples a worker")
 
 
 def _read_s(gets: float, size: float, latency_s: float, read_mb_s: float) -> float:

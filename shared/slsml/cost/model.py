@@ -851,7 +851,7 @@ def workload_data(w: Workload, p: Parameters) -> DataTraffic | None:
         return None
     spec = w.training
     return data_traffic(spec.shuffle, w.samples, w.sample_bytes, w.global_batch, w.workers, spec.local_batches,
-                        spec.shuffle_buffer, w.memory_mb["worker"], w.cache_mb, w.shard_records, p.s3_request_s,
+                        spec.shuffle_block, w.memory_mb["worker"], w.cache_mb, w.shard_records, p.s3_request_s,
                         p.s3_read_mb_s)
 
 
@@ -971,7 +971,7 @@ def _quotas(
         add("S3 GET rate: data", value, q.s3_get_per_s, "GET/s",
             f"{prefix}: {W} workers' {data.burst_gets:,.0f} GETs as they start" + (
                 f": over by {value - q.s3_get_per_s:,.0f}/s, S3 answers 503 SlowDown and the requests retry (the"
-                " shard order reads a lane's samples in one GET)" if value > q.s3_get_per_s else ""))
+                " block order reads a block of samples in one GET)" if value > q.s3_get_per_s else ""))
     add("zip package", p.zip_layer_mb, q.zip_mb, "MB", "numpy layer + slsml, unzipped", hard=True)
     add("container image", p.image_mb, q.image_mb, "MB", "TensorFlow image of the worker and merger", hard=True)
     return checks

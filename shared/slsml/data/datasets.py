@@ -13,7 +13,6 @@ for data (``DATA_CACHE_SHARE`` of its bound): then whole shards are read once an
 from __future__ import annotations
 
 import hashlib
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -22,8 +21,8 @@ from botocore.exceptions import ClientError
 from slsml.aws.cache import LRUCache
 from slsml.aws.clients import error_code
 from slsml.aws.storage import ObjectStore
+from slsml.data.blockorder import BlockOrder
 from slsml.data.manifest import DEFAULT_SHARD_MB, SCHEMA_VERSION, DatasetManifest, Split
-from slsml.data.shardorder import ShardOrder
 from slsml.data.sources.base import validate_arrays
 from slsml.data.writer import DatasetWriter
 from slsml.spec import keys
@@ -113,13 +112,15 @@ def partition_batch(train_count: int, global_batch: int, seed: int, workers: int
     return part[order[position * size : (position + 1) * size]]
 
 
-def shard_order(spec: TrainingSpec, manifest: DatasetManifest) -> ShardOrder | None:
-    """The run's shard order over the training split (None: the exact global order)."""
-    if spec.shuffle != "shards":
+def block_order(spec: TrainingSpec, train_count: int) -> BlockOrder | None:
+    """The run's block order over the training split (None: the exact global order)."""
+    if spec.shuffle != "blocks":
         return None
-    iterations_per_epoch(manifest.train.count, spec.global_batch)
-    return ShardOrder(tuple(s.records for s in manifest.train.shards), manifest.shard_records, spec.global_batch,
-                      spec.shuffle_buffer, spec.seed)
+    order = BlockOrder(train_count, spec.global_batch, spec.shuffle_block, spec.seed)
+    if not order.per_epoch:
+        raise BadInputError(f"global batch {spec.global_batch} is larger than the training set in blocks of "
+                            f"{spec.shuffle_block} ({train_count // spec.shuffle_block * spec.shuffle_block} samples)")
+    return order
 
 
 def round_numbers(spec: TrainingSpec, iteration: int) -> range:
@@ -128,16 +129,16 @@ def round_numbers(spec: TrainingSpec, iteration: int) -> range:
 
 
 def round_batches(spec: TrainingSpec, train_count: int, workers: int, worker: int, iteration: int,
-                  order: ShardOrder | None = None) -> list[np.ndarray]:
+                  order: BlockOrder | None = None) -> list[np.ndarray]:
     """Sample indices of each of worker ``worker``'s batches in round ``iteration``: its slice of the round's
     global batch (gradient averaging), of each of the round's ``local_steps`` global batches (model averaging),
-    or its own partition's next ``local_steps`` batches (ADMM). ``order``: the run's shard order, if it has one."""
+    or its own partition's next ``local_steps`` batches (ADMM). ``order``: the run's block order, if it has one."""
     numbers = round_numbers(spec, iteration)
     if spec.algorithm == "admm":
         return [partition_batch(train_count, spec.global_batch, spec.seed, workers, worker, n) for n in numbers]
     if order is not None:
-        lanes = worker_indices(np.arange(spec.global_batch), workers, worker)
-        return [order.batch(n, lanes) for n in numbers]
+        positions = worker_indices(np.arange(spec.global_batch), workers, worker)
+        return [order.batch(n, positions) for n in numbers]
     return [worker_indices(global_batch_indices(train_count, spec.global_batch, spec.seed, n), workers, worker)
             for n in numbers]
 
@@ -165,7 +166,6 @@ class DatasetReader:
         self.store = store
         self.manifest = manifest
         self._cache = cache
-        self._lanes = threading.Lock()
 
     def cached(self, split: Split) -> bool:
         """Whether ``split`` is read by whole shards kept in the cache."""
@@ -181,28 +181,6 @@ class DatasetReader:
             raise IndexError(f"{split} sample indices {indices.min()}..{indices.max()} outside 0..{count - 1}")
         records = self._cached_records(split, indices) if self.cached(split) else self._ranged_records(split, indices)
         return records["x"].astype(m.x_dtype), records["y"].astype(m.y_dtype)
-
-    def take_lanes(self, order: ShardOrder, number: int, lanes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The training samples that ``lanes`` of batch ``number`` take in ``order``: each lane's window is read
-        once (a ranged GET of consecutive records) and kept in the cache, under ``("window", dataset, order,
-        epoch, lane, window)``, for the batches after it."""
-        epoch, window, position = order.locate(number)
-        keys_ = {int(lane): ("window", self.manifest.name, order, epoch, int(lane), window) for lane in lanes}
-        with self._lanes:  # batches of one round in turn: the next finds the windows the one before read
-            found: dict[int, tuple[np.ndarray, np.ndarray] | None] = {
-                lane: None if self._cache is None else self._cache.get(key) for lane, key in keys_.items()}
-            missing = [lane for lane, got in found.items() if got is None]
-            if missing:
-                windows = [order.window(epoch, lane, window) for lane in missing]
-                x, y = self.take("train", np.concatenate(windows))
-                at = np.cumsum([0, *(len(w) for w in windows)])
-                for lane, a, b in zip(missing, at[:-1], at[1:], strict=True):
-                    found[lane] = (x[a:b], y[a:b])
-                    if self._cache is not None:
-                        self._cache.put(keys_[lane], found[lane], x[a:b].nbytes + y[a:b].nbytes)
-        read = {lane: got for lane, got in found.items() if got is not None}  # every lane's, cached or read
-        picked = [read[int(lane)] for lane in lanes]
-        return np.stack([x[position] for x, _ in picked]), np.stack([y[position] for _, y in picked])
 
     def split(self, split: Split) -> tuple[np.ndarray, np.ndarray]:
         return self.take(split, np.arange(self.manifest.split(split).count))

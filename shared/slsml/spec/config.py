@@ -252,7 +252,7 @@ LOCAL_OPTIONS = ("local_steps", "local_optimizer", "local_learning_rate", "local
 ALGORITHM_OPTIONS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(LOCAL_OPTIONS, ("average", "admm")),
     "local_state": ("average",), "server": ("average",), "admm_rho": ("admm",),
-    **dict.fromkeys(("shuffle", "shuffle_buffer"), ("gradient", "average")),  # ADMM: a partition per worker
+    **dict.fromkeys(("shuffle", "shuffle_block"), ("gradient", "average")),  # ADMM: a partition per worker
 }
 
 
@@ -271,15 +271,15 @@ class TrainingSpec(BaseModel):
     iterations: int = Field(default=150, ge=1, le=999_999, description="iteration budget")  # model keys: six digits
     quorum: float = Field(default=1.0, gt=0, le=1, description="fraction of workers a reduce waits for")
     seed: int = Field(default=0, ge=0, description="data order seed (one permutation per epoch)")
-    shuffle: Literal["global", "shards"] = Field(
+    shuffle: Literal["global", "blocks"] = Field(
         default="global",
         description="the data order. global: each epoch a seeded permutation of the whole training set, the batches"
-        " of single-process training, read sample by sample (ranged GETs) past the workers' cache; shards: each"
-        " epoch a seeded permutation of the shards, streamed as global_batch lanes, each through a seeded shuffle"
-        " buffer of shuffle_buffer samples: one read per lane and buffer, for data far past the workers' memory",
+        " of single-process training, read sample by sample (ranged GETs) past the workers' cache; blocks: each"
+        " epoch a seeded permutation of blocks of shuffle_block consecutive samples, each block one read: for data"
+        " far past the workers' memory",
     )
-    shuffle_buffer: int = Field(
-        default=64, ge=1, le=65536, description="shuffle shards: samples of a lane's shuffle buffer"
+    shuffle_block: int = Field(
+        default=16, ge=1, le=65536, description="shuffle blocks: consecutive samples read (and trained) together"
     )
     eval_every: int = Field(default=10, ge=0, description="test-set evaluation period; 0: only at the end")
     optimizer: OptimizerConfig | None = Field(
@@ -409,8 +409,8 @@ class TrainingSpec(BaseModel):
 
     @model_validator(mode="after")
     def _shuffle_options(self) -> TrainingSpec:
-        if self.shuffle_buffer != type(self).model_fields["shuffle_buffer"].default and self.shuffle != "shards":
-            raise ValueError("shuffle_buffer applies to shuffle shards only")
+        if self.shuffle_block != type(self).model_fields["shuffle_block"].default and self.shuffle != "blocks":
+            raise ValueError("shuffle_block applies to shuffle blocks only")
         return self
 
     @model_validator(mode="after")

@@ -71,16 +71,12 @@ class _Prefetched(Sequence[tuple[np.ndarray, np.ndarray]]):
 def _compute(message: WorkMessage, config: RunConfig, services: Services) -> WorkDone:
     store, spec = services.store, config.training
     reader = reader_for(store, config.dataset)
-    order = data.shard_order(spec, reader.manifest)
-    batches = data.round_batches(spec, reader.manifest.train.count, message.workers, message.worker,
-                                 message.iteration, order)
-    lanes = data.worker_indices(np.arange(spec.global_batch), message.workers, message.worker)
+    count = reader.manifest.train.count
+    batches = data.round_batches(spec, count, message.workers, message.worker, message.iteration,
+                                 data.block_order(spec, count))
     with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="batch") as reads:
         # the round's samples are read while the model and the weights are
-        slices = _Prefetched([reads.submit(reader.take, "train", indices) if order is None else
-                              reads.submit(reader.take_lanes, order, number, lanes)
-                              for indices, number in zip(batches, data.round_numbers(spec, message.iteration),
-                                                         strict=True)])
+        slices = _Prefetched([reads.submit(reader.take, "train", indices) for indices in batches])
         trainer, fresh = trainer_for(store, config, message.iteration, shared=True)
         if fresh:  # the weights entering the iteration, in the model and as one flat vector
             start = modelio.get_flat(trainer.model, config.plan)

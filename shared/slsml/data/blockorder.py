@@ -1,0 +1,47 @@
+"""The block order (``shuffle blocks``): a data order whose reads stay large however big the data is.
+
+Epoch e of a training split of N records: its records cut into blocks of c (``shuffle_block``) consecutive ones
+(records [k·c, (k+1)·c), the last N mod c records left out), the blocks in a seeded permutation (seed, e), make one
+stream; global batch p of the epoch is stream positions [p·B, (p+1)·B) (B: the global batch; the stream's last
+positions short of a batch sit the epoch out, as the last N mod B samples of the exact order's permutation do),
+and worker w takes its contiguous slice of it, as in the exact order. So a worker's slice is whole blocks (a part
+of one at its ends), each one ranged GET of consecutive records (two where a block crosses a shard's end): about
+B/c GETs an iteration for exactly the bytes used, where the exact order sends one per sample. Every sample but those
+left out is used once per epoch, and the batches depend on (seed, iteration) alone, not on the workers or on what
+a process keeps: a run stopped and resumed, or scaled, goes on with the same batches, and Lambda may send a worker
+slot to any container (no container keeps a slot's stream: a stream through a shuffle buffer would be read again
+by every container a slot lands on).
+
+Statistically, the c records of a block always train together, in one batch and one worker's slice; the blocks of a
+batch come from B/c places spread over the whole split. Data stored in class order (an image folder, class by class)
+gives batches of B/c runs of one class each: a smaller ``shuffle_block`` mixes more at more GETs, and data shuffled
+at ingest mixes fully.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_BLOCKS = 1  # the seed's stream for the block permutation: (seed, _BLOCKS, epoch)
+
+
+@dataclass(frozen=True)
+class BlockOrder:
+    count: int  # records of the split
+    global_batch: int
+    block: int  # c: records of a block
+    seed: int
+
+    @property
+    def per_epoch(self) -> int:
+        """Global batches an epoch."""
+        return (self.count // self.block) * self.block // self.global_batch
+
+    def batch(self, number: int, positions: np.ndarray) -> np.ndarray:
+        """The split indices of positions ``positions`` (0 … B−1) of global batch ``number``."""
+        epoch, p = divmod(number, self.per_epoch)
+        blocks = np.random.default_rng([self.seed, _BLOCKS, epoch]).permutation(self.count // self.block)
+        stream = p * self.global_batch + np.asarray(positions, dtype=np.int64)
+        return blocks[stream // self.block] * self.block + stream % self.block

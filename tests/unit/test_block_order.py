@@ -1,0 +1,107 @@
+"""The block order: every sample of whole blocks once per epoch, the same batches whatever the workers, and a
+worker's slice read as one ranged GET per block."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import boto3
+import numpy as np
+import pytest
+from moto import mock_aws
+from pydantic import ValidationError
+
+from slsml.aws.storage import ObjectStore
+from slsml.data import datasets as data
+from slsml.data.blockorder import BlockOrder
+from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import BadInputError
+
+COUNT = 183
+
+
+def order(seed: int = 3, batch: int = 8, block: int = 4) -> BlockOrder:
+    return BlockOrder(COUNT, batch, block, seed)
+
+
+def epoch_batches(o: BlockOrder, epoch: int) -> list[np.ndarray]:
+    return [o.batch(epoch * o.per_epoch + p, np.arange(o.global_batch)) for p in range(o.per_epoch)]
+
+
+def test_every_sample_of_whole_blocks_is_used_once_an_epoch_and_epochs_differ() -> None:
+    o = order()
+    assert o.per_epoch == (183 // 4) * 4 // 8 == 22
+    epochs = []
+    for epoch in range(3):
+        used = np.concatenate(epoch_batches(o, epoch))
+        assert len(used) == len(set(used.tolist())) == 22 * 8, f"epoch {epoch} repeats a sample"
+        assert used.min() >= 0 and used.max() < (183 // 4) * 4  # the last 183 mod 4 sit every epoch out
+        epochs.append(used)
+    assert not np.array_equal(epochs[0], epochs[1]) and set(epochs[0]) != set(epochs[1])  # other blocks sit out
+    assert not np.array_equal(epochs[0], np.concatenate(epoch_batches(order(seed=4), 0)))
+    np.testing.assert_array_equal(epochs[0], np.concatenate(epoch_batches(order(), 0)))  # seeded
+
+
+def test_a_batch_is_whole_blocks_from_across_the_split() -> None:
+    o = order(batch=16, block=4)
+    for number in range(5):
+        batch = o.batch(number, np.arange(16))
+        runs = batch.reshape(4, 4)
+        assert (np.diff(runs, axis=1) == 1).all() and (runs[:, 0] % 4 == 0).all(), "each block: 4 consecutive"
+    spread = np.concatenate(epoch_batches(o, 0)[:3])
+    assert np.ptp(spread) > COUNT // 2, "the first batches draw from across the split"
+
+
+@pytest.mark.parametrize("workers", [1, 3, 5, 8])
+def test_the_batches_do_not_depend_on_the_workers(workers: int) -> None:
+    o = order()
+    spec = TrainingSpec(workers=workers, global_batch=8, shuffle="blocks", shuffle_block=4, seed=3,
+                        algorithm="average", local_steps=3)
+    assert data.block_order(spec, COUNT) == o
+    for iteration in (0, 7, 15):
+        slices = [data.round_batches(spec, COUNT, workers, w, iteration, o) for w in range(workers)]
+        for k, number in enumerate(data.round_numbers(spec, iteration)):
+            np.testing.assert_array_equal(np.concatenate([s[k] for s in slices]), o.batch(number, np.arange(8)))
+
+
+def test_the_spec_names_what_the_block_order_does_not_take() -> None:
+    with pytest.raises(ValidationError, match="shuffle is an option of algorithm gradient or average only"):
+        TrainingSpec(algorithm="admm", shuffle="blocks")
+    with pytest.raises(ValidationError, match="shuffle_block applies to shuffle blocks only"):
+        TrainingSpec(shuffle_block=8)
+    with pytest.raises(BadInputError, match="global batch 64 is larger than the training set in blocks of 16 "
+                                            r"\(48 samples\)"):
+        data.block_order(TrainingSpec(global_batch=64, shuffle="blocks"), 63)
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[ObjectStore]:
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="block-order")
+        yield ObjectStore(s3, "block-order")
+
+
+def test_a_workers_slice_is_a_ranged_get_per_block(store: ObjectStore) -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((COUNT, 3)).astype(np.float32), rng.integers(0, 5, COUNT)
+    record = 3 * 4 + 8
+    manifest = data.put_dataset(store, "blocks", x, y, x[:5], y[:5], shard_mb=40 * record / 2**20)
+    spec = TrainingSpec(workers=2, global_batch=8, shuffle="blocks", shuffle_block=4, seed=3)
+    o = data.block_order(spec, manifest.train.count)
+    reader = data.DatasetReader(store, manifest)
+    gets = []
+    real_get = store.s3.get_object
+    store.s3.get_object = lambda **kwargs: gets.append(kwargs["Range"]) or real_get(**kwargs)
+    for number in range(8):
+        (indices,) = data.round_batches(spec, manifest.train.count, 2, 1, number, o)
+        x_got, y_got = reader.take("train", indices)
+        np.testing.assert_array_equal(x_got, x[indices])
+        np.testing.assert_array_equal(y_got, y[indices])
+        first = int(indices[0])
+        crosses = first // 40 != (first + 3) // 40  # the block crosses a shard's end
+        assert len(gets) == 1 + crosses and len(indices) == 4, (number, gets)
+        gets.clear()
