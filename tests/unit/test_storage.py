@@ -31,6 +31,18 @@ def test_put_new_never_overwrites(store: ObjectStore) -> None:
     assert store.get("runs/a/run.json") == b"first"
 
 
+def test_copy_new_is_made_by_s3_and_never_overwrites(store: ObjectStore) -> None:
+    store.put_new(keys.model("a", 3), b"the final model", metadata={"done": "1"})
+    calls: list[str] = []
+    store.s3.meta.events.register("before-call.s3.*", lambda model, **_: calls.append(model.name))
+    assert store.copy_new(keys.model("a", 3), keys.final_model("a"))
+    assert "CopyObject" in calls and "GetObject" not in calls  # the bytes do not pass through this process
+    assert store.get(keys.final_model("a")) == b"the final model" and store.head(keys.final_model("a")) == {}
+    store.put_new(keys.model("a", 4), b"another model")
+    assert not store.copy_new(keys.model("a", 4), keys.final_model("a"))
+    assert store.get(keys.final_model("a")) == b"the final model"
+
+
 def test_scratch_objects_carry_the_expiry_tag_and_models_do_not(store: ObjectStore) -> None:
     store.put_new(keys.update("a", 3, 1), b"update")
     store.put_new(keys.model("a", 3), b"model")

@@ -138,9 +138,20 @@ class ObjectStore:
         return True
 
     def copy_new(self, source: str, destination: str) -> bool:
+        """Create ``destination`` as a copy of ``source``, made by S3 (its bytes do not pass through this process,
+        whatever their size), without ``source``'s metadata; False (and nothing written) if it already exists. S3
+        refuses the copy onto an existing key (If-None-Match); moto checks that on a PUT only, so it is looked
+        at first."""
         if self.exists(destination):
             return False
-        return self.put_new(destination, self.get(source))
+        try:
+            self.s3.copy_object(Bucket=self.bucket, Key=destination, CopySource={"Bucket": self.bucket, "Key": source},
+                                IfNoneMatch="*", MetadataDirective="REPLACE", Metadata={})
+        except ClientError as error:
+            if error_code(error) in {"PreconditionFailed", "ConditionalRequestConflict"}:
+                return False
+            raise
+        return True
 
     def restamp(self, key: str, metadata: dict[str, str]) -> None:
         """Store ``key`` again in place, its bytes unchanged, with ``metadata``: a new ObjectCreated event for it."""
