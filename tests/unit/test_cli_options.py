@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import time
+import subprocess
+import sys
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -164,11 +163,16 @@ def test_a_local_optimizer_the_reducers_do_not_implement_is_no_choice(capsys: py
 
 
 def test_sigterm_unwinds_like_ctrl_c_so_a_local_runtime_stops_what_it_started() -> None:
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        cli._stop_on_sigterm()
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the handler runs between bytecodes: well before this ends
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    # in a process of its own: the handler also arms the command's exit deadline
+    unwinding = (
+        "import os, signal, time\n"
+        "from slsml.cli import main as cli\n"
+        "cli._end_on_interrupt()\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(5)\n"  # the handler runs between bytecodes: well before this ends
+        "except KeyboardInterrupt:\n"
+        "    print('unwound', flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", unwinding], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "unwound", done.stderr
