@@ -107,3 +107,18 @@ def test_the_stages_of_a_steady_iteration_tile_it() -> None:
             "Reducer": 0.04, "ReduceDone → Merger": 0.01, "Merger (merges)": 0.02,
         })
     assert bench_scale.measured_stages(records, iterations=5, participants=3) == []  # fewer workers than n
+
+
+def test_a_stage_that_overlaps_the_next_ends_where_the_next_began() -> None:
+    """The firing ReduceLauncher publishes the Reduce messages before it marks the counter: a reducer starts
+    before the fire's invocation ends, and the first worker before the WorkLauncher's ends."""
+    records = [*iteration(0, 0.0), *iteration(1, 1.0), *iteration(2, 2.0)]
+    late = {("reduce_launcher", "dynamodb:BatchGetItem"): 0.035, ("work_launcher", "dynamodb:GetItem"): 0.025}
+    records = [r.model_copy(update={"end": r.end + late.get((r.function, next(iter(r.requests))), 0)})
+               if r.iteration == 1 else r for r in records]
+    (stages,) = bench_scale.measured_stages(records, iterations=3, participants=2)
+    assert min(stages.values()) >= 0
+    assert math.fsum(stages.values()) == pytest.approx(1.0)
+    assert stages["Reduce → Reducer"] == stages["Work → Worker"] == 0
+    assert stages["ReduceLauncher (fires)"] == pytest.approx(0.02)  # until the first reducer began
+    assert stages["WorkLauncher"] == pytest.approx(0.02)

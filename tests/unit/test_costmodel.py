@@ -233,7 +233,8 @@ def test_json_is_one_object_with_requests_keyed_like_a_run_summary(capsys: pytes
     assert all(isinstance(count, int) for count in out["requests_per_iteration"].values())
     assert out["dollars"]["run"] > 10 * out["dollars"]["iteration"] > 0
     assert {q["name"] for q in out["quotas"]} >= {"Lambda concurrency", "DynamoDB partition writes", "S3 GET rate"}
-    assert out["binding"].startswith(max(out["quotas"], key=lambda q: q["utilization"])["name"])
+    configured = [q for q in out["quotas"] if q["name"] not in ("zip package", "container image")]
+    assert out["binding"].startswith(max(configured, key=lambda q: q["utilization"])["name"])
     total, minimum = out["requests_per_iteration"], out["minimum_requests_per_iteration"]
     assert out["requests_ratio"] == sum(total.values()) / sum(minimum.values()) == 61 / 55
     assert sum(extra["count"] for extra in out["extra_calls"]) == sum(total.values()) - sum(minimum.values())
@@ -347,3 +348,42 @@ def test_the_plan_follows_the_update_rule_and_compression() -> None:
     assert {op: n for op, n in more.items() if n} == {"s3:GetObject": W, "s3:PutObject": W}  # the residuals
     stale = predict(workload(training=TrainingSpec(staleness=3)))
     assert stale.requests_per_iteration["dynamodb:Query"] == 3
+
+
+def test_the_plan_answers_first_and_warns_about_the_configuration(capsys: pytest.CaptureFixture) -> None:
+    argv = ["--params", "38282", "--compute-per-sample", "6e-4", "--workers", "64", "--epochs", "10",
+            "--samples", "50000"]
+    out = plan_json(capsys, *argv)
+    verdict = out["verdict"]
+    assert next(iter(out)) == "verdict"
+    assert (verdict["epoch_dollars"], verdict["run_dollars"]) == (out["dollars"]["epoch"], out["dollars"]["run"])
+    assert (verdict["epoch_s"], verdict["run_s"]) == (out["epoch_s"], out["run_s"])
+    assert "zip package" not in verdict["binds"] and "container image" not in verdict["binds"]
+    slowest = max(out["stages"], key=lambda s: s["seconds"])["name"]
+    assert verdict["binds"].startswith(f"{slowest} takes")
+    few, latency = verdict["warnings"]
+    assert few.startswith("64 workers × batch 128 leave 2 samples per worker") and "8 workers would take" in few
+    hops = sum(s["seconds"] for s in out["stages"] if s["function"] is None)
+    assert latency.startswith(f"latency-bound: {hops / out['iteration_s']:.0%} of the iteration")
+    for advice in verdict["recommendations"]:
+        assert advice.endswith(("already is", "better on both")) or re.search(
+            r"\d\.?\d*× (faster for \d\.?\d*× the dollars|cheaper for \d\.?\d*× the time)$", advice), advice
+
+    assert main(["plan", *argv]) == 0
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "per epoch" in first and "per run (3,900 iterations)" in first
+
+
+def test_a_recommendation_that_is_no_faster_and_dearer_is_not_made() -> None:
+    work = workload(params=1_000_000, workers=64, reducers=4)
+    plan = predict(work)
+    recommendation = costmodel.recommend(work, Parameters(), Quotas(), PRICES)
+    verdict = costmodel.verdict(plan, recommendation, Parameters(), Quotas(), PRICES)
+    for label, choice in (("fastest", recommendation.fastest), ("cheapest", recommendation.cheapest)):
+        assert choice is not None
+        said = [advice for advice in verdict.recommendations if advice.startswith(label)]
+        time, money = choice.iteration_s / plan.iteration_s, choice.iteration_dollars / plan.iteration_dollars
+        if time >= 0.99 and money >= 0.99:
+            assert said == [f"{label}: the asked configuration already is"]
+        elif said:
+            assert f"--reducers {choice.reducers}" in said[0] or choice.reducers == work.reducers

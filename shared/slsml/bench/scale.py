@@ -26,6 +26,7 @@ of every run, so that the iterations after it are warm throughout and their requ
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -61,6 +62,7 @@ STAGES = (
     "model → WorkLauncher", "WorkLauncher", "Work → Worker", "Worker", "WorkDone → ReduceLauncher",
     "ReduceLauncher (fires)", "Reduce → Reducer", "Reducer", "ReduceDone → Merger", "Merger (merges)",
 )
+_CHAIN = (*STAGES[1:], STAGES[0])  # in time order within an iteration, from its launch to the next one
 HOPS = ("Work → Worker", "WorkDone → ReduceLauncher", "Reduce → Reducer", "ReduceDone → Merger")
 # the fit's unknowns: latencies (s), inverse bandwidths (s per MB) with the parameters they set, and the local
 # runtime's dispatch, which is none of the model's
@@ -167,21 +169,17 @@ def measured_stages(records: list[UsageRecord], iterations: int, participants: i
         if launch is None or following is None or fire is None or merge is None or len(workers) < participants or (
                 not reducers):
             continue
-        first_worker = min(r.start for r in workers)
-        nth_worker = sorted(r.end for r in workers)[participants - 1]
-        first_reducer, last_reducer = min(r.start for r in reducers), max(r.end for r in reducers)
-        measured.append({
-            "model → WorkLauncher": following.start - merge.end,
-            "WorkLauncher": launch.end - launch.start,
-            "Work → Worker": first_worker - launch.end,
-            "Worker": nth_worker - first_worker,
-            "WorkDone → ReduceLauncher": fire.start - nth_worker,
-            "ReduceLauncher (fires)": fire.end - fire.start,
-            "Reduce → Reducer": first_reducer - fire.end,
-            "Reducer": last_reducer - first_reducer,
-            "ReduceDone → Merger": merge.start - last_reducer,
-            "Merger (merges)": merge.end - merge.start,
-        })
+        # the path's points in chain order; where an invocation's end overlaps the next stage (a launcher's
+        # messages are delivered while it still records), the earlier stage ends where the next one began
+        points = [launch.start, launch.end, min(r.start for r in workers), sorted(r.end for r in workers)[
+            participants - 1], fire.start, fire.end, min(r.start for r in reducers), max(r.end for r in reducers),
+            merge.start, merge.end, following.start]
+        for k in range(len(points) - 2, 0, -1):
+            points[k] = min(points[k], points[k + 1])
+        for k in range(1, len(points)):
+            points[k] = max(points[k], points[k - 1])
+        spans = dict(zip(_CHAIN, itertools.pairwise(points), strict=True))
+        measured.append({stage: spans[stage][1] - spans[stage][0] for stage in STAGES})
     return measured
 
 

@@ -640,9 +640,9 @@ def render(report: Report) -> str:
             [_e(stage), f"{t * 1000:.1f}", f"{t / total:.0%}" if total else "–"]
             for stage, t in report.stages.items()), numeric=(1, 2)))
         parts.append('<p class="note">Stages of the steady iterations (all but the first and the last), each from'
-                     " the end of the one before it: they add up to the iteration, launch to launch. A negative"
-                     " stage began before the one before it ended (the firing ReduceLauncher publishes the Reduce"
-                     " messages before it marks the counter).</p>")
+                     " the end of the one before it: they add up to the iteration, launch to launch. Where a"
+                     " function's messages are delivered before it ends (the firing ReduceLauncher publishes the"
+                     " Reduce messages before it marks the counter), its stage ends where the next began.</p>")
     else:
         parts.append("<p class=\"note\">The critical path needs three or more iterations.</p>")
     parts.append(_table(["function", "invocations", "busy s", "GB-s", "requests", "dollars", "by service"], (

@@ -476,8 +476,9 @@ class Plan(BaseModel):
 
     @property
     def binding(self) -> QuotaCheck:
-        """The quota closest to (or furthest past) its limit: the first to bind as load grows."""
-        return max(self.quotas, key=lambda q: q.utilization)
+        """The quota closest to (or furthest past) its limit: the first to bind as load grows (the package sizes,
+        which the configuration does not change, only when they are exceeded)."""
+        return max((q for q in self.quotas if q.name not in STATIC_QUOTAS or not q.ok), key=lambda q: q.utilization)
 
     def summary(self) -> dict[str, Any]:
         """The plan as one JSON-ready object."""
@@ -977,6 +978,9 @@ def _quotas(
     return checks
 
 
+STATIC_QUOTAS = ("zip package", "container image")  # the deployment's, whatever the configuration
+
+
 _RELIEF = {"worker": "more workers (a smaller slice each) or a smaller model", "reducer": "more reducers",
            "merger": "a smaller model"}
 
@@ -1069,6 +1073,99 @@ def recommend(workload: Workload, parameters: Parameters, quotas: Quotas, price_
         fastest=fits(fastest), cheapest=fits(cheapest), over=[q.name for q in fastest.violations],
         as_workers_grow=as_workers_grow(workload, parameters, quotas, price_table),
     )
+
+
+FEW_SAMPLES = 16  # a worker's share of the batch below which its compute hardly pays its round trip
+LATENCY_BOUND = 0.5  # the share of an iteration in hops between functions past which it is latency-bound
+SAME = 0.01  # relative differences below this are no difference
+
+
+class Verdict(BaseModel):
+    """The plan's answer first: time and dollars per epoch and run, what binds, warnings about the configuration
+    and what to change."""
+
+    iteration_s: float
+    epoch_s: float | None
+    epoch_dollars: float | None
+    run_s: float
+    run_dollars: float
+    iterations: int
+    binds: str = Field(description="the stage that takes most of an iteration, and the quota closest to its limit")
+    warnings: list[str] = Field(description="what about the configuration itself wastes time or money")
+    recommendations: list[str] = Field(description="changes that dominate the asked configuration, or their trade")
+
+
+def verdict(plan: Plan, recommendation: Recommendation, parameters: Parameters, quotas: Quotas,
+            price_table: prices.PriceTable) -> Verdict:
+    """The plan in a few sentences."""
+    w = plan.workload
+    stage = max(plan.stages, key=lambda s: s.seconds)
+    quota = plan.binding
+    binds = (f"{stage.name} takes {stage.seconds / plan.iteration_s:.0%} of the iteration ({stage.detail}); "
+             f"nearest limit: {quota.name} at {quota.utilization:.0%}"
+             + (f", over: {quota.detail}" if not quota.ok else ""))
+    if plan.floor_s > plan.chain_s:
+        binds = f"the iteration counter's DynamoDB writes: {plan.floor_s:.2f} s an iteration; " + binds
+    warnings = []
+    per_worker = math.ceil(w.global_batch / w.workers)
+    worker = next(s for s in plan.stages if s.function == "worker")
+    compute = w.training.local_batches * per_worker * w.compute_per_sample_s
+    fewer = max(1, w.global_batch // FEW_SAMPLES)
+    if per_worker < FEW_SAMPLES and fewer < w.workers:
+        other = predict(w.at(workers=fewer), parameters, quotas, price_table)
+        time, money = other.iteration_s / plan.iteration_s, other.iteration_dollars / plan.iteration_dollars
+        warnings.append(
+            f"{w.workers} workers × batch {w.global_batch:,} leave {per_worker} samples per worker: each worker's round"
+            f" takes {worker.seconds:.2f} s for {compute:.2g} s of compute on one vCPU; {fewer} workers would take"
+            f" {time:.2g}× the time for {money:.2g}× the dollars")
+    hops = sum(s.seconds for s in plan.stages if s.function is None)
+    if hops >= LATENCY_BOUND * plan.iteration_s:
+        warnings.append(f"latency-bound: {hops / plan.iteration_s:.0%} of the iteration ({hops:.2f} of "
+                        f"{plan.iteration_s:.2f} s) is S3 event and SNS delivery between functions, whatever the"
+                        " workers compute; more work per round (a larger batch, --local-steps) spreads it")
+    warnings += [f"over {q.name}: {q.detail}" for q in plan.violations if q.name != quota.name or quota.ok]
+    return Verdict(
+        iteration_s=plan.iteration_s, epoch_s=plan.epoch_s, epoch_dollars=plan.epoch_dollars, run_s=plan.run_s,
+        run_dollars=plan.run_dollars, iterations=w.iterations, binds=binds, warnings=warnings,
+        recommendations=_advice(plan, recommendation),
+    )
+
+
+def _advice(plan: Plan, recommendation: Recommendation) -> list[str]:
+    """Each recommended choice against the asked one: what dominates, what trades time for dollars, or that the
+    asked one is already the best of its kind."""
+    w, asked = plan.workload, _choice(plan)
+    advice = []
+    seen: set[tuple[int, int, int]] = set()
+    for label, choice in (("fastest", recommendation.fastest), ("cheapest", recommendation.cheapest)):
+        if choice is None:
+            advice.append(f"{label}: nothing at W = {w.workers} fits Lambda's limits; see the quotas")
+            continue
+        key = (choice.reducers, choice.worker_memory_mb, choice.reducer_memory_mb)
+        if key in seen:
+            continue
+        seen.add(key)
+        change = ", ".join(flag for flag, differs in (
+            (f"--reducers {choice.reducers}", choice.reducers != asked.reducers),
+            (f"--memory worker={choice.worker_memory_mb}", choice.worker_memory_mb != asked.worker_memory_mb),
+            (f"--memory reducer={choice.reducer_memory_mb}", choice.reducer_memory_mb != asked.reducer_memory_mb),
+        ) if differs)
+        time = choice.iteration_s / asked.iteration_s
+        money = choice.iteration_dollars / asked.iteration_dollars
+        if not change or (time >= 1 - SAME and money >= 1 - SAME):
+            advice.append(f"{label}: the asked configuration already is")
+        elif time <= 1 + SAME and money <= 1 + SAME:
+            advice.append(f"{label}: {change}: {_times(time, 'the time')} and {_times(money, 'the dollars')},"
+                          " better on both")
+        elif time < 1:
+            advice.append(f"{label}: {change}: {1 / time:.3g}× faster for {money:.3g}× the dollars")
+        else:
+            advice.append(f"{label}: {change}: {1 / money:.3g}× cheaper for {time:.3g}× the time")
+    return advice
+
+
+def _times(ratio: float, what: str) -> str:
+    return f"{what} unchanged" if abs(ratio - 1) <= SAME else f"{ratio:.3g}× {what}"
 
 
 def fastest_reducers(workload: Workload, parameters: Parameters, quotas: Quotas,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from slsml.spec.errors import BadInputError
 
 if TYPE_CHECKING:  # the model's modules load when a plan is made, not when the CLI parses its arguments
-    from slsml.cost.model import Parameters, Plan, Recommendation, SweepPoint, Workload
+    from slsml.cost.model import Parameters, Plan, Recommendation, SweepPoint, Verdict, Workload
     from slsml.data.manifest import DatasetManifest
     from slsml.spec.config import TrainingSpec
 
@@ -132,11 +132,13 @@ def run(args: argparse.Namespace, spec: TrainingSpec, console: Any, manifest: Da
         reducers = f"R = {work.reducers}" if fixed else "the fastest R at each W"
         write_sweep_png(points, Path(args.png), f"{work.model}: {work.params:,} weights, batch {work.global_batch:,},"
                         f" {work.samples:,} samples per epoch, {reducers}")
-    render(plan, recommendation, console, fixed)
+    verdict = costmodel.verdict(plan, recommendation, parameters, quotas, price_table)
+    render(plan, recommendation, console, fixed, verdict)
     if points is not None:
         render_sweep(points, args.png, console)
     if args.json:
-        out = plan.summary() | {"recommendation": recommendation.model_dump(mode="json")}
+        out = {"verdict": verdict.model_dump(mode="json")} | plan.summary() | {
+            "recommendation": recommendation.model_dump(mode="json")}
         if points is not None:
             out |= {"sweep": [point.model_dump(mode="json") for point in points], "png": str(args.png)}
         print(json.dumps(out))
@@ -173,18 +175,21 @@ def _dollars(amount: float | None) -> str:
     return f"${amount:,.2f}" if amount >= 10 else f"${amount:,.4f}"
 
 
-def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_given: bool = True) -> None:
+def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_given: bool, verdict: Verdict) -> None:
     from rich.table import Column, Table
 
     from slsml.cost import model as costmodel
 
     w = plan.workload
+    _render_verdict(verdict, console)
+    console.rule("detail")
     per_worker = math.ceil(w.global_batch / w.workers)
     reducers = "" if reducers_given else " (the fastest)"
     console.print(
         f"[bold]{w.model}[/bold]: {w.params:,} weights, {_bytes(4 * w.params)} · W {w.workers} · R {w.reducers}"
         f"{reducers} · batch {w.global_batch:,} (≤ {per_worker} per worker) · quorum {w.quorum:g} "
-        f"(n = {plan.participants}) · {w.optimizer.name} ({plan.state_slots} state slots)")
+        f"(n = {plan.participants}) · {w.training.algorithm}, compress {w.training.compress} · {w.optimizer.name}"
+        f" ({plan.state_slots} state slots on the reducers)")
     console.print(f"compute {w.compute_per_sample_s:.4g} s per sample on one vCPU: {w.compute_source}")
     if (data := plan.data) is not None:
         console.print(f"data ({data.order} order): {data.samples:,} samples of {_bytes(data.sample_bytes)}, "
@@ -243,24 +248,24 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
         mark = "[green]ok" if q.ok else ("[red]cannot run" if q.hard else "[yellow]over")
         quotas.add_row(q.name, _number(q.value), f"{_number(q.limit)} {q.unit}", f"{q.utilization:.0%}", mark, q.detail)
     console.print(quotas)
-    console.print(f"[bold]{costmodel.binding_sentence(plan)}")
-    _render_recommendation(recommendation, console)
-    _render_parameters(plan, console)
-
-
-def _render_recommendation(recommendation: Recommendation, console: Any) -> None:
-    for label, choice in (("fastest", recommendation.fastest), ("cheapest", recommendation.cheapest)):
-        if choice is None:
-            console.print(f"recommended ({label}): nothing fits Lambda's limits at this W; see the quotas")
-            continue
-        epoch = "" if choice.epoch_dollars is None else f", {_dollars(choice.epoch_dollars)} per epoch"
-        console.print(
-            f"recommended ({label}): R = {choice.reducers}, worker {choice.worker_memory_mb:,} MB, reducer "
-            f"{choice.reducer_memory_mb:,} MB: {_time(choice.iteration_s)} and {_dollars(choice.iteration_dollars)}"
-            f" per iteration{epoch}")
+    console.print(costmodel.binding_sentence(plan))
     if recommendation.over:
         console.print(f"no choice at this W keeps within {', '.join(recommendation.over)}")
     console.print(recommendation.as_workers_grow)
+    _render_parameters(plan, console)
+
+
+def _render_verdict(verdict: Verdict, console: Any) -> None:
+    """The answer first: time and dollars per epoch and per run, what binds, warnings, recommendations."""
+    epoch = "" if verdict.epoch_s is None else (
+        f"per epoch [bold]{_time(verdict.epoch_s)}, {_dollars(verdict.epoch_dollars)}[/bold] · ")
+    console.print(f"{epoch}per run ({verdict.iterations:,} iterations) [bold]{_time(verdict.run_s)}, "
+                  f"{_dollars(verdict.run_dollars)}[/bold] · per iteration {_time(verdict.iteration_s)}")
+    console.print(f"binds: {verdict.binds}")
+    for warning in verdict.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+    for advice in verdict.recommendations:
+        console.print(f"→ {advice}")
 
 
 def _render_parameters(plan: Plan, console: Any) -> None:
