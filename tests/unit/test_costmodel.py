@@ -370,7 +370,7 @@ def test_the_plan_answers_first_and_warns_about_the_configuration(capsys: pytest
             r"\d\.?\d*× (faster for \d\.?\d*× the dollars|cheaper for \d\.?\d*× the time)$", advice), advice
 
     assert main(["plan", *argv]) == 0
-    first = capsys.readouterr().err.splitlines()[0]
+    first = capsys.readouterr().out.splitlines()[0]
     assert "per epoch" in first and "per run (3,900 iterations)" in first
 
 
@@ -387,3 +387,19 @@ def test_a_recommendation_that_is_no_faster_and_dearer_is_not_made() -> None:
             assert said == [f"{label}: the asked configuration already is"]
         elif said:
             assert f"--reducers {choice.reducers}" in said[0] or choice.reducers == work.reducers
+
+
+def test_compare_vm_prices_the_same_epoch_on_one_machine(capsys: pytest.CaptureFixture) -> None:
+    argv = ["--params", "1000000", "--compute-per-sample", "1e-3", "--workers", "16", "--batch", "1024",
+            "--epochs", "2", "--samples", "100000"]
+    out = plan_json(capsys, *argv, "--compare-vm", "500:3.06:p3.2xlarge")
+    vm = out["compare_vm"]
+    assert (vm["samples"], vm["seconds"]) == (100_000, pytest.approx(200.0))  # an epoch at 500 samples/s
+    assert vm["dollars"] == pytest.approx(200 / 3600 * 3.06)
+    assert (vm["lambda_seconds"], vm["lambda_dollars"]) == (out["epoch_s"], out["dollars"]["epoch"])
+    assert out["verdict"]["compared"] == vm["sentence"]
+    assert vm["sentence"].startswith("an epoch on p3.2xlarge (500 samples/s, $3.06/h; given (--compare-vm))")
+    assert f"slsml takes {out['epoch_s'] / 200:.2g}× its time" in vm["sentence"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", *argv, "--compare-vm", "fast:3"])
+    assert exit_.value.code == 2 and "SAMPLES_PER_S:DOLLARS_PER_HOUR" in capsys.readouterr().err

@@ -1093,6 +1093,7 @@ class Verdict(BaseModel):
     binds: str = Field(description="the stage that takes most of an iteration, and the quota closest to its limit")
     warnings: list[str] = Field(description="what about the configuration itself wastes time or money")
     recommendations: list[str] = Field(description="changes that dominate the asked configuration, or their trade")
+    compared: str | None = Field(default=None, description="against one machine (--compare-vm)")
 
 
 def verdict(plan: Plan, recommendation: Recommendation, parameters: Parameters, quotas: Quotas,
@@ -1129,6 +1130,41 @@ def verdict(plan: Plan, recommendation: Recommendation, parameters: Parameters, 
         run_dollars=plan.run_dollars, iterations=w.iterations, binds=binds, warnings=warnings,
         recommendations=_advice(plan, recommendation),
     )
+
+
+class VmComparison(BaseModel):
+    """The same samples trained on one machine, at its throughput and hourly price (``--compare-vm``)."""
+
+    machine: str
+    samples_per_s: float = Field(gt=0, description="training throughput of the machine on this model")
+    dollars_per_hour: float = Field(gt=0, description="its on-demand price")
+    source: str = Field(description="where the two figures come from")
+    samples: int = Field(description="what is compared: an epoch's samples, else the run's")
+    seconds: float
+    dollars: float
+    lambda_seconds: float
+    lambda_dollars: float
+    sentence: str
+
+
+def compare_vm(plan: Plan, machine: str, samples_per_s: float, dollars_per_hour: float,
+               source: str = "given (--compare-vm)") -> VmComparison:
+    """The plan's epoch (or run, without --samples) against one machine of ``samples_per_s`` and
+    ``dollars_per_hour``: billed by the second for the time the samples take."""
+    w = plan.workload
+    if plan.epoch_s is not None and plan.epoch_dollars is not None and w.samples is not None:
+        what, samples, lambda_s, lambda_dollars = "an epoch", w.samples, plan.epoch_s, plan.epoch_dollars
+    else:
+        what, samples, lambda_s, lambda_dollars = ("the run", w.iterations * w.global_batch, plan.run_s,
+                                                    plan.run_dollars)
+    seconds = samples / samples_per_s
+    dollars = seconds / 3600 * dollars_per_hour
+    time, money = lambda_s / seconds, lambda_dollars / dollars
+    sentence = (f"{what} on {machine} ({samples_per_s:,.4g} samples/s, ${dollars_per_hour:,.4g}/h; {source}): "
+                f"{seconds:,.0f} s and ${dollars:,.4g}; slsml takes {time:.2g}× its time for {money:.2g}× its dollars")
+    return VmComparison(machine=machine, samples_per_s=samples_per_s, dollars_per_hour=dollars_per_hour,
+                        source=source, samples=samples, seconds=seconds, dollars=dollars, lambda_seconds=lambda_s,
+                        lambda_dollars=lambda_dollars, sentence=sentence)
 
 
 def _advice(plan: Plan, recommendation: Recommendation) -> list[str]:

@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--sweep", action="store_true", help="time and dollars per epoch against W from 1 to 1,000")
     out.add_argument("--png", default="plan-sweep.png", help="where --sweep draws its chart (default plan-sweep.png)")
+    out.add_argument("--compare-vm", metavar="SAMPLES_PER_S:DOLLARS_PER_HOUR[:NAME]", type=_vm,
+                     help="price the same epoch on one machine of this training throughput on the model (measured"
+                     " or published, samples/s) and hourly price, e.g. 1200:3.06:p3.2xlarge")
     out.add_argument("--json", action="store_true", help="print the plan as one JSON object")
 
 
@@ -101,6 +104,20 @@ def workload(args: argparse.Namespace, spec: TrainingSpec, parameters: Parameter
                               timeout_s=costmodel.function_timeouts())
 
 
+def _vm(text: str) -> tuple[float, float, str]:
+    """``SAMPLES_PER_S:DOLLARS_PER_HOUR[:NAME]`` → (samples/s, $/h, name)."""
+    throughput, _, rest = text.partition(":")
+    price, _, name = rest.partition(":")
+    try:
+        figures = float(throughput), float(price)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write SAMPLES_PER_S:DOLLARS_PER_HOUR[:NAME], e.g."
+                                         " 1200:3.06:p3.2xlarge") from None
+    if min(figures) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a machine's throughput and price are above 0")
+    return *figures, name or "one machine"
+
+
 def _memory(text: str) -> tuple[str, int]:
     name, _, value = text.partition("=")
     try:
@@ -133,12 +150,19 @@ def run(args: argparse.Namespace, spec: TrainingSpec, console: Any, manifest: Da
         write_sweep_png(points, Path(args.png), f"{work.model}: {work.params:,} weights, batch {work.global_batch:,},"
                         f" {work.samples:,} samples per epoch, {reducers}")
     verdict = costmodel.verdict(plan, recommendation, parameters, quotas, price_table)
+    vm = None
+    if args.compare_vm:
+        samples_per_s, dollars_per_hour, machine = args.compare_vm
+        vm = costmodel.compare_vm(plan, machine, samples_per_s, dollars_per_hour)
+        verdict = verdict.model_copy(update={"compared": vm.sentence})
     render(plan, recommendation, console, fixed, verdict)
     if points is not None:
         render_sweep(points, args.png, console)
     if args.json:
         out = {"verdict": verdict.model_dump(mode="json")} | plan.summary() | {
             "recommendation": recommendation.model_dump(mode="json")}
+        if vm is not None:
+            out["compare_vm"] = vm.model_dump(mode="json")
         if points is not None:
             out |= {"sweep": [point.model_dump(mode="json") for point in points], "png": str(args.png)}
         print(json.dumps(out))
@@ -266,6 +290,8 @@ def _render_verdict(verdict: Verdict, console: Any) -> None:
         console.print(f"[yellow]warning:[/yellow] {warning}")
     for advice in verdict.recommendations:
         console.print(f"→ {advice}")
+    if verdict.compared:
+        console.print(f"against {verdict.compared}")
 
 
 def _render_parameters(plan: Plan, console: Any) -> None:
