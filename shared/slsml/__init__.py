@@ -7,3 +7,12 @@ and ``cli``. CONTRIBUTING.md gives the reading order.
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """``slsml.fit`` (``slsml.client.fit``), imported on first use: the functions import this package without it."""
+    if name == "fit":
+        from slsml.client.fit import fit
+
+        return fit
+    raise AttributeError(f"module 'slsml' has no attribute {name!r}")

@@ -9,7 +9,7 @@ import pytest
 from slsml.cli import demo as cli_demo
 from slsml.cli import display, options
 from slsml.cli import main as cli
-from slsml.spec.config import OptimizerConfig
+from slsml.spec.config import KERAS_OPTIMIZERS, OptimizerConfig
 from slsml.spec.errors import BadInputError
 
 RUN_START = ("run", "start", "--local", "--model", "m.keras", "--data", "d.npz", "--iterations", "3")
@@ -49,15 +49,24 @@ def compiled(keras_optimizer: keras.optimizers.Optimizer) -> keras.Model:
 
 
 def in_effect(model: keras.Model, *flags: str, command: tuple[str, ...] = RUN_START) -> OptimizerConfig | None:
-    """The optimizer a run of ``model`` applies with these flags (as cmd_run_start resolves it)."""
+    """The optimizer a run of ``model`` applies with these flags (as cmd_run_start and cmd_demo resolve it)."""
     args = cli.build_parser().parse_args([*command, *flags])
-    return options.with_flags(args, options.training_spec(args), model).optimizer
+    rate = cli_demo.DEMO_LEARNING_RATE if command == ("demo",) else None
+    return options.with_flags(args, options.training_spec(args, default_learning_rate=rate), model).optimizer
 
 
 def test_without_an_optimizer_flag_the_models_optimizer_applies() -> None:
     assert optimizer() is None and optimizer(command=RUN_START) is None
     assert optimizer("--optimizer", "rmsprop", command=RUN_START) == OptimizerConfig(name="rmsprop")
     assert in_effect(compiled(keras.optimizers.SGD(0.05, momentum=0.9))) is None  # prepare_run reads it as it is
+
+
+def test_an_optimizer_named_without_a_rate_takes_keras_default_rate_and_the_line_before_the_run_says_it() -> None:
+    for name, rate in (("adam", 0.001), ("sgd", 0.01), ("rmsprop", 0.001)):
+        config = in_effect(compiled(keras.optimizers.Adam(0.001)), "--optimizer", name)
+        assert config.learning_rate == rate == round(float(keras.optimizers.get(name).learning_rate), 6)
+        assert display.describe_optimizer(config).startswith(f"optimizer: {KERAS_OPTIMIZERS[name]}, learning rate"
+                                                             f" {rate:g},")
 
 
 def test_learning_rate_alone_keeps_the_compiled_optimizer() -> None:
@@ -149,5 +158,5 @@ def test_the_description_names_the_schedule_decay_and_clipping() -> None:
         "optimizer: SGD, learning rate 0.05, momentum 0.9, nesterov, weight decay 0.01 (not on bias, gamma),"
         " clipvalue 0.5"
     )
-    plain = "optimizer: Adam, learning rate 0.003, no weight decay, no clipping"
+    plain = "optimizer: Adam, learning rate 0.001, no weight decay, no clipping"
     assert display.describe_optimizer(OptimizerConfig()) == plain

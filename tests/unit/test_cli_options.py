@@ -81,7 +81,10 @@ def test_every_spec_field_has_a_flag_with_its_default_and_description_that_sets_
     assert actions["--workers"].help.endswith(" (default 4)")
     assert options.training_spec(parser.parse_args([*RUN_START, "--workers", "auto"])).workers == "auto"
     assert actions["--time-budget"].help == "seconds: the run fails if it takes longer (default 604800)"
-    assert actions["--iterations"].required and actions["--iterations"].help == fields["iterations"].description
+    assert actions["--iterations"].help == fields["iterations"].description
+    with pytest.raises(BadInputError, match=r"^give the run's length: --iterations N or --epochs N$"):
+        options.training_spec(parser.parse_args(RUN_START[:-2]))
+    assert options.training_spec(parser.parse_args([*RUN_START[:-2], "--epochs", "3"])).epochs == 3
 
 
 def test_flags_set_the_spec() -> None:
@@ -90,6 +93,8 @@ def test_flags_set_the_spec() -> None:
     spec = options.training_spec(args)
     assert (spec.workers, spec.global_batch, spec.quorum, spec.deadline_s, spec.deadline_retries,
             spec.time_budget_s) == (8, 256, 0.75, 30.0, 0, 60)
+    keras_named = options.training_spec(cli.build_parser().parse_args([*RUN_START, "--batch-size", "64"]))
+    assert keras_named.global_batch == 64  # fit's name for it
 
 
 class Extended(TrainingSpec):
@@ -148,6 +153,8 @@ def test_a_field_no_flag_can_set_is_refused(annotation: Any) -> None:
     (["--objective", "cost"], "--objective applies to --workers auto only"),
     (["--workers", "auto", "--min-workers", "6", "--max-workers", "3"], "--min-workers (6) must be at most"
      " --max-workers (3)"),
+    (["--batch", "2"], "--batch (2) must be at least the number of --workers (4)"),
+    (["--batch-size", "2", "--workers", "3"], "--batch (2) must be at least the number of --workers (3)"),
 ])
 def test_spec_flags_that_make_no_spec_fail_on_one_line_naming_the_flags(arguments: list[str], named: str) -> None:
     with pytest.raises(BadInputError) as refused:

@@ -106,10 +106,12 @@ def test_the_progress_line_says_loss_accuracy_and_time_per_iteration() -> None:
     run = RunRecord(run_id="r", status=RunStatus.RUNNING, training=TrainingSpec(workers=4, reducers=2, iterations=10),
                     iteration=4, workers=4, dataset="d", created_at=0.0, updated_at=0.0)
     assert text.update(run, None) == ""
-    line = text.update(run, Counter(iteration=3, train_loss=0.5, train_accuracy=0.75, test_accuracy=0.6))
-    assert line.startswith("loss 0.5000  acc 0.750  test acc 0.600  ") and "s/iter" in line
+    line = text.update(run, Counter(iteration=3, train_loss=0.5, train_accuracy=0.75,
+                                    test={"loss": 0.7, "auc": 0.6, "accuracy": 0.5}))
+    assert line.startswith("loss 0.5000  acc 0.750  test_auc 0.600  ") and "s/iter" in line  # the first metric
     later = text.update(run, Counter(iteration=4, train_loss=0.25))
-    assert "test acc 0.600" in later  # the last one seen
+    assert "test_auc 0.600" in later  # the last one seen
+    assert "test_loss 0.900" in text.update(run, Counter(iteration=5, test={"loss": 0.9}))  # no metric: the loss
     with display.run_progress("run-1", 10, started=0.0) as show:
         show(run, Counter(iteration=4, train_loss=0.5))
 
@@ -123,10 +125,10 @@ def test_the_line_before_a_run_says_what_model_averaging_applies() -> None:
                            loss="mse", classification=True, plan=plan)
         return display.describe_update(config)
 
-    assert line() == "optimizer: Adam, learning rate 0.003, no weight decay, no clipping"
+    assert line() == "optimizer: Adam, learning rate 0.001, no weight decay, no clipping"
     assert line(algorithm="average", local_steps=16, local_momentum=0.9) == (
         "model averaging: 16 local steps a round of SGD, learning rate 0.1, momentum 0.9 (state fresh every"
         " round); the reducers apply the average weight change (FedAvg)")
     fedopt = line(algorithm="average", local_steps=4, local_state="keep", server="optimizer")
-    assert fedopt.endswith("(state kept per worker slot); the reducers step Adam, learning rate 0.003, no weight"
+    assert fedopt.endswith("(state kept per worker slot); the reducers step Adam, learning rate 0.001, no weight"
                            " decay, no clipping with the average weight change (FedOpt)"), fedopt

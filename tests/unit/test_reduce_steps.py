@@ -510,11 +510,12 @@ def test_an_iteration_whose_launch_is_late_is_launched_by_its_deadline_and_the_l
     assert services.table.get_iteration("late-launch", 1).launched_at == record.launched_at
 
 
-def test_a_deadline_past_the_last_iteration_completes_the_run_and_launches_nothing(
+def test_a_deadline_past_the_last_iteration_launches_the_evaluation_then_completes_the_run(
     services: Services, sent: list[Deadline]
 ) -> None:
     """The final model (entering iteration 1 of a 1-iteration run) is merged, but its event is lost: the
-    watchdog waits for the model, then completes the run rather than launch an iteration past the budget."""
+    watchdog waits for the model, launches the workers that evaluate it (a round past the budget), and once
+    they evaluated it, but their finish was lost too, completes the run with their figures."""
     _register(services, "lost-final", workers=2, deadline_s=5, iterations=1)
     services.table.advance("lost-final", 1, 0)
     services.table.table.update_item(  # iteration 1 started longer than a deadline ago
@@ -524,10 +525,17 @@ def test_a_deadline_past_the_last_iteration_completes_the_run_and_launches_nothi
     assert watchdog.on_deadline(_deadline("lost-final"), services) == Action.NOTHING  # the model is not in yet
     assert services.table.get_run("lost-final").status == "RUNNING" and sent[-1].iteration == 1
     services.store.put_new(keys.model("lost-final", 1), b"the final model")
+    assert watchdog.on_deadline(_due(sent[-1]), services) == Action.RELAUNCHED
+    record = services.table.get_iteration("lost-final", 1)
+    assert (record.launched_by, record.relaunched) == (DEADLINE_LAUNCH, {0: 1, 1: 1})
+    assert services.table.get_run("lost-final").final_key is None  # not evaluated yet
+    services.table.record_evaluation("lost-final", 0, "test", {"loss": 0.25, "auc": 0.75})
     assert watchdog.on_deadline(_due(sent[-1]), services) == Action.COMPLETED
-    assert services.table.get_run("lost-final").final_key == keys.final_model("lost-final")  # the execution ends it
+    run = services.table.get_run("lost-final")
+    assert (run.final_key, run.test_loss, run.test) == (keys.final_model("lost-final"), 0.25, {"loss": 0.25,
+                                                                                              "auc": 0.75})
     assert services.store.get(keys.final_model("lost-final")) == b"the final model"
-    assert services.table.get_iteration("lost-final", 1).launched_by is None  # nothing launched past the budget
+    assert [c.iteration for c in services.table.list_iterations("lost-final")] == [0]  # the evaluation round: none
 
 
 def test_two_copies_of_a_deadline_handled_at_once_carry_the_chain_on_once(
@@ -900,7 +908,7 @@ def test_a_copy_of_the_merging_report_after_the_merge_does_not_merge_again(
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "copy-merge")]
     assert merger.on_reduce_done(dones[0], services) is None
-    assert services.table.fire_merge("copy-merge", 0, 1, None, 0)  # the crashed copy's claim
+    assert services.table.fire_merge("copy-merge", 0, 1, 0)  # the crashed copy's claim
     claimed_at = services.table.get_counter("copy-merge", 0).merged_at
     assert merger.on_reduce_done(dones[1], services) == keys.model("copy-merge", 1)
     assert services.table.get_counter("copy-merge", 0).merged_at == claimed_at  # the merge's time is the first's

@@ -157,7 +157,7 @@ class ProgressText:
 
     def __init__(self, started: float, spent: Callable[[Any], float] | None = None) -> None:
         self.started, self.spent = started, spent
-        self.test_accuracy: float | None = None
+        self.test: tuple[str, float] | None = None  # the last evaluated model's first metric (else loss)
         self.workers: int | None = None  # the last merged iteration's, as last seen
         self.changed: tuple[int, str | None] | None = None  # the last change seen: its iteration and reason
         self.seen: dict[int, tuple[int, int, int]] = {}  # iteration → (late, re-launches, stale shards)
@@ -167,15 +167,16 @@ class ProgressText:
     def update(self, run: Any, latest: Any) -> str:
         if latest is None:
             return ""
-        if latest.test_accuracy is not None:
-            self.test_accuracy = latest.test_accuracy
+        if latest.test:
+            name = next((n for n in latest.test if n != "loss"), "loss")
+            self.test = (name, latest.test[name])
         late = max(0, latest.arrived - latest.participant_count) if latest.reduce_fired_by is not None else 0
         self.seen[latest.iteration] = (late, latest.reduce_relaunches, len(latest.stale_shards))
         parts = [f"loss {latest.train_loss:.4f}"] if latest.train_loss is not None else []
         if latest.train_accuracy is not None:
             parts.append(f"acc {latest.train_accuracy:.3f}")
-        if self.test_accuracy is not None:
-            parts.append(f"test acc {self.test_accuracy:.3f}")
+        if self.test is not None:
+            parts.append(f"test_{self.test[0]} {self.test[1]:.3f}")
         parts.append(f"{(time.time() - self.started) / max(1, run.iteration):.2f} s/iter")
         parts.append(self._workers(run, latest))
         if latest.launched_at and latest.reduce_fired_at and latest.merged_at:
@@ -243,7 +244,11 @@ def print_summary(summary: Any, as_json: bool) -> None:
     row("reducers (quorum)", f"{summary.reducers} ({summary.quorum})")
     if options := spec_options(summary.training, left_out={"workers", "reducers", "quorum", "iterations"}):
         row("options", options)
-    row("test accuracy", None if summary.test_accuracy is None else f"{summary.test_accuracy:.4f}")
+    test = summary.test
+    row("test_loss", None if test.get("loss") is None else f"{test['loss']:.4f}")
+    for name, value in test.items():
+        if name != "loss":
+            row(f"test_{name}", f"{value:.4f}")
     row("wall time", f"{summary.wall_s:.1f} s")
     if summary.median_iteration_s:
         compute = summary.median_worker_compute_s or 0.0

@@ -65,7 +65,7 @@ def train_locally(
             runtime.host.faults = args.faults
             if callable(dataset):
                 dataset = dataset(services.store)
-            start(services, model_bytes, dataset, spec, run_id)
+            config = start(services, model_bytes, dataset, spec, run_id)
             started = True
 
             def usage(run: Any) -> list[Any]:
@@ -74,7 +74,7 @@ def train_locally(
                 runtime.host.wait_idle(run.run_id, IDLE_WAIT_S)
                 return usage.read_local(runtime.log_dir, run.run_id)
 
-            return follow(services, run_id, spec.iterations, args, out, faults=runtime.host.fault_report,
+            return follow(services, run_id, config.training.iterations, args, out, faults=runtime.host.fault_report,
                           usage=usage, so_far=partial(targets.service_usage, runtime.log_dir))
     except KeyboardInterrupt:
         what = "ended with the embedded cloud it ran on" if started else "was not started"

@@ -26,6 +26,8 @@ from slsml.spec.errors import BadInputError
 FLAG_NAMES = {
     "global_batch": "batch", "heartbeat_s": "heartbeat", "time_budget_s": "time_budget", "deadline_s": "deadline",
 }
+# TrainingSpec fields whose flag also takes Keras's name for it (fit's argument)
+KERAS_NAMES = {"global_batch": "--batch-size"}
 # TrainingSpec fields with options of their own: the optimizer group (_optimizer_options) and --loss
 OWN_OPTIONS = frozenset({"optimizer", "loss"})
 
@@ -97,10 +99,11 @@ def training_flags(parser: argparse.ArgumentParser, iterations: int | None, requ
         field = TrainingSpec.model_fields[name]
         needed = field.is_required()
         default = None if needed else field.get_default(call_default_factory=True)
-        if name == "iterations":  # each command's own budget
-            default, needed = iterations, required
+        if name == "iterations":  # each command's own budget (None: --iterations or --epochs is required)
+            default, needed = iterations, False
         default = (defaults or {}).get(name, default)
-        action = group.add_argument(flag(_dest(name)), default=default, required=needed, **reading)
+        names = [flag(_dest(name)), *([KERAS_NAMES[name]] if name in KERAS_NAMES else [])]
+        action = group.add_argument(*names, default=default, required=needed, **reading)
         # set after: BooleanOptionalAction adds a default of its own to the help it is given
         shown = "" if default is None else f" (default {display.number(default)})"
         action.help = f"{field.description}{shown}".replace("%", "%%")
@@ -196,9 +199,13 @@ def training_spec(args: argparse.Namespace, default_learning_rate: float | None 
     optimizer flags apply on top of it once the model is read (``with_flags``). BadInputError on one line
     naming the flags for values that do not make a spec."""
     optimizer = _optimizer(args, default_learning_rate)
+    values = {name: getattr(args, _dest(name)) for name in SPEC_READINGS}
+    if values["iterations"] is None:
+        if values["epochs"] is None:
+            raise BadInputError("give the run's length: --iterations N or --epochs N")
+        del values["iterations"]  # set from the epochs once the dataset's size is known
     try:
-        return TrainingSpec(**{name: getattr(args, _dest(name)) for name in SPEC_READINGS}, optimizer=optimizer,
-                            loss=args.loss)
+        return TrainingSpec(**values, optimizer=optimizer, loss=args.loss)
     except ValidationError as error:
         flags = {name: flag(_dest(name)) for name in SPEC_READINGS}
         raise BadInputError("; ".join(_flagged(e, flags) for e in error.errors())) from None

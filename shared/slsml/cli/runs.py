@@ -50,7 +50,7 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     if args.no_wait:
         print(config.run_id)
         return 0
-    return follow.follow(services, config.run_id, spec.iterations, args, out, usage=usage,
+    return follow.follow(services, config.run_id, config.training.iterations, args, out, usage=usage,
                          so_far=follow.live_usage(args))
 
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, computed_field
+from pydantic import BaseModel, ConfigDict, computed_field, model_validator
 
 from slsml import rules
 from slsml.accounting import prices, usage
@@ -26,6 +26,7 @@ from slsml.state.records import Counter, IterationRecord, RunRecord, RunStatus
 from slsml.training import optimizers, shards
 
 TERMINAL = {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED}
+MERGE_PROBE = 64  # training samples a run's metrics are evaluated on, whole and in parts, before it starts
 
 
 def new_run_id(stem: str = "run") -> str:
@@ -123,18 +124,22 @@ def prepare_run(
 ) -> RunConfig:
     """Validate model and data, then write the run's config, initial weights and ``source.keras``.
     Bad input raises BadInputError before anything is written."""
-    from slsml.training import modelio  # TensorFlow: only where a model is read
+    from slsml.training import evaluation, modelio  # TensorFlow: only where a model is read
 
     run_id = run_id or new_run_id()
     store = services.store
     manifest = data.load_manifest(store, dataset)
     model = modelio.load_model(model_bytes, where="the model")
     rules.of(spec).check_model(model)
+    modelio.check_compiled(model, loss=spec.loss is not None, optimizer=spec.optimizer is not None)
     loss = modelio.loss_config(model, spec.loss)
     optimizer = spec.optimizer or modelio.optimizer_config(model)
-    data.iterations_per_epoch(manifest.train.count, spec.global_batch)
-    x, y = data.DatasetReader(store, manifest).take("train", np.arange(min(2, manifest.train.count)))
+    spec = with_epochs(spec, manifest.train.count)
+    x, y = data.DatasetReader(store, manifest).take("train", np.arange(min(MERGE_PROBE, manifest.train.count)))
     modelio.check_fits(model, loss, x, y, manifest.classes, manifest.x_range)
+    classification = manifest.classes is not None or modelio.classifies(loss)
+    metrics = modelio.metrics_config(model, classification)
+    evaluation.check_mergeable(model, loss, metrics, x, y)
     plan = ShardPlan.build(modelio.variable_specs(model), spec.reducers)
     config = RunConfig(
         run_id=run_id,
@@ -142,7 +147,8 @@ def prepare_run(
         training=spec,
         optimizer=optimizer,
         loss=loss,
-        classification=manifest.classes is not None,
+        classification=classification,
+        metrics=metrics,
         plan=plan,
         architecture=modelio.architecture(model),
     )
@@ -157,6 +163,16 @@ def prepare_run(
     store.put_array_new(keys.weights(run_id, 0), flat)
     store.put_new(keys.source_model(run_id), model_bytes)
     return config
+
+
+def with_epochs(spec: TrainingSpec, train_count: int) -> TrainingSpec:
+    """``spec`` with its length in iterations: ``epochs`` × the iterations of an epoch of the samples it trains on
+    (its own ``iterations`` without epochs). BadInputError if the samples do not make one global batch."""
+    trained = len(data.held_out(spec, train_count)[0])
+    per_epoch = data.iterations_per_epoch(trained, spec.global_batch)
+    if spec.epochs is None:
+        return spec
+    return spec.model_copy(update={"iterations": spec.epochs * max(1, per_epoch // spec.local_batches)})
 
 
 def wait_for_run(
@@ -209,6 +225,20 @@ def first_reaching(iterations: Sequence[Counter], accuracy: float) -> int | None
 
 
 class RunSummary(BaseModel):
+    """A run's figures. Its model's test figures are ``test_<name>`` as Keras names them (``test_loss``,
+    ``test_accuracy``, ``test_auc``…): the loss and accuracy as fields, the other metrics as extra fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _figures_only(cls, data: Any) -> Any:
+        """Of the fields it does not declare, a summary read back keeps the model's figures alone (not the
+        computed fields it was written with)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if k in cls.model_fields or k.startswith(("test_", "val_"))}
+        return data
+
     run_id: str
     started_at: float | None = None  # when it was created, epoch seconds (None: a record that does not say)
     status: RunStatus
@@ -243,6 +273,18 @@ class RunSummary(BaseModel):
     cost_usd: float | None = None
     cost_per_iteration_usd: float | None = None  # median over iterations
     cost_by_service_usd: dict[str, float] | None = None
+
+    @property
+    def test(self) -> dict[str, float]:
+        """The test figures by Keras name: ``loss``, then the metrics."""
+        extra = {k.removeprefix("test_"): v for k, v in (self.model_extra or {}).items() if k.startswith("test_")}
+        return {k: v for k, v in {"loss": self.test_loss, "accuracy": self.test_accuracy}.items() if v is not None
+                } | extra
+
+    @property
+    def val(self) -> dict[str, float]:
+        """The validation figures by Keras name (without ``val_``)."""
+        return {k.removeprefix("val_"): v for k, v in (self.model_extra or {}).items() if k.startswith("val_")}
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -281,6 +323,8 @@ def summarize(
         training=run.training,
         test_accuracy=run.test_accuracy,
         test_loss=run.test_loss,
+        **{f"test_{name}": value for name, value in (run.test or {}).items() if name not in {"loss", "accuracy"}},
+        **{f"val_{name}": value for name, value in (run.val or {}).items()},
         final_train_loss=last_loss,
         wall_s=round(wall_s, 3),
         median_iteration_s=median_cycle,

@@ -37,8 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shape = parser.add_argument_group("pipeline")
     shape.add_argument("--memory", action="append", default=[], metavar="FUNCTION=MB",
                        help="function memory, e.g. worker=4096 (default: the deployment's settings)")
-    length = parser.add_argument_group("length (or --iterations)")
-    length.add_argument("--epochs", type=float, help="epochs of --samples")
+    length = parser.add_argument_group("length (or --iterations, or --epochs of --samples)")
     length.add_argument("--samples", type=int, help="training samples: per-epoch figures")
     model_of = parser.add_argument_group("model parameters, quotas, prices")
     model_of.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",

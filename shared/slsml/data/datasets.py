@@ -112,6 +112,21 @@ def partition_batch(train_count: int, global_batch: int, seed: int, workers: int
     return part[order[position * size : (position + 1) * size]]
 
 
+def held_out(spec: TrainingSpec, train_count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The training split's samples a run trains on and those it holds out for validation (``validation_split``
+    of them, drawn by the seed; none without it), each in index order."""
+    if spec.validation_split is None:
+        return np.arange(train_count), np.arange(0)
+    size = round(train_count * spec.validation_split)
+    if not 0 < size < train_count:
+        raise BadInputError(f"validation split {spec.validation_split:g} of {train_count} training samples holds out"
+                            f" {size}: give a fraction that leaves samples on both sides")
+    chosen = np.random.default_rng([spec.seed, train_count]).permutation(train_count)[:size]
+    kept = np.ones(train_count, dtype=bool)
+    kept[chosen] = False
+    return np.flatnonzero(kept), np.sort(chosen)
+
+
 def block_order(spec: TrainingSpec, train_count: int) -> BlockOrder | None:
     """The run's block order over the training split (None: the exact global order)."""
     if spec.shuffle != "blocks":

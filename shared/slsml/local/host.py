@@ -18,6 +18,7 @@ Faults (``slsml.local.faults``) can be injected: set ``FunctionHost.faults`` at 
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import io
 import json
@@ -32,7 +33,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -297,6 +298,23 @@ def dead_letter_event(message_id: str, body: str, attributes: dict[str, str], qu
             }
         ]
     }
+
+
+def leave_out_main() -> Callable[[], None]:
+    """Keep a script's top level out of the function processes until the returned function is called:
+    multiprocessing runs the main module of the process that starts processes again in each of them (and in the
+    fork server), so that a script calling slsml without an ``if __name__ == "__main__":`` guard would start again
+    in each. They run slsml's handlers alone: the main module is announced as ``__main__`` by name, which
+    multiprocessing leaves out. A main module without a file (a notebook, ``python -c``) is left as it is."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None or not getattr(main, "__file__", None):
+        return lambda: None
+    main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+
+    def restore() -> None:
+        main.__spec__ = None
+
+    return restore
 
 
 def start_preloading() -> multiprocessing.context.BaseContext:

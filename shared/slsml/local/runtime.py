@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment, use_deployment
-from slsml.local.host import FunctionHost, start_preloading
+from slsml.local.host import FunctionHost, leave_out_main, start_preloading
 from slsml.pipeline.services import Services
 
 POOL_ENV = "SLSML_POOL"
@@ -86,6 +87,7 @@ class LocalRuntime:
         self.deployment: LocalDeployment | None = None
         self._host: FunctionHost | None = None
         self._services: Services | None = None
+        self._restore_main: Callable[[], None] | None = None
 
     @property
     def services(self) -> Services:
@@ -106,6 +108,8 @@ class LocalRuntime:
         imports (TensorFlow's among them) and the embedded cloud's server. This process goes on meanwhile
         (a command loads TensorFlow and the model); entering the runtime waits for them. Both end with this
         process if it is never entered."""
+        if self._restore_main is None:
+            self._restore_main = leave_out_main()
         start_preloading()
         self.cloud.launch()
         return self
@@ -136,3 +140,6 @@ class LocalRuntime:
         if self._host is not None:
             self._host.stop()
         self.cloud.stop()
+        if self._restore_main is not None:
+            self._restore_main()
+            self._restore_main = None

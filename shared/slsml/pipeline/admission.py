@@ -39,7 +39,8 @@ def problem(message: Any, services: Services) -> str | None:
     except RunFailed:
         return f"no run named {message.run_id!r}"
     iterations = config.training.iterations
-    if message.iteration > (iterations if isinstance(message, Deadline) else iterations - 1):  # a deadline may end it
+    # a deadline may end the run, and the workers of the round past the budget evaluate its final model
+    if message.iteration > (iterations if isinstance(message, Deadline | WorkMessage) else iterations - 1):
         return f"iteration {message.iteration} is past the run's {iterations}"
     return _CHECKS[type(message)](message, config, services)
 

@@ -46,7 +46,8 @@ OptimizerName = Literal["sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", 
 OPTIMIZER_NAMES: tuple[str, ...] = get_args(OptimizerName)
 # Keras defaults that differ from the fields' defaults below, filled in where a field is not given
 _KERAS_DEFAULTS: dict[str, dict[str, object]] = {
-    "adamw": {"weight_decay": 0.004}, "lion": {"beta_2": 0.99}, "adadelta": {"rho": 0.95},
+    "sgd": {"learning_rate": 0.01}, "adamw": {"weight_decay": 0.004}, "lion": {"beta_2": 0.99},
+    "adadelta": {"rho": 0.95},
 }
 # Keras optimizers the reducers refuse, and why (a reducer steps one shard: a slice of the flat vector
 # that cuts across variables, so it can apply only updates of each weight on its own)
@@ -83,7 +84,9 @@ class OptimizerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: OptimizerName = "adam"
-    learning_rate: float | Schedule = Field(default=0.003, description="a constant (> 0) or a Keras schedule")
+    learning_rate: float | Schedule = Field(
+        default=0.001, description="a constant (> 0) or a Keras schedule; Keras's default: 0.001, SGD's 0.01"
+    )
     momentum: float = Field(default=0.0, ge=0, lt=1, json_schema_extra=_only("sgd", "rmsprop"))
     nesterov: bool = Field(default=False, json_schema_extra=_only("sgd"))
     beta_1: float = Field(default=0.9, ge=0, le=1, json_schema_extra=_only("adam", "adamw", "adamax", "nadam", "lion"))
@@ -282,6 +285,15 @@ class TrainingSpec(BaseModel):
         default=16, ge=1, le=65536, description="shuffle blocks: consecutive samples read (and trained) together"
     )
     eval_every: int = Field(default=10, ge=0, description="test-set evaluation period; 0: only at the end")
+    epochs: int | None = Field(
+        default=None, ge=1, description="the run's length in epochs (Keras's fit): iterations are epochs × the"
+        " training samples // the global batch (the last partial batch of an epoch is left out), in place of"
+        " iterations",
+    )
+    validation_split: float | None = Field(
+        default=None, gt=0, lt=1, description="a fraction of the training samples, drawn by the seed, held out of"
+        " training and evaluated at each epoch's end (val_ figures)",
+    )
     optimizer: OptimizerConfig | None = Field(
         default=None, description="None: take the optimizer the model was compiled with"
     )
@@ -398,6 +410,10 @@ class TrainingSpec(BaseModel):
             raise ValueError("workers auto needs min_workers and max_workers: the bounds the tuner moves within")
         if self.workers != "auto" and self.objective != type(self).model_fields["objective"].default:
             raise ValueError("objective applies to workers auto only")
+        if self.global_batch < self.initial_workers:  # before the bounds, which the batch sets unless given
+            raise ValueError(
+                f"global_batch ({self.global_batch}) must be at least the number of workers ({self.initial_workers})"
+            )
         low, high = self.worker_bounds
         if low > high:
             raise ValueError(f"min_workers ({low}) must be at most max_workers ({high})")
@@ -411,6 +427,8 @@ class TrainingSpec(BaseModel):
     def _shuffle_options(self) -> TrainingSpec:
         if self.shuffle_block != type(self).model_fields["shuffle_block"].default and self.shuffle != "blocks":
             raise ValueError("shuffle_block applies to shuffle blocks only")
+        if self.validation_split is not None and self.shuffle == "blocks":
+            raise ValueError("validation_split holds samples out of the global order: it needs shuffle global")
         return self
 
     @model_validator(mode="after")
@@ -472,7 +490,9 @@ class RunConfig(BaseModel):
     training: TrainingSpec
     optimizer: OptimizerConfig
     loss: str
-    classification: bool = Field(description="labels are class ids: workers report accuracy")
+    classification: bool = Field(description="labels are classes: workers report accuracy")
+    metrics: str = Field(default="[]", description="the metrics the workers evaluate (JSON: Keras names and serialized"
+                         " metrics, as compile takes them; slsml.training.evaluation)")
     plan: ShardPlan
     architecture: str | None = Field(
         default=None, description="digest of what the model computes (modelio.architecture): a warm worker serves "

@@ -84,6 +84,15 @@ def residual(run_id: str, iteration: int, worker: int) -> str:
     return f"runs/{run_id}/iters/{iteration:06d}/residuals/{worker:05d}.bin"
 
 
+def evaluation(run_id: str, iteration: int, worker: int, split: str) -> str:
+    """A worker's state of evaluating the model entering ``iteration`` on its slice of ``split`` (test, val)."""
+    return f"{evaluations_prefix(run_id, iteration, split)}{worker:05d}.npy"
+
+
+def evaluations_prefix(run_id: str, iteration: int, split: str) -> str:
+    return f"runs/{run_id}/iters/{iteration:06d}/evaluation/{split}/"
+
+
 def dataset_manifest(name: str) -> str:
     return f"datasets/{name}/manifest.json"
 

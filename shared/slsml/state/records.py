@@ -72,6 +72,9 @@ class RunRecord(BaseModel):
     final_key: str | None = None
     test_loss: float | None = None
     test_accuracy: float | None = None
+    test: dict[str, float] | None = Field(default=None, description="the final model's loss and metrics on the test"
+                                          " split, by Keras name")
+    val: dict[str, float] | None = Field(default=None, description="and on the validation samples")
     execution_arn: str | None = None
     task_token: str | None = None
     generation: int = Field(default=0, description="how often the run was resumed")
@@ -148,6 +151,9 @@ class Counter(BaseModel):
     merged_at: float | None = None
     test_loss: float | None = None
     test_accuracy: float | None = None
+    test: dict[str, float] | None = Field(default=None, description="the loss and metrics on the test split of the"
+                                          " model this iteration merged, by Keras name")
+    val: dict[str, float] | None = Field(default=None, description="and on the validation samples, at an epoch's end")
     stale_attempts: int = Field(default=0, description="reports of superseded attempts, ignored")
     reduce_relaunches: int = Field(default=0, description="reducers the watchdog re-launched")
     stale_shards: set[int] = Field(

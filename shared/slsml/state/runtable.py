@@ -161,10 +161,11 @@ class RunTable:
         return self._update_run(run_id, {"task_token": token}, only_if_running=False)
 
     def record_outcome(
-        self, run_id: str, final_key: str, test_loss: float | None, test_accuracy: float | None
+        self, run_id: str, final_key: str, test: dict[str, float] | None, val: dict[str, float] | None = None
     ) -> RunRecord | None:
-        """The budget is spent: the final model and its test figures (the execution marks COMPLETED)."""
-        values = {"final_key": final_key, "test_loss": test_loss, "test_accuracy": test_accuracy}
+        """The budget is spent: the final model and its test and validation figures (the execution marks
+        COMPLETED)."""
+        values = {"final_key": final_key, **_test_figures(test), "val": val}
         return self._update_run(run_id, {k: v for k, v in values.items() if v is not None})
 
     def stop(self, run_id: str, reason: str) -> RunRecord | None:
@@ -205,10 +206,13 @@ class RunTable:
         return iteration_record(iteration, self._query(run_id, iteration_sk(iteration)))
 
     def list_iterations(self, run_id: str) -> list[IterationRecord]:
+        """The run's training iterations: not the round past its budget whose workers evaluate the final model."""
+        meta = self.table.get_item(Key=self._key(run_id, META), ConsistentRead=True).get("Item")
+        budget = RunRecord.model_validate(plain(meta)).iterations if meta else None
         by_iteration: dict[int, list[dict[str, Any]]] = {}
         for item in self._query(run_id, "ITER#"):
             by_iteration.setdefault(iteration_of(item["sk"]), []).append(item)
-        return [iteration_record(i, items) for i, items in sorted(by_iteration.items())]
+        return [iteration_record(i, items) for i, items in sorted(by_iteration.items()) if budget is None or i < budget]
 
     def worker_reports(self, run_id: str, iteration: int, workers: int, generation: int) -> list[WorkerReport]:
         """The reports of ``iteration`` in this generation (re-launch placeholders left out)."""
@@ -486,21 +490,33 @@ class RunTable:
         ))
         return None if item is None else Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
 
-    def fire_merge(
-        self, run_id: str, iteration: int, shard: int, test: tuple[float, float | None] | None, generation: int
-    ) -> bool:
+    def record_evaluation(self, run_id: str, iteration: int, split: str, figures: dict[str, float]) -> None:
+        """The figures on ``split`` (test, val) of the model ``iteration`` merged (the same whoever computes them,
+        however often)."""
+        values = {k: v for k, v in (_test_figures(figures) if split == "test" else {split: figures}).items()
+                  if v is not None}
+        expression, names, bound = _set(values)
+        self.table.update_item(Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
+                               ExpressionAttributeNames=names, ExpressionAttributeValues=bound)
+
+    def fire_merge(self, run_id: str, iteration: int, shard: int, generation: int) -> bool:
         """Claim the merge of ``iteration`` in ``generation`` (True for ``shard``'s message, again on its retry,
         which keeps the first claim's ``merged_at``)."""
         values: dict[str, Any] = {"merge_fired_by": shard, "merged_at": time.time()}
-        if test is not None:
-            values |= {"test_loss": test[0], "test_accuracy": test[1]}
-        expression, names, bound = _set({k: v for k, v in values.items() if v is not None}, frozenset({"merged_at"}))
+        expression, names, bound = _set(values, frozenset({"merged_at"}))
         return conditional(lambda: self.table.update_item(
             Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
             ConditionExpression="(attribute_not_exists(merge_fired_by) OR merge_fired_by = :merge_fired_by)"
                                 f" AND {_SAME_GENERATION}",
             ExpressionAttributeNames=names, ExpressionAttributeValues={**bound, ":generation": generation},
         )) is not None
+
+
+def _test_figures(test: dict[str, float] | None) -> dict[str, Any]:
+    """A model's test figures as the run table keeps them: all by name, the loss and accuracy on their own too."""
+    if test is None:
+        return {}
+    return {"test": test, "test_loss": test.get("loss"), "test_accuracy": test.get("accuracy")}
 
 
 def _weighted(pairs: list[tuple[float, int]]) -> float | None:

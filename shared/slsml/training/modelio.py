@@ -200,7 +200,7 @@ def optimizer_config(model: keras.Model) -> OptimizerConfig:
     memory, its ``var_names`` pattern is carried over, its ``var_list`` refused."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
-        raise BadInputError("the model is not compiled: give an optimizer (e.g. --optimizer adam)")
+        raise BadInputError(f"the model is not compiled: give {_MISSING['optimizer']}")
     if getattr(optimizer, "_exclude_from_weight_decay", None):
         raise BadInputError(
             "optimizer option exclude_from_weight_decay(var_list=...) is not supported: Keras keeps the ids of"
@@ -221,7 +221,7 @@ def loss_config(model: keras.Model, override: str | None) -> str:
     """The loss as a JSON-serialized Keras loss, from ``override`` or the compiled model."""
     loss = override if override is not None else getattr(model, "loss", None)
     if loss is None:
-        raise BadInputError("the model is not compiled with a loss: give one (e.g. --loss categorical_crossentropy)")
+        raise BadInputError(f"the model is not compiled with a loss: give {_MISSING['loss']}")
     if isinstance(loss, list | dict):
         raise BadInputError("models with several losses are not supported")
     try:
@@ -230,12 +230,46 @@ def loss_config(model: keras.Model, override: str | None) -> str:
         raise BadInputError(f"unknown loss {loss!r}: {error}") from None
 
 
+_MISSING = {"loss": "a loss (e.g. --loss sparse_categorical_crossentropy)", "optimizer": "an optimizer (e.g."
+            " --optimizer adam)"}
+
+
+def check_compiled(model: keras.Model, loss: bool, optimizer: bool) -> None:
+    """BadInputError naming, in one message, every piece of training that neither the model was compiled with
+    nor the run gives (``loss``, ``optimizer``: the run gives one)."""
+    missing = [_MISSING[piece] for piece, given in (("loss", loss), ("optimizer", optimizer))
+               if not given and getattr(model, piece, None) is None]
+    if missing:
+        raise BadInputError(f"the model is not compiled: give {' and '.join(missing)}")
+
+
 def deserialize_loss(config: str) -> Callable[[Any, Any], Any]:
-    """A mean-reduced Keras loss (a plain loss function is averaged over the batch, as ``compile`` does)."""
+    """A mean-reduced Keras loss as ``compile`` makes it: a plain loss function is wrapped as a Loss, which
+    squeezes or expands the labels to the rank of the predictions ((n,) against (n, 1)) and averages over the
+    batch."""
+    from keras.src.losses.losses import LossFunctionWrapper  # what compile() wraps a loss function in
+
     loss = keras.losses.deserialize(json.loads(config))
-    if isinstance(loss, keras.losses.Loss):
-        return loss
-    return lambda y, prediction: keras.ops.mean(loss(y, prediction))
+    return loss if isinstance(loss, keras.losses.Loss) else LossFunctionWrapper(loss)
+
+
+def classifies(loss: str) -> bool:
+    """Whether a run's loss (``loss_config``'s JSON) is a cross-entropy: its labels are classes."""
+    return "crossentropy" in json.dumps(json.loads(loss)).lower()
+
+
+def metrics_config(model: keras.Model, classification: bool) -> str:
+    """The metrics a run evaluates, as JSON: those the model was compiled with (one list: models of one output),
+    else accuracy for a classifier."""
+    compiled = model.get_compile_config() if getattr(model, "compiled", False) else None
+    metrics = (compiled or {}).get("metrics")
+    if metrics is None:
+        return json.dumps(["accuracy"] if classification else [])
+    if not isinstance(metrics, list) or (compiled or {}).get("weighted_metrics"):
+        raise BadInputError("the model is compiled with metrics per output or weighted metrics: slsml evaluates one"
+                            " list of metrics of one output")
+    return json.dumps([m if isinstance(m, str) else keras.metrics.serialize(m) if isinstance(m, keras.metrics.Metric)
+                       else m for m in metrics])
 
 
 @dataclass
@@ -246,10 +280,13 @@ class Update:
 
 
 def _accuracy(y: tf.Tensor, prediction: tf.Tensor) -> tf.Tensor:
+    """Of a batch: class ids, or one-hot labels (of the predictions' shape), against the predicted classes."""
     if prediction.shape[-1] == 1:
         predicted = tf.cast(tf.reshape(prediction, [-1]) > 0.5, tf.int64)
     else:
         predicted = tf.argmax(prediction, axis=-1)
+        if y.shape.rank == prediction.shape.rank and y.shape[-1] == prediction.shape[-1]:
+            y = tf.argmax(y, axis=-1)
     return tf.reduce_mean(tf.cast(tf.equal(predicted, tf.cast(tf.reshape(y, [-1]), tf.int64)), tf.float32))
 
 
@@ -264,6 +301,7 @@ class Trainer:
         self._trainable_index = {id(v): i for i, v in enumerate(model.trainable_weights)}
         self._step = tf.function(self._step_fn, reduce_retracing=True)
         self._writer: ArchiveWriter | None = None
+        self.evaluators: dict[str, Any] = {}  # a run's metrics (JSON) → its evaluation.Evaluator, built once
 
     def save(self) -> bytes:
         """The model as a ``.keras`` archive (an ``ArchiveWriter``'s: only its weights change between saves)."""
@@ -297,16 +335,6 @@ class Trainer:
             loss=float(loss),
             accuracy=float(accuracy) if self.classification else None,
         )
-
-    def evaluate(self, x: np.ndarray, y: np.ndarray, batch: int = 1024) -> tuple[float, float | None]:
-        total_loss, total_correct = 0.0, 0.0
-        for start in range(0, len(x), batch):
-            xb, yb = x[start : start + batch], y[start : start + batch]
-            prediction = self.model(xb, training=False)
-            total_loss += float(self.loss_fn(yb, prediction)) * len(xb)
-            if self.classification:
-                total_correct += float(_accuracy(tf.convert_to_tensor(yb), prediction)) * len(xb)
-        return total_loss / len(x), (total_correct / len(x) if self.classification else None)
 
 
 @dataclass(frozen=True)
@@ -402,6 +430,10 @@ def check_fits(
             x_range = (float(x.min()), float(x.max()))
         if problem := input_mismatch(inputs, x.shape[1:], str(x.dtype), x_range):
             raise BadInputError(f"the data does not fit the model: {problem}")
+    outputs = model.output_shape[-1] if isinstance(model.output_shape, tuple) else None
+    if classes is not None and outputs is not None and outputs > 1 and classes > outputs:
+        raise BadInputError(f"labels go up to {classes - 1} but the model has only {outputs} outputs (classes 0 to"
+                            f" {outputs - 1})")
     try:
         prediction = model(x[:2], training=False)
         float(deserialize_loss(loss)(y[:2], prediction))
@@ -410,6 +442,3 @@ def check_fits(
             f"the data does not fit the model: samples of shape {x.shape[1:]} / labels {y.shape[1:]} "
             f"vs model input {model.input_shape}: {str(error).splitlines()[0][:300]}"
         ) from None
-    outputs = prediction.shape[-1]
-    if classes is not None and outputs > 1 and classes > outputs:
-        raise BadInputError(f"labels go up to {classes - 1} but the model has only {outputs} outputs")

@@ -1,5 +1,5 @@
 """Merger: when every shard of an iteration is in, assemble and upload the next model (the trigger
-of the next iteration), evaluating it on the test set when due."""
+of the next iteration). The workers evaluate it (``steps.worker``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from slsml.aws.storage import ObjectStore
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import run_config
-from slsml.pipeline.steps.warm import reader_for, trainer_for
+from slsml.pipeline.steps.warm import trainer_for
 from slsml.spec import keys
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import NotFoundError, RunFailed
@@ -49,11 +49,7 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     weights = np.concatenate([shards.decode_weights(part, config.plan, r) for r, part in enumerate(parts)])
     trainer, _ = trainer_for(store, config, iteration)
     modelio.set_flat(trainer.model, config.plan, weights)
-    test = None
-    every = config.training.eval_every
-    if iteration + 1 == config.training.iterations or (every and (iteration + 1) % every == 0):
-        test = trainer.evaluate(*reader_for(store, config.dataset).split("test"))
-    if not table.fire_merge(run, iteration, message.shard, test, message.generation):
+    if not table.fire_merge(run, iteration, message.shard, message.generation):
         return None
     with ThreadPoolExecutor(max_workers=2) as pool:  # advance and store the weights while the model is saved
         advancing = pool.submit(table.advance, run, iteration + 1, message.generation)
@@ -68,7 +64,7 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     _heartbeat(services, advanced)
     if counter.launched_at is not None:  # since the iteration was launched, on its model's S3 event
         metrics.emit(Metric.ITERATION_SECONDS, time.time() - counter.launched_at, MetricUnit.Seconds)
-    logger.info("model merged", extra={"run_id": run, "iteration": iteration + 1, "test": test})
+    logger.info("model merged", extra={"run_id": run, "iteration": iteration + 1})
     return next_key
 
 

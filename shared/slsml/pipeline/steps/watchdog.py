@@ -24,8 +24,7 @@ from aws_lambda_powertools import Logger
 
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps import work_launcher
-from slsml.pipeline.steps.common import run_config
+from slsml.pipeline.steps.common import complete_run, run_config
 from slsml.pipeline.steps.reduce_launcher import fire_reduce, publish_reduce
 from slsml.pipeline.steps.reducer import keep_weights
 from slsml.spec import keys, wiring
@@ -81,12 +80,14 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
         if deadline.due_at > time.time():
             services.deadlines.schedule(deadline)
             return Action.NOTHING
-    if deadline.iteration >= run.iterations:  # the budget is spent: complete the run once its final model is in
+    if deadline.iteration >= run.iterations:  # the budget is spent: evaluate the final model once it is in
         if not services.store.exists(keys.model(run.run_id, deadline.iteration)):
             services.deadlines.schedule(_next(deadline, "work", 0, _after(deadline, run.deadline_s)))
             return Action.NOTHING
-        work_launcher.complete(run.run_id, deadline.iteration, services)
-        return Action.COMPLETED
+        if services.table.get_counter(run.run_id, deadline.iteration - 1).test is not None:
+            complete_run(services, run.run_id, deadline.iteration)  # evaluated: its last worker's finish was lost
+            return Action.COMPLETED
+        # else its evaluation round is a work stage like any other: its workers are launched or re-launched
     config = run_config(services.store, deadline.run_id)
     record = services.table.get_iteration(deadline.run_id, deadline.iteration)
     if deadline.stage == "work":

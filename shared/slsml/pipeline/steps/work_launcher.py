@@ -1,16 +1,16 @@
-"""WorkLauncher: a model landed in S3 → launch its iteration's workers, or finish the run."""
+"""WorkLauncher: a model landed in S3 → launch its iteration's workers; the final model's: launch the workers
+that evaluate it (an iteration past the budget: see ``steps.worker``), which finish the run."""
 
 from __future__ import annotations
 
 import time
 from enum import StrEnum
-from typing import Any
 
 from aws_lambda_powertools import Logger
 
 from slsml.cost import tuner
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import run_config
+from slsml.pipeline.steps.common import complete_run, outcome, run_config
 from slsml.spec import keys, wiring
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Deadline, ModelLanded, RunStarted, WorkMessage
@@ -51,15 +51,19 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         logger.info("model is not the run's current one: ignored",
                     extra={"run_id": run_id, "iteration": iteration, "current": run.iteration})
         return Outcome.IGNORED
-    if iteration >= run.iterations:
-        return complete(run_id, iteration, services)
-    if run.training.workers == "auto" and iteration > 0:
+    if iteration >= run.iterations and services.table.get_counter(run_id, iteration - 1).test is not None:
+        complete_run(services, run_id, iteration)  # its evaluation is in: a resumed run that had finished
+        return Outcome.COMPLETED
+    if run.training.workers == "auto" and 0 < iteration < run.iterations:
         run = _tune(run, iteration, services)
     counter = services.table.claim_launch(run_id, iteration, trigger_id, run.generation, run.workers,
                                           run.workers_reason)
     if counter is None:
         return Outcome.ALREADY_LAUNCHED
     workers = counter.workers or run.workers
+    if iteration >= run.iterations and run.task_token:  # the evaluation round: a heartbeat window of its own
+        services.orchestrator.heartbeat(run.task_token)
+        services.table.mark_heartbeat(run_id)
     services.bus.publish(
         wiring.WORK,
         [WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w, workers=workers)
@@ -71,7 +75,8 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
                      due_at=time.time() + run.deadline_s)
         )
         services.table.watch(run_id, None, 0)
-    logger.info("iteration launched", extra={"run_id": run_id, "iteration": iteration, "workers": workers})
+    logger.info("evaluation launched" if iteration >= run.iterations else "iteration launched",
+                extra={"run_id": run_id, "iteration": iteration, "workers": workers})
     return Outcome.LAUNCHED
 
 
@@ -98,18 +103,6 @@ def _tune(run: RunRecord, iteration: int, services: Services) -> RunRecord:
     return tuned or services.table.get_run(run.run_id)
 
 
-def complete(run_id: str, iteration: int, services: Services) -> Outcome:
-    """The iteration budget is spent: the model entering ``iteration`` is the final one."""
-    final_key = keys.final_model(run_id)
-    services.store.copy_new(keys.model(run_id, iteration), final_key)
-    last = services.table.get_counter(run_id, iteration - 1)
-    run = services.table.record_outcome(run_id, final_key, last.test_loss, last.test_accuracy)
-    if run is not None:
-        services.orchestrator.succeed(run.task_token, _outcome(run))
-    logger.info("run completed", extra={"run_id": run_id, "iterations": iteration, "final": final_key})
-    return Outcome.COMPLETED
-
-
 def on_run_started(started: RunStarted, services: Services) -> None:
     """Keep the execution's task token; answer it at once if the run already ended (a fast run). A
     resumed run is launched from here: its current model is in place already."""
@@ -119,11 +112,6 @@ def on_run_started(started: RunStarted, services: Services) -> None:
     elif run.status == RunStatus.FAILED:
         services.orchestrator.fail(started.task_token, run.reason or "the run failed")
     elif run.final_key:
-        services.orchestrator.succeed(started.task_token, _outcome(run))
+        services.orchestrator.succeed(started.task_token, outcome(run))
     elif run.generation and services.store.exists(keys.model(run.run_id, run.iteration)):
         _launch(run, run.iteration, f"resume-{run.generation}", services)
-
-
-def _outcome(run: RunRecord) -> dict[str, Any]:
-    return {"final_key": run.final_key, "iterations": run.iteration, "test_accuracy": run.test_accuracy,
-            "test_loss": run.test_loss}

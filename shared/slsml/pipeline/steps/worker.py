@@ -6,6 +6,7 @@ compressed and stores the new residual before the update (error feedback, ``slsm
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Sequence
@@ -21,23 +22,32 @@ from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import load_weights, run_config
+from slsml.pipeline.steps.common import complete_run, load_weights, run_config
 from slsml.pipeline.steps.warm import reader_for, trainer_for
 from slsml.rules.base import Round
 from slsml.spec import keys, wiring
-from slsml.spec.config import RunConfig
+from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import NotFoundError, RunFailed
 from slsml.spec.messages import WorkDone, WorkMessage
-from slsml.training import feedback, modelio, updates
+from slsml.training import evaluation, feedback, modelio, updates
 
 logger = Logger(child=True)
 
 
-def work(message: WorkMessage, services: Services) -> WorkDone:
+def work(message: WorkMessage, services: Services) -> WorkDone | None:
+    """Compute the update of the worker's slice, evaluating the model entering the iteration first when it is due;
+    past the budget, only evaluate the final model (None: nothing to announce)."""
     config = run_config(services.store, message.run_id)
     if message.worker >= message.workers:
         raise RunFailed(f"work message for worker {message.worker} of an iteration of {message.workers} workers")
+    if message.iteration >= config.training.iterations:
+        trainer, fresh = trainer_for(services.store, config, message.iteration, shared=True)
+        if not fresh:
+            modelio.set_flat(trainer.model, config.plan, load_weights(services.store, config, message.iteration))
+        count = reader_for(services.store, config.dataset).manifest.train.count
+        _evaluate(message, config, services, trainer, evaluated(config, message.iteration, count))
+        return None
     done = _compute(message, config, services)
     services.bus.publish(wiring.WORK_DONE, [done])
     metrics.emit(Metric.WORKER_COMPUTE_SECONDS, done.compute_s, MetricUnit.Seconds)
@@ -72,8 +82,9 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     store, spec = services.store, config.training
     reader = reader_for(store, config.dataset)
     count = reader.manifest.train.count
-    batches = data.round_batches(spec, count, message.workers, message.worker, message.iteration,
-                                 data.block_order(spec, count))
+    trained = data.held_out(spec, count)[0]  # the training samples less the held-out ones
+    batches = [trained[indices] for indices in data.round_batches(
+        spec, len(trained), message.workers, message.worker, message.iteration, data.block_order(spec, len(trained)))]
     with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="batch") as reads:
         # the round's samples are read while the model and the weights are
         slices = _Prefetched([reads.submit(reader.take, "train", indices) for indices in batches])
@@ -83,6 +94,8 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         else:
             start = load_weights(store, config, message.iteration)
             modelio.set_flat(trainer.model, config.plan, start)
+        if splits := evaluated(config, message.iteration, reader.manifest.train.count):
+            _evaluate(message, config, services, trainer, splits)
         return _train(message, config, services, trainer, start, slices, sum(len(b) for b in batches))
 
 
@@ -128,6 +141,60 @@ def _train(message: WorkMessage, config: RunConfig, services: Services, trainer:
         stored = WorkDone.model_validate_json((store.head(key) or {})["done"])
         done = stored.model_copy(update={"generation": message.generation})  # a resumed run may announce it again
     return done
+
+
+def evaluated(config: RunConfig, iteration: int, train_count: int) -> list[str]:
+    """The splits the workers of ``iteration`` evaluate the model entering it on: the test split every
+    ``eval_every`` iterations, the validation samples (``validation_split``) at each epoch's end, both for the final
+    model (past the budget)."""
+    spec, final = config.training, iteration >= config.training.iterations
+    every = spec.eval_every
+    splits = ["test"] if final or (every and iteration and iteration % every == 0) else []
+    if spec.validation_split is not None and (final or (iteration and iteration % _epoch(spec, train_count) == 0)):
+        splits.append("val")
+    return splits
+
+
+def _epoch(spec: TrainingSpec, train_count: int) -> int:
+    """Iterations per epoch of the samples the run trains on."""
+    trained = len(data.held_out(spec, train_count)[0])
+    return max(1, data.iterations_per_epoch(trained, spec.global_batch) // spec.local_batches)
+
+
+def _evaluate(message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer,
+              splits: list[str]) -> None:
+    """Store the states of evaluating the trainer's model (the one entering the iteration) on this worker's slice of
+    each split, create-only; if every worker's states are in, sum them and record the results on the iteration
+    before's counter (that iteration merged the model), and past the budget finish the run. Each worker lists the
+    states after storing its own, so the last to store finds them all (two may: the results are the same)."""
+    store, run, iteration = services.store, message.run_id, message.iteration
+    reader = reader_for(store, config.dataset)
+    samples = {"test": np.arange(reader.manifest.test.count),
+               "val": data.held_out(config.training, reader.manifest.train.count)[1]}
+    read = {"test": "test", "val": "train"}  # validation samples are held out of the training split
+    evaluator = trainer.evaluators.get(config.metrics)
+    if evaluator is None:
+        sample = reader.take("test", samples["test"][:2])
+        evaluator = trainer.evaluators.setdefault(
+            config.metrics, evaluation.Evaluator(trainer.model, config.loss, config.metrics, sample))
+    for split in splits:
+        mine = samples[split][evaluation.slice_of(len(samples[split]), message.workers, message.worker)]
+        state = evaluator.state(*reader.take(read[split], mine))  # type: ignore[arg-type]
+        store.put_array_new(keys.evaluation(run, iteration, message.worker, split), state)
+    wanted = {split: [keys.evaluation(run, iteration, w, split) for w in range(message.workers)] for split in splits}
+    stored = {key for split in splits for key in store.list_keys(keys.evaluations_prefix(run, iteration, split))}
+    if not all(set(keys_) <= stored for keys_ in wanted.values()):
+        return
+    for split, keys_ in wanted.items():
+        try:
+            figures = evaluator.result(np.load(io.BytesIO(body), allow_pickle=False) for body in store.get_many(keys_))
+        except ValueError as error:
+            raise RunFailed(f"the {split} evaluation of the model entering iteration {iteration}: {error}") from None
+        services.table.record_evaluation(run, iteration - 1, split, figures)
+        logger.info("model evaluated", extra={"run_id": run, "iteration": iteration, "split": split,
+                                              "figures": figures})
+    if iteration >= config.training.iterations:
+        complete_run(services, run, iteration)
 
 
 def _residual(message: WorkMessage, config: RunConfig, store: ObjectStore) -> np.ndarray | None:

@@ -1,0 +1,122 @@
+"""``slsml.fit``: Keras's ``model.fit`` through the pipeline, from Python (a script, a notebook).
+
+The arrays become a dataset in a local runtime of the call's own (or in a deployed stack's bucket), the run
+trains ``epochs`` epochs of ``batch_size`` global batches, the model takes the final weights in place, and the
+result is a ``keras.callbacks.History`` as ``fit`` returns it: per epoch, the mean training loss of its
+iterations (and accuracy, if the model computes it) and the figures of the validation samples at its end
+(``val_`` forms). The local runtime ends with the call, however the call ends.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from slsml.client import runs
+from slsml.data import datasets as data
+from slsml.pipeline.services import Services
+from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import BadInputError
+from slsml.state.records import Counter, RunRecord
+
+
+def fit(
+    model: Any,
+    x: np.ndarray,
+    y: np.ndarray,
+    batch_size: int = 32,
+    epochs: int = 1,
+    validation_data: tuple[np.ndarray, np.ndarray] | None = None,
+    validation_split: float | None = None,
+    verbose: int = 1,
+    stack: str | None = None,
+    **options: Any,
+) -> Any:
+    """Train ``model`` (compiled, or given ``loss=``/``optimizer=``) on ``x``, ``y`` as ``model.fit`` would, on
+    ``batch_size`` samples per iteration spread over the workers; ``options``: any other TrainingSpec field
+    (``workers=8``, ``reducers=2``, ``quorum=0.75``…). Returns a ``keras.callbacks.History``; the model holds the
+    trained weights. ``stack``: train on the deployed stack of this name instead of a local runtime."""
+    import keras
+
+    from slsml.training import modelio
+
+    spec = _spec(len(x), batch_size, epochs, validation_data, validation_split, options)
+    test = validation_data if validation_data is not None else (x[:1], y[:1])  # the run's test split
+    model_bytes = modelio.save_model(model)
+    run_id = runs.new_run_id("fit")
+    if stack is not None:
+        from slsml.client.stack import services_for_stack
+
+        record = _train(services_for_stack(stack), model_bytes, run_id, spec, x, y, test, verbose)
+    else:
+        from slsml.local.runtime import LocalRuntime
+
+        with LocalRuntime(workers=spec.max_workers or spec.initial_workers, reducers=spec.reducers,
+                          log_dir=Path(".slsml/logs") / run_id) as local:
+            record = _train(local.services, model_bytes, run_id, spec, x, y, test, verbose)
+    run, counters, final = record
+    for variable, value in zip(model.weights, modelio.load_model(final).weights, strict=True):
+        variable.assign(value)
+    history = keras.callbacks.History()
+    history.set_model(model)
+    history.params = {"verbose": verbose, "epochs": epochs, "steps": run.iterations // epochs}
+    history.epoch = list(range(epochs))
+    history.history = epoch_history(counters, run.iterations // epochs, epochs,
+                                    "test" if validation_data is not None else "val")
+    return history
+
+
+def _spec(count: int, batch_size: int, epochs: int, validation_data: Any, validation_split: float | None,
+          options: dict[str, Any]) -> TrainingSpec:
+    """The run ``fit``'s arguments ask for: the validation data (the run's test split) evaluated at each epoch's
+    end, or the held-out ``validation_split``."""
+    if validation_data is not None and validation_split is not None:
+        raise BadInputError("give validation_data or validation_split, not both")
+    if "iterations" in options or "global_batch" in options or "epochs" in options:
+        raise BadInputError("fit takes the run's length as epochs= and its global batch as batch_size=")
+    options = {"workers": min(4, batch_size), **options}
+    spec = TrainingSpec(global_batch=batch_size, epochs=epochs, validation_split=validation_split, **options)
+    per_epoch = runs.with_epochs(spec, count).iterations // epochs
+    return spec.model_copy(update={"eval_every": per_epoch if validation_data is not None else 0})
+
+
+def _train(services: Services, model_bytes: bytes, run_id: str, spec: TrainingSpec, x: np.ndarray, y: np.ndarray,
+           test: tuple[np.ndarray, np.ndarray], verbose: int) -> tuple[RunRecord, list[Counter], bytes]:
+    """Upload the data, train, and return the ended run, its iterations and its final model."""
+    import keras
+
+    data.put_dataset(services.store, run_id, x, y, *test)
+    config = runs.start_run(services, model_bytes, run_id, spec, run_id=run_id)
+    bar = keras.utils.Progbar(config.training.iterations, verbose=verbose, unit_name="iteration")
+    shown = [0]  # the last iteration shown: each merged iteration's loss enters the bar's mean once
+
+    def show(run: RunRecord, latest: Counter | None) -> None:
+        if run.iteration > shown[0] and latest is not None:
+            shown[0] = run.iteration
+            bar.update(run.iteration, values=[("loss", latest.train_loss)] if latest.train_loss is not None else [])
+
+    run = runs.wait_for_run(services, run_id, on_progress=show if verbose else None, poll_s=0.2)
+    if run.status != "COMPLETED" or run.final_key is None:
+        raise BadInputError(f"run {run_id} ended {run.status}: {run.reason}")
+    bar.update(run.iteration, finalize=True)
+    return run, services.table.list_iterations(run_id), services.store.get(keys.final_model(run_id))
+
+
+def epoch_history(counters: list[Counter], per_epoch: int, epochs: int, validation: str) -> dict[str, list[float]]:
+    """Keras's ``History.history`` of a run's iterations: per epoch the mean training loss (and accuracy) of its
+    iterations, and the ``validation`` figures (its counters' ``test`` or ``val``) of the model at its end."""
+    by_iteration = {c.iteration: c for c in counters}
+    history: dict[str, list[float]] = {}
+    for epoch in range(epochs):
+        span = [by_iteration[i] for i in range(epoch * per_epoch, (epoch + 1) * per_epoch) if i in by_iteration]
+        for name, values in (("loss", [c.train_loss for c in span]), ("accuracy", [c.train_accuracy for c in span])):
+            if known := [v for v in values if v is not None]:
+                history.setdefault(name, []).append(statistics.fmean(known))
+        end = by_iteration.get((epoch + 1) * per_epoch - 1)
+        for name, value in (getattr(end, validation, None) or {}).items():
+            history.setdefault(f"val_{name}", []).append(value)
+    return history

@@ -1,0 +1,131 @@
+"""A split evaluated across the workers, as ``model.evaluate`` would on the whole of it.
+
+Each worker evaluates its slice with the weights it holds and returns the state of the loss and of the model's
+compiled metrics (Keras's ``CompileMetrics``: the metrics ``compile`` was given, ``"accuracy"`` resolved by the
+labels' shape as Keras resolves it): one float64 vector, the loss's weighted sum and sample count, then every
+metric variable (``metric.variables``) flattened. The states of the slices add up to the state of the whole
+split; the result is computed once from their sum. The vector's size is that of the metrics' variables (AUC:
+4 × its thresholds, MeanIoU: classes², most metrics: 2), whatever the split's size.
+
+A metric whose state does not add up (a maximum, a last value) would give a wrong result, so ``check_mergeable``
+evaluates a sample whole and in two parts and refuses, by name, a metric whose merged result differs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from slsml.spec.errors import BadInputError
+from slsml.training.modelio import deserialize_loss, keras, tf
+
+MERGE_TOLERANCE = 1e-5  # relative: the parts' sums in float64 against the whole's in float32
+EVALUATION_BATCH = 1024
+
+
+def deserialize_metrics(config: str) -> list[Any]:
+    """The metrics of a run (JSON: names, or Keras's serialized metrics) as ``compile`` takes them."""
+    return [m if isinstance(m, str) else keras.metrics.deserialize(m) for m in json.loads(config)]
+
+
+def _compiled(metrics: list[Any]) -> Any:
+    from keras.src.trainers.compile_utils import CompileMetrics  # what compile() builds: names and accuracy kinds
+
+    return CompileMetrics(metrics, None) if metrics else None
+
+
+class Evaluator:
+    """The loss and compiled metrics of one model, as states that add up across slices of a split."""
+
+    def __init__(self, model: keras.Model, loss: str, metrics: str, sample: tuple[np.ndarray, np.ndarray]) -> None:
+        """``sample``: a sample or two of the data, on which the metrics are built (their kinds and shapes)."""
+        self.model = model
+        self.loss_fn: Callable[[Any, Any], Any] = deserialize_loss(loss)
+        self._metrics = _compiled(deserialize_metrics(metrics))
+        if self._metrics is not None:
+            y, prediction = tf.convert_to_tensor(sample[1]), model(sample[0], training=False)
+            self._metrics.build(y, prediction)
+            self._metrics.update_state(y, prediction)  # some metrics (R2Score) make their variables on the first
+            self._metrics.reset_state()
+        self.size = 2 + sum(math.prod(v.shape) for v in self._variables)
+
+    @property
+    def metrics(self) -> list[Any]:
+        """The compiled metrics, in Keras's order."""
+        return [] if self._metrics is None else list(self._metrics.metrics)
+
+    @property
+    def _variables(self) -> list[Any]:
+        return [] if self._metrics is None else list(self._metrics.variables)
+
+    def state(self, x: np.ndarray, y: np.ndarray, batch: int = EVALUATION_BATCH) -> np.ndarray:
+        """The state of evaluating ``x``, ``y`` (no samples: zeros)."""
+        loss_total, count = 0.0, 0
+        if self._metrics is not None:
+            self._metrics.reset_state()
+        for start in range(0, len(x), batch):
+            xb, yb = x[start : start + batch], tf.convert_to_tensor(y[start : start + batch])
+            prediction = self.model(xb, training=False)
+            loss = self.loss_fn(yb, prediction)
+            if self.model.losses:  # regularization penalties, as compute_loss adds them
+                loss = loss + tf.add_n(self.model.losses)
+            loss_total += float(loss) * len(xb)
+            count += len(xb)
+            if self._metrics is not None:
+                self._metrics.update_state(yb, prediction)
+        head = np.array([loss_total, count], dtype=np.float64)
+        return np.concatenate([head, *(np.asarray(v.numpy(), np.float64).ravel() for v in self._variables)])
+
+    def result(self, states: Iterable[np.ndarray]) -> dict[str, float]:
+        """``loss`` and each metric by its Keras name, from the sum of ``states``; ValueError for states that
+        are not this evaluator's or hold no sample."""
+        total = np.sum(np.stack(list(states)), axis=0)
+        if total.shape != (self.size,):
+            raise ValueError(f"evaluation states of {total.size} values where this model's have {self.size}")
+        if total[1] <= 0:
+            raise ValueError("no samples were evaluated")
+        figures = {"loss": float(total[0] / total[1])}
+        if self._metrics is None:
+            return figures
+        offset = 2
+        for variable in self._variables:
+            n = math.prod(variable.shape)
+            variable.assign(total[offset : offset + n].reshape(variable.shape).astype(variable.dtype))
+            offset += n
+        return figures | {name: float(np.asarray(value)) for name, value in self._metrics.result().items()}
+
+
+def check_mergeable(model: keras.Model, loss: str, metrics: str, x: np.ndarray, y: np.ndarray) -> None:
+    """BadInputError if the metrics cannot evaluate ``x``, ``y``, or naming each metric whose result from the
+    states of two parts of them differs from its result on the whole: its state does not add up across workers."""
+    cut = max(1, len(x) // 3)
+    try:
+        evaluator = Evaluator(model, loss, metrics, (x[:2], y[:2]))
+        whole = evaluator.result([evaluator.state(x, y)])
+        parts = evaluator.result([evaluator.state(x[:cut], y[:cut]), evaluator.state(x[cut:], y[cut:])])
+    except Exception as error:  # Keras raises many types for metrics that do not fit the labels
+        raise BadInputError(f"the model's metrics cannot evaluate the data: {str(error).splitlines()[0][:300]}"
+                            ) from None
+    wrong = [name for name, value in whole.items()
+             if not math.isclose(parts[name], value, rel_tol=MERGE_TOLERANCE, abs_tol=MERGE_TOLERANCE)
+             and not (math.isnan(value) and math.isnan(parts[name]))]
+    if wrong:
+        classes = {m.name: type(m).__name__ for m in evaluator.metrics}
+        named = ", ".join(f"{name} ({classes.get(name, 'metric')})" for name in wrong)
+        raise BadInputError(f"metric {named} cannot be computed across workers: its state does not add up over"
+                            " parts of the data (the sum of two parts' states gives another result than the whole);"
+                            " compile the model without it")
+
+
+def slice_of(count: int, workers: int, worker: int) -> np.ndarray:
+    """Worker ``worker``'s contiguous, size-balanced slice of a split of ``count`` samples."""
+    return np.array_split(np.arange(count), workers)[worker]
+
+
+def encode_metrics(metrics: Sequence[Any]) -> str:
+    """Metrics as ``compile`` takes them (names, Metric objects, serialized metrics) → the run's JSON."""
+    return json.dumps([m if isinstance(m, str | dict) else keras.metrics.serialize(m) for m in metrics])

@@ -1,0 +1,150 @@
+"""What ``model.fit`` takes, slsml trains: labels of shape (n,) against one sigmoid output, one-hot labels,
+compiled metrics evaluated by the workers on their slices of the test split, summed into Keras's result."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from slsml.client import runs
+from slsml.data import datasets as data
+from slsml.spec import keys
+from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.errors import BadInputError
+from slsml.training import modelio
+
+from .conftest import finish
+
+
+@pytest.fixture(scope="module")
+def cancer(services) -> tuple[np.ndarray, ...]:
+    """scikit-learn's breast cancer data, standardized, labels of shape (n,), in the cloud as ``cancer``."""
+    from sklearn.datasets import load_breast_cancer
+
+    x, y = load_breast_cancer(return_X_y=True)
+    x = ((x - x.mean(0)) / x.std(0)).astype(np.float32)
+    arrays = data.split_train_test(x, y.astype(np.int64), 0.25, seed=0)
+    data.put_dataset(services.store, "cancer", *arrays)
+    return arrays
+
+
+def _logistic(metrics: list) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="binary_crossentropy", metrics=metrics)
+    return model
+
+
+def test_binary_labels_of_rank_one_train_and_the_workers_metrics_equal_keras_evaluate(services, cancer) -> None:
+    model = _logistic([keras.metrics.AUC(name="auc"), "accuracy", keras.metrics.Precision(name="precision")])
+    spec = TrainingSpec(workers=3, reducers=2, global_batch=64, iterations=6, eval_every=3)
+    config = runs.start_run(services, modelio.save_model(model), "cancer", spec, run_id="fit-cancer")
+    assert [m if isinstance(m, str) else m["class_name"] for m in json.loads(config.metrics)] == [
+        "AUC", "accuracy", "Precision"]
+    run = finish(services, "fit-cancer")
+    assert run.status == "COMPLETED", run.reason
+    final = modelio.load_model(services.store.get(keys.final_model("fit-cancer")))  # compiled as it was given
+    expected = final.evaluate(cancer[2], cancer[3], return_dict=True, verbose=0)
+    assert set(run.test) == {"loss", "auc", "accuracy", "precision"}
+    for name, value in expected.items():
+        assert run.test[name] == pytest.approx(value, abs=1e-3), name
+    assert (run.test_loss, run.test_accuracy) == (run.test["loss"], run.test["accuracy"])
+    summary = runs.summarize(run, services.table.list_iterations("fit-cancer"), 1.0)
+    dumped = json.loads(summary.model_dump_json())
+    assert dumped["test_auc"] == run.test["auc"] and dumped["test_loss"] == run.test["loss"]
+    # the model entering iteration 3 was evaluated by iteration 3's workers, onto iteration 2's counter
+    counters = {c.iteration: c for c in services.table.list_iterations("fit-cancer")}
+    assert set(counters[2].test) == {"loss", "auc", "accuracy", "precision"} and counters[1].test is None
+    stored = services.store.list_keys(keys.evaluations_prefix("fit-cancer", 6, "test"))
+    assert len(stored) == 3  # the final evaluation: one state per worker
+
+
+def test_one_hot_labels_with_categorical_crossentropy_get_accuracy(services, cancer) -> None:
+    x, y, x_test, y_test = cancer
+    one_hot = [x, np.eye(2, dtype=np.float32)[y], x_test, np.eye(2, dtype=np.float32)[y_test]]
+    data.put_dataset(services.store, "cancer-one-hot", *one_hot)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer="sgd", loss="categorical_crossentropy")
+    spec = TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=3, eval_every=0)
+    runs.start_run(services, modelio.save_model(model), "cancer-one-hot", spec, run_id="fit-one-hot")
+    run = finish(services, "fit-one-hot")
+    assert run.status == "COMPLETED", run.reason
+    final = modelio.load_model(services.store.get(keys.final_model("fit-one-hot")))
+    final.compile(loss="categorical_crossentropy", metrics=["accuracy"])
+    expected = final.evaluate(one_hot[2], one_hot[3], return_dict=True, verbose=0)
+    assert run.test == pytest.approx(expected, abs=1e-4)
+
+
+def test_an_uncompiled_models_missing_pieces_are_named_in_one_message(services, cancer) -> None:
+    model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(1, activation="sigmoid")])
+    with pytest.raises(BadInputError, match=r"not compiled: give a loss \(.*\) and an optimizer \(e.g. --optimizer"):
+        runs.prepare_run(services, modelio.save_model(model), "cancer", TrainingSpec(iterations=1), "fit-bare")
+    spec = TrainingSpec(iterations=1, loss="binary_crossentropy", optimizer=OptimizerConfig(name="sgd"))
+    config = runs.prepare_run(services, modelio.save_model(model), "cancer", spec, "fit-given")
+    assert config.optimizer.learning_rate == 0.01  # Keras's default for SGD
+    assert not services.store.exists(keys.run_config("fit-bare"))
+
+
+def test_labels_all_beyond_the_outputs_are_refused_in_slsmls_words(services) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 4)).astype(np.float32)
+    data.put_dataset(services.store, "high-labels", x, np.full(40, 7), x[:8], np.full(8, 7))
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    with pytest.raises(BadInputError) as error:
+        runs.prepare_run(services, modelio.save_model(model), "high-labels", TrainingSpec(iterations=1, global_batch=8),
+                         "fit-high")
+    assert str(error.value) == "labels go up to 7 but the model has only 3 outputs (classes 0 to 2)"
+
+
+@keras.saving.register_keras_serializable("slsml_fit_tests")
+class LastLoss(keras.metrics.Metric):
+    """The last batch's mean error: a state that does not add up."""
+
+    def __init__(self, name: str = "last_error", **kwargs: object) -> None:
+        super().__init__(name=name, **kwargs)
+        self.last = self.add_variable(shape=(), initializer="zeros", name="last")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.last.assign(keras.ops.mean(keras.ops.abs(keras.ops.cast(y_true, "float32") - y_pred[:, 0])))
+
+    def result(self):
+        return self.last
+
+
+def test_a_metric_that_cannot_be_merged_is_refused_by_name_before_anything_is_stored(services, cancer) -> None:
+    model = _logistic([keras.metrics.AUC(), LastLoss()])
+    with pytest.raises(BadInputError, match=r"metric last_error \(LastLoss\) cannot be computed across workers"):
+        runs.prepare_run(services, modelio.save_model(model), "cancer", TrainingSpec(iterations=1), "fit-last")
+    assert services.store.list_keys(keys.run_prefix("fit-last")) == []
+
+
+def test_epochs_set_the_length_and_held_out_samples_are_evaluated_at_each_epochs_end(services, cancer) -> None:
+    model = _logistic([keras.metrics.AUC(name="auc")])
+    spec = TrainingSpec(workers=2, reducers=1, global_batch=64, epochs=2, validation_split=0.2, eval_every=0)
+    config = runs.start_run(services, modelio.save_model(model), "cancer", spec, run_id="fit-epochs")
+    trained, held = data.held_out(spec, len(cancer[0]))
+    assert len(held) == round(0.2 * len(cancer[0])) and not set(trained) & set(held)
+    per_epoch = len(trained) // 64
+    assert config.training.iterations == 2 * per_epoch
+    run = finish(services, "fit-epochs")
+    assert run.status == "COMPLETED", run.reason
+    counters = {c.iteration: c for c in services.table.list_iterations("fit-epochs")}
+    assert [i for i, c in sorted(counters.items()) if c.val] == [per_epoch - 1, 2 * per_epoch - 1]
+    final = modelio.load_model(services.store.get(keys.final_model("fit-epochs")))
+    expected = final.evaluate(cancer[0][held], cancer[1][held], return_dict=True, verbose=0)
+    assert run.val == pytest.approx(expected, abs=1e-4)
+    dumped = json.loads(runs.summarize(run, [], 1.0).model_dump_json())
+    assert dumped["val_auc"] == run.val["auc"] and dumped["val_loss"] == run.val["loss"]
+    # no sample of the held-out ones was trained on: every update's samples came from the others
+    assert sum(r.samples for c in counters.values() for r in c.reports.values()) == 2 * per_epoch * 64
+
+
+@pytest.mark.parametrize("split", [0.0, 1.0])
+def test_a_validation_split_of_none_or_all_is_refused(split: float) -> None:
+    with pytest.raises(ValueError, match="validation_split"):
+        TrainingSpec(validation_split=split)

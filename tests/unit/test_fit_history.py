@@ -1,0 +1,24 @@
+"""``slsml.fit``'s History from a run's iterations, and the top package staying light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from slsml.client.fit import epoch_history
+from slsml.state.records import Counter
+
+
+def test_each_epoch_has_its_mean_training_loss_and_the_validation_figures_at_its_end() -> None:
+    counters = [Counter(iteration=i, train_loss=float(i), train_accuracy=0.5) for i in range(6)]
+    counters[2] = counters[2].model_copy(update={"test": {"loss": 0.9, "auc": 0.7}})
+    counters[5] = counters[5].model_copy(update={"test": {"loss": 0.4, "auc": 0.8}, "val": {"loss": 9.0}})
+    assert epoch_history(counters, 3, 2, "test") == {
+        "loss": [1.0, 4.0], "accuracy": [0.5, 0.5], "val_loss": [0.9, 0.4], "val_auc": [0.7, 0.8]}
+    assert epoch_history(counters, 3, 2, "val") == {"loss": [1.0, 4.0], "accuracy": [0.5, 0.5], "val_loss": [9.0]}
+
+
+def test_the_top_package_imports_no_tensorflow_and_finds_fit_on_first_use() -> None:
+    probe = ("import sys, slsml; assert not {'keras', 'tensorflow', 'slsml.client'} & set(sys.modules);"
+             " fit = slsml.fit; assert fit.__module__ == 'slsml.client.fit'")
+    subprocess.run([sys.executable, "-c", probe], check=True)
