@@ -40,14 +40,14 @@ browser:  ## headless Chromium and its driver, for the report's browser test
 demo: install  ## train a CNN on digits through the whole pipeline on the embedded cloud
 	$(BIN)/slsml demo
 
-# two test processes, each test file whole in one (its module fixtures run once), each e2e process with an
-# embedded cloud of its own: much of an end-to-end test is waiting on the pipeline, so two share two cores well.
-# Files go out in collection order (end-to-end first, the many short unit files last), not by their number of
-# tests, which would leave the long one-test end-to-end files for the end.
 lint: install  ## ruff, and mypy over the package (pyproject.toml's [tool.mypy])
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# two test processes, each test file whole in one (its module fixtures run once), each e2e process with an
+# embedded cloud of its own: much of an end-to-end test is waiting on the pipeline, so two share two cores well.
+# Files go out in collection order (end-to-end first, the many short unit files last), not by their number of
+# tests, which would leave the long one-test end-to-end files for the end.
 test: install $(AWS_CLI) browser lint  ## lint, then unit, integration, infrastructure and end-to-end tests
 	SLSML_AWS_CLI=$(abspath $(AWS_CLI)) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
