@@ -60,16 +60,17 @@ def test_the_byte_figures_are_those_of_the_objects_in_s3(report, local, services
         else:  # significance: its header, part table and R counts, and whole pairs
             assert all(s >= 32 + 8 * 3 + 4 * 2 and (s - 32 - 8 * 3 - 4 * 2) % 8 == 0 for s in listed.values())
         assert v.residual_bytes == sum(residuals.values()) == (
-            0 if v.name == "dense" else ITERATIONS * WORKERS * 4 * weights), v.name
+            0 if v.name == "dense" else ITERATIONS * WORKERS * 2 * weights), v.name  # bfloat16 residuals
         # to the target: iteration 0's objects (ACCURACY_TARGET 0)
         assert v.iterations_to_target == 1, v.name
         assert v.update_bytes_to_target == _of_iterations(listed, 0) < v.update_bytes, v.name
         assert v.residual_bytes_to_target == _of_iterations(residuals, 0), v.name
-        # the usage lines: workers wrote their updates and residuals; reducers read the parts of every update (but
-        # its header, and significance's table but for each reducer's two entries), their shards, and the config
+        # the usage lines: workers wrote their updates, residuals and evaluation states; reducers read the parts of
+        # every update (but its header, and significance's table but for each reducer's two entries), their shards,
+        # and the config
         records = usage.read_local(local.log_dir, run_id)
         assert v.worker_usage_bytes_written == sum(r.bytes_written for r in records if r.function == "worker") \
-            == v.update_bytes + v.residual_bytes, v.name
+            == v.update_bytes + v.residual_bytes + sum(_listed(services, run_id, "evaluation").values()), v.name
         table = 8 * 3 - 16 * 2 if v.name == "significance" else 0
         assert v.reducer_update_bytes_read == v.update_bytes - len(listed) * (32 + table), v.name
         read = sum(r.bytes_read for r in records if r.function == "reducer")
