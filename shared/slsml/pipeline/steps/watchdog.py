@@ -144,6 +144,10 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
         logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})
         services.deadlines.schedule(_next(deadline, "work", attempt, _after(deadline, spec.deadline_s)))
         return Action.RELAUNCHED
+    if iteration >= spec.iterations:  # the final evaluation needs every slice: a straggler is waited for, not failed
+        services.deadlines.schedule(_next(deadline, "work", deadline.round, _after(deadline, spec.deadline_s)))
+        logger.warning("deadline: the final evaluation waits for its missing workers", extra=log)
+        return Action.NOTHING
     reason = (
         f"work stage of iteration {iteration}: {len(finite)} of {workers} workers delivered an update"
         f" within {spec.deadline_retries + 1} deadlines of {spec.deadline_s:g} s, fewer than the floor of"
