@@ -10,6 +10,7 @@ iterations (and accuracy, if the model computes it) and the figures of the valid
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from slsml.pipeline.services import Services
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
-from slsml.state.records import Counter, RunRecord
+from slsml.state.records import Counter, IterationRecord, RunRecord
 
 
 def fit(
@@ -85,7 +86,7 @@ def _spec(count: int, batch_size: int, epochs: int, validation_data: Any, valida
 
 
 def _train(services: Services, model_bytes: bytes, run_id: str, spec: TrainingSpec, x: np.ndarray, y: np.ndarray,
-           test: tuple[np.ndarray, np.ndarray], verbose: int) -> tuple[RunRecord, list[Counter], bytes]:
+           test: tuple[np.ndarray, np.ndarray], verbose: int) -> tuple[RunRecord, list[IterationRecord], bytes]:
     """Upload the data, train, and return the ended run, its iterations and its final model."""
     import keras
 
@@ -106,7 +107,7 @@ def _train(services: Services, model_bytes: bytes, run_id: str, spec: TrainingSp
     return run, services.table.list_iterations(run_id), services.store.get(keys.final_model(run_id))
 
 
-def epoch_history(counters: list[Counter], per_epoch: int, epochs: int, validation: str) -> dict[str, list[float]]:
+def epoch_history(counters: Sequence[Counter], per_epoch: int, epochs: int, validation: str) -> dict[str, list[float]]:
     """Keras's ``History.history`` of a run's iterations: per epoch the mean training loss (and accuracy) of its
     iterations, and the ``validation`` figures (its counters' ``test`` or ``val``) of the model at its end."""
     by_iteration = {c.iteration: c for c in counters}
