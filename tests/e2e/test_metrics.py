@@ -12,7 +12,9 @@ from typing import Any
 
 from infra.observability import CUSTOM_STATISTICS, custom_metric
 from slsml.local.faults import Faults
+from slsml.spec import wiring
 from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.messages import WorkMessage
 
 from .conftest import finish, train
 from .test_faults import injecting
@@ -66,6 +68,10 @@ def test_every_metric_the_dashboard_graphs_is_emitted_with_its_dimensions(local,
     offsets = {path: path.stat().st_size for path in local.log_dir.glob("*.log")}
     with injecting(local, Faults.parse("slow_worker=3:8")) as report:
         train(services, SPEC, RUN)
+        # a message for a worker the run does not have: rejected (RejectedMessages), the run unharmed
+        forged = WorkMessage(run_id=RUN, iteration=0, generation=0, worker=SPEC.workers + 5, workers=SPEC.workers,
+                             attempt=0)
+        services.bus.publish(wiring.WORK, [forged])
         run = finish(services, RUN)
         assert run.status == "COMPLETED", run.reason
         # the straggler's reports come after the run completed: wait for them (and each invocation's metrics)
