@@ -102,7 +102,7 @@ def test_version_help_and_a_commands_own_usage(capsys: Capture) -> None:
         main(["--help"])
     assert done.value.code == 0 and "exit codes: 0 done; 1 the run failed" in " ".join(capsys.readouterr().out.split())
     with pytest.raises(SystemExit) as done:
-        main(["run", "start", "--local", "--model", "m.keras", "--data", "d.npz", "--iterations", "3", "--batch-size",
+        main(["run", "start", "--local", "--model", "m.keras", "--data", "d.npz", "--iterations", "3", "--batch-count",
               "32"])
     out, err = capsys.readouterr()
     assert done.value.code == 2 and out == ""
