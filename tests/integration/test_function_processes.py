@@ -13,6 +13,14 @@ from pathlib import Path
 
 from tests.processes import left_running
 
+PROBE = textwrap.dedent(
+    """
+    import os, sys
+
+    def probe():
+        return os.environ.get("SLSML_PROBE"), os.environ.get("SLSML_GONE"), "tensorflow" in sys.modules
+    """
+)
 SCRIPT = textwrap.dedent(
     """
     import json, os, sys, time
@@ -20,8 +28,7 @@ SCRIPT = textwrap.dedent(
     from slsml.local.host import start_preloading
     from slsml.local.runtime import LocalRuntime
 
-    def probe():
-        return os.environ.get("SLSML_PROBE"), os.environ.get("SLSML_GONE"), "tensorflow" in sys.modules
+    from probe_module import probe  # a module of its own: warm processes do not run a script's top level again
 
     if __name__ == "__main__":
         os.environ.update(SLSML_PROBE="as the fork server started", SLSML_GONE="yes")
@@ -41,6 +48,7 @@ def test_warm_processes_start_preloaded_with_the_hosts_environment_and_end_with_
     processes end anyway."""
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT)
+    (tmp_path / "probe_module.py").write_text(PROBE)
     with open(tmp_path / "stderr.txt", "w") as stderr:
         host = subprocess.Popen([sys.executable, str(script), str(tmp_path / "logs")], stdout=subprocess.PIPE,
                                 stderr=stderr, text=True, start_new_session=True)  # its own process group
