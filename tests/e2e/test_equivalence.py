@@ -200,3 +200,55 @@ def test_pipeline_matches_single_process_keras(pipeline_runs, services, digits, 
     error = np.abs(got - expected).max() / scale
     print(f"\n{name} W={workers} R={reducers}: max|Δw|/max|w| = {error:.2e} (tolerance {tolerance:g})")
     assert error <= tolerance, f"{name} W={workers} R={reducers}: max|Δw|/max|w| = {error:.2e}"
+
+
+CONTINUED = ("adam", 3, 3)  # shards that cut across variables
+CONTINUE_STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def continued_run(services, digits):
+    """One more Adam run, whose final.keras fit continues."""
+    name, workers, reducers = CONTINUED
+    run_id = f"eq-continued-{name}-w{workers}-r{reducers}"
+    spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=ITERATIONS,
+                        optimizer=config_of(name), eval_every=0)
+    train(services, spec, run_id)
+    return finish(services, run_id)
+
+
+def _continue(model: keras.Model) -> np.ndarray:
+    """``fit`` continued on ``model`` for CONTINUE_STEPS batches; its weights after."""
+    x, y, _, _ = demo.digits()
+    model.fit(x[: CONTINUE_STEPS * BATCH], y[: CONTINUE_STEPS * BATCH], batch_size=BATCH, epochs=1, shuffle=False,
+              verbose=0)
+    return flat(model)
+
+
+def test_fit_continued_on_final_keras_equals_fit_continued_on_the_single_process_model(continued_run, services):
+    """fit continued on final.keras equals fit continued on the model of an uninterrupted single-process run (the
+    optimizer's moments and step count carried)."""
+    run = continued_run
+    assert run.status == "COMPLETED", run.reason
+    x, y, _, _ = demo.digits()
+    reference = demo.digits_cnn(seed=1)
+    reference.compile(optimizer=keras_optimizer(CONTINUED[0]), loss="sparse_categorical_crossentropy")
+    for iteration in range(ITERATIONS):  # fit's own steps, on the pipeline's global batches
+        batch = data.global_batch_indices(len(x), BATCH, seed=0, iteration=iteration)
+        reference.train_on_batch(x[batch], y[batch])
+    final = modelio.load_model(services.store.get(keys.final_model(run.run_id)))
+    assert int(final.optimizer.iterations) == int(reference.optimizer.iterations) == ITERATIONS
+    moments = [np.asarray(v) for v in final.optimizer._momentums]
+    assert all(np.abs(m).max() > 0 for m in moments), "the moments were not carried"
+    fresh = modelio.load_model(services.store.get(keys.final_model(run.run_id)))
+    fresh.compile(optimizer=keras_optimizer(CONTINUED[0]), loss="sparse_categorical_crossentropy")
+
+    expected, got, restarted = _continue(reference), _continue(final), _continue(fresh)
+
+    assert int(final.optimizer.iterations) == ITERATIONS + CONTINUE_STEPS
+    tolerance, scale = TOLERANCE[CONTINUED[0]], np.abs(expected).max()
+    assert np.abs(restarted - expected).max() > 10 * tolerance * scale, "a fresh optimizer continues alike: vacuous"
+    error = np.abs(got - expected).max() / scale
+    print(f"\nfit continued on final.keras vs the single-process model: max|Δw|/max|w| = {error:.2e}"
+          f" (tolerance {tolerance:g}; a fresh optimizer: {np.abs(restarted - expected).max() / scale:.2e})")
+    assert error <= tolerance

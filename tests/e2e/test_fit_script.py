@@ -32,7 +32,8 @@ history = slsml.fit(model, x, y, batch_size=64, epochs=4, validation_data=(x_val
                     verbose=0)
 after = model.evaluate(x_val, y_val, return_dict=True, verbose=0)
 print(json.dumps({"history": history.history, "epoch": history.epoch, "type": type(history).__name__,
-                  "before": before, "after": after}))
+                  "before": before, "after": after, "steps": history.params["steps"],
+                  "optimizer_iterations": int(model.optimizer.iterations)}))
 """
 
 
@@ -52,4 +53,5 @@ def test_fit_from_a_plain_script_returns_a_history_and_trains_the_model_in_place
     for name in ("auc", "loss", "accuracy"):  # the model holds the final weights, evaluated at the last epoch's end
         assert abs(result["after"][name] - history[f"val_{name}"][-1]) < 1e-3, name
     assert result["after"]["loss"] < result["before"]["loss"]
+    assert result["optimizer_iterations"] == 4 * result["steps"] > 0  # the optimizer's state, as fit leaves it
     assert left_running(script.pid) == []  # the cloud, the fork server and the warm processes ended with it

@@ -10,7 +10,8 @@ import pytest
 
 from slsml.spec.config import KERAS_OPTIMIZERS, OPTIMIZER_NAMES, OptimizerConfig
 from slsml.spec.errors import BadInputError
-from slsml.training import optimizers
+from slsml.spec.shardplan import ShardPlan
+from slsml.training import modelio, optimizers
 
 STEPS = 20
 # (shape, weight scale, gradient scale): ordinary, large-magnitude, tiny, scalar.
@@ -438,3 +439,64 @@ def test_ema_final_weights_match_keras_fit(case: str) -> None:
     assert not np.allclose(expected, raw, rtol=1e-3, atol=0), "the average equals the weights: vacuous"
     np.testing.assert_allclose(final, expected, rtol=1e-5, atol=1e-12)
     assert optimizers.finalize(CONFIGS["adam"], got, state) is got
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_keras_optimizer_is_the_config_turned_back(case: str) -> None:
+    """The Keras optimizer a run's final model is compiled with reads back as the run's optimizer."""
+    config = CONFIGS[case]
+    optimizer = modelio.keras_optimizer(config)
+    assert type(optimizer).__name__ == KERAS_OPTIMIZERS[config.name]
+    assert OptimizerConfig.from_keras(type(optimizer).__name__, optimizer.get_config()) == config
+
+
+def _small_model() -> keras.Model:
+    """Trainable variables with a non-trainable one between them (BatchNormalization's statistics)."""
+    keras.utils.set_random_seed(5)
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(7), keras.layers.BatchNormalization(),
+                             keras.layers.Dense(3)])
+
+
+@pytest.mark.parametrize("case", list(CONFIGS))
+def test_reducers_state_set_into_keras_equals_keras_own_state(case: str) -> None:
+    """Each shard's numpy state (three shards that cut across variables), set into a Keras optimizer, is the state
+    Keras's own optimizer holds after the same steps: every slot, the step count and Nadam's product."""
+    config = CONFIGS[case]
+    model, reference = _small_model(), _small_model()
+    plan = ShardPlan.build(modelio.variable_specs(model), 3)
+    assert any(not p.whole and p.variable.trainable for r in range(3) for p in plan.pieces(r))
+    rng = np.random.default_rng(len(case))
+    gradients = [[rng.standard_normal(v.shape).astype(np.float32) for v in model.trainable_variables]
+                 for _ in range(STEPS)]
+    optimizer = keras_optimizer(case)
+    for step in gradients:
+        optimizer.apply_gradients(zip([keras.ops.convert_to_tensor(g) for g in step], reference.trainable_variables,
+                                      strict=True))
+    trainable = plan.trainable_mask()
+    whole = modelio.get_flat(model, plan)[trainable]
+    full = [np.zeros(plan.size, np.float32) for _ in gradients]
+    per_step = []
+    for vector, step in zip(full, gradients, strict=True):
+        arrays = iter(step)
+        vector[:] = plan.flatten([next(arrays) if s.trainable else np.zeros(s.shape, np.float32)
+                                  for s in plan.variables])
+        per_step.append(vector[trainable])
+    states, offset = [], 0
+    for shard in range(3):
+        count = int(plan.shard(shard).trainable.sum())
+        _, state = run_numpy(config, whole[offset : offset + count], [g[offset : offset + count] for g in per_step])
+        states.append(state)
+        offset += count
+
+    carried = modelio.keras_optimizer(config)
+    modelio.set_optimizer_state(carried, model, config, plan, iter(states))
+
+    assert int(carried.iterations) == STEPS
+    assert len(carried.variables) == len(optimizer.variables)
+    moved = 0
+    for got, expected in zip(carried.variables, optimizer.variables, strict=True):
+        got, expected = np.asarray(got.numpy(), np.float64), np.asarray(expected.numpy(), np.float64)
+        scale = max(float(np.abs(expected).max()), 1e-12)
+        assert np.abs(got - expected).max() <= 1e-5 * scale, f"{case}: {expected.shape} differs"
+        moved += int(expected.ndim > 0 and not np.allclose(expected, expected.flat[0]))
+    assert moved or (config.name == "sgd" and not config.momentum and not config.use_ema), "no slot moved: vacuous"

@@ -1,10 +1,10 @@
 """``slsml.fit``: Keras's ``model.fit`` through the pipeline, from Python (a script, a notebook).
 
 The arrays become a dataset in a local runtime of the call's own (or in a deployed stack's bucket), the run
-trains ``epochs`` epochs of ``batch_size`` global batches, the model takes the final weights in place, and the
-result is a ``keras.callbacks.History`` as ``fit`` returns it: per epoch, the mean training loss of its
-iterations (and accuracy, if the model computes it) and the figures of the validation samples at its end
-(``val_`` forms). The local runtime ends with the call, however the call ends.
+trains ``epochs`` epochs of ``batch_size`` global batches, the model takes the final weights and its optimizer's
+state in place, and the result is a ``keras.callbacks.History`` as ``fit`` returns it: per epoch, the mean
+training loss of its iterations (and accuracy, if the model computes it) and the figures of the validation
+samples at its end (``val_`` forms). The local runtime ends with the call, however the call ends.
 """
 
 from __future__ import annotations
@@ -60,8 +60,10 @@ def fit(
                           log_dir=Path(".slsml/logs") / run_id) as local:
             record = _train(local.services, model_bytes, run_id, spec, x, y, test, verbose)
     run, counters, final = record
-    for variable, value in zip(model.weights, modelio.load_model(final).weights, strict=True):
+    trained = modelio.load_model(final)
+    for variable, value in zip(model.weights, trained.weights, strict=True):
         variable.assign(value)
+    modelio.take_training(model, trained)  # the optimizer's state as fit leaves it
     history = keras.callbacks.History()
     history.set_model(model)
     history.params = {"verbose": verbose, "epochs": epochs, "steps": run.iterations // epochs}

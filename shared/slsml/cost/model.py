@@ -807,7 +807,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         "reduce_launcher": p.python_runtime_mb + W * p.record_bytes / 1e6,
         "reducer": p.python_runtime_mb + (n * max(part, shard_weights) + 8 * shard_weights / 4
                                           + 2 * (shard_weights + shard_state)) / 1e6,
-        "merger": p.tf_runtime_mb + p.merger_model_copies * M / 1e6,
+        # the final merge also holds the optimizer's slots (in Keras and in the saved file) and a shard's state
+        "merger": p.tf_runtime_mb + (p.merger_model_copies * M + 2 * state_total + shard_state) / 1e6,
     }
     critical = {"work_launcher": launcher_s, "worker": worker_s, "reduce_launcher": fire_s,
                 "reducer": reducer_s, "merger": merge_s}

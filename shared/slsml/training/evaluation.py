@@ -21,15 +21,10 @@ from typing import Any
 import numpy as np
 
 from slsml.spec.errors import BadInputError
-from slsml.training.modelio import deserialize_loss, keras, tf
+from slsml.training.modelio import deserialize_loss, deserialize_metrics, keras, tf
 
 MERGE_TOLERANCE = 1e-5  # relative: the parts' sums in float64 against the whole's in float32
 EVALUATION_BATCH = 1024
-
-
-def deserialize_metrics(config: str) -> list[Any]:
-    """The metrics of a run (JSON: names, or Keras's serialized metrics) as ``compile`` takes them."""
-    return [m if isinstance(m, str) else keras.metrics.deserialize(m) for m in json.loads(config)]
 
 
 def _compiled(metrics: list[Any]) -> Any:

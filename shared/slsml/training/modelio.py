@@ -14,15 +14,16 @@ import tempfile
 import time
 import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from slsml.spec.config import OptimizerConfig
+from slsml.spec.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig
 from slsml.spec.errors import BadInputError
 from slsml.spec.shardplan import ShardPlan, VariableSpec
+from slsml.training.optimizers import State
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -217,6 +218,96 @@ def optimizer_config(model: keras.Model) -> OptimizerConfig:
     return OptimizerConfig.from_keras(type(optimizer).__name__, config)
 
 
+def keras_optimizer(config: OptimizerConfig) -> keras.optimizers.Optimizer:
+    """The Keras optimizer a run's optimizer config stands for (``optimizer_config`` turned back)."""
+    fields: dict[str, Any] = {field: getattr(config, field) for field in HYPER_PARAMETERS
+                              if field != "exclude_from_weight_decay" and OptimizerConfig.applies(field, config.name)}
+    rate = config.learning_rate
+    fields["learning_rate"] = rate if isinstance(rate, float) else keras.optimizers.schedules.deserialize(
+        {"class_name": rate.class_name, "config": rate.model_dump(exclude={"class_name"})})
+    optimizer = keras.optimizers.get({"class_name": KERAS_OPTIMIZERS[config.name], "config": fields})
+    if config.exclude_from_weight_decay:
+        optimizer.exclude_from_weight_decay(var_names=list(config.exclude_from_weight_decay))
+    return optimizer
+
+
+# The attribute of a built Keras optimizer that holds, per trainable variable, each per-weight slot of the
+# reducers' state (slsml.training.optimizers); the moving average of the weights is the base optimizer's.
+KERAS_SLOTS: dict[str, dict[str, str]] = {
+    "sgd": {"momentum": "momentums"},
+    "adam": {"m": "_momentums", "v": "_velocities", "v_hat": "_velocity_hats"},
+    "adamw": {"m": "_momentums", "v": "_velocities", "v_hat": "_velocity_hats"},
+    "rmsprop": {"velocity": "_velocities", "momentum": "_momentums", "average_gradient": "_average_gradients"},
+    "adagrad": {"accumulator": "_accumulators"},
+    "adamax": {"m": "_m", "u": "_u"},
+    "nadam": {"m": "_momentums", "v": "_velocities"},
+    "lion": {"momentum": "_momentums"},
+    "adadelta": {"accumulated_grad": "_accumulated_grads", "accumulated_delta_var": "_accumulated_delta_vars"},
+    "ftrl": {"accumulator": "_accumulators", "linear": "_linears"},
+}
+_AVERAGE_SLOT = "_model_variables_moving_average"
+_SCALARS = {"step": "_iterations", "u_product": "_u_product"}  # one per optimizer: the step, Nadam's product
+
+
+def set_optimizer_state(optimizer: keras.optimizers.Optimizer, model: keras.Model, config: OptimizerConfig,
+                        plan: ShardPlan, states: Iterable[State]) -> None:
+    """Give ``optimizer`` (``config``'s, for ``model``) the reducers' state, one shard's at a time in shard order:
+    the optimizer ``fit`` leaves after as many steps. A variable cut across shards is assigned once all its pieces
+    are in; the step count is the furthest shard's (a shard the watchdog kept stepped once less)."""
+    optimizer.build(model.trainable_variables)
+    index = {id(v): i for i, v in enumerate(model.trainable_variables)}
+    variables = [index.get(id(v)) for v in model.weights]  # each plan variable's trainable index (None: none)
+    slots = {**KERAS_SLOTS[config.name], **({"average": _AVERAGE_SLOT} if config.use_ema else {})}
+    filling: dict[tuple[str, int], tuple[np.ndarray, list[int]]] = {}  # (slot, variable) → its values, filled
+    furthest: State = {}
+    for shard, state in enumerate(states):
+        if not furthest or int(state["step"]) > int(furthest["step"]):
+            furthest = {name: state[name] for name in _SCALARS if name in state}
+        cursor = 0  # the shard's slots hold its trainable elements, in plan order
+        for piece in plan.pieces(shard):
+            if not piece.variable.trainable:
+                continue
+            count = piece.span.stop - piece.span.start
+            first = plan.bounds[shard] + piece.span.start - sum(v.size for v in plan.variables[: piece.number])
+            for slot, attribute in slots.items():
+                if slot not in state:  # an option's slot (SGD's momentum, RMSprop's centered average…) not taken
+                    continue
+                values, filled = filling.setdefault((slot, piece.number),
+                                                    (np.empty(piece.variable.size, np.float32), [0]))
+                values[first : first + count] = state[slot][cursor : cursor + count]
+                filled[0] += count
+                if filled[0] == piece.variable.size:
+                    target = getattr(optimizer, attribute)[variables[piece.number]]
+                    if target is not None:  # Keras keeps no slot of a variable it overwrites with its gradient
+                        target.assign(values.reshape(piece.variable.shape))
+                    del filling[(slot, piece.number)]
+            cursor += count
+    for name, value in furthest.items():
+        getattr(optimizer, _SCALARS[name]).assign(value)
+
+
+def fitted_model(model: keras.Model, config: OptimizerConfig, loss: str, metrics: str, plan: ShardPlan,
+                 states: Iterable[State]) -> bytes:
+    """``model`` as ``fit`` leaves it: compiled with the run's optimizer, loss and metrics, its optimizer holding the
+    reducers' state (``states``: each shard's, in order), as a ``.keras`` archive."""
+    model.compile(optimizer=keras_optimizer(config), loss=keras.losses.deserialize(json.loads(loss)),
+                  metrics=deserialize_metrics(metrics))
+    set_optimizer_state(model.optimizer, model, config, plan, states)
+    return save_model(model)
+
+
+def take_training(model: keras.Model, trained: keras.Model) -> None:
+    """Compile ``model`` as ``trained`` (a model of the same weights) is compiled and give its optimizer the state
+    of ``trained``'s, if that one was built (a run's final model, ``fitted_model``): ``fit`` continues from there."""
+    optimizer = getattr(trained, "optimizer", None)
+    if optimizer is None or not optimizer.built:
+        return
+    model.compile_from_config(trained.get_compile_config())
+    model.optimizer.build(model.trainable_variables)
+    for variable, value in zip(model.optimizer.variables, optimizer.variables, strict=True):
+        variable.assign(value)
+
+
 def loss_config(model: keras.Model, override: str | None) -> str:
     """The loss as a JSON-serialized Keras loss, from ``override`` or the compiled model."""
     loss = override if override is not None else getattr(model, "loss", None)
@@ -251,6 +342,11 @@ def deserialize_loss(config: str) -> Callable[[Any, Any], Any]:
 
     loss = keras.losses.deserialize(json.loads(config))
     return loss if isinstance(loss, keras.losses.Loss) else LossFunctionWrapper(loss)
+
+
+def deserialize_metrics(config: str) -> list[Any]:
+    """The metrics of a run (JSON: names, or Keras's serialized metrics) as ``compile`` takes them."""
+    return [m if isinstance(m, str) else keras.metrics.deserialize(m) for m in json.loads(config)]
 
 
 def classifies(loss: str) -> bool:

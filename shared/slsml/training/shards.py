@@ -4,7 +4,9 @@ optimizer state together, so that the two always come from the same average, wri
 Version 1: a 32-byte header — magic ``SLSS``, u16 version, u16 flags (1: the shard kept the weights of
 the iteration before, no reducer finished it), u64 element count, u64 byte length of the state
 archive, 8 reserved bytes — then the weights as float32 (little-endian), then the optimizer state
-and the workers averaged as an ``.npz`` archive. The Merger reads only the weights (one ranged GET).
+and the workers averaged as an ``.npz`` archive. The Merger reads only the weights (one ranged GET); for a
+model that carries the optimizer's state (the final one), then each shard's state archive (one ranged GET each,
+its range from the header the first read returned).
 """
 
 from __future__ import annotations
@@ -72,6 +74,23 @@ def _header(data: bytes) -> tuple[int, int, int]:
 def weights_range(plan: ShardPlan, shard: int) -> tuple[int, int]:
     """First and last byte (inclusive, as in an HTTP Range) of the weights in ``shard``'s object."""
     return 0, HEADER_SIZE + 4 * plan.shard(shard).size - 1
+
+
+def state_range(data: bytes, plan: ShardPlan, shard: int) -> tuple[int, int]:
+    """The bytes (inclusive) of the state archive in ``shard``'s object, from a read of its ``weights_range``."""
+    _, count, state_bytes = _header(data)
+    first = HEADER_SIZE + 4 * plan.shard(shard).size
+    if count != plan.shard(shard).size or not state_bytes:
+        raise ShardFormatError(f"shard {shard} holds {count} weights and {state_bytes} bytes of state, the plan"
+                               f" expects {plan.shard(shard).size} weights and their state")
+    return first, first + state_bytes - 1
+
+
+def decode_state(data: bytes) -> State:
+    """The optimizer state from a ranged read (``state_range``) of a shard object."""
+    arrays = npz.decode(data)
+    arrays.pop(_AVERAGED, None)
+    return arrays
 
 
 def decode_weights(data: bytes, plan: ShardPlan, shard: int) -> np.ndarray:

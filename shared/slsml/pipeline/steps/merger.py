@@ -1,9 +1,11 @@
 """Merger: when every shard of an iteration is in, assemble and upload the next model (the trigger
-of the next iteration). The workers evaluate it (``steps.worker``)."""
+of the next iteration). The workers evaluate it (``steps.worker``). The final model also carries the optimizer's
+state, as ``fit`` leaves it (gradient averaging, whose reducers step the run's optimizer as Keras would)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -16,11 +18,14 @@ from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import run_config
 from slsml.pipeline.steps.warm import trainer_for
 from slsml.spec import keys
+from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import NotFoundError, RunFailed
 from slsml.spec.messages import ReduceDone
 from slsml.state.records import RunRecord
 from slsml.training import modelio, shards
+from slsml.training.modelio import Trainer
+from slsml.training.optimizers import State
 
 logger = Logger(child=True)
 MERGED_METADATA = "merged-from"  # on a model the Merger stored: the iteration whose shards it assembled
@@ -54,7 +59,8 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     with ThreadPoolExecutor(max_workers=2) as pool:  # advance and store the weights while the model is saved
         advancing = pool.submit(table.advance, run, iteration + 1, message.generation)
         storing = pool.submit(store.put_array_new, keys.weights(run, iteration + 1), weights)
-        body = trainer.save()
+        body = _fitted(store, config, iteration, trainer, parts) if _carries_state(config, iteration + 1) \
+            else trainer.save()
         advanced, _ = advancing.result(), storing.result()
     if advanced is None:  # stopped, failed or resumed meanwhile
         return None
@@ -66,6 +72,23 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
         metrics.emit(Metric.ITERATION_SECONDS, time.time() - counter.launched_at, MetricUnit.Seconds)
     logger.info("model merged", extra={"run_id": run, "iteration": iteration + 1})
     return next_key
+
+
+def _carries_state(config: RunConfig, iteration: int) -> bool:
+    """Whether the model entering ``iteration`` is saved with its optimizer's state: the final one, where the
+    reducers step the run's own optimizer (gradient averaging)."""
+    return iteration == config.training.iterations and config.training.algorithm == "gradient"
+
+
+def _fitted(store: ObjectStore, config: RunConfig, iteration: int, trainer: Trainer, parts: list[bytes]) -> bytes:
+    """The trainer's model (holding the merged weights) as ``fit`` leaves it, its optimizer holding the reducers'
+    state: each shard's state archive read by range, one at a time (``parts``: the reads of their weights)."""
+    def states() -> Iterator[State]:
+        for shard, part in enumerate(parts):
+            where = keys.shard(config.run_id, iteration + 1, shard)
+            yield shards.decode_state(store.get(where, shards.state_range(part, config.plan, shard)))
+
+    return modelio.fitted_model(trainer.model, config.optimizer, config.loss, config.metrics, config.plan, states())
 
 
 def _adopt(store: ObjectStore, key: str, metadata: dict[str, str]) -> bool:
