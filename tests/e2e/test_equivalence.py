@@ -252,3 +252,51 @@ def test_fit_continued_on_final_keras_equals_fit_continued_on_the_single_process
     print(f"\nfit continued on final.keras vs the single-process model: max|Δw|/max|w| = {error:.2e}"
           f" (tolerance {tolerance:g}; a fresh optimizer: {np.abs(restarted - expected).max() / scale:.2e})")
     assert error <= tolerance
+
+
+# class weights: a mapping that leaves classes out (weight 1) and balanced (over the training labels' counts)
+CLASS_WEIGHTS = {"mapping": {0: 4.0, 3: 0.25, 7: 2.5}, "balanced": "balanced"}
+WEIGHTED = ("sgd-momentum", 3, 2)
+
+
+@pytest.fixture(scope="module")
+def weighted_runs(services, digits):
+    name, workers, reducers = WEIGHTED
+    for case, class_weight in CLASS_WEIGHTS.items():
+        spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=ITERATIONS,
+                            optimizer=config_of(name), eval_every=0, class_weight=class_weight)
+        train(services, spec, f"eq-class-weight-{case}")
+    return {case: finish(services, f"eq-class-weight-{case}") for case in CLASS_WEIGHTS}
+
+
+def weighted_reference(class_weight: dict[int, float] | None) -> np.ndarray:
+    """Keras's own training step (fit's) on the same global batches, with ``class_weight``."""
+    x, y, _, _ = demo.digits()
+    model = demo.digits_cnn(seed=1)
+    model.compile(optimizer=keras_optimizer(WEIGHTED[0]), loss="sparse_categorical_crossentropy")
+    for iteration in range(ITERATIONS):
+        batch = data.global_batch_indices(len(x), BATCH, seed=0, iteration=iteration)
+        model.train_on_batch(x[batch], y[batch], class_weight=class_weight)
+    return flat(model)
+
+
+@pytest.mark.parametrize("case", list(CLASS_WEIGHTS))
+def test_class_weighted_runs_equal_keras_fit_with_the_same_class_weight(weighted_runs, services, case):
+    from sklearn.utils.class_weight import compute_class_weight
+
+    run = weighted_runs[case]
+    assert run.status == "COMPLETED", run.reason
+    assert run.training.class_weights == CLASS_WEIGHTS[case]
+    _, y, _, _ = demo.digits()
+    class_weight = CLASS_WEIGHTS[case]
+    if class_weight == "balanced":  # scikit-learn's balanced weights, as a Keras user computes them
+        classes = np.unique(y)
+        class_weight = dict(zip(classes.tolist(), compute_class_weight("balanced", classes=classes, y=y), strict=True))
+        assert max(class_weight.values()) / min(class_weight.values()) > 1.05, "the classes are balanced: vacuous"
+    expected, unweighted = weighted_reference(class_weight), weighted_reference(None)
+    got, _ = final_weights(services, run.run_id)
+    tolerance, scale = TOLERANCE[WEIGHTED[0]], np.abs(expected).max()
+    assert np.abs(unweighted - expected).max() > 10 * tolerance * scale, "the class weights changed nothing"
+    error = np.abs(got - expected).max() / scale
+    print(f"\nclass_weight {case}: max|Δw|/max|w| = {error:.2e} (tolerance {tolerance:g})")
+    assert error <= tolerance

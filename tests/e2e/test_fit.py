@@ -148,3 +148,17 @@ def test_epochs_set_the_length_and_held_out_samples_are_evaluated_at_each_epochs
 def test_a_validation_split_of_none_or_all_is_refused(split: float) -> None:
     with pytest.raises(ValueError, match="validation_split"):
         TrainingSpec(validation_split=split)
+
+
+def test_class_weights_for_classes_the_labels_do_not_have_are_refused_before_anything_is_stored(services, cancer):
+    model = _logistic(["accuracy"])
+    spec = TrainingSpec(iterations=1, class_weight={0: 1.0, 1: 2.0, 5: 3.0})
+    with pytest.raises(BadInputError) as error:
+        runs.prepare_run(services, modelio.save_model(model), "cancer", spec, "fit-class-five")
+    assert str(error.value) == ("class_weight names class 5 that the labels do not have (the training labels are"
+                                " classes 0, 1)")
+    assert services.store.list_keys(keys.run_prefix("fit-class-five")) == []
+    config = runs.prepare_run(services, modelio.save_model(model), "cancer", spec.model_copy(
+        update={"class_weight": "balanced"}), "fit-balanced")
+    counts = np.bincount(cancer[1])
+    assert config.class_weights == pytest.approx(tuple(len(cancer[1]) / (2 * counts)))

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, computed_field, model_validator
 from slsml import rules
 from slsml.accounting import prices, usage
 from slsml.data import datasets as data
+from slsml.data.manifest import DatasetManifest
 from slsml.pipeline.services import Services
 from slsml.spec import keys
 from slsml.spec.config import RunConfig, TrainingSpec
@@ -23,7 +24,7 @@ from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
 from slsml.spec.shardplan import ShardPlan
 from slsml.state.orchestration import ExecutionInput
 from slsml.state.records import Counter, IterationRecord, RunRecord, RunStatus
-from slsml.training import optimizers, shards
+from slsml.training import optimizers, shards, weighting
 
 TERMINAL = {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED}
 MERGE_PROBE = 64  # training samples a run's metrics are evaluated on, whole and in parts, before it starts
@@ -141,6 +142,7 @@ def prepare_run(
     metrics = modelio.metrics_config(model, classification)
     evaluation.check_mergeable(model, loss, metrics, x, y)
     plan = ShardPlan.build(modelio.variable_specs(model), spec.reducers)
+    class_weights = _class_weights(spec, manifest)
     config = RunConfig(
         run_id=run_id,
         dataset=dataset,
@@ -149,6 +151,7 @@ def prepare_run(
         loss=loss,
         classification=classification,
         metrics=metrics,
+        class_weights=class_weights,
         plan=plan,
         architecture=modelio.architecture(model),
     )
@@ -163,6 +166,18 @@ def prepare_run(
     store.put_array_new(keys.weights(run_id, 0), flat)
     store.put_new(keys.source_model(run_id), model_bytes)
     return config
+
+
+def _class_weights(spec: TrainingSpec, manifest: DatasetManifest) -> tuple[float, ...] | None:
+    """The run's weight of each class id (``class_weight`` resolved against the training labels); BadInputError
+    naming a class the labels do not have."""
+    if spec.class_weights is None:
+        return None
+    one_hot = manifest.y_shape[-1] if len(manifest.y_shape) == 1 and manifest.y_shape[0] > 1 else None
+    try:
+        return weighting.resolve(spec.class_weights, manifest.class_counts, manifest.classes or one_hot)
+    except ValueError as error:
+        raise BadInputError(str(error)) from None
 
 
 def with_epochs(spec: TrainingSpec, train_count: int) -> TrainingSpec:

@@ -65,6 +65,10 @@ class DatasetManifest(BaseModel):
     y_shape: tuple[int, ...]
     y_dtype: str
     classes: int | None = Field(description="number of classes when labels are integer class ids")
+    class_counts: tuple[int, ...] | None = Field(
+        default=None, description="training samples of each class id 0 … classes−1 (None: not class ids, or not"
+        " recorded)"
+    )
     x_range: tuple[float, float] | None = Field(
         default=None, description="the smallest and the largest value of x, train and test (None: not recorded)"
     )

@@ -81,6 +81,7 @@ class DatasetWriter:
         self._pool = ThreadPoolExecutor(max_workers=uploads, thread_name_prefix="shard-upload")
         self._slots = threading.BoundedSemaphore(uploads)
         self._low, self._high, self._label_max = np.inf, -np.inf, -1
+        self._counts = np.zeros(0, dtype=np.int64)
         self._integer_labels = np.issubdtype(np.dtype(self.y_dtype), np.integer) and self.y_shape == ()
 
     def write(self, split: Split, x: np.ndarray, y: np.ndarray) -> None:
@@ -96,6 +97,10 @@ class DatasetWriter:
         self._low, self._high = min(self._low, float(x.min())), max(self._high, float(x.max()))
         if self._integer_labels:
             self._label_max = max(self._label_max, int(y.max()))
+            if split == "train":  # the samples of each class (class weights)
+                counts = np.bincount(y[y >= 0].astype(np.int64), minlength=len(self._counts))
+                counts[: len(self._counts)] += self._counts
+                self._counts = counts
         if split not in self._splits:
             self._splits[split] = self._new_state()
         state = self._splits[split]
@@ -123,12 +128,19 @@ class DatasetWriter:
             manifest = DatasetManifest(
                 name=self.name, x_shape=self.x_shape, x_dtype=self.x_dtype, y_shape=self.y_shape,
                 y_dtype=self.y_dtype, classes=self._label_max + 1 if self._integer_labels else None,
+                class_counts=self._class_counts(),
                 x_range=(self._low, self._high), record_bytes=self.dtype.itemsize, shard_records=self.shard_records,
                 origin=origin, **infos,
             )
             if not self.store.put_json_new(keys.dataset_manifest(self.name), manifest.model_dump(mode="json")):
                 raise BadInputError(f"dataset {self.name!r} was created concurrently by someone else")
             return manifest
+
+    def _class_counts(self) -> tuple[int, ...] | None:
+        """The training samples of each class id 0 … classes−1 (None: labels that are not class ids)."""
+        if not self._integer_labels or self._label_max < 0:
+            return None
+        return tuple(int(n) for n in np.pad(self._counts, (0, self._label_max + 1 - len(self._counts))))
 
     def __enter__(self) -> DatasetWriter:
         return self

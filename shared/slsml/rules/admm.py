@@ -27,6 +27,7 @@ from slsml.rules.base import Round, SlotTraffic, UpdateRule, archive_bytes
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.errors import BadInputError, RunFailed
 from slsml.training import npz
+from slsml.training.weighting import Batch
 
 if TYPE_CHECKING:
     from slsml.training.modelio import Trainer, Update
@@ -124,7 +125,7 @@ def local_round(
     trainer: Trainer,
     consensus: np.ndarray,
     state: SlotState | None,
-    batches: Iterable[tuple[np.ndarray, np.ndarray]],
+    batches: Iterable[Batch],
     optimizer: OptimizerConfig,
     rho: float,
 ) -> tuple[Update, SlotState]:

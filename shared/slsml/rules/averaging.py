@@ -14,6 +14,7 @@ from slsml.rules.base import Round, SlotTraffic, UpdateRule, archive_bytes
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.training import npz, optimizers
 from slsml.training.optimizers import State
+from slsml.training.weighting import Batch
 
 if TYPE_CHECKING:
     from slsml.training.modelio import Trainer, Update
@@ -53,7 +54,7 @@ SERVER_AVERAGE = OptimizerConfig(name="sgd", learning_rate=1.0)
 def take_local_steps(
     trainer: Trainer,
     start: np.ndarray,
-    batches: Iterable[tuple[np.ndarray, np.ndarray]],
+    batches: Iterable[Batch],
     optimizer: OptimizerConfig,
     state: State | None,
 ) -> tuple[Update, State]:
@@ -73,7 +74,7 @@ def take_local_steps(
 def local_steps(
     trainer: Trainer,
     start: np.ndarray,
-    batches: Iterable[tuple[np.ndarray, np.ndarray]],
+    batches: Iterable[Batch],
     optimizer: OptimizerConfig,
     state: State | None,
     pull: Callable[[np.ndarray], np.ndarray] | None = None,
@@ -89,9 +90,9 @@ def local_steps(
     state = optimizers.initial_state(optimizer, int(trainable.sum())) if state is None else state
     losses: list[float] = []
     accuracies: list[float] = []
-    for x, y in batches:
+    for batch in batches:
         modelio.set_flat(trainer.model, trainer.plan, current)
-        step = trainer.compute_update(x, y)
+        step = trainer.compute_update(*batch)
         losses.append(step.loss)
         if step.accuracy is not None:
             accuracies.append(step.accuracy)

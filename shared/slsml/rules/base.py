@@ -17,6 +17,7 @@ import numpy as np
 
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.training import npz
+from slsml.training.weighting import Batch
 
 if TYPE_CHECKING:
     from slsml.training.modelio import Trainer, Update
@@ -44,7 +45,7 @@ class Round:
 
     trainer: Trainer
     start: np.ndarray  # the flat weights entering the round (the consensus, under ADMM)
-    batches: Sequence[tuple[np.ndarray, np.ndarray]]  # the worker's batches of the round, in order
+    batches: Sequence[Batch]  # the worker's batches of the round, in order
     spec: TrainingSpec
     slot: Slot
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     TypeAdapter,
@@ -247,6 +250,33 @@ def _problems(error: ValidationError) -> str:
     )
 
 
+def _class_weight_text(value: object) -> object:
+    """A class_weight as the spec keeps it: "balanced", or a mapping of class id → weight (given as a dict or its
+    JSON) as canonical JSON; ValueError naming what is wrong."""
+    if value is None or value == "balanced":
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"class_weight {value!r} is neither balanced nor a JSON mapping of class to weight"
+                             ) from None
+    if not isinstance(value, dict) or not value:
+        raise ValueError("class_weight must be balanced or a mapping of class to weight, e.g. {\"0\": 1, \"1\": 3}")
+    weights: dict[int, float] = {}
+    for key, weight in value.items():
+        try:
+            number = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"class_weight: class {key!r} is not a class id (a whole number)") from None
+        if number < 0:
+            raise ValueError(f"class_weight: class {key!r} is not a class id (a whole number from 0)")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"class_weight: the weight of class {number} must be a number from 0, not {weight!r}")
+        weights[number] = float(weight)
+    return json.dumps({str(c): weights[c] for c in sorted(weights)})
+
+
 MAX_WORKERS = 1000
 Algorithm = Literal["gradient", "average", "admm"]
 Objective = Literal["time", "cost"]
@@ -293,6 +323,11 @@ class TrainingSpec(BaseModel):
     validation_split: float | None = Field(
         default=None, gt=0, lt=1, description="a fraction of the training samples, drawn by the seed, held out of"
         " training and evaluated at each epoch's end (val_ figures)",
+    )
+    class_weight: Annotated[str | None, BeforeValidator(_class_weight_text)] = Field(
+        default=None, description="Keras's class_weight: balanced (each class weighted by samples / (classes ×"
+        " its samples)) or a JSON mapping of class to weight, e.g. '{\"0\": 1, \"1\": 3}' (a class left out: 1);"
+        " each sample's loss is weighted by its class's weight, as fit weights it",
     )
     optimizer: OptimizerConfig | None = Field(
         default=None, description="None: take the optimizer the model was compiled with"
@@ -384,6 +419,13 @@ class TrainingSpec(BaseModel):
     def _compressor(cls, text: str) -> str:
         Compression.parse(text)
         return text
+
+    @property
+    def class_weights(self) -> dict[int, float] | Literal["balanced"] | None:
+        """``class_weight`` read: "balanced", or the weight of each class named."""
+        if self.class_weight is None or self.class_weight == "balanced":
+            return self.class_weight  # type: ignore[return-value]
+        return {int(c): float(w) for c, w in json.loads(self.class_weight).items()}
 
     @property
     def compression(self) -> Compression:
@@ -493,6 +535,10 @@ class RunConfig(BaseModel):
     classification: bool = Field(description="labels are classes: workers report accuracy")
     metrics: str = Field(default="[]", description="the metrics the workers evaluate (JSON: Keras names and serialized"
                          " metrics, as compile takes them; slsml.training.evaluation)")
+    class_weights: tuple[float, ...] | None = Field(
+        default=None, description="the weight of each class id 0 … n−1 (training.class_weight resolved; a class"
+        " beyond: 1, as Keras); None: none"
+    )
     plan: ShardPlan
     architecture: str | None = Field(
         default=None, description="digest of what the model computes (modelio.architecture): a warm worker serves "

@@ -14,7 +14,7 @@ import tempfile
 import time
 import warnings
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -334,7 +334,7 @@ def check_compiled(model: keras.Model, loss: bool, optimizer: bool) -> None:
         raise BadInputError(f"the model is not compiled: give {' and '.join(missing)}")
 
 
-def deserialize_loss(config: str) -> Callable[[Any, Any], Any]:
+def deserialize_loss(config: str) -> keras.losses.Loss:
     """A mean-reduced Keras loss as ``compile`` makes it: a plain loss function is wrapped as a Loss, which
     squeezes or expands the labels to the rank of the predictions ((n,) against (n, 1)) and averages over the
     batch."""
@@ -405,18 +405,20 @@ class Trainer:
             self._writer = ArchiveWriter(self.model)
         return self._writer.save()
 
-    def _step_fn(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor], tf.Tensor]:
+    def _step_fn(self, x: tf.Tensor, y: tf.Tensor, w: tf.Tensor | None) -> tuple[tf.Tensor, list[tf.Tensor], tf.Tensor]:
         with tf.GradientTape() as tape:
             prediction = self.model(x, training=True)
-            loss = self.loss_fn(y, prediction)
+            loss = self.loss_fn(y, prediction, sample_weight=w)  # Σ wᵢ·lossᵢ / n, as fit weights a batch
             if self.model.losses:
                 loss = loss + tf.add_n(self.model.losses)
         gradients = tape.gradient(loss, self.model.trainable_weights)
         accuracy = _accuracy(y, prediction) if self.classification else tf.constant(float("nan"))
         return loss, gradients, accuracy
 
-    def compute_update(self, x: np.ndarray, y: np.ndarray) -> Update:
-        loss, gradients, accuracy = self._step(tf.convert_to_tensor(x), tf.convert_to_tensor(y))
+    def compute_update(self, x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> Update:
+        """The gradient of the batch's loss, each sample's weighted by ``w`` (None: unweighted)."""
+        weights = None if w is None else tf.convert_to_tensor(w)
+        loss, gradients, accuracy = self._step(tf.convert_to_tensor(x), tf.convert_to_tensor(y), weights)
         arrays = []
         for variable in self.model.weights:
             index = self._trainable_index.get(id(variable))

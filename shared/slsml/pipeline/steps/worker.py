@@ -30,7 +30,8 @@ from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import NotFoundError, RunFailed
 from slsml.spec.messages import WorkDone, WorkMessage
-from slsml.training import evaluation, feedback, modelio, updates
+from slsml.training import evaluation, feedback, modelio, updates, weighting
+from slsml.training.weighting import Batch
 
 logger = Logger(child=True)
 
@@ -56,21 +57,21 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     return done
 
 
-class _Prefetched(Sequence[tuple[np.ndarray, np.ndarray]]):
+class _Prefetched(Sequence[Batch]):
     """The round's batches, read concurrently from the start: batch k waits for its own read alone, so that the
     batches after it are read while it computes."""
 
-    def __init__(self, reads: list[Future[tuple[np.ndarray, np.ndarray]]]) -> None:
+    def __init__(self, reads: list[Future[Batch]]) -> None:
         self._reads = reads
 
     def __len__(self) -> int:
         return len(self._reads)
 
     @overload
-    def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]: ...
+    def __getitem__(self, index: int) -> Batch: ...
 
     @overload
-    def __getitem__(self, index: slice) -> Sequence[tuple[np.ndarray, np.ndarray]]: ...
+    def __getitem__(self, index: slice) -> Sequence[Batch]: ...
 
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
@@ -87,7 +88,7 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         spec, len(trained), message.workers, message.worker, message.iteration, data.block_order(spec, len(trained)))]
     with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="batch") as reads:
         # the round's samples are read while the model and the weights are
-        slices = _Prefetched([reads.submit(reader.take, "train", indices) for indices in batches])
+        slices = _Prefetched([reads.submit(_batch, reader, indices, config) for indices in batches])
         trainer, fresh = trainer_for(store, config, message.iteration, shared=True)
         if fresh:  # the weights entering the iteration, in the model and as one flat vector
             start = modelio.get_flat(trainer.model, config.plan)
@@ -99,8 +100,14 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         return _train(message, config, services, trainer, start, slices, sum(len(b) for b in batches))
 
 
+def _batch(reader: data.DatasetReader, indices: np.ndarray, config: RunConfig) -> Batch:
+    """A batch of training samples with their weights (the run's class weights; None: unweighted)."""
+    x, y = reader.take("train", indices)
+    return x, y, None if config.class_weights is None else weighting.of_classes(y, config.class_weights)
+
+
 def _train(message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer, start: np.ndarray,
-           slices: Sequence[tuple[np.ndarray, np.ndarray]], samples: int) -> WorkDone:
+           slices: Sequence[Batch], samples: int) -> WorkDone:
     store, spec = services.store, config.training
     compression, rule = spec.compression, rules.of(spec)
     weights = start if compression.kind == "significance" else None
