@@ -79,7 +79,8 @@ def test_admm_through_the_pipeline_equals_admm_in_tensorflow(services, finished)
 
 
 def test_an_admm_run_keeps_its_workers(services, finished) -> None:
-    with pytest.raises(BadInputError, match=f"run '{RUN}' trains with ADMM: each worker keeps its data partition"):
+    with pytest.raises(BadInputError, match=f"run '{RUN}' trains with algorithm admm: each worker keeps its data"
+                       " partition"):
         runs.scale_run(services, RUN, 3)
     assert services.table.get_run(RUN).workers == WORKERS
 

@@ -22,10 +22,7 @@ from slsml.spec.errors import BadInputError, RunFailed
 from slsml.spec.shardplan import ShardPlan
 from slsml.training import modelio, optimizers, updates
 
-from . import test_feedback
-from .test_feedback import _run, _work
-
-services = test_feedback.services  # the fixture: a bucket, run table and topics in moto, dataset d (6 features)
+from . import cloud
 
 WORKERS = 4
 
@@ -131,10 +128,10 @@ def test_the_worker_goes_on_from_its_slot_state_and_fails_the_run_on_one_that_do
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")])
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    config = _run(services, modelio.save_model(model), "admm", algorithm="admm", local_steps=2)
+    config = cloud.register_run(services, modelio.save_model(model), "admm", algorithm="admm", local_steps=2)
     store, size = services.store, config.plan.size
     for iteration in range(2):
-        _work(services, "admm", iteration, 0)
+        cloud.work(services, "admm", iteration, 0)
     state = admm.SlotState.decode(store.get(keys.local_state("admm", 1, 0)), size, "s")
     sent = updates.decode(store.get(keys.update("admm", 1, 0)), "weight change", config.plan)[0]
     consensus = store.get_array(keys.weights("admm", 0))  # round 1's model is round 0's here (see _work)
@@ -144,7 +141,7 @@ def test_the_worker_goes_on_from_its_slot_state_and_fails_the_run_on_one_that_do
     wrong = keys.local_state("admm", 0, 1)
     store.put_new(wrong, admm.SlotState(np.zeros(size - 1, np.float32), np.zeros(size - 1, np.float32)).encode())
     with pytest.raises(RunFailed, match=f"{wrong}: an ADMM slot state holds a model and a dual of {size} float32"):
-        _work(services, "admm", 1, 1)
+        cloud.work(services, "admm", 1, 1)
     assert not store.exists(keys.update("admm", 1, 1)) and not store.exists(keys.local_state("admm", 1, 1))
 
 

@@ -4,24 +4,17 @@ refuses a residual that does not fit the model, storing nothing."""
 
 from __future__ import annotations
 
-import time
-
-import boto3
 import numpy as np
 import pytest
-from moto import mock_aws
 
-from slsml.aws import cache
-from slsml.data import datasets as data
 from slsml.pipeline.services import Services
-from slsml.spec import keys, wiring
-from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec import keys
 from slsml.spec.errors import RunFailed
-from slsml.spec.messages import WorkMessage
 from slsml.spec.shardplan import ShardPlan, VariableSpec
-from slsml.state import records
 from slsml.training import feedback, updates
 from slsml.training.updates import Compression
+
+from . import cloud
 
 PLAN = ShardPlan.build(
     [VariableSpec(name="kernel", shape=(40, 10), trainable=True), VariableSpec(name="mean", shape=(10,),
@@ -127,60 +120,22 @@ def model_bytes() -> bytes:
     return modelio.save_model(model)
 
 
-@pytest.fixture
-def services(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setattr(cache, "_warm", None)  # no trainer or dataset reader of another test's cloud
-    with mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bucket")
-        boto3.client("dynamodb", region_name="us-east-1").create_table(**records.create_table_arguments("runs"))
-        sns = boto3.client("sns", region_name="us-east-1")
-        arns = {t.name: sns.create_topic(Name=t.name)["TopicArn"] for t in wiring.TOPICS}
-        services = Services.from_names("bucket", "runs", arns)
-        rng = np.random.default_rng(0)
-        x, y = rng.standard_normal((64, 6)).astype(np.float32), rng.integers(0, 3, 64)
-        data.put_dataset(services.store, "d", x, y, x[:8], y[:8])
-        yield services
-
-
-def _run(services: Services, model_bytes: bytes, run_id: str, **options):
-    """A registered run of 2 workers on dataset ``d`` with the TrainingSpec ``options``, its model placed."""
-    from slsml.client import runs
-
-    spec = TrainingSpec(**{"workers": 2, "reducers": 2, "global_batch": 16, "iterations": 5,
-                           "optimizer": OptimizerConfig(name="sgd", learning_rate=0.1), **options})
-    config = runs.prepare_run(services, model_bytes, "d", spec, run_id)
-    services.store.put_new(keys.model(run_id, 0), model_bytes)
-    services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
-    return config
-
-
-def _work(services: Services, run_id: str, iteration: int, worker: int, workers: int = 2):
-    from slsml.pipeline.steps import worker as step
-
-    if iteration:  # the model entering the iteration: that of iteration 0 (what matters is the residual)
-        store = services.store
-        store.put_array_new(keys.weights(run_id, iteration), store.get_array(keys.weights(run_id, 0)))
-        store.put_new(keys.model(run_id, iteration), store.get(keys.model(run_id, 0)))
-    return step.work(WorkMessage(run_id=run_id, iteration=iteration, worker=worker, workers=workers), services)
-
-
 def _update(services: Services, config, iteration: int, worker: int) -> np.ndarray:
     body = services.store.get(keys.update(config.run_id, iteration, worker))
     return updates.decode(body, "gradient", config.plan, config.training.compression)[0]
 
 
 def test_the_worker_adds_its_slots_residual_and_stores_the_next(services: Services, model_bytes: bytes) -> None:
-    plain = _run(services, model_bytes, "plain", compress="none")
+    plain = cloud.register_run(services, model_bytes, "plain", compress="none")
     for iteration in range(2):
-        _work(services, "plain", iteration, 0)
+        cloud.work(services, "plain", iteration, 0)
     assert not services.store.list_keys("runs/plain/iters/000000/residuals/")  # none without compression
     uncompressed = [_update(services, plain, i, 0) for i in range(2)]
 
-    config = _run(services, model_bytes, "topk", compress="topk:0.1")
+    config = cloud.register_run(services, model_bytes, "topk", compress="topk:0.1")
     trainable = config.plan.trainable_mask()
     assert (~trainable).sum() == 80, "the model has BatchNorm statistics"
-    _work(services, "topk", 0, 0)
+    cloud.work(services, "topk", 0, 0)
     residual_0 = feedback.decode_residual(services.store.get(keys.residual("topk", 0, 0)), config.plan, "r0")
     sent_0 = _update(services, config, 0, 0)
     kept = np.abs(sent_0 + residual_0 - uncompressed[0])
@@ -188,7 +143,7 @@ def test_the_worker_adds_its_slots_residual_and_stores_the_next(services: Servic
     assert np.array_equal(sent_0[~trainable], uncompressed[0][~trainable]) and not residual_0[~trainable].any()
     assert (sent_0[trainable] != 0).sum() < 0.11 * trainable.sum()
 
-    _work(services, "topk", 1, 0)
+    cloud.work(services, "topk", 1, 0)
     residual_1 = feedback.decode_residual(services.store.get(keys.residual("topk", 1, 0)), config.plan, "r1")
     sent_1 = _update(services, config, 1, 0)
     np.testing.assert_allclose((sent_0 + sent_1 + residual_1)[trainable], (uncompressed[0] + uncompressed[1])[
@@ -199,17 +154,17 @@ def test_the_worker_adds_its_slots_residual_and_stores_the_next(services: Servic
     assert len(services.store.get(keys.update("topk", 0, 0))) < plain_size / 3
 
     # a slot new at iteration 1 (a scale-out) has no residual: it starts from zeros, and stores one
-    _work(services, "topk", 1, 2, workers=3)
+    cloud.work(services, "topk", 1, 2, workers=3)
     assert services.store.exists(keys.residual("topk", 1, 2))
 
 
 def test_a_residual_that_does_not_fit_the_model_fails_the_run_and_stores_nothing(
     services: Services, model_bytes: bytes
 ) -> None:
-    config = _run(services, model_bytes, "bad-residual", compress="fp16")
+    config = cloud.register_run(services, model_bytes, "bad-residual", compress="fp16")
     wrong = keys.residual("bad-residual", 0, 1)
     services.store.put_new(wrong, feedback.encode_residual(np.zeros(config.plan.size - 1, dtype=np.float32)))
     with pytest.raises(RunFailed, match=f"{wrong}: a residual of {2 * config.plan.size - 2} bytes does not match"):
-        _work(services, "bad-residual", 1, 1)
+        cloud.work(services, "bad-residual", 1, 1)
     assert not services.store.exists(keys.update("bad-residual", 1, 1))
     assert not services.store.exists(keys.residual("bad-residual", 1, 1))

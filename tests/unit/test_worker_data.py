@@ -7,19 +7,19 @@ from __future__ import annotations
 import threading
 import time
 
-import boto3
 import numpy as np
 import pytest
-from moto import mock_aws
 
 from slsml.aws import cache
 from slsml.data import datasets as data
 from slsml.pipeline.services import Services
-from slsml.spec import keys, wiring
+from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.messages import WorkMessage
 from slsml.state import records
 from slsml.training import updates
+
+from . import cloud
 
 RECORD = 6 * 4 + 8  # x (6,) float32, y int64
 WAIT_S = 10
@@ -40,41 +40,14 @@ def model_bytes() -> bytes:
 
 @pytest.fixture
 def services(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setattr(cache, "_warm", None)
-    with mock_aws():
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bucket")
-        boto3.client("dynamodb", region_name="us-east-1").create_table(**records.create_table_arguments("runs"))
-        sns = boto3.client("sns", region_name="us-east-1")
-        arns = {t.name: sns.create_topic(Name=t.name)["TopicArn"] for t in wiring.TOPICS}
-        services = Services.from_names("bucket", "runs", arns)
-        rng = np.random.default_rng(0)
-        x, y = rng.standard_normal((200, 6)).astype(np.float32), rng.integers(0, 3, 200)
-        data.put_dataset(services.store, "d", x, y, x[:8], y[:8], shard_mb=50 * RECORD / 2**20)
+    with cloud.moto_services(monkeypatch, samples=200, shard_mb=50 * RECORD / 2**20) as services:
         yield services
-
-
-def _run(services: Services, model_bytes: bytes, run_id: str, **options):
-    from slsml.client import runs
-
-    spec = TrainingSpec(**{"workers": 2, "reducers": 1, "global_batch": 16, "iterations": 5,
-                           "optimizer": OptimizerConfig(name="sgd", learning_rate=0.1), **options})
-    config = runs.prepare_run(services, model_bytes, "d", spec, run_id)
-    services.store.put_new(keys.model(run_id, 0), model_bytes)
-    services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
-    return config
-
-
-def _work(services: Services, run_id: str, worker: int = 0) -> None:
-    from slsml.pipeline.steps import worker as step
-
-    step.work(WorkMessage(run_id=run_id, iteration=0, worker=worker, workers=2), services)
 
 
 def test_past_the_cache_the_worker_reads_its_records_while_it_reads_the_model(
     services: Services, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = _run(services, model_bytes, "steps", algorithm="average", local_steps=3)
+    config = cloud.register_run(services, model_bytes, "steps", reducers=1, algorithm="average", local_steps=3)
     batches = data.round_batches(config.training, 200, 2, 0, 0)
     expected = sorted((keys.dataset_shard("d", "train", shard), f"bytes={first * RECORD}-{end * RECORD - 1}")
                       for indices in batches for shard, first, end in data.coalesce(indices, 50))
@@ -95,7 +68,7 @@ def test_past_the_cache_the_worker_reads_its_records_while_it_reads_the_model(
         return real_get(**kwargs)
 
     monkeypatch.setattr(store.s3, "get_object", get_object)
-    _work(services, "steps")
+    cloud.work(services, "steps")
     assert sorted(gets) == expected  # the records of the round's 3 batches, and nothing else
 
 
@@ -108,8 +81,8 @@ def test_the_worker_sends_the_same_update_from_ranged_reads_as_from_cached_shard
             monkeypatch.delenv(cache.BOUND_ENV, raising=False)
         else:
             monkeypatch.setenv(cache.BOUND_ENV, bound)
-        config = _run(services, model_bytes, run_id)
-        _work(services, run_id, worker=1)
+        config = cloud.register_run(services, model_bytes, run_id, reducers=1)
+        cloud.work(services, run_id, worker=1)
         reader = data.DatasetReader(services.store, data.load_manifest(services.store, "d"), cache.warm())
         assert reader.cached("train") == (bound is None)
         body = services.store.get(keys.update(run_id, 0, 1))

@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from slsml import rules
 from slsml.spec.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig, TrainingSpec
 
 UNCUT_WIDTH = 1000  # the width drawn at into a file or a pipe (COLUMNS unset): lines are not cut at 80 columns
@@ -73,21 +74,15 @@ def describe_optimizer(config: OptimizerConfig) -> str:
 
 
 def describe_update(config: Any) -> str:
-    """One line: what a run's reducers apply (``describe_optimizer``), and under model averaging and ADMM what a
-    worker's round takes first."""
+    """One line: what a run's reducers apply (``describe_optimizer``), and under a rule that takes local steps what a
+    worker's round takes first (the rule's ``describe``)."""
     spec = config.training
-    if spec.algorithm == "gradient":
-        return describe_optimizer(config.optimizer)
-    local = describe_optimizer(spec.local_optimizer_config()).removeprefix("optimizer: ")
-    local = local.removesuffix(", no weight decay, no clipping")
-    if spec.algorithm == "admm":
-        return (f"ADMM: {spec.local_steps} local steps a round of {local} on each worker's own partition, proximal"
-                f" weight rho {spec.admm_rho:g}; the reducers average the local models and duals into the consensus")
-    state = "kept per worker slot" if spec.local_state == "keep" else "fresh every round"
-    server = ("the reducers apply the average weight change (FedAvg)" if spec.server == "average"
-              else "the reducers step " + describe_optimizer(config.optimizer).removeprefix("optimizer: ")
-              + " with the average weight change (FedOpt)")
-    return f"model averaging: {spec.local_steps} local steps a round of {local} (state {state}); {server}"
+
+    def short(optimizer: OptimizerConfig) -> str:
+        return describe_optimizer(optimizer).removeprefix("optimizer: ")
+
+    local = short(spec.local_optimizer_config()).removesuffix(", no weight decay, no clipping")
+    return rules.of(spec).describe(spec, short(config.optimizer), local)
 
 
 def number(value: Any) -> str:

@@ -91,8 +91,9 @@ def scale_run(services: Services, run_id: str, workers: int, reason: str = "run 
     resumed. BadInputError outside the run's bounds; nothing changes then."""
     run = services.table.get_run(run_id)
     if not run.training.elastic:
-        raise BadInputError(f"run {run_id!r} trains with ADMM: each worker keeps its data partition and dual variable,"
-                            " which a change of workers would cut anew; its workers stay fixed")
+        raise BadInputError(f"run {run_id!r} trains with algorithm {run.training.algorithm}: each worker keeps its"
+                            " data partition and its state, which a change of workers would cut anew; its workers"
+                            " stay fixed")
     if run.status == RunStatus.COMPLETED:
         raise SlsmlError(f"run {run_id!r} is COMPLETED: only a RUNNING, STOPPED or FAILED run can be scaled")
     low, high = run.training.worker_bounds

@@ -26,6 +26,7 @@ from slsml.data.manifest import DEFAULT_SHARD_MB, SCHEMA_VERSION, DatasetManifes
 from slsml.data.sources.base import validate_arrays
 from slsml.data.writer import DatasetWriter
 from slsml.spec import keys
+from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError
 
@@ -147,9 +148,10 @@ def round_batches(spec: TrainingSpec, train_count: int, workers: int, worker: in
                   order: BlockOrder | None = None) -> list[np.ndarray]:
     """Sample indices of each of worker ``worker``'s batches in round ``iteration``: its slice of the round's
     global batch (gradient averaging), of each of the round's ``local_steps`` global batches (model averaging),
-    or its own partition's next ``local_steps`` batches (ADMM). ``order``: the run's block order, if it has one."""
+    or its own partition's next ``local_steps`` batches (a partitioned rule: ADMM). ``order``: the run's block order,
+    if it has one."""
     numbers = round_numbers(spec, iteration)
-    if spec.algorithm == "admm":
+    if ALGORITHMS[spec.algorithm].partitioned:
         return [partition_batch(train_count, spec.global_batch, spec.seed, workers, worker, n) for n in numbers]
     if order is not None:
         positions = worker_indices(np.arange(spec.global_batch), workers, worker)

@@ -1,13 +1,15 @@
-"""Update rules: gradient averaging, model averaging and ADMM, each one ``UpdateRule`` (``slsml.rules.base``)
-registered here under the name ``--algorithm`` takes."""
+"""Update rules: gradient averaging, model averaging and ADMM, each one ``UpdateRule`` (``slsml.rules.base``) in a
+module of its own, loaded from its declaration in ``slsml.spec.algorithms`` under the name ``--algorithm`` takes."""
 
 from __future__ import annotations
 
-from slsml.rules import admm, averaging, gradient
+import importlib
+
 from slsml.rules.base import UpdateRule
+from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
 
-RULES: dict[str, UpdateRule] = {rule.name: rule for rule in (gradient.RULE, averaging.RULE, admm.RULE)}
+RULES: dict[str, UpdateRule] = {name: importlib.import_module(rule.module).RULE for name, rule in ALGORITHMS.items()}
 
 
 def of(spec: TrainingSpec) -> UpdateRule:

@@ -65,7 +65,6 @@ class Admm(UpdateRule):
     """Each round stores the slot's new state create-only; a retry that finds a state stored sends the update of
     that state, so that the update and the state agree. The reducers' plain average makes the consensus."""
 
-    name = "admm"
     kind = "weight change"
 
     def round(self, work: Round) -> Update:
@@ -77,6 +76,10 @@ class Admm(UpdateRule):
             return update
         stored = _state(work.slot.current(), size, work.slot.where())
         return update if stored is None else update_of(work.start, stored, trainable, update.loss, update.accuracy)
+
+    def describe(self, spec: TrainingSpec, optimizer: str, local: str) -> str:
+        return (f"ADMM: {spec.local_steps} local steps a round of {local} on each worker's own partition, proximal"
+                f" weight rho {spec.admm_rho:g}; the reducers average the local models and duals into the consensus")
 
     def check_model(self, model: Any) -> None:
         check_model(model)

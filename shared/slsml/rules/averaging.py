@@ -24,7 +24,6 @@ class ModelAveraging(UpdateRule):
     """With ``local_state`` keep, the local optimizer goes on from the state the worker slot stored after the
     round before (fresh if there is none), and the slot stores its state after the round."""
 
-    name = "average"
     kind = "weight change"
 
     def round(self, work: Round) -> Update:
@@ -36,6 +35,12 @@ class ModelAveraging(UpdateRule):
         if keep:  # create-only: a retry's state, computed from the same start, is the same
             work.slot.put(npz.encode(**state))
         return update
+
+    def describe(self, spec: TrainingSpec, optimizer: str, local: str) -> str:
+        state = "kept per worker slot" if spec.local_state == "keep" else "fresh every round"
+        server = ("the reducers apply the average weight change (FedAvg)" if spec.server == "average"
+                  else f"the reducers step {optimizer} with the average weight change (FedOpt)")
+        return f"model averaging: {spec.local_steps} local steps a round of {local} (state {state}); {server}"
 
     def server_optimizer(self, spec: TrainingSpec, optimizer: OptimizerConfig) -> OptimizerConfig:
         """FedAvg (``server`` average): a step of SGD at rate 1, which moves each weight by the average weight

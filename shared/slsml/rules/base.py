@@ -1,10 +1,10 @@
 """The interface every update rule implements (``UpdateRule``): the worker's round, what the reducers apply,
 what a worker slot keeps between rounds, and what all of it costs in the plan.
 
-A rule's module defines one ``UpdateRule`` and ``slsml.rules`` registers it under the name ``--algorithm``
-takes. The worker and reducer steps and the cost model ask the run's rule (``slsml.rules.of``) and never
-branch on its name. Rules import TensorFlow only inside a round, so that the zip functions (the reducer)
-read a rule's declarations without it."""
+A rule's module defines one ``UpdateRule`` as ``RULE``, and its declaration in ``slsml.spec.algorithms`` registers
+it under the name ``--algorithm`` takes. The worker and reducer steps, the cost model and the CLI ask the run's rule
+(``slsml.rules.of``) and never branch on its name. Rules import TensorFlow only inside a round, so that the zip
+functions (the reducer) read a rule's declarations without it."""
 
 from __future__ import annotations
 
@@ -66,12 +66,16 @@ class SlotTraffic:
 class UpdateRule(ABC):
     """How a worker's round turns weights and data into an update, and what the reducers apply with it."""
 
-    name: ClassVar[str]  # the --algorithm value
     kind: ClassVar[str]  # what an update holds: the update format's kind (slsml.training.updates.KINDS)
 
     @abstractmethod
     def round(self, work: Round) -> Update:
         """The worker's round: its update (the trainer's model ends at the round's end weights)."""
+
+    @abstractmethod
+    def describe(self, spec: TrainingSpec, optimizer: str, local: str) -> str:
+        """One line: what a round takes and what the reducers apply, ``optimizer`` describing the run's optimizer and
+        ``local`` the local optimizer (``spec.local_optimizer_config()``)."""
 
     def check_model(self, model: Any) -> None:
         """BadInputError, with the reason, unless the rule applies to ``model`` (every model: nothing)."""

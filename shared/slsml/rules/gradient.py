@@ -6,18 +6,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from slsml.rules.base import Round, UpdateRule
+from slsml.spec.config import TrainingSpec
 
 if TYPE_CHECKING:
     from slsml.training.modelio import Update
 
 
 class GradientAveraging(UpdateRule):
-    name = "gradient"
     kind = "gradient"
 
     def round(self, work: Round) -> Update:
         (batch,) = work.batches
         return work.trainer.compute_update(*batch)
+
+    def describe(self, spec: TrainingSpec, optimizer: str, local: str) -> str:
+        return f"optimizer: {optimizer}"
 
 
 RULE = GradientAveraging()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -19,7 +19,8 @@ from pydantic import (
     model_validator,
 )
 
-from slsml.spec import schedules
+from slsml.spec import algorithms, schedules
+from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.compression import Compression
 from slsml.spec.errors import BadInputError
 from slsml.spec.schedules import Schedule
@@ -278,15 +279,11 @@ def _class_weight_text(value: object) -> object:
 
 
 MAX_WORKERS = 1000
-Algorithm = Literal["gradient", "average", "admm"]
+if TYPE_CHECKING:
+    Algorithm = str
+else:  # the --algorithm choices: the registered rules
+    Algorithm = Literal[tuple(ALGORITHMS)]
 Objective = Literal["time", "cost"]
-# TrainingSpec fields that apply to some algorithms alone, and to which
-LOCAL_OPTIONS = ("local_steps", "local_optimizer", "local_learning_rate", "local_momentum")
-ALGORITHM_OPTIONS: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(LOCAL_OPTIONS, ("average", "admm")),
-    "local_state": ("average",), "server": ("average",), "admm_rho": ("admm",),
-    **dict.fromkeys(("shuffle", "shuffle_block"), ("gradient", "average")),  # ADMM: a partition per worker
-}
 
 
 class TrainingSpec(BaseModel):
@@ -482,32 +479,33 @@ class TrainingSpec(BaseModel):
     @model_validator(mode="after")
     def _algorithm_options(self) -> TrainingSpec:
         fields = type(self).model_fields
-        foreign = [f for f, algorithms in ALGORITHM_OPTIONS.items()
-                   if self.algorithm not in algorithms and getattr(self, f) != fields[f].default]
+        foreign = [f for f in algorithms.OPTIONS
+                   if f not in ALGORITHMS[self.algorithm].taken and getattr(self, f) != fields[f].default]
         if foreign:
-            raise ValueError("; ".join(f"{f} is an option of algorithm {' or '.join(ALGORITHM_OPTIONS[f])} only"
+            raise ValueError("; ".join(f"{f} is an option of algorithm {' or '.join(algorithms.taking(f))} only"
                                        for f in foreign))
-        if self.algorithm != "gradient":
+        rule = ALGORITHMS[self.algorithm]
+        if rule.local:
             self.local_optimizer_config()  # the local optimizer must take its options
-        if self.algorithm == "admm":
+        if rule.partitioned:
             if self.workers == "auto" or self.min_workers is not None or self.max_workers is not None:
-                raise ValueError("algorithm admm trains a fixed fleet: each worker keeps its data partition and"
-                                 " dual variable, which another count would cut anew (no workers auto, min_workers"
+                raise ValueError(f"algorithm {rule.name} trains a fixed fleet: each worker keeps its data partition"
+                                 " and its state, which another count would cut anew (no workers auto, min_workers"
                                  " or max_workers)")
             if self.staleness:
-                raise ValueError("algorithm admm folds no late updates: a late worker's local model is kept with"
-                                 " its slot and enters the consensus in the slot's next round (no staleness)")
+                raise ValueError(f"algorithm {rule.name} folds no late updates: a late worker's state is kept with"
+                                 " its slot and enters the slot's next round (no staleness)")
         return self
 
     @property
     def local_batches(self) -> int:
-        """Batches a worker takes per round: its local steps under model averaging and ADMM, else one."""
-        return 1 if self.algorithm == "gradient" else self.local_steps
+        """Batches a worker takes per round: its local steps under a rule that takes them, else one."""
+        return self.local_steps if ALGORITHMS[self.algorithm].local else 1
 
     @property
     def elastic(self) -> bool:
-        """Whether the run's workers may change while it trains (not under ADMM)."""
-        return self.algorithm != "admm"
+        """Whether the run's workers may change while it trains (not under a partitioned rule)."""
+        return not ALGORITHMS[self.algorithm].partitioned
 
     def local_optimizer_config(self) -> OptimizerConfig:
         """The workers' local optimizer (model averaging and ADMM)."""

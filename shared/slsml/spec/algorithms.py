@@ -1,0 +1,47 @@
+"""The update rules a run may take (``--algorithm``), one declaration each: the single place a rule is registered.
+The spec checks a run's options against its declaration; ``slsml.rules`` loads each rule from the module it names."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# TrainingSpec fields of the rules that take local steps (``Declaration.local``)
+LOCAL_OPTIONS = ("local_steps", "local_optimizer", "local_learning_rate", "local_momentum")
+# TrainingSpec fields of the global data order, which a partitioned rule does not take (``Declaration.partitioned``)
+ORDER_OPTIONS = ("shuffle", "shuffle_block")
+
+
+class Declaration(NamedTuple):
+    """An update rule: its ``--algorithm`` name, the module that defines it (``RULE``, an ``UpdateRule``) and what
+    the rest of slsml needs to know of it without importing it."""
+
+    name: str
+    module: str
+    local: bool = False
+    """A round takes ``local_steps`` steps of the local optimizer, one per global batch (else one gradient)."""
+    partitioned: bool = False
+    """Each worker slot trains on its own partition of the training set and keeps its state across rounds: the fleet
+    is fixed, late updates are not folded, and the global data order's options do not apply."""
+    options: tuple[str, ...] = ()
+    """The TrainingSpec fields of this rule alone (beyond ``LOCAL_OPTIONS``)."""
+
+    @property
+    def taken(self) -> frozenset[str]:
+        """The rule-dependent TrainingSpec fields (``OPTIONS``) this rule takes."""
+        return frozenset((*self.options, *(LOCAL_OPTIONS if self.local else ()),
+                          *(() if self.partitioned else ORDER_OPTIONS)))
+
+
+ALGORITHMS: dict[str, Declaration] = {rule.name: rule for rule in (
+    Declaration("gradient", "slsml.rules.gradient"),
+    Declaration("average", "slsml.rules.averaging", local=True, options=("local_state", "server")),
+    Declaration("admm", "slsml.rules.admm", local=True, partitioned=True, options=("admm_rho",)),
+)}
+
+# the TrainingSpec fields that some rules take and others refuse
+OPTIONS = (*LOCAL_OPTIONS, *dict.fromkeys(o for rule in ALGORITHMS.values() for o in rule.options), *ORDER_OPTIONS)
+
+
+def taking(option: str) -> list[str]:
+    """The names of the rules that take ``option`` (one of ``OPTIONS``)."""
+    return [name for name, rule in ALGORITHMS.items() if option in rule.taken]

@@ -1,0 +1,65 @@
+"""A run's cloud in moto's in-process mock for the worker's unit tests: a bucket, the run table and the topics, a
+dataset ``d``, a run registered on it, and the worker's step on one slot."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import boto3
+import numpy as np
+import pytest
+from moto import mock_aws
+
+from slsml.aws import cache
+from slsml.data import datasets as data
+from slsml.pipeline.services import Services
+from slsml.spec import keys, wiring
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.messages import WorkDone, WorkMessage
+from slsml.state import records
+
+
+@contextmanager
+def moto_services(monkeypatch: pytest.MonkeyPatch, samples: int = 64, shard_mb: float | None = None
+                  ) -> Iterator[Services]:
+    """A bucket, run table and topics in moto, holding dataset ``d``: ``samples`` seeded samples of 6 features and 3
+    classes (its first 8 also the test split), in shards of ``shard_mb`` (None: the default)."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setattr(cache, "_warm", None)  # no trainer or dataset reader of another test's cloud
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bucket")
+        boto3.client("dynamodb", region_name="us-east-1").create_table(**records.create_table_arguments("runs"))
+        sns = boto3.client("sns", region_name="us-east-1")
+        arns = {t.name: sns.create_topic(Name=t.name)["TopicArn"] for t in wiring.TOPICS}
+        services = Services.from_names("bucket", "runs", arns)
+        rng = np.random.default_rng(0)
+        x, y = rng.standard_normal((samples, 6)).astype(np.float32), rng.integers(0, 3, samples)
+        data.put_dataset(services.store, "d", x, y, x[:8], y[:8],
+                         **({} if shard_mb is None else {"shard_mb": shard_mb}))
+        yield services
+
+
+def register_run(services: Services, model_bytes: bytes, run_id: str, **options: object) -> RunConfig:
+    """A registered run of 2 workers and 2 reducers on dataset ``d`` with the TrainingSpec ``options``, its model
+    placed."""
+    from slsml.client import runs
+
+    spec = TrainingSpec(**{"workers": 2, "reducers": 2, "global_batch": 16, "iterations": 5,
+                           "optimizer": OptimizerConfig(name="sgd", learning_rate=0.1), **options})
+    config = runs.prepare_run(services, model_bytes, "d", spec, run_id)
+    services.store.put_new(keys.model(run_id, 0), model_bytes)
+    services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
+    return config
+
+
+def work(services: Services, run_id: str, iteration: int = 0, worker: int = 0, workers: int = 2) -> WorkDone | None:
+    """Worker ``worker``'s step of ``iteration``; past iteration 0, from the model of iteration 0."""
+    from slsml.pipeline.steps import worker as step
+
+    if iteration:
+        store = services.store
+        store.put_array_new(keys.weights(run_id, iteration), store.get_array(keys.weights(run_id, 0)))
+        store.put_new(keys.model(run_id, iteration), store.get(keys.model(run_id, 0)))
+    return step.work(WorkMessage(run_id=run_id, iteration=iteration, worker=worker, workers=workers), services)
