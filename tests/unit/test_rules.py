@@ -96,7 +96,7 @@ def test_a_rule_added_as_contributing_shows_trains_with_no_other_edit(tmp_path: 
     (copy / path[1]).write_text(module)
     declarations = copy / "spec" / "algorithms.py"
     text = declarations.read_text()
-    end = text.index("\n", text.rindex("    Declaration(")) + 1
+    end = text.index("\n)}\n", text.index("ALGORITHMS: ")) + 1  # the table's last line
     declarations.write_text(text[:end] + registration + text[end:])
     code = "from tests.unit.test_rules import added_rule_checks; added_rule_checks()"
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
@@ -107,12 +107,16 @@ def test_a_rule_added_as_contributing_shows_trains_with_no_other_edit(tmp_path: 
 
 
 def added_rule_checks() -> None:
-    """In a copy of the package with CONTRIBUTING's sign rule added: ``slsml plan --algorithm sign`` plans it, a
-    run's line describes it, each worker sends the signs of its gradient, and the reducers step SGD with their mean;
-    prints the package's folder and the rule's name."""
+    """In a copy of the package with CONTRIBUTING's sign rule added: ``--algorithm``'s help names it, ``slsml plan
+    --algorithm sign`` plans it, a run's line describes it, each worker sends the signs of its gradient, and the
+    reducers step SGD with their mean; prints the package's folder and the rule's name."""
     from slsml.cli import display, main
     from slsml.pipeline.steps import reduce_launcher, reducer
 
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown), pytest.raises(SystemExit):
+        main.main(["run", "start", "--help"])
+    assert "sign: workers send the signs of their gradient" in " ".join(shown.getvalue().split())
     shown = io.StringIO()
     with contextlib.redirect_stdout(shown):
         assert main.main(["plan", "--algorithm", "sign", "--params", "1000", "--iterations", "3", "--json"]) == 0

@@ -17,6 +17,8 @@ class Declaration(NamedTuple):
 
     name: str
     module: str
+    about: str
+    """What a round does under it, for ``--algorithm``'s help."""
     local: bool = False
     """A round takes ``local_steps`` steps of the local optimizer, one per global batch (else one gradient)."""
     partitioned: bool = False
@@ -33,9 +35,13 @@ class Declaration(NamedTuple):
 
 
 ALGORITHMS: dict[str, Declaration] = {rule.name: rule for rule in (
-    Declaration("gradient", "slsml.rules.gradient"),
-    Declaration("average", "slsml.rules.averaging", local=True, options=("local_state", "server")),
-    Declaration("admm", "slsml.rules.admm", local=True, partitioned=True, options=("admm_rho",)),
+    Declaration("gradient", "slsml.rules.gradient",
+                "workers send the gradient of their slice of one global batch (gradient averaging)"),
+    Declaration("average", "slsml.rules.averaging", "each takes local_steps steps of the local optimizer and sends its"
+                " weight change (model averaging)", local=True, options=("local_state", "server")),
+    Declaration("admm", "slsml.rules.admm", "each keeps its own data partition, local model and dual, takes"
+                " local_steps steps on its partition's loss plus the proximal term, and the reducers form the"
+                " consensus (models without hidden layers)", local=True, partitioned=True, options=("admm_rho",)),
 )}
 
 # the TrainingSpec fields that some rules take and others refuse

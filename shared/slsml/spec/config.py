@@ -349,12 +349,7 @@ class TrainingSpec(BaseModel):
     )
 
     algorithm: Algorithm = Field(
-        default="gradient",
-        description="gradient: workers send the gradient of their slice of one global batch (gradient averaging);"
-        " average: each takes local_steps steps of the local optimizer and sends its weight change (model"
-        " averaging); admm: each keeps its own data partition, local model and dual, takes local_steps steps on"
-        " its partition's loss plus the proximal term, and the reducers form the consensus (models without hidden"
-        " layers)",
+        default="gradient", description="; ".join(f"{rule.name}: {rule.about}" for rule in ALGORITHMS.values())
     )
     local_steps: int = Field(
         default=1, ge=1, le=1000,
