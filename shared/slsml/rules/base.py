@@ -67,6 +67,9 @@ class UpdateRule(ABC):
     """How a worker's round turns weights and data into an update, and what the reducers apply with it."""
 
     kind: ClassVar[str]  # what an update holds: the update format's kind (slsml.training.updates.KINDS)
+    # whether the reducers' optimizer state is the one Keras's fit would hold for the same steps, so that the final
+    # model is saved with it (``fit`` goes on from it as from single-process training)
+    fit_state: ClassVar[bool] = False
 
     @abstractmethod
     def round(self, work: Round) -> Update:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 class GradientAveraging(UpdateRule):
     kind = "gradient"
+    fit_state = True  # the reducers step the run's optimizer with the batch's gradient, as fit does
 
     def round(self, work: Round) -> Update:
         (batch,) = work.batches

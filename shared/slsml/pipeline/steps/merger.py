@@ -12,6 +12,7 @@ import numpy as np
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.metrics import MetricUnit
 
+from slsml import rules
 from slsml.aws.storage import ObjectStore
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
@@ -76,8 +77,8 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
 
 def _carries_state(config: RunConfig, iteration: int) -> bool:
     """Whether the model entering ``iteration`` is saved with its optimizer's state: the final one, where the
-    reducers step the run's own optimizer (gradient averaging)."""
-    return iteration == config.training.iterations and config.training.algorithm == "gradient"
+    reducers' state is the one fit would hold (the rule's ``fit_state``: gradient averaging)."""
+    return iteration == config.training.iterations and rules.of(config.training).fit_state
 
 
 def _fitted(store: ObjectStore, config: RunConfig, iteration: int, trainer: Trainer, parts: list[bytes]) -> bytes:
