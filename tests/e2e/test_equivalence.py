@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from slsml.client import demo
+from slsml.client import demo, runs
 from slsml.data import datasets as data
 from slsml.spec import keys, schedules
 from slsml.spec.config import OPTIMIZER_NAMES, OptimizerConfig, RunConfig, TrainingSpec
@@ -254,49 +254,68 @@ def test_fit_continued_on_final_keras_equals_fit_continued_on_the_single_process
     assert error <= tolerance
 
 
-# class weights: a mapping that leaves classes out (weight 1) and balanced (over the training labels' counts)
+# class weights: a mapping that leaves classes out (weight 1) and balanced (over the training labels' counts); and
+# per-sample weights stored with the dataset
 CLASS_WEIGHTS = {"mapping": {0: 4.0, 3: 0.25, 7: 2.5}, "balanced": "balanced"}
 WEIGHTED = ("sgd-momentum", 3, 2)
+SAMPLE_WEIGHTS = "digits-weighted"
+
+
+def sample_weights() -> np.ndarray:
+    return np.random.default_rng(11).uniform(0.0, 3.0, len(demo.digits()[0])).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
 def weighted_runs(services, digits):
     name, workers, reducers = WEIGHTED
+    spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=ITERATIONS,
+                        optimizer=config_of(name), eval_every=0)
     for case, class_weight in CLASS_WEIGHTS.items():
-        spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=ITERATIONS,
-                            optimizer=config_of(name), eval_every=0, class_weight=class_weight)
-        train(services, spec, f"eq-class-weight-{case}")
-    return {case: finish(services, f"eq-class-weight-{case}") for case in CLASS_WEIGHTS}
+        train(services, spec.model_copy(update={"class_weight": TrainingSpec(class_weight=class_weight).class_weight}),
+              f"eq-class-weight-{case}")
+    data.put_dataset(services.store, SAMPLE_WEIGHTS, *digits, w=sample_weights())
+    runs.start_run(services, modelio.save_model(demo.digits_cnn(seed=1)), SAMPLE_WEIGHTS, spec,
+                   run_id="eq-sample-weight")
+    return {**{case: finish(services, f"eq-class-weight-{case}") for case in CLASS_WEIGHTS},
+            "sample": finish(services, "eq-sample-weight")}
 
 
-def weighted_reference(class_weight: dict[int, float] | None) -> np.ndarray:
-    """Keras's own training step (fit's) on the same global batches, with ``class_weight``."""
+def weighted_reference(class_weight: dict[int, float] | None = None, weights: np.ndarray | None = None) -> np.ndarray:
+    """Keras's own training step (fit's) on the same global batches, with ``class_weight`` or sample ``weights``."""
     x, y, _, _ = demo.digits()
     model = demo.digits_cnn(seed=1)
     model.compile(optimizer=keras_optimizer(WEIGHTED[0]), loss="sparse_categorical_crossentropy")
     for iteration in range(ITERATIONS):
         batch = data.global_batch_indices(len(x), BATCH, seed=0, iteration=iteration)
-        model.train_on_batch(x[batch], y[batch], class_weight=class_weight)
+        model.train_on_batch(x[batch], y[batch], class_weight=class_weight,
+                             sample_weight=None if weights is None else weights[batch])
     return flat(model)
 
 
-@pytest.mark.parametrize("case", list(CLASS_WEIGHTS))
-def test_class_weighted_runs_equal_keras_fit_with_the_same_class_weight(weighted_runs, services, case):
+@pytest.mark.parametrize("case", [*CLASS_WEIGHTS, "sample"])
+def test_weighted_runs_equal_keras_fit_with_the_same_weights(weighted_runs, services, case):
+    """class_weight and sample_weight runs equal single-process fit with the same weights, within 1e-5 × max|w|."""
     from sklearn.utils.class_weight import compute_class_weight
 
     run = weighted_runs[case]
     assert run.status == "COMPLETED", run.reason
-    assert run.training.class_weights == CLASS_WEIGHTS[case]
     _, y, _, _ = demo.digits()
-    class_weight = CLASS_WEIGHTS[case]
-    if class_weight == "balanced":  # scikit-learn's balanced weights, as a Keras user computes them
-        classes = np.unique(y)
-        class_weight = dict(zip(classes.tolist(), compute_class_weight("balanced", classes=classes, y=y), strict=True))
-        assert max(class_weight.values()) / min(class_weight.values()) > 1.05, "the classes are balanced: vacuous"
-    expected, unweighted = weighted_reference(class_weight), weighted_reference(None)
+    if case == "sample":
+        weights = sample_weights()
+        expected, bound = weighted_reference(weights=weights), float(np.abs(weights).max())
+    else:
+        class_weight = CLASS_WEIGHTS[case]
+        assert run.training.class_weights == class_weight
+        if class_weight == "balanced":  # scikit-learn's balanced weights, as a Keras user computes them
+            classes = np.unique(y)
+            class_weight = dict(zip(classes.tolist(), compute_class_weight("balanced", classes=classes, y=y),
+                                    strict=True))
+            assert max(class_weight.values()) / min(class_weight.values()) > 1.05, "the classes are balanced: vacuous"
+        expected, bound = weighted_reference(class_weight=class_weight), max(class_weight.values())
+    unweighted = weighted_reference()
     got, _ = final_weights(services, run.run_id)
-    tolerance, scale = TOLERANCE[WEIGHTED[0]], np.abs(expected).max()
-    assert np.abs(unweighted - expected).max() > 10 * tolerance * scale, "the class weights changed nothing"
+    tolerance, scale = 1e-5 * bound, np.abs(expected).max()
+    assert np.abs(unweighted - expected).max() > 10 * tolerance * scale, "the weights changed nothing"
     error = np.abs(got - expected).max() / scale
-    print(f"\nclass_weight {case}: max|Δw|/max|w| = {error:.2e} (tolerance {tolerance:g})")
+    print(f"\n{case} weights: max|Δw|/max|w| = {error:.2e} (tolerance 1e-5 × max|weight| = {tolerance:.1e})")
     assert error <= tolerance

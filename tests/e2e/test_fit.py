@@ -162,3 +162,8 @@ def test_class_weights_for_classes_the_labels_do_not_have_are_refused_before_any
         update={"class_weight": "balanced"}), "fit-balanced")
     counts = np.bincount(cancer[1])
     assert config.class_weights == pytest.approx(tuple(len(cancer[1]) / (2 * counts)))
+    data.put_dataset(services.store, "cancer-weighted", *cancer, w=np.linspace(0.5, 2, len(cancer[0])))
+    with pytest.raises(BadInputError, match=r"holds sample weights and the run gives class_weight: Keras's fit takes"
+                       " one or the other"):
+        runs.prepare_run(services, modelio.save_model(model), "cancer-weighted", spec, "fit-both-weights")
+    assert services.store.list_keys(keys.run_prefix("fit-both-weights")) == []

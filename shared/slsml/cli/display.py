@@ -362,6 +362,7 @@ def print_dataset(summary: dict[str, Any]) -> None:
         ("dataset", summary["name"]), ("format", summary["format"] or "–"),
         ("samples", f"{summary['train']:,} train, {summary['test']:,} test"),
         ("x", _shape(summary, "x")), ("y", _shape(summary, "y")),
+        ("sample weights", "yes" if summary.get("weighted") else "–"),
         ("classes", "–" if classes is None else f"{classes}" + (f": {', '.join(names)}" if names else "")),
         ("stored", f"{_size(summary['bytes'])} in {summary['shards']} shards"),
         ("source sha256", summary["sha256"] or "–"),

@@ -33,13 +33,15 @@ def fit(
     epochs: int = 1,
     validation_data: tuple[np.ndarray, np.ndarray] | None = None,
     validation_split: float | None = None,
+    sample_weight: np.ndarray | None = None,
     verbose: int = 1,
     stack: str | None = None,
     **options: Any,
 ) -> Any:
     """Train ``model`` (compiled, or given ``loss=``/``optimizer=``) on ``x``, ``y`` as ``model.fit`` would, on
-    ``batch_size`` samples per iteration spread over the workers; ``options``: any other TrainingSpec field
-    (``workers=8``, ``reducers=2``, ``quorum=0.75``…). Returns a ``keras.callbacks.History``; the model holds the
+    ``batch_size`` samples per iteration spread over the workers, each sample's loss weighted by ``sample_weight``
+    (or ``class_weight=``) as ``fit`` weights it; ``options``: any other TrainingSpec field (``workers=8``,
+    ``reducers=2``, ``quorum=0.75``…). Returns a ``keras.callbacks.History``; the model holds the
     trained weights. ``stack``: train on the deployed stack of this name instead of a local runtime."""
     import keras
 
@@ -52,13 +54,13 @@ def fit(
     if stack is not None:
         from slsml.client.stack import services_for_stack
 
-        record = _train(services_for_stack(stack), model_bytes, run_id, spec, x, y, test, verbose)
+        record = _train(services_for_stack(stack), model_bytes, run_id, spec, (x, y, sample_weight), test, verbose)
     else:
         from slsml.local.runtime import LocalRuntime
 
         with LocalRuntime(workers=spec.max_workers or spec.initial_workers, reducers=spec.reducers,
                           log_dir=Path(".slsml/logs") / run_id) as local:
-            record = _train(local.services, model_bytes, run_id, spec, x, y, test, verbose)
+            record = _train(local.services, model_bytes, run_id, spec, (x, y, sample_weight), test, verbose)
     run, counters, final = record
     trained = modelio.load_model(final)
     for variable, value in zip(model.weights, trained.weights, strict=True):
@@ -87,12 +89,14 @@ def _spec(count: int, batch_size: int, epochs: int, validation_data: Any, valida
     return spec.model_copy(update={"eval_every": per_epoch if validation_data is not None else 0})
 
 
-def _train(services: Services, model_bytes: bytes, run_id: str, spec: TrainingSpec, x: np.ndarray, y: np.ndarray,
-           test: tuple[np.ndarray, np.ndarray], verbose: int) -> tuple[RunRecord, list[IterationRecord], bytes]:
-    """Upload the data, train, and return the ended run, its iterations and its final model."""
+def _train(services: Services, model_bytes: bytes, run_id: str, spec: TrainingSpec,
+           train: tuple[np.ndarray, np.ndarray, np.ndarray | None], test: tuple[np.ndarray, np.ndarray],
+           verbose: int) -> tuple[RunRecord, list[IterationRecord], bytes]:
+    """Upload the data (``train``: x, y and the samples' weights), train, and return the ended run, its iterations
+    and its final model."""
     import keras
 
-    data.put_dataset(services.store, run_id, x, y, *test)
+    data.put_dataset(services.store, run_id, train[0], train[1], *test, w=train[2])
     config = runs.start_run(services, model_bytes, run_id, spec, run_id=run_id)
     bar = keras.utils.Progbar(config.training.iterations, verbose=verbose, unit_name="iteration")
     shown = [0]  # the last iteration shown: each merged iteration's loss enters the bar's mean once

@@ -174,6 +174,9 @@ def _class_weights(spec: TrainingSpec, manifest: DatasetManifest) -> tuple[float
     naming a class the labels do not have."""
     if spec.class_weights is None:
         return None
+    if manifest.weighted:
+        raise BadInputError(f"dataset {manifest.name!r} holds sample weights and the run gives class_weight: Keras's"
+                            " fit takes one or the other (fold the class weights into the sample weights)")
     one_hot = manifest.y_shape[-1] if len(manifest.y_shape) == 1 and manifest.y_shape[0] > 1 else None
     try:
         return weighting.resolve(spec.class_weights, manifest.class_counts, manifest.classes or one_hot)

@@ -29,7 +29,8 @@ def summary(manifest: DatasetManifest) -> dict[str, Any]:
     return {
         "name": manifest.name, "format": origin.format if origin else None, "train": manifest.train.count,
         "test": manifest.test.count, "x_shape": list(manifest.x_shape), "x_dtype": manifest.x_dtype,
-        "y_shape": list(manifest.y_shape), "y_dtype": manifest.y_dtype, "classes": manifest.classes,
+        "y_shape": list(manifest.y_shape), "y_dtype": manifest.y_dtype, "weighted": manifest.weighted,
+        "classes": manifest.classes,
         "class_names": list(origin.class_names) if origin and origin.class_names else None,
         "bytes": manifest.train.bytes + manifest.test.bytes,
         "shards": len(manifest.train.shards) + len(manifest.test.shards),

@@ -23,7 +23,7 @@ from slsml.aws.clients import error_code
 from slsml.aws.storage import ObjectStore
 from slsml.data.blockorder import BlockOrder
 from slsml.data.manifest import DEFAULT_SHARD_MB, SCHEMA_VERSION, DatasetManifest, Split
-from slsml.data.sources.base import validate_arrays
+from slsml.data.sources.base import validate_arrays, validate_weights
 from slsml.data.writer import DatasetWriter
 from slsml.spec import keys
 from slsml.spec.algorithms import ALGORITHMS
@@ -55,19 +55,28 @@ def put_dataset(
     x_test: np.ndarray,
     y_test: np.ndarray,
     shard_mb: float = DEFAULT_SHARD_MB,
+    w: np.ndarray | None = None,
+    w_test: np.ndarray | None = None,
 ) -> DatasetManifest:
-    """Upload arrays as a dataset (``DatasetWriter``): every array is checked before anything is stored, the
+    """Upload arrays as a dataset (``DatasetWriter``), with the training samples' weights ``w`` (and the test
+    samples', ``w_test``: default 1 each) if given: every array is checked before anything is stored, the
     manifest is written last, and an existing dataset is never replaced."""
     validate_arrays(x, y, "training data")
     validate_arrays(x_test, y_test, "test data")
+    if w_test is not None and w is None:
+        raise BadInputError("test data: sample weights where the training data has none")
+    for weights, samples, what in ((w, len(x), "training data"), (w_test, len(x_test), "test data")):
+        if weights is not None:
+            validate_weights(weights, samples, what)
     if x.shape[1:] != x_test.shape[1:] or y.shape[1:] != y_test.shape[1:]:
         raise BadInputError(
             f"train and test samples differ in shape: x {x.shape[1:]} vs {x_test.shape[1:]}, "
             f"y {y.shape[1:]} vs {y_test.shape[1:]}"
         )
-    with DatasetWriter(store, name, x.shape[1:], str(x.dtype), y.shape[1:], str(y.dtype), shard_mb) as writer:
-        writer.write("train", x, y)
-        writer.write("test", x_test.astype(x.dtype, copy=False), y_test.astype(y.dtype, copy=False))
+    with DatasetWriter(store, name, x.shape[1:], str(x.dtype), y.shape[1:], str(y.dtype), shard_mb,
+                       weighted=w is not None) as writer:
+        writer.write("train", x, y, w)
+        writer.write("test", x_test.astype(x.dtype, copy=False), y_test.astype(y.dtype, copy=False), w_test)
         return writer.finish()
 
 
@@ -191,13 +200,19 @@ class DatasetReader:
         return self._cache.limit is None or self.manifest.split(split).bytes <= DATA_CACHE_SHARE * self._cache.limit
 
     def take(self, split: Split, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x, y, _ = self.take_weighted(split, indices)
+        return x, y
+
+    def take_weighted(self, split: Split, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The samples' x, y and weights (None: the dataset has none), read together."""
         m = self.manifest
         indices = np.asarray(indices, dtype=np.int64)
         count = m.split(split).count
         if len(indices) and (indices.min() < 0 or indices.max() >= count):
             raise IndexError(f"{split} sample indices {indices.min()}..{indices.max()} outside 0..{count - 1}")
         records = self._cached_records(split, indices) if self.cached(split) else self._ranged_records(split, indices)
-        return records["x"].astype(m.x_dtype), records["y"].astype(m.y_dtype)
+        weights = records["w"].astype(np.float32) if m.weighted else None
+        return records["x"].astype(m.x_dtype), records["y"].astype(m.y_dtype), weights
 
     def split(self, split: Split) -> tuple[np.ndarray, np.ndarray]:
         return self.take(split, np.arange(self.manifest.split(split).count))

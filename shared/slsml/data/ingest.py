@@ -17,7 +17,7 @@ import numpy as np
 
 from slsml.aws.storage import ObjectStore
 from slsml.data.manifest import DEFAULT_SHARD_MB, DatasetManifest, DatasetOrigin, Split
-from slsml.data.sources import DEFAULT_CHUNK_BYTES, Source
+from slsml.data.sources import DEFAULT_CHUNK_BYTES, Chunk, Source
 from slsml.data.writer import DatasetWriter
 from slsml.spec.errors import BadInputError
 
@@ -53,20 +53,20 @@ def checksum(*paths: Path) -> str:
     return digest.hexdigest()
 
 
-def _split(source: Source, test_fraction: float, seed: int) -> Iterator[tuple[Split, np.ndarray, np.ndarray]]:
-    """(split, x, y) of every sample of ``source``: its own test part, or a held-out fraction."""
+def _split(source: Source, test_fraction: float, seed: int) -> Iterator[tuple[Split, Chunk]]:
+    """(split, chunk) of every sample of ``source``: its own test part, or a held-out fraction."""
     if source.test is not None:
-        yield from (("train", x, y) for x, y in source.chunks(DEFAULT_CHUNK_BYTES))
-        yield from (("test", x, y) for x, y in source.test.chunks(DEFAULT_CHUNK_BYTES))
+        yield from (("train", chunk) for chunk in source.chunks(DEFAULT_CHUNK_BYTES))
+        yield from (("test", chunk) for chunk in source.test.chunks(DEFAULT_CHUNK_BYTES))
         return
     if not 0 < test_fraction < 1:
         raise BadInputError(f"test fraction must be between 0 and 1, got {test_fraction}")
     total, start = source.count(), 0
-    for x, y in source.chunks(DEFAULT_CHUNK_BYTES):
-        test = held_out(start, len(x), test_fraction, seed, total)
-        start += len(x)
-        yield "train", x[~test], y[~test]
-        yield "test", x[test], y[test]
+    for chunk in source.chunks(DEFAULT_CHUNK_BYTES):
+        test = held_out(start, len(chunk[0]), test_fraction, seed, total)
+        start += len(chunk[0])
+        yield "train", tuple(array[~test] for array in chunk)
+        yield "test", tuple(array[test] for array in chunk)
 
 
 def put(
@@ -82,14 +82,14 @@ def put(
         first = next(parts)
     except StopIteration:
         raise BadInputError(f"{source.where}: no samples") from None
-    x, y = first[1], first[2]
+    x, y = first[1][0], first[1][1]
     writer = DatasetWriter(store, name, x_shape=x.shape[1:], x_dtype=str(x.dtype), y_shape=y.shape[1:],
-                           y_dtype=str(y.dtype), shard_mb=shard_mb)
+                           y_dtype=str(y.dtype), shard_mb=shard_mb, weighted=len(first[1]) > 2)
     with writer:
-        for split, x, y in chain([first], parts):
-            writer.write(split, x, y)
+        for split, chunk in chain([first], parts):
+            writer.write(split, *chunk)
             if progress is not None:
-                progress(len(x))
+                progress(len(chunk[0]))
         return writer.finish(origin() if origin is not None else None)
 
 

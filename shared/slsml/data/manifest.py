@@ -2,9 +2,10 @@
 
 A dataset is ``datasets/<name>/manifest.json`` plus shard objects ``<split>-<index>.bin`` for the splits ``train``
 and ``test``. A shard is a run of fixed-size records and nothing else: record r of a shard is bytes
-[r·R, (r+1)·R) with R = ``record_bytes``, one sample's x then its y, each in C order and little-endian
-(``record_dtype``). Every shard of a split holds ``shard_records`` records, the last one the rest; so sample j of a
-split is record j mod ``shard_records`` of shard j // ``shard_records``, and its bytes are a ranged GET away.
+[r·R, (r+1)·R) with R = ``record_bytes``, one sample's x then its y, each in C order and little-endian, then, in a
+``weighted`` dataset, the sample's weight as float32 (``record_dtype``). Every shard of a split holds
+``shard_records`` records, the last one the rest; so sample j of a split is record j mod ``shard_records`` of shard
+j // ``shard_records``, and its bytes are a ranged GET away.
 
 The manifest lists each shard's records, bytes and SHA-256 and is written last: a dataset without one does not
 exist, whatever shards an interrupted upload left.
@@ -72,7 +73,8 @@ class DatasetManifest(BaseModel):
     x_range: tuple[float, float] | None = Field(
         default=None, description="the smallest and the largest value of x, train and test (None: not recorded)"
     )
-    record_bytes: int = Field(gt=0, description="bytes of one sample's record: its x, then its y")
+    weighted: bool = Field(default=False, description="each record ends with the sample's weight (float32)")
+    record_bytes: int = Field(gt=0, description="bytes of one sample's record: its x, then its y (and its weight)")
     shard_records: int = Field(gt=0, description="records of every shard but a split's last")
     train: SplitInfo
     test: SplitInfo
@@ -98,16 +100,17 @@ class DatasetManifest(BaseModel):
 
     @property
     def record_dtype(self) -> np.dtype:
-        return record_dtype(self.x_shape, self.x_dtype, self.y_shape, self.y_dtype)
+        return record_dtype(self.x_shape, self.x_dtype, self.y_shape, self.y_dtype, self.weighted)
 
     def split(self, name: Split) -> SplitInfo:
         return self.train if name == "train" else self.test
 
 
-def record_dtype(x_shape: tuple[int, ...], x_dtype: str, y_shape: tuple[int, ...], y_dtype: str) -> np.dtype:
-    """One record: the sample's x then its y, little-endian, packed."""
+def record_dtype(x_shape: tuple[int, ...], x_dtype: str, y_shape: tuple[int, ...], y_dtype: str,
+                 weighted: bool = False) -> np.dtype:
+    """One record: the sample's x then its y (then its weight), little-endian, packed."""
     return np.dtype([("x", np.dtype(x_dtype).newbyteorder("<"), x_shape),
-                     ("y", np.dtype(y_dtype).newbyteorder("<"), y_shape)])
+                     ("y", np.dtype(y_dtype).newbyteorder("<"), y_shape), *([("w", "<f4")] if weighted else [])])
 
 
 def shard_records(record_bytes: int, shard_mb: float = DEFAULT_SHARD_MB) -> int:

@@ -41,7 +41,7 @@ from slsml.data.manifest import (
     record_dtype,
     shard_records,
 )
-from slsml.data.sources.base import validate_arrays
+from slsml.data.sources.base import validate_arrays, validate_weights
 from slsml.spec import keys
 from slsml.spec.config import DATASET_PATTERN
 from slsml.spec.errors import BadInputError
@@ -66,7 +66,7 @@ class DatasetWriter:
     def __init__(
         self, store: ObjectStore, name: str, x_shape: tuple[int, ...], x_dtype: str, y_shape: tuple[int, ...],
         y_dtype: str, shard_mb: float = DEFAULT_SHARD_MB, uploads: int = UPLOADS,
-        progress: Callable[[int], None] | None = None,
+        progress: Callable[[int], None] | None = None, weighted: bool = False,
     ) -> None:
         if not DATASET_PATTERN.match(name):
             raise BadInputError(f"dataset name {name!r} must be 1-63 lowercase letters, digits or '-'")
@@ -75,7 +75,8 @@ class DatasetWriter:
         self.store, self.name, self.progress = store, name, progress
         self.x_shape, self.y_shape = tuple(x_shape), tuple(y_shape)
         self.x_dtype, self.y_dtype = str(np.dtype(x_dtype)), str(np.dtype(y_dtype))
-        self.dtype = record_dtype(self.x_shape, self.x_dtype, self.y_shape, self.y_dtype)
+        self.weighted = weighted  # each sample has a weight (a chunk without weights: 1 each)
+        self.dtype = record_dtype(self.x_shape, self.x_dtype, self.y_shape, self.y_dtype, weighted)
         self.shard_records = shard_records(self.dtype.itemsize, shard_mb)
         self._splits: dict[Split, _SplitState] = {}
         self._pool = ThreadPoolExecutor(max_workers=uploads, thread_name_prefix="shard-upload")
@@ -84,12 +85,17 @@ class DatasetWriter:
         self._counts = np.zeros(0, dtype=np.int64)
         self._integer_labels = np.issubdtype(np.dtype(self.y_dtype), np.integer) and self.y_shape == ()
 
-    def write(self, split: Split, x: np.ndarray, y: np.ndarray) -> None:
-        """Append samples to ``split``; a full shard goes to S3 in the background."""
+    def write(self, split: Split, x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> None:
+        """Append samples to ``split`` (with their weights ``w``, in a weighted dataset: None, 1 each); a full
+        shard goes to S3 in the background."""
         what = WHAT[split]
         if len(x) == len(y) == 0:
             return
         validate_arrays(x, y, what)
+        if w is not None:
+            if not self.weighted:
+                raise BadInputError(f"{what}: sample weights where the training data has none")
+            validate_weights(w, len(x), what)
         for name, array, shape, dtype in (("x", x, self.x_shape, self.x_dtype), ("y", y, self.y_shape, self.y_dtype)):
             if array.shape[1:] != shape or str(array.dtype) != dtype:
                 raise BadInputError(f"{what}: {name} samples are {array.dtype}{list(array.shape[1:])} where the "
@@ -109,6 +115,8 @@ class DatasetWriter:
             take = min(len(x) - start, self.shard_records - state.filled)
             rows = state.records[state.filled : state.filled + take]
             rows["x"], rows["y"] = x[start : start + take], y[start : start + take]
+            if self.weighted:
+                rows["w"] = 1.0 if w is None else w[start : start + take]
             state.filled, state.count, start = state.filled + take, state.count + take, start + take
             if state.filled == self.shard_records:
                 self._flush(split, state)
@@ -130,6 +138,7 @@ class DatasetWriter:
                 y_dtype=self.y_dtype, classes=self._label_max + 1 if self._integer_labels else None,
                 class_counts=self._class_counts(),
                 x_range=(self._low, self._high), record_bytes=self.dtype.itemsize, shard_records=self.shard_records,
+                weighted=self.weighted,
                 origin=origin, **infos,
             )
             if not self.store.put_json_new(keys.dataset_manifest(self.name), manifest.model_dump(mode="json")):

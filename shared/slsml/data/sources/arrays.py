@@ -67,25 +67,29 @@ def _member_stream(path: Path, member: str) -> Iterator[IO[bytes]]:
 
 
 class StoredArraysSource(Source):
-    """x and y of ``.npy`` files or ``.npz`` members, read in lockstep."""
+    """x and y (and the samples' weights w) of ``.npy`` files or ``.npz`` members, read in lockstep."""
 
-    def __init__(self, where: str, x: _StoredArray, y: _StoredArray) -> None:
+    def __init__(self, where: str, x: _StoredArray, y: _StoredArray, w: _StoredArray | None = None) -> None:
         super().__init__(where)
         if x.shape[0] != y.shape[0]:
             raise BadInputError(f"{where}: x has {x.shape[0]} samples but y has {y.shape[0]}")
-        self.x, self.y = x, y
+        if w is not None and w.shape != (x.shape[0],):
+            raise BadInputError(f"{where}: w (sample weights) has shape {w.shape}, where x has {x.shape[0]} samples"
+                                " (one weight each)")
+        self.x, self.y, self.w = x, y, w
 
     def count(self) -> int:
         return self.x.shape[0]
 
     def read(self, chunk_bytes: int) -> Iterator[Chunk]:
-        rows = rows_per_chunk(self.x.row_bytes + self.y.row_bytes, chunk_bytes)
-        yield from zip(self.x.blocks(rows), self.y.blocks(rows), strict=True)
+        arrays = [self.x, self.y, *([self.w] if self.w is not None else [])]
+        rows = rows_per_chunk(sum(a.row_bytes for a in arrays), chunk_bytes)
+        yield from zip(*(a.blocks(rows) for a in arrays), strict=True)
 
 
 def open_file(path: Path, options: ArrayOptions) -> Source:
-    """A ``.npz`` of x, y (and optionally x_test, y_test: the source's test part), or a ``.npy`` of x with
-    its labels in ``options.labels_file``."""
+    """A ``.npz`` of x, y (and optionally x_test, y_test: the source's test part; w, w_test: the samples'
+    weights), or a ``.npy`` of x with its labels in ``options.labels_file``."""
     if path.suffix == ".npy":
         if options.labels_file is None:
             raise BadInputError(f"{path}: a .npy source holds x alone; give its labels with --labels-file Y.npy")
@@ -105,9 +109,12 @@ def open_file(path: Path, options: ArrayOptions) -> Source:
         def member(name: str) -> _StoredArray:
             return _StoredArray(partial(_member_stream, path, f"{name}.npy"), f"{path}:{name}")
 
-        source = StoredArraysSource(str(path), member("x"), member("y"))
+        if "w_test" in names and "w" not in names:
+            raise BadInputError(f"{path} holds w_test (test sample weights) but no w for its training samples")
+        source = StoredArraysSource(str(path), member("x"), member("y"), member("w") if "w" in names else None)
         if {"x_test", "y_test"} <= names:
-            source.test = StoredArraysSource(f"{path} (test)", member("x_test"), member("y_test"))
+            source.test = StoredArraysSource(f"{path} (test)", member("x_test"), member("y_test"),
+                                             member("w_test") if "w_test" in names else None)
     source.format = FORMAT.name
     return source
 

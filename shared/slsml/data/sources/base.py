@@ -13,7 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from slsml.spec.errors import BadInputError
 
-Chunk = tuple[np.ndarray, np.ndarray]
+Chunk = tuple[np.ndarray, ...]  # (x, y), or (x, y, w) from a source of sample weights
 DEFAULT_CHUNK_BYTES = 16 * 2**20  # one chunk of samples in memory at a time: a quarter of a shard
 
 
@@ -60,12 +60,14 @@ class Source(ABC):
         the first chunk's shapes and dtypes (BadInputError naming ``where`` otherwise)."""
         first: tuple[Any, ...] | None = None
         start = 0
-        for x, y in self.read(chunk_bytes):
-            x, y = np.asarray(x), np.asarray(y)
+        for chunk in self.read(chunk_bytes):
+            x, y = np.asarray(chunk[0]), np.asarray(chunk[1])
             if not len(x) and not len(y):
                 continue
             what = f"{self.where} (samples {start}–{start + len(x) - 1})"
             validate_arrays(x, y, what)
+            if len(chunk) > 2:
+                validate_weights(chunk[2], len(x), what)
             kind = (x.shape[1:], x.dtype, y.shape[1:], y.dtype)
             if first is None:
                 first = kind
@@ -73,7 +75,7 @@ class Source(ABC):
                 raise BadInputError(f"{what}: samples of x {x.shape[1:]} {x.dtype}, y {y.shape[1:]} {y.dtype},"
                                     f" where the first are x {first[0]} {first[1]}, y {first[2]} {first[3]}")
             start += len(x)
-            yield x, y
+            yield (x, y, np.asarray(chunk[2], dtype=np.float32)) if len(chunk) > 2 else (x, y)
         if first is None:
             raise BadInputError(f"{self.where}: no samples")
 
@@ -89,6 +91,19 @@ def validate_arrays(x: np.ndarray, y: np.ndarray, what: str) -> None:
             raise BadInputError(f"{what}: {name} has non-numeric dtype {array.dtype}")
         if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
             raise BadInputError(f"{what}: {name} contains NaN or Inf")
+
+
+def validate_weights(w: np.ndarray, samples: int, what: str) -> None:
+    """One line naming ``what`` is wrong with the sample weights of a chunk of ``samples`` (BadInputError)."""
+    w = np.asarray(w)
+    if w.shape != (samples,):
+        raise BadInputError(f"{what}: sample weights of shape {w.shape} for {samples} samples (one number each)")
+    if not (np.issubdtype(w.dtype, np.integer) or np.issubdtype(w.dtype, np.floating) or w.dtype == bool):
+        raise BadInputError(f"{what}: sample weights of non-numeric dtype {w.dtype}")
+    bad = ~np.isfinite(w) | (w < 0)
+    if bad.any():
+        raise BadInputError(f"{what}: sample weights must be finite numbers from 0 (sample {int(np.argmax(bad))}'s"
+                            f" is {w[bad][0]})")
 
 
 def rows_per_chunk(sample_bytes: int, chunk_bytes: int) -> int:

@@ -18,6 +18,8 @@ class TableOptions(SourceOptions):
     label: Label
     features: CommaList | None = Field(
         default=None, description="tables: the feature columns, comma-separated (default: every other numeric column)")
+    weight: str | None = Field(
+        default=None, description="tables: the column of the samples' weights (Keras's sample_weight), not a feature")
 
 
 class TableSource(Source):
@@ -35,15 +37,16 @@ class TableSource(Source):
             raise BadInputError(f"{path}: not a readable {format} table ({error})") from None
         numeric = {f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
                    or pa.types.is_boolean(f.type)}
-        features = options.features or [name for name in schema.names if name in numeric and name != options.label]
-        for column in (options.label, *features):
+        special = {options.label, options.weight}
+        features = options.features or [name for name in schema.names if name in numeric and name not in special]
+        for column in (options.label, *features, *([options.weight] if options.weight else [])):
             if column not in schema.names:
                 raise BadInputError(f"{path}: no column {column!r} (it has {', '.join(schema.names)})")
             if column not in numeric:
                 raise BadInputError(f"{path}: column {column!r} is {schema.field(column).type}, not numeric")
         if not features:
             raise BadInputError(f"{path}: no numeric column besides the label {options.label!r}")
-        self.label, self.features = options.label, features
+        self.label, self.features, self.weight = options.label, features, options.weight
 
     def count(self) -> int | None:
         return self._table.count_rows() if self.format == "parquet" else None  # Parquet's footers hold it
@@ -52,7 +55,8 @@ class TableSource(Source):
         import pyarrow as pa
 
         rows = rows_per_chunk(4 * len(self.features) + 8, chunk_bytes)
-        batches = self._table.to_batches(columns=[*self.features, self.label], batch_size=rows,
+        weight = [self.weight] if self.weight else []
+        batches = self._table.to_batches(columns=[*self.features, self.label, *weight], batch_size=rows,
                                          batch_readahead=1, fragment_readahead=1)
         try:
             for batch in batches:
@@ -60,7 +64,11 @@ class TableSource(Source):
                 for index, name in enumerate(self.features):
                     x[:, index] = self._values(batch.column(name), name)
                 y = self._values(batch.column(self.label), self.label)
-                yield x, y.astype(np.float32) if y.dtype.kind == "f" else y
+                y = y.astype(np.float32) if y.dtype.kind == "f" else y
+                if self.weight:
+                    yield x, y, self._values(batch.column(self.weight), self.weight).astype(np.float32)
+                else:
+                    yield x, y
         except pa.ArrowInvalid as error:
             raise BadInputError(f"{self.where}: {error}") from None
 

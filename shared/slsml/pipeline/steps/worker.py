@@ -101,9 +101,9 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
 
 
 def _batch(reader: data.DatasetReader, indices: np.ndarray, config: RunConfig) -> Batch:
-    """A batch of training samples with their weights (the run's class weights; None: unweighted)."""
-    x, y = reader.take("train", indices)
-    return x, y, None if config.class_weights is None else weighting.of_classes(y, config.class_weights)
+    """A batch of training samples with their weights: the dataset's, or the run's class weights (None: none)."""
+    x, y, w = reader.take_weighted("train", indices)
+    return x, y, w if config.class_weights is None else weighting.of_classes(y, config.class_weights)
 
 
 def _train(message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer, start: np.ndarray,
