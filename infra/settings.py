@@ -17,7 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from slsml.spec import wiring
 from slsml.spec.config import DropInRequest
-from slsml.spec.deployment import DEFAULT_FUNCTIONS, FunctionSettings
+from slsml.spec.deployment import (
+    DAY_S,
+    DEFAULT_FUNCTIONS,
+    SCRATCH_EXPIRY_DAYS,
+    TRANSIENT_USE_MAX_S,
+    FunctionSettings,
+)
 
 
 class Settings(BaseModel):
@@ -28,13 +34,22 @@ class Settings(BaseModel):
     stack_name: str = Field(default="Slsml", pattern=r"^[A-Za-z][A-Za-z0-9-]{0,100}$")
     removal_policy: Literal["retain", "destroy"] = "retain"
     bucket_versioning: bool = False
-    scratch_expiry_days: int = Field(default=7, ge=1)
+    # transient scratch only (updates, means, evaluation states): carried state is never expired by a rule
+    scratch_expiry_days: int = SCRATCH_EXPIRY_DAYS
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH
     # Tests only: ship layers/common as is instead of pip-installing the layer (fast, not deployable).
     skip_layer_build: bool = False
     functions: dict[str, FunctionSettings] = Field(default_factory=dict, validate_default=True)
     # what a model dropped under incoming/ trains with, e.g. {"dataset": "digits", "training": {"iterations": 300}}
     run_defaults: DropInRequest = DropInRequest()
+
+    @field_validator("scratch_expiry_days")
+    @classmethod
+    def _outlive_transient_use(cls, days: int) -> int:
+        if days * DAY_S <= TRANSIENT_USE_MAX_S:
+            raise ValueError(f"{days} days: a run reads an iteration's updates for up to {TRANSIENT_USE_MAX_S // DAY_S}"
+                             " days ((staleness + 1) × heartbeat), so transient scratch must expire later than that")
+        return days
 
     @field_validator("functions", mode="before")
     @classmethod

@@ -37,19 +37,26 @@ class Storage(Construct):
             auto_delete_objects=destroy,
         )
 
-        # Lifecycle filters match a key prefix (and tags), not a pattern, and the scratch lives at
-        # runs/<run>/iters/: a rule on the prefix runs/ alone would also expire models, run configs and
-        # final models. So writers tag scratch objects (slsml.spec.deployment.SCRATCH_TAG_*) and the rule
-        # matches prefix runs/ AND that tag; untagged objects are kept.
-        scratch_rule = s3.LifecycleRule(
-            id="ExpireIterationScratch",
-            prefix=deployment.RUNS_PREFIX,
-            tag_filters={deployment.SCRATCH_TAG_KEY: deployment.SCRATCH_TAG_VALUE},
-            expiration=Duration.days(settings.scratch_expiry_days),
-            noncurrent_version_expiration=(
-                Duration.days(settings.scratch_expiry_days) if settings.bucket_versioning else None
-            ),
-        )
+        # Lifecycle filters match a key prefix (and tags), not a pattern, and transient scratch lives at
+        # runs/<run>/iters/ beside carried state: writers tag transient objects (slsml.spec.deployment.SCRATCH_TAG_*)
+        # and the rule matches prefix runs/ AND that tag; untagged objects (models, run configs, carried state) are
+        # kept. The rules are declared once (slsml.spec.deployment), for this bucket and the local cloud's alike.
+        lifecycle_rules = [
+            s3.LifecycleRule(
+                id=rule.id,
+                prefix=rule.prefix or None,
+                tag_filters=rule.tags or None,
+                expiration=Duration.days(rule.expiration_days) if rule.expiration_days else None,
+                noncurrent_version_expiration=(
+                    Duration.days(rule.expiration_days) if rule.expiration_days and settings.bucket_versioning
+                    else None
+                ),
+                abort_incomplete_multipart_upload_after=(
+                    Duration.days(rule.abort_uploads_days) if rule.abort_uploads_days else None
+                ),
+            )
+            for rule in deployment.lifecycle_rules(settings.scratch_expiry_days)
+        ]
         self.bucket = s3.Bucket(
             self,
             "Bucket",
@@ -59,10 +66,7 @@ class Storage(Construct):
             server_access_logs_bucket=self.access_logs,
             server_access_logs_prefix="data/",
             versioned=settings.bucket_versioning,
-            lifecycle_rules=[
-                scratch_rule,
-                s3.LifecycleRule(id="AbortIncompleteUploads", abort_incomplete_multipart_upload_after=Duration.days(1)),
-            ],
+            lifecycle_rules=lifecycle_rules,
             removal_policy=removal,
             auto_delete_objects=destroy,
         )

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from slsml.accounting import usage
 from slsml.bench import admm as bench_admm
 from slsml.client import runs
 from slsml.data import datasets as data
@@ -64,7 +65,7 @@ def reference(dual: bool = True) -> np.ndarray:
     return np.concatenate([w.ravel() for w in z])
 
 
-def test_admm_through_the_pipeline_equals_admm_in_tensorflow(services, finished) -> None:
+def test_admm_through_the_pipeline_equals_admm_in_tensorflow(local, services, finished) -> None:
     assert finished.status == "COMPLETED", finished.reason
     weights, _ = final_weights(services, RUN)
     expected, without_dual = reference(), reference(dual=False)
@@ -72,10 +73,17 @@ def test_admm_through_the_pipeline_equals_admm_in_tensorflow(services, finished)
     print(f"ADMM W={WORKERS}, K={LOCAL_STEPS}, {ROUNDS} rounds: max |Δw|/max|w| = {error:.2e}")
     assert error < TOLERANCE
     assert np.abs(without_dual - expected).max() / np.abs(expected).max() > 10 * TOLERANCE  # the dual counts
-    for round_number in range(ROUNDS):  # each slot's local model and dual, stored per round
-        for worker in range(WORKERS):
-            key = keys.local_state(RUN, round_number, worker)
-            assert admm.SlotState.decode(services.store.get(key), weights.size, key).model.shape == weights.shape
+    # each slot stores its local model and dual each round, beside its update: the pipeline deletes them once
+    # superseded, and the last ones with the completed run
+    assert local.host.wait_idle(RUN, timeout_s=60)
+    stored = {(r.iteration, r.worker): (r.requests.get("s3:PutObject"), r.bytes_written)
+              for r in usage.read_local(local.log_dir, RUN) if r.function == "worker" and r.iteration < ROUNDS}
+    state_bytes = len(admm.SlotState(weights, weights).encode())
+    update_bytes = {key: services.store.s3.head_object(Bucket=services.store.bucket, Key=key)["ContentLength"]
+                    for key in (keys.update(RUN, i, w) for i in range(ROUNDS) for w in range(WORKERS))}
+    assert stored == {(i, w): (2, state_bytes + update_bytes[keys.update(RUN, i, w)])
+                      for i in range(ROUNDS) for w in range(WORKERS)}
+    assert not [key for key in services.store.list_keys(keys.run_prefix(RUN)) if "/local/" in key]
 
 
 def test_an_admm_run_keeps_its_workers(services, finished) -> None:

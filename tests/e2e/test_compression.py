@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from slsml.accounting import usage
 from slsml.client import demo
 from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
@@ -58,14 +59,23 @@ def test_every_compressor_completes_and_shrinks_the_updates(finished, services):
     assert ratios["significance"] > 2
 
 
-def test_each_worker_slot_stores_its_residual_each_iteration(finished, services):
+def _residuals(local, services, run_id: str) -> dict[tuple[int, int], int]:
+    """(iteration, worker) → the bytes a worker stored beside its update: its residual. The pipeline deletes
+    residuals once superseded (and the last ones with the completed run), so they are read off the workers'
+    usage lines, less the update objects' bytes."""
+    assert local.host.wait_idle(run_id, timeout_s=60)
+    updates = _sizes(services, run_id, "updates")
+    return {(r.iteration, r.worker): r.bytes_written - updates[keys.update(run_id, r.iteration, r.worker)]
+            for r in usage.read_local(local.log_dir, run_id) if r.function == "worker" and r.iteration < ITERATIONS}
+
+
+def test_each_worker_slot_stores_its_residual_each_iteration(finished, local, services):
     weights = sum(np.asarray(w).size for w in demo.digits_cnn(seed=1).get_weights())
-    assert not _sizes(services, _run_id("none"), "residuals")
+    slots = [(i, w) for i in range(ITERATIONS) for w in range(WORKERS)]
+    assert _residuals(local, services, _run_id("none")) == dict.fromkeys(slots, 0)
     for name in ("fp16", "topk", "significance"):
-        residuals = _sizes(services, _run_id(name), "residuals")
-        expected = {keys.residual(_run_id(name), i, w) for i in range(ITERATIONS) for w in range(WORKERS)}
-        assert set(residuals) == expected, name
-        assert set(residuals.values()) == {2 * weights}, name  # bfloat16
+        assert _residuals(local, services, _run_id(name)) == dict.fromkeys(slots, 2 * weights), name  # bfloat16
+        assert not _sizes(services, _run_id(name), "residuals"), name  # none outlives its completed run
     dense = sum(_sizes(services, _run_id("none"), "updates").values())
-    topk = _sizes(services, _run_id("topk"), "updates") | _sizes(services, _run_id("topk"), "residuals")
-    assert sum(topk.values()) < 0.6 * dense  # top-k's updates and residuals together, against dense updates
+    topk = sum(_sizes(services, _run_id("topk"), "updates").values()) + len(slots) * 2 * weights
+    assert topk < 0.6 * dense  # top-k's updates and residuals together, against dense updates

@@ -66,6 +66,8 @@ def _operation(entry: dict[str, Any]) -> str:
         return "s3:HeadObject" if has_key else "s3:HeadBucket"
     if method == "PUT" and has_key:
         return "s3:CopyObject" if "x-amz-copy-source" in headers else "s3:PutObject"
+    if method == "POST" and not has_key and "delete" in parse_qs(url.query, keep_blank_values=True):
+        return "s3:DeleteObjects"
     return f"s3:{method} {url.path}"
 
 
@@ -97,6 +99,7 @@ def test_the_functions_count_every_request_they_send(tmp_path: Path, monkeypatch
     assert counted == recorded
     assert {"worker", "reducer", "merger", "reduce_launcher", "work_launcher"} <= {f for f, _ in recorded}
     assert recorded["worker", "s3:PutObject"] >= SPEC.workers * SPEC.iterations
+    assert recorded["merger", "s3:DeleteObjects"] == SPEC.iterations - 1  # the state each merge superseded
     assert all(line["memory_mb"] == DEFAULT_FUNCTIONS[line["function"]].memory_mb for line in lines)
 
     records = usage.read_local(log_dir, RUN)

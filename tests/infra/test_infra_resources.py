@@ -140,10 +140,17 @@ def test_bucket_is_private_encrypted_logged_and_expires_tagged_scratch(synthesiz
     assert props["LoggingConfiguration"]["DestinationBucketName"] == {
         "Ref": synthesized.logical_id(synthesized.stack.storage.access_logs)
     }
-    scratch = next(r for r in props["LifecycleConfiguration"]["Rules"] if r["Id"] == "ExpireIterationScratch")
+    rules = {rule["Id"]: rule for rule in props["LifecycleConfiguration"]["Rules"]}
+    # the rules declared once for the deployed bucket and the local cloud's
+    assert set(rules) == {rule.id for rule in deployment.lifecycle_rules()}
+    scratch = rules["ExpireIterationScratch"]
     assert scratch["Prefix"] == deployment.RUNS_PREFIX
     assert scratch["TagFilters"] == [{"Key": deployment.SCRATCH_TAG_KEY, "Value": deployment.SCRATCH_TAG_VALUE}]
     assert scratch["ExpirationInDays"] == synthesized.stack.settings.scratch_expiry_days
+    assert rules["AbortIncompleteUploads"]["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}
+    # no rule expires an untagged object: models, run configs and the carried state a stopped run resumes from
+    expiring = [rule for rule in rules.values() if "ExpirationInDays" in rule or "NoncurrentVersionExpiration" in rule]
+    assert expiring == [scratch]
 
 
 def test_alarms_cover_errors_dead_letters_and_failed_runs(synthesized: Synthesized) -> None:

@@ -43,6 +43,7 @@ def test_context_overrides_merge_over_the_function_defaults() -> None:
         {"functions": {"trainer": {"memory_mb": 1024}}},
         {"functions": {"worker": {"memory_mb": 64}}},
         {"stack_name": "1x"},
+        {"scratch_expiry_days": 2},  # updates are read for up to 2 days: they must outlive that
     ],
 )
 def test_invalid_settings_are_rejected(context: dict[str, object]) -> None:

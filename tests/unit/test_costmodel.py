@@ -6,6 +6,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -126,6 +127,7 @@ def test_requests_follow_the_request_chain() -> None:
         "s3:GetObject": 8 + 3 * 7 + 3,  # weights, (6 parts + shard) per reducer, merger's ranged reads
         "s3:HeadObject": 8 + 3,  # the checks of WorkDone (its update's own report) and ReduceDone (its shard)
         "s3:PutObject": 8 + 3 + 2,  # updates, shards, weights + model
+        "s3:DeleteObjects": 1,  # the superseded weights and 3 shards
         "sns:PublishBatch": 1 + 8 + 1 + 3,  # Work, WorkDone, Reduce, ReduceDone
     }
     assert plan.minimum_requests_per_iteration == plan.requests_per_iteration | {
@@ -135,6 +137,21 @@ def test_requests_follow_the_request_chain() -> None:
                                                                                ("dynamodb:UpdateItem", 1),
                                                                                ("dynamodb:UpdateItem", 1)]
     assert plan.first_iteration.extra_requests["s3:GetObject"] > 0
+
+
+def test_the_superseded_state_takes_a_delete_per_thousand_keys() -> None:
+    def deletes(**spec: Any) -> int:
+        training = TrainingSpec(global_batch=8192, **spec)
+        return predict(workload(workers=8, reducers=3, training=training)).requests_per_iteration["s3:DeleteObjects"]
+
+    assert deletes() == 1  # the weights and 3 shards
+    assert deletes(max_workers=996) == 1  # no slot state: the workers' bound does not matter
+    # a residual per worker slot the run may have: 1 + 3 + 996 keys, then one more
+    assert deletes(max_workers=996, compress="topk:0.01") == 1
+    assert deletes(max_workers=997, compress="topk:0.01") == 2
+    # and a slot state beside it
+    assert deletes(max_workers=997, compress="topk:0.01", algorithm="average", local_state="keep") == 2
+    assert deletes(max_workers=999, compress="topk:0.01", algorithm="average", local_state="keep") == 3
 
 
 def test_the_chain_is_its_minimum_and_the_extras_within_a_fifth_of_it() -> None:
@@ -236,7 +253,7 @@ def test_json_is_one_object_with_requests_keyed_like_a_run_summary(capsys: pytes
     configured = [q for q in out["quotas"] if q["name"] not in ("zip package", "container image")]
     assert out["binding"].startswith(max(configured, key=lambda q: q["utilization"])["name"])
     total, minimum = out["requests_per_iteration"], out["minimum_requests_per_iteration"]
-    assert out["requests_ratio"] == sum(total.values()) / sum(minimum.values()) == 61 / 55
+    assert out["requests_ratio"] == sum(total.values()) / sum(minimum.values()) == 62 / 56
     assert sum(extra["count"] for extra in out["extra_calls"]) == sum(total.values()) - sum(minimum.values())
     assert out["recommendation"]["fastest"]["reducers"] >= 1
     assert out["parameters"]["sns_lambda_s"] == {"value": 0.073, "unit": "s", "what": "SNS → Lambda delivery",

@@ -32,7 +32,7 @@ class PriceTable(BaseModel):
     lambda_gb_second: float = Field(default=0.0000166667, description="x86; arm64 is 0.0000133334")
     lambda_request: float = 0.20 / 1e6
     s3_put: float = Field(default=0.005 / 1000, description="PUT, COPY, POST, LIST")
-    s3_get: float = Field(default=0.0004 / 1000, description="GET, HEAD and all other requests")
+    s3_get: float = Field(default=0.0004 / 1000, description="GET, HEAD and all other requests but DELETE")
     sns_publish: float = Field(default=0.50 / 1e6, description="per 64 KB chunk of a published message")
     sqs_request: float = Field(default=0.40 / 1e6, description="per 64 KB chunk")
     dynamodb_write_unit: float = Field(default=0.625 / 1e6, description="on demand, per write request unit")
@@ -44,6 +44,8 @@ class PriceTable(BaseModel):
         """The price of one ``service:Operation`` request, apart from what it consumes (DynamoDB units)."""
         service, _, name = operation.partition(":")
         if service == "s3":
+            if name in _S3_FREE:
+                return 0.0
             return self.s3_put if name in _S3_PUT_CLASS else self.s3_get
         if service == "sns":
             return self.sns_publish if name.startswith("Publish") else 0.0
@@ -76,6 +78,7 @@ class PriceTable(BaseModel):
         return {service: dollars for service, dollars in by_service.items() if dollars}
 
 
+_S3_FREE = {"DeleteObject", "DeleteObjects"}  # S3 bills no DELETE request
 _S3_PUT_CLASS = {"PutObject", "CopyObject", "PostObject", "ListObjects", "ListObjectsV2", "CreateMultipartUpload",
                  "UploadPart", "CompleteMultipartUpload", "ListObjectVersions"}
 

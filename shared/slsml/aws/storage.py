@@ -22,6 +22,7 @@ from slsml.training import npz
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 _MAX_READS = 64  # concurrent GETs of one get_quorum call
 _POLL_S = 0.05  # how often reads still queued behind others are checked for having started
+DELETE_BATCH = 1000  # keys of one DeleteObjects request
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,8 @@ class ObjectStore:
 
     def put_new(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> bool:
         """Create ``key``; False (and nothing written) if it already exists."""
-        # scratch carries the tag the bucket's lifecycle rule expires by
-        tagging = {"Tagging": f"{SCRATCH_TAG_KEY}={SCRATCH_TAG_VALUE}"} if keys.is_scratch(key) else {}
+        # transient scratch carries the tag the bucket's lifecycle rule expires by; carried state does not
+        tagging = {"Tagging": f"{SCRATCH_TAG_KEY}={SCRATCH_TAG_VALUE}"} if keys.is_transient(key) else {}
         try:
             self.s3.put_object(
                 Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*", Metadata=metadata or {}, **tagging
@@ -163,10 +164,10 @@ class ObjectStore:
         return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
 
     def delete(self, keys: Iterable[str]) -> None:
-        """Delete the objects ``keys`` (those that do not exist too), a thousand a request."""
+        """Delete the objects ``keys`` (those that do not exist too), ``DELETE_BATCH`` a request."""
         keys = list(keys)
-        for start in range(0, len(keys), 1000):
-            objects = [{"Key": key} for key in keys[start : start + 1000]]
+        for start in range(0, len(keys), DELETE_BATCH):
+            objects = [{"Key": key} for key in keys[start : start + DELETE_BATCH]]
             self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
 
     # typed helpers

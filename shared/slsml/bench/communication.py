@@ -13,11 +13,10 @@ compressor, one after the other in one local runtime, each for the same fixed nu
 The lossy ones always run with error feedback (``slsml.training.feedback``). For each run, to the first iteration whose
 model reaches the target test accuracy and over the whole run:
 
-- the bytes of the workers' update objects and, apart from them, of their residual objects (error feedback).
-  The usage lines count a worker's S3 bytes per message, update and residual together, so both are measured
-  from the objects in S3 (``runs/<run>/iters/<i>/updates/`` and ``…/residuals/``, listed with their sizes);
-  the workers' usage lines must add up to the two, which the report keeps as a check
-  (``worker_usage_bytes_written``);
+- the bytes of the workers' update objects and, apart from them, of their residuals (error feedback). The update
+  objects are listed in S3 with their sizes (``runs/<run>/iters/<i>/updates/``); the residuals, which the pipeline
+  deletes once superseded, are what the workers' usage lines count beside their updates and evaluation states
+  (``worker_usage_bytes_written``, less the update and evaluation objects listed);
 - the bytes the reducers read (their usage lines: update parts, their shard objects of weights and optimizer
   state, the run's config once per process) and, of them, the update parts, from the update objects' sizes
   (``part_bytes``: quorum 1, so every update is read whole but for its header);
@@ -56,8 +55,8 @@ FP16_WITHIN = 0.005  # fp16's test accuracy after the budget within this of dens
 TOPK_FEWER = 20  # top-k's update bytes to the target at most 1/this of dense's
 
 Progress = Callable[[str, int, int], None]  # (variant, iterations merged, iterations)
-FOLDERS = ("updates", "residuals", "shards")
-_ITERATION = re.compile(r"/iters/(\d{6})/(updates|residuals|shards)/")
+FOLDERS = ("updates", "evaluation")  # transient scratch: kept after the run (carried state is deleted)
+_ITERATION = re.compile(r"/iters/(\d{6})/(updates|evaluation)/")
 
 
 class Variant(BaseModel):
@@ -73,9 +72,9 @@ class Variant(BaseModel):
     update_objects: int
     update_bytes: int  # the workers' update objects in S3
     update_bytes_to_target: int | None
-    residual_bytes: int  # the workers' residual objects (error feedback)
+    residual_bytes: int  # the workers' residuals (error feedback): what they wrote beside updates and evaluations
     residual_bytes_to_target: int | None
-    worker_usage_bytes_written: int  # the workers' usage lines: updates and residuals together
+    worker_usage_bytes_written: int  # the workers' usage lines: updates, residuals and evaluation states
     reducer_bytes_read: int  # the reducers' usage lines: update parts and shard objects
     reducer_bytes_read_to_target: int | None
     reducer_update_bytes_read: int  # of them, update parts (and significance's part table entries): part_bytes
@@ -123,7 +122,7 @@ def variants(iterations: int = ITERATIONS, workers: int = WORKERS,
 
 
 class Stored(NamedTuple):
-    """A run's per-iteration objects, by folder (``updates``, ``residuals``, ``shards``) and iteration: their bytes,
+    """A run's per-iteration objects, by folder (``updates``, ``evaluation``) and iteration: their bytes,
     their count, and what the reducers read of them (``parts``: of ``updates``, see ``part_bytes``)."""
 
     bytes: dict[str, dict[int, int]]
@@ -141,7 +140,7 @@ def part_bytes(size: int, compression: Compression, reducers: int) -> int:
 
 
 def stored_objects(services: Services, run_id: str, compression: Compression, reducers: int) -> Stored:
-    """The run's ``iters/<i>/updates/``, ``…/residuals/`` and ``…/shards/`` objects, listed with their sizes."""
+    """The run's ``iters/<i>/updates/`` and ``…/evaluation/`` objects, listed with their sizes."""
     found = Stored({folder: {} for folder in FOLDERS}, {folder: {} for folder in FOLDERS}, {})
     pages = services.store.s3.get_paginator("list_objects_v2").paginate(
         Bucket=services.store.bucket, Prefix=f"{keys.run_prefix(run_id)}iters/")
@@ -175,6 +174,11 @@ def _variant(name: str, spec: TrainingSpec, run: runs.RunRecord, services: Servi
     def stored(folder: str, end: int) -> int:
         return sum(size for iteration, size in found.bytes[folder].items() if iteration <= end)
 
+    def residuals(end: int) -> int:
+        written = sum(r.bytes_written for r in records if r.function == "worker" and r.iteration is not None
+                      and r.iteration <= end)
+        return written - stored("updates", end) - stored("evaluation", end)
+
     def parts_read(end: int) -> int:
         return sum(size for iteration, size in found.parts.items() if iteration <= end)
 
@@ -193,8 +197,7 @@ def _variant(name: str, spec: TrainingSpec, run: runs.RunRecord, services: Servi
         wall_to_target_s=None if reached is None else round((counters[reached].merged_at or 0) - started, 3),
         update_objects=sum(found.objects["updates"].values()),
         update_bytes=stored("updates", last), update_bytes_to_target=to_target(lambda i: stored("updates", i)),
-        residual_bytes=stored("residuals", last),
-        residual_bytes_to_target=to_target(lambda i: stored("residuals", i)),
+        residual_bytes=residuals(last), residual_bytes_to_target=to_target(residuals),
         worker_usage_bytes_written=sum(r.bytes_written for r in records if r.function == "worker"),
         reducer_bytes_read=read(last), reducer_bytes_read_to_target=to_target(read),
         reducer_update_bytes_read=parts_read(last), reducer_update_bytes_read_to_target=to_target(parts_read),

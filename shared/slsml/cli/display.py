@@ -642,9 +642,9 @@ def print_communication(report: Any, as_json: bool = False) -> None:
                         "{:.4f}".format) for i in checkpoints]
         accuracy.add_row(v.name, *cells, "–" if best is None else f"{best[0]:.4f} ({best[1]})")
     out.print(accuracy)
-    written = all(v.worker_usage_bytes_written == v.update_bytes + v.residual_bytes for v in report.variants)
-    out.print(f"update and residual bytes: the objects in S3 (the workers' usage lines count them together; they add"
-              f" up: {yes[written]}); reducers read: their usage lines, of which updates: from the update objects")
+    out.print("update bytes: the objects in S3; residual bytes: what the workers' usage lines count beside their update"
+              " and evaluation objects (residuals are deleted once superseded); reducers read: their usage lines, of"
+              " which updates: from the update objects")
     fp16 = report.variant("fp16")
     gap = "no accuracy to compare" if report.fp16_accuracy_gap is None else (
         f"test accuracy {fp16.final_accuracy:.4f} against dense's {dense.final_accuracy:.4f},"

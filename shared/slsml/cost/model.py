@@ -14,7 +14,7 @@ q, n = ⌈q·W⌉ participants, M = 4·params bytes, P = M/R bytes per shard, k 
 | Reducer (R) | GetItem 1 (its check), GetObject n + 1, PutObject 1, PublishBatch 1 | reads n·P + P(1+k), |
 | | | writes P(1+k) |
 | Merger (R) | HeadObject 1 (its check), UpdateItem 1; the merging one also GetObject R, UpdateItem 2, | reads M, |
-| | PutObject 2 | writes M + model file |
+| | PutObject 2, DeleteObjects ⌈(1 + R + slots)/1000⌉ (the superseded carried state) | writes M + model file |
 
 The checks are each message's against the run it names (``slsml.pipeline.admission``).
 
@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slsml import rules
 from slsml.accounting import prices
+from slsml.aws.storage import DELETE_BATCH
 from slsml.cost.datatraffic import DataTraffic, data_traffic
 from slsml.data.manifest import DEFAULT_SHARD_MB
 from slsml.pipeline import bus
@@ -594,8 +595,16 @@ def round_traffic(w: Workload, p: Parameters) -> RoundTraffic:
     )
 
 
+def superseded_deletes(spec: TrainingSpec, reducers: int, traffic: RoundTraffic) -> int:
+    """DeleteObjects requests of the Merger's delete of the carried state the iteration superseded
+    (``slsml.pipeline.steps.common.carried_state``): the weights, R shards and, where the run keeps them, the slot
+    states and residuals of every worker the run may have."""
+    slots = spec.worker_bounds[1] * (bool(traffic.slot_bytes) + bool(traffic.residual_bytes))
+    return math.ceil((1 + reducers + slots) / DELETE_BATCH)
+
+
 def minimum_chain(workers: int, reducers: int, participants: int, work_batches: int, reduce_batches: int,
-                  traffic: RoundTraffic) -> dict[str, int]:
+                  traffic: RoundTraffic, deletes: int) -> dict[str, int]:
     """The requests of one steady iteration that any at-least-once pipeline of this shape and update rule makes."""
     W, R, n = workers, reducers, participants
     slots = traffic.worker_requests(W)  # what the worker slots keep between rounds: read once, stored once
@@ -608,6 +617,9 @@ def minimum_chain(workers: int, reducers: int, participants: int, work_batches: 
         "s3:GetObject": W + R * n + R + R + slots["s3:GetObject"],  # weights; each reducer's parts and shard; the
         "s3:HeadObject": W + R,  # the checks of each WorkDone (its update's own report), each ReduceDone (its shard)
         "s3:PutObject": W + R + 2 + slots["s3:PutObject"],  # merger's shards. Updates, shards, weights, model
+        # the carried state a stopped run would resume from is kept untagged (no lifecycle rule expires it), so the
+        # state each iteration supersedes is deleted (DELETE requests are free)
+        "s3:DeleteObjects": deletes,
         "sns:PublishBatch": work_batches + W + reduce_batches + R,  # one message per hop
     }
 
@@ -682,6 +694,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         "s3:GetObject": W + R * (n + 1) + R + data_gets,
         "s3:HeadObject": W + R,
         "s3:PutObject": W + R + 2,
+        "s3:DeleteObjects": superseded_deletes(w.training, R, traffic),
         "sns:PublishBatch": work_batches + W + reduce_batches + R,
     }
     exchange = norm_exchange(traffic.server, R, reduce_bytes)
@@ -833,7 +846,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     checks = _quotas(w, p, quotas, n, reduce_bytes, critical, memory_needed, spreads, reduce_read, chain_s, floor_s,
                      counter_writes * counter_wu, data)
     per_epoch = w.iterations_per_epoch
-    minimum = minimum_chain(W, R, n, work_batches, reduce_batches, traffic)
+    minimum = minimum_chain(W, R, n, work_batches, reduce_batches, traffic, requests["s3:DeleteObjects"])
     minimum["s3:GetObject"] += data_gets  # the samples used are read however the pipeline runs
     return Plan(
         workload=w, participants=n, state_slots=k, requests_per_iteration=requests,

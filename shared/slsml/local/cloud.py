@@ -15,6 +15,7 @@ from pathlib import Path
 
 from slsml.aws import clients as aws
 from slsml.local.moto_server import LOOPBACK, OWNER_PATH
+from slsml.spec import deployment as deployment_spec
 from slsml.spec import wiring
 from slsml.state import orchestration, records
 
@@ -136,6 +137,9 @@ class EmbeddedCloud:
         s3, sns, sqs, dynamodb = (self.client(s) for s in ("s3", "sns", "sqs", "dynamodb"))
         bucket, table = f"{name}-local", f"{name}-runs"
         s3.create_bucket(Bucket=bucket)
+        # the deployed bucket's rules (infra/storage.py); moto stores them, slsml.local.lifecycle applies them
+        rules = deployment_spec.lifecycle_configuration(deployment_spec.lifecycle_rules())
+        s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration=rules)
         dynamodb.create_table(**records.create_table_arguments(table))  # as infra/storage.py defines it
         dynamodb.update_time_to_live(
             TableName=table, TimeToLiveSpecification={"Enabled": True, "AttributeName": records.TTL_ATTRIBUTE}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from slsml.local import lifecycle
 from slsml.local.cloud import LocalDeployment, owner, use_deployment
 from slsml.pipeline.services import Services
 from slsml.spec.errors import NotFoundError, SlsmlError
@@ -149,8 +150,12 @@ def serve(state_dir: Path, pool: int | None) -> None:
         staged.write_text(json.dumps(state.model_dump(), indent=1))
         staged.replace(path)  # whole, or not at all: readers never see half a file
         print(f"local service ready at {state.endpoint}", flush=True)
+        applied = time.monotonic()
         while not stopping:
             time.sleep(0.5)
+            if time.monotonic() - applied > lifecycle.PERIOD_S:  # the bucket's lifecycle rules, the table's TTL
+                lifecycle.expire(runtime.services, time.time())
+                applied = time.monotonic()
         path.unlink(missing_ok=True)
     print("local service stopped", flush=True)
 

@@ -170,7 +170,8 @@ def pipeline_handler(
                     if stage is None:
                         run(message)
                         continue
-                    with failing_run_on_bad_input(services, message.run_id, stage(message)):
+                    with failing_run_on_bad_input(services, message.run_id, stage(message),
+                                                  message.iteration, message.generation):
                         run(message)
                 except Exception:
                     if not batch_failures:

@@ -98,12 +98,29 @@ def from_env() -> Services:
     )
 
 
+def superseded(services: Services, run_id: str, iteration: int, generation: int) -> bool:
+    """Whether the carried state entering ``iteration`` of ``generation`` may have been deleted as superseded
+    (``steps.merger``): the run advanced two iterations past it, finished, or was resumed in another generation."""
+    run = services.table.get_run(run_id)
+    return run.final_key is not None or run.generation != generation or run.iteration >= iteration + 2
+
+
 @contextmanager
-def failing_run_on_bad_input(services: Services, run_id: str, stage: str) -> Iterator[None]:
-    """Bad input fails the run with a reason (no retries: retrying cannot fix it)."""
+def failing_run_on_bad_input(
+    services: Services, run_id: str, stage: str, iteration: int | None = None, generation: int | None = None
+) -> Iterator[None]:
+    """Bad input fails the run with a reason (no retries: retrying cannot fix it). An object missing to a step of
+    ``iteration`` of ``generation`` whose carried state was superseded fails nothing: the step is late, and is
+    dropped like any late step."""
     try:
         yield
     except (BadInputError, RunFailed, NotFoundError) as error:
+        if (isinstance(error, NotFoundError) and iteration is not None and generation is not None
+                and superseded(services, run_id, iteration, generation)):
+            logger.info("late step dropped: what it reads was superseded", extra={
+                "run_id": run_id, "iteration": iteration, "generation": generation, "stage": stage,
+                "missing": str(error)})
+            return
         reason = f"{stage}: {error}"
         logger.error("run failed", extra={"run_id": run_id, "reason": reason})
         services.fail_run(run_id, reason)

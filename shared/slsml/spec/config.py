@@ -22,6 +22,7 @@ from pydantic import (
 from slsml.spec import algorithms, schedules
 from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.compression import Compression
+from slsml.spec.deployment import TRANSIENT_USE_MAX_S
 from slsml.spec.errors import BadInputError
 from slsml.spec.schedules import Schedule
 from slsml.spec.shardplan import ShardPlan
@@ -469,6 +470,10 @@ class TrainingSpec(BaseModel):
     def _staleness_options(self) -> TrainingSpec:
         if self.staleness_decay != 1 and not self.staleness:
             raise ValueError("staleness_decay needs a staleness above 0")
+        if (self.staleness + 1) * self.heartbeat_s > TRANSIENT_USE_MAX_S:
+            raise ValueError(
+                f"(staleness + 1) × heartbeat ({self.staleness + 1} × {self.heartbeat_s} s) exceeds the"
+                f" {TRANSIENT_USE_MAX_S} s a run may read an iteration's updates, which then expire")
         return self
 
     @model_validator(mode="after")

@@ -1,6 +1,6 @@
 """What the deployed stack and the code running in it agree on beyond the wiring: the bucket
-prefixes the functions may touch, the metrics the dashboard and alarms read, the object tag
-that lets the bucket expire per-iteration scratch, the functions' default sizes (which
+prefixes the functions may touch, the metrics the dashboard and alarms read, the bucket's lifecycle rules
+(and the object tag by which they expire transient scratch), the functions' default sizes (which
 ``slsml plan`` prices, and the local host runs its functions with, so that local GB-seconds are what a
 default deployment bills), and the stack outputs that name the functions' log groups.
 """
@@ -8,6 +8,7 @@ default deployment bills), and the stack outputs that name the functions' log gr
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,10 +39,54 @@ DATASETS_PREFIX = "datasets/"
 READABLE_PREFIXES = (RUNS_PREFIX, DATASETS_PREFIX)
 WRITABLE_PREFIXES = (RUNS_PREFIX,)
 
-# S3 lifecycle rules filter on a key prefix and object tags, not on a pattern: scratch objects under
-# runs/<run>/iters/ carry this tag (PutObject Tagging="slsml-scratch=true") and expire after a few days.
+# S3 lifecycle rules filter on a key prefix and object tags, not on a pattern: transient scratch under
+# runs/<run>/iters/ (slsml.spec.keys.is_transient) carries this tag (PutObject Tagging="slsml-scratch=true") and
+# expires after a few days; carried state is stored untagged and deleted by the pipeline once superseded.
 SCRATCH_TAG_KEY = "slsml-scratch"
 SCRATCH_TAG_VALUE = "true"
+SCRATCH_EXPIRY_DAYS = 7
+DAY_S = 24 * 3600
+# The longest a run reads transient scratch: its iteration and the `staleness` ones after it, each bounded by the
+# run's heartbeat (TrainingSpec refuses more). A deployment's scratch expiry must exceed it.
+TRANSIENT_USE_MAX_S = 2 * DAY_S
+
+
+class LifecycleRule(BaseModel):
+    """One rule of the bucket's lifecycle configuration, as infra/storage.py deploys it and the local cloud applies
+    it (``slsml.local.lifecycle``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    prefix: str = ""
+    tags: dict[str, str] = Field(default_factory=dict)
+    expiration_days: int | None = None  # objects matching prefix and tags, this many days after their creation
+    abort_uploads_days: int | None = None  # incomplete multipart uploads, this many days after they began
+
+
+def lifecycle_rules(scratch_expiry_days: int = SCRATCH_EXPIRY_DAYS) -> tuple[LifecycleRule, ...]:
+    """The data bucket's lifecycle rules: tagged transient scratch expires, incomplete uploads are aborted."""
+    return (
+        LifecycleRule(id="ExpireIterationScratch", prefix=RUNS_PREFIX, tags={SCRATCH_TAG_KEY: SCRATCH_TAG_VALUE},
+                      expiration_days=scratch_expiry_days),
+        LifecycleRule(id="AbortIncompleteUploads", abort_uploads_days=1),
+    )
+
+
+def lifecycle_configuration(rules: tuple[LifecycleRule, ...]) -> dict[str, Any]:
+    """``rules`` as S3's PutBucketLifecycleConfiguration takes them."""
+    configured = []
+    for rule in rules:
+        tags = [{"Key": k, "Value": v} for k, v in rule.tags.items()]
+        entry: dict[str, Any] = {"ID": rule.id, "Status": "Enabled",
+                                 "Filter": {"And": {"Prefix": rule.prefix, "Tags": tags}} if tags
+                                 else {"Prefix": rule.prefix}}
+        if rule.expiration_days is not None:
+            entry["Expiration"] = {"Days": rule.expiration_days}
+        if rule.abort_uploads_days is not None:
+            entry["AbortIncompleteMultipartUpload"] = {"DaysAfterInitiation": rule.abort_uploads_days}
+        configured.append(entry)
+    return {"Rules": configured}
 
 
 class FunctionSettings(BaseModel):

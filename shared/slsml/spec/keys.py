@@ -12,9 +12,16 @@ runs/<run>/iters/<iter>/updates/<worker>.bin  one worker's update (all shards, s
 runs/<run>/iters/<iter>/means/<shard>.bin     one shard's averaged gradient, kept for its clipped step
 runs/<run>/iters/<iter>/local/<worker>.npz    model averaging: worker slot's local optimizer state after <iter>
 runs/<run>/iters/<iter>/residuals/<worker>.bin  compressed updates: worker slot's residual after <iter> (feedback.py)
+runs/<run>/iters/<iter>/evaluation/<split>/<worker>.npy  a worker's state of evaluating the model entering <iter>
 incoming/<name>.keras                         drop-in: start a run with the deployment defaults
 incoming/<name>.json                          (optional) what to override of those defaults
 ```
+
+What lies under ``iters/`` is of two kinds. Carried state is what a later iteration, or a resumed run, reads:
+the weights and shards entering an iteration and the slots' states and residuals that the workers of the one
+before stored (``carried``); it is stored untagged, never expires, and the pipeline deletes each set once it is
+superseded. Transient scratch (updates, means, evaluation states) is read only while its iteration (and the
+``staleness`` iterations after it) run; it carries the tag the bucket's lifecycle rule expires it by.
 """
 
 from __future__ import annotations
@@ -109,9 +116,22 @@ def parse_model_key(key: str) -> tuple[str, int] | None:
     return match["run"], int(match["iter"])
 
 
-def is_scratch(key: str) -> bool:
-    """Per-iteration objects (``runs/<run>/iters/``): needed only while a run is young."""
-    return key.startswith("runs/") and "/iters/" in key
+_TRANSIENT_KEY = re.compile(r"^runs/[^/]+/iters/\d{6}/(updates|means|evaluation)/")
+
+
+def is_transient(key: str) -> bool:
+    """Transient scratch (updates, means, evaluation states): no later iteration and no resumed run reads it."""
+    return _TRANSIENT_KEY.match(key) is not None
+
+
+def carried(run_id: str, iteration: int, reducers: int, slots: int, slot_state: bool, residuals: bool) -> list[str]:
+    """The carried state entering ``iteration``: its flat weights and shards, and (where the run keeps them) the
+    slot states and residuals that workers ``0…slots-1`` of the iteration before stored."""
+    found = [weights(run_id, iteration), *(shard(run_id, iteration, r) for r in range(reducers))]
+    if iteration > 0:
+        found += [local_state(run_id, iteration - 1, w) for w in range(slots) if slot_state]
+        found += [residual(run_id, iteration - 1, w) for w in range(slots) if residuals]
+    return found
 
 
 def parse_incoming_key(key: str) -> str | None:

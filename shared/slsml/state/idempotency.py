@@ -22,10 +22,12 @@ from pydantic import BaseModel
 
 from slsml.aws import clients as aws
 from slsml.spec import wiring
-from slsml.state.records import ITERATION_TTL_S
+from slsml.state.records import TTL_ATTRIBUTE
 
 logger = Logger(child=True)
-CONFIG = IdempotencyConfig(expires_after_seconds=ITERATION_TTL_S)
+# a message's record expires (DynamoDB TTL) once no copy of it can come: SQS keeps a message 14 days at most
+RECORD_TTL_S = 14 * 24 * 3600
+CONFIG = IdempotencyConfig(expires_after_seconds=RECORD_TTL_S)
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -36,7 +38,7 @@ def _persistence(function_name: str) -> DynamoDBPersistenceLayer:
         key_attr="pk",
         sort_key_attr="sk",
         static_pk_value=f"IDEMPOTENCY#{function_name}",
-        expiry_attr="expires_at",
+        expiry_attr=TTL_ATTRIBUTE,
         boto3_client=aws.client("dynamodb"),  # counted with the function's other requests (slsml.accounting.usage)
     )
 

@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from slsml.spec.config import TrainingSpec
 from slsml.spec.messages import Participant
 
-ITERATION_TTL_S = 14 * 24 * 3600
 DEADLINE_OWNER = -1  # reduce_fired_by when the watchdog fired the reduce at a deadline
 DEADLINE_LAUNCH = "deadline"  # launched_by when the watchdog launched an iteration whose own launch had not come
 
@@ -246,6 +245,10 @@ class Index:
 
 
 PARTITION_KEY, SORT_KEY = KeyAttribute("pk", "S"), KeyAttribute("sk", "S")
+# DynamoDB TTL: only the message records of ``slsml.state.idempotency`` carry it. A run's items are its history,
+# which ``run status``, the summary and the report read whatever the run's status, and which nothing supersedes:
+# they are kept as long as the run (its models are kept in S3 for good), so none can expire under a running,
+# stopped or failed run.
 TTL_ATTRIBUTE = "expires_at"
 # Runs by creation time: only a run's META item carries ``kind`` (= RUN_KIND), so the index is sparse and a
 # listing of runs is one query (a page per MB), whatever the number of iteration items in the table

@@ -21,7 +21,6 @@ from slsml.aws.clients import error_code
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Participant, WorkDone
 from slsml.state.records import (
-    ITERATION_TTL_S,
     META,
     RUN_KIND,
     RUNS_INDEX,
@@ -282,8 +281,8 @@ class RunTable:
         it. An earlier generation's claim (its watchdog's, landing after a resume deleted the counter) gives
         way: the counter starts anew."""
         now = time.time()
-        claim = {"launched_by": trigger_id, "launched_at": now, "expires_at": int(now) + ITERATION_TTL_S,
-                 "generation": generation, "workers": workers, "workers_reason": reason}
+        claim = {"launched_by": trigger_id, "launched_at": now, "generation": generation, "workers": workers,
+                 "workers_reason": reason}
         values = {k: v for k, v in claim.items() if v is not None}
         expression, names, bound = _set(values, keep_first=frozenset({"workers", "workers_reason"}))
         key = self._key(run_id, iteration_sk(iteration))
@@ -308,7 +307,7 @@ class RunTable:
         report = WorkerReport.model_validate(done.model_dump())
         key = self._key(done.run_id, worker_sk(done.iteration, done.worker))
         stored = conditional(lambda: self.table.put_item(
-            Item={**key, **dynamo(report.model_dump()), "expires_at": int(time.time()) + ITERATION_TTL_S},
+            Item={**key, **dynamo(report.model_dump())},
             ConditionExpression=f"attribute_not_exists(sk) OR {_EARLIER_GENERATION}"
                                 " OR (attribute_not_exists(samples) AND attempt <= :attempt)",
             ExpressionAttributeValues={":attempt": done.attempt, ":generation": done.generation},
@@ -380,8 +379,7 @@ class RunTable:
         and with whom (``owner`` and ``participants`` if this call, or an earlier one of ``owner``'s, did), or
         None if a later generation fired it (an earlier generation's firing gives way to this one)."""
         key = self._key(run_id, participants_sk(iteration))
-        item = {**key, "owner": owner, "participants": encode_participants(participants), "generation": generation,
-                "expires_at": int(time.time()) + ITERATION_TTL_S}
+        item = {**key, "owner": owner, "participants": encode_participants(participants), "generation": generation}
         if conditional(lambda: self.table.put_item(
             Item=item, ConditionExpression=f"attribute_not_exists(sk) OR {_EARLIER_GENERATION}",
             ExpressionAttributeValues={":generation": generation},
@@ -423,13 +421,11 @@ class RunTable:
 
     def relaunch_workers(self, run_id: str, iteration: int, generation: int, attempts: dict[int, int]) -> None:
         """Supersede these workers' earlier attempts (worker → new attempt): their reports are ignored."""
-        expires = int(time.time()) + ITERATION_TTL_S
         for worker, attempt in attempts.items():
             report = WorkerReport(worker=worker, attempt=attempt, generation=generation)
             conditional(partial(
                 self.table.put_item,
-                Item={**self._key(run_id, worker_sk(iteration, worker)), **dynamo(report.model_dump()),
-                      "expires_at": expires},
+                Item={**self._key(run_id, worker_sk(iteration, worker)), **dynamo(report.model_dump())},
                 ConditionExpression=f"attribute_not_exists(samples) OR {_EARLIER_GENERATION}",
                 ExpressionAttributeValues={":generation": generation},
             ))
@@ -445,7 +441,7 @@ class RunTable:
         """Reducer ``shard`` averaged ``iteration`` without these workers' parts (their reads timed out)."""
         if workers:
             self.table.put_item(Item={**self._key(run_id, shard_sk(iteration, shard)), "shard": shard,
-                                      "dropped": workers, "expires_at": int(time.time()) + ITERATION_TTL_S})
+                                      "dropped": workers})
 
     # iterations: the norm exchange (runs that clip by norm; see slsml.training.clipping)
     def record_squares(
@@ -453,8 +449,7 @@ class RunTable:
     ) -> Counter | None:
         """Store ``shard``'s sums of squares (once: they come from its stored average) and count them; the
         counter after (None: an earlier generation's)."""
-        item = {**self._key(run_id, squares_sk(iteration, shard)), "shard": shard, "squares": dynamo(squares),
-                "expires_at": int(time.time()) + ITERATION_TTL_S}
+        item = {**self._key(run_id, squares_sk(iteration, shard)), "shard": shard, "squares": dynamo(squares)}
         conditional(lambda: self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(sk)"))
         return self._count(run_id, iteration, "squares_in", generation)
 

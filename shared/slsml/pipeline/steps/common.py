@@ -1,4 +1,4 @@
-"""What several steps share: the run's immutable config, finishing a run."""
+"""What several steps share: the run's immutable config, its carried state, finishing a run."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 from aws_lambda_powertools import Logger
 
+from slsml import rules
 from slsml.aws.storage import ObjectStore
 from slsml.pipeline.services import Services
 from slsml.pipeline.services import run_config as run_config  # read by the admission of messages too
@@ -22,6 +23,16 @@ def load_weights(store: ObjectStore, config: RunConfig, iteration: int) -> np.nd
     return store.get_array(keys.weights(config.run_id, iteration))
 
 
+def carried_state(config: RunConfig, iteration: int) -> list[str]:
+    """The keys of the carried state entering ``iteration`` (``keys.carried``): the slots of every worker the run
+    may have (``run scale`` and ``--workers auto`` move within its bounds), where its rule and compression keep
+    slot states and residuals."""
+    spec, plan = config.training, config.plan
+    slot_state = rules.of(spec).slot_traffic(spec, plan.size, int(plan.trainable_mask().sum())).bytes > 0
+    return keys.carried(config.run_id, iteration, config.reducers, spec.worker_bounds[1], slot_state,
+                        spec.compression.lossy)
+
+
 def complete_run(services: Services, run_id: str, iteration: int) -> None:
     """The iteration budget is spent and the final model (the one entering ``iteration``) evaluated: store it as
     the run's final model with its test figures, and end the run's execution."""
@@ -31,6 +42,9 @@ def complete_run(services: Services, run_id: str, iteration: int) -> None:
     run = services.table.record_outcome(run_id, final_key, last.test, last.val)
     if run is not None:
         services.orchestrator.succeed(run.task_token, outcome(run))
+        # nothing resumes a completed run: its last two sets of carried state go (the Merger deleted the others)
+        config = run_config(services.store, run_id)
+        services.store.delete([*carried_state(config, iteration - 1), *carried_state(config, iteration)])
     logger.info("run completed", extra={"run_id": run_id, "iterations": iteration, "final": final_key})
 
 

@@ -1,6 +1,10 @@
 """Merger: when every shard of an iteration is in, assemble and upload the next model (the trigger
 of the next iteration). The workers evaluate it (``steps.worker``). The final model also carries the optimizer's
-state, as ``fit`` leaves it (gradient averaging, whose reducers step the run's optimizer as Keras would)."""
+state, as ``fit`` leaves it (gradient averaging, whose reducers step the run's optimizer as Keras would).
+
+Once the run has advanced, the carried state entering the iteration before (``keys.carried``) is superseded: the
+run resumes from the newest model, whose state is stored, and a step still needing the older state is one
+iteration late at least. The Merger deletes it (one DeleteObjects request) while the model is saved."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from slsml import rules
 from slsml.aws.storage import ObjectStore
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import run_config
+from slsml.pipeline.steps.common import carried_state, run_config
 from slsml.pipeline.steps.warm import trainer_for
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
@@ -57,8 +61,8 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     modelio.set_flat(trainer.model, config.plan, weights)
     if not table.fire_merge(run, iteration, message.shard, message.generation):
         return None
-    with ThreadPoolExecutor(max_workers=2) as pool:  # advance and store the weights while the model is saved
-        advancing = pool.submit(table.advance, run, iteration + 1, message.generation)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # advance, store the weights and delete superseded state while
+        advancing = pool.submit(_advance, services, config, iteration, message.generation)  # the model is saved
         storing = pool.submit(store.put_array_new, keys.weights(run, iteration + 1), weights)
         body = _fitted(store, config, iteration, trainer, parts) if _carries_state(config, iteration + 1) \
             else trainer.save()
@@ -90,6 +94,15 @@ def _fitted(store: ObjectStore, config: RunConfig, iteration: int, trainer: Trai
             yield shards.decode_state(store.get(where, shards.state_range(part, config.plan, shard)))
 
     return modelio.fitted_model(trainer.model, config.optimizer, config.loss, config.metrics, config.plan, states())
+
+
+def _advance(services: Services, config: RunConfig, iteration: int, generation: int) -> RunRecord | None:
+    """Advance the run to ``iteration + 1``, then delete the carried state entering ``iteration - 1``: after the
+    advance, a step that finds it gone knows that it is late (``services.failing_run_on_bad_input``)."""
+    advanced = services.table.advance(config.run_id, iteration + 1, generation)
+    if advanced is not None and iteration > 0:
+        services.store.delete(carried_state(config, iteration - 1))
+    return advanced
 
 
 def _adopt(store: ObjectStore, key: str, metadata: dict[str, str]) -> bool:
