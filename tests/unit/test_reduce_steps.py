@@ -16,8 +16,9 @@ from moto import mock_aws
 
 from slsml.local import faults
 from slsml.local.faults import Delay, InjectedFault, InvocationFaults
-from slsml.pipeline.services import Services
+from slsml.pipeline.services import Services, failing_run_on_bad_input
 from slsml.pipeline.steps import reduce_launcher, reducer, watchdog, work_launcher
+from slsml.pipeline.steps.common import carried_state
 from slsml.pipeline.steps.watchdog import Action
 from slsml.pipeline.steps.work_launcher import Outcome
 from slsml.spec import keys, wiring
@@ -1078,3 +1079,27 @@ def test_a_reducer_refuses_a_forged_compressed_update_by_name(
             reducer.reduce(message, services)
         assert str(failure.value).startswith(keys.update(run_id, 0, 1) + ": ")
         assert not services.store.exists(keys.shard(run_id, 1, message.shard))
+
+
+def test_a_step_that_finds_superseded_state_gone_is_late_and_fails_no_run(services: Services) -> None:
+    """The Merger deletes the carried state entering an iteration once the run has advanced two past it: a late copy
+    of a step of that iteration finds it gone, and is dropped; a step that finds the state of an iteration the run
+    still stands at missing fails the run, as before."""
+    config = _register(services, "late-step", workers=2)
+    for worker in range(2):
+        fired = _arrive(services, "late-step", worker)
+    assert services.table.advance("late-step", 2, 0) is not None  # the run merged iterations 0 and 1
+    services.store.delete(carried_state(config, 0))
+    with failing_run_on_bad_input(services, "late-step", "reducer 0", fired[0].iteration, fired[0].generation):
+        reducer.reduce(fired[0], services)
+    assert services.table.get_run("late-step").status == "RUNNING"
+    assert not services.store.exists(keys.shard("late-step", 1, 0))  # it did nothing
+
+    config = _register(services, "lost-state", workers=2)
+    for worker in range(2):
+        fired = _arrive(services, "lost-state", worker)
+    services.store.delete(carried_state(config, 0))
+    with failing_run_on_bad_input(services, "lost-state", "reducer 0", fired[0].iteration, fired[0].generation):
+        reducer.reduce(fired[0], services)
+    run = services.table.get_run("lost-state")
+    assert run.status == "FAILED" and "runs/lost-state/iters/000000/shards/0000.bin does not exist" in run.reason
