@@ -9,11 +9,13 @@ import time
 import boto3
 import pytest
 from moto import mock_aws
+from pydantic import ValidationError
 
 from slsml.aws.storage import ObjectStore
 from slsml.local import lifecycle
 from slsml.pipeline.services import Services
 from slsml.spec import deployment, keys
+from slsml.spec.config import TrainingSpec
 from slsml.state import records
 from slsml.state.runtable import RunTable
 
@@ -60,3 +62,11 @@ def test_items_past_their_ttl_are_deleted_and_items_without_one_are_kept(service
     table.put_item(Item={"pk": "RUN#r", "sk": "ITER#000000"})
     assert lifecycle.expire(services, now + 100).items == 1
     assert sorted(item["sk"] for item in table.scan()["Items"]) == ["ITER#000000", "b"]
+
+
+def test_a_run_reads_its_updates_for_less_than_the_scratch_expiry() -> None:
+    TrainingSpec(staleness=100, heartbeat_s=900)  # 101 × 15 min: about a day
+    limit = deployment.TRANSIENT_USE_MAX_S
+    TrainingSpec(staleness=1, heartbeat_s=limit // 2)
+    with pytest.raises(ValidationError, match=r"\(staleness \+ 1\) × heartbeat \(2 × 86401 s\) exceeds the 172800 s"):
+        TrainingSpec(staleness=1, heartbeat_s=limit // 2 + 1)
