@@ -52,8 +52,10 @@ def service(tmp_path_factory: pytest.TempPathFactory):
     x, y, x_test, y_test = demo.digits()
     np.savez(home / "digits.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (home / "cnn.keras").write_bytes(modelio.save_model(demo.digits_cnn(seed=1)))
-    up = _slsml(home, "local", "up", "--pool", "2")
+    up = _slsml(home, "local", "up", "--pool", "2", "--json")
     assert up.returncode == 0, up.stdout + up.stderr
+    state = json.loads(up.stdout)  # what it started, as one JSON line; its line on stderr
+    assert state["pool"] == 2 and f"local service up at {state['deployment']['endpoint']}" in up.stderr
     try:
         yield home
     finally:
@@ -85,8 +87,9 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     summary = _summary(watched)
     assert (summary["run_id"], summary["status"], summary["iterations"]) == (run_id, "COMPLETED", 6)
     assert summary["workers"] == 3 and summary["test_accuracy"] > 0.3
-    report = _slsml(service, "run", "report", run_id, "--out", "report")
+    report = _slsml(service, "run", "report", run_id, "--out", "report", "--json")
     assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout) == {"run_id": run_id, "report": str(Path("report") / "index.html")}
     page = (service / "report" / "index.html").read_text()
     assert run_id in page and "COMPLETED" in page
     assert all((service / "report" / image).stat().st_size > 0 for image in ("curves.png", "cost.png"))
@@ -127,18 +130,21 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     while _iteration(table, "stop-me") < 2:
         assert time.monotonic() < deadline, "run stop-me completed no iteration"
         time.sleep(0.05)
-    stopped = _slsml(service, "run", "stop", "stop-me")
+    stopped = _slsml(service, "run", "stop", "stop-me", "--json")
     assert stopped.returncode == 0, stopped.stderr
+    assert json.loads(stopped.stdout) == {"run_id": "stop-me", "status": "STOPPED"}
     status = _status(service, "stop-me")
     assert status["status"] == "STOPPED" and status["training"]["eval_every"] == 0  # the flag, not the default
-    scaled = _slsml(service, "run", "scale", "stop-me", "--workers", "4")  # the stopped run, for its resume
+    scaled = _slsml(service, "run", "scale", "stop-me", "--workers", "4", "--json")  # the stopped run, for its resume
     assert scaled.returncode == 0, scaled.stderr
+    assert (json.loads(scaled.stdout)["workers"], json.loads(scaled.stdout)["was"]) == (4, 2)
     assert "run stop-me: 4 workers from the first iteration it runs once resumed (it is STOPPED) (was 2)" in (
         scaled.stderr), scaled.stderr
-    resumed = _slsml(service, "run", "resume", "stop-me")
+    resumed = _slsml(service, "run", "resume", "stop-me", "--json")
     assert resumed.returncode == 0, resumed.stderr
-    entering = re.search(r"resumed from its model entering iteration (\d+)", resumed.stdout + resumed.stderr)
+    entering = re.search(r"resumed from its model entering iteration (\d+)", resumed.stderr)
     assert entering, resumed.stdout + resumed.stderr
+    assert json.loads(resumed.stdout)["iteration"] == int(entering[1])
     watched = _slsml(service, "run", "watch", "stop-me", "--json", "--timeout", "300")
     summary = _summary(watched)
     assert (summary["status"], summary["iterations"]) == ("COMPLETED", 60)
@@ -150,8 +156,9 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     finished = _slsml(service, "run", "scale", "stop-me", "--workers", "3")
     assert finished.returncode == 2 and "is COMPLETED: only a RUNNING, STOPPED or FAILED run can be scaled" in (
         finished.stderr)
-    fetched = _slsml(service, "run", "fetch", "stop-me", "--out", "stopped.keras")
+    fetched = _slsml(service, "run", "fetch", "stop-me", "--out", "stopped.keras", "--json")
     assert fetched.returncode == 0, fetched.stderr
+    assert json.loads(fetched.stdout)["bytes"] == (service / "stopped.keras").stat().st_size
     assert modelio.load_model((service / "stopped.keras").read_bytes()).count_params() > 0
 
 
@@ -166,7 +173,9 @@ def test_local_down_ends_the_service_and_its_runs_stay_listed(service: Path) -> 
     assert _slsml(service, "local", "status").returncode == 0
     listed = _listed(service)
     assert {run_id for run_id, _ in listed} >= {"stop-me"} and len(listed) >= 2
-    assert "local service stopped" in _slsml(service, "local", "down").stderr
+    down = _slsml(service, "local", "down", "--json")
+    result = json.loads(down.stdout)  # the runs not recorded yet (a watched run records itself), on both streams
+    assert result["stopped"] and f"local service stopped; {result['recorded']} of its runs recorded" in down.stderr
     assert _slsml(service, "local", "status").returncode == 1
     assert _listed(service) == listed  # recorded under runs/, in the same order
     fetched = _slsml(service, "run", "fetch", "stop-me", "--out", "after-down.keras")

@@ -1,9 +1,12 @@
 """The slsml command in a pipe: each command's result on stdout (``--json``: one JSON line there), progress and
-diagnostics on stderr, lines not cut at 80 columns; the exit codes; a command's own usage for an unknown flag;
-``run list`` oldest first, the same runs whether or not the local service is up."""
+diagnostics on stderr, lines not cut at 80 columns; a command that acts says what it did on stderr (``--json``: also
+as one JSON line on stdout); every command that shows a result takes ``--json``; the exit codes; a command's own usage
+for an unknown flag; ``run list`` oldest first, the same runs whether or not the local service is up."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -12,13 +15,21 @@ import sys
 import time
 from pathlib import Path
 
+import boto3
+import numpy as np
 import pytest
 
+from slsml.aws import clients
 from slsml.cli import display, targets
-from slsml.cli.main import main
+from slsml.cli.main import build_parser, main
 from slsml.client import runs
+from slsml.data import datasets as data
+from slsml.pipeline.services import Services
 from slsml.spec.config import TrainingSpec
+from slsml.state.orchestration import Orchestrator
 from slsml.state.records import Counter, RunRecord, RunStatus
+
+from . import cloud
 
 Capture = pytest.CaptureFixture[str]
 REASON = "the data has 3 classes but the model's last layer has 10 units: give it a model whose output fits the data"
@@ -145,3 +156,82 @@ def test_in_a_shell_pipe(recorded: Path) -> None:
     status = subprocess.run(f"{slsml} run status a-newer --json | {sys.executable} -c '{READ_STATUS}'", shell=True,
                             capture_output=True, text=True, cwd=recorded, env=environment, timeout=120)
     assert status.stdout == "FAILED\n", status.stderr
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("slsml",)
+              ) -> dict[str, argparse.ArgumentParser]:
+    """Every command of ``parser`` (those without subcommands), by its words."""
+    groups = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    if not groups:
+        return {" ".join(path): parser}
+    return {name: command for group in groups for word, sub in group.choices.items()
+            for name, command in _commands(sub, (*path, word)).items()}
+
+
+def test_every_command_takes_json() -> None:
+    commands = _commands(build_parser())
+    assert len(commands) > 20 and {"slsml run stop", "slsml run fetch", "slsml local down"} <= commands.keys()
+    assert [name for name, command in commands.items() if "--json" not in command._option_string_actions] == []
+
+
+def _json(capsys: Capture, *args: str) -> tuple[dict, str]:
+    """``slsml ARGS --json``, which must succeed: the JSON line it printed on stdout, and its stderr."""
+    assert main([*args, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1, out
+    return json.loads(out), err
+
+
+@pytest.fixture
+def acting(services: Services, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Services:
+    """The run commands' target: the moto cloud of ``services`` with a run state machine, holding run ``r`` (2
+    workers, 5 iterations) on dataset ``d`` at iteration 0, launched, and a dataset ``e`` no run uses."""
+    import keras
+
+    from slsml.training import modelio
+
+    monkeypatch.chdir(tmp_path)
+    arn = boto3.client("stepfunctions").create_state_machine(
+        name="runs", roleArn="arn:aws:iam::123456789012:role/runs",
+        definition=json.dumps({"StartAt": "wait", "States": {"wait": {"Type": "Pass", "End": True}}}),
+    )["stateMachineArn"]
+    acting = dataclasses.replace(services, orchestrator=Orchestrator(clients.client("stepfunctions"), arn))
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    cloud.register_run(acting, modelio.save_model(model), "r")
+    assert acting.table.claim_launch("r", 0, "launch-0", 0, 2) is not None
+    x = np.zeros((20, 6), dtype=np.float32)
+    data.put_dataset(acting.store, "e", x, np.zeros(20, dtype=np.int64), x[:4], np.zeros(4, dtype=np.int64))
+    monkeypatch.setattr(targets, "target", lambda args: (acting, lambda run: []))
+    return acting
+
+
+def test_commands_that_act_say_so_on_stderr_and_as_json_on_stdout(acting: Services, capsys: Capture) -> None:
+    result, err = _json(capsys, "run", "scale", "r", "--workers", "3")
+    assert result == {"run_id": "r", "workers": 3, "was": 2, "applies": "from iteration 1 on"}
+    assert "run r: 3 workers from iteration 1 on (was 2)" in err
+    result, err = _json(capsys, "run", "stop", "r")
+    assert result == {"run_id": "r", "status": "STOPPED"} and "run r stopped: no new iteration starts" in err
+    assert acting.table.get_run("r").status == RunStatus.STOPPED
+    result, err = _json(capsys, "run", "resume", "r")
+    assert result == {"run_id": "r", "status": "RUNNING", "iteration": 0, "iterations": 5, "generation": 1}
+    assert "run r resumed from its model entering iteration 0 (5 iterations to go)" in err
+    objects = len(acting.store.list_keys("datasets/e/"))
+    result, err = _json(capsys, "data", "rm", "e")
+    assert result == {"dataset": "e", "objects": objects} and objects > 2 and f"({objects} objects)" in err
+    assert acting.store.list_keys("datasets/e/") == []
+    assert main(["run", "stop", "r"]) == 0  # without --json: the line alone, on stderr
+    out, err = capsys.readouterr()
+    assert out == "" and "run r stopped" in err
+
+
+def test_run_fetch_and_local_down_as_json(recorded: Path, capsys: Capture) -> None:
+    model = recorded / "final.keras"
+    model.write_bytes(b"a model's bytes")
+    summary = targets.recorded("b-older")[0].model_copy(update={"final_model": str(model)})
+    (targets.RUNS_DIR / "b-older" / "summary.json").write_text(summary.model_dump_json())
+    result, err = _json(capsys, "run", "fetch", "b-older", "--out", "fetched.keras")
+    assert result == {"run_id": "b-older", "model": "fetched.keras", "bytes": len(b"a model's bytes")}
+    assert (recorded / "fetched.keras").read_bytes() == b"a model's bytes" and "final model of b-older" in err
+    result, err = _json(capsys, "local", "down")
+    assert result == {"stopped": False, "recorded": 0} and "no local service was up" in err

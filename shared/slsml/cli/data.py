@@ -144,7 +144,8 @@ def cmd_data_rm(args: argparse.Namespace) -> int:
     if using:
         raise BadInputError(f"dataset {args.name!r} is in use by run {', '.join(using)}: stop it first")
     removed = catalog.remove(services.store, args.name)
-    display.say(f"dataset {args.name} removed ({removed} objects)")
+    display.done(f"dataset {args.name} removed ({removed} objects)", args.json, {"dataset": args.name,
+                                                                              "objects": removed})
     return 0
 
 
@@ -175,5 +176,5 @@ def add_commands(commands: Any) -> None:
         parser.add_argument("--stack", help=stack_help)
         if parser is not remove:
             parser.add_argument("--bucket", help="or this bucket (AWS credentials and AWS_ENDPOINT_URL apply)")
-            parser.add_argument("--json", action="store_true", help="print it as one JSON line")
+        parser.add_argument("--json", action="store_true", help="print it as one JSON line")
         parser.set_defaults(handler=handler)

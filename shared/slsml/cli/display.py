@@ -41,6 +41,14 @@ def say(text: str) -> None:
     console().print(text, markup=False, highlight=False, soft_wrap=True)
 
 
+def done(line: str, as_json: bool, result: dict[str, Any]) -> None:
+    """What a command that acts (stop, resume, scale, fetch, …) did: its one line on stderr and, with ``as_json``,
+    ``result`` as one JSON line on stdout."""
+    say(line)
+    if as_json:
+        print(json.dumps(result))
+
+
 def error(message: str) -> None:
     """A command's error, on one line (not cut at the terminal's width)."""
     from rich.markup import escape

@@ -129,9 +129,11 @@ def _spent(usage: Callable[[Any], list[Any]], run: Any) -> float:
 
 
 def write_report(services: Any, records: list[Any], run_id: str, out_dir: Path, chosen: tuple[int, ...] = (),
-                  summary: Any = None) -> None:
+                  summary: Any = None) -> Path:
+    """Write a run's report under ``out_dir`` (saying where on stderr); its page."""
     from slsml.cli import report
 
     with _console().status(f"writing the report of {run_id}…"):
         page = report.write_report(services, records, run_id, out_dir, chosen, summary)
     _console().print(f"report: {page}", markup=False, highlight=False, soft_wrap=True)
+    return page

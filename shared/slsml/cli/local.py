@@ -19,10 +19,10 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     if running is None:
         with _console().status("starting the embedded cloud and warm function processes…"):
             running = service.up(pool=args.pool)
-    _console().print(f"local service up at {running.endpoint} (pid {running.pid}, {running.pool} warm processes"
-                     f" per function); bucket {running.deployment['bucket']}. Its runs and data last as long as"
-                     " the service: `slsml local down` ends them. `slsml local env` prints the variables for"
-                     " other AWS clients.", soft_wrap=True)
+    display.done(f"local service up at {running.endpoint} (pid {running.pid}, {running.pool} warm processes per"
+                 f" function); bucket {running.deployment['bucket']}. Its runs and data last as long as the service:"
+                 " `slsml local down` ends them. `slsml local env` prints the variables for other AWS clients.",
+                 args.json, running.model_dump(mode="json"))
     return 0
 
 
@@ -30,12 +30,12 @@ def cmd_local_down(args: argparse.Namespace) -> int:
     from slsml.local import service
 
     if service.status() is None:
-        _console().print("no local service was up")
+        display.done("no local service was up", args.json, {"stopped": False, "recorded": 0})
         return 0
     kept = _record_runs()
     service.down()
-    _console().print(f"local service stopped; {kept} of its runs recorded under {targets.RUNS_DIR}/ (run list, run"
-                     " status and run fetch read them)", soft_wrap=True)
+    display.done(f"local service stopped; {kept} of its runs recorded under {targets.RUNS_DIR}/ (run list, run"
+                 " status and run fetch read them)", args.json, {"stopped": True, "recorded": kept})
     return 0
 
 
@@ -106,9 +106,13 @@ def add_commands(commands: Any) -> None:
     local_up = local.add_parser("up", help="start the embedded cloud and warm functions in the background")
     local_up.add_argument("--pool", type=int, help="the most warm processes per function (default: from this"
                           " machine's cores and memory)")
+    local_up.add_argument("--json", action="store_true", help="print the service's state as one JSON line")
     local_up.set_defaults(handler=cmd_local_up)
-    local.add_parser("down", help="stop the service: its data goes with it, its runs stay listed (their records"
-                     " under ./runs)").set_defaults(handler=cmd_local_down)
+    down = local.add_parser("down", help="stop the service: its data goes with it, its runs stay listed (their records"
+                            " under ./runs)")
+    down.add_argument("--json", action="store_true", help="print whether it stopped one and the runs it recorded as"
+                      " one JSON line")
+    down.set_defaults(handler=cmd_local_down)
     status = local.add_parser("status", help="whether the service is up, and where (exit code 1: none is up)")
     status.add_argument("--json", action="store_true", help="print the service's state as one JSON line (null: none"
                         " is up)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from functools import partial
 from pathlib import Path
@@ -95,7 +96,8 @@ def cmd_run_fetch(args: argparse.Namespace) -> int:
         out.write_bytes(Path(summary.final_model).read_bytes())
     else:
         raise NotFoundError(f"run {args.run_id} has no final model (status {summary.status.value})")
-    _console().print(f"final model of {args.run_id} → {out}")
+    display.done(f"final model of {args.run_id} → {out}", args.json,
+                 {"run_id": args.run_id, "model": str(out), "bytes": out.stat().st_size})
     return 0
 
 
@@ -118,7 +120,8 @@ def cmd_run_stop(args: argparse.Namespace) -> int:
     if not services.stop_run(args.run_id):
         status = services.table.get_run(args.run_id).status.value
         raise BadInputError(f"run {args.run_id} is not running (status {status})")
-    _console().print(f"run {args.run_id} stopped: no new iteration starts; work in flight drains")
+    display.done(f"run {args.run_id} stopped: no new iteration starts; work in flight drains", args.json,
+                 {"run_id": args.run_id, "status": services.table.get_run(args.run_id).status.value})
     return 0
 
 
@@ -126,8 +129,10 @@ def cmd_run_resume(args: argparse.Namespace) -> int:
     from slsml.client import runs
 
     run = runs.resume_run(targets.required_target(args)[0], args.run_id)
-    _console().print(f"run {args.run_id} resumed from its model entering iteration {run.iteration}"
-                     f" ({run.iterations - run.iteration} iterations to go)")
+    display.done(f"run {args.run_id} resumed from its model entering iteration {run.iteration}"
+                 f" ({run.iterations - run.iteration} iterations to go)", args.json,
+                 {"run_id": args.run_id, "status": run.status.value, "iteration": run.iteration,
+                  "iterations": run.iterations, "generation": run.generation})
     return 0
 
 
@@ -138,7 +143,9 @@ def cmd_run_scale(args: argparse.Namespace) -> int:
     was = services.table.get_run(args.run_id).workers
     run = runs.scale_run(services, args.run_id, args.workers)
     tuned = "; workers auto: the tuner goes on from there" if run.training.workers == "auto" else ""
-    display.say(f"run {args.run_id}: {run.workers} workers {_scaled_from(services, run)} (was {was}){tuned}")
+    applies = _scaled_from(services, run)
+    display.done(f"run {args.run_id}: {run.workers} workers {applies} (was {was}){tuned}", args.json,
+                 {"run_id": args.run_id, "workers": run.workers, "was": was, "applies": applies})
     return 0
 
 
@@ -177,7 +184,9 @@ def cmd_run_report(args: argparse.Namespace) -> int:
                             " while its `slsml run start --local` or `slsml demo` runs (give it --report DIR)")
     services, usage = targets.required_target(args)
     run = services.table.get_run(args.run_id)
-    follow.write_report(services, usage(run), args.run_id, Path(args.out), tuple(args.iteration or ()))
+    page = follow.write_report(services, usage(run), args.run_id, Path(args.out), tuple(args.iteration or ()))
+    if args.json:
+        print(json.dumps({"run_id": args.run_id, "report": str(page)}))
     return 0
 
 
@@ -217,19 +226,23 @@ def add_commands(commands: Any) -> None:
                         help="also draw these iterations' timelines (besides the slowest and a median one)")
     report.add_argument("--stack", help="the deployed stack of this name (default: the local service; a one-shot"
                         " local run: --report DIR of run start --local or demo)")
+    report.add_argument("--json", action="store_true", help="print the report's page as one JSON line")
     report.set_defaults(handler=cmd_run_report)
     fetch = run.add_parser("fetch", help="copy a run's final model")
     fetch.add_argument("run_id")
     fetch.add_argument("--stack", help=stack_help)
     fetch.add_argument("--out", help="destination (default <run>.keras)")
+    fetch.add_argument("--json", action="store_true", help="print the model's path and bytes as one JSON line")
     fetch.set_defaults(handler=cmd_run_fetch)
     stop = run.add_parser("stop", help="stop a run: no new iteration starts")
     stop.add_argument("run_id")
     stop.add_argument("--stack", help=act_help)
+    stop.add_argument("--json", action="store_true", help="print the run's status as one JSON line")
     stop.set_defaults(handler=cmd_run_stop)
     resume = run.add_parser("resume", help="run a stopped or failed run on from its last complete model")
     resume.add_argument("run_id")
     resume.add_argument("--stack", help=act_help)
+    resume.add_argument("--json", action="store_true", help="print the run's status and iteration as one JSON line")
     resume.set_defaults(handler=cmd_run_resume)
     scale = run.add_parser("scale", help="change a run's workers, from the next iteration launched on (a stopped or"
                            " failed run's: from its resume on)")
@@ -237,6 +250,7 @@ def add_commands(commands: Any) -> None:
     scale.add_argument("--workers", type=options.workers, required=True,
                        help="the workers (within the run's --min-workers and --max-workers)")
     scale.add_argument("--stack", help=act_help)
+    scale.add_argument("--json", action="store_true", help="print the run's workers as one JSON line")
     scale.set_defaults(handler=cmd_run_scale)
     listing = run.add_parser("list", help="runs and their status, oldest first")
     listing.add_argument("--stack", help=stack_help)
