@@ -127,8 +127,9 @@ def add_commands(commands: Any) -> None:
     """`slsml bench` and its benchmarks."""
     benchmarks = commands.add_parser("bench", help="benchmarks on the local runtime")
     benchmarks = benchmarks.add_subparsers(dest="benchmark", required=True)
-    stragglers = benchmarks.add_parser(
-        "stragglers", help="the demo with and without a worker that is slow every iteration, quorum 1 and (W−1)/W"
+    stragglers = _benchmark(
+        benchmarks, cmd_bench_stragglers, "stragglers",
+        help="the demo with and without a worker that is slow every iteration, quorum 1 and (W−1)/W"
     )
     stragglers.add_argument("--workers", type=int, default=8, help="workers; the last one straggles (default 8)")
     stragglers.add_argument("--iterations", type=int, default=150,
@@ -140,19 +141,17 @@ def add_commands(commands: Any) -> None:
     stragglers.add_argument("--ssp-factor", type=float, default=1.5,
                             help="(e) and (f): the straggler's invocation lasts this many (a) work phases (default"
                             " 1.5)")
-    stragglers.add_argument("--json", action="store_true", help="print the report as one JSON line")
-    stragglers.set_defaults(handler=cmd_bench_stragglers)
-    barrier = benchmarks.add_parser(
-        "barrier", help="what one report costs the barriers (item bytes, write units), small and large fleet"
+    barrier = _benchmark(
+        benchmarks, cmd_bench_barrier, "barrier",
+        help="what one report costs the barriers (item bytes, write units), small and large fleet"
     )
     barrier.add_argument("--workers", type=int, default=1000, help="the large fleet (default 1000)")
     barrier.add_argument("--small", type=int, default=10, help="the small fleet (default 10)")
     barrier.add_argument("--reducers", type=int, default=10, help="reducers of both (default 10)")
-    barrier.add_argument("--json", action="store_true", help="print the report as one JSON line")
-    barrier.set_defaults(handler=cmd_bench_barrier)
 
-    scale = benchmarks.add_parser(
-        "scale", help="the plan's requests and stage times against the local pipeline over a grid of W and R;"
+    scale = _benchmark(
+        benchmarks, cmd_bench_scale, "scale",
+        help="the plan's requests and stage times against the local pipeline over a grid of W and R;"
         " fits the plan's latencies to the embedded cloud"
     )
     scale.add_argument("--workers", type=options.counts,
@@ -162,42 +161,45 @@ def add_commands(commands: Any) -> None:
     scale.add_argument("--calibration", default="scale-calibration.json",
                        help="where the fitted parameters go, for slsml plan --calibration (default"
                        " scale-calibration.json)")
-    scale.add_argument("--json", action="store_true", help="print the report as one JSON line")
-    scale.set_defaults(handler=cmd_bench_scale)
 
-    algorithms = benchmarks.add_parser(
-        "algorithms", help="gradient averaging at 2, 4, 8 and auto workers against model averaging with 4 and 16"
+    algorithms = _benchmark(
+        benchmarks, cmd_bench_algorithms, "algorithms",
+        help="gradient averaging at 2, 4, 8 and auto workers against model averaging with 4 and 16"
         " local steps: rounds, time, requests and dollars to the demo's accuracy, on one sample budget"
     )
     algorithms.add_argument("--pool", type=int, help="warm processes per function (default and at least 8)")
-    algorithms.add_argument("--json", action="store_true", help="print the report as one JSON line")
-    algorithms.set_defaults(handler=cmd_bench_algorithms)
 
-    communication = benchmarks.add_parser(
-        "communication", help="dense, fp16, top-k 1%% and significance-filtered updates (error feedback) at 8 workers:"
+    communication = _benchmark(
+        benchmarks, cmd_bench_communication, "communication",
+        help="dense, fp16, top-k 1%% and significance-filtered updates (error feedback) at 8 workers:"
         " update, residual and reducer bytes, requests and dollars to the demo's accuracy and over a fixed budget"
     )
     communication.add_argument("--iterations", type=int, default=150,
                                help="iterations of every run (default 150, the demo's)")
     communication.add_argument("--significance", type=float, metavar="V",
                                help="the significance variant's threshold, significance:V (default 0.2)")
-    communication.add_argument("--json", action="store_true", help="print the report as one JSON line")
-    communication.set_defaults(handler=cmd_bench_communication)
 
-    admm = benchmarks.add_parser(
-        "admm", help="ADMM against gradient averaging on logistic regression (breast cancer data, 4 workers):"
+    _benchmark(
+        benchmarks, cmd_bench_admm, "admm",
+        help="ADMM against gradient averaging on logistic regression (breast cancer data, 4 workers):"
         " rounds to the same test accuracy"
     )
-    admm.add_argument("--json", action="store_true", help="print the report as one JSON line")
-    admm.set_defaults(handler=cmd_bench_admm)
 
-    data = benchmarks.add_parser(
-        "data", help="a synthetic image dataset past the workers' warm cache, read by range, against the same run"
+    data = _benchmark(
+        benchmarks, cmd_bench_data, "data",
+        help="a synthetic image dataset past the workers' warm cache, read by range, against the same run"
         " with the dataset cached: S3 bytes and GETs per iteration, median iteration; ingest MB/s"
     )
     data.add_argument("--samples", type=int, help="training images of 32×32×3 uint8 (default 60000: 184 MB)")
     data.add_argument("--iterations", type=int, help="of each run (default 30)")
     data.add_argument("--cache-mb", type=float, help="the workers' warm cache bound of the variants past the cache"
                       " (default 16)")
-    data.add_argument("--json", action="store_true", help="print the report as one JSON line")
-    data.set_defaults(handler=cmd_bench_data)
+
+
+def _benchmark(benchmarks: Any, handler: Callable[[argparse.Namespace], int], name: str, help: str
+               ) -> argparse.ArgumentParser:
+    """The parser of benchmark ``name``, run by ``handler``, with --json (its own flags are the caller's)."""
+    parser = benchmarks.add_parser(name, help=help)
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    parser.set_defaults(handler=handler)
+    return parser

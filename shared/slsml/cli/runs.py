@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -213,52 +214,37 @@ def add_commands(commands: Any) -> None:
     stack_help = ("the deployed stack of this name (default: the local runs: the local service's, if one is up, and"
                   " those recorded under ./runs)")
     act_help = "the deployed stack of this name (default: the local service)"
-    status = run.add_parser("status", help="a run's state and figures")
-    status.add_argument("run_id")
-    status.add_argument("--stack", help=stack_help)
-    status.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    status.set_defaults(handler=cmd_run_status)
-    report = run.add_parser("report", help="a run's report: one HTML page with its curves, iteration timelines,"
-                            " costs and faults, and its PNGs")
-    report.add_argument("run_id")
+    _command(run, "status", "a run's state and figures", cmd_run_status, stack_help, "the summary")
+    report = _command(run, "report", "a run's report: one HTML page with its curves, iteration timelines, costs and"
+                      " faults, and its PNGs", cmd_run_report, "the deployed stack of this name (default: the local"
+                      " service; a one-shot local run: --report DIR of run start --local or demo)", "the report's page")
     report.add_argument("--out", required=True, metavar="DIR", help="where index.html and its PNGs go")
     report.add_argument("--iteration", type=int, nargs="+", action="extend", metavar="I",
                         help="also draw these iterations' timelines (besides the slowest and a median one)")
-    report.add_argument("--stack", help="the deployed stack of this name (default: the local service; a one-shot"
-                        " local run: --report DIR of run start --local or demo)")
-    report.add_argument("--json", action="store_true", help="print the report's page as one JSON line")
-    report.set_defaults(handler=cmd_run_report)
-    fetch = run.add_parser("fetch", help="copy a run's final model")
-    fetch.add_argument("run_id")
-    fetch.add_argument("--stack", help=stack_help)
+    fetch = _command(run, "fetch", "copy a run's final model", cmd_run_fetch, stack_help, "the model's path and bytes")
     fetch.add_argument("--out", help="destination (default <run>.keras)")
-    fetch.add_argument("--json", action="store_true", help="print the model's path and bytes as one JSON line")
-    fetch.set_defaults(handler=cmd_run_fetch)
-    stop = run.add_parser("stop", help="stop a run: no new iteration starts")
-    stop.add_argument("run_id")
-    stop.add_argument("--stack", help=act_help)
-    stop.add_argument("--json", action="store_true", help="print the run's status as one JSON line")
-    stop.set_defaults(handler=cmd_run_stop)
-    resume = run.add_parser("resume", help="run a stopped or failed run on from its last complete model")
-    resume.add_argument("run_id")
-    resume.add_argument("--stack", help=act_help)
-    resume.add_argument("--json", action="store_true", help="print the run's status and iteration as one JSON line")
-    resume.set_defaults(handler=cmd_run_resume)
-    scale = run.add_parser("scale", help="change a run's workers, from the next iteration launched on (a stopped or"
-                           " failed run's: from its resume on)")
-    scale.add_argument("run_id")
+    _command(run, "stop", "stop a run: no new iteration starts", cmd_run_stop, act_help, "the run's status")
+    _command(run, "resume", "run a stopped or failed run on from its last complete model", cmd_run_resume, act_help,
+             "the run's status and iteration")
+    scale = _command(run, "scale", "change a run's workers, from the next iteration launched on (a stopped or failed"
+                     " run's: from its resume on)", cmd_run_scale, act_help, "the run's workers")
     scale.add_argument("--workers", type=options.workers, required=True,
                        help="the workers (within the run's --min-workers and --max-workers)")
-    scale.add_argument("--stack", help=act_help)
-    scale.add_argument("--json", action="store_true", help="print the run's workers as one JSON line")
-    scale.set_defaults(handler=cmd_run_scale)
-    listing = run.add_parser("list", help="runs and their status, oldest first")
-    listing.add_argument("--stack", help=stack_help)
-    listing.add_argument("--json", action="store_true", help="print the runs as one JSON line: a list of summaries")
-    listing.set_defaults(handler=cmd_run_list)
-    watch = run.add_parser("watch", help="follow a run until it ends (Ctrl-C leaves the run alone)")
-    watch.add_argument("run_id")
-    watch.add_argument("--stack", help=act_help)
-    watch.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    _command(run, "list", "runs and their status, oldest first", cmd_run_list, stack_help,
+             "the runs: a list of summaries", run_id=False)
+    watch = _command(run, "watch", "follow a run until it ends (Ctrl-C leaves the run alone)", cmd_run_watch, act_help,
+                     "the summary")
     watch.add_argument("--timeout", type=float, default=7 * 24 * 3600, help="stop watching after this long")
-    watch.set_defaults(handler=cmd_run_watch)
+
+
+def _command(run: Any, name: str, about: str, handler: Callable[[argparse.Namespace], int], stack: str, result: str,
+             run_id: bool = True) -> argparse.ArgumentParser:
+    """The parser of ``slsml run NAME``, run by ``handler``: the run's id (unless not ``run_id``), ``--stack`` and
+    ``--json`` (printing ``result`` as one JSON line); its own flags are the caller's."""
+    parser = run.add_parser(name, help=about)
+    if run_id:
+        parser.add_argument("run_id")
+    parser.add_argument("--stack", help=stack)
+    parser.add_argument("--json", action="store_true", help=f"print {result} as one JSON line")
+    parser.set_defaults(handler=handler)
+    return parser

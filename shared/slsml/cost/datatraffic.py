@@ -66,18 +66,17 @@ def data_traffic(order: Order, samples: int, sample_bytes: int, global_batch: in
     if order == "global":
         adjacent = b * (b - 1) * (samples - samples / per_shard) / (samples * (samples - 1))
         worker_gets = batches * (b - adjacent)
-        read_s = _read_s(worker_gets, batches * b * sample_bytes, latency_s, read_mb_s)
-        return DataTraffic(**common, gets_per_iteration=workers * worker_gets, bytes_per_iteration=used,
-                           burst_gets=workers * worker_gets, worker_gets=worker_gets, burst_s=read_s, read_s=read_s,
-                           detail=f"past the workers' cache: {worker_gets:,.1f} ranged GETs of one sample a worker")
-    aligned = global_batch % (block := min(block, samples)) == 0 and global_batch % workers == 0 and b % block == 0
-    blocks = b / block if aligned else 1 + (b - 1) / block  # blocks a worker's slice touches
-    # a GET each, two where it crosses a shard's end, one for two where the next is the block stored after it
-    worker_gets = batches * (blocks * (1 + (block - 1) / per_shard) - (blocks - 1) / max(1, samples // block - 1))
+        detail = f"past the workers' cache: {worker_gets:,.1f} ranged GETs of one sample a worker"
+    else:
+        aligned = global_batch % (block := min(block, samples)) == 0 and global_batch % workers == 0 and b % block == 0
+        blocks = b / block if aligned else 1 + (b - 1) / block  # blocks a worker's slice touches
+        # a GET each, two where it crosses a shard's end, one for two where the next is the block stored after it
+        worker_gets = batches * (blocks * (1 + (block - 1) / per_shard) - (blocks - 1) / max(1, samples // block - 1))
+        detail = f"block order: {worker_gets:,.1f} ranged GETs of blocks of {block} samples a worker"
     read_s = _read_s(worker_gets, batches * b * sample_bytes, latency_s, read_mb_s)
     return DataTraffic(**common, gets_per_iteration=workers * worker_gets, bytes_per_iteration=used,
                        burst_gets=workers * worker_gets, worker_gets=worker_gets, burst_s=read_s, read_s=read_s,
-                       detail=f"block order: {worker_gets:,.1f} ranged GETs of blocks of {block} samples a worker")
+                       detail=detail)
 
 
 def _read_s(gets: float, size: float, latency_s: float, read_mb_s: float) -> float:

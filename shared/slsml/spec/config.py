@@ -445,10 +445,6 @@ class TrainingSpec(BaseModel):
             raise ValueError("workers auto needs min_workers and max_workers: the bounds the tuner moves within")
         if self.workers != "auto" and self.objective != type(self).model_fields["objective"].default:
             raise ValueError("objective applies to workers auto only")
-        if self.global_batch < self.initial_workers:  # before the bounds, which the batch sets unless given
-            raise ValueError(
-                f"global_batch ({self.global_batch}) must be at least the number of workers ({self.initial_workers})"
-            )
         low, high = self.worker_bounds
         if low > high:
             raise ValueError(f"min_workers ({low}) must be at most max_workers ({high})")
