@@ -5,43 +5,17 @@ the folder, a CNN trains on them with `run start --local --data NAME`; `data lis
 
 from __future__ import annotations
 
-import json
-import os
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 
-import boto3
 import numpy as np
 import pytest
 from PIL import Image
 
-from slsml.aws.storage import ObjectStore
 from slsml.training import modelio
 
-SLSML = [sys.executable, "-m", "slsml.cli.main"]
+from .service import last_json, local_service, service_store, slsml
+
 CROPS = 160  # per photo
-
-
-def slsml(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([*SLSML, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "200"})
-
-
-def last_json(done: subprocess.CompletedProcess) -> dict:
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def service_store(cwd: Path) -> ObjectStore:
-    """The service's bucket, reached as any AWS client would, with the variables `slsml local env` prints."""
-    lines = slsml(cwd, "local", "env").stdout.splitlines()
-    pairs = [shlex.split(line.removeprefix("export "))[0] for line in lines if line.startswith("export ")]
-    env = dict(pair.split("=", 1) for pair in pairs)
-    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
-                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
-    return ObjectStore(s3, env["SLSML_BUCKET"])
 
 
 def write_crops(folder: Path) -> None:
@@ -75,12 +49,8 @@ def cnn() -> bytes:
 def service(tmp_path_factory: pytest.TempPathFactory):
     home = tmp_path_factory.mktemp("ingest")
     (home / "cnn.keras").write_bytes(cnn())
-    up = slsml(home, "local", "up", "--pool", "2")
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
+    with local_service(home):
         yield home
-    finally:
-        slsml(home, "local", "down")
 
 
 def test_jpegs_in_class_folders_get_keras_labels_and_train_a_cnn(service: Path) -> None:

@@ -8,41 +8,21 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import boto3
 import numpy as np
 import pytest
 
 from slsml.client import demo
-from slsml.spec import wiring
 from slsml.spec.errors import NotFoundError
 from slsml.state.runtable import RunTable
 from slsml.training import modelio
 
-SLSML = [sys.executable, "-m", "slsml.cli.main"]
+from .service import last_json, local_service, service_env, service_table, slsml
+
 AWS_CLI = os.environ.get("SLSML_AWS_CLI", str(Path(__file__).parents[2] / ".venv-awscli" / "bin" / "aws"))
-
-
-def _slsml(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([*SLSML, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "200"})
-
-
-def _summary(done: subprocess.CompletedProcess) -> dict:
-    """The run summary a `--json` command printed last."""
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _service_env(cwd: Path) -> dict[str, str]:
-    """The variables `slsml local env` exports, read as a shell would."""
-    text = _slsml(cwd, "local", "env").stdout
-    pairs = [shlex.split(line.removeprefix("export "))[0] for line in text.splitlines() if line.startswith("export ")]
-    return dict(pair.split("=", 1) for pair in pairs)
 
 
 @pytest.fixture(scope="module")
@@ -52,20 +32,15 @@ def service(tmp_path_factory: pytest.TempPathFactory):
     x, y, x_test, y_test = demo.digits()
     np.savez(home / "digits.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (home / "cnn.keras").write_bytes(modelio.save_model(demo.digits_cnn(seed=1)))
-    up = _slsml(home, "local", "up", "--pool", "2", "--json")
-    assert up.returncode == 0, up.stdout + up.stderr
-    state = json.loads(up.stdout)  # what it started, as one JSON line; its line on stderr
-    assert state["pool"] == 2 and f"local service up at {state['deployment']['endpoint']}" in up.stderr
-    try:
+    with local_service(home) as state:
+        assert state["pool"] == 2
         yield home
-    finally:
-        _slsml(home, "local", "down")
 
 
 def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service: Path) -> None:
-    env = _service_env(service)
+    env = service_env(service)
     assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
-    put = _slsml(service, "data", "put", "digits", "digits.npz")
+    put = slsml(service, "data", "put", "digits", "digits.npz")
     assert put.returncode == 0, put.stderr
     request = service / "cnn.json"
     request.write_text(json.dumps({"dataset": "digits", "training": {"iterations": 6, "eval_every": 3,
@@ -78,30 +53,21 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
         assert copied.returncode == 0, copied.stderr
     run_id = f"cnn-{hashlib.sha256((service / 'cnn.keras').read_bytes()).hexdigest()[:8]}"
     deadline = time.monotonic() + 180  # the RunStarter loads the model and checks it against the data first
-    while run_id not in _slsml(service, "run", "list").stdout:
+    while run_id not in slsml(service, "run", "list").stdout:
         assert time.monotonic() < deadline, f"{run_id} never appeared in `slsml run list`"
         time.sleep(2)
 
-    watched = _slsml(service, "run", "watch", run_id, "--json", "--timeout", "300")
+    watched = slsml(service, "run", "watch", run_id, "--json", "--timeout", "300")
     assert watched.returncode == 0, watched.stdout + watched.stderr
-    summary = _summary(watched)
+    summary = last_json(watched)
     assert (summary["run_id"], summary["status"], summary["iterations"]) == (run_id, "COMPLETED", 6)
     assert summary["workers"] == 3 and summary["test_accuracy"] > 0.3
-    report = _slsml(service, "run", "report", run_id, "--out", "report", "--json")
+    report = slsml(service, "run", "report", run_id, "--out", "report", "--json")
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout) == {"run_id": run_id, "report": str(Path("report") / "index.html")}
     page = (service / "report" / "index.html").read_text()
     assert run_id in page and "COMPLETED" in page
     assert all((service / "report" / image).stat().st_size > 0 for image in ("curves.png", "cost.png"))
-
-
-def _table(cwd: Path) -> RunTable:
-    """The service's run table, reached as any AWS client would, with the variables `slsml local env` prints."""
-    env = _service_env(cwd)
-    dynamodb = boto3.resource("dynamodb", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
-                              aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                              aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
-    return RunTable(dynamodb.Table(env[wiring.TABLE_ENV]))
 
 
 def _iteration(table: RunTable, run_id: str) -> int:
@@ -114,49 +80,49 @@ def _iteration(table: RunTable, run_id: str) -> int:
 
 def _status(cwd: Path, run_id: str) -> dict:
     """`slsml run status RUN --json`, read."""
-    return _summary(_slsml(cwd, "run", "status", run_id, "--json"))
+    return last_json(slsml(cwd, "run", "status", run_id, "--json"))
 
 
 def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
-    started = _slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--data", "digits", "--iterations",
+    started = slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--data", "digits", "--iterations",
                      "60", "--eval-every", "0", "--run-id", "stop-me", "--no-wait", "--workers", "2",
                      "--max-workers", "4")
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip() == "stop-me"
     # two iterations complete: the run resumes past its first, with 2 workers. Watched in the service's table
     # (a command would take a second or two to answer, and a loaded machine runs many iterations meanwhile)
-    table = _table(service)
+    table = service_table(service)
     deadline = time.monotonic() + 120
     while _iteration(table, "stop-me") < 2:
         assert time.monotonic() < deadline, "run stop-me completed no iteration"
         time.sleep(0.05)
-    stopped = _slsml(service, "run", "stop", "stop-me", "--json")
+    stopped = slsml(service, "run", "stop", "stop-me", "--json")
     assert stopped.returncode == 0, stopped.stderr
     assert json.loads(stopped.stdout) == {"run_id": "stop-me", "status": "STOPPED"}
     status = _status(service, "stop-me")
     assert status["status"] == "STOPPED" and status["training"]["eval_every"] == 0  # the flag, not the default
-    scaled = _slsml(service, "run", "scale", "stop-me", "--workers", "4", "--json")  # the stopped run, for its resume
+    scaled = slsml(service, "run", "scale", "stop-me", "--workers", "4", "--json")  # the stopped run, for its resume
     assert scaled.returncode == 0, scaled.stderr
     assert (json.loads(scaled.stdout)["workers"], json.loads(scaled.stdout)["was"]) == (4, 2)
     assert "run stop-me: 4 workers from the first iteration it runs once resumed (it is STOPPED) (was 2)" in (
         scaled.stderr), scaled.stderr
-    resumed = _slsml(service, "run", "resume", "stop-me", "--json")
+    resumed = slsml(service, "run", "resume", "stop-me", "--json")
     assert resumed.returncode == 0, resumed.stderr
     entering = re.search(r"resumed from its model entering iteration (\d+)", resumed.stderr)
     assert entering, resumed.stdout + resumed.stderr
     assert json.loads(resumed.stdout)["iteration"] == int(entering[1])
-    watched = _slsml(service, "run", "watch", "stop-me", "--json", "--timeout", "300")
-    summary = _summary(watched)
+    watched = slsml(service, "run", "watch", "stop-me", "--json", "--timeout", "300")
+    summary = last_json(watched)
     assert (summary["status"], summary["iterations"]) == ("COMPLETED", 60)
     assert summary["training"] == status["training"]  # a resumed run goes on with the spec it started with
     first, changed = summary["fleet"]  # the iterations from the resume on trained with 4 workers, and say why
     assert (first["workers"], changed["workers"], changed["reason"]) == (2, 4, "run scale"), summary["fleet"]
     assert changed["iteration"] == int(entering[1])
     assert re.search(rf"workers\s*│ 2 → 4 at iteration {changed['iteration']} \(run scale\)", watched.stderr)
-    finished = _slsml(service, "run", "scale", "stop-me", "--workers", "3")
+    finished = slsml(service, "run", "scale", "stop-me", "--workers", "3")
     assert finished.returncode == 2 and "is COMPLETED: only a RUNNING, STOPPED or FAILED run can be scaled" in (
         finished.stderr)
-    fetched = _slsml(service, "run", "fetch", "stop-me", "--out", "stopped.keras", "--json")
+    fetched = slsml(service, "run", "fetch", "stop-me", "--out", "stopped.keras", "--json")
     assert fetched.returncode == 0, fetched.stderr
     assert json.loads(fetched.stdout)["bytes"] == (service / "stopped.keras").stat().st_size
     assert modelio.load_model((service / "stopped.keras").read_bytes()).count_params() > 0
@@ -164,22 +130,22 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
 
 def _listed(cwd: Path) -> list[tuple[str, str]]:
     """`slsml run list --json`: each run's id and status, in the order listed."""
-    listed = _slsml(cwd, "run", "list", "--json")
+    listed = slsml(cwd, "run", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     return [(summary["run_id"], summary["status"]) for summary in json.loads(listed.stdout)]
 
 
 def test_local_down_ends_the_service_and_its_runs_stay_listed(service: Path) -> None:
-    assert _slsml(service, "local", "status").returncode == 0
+    assert slsml(service, "local", "status").returncode == 0
     listed = _listed(service)
     assert {run_id for run_id, _ in listed} >= {"stop-me"} and len(listed) >= 2
-    down = _slsml(service, "local", "down", "--json")
+    down = slsml(service, "local", "down", "--json")
     result = json.loads(down.stdout)  # the runs not recorded yet (a watched run records itself), on both streams
     assert result["stopped"] and f"local service stopped; {result['recorded']} of its runs recorded" in down.stderr
-    assert _slsml(service, "local", "status").returncode == 1
+    assert slsml(service, "local", "status").returncode == 1
     assert _listed(service) == listed  # recorded under runs/, in the same order
-    fetched = _slsml(service, "run", "fetch", "stop-me", "--out", "after-down.keras")
+    fetched = slsml(service, "run", "fetch", "stop-me", "--out", "after-down.keras")
     assert fetched.returncode == 0, fetched.stderr
     assert (service / "after-down.keras").read_bytes() == (service / "stopped.keras").read_bytes()
-    listing = _slsml(service, "run", "stop", "stop-me")
+    listing = slsml(service, "run", "stop", "stop-me")
     assert listing.returncode == 2 and "no local service is up" in listing.stderr
