@@ -91,7 +91,7 @@ def linear(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-# each option of the update rules, compression and staleness, as `run start` and `plan` take them
+# each option of the update rules, compression and staleness, and a budget, as `run start` and `plan` take them
 OPTIONS = {
     "average-k4": ["--algorithm", "average", "--local-steps", "4"],
     "average-keep": ["--algorithm", "average", "--local-steps", "2", "--local-state", "keep",
@@ -102,6 +102,7 @@ OPTIONS = {
     "fp16": ["--compress", "fp16"],
     "significance": ["--compress", "significance:0.01"],
     "staleness": ["--staleness", "2"],
+    "budget": ["--budget-usd", "1"],  # every invocation adds its cost to the run's spend; the launch reads it
 }
 SHAPE = ["--workers", "4", "--reducers", "2", "--batch", "128", "--iterations", str(ITERATIONS)]
 

@@ -200,3 +200,36 @@ def test_cloudwatch_reader_returns_the_runs_usage_lines(endpoint: str) -> None:
     ]
     assert all(r.run_id == "run-d" and r.requests == {"s3:GetObject": 2} for r in records)
     assert usage.read_cloudwatch(logs, groups, "run-d", since=now_ms / 1000 + 60) == []  # after the lines
+
+
+def test_a_scopes_dollars_so_far_are_its_line_priced_without_the_time_after(
+    endpoint: str, lines: list[dict[str, Any]]
+) -> None:
+    from slsml.accounting import prices
+
+    s3, table = aws.client("s3"), _table(endpoint)
+    s3.create_bucket(Bucket=BUCKET)
+    price_table = prices.PriceTable()
+    settle(lines)
+    with usage.invocation("worker", 3008):
+        with usage.scope("run-f", 0):
+            s3.put_object(Bucket=BUCKET, Key="runs/f/0", Body=b"\x01" * 100)
+            table.update_item(Key={"pk": "run", "sk": "spend"}, UpdateExpression="ADD n :one",
+                              ExpressionAttributeValues={":one": 1})
+            first = usage.so_far(price_table)
+            assert usage.scope_run() == "run-f"
+        with usage.scope("run-f", 1):
+            s3.get_object(Bucket=BUCKET, Key="runs/f/0")["Body"].read()
+            second = usage.so_far(price_table)
+    assert usage.scope_run() is None
+    one, two = (usage.UsageRecord.model_validate(line) for line in lines)
+
+    def priced(record: usage.UsageRecord) -> float:
+        return sum(usage.cost([record], price_table).values())
+
+    # the requests and units as logged, and the invocation's request once (with its first scope); the line's
+    # duration runs on to the scope's end
+    assert priced(one.model_copy(update={"duration_s": 0.0})) <= first <= priced(one)
+    request = price_table.lambda_request
+    assert priced(two.model_copy(update={"duration_s": 0.0})) - request <= second <= priced(two) - request
+    assert first > price_table.s3_put > 0 and second > price_table.s3_get

@@ -83,6 +83,16 @@ _S3_PUT_CLASS = {"PutObject", "CopyObject", "PostObject", "ListObjects", "ListOb
                  "UploadPart", "CompleteMultipartUpload", "ListObjectVersions"}
 
 
+def usd(amount: float) -> str:
+    """Dollars to four significant digits, in fixed point (a small run's figures differ in their fourth digit):
+    ``$1,234.50``, ``$0.008661``, ``$0.000001``."""
+    if amount >= 100 or amount <= 0:
+        return f"${amount:,.2f}"
+    text = f"{amount:,.{max(2, 3 - math.floor(math.log10(amount)))}f}"
+    whole, _, decimals = text.partition(".")
+    return f"${whole}.{decimals[:2] + decimals[2:].rstrip('0')}"
+
+
 def sns_chunks(message_bytes: int) -> int:
     """SNS bills each 64 KB of a published payload as one request."""
     return max(1, math.ceil(message_bytes / (64 * 1024)))

@@ -183,11 +183,26 @@ def attribute(run_id: str | None, iteration: int | None = None) -> None:
         _scope.run_id, _scope.iteration = run_id, iteration
 
 
-def _log(opened: _Scope, current: _Invocation, end: float) -> None:
+def scope_run() -> str | None:
+    """The run the open scope counts for (None: no scope is open, or it names no run)."""
+    return None if _scope is None else _scope.run_id
+
+
+def so_far(table: PriceTable) -> float:
+    """The dollars of the open scope so far, as its usage line will price them: its requests, DynamoDB units
+    and share of the invocation's duration, and with the invocation's first scope its request."""
+    if _scope is None or _invocation is None:
+        raise RuntimeError("no usage scope is open")
+    with _lock:
+        record = _scope_record(_scope, _invocation, time.time())
+    dollars = sum(cost([record], table).values())
+    return dollars if _invocation.scopes == 0 else dollars - table.lambda_request
+
+
+def _scope_record(opened: _Scope, current: _Invocation, end: float) -> UsageRecord:
+    """The usage record of ``opened`` if it ended at ``end``."""
     counts = opened.counts
-    current.bytes_read += counts.bytes_read
-    current.bytes_written += counts.bytes_written
-    record = UsageRecord(
+    return UsageRecord(
         run_id=opened.run_id,
         iteration=opened.iteration,
         function=current.function,
@@ -203,6 +218,12 @@ def _log(opened: _Scope, current: _Invocation, end: float) -> None:
         bytes_written=counts.bytes_written,
         **opened.part,
     )
+
+
+def _log(opened: _Scope, current: _Invocation, end: float) -> None:
+    current.bytes_read += opened.counts.bytes_read
+    current.bytes_written += opened.counts.bytes_written
+    record = _scope_record(opened, current, end)
     unnamed = {name for name in PART_FIELDS if getattr(record, name) is None}  # no bytes for what it is not
     logger.info(USAGE_KEY, extra={USAGE_KEY: record.model_dump(exclude=unnamed)})
 

@@ -108,7 +108,7 @@ def run_progress(
 ) -> Iterator[Callable[[Any, Any], None]]:
     """A progress bar of a run (whole lines into a file or a pipe) while the block runs; yields the
     ``on_progress`` callback of ``runs.wait_for_run`` that moves it. ``spent(run)``: the dollars the run used
-    so far, if known."""
+    so far, if known (shown against the run's budget, if it has one)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     shown = ProgressText(started, spent)
@@ -191,7 +191,8 @@ class ProgressText:
         if self.spent is not None and time.monotonic() - self.dollars_at > self.SPENT_EVERY_S:
             self.dollars, self.dollars_at = self.spent(run), time.monotonic()
         if self.dollars is not None:
-            parts.append(f"{dollars(self.dollars)} so far")
+            budget = run.training.budget_usd
+            parts.append(f"{dollars(self.dollars)} so far" if budget is None else spend(self.dollars, budget))
         return "  ".join(parts)
 
     def _workers(self, run: Any, latest: Any) -> str:
@@ -269,6 +270,9 @@ def print_summary(summary: Any, as_json: bool) -> None:
                 by_service.setdefault(service, []).append(f"{name} {count:g}")
         for i, (service, counts) in enumerate(by_service.items()):
             row("requests per iteration" if i == 0 else "", f"{service}: {', '.join(counts)}")
+    if summary.budget_usd is not None:
+        row("budget", spend(summary.spent_usd or 0.0, summary.budget_usd)
+            + ", counted by the functions as they ran")
     if summary.cost_usd is not None:
         per_iteration = summary.cost_per_iteration_usd
         row("cost", f"{dollars(summary.cost_usd)} in all"
@@ -305,6 +309,13 @@ def spec_options(spec: TrainingSpec, left_out: Collection[str] = ()) -> str:
 
 def dollars(amount: float) -> str:
     return f"${amount:,.2f}" if amount >= 1 else f"${amount:.3g}"
+
+
+def spend(spent: float, budget: float) -> str:
+    """A run's spend against its budget, e.g. ``$0.0105 spent of the $0.01 budget (105%)``."""
+    from slsml.accounting.prices import usd
+
+    return f"{usd(spent)} spent of the {usd(budget)} budget ({spent / budget:.0%})"
 
 
 def print_runs(summaries: list[Any], as_json: bool = False) -> None:

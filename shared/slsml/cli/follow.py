@@ -94,16 +94,20 @@ def follow(
 ) -> int:
     """Show a run's progress until it ends; record its summary (and final model) under runs/<run>/.
     ``usage`` gives the functions' usage records of the ended run, ``so_far`` (if cheap to read) those of a
-    running one; ``started``: when it started (default now)."""
+    running one (a run with a budget shows the spend its functions count instead); ``started``: when it started
+    (default now)."""
     from slsml.client import runs
+    from slsml.pipeline import spend
 
     started = started or time.time()
-    spent = None if so_far is None else partial(_spent, so_far)
+    spent: Callable[[Any], float] | None = None if so_far is None else partial(_spent, so_far)
+    if services.table.get_run(run_id).training.budget_usd is not None:  # its functions count what they spend
+        spent = partial(_counted, services)
     with display.run_progress(run_id, iterations, started, spent) as show:
         run = runs.wait_for_run(services, run_id, on_progress=show, timeout_s=args.timeout)
     wall_s = time.time() - started
     records = usage(run) if usage else None
-    summary = runs.summarize(run, services.table.list_iterations(run_id), wall_s, records)
+    summary = runs.summarize(run, services.table.list_iterations(run_id), wall_s, records, spend.spent(services, run))
     if faults is not None and args.faults:
         summary.faults = faults()
     targets.record(services, summary, out)
@@ -118,6 +122,11 @@ def live_usage(args: argparse.Namespace) -> Callable[[Any], list[Any]] | None:
     are in CloudWatch: read once, at the end)."""
     state = None if getattr(args, "stack", None) else targets.local_service()
     return None if state is None else partial(targets.service_usage, Path(state.log_dir))
+
+
+def _counted(services: Any, run: Any) -> float:
+    """The dollars a run with a budget spent so far, as its functions counted them."""
+    return services.table.spent(run.run_id)
 
 
 def _spent(usage: Callable[[Any], list[Any]], run: Any) -> float:

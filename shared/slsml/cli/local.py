@@ -45,6 +45,7 @@ def _record_runs() -> int:
     running is recorded as stopped. How many were recorded."""
     from slsml.client import runs
     from slsml.local import service
+    from slsml.pipeline import spend
     from slsml.state.records import RunStatus
 
     state, services = service.connect()
@@ -54,7 +55,7 @@ def _record_runs() -> int:
         if run.run_id in ended:
             continue
         summary = runs.summarize(run, services.table.list_iterations(run.run_id), run.updated_at - run.created_at,
-                                 targets.service_usage(Path(state.log_dir), run))
+                                 targets.service_usage(Path(state.log_dir), run), spend.spent(services, run))
         if summary.status == RunStatus.RUNNING:
             summary.status, summary.reason = RunStatus.STOPPED, "the local service was stopped while it ran"
         targets.record(services, summary)

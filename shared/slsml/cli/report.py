@@ -35,6 +35,7 @@ from slsml.accounting import prices, usage
 from slsml.accounting.prices import PriceTable
 from slsml.accounting.usage import UsageRecord
 from slsml.client import runs
+from slsml.pipeline import spend
 from slsml.pipeline.services import Services
 from slsml.spec.errors import BadInputError
 from slsml.state.records import IterationRecord, RunRecord
@@ -711,7 +712,8 @@ def write_report(
     run = services.table.get_run(run_id)
     iterations = services.table.list_iterations(run_id)
     if summary is None:
-        summary = runs.summarize(run, iterations, run.updated_at - run.created_at, usage_records)
+        summary = runs.summarize(run, iterations, run.updated_at - run.created_at, usage_records,
+                                 spend.spent(services, run))
     traced = any(r.trace_id for r in usage_records)
     region = services.store.s3.meta.region_name if traced else None
     report = gather(run, iterations, usage_records, summary, chosen, region)

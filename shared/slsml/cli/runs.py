@@ -60,6 +60,7 @@ def _run_summary(args: argparse.Namespace) -> tuple[Any, Any]:
     """A run's summary, with the services it was read from: live from a stack's or the local service's table,
     else (services None) the record a local run left under runs/."""
     from slsml.client import runs
+    from slsml.pipeline import spend
     from slsml.spec.errors import NotFoundError
 
     target = targets.target(args)
@@ -72,7 +73,7 @@ def _run_summary(args: argparse.Namespace) -> tuple[Any, Any]:
                 raise
         else:
             summary = runs.summarize(run, services.table.list_iterations(args.run_id),
-                                     run.updated_at - run.created_at, usage(run))
+                                     run.updated_at - run.created_at, usage(run), spend.spent(services, run))
             return summary, services
     if recorded := targets.recorded(args.run_id):
         return recorded[0], None
@@ -128,12 +129,17 @@ def cmd_run_stop(args: argparse.Namespace) -> int:
 
 def cmd_run_resume(args: argparse.Namespace) -> int:
     from slsml.client import runs
+    from slsml.pipeline import spend
 
-    run = runs.resume_run(targets.required_target(args)[0], args.run_id)
+    services = targets.required_target(args)[0]
+    run = runs.resume_run(services, args.run_id, args.budget_usd)
+    budget, spent = run.training.budget_usd, spend.spent(services, run)
+    said = "" if budget is None else f"; {display.spend(spent or 0.0, budget)}"
     display.done(f"run {args.run_id} resumed from its model entering iteration {run.iteration}"
-                 f" ({run.iterations - run.iteration} iterations to go)", args.json,
+                 f" ({run.iterations - run.iteration} iterations to go){said}", args.json,
                  {"run_id": args.run_id, "status": run.status.value, "iteration": run.iteration,
-                  "iterations": run.iterations, "generation": run.generation})
+                  "iterations": run.iterations, "generation": run.generation, "budget_usd": budget,
+                  "spent_usd": spent})
     return 0
 
 
@@ -224,8 +230,11 @@ def add_commands(commands: Any) -> None:
     fetch = _command(run, "fetch", "copy a run's final model", cmd_run_fetch, stack_help, "the model's path and bytes")
     fetch.add_argument("--out", help="destination (default <run>.keras)")
     _command(run, "stop", "stop a run: no new iteration starts", cmd_run_stop, act_help, "the run's status")
-    _command(run, "resume", "run a stopped or failed run on from its last complete model", cmd_run_resume, act_help,
-             "the run's status and iteration")
+    resume = _command(run, "resume", "run a stopped or failed run on from its last complete model", cmd_run_resume,
+                      act_help, "the run's status, iteration and spend against its budget")
+    resume.add_argument(options.flag("budget_usd"), type=float, metavar="DOLLARS",
+                        help="a new dollar budget for the run, of which what it spent so far counts (a run stopped"
+                        " by its budget resumes with a higher one)")
     scale = _command(run, "scale", "change a run's workers, from the next iteration launched on (a stopped or failed"
                      " run's: from its resume on)", cmd_run_scale, act_help, "the run's workers")
     scale.add_argument("--workers", type=options.workers, required=True,

@@ -11,10 +11,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, computed_field, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, computed_field, model_validator
 
 from slsml import rules
 from slsml.accounting import prices, usage
+from slsml.cost import budget
 from slsml.data import datasets as data
 from slsml.data.manifest import DatasetManifest
 from slsml.pipeline.services import Services
@@ -51,9 +52,10 @@ def launch_run(services: Services, config: RunConfig) -> None:
     _wait_until_registered(services, config.run_id, execution)
 
 
-def _execution_input(config: RunConfig, resume: bool = False) -> ExecutionInput:
+def _execution_input(config: RunConfig, resume: bool = False, training: TrainingSpec | None = None
+                     ) -> ExecutionInput:
     return ExecutionInput(
-        run_id=config.run_id, dataset=config.dataset, training=config.training, workers=config.workers,
+        run_id=config.run_id, dataset=config.dataset, training=training or config.training, workers=config.workers,
         created_at=time.time(), resume=resume
     )
 
@@ -64,25 +66,48 @@ def last_complete_model(services: Services, run_id: str) -> int | None:
     return max((parsed[1] for key in keys_found if (parsed := keys.parse_model_key(key))), default=None)
 
 
-def resume_run(services: Services, run_id: str) -> RunRecord:
-    """Run a STOPPED or FAILED run on from its last complete model, in a new execution. Iterations
-    after that model are run again; what they stored already is kept and reused."""
+def resume_run(services: Services, run_id: str, budget_usd: float | None = None) -> RunRecord:
+    """Run a STOPPED or FAILED run on from its last complete model, in a new execution (with a new dollar
+    budget, ``budget_usd``, if given). Iterations after that model are run again; what they stored already is
+    kept and reused. BadInputError, and nothing changes, for a budget the run cannot take or has spent."""
     run = services.table.get_run(run_id)
     if run.status not in {RunStatus.STOPPED, RunStatus.FAILED}:
         raise SlsmlError(f"run {run_id!r} is {run.status}: only a STOPPED or FAILED run can be resumed")
+    training = _with_budget(services, run, budget_usd)
     config = RunConfig.model_validate(services.store.get_json(keys.run_config(run_id)))
     iteration = last_complete_model(services, run_id)
     if iteration is None:  # it failed before its initial model was placed
         services.store.copy_new(keys.source_model(run_id), keys.model(run_id, 0))
         iteration = 0
-    resumed = services.table.resume(run_id, iteration)
+    resumed = services.table.resume(run_id, iteration, training)
     if resumed is None:
         raise SlsmlError(f"run {run_id!r} is no longer STOPPED or FAILED: was it resumed meanwhile?")
     services.table.forget_iterations(run_id, iteration)
     services.orchestrator.start(
-        _execution_input(config, resume=True), name=f"{run_id}-resumed-{resumed.generation}"
+        _execution_input(config, resume=True, training=resumed.training), name=f"{run_id}-resumed-{resumed.generation}"
     )
     return resumed
+
+
+def _with_budget(services: Services, run: RunRecord, budget_usd: float | None) -> TrainingSpec | None:
+    """The run's spec with its new budget (None: it keeps its spec). BadInputError for a budget on a run whose
+    spend is not counted (started without one), or a budget (new or kept) that the run has spent."""
+    budget_usd = run.training.budget_usd if budget_usd is None else budget_usd
+    if budget_usd is None:
+        return None
+    if run.training.budget_usd is None:
+        raise BadInputError(f"run {run.run_id!r} was started without --budget-usd, so its functions do not count"
+                            " its spend: a budget is set when a run starts")
+    spent = services.table.spent(run.run_id)
+    if spent >= budget_usd:
+        raise BadInputError(f"run {run.run_id!r} has spent {prices.usd(spent)}, at least the budget of"
+                            f" {prices.usd(budget_usd)}: resume it with a higher --budget-usd")
+    if budget_usd == run.training.budget_usd:
+        return None
+    try:
+        return TrainingSpec.model_validate({**run.training.model_dump(), "budget_usd": budget_usd})
+    except ValidationError as error:
+        raise BadInputError(f"--budget-usd {budget_usd:g}: {error.errors()[0]['msg']}") from None
 
 
 def scale_run(services: Services, run_id: str, workers: int, reason: str = "run scale") -> RunRecord:
@@ -124,8 +149,9 @@ def _wait_until_registered(services: Services, run_id: str, execution: str, time
 def prepare_run(
     services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None
 ) -> RunConfig:
-    """Validate model and data, then write the run's config, initial weights and ``source.keras``.
-    Bad input raises BadInputError before anything is written."""
+    """Validate model and data, and the plan's prediction against the run's budget if it has one, then write the
+    run's config, initial weights and ``source.keras``. Bad input (or a run predicted above its budget) raises
+    BadInputError before anything is written."""
     from slsml.training import evaluation, modelio  # TensorFlow: only where a model is read
 
     run_id = run_id or new_run_id()
@@ -144,6 +170,7 @@ def prepare_run(
     evaluation.check_mergeable(model, loss, metrics, x, y)
     plan = ShardPlan.build(modelio.variable_specs(model), spec.reducers)
     class_weights = _class_weights(spec, manifest)
+    budget.check(model_bytes, manifest, spec)  # last: it times a gradient step
     config = RunConfig(
         run_id=run_id,
         dataset=dataset,
@@ -292,6 +319,8 @@ class RunSummary(BaseModel):
     cost_usd: float | None = None
     cost_per_iteration_usd: float | None = None  # median over iterations
     cost_by_service_usd: dict[str, float] | None = None
+    budget_usd: float | None = None  # the run's dollar budget (--budget-usd)
+    spent_usd: float | None = None  # what its functions counted as they went (a run with a budget)
 
     @property
     def test(self) -> dict[str, float]:
@@ -321,9 +350,11 @@ def summarize(
     iterations: list[IterationRecord],
     wall_s: float,
     usage_records: list[usage.UsageRecord] | None = None,
+    spent_usd: float | None = None,
 ) -> RunSummary:
     """Figures of a run: how an iteration's time splits between worker compute and the rest, and,
-    given the functions' usage records of the run, its requests and cost (``prices.load()``)."""
+    given the functions' usage records of the run, its requests and cost (``prices.load()``); its budget, and
+    the spend its functions counted (``slsml.pipeline.spend.spent``)."""
     launched = sorted((r for r in iterations if r.launched_at), key=lambda r: r.iteration)
     cycle = [b.launched_at - a.launched_at for a, b in itertools.pairwise(launched) if a.launched_at and b.launched_at]
     done = [r for r in launched[: len(cycle)] if r.reports]
@@ -360,5 +391,7 @@ def summarize(
         stale_attempts=sum(r.stale_attempts for r in iterations),
         final_model=run.final_key,
         fleet=fleet(iterations),
+        budget_usd=run.training.budget_usd,
+        spent_usd=spent_usd,
         **(usage.figures(usage_records, run.iteration, prices.load()) if usage_records else {}),
     )

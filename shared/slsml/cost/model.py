@@ -46,7 +46,7 @@ from slsml import rules
 from slsml.accounting import prices
 from slsml.aws.storage import DELETE_BATCH
 from slsml.cost.datatraffic import DataTraffic, data_traffic
-from slsml.data.manifest import DEFAULT_SHARD_MB
+from slsml.data.manifest import DEFAULT_SHARD_MB, DatasetManifest
 from slsml.pipeline import bus
 from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
@@ -194,6 +194,28 @@ class Workload(BaseModel):
 # ---- inputs ------------------------------------------------------------------------------------
 
 
+def measured_batch(spec: TrainingSpec) -> int:
+    """The samples of the gradient step a plan times: a worker's share of the global batch, at most 32."""
+    return max(1, min(32, math.ceil(spec.global_batch / spec.initial_workers)))
+
+
+def run_workload(figures: Mapping[str, Any], spec: TrainingSpec, samples: int | None = None,
+                 manifest: DatasetManifest | None = None, cache_mb: float | None = None,
+                 memory: Mapping[str, int] | None = None) -> Workload:
+    """The workload of the run ``spec`` of a model of these ``figures`` (``from_keras``, ``from_params``): on the
+    dataset of ``manifest`` (its samples, their bytes and its shards), else of ``samples``; with the workers'
+    ``cache_mb`` and the functions' ``memory`` (default: the deployment's)."""
+    figures = dict(figures)
+    if manifest is not None:  # the dataset's own figures
+        figures.update(sample_bytes=manifest.record_bytes, shard_records=manifest.shard_records)
+        samples = manifest.train.count
+    if spec.optimizer is not None:
+        figures["optimizer"] = spec.optimizer
+    return Workload(**figures, training=spec, workers=spec.initial_workers, reducers=spec.reducers,
+                    global_batch=spec.global_batch, quorum=spec.quorum, iterations=spec.iterations, samples=samples,
+                    cache_mb=cache_mb, memory_mb=dict(memory or function_memory()), timeout_s=function_timeouts())
+
+
 def function_memory(overrides: Mapping[str, int] | None = None) -> dict[str, int]:
     """Each pipeline function's memory: the deployment's defaults, then ``overrides``."""
     memory = {name: DEFAULT_FUNCTIONS[name].memory_mb for name in PIPELINE}
@@ -269,21 +291,27 @@ def from_params(params: int, parameters: Parameters, compute_per_sample_s: float
 
 
 def from_keras_file(path: str | Path, batch: int, measure: bool, parameters: Parameters) -> dict[str, Any]:
-    """The model's figures from a ``.keras`` file; with ``measure``, one timed gradient step, converted from
-    TensorFlow's threads here to one vCPU with ``parameters.vcpu_efficiency`` (see ``pin_one_thread``)."""
+    """The model's figures from a ``.keras`` file (``from_keras``)."""
     path = Path(path)
     if not path.is_file():
         raise BadInputError(f"model file {path} does not exist")
+    return from_keras(path.read_bytes(), path.name, str(path), batch, measure, parameters)
+
+
+def from_keras(data: bytes, name: str, where: str, batch: int, measure: bool, parameters: Parameters
+               ) -> dict[str, Any]:
+    """The figures of the ``.keras`` archive ``data`` (``name``, read from ``where``); with ``measure``, one timed
+    gradient step, converted from TensorFlow's threads here to one vCPU with ``parameters.vcpu_efficiency`` (see
+    ``pin_one_thread``)."""
     from slsml.training import modelio
 
-    data = path.read_bytes()
-    model = modelio.load_model(data, where=str(path))
+    model = modelio.load_model(data, where=where)
     specs = modelio.variable_specs(model)
     shapes = model.input_shape
     if not isinstance(shapes, tuple) or (shapes and isinstance(shapes[0], tuple | list)):
-        raise BadInputError(f"{path}: the plan reads single-input models; give --params and --compute-per-sample")
+        raise BadInputError(f"{where}: the plan reads single-input models; give --params and --compute-per-sample")
     figures: dict[str, Any] = {
-        "model": path.name,
+        "model": name,
         "params": sum(s.size for s in specs),
         "trainable_params": sum(s.size for s in specs if s.trainable),
         "model_file_bytes": len(data),
@@ -624,9 +652,18 @@ def minimum_chain(workers: int, reducers: int, participants: int, work_batches: 
     }
 
 
-def option_extras(reducers: int, participants: int, traffic: RoundTraffic) -> list[ExtraCall]:
-    """The calls beyond the minimum chain that the run's options add, each with why it is made."""
+def option_extras(reducers: int, participants: int, traffic: RoundTraffic, counted: int = 0) -> list[ExtraCall]:
+    """The calls beyond the minimum chain that the run's options add, each with why it is made. ``counted``: the
+    invocations of an iteration that add their cost to the run's spend (a run with a budget; else 0)."""
     extras = []
+    if counted:
+        extras += [
+            ExtraCall(operation="dynamodb:UpdateItem", count=counted, call="each invocation's addition of its cost"
+                      " to the run's spend", reason="a budget stops the run on its spend as it goes, which each"
+                      " function counts as it runs (not read from its logs after the fact)"),
+            ExtraCall(operation="dynamodb:GetItem", count=1, call="the launch's read of the run's spend",
+                      reason="the launch of each iteration stops the run whose spend reached its budget"),
+        ]
     if traffic.table_reads:
         extras.append(ExtraCall(
             operation="s3:GetObject", count=reducers * participants * traffic.table_reads,
@@ -639,10 +676,11 @@ def option_extras(reducers: int, participants: int, traffic: RoundTraffic) -> li
     return extras
 
 
-def chain_extras(workers: int, reducers: int, participants: int, traffic: RoundTraffic) -> list[ExtraCall]:
-    """The chain's calls beyond the minimum one, each with why it is made."""
+def chain_extras(workers: int, reducers: int, participants: int, traffic: RoundTraffic, counted: int = 0
+                 ) -> list[ExtraCall]:
+    """The chain's calls beyond the minimum one, each with why it is made (``counted``: ``option_extras``')."""
     return [
-        *option_extras(reducers, participants, traffic),
+        *option_extras(reducers, participants, traffic, counted),
         ExtraCall(operation="dynamodb:UpdateItem", count=workers, call="the counter update per worker report",
                   reason="the O(1) signal that the barrier may be complete, without reading every record on every "
                          "report"),
@@ -698,26 +736,31 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         "sns:PublishBatch": work_batches + W + reduce_batches + R,
     }
     exchange = norm_exchange(traffic.server, R, reduce_bytes)
+    invocations = 1 + 2 * W + 2 * R + exchange.released
+    counted = invocations if w.training.budget_usd is not None else 0  # each adds its cost to the run's spend
     for operation, count in (*exchange.requests.items(), *traffic.worker_requests(W).items(),
-                             *((e.operation, e.count) for e in option_extras(R, n, traffic))):
+                             *((e.operation, e.count) for e in option_extras(R, n, traffic, counted))):
         requests[operation] = requests.get(operation, 0) + count
     counter_wu = _units(p.counter_item_bytes, 1024)
     # claim, counts, fire, shard counts, fire+merge record; with the norm exchange its counts and release
     counter_writes = 1 + W + 1 + R + 1 + (R + 1 if exchange.released else 0)
     write_units = (counter_writes * counter_wu + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 1024)
-                   + _units(n * p.participant_bytes, 1024) + _units(p.run_item_bytes, 1024))
+                   + _units(n * p.participant_bytes, 1024) + _units(p.run_item_bytes, 1024)
+                   + counted)  # the spend item: a number
     read_units = (_units(p.run_item_bytes, 4096)  # BatchGetItem: per item
                   + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 4096)
                   + traffic.late_queries * _units(W * p.record_bytes + p.counter_item_bytes, 4096)
                   + W * _units(p.counter_item_bytes, 4096)  # the checks: Work's counter, Reduce's participants
-                  + (R + exchange.released) * _units(n * p.participant_bytes, 4096))
+                  + (R + exchange.released) * _units(n * p.participant_bytes, 4096)
+                  + bool(counted))  # the launch's read of the spend
     sns_billed = (W * prices.sns_chunks(work_bytes) + W + R * prices.sns_chunks(reduce_bytes) + R + 1  # +1: S3 event
                   + exchange.released * prices.sns_chunks(exchange.release_bytes))
 
     lat, ddb, pub, hop = p.s3_request_s, p.dynamodb_s, p.sns_publish_s, p.sns_lambda_s
-    # WorkLauncher: read the run, claim the iteration, publish Work (the n-th message's batch is on the path)
-    launch_s = p.handler_s + 2 * ddb + publish_batches(n, work_bytes) * pub
-    launcher_s = p.handler_s + 2 * ddb + work_batches * pub
+    # WorkLauncher: read the run (and its spend, with a budget), claim the iteration, publish Work (the n-th
+    # message's batch is on the path)
+    launch_s = p.handler_s + (2 + bool(counted)) * ddb + publish_batches(n, work_bytes) * pub
+    launcher_s = p.handler_s + (2 + bool(counted)) * ddb + work_batches * pub
     worker_cpus = _speedup(vcpus(mem["worker"]), p.vcpu_efficiency)
     read_weights = _transfer(1, M, lat, p.s3_read_mb_s)
     compute_s = traffic.compute_steps * local_batch * w.compute_per_sample_s / worker_cpus
@@ -802,6 +845,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         "reducer": [(R, reducer_mean_s + share_s), (exchange.released, step_s)],
         "merger": [(R - 1, merger_count_s), (1, merge_s)],
     }
+    if counted:  # each invocation's addition to the spend, after its work (off the critical path)
+        durations = {name: [(count, seconds + ddb) for count, seconds in runs] for name, runs in durations.items()}
     state_total = k * 4 * w.trainable_params
     data_bytes = round(data.bytes_per_iteration) if data else 0
     io = {  # (read, written) bytes: the critical invocation, then all of one iteration
@@ -836,7 +881,6 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
             seconds=critical[name], gb_seconds=gbs, bytes_read=read, bytes_written=written,
             bytes_read_total=read_total, bytes_written_total=written_total, memory_needed_mb=memory_needed[name],
         ))
-    invocations = 1 + 2 * W + 2 * R + exchange.released
     dollars = price_table.cost(
         requests, read_units=read_units, write_units=write_units, gb_seconds=gb_seconds, invocations=invocations,
         publish_chunks={"sns:PublishBatch": sns_billed}, log_bytes=invocations * p.log_bytes_per_invocation,
@@ -851,7 +895,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     return Plan(
         workload=w, participants=n, state_slots=k, requests_per_iteration=requests,
         minimum_requests_per_iteration=minimum, data=data,
-        extra_calls=chain_extras(W, R, n, traffic), read_units=read_units,
+        extra_calls=chain_extras(W, R, n, traffic, counted), read_units=read_units,
         write_units=write_units, sns_billed_publishes=sns_billed, stages=stages, functions=functions,
         chain_s=chain_s, floor_s=floor_s, iteration_s=iteration_s,
         epoch_s=None if per_epoch is None else per_epoch * iteration_s,
@@ -1108,6 +1152,7 @@ class Verdict(BaseModel):
     warnings: list[str] = Field(description="what about the configuration itself wastes time or money")
     recommendations: list[str] = Field(description="changes that dominate the asked configuration, or their trade")
     compared: str | None = Field(default=None, description="against one machine (--compare-vm)")
+    budget: str | None = Field(default=None, description="the run's dollars against its --budget-usd")
 
 
 def verdict(plan: Plan, recommendation: Recommendation, parameters: Parameters, quotas: Quotas,
@@ -1139,10 +1184,15 @@ def verdict(plan: Plan, recommendation: Recommendation, parameters: Parameters, 
                         f"{plan.iteration_s:.2f} s) is S3 event and SNS delivery between functions, whatever the"
                         " workers compute; more work per round (a larger batch, --local-steps) spreads it")
     warnings += [f"over {q.name}: {q.detail}" for q in plan.violations if q.name != quota.name or quota.ok]
+    budget = w.training.budget_usd
+    if budget is not None:
+        over = plan.run_dollars > budget
+        budget_sentence = (f"{prices.usd(plan.run_dollars)} for the run is {'above' if over else 'within'} its"
+                           f" budget of {prices.usd(budget)}" + (": run start refuses it" if over else ""))
     return Verdict(
         iteration_s=plan.iteration_s, epoch_s=plan.epoch_s, epoch_dollars=plan.epoch_dollars, run_s=plan.run_s,
         run_dollars=plan.run_dollars, iterations=w.iterations, binds=binds, warnings=warnings,
-        recommendations=_advice(plan, recommendation),
+        recommendations=_advice(plan, recommendation), budget=None if budget is None else budget_sentence,
     )
 
 

@@ -79,10 +79,9 @@ def workload(args: argparse.Namespace, spec: TrainingSpec, parameters: Parameter
     if bool(args.model) == (args.params is not None):
         raise BadInputError("give the model: --model FILE.keras or --params N")
     memory = costmodel.function_memory(dict(_memory(text) for text in args.memory))
-    workers = spec.initial_workers
     if args.model:
         measure = args.compute_per_sample is None
-        batch = max(1, min(32, math.ceil(spec.global_batch / workers)))
+        batch = costmodel.measured_batch(spec)
         if measure:
             costmodel.pin_one_thread()
         figures = costmodel.from_keras_file(args.model, batch, measure, parameters)
@@ -92,15 +91,7 @@ def workload(args: argparse.Namespace, spec: TrainingSpec, parameters: Parameter
         figures = costmodel.from_params(args.params, parameters, compute_per_sample_s=args.compute_per_sample)
     if args.sample_bytes is not None:
         figures["sample_bytes"] = args.sample_bytes
-    if manifest is not None:  # the dataset's own figures
-        figures.update(sample_bytes=manifest.record_bytes, shard_records=manifest.shard_records)
-    if spec.optimizer is not None:
-        figures["optimizer"] = spec.optimizer
-    samples = manifest.train.count if manifest is not None else args.samples
-    return costmodel.Workload(**figures, training=spec, workers=workers, reducers=spec.reducers,
-                              global_batch=spec.global_batch, quorum=spec.quorum, iterations=spec.iterations,
-                              samples=samples, cache_mb=args.cache_mb, memory_mb=memory,
-                              timeout_s=costmodel.function_timeouts())
+    return costmodel.run_workload(figures, spec, args.samples, manifest, args.cache_mb, memory)
 
 
 def _vm(text: str) -> tuple[float, float, str]:
@@ -291,6 +282,8 @@ def _render_verdict(verdict: Verdict, console: Any) -> None:
         console.print(f"→ {advice}")
     if verdict.compared:
         console.print(f"against {verdict.compared}")
+    if verdict.budget:
+        console.print(f"budget: {verdict.budget}")
 
 
 def _render_parameters(plan: Plan, console: Any) -> None:

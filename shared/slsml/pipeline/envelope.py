@@ -21,7 +21,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from slsml.accounting import usage
-from slsml.pipeline import admission
+from slsml.pipeline import admission, spend
 from slsml.pipeline.metrics import emit, emitting
 from slsml.pipeline.services import Services, failing_run_on_bad_input, from_env
 from slsml.spec import keys
@@ -148,7 +148,8 @@ def pipeline_handler(
     parses the event into ``model`` records (``envelope``). ``unpack`` turns a record into the messages
     to handle (the objects of an S3 event). Each message is checked against its run (``admit``), then handled in
     its own usage scope
-    (``run_and_iteration``), once (Powertools Idempotency, unless ``idempotent`` is False: for a step
+    (``run_and_iteration``), whose dollars count in its run's spend (``spend.count``), once (Powertools
+    Idempotency, unless ``idempotent`` is False: for a step
     that is idempotent by itself), and, given ``stage`` (its name in a failed run's reason), with bad
     input failing its run (``failing_run_on_bad_input``). With ``batch_failures`` (an SQS batch of records that each
     carry a ``message_id``), a message the step fails on is logged and reported as the batch's failure alone
@@ -167,12 +168,15 @@ def pipeline_handler(
             with usage.scope(*run_and_iteration(message), **usage.about(message)):
                 try:
                     admit(message, services)
-                    if stage is None:
-                        run(message)
-                        continue
-                    with failing_run_on_bad_input(services, message.run_id, stage(message),
-                                                  message.iteration, message.generation):
-                        run(message)
+                    try:
+                        if stage is None:
+                            run(message)
+                            continue
+                        with failing_run_on_bad_input(services, message.run_id, stage(message),
+                                                      message.iteration, message.generation):
+                            run(message)
+                    finally:
+                        spend.count(services)
                 except Exception:
                     if not batch_failures:
                         raise

@@ -331,6 +331,12 @@ class TrainingSpec(BaseModel):
         default=None, description="None: take the optimizer the model was compiled with"
     )
     loss: str | None = Field(default=None, description="Keras loss name; None: the model's compiled loss")
+    budget_usd: float | None = Field(
+        default=None, gt=0,
+        description="dollars: a run the plan predicts above this is refused before it starts, and the run is"
+        " stopped (STOPPED, reason budget) at the first iteration it would launch once its functions have spent"
+        " this much",
+    )
     heartbeat_s: int = Field(default=900, ge=1, description="seconds: the run fails if an iteration takes longer")
     time_budget_s: int = Field(default=7 * 24 * 3600, ge=1, description="seconds: the run fails if it takes longer")
     deadline_s: float = Field(

@@ -1,7 +1,8 @@
 """What the run table holds, and how it is encoded in DynamoDB.
 
 One partition per run (``pk = RUN#<run>``). Per run a ``META`` item (its state, and its training spec
-stored once, as JSON); per iteration a counter item of
+stored once, as JSON) and, in a run with a budget, a ``SPEND`` item (the dollars its functions spent so far,
+which each of them adds to: ``slsml.pipeline.spend``); per iteration a counter item of
 fixed size (``ITER#<i>``: launch, counts, who fired the reduce and the merge, test figures), one record
 per worker that reported (``ITER#<i>#W#<w>``), the participants the reduce was fired with (``ITER#<i>#P``,
 written once), a record per shard whose reducer left parts out (``ITER#<i>#S#<s>``), and, in runs that
@@ -136,6 +137,8 @@ class Counter(BaseModel):
     launched_by: str | None = None
     workers: int | None = Field(default=None, description="the workers the iteration was launched with")
     workers_reason: str | None = Field(default=None, description="why they differ from the iteration before's")
+    spent_usd: float | None = Field(default=None, description="the run's spend when it was launched (a run with a"
+                                    " budget)")
     arrived: int = 0
     nonfinite_arrived: int = 0
     reduce_fired_by: int | None = None
@@ -223,6 +226,7 @@ def dynamo(value: Any) -> Any:
 
 # sort keys
 META = "META"
+SPEND = "SPEND"
 
 
 # ---- the table: one definition, which the CDK app (infra/storage.py) and the local runtime

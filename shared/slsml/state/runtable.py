@@ -18,12 +18,14 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from slsml.aws.clients import error_code
+from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Participant, WorkDone
 from slsml.state.records import (
     META,
     RUN_KIND,
     RUNS_INDEX,
+    SPEND,
     Counter,
     IterationRecord,
     RunRecord,
@@ -175,26 +177,39 @@ class RunTable:
         """Mark a running run FAILED, keeping the first reason; the failed run, or None if it was not running."""
         return self._update_run(run_id, {"status": RunStatus.FAILED.value, "reason": reason[:2000]})
 
-    def resume(self, run_id: str, iteration: int) -> RunRecord | None:
+    def resume(self, run_id: str, iteration: int, training: TrainingSpec | None = None) -> RunRecord | None:
         """Make a STOPPED or FAILED run RUNNING again from the model entering ``iteration``, in a new
-        generation; the resumed run, or None if it was neither stopped nor failed."""
+        generation (with ``training``, its spec with options changed, if given); the resumed run, or None if it
+        was neither stopped nor failed."""
+        changed = {} if training is None else {":training": training.model_dump_json()}
         item = conditional(lambda: self.table.update_item(
             Key=self._key(run_id, META),
             UpdateExpression="SET #status = :running, iteration = :i, iteration_at = :now, updated_at = :now,"
-            " generation = if_not_exists(generation, :zero) + :one"
+            " generation = if_not_exists(generation, :zero) + :one" + (", training = :training" if changed else "")
             # no execution answers for the run until the new one records itself: the old one's last
             # states (MarkFailed) then find it superseded, however late they run
-            " REMOVE reason, task_token, final_key, watched, execution_arn",
+            + " REMOVE reason, task_token, final_key, watched, execution_arn",
             ConditionExpression="#status IN (:stopped, :failed)",
             ExpressionAttributeNames={"#status": "status"},
             ExpressionAttributeValues={
                 ":running": RunStatus.RUNNING.value, ":stopped": RunStatus.STOPPED.value,
                 ":failed": RunStatus.FAILED.value, ":i": iteration, ":now": dynamo(time.time()),
-                ":zero": 0, ":one": 1,
+                ":zero": 0, ":one": 1, **changed,
             },
             ReturnValues="ALL_NEW",
         ))
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
+
+    # spend: the dollars a run's functions spent so far (runs with a budget)
+    def add_spend(self, run_id: str, dollars: float) -> None:
+        """Add ``dollars`` to the run's spend: an atomic counter of its own item, whatever the run's status."""
+        self.table.update_item(Key=self._key(run_id, SPEND), UpdateExpression="ADD spent_usd :dollars",
+                               ExpressionAttributeValues={":dollars": dynamo(float(dollars))})
+
+    def spent(self, run_id: str) -> float:
+        """The dollars the run's functions spent so far (0.0 before any was counted)."""
+        item = self.table.get_item(Key=self._key(run_id, SPEND), ConsistentRead=True).get("Item") or {}
+        return float(item.get("spent_usd", 0))
 
     # iterations: reading
     def get_counter(self, run_id: str, iteration: int) -> Counter:
@@ -273,18 +288,18 @@ class RunTable:
 
     def claim_launch(
         self, run_id: str, iteration: int, trigger_id: str, generation: int = 0, workers: int | None = None,
-        reason: str | None = None,
+        reason: str | None = None, spent: float | None = None,
     ) -> Counter | None:
         """Claim the launch of ``iteration`` for ``trigger_id`` with ``workers`` workers (a change of the fleet
-        with its ``reason``): the iteration's counter, with the workers the first claim set (a retry of the same
-        trigger launches the same ones), or None if another trigger of this generation or a later one launched
-        it. An earlier generation's claim (its watchdog's, landing after a resume deleted the counter) gives
-        way: the counter starts anew."""
+        with its ``reason``; ``spent``: the run's spend the launch saw, with a budget): the iteration's counter,
+        with the workers the first claim set (a retry of the same trigger launches the same ones), or None if
+        another trigger of this generation or a later one launched it. An earlier generation's claim (its
+        watchdog's, landing after a resume deleted the counter) gives way: the counter starts anew."""
         now = time.time()
         claim = {"launched_by": trigger_id, "launched_at": now, "generation": generation, "workers": workers,
-                 "workers_reason": reason}
+                 "workers_reason": reason, "spent_usd": spent}
         values = {k: v for k, v in claim.items() if v is not None}
-        expression, names, bound = _set(values, keep_first=frozenset({"workers", "workers_reason"}))
+        expression, names, bound = _set(values, keep_first=frozenset({"workers", "workers_reason", "spent_usd"}))
         key = self._key(run_id, iteration_sk(iteration))
         item = conditional(lambda: self.table.update_item(
             Key=key, UpdateExpression=expression,

@@ -9,9 +9,10 @@ with them; otherwise re-launch the missing workers with a new attempt number (re
 attempt are ignored from then on), and once the retry budget is spent, fail the run with a reason
 naming the stage. An iteration whose launch has not come (its model's event is late or lost) is
 launched by the watchdog: it claims the launch, with the run's current workers, and re-launches them
-all; past the run's iterations it completes the run instead, once the final model is stored. Reduce
-stage: re-launch the reducers whose shards are missing; once the budget is spent, those shards keep the
-iteration's weights (counted and logged) and the merge goes on.
+all (or stops the run whose spend reached its dollar budget, as the launch would have); past the run's
+iterations it completes the run instead, once the final model is stored. Reduce stage: re-launch the
+reducers whose shards are missing; once the retry budget is spent, those shards keep the iteration's weights
+(counted and logged) and the merge goes on.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from enum import StrEnum
 
 from aws_lambda_powertools import Logger
 
-from slsml.pipeline import metrics
+from slsml.pipeline import metrics, spend
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import complete_run, run_config
 from slsml.pipeline.steps.reduce_launcher import fire_reduce, publish_reduce
@@ -47,10 +48,11 @@ class Action(StrEnum):
     STALE_SHARDS = "stale-shards"
     FAILED = "failed"
     COMPLETED = "completed"  # the final model's event is late or lost: the run is completed, nothing launched
+    STOPPED = "stopped"  # an iteration it would launch: the run's spend reached its budget
 
 
 # what DeadlineActions counts
-ACTED = {Action.FIRED, Action.RELAUNCHED, Action.STALE_SHARDS, Action.FAILED, Action.COMPLETED}
+ACTED = {Action.FIRED, Action.RELAUNCHED, Action.STALE_SHARDS, Action.FAILED, Action.COMPLETED, Action.STOPPED}
 
 
 def on_deadline(deadline: Deadline, services: Services) -> Action:
@@ -92,16 +94,21 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
     record = services.table.get_iteration(deadline.run_id, deadline.iteration)
     if deadline.stage == "work":
         if record.launched_by is None:  # its model's launch is late or lost: the workers re-launched now launch it
-            record = _claim_launch(deadline, run, record, services)
+            spent = spend.spent(services, run)
+            if reason := spend.exhausted(run, spent):  # as the launch would have
+                services.stop_run(run.run_id, reason)
+                return Action.STOPPED
+            record = _claim_launch(deadline, run, record, services, spent)
         return _work_deadline(deadline, config, record, services)
     return _reduce_deadline(deadline, config, record, services)
 
 
-def _claim_launch(deadline: Deadline, run: RunRecord, record: IterationRecord, services: Services) -> IterationRecord:
-    """Claim the launch of the deadline's iteration with the run's current workers, so that the late launch
-    finds it taken and publishes nothing, and the iteration's times start here."""
+def _claim_launch(deadline: Deadline, run: RunRecord, record: IterationRecord, services: Services,
+                  spent: float | None) -> IterationRecord:
+    """Claim the launch of the deadline's iteration with the run's current workers (and the spend it saw), so
+    that the late launch finds it taken and publishes nothing, and the iteration's times start here."""
     counter = services.table.claim_launch(run.run_id, deadline.iteration, DEADLINE_LAUNCH, deadline.generation,
-                                          run.workers, run.workers_reason)
+                                          run.workers, run.workers_reason, spent)
     if counter is None:  # the launch came meanwhile
         return services.table.get_iteration(run.run_id, deadline.iteration)
     return record.model_copy(update=counter.model_dump(include={"launched_by", "launched_at", "workers"}))

@@ -1,5 +1,6 @@
 """WorkLauncher: a model landed in S3 → launch its iteration's workers; the final model's: launch the workers
-that evaluate it (an iteration past the budget: see ``steps.worker``), which finish the run."""
+that evaluate it (an iteration past the budget: see ``steps.worker``), which finish the run. A run whose spend
+reached its dollar budget launches nothing more: it is stopped (``slsml.pipeline.spend``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from enum import StrEnum
 from aws_lambda_powertools import Logger
 
 from slsml.cost import tuner
+from slsml.pipeline import spend
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import complete_run, outcome, run_config
 from slsml.spec import keys, wiring
@@ -24,6 +26,7 @@ class Outcome(StrEnum):
     LAUNCHED = "launched"
     ALREADY_LAUNCHED = "already-launched"
     COMPLETED = "completed"
+    STOPPED = "stopped"  # its spend reached its budget
 
 
 def on_model(landed: ModelLanded, services: Services) -> Outcome:
@@ -54,10 +57,16 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
     if iteration >= run.iterations and services.table.get_counter(run_id, iteration - 1).test is not None:
         complete_run(services, run_id, iteration)  # its evaluation is in: a resumed run that had finished
         return Outcome.COMPLETED
+    spent = spend.spent(services, run)
+    if reason := spend.exhausted(run, spent):
+        services.stop_run(run_id, reason)
+        logger.warning("run stopped: its budget is spent", extra={"run_id": run_id, "iteration": iteration,
+                                                                  "reason": reason})
+        return Outcome.STOPPED
     if run.training.workers == "auto" and 0 < iteration < run.iterations:
         run = _tune(run, iteration, services)
     counter = services.table.claim_launch(run_id, iteration, trigger_id, run.generation, run.workers,
-                                          run.workers_reason)
+                                          run.workers_reason, spent)
     if counter is None:
         return Outcome.ALREADY_LAUNCHED
     workers = counter.workers or run.workers

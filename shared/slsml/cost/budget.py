@@ -1,0 +1,42 @@
+"""A run's dollar budget against the plan, before the run starts: the dollars ``slsml plan`` predicts for the run
+(``--model FILE --data DATASET`` and the run's training flags, its reducers as given) must not exceed
+``budget_usd``. Once the run trains, its functions count what they spend (``slsml.pipeline.spend``)."""
+
+from __future__ import annotations
+
+from slsml.accounting import prices
+from slsml.cost import model as costmodel
+from slsml.data.manifest import DatasetManifest
+from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import BadInputError
+
+
+def predict(model_bytes: bytes, manifest: DatasetManifest, spec: TrainingSpec) -> float:
+    """The run's dollars as ``slsml plan`` predicts them: the model's figures with one gradient step timed here,
+    the dataset's samples, the deployment's function memory, the built-in quotas and parameters, and the price
+    table (``--prices``'s default, ``$SLSML_PRICES``). BadInputError if the plan cannot model the run."""
+    parameters = costmodel.Parameters()
+    figures = costmodel.from_keras(model_bytes, "the model", "the model", costmodel.measured_batch(spec),
+                                   measure=True, parameters=parameters)
+    work = costmodel.run_workload(figures, spec, manifest=manifest)
+    costmodel.check(work, parameters, costmodel.Quotas())
+    return costmodel.predict(work, parameters, costmodel.Quotas(), prices.load()).run_dollars
+
+
+def check(model_bytes: bytes, manifest: DatasetManifest, spec: TrainingSpec) -> float | None:
+    """The run's predicted dollars if it has a budget (None without one). BadInputError, naming both figures, if
+    the prediction is above the budget; naming why, if the run's cost cannot be predicted: a budget is a
+    promise the plan checks before anything is stored."""
+    budget = spec.budget_usd
+    if budget is None:
+        return None
+    try:
+        predicted = predict(model_bytes, manifest, spec)
+    except BadInputError as error:
+        raise BadInputError(f"--budget-usd {budget:g}: the run's cost cannot be predicted, so its budget cannot be"
+                            f" checked ({error}); start it without --budget-usd") from None
+    if predicted > budget:
+        raise BadInputError(f"--budget-usd {budget:g}: the plan predicts {prices.usd(predicted)} for this run"
+                            f" ({spec.iterations} iterations), above its budget of {prices.usd(budget)}; raise the"
+                            " budget or make the run smaller (`slsml plan` shows where its dollars go)")
+    return predicted
