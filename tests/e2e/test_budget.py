@@ -4,6 +4,7 @@ iteration it would launch, and resumed with a higher budget ends with the weight
 
 from __future__ import annotations
 
+import itertools
 import re
 import statistics
 import time
@@ -72,22 +73,26 @@ def test_a_run_whose_spend_reaches_its_budget_stops_and_resumes_to_the_weights_o
     assert services.stop_run("budget-spent")  # a pause, to give it a budget it will spend while it trains
     time.sleep(2)  # in-flight work drains
     before = services.table.spent("budget-spent")
-    seen = _launched_spend(services, "budget-spent")
-    steps = [b - a for (_, a), (_, b) in zip(sorted(seen.items()), sorted(seen.items())[1:], strict=False)]
-    assert before > 0 and steps and min(steps) > 0, (before, seen)
-    # a budget that runs out after about one and a half iterations of those it has left
-    budget = before + 1.5 * statistics.median(steps)
+    whole = finish(services, "budget-whole")
+    assert whole.status == "COMPLETED", whole.reason
+    seen = [spent for _, spent in sorted(_launched_spend(services, "budget-whole").items())]
+    steps = [b - a for a, b in itertools.pairwise(seen)]
+    assert before > 0 and len(steps) == ITERATIONS - 1 and min(steps) > 0, (before, seen)
+    # a budget that runs out within the next two iterations of the many it has left (what the run that was not
+    # stopped spent between two launches: its median iteration)
+    budget = before + statistics.median(steps)
     resumed_from = runs.resume_run(services, "budget-spent", budget).iteration
     assert ITERATIONS - resumed_from >= 4, "too few iterations left to run out of budget mid-run"
 
     stopped = finish(services, "budget-spent")
     spent = services.table.spent("budget-spent")
-    assert (stopped.status, stopped.generation) == ("STOPPED", 1), stopped.reason
+    launched = _launched_spend(services, "budget-spent")
+    assert (stopped.status, stopped.generation) == ("STOPPED", 1), (stopped.reason, before, budget, spent, seen,
+                                                                     launched, stopped.training.budget_usd)
     assert stopped.reason is not None and stopped.reason.startswith(spend.BUDGET_REASON), stopped.reason
-    assert resumed_from < stopped.iteration < ITERATIONS and spent >= budget
+    assert resumed_from < stopped.iteration < ITERATIONS and spent >= budget, (before, budget, seen, launched)
     # within one iteration of reaching it: every iteration it launched saw the spend below the budget, and the
     # launch of the next one stopped it
-    launched = _launched_spend(services, "budget-spent")
     assert max(launched) == stopped.iteration - 1 and all(seen < budget for seen in launched.values()), launched
     assert services.table.get_counter("budget-spent", stopped.iteration).launched_by is None
     summary = runs.summarize(stopped, services.table.list_iterations("budget-spent"), 1.0, None, spent)
@@ -96,8 +101,8 @@ def test_a_run_whose_spend_reaches_its_budget_stops_and_resumes_to_the_weights_o
     with pytest.raises(BadInputError, match="higher --budget-usd"):
         runs.resume_run(services, "budget-spent")  # its budget is spent: a higher one is needed
     assert runs.resume_run(services, "budget-spent", GENEROUS).generation == 2
-    whole, resumed = finish(services, "budget-whole"), finish(services, "budget-spent")
-    assert (whole.status, resumed.status, resumed.iteration) == ("COMPLETED", "COMPLETED", ITERATIONS), resumed.reason
+    resumed = finish(services, "budget-spent")
+    assert (resumed.status, resumed.iteration) == ("COMPLETED", ITERATIONS), resumed.reason
     expected, got = final_weights(services, "budget-whole")[0], final_weights(services, "budget-spent")[0]
     assert np.array_equal(got, expected), f"max|Δw| = {np.abs(got - expected).max():.3g}"
     assert services.store.exists(keys.final_model("budget-spent"))
