@@ -5,6 +5,7 @@ iteration it would launch, and resumed with a higher budget ends with the weight
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import statistics
 import time
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 
 from slsml.accounting import prices, usage
+from slsml.cli import display, targets
+from slsml.cli.main import main
 from slsml.client import demo, runs
 from slsml.cost import model as costmodel
 from slsml.data import datasets as data
@@ -64,7 +67,8 @@ def _launched_spend(services: Services, run_id: str) -> dict[int, float]:
 
 
 def test_a_run_whose_spend_reaches_its_budget_stops_and_resumes_to_the_weights_of_an_undisturbed_one(
-    local: LocalRuntime, services: Services, digits
+    local: LocalRuntime, services: Services, digits, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     train(services, _spec(GENEROUS), "budget-whole")
     train(services, _spec(GENEROUS), "budget-spent")
@@ -98,9 +102,17 @@ def test_a_run_whose_spend_reaches_its_budget_stops_and_resumes_to_the_weights_o
     summary = runs.summarize(stopped, services.table.list_iterations("budget-spent"), 1.0, None, spent)
     assert (summary.budget_usd, summary.spent_usd, summary.status) == (budget, spent, "STOPPED")
 
-    with pytest.raises(BadInputError, match="higher --budget-usd"):
-        runs.resume_run(services, "budget-spent")  # its budget is spent: a higher one is needed
-    assert runs.resume_run(services, "budget-spent", GENEROUS).generation == 2
+    # as a user resumes it: its budget is spent, so a higher one is needed
+    monkeypatch.setattr(targets, "target", lambda args: (services, lambda run: []))
+    assert main(["run", "resume", "budget-spent"]) == 2
+    assert "higher --budget-usd" in capsys.readouterr().err
+    assert main(["run", "resume", "budget-spent", "--budget-usd", str(GENEROUS), "--json"]) == 0
+    out, err = capsys.readouterr()
+    said = json.loads(out)
+    assert said["spent_usd"] >= spent  # a late message of the stopped generation may still add to it
+    assert said == {"run_id": "budget-spent", "status": "RUNNING", "iteration": stopped.iteration,
+                    "iterations": ITERATIONS, "generation": 2, "budget_usd": GENEROUS, "spent_usd": said["spent_usd"]}
+    assert err.strip().endswith(display.spend(said["spent_usd"], GENEROUS))
     resumed = finish(services, "budget-spent")
     assert (resumed.status, resumed.iteration) == ("COMPLETED", ITERATIONS), resumed.reason
     expected, got = final_weights(services, "budget-whole")[0], final_weights(services, "budget-spent")[0]

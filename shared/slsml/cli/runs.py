@@ -138,8 +138,8 @@ def cmd_run_resume(args: argparse.Namespace) -> int:
     display.done(f"run {args.run_id} resumed from its model entering iteration {run.iteration}"
                  f" ({run.iterations - run.iteration} iterations to go){said}", args.json,
                  {"run_id": args.run_id, "status": run.status.value, "iteration": run.iteration,
-                  "iterations": run.iterations, "generation": run.generation, "budget_usd": budget,
-                  "spent_usd": spent})
+                  "iterations": run.iterations, "generation": run.generation,
+                  **({} if budget is None else {"budget_usd": budget, "spent_usd": spent})})
     return 0
 
 
