@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +65,21 @@ def final_weights(services: Services, run_id: str) -> np.ndarray:
     run = services.table.get_run(run_id)
     model = modelio.load_model(services.store.get(keys.final_model(run_id)))
     return np.concatenate([np.asarray(w).ravel() for w in model.get_weights()]), run
+
+
+def trained_clean(services: Services, spec: TrainingSpec, run_id: str) -> np.ndarray:
+    """The final weights of run ``run_id`` of ``spec`` on the digits data, trained without faults to COMPLETED."""
+    train(services, spec, run_id)
+    run = finish(services, run_id)
+    assert run.status == "COMPLETED", run.reason
+    return final_weights(services, run_id)[0]
+
+
+def dead_letters(local: LocalRuntime, bodies: Collection[str], timeout_s: float) -> dict[str, dict[str, Any]]:
+    """The dead letters of the messages ``bodies`` by body, once all are in or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    letters: dict[str, dict[str, Any]] = {}
+    while len(letters) < len(bodies) and time.monotonic() < deadline:
+        letters = {d["message"]: d for d in local.host.dead_letters if d["message"] in bodies}
+        time.sleep(0.5)
+    return letters

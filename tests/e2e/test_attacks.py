@@ -15,7 +15,7 @@ from slsml.local.cloud import REGION
 from slsml.local.faults import Delay, Faults
 from slsml.spec.config import TrainingSpec
 
-from .conftest import final_weights, finish, train
+from .conftest import dead_letters, final_weights, finish, train
 
 RUN, REFERENCE = "attacked", "attacked-reference"
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=4, eval_every=0)
@@ -69,10 +69,7 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
             else:
                 sns.publish(TopicArn=local.deployment.topic_arns[topic], Message=body)
         bodies = {body: (function, problem) for _, body, function, problem in ROWS}
-        letters: dict[str, dict[str, Any]] = {}
-        while len(letters) < len(bodies) and time.monotonic() < deadline + 60:
-            letters = {d["message"]: d for d in local.host.dead_letters if d["message"] in bodies}
-            time.sleep(0.5)
+        letters = dead_letters(local, bodies, deadline + 60 - time.monotonic())
         during = services.table.get_run(RUN)
     finally:
         local.host.faults = None

@@ -13,7 +13,7 @@ from slsml.local.faults import Delay, Faults
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.training import modelio
 
-from .conftest import final_weights, finish, train
+from .conftest import final_weights, finish, train, trained_clean
 from .test_faults import injecting
 
 SPEC = TrainingSpec(workers=4, reducers=2, global_batch=128, iterations=3, eval_every=0,
@@ -22,10 +22,7 @@ SPEC = TrainingSpec(workers=4, reducers=2, global_batch=128, iterations=3, eval_
 
 @pytest.fixture(scope="module")
 def clean_weights(services, digits) -> np.ndarray:
-    train(services, SPEC, "deadline-clean")
-    run = finish(services, "deadline-clean")
-    assert run.status == "COMPLETED", run.reason
-    return final_weights(services, "deadline-clean")[0]
+    return trained_clean(services, SPEC, "deadline-clean")
 
 
 def test_lost_deliveries_are_relaunched_and_the_result_is_unchanged(local, services, digits, clean_weights):

@@ -17,7 +17,7 @@ from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.reliability import ReadPolicy
 from slsml.training import modelio
 
-from .conftest import final_weights, finish, train
+from .conftest import final_weights, finish, train, trained_clean
 
 SPEC = TrainingSpec(workers=4, reducers=2, global_batch=128, iterations=3, eval_every=0,
                     optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
@@ -73,10 +73,7 @@ def test_non_finite_updates_from_every_worker_fail_the_run(services, digits):
 
 @pytest.fixture(scope="module")
 def clean_weights(services, digits) -> np.ndarray:
-    train(services, SPEC, "faults-clean")
-    run = finish(services, "faults-clean")
-    assert run.status == "COMPLETED", run.reason
-    return final_weights(services, "faults-clean")[0]
+    return trained_clean(services, SPEC, "faults-clean")
 
 
 @pytest.mark.parametrize("name", list(CASES))

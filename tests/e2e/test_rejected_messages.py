@@ -5,8 +5,6 @@ the run, though the messages name it, completes untouched."""
 from __future__ import annotations
 
 import json
-import time
-from typing import Any
 
 import boto3
 import numpy as np
@@ -17,7 +15,7 @@ from slsml.pipeline.envelope import MAX_MESSAGE_BYTES
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 
-from .conftest import final_weights, finish, log_entries, train
+from .conftest import dead_letters, final_weights, finish, log_entries, train
 
 RUN = "rejections"
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=4, eval_every=0)
@@ -62,11 +60,7 @@ def test_malformed_messages_are_dead_lettered_with_a_reason_and_fail_no_run(loca
         bodies = {body: (function, reason) for _, body, function, reason in CASES}
         for topic, body, *_ in CASES:
             sns.publish(TopicArn=local.deployment.topic_arns[topic], Message=body)
-        deadline = time.monotonic() + 120
-        letters: dict[str, dict[str, Any]] = {}
-        while len(letters) < len(bodies) and time.monotonic() < deadline:
-            letters = {d["message"]: d for d in local.host.dead_letters if d["message"] in bodies}
-            time.sleep(0.5)
+        letters = dead_letters(local, bodies, 120)
         run = services.table.get_run(RUN)
     finally:
         local.host.faults = None

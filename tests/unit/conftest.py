@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import boto3
 import pytest
+from moto import mock_aws
 from moto.core.config import default_user_config
 
 from slsml.accounting import usage
+from slsml.aws.storage import ObjectStore
 
 from . import cloud
 
@@ -35,3 +39,15 @@ def services(monkeypatch: pytest.MonkeyPatch):
     """A bucket, run table and topics in moto, holding dataset ``d`` (``cloud.moto_services``)."""
     with cloud.moto_services(monkeypatch) as services:
         yield services
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[ObjectStore]:
+    """An empty S3 bucket, ``bucket``, in moto."""
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="bucket")
+        yield ObjectStore(s3, "bucket")

@@ -3,12 +3,8 @@ worker's slice read as one ranged GET per block."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import boto3
 import numpy as np
 import pytest
-from moto import mock_aws
 from pydantic import ValidationError
 
 from slsml.aws.storage import ObjectStore
@@ -72,17 +68,6 @@ def test_the_spec_names_what_the_block_order_does_not_take() -> None:
     with pytest.raises(BadInputError, match="global batch 64 is larger than the training set in blocks of 16 "
                                             r"\(48 samples\)"):
         data.block_order(TrainingSpec(global_batch=64, shuffle="blocks"), 63)
-
-
-@pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[ObjectStore]:
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with mock_aws():
-        s3 = boto3.client("s3", region_name="us-east-1")
-        s3.create_bucket(Bucket="block-order")
-        yield ObjectStore(s3, "block-order")
 
 
 def test_a_workers_slice_is_a_ranged_get_per_block(store: ObjectStore) -> None:

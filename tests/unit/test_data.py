@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 
-import boto3
 import numpy as np
 import pytest
-from moto import mock_aws
 
 from slsml.aws.cache import LRUCache
 from slsml.aws.storage import ObjectStore
@@ -17,19 +14,6 @@ from slsml.data.writer import DatasetWriter
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError
-
-BUCKET = "slsml-unit-tests"
-
-
-@pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[ObjectStore]:
-    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with mock_aws():
-        s3 = boto3.client("s3", region_name="us-east-1")
-        s3.create_bucket(Bucket=BUCKET)
-        yield ObjectStore(s3, BUCKET)
 
 
 def arrays(seed: int, train: int = 50, test: int = 9) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

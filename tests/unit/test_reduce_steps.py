@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import struct
 import time
+from collections.abc import Callable
 from decimal import Decimal
+from typing import TypeVar
 
 import boto3
 import numpy as np
@@ -40,6 +42,7 @@ from slsml.state import records
 from slsml.state.records import DEADLINE_LAUNCH, DEADLINE_OWNER, iteration_sk, participants_sk, plain, worker_sk
 from slsml.training import optimizers, shards, updates
 
+T = TypeVar("T")
 PLAN = ShardPlan.build(
     [VariableSpec(name="kernel", shape=(2, 3), trainable=True), VariableSpec(name="mean", shape=(2,), trainable=False)],
     reducers=2,
@@ -435,6 +438,21 @@ def test_the_first_launch_sends_the_runs_only_deadline(services: Services, sent:
     assert services.table.get_run("chain").watched == 0
 
 
+def _meanwhile(monkeypatch: pytest.MonkeyPatch, target: object, name: str, other: Callable[[], T]) -> list[T]:
+    """The first call of ``target.name`` runs ``other`` first (a second invocation, meanwhile); what it returned, once
+    it ran."""
+    real, started, returned = getattr(target, name), [], []
+
+    def after_the_other(*args, **kwargs):
+        if not started:
+            started.append(True)
+            returned.append(other())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, after_the_other)
+    return returned
+
+
 def test_two_copies_of_a_model_event_handled_at_once_start_one_chain(
     services: Services, sent: list[Deadline], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -442,15 +460,8 @@ def test_two_copies_of_a_model_event_handled_at_once_start_one_chain(
     launching: both may send the chain's first deadline, but when the two come, one carries the chain on."""
     _register(services, "chain-race", workers=2, watched=False, launched=False)
     landed = ModelLanded(key=keys.model("chain-race", 0), sequencer="a")
-    claim, interleaved, other_copy = services.table.claim_launch, [], []
-
-    def claim_after_the_other_copy(*args, **kwargs):
-        if not interleaved:
-            interleaved.append(True)
-            other_copy.append(work_launcher.on_model(landed, services))  # the other invocation, meanwhile
-        return claim(*args, **kwargs)
-
-    monkeypatch.setattr(services.table, "claim_launch", claim_after_the_other_copy)
+    other_copy = _meanwhile(monkeypatch, services.table, "claim_launch",
+                            lambda: work_launcher.on_model(landed, services))
     assert work_launcher.on_model(landed, services) == Outcome.LAUNCHED
     assert other_copy == [Outcome.LAUNCHED]
     firsts = list(sent)
@@ -548,20 +559,11 @@ def test_two_copies_of_a_deadline_handled_at_once_carry_the_chain_on_once(
     _register(services, "deadline-race", workers=4, deadline_floor=0.5)
     _arrive(services, "deadline-race", 0)
     deadline = _deadline("deadline-race")
-    watch, interleaved, other_copy = services.table.watch, [], []
-
-    def watch_after_the_other_copy(*args, **kwargs):
-        if not interleaved:
-            interleaved.append(True)
-            other_copy.append(watchdog.on_deadline(deadline, services))  # the other invocation, meanwhile
-        return watch(*args, **kwargs)
-
-    monkeypatch.setattr(services.table, "watch", watch_after_the_other_copy)
+    other_copy = _meanwhile(monkeypatch, services.table, "watch", lambda: watchdog.on_deadline(deadline, services))
     assert {watchdog.on_deadline(deadline, services), *other_copy} == {Action.RELAUNCHED}
     assert [(d.stage, d.round, d.link) for d in sent] == [("work", 1, 1)] * 2
     assert sent[0] == sent[1]  # identical messages: the watchdog's idempotency takes them once
     assert services.table.get_run("deadline-race").watched == 1
-    monkeypatch.setattr(services.table, "watch", watch)
     nexts = list(sent)
     sent.clear()
     actions = [watchdog.on_deadline(_due(d), services) for d in nexts]

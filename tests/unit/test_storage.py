@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import boto3
 import pytest
-from moto import mock_aws
 
 from slsml.aws.storage import ObjectStore
 from slsml.spec import keys
 from slsml.spec.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
 from slsml.spec.errors import NotFoundError
-
-
-@pytest.fixture
-def store():
-    with mock_aws():
-        s3 = boto3.client("s3", region_name="us-east-1")
-        s3.create_bucket(Bucket="bucket")
-        yield ObjectStore(s3, "bucket")
 
 
 def _tags(store: ObjectStore, key: str) -> dict[str, str]:
