@@ -167,3 +167,52 @@ def test_class_weights_for_classes_the_labels_do_not_have_are_refused_before_any
                        " one or the other"):
         runs.prepare_run(services, modelio.save_model(model), "cancer-weighted", spec, "fit-both-weights")
     assert services.store.list_keys(keys.run_prefix("fit-both-weights")) == []
+
+
+def test_early_stopping_ends_the_run_completed_and_keep_best_keeps_the_best_evaluated_model(services, cancer):
+    """--early-stopping val_loss:1 and --keep-best val_loss, the declarative EarlyStopping and ModelCheckpoint: at a
+    rate where the validation loss jumps about, the run ends COMPLETED with the reason once it has not improved for
+    one epoch, before its budget, and its final model is the best evaluated one, with its optimizer's state."""
+    from slsml.training import stopping
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer=keras.optimizers.SGD(6.0), loss="binary_crossentropy", metrics=["accuracy"])
+    spec = TrainingSpec(workers=2, reducers=1, global_batch=64, epochs=12, validation_split=0.25, eval_every=0,
+                        early_stopping="val_loss:1", keep_best="val_loss")
+    config = runs.start_run(services, modelio.save_model(model), "cancer", spec, run_id="fit-stop")
+    assert config.modes == {"loss": "min"}
+    run = finish(services, "fit-stop")
+    assert run.status == "COMPLETED", run.reason
+    per_epoch = config.training.iterations // 12
+    counters = sorted(services.table.list_iterations("fit-stop"), key=lambda c: c.iteration)
+    series = [(c.iteration, c.val["loss"]) for c in counters if c.val]
+    values = [value for _, value in series]
+    stopped = stopping.stopped_at(values, "min", 1, 0.0)
+    assert stopped is not None and stopped < 11, f"the validation loss never stalled: {values}"
+    assert run.iteration == (stopped + 1) * per_epoch < config.training.iterations
+    assert run.reason.startswith("early stopping: val_loss did not improve by more than 0 for 1 evaluation")
+    best, _ = series[stopping.best_at(values, "min")]
+    print(f"\nval_loss per epoch {[round(v, 4) for v in values]}: stopped after epoch {stopped + 1} of 12, final model"
+          f" entering iteration {best + 1} of {run.iteration}")
+    assert best + 1 < run.iteration, f"the best model is the last: {values}"  # else keep-best changed nothing
+    final = modelio.load_model(services.store.get(keys.final_model("fit-stop")))
+    kept = modelio.load_model(services.store.get(keys.model("fit-stop", best + 1)))
+    for got, expected in zip(final.weights, kept.weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+    assert int(final.optimizer.iterations) == best + 1  # the optimizer's state as fit left it there
+    best_counter = next(c for c in counters if c.iteration == best)
+    assert run.val == best_counter.val and run.test == best_counter.test is not None
+    held = data.held_out(config.training, len(cancer[0]))[1]
+    assert final.evaluate(cancer[0][held], cancer[1][held], return_dict=True, verbose=0)["loss"] == pytest.approx(
+        run.val["loss"], abs=1e-4)
+
+
+def test_early_stopping_on_a_figure_the_model_does_not_compute_is_refused_at_start(services, cancer):
+    model = _logistic(["accuracy"])
+    spec = TrainingSpec(iterations=4, validation_split=0.2, early_stopping="val_auc:2")
+    with pytest.raises(BadInputError) as error:
+        runs.prepare_run(services, modelio.save_model(model), "cancer", spec, "fit-stop-auc")
+    assert str(error.value) == ("--early-stopping val_auc: the model does not compute 'auc' (it computes val_loss,"
+                                " val_accuracy)")
+    assert services.store.list_keys(keys.run_prefix("fit-stop-auc")) == []

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
+
 from slsml.client.fit import epoch_history
 from slsml.state.records import Counter
 
@@ -22,3 +24,13 @@ def test_the_top_package_imports_no_tensorflow_and_finds_fit_on_first_use() -> N
     probe = ("import sys, slsml; assert not {'keras', 'tensorflow', 'slsml.client'} & set(sys.modules);"
              " fit = slsml.fit; assert fit.__module__ == 'slsml.client.fit'")
     subprocess.run([sys.executable, "-c", probe], check=True)
+
+
+def test_fit_monitors_its_validation_data_as_the_runs_test_split_at_each_epochs_end() -> None:
+    from slsml.client.fit import _spec
+
+    validation = (np.zeros((10, 2)), np.zeros(10))
+    spec = _spec(640, 64, 3, validation, None, {"early_stopping": "val_loss:2", "keep_best": "val_auc"})
+    assert (spec.early_stopping, spec.keep_best, spec.eval_every) == ("test_loss:2", "test_auc", 10)
+    held = _spec(640, 64, 3, None, 0.25, {"early_stopping": "val_loss:2"})
+    assert (held.early_stopping, held.eval_every) == ("val_loss:2", 0)

@@ -41,7 +41,8 @@ def fit(
     """Train ``model`` (compiled, or given ``loss=``/``optimizer=``) on ``x``, ``y`` as ``model.fit`` would, on
     ``batch_size`` samples per iteration spread over the workers, each sample's loss weighted by ``sample_weight``
     (or ``class_weight=``) as ``fit`` weights it; ``options``: any other TrainingSpec field (``workers=8``,
-    ``reducers=2``, ``quorum=0.75``…). Returns a ``keras.callbacks.History``; the model holds the
+    ``reducers=2``, ``quorum=0.75``…; ``early_stopping="val_loss:3"`` and ``keep_best="val_auc"``, Keras's
+    EarlyStopping and ModelCheckpoint). Returns a ``keras.callbacks.History``; the model holds the
     trained weights. ``stack``: train on the deployed stack of this name instead of a local runtime."""
     import keras
 
@@ -66,12 +67,13 @@ def fit(
     for variable, value in zip(model.weights, trained.weights, strict=True):
         variable.assign(value)
     modelio.take_training(model, trained)  # the optimizer's state as fit leaves it
+    per_epoch = run.iterations // epochs
+    ran = min(epochs, run.iteration // per_epoch)  # fewer where early stopping ended the run
     history = keras.callbacks.History()
     history.set_model(model)
-    history.params = {"verbose": verbose, "epochs": epochs, "steps": run.iterations // epochs}
-    history.epoch = list(range(epochs))
-    history.history = epoch_history(counters, run.iterations // epochs, epochs,
-                                    "test" if validation_data is not None else "val")
+    history.params = {"verbose": verbose, "epochs": epochs, "steps": per_epoch}
+    history.epoch = list(range(ran))
+    history.history = epoch_history(counters, per_epoch, ran, "test" if validation_data is not None else "val")
     return history
 
 
@@ -84,6 +86,9 @@ def _spec(count: int, batch_size: int, epochs: int, validation_data: Any, valida
     if "iterations" in options or "global_batch" in options or "epochs" in options:
         raise BadInputError("fit takes the run's length as epochs= and its global batch as batch_size=")
     options = {"workers": min(4, batch_size), **options}
+    if validation_data is not None:  # the validation data is the run's test split: val_x monitors its test_x
+        options |= {name: "test_" + value.removeprefix("val_") for name in ("early_stopping", "keep_best")
+                    if isinstance(value := options.get(name), str) and value.startswith("val_")}
     spec = TrainingSpec(global_batch=batch_size, epochs=epochs, validation_split=validation_split, **options)
     per_epoch = runs.with_epochs(spec, count).iterations // epochs
     return spec.model_copy(update={"eval_every": per_epoch if validation_data is not None else 0})

@@ -8,7 +8,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, computed_field, model_validator
@@ -170,6 +170,7 @@ def prepare_run(
     evaluation.check_mergeable(model, loss, metrics, x, y)
     plan = ShardPlan.build(modelio.variable_specs(model), spec.reducers)
     class_weights = _class_weights(spec, manifest)
+    modes = _modes(spec, evaluation.figure_modes(model, loss, metrics, (x[:2], y[:2]))) if spec.monitors else {}
     budget.check(model_bytes, manifest, spec)  # last: it times a gradient step
     config = RunConfig(
         run_id=run_id,
@@ -180,6 +181,7 @@ def prepare_run(
         classification=classification,
         metrics=metrics,
         class_weights=class_weights,
+        modes=modes,
         plan=plan,
         architecture=modelio.architecture(model),
     )
@@ -194,6 +196,24 @@ def prepare_run(
     store.put_array_new(keys.weights(run_id, 0), flat)
     store.put_new(keys.source_model(run_id), model_bytes)
     return config
+
+
+def _modes(spec: TrainingSpec, figures: dict[str, str | None]) -> dict[str, Literal["min", "max"]]:
+    """Whether each monitored figure improves by falling or rising; BadInputError naming a figure the model does not
+    compute, or one whose direction Keras cannot tell."""
+    modes: dict[str, Literal["min", "max"]] = {}
+    flags = {**({spec.stopping[0]: "--early-stopping"} if spec.stopping else {}),
+             **({spec.keep_best: "--keep-best"} if spec.keep_best else {})}
+    for monitor, flag in flags.items():
+        split, name = monitor.split("_", 1)
+        if name not in figures:
+            computed = ", ".join(f"{split}_{figure}" for figure in figures)
+            raise BadInputError(f"{flag} {monitor}: the model does not compute {name!r} (it computes {computed})")
+        mode = figures[name]
+        if mode is None:
+            raise BadInputError(f"{flag} {monitor}: Keras cannot tell whether {name} should fall or rise")
+        modes[name] = "min" if mode == "min" else "max"
+    return modes
 
 
 def _class_weights(spec: TrainingSpec, manifest: DatasetManifest) -> tuple[float, ...] | None:

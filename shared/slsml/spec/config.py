@@ -279,6 +279,20 @@ def _class_weight_text(value: object) -> object:
     return json.dumps({str(c): weights[c] for c in sorted(weights)})
 
 
+def _early_stopping(value: str | None) -> str | None:
+    """MONITOR[:PATIENCE[:MIN_DELTA]], checked (PATIENCE a whole number from 0, MIN_DELTA a number from 0)."""
+    if value is None:
+        return value
+    rest = value.split(":")[1:]
+    try:
+        if len(rest) > 2 or (rest and int(rest[0]) < 0) or (len(rest) > 1 and not float(rest[1]) >= 0):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"early_stopping {value!r} is not MONITOR[:PATIENCE[:MIN_DELTA]] (e.g. val_loss:3:0.001;"
+                         " PATIENCE a whole number from 0, MIN_DELTA a number from 0)") from None
+    return value
+
+
 MAX_WORKERS = 1000
 if TYPE_CHECKING:
     Algorithm = str
@@ -326,6 +340,16 @@ class TrainingSpec(BaseModel):
         default=None, description="Keras's class_weight: balanced (each class weighted by samples / (classes ×"
         " its samples)) or a JSON mapping of class to weight, e.g. '{\"0\": 1, \"1\": 3}' (a class left out: 1);"
         " each sample's loss is weighted by its class's weight, as fit weights it",
+    )
+    early_stopping: Annotated[str | None, AfterValidator(_early_stopping)] = Field(
+        default=None, description="Keras's EarlyStopping as MONITOR[:PATIENCE[:MIN_DELTA]], e.g. val_loss:3: the run"
+        " ends COMPLETED once the monitored figure (val_… of the validation split, evaluated at each epoch's end;"
+        " test_… of the test split) has not improved by more than MIN_DELTA (default 0) for PATIENCE evaluations"
+        " (default 0); minimized or maximized as Keras decides from the metric",
+    )
+    keep_best: str | None = Field(
+        default=None, description="Keras's ModelCheckpoint(save_best_only): the final model is the evaluated model"
+        " best by this figure (val_… or test_…, e.g. val_auc), not the last",
     )
     optimizer: OptimizerConfig | None = Field(
         default=None, description="None: take the optimizer the model was compiled with"
@@ -425,6 +449,32 @@ class TrainingSpec(BaseModel):
         if self.class_weight is None or self.class_weight == "balanced":
             return self.class_weight  # type: ignore[return-value]
         return {int(c): float(w) for c, w in json.loads(self.class_weight).items()}
+
+    @property
+    def stopping(self) -> tuple[str, int, float] | None:
+        """``early_stopping`` read: its monitor, patience and min_delta."""
+        if self.early_stopping is None:
+            return None
+        monitor, *rest = self.early_stopping.split(":")
+        return monitor, int(rest[0]) if rest else 0, float(rest[1]) if len(rest) > 1 else 0.0
+
+    @property
+    def monitors(self) -> tuple[str, ...]:
+        """The figures the run watches (early_stopping's, keep_best's)."""
+        stopping = self.stopping
+        return tuple(m for m in (stopping[0] if stopping else None, self.keep_best) if m is not None)
+
+    @model_validator(mode="after")
+    def _monitored(self) -> TrainingSpec:
+        for monitor in self.monitors:
+            if not monitor.startswith(("val_", "test_")) or monitor in ("val_", "test_"):
+                raise ValueError(f"{monitor!r} is not a figure of an evaluation: monitor val_<metric> (the"
+                                 " validation split) or test_<metric> (the test split), e.g. val_loss")
+            if monitor.startswith("val_") and self.validation_split is None:
+                raise ValueError(f"{monitor} is evaluated on a validation split: give validation_split")
+            if monitor.startswith("test_") and not self.eval_every:
+                raise ValueError(f"{monitor} is evaluated every eval_every iterations: give eval_every above 0")
+        return self
 
     @property
     def compression(self) -> Compression:
@@ -535,6 +585,10 @@ class RunConfig(BaseModel):
     classification: bool = Field(description="labels are classes: workers report accuracy")
     metrics: str = Field(default="[]", description="the metrics the workers evaluate (JSON: Keras names and serialized"
                          " metrics, as compile takes them; slsml.training.evaluation)")
+    modes: dict[str, Literal["min", "max"]] = Field(
+        default_factory=dict, description="whether each monitored figure (training.monitors) improves by falling"
+        " or rising, as Keras decides it from the metric"
+    )
     class_weights: tuple[float, ...] | None = Field(
         default=None, description="the weight of each class id 0 … n−1 (training.class_weight resolved; a class"
         " beyond: 1, as Keras); None: none"

@@ -162,11 +162,12 @@ class RunTable:
         return self._update_run(run_id, {"task_token": token}, only_if_running=False)
 
     def record_outcome(
-        self, run_id: str, final_key: str, test: dict[str, float] | None, val: dict[str, float] | None = None
+        self, run_id: str, final_key: str, test: dict[str, float] | None, val: dict[str, float] | None = None,
+        reason: str | None = None,
     ) -> RunRecord | None:
-        """The budget is spent: the final model and its test and validation figures (the execution marks
-        COMPLETED)."""
-        values = {"final_key": final_key, **_test_figures(test), "val": val}
+        """The budget is spent (or ``reason`` ended the run early): the final model and its test and validation
+        figures (the execution marks COMPLETED)."""
+        values = {"final_key": final_key, **_test_figures(test), "val": val, "reason": reason}
         return self._update_run(run_id, {k: v for k, v in values.items() if v is not None})
 
     def stop(self, run_id: str, reason: str) -> RunRecord | None:

@@ -94,6 +94,15 @@ class Evaluator:
         return figures | {name: float(np.asarray(value)) for name, value in self._metrics.result().items()}
 
 
+def figure_modes(model: keras.Model, loss: str, metrics: str, sample: tuple[np.ndarray, np.ndarray]) -> dict[
+        str, str | None]:
+    """Each figure an evaluation gives (``loss`` and every compiled metric, by name) with whether it improves by
+    falling ("min") or rising ("max"), as Keras's callbacks tell it in mode auto (None: Keras cannot tell)."""
+    evaluator = Evaluator(model, loss, metrics, sample)
+    directions = {"up": "max", "down": "min"}
+    return {"loss": "min"} | {m.name: directions.get(getattr(m, "_direction", None) or "") for m in evaluator.metrics}
+
+
 def check_mergeable(model: keras.Model, loss: str, metrics: str, x: np.ndarray, y: np.ndarray) -> None:
     """BadInputError if the metrics cannot evaluate ``x``, ``y``, or naming each metric whose result from the
     states of two parts of them differs from its result on the whole: its state does not add up across workers."""

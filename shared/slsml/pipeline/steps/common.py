@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,8 @@ from slsml.pipeline.services import Services
 from slsml.pipeline.services import run_config as run_config  # read by the admission of messages too
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
-from slsml.state.records import RunRecord
+from slsml.state.records import Counter, RunRecord
+from slsml.training import stopping
 
 logger = Logger(child=True)
 
@@ -33,19 +35,54 @@ def carried_state(config: RunConfig, iteration: int) -> list[str]:
                         spec.compression.lossy)
 
 
-def complete_run(services: Services, run_id: str, iteration: int) -> None:
-    """The iteration budget is spent and the final model (the one entering ``iteration``) evaluated: store it as
-    the run's final model with its test figures, and end the run's execution."""
+def complete_run(services: Services, run_id: str, iteration: int, reason: str | None = None) -> None:
+    """The iteration budget is spent (or ``reason``: early stopping ends the run) and the model entering
+    ``iteration`` evaluated: store it (with ``keep_best``: the best evaluated model) as the run's final model with
+    its test figures, and end the run's execution."""
     final_key = keys.final_model(run_id)
-    services.store.copy_new(keys.model(run_id, iteration), final_key)
-    last = services.table.get_counter(run_id, iteration - 1)
-    run = services.table.record_outcome(run_id, final_key, last.test, last.val)
+    config = run_config(services.store, run_id)
+    kept = services.table.get_counter(run_id, iteration - 1)
+    if config.training.keep_best is not None:
+        series = _series(config.training.keep_best, services.table.list_iterations(run_id))
+        if series:
+            best = series[stopping.best_at([value for _, value in series], _mode(config, config.training.keep_best))]
+            kept = services.table.get_counter(run_id, best[0])
+    services.store.copy_new(keys.model(run_id, kept.iteration + 1), final_key)
+    run = services.table.record_outcome(run_id, final_key, kept.test, kept.val, reason)
     if run is not None:
         services.orchestrator.succeed(run.task_token, outcome(run))
         # nothing resumes a completed run: its last two sets of carried state go (the Merger deleted the others)
-        config = run_config(services.store, run_id)
         services.store.delete([*carried_state(config, iteration - 1), *carried_state(config, iteration)])
-    logger.info("run completed", extra={"run_id": run_id, "iterations": iteration, "final": final_key})
+    logger.info("run completed", extra={"run_id": run_id, "iterations": iteration, "final": final_key,
+                                        "final_iteration": kept.iteration + 1, "reason": reason})
+
+
+def stop_reason(config: RunConfig, counters: Iterable[Counter]) -> str | None:
+    """Why early stopping ends the run after its latest evaluation (Keras's EarlyStopping over the monitored
+    figure's evaluations so far); None: it goes on."""
+    if config.training.stopping is None:
+        return None
+    monitor, patience, min_delta = config.training.stopping
+    series = _series(monitor, counters)
+    values, mode = [value for _, value in series], _mode(config, monitor)
+    if stopping.stopped_at(values, mode, patience, min_delta) is None:
+        return None
+    best = stopping.best_at(values, mode)
+    return (f"early stopping: {monitor} did not improve by more than {min_delta:g} for {patience} evaluation"
+            f"{'' if patience == 1 else 's'} after its best, {values[best]:.6g} (the model entering iteration"
+            f" {series[best][0] + 1})")
+
+
+def _series(monitor: str, counters: Iterable[Counter]) -> list[tuple[int, float]]:
+    """The monitored figure (``val_auc``: the validation split's auc) of each evaluation, with the iteration whose
+    counter holds it, in order."""
+    split, name = monitor.split("_", 1)
+    return [(c.iteration, figures[name]) for c in sorted(counters, key=lambda c: c.iteration)
+            if (figures := c.val if split == "val" else c.test) and name in figures]
+
+
+def _mode(config: RunConfig, monitor: str) -> stopping.Mode:
+    return config.modes[monitor.split("_", 1)[1]]
 
 
 def outcome(run: RunRecord) -> dict[str, Any]:

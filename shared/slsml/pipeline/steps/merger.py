@@ -21,7 +21,8 @@ from slsml.aws.storage import ObjectStore
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import carried_state, run_config
-from slsml.pipeline.steps.warm import trainer_for
+from slsml.pipeline.steps.warm import reader_for, trainer_for
+from slsml.pipeline.steps.worker import evaluated
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
@@ -64,7 +65,7 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     with ThreadPoolExecutor(max_workers=2) as pool:  # advance, store the weights and delete superseded state while
         advancing = pool.submit(_advance, services, config, iteration, message.generation)  # the model is saved
         storing = pool.submit(store.put_array_new, keys.weights(run, iteration + 1), weights)
-        body = _fitted(store, config, iteration, trainer, parts) if _carries_state(config, iteration + 1) \
+        body = _fitted(store, config, iteration, trainer, parts) if _carries_state(store, config, iteration + 1) \
             else trainer.save()
         advanced, _ = advancing.result(), storing.result()
     if advanced is None:  # stopped, failed or resumed meanwhile
@@ -79,10 +80,17 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     return next_key
 
 
-def _carries_state(config: RunConfig, iteration: int) -> bool:
-    """Whether the model entering ``iteration`` is saved with its optimizer's state: the final one, where the
-    reducers' state is the one fit would hold (the rule's ``fit_state``: gradient averaging)."""
-    return iteration == config.training.iterations and rules.of(config.training).fit_state
+def _carries_state(store: ObjectStore, config: RunConfig, iteration: int) -> bool:
+    """Whether the model entering ``iteration`` is saved with its optimizer's state: the final one, and each one a
+    run that may end on it (``early_stopping``, ``keep_best``) evaluates on a watched split, where the reducers'
+    state is the one fit would hold (the rule's ``fit_state``: gradient averaging)."""
+    if not rules.of(config.training).fit_state:
+        return False
+    if iteration == config.training.iterations:
+        return True
+    watched = {monitor.split("_", 1)[0] for monitor in config.training.monitors}
+    return bool(watched) and bool(watched & set(evaluated(config, iteration, reader_for(
+        store, config.dataset).manifest.train.count)))
 
 
 def _fitted(store: ObjectStore, config: RunConfig, iteration: int, trainer: Trainer, parts: list[bytes]) -> bytes:

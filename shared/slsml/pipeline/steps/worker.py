@@ -22,7 +22,7 @@ from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import complete_run, load_weights, run_config
+from slsml.pipeline.steps.common import complete_run, load_weights, run_config, stop_reason
 from slsml.pipeline.steps.warm import reader_for, trainer_for
 from slsml.rules.base import Round
 from slsml.spec import keys, wiring
@@ -153,13 +153,15 @@ def _train(message: WorkMessage, config: RunConfig, services: Services, trainer:
 def evaluated(config: RunConfig, iteration: int, train_count: int) -> list[str]:
     """The splits the workers of ``iteration`` evaluate the model entering it on: the test split every
     ``eval_every`` iterations, the validation samples (``validation_split``) at each epoch's end, both for the final
-    model (past the budget)."""
+    model (past the budget). A run that watches the validation figures (``early_stopping``, ``keep_best``) also
+    evaluates the test split at each epoch's end: the model it ends with there has its test figures."""
     spec, final = config.training, iteration >= config.training.iterations
     every = spec.eval_every
-    splits = ["test"] if final or (every and iteration and iteration % every == 0) else []
-    if spec.validation_split is not None and (final or (iteration and iteration % _epoch(spec, train_count) == 0)):
-        splits.append("val")
-    return splits
+    epoch_end = spec.validation_split is not None and (final or (iteration and iteration % _epoch(spec, train_count)
+                                                                 == 0))
+    watched = epoch_end and any(m.startswith("val_") for m in spec.monitors)
+    splits = ["test"] if final or watched or (every and iteration and iteration % every == 0) else []
+    return [*splits, "val"] if epoch_end else splits
 
 
 def _epoch(spec: TrainingSpec, train_count: int) -> int:
@@ -202,6 +204,8 @@ def _evaluate(message: WorkMessage, config: RunConfig, services: Services, train
                                               "figures": figures})
     if iteration >= config.training.iterations:
         complete_run(services, run, iteration)
+    elif (reason := stop_reason(config, services.table.list_iterations(run))) is not None:
+        complete_run(services, run, iteration, reason)
 
 
 def _residual(message: WorkMessage, config: RunConfig, store: ObjectStore) -> np.ndarray | None:
