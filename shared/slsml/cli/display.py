@@ -11,7 +11,6 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from slsml import rules
 from slsml.spec.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig, TrainingSpec
 
 UNCUT_WIDTH = 1000  # the width drawn at into a file or a pipe (COLUMNS unset): lines are not cut at 80 columns
@@ -84,6 +83,8 @@ def describe_optimizer(config: OptimizerConfig) -> str:
 def describe_update(config: Any) -> str:
     """One line: what a run's reducers apply (``describe_optimizer``), and under a rule that takes local steps what a
     worker's round takes first (the rule's ``describe``)."""
+    from slsml import rules  # the rules' modules, read when a run starts, not by every command
+
     spec = config.training
 
     def short(optimizer: OptimizerConfig) -> str:
