@@ -40,14 +40,14 @@ def run_prefix(run_id: str) -> str:
 
 
 def run_config(run_id: str) -> str:
-    return f"runs/{run_id}/run.json"
+    return f"{run_prefix(run_id)}run.json"
 
 
 SOURCE_MODEL = "source.keras"
 
 
 def source_model(run_id: str) -> str:
-    return f"runs/{run_id}/{SOURCE_MODEL}"
+    return f"{run_prefix(run_id)}{SOURCE_MODEL}"
 
 
 def model_name(iteration: int) -> str:
@@ -55,7 +55,7 @@ def model_name(iteration: int) -> str:
 
 
 def models_prefix(run_id: str) -> str:
-    return f"runs/{run_id}/models/"
+    return f"{run_prefix(run_id)}models/"
 
 
 def model(run_id: str, iteration: int) -> str:
@@ -63,32 +63,37 @@ def model(run_id: str, iteration: int) -> str:
 
 
 def final_model(run_id: str) -> str:
-    return f"runs/{run_id}/final.keras"
+    return f"{run_prefix(run_id)}final.keras"
+
+
+def iteration_prefix(run_id: str, iteration: int) -> str:
+    """Where the objects of ``iteration`` lie."""
+    return f"{run_prefix(run_id)}iters/{iteration:06d}/"
 
 
 def weights(run_id: str, iteration: int) -> str:
-    return f"runs/{run_id}/iters/{iteration:06d}/weights.npy"
+    return f"{iteration_prefix(run_id, iteration)}weights.npy"
 
 
 def shard(run_id: str, iteration: int, shard: int) -> str:
-    return f"runs/{run_id}/iters/{iteration:06d}/shards/{shard:04d}.bin"
+    return f"{iteration_prefix(run_id, iteration)}shards/{shard:04d}.bin"
 
 
 def mean(run_id: str, iteration: int, shard: int) -> str:
-    return f"runs/{run_id}/iters/{iteration:06d}/means/{shard:04d}.bin"
+    return f"{iteration_prefix(run_id, iteration)}means/{shard:04d}.bin"
 
 
 def update(run_id: str, iteration: int, worker: int, attempt: int = 0) -> str:
     suffix = f"-a{attempt}" if attempt else ""
-    return f"runs/{run_id}/iters/{iteration:06d}/updates/{worker:05d}{suffix}.bin"
+    return f"{iteration_prefix(run_id, iteration)}updates/{worker:05d}{suffix}.bin"
 
 
 def local_state(run_id: str, iteration: int, worker: int) -> str:
-    return f"runs/{run_id}/iters/{iteration:06d}/local/{worker:05d}.npz"
+    return f"{iteration_prefix(run_id, iteration)}local/{worker:05d}.npz"
 
 
 def residual(run_id: str, iteration: int, worker: int) -> str:
-    return f"runs/{run_id}/iters/{iteration:06d}/residuals/{worker:05d}.bin"
+    return f"{iteration_prefix(run_id, iteration)}residuals/{worker:05d}.bin"
 
 
 def evaluation(run_id: str, iteration: int, worker: int, split: str) -> str:
@@ -97,7 +102,7 @@ def evaluation(run_id: str, iteration: int, worker: int, split: str) -> str:
 
 
 def evaluations_prefix(run_id: str, iteration: int, split: str) -> str:
-    return f"runs/{run_id}/iters/{iteration:06d}/evaluation/{split}/"
+    return f"{iteration_prefix(run_id, iteration)}evaluation/{split}/"
 
 
 def dataset_manifest(name: str) -> str:
