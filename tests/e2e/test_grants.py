@@ -1,7 +1,8 @@
 """Each function's role in the synthesized stack allows every operation the function was seen to make: the
 operations its usage lines record in real runs — a run that clips by norm across three shards (the
 reducers' exchange), a run whose straggler the watchdog leaves behind at its deadline, a model dropped
-under incoming/ — are each granted by a statement of its role. (tests/infra holds the roles to no more
+under incoming/, the first and the last with a budget (each function adds to the run's spend) — are each
+granted by a statement of its role. (tests/infra holds the roles to no more
 than that; this holds them to no less.)"""
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ NEEDS = {
     "sqs:SendMessageBatch": {"sqs:SendMessage"},
     "sqs:DeleteMessageBatch": {"sqs:DeleteMessage"},
 }
-CLIPPED = TrainingSpec(workers=3, reducers=3, global_batch=96, iterations=2, eval_every=0,
+CLIPPED = TrainingSpec(workers=3, reducers=3, global_batch=96, iterations=2, eval_every=0, budget_usd=1.0,
                        optimizer=OptimizerConfig(name="adam", learning_rate=3e-3, global_clipnorm=0.1))
 LEFT_BEHIND = TrainingSpec(workers=3, reducers=2, global_batch=96, iterations=2, eval_every=0, deadline_s=1.0,
                            deadline_floor=0.5)
@@ -40,7 +41,8 @@ LEFT_BEHIND = TrainingSpec(workers=3, reducers=2, global_batch=96, iterations=2,
 
 def _dropped(services) -> str:
     model = modelio.save_model(demo.digits_cnn(seed=9))
-    request = {"dataset": "digits", "training": {"workers": 2, "reducers": 1, "global_batch": 64, "iterations": 1}}
+    request = {"dataset": "digits", "training": {"workers": 2, "reducers": 1, "global_batch": 64, "iterations": 1,
+                                                 "budget_usd": 1.0}}
     s3 = services.store.s3
     s3.put_object(Bucket=services.store.bucket, Key=keys.incoming_request("granted"), Body=json.dumps(request))
     s3.put_object(Bucket=services.store.bucket, Key="incoming/granted.keras", Body=model)

@@ -138,6 +138,7 @@ def pipeline_handler(
     unpack: Callable[[Any], Iterable[Any]] = lambda message: (message,),
     idempotent: bool = True,
     batch_failures: bool = False,
+    charges: bool = True,
 ) -> Callable[[dict[str, Any], LambdaContext], dict[str, Any] | None]:
     """The Lambda handler of pipeline function ``function`` (its wiring name, which its usage lines
     carry): ``step(message, services)`` for each message.
@@ -148,12 +149,13 @@ def pipeline_handler(
     parses the event into ``model`` records (``envelope``). ``unpack`` turns a record into the messages
     to handle (the objects of an S3 event). Each message is checked against its run (``admit``), then handled in
     its own usage scope
-    (``run_and_iteration``), whose dollars count in its run's spend (``spend.count``), once (Powertools
-    Idempotency, unless ``idempotent`` is False: for a step
+    (``run_and_iteration``), once (Powertools Idempotency, unless ``idempotent`` is False: for a step
     that is idempotent by itself), and, given ``stage`` (its name in a failed run's reason), with bad
     input failing its run (``failing_run_on_bad_input``). With ``batch_failures`` (an SQS batch of records that each
     carry a ``message_id``), a message the step fails on is logged and reported as the batch's failure alone
-    (Lambda's partial batch response): the others are done with.
+    (Lambda's partial batch response): the others are done with. Unless not ``charges`` (a function whose messages
+    are not a run's work: the dead-letter reader's letters), each message's cost counts in its run's spend
+    (``spend.count``).
     """
     service_logger, tracer, metrics = Logger(), Tracer(), Metrics()
 
@@ -176,7 +178,8 @@ def pipeline_handler(
                                                       message.iteration, message.generation):
                             run(message)
                     finally:
-                        spend.count(services)
+                        if charges:
+                            spend.count(services)
                 except Exception:
                     if not batch_failures:
                         raise
