@@ -169,6 +169,9 @@ class Compute(Construct):
         )
         # PutObjectTagging: scratch objects are written with the expiry tag.
         role.add_to_policy(iam.PolicyStatement(actions=["s3:PutObject", "s3:PutObjectTagging"], resources=writable))
+        # DeleteObject: the carried state a run no longer needs (the Merger's, and the last at the run's completion)
+        role.add_to_policy(iam.PolicyStatement(
+            actions=["s3:DeleteObject"], resources=[self._bucket.arn_for_objects(deployment.DELETABLE_OBJECTS)]))
         role.add_to_policy(iam.PolicyStatement(actions=TABLE_ACTIONS, resources=[self._table.table_arn]))
         for topic in fn.publishes:
             self._topics[topic.name].grant_publish(role)
@@ -186,10 +189,10 @@ class Compute(Construct):
                     id="AwsSolutions-IAM5",
                     reason="Objects are keyed by run and iteration, so access is granted per prefix"
                     " (read runs/ and datasets/, and the prefix whose uploads trigger the function; write"
-                    " runs/); a run starter follows the executions it starts, whose names are run ids;"
-                    " X-Ray accepts no resource but *.",
+                    " runs/; delete under runs/<run>/iters/); a run starter follows the executions it starts,"
+                    " whose names are run ids; X-Ray accepts no resource but *.",
                     applies_to=[
-                        RegexAppliesTo(regex=r"/^Resource::<.+\.Arn>\/(runs|datasets|incoming)\/\*$/g"),
+                        RegexAppliesTo(regex=r"/^Resource::<.+\.Arn>\/(runs|datasets|incoming)\/\*(\/iters\/\*)?$/g"),
                         RegexAppliesTo(regex=r"/^Resource::arn:<AWS::Partition>:states:.*:execution:.*:\*$/g"),
                         "Resource::*",
                     ],

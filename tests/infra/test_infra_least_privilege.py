@@ -6,6 +6,7 @@ execution's task failure and X-Ray.
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -106,6 +107,8 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
                 assert resources == {bucket}
             elif action == "s3:GetObject":
                 assert resources <= readable
+            elif action == "s3:DeleteObject":  # under an iteration only: models and final models stay create-only
+                assert resources == {f"{bucket}/{deployment.DELETABLE_OBJECTS}"}
             elif service == "s3":
                 assert action not in S3_READ_ACTIONS
                 assert resources <= writable, f"{fn.name} may write outside {deployment.WRITABLE_PREFIXES}"
@@ -170,3 +173,8 @@ def test_the_key_layout_stays_inside_the_granted_prefixes() -> None:
     read = [*written, keys.dataset_manifest("d"), keys.dataset_shard("d", "train", 0)]
     assert all(key.startswith(deployment.WRITABLE_PREFIXES) for key in written)
     assert all(key.startswith(deployment.READABLE_PREFIXES) for key in read)
+    # what the pipeline deletes (superseded carried state) is deletable, and no model, config or final model is
+    carried = keys.carried("r", 2, reducers=2, slots=2, slot_state=True, residuals=True)
+    assert all(fnmatch.fnmatchcase(key, deployment.DELETABLE_OBJECTS) for key in carried)
+    kept = [keys.run_config("r"), keys.model("r", 1), keys.final_model("r"), keys.source_model("r")]
+    assert not any(fnmatch.fnmatchcase(key, deployment.DELETABLE_OBJECTS) for key in kept)

@@ -38,6 +38,9 @@ RUNS_PREFIX = "runs/"
 DATASETS_PREFIX = "datasets/"
 READABLE_PREFIXES = (RUNS_PREFIX, DATASETS_PREFIX)
 WRITABLE_PREFIXES = (RUNS_PREFIX,)
+# The pipeline deletes superseded carried state (slsml.spec.keys.carried), all of it under an iteration: models, run
+# configs and final models stay create-only.
+DELETABLE_OBJECTS = f"{RUNS_PREFIX}*/iters/*"
 
 # S3 lifecycle rules filter on a key prefix and object tags, not on a pattern: transient scratch under
 # runs/<run>/iters/ (slsml.spec.keys.is_transient) carries this tag (PutObject Tagging="slsml-scratch=true") and
