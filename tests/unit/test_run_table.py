@@ -102,6 +102,17 @@ def test_the_run_advances_in_its_generation_only(table: Any) -> None:
     assert (runs.advance("old", 2, 1).iteration, runs.get_run("old").generation) == (2, 1)
 
 
+def test_a_run_with_its_final_model_advances_no_more(table: Any) -> None:
+    """Early stopping records the final model while an iteration is under way: its Merger does not move the run."""
+    register(table, "stopped-early", 1.0, iterations=9)
+    runs = RunTable(table)
+    assert runs.advance("stopped-early", 3, 0).iteration == 3
+    runs.record_outcome("stopped-early", "runs/stopped-early/final.keras", {"loss": 0.5}, None, "early stopping")
+    assert runs.advance("stopped-early", 4, 0) is None
+    run = runs.get_run("stopped-early")
+    assert (run.iteration, run.reason, run.test_loss) == (3, "early stopping", 0.5)
+
+
 def test_a_count_that_comes_after_a_resume_deleted_its_counter_stores_nothing(table: Any) -> None:
     """A late step of the generation before adds to the summary counts of an iteration the resume forgot: no
     item comes back for it (it would carry neither generation nor expiry)."""

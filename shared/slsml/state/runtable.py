@@ -139,12 +139,13 @@ class RunTable:
 
     def advance(self, run_id: str, iteration: int, generation: int) -> RunRecord | None:
         """The model entering ``iteration`` is about to be stored (the run's heartbeat); None if the run is
-        not running, is past ``iteration`` already (a late retry never moves it back), or was resumed since
-        ``generation`` (whose late Merger then stores nothing)."""
+        not running, has its final model (early stopping ended it while an iteration was under way), is past
+        ``iteration`` already (a late retry never moves it back), or was resumed since ``generation`` (whose late
+        Merger then stores nothing)."""
         # a run registered before runs carried their generation has none until it is resumed
         same = f"({_SAME_GENERATION} OR attribute_not_exists(generation))" if generation == 0 else _SAME_GENERATION
         return self._update_run(run_id, {"iteration": iteration, "iteration_at": time.time()},
-                                condition=f"#iteration <= :iteration AND {same}",
+                                condition=f"#iteration <= :iteration AND attribute_not_exists(final_key) AND {same}",
                                 condition_values={":generation": generation})
 
     def mark_heartbeat(self, run_id: str) -> None:
