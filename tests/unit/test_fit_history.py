@@ -34,3 +34,24 @@ def test_fit_monitors_its_validation_data_as_the_runs_test_split_at_each_epochs_
     assert (spec.early_stopping, spec.keep_best, spec.eval_every) == ("test_loss:2", "test_auc", 10)
     held = _spec(640, 64, 3, None, 0.25, {"early_stopping": "val_loss:2"})
     assert (held.early_stopping, held.eval_every) == ("val_loss:2", 0)
+
+
+def test_fits_keras_callbacks_become_the_runs_early_stopping_and_best_model() -> None:
+    import keras
+    import pytest
+
+    from slsml.client.fit import callback_options
+    from slsml.spec.errors import BadInputError
+
+    stop = keras.callbacks.EarlyStopping(monitor="val_auc", patience=3, min_delta=0.01, restore_best_weights=True)
+    assert callback_options([stop, keras.callbacks.History()]) == {"early_stopping": "val_auc:3:0.01",
+                                                                    "keep_best": "val_auc"}
+    best = keras.callbacks.ModelCheckpoint("best.keras", monitor="val_loss", save_best_only=True)
+    assert callback_options([keras.callbacks.EarlyStopping(), best]) == {"early_stopping": "val_loss:0:0",
+                                                                          "keep_best": "val_loss"}
+    with pytest.raises(BadInputError, match=r"^callback LearningRateScheduler cannot run in slsml\.fit"):
+        callback_options([keras.callbacks.LearningRateScheduler(lambda epoch: 0.1)])
+    with pytest.raises(BadInputError, match=r"^callback ModelCheckpoint cannot run"):
+        callback_options([keras.callbacks.ModelCheckpoint("every.keras")])  # not save_best_only
+    with pytest.raises(BadInputError, match="with mode='max'"):
+        callback_options([keras.callbacks.EarlyStopping(monitor="val_auc", mode="max")])

@@ -34,6 +34,7 @@ def fit(
     validation_data: tuple[np.ndarray, np.ndarray] | None = None,
     validation_split: float | None = None,
     sample_weight: np.ndarray | None = None,
+    callbacks: Sequence[Any] = (),
     verbose: int = 1,
     stack: str | None = None,
     **options: Any,
@@ -42,13 +43,15 @@ def fit(
     ``batch_size`` samples per iteration spread over the workers, each sample's loss weighted by ``sample_weight``
     (or ``class_weight=``) as ``fit`` weights it; ``options``: any other TrainingSpec field (``workers=8``,
     ``reducers=2``, ``quorum=0.75``…; ``early_stopping="val_loss:3"`` and ``keep_best="val_auc"``, Keras's
-    EarlyStopping and ModelCheckpoint). Returns a ``keras.callbacks.History``; the model holds the
-    trained weights. ``stack``: train on the deployed stack of this name instead of a local runtime."""
+    EarlyStopping and ModelCheckpoint, which ``callbacks`` may also give as Keras callbacks). Returns a
+    ``keras.callbacks.History``; the model holds the trained weights. ``stack``: train on the deployed stack of this
+    name instead of a local runtime."""
     import keras
 
     from slsml.training import modelio
 
-    spec = _spec(len(x), batch_size, epochs, validation_data, validation_split, options)
+    checkpoints = [c.filepath for c in callbacks if isinstance(c, keras.callbacks.ModelCheckpoint)]
+    spec = _spec(len(x), batch_size, epochs, validation_data, validation_split, options | callback_options(callbacks))
     test = validation_data if validation_data is not None else (x[:1], y[:1])  # the run's test split
     model_bytes = modelio.save_model(model)
     run_id = runs.new_run_id("fit")
@@ -67,6 +70,8 @@ def fit(
     for variable, value in zip(model.weights, trained.weights, strict=True):
         variable.assign(value)
     modelio.take_training(model, trained)  # the optimizer's state as fit leaves it
+    for path in checkpoints:  # the best model, where ModelCheckpoint(save_best_only) would have left it
+        model.save(path)
     per_epoch = run.iterations // epochs
     ran = min(epochs, run.iteration // per_epoch)  # fewer where early stopping ended the run
     history = keras.callbacks.History()
@@ -75,6 +80,32 @@ def fit(
     history.epoch = list(range(ran))
     history.history = epoch_history(counters, per_epoch, ran, "test" if validation_data is not None else "val")
     return history
+
+
+def callback_options(callbacks: Sequence[Any]) -> dict[str, Any]:
+    """The training options of Keras callbacks ``fit`` takes: EarlyStopping (``restore_best_weights``: the best model
+    kept too) and ModelCheckpoint(save_best_only=True) of one ``.keras`` file; BadInputError naming any other."""
+    import keras
+
+    options: dict[str, Any] = {}
+    for callback in callbacks:
+        name = type(callback).__name__
+        if isinstance(callback, keras.callbacks.EarlyStopping) and callback.baseline is None and \
+                not callback.start_from_epoch:
+            options["early_stopping"] = f"{callback.monitor}:{callback.patience}:{abs(callback.min_delta):g}"
+            if callback.restore_best_weights:
+                options["keep_best"] = callback.monitor
+        elif isinstance(callback, keras.callbacks.ModelCheckpoint) and callback.save_best_only and \
+                not callback.save_weights_only and "{" not in str(callback.filepath):
+            options["keep_best"] = callback.monitor
+        elif not isinstance(callback, keras.callbacks.History | keras.callbacks.ProgbarLogger):
+            raise BadInputError(f"callback {name} cannot run in slsml.fit: it takes EarlyStopping (without baseline"
+                                " or start_from_epoch) and ModelCheckpoint(save_best_only=True) of one .keras file,"
+                                " as the training options early_stopping and keep_best")
+        if getattr(callback, "mode", "auto") != "auto":
+            raise BadInputError(f"callback {name} with mode={callback.mode!r}: slsml.fit decides whether a figure"
+                                " improves as Keras's mode auto does; leave mode out")
+    return options
 
 
 def _spec(count: int, batch_size: int, epochs: int, validation_data: Any, validation_split: float | None,
