@@ -164,7 +164,7 @@ def test_a_letter_the_reader_fails_on_is_retried_alone(monkeypatch: pytest.Monke
         handled.append(letter.message_id)
 
     handler = pipeline_handler("dead_letters", DeadLetter, step, envelope=DeadLetterRecords, idempotent=False,
-                               batch_failures=True)
+                               batch_failures=True, charges=False)  # as functions/dead_letters/handler.py
     records = [sqs_record(WORK, FAILURES) | {"messageId": name} for name in ("first", "poison", "last")]
     try:
         answer = handler({"Records": records}, LambdaContext("dead_letters", "request-1", 1e12, 256))
