@@ -17,6 +17,8 @@ class Declaration(NamedTuple):
 
     name: str
     module: str
+    title: str
+    """What the rule is called in the help of the options it takes."""
     about: str
     """What a round does under it, for ``--algorithm``'s help."""
     local: bool = False
@@ -35,11 +37,12 @@ class Declaration(NamedTuple):
 
 
 ALGORITHMS: dict[str, Declaration] = {rule.name: rule for rule in (
-    Declaration("gradient", "slsml.rules.gradient",
+    Declaration("gradient", "slsml.rules.gradient", "gradient averaging",
                 "workers send the gradient of their slice of one global batch (gradient averaging)"),
-    Declaration("average", "slsml.rules.averaging", "each takes local_steps steps of the local optimizer and sends its"
-                " weight change (model averaging)", local=True, options=("local_state", "server")),
-    Declaration("admm", "slsml.rules.admm", "each keeps its own data partition, local model and dual, takes"
+    Declaration("average", "slsml.rules.averaging", "model averaging", "each takes local_steps steps of the local"
+                " optimizer and sends its weight change (model averaging)", local=True,
+                options=("local_state", "server")),
+    Declaration("admm", "slsml.rules.admm", "ADMM", "each keeps its own data partition, local model and dual, takes"
                 " local_steps steps on its partition's loss plus the proximal term, and the reducers form the"
                 " consensus (models without hidden layers)", local=True, partitioned=True, options=("admm_rho",)),
 )}
@@ -51,3 +54,8 @@ OPTIONS = (*LOCAL_OPTIONS, *dict.fromkeys(o for rule in ALGORITHMS.values() for 
 def taking(option: str) -> list[str]:
     """The names of the rules that take ``option`` (one of ``OPTIONS``)."""
     return [name for name, rule in ALGORITHMS.items() if option in rule.taken]
+
+
+def titles(option: str) -> str:
+    """The rules that take ``option``, as its help names them (e.g. ``model averaging and ADMM``)."""
+    return " and ".join(ALGORITHMS[name].title for name in taking(option))

@@ -384,30 +384,32 @@ class TrainingSpec(BaseModel):
     )
     local_steps: int = Field(
         default=1, ge=1, le=1000,
-        description="model averaging and ADMM: local steps per round, one per batch the size of the worker's share"
-        " of the global batch (a round takes this many)",
+        description=f"{algorithms.titles('local_steps')}: local steps per round, one per batch the size of the"
+        " worker's share of the global batch (a round takes this many)",
     )
     local_optimizer: OptimizerName = Field(
-        default="sgd", description="model averaging and ADMM: the workers' local optimizer"
+        default="sgd", description=f"{algorithms.titles('local_optimizer')}: the workers' local optimizer"
     )
     local_learning_rate: float = Field(
-        default=0.1, gt=0, description="model averaging and ADMM: its constant learning rate"
+        default=0.1, gt=0, description=f"{algorithms.titles('local_learning_rate')}: its constant learning rate"
     )
     local_momentum: float = Field(
-        default=0.0, ge=0, lt=1, description="model averaging and ADMM: its momentum (sgd, rmsprop)"
+        default=0.0, ge=0, lt=1, description=f"{algorithms.titles('local_momentum')}: its momentum (sgd, rmsprop)"
     )
     admm_rho: float = Field(
-        default=0.1, gt=0, description="ADMM: the weight ρ of the proximal term (ρ/2)·‖x − z + u‖² of local steps"
+        default=0.1, gt=0,
+        description=f"{algorithms.titles('admm_rho')}: the weight ρ of the proximal term (ρ/2)·‖x − z + u‖² of local"
+        " steps"
     )
     local_state: Literal["reset", "keep"] = Field(
         default="reset",
-        description="model averaging: the local optimizer's state (e.g. momentum) starts fresh every round, or"
-        " is kept per worker slot in S3",
+        description=f"{algorithms.titles('local_state')}: the local optimizer's state (e.g. momentum) starts fresh"
+        " every round, or is kept per worker slot in S3",
     )
     server: Literal["average", "optimizer"] = Field(
         default="average",
-        description="model averaging: the reducers apply the average of the weight changes (FedAvg), or step the"
-        " run's optimizer with it as the gradient (FedOpt)",
+        description=f"{algorithms.titles('server')}: the reducers apply the average of the weight changes (FedAvg), or"
+        " step the run's optimizer with it as the gradient (FedOpt)",
     )
 
     staleness: int = Field(
@@ -560,7 +562,7 @@ class TrainingSpec(BaseModel):
         return not ALGORITHMS[self.algorithm].partitioned
 
     def local_optimizer_config(self) -> OptimizerConfig:
-        """The workers' local optimizer (model averaging and ADMM)."""
+        """The workers' local optimizer (under a rule that takes local steps)."""
         fields: dict[str, Any] = {"name": self.local_optimizer, "learning_rate": self.local_learning_rate}
         if self.local_momentum:
             fields["momentum"] = self.local_momentum
