@@ -18,7 +18,8 @@ BUDGET_REASON = "budget"  # how the reason of a run stopped by its budget begins
 
 
 def count(services: Services) -> None:
-    """Add the open usage scope's dollars so far to its run's spend, if the run was started with a budget."""
+    """Add the open usage scope's dollars so far to its run's spend, if the run was started with a budget (its
+    config, from the warm cache: read once per container and run where the message's check did not read it)."""
     run_id = usage.scope_run()
     if run_id is None:
         return
