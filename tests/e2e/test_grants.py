@@ -29,6 +29,7 @@ NEEDS = {
     "s3:HeadObject": {"s3:GetObject"},
     "s3:ListObjectsV2": {"s3:ListBucket"},
     "s3:CopyObject": {"s3:GetObject", "s3:PutObject"},
+    "s3:DeleteObjects": {"s3:DeleteObject"},  # checked per key
     "sns:PublishBatch": {"sns:Publish"},
     "sqs:SendMessageBatch": {"sqs:SendMessage"},
     "sqs:DeleteMessageBatch": {"sqs:DeleteMessage"},
