@@ -23,13 +23,15 @@ from constructs import Construct
 from infra.layers import ARCHITECTURE, ROOT, RUNTIME, CommonLayer
 from infra.naming import pascal
 from infra.settings import Settings
-from slsml.spec import deployment, wiring
+from slsml.spec import deployment, keys, wiring
 
 FUNCTIONS_DIR = ROOT / "functions"
 DOCKERFILE = "functions/worker/Dockerfile"  # relative to the image's build context, the repository root
 HANDLER = "lambda_handler"  # the entry point in every functions/<name>/handler.py
 # Powertools Idempotency keeps its records in the run table and deletes one when a step fails, so
 # that a retry runs again: hence DeleteItem besides the run-state actions.
+# the kinds of object under runs/ a step writes (slsml.spec.keys.*_OBJECTS), as cdk-nag names the resources
+OBJECT_KINDS_REGEX = r"/^Resource::<.+\.Arn>\/runs\/\*\/(iters\/\*|models\/\*|final\.keras|source\.keras|run\.json)$/g"
 TABLE_ACTIONS = [
     "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem",
     "dynamodb:Query",
@@ -80,6 +82,7 @@ class Compute(Construct):
             wiring.TABLE_ENV: self._table.table_name,
             "POWERTOOLS_SERVICE_NAME": deployment.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": deployment.METRICS_NAMESPACE,
+            wiring.RUN_LIMITS_ENV: self._settings.run_limits.model_dump_json(),
             **{topic.env_var: self._topics[topic.name].topic_arn for topic in fn.publishes},
             **{queue.env_var: self._queues[queue.name].queue_url for queue in fn.sends},
         }
@@ -132,8 +135,10 @@ class Compute(Construct):
         return function
 
     def _role(self, fn: wiring.Function, log_group: logs.ILogGroup) -> iam.Role:
-        """Logs, the bucket (read runs/ and datasets/, write runs/ only), the table, its own topics; for
-        the dead-letter reader, only what failing a run takes."""
+        """Logs; reads of runs/ and datasets/ (and the prefix whose uploads trigger it); writes of the kinds of object
+        its step creates alone (``wiring.Function.writes``) and deletes of those it deletes (``deletes``: superseded
+        carried state, a foreign object it replaces); the table; its own topics and queues; the answers to a run's
+        execution its step gives (``answers``). The dead-letter reader: only what failing a run takes."""
         role = iam.Role(
             self,
             f"{pascal(fn.name)}Role",
@@ -141,10 +146,9 @@ class Compute(Construct):
             description=f"slsml {fn.name}",
         )
         log_group.grant_write(role)
+        self._answer_executions(role, fn)
         if fn.reads_dead_letters:  # the run item's update and the execution's task failure (its queues: their own)
             role.add_to_policy(iam.PolicyStatement(actions=["dynamodb:UpdateItem"], resources=[self._table.table_arn]))
-            role.add_to_policy(iam.PolicyStatement(actions=["states:SendTaskFailure"],
-                                                   resources=[self._state_machine.state_machine_arn]))
             NagSuppressions.add_resource_suppressions(
                 role,
                 [NagPackSuppression(id="AwsSolutions-IAM5", reason="X-Ray accepts no resource but *.",
@@ -153,7 +157,6 @@ class Compute(Construct):
             )
             return role
         readable = [self._bucket.arn_for_objects(f"{prefix}*") for prefix in deployment.READABLE_PREFIXES]
-        writable = [self._bucket.arn_for_objects(f"{prefix}*") for prefix in deployment.WRITABLE_PREFIXES]
         notified = [self._bucket.arn_for_objects(f"{prefix}*") for prefix in wiring.notified_prefixes(fn)]
         role.add_to_policy(
             iam.PolicyStatement(actions=["s3:GetObject"], resources=list(dict.fromkeys(readable + notified)))
@@ -167,18 +170,20 @@ class Compute(Construct):
                 conditions={"StringLikeIfExists": {"s3:prefix": [f"{p}*" for p in deployment.READABLE_PREFIXES]}},
             )
         )
-        # PutObjectTagging: scratch objects are written with the expiry tag.
-        role.add_to_policy(iam.PolicyStatement(actions=["s3:PutObject", "s3:PutObjectTagging"], resources=writable))
-        # DeleteObject: the carried state a run no longer needs (the Merger's, and the last at the run's completion)
-        role.add_to_policy(iam.PolicyStatement(
-            actions=["s3:DeleteObject"], resources=[self._bucket.arn_for_objects(deployment.DELETABLE_OBJECTS)]))
+        if fn.writes:
+            role.add_to_policy(iam.PolicyStatement(
+                actions=["s3:PutObject"], resources=[self._bucket.arn_for_objects(p) for p in fn.writes]))
+        if keys.SCRATCH_OBJECTS in fn.writes:  # scratch objects are written with the expiry tag
+            role.add_to_policy(iam.PolicyStatement(
+                actions=["s3:PutObjectTagging"], resources=[self._bucket.arn_for_objects(keys.SCRATCH_OBJECTS)]))
+        if fn.deletes:
+            role.add_to_policy(iam.PolicyStatement(
+                actions=["s3:DeleteObject"], resources=[self._bucket.arn_for_objects(p) for p in fn.deletes]))
         role.add_to_policy(iam.PolicyStatement(actions=TABLE_ACTIONS, resources=[self._table.table_arn]))
         for topic in fn.publishes:
             self._topics[topic.name].grant_publish(role)
         for queue in fn.sends:
             self._queues[queue.name].grant_send_messages(role)
-        # answering the run execution's task token: success, failure, heartbeat
-        self._state_machine.grant_task_response(role)
         if fn.starts_runs:
             self._state_machine.grant_start_execution(role)
             self._state_machine.grant_execution(role, "states:DescribeExecution")
@@ -187,12 +192,13 @@ class Compute(Construct):
             [
                 NagPackSuppression(
                     id="AwsSolutions-IAM5",
-                    reason="Objects are keyed by run and iteration, so access is granted per prefix"
-                    " (read runs/ and datasets/, and the prefix whose uploads trigger the function; write"
-                    " runs/; delete under runs/<run>/iters/); a run starter follows the executions it starts,"
+                    reason="Objects are keyed by run and iteration, so access is granted per prefix and kind of"
+                    " object (read runs/ and datasets/, and the prefix whose uploads trigger the function; write the"
+                    " kinds of object under runs/ its step creates); a run starter follows the executions it starts,"
                     " whose names are run ids; X-Ray accepts no resource but *.",
                     applies_to=[
-                        RegexAppliesTo(regex=r"/^Resource::<.+\.Arn>\/(runs|datasets|incoming)\/\*(\/iters\/\*)?$/g"),
+                        RegexAppliesTo(regex=r"/^Resource::<.+\.Arn>\/(runs|datasets|incoming)\/\*$/g"),
+                        RegexAppliesTo(regex=OBJECT_KINDS_REGEX),
                         RegexAppliesTo(regex=r"/^Resource::arn:<AWS::Partition>:states:.*:execution:.*:\*$/g"),
                         "Resource::*",
                     ],
@@ -201,3 +207,9 @@ class Compute(Construct):
             apply_to_children=True,
         )
         return role
+
+    def _answer_executions(self, role: iam.Role, fn: wiring.Function) -> None:
+        """The task-token calls its step makes to a run's execution, and no other."""
+        if fn.answers:
+            role.add_to_policy(iam.PolicyStatement(actions=[f"states:{answer}" for answer in fn.answers],
+                                                   resources=[self._state_machine.state_machine_arn]))

@@ -18,7 +18,7 @@ from cdk_nag import NagPackSuppression, NagSuppressions, RegexAppliesTo
 from constructs import Construct
 
 from infra.settings import Settings
-from slsml.spec import deployment, wiring
+from slsml.spec import keys, wiring
 from slsml.state import orchestration
 
 
@@ -59,8 +59,11 @@ class Orchestration(Construct):
                 actions=["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:GetItem"], resources=[table.table_arn]
             )
         )
-        runs = bucket.arn_for_objects(f"{deployment.RUNS_PREFIX}*")
-        role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:GetObject", "s3:PutObject"], resources=[runs]))
+        # the initial model: a copy of the run's source.keras to its models/
+        role.add_to_principal_policy(iam.PolicyStatement(
+            actions=["s3:GetObject"], resources=[bucket.arn_for_objects(keys.SOURCE_MODEL_OBJECTS)]))
+        role.add_to_principal_policy(iam.PolicyStatement(
+            actions=["s3:PutObject"], resources=[bucket.arn_for_objects(keys.MODEL_OBJECTS)]))
         for topic in (wiring.RUN_CONTROL, wiring.RUN_EVENTS):
             topics[topic.name].grant_publish(role)
         NagSuppressions.add_resource_suppressions(
@@ -69,8 +72,10 @@ class Orchestration(Construct):
                 NagPackSuppression(
                     id="AwsSolutions-IAM5",
                     reason="The state machine copies runs/<run>/source.keras to runs/<run>/models/ for any run,"
-                    " so it reads and writes the runs/ prefix; log delivery and X-Ray accept no resource but *.",
-                    applies_to=[RegexAppliesTo(regex=r"/^Resource::<.+\.Arn>\/runs\/\*$/g"), "Resource::*"],
+                    " so it reads source models and writes models of every run; log delivery and X-Ray accept no"
+                    " resource but *.",
+                    applies_to=[RegexAppliesTo(regex=r"/^Resource::<.+\.Arn>\/runs\/\*\/(source\.keras|models\/\*)$/g"),
+                                "Resource::*"],
                 )
             ],
             apply_to_children=True,

@@ -2,7 +2,8 @@
 (function sizes: ``slsml.spec.deployment.DEFAULT_FUNCTIONS``, which ``slsml plan`` reads too).
 
 Per-function overrides merge over the function's defaults, e.g. in cdk.json
-``"functions": {"worker": {"memory_mb": 4096, "reserved_concurrency": 50}}``.
+``"functions": {"worker": {"memory_mb": 4096, "reserved_concurrency": 50}}`` (``null`` reserves none);
+the limits of every run, e.g. ``"run_limits": {"workers": 64, "iterations": 5000}``.
 """
 
 from __future__ import annotations
@@ -13,16 +14,19 @@ from typing import Any, Literal
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_logs as logs
 from constructs import Node
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from slsml.spec import wiring
 from slsml.spec.config import DropInRequest
 from slsml.spec.deployment import (
+    ACCOUNT_CONCURRENCY,
     DAY_S,
     DEFAULT_FUNCTIONS,
     SCRATCH_EXPIRY_DAYS,
     TRANSIENT_USE_MAX_S,
+    UNRESERVED_MINIMUM,
     FunctionSettings,
+    RunLimits,
 )
 
 
@@ -42,6 +46,16 @@ class Settings(BaseModel):
     functions: dict[str, FunctionSettings] = Field(default_factory=dict, validate_default=True)
     # what a model dropped under incoming/ trains with, e.g. {"dataset": "digits", "training": {"iterations": 300}}
     run_defaults: DropInRequest = DropInRequest()
+    # what any one run may ask for: workers, reducers, iterations, time budget (slsml.spec.deployment.RunLimits)
+    run_limits: RunLimits = RunLimits()
+    # the account's Lambda concurrency quota in the stack's region: the functions' reservations must leave
+    # AWS's unreserved minimum of it
+    account_concurrency: int = Field(default=ACCOUNT_CONCURRENCY, ge=UNRESERVED_MINIMUM)
+
+    @field_validator("run_defaults", "run_limits", mode="before")
+    @classmethod
+    def _parse_json(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
 
     @field_validator("scratch_expiry_days")
     @classmethod
@@ -62,6 +76,17 @@ class Settings(BaseModel):
             fn.name: DEFAULT_FUNCTIONS.get(fn.name, FunctionSettings()).model_dump() | overrides.get(fn.name, {})
             for fn in wiring.FUNCTIONS
         }
+
+    @model_validator(mode="after")
+    def _reservations_fit(self) -> Settings:
+        reserved = sum(f.reserved_concurrency or 0 for f in self.functions.values())
+        if reserved > self.account_concurrency - UNRESERVED_MINIMUM:
+            raise ValueError(
+                f"the functions reserve {reserved} of the account's concurrency of {self.account_concurrency}:"
+                f" AWS keeps {UNRESERVED_MINIMUM} unreserved (for the watchdog, the dead-letter reader and the"
+                " launchers among others); lower functions.<name>.reserved_concurrency or raise account_concurrency"
+            )
+        return self
 
     @classmethod
     def from_context(cls, node: Node) -> Settings:

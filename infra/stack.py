@@ -13,7 +13,7 @@ from infra.orchestration import Orchestration
 from infra.settings import Settings
 from infra.storage import Storage
 from slsml.spec import wiring
-from slsml.spec.deployment import log_group_output
+from slsml.spec.deployment import RUN_LIMITS_OUTPUT, log_group_output
 
 
 class SlsmlStack(Stack):
@@ -55,6 +55,8 @@ class SlsmlStack(Stack):
         CfnOutput(self, "BucketName", value=self.storage.bucket.bucket_name)
         CfnOutput(self, "TableName", value=self.storage.table.table_name)
         CfnOutput(self, "StateMachineArn", value=self.orchestration.state_machine.state_machine_arn)
+        # the CLI refuses a run beyond them before it stores anything (the pipeline enforces them anyway)
+        CfnOutput(self, RUN_LIMITS_OUTPUT, value=settings.run_limits.model_dump_json())
         for name, topic in self.messaging.topics.items():
             CfnOutput(self, f"{name}TopicArn", value=topic.topic_arn)
         CfnOutput(self, "AlarmsTopicArn", value=self.observability.alarm_topic.topic_arn)

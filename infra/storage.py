@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aws_cdk import Duration
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
@@ -70,6 +71,16 @@ class Storage(Construct):
             removal_policy=removal,
             auto_delete_objects=destroy,
         )
+
+        # create-only, enforced by S3 for whoever writes (slsml.spec.deployment.CREATE_ONLY_OBJECTS)
+        self.bucket.add_to_resource_policy(iam.PolicyStatement(
+            sid="CreateOnlyRunObjects",
+            effect=iam.Effect.DENY,
+            principals=[iam.AnyPrincipal()],
+            actions=["s3:PutObject"],
+            resources=[self.bucket.arn_for_objects(kind) for kind in deployment.CREATE_ONLY_OBJECTS],
+            conditions={"Null": {"s3:if-none-match": "true"}},
+        ))
 
         # the table as slsml.state.records defines it (the local runtime creates it from the same definition)
         self.table = dynamodb.Table(

@@ -59,9 +59,10 @@ def service_table(cwd: Path) -> RunTable:
 
 
 @contextmanager
-def local_service(home: Path) -> Iterator[dict]:
-    """`slsml local up --pool 2 --json` in ``home`` (its state, as the line it printed), `local down` at the end."""
-    up = slsml(home, "local", "up", "--pool", "2", "--json")
+def local_service(home: Path, *options: str) -> Iterator[dict]:
+    """`slsml local up --pool 2 --json` (and ``options``) in ``home`` (its state, as the line it printed), `local down`
+    at the end."""
+    up = slsml(home, "local", "up", "--pool", "2", "--json", *options)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         state = json.loads(up.stdout)  # as `local status --json` prints it

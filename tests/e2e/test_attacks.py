@@ -1,6 +1,10 @@
-"""The attack matrix: messages that are well-formed but do not belong to the run they name, sent with boto3
-to the local cloud's topics and queues while a healthy run trains. Each is rejected (logged, dead-lettered,
-counted) and the run completes with weights bit-identical to an undisturbed run's."""
+"""The attack matrix, against the local cloud while a healthy run trains, all sent with boto3: messages that are
+well-formed but do not belong to the run they name, sent to its topics and queues — each is rejected (logged,
+dead-lettered, counted); objects placed where the run's next update, next model and final model will be written —
+none is trusted for sitting at the expected key: each is replaced by the step's own; and an overwrite of a completed
+run's final model — detected by every reader of it. Each run completes with weights bit-identical to an undisturbed
+run's. (The local cloud enforces no bucket policy: these are the pipeline's own checks. On AWS the bucket's policy
+also refuses a PUT without If-None-Match of an update.)"""
 
 from __future__ import annotations
 
@@ -10,20 +14,25 @@ from typing import Any
 
 import boto3
 import numpy as np
+import pytest
 
+from slsml.client import demo, runs
 from slsml.local.cloud import REGION
 from slsml.local.faults import Delay, Faults
+from slsml.pipeline.steps.merger import GENERATION_METADATA, MERGED_METADATA
+from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import SlsmlError
+from slsml.spec.messages import WorkDone
+from slsml.training import modelio
 
-from .conftest import dead_letters, final_weights, finish, train
+from .conftest import dead_letters, final_weights, finish, log_entries, train
 
 RUN, REFERENCE = "attacked", "attacked-reference"
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=4, eval_every=0)
 AT = 2  # the iteration the run is in when the messages come
-# reads of the weights entering iteration AT take 6 s (workers', then reducers'): the run is still in it
-# while the messages are retried and dead-lettered
-HOLD = Faults(s3_get_delay=Delay(probability=1, seconds=6),
-              s3_get_delay_match=rf"^runs/{RUN}/iters/{AT:06d}/(weights\.npy|shards/)")
+# reads of the weights entering iteration AT take 6 s (workers', then reducers'): the run is still in it while
+# the messages are retried and dead-lettered, and before its next objects are written
 PARTICIPANTS = [{"worker": 0, "samples": 32}, {"worker": 1, "samples": 32}]
 
 
@@ -51,17 +60,32 @@ ROWS: list[tuple[str, str, str, str]] = [
 ]
 
 
-def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(local, services, digits):
+@pytest.fixture(scope="module")
+def undisturbed(services, digits) -> np.ndarray:
+    """The final weights of the run undisturbed."""
+    train(services, SPEC, REFERENCE)
+    assert finish(services, REFERENCE).status == "COMPLETED"
+    return final_weights(services, REFERENCE)[0]
+
+
+def _hold(local, services, run_id: str) -> float:
+    """Start ``run_id`` with the reads entering iteration AT held (6 s each); returns once it is in AT, with the
+    time left to act on it."""
+    local.host.faults = Faults(s3_get_delay=Delay(probability=1, seconds=6),
+                               s3_get_delay_match=rf"^runs/{run_id}/iters/{AT:06d}/(weights\.npy|shards/)")
+    train(services, SPEC, run_id)
+    deadline = time.monotonic() + 120
+    while services.table.get_run(run_id).iteration < AT:
+        assert time.monotonic() < deadline, "the run never reached the iteration the attack comes in"
+        time.sleep(0.05)
+    return deadline
+
+
+def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(local, services, undisturbed):
     sns = boto3.client("sns", endpoint_url=local.deployment.endpoint, region_name=REGION)
     sqs = boto3.client("sqs", endpoint_url=local.deployment.endpoint, region_name=REGION)
-    train(services, SPEC, REFERENCE)
-    local.host.faults = HOLD
     try:
-        train(services, SPEC, RUN)
-        deadline = time.monotonic() + 120
-        while services.table.get_run(RUN).iteration < AT:
-            assert time.monotonic() < deadline, "the run never reached the iteration the messages are sent in"
-            time.sleep(0.05)
+        deadline = _hold(local, services, RUN)
         token = services.table.get_run(RUN).task_token
         for topic, body, *_ in ROWS:
             if topic == "deadlines":
@@ -82,9 +106,45 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
                      and problem in letters[body]["error"])]
     assert not wrong, wrong
 
-    run, reference = finish(services, RUN), finish(services, REFERENCE)
-    assert (run.status, reference.status) == ("COMPLETED", "COMPLETED"), (run.reason, reference.reason)
+    run = finish(services, RUN)
+    assert run.status == "COMPLETED", run.reason
     assert run.iteration == SPEC.iterations
-    attacked, _ = final_weights(services, RUN)
-    undisturbed, _ = final_weights(services, REFERENCE)
-    assert np.array_equal(attacked, undisturbed)
+    assert np.array_equal(final_weights(services, RUN)[0], undisturbed)
+
+
+PLACED = "preplaced"
+
+
+def test_objects_placed_at_a_runs_next_keys_are_not_trusted_and_a_replaced_final_model_is_detected(
+    local, services, undisturbed
+):
+    s3 = boto3.client("s3", endpoint_url=local.deployment.endpoint, region_name=REGION)
+    bucket = services.store.bucket
+    forged = modelio.save_model(demo.digits_cnn(seed=7))  # a loadable model of the run's shape, other weights
+    done = WorkDone(run_id=PLACED, iteration=AT + 1, worker=0, samples=32, loss=0.1, compute_s=1)
+    placed = {  # key → (body, metadata): each claims to be what the pipeline would have written there
+        keys.update(PLACED, AT + 1, 0): (b"\0" * 4096, {"done": done.model_dump_json()}),
+        keys.model(PLACED, AT + 1): (forged, {MERGED_METADATA: str(AT), GENERATION_METADATA: "0"}),
+        keys.final_model(PLACED): (forged, {}),
+    }
+    try:
+        _hold(local, services, PLACED)
+        for key, (body, metadata) in placed.items():  # plain PUTs, as any principal with write access could
+            s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=metadata)
+    finally:
+        local.host.faults = None
+    run = finish(services, PLACED)
+    assert run.status == "COMPLETED", run.reason
+    assert np.array_equal(final_weights(services, PLACED)[0], undisturbed)
+    for key, (body, _) in placed.items():  # each was replaced by the step's own, and the step said so
+        assert services.store.get(key) != body, key
+    replaced = {entry["key"] for log in ("worker", "merger", "watchdog")
+                for entry in log_entries(local.log_dir / f"{log}.log")
+                if entry.get("message", "").startswith("an object not") and entry.get("key", "").startswith(
+                    f"runs/{PLACED}/")}
+    assert replaced == set(placed)
+
+    # an overwrite of the completed run's final model: every reader of it refuses what it finds there
+    s3.put_object(Bucket=bucket, Key=keys.final_model(PLACED), Body=forged)
+    with pytest.raises(SlsmlError, match=f"runs/{PLACED}/final.keras is not the final model run '{PLACED}' stored"):
+        runs.final_model(services, services.table.get_run(PLACED))

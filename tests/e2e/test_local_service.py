@@ -20,8 +20,9 @@ from slsml.spec.errors import NotFoundError
 from slsml.state.runtable import RunTable
 from slsml.training import modelio
 
-from .service import last_json, local_service, service_env, service_table, slsml
+from .service import last_json, local_service, service_env, service_store, service_table, slsml
 
+LIMIT_WORKERS = 8  # the service's limit on any run's workers (the tests' runs ask for at most 4)
 AWS_CLI = os.environ.get("SLSML_AWS_CLI", str(Path(__file__).parents[2] / ".venv-awscli" / "bin" / "aws"))
 
 
@@ -32,7 +33,7 @@ def service(tmp_path_factory: pytest.TempPathFactory):
     x, y, x_test, y_test = demo.digits()
     np.savez(home / "digits.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (home / "cnn.keras").write_bytes(modelio.save_model(demo.digits_cnn(seed=1)))
-    with local_service(home) as state:
+    with local_service(home, "--limit-workers", str(LIMIT_WORKERS)) as state:
         assert state["pool"] == 2
         yield home
 
@@ -126,6 +127,36 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     assert fetched.returncode == 0, fetched.stderr
     assert json.loads(fetched.stdout)["bytes"] == (service / "stopped.keras").stat().st_size
     assert modelio.load_model((service / "stopped.keras").read_bytes()).count_params() > 0
+
+
+def test_a_run_beyond_the_services_limits_is_refused_and_a_dropped_one_fails_with_the_reason(service: Path) -> None:
+    over = f"{LIMIT_WORKERS + 4} workers, over the deployment's limit workers={LIMIT_WORKERS}"
+    slsml(service, "data", "put", "digits", "digits.npz")  # unless an earlier test put it
+    refused = slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--data", "digits", "--workers",
+                    str(LIMIT_WORKERS + 4), "--iterations", "2", "--run-id", "too-wide", "--no-wait")
+    assert refused.returncode == 2 and over in refused.stderr, refused.stderr
+    assert "too-wide" not in dict(_listed(service))  # refused before anything was stored
+    # a model dropped with a request beyond the limit (no CLI to refuse it): the pipeline fails its run
+    store = service_store(service)
+    model = modelio.save_model(demo.digits_cnn(seed=11))
+    request = {"dataset": "digits", "training": {"workers": LIMIT_WORKERS + 4, "iterations": 2}}
+    store.s3.put_object(Bucket=store.bucket, Key="incoming/wide.json", Body=json.dumps(request))
+    store.s3.put_object(Bucket=store.bucket, Key="incoming/wide.keras", Body=model)
+    run_id, table = f"wide-{hashlib.sha256(model).hexdigest()[:8]}", service_table(service)
+    deadline = time.monotonic() + 180
+    while (status := _run_status(table, run_id)) in {None, "RUNNING"}:
+        assert time.monotonic() < deadline, f"{run_id} did not end ({status})"
+        time.sleep(0.5)
+    failed = table.get_run(run_id)
+    assert (failed.status, failed.reason) == ("FAILED", f"the run asks for {over}")
+    assert table.get_counter(run_id, 0).workers is None  # refused before any worker was launched
+
+
+def _run_status(table: RunTable, run_id: str) -> str | None:
+    try:
+        return table.get_run(run_id).status
+    except NotFoundError:
+        return None
 
 
 def _listed(cwd: Path) -> list[tuple[str, str]]:

@@ -1,13 +1,12 @@
 """Objects slsml did not write, under the prefixes that notify the pipeline, while runs train: those
-that are no model of the pipeline's are ignored with a logged reason and left as they are; one
-that takes the key of a run's next model fails that run with a reason naming it, overwriting nothing."""
+that are no model of the pipeline's are ignored with a logged reason and left as they are. (One that takes the key
+of a run's next model is replaced by the Merger's: tests/e2e/test_attacks.py.)"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from slsml.client import demo
-from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.training import modelio
 
@@ -47,19 +46,3 @@ def test_objects_that_are_no_pipeline_model_are_ignored_and_kept(local, services
                                            message="object is not a dropped model: ignored")}
     assert {k for k in stray if k.startswith("incoming/")} <= dropped
     assert not [r.run_id for r in services.table.list_runs() if r.run_id.startswith(("not-a-name", "nested"))]
-
-
-def test_a_foreign_object_at_the_next_model_key_fails_the_run_and_stays(services, digits):
-    foreign_key = keys.model("squatted", 2)
-    foreign = b"not the pipeline's model"
-    train(services, SPEC, "squatted")
-    services.store.put_new(foreign_key, foreign)
-    run = finish(services, "squatted", timeout_s=120)
-
-    assert run.status == "FAILED"
-    assert run.reason.startswith(f"merger: {foreign_key} was stored by something other than this run's Merger"), \
-        run.reason
-    assert services.store.get(foreign_key) == foreign
-    for iteration in (0, 1):  # the models before it are the pipeline's and load
-        modelio.load_model(services.store.get(keys.model("squatted", iteration)))
-    assert not services.store.exists(keys.final_model("squatted"))

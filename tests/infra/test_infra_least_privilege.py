@@ -1,12 +1,14 @@
-"""Every function role allows only what its step needs: its logs, reads of runs/ and datasets/,
-writes under runs/ only, the run table, its own published topics and queues, the failure queue and X-Ray;
+"""Every function role allows only what its step needs: its logs, reads of runs/ and datasets/, writes
+of the kinds of object its step creates (and deletes of those it deletes), the run table, its own
+published topics and queues, the failure queue, the answers to a run's execution its step gives, and X-Ray;
 the dead-letter reader only its logs, its queues (the dead-letter queues), the run item's update, the
-execution's task failure and X-Ray.
+execution's task failure and X-Ray. The bucket's policy refuses overwrites of run objects, whoever writes.
 """
 
 from __future__ import annotations
 
 import fnmatch
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -84,7 +86,8 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
     function = synthesized.resources[synthesized.logical_id(stack.compute.functions[fn.name])]["Properties"]
     bucket = f"<{synthesized.logical_id(stack.storage.bucket)}.Arn>"
     readable = {f"{bucket}/{prefix}*" for prefix in (*deployment.READABLE_PREFIXES, *wiring.notified_prefixes(fn))}
-    writable = {f"{bucket}/{prefix}*" for prefix in deployment.WRITABLE_PREFIXES}
+    written = {f"{bucket}/{kind}" for kind in fn.writes}
+    deleted = {f"{bucket}/{kind}" for kind in fn.deletes}
     own_topics = {f"<{synthesized.logical_id(stack.messaging.topics[t.name])}>" for t in fn.publishes}
     table = f"<{synthesized.logical_id(stack.storage.table)}.Arn>"
     failures = f"<{synthesized.logical_id(stack.messaging.function_failures)}.Arn>"
@@ -107,11 +110,14 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
                 assert resources == {bucket}
             elif action == "s3:GetObject":
                 assert resources <= readable
-            elif action == "s3:DeleteObject":  # under an iteration only: models and final models stay create-only
-                assert resources == {f"{bucket}/{deployment.DELETABLE_OBJECTS}"}
+            elif action == "s3:PutObject":
+                assert resources <= written, f"{fn.name} may write other objects than {fn.writes}"
+            elif action == "s3:PutObjectTagging":  # the expiry tag of scratch
+                assert resources <= written & {f"{bucket}/{keys.SCRATCH_OBJECTS}"}
+            elif action == "s3:DeleteObject":
+                assert resources <= deleted, f"{fn.name} may delete other objects than {fn.deletes}"
             elif service == "s3":
-                assert action not in S3_READ_ACTIONS
-                assert resources <= writable, f"{fn.name} may write outside {deployment.WRITABLE_PREFIXES}"
+                raise AssertionError(f"{fn.name} has an unexpected action {action}")
             elif service == "sns":
                 assert action == "sns:Publish"
                 published |= resources
@@ -133,12 +139,84 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
                     assert fn.starts_runs, f"{fn.name} may not start runs"
                     assert len(resources) == 1 and state_machine_name in next(iter(resources))
                 else:
-                    assert action in {"states:SendTaskSuccess", "states:SendTaskFailure", "states:SendTaskHeartbeat"}
+                    assert action in {f"states:{answer}" for answer in fn.answers}, (fn.name, action)
                     assert resources == {state_machine}
             else:
                 assert service == "xray", f"{fn.name} has an unexpected action {action}"
                 assert action in {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
     assert published == own_topics
+
+
+def _granted(synthesized: Synthesized, function: str) -> dict[str, set[str]]:
+    """Action → the resources (rendered) that the function's role allows it on."""
+    props = synthesized.resources[synthesized.logical_id(synthesized.stack.compute.functions[function])]["Properties"]
+    granted: dict[str, set[str]] = defaultdict(set)
+    for statement in role_statements(synthesized, props["Role"]["Fn::GetAtt"][0]):
+        for action in as_list(statement["Action"]):
+            granted[action] |= {render(r) for r in as_list(statement["Resource"])}
+    return granted
+
+
+# What each step writes in the bucket and tells a run's execution, by hand: a declaration that grants more fails
+WRITES = {
+    "work_launcher": {"runs/*/final.keras"},  # a run's final model, when the budget is spent and evaluated
+    "worker": {"runs/*/iters/*"},  # its updates, residuals, slot and evaluation states: scratch alone
+    "reduce_launcher": set(),  # counts reports in the table and fires the reducers: nothing in the bucket
+    "reducer": {"runs/*/iters/*"},  # shards and means
+    "merger": {"runs/*/iters/*", "runs/*/models/*"},  # the flat weights and the next model
+    "watchdog": {"runs/*/iters/*", "runs/*/final.keras"},  # a shard that keeps its weights; a late completion
+    "run_starter": {"runs/*/run.json", "runs/*/source.keras", "runs/*/iters/*"},  # a dropped model's run
+    "dead_letters": set(),
+}
+ANSWERS = {
+    "work_launcher": {"SendTaskSuccess", "SendTaskFailure", "SendTaskHeartbeat"},
+    "worker": set(),  # runs the user's model: it can neither complete nor fail an execution (the watchdog does)
+    "reduce_launcher": {"SendTaskFailure"},
+    "reducer": {"SendTaskFailure"},
+    "merger": {"SendTaskFailure", "SendTaskHeartbeat"},
+    "watchdog": {"SendTaskSuccess", "SendTaskFailure"},
+    "run_starter": set(),  # starts executions, and answers none
+    "dead_letters": {"SendTaskFailure"},
+}
+
+
+@pytest.mark.parametrize("fn", wiring.FUNCTIONS, ids=lambda fn: fn.name)
+def test_each_step_writes_only_its_objects_and_answers_executions_only_as_its_step_must(
+    synthesized: Synthesized, fn: wiring.Function
+) -> None:
+    granted = _granted(synthesized, fn.name)
+    bucket = f"<{synthesized.logical_id(synthesized.stack.storage.bucket)}.Arn>"
+    assert granted.get("s3:PutObject", set()) == {f"{bucket}/{kind}" for kind in WRITES[fn.name]}
+    assert {a.removeprefix("states:") for a in granted if a.startswith("states:SendTask")} == ANSWERS[fn.name]
+    written = {a for a in granted if a.startswith("s3:") and a not in S3_READ_ACTIONS}
+    assert written <= {"s3:PutObject", "s3:PutObjectTagging", "s3:DeleteObject"}
+    assert bool(written) == bool(WRITES[fn.name])  # a ReduceLauncher cannot write S3 at all
+
+
+def test_the_bucket_refuses_overwrites_of_run_objects_whoever_writes(synthesized: Synthesized) -> None:
+    bucket = synthesized.logical_id(synthesized.stack.storage.bucket)
+    (policy,) = [r["Properties"]["PolicyDocument"] for r in synthesized.resources.values()
+                 if r["Type"] == "AWS::S3::BucketPolicy" and r["Properties"]["Bucket"] == {"Ref": bucket}]
+    (create_only,) = [s for s in policy["Statement"] if s.get("Sid") == "CreateOnlyRunObjects"]
+    assert (create_only["Effect"], create_only["Principal"], create_only["Action"]) == ("Deny", {"AWS": "*"},
+                                                                                          "s3:PutObject")
+    assert create_only["Condition"] == {"Null": {"s3:if-none-match": "true"}}  # a PUT without If-None-Match
+    covered = {render(r) for r in as_list(create_only["Resource"])}
+    assert covered == {f"<{bucket}.Arn>/{kind}" for kind in ("runs/*/iters/*", "runs/*/run.json",
+                                                             "runs/*/source.keras")}
+    # models and final models are server-side copies, which S3 refuses under such a policy: left out, by name
+    assert not covered & {f"<{bucket}.Arn>/runs/*/models/*", f"<{bucket}.Arn>/runs/*/final.keras"}
+
+
+def test_the_run_state_machine_reads_source_models_and_writes_models_alone(synthesized: Synthesized) -> None:
+    role = synthesized.stack.orchestration.state_machine.role
+    bucket = f"<{synthesized.logical_id(synthesized.stack.storage.bucket)}.Arn>"
+    granted: dict[str, set[str]] = defaultdict(set)
+    for statement in role_statements(synthesized, synthesized.stack.get_logical_id(role.node.default_child)):
+        for action in as_list(statement["Action"]):
+            granted[action] |= {render(r) for r in as_list(statement["Resource"])}
+    s3 = {action: resources for action, resources in granted.items() if action.startswith("s3:")}
+    assert s3 == {"s3:GetObject": {f"{bucket}/runs/*/source.keras"}, "s3:PutObject": {f"{bucket}/runs/*/models/*"}}
 
 
 def test_the_dead_letter_reader_may_fail_runs_and_do_nothing_else(synthesized: Synthesized) -> None:
@@ -160,21 +238,31 @@ def test_the_dead_letter_reader_may_fail_runs_and_do_nothing_else(synthesized: S
     assert {action.split(":")[0] for action in granted} <= {"logs", "xray"}, granted
 
 
-def test_the_key_layout_stays_inside_the_granted_prefixes() -> None:
-    written = [
-        keys.run_config("r"),
-        keys.model("r", 1),
-        keys.final_model("r"),
-        keys.weights("r", 1),
-        keys.shard("r", 1, 0),
-        keys.update("r", 1, 0, attempt=1),
-        keys.residual("r", 1, 0),
-    ]
+def test_the_key_layout_stays_inside_the_granted_kinds_of_object() -> None:
+    """Each key a step writes is of a kind some step may write; what the lifecycle expires is scratch."""
+    kinds = {kind for fn in wiring.FUNCTIONS for kind in fn.writes}
+    written = {
+        keys.run_config("r"): keys.RUN_CONFIG_OBJECTS,
+        keys.source_model("r"): keys.SOURCE_MODEL_OBJECTS,
+        keys.model("r", 1): keys.MODEL_OBJECTS,
+        keys.final_model("r"): keys.FINAL_MODEL_OBJECTS,
+        keys.weights("r", 1): keys.SCRATCH_OBJECTS,
+        keys.shard("r", 1, 0): keys.SCRATCH_OBJECTS,
+        keys.mean("r", 1, 0): keys.SCRATCH_OBJECTS,
+        keys.update("r", 1, 0, attempt=1): keys.SCRATCH_OBJECTS,
+        keys.residual("r", 1, 0): keys.SCRATCH_OBJECTS,
+        keys.local_state("r", 1, 0): keys.SCRATCH_OBJECTS,
+        keys.evaluation("r", 1, 0, "test"): keys.SCRATCH_OBJECTS,
+    }
+    for key, kind in written.items():
+        assert fnmatch.fnmatchcase(key, kind) and kind in kinds, key
+        assert not keys.is_transient(key) or kind == keys.SCRATCH_OBJECTS, key  # the tag expires scratch alone
     read = [*written, keys.dataset_manifest("d"), keys.dataset_shard("d", "train", 0)]
-    assert all(key.startswith(deployment.WRITABLE_PREFIXES) for key in written)
     assert all(key.startswith(deployment.READABLE_PREFIXES) for key in read)
-    # what the pipeline deletes (superseded carried state) is deletable, and no model, config or final model is
+    # what the Merger deletes (superseded carried state) is of a kind it may delete, and no run config or source is
     carried = keys.carried("r", 2, reducers=2, slots=2, slot_state=True, residuals=True)
-    assert all(fnmatch.fnmatchcase(key, deployment.DELETABLE_OBJECTS) for key in carried)
-    kept = [keys.run_config("r"), keys.model("r", 1), keys.final_model("r"), keys.source_model("r")]
-    assert not any(fnmatch.fnmatchcase(key, deployment.DELETABLE_OBJECTS) for key in kept)
+    merger = wiring.function("merger").deletes
+    assert all(any(fnmatch.fnmatchcase(key, kind) for kind in merger) for key in carried)
+    kept = [keys.run_config("r"), keys.source_model("r")]
+    deletable = {kind for fn in wiring.FUNCTIONS for kind in fn.deletes}
+    assert not any(fnmatch.fnmatchcase(key, kind) for key in kept for kind in deletable)

@@ -63,6 +63,7 @@ def test_function_environment_names_bucket_table_and_published_topics(synthesize
             wiring.TABLE_ENV: {"Ref": synthesized.logical_id(stack.storage.table)},
             "POWERTOOLS_SERVICE_NAME": deployment.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": deployment.METRICS_NAMESPACE,
+            wiring.RUN_LIMITS_ENV: stack.settings.run_limits.model_dump_json(),
             **published,
         }
 
@@ -81,6 +82,23 @@ def test_functions_are_sized_by_settings_and_log_to_retained_groups(synthesized:
             )
         log_group = synthesized.resources[props["LoggingConfig"]["LogGroup"]["Ref"]]
         assert log_group["Properties"]["RetentionInDays"] == 30
+
+
+def test_the_fleet_has_reserved_concurrency_that_leaves_the_watchdog_and_the_dead_letter_reader_room(
+    synthesized: Synthesized,
+) -> None:
+    reserved = {fn.name: _function(synthesized, fn.name).get("ReservedConcurrentExecutions") for fn in wiring.FUNCTIONS}
+    fleet = {"worker", "reduce_launcher", "reducer", "merger"}  # the functions a run's width multiplies
+    assert {name for name, n in reserved.items() if n is not None} == fleet, reserved
+    assert reserved["worker"] >= deployment.RunLimits().workers  # a run at the workers limit runs at once
+    unreserved = synthesized.stack.settings.account_concurrency - sum(n for n in reserved.values() if n is not None)
+    assert unreserved >= deployment.UNRESERVED_MINIMUM  # where the watchdog and the dead-letter reader run
+    assert reserved["watchdog"] is None and reserved["dead_letters"] is None  # never throttled by the fleet's cap
+
+
+def test_the_run_limits_are_an_output_the_cli_reads(synthesized: Synthesized) -> None:
+    output = synthesized.template.to_json()["Outputs"][deployment.RUN_LIMITS_OUTPUT]["Value"]
+    assert deployment.RunLimits.model_validate_json(output) == synthesized.stack.settings.run_limits
 
 
 def test_topics_enforce_tls(synthesized: Synthesized) -> None:

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from infra import create_app
 from infra.settings import DEFAULT_FUNCTIONS, Settings
 from slsml.spec import wiring
+from slsml.spec.deployment import RunLimits
 
 
 def test_defaults_size_every_pipeline_function() -> None:
@@ -44,11 +45,26 @@ def test_context_overrides_merge_over_the_function_defaults() -> None:
         {"functions": {"worker": {"memory_mb": 64}}},
         {"stack_name": "1x"},
         {"scratch_expiry_days": 2},  # updates are read for up to 2 days: they must outlive that
+        {"run_limits": {"workers": 0}},
+        {"run_limits": '{"gpus": 4}'},
+        # the fleet's reservations would leave less than AWS's unreserved minimum of the account's concurrency
+        {"functions": {"worker": {"reserved_concurrency": 900}}},
+        {"account_concurrency": 500},
     ],
 )
 def test_invalid_settings_are_rejected(context: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         Settings.from_context(App(context=context).node)
+
+
+def test_run_limits_and_reservations_come_from_context() -> None:
+    context = {"run_limits": '{"workers": 32, "iterations": 500}',  # `cdk -c run_limits=...` passes a string
+               "functions": '{"worker": {"reserved_concurrency": null}}', "account_concurrency": 3000}
+    settings = Settings.from_context(App(context=context).node)
+    assert (settings.run_limits.workers, settings.run_limits.iterations) == (32, 500)
+    assert settings.run_limits.reducers == RunLimits().reducers
+    assert settings.functions["worker"].reserved_concurrency is None  # none reserved: the account's pool
+    assert settings.functions["reducer"].reserved_concurrency == DEFAULT_FUNCTIONS["reducer"].reserved_concurrency
 
 
 def test_a_disposable_deployment_synthesizes_cleanly(cdk_context: dict[str, Any], tmp_path: Path) -> None:

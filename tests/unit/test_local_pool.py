@@ -7,6 +7,7 @@ import pytest
 
 from slsml.local import runtime
 from slsml.local.runtime import POOL_ENV, LocalRuntime, default_pool
+from slsml.spec.deployment import DEFAULT_FUNCTIONS
 
 
 def test_the_pool_is_set_by_the_environment_or_derived_from_cores_and_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,3 +30,10 @@ def test_every_function_gets_at_most_the_pool(monkeypatch: pytest.MonkeyPatch) -
         "run_starter": 1, "dead_letters": 1,
     }
     assert LocalRuntime(workers=2, reducers=1, pool=40).concurrency["worker"] == 2
+
+
+def test_a_function_gets_at_most_its_reserved_concurrency_and_the_watchdog_its_own_processes() -> None:
+    concurrency = LocalRuntime(workers=1000, reducers=1000, pool=5000).concurrency
+    for name in ("worker", "reduce_launcher", "reducer"):  # a run's width multiplies them
+        assert concurrency[name] == DEFAULT_FUNCTIONS[name].reserved_concurrency, name
+    assert concurrency["watchdog"] >= 1 and concurrency["dead_letters"] >= 1

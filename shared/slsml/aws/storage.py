@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import time
@@ -11,15 +12,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
 from slsml.aws.clients import error_code
 from slsml.spec import keys
 from slsml.spec.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
-from slsml.spec.errors import NotFoundError
+from slsml.spec.errors import NotFoundError, SlsmlError
 from slsml.training import npz
 
+logger = Logger(child=True)
+
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+_REPLACE_TRIES = 3
 _MAX_READS = 64  # concurrent GETs of one get_quorum call
 _POLL_S = 0.05  # how often reads still queued behind others are checked for having started
 DELETE_BATCH = 1000  # keys of one DeleteObjects request
@@ -32,6 +37,7 @@ class Stored:
     body: bytes
     metadata: dict[str, str]
     size: int | None = None  # the whole object's bytes (of a ranged read: from its Content-Range)
+    etag: str | None = None  # the object's (of a single-part upload: the MD5 of its bytes, quoted)
 
 
 class ObjectStore:
@@ -55,7 +61,7 @@ class ObjectStore:
             raise
         total = response.get("ContentRange", "").rpartition("/")[2]
         size = int(total) if total.isdigit() else None if byte_range else response.get("ContentLength")
-        return Stored(response["Body"].read(), response.get("Metadata", {}), size)
+        return Stored(response["Body"].read(), response.get("Metadata", {}), size, response.get("ETag"))
 
     def get_many(self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None] | None = None) -> list[bytes]:
         """Parallel GETs, results in the order of ``keys``."""
@@ -124,6 +130,37 @@ class ObjectStore:
                 return None
             raise
 
+    def etag(self, key: str) -> str | None:
+        """The object's ETag, or None if it does not exist."""
+        try:
+            return self.s3.head_object(Bucket=self.bucket, Key=key)["ETag"]
+        except ClientError as error:
+            if error_code(error) in _MISSING:
+                return None
+            raise
+
+    def put_own(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> bool:
+        """Create ``key`` with ``data``, which its writer computes the same way each time it tries (a retry writes
+        the same bytes): False if those bytes are there already. An object of other bytes at the key is not this
+        writer's (a forged or pre-placed one): it is not trusted for sitting at the expected key, but deleted and
+        ``data`` created in its place (True)."""
+        if self.put_new(key, data, metadata):
+            return True
+        if self.etag(key) == etag_of(data):
+            return False
+        logger.warning("an object not written by its step was replaced", extra={"key": key})
+        self.replace(key, data, metadata)
+        return True
+
+    def replace(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> None:
+        """Delete ``key`` and create it anew, create-only (If-None-Match: the bucket's policy refuses any other write
+        under runs/): SlsmlError if something else keeps creating it meanwhile."""
+        for _ in range(_REPLACE_TRIES):
+            self.delete([key])
+            if self.put_new(key, data, metadata):
+                return
+        raise SlsmlError(f"s3://{self.bucket}/{key} is written by something else as soon as it is deleted")
+
     def put_new(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> bool:
         """Create ``key``; False (and nothing written) if it already exists."""
         # transient scratch carries the tag the bucket's lifecycle rule expires by; carried state does not
@@ -140,19 +177,38 @@ class ObjectStore:
 
     def copy_new(self, source: str, destination: str) -> bool:
         """Create ``destination`` as a copy of ``source``, made by S3 (its bytes do not pass through this process,
-        whatever their size), without ``source``'s metadata; False (and nothing written) if it already exists. S3
-        refuses the copy onto an existing key (If-None-Match); moto checks that on a PUT only, so it is looked
-        at first."""
-        if self.exists(destination):
-            return False
+        whatever their size), without ``source``'s metadata; False (and nothing written) if it already exists."""
+        return not self.exists(destination) and self._copy(source, destination) is not None
+
+    def _copy(self, source: str, destination: str) -> str | None:
+        """The copy's ETag; None if ``destination`` exists. S3 refuses the copy onto an existing key (If-None-Match);
+        moto checks that on a PUT only, so callers look first."""
         try:
-            self.s3.copy_object(Bucket=self.bucket, Key=destination, CopySource={"Bucket": self.bucket, "Key": source},
-                                IfNoneMatch="*", MetadataDirective="REPLACE", Metadata={})
+            copied = self.s3.copy_object(Bucket=self.bucket, Key=destination,
+                                         CopySource={"Bucket": self.bucket, "Key": source}, IfNoneMatch="*",
+                                         MetadataDirective="REPLACE", Metadata={})
         except ClientError as error:
             if error_code(error) in {"PreconditionFailed", "ConditionalRequestConflict"}:
-                return False
+                return None
             raise
-        return True
+        return copied["CopyObjectResult"]["ETag"]
+
+    def copy_own(self, source: str, destination: str) -> str:
+        """``destination`` as a server-side copy of ``source`` (``copy_new``); found there already with ``source``'s
+        bytes (a retry), it stays; an object of other bytes there is not trusted for sitting at the key, but
+        deleted and copied over. Returns the copy's ETag (of a single-part object: the MD5 of its bytes)."""
+        for _ in range(_REPLACE_TRIES):
+            found = self.etag(destination)
+            if found is None:
+                copied = self._copy(source, destination)
+                if copied is not None:
+                    return copied
+            elif found == self.etag(source):
+                return found
+            else:
+                logger.warning("an object not written by its step was replaced", extra={"key": destination})
+                self.delete([destination])
+        raise SlsmlError(f"s3://{self.bucket}/{destination} is written by something else as soon as it is deleted")
 
     def restamp(self, key: str, metadata: dict[str, str]) -> None:
         """Store ``key`` again in place, its bytes unchanged, with ``metadata``: a new ObjectCreated event for it."""
@@ -192,3 +248,8 @@ class ObjectStore:
         self, key: str, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None
     ) -> bool:
         return self.put_new(key, npz.encode(**arrays), metadata)
+
+
+def etag_of(data: bytes | bytearray) -> str:
+    """The ETag S3 gives an object of ``data`` uploaded in one part (unencrypted or SSE-S3): its MD5, quoted."""
+    return f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from slsml.cli import display, targets
+from slsml.spec.deployment import RunLimits
 
 _console = display.console
 
@@ -17,8 +18,10 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 
     running = service.status()
     if running is None:
+        limits = RunLimits(**{name: value for name in RunLimits.model_fields
+                              if (value := getattr(args, f"limit_{name}")) is not None})
         with _console().status("starting the embedded cloud and warm function processes…"):
-            running = service.up(pool=args.pool)
+            running = service.up(pool=args.pool, limits=limits)
     display.done(f"local service up at {running.endpoint} (pid {running.pid}, {running.pool} warm processes per"
                  f" function); bucket {running.deployment['bucket']}. Its runs and data last as long as the service:"
                  " `slsml local down` ends them. `slsml local env` prints the variables for other AWS clients.",
@@ -108,6 +111,11 @@ def add_commands(commands: Any) -> None:
     local_up.add_argument("--pool", type=int, help="the most warm processes per function (default: from this"
                           " machine's cores and memory)")
     local_up.add_argument("--json", action="store_true", help="print the service's state as one JSON line")
+    for name, field in RunLimits.model_fields.items():  # a deployment's CDK context run_limits, by the same names
+        flag = f"--limit-{name.removesuffix('_s').replace('_', '-')}"
+        local_up.add_argument(flag, type=int, dest=f"limit_{name}", metavar="N",
+                              help=f"{field.description}: a run asking for more fails with the reason (default"
+                              f" {field.default})")
     local_up.set_defaults(handler=cmd_local_up)
     down = local.add_parser("down", help="stop the service: its data goes with it, its runs stay listed (their records"
                             " under ./runs)")

@@ -93,7 +93,9 @@ def cmd_run_fetch(args: argparse.Namespace) -> int:
     summary, services = _run_summary(args)
     out = Path(args.out or f"{args.run_id}.keras")
     if services is not None and summary.final_model:
-        out.write_bytes(services.store.get(summary.final_model))
+        from slsml.client import runs
+
+        out.write_bytes(runs.final_model(services, services.table.get_run(args.run_id)))
     elif services is None and summary.final_model and Path(summary.final_model).exists():
         out.write_bytes(Path(summary.final_model).read_bytes())
     else:

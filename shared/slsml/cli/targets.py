@@ -19,7 +19,9 @@ def record(services: Any, summary: Any, out: Path | None = None) -> None:
     if summary.final_model:  # its key in the run's bucket
         out = out or record_dir / "final.keras"
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(services.store.get(summary.final_model))
+        from slsml.client import runs
+
+        out.write_bytes(runs.final_model(services, services.table.get_run(summary.run_id)))
         summary.final_model = str(out)
     (record_dir / "summary.json").write_text(summary.model_dump_json(indent=1))
 

@@ -19,7 +19,6 @@ import numpy as np
 from slsml.client import runs
 from slsml.data import datasets as data
 from slsml.pipeline.services import Services
-from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
 from slsml.state.records import Counter, IterationRecord, RunRecord
@@ -146,7 +145,7 @@ def _train(services: Services, model_bytes: bytes, run_id: str, spec: TrainingSp
     if run.status != "COMPLETED" or run.final_key is None:
         raise BadInputError(f"run {run_id} ended {run.status}: {run.reason}")
     bar.update(run.iteration, finalize=True)
-    return run, services.table.list_iterations(run_id), services.store.get(keys.final_model(run_id))
+    return run, services.table.list_iterations(run_id), runs.final_model(services, run)
 
 
 def epoch_history(counters: Sequence[Counter], per_epoch: int, epochs: int, validation: str) -> dict[str, list[float]]:

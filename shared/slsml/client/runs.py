@@ -37,11 +37,12 @@ def new_run_id(stem: str = "run") -> str:
 
 
 def start_run(
-    services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None
+    services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None,
+    check_limits: bool = True,
 ) -> RunConfig:
     """Prepare a run, then start its execution of the run state machine, which registers it and
     places its model at ``models/000000.keras``: the upload that starts the pipeline."""
-    config = prepare_run(services, model_bytes, dataset, spec, run_id)
+    config = prepare_run(services, model_bytes, dataset, spec, run_id, check_limits)
     launch_run(services, config)
     return config
 
@@ -58,6 +59,19 @@ def _execution_input(config: RunConfig, resume: bool = False, training: Training
         run_id=config.run_id, dataset=config.dataset, training=training or config.training, workers=config.workers,
         created_at=time.time(), resume=resume
     )
+
+
+def final_model(services: Services, run: RunRecord) -> bytes:
+    """The final model the run stored. SlsmlError if the object at its key is another one now: final.keras is a
+    server-side copy, which a create-only bucket policy cannot cover, so the run records its ETag and readers check
+    it (with bucket versioning on, the replaced version is kept)."""
+    if run.final_key is None:
+        raise NotFoundError(f"run {run.run_id} has no final model (status {run.status.value})")
+    stored = services.store.read(run.final_key)
+    if run.final_etag is not None and stored.etag != run.final_etag:
+        raise SlsmlError(f"{run.final_key} is not the final model run {run.run_id!r} stored: it was replaced since"
+                         f" (ETag {stored.etag}; the run recorded {run.final_etag})")
+    return stored.body
 
 
 def last_complete_model(services: Services, run_id: str) -> int | None:
@@ -125,6 +139,8 @@ def scale_run(services: Services, run_id: str, workers: int, reason: str = "run 
     if not low <= workers <= high:
         raise BadInputError(f"{workers} workers lie outside run {run_id!r}'s bounds of {low} to {high} (set with"
                             " --min-workers and --max-workers when a run starts)")
+    if refusal := services.limits.refusal(run.training, workers):
+        raise BadInputError(refusal)
     scaled = services.table.scale_workers(run_id, workers, reason)
     if scaled is None:
         raise SlsmlError(f"run {run_id!r} completed meanwhile: it was not scaled")
@@ -147,11 +163,13 @@ def _wait_until_registered(services: Services, run_id: str, execution: str, time
 
 
 def prepare_run(
-    services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None
+    services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None,
+    check_limits: bool = True,
 ) -> RunConfig:
     """Validate model and data, and the plan's prediction against the run's budget if it has one, then write the
     run's config, initial weights and ``source.keras``. Bad input (or a run predicted above its budget) raises
-    BadInputError before anything is written."""
+    BadInputError before anything is written, as does a run beyond the deployment's limits (unless not
+    ``check_limits``: the pipeline then FAILS the run with the reason, as it does whatever started it)."""
     from slsml.training import evaluation, modelio  # TensorFlow: only where a model is read
 
     run_id = run_id or new_run_id()
@@ -163,6 +181,8 @@ def prepare_run(
     loss = modelio.loss_config(model, spec.loss)
     optimizer = spec.optimizer or modelio.optimizer_config(model)
     spec = with_epochs(spec, manifest.train.count)
+    if check_limits and (refusal := services.limits.refusal(spec)):
+        raise BadInputError(refusal)
     x, y = data.DatasetReader(store, manifest).take("train", np.arange(min(MERGE_PROBE, manifest.train.count)))
     modelio.check_fits(model, loss, x, y, manifest.classes, manifest.x_range)
     classification = manifest.classes is not None or modelio.classifies(loss)

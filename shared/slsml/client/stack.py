@@ -8,7 +8,7 @@ from slsml.accounting import usage
 from slsml.aws import clients as aws
 from slsml.pipeline.services import Services
 from slsml.spec import wiring
-from slsml.spec.deployment import log_group_output
+from slsml.spec.deployment import RUN_LIMITS_OUTPUT, RunLimits, log_group_output
 from slsml.spec.errors import NotFoundError
 
 
@@ -34,6 +34,7 @@ def services_for_stack(name: str) -> Services:
         outputs["TableName"],
         {t.name: outputs[f"{t.name}TopicArn"] for t in wiring.TOPICS},
         outputs["StateMachineArn"],
+        limits=RunLimits.model_validate_json(outputs[RUN_LIMITS_OUTPUT]) if RUN_LIMITS_OUTPUT in outputs else None,
     )
 
 

@@ -32,6 +32,7 @@ class LocalDeployment:
     topic_arns: dict[str, str]
     state_machine_arn: str = ""
     run_defaults: str = ""  # JSON of a DropInRequest, for models dropped under incoming/
+    run_limits: str = ""  # JSON of the RunLimits every run must keep within (slsml.spec.deployment)
     queues: dict[str, str] = field(default_factory=dict)  # function → queue URL
     dead_letter_queues: dict[str, str] = field(default_factory=dict)  # function → its DLQ's URL
     dead_letter_arns: dict[str, str] = field(default_factory=dict)  # function → its DLQ's ARN
@@ -53,6 +54,7 @@ class LocalDeployment:
             wiring.TABLE_ENV: self.table,
             wiring.STATE_MACHINE_ENV: self.state_machine_arn,
             wiring.RUN_DEFAULTS_ENV: self.run_defaults,
+            wiring.RUN_LIMITS_ENV: self.run_limits,
             wiring.DEAD_LETTER_SOURCES_ENV: json.dumps(wiring.dead_letter_sources(
                 [(arn, function) for function, arn in self.dead_letter_arns.items()], self.topic_arns
             )),

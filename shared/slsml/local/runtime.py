@@ -10,6 +10,7 @@ from types import TracebackType
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment, use_deployment
 from slsml.local.host import FunctionHost, leave_out_main, start_preloading
 from slsml.pipeline.services import Services
+from slsml.spec.deployment import DEFAULT_FUNCTIONS, RunLimits
 
 POOL_ENV = "SLSML_POOL"
 # A pool slot is one warm Worker, Reducer and ReduceLauncher process each. What each adds to the machine's
@@ -53,10 +54,13 @@ def default_pool() -> int:
 class LocalRuntime:
     """``with LocalRuntime(workers=4, reducers=2) as local: ...`` runs the pipeline on this machine.
 
-    ``workers``/``reducers`` are the most invocations of each a run can have at once, as Lambda's reserved
-    concurrency; ``pool`` bounds every function's warm processes (default ``default_pool()``), so a run of
-    any number of workers runs on at most ``pool`` Worker processes: the messages beyond wait in their queue.
-    ``duplicate_deliveries`` delivers every SNS message twice (an at-least-once test switch).
+    ``workers``/``reducers`` are the most invocations of each a run can have at once, within a deployment's
+    reserved concurrency (``DEFAULT_FUNCTIONS``); ``pool`` bounds every function's warm processes (default
+    ``default_pool()``), so a run of any number of workers runs on at most ``pool`` Worker processes: the messages
+    beyond wait in their queue. Each function has processes of its own, so the watchdog and the dead-letter
+    reader always find one, however busy the fleet. ``limits`` are what any one run may ask for, as a
+    deployment's (``RunLimits``), enforced by the same pipeline code. ``duplicate_deliveries`` delivers every SNS
+    message twice (an at-least-once test switch).
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class LocalRuntime:
         duplicate_deliveries: bool = False,
         log_dir: Path = Path(".slsml/logs"),
         tf_threads: int = 1,
+        limits: RunLimits | None = None,
     ) -> None:
         self.cloud = EmbeddedCloud()
         pool = pool or default_pool()
@@ -80,7 +85,9 @@ class LocalRuntime:
             "run_starter": 1,
             "dead_letters": 1,
         }
-        self.concurrency = {function: min(n, pool) for function, n in wanted.items()}
+        reserved = {name: DEFAULT_FUNCTIONS[name].reserved_concurrency or n for name, n in wanted.items()}
+        self.concurrency = {function: min(n, reserved[function], pool) for function, n in wanted.items()}
+        self.limits = limits or RunLimits()
         self.duplicate_deliveries = duplicate_deliveries
         self.log_dir = log_dir
         self.tf_threads = tf_threads
@@ -119,6 +126,7 @@ class LocalRuntime:
         self.cloud.start()
         try:
             self.deployment = self.cloud.provision()
+            self.deployment.run_limits = self.limits.model_dump_json()
             use_deployment(self.deployment)
             self._services = Services.from_names(
                 self.deployment.bucket,
@@ -126,6 +134,7 @@ class LocalRuntime:
                 self.deployment.topic_arns,
                 self.deployment.state_machine_arn,
                 self.deployment.deadline_queue_url,
+                self.limits,
             )
             self._host = FunctionHost(
                 self.deployment, self.concurrency, self.log_dir, self.duplicate_deliveries, self.tf_threads

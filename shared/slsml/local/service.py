@@ -20,13 +20,14 @@ from pydantic import BaseModel, ConfigDict
 from slsml.local import lifecycle
 from slsml.local.cloud import LocalDeployment, owner, use_deployment
 from slsml.pipeline.services import Services
+from slsml.spec.deployment import RunLimits
 from slsml.spec.errors import NotFoundError, SlsmlError
 
 STATE_DIR = Path(".slsml/local")
 STATE_FILE = "service.json"
 OUTPUT_FILE = "service.log"
 READY_TIMEOUT_S = 180.0
-CONCURRENCY = 1000  # per function, before the pool bounds it: a service takes runs of any shape
+CONCURRENCY = 1000  # per function, before its reserved concurrency and the pool bound it: runs of any shape
 
 
 class ServiceState(BaseModel):
@@ -72,13 +73,15 @@ def status(state_dir: Path = STATE_DIR) -> ServiceState | None:
     return state
 
 
-def up(state_dir: Path = STATE_DIR, pool: int | None = None, timeout_s: float = READY_TIMEOUT_S) -> ServiceState:
-    """Start the service (or return the one running) once it is ready to take runs."""
+def up(state_dir: Path = STATE_DIR, pool: int | None = None, timeout_s: float = READY_TIMEOUT_S,
+       limits: RunLimits | None = None) -> ServiceState:
+    """Start the service (or return the one running) once it is ready to take runs of at most ``limits``."""
     running = status(state_dir)
     if running is not None:
         return running
     state_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "slsml.local.service", str(state_dir)] + ([str(pool)] if pool else [])
+    command = [sys.executable, "-m", "slsml.local.service", str(state_dir), (limits or RunLimits()).model_dump_json(),
+               *([str(pool)] if pool else [])]
     with open(state_dir / OUTPUT_FILE, "wb") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)  # outlives this command and its terminal's Ctrl-C
@@ -118,7 +121,8 @@ def connect(state_dir: Path = STATE_DIR) -> tuple[ServiceState, Services]:
     deployment = state.local_deployment()
     use_deployment(deployment)
     services = Services.from_names(deployment.bucket, deployment.table, deployment.topic_arns,
-                                   deployment.state_machine_arn, deployment.deadline_queue_url)
+                                   deployment.state_machine_arn, deployment.deadline_queue_url,
+                                   RunLimits.model_validate_json(deployment.run_limits or "{}"))
     return state, services
 
 
@@ -127,7 +131,7 @@ def environment(state: ServiceState) -> dict[str, str]:
     return state.local_deployment().environment()
 
 
-def serve(state_dir: Path, pool: int | None) -> None:
+def serve(state_dir: Path, pool: int | None, limits: RunLimits) -> None:
     """The service's process: run the local runtime until SIGTERM or SIGINT."""
     from slsml.local.runtime import LocalRuntime
 
@@ -140,7 +144,7 @@ def serve(state_dir: Path, pool: int | None) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     log_dir = (state_dir / "logs").resolve()
-    runtime = LocalRuntime(workers=CONCURRENCY, reducers=CONCURRENCY, pool=pool, log_dir=log_dir)
+    runtime = LocalRuntime(workers=CONCURRENCY, reducers=CONCURRENCY, pool=pool, log_dir=log_dir, limits=limits)
     with runtime:
         assert runtime.deployment is not None  # provisioned as the runtime is entered
         state = ServiceState(pid=os.getpid(), started_at=time.time(), pool=runtime.concurrency["worker"],
@@ -161,4 +165,5 @@ def serve(state_dir: Path, pool: int | None) -> None:
 
 
 if __name__ == "__main__":
-    serve(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    serve(Path(sys.argv[1]), int(sys.argv[3]) if len(sys.argv) > 3 else None,
+          RunLimits.model_validate_json(sys.argv[2]))

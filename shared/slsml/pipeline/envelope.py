@@ -160,7 +160,7 @@ def pipeline_handler(
     service_logger, tracer, metrics = Logger(), Tracer(), Metrics()
 
     def handle(records: list[Any], context: LambdaContext) -> dict[str, Any] | None:
-        services = from_env()
+        services = from_env(function)
         metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(records))
         run: Callable[[Any], Any] = partial(step, services=services)
         if idempotent:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 from aws_lambda_powertools import Logger
@@ -17,8 +18,11 @@ from slsml.pipeline.bus import Bus
 from slsml.pipeline.deadlines import DeadlineQueue
 from slsml.spec import keys, wiring
 from slsml.spec.config import RunConfig
+from slsml.spec.deployment import RunLimits
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed, SlsmlError
+from slsml.spec.messages import Deadline
 from slsml.state.orchestration import Orchestrator
+from slsml.state.records import RunRecord
 from slsml.state.runtable import RunTable
 
 logger = Logger(child=True)
@@ -31,6 +35,9 @@ class Services:
     bus: Bus
     orchestrator: Orchestrator
     deadlines: DeadlineQueue
+    limits: RunLimits = field(default_factory=RunLimits)  # the deployment's, which every run must keep within
+    # what this step's role may tell a run's execution (the wiring's ``answers``; a client: everything)
+    answers: frozenset[wiring.TaskAnswer] = frozenset(wiring.TaskAnswer)
 
     @classmethod
     def from_names(
@@ -40,6 +47,7 @@ class Services:
         topic_arns: dict[str, str],
         state_machine_arn: str | None = None,
         deadline_queue_url: str | None = None,
+        limits: RunLimits | None = None,
     ) -> Services:
         return cls(
             store=ObjectStore(aws.client("s3"), bucket),
@@ -47,21 +55,36 @@ class Services:
             bus=Bus(aws.client("sns"), topic_arns),
             orchestrator=Orchestrator(aws.client("stepfunctions"), state_machine_arn),
             deadlines=DeadlineQueue(aws.client("sqs"), deadline_queue_url),
+            limits=limits or RunLimits(),
         )
 
     def stop_run(self, run_id: str, reason: str = "stopped by the user") -> bool:
         """Stop a running run: its execution ends, no new iteration starts, in-flight work drains."""
         run = self.table.stop(run_id, reason)
         if run is not None:
-            self.orchestrator.stop(run.task_token, reason)
+            self._end_execution(run, lambda: self.orchestrator.stop(run.task_token, reason))
         return run is not None
 
     def fail_run(self, run_id: str, reason: str) -> bool:
         """Fail a running run with ``reason`` and end its execution; False if it was not running."""
         run = self.table.fail(run_id, reason)
         if run is not None:
-            self.orchestrator.fail(run.task_token, reason)
+            self._end_execution(run, lambda: self.orchestrator.fail(run.task_token, reason))
         return run is not None
+
+    def _end_execution(self, run: RunRecord, answer: Callable[[], None]) -> None:
+        """Tell the run's execution it ended (the table says how), or, from a step whose role may not, ask the
+        watchdog to."""
+        if wiring.TaskAnswer.FAILURE in self.answers:
+            answer()
+        else:
+            self.ask_watchdog(run.run_id, run.iteration, run.generation)
+
+    def ask_watchdog(self, run_id: str, iteration: int, generation: int) -> None:
+        """Have the watchdog answer the run's execution as its record says now (it ended, or its final evaluation is
+        in): a deadline of stage ``end``, due now, beside the run's chain of deadlines."""
+        self.deadlines.schedule(Deadline(run_id=run_id, iteration=iteration, generation=generation, stage="end",
+                                         round=0, due_at=time.time()))
 
 
 def run_config(store: ObjectStore, run_id: str) -> RunConfig:
@@ -86,16 +109,21 @@ def _env(name: str) -> str:
 
 
 @cache
-def from_env() -> Services:
-    """The services of a deployed function: bucket, table and the topics it may publish to."""
+def from_env(function: str | None = None) -> Services:
+    """The services of deployed function ``function`` (its wiring name): bucket, table, the topics it may publish
+    to, the deployment's run limits and what it may tell a run's execution."""
     topics = {t.name: os.environ[t.env_var] for t in wiring.TOPICS if os.environ.get(t.env_var)}
-    return Services.from_names(
+    services = Services.from_names(
         _env(wiring.BUCKET_ENV),
         _env(wiring.TABLE_ENV),
         topics,
         os.environ.get(wiring.STATE_MACHINE_ENV),
         os.environ.get(wiring.DEADLINES.env_var),
+        RunLimits.model_validate_json(os.environ.get(wiring.RUN_LIMITS_ENV) or "{}"),
     )
+    if function is not None:
+        services.answers = frozenset(wiring.function(function).answers)
+    return services
 
 
 def superseded(services: Services, run_id: str, iteration: int, generation: int) -> bool:

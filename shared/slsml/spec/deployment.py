@@ -1,8 +1,9 @@
 """What the deployed stack and the code running in it agree on beyond the wiring: the bucket
 prefixes the functions may touch, the metrics the dashboard and alarms read, the bucket's lifecycle rules
-(and the object tag by which they expire transient scratch), the functions' default sizes (which
-``slsml plan`` prices, and the local host runs its functions with, so that local GB-seconds are what a
-default deployment bills), and the stack outputs that name the functions' log groups.
+(and the object tag by which they expire transient scratch), the functions' default sizes and reserved concurrency
+(which ``slsml plan`` prices, and the local host runs its functions with, so that local GB-seconds are what a
+default deployment bills), the limits an operator sets on every run (``RunLimits``), and the stack outputs
+that name the functions' log groups.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
 
 METRICS_NAMESPACE = "slsml"
 # POWERTOOLS_SERVICE_NAME of every function. Powertools adds it as the `service` dimension of each
@@ -33,14 +37,19 @@ class Metric(StrEnum):
     REJECTED_MESSAGES = "RejectedMessages"  # malformed, or not belonging to the run it names: no step acted
 
 
-# What the functions' IAM policies allow in the bucket (keys.py puts every object under one of these).
+# What the functions' IAM policies let them read in the bucket (keys.py puts every object under one of these);
+# what each may write: its kinds of object (slsml.spec.wiring.Function.writes, keys.*_OBJECTS), all under runs/.
 RUNS_PREFIX = "runs/"
 DATASETS_PREFIX = "datasets/"
 READABLE_PREFIXES = (RUNS_PREFIX, DATASETS_PREFIX)
-WRITABLE_PREFIXES = (RUNS_PREFIX,)
-# The pipeline deletes superseded carried state (slsml.spec.keys.carried), all of it under an iteration: models, run
-# configs and final models stay create-only.
-DELETABLE_OBJECTS = f"{RUNS_PREFIX}*/iters/*"
+
+# The bucket's policy refuses a PutObject of these kinds of object without If-None-Match (the `s3:if-none-match`
+# condition key): what is stored there is never overwritten, whoever writes. Models and final models are left out:
+# they are made by server-side copies (the run state machine's initial model, the final model, a resumed run's
+# first), and S3 refuses every copy into keys that such a policy covers. They are guarded by the pipeline instead
+# (a foreign object at a model's key is replaced, the final model's ETag is recorded and checked by its readers)
+# and by bucket versioning where it is on.
+CREATE_ONLY_OBJECTS = (keys.SCRATCH_OBJECTS, keys.RUN_CONFIG_OBJECTS, keys.SOURCE_MODEL_OBJECTS)
 
 # S3 lifecycle rules filter on a key prefix and object tags, not on a pattern: transient scratch under
 # runs/<run>/iters/ (slsml.spec.keys.is_transient) carries this tag (PutObject Tagging="slsml-scratch=true") and
@@ -104,18 +113,58 @@ class FunctionSettings(BaseModel):
 
 
 # The TensorFlow functions get room for the framework and a cached model; 1769 MB is one full vCPU
-# for the reducers' numpy math.
+# for the reducers' numpy math. The fleet (the functions a run's width multiplies: its workers, their
+# reports, its reducers, their reports) has reserved concurrency: together they can never take more than
+# that of the account's concurrency, so the watchdog, the dead-letter reader and the launchers, unreserved,
+# always find room (AWS keeps at least UNRESERVED_MINIMUM of an account's concurrency unreserved).
 DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
     "work_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
-    "worker": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
-    "reduce_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
-    "reducer": FunctionSettings(memory_mb=1769, timeout_s=300),
-    "merger": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
+    "worker": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048, reserved_concurrency=300),
+    "reduce_launcher": FunctionSettings(memory_mb=512, timeout_s=60, reserved_concurrency=100),
+    "reducer": FunctionSettings(memory_mb=1769, timeout_s=300, reserved_concurrency=100),
+    "merger": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048, reserved_concurrency=20),
     "watchdog": FunctionSettings(memory_mb=512, timeout_s=60),
     "run_starter": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),
     # fails runs of dead-lettered messages: a table update and a task failure each
     "dead_letters": FunctionSettings(memory_mb=256, timeout_s=30),
 }
+
+
+UNRESERVED_MINIMUM = 100  # of an account's Lambda concurrency, which AWS refuses to let reservations take
+ACCOUNT_CONCURRENCY = 1000  # Lambda's default concurrency quota per region
+
+
+class RunLimits(BaseModel):
+    """What an operator allows any one run of a deployment: its workers (the most it may ever train with,
+    ``run scale`` and ``--workers auto`` included), reducers, iterations and run time. Set once per deployment
+    (CDK context ``run_limits``, ``slsml local up --limit-*``), handed to the functions in their environment
+    (``RUN_LIMITS_ENV``) and enforced by the pipeline whatever started the run: a run asking beyond a limit is
+    FAILED before any of its work is launched, with a reason naming the limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workers: int = Field(default=256, ge=1, description="the most workers a run may train with")
+    reducers: int = Field(default=64, ge=1, description="the most reducers a run may have")
+    iterations: int = Field(default=100_000, ge=1, description="the most iterations a run may ask for")
+    time_budget_s: int = Field(default=7 * 24 * 3600, ge=1,
+                               description="the longest time budget (seconds) a run may ask for")
+
+    def refusal(self, spec: TrainingSpec, workers: int | None = None) -> str | None:
+        """Why the deployment refuses a run of ``spec`` (its iterations resolved) training with ``workers`` now
+        (default: its first round's), or None. The workers a run asks for are the most it names (``max_workers``,
+        which bounds ``run scale`` and ``--workers auto``), else those it trains with."""
+        asked = {"workers": max(spec.max_workers or 0, workers or spec.initial_workers), "reducers": spec.reducers,
+                 "iterations": spec.iterations, "time_budget_s": spec.time_budget_s}
+        over = [f"{value} {_ASKED[name]}, over the deployment's limit {name}={getattr(self, name)}"
+                for name, value in asked.items() if value > getattr(self, name)]
+        return f"the run asks for {'; '.join(over)}" if over else None
+
+
+_ASKED = {"workers": "workers", "reducers": "reducers", "iterations": "iterations",
+          "time_budget_s": "s of time budget"}
+
+
+RUN_LIMITS_OUTPUT = "RunLimits"  # the stack output holding the deployment's RunLimits (JSON)
 
 
 def log_group_output(function: str) -> str:

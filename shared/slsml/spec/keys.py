@@ -29,6 +29,13 @@ from __future__ import annotations
 import re
 
 MODELS_PREFIX = "runs/"
+# The keys of each kind of object a step writes, as IAM resource patterns ("*": any characters, "/" too), by which
+# each step's role may write only its own kinds (slsml.spec.wiring) and the bucket's policy refuses overwrites
+SCRATCH_OBJECTS = "runs/*/iters/*"
+MODEL_OBJECTS = "runs/*/models/*"
+FINAL_MODEL_OBJECTS = "runs/*/final.keras"
+RUN_CONFIG_OBJECTS = "runs/*/run.json"
+SOURCE_MODEL_OBJECTS = "runs/*/source.keras"
 INCOMING_PREFIX = "incoming/"
 MODEL_SUFFIX = ".keras"
 _INCOMING_KEY = re.compile(r"^incoming/(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,100})\.keras$")

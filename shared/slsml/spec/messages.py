@@ -83,10 +83,11 @@ class ReduceDone(Message):
 class Deadline(Message):
     """WorkLauncher/Watchdog → Watchdog, through a delayed queue: look at ``iteration`` at ``due_at``.
 
-    ``stage`` is the barrier being watched and ``round`` how many deadlines of that stage passed.
+    ``stage`` is the barrier being watched and ``round`` how many deadlines of that stage passed; ``end``, sent by a
+    step that may not answer the run's execution (the Worker), asks the watchdog to, as the run's record says.
     """
 
-    stage: Literal["work", "reduce"]
+    stage: Literal["work", "reduce", "end"]
     round: int = Field(ge=0)
     due_at: float = Field(ge=0, description="epoch seconds")
     resent: int = Field(default=0, ge=0, description="times it came early and was sent on (a new message each time)")

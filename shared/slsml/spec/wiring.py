@@ -5,8 +5,17 @@ topic. The CDK constructs and the local runtime both read it, so they cannot dri
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from slsml.spec import keys
+
+
+class TaskAnswer(StrEnum):
+    """What a step may tell the run's execution (Step Functions' task-token calls)."""
+
+    SUCCESS = "SendTaskSuccess"  # the run completed
+    FAILURE = "SendTaskFailure"  # the run failed or was stopped
+    HEARTBEAT = "SendTaskHeartbeat"  # the run goes on
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,12 @@ class Function:
     sends: tuple[Queue, ...] = ()  # queues it sends (delayed) messages to
     # triggered by every dead-letter queue: fails the run a dead letter names, and may do nothing else
     reads_dead_letters: bool = False
+    writes: tuple[str, ...] = ()  # the objects it creates (keys.*_OBJECTS patterns); nothing else in the bucket
+    # the objects it deletes: carried state once superseded, or an object not written by its step where it creates
+    # its own (ObjectStore.put_own)
+    deletes: tuple[str, ...] = ()
+    # what it may tell a run's execution; a step that may not answer leaves it to the watchdog (Services.fail_run)
+    answers: tuple[TaskAnswer, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,26 +77,38 @@ TOPICS: tuple[Topic, ...] = (
     MODEL_UPDATED, WORK, WORK_DONE, REDUCE, REDUCE_DONE, RUN_CONTROL, MODEL_DROPPED, RUN_EVENTS
 )
 
+_ALL_ANSWERS = tuple(TaskAnswer)
+SCRATCH, MODELS, FINAL = keys.SCRATCH_OBJECTS, keys.MODEL_OBJECTS, keys.FINAL_MODEL_OBJECTS
+
 FUNCTIONS: tuple[Function, ...] = (
     Function(
         "work_launcher", triggers=(MODEL_UPDATED, RUN_CONTROL), publishes=(WORK,), needs_tensorflow=False,
-        sends=(DEADLINES,),
+        sends=(DEADLINES,), writes=(FINAL,), deletes=(FINAL, SCRATCH), answers=_ALL_ANSWERS,
     ),
-    Function("worker", triggers=(WORK,), publishes=(WORK_DONE,), needs_tensorflow=True),
-    Function("reduce_launcher", triggers=(WORK_DONE,), publishes=(REDUCE,), needs_tensorflow=False),
+    # runs the user's model: it writes scratch alone, and tells no execution anything (the watchdog completes a
+    # run its final evaluation finished, and ends the execution of a run it failed)
+    Function("worker", triggers=(WORK,), publishes=(WORK_DONE,), needs_tensorflow=True, sends=(DEADLINES,),
+             writes=(SCRATCH,), deletes=(SCRATCH,)),
+    Function("reduce_launcher", triggers=(WORK_DONE,), publishes=(REDUCE,), needs_tensorflow=False,
+             answers=(TaskAnswer.FAILURE,)),
     # publishes Reduce too: in runs that clip by norm, the reducer that completes the norm exchange
     # releases the other shards' steps
-    Function("reducer", triggers=(REDUCE,), publishes=(REDUCE_DONE, REDUCE), needs_tensorflow=False),
-    Function("merger", triggers=(REDUCE_DONE,), publishes=(), needs_tensorflow=True),
+    Function("reducer", triggers=(REDUCE,), publishes=(REDUCE_DONE, REDUCE), needs_tensorflow=False,
+             writes=(SCRATCH,), answers=(TaskAnswer.FAILURE,)),
+    Function("merger", triggers=(REDUCE_DONE,), publishes=(), needs_tensorflow=True, writes=(SCRATCH, MODELS),
+             deletes=(SCRATCH, MODELS), answers=(TaskAnswer.FAILURE, TaskAnswer.HEARTBEAT)),
     # beside the loop: at each deadline, fire a late barrier, re-launch what is missing, or fail the run
     Function(
         "watchdog", triggers=(), publishes=(WORK, REDUCE, REDUCE_DONE), needs_tensorflow=False,
-        queue=DEADLINES, sends=(DEADLINES,),
+        queue=DEADLINES, sends=(DEADLINES,), writes=(SCRATCH, FINAL), deletes=(SCRATCH, FINAL),
+        answers=(TaskAnswer.SUCCESS, TaskAnswer.FAILURE),
     ),
     # outside the loop: a plain upload to incoming/ starts a run with the deployment's defaults
-    Function("run_starter", triggers=(MODEL_DROPPED,), publishes=(), needs_tensorflow=True, starts_runs=True),
+    Function("run_starter", triggers=(MODEL_DROPPED,), publishes=(), needs_tensorflow=True, starts_runs=True,
+             writes=(keys.RUN_CONFIG_OBJECTS, keys.SOURCE_MODEL_OBJECTS, SCRATCH)),
     # beside everything: a message a function failed on three times (or SNS could not deliver) fails its run
-    Function("dead_letters", triggers=(), publishes=(), needs_tensorflow=False, reads_dead_letters=True),
+    Function("dead_letters", triggers=(), publishes=(), needs_tensorflow=False, reads_dead_letters=True,
+             answers=(TaskAnswer.FAILURE,)),
 )
 
 BUCKET_NOTIFICATIONS: tuple[BucketNotification, ...] = (
@@ -95,6 +122,7 @@ BUCKET_ENV = "SLSML_BUCKET"
 TABLE_ENV = "SLSML_TABLE"
 STATE_MACHINE_ENV = "SLSML_STATE_MACHINE"
 RUN_DEFAULTS_ENV = "SLSML_RUN_DEFAULTS"  # JSON of a DropInRequest: what an incoming/ model trains with
+RUN_LIMITS_ENV = "SLSML_RUN_LIMITS"  # JSON of the deployment's RunLimits (slsml.spec.deployment), for every function
 # JSON of the dead-letter reader's sources (``dead_letter_sources``)
 DEAD_LETTER_SOURCES_ENV = "SLSML_DEAD_LETTER_SOURCES"
 

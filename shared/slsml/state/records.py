@@ -70,6 +70,7 @@ class RunRecord(BaseModel):
     updated_at: float
     reason: str | None = None
     final_key: str | None = None
+    final_etag: str | None = Field(default=None, description="the final model's ETag when the run stored it")
     test_loss: float | None = None
     test_accuracy: float | None = None
     test: dict[str, float] | None = Field(default=None, description="the final model's loss and metrics on the test"

@@ -47,8 +47,10 @@ def complete_run(services: Services, run_id: str, iteration: int, reason: str | 
         if series:
             best = series[stopping.best_at([value for _, value in series], _mode(config, config.training.keep_best))]
             kept = services.table.get_counter(run_id, best[0])
-    services.store.copy_new(keys.model(run_id, kept.iteration + 1), final_key)
-    run = services.table.record_outcome(run_id, final_key, kept.test, kept.val, reason)
+    # a server-side copy, which a create-only bucket policy cannot cover: what is found at the key is checked, and
+    # the run records the copy's ETag, by which readers of the final model know it was not replaced since
+    etag = services.store.copy_own(keys.model(run_id, kept.iteration + 1), final_key)
+    run = services.table.record_outcome(run_id, final_key, kept.test, kept.val, reason, etag)
     if run is not None:
         services.orchestrator.succeed(run.task_token, outcome(run))
         # nothing resumes a completed run: its last two sets of carried state go (the Merger deleted the others)

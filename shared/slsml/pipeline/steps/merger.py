@@ -26,7 +26,7 @@ from slsml.pipeline.steps.worker import evaluated
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
-from slsml.spec.errors import NotFoundError, RunFailed
+from slsml.spec.errors import BadInputError, NotFoundError
 from slsml.spec.messages import ReduceDone
 from slsml.state.records import RunRecord
 from slsml.training import modelio, shards
@@ -71,7 +71,7 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     if advanced is None:  # stopped, failed or resumed meanwhile
         return None
     metadata = {MERGED_METADATA: str(iteration), GENERATION_METADATA: str(message.generation)}
-    if not store.put_new(next_key, body, metadata) and not _adopt(store, next_key, metadata):
+    if not store.put_new(next_key, body, metadata) and not _adopt(store, config, next_key, body, metadata, weights):
         return None  # merged before: a retry
     _heartbeat(services, advanced)
     if counter.launched_at is not None:  # since the iteration was launched, on its model's S3 event
@@ -113,19 +113,33 @@ def _advance(services: Services, config: RunConfig, iteration: int, generation: 
     return advanced
 
 
-def _adopt(store: ObjectStore, key: str, metadata: dict[str, str]) -> bool:
-    """The model at ``key`` was stored before. True if an earlier generation of the run stored it: a resumed run
-    merged again an iteration the earlier one had finished, whose model landed while the run was at an iteration
-    before, so that its event launched nothing. The model is then stored again in place as this generation's,
-    and its new event launches the next iteration. False if this generation stored it (a retry)."""
+def _adopt(store: ObjectStore, config: RunConfig, key: str, body: bytes, metadata: dict[str, str],
+           weights: np.ndarray) -> bool:
+    """The model at ``key`` was stored before. False if this generation's Merger stored it (a retry). True if it is
+    stored anew as this generation's, for its new event to launch the next iteration: a model an earlier generation
+    stored (a resumed run merged again an iteration the earlier one had finished, whose model landed while the run
+    was at an iteration before, so that its event launched nothing) is stored again in place; an object that holds
+    other weights than the merged ones is not this run's (a forged or pre-placed one, whatever its metadata says):
+    it is replaced."""
     stored = store.head(key) or {}
-    if stored.get(MERGED_METADATA) != metadata[MERGED_METADATA]:
-        raise RunFailed(f"{key} was stored by something other than this run's Merger: it is not overwritten,"
-                        " and the run cannot go on without its own model there")
+    if stored.get(MERGED_METADATA) != metadata[MERGED_METADATA] or not _holds(store, config, key, weights):
+        logger.warning("an object not stored by the Merger was replaced", extra={"key": key})
+        store.replace(key, body, metadata)
+        return True
     if int(stored.get(GENERATION_METADATA, 0)) >= int(metadata[GENERATION_METADATA]):
         return False
     store.restamp(key, metadata)
     return True
+
+
+def _holds(store: ObjectStore, config: RunConfig, key: str, weights: np.ndarray) -> bool:
+    """Whether the model at ``key`` is the run's model with ``weights``."""
+    try:
+        model = modelio.load_model(store.get(key), where=key)
+        return config.architecture in {None, modelio.architecture(model)} and np.array_equal(
+            modelio.get_flat(model, config.plan), weights)
+    except (BadInputError, ValueError):
+        return False
 
 
 def _heartbeat(services: Services, run: RunRecord) -> None:

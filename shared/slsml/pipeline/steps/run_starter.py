@@ -40,7 +40,9 @@ def on_dropped(landed: ModelLanded, services: Services, defaults: DropInRequest)
                 " or in the deployment's run defaults"
             )
         spec = TrainingSpec.model_validate(request.training)
-        runs.start_run(services, model_bytes, request.dataset, spec, run_id=run_id)
+        # a request beyond the deployment's limits is started too, for the pipeline to fail it with the reason:
+        # whoever dropped the model sees it as a FAILED run
+        runs.start_run(services, model_bytes, request.dataset, spec, run_id=run_id, check_limits=False)
     except (SlsmlError, ValidationError) as error:
         logger.error("dropped model not started", extra={"key": landed.key, "run_id": run_id, "reason": str(error)})
         return None

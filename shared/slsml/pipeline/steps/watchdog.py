@@ -25,7 +25,7 @@ from aws_lambda_powertools import Logger
 
 from slsml.pipeline import metrics, spend
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import complete_run, run_config
+from slsml.pipeline.steps.common import complete_run, run_config, stop_reason
 from slsml.pipeline.steps.reduce_launcher import fire_reduce, publish_reduce
 from slsml.pipeline.steps.reducer import keep_weights
 from slsml.spec import keys, wiring
@@ -66,6 +66,8 @@ def on_deadline(deadline: Deadline, services: Services) -> Action:
         run = services.table.get_run(deadline.run_id)
     except NotFoundError:
         return Action.NOTHING
+    if deadline.stage == "end":
+        return _end(deadline, run, services)
     if run.status != RunStatus.RUNNING or run.generation != deadline.generation or run.watched != deadline.link:
         return Action.NOTHING  # the run ended, or another copy of this deadline carried the chain on
     action = _act(deadline.model_copy(update={"link": deadline.link + 1, "resent": 0}), run, services)
@@ -73,6 +75,29 @@ def on_deadline(deadline: Deadline, services: Services) -> Action:
         metrics.emit(Metric.DEADLINE_ACTIONS, 1)
     services.table.watch(run.run_id, deadline.link, deadline.link + 1)
     return action
+
+
+def _end(deadline: Deadline, run: RunRecord, services: Services) -> Action:
+    """A step that may not answer the run's execution asked: end it as the run's record says (failed or stopped),
+    or complete the run if its final evaluation is in, or if early stopping ends it after the evaluation of the model
+    entering the deadline's iteration. Beside the chain of deadlines, which it does not move."""
+    if run.generation != deadline.generation:
+        return Action.NOTHING
+    if run.status == RunStatus.FAILED:
+        services.orchestrator.fail(run.task_token, run.reason or "the run failed")
+    elif run.status == RunStatus.STOPPED:
+        services.orchestrator.stop(run.task_token, run.reason or "the run was stopped")
+    elif run.status == RunStatus.RUNNING:
+        if deadline.iteration >= run.iterations:
+            if services.table.get_counter(run.run_id, deadline.iteration - 1).test is None:
+                return Action.NOTHING
+            complete_run(services, run.run_id, deadline.iteration)
+            return Action.COMPLETED
+        config = run_config(services.store, run.run_id)
+        if (reason := stop_reason(config, services.table.list_iterations(run.run_id))) is not None:
+            complete_run(services, run.run_id, deadline.iteration, reason)
+            return Action.COMPLETED
+    return Action.NOTHING
 
 
 def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:

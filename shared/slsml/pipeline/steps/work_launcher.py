@@ -27,6 +27,7 @@ class Outcome(StrEnum):
     ALREADY_LAUNCHED = "already-launched"
     COMPLETED = "completed"
     STOPPED = "stopped"  # its spend reached its budget
+    REFUSED = "refused"  # the run asks beyond the deployment's limits: it is FAILED with the reason
 
 
 def on_model(landed: ModelLanded, services: Services) -> Outcome:
@@ -45,7 +46,8 @@ def on_model(landed: ModelLanded, services: Services) -> Outcome:
 
 
 def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services) -> Outcome:
-    """Launch the workers of ``iteration`` (once per trigger) and schedule its deadline, or finish the run."""
+    """Launch the workers of ``iteration`` (once per trigger) and schedule its deadline, or finish the run, or
+    fail it if it asks beyond the deployment's limits (whatever started it: the CLI, the API, a dropped model)."""
     run_id = run.run_id
     if run.status != RunStatus.RUNNING:
         logger.info("run is not running: ignored", extra={"run_id": run_id, "status": run.status})
@@ -65,6 +67,11 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         return Outcome.STOPPED
     if run.training.workers == "auto" and 0 < iteration < run.iterations:
         run = _tune(run, iteration, services)
+    refusal = services.limits.refusal(run.training, run.workers)
+    if refusal is not None:
+        logger.error("run refused", extra={"run_id": run_id, "iteration": iteration, "reason": refusal})
+        services.fail_run(run_id, refusal)
+        return Outcome.REFUSED
     counter = services.table.claim_launch(run_id, iteration, trigger_id, run.generation, run.workers,
                                           run.workers_reason, spent)
     if counter is None:

@@ -22,7 +22,7 @@ from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import complete_run, load_weights, run_config, stop_reason
+from slsml.pipeline.steps.common import load_weights, run_config, stop_reason
 from slsml.pipeline.steps.warm import reader_for, trainer_for
 from slsml.rules.base import Round
 from slsml.spec import keys, wiring
@@ -144,7 +144,8 @@ def _train(message: WorkMessage, config: RunConfig, services: Services, trainer:
         logger.warning("non-finite update", extra={"run_id": message.run_id, "iteration": message.iteration,
                                                    "worker": message.worker, "loss": repr(update.loss)})
     key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
-    if not store.put_new(key, body, metadata=metadata):  # a duplicate or a retry: announce the stored update
+    # an object of other bytes at the key is not this worker's: it is replaced (put_own), never announced
+    if not store.put_own(key, body, metadata=metadata):  # a duplicate or a retry: announce the stored update
         stored = WorkDone.model_validate_json((store.head(key) or {})["done"])
         done = stored.model_copy(update={"generation": message.generation})  # a resumed run may announce it again
     return done
@@ -174,8 +175,9 @@ def _evaluate(message: WorkMessage, config: RunConfig, services: Services, train
               splits: list[str]) -> None:
     """Store the states of evaluating the trainer's model (the one entering the iteration) on this worker's slice of
     each split, create-only; if every worker's states are in, sum them and record the results on the iteration
-    before's counter (that iteration merged the model), and past the budget finish the run. Each worker lists the
-    states after storing its own, so the last to store finds them all (two may: the results are the same)."""
+    before's counter (that iteration merged the model), and past the budget have the watchdog complete the run. Each
+    worker lists the states after storing its own, so the last to store finds them all (two may: the results are the
+    same)."""
     store, run, iteration = services.store, message.run_id, message.iteration
     reader = reader_for(store, config.dataset)
     samples = {"test": np.arange(reader.manifest.test.count),
@@ -202,10 +204,8 @@ def _evaluate(message: WorkMessage, config: RunConfig, services: Services, train
         services.table.record_evaluation(run, iteration - 1, split, figures)
         logger.info("model evaluated", extra={"run_id": run, "iteration": iteration, "split": split,
                                               "figures": figures})
-    if iteration >= config.training.iterations:
-        complete_run(services, run, iteration)
-    elif (reason := stop_reason(config, services.table.list_iterations(run))) is not None:
-        complete_run(services, run, iteration, reason)
+    if iteration >= config.training.iterations or stop_reason(config, services.table.list_iterations(run)) is not None:
+        services.ask_watchdog(run, iteration, message.generation)  # the run is complete: the watchdog completes it
 
 
 def _residual(message: WorkMessage, config: RunConfig, store: ObjectStore) -> np.ndarray | None:
