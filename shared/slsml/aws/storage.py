@@ -17,11 +17,13 @@ from botocore.exceptions import ClientError
 
 from slsml.aws.clients import error_code
 from slsml.spec import keys
-from slsml.spec.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
+from slsml.spec.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE, SERVICE_NAME
 from slsml.spec.errors import NotFoundError, SlsmlError
 from slsml.training import npz
 
-logger = Logger(child=True)
+# named by the service explicitly: this module is imported before a function's environment is (the local host's
+# fork server imports it), and a child logger named by an unset service would reach no handler
+logger = Logger(service=SERVICE_NAME, child=True)
 
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 _REPLACE_TRIES = 3
