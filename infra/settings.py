@@ -26,8 +26,8 @@ from slsml.spec.deployment import (
     TRANSIENT_USE_MAX_S,
     UNRESERVED_MINIMUM,
     FunctionSettings,
-    RunLimits,
 )
+from slsml.spec.limits import RunLimits
 
 
 class Settings(BaseModel):
@@ -46,7 +46,7 @@ class Settings(BaseModel):
     functions: dict[str, FunctionSettings] = Field(default_factory=dict, validate_default=True)
     # what a model dropped under incoming/ trains with, e.g. {"dataset": "digits", "training": {"iterations": 300}}
     run_defaults: DropInRequest = DropInRequest()
-    # what any one run may ask for: workers, reducers, iterations, time budget (slsml.spec.deployment.RunLimits)
+    # what any one run may ask for: workers, reducers, iterations, time budget (slsml.spec.limits.RunLimits)
     run_limits: RunLimits = RunLimits()
     # the account's Lambda concurrency quota in the stack's region: the functions' reservations must leave
     # AWS's unreserved minimum of it

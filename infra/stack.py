@@ -13,7 +13,8 @@ from infra.orchestration import Orchestration
 from infra.settings import Settings
 from infra.storage import Storage
 from slsml.spec import wiring
-from slsml.spec.deployment import RUN_LIMITS_OUTPUT, log_group_output
+from slsml.spec.deployment import log_group_output
+from slsml.spec.limits import RUN_LIMITS_OUTPUT
 
 
 class SlsmlStack(Stack):

@@ -10,7 +10,7 @@ from aws_cdk.assertions import Match
 
 from infra.layers import RUNTIME
 from infra.observability import CUSTOM_STATISTICS, custom_metric
-from slsml.spec import deployment, wiring
+from slsml.spec import deployment, limits, wiring
 
 if TYPE_CHECKING:
     from conftest import Synthesized
@@ -90,15 +90,15 @@ def test_the_fleet_has_reserved_concurrency_that_leaves_the_watchdog_and_the_dea
     reserved = {fn.name: _function(synthesized, fn.name).get("ReservedConcurrentExecutions") for fn in wiring.FUNCTIONS}
     fleet = {"worker", "reduce_launcher", "reducer", "merger"}  # the functions a run's width multiplies
     assert {name for name, n in reserved.items() if n is not None} == fleet, reserved
-    assert reserved["worker"] >= deployment.RunLimits().workers  # a run at the workers limit runs at once
+    assert reserved["worker"] >= limits.RunLimits().workers  # a run at the workers limit runs at once
     unreserved = synthesized.stack.settings.account_concurrency - sum(n for n in reserved.values() if n is not None)
     assert unreserved >= deployment.UNRESERVED_MINIMUM  # where the watchdog and the dead-letter reader run
     assert reserved["watchdog"] is None and reserved["dead_letters"] is None  # never throttled by the fleet's cap
 
 
 def test_the_run_limits_are_an_output_the_cli_reads(synthesized: Synthesized) -> None:
-    output = synthesized.template.to_json()["Outputs"][deployment.RUN_LIMITS_OUTPUT]["Value"]
-    assert deployment.RunLimits.model_validate_json(output) == synthesized.stack.settings.run_limits
+    output = synthesized.template.to_json()["Outputs"][limits.RUN_LIMITS_OUTPUT]["Value"]
+    assert limits.RunLimits.model_validate_json(output) == synthesized.stack.settings.run_limits
 
 
 def test_topics_enforce_tls(synthesized: Synthesized) -> None:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from infra import create_app
 from infra.settings import DEFAULT_FUNCTIONS, Settings
 from slsml.spec import wiring
-from slsml.spec.deployment import RunLimits
+from slsml.spec.limits import RunLimits
 
 
 def test_defaults_size_every_pipeline_function() -> None:

@@ -13,8 +13,8 @@ from slsml.pipeline.steps import work_launcher
 from slsml.pipeline.steps.work_launcher import Outcome
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
-from slsml.spec.deployment import RunLimits
 from slsml.spec.errors import BadInputError
+from slsml.spec.limits import RunLimits
 from slsml.spec.messages import ModelLanded
 
 from .test_reduce_steps import _put_run, services  # noqa: F401

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from slsml.cli import display, targets
-from slsml.spec.deployment import RunLimits
+from slsml.spec.limits import RunLimits
 
 _console = display.console
 

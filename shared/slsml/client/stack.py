@@ -8,8 +8,9 @@ from slsml.accounting import usage
 from slsml.aws import clients as aws
 from slsml.pipeline.services import Services
 from slsml.spec import wiring
-from slsml.spec.deployment import RUN_LIMITS_OUTPUT, RunLimits, log_group_output
+from slsml.spec.deployment import log_group_output
 from slsml.spec.errors import NotFoundError
+from slsml.spec.limits import RUN_LIMITS_OUTPUT, RunLimits
 
 
 def _outputs(name: str, wanted: list[str]) -> dict[str, str]:

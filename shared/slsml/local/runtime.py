@@ -10,7 +10,8 @@ from types import TracebackType
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment, use_deployment
 from slsml.local.host import FunctionHost, leave_out_main, start_preloading
 from slsml.pipeline.services import Services
-from slsml.spec.deployment import DEFAULT_FUNCTIONS, RunLimits
+from slsml.spec.deployment import DEFAULT_FUNCTIONS
+from slsml.spec.limits import RunLimits
 
 POOL_ENV = "SLSML_POOL"
 # A pool slot is one warm Worker, Reducer and ReduceLauncher process each. What each adds to the machine's

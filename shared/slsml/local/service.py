@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict
 from slsml.local import lifecycle
 from slsml.local.cloud import LocalDeployment, owner, use_deployment
 from slsml.pipeline.services import Services
-from slsml.spec.deployment import RunLimits
 from slsml.spec.errors import NotFoundError, SlsmlError
+from slsml.spec.limits import RunLimits
 
 STATE_DIR = Path(".slsml/local")
 STATE_FILE = "service.json"

@@ -18,8 +18,8 @@ from slsml.pipeline.bus import Bus
 from slsml.pipeline.deadlines import DeadlineQueue
 from slsml.spec import keys, wiring
 from slsml.spec.config import RunConfig
-from slsml.spec.deployment import RunLimits
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed, SlsmlError
+from slsml.spec.limits import RunLimits
 from slsml.spec.messages import Deadline
 from slsml.state.orchestration import Orchestrator
 from slsml.state.records import RunRecord

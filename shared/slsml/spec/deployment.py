@@ -2,8 +2,8 @@
 prefixes the functions may touch, the metrics the dashboard and alarms read, the bucket's lifecycle rules
 (and the object tag by which they expire transient scratch), the functions' default sizes and reserved concurrency
 (which ``slsml plan`` prices, and the local host runs its functions with, so that local GB-seconds are what a
-default deployment bills), the limits an operator sets on every run (``RunLimits``), and the stack outputs
-that name the functions' log groups.
+default deployment bills), and the stack outputs that name the functions' log groups. (The limits an
+operator sets on every run: ``slsml.spec.limits``.)
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from slsml.spec import keys
-from slsml.spec.config import TrainingSpec
 
 METRICS_NAMESPACE = "slsml"
 # POWERTOOLS_SERVICE_NAME of every function. Powertools adds it as the `service` dimension of each
@@ -134,37 +133,6 @@ UNRESERVED_MINIMUM = 100  # of an account's Lambda concurrency, which AWS refuse
 ACCOUNT_CONCURRENCY = 1000  # Lambda's default concurrency quota per region
 
 
-class RunLimits(BaseModel):
-    """What an operator allows any one run of a deployment: its workers (the most it may ever train with,
-    ``run scale`` and ``--workers auto`` included), reducers, iterations and run time. Set once per deployment
-    (CDK context ``run_limits``, ``slsml local up --limit-*``), handed to the functions in their environment
-    (``RUN_LIMITS_ENV``) and enforced by the pipeline whatever started the run: a run asking beyond a limit is
-    FAILED before any of its work is launched, with a reason naming the limit."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    workers: int = Field(default=256, ge=1, description="the most workers a run may train with")
-    reducers: int = Field(default=64, ge=1, description="the most reducers a run may have")
-    iterations: int = Field(default=100_000, ge=1, description="the most iterations a run may ask for")
-    time_budget_s: int = Field(default=7 * 24 * 3600, ge=1,
-                               description="the longest time budget (seconds) a run may ask for")
-
-    def refusal(self, spec: TrainingSpec, workers: int | None = None) -> str | None:
-        """Why the deployment refuses a run of ``spec`` (its iterations resolved) training with ``workers`` now
-        (default: its first round's), or None. The workers a run asks for are the most it names (``max_workers``,
-        which bounds ``run scale`` and ``--workers auto``), else those it trains with."""
-        asked = {"workers": max(spec.max_workers or 0, workers or spec.initial_workers), "reducers": spec.reducers,
-                 "iterations": spec.iterations, "time_budget_s": spec.time_budget_s}
-        over = [f"{value} {_ASKED[name]}, over the deployment's limit {name}={getattr(self, name)}"
-                for name, value in asked.items() if value > getattr(self, name)]
-        return f"the run asks for {'; '.join(over)}" if over else None
-
-
-_ASKED = {"workers": "workers", "reducers": "reducers", "iterations": "iterations",
-          "time_budget_s": "s of time budget"}
-
-
-RUN_LIMITS_OUTPUT = "RunLimits"  # the stack output holding the deployment's RunLimits (JSON)
 
 
 def log_group_output(function: str) -> str:
