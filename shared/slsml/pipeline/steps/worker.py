@@ -30,15 +30,19 @@ from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import NotFoundError, RunFailed
 from slsml.spec.messages import WorkDone, WorkMessage
+from slsml.state.records import RunStatus
 from slsml.training import evaluation, feedback, modelio, updates, weighting
 from slsml.training.weighting import Batch
 
 logger = Logger(child=True)
+END_WAIT_S = 30.0  # how long the worker that asked the watchdog to end a run waits for it, before it trains on
+END_POLL_S = 0.2
 
 
 def work(message: WorkMessage, services: Services) -> WorkDone | None:
     """Compute the update of the worker's slice, evaluating the model entering the iteration first when it is due;
-    past the budget, only evaluate the final model (None: nothing to announce)."""
+    past the budget, only evaluate the final model (None: nothing to announce, as when the evaluation ended the
+    run)."""
     config = run_config(services.store, message.run_id)
     if message.worker >= message.workers:
         raise RunFailed(f"work message for worker {message.worker} of an iteration of {message.workers} workers")
@@ -50,6 +54,8 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
         _evaluate(message, config, services, trainer, evaluated(config, message.iteration, count))
         return None
     done = _compute(message, config, services)
+    if done is None:
+        return None
     services.bus.publish(wiring.WORK_DONE, [done])
     metrics.emit(Metric.WORKER_COMPUTE_SECONDS, done.compute_s, MetricUnit.Seconds)
     if done.finite:  # a non-finite update is announced with no loss
@@ -79,7 +85,7 @@ class _Prefetched(Sequence[Batch]):
         return self._reads[index].result()
 
 
-def _compute(message: WorkMessage, config: RunConfig, services: Services) -> WorkDone:
+def _compute(message: WorkMessage, config: RunConfig, services: Services) -> WorkDone | None:
     store, spec = services.store, config.training
     reader = reader_for(store, config.dataset)
     count = reader.manifest.train.count
@@ -95,8 +101,9 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         else:
             start = load_weights(store, config, message.iteration)
             modelio.set_flat(trainer.model, config.plan, start)
-        if splits := evaluated(config, message.iteration, reader.manifest.train.count):
-            _evaluate(message, config, services, trainer, splits)
+        splits = evaluated(config, message.iteration, reader.manifest.train.count)
+        if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
+            return None  # early stopping ended the run: its update is not needed
         return _train(message, config, services, trainer, start, slices, sum(len(b) for b in batches))
 
 
@@ -172,12 +179,12 @@ def _epoch(spec: TrainingSpec, train_count: int) -> int:
 
 
 def _evaluate(message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer,
-              splits: list[str]) -> None:
+              splits: list[str]) -> bool:
     """Store the states of evaluating the trainer's model (the one entering the iteration) on this worker's slice of
     each split, create-only; if every worker's states are in, sum them and record the results on the iteration
-    before's counter (that iteration merged the model), and past the budget have the watchdog complete the run. Each
-    worker lists the states after storing its own, so the last to store finds them all (two may: the results are the
-    same)."""
+    before's counter (that iteration merged the model); past the budget, or where early stopping ends the run, have
+    the watchdog complete the run (True). Each worker lists the states after storing its own, so the last to store
+    finds them all (two may: the results are the same)."""
     store, run, iteration = services.store, message.run_id, message.iteration
     reader = reader_for(store, config.dataset)
     samples = {"test": np.arange(reader.manifest.test.count),
@@ -195,7 +202,7 @@ def _evaluate(message: WorkMessage, config: RunConfig, services: Services, train
     wanted = {split: [keys.evaluation(run, iteration, w, split) for w in range(message.workers)] for split in splits}
     stored = {key for split in splits for key in store.list_keys(keys.evaluations_prefix(run, iteration, split))}
     if not all(set(keys_) <= stored for keys_ in wanted.values()):
-        return
+        return False
     for split, keys_ in wanted.items():
         try:
             figures = evaluator.result(np.load(io.BytesIO(body), allow_pickle=False) for body in store.get_many(keys_))
@@ -206,6 +213,20 @@ def _evaluate(message: WorkMessage, config: RunConfig, services: Services, train
                                               "figures": figures})
     if iteration >= config.training.iterations or stop_reason(config, services.table.list_iterations(run)) is not None:
         services.ask_watchdog(run, iteration, message.generation)  # the run is complete: the watchdog completes it
+        return True
+    return False
+
+
+def _ended(services: Services, run_id: str) -> bool:
+    """Whether the run ended within ``END_WAIT_S`` (the watchdog completing it), read every ``END_POLL_S``: until
+    then its iteration does not go on without this worker's update."""
+    deadline = time.monotonic() + END_WAIT_S
+    while time.monotonic() < deadline:
+        run = services.table.get_run(run_id)
+        if run.final_key is not None or run.status != RunStatus.RUNNING:
+            return True
+        time.sleep(END_POLL_S)
+    return False
 
 
 def _residual(message: WorkMessage, config: RunConfig, store: ObjectStore) -> np.ndarray | None:
