@@ -32,6 +32,7 @@ CUSTOM_STATISTICS = {
     Metric.BYTES_WRITTEN: "Sum",
     Metric.DEADLINE_ACTIONS: "Sum",
     Metric.REJECTED_MESSAGES: "Sum",
+    Metric.REFUSED_STARTS: "Sum",
 }
 
 

@@ -45,9 +45,10 @@ def _dropped(services) -> str:
     request = {"dataset": "digits", "training": {"workers": 2, "reducers": 1, "global_batch": 64, "iterations": 1,
                                                  "budget_usd": 1.0}}
     s3 = services.store.s3
-    s3.put_object(Bucket=services.store.bucket, Key=keys.incoming_request("granted"), Body=json.dumps(request))
+    body = json.dumps(request).encode()
+    s3.put_object(Bucket=services.store.bucket, Key=keys.incoming_request("granted"), Body=body)
     s3.put_object(Bucket=services.store.bucket, Key="incoming/granted.keras", Body=model)
-    run_id = f"granted-{hashlib.sha256(model).hexdigest()[:8]}"
+    run_id = f"granted-{hashlib.sha256(model + body).hexdigest()[:8]}"
     deadline = time.monotonic() + 120
     while not any(r.run_id == run_id for r in services.table.list_runs()):
         assert time.monotonic() < deadline, "the dropped model never became a run"

@@ -1,7 +1,9 @@
-"""The RunStarter refuses a run request it cannot use with a reason, however it is malformed (against moto)."""
+"""The RunStarter refuses a run request it cannot use with a reason, however it is malformed, and every start it
+cannot make leaves its run FAILED with the reason, never touching a run already there (against moto)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
 import pytest
@@ -9,10 +11,23 @@ import pytest
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import run_starter
 from slsml.spec import keys
-from slsml.spec.config import DropInRequest
+from slsml.spec.config import DropInRequest, TrainingSpec
 from slsml.spec.messages import ModelLanded
+from slsml.state.records import RunStatus
 
 from .test_reduce_steps import services  # noqa: F401
+
+
+def _drop(services: Services, name: str, request: bytes | None) -> str:  # noqa: F811
+    """Drop a (not loadable) model with ``request`` beside it; the id of its run."""
+    if request is not None:
+        services.store.put_new(keys.incoming_request(name), request)
+    services.store.put_new(f"incoming/{name}.keras", b"a model")
+    return f"{name}-{hashlib.sha256(b'a model' + (request or b'')).hexdigest()[:8]}"
+
+
+def _start(services: Services, name: str) -> str | None:  # noqa: F811
+    return run_starter.on_dropped(ModelLanded(key=f"incoming/{name}.keras", sequencer="1"), services, DropInRequest())
 
 
 @pytest.mark.parametrize(("request_body", "reason"), [
@@ -22,10 +37,28 @@ from .test_reduce_steps import services  # noqa: F401
 def test_a_request_it_cannot_use_is_refused_with_a_reason(
     services: Services, request_body: bytes, reason: str, caplog: pytest.LogCaptureFixture,  # noqa: F811
 ) -> None:
-    services.store.put_new(keys.incoming_request("deep"), request_body)
-    services.store.put_new("incoming/deep.keras", b"a model")
+    run_id = _drop(services, "deep", request_body)
     caplog.set_level(logging.ERROR)
-    assert run_starter.on_dropped(ModelLanded(key="incoming/deep.keras", sequencer="1"), services,
-                                  DropInRequest()) is None
+    assert _start(services, "deep") is None
     (refused,) = [r for r in caplog.records if r.getMessage() == "dropped model not started"]
     assert "incoming/deep.json is not a valid run request" in refused.reason and reason in refused.reason
+    run = services.table.get_run(run_id)
+    assert run.status == RunStatus.FAILED and run.reason is not None
+    assert run.reason.startswith("incoming/deep.keras not started: ") and reason in run.reason
+
+
+def test_a_start_that_fails_after_the_run_files_were_written_fails_its_run(services: Services) -> None:  # noqa: F811
+    run_id = _drop(services, "torn", b'{"dataset": "d"}')
+    services.store.put_json_new(keys.run_config(run_id), {})  # an earlier try wrote run.json, then was cut off
+    assert _start(services, "torn") is None
+    run = services.table.get_run(run_id)
+    assert run.status == RunStatus.FAILED and run.reason is not None
+    assert "was interrupted before its files were all written" in run.reason
+
+
+def test_a_refused_start_leaves_a_run_of_the_same_id_as_it_is(services: Services) -> None:  # noqa: F811
+    run_id = _drop(services, "taken", b"not json")
+    assert services.table.register_refused(run_id, "d", TrainingSpec(), "the first")
+    assert _start(services, "taken") == run_id  # a redelivered event: the run is there
+    assert not services.table.register_refused(run_id, "e", TrainingSpec(), "the second")
+    assert (services.table.get_run(run_id).reason, services.table.get_run(run_id).dataset) == ("the first", "d")

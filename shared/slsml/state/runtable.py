@@ -119,6 +119,19 @@ class RunTable:
                 return [RunRecord.model_validate(plain(i)) for i in items]
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
+    def register_refused(self, run_id: str, dataset: str, training: TrainingSpec, reason: str) -> bool:
+        """Register ``run_id`` as a FAILED run with ``reason`` (a start that could not be made); False, and nothing
+        written, if a run of that id is registered already."""
+        now = time.time()
+        item = {
+            **self._key(run_id, META), RUNS_INDEX.partition.name: RUN_KIND, "run_id": run_id,
+            "status": RunStatus.FAILED.value, "dataset": dataset, "training": training.model_dump_json(),
+            "workers": training.initial_workers, "iteration": 0, "generation": 0, "created_at": now,
+            "iteration_at": now, "updated_at": now, "reason": reason,
+        }
+        return conditional(lambda: self.table.put_item(
+            Item=dynamo(item), ConditionExpression="attribute_not_exists(pk)")) is not None
+
     def _update_run(
         self, run_id: str, values: dict[str, Any], only_if_running: bool = True, condition: str = "",
         condition_values: dict[str, Any] | None = None,

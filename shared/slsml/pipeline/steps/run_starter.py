@@ -10,9 +10,11 @@ from aws_lambda_powertools import Logger
 from pydantic import ValidationError
 
 from slsml.client import runs
+from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
 from slsml.spec import keys, wiring
-from slsml.spec.config import DropInRequest, TrainingSpec
+from slsml.spec.config import DropInRequest, RunConfig, TrainingSpec
+from slsml.spec.deployment import Metric
 from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
 from slsml.spec.messages import ModelLanded
 
@@ -24,38 +26,77 @@ def deployment_defaults() -> DropInRequest:
 
 
 def on_dropped(landed: ModelLanded, services: Services, defaults: DropInRequest) -> str | None:
-    """Start the run of ``incoming/<name>.keras``; returns its id (None if nothing was started)."""
+    """Start the run of ``incoming/<name>.keras``; returns its id (None if nothing was started). A start that
+    cannot be made registers its run FAILED with the reason (unless a run of that id exists: then it is logged
+    and counted alone)."""
     name = keys.parse_incoming_key(landed.key)
     if name is None:
         logger.info("object is not a dropped model: ignored", extra={"key": landed.key})
         return None
     model_bytes = services.store.get(landed.key)
-    # one run per uploaded object: a redelivered event finds the run already there
-    run_id = f"{_slug(name)}-{hashlib.sha256(model_bytes).hexdigest()[:8]}"
+    sidecar = _sidecar(services, name)
+    # one run per uploaded model and request: a redelivered event finds the run already there, a corrected
+    # request beside the same model starts a run of its own
+    run_id = f"{_slug(name)}-{hashlib.sha256(model_bytes + (sidecar or b'')).hexdigest()[:8]}"
+    if _registered(services, run_id):
+        logger.info("dropped model already started", extra={"key": landed.key, "run_id": run_id})
+        return run_id
+    request, spec = DropInRequest(), TrainingSpec()
     try:
-        request = _request(services, name).over(defaults)
+        request = _request(sidecar, name).over(defaults)
         if request.dataset is None:
             raise BadInputError(
                 f"no dataset for {landed.key}: put {{\"dataset\": ...}} in {keys.incoming_request(name)}"
                 " or in the deployment's run defaults"
             )
         spec = TrainingSpec.model_validate(request.training)
-        # a request beyond the deployment's limits is started too, for the pipeline to fail it with the reason:
-        # whoever dropped the model sees it as a FAILED run
-        runs.start_run(services, model_bytes, request.dataset, spec, run_id=run_id, check_limits=False)
+        if services.store.exists(keys.run_config(run_id)):
+            _launch_prepared(services, run_id)
+        else:
+            # a request beyond the deployment's limits is started too, for the pipeline to fail it with the
+            # reason: whoever dropped the model sees it as a FAILED run
+            runs.start_run(services, model_bytes, request.dataset, spec, run_id=run_id, check_limits=False)
     except (SlsmlError, ValidationError) as error:
+        reason = f"{landed.key} not started: {error}"
         logger.error("dropped model not started", extra={"key": landed.key, "run_id": run_id, "reason": str(error)})
+        metrics.emit(Metric.REFUSED_STARTS, 1)
+        if not services.table.register_refused(run_id, request.dataset or "", spec, reason):
+            logger.error("a run of the dropped model's id is registered already: left as it is",
+                         extra={"key": landed.key, "run_id": run_id})
         return None
     logger.info("run started from a dropped model", extra={"key": landed.key, "run_id": run_id})
     return run_id
 
 
-def _request(services: Services, name: str) -> DropInRequest:
-    """The run request beside a dropped model (parsed by pydantic's JSON parser, whose nesting is bounded)."""
+def _registered(services: Services, run_id: str) -> bool:
     try:
-        return DropInRequest.model_validate_json(services.store.get(keys.incoming_request(name)))
+        services.table.get_run(run_id)
+        return True
     except NotFoundError:
+        return False
+
+
+def _launch_prepared(services: Services, run_id: str) -> None:
+    """Launch a run whose files an earlier start wrote before it was interrupted (``source.keras`` is written
+    last); one whose files are incomplete is refused."""
+    if not services.store.exists(keys.source_model(run_id)):
+        raise SlsmlError(f"an earlier start of run {run_id!r} was interrupted before its files were all written")
+    runs.launch_run(services, RunConfig.model_validate(services.store.get_json(keys.run_config(run_id))))
+
+
+def _sidecar(services: Services, name: str) -> bytes | None:
+    try:
+        return services.store.get(keys.incoming_request(name))
+    except NotFoundError:
+        return None
+
+
+def _request(sidecar: bytes | None, name: str) -> DropInRequest:
+    """The run request beside a dropped model (parsed by pydantic's JSON parser, whose nesting is bounded)."""
+    if sidecar is None:
         return DropInRequest()
+    try:
+        return DropInRequest.model_validate_json(sidecar)
     except ValidationError as error:
         raise BadInputError(f"{keys.incoming_request(name)} is not a valid run request: {error}") from None
 
