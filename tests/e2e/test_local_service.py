@@ -52,7 +52,7 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
         copied = subprocess.run([AWS_CLI, "s3", "cp", str(path), bucket], capture_output=True, text=True, env=aws,
                                 timeout=120)
         assert copied.returncode == 0, copied.stderr
-    run_id = f"cnn-{hashlib.sha256((service / 'cnn.keras').read_bytes()).hexdigest()[:8]}"
+    run_id = f"cnn-{hashlib.sha256((service / 'cnn.keras').read_bytes() + request.read_bytes()).hexdigest()[:8]}"
     deadline = time.monotonic() + 180  # the RunStarter loads the model and checks it against the data first
     while run_id not in slsml(service, "run", "list").stdout:
         assert time.monotonic() < deadline, f"{run_id} never appeared in `slsml run list`"
@@ -140,9 +140,10 @@ def test_a_run_beyond_the_services_limits_is_refused_and_a_dropped_one_fails_wit
     store = service_store(service)
     model = modelio.save_model(demo.digits_cnn(seed=11))
     request = {"dataset": "digits", "training": {"workers": LIMIT_WORKERS + 4, "iterations": 2}}
-    store.s3.put_object(Bucket=store.bucket, Key="incoming/wide.json", Body=json.dumps(request))
+    body = json.dumps(request).encode()
+    store.s3.put_object(Bucket=store.bucket, Key="incoming/wide.json", Body=body)
     store.s3.put_object(Bucket=store.bucket, Key="incoming/wide.keras", Body=model)
-    run_id, table = f"wide-{hashlib.sha256(model).hexdigest()[:8]}", service_table(service)
+    run_id, table = f"wide-{hashlib.sha256(model + body).hexdigest()[:8]}", service_table(service)
     deadline = time.monotonic() + 180
     while (status := _run_status(table, run_id)) in {None, "RUNNING"}:
         assert time.monotonic() < deadline, f"{run_id} did not end ({status})"
