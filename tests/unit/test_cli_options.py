@@ -89,12 +89,19 @@ def test_every_spec_field_has_a_flag_with_its_default_and_description_that_sets_
 
 def test_flags_set_the_spec() -> None:
     args = cli.build_parser().parse_args([*RUN_START, "--workers", "8", "--batch", "256", "--quorum", "0.75",
-                                          "--deadline", "30", "--deadline-retries", "0", "--time-budget", "60"])
+                                          "--deadline", "30", "--deadline-retries", "0", "--time-budget", "60",
+                                          "--heartbeat", "45"])
     spec = options.training_spec(args)
     assert (spec.workers, spec.global_batch, spec.quorum, spec.deadline_s, spec.deadline_retries,
-            spec.time_budget_s) == (8, 256, 0.75, 30.0, 0, 60)
+            spec.time_budget_s, spec.heartbeat_s) == (8, 256, 0.75, 30.0, 0, 60, 45)
     keras_named = options.training_spec(cli.build_parser().parse_args([*RUN_START, "--batch-size", "64"]))
     assert keras_named.global_batch == 64  # fit's name for it
+
+
+def test_a_heartbeat_not_shorter_than_the_time_budget_is_refused_naming_both() -> None:
+    args = cli.build_parser().parse_args([*RUN_START, "--time-budget", "600"])  # the heartbeat's default: 900 s
+    with pytest.raises(BadInputError, match=r"heartbeat \(900 s\) must be shorter than the time budget \(600 s\)"):
+        options.training_spec(args)
 
 
 class Extended(TrainingSpec):

@@ -521,6 +521,13 @@ class TrainingSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _heartbeat_within_budget(self) -> TrainingSpec:
+        if self.heartbeat_s >= self.time_budget_s:  # Step Functions refuses a heartbeat not below the timeout
+            raise ValueError(f"heartbeat ({self.heartbeat_s} s) must be shorter than the time budget"
+                             f" ({self.time_budget_s} s)")
+        return self
+
+    @model_validator(mode="after")
     def _staleness_options(self) -> TrainingSpec:
         if self.staleness_decay != 1 and not self.staleness:
             raise ValueError("staleness_decay needs a staleness above 0")
