@@ -62,3 +62,15 @@ def test_a_read_tells_the_whole_objects_size_even_of_a_range(store: ObjectStore)
     assert (ranged.body, ranged.metadata, ranged.size) == (b"x" * 16, {"m": "1"}, 100)
     assert store.read(keys.residual("a", 3, 1)).size == 100
     assert _tags(store, keys.residual("a", 3, 1)) == {}  # carried state: never expired by a rule
+
+
+def test_loggers_of_modules_imported_before_a_functions_environment_reach_the_services_handler() -> None:
+    """The local host's fork server imports these before a function's environment (POWERTOOLS_SERVICE_NAME) is set:
+    their child loggers must sit under the service's logger all the same, or their lines reach no handler."""
+    from slsml.aws import storage
+    from slsml.pipeline import services
+    from slsml.spec.deployment import SERVICE_NAME
+    from slsml.state import orchestration
+
+    for module in (storage, services, orchestration):
+        assert module.logger.name.startswith(f"{SERVICE_NAME}."), module.__name__

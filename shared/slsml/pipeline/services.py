@@ -18,6 +18,7 @@ from slsml.pipeline.bus import Bus
 from slsml.pipeline.deadlines import DeadlineQueue
 from slsml.spec import keys, wiring
 from slsml.spec.config import RunConfig
+from slsml.spec.deployment import SERVICE_NAME
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed, SlsmlError
 from slsml.spec.limits import RunLimits
 from slsml.spec.messages import Deadline
@@ -25,7 +26,9 @@ from slsml.state.orchestration import Orchestrator
 from slsml.state.records import RunRecord
 from slsml.state.runtable import RunTable
 
-logger = Logger(child=True)
+# named by the service explicitly: the local host's fork server imports this module before a function's environment
+# is set, and a child logger of an unset service would reach no handler
+logger = Logger(service=SERVICE_NAME, child=True)
 
 
 @dataclass

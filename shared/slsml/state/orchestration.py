@@ -22,10 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from slsml.aws.clients import error_code
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
+from slsml.spec.deployment import SERVICE_NAME
 from slsml.spec.wiring import STATE_MACHINE_ENV
 from slsml.state.records import META, RUN_KIND, RUNS_INDEX
 
-logger = Logger(child=True)
+# named by the service explicitly: the local host's fork server imports this module before a function's environment
+# is set, and a child logger of an unset service would reach no handler
+logger = Logger(service=SERVICE_NAME, child=True)
 STOPPED_ERROR = "RunStopped"
 _ENDED = {"TaskTimedOut", "InvalidToken", "TaskDoesNotExist"}  # the execution has moved on already
 
