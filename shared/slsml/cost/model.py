@@ -548,6 +548,39 @@ def message_bytes(participants: int, samples: int, reducers: int) -> tuple[int, 
     return len(work.model_dump_json().encode()), len(reduce.model_dump_json().encode())
 
 
+def largest_reduce(spec: TrainingSpec, workers: int | None = None) -> tuple[int, int]:
+    """The most participants a Reduce message of a run of ``spec`` (its iterations resolved; ``workers``: as
+    ``TrainingSpec.asked_workers``) can list, and that message's bytes: every worker, at its last attempt, and
+    with bounded staleness the late updates of the ``staleness`` iterations before, each of which may have fired
+    with the deadline floor's fewest workers; each participant at the largest figures it may carry, for a run id
+    of the longest form."""
+    workers = spec.asked_workers(workers)
+    late = spec.staleness * (workers - quorum_count(workers, min(spec.deadline_floor, spec.quorum)))
+    samples, attempt = spec.global_batch * spec.local_batches, spec.deadline_retries
+    iteration = (spec.iterations or 1_000_000) - 1
+    participants = [Participant(worker=w, attempt=attempt, samples=samples) for w in range(workers)]
+    participants += [Participant(worker=w % workers, attempt=attempt, samples=samples, iteration=iteration)
+                     for w in range(late)]
+    reduce = ReduceMessage(run_id="r" * 63, iteration=iteration, shard=spec.reducers - 1, attempt=attempt,
+                           participants=tuple(participants))
+    return len(participants), len(reduce.model_dump_json().encode())
+
+
+def check_messages(spec: TrainingSpec, workers: int | None = None) -> None:
+    """BadInputError, naming the options that make it so, if a run of ``spec`` (``workers``: as
+    ``TrainingSpec.asked_workers``) could send a message over the size slsml's functions take
+    (``MAX_MESSAGE_BYTES``)."""
+    participants, size = largest_reduce(spec, workers)
+    if size > MAX_MESSAGE_BYTES:
+        workers = spec.asked_workers(workers)
+        late = (f", and with staleness {spec.staleness} and deadline_floor {spec.deadline_floor:g} up to"
+                f" {participants - workers:,} late updates folded in") if spec.staleness else ""
+        raise BadInputError(
+            f"a Reduce message of this run may list {participants:,} participants ({workers} workers{late}):"
+            f" {size:,} B, over the {MAX_MESSAGE_BYTES:,} B slsml's messages may hold; lower the workers"
+            + (" or staleness, or raise deadline_floor" if spec.staleness else ""))
+
+
 def publish_batches(messages: int, message_size: int) -> int:
     """PublishBatch calls for ``messages`` of one size (``slsml.pipeline.bus``: 10 entries, 256 KiB a batch)."""
     per_batch = max(1, min(bus.BATCH_ENTRIES, bus.BATCH_BYTES // message_size))

@@ -493,6 +493,11 @@ class TrainingSpec(BaseModel):
         """The workers of the first round (with auto: the fewest)."""
         return self.worker_bounds[0] if self.workers == "auto" else self.workers
 
+    def asked_workers(self, workers: int | None = None) -> int:
+        """The most workers a run asks for: its ``max_workers`` (the bound of ``run scale`` and ``--workers
+        auto``), else ``workers`` (those it is scaled to), else those it trains with."""
+        return max(self.max_workers or 0, workers or self.initial_workers)
+
     @model_validator(mode="after")
     def _workers_within_bounds(self) -> TrainingSpec:
         if self.global_batch < self.initial_workers:  # first: the default max_workers is the global batch

@@ -28,7 +28,7 @@ class RunLimits(BaseModel):
         """Why the deployment refuses a run of ``spec`` (its iterations resolved) training with ``workers`` now
         (default: its first round's), or None. The workers a run asks for are the most it names (``max_workers``,
         which bounds ``run scale`` and ``--workers auto``), else those it trains with."""
-        asked = {"workers": max(spec.max_workers or 0, workers or spec.initial_workers), "reducers": spec.reducers,
+        asked = {"workers": spec.asked_workers(workers), "reducers": spec.reducers,
                  "iterations": spec.iterations, "time_budget_s": spec.time_budget_s}
         over = [f"{value} {_ASKED[name]}, over the deployment's limit {name}={getattr(self, name)}"
                 for name, value in asked.items() if value > getattr(self, name)]

@@ -1,0 +1,50 @@
+"""A run whose messages could exceed the size slsml's functions take is refused at start, naming the options that
+make them so (against moto)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slsml.client import runs
+from slsml.cost import model as costmodel
+from slsml.pipeline.envelope import parse_message
+from slsml.pipeline.services import Services
+from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import BadInputError, MessageRejected
+from slsml.spec.messages import MAX_MESSAGE_BYTES, Participant, ReduceMessage
+
+from .test_reduce_steps import services  # noqa: F401
+
+FOLDING = TrainingSpec(workers=1000, global_batch=64_000, quorum=0.75, staleness=8, iterations=1000)
+
+
+def test_a_staleness_fold_of_a_thousand_workers_is_refused_naming_its_options() -> None:
+    participants, size = costmodel.largest_reduce(FOLDING)
+    assert participants == 1000 + 8 * 500  # every worker, and 8 iterations' late ones beyond the floor's 500
+    late = [Participant(worker=w % 1000, attempt=2, samples=64_000, iteration=999) for w in range(4000)]
+    largest = ReduceMessage(run_id="r" * 63, iteration=999, shard=0, attempt=2, participants=tuple(
+        [Participant(worker=w, attempt=2, samples=64_000) for w in range(1000)] + late))
+    assert len(largest.model_dump_json()) == size > MAX_MESSAGE_BYTES
+    with pytest.raises(MessageRejected):  # what the reducer would do with it
+        parse_message(largest.model_dump_json(), ReduceMessage, "m")
+    with pytest.raises(BadInputError, match=r"5,000 participants \(1000 workers, and with staleness 8 and"
+                                            r" deadline_floor 0\.5 up to 4,000 late updates folded in\): [\d,]+ B,"
+                                            r" over the 131,072 B"):
+        costmodel.check_messages(FOLDING)
+    costmodel.check_messages(FOLDING.model_copy(update={"staleness": 0}))  # 1000 workers alone fit
+    with pytest.raises(BadInputError, match="lower the workers or staleness"):
+        costmodel.check_messages(FOLDING.model_copy(update={"workers": 2, "max_workers": 1000}))  # run scale's bound
+
+
+def test_the_client_refuses_it_before_it_stores_anything(services: Services) -> None:  # noqa: F811
+    from slsml.client import demo
+    from slsml.data import datasets as data
+    from slsml.training import modelio
+
+    data.put_dataset(services.store, "digits", *demo.digits())
+    model = modelio.save_model(demo.digits_cnn(seed=1))
+    spec = TrainingSpec(workers=200, global_batch=1000, staleness=30, iterations=2)
+    with pytest.raises(BadInputError, match=r"participants \(200 workers, and with staleness 30"):
+        runs.prepare_run(services, model, "digits", spec, run_id="chatty")
+    assert services.store.list_keys(keys.run_prefix("chatty")) == []
