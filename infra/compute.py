@@ -80,6 +80,7 @@ class Compute(Construct):
         environment = {  # the dead-letter reader's sources are added by Messaging.subscribe
             wiring.BUCKET_ENV: self._bucket.bucket_name,
             wiring.TABLE_ENV: self._table.table_name,
+            wiring.STORAGE_ENV: str(sizing.ephemeral_storage_mb),
             "POWERTOOLS_SERVICE_NAME": deployment.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": deployment.METRICS_NAMESPACE,
             wiring.RUN_LIMITS_ENV: self._settings.run_limits.model_dump_json(),

@@ -15,9 +15,9 @@ from collections.abc import Hashable
 from typing import Any, TypeVar
 
 from slsml.spec.deployment import FunctionSettings
+from slsml.spec.wiring import MEMORY_ENV
 
 BOUND_ENV = "SLSML_WARM_CACHE_MB"
-MEMORY_ENV = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"
 MEMORY_SHARE = 0.5
 # A parsed pydantic model (a run config, a dataset manifest) takes about 9× the bytes of its JSON
 # (tracemalloc, configs of 4 to 400 variables).

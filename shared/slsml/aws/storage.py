@@ -18,8 +18,8 @@ from botocore.exceptions import ClientError
 from slsml.aws.clients import error_code
 from slsml.spec import keys
 from slsml.spec.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE, SERVICE_NAME
-from slsml.spec.errors import NotFoundError, SlsmlError
-from slsml.training import npz
+from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
+from slsml.training import bounds, npz
 
 # named by the service explicitly: this module is imported before a function's environment is (the local host's
 # fork server imports it), and a child logger named by an unset service would reach no handler
@@ -55,15 +55,29 @@ class ObjectStore:
     def read(self, key: str, byte_range: tuple[int, int] | None = None) -> Stored:
         """The object (or its bytes ``byte_range``, inclusive) with its metadata: one GET."""
         extra = {"Range": f"bytes={byte_range[0]}-{byte_range[1]}"} if byte_range else {}
+        response = self._get_object(key, **extra)
+        total = response.get("ContentRange", "").rpartition("/")[2]
+        size = int(total) if total.isdigit() else None if byte_range else response.get("ContentLength")
+        return Stored(response["Body"].read(), response.get("Metadata", {}), size, response.get("ETag"))
+
+    def get_bounded(self, key: str, bound: int, what: str) -> bytes:
+        """The object, refused (BadInputError, its body unread) if it is larger than ``bound`` bytes (``what``: the
+        bound, in words): one GET, whose length is known before its body is read."""
+        response = self._get_object(key)
         try:
-            response = self.s3.get_object(Bucket=self.bucket, Key=key, **extra)
+            bounds.check_size(key, int(response["ContentLength"]), bound, what)
+        except BadInputError:
+            response["Body"].close()
+            raise
+        return response["Body"].read()
+
+    def _get_object(self, key: str, **extra: str) -> dict[str, Any]:
+        try:
+            return self.s3.get_object(Bucket=self.bucket, Key=key, **extra)
         except ClientError as error:
             if error_code(error) in _MISSING:
                 raise NotFoundError(f"s3://{self.bucket}/{key} does not exist") from None
             raise
-        total = response.get("ContentRange", "").rpartition("/")[2]
-        size = int(total) if total.isdigit() else None if byte_range else response.get("ContentLength")
-        return Stored(response["Body"].read(), response.get("Metadata", {}), size, response.get("ETag"))
 
     def get_many(self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None] | None = None) -> list[bytes]:
         """Parallel GETs, results in the order of ``keys``."""

@@ -420,6 +420,7 @@ class FunctionHost:
             # app/slsml-<function> in the User-Agent: the embedded cloud's request log names whose request it was
             "AWS_SDK_UA_APP_ID": f"slsml-{function}",
             MEMORY_ENV: str(DEFAULT_FUNCTIONS[function].memory_mb),
+            wiring.STORAGE_ENV: str(DEFAULT_FUNCTIONS[function].ephemeral_storage_mb),
             "POWERTOOLS_SERVICE_NAME": "slsml",
             "POWERTOOLS_METRICS_NAMESPACE": "slsml",
             "POWERTOOLS_TRACE_DISABLED": "true",

@@ -125,6 +125,8 @@ RUN_DEFAULTS_ENV = "SLSML_RUN_DEFAULTS"  # JSON of a DropInRequest: what an inco
 RUN_LIMITS_ENV = "SLSML_RUN_LIMITS"  # JSON of the deployment's RunLimits (slsml.spec.deployment), for every function
 # JSON of the dead-letter reader's sources (``dead_letter_sources``)
 DEAD_LETTER_SOURCES_ENV = "SLSML_DEAD_LETTER_SOURCES"
+MEMORY_ENV = "AWS_LAMBDA_FUNCTION_MEMORY_SIZE"  # set by Lambda (and by the local host)
+STORAGE_ENV = "SLSML_EPHEMERAL_STORAGE_MB"  # the function's ephemeral storage: Lambda does not say it
 
 
 def notified_prefixes(fn: Function) -> tuple[str, ...]:

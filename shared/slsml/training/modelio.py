@@ -9,6 +9,7 @@ import datetime
 import hashlib
 import io
 import json
+import math
 import os
 import tempfile
 import time
@@ -23,6 +24,7 @@ import numpy as np
 from slsml.spec.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig
 from slsml.spec.errors import BadInputError
 from slsml.spec.shardplan import ShardPlan, VariableSpec
+from slsml.training import bounds
 from slsml.training.optimizers import State
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -30,12 +32,17 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras
 import tensorflow as tf
+from keras.src.backend.common import global_state  # the list of variables awaiting their values
 
 
-def load_model(data: bytes, where: str = "the model") -> keras.Model:
-    """A ``.keras`` archive → a Keras model; anything else → BadInputError naming the problem."""
+def load_model(data: bytes, where: str = "the model", limits: bounds.Limits | None = None) -> keras.Model:
+    """A ``.keras`` archive → a Keras model; anything else → BadInputError naming the problem. An archive or a
+    model that would not fit ``limits`` (this function's, by default) is refused before it is extracted or built."""
     if not zipfile.is_zipfile(io.BytesIO(data)):
         raise BadInputError(f"{where} is not a Keras model (.keras files are zip archives; got {len(data)} bytes)")
+    limits = limits or bounds.Limits.here()
+    bounds.check_archive(data, where, limits)
+    bounds.check_variables(where, *_declared_variables(data), len(data), limits)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "model.keras")
         with open(path, "wb") as file:
@@ -51,6 +58,37 @@ def load_model(data: bytes, where: str = "the model") -> keras.Model:
     if not model.built:
         raise BadInputError(f"{where} is not built (its weights have no shapes yet): call it once before saving")
     return model
+
+
+def _declared_variables(data: bytes) -> tuple[int, int]:
+    """The bytes of the variables the archive's config declares, and the slots per weight of the optimizer it is
+    compiled with: the model is built without its variables' values (nothing is allocated); (0, 0) for a config
+    Keras cannot build, which its loader then names."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        if "config.json" not in archive.namelist():
+            return 0, 0
+        try:
+            config = json.loads(archive.read("config.json"))
+        except ValueError:
+            return 0, 0
+    if not isinstance(config, dict):
+        return 0, 0
+    compiled = config.pop("compile_config", None) or {}
+    optimizer = compiled.get("optimizer") if isinstance(compiled, dict) else None
+    name = optimizer.get("class_name") if isinstance(optimizer, dict) else optimizer
+    slots = next((len(KERAS_SLOTS[ours]) for ours, theirs in KERAS_OPTIMIZERS.items() if theirs == name), 0)
+    # Keras keeps variables made in a stateless scope in a global list to initialize later: restored untouched
+    pending = list(global_state.get_global_attribute("uninitialized_variables", []) or [])
+    try:
+        with warnings.catch_warnings(), keras.StatelessScope(initialize_variables=False):
+            warnings.simplefilter("ignore")
+            model = keras.saving.deserialize_keras_object(config, safe_mode=True)
+        variables = list(getattr(model, "weights", []))
+    except Exception:  # a config Keras cannot build: its loader names why
+        return 0, 0
+    finally:
+        global_state.set_global_attribute("uninitialized_variables", pending)
+    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables), slots
 
 
 def save_model(model: keras.Model) -> bytes:

@@ -17,6 +17,7 @@ from slsml.spec.config import DropInRequest, RunConfig, TrainingSpec
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
 from slsml.spec.messages import ModelLanded
+from slsml.training import bounds
 
 logger = Logger(child=True)
 
@@ -33,11 +34,16 @@ def on_dropped(landed: ModelLanded, services: Services, defaults: DropInRequest)
     if name is None:
         logger.info("object is not a dropped model: ignored", extra={"key": landed.key})
         return None
-    model_bytes = services.store.get(landed.key)
-    sidecar = _sidecar(services, name)
+    limits = bounds.Limits.here()
+    try:
+        model_bytes = services.store.get_bounded(landed.key, limits.archive_bytes, limits.describe())
+        sidecar = _sidecar(services, name)
+    except BadInputError as error:  # too large to read: the run id is the refusal's, which names the sizes
+        _refuse(services, landed.key, f"{_slug(name)}-{_digest(str(error).encode())}", None, TrainingSpec(), error)
+        return None
     # one run per uploaded model and request: a redelivered event finds the run already there, a corrected
     # request beside the same model starts a run of its own
-    run_id = f"{_slug(name)}-{hashlib.sha256(model_bytes + (sidecar or b'')).hexdigest()[:8]}"
+    run_id = f"{_slug(name)}-{_digest(model_bytes + (sidecar or b''))}"
     if _registered(services, run_id):
         logger.info("dropped model already started", extra={"key": landed.key, "run_id": run_id})
         return run_id
@@ -57,15 +63,24 @@ def on_dropped(landed: ModelLanded, services: Services, defaults: DropInRequest)
             # reason: whoever dropped the model sees it as a FAILED run
             runs.start_run(services, model_bytes, request.dataset, spec, run_id=run_id, check_limits=False)
     except (SlsmlError, ValidationError) as error:
-        reason = f"{landed.key} not started: {error}"
-        logger.error("dropped model not started", extra={"key": landed.key, "run_id": run_id, "reason": str(error)})
-        metrics.emit(Metric.REFUSED_STARTS, 1)
-        if not services.table.register_refused(run_id, request.dataset or "", spec, reason):
-            logger.error("a run of the dropped model's id is registered already: left as it is",
-                         extra={"key": landed.key, "run_id": run_id})
+        _refuse(services, landed.key, run_id, request.dataset, spec, error)
         return None
     logger.info("run started from a dropped model", extra={"key": landed.key, "run_id": run_id})
     return run_id
+
+
+def _refuse(services: Services, key: str, run_id: str, dataset: str | None, spec: TrainingSpec,
+            error: Exception) -> None:
+    """Register the dropped model's run FAILED with the reason (a run of that id already there is left as it is)."""
+    logger.error("dropped model not started", extra={"key": key, "run_id": run_id, "reason": str(error)})
+    metrics.emit(Metric.REFUSED_STARTS, 1)
+    if not services.table.register_refused(run_id, dataset or "", spec, f"{key} not started: {error}"):
+        logger.error("a run of the dropped model's id is registered already: left as it is",
+                     extra={"key": key, "run_id": run_id})
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:8]
 
 
 def _registered(services: Services, run_id: str) -> bool:
@@ -86,7 +101,7 @@ def _launch_prepared(services: Services, run_id: str) -> None:
 
 def _sidecar(services: Services, name: str) -> bytes | None:
     try:
-        return services.store.get(keys.incoming_request(name))
+        return services.store.get_bounded(keys.incoming_request(name), bounds.SIDECAR_MAX_BYTES, "a run request")
     except NotFoundError:
         return None
 

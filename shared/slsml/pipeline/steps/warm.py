@@ -14,7 +14,7 @@ from slsml.data import datasets as data
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import BadInputError
-from slsml.training import modelio
+from slsml.training import bounds, modelio
 
 # A warm Trainer holds its model's variables (weights and, for a compiled model, the optimizer's slots)
 # and a traced step. Measured, each Trainer more took 0.8-1.1× its variables' bytes of resident memory
@@ -52,7 +52,9 @@ def trainer_for(
         trainer.plan = config.plan  # the variables' names are the run's (the same shapes, in the same order)
         return trainer, False
     model_key = keys.model(config.run_id, iteration)
-    model = modelio.load_model(store.get(model_key), where=model_key)
+    limits = bounds.Limits.here()
+    data = store.get_bounded(model_key, limits.archive_bytes, limits.describe())
+    model = modelio.load_model(data, where=model_key, limits=limits)
     if tuple(modelio.variable_specs(model)) != config.plan.variables:
         raise BadInputError(f"{model_key} does not have the weights of the model the run was started with")
     trainer = modelio.Trainer(model, config.plan, config.loss, config.classification)
