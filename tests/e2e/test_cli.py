@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from slsml.cli import display
 from slsml.client import demo
 from slsml.training import modelio
+from tests import archives
 from tests.processes import left_running
 
 REQUIRED = {"run_id", "status", "iterations", "workers", "reducers", "quorum", "test_accuracy", "wall_s",
@@ -80,6 +82,20 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
     assert left_running(bad_model.pid) == []  # nor the cloud and fork server it began while the model loaded
     unknown = slsml("run", "status", "no-such-run", cwd=tmp_path)
     assert unknown.returncode == 2 and "no run named 'no-such-run'" in unknown.stderr
+
+
+@pytest.mark.parametrize(("model", "reason"), [
+    (archives.bomb(4_000_000_000), "model.keras expands to 4,000,00"),
+    (archives.declaring(30_000), "model.keras declares 3,600,360,008 bytes of weights"),
+])
+def test_run_start_refuses_a_model_too_large_for_the_worker(tmp_path: Path, model: bytes, reason: str) -> None:
+    (tmp_path / "model.keras").write_bytes(model)
+    np.savez(tmp_path / "d.npz", x=np.zeros((10, 7), np.float32), y=np.zeros((10, 2), np.float32))
+    refused = subprocess.run(
+        [sys.executable, "-m", "slsml.cli.main", "run", "start", "--local", "--model", "model.keras", "--data", "d.npz",
+         "--iterations", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and reason in refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.npz", "model.keras"]  # nothing stored
 
 
 def test_data_put_uploads_shards_and_a_manifest(tmp_path: Path, local, services) -> None:

@@ -61,6 +61,7 @@ def test_function_environment_names_bucket_table_and_published_topics(synthesize
         assert env == {
             wiring.BUCKET_ENV: {"Ref": synthesized.logical_id(stack.storage.bucket)},
             wiring.TABLE_ENV: {"Ref": synthesized.logical_id(stack.storage.table)},
+            wiring.STORAGE_ENV: str(stack.settings.functions[fn.name].ephemeral_storage_mb),
             "POWERTOOLS_SERVICE_NAME": deployment.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": deployment.METRICS_NAMESPACE,
             wiring.RUN_LIMITS_ENV: stack.settings.run_limits.model_dump_json(),

@@ -30,8 +30,10 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     if one_shot and data_path.suffix != ".npz":
         raise BadInputError(f"--data {args.data}: a local run takes a .npz file with arrays x, y")
     runtime = follow.one_shot_runtime(args, spec) if one_shot else None
-    from slsml.training import modelio
+    from slsml.training import bounds, modelio
 
+    limits = bounds.Limits.here()  # the Worker's: the function that trains it
+    bounds.check_size(str(model_path), model_path.stat().st_size, limits.archive_bytes, limits.describe())
     model_bytes = model_path.read_bytes()
     model = modelio.load_model(model_bytes, where=str(model_path))  # fail fast: before anything is stored
     spec = options.with_flags(args, spec, model)

@@ -21,7 +21,7 @@ from slsml.aws.storage import ObjectStore
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import carried_state, run_config
-from slsml.pipeline.steps.warm import reader_for, trainer_for
+from slsml.pipeline.steps.warm import reader_for, stored_model, trainer_for
 from slsml.pipeline.steps.worker import evaluated
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
@@ -135,7 +135,7 @@ def _adopt(store: ObjectStore, config: RunConfig, key: str, body: bytes, metadat
 def _holds(store: ObjectStore, config: RunConfig, key: str, weights: np.ndarray) -> bool:
     """Whether the model at ``key`` is the run's model with ``weights``."""
     try:
-        model = modelio.load_model(store.get(key), where=key)
+        model = stored_model(store, key)
         return config.architecture in {None, modelio.architecture(model)} and np.array_equal(
             modelio.get_flat(model, config.plan), weights)
     except (BadInputError, ValueError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import keras
 import numpy as np
 
 from slsml.aws import cache
@@ -52,13 +53,18 @@ def trainer_for(
         trainer.plan = config.plan  # the variables' names are the run's (the same shapes, in the same order)
         return trainer, False
     model_key = keys.model(config.run_id, iteration)
-    limits = bounds.Limits.here()
-    data = store.get_bounded(model_key, limits.archive_bytes, limits.describe())
-    model = modelio.load_model(data, where=model_key, limits=limits)
+    model = stored_model(store, model_key)
     if tuple(modelio.variable_specs(model)) != config.plan.variables:
         raise BadInputError(f"{model_key} does not have the weights of the model the run was started with")
     trainer = modelio.Trainer(model, config.plan, config.loss, config.classification)
     return warm.put(key, trainer, trainer_bytes(trainer)), True
+
+
+def stored_model(store: ObjectStore, key: str) -> keras.Model:
+    """The model at ``key``, read and built only if it fits this function (BadInputError naming the figures)."""
+    limits = bounds.Limits.here()
+    return modelio.load_model(store.get_bounded(key, limits.archive_bytes, limits.describe()), where=key,
+                              limits=limits)
 
 
 def reader_for(store: ObjectStore, dataset: str) -> data.DatasetReader:
