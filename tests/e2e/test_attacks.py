@@ -4,7 +4,8 @@ dead-lettered, counted); objects placed where the run's next update, next model 
 none is trusted for sitting at the expected key: each is replaced by the step's own; and an overwrite of a completed
 run's final model — detected by every reader of it. Each run completes with weights bit-identical to an undisturbed
 run's. (The local cloud enforces no bucket policy: these are the pipeline's own checks. On AWS the bucket's policy
-also refuses a PUT without If-None-Match of an update.)"""
+also refuses a PUT without If-None-Match of an update.) Models dropped meanwhile that are too large to load (a zip
+bomb, a config declaring gigabytes of weights, an oversized run request) are refused by name."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import WorkDone
 from slsml.training import modelio
+from tests import archives
 
 from .conftest import dead_letters, final_weights, finish, log_entries, train
 
@@ -148,3 +150,35 @@ def test_objects_placed_at_a_runs_next_keys_are_not_trusted_and_a_replaced_final
     s3.put_object(Bucket=bucket, Key=keys.final_model(PLACED), Body=forged)
     with pytest.raises(SlsmlError, match=f"runs/{PLACED}/final.keras is not the final model run '{PLACED}' stored"):
         runs.final_model(services, services.table.get_run(PLACED))
+
+
+BOMBED = "bombed"
+# incoming/<name>.keras, its run request, and what its refusal says: each too large for the RunStarter to hold
+DROPS: list[tuple[str, bytes, bytes, str]] = [
+    ("bomb", archives.bomb(4_000_000_000), b'{"dataset": "digits"}', "the model expands to 4,000,00"),
+    ("wide", archives.declaring(30_000), b'{"dataset": "digits"}', "the model declares 3,600,360,008 bytes"),
+    ("padded", archives.small_model(), json.dumps({"dataset": "digits", "pad": " " * 70_000}).encode(),
+     "incoming/padded.json is too large: 70,0"),
+]
+
+
+def test_models_too_large_to_load_dropped_while_a_run_trains_are_refused_and_change_nothing(
+    local, services, undisturbed
+):
+    s3 = boto3.client("s3", endpoint_url=local.deployment.endpoint, region_name=REGION)
+    bucket = services.store.bucket
+    train(services, SPEC, BOMBED)
+    for name, model, request, _ in DROPS:
+        s3.put_object(Bucket=bucket, Key=keys.incoming_request(name), Body=request)
+        s3.put_object(Bucket=bucket, Key=f"incoming/{name}.keras", Body=model)
+    run = finish(services, BOMBED)
+    assert run.status == "COMPLETED", run.reason
+    assert np.array_equal(final_weights(services, BOMBED)[0], undisturbed)
+    deadline = time.monotonic() + 60
+    while len(refused := {r.run_id.rpartition("-")[0]: r for r in services.table.list_runs()
+                          if r.status == "FAILED" and r.run_id.rpartition("-")[0] in {d[0] for d in DROPS}}) < 3:
+        assert time.monotonic() < deadline, f"refused so far: {sorted(refused)}"
+        time.sleep(0.1)
+    for name, _, _, reason in DROPS:  # each a FAILED run naming why, and nothing stored under runs/
+        assert refused[name].reason.startswith(f"incoming/{name}.keras not started: {reason}"), refused[name].reason
+        assert services.store.list_keys(keys.run_prefix(refused[name].run_id)) == []
