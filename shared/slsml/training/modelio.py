@@ -5,6 +5,7 @@ imports TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import io
@@ -20,12 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
 from slsml.spec.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig
 from slsml.spec.errors import BadInputError
 from slsml.spec.shardplan import ShardPlan, VariableSpec
 from slsml.training import bounds
-from slsml.training.optimizers import State
+from slsml.training.optimizers import State, initial_state
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -75,8 +77,11 @@ def _declared_variables(data: bytes) -> tuple[int, int]:
         return 0, 0
     compiled = config.pop("compile_config", None) or {}
     optimizer = compiled.get("optimizer") if isinstance(compiled, dict) else None
-    name = optimizer.get("class_name") if isinstance(optimizer, dict) else optimizer
-    slots = next((len(KERAS_SLOTS[ours]) for ours, theirs in KERAS_OPTIMIZERS.items() if theirs == name), 0)
+    slots = 0  # per trainable weight, as the reducers hold them (an optimizer they refuse is named later)
+    if isinstance(optimizer, dict) and isinstance(optimizer.get("config"), dict):
+        with contextlib.suppress(BadInputError, ValidationError, TypeError):
+            state = initial_state(OptimizerConfig.from_keras(str(optimizer.get("class_name")), optimizer["config"]), 1)
+            slots = sum(1 for values in state.values() if values.ndim == 1)
     # Keras keeps variables made in a stateless scope in a global list to initialize later: restored untouched
     pending = list(global_state.get_global_attribute("uninitialized_variables", []) or [])
     try:
