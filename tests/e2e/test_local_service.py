@@ -63,6 +63,11 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     summary = last_json(watched)
     assert (summary["run_id"], summary["status"], summary["iterations"]) == (run_id, "COMPLETED", 6)
     assert summary["workers"] == 3 and summary["test_accuracy"] > 0.3
+    progress = [line for line in watched.stderr.splitlines() if line.startswith(f"{run_id} 6/6  ")]
+    assert progress and re.search(r"  loss [\d.]+  accuracy [\d.]+  test_accuracy [\d.]+  ", progress[-1]), \
+        watched.stderr  # the figures as Keras names them, in a pipe
+    assert re.search(r"test_loss\s*│ [\d.]+\s*│", watched.stderr) and re.search(
+        r"test_accuracy\s*│ [\d.]+\s*│", watched.stderr), watched.stderr
     report = slsml(service, "run", "report", run_id, "--out", "report", "--json")
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout) == {"run_id": run_id, "report": str(Path("report") / "index.html")}

@@ -93,6 +93,13 @@ def test_a_runs_report_opens_in_a_browser_and_shows_the_runs_summary(local, serv
                                                                                       "#headline [data-field]")}
     assert headline["status"] == "COMPLETED" and headline["iterations"] == "6"
     assert headline["test_accuracy"] == f"{summary.test_accuracy:.4f}"
+    assert headline["test_loss"] == f"{summary.test_loss:.4f}"  # as Keras names them, the loss always
+    curves = browser.find_element("css selector", "img[src^=curves]").get_attribute("alt")
+    assert curves.startswith("loss, test_loss and accuracy, test_accuracy against"), curves
+    tables = [[th.text for th in table.find_elements("tag name", "th")]
+              for table in browser.find_elements("tag name", "table")]
+    assert ["iteration", "wall time", "dollars so far", "test_loss", "test_accuracy"] in tables, tables
+    assert ["iteration", "s", "loss", "accuracy", "test_accuracy", "faults", "X-Ray"] in tables, tables
     assert headline["median_iteration_s"] == f"{summary.median_iteration_s:.3f} s"
     assert headline["cost_usd"] == f"${summary.cost_usd:.3g}" and headline["late_workers"] == str(summary.late_workers)
     embedded = browser.find_element("id", "summary-json").get_attribute("textContent")

@@ -40,6 +40,10 @@ def test_the_summary_table_and_its_json(monkeypatch: pytest.MonkeyPatch, capsys:
     out, err = capsys.readouterr()
     assert json.loads(out) == json.loads(SUMMARY.model_dump_json())
     assert "0.9123" in err and "s3: GetObject 18, PutObject 8" in err
+    assert re.search(r"test_loss\s*│ 0.3000\s*│", err) and re.search(r"test_accuracy\s*│ 0.9123\s*│", err), err
+    validated = SUMMARY.model_copy(update={"test_loss": None, "val_loss": 0.25, "val_auc": 0.875})
+    assert _row("test_loss", validated, capsys) == "–"  # always shown
+    assert _row("val_auc", validated, capsys) == "0.8750" and _row("val_loss", validated, capsys) == "0.2500"
     assert re.search(r"options\s*│ eval_every 3, deadline_floor 0.7\s*│", err), err  # the spec's, not at default
     assert f"{display.dollars(0.0123)} in all, {display.dollars(0.001)} per iteration" in err
     assert display.dollars(1234.5) == "$1,234.50" and display.dollars(0.0123) == "$0.0123"
@@ -93,8 +97,10 @@ def test_the_run_list(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
     out, err = capsys.readouterr()
     rows = [line for line in out.splitlines() if "run-" in line]
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1.8e9))
-    assert [re.split(r"\s*│\s*", row.strip("│ "))[:5] for row in rows] == [
-        ["run-1", "–", "COMPLETED", "5", "0.9123"], ["run-2", started, "FAILED", "5", "–"]]
+    assert [re.split(r"\s*│\s*", row.strip("│ "))[:6] for row in rows] == [
+        ["run-1", "–", "COMPLETED", "5", "0.3000", "test_accuracy 0.9123"], ["run-2", started, "FAILED", "5", "0.3000",
+                                                                            "–"]]
+    assert re.search(r"┃ test_loss\s*┃ first test metric\s*┃", out), out
     assert err == ""
     display.print_runs([SUMMARY, failed], as_json=True)
     out, err = capsys.readouterr()
@@ -108,9 +114,9 @@ def test_the_progress_line_says_loss_accuracy_and_time_per_iteration() -> None:
     assert text.update(run, None) == ""
     line = text.update(run, Counter(iteration=3, train_loss=0.5, train_accuracy=0.75,
                                     test={"loss": 0.7, "auc": 0.6, "accuracy": 0.5}))
-    assert line.startswith("loss 0.5000  acc 0.750  test_auc 0.600  ") and "s/iter" in line  # the first metric
-    later = text.update(run, Counter(iteration=4, train_loss=0.25))
-    assert "test_auc 0.600" in later  # the last one seen
+    assert line.startswith("loss 0.5000  accuracy 0.750  test_auc 0.600  ") and "s/iter" in line  # the first metric
+    later = text.update(run, Counter(iteration=4, train_loss=0.25, val={"loss": 0.8, "auc": 0.55}))
+    assert later.startswith("loss 0.2500  test_auc 0.600  val_auc 0.550  ")  # the last ones seen
     assert "test_loss 0.900" in text.update(run, Counter(iteration=5, test={"loss": 0.9}))  # no metric: the loss
     with display.run_progress("run-1", 10, started=0.0) as show:
         show(run, Counter(iteration=4, train_loss=0.5))

@@ -130,13 +130,14 @@ def test_curves_add_up_the_dollars_through_each_iteration() -> None:
                use("worker", T0, T0 + 1, iteration=0, requests={"s3:GetObject": 10}),
                use("worker", T0 + 2, T0 + 3, iteration=1, requests={"s3:GetObject": 10})]
     iterations = [IterationRecord(iteration=0, train_loss=2.0, merged_at=T0 + 1.5),
-                  IterationRecord(iteration=1, train_loss=1.5, test_loss=1.4, test_accuracy=0.6, merged_at=T0 + 3.5)]
+                  IterationRecord(iteration=1, train_loss=1.5, test={"loss": 1.4, "accuracy": 0.6},
+                                  merged_at=T0 + 3.5)]
     first, second = report.curves(run, iterations, records, PRICES)
     invocation = 1 / 1024 * 1024 * 1.0 + 0.5  # 1 GB-s at $1, and the request at $0.50
     assert first.dollars == pytest.approx(invocation + 0.01 + invocation + 0.01)
     assert second.dollars == pytest.approx(first.dollars + invocation + 0.01)
     assert (first.wall_s, second.wall_s) == pytest.approx((11.5, 13.5))
-    assert (first.test_accuracy, second.test_accuracy, second.train_loss) == (None, 0.6, 1.5)
+    assert (first.test, second.test, second.train_loss) == ({}, {"loss": 1.4, "accuracy": 0.6}, 1.5)
 
 
 def test_usage_by_function_in_chain_order_with_requests_and_dollars_by_service() -> None:
@@ -222,7 +223,8 @@ def _report(tmp_path: Path, reason: str | None = None) -> tuple[report.Report, r
                     dataset="d&d", created_at=T0 - 10, updated_at=T0 + 9, reason=reason)
     records = [*iteration_one(), use("work_launcher", T0 + 1.5, T0 + 1.6, iteration=2)]
     iterations = [IterationRecord(iteration=0, launched_at=T0 - 1, train_loss=2.0, train_accuracy=0.1),
-                  record_one(train_loss=1.8, train_accuracy=0.3, test_loss=1.7, test_accuracy=0.42),
+                  record_one(train_loss=1.8, train_accuracy=0.3, test_loss=1.7, test_accuracy=0.42,
+                             test={"loss": 1.7, "accuracy": 0.42, "auc": 0.8}, val={"loss": 1.9, "accuracy": 0.4}),
                   IterationRecord(iteration=2, launched_at=T0 + 1.51)]
     summary = runs.summarize(run, iterations, 19.0, records)
     gathered = report.gather(run, iterations, records, summary, chosen=[2], table=PRICES)
@@ -279,3 +281,20 @@ def test_the_report_command_reads_a_stack_and_says_where_a_local_runs_report_com
     assert cli.main(["run", "report", "r", "--out", "d"]) == 2
     assert "no local service is up and no --stack given" in capsys.readouterr().err
     assert cli.build_parser().parse_args(["demo", "--report", "out"]).report == "out"
+
+
+def test_the_curves_and_tables_name_the_figures_as_keras_does(tmp_path: Path) -> None:
+    gathered, _ = _report(tmp_path)
+    drawn = {name: [label for label, _ in lines] for name, lines in report.series(gathered.points).items()}
+    assert drawn == {"loss": ["loss", "test_loss", "val_loss"],
+                     "accuracy": ["accuracy", "test_accuracy", "val_accuracy"]}
+    page = report.render(gathered)
+    assert 'alt="loss, test_loss, val_loss and accuracy, test_accuracy, val_accuracy against iterations' in page
+    assert "<th>test_loss</th><th>test_accuracy</th><th>test_auc</th><th>val_loss</th><th>val_accuracy</th>" in page
+    assert "<th>loss</th><th>accuracy</th><th>test_accuracy</th>" in page  # every iteration: the first metric
+    auc = [report.Point(iteration=i, wall_s=None, dollars=0.0, train_loss=0.5, train_accuracy=0.7,
+                        test={"loss": 0.6, "auc": 0.9} if i else {}) for i in range(2)]
+    assert {name: [label for label, _ in lines] for name, lines in report.series(auc).items()} == {
+        "loss": ["loss", "test_loss"], "auc": ["test_auc"]}  # slsml's batch accuracy is not the AUC
+    report.draw_curves(auc, tmp_path / "auc.png")
+    assert (tmp_path / "auc.png").stat().st_size > 1000

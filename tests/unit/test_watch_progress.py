@@ -31,7 +31,7 @@ def test_the_line_shows_stage_times_what_the_run_met_and_dollars_so_far() -> Non
 
     progress = ProgressText(started=0.0, spent=spent)
     first = progress.update(_run(1), _counter(0, arrived=4))
-    assert "loss 0.5000" in first and "acc 0.800" in first
+    assert "loss 0.5000" in first and "accuracy 0.800" in first
     assert "workers 0.25 s reduce+merge 0.50 s" in first
     assert "1 late" in first and "$0.0123 so far" in first
     again = progress.update(_run(1), _counter(0, arrived=4))  # the same iteration seen twice counts once

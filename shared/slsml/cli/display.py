@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -161,7 +161,7 @@ class ProgressText:
 
     def __init__(self, started: float, spent: Callable[[Any], float] | None = None) -> None:
         self.started, self.spent = started, spent
-        self.test: tuple[str, float] | None = None  # the last evaluated model's first metric (else loss)
+        self.evaluated: dict[str, tuple[str, float]] = {}  # test/val → the last evaluated model's first metric
         self.workers: int | None = None  # the last merged iteration's, as last seen
         self.changed: tuple[int, str | None] | None = None  # the last change seen: its iteration and reason
         self.seen: dict[int, tuple[int, int, int]] = {}  # iteration → (late, re-launches, stale shards)
@@ -171,16 +171,16 @@ class ProgressText:
     def update(self, run: Any, latest: Any) -> str:
         if latest is None:
             return ""
-        if latest.test:
-            name = next((n for n in latest.test if n != "loss"), "loss")
-            self.test = (name, latest.test[name])
+        for split in ("test", "val"):
+            if figures := getattr(latest, split):
+                name = first_metric(figures)
+                self.evaluated[split] = (f"{split}_{name}", figures[name])
         late = max(0, latest.arrived - latest.participant_count) if latest.reduce_fired_by is not None else 0
         self.seen[latest.iteration] = (late, latest.reduce_relaunches, len(latest.stale_shards))
         parts = [f"loss {latest.train_loss:.4f}"] if latest.train_loss is not None else []
         if latest.train_accuracy is not None:
-            parts.append(f"acc {latest.train_accuracy:.3f}")
-        if self.test is not None:
-            parts.append(f"test_{self.test[0]} {self.test[1]:.3f}")
+            parts.append(f"accuracy {latest.train_accuracy:.3f}")
+        parts += [f"{name} {value:.3f}" for name, value in self.evaluated.values()]
         parts.append(f"{(time.time() - self.started) / max(1, run.iteration):.2f} s/iter")
         parts.append(self._workers(run, latest))
         if latest.launched_at and latest.reduce_fired_at and latest.merged_at:
@@ -208,6 +208,11 @@ class ProgressText:
         if self.changed and self.changed[1] and latest.iteration - self.changed[0] < self.RECENT:
             return f"W={workers} ({why(self.changed[1])})"
         return f"W={workers}"
+
+
+def first_metric(figures: Mapping[str, float]) -> str:
+    """The name of the first compiled metric among a split's figures by Keras name (``loss`` if none)."""
+    return next((name for name in figures if name != "loss"), "loss")
 
 
 def why(reason: str) -> str:
@@ -254,6 +259,8 @@ def print_summary(summary: Any, as_json: bool) -> None:
     for name, value in test.items():
         if name != "loss":
             row(f"test_{name}", f"{value:.4f}")
+    for name, value in summary.val.items():
+        row(f"val_{name}", f"{value:.4f}")
     row("wall time", f"{summary.wall_s:.1f} s")
     if summary.median_iteration_s:
         compute = summary.median_worker_compute_s or 0.0
@@ -324,11 +331,13 @@ def print_runs(summaries: list[Any], as_json: bool = False) -> None:
     summaries."""
     from rich.table import Table
 
-    table = Table("run", "started", "status", "iterations", "test accuracy", "reason")
+    table = Table("run", "started", "status", "iterations", "test_loss", "first test metric", "reason")
     for s in summaries:
         started = "–" if s.started_at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.started_at))
+        metric = first_metric(s.test)
         table.add_row(s.run_id, started, s.status.value, str(s.iterations),
-                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}", s.reason or "")
+                      "–" if s.test_loss is None else f"{s.test_loss:.4f}",
+                      "–" if metric == "loss" else f"test_{metric} {s.test[metric]:.4f}", s.reason or "")
     results(as_json).print(table)
     if as_json:
         print(json.dumps([summary.model_dump(mode="json") for summary in summaries]))

@@ -4,7 +4,8 @@
 ``--report DIR`` of a local run). It reads the run and its iteration records and writes ``index.html``
 (inline style, no scripts, no remote resources; the PNGs referenced relatively) beside:
 
-- ``curves.png``: train loss and accuracy per iteration, test where evaluated, against iterations, against
+- ``curves.png``: the loss and the first compiled metric as Keras names them (``loss``, ``accuracy`` of each
+  iteration's batch; ``test_loss``, ``test_<metric>``, ``val_…`` where evaluated), against iterations, against
   wall time and against dollars;
 - ``timeline-<iteration>.png``: the transaction diagram of an iteration, every invocation a bar on a shared
   time axis (the slowest, a median one and any chosen);
@@ -26,7 +27,7 @@ import json
 import math
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 from slsml.accounting import prices, usage
 from slsml.accounting.prices import PriceTable
 from slsml.accounting.usage import UsageRecord
+from slsml.cli import display
 from slsml.client import runs
 from slsml.pipeline import spend
 from slsml.pipeline.services import Services
@@ -184,15 +186,16 @@ def choose(seconds: Mapping[int, float], chosen: Sequence[int] = ()) -> list[tup
 
 @dataclass(frozen=True)
 class Point:
-    """One iteration on the curves: train figures of its batch, test figures where it was evaluated."""
+    """One iteration on the curves: train figures of its batch; test and validation figures by Keras name where it
+    was evaluated."""
 
     iteration: int
     wall_s: float | None  # its merge, from the run's start
     dollars: float  # the run's cost up to and including this iteration
     train_loss: float | None
     train_accuracy: float | None
-    test_loss: float | None
-    test_accuracy: float | None
+    test: dict[str, float] = field(default_factory=dict)
+    val: dict[str, float] = field(default_factory=dict)
 
 
 def _dollars(records: Iterable[UsageRecord], table: PriceTable) -> float:
@@ -217,8 +220,8 @@ def curves(run: RunRecord, iterations: Iterable[IterationRecord], records: Itera
             dollars=spent,
             train_loss=record.train_loss,
             train_accuracy=record.train_accuracy,
-            test_loss=record.test_loss,
-            test_accuracy=record.test_accuracy,
+            test=record.test or {},
+            val=record.val or {},
         ))
     return points
 
@@ -397,22 +400,48 @@ def _figure(width: float, height: float) -> Any:
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
+def first_metric(points: Sequence[Point]) -> str:
+    """The first compiled metric's Keras name on the points evaluated (``loss``: none evaluated, or no metric)."""
+    return display.first_metric(next((p.test or p.val for p in points if p.test or p.val), {}))
+
+
+def series(points: Sequence[Point]) -> dict[str, list[tuple[str, Callable[[Point], float | None]]]]:
+    """The curves as Keras names them, by figure (the loss, then the first compiled metric): ``loss`` and
+    ``accuracy`` of each iteration's batch (slsml's accuracy), ``test_…`` and ``val_…`` where evaluated; only those
+    some point has."""
+    metric = first_metric(points)
+    train: dict[str, Callable[[Point], float | None]] = {"loss": lambda p: p.train_loss,
+                                                         "accuracy": lambda p: p.train_accuracy}
+    drawn: dict[str, list[tuple[str, Callable[[Point], float | None]]]] = {}
+    for name in dict.fromkeys(("loss", metric)):
+        candidates = [(name, train[name])] if name in train else []
+        candidates += [(f"{split}_{name}", _evaluated(split, name)) for split in ("test", "val")]
+        drawn[name] = [(label, value) for label, value in candidates if any(value(p) is not None for p in points)]
+    return drawn
+
+
+def _evaluated(split: str, name: str) -> Callable[[Point], float | None]:
+    return lambda point: getattr(point, split).get(name)
+
+
 def draw_curves(points: list[Point], path: Path) -> None:
-    """Loss (top) and accuracy (bottom) against iterations, wall time and dollars: train per iteration, test
-    where evaluated."""
+    """The loss (top) and the first compiled metric (bottom) against iterations, wall time and dollars: each of
+    ``series``, labelled with its Keras name."""
     from matplotlib.ticker import MaxNLocator
 
     figure = _figure(13, 7)
     axes = figure.subplots(2, 3, squeeze=False)
     xs = {"iteration": lambda p: p.iteration, "wall time (s)": lambda p: p.wall_s, "dollars": lambda p: p.dollars}
+    curves = list(series(points).items())
     for column, (label, x) in enumerate(xs.items()):
-        for row, (metric, name) in enumerate((("loss", "loss"), ("accuracy", "accuracy"))):
+        for row in range(2):
+            name, lines = curves[row] if row < len(curves) else ("metric", [])
             axis = axes[row][column]
-            for kind, style in (("train", {"linewidth": 1.2}), ("test", {"marker": "o", "linewidth": 1.0})):
-                shown = [(x(p), getattr(p, f"{kind}_{metric}")) for p in points]
+            for kind, value in lines:
+                shown = [(x(p), value(p)) for p in points]
                 shown = [(a, b) for a, b in shown if a is not None and b is not None]
-                if shown:
-                    axis.plot(*zip(*shown, strict=True), label=kind, **style)
+                style = {"linewidth": 1.2} if kind == name else {"marker": "o", "linewidth": 1.0}
+                axis.plot(*zip(*shown, strict=True), label=kind, **style)
             if not axis.lines:
                 axis.text(0.5, 0.5, f"no {name} recorded", ha="center", va="center", transform=axis.transAxes)
             elif column == 0:
@@ -423,7 +452,8 @@ def draw_curves(points: list[Point], path: Path) -> None:
             if label == "dollars":
                 axis.xaxis.set_major_locator(MaxNLocator(5))
                 axis.xaxis.set_major_formatter(lambda value, _: f"${value:.2g}")
-    figure.suptitle("training: train loss and accuracy of each iteration's batch, test where evaluated")
+    figure.suptitle("training: the loss and the first metric of each iteration's batch, test_ and val_ where"
+                    " evaluated")
     figure.savefig(path, format="png")
 
 
@@ -512,6 +542,11 @@ def draw(report: Report, out_dir: Path) -> dict[str, str]:
 # ---- the page ------------------------------------------------------------------------------------------------
 
 
+def figure(value: float | None) -> str:
+    """A loss or metric in a table: four decimals, ``–`` if none."""
+    return "–" if value is None else f"{value:.4f}"
+
+
 def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
@@ -524,7 +559,7 @@ def shown(name: str, value: Any) -> str:
     """A summary figure as the page shows it."""
     if value is None or value == {}:
         return "–"
-    if name in {"test_accuracy", "test_loss", "final_train_loss"}:
+    if name == "final_train_loss" or (name.startswith(("test_", "val_")) and isinstance(value, float)):
         return f"{value:.4f}"
     if name.endswith("_s"):
         return f"{value:.3f} s"
@@ -546,7 +581,7 @@ def shown(name: str, value: Any) -> str:
 
 
 HEADLINE = {  # the summary's figures at the top of the page, with their captions
-    "status": "status", "iterations": "iterations", "test_accuracy": "test accuracy",
+    "status": "status", "iterations": "iterations", "test_loss": "test_loss",
     "median_iteration_s": "median iteration", "wall_s": "wall time", "cost_usd": "cost",
     "cost_per_iteration_usd": "cost per iteration (median)", "late_workers": "late workers",
 }
@@ -605,19 +640,27 @@ def render(report: Report) -> str:
     parts.append(f"<p>{spec}</p>")
     if s.reason:
         parts.append(f'<p class="bad">{_e(s.status.value)}: {_e(s.reason)}</p>')
+    headline: dict[str, str] = {}
+    for name, caption in HEADLINE.items():  # the test loss, then the first compiled metric
+        headline[name] = caption
+        if name == "test_loss" and (metric := display.first_metric(s.test)) != "loss":
+            headline[f"test_{metric}"] = f"test_{metric}"
     parts.append('<div class="cards" id="headline">' + "".join(
         f'<div class="card"><div class="k">{_e(caption)}</div>' + _figure_cell(name, dumped[name], tag="div")
-        + "</div>" for name, caption in HEADLINE.items()) + "</div>")
+        + "</div>" for name, caption in headline.items()) + "</div>")
 
     parts.append("<h2 id=\"training\">Training</h2>")
-    parts.append(_img(report, "curves", "loss and accuracy against iterations, wall time and dollars"))
-    evaluated = [p for p in report.points if p.test_accuracy is not None or p.test_loss is not None]
+    drawn = series(report.points)
+    parts.append(_img(report, "curves", " and ".join(", ".join(label for label, _ in lines) for lines in drawn.values()
+                                                     if lines) + " against iterations, wall time and dollars"))
+    evaluated = [p for p in report.points if p.test or p.val]
     if evaluated:
-        parts.append(_table(["iteration", "wall time", "dollars so far", "test loss", "test accuracy"], (
+        names = [f"{split}_{name}" for split in ("test", "val")
+                 for name in dict.fromkeys(n for p in evaluated for n in getattr(p, split))]
+        parts.append(_table(["iteration", "wall time", "dollars so far", *names], (
             [str(p.iteration), "–" if p.wall_s is None else f"{p.wall_s:.2f} s", _e(money(p.dollars)),
-             "–" if p.test_loss is None else f"{p.test_loss:.4f}",
-             "–" if p.test_accuracy is None else f"{p.test_accuracy:.4f}"] for p in evaluated),
-            numeric=(0, 1, 2, 3, 4)))
+             *(figure(getattr(p, split).get(name)) for split, _, name in (n.partition("_") for n in names))]
+            for p in evaluated), numeric=tuple(range(3 + len(names)))))
 
     parts.append("<h2 id=\"timelines\">Iterations, invocation by invocation</h2>")
     parts.append('<p class="note">Each bar is one function invocation (its usage line: from its start, or the end'
@@ -676,12 +719,12 @@ def render(report: Report) -> str:
                      " traced).</p>")
     by_fault: Counter = Counter(f.iteration for f in report.faults)
     seconds = report.seconds
-    parts.append(_table(["iteration", "s", "train loss", "train acc", "test acc", "faults", "X-Ray"], (
+    metric = first_metric(report.points)
+    parts.append(_table(["iteration", "s", "loss", "accuracy", f"test_{metric}", "faults", "X-Ray"], (
         [f'<span id="row-{p.iteration}">{p.iteration}</span>',
          f"{seconds[p.iteration]:.3f}" if p.iteration in seconds else "–",
-         "–" if p.train_loss is None else f"{p.train_loss:.4f}",
-         "–" if p.train_accuracy is None else f"{p.train_accuracy:.3f}",
-         "–" if p.test_accuracy is None else f"{p.test_accuracy:.4f}",
+         figure(p.train_loss), "–" if p.train_accuracy is None else f"{p.train_accuracy:.3f}",
+         figure(p.test.get(metric)),
          str(by_fault[p.iteration] or ""), _trace_cell(report, p.iteration)] for p in report.points),
         numeric=(1, 2, 3, 4, 5)))
 
