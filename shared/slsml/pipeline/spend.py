@@ -9,6 +9,8 @@ which a run cannot be charged for, is not. A duplicate or a retry is, for it was
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from slsml.accounting import prices, usage
 from slsml.pipeline.services import Services, run_config
 from slsml.spec.errors import RunFailed
@@ -25,7 +27,7 @@ def count(services: Services) -> None:
         return
     try:
         config = run_config(services.store, run_id)
-    except RunFailed:  # a run that was refused at its start: there is no run to charge
+    except (RunFailed, ValidationError):  # refused at its start, or its config is unreadable: nothing to charge
         return
     if config.training.budget_usd is not None:
         services.table.add_spend(run_id, usage.so_far(prices.load()))
