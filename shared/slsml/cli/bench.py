@@ -111,6 +111,18 @@ def cmd_bench_admm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_evaluation(args: argparse.Namespace) -> int:
+    from slsml.bench import evaluation as bench
+
+    sizes, workers = args.sizes or bench.SIZES, args.workers or bench.WORKERS
+    if args.iterations < 1:
+        raise BadInputError(f"--iterations must be at least 1, not {args.iterations}")
+    _bench(args, "evaluation", max(workers), 1,
+           lambda runtime, show: bench.evaluation(runtime, sizes, workers, args.iterations, show),
+           display.print_evaluation)
+    return 0
+
+
 def cmd_bench_data(args: argparse.Namespace) -> int:
     from slsml.bench import data as bench
 
@@ -184,6 +196,16 @@ def add_commands(commands: Any) -> None:
         help="ADMM against gradient averaging on logistic regression (breast cancer data, 4 workers):"
         " rounds to the same test accuracy"
     )
+
+    evaluation = _benchmark(
+        benchmarks, cmd_bench_evaluation, "evaluation",
+        help="the Merger's time per evaluation round and the evaluation's wall time at test splits of several sizes"
+        " and several W, side by side (the demo's CNN, evaluated at every iteration)"
+    )
+    evaluation.add_argument("--sizes", type=options.counts,
+                            help="test samples of the runs, comma-separated (default 1000,10000)")
+    evaluation.add_argument("--workers", type=options.counts, help="W of the runs, comma-separated (default 2,4)")
+    evaluation.add_argument("--iterations", type=int, default=4, help="of each run, each evaluated (default 4)")
 
     data = _benchmark(
         benchmarks, cmd_bench_data, "data",

@@ -574,6 +574,32 @@ def print_algorithms(report: Any, as_json: bool = False) -> None:
               f" {bench.TUNED_WITHIN - 1:.0%}: {yes[report.tuned_close]}")
 
 
+def print_evaluation(report: Any, as_json: bool = False) -> None:
+    """``bench evaluation``: a row per test split size and W, side by side; then, per W, the Merger's time per
+    evaluation round at the largest size against the smallest, and per size the evaluation's wall time at the most
+    workers against the fewest."""
+    from rich.table import Table
+
+    table = Table("test samples", "W", "Merger s per evaluation round", "evaluation wall s", "slowest worker s",
+                  title=f"evaluation at every iteration ({report.iterations}), the demo's CNN, global batch"
+                  f" {report.global_batch}")
+    for p in report.points:
+        table.add_row(f"{p.test_samples:,}", str(p.workers), f"{p.merger_s_per_round:.3f}",
+                      f"{p.evaluation_wall_s:.3f}", f"{p.slowest_worker_s:.3f}")
+    out = results(as_json)
+    out.print(table)
+    sizes = sorted({p.test_samples for p in report.points})
+    fleets = sorted({p.workers for p in report.points})
+    at = {(p.test_samples, p.workers): p for p in report.points}
+    if len(sizes) > 1:
+        out.print("Merger per evaluation round, " + f"{sizes[-1]:,} against {sizes[0]:,} test samples: " + ", ".join(
+            f"W={w} ×{at[sizes[-1], w].merger_s_per_round / at[sizes[0], w].merger_s_per_round:.2f}" for w in fleets))
+    if len(fleets) > 1:
+        out.print(f"evaluation wall time, W={fleets[-1]} against W={fleets[0]}: " + ", ".join(
+            f"{n:,} samples ×{at[n, fleets[-1]].evaluation_wall_s / at[n, fleets[0]].evaluation_wall_s:.2f}"
+            for n in sizes))
+
+
 def print_admm(report: Any, as_json: bool = False) -> None:
     """``bench admm``: a row per variant with the rounds it took to the target (ADMM: less a point), its first
     rounds' test accuracy, then whether ADMM took at most a third of gradient averaging's rounds."""

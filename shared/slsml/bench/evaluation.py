@@ -1,0 +1,97 @@
+"""Benchmark ``evaluation``: how a run's evaluation scales with the test split and the workers. For each test
+split size (default 1,000 and 10,000 samples of the digits' shape, 8×8×1, 10 classes, drawn at random beside
+``TRAIN`` training samples) and each W (default 2 and 4), the demo's CNN trains ``ITERATIONS`` iterations evaluated
+at every one (global batch 64, one reducer) on the local runtime, one run after the other. Each run gives:
+
+- the Merger's time per evaluation round: its invocations' durations summed per iteration (from the usage lines),
+  the median over the iterations; every merged model is evaluated, by the workers on their slices;
+- the evaluation's wall time: the round past the budget, whose workers only evaluate the final model, from its
+  first worker's start to its last worker's end (and the slowest worker's duration in it)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from pydantic import BaseModel
+
+from slsml.accounting import usage
+from slsml.bench import pipeline as bench
+from slsml.client import runs
+from slsml.data import datasets as data
+from slsml.local.runtime import LocalRuntime
+from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import SlsmlError
+
+SIZES, WORKERS = (1_000, 10_000), (2, 4)
+ITERATIONS, TRAIN, BATCH = 4, 1_024, 64
+IDLE_S = 60  # how long a run's last invocations may take to log their usage
+
+Progress = Callable[[str, int, int], None]  # (variant, iterations merged, iterations)
+
+
+class EvaluationPoint(BaseModel):
+    run_id: str
+    test_samples: int
+    workers: int
+    merger_s_per_round: float  # the median over the iterations of the Merger's summed durations
+    evaluation_wall_s: float  # the final evaluation round: first worker's start to last worker's end
+    slowest_worker_s: float  # the final evaluation round's slowest worker
+
+
+class EvaluationReport(BaseModel):
+    iterations: int
+    global_batch: int
+    points: list[EvaluationPoint]
+
+
+def synthetic(test_samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test): random 8×8×1 images in [0, 1) and labels of 10 classes."""
+    rng = np.random.default_rng(seed)
+    return (rng.random((TRAIN, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, TRAIN),
+            rng.random((test_samples, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, test_samples))
+
+
+def measure(run_id: str, test_samples: int, workers: int, iterations: int, records: Sequence[usage.UsageRecord]
+            ) -> EvaluationPoint:
+    """A run's figures from its functions' usage records."""
+    merger: defaultdict[int, float] = defaultdict(float)
+    for r in records:
+        if r.function == "merger" and r.iteration is not None and r.iteration < iterations:
+            merger[r.iteration] += r.duration_s
+    final = [r for r in records if r.function == "worker" and r.iteration == iterations]
+    if not merger or not final:
+        raise SlsmlError(f"run {run_id} ({test_samples} test samples, {workers} workers) logged no Merger or no final"
+                         " evaluation round")
+    return EvaluationPoint(
+        run_id=run_id, test_samples=test_samples, workers=workers,
+        merger_s_per_round=statistics.median(merger.values()),
+        evaluation_wall_s=max(r.end for r in final) - min(r.start for r in final),
+        slowest_worker_s=max(r.duration_s for r in final),
+    )
+
+
+def evaluation(local: LocalRuntime, sizes: Sequence[int] = SIZES, workers: Sequence[int] = WORKERS,
+               iterations: int = ITERATIONS, progress: Progress | None = None) -> EvaluationReport:
+    """Run every size × W on ``local`` (an entered runtime with at least max(``workers``) worker processes)."""
+    from slsml.client import demo
+    from slsml.training import modelio
+
+    services = local.services
+    model_bytes = modelio.save_model(demo.digits_cnn())
+    stem = runs.new_run_id("evaluation")
+    points = []
+    for size in sizes:
+        dataset = f"evaluation-{size}"
+        if not services.store.exists(keys.dataset_manifest(dataset)):
+            data.put_dataset(services.store, dataset, *synthetic(size))
+        for count in workers:
+            spec = TrainingSpec(workers=count, reducers=1, global_batch=BATCH, iterations=iterations, eval_every=1)
+            run, _ = bench.run_to_the_end(services, model_bytes, spec, f"{stem}-{size}-{count}",
+                                          f"{size} test samples, W={count}", progress, dataset)
+            local.host.wait_idle(run.run_id, IDLE_S)
+            points.append(measure(run.run_id, size, count, iterations, usage.read_local(local.log_dir, run.run_id)))
+    return EvaluationReport(iterations=iterations, global_batch=BATCH, points=points)
