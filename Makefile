@@ -40,8 +40,9 @@ browser:  ## headless Chromium and its driver, for the report's browser test
 demo: install  ## train a CNN on digits through the whole pipeline on the embedded cloud
 	$(BIN)/slsml demo
 
-lint: install  ## ruff, and mypy over the package (pyproject.toml's [tool.mypy])
+lint: install  ## ruff (lint and format), and mypy over the package (pyproject.toml's [tool.mypy])
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 # two test processes, each test file whole in one (its module fixtures run once), each e2e process with an

@@ -33,7 +33,11 @@ HANDLER = "lambda_handler"  # the entry point in every functions/<name>/handler.
 # the kinds of object under runs/ a step writes (slsml.spec.keys.*_OBJECTS), as cdk-nag names the resources
 OBJECT_KINDS_REGEX = r"/^Resource::<.+\.Arn>\/runs\/\*\/(iters\/\*|models\/\*|final\.keras|source\.keras|run\.json)$/g"
 TABLE_ACTIONS = [
-    "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem",
+    "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
+    "dynamodb:PutItem",
+    "dynamodb:UpdateItem",
+    "dynamodb:DeleteItem",
     "dynamodb:Query",
 ]
 
@@ -152,8 +156,11 @@ class Compute(Construct):
             role.add_to_policy(iam.PolicyStatement(actions=["dynamodb:UpdateItem"], resources=[self._table.table_arn]))
             NagSuppressions.add_resource_suppressions(
                 role,
-                [NagPackSuppression(id="AwsSolutions-IAM5", reason="X-Ray accepts no resource but *.",
-                                    applies_to=["Resource::*"])],
+                [
+                    NagPackSuppression(
+                        id="AwsSolutions-IAM5", reason="X-Ray accepts no resource but *.", applies_to=["Resource::*"]
+                    )
+                ],
                 apply_to_children=True,
             )
             return role
@@ -172,14 +179,23 @@ class Compute(Construct):
             )
         )
         if fn.writes:
-            role.add_to_policy(iam.PolicyStatement(
-                actions=["s3:PutObject"], resources=[self._bucket.arn_for_objects(p) for p in fn.writes]))
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["s3:PutObject"], resources=[self._bucket.arn_for_objects(p) for p in fn.writes]
+                )
+            )
         if keys.SCRATCH_OBJECTS in fn.writes:  # scratch objects are written with the expiry tag
-            role.add_to_policy(iam.PolicyStatement(
-                actions=["s3:PutObjectTagging"], resources=[self._bucket.arn_for_objects(keys.SCRATCH_OBJECTS)]))
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["s3:PutObjectTagging"], resources=[self._bucket.arn_for_objects(keys.SCRATCH_OBJECTS)]
+                )
+            )
         if fn.deletes:
-            role.add_to_policy(iam.PolicyStatement(
-                actions=["s3:DeleteObject"], resources=[self._bucket.arn_for_objects(p) for p in fn.deletes]))
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["s3:DeleteObject"], resources=[self._bucket.arn_for_objects(p) for p in fn.deletes]
+                )
+            )
         role.add_to_policy(iam.PolicyStatement(actions=TABLE_ACTIONS, resources=[self._table.table_arn]))
         for topic in fn.publishes:
             self._topics[topic.name].grant_publish(role)
@@ -212,5 +228,9 @@ class Compute(Construct):
     def _answer_executions(self, role: iam.Role, fn: wiring.Function) -> None:
         """The task-token calls its step makes to a run's execution, and no other."""
         if fn.answers:
-            role.add_to_policy(iam.PolicyStatement(actions=[f"states:{answer}" for answer in fn.answers],
-                                                   resources=[self._state_machine.state_machine_arn]))
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=[f"states:{answer}" for answer in fn.answers],
+                    resources=[self._state_machine.state_machine_arn],
+                )
+            )

@@ -42,9 +42,7 @@ class Messaging(Construct):
         self._dead_letter_visibility = Duration.seconds(
             6 * settings.functions[wiring.dead_letter_reader().name].timeout_s
         )
-        self.topics: dict[str, sns.Topic] = {
-            topic.name: self._topic(topic.name) for topic in wiring.TOPICS
-        }
+        self.topics: dict[str, sns.Topic] = {topic.name: self._topic(topic.name) for topic in wiring.TOPICS}
         self.dead_letter_queues: dict[str, sqs.Queue] = {}
         self.queues: dict[str, sqs.Queue] = {
             fn.queue.name: self._trigger_queue(fn.queue.name, settings.functions[fn.name].timeout_s)

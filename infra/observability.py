@@ -69,8 +69,11 @@ class Observability(Construct):
             self._alarm(f"{pascal(name)}Errors", fn.metric_errors(period=PERIOD, statistic="Sum"), f"{name} failed")
         for name, queue in dead_letter_queues.items():
             received = queue.metric_number_of_messages_received(period=PERIOD, statistic="Sum")
-            self._alarm(f"{name}DeadLetters", received,
-                        f"messages dead-lettered in the {name} queue (the dead-letter reader fails their runs)")
+            self._alarm(
+                f"{name}DeadLetters",
+                received,
+                f"messages dead-lettered in the {name} queue (the dead-letter reader fails their runs)",
+            )
         self._alarm("RunsFailed", state_machine.metric_failed(period=PERIOD, statistic="Sum"), "a training run failed")
 
         self.dashboard = cloudwatch.Dashboard(

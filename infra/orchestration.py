@@ -60,10 +60,12 @@ class Orchestration(Construct):
             )
         )
         # the initial model: a copy of the run's source.keras to its models/
-        role.add_to_principal_policy(iam.PolicyStatement(
-            actions=["s3:GetObject"], resources=[bucket.arn_for_objects(keys.SOURCE_MODEL_OBJECTS)]))
-        role.add_to_principal_policy(iam.PolicyStatement(
-            actions=["s3:PutObject"], resources=[bucket.arn_for_objects(keys.MODEL_OBJECTS)]))
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[bucket.arn_for_objects(keys.SOURCE_MODEL_OBJECTS)])
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["s3:PutObject"], resources=[bucket.arn_for_objects(keys.MODEL_OBJECTS)])
+        )
         for topic in (wiring.RUN_CONTROL, wiring.RUN_EVENTS):
             topics[topic.name].grant_publish(role)
         NagSuppressions.add_resource_suppressions(
@@ -74,8 +76,10 @@ class Orchestration(Construct):
                     reason="The state machine copies runs/<run>/source.keras to runs/<run>/models/ for any run,"
                     " so it reads source models and writes models of every run; log delivery and X-Ray accept no"
                     " resource but *.",
-                    applies_to=[RegexAppliesTo(regex=r"/^Resource::<.+\.Arn>\/runs\/\*\/(source\.keras|models\/\*)$/g"),
-                                "Resource::*"],
+                    applies_to=[
+                        RegexAppliesTo(regex=r"/^Resource::<.+\.Arn>\/runs\/\*\/(source\.keras|models\/\*)$/g"),
+                        "Resource::*",
+                    ],
                 )
             ],
             apply_to_children=True,

@@ -61,8 +61,10 @@ class Settings(BaseModel):
     @classmethod
     def _outlive_transient_use(cls, days: int) -> int:
         if days * DAY_S <= TRANSIENT_USE_MAX_S:
-            raise ValueError(f"{days} days: a run reads an iteration's updates for up to {TRANSIENT_USE_MAX_S // DAY_S}"
-                             " days ((staleness + 1) × heartbeat), so transient scratch must expire later than that")
+            raise ValueError(
+                f"{days} days: a run reads an iteration's updates for up to {TRANSIENT_USE_MAX_S // DAY_S}"
+                " days ((staleness + 1) × heartbeat), so transient scratch must expire later than that"
+            )
         return days
 
     @field_validator("functions", mode="before")

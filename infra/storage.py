@@ -49,8 +49,7 @@ class Storage(Construct):
                 tag_filters=rule.tags or None,
                 expiration=Duration.days(rule.expiration_days) if rule.expiration_days else None,
                 noncurrent_version_expiration=(
-                    Duration.days(rule.expiration_days) if rule.expiration_days and settings.bucket_versioning
-                    else None
+                    Duration.days(rule.expiration_days) if rule.expiration_days and settings.bucket_versioning else None
                 ),
                 abort_incomplete_multipart_upload_after=(
                     Duration.days(rule.abort_uploads_days) if rule.abort_uploads_days else None
@@ -73,14 +72,16 @@ class Storage(Construct):
         )
 
         # create-only, enforced by S3 for whoever writes (slsml.spec.deployment.CREATE_ONLY_OBJECTS)
-        self.bucket.add_to_resource_policy(iam.PolicyStatement(
-            sid="CreateOnlyRunObjects",
-            effect=iam.Effect.DENY,
-            principals=[iam.AnyPrincipal()],
-            actions=["s3:PutObject"],
-            resources=[self.bucket.arn_for_objects(kind) for kind in deployment.CREATE_ONLY_OBJECTS],
-            conditions={"Null": {"s3:if-none-match": "true"}},
-        ))
+        self.bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CreateOnlyRunObjects",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:PutObject"],
+                resources=[self.bucket.arn_for_objects(kind) for kind in deployment.CREATE_ONLY_OBJECTS],
+                conditions={"Null": {"s3:if-none-match": "true"}},
+            )
+        )
 
         # the table as slsml.state.records defines it (the local runtime creates it from the same definition)
         self.table = dynamodb.Table(

@@ -30,7 +30,7 @@ def bomb(declared_bytes: int) -> bytes:
         start = data.find(signature)
         while start >= 0:
             (length,) = struct.unpack_from("<H", data, start + length_at)
-            if data[start + name_at:start + name_at + length] == b"model.weights.h5":
+            if data[start + name_at : start + name_at + length] == b"model.weights.h5":
                 struct.pack_into("<I", data, start + size_at, declared_bytes)
             start = data.find(signature, start + 4)
     return bytes(data)

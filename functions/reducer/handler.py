@@ -4,5 +4,6 @@ from slsml.pipeline.envelope import pipeline_handler
 from slsml.pipeline.steps import reducer
 from slsml.spec.messages import ReduceMessage
 
-lambda_handler = pipeline_handler("reducer", ReduceMessage, reducer.reduce, stage=lambda m: f"reducer {m.shard}",
-                                  idempotent=False)
+lambda_handler = pipeline_handler(
+    "reducer", ReduceMessage, reducer.reduce, stage=lambda m: f"reducer {m.shard}", idempotent=False
+)

@@ -4,5 +4,6 @@ from slsml.pipeline.envelope import pipeline_handler
 from slsml.pipeline.steps import worker
 from slsml.spec.messages import WorkMessage
 
-lambda_handler = pipeline_handler("worker", WorkMessage, worker.work, stage=lambda m: f"worker {m.worker}",
-                                  idempotent=False)
+lambda_handler = pipeline_handler(
+    "worker", WorkMessage, worker.work, stage=lambda m: f"worker {m.worker}", idempotent=False
+)

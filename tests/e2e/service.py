@@ -24,8 +24,9 @@ SLSML = [sys.executable, "-m", "slsml.cli.main"]
 
 def slsml(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """``slsml ARGS`` in ``cwd``, its output captured (lines up to 200 columns)."""
-    return subprocess.run([*SLSML, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [*SLSML, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"}
+    )
 
 
 def last_json(done: subprocess.CompletedProcess) -> dict:
@@ -42,8 +43,12 @@ def service_env(cwd: Path) -> dict[str, str]:
 
 
 def _resource_arguments(env: dict[str, str]) -> dict[str, str]:
-    return {"endpoint_url": env["AWS_ENDPOINT_URL"], "region_name": env["AWS_REGION"],
-            "aws_access_key_id": env["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"]}
+    return {
+        "endpoint_url": env["AWS_ENDPOINT_URL"],
+        "region_name": env["AWS_REGION"],
+        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+    }
 
 
 def service_store(cwd: Path) -> ObjectStore:

@@ -24,15 +24,25 @@ from .conftest import final_weights, finish
 
 RUN, WORKERS, ROUNDS, LOCAL_STEPS, BATCH, LOCAL_RATE, RHO = "admm-w2", 2, 3, 3, 32, 0.2, 0.5
 TOLERANCE = 1e-5  # × max|w|: float32 round-off of the local steps and the mean
-SPEC = TrainingSpec(workers=WORKERS, reducers=2, global_batch=BATCH, iterations=ROUNDS, eval_every=0,
-                    algorithm="admm", local_steps=LOCAL_STEPS, local_learning_rate=LOCAL_RATE, admm_rho=RHO)
+SPEC = TrainingSpec(
+    workers=WORKERS,
+    reducers=2,
+    global_batch=BATCH,
+    iterations=ROUNDS,
+    eval_every=0,
+    algorithm="admm",
+    local_steps=LOCAL_STEPS,
+    local_learning_rate=LOCAL_RATE,
+    admm_rho=RHO,
+)
 
 
 @pytest.fixture(scope="module")
 def finished(services):
     bench_admm.put_breast_cancer(services)
-    runs.start_run(services, modelio.save_model(bench_admm.logistic_regression(seed=1)), bench_admm.DATASET, SPEC,
-                   run_id=RUN)
+    runs.start_run(
+        services, modelio.save_model(bench_admm.logistic_regression(seed=1)), bench_admm.DATASET, SPEC, run_id=RUN
+    )
     return finish(services, RUN)
 
 
@@ -58,8 +68,10 @@ def reference(dual: bool = True) -> np.ndarray:
                 with tf.GradientTape() as tape:
                     loss = loss_fn(y_train[batch], model(x_train[batch], training=True))
                 gradients = tape.gradient(loss, model.trainable_weights)
-                local[worker] = [x - np.float32(LOCAL_RATE) * (np.asarray(g) + np.float32(RHO) * (x - c + u))
-                                 for x, g, c, u in zip(local[worker], gradients, z, duals[worker], strict=True)]
+                local[worker] = [
+                    x - np.float32(LOCAL_RATE) * (np.asarray(g) + np.float32(RHO) * (x - c + u))
+                    for x, g, c, u in zip(local[worker], gradients, z, duals[worker], strict=True)
+                ]
             sent.append([x + u for x, u in zip(local[worker], duals[worker], strict=True)])
         z = [np.mean(parts, axis=0) for parts in zip(*sent, strict=True)]
     return np.concatenate([w.ravel() for w in z])
@@ -76,27 +88,39 @@ def test_admm_through_the_pipeline_equals_admm_in_tensorflow(local, services, fi
     # each slot stores its local model and dual each round, beside its update: the pipeline deletes them once
     # superseded, and the last ones with the completed run
     assert local.host.wait_idle(RUN, timeout_s=60)
-    stored = {(r.iteration, r.worker): (r.requests.get("s3:PutObject"), r.bytes_written)
-              for r in usage.read_local(local.log_dir, RUN) if r.function == "worker" and r.iteration < ROUNDS}
+    stored = {
+        (r.iteration, r.worker): (r.requests.get("s3:PutObject"), r.bytes_written)
+        for r in usage.read_local(local.log_dir, RUN)
+        if r.function == "worker" and r.iteration < ROUNDS
+    }
     state_bytes = len(admm.SlotState(weights, weights).encode())
-    update_bytes = {key: services.store.s3.head_object(Bucket=services.store.bucket, Key=key)["ContentLength"]
-                    for key in (keys.update(RUN, i, w) for i in range(ROUNDS) for w in range(WORKERS))}
-    assert stored == {(i, w): (2, state_bytes + update_bytes[keys.update(RUN, i, w)])
-                      for i in range(ROUNDS) for w in range(WORKERS)}
+    update_bytes = {
+        key: services.store.s3.head_object(Bucket=services.store.bucket, Key=key)["ContentLength"]
+        for key in (keys.update(RUN, i, w) for i in range(ROUNDS) for w in range(WORKERS))
+    }
+    assert stored == {
+        (i, w): (2, state_bytes + update_bytes[keys.update(RUN, i, w)]) for i in range(ROUNDS) for w in range(WORKERS)
+    }
     assert not [key for key in services.store.list_keys(keys.run_prefix(RUN)) if "/local/" in key]
 
 
 def test_an_admm_run_keeps_its_workers(services, finished) -> None:
-    with pytest.raises(BadInputError, match=f"run '{RUN}' trains with algorithm admm: each worker keeps its data"
-                       " partition"):
+    with pytest.raises(
+        BadInputError, match=f"run '{RUN}' trains with algorithm admm: each worker keeps its data partition"
+    ):
         runs.scale_run(services, RUN, 3)
     assert services.table.get_run(RUN).workers == WORKERS
 
 
 def test_a_model_with_hidden_layers_is_refused_before_anything_is_stored(services, finished) -> None:
     keras.utils.set_random_seed(0)
-    hidden = keras.Sequential([keras.Input((30,)), keras.layers.Dense(8, activation="relu", name="hidden"),
-                               keras.layers.Dense(2, activation="softmax", name="out")])
+    hidden = keras.Sequential(
+        [
+            keras.Input((30,)),
+            keras.layers.Dense(8, activation="relu", name="hidden"),
+            keras.layers.Dense(2, activation="softmax", name="out"),
+        ]
+    )
     hidden.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     with pytest.raises(BadInputError, match=r"admm applies to models without hidden layers .* hidden \(Dense\)"):
         runs.start_run(services, modelio.save_model(hidden), bench_admm.DATASET, SPEC, run_id="admm-hidden")

@@ -49,14 +49,26 @@ ROWS: list[tuple[str, str, str, str]] = [
     ("Work", _message(iteration=AT + 1, worker=0, workers=2), "worker", "iteration 3 was not launched"),
     ("Work", _message(worker=5, workers=2), "worker", "worker 5 of an iteration of 2 workers"),
     ("Work", _message(worker=0, workers=4), "worker", "4 workers, but iteration 2 was launched with 2"),
-    ("WorkDone", _message(worker=0, samples=10**12, loss=0.1, compute_s=1), "reduce_launcher",
-     "1000000000000 samples, more than a worker's 64 of a round"),
+    (
+        "WorkDone",
+        _message(worker=0, samples=10**12, loss=0.1, compute_s=1),
+        "reduce_launcher",
+        "1000000000000 samples, more than a worker's 64 of a round",
+    ),
     # "no update is stored at" its key, or "1 samples, but the update at" its key "holds 32", by when it comes
-    ("WorkDone", _message(worker=1, samples=1, loss=0.1, compute_s=1), "reduce_launcher",
-     f"runs/{RUN}/iters/{AT:06d}/updates/00001.bin"),
+    (
+        "WorkDone",
+        _message(worker=1, samples=1, loss=0.1, compute_s=1),
+        "reduce_launcher",
+        f"runs/{RUN}/iters/{AT:06d}/updates/00001.bin",
+    ),
     ("ReduceDone", _message(shard=7), "merger", "shard 7 of a run of 2 reducers"),
-    ("RunControl", json.dumps({"run_id": RUN, "task_token": "forged"}), "work_launcher",
-     "no execution of run 'attacked' waits on its task token"),
+    (
+        "RunControl",
+        json.dumps({"run_id": RUN, "task_token": "forged"}),
+        "work_launcher",
+        "no execution of run 'attacked' waits on its task token",
+    ),
     ("deadlines", _message(stage="work", round=0, due_at=1e15), "watchdog", "more than two deadline periods"),
     ("deadlines", _message(stage="work", round=0, due_at=1.0, forged=True), "watchdog", "Extra inputs"),
 ]
@@ -73,8 +85,10 @@ def undisturbed(services, digits) -> np.ndarray:
 def _hold(local, services, run_id: str) -> float:
     """Start ``run_id`` with the reads entering iteration AT held (6 s each); returns once it is in AT, with the
     time left to act on it."""
-    local.host.faults = Faults(s3_get_delay=Delay(probability=1, seconds=6),
-                               s3_get_delay_match=rf"^runs/{run_id}/iters/{AT:06d}/(weights\.npy|shards/)")
+    local.host.faults = Faults(
+        s3_get_delay=Delay(probability=1, seconds=6),
+        s3_get_delay_match=rf"^runs/{run_id}/iters/{AT:06d}/(weights\.npy|shards/)",
+    )
     train(services, SPEC, run_id)
     deadline = time.monotonic() + 120
     while services.table.get_run(run_id).iteration < AT:
@@ -103,9 +117,13 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
     assert during.task_token == token  # a forged start did not replace the execution's token
     missing = [bodies[b] for b in set(bodies) - set(letters)]
     assert not missing, f"not dead-lettered: {missing}"
-    wrong = [(letters[body], function, problem) for body, (function, problem) in bodies.items()
-             if not (letters[body]["function"] == function and letters[body]["rejected"]
-                     and problem in letters[body]["error"])]
+    wrong = [
+        (letters[body], function, problem)
+        for body, (function, problem) in bodies.items()
+        if not (
+            letters[body]["function"] == function and letters[body]["rejected"] and problem in letters[body]["error"]
+        )
+    ]
     assert not wrong, wrong
 
     run = finish(services, RUN)
@@ -140,10 +158,12 @@ def test_objects_placed_at_a_runs_next_keys_are_not_trusted_and_a_replaced_final
     assert np.array_equal(final_weights(services, PLACED)[0], undisturbed)
     for key, (body, _) in placed.items():  # each was replaced by the step's own, and the step said so
         assert services.store.get(key) != body, key
-    replaced = {entry["key"] for log in ("worker", "merger", "watchdog")
-                for entry in log_entries(local.log_dir / f"{log}.log")
-                if entry.get("message", "").startswith("an object not") and entry.get("key", "").startswith(
-                    f"runs/{PLACED}/")}
+    replaced = {
+        entry["key"]
+        for log in ("worker", "merger", "watchdog")
+        for entry in log_entries(local.log_dir / f"{log}.log")
+        if entry.get("message", "").startswith("an object not") and entry.get("key", "").startswith(f"runs/{PLACED}/")
+    }
     assert replaced == set(placed)
 
     # an overwrite of the completed run's final model: every reader of it refuses what it finds there
@@ -157,8 +177,12 @@ BOMBED = "bombed"
 DROPS: list[tuple[str, bytes, bytes, str]] = [
     ("bomb", archives.bomb(4_000_000_000), b'{"dataset": "digits"}', "the model expands to 4,000,00"),
     ("wide", archives.declaring(30_000), b'{"dataset": "digits"}', "the model declares 3,600,360,008 bytes"),
-    ("padded", archives.small_model(), json.dumps({"dataset": "digits", "pad": " " * 70_000}).encode(),
-     "incoming/padded.json is too large: 70,0"),
+    (
+        "padded",
+        archives.small_model(),
+        json.dumps({"dataset": "digits", "pad": " " * 70_000}).encode(),
+        "incoming/padded.json is too large: 70,0",
+    ),
 ]
 
 
@@ -175,8 +199,16 @@ def test_models_too_large_to_load_dropped_while_a_run_trains_are_refused_and_cha
     assert run.status == "COMPLETED", run.reason
     assert np.array_equal(final_weights(services, BOMBED)[0], undisturbed)
     deadline = time.monotonic() + 60
-    while len(refused := {r.run_id.rpartition("-")[0]: r for r in services.table.list_runs()
-                          if r.status == "FAILED" and r.run_id.rpartition("-")[0] in {d[0] for d in DROPS}}) < 3:
+    while (
+        len(
+            refused := {
+                r.run_id.rpartition("-")[0]: r
+                for r in services.table.list_runs()
+                if r.status == "FAILED" and r.run_id.rpartition("-")[0] in {d[0] for d in DROPS}
+            }
+        )
+        < 3
+    ):
         assert time.monotonic() < deadline, f"refused so far: {sorted(refused)}"
         time.sleep(0.1)
     for name, _, _, reason in DROPS:  # each a FAILED run naming why, and nothing stored under runs/

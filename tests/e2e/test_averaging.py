@@ -24,8 +24,15 @@ SERVER = OptimizerConfig(name="sgd", learning_rate=0.05, momentum=0.9)
 
 def _averaging(workers: int, reducers: int, **options) -> TrainingSpec:
     fields = {"algorithm": "average", "local_steps": LOCAL_STEPS, "local_learning_rate": LOCAL_RATE, **options}
-    return TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=ROUNDS, eval_every=0,
-                        optimizer=SERVER, **fields)
+    return TrainingSpec(
+        workers=workers,
+        reducers=reducers,
+        global_batch=BATCH,
+        iterations=ROUNDS,
+        eval_every=0,
+        optimizer=SERVER,
+        **fields,
+    )
 
 
 RUNS = {
@@ -33,8 +40,9 @@ RUNS = {
     "avg-w3": _averaging(3, 3),
     "avg-w3-keep": _averaging(3, 2, local_momentum=0.9, local_state="keep"),
     "avg-k1-server": _averaging(3, 2, local_steps=1, local_learning_rate=1.0, server="optimizer"),
-    "grad-w3": TrainingSpec(workers=3, reducers=2, global_batch=BATCH, iterations=ROUNDS, eval_every=0,
-                            optimizer=SERVER),
+    "grad-w3": TrainingSpec(
+        workers=3, reducers=2, global_batch=BATCH, iterations=ROUNDS, eval_every=0, optimizer=SERVER
+    ),
 }
 
 
@@ -49,8 +57,14 @@ def _flat(model: keras.Model) -> np.ndarray:
     return np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])
 
 
-def _local_steps(model: keras.Model, start: list[np.ndarray], batches: list[np.ndarray], x, y,
-                 optimizer: keras.optimizers.Optimizer | None = None) -> list[np.ndarray]:
+def _local_steps(
+    model: keras.Model,
+    start: list[np.ndarray],
+    batches: list[np.ndarray],
+    x,
+    y,
+    optimizer: keras.optimizers.Optimizer | None = None,
+) -> list[np.ndarray]:
     """K steps of Keras SGD (default: plain, at the local rate) from ``start``, one per batch; the trainable
     weights' change."""
     model.set_weights(start)
@@ -59,8 +73,9 @@ def _local_steps(model: keras.Model, start: list[np.ndarray], batches: list[np.n
     for batch in batches:
         with tf.GradientTape() as tape:
             loss = loss_fn(y[batch], model(x[batch], training=True))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_weights), model.trainable_weights,
-                                      strict=True))
+        optimizer.apply_gradients(
+            zip(tape.gradient(loss, model.trainable_weights), model.trainable_weights, strict=True)
+        )
     return [s - np.asarray(w) for s, w in zip(start, model.get_weights(), strict=True)]
 
 
@@ -72,8 +87,9 @@ def reference(workers: int, momentum: float = 0.0, keep: bool = True) -> np.ndar
     x, y, _, _ = demo.digits()
     model = demo.digits_cnn(seed=1)
     weights = model.get_weights()
-    slots = [keras.optimizers.SGD(learning_rate=LOCAL_RATE, momentum=momentum) if momentum else None
-             for _ in range(workers)]
+    slots = [
+        keras.optimizers.SGD(learning_rate=LOCAL_RATE, momentum=momentum) if momentum else None for _ in range(workers)
+    ]
     for round_number in range(ROUNDS):
         numbers = range(round_number * LOCAL_STEPS, (round_number + 1) * LOCAL_STEPS)
         batches = [data.global_batch_indices(len(x), BATCH, seed=0, iteration=n) for n in numbers]
@@ -85,8 +101,9 @@ def reference(workers: int, momentum: float = 0.0, keep: bool = True) -> np.ndar
             changes.append(_local_steps(model, weights, slices, x, y, slots[worker]))
             samples.append(sum(len(s) for s in slices))
         total = sum(samples)
-        weights = [w - sum(n * c[i] for n, c in zip(samples, changes, strict=True)) / total
-                   for i, w in enumerate(weights)]
+        weights = [
+            w - sum(n * c[i] for n, c in zip(samples, changes, strict=True)) / total for i, w in enumerate(weights)
+        ]
     model.set_weights(weights)
     return _flat(model)
 

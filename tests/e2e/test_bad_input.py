@@ -47,15 +47,19 @@ def test_data_that_does_not_fit_the_model(services, digits):
     x, y, x_test, y_test = digits
     data.put_dataset(services.store, "flat-digits", x.reshape(len(x), -1), y, x_test.reshape(len(x_test), -1), y_test)
     with pytest.raises(BadInputError, match="does not fit the model"):
-        runs.start_run(
-            services, modelio.save_model(demo.digits_cnn()), "flat-digits", SPEC, run_id="misfit"
-        )
+        runs.start_run(services, modelio.save_model(demo.digits_cnn()), "flat-digits", SPEC, run_id="misfit")
     assert not services.store.exists(keys.run_config("misfit"))
 
 
 def _token_classifier(dtype: str = "int32") -> bytes:
-    model = keras.Sequential([keras.Input((12,), dtype=dtype), keras.layers.Embedding(50, 8), keras.layers.GRU(4),
-                              keras.layers.Dense(3, activation="softmax")])
+    model = keras.Sequential(
+        [
+            keras.Input((12,), dtype=dtype),
+            keras.layers.Embedding(50, 8),
+            keras.layers.GRU(4),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     return modelio.save_model(model)
 
@@ -85,8 +89,11 @@ def test_integer_values_beyond_the_inputs_dtype_are_refused(services):
     x, y = rng.integers(0, 50, (200, 12)), rng.integers(0, 3, 200)
     x[-1, -1] = 40_000  # in the test split: the first training samples look fine
     data.put_dataset(services.store, "wide-ids", x[:160], y[:160], x[160:], y[160:])
-    with pytest.raises(BadInputError, match=r"samples of shape \(12,\) int64 vs model input '\w+' of shape \(12,\)"
-                       r" int16: values from 0 to 40000 do not fit int16 \(-32768 to 32767\)"):
+    with pytest.raises(
+        BadInputError,
+        match=r"samples of shape \(12,\) int64 vs model input '\w+' of shape \(12,\)"
+        r" int16: values from 0 to 40000 do not fit int16 \(-32768 to 32767\)",
+    ):
         runs.start_run(services, _token_classifier("int16"), "wide-ids", SPEC, run_id="wide-ids")
     _nothing_stored(services, "wide-ids")
 
@@ -132,8 +139,10 @@ def test_dataset_names_are_never_reused(services, digits):
     with pytest.raises(BadInputError, match="already exists"):
         data.put_dataset(services.store, DIGITS, x[:10], y[:10], x_test[:5], y_test[:5])
     assert services.store.get(keys.dataset_manifest(DIGITS)) == manifest_before
-    assert np.array_equal(data.DatasetReader(services.store, data.load_manifest(services.store, DIGITS)).take(
-        "train", np.arange(5))[1], y[:5])
+    assert np.array_equal(
+        data.DatasetReader(services.store, data.load_manifest(services.store, DIGITS)).take("train", np.arange(5))[1],
+        y[:5],
+    )
 
 
 def test_a_message_failing_three_times_fails_its_run_via_the_dead_letter_queue(local, services, digits):
@@ -202,14 +211,25 @@ def _with_learning_rate(model_bytes: bytes, learning_rate: object) -> bytes:
     return target.getvalue()
 
 
-@pytest.mark.parametrize(("model", "message"), [
-    (lambda: _compiled(keras.optimizers.Adam(HalvingSchedule())), "learning-rate schedule HalvingSchedule is not"),
-    (lambda: _compiled(TunedSGD(0.01)), "optimizer TunedSGD is not supported"),
-    (lambda: _with_learning_rate(_compiled(keras.optimizers.Adam()), {
-        "module": "keras.optimizers.schedules", "class_name": "ExponentialDecay",
-        "config": {"initial_learning_rate": 0.01, "decay_steps": -3, "decay_rate": 0.5}}),
-     "decay_steps` must be > 0. Received: decay_steps=-3"),
-], ids=["custom-schedule", "custom-optimizer", "malformed-schedule"])
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (lambda: _compiled(keras.optimizers.Adam(HalvingSchedule())), "learning-rate schedule HalvingSchedule is not"),
+        (lambda: _compiled(TunedSGD(0.01)), "optimizer TunedSGD is not supported"),
+        (
+            lambda: _with_learning_rate(
+                _compiled(keras.optimizers.Adam()),
+                {
+                    "module": "keras.optimizers.schedules",
+                    "class_name": "ExponentialDecay",
+                    "config": {"initial_learning_rate": 0.01, "decay_steps": -3, "decay_rate": 0.5},
+                },
+            ),
+            "decay_steps` must be > 0. Received: decay_steps=-3",
+        ),
+    ],
+    ids=["custom-schedule", "custom-optimizer", "malformed-schedule"],
+)
 def test_an_optimizer_the_reducers_cannot_apply_is_refused_by_name(services, digits, model, message):
     run_id = "refused-optimizer"
     with pytest.raises(BadInputError, match=message):

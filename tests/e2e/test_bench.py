@@ -10,13 +10,25 @@ from slsml.bench import pipeline as bench
 
 def test_the_straggler_benchmark_compares_six_runs(local, services, digits):
     progress: dict[str, int] = {}
-    report = bench.stragglers(local, workers=2, iterations=4, slow_iterations=3, factor=3,
-                              progress=lambda case, done, total: progress.__setitem__(case, total))
+    report = bench.stragglers(
+        local,
+        workers=2,
+        iterations=4,
+        slow_iterations=3,
+        factor=3,
+        progress=lambda case, done, total: progress.__setitem__(case, total),
+    )
     print(report.model_dump_json(indent=1))
     assert [c.name for c in report.cases] == ["a", "b", "c", "d", "e", "f"]
     assert progress == {"a": 4, "b": 4, "c": 4, "d": 3, "e": 4, "f": 4}
     assert [(c.quorum, c.straggler, c.staleness) for c in report.cases] == [
-        (1, False, 0), (0.5, False, 0), (0.5, True, 0), (1, True, 0), (0.5, True, 0), (0.5, True, bench.STALENESS)]
+        (1, False, 0),
+        (0.5, False, 0),
+        (0.5, True, 0),
+        (1, True, 0),
+        (0.5, True, 0),
+        (0.5, True, bench.STALENESS),
+    ]
     for case in report.cases:
         summary = case.summary
         assert summary.status == "COMPLETED", (case.name, summary.reason)

@@ -21,17 +21,26 @@ ITERATIONS, WORKERS = 3, 4
 def _listed(services, run_id: str, folder: str) -> dict[str, int]:
     """The run's objects of ``iters/<i>/<folder>/``, by key, with their bytes."""
     pages = services.store.s3.get_paginator("list_objects_v2").paginate(
-        Bucket=services.store.bucket, Prefix=f"{keys.run_prefix(run_id)}iters/")
+        Bucket=services.store.bucket, Prefix=f"{keys.run_prefix(run_id)}iters/"
+    )
     return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", []) if f"/{folder}/" in o["Key"]}
 
 
 def _shard_bytes(config: RunConfig, averaged: list[int]) -> int:
     """The bytes of a run's shard objects whose average took the workers ``averaged`` (the initial ones: none)."""
     server, plan = rules.server_optimizer(config), config.plan
-    return sum(len(shards.encode(shards.Shard(np.zeros(plan.shard(r).size, np.float32),
-                                              optimizers.initial_state(server, int(plan.shard(r).trainable.sum())),
-                                              averaged)))
-               for r in range(plan.reducers))
+    return sum(
+        len(
+            shards.encode(
+                shards.Shard(
+                    np.zeros(plan.shard(r).size, np.float32),
+                    optimizers.initial_state(server, int(plan.shard(r).trainable.sum())),
+                    averaged,
+                )
+            )
+        )
+        for r in range(plan.reducers)
+    )
 
 
 def _of_iterations(listed: dict[str, int], last: int) -> int:
@@ -44,8 +53,9 @@ def report(local, digits):
     # every model reaches a test accuracy of 0: the figures "to the target" are those of iteration 0
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(bench_communication, "ACCURACY_TARGET", 0.0)
-        made = bench_communication.communication(local, ITERATIONS, workers=WORKERS,
-                                                 progress=lambda name, done, total: progress.__setitem__(name, total))
+        made = bench_communication.communication(
+            local, ITERATIONS, workers=WORKERS, progress=lambda name, done, total: progress.__setitem__(name, total)
+        )
     assert progress == dict.fromkeys(("dense", "fp16", "topk", "significance"), ITERATIONS)
     return made
 
@@ -55,8 +65,9 @@ def test_the_byte_figures_are_those_of_the_objects_in_s3(report, local, services
     model = demo.digits_cnn()
     plan = ShardPlan.build(modelio.variable_specs(model), bench_communication.REDUCERS)
     weights = sum(np.asarray(w).size for w in model.get_weights())
-    top_k = updates.part_size(plan, 0, updates.Compression.parse("topk:0.01")) + \
-        updates.part_size(plan, 1, updates.Compression.parse("topk:0.01"))
+    top_k = updates.part_size(plan, 0, updates.Compression.parse("topk:0.01")) + updates.part_size(
+        plan, 1, updates.Compression.parse("topk:0.01")
+    )
     expected_update = {"dense": 32 + 4 * weights, "fp16": 32 + 2 * weights, "topk": 32 + top_k}
     for v in report.variants:
         run_id = v.run_id

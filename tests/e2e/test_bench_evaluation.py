@@ -13,8 +13,9 @@ SIZES, WORKERS, ITERATIONS = (40, 400), (1, 3), 2
 
 def test_a_point_per_size_and_w_from_the_runs_usage_lines(local, services, capsys) -> None:
     progress: dict[str, int] = {}
-    report = bench_evaluation.evaluation(local, SIZES, WORKERS, ITERATIONS,
-                                         lambda name, done, total: progress.__setitem__(name, total))
+    report = bench_evaluation.evaluation(
+        local, SIZES, WORKERS, ITERATIONS, lambda name, done, total: progress.__setitem__(name, total)
+    )
     assert progress == {f"{n} test samples, W={w}": ITERATIONS for n in SIZES for w in WORKERS}
     assert [(p.test_samples, p.workers) for p in report.points] == [(n, w) for n in SIZES for w in WORKERS]
     assert report.iterations == ITERATIONS

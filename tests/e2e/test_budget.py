@@ -34,8 +34,7 @@ GENEROUS = 1.0  # dollars: far above what a run of this size spends
 
 
 def _spec(budget: float) -> TrainingSpec:
-    return TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=ITERATIONS, eval_every=0,
-                        budget_usd=budget)
+    return TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=ITERATIONS, eval_every=0, budget_usd=budget)
 
 
 def test_a_run_predicted_above_its_budget_is_refused_before_anything_is_stored(services: Services, digits) -> None:
@@ -50,8 +49,11 @@ def test_a_run_predicted_above_its_budget_is_refused_before_anything_is_stored(s
     # the plan's figure: at least its dollars for the run's requests alone (its compute not timed)
     manifest = data.load_manifest(services.store, DIGITS)
     untimed = costmodel.from_keras(model_bytes, "m", "m", 32, measure=False, parameters=costmodel.Parameters())
-    work = costmodel.run_workload({**untimed, "compute_per_sample_s": 0.0, "compute_source": "none"},
-                                  runs.with_epochs(_spec(budget), manifest.train.count), manifest=manifest)
+    work = costmodel.run_workload(
+        {**untimed, "compute_per_sample_s": 0.0, "compute_source": "none"},
+        runs.with_epochs(_spec(budget), manifest.train.count),
+        manifest=manifest,
+    )
     floor = costmodel.predict(work, costmodel.Parameters(), costmodel.Quotas(), prices.load()).run_dollars
     assert float(predicted.replace(",", "")) >= float(prices.usd(floor).strip("$").replace(",", "")) > budget
     assert services.store.list_keys("runs/budget-refused/") == []
@@ -62,12 +64,18 @@ def test_a_run_predicted_above_its_budget_is_refused_before_anything_is_stored(s
 def _launched_spend(services: Services, run_id: str) -> dict[int, float]:
     """Iteration → the run's spend its launch saw, for the iterations of the run's current generation."""
     run = services.table.get_run(run_id)
-    return {r.iteration: r.spent_usd for r in services.table.list_iterations(run_id)
-            if r.launched_by is not None and r.spent_usd is not None and r.generation == run.generation}
+    return {
+        r.iteration: r.spent_usd
+        for r in services.table.list_iterations(run_id)
+        if r.launched_by is not None and r.spent_usd is not None and r.generation == run.generation
+    }
 
 
 def test_a_run_whose_spend_reaches_its_budget_stops_and_resumes_to_the_weights_of_an_undisturbed_one(
-    local: LocalRuntime, services: Services, digits, monkeypatch: pytest.MonkeyPatch,
+    local: LocalRuntime,
+    services: Services,
+    digits,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     train(services, _spec(GENEROUS), "budget-whole")
@@ -91,8 +99,15 @@ def test_a_run_whose_spend_reaches_its_budget_stops_and_resumes_to_the_weights_o
     stopped = finish(services, "budget-spent")
     spent = services.table.spent("budget-spent")
     launched = _launched_spend(services, "budget-spent")
-    assert (stopped.status, stopped.generation) == ("STOPPED", 1), (stopped.reason, before, budget, spent, seen,
-                                                                     launched, stopped.training.budget_usd)
+    assert (stopped.status, stopped.generation) == ("STOPPED", 1), (
+        stopped.reason,
+        before,
+        budget,
+        spent,
+        seen,
+        launched,
+        stopped.training.budget_usd,
+    )
     assert stopped.reason is not None and stopped.reason.startswith(spend.BUDGET_REASON), stopped.reason
     assert resumed_from < stopped.iteration < ITERATIONS and spent >= budget, (before, budget, seen, launched)
     # within one iteration of reaching it: every iteration it launched saw the spend below the budget, and the
@@ -110,8 +125,15 @@ def test_a_run_whose_spend_reaches_its_budget_stops_and_resumes_to_the_weights_o
     out, err = capsys.readouterr()
     said = json.loads(out)
     assert said["spent_usd"] >= spent  # a late message of the stopped generation may still add to it
-    assert said == {"run_id": "budget-spent", "status": "RUNNING", "iteration": stopped.iteration,
-                    "iterations": ITERATIONS, "generation": 2, "budget_usd": GENEROUS, "spent_usd": said["spent_usd"]}
+    assert said == {
+        "run_id": "budget-spent",
+        "status": "RUNNING",
+        "iteration": stopped.iteration,
+        "iterations": ITERATIONS,
+        "generation": 2,
+        "budget_usd": GENEROUS,
+        "spent_usd": said["spent_usd"],
+    }
     assert err.strip().endswith(display.spend(said["spent_usd"], GENEROUS))
     resumed = finish(services, "budget-spent")
     assert (resumed.status, resumed.iteration) == ("COMPLETED", ITERATIONS), resumed.reason
@@ -123,6 +145,8 @@ def test_a_run_whose_spend_reaches_its_budget_stops_and_resumes_to_the_weights_o
     assert local.host.wait_idle("budget-whole", 60)
     logged = sum(usage.cost(usage.read_local(local.log_dir, "budget-whole"), prices.load()).values())
     counted = services.table.spent("budget-whole")
-    print(f"\nbudget-whole: counted ${counted:.6f}, usage lines ${logged:.6f}; budget-spent stopped at iteration"
-          f" {stopped.iteration} with ${spent:.6f} of ${budget:.6f}")
+    print(
+        f"\nbudget-whole: counted ${counted:.6f}, usage lines ${logged:.6f}; budget-spent stopped at iteration"
+        f" {stopped.iteration} with ${spent:.6f} of ${budget:.6f}"
+    )
     assert 0.5 * logged < counted <= logged

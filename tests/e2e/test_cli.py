@@ -18,14 +18,33 @@ from slsml.training import modelio
 from tests import archives
 from tests.processes import left_running
 
-REQUIRED = {"run_id", "status", "iterations", "workers", "reducers", "quorum", "test_accuracy", "wall_s",
-            "median_iteration_s", "requests_per_iteration", "gb_seconds", "cost_usd", "cost_per_iteration_usd",
-            "cost_by_service_usd"}
+REQUIRED = {
+    "run_id",
+    "status",
+    "iterations",
+    "workers",
+    "reducers",
+    "quorum",
+    "test_accuracy",
+    "wall_s",
+    "median_iteration_s",
+    "requests_per_iteration",
+    "gb_seconds",
+    "cost_usd",
+    "cost_per_iteration_usd",
+    "cost_by_service_usd",
+}
 
 
 def slsml(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slsml.cli.main", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "COLUMNS": "200"})  # table rows on one line each
+    return subprocess.run(
+        [sys.executable, "-m", "slsml.cli.main", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # table rows on one line each
 
 
 def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path) -> None:
@@ -33,10 +52,33 @@ def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path)
     np.savez(tmp_path / "my_digits.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (tmp_path / "model.keras").write_bytes(modelio.save_model(demo.digits_cnn()))
 
-    done = slsml("run", "start", "--local", "--model", "model.keras", "--data", "my_digits.npz", "--workers", "2",
-                 "--reducers", "1", "--iterations", "4", "--deadline-floor", "0.7", "--run-id", "cli-run", "--out",
-                 "trained.keras", "--json",
-                 "--faults", "seed=1,duplicate=0.5,worker_crash=0.3", "--report", "report", cwd=tmp_path)
+    done = slsml(
+        "run",
+        "start",
+        "--local",
+        "--model",
+        "model.keras",
+        "--data",
+        "my_digits.npz",
+        "--workers",
+        "2",
+        "--reducers",
+        "1",
+        "--iterations",
+        "4",
+        "--deadline-floor",
+        "0.7",
+        "--run-id",
+        "cli-run",
+        "--out",
+        "trained.keras",
+        "--json",
+        "--faults",
+        "seed=1,duplicate=0.5,worker_crash=0.3",
+        "--report",
+        "report",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     page = (tmp_path / "report" / "index.html").read_text()  # --report: the page shows the same summary
@@ -73,9 +115,26 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
     (tmp_path / "model.keras").write_bytes(b"not a model")
     np.savez(tmp_path / "d.npz", x=np.zeros((10, 8, 8, 1), np.float32), y=np.zeros(10, np.int64))
     bad_model = subprocess.Popen(
-        [sys.executable, "-m", "slsml.cli.main", "run", "start", "--local", "--model", "model.keras", "--data", "d.npz",
-         "--iterations", "1"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)  # its process group: the command and every process it starts
+        [
+            sys.executable,
+            "-m",
+            "slsml.cli.main",
+            "run",
+            "start",
+            "--local",
+            "--model",
+            "model.keras",
+            "--data",
+            "d.npz",
+            "--iterations",
+            "1",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # its process group: the command and every process it starts
     _, stderr = bad_model.communicate(timeout=600)
     assert bad_model.returncode == 2
     assert "model.keras is not a Keras model" in stderr
@@ -84,16 +143,36 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "no run named 'no-such-run'" in unknown.stderr
 
 
-@pytest.mark.parametrize(("model", "reason"), [
-    (archives.bomb(4_000_000_000), "model.keras expands to 4,000,00"),
-    (archives.declaring(30_000), "model.keras declares 3,600,360,008 bytes of weights"),
-])
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [
+        (archives.bomb(4_000_000_000), "model.keras expands to 4,000,00"),
+        (archives.declaring(30_000), "model.keras declares 3,600,360,008 bytes of weights"),
+    ],
+)
 def test_run_start_refuses_a_model_too_large_for_the_worker(tmp_path: Path, model: bytes, reason: str) -> None:
     (tmp_path / "model.keras").write_bytes(model)
     np.savez(tmp_path / "d.npz", x=np.zeros((10, 7), np.float32), y=np.zeros((10, 2), np.float32))
     refused = subprocess.run(
-        [sys.executable, "-m", "slsml.cli.main", "run", "start", "--local", "--model", "model.keras", "--data", "d.npz",
-         "--iterations", "1"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "slsml.cli.main",
+            "run",
+            "start",
+            "--local",
+            "--model",
+            "model.keras",
+            "--data",
+            "d.npz",
+            "--iterations",
+            "1",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert refused.returncode == 2 and reason in refused.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.npz", "model.keras"]  # nothing stored
 
@@ -107,9 +186,26 @@ def test_data_put_uploads_shards_and_a_manifest(tmp_path: Path, local, services)
     y = np.arange(50) % 4
     np.savez(tmp_path / "small.npz", x=x, y=y)
     env = {**os.environ, **local.deployment.environment()}
-    done = subprocess.run([sys.executable, "-m", "slsml.cli.main", "data", "put", "small", "small.npz", "--bucket",
-                           local.deployment.bucket, "--shard-mb", str(16 * 20 / 2**20)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slsml.cli.main",
+            "data",
+            "put",
+            "small",
+            "small.npz",
+            "--bucket",
+            local.deployment.bucket,
+            "--shard-mb",
+            str(16 * 20 / 2**20),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "40 train, 10 test" in done.stdout
     manifest = data.load_manifest(services.store, "small")
@@ -117,6 +213,21 @@ def test_data_put_uploads_shards_and_a_manifest(tmp_path: Path, local, services)
     assert manifest.shard_records == 16  # records of 12 + 8 bytes
     x_train, _y_train = data.DatasetReader(services.store, manifest).split("train")
     assert {tuple(row) for row in x_train} <= {tuple(row) for row in x}
-    again = subprocess.run([sys.executable, "-m", "slsml.cli.main", "data", "put", "small", "small.npz", "--bucket",
-                            local.deployment.bucket], cwd=tmp_path, env=env, capture_output=True, text=True)
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slsml.cli.main",
+            "data",
+            "put",
+            "small",
+            "small.npz",
+            "--bucket",
+            local.deployment.bucket,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert again.returncode == 2 and "dataset 'small' already exists" in again.stderr

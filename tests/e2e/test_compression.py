@@ -26,8 +26,15 @@ def _run_id(name: str) -> str:
 @pytest.fixture(scope="module")
 def finished(services, digits):
     for name, compress in COMPRESSORS.items():
-        spec = TrainingSpec(workers=WORKERS, reducers=2, global_batch=128, iterations=ITERATIONS, eval_every=0,
-                            optimizer=OptimizerConfig(name="adam", learning_rate=0.003), compress=compress)
+        spec = TrainingSpec(
+            workers=WORKERS,
+            reducers=2,
+            global_batch=128,
+            iterations=ITERATIONS,
+            eval_every=0,
+            optimizer=OptimizerConfig(name="adam", learning_rate=0.003),
+            compress=compress,
+        )
         train(services, spec, _run_id(name))
     return {name: finish(services, _run_id(name)) for name in COMPRESSORS}
 
@@ -35,7 +42,8 @@ def finished(services, digits):
 def _sizes(services, run_id: str, folder: str) -> dict[str, int]:
     """The objects of ``iters/<i>/<folder>/`` of the run, by key, with their bytes."""
     pages = services.store.s3.get_paginator("list_objects_v2").paginate(
-        Bucket=services.store.bucket, Prefix=f"{keys.run_prefix(run_id)}iters/")
+        Bucket=services.store.bucket, Prefix=f"{keys.run_prefix(run_id)}iters/"
+    )
     return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", []) if f"/{folder}/" in o["Key"]}
 
 
@@ -52,8 +60,10 @@ def test_every_compressor_completes_and_shrinks_the_updates(finished, services):
     dense = sizes["none"]
     assert dense == 32 + 4 * initial.size  # the dense float32 format, unchanged
     ratios = {name: dense / size for name, size in sizes.items()}
-    print("\nupdate object bytes (ratio to dense): " + ", ".join(
-        f"{COMPRESSORS[n]} {sizes[n]:.0f} ({ratios[n]:.1f}×)" for n in COMPRESSORS))
+    print(
+        "\nupdate object bytes (ratio to dense): "
+        + ", ".join(f"{COMPRESSORS[n]} {sizes[n]:.0f} ({ratios[n]:.1f}×)" for n in COMPRESSORS)
+    )
     assert 1.99 < ratios["fp16"] <= 2.0
     assert 45 < ratios["topk"] < 51  # 8 bytes per pair: 1 / (2·0.01), less the header
     assert ratios["significance"] > 2
@@ -65,8 +75,11 @@ def _residuals(local, services, run_id: str) -> dict[tuple[int, int], int]:
     usage lines, less the update objects' bytes."""
     assert local.host.wait_idle(run_id, timeout_s=60)
     updates = _sizes(services, run_id, "updates")
-    return {(r.iteration, r.worker): r.bytes_written - updates[keys.update(run_id, r.iteration, r.worker)]
-            for r in usage.read_local(local.log_dir, run_id) if r.function == "worker" and r.iteration < ITERATIONS}
+    return {
+        (r.iteration, r.worker): r.bytes_written - updates[keys.update(run_id, r.iteration, r.worker)]
+        for r in usage.read_local(local.log_dir, run_id)
+        if r.function == "worker" and r.iteration < ITERATIONS
+    }
 
 
 def test_each_worker_slot_stores_its_residual_each_iteration(finished, local, services):

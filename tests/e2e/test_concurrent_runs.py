@@ -12,10 +12,24 @@ from slsml.spec.config import OptimizerConfig, TrainingSpec
 from .conftest import final_weights, finish, train
 
 SPECS = {
-    "a": TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=4, eval_every=0, seed=1,
-                      optimizer=OptimizerConfig(name="adam", learning_rate=3e-3)),
-    "b": TrainingSpec(workers=3, reducers=1, global_batch=96, iterations=4, eval_every=0, seed=2,
-                      optimizer=OptimizerConfig(name="sgd", learning_rate=0.05, momentum=0.9)),
+    "a": TrainingSpec(
+        workers=2,
+        reducers=2,
+        global_batch=64,
+        iterations=4,
+        eval_every=0,
+        seed=1,
+        optimizer=OptimizerConfig(name="adam", learning_rate=3e-3),
+    ),
+    "b": TrainingSpec(
+        workers=3,
+        reducers=1,
+        global_batch=96,
+        iterations=4,
+        eval_every=0,
+        seed=2,
+        optimizer=OptimizerConfig(name="sgd", learning_rate=0.05, momentum=0.9),
+    ),
 }
 
 

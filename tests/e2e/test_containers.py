@@ -26,8 +26,12 @@ HANG = Faults(worker_hang=1.0, hang_s=600)  # ten minutes, if nothing ended it
 def _warm_pids(local, function: str) -> set[int]:
     """The processes ``function`` started so far, as its log says."""
     lines = (local.log_dir / f"{function}.log").read_text().splitlines()
-    return {entry["pid"] for line in lines if line.startswith("{")
-            if (entry := json.loads(line)).get("message") == "warm process started"}
+    return {
+        entry["pid"]
+        for line in lines
+        if line.startswith("{")
+        if (entry := json.loads(line)).get("message") == "warm process started"
+    }
 
 
 def test_a_killed_warm_process_and_a_step_past_its_timeout_change_nothing(local, services, digits):

@@ -16,8 +16,14 @@ from slsml.training import modelio
 from .conftest import final_weights, finish, train, trained_clean
 from .test_faults import injecting
 
-SPEC = TrainingSpec(workers=4, reducers=2, global_batch=128, iterations=3, eval_every=0,
-                    optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
+SPEC = TrainingSpec(
+    workers=4,
+    reducers=2,
+    global_batch=128,
+    iterations=3,
+    eval_every=0,
+    optimizer=OptimizerConfig(name="adam", learning_rate=3e-3),
+)
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +91,9 @@ def test_workers_that_hang_on_every_attempt_fail_the_run_within_its_deadline_bud
         train(services, spec, "deadline-hang")
         run = finish(services, "deadline-hang", timeout_s=60)
     assert run.status == "FAILED"
-    assert run.reason.startswith("work stage of iteration 0: 0 of 2 workers delivered an update within 2 deadlines"
-                                 " of 1 s"), run.reason
+    assert run.reason.startswith(
+        "work stage of iteration 0: 0 of 2 workers delivered an update within 2 deadlines of 1 s"
+    ), run.reason
     record = services.table.get_iteration("deadline-hang", 0)
     assert record.relaunched == {0: 1, 1: 1} and not record.done
     budget = (spec.deadline_retries + 1) * spec.deadline_s
@@ -101,9 +108,11 @@ def test_workers_that_crash_on_every_attempt_fail_the_run_within_its_deadline_bu
         train(services, spec, "deadline-crash")
         run = finish(services, "deadline-crash", timeout_s=60)
     assert run.status == "FAILED"
-    assert re.match(r"worker failed three times on one message: .*crash"
-                    r"|work stage of iteration 0: 0 of 2 workers delivered an update within 2 deadlines", run.reason), \
-        run.reason
+    assert re.match(
+        r"worker failed three times on one message: .*crash"
+        r"|work stage of iteration 0: 0 of 2 workers delivered an update within 2 deadlines",
+        run.reason,
+    ), run.reason
     record = services.table.get_iteration("deadline-crash", 0)
     assert not record.done and record.reduce_fired_by is None
     assert run.updated_at - record.launched_at < (spec.deadline_retries + 1) * spec.deadline_s + 3

@@ -53,8 +53,10 @@ def test_a_dropped_model_without_a_dataset_fails_its_run_with_the_reason(local, 
 
 def test_a_dropped_model_whose_budget_the_plan_exceeds_is_refused_naming_both_figures(local, services, digits) -> None:
     model = modelio.save_model(demo.digits_cnn(seed=7))
-    request = {"dataset": "digits", "training": {"workers": 2, "reducers": 1, "global_batch": 64, "iterations": 3,
-                                                 "budget_usd": 1e-6}}
+    request = {
+        "dataset": "digits",
+        "training": {"workers": 2, "reducers": 1, "global_batch": 64, "iterations": 3, "budget_usd": 1e-6},
+    }
     s3 = services.store.s3
     body = json.dumps(request).encode()
     s3.put_object(Bucket=services.store.bucket, Key=keys.incoming_request("thrifty"), Body=body)
@@ -62,6 +64,7 @@ def test_a_dropped_model_whose_budget_the_plan_exceeds_is_refused_naming_both_fi
     run_id = _run_id_of("thrifty", model, body)
     run = _settled(services, run_id)
     assert run.status == "FAILED"
-    assert re.search(r"the plan predicts \$[\d.]+ for this run \(3 iterations\), above its budget of \$0\.000001",
-                     run.reason), run.reason
+    assert re.search(
+        r"the plan predicts \$[\d.]+ for this run \(3 iterations\), above its budget of \$0\.000001", run.reason
+    ), run.reason
     assert services.store.list_keys(f"runs/{run_id}/") == []

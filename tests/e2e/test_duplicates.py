@@ -8,8 +8,14 @@ from slsml.spec.config import OptimizerConfig, TrainingSpec
 
 from .conftest import final_weights, finish, train
 
-SPEC = TrainingSpec(workers=4, reducers=2, global_batch=128, iterations=4, eval_every=0,
-                    optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
+SPEC = TrainingSpec(
+    workers=4,
+    reducers=2,
+    global_batch=128,
+    iterations=4,
+    eval_every=0,
+    optimizer=OptimizerConfig(name="adam", learning_rate=3e-3),
+)
 
 
 def test_duplicated_deliveries_give_bit_identical_weights(local, services, digits):

@@ -21,8 +21,9 @@ TOLERANCE = 1e-5  # × max|w|: the mean gradient summed from other slices
 
 
 def _spec() -> TrainingSpec:
-    return TrainingSpec(workers=4, reducers=2, global_batch=BATCH, iterations=ITERATIONS, eval_every=0,
-                        optimizer=SGD, max_workers=8)
+    return TrainingSpec(
+        workers=4, reducers=2, global_batch=BATCH, iterations=ITERATIONS, eval_every=0, optimizer=SGD, max_workers=8
+    )
 
 
 def _when_at(services, run_id: str, iteration: int, timeout_s: float = 120) -> None:
@@ -58,8 +59,10 @@ def test_a_run_scaled_4_8_2_ends_with_the_weights_of_the_fixed_run(scaled, servi
     error = np.abs(got - expected).max() / np.abs(expected).max()
     print(f"elastic vs fixed W: max|Δw|/max|w| = {error:.2e}")
     assert error <= TOLERANCE
-    samples = [sum(r.samples or 0 for r in services.table.get_iteration("elastic-scaled", i).reports.values())
-               for i in range(ITERATIONS)]
+    samples = [
+        sum(r.samples or 0 for r in services.table.get_iteration("elastic-scaled", i).reports.values())
+        for i in range(ITERATIONS)
+    ]
     assert samples == [BATCH] * ITERATIONS  # every iteration's slices cover its global batch
 
 
@@ -81,8 +84,17 @@ def test_scaling_outside_the_bounds_or_a_finished_run_is_refused_and_changes_not
 def test_the_cost_tuner_walks_a_scaled_out_run_back_one_step_a_round(services, digits):
     """--workers auto --objective cost: scaled out to 8 by hand, the tuner takes the run back to its fewest
     workers, one ladder step per round, each change with its reason on the iteration's counter."""
-    spec = TrainingSpec(workers="auto", min_workers=2, max_workers=8, objective="cost", reducers=2,
-                        global_batch=BATCH, iterations=18, eval_every=0, optimizer=SGD)
+    spec = TrainingSpec(
+        workers="auto",
+        min_workers=2,
+        max_workers=8,
+        objective="cost",
+        reducers=2,
+        global_batch=BATCH,
+        iterations=18,
+        eval_every=0,
+        optimizer=SGD,
+    )
     train(services, spec, "elastic-tuned")
     _when_at(services, "elastic-tuned", 1)
     runs.scale_run(services, "elastic-tuned", 8)

@@ -34,16 +34,22 @@ KERAS: dict[str, Callable[[], keras.optimizers.Optimizer]] = {
     "adam": lambda: K.Adam(learning_rate=3e-3),
     "adamw-cosine-warmup-globalclip": lambda: K.AdamW(
         learning_rate=S.CosineDecay(5e-4, decay_steps=2, alpha=0.1, warmup_target=4e-3, warmup_steps=2),
-        weight_decay=0.25, global_clipnorm=0.2,
+        weight_decay=0.25,
+        global_clipnorm=0.2,
     ),
     "rmsprop-centered-exponential": lambda: K.RMSprop(
-        learning_rate=S.ExponentialDecay(2e-3, decay_steps=1, decay_rate=0.6), rho=0.8, momentum=0.5, centered=True,
+        learning_rate=S.ExponentialDecay(2e-3, decay_steps=1, decay_rate=0.6),
+        rho=0.8,
+        momentum=0.5,
+        centered=True,
     ),
     "adagrad-inversetime-decay": lambda: K.Adagrad(
-        learning_rate=S.InverseTimeDecay(0.05, decay_steps=1.5, decay_rate=1.0, staircase=True), weight_decay=0.1,
+        learning_rate=S.InverseTimeDecay(0.05, decay_steps=1.5, decay_rate=1.0, staircase=True),
+        weight_decay=0.1,
     ),
     "adamax-piecewise-clipvalue": lambda: K.Adamax(
-        learning_rate=S.PiecewiseConstantDecay([1, 2], [4e-3, 2e-3, 1e-3]), clipvalue=0.005,
+        learning_rate=S.PiecewiseConstantDecay([1, 2], [4e-3, 2e-3, 1e-3]),
+        clipvalue=0.005,
     ),
     "nadam-polynomial": lambda: K.Nadam(
         learning_rate=S.PolynomialDecay(4e-3, decay_steps=3, end_learning_rate=5e-4, power=2.0),
@@ -53,12 +59,14 @@ KERAS: dict[str, Callable[[], keras.optimizers.Optimizer]] = {
     ),
     "sgd-decay-exclude-clipnorm": lambda: K.SGD(learning_rate=0.1, momentum=0.9, weight_decay=0.2, clipnorm=0.1),
     "adadelta-decay": lambda: K.Adadelta(learning_rate=1.0, rho=0.8, epsilon=1e-5, weight_decay=0.01),
-    "adam-ema-overwrite": lambda: K.Adam(
-        learning_rate=3e-3, use_ema=True, ema_momentum=0.6, ema_overwrite_frequency=3
-    ),
+    "adam-ema-overwrite": lambda: K.Adam(learning_rate=3e-3, use_ema=True, ema_momentum=0.6, ema_overwrite_frequency=3),
     "ftrl-regularized": lambda: K.Ftrl(
-        learning_rate=0.05, learning_rate_power=-0.4, l1_regularization_strength=1e-4,
-        l2_regularization_strength=1e-3, l2_shrinkage_regularization_strength=1e-3, beta=0.2,
+        learning_rate=0.05,
+        learning_rate_power=-0.4,
+        l1_regularization_strength=1e-4,
+        l2_regularization_strength=1e-3,
+        l2_shrinkage_regularization_strength=1e-3,
+        beta=0.2,
     ),
 }
 # exclude_from_weight_decay is no part of get_config(): set on both sides
@@ -112,8 +120,14 @@ def _run_id(name: str, workers: int, reducers: int) -> str:
 def pipeline_runs(services, digits):
     """All cases at once through the shared pipeline (runs also must not disturb each other)."""
     for name, workers, reducers in CASES:
-        spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=ITERATIONS,
-                            optimizer=config_of(name), eval_every=0)
+        spec = TrainingSpec(
+            workers=workers,
+            reducers=reducers,
+            global_batch=BATCH,
+            iterations=ITERATIONS,
+            optimizer=config_of(name),
+            eval_every=0,
+        )
         train(services, spec, _run_id(name, workers, reducers))
     return {case: finish(services, _run_id(*case)) for case in CASES}
 
@@ -185,8 +199,11 @@ def test_pipeline_matches_single_process_keras(pipeline_runs, services, digits, 
     initial = flat(demo.digits_cnn(seed=1))
     assert np.abs(expected - initial).max() > 100 * tolerance * scale, "training moved nothing"
     # each feature of the case changes the result by far more than the tolerance: the test can see it fail
-    features = {"clipping": ("clipnorm", "global_clipnorm", "clipvalue"), "weight decay": ("weight_decay",),
-                "the moving average": ("use_ema",)}
+    features = {
+        "clipping": ("clipnorm", "global_clipnorm", "clipvalue"),
+        "weight decay": ("weight_decay",),
+        "the moving average": ("use_ema",),
+    }
     for feature, options in features.items():
         if any(getattr(config.optimizer, option) for option in options):
             without, _ = reference(name, drop=options)
@@ -211,8 +228,14 @@ def continued_run(services, digits):
     """One more Adam run, whose final.keras fit continues."""
     name, workers, reducers = CONTINUED
     run_id = f"eq-continued-{name}-w{workers}-r{reducers}"
-    spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=ITERATIONS,
-                        optimizer=config_of(name), eval_every=0)
+    spec = TrainingSpec(
+        workers=workers,
+        reducers=reducers,
+        global_batch=BATCH,
+        iterations=ITERATIONS,
+        optimizer=config_of(name),
+        eval_every=0,
+    )
     train(services, spec, run_id)
     return finish(services, run_id)
 
@@ -220,8 +243,9 @@ def continued_run(services, digits):
 def _continue(model: keras.Model) -> np.ndarray:
     """``fit`` continued on ``model`` for CONTINUE_STEPS batches; its weights after."""
     x, y, _, _ = demo.digits()
-    model.fit(x[: CONTINUE_STEPS * BATCH], y[: CONTINUE_STEPS * BATCH], batch_size=BATCH, epochs=1, shuffle=False,
-              verbose=0)
+    model.fit(
+        x[: CONTINUE_STEPS * BATCH], y[: CONTINUE_STEPS * BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0
+    )
     return flat(model)
 
 
@@ -249,8 +273,10 @@ def test_fit_continued_on_final_keras_equals_fit_continued_on_the_single_process
     tolerance, scale = TOLERANCE[CONTINUED[0]], np.abs(expected).max()
     assert np.abs(restarted - expected).max() > 10 * tolerance * scale, "a fresh optimizer continues alike: vacuous"
     error = np.abs(got - expected).max() / scale
-    print(f"\nfit continued on final.keras vs the single-process model: max|Δw|/max|w| = {error:.2e}"
-          f" (tolerance {tolerance:g}; a fresh optimizer: {np.abs(restarted - expected).max() / scale:.2e})")
+    print(
+        f"\nfit continued on final.keras vs the single-process model: max|Δw|/max|w| = {error:.2e}"
+        f" (tolerance {tolerance:g}; a fresh optimizer: {np.abs(restarted - expected).max() / scale:.2e})"
+    )
     assert error <= tolerance
 
 
@@ -268,16 +294,28 @@ def sample_weights() -> np.ndarray:
 @pytest.fixture(scope="module")
 def weighted_runs(services, digits):
     name, workers, reducers = WEIGHTED
-    spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=ITERATIONS,
-                        optimizer=config_of(name), eval_every=0)
+    spec = TrainingSpec(
+        workers=workers,
+        reducers=reducers,
+        global_batch=BATCH,
+        iterations=ITERATIONS,
+        optimizer=config_of(name),
+        eval_every=0,
+    )
     for case, class_weight in CLASS_WEIGHTS.items():
-        train(services, spec.model_copy(update={"class_weight": TrainingSpec(class_weight=class_weight).class_weight}),
-              f"eq-class-weight-{case}")
+        train(
+            services,
+            spec.model_copy(update={"class_weight": TrainingSpec(class_weight=class_weight).class_weight}),
+            f"eq-class-weight-{case}",
+        )
     data.put_dataset(services.store, SAMPLE_WEIGHTS, *digits, w=sample_weights())
-    runs.start_run(services, modelio.save_model(demo.digits_cnn(seed=1)), SAMPLE_WEIGHTS, spec,
-                   run_id="eq-sample-weight")
-    return {**{case: finish(services, f"eq-class-weight-{case}") for case in CLASS_WEIGHTS},
-            "sample": finish(services, "eq-sample-weight")}
+    runs.start_run(
+        services, modelio.save_model(demo.digits_cnn(seed=1)), SAMPLE_WEIGHTS, spec, run_id="eq-sample-weight"
+    )
+    return {
+        **{case: finish(services, f"eq-class-weight-{case}") for case in CLASS_WEIGHTS},
+        "sample": finish(services, "eq-sample-weight"),
+    }
 
 
 def weighted_reference(class_weight: dict[int, float] | None = None, weights: np.ndarray | None = None) -> np.ndarray:
@@ -287,8 +325,9 @@ def weighted_reference(class_weight: dict[int, float] | None = None, weights: np
     model.compile(optimizer=keras_optimizer(WEIGHTED[0]), loss="sparse_categorical_crossentropy")
     for iteration in range(ITERATIONS):
         batch = data.global_batch_indices(len(x), BATCH, seed=0, iteration=iteration)
-        model.train_on_batch(x[batch], y[batch], class_weight=class_weight,
-                             sample_weight=None if weights is None else weights[batch])
+        model.train_on_batch(
+            x[batch], y[batch], class_weight=class_weight, sample_weight=None if weights is None else weights[batch]
+        )
     return flat(model)
 
 
@@ -308,8 +347,9 @@ def test_weighted_runs_equal_keras_fit_with_the_same_weights(weighted_runs, serv
         assert run.training.class_weights == class_weight
         if class_weight == "balanced":  # scikit-learn's balanced weights, as a Keras user computes them
             classes = np.unique(y)
-            class_weight = dict(zip(classes.tolist(), compute_class_weight("balanced", classes=classes, y=y),
-                                    strict=True))
+            class_weight = dict(
+                zip(classes.tolist(), compute_class_weight("balanced", classes=classes, y=y), strict=True)
+            )
             assert max(class_weight.values()) / min(class_weight.values()) > 1.05, "the classes are balanced: vacuous"
         expected, bound = weighted_reference(class_weight=class_weight), max(class_weight.values())
     unweighted = weighted_reference()

@@ -19,8 +19,14 @@ from slsml.training import modelio
 
 from .conftest import final_weights, finish, train, trained_clean
 
-SPEC = TrainingSpec(workers=4, reducers=2, global_batch=128, iterations=3, eval_every=0,
-                    optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
+SPEC = TrainingSpec(
+    workers=4,
+    reducers=2,
+    global_batch=128,
+    iterations=3,
+    eval_every=0,
+    optimizer=OptimizerConfig(name="adam", learning_rate=3e-3),
+)
 
 # each fault alone, then mixed; the seeds are fixed, so the same faults are injected every time
 CASES: dict[str, Faults] = {
@@ -34,8 +40,12 @@ CASES: dict[str, Faults] = {
     "mixed": Faults.parse("seed=6,duplicate=0.5,worker_crash=0.25,s3_get_delay=0.2:0.3"),
 }
 INJECTED_BY = {
-    "duplicate": "duplicate", "worker_crash": "worker_crash", "reducer_crash": "reducer_crash",
-    "worker_hang": "worker_hang", "merger_crash_once": "merger_crash", "s3_get_delay": "s3_get_delay",
+    "duplicate": "duplicate",
+    "worker_crash": "worker_crash",
+    "reducer_crash": "reducer_crash",
+    "worker_hang": "worker_hang",
+    "merger_crash_once": "merger_crash",
+    "s3_get_delay": "s3_get_delay",
     "sns_delay": "sns_delay",
 }
 
@@ -55,8 +65,9 @@ def injecting(local, faults: Faults, environment: dict[str, str] | None = None) 
         report["injected"] = {k: v - before["injected"][k] for k, v in after["injected"].items()}
         for name in ("invocations", "failed_invocations", "retries", "dead_letters"):
             report[name] = after[name] - before[name]
-        report["errors"] = {e: n - before["errors"].get(e, 0) for e, n in after["errors"].items()
-                            if n > before["errors"].get(e, 0)}
+        report["errors"] = {
+            e: n - before["errors"].get(e, 0) for e, n in after["errors"].items() if n > before["errors"].get(e, 0)
+        }
 
 
 def test_non_finite_updates_from_every_worker_fail_the_run(services, digits):

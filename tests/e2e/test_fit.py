@@ -43,7 +43,10 @@ def test_binary_labels_of_rank_one_train_and_the_workers_metrics_equal_keras_eva
     spec = TrainingSpec(workers=3, reducers=2, global_batch=64, iterations=6, eval_every=3)
     config = runs.start_run(services, modelio.save_model(model), "cancer", spec, run_id="fit-cancer")
     assert [m if isinstance(m, str) else m["class_name"] for m in json.loads(config.metrics)] == [
-        "AUC", "accuracy", "Precision"]
+        "AUC",
+        "accuracy",
+        "Precision",
+    ]
     run = finish(services, "fit-cancer")
     assert run.status == "COMPLETED", run.reason
     final = modelio.load_model(services.store.get(keys.final_model("fit-cancer")))  # compiled as it was given
@@ -96,8 +99,9 @@ def test_labels_all_beyond_the_outputs_are_refused_in_slsmls_words(services) -> 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     with pytest.raises(BadInputError) as error:
-        runs.prepare_run(services, modelio.save_model(model), "high-labels", TrainingSpec(iterations=1, global_batch=8),
-                         "fit-high")
+        runs.prepare_run(
+            services, modelio.save_model(model), "high-labels", TrainingSpec(iterations=1, global_batch=8), "fit-high"
+        )
     assert str(error.value) == "labels go up to 7 but the model has only 3 outputs (classes 0 to 2)"
 
 
@@ -155,16 +159,25 @@ def test_class_weights_for_classes_the_labels_do_not_have_are_refused_before_any
     spec = TrainingSpec(iterations=1, class_weight={0: 1.0, 1: 2.0, 5: 3.0})
     with pytest.raises(BadInputError) as error:
         runs.prepare_run(services, modelio.save_model(model), "cancer", spec, "fit-class-five")
-    assert str(error.value) == ("class_weight names class 5 that the labels do not have (the training labels are"
-                                " classes 0, 1)")
+    assert str(error.value) == (
+        "class_weight names class 5 that the labels do not have (the training labels are classes 0, 1)"
+    )
     assert services.store.list_keys(keys.run_prefix("fit-class-five")) == []
-    config = runs.prepare_run(services, modelio.save_model(model), "cancer", spec.model_copy(
-        update={"class_weight": "balanced"}), "fit-balanced")
+    config = runs.prepare_run(
+        services,
+        modelio.save_model(model),
+        "cancer",
+        spec.model_copy(update={"class_weight": "balanced"}),
+        "fit-balanced",
+    )
     counts = np.bincount(cancer[1])
     assert config.class_weights == pytest.approx(tuple(len(cancer[1]) / (2 * counts)))
     data.put_dataset(services.store, "cancer-weighted", *cancer, w=np.linspace(0.5, 2, len(cancer[0])))
-    with pytest.raises(BadInputError, match=r"holds sample weights and the run gives class_weight: Keras's fit takes"
-                       " one or the other"):
+    with pytest.raises(
+        BadInputError,
+        match=r"holds sample weights and the run gives class_weight: Keras's fit takes"
+        " one or the other",
+    ):
         runs.prepare_run(services, modelio.save_model(model), "cancer-weighted", spec, "fit-both-weights")
     assert services.store.list_keys(keys.run_prefix("fit-both-weights")) == []
 
@@ -178,8 +191,16 @@ def test_early_stopping_ends_the_run_completed_and_keep_best_keeps_the_best_eval
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(1, activation="sigmoid")])
     model.compile(optimizer=keras.optimizers.SGD(6.0), loss="binary_crossentropy", metrics=["accuracy"])
-    spec = TrainingSpec(workers=2, reducers=1, global_batch=64, epochs=12, validation_split=0.25, eval_every=0,
-                        early_stopping="val_loss:1", keep_best="val_loss")
+    spec = TrainingSpec(
+        workers=2,
+        reducers=1,
+        global_batch=64,
+        epochs=12,
+        validation_split=0.25,
+        eval_every=0,
+        early_stopping="val_loss:1",
+        keep_best="val_loss",
+    )
     config = runs.start_run(services, modelio.save_model(model), "cancer", spec, run_id="fit-stop")
     assert config.modes == {"loss": "min"}
     run = finish(services, "fit-stop")
@@ -193,8 +214,10 @@ def test_early_stopping_ends_the_run_completed_and_keep_best_keeps_the_best_eval
     assert run.iteration == (stopped + 1) * per_epoch < config.training.iterations
     assert run.reason.startswith("early stopping: val_loss did not improve by more than 0 for 1 evaluation")
     best, _ = series[stopping.best_at(values, "min")]
-    print(f"\nval_loss per epoch {[round(v, 4) for v in values]}: stopped after epoch {stopped + 1} of 12, final model"
-          f" entering iteration {best + 1} of {run.iteration}")
+    print(
+        f"\nval_loss per epoch {[round(v, 4) for v in values]}: stopped after epoch {stopped + 1} of 12, final model"
+        f" entering iteration {best + 1} of {run.iteration}"
+    )
     assert best + 1 < run.iteration, f"the best model is the last: {values}"  # else keep-best changed nothing
     final = modelio.load_model(services.store.get(keys.final_model("fit-stop")))
     kept = modelio.load_model(services.store.get(keys.model("fit-stop", best + 1)))
@@ -205,7 +228,8 @@ def test_early_stopping_ends_the_run_completed_and_keep_best_keeps_the_best_eval
     assert run.val == best_counter.val and run.test == best_counter.test is not None
     held = data.held_out(config.training, len(cancer[0]))[1]
     assert final.evaluate(cancer[0][held], cancer[1][held], return_dict=True, verbose=0)["loss"] == pytest.approx(
-        run.val["loss"], abs=1e-4)
+        run.val["loss"], abs=1e-4
+    )
 
 
 def test_early_stopping_on_a_figure_the_model_does_not_compute_is_refused_at_start(services, cancer):
@@ -213,6 +237,7 @@ def test_early_stopping_on_a_figure_the_model_does_not_compute_is_refused_at_sta
     spec = TrainingSpec(iterations=4, validation_split=0.2, early_stopping="val_auc:2")
     with pytest.raises(BadInputError) as error:
         runs.prepare_run(services, modelio.save_model(model), "cancer", spec, "fit-stop-auc")
-    assert str(error.value) == ("--early-stopping val_auc: the model does not compute 'auc' (it computes val_loss,"
-                                " val_accuracy)")
+    assert str(error.value) == (
+        "--early-stopping val_auc: the model does not compute 'auc' (it computes val_loss, val_accuracy)"
+    )
     assert services.store.list_keys(keys.run_prefix("fit-stop-auc")) == []

@@ -40,15 +40,23 @@ print(json.dumps({"history": history.history, "epoch": history.epoch, "type": ty
 def test_fit_from_a_plain_script_returns_a_history_and_trains_the_model_in_place(tmp_path: Path) -> None:
     (tmp_path / "fit_cancer.py").write_text(SCRIPT)
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    script = subprocess.Popen([sys.executable, "fit_cancer.py"], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=environment, start_new_session=True)
+    script = subprocess.Popen(
+        [sys.executable, "fit_cancer.py"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+        start_new_session=True,
+    )
     out, err = script.communicate(timeout=900)
     assert script.returncode == 0, err[-3000:]
     result = json.loads(out.strip().splitlines()[-1])
     history = result["history"]
     assert result["type"] == "History" and result["epoch"] == [0, 1, 2, 3]
     assert {name: len(values) for name, values in history.items()} == dict.fromkeys(
-        ["loss", "accuracy", "val_loss", "val_auc", "val_accuracy"], 4)
+        ["loss", "accuracy", "val_loss", "val_auc", "val_accuracy"], 4
+    )
     assert history["loss"][-1] < history["loss"][0]
     for name in ("auc", "loss", "accuracy"):  # the model holds the final weights, evaluated at the last epoch's end
         assert abs(result["after"][name] - history[f"val_{name}"][-1]) < 1e-3, name

@@ -34,16 +34,26 @@ NEEDS = {
     "sqs:SendMessageBatch": {"sqs:SendMessage"},
     "sqs:DeleteMessageBatch": {"sqs:DeleteMessage"},
 }
-CLIPPED = TrainingSpec(workers=3, reducers=3, global_batch=96, iterations=2, eval_every=0, budget_usd=1.0,
-                       optimizer=OptimizerConfig(name="adam", learning_rate=3e-3, global_clipnorm=0.1))
-LEFT_BEHIND = TrainingSpec(workers=3, reducers=2, global_batch=96, iterations=2, eval_every=0, deadline_s=1.0,
-                           deadline_floor=0.5)
+CLIPPED = TrainingSpec(
+    workers=3,
+    reducers=3,
+    global_batch=96,
+    iterations=2,
+    eval_every=0,
+    budget_usd=1.0,
+    optimizer=OptimizerConfig(name="adam", learning_rate=3e-3, global_clipnorm=0.1),
+)
+LEFT_BEHIND = TrainingSpec(
+    workers=3, reducers=2, global_batch=96, iterations=2, eval_every=0, deadline_s=1.0, deadline_floor=0.5
+)
 
 
 def _dropped(services) -> str:
     model = modelio.save_model(demo.digits_cnn(seed=9))
-    request = {"dataset": "digits", "training": {"workers": 2, "reducers": 1, "global_batch": 64, "iterations": 1,
-                                                 "budget_usd": 1.0}}
+    request = {
+        "dataset": "digits",
+        "training": {"workers": 2, "reducers": 1, "global_batch": 64, "iterations": 1, "budget_usd": 1.0},
+    }
     s3 = services.store.s3
     body = json.dumps(request).encode()
     s3.put_object(Bucket=services.store.bucket, Key=keys.incoming_request("granted"), Body=body)
@@ -109,7 +119,9 @@ def test_the_runs_exercised_the_pipeline(operations: dict[str, set[str]]) -> Non
 def test_a_functions_role_allows_what_the_function_does(
     operations: dict[str, set[str]], granted: dict[str, set[str]], function: str
 ) -> None:
-    missing = {op: sorted(NEEDS.get(op, {op}) - granted[function])
-               for op in sorted(operations.get(function, set())) if NEEDS.get(op, {op}) - granted[function]}
+    missing = {
+        op: sorted(NEEDS.get(op, {op}) - granted[function])
+        for op in sorted(operations.get(function, set()))
+        if NEEDS.get(op, {op}) - granted[function]
+    }
     assert not missing, f"{function} makes calls its role does not allow: {missing}"
-

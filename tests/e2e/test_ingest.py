@@ -35,13 +35,19 @@ def cnn() -> bytes:
     import keras
 
     keras.utils.set_random_seed(1)
-    model = keras.Sequential([
-        keras.Input((32, 32, 3)), keras.layers.Rescaling(1 / 255),
-        keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.MaxPooling2D(),
-        keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(), keras.layers.Flatten(),
-        keras.layers.Dense(2, activation="softmax")])
-    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
+    model = keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(2, activation="softmax"),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return modelio.save_model(model)
 
 
@@ -69,25 +75,57 @@ def test_jpegs_in_class_folders_get_keras_labels_and_train_a_cnn(service: Path) 
     manifest = data.load_manifest(store, "photos")
     x, y = data.DatasetReader(store, manifest).split("train")
     assert x.shape[1:] == (32, 32, 3) and x.dtype == np.uint8
-    keras_set = keras.utils.image_dataset_from_directory(service / "photos", image_size=(32, 32), shuffle=False,
-                                                         batch_size=None)
+    keras_set = keras.utils.image_dataset_from_directory(
+        service / "photos", image_size=(32, 32), shuffle=False, batch_size=None
+    )
     keras_labels = np.array([int(label) for _, label in keras_set])
     held_out = ingest.held_out(0, 2 * CROPS, 0.2, seed=0, total=2 * CROPS)  # data put's defaults
     np.testing.assert_array_equal(y, keras_labels[~held_out])
 
-    summary = last_json(slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--data", "photos",
-                              "--iterations", "60", "--batch", "32", "--workers", "2", "--eval-every", "60",
-                              "--json"))
+    summary = last_json(
+        slsml(
+            service,
+            "run",
+            "start",
+            "--local",
+            "--model",
+            "cnn.keras",
+            "--data",
+            "photos",
+            "--iterations",
+            "60",
+            "--batch",
+            "32",
+            "--workers",
+            "2",
+            "--eval-every",
+            "60",
+            "--json",
+        )
+    )
     # Keras fit reaches 0.98 after 40 steps of this batch
     assert summary["status"] == "COMPLETED" and summary["test_accuracy"] >= 0.9, summary
 
 
 def test_a_file_given_twice_is_recognised_and_a_dataset_in_use_is_not_removed(service: Path) -> None:
     rng = np.random.default_rng(0)
-    np.savez(service / "wine.npz", x=rng.standard_normal((300, 32, 32, 3)).astype(np.float32),
-             y=rng.integers(0, 2, 300))
-    start = ("run", "start", "--local", "--model", "cnn.keras", "--data", "wine.npz", "--iterations", "500",
-             "--batch", "16", "--no-wait")
+    np.savez(
+        service / "wine.npz", x=rng.standard_normal((300, 32, 32, 3)).astype(np.float32), y=rng.integers(0, 2, 300)
+    )
+    start = (
+        "run",
+        "start",
+        "--local",
+        "--model",
+        "cnn.keras",
+        "--data",
+        "wine.npz",
+        "--iterations",
+        "500",
+        "--batch",
+        "16",
+        "--no-wait",
+    )
     first = slsml(service, *start)
     assert first.returncode == 0, first.stderr
     again = slsml(service, *start)

@@ -38,14 +38,33 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _command(run_id: str, iterations: int = 60) -> list[str]:
-    return [*SLSML, "run", "start", "--local", "--model", "cnn.keras", "--data", "digits.npz", "--iterations",
-            str(iterations), "--eval-every", "0", "--workers", "2", "--pool", "2", "--run-id", run_id]
+    return [
+        *SLSML,
+        "run",
+        "start",
+        "--local",
+        "--model",
+        "cnn.keras",
+        "--data",
+        "digits.npz",
+        "--iterations",
+        str(iterations),
+        "--eval-every",
+        "0",
+        "--workers",
+        "2",
+        "--pool",
+        "2",
+        "--run-id",
+        run_id,
+    ]
 
 
 def _start(home: Path, run_id: str) -> subprocess.Popen:
     """`slsml run start --local` in a process group of its own, as a terminal starts a command."""
-    return subprocess.Popen(_command(run_id), cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        _command(run_id), cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def _ended(command: subprocess.Popen, signalled_at: float) -> tuple[float, str]:

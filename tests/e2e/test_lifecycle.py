@@ -24,12 +24,27 @@ ITERATIONS = 6
 STOP_AT = 2  # the run is stopped once it has merged this many iterations
 CASES = {
     # gradient averaging with Adam: moments and step count live in the shards
-    "adam": TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=ITERATIONS, eval_every=0,
-                         optimizer=OptimizerConfig(name="adam", learning_rate=3e-3)),
+    "adam": TrainingSpec(
+        workers=2,
+        reducers=2,
+        global_batch=64,
+        iterations=ITERATIONS,
+        eval_every=0,
+        optimizer=OptimizerConfig(name="adam", learning_rate=3e-3),
+    ),
     # model averaging whose slots keep their local optimizer's state, with top-k updates and their residuals
-    "average-keep-topk": TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=ITERATIONS, eval_every=0,
-                                      algorithm="average", local_steps=2, local_state="keep", local_momentum=0.9,
-                                      compress="topk:0.05"),
+    "average-keep-topk": TrainingSpec(
+        workers=2,
+        reducers=2,
+        global_batch=64,
+        iterations=ITERATIONS,
+        eval_every=0,
+        algorithm="average",
+        local_steps=2,
+        local_state="keep",
+        local_momentum=0.9,
+        compress="topk:0.05",
+    ),
 }
 
 

@@ -44,13 +44,15 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     put = slsml(service, "data", "put", "digits", "digits.npz")
     assert put.returncode == 0, put.stderr
     request = service / "cnn.json"
-    request.write_text(json.dumps({"dataset": "digits", "training": {"iterations": 6, "eval_every": 3,
-                                                                     "workers": 3, "reducers": 2}}))
+    request.write_text(
+        json.dumps({"dataset": "digits", "training": {"iterations": 6, "eval_every": 3, "workers": 3, "reducers": 2}})
+    )
     aws = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **env}
     bucket = f"s3://{env['SLSML_BUCKET']}/incoming/"
     for path in (request, service / "cnn.keras"):  # the request first: the model's upload starts the run
-        copied = subprocess.run([AWS_CLI, "s3", "cp", str(path), bucket], capture_output=True, text=True, env=aws,
-                                timeout=120)
+        copied = subprocess.run(
+            [AWS_CLI, "s3", "cp", str(path), bucket], capture_output=True, text=True, env=aws, timeout=120
+        )
         assert copied.returncode == 0, copied.stderr
     run_id = f"cnn-{hashlib.sha256((service / 'cnn.keras').read_bytes() + request.read_bytes()).hexdigest()[:8]}"
     deadline = time.monotonic() + 180  # the RunStarter loads the model and checks it against the data first
@@ -64,10 +66,12 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     assert (summary["run_id"], summary["status"], summary["iterations"]) == (run_id, "COMPLETED", 6)
     assert summary["workers"] == 3 and summary["test_accuracy"] > 0.3
     progress = [line for line in watched.stderr.splitlines() if line.startswith(f"{run_id} 6/6  ")]
-    assert progress and re.search(r"  loss [\d.]+  accuracy [\d.]+  test_accuracy [\d.]+  ", progress[-1]), \
-        watched.stderr  # the figures as Keras names them, in a pipe
+    assert progress and re.search(r"  loss [\d.]+  accuracy [\d.]+  test_accuracy [\d.]+  ", progress[-1]), (
+        watched.stderr
+    )  # the figures as Keras names them, in a pipe
     assert re.search(r"test_loss\s*│ [\d.]+\s*│", watched.stderr) and re.search(
-        r"test_accuracy\s*│ [\d.]+\s*│", watched.stderr), watched.stderr
+        r"test_accuracy\s*│ [\d.]+\s*│", watched.stderr
+    ), watched.stderr
     report = slsml(service, "run", "report", run_id, "--out", "report", "--json")
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout) == {"run_id": run_id, "report": str(Path("report") / "index.html")}
@@ -90,9 +94,27 @@ def _status(cwd: Path, run_id: str) -> dict:
 
 
 def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
-    started = slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--data", "digits", "--iterations",
-                     "60", "--eval-every", "0", "--run-id", "stop-me", "--no-wait", "--workers", "2",
-                     "--max-workers", "4")
+    started = slsml(
+        service,
+        "run",
+        "start",
+        "--local",
+        "--model",
+        "cnn.keras",
+        "--data",
+        "digits",
+        "--iterations",
+        "60",
+        "--eval-every",
+        "0",
+        "--run-id",
+        "stop-me",
+        "--no-wait",
+        "--workers",
+        "2",
+        "--max-workers",
+        "4",
+    )
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip() == "stop-me"
     # two iterations complete: the run resumes past its first, with 2 workers. Watched in the service's table
@@ -111,7 +133,8 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     assert scaled.returncode == 0, scaled.stderr
     assert (json.loads(scaled.stdout)["workers"], json.loads(scaled.stdout)["was"]) == (4, 2)
     assert "run stop-me: 4 workers from the first iteration it runs once resumed (it is STOPPED) (was 2)" in (
-        scaled.stderr), scaled.stderr
+        scaled.stderr
+    ), scaled.stderr
     resumed = slsml(service, "run", "resume", "stop-me", "--json")
     assert resumed.returncode == 0, resumed.stderr
     entering = re.search(r"resumed from its model entering iteration (\d+)", resumed.stderr)
@@ -127,7 +150,8 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     assert re.search(rf"workers\s*│ 2 → 4 at iteration {changed['iteration']} \(run scale\)", watched.stderr)
     finished = slsml(service, "run", "scale", "stop-me", "--workers", "3")
     assert finished.returncode == 2 and "is COMPLETED: only a RUNNING, STOPPED or FAILED run can be scaled" in (
-        finished.stderr)
+        finished.stderr
+    )
     fetched = slsml(service, "run", "fetch", "stop-me", "--out", "stopped.keras", "--json")
     assert fetched.returncode == 0, fetched.stderr
     assert json.loads(fetched.stdout)["bytes"] == (service / "stopped.keras").stat().st_size
@@ -137,8 +161,23 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
 def test_a_run_beyond_the_services_limits_is_refused_and_a_dropped_one_fails_with_the_reason(service: Path) -> None:
     over = f"{LIMIT_WORKERS + 4} workers, over the deployment's limit workers={LIMIT_WORKERS}"
     slsml(service, "data", "put", "digits", "digits.npz")  # unless an earlier test put it
-    refused = slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--data", "digits", "--workers",
-                    str(LIMIT_WORKERS + 4), "--iterations", "2", "--run-id", "too-wide", "--no-wait")
+    refused = slsml(
+        service,
+        "run",
+        "start",
+        "--local",
+        "--model",
+        "cnn.keras",
+        "--data",
+        "digits",
+        "--workers",
+        str(LIMIT_WORKERS + 4),
+        "--iterations",
+        "2",
+        "--run-id",
+        "too-wide",
+        "--no-wait",
+    )
     assert refused.returncode == 2 and over in refused.stderr, refused.stderr
     assert "too-wide" not in dict(_listed(service))  # refused before anything was stored
     # a model dropped with a request beyond the limit (no CLI to refuse it): the pipeline fails its run

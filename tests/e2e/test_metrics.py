@@ -20,8 +20,16 @@ from .conftest import finish, train
 from .test_faults import injecting
 
 RUN = "metrics-straggler"
-SPEC = TrainingSpec(workers=4, reducers=2, global_batch=128, iterations=2, eval_every=0, deadline_s=2.0,
-                    deadline_floor=0.5, optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
+SPEC = TrainingSpec(
+    workers=4,
+    reducers=2,
+    global_batch=128,
+    iterations=2,
+    eval_every=0,
+    deadline_s=2.0,
+    deadline_floor=0.5,
+    optimizer=OptimizerConfig(name="adam", learning_rate=3e-3),
+)
 MetricKey = tuple[str, str, frozenset[tuple[str, str]]]  # namespace, name, dimensions
 
 
@@ -48,8 +56,9 @@ def emitted(lines: list[str]) -> set[MetricKey]:
         for directive in entry["_aws"]["CloudWatchMetrics"]:
             for dimension_set in directive["Dimensions"]:
                 dimensions = frozenset((name, entry[name]) for name in dimension_set)
-                found |= {(directive["Namespace"], m["Name"], dimensions) for m in directive["Metrics"]
-                          if m["Name"] in entry}
+                found |= {
+                    (directive["Namespace"], m["Name"], dimensions) for m in directive["Metrics"] if m["Name"] in entry
+                }
     return found
 
 
@@ -69,8 +78,9 @@ def test_every_metric_the_dashboard_graphs_is_emitted_with_its_dimensions(local,
     with injecting(local, Faults.parse("slow_worker=3:8")) as report:
         train(services, SPEC, RUN)
         # a message for a worker the run does not have: rejected (RejectedMessages), the run unharmed
-        forged = WorkMessage(run_id=RUN, iteration=0, generation=0, worker=SPEC.workers + 5, workers=SPEC.workers,
-                             attempt=0)
+        forged = WorkMessage(
+            run_id=RUN, iteration=0, generation=0, worker=SPEC.workers + 5, workers=SPEC.workers, attempt=0
+        )
         services.bus.publish(wiring.WORK, [forged])
         run = finish(services, RUN)
         assert run.status == "COMPLETED", run.reason

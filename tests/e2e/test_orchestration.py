@@ -16,8 +16,15 @@ from .conftest import finish, train
 from .test_faults import injecting
 
 HEARTBEAT_S = 5  # more than a paced first iteration with its cold model loads (~2 s here)
-SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=11, eval_every=0, heartbeat_s=HEARTBEAT_S,
-                    optimizer=OptimizerConfig(name="adam"))
+SPEC = TrainingSpec(
+    workers=2,
+    reducers=2,
+    global_batch=64,
+    iterations=11,
+    eval_every=0,
+    heartbeat_s=HEARTBEAT_S,
+    optimizer=OptimizerConfig(name="adam"),
+)
 PACE = Faults.parse("slow_worker=0:1")  # every iteration takes over 1 s: the run outlives two heartbeat windows
 
 
@@ -61,8 +68,15 @@ def test_a_run_is_an_execution_kept_alive_by_heartbeats(local, services, digits,
     assert run.status == "COMPLETED", run.reason
     execution, entered = _execution(local, "sfn-ok")
     assert execution["status"] == "SUCCEEDED"
-    assert entered == ["NewOrResumed", "RegisterRun", "PlaceInitialModel", "WaitForPipeline", "MarkCompleted",
-                       "PublishCompleted", "Completed"]
+    assert entered == [
+        "NewOrResumed",
+        "RegisterRun",
+        "PlaceInitialModel",
+        "WaitForPipeline",
+        "MarkCompleted",
+        "PublishCompleted",
+        "Completed",
+    ]
     # the run outlived its heartbeat window several times over: only the Merger's heartbeats kept it waiting
     assert took > 2 * HEARTBEAT_S, f"run took {took:.1f} s: too short to prove heartbeats"
     assert json.loads(execution["output"])["outcome"]["final_key"] == "runs/sfn-ok/final.keras"
@@ -77,16 +91,20 @@ def test_a_pipeline_that_stops_reporting_fails_by_heartbeat_timeout(local, servi
         QueueUrl=local.deployment.queues["merger"], AttributeNames=["QueueArn"]
     )["Attributes"]["QueueArn"]
     topic = local.deployment.topic_arns[wiring.REDUCE_DONE.name]
-    subscription = next(s["SubscriptionArn"] for s in sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
-                        if s["Endpoint"] == merger_queue)
+    subscription = next(
+        s["SubscriptionArn"]
+        for s in sns.list_subscriptions_by_topic(TopicArn=topic)["Subscriptions"]
+        if s["Endpoint"] == merger_queue
+    )
     raw = sns.get_subscription_attributes(SubscriptionArn=subscription)["Attributes"].get("RawMessageDelivery")
     sns.unsubscribe(SubscriptionArn=subscription)  # ReduceDone no longer reaches the Merger
     try:
         train(services, SPEC, "sfn-stalled")
         run = finish(services, "sfn-stalled", timeout_s=60)
     finally:  # as it was subscribed, for the session's later runs
-        sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=merger_queue,
-                      Attributes={"RawMessageDelivery": raw} if raw else {})
+        sns.subscribe(
+            TopicArn=topic, Protocol="sqs", Endpoint=merger_queue, Attributes={"RawMessageDelivery": raw} if raw else {}
+        )
     assert run.status == "FAILED"
     assert run.reason.startswith(f"the pipeline stopped reporting: no progress within {HEARTBEAT_S} s"), run.reason
     assert run.iteration == 0

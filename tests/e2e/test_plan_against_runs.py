@@ -40,21 +40,40 @@ CLIPPED = OptimizerConfig(name="adam", learning_rate=3e-3, global_clipnorm=0.1)
 # per shard a record of its sums of squares, its count and its average (stored, and read back by the 2
 # shards another one releases), the read of the sums, the release's claim and its message (each checked)
 PLAIN_EXTRAS = {"dynamodb:UpdateItem": 2}
-EXCHANGE_EXTRAS = {"dynamodb:UpdateItem": 2 + 3 + 1, "dynamodb:PutItem": 3, "dynamodb:BatchGetItem": 1,
-                   "dynamodb:GetItem": 2,  # the checks of the 2 released shards' Reduce messages
-                   "s3:PutObject": 3, "s3:GetObject": 2, "sns:PublishBatch": 1}
+EXCHANGE_EXTRAS = {
+    "dynamodb:UpdateItem": 2 + 3 + 1,
+    "dynamodb:PutItem": 3,
+    "dynamodb:BatchGetItem": 1,
+    "dynamodb:GetItem": 2,  # the checks of the 2 released shards' Reduce messages
+    "s3:PutObject": 3,
+    "s3:GetObject": 2,
+    "sns:PublishBatch": 1,
+}
 
 
-@pytest.mark.parametrize(("workers", "reducers", "optimizer", "extras"), [
-    (4, 2, None, PLAIN_EXTRAS), (3, 3, None, PLAIN_EXTRAS), (3, 3, CLIPPED, EXCHANGE_EXTRAS),
-], ids=["4x2", "3x3", "3x3-global-clipnorm"])
+@pytest.mark.parametrize(
+    ("workers", "reducers", "optimizer", "extras"),
+    [
+        (4, 2, None, PLAIN_EXTRAS),
+        (3, 3, None, PLAIN_EXTRAS),
+        (3, 3, CLIPPED, EXCHANGE_EXTRAS),
+    ],
+    ids=["4x2", "3x3", "3x3-global-clipnorm"],
+)
 def test_the_plan_counts_the_requests_of_an_iteration(
-    local: LocalRuntime, services: Services, digits, cnn: Path, workers: int, reducers: int,
-    optimizer: OptimizerConfig | None, extras: dict[str, int],
+    local: LocalRuntime,
+    services: Services,
+    digits,
+    cnn: Path,
+    workers: int,
+    reducers: int,
+    optimizer: OptimizerConfig | None,
+    extras: dict[str, int],
 ) -> None:
     run_id = f"plan-requests-{workers}x{reducers}" + ("-clip" if optimizer else "")
-    spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=128, iterations=ITERATIONS, eval_every=0,
-                        optimizer=optimizer)
+    spec = TrainingSpec(
+        workers=workers, reducers=reducers, global_batch=128, iterations=ITERATIONS, eval_every=0, optimizer=optimizer
+    )
     train(services, spec, run_id, cnn.read_bytes())
     run = finish(services, run_id)
     assert run.status == "COMPLETED", run.reason
@@ -65,9 +84,17 @@ def test_the_plan_counts_the_requests_of_an_iteration(
     figures = costmodel.from_keras_file(cnn, batch=32, measure=False, parameters=Parameters())
     if optimizer:
         figures["optimizer"] = optimizer
-    work = Workload(**figures, compute_per_sample_s=0.0, compute_source="not timed", workers=workers,
-                    reducers=reducers, global_batch=128, iterations=ITERATIONS, memory_mb=costmodel.function_memory(),
-                    timeout_s=costmodel.function_timeouts())
+    work = Workload(
+        **figures,
+        compute_per_sample_s=0.0,
+        compute_source="not timed",
+        workers=workers,
+        reducers=reducers,
+        global_batch=128,
+        iterations=ITERATIONS,
+        memory_mb=costmodel.function_memory(),
+        timeout_s=costmodel.function_timeouts(),
+    )
     plan = costmodel.predict(work, Parameters(), Quotas(), prices.PriceTable())
     assert plan.requests_per_iteration == summary.requests_per_iteration
     measured, minimum = summary.requests_per_iteration, plan.minimum_requests_per_iteration
@@ -83,8 +110,9 @@ def linear(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import keras
 
     keras.utils.set_random_seed(1)
-    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
-                              keras.layers.Dense(10, activation="softmax")])
+    model = keras.Sequential(
+        [keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(10, activation="softmax")]
+    )
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy")
     path = tmp_path_factory.mktemp("model") / "linear.keras"
     path.write_bytes(modelio.save_model(model))
@@ -94,8 +122,16 @@ def linear(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # each option of the update rules, compression and staleness, and a budget, as `run start` and `plan` take them
 OPTIONS = {
     "average-k4": ["--algorithm", "average", "--local-steps", "4"],
-    "average-keep": ["--algorithm", "average", "--local-steps", "2", "--local-state", "keep",
-                     "--local-momentum", "0.9"],
+    "average-keep": [
+        "--algorithm",
+        "average",
+        "--local-steps",
+        "2",
+        "--local-state",
+        "keep",
+        "--local-momentum",
+        "0.9",
+    ],
     "fedopt": ["--algorithm", "average", "--local-steps", "2", "--server", "optimizer"],
     "admm": ["--algorithm", "admm", "--local-steps", "2"],
     "topk": ["--compress", "topk:0.01"],
@@ -109,7 +145,13 @@ SHAPE = ["--workers", "4", "--reducers", "2", "--batch", "128", "--iterations", 
 
 @pytest.mark.parametrize("name", OPTIONS)
 def test_the_plan_counts_the_requests_of_every_update_rule_and_option(
-    local: LocalRuntime, services: Services, digits, cnn: Path, linear: Path, name: str, capsys,
+    local: LocalRuntime,
+    services: Services,
+    digits,
+    cnn: Path,
+    linear: Path,
+    name: str,
+    capsys,
 ) -> None:
     model = linear if "admm" in OPTIONS[name] else cnn
     flags = [*SHAPE, *OPTIONS[name]]
@@ -127,8 +169,11 @@ def test_the_plan_counts_the_requests_of_every_update_rule_and_option(
     plan = json.loads(capsys.readouterr().out)
     assert plan["requests_per_iteration"] == summary.requests_per_iteration
     minimum = plan["minimum_requests_per_iteration"]
-    beyond = {op: count - minimum.get(op, 0) for op, count in summary.requests_per_iteration.items()
-              if count != minimum.get(op, 0)}
+    beyond = {
+        op: count - minimum.get(op, 0)
+        for op, count in summary.requests_per_iteration.items()
+        if count != minimum.get(op, 0)
+    }
     explained: dict[str, int] = {}
     for call in plan["extra_calls"]:
         explained[call["operation"]] = explained.get(call["operation"], 0) + call["count"]
@@ -151,8 +196,25 @@ def test_bench_scale_fits_a_calibration_the_plan_reads(local: LocalRuntime, digi
     path = tmp_path / "fitted.json"
     bench_scale.write_calibration(report, path)
     capsys.readouterr()
-    assert main(["plan", "--params", "2410", "--compute-per-sample", "1e-4", "--workers", "2", "--reducers", "2",
-                 "--calibration", str(path), "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--params",
+                "2410",
+                "--compute-per-sample",
+                "1e-4",
+                "--workers",
+                "2",
+                "--reducers",
+                "2",
+                "--calibration",
+                str(path),
+                "--json",
+            ]
+        )
+        == 0
+    )
     parameters = json.loads(capsys.readouterr().out)["parameters"]
     for name, value in report.fitted.items():
         assert parameters[name] == {**parameters[name], "value": value, "source": "calibration fitted.json"}

@@ -21,8 +21,9 @@ RUN = "rejections"
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=4, eval_every=0)
 # while the messages are rejected, reads of the weights entering iteration 2 take 6 s (workers', then
 # reducers'): the run is still running when they are dead-lettered (after 3 receives, about 8 s)
-HOLD = Faults(s3_get_delay=Delay(probability=1, seconds=6),
-              s3_get_delay_match=rf"^runs/{RUN}/iters/000002/(weights\.npy|shards/)")
+HOLD = Faults(
+    s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^runs/{RUN}/iters/000002/(weights\.npy|shards/)"
+)
 FORGED = 999  # the iteration the forged messages name: a step that took one in would fail the run
 REDUCE = {"run_id": RUN, "iteration": FORGED, "shard": 0, "participants": [{"worker": 0, "samples": 32}]}
 # topic, body, the function that receives it, what its rejection says

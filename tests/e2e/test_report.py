@@ -25,13 +25,29 @@ from .conftest import finish, train
 from .test_faults import injecting
 
 RUN = "report-run"
-SPEC = TrainingSpec(workers=3, reducers=2, global_batch=96, iterations=6, eval_every=2, quorum=0.6,
-                    optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
+SPEC = TrainingSpec(
+    workers=3,
+    reducers=2,
+    global_batch=96,
+    iterations=6,
+    eval_every=2,
+    quorum=0.6,
+    optimizer=OptimizerConfig(name="adam", learning_rate=3e-3),
+)
 STRAGGLER = Faults.parse("slow_worker=2:0.5")  # worker 2 reports after the reduce fired with workers 0 and 1
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 # a closed network: nothing to fetch, update or sync
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1400,1000")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1400,1000",
+)
 
 
 @pytest.fixture
@@ -79,7 +95,8 @@ def test_a_runs_report_opens_in_a_browser_and_shows_the_runs_summary(local, serv
     assert browser.execute_script("return document.readyState") == "complete"
     assert RUN in browser.title
     images = browser.execute_script(
-        "return [...document.images].map(i => [i.getAttribute('src'), i.complete, i.naturalWidth])")
+        "return [...document.images].map(i => [i.getAttribute('src'), i.complete, i.naturalWidth])"
+    )
     timelines = browser.find_elements("css selector", "h3[id^=iteration-]")
     assert len(images) == 2 + len(timelines) and len(timelines) in {2, 3}, images
     assert all(complete and width > 0 for _, complete, width in images), images
@@ -89,15 +106,18 @@ def test_a_runs_report_opens_in_a_browser_and_shows_the_runs_summary(local, serv
     for element in shown:
         name = element.get_attribute("data-field")
         assert json.loads(element.get_attribute("data-value")) == expected[name], name
-    headline = {e.get_attribute("data-field"): e.text for e in browser.find_elements("css selector",
-                                                                                      "#headline [data-field]")}
+    headline = {
+        e.get_attribute("data-field"): e.text for e in browser.find_elements("css selector", "#headline [data-field]")
+    }
     assert headline["status"] == "COMPLETED" and headline["iterations"] == "6"
     assert headline["test_accuracy"] == f"{summary.test_accuracy:.4f}"
     assert headline["test_loss"] == f"{summary.test_loss:.4f}"  # as Keras names them, the loss always
     curves = browser.find_element("css selector", "img[src^=curves]").get_attribute("alt")
     assert curves.startswith("loss, test_loss and accuracy, test_accuracy against"), curves
-    tables = [[th.text for th in table.find_elements("tag name", "th")]
-              for table in browser.find_elements("tag name", "table")]
+    tables = [
+        [th.text for th in table.find_elements("tag name", "th")]
+        for table in browser.find_elements("tag name", "table")
+    ]
     assert ["iteration", "wall time", "dollars so far", "test_loss", "test_accuracy"] in tables, tables
     assert ["iteration", "s", "loss", "accuracy", "test_accuracy", "faults", "X-Ray"] in tables, tables
     assert headline["median_iteration_s"] == f"{summary.median_iteration_s:.3f} s"

@@ -19,19 +19,22 @@ ITERATIONS = 6
 STOP_AT = 2  # the run is stopped once it has merged this many iterations
 OPTIMIZERS = {
     "adamw-cosine-warmup": OptimizerConfig(
-        name="adamw", weight_decay=0.1,
+        name="adamw",
+        weight_decay=0.1,
         learning_rate=CosineDecay(initial_learning_rate=5e-4, decay_steps=4, warmup_target=4e-3, warmup_steps=2),
     ),
     "adam-exponential-globalclip": OptimizerConfig(
-        name="adam", learning_rate=ExponentialDecay(initial_learning_rate=4e-3, decay_steps=1, decay_rate=0.7),
+        name="adam",
+        learning_rate=ExponentialDecay(initial_learning_rate=4e-3, decay_steps=1, decay_rate=0.7),
         global_clipnorm=0.2,
     ),
 }
 
 
 def _spec(name: str) -> TrainingSpec:
-    return TrainingSpec(workers=2, reducers=3, global_batch=64, iterations=ITERATIONS, eval_every=0,
-                        optimizer=OPTIMIZERS[name])
+    return TrainingSpec(
+        workers=2, reducers=3, global_batch=64, iterations=ITERATIONS, eval_every=0, optimizer=OPTIMIZERS[name]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +67,8 @@ def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(stopped_run
     assert (resumed.status, resumed.iteration, resumed.generation) == ("COMPLETED", ITERATIONS, 1), resumed.reason
     expected, got = final_weights(services, whole.run_id)[0], final_weights(services, resumed.run_id)[0]
     error = np.abs(got - expected).max() / np.abs(expected).max()
-    print(f"\n{name}: resumed from iteration {stopped_runs[name]}, max|Δw|/max|w| = {error:.2e}"
-          f"{' (bit-identical)' if np.array_equal(got, expected) else ''}")
+    print(
+        f"\n{name}: resumed from iteration {stopped_runs[name]}, max|Δw|/max|w| = {error:.2e}"
+        f"{' (bit-identical)' if np.array_equal(got, expected) else ''}"
+    )
     assert error <= 1e-6, f"{name}: max|Δw|/max|w| = {error:.2e}"

@@ -23,15 +23,44 @@ def test_256_workers_run_to_the_end_on_a_pool_of_warm_processes(tmp_path: Path) 
     x, y, x_test, y_test = demo.digits()
     np.savez(tmp_path / "digits.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
-                              keras.layers.Dense(16, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
     (tmp_path / "dense.keras").write_bytes(modelio.save_model(model))
 
-    done = slsml("run", "start", "--local", "--model", "dense.keras", "--data", "digits.npz", "--workers",
-                 str(WORKERS), "--reducers", "2", "--batch", str(WORKERS), "--iterations", str(ITERATIONS),
-                 "--eval-every", "0", "--deadline", "600", "--pool", str(POOL), "--run-id", "wide", "--json",
-                 cwd=tmp_path)
+    done = slsml(
+        "run",
+        "start",
+        "--local",
+        "--model",
+        "dense.keras",
+        "--data",
+        "digits.npz",
+        "--workers",
+        str(WORKERS),
+        "--reducers",
+        "2",
+        "--batch",
+        str(WORKERS),
+        "--iterations",
+        str(ITERATIONS),
+        "--eval-every",
+        "0",
+        "--deadline",
+        "600",
+        "--pool",
+        str(POOL),
+        "--run-id",
+        "wide",
+        "--json",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert (summary["status"], summary["iterations"], summary["workers"]) == ("COMPLETED", ITERATIONS, WORKERS)

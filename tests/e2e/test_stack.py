@@ -62,15 +62,19 @@ def ship_logs(local, run_id: str) -> int:
         lines = [line for line in (local.log_dir / f"{fn.name}.log").read_text().splitlines() if run_id in line]
         if lines:
             now = int(time.time() * 1000)
-            logs.put_log_events(logGroupName=_log_group(fn.name), logStreamName="local",
-                                logEvents=[{"timestamp": now, "message": line} for line in lines])
+            logs.put_log_events(
+                logGroupName=_log_group(fn.name),
+                logStreamName="local",
+                logEvents=[{"timestamp": now, "message": line} for line in lines],
+            )
             shipped += len(lines)
     return shipped
 
 
 def slsml(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "slsml.cli.main", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "slsml.cli.main", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_data_put_run_start_status_list_fetch_on_a_stack(local, stack_env, tmp_path: Path, digits) -> None:
@@ -80,9 +84,29 @@ def test_data_put_run_start_status_list_fetch_on_a_stack(local, stack_env, tmp_p
 
     put = slsml(stack_env, tmp_path, "data", "put", "few-digits", "few.npz", "--stack", STACK)
     assert put.returncode == 0, put.stderr
-    started = slsml(stack_env, tmp_path, "run", "start", "--stack", STACK, "--model", "m.keras", "--data",
-                    "few-digits", "--workers", "2", "--reducers", "2", "--batch", "64", "--iterations", "3",
-                    "--run-id", "on-stack", "--json")
+    started = slsml(
+        stack_env,
+        tmp_path,
+        "run",
+        "start",
+        "--stack",
+        STACK,
+        "--model",
+        "m.keras",
+        "--data",
+        "few-digits",
+        "--workers",
+        "2",
+        "--reducers",
+        "2",
+        "--batch",
+        "64",
+        "--iterations",
+        "3",
+        "--run-id",
+        "on-stack",
+        "--json",
+    )
     assert started.returncode == 0, started.stderr[-2000:]
     assert json.loads(started.stdout.strip().splitlines()[-1])["status"] == "COMPLETED"
 
@@ -92,8 +116,9 @@ def test_data_put_run_start_status_list_fetch_on_a_stack(local, stack_env, tmp_p
     summary = json.loads(status.stdout.strip().splitlines()[-1])
     assert (summary["status"], summary["iterations"], summary["workers"]) == ("COMPLETED", 3, 2)
     assert summary["requests_per_iteration"]["s3:PutObject"] > 0 and summary["cost_usd"] > 0  # from CloudWatch
-    reported = slsml(stack_env, tmp_path, "run", "report", "on-stack", "--stack", STACK, "--out", "report",
-                     "--iteration", "1")
+    reported = slsml(
+        stack_env, tmp_path, "run", "report", "on-stack", "--stack", STACK, "--out", "report", "--iteration", "1"
+    )
     assert reported.returncode == 0, reported.stderr
     page = (tmp_path / "report" / "index.html").read_text()  # the figures of run status
     assert json.loads(re.search(r'id="summary-json">(.*?)</script>', page).group(1)) == summary
@@ -110,10 +135,16 @@ def test_a_stack_that_is_not_there_is_named(stack_env, tmp_path: Path) -> None:
     assert missing.returncode == 2 and "no stack named 'nope'" in missing.stderr
 
 
-@pytest.mark.parametrize(("unset", "names"), [
-    (("AWS_DEFAULT_REGION", "AWS_REGION"), "no AWS region is set: set AWS_DEFAULT_REGION"),
-    (("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"), "Unable to locate credentials: configure them as for the AWS CLI"),
-])
+@pytest.mark.parametrize(
+    ("unset", "names"),
+    [
+        (("AWS_DEFAULT_REGION", "AWS_REGION"), "no AWS region is set: set AWS_DEFAULT_REGION"),
+        (
+            ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+            "Unable to locate credentials: configure them as for the AWS CLI",
+        ),
+    ],
+)
 def test_a_stack_command_without_a_region_or_credentials_says_what_to_set(stack_env, tmp_path, unset, names) -> None:
     nowhere = str(tmp_path / "no-such-file")  # no AWS profile either, and no instance to ask
     env = {k: v for k, v in stack_env.items() if k not in unset}
@@ -152,8 +183,14 @@ def test_stopped_and_failed_runs_resume_to_the_weights_of_an_uninterrupted_run(
 ) -> None:
     # iterations enough that the run is still going when each command returns (a few seconds; an iteration
     # takes a fraction of one)
-    spec = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=30, eval_every=0,
-                        optimizer=OptimizerConfig(name="adam", learning_rate=3e-3))
+    spec = TrainingSpec(
+        workers=2,
+        reducers=2,
+        global_batch=64,
+        iterations=30,
+        eval_every=0,
+        optimizer=OptimizerConfig(name="adam", learning_rate=3e-3),
+    )
     train(services, spec, "uninterrupted")  # alongside the interrupted run: runs do not disturb each other
     train(services, spec, "interrupted")
     while services.table.get_run("interrupted").iteration < 2:

@@ -15,10 +15,29 @@ RUN_ID = "spec-options"
 
 
 def test_an_option_given_as_its_flag_is_in_the_run_record_and_the_summary(services, digits) -> None:
-    args = cli.build_parser().parse_args([
-        "run", "start", "--local", "--model", "m.keras", "--data", DIGITS, "--iterations", "3", "--workers", "2",
-        "--reducers", "1", "--batch", "64", "--eval-every", "3", "--deadline-floor", "0.7",
-    ])
+    args = cli.build_parser().parse_args(
+        [
+            "run",
+            "start",
+            "--local",
+            "--model",
+            "m.keras",
+            "--data",
+            DIGITS,
+            "--iterations",
+            "3",
+            "--workers",
+            "2",
+            "--reducers",
+            "1",
+            "--batch",
+            "64",
+            "--eval-every",
+            "3",
+            "--deadline-floor",
+            "0.7",
+        ]
+    )
     spec = options.training_spec(args)
     train(services, spec, RUN_ID)
     run = finish(services, RUN_ID, timeout_s=120)

@@ -42,7 +42,9 @@ def test_objects_that_are_no_pipeline_model_are_ignored_and_kept(local, services
     assert {"runs/stray/models/notes.keras", "runs/stray/backup.keras"} <= not_models
     not_current = log_entries(launcher_log, message="model is not the run's current one: ignored")
     assert any(e["run_id"] == "stray" and e["iteration"] == 7 for e in not_current)
-    dropped = {e["key"] for e in log_entries(local.log_dir / "run_starter.log",
-                                           message="object is not a dropped model: ignored")}
+    dropped = {
+        e["key"]
+        for e in log_entries(local.log_dir / "run_starter.log", message="object is not a dropped model: ignored")
+    }
     assert {k for k in stray if k.startswith("incoming/")} <= dropped
     assert not [r.run_id for r in services.table.list_runs() if r.run_id.startswith(("not-a-name", "nested"))]

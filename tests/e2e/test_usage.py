@@ -91,8 +91,12 @@ def test_the_functions_count_every_request_they_send(tmp_path: Path, monkeypatch
             if function:
                 recorded[function.group(1), _operation(entry)] += 1
 
-    lines = [json.loads(line)[usage.USAGE_KEY] for path in log_dir.glob("*.log") for line in path.read_text()
-             .splitlines() if line.startswith("{") and f'"{usage.USAGE_KEY}"' in line]
+    lines = [
+        json.loads(line)[usage.USAGE_KEY]
+        for path in log_dir.glob("*.log")
+        for line in path.read_text().splitlines()
+        if line.startswith("{") and f'"{usage.USAGE_KEY}"' in line
+    ]
     counted = Counter()
     for line in lines:
         counted.update({(line["function"], operation): n for operation, n in line["requests"].items()})

@@ -30,7 +30,10 @@ POLICY_DOCUMENTS = {
 S3_READ_ACTIONS = {"s3:GetObject", "s3:ListBucket"}
 SQS_SEND_ACTIONS = {"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
 SQS_CONSUME_ACTIONS = {
-    "sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
+    "sqs:ReceiveMessage",
+    "sqs:ChangeMessageVisibility",
+    "sqs:DeleteMessage",
+    "sqs:GetQueueAttributes",
     "sqs:GetQueueUrl",
 }
 
@@ -132,7 +135,8 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
                 else:  # a queue it sends to, or the one that triggers it
                     assert resources <= sent_to | trigger_queue, (action, resources)
                     allowed = (SQS_SEND_ACTIONS if resources <= sent_to else set()) | (
-                        SQS_CONSUME_ACTIONS if resources <= trigger_queue else set())
+                        SQS_CONSUME_ACTIONS if resources <= trigger_queue else set()
+                    )
                     assert action in allowed, (action, resources)
             elif service == "states":  # answering the run execution's task token; starting runs if allowed
                 if action in {"states:StartExecution", "states:DescribeExecution"}:
@@ -195,15 +199,22 @@ def test_each_step_writes_only_its_objects_and_answers_executions_only_as_its_st
 
 def test_the_bucket_refuses_overwrites_of_run_objects_whoever_writes(synthesized: Synthesized) -> None:
     bucket = synthesized.logical_id(synthesized.stack.storage.bucket)
-    (policy,) = [r["Properties"]["PolicyDocument"] for r in synthesized.resources.values()
-                 if r["Type"] == "AWS::S3::BucketPolicy" and r["Properties"]["Bucket"] == {"Ref": bucket}]
+    (policy,) = [
+        r["Properties"]["PolicyDocument"]
+        for r in synthesized.resources.values()
+        if r["Type"] == "AWS::S3::BucketPolicy" and r["Properties"]["Bucket"] == {"Ref": bucket}
+    ]
     (create_only,) = [s for s in policy["Statement"] if s.get("Sid") == "CreateOnlyRunObjects"]
-    assert (create_only["Effect"], create_only["Principal"], create_only["Action"]) == ("Deny", {"AWS": "*"},
-                                                                                          "s3:PutObject")
+    assert (create_only["Effect"], create_only["Principal"], create_only["Action"]) == (
+        "Deny",
+        {"AWS": "*"},
+        "s3:PutObject",
+    )
     assert create_only["Condition"] == {"Null": {"s3:if-none-match": "true"}}  # a PUT without If-None-Match
     covered = {render(r) for r in as_list(create_only["Resource"])}
-    assert covered == {f"<{bucket}.Arn>/{kind}" for kind in ("runs/*/iters/*", "runs/*/run.json",
-                                                             "runs/*/source.keras")}
+    assert covered == {
+        f"<{bucket}.Arn>/{kind}" for kind in ("runs/*/iters/*", "runs/*/run.json", "runs/*/source.keras")
+    }
     # models and final models are server-side copies, which S3 refuses under such a policy: left out, by name
     assert not covered & {f"<{bucket}.Arn>/runs/*/models/*", f"<{bucket}.Arn>/runs/*/final.keras"}
 

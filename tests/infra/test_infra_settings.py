@@ -58,8 +58,11 @@ def test_invalid_settings_are_rejected(context: dict[str, object]) -> None:
 
 
 def test_run_limits_and_reservations_come_from_context() -> None:
-    context = {"run_limits": '{"workers": 32, "iterations": 500}',  # `cdk -c run_limits=...` passes a string
-               "functions": '{"worker": {"reserved_concurrency": null}}', "account_concurrency": 3000}
+    context = {
+        "run_limits": '{"workers": 32, "iterations": 500}',  # `cdk -c run_limits=...` passes a string
+        "functions": '{"worker": {"reserved_concurrency": null}}',
+        "account_concurrency": 3000,
+    }
     settings = Settings.from_context(App(context=context).node)
     assert (settings.run_limits.workers, settings.run_limits.iterations) == (32, 500)
     assert settings.run_limits.reducers == RunLimits().reducers

@@ -59,11 +59,13 @@ def test_each_queue_triggers_its_function_and_fails_over_to_a_dead_letter_queue(
         if resource["Type"] == "AWS::Lambda::EventSourceMapping":
             props = resource["Properties"]
             source = props["EventSourceArn"]["Fn::GetAtt"][0]
-            deployed.add((queue_names.get(source) or dead_letter_names[source],
-                          function_names[props["FunctionName"]["Ref"]]))
+            deployed.add(
+                (queue_names.get(source) or dead_letter_names[source], function_names[props["FunctionName"]["Ref"]])
+            )
     reader = wiring.dead_letter_reader().name
     assert deployed == {(fn.queue.name, fn.name) for fn in wiring.FUNCTIONS if fn.queue is not None} | {
-        (name, reader) for name in stack.messaging.dead_letter_queues  # every dead-letter queue feeds the reader
+        (name, reader)
+        for name in stack.messaging.dead_letter_queues  # every dead-letter queue feeds the reader
     }
 
     for name, queue in stack.messaging.queues.items():
@@ -81,8 +83,10 @@ def test_the_dead_letter_reader_knows_whose_each_dead_letter_is(synthesized: Syn
     stack = synthesized.stack
     reader = synthesized.resources[synthesized.logical_id(stack.compute.functions[wiring.dead_letter_reader().name])]
     sources = reader["Properties"]["Environment"]["Variables"][wiring.DEAD_LETTER_SOURCES_ENV]
-    text = "".join(p if isinstance(p, str) else "<{}>".format(p.get("Ref") or ".".join(p["Fn::GetAtt"]))
-                   for p in sources["Fn::Join"][1])
+    text = "".join(
+        p if isinstance(p, str) else "<{}>".format(p.get("Ref") or ".".join(p["Fn::GetAtt"]))
+        for p in sources["Fn::Join"][1]
+    )
     parsed = json.loads(text)
     topics = {f"<{synthesized.logical_id(topic)}>": name for name, topic in stack.messaging.topics.items()}
     assert {(topics[arn], fn) for arn, fn in parsed["topics"]} == {
@@ -99,9 +103,12 @@ def test_the_dead_letter_reader_knows_whose_each_dead_letter_is(synthesized: Syn
 def test_a_trigger_queue_hands_its_function_one_message_at_a_time(synthesized: Synthesized) -> None:
     """A failing message is retried and dead-lettered alone (its batch-mates' runs are not failed with it)."""
     queues = {synthesized.logical_id(queue) for queue in synthesized.stack.messaging.queues.values()}
-    mappings = [r["Properties"] for r in synthesized.resources.values()
-                if r["Type"] == "AWS::Lambda::EventSourceMapping"
-                and r["Properties"]["EventSourceArn"]["Fn::GetAtt"][0] in queues]
+    mappings = [
+        r["Properties"]
+        for r in synthesized.resources.values()
+        if r["Type"] == "AWS::Lambda::EventSourceMapping"
+        and r["Properties"]["EventSourceArn"]["Fn::GetAtt"][0] in queues
+    ]
     assert mappings and all(m["BatchSize"] == 1 for m in mappings)
 
 
@@ -109,7 +116,10 @@ def test_the_dead_letter_reader_reports_the_letters_it_failed_on_alone(synthesiz
     """Its batches of 10 answer with the letters that failed (partial batch response), so one poison letter
     does not hold back the nine beside it."""
     reader = synthesized.logical_id(synthesized.stack.compute.functions[wiring.dead_letter_reader().name])
-    mappings = [resource["Properties"] for resource in synthesized.resources.values()
-                if resource["Type"] == "AWS::Lambda::EventSourceMapping"
-                and resource["Properties"]["FunctionName"] == {"Ref": reader}]
+    mappings = [
+        resource["Properties"]
+        for resource in synthesized.resources.values()
+        if resource["Type"] == "AWS::Lambda::EventSourceMapping"
+        and resource["Properties"]["FunctionName"] == {"Ref": reader}
+    ]
     assert mappings and all(m["FunctionResponseTypes"] == ["ReportBatchItemFailures"] for m in mappings)

@@ -63,8 +63,12 @@ def test_concurrent_adds_to_one_item_are_all_counted() -> None:
         def add() -> None:
             dynamodb = cloud.client("dynamodb")  # one per thread, as each function process has its own
             for _ in range(adds):
-                dynamodb.update_item(TableName=table, Key=key, UpdateExpression="ADD arrived :one",
-                                     ExpressionAttributeValues={":one": {"N": "1"}})
+                dynamodb.update_item(
+                    TableName=table,
+                    Key=key,
+                    UpdateExpression="ADD arrived :one",
+                    ExpressionAttributeValues={":one": {"N": "1"}},
+                )
 
         with ThreadPoolExecutor(threads) as pool:
             for done in [pool.submit(add) for _ in range(threads)]:
@@ -120,8 +124,7 @@ def test_a_long_poll_returns_a_message_when_it_becomes_visible() -> None:
             """Start a long poll, 0.5 s later cause ``event``: how long after it the poll got a message."""
             poller = cloud.client("sqs")
             with ThreadPoolExecutor(1) as pool:
-                polled = pool.submit(lambda: (poller.receive_message(QueueUrl=queue, WaitTimeSeconds=5),
-                                              time.time()))
+                polled = pool.submit(lambda: (poller.receive_message(QueueUrl=queue, WaitTimeSeconds=5), time.time()))
                 time.sleep(0.5)
                 caused = time.time()
                 event()
@@ -138,11 +141,13 @@ def test_a_long_poll_returns_a_message_when_it_becomes_visible() -> None:
         assert 1.0 <= delayed < 1.35, delayed
         receipt = in_flight()
         retried = seconds_until_received(
-            lambda: sqs.change_message_visibility(QueueUrl=queue, ReceiptHandle=receipt, VisibilityTimeout=1))
+            lambda: sqs.change_message_visibility(QueueUrl=queue, ReceiptHandle=receipt, VisibilityTimeout=1)
+        )
         assert 1.0 <= retried < 1.35, retried
         receipt = in_flight()
         released = seconds_until_received(
-            lambda: sqs.change_message_visibility(QueueUrl=queue, ReceiptHandle=receipt, VisibilityTimeout=0))
+            lambda: sqs.change_message_visibility(QueueUrl=queue, ReceiptHandle=receipt, VisibilityTimeout=0)
+        )
         assert released < 0.35, released
     finally:
         cloud.stop()
@@ -152,8 +157,12 @@ def test_the_server_ends_with_the_process_that_started_it() -> None:
     """However that process ends (here: SIGKILL, which runs no clean-up), its cloud's server does not
     outlive it."""
     script = "from slsml.local.cloud import EmbeddedCloud; c = EmbeddedCloud(); c.start(); print(c.endpoint)"
-    owner = subprocess.Popen([sys.executable, "-c", script + "; import time; time.sleep(120)"],
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)  # its own process group
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script + "; import time; time.sleep(120)"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # its own process group
     try:
         endpoint = owner.stdout.readline().strip()
         with urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=5) as served:

@@ -50,8 +50,13 @@ def test_warm_processes_start_preloaded_with_the_hosts_environment_and_end_with_
     script.write_text(SCRIPT)
     (tmp_path / "probe_module.py").write_text(PROBE)
     with open(tmp_path / "stderr.txt", "w") as stderr:
-        host = subprocess.Popen([sys.executable, str(script), str(tmp_path / "logs")], stdout=subprocess.PIPE,
-                                stderr=stderr, text=True, start_new_session=True)  # its own process group
+        host = subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / "logs")],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )  # its own process group
     try:
         line = host.stdout.readline()
     finally:

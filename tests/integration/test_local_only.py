@@ -87,21 +87,23 @@ def deployment(cloud: EmbeddedCloud) -> dict:
 
 def _write_state(state_dir: Path, pid: int, endpoint: str, deployment: dict) -> Path:
     deployment = deployment | {"endpoint": endpoint}
-    state = service.ServiceState(pid=pid, started_at=time.time(), pool=1, log_dir=str(state_dir),
-                                 deployment=deployment)
+    state = service.ServiceState(pid=pid, started_at=time.time(), pool=1, log_dir=str(state_dir), deployment=deployment)
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / service.STATE_FILE
     path.write_text(json.dumps(state.model_dump()))
     return path
 
 
-def test_a_state_file_naming_another_process_or_endpoint_is_not_acted_on(cloud: EmbeddedCloud, deployment: dict,
-                                                                         tmp_path: Path) -> None:
+def test_a_state_file_naming_another_process_or_endpoint_is_not_acted_on(
+    cloud: EmbeddedCloud, deployment: dict, tmp_path: Path
+) -> None:
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        forged = [(bystander.pid, cloud.endpoint),  # a live process whose cloud this is not
-                  (bystander.pid, f"http://evil.example:{cloud.port}"),  # an endpoint off this machine
-                  (bystander.pid, "http://127.0.0.1:1")]  # nothing serves there
+        forged = [
+            (bystander.pid, cloud.endpoint),  # a live process whose cloud this is not
+            (bystander.pid, f"http://evil.example:{cloud.port}"),  # an endpoint off this machine
+            (bystander.pid, "http://127.0.0.1:1"),
+        ]  # nothing serves there
         for pid, endpoint in forged:
             path = _write_state(tmp_path / "forged", pid, endpoint, deployment)
             assert service.down(tmp_path / "forged") is False

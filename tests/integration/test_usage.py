@@ -88,18 +88,30 @@ def test_a_known_sequence_of_calls_counts_exactly(endpoint: str, lines: list[dic
         table.put_item(Item={"pk": "run", "sk": "small", "n": 1})
         assert table.get_item(Key={"pk": "run", "sk": "big"}, ConsistentRead=True)["Item"]["blob"] == big  # moto 0.5
         table.get_item(Key={"pk": "run", "sk": "small"})  # eventually consistent: 0.5
-        table.update_item(Key={"pk": "run", "sk": "small"}, UpdateExpression="ADD n :one",
-                          ExpressionAttributeValues={":one": 1})  # moto reports 0.5 unasked
+        table.update_item(
+            Key={"pk": "run", "sk": "small"}, UpdateExpression="ADD n :one", ExpressionAttributeValues={":one": 1}
+        )  # moto reports 0.5 unasked
         with pytest.raises(ClientError):  # a failed conditional write consumes its units
             table.put_item(Item={"pk": "run", "sk": "small", "n": 5}, ConditionExpression=Attr("pk").not_exists())
-        assert len(table.query(KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": "run"},
-                               ConsistentRead=True)["Items"]) == 2
+        assert (
+            len(
+                table.query(
+                    KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": "run"}, ConsistentRead=True
+                )["Items"]
+            )
+            == 2
+        )
         entries = [{"Id": "0", "Message": "a"}, {"Id": "1", "Message": "b" * 100_000}, {"Id": "2", "Message": "c"}]
         sns.publish_batch(TopicArn=topic, PublishBatchRequestEntries=entries)
     (line,) = lines
     assert line["requests"] == {
-        "dynamodb:GetItem": 2, "dynamodb:PutItem": 3, "dynamodb:Query": 1, "dynamodb:UpdateItem": 1,
-        "s3:GetObject": 2, "s3:PutObject": 1, "sns:PublishBatch": 1,
+        "dynamodb:GetItem": 2,
+        "dynamodb:PutItem": 3,
+        "dynamodb:Query": 1,
+        "dynamodb:UpdateItem": 1,
+        "s3:GetObject": 2,
+        "s3:PutObject": 1,
+        "sns:PublishBatch": 1,
     }
     assert line["write_units"] == 2 + 1 + 1 + 1  # big, small, update, failed condition
     assert line["read_units"] == 1 + 0.5 + 1  # strongly consistent 1.5 KB, eventually consistent, query of 1.5 KB
@@ -156,9 +168,11 @@ def test_a_scope_says_which_part_of_its_iteration_the_message_was(endpoint: str,
     from slsml.spec.messages import Deadline, ReduceDone, WorkMessage
 
     settle(lines)
-    messages = [WorkMessage(run_id="r", iteration=3, worker=2, workers=3, attempt=1),
-                ReduceDone(run_id="r", iteration=3, shard=0),
-                Deadline(run_id="r", iteration=3, stage="work", round=0, due_at=0.0)]
+    messages = [
+        WorkMessage(run_id="r", iteration=3, worker=2, workers=3, attempt=1),
+        ReduceDone(run_id="r", iteration=3, shard=0),
+        Deadline(run_id="r", iteration=3, stage="work", round=0, due_at=0.0),
+    ]
     with usage.invocation("worker", 3008):
         for message in messages:
             with usage.scope(message.run_id, message.iteration, **usage.about(message)):
@@ -177,9 +191,21 @@ def test_cloudwatch_reader_returns_the_runs_usage_lines(endpoint: str) -> None:
     now_ms = int(time.time() * 1000)
 
     def line(function: str, run_id: str, iteration: int | None, request_id: str) -> str:
-        record = {"run_id": run_id, "iteration": iteration, "function": function, "start": 100.0, "end": 100.5,
-                  "duration_s": 0.5, "memory_mb": 3008, "requests": {"s3:GetObject": 2}, "read_units": 0.0,
-                  "write_units": 1.0, "sns_billed": 1, "bytes_read": 10, "bytes_written": 20}
+        record = {
+            "run_id": run_id,
+            "iteration": iteration,
+            "function": function,
+            "start": 100.0,
+            "end": 100.5,
+            "duration_s": 0.5,
+            "memory_mb": 3008,
+            "requests": {"s3:GetObject": 2},
+            "read_units": 0.0,
+            "write_units": 1.0,
+            "sns_billed": 1,
+            "bytes_read": 10,
+            "bytes_written": 20,
+        }
         return json.dumps({"level": "INFO", "message": "usage", "function_request_id": request_id, "usage": record})
 
     for group, function in groups.items():
@@ -192,11 +218,17 @@ def test_cloudwatch_reader_returns_the_runs_usage_lines(endpoint: str) -> None:
             json.dumps({"level": "INFO", "message": "run-d merged", "run_id": "run-d"}),  # no usage
             "START RequestId: 1 Version: $LATEST",
         ]
-        logs.put_log_events(logGroupName=group, logStreamName="2026/01/01/[$LATEST]abc",
-                            logEvents=[{"timestamp": now_ms + i, "message": m} for i, m in enumerate(messages)])
+        logs.put_log_events(
+            logGroupName=group,
+            logStreamName="2026/01/01/[$LATEST]abc",
+            logEvents=[{"timestamp": now_ms + i, "message": m} for i, m in enumerate(messages)],
+        )
     records = usage.read_cloudwatch(logs, groups, "run-d", since=now_ms / 1000 - 60)
     assert sorted((r.function, r.iteration, r.invocation) for r in records) == [
-        ("merger", 0, "merger-1"), ("merger", 1, "merger-2"), ("worker", 0, "worker-1"), ("worker", 1, "worker-2")
+        ("merger", 0, "merger-1"),
+        ("merger", 1, "merger-2"),
+        ("worker", 0, "worker-1"),
+        ("worker", 1, "worker-2"),
     ]
     assert all(r.run_id == "run-d" and r.requests == {"s3:GetObject": 2} for r in records)
     assert usage.read_cloudwatch(logs, groups, "run-d", since=now_ms / 1000 + 60) == []  # after the lines
@@ -214,8 +246,9 @@ def test_a_scopes_dollars_so_far_are_its_line_priced_without_the_time_after(
     with usage.invocation("worker", 3008):
         with usage.scope("run-f", 0):
             s3.put_object(Bucket=BUCKET, Key="runs/f/0", Body=b"\x01" * 100)
-            table.update_item(Key={"pk": "run", "sk": "spend"}, UpdateExpression="ADD n :one",
-                              ExpressionAttributeValues={":one": 1})
+            table.update_item(
+                Key={"pk": "run", "sk": "spend"}, UpdateExpression="ADD n :one", ExpressionAttributeValues={":one": 1}
+            )
             first = usage.so_far(price_table)
             assert usage.scope_run() == "run-f"
         with usage.scope("run-f", 1):

@@ -22,8 +22,9 @@ from slsml.state import records
 
 
 @contextmanager
-def moto_services(monkeypatch: pytest.MonkeyPatch, samples: int = 64, shard_mb: float | None = None
-                  ) -> Iterator[Services]:
+def moto_services(
+    monkeypatch: pytest.MonkeyPatch, samples: int = 64, shard_mb: float | None = None
+) -> Iterator[Services]:
     """A bucket, run table and topics in moto, holding dataset ``d``: ``samples`` seeded samples of 6 features and 3
     classes (its first 8 also the test split), in shards of ``shard_mb`` (None: the default)."""
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -36,8 +37,9 @@ def moto_services(monkeypatch: pytest.MonkeyPatch, samples: int = 64, shard_mb: 
         services = Services.from_names("bucket", "runs", arns)
         rng = np.random.default_rng(0)
         x, y = rng.standard_normal((samples, 6)).astype(np.float32), rng.integers(0, 3, samples)
-        data.put_dataset(services.store, "d", x, y, x[:8], y[:8],
-                         **({} if shard_mb is None else {"shard_mb": shard_mb}))
+        data.put_dataset(
+            services.store, "d", x, y, x[:8], y[:8], **({} if shard_mb is None else {"shard_mb": shard_mb})
+        )
         yield services
 
 
@@ -46,8 +48,16 @@ def register_run(services: Services, model_bytes: bytes, run_id: str, **options:
     placed."""
     from slsml.client import runs
 
-    spec = TrainingSpec(**{"workers": 2, "reducers": 2, "global_batch": 16, "iterations": 5,
-                           "optimizer": OptimizerConfig(name="sgd", learning_rate=0.1), **options})
+    spec = TrainingSpec(
+        **{
+            "workers": 2,
+            "reducers": 2,
+            "global_batch": 16,
+            "iterations": 5,
+            "optimizer": OptimizerConfig(name="sgd", learning_rate=0.1),
+            **options,
+        }
+    )
     config = runs.prepare_run(services, model_bytes, "d", spec, run_id)
     services.store.put_new(keys.model(run_id, 0), model_bytes)
     services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))

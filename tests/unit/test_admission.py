@@ -45,26 +45,34 @@ def test_what_the_pipeline_sends_is_admitted(services: Services, fired: list[Red
     assert [admission.problem(message, services) for message in sent] == [None] * len(sent)
 
 
-@pytest.mark.parametrize(("message", "problem"), [
-    (WorkMessage(run_id="nobody", iteration=0, worker=0, workers=2), "no run named 'nobody'"),
-    (WorkMessage(run_id=RUN, iteration=1, worker=0, workers=2), "iteration 1 was not launched"),
-    (WorkMessage(run_id=RUN, iteration=10**6, worker=0, workers=2), "iteration 1000000 is past the run's"),
-    (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=3), "3 workers, but iteration 0 was launched with 2"),
-    (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2, generation=1), "generation 1 is ahead"),
-    (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2, attempt=7), "attempt 7 is past the run's"),
-    (_done(RUN, 0).model_copy(update={"samples": 10**12}), "1000000000000 samples, more than a worker's 16 of"),
-    (_done(RUN, 0).model_copy(update={"samples": 3}), "3 samples, but the update at"),
-    (_done(RUN, 0).model_copy(update={"attempt": 1}), "no update is stored at runs/checked/iters/000000/updates/"),
-    (_done(RUN, 2), "no update is stored at runs/checked/iters/000000/updates/00002"),
-    (ReduceMessage(run_id=RUN, iteration=0, shard=99, participants=({"worker": 0, "samples": 4},)), "shard 99 of"),
-    (ReduceMessage(run_id=RUN, iteration=0, shard=0, participants=({"worker": 0, "samples": 4},)),
-     "participants other than those the reduce of iteration 0 was fired with"),
-    (ReduceDone(run_id=RUN, iteration=0, shard=1), "no shard is stored at runs/checked/iters/000001/shards/"),
-    (Deadline(run_id=RUN, iteration=0, stage="work", round=0, due_at=1e15), "more than two deadline periods"),
-    (Deadline(run_id=RUN, iteration=1, stage="work", round=0, due_at=0), "iteration 1 is ahead of the run (at 0)"),
-])
+@pytest.mark.parametrize(
+    ("message", "problem"),
+    [
+        (WorkMessage(run_id="nobody", iteration=0, worker=0, workers=2), "no run named 'nobody'"),
+        (WorkMessage(run_id=RUN, iteration=1, worker=0, workers=2), "iteration 1 was not launched"),
+        (WorkMessage(run_id=RUN, iteration=10**6, worker=0, workers=2), "iteration 1000000 is past the run's"),
+        (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=3), "3 workers, but iteration 0 was launched with 2"),
+        (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2, generation=1), "generation 1 is ahead"),
+        (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2, attempt=7), "attempt 7 is past the run's"),
+        (_done(RUN, 0).model_copy(update={"samples": 10**12}), "1000000000000 samples, more than a worker's 16 of"),
+        (_done(RUN, 0).model_copy(update={"samples": 3}), "3 samples, but the update at"),
+        (_done(RUN, 0).model_copy(update={"attempt": 1}), "no update is stored at runs/checked/iters/000000/updates/"),
+        (_done(RUN, 2), "no update is stored at runs/checked/iters/000000/updates/00002"),
+        (ReduceMessage(run_id=RUN, iteration=0, shard=99, participants=({"worker": 0, "samples": 4},)), "shard 99 of"),
+        (
+            ReduceMessage(run_id=RUN, iteration=0, shard=0, participants=({"worker": 0, "samples": 4},)),
+            "participants other than those the reduce of iteration 0 was fired with",
+        ),
+        (ReduceDone(run_id=RUN, iteration=0, shard=1), "no shard is stored at runs/checked/iters/000001/shards/"),
+        (Deadline(run_id=RUN, iteration=0, stage="work", round=0, due_at=1e15), "more than two deadline periods"),
+        (Deadline(run_id=RUN, iteration=1, stage="work", round=0, due_at=0), "iteration 1 is ahead of the run (at 0)"),
+    ],
+)
 def test_a_message_that_does_not_belong_to_its_run_is_not_admitted(
-    services: Services, fired: list[ReduceMessage], message: object, problem: str,  # noqa: F811
+    services: Services,  # noqa: F811
+    fired: list[ReduceMessage],
+    message: object,
+    problem: str,
 ) -> None:
     assert problem in (admission.problem(message, services) or "admitted")
 
@@ -75,15 +83,21 @@ def _sources(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("_sources")
-@pytest.mark.parametrize(("fields", "fails"), [
-    ({"due_at": 1.0}, True),  # the watchdog failed on a deadline of the run three times: the run fails
-    ({"due_at": 1.0, "forged": True}, False),  # not a Deadline
-    ({"due_at": 1e15}, False),  # due in 30 million years
-    ({"due_at": 1.0, "iteration": 5}, False),  # of an iteration to come
-    ({"due_at": 1.0, "generation": 4}, False),  # of a generation to come
-])
+@pytest.mark.parametrize(
+    ("fields", "fails"),
+    [
+        ({"due_at": 1.0}, True),  # the watchdog failed on a deadline of the run three times: the run fails
+        ({"due_at": 1.0, "forged": True}, False),  # not a Deadline
+        ({"due_at": 1e15}, False),  # due in 30 million years
+        ({"due_at": 1.0, "iteration": 5}, False),  # of an iteration to come
+        ({"due_at": 1.0, "generation": 4}, False),  # of a generation to come
+    ],
+)
 def test_a_deadline_sqs_moved_fails_its_run_only_if_the_watchdog_would_have_acted(
-    services: Services, fired: list[ReduceMessage], fields: dict, fails: bool,  # noqa: F811
+    services: Services,  # noqa: F811
+    fired: list[ReduceMessage],
+    fields: dict,
+    fails: bool,
 ) -> None:
     deadline = {"run_id": RUN, "iteration": 0, "stage": "work", "round": 0} | fields
     (letter,) = parsed(sqs_record(json.dumps(deadline), DEADLINES_DLQ))

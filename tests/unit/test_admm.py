@@ -35,8 +35,9 @@ def _problem() -> tuple[modelio.Trainer, np.ndarray, np.ndarray, np.ndarray]:
     y = (x @ np.array([1.5, -2.0, 0.5, 1.0, 0.0]) + 0.3 * rng.normal(size=160) > 0).astype(np.int64)
     order = np.argsort(y, kind="stable")
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(
-        2, activation="softmax", kernel_regularizer=keras.regularizers.L2(0.02))])
+    model = keras.Sequential(
+        [keras.Input((5,)), keras.layers.Dense(2, activation="softmax", kernel_regularizer=keras.regularizers.L2(0.02))]
+    )
     plan = ShardPlan.build(modelio.variable_specs(model), 1)
     trainer = modelio.Trainer(model, plan, '"sparse_categorical_crossentropy"', classification=True)
     return trainer, modelio.get_flat(model, plan), x[order], y[order]
@@ -54,8 +55,9 @@ def _optimum(trainer: modelio.Trainer, start: np.ndarray, x: np.ndarray, y: np.n
     return weights
 
 
-def _rounds(trainer: modelio.Trainer, start: np.ndarray, x: np.ndarray, y: np.ndarray, rounds: int,
-            keep_state: bool) -> np.ndarray:
+def _rounds(
+    trainer: modelio.Trainer, start: np.ndarray, x: np.ndarray, y: np.ndarray, rounds: int, keep_state: bool
+) -> np.ndarray:
     """``rounds`` rounds of W workers, each on its contiguous quarter, 10 full-partition local steps a round; the
     consensus is the mean of what they send applied as the reducers do (SGD at rate 1). Without ``keep_state``
     every round starts fresh: local models from the consensus, no dual (model averaging with a proximal term)."""
@@ -65,12 +67,17 @@ def _rounds(trainer: modelio.Trainer, start: np.ndarray, x: np.ndarray, y: np.nd
     for _ in range(rounds):
         sent = []
         for worker, part in enumerate(parts):
-            update, state = admm.local_round(trainer, consensus, states[worker] if keep_state else None,
-                                             [(x[part], y[part])] * 10, local, rho=0.1)
+            update, state = admm.local_round(
+                trainer, consensus, states[worker] if keep_state else None, [(x[part], y[part])] * 10, local, rho=0.1
+            )
             states[worker] = state
             sent.append(update.vector)
-        consensus, _ = optimizers.apply(OptimizerConfig(name="sgd", learning_rate=1.0), consensus,
-                                        np.mean(sent, axis=0), {"step": np.zeros((), dtype=np.int64)})
+        consensus, _ = optimizers.apply(
+            OptimizerConfig(name="sgd", learning_rate=1.0),
+            consensus,
+            np.mean(sent, axis=0),
+            {"step": np.zeros((), dtype=np.int64)},
+        )
     return consensus
 
 
@@ -88,8 +95,7 @@ def test_a_slot_sends_the_consensus_less_its_model_and_dual_and_its_dual_steps_b
     trainer, start, x, y = _problem()
     before = admm.SlotState(start + 0.1, np.full_like(start, 0.05))
     consensus = start + 0.02
-    update, state = admm.local_round(trainer, consensus, before, [(x[:8], y[:8])], OptimizerConfig(name="sgd"),
-                                     rho=1.0)
+    update, state = admm.local_round(trainer, consensus, before, [(x[:8], y[:8])], OptimizerConfig(name="sgd"), rho=1.0)
     np.testing.assert_allclose(state.dual, before.dual + before.model - consensus, atol=1e-7)
     np.testing.assert_allclose(update.vector, consensus - state.model - state.dual, atol=1e-7)
     assert not np.allclose(state.model, before.model)  # it stepped
@@ -98,10 +104,18 @@ def test_a_slot_sends_the_consensus_less_its_model_and_dual_and_its_dual_steps_b
 def test_models_with_hidden_layers_or_a_nonconvex_output_are_refused_with_the_reason() -> None:
     admm.check_model(bench_admm.logistic_regression())
     admm.check_model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]))  # linear SVM / regression
-    hidden = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu", name="hidden"),
-                               keras.layers.Dense(2, activation="softmax", name="out")])
-    with pytest.raises(BadInputError, match=r"without hidden layers .* 2 layers with weights: hidden \(Dense\),"
-                                            r" out \(Dense\)"):
+    hidden = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(8, activation="relu", name="hidden"),
+            keras.layers.Dense(2, activation="softmax", name="out"),
+        ]
+    )
+    with pytest.raises(
+        BadInputError,
+        match=r"without hidden layers .* 2 layers with weights: hidden \(Dense\),"
+        r" out \(Dense\)",
+    ):
         admm.check_model(hidden)
     with pytest.raises(BadInputError, match="activation relu is not one of linear, sigmoid, softmax"):
         admm.check_model(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="relu")]))
@@ -156,35 +170,57 @@ def test_each_worker_keeps_its_own_partition_and_goes_through_it_epoch_by_epoch(
         first_epoch = np.concatenate(batches[:per_epoch])
         assert len(set(first_epoch)) == len(first_epoch)  # no sample twice within an epoch
     spec = TrainingSpec(workers=workers, global_batch=batch, algorithm="admm", local_steps=3, iterations=5, seed=7)
-    assert [b.tolist() for b in data.round_batches(spec, count, workers, 2, 1)] == \
-        [b.tolist() for b in seen[2][3:6]]  # round 1: the worker's batches 3, 4, 5
+    assert [b.tolist() for b in data.round_batches(spec, count, workers, 2, 1)] == [
+        b.tolist() for b in seen[2][3:6]
+    ]  # round 1: the worker's batches 3, 4, 5
 
 
 def _variant(name: str, curve: list[float | None]) -> Variant:
     description, spec = bench_admm.variants()[name]
-    return Variant(name=name, description=description, spec=spec, rounds=len(curve), fleet=[], wall_s=9.5,
-                   requests=1_234, cost_usd=0.001, final_accuracy=curve[-1], rounds_to_target=None,
-                   wall_to_target_s=None, requests_to_target=None, cost_to_target_usd=None, accuracy_by_round=curve)
+    return Variant(
+        name=name,
+        description=description,
+        spec=spec,
+        rounds=len(curve),
+        fleet=[],
+        wall_s=9.5,
+        requests=1_234,
+        cost_usd=0.001,
+        final_accuracy=curve[-1],
+        rounds_to_target=None,
+        wall_to_target_s=None,
+        requests_to_target=None,
+        cost_to_target_usd=None,
+        accuracy_by_round=curve,
+    )
 
 
-@pytest.mark.parametrize(("admm_curve", "rounds", "fewer"), [
-    ([0.90, 0.955, 0.97, 0.97], 2, True),  # 0.955 is within a point of 0.96: round 2 of gradient's 6
-    ([0.90, 0.94, 0.94, 0.951], 4, False),  # round 4: more than a third of 6
-    ([0.90, 0.94, 0.94, 0.94], None, False),
-])
+@pytest.mark.parametrize(
+    ("admm_curve", "rounds", "fewer"),
+    [
+        ([0.90, 0.955, 0.97, 0.97], 2, True),  # 0.955 is within a point of 0.96: round 2 of gradient's 6
+        ([0.90, 0.94, 0.94, 0.951], 4, False),  # round 4: more than a third of 6
+        ([0.90, 0.94, 0.94, 0.94], None, False),
+    ],
+)
 def test_the_verdict_counts_admm_rounds_to_gradient_averaging_s_accuracy_less_a_point(
-    admm_curve: list[float], rounds: int | None, fewer: bool, monkeypatch: pytest.MonkeyPatch,
+    admm_curve: list[float],
+    rounds: int | None,
+    fewer: bool,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     gradient = [0.5, 0.8, 0.9, 0.95, None, 0.96, 0.95, 0.96]  # reaches its final 0.96 at round 6
     report = bench_admm.judge([_variant("gradient", gradient), _variant("admm", admm_curve)])
-    assert (report.target, report.gradient_rounds, report.admm_rounds, report.admm_fewer) == \
-        (0.96, 6, rounds, fewer)
+    assert (report.target, report.gradient_rounds, report.admm_rounds, report.admm_fewer) == (0.96, 6, rounds, fewer)
     monkeypatch.setenv("COLUMNS", "200")
     display.print_admm(report)
     drawn = capsys.readouterr().out
-    rows = {cells[0]: cells[1:] for line in drawn.splitlines()
-            if (cells := re.split(r"\s*│\s*", line.strip("│ ")))[0] in ("gradient", "admm")}
+    rows = {
+        cells[0]: cells[1:]
+        for line in drawn.splitlines()
+        if (cells := re.split(r"\s*│\s*", line.strip("│ ")))[0] in ("gradient", "admm")
+    }
     assert rows["gradient"][:3] == ["8", "0.9600", "6"]
     assert rows["admm"][2] == (str(rounds) if rounds else "–")
     assert f"at most 1/3: {'yes' if fewer else 'no'}" in drawn

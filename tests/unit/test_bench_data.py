@@ -20,9 +20,25 @@ def test_the_source_is_images_and_labels_written_chunk_by_chunk(tmp_path: Path) 
 
 def test_the_means_leave_out_the_first_iteration_and_what_is_of_no_iteration() -> None:
     def line(iteration: int | None, read: int, gets: int) -> UsageRecord:
-        return UsageRecord(run_id="r", iteration=iteration, function="worker", start=0, end=1, duration_s=1,
-                           memory_mb=3008, requests={"s3:GetObject": gets}, bytes_read=read)
+        return UsageRecord(
+            run_id="r",
+            iteration=iteration,
+            function="worker",
+            start=0,
+            end=1,
+            duration_s=1,
+            memory_mb=3008,
+            requests={"s3:GetObject": gets},
+            bytes_read=read,
+        )
 
-    records = [line(0, 10**9, 500), line(None, 10**9, 500), line(1, 100, 2), line(1, 50, 1), line(2, 30, 3),
-               line(3, 0, 0), line(4, 10**9, 9)]
+    records = [
+        line(0, 10**9, 500),
+        line(None, 10**9, 500),
+        line(1, 100, 2),
+        line(1, 50, 1),
+        line(2, 30, 3),
+        line(3, 0, 0),
+        line(4, 10**9, 9),
+    ]
     assert bench._means(records, 4) == ((150 + 30 + 0) / 3, (3 + 3 + 0) / 3)

@@ -20,8 +20,15 @@ ONE_PROCESS = dict.fromkeys(costmodel.PIPELINE, 1)
 
 def workload(workers: int, reducers: int) -> Workload:
     figures = costmodel.from_params(2410, Parameters(), compute_per_sample_s=1e-4)
-    return Workload(**figures, workers=workers, reducers=reducers, global_batch=128, iterations=6,
-                    memory_mb=dict.fromkeys(costmodel.PIPELINE, 1769), timeout_s=costmodel.function_timeouts())
+    return Workload(
+        **figures,
+        workers=workers,
+        reducers=reducers,
+        global_batch=128,
+        iterations=6,
+        memory_mb=dict.fromkeys(costmodel.PIPELINE, 1769),
+        timeout_s=costmodel.function_timeouts(),
+    )
 
 
 def predict(work: Workload, parameters: Parameters) -> costmodel.Plan:
@@ -45,9 +52,18 @@ def test_workers_beyond_the_pool_run_in_waves_after_the_first_work_message() -> 
 
 
 def test_the_fit_finds_the_latencies_that_made_the_stages() -> None:
-    truth = {"handler_s": 0.004, "dynamodb_s": 0.006, "s3_request_s": 0.012, "sns_publish_s": 0.02,
-             "sns_lambda_s": 0.015, "s3_event_s": 0.03, "1/s3_mb_s": 1 / 150, "1/keras_mb_s": 1 / 20,
-             "dispatch_s": 0.01, "s3_parallel_reads": 4}
+    truth = {
+        "handler_s": 0.004,
+        "dynamodb_s": 0.006,
+        "s3_request_s": 0.012,
+        "sns_publish_s": 0.02,
+        "sns_lambda_s": 0.015,
+        "s3_event_s": 0.03,
+        "1/s3_mb_s": 1 / 150,
+        "1/keras_mb_s": 1 / 20,
+        "dispatch_s": 0.01,
+        "s3_parallel_reads": 4,
+    }
     assert set(truth) == {*bench_scale.UNKNOWNS, "s3_parallel_reads"}
     grid = [workload(w, r) for w in bench_scale.WORKERS for r in bench_scale.REDUCERS]
     made = [bench_scale.predicted_stages(work, truth, ONE_PROCESS) for work in grid]
@@ -56,11 +72,23 @@ def test_the_fit_finds_the_latencies_that_made_the_stages() -> None:
 
 
 def test_the_calibration_is_what_plan_reads(tmp_path) -> None:
-    values = dict.fromkeys(bench_scale.UNKNOWNS, 0.01) | {"1/s3_mb_s": 0.0, "1/keras_mb_s": 0.02,
-                                                          "s3_parallel_reads": 2}
-    report = bench_scale.ScaleReport(model="m", params=1, batch=1, iterations=3, pools={}, points=[],
-                                     fitted=bench_scale.calibration(values), dispatch_s=0.01, median_error=0,
-                                     max_error=0)
+    values = dict.fromkeys(bench_scale.UNKNOWNS, 0.01) | {
+        "1/s3_mb_s": 0.0,
+        "1/keras_mb_s": 0.02,
+        "s3_parallel_reads": 2,
+    }
+    report = bench_scale.ScaleReport(
+        model="m",
+        params=1,
+        batch=1,
+        iterations=3,
+        pools={},
+        points=[],
+        fitted=bench_scale.calibration(values),
+        dispatch_s=0.01,
+        median_error=0,
+        max_error=0,
+    )
     path = tmp_path / "fitted.json"
     bench_scale.write_calibration(report, path)
     parameters, origin = costmodel.load_overrides(path, [], Parameters)
@@ -73,8 +101,16 @@ def test_the_calibration_is_what_plan_reads(tmp_path) -> None:
 
 
 def record(function: str, iteration: int, start: float, end: float, *operations: str) -> UsageRecord:
-    return UsageRecord(run_id="r", iteration=iteration, function=function, start=start, end=end,
-                       duration_s=end - start, memory_mb=512, requests=dict.fromkeys(operations, 1))
+    return UsageRecord(
+        run_id="r",
+        iteration=iteration,
+        function=function,
+        start=start,
+        end=end,
+        duration_s=end - start,
+        memory_mb=512,
+        requests=dict.fromkeys(operations, 1),
+    )
 
 
 def iteration(i: int, at: float, fires: bool = True) -> list[UsageRecord]:
@@ -82,9 +118,11 @@ def iteration(i: int, at: float, fires: bool = True) -> list[UsageRecord]:
     t = [at + k / 100 for k in range(20)]
     records = [
         record("work_launcher", i, t[0], t[1], "dynamodb:GetItem", "sns:PublishBatch"),
-        record("worker", i, t[2], t[4], "s3:GetObject"), record("worker", i, t[3], t[6], "s3:GetObject"),
+        record("worker", i, t[2], t[4], "s3:GetObject"),
+        record("worker", i, t[3], t[6], "s3:GetObject"),
         record("reduce_launcher", i, t[5], t[6], "dynamodb:PutItem"),
-        record("reducer", i, t[9], t[11], "s3:GetObject"), record("reducer", i, t[10], t[13], "s3:GetObject"),
+        record("reducer", i, t[9], t[11], "s3:GetObject"),
+        record("reducer", i, t[10], t[13], "s3:GetObject"),
         record("merger", i, t[12], t[13], "dynamodb:UpdateItem"),
         record("merger", i, t[14], t[16], "s3:PutObject"),
     ]
@@ -94,18 +132,32 @@ def iteration(i: int, at: float, fires: bool = True) -> list[UsageRecord]:
 
 
 def test_the_stages_of_a_steady_iteration_tile_it() -> None:
-    records = [*iteration(0, 0.0), *iteration(1, 1.0), *iteration(2, 2.0, fires=False), *iteration(3, 3.0),
-               *iteration(4, 4.0)]
+    records = [
+        *iteration(0, 0.0),
+        *iteration(1, 1.0),
+        *iteration(2, 2.0, fires=False),
+        *iteration(3, 3.0),
+        *iteration(4, 4.0),
+    ]
     measured = bench_scale.measured_stages(records, iterations=5, participants=2)
     assert len(measured) == 2  # iterations 1 and 3: 0 is cold, 2 fired at no ReduceLauncher, 4 is the last
     for stages in measured:
         assert tuple(stages) == STAGES
         assert math.fsum(stages.values()) == pytest.approx(1.0)  # WorkLauncher start to the next one's
-        assert stages == pytest.approx({
-            "model → WorkLauncher": 0.84, "WorkLauncher": 0.01, "Work → Worker": 0.01, "Worker": 0.04,
-            "WorkDone → ReduceLauncher": 0.01, "ReduceLauncher (fires)": 0.01, "Reduce → Reducer": 0.01,
-            "Reducer": 0.04, "ReduceDone → Merger": 0.01, "Merger (merges)": 0.02,
-        })
+        assert stages == pytest.approx(
+            {
+                "model → WorkLauncher": 0.84,
+                "WorkLauncher": 0.01,
+                "Work → Worker": 0.01,
+                "Worker": 0.04,
+                "WorkDone → ReduceLauncher": 0.01,
+                "ReduceLauncher (fires)": 0.01,
+                "Reduce → Reducer": 0.01,
+                "Reducer": 0.04,
+                "ReduceDone → Merger": 0.01,
+                "Merger (merges)": 0.02,
+            }
+        )
     assert bench_scale.measured_stages(records, iterations=5, participants=3) == []  # fewer workers than n
 
 
@@ -114,8 +166,12 @@ def test_a_stage_that_overlaps_the_next_ends_where_the_next_began() -> None:
     before the fire's invocation ends, and the first worker before the WorkLauncher's ends."""
     records = [*iteration(0, 0.0), *iteration(1, 1.0), *iteration(2, 2.0)]
     late = {("reduce_launcher", "dynamodb:BatchGetItem"): 0.035, ("work_launcher", "dynamodb:GetItem"): 0.025}
-    records = [r.model_copy(update={"end": r.end + late.get((r.function, next(iter(r.requests))), 0)})
-               if r.iteration == 1 else r for r in records]
+    records = [
+        r.model_copy(update={"end": r.end + late.get((r.function, next(iter(r.requests))), 0)})
+        if r.iteration == 1
+        else r
+        for r in records
+    ]
     (stages,) = bench_scale.measured_stages(records, iterations=3, participants=2)
     assert min(stages.values()) >= 0
     assert math.fsum(stages.values()) == pytest.approx(1.0)

@@ -51,8 +51,9 @@ def test_a_batch_is_whole_blocks_from_across_the_split() -> None:
 @pytest.mark.parametrize("workers", [1, 3, 5, 8])
 def test_the_batches_do_not_depend_on_the_workers(workers: int) -> None:
     o = order()
-    spec = TrainingSpec(workers=workers, global_batch=8, shuffle="blocks", shuffle_block=4, seed=3,
-                        algorithm="average", local_steps=3)
+    spec = TrainingSpec(
+        workers=workers, global_batch=8, shuffle="blocks", shuffle_block=4, seed=3, algorithm="average", local_steps=3
+    )
     assert data.block_order(spec, COUNT) == o
     for iteration in (0, 7, 15):
         slices = [data.round_batches(spec, COUNT, workers, w, iteration, o) for w in range(workers)]
@@ -65,8 +66,11 @@ def test_the_spec_names_what_the_block_order_does_not_take() -> None:
         TrainingSpec(algorithm="admm", shuffle="blocks")
     with pytest.raises(ValidationError, match="shuffle_block applies to shuffle blocks only"):
         TrainingSpec(shuffle_block=8)
-    with pytest.raises(BadInputError, match="global batch 64 is larger than the training set in blocks of 16 "
-                                            r"\(48 samples\)"):
+    with pytest.raises(
+        BadInputError,
+        match="global batch 64 is larger than the training set in blocks of 16 "
+        r"\(48 samples\)",
+    ):
         data.block_order(TrainingSpec(global_batch=64, shuffle="blocks"), 63)
 
 

@@ -42,7 +42,8 @@ def test_a_model_is_sized_from_its_config_before_its_variables_are_built() -> No
         modelio.load_model(archives.declaring(width), where="wide.keras", limits=SMALL)
     weights = 4 * (width * width + width + width * 2 + 2)
     assert str(refused.value).startswith(
-        f"wide.keras declares {weights:,} bytes of weights: loading them takes 5× that, its optimizer's slots 2× more")
+        f"wide.keras declares {weights:,} bytes of weights: loading them takes 5× that, its optimizer's slots 2× more"
+    )
     assert f"above the {SMALL.memory_bytes:,} of memory" in str(refused.value)
 
 
@@ -54,14 +55,24 @@ def seven(services: Services) -> Services:  # noqa: F811
     return services
 
 
-@pytest.mark.parametrize(("model", "request_body", "reason"), [
-    (archives.bomb(4_000_000_000), b'{"dataset": "seven"}', "the model expands to 4,000,00"),
-    (archives.declaring(30_000), b'{"dataset": "seven"}', "the model declares 3,600,360,008 bytes of weights"),
-    (archives.small_model(), json.dumps({"dataset": "seven", "pad": " " * 70_000}).encode(),
-     "incoming/m.json is too large: 70,0"),
-])
+@pytest.mark.parametrize(
+    ("model", "request_body", "reason"),
+    [
+        (archives.bomb(4_000_000_000), b'{"dataset": "seven"}', "the model expands to 4,000,00"),
+        (archives.declaring(30_000), b'{"dataset": "seven"}', "the model declares 3,600,360,008 bytes of weights"),
+        (
+            archives.small_model(),
+            json.dumps({"dataset": "seven", "pad": " " * 70_000}).encode(),
+            "incoming/m.json is too large: 70,0",
+        ),
+    ],
+)
 def test_a_drop_in_too_large_for_its_function_is_refused_by_name_with_nothing_stored(
-    seven: Services, model: bytes, request_body: bytes, reason: str, caplog: pytest.LogCaptureFixture,
+    seven: Services,
+    model: bytes,
+    request_body: bytes,
+    reason: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     seven.store.put_new(keys.incoming_request("m"), request_body)
     seven.store.put_new("incoming/m.keras", model)

@@ -27,17 +27,27 @@ from slsml.state.runtable import RunTable
 
 def _plan(spec: TrainingSpec) -> costmodel.Plan:
     figures = costmodel.from_params(1_000_000, Parameters(), compute_per_sample_s=0.002)
-    work = Workload(**figures, training=spec, workers=spec.initial_workers, reducers=spec.reducers,
-                    global_batch=spec.global_batch, iterations=spec.iterations, memory_mb=costmodel.function_memory(),
-                    timeout_s=costmodel.function_timeouts())
+    work = Workload(
+        **figures,
+        training=spec,
+        workers=spec.initial_workers,
+        reducers=spec.reducers,
+        global_batch=spec.global_batch,
+        iterations=spec.iterations,
+        memory_mb=costmodel.function_memory(),
+        timeout_s=costmodel.function_timeouts(),
+    )
     return costmodel.predict(work, Parameters(), Quotas(), prices.PriceTable())
 
 
-@pytest.mark.parametrize("argv", [
-    ["run", "start", "--local", "--model", "m.keras", "--data", "d.npz", "--iterations", "5"],
-    ["demo"],
-    ["plan", "--params", "1000", "--iterations", "5", "--reducers", "2"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "start", "--local", "--model", "m.keras", "--data", "d.npz", "--iterations", "5"],
+        ["demo"],
+        ["plan", "--params", "1000", "--iterations", "5", "--reducers", "2"],
+    ],
+)
 def test_budget_usd_is_a_training_option_of_every_command_that_starts_or_plans_a_run(argv: list[str]) -> None:
     args = build_parser().parse_args([*argv, "--budget-usd", "2.5"])
     assert options.training_spec(args).budget_usd == 2.5
@@ -61,8 +71,10 @@ def test_a_budget_adds_each_invocations_spend_count_and_the_launchs_read_to_the_
     plain, budgeted = _plan(spec), _plan(spec.model_copy(update={"budget_usd": 5.0}))
     invocations = sum(f.invocations for f in plain.functions)
     assert invocations == 1 + 2 * 6 + 2 * 3
-    added = {op: budgeted.requests_per_iteration[op] - plain.requests_per_iteration.get(op, 0)
-             for op in budgeted.requests_per_iteration}
+    added = {
+        op: budgeted.requests_per_iteration[op] - plain.requests_per_iteration.get(op, 0)
+        for op in budgeted.requests_per_iteration
+    }
     assert {op: n for op, n in added.items() if n} == {"dynamodb:UpdateItem": invocations, "dynamodb:GetItem": 1}
     assert budgeted.write_units == plain.write_units + invocations and budgeted.read_units == plain.read_units + 1
     calls = {(e.operation, e.count) for e in budgeted.extra_calls} - {(e.operation, e.count) for e in plain.extra_calls}
@@ -72,19 +84,35 @@ def test_a_budget_adds_each_invocations_spend_count_and_the_launchs_read_to_the_
 
 
 def test_the_plan_says_whether_the_run_fits_its_budget(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["plan", "--params", "1000000", "--compute-per-sample", "0.002", "--iterations", "40", "--workers", "6",
-            "--reducers", "3", "--batch", "192", "--json"]
+    argv = [
+        "plan",
+        "--params",
+        "1000000",
+        "--compute-per-sample",
+        "0.002",
+        "--iterations",
+        "40",
+        "--workers",
+        "6",
+        "--reducers",
+        "3",
+        "--batch",
+        "192",
+        "--json",
+    ]
     assert main([*argv, "--budget-usd", "1000"]) == 0
     within = json.loads(capsys.readouterr().out)
     dollars = within["verdict"]["run_dollars"]
-    assert dollars == pytest.approx(_plan(TrainingSpec(workers=6, reducers=3, global_batch=192, iterations=40,
-                                                       budget_usd=1000)).run_dollars)
+    assert dollars == pytest.approx(
+        _plan(TrainingSpec(workers=6, reducers=3, global_batch=192, iterations=40, budget_usd=1000)).run_dollars
+    )
     assert within["verdict"]["budget"] == f"{prices.usd(dollars)} for the run is within its budget of $1,000.00"
     below = dollars / 2
     assert main([*argv, "--budget-usd", str(below)]) == 0
     over = json.loads(capsys.readouterr().out)["verdict"]["budget"]
-    assert over == (f"{prices.usd(dollars)} for the run is above its budget of {prices.usd(below)}:"
-                    " run start refuses it")
+    assert over == (
+        f"{prices.usd(dollars)} for the run is above its budget of {prices.usd(below)}: run start refuses it"
+    )
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["verdict"]["budget"] is None
 
@@ -124,12 +152,22 @@ def test_a_resume_takes_a_new_budget_and_keeps_the_rest_of_the_spec(table: RunTa
     assert table.get_run("r").training.budget_usd == 0.05 and resumed.generation == 1
 
 
-def test_the_summary_shows_the_spend_against_the_budget(monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_summary_shows_the_spend_against_the_budget(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("COLUMNS", "200")
     spec = TrainingSpec(workers=2, reducers=1, iterations=6, budget_usd=0.004)
-    run = RunRecord(run_id="b", status=RunStatus.STOPPED, training=spec, iteration=3, workers=2, dataset="d",
-                    created_at=0.0, updated_at=5.0, reason="budget: $0.0042 spent of the $0.004 budget")
+    run = RunRecord(
+        run_id="b",
+        status=RunStatus.STOPPED,
+        training=spec,
+        iteration=3,
+        workers=2,
+        dataset="d",
+        created_at=0.0,
+        updated_at=5.0,
+        reason="budget: $0.0042 spent of the $0.004 budget",
+    )
     summary = runs.summarize(run, [], 5.0, spent_usd=0.0042)
     display.print_summary(summary, as_json=True)
     out, err = capsys.readouterr()
@@ -137,17 +175,32 @@ def test_the_summary_shows_the_spend_against_the_budget(monkeypatch: pytest.Monk
     row = re.search(r"│ budget\s*│ (.*?)\s*│", err)
     assert row and row[1].startswith(display.spend(0.0042, 0.004)), err
     assert display.spend(0.0042, 0.004) == "$0.0042 spent of the $0.004 budget (105%)"
-    assert runs.summarize(run.model_copy(update={"training": TrainingSpec(workers=2, reducers=1, iterations=6)}),
-                          [], 5.0).budget_usd is None
+    assert (
+        runs.summarize(
+            run.model_copy(update={"training": TrainingSpec(workers=2, reducers=1, iterations=6)}), [], 5.0
+        ).budget_usd
+        is None
+    )
 
 
 def test_the_progress_line_shows_the_spend_against_the_budget() -> None:
     spec = TrainingSpec(workers=2, reducers=1, iterations=6, budget_usd=0.01)
-    run = RunRecord(run_id="b", status=RunStatus.RUNNING, training=spec, iteration=2, workers=2, dataset="d",
-                    created_at=0.0, updated_at=5.0)
+    run = RunRecord(
+        run_id="b",
+        status=RunStatus.RUNNING,
+        training=spec,
+        iteration=2,
+        workers=2,
+        dataset="d",
+        created_at=0.0,
+        updated_at=5.0,
+    )
     progress = display.ProgressText(started=0.0, spent=lambda run: 0.0042)
     line = progress.update(run, Counter(iteration=1, train_loss=0.5, workers=2))
     assert line.endswith("  $0.0042 spent of the $0.01 budget (42%)"), line
     plain = run.model_copy(update={"training": spec.model_copy(update={"budget_usd": None})})
-    assert display.ProgressText(started=0.0, spent=lambda run: 0.0042).update(plain, Counter(iteration=1)).endswith(
-        f"{display.dollars(0.0042)} so far")
+    assert (
+        display.ProgressText(started=0.0, spent=lambda run: 0.0042)
+        .update(plain, Counter(iteration=1))
+        .endswith(f"{display.dollars(0.0042)} so far")
+    )

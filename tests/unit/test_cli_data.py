@@ -33,15 +33,30 @@ def test_every_formats_options_are_flags_and_another_formats_are_refused(tmp_pat
     assert chosen.options.image_size == (256, 256)  # the field's default
 
 
-def test_a_dataset_is_shown_whole_on_a_narrow_terminal(capsys: pytest.CaptureFixture[str],
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_dataset_is_shown_whole_on_a_narrow_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from slsml.cli import display
 
     monkeypatch.setenv("COLUMNS", "40")
     checksum = "0123456789abcdef" * 4
-    display.print_dataset({"name": "pets", "format": "images", "train": 1200, "test": 300, "x_shape": [32, 32, 3],
-                           "x_dtype": "uint8", "y_shape": [], "y_dtype": "int32", "classes": 2,
-                           "class_names": ["cats", "dogs"], "bytes": 3_690_000, "shards": 2, "sha256": checksum})
+    display.print_dataset(
+        {
+            "name": "pets",
+            "format": "images",
+            "train": 1200,
+            "test": 300,
+            "x_shape": [32, 32, 3],
+            "x_dtype": "uint8",
+            "y_shape": [],
+            "y_dtype": "int32",
+            "classes": 2,
+            "class_names": ["cats", "dogs"],
+            "bytes": 3_690_000,
+            "shards": 2,
+            "sha256": checksum,
+        }
+    )
     shown = capsys.readouterr().out
     assert "1,200 train, 300 test" in shown and "2: cats, dogs" in shown and "3.7 MB in 2 shards" in shown
     assert checksum in "".join(part.strip() for part in shown.split("source sha256")[1].splitlines())

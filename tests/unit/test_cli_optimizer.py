@@ -30,13 +30,31 @@ def test_every_optimizer_field_has_a_flag(command: tuple[str, ...], field: str) 
 
 
 def test_flags_set_the_optimizer_config() -> None:
-    config = optimizer("--optimizer", "adamw", "--weight-decay", "0.01", "--global-clipnorm", "1.0",
-                       "--exclude-from-weight-decay", "bias,gamma", "--beta-1", "0.8", "--amsgrad",
-                       command=RUN_START)
-    assert config == OptimizerConfig(name="adamw", weight_decay=0.01, global_clipnorm=1.0,
-                                     exclude_from_weight_decay=("bias", "gamma"), beta_1=0.8, amsgrad=True)
-    repeated = optimizer("--optimizer", "adamw", "--exclude-from-weight-decay", "bias",
-                         "--exclude-from-weight-decay", "gamma")
+    config = optimizer(
+        "--optimizer",
+        "adamw",
+        "--weight-decay",
+        "0.01",
+        "--global-clipnorm",
+        "1.0",
+        "--exclude-from-weight-decay",
+        "bias,gamma",
+        "--beta-1",
+        "0.8",
+        "--amsgrad",
+        command=RUN_START,
+    )
+    assert config == OptimizerConfig(
+        name="adamw",
+        weight_decay=0.01,
+        global_clipnorm=1.0,
+        exclude_from_weight_decay=("bias", "gamma"),
+        beta_1=0.8,
+        amsgrad=True,
+    )
+    repeated = optimizer(
+        "--optimizer", "adamw", "--exclude-from-weight-decay", "bias", "--exclude-from-weight-decay", "gamma"
+    )
     assert repeated.exclude_from_weight_decay == ("bias", "gamma")
     sgd = optimizer("--optimizer", "sgd", "--momentum", "0.9", "--nesterov", "--clipvalue", "0.5")
     assert (sgd.learning_rate, sgd.momentum, sgd.nesterov, sgd.clipvalue) == (3e-3, 0.9, True, 0.5)
@@ -65,31 +83,44 @@ def test_an_optimizer_named_without_a_rate_takes_keras_default_rate_and_the_line
     for name, rate in (("adam", 0.001), ("sgd", 0.01), ("rmsprop", 0.001)):
         config = in_effect(compiled(keras.optimizers.Adam(0.001)), "--optimizer", name)
         assert config.learning_rate == rate == round(float(keras.optimizers.get(name).learning_rate), 6)
-        assert display.describe_optimizer(config).startswith(f"optimizer: {KERAS_OPTIMIZERS[name]}, learning rate"
-                                                             f" {rate:g},")
+        assert display.describe_optimizer(config).startswith(
+            f"optimizer: {KERAS_OPTIMIZERS[name]}, learning rate {rate:g},"
+        )
 
 
 def test_learning_rate_alone_keeps_the_compiled_optimizer() -> None:
     assert optimizer("--learning-rate", "0.01") is None  # not Adam: it waits for the model
     sgd = compiled(keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True))
     assert in_effect(sgd, "--learning-rate", "0.01") == OptimizerConfig(
-        name="sgd", learning_rate=0.01, momentum=0.9, nesterov=True)
+        name="sgd", learning_rate=0.01, momentum=0.9, nesterov=True
+    )
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
     assert in_effect(compiled(keras.optimizers.RMSprop(schedule, rho=0.8)), "--learning-rate", "0.2") == (
-        OptimizerConfig(name="rmsprop", learning_rate=0.2, rho=0.8))
+        OptimizerConfig(name="rmsprop", learning_rate=0.2, rho=0.8)
+    )
 
 
 def test_hyper_parameter_flags_apply_on_top_of_the_compiled_optimizer() -> None:
     adamw = compiled(keras.optimizers.AdamW(0.0625, weight_decay=0.05, beta_2=0.95))  # rates exact in float32
-    assert in_effect(adamw, "--beta-1", "0.8", "--amsgrad", "--exclude-from-weight-decay", "bias",
-                     "--global-clipnorm", "1") == OptimizerConfig(
-        name="adamw", learning_rate=0.0625, weight_decay=0.05, beta_1=0.8, beta_2=0.95, amsgrad=True,
-        exclude_from_weight_decay=("bias",), global_clipnorm=1.0)
+    assert in_effect(
+        adamw, "--beta-1", "0.8", "--amsgrad", "--exclude-from-weight-decay", "bias", "--global-clipnorm", "1"
+    ) == OptimizerConfig(
+        name="adamw",
+        learning_rate=0.0625,
+        weight_decay=0.05,
+        beta_1=0.8,
+        beta_2=0.95,
+        amsgrad=True,
+        exclude_from_weight_decay=("bias",),
+        global_clipnorm=1.0,
+    )
     sgd = compiled(keras.optimizers.SGD(0.125))
     assert in_effect(sgd, "--momentum", "0.9", "--nesterov", "--clipvalue", "0.5") == OptimizerConfig(
-        name="sgd", learning_rate=0.125, momentum=0.9, nesterov=True, clipvalue=0.5)
+        name="sgd", learning_rate=0.125, momentum=0.9, nesterov=True, clipvalue=0.5
+    )
     assert display.describe_optimizer(in_effect(sgd, "--momentum", "0.9", "--learning-rate", "0.1")) == (
-        "optimizer: SGD, learning rate 0.1, momentum 0.9, no weight decay, no clipping")
+        "optimizer: SGD, learning rate 0.1, momentum 0.9, no weight decay, no clipping"
+    )
 
 
 def test_the_demo_trains_adam_at_its_rate_unless_told_otherwise() -> None:
@@ -98,18 +129,30 @@ def test_the_demo_trains_adam_at_its_rate_unless_told_otherwise() -> None:
     model = demo.digits_cnn(learning_rate=cli_demo.DEMO_LEARNING_RATE)
     assert in_effect(model, command=("demo",)) is None
     assert in_effect(model, "--learning-rate", "0.01", command=("demo",)) == OptimizerConfig(
-        name="adam", learning_rate=0.01)
+        name="adam", learning_rate=0.01
+    )
     assert in_effect(model, "--optimizer", "sgd", command=("demo",)) == OptimizerConfig(
-        name="sgd", learning_rate=cli_demo.DEMO_LEARNING_RATE)
+        name="sgd", learning_rate=cli_demo.DEMO_LEARNING_RATE
+    )
 
 
-@pytest.mark.parametrize(("keras_optimizer", "flags", "message"), [
-    (keras.optimizers.Adam(), ["--momentum", "0.9"], r"^--momentum does not apply to Adam \(only to SGD, RMSprop\)"),
-    (keras.optimizers.Adam(), ["--nesterov"], r"^--nesterov does not apply to Adam \(only to SGD\)"),
-    (keras.optimizers.SGD(), ["--amsgrad", "--learning-rate", "0.1"],
-     r"^--amsgrad does not apply to SGD \(only to Adam, AdamW\) \(the optimizer the model is compiled with is SGD;"
-     r" --optimizer NAME replaces it\)$"),
-])
+@pytest.mark.parametrize(
+    ("keras_optimizer", "flags", "message"),
+    [
+        (
+            keras.optimizers.Adam(),
+            ["--momentum", "0.9"],
+            r"^--momentum does not apply to Adam \(only to SGD, RMSprop\)",
+        ),
+        (keras.optimizers.Adam(), ["--nesterov"], r"^--nesterov does not apply to Adam \(only to SGD\)"),
+        (
+            keras.optimizers.SGD(),
+            ["--amsgrad", "--learning-rate", "0.1"],
+            r"^--amsgrad does not apply to SGD \(only to Adam, AdamW\) \(the optimizer the model is compiled with"
+            r" is SGD; --optimizer NAME replaces it\)$",
+        ),
+    ],
+)
 def test_a_flag_of_another_optimizer_is_an_error_naming_both(keras_optimizer, flags, message) -> None:
     with pytest.raises(BadInputError, match=message):
         in_effect(compiled(keras_optimizer), *flags)
@@ -129,8 +172,20 @@ def test_contradictory_flags_fail_on_one_line_before_anything_is_read(
     where: list[str], tmp_path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     flags = ["--optimizer", "adam", "--clipnorm", "1", "--global-clipnorm", "2"]
-    code = cli.main(["run", "start", *where, "--model", str(tmp_path / "missing.keras"), "--data", "d.npz",
-                     "--iterations", "3", *flags])  # a missing model and no stack: the flags fail first
+    code = cli.main(
+        [
+            "run",
+            "start",
+            *where,
+            "--model",
+            str(tmp_path / "missing.keras"),
+            "--data",
+            "d.npz",
+            "--iterations",
+            "3",
+            *flags,
+        ]
+    )  # a missing model and no stack: the flags fail first
     assert code == 2
     assert capsys.readouterr().err.splitlines() == [
         "error: --clipnorm and --global-clipnorm contradict each other: give one of them"
@@ -152,8 +207,15 @@ def test_the_description_names_the_schedule_decay_and_clipping() -> None:
         "optimizer: AdamW, learning rate CosineDecay(initial_learning_rate=0.001, decay_steps=100,"
         " warmup_target=0.01, warmup_steps=10), weight decay 0.004, global_clipnorm 1"
     )
-    sgd = OptimizerConfig(name="sgd", learning_rate=0.05, momentum=0.9, nesterov=True, weight_decay=0.01,
-                          exclude_from_weight_decay=("bias", "gamma"), clipvalue=0.5)
+    sgd = OptimizerConfig(
+        name="sgd",
+        learning_rate=0.05,
+        momentum=0.9,
+        nesterov=True,
+        weight_decay=0.01,
+        exclude_from_weight_decay=("bias", "gamma"),
+        clipvalue=0.5,
+    )
     assert display.describe_optimizer(sgd) == (
         "optimizer: SGD, learning rate 0.05, momentum 0.9, nesterov, weight decay 0.01 (not on bias, gamma),"
         " clipvalue 0.5"

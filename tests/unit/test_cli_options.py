@@ -88,12 +88,35 @@ def test_every_spec_field_has_a_flag_with_its_default_and_description_that_sets_
 
 
 def test_flags_set_the_spec() -> None:
-    args = cli.build_parser().parse_args([*RUN_START, "--workers", "8", "--batch", "256", "--quorum", "0.75",
-                                          "--deadline", "30", "--deadline-retries", "0", "--time-budget", "60",
-                                          "--heartbeat", "45"])
+    args = cli.build_parser().parse_args(
+        [
+            *RUN_START,
+            "--workers",
+            "8",
+            "--batch",
+            "256",
+            "--quorum",
+            "0.75",
+            "--deadline",
+            "30",
+            "--deadline-retries",
+            "0",
+            "--time-budget",
+            "60",
+            "--heartbeat",
+            "45",
+        ]
+    )
     spec = options.training_spec(args)
-    assert (spec.workers, spec.global_batch, spec.quorum, spec.deadline_s, spec.deadline_retries,
-            spec.time_budget_s, spec.heartbeat_s) == (8, 256, 0.75, 30.0, 0, 60, 45)
+    assert (
+        spec.workers,
+        spec.global_batch,
+        spec.quorum,
+        spec.deadline_s,
+        spec.deadline_retries,
+        spec.time_budget_s,
+        spec.heartbeat_s,
+    ) == (8, 256, 0.75, 30.0, 0, 60, 45)
     keras_named = options.training_spec(cli.build_parser().parse_args([*RUN_START, "--batch-size", "64"]))
     assert keras_named.global_batch == 64  # fit's name for it
 
@@ -115,14 +138,18 @@ class Extended(TrainingSpec):
     rate: Annotated[float, Field(gt=0)] | None = Field(default=None, description="an annotated number or nothing")
 
 
-def test_a_new_field_of_any_scalar_kind_gets_its_flag(monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_new_field_of_any_scalar_kind_gets_its_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(options, "TrainingSpec", Extended)
     monkeypatch.setattr(options, "SPEC_READINGS", options.readings(Extended))
     parser = cli.build_parser()
     assert options.training_spec(parser.parse_args(RUN_START)) == Extended(iterations=3)
-    spec = options.training_spec(parser.parse_args([*RUN_START, "--mode", "two", "--cap", "5", "--pinned", "--fleet",
-                                                    "7", "--pattern", "^a", "--rate", "0.5"]))
+    spec = options.training_spec(
+        parser.parse_args(
+            [*RUN_START, "--mode", "two", "--cap", "5", "--pinned", "--fleet", "7", "--pattern", "^a", "--rate", "0.5"]
+        )
+    )
     assert isinstance(spec, Extended)
     assert (spec.mode, spec.cap, spec.pinned, spec.fleet, spec.pattern, spec.rate) == ("two", 5, True, 7, "^a", 0.5)
     assert options.training_spec(parser.parse_args([*RUN_START, "--fleet", "auto", "--no-pinned"])).fleet == "auto"
@@ -144,25 +171,37 @@ def test_a_field_no_flag_can_set_is_refused(annotation: Any) -> None:
         options.readings(create_model("Bare", count=(int, 1)))
 
 
-@pytest.mark.parametrize(("arguments", "named"), [
-    (["--algorithm", "average", "--local-steps", "0"], "--local-steps: Input should be greater than or equal to 1"),
-    (["--local-steps", "4", "--server", "optimizer"], "--local-steps is an option of --algorithm average or admm"
-     " only; --server is an option of --algorithm average only"),
-    (["--admm-rho", "0.5"], "--admm-rho is an option of --algorithm admm only"),
-    (["--algorithm", "admm", "--server", "optimizer"], "--server is an option of --algorithm average only"),
-    (["--algorithm", "admm", "--workers", "auto", "--min-workers", "2", "--max-workers", "4"],
-     "--algorithm admm trains a fixed fleet"),
-    (["--algorithm", "admm", "--staleness", "2"], "--algorithm admm folds no late updates"),
-    (["--algorithm", "admm", "--admm-rho", "0"], "--admm-rho: Input should be greater than 0"),
-    (["--algorithm", "average", "--local-optimizer", "adam", "--local-momentum", "0.9"],
-     "--local-optimizer adam: momentum does not apply to Adam"),
-    (["--workers", "auto"], "--workers auto needs --min-workers and --max-workers"),
-    (["--objective", "cost"], "--objective applies to --workers auto only"),
-    (["--workers", "auto", "--min-workers", "6", "--max-workers", "3"], "--min-workers (6) must be at most"
-     " --max-workers (3)"),
-    (["--batch", "2"], "--batch (2) must be at least the number of --workers (4)"),
-    (["--batch-size", "2", "--workers", "3"], "--batch (2) must be at least the number of --workers (3)"),
-])
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        (["--algorithm", "average", "--local-steps", "0"], "--local-steps: Input should be greater than or equal to 1"),
+        (
+            ["--local-steps", "4", "--server", "optimizer"],
+            "--local-steps is an option of --algorithm average or admm"
+            " only; --server is an option of --algorithm average only",
+        ),
+        (["--admm-rho", "0.5"], "--admm-rho is an option of --algorithm admm only"),
+        (["--algorithm", "admm", "--server", "optimizer"], "--server is an option of --algorithm average only"),
+        (
+            ["--algorithm", "admm", "--workers", "auto", "--min-workers", "2", "--max-workers", "4"],
+            "--algorithm admm trains a fixed fleet",
+        ),
+        (["--algorithm", "admm", "--staleness", "2"], "--algorithm admm folds no late updates"),
+        (["--algorithm", "admm", "--admm-rho", "0"], "--admm-rho: Input should be greater than 0"),
+        (
+            ["--algorithm", "average", "--local-optimizer", "adam", "--local-momentum", "0.9"],
+            "--local-optimizer adam: momentum does not apply to Adam",
+        ),
+        (["--workers", "auto"], "--workers auto needs --min-workers and --max-workers"),
+        (["--objective", "cost"], "--objective applies to --workers auto only"),
+        (
+            ["--workers", "auto", "--min-workers", "6", "--max-workers", "3"],
+            "--min-workers (6) must be at most --max-workers (3)",
+        ),
+        (["--batch", "2"], "--batch (2) must be at least the number of --workers (4)"),
+        (["--batch-size", "2", "--workers", "3"], "--batch (2) must be at least the number of --workers (3)"),
+    ],
+)
 def test_spec_flags_that_make_no_spec_fail_on_one_line_naming_the_flags(arguments: list[str], named: str) -> None:
     with pytest.raises(BadInputError) as refused:
         options.training_spec(cli.build_parser().parse_args([*RUN_START, *arguments]))

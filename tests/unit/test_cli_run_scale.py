@@ -56,8 +56,9 @@ def test_an_iteration_launched_after_the_scale_takes_them(table: RunTable, capsy
     assert _scale(2, capsys) == (0, "run r: 2 workers from iteration 3 on (was 4)")
 
 
-def test_an_iteration_not_launched_yet_is_the_earliest(table: RunTable, capsys: Capture,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_iteration_not_launched_yet_is_the_earliest(
+    table: RunTable, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(cli_runs, "LAUNCH_WAIT_S", 0.2)
     assert _scale(6, capsys) == (0, "run r: 6 workers from the next iteration launched on (3 at the earliest) (was 4)")
 
@@ -72,8 +73,10 @@ def test_a_stopped_or_failed_run_takes_the_workers_once_resumed(table: RunTable,
     table.claim_launch("r", 3, "models/3", workers=4)
     getattr(table, end)("r", "ended for the test")
     status = table.get_run("r").status
-    assert _scale(6, capsys) == (0, f"run r: 6 workers from the first iteration it runs once resumed (it is {status})"
-                                    " (was 4)")
+    assert _scale(6, capsys) == (
+        0,
+        f"run r: 6 workers from the first iteration it runs once resumed (it is {status}) (was 4)",
+    )
     assert table.resume("r", 3) is not None
     table.forget_iterations("r", 3)  # as `run resume` does
     run = table.get_run("r")
@@ -84,8 +87,12 @@ def test_bad_counts_fail_on_one_line_and_change_nothing(table: RunTable, capsys:
     code, said = _scale(9, capsys)
     assert code == 2 and re.fullmatch(r"error: 9 workers lie outside run 'r''s bounds of 1 to 8 .*", said), said
     # COMPLETED is written by the run's execution (the state machine), not by the run table: as it writes it
-    table.table.update_item(Key={"pk": "RUN#r", "sk": records.META}, UpdateExpression="SET #s = :done",
-                            ExpressionAttributeNames={"#s": "status"}, ExpressionAttributeValues={":done": "COMPLETED"})
+    table.table.update_item(
+        Key={"pk": "RUN#r", "sk": records.META},
+        UpdateExpression="SET #s = :done",
+        ExpressionAttributeNames={"#s": "status"},
+        ExpressionAttributeValues={":done": "COMPLETED"},
+    )
     code, said = _scale(5, capsys)
     assert code == 2 and said == "error: run 'r' is COMPLETED: only a RUNNING, STOPPED or FAILED run can be scaled"
     for text in ("0", "two"):

@@ -33,14 +33,23 @@ from . import cloud
 
 Capture = pytest.CaptureFixture[str]
 REASON = "the data has 3 classes but the model's last layer has 10 units: give it a model whose output fits the data"
-READ_STATUS = "import json, sys; print(json.load(sys.stdin)[\"status\"])"
+READ_STATUS = 'import json, sys; print(json.load(sys.stdin)["status"])'
 PLAN = ("plan", "--params", "100000", "--workers", "4", "--reducers", "2", "--iterations", "10")
 
 
 def _record(run_id: str, created_at: float, status: RunStatus, reason: str | None = None) -> None:
     """A local run's record under runs/, as a followed run leaves it."""
-    run = RunRecord(run_id=run_id, status=status, reason=reason, training=TrainingSpec(iterations=5), iteration=5,
-                    workers=4, dataset="d", created_at=created_at, updated_at=created_at + 30)
+    run = RunRecord(
+        run_id=run_id,
+        status=status,
+        reason=reason,
+        training=TrainingSpec(iterations=5),
+        iteration=5,
+        workers=4,
+        dataset="d",
+        created_at=created_at,
+        updated_at=created_at + 30,
+    )
     targets.record(None, runs.summarize(run, [], wall_s=30.0))
 
 
@@ -93,8 +102,7 @@ def test_plan_goes_to_stdout_and_its_json(recorded: Path, capsys: Capture) -> No
     assert json.loads(out)["dollars"]["run"] > 0 and "time per iteration" in err
 
 
-def test_local_status_and_env_say_no_service_on_stderr_with_exit_code_1_and_2(recorded: Path,
-                                                                              capsys: Capture) -> None:
+def test_local_status_and_env_say_no_service_on_stderr_with_exit_code_1_and_2(recorded: Path, capsys: Capture) -> None:
     assert main(["local", "status"]) == 1
     out, err = capsys.readouterr()
     assert out == "" and "no local service is up" in err
@@ -113,8 +121,21 @@ def test_version_help_and_a_commands_own_usage(capsys: Capture) -> None:
         main(["--help"])
     assert done.value.code == 0 and "exit codes: 0 done; 1 the run failed" in " ".join(capsys.readouterr().out.split())
     with pytest.raises(SystemExit) as done:
-        main(["run", "start", "--local", "--model", "m.keras", "--data", "d.npz", "--iterations", "3", "--batch-count",
-              "32"])
+        main(
+            [
+                "run",
+                "start",
+                "--local",
+                "--model",
+                "m.keras",
+                "--data",
+                "d.npz",
+                "--iterations",
+                "3",
+                "--batch-count",
+                "32",
+            ]
+        )
     out, err = capsys.readouterr()
     assert done.value.code == 2 and out == ""
     assert err.startswith("usage: slsml run start ") and "slsml run start: error: unrecognized arguments:" in err
@@ -128,12 +149,30 @@ def test_progress_into_a_pipe_is_whole_lines(monkeypatch: pytest.MonkeyPatch, ca
     spec = TrainingSpec(workers=4, reducers=2, iterations=20)
 
     def run(iteration: int) -> RunRecord:
-        return RunRecord(run_id="run-with-a-long-name-20261125-120000", status=RunStatus.RUNNING, training=spec,
-                         iteration=iteration, workers=4, dataset="d", created_at=0.0, updated_at=0.0)
+        return RunRecord(
+            run_id="run-with-a-long-name-20261125-120000",
+            status=RunStatus.RUNNING,
+            training=spec,
+            iteration=iteration,
+            workers=4,
+            dataset="d",
+            created_at=0.0,
+            updated_at=0.0,
+        )
 
     def counter(iteration: int) -> Counter:
-        return Counter(iteration=iteration, launched_at=100.0, reduce_fired_at=100.25, merged_at=100.75, arrived=4,
-                       participant_count=4, reduce_fired_by=1, train_loss=0.5, train_accuracy=0.8, workers=4)
+        return Counter(
+            iteration=iteration,
+            launched_at=100.0,
+            reduce_fired_at=100.25,
+            merged_at=100.75,
+            arrived=4,
+            participant_count=4,
+            reduce_fired_by=1,
+            train_loss=0.5,
+            train_accuracy=0.8,
+            workers=4,
+        )
 
     with display.run_progress("run-with-a-long-name-20261125-120000", 20, time.time()) as show:
         for iteration in range(1, 4):
@@ -150,22 +189,41 @@ def test_in_a_shell_pipe(recorded: Path) -> None:
     """``slsml run list | grep NAME``, and ``slsml run status RUN --json`` read by a JSON tool (as ``| jq .status``)."""
     slsml = f"{sys.executable} -m slsml.cli.main"
     environment = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    found = subprocess.run(f"{slsml} run list | grep b-older", shell=True, capture_output=True, text=True,
-                           cwd=recorded, env=environment, timeout=120)
+    found = subprocess.run(
+        f"{slsml} run list | grep b-older",
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=recorded,
+        env=environment,
+        timeout=120,
+    )
     assert found.returncode == 0 and "COMPLETED" in found.stdout, found.stderr
-    status = subprocess.run(f"{slsml} run status a-newer --json | {sys.executable} -c '{READ_STATUS}'", shell=True,
-                            capture_output=True, text=True, cwd=recorded, env=environment, timeout=120)
+    status = subprocess.run(
+        f"{slsml} run status a-newer --json | {sys.executable} -c '{READ_STATUS}'",
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=recorded,
+        env=environment,
+        timeout=120,
+    )
     assert status.stdout == "FAILED\n", status.stderr
 
 
-def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("slsml",)
-              ) -> dict[str, argparse.ArgumentParser]:
+def _commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ("slsml",)
+) -> dict[str, argparse.ArgumentParser]:
     """Every command of ``parser`` (those without subcommands), by its words."""
     groups = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
     if not groups:
         return {" ".join(path): parser}
-    return {name: command for group in groups for word, sub in group.choices.items()
-            for name, command in _commands(sub, (*path, word)).items()}
+    return {
+        name: command
+        for group in groups
+        for word, sub in group.choices.items()
+        for name, command in _commands(sub, (*path, word)).items()
+    }
 
 
 def test_every_command_takes_json() -> None:
@@ -192,7 +250,8 @@ def acting(services: Services, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
     monkeypatch.chdir(tmp_path)
     arn = boto3.client("stepfunctions").create_state_machine(
-        name="runs", roleArn="arn:aws:iam::123456789012:role/runs",
+        name="runs",
+        roleArn="arn:aws:iam::123456789012:role/runs",
         definition=json.dumps({"StartAt": "wait", "States": {"wait": {"Type": "Pass", "End": True}}}),
     )["stateMachineArn"]
     acting = dataclasses.replace(services, orchestrator=Orchestrator(clients.client("stepfunctions"), arn))

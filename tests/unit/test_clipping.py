@@ -31,8 +31,10 @@ KERAS = {
 
 def _gradients(rng: np.random.Generator) -> list[np.ndarray]:
     """Per trainable variable; variables differ in scale so that clipping bites on some, not all."""
-    return [(rng.standard_normal(v.shape) * scale).astype(np.float32)
-            for v, scale in zip(TRAINABLE, (0.6, 0.05, 0.4, 2.0), strict=True)]
+    return [
+        (rng.standard_normal(v.shape) * scale).astype(np.float32)
+        for v, scale in zip(TRAINABLE, (0.6, 0.05, 0.4, 2.0), strict=True)
+    ]
 
 
 def _flat(trainable: list[np.ndarray], frozen: np.ndarray) -> np.ndarray:
@@ -88,16 +90,17 @@ def test_sharded_clipping_matches_keras(case: str) -> None:
     flat_gradients = [_flat(step, frozen) for step in gradients]
     trained = _keras_weights(case, initial, gradients)
     expected = _flat(trained, frozen)
-    got = _sharded_weights(config, _flat(initial, frozen), flat_gradients,
-                           lambda shares, r: clipping.totals(shares))
+    got = _sharded_weights(config, _flat(initial, frozen), flat_gradients, lambda shares, r: clipping.totals(shares))
     scale = np.abs(expected).max()
     assert np.abs(got - expected).max() <= 1e-6 * scale
-    clipped = [np.abs(clipping.clip(config, ShardPlan.build(VARIABLES, 1), 0, g, None) - g).max() > 0
-               for g in flat_gradients]
+    clipped = [
+        np.abs(clipping.clip(config, ShardPlan.build(VARIABLES, 1), 0, g, None) - g).max() > 0 for g in flat_gradients
+    ]
     assert sum(clipped) > STEPS // 2, "clipping must be active in most steps"
     if clipping.needs_exchange(config, PLAN):  # the test fails if a shard takes the norm of its own slice
-        alone = _sharded_weights(config, _flat(initial, frozen), flat_gradients,
-                                 lambda shares, r: clipping.totals([shares[r]]))
+        alone = _sharded_weights(
+            config, _flat(initial, frozen), flat_gradients, lambda shares, r: clipping.totals([shares[r]])
+        )
         assert np.abs(alone - expected).max() > 100 * 1e-6 * scale
 
 

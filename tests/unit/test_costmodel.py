@@ -28,8 +28,13 @@ RESNET = 25_600_000
 
 def workload(params: int = RESNET, workers: int = 8, reducers: int = 4, **changes) -> Workload:
     fields = costmodel.from_params(params, Parameters()) | {
-        "workers": workers, "reducers": reducers, "global_batch": 8192, "iterations": 100, "samples": 1_280_000,
-        "memory_mb": costmodel.function_memory(), "timeout_s": costmodel.function_timeouts(),
+        "workers": workers,
+        "reducers": reducers,
+        "global_batch": 8192,
+        "iterations": 100,
+        "samples": 1_280_000,
+        "memory_mb": costmodel.function_memory(),
+        "timeout_s": costmodel.function_timeouts(),
     }
     return Workload(**(fields | changes))
 
@@ -51,8 +56,14 @@ def keras_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]
     import keras
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(37), keras.layers.BatchNormalization(),
-                              keras.layers.Dense(5, activation="softmax")])
+    model = keras.Sequential(
+        [
+            keras.Input((12,)),
+            keras.layers.Dense(37),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dense(5, activation="softmax"),
+        ]
+    )
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
     path = tmp_path_factory.mktemp("model") / "small.keras"
     model.save(path)
@@ -65,8 +76,9 @@ def test_bytes_match_the_update_format_and_shard_plan_of_a_real_model(keras_mode
     path, model = keras_model
     specs = modelio.variable_specs(model)
     figures = costmodel.from_keras_file(path, batch=4, measure=False, parameters=Parameters())
-    work = workload(**figures, compute_per_sample_s=0.001, compute_source="test", workers=6, reducers=4,
-                    global_batch=60, quorum=0.5)
+    work = workload(
+        **figures, compute_per_sample_s=0.001, compute_source="test", workers=6, reducers=4, global_batch=60, quorum=0.5
+    )
     plan = predict(work)
     shard_plan = ShardPlan.build(specs, 4)
     config = OptimizerConfig(name="adam")
@@ -99,16 +111,23 @@ def test_bytes_match_the_update_format_and_shard_plan_of_a_real_model(keras_mode
 def test_reducer_bytes_on_the_path_are_the_largest_shard_of_an_all_trainable_model() -> None:
     specs = [VariableSpec(name="kernel", shape=(1001,), trainable=True)]
     shard_plan = ShardPlan.build(specs, 7)
-    plan = predict(workload(params=1001, workers=5, reducers=7, global_batch=50, optimizer=OptimizerConfig(
-        name="sgd", momentum=0.9)))
+    plan = predict(
+        workload(
+            params=1001, workers=5, reducers=7, global_batch=50, optimizer=OptimizerConfig(name="sgd", momentum=0.9)
+        )
+    )
     largest = max(shard_plan.shard(s).size for s in range(7))
     assert function(plan, "reducer").bytes_read == (5 + 1) * 4 * largest + 4 * largest  # n parts + weights, 1 slot
 
 
 def test_reduce_publishes_follow_the_bus_batching_of_real_messages() -> None:
     plan = predict(workload(workers=1000, reducers=100))
-    reduce = ReduceMessage(run_id="r" * 63, iteration=999_999, shard=99,
-                           participants=tuple(Participant(worker=w, samples=9) for w in range(1000)))
+    reduce = ReduceMessage(
+        run_id="r" * 63,
+        iteration=999_999,
+        shard=99,
+        participants=tuple(Participant(worker=w, samples=9) for w in range(1000)),
+    )
     batches = len(list(bus.batches([reduce.model_dump_json()] * 100)))
     assert batches > math.ceil(100 / 10)  # 1000 participants make a message too big for 10 in one batch
     # WorkLauncher ⌈W/10⌉, one WorkDone per worker, the Reduce batches, one ReduceDone per reducer
@@ -133,9 +152,11 @@ def test_requests_follow_the_request_chain() -> None:
     assert plan.minimum_requests_per_iteration == plan.requests_per_iteration | {
         "dynamodb:UpdateItem": 1 + 3 + 1,  # claim, merger counters (the shards' durable reports), merge fire
     }
-    assert [(extra.operation, extra.count) for extra in plan.extra_calls] == [("dynamodb:UpdateItem", 8),
-                                                                               ("dynamodb:UpdateItem", 1),
-                                                                               ("dynamodb:UpdateItem", 1)]
+    assert [(extra.operation, extra.count) for extra in plan.extra_calls] == [
+        ("dynamodb:UpdateItem", 8),
+        ("dynamodb:UpdateItem", 1),
+        ("dynamodb:UpdateItem", 1),
+    ]
     assert plan.first_iteration.extra_requests["s3:GetObject"] > 0
 
 
@@ -214,9 +235,24 @@ def test_memory_buys_worker_compute_and_a_quorum_saves_reads() -> None:
 
 
 def test_the_dynamodb_counter_floors_an_instant_chain() -> None:
-    instant = Parameters(**{name: 0 for name in ("s3_event_s", "sns_lambda_s", "sns_publish_s", "s3_request_s",
-                                                 "dynamodb_s", "handler_s", "average_ns", "optimizer_ns")},
-                         s3_read_mb_s=1e12, s3_write_mb_s=1e12, keras_mb_s=1e12)
+    instant = Parameters(
+        **{
+            name: 0
+            for name in (
+                "s3_event_s",
+                "sns_lambda_s",
+                "sns_publish_s",
+                "s3_request_s",
+                "dynamodb_s",
+                "handler_s",
+                "average_ns",
+                "optimizer_ns",
+            )
+        },
+        s3_read_mb_s=1e12,
+        s3_write_mb_s=1e12,
+        keras_mb_s=1e12,
+    )
     plan = predict(workload(params=1000, workers=500, reducers=10, compute_per_sample_s=0), instant)
     assert plan.iteration_s == pytest.approx((500 + 10 + 3) / 1000)
     assert plan.binding.name == "DynamoDB partition writes"
@@ -256,8 +292,12 @@ def test_json_is_one_object_with_requests_keyed_like_a_run_summary(capsys: pytes
     assert out["requests_ratio"] == sum(total.values()) / sum(minimum.values()) == 62 / 56
     assert sum(extra["count"] for extra in out["extra_calls"]) == sum(total.values()) - sum(minimum.values())
     assert out["recommendation"]["fastest"]["reducers"] >= 1
-    assert out["parameters"]["sns_lambda_s"] == {"value": 0.073, "unit": "s", "what": "SNS → Lambda delivery",
-                                                 "source": "published p50 73 ms (p90 125 ms, p99 225 ms)"}
+    assert out["parameters"]["sns_lambda_s"] == {
+        "value": 0.073,
+        "unit": "s",
+        "what": "SNS → Lambda delivery",
+        "source": "published p50 73 ms (p90 125 ms, p99 225 ms)",
+    }
 
 
 def test_calibration_and_params_override_the_defaults(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
@@ -267,7 +307,9 @@ def test_calibration_and_params_override_the_defaults(capsys: pytest.CaptureFixt
     base = plan_json(capsys, *argv)
     fitted = plan_json(capsys, *argv, "--calibration", str(calibration))
     assert fitted["parameters"]["s3_read_mb_s"] == base["parameters"]["s3_read_mb_s"] | {
-        "value": 130.0, "source": "calibration fitted.json"}
+        "value": 130.0,
+        "source": "calibration fitted.json",
+    }
     assert fitted["iteration_s"] < base["iteration_s"]
     slower = plan_json(capsys, *argv, "--param", "sns_lambda_s=0.2")
     assert slower["parameters"]["sns_lambda_s"]["source"] == "given"
@@ -277,18 +319,38 @@ def test_calibration_and_params_override_the_defaults(capsys: pytest.CaptureFixt
         costmodel.load_overrides(None, ["sns_latency=1"], Parameters)
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--params", "3000000000", "--workers", "1000", "--batch", "8192"], "beyond Lambda's 10,240 MB"),
-    (["--params", "1000", "--workers", "800", "--batch", "8192", "--quota", "lambda_concurrency=500"],
-     "concurrency quota of 500 by 300"),
-    (["--params", "1000", "--workers", "1200", "--batch", "8192"], "--workers: .* less than or equal to 1000"),
-    (["--params", "1000", "--workers", "1000", "--reducers", "2", "--batch", "8192",
-      "--quota", "sns_message_bytes=20000"], "SNS allows 20,000 B.*over by"),
-    (["--params", "10", "--workers", "2", "--reducers", "20"], "20 reducers but the model has only 10 weights"),
-    (["--params", "1000", "--workers", "8", "--batch", "4"],
-     r"--batch \(4\) must be at least the number of --workers \(8\)"),
-    (["--params", "1000", "--memory", "worker=20000"], "outside Lambda's 128–10,240 MB"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--params", "3000000000", "--workers", "1000", "--batch", "8192"], "beyond Lambda's 10,240 MB"),
+        (
+            ["--params", "1000", "--workers", "800", "--batch", "8192", "--quota", "lambda_concurrency=500"],
+            "concurrency quota of 500 by 300",
+        ),
+        (["--params", "1000", "--workers", "1200", "--batch", "8192"], "--workers: .* less than or equal to 1000"),
+        (
+            [
+                "--params",
+                "1000",
+                "--workers",
+                "1000",
+                "--reducers",
+                "2",
+                "--batch",
+                "8192",
+                "--quota",
+                "sns_message_bytes=20000",
+            ],
+            "SNS allows 20,000 B.*over by",
+        ),
+        (["--params", "10", "--workers", "2", "--reducers", "20"], "20 reducers but the model has only 10 weights"),
+        (
+            ["--params", "1000", "--workers", "8", "--batch", "4"],
+            r"--batch \(4\) must be at least the number of --workers \(8\)",
+        ),
+        (["--params", "1000", "--memory", "worker=20000"], "outside Lambda's 128–10,240 MB"),
+    ],
+)
 def test_impossible_settings_name_the_limit(capsys: pytest.CaptureFixture, argv: list[str], message: str) -> None:
     assert main(["plan", *argv]) == 2
     assert re.search(message, " ".join(capsys.readouterr().err.split()))
@@ -299,8 +361,22 @@ def test_sweep_writes_a_chart_with_a_point_per_worker_count(capsys: pytest.Captu
     from PIL import Image
 
     png = tmp_path / "sweep.png"
-    out = plan_json(capsys, "--params", "1000000", "--reducers", "4", "--batch", "64", "--epochs", "1",
-                    "--samples", "6400", "--sweep", "--png", str(png))
+    out = plan_json(
+        capsys,
+        "--params",
+        "1000000",
+        "--reducers",
+        "4",
+        "--batch",
+        "64",
+        "--epochs",
+        "1",
+        "--samples",
+        "6400",
+        "--sweep",
+        "--png",
+        str(png),
+    )
     expected = [w for w in costmodel.SWEEP_WORKERS if w <= 64]
     assert [point["workers"] for point in out["sweep"]] == expected
     pixels = image.imread(png)
@@ -312,8 +388,9 @@ def test_sweep_writes_a_chart_with_a_point_per_worker_count(capsys: pytest.Captu
 
 def test_a_keras_model_is_counted_and_timed(capsys: pytest.CaptureFixture, keras_model) -> None:
     path, model = keras_model
-    out = plan_json(capsys, "--model", str(path), "--workers", "2", "--reducers", "2", "--batch", "16",
-                    "--iterations", "5")
+    out = plan_json(
+        capsys, "--model", str(path), "--workers", "2", "--reducers", "2", "--batch", "16", "--iterations", "5"
+    )
     assert out["workload"]["params"] == model.count_params()
     assert out["workload"]["compute_source"].startswith("measured")
     assert out["workload"]["compute_per_sample_s"] > 0
@@ -338,14 +415,26 @@ def test_the_plan_s_update_is_as_large_as_the_encoder_s(keras_model, compress: s
     trainable = plan_of.trainable_mask()
     sent = (np.abs(vector) > 0.05 * np.maximum(np.abs(weights), updates.SIGNIFICANCE_EPS))[trainable].mean()
     traffic = costmodel.round_traffic(
-        Workload(**figures, compute_per_sample_s=0, compute_source="-", training=spec, workers=4, reducers=3,
-                 global_batch=128, iterations=1, memory_mb=costmodel.function_memory(),
-                 timeout_s=costmodel.function_timeouts()),
-        Parameters(significance_density=float(sent)))
+        Workload(
+            **figures,
+            compute_per_sample_s=0,
+            compute_source="-",
+            training=spec,
+            workers=4,
+            reducers=3,
+            global_batch=128,
+            iterations=1,
+            memory_mb=costmodel.function_memory(),
+            timeout_s=costmodel.function_timeouts(),
+        ),
+        Parameters(significance_density=float(sent)),
+    )
     exact = compress in ("none", "fp16")  # else each shard's count of trainable entries rounds on its own
     assert traffic.update_bytes == pytest.approx(len(body), abs=0 if exact else 8 * 3 * 2)
     assert (traffic.residual_bytes, traffic.table_reads) == (
-        0 if compress == "none" else 2 * plan_of.size, int(compress.startswith("significance")))
+        0 if compress == "none" else 2 * plan_of.size,
+        int(compress.startswith("significance")),
+    )
 
 
 def test_the_plan_follows_the_update_rule_and_compression() -> None:
@@ -353,12 +442,18 @@ def test_the_plan_follows_the_update_rule_and_compression() -> None:
     averaged = predict(workload(training=TrainingSpec(algorithm="average", local_steps=4)))
     fedopt = predict(workload(training=TrainingSpec(algorithm="average", local_steps=4, server="optimizer")))
     topk = predict(workload(training=TrainingSpec(compress="topk:0.01")))
-    compute = {name: float(re.search(r"samples ([\d.]+) s", stage.detail)[1]) for name, plan in
-               (("gradient", gradient), ("average", averaged)) for stage in plan.stages if stage.name == "Worker"}
+    compute = {
+        name: float(re.search(r"samples ([\d.]+) s", stage.detail)[1])
+        for name, plan in (("gradient", gradient), ("average", averaged))
+        for stage in plan.stages
+        if stage.name == "Worker"
+    }
     assert compute["average"] == pytest.approx(4 * compute["gradient"], rel=0.01)
     assert (averaged.state_slots, fedopt.state_slots, gradient.state_slots) == (0, 2, 2)  # FedAvg: SGD at rate 1
-    moved = {name: sum(f.bytes_read_total + f.bytes_written_total for f in plan.functions)
-             for name, plan in (("gradient", gradient), ("topk", topk))}
+    moved = {
+        name: sum(f.bytes_read_total + f.bytes_written_total for f in plan.functions)
+        for name, plan in (("gradient", gradient), ("topk", topk))
+    }
     assert moved["topk"] < moved["gradient"]  # the update and its bfloat16 residual, against a dense update
     W = gradient.workload.workers
     more = {op: topk.requests_per_iteration[op] - count for op, count in gradient.requests_per_iteration.items()}
@@ -368,8 +463,18 @@ def test_the_plan_follows_the_update_rule_and_compression() -> None:
 
 
 def test_the_plan_answers_first_and_warns_about_the_configuration(capsys: pytest.CaptureFixture) -> None:
-    argv = ["--params", "38282", "--compute-per-sample", "6e-4", "--workers", "64", "--epochs", "10",
-            "--samples", "50000"]
+    argv = [
+        "--params",
+        "38282",
+        "--compute-per-sample",
+        "6e-4",
+        "--workers",
+        "64",
+        "--epochs",
+        "10",
+        "--samples",
+        "50000",
+    ]
     out = plan_json(capsys, *argv)
     verdict = out["verdict"]
     assert next(iter(out)) == "verdict"
@@ -384,7 +489,8 @@ def test_the_plan_answers_first_and_warns_about_the_configuration(capsys: pytest
     assert latency.startswith(f"latency-bound: {hops / out['iteration_s']:.0%} of the iteration")
     for advice in verdict["recommendations"]:
         assert advice.endswith(("already is", "better on both")) or re.search(
-            r"\d\.?\d*× (faster for \d\.?\d*× the dollars|cheaper for \d\.?\d*× the time)$", advice), advice
+            r"\d\.?\d*× (faster for \d\.?\d*× the dollars|cheaper for \d\.?\d*× the time)$", advice
+        ), advice
 
     assert main(["plan", *argv]) == 0
     first = capsys.readouterr().out.splitlines()[0]
@@ -407,8 +513,20 @@ def test_a_recommendation_that_is_no_faster_and_dearer_is_not_made() -> None:
 
 
 def test_compare_vm_prices_the_same_epoch_on_one_machine(capsys: pytest.CaptureFixture) -> None:
-    argv = ["--params", "1000000", "--compute-per-sample", "1e-3", "--workers", "16", "--batch", "1024",
-            "--epochs", "2", "--samples", "100000"]
+    argv = [
+        "--params",
+        "1000000",
+        "--compute-per-sample",
+        "1e-3",
+        "--workers",
+        "16",
+        "--batch",
+        "1024",
+        "--epochs",
+        "2",
+        "--samples",
+        "100000",
+    ]
     out = plan_json(capsys, *argv, "--compare-vm", "500:3.06:p3.2xlarge")
     vm = out["compare_vm"]
     assert (vm["samples"], vm["seconds"]) == (100_000, pytest.approx(200.0))  # an epoch at 500 samples/s

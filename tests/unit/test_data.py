@@ -140,12 +140,14 @@ def test_a_ranged_reader_gets_only_the_records_it_uses(store: ObjectStore) -> No
     indices = np.array([16, 3, 4, 5, 15, 13, 14, 4, 40])  # records 3-5 of shard 0, 13 | 14-16 across shards 1 and 2
     x_got, _ = reader.take("train", indices)
     np.testing.assert_array_equal(x_got, x[indices])
-    assert sorted(gets) == sorted([
-        (keys.dataset_shard("ranged", "train", 0), f"bytes={3 * RECORD}-{6 * RECORD - 1}"),
-        (keys.dataset_shard("ranged", "train", 1), f"bytes={6 * RECORD}-{7 * RECORD - 1}"),
-        (keys.dataset_shard("ranged", "train", 2), f"bytes=0-{3 * RECORD - 1}"),
-        (keys.dataset_shard("ranged", "train", 5), f"bytes={5 * RECORD}-{6 * RECORD - 1}"),
-    ])
+    assert sorted(gets) == sorted(
+        [
+            (keys.dataset_shard("ranged", "train", 0), f"bytes={3 * RECORD}-{6 * RECORD - 1}"),
+            (keys.dataset_shard("ranged", "train", 1), f"bytes={6 * RECORD}-{7 * RECORD - 1}"),
+            (keys.dataset_shard("ranged", "train", 2), f"bytes=0-{3 * RECORD - 1}"),
+            (keys.dataset_shard("ranged", "train", 5), f"bytes={5 * RECORD}-{6 * RECORD - 1}"),
+        ]
+    )
     assert data.coalesce(indices, 7) == [(0, 3, 6), (1, 6, 7), (2, 0, 3), (5, 5, 6)]
 
 
@@ -166,8 +168,9 @@ def test_the_writer_takes_chunks_of_any_length_and_stores_the_same_dataset(store
     x, y, x_test, y_test = arrays(4)
     whole = data.put_dataset(store, "whole", x, y, x_test, y_test, shard_mb=SEVEN)
     stored = []
-    with DatasetWriter(store, "chunked", (3, 2), "float32", (), "int64", shard_mb=SEVEN, uploads=2,
-                       progress=stored.append) as writer:
+    with DatasetWriter(
+        store, "chunked", (3, 2), "float32", (), "int64", shard_mb=SEVEN, uploads=2, progress=stored.append
+    ) as writer:
         for start, stop in ((0, 1), (1, 1), (1, 20), (20, 23), (23, 50)):
             writer.write("train", x[start:stop], y[start:stop])
             writer.write("test", x_test[start // 6 : stop // 6], y_test[start // 6 : stop // 6])
@@ -178,13 +181,16 @@ def test_the_writer_takes_chunks_of_any_length_and_stores_the_same_dataset(store
     for split, info in (("train", whole.train), ("test", whole.test)):
         for index in range(len(info.shards)):
             assert store.get(keys.dataset_shard("chunked", split, index)) == store.get(
-                keys.dataset_shard("whole", split, index))
+                keys.dataset_shard("whole", split, index)
+            )
 
 
 def test_an_interrupted_upload_is_continued_without_sending_stored_shards_again(store: ObjectStore) -> None:
     x, y, x_test, y_test = arrays(5)
-    with pytest.raises(RuntimeError), DatasetWriter(store, "resumed", (3, 2), "float32", (), "int64",
-                                                    shard_mb=SEVEN, uploads=1) as writer:
+    with (
+        pytest.raises(RuntimeError),
+        DatasetWriter(store, "resumed", (3, 2), "float32", (), "int64", shard_mb=SEVEN, uploads=1) as writer,
+    ):
         writer.write("train", x[:30], y[:30])
         raise RuntimeError("interrupted")
     assert not store.exists(keys.dataset_manifest("resumed"))
@@ -199,7 +205,8 @@ def test_an_interrupted_upload_is_continued_without_sending_stored_shards_again(
     manifest = data.put_dataset(store, "resumed", x, y, x_test, y_test, shard_mb=SEVEN)
     assert sorted(puts) == sorted(set(store.list_keys("datasets/resumed/")) - stored)
     assert keys.dataset_manifest("resumed") in puts and len(puts) == 1 + len(manifest.train.shards) + len(
-        manifest.test.shards) - len(stored)
+        manifest.test.shards
+    ) - len(stored)
     reader = data.DatasetReader(store, manifest, LRUCache(None))
     np.testing.assert_array_equal(reader.split("train")[0], x)  # the cached reader checks every shard's checksum
 
@@ -207,8 +214,7 @@ def test_an_interrupted_upload_is_continued_without_sending_stored_shards_again(
 def test_a_stored_shard_that_does_not_match_its_manifest_is_named(store: ObjectStore) -> None:
     x, y, x_test, y_test = arrays(6)
     manifest = data.put_dataset(store, "tampered", x, y, x_test, y_test, shard_mb=SEVEN)
-    store.s3.put_object(Bucket=store.bucket, Key=keys.dataset_shard("tampered", "train", 2),
-                        Body=b"\0" * (7 * RECORD))
+    store.s3.put_object(Bucket=store.bucket, Key=keys.dataset_shard("tampered", "train", 2), Body=b"\0" * (7 * RECORD))
     with pytest.raises(BadInputError, match="'tampered': train shard 2 does not match the checksum"):
         data.DatasetReader(store, manifest, LRUCache(None)).take("train", np.arange(20))
     store.s3.put_object(Bucket=store.bucket, Key=keys.dataset_shard("tampered", "train", 3), Body=b"short")
@@ -218,13 +224,24 @@ def test_a_stored_shard_that_does_not_match_its_manifest_is_named(store: ObjectS
 
 def test_a_manifest_that_does_not_add_up_is_refused() -> None:
     entry = {"records": 7, "bytes": 7 * RECORD, "sha256": "0" * 64}
-    manifest = {"name": "m", "x_shape": [3, 2], "x_dtype": "float32", "y_shape": [], "y_dtype": "int64",
-                "classes": 4, "record_bytes": RECORD, "shard_records": 7,
-                "train": {"count": 14, "shards": [entry, entry]}, "test": {"count": 7, "shards": [entry]}}
+    manifest = {
+        "name": "m",
+        "x_shape": [3, 2],
+        "x_dtype": "float32",
+        "y_shape": [],
+        "y_dtype": "int64",
+        "classes": 4,
+        "record_bytes": RECORD,
+        "shard_records": 7,
+        "train": {"count": 14, "shards": [entry, entry]},
+        "test": {"count": 7, "shards": [entry]},
+    }
     assert data.DatasetManifest.model_validate(manifest).train.bytes == 14 * RECORD
-    for change, says in (({"record_bytes": 40}, "take 32 bytes, not 40"),
-                         ({"train": {"count": 15, "shards": [entry, entry]}}, "train shards hold 14 records, not 15"),
-                         ({"test": {"count": 6, "shards": [{**entry, "records": 6}]}}, "test shard 0 of 6 records")):
+    for change, says in (
+        ({"record_bytes": 40}, "take 32 bytes, not 40"),
+        ({"train": {"count": 15, "shards": [entry, entry]}}, "train shards hold 14 records, not 15"),
+        ({"test": {"count": 6, "shards": [{**entry, "records": 6}]}}, "test shard 0 of 6 records"),
+    ):
         with pytest.raises(ValueError, match=says):
             data.DatasetManifest.model_validate({**manifest, **change})
 
@@ -291,11 +308,17 @@ def test_put_dataset_refuses_bad_inputs(store: ObjectStore, name: str, mangle, m
 def test_the_writer_names_a_chunk_unlike_the_dataset(store: ObjectStore) -> None:
     x, y, _, _ = arrays(0)
     with DatasetWriter(store, "typed", (3, 2), "float32", (), "int64", shard_mb=SEVEN) as writer:
-        with pytest.raises(BadInputError, match=r"training data: x samples are float64\[3, 2\] where the dataset's "
-                                                r"are float32\[3, 2\]"):
+        with pytest.raises(
+            BadInputError,
+            match=r"training data: x samples are float64\[3, 2\] where the dataset's "
+            r"are float32\[3, 2\]",
+        ):
             writer.write("train", x.astype(np.float64), y)
-        with pytest.raises(BadInputError, match=r"test data: y samples are int64\[2\] where the dataset's are "
-                                                r"int64\[\]"):
+        with pytest.raises(
+            BadInputError,
+            match=r"test data: y samples are int64\[2\] where the dataset's are "
+            r"int64\[\]",
+        ):
             writer.write("test", x[:4], y[:8].reshape(4, 2))
         writer.write("train", x, y)
         with pytest.raises(BadInputError, match="test data: no samples"):

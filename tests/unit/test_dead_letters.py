@@ -53,11 +53,16 @@ def sqs_record(body: str, queue_arn: str, attributes: dict[str, tuple[str, str]]
         "messageId": "dead-1",
         "receiptHandle": "handle",
         "body": body,
-        "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "1700000000000", "SenderId": "AROA",
-                       "ApproximateFirstReceiveTimestamp": "1700000000001"},
-        "messageAttributes": {name: {"stringValue": value, "dataType": kind, "stringListValues": [],
-                                     "binaryListValues": []}
-                              for name, (kind, value) in (attributes or {}).items()},
+        "attributes": {
+            "ApproximateReceiveCount": "1",
+            "SentTimestamp": "1700000000000",
+            "SenderId": "AROA",
+            "ApproximateFirstReceiveTimestamp": "1700000000001",
+        },
+        "messageAttributes": {
+            name: {"stringValue": value, "dataType": kind, "stringListValues": [], "binaryListValues": []}
+            for name, (kind, value) in (attributes or {}).items()
+        },
         "md5OfBody": "",
         "eventSource": "aws:sqs",
         "eventSourceARN": queue_arn,
@@ -88,8 +93,9 @@ def test_a_function_failing_three_times_fails_the_run_with_its_error() -> None:
     assert letter.attributes["ErrorCode"] == "200" and letter.run_id == "r1"
     services = FailingServices({"r1"})
     assert on_dead_letter(letter, services) == ["r1"]
-    assert services.failed == [("r1", "worker failed three times on one message: 1 validation error for RunConfig"
-                                      "\nrun_id\n  Field required")]
+    assert services.failed == [
+        ("r1", "worker failed three times on one message: 1 validation error for RunConfig\nrun_id\n  Field required")
+    ]
 
 
 def test_a_model_event_fails_the_run_of_the_model() -> None:
@@ -100,11 +106,14 @@ def test_a_model_event_fails_the_run_of_the_model() -> None:
     assert services.failed == [("r9", "work_launcher failed three times on one message: boom")]
 
 
-@pytest.mark.parametrize("error", [
-    "WorkMessage message m-1 rejected: not JSON: Invalid JSON",
-    "RunStarted | S3Notification message m-2 rejected: RunStarted: Input should be a valid dictionary",
-    "MessageRejected: WorkDone message m-3 rejected: samples: Field required",
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        "WorkMessage message m-1 rejected: not JSON: Invalid JSON",
+        "RunStarted | S3Notification message m-2 rejected: RunStarted: Input should be a valid dictionary",
+        "MessageRejected: WorkDone message m-3 rejected: samples: Field required",
+    ],
+)
 def test_a_message_its_function_rejected_fails_no_run(error: str) -> None:
     services = FailingServices({"r1"})
     assert on_dead_letter(lambda_dead_letter(WORK, error), services) == []
@@ -121,13 +130,19 @@ def test_a_dead_letter_that_names_no_run_fails_none() -> None:
 
 def test_a_message_sns_could_not_deliver_fails_its_run() -> None:
     done = json.dumps({"run_id": "r2", "iteration": 0, "worker": 1, "samples": 4, "loss": 1.0, "compute_s": 0.1})
-    envelope = {"Type": "Notification", "MessageId": "sns-1", "TopicArn": WORK_DONE_TOPIC, "Message": done,
-                "Timestamp": "2024-01-01T00:00:00.000Z"}
+    envelope = {
+        "Type": "Notification",
+        "MessageId": "sns-1",
+        "TopicArn": WORK_DONE_TOPIC,
+        "Message": done,
+        "Timestamp": "2024-01-01T00:00:00.000Z",
+    }
     (letter,) = parsed(sqs_record(json.dumps(envelope), REDUCE_LAUNCHER_SUBSCRIPTION))
     services = FailingServices({"r2"})
     assert on_dead_letter(letter, services) == ["r2"]
-    assert services.failed == [("r2", "SNS could not deliver a message to reduce_launcher (its subscription's"
-                                      " dead-letter queue has it)")]
+    assert services.failed == [
+        ("r2", "SNS could not deliver a message to reduce_launcher (its subscription's dead-letter queue has it)")
+    ]
 
 
 def test_a_run_no_longer_running_is_left_as_it_is() -> None:
@@ -142,8 +157,10 @@ def test_a_dead_letter_of_any_size_is_read() -> None:
 
 
 def test_the_local_host_reports_an_error_as_lambda_does() -> None:
-    text = 'ValidationError: 1 validation error for RunConfig\nrun_id\n  Field required\nTraceback (most recent call' \
-           ' last):\n  File "x.py", line 1\nValidationError: ...'
+    text = (
+        "ValidationError: 1 validation error for RunConfig\nrun_id\n  Field required\nTraceback (most recent call"
+        ' last):\n  File "x.py", line 1\nValidationError: ...'
+    )
     assert error_message(text) == "1 validation error for RunConfig\nrun_id\n  Field required"
     assert error_message("KeyError\nTraceback (most recent call last):\n...") == "KeyError"
     assert len(error_message("ValueError: " + "é" * 2000).encode()) <= 1024
@@ -152,8 +169,13 @@ def test_the_local_host_reports_an_error_as_lambda_does() -> None:
 def test_a_letter_the_reader_fails_on_is_retried_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """Lambda's partial batch response: the reader's batch of letters reports the one it failed on, and is done
     with the others (which a failed batch would have held back and redelivered with it)."""
-    for name, value in {"AWS_DEFAULT_REGION": "us-east-1", wiring.BUCKET_ENV: "b", wiring.TABLE_ENV: "t",
-                        "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE, "POWERTOOLS_TRACE_DISABLED": "true"}.items():
+    for name, value in {
+        "AWS_DEFAULT_REGION": "us-east-1",
+        wiring.BUCKET_ENV: "b",
+        wiring.TABLE_ENV: "t",
+        "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
+        "POWERTOOLS_TRACE_DISABLED": "true",
+    }.items():
         monkeypatch.setenv(name, value)
     from_env.cache_clear()
     handled: list[str] = []
@@ -163,8 +185,15 @@ def test_a_letter_the_reader_fails_on_is_retried_alone(monkeypatch: pytest.Monke
             raise RuntimeError("the run's table is not reachable")
         handled.append(letter.message_id)
 
-    handler = pipeline_handler("dead_letters", DeadLetter, step, envelope=DeadLetterRecords, idempotent=False,
-                               batch_failures=True, charges=False)  # as functions/dead_letters/handler.py
+    handler = pipeline_handler(
+        "dead_letters",
+        DeadLetter,
+        step,
+        envelope=DeadLetterRecords,
+        idempotent=False,
+        batch_failures=True,
+        charges=False,
+    )  # as functions/dead_letters/handler.py
     records = [sqs_record(WORK, FAILURES) | {"messageId": name} for name in ("first", "poison", "last")]
     try:
         answer = handler({"Records": records}, LambdaContext("dead_letters", "request-1", 1e12, 256))

@@ -18,11 +18,24 @@ from slsml.spec.shardplan import ShardPlan, VariableSpec
 from slsml.state.records import Counter, IterationRecord, RunRecord, RunStatus
 
 SUMMARY = RunSummary(
-    run_id="run-1", status=RunStatus.COMPLETED, reason=None, iterations=5, workers=4,
+    run_id="run-1",
+    status=RunStatus.COMPLETED,
+    reason=None,
+    iterations=5,
+    workers=4,
     training=TrainingSpec(workers=4, reducers=2, iterations=10, eval_every=3, deadline_floor=0.7),
-    test_accuracy=0.91234, test_loss=0.3, final_train_loss=0.2, wall_s=12.5, median_iteration_s=2.0,
-    median_worker_compute_s=0.5, overhead_share=0.75, late_workers=0, cost_usd=0.0123, cost_per_iteration_usd=0.001,
-    cost_by_service_usd={"lambda": 0.01, "s3": 0.0023}, gb_seconds=42.0,
+    test_accuracy=0.91234,
+    test_loss=0.3,
+    final_train_loss=0.2,
+    wall_s=12.5,
+    median_iteration_s=2.0,
+    median_worker_compute_s=0.5,
+    overhead_share=0.75,
+    late_workers=0,
+    cost_usd=0.0123,
+    cost_per_iteration_usd=0.001,
+    cost_by_service_usd={"lambda": 0.01, "s3": 0.0023},
+    gb_seconds=42.0,
     requests_per_iteration={"s3:GetObject": 18, "s3:PutObject": 8, "sns:PublishBatch": 8},
 )
 
@@ -50,8 +63,9 @@ def test_the_summary_table_and_its_json(monkeypatch: pytest.MonkeyPatch, capsys:
     assert re.search(r"workers\s*│ 4\s*│", err) and re.search(r"reducers \(quorum\)\s*│ 2 \(1\.0\)\s*│", err), err
 
 
-def _scaled(workers: list[int], reasons: dict[int, str], status: RunStatus = RunStatus.COMPLETED,
-            now: int | None = None) -> RunSummary:
+def _scaled(
+    workers: list[int], reasons: dict[int, str], status: RunStatus = RunStatus.COMPLETED, now: int | None = None
+) -> RunSummary:
     """The summary of a run whose iterations were launched with ``workers``, the fleet changed at the iterations
     of ``reasons`` for those reasons (a counter keeps the run's reason of its launch, as the WorkLauncher writes
     it); ``now``: the run's workers (default the last iteration's)."""
@@ -61,8 +75,16 @@ def _scaled(workers: list[int], reasons: dict[int, str], status: RunStatus = Run
     for i, w in enumerate(workers):
         reason = reasons.get(i, reason)
         iterations.append(IterationRecord(iteration=i, workers=w, workers_reason=reason, launched_at=float(i)))
-    run = RunRecord(run_id="scaled", status=status, training=spec, iteration=len(workers), workers=now or workers[-1],
-                    dataset="d", created_at=0.0, updated_at=10.0)
+    run = RunRecord(
+        run_id="scaled",
+        status=status,
+        training=spec,
+        iteration=len(workers),
+        workers=now or workers[-1],
+        dataset="d",
+        created_at=0.0,
+        updated_at=10.0,
+    )
     return runs.summarize(run, iterations, wall_s=10.0)
 
 
@@ -73,8 +95,9 @@ def _row(name: str, summary: RunSummary, capsys: pytest.CaptureFixture[str]) -> 
     return row[1]
 
 
-def test_the_summary_shows_how_the_workers_changed(monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_summary_shows_how_the_workers_changed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("COLUMNS", "250")
     scaled = _scaled([4, 4, 8, 8, 8, 2, 2], {2: "run scale", 5: "run scale"})
     assert _row("workers", scaled, capsys) == "4 → 8 at iteration 2 (run scale) → 2 at iteration 5 (run scale)"
@@ -84,22 +107,32 @@ def test_the_summary_shows_how_the_workers_changed(monkeypatch: pytest.MonkeyPat
     pending = _scaled([4, 4], {}, status=RunStatus.RUNNING, now=8)  # scaled, no iteration launched with 8 yet
     assert _row("workers", pending, capsys) == "4 → 8 next"
     many = _scaled([1, 2, 3, 4, 5, 6, 7, 8], {i: "run scale" for i in range(1, 8)})
-    assert _row("workers", many, capsys) == ("1 → 2 at iteration 1 (run scale) → 3 at iteration 2 (run scale) → … 2"
-                                             " more → 6 at iteration 5 (run scale) → 7 at iteration 6 (run scale) → 8"
-                                             " at iteration 7 (run scale)")
+    assert _row("workers", many, capsys) == (
+        "1 → 2 at iteration 1 (run scale) → 3 at iteration 2 (run scale) → … 2"
+        " more → 6 at iteration 5 (run scale) → 7 at iteration 6 (run scale) → 8"
+        " at iteration 7 (run scale)"
+    )
 
 
 def test_the_run_list(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COLUMNS", "200")
-    failed = SUMMARY.model_copy(update={"run_id": "run-2", "status": RunStatus.FAILED, "reason": "no data",
-                                        "test_accuracy": None, "started_at": 1.8e9})
+    failed = SUMMARY.model_copy(
+        update={
+            "run_id": "run-2",
+            "status": RunStatus.FAILED,
+            "reason": "no data",
+            "test_accuracy": None,
+            "started_at": 1.8e9,
+        }
+    )
     display.print_runs([SUMMARY, failed])
     out, err = capsys.readouterr()
     rows = [line for line in out.splitlines() if "run-" in line]
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1.8e9))
     assert [re.split(r"\s*│\s*", row.strip("│ "))[:6] for row in rows] == [
-        ["run-1", "–", "COMPLETED", "5", "0.3000", "test_accuracy 0.9123"], ["run-2", started, "FAILED", "5", "0.3000",
-                                                                            "–"]]
+        ["run-1", "–", "COMPLETED", "5", "0.3000", "test_accuracy 0.9123"],
+        ["run-2", started, "FAILED", "5", "0.3000", "–"],
+    ]
     assert re.search(r"┃ test_loss\s*┃ first test metric\s*┃", out), out
     assert err == ""
     display.print_runs([SUMMARY, failed], as_json=True)
@@ -109,11 +142,20 @@ def test_the_run_list(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
 
 def test_the_progress_line_says_loss_accuracy_and_time_per_iteration() -> None:
     text = display.ProgressText(started=0.0)
-    run = RunRecord(run_id="r", status=RunStatus.RUNNING, training=TrainingSpec(workers=4, reducers=2, iterations=10),
-                    iteration=4, workers=4, dataset="d", created_at=0.0, updated_at=0.0)
+    run = RunRecord(
+        run_id="r",
+        status=RunStatus.RUNNING,
+        training=TrainingSpec(workers=4, reducers=2, iterations=10),
+        iteration=4,
+        workers=4,
+        dataset="d",
+        created_at=0.0,
+        updated_at=0.0,
+    )
     assert text.update(run, None) == ""
-    line = text.update(run, Counter(iteration=3, train_loss=0.5, train_accuracy=0.75,
-                                    test={"loss": 0.7, "auc": 0.6, "accuracy": 0.5}))
+    line = text.update(
+        run, Counter(iteration=3, train_loss=0.5, train_accuracy=0.75, test={"loss": 0.7, "auc": 0.6, "accuracy": 0.5})
+    )
     assert line.startswith("loss 0.5000  accuracy 0.750  test_auc 0.600  ") and "s/iter" in line  # the first metric
     later = text.update(run, Counter(iteration=4, train_loss=0.25, val={"loss": 0.8, "auc": 0.55}))
     assert later.startswith("loss 0.2500  test_auc 0.600  val_auc 0.550  ")  # the last ones seen
@@ -127,14 +169,24 @@ def test_the_line_before_a_run_says_what_model_averaging_applies() -> None:
 
     def line(**training: object) -> str:
         spec = TrainingSpec(reducers=1, **training)
-        config = RunConfig(run_id="r", dataset="d", training=spec, optimizer=OptimizerConfig(name="adam"),
-                           loss="mse", classification=True, plan=plan)
+        config = RunConfig(
+            run_id="r",
+            dataset="d",
+            training=spec,
+            optimizer=OptimizerConfig(name="adam"),
+            loss="mse",
+            classification=True,
+            plan=plan,
+        )
         return display.describe_update(config)
 
     assert line() == "optimizer: Adam, learning rate 0.001, no weight decay, no clipping"
     assert line(algorithm="average", local_steps=16, local_momentum=0.9) == (
         "model averaging: 16 local steps a round of SGD, learning rate 0.1, momentum 0.9 (state fresh every"
-        " round); the reducers apply the average weight change (FedAvg)")
+        " round); the reducers apply the average weight change (FedAvg)"
+    )
     fedopt = line(algorithm="average", local_steps=4, local_state="keep", server="optimizer")
-    assert fedopt.endswith("(state kept per worker slot); the reducers step Adam, learning rate 0.001, no weight"
-                           " decay, no clipping with the average weight change (FedOpt)"), fedopt
+    assert fedopt.endswith(
+        "(state kept per worker slot); the reducers step Adam, learning rate 0.001, no weight"
+        " decay, no clipping with the average weight change (FedOpt)"
+    ), fedopt

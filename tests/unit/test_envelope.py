@@ -113,4 +113,3 @@ def test_the_reason_is_logged_as_an_error(caplog: pytest.LogCaptureFixture) -> N
     (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert record.getMessage() == reason
     assert record.message_id == "message-1" and record.message_type == "WorkMessage"
-

@@ -18,8 +18,9 @@ M = keras.metrics
 
 
 def _binary(rng: np.random.Generator) -> tuple[keras.Model, np.ndarray, np.ndarray, str]:
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="tanh"),
-                              keras.layers.Dense(1, activation="sigmoid")])
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1, activation="sigmoid")]
+    )
     x = rng.normal(size=(SAMPLES, 6)).astype(np.float32)
     return model, x, (x[:, 0] + 0.5 * rng.normal(size=SAMPLES) > 0).astype(np.int64), "binary_crossentropy"
 
@@ -43,8 +44,10 @@ def _regression(rng: np.random.Generator) -> tuple[keras.Model, np.ndarray, np.n
 
 CASES = {
     "binary": (_binary, lambda: [M.AUC(), M.Precision(), M.Recall(), "accuracy", M.MeanAbsoluteError()]),
-    "sparse": (_sparse, lambda: [M.SparseTopKCategoricalAccuracy(k=2), "accuracy",
-                                 M.MeanIoU(num_classes=CLASSES, sparse_y_pred=False)]),
+    "sparse": (
+        _sparse,
+        lambda: [M.SparseTopKCategoricalAccuracy(k=2), "accuracy", M.MeanIoU(num_classes=CLASSES, sparse_y_pred=False)],
+    ),
     "one-hot": (_one_hot, lambda: [M.F1Score(average="macro"), "accuracy", M.AUC(multi_label=True)]),
     "regression": (_regression, lambda: [M.R2Score(), M.MeanAbsoluteError(), "mse"]),
 }
@@ -58,8 +61,9 @@ def test_states_summed_over_uneven_slices_equal_keras_evaluate(case: str, worker
     model, x, y, loss = build(np.random.default_rng(3))
     model.compile(loss=loss, metrics=metrics())
     expected = model.evaluate(x, y, return_dict=True, verbose=0)
-    evaluator = evaluation.Evaluator(model, modelio.loss_config(model, None), modelio.metrics_config(model, True),
-                                     (x[:2], y[:2]))
+    evaluator = evaluation.Evaluator(
+        model, modelio.loss_config(model, None), modelio.metrics_config(model, True), (x[:2], y[:2])
+    )
     slices = [evaluation.slice_of(SAMPLES, workers, w) for w in range(workers)]
     assert len({len(s) for s in slices}) == (1 if workers == 1 else 2)
     states = [evaluator.state(x[s], y[s]) for s in slices]
@@ -93,11 +97,13 @@ def test_a_metric_whose_state_does_not_add_up_is_refused_by_name() -> None:
     model, x, y, loss = _regression(np.random.default_rng(3))
     model.compile(loss=loss, metrics=[M.MeanAbsoluteError(), LargestError()])
     with pytest.raises(BadInputError, match=r"metric largest_error \(LargestError\) cannot be computed across"):
-        evaluation.check_mergeable(model, modelio.loss_config(model, None), modelio.metrics_config(model, True),
-                                   x[:64], y[:64])
+        evaluation.check_mergeable(
+            model, modelio.loss_config(model, None), modelio.metrics_config(model, True), x[:64], y[:64]
+        )
     model.compile(loss=loss, metrics=[M.MeanAbsoluteError(), M.R2Score()])
-    evaluation.check_mergeable(model, modelio.loss_config(model, None), modelio.metrics_config(model, True), x[:64],
-                               y[:64])
+    evaluation.check_mergeable(
+        model, modelio.loss_config(model, None), modelio.metrics_config(model, True), x[:64], y[:64]
+    )
 
 
 def test_states_of_another_model_are_refused() -> None:

@@ -17,9 +17,11 @@ from slsml.training.updates import Compression
 from . import cloud
 
 PLAN = ShardPlan.build(
-    [VariableSpec(name="kernel", shape=(40, 10), trainable=True), VariableSpec(name="mean", shape=(10,),
-                                                                               trainable=False),
-     VariableSpec(name="bias", shape=(10,), trainable=True)],
+    [
+        VariableSpec(name="kernel", shape=(40, 10), trainable=True),
+        VariableSpec(name="mean", shape=(10,), trainable=False),
+        VariableSpec(name="bias", shape=(10,), trainable=True),
+    ],
     reducers=3,
 )
 TRAINABLE = PLAN.trainable_mask()
@@ -58,8 +60,9 @@ def test_what_was_sent_plus_the_residual_is_the_sum_of_the_updates(compression: 
 def test_without_the_residual_the_sums_drift(compression: Compression) -> None:
     """The same updates compressed alone: their sum misses what the residuals kept (the test above can fail)."""
     weights = np.random.default_rng(1).standard_normal(PLAN.size).astype(np.float32)
-    alone = sum(feedback.compress(u, None, PLAN, compression, 8, "gradient", weights).sent[TRAINABLE]
-                for u in _updates(12))
+    alone = sum(
+        feedback.compress(u, None, PLAN, compression, 8, "gradient", weights).sent[TRAINABLE] for u in _updates(12)
+    )
     total = sum(u[TRAINABLE].astype(np.float64) for u in _updates(12))
     assert np.abs(alone - total).max() > 1e-4 * np.abs(total).max()
 
@@ -96,8 +99,10 @@ def test_a_residual_is_stored_in_half_a_dense_update_and_one_stored_in_float32_i
 def test_a_residual_of_another_size_is_refused_by_name(change: int) -> None:
     body = feedback.encode_residual(np.zeros(PLAN.size, dtype=np.float32))
     body = body[:change] if change < 0 else body + b"\0" * change
-    with pytest.raises(feedback.ResidualError, match=f"res.bin: a residual of {len(body)} bytes does not match the"
-                       f" model's {PLAN.size} weights"):
+    with pytest.raises(
+        feedback.ResidualError,
+        match=f"res.bin: a residual of {len(body)} bytes does not match the model's {PLAN.size} weights",
+    ):
         feedback.decode_residual(body, PLAN, "res.bin")
     with pytest.raises(feedback.ResidualError, match="NaN"):
         feedback.decode_residual(np.full(PLAN.size, np.inf, dtype="<f4").tobytes(), PLAN, "res.bin")
@@ -114,8 +119,14 @@ def model_bytes() -> bytes:
     from slsml.training import modelio
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(40), keras.layers.BatchNormalization(),
-                              keras.layers.Dense(3, activation="softmax")])
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(40),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     return modelio.save_model(model)
 
@@ -146,8 +157,12 @@ def test_the_worker_adds_its_slots_residual_and_stores_the_next(services: Servic
     cloud.work(services, "topk", 1, 0)
     residual_1 = feedback.decode_residual(services.store.get(keys.residual("topk", 1, 0)), config.plan, "r1")
     sent_1 = _update(services, config, 1, 0)
-    np.testing.assert_allclose((sent_0 + sent_1 + residual_1)[trainable], (uncompressed[0] + uncompressed[1])[
-        trainable], rtol=0, atol=1e-6 * np.abs(uncompressed[0]).max() + 2.0**-7 * np.abs(residual_1).max())
+    np.testing.assert_allclose(
+        (sent_0 + sent_1 + residual_1)[trainable],
+        (uncompressed[0] + uncompressed[1])[trainable],
+        rtol=0,
+        atol=1e-6 * np.abs(uncompressed[0]).max() + 2.0**-7 * np.abs(residual_1).max(),
+    )
     dense = services.store.head(keys.update("plain", 0, 0))
     assert dense is not None
     plain_size = len(services.store.get(keys.update("plain", 0, 0)))

@@ -16,13 +16,19 @@ def test_each_epoch_has_its_mean_training_loss_and_the_validation_figures_at_its
     counters[2] = counters[2].model_copy(update={"test": {"loss": 0.9, "auc": 0.7}})
     counters[5] = counters[5].model_copy(update={"test": {"loss": 0.4, "auc": 0.8}, "val": {"loss": 9.0}})
     assert epoch_history(counters, 3, 2, "test") == {
-        "loss": [1.0, 4.0], "accuracy": [0.5, 0.5], "val_loss": [0.9, 0.4], "val_auc": [0.7, 0.8]}
+        "loss": [1.0, 4.0],
+        "accuracy": [0.5, 0.5],
+        "val_loss": [0.9, 0.4],
+        "val_auc": [0.7, 0.8],
+    }
     assert epoch_history(counters, 3, 2, "val") == {"loss": [1.0, 4.0], "accuracy": [0.5, 0.5], "val_loss": [9.0]}
 
 
 def test_the_top_package_imports_no_tensorflow_and_finds_fit_on_first_use() -> None:
-    probe = ("import sys, slsml; assert not {'keras', 'tensorflow', 'slsml.client'} & set(sys.modules);"
-             " fit = slsml.fit; assert fit.__module__ == 'slsml.client.fit'")
+    probe = (
+        "import sys, slsml; assert not {'keras', 'tensorflow', 'slsml.client'} & set(sys.modules);"
+        " fit = slsml.fit; assert fit.__module__ == 'slsml.client.fit'"
+    )
     subprocess.run([sys.executable, "-c", probe], check=True)
 
 
@@ -44,11 +50,15 @@ def test_fits_keras_callbacks_become_the_runs_early_stopping_and_best_model() ->
     from slsml.spec.errors import BadInputError
 
     stop = keras.callbacks.EarlyStopping(monitor="val_auc", patience=3, min_delta=0.01, restore_best_weights=True)
-    assert callback_options([stop, keras.callbacks.History()]) == {"early_stopping": "val_auc:3:0.01",
-                                                                    "keep_best": "val_auc"}
+    assert callback_options([stop, keras.callbacks.History()]) == {
+        "early_stopping": "val_auc:3:0.01",
+        "keep_best": "val_auc",
+    }
     best = keras.callbacks.ModelCheckpoint("best.keras", monitor="val_loss", save_best_only=True)
-    assert callback_options([keras.callbacks.EarlyStopping(), best]) == {"early_stopping": "val_loss:0:0",
-                                                                          "keep_best": "val_loss"}
+    assert callback_options([keras.callbacks.EarlyStopping(), best]) == {
+        "early_stopping": "val_loss:0:0",
+        "keep_best": "val_loss",
+    }
     with pytest.raises(BadInputError, match=r"^callback LearningRateScheduler cannot run in slsml\.fit"):
         callback_options([keras.callbacks.LearningRateScheduler(lambda epoch: 0.1)])
     with pytest.raises(BadInputError, match=r"^callback ModelCheckpoint cannot run"):

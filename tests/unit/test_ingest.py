@@ -136,12 +136,15 @@ def test_sample_weights_of_an_npz_and_of_a_table_column_are_stored_with_their_sa
     rng = np.random.default_rng(4)
     x, y, w = rng.standard_normal((2500, 3)).astype(np.float32), rng.integers(0, 3, 2500), rng.uniform(0, 4, 2500)
     np.savez(tmp_path / "w.npz", x=x, y=y, w=w)
-    pq.write_table(pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "label": y, "importance": w}),
-                   tmp_path / "w.parquet")
+    pq.write_table(
+        pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "label": y, "importance": w}), tmp_path / "w.parquet"
+    )
     store = ObjectStore(s3, BUCKET)
     test = ingest.held_out(0, 2500, 0.2, 0, 2500)
-    for name, path, options in (("npz", "w.npz", {}), ("table", "w.parquet", {"label": "label",
-                                                                                 "weight": "importance"})):
+    for name, path, options in (
+        ("npz", "w.npz", {}),
+        ("table", "w.parquet", {"label": "label", "weight": "importance"}),
+    ):
         source = sources.open_source(tmp_path / path, **options)
         manifest = ingest.put(store, name, source, test_fraction=0.2, seed=0, shard_mb=0.01)
         assert manifest.weighted and manifest.record_bytes == 12 + 8 + 4
@@ -154,11 +157,14 @@ def test_sample_weights_of_an_npz_and_of_a_table_column_are_stored_with_their_sa
     assert data.DatasetReader(store, data.load_manifest(store, "npz")).take_weighted("train", [0])[2] is not None
 
 
-@pytest.mark.parametrize(("w", "message"), [
-    (np.full(40, -1.0), r"sample weights must be finite numbers from 0 \(sample 0's is -1.0\)"),
-    (np.full(39, 1.0), r"w \(sample weights\) has shape \(39,\), where x has 40 samples"),
-    (np.where(np.arange(40) == 7, np.nan, 1.0), r"sample 7's is nan"),
-])
+@pytest.mark.parametrize(
+    ("w", "message"),
+    [
+        (np.full(40, -1.0), r"sample weights must be finite numbers from 0 \(sample 0's is -1.0\)"),
+        (np.full(39, 1.0), r"w \(sample weights\) has shape \(39,\), where x has 40 samples"),
+        (np.where(np.arange(40) == 7, np.nan, 1.0), r"sample 7's is nan"),
+    ],
+)
 def test_bad_sample_weights_are_refused_in_one_line_and_nothing_is_stored(s3, tmp_path: Path, w, message) -> None:
     x, y = np.zeros((40, 2), np.float32), np.zeros(40, np.int64)
     np.savez(tmp_path / "bad.npz", x=x, y=y, w=w)

@@ -30,9 +30,11 @@ def services():
         dynamodb = boto3.resource("dynamodb", region_name="us-east-1")
         table = dynamodb.create_table(**records.create_table_arguments("table"))
         dynamodb.meta.client.update_time_to_live(
-            TableName="table", TimeToLiveSpecification={"Enabled": True, "AttributeName": records.TTL_ATTRIBUTE})
-        yield Services(store=ObjectStore(s3, "bucket"), table=RunTable(table), bus=None, orchestrator=None,
-                       deadlines=None)
+            TableName="table", TimeToLiveSpecification={"Enabled": True, "AttributeName": records.TTL_ATTRIBUTE}
+        )
+        yield Services(
+            store=ObjectStore(s3, "bucket"), table=RunTable(table), bus=None, orchestrator=None, deadlines=None
+        )
 
 
 def test_an_object_expires_at_the_midnight_after_its_days() -> None:
@@ -45,8 +47,15 @@ def test_an_object_expires_at_the_midnight_after_its_days() -> None:
 def test_tagged_transient_scratch_expires_and_nothing_else(services: Services) -> None:
     store = services.store
     transient = [keys.update("r", 0, 0), keys.mean("r", 0, 1), keys.evaluation("r", 0, 0, "test")]
-    kept = [keys.weights("r", 1), keys.shard("r", 1, 0), keys.residual("r", 0, 0), keys.local_state("r", 0, 0),
-            keys.model("r", 1), keys.run_config("r"), keys.dataset_shard("d", "train", 0)]
+    kept = [
+        keys.weights("r", 1),
+        keys.shard("r", 1, 0),
+        keys.residual("r", 0, 0),
+        keys.local_state("r", 0, 0),
+        keys.model("r", 1),
+        keys.run_config("r"),
+        keys.dataset_shard("d", "train", 0),
+    ]
     for key in transient + kept:
         store.put_new(key, b"x")
     now, days = time.time(), deployment.SCRATCH_EXPIRY_DAYS

@@ -26,8 +26,14 @@ def test_the_pool_is_set_by_the_environment_or_derived_from_cores_and_memory(mon
 def test_every_function_gets_at_most_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(POOL_ENV, "3")
     assert LocalRuntime(workers=256, reducers=8).concurrency == {
-        "work_launcher": 1, "worker": 3, "reduce_launcher": 3, "reducer": 3, "merger": 1, "watchdog": 1,
-        "run_starter": 1, "dead_letters": 1,
+        "work_launcher": 1,
+        "worker": 3,
+        "reduce_launcher": 3,
+        "reducer": 3,
+        "merger": 1,
+        "watchdog": 1,
+        "run_starter": 1,
+        "dead_letters": 1,
     }
     assert LocalRuntime(workers=2, reducers=1, pool=40).concurrency["worker"] == 2
 

@@ -23,14 +23,22 @@ def test_a_staleness_fold_of_a_thousand_workers_is_refused_naming_its_options() 
     participants, size = costmodel.largest_reduce(FOLDING)
     assert participants == 1000 + 8 * 500  # every worker, and 8 iterations' late ones beyond the floor's 500
     late = [Participant(worker=w % 1000, attempt=2, samples=64_000, iteration=999) for w in range(4000)]
-    largest = ReduceMessage(run_id="r" * 63, iteration=999, shard=0, attempt=2, participants=tuple(
-        [Participant(worker=w, attempt=2, samples=64_000) for w in range(1000)] + late))
+    largest = ReduceMessage(
+        run_id="r" * 63,
+        iteration=999,
+        shard=0,
+        attempt=2,
+        participants=tuple([Participant(worker=w, attempt=2, samples=64_000) for w in range(1000)] + late),
+    )
     assert len(largest.model_dump_json()) == size > MAX_MESSAGE_BYTES
     with pytest.raises(MessageRejected):  # what the reducer would do with it
         parse_message(largest.model_dump_json(), ReduceMessage, "m")
-    with pytest.raises(BadInputError, match=r"5,000 participants \(1000 workers, and with staleness 8 and"
-                                            r" deadline_floor 0\.5 up to 4,000 late updates folded in\): [\d,]+ B,"
-                                            r" over the 131,072 B"):
+    with pytest.raises(
+        BadInputError,
+        match=r"5,000 participants \(1000 workers, and with staleness 8 and"
+        r" deadline_floor 0\.5 up to 4,000 late updates folded in\): [\d,]+ B,"
+        r" over the 131,072 B",
+    ):
         costmodel.check_messages(FOLDING)
     costmodel.check_messages(FOLDING.model_copy(update={"staleness": 0}))  # 1000 workers alone fit
     with pytest.raises(BadInputError, match="lower the workers or staleness"):

@@ -31,8 +31,11 @@ BLOB = b"x" * 1234
 @pytest.fixture
 def deployed(monkeypatch: pytest.MonkeyPatch) -> Any:
     for name, value in {
-        "AWS_DEFAULT_REGION": "us-east-1", wiring.BUCKET_ENV: "bucket", wiring.TABLE_ENV: "runs",
-        "POWERTOOLS_SERVICE_NAME": SERVICE_NAME, "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        wiring.BUCKET_ENV: "bucket",
+        wiring.TABLE_ENV: "runs",
+        "POWERTOOLS_SERVICE_NAME": SERVICE_NAME,
+        "POWERTOOLS_METRICS_NAMESPACE": METRICS_NAMESPACE,
         "POWERTOOLS_TRACE_DISABLED": "true",
     }.items():
         monkeypatch.setenv(name, value)
@@ -43,8 +46,15 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Any:
         boto3.client("dynamodb").create_table(**records.create_table_arguments("runs"))
         spec = TrainingSpec(workers=4, reducers=1)  # run r1, its iteration 3 launched (WORK's)
         plan = ShardPlan.build([VariableSpec(name="kernel", shape=(2,), trainable=True)], 1)
-        config = RunConfig(run_id="r1", dataset="d", training=spec, optimizer=OptimizerConfig(name="adam"),
-                           loss="mse", classification=True, plan=plan)
+        config = RunConfig(
+            run_id="r1",
+            dataset="d",
+            training=spec,
+            optimizer=OptimizerConfig(name="adam"),
+            loss="mse",
+            classification=True,
+            plan=plan,
+        )
         run_json = config.model_dump_json().encode()
         boto3.client("s3").put_object(Bucket="bucket", Key=keys.run_config("r1"), Body=run_json)
         table = RunTable(boto3.resource("dynamodb").Table("runs"))

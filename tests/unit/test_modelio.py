@@ -138,8 +138,10 @@ def test_optimizer_config_with_schedule_and_weight_decay_survives_the_keras_file
         (keras.optimizers.Lamb(), "optimizer Lamb is not supported: its trust ratio"),
         (keras.optimizers.ScheduleFreeAdamW(), "ScheduleFreeAdamW is not supported; use one of"),
         (keras.optimizers.SGD(gradient_accumulation_steps=2), "gradient_accumulation_steps=2 is not supported"),
-        (keras.optimizers.Adam(keras.optimizers.schedules.LearningRateSchedule()),
-         "schedule 'LearningRateSchedule' must override"),
+        (
+            keras.optimizers.Adam(keras.optimizers.schedules.LearningRateSchedule()),
+            "schedule 'LearningRateSchedule' must override",
+        ),
     ],
     ids=["lamb", "unknown", "accumulation", "custom-schedule"],
 )
@@ -149,9 +151,11 @@ def test_unsupported_optimizers_are_refused(optimizer: keras.optimizers.Optimize
 
 
 def test_optimizer_config_carries_clipping_through_the_keras_file() -> None:
-    for optimizer, option in [(keras.optimizers.Adam(clipnorm=1.5), "clipnorm"),
-                              (keras.optimizers.SGD(global_clipnorm=2.0), "global_clipnorm"),
-                              (keras.optimizers.Ftrl(clipvalue=0.5), "clipvalue")]:
+    for optimizer, option in [
+        (keras.optimizers.Adam(clipnorm=1.5), "clipnorm"),
+        (keras.optimizers.SGD(global_clipnorm=2.0), "global_clipnorm"),
+        (keras.optimizers.Ftrl(clipvalue=0.5), "clipvalue"),
+    ]:
         config = modelio.optimizer_config(modelio.load_model(modelio.save_model(compiled(optimizer))))
         clipping = {o: getattr(config, o) for o in ("clipnorm", "global_clipnorm", "clipvalue")}
         assert clipping == {**dict.fromkeys(clipping), option: getattr(optimizer, option)}, option
@@ -285,30 +289,44 @@ def tokens(width: int = 12, dtype: str = "int32") -> list[modelio.InputSpec]:
 
 def test_float_features_of_the_wrong_count_for_an_integer_input_are_named() -> None:
     problem = modelio.input_mismatch(tokens(), (30,), "float32", (0.0, 1.0))
-    assert problem == ("samples of shape (30,) float32 vs model input 'tokens' of shape (12,) int32: 30 features"
-                       " where the model takes 12; float32 data for an integer input: the cast would truncate it;"
-                       " give integers")
+    assert problem == (
+        "samples of shape (30,) float32 vs model input 'tokens' of shape (12,) int32: 30 features"
+        " where the model takes 12; float32 data for an integer input: the cast would truncate it;"
+        " give integers"
+    )
 
 
-@pytest.mark.parametrize(("shape", "dtype", "x_range"), [
-    ((12,), "int64", (0.0, 49.0)),  # values int32 holds
-    ((12,), "uint8", None),  # by its dtype
-    ((12,), "bool", (0.0, 1.0)),
-])
+@pytest.mark.parametrize(
+    ("shape", "dtype", "x_range"),
+    [
+        ((12,), "int64", (0.0, 49.0)),  # values int32 holds
+        ((12,), "uint8", None),  # by its dtype
+        ((12,), "bool", (0.0, 1.0)),
+    ],
+)
 def test_integer_data_that_fits_an_integer_input(shape, dtype, x_range) -> None:
     assert modelio.input_mismatch(tokens(), shape, dtype, x_range) is None
 
 
-@pytest.mark.parametrize(("spec", "shape", "dtype", "x_range", "says"), [
-    (tokens(), (12,), "float64", (0.0, 3.0), "float64 data for an integer input"),
-    (tokens(dtype="int16"), (12,), "int64", (0.0, 70000.0), "values from 0 to 70000 do not fit int16"),
-    (tokens(dtype="uint8"), (12,), "int64", (-1.0, 5.0), "values from -1 to 5 do not fit uint8"),
-    (tokens(dtype="int16"), (12,), "int64", None, "int64 values do not fit int16"),
-    (tokens(), (12, 1), "int32", None, "samples of 2 dimensions where the model takes 1"),
-    ([modelio.InputSpec("image", (None, 8, 8, 1), "float32")], (8, 9, 1), "float32", None, "dimension 2: 9 vs 8"),
-    ([modelio.InputSpec("flag", (None, 3), "bool")], (3,), "float32", None, "float32 data for a boolean input"),
-    ([modelio.InputSpec("text", (None,), "string")], (), "float32", None, "inputs of dtype string are not supported"),
-])
+@pytest.mark.parametrize(
+    ("spec", "shape", "dtype", "x_range", "says"),
+    [
+        (tokens(), (12,), "float64", (0.0, 3.0), "float64 data for an integer input"),
+        (tokens(dtype="int16"), (12,), "int64", (0.0, 70000.0), "values from 0 to 70000 do not fit int16"),
+        (tokens(dtype="uint8"), (12,), "int64", (-1.0, 5.0), "values from -1 to 5 do not fit uint8"),
+        (tokens(dtype="int16"), (12,), "int64", None, "int64 values do not fit int16"),
+        (tokens(), (12, 1), "int32", None, "samples of 2 dimensions where the model takes 1"),
+        ([modelio.InputSpec("image", (None, 8, 8, 1), "float32")], (8, 9, 1), "float32", None, "dimension 2: 9 vs 8"),
+        ([modelio.InputSpec("flag", (None, 3), "bool")], (3,), "float32", None, "float32 data for a boolean input"),
+        (
+            [modelio.InputSpec("text", (None,), "string")],
+            (),
+            "float32",
+            None,
+            "inputs of dtype string are not supported",
+        ),
+    ],
+)
 def test_data_the_input_cannot_take_is_named(spec, shape, dtype, x_range, says) -> None:
     problem = modelio.input_mismatch(spec, shape, dtype, x_range)
     assert problem is not None and says in problem
@@ -320,7 +338,8 @@ def test_free_dimensions_and_any_numbers_for_a_float_input() -> None:
     assert modelio.input_mismatch(sequence, (17, 4), "float64", None) is None
     assert modelio.input_mismatch(sequence, (17, 4), "int64", None) is None
     assert modelio.input_mismatch(sequence, (17, 5), "float32", None) == (
-        "samples of shape (17, 5) float32 vs model input 'seq' of shape (None, 4) float32: dimension 2: 5 vs 4")
+        "samples of shape (17, 5) float32 vs model input 'seq' of shape (None, 4) float32: dimension 2: 5 vs 4"
+    )
 
 
 def test_a_model_of_several_inputs_is_refused_saying_what_to_give() -> None:
@@ -328,20 +347,31 @@ def test_a_model_of_several_inputs_is_refused_saying_what_to_give() -> None:
     joined = keras.layers.Concatenate()([first, keras.layers.Flatten()(keras.layers.Embedding(9, 2)(second))])
     model = keras.Model({"a": first, "b": second}, keras.layers.Dense(1)(joined))
     problem = modelio.input_mismatch(modelio.model_inputs(model), (7,), "float32", None)
-    assert problem.startswith("the model takes 2 inputs ('a' (3,) float32; 'b' (4,) int32) and a dataset holds"
-                              " one array x: slsml trains models of one input. Join the inputs into one array")
+    assert problem.startswith(
+        "the model takes 2 inputs ('a' (3,) float32; 'b' (4,) int32) and a dataset holds"
+        " one array x: slsml trains models of one input. Join the inputs into one array"
+    )
 
 
 def test_check_fits_refuses_what_keras_would_run_on() -> None:
     """A Sequential model only warns when called on samples of another shape (and casts floats to its int
     input): the check refuses them before any forward pass."""
-    model = keras.Sequential([keras.Input((12,), dtype="int32"), keras.layers.Embedding(50, 8),
-                              keras.layers.GRU(4), keras.layers.Dense(3, activation="softmax")])
+    model = keras.Sequential(
+        [
+            keras.Input((12,), dtype="int32"),
+            keras.layers.Embedding(50, 8),
+            keras.layers.GRU(4),
+            keras.layers.Dense(3, activation="softmax"),
+        ]
+    )
     loss = modelio.loss_config(model, "sparse_categorical_crossentropy")
     floats = np.random.default_rng(0).random((2, 30)).astype(np.float32)
     model(floats)  # what made such a run train on garbage
-    with pytest.raises(BadInputError, match=r"^the data does not fit the model: samples of shape \(30,\) float32 vs"
-                       r" model input '\w+' of shape \(12,\) int32: 30 features where the model takes 12"):
+    with pytest.raises(
+        BadInputError,
+        match=r"^the data does not fit the model: samples of shape \(30,\) float32 vs"
+        r" model input '\w+' of shape \(12,\) int32: 30 features where the model takes 12",
+    ):
         modelio.check_fits(model, loss, floats, np.array([0, 1]), 3)
     with pytest.raises(BadInputError, match=r"values from 0 to 3e\+09 do not fit int32"):
         modelio.check_fits(model, loss, np.zeros((2, 12), np.int64), np.array([0, 1]), 3, x_range=(0, 3e9))

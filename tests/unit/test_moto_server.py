@@ -104,7 +104,8 @@ RANGES = textwrap.dedent(
 
 def test_ranged_reads_answer_as_moto_does() -> None:
     folder = Path(slsml.local.moto_server.__file__).parent
-    done = subprocess.run([sys.executable, "-P", "-c", RANGES, str(folder)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", RANGES, str(folder)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert '"bytes 1000-2999/' in done.stdout and "InvalidRange" in done.stdout

@@ -41,12 +41,16 @@ KERAS = {
     "rmsprop": lambda: keras.optimizers.RMSprop(learning_rate=0.003),
     "rmsprop-momentum-centered": lambda: keras.optimizers.RMSprop(
         learning_rate=S.InverseTimeDecay(0.004, decay_steps=3, decay_rate=0.5, staircase=True),
-        rho=0.8, momentum=0.6, centered=True,
+        rho=0.8,
+        momentum=0.6,
+        centered=True,
     ),
     "adagrad": lambda: keras.optimizers.Adagrad(learning_rate=0.05),
     "adagrad-polynomial": lambda: keras.optimizers.Adagrad(
         learning_rate=S.PolynomialDecay(0.1, decay_steps=6, end_learning_rate=0.01, power=0.5, cycle=True),
-        initial_accumulator_value=0.3, epsilon=1e-5, weight_decay=0.02,
+        initial_accumulator_value=0.3,
+        epsilon=1e-5,
+        weight_decay=0.02,
     ),
     "adamax": lambda: keras.optimizers.Adamax(learning_rate=0.01, beta_1=0.85),
     "nadam": lambda: keras.optimizers.Nadam(learning_rate=0.004),
@@ -60,7 +64,9 @@ KERAS = {
     ),
     "adadelta": lambda: keras.optimizers.Adadelta(learning_rate=1.0),
     "adadelta-polynomial": lambda: keras.optimizers.Adadelta(
-        learning_rate=S.PolynomialDecay(0.5, decay_steps=8, end_learning_rate=0.05), rho=0.8, epsilon=1e-6,
+        learning_rate=S.PolynomialDecay(0.5, decay_steps=8, end_learning_rate=0.05),
+        rho=0.8,
+        epsilon=1e-6,
         weight_decay=0.05,
     ),
     "ftrl": lambda: keras.optimizers.Ftrl(learning_rate=0.05),
@@ -69,9 +75,14 @@ KERAS = {
         learning_rate=0.05, momentum=0.9, use_ema=True, ema_momentum=0.7, ema_overwrite_frequency=6
     ),
     "ftrl-regularized-exponential": lambda: keras.optimizers.Ftrl(
-        learning_rate=S.ExponentialDecay(0.1, decay_steps=5, decay_rate=0.7), learning_rate_power=-0.3,
-        initial_accumulator_value=0.2, l1_regularization_strength=1e-3, l2_regularization_strength=0.01,
-        l2_shrinkage_regularization_strength=0.02, beta=0.5, weight_decay=0.05,
+        learning_rate=S.ExponentialDecay(0.1, decay_steps=5, decay_rate=0.7),
+        learning_rate_power=-0.3,
+        initial_accumulator_value=0.2,
+        l1_regularization_strength=1e-3,
+        l2_regularization_strength=0.01,
+        l2_shrinkage_regularization_strength=0.02,
+        beta=0.5,
+        weight_decay=0.05,
     ),
 }
 CONFIGS = {case: OptimizerConfig.from_keras(type(make()).__name__, make().get_config()) for case, make in KERAS.items()}
@@ -94,9 +105,7 @@ def random_problem(seed: int) -> tuple[list[np.ndarray], list[list[np.ndarray]]]
     return weights, gradients
 
 
-def run_keras(
-    case: str, weights: list[np.ndarray], gradients: list[list[np.ndarray]]
-) -> list[np.ndarray]:
+def run_keras(case: str, weights: list[np.ndarray], gradients: list[list[np.ndarray]]) -> list[np.ndarray]:
     variables = [keras.Variable(w, dtype="float32") for w in weights]
     optimizer = keras_optimizer(case)
     for step in gradients:
@@ -257,15 +266,23 @@ class ExponentialDecay(S.ExponentialDecay):
     [
         (Halving(), "schedule Halving is not supported"),
         (ExponentialDecay(0.1, 10, 0.5), "schedule ExponentialDecay is not supported"),
-        ({"class_name": "CosineDecay", "config": {"initial_learning_rate": 0.1}},
-         "CosineDecay: decay_steps: Field required"),
-        ({"class_name": "CosineDecay", "config": {"initial_learning_rate": 0.1, "decay_steps": 10, "beta": 1}},
-         "CosineDecay: beta: Extra inputs"),
-        ({"class_name": "PiecewiseConstantDecay", "config": {"boundaries": [5, 2], "values": [1.0, 0.5, 0.1]}},
-         "PiecewiseConstantDecay: .*must increase"),
+        (
+            {"class_name": "CosineDecay", "config": {"initial_learning_rate": 0.1}},
+            "CosineDecay: decay_steps: Field required",
+        ),
+        (
+            {"class_name": "CosineDecay", "config": {"initial_learning_rate": 0.1, "decay_steps": 10, "beta": 1}},
+            "CosineDecay: beta: Extra inputs",
+        ),
+        (
+            {"class_name": "PiecewiseConstantDecay", "config": {"boundaries": [5, 2], "values": [1.0, 0.5, 0.1]}},
+            "PiecewiseConstantDecay: .*must increase",
+        ),
         ({"class_name": "ExponentialDecay", "config": None}, "ExponentialDecay has no config"),
-        ({"class_name": "PolynomialDecay", "config": {"initial_learning_rate": 0.1, "decay_steps": 0}},
-         "PolynomialDecay: decay_steps: Input should be greater than 0"),
+        (
+            {"class_name": "PolynomialDecay", "config": {"initial_learning_rate": 0.1, "decay_steps": 0}},
+            "PolynomialDecay: decay_steps: Input should be greater than 0",
+        ),
     ],
     ids=["custom", "custom-named-as-builtin", "missing-field", "unknown-field", "boundaries", "no-config", "zero"],
 )
@@ -279,10 +296,14 @@ def test_bad_schedule_is_refused_by_name(learning_rate: object, message: str) ->
 @pytest.mark.parametrize(
     ("optimizer", "message"),
     [
-        (keras.optimizers.Nadam(gradient_accumulation_steps=4),
-         "gradient_accumulation_steps=4 is not supported: the global batch already adds up"),
-        (keras.optimizers.Adam(loss_scale_factor=128.0),
-         "loss_scale_factor=128.0 is not supported: loss scaling is for mixed precision"),
+        (
+            keras.optimizers.Nadam(gradient_accumulation_steps=4),
+            "gradient_accumulation_steps=4 is not supported: the global batch already adds up",
+        ),
+        (
+            keras.optimizers.Adam(loss_scale_factor=128.0),
+            "loss_scale_factor=128.0 is not supported: loss scaling is for mixed precision",
+        ),
         (keras.optimizers.ScheduleFreeAdamW(), "optimizer ScheduleFreeAdamW is not supported; use one of SGD, Adam"),
         (keras.optimizers.RMSprop(rho=1.5), "optimizer RMSprop: rho: Input should be less than 1"),
         (keras.optimizers.Ftrl(beta=-1.0), "optimizer Ftrl: beta: Input should be greater than or equal to 0"),
@@ -301,8 +322,10 @@ def test_unsupported_optimizer_option_is_refused_by_name(optimizer: keras.optimi
         (keras.optimizers.Lamb(), "trust ratio scales each variable's update by the norms of the whole variable"),
         (keras.optimizers.Muon(), "orthogonalizes the momentum of each matrix as a whole"),
         (keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()), "loss scaling is for mixed precision"),
-        (keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(keras.optimizers.Adam())),
-         "applies different optimizers to different variables"),
+        (
+            keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(keras.optimizers.Adam())),
+            "applies different optimizers to different variables",
+        ),
     ],
     ids=["Adafactor", "Lamb", "Muon", "LossScaleOptimizer", "MultiOptimizer"],
 )
@@ -384,16 +407,25 @@ def test_each_field_applies_to_the_optimizers_whose_keras_config_has_it(name: st
     assert OptimizerConfig.from_keras(KERAS_OPTIMIZERS[name], keras_config).foreign() == []
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"name": "adam", "momentum": 0.9},
-     r"Value error, momentum does not apply to Adam \(only to SGD, RMSprop\) \[type"),
-    ({"name": "adam", "nesterov": True}, r"Value error, nesterov does not apply to Adam \(only to SGD\) \[type"),
-    ({"name": "sgd", "amsgrad": True, "rho": 0.95},
-     r"Value error, amsgrad does not apply to SGD \(only to Adam, AdamW\); rho does not apply to SGD \(only to RMSprop,"
-     r" Adadelta\) \[type"),
-    ({"name": "ftrl", "beta_2": 0.99},
-     r"Value error, beta_2 does not apply to Ftrl \(only to Adam, AdamW, Adamax, Nadam, Lion\) \[type"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"name": "adam", "momentum": 0.9},
+            r"Value error, momentum does not apply to Adam \(only to SGD, RMSprop\) \[type",
+        ),
+        ({"name": "adam", "nesterov": True}, r"Value error, nesterov does not apply to Adam \(only to SGD\) \[type"),
+        (
+            {"name": "sgd", "amsgrad": True, "rho": 0.95},
+            r"Value error, amsgrad does not apply to SGD \(only to Adam, AdamW\); rho does not apply to SGD"
+            r" \(only to RMSprop, Adadelta\) \[type",
+        ),
+        (
+            {"name": "ftrl", "beta_2": 0.99},
+            r"Value error, beta_2 does not apply to Ftrl \(only to Adam, AdamW, Adamax, Nadam, Lion\) \[type",
+        ),
+    ],
+)
 def test_a_value_for_a_field_of_another_optimizer_is_refused(fields: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         OptimizerConfig.model_validate(fields)
@@ -407,8 +439,14 @@ def test_keras_defaults_fill_fields_not_given() -> None:
     assert OptimizerConfig(name="adadelta").rho == keras.optimizers.Adadelta().rho
     assert OptimizerConfig(name="rmsprop").rho == keras.optimizers.RMSprop().rho
     ftrl, keras_ftrl = OptimizerConfig(name="ftrl"), keras.optimizers.Ftrl()
-    for option in ("initial_accumulator_value", "learning_rate_power", "l1_regularization_strength",
-                   "l2_regularization_strength", "l2_shrinkage_regularization_strength", "beta"):
+    for option in (
+        "initial_accumulator_value",
+        "learning_rate_power",
+        "l1_regularization_strength",
+        "l2_regularization_strength",
+        "l2_shrinkage_regularization_strength",
+        "beta",
+    ):
         assert getattr(ftrl, option) == getattr(keras_ftrl, option), option
     adagrad = keras.optimizers.Adagrad()
     assert OptimizerConfig(name="adagrad").initial_accumulator_value == adagrad.initial_accumulator_value
@@ -453,8 +491,9 @@ def test_keras_optimizer_is_the_config_turned_back(case: str) -> None:
 def _small_model() -> keras.Model:
     """Trainable variables with a non-trainable one between them (BatchNormalization's statistics)."""
     keras.utils.set_random_seed(5)
-    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(7), keras.layers.BatchNormalization(),
-                             keras.layers.Dense(3)])
+    return keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(7), keras.layers.BatchNormalization(), keras.layers.Dense(3)]
+    )
 
 
 @pytest.mark.parametrize("case", list(CONFIGS))
@@ -466,20 +505,23 @@ def test_reducers_state_set_into_keras_equals_keras_own_state(case: str) -> None
     plan = ShardPlan.build(modelio.variable_specs(model), 3)
     assert any(not p.whole and p.variable.trainable for r in range(3) for p in plan.pieces(r))
     rng = np.random.default_rng(len(case))
-    gradients = [[rng.standard_normal(v.shape).astype(np.float32) for v in model.trainable_variables]
-                 for _ in range(STEPS)]
+    gradients = [
+        [rng.standard_normal(v.shape).astype(np.float32) for v in model.trainable_variables] for _ in range(STEPS)
+    ]
     optimizer = keras_optimizer(case)
     for step in gradients:
-        optimizer.apply_gradients(zip([keras.ops.convert_to_tensor(g) for g in step], reference.trainable_variables,
-                                      strict=True))
+        optimizer.apply_gradients(
+            zip([keras.ops.convert_to_tensor(g) for g in step], reference.trainable_variables, strict=True)
+        )
     trainable = plan.trainable_mask()
     whole = modelio.get_flat(model, plan)[trainable]
     full = [np.zeros(plan.size, np.float32) for _ in gradients]
     per_step = []
     for vector, step in zip(full, gradients, strict=True):
         arrays = iter(step)
-        vector[:] = plan.flatten([next(arrays) if s.trainable else np.zeros(s.shape, np.float32)
-                                  for s in plan.variables])
+        vector[:] = plan.flatten(
+            [next(arrays) if s.trainable else np.zeros(s.shape, np.float32) for s in plan.variables]
+        )
         per_step.append(vector[trainable])
     states, offset = [], 0
     for shard in range(3):

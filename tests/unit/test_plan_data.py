@@ -19,12 +19,20 @@ SLSML = {"params": 25_600_000, "sample_bytes": 150_528, "samples": 1_281_167, "g
 
 def plan(shuffle: str = "global", cache_mb: float | None = None, **changes) -> costmodel.Plan:
     figures = {**SLSML, **changes}
-    spec = TrainingSpec(workers=figures["workers"], global_batch=figures["global_batch"], reducers=64,
-                        shuffle=shuffle)
-    work = Workload(**costmodel.from_params(figures["params"], Parameters()), training=spec,
-                    workers=figures["workers"], reducers=64, global_batch=figures["global_batch"], iterations=10,
-                    samples=figures["samples"], sample_bytes=figures["sample_bytes"], cache_mb=cache_mb,
-                    memory_mb=costmodel.function_memory({"worker": 10240}), timeout_s=costmodel.function_timeouts())
+    spec = TrainingSpec(workers=figures["workers"], global_batch=figures["global_batch"], reducers=64, shuffle=shuffle)
+    work = Workload(
+        **costmodel.from_params(figures["params"], Parameters()),
+        training=spec,
+        workers=figures["workers"],
+        reducers=64,
+        global_batch=figures["global_batch"],
+        iterations=10,
+        samples=figures["samples"],
+        sample_bytes=figures["sample_bytes"],
+        cache_mb=cache_mb,
+        memory_mb=costmodel.function_memory({"worker": 10240}),
+        timeout_s=costmodel.function_timeouts(),
+    )
     return costmodel.predict(work, Parameters(), Quotas(), prices.PriceTable())
 
 
@@ -54,12 +62,20 @@ def test_a_split_that_fits_the_workers_cache_costs_nothing_in_steady_state() -> 
 
 def test_plan_data_takes_the_figures_of_the_datasets_manifest() -> None:
     entry = ShardEntry(records=100, bytes=100 * 3080, sha256="0" * 64)
-    manifest = DatasetManifest(name="images", x_shape=(32, 32, 3), x_dtype="uint8", y_shape=(), y_dtype="int64",
-                               classes=10, record_bytes=3080, shard_records=100,
-                               train=SplitInfo(count=250, shards=(entry, entry, entry.model_copy(update={
-                                   "records": 50, "bytes": 50 * 3080}))),
-                               test=SplitInfo(count=100, shards=(entry,)))
-    args = argparse.Namespace(model=None, params=1000, compute_per_sample=None, sample_bytes=None, memory=[],
-                              samples=250, cache_mb=8.0)
+    manifest = DatasetManifest(
+        name="images",
+        x_shape=(32, 32, 3),
+        x_dtype="uint8",
+        y_shape=(),
+        y_dtype="int64",
+        classes=10,
+        record_bytes=3080,
+        shard_records=100,
+        train=SplitInfo(count=250, shards=(entry, entry, entry.model_copy(update={"records": 50, "bytes": 50 * 3080}))),
+        test=SplitInfo(count=100, shards=(entry,)),
+    )
+    args = argparse.Namespace(
+        model=None, params=1000, compute_per_sample=None, sample_bytes=None, memory=[], samples=250, cache_mb=8.0
+    )
     work = planreport.workload(args, TrainingSpec(workers=2, global_batch=16), Parameters(), manifest)
     assert (work.samples, work.sample_bytes, work.shard_records, work.cache_mb) == (250, 3080, 100, 8.0)

@@ -25,8 +25,10 @@ def stderr_of(code: str, **env: str) -> str:
 def test_importing_tensorflow_after_install_writes_none_of_its_start_up_lines() -> None:
     loud = stderr_of("import tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
     assert "oneDNN custom operations" in loud, "TensorFlow no longer says this: the test shows nothing"
-    quiet_run = stderr_of("from slsml.training import quiet; quiet.install(); import os, sys; import keras, tensorflow;"
-                          " print('mine', file=sys.stderr); os.write(2, b'native\\n')")
+    quiet_run = stderr_of(
+        "from slsml.training import quiet; quiet.install(); import os, sys; import keras, tensorflow;"
+        " print('mine', file=sys.stderr); os.write(2, b'native\\n')"
+    )
     assert not any(line in quiet_run for line in NOISE), quiet_run
     assert quiet_run.splitlines()[-2:] == ["mine", "native"]
 
@@ -40,6 +42,7 @@ def test_lines_written_meanwhile_that_are_not_tensorflows_get_through(capfd) -> 
 
 
 def test_the_slsml_command_installs_it_before_tensorflow() -> None:
-    said = stderr_of("import sys; import slsml.cli.main; from slsml.training import modelio;"
-                     " assert 'tensorflow' in sys.modules")
+    said = stderr_of(
+        "import sys; import slsml.cli.main; from slsml.training import modelio; assert 'tensorflow' in sys.modules"
+    )
     assert not any(line in said for line in NOISE), said

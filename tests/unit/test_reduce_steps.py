@@ -84,8 +84,14 @@ def sent(services: Services, monkeypatch: pytest.MonkeyPatch) -> list[Deadline]:
 
 
 def _register(
-    services: Services, run_id: str, workers: int, quorum: float = 1.0, watched: bool = True,
-    optimizer: OptimizerConfig = SGD, launched: bool = True, **training: object
+    services: Services,
+    run_id: str,
+    workers: int,
+    quorum: float = 1.0,
+    watched: bool = True,
+    optimizer: OptimizerConfig = SGD,
+    launched: bool = True,
+    **training: object,
 ) -> RunConfig:
     """A run as prepare_run leaves it (config, shards and flat weights of iteration 0), with iteration 0
     launched unless ``launched`` is False: the deadline chain is at its first link unless ``watched`` is False."""
@@ -115,14 +121,18 @@ def _put_run(services: Services, run_id: str, spec: TrainingSpec, launched: bool
 
 def _done(run_id: str, worker: int, finite: bool = True, attempt: int = 0) -> WorkDone:
     return WorkDone(
-        run_id=run_id, iteration=0, worker=worker, attempt=attempt, samples=SAMPLES[worker % len(SAMPLES)],
-        loss=0.5 if finite else 0.0, compute_s=0.01, finite=finite,
+        run_id=run_id,
+        iteration=0,
+        worker=worker,
+        attempt=attempt,
+        samples=SAMPLES[worker % len(SAMPLES)],
+        loss=0.5 if finite else 0.0,
+        compute_s=0.01,
+        finite=finite,
     )
 
 
-def _arrive(
-    services: Services, run_id: str, worker: int, finite: bool = True, attempt: int = 0
-) -> list[ReduceMessage]:
+def _arrive(services: Services, run_id: str, worker: int, finite: bool = True, attempt: int = 0) -> list[ReduceMessage]:
     """What a worker does (store the update, announce it), then the ReduceLauncher."""
     vector = VECTORS[worker] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
     body, header = updates.encode(vector, SAMPLES[worker])
@@ -138,8 +148,9 @@ def _expected_weights(workers: list[int], vectors: list[np.ndarray] = VECTORS) -
         mean += vectors[w].astype(np.float64) * SAMPLES[w]
     mean = (mean / sum(SAMPLES[w] for w in workers)).astype(np.float32)
     trainable = PLAN.trainable_mask()
-    stepped, _ = optimizers.apply(SGD, WEIGHTS[trainable], mean[trainable],
-                                  optimizers.initial_state(SGD, int(trainable.sum())))
+    stepped, _ = optimizers.apply(
+        SGD, WEIGHTS[trainable], mean[trainable], optimizers.initial_state(SGD, int(trainable.sum()))
+    )
     expected = WEIGHTS.copy()
     expected[trainable], expected[~trainable] = stepped, mean[~trainable]
     return expected
@@ -351,10 +362,12 @@ def test_the_counter_and_a_workers_record_do_not_grow_with_the_workers(services:
     assert large["participants"] < 300 * 20  # written once per iteration: ~15 bytes per participant
 
 
-def _deadline(run_id: str, stage: str = "work", round_: int = 0, due_in: float = 0.0, link: int = 0,
-              iteration: int = 0) -> Deadline:
-    return Deadline(run_id=run_id, iteration=iteration, stage=stage, round=round_, due_at=time.time() + due_in,
-                    link=link)
+def _deadline(
+    run_id: str, stage: str = "work", round_: int = 0, due_in: float = 0.0, link: int = 0, iteration: int = 0
+) -> Deadline:
+    return Deadline(
+        run_id=run_id, iteration=iteration, stage=stage, round=round_, due_at=time.time() + due_in, link=link
+    )
 
 
 def _due(deadline: Deadline) -> Deadline:
@@ -460,8 +473,9 @@ def test_two_copies_of_a_model_event_handled_at_once_start_one_chain(
     launching: both may send the chain's first deadline, but when the two come, one carries the chain on."""
     _register(services, "chain-race", workers=2, watched=False, launched=False)
     landed = ModelLanded(key=keys.model("chain-race", 0), sequencer="a")
-    other_copy = _meanwhile(monkeypatch, services.table, "claim_launch",
-                            lambda: work_launcher.on_model(landed, services))
+    other_copy = _meanwhile(
+        monkeypatch, services.table, "claim_launch", lambda: work_launcher.on_model(landed, services)
+    )
     assert work_launcher.on_model(landed, services) == Outcome.LAUNCHED
     assert other_copy == [Outcome.LAUNCHED]
     firsts = list(sent)
@@ -491,7 +505,8 @@ def test_a_deadline_rebased_on_an_overdue_iteration_acts_on_it_at_once(
     _register(services, "overdue", workers=2, deadline_s=60)
     services.table.advance("overdue", 2, 0)
     services.table.table.update_item(  # iteration 2 started longer than a deadline ago
-        Key={"pk": "RUN#overdue", "sk": "META"}, UpdateExpression="SET iteration_at = :t",
+        Key={"pk": "RUN#overdue", "sk": "META"},
+        UpdateExpression="SET iteration_at = :t",
         ExpressionAttributeValues={":t": Decimal(repr(time.time() - 600))},
     )
     assert watchdog.on_deadline(_deadline("overdue"), services) == Action.RELAUNCHED
@@ -509,7 +524,8 @@ def test_an_iteration_whose_launch_is_late_is_launched_by_its_deadline_and_the_l
     services.table.advance("late-launch", 1, 0)
     services.table.scale_workers("late-launch", 3, "scaled by the user")
     services.table.table.update_item(  # iteration 1 started longer than a deadline ago
-        Key={"pk": "RUN#late-launch", "sk": "META"}, UpdateExpression="SET iteration_at = :t",
+        Key={"pk": "RUN#late-launch", "sk": "META"},
+        UpdateExpression="SET iteration_at = :t",
         ExpressionAttributeValues={":t": Decimal(repr(time.time() - 60))},
     )
     before = time.time()
@@ -531,7 +547,8 @@ def test_a_deadline_past_the_last_iteration_launches_the_evaluation_then_complet
     _register(services, "lost-final", workers=2, deadline_s=5, iterations=1)
     services.table.advance("lost-final", 1, 0)
     services.table.table.update_item(  # iteration 1 started longer than a deadline ago
-        Key={"pk": "RUN#lost-final", "sk": "META"}, UpdateExpression="SET iteration_at = :t",
+        Key={"pk": "RUN#lost-final", "sk": "META"},
+        UpdateExpression="SET iteration_at = :t",
         ExpressionAttributeValues={":t": Decimal(repr(time.time() - 60))},
     )
     assert watchdog.on_deadline(_deadline("lost-final"), services) == Action.NOTHING  # the model is not in yet
@@ -544,8 +561,11 @@ def test_a_deadline_past_the_last_iteration_launches_the_evaluation_then_complet
     services.table.record_evaluation("lost-final", 0, "test", {"loss": 0.25, "auc": 0.75})
     assert watchdog.on_deadline(_due(sent[-1]), services) == Action.COMPLETED
     run = services.table.get_run("lost-final")
-    assert (run.final_key, run.test_loss, run.test) == (keys.final_model("lost-final"), 0.25, {"loss": 0.25,
-                                                                                              "auc": 0.75})
+    assert (run.final_key, run.test_loss, run.test) == (
+        keys.final_model("lost-final"),
+        0.25,
+        {"loss": 0.25, "auc": 0.75},
+    )
     assert services.store.get(keys.final_model("lost-final")) == b"the final model"
     assert [c.iteration for c in services.table.list_iterations("lost-final")] == [0]  # the evaluation round: none
 
@@ -676,6 +696,7 @@ def test_a_reducer_that_stopped_before_storing_is_retried_in_full(
     _register(services, "crashed", workers=3)
     fired = [m for w in range(3) for m in _arrive(services, "crashed", w)]
     with monkeypatch.context() as crashing:
+
         def put_new(key: str, data: bytes, metadata: dict[str, str] | None = None) -> bool:
             raise Crash(key)
 
@@ -717,8 +738,15 @@ def _merge_run(services: Services, run_id: str) -> list[ReduceMessage]:
     model = modelio.load_model(body)  # as prepare_run reads it
     plan = ShardPlan.build(modelio.variable_specs(model), reducers=2)
     spec = TrainingSpec(workers=2, reducers=2, global_batch=4, iterations=5, eval_every=0)
-    config = RunConfig(run_id=run_id, dataset="d", training=spec, optimizer=SGD, loss=modelio.loss_config(model, "mse"),
-                       classification=False, plan=plan)
+    config = RunConfig(
+        run_id=run_id,
+        dataset="d",
+        training=spec,
+        optimizer=SGD,
+        loss=modelio.loss_config(model, "mse"),
+        classification=False,
+        plan=plan,
+    )
     services.store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
     flat = modelio.get_flat(model, plan)
     for shard in range(2):
@@ -747,11 +775,14 @@ def test_duplicate_shard_reports_count_twice_but_the_merge_fires_once(services: 
     assert merged == [keys.model("dup-merge", 1), None, None]
     counter = services.table.get_counter("dup-merge", 0)
     assert (counter.shards_in, counter.merge_fired_by) == (5, 1)
-    weights = np.concatenate([shards.decode(services.store.get(keys.shard("dup-merge", 1, r))).weights
-                              for r in range(2)])
+    weights = np.concatenate(
+        [shards.decode(services.store.get(keys.shard("dup-merge", 1, r))).weights for r in range(2)]
+    )
     assert np.array_equal(services.store.get_array(keys.weights("dup-merge", 1)), weights)
-    assert services.store.head(keys.model("dup-merge", 1)) == {merger.MERGED_METADATA: "0",
-                                                               merger.GENERATION_METADATA: "0"}
+    assert services.store.head(keys.model("dup-merge", 1)) == {
+        merger.MERGED_METADATA: "0",
+        merger.GENERATION_METADATA: "0",
+    }
     assert services.table.get_run("dup-merge").iteration == 1
 
 
@@ -773,8 +804,10 @@ def test_an_earlier_generations_late_reports_leave_a_resumed_runs_iteration_alon
     # the late workers' records give way to the new generation's re-launch (worker 0) and report (worker 1)
     services.table.relaunch_workers("resumed-race", 0, 1, {0: 1})
     assert services.table.get_iteration("resumed-race", 0).relaunched == {0: 1}
-    reports = [_done("resumed-race", 0, attempt=1).model_copy(update={"generation": 1}),
-               _done("resumed-race", 1).model_copy(update={"generation": 1})]
+    reports = [
+        _done("resumed-race", 0, attempt=1).model_copy(update={"generation": 1}),
+        _done("resumed-race", 1).model_copy(update={"generation": 1}),
+    ]
     fired = [m for report in reports for m in reduce_launcher.on_work_done(report, services)]
     assert fired and all({p.worker for p in m.participants} == {0, 1} for m in fired)
 
@@ -787,7 +820,11 @@ def _resume_at_0(services: Services, run_id: str) -> None:
 
 
 def _resume_before(
-    monkeypatch: pytest.MonkeyPatch, services: Services, run_id: str, target: object, method: str,
+    monkeypatch: pytest.MonkeyPatch,
+    services: Services,
+    run_id: str,
+    target: object,
+    method: str,
     first_argument: str | None = None,
 ) -> None:
     """The run fails and is resumed at iteration 0 just before ``target.method`` is first called (with
@@ -805,8 +842,11 @@ def _resume_before(
 
 def _report_in_generation_1(services: Services, run_id: str) -> list[ReduceMessage]:
     """Workers 0 and 1 report iteration 0 again in the resumed run's generation 1 (their updates are stored)."""
-    return [m for w in range(2)
-            for m in reduce_launcher.on_work_done(_done(run_id, w).model_copy(update={"generation": 1}), services)]
+    return [
+        m
+        for w in range(2)
+        for m in reduce_launcher.on_work_done(_done(run_id, w).model_copy(update={"generation": 1}), services)
+    ]
 
 
 def test_a_reduce_an_earlier_generation_fires_after_the_resume_leaves_the_new_barrier_alone(
@@ -820,8 +860,10 @@ def test_a_reduce_an_earlier_generation_fires_after_the_resume_leaves_the_new_ba
     _arrive(services, "late-fire", 1)
     assert services.table.claim_launch("late-fire", 0, "resume-1", 1, 2) is not None
     fired = _report_in_generation_1(services, "late-fire")
-    assert [(m.shard, m.generation, {p.worker for p in m.participants}) for m in fired] == [(0, 1, {0, 1}),
-                                                                                           (1, 1, {0, 1})]
+    assert [(m.shard, m.generation, {p.worker for p in m.participants}) for m in fired] == [
+        (0, 1, {0, 1}),
+        (1, 1, {0, 1}),
+    ]
     assert services.table.get_iteration("late-fire", 0).participants == list(fired[0].participants)
 
 
@@ -872,14 +914,15 @@ def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_a
     sqs = boto3.client("sqs", region_name="us-east-1")
     events = sqs.create_queue(QueueName="model-events")["QueueUrl"]
     queue_arn = sqs.get_queue_attributes(QueueUrl=events, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    services.store.s3.put_bucket_notification_configuration(Bucket="bucket", NotificationConfiguration={
-        "QueueConfigurations": [{"QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"]}]})
+    services.store.s3.put_bucket_notification_configuration(
+        Bucket="bucket",
+        NotificationConfiguration={"QueueConfigurations": [{"QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"]}]},
+    )
     assert services.table.claim_launch("adopt", 0, "resume-1", 1, 2) is not None
     fired = _report_in_generation_1(services, "adopt")
     again = [reducer.reduce(message, services) for message in fired]
     assert [merger.on_reduce_done(d, services) for d in again] == [None, keys.model("adopt", 1)]
-    assert services.store.head(keys.model("adopt", 1)) == {merger.MERGED_METADATA: "0",
-                                                           merger.GENERATION_METADATA: "1"}
+    assert services.store.head(keys.model("adopt", 1)) == {merger.MERGED_METADATA: "0", merger.GENERATION_METADATA: "1"}
     received = sqs.receive_message(QueueUrl=events, MaxNumberOfMessages=10)["Messages"]
     landed = [o for m in received for o in landed_objects(S3Notification.model_validate_json(m["Body"]))]
     assert [o.key for o in landed] == [keys.model("adopt", 1)]
@@ -974,12 +1017,17 @@ def test_norm_exchange_releases_each_clipped_step_once(services: Services, monke
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize(("forged", "named"), [
-    (updates.encode(VECTORS[1], SAMPLES[1], kind="weight change"), "holds a weight change, but the run averages a"
-     " gradient"),
-    (updates.Encoded(updates.encode(VECTORS[1], SAMPLES[1]).body, {}), "not an slsml update"),
-    (updates.Encoded(updates.encode(VECTORS[1], SAMPLES[1]).body, {updates.METADATA: "2/0/0"}), "version 2"),
-])
+@pytest.mark.parametrize(
+    ("forged", "named"),
+    [
+        (
+            updates.encode(VECTORS[1], SAMPLES[1], kind="weight change"),
+            "holds a weight change, but the run averages a gradient",
+        ),
+        (updates.Encoded(updates.encode(VECTORS[1], SAMPLES[1]).body, {}), "not an slsml update"),
+        (updates.Encoded(updates.encode(VECTORS[1], SAMPLES[1]).body, {updates.METADATA: "2/0/0"}), "version 2"),
+    ],
+)
 def test_a_reducer_refuses_an_update_the_run_did_not_ask_for_by_name(
     services: Services, forged: updates.Encoded, named: str
 ) -> None:
@@ -1051,18 +1099,40 @@ def _table_beyond_the_end(update: updates.Encoded, compress: str) -> updates.Enc
     return updates.Encoded(bytes(body), update.metadata)
 
 
-@pytest.mark.parametrize(("compress", "forge", "named"), [
-    ("topk:0.5", _forged_indices, "index 9 lies outside the part's 4 entries"),
-    ("significance:0.5", _forged_indices, "index 9 lies outside the part's 4 entries"),
-    ("significance:0.5", _table_beyond_the_end, r"the part table puts shard \d's part at bytes .* of the object's 112"),
-    ("topk:0.5", lambda u, c: _compressed(1, "fp16"), "the update's encoding is 1 \\(dense float16\\), but the run's"
-     " compress option topk:0.5 sends encoding 2 \\(top-k\\)"),
-    ("significance:0.5", lambda u, c: _compressed(1, "none"), "the update's encoding is 0 \\(dense float32\\), but"
-     " the run's compress option significance:0.5 sends encoding 3 \\(significance\\)"),
-    ("none", lambda u, c: _compressed(1, "topk:0.5"), "the update's encoding is 2 \\(top-k\\), but the run's"
-     " compress option none sends encoding 0"),
-    ("fp16", lambda u, c: updates.Encoded(u.body[:-2], u.metadata), "part of shard 1 has 10 bytes, expected 12 bytes"),
-])
+@pytest.mark.parametrize(
+    ("compress", "forge", "named"),
+    [
+        ("topk:0.5", _forged_indices, "index 9 lies outside the part's 4 entries"),
+        ("significance:0.5", _forged_indices, "index 9 lies outside the part's 4 entries"),
+        (
+            "significance:0.5",
+            _table_beyond_the_end,
+            r"the part table puts shard \d's part at bytes .* of the object's 112",
+        ),
+        (
+            "topk:0.5",
+            lambda u, c: _compressed(1, "fp16"),
+            "the update's encoding is 1 \\(dense float16\\), but the run's"
+            " compress option topk:0.5 sends encoding 2 \\(top-k\\)",
+        ),
+        (
+            "significance:0.5",
+            lambda u, c: _compressed(1, "none"),
+            "the update's encoding is 0 \\(dense float32\\), but"
+            " the run's compress option significance:0.5 sends encoding 3 \\(significance\\)",
+        ),
+        (
+            "none",
+            lambda u, c: _compressed(1, "topk:0.5"),
+            "the update's encoding is 2 \\(top-k\\), but the run's compress option none sends encoding 0",
+        ),
+        (
+            "fp16",
+            lambda u, c: updates.Encoded(u.body[:-2], u.metadata),
+            "part of shard 1 has 10 bytes, expected 12 bytes",
+        ),
+    ],
+)
 def test_a_reducer_refuses_a_forged_compressed_update_by_name(
     services: Services, compress: str, forge, named: str
 ) -> None:

@@ -20,15 +20,38 @@ from slsml.spec.errors import BadInputError
 from slsml.spec.messages import Participant
 from slsml.state.records import DEADLINE_OWNER, IterationRecord, RunRecord, RunStatus, WorkerReport
 
-PRICES = PriceTable(lambda_gb_second=1.0, lambda_request=0.5, s3_put=0.01, s3_get=0.001, sns_publish=0.1,
-                    sqs_request=0.0, dynamodb_write_unit=2.0, dynamodb_read_unit=1.0)
+PRICES = PriceTable(
+    lambda_gb_second=1.0,
+    lambda_request=0.5,
+    s3_put=0.01,
+    s3_get=0.001,
+    sns_publish=0.1,
+    sqs_request=0.0,
+    dynamodb_write_unit=2.0,
+    dynamodb_read_unit=1.0,
+)
 T0 = 1_000.0  # iteration 1's launch
 
 
-def use(function: str, start: float, end: float, iteration: int | None = 1, requests: dict[str, int] | None = None,
-        **part: object) -> UsageRecord:
-    return UsageRecord(run_id="r", iteration=iteration, function=function, start=start, end=end,
-                       duration_s=end - start, memory_mb=1024, requests=requests or {}, **part)
+def use(
+    function: str,
+    start: float,
+    end: float,
+    iteration: int | None = 1,
+    requests: dict[str, int] | None = None,
+    **part: object,
+) -> UsageRecord:
+    return UsageRecord(
+        run_id="r",
+        iteration=iteration,
+        function=function,
+        start=start,
+        end=end,
+        duration_s=end - start,
+        memory_mb=1024,
+        requests=requests or {},
+        **part,
+    )
 
 
 def iteration_one() -> list[UsageRecord]:
@@ -53,18 +76,33 @@ def iteration_one() -> list[UsageRecord]:
 
 def record_one(**fields: object) -> IterationRecord:
     return IterationRecord(
-        iteration=1, launched_at=T0 + 0.01, reduce_fired_by=1, reduce_fired_at=T0 + 0.35, merged_at=T0 + 0.75,
-        merge_fired_by=1, participant_count=2,
+        iteration=1,
+        launched_at=T0 + 0.01,
+        reduce_fired_by=1,
+        reduce_fired_at=T0 + 0.35,
+        merged_at=T0 + 0.75,
+        merge_fired_by=1,
+        participant_count=2,
         reports={w: WorkerReport(worker=w, samples=32) for w in range(3)},
-        participants=[Participant(worker=0, samples=32), Participant(worker=1, samples=32)], **fields,
+        participants=[Participant(worker=0, samples=32), Participant(worker=1, samples=32)],
+        **fields,
     )
 
 
 def test_a_timeline_lays_out_the_iterations_invocations_in_chain_order_from_its_launch() -> None:
     line = report.timeline(1, iteration_one(), record_one(), "median", 1.5)
     assert [b.label for b in line.bars] == [
-        "WorkLauncher", "Worker 0", "Worker 1", "Worker 2", "ReduceLauncher ← worker 0", "ReduceLauncher ← worker 1",
-        "ReduceLauncher ← worker 2", "Reducer shard 0", "Reducer shard 1", "Merger ← shard 0", "Merger ← shard 1",
+        "WorkLauncher",
+        "Worker 0",
+        "Worker 1",
+        "Worker 2",
+        "ReduceLauncher ← worker 0",
+        "ReduceLauncher ← worker 1",
+        "ReduceLauncher ← worker 2",
+        "Reducer shard 0",
+        "Reducer shard 1",
+        "Merger ← shard 0",
+        "Merger ← shard 1",
     ]
     assert [b.row for b in line.bars] == list(range(11))
     assert line.origin == T0 and line.bars[0].start_s == 0.0
@@ -75,8 +113,7 @@ def test_a_timeline_lays_out_the_iterations_invocations_in_chain_order_from_its_
     assert by_label["Merger ← shard 1"].note == "merges" and by_label["Merger ← shard 0"].note == ""
     assert by_label["Worker 0"].note == ""
     marks = dict(line.marks)
-    assert marks == pytest.approx({"reduce fired (on worker 1)": 0.35, "merged": 0.75,
-                                   "next iteration launched": 1.51})
+    assert marks == pytest.approx({"reduce fired (on worker 1)": 0.35, "merged": 0.75, "next iteration launched": 1.51})
     assert len(line.left_out) == 1 and line.left_out[0].startswith("Watchdog (work deadline) at +120.00 s")
 
 
@@ -88,12 +125,18 @@ def test_a_timeline_marks_re_launched_attempts_a_deadline_fire_and_stale_shards(
         use("worker", T0 + 3.2, T0 + 3.4, worker=1, attempt=1),
         use("reducer", T0 + 3.5, T0 + 3.6, shard=0, attempt=1),
     ]
-    record = IterationRecord(iteration=1, reduce_fired_by=DEADLINE_OWNER, reduce_fired_at=T0 + 3.05,
-                             relaunched={1: 1}, stale_shards={0})
+    record = IterationRecord(
+        iteration=1, reduce_fired_by=DEADLINE_OWNER, reduce_fired_at=T0 + 3.05, relaunched={1: 1}, stale_shards={0}
+    )
     line = report.timeline(1, records, record)  # not merged: the watchdog is drawn wherever it falls
     notes = {b.label: b.note for b in line.bars}
-    assert notes == {"WorkLauncher": "", "Worker 0": "", "Worker 1": "attempt 1",
-                     "Reducer shard 0": "attempt 1, stale shard", "Watchdog (work deadline)": "acts"}
+    assert notes == {
+        "WorkLauncher": "",
+        "Worker 0": "",
+        "Worker 1": "attempt 1",
+        "Reducer shard 0": "attempt 1, stale shard",
+        "Watchdog (work deadline)": "acts",
+    }
     assert dict(line.marks) == pytest.approx({"reduce fired (by the watchdog at a deadline)": 3.05})
     assert line.left_out == ()
 
@@ -117,21 +160,39 @@ def test_iteration_seconds_are_the_ones_the_summary_takes_its_median_of() -> Non
     iterations = [IterationRecord(iteration=i, launched_at=T0 + t) for i, t in enumerate(launched)]
     seconds = report.iteration_seconds(iterations)
     assert seconds == pytest.approx({0: 5.0, 1: 1.0, 2: 1.2, 3: 0.9})
-    run = RunRecord(run_id="r", status=RunStatus.COMPLETED, training=TrainingSpec(workers=1, reducers=1, iterations=5),
-                    iteration=5, workers=1, dataset="d", created_at=T0, updated_at=T0 + 9)
-    assert runs.summarize(run, iterations, 9.0).median_iteration_s == pytest.approx(statistics.median(
-        seconds.values()))
+    run = RunRecord(
+        run_id="r",
+        status=RunStatus.COMPLETED,
+        training=TrainingSpec(workers=1, reducers=1, iterations=5),
+        iteration=5,
+        workers=1,
+        dataset="d",
+        created_at=T0,
+        updated_at=T0 + 9,
+    )
+    assert runs.summarize(run, iterations, 9.0).median_iteration_s == pytest.approx(statistics.median(seconds.values()))
 
 
 def test_curves_add_up_the_dollars_through_each_iteration() -> None:
-    run = RunRecord(run_id="r", status=RunStatus.COMPLETED, training=TrainingSpec(workers=1, reducers=1, iterations=2),
-                    iteration=2, workers=1, dataset="d", created_at=T0 - 10, updated_at=T0 + 9)
-    records = [use("work_launcher", T0 - 9, T0 - 8, iteration=None, requests={"s3:PutObject": 1}),
-               use("worker", T0, T0 + 1, iteration=0, requests={"s3:GetObject": 10}),
-               use("worker", T0 + 2, T0 + 3, iteration=1, requests={"s3:GetObject": 10})]
-    iterations = [IterationRecord(iteration=0, train_loss=2.0, merged_at=T0 + 1.5),
-                  IterationRecord(iteration=1, train_loss=1.5, test={"loss": 1.4, "accuracy": 0.6},
-                                  merged_at=T0 + 3.5)]
+    run = RunRecord(
+        run_id="r",
+        status=RunStatus.COMPLETED,
+        training=TrainingSpec(workers=1, reducers=1, iterations=2),
+        iteration=2,
+        workers=1,
+        dataset="d",
+        created_at=T0 - 10,
+        updated_at=T0 + 9,
+    )
+    records = [
+        use("work_launcher", T0 - 9, T0 - 8, iteration=None, requests={"s3:PutObject": 1}),
+        use("worker", T0, T0 + 1, iteration=0, requests={"s3:GetObject": 10}),
+        use("worker", T0 + 2, T0 + 3, iteration=1, requests={"s3:GetObject": 10}),
+    ]
+    iterations = [
+        IterationRecord(iteration=0, train_loss=2.0, merged_at=T0 + 1.5),
+        IterationRecord(iteration=1, train_loss=1.5, test={"loss": 1.4, "accuracy": 0.6}, merged_at=T0 + 3.5),
+    ]
     first, second = report.curves(run, iterations, records, PRICES)
     invocation = 1 / 1024 * 1024 * 1.0 + 0.5  # 1 GB-s at $1, and the request at $0.50
     assert first.dollars == pytest.approx(invocation + 0.01 + invocation + 0.01)
@@ -142,25 +203,35 @@ def test_curves_add_up_the_dollars_through_each_iteration() -> None:
 
 def test_usage_by_function_in_chain_order_with_requests_and_dollars_by_service() -> None:
     uses = report.by_function(iteration_one(), PRICES)
-    assert [u.function for u in uses] == ["work_launcher", "worker", "reduce_launcher", "reducer", "merger",
-                                          "watchdog"]
+    assert [u.function for u in uses] == ["work_launcher", "worker", "reduce_launcher", "reducer", "merger", "watchdog"]
     merger = uses[4]
     assert (merger.invocations, merger.requests) == (2, {"s3": 2})
     assert merger.dollars["s3"] == pytest.approx(0.02) and merger.total_dollars == pytest.approx(
-        sum(merger.dollars.values()))
+        sum(merger.dollars.values())
+    )
     assert uses[1].invocations == 4 and uses[1].seconds == pytest.approx(0.2 + 0.15 + 0.8 + 0.1)
 
 
 def test_faults_say_what_happened_and_what_the_pipeline_did() -> None:
-    run = RunRecord(run_id="r", status=RunStatus.FAILED, training=TrainingSpec(workers=3, reducers=2, iterations=5),
-                    iteration=2, workers=3, dataset="d", created_at=T0, updated_at=T0,
-                    reason="work stage of iteration 2: …")
+    run = RunRecord(
+        run_id="r",
+        status=RunStatus.FAILED,
+        training=TrainingSpec(workers=3, reducers=2, iterations=5),
+        iteration=2,
+        workers=3,
+        dataset="d",
+        created_at=T0,
+        updated_at=T0,
+        reason="work stage of iteration 2: …",
+    )
     iterations = [
-        record_one(relaunched={2: 1}, dropped_parts={"1:0"}, stale_shards={1}, stale_attempts=2,
-                   reduce_relaunches=1),
-        IterationRecord(iteration=0, reduce_fired_by=DEADLINE_OWNER, participants=[Participant(worker=0, samples=1)],
-                        reports={0: WorkerReport(worker=0, samples=1), 1: WorkerReport(worker=1, samples=1,
-                                                                                          finite=False)}),
+        record_one(relaunched={2: 1}, dropped_parts={"1:0"}, stale_shards={1}, stale_attempts=2, reduce_relaunches=1),
+        IterationRecord(
+            iteration=0,
+            reduce_fired_by=DEADLINE_OWNER,
+            participants=[Participant(worker=0, samples=1)],
+            reports={0: WorkerReport(worker=0, samples=1), 1: WorkerReport(worker=1, samples=1, finite=False)},
+        ),
     ]
     found = [(f.iteration, f.what, f.done) for f in report.faults(run, iterations)]
     assert found == [
@@ -168,23 +239,34 @@ def test_faults_say_what_happened_and_what_the_pipeline_did() -> None:
         (0, "worker 1 sent a NaN or Inf update", "left out of the average"),
         (1, "worker 2 missing at a deadline", "the watchdog re-launched them: worker 2 (attempt 1)"),
         (1, "worker 2 reported after the reduce fired", "their updates were left out (late)"),
-        (1, "parts not read within the read timeout: shard 1 ← worker 0",
-         "dropped; the average is weighted by the parts read"),
+        (
+            1,
+            "parts not read within the read timeout: shard 1 ← worker 0",
+            "dropped; the average is weighted by the parts read",
+        ),
         (1, "1 reducer launch(es) missing at a deadline", "the watchdog re-launched them"),
-        (1, "no reducer finished shard 1 within the retries",
-         "the shard kept the iteration's weights (stale) and the merge went on"),
+        (
+            1,
+            "no reducer finished shard 1 within the retries",
+            "the shard kept the iteration's weights (stale) and the merge went on",
+        ),
         (1, "2 report(s) of superseded attempts", "ignored"),
         (None, "the run failed: work stage of iteration 2: …", "no new iteration started after iteration 2"),
     ]
 
 
 def test_traces_per_iteration_the_launchs_first() -> None:
-    records = [use("worker", T0 + 1, T0 + 2, trace_id="1-b"), use("work_launcher", T0 + 5, T0 + 6, trace_id="1-a"),
-               use("merger", T0 + 7, T0 + 8, trace_id="1-b"), use("worker", T0, T0 + 1, iteration=2),
-               use("worker", T0, T0 + 1, iteration=None, trace_id="1-c")]
+    records = [
+        use("worker", T0 + 1, T0 + 2, trace_id="1-b"),
+        use("work_launcher", T0 + 5, T0 + 6, trace_id="1-a"),
+        use("merger", T0 + 7, T0 + 8, trace_id="1-b"),
+        use("worker", T0, T0 + 1, iteration=2),
+        use("worker", T0, T0 + 1, iteration=None, trace_id="1-c"),
+    ]
     assert report.traces(records) == {1: ["1-a", "1-b"]}
     assert report.trace_url("1-a", "eu-west-1") == (
-        "https://eu-west-1.console.aws.amazon.com/cloudwatch/home?region=eu-west-1#xray:traces/1-a")
+        "https://eu-west-1.console.aws.amazon.com/cloudwatch/home?region=eu-west-1#xray:traces/1-a"
+    )
 
 
 class _Page(HTMLParser):
@@ -218,14 +300,30 @@ class _Page(HTMLParser):
 
 
 def _report(tmp_path: Path, reason: str | None = None) -> tuple[report.Report, runs.RunSummary]:
-    run = RunRecord(run_id="r<1>", status=RunStatus.COMPLETED,
-                    training=TrainingSpec(workers=3, reducers=2, iterations=3), iteration=3, workers=3,
-                    dataset="d&d", created_at=T0 - 10, updated_at=T0 + 9, reason=reason)
+    run = RunRecord(
+        run_id="r<1>",
+        status=RunStatus.COMPLETED,
+        training=TrainingSpec(workers=3, reducers=2, iterations=3),
+        iteration=3,
+        workers=3,
+        dataset="d&d",
+        created_at=T0 - 10,
+        updated_at=T0 + 9,
+        reason=reason,
+    )
     records = [*iteration_one(), use("work_launcher", T0 + 1.5, T0 + 1.6, iteration=2)]
-    iterations = [IterationRecord(iteration=0, launched_at=T0 - 1, train_loss=2.0, train_accuracy=0.1),
-                  record_one(train_loss=1.8, train_accuracy=0.3, test_loss=1.7, test_accuracy=0.42,
-                             test={"loss": 1.7, "accuracy": 0.42, "auc": 0.8}, val={"loss": 1.9, "accuracy": 0.4}),
-                  IterationRecord(iteration=2, launched_at=T0 + 1.51)]
+    iterations = [
+        IterationRecord(iteration=0, launched_at=T0 - 1, train_loss=2.0, train_accuracy=0.1),
+        record_one(
+            train_loss=1.8,
+            train_accuracy=0.3,
+            test_loss=1.7,
+            test_accuracy=0.42,
+            test={"loss": 1.7, "accuracy": 0.42, "auc": 0.8},
+            val={"loss": 1.9, "accuracy": 0.4},
+        ),
+        IterationRecord(iteration=2, launched_at=T0 + 1.51),
+    ]
     summary = runs.summarize(run, iterations, 19.0, records)
     gathered = report.gather(run, iterations, records, summary, chosen=[2], table=PRICES)
     report.draw(gathered, tmp_path)
@@ -256,8 +354,16 @@ def test_the_page_shows_the_summarys_figures_escaped_with_its_pngs_beside_it(tmp
 
 
 def test_chosen_iterations_must_be_the_runs(tmp_path: Path) -> None:
-    run = RunRecord(run_id="r", status=RunStatus.COMPLETED, training=TrainingSpec(workers=1, reducers=1, iterations=1),
-                    iteration=1, workers=1, dataset="d", created_at=T0, updated_at=T0)
+    run = RunRecord(
+        run_id="r",
+        status=RunStatus.COMPLETED,
+        training=TrainingSpec(workers=1, reducers=1, iterations=1),
+        iteration=1,
+        workers=1,
+        dataset="d",
+        created_at=T0,
+        updated_at=T0,
+    )
     summary = runs.summarize(run, [], 1.0)
     with pytest.raises(BadInputError, match=r"--iteration 7: not an iteration of run 'r' \(its iterations: 1–1\)"):
         report.gather(run, [], [use("worker", T0, T0 + 1)], summary, chosen=[7], table=PRICES)
@@ -275,8 +381,9 @@ def test_summary_figures_as_shown() -> None:
 def test_the_report_command_reads_a_stack_and_says_where_a_local_runs_report_comes_from(capsys) -> None:
     from slsml.cli import main as cli
 
-    args = cli.build_parser().parse_args(["run", "report", "r", "--out", "d", "--iteration", "3", "5",
-                                          "--iteration", "7"])
+    args = cli.build_parser().parse_args(
+        ["run", "report", "r", "--out", "d", "--iteration", "3", "5", "--iteration", "7"]
+    )
     assert (args.run_id, args.out, args.iteration, args.stack) == ("r", "d", [3, 5, 7], None)
     assert cli.main(["run", "report", "r", "--out", "d"]) == 2
     assert "no local service is up and no --stack given" in capsys.readouterr().err
@@ -286,15 +393,28 @@ def test_the_report_command_reads_a_stack_and_says_where_a_local_runs_report_com
 def test_the_curves_and_tables_name_the_figures_as_keras_does(tmp_path: Path) -> None:
     gathered, _ = _report(tmp_path)
     drawn = {name: [label for label, _ in lines] for name, lines in report.series(gathered.points).items()}
-    assert drawn == {"loss": ["loss", "test_loss", "val_loss"],
-                     "accuracy": ["accuracy", "test_accuracy", "val_accuracy"]}
+    assert drawn == {
+        "loss": ["loss", "test_loss", "val_loss"],
+        "accuracy": ["accuracy", "test_accuracy", "val_accuracy"],
+    }
     page = report.render(gathered)
     assert 'alt="loss, test_loss, val_loss and accuracy, test_accuracy, val_accuracy against iterations' in page
     assert "<th>test_loss</th><th>test_accuracy</th><th>test_auc</th><th>val_loss</th><th>val_accuracy</th>" in page
     assert "<th>loss</th><th>accuracy</th><th>test_accuracy</th>" in page  # every iteration: the first metric
-    auc = [report.Point(iteration=i, wall_s=None, dollars=0.0, train_loss=0.5, train_accuracy=0.7,
-                        test={"loss": 0.6, "auc": 0.9} if i else {}) for i in range(2)]
+    auc = [
+        report.Point(
+            iteration=i,
+            wall_s=None,
+            dollars=0.0,
+            train_loss=0.5,
+            train_accuracy=0.7,
+            test={"loss": 0.6, "auc": 0.9} if i else {},
+        )
+        for i in range(2)
+    ]
     assert {name: [label for label, _ in lines] for name, lines in report.series(auc).items()} == {
-        "loss": ["loss", "test_loss"], "auc": ["test_auc"]}  # slsml's batch accuracy is not the AUC
+        "loss": ["loss", "test_loss"],
+        "auc": ["test_auc"],
+    }  # slsml's batch accuracy is not the AUC
     report.draw_curves(auc, tmp_path / "auc.png")
     assert (tmp_path / "auc.png").stat().st_size > 1000

@@ -49,7 +49,8 @@ def name_comparisons(source: str, names: typing.Collection[str]) -> list[str]:
 
     def named(node: ast.expr) -> bool:
         return (isinstance(node, ast.Attribute) and node.attr == "algorithm") or (
-            isinstance(node, ast.Name) and node.id == "algorithm")
+            isinstance(node, ast.Name) and node.id == "algorithm"
+        )
 
     def constant(node: ast.expr) -> bool:
         if isinstance(node, ast.Tuple | ast.List | ast.Set):
@@ -71,17 +72,25 @@ def test_no_module_outside_the_rules_compares_a_rule_s_name() -> None:
     sources = [*PACKAGE.rglob("*.py"), *(REPOSITORY / "functions").rglob("*.py")]
     outside = [path for path in sources if not any(path.is_relative_to(own) for own in RULES_OWN)]
     assert len(outside) > 80
-    found = {str(path.relative_to(REPOSITORY)): lines for path in outside
-             if (lines := name_comparisons(path.read_text(), ALGORITHMS))}
+    found = {
+        str(path.relative_to(REPOSITORY)): lines
+        for path in outside
+        if (lines := name_comparisons(path.read_text(), ALGORITHMS))
+    }
     assert found == {}
 
 
 def test_the_scan_finds_a_comparison_with_a_rule_s_name() -> None:
-    source = ('if spec.algorithm != "gradient": pass\nif kind in ("admm",): pass\n'
-              'x = {"admm": 1}[spec.algorithm]\nmatch algorithm:\n    case _: pass\nif spec.server == "other": pass\n')
+    source = (
+        'if spec.algorithm != "gradient": pass\nif kind in ("admm",): pass\n'
+        'x = {"admm": 1}[spec.algorithm]\nmatch algorithm:\n    case _: pass\nif spec.server == "other": pass\n'
+    )
     assert name_comparisons(source, ALGORITHMS) == [
-        "1: spec.algorithm != 'gradient'", "2: kind in ('admm',)", "3: {'admm': 1}[spec.algorithm]",
-        "4: match algorithm"]
+        "1: spec.algorithm != 'gradient'",
+        "2: kind in ('admm',)",
+        "3: {'admm': 1}[spec.algorithm]",
+        "4: match algorithm",
+    ]
 
 
 def test_a_rule_added_as_contributing_shows_trains_with_no_other_edit(tmp_path: Path) -> None:
@@ -130,34 +139,56 @@ def added_rule_checks() -> None:
         assert services.table.claim_launch("sign", 0, "launch-0", 0, 2) is not None
         done = [cloud.work(services, "sign", 0, worker) for worker in range(2)]
         trainable = config.plan.trainable_mask()
-        signs = [updates.decode(services.store.get(keys.update("sign", 0, w)), "gradient", config.plan)[0]
-                 for w in range(2)]
+        signs = [
+            updates.decode(services.store.get(keys.update("sign", 0, w)), "gradient", config.plan)[0] for w in range(2)
+        ]
         assert all(set(np.unique(s[trainable])) <= {-1, 0, 1} for s in signs)
         fired = [message for report in done if report for message in reduce_launcher.on_work_done(report, services)]
         for message in fired:
             reducer.reduce(message, services)
         start = services.store.get_array(keys.weights("sign", 0))
-        end = np.concatenate([shards.decode(services.store.get(keys.shard("sign", 1, r)), config.plan.shard(r).size
-                                            ).weights for r in range(config.plan.reducers)])
+        end = np.concatenate(
+            [
+                shards.decode(services.store.get(keys.shard("sign", 1, r)), config.plan.shard(r).size).weights
+                for r in range(config.plan.reducers)
+            ]
+        )
         np.testing.assert_allclose((start - end)[trainable], 0.1 * (signs[0] + signs[1])[trainable] / 2, atol=1e-6)
     print(f"{PACKAGE}: {config.training.algorithm}")
 
 
 def test_the_reducer_reads_the_rules_without_tensorflow() -> None:
-    code = ("import sys, slsml.rules, slsml.pipeline.steps.reducer; "
-            "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
+    code = (
+        "import sys, slsml.rules, slsml.pipeline.steps.reducer; "
+        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize("options", [
-    {"algorithm": "average", "local_steps": 2, "local_state": "keep", "local_optimizer": "sgd", "local_momentum": 0.9},
-    {"algorithm": "average", "local_steps": 2, "local_state": "keep", "local_optimizer": "adam",
-     "local_learning_rate": 0.01},
-    {"algorithm": "admm", "local_steps": 2},
-    {"algorithm": "average", "local_steps": 2},
-    {"algorithm": "gradient"},
-], ids=["average-keep-momentum", "average-keep-adam", "admm", "average-reset", "gradient"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {
+            "algorithm": "average",
+            "local_steps": 2,
+            "local_state": "keep",
+            "local_optimizer": "sgd",
+            "local_momentum": 0.9,
+        },
+        {
+            "algorithm": "average",
+            "local_steps": 2,
+            "local_state": "keep",
+            "local_optimizer": "adam",
+            "local_learning_rate": 0.01,
+        },
+        {"algorithm": "admm", "local_steps": 2},
+        {"algorithm": "average", "local_steps": 2},
+        {"algorithm": "gradient"},
+    ],
+    ids=["average-keep-momentum", "average-keep-adam", "admm", "average-reset", "gradient"],
+)
 def test_the_plan_s_slot_traffic_is_what_the_worker_stores(services: Services, options: dict) -> None:
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")])
@@ -165,8 +196,8 @@ def test_the_plan_s_slot_traffic_is_what_the_worker_stores(services: Services, o
     config = cloud.register_run(services, modelio.save_model(model), "slot", **options)
     for iteration in range(2):
         cloud.work(services, "slot", iteration, 0)
-    stored = [services.store.get(key) for key in services.store.list_keys("runs/slot/iters/")
-              if "/local/" in key]
-    traffic = rules.of(config.training).slot_traffic(config.training, config.plan.size,
-                                                     int(config.plan.trainable_mask().sum()))
+    stored = [services.store.get(key) for key in services.store.list_keys("runs/slot/iters/") if "/local/" in key]
+    traffic = rules.of(config.training).slot_traffic(
+        config.training, config.plan.size, int(config.plan.trainable_mask().sum())
+    )
     assert [len(body) for body in stored] == [traffic.bytes] * 2 * traffic.objects

@@ -22,14 +22,22 @@ from .test_reduce_steps import _put_run, services  # noqa: F401
 LIMITS = RunLimits(workers=4, reducers=2, iterations=100, time_budget_s=3600)
 
 
-@pytest.mark.parametrize(("spec", "named"), [
-    (TrainingSpec(workers=8, global_batch=64), "8 workers, over the deployment's limit workers=4"),
-    (TrainingSpec(workers=2, max_workers=6), "6 workers, over the deployment's limit workers=4"),  # run scale's bound
-    (TrainingSpec(workers=2, reducers=3), "3 reducers, over the deployment's limit reducers=2"),
-    (TrainingSpec(workers=2, iterations=101), "101 iterations, over the deployment's limit iterations=100"),
-    (TrainingSpec(workers=2, time_budget_s=3601), "3601 s of time budget, over the deployment's limit"
-                                                  " time_budget_s=3600"),
-])
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        (TrainingSpec(workers=8, global_batch=64), "8 workers, over the deployment's limit workers=4"),
+        (
+            TrainingSpec(workers=2, max_workers=6),
+            "6 workers, over the deployment's limit workers=4",
+        ),  # run scale's bound
+        (TrainingSpec(workers=2, reducers=3), "3 reducers, over the deployment's limit reducers=2"),
+        (TrainingSpec(workers=2, iterations=101), "101 iterations, over the deployment's limit iterations=100"),
+        (
+            TrainingSpec(workers=2, time_budget_s=3601),
+            "3601 s of time budget, over the deployment's limit time_budget_s=3600",
+        ),
+    ],
+)
 def test_a_run_beyond_a_limit_is_refused_naming_it(spec: TrainingSpec, named: str) -> None:
     assert named in (LIMITS.refusal(spec) or "")
 
@@ -49,8 +57,10 @@ def test_the_pipeline_fails_a_run_beyond_a_limit_before_it_launches_work(service
     landed = ModelLanded(key=keys.model("greedy", 0), sequencer="1")
     assert work_launcher.on_model(landed, limited) == Outcome.REFUSED
     run = services.table.get_run("greedy")
-    assert (run.status, run.reason) == ("FAILED", "the run asks for 500 iterations, over the deployment's limit"
-                                                  " iterations=100")
+    assert (run.status, run.reason) == (
+        "FAILED",
+        "the run asks for 500 iterations, over the deployment's limit iterations=100",
+    )
     assert services.table.get_counter("greedy", 0).workers is None  # no worker was launched
     _put_run(services, "modest", spec.model_copy(update={"iterations": 100}), launched=False)
     assert work_launcher.on_model(ModelLanded(key=keys.model("modest", 0), sequencer="1"), limited) == Outcome.LAUNCHED

@@ -30,12 +30,18 @@ def _start(services: Services, name: str) -> str | None:  # noqa: F811
     return run_starter.on_dropped(ModelLanded(key=f"incoming/{name}.keras", sequencer="1"), services, DropInRequest())
 
 
-@pytest.mark.parametrize(("request_body", "reason"), [
-    (b'{"dataset": "d", "training": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", "recursion limit exceeded"),
-    (b"not json", "Invalid JSON"),
-])
+@pytest.mark.parametrize(
+    ("request_body", "reason"),
+    [
+        (b'{"dataset": "d", "training": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", "recursion limit exceeded"),
+        (b"not json", "Invalid JSON"),
+    ],
+)
 def test_a_request_it_cannot_use_is_refused_with_a_reason(
-    services: Services, request_body: bytes, reason: str, caplog: pytest.LogCaptureFixture,  # noqa: F811
+    services: Services,  # noqa: F811
+    request_body: bytes,
+    reason: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     run_id = _drop(services, "deep", request_body)
     caplog.set_level(logging.ERROR)

@@ -25,8 +25,9 @@ def table(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def register(table: Any, run_id: str, created_at: float, iterations: int = 3) -> None:
     """A run's META item as the state machine's RegisterRun writes it, and iteration items beside it."""
-    table.put_item(Item=records.run_item(run_id, "d", TrainingSpec(workers=2, reducers=1, iterations=iterations),
-                                         created_at))
+    table.put_item(
+        Item=records.run_item(run_id, "d", TrainingSpec(workers=2, reducers=1, iterations=iterations), created_at)
+    )
     for i in range(iterations):
         table.put_item(Item=dynamo({"pk": f"RUN#{run_id}", "sk": iteration_sk(i), "iteration": i, "created_at": 1}))
         table.put_item(Item=dynamo({"pk": f"RUN#{run_id}", "sk": worker_sk(i, 0), "worker": 0}))
@@ -34,15 +35,26 @@ def register(table: Any, run_id: str, created_at: float, iterations: int = 3) ->
 
 def test_the_definition_has_the_runs_index_on_attributes_only_run_items_carry() -> None:
     arguments = records.create_table_arguments("t")
-    assert arguments["KeySchema"] == [{"AttributeName": "pk", "KeyType": "HASH"},
-                                      {"AttributeName": "sk", "KeyType": "RANGE"}]
-    assert arguments["GlobalSecondaryIndexes"] == [{
-        "IndexName": "runs", "Projection": {"ProjectionType": "ALL"},
-        "KeySchema": [{"AttributeName": "kind", "KeyType": "HASH"},
-                      {"AttributeName": "created_at", "KeyType": "RANGE"}],
-    }]
+    assert arguments["KeySchema"] == [
+        {"AttributeName": "pk", "KeyType": "HASH"},
+        {"AttributeName": "sk", "KeyType": "RANGE"},
+    ]
+    assert arguments["GlobalSecondaryIndexes"] == [
+        {
+            "IndexName": "runs",
+            "Projection": {"ProjectionType": "ALL"},
+            "KeySchema": [
+                {"AttributeName": "kind", "KeyType": "HASH"},
+                {"AttributeName": "created_at", "KeyType": "RANGE"},
+            ],
+        }
+    ]
     assert {a["AttributeName"]: a["AttributeType"] for a in arguments["AttributeDefinitions"]} == {
-        "pk": "S", "sk": "S", "kind": "S", "created_at": "N"}
+        "pk": "S",
+        "sk": "S",
+        "kind": "S",
+        "created_at": "N",
+    }
     registered = orchestration.definition("b", "t", "c", "e")["States"]["RegisterRun"]["Parameters"]["Item"]
     assert registered["kind"] == {"S": RUN_KIND} and "created_at" in registered
 
@@ -57,7 +69,12 @@ def test_a_run_item_stores_the_spec_once_beside_what_the_pipeline_updates(table:
     run = RunTable(table).get_run("r")
     assert run.training == spec and run.workers == 3
     assert (run.iterations, run.reducers, run.quorum, run.deadline_s, run.heartbeat_s) == (
-        7, 2, 0.5, spec.deadline_s, spec.heartbeat_s)
+        7,
+        2,
+        0.5,
+        spec.deadline_s,
+        spec.heartbeat_s,
+    )
 
 
 def test_list_runs_queries_the_index_page_by_page_oldest_first(table: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,7 +138,9 @@ def test_a_count_that_comes_after_a_resume_deleted_its_counter_stores_nothing(ta
     runs.record_stale_shard("forgotten", 0, 1)
     runs.record_reduce_relaunch("forgotten", 0, 2)
     assert (runs.get_counter("forgotten", 0).stale_shards, runs.get_counter("forgotten", 0).reduce_relaunches) == (
-        {1}, 2)
+        {1},
+        2,
+    )
     runs.forget_iterations("forgotten", 1)
     runs.record_stale_shard("forgotten", 1, 0)
     runs.record_reduce_relaunch("forgotten", 2, 1)

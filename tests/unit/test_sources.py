@@ -69,8 +69,11 @@ def test_arrays_batches_and_a_tf_dataset_from_python() -> None:
     import tensorflow as tf
 
     x, y = samples(200)
-    for source in (sources.from_python(x, y), sources.from_python(iter([(x[:70], y[:70]), (x[70:], y[70:])])),
-                   sources.from_python(tf.data.Dataset.from_tensor_slices((x, y)).batch(64))):
+    for source in (
+        sources.from_python(x, y),
+        sources.from_python(iter([(x[:70], y[:70]), (x[70:], y[70:])])),
+        sources.from_python(tf.data.Dataset.from_tensor_slices((x, y)).batch(64)),
+    ):
         got_x, got_y, _ = read_all(source)
         np.testing.assert_array_equal(got_x, x)
         np.testing.assert_array_equal(got_y, y)
@@ -97,16 +100,19 @@ def write_images(folder: Path, classes: dict[str, list[str]], seed: int = 0) -> 
 def test_images_get_keras_labels_and_every_format_decodes(tmp_path: Path) -> None:
     import keras
 
-    write_images(tmp_path / "keras", {
-        "zebra": ["b.jpg", "a.png", "c.bmp"], "ant": ["x.gif", "y.JPEG"], "cat": ["k.png", "j.jpg", "l.gif"]})
+    write_images(
+        tmp_path / "keras",
+        {"zebra": ["b.jpg", "a.png", "c.bmp"], "ant": ["x.gif", "y.JPEG"], "cat": ["k.png", "j.jpg", "l.gif"]},
+    )
     (tmp_path / "keras" / "cat" / "deeper").mkdir()
     Image.new("RGB", (25, 30), "red").save(tmp_path / "keras" / "cat" / "deeper" / "a.png")
     (tmp_path / "keras" / "notes.txt").write_text("not a class")
     source = sources.open_source(tmp_path / "keras", image_size=(12, 10))
     x, y, chunks = read_all(source)
     assert chunks > 1 and x.shape == (9, 12, 10, 3) and x.dtype == np.uint8
-    keras_set = keras.utils.image_dataset_from_directory(tmp_path / "keras", image_size=(12, 10), shuffle=False,
-                                                         batch_size=None)
+    keras_set = keras.utils.image_dataset_from_directory(
+        tmp_path / "keras", image_size=(12, 10), shuffle=False, batch_size=None
+    )
     assert source.classes == tuple(keras_set.class_names) == ("ant", "cat", "zebra")
     np.testing.assert_array_equal(y, [int(label) for _, label in keras_set])
     assert np.array_equal(x[5], np.full((12, 10, 3), [255, 0, 0]))  # cat/deeper/a.png, a solid red
@@ -116,12 +122,18 @@ def test_images_get_keras_labels_and_every_format_decodes(tmp_path: Path) -> Non
     np.testing.assert_array_equal(y, [0, 1, 1])
 
 
-@pytest.mark.parametrize(("damage", "message"), [
-    (lambda f: (f / "b" / "2.jpg").write_bytes((f / "b" / "2.jpg").read_bytes()[:300]), r"b/2\.jpg: not a readable"),
-    (lambda f: (f / "a" / "1.png").write_bytes(b"\x89PNG but not really"), r"a/1\.png: not a readable image"),
-    (lambda f: Image.new("L", (30, 30)).save(f / "b" / "4.png"), r"b/4\.png: 1 channels where .*a/1\.png has 3;"),
-    (lambda f: (f / "c").mkdir(), r"/c: class folder without images"),
-])
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (
+            lambda f: (f / "b" / "2.jpg").write_bytes((f / "b" / "2.jpg").read_bytes()[:300]),
+            r"b/2\.jpg: not a readable",
+        ),
+        (lambda f: (f / "a" / "1.png").write_bytes(b"\x89PNG but not really"), r"a/1\.png: not a readable image"),
+        (lambda f: Image.new("L", (30, 30)).save(f / "b" / "4.png"), r"b/4\.png: 1 channels where .*a/1\.png has 3;"),
+        (lambda f: (f / "c").mkdir(), r"/c: class folder without images"),
+    ],
+)
 def test_bad_images_are_named(tmp_path: Path, damage, message: str) -> None:
     write_images(tmp_path, {"a": ["1.png"], "b": ["2.jpg", "3.png"]})
     damage(tmp_path)
@@ -136,8 +148,15 @@ def table(n: int = 500):
     import pyarrow as pa
 
     rng = np.random.default_rng(3)
-    return pa.table({"a": rng.standard_normal(n), "name": [f"n{i}" for i in range(n)], "b": rng.integers(0, 9, n),
-                     "label": rng.integers(0, 3, n), "c": rng.standard_normal(n).astype(np.float32)})
+    return pa.table(
+        {
+            "a": rng.standard_normal(n),
+            "name": [f"n{i}" for i in range(n)],
+            "b": rng.integers(0, 9, n),
+            "label": rng.integers(0, 3, n),
+            "c": rng.standard_normal(n).astype(np.float32),
+        }
+    )
 
 
 @pytest.mark.parametrize("format", ["parquet", "csv"])

@@ -23,8 +23,9 @@ def _arrive(services: Services, run_id: str, iteration: int, worker: int) -> lis
     """Worker ``worker``'s update of ``iteration`` (vector VECTORS[worker] + iteration), stored and announced."""
     vector = VECTORS[worker] + iteration
     services.store.put_new(keys.update(run_id, iteration, worker), *updates.encode(vector, SAMPLES[worker]))
-    done = WorkDone(run_id=run_id, iteration=iteration, worker=worker, samples=SAMPLES[worker], loss=0.5,
-                    compute_s=0.01)
+    done = WorkDone(
+        run_id=run_id, iteration=iteration, worker=worker, samples=SAMPLES[worker], loss=0.5, compute_s=0.01
+    )
     return reduce_launcher.on_work_done(done, services)
 
 
@@ -45,8 +46,9 @@ def test_a_late_update_is_folded_into_the_next_reduce_once_and_weighted_by_its_s
     late = Participant(worker=2, samples=SAMPLES[2], iteration=0)
     assert all(late in message.participants for message in fired)
     assert services.table.get_iteration("ssp", 0).folded == {2}
-    again = reduce_launcher.on_work_done(WorkDone(run_id="ssp", iteration=1, worker=1, samples=SAMPLES[1],
-                                                  loss=0.5, compute_s=0.01), services)  # a duplicate
+    again = reduce_launcher.on_work_done(
+        WorkDone(run_id="ssp", iteration=1, worker=1, samples=SAMPLES[1], loss=0.5, compute_s=0.01), services
+    )  # a duplicate
     assert again == []  # its reduce went out with the late update the first time
 
     before = np.concatenate([_shard(services, "ssp", 1, r).weights for r in range(PLAN.reducers)])

@@ -33,8 +33,10 @@ def keras_early_stopping(values: list[float], mode: str, patience: int, min_delt
 
 
 @pytest.mark.parametrize("series", list(SERIES))
-@pytest.mark.parametrize(("mode", "patience", "min_delta"), [("min", 0, 0.0), ("min", 1, 0.0), ("min", 2, 0.005),
-                                                             ("max", 1, 0.0), ("max", 3, 0.01)])
+@pytest.mark.parametrize(
+    ("mode", "patience", "min_delta"),
+    [("min", 0, 0.0), ("min", 1, 0.0), ("min", 2, 0.005), ("max", 1, 0.0), ("max", 3, 0.01)],
+)
 def test_stops_where_keras_early_stopping_stops(series: str, mode: str, patience: int, min_delta: float) -> None:
     values = SERIES[series]
     expected, _ = keras_early_stopping(values, mode, patience, min_delta)
@@ -62,13 +64,16 @@ def test_each_figure_improves_the_way_keras_decides() -> None:
     assert modes == {"loss": "min", "auc": "max", "accuracy": "max", "mean_absolute_error": "min"}
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"early_stopping": "val_loss:x"}, r"is not MONITOR\[:PATIENCE\[:MIN_DELTA\]\]"),
-    ({"early_stopping": "val_loss:1:-2"}, r"is not MONITOR\[:PATIENCE\[:MIN_DELTA\]\]"),
-    ({"early_stopping": "loss:1", "validation_split": 0.2}, "'loss' is not a figure of an evaluation"),
-    ({"early_stopping": "val_loss"}, "val_loss is evaluated on a validation split: give validation_split"),
-    ({"keep_best": "test_auc", "eval_every": 0}, "test_auc is evaluated every eval_every iterations"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"early_stopping": "val_loss:x"}, r"is not MONITOR\[:PATIENCE\[:MIN_DELTA\]\]"),
+        ({"early_stopping": "val_loss:1:-2"}, r"is not MONITOR\[:PATIENCE\[:MIN_DELTA\]\]"),
+        ({"early_stopping": "loss:1", "validation_split": 0.2}, "'loss' is not a figure of an evaluation"),
+        ({"early_stopping": "val_loss"}, "val_loss is evaluated on a validation split: give validation_split"),
+        ({"keep_best": "test_auc", "eval_every": 0}, "test_auc is evaluated every eval_every iterations"),
+    ],
+)
 def test_a_monitor_no_evaluation_gives_is_refused_by_name(fields: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         TrainingSpec(**fields)

@@ -34,17 +34,31 @@ def test_copy_new_is_made_by_s3_and_never_overwrites(store: ObjectStore) -> None
 
 
 def test_transient_scratch_carries_the_expiry_tag_and_carried_state_and_models_do_not(store: ObjectStore) -> None:
-    transient = [keys.update("a", 3, 1), keys.update("a", 3, 1, attempt=2), keys.mean("a", 3, 0),
-                 keys.evaluation("a", 3, 1, "test"), keys.evaluation("a", 3, 0, "val")]
-    kept = [keys.weights("a", 3), keys.shard("a", 3, 0), keys.local_state("a", 2, 1), keys.residual("a", 2, 1),
-            keys.model("a", 3), keys.run_config("a"), keys.final_model("a")]
+    transient = [
+        keys.update("a", 3, 1),
+        keys.update("a", 3, 1, attempt=2),
+        keys.mean("a", 3, 0),
+        keys.evaluation("a", 3, 1, "test"),
+        keys.evaluation("a", 3, 0, "val"),
+    ]
+    kept = [
+        keys.weights("a", 3),
+        keys.shard("a", 3, 0),
+        keys.local_state("a", 2, 1),
+        keys.residual("a", 2, 1),
+        keys.model("a", 3),
+        keys.run_config("a"),
+        keys.final_model("a"),
+    ]
     for key in transient + kept:
         store.put_new(key, b"x")
     assert [_tags(store, key) for key in transient] == [{SCRATCH_TAG_KEY: SCRATCH_TAG_VALUE}] * len(transient)
     assert [_tags(store, key) for key in kept] == [{}] * len(kept)
     # what a run entering iteration 3 carries: all of it untagged
     assert set(keys.carried("a", 3, reducers=1, slots=2, slot_state=True, residuals=True)) <= set(kept) | {
-        keys.local_state("a", 2, 0), keys.residual("a", 2, 0)}
+        keys.local_state("a", 2, 0),
+        keys.residual("a", 2, 0),
+    }
 
 
 def test_ranged_get_and_missing_keys(store: ObjectStore) -> None:

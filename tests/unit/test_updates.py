@@ -167,10 +167,17 @@ def parts_of(data: bytes, compression: updates.Compression) -> list[bytes]:
     return out
 
 
-@pytest.mark.parametrize(("text", "kind", "value"), [
-    ("none", "none", None), ("fp16", "fp16", None), ("topk:0.01", "topk", 0.01), ("topk:1", "topk", 1.0),
-    ("significance:0.002", "significance", 0.002), (" TopK:0.5 ", "topk", 0.5),
-])
+@pytest.mark.parametrize(
+    ("text", "kind", "value"),
+    [
+        ("none", "none", None),
+        ("fp16", "fp16", None),
+        ("topk:0.01", "topk", 0.01),
+        ("topk:1", "topk", 1.0),
+        ("significance:0.002", "significance", 0.002),
+        (" TopK:0.5 ", "topk", 0.5),
+    ],
+)
 def test_compress_forms(text: str, kind: str, value: float | None) -> None:
     compression = updates.Compression.parse(text)
     assert (compression.kind, compression.value) == (kind, value)
@@ -179,12 +186,21 @@ def test_compress_forms(text: str, kind: str, value: float | None) -> None:
     assert compression.lossy == (kind != "none")
 
 
-@pytest.mark.parametrize(("text", "why"), [
-    ("topk:0", "fraction must be in \\(0, 1\\], not 0"), ("topk:2", "fraction must be in \\(0, 1\\], not 2"),
-    ("zip", "'zip' is no compressor"), ("significance:-1", "threshold must be above 0, not -1"),
-    ("significance:0", "above 0"), ("topk", "topk needs a value"), ("fp16:0.5", "fp16 takes no value"),
-    ("topk:often", "'often' is not a number"), ("significance:inf", "finite"), ("", "'' is no compressor"),
-])
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("topk:0", "fraction must be in \\(0, 1\\], not 0"),
+        ("topk:2", "fraction must be in \\(0, 1\\], not 2"),
+        ("zip", "'zip' is no compressor"),
+        ("significance:-1", "threshold must be above 0, not -1"),
+        ("significance:0", "above 0"),
+        ("topk", "topk needs a value"),
+        ("fp16:0.5", "fp16 takes no value"),
+        ("topk:often", "'often' is not a number"),
+        ("significance:inf", "finite"),
+        ("", "'' is no compressor"),
+    ],
+)
 def test_bad_compress_values_are_refused_naming_the_option_and_its_forms(text: str, why: str) -> None:
     for error_type, make in ((ValueError, updates.Compression.parse), (ValidationError, _spec)):
         with pytest.raises(error_type, match=why) as refused:
@@ -194,8 +210,11 @@ def test_bad_compress_values_are_refused_naming_the_option_and_its_forms(text: s
         assert "compress takes none, fp16, topk:F (0 < F ≤ 1" in message and "significance:V (V > 0" in message
     assert str(refused.value).startswith("1 validation error for TrainingSpec\ncompress\n")  # the option, by name
     with pytest.raises((BadInputError, ValidationError), match="compress") as flagged:  # the CLI's flag
-        options.training_spec(cli.build_parser().parse_args(["run", "start", "--model", "m.keras", "--data", "d.npz",
-                                                 "--iterations", "3", "--compress", text]))
+        options.training_spec(
+            cli.build_parser().parse_args(
+                ["run", "start", "--model", "m.keras", "--data", "d.npz", "--iterations", "3", "--compress", text]
+            )
+        )
     assert f"{text!r}: " in str(flagged.value)
 
 
@@ -208,8 +227,9 @@ def test_no_compression_is_the_dense_float32_format_byte_for_byte() -> None:
     plain = updates.encode(vector, samples=7)
     assert updates.encode(vector, 7, "gradient", updates.NONE, PLAN) == plain
     assert plain.metadata == {updates.METADATA: "1/0/0"} and len(plain.body) == HEADER_SIZE + 4 * SIZE
-    assert [updates.part_range(PLAN, r, updates.NONE) for r in range(3)] == [updates.part_range(PLAN, r)
-                                                                             for r in range(3)]
+    assert [updates.part_range(PLAN, r, updates.NONE) for r in range(3)] == [
+        updates.part_range(PLAN, r) for r in range(3)
+    ]
 
 
 def test_fp16_round_trip_at_half_the_bytes() -> None:
@@ -287,8 +307,10 @@ def test_a_significance_part_may_hold_nothing_but_its_count() -> None:
 def test_an_encoding_the_run_does_not_send_is_refused_by_name(compression: updates.Compression) -> None:
     data = encoded(compression)
     for expected in {updates.NONE, FP16, TOPK, SIGNIFICANCE} - {compression}:
-        named = (f"the update's encoding is {compression.encoding} \\({updates.ENCODINGS[compression.encoding]}\\),"
-                 f" but the run's compress option {expected} sends encoding {expected.encoding}")
+        named = (
+            f"the update's encoding is {compression.encoding} \\({updates.ENCODINGS[compression.encoding]}\\),"
+            f" but the run's compress option {expected} sends encoding {expected.encoding}"
+        )
         with pytest.raises(UpdateFormatError, match=named):
             updates.check(data.metadata, "gradient", "updates/00001.bin", expected)
         with pytest.raises(UpdateFormatError, match=named):
@@ -307,12 +329,15 @@ def _forge_pairs(part: bytes, offset: int, indices: list[int]) -> bytes:
 
 
 @pytest.mark.parametrize("compression", [TOPK, SIGNIFICANCE], ids=str)
-@pytest.mark.parametrize(("indices", "named"), [
-    ([0, 38], "index 38 lies outside the part's 38 entries"),
-    ([3, 2**32 - 1], "index 4294967295 lies outside"),
-    ([5, 5], "index 5 repeats or comes out of order"),
-    ([9, 4], "index 4 repeats or comes out of order"),
-])
+@pytest.mark.parametrize(
+    ("indices", "named"),
+    [
+        ([0, 38], "index 38 lies outside the part's 38 entries"),
+        ([3, 2**32 - 1], "index 4294967295 lies outside"),
+        ([5, 5], "index 5 repeats or comes out of order"),
+        ([9, 4], "index 4 repeats or comes out of order"),
+    ],
+)
 def test_a_sparse_part_whose_indices_do_not_fit_is_refused_before_use(
     compression: updates.Compression, indices: list[int], named: str
 ) -> None:
@@ -351,14 +376,17 @@ def test_a_significance_part_may_not_declare_more_pairs_than_its_trainable_entri
         updates.decode_part(b"\1\0", PLAN, 0, SIGNIFICANCE)
 
 
-@pytest.mark.parametrize(("entries", "size"), [
-    ((0, 40), None),  # inside the header
-    ((64, 60), None),  # ends before it starts
-    ((64, 64 + 3), None),  # shorter than its count
-    ((64, 64 + 4 + 5), None),  # not a whole number of pairs
-    ((64, 64 + 4 + 8 * 39), None),  # more pairs than trainable entries
-    ((64, 64 + 4 + 8), 70),  # beyond the object's end
-])
+@pytest.mark.parametrize(
+    ("entries", "size"),
+    [
+        ((0, 40), None),  # inside the header
+        ((64, 60), None),  # ends before it starts
+        ((64, 64 + 3), None),  # shorter than its count
+        ((64, 64 + 4 + 5), None),  # not a whole number of pairs
+        ((64, 64 + 4 + 8 * 39), None),  # more pairs than trainable entries
+        ((64, 64 + 4 + 8), 70),  # beyond the object's end
+    ],
+)
 def test_a_significance_table_that_cannot_be_right_is_refused(entries: tuple[int, int], size: int | None) -> None:
     with pytest.raises(UpdateFormatError, match="the part table puts shard 0's part at bytes"):
         updates.significant_part_range(struct.pack("<QQ", *entries), PLAN, 0, size)

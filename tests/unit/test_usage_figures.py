@@ -13,15 +13,38 @@ from slsml.client import runs
 from slsml.spec.config import TrainingSpec
 from slsml.state.records import RunRecord, RunStatus
 
-PRICES = PriceTable(lambda_gb_second=1.0, lambda_request=0.5, s3_put=0.01, s3_get=0.001, sns_publish=0.1,
-                    sqs_request=0.0, dynamodb_write_unit=2.0, dynamodb_read_unit=1.0)
+PRICES = PriceTable(
+    lambda_gb_second=1.0,
+    lambda_request=0.5,
+    s3_put=0.01,
+    s3_get=0.001,
+    sns_publish=0.1,
+    sqs_request=0.0,
+    dynamodb_write_unit=2.0,
+    dynamodb_read_unit=1.0,
+)
 
 
-def record(iteration: int | None, requests: dict[str, int], invocation: str, duration_s: float = 1.0,
-           memory_mb: int = 1024, **counts: float) -> usage.UsageRecord:
-    return usage.UsageRecord(run_id="r", iteration=iteration, function="worker", start=0.0, end=duration_s,
-                             duration_s=duration_s, memory_mb=memory_mb, requests=requests, invocation=invocation,
-                             **counts)
+def record(
+    iteration: int | None,
+    requests: dict[str, int],
+    invocation: str,
+    duration_s: float = 1.0,
+    memory_mb: int = 1024,
+    **counts: float,
+) -> usage.UsageRecord:
+    return usage.UsageRecord(
+        run_id="r",
+        iteration=iteration,
+        function="worker",
+        start=0.0,
+        end=duration_s,
+        duration_s=duration_s,
+        memory_mb=memory_mb,
+        requests=requests,
+        invocation=invocation,
+        **counts,
+    )
 
 
 RECORDS = [
@@ -38,7 +61,9 @@ RECORDS = [
 def test_medians_over_the_iterations_and_totals_over_the_run() -> None:
     figures = usage.figures(RECORDS, 3, PRICES)
     assert figures["requests_per_iteration"] == {
-        "s3:GetObject": 1, "s3:PutObject": 1, "sns:PublishBatch": 1,  # GetItem: in one of three: left out
+        "s3:GetObject": 1,
+        "s3:PutObject": 1,
+        "sns:PublishBatch": 1,  # GetItem: in one of three: left out
     }
     assert figures["gb_seconds"] == 1 + 1 + 0.5 + 1 + 1 + 1  # six invocations of 1 GB
     by_service = figures["cost_by_service_usd"]
@@ -56,10 +81,19 @@ def test_lambda_bills_each_invocation_rounded_up_to_the_millisecond() -> None:
     assert usage.lambda_usage(parts) == (prices.gb_seconds(0.0008, 1024), 1) == (0.001, 1)
 
 
-def test_the_summary_carries_the_figures_and_the_price_file_is_honoured(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    run = RunRecord(run_id="r", status=RunStatus.COMPLETED, training=TrainingSpec(workers=1, reducers=1, iterations=3),
-                    iteration=3, workers=1, dataset="d", created_at=0.0, updated_at=10.0)
+def test_the_summary_carries_the_figures_and_the_price_file_is_honoured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = RunRecord(
+        run_id="r",
+        status=RunStatus.COMPLETED,
+        training=TrainingSpec(workers=1, reducers=1, iterations=3),
+        iteration=3,
+        workers=1,
+        dataset="d",
+        created_at=0.0,
+        updated_at=10.0,
+    )
     builtin = runs.summarize(run, [], 10.0, RECORDS)
     assert builtin.requests_per_iteration["s3:PutObject"] == 1 and builtin.cost_usd > 0
     price_file = tmp_path / "prices.json"

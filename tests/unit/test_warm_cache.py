@@ -64,8 +64,13 @@ def test_an_invocation_that_sets_another_bound_shrinks_the_warm_cache(monkeypatc
 def _model(i: int) -> keras.Model:
     """Model i of 20, all different: widths 16 to 320, every other one compiled with Adam (its slots count)."""
     keras.utils.set_random_seed(i)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16 * (i + 1), activation="relu"),
-                              keras.layers.Dense(4, activation="softmax")])
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(16 * (i + 1), activation="relu"),
+            keras.layers.Dense(4, activation="softmax"),
+        ]
+    )
     if i % 2:
         model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     return model
@@ -88,9 +93,15 @@ def test_a_warm_process_serving_20_runs_stays_within_its_bound(monkeypatch: pyte
         for i, run_id in enumerate(runs):
             blob = modelio.save_model(_model(i))
             store.put_new(keys.model(run_id, 0), blob)
-            config = RunConfig(run_id=run_id, dataset="d", training=TrainingSpec(workers=1, reducers=1, global_batch=8),
-                               optimizer=OptimizerConfig(name="adam"), loss=loss, classification=True,
-                               plan=ShardPlan.build(modelio.variable_specs(modelio.load_model(blob)), 1))
+            config = RunConfig(
+                run_id=run_id,
+                dataset="d",
+                training=TrainingSpec(workers=1, reducers=1, global_batch=8),
+                optimizer=OptimizerConfig(name="adam"),
+                loss=loss,
+                classification=True,
+                plan=ShardPlan.build(modelio.variable_specs(modelio.load_model(blob)), 1),
+            )
             store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
 
             config = run_config(store, run_id)  # what a worker does with the run's work
@@ -111,8 +122,9 @@ def _alike(seed: int, activation: str = "relu") -> keras.Model:
     """A model of one architecture whatever the seed: its weights differ, and so do its names (Keras numbers
     those of each model a process builds)."""
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation=activation),
-                             keras.layers.Dense(4, activation="softmax")])
+    return keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(16, activation=activation), keras.layers.Dense(4, activation="softmax")]
+    )
 
 
 def test_a_workers_warm_model_serves_the_runs_of_one_architecture(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,9 +144,13 @@ def test_a_workers_warm_model_serves_the_runs_of_one_architecture(monkeypatch: p
             store.put_new(keys.model(name, 0), blob)
             models[name] = model = modelio.load_model(blob)
             configs[name] = RunConfig(
-                run_id=name, dataset="d", training=TrainingSpec(workers=1, reducers=1, global_batch=8),
-                optimizer=OptimizerConfig(name="sgd"), loss=modelio.loss_config(model, losses[name]),
-                classification=True, plan=ShardPlan.build(modelio.variable_specs(model), 1),
+                run_id=name,
+                dataset="d",
+                training=TrainingSpec(workers=1, reducers=1, global_batch=8),
+                optimizer=OptimizerConfig(name="sgd"),
+                loss=modelio.loss_config(model, losses[name]),
+                classification=True,
+                plan=ShardPlan.build(modelio.variable_specs(model), 1),
                 architecture=modelio.architecture(model),
             )
         first, fresh = trainer_for(store, configs["first"], 0, shared=True)

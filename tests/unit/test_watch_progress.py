@@ -9,17 +9,42 @@ from slsml.state.records import Counter, RunRecord, RunStatus
 
 
 def _run(iteration: int, workers: int = 4, reason: str | None = None) -> RunRecord:
-    return RunRecord(run_id="r", status=RunStatus.RUNNING,
-                     training=TrainingSpec(workers=4, reducers=2, iterations=20, quorum=0.75, max_workers=8),
-                     iteration=iteration, workers=workers, workers_reason=reason, dataset="d", created_at=0.0,
-                     updated_at=0.0)
+    return RunRecord(
+        run_id="r",
+        status=RunStatus.RUNNING,
+        training=TrainingSpec(workers=4, reducers=2, iterations=20, quorum=0.75, max_workers=8),
+        iteration=iteration,
+        workers=workers,
+        workers_reason=reason,
+        dataset="d",
+        created_at=0.0,
+        updated_at=0.0,
+    )
 
 
-def _counter(iteration: int, arrived: int, relaunches: int = 0, stale: set[int] | None = None, workers: int = 4,
-             reason: str | None = None) -> Counter:
-    return Counter(iteration=iteration, launched_at=100.0, reduce_fired_at=100.25, merged_at=100.75, arrived=arrived,
-                   participant_count=3, reduce_fired_by=1, train_loss=0.5, train_accuracy=0.8,
-                   reduce_relaunches=relaunches, stale_shards=stale or set(), workers=workers, workers_reason=reason)
+def _counter(
+    iteration: int,
+    arrived: int,
+    relaunches: int = 0,
+    stale: set[int] | None = None,
+    workers: int = 4,
+    reason: str | None = None,
+) -> Counter:
+    return Counter(
+        iteration=iteration,
+        launched_at=100.0,
+        reduce_fired_at=100.25,
+        merged_at=100.75,
+        arrived=arrived,
+        participant_count=3,
+        reduce_fired_by=1,
+        train_loss=0.5,
+        train_accuracy=0.8,
+        reduce_relaunches=relaunches,
+        stale_shards=stale or set(),
+        workers=workers,
+        workers_reason=reason,
+    )
 
 
 def test_the_line_shows_stage_times_what_the_run_met_and_dollars_so_far() -> None:
@@ -53,8 +78,10 @@ def test_the_line_shows_the_workers_and_why_they_changed_lately() -> None:
     assert "  W=4→8 (run scale)  " in scaled  # the next iterations launched take 8
     # the WorkLauncher writes the run's reason on every counter it launches: the change is where the workers differ
     scale = "run scale"
-    lines = {i: progress.update(_run(i + 1, workers=8, reason=scale), _counter(i, 6, workers=8, reason=scale))
-             for i in range(2, 9)}
+    lines = {
+        i: progress.update(_run(i + 1, workers=8, reason=scale), _counter(i, 6, workers=8, reason=scale))
+        for i in range(2, 9)
+    }
     assert all("  W=8 (run scale)  " in lines[i] for i in range(2, 2 + ProgressText.RECENT)), lines
     assert "  W=8  " in lines[2 + ProgressText.RECENT]
     tuner = "tuner (time): 0.9 s per round at 8 workers (measured), 0.7 s at 6 (predicted)"

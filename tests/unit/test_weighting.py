@@ -41,21 +41,27 @@ def test_balanced_weights_equal_scikit_learns() -> None:
 
 
 def test_a_mapping_naming_a_class_the_labels_do_not_have_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match=r"^class_weight names classes 3, 9 that the labels do not have \(the"
-                       r" training labels are classes 0, 1, 2, 4\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^class_weight names classes 3, 9 that the labels do not have \(the"
+        r" training labels are classes 0, 1, 2, 4\)$",
+    ):
         weighting.resolve({0: 2.0, 3: 1.0, 9: 1.0}, (5, 1, 2, 0, 1), 5)
     assert weighting.resolve({2: 4.0}, (5, 1, 2), 3) == (1.0, 1.0, 4.0)
     with pytest.raises(ValueError, match="balanced needs the samples of each class"):
         weighting.resolve("balanced", None, 4)
 
 
-@pytest.mark.parametrize(("given", "message"), [
-    ("heavy", "neither balanced nor a JSON mapping"),
-    ('{"a": 1}', "class 'a' is not a class id"),
-    ({-1: 2.0}, "class -1 is not a class id"),
-    ({0: -1}, "the weight of class 0 must be a number from 0"),
-    ("{}", "must be balanced or a mapping"),
-])
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("heavy", "neither balanced nor a JSON mapping"),
+        ('{"a": 1}', "class 'a' is not a class id"),
+        ({-1: 2.0}, "class -1 is not a class id"),
+        ({0: -1}, "the weight of class 0 must be a number from 0"),
+        ("{}", "must be balanced or a mapping"),
+    ],
+)
 def test_a_class_weight_that_is_not_one_is_refused_by_name(given: object, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         TrainingSpec(class_weight=given)

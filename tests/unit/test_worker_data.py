@@ -32,8 +32,9 @@ def model_bytes() -> bytes:
     from slsml.training import modelio
 
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dense(3, activation="softmax")])
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3, activation="softmax")]
+    )
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     return modelio.save_model(model)
 
@@ -49,8 +50,11 @@ def test_past_the_cache_the_worker_reads_its_records_while_it_reads_the_model(
 ) -> None:
     config = cloud.register_run(services, model_bytes, "steps", reducers=1, algorithm="average", local_steps=3)
     batches = data.round_batches(config.training, 200, 2, 0, 0)
-    expected = sorted((keys.dataset_shard("d", "train", shard), f"bytes={first * RECORD}-{end * RECORD - 1}")
-                      for indices in batches for shard, first, end in data.coalesce(indices, 50))
+    expected = sorted(
+        (keys.dataset_shard("d", "train", shard), f"bytes={first * RECORD}-{end * RECORD - 1}")
+        for indices in batches
+        for shard, first, end in data.coalesce(indices, 50)
+    )
     monkeypatch.setenv(cache.BOUND_ENV, str(300 * RECORD / 2**20))  # the training split (200 records) is past half
     store = services.store
     real_get, gets, lock = store.s3.get_object, [], threading.Lock()
@@ -91,8 +95,9 @@ def test_the_worker_sends_the_same_update_from_ranged_reads_as_from_cached_shard
 
 
 @pytest.mark.parametrize("shuffle", ["global", "blocks"])
-def test_the_plans_data_gets_are_a_runs(services: Services, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch,
-                                        shuffle: str) -> None:
+def test_the_plans_data_gets_are_a_runs(
+    services: Services, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch, shuffle: str
+) -> None:
     from slsml.cost.datatraffic import data_traffic
     from slsml.pipeline.steps import worker as step
 
@@ -102,8 +107,15 @@ def test_the_plans_data_gets_are_a_runs(services: Services, model_bytes: bytes, 
     manifest = data.put_dataset(store, "big", x, y, x[:8], y[:8], shard_mb=500 * RECORD / 2**20)
     cache_mb = 3000 * RECORD / 2**20  # the training split (2,000 records) is past half of it
     options = {"shuffle_block": 4} if shuffle == "blocks" else {}
-    spec = TrainingSpec(workers=2, reducers=1, global_batch=32, iterations=8, shuffle=shuffle, **options,
-                        optimizer=OptimizerConfig(name="sgd", learning_rate=0.1))
+    spec = TrainingSpec(
+        workers=2,
+        reducers=1,
+        global_batch=32,
+        iterations=8,
+        shuffle=shuffle,
+        **options,
+        optimizer=OptimizerConfig(name="sgd", learning_rate=0.1),
+    )
     from slsml.client import runs
 
     runs.prepare_run(services, model_bytes, "big", spec, "measured")
@@ -125,10 +137,34 @@ def test_the_plans_data_gets_are_a_runs(services: Services, model_bytes: bytes, 
             step.work(WorkMessage(run_id="measured", iteration=iteration, worker=worker, workers=2), services)
     measured = len(gets) / spec.iterations
 
-    planned = data_traffic(shuffle, manifest.train.count, manifest.record_bytes, 32, 2, 1, spec.shuffle_block,
-                           3008, cache_mb, manifest.shard_records, 0.04, 65).gets_per_iteration
-    assert not data_traffic(shuffle, manifest.train.count, manifest.record_bytes, 32, 2, 1, spec.shuffle_block,
-                            3008, None, manifest.shard_records, 0.04, 65).gets_per_iteration  # cached: none
+    planned = data_traffic(
+        shuffle,
+        manifest.train.count,
+        manifest.record_bytes,
+        32,
+        2,
+        1,
+        spec.shuffle_block,
+        3008,
+        cache_mb,
+        manifest.shard_records,
+        0.04,
+        65,
+    ).gets_per_iteration
+    assert not data_traffic(
+        shuffle,
+        manifest.train.count,
+        manifest.record_bytes,
+        32,
+        2,
+        1,
+        spec.shuffle_block,
+        3008,
+        None,
+        manifest.shard_records,
+        0.04,
+        65,
+    ).gets_per_iteration  # cached: none
     # crossings and adjacent pairs are rare events: within 2%, or 2 GETs over the run
     assert measured == pytest.approx(planned, rel=0.02, abs=2 / spec.iterations), (measured, planned)
     per_sample = spec.global_batch  # a GET per sample; a GET per block

@@ -79,8 +79,17 @@ class PriceTable(BaseModel):
 
 
 _S3_FREE = {"DeleteObject", "DeleteObjects"}  # S3 bills no DELETE request
-_S3_PUT_CLASS = {"PutObject", "CopyObject", "PostObject", "ListObjects", "ListObjectsV2", "CreateMultipartUpload",
-                 "UploadPart", "CompleteMultipartUpload", "ListObjectVersions"}
+_S3_PUT_CLASS = {
+    "PutObject",
+    "CopyObject",
+    "PostObject",
+    "ListObjects",
+    "ListObjectsV2",
+    "CreateMultipartUpload",
+    "UploadPart",
+    "CompleteMultipartUpload",
+    "ListObjectVersions",
+}
 
 
 def usd(amount: float) -> str:

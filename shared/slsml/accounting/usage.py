@@ -258,8 +258,9 @@ def _attempt(service: str, request: Any, operation_name: str, **_: Any) -> None:
         _counts(call.scope if call else _scope).requests[f"{service}:{operation_name}"] += 1
 
 
-def _after_call(service: str, http_response: Any, parsed: dict[str, Any], model: Any, context: dict[str, Any],
-                **_: Any) -> None:
+def _after_call(
+    service: str, http_response: Any, parsed: dict[str, Any], model: Any, context: dict[str, Any], **_: Any
+) -> None:
     call: _Call | None = context.get(_CALL)
     if call is None:
         return
@@ -289,7 +290,9 @@ def _publish_bytes(entry: Mapping[str, Any]) -> int:
     """A published message's billed size: its body and its attributes."""
     attributes = entry.get("MessageAttributes") or {}
     return len(entry["Message"].encode()) + sum(
-        len(name.encode()) + len(value.get("DataType", "")) + len(str(value.get("StringValue", "")).encode())
+        len(name.encode())
+        + len(value.get("DataType", ""))
+        + len(str(value.get("StringValue", "")).encode())
         + len(value.get("BinaryValue", b""))
         for name, value in attributes.items()
     )

@@ -79,6 +79,8 @@ def setup_problem(error: BaseException) -> str | None:
     if isinstance(error, NoRegionError):
         return "no AWS region is set: set AWS_DEFAULT_REGION (or a region in your AWS profile) to the stack's region"
     if isinstance(error, (NoCredentialsError, PartialCredentialsError)):
-        return (f"{str(error).rstrip('.')}: configure them as for the AWS CLI"
-                " (aws configure, AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)")
+        return (
+            f"{str(error).rstrip('.')}: configure them as for the AWS CLI"
+            " (aws configure, AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+        )
     return None

@@ -200,9 +200,14 @@ class ObjectStore:
         """The copy's ETag; None if ``destination`` exists. S3 refuses the copy onto an existing key (If-None-Match);
         moto checks that on a PUT only, so callers look first."""
         try:
-            copied = self.s3.copy_object(Bucket=self.bucket, Key=destination,
-                                         CopySource={"Bucket": self.bucket, "Key": source}, IfNoneMatch="*",
-                                         MetadataDirective="REPLACE", Metadata={})
+            copied = self.s3.copy_object(
+                Bucket=self.bucket,
+                Key=destination,
+                CopySource={"Bucket": self.bucket, "Key": source},
+                IfNoneMatch="*",
+                MetadataDirective="REPLACE",
+                Metadata={},
+            )
         except ClientError as error:
             if error_code(error) in {"PreconditionFailed", "ConditionalRequestConflict"}:
                 return None
@@ -228,8 +233,13 @@ class ObjectStore:
 
     def restamp(self, key: str, metadata: dict[str, str]) -> None:
         """Store ``key`` again in place, its bytes unchanged, with ``metadata``: a new ObjectCreated event for it."""
-        self.s3.copy_object(Bucket=self.bucket, Key=key, CopySource={"Bucket": self.bucket, "Key": key},
-                            Metadata=metadata, MetadataDirective="REPLACE")
+        self.s3.copy_object(
+            Bucket=self.bucket,
+            Key=key,
+            CopySource={"Bucket": self.bucket, "Key": key},
+            Metadata=metadata,
+            MetadataDirective="REPLACE",
+        )
 
     def list_keys(self, prefix: str) -> list[str]:
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
@@ -260,9 +270,7 @@ class ObjectStore:
     def get_arrays(self, key: str) -> dict[str, np.ndarray]:
         return npz.decode(self.get(key))
 
-    def put_arrays_new(
-        self, key: str, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None
-    ) -> bool:
+    def put_arrays_new(self, key: str, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> bool:
         return self.put_new(key, npz.encode(**arrays), metadata)
 
 

@@ -59,10 +59,15 @@ def breast_cancer(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
 
     bunch = load_breast_cancer()
     x_train, y_train, x_test, y_test = data.split_train_test(
-        bunch.data.astype(np.float32), bunch.target.astype(np.int64), test_fraction=0.2, seed=seed)
+        bunch.data.astype(np.float32), bunch.target.astype(np.int64), test_fraction=0.2, seed=seed
+    )
     mean, deviation = x_train.mean(axis=0), x_train.std(axis=0)
-    return (((x_train - mean) / deviation).astype(np.float32), y_train,
-            ((x_test - mean) / deviation).astype(np.float32), y_test)
+    return (
+        ((x_train - mean) / deviation).astype(np.float32),
+        y_train,
+        ((x_test - mean) / deviation).astype(np.float32),
+        y_test,
+    )
 
 
 def logistic_regression(features: int = 30, classes: int = 2, seed: int = 0):
@@ -85,11 +90,16 @@ def variants() -> dict[str, tuple[str, TrainingSpec]]:
     """The runs compared: name → (description, spec)."""
     common = {"workers": WORKERS, "reducers": REDUCERS, "global_batch": BATCH, "eval_every": 1}
     return {
-        "gradient": ("gradient averaging, SGD 0.1 momentum 0.9 on the reducers",
-                     TrainingSpec(iterations=GRADIENT_ROUNDS, optimizer=GRADIENT, **common)),
-        "admm": (f"ADMM, {LOCAL_STEPS} local steps of SGD 0.2 momentum 0.9, rho {RHO:g}",
-                 TrainingSpec(iterations=ADMM_ROUNDS, algorithm="admm", local_steps=LOCAL_STEPS, admm_rho=RHO,
-                              **LOCAL, **common)),
+        "gradient": (
+            "gradient averaging, SGD 0.1 momentum 0.9 on the reducers",
+            TrainingSpec(iterations=GRADIENT_ROUNDS, optimizer=GRADIENT, **common),
+        ),
+        "admm": (
+            f"ADMM, {LOCAL_STEPS} local steps of SGD 0.2 momentum 0.9, rho {RHO:g}",
+            TrainingSpec(
+                iterations=ADMM_ROUNDS, algorithm="admm", local_steps=LOCAL_STEPS, admm_rho=RHO, **LOCAL, **common
+            ),
+        ),
     }
 
 
@@ -121,6 +131,12 @@ def judge(compared: list[Variant]) -> AdmmReport:
     admm_rounds = None if target is None else first(admm, target - WITHIN)
     ratio = admm_rounds / gradient_rounds if admm_rounds and gradient_rounds else None
     return AdmmReport(
-        workers=WORKERS, global_batch=BATCH, variants=compared, target=target, gradient_rounds=gradient_rounds,
-        admm_rounds=admm_rounds, ratio=ratio, admm_fewer=ratio is not None and ratio <= 1 / FEWER,
+        workers=WORKERS,
+        global_batch=BATCH,
+        variants=compared,
+        target=target,
+        gradient_rounds=gradient_rounds,
+        admm_rounds=admm_rounds,
+        ratio=ratio,
+        admm_fewer=ratio is not None and ratio <= 1 / FEWER,
     )

@@ -71,8 +71,10 @@ def variants() -> dict[str, tuple[str, TrainingSpec]]:
     common = {"reducers": 2, "global_batch": BATCH, "eval_every": 1, "optimizer": GRADIENT}
     rounds = SAMPLE_BUDGET // BATCH
     compared = {
-        f"gradient-w{w}": (f"gradient averaging, {w} workers (Adam 3e-3 on the reducers)",
-                           TrainingSpec(workers=w, iterations=rounds, **common))
+        f"gradient-w{w}": (
+            f"gradient averaging, {w} workers (Adam 3e-3 on the reducers)",
+            TrainingSpec(workers=w, iterations=rounds, **common),
+        )
         for w in FIXED_WORKERS
     }
     low, high = min(FIXED_WORKERS), max(FIXED_WORKERS)
@@ -83,14 +85,28 @@ def variants() -> dict[str, tuple[str, TrainingSpec]]:
     for k in LOCAL_STEPS:
         compared[f"average-k{k}"] = (
             f"model averaging, {WORKERS} workers, {k} local steps (SGD 0.1, momentum 0.9), FedAvg",
-            TrainingSpec(workers=WORKERS, iterations=SAMPLE_BUDGET // (BATCH * k), algorithm="average",
-                         local_steps=k, **LOCAL, **common),
+            TrainingSpec(
+                workers=WORKERS,
+                iterations=SAMPLE_BUDGET // (BATCH * k),
+                algorithm="average",
+                local_steps=k,
+                **LOCAL,
+                **common,
+            ),
         )
     return compared
 
 
-def measure(name: str, description: str, spec: TrainingSpec, run: runs.RunRecord, services, log_dir,
-            started: float, target: float = ACCURACY_TARGET) -> Variant:
+def measure(
+    name: str,
+    description: str,
+    spec: TrainingSpec,
+    run: runs.RunRecord,
+    services,
+    log_dir,
+    started: float,
+    target: float = ACCURACY_TARGET,
+) -> Variant:
     """The figures of a COMPLETED run that started at ``started``, to ``target`` test accuracy and over the run."""
     counters = [services.table.get_counter(run.run_id, i) for i in range(run.iteration)]
     records = usage.read_local(log_dir, run.run_id)
@@ -105,10 +121,14 @@ def measure(name: str, description: str, spec: TrainingSpec, run: runs.RunRecord
 
     to_target = None if reached is None else until(reached)
     return Variant(
-        name=name, description=description, spec=spec, rounds=run.iteration,
+        name=name,
+        description=description,
+        spec=spec,
+        rounds=run.iteration,
         fleet=runs.fleet(services.table.list_iterations(run.run_id)),
         wall_s=round((max((c.merged_at or 0) for c in counters) or time.time()) - started, 3),
-        requests=requests(records), cost_usd=sum(usage.cost(records, table).values()),
+        requests=requests(records),
+        cost_usd=sum(usage.cost(records, table).values()),
         final_accuracy=run.test_accuracy,
         rounds_to_target=None if reached is None else reached + 1,
         wall_to_target_s=None if reached is None else round((counters[reached].merged_at or 0) - started, 3),
@@ -139,7 +159,12 @@ def algorithms(local: LocalRuntime, progress: Progress | None = None) -> Algorit
     fastest = min(fixed, key=lambda v: v.wall_to_target_s or 0.0) if fixed else None
     tuned = ratio(by_name["gradient-auto"], fastest) if fastest else None
     return AlgorithmsReport(
-        global_batch=BATCH, sample_budget=SAMPLE_BUDGET, target=ACCURACY_TARGET, variants=compared,
-        averaging_ratio=averaging, averaging_fast=averaging is not None and averaging <= 1 / SPEEDUP,
-        tuned_ratio=tuned, tuned_close=tuned is not None and tuned <= TUNED_WITHIN,
+        global_batch=BATCH,
+        sample_budget=SAMPLE_BUDGET,
+        target=ACCURACY_TARGET,
+        variants=compared,
+        averaging_ratio=averaging,
+        averaging_fast=averaging is not None and averaging <= 1 / SPEEDUP,
+        tuned_ratio=tuned,
+        tuned_close=tuned is not None and tuned <= TUNED_WITHIN,
     )

@@ -62,14 +62,20 @@ def barrier(workers: int = 1000, reducers: int = 10, small_fleet: int = 10) -> B
     try:
         deployment = cloud.provision()
         use_deployment(deployment)
-        services = Services.from_names(deployment.bucket, deployment.table, deployment.topic_arns,
-                                       deployment.state_machine_arn, deployment.deadline_queue_url)
+        services = Services.from_names(
+            deployment.bucket,
+            deployment.table,
+            deployment.topic_arns,
+            deployment.state_machine_arn,
+            deployment.deadline_queue_url,
+        )
         small = _measure(services, model, small_fleet, reducers)
         large = _measure(services, model, workers, reducers)
     finally:
         cloud.stop()
     return BarrierReport(
-        small=small, large=large,
+        small=small,
+        large=large,
         item_bytes_within=_within(large.max_item_bytes, small.max_item_bytes),
         write_units_within=_within(large.write_units_per_report, small.write_units_per_report),
     )
@@ -80,9 +86,15 @@ def _measure(services: Services, model: object, workers: int, reducers: int) -> 
     plan = ShardPlan.build(modelio.variable_specs(model), reducers)
     spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=workers, iterations=10, eval_every=0)
     optimizer = OptimizerConfig(name="sgd", learning_rate=0.1)
-    config = RunConfig(run_id=run_id, dataset="none", training=spec, optimizer=optimizer,
-                       loss=modelio.loss_config(model, "mean_squared_error"),
-                       classification=False, plan=plan)
+    config = RunConfig(
+        run_id=run_id,
+        dataset="none",
+        training=spec,
+        optimizer=optimizer,
+        loss=modelio.loss_config(model, "mean_squared_error"),
+        classification=False,
+        plan=plan,
+    )
     store, table = services.store, services.table
     store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
     store.put_new(keys.model(run_id, 0), modelio.save_model(model))

@@ -111,14 +111,22 @@ class CommunicationReport(BaseModel):
         return next(v for v in self.variants if v.name == name)
 
 
-def variants(iterations: int = ITERATIONS, workers: int = WORKERS,
-             significance: float = SIGNIFICANCE) -> dict[str, TrainingSpec]:
+def variants(
+    iterations: int = ITERATIONS, workers: int = WORKERS, significance: float = SIGNIFICANCE
+) -> dict[str, TrainingSpec]:
     """The runs compared: name → spec."""
-    common = {"workers": workers, "reducers": REDUCERS, "global_batch": BATCH, "iterations": iterations,
-              "eval_every": 1}
+    common = {
+        "workers": workers,
+        "reducers": REDUCERS,
+        "global_batch": BATCH,
+        "iterations": iterations,
+        "eval_every": 1,
+    }
     compressors = {**COMPRESSORS, "significance": f"significance:{significance:g}"}
-    return {name: TrainingSpec(compress=compress, optimizer=TOPK_OPTIMIZER if name == "topk" else OPTIMIZER, **common)
-            for name, compress in compressors.items()}
+    return {
+        name: TrainingSpec(compress=compress, optimizer=TOPK_OPTIMIZER if name == "topk" else OPTIMIZER, **common)
+        for name, compress in compressors.items()
+    }
 
 
 class Stored(NamedTuple):
@@ -143,7 +151,8 @@ def stored_objects(services: Services, run_id: str, compression: Compression, re
     """The run's ``iters/<i>/updates/`` and ``…/evaluation/`` objects, listed with their sizes."""
     found = Stored({folder: {} for folder in FOLDERS}, {folder: {} for folder in FOLDERS}, {})
     pages = services.store.s3.get_paginator("list_objects_v2").paginate(
-        Bucket=services.store.bucket, Prefix=f"{keys.run_prefix(run_id)}iters/")
+        Bucket=services.store.bucket, Prefix=f"{keys.run_prefix(run_id)}iters/"
+    )
     for page in pages:
         for listed in page.get("Contents", []):
             if (match := _ITERATION.search(listed["Key"])) is None:
@@ -156,8 +165,9 @@ def stored_objects(services: Services, run_id: str, compression: Compression, re
     return found
 
 
-def _variant(name: str, spec: TrainingSpec, run: runs.RunRecord, services: Services, log_dir, started: float
-             ) -> Variant:
+def _variant(
+    name: str, spec: TrainingSpec, run: runs.RunRecord, services: Services, log_dir, started: float
+) -> Variant:
     counters = [services.table.get_counter(run.run_id, i) for i in range(run.iteration)]
     records = usage.read_local(log_dir, run.run_id)
     found = stored_objects(services, run.run_id, spec.compression, spec.reducers)
@@ -175,41 +185,59 @@ def _variant(name: str, spec: TrainingSpec, run: runs.RunRecord, services: Servi
         return sum(size for iteration, size in found.bytes[folder].items() if iteration <= end)
 
     def residuals(end: int) -> int:
-        written = sum(r.bytes_written for r in records if r.function == "worker" and r.iteration is not None
-                      and r.iteration <= end)
+        written = sum(
+            r.bytes_written
+            for r in records
+            if r.function == "worker" and r.iteration is not None and r.iteration <= end
+        )
         return written - stored("updates", end) - stored("evaluation", end)
 
     def parts_read(end: int) -> int:
         return sum(size for iteration, size in found.parts.items() if iteration <= end)
 
     def read(end: int) -> int:
-        return sum(r.bytes_read for r in records if r.function == "reducer" and r.iteration is not None
-                   and r.iteration <= end)
+        return sum(
+            r.bytes_read for r in records if r.function == "reducer" and r.iteration is not None and r.iteration <= end
+        )
 
     def to_target(figure: Callable[[int], int | float]) -> int | float | None:
         return None if reached is None else figure(reached)
 
     return Variant(
-        name=name, run_id=run.run_id, compress=spec.compress, spec=spec, iterations=run.iteration,
+        name=name,
+        run_id=run.run_id,
+        compress=spec.compress,
+        spec=spec,
+        iterations=run.iteration,
         wall_s=round((max((c.merged_at or 0) for c in counters) or time.time()) - started, 3),
         final_accuracy=run.test_accuracy,
         iterations_to_target=None if reached is None else reached + 1,
         wall_to_target_s=None if reached is None else round((counters[reached].merged_at or 0) - started, 3),
         update_objects=sum(found.objects["updates"].values()),
-        update_bytes=stored("updates", last), update_bytes_to_target=to_target(lambda i: stored("updates", i)),
-        residual_bytes=residuals(last), residual_bytes_to_target=to_target(residuals),
+        update_bytes=stored("updates", last),
+        update_bytes_to_target=to_target(lambda i: stored("updates", i)),
+        residual_bytes=residuals(last),
+        residual_bytes_to_target=to_target(residuals),
         worker_usage_bytes_written=sum(r.bytes_written for r in records if r.function == "worker"),
-        reducer_bytes_read=read(last), reducer_bytes_read_to_target=to_target(read),
-        reducer_update_bytes_read=parts_read(last), reducer_update_bytes_read_to_target=to_target(parts_read),
-        requests=requests(records), requests_to_target=to_target(lambda i: requests(until(i))),
+        reducer_bytes_read=read(last),
+        reducer_bytes_read_to_target=to_target(read),
+        reducer_update_bytes_read=parts_read(last),
+        reducer_update_bytes_read_to_target=to_target(parts_read),
+        requests=requests(records),
+        requests_to_target=to_target(lambda i: requests(until(i))),
         cost_usd=sum(usage.cost(records, table).values()),
         cost_to_target_usd=to_target(lambda i: sum(usage.cost(until(i), table).values())),
         accuracy_by_iteration=[c.test_accuracy for c in counters],
     )
 
 
-def communication(local: LocalRuntime, iterations: int = ITERATIONS, progress: Progress | None = None,
-                  workers: int = WORKERS, significance: float = SIGNIFICANCE) -> CommunicationReport:
+def communication(
+    local: LocalRuntime,
+    iterations: int = ITERATIONS,
+    progress: Progress | None = None,
+    workers: int = WORKERS,
+    significance: float = SIGNIFICANCE,
+) -> CommunicationReport:
     """Run every variant on ``local`` (an entered runtime, best with ``workers`` worker processes), one after
     the other, for ``iterations`` each, and compare them."""
     services = local.services
@@ -227,17 +255,32 @@ def judge(compared: list[Variant], workers: int, iterations: int, significance: 
     by_name = {v.name: v for v in compared}
     dense, fp16, topk = by_name["dense"], by_name["fp16"], by_name["topk"]
     fp16_ratio = dense.update_bytes / fp16.update_bytes if fp16.update_bytes else 0.0
-    gap = None if fp16.final_accuracy is None or dense.final_accuracy is None else \
-        fp16.final_accuracy - dense.final_accuracy
-    topk_ratio = (dense.update_bytes_to_target / topk.update_bytes_to_target
-                  if dense.update_bytes_to_target and topk.update_bytes_to_target else None)
+    gap = (
+        None
+        if fp16.final_accuracy is None or dense.final_accuracy is None
+        else fp16.final_accuracy - dense.final_accuracy
+    )
+    topk_ratio = (
+        dense.update_bytes_to_target / topk.update_bytes_to_target
+        if dense.update_bytes_to_target and topk.update_bytes_to_target
+        else None
+    )
     scored = [(a, i + 1) for i, a in enumerate(topk.accuracy_by_iteration) if a is not None]
     best = max(scored, key=lambda pair: (pair[0], -pair[1]), default=None)
     return CommunicationReport(
-        workers=workers, reducers=REDUCERS, global_batch=BATCH, iterations=iterations, target=ACCURACY_TARGET,
-        significance=significance, variants=compared,
-        fp16_ratio=fp16_ratio, fp16_fewer=fp16_ratio >= FP16_FEWER,
-        fp16_accuracy_gap=gap, fp16_close=gap is not None and abs(gap) <= FP16_WITHIN,
-        topk_ratio=topk_ratio, topk_fewer=topk_ratio is not None and topk_ratio >= TOPK_FEWER,
-        topk_best_accuracy=None if best is None else best[0], topk_best_iteration=None if best is None else best[1],
+        workers=workers,
+        reducers=REDUCERS,
+        global_batch=BATCH,
+        iterations=iterations,
+        target=ACCURACY_TARGET,
+        significance=significance,
+        variants=compared,
+        fp16_ratio=fp16_ratio,
+        fp16_fewer=fp16_ratio >= FP16_FEWER,
+        fp16_accuracy_gap=gap,
+        fp16_close=gap is not None and abs(gap) <= FP16_WITHIN,
+        topk_ratio=topk_ratio,
+        topk_fewer=topk_ratio is not None and topk_ratio >= TOPK_FEWER,
+        topk_best_accuracy=None if best is None else best[0],
+        topk_best_iteration=None if best is None else best[1],
     )

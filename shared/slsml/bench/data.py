@@ -95,12 +95,17 @@ def image_model(seed: int = 0) -> bytes:
     import keras
 
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([
-        keras.Input(SHAPE), keras.layers.Rescaling(1 / 255),
-        keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.MaxPooling2D(),
-        keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.GlobalAveragePooling2D(),
-        keras.layers.Dense(CLASSES, activation="softmax"),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input(SHAPE),
+            keras.layers.Rescaling(1 / 255),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(CLASSES, activation="softmax"),
+        ]
+    )
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
     return modelio.save_model(model)
 
@@ -126,31 +131,53 @@ def ingest(local: LocalRuntime, name: str, samples: int) -> Ingest:
     with tempfile.TemporaryDirectory(prefix="slsml-bench-data-") as folder:
         x_path, y_path = write_source(Path(folder), samples + round(samples * TEST_FRACTION / (1 - TEST_FRACTION)))
         source_bytes = x_path.stat().st_size + y_path.stat().st_size
-        command = [sys.executable, "-m", "slsml.cli.main", "data", "put", name, str(x_path), "--labels-file",
-                   str(y_path), "--test-fraction", f"{TEST_FRACTION}", "--bucket", local.deployment.bucket]
+        command = [
+            sys.executable,
+            "-m",
+            "slsml.cli.main",
+            "data",
+            "put",
+            name,
+            str(x_path),
+            "--labels-file",
+            str(y_path),
+            "--test-fraction",
+            f"{TEST_FRACTION}",
+            "--bucket",
+            local.deployment.bucket,
+        ]
         log = Path(folder) / "put.log"
         started = time.perf_counter()
         with log.open("w") as stderr:
-            process = subprocess.Popen(command, env={**os.environ, **local.deployment.environment()},
-                                       stdout=subprocess.DEVNULL, stderr=stderr)
+            process = subprocess.Popen(
+                command, env={**os.environ, **local.deployment.environment()}, stdout=subprocess.DEVNULL, stderr=stderr
+            )
             _, status, used = os.wait4(process.pid, 0)  # this child's own resource use
         seconds = time.perf_counter() - started
         if os.waitstatus_to_exitcode(status):
             raise SlsmlError(f"slsml data put failed: {log.read_text()[-2000:]}")
-    return Ingest(source_bytes=source_bytes, seconds=round(seconds, 3), mb_s=round(source_bytes / seconds / 1e6, 1),
-                  peak_rss_mb=round(used.ru_maxrss / 1024, 1))  # Linux: kilobytes
+    return Ingest(
+        source_bytes=source_bytes,
+        seconds=round(seconds, 3),
+        mb_s=round(source_bytes / seconds / 1e6, 1),
+        peak_rss_mb=round(used.ru_maxrss / 1024, 1),
+    )  # Linux: kilobytes
 
 
 def _means(records: list[usage.UsageRecord], iterations: int) -> tuple[float, float]:
     """S3 bytes read and GETs an iteration, the mean over iterations 1 … ``iterations``−1."""
     counted = [r for r in records if r.iteration is not None and 1 <= r.iteration < iterations]
     span = max(1, iterations - 1)
-    return (sum(r.bytes_read for r in counted) / span,
-            sum(r.requests.get("s3:GetObject", 0) for r in counted) / span)
+    return (sum(r.bytes_read for r in counted) / span, sum(r.requests.get("s3:GetObject", 0) for r in counted) / span)
 
 
-def data_reads(local: LocalRuntime, samples: int = SAMPLES, iterations: int = ITERATIONS, cache_mb: float = CACHE_MB,
-               progress: Progress | None = None) -> DataReport:
+def data_reads(
+    local: LocalRuntime,
+    samples: int = SAMPLES,
+    iterations: int = ITERATIONS,
+    cache_mb: float = CACHE_MB,
+    progress: Progress | None = None,
+) -> DataReport:
     """Write the dataset, train each variant on ``local`` (an entered runtime with ``WORKERS`` worker processes)
     and compare them."""
     services = local.services
@@ -158,13 +185,22 @@ def data_reads(local: LocalRuntime, samples: int = SAMPLES, iterations: int = IT
     ingested = ingest(local, stem, samples)
     manifest = data.load_manifest(services.store, stem)
     model_bytes = image_model()
-    spec = TrainingSpec(workers=WORKERS, reducers=REDUCERS, global_batch=BATCH, iterations=iterations, eval_every=0,
-                        optimizer=OptimizerConfig(name="adam", learning_rate=1e-3))
+    spec = TrainingSpec(
+        workers=WORKERS,
+        reducers=REDUCERS,
+        global_batch=BATCH,
+        iterations=iterations,
+        eval_every=0,
+        optimizer=OptimizerConfig(name="adam", learning_rate=1e-3),
+    )
     compared = {
         "cached": ("the dataset in the workers' warm cache (default bound): whole shards, read once", None, spec),
         "ranged": (f"warm cache bounded at {cache_mb:g} MB: ranged GETs of the samples used", cache_mb, spec),
-        "blocks": (f"warm cache bounded at {cache_mb:g} MB, shuffle blocks: a ranged GET per block of 16 samples",
-                   cache_mb, spec.model_copy(update={"shuffle": "blocks"})),
+        "blocks": (
+            f"warm cache bounded at {cache_mb:g} MB, shuffle blocks: a ranged GET per block of 16 samples",
+            cache_mb,
+            spec.model_copy(update={"shuffle": "blocks"}),
+        ),
     }
     variants = []
     for name, (description, bound, trained) in compared.items():
@@ -178,28 +214,44 @@ def data_reads(local: LocalRuntime, samples: int = SAMPLES, iterations: int = IT
         records = usage.read_local(local.log_dir, run_id)
         summary = runs.summarize(run, services.table.list_iterations(run_id), time.time() - started, records)
         mean_bytes, mean_gets = _means(records, iterations)
-        variants.append(DataVariant(
-            name=name, description=description, cache_mb=bound, summary=summary,
-            bytes_used_per_iteration=BATCH * manifest.record_bytes,
-            bytes_read_per_iteration=summary.bytes_read_per_iteration,
-            gets_per_iteration=(summary.requests_per_iteration or {}).get("s3:GetObject"),
-            mean_bytes_read=mean_bytes, mean_gets=mean_gets, median_iteration_s=summary.median_iteration_s,
-        ))
+        variants.append(
+            DataVariant(
+                name=name,
+                description=description,
+                cache_mb=bound,
+                summary=summary,
+                bytes_used_per_iteration=BATCH * manifest.record_bytes,
+                bytes_read_per_iteration=summary.bytes_read_per_iteration,
+                gets_per_iteration=(summary.requests_per_iteration or {}).get("s3:GetObject"),
+                mean_bytes_read=mean_bytes,
+                mean_gets=mean_gets,
+                median_iteration_s=summary.median_iteration_s,
+            )
+        )
     cached, ranged = variants[:2]
     for variant in variants[1:]:
         variant.data_bytes_per_byte_used = (variant.mean_bytes_read - (cached.bytes_read_per_iteration or 0)) / (
-            variant.bytes_used_per_iteration)
+            variant.bytes_used_per_iteration
+        )
     bytes_ratio = time_ratio = None
     if cached.bytes_read_per_iteration is not None and ranged.bytes_read_per_iteration is not None:
-        bytes_ratio = ranged.bytes_read_per_iteration / (ranged.bytes_used_per_iteration
-                                                         + cached.bytes_read_per_iteration)
+        bytes_ratio = ranged.bytes_read_per_iteration / (
+            ranged.bytes_used_per_iteration + cached.bytes_read_per_iteration
+        )
     if cached.median_iteration_s and ranged.median_iteration_s:
         time_ratio = ranged.median_iteration_s / cached.median_iteration_s
     return DataReport(
-        samples=manifest.train.count, sample_bytes=manifest.record_bytes,
-        dataset_bytes=manifest.train.bytes + manifest.test.bytes, cache_mb=cache_mb, workers=WORKERS,
-        global_batch=BATCH, iterations=iterations, ingest=ingested, variants=variants,
-        bytes_ratio=bytes_ratio, time_ratio=time_ratio,
+        samples=manifest.train.count,
+        sample_bytes=manifest.record_bytes,
+        dataset_bytes=manifest.train.bytes + manifest.test.bytes,
+        cache_mb=cache_mb,
+        workers=WORKERS,
+        global_batch=BATCH,
+        iterations=iterations,
+        ingest=ingested,
+        variants=variants,
+        bytes_ratio=bytes_ratio,
+        time_ratio=time_ratio,
         bytes_within=bytes_ratio is not None and bytes_ratio <= BYTES_WITHIN,
         time_within=time_ratio is not None and time_ratio <= TIME_WITHIN,
     )

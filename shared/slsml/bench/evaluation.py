@@ -51,12 +51,17 @@ class EvaluationReport(BaseModel):
 def synthetic(test_samples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(x_train, y_train, x_test, y_test): random 8×8×1 images in [0, 1) and labels of 10 classes."""
     rng = np.random.default_rng(seed)
-    return (rng.random((TRAIN, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, TRAIN),
-            rng.random((test_samples, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, test_samples))
+    return (
+        rng.random((TRAIN, 8, 8, 1), dtype=np.float32),
+        rng.integers(0, 10, TRAIN),
+        rng.random((test_samples, 8, 8, 1), dtype=np.float32),
+        rng.integers(0, 10, test_samples),
+    )
 
 
-def measure(run_id: str, test_samples: int, workers: int, iterations: int, records: Sequence[usage.UsageRecord]
-            ) -> EvaluationPoint:
+def measure(
+    run_id: str, test_samples: int, workers: int, iterations: int, records: Sequence[usage.UsageRecord]
+) -> EvaluationPoint:
     """A run's figures from its functions' usage records."""
     merger: defaultdict[int, float] = defaultdict(float)
     for r in records:
@@ -64,18 +69,27 @@ def measure(run_id: str, test_samples: int, workers: int, iterations: int, recor
             merger[r.iteration] += r.duration_s
     final = [r for r in records if r.function == "worker" and r.iteration == iterations]
     if not merger or not final:
-        raise SlsmlError(f"run {run_id} ({test_samples} test samples, {workers} workers) logged no Merger or no final"
-                         " evaluation round")
+        raise SlsmlError(
+            f"run {run_id} ({test_samples} test samples, {workers} workers) logged no Merger or no final"
+            " evaluation round"
+        )
     return EvaluationPoint(
-        run_id=run_id, test_samples=test_samples, workers=workers,
+        run_id=run_id,
+        test_samples=test_samples,
+        workers=workers,
         merger_s_per_round=statistics.median(merger.values()),
         evaluation_wall_s=max(r.end for r in final) - min(r.start for r in final),
         slowest_worker_s=max(r.duration_s for r in final),
     )
 
 
-def evaluation(local: LocalRuntime, sizes: Sequence[int] = SIZES, workers: Sequence[int] = WORKERS,
-               iterations: int = ITERATIONS, progress: Progress | None = None) -> EvaluationReport:
+def evaluation(
+    local: LocalRuntime,
+    sizes: Sequence[int] = SIZES,
+    workers: Sequence[int] = WORKERS,
+    iterations: int = ITERATIONS,
+    progress: Progress | None = None,
+) -> EvaluationReport:
     """Run every size × W on ``local`` (an entered runtime with at least max(``workers``) worker processes)."""
     from slsml.client import demo
     from slsml.training import modelio
@@ -90,8 +104,15 @@ def evaluation(local: LocalRuntime, sizes: Sequence[int] = SIZES, workers: Seque
             data.put_dataset(services.store, dataset, *synthetic(size))
         for count in workers:
             spec = TrainingSpec(workers=count, reducers=1, global_batch=BATCH, iterations=iterations, eval_every=1)
-            run, _ = bench.run_to_the_end(services, model_bytes, spec, f"{stem}-{size}-{count}",
-                                          f"{size} test samples, W={count}", progress, dataset)
+            run, _ = bench.run_to_the_end(
+                services,
+                model_bytes,
+                spec,
+                f"{stem}-{size}-{count}",
+                f"{size} test samples, W={count}",
+                progress,
+                dataset,
+            )
             local.host.wait_idle(run.run_id, IDLE_S)
             points.append(measure(run.run_id, size, count, iterations, usage.read_local(local.log_dir, run.run_id)))
     return EvaluationReport(iterations=iterations, global_batch=BATCH, points=points)

@@ -95,7 +95,12 @@ def demo_model(services: Services) -> bytes:
 
 
 def run_to_the_end(
-    services: Services, model_bytes: bytes, spec: TrainingSpec, run_id: str, name: str, progress: Progress | None,
+    services: Services,
+    model_bytes: bytes,
+    spec: TrainingSpec,
+    run_id: str,
+    name: str,
+    progress: Progress | None,
     dataset: str = DATASET,
 ) -> tuple[RunRecord, float]:
     """Train ``spec`` on ``dataset`` (default the digits) as ``run_id`` and wait for it (``progress``: as variant
@@ -160,14 +165,17 @@ def stragglers(
         staleness = {"eval_every": 1} if name in ("e", "f") else {"eval_every": 0}
         if name == "f":
             staleness["staleness"] = STALENESS
-        spec = TrainingSpec(workers=workers, reducers=2, global_batch=128, iterations=budget,
-                            quorum=described[name][1], **staleness)
+        spec = TrainingSpec(
+            workers=workers, reducers=2, global_batch=128, iterations=budget, quorum=described[name][1], **staleness
+        )
         if delay_s:  # the watchdog must not fire the reduce without the straggler: deadlines beyond its delay
-            spec = TrainingSpec.model_validate({
-                **spec.model_dump(),
-                "deadline_s": spec.deadline_s + 2 * delay_s,
-                "heartbeat_s": spec.heartbeat_s + math.ceil(2 * (spec.deadline_retries + 1) * delay_s),
-            })
+            spec = TrainingSpec.model_validate(
+                {
+                    **spec.model_dump(),
+                    "deadline_s": spec.deadline_s + 2 * delay_s,
+                    "heartbeat_s": spec.heartbeat_s + math.ceil(2 * (spec.deadline_retries + 1) * delay_s),
+                }
+            )
         run_id = f"{stem}-{name}"
         faults = Faults(slow_worker=SlowWorker(worker=slow, seconds=delay_s)) if delay_s else None
         previous, local.host.faults = local.host.faults, faults
@@ -200,9 +208,16 @@ def stragglers(
         return median / reference if median and reference else None
 
     cases = [
-        StragglerCase(name=name, description=description, quorum=case_quorum, straggler=straggler,
-                      staleness=summaries[name].training.staleness, summary=summaries[name], ratio=ratio(name),
-                      rounds_to_target=rounds.get(name))
+        StragglerCase(
+            name=name,
+            description=description,
+            quorum=case_quorum,
+            straggler=straggler,
+            staleness=summaries[name].training.staleness,
+            summary=summaries[name],
+            ratio=ratio(name),
+            rounds_to_target=rounds.get(name),
+        )
         for name, (description, case_quorum, straggler) in described.items()
     ]
     f = summaries["f"]

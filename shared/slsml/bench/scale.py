@@ -59,8 +59,16 @@ ITERATIONS = 6
 LOCAL_MEMORY_MB = 1769  # one vCPU in the model: a local function process runs on one thread
 DEADLINE_S = 600  # no deadline fires in a slow iteration of a busy machine
 STAGES = (
-    "model → WorkLauncher", "WorkLauncher", "Work → Worker", "Worker", "WorkDone → ReduceLauncher",
-    "ReduceLauncher (fires)", "Reduce → Reducer", "Reducer", "ReduceDone → Merger", "Merger (merges)",
+    "model → WorkLauncher",
+    "WorkLauncher",
+    "Work → Worker",
+    "Worker",
+    "WorkDone → ReduceLauncher",
+    "ReduceLauncher (fires)",
+    "Reduce → Reducer",
+    "Reducer",
+    "ReduceDone → Merger",
+    "Merger (merges)",
 )
 _CHAIN = (*STAGES[1:], STAGES[0])  # in time order within an iteration, from its launch to the next one
 HOPS = ("Work → Worker", "WorkDone → ReduceLauncher", "Reduce → Reducer", "ReduceDone → Merger")
@@ -137,12 +145,14 @@ def dense_model(seed: int = 0):
     import keras
 
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([
-        keras.Input((8, 8, 1)),
-        keras.layers.Flatten(),
-        keras.layers.Dense(32, activation="relu"),
-        keras.layers.Dense(10, activation="softmax"),
-    ])
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy")
     return model
 
@@ -166,14 +176,30 @@ def measured_stages(records: list[UsageRecord], iterations: int, participants: i
         fire = _first(by[i, "reduce_launcher"], "dynamodb:BatchGetItem")
         merge = _first(by[i, "merger"], "s3:PutObject")
         workers, reducers = by[i, "worker"], by[i, "reducer"]
-        if launch is None or following is None or fire is None or merge is None or len(workers) < participants or (
-                not reducers):
+        if (
+            launch is None
+            or following is None
+            or fire is None
+            or merge is None
+            or len(workers) < participants
+            or (not reducers)
+        ):
             continue
         # the path's points in chain order; where an invocation's end overlaps the next stage (a launcher's
         # messages are delivered while it still records), the earlier stage ends where the next one began
-        points = [launch.start, launch.end, min(r.start for r in workers), sorted(r.end for r in workers)[
-            participants - 1], fire.start, fire.end, min(r.start for r in reducers), max(r.end for r in reducers),
-            merge.start, merge.end, following.start]
+        points = [
+            launch.start,
+            launch.end,
+            min(r.start for r in workers),
+            sorted(r.end for r in workers)[participants - 1],
+            fire.start,
+            fire.end,
+            min(r.start for r in reducers),
+            max(r.end for r in reducers),
+            merge.start,
+            merge.end,
+            following.start,
+        ]
         for k in range(len(points) - 2, 0, -1):
             points[k] = min(points[k], points[k + 1])
         for k in range(1, len(points)):
@@ -185,8 +211,9 @@ def measured_stages(records: list[UsageRecord], iterations: int, participants: i
 
 def compute_per_sample(iterations: list[IterationRecord], steady: range) -> float:
     """Median seconds of one sample's gradient in the workers' reports of the steady iterations."""
-    times = [r.compute_s / r.samples for it in iterations if it.iteration in steady for r in it.reports.values()
-             if r.samples]
+    times = [
+        r.compute_s / r.samples for it in iterations if it.iteration in steady for r in it.reports.values() if r.samples
+    ]
     return statistics.median(times) if times else 0.0
 
 
@@ -204,9 +231,10 @@ def local_stages(plan: Plan, pools: Mapping[str, int], dispatch_s: float) -> dic
     w = plan.workload
     publish = plan.parameters["sns_publish_s"]["value"]
     messages = costmodel.message_bytes(plan.participants, math.ceil(w.global_batch / w.workers), w.reducers)
-    for delivery, stage, function, count, size in (("Work → Worker", "Worker", "worker", w.workers, messages[0]),
-                                                   ("Reduce → Reducer", "Reducer", "reducer", w.reducers,
-                                                    messages[1])):
+    for delivery, stage, function, count, size in (
+        ("Work → Worker", "Worker", "worker", w.workers, messages[0]),
+        ("Reduce → Reducer", "Reducer", "reducer", w.reducers, messages[1]),
+    ):
         earlier = (costmodel.publish_batches(count, size) - 1) * publish
         waves = math.ceil(count / pools[function])
         stages[delivery] -= earlier
@@ -245,8 +273,9 @@ def fit(
         zero = dict.fromkeys(UNKNOWNS, 0.0) | {"s3_parallel_reads": reads}
 
         def stages(values: dict[str, float]) -> np.ndarray:
-            return np.array([seconds for workload in workloads
-                             for seconds in predicted_stages(workload, values, pools).values()])
+            return np.array(
+                [seconds for workload in workloads for seconds in predicted_stages(workload, values, pools).values()]
+            )
 
         base = stages(zero)
         columns = np.stack([stages(zero | {unknown: 1.0}) - base for unknown in UNKNOWNS], axis=1)
@@ -290,31 +319,59 @@ def scale(
         figures = costmodel.from_keras_file(path, BATCH, measure=False, parameters=Parameters())
     figures["model"] = "dense 8×8 → 32 → 10 on digits"
     stem = runs.new_run_id("scale")
-    measured = [_measure(local, model_bytes, figures, f"{stem}-w{w}-r{r}", w, r, iterations, progress)
-                for w in workers for r in reducers]
+    measured = [
+        _measure(local, model_bytes, figures, f"{stem}-w{w}-r{r}", w, r, iterations, progress)
+        for w in workers
+        for r in reducers
+    ]
     usable = [(point, workload) for point, workload in measured if point.measured_iteration_s]
     if not usable:
         raise SlsmlError("no configuration completed a steady iteration: nothing to fit")
     pools = dict(local.concurrency)
-    values = fit([w for _, w in usable], [p.measured_stages for p, _ in usable],
-                 [p.measured_iteration_s for p, _ in usable if p.measured_iteration_s], pools)
+    values = fit(
+        [w for _, w in usable],
+        [p.measured_stages for p, _ in usable],
+        [p.measured_iteration_s for p, _ in usable if p.measured_iteration_s],
+        pools,
+    )
     for point, workload in usable:
         point.predicted_stages = predicted_stages(workload, values, pools)
         point.predicted_iteration_s = sum(point.predicted_stages.values())
     errors = [abs(point.error) for point, _ in usable if point.error is not None]
-    return ScaleReport(model=figures["model"], params=figures["params"], batch=BATCH, iterations=iterations,
-                       pools=pools, points=[point for point, _ in measured], fitted=calibration(values),
-                       dispatch_s=values[DISPATCH], median_error=statistics.median(errors), max_error=max(errors))
+    return ScaleReport(
+        model=figures["model"],
+        params=figures["params"],
+        batch=BATCH,
+        iterations=iterations,
+        pools=pools,
+        points=[point for point, _ in measured],
+        fitted=calibration(values),
+        dispatch_s=values[DISPATCH],
+        median_error=statistics.median(errors),
+        max_error=max(errors),
+    )
 
 
 def _measure(
-    local: LocalRuntime, model_bytes: bytes, figures: dict, run_id: str, workers: int, reducers: int,
-    iterations: int, progress: Progress | None,
+    local: LocalRuntime,
+    model_bytes: bytes,
+    figures: dict,
+    run_id: str,
+    workers: int,
+    reducers: int,
+    iterations: int,
+    progress: Progress | None,
 ) -> tuple[ScalePoint, Workload]:
     """Run one configuration; its figures, and its workload for the model (the compute time measured)."""
     services = local.services
-    spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=iterations,
-                        eval_every=0, deadline_s=DEADLINE_S)
+    spec = TrainingSpec(
+        workers=workers,
+        reducers=reducers,
+        global_batch=BATCH,
+        iterations=iterations,
+        eval_every=0,
+        deadline_s=DEADLINE_S,
+    )
     name = f"W {workers}, R {reducers}"
     started = time.time()
     runs.start_run(services, model_bytes, DATASET, spec, run_id=run_id)
@@ -326,18 +383,29 @@ def _measure(
     summary = runs.summarize(run, history, time.time() - started, records)
     compute = compute_per_sample(history, range(1, iterations - 1))
     workload = Workload(
-        **figures, compute_per_sample_s=compute, compute_source="measured: the workers' reports",
-        workers=workers, reducers=reducers, global_batch=BATCH, iterations=iterations,
-        memory_mb=dict.fromkeys(costmodel.PIPELINE, LOCAL_MEMORY_MB), timeout_s=costmodel.function_timeouts(),
+        **figures,
+        compute_per_sample_s=compute,
+        compute_source="measured: the workers' reports",
+        workers=workers,
+        reducers=reducers,
+        global_batch=BATCH,
+        iterations=iterations,
+        memory_mb=dict.fromkeys(costmodel.PIPELINE, LOCAL_MEMORY_MB),
+        timeout_s=costmodel.function_timeouts(),
     )
     plan = costmodel.predict(workload, Parameters(), Quotas(), prices.PriceTable())
     completed = summary.status == RunStatus.COMPLETED
     steady = measured_stages(records, iterations, plan.participants) if completed else []
     point = ScalePoint(
-        workers=workers, reducers=reducers, status=summary.status.value, reason=summary.reason,
-        predicted_requests=plan.requests_per_iteration, measured_requests=summary.requests_per_iteration or {},
+        workers=workers,
+        reducers=reducers,
+        status=summary.status.value,
+        reason=summary.reason,
+        predicted_requests=plan.requests_per_iteration,
+        measured_requests=summary.requests_per_iteration or {},
         minimum_requests=plan.minimum_requests_per_iteration,
-        compute_per_sample_s=compute, steady_iterations=len(steady),
+        compute_per_sample_s=compute,
+        steady_iterations=len(steady),
         measured_stages={stage: statistics.median(s[stage] for s in steady) for stage in STAGES} if steady else {},
         measured_iteration_s=statistics.median(sum(s.values()) for s in steady) if steady else None,
     )

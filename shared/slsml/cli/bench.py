@@ -25,8 +25,9 @@ def cmd_bench_stragglers(args: argparse.Namespace) -> int:
         with _console().status(f"starting the embedded cloud and warm function processes ({pool} for workers)…"):
             stack.enter_context(runtime)
         with display.named_progress("[bold]({task.description})") as show:
-            report = bench.stragglers(runtime, args.workers, args.iterations, args.slow_iterations, args.factor, show,
-                                      args.ssp_factor)
+            report = bench.stragglers(
+                runtime, args.workers, args.iterations, args.slow_iterations, args.factor, show, args.ssp_factor
+            )
     display.print_stragglers(report, args.json)
     if args.json:
         print(report.model_dump_json())
@@ -63,8 +64,14 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
     return 0 if all(point.status == "COMPLETED" for point in report.points) else 1
 
 
-def _bench(args: argparse.Namespace, stem: str, workers: int, reducers: int,
-           run: Callable[[Any, Any], Any], draw: Callable[[Any, bool], None]) -> None:
+def _bench(
+    args: argparse.Namespace,
+    stem: str,
+    workers: int,
+    reducers: int,
+    run: Callable[[Any, Any], Any],
+    draw: Callable[[Any, bool], None],
+) -> None:
     """Start a local runtime with ``workers`` warm worker processes, run ``run(runtime, progress)`` under a
     progress bar, draw its report, and with --json print it as one JSON line."""
     from slsml.client import runs
@@ -98,9 +105,14 @@ def cmd_bench_communication(args: argparse.Namespace) -> int:
     significance = bench.SIGNIFICANCE if args.significance is None else args.significance
     if not significance > 0:
         raise BadInputError(f"--significance must be above 0, not {significance:g}")
-    _bench(args, "communication", bench.WORKERS, bench.REDUCERS,
-           lambda runtime, show: bench.communication(runtime, args.iterations, show, significance=significance),
-           display.print_communication)
+    _bench(
+        args,
+        "communication",
+        bench.WORKERS,
+        bench.REDUCERS,
+        lambda runtime, show: bench.communication(runtime, args.iterations, show, significance=significance),
+        display.print_communication,
+    )
     return 0
 
 
@@ -117,9 +129,14 @@ def cmd_bench_evaluation(args: argparse.Namespace) -> int:
     sizes, workers = args.sizes or bench.SIZES, args.workers or bench.WORKERS
     if args.iterations < 1:
         raise BadInputError(f"--iterations must be at least 1, not {args.iterations}")
-    _bench(args, "evaluation", max(workers), 1,
-           lambda runtime, show: bench.evaluation(runtime, sizes, workers, args.iterations, show),
-           display.print_evaluation)
+    _bench(
+        args,
+        "evaluation",
+        max(workers),
+        1,
+        lambda runtime, show: bench.evaluation(runtime, sizes, workers, args.iterations, show),
+        display.print_evaluation,
+    )
     return 0
 
 
@@ -129,9 +146,14 @@ def cmd_bench_data(args: argparse.Namespace) -> int:
     samples, iterations = args.samples or bench.SAMPLES, args.iterations or bench.ITERATIONS
     if samples < bench.BATCH or iterations < 2:
         raise BadInputError(f"--samples must be at least {bench.BATCH} and --iterations at least 2")
-    _bench(args, "data", bench.WORKERS, bench.REDUCERS,
-           lambda runtime, show: bench.data_reads(runtime, samples, iterations, args.cache_mb or bench.CACHE_MB, show),
-           display.print_data)
+    _bench(
+        args,
+        "data",
+        bench.WORKERS,
+        bench.REDUCERS,
+        lambda runtime, show: bench.data_reads(runtime, samples, iterations, args.cache_mb or bench.CACHE_MB, show),
+        display.print_data,
+    )
     return 0
 
 
@@ -140,86 +162,125 @@ def add_commands(commands: Any) -> None:
     benchmarks = commands.add_parser("bench", help="benchmarks on the local runtime")
     benchmarks = benchmarks.add_subparsers(dest="benchmark", required=True)
     stragglers = _benchmark(
-        benchmarks, cmd_bench_stragglers, "stragglers",
-        help="the demo with and without a worker that is slow every iteration, quorum 1 and (W−1)/W"
+        benchmarks,
+        cmd_bench_stragglers,
+        "stragglers",
+        help="the demo with and without a worker that is slow every iteration, quorum 1 and (W−1)/W",
     )
     stragglers.add_argument("--workers", type=int, default=8, help="workers; the last one straggles (default 8)")
-    stragglers.add_argument("--iterations", type=int, default=150,
-                            help="iterations of the runs (a), (b), (c) (default 150, the demo's)")
-    stragglers.add_argument("--slow-iterations", type=int, default=15,
-                            help="iterations of (d), the straggler under quorum 1: slow by design (default 15)")
-    stragglers.add_argument("--factor", type=float, default=20.0,
-                            help="the straggler's invocation lasts this many (a) work phases (default 20)")
-    stragglers.add_argument("--ssp-factor", type=float, default=1.5,
-                            help="(e) and (f): the straggler's invocation lasts this many (a) work phases (default"
-                            " 1.5)")
+    stragglers.add_argument(
+        "--iterations", type=int, default=150, help="iterations of the runs (a), (b), (c) (default 150, the demo's)"
+    )
+    stragglers.add_argument(
+        "--slow-iterations",
+        type=int,
+        default=15,
+        help="iterations of (d), the straggler under quorum 1: slow by design (default 15)",
+    )
+    stragglers.add_argument(
+        "--factor",
+        type=float,
+        default=20.0,
+        help="the straggler's invocation lasts this many (a) work phases (default 20)",
+    )
+    stragglers.add_argument(
+        "--ssp-factor",
+        type=float,
+        default=1.5,
+        help="(e) and (f): the straggler's invocation lasts this many (a) work phases (default 1.5)",
+    )
     barrier = _benchmark(
-        benchmarks, cmd_bench_barrier, "barrier",
-        help="what one report costs the barriers (item bytes, write units), small and large fleet"
+        benchmarks,
+        cmd_bench_barrier,
+        "barrier",
+        help="what one report costs the barriers (item bytes, write units), small and large fleet",
     )
     barrier.add_argument("--workers", type=int, default=1000, help="the large fleet (default 1000)")
     barrier.add_argument("--small", type=int, default=10, help="the small fleet (default 10)")
     barrier.add_argument("--reducers", type=int, default=10, help="reducers of both (default 10)")
 
     scale = _benchmark(
-        benchmarks, cmd_bench_scale, "scale",
+        benchmarks,
+        cmd_bench_scale,
+        "scale",
         help="the plan's requests and stage times against the local pipeline over a grid of W and R;"
-        " fits the plan's latencies to the embedded cloud"
+        " fits the plan's latencies to the embedded cloud",
     )
-    scale.add_argument("--workers", type=options.counts,
-                       help="workers of the grid, comma-separated (default 1,4,16,64)")
+    scale.add_argument(
+        "--workers", type=options.counts, help="workers of the grid, comma-separated (default 1,4,16,64)"
+    )
     scale.add_argument("--reducers", type=options.counts, help="reducers of the grid, comma-separated (default 1,2,4)")
     scale.add_argument("--iterations", type=int, default=6, help="iterations per configuration (default 6, at least 3)")
-    scale.add_argument("--calibration", default="scale-calibration.json",
-                       help="where the fitted parameters go, for slsml plan --calibration (default"
-                       " scale-calibration.json)")
+    scale.add_argument(
+        "--calibration",
+        default="scale-calibration.json",
+        help="where the fitted parameters go, for slsml plan --calibration (default scale-calibration.json)",
+    )
 
     algorithms = _benchmark(
-        benchmarks, cmd_bench_algorithms, "algorithms",
+        benchmarks,
+        cmd_bench_algorithms,
+        "algorithms",
         help="gradient averaging at 2, 4, 8 and auto workers against model averaging with 4 and 16"
-        " local steps: rounds, time, requests and dollars to the demo's accuracy, on one sample budget"
+        " local steps: rounds, time, requests and dollars to the demo's accuracy, on one sample budget",
     )
     algorithms.add_argument("--pool", type=int, help="warm processes per function (default and at least 8)")
 
     communication = _benchmark(
-        benchmarks, cmd_bench_communication, "communication",
+        benchmarks,
+        cmd_bench_communication,
+        "communication",
         help="dense, fp16, top-k 1%% and significance-filtered updates (error feedback) at 8 workers:"
-        " update, residual and reducer bytes, requests and dollars to the demo's accuracy and over a fixed budget"
+        " update, residual and reducer bytes, requests and dollars to the demo's accuracy and over a fixed budget",
     )
-    communication.add_argument("--iterations", type=int, default=150,
-                               help="iterations of every run (default 150, the demo's)")
-    communication.add_argument("--significance", type=float, metavar="V",
-                               help="the significance variant's threshold, significance:V (default 0.2)")
+    communication.add_argument(
+        "--iterations", type=int, default=150, help="iterations of every run (default 150, the demo's)"
+    )
+    communication.add_argument(
+        "--significance",
+        type=float,
+        metavar="V",
+        help="the significance variant's threshold, significance:V (default 0.2)",
+    )
 
     _benchmark(
-        benchmarks, cmd_bench_admm, "admm",
+        benchmarks,
+        cmd_bench_admm,
+        "admm",
         help="ADMM against gradient averaging on logistic regression (breast cancer data, 4 workers):"
-        " rounds to the same test accuracy"
+        " rounds to the same test accuracy",
     )
 
     evaluation = _benchmark(
-        benchmarks, cmd_bench_evaluation, "evaluation",
+        benchmarks,
+        cmd_bench_evaluation,
+        "evaluation",
         help="the Merger's time per evaluation round and the evaluation's wall time at test splits of several sizes"
-        " and several W, side by side (the demo's CNN, evaluated at every iteration)"
+        " and several W, side by side (the demo's CNN, evaluated at every iteration)",
     )
-    evaluation.add_argument("--sizes", type=options.counts,
-                            help="test samples of the runs, comma-separated (default 1000,10000)")
+    evaluation.add_argument(
+        "--sizes", type=options.counts, help="test samples of the runs, comma-separated (default 1000,10000)"
+    )
     evaluation.add_argument("--workers", type=options.counts, help="W of the runs, comma-separated (default 2,4)")
     evaluation.add_argument("--iterations", type=int, default=4, help="of each run, each evaluated (default 4)")
 
     data = _benchmark(
-        benchmarks, cmd_bench_data, "data",
+        benchmarks,
+        cmd_bench_data,
+        "data",
         help="a synthetic image dataset past the workers' warm cache, read by range, against the same run"
-        " with the dataset cached: S3 bytes and GETs per iteration, median iteration; ingest MB/s"
+        " with the dataset cached: S3 bytes and GETs per iteration, median iteration; ingest MB/s",
     )
     data.add_argument("--samples", type=int, help="training images of 32×32×3 uint8 (default 60000: 184 MB)")
     data.add_argument("--iterations", type=int, help="of each run (default 30)")
-    data.add_argument("--cache-mb", type=float, help="the workers' warm cache bound of the variants past the cache"
-                      " (default 16)")
+    data.add_argument(
+        "--cache-mb", type=float, help="the workers' warm cache bound of the variants past the cache (default 16)"
+    )
 
 
-def _benchmark(benchmarks: Any, handler: Callable[[argparse.Namespace], int], name: str, help: str
-               ) -> argparse.ArgumentParser:
+def _benchmark(
+    benchmarks: Any, handler: Callable[[argparse.Namespace], int], name: str, help: str
+) -> argparse.ArgumentParser:
     """The parser of benchmark ``name``, run by ``handler``, with --json (its own flags are the caller's)."""
     parser = benchmarks.add_parser(name, help=help)
     parser.add_argument("--json", action="store_true", help="print the report as one JSON line")

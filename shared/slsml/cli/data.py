@@ -27,17 +27,24 @@ def _source_flags(parser: argparse.ArgumentParser) -> None:
     from slsml.data import sources
 
     group = parser.add_argument_group("source formats")
-    group.add_argument("--format", choices=list(sources.FORMATS),
-                       help="how to read SOURCE (default: by its suffix; a folder by its files' suffixes, or images in"
-                            " class subfolders)")
+    group.add_argument(
+        "--format",
+        choices=list(sources.FORMATS),
+        help="how to read SOURCE (default: by its suffix; a folder by its files' suffixes, or images in"
+        " class subfolders)",
+    )
     for name, field in _source_fields().items():
         flag, default = f"--{name.replace('_', '-')}", field.get_default()
         if field.annotation is bool:
             group.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=field.description)
             continue
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        group.add_argument(flag, default=argparse.SUPPRESS, metavar=name.upper(), help=field.description + (
-            "" if field.is_required() or default is None else f" (default {shown})"))
+        group.add_argument(
+            flag,
+            default=argparse.SUPPRESS,
+            metavar=name.upper(),
+            help=field.description + ("" if field.is_required() or default is None else f" (default {shown})"),
+        )
 
 
 def _source(args: argparse.Namespace) -> Any:
@@ -54,8 +61,15 @@ def _source(args: argparse.Namespace) -> Any:
     return sources.open_source(path, format.name, **given)
 
 
-def _ingest(store: Any, name: str, source: Any, origin: Callable[[], Any], test_fraction: float, seed: int,
-            shard_mb: float | None = None) -> Any:
+def _ingest(
+    store: Any,
+    name: str,
+    source: Any,
+    origin: Callable[[], Any],
+    test_fraction: float,
+    seed: int,
+    shard_mb: float | None = None,
+) -> Any:
     """Stream ``source`` into dataset ``name`` with a progress bar; its manifest."""
     from slsml.data import ingest
     from slsml.data.manifest import DEFAULT_SHARD_MB
@@ -77,8 +91,10 @@ def upload_file(store: Any, path: Path, name: str | None, test_fraction: float, 
         return same.name
     name = name or path.stem.lower().replace("_", "-")[:63]
     if catalog.exists(store, name):
-        raise BadInputError(f"dataset {name!r} already exists and holds other data: name this one with --dataset NAME"
-                            f" (or train on that one with --data {name})")
+        raise BadInputError(
+            f"dataset {name!r} already exists and holds other data: name this one with --dataset NAME"
+            f" (or train on that one with --data {name})"
+        )
     return _ingest(store, name, source, lambda: origin, test_fraction, seed).name
 
 
@@ -91,8 +107,11 @@ def _store(args: argparse.Namespace) -> Any:
 
     if getattr(args, "bucket", None) and args.stack:
         raise BadInputError("say where the datasets are: --stack NAME (a deployed stack) or --bucket BUCKET, not both")
-    return ObjectStore(aws.client("s3"), args.bucket) if getattr(args, "bucket", None) else (
-        targets.required_target(args)[0].store)
+    return (
+        ObjectStore(aws.client("s3"), args.bucket)
+        if getattr(args, "bucket", None)
+        else (targets.required_target(args)[0].store)
+    )
 
 
 def _show(manifest: Any, as_json: bool) -> None:
@@ -139,13 +158,15 @@ def cmd_data_rm(args: argparse.Namespace) -> int:
     from slsml.state.records import RunStatus
 
     services = targets.required_target(args)[0]
-    using = [run.run_id for run in services.table.list_runs()
-             if run.dataset == args.name and run.status == RunStatus.RUNNING]
+    using = [
+        run.run_id for run in services.table.list_runs() if run.dataset == args.name and run.status == RunStatus.RUNNING
+    ]
     if using:
         raise BadInputError(f"dataset {args.name!r} is in use by run {', '.join(using)}: stop it first")
     removed = catalog.remove(services.store, args.name)
-    display.done(f"dataset {args.name} removed ({removed} objects)", args.json, {"dataset": args.name,
-                                                                              "objects": removed})
+    display.done(
+        f"dataset {args.name} removed ({removed} objects)", args.json, {"dataset": args.name, "objects": removed}
+    )
     return 0
 
 
@@ -153,15 +174,22 @@ def add_commands(commands: Any) -> None:
     """`slsml data` and its actions."""
     datasets = commands.add_parser("data", help="datasets in S3").add_subparsers(dest="action", required=True)
     stack_help = "the deployed stack of this name (default: the local service)"
-    put = datasets.add_parser("put", help="stream a file or folder into a dataset: shards, then the manifest (run it"
-                              " again to continue an interrupted upload)")
+    put = datasets.add_parser(
+        "put",
+        help="stream a file or folder into a dataset: shards, then the manifest (run it"
+        " again to continue an interrupted upload)",
+    )
     put.add_argument("name", help="dataset name (lowercase letters, digits, '-')")
-    put.add_argument("source", help="a .npz (x, y, optional x_test, y_test) or .npy file, a folder of images in class"
-                     " subfolders, Parquet or CSV tables, TFRecord files (a file or a folder of them)")
+    put.add_argument(
+        "source",
+        help="a .npz (x, y, optional x_test, y_test) or .npy file, a folder of images in class"
+        " subfolders, Parquet or CSV tables, TFRecord files (a file or a folder of them)",
+    )
     put.add_argument("--stack", help=f"upload to {stack_help}")
     put.add_argument("--bucket", help="or to this bucket (AWS credentials and AWS_ENDPOINT_URL apply)")
-    put.add_argument("--test-fraction", type=float, default=0.2, help="held out when the source has no test part"
-                     " (default 0.2)")
+    put.add_argument(
+        "--test-fraction", type=float, default=0.2, help="held out when the source has no test part (default 0.2)"
+    )
     put.add_argument("--seed", type=int, default=0, help="seed of the held-out samples (default 0)")
     put.add_argument("--shard-mb", type=float, help="MB per shard object (default 64)")
     put.add_argument("--json", action="store_true", help="print the dataset as one JSON line")

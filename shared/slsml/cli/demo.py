@@ -23,8 +23,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     spec = options.with_flags(args, spec, model)
     out = Path(args.out) if args.out else None
     arrays = demo.digits(args.seed)
-    return follow.train_locally(args, runtime, spec, modelio.save_model(model),
-                                lambda store: data.put_dataset(store, "digits", *arrays).name, out)
+    return follow.train_locally(
+        args,
+        runtime,
+        spec,
+        modelio.save_model(model),
+        lambda store: data.put_dataset(store, "digits", *arrays).name,
+        out,
+    )
 
 
 def add_commands(commands: Any) -> None:
@@ -32,6 +38,7 @@ def add_commands(commands: Any) -> None:
     demo = commands.add_parser("demo", help="train a small CNN on digits through the whole local pipeline")
     options.training_options(demo, iterations=150)
     demo.add_argument("--out", help="where to save the final model (default runs/<run>/final.keras)")
-    demo.add_argument("--report", metavar="DIR",
-                      help="when the run ends, write its report: DIR/index.html and its PNGs")
+    demo.add_argument(
+        "--report", metavar="DIR", help="when the run ends, write its report: DIR/index.html and its PNGs"
+    )
     demo.set_defaults(handler=cmd_demo)

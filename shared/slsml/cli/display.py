@@ -70,13 +70,17 @@ def describe_optimizer(config: OptimizerConfig) -> str:
     parts = [KERAS_OPTIMIZERS[config.name], f"learning rate {rate_text}"]
     said = {"weight_decay", "exclude_from_weight_decay", "clipnorm", "global_clipnorm", "clipvalue"}
     defaults = OptimizerConfig(name=config.name)
-    parts += [name if value is True else f"{name} {number(value)}" for name in HYPER_PARAMETERS
-              if name not in said and (value := getattr(config, name)) != getattr(defaults, name)]
+    parts += [
+        name if value is True else f"{name} {number(value)}"
+        for name in HYPER_PARAMETERS
+        if name not in said and (value := getattr(config, name)) != getattr(defaults, name)
+    ]
     decay = f"weight decay {config.weight_decay:g}" if config.weight_decay else "no weight decay"
     if config.exclude_from_weight_decay:
         decay += f" (not on {', '.join(config.exclude_from_weight_decay)})"
-    clipping = [f"{name} {value:g}" for name in ("clipnorm", "global_clipnorm", "clipvalue")
-                if (value := getattr(config, name))]
+    clipping = [
+        f"{name} {value:g}" for name in ("clipnorm", "global_clipnorm", "clipvalue") if (value := getattr(config, name))
+    ]
     return "optimizer: " + ", ".join([*parts, decay, *(clipping or ["no clipping"])])
 
 
@@ -118,8 +122,14 @@ def run_progress(
         yield lambda run, latest: lines.show(run.iteration, shown.update(run, latest))
         lines.end()
         return
-    columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[run]}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
+    columns = (
+        SpinnerColumn(),
+        TextColumn("[bold]{task.fields[run]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console(), transient=False) as progress:
         task = progress.add_task("train", total=iterations, run=run_id, stats="")
 
@@ -184,11 +194,14 @@ class ProgressText:
         parts.append(f"{(time.time() - self.started) / max(1, run.iteration):.2f} s/iter")
         parts.append(self._workers(run, latest))
         if latest.launched_at and latest.reduce_fired_at and latest.merged_at:
-            parts.append(f"workers {latest.reduce_fired_at - latest.launched_at:.2f} s"
-                         f" reduce+merge {latest.merged_at - latest.reduce_fired_at:.2f} s")
+            parts.append(
+                f"workers {latest.reduce_fired_at - latest.launched_at:.2f} s"
+                f" reduce+merge {latest.merged_at - latest.reduce_fired_at:.2f} s"
+            )
         met = [sum(counts[k] for counts in self.seen.values()) for k in range(3)]
-        parts += [f"{n} {what}" for n, what in zip(met, ("late", "re-launched reducers", "stale shards"),
-                                                   strict=True) if n]
+        parts += [
+            f"{n} {what}" for n, what in zip(met, ("late", "re-launched reducers", "stale shards"), strict=True) if n
+        ]
         if self.spent is not None and time.monotonic() - self.dollars_at > self.SPENT_EVERY_S:
             self.dollars, self.dollars_at = self.spent(run), time.monotonic()
         if self.dollars is not None:
@@ -229,8 +242,10 @@ def fleet(summary: Any) -> str:
     """A run's workers: the number if they never changed, else the first ones and each change with its iteration
     and why, e.g. ``4 → 8 at iteration 2 (run scale) → 2 at iteration 5 (run scale)``; a running run scaled since
     its last launch ends in ``→ 8 next``."""
-    changes = [f"{c.workers} at iteration {c.iteration}" + (f" ({why(c.reason)})" if c.reason else "")
-               for c in summary.fleet[1:]]
+    changes = [
+        f"{c.workers} at iteration {c.iteration}" + (f" ({why(c.reason)})" if c.reason else "")
+        for c in summary.fleet[1:]
+    ]
     first, last = FLEET_SHOWN
     if len(changes) > first + last:
         changes = [*changes[:first], f"… {len(changes) - first - last} more", *changes[-last:]]
@@ -268,8 +283,11 @@ def print_summary(summary: Any, as_json: bool) -> None:
         row("  worker compute", f"{compute * 1000:.1f} ms ({compute / summary.median_iteration_s:.1%})")
         row("  control/data plane", f"{(summary.median_iteration_s - compute) * 1000:.0f} ms")
     if summary.bytes_read_per_iteration is not None:
-        row("S3 bytes per iteration", f"read {summary.bytes_read_per_iteration / 1e6:.2f} MB, "
-                                       f"written {summary.bytes_written_per_iteration / 1e6:.2f} MB")
+        row(
+            "S3 bytes per iteration",
+            f"read {summary.bytes_read_per_iteration / 1e6:.2f} MB, "
+            f"written {summary.bytes_written_per_iteration / 1e6:.2f} MB",
+        )
     if summary.requests_per_iteration is not None:
         by_service: dict[str, list[str]] = {}
         for operation, count in summary.requests_per_iteration.items():
@@ -279,27 +297,38 @@ def print_summary(summary: Any, as_json: bool) -> None:
         for i, (service, counts) in enumerate(by_service.items()):
             row("requests per iteration" if i == 0 else "", f"{service}: {', '.join(counts)}")
     if summary.budget_usd is not None:
-        row("budget", spend(summary.spent_usd or 0.0, summary.budget_usd)
-            + ", counted by the functions as they ran")
+        row("budget", spend(summary.spent_usd or 0.0, summary.budget_usd) + ", counted by the functions as they ran")
     if summary.cost_usd is not None:
         per_iteration = summary.cost_per_iteration_usd
-        row("cost", f"{dollars(summary.cost_usd)} in all"
-                    + ("" if per_iteration is None else f", {dollars(per_iteration)} per iteration"))
+        row(
+            "cost",
+            f"{dollars(summary.cost_usd)} in all"
+            + ("" if per_iteration is None else f", {dollars(per_iteration)} per iteration"),
+        )
         by_cost = sorted(summary.cost_by_service_usd.items(), key=lambda item: -item[1])
         row("  by service", ", ".join(f"{service} {dollars(amount)}" for service, amount in by_cost))
         row("  Lambda GB-seconds", f"{summary.gb_seconds:g}")
     row("late workers", summary.late_workers)
     if summary.dropped_parts or summary.nonfinite_updates or summary.stale_attempts:
-        row("left out", f"{summary.dropped_parts} parts past their read timeout, {summary.nonfinite_updates}"
-                        f" non-finite updates, {summary.stale_attempts} reports of superseded attempts")
+        row(
+            "left out",
+            f"{summary.dropped_parts} parts past their read timeout, {summary.nonfinite_updates}"
+            f" non-finite updates, {summary.stale_attempts} reports of superseded attempts",
+        )
     if summary.deadlines_fired or summary.relaunched_workers or summary.relaunched_reducers or summary.stale_shards:
-        row("deadlines", f"{summary.deadlines_fired} fired, {summary.relaunched_workers} workers and"
-                         f" {summary.relaunched_reducers} reducers re-launched, {summary.stale_shards} stale shards")
+        row(
+            "deadlines",
+            f"{summary.deadlines_fired} fired, {summary.relaunched_workers} workers and"
+            f" {summary.relaunched_reducers} reducers re-launched, {summary.stale_shards} stale shards",
+        )
     if summary.faults is not None:
         injected = ", ".join(f"{kind} {n}" for kind, n in summary.faults["injected"].items() if n) or "none"
         row("faults injected", injected)
-        row("  what it took", f"{summary.faults['failed_invocations']} failed invocations,"
-                              f" {summary.faults['retries']} retried, {summary.faults['dead_letters']} dead letters")
+        row(
+            "  what it took",
+            f"{summary.faults['failed_invocations']} failed invocations,"
+            f" {summary.faults['retries']} retried, {summary.faults['dead_letters']} dead letters",
+        )
     row("final model", summary.final_model)
     results(as_json).print(table)
     if as_json:
@@ -335,9 +364,15 @@ def print_runs(summaries: list[Any], as_json: bool = False) -> None:
     for s in summaries:
         started = "–" if s.started_at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.started_at))
         metric = first_metric(s.test)
-        table.add_row(s.run_id, started, s.status.value, str(s.iterations),
-                      "–" if s.test_loss is None else f"{s.test_loss:.4f}",
-                      "–" if metric == "loss" else f"test_{metric} {s.test[metric]:.4f}", s.reason or "")
+        table.add_row(
+            s.run_id,
+            started,
+            s.status.value,
+            str(s.iterations),
+            "–" if s.test_loss is None else f"{s.test_loss:.4f}",
+            "–" if metric == "loss" else f"test_{metric} {s.test[metric]:.4f}",
+            s.reason or "",
+        )
     results(as_json).print(table)
     if as_json:
         print(json.dumps([summary.model_dump(mode="json") for summary in summaries]))
@@ -360,8 +395,13 @@ def samples_progress(label: str, total: int | None) -> Iterator[Callable[[int], 
     """A progress bar of the samples read (stderr), gone when done; yields what advances it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    columns = (TextColumn(label, markup=False), BarColumn(), MofNCompleteColumn(), TextColumn("samples"),
-               TimeElapsedColumn())
+    columns = (
+        TextColumn(label, markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("samples"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console(), transient=True) as progress:
         task = progress.add_task(label, total=total)
         yield lambda count: progress.advance(task, count)
@@ -373,8 +413,16 @@ def print_datasets(summaries: list[dict[str, Any]]) -> None:
 
     table = Table("dataset", "format", "train", "test", "x", "y", "classes", "stored")
     for s in summaries:
-        table.add_row(s["name"], s["format"] or "–", str(s["train"]), str(s["test"]), _shape(s, "x"), _shape(s, "y"),
-                      "–" if s["classes"] is None else str(s["classes"]), _size(s["bytes"]))
+        table.add_row(
+            s["name"],
+            s["format"] or "–",
+            str(s["train"]),
+            str(s["test"]),
+            _shape(s, "x"),
+            _shape(s, "y"),
+            "–" if s["classes"] is None else str(s["classes"]),
+            _size(s["bytes"]),
+        )
     results().print(table)
 
 
@@ -388,9 +436,11 @@ def print_dataset(summary: dict[str, Any]) -> None:
     classes = summary["classes"]
     names = summary["class_names"]
     for label, value in (
-        ("dataset", summary["name"]), ("format", summary["format"] or "–"),
+        ("dataset", summary["name"]),
+        ("format", summary["format"] or "–"),
         ("samples", f"{summary['train']:,} train, {summary['test']:,} test"),
-        ("x", _shape(summary, "x")), ("y", _shape(summary, "y")),
+        ("x", _shape(summary, "x")),
+        ("y", _shape(summary, "y")),
         ("sample weights", "yes" if summary.get("weighted") else "–"),
         ("classes", "–" if classes is None else f"{classes}" + (f": {', '.join(names)}" if names else "")),
         ("stored", f"{_size(summary['bytes'])} in {summary['shards']} shards"),
@@ -428,41 +478,66 @@ def print_stragglers(report: Any, as_json: bool = False) -> None:
 
     from slsml.bench import pipeline as bench
 
-    table = Table("", "straggler", "quorum", "staleness", "iters", "median iter", "× (a)", "test acc",
-                  f"iters to {bench.ACCURACY_TARGET}", "late", "folded",
-                  title=f"stragglers: {report.workers} workers, factor {report.factor:g} ((e), (f):"
-                  f" {report.ssp_factor:g})")
+    table = Table(
+        "",
+        "straggler",
+        "quorum",
+        "staleness",
+        "iters",
+        "median iter",
+        "× (a)",
+        "test acc",
+        f"iters to {bench.ACCURACY_TARGET}",
+        "late",
+        "folded",
+        title=f"stragglers: {report.workers} workers, factor {report.factor:g} ((e), (f): {report.ssp_factor:g})",
+    )
     for case in report.cases:
         s = case.summary
-        table.add_row(case.name, f"worker {report.straggler}" if case.straggler else "–",
-                      str(Fraction(case.quorum).limit_denominator(report.workers)), str(case.staleness or "–"),
-                      str(s.iterations), "–" if s.median_iteration_s is None else f"{s.median_iteration_s:.3f} s",
-                      "–" if case.ratio is None else f"{case.ratio:.2f}",
-                      "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}",
-                      "–" if case.rounds_to_target is None else str(case.rounds_to_target), str(s.late_workers),
-                      str(s.late_folded))
+        table.add_row(
+            case.name,
+            f"worker {report.straggler}" if case.straggler else "–",
+            str(Fraction(case.quorum).limit_denominator(report.workers)),
+            str(case.staleness or "–"),
+            str(s.iterations),
+            "–" if s.median_iteration_s is None else f"{s.median_iteration_s:.3f} s",
+            "–" if case.ratio is None else f"{case.ratio:.2f}",
+            "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}",
+            "–" if case.rounds_to_target is None else str(case.rounds_to_target),
+            str(s.late_workers),
+            str(s.late_folded),
+        )
     out = results(as_json)
     out.print(table)
     for case in report.cases:
         if case.summary.status != "COMPLETED":
             out.print(f"[red]({case.name}) {case.summary.status.value}[/red]: {case.summary.reason}")
     c, yes = report.case("c"), {True: "yes", False: "no"}
-    out.print(f"delay: worker {report.straggler} sleeps {report.delay_s:.2f} s at the start of every invocation "
-              f"= ({report.factor:g} − 1) × {report.baseline_s:.3f} s, the {report.baseline}")
+    out.print(
+        f"delay: worker {report.straggler} sleeps {report.delay_s:.2f} s at the start of every invocation "
+        f"= ({report.factor:g} − 1) × {report.baseline_s:.3f} s, the {report.baseline}"
+    )
     ratio = "–" if c.ratio is None else f"{c.ratio:.2f}×"
     out.print(f"(c) median iteration {ratio} (a)'s: within {bench.WITHIN}× of (a): {yes[report.c_within]}")
-    out.print(f"(d) median iteration grew by {report.d_growth_s:.2f} s over (a)'s, "
-              f"{report.d_growth_s / report.delay_s:.2f} × the delay: grew with the delay "
-              f"(at least {bench.GREW:g} × it): {yes[report.d_grew]}")
+    out.print(
+        f"(d) median iteration grew by {report.d_growth_s:.2f} s over (a)'s, "
+        f"{report.d_growth_s / report.delay_s:.2f} × the delay: grew with the delay "
+        f"(at least {bench.GREW:g} × it): {yes[report.d_grew]}"
+    )
     accuracy = "–" if c.summary.test_accuracy is None else f"{c.summary.test_accuracy:.4f}"
-    out.print(f"(c) test accuracy {accuracy}: reaches the demo's {bench.ACCURACY_TARGET}: "
-              f"{yes[report.c_reaches_target]}")
+    out.print(
+        f"(c) test accuracy {accuracy}: reaches the demo's {bench.ACCURACY_TARGET}: {yes[report.c_reaches_target]}"
+    )
     e, f = report.case("e"), report.case("f")
-    out.print(f"(f) late updates {report.f_late}: {report.f_folded} folded into a later reduce, {report.f_dropped}"
-              f" left out beyond the bound, {report.f_at_the_end} of the last {bench.STALENESS} iterations left out"
-              f" at the end: keeps every update: {yes[report.f_keeps_every_update]}")
-    out.print(f"(f) iterations to {bench.ACCURACY_TARGET}: {f.rounds_to_target or '–'} vs (e)'s"
-              f" {e.rounds_to_target or '–'} (late updates dropped): no more: {yes[report.f_no_slower]}")
+    out.print(
+        f"(f) late updates {report.f_late}: {report.f_folded} folded into a later reduce, {report.f_dropped}"
+        f" left out beyond the bound, {report.f_at_the_end} of the last {bench.STALENESS} iterations left out"
+        f" at the end: keeps every update: {yes[report.f_keeps_every_update]}"
+    )
+    out.print(
+        f"(f) iterations to {bench.ACCURACY_TARGET}: {f.rounds_to_target or '–'} vs (e)'s"
+        f" {e.rounds_to_target or '–'} (late updates dropped): no more: {yes[report.f_no_slower]}"
+    )
 
 
 def print_barrier(report: Any, workers: int, small: int, as_json: bool = False) -> None:
@@ -470,17 +545,36 @@ def print_barrier(report: Any, workers: int, small: int, as_json: bool = False) 
 
     from slsml.bench import barrier as bench_barrier
 
-    table = Table("workers", "reducers", "max item bytes", "WU / report", "max WU / report", "WU / shard report",
-                  "participants item", "RU at fire", "s / report", title="barrier cost per report")
+    table = Table(
+        "workers",
+        "reducers",
+        "max item bytes",
+        "WU / report",
+        "max WU / report",
+        "WU / shard report",
+        "participants item",
+        "RU at fire",
+        "s / report",
+        title="barrier cost per report",
+    )
     for f in (report.small, report.large):
-        table.add_row(str(f.workers), str(f.reducers), str(f.max_item_bytes), f"{f.write_units_per_report:.2f}",
-                      str(f.max_write_units_per_report), f"{f.write_units_per_shard_report:.2f}",
-                      f"{f.participants_item_bytes} B", f"{f.fire_read_units:g}",
-                      f"{f.seconds_per_report * 1000:.1f} ms")
+        table.add_row(
+            str(f.workers),
+            str(f.reducers),
+            str(f.max_item_bytes),
+            f"{f.write_units_per_report:.2f}",
+            str(f.max_write_units_per_report),
+            f"{f.write_units_per_shard_report:.2f}",
+            f"{f.participants_item_bytes} B",
+            f"{f.fire_read_units:g}",
+            f"{f.seconds_per_report * 1000:.1f} ms",
+        )
     out, yes = results(as_json), {True: "yes", False: "no"}
     out.print(table)
-    out.print(f"at {workers} workers, within {bench_barrier.WITHIN:.0%} of {small}: max item bytes "
-              f"{yes[report.item_bytes_within]}, write units per report {yes[report.write_units_within]}")
+    out.print(
+        f"at {workers} workers, within {bench_barrier.WITHIN:.0%} of {small}: max item bytes "
+        f"{yes[report.item_bytes_within]}, write units per report {yes[report.write_units_within]}"
+    )
 
 
 def print_scale(report: Any, calibration: str, as_json: bool = False) -> None:
@@ -491,37 +585,79 @@ def print_scale(report: Any, calibration: str, as_json: bool = False) -> None:
     from slsml.cost.model import Parameters, parameter_facts
 
     out = results(as_json)
-    out.print(f"[bold]{report.model}[/bold]: {report.params:,} weights, batch {report.batch}, quorum 1, "
-              f"{report.iterations} iterations per configuration; warm processes per function: "
-              + ", ".join(f"{name} {n}" for name, n in report.pools.items()))
-    requests = Table("W", "R", "plan", "run", "minimum", "run ÷ minimum", "differences (plan → run)",
-                     title="requests per iteration: the plan against the run summary (median iteration), and the "
-                           "minimum chain")
+    out.print(
+        f"[bold]{report.model}[/bold]: {report.params:,} weights, batch {report.batch}, quorum 1, "
+        f"{report.iterations} iterations per configuration; warm processes per function: "
+        + ", ".join(f"{name} {n}" for name, n in report.pools.items())
+    )
+    requests = Table(
+        "W",
+        "R",
+        "plan",
+        "run",
+        "minimum",
+        "run ÷ minimum",
+        "differences (plan → run)",
+        title="requests per iteration: the plan against the run summary (median iteration), and the minimum chain",
+    )
     for p in report.points:
         differences = ", ".join(f"{op} {a:g} → {b:g}" for op, (a, b) in p.mismatches.items())
-        requests.add_row(str(p.workers), str(p.reducers), f"{sum(p.predicted_requests.values()):g}",
-                         f"{sum(p.measured_requests.values()):g}", f"{sum(p.minimum_requests.values()):g}",
-                         f"{p.over_minimum:.2f}×", f"[red]{differences}" if differences else "[green]none")
+        requests.add_row(
+            str(p.workers),
+            str(p.reducers),
+            f"{sum(p.predicted_requests.values()):g}",
+            f"{sum(p.measured_requests.values()):g}",
+            f"{sum(p.minimum_requests.values()):g}",
+            f"{p.over_minimum:.2f}×",
+            f"[red]{differences}" if differences else "[green]none",
+        )
     out.print(requests)
-    columns = {"event": ("model → WorkLauncher",), "launch": ("WorkLauncher",), "hops": bench_scale.HOPS,
-               "work": ("Worker",), "fire": ("ReduceLauncher (fires)",), "reduce": ("Reducer",),
-               "merge": ("Merger (merges)",)}
-    stages = Table("W×R", "", *columns, "iter", "error", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
-                   title="stage times (ms), median steady iteration: the run and the fitted model")
+    columns = {
+        "event": ("model → WorkLauncher",),
+        "launch": ("WorkLauncher",),
+        "hops": bench_scale.HOPS,
+        "work": ("Worker",),
+        "fire": ("ReduceLauncher (fires)",),
+        "reduce": ("Reducer",),
+        "merge": ("Merger (merges)",),
+    }
+    stages = Table(
+        "W×R",
+        "",
+        *columns,
+        "iter",
+        "error",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+        pad_edge=False,
+        title="stage times (ms), median steady iteration: the run and the fitted model",
+    )
     for p in report.points:
         label = f"{p.workers}×{p.reducers}"
         if p.predicted_iteration_s is None:
             stages.add_row(label, p.status.lower())
             continue
-        for i, (source, figures, total) in enumerate((("run", p.measured_stages, p.measured_iteration_s),
-                                                      ("model", p.predicted_stages, p.predicted_iteration_s))):
+        for i, (source, figures, total) in enumerate(
+            (("run", p.measured_stages, p.measured_iteration_s), ("model", p.predicted_stages, p.predicted_iteration_s))
+        ):
             cells = [f"{sum(figures[s] for s in names) * 1000:.0f}" for names in columns.values()]
-            stages.add_row(label if i == 0 else "", source, *cells, f"{total * 1000:.0f}",
-                           f"{p.error:+.0%}" if i else "", end_section=i == 1)
+            stages.add_row(
+                label if i == 0 else "",
+                source,
+                *cells,
+                f"{total * 1000:.0f}",
+                f"{p.error:+.0%}" if i else "",
+                end_section=i == 1,
+            )
     out.print(stages)
     defaults = Parameters()
-    fitted = Table("parameter", "fitted (embedded cloud)", "the model's default (AWS)", "unit",
-                   title="parameters fitted by least squares on the stage times")
+    fitted = Table(
+        "parameter",
+        "fitted (embedded cloud)",
+        "the model's default (AWS)",
+        "unit",
+        title="parameters fitted by least squares on the stage times",
+    )
     for name, value in report.fitted.items():
         unit = parameter_facts(name)["unit"]
         fitted.add_row(name, f"{value:.4g}", f"{getattr(defaults, name):.4g}", unit)
@@ -531,8 +667,10 @@ def print_scale(report: Any, calibration: str, as_json: bool = False) -> None:
     if unresolved:
         out.print(f"{', '.join(unresolved)}: the grid's bytes took no time the fit could see (its inverse is 0)")
     worst = max((p for p in report.points if p.error is not None), key=lambda p: abs(p.error))
-    out.print(f"iteration time, fitted model against measured: median error {report.median_error:.1%}, "
-              f"max {report.max_error:.1%} (W {worst.workers}, R {worst.reducers})")
+    out.print(
+        f"iteration time, fitted model against measured: median error {report.median_error:.1%}, "
+        f"max {report.max_error:.1%} (W {worst.workers}, R {worst.reducers})"
+    )
     out.print(f"calibration written to {calibration}: slsml plan --calibration {calibration} …")
 
 
@@ -544,34 +682,66 @@ def print_algorithms(report: Any, as_json: bool = False) -> None:
     from slsml.bench import algorithms as bench
 
     target = f"{report.target:g}"
-    to_target = Table("variant", "rounds", "s", "requests", "$", "workers",
-                      title=f"to test accuracy {target} (the demo's CNN, global batch {report.global_batch})")
-    budget = Table("variant", "rounds", "test acc", "s", "requests", "$",
-                   title=f"the whole budget: {report.sample_budget:,} samples each")
+    to_target = Table(
+        "variant",
+        "rounds",
+        "s",
+        "requests",
+        "$",
+        "workers",
+        title=f"to test accuracy {target} (the demo's CNN, global batch {report.global_batch})",
+    )
+    budget = Table(
+        "variant",
+        "rounds",
+        "test acc",
+        "s",
+        "requests",
+        "$",
+        title=f"the whole budget: {report.sample_budget:,} samples each",
+    )
 
     def figure(value: float | None, text: Callable[[float], str]) -> str:
         return "–" if value is None else text(value)
 
     for v in report.variants:
-        to_target.add_row(v.name, figure(v.rounds_to_target, str), figure(v.wall_to_target_s, "{:.1f}".format),
-                          figure(v.requests_to_target, "{:,}".format), figure(v.cost_to_target_usd, dollars),
-                          "→".join(str(c.workers) for c in v.fleet) or "–")
-        budget.add_row(v.name, str(v.rounds), figure(v.final_accuracy, "{:.4f}".format), f"{v.wall_s:.1f}",
-                       f"{v.requests:,}", dollars(v.cost_usd))
+        to_target.add_row(
+            v.name,
+            figure(v.rounds_to_target, str),
+            figure(v.wall_to_target_s, "{:.1f}".format),
+            figure(v.requests_to_target, "{:,}".format),
+            figure(v.cost_to_target_usd, dollars),
+            "→".join(str(c.workers) for c in v.fleet) or "–",
+        )
+        budget.add_row(
+            v.name,
+            str(v.rounds),
+            figure(v.final_accuracy, "{:.4f}".format),
+            f"{v.wall_s:.1f}",
+            f"{v.requests:,}",
+            dollars(v.cost_usd),
+        )
     out, yes = results(as_json), {True: "yes", False: "no"}
     out.print(to_target)
     out.print(budget)
-    fixed = [v for v in report.variants if v.name in {f"gradient-w{w}" for w in bench.FIXED_WORKERS}
-             and v.wall_to_target_s is not None]
+    fixed = [
+        v
+        for v in report.variants
+        if v.name in {f"gradient-w{w}" for w in bench.FIXED_WORKERS} and v.wall_to_target_s is not None
+    ]
     fastest = min(fixed, key=lambda v: v.wall_to_target_s or 0.0).name if fixed else "none reached it"
 
     def ratio(value: float | None) -> str:
         return f"no ratio (not both reached {target})" if value is None else f"{value:.2f}× the time to {target}"
 
-    out.print(f"model averaging, K={max(bench.LOCAL_STEPS)}, against gradient averaging, W={bench.WORKERS}:"
-              f" {ratio(report.averaging_ratio)}; at most 1/{bench.SPEEDUP}: {yes[report.averaging_fast]}")
-    out.print(f"workers auto against the fastest fixed W ({fastest}): {ratio(report.tuned_ratio)}; within"
-              f" {bench.TUNED_WITHIN - 1:.0%}: {yes[report.tuned_close]}")
+    out.print(
+        f"model averaging, K={max(bench.LOCAL_STEPS)}, against gradient averaging, W={bench.WORKERS}:"
+        f" {ratio(report.averaging_ratio)}; at most 1/{bench.SPEEDUP}: {yes[report.averaging_fast]}"
+    )
+    out.print(
+        f"workers auto against the fastest fixed W ({fastest}): {ratio(report.tuned_ratio)}; within"
+        f" {bench.TUNED_WITHIN - 1:.0%}: {yes[report.tuned_close]}"
+    )
 
 
 def print_evaluation(report: Any, as_json: bool = False) -> None:
@@ -580,24 +750,44 @@ def print_evaluation(report: Any, as_json: bool = False) -> None:
     workers against the fewest."""
     from rich.table import Table
 
-    table = Table("test samples", "W", "Merger s per evaluation round", "evaluation wall s", "slowest worker s",
-                  title=f"evaluation at every iteration ({report.iterations}), the demo's CNN, global batch"
-                  f" {report.global_batch}")
+    table = Table(
+        "test samples",
+        "W",
+        "Merger s per evaluation round",
+        "evaluation wall s",
+        "slowest worker s",
+        title=f"evaluation at every iteration ({report.iterations}), the demo's CNN, global batch"
+        f" {report.global_batch}",
+    )
     for p in report.points:
-        table.add_row(f"{p.test_samples:,}", str(p.workers), f"{p.merger_s_per_round:.3f}",
-                      f"{p.evaluation_wall_s:.3f}", f"{p.slowest_worker_s:.3f}")
+        table.add_row(
+            f"{p.test_samples:,}",
+            str(p.workers),
+            f"{p.merger_s_per_round:.3f}",
+            f"{p.evaluation_wall_s:.3f}",
+            f"{p.slowest_worker_s:.3f}",
+        )
     out = results(as_json)
     out.print(table)
     sizes = sorted({p.test_samples for p in report.points})
     fleets = sorted({p.workers for p in report.points})
     at = {(p.test_samples, p.workers): p for p in report.points}
     if len(sizes) > 1:
-        out.print("Merger per evaluation round, " + f"{sizes[-1]:,} against {sizes[0]:,} test samples: " + ", ".join(
-            f"W={w} ×{at[sizes[-1], w].merger_s_per_round / at[sizes[0], w].merger_s_per_round:.2f}" for w in fleets))
+        out.print(
+            "Merger per evaluation round, "
+            + f"{sizes[-1]:,} against {sizes[0]:,} test samples: "
+            + ", ".join(
+                f"W={w} ×{at[sizes[-1], w].merger_s_per_round / at[sizes[0], w].merger_s_per_round:.2f}" for w in fleets
+            )
+        )
     if len(fleets) > 1:
-        out.print(f"evaluation wall time, W={fleets[-1]} against W={fleets[0]}: " + ", ".join(
-            f"{n:,} samples ×{at[n, fleets[-1]].evaluation_wall_s / at[n, fleets[0]].evaluation_wall_s:.2f}"
-            for n in sizes))
+        out.print(
+            f"evaluation wall time, W={fleets[-1]} against W={fleets[0]}: "
+            + ", ".join(
+                f"{n:,} samples ×{at[n, fleets[-1]].evaluation_wall_s / at[n, fleets[0]].evaluation_wall_s:.2f}"
+                for n in sizes
+            )
+        )
 
 
 def print_admm(report: Any, as_json: bool = False) -> None:
@@ -607,25 +797,44 @@ def print_admm(report: Any, as_json: bool = False) -> None:
 
     from slsml.bench import admm as bench
 
-    table = Table("variant", "rounds", "test acc", "rounds to target", "s", "requests", "$",
-                  title=f"logistic regression on breast cancer, {report.workers} workers, global batch"
-                  f" {report.global_batch}")
+    table = Table(
+        "variant",
+        "rounds",
+        "test acc",
+        "rounds to target",
+        "s",
+        "requests",
+        "$",
+        title=f"logistic regression on breast cancer, {report.workers} workers, global batch {report.global_batch}",
+    )
     to_target = {"gradient": report.gradient_rounds, "admm": report.admm_rounds}
     for v in report.variants:
-        table.add_row(v.name, str(v.rounds), "–" if v.final_accuracy is None else f"{v.final_accuracy:.4f}",
-                      str(to_target.get(v.name) or "–"), f"{v.wall_s:.1f}", f"{v.requests:,}", dollars(v.cost_usd))
+        table.add_row(
+            v.name,
+            str(v.rounds),
+            "–" if v.final_accuracy is None else f"{v.final_accuracy:.4f}",
+            str(to_target.get(v.name) or "–"),
+            f"{v.wall_s:.1f}",
+            f"{v.requests:,}",
+            dollars(v.cost_usd),
+        )
     out = results(as_json)
     out.print(table)
     for v in report.variants:
-        out.print(f"{v.name} test accuracy by round: "
-                  + " ".join("–" if a is None else f"{a:.3f}" for a in v.accuracy_by_round[:30]))
+        out.print(
+            f"{v.name} test accuracy by round: "
+            + " ".join("–" if a is None else f"{a:.3f}" for a in v.accuracy_by_round[:30])
+        )
     if report.target is None:
         out.print("gradient averaging has no test accuracy: no verdict")
         return
     reached = "did not reach it" if report.admm_rounds is None else f"reached it in {report.admm_rounds} rounds"
-    out.print(f"target: gradient averaging's {report.target:.4f}, reached in {report.gradient_rounds} rounds; ADMM"
-              f" {reached} (less {bench.WITHIN:g})" + ("" if report.ratio is None else f": {report.ratio:.2f}×")
-              + f"; at most 1/{bench.FEWER}: {'yes' if report.admm_fewer else 'no'}")
+    out.print(
+        f"target: gradient averaging's {report.target:.4f}, reached in {report.gradient_rounds} rounds; ADMM"
+        f" {reached} (less {bench.WITHIN:g})"
+        + ("" if report.ratio is None else f": {report.ratio:.2f}×")
+        + f"; at most 1/{bench.FEWER}: {'yes' if report.admm_fewer else 'no'}"
+    )
 
 
 def byte_size(count: float) -> str:
@@ -633,8 +842,13 @@ def byte_size(count: float) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if count >= scale:
             value = count / scale
-            return f"{value:.2f} {unit}" if value < 10 else f"{value:.1f} {unit}" if value < 100 else \
-                f"{value:,.0f} {unit}"
+            return (
+                f"{value:.2f} {unit}"
+                if value < 10
+                else f"{value:.1f} {unit}"
+                if value < 100
+                else f"{value:,.0f} {unit}"
+            )
     return f"{count:.0f} B"
 
 
@@ -662,68 +876,132 @@ def print_communication(report: Any, as_json: bool = False) -> None:
         return "–" if not value or not reference else f"{reference / value:.1f}×"
 
     out, yes = results(as_json), {True: "yes", False: "no"}
-    title = (f"communication: the demo's CNN on digits, {report.workers} workers, {report.reducers} reducers, global"
-             f" batch {report.global_batch}, Adam 3e-3 (top-k: SGD 0.1, momentum 0.9), error feedback on every lossy"
-             " compressor")
-    reaching = Table("variant", "compress", f"iters to {target}", "s", "update bytes", "× fewer than dense",
-                     "residual bytes", "reducers read", "of which updates", "requests", "$",
-                     title=f"{title}\nto the first model at test accuracy {target}")
+    title = (
+        f"communication: the demo's CNN on digits, {report.workers} workers, {report.reducers} reducers, global"
+        f" batch {report.global_batch}, Adam 3e-3 (top-k: SGD 0.1, momentum 0.9), error feedback on every lossy"
+        " compressor"
+    )
+    reaching = Table(
+        "variant",
+        "compress",
+        f"iters to {target}",
+        "s",
+        "update bytes",
+        "× fewer than dense",
+        "residual bytes",
+        "reducers read",
+        "of which updates",
+        "requests",
+        "$",
+        title=f"{title}\nto the first model at test accuracy {target}",
+    )
     for v in report.variants:
-        reaching.add_row(v.name, v.compress, figure(v.iterations_to_target, str),
-                         figure(v.wall_to_target_s, "{:.1f}".format), figure(v.update_bytes_to_target, byte_size),
-                         fewer(v.update_bytes_to_target, dense.update_bytes_to_target),
-                         figure(v.residual_bytes_to_target, byte_size),
-                         figure(v.reducer_bytes_read_to_target, byte_size),
-                         figure(v.reducer_update_bytes_read_to_target, byte_size),
-                         figure(v.requests_to_target, "{:,}".format), figure(v.cost_to_target_usd, dollars))
+        reaching.add_row(
+            v.name,
+            v.compress,
+            figure(v.iterations_to_target, str),
+            figure(v.wall_to_target_s, "{:.1f}".format),
+            figure(v.update_bytes_to_target, byte_size),
+            fewer(v.update_bytes_to_target, dense.update_bytes_to_target),
+            figure(v.residual_bytes_to_target, byte_size),
+            figure(v.reducer_bytes_read_to_target, byte_size),
+            figure(v.reducer_update_bytes_read_to_target, byte_size),
+            figure(v.requests_to_target, "{:,}".format),
+            figure(v.cost_to_target_usd, dollars),
+        )
     out.print(reaching)
-    total = Table("variant", "update (mean)", "update bytes", "× fewer than dense", "residual bytes",
-                  "workers wrote", "reducers read", "of which updates", "requests", "$", "s", "test acc",
-                  title=f"in total: {n} iterations each")
+    total = Table(
+        "variant",
+        "update (mean)",
+        "update bytes",
+        "× fewer than dense",
+        "residual bytes",
+        "workers wrote",
+        "reducers read",
+        "of which updates",
+        "requests",
+        "$",
+        "s",
+        "test acc",
+        title=f"in total: {n} iterations each",
+    )
     for v in report.variants:
-        total.add_row(v.name, byte_size(v.mean_update_bytes), byte_size(v.update_bytes),
-                      fewer(v.update_bytes, dense.update_bytes), byte_size(v.residual_bytes),
-                      byte_size(v.worker_usage_bytes_written), byte_size(v.reducer_bytes_read),
-                      byte_size(v.reducer_update_bytes_read), f"{v.requests:,}", dollars(v.cost_usd), f"{v.wall_s:.1f}",
-                      figure(v.final_accuracy, "{:.4f}".format))
+        total.add_row(
+            v.name,
+            byte_size(v.mean_update_bytes),
+            byte_size(v.update_bytes),
+            fewer(v.update_bytes, dense.update_bytes),
+            byte_size(v.residual_bytes),
+            byte_size(v.worker_usage_bytes_written),
+            byte_size(v.reducer_bytes_read),
+            byte_size(v.reducer_update_bytes_read),
+            f"{v.requests:,}",
+            dollars(v.cost_usd),
+            f"{v.wall_s:.1f}",
+            figure(v.final_accuracy, "{:.4f}".format),
+        )
     out.print(total)
     checkpoints = accuracy_checkpoints(n)
-    accuracy = Table("variant", *(str(i) for i in checkpoints), "best (iteration)",
-                     title="test accuracy after iteration …")
+    accuracy = Table(
+        "variant", *(str(i) for i in checkpoints), "best (iteration)", title="test accuracy after iteration …"
+    )
     for v in report.variants:
         scored = [(a, i + 1) for i, a in enumerate(v.accuracy_by_iteration) if a is not None]
         best = max(scored, key=lambda pair: (pair[0], -pair[1]), default=None)
-        cells = [figure(v.accuracy_by_iteration[i - 1] if i <= len(v.accuracy_by_iteration) else None,
-                        "{:.4f}".format) for i in checkpoints]
+        cells = [
+            figure(v.accuracy_by_iteration[i - 1] if i <= len(v.accuracy_by_iteration) else None, "{:.4f}".format)
+            for i in checkpoints
+        ]
         accuracy.add_row(v.name, *cells, "–" if best is None else f"{best[0]:.4f} ({best[1]})")
     out.print(accuracy)
-    out.print("update bytes: the objects in S3; residual bytes: what the workers' usage lines count beside their update"
-              " and evaluation objects (residuals are deleted once superseded); reducers read: their usage lines, of"
-              " which updates: from the update objects")
+    out.print(
+        "update bytes: the objects in S3; residual bytes: what the workers' usage lines count beside their update"
+        " and evaluation objects (residuals are deleted once superseded); reducers read: their usage lines, of"
+        " which updates: from the update objects"
+    )
     fp16 = report.variant("fp16")
-    gap = "no accuracy to compare" if report.fp16_accuracy_gap is None else (
-        f"test accuracy {fp16.final_accuracy:.4f} against dense's {dense.final_accuracy:.4f},"
-        f" {100 * report.fp16_accuracy_gap:+.2f} points")
-    out.print(f"fp16: {report.fp16_ratio:.2f}× fewer update bytes than dense over {n} iterations (at least"
-              f" {bench.FP16_FEWER:g}×: {yes[report.fp16_fewer]}); {gap} (within {100 * bench.FP16_WITHIN:g}:"
-              f" {yes[report.fp16_close]})")
+    gap = (
+        "no accuracy to compare"
+        if report.fp16_accuracy_gap is None
+        else (
+            f"test accuracy {fp16.final_accuracy:.4f} against dense's {dense.final_accuracy:.4f},"
+            f" {100 * report.fp16_accuracy_gap:+.2f} points"
+        )
+    )
+    out.print(
+        f"fp16: {report.fp16_ratio:.2f}× fewer update bytes than dense over {n} iterations (at least"
+        f" {bench.FP16_FEWER:g}×: {yes[report.fp16_fewer]}); {gap} (within {100 * bench.FP16_WITHIN:g}:"
+        f" {yes[report.fp16_close]})"
+    )
     topk = report.variant("topk")
     if report.topk_ratio is not None:
-        out.print(f"top-k {topk.compress.partition(':')[2]} with error feedback: {report.topk_ratio:.1f}× fewer update"
-                  f" bytes than dense to {target} ({topk.iterations_to_target} iterations against dense's"
-                  f" {dense.iterations_to_target}); at least {bench.TOPK_FEWER}×: {yes[report.topk_fewer]}")
+        out.print(
+            f"top-k {topk.compress.partition(':')[2]} with error feedback: {report.topk_ratio:.1f}× fewer update"
+            f" bytes than dense to {target} ({topk.iterations_to_target} iterations against dense's"
+            f" {dense.iterations_to_target}); at least {bench.TOPK_FEWER}×: {yes[report.topk_fewer]}"
+        )
     else:
-        why = f"top-k did not reach {target} within {n} iterations" if topk.iterations_to_target is None else \
-            f"dense did not reach {target} within {n} iterations"
-        topk_best = "–" if report.topk_best_accuracy is None else \
-            f"{report.topk_best_accuracy:.4f} after iteration {report.topk_best_iteration}"
-        out.print(f"top-k {topk.compress.partition(':')[2]} with error feedback: no ratio ({why}; top-k's best test"
-                  f" accuracy {topk_best}, dense reached {target} at iteration {dense.iterations_to_target or '–'});"
-                  f" at least {bench.TOPK_FEWER}×: no")
+        why = (
+            f"top-k did not reach {target} within {n} iterations"
+            if topk.iterations_to_target is None
+            else f"dense did not reach {target} within {n} iterations"
+        )
+        topk_best = (
+            "–"
+            if report.topk_best_accuracy is None
+            else f"{report.topk_best_accuracy:.4f} after iteration {report.topk_best_iteration}"
+        )
+        out.print(
+            f"top-k {topk.compress.partition(':')[2]} with error feedback: no ratio ({why}; top-k's best test"
+            f" accuracy {topk_best}, dense reached {target} at iteration {dense.iterations_to_target or '–'});"
+            f" at least {bench.TOPK_FEWER}×: no"
+        )
     significance = report.variant("significance")
     to_target = fewer(significance.update_bytes_to_target, dense.update_bytes_to_target)
-    out.print(f"{significance.compress}: {fewer(significance.update_bytes, dense.update_bytes)} fewer update bytes"
-              f" than dense over {n} iterations, {to_target} to {target}")
+    out.print(
+        f"{significance.compress}: {fewer(significance.update_bytes, dense.update_bytes)} fewer update bytes"
+        f" than dense over {n} iterations, {to_target} to {target}"
+    )
 
 
 def print_data(report: Any, as_json: bool = False) -> None:
@@ -733,26 +1011,42 @@ def print_data(report: Any, as_json: bool = False) -> None:
 
     out = results(as_json)
     times = report.dataset_bytes / 2**20 / report.cache_mb
-    out.print(f"[bold]{report.samples:,} images[/bold] of {report.sample_bytes:,} B "
-              f"({report.dataset_bytes / 1e6:.0f} MB with the test split, {times:.1f}× the {report.cache_mb:g} MB cache"
-              f" bound), {report.workers} workers, global batch {report.global_batch}, {report.iterations} iterations"
-              " per run")
+    out.print(
+        f"[bold]{report.samples:,} images[/bold] of {report.sample_bytes:,} B "
+        f"({report.dataset_bytes / 1e6:.0f} MB with the test split, {times:.1f}× the {report.cache_mb:g} MB cache"
+        f" bound), {report.workers} workers, global batch {report.global_batch}, {report.iterations} iterations"
+        " per run"
+    )
     ingest = report.ingest
-    out.print(f"ingest (slsml data put of a {ingest.source_bytes / 1e6:,.0f} MB .npy): {ingest.mb_s:g} MB/s, "
-              f"peak RSS {ingest.peak_rss_mb:,.0f} MB")
-    table = Table("variant", "S3 read / iteration", "GETs / iteration", "data read ÷ used", "median iteration",
-                  title="reading the data: median (mean after the first iteration)",
-                  caption="; ".join(f"{v.name}: {v.description}" for v in report.variants))
+    out.print(
+        f"ingest (slsml data put of a {ingest.source_bytes / 1e6:,.0f} MB .npy): {ingest.mb_s:g} MB/s, "
+        f"peak RSS {ingest.peak_rss_mb:,.0f} MB"
+    )
+    table = Table(
+        "variant",
+        "S3 read / iteration",
+        "GETs / iteration",
+        "data read ÷ used",
+        "median iteration",
+        title="reading the data: median (mean after the first iteration)",
+        caption="; ".join(f"{v.name}: {v.description}" for v in report.variants),
+    )
     for v in report.variants:
         read = "–" if v.bytes_read_per_iteration is None else f"{v.bytes_read_per_iteration / 1e6:.2f} MB"
         gets = "–" if v.gets_per_iteration is None else f"{v.gets_per_iteration:g}"
-        table.add_row(v.name, f"{read} ({v.mean_bytes_read / 1e6:.2f} MB)", f"{gets} ({v.mean_gets:.1f})",
-                      "–" if v.data_bytes_per_byte_used is None else f"{v.data_bytes_per_byte_used:.2f}",
-                      "–" if v.median_iteration_s is None else f"{v.median_iteration_s:.3f} s")
+        table.add_row(
+            v.name,
+            f"{read} ({v.mean_bytes_read / 1e6:.2f} MB)",
+            f"{gets} ({v.mean_gets:.1f})",
+            "–" if v.data_bytes_per_byte_used is None else f"{v.data_bytes_per_byte_used:.2f}",
+            "–" if v.median_iteration_s is None else f"{v.median_iteration_s:.3f} s",
+        )
     out.print(table)
     yes = {True: "yes", False: "no"}
     if report.bytes_ratio is not None and report.time_ratio is not None:
-        out.print(f"exact order past the cache: S3 bytes {report.bytes_ratio:.2f}× (samples used + cached run's), "
-                  f"within {bench_data.BYTES_WITHIN:g}×: {yes[report.bytes_within]}; median iteration "
-                  f"{report.time_ratio:.2f}× the cached run's, within {bench_data.TIME_WITHIN:g}×: "
-                  f"{yes[report.time_within]}")
+        out.print(
+            f"exact order past the cache: S3 bytes {report.bytes_ratio:.2f}× (samples used + cached run's), "
+            f"within {bench_data.BYTES_WITHIN:g}×: {yes[report.bytes_within]}; median iteration "
+            f"{report.time_ratio:.2f}× the cached run's, within {bench_data.TIME_WITHIN:g}×: "
+            f"{yes[report.time_within]}"
+        )

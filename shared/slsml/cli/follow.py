@@ -41,8 +41,9 @@ def one_shot_runtime(args: argparse.Namespace, spec: TrainingSpec) -> Any:
     log_dir = LOGS_DIR / (args.run_id or runs.new_run_id())
     used = [str(path) for path in (targets.RUNS_DIR / log_dir.name, log_dir) if path.exists()]
     if used:
-        raise BadInputError(f"--run-id {log_dir.name}: an earlier local run has this name ({' and '.join(used)});"
-                            " give another")
+        raise BadInputError(
+            f"--run-id {log_dir.name}: an earlier local run has this name ({' and '.join(used)}); give another"
+        )
     return LocalRuntime(
         workers=spec.max_workers or spec.initial_workers,  # warm processes for the most it may scale to
         reducers=spec.reducers,
@@ -52,8 +53,12 @@ def one_shot_runtime(args: argparse.Namespace, spec: TrainingSpec) -> Any:
 
 
 def train_locally(
-    args: argparse.Namespace, runtime: Any, spec: TrainingSpec, model_bytes: bytes,
-    dataset: str | Callable[[Any], str], out: Path | None,
+    args: argparse.Namespace,
+    runtime: Any,
+    spec: TrainingSpec,
+    model_bytes: bytes,
+    dataset: str | Callable[[Any], str],
+    out: Path | None,
 ) -> int:
     """Train on ``dataset``: a dataset's name, or what uploads one to a store and names it."""
     run_id = runtime.log_dir.name
@@ -74,8 +79,16 @@ def train_locally(
                 runtime.host.wait_idle(run.run_id, IDLE_WAIT_S)
                 return usage.read_local(runtime.log_dir, run.run_id)
 
-            return follow(services, run_id, config.training.iterations, args, out, faults=runtime.host.fault_report,
-                          usage=usage, so_far=partial(targets.service_usage, runtime.log_dir))
+            return follow(
+                services,
+                run_id,
+                config.training.iterations,
+                args,
+                out,
+                faults=runtime.host.fault_report,
+                usage=usage,
+                so_far=partial(targets.service_usage, runtime.log_dir),
+            )
     except KeyboardInterrupt:
         what = "ended with the embedded cloud it ran on" if started else "was not started"
         raise KeyboardInterrupt(f"interrupted: run {run_id} {what}; its logs are in {runtime.log_dir}") from None
@@ -137,8 +150,9 @@ def _spent(usage: Callable[[Any], list[Any]], run: Any) -> float:
     return sum(accounting.cost(usage(run), prices.load()).values())
 
 
-def write_report(services: Any, records: list[Any], run_id: str, out_dir: Path, chosen: tuple[int, ...] = (),
-                  summary: Any = None) -> Path:
+def write_report(
+    services: Any, records: list[Any], run_id: str, out_dir: Path, chosen: tuple[int, ...] = (), summary: Any = None
+) -> Path:
     """Write a run's report under ``out_dir`` (saying where on stderr); its page."""
     from slsml.cli import report
 

@@ -18,14 +18,18 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 
     running = service.status()
     if running is None:
-        limits = RunLimits(**{name: value for name in RunLimits.model_fields
-                              if (value := getattr(args, f"limit_{name}")) is not None})
+        limits = RunLimits(
+            **{name: value for name in RunLimits.model_fields if (value := getattr(args, f"limit_{name}")) is not None}
+        )
         with _console().status("starting the embedded cloud and warm function processes…"):
             running = service.up(pool=args.pool, limits=limits)
-    display.done(f"local service up at {running.endpoint} (pid {running.pid}, {running.pool} warm processes per"
-                 f" function); bucket {running.deployment['bucket']}. Its runs and data last as long as the service:"
-                 " `slsml local down` ends them. `slsml local env` prints the variables for other AWS clients.",
-                 args.json, running.model_dump(mode="json"))
+    display.done(
+        f"local service up at {running.endpoint} (pid {running.pid}, {running.pool} warm processes per"
+        f" function); bucket {running.deployment['bucket']}. Its runs and data last as long as the service:"
+        " `slsml local down` ends them. `slsml local env` prints the variables for other AWS clients.",
+        args.json,
+        running.model_dump(mode="json"),
+    )
     return 0
 
 
@@ -37,8 +41,12 @@ def cmd_local_down(args: argparse.Namespace) -> int:
         return 0
     kept = _record_runs()
     service.down()
-    display.done(f"local service stopped; {kept} of its runs recorded under {targets.RUNS_DIR}/ (run list, run"
-                 " status and run fetch read them)", args.json, {"stopped": True, "recorded": kept})
+    display.done(
+        f"local service stopped; {kept} of its runs recorded under {targets.RUNS_DIR}/ (run list, run"
+        " status and run fetch read them)",
+        args.json,
+        {"stopped": True, "recorded": kept},
+    )
     return 0
 
 
@@ -57,8 +65,13 @@ def _record_runs() -> int:
     for run in services.table.list_runs():
         if run.run_id in ended:
             continue
-        summary = runs.summarize(run, services.table.list_iterations(run.run_id), run.updated_at - run.created_at,
-                                 targets.service_usage(Path(state.log_dir), run), spend.spent(services, run))
+        summary = runs.summarize(
+            run,
+            services.table.list_iterations(run.run_id),
+            run.updated_at - run.created_at,
+            targets.service_usage(Path(state.log_dir), run),
+            spend.spent(services, run),
+        )
         if summary.status == RunStatus.RUNNING:
             summary.status, summary.reason = RunStatus.STOPPED, "the local service was stopped while it ran"
         targets.record(services, summary)
@@ -78,7 +91,10 @@ def cmd_local_status(args: argparse.Namespace) -> int:
     display.results(args.json).print(
         f"local service up at {state.endpoint} (pid {state.pid}) for {time.time() - state.started_at:.0f} s; bucket"
         f" {state.deployment['bucket']}, table {state.deployment['table']}; logs in {state.log_dir}",
-        markup=False, highlight=False, soft_wrap=True)
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     if args.json:
         print(state.model_dump_json())
     return 0
@@ -108,23 +124,31 @@ def add_commands(commands: Any) -> None:
     local = commands.add_parser("local", help="the local cloud as a service that stays up")
     local = local.add_subparsers(dest="action", required=True)
     local_up = local.add_parser("up", help="start the embedded cloud and warm functions in the background")
-    local_up.add_argument("--pool", type=int, help="the most warm processes per function (default: from this"
-                          " machine's cores and memory)")
+    local_up.add_argument(
+        "--pool", type=int, help="the most warm processes per function (default: from this machine's cores and memory)"
+    )
     local_up.add_argument("--json", action="store_true", help="print the service's state as one JSON line")
     for name, field in RunLimits.model_fields.items():  # a deployment's CDK context run_limits, by the same names
         flag = f"--limit-{name.removesuffix('_s').replace('_', '-')}"
-        local_up.add_argument(flag, type=int, dest=f"limit_{name}", metavar="N",
-                              help=f"{field.description}: a run asking for more fails with the reason (default"
-                              f" {field.default})")
+        local_up.add_argument(
+            flag,
+            type=int,
+            dest=f"limit_{name}",
+            metavar="N",
+            help=f"{field.description}: a run asking for more fails with the reason (default {field.default})",
+        )
     local_up.set_defaults(handler=cmd_local_up)
-    down = local.add_parser("down", help="stop the service: its data goes with it, its runs stay listed (their records"
-                            " under ./runs)")
-    down.add_argument("--json", action="store_true", help="print whether it stopped one and the runs it recorded as"
-                      " one JSON line")
+    down = local.add_parser(
+        "down", help="stop the service: its data goes with it, its runs stay listed (their records under ./runs)"
+    )
+    down.add_argument(
+        "--json", action="store_true", help="print whether it stopped one and the runs it recorded as one JSON line"
+    )
     down.set_defaults(handler=cmd_local_down)
     status = local.add_parser("status", help="whether the service is up, and where (exit code 1: none is up)")
-    status.add_argument("--json", action="store_true", help="print the service's state as one JSON line (null: none"
-                        " is up)")
+    status.add_argument(
+        "--json", action="store_true", help="print the service's state as one JSON line (null: none is up)"
+    )
     status.set_defaults(handler=cmd_local_status)
     env = local.add_parser("env", help="export lines with which any AWS client reaches the service")
     env.add_argument("--json", action="store_true", help="print the variables as one JSON object")

@@ -22,10 +22,12 @@ from slsml.training import quiet
 quiet.install()  # before anything imports TensorFlow: its start-up lines stay off the terminal
 
 GROUPS = (demo, runs, local, bench, plan, data)  # the command groups, in the order the help lists them
-EXIT_CODES = ("exit codes: 0 done; 1 the run failed or was stopped (a benchmark: one of its checks failed; local"
-              " status: no service is up); 2 bad usage or input; 130 interrupted (Ctrl-C, SIGTERM). A command's"
-              " result (a table, a listing, a status, a plan) goes to stdout, with --json as one JSON line;"
-              " progress and diagnostics go to stderr.")
+EXIT_CODES = (
+    "exit codes: 0 done; 1 the run failed or was stopped (a benchmark: one of its checks failed; local"
+    " status: no service is up); 2 bad usage or input; 130 interrupted (Ctrl-C, SIGTERM). A command's"
+    " result (a table, a listing, a status, a plan) goes to stdout, with --json as one JSON line;"
+    " progress and diagnostics go to stderr."
+)
 
 
 class Parser(argparse.ArgumentParser):

@@ -24,7 +24,10 @@ from slsml.spec.errors import BadInputError
 
 # TrainingSpec fields whose flag is not named after the field (the flags' names came first): field → dest
 FLAG_NAMES = {
-    "global_batch": "batch", "heartbeat_s": "heartbeat", "time_budget_s": "time_budget", "deadline_s": "deadline",
+    "global_batch": "batch",
+    "heartbeat_s": "heartbeat",
+    "time_budget_s": "time_budget",
+    "deadline_s": "deadline",
 }
 # TrainingSpec fields whose flag also takes Keras's name for it (fit's argument)
 KERAS_NAMES = {"global_batch": "--batch-size"}
@@ -46,8 +49,10 @@ def readings(spec: type[BaseModel]) -> dict[str, dict[str, Any]]:
             continue
         reading = _reading(field.annotation)
         if reading is None or not field.description:
-            raise TypeError(f"{spec.__name__}.{name}: no command-line option for a {field.annotation}"
-                            + ("" if field.description else " without a description"))
+            raise TypeError(
+                f"{spec.__name__}.{name}: no command-line option for a {field.annotation}"
+                + ("" if field.description else " without a description")
+            )
         found[name] = reading
     return found
 
@@ -57,8 +62,11 @@ def _reading(annotation: Any) -> dict[str, Any] | None:
     values, a number or a ``Literal``'s words (``int | Literal["auto"]``), or any of those or None; None for
     another type."""
     union = get_origin(annotation) in {Union, types.UnionType}
-    members = [get_args(m)[0] if get_origin(m) is Annotated else m
-               for m in (get_args(annotation) if union else (annotation,)) if m is not type(None)]
+    members = [
+        get_args(m)[0] if get_origin(m) is Annotated else m
+        for m in (get_args(annotation) if union else (annotation,))
+        if m is not type(None)
+    ]
     words = [value for m in members if get_origin(m) is Literal for value in get_args(m)]
     kinds = [m for m in members if get_origin(m) is not Literal]
     if not kinds and len({type(word) for word in words}) == 1:
@@ -71,8 +79,10 @@ def _reading(annotation: Any) -> dict[str, Any] | None:
         return {"type": kinds[0]}
     if kinds[0] is str or not all(isinstance(word, str) for word in words):
         return None
-    return {"type": partial(_number_or_word, kinds[0], tuple(words)),
-            "metavar": "|".join([kinds[0].__name__.upper(), *words])}
+    return {
+        "type": partial(_number_or_word, kinds[0], tuple(words)),
+        "metavar": "|".join([kinds[0].__name__.upper(), *words]),
+    }
 
 
 def _number_or_word(kind: type, words: tuple[str, ...], text: str) -> Any:
@@ -82,15 +92,17 @@ def _number_or_word(kind: type, words: tuple[str, ...], text: str) -> Any:
     try:
         return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number ({kind.__name__}) or one of"
-                                         f" {', '.join(words)}") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number ({kind.__name__}) or one of {', '.join(words)}"
+        ) from None
 
 
 SPEC_READINGS = readings(TrainingSpec)  # a field no flag can set fails here, at import
 
 
-def training_flags(parser: argparse.ArgumentParser, iterations: int | None, required: bool,
-                   defaults: dict[str, Any] | None = None) -> None:
+def training_flags(
+    parser: argparse.ArgumentParser, iterations: int | None, required: bool, defaults: dict[str, Any] | None = None
+) -> None:
     """A flag per TrainingSpec field, its type, default and help from the field (the optimizer's in a group of
     their own). ``iterations``: this command's iteration budget, --iterations ``required`` or not; ``defaults``:
     this command's own defaults of other fields (None: the flag's value is left to the command)."""
@@ -119,12 +131,19 @@ def training_options(parser: argparse.ArgumentParser, iterations: int | None) ->
     group.add_argument("--run-id", help="run name (default: generated)")
     group.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     group.add_argument("--timeout", type=float, default=3600, help="stop waiting (and fail the run) after this long")
-    group.add_argument("--pool", type=int, help="local runs: the most warm processes per function (default: from"
-                       " this machine's cores and memory, or the SLSML_POOL environment variable)")
-    group.add_argument("--faults", type=_faults,
-                       help="local runs: inject faults, e.g. 'seed=3,duplicate=0.5,worker_crash=0.25,"
-                       "s3_get_delay=0.2:1.5' (also reducer_crash, merger_crash_once, sns_delay, "
-                       "worker_hang=p with hang_s=SECONDS, crash_every_receive, slow_worker=WORKER:SECONDS)")
+    group.add_argument(
+        "--pool",
+        type=int,
+        help="local runs: the most warm processes per function (default: from"
+        " this machine's cores and memory, or the SLSML_POOL environment variable)",
+    )
+    group.add_argument(
+        "--faults",
+        type=_faults,
+        help="local runs: inject faults, e.g. 'seed=3,duplicate=0.5,worker_crash=0.25,"
+        "s3_get_delay=0.2:1.5' (also reducer_crash, merger_crash_once, sns_delay, "
+        "worker_hang=p with hang_s=SECONDS, crash_every_receive, slow_worker=WORKER:SECONDS)",
+    )
 
 
 def flag(field: str) -> str:
@@ -137,9 +156,12 @@ def _optimizer_options(parser: argparse.ArgumentParser) -> None:
         "optimizer", "default: the optimizer the model was compiled with; an option left out keeps Keras's default"
     )
     group.add_argument("--optimizer", choices=OPTIMIZER_NAMES, help="the optimizer the reducers apply")
-    group.add_argument("--learning-rate", type=float,
-                       help="a constant learning rate (a schedule comes from the model file); without --optimizer:"
-                       " the model's compiled optimizer at this rate")
+    group.add_argument(
+        "--learning-rate",
+        type=float,
+        help="a constant learning rate (a schedule comes from the model file); without --optimizer:"
+        " the model's compiled optimizer at this rate",
+    )
     for name in HYPER_PARAMETERS:
         field = OptimizerConfig.model_fields[name]
         kind = field.annotation
@@ -147,16 +169,27 @@ def _optimizer_options(parser: argparse.ArgumentParser) -> None:
             kinds = set(get_args(kind)) - {type(None)}
             kind = kinds.pop() if len(kinds) == 1 else kind
         owners = OptimizerConfig.optimizers_of(name)
-        about = "; ".join(filter(None, [
-            field.description, None if owners == OPTIMIZER_NAMES else ", ".join(KERAS_OPTIMIZERS[n] for n in owners)
-        ]))
+        about = "; ".join(
+            filter(
+                None,
+                [
+                    field.description,
+                    None if owners == OPTIMIZER_NAMES else ", ".join(KERAS_OPTIMIZERS[n] for n in owners),
+                ],
+            )
+        )
         if kind is bool:
             group.add_argument(flag(name), action="store_true", default=None, help=about or None)
         elif kind is int or kind is float:
             group.add_argument(flag(name), type=int if kind is int else float, help=about or None)
         elif get_origin(kind) is tuple and get_args(kind) == (RegularExpression, ...):
-            group.add_argument(flag(name), type=_patterns, action="extend", metavar="PATTERN[,PATTERN]",
-                               help=f"{about} (comma-separated or repeated)")
+            group.add_argument(
+                flag(name),
+                type=_patterns,
+                action="extend",
+                metavar="PATTERN[,PATTERN]",
+                help=f"{about} (comma-separated or repeated)",
+            )
         else:
             raise TypeError(f"OptimizerConfig.{name}: no command-line option for a {field.annotation}")
 
@@ -247,8 +280,10 @@ def _optimizer_config(fields: dict[str, Any], compiled: str | None = None) -> Op
     except ValidationError as error:
         message = "; ".join(_flagged(e) for e in error.errors())
         if compiled:
-            message += (f" (the optimizer the model is compiled with is {KERAS_OPTIMIZERS[compiled]}; --optimizer"
-                        " NAME replaces it)")
+            message += (
+                f" (the optimizer the model is compiled with is {KERAS_OPTIMIZERS[compiled]}; --optimizer"
+                " NAME replaces it)"
+            )
         raise BadInputError(message) from None
 
 
@@ -260,4 +295,3 @@ def _flagged(error: Any, flags: dict[str, str] | None = None) -> str:
     fields = "|".join(sorted(flags, key=len, reverse=True))
     message = re.sub(rf"(?<![\w-])({fields})(?![\w-])", lambda match: flags[match[1]], message)
     return f"{flags.get(str(error['loc'][0]), error['loc'][0])}: {message}" if error["loc"] else message
-

@@ -20,8 +20,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.samples is not None and args.samples != manifest.train.count:
             raise BadInputError(f"--samples {args.samples}: dataset {args.data!r} has {manifest.train.count:,}")
         args.samples = manifest.train.count
-    spec = options.training_spec(argparse.Namespace(**{
-        **vars(args), "iterations": planreport.iterations(args), "reducers": args.reducers or 1}))
+    spec = options.training_spec(
+        argparse.Namespace(**{**vars(args), "iterations": planreport.iterations(args), "reducers": args.reducers or 1})
+    )
     return planreport.run(args, spec, display.results(args.json), manifest)
 
 

@@ -47,15 +47,32 @@ CURVES = "curves.png"
 COST = "cost.png"
 # the chain's functions in order, with the names the page shows
 FUNCTIONS = {
-    "work_launcher": "WorkLauncher", "worker": "Worker", "reduce_launcher": "ReduceLauncher", "reducer": "Reducer",
-    "merger": "Merger", "watchdog": "Watchdog", "run_starter": "RunStarter",
+    "work_launcher": "WorkLauncher",
+    "worker": "Worker",
+    "reduce_launcher": "ReduceLauncher",
+    "reducer": "Reducer",
+    "merger": "Merger",
+    "watchdog": "Watchdog",
+    "run_starter": "RunStarter",
 }
 COLORS = {
-    "work_launcher": "#4e79a7", "worker": "#59a14f", "reduce_launcher": "#edc948", "reducer": "#f28e2b",
-    "merger": "#b07aa1", "watchdog": "#e15759", "run_starter": "#9c755f",
+    "work_launcher": "#4e79a7",
+    "worker": "#59a14f",
+    "reduce_launcher": "#edc948",
+    "reducer": "#f28e2b",
+    "merger": "#b07aa1",
+    "watchdog": "#e15759",
+    "run_starter": "#9c755f",
 }
-SERVICE_COLORS = {"lambda": "#f28e2b", "s3": "#59a14f", "dynamodb": "#4e79a7", "sns": "#b07aa1", "sqs": "#edc948",
-                  "states": "#76b7b2", "logs": "#9c755f"}
+SERVICE_COLORS = {
+    "lambda": "#f28e2b",
+    "s3": "#59a14f",
+    "dynamodb": "#4e79a7",
+    "sns": "#b07aa1",
+    "sqs": "#edc948",
+    "states": "#76b7b2",
+    "logs": "#9c755f",
+}
 MAX_TIMELINE_ROWS = 160  # beyond, an iteration's diagram gets unreadably tall: the rest is counted in a note
 
 
@@ -130,7 +147,10 @@ def _order(record: UsageRecord) -> tuple[Any, ...]:
 
 
 def timeline(
-    iteration: int, records: Iterable[UsageRecord], record: IterationRecord | None = None, why: str = "",
+    iteration: int,
+    records: Iterable[UsageRecord],
+    record: IterationRecord | None = None,
+    why: str = "",
     seconds: float | None = None,
 ) -> Timeline:
     """The transaction diagram of ``iteration``: its records (any run's records may be given: the iteration's
@@ -168,8 +188,11 @@ def timeline(
 def iteration_seconds(iterations: Iterable[IterationRecord]) -> dict[int, float]:
     """Each iteration's time, its launch to the next one's, as ``runs.summarize`` counts its median."""
     launched = sorted((r for r in iterations if r.launched_at), key=lambda r: r.iteration)
-    return {a.iteration: b.launched_at - a.launched_at for a, b in itertools.pairwise(launched)
-            if a.launched_at and b.launched_at}
+    return {
+        a.iteration: b.launched_at - a.launched_at
+        for a, b in itertools.pairwise(launched)
+        if a.launched_at and b.launched_at
+    }
 
 
 def choose(seconds: Mapping[int, float], chosen: Sequence[int] = ()) -> list[tuple[int, str]]:
@@ -203,8 +226,9 @@ def _dollars(records: Iterable[UsageRecord], table: PriceTable) -> float:
     return sum(usage.cost(records, table).values()) if records else 0.0
 
 
-def curves(run: RunRecord, iterations: Iterable[IterationRecord], records: Iterable[UsageRecord],
-           table: PriceTable) -> list[Point]:
+def curves(
+    run: RunRecord, iterations: Iterable[IterationRecord], records: Iterable[UsageRecord], table: PriceTable
+) -> list[Point]:
     """Per iteration: its train and test figures, the wall time of its merge and the dollars spent through it.
     Records of no iteration (the run starting) count from the first point on."""
     by_iteration: dict[int | None, list[UsageRecord]] = defaultdict(list)
@@ -214,15 +238,17 @@ def curves(run: RunRecord, iterations: Iterable[IterationRecord], records: Itera
     points = []
     for record in sorted(iterations, key=lambda r: r.iteration):
         spent += _dollars(by_iteration[record.iteration], table)
-        points.append(Point(
-            iteration=record.iteration,
-            wall_s=None if record.merged_at is None else record.merged_at - run.created_at,
-            dollars=spent,
-            train_loss=record.train_loss,
-            train_accuracy=record.train_accuracy,
-            test=record.test or {},
-            val=record.val or {},
-        ))
+        points.append(
+            Point(
+                iteration=record.iteration,
+                wall_s=None if record.merged_at is None else record.merged_at - run.created_at,
+                dollars=spent,
+                train_loss=record.train_loss,
+                train_accuracy=record.train_accuracy,
+                test=record.test or {},
+                val=record.val or {},
+            )
+        )
     return points
 
 
@@ -256,8 +282,11 @@ def by_function(records: Iterable[UsageRecord], table: PriceTable) -> list[Funct
             for operation, n in r.requests.items():
                 requests[operation.partition(":")[0]] += n
         gb_s, invocations = usage.lambda_usage(done)
-        uses.append(FunctionUse(function, invocations, sum(r.duration_s for r in done), gb_s, dict(requests),
-                                usage.cost(done, table)))
+        uses.append(
+            FunctionUse(
+                function, invocations, sum(r.duration_s for r in done), gb_s, dict(requests), usage.cost(done, table)
+            )
+        )
     return uses
 
 
@@ -293,33 +322,64 @@ def faults(run: RunRecord, iterations: Iterable[IterationRecord]) -> list[Fault]
         i = r.iteration
         if r.relaunched:
             attempts = ", ".join(f"{w} (attempt {a})" for w, a in sorted(r.relaunched.items()))
-            found.append(Fault(i, f"{_workers(r.relaunched)} missing at a deadline",
-                               f"the watchdog re-launched them: worker {attempts}"))
+            found.append(
+                Fault(
+                    i,
+                    f"{_workers(r.relaunched)} missing at a deadline",
+                    f"the watchdog re-launched them: worker {attempts}",
+                )
+            )
         if r.fired_at_deadline:
-            found.append(Fault(i, f"the work stage passed its deadline with {len(r.participants)} of {run.workers}"
-                                  " workers in", "the watchdog fired the reduce with them"))
+            found.append(
+                Fault(
+                    i,
+                    f"the work stage passed its deadline with {len(r.participants)} of {run.workers} workers in",
+                    "the watchdog fired the reduce with them",
+                )
+            )
         late = r.late - r.nonfinite
         if late:
-            found.append(Fault(i, f"{_workers(late)} reported after the reduce fired",
-                               "their updates were left out (late)"))
+            found.append(
+                Fault(i, f"{_workers(late)} reported after the reduce fired", "their updates were left out (late)")
+            )
         if r.nonfinite:
             found.append(Fault(i, f"{_workers(r.nonfinite)} sent a NaN or Inf update", "left out of the average"))
         if r.dropped_parts:
             parts = ", ".join(f"shard {s} ← worker {w}" for s, w in sorted(p.split(":") for p in r.dropped_parts))
-            found.append(Fault(i, f"parts not read within the read timeout: {parts}",
-                               "dropped; the average is weighted by the parts read"))
+            found.append(
+                Fault(
+                    i,
+                    f"parts not read within the read timeout: {parts}",
+                    "dropped; the average is weighted by the parts read",
+                )
+            )
         if r.reduce_relaunches:
-            found.append(Fault(i, f"{r.reduce_relaunches} reducer launch(es) missing at a deadline",
-                               "the watchdog re-launched them"))
+            found.append(
+                Fault(
+                    i,
+                    f"{r.reduce_relaunches} reducer launch(es) missing at a deadline",
+                    "the watchdog re-launched them",
+                )
+            )
         if r.stale_shards:
             shards = ", ".join(map(str, sorted(r.stale_shards)))
-            found.append(Fault(i, f"no reducer finished shard {shards} within the retries",
-                               "the shard kept the iteration's weights (stale) and the merge went on"))
+            found.append(
+                Fault(
+                    i,
+                    f"no reducer finished shard {shards} within the retries",
+                    "the shard kept the iteration's weights (stale) and the merge went on",
+                )
+            )
         if r.stale_attempts:
             found.append(Fault(i, f"{r.stale_attempts} report(s) of superseded attempts", "ignored"))
     if run.status in {"FAILED", "STOPPED"}:
-        found.append(Fault(None, f"the run {run.status.lower()}: {run.reason or 'no reason recorded'}",
-                           f"no new iteration started after iteration {run.iteration}"))
+        found.append(
+            Fault(
+                None,
+                f"the run {run.status.lower()}: {run.reason or 'no reason recorded'}",
+                f"no new iteration started after iteration {run.iteration}",
+            )
+        )
     return found
 
 
@@ -368,8 +428,10 @@ def gather(
     unknown = [i for i in chosen if i not in known]
     if unknown:
         span = f"{known[0]}–{known[-1]}" if known else "none"
-        raise BadInputError(f"--iteration {', '.join(map(str, unknown))}: not an iteration of run {run.run_id!r}"
-                            f" (its iterations: {span})")
+        raise BadInputError(
+            f"--iteration {', '.join(map(str, unknown))}: not an iteration of run {run.run_id!r}"
+            f" (its iterations: {span})"
+        )
     seconds = iteration_seconds(iterations)
     if not seconds:  # a run of one iteration: its invocations' span
         for i in known:
@@ -410,8 +472,10 @@ def series(points: Sequence[Point]) -> dict[str, list[tuple[str, Callable[[Point
     ``accuracy`` of each iteration's batch (slsml's accuracy), ``test_…`` and ``val_…`` where evaluated; only those
     some point has."""
     metric = first_metric(points)
-    train: dict[str, Callable[[Point], float | None]] = {"loss": lambda p: p.train_loss,
-                                                         "accuracy": lambda p: p.train_accuracy}
+    train: dict[str, Callable[[Point], float | None]] = {
+        "loss": lambda p: p.train_loss,
+        "accuracy": lambda p: p.train_accuracy,
+    }
     drawn: dict[str, list[tuple[str, Callable[[Point], float | None]]]] = {}
     for name in dict.fromkeys(("loss", metric)):
         candidates = [(name, train[name])] if name in train else []
@@ -452,8 +516,7 @@ def draw_curves(points: list[Point], path: Path) -> None:
             if label == "dollars":
                 axis.xaxis.set_major_locator(MaxNLocator(5))
                 axis.xaxis.set_major_formatter(lambda value, _: f"${value:.2g}")
-    figure.suptitle("training: the loss and the first metric of each iteration's batch, test_ and val_ where"
-                    " evaluated")
+    figure.suptitle("training: the loss and the first metric of each iteration's batch, test_ and val_ where evaluated")
     figure.savefig(path, format="png")
 
 
@@ -467,16 +530,26 @@ def draw_timeline(line: Timeline, path: Path) -> None:
     font = 8 if rows <= 60 else 6
     for bar in line.bars:
         width = max(bar.end_s - bar.start_s, 1e-4)
-        axis.barh(bar.row, width, left=bar.start_s, height=0.7, color=COLORS.get(bar.function, "#bab0ac"),
-                  edgecolor="black", linewidth=0.4, hatch="//" if "late" in bar.note or "attempt" in bar.note else None)
+        axis.barh(
+            bar.row,
+            width,
+            left=bar.start_s,
+            height=0.7,
+            color=COLORS.get(bar.function, "#bab0ac"),
+            edgecolor="black",
+            linewidth=0.4,
+            hatch="//" if "late" in bar.note or "attempt" in bar.note else None,
+        )
         text = f"{width * 1000:.0f} ms" + (f" · {bar.note}" if bar.note else "")
         axis.text(bar.end_s, bar.row, " " + text, va="center", fontsize=font)
     axis.set_yticks([b.row for b in line.bars], [b.label for b in line.bars], fontsize=font)
     axis.invert_yaxis()
     for (what, at), style in zip(line.marks, itertools.cycle(("--", ":", "-."))):
         axis.axvline(at, color="black", linestyle=style, linewidth=0.9, label=what)
-    handles = [Patch(color=COLORS.get(f, "#bab0ac"), label=FUNCTIONS.get(f, f))
-               for f in dict.fromkeys(b.function for b in line.bars)]
+    handles = [
+        Patch(color=COLORS.get(f, "#bab0ac"), label=FUNCTIONS.get(f, f))
+        for f in dict.fromkeys(b.function for b in line.bars)
+    ]
     axis.legend(handles=handles + axis.get_lines(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
     end = max([b.end_s for b in line.bars] + [at for _, at in line.marks] + [0.0])
     axis.set_xlim(min([b.start_s for b in line.bars] + [0.0]), end * 1.25 + 1e-3)
@@ -499,15 +572,20 @@ def draw_cost(stages: Mapping[str, float], functions: list[FunctionUse], path: P
         time_axis.invert_yaxis()
         time_axis.tick_params(axis="y", labelsize=8)
     else:
-        time_axis.text(0.5, 0.5, "needs three or more iterations", ha="center", va="center",
-                       transform=time_axis.transAxes)
+        time_axis.text(
+            0.5, 0.5, "needs three or more iterations", ha="center", va="center", transform=time_axis.transAxes
+        )
     time_axis.set_xlabel("ms, median steady iteration")
     time_axis.set_title("critical path by stage", fontsize=10)
     names = [FUNCTIONS.get(u.function, u.function) for u in functions]
-    for axis, values, title, unit in ((request_axis, [u.requests for u in functions], "requests", "requests, run"),
-                                      (dollar_axis, [u.dollars for u in functions], "dollars", "dollars, run")):
-        services = sorted({s for v in values for s in v}, key=lambda s: list(SERVICE_COLORS).index(s)
-                          if s in SERVICE_COLORS else len(SERVICE_COLORS))
+    for axis, values, title, unit in (
+        (request_axis, [u.requests for u in functions], "requests", "requests, run"),
+        (dollar_axis, [u.dollars for u in functions], "dollars", "dollars, run"),
+    ):
+        services = sorted(
+            {s for v in values for s in v},
+            key=lambda s: list(SERVICE_COLORS).index(s) if s in SERVICE_COLORS else len(SERVICE_COLORS),
+        )
         left = [0.0] * len(functions)
         for service in services:
             widths = [v.get(service, 0) for v in values]
@@ -581,9 +659,14 @@ def shown(name: str, value: Any) -> str:
 
 
 HEADLINE = {  # the summary's figures at the top of the page, with their captions
-    "status": "status", "iterations": "iterations", "test_loss": "test_loss",
-    "median_iteration_s": "median iteration", "wall_s": "wall time", "cost_usd": "cost",
-    "cost_per_iteration_usd": "cost per iteration (median)", "late_workers": "late workers",
+    "status": "status",
+    "iterations": "iterations",
+    "test_loss": "test_loss",
+    "median_iteration_s": "median iteration",
+    "wall_s": "wall time",
+    "cost_usd": "cost",
+    "cost_per_iteration_usd": "cost per iteration (median)",
+    "late_workers": "late workers",
 }
 
 STYLE = """
@@ -608,8 +691,10 @@ def _figure_cell(name: str, value: Any, tag: str = "td", cls: str = "v") -> str:
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]], numeric: Sequence[int] = ()) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
-        + "</tr>" for row in rows
+        "<tr>"
+        + "".join(f'<td class="n">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+        + "</tr>"
+        for row in rows
     )
     return f"<table><tr>{head}</tr>{body}</table>"
 
@@ -632,11 +717,15 @@ def render(report: Report) -> str:
     """The page: escaped text, the PNGs of ``report.images`` referenced relatively, no scripts."""
     s, run = report.summary, report.run
     dumped = s.model_dump(mode="json")
-    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>slsml run {_e(s.run_id)}"
-             f"</title><style>{STYLE}</style></head><body>"]
+    parts = [
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>slsml run {_e(s.run_id)}'
+        f"</title><style>{STYLE}</style></head><body>"
+    ]
     parts.append(f"<h1>Run <code>{_e(s.run_id)}</code></h1>")
-    spec = (f"{s.workers} workers × {s.reducers} reducers, quorum {s.quorum:g}, dataset {_e(run.dataset)}, "
-            f"budget {run.iterations} iterations, deadline {run.deadline_s:g} s")
+    spec = (
+        f"{s.workers} workers × {s.reducers} reducers, quorum {s.quorum:g}, dataset {_e(run.dataset)}, "
+        f"budget {run.iterations} iterations, deadline {run.deadline_s:g} s"
+    )
     parts.append(f"<p>{spec}</p>")
     if s.reason:
         parts.append(f'<p class="bad">{_e(s.status.value)}: {_e(s.reason)}</p>')
@@ -645,27 +734,56 @@ def render(report: Report) -> str:
         headline[name] = caption
         if name == "test_loss" and (metric := display.first_metric(s.test)) != "loss":
             headline[f"test_{metric}"] = f"test_{metric}"
-    parts.append('<div class="cards" id="headline">' + "".join(
-        f'<div class="card"><div class="k">{_e(caption)}</div>' + _figure_cell(name, dumped[name], tag="div")
-        + "</div>" for name, caption in headline.items()) + "</div>")
+    parts.append(
+        '<div class="cards" id="headline">'
+        + "".join(
+            f'<div class="card"><div class="k">{_e(caption)}</div>'
+            + _figure_cell(name, dumped[name], tag="div")
+            + "</div>"
+            for name, caption in headline.items()
+        )
+        + "</div>"
+    )
 
-    parts.append("<h2 id=\"training\">Training</h2>")
+    parts.append('<h2 id="training">Training</h2>')
     drawn = series(report.points)
-    parts.append(_img(report, "curves", " and ".join(", ".join(label for label, _ in lines) for lines in drawn.values()
-                                                     if lines) + " against iterations, wall time and dollars"))
+    parts.append(
+        _img(
+            report,
+            "curves",
+            " and ".join(", ".join(label for label, _ in lines) for lines in drawn.values() if lines)
+            + " against iterations, wall time and dollars",
+        )
+    )
     evaluated = [p for p in report.points if p.test or p.val]
     if evaluated:
-        names = [f"{split}_{name}" for split in ("test", "val")
-                 for name in dict.fromkeys(n for p in evaluated for n in getattr(p, split))]
-        parts.append(_table(["iteration", "wall time", "dollars so far", *names], (
-            [str(p.iteration), "–" if p.wall_s is None else f"{p.wall_s:.2f} s", _e(money(p.dollars)),
-             *(figure(getattr(p, split).get(name)) for split, _, name in (n.partition("_") for n in names))]
-            for p in evaluated), numeric=tuple(range(3 + len(names)))))
+        names = [
+            f"{split}_{name}"
+            for split in ("test", "val")
+            for name in dict.fromkeys(n for p in evaluated for n in getattr(p, split))
+        ]
+        parts.append(
+            _table(
+                ["iteration", "wall time", "dollars so far", *names],
+                (
+                    [
+                        str(p.iteration),
+                        "–" if p.wall_s is None else f"{p.wall_s:.2f} s",
+                        _e(money(p.dollars)),
+                        *(figure(getattr(p, split).get(name)) for split, _, name in (n.partition("_") for n in names)),
+                    ]
+                    for p in evaluated
+                ),
+                numeric=tuple(range(3 + len(names))),
+            )
+        )
 
-    parts.append("<h2 id=\"timelines\">Iterations, invocation by invocation</h2>")
-    parts.append('<p class="note">Each bar is one function invocation (its usage line: from its start, or the end'
-                 " of the message before it in the same invocation, to its end). Hatched: late reports and"
-                 " re-launched attempts. Lines: when the reduce fired and when the iteration merged.</p>")
+    parts.append('<h2 id="timelines">Iterations, invocation by invocation</h2>')
+    parts.append(
+        '<p class="note">Each bar is one function invocation (its usage line: from its start, or the end'
+        " of the message before it in the same invocation, to its end). Hatched: late reports and"
+        " re-launched attempts. Lines: when the reduce fired and when the iteration merged.</p>"
+    )
     if not report.timelines:
         parts.append("<p>No iteration ran.</p>")
     for line in report.timelines:
@@ -674,64 +792,120 @@ def render(report: Report) -> str:
         parts.append(_img(report, f"timeline-{line.iteration}", f"invocations of iteration {line.iteration}"))
         parts.append(f"<p>X-Ray: {_trace_cell(report, line.iteration)}</p>")
         if line.left_out:
-            parts.append("<p class=\"note\">Not drawn: " + "; ".join(_e(x) for x in line.left_out) + "</p>")
+            parts.append('<p class="note">Not drawn: ' + "; ".join(_e(x) for x in line.left_out) + "</p>")
 
-    parts.append("<h2 id=\"cost\">Where the time, the requests and the dollars went</h2>")
+    parts.append('<h2 id="cost">Where the time, the requests and the dollars went</h2>')
     parts.append(_img(report, "cost", "critical path by stage; requests and dollars by function and service"))
     if report.stages:
         total = sum(report.stages.values())
-        parts.append(_table(["stage (critical path)", "median ms", "share"], (
-            [_e(stage), f"{t * 1000:.1f}", f"{t / total:.0%}" if total else "–"]
-            for stage, t in report.stages.items()), numeric=(1, 2)))
-        parts.append('<p class="note">Stages of the steady iterations (all but the first and the last), each from'
-                     " the end of the one before it: they add up to the iteration, launch to launch. Where a"
-                     " function's messages are delivered before it ends (the firing ReduceLauncher publishes the"
-                     " Reduce messages before it marks the counter), its stage ends where the next began.</p>")
+        parts.append(
+            _table(
+                ["stage (critical path)", "median ms", "share"],
+                (
+                    [_e(stage), f"{t * 1000:.1f}", f"{t / total:.0%}" if total else "–"]
+                    for stage, t in report.stages.items()
+                ),
+                numeric=(1, 2),
+            )
+        )
+        parts.append(
+            '<p class="note">Stages of the steady iterations (all but the first and the last), each from'
+            " the end of the one before it: they add up to the iteration, launch to launch. Where a"
+            " function's messages are delivered before it ends (the firing ReduceLauncher publishes the"
+            " Reduce messages before it marks the counter), its stage ends where the next began.</p>"
+        )
     else:
-        parts.append("<p class=\"note\">The critical path needs three or more iterations.</p>")
-    parts.append(_table(["function", "invocations", "busy s", "GB-s", "requests", "dollars", "by service"], (
-        [_e(FUNCTIONS.get(u.function, u.function)), str(u.invocations), f"{u.seconds:.2f}", f"{u.gb_seconds:.2f}",
-         str(sum(u.requests.values())), _e(money(u.total_dollars)),
-         _e(", ".join(f"{k} {money(v)}" for k, v in sorted(u.dollars.items(), key=lambda kv: -kv[1])))]
-        for u in report.functions), numeric=(1, 2, 3, 4, 5)))
+        parts.append('<p class="note">The critical path needs three or more iterations.</p>')
+    parts.append(
+        _table(
+            ["function", "invocations", "busy s", "GB-s", "requests", "dollars", "by service"],
+            (
+                [
+                    _e(FUNCTIONS.get(u.function, u.function)),
+                    str(u.invocations),
+                    f"{u.seconds:.2f}",
+                    f"{u.gb_seconds:.2f}",
+                    str(sum(u.requests.values())),
+                    _e(money(u.total_dollars)),
+                    _e(", ".join(f"{k} {money(v)}" for k, v in sorted(u.dollars.items(), key=lambda kv: -kv[1]))),
+                ]
+                for u in report.functions
+            ),
+            numeric=(1, 2, 3, 4, 5),
+        )
+    )
     if s.cost_by_service_usd:
-        parts.append(_table(["service", "dollars", "share"], (
-            [_e(k), _e(money(v)), f"{v / s.cost_usd:.0%}" if s.cost_usd else "–"]
-            for k, v in sorted(s.cost_by_service_usd.items(), key=lambda kv: -kv[1])), numeric=(1, 2)))
+        parts.append(
+            _table(
+                ["service", "dollars", "share"],
+                (
+                    [_e(k), _e(money(v)), f"{v / s.cost_usd:.0%}" if s.cost_usd else "–"]
+                    for k, v in sorted(s.cost_by_service_usd.items(), key=lambda kv: -kv[1])
+                ),
+                numeric=(1, 2),
+            )
+        )
 
-    parts.append("<h2 id=\"faults\">Faults and what the pipeline did</h2>")
+    parts.append('<h2 id="faults">Faults and what the pipeline did</h2>')
     if report.faults:
-        parts.append(_table(["iteration", "what happened", "what the pipeline did"], (
-            ["run" if f.iteration is None else f'<a href="#row-{f.iteration}">{f.iteration}</a>', _e(f.what),
-             _e(f.done)] for f in report.faults)))
+        parts.append(
+            _table(
+                ["iteration", "what happened", "what the pipeline did"],
+                (
+                    [
+                        "run" if f.iteration is None else f'<a href="#row-{f.iteration}">{f.iteration}</a>',
+                        _e(f.what),
+                        _e(f.done),
+                    ]
+                    for f in report.faults
+                ),
+            )
+        )
     else:
         parts.append("<p>None: every worker reported in time, no deadline fired, no part was dropped.</p>")
     if s.faults:
         injected = ", ".join(f"{k} {n}" for k, n in s.faults.get("injected", {}).items() if n) or "none"
-        parts.append(f"<p>Injected (local run): {_e(injected)}. What it took: "
-                     f"{_e(s.faults.get('failed_invocations', 0))} failed invocations, "
-                     f"{_e(s.faults.get('retries', 0))} retried, {_e(s.faults.get('dead_letters', 0))} dead letters."
-                     "</p>")
+        parts.append(
+            f"<p>Injected (local run): {_e(injected)}. What it took: "
+            f"{_e(s.faults.get('failed_invocations', 0))} failed invocations, "
+            f"{_e(s.faults.get('retries', 0))} retried, {_e(s.faults.get('dead_letters', 0))} dead letters."
+            "</p>"
+        )
 
-    parts.append("<h2 id=\"iterations\">Every iteration</h2>")
+    parts.append('<h2 id="iterations">Every iteration</h2>')
     if not report.traces:
-        parts.append("<p class=\"note\">X-Ray traces: none. The functions logged no trace id (a local run is not"
-                     " traced).</p>")
+        parts.append(
+            '<p class="note">X-Ray traces: none. The functions logged no trace id (a local run is not traced).</p>'
+        )
     by_fault: Counter = Counter(f.iteration for f in report.faults)
     seconds = report.seconds
     metric = first_metric(report.points)
-    parts.append(_table(["iteration", "s", "loss", "accuracy", f"test_{metric}", "faults", "X-Ray"], (
-        [f'<span id="row-{p.iteration}">{p.iteration}</span>',
-         f"{seconds[p.iteration]:.3f}" if p.iteration in seconds else "–",
-         figure(p.train_loss), "–" if p.train_accuracy is None else f"{p.train_accuracy:.3f}",
-         figure(p.test.get(metric)),
-         str(by_fault[p.iteration] or ""), _trace_cell(report, p.iteration)] for p in report.points),
-        numeric=(1, 2, 3, 4, 5)))
+    parts.append(
+        _table(
+            ["iteration", "s", "loss", "accuracy", f"test_{metric}", "faults", "X-Ray"],
+            (
+                [
+                    f'<span id="row-{p.iteration}">{p.iteration}</span>',
+                    f"{seconds[p.iteration]:.3f}" if p.iteration in seconds else "–",
+                    figure(p.train_loss),
+                    "–" if p.train_accuracy is None else f"{p.train_accuracy:.3f}",
+                    figure(p.test.get(metric)),
+                    str(by_fault[p.iteration] or ""),
+                    _trace_cell(report, p.iteration),
+                ]
+                for p in report.points
+            ),
+            numeric=(1, 2, 3, 4, 5),
+        )
+    )
 
-    parts.append("<h2 id=\"summary\">Run summary</h2>")
+    parts.append('<h2 id="summary">Run summary</h2>')
     parts.append('<p class="note">The figures of <code>slsml run status --json</code>.</p>')
-    parts.append('<table id="summary-table">' + "".join(
-        f"<tr><th>{_e(name)}</th>{_figure_cell(name, value)}</tr>" for name, value in dumped.items()) + "</table>")
+    parts.append(
+        '<table id="summary-table">'
+        + "".join(f"<tr><th>{_e(name)}</th>{_figure_cell(name, value)}</tr>" for name, value in dumped.items())
+        + "</table>"
+    )
     summary_json = json.dumps(dumped, sort_keys=True).replace("<", "\\u003c")
     parts.append(f'<script type="application/json" id="summary-json">{summary_json}</script>')
     parts.append("</body></html>")
@@ -755,8 +929,9 @@ def write_report(
     run = services.table.get_run(run_id)
     iterations = services.table.list_iterations(run_id)
     if summary is None:
-        summary = runs.summarize(run, iterations, run.updated_at - run.created_at, usage_records,
-                                 spend.spent(services, run))
+        summary = runs.summarize(
+            run, iterations, run.updated_at - run.created_at, usage_records, spend.spent(services, run)
+        )
     traced = any(r.trace_id for r in usage_records)
     region = services.store.s3.meta.region_name if traced else None
     report = gather(run, iterations, usage_records, summary, chosen, region)

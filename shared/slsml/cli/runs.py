@@ -38,8 +38,9 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     model = modelio.load_model(model_bytes, where=str(model_path))  # fail fast: before anything is stored
     spec = options.with_flags(args, spec, model)
     if data_path.suffix == ".npz":
-        dataset: Any = partial(upload_file, path=data_path, name=args.dataset, test_fraction=args.test_fraction,
-                               seed=args.seed)
+        dataset: Any = partial(
+            upload_file, path=data_path, name=args.dataset, test_fraction=args.test_fraction, seed=args.seed
+        )
     elif args.dataset:
         raise BadInputError(f"--dataset names the dataset a file is uploaded as; --data {args.data} is no file")
     else:
@@ -54,8 +55,9 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     if args.no_wait:
         print(config.run_id)
         return 0
-    return follow.follow(services, config.run_id, config.training.iterations, args, out, usage=usage,
-                         so_far=follow.live_usage(args))
+    return follow.follow(
+        services, config.run_id, config.training.iterations, args, out, usage=usage, so_far=follow.live_usage(args)
+    )
 
 
 def _run_summary(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -74,14 +76,20 @@ def _run_summary(args: argparse.Namespace) -> tuple[Any, Any]:
             if args.stack:
                 raise
         else:
-            summary = runs.summarize(run, services.table.list_iterations(args.run_id),
-                                     run.updated_at - run.created_at, usage(run), spend.spent(services, run))
+            summary = runs.summarize(
+                run,
+                services.table.list_iterations(args.run_id),
+                run.updated_at - run.created_at,
+                usage(run),
+                spend.spent(services, run),
+            )
             return summary, services
     if recorded := targets.recorded(args.run_id):
         return recorded[0], None
     where = "" if target is None else ", nor in the local service"
-    raise NotFoundError(f"no run named {args.run_id!r} (no record under {targets.RUNS_DIR}/{where}; for a deployed"
-                        " run give --stack)")
+    raise NotFoundError(
+        f"no run named {args.run_id!r} (no record under {targets.RUNS_DIR}/{where}; for a deployed run give --stack)"
+    )
 
 
 def cmd_run_status(args: argparse.Namespace) -> int:
@@ -102,8 +110,11 @@ def cmd_run_fetch(args: argparse.Namespace) -> int:
         out.write_bytes(Path(summary.final_model).read_bytes())
     else:
         raise NotFoundError(f"run {args.run_id} has no final model (status {summary.status.value})")
-    display.done(f"final model of {args.run_id} → {out}", args.json,
-                 {"run_id": args.run_id, "model": str(out), "bytes": out.stat().st_size})
+    display.done(
+        f"final model of {args.run_id} → {out}",
+        args.json,
+        {"run_id": args.run_id, "model": str(out), "bytes": out.stat().st_size},
+    )
     return 0
 
 
@@ -126,8 +137,11 @@ def cmd_run_stop(args: argparse.Namespace) -> int:
     if not services.stop_run(args.run_id):
         status = services.table.get_run(args.run_id).status.value
         raise BadInputError(f"run {args.run_id} is not running (status {status})")
-    display.done(f"run {args.run_id} stopped: no new iteration starts; work in flight drains", args.json,
-                 {"run_id": args.run_id, "status": services.table.get_run(args.run_id).status.value})
+    display.done(
+        f"run {args.run_id} stopped: no new iteration starts; work in flight drains",
+        args.json,
+        {"run_id": args.run_id, "status": services.table.get_run(args.run_id).status.value},
+    )
     return 0
 
 
@@ -139,11 +153,19 @@ def cmd_run_resume(args: argparse.Namespace) -> int:
     run = runs.resume_run(services, args.run_id, args.budget_usd)
     budget, spent = run.training.budget_usd, spend.spent(services, run)
     said = "" if budget is None else f"; {display.spend(spent or 0.0, budget)}"
-    display.done(f"run {args.run_id} resumed from its model entering iteration {run.iteration}"
-                 f" ({run.iterations - run.iteration} iterations to go){said}", args.json,
-                 {"run_id": args.run_id, "status": run.status.value, "iteration": run.iteration,
-                  "iterations": run.iterations, "generation": run.generation,
-                  **({} if budget is None else {"budget_usd": budget, "spent_usd": spent})})
+    display.done(
+        f"run {args.run_id} resumed from its model entering iteration {run.iteration}"
+        f" ({run.iterations - run.iteration} iterations to go){said}",
+        args.json,
+        {
+            "run_id": args.run_id,
+            "status": run.status.value,
+            "iteration": run.iteration,
+            "iterations": run.iterations,
+            "generation": run.generation,
+            **({} if budget is None else {"budget_usd": budget, "spent_usd": spent}),
+        },
+    )
     return 0
 
 
@@ -155,8 +177,11 @@ def cmd_run_scale(args: argparse.Namespace) -> int:
     run = runs.scale_run(services, args.run_id, args.workers)
     tuned = "; workers auto: the tuner goes on from there" if run.training.workers == "auto" else ""
     applies = _scaled_from(services, run)
-    display.done(f"run {args.run_id}: {run.workers} workers {applies} (was {was}){tuned}", args.json,
-                 {"run_id": args.run_id, "workers": run.workers, "was": was, "applies": applies})
+    display.done(
+        f"run {args.run_id}: {run.workers} workers {applies} (was {was}){tuned}",
+        args.json,
+        {"run_id": args.run_id, "workers": run.workers, "was": was, "applies": applies},
+    )
     return 0
 
 
@@ -182,8 +207,16 @@ def cmd_run_watch(args: argparse.Namespace) -> int:
     services, usage = targets.required_target(args)
     run = services.table.get_run(args.run_id)
     try:
-        return follow.follow(services, args.run_id, run.iterations, args, None, usage=usage, started=run.created_at,
-                       so_far=follow.live_usage(args))
+        return follow.follow(
+            services,
+            args.run_id,
+            run.iterations,
+            args,
+            None,
+            usage=usage,
+            started=run.created_at,
+            so_far=follow.live_usage(args),
+        )
     except KeyboardInterrupt:
         _console().print(f"stopped watching: run {args.run_id} goes on")
         return 130
@@ -191,8 +224,10 @@ def cmd_run_watch(args: argparse.Namespace) -> int:
 
 def cmd_run_report(args: argparse.Namespace) -> int:
     if targets.target(args) is None:
-        raise BadInputError("no local service is up and no --stack given: a one-shot local run's records last only"
-                            " while its `slsml run start --local` or `slsml demo` runs (give it --report DIR)")
+        raise BadInputError(
+            "no local service is up and no --stack given: a one-shot local run's records last only"
+            " while its `slsml run start --local` or `slsml demo` runs (give it --report DIR)"
+        )
     services, usage = targets.required_target(args)
     run = services.table.get_run(args.run_id)
     page = follow.write_report(services, usage(run), args.run_id, Path(args.out), tuple(args.iteration or ()))
@@ -209,49 +244,109 @@ def add_commands(commands: Any) -> None:
     start.add_argument("--local", action="store_true", help="run on the embedded local cloud")
     start.add_argument("--stack", help="run on the deployed stack of this name (CloudFormation outputs)")
     start.add_argument("--model", required=True, help="a .keras model file")
-    start.add_argument("--data", required=True,
-                       help="a .npz file with x, y (optional x_test, y_test), or a dataset already in the stack")
-    start.add_argument("--no-wait", action="store_true", help="print the run id and return (--stack, or --local"
-                       " with the local service up)")
-    start.add_argument("--dataset", metavar="NAME", help="the name --data FILE is uploaded as (default: the file's"
-                       " name); a file whose content is uploaded already is trained on as it is")
+    start.add_argument(
+        "--data",
+        required=True,
+        help="a .npz file with x, y (optional x_test, y_test), or a dataset already in the stack",
+    )
+    start.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="print the run id and return (--stack, or --local with the local service up)",
+    )
+    start.add_argument(
+        "--dataset",
+        metavar="NAME",
+        help="the name --data FILE is uploaded as (default: the file's"
+        " name); a file whose content is uploaded already is trained on as it is",
+    )
     start.add_argument("--test-fraction", type=float, default=0.2, help="held out when the data has no x_test")
     start.add_argument("--out", help="where to save the final model (default runs/<run>/final.keras)")
-    start.add_argument("--report", metavar="DIR",
-                       help="when the run ends, write its report: DIR/index.html and its PNGs")
+    start.add_argument(
+        "--report", metavar="DIR", help="when the run ends, write its report: DIR/index.html and its PNGs"
+    )
     options.training_options(start, iterations=None)
     start.set_defaults(handler=cmd_run_start)
-    stack_help = ("the deployed stack of this name (default: the local runs: the local service's, if one is up, and"
-                  " those recorded under ./runs)")
+    stack_help = (
+        "the deployed stack of this name (default: the local runs: the local service's, if one is up, and"
+        " those recorded under ./runs)"
+    )
     act_help = "the deployed stack of this name (default: the local service)"
     _command(run, "status", "a run's state and figures", cmd_run_status, stack_help, "the summary")
-    report = _command(run, "report", "a run's report: one HTML page with its curves, iteration timelines, costs and"
-                      " faults, and its PNGs", cmd_run_report, "the deployed stack of this name (default: the local"
-                      " service; a one-shot local run: --report DIR of run start --local or demo)", "the report's page")
+    report = _command(
+        run,
+        "report",
+        "a run's report: one HTML page with its curves, iteration timelines, costs and faults, and its PNGs",
+        cmd_run_report,
+        "the deployed stack of this name (default: the local"
+        " service; a one-shot local run: --report DIR of run start --local or demo)",
+        "the report's page",
+    )
     report.add_argument("--out", required=True, metavar="DIR", help="where index.html and its PNGs go")
-    report.add_argument("--iteration", type=int, nargs="+", action="extend", metavar="I",
-                        help="also draw these iterations' timelines (besides the slowest and a median one)")
+    report.add_argument(
+        "--iteration",
+        type=int,
+        nargs="+",
+        action="extend",
+        metavar="I",
+        help="also draw these iterations' timelines (besides the slowest and a median one)",
+    )
     fetch = _command(run, "fetch", "copy a run's final model", cmd_run_fetch, stack_help, "the model's path and bytes")
     fetch.add_argument("--out", help="destination (default <run>.keras)")
     _command(run, "stop", "stop a run: no new iteration starts", cmd_run_stop, act_help, "the run's status")
-    resume = _command(run, "resume", "run a stopped or failed run on from its last complete model", cmd_run_resume,
-                      act_help, "the run's status, iteration and spend against its budget")
-    resume.add_argument(options.flag("budget_usd"), type=float, metavar="DOLLARS",
-                        help="a new dollar budget for the run, of which what it spent so far counts (a run stopped"
-                        " by its budget resumes with a higher one)")
-    scale = _command(run, "scale", "change a run's workers, from the next iteration launched on (a stopped or failed"
-                     " run's: from its resume on)", cmd_run_scale, act_help, "the run's workers")
-    scale.add_argument("--workers", type=options.workers, required=True,
-                       help="the workers (within the run's --min-workers and --max-workers)")
-    _command(run, "list", "runs and their status, oldest first", cmd_run_list, stack_help,
-             "the runs: a list of summaries", run_id=False)
-    watch = _command(run, "watch", "follow a run until it ends (Ctrl-C leaves the run alone)", cmd_run_watch, act_help,
-                     "the summary")
+    resume = _command(
+        run,
+        "resume",
+        "run a stopped or failed run on from its last complete model",
+        cmd_run_resume,
+        act_help,
+        "the run's status, iteration and spend against its budget",
+    )
+    resume.add_argument(
+        options.flag("budget_usd"),
+        type=float,
+        metavar="DOLLARS",
+        help="a new dollar budget for the run, of which what it spent so far counts (a run stopped"
+        " by its budget resumes with a higher one)",
+    )
+    scale = _command(
+        run,
+        "scale",
+        "change a run's workers, from the next iteration launched on (a stopped or failed run's: from its resume on)",
+        cmd_run_scale,
+        act_help,
+        "the run's workers",
+    )
+    scale.add_argument(
+        "--workers",
+        type=options.workers,
+        required=True,
+        help="the workers (within the run's --min-workers and --max-workers)",
+    )
+    _command(
+        run,
+        "list",
+        "runs and their status, oldest first",
+        cmd_run_list,
+        stack_help,
+        "the runs: a list of summaries",
+        run_id=False,
+    )
+    watch = _command(
+        run, "watch", "follow a run until it ends (Ctrl-C leaves the run alone)", cmd_run_watch, act_help, "the summary"
+    )
     watch.add_argument("--timeout", type=float, default=7 * 24 * 3600, help="stop watching after this long")
 
 
-def _command(run: Any, name: str, about: str, handler: Callable[[argparse.Namespace], int], stack: str, result: str,
-             run_id: bool = True) -> argparse.ArgumentParser:
+def _command(
+    run: Any,
+    name: str,
+    about: str,
+    handler: Callable[[argparse.Namespace], int],
+    stack: str,
+    result: str,
+    run_id: bool = True,
+) -> argparse.ArgumentParser:
     """The parser of ``slsml run NAME``, run by ``handler``: the run's id (unless not ``run_id``), ``--stack`` and
     ``--json`` (printing ``result`` as one JSON line); its own flags are the caller's."""
     parser = run.add_parser(name, help=about)

@@ -61,8 +61,11 @@ def fit(
     else:
         from slsml.local.runtime import LocalRuntime
 
-        with LocalRuntime(workers=spec.max_workers or spec.initial_workers, reducers=spec.reducers,
-                          log_dir=Path(".slsml/logs") / run_id) as local:
+        with LocalRuntime(
+            workers=spec.max_workers or spec.initial_workers,
+            reducers=spec.reducers,
+            log_dir=Path(".slsml/logs") / run_id,
+        ) as local:
             record = _train(local.services, model_bytes, run_id, spec, (x, y, sample_weight), test, verbose)
     run, counters, final = record
     trained = modelio.load_model(final)
@@ -89,26 +92,43 @@ def callback_options(callbacks: Sequence[Any]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for callback in callbacks:
         name = type(callback).__name__
-        if isinstance(callback, keras.callbacks.EarlyStopping) and callback.baseline is None and \
-                not callback.start_from_epoch:
+        if (
+            isinstance(callback, keras.callbacks.EarlyStopping)
+            and callback.baseline is None
+            and not callback.start_from_epoch
+        ):
             options["early_stopping"] = f"{callback.monitor}:{callback.patience}:{abs(callback.min_delta):g}"
             if callback.restore_best_weights:
                 options["keep_best"] = callback.monitor
-        elif isinstance(callback, keras.callbacks.ModelCheckpoint) and callback.save_best_only and \
-                not callback.save_weights_only and "{" not in str(callback.filepath):
+        elif (
+            isinstance(callback, keras.callbacks.ModelCheckpoint)
+            and callback.save_best_only
+            and not callback.save_weights_only
+            and "{" not in str(callback.filepath)
+        ):
             options["keep_best"] = callback.monitor
         elif not isinstance(callback, keras.callbacks.History | keras.callbacks.ProgbarLogger):
-            raise BadInputError(f"callback {name} cannot run in slsml.fit: it takes EarlyStopping (without baseline"
-                                " or start_from_epoch) and ModelCheckpoint(save_best_only=True) of one .keras file,"
-                                " as the training options early_stopping and keep_best")
+            raise BadInputError(
+                f"callback {name} cannot run in slsml.fit: it takes EarlyStopping (without baseline"
+                " or start_from_epoch) and ModelCheckpoint(save_best_only=True) of one .keras file,"
+                " as the training options early_stopping and keep_best"
+            )
         if getattr(callback, "mode", "auto") != "auto":
-            raise BadInputError(f"callback {name} with mode={callback.mode!r}: slsml.fit decides whether a figure"
-                                " improves as Keras's mode auto does; leave mode out")
+            raise BadInputError(
+                f"callback {name} with mode={callback.mode!r}: slsml.fit decides whether a figure"
+                " improves as Keras's mode auto does; leave mode out"
+            )
     return options
 
 
-def _spec(count: int, batch_size: int, epochs: int, validation_data: Any, validation_split: float | None,
-          options: dict[str, Any]) -> TrainingSpec:
+def _spec(
+    count: int,
+    batch_size: int,
+    epochs: int,
+    validation_data: Any,
+    validation_split: float | None,
+    options: dict[str, Any],
+) -> TrainingSpec:
     """The run ``fit``'s arguments ask for: the validation data (the run's test split) evaluated at each epoch's
     end, or the held-out ``validation_split``."""
     if validation_data is not None and validation_split is not None:
@@ -117,16 +137,25 @@ def _spec(count: int, batch_size: int, epochs: int, validation_data: Any, valida
         raise BadInputError("fit takes the run's length as epochs= and its global batch as batch_size=")
     options = {"workers": min(4, batch_size), **options}
     if validation_data is not None:  # the validation data is the run's test split: val_x monitors its test_x
-        options |= {name: "test_" + value.removeprefix("val_") for name in ("early_stopping", "keep_best")
-                    if isinstance(value := options.get(name), str) and value.startswith("val_")}
+        options |= {
+            name: "test_" + value.removeprefix("val_")
+            for name in ("early_stopping", "keep_best")
+            if isinstance(value := options.get(name), str) and value.startswith("val_")
+        }
     spec = TrainingSpec(global_batch=batch_size, epochs=epochs, validation_split=validation_split, **options)
     per_epoch = runs.with_epochs(spec, count).iterations // epochs
     return spec.model_copy(update={"eval_every": per_epoch if validation_data is not None else 0})
 
 
-def _train(services: Services, model_bytes: bytes, run_id: str, spec: TrainingSpec,
-           train: tuple[np.ndarray, np.ndarray, np.ndarray | None], test: tuple[np.ndarray, np.ndarray],
-           verbose: int) -> tuple[RunRecord, list[IterationRecord], bytes]:
+def _train(
+    services: Services,
+    model_bytes: bytes,
+    run_id: str,
+    spec: TrainingSpec,
+    train: tuple[np.ndarray, np.ndarray, np.ndarray | None],
+    test: tuple[np.ndarray, np.ndarray],
+    verbose: int,
+) -> tuple[RunRecord, list[IterationRecord], bytes]:
     """Upload the data (``train``: x, y and the samples' weights), train, and return the ended run, its iterations
     and its final model."""
     import keras

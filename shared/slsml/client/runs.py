@@ -38,7 +38,11 @@ def new_run_id(stem: str = "run") -> str:
 
 
 def start_run(
-    services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None,
+    services: Services,
+    model_bytes: bytes,
+    dataset: str,
+    spec: TrainingSpec,
+    run_id: str | None = None,
     check_limits: bool = True,
 ) -> RunConfig:
     """Prepare a run, then start its execution of the run state machine, which registers it and
@@ -54,11 +58,14 @@ def launch_run(services: Services, config: RunConfig) -> None:
     _wait_until_registered(services, config.run_id, execution)
 
 
-def _execution_input(config: RunConfig, resume: bool = False, training: TrainingSpec | None = None
-                     ) -> ExecutionInput:
+def _execution_input(config: RunConfig, resume: bool = False, training: TrainingSpec | None = None) -> ExecutionInput:
     return ExecutionInput(
-        run_id=config.run_id, dataset=config.dataset, training=training or config.training, workers=config.workers,
-        created_at=time.time(), resume=resume
+        run_id=config.run_id,
+        dataset=config.dataset,
+        training=training or config.training,
+        workers=config.workers,
+        created_at=time.time(),
+        resume=resume,
     )
 
 
@@ -70,8 +77,10 @@ def final_model(services: Services, run: RunRecord) -> bytes:
         raise NotFoundError(f"run {run.run_id} has no final model (status {run.status.value})")
     stored = services.store.read(run.final_key)
     if run.final_etag is not None and stored.etag != run.final_etag:
-        raise SlsmlError(f"{run.final_key} is not the final model run {run.run_id!r} stored: it was replaced since"
-                         f" (ETag {stored.etag}; the run recorded {run.final_etag})")
+        raise SlsmlError(
+            f"{run.final_key} is not the final model run {run.run_id!r} stored: it was replaced since"
+            f" (ETag {stored.etag}; the run recorded {run.final_etag})"
+        )
     return stored.body
 
 
@@ -111,12 +120,16 @@ def _with_budget(services: Services, run: RunRecord, budget_usd: float | None) -
     if budget_usd is None:
         return None
     if run.training.budget_usd is None:
-        raise BadInputError(f"run {run.run_id!r} was started without --budget-usd, so its functions do not count"
-                            " its spend: a budget is set when a run starts")
+        raise BadInputError(
+            f"run {run.run_id!r} was started without --budget-usd, so its functions do not count"
+            " its spend: a budget is set when a run starts"
+        )
     spent = services.table.spent(run.run_id)
     if spent >= budget_usd:
-        raise BadInputError(f"run {run.run_id!r} has spent {prices.usd(spent)}, at least the budget of"
-                            f" {prices.usd(budget_usd)}: resume it with a higher --budget-usd")
+        raise BadInputError(
+            f"run {run.run_id!r} has spent {prices.usd(spent)}, at least the budget of"
+            f" {prices.usd(budget_usd)}: resume it with a higher --budget-usd"
+        )
     if budget_usd == run.training.budget_usd:
         return None
     try:
@@ -131,15 +144,19 @@ def scale_run(services: Services, run_id: str, workers: int, reason: str = "run 
     resumed. BadInputError outside the run's bounds; nothing changes then."""
     run = services.table.get_run(run_id)
     if not run.training.elastic:
-        raise BadInputError(f"run {run_id!r} trains with algorithm {run.training.algorithm}: each worker keeps its"
-                            " data partition and its state, which a change of workers would cut anew; its workers"
-                            " stay fixed")
+        raise BadInputError(
+            f"run {run_id!r} trains with algorithm {run.training.algorithm}: each worker keeps its"
+            " data partition and its state, which a change of workers would cut anew; its workers"
+            " stay fixed"
+        )
     if run.status == RunStatus.COMPLETED:
         raise SlsmlError(f"run {run_id!r} is COMPLETED: only a RUNNING, STOPPED or FAILED run can be scaled")
     low, high = run.training.worker_bounds
     if not low <= workers <= high:
-        raise BadInputError(f"{workers} workers lie outside run {run_id!r}'s bounds of {low} to {high} (set with"
-                            " --min-workers and --max-workers when a run starts)")
+        raise BadInputError(
+            f"{workers} workers lie outside run {run_id!r}'s bounds of {low} to {high} (set with"
+            " --min-workers and --max-workers when a run starts)"
+        )
     if refusal := services.limits.refusal(run.training, workers):
         raise BadInputError(refusal)
     costmodel.check_messages(run.training, workers)
@@ -165,7 +182,11 @@ def _wait_until_registered(services: Services, run_id: str, execution: str, time
 
 
 def prepare_run(
-    services: Services, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None = None,
+    services: Services,
+    model_bytes: bytes,
+    dataset: str,
+    spec: TrainingSpec,
+    run_id: str | None = None,
     check_limits: bool = True,
 ) -> RunConfig:
     """Validate model and data, and the plan's prediction against the run's budget if it has one, then write the
@@ -225,8 +246,10 @@ def _modes(spec: TrainingSpec, figures: dict[str, str | None]) -> dict[str, Lite
     """Whether each monitored figure improves by falling or rising; BadInputError naming a figure the model does not
     compute, or one whose direction Keras cannot tell."""
     modes: dict[str, Literal["min", "max"]] = {}
-    flags = {**({spec.stopping[0]: "--early-stopping"} if spec.stopping else {}),
-             **({spec.keep_best: "--keep-best"} if spec.keep_best else {})}
+    flags = {
+        **({spec.stopping[0]: "--early-stopping"} if spec.stopping else {}),
+        **({spec.keep_best: "--keep-best"} if spec.keep_best else {}),
+    }
     for monitor, flag in flags.items():
         split, name = monitor.split("_", 1)
         if name not in figures:
@@ -245,8 +268,10 @@ def _class_weights(spec: TrainingSpec, manifest: DatasetManifest) -> tuple[float
     if spec.class_weights is None:
         return None
     if manifest.weighted:
-        raise BadInputError(f"dataset {manifest.name!r} holds sample weights and the run gives class_weight: Keras's"
-                            " fit takes one or the other (fold the class weights into the sample weights)")
+        raise BadInputError(
+            f"dataset {manifest.name!r} holds sample weights and the run gives class_weight: Keras's"
+            " fit takes one or the other (fold the class weights into the sample weights)"
+        )
     one_hot = manifest.y_shape[-1] if len(manifest.y_shape) == 1 and manifest.y_shape[0] > 1 else None
     try:
         return weighting.resolve(spec.class_weights, manifest.class_counts, manifest.classes or one_hot)
@@ -302,15 +327,21 @@ def fleet(iterations: list[IterationRecord]) -> list[FleetChange]:
     changes: list[FleetChange] = []
     for record in sorted(iterations, key=lambda r: r.iteration):
         if record.workers and (not changes or changes[-1].workers != record.workers):
-            changes.append(FleetChange(iteration=record.iteration, workers=record.workers,
-                                       reason=record.workers_reason if changes else None))
+            changes.append(
+                FleetChange(
+                    iteration=record.iteration,
+                    workers=record.workers,
+                    reason=record.workers_reason if changes else None,
+                )
+            )
     return changes
 
 
 def first_reaching(iterations: Sequence[Counter], accuracy: float) -> int | None:
     """The first iteration whose merged model reached ``accuracy`` on the test set (None: none did)."""
-    return next((c.iteration for c in sorted(iterations, key=lambda c: c.iteration)
-                 if (c.test_accuracy or 0) >= accuracy), None)
+    return next(
+        (c.iteration for c in sorted(iterations, key=lambda c: c.iteration) if (c.test_accuracy or 0) >= accuracy), None
+    )
 
 
 class RunSummary(BaseModel):
@@ -369,8 +400,9 @@ class RunSummary(BaseModel):
     def test(self) -> dict[str, float]:
         """The test figures by Keras name: ``loss``, then the metrics."""
         extra = {k.removeprefix("test_"): v for k, v in (self.model_extra or {}).items() if k.startswith("test_")}
-        return {k: v for k, v in {"loss": self.test_loss, "accuracy": self.test_accuracy}.items() if v is not None
-                } | extra
+        return {
+            k: v for k, v in {"loss": self.test_loss, "accuracy": self.test_accuracy}.items() if v is not None
+        } | extra
 
     @property
     def val(self) -> dict[str, float]:

@@ -16,8 +16,9 @@ def predict(model_bytes: bytes, manifest: DatasetManifest, spec: TrainingSpec) -
     the dataset's samples, the deployment's function memory, the built-in quotas and parameters, and the price
     table (``--prices``'s default, ``$SLSML_PRICES``). BadInputError if the plan cannot model the run."""
     parameters = costmodel.Parameters()
-    figures = costmodel.from_keras(model_bytes, "the model", "the model", costmodel.measured_batch(spec),
-                                   measure=True, parameters=parameters)
+    figures = costmodel.from_keras(
+        model_bytes, "the model", "the model", costmodel.measured_batch(spec), measure=True, parameters=parameters
+    )
     work = costmodel.run_workload(figures, spec, manifest=manifest)
     costmodel.check(work, parameters, costmodel.Quotas())
     return costmodel.predict(work, parameters, costmodel.Quotas(), prices.load()).run_dollars
@@ -33,10 +34,14 @@ def check(model_bytes: bytes, manifest: DatasetManifest, spec: TrainingSpec) -> 
     try:
         predicted = predict(model_bytes, manifest, spec)
     except BadInputError as error:
-        raise BadInputError(f"--budget-usd {budget:g}: the run's cost cannot be predicted, so its budget cannot be"
-                            f" checked ({error}); start it without --budget-usd") from None
+        raise BadInputError(
+            f"--budget-usd {budget:g}: the run's cost cannot be predicted, so its budget cannot be"
+            f" checked ({error}); start it without --budget-usd"
+        ) from None
     if predicted > budget:
-        raise BadInputError(f"--budget-usd {budget:g}: the plan predicts {prices.usd(predicted)} for this run"
-                            f" ({spec.iterations} iterations), above its budget of {prices.usd(budget)}; raise the"
-                            " budget or make the run smaller (`slsml plan` shows where its dollars go)")
+        raise BadInputError(
+            f"--budget-usd {budget:g}: the plan predicts {prices.usd(predicted)} for this run"
+            f" ({spec.iterations} iterations), above its budget of {prices.usd(budget)}; raise the"
+            " budget or make the run smaller (`slsml plan` shows where its dollars go)"
+        )
     return predicted

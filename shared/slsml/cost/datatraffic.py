@@ -47,9 +47,20 @@ class DataTraffic(BaseModel):
     detail: str
 
 
-def data_traffic(order: Order, samples: int, sample_bytes: int, global_batch: int, workers: int, batches: int,
-                 block: int, worker_memory_mb: int, cache_mb: float | None, per_shard: int | None,
-                 latency_s: float, read_mb_s: float) -> DataTraffic:
+def data_traffic(
+    order: Order,
+    samples: int,
+    sample_bytes: int,
+    global_batch: int,
+    workers: int,
+    batches: int,
+    block: int,
+    worker_memory_mb: int,
+    cache_mb: float | None,
+    per_shard: int | None,
+    latency_s: float,
+    read_mb_s: float,
+) -> DataTraffic:
     """The data traffic of ``batches`` global batches a round of ``global_batch`` samples among ``workers``."""
     per_shard = per_shard or shard_records(sample_bytes)
     cache = int((cache_mb if cache_mb is not None else MEMORY_SHARE * worker_memory_mb) * 2**20)
@@ -57,12 +68,27 @@ def data_traffic(order: Order, samples: int, sample_bytes: int, global_batch: in
     cached = split <= DATA_CACHE_SHARE * cache
     b = global_batch / workers
     used = batches * global_batch * sample_bytes
-    common = {"order": order, "samples": samples, "sample_bytes": sample_bytes, "shard_records": per_shard,
-              "split_bytes": split, "cache_bytes": cache, "cached": cached}
+    common = {
+        "order": order,
+        "samples": samples,
+        "sample_bytes": sample_bytes,
+        "shard_records": per_shard,
+        "split_bytes": split,
+        "cache_bytes": cache,
+        "cached": cached,
+    }
     if cached:
-        return DataTraffic(**common, gets_per_iteration=0, bytes_per_iteration=0, burst_gets=0, worker_gets=0,
-                           burst_s=0, read_s=0, detail=f"the {split / 1e6:,.0f} MB training split fits the workers'"
-                           f" cache ({DATA_CACHE_SHARE:.0%} of {cache / 2**20:,.0f} MB): read once")
+        return DataTraffic(
+            **common,
+            gets_per_iteration=0,
+            bytes_per_iteration=0,
+            burst_gets=0,
+            worker_gets=0,
+            burst_s=0,
+            read_s=0,
+            detail=f"the {split / 1e6:,.0f} MB training split fits the workers'"
+            f" cache ({DATA_CACHE_SHARE:.0%} of {cache / 2**20:,.0f} MB): read once",
+        )
     if order == "global":
         adjacent = b * (b - 1) * (samples - samples / per_shard) / (samples * (samples - 1))
         worker_gets = batches * (b - adjacent)
@@ -74,9 +100,16 @@ def data_traffic(order: Order, samples: int, sample_bytes: int, global_batch: in
         worker_gets = batches * (blocks * (1 + (block - 1) / per_shard) - (blocks - 1) / max(1, samples // block - 1))
         detail = f"block order: {worker_gets:,.1f} ranged GETs of blocks of {block} samples a worker"
     read_s = _read_s(worker_gets, batches * b * sample_bytes, latency_s, read_mb_s)
-    return DataTraffic(**common, gets_per_iteration=workers * worker_gets, bytes_per_iteration=used,
-                       burst_gets=workers * worker_gets, worker_gets=worker_gets, burst_s=read_s, read_s=read_s,
-                       detail=detail)
+    return DataTraffic(
+        **common,
+        gets_per_iteration=workers * worker_gets,
+        bytes_per_iteration=used,
+        burst_gets=workers * worker_gets,
+        worker_gets=worker_gets,
+        burst_s=read_s,
+        read_s=read_s,
+        detail=detail,
+    )
 
 
 def _read_s(gets: float, size: float, latency_s: float, read_mb_s: float) -> float:

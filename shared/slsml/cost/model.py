@@ -78,60 +78,111 @@ class Parameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    s3_event_s: float = _param(1.0, "s", "model PUT → S3 event → SNS ModelUpdated",
-                               "S3 docs: event notifications 'typically seconds, sometimes a minute or longer'")
-    sns_lambda_s: float = _param(0.073, "s", "SNS → Lambda delivery",
-                                 "published p50 73 ms (p90 125 ms, p99 225 ms)")
-    sns_publish_s: float = _param(0.02, "s", "one PublishBatch call",
-                                  "estimate: one in-region HTTPS round trip; calibrate")
-    s3_request_s: float = _param(0.04, "s", "S3 request latency (first byte)",
-                                 "FuncPipe §3.3: under 40 ms from Lambda (LambdaML Table 6: 80 ± 20 ms)")
-    s3_read_mb_s: float = _param(65.0, "MB/s", "S3 read bandwidth of one function",
-                                 "LambdaML Table 6: 65 ± 7 MB/s; 50–70 MB/s re-measured in 2026", True)
+    s3_event_s: float = _param(
+        1.0,
+        "s",
+        "model PUT → S3 event → SNS ModelUpdated",
+        "S3 docs: event notifications 'typically seconds, sometimes a minute or longer'",
+    )
+    sns_lambda_s: float = _param(0.073, "s", "SNS → Lambda delivery", "published p50 73 ms (p90 125 ms, p99 225 ms)")
+    sns_publish_s: float = _param(
+        0.02, "s", "one PublishBatch call", "estimate: one in-region HTTPS round trip; calibrate"
+    )
+    s3_request_s: float = _param(
+        0.04,
+        "s",
+        "S3 request latency (first byte)",
+        "FuncPipe §3.3: under 40 ms from Lambda (LambdaML Table 6: 80 ± 20 ms)",
+    )
+    s3_read_mb_s: float = _param(
+        65.0,
+        "MB/s",
+        "S3 read bandwidth of one function",
+        "LambdaML Table 6: 65 ± 7 MB/s; 50–70 MB/s re-measured in 2026",
+        True,
+    )
     s3_write_mb_s: float = _param(65.0, "MB/s", "S3 write bandwidth of one function", "as s3_read_mb_s", True)
-    s3_parallel_reads: float = _param(16, "GETs", "concurrent GETs of one reader", "slsml.aws.storage.get_many",
-                               True)
+    s3_parallel_reads: float = _param(16, "GETs", "concurrent GETs of one reader", "slsml.aws.storage.get_many", True)
     dynamodb_s: float = _param(0.005, "s", "one DynamoDB request", "DynamoDB docs: single-digit milliseconds")
     handler_s: float = _param(0.005, "s", "warm invocation overhead (parse, log)", "estimate; calibrate")
-    cold_start_zip_s: float = _param(0.5, "s", "cold start of a zip function (numpy layer)",
-                                     "Lambda docs: cold starts 'from under 100 ms to over 1 second'")
-    cold_start_image_s: float = _param(6.0, "s", "cold start of the TensorFlow image",
-                                       "TensorFlow 2.21 import ~6 s, measured (DESIGN.md)")
-    vcpu_efficiency: float = _param(0.8, "", "TensorFlow's speed-up per vCPU beyond the first",
-                                    "estimate; calibrate")
+    cold_start_zip_s: float = _param(
+        0.5,
+        "s",
+        "cold start of a zip function (numpy layer)",
+        "Lambda docs: cold starts 'from under 100 ms to over 1 second'",
+    )
+    cold_start_image_s: float = _param(
+        6.0, "s", "cold start of the TensorFlow image", "TensorFlow 2.21 import ~6 s, measured (DESIGN.md)"
+    )
+    vcpu_efficiency: float = _param(0.8, "", "TensorFlow's speed-up per vCPU beyond the first", "estimate; calibrate")
     compute_s_per_param_sample: float = _param(
-        1.92e-8, "s", "gradient time per sample and weight on one vCPU (--params only)",
-        "ResNet-50 on 224×224×3: 0.49 s per sample on one core, TF 2.21, measured")
+        1.92e-8,
+        "s",
+        "gradient time per sample and weight on one vCPU (--params only)",
+        "ResNet-50 on 224×224×3: 0.49 s per sample on one core, TF 2.21, measured",
+    )
     activation_bytes_per_param_sample: float = _param(
-        5.8, "B", "layer outputs kept for the backward pass, per sample and weight (--params only)",
-        "ResNet-50 on 224×224×3: 148 MB of layer outputs per sample, counted")
-    keras_file_overhead: float = _param(0.0064, "", ".keras file bytes beyond the weights, relative (--params only)",
-                                        "ResNet-50: 103,199,296 B file for 102,546,848 B of weights, measured")
-    significance_density: float = _param(0.01, "", "fraction of a part's trainable entries a significance:V update"
-                                         " sends", "estimate: depends on V and the model; calibrate")
-    keras_mb_s: float = _param(73.0, "MB/s", "saving or loading a .keras file, one vCPU",
-                               "ResNet-50 .keras saved in 1.41 s, measured", True)
-    average_ns: float = _param(1.0, "ns", "weighted sum of one part, per weight (reducer)",
-                               "numpy on one core: 0.7 ns, measured")
+        5.8,
+        "B",
+        "layer outputs kept for the backward pass, per sample and weight (--params only)",
+        "ResNet-50 on 224×224×3: 148 MB of layer outputs per sample, counted",
+    )
+    keras_file_overhead: float = _param(
+        0.0064,
+        "",
+        ".keras file bytes beyond the weights, relative (--params only)",
+        "ResNet-50: 103,199,296 B file for 102,546,848 B of weights, measured",
+    )
+    significance_density: float = _param(
+        0.01,
+        "",
+        "fraction of a part's trainable entries a significance:V update sends",
+        "estimate: depends on V and the model; calibrate",
+    )
+    keras_mb_s: float = _param(
+        73.0, "MB/s", "saving or loading a .keras file, one vCPU", "ResNet-50 .keras saved in 1.41 s, measured", True
+    )
+    average_ns: float = _param(
+        1.0, "ns", "weighted sum of one part, per weight (reducer)", "numpy on one core: 0.7 ns, measured"
+    )
     optimizer_ns: float = _param(10.6, "ns", "optimizer step per weight (reducer)", "numpy Adam on one core, measured")
-    tf_runtime_mb: float = _param(584, "MB", "memory of a TensorFlow function before the model",
-                                  "RSS after importing TensorFlow 2.21, measured")
-    python_runtime_mb: float = _param(50, "MB", "memory of a zip function before its data",
-                                      "RSS after importing numpy, boto3, pydantic, Powertools, measured")
-    worker_model_copies: float = _param(5, "× M", "model-sized buffers of a worker",
-                                        "steps/worker: weights, gradients, flat update, encoded update, weights read")
-    merger_model_copies: float = _param(4, "× M", "model-sized buffers of the merger",
-                                        "steps/merger: shards read, flat weights, model weights, saved file")
+    tf_runtime_mb: float = _param(
+        584, "MB", "memory of a TensorFlow function before the model", "RSS after importing TensorFlow 2.21, measured"
+    )
+    python_runtime_mb: float = _param(
+        50,
+        "MB",
+        "memory of a zip function before its data",
+        "RSS after importing numpy, boto3, pydantic, Powertools, measured",
+    )
+    worker_model_copies: float = _param(
+        5,
+        "× M",
+        "model-sized buffers of a worker",
+        "steps/worker: weights, gradients, flat update, encoded update, weights read",
+    )
+    merger_model_copies: float = _param(
+        4,
+        "× M",
+        "model-sized buffers of the merger",
+        "steps/merger: shards read, flat weights, model weights, saved file",
+    )
     record_bytes: float = _param(200, "B", "one worker's record item", "the pipeline's table layout")
     participant_bytes: float = _param(30, "B", "one participant in the participants item", "the table layout")
     counter_item_bytes: float = _param(500, "B", "the iteration counter item", "the table layout: under 1 KB")
     run_item_bytes: float = _param(1000, "B", "the run's META item", "the table layout: ~1 KB")
-    log_bytes_per_invocation: float = _param(1000, "B", "CloudWatch log bytes per invocation",
-                                             "estimate: START/END/REPORT lines and one usage line")
-    zip_layer_mb: float = _param(95, "MB", "unzipped zip function + layer",
-                                 "numpy, pydantic, Powertools, slsml as installed, measured")
-    image_mb: float = _param(2000, "MB", "TensorFlow container image",
-                             "TensorFlow 2.21 + keras installed 1.3 GB, measured, on the Lambda base image")
+    log_bytes_per_invocation: float = _param(
+        1000, "B", "CloudWatch log bytes per invocation", "estimate: START/END/REPORT lines and one usage line"
+    )
+    zip_layer_mb: float = _param(
+        95, "MB", "unzipped zip function + layer", "numpy, pydantic, Powertools, slsml as installed, measured"
+    )
+    image_mb: float = _param(
+        2000,
+        "MB",
+        "TensorFlow container image",
+        "TensorFlow 2.21 + keras installed 1.3 GB, measured, on the Lambda base image",
+    )
 
 
 class Quotas(BaseModel):
@@ -167,19 +218,27 @@ class Workload(BaseModel):
     compute_source: str
     optimizer: OptimizerConfig = OptimizerConfig()
     training: TrainingSpec = Field(
-        default_factory=TrainingSpec, description="the run's training options: its update rule (algorithm, local"
+        default_factory=TrainingSpec,
+        description="the run's training options: its update rule (algorithm, local"
         " steps and state, server), compression and staleness; the workers, reducers, batch, quorum and iterations"
-        " are the workload's own")
+        " are the workload's own",
+    )
     workers: int = Field(gt=0)
     reducers: int = Field(gt=0)
     global_batch: int = Field(gt=0)
     quorum: float = Field(default=1.0, gt=0, le=1)
     iterations: int = Field(gt=0)
     samples: int | None = Field(default=None, gt=0, description="training samples (an epoch)")
-    shard_records: int | None = Field(default=None, gt=0, description="samples per dataset shard (default: the"
-                                      " shards slsml writes of the sample's size)")
-    cache_mb: float | None = Field(default=None, gt=0, description="the workers' warm cache bound"
-                                   " (SLSML_WARM_CACHE_MB; default half a Worker's memory)")
+    shard_records: int | None = Field(
+        default=None,
+        gt=0,
+        description="samples per dataset shard (default: the shards slsml writes of the sample's size)",
+    )
+    cache_mb: float | None = Field(
+        default=None,
+        gt=0,
+        description="the workers' warm cache bound (SLSML_WARM_CACHE_MB; default half a Worker's memory)",
+    )
     memory_mb: dict[str, int]
     timeout_s: dict[str, int]
 
@@ -199,9 +258,14 @@ def measured_batch(spec: TrainingSpec) -> int:
     return max(1, min(32, math.ceil(spec.global_batch / spec.initial_workers)))
 
 
-def run_workload(figures: Mapping[str, Any], spec: TrainingSpec, samples: int | None = None,
-                 manifest: DatasetManifest | None = None, cache_mb: float | None = None,
-                 memory: Mapping[str, int] | None = None) -> Workload:
+def run_workload(
+    figures: Mapping[str, Any],
+    spec: TrainingSpec,
+    samples: int | None = None,
+    manifest: DatasetManifest | None = None,
+    cache_mb: float | None = None,
+    memory: Mapping[str, int] | None = None,
+) -> Workload:
     """The workload of the run ``spec`` of a model of these ``figures`` (``from_keras``, ``from_params``): on the
     dataset of ``manifest`` (its samples, their bytes and its shards), else of ``samples``; with the workers'
     ``cache_mb`` and the functions' ``memory`` (default: the deployment's)."""
@@ -211,9 +275,19 @@ def run_workload(figures: Mapping[str, Any], spec: TrainingSpec, samples: int | 
         samples = manifest.train.count
     if spec.optimizer is not None:
         figures["optimizer"] = spec.optimizer
-    return Workload(**figures, training=spec, workers=spec.initial_workers, reducers=spec.reducers,
-                    global_batch=spec.global_batch, quorum=spec.quorum, iterations=spec.iterations, samples=samples,
-                    cache_mb=cache_mb, memory_mb=dict(memory or function_memory()), timeout_s=function_timeouts())
+    return Workload(
+        **figures,
+        training=spec,
+        workers=spec.initial_workers,
+        reducers=spec.reducers,
+        global_batch=spec.global_batch,
+        quorum=spec.quorum,
+        iterations=spec.iterations,
+        samples=samples,
+        cache_mb=cache_mb,
+        memory_mb=dict(memory or function_memory()),
+        timeout_s=function_timeouts(),
+    )
 
 
 def function_memory(overrides: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -298,8 +372,7 @@ def from_keras_file(path: str | Path, batch: int, measure: bool, parameters: Par
     return from_keras(path.read_bytes(), path.name, str(path), batch, measure, parameters)
 
 
-def from_keras(data: bytes, name: str, where: str, batch: int, measure: bool, parameters: Parameters
-               ) -> dict[str, Any]:
+def from_keras(data: bytes, name: str, where: str, batch: int, measure: bool, parameters: Parameters) -> dict[str, Any]:
     """The figures of the ``.keras`` archive ``data`` (``name``, read from ``where``); with ``measure``, one timed
     gradient step, converted from TensorFlow's threads here to one vCPU with ``parameters.vcpu_efficiency`` (see
     ``pin_one_thread``)."""
@@ -379,25 +452,38 @@ def check(workload: Workload, parameters: Parameters, quotas: Quotas) -> None:
         raise BadInputError(
             f"{w.workers} workers need {w.workers} concurrent Lambda executions: over the account's concurrency "
             f"quota of {quotas.lambda_concurrency:,} by {w.workers - quotas.lambda_concurrency:,} "
-            "(ask AWS for more and give --quota lambda_concurrency=N)")
+            "(ask AWS for more and give --quota lambda_concurrency=N)"
+        )
     if w.global_batch < w.workers:
-        raise BadInputError(f"global batch {w.global_batch} is smaller than the {w.workers} workers by "
-                            f"{w.workers - w.global_batch}: every worker needs at least one sample")
+        raise BadInputError(
+            f"global batch {w.global_batch} is smaller than the {w.workers} workers by "
+            f"{w.workers - w.global_batch}: every worker needs at least one sample"
+        )
     if w.reducers > w.params:
-        raise BadInputError(f"{w.reducers} reducers but the model has only {w.params} weights: "
-                            f"{w.reducers - w.params} reducers would own no shard")
+        raise BadInputError(
+            f"{w.reducers} reducers but the model has only {w.params} weights: "
+            f"{w.reducers - w.params} reducers would own no shard"
+        )
     if w.samples is not None and w.global_batch > w.samples:
         raise BadInputError(f"global batch {w.global_batch} is larger than the {w.samples} training samples")
     try:
-        TrainingSpec.model_validate({
-            **w.training.model_dump(exclude={"workers", "min_workers", "max_workers", "objective"}),
-            "workers": w.workers, "reducers": w.reducers, "global_batch": w.global_batch, "quorum": w.quorum,
-            "iterations": min(w.iterations, 999_999)})
+        TrainingSpec.model_validate(
+            {
+                **w.training.model_dump(exclude={"workers", "min_workers", "max_workers", "objective"}),
+                "workers": w.workers,
+                "reducers": w.reducers,
+                "global_batch": w.global_batch,
+                "quorum": w.quorum,
+                "iterations": min(w.iterations, 999_999),
+            }
+        )
     except ValidationError as error:
-        raise BadInputError("; ".join(f"{e['loc'][0] if e['loc'] else 'training'}: {e['msg']}"
-                                      for e in error.errors())) from None
-    problems = [q.detail for q in predict(workload, parameters, quotas, prices.PriceTable()).quotas
-                if q.hard and not q.ok]
+        raise BadInputError(
+            "; ".join(f"{e['loc'][0] if e['loc'] else 'training'}: {e['msg']}" for e in error.errors())
+        ) from None
+    problems = [
+        q.detail for q in predict(workload, parameters, quotas, prices.PriceTable()).quotas if q.hard and not q.ok
+    ]
     if problems:
         raise BadInputError("; ".join(problems))
 
@@ -478,8 +564,9 @@ class Plan(BaseModel):
     first_iteration: FirstIteration
     quotas: list[QuotaCheck]
     parameters: dict[str, dict[str, Any]]
-    data: DataTraffic | None = Field(default=None, description="the workers' data reads (with --samples and the"
-                                     " sample's bytes)")
+    data: DataTraffic | None = Field(
+        default=None, description="the workers' data reads (with --samples and the sample's bytes)"
+    )
 
     @property
     def iteration_dollars(self) -> float:
@@ -542,7 +629,9 @@ def message_bytes(participants: int, samples: int, reducers: int) -> tuple[int, 
     run_id = "r" * 63
     work = WorkMessage(run_id=run_id, iteration=999_999, worker=participants - 1, workers=participants)
     reduce = ReduceMessage(
-        run_id=run_id, iteration=999_999, shard=reducers - 1,
+        run_id=run_id,
+        iteration=999_999,
+        shard=reducers - 1,
         participants=tuple(Participant(worker=w, samples=samples) for w in range(participants)),
     )
     return len(work.model_dump_json().encode()), len(reduce.model_dump_json().encode())
@@ -559,10 +648,12 @@ def largest_reduce(spec: TrainingSpec, workers: int | None = None) -> tuple[int,
     samples, attempt = spec.global_batch * spec.local_batches, spec.deadline_retries
     iteration = (spec.iterations or 1_000_000) - 1
     participants = [Participant(worker=w, attempt=attempt, samples=samples) for w in range(workers)]
-    participants += [Participant(worker=w % workers, attempt=attempt, samples=samples, iteration=iteration)
-                     for w in range(late)]
-    reduce = ReduceMessage(run_id="r" * 63, iteration=iteration, shard=spec.reducers - 1, attempt=attempt,
-                           participants=tuple(participants))
+    participants += [
+        Participant(worker=w % workers, attempt=attempt, samples=samples, iteration=iteration) for w in range(late)
+    ]
+    reduce = ReduceMessage(
+        run_id="r" * 63, iteration=iteration, shard=spec.reducers - 1, attempt=attempt, participants=tuple(participants)
+    )
     return len(participants), len(reduce.model_dump_json().encode())
 
 
@@ -573,12 +664,19 @@ def check_messages(spec: TrainingSpec, workers: int | None = None) -> None:
     participants, size = largest_reduce(spec, workers)
     if size > MAX_MESSAGE_BYTES:
         workers = spec.asked_workers(workers)
-        late = (f", and with staleness {spec.staleness} and deadline_floor {spec.deadline_floor:g} up to"
-                f" {participants - workers:,} late updates folded in") if spec.staleness else ""
+        late = (
+            (
+                f", and with staleness {spec.staleness} and deadline_floor {spec.deadline_floor:g} up to"
+                f" {participants - workers:,} late updates folded in"
+            )
+            if spec.staleness
+            else ""
+        )
         raise BadInputError(
             f"a Reduce message of this run may list {participants:,} participants ({workers} workers{late}):"
             f" {size:,} B, over the {MAX_MESSAGE_BYTES:,} B slsml's messages may hold; lower the workers"
-            + (" or staleness, or raise deadline_floor" if spec.staleness else ""))
+            + (" or staleness, or raise deadline_floor" if spec.staleness else "")
+        )
 
 
 def publish_batches(messages: int, message_size: int) -> int:
@@ -606,10 +704,17 @@ def norm_exchange(optimizer: OptimizerConfig, reducers: int, reduce_bytes: int) 
     squares = json.dumps({"squares": {str(10**5 + i): -1.2345678901234567e-300 for i in range(entries)}})
     release_bytes = reduce_bytes + len(squares)
     return NormExchange(
-        requests={"dynamodb:PutItem": R, "dynamodb:UpdateItem": R + 1, "dynamodb:GetItem": R - 1,
-                  "dynamodb:BatchGetItem": math.ceil(R / runstate.BATCH_READ), "s3:PutObject": R,
-                  "s3:GetObject": R - 1, "sns:PublishBatch": publish_batches(R - 1, release_bytes)},
-        released=R - 1, release_bytes=release_bytes,
+        requests={
+            "dynamodb:PutItem": R,
+            "dynamodb:UpdateItem": R + 1,
+            "dynamodb:GetItem": R - 1,
+            "dynamodb:BatchGetItem": math.ceil(R / runstate.BATCH_READ),
+            "s3:PutObject": R,
+            "s3:GetObject": R - 1,
+            "sns:PublishBatch": publish_batches(R - 1, release_bytes),
+        },
+        released=R - 1,
+        release_bytes=release_bytes,
     )
 
 
@@ -644,15 +749,21 @@ def round_traffic(w: Workload, p: Parameters) -> RoundTraffic:
     # R parts of near-equal trainable and other entries: shard r holds one more of each below its remainder
     (low_t, extra_t), (low_o, extra_o) = divmod(trainable, R), divmod(other, R)
     both = min(extra_t, extra_o)
-    total = (both * part(low_t + 1, low_o + 1) + (extra_t - both) * part(low_t + 1, low_o)
-             + (extra_o - both) * part(low_t, low_o + 1) + (R - max(extra_t, extra_o)) * part(low_t, low_o))
+    total = (
+        both * part(low_t + 1, low_o + 1)
+        + (extra_t - both) * part(low_t + 1, low_o)
+        + (extra_o - both) * part(low_t, low_o + 1)
+        + (R - max(extra_t, extra_o)) * part(low_t, low_o)
+    )
     return RoundTraffic(
         compute_steps=rule.compute_steps(spec),
         update_bytes=updates.HEADER_SIZE + (updates.table_bytes(R) if significance else 0) + total,
-        part_bytes=part(math.ceil(trainable / R), math.ceil(other / R)), table_reads=int(significance),
+        part_bytes=part(math.ceil(trainable / R), math.ceil(other / R)),
+        table_reads=int(significance),
         slot_bytes=rule.slot_traffic(spec, w.params, w.trainable_params).bytes,
         residual_bytes=feedback.residual_bytes(w.params) if compression.lossy else 0,
-        late_queries=spec.staleness, server=rule.server_optimizer(spec, w.optimizer),
+        late_queries=spec.staleness,
+        server=rule.server_optimizer(spec, w.optimizer),
     )
 
 
@@ -664,8 +775,15 @@ def superseded_deletes(spec: TrainingSpec, reducers: int, traffic: RoundTraffic)
     return math.ceil((1 + reducers + slots) / DELETE_BATCH)
 
 
-def minimum_chain(workers: int, reducers: int, participants: int, work_batches: int, reduce_batches: int,
-                  traffic: RoundTraffic, deletes: int) -> dict[str, int]:
+def minimum_chain(
+    workers: int,
+    reducers: int,
+    participants: int,
+    work_batches: int,
+    reduce_batches: int,
+    traffic: RoundTraffic,
+    deletes: int,
+) -> dict[str, int]:
     """The requests of one steady iteration that any at-least-once pipeline of this shape and update rule makes."""
     W, R, n = workers, reducers, participants
     slots = traffic.worker_requests(W)  # what the worker slots keep between rounds: read once, stored once
@@ -691,38 +809,67 @@ def option_extras(reducers: int, participants: int, traffic: RoundTraffic, count
     extras = []
     if counted:
         extras += [
-            ExtraCall(operation="dynamodb:UpdateItem", count=counted, call="each invocation's addition of its cost"
-                      " to the run's spend", reason="a budget stops the run on its spend as it goes, which each"
-                      " function counts as it runs (not read from its logs after the fact)"),
-            ExtraCall(operation="dynamodb:GetItem", count=1, call="the launch's read of the run's spend",
-                      reason="the launch of each iteration stops the run whose spend reached its budget"),
+            ExtraCall(
+                operation="dynamodb:UpdateItem",
+                count=counted,
+                call="each invocation's addition of its cost to the run's spend",
+                reason="a budget stops the run on its spend as it goes, which each"
+                " function counts as it runs (not read from its logs after the fact)",
+            ),
+            ExtraCall(
+                operation="dynamodb:GetItem",
+                count=1,
+                call="the launch's read of the run's spend",
+                reason="the launch of each iteration stops the run whose spend reached its budget",
+            ),
         ]
     if traffic.table_reads:
-        extras.append(ExtraCall(
-            operation="s3:GetObject", count=reducers * participants * traffic.table_reads,
-            call="each reducer's read of its two entries of every update's part table",
-            reason="significance parts vary in size, so a reducer learns where its part lies before reading it"))
+        extras.append(
+            ExtraCall(
+                operation="s3:GetObject",
+                count=reducers * participants * traffic.table_reads,
+                call="each reducer's read of its two entries of every update's part table",
+                reason="significance parts vary in size, so a reducer learns where its part lies before reading it",
+            )
+        )
     if traffic.late_queries:
-        extras.append(ExtraCall(
-            operation="dynamodb:Query", count=traffic.late_queries, call="the reduce fire's look for late updates",
-            reason=f"bounded staleness folds the late updates of the last {traffic.late_queries} iterations"))
+        extras.append(
+            ExtraCall(
+                operation="dynamodb:Query",
+                count=traffic.late_queries,
+                call="the reduce fire's look for late updates",
+                reason=f"bounded staleness folds the late updates of the last {traffic.late_queries} iterations",
+            )
+        )
     return extras
 
 
-def chain_extras(workers: int, reducers: int, participants: int, traffic: RoundTraffic, counted: int = 0
-                 ) -> list[ExtraCall]:
+def chain_extras(
+    workers: int, reducers: int, participants: int, traffic: RoundTraffic, counted: int = 0
+) -> list[ExtraCall]:
     """The chain's calls beyond the minimum one, each with why it is made (``counted``: ``option_extras``')."""
     return [
         *option_extras(reducers, participants, traffic, counted),
-        ExtraCall(operation="dynamodb:UpdateItem", count=workers, call="the counter update per worker report",
-                  reason="the O(1) signal that the barrier may be complete, without reading every record on every "
-                         "report"),
-        ExtraCall(operation="dynamodb:UpdateItem", count=1, call="the reduce fire's mark on the counter",
-                  reason="the participants item is the fire; its list grows with W, so it cannot live on the "
-                         "counter that every report rewrites, where the mark turns late reports away"),
-        ExtraCall(operation="dynamodb:UpdateItem", count=1, call="the run advance, apart from the merge fire",
-                  reason="the run item (status, iteration, token) and the iteration counter are different items; "
-                         "the advance is also the heartbeat and the stop check"),
+        ExtraCall(
+            operation="dynamodb:UpdateItem",
+            count=workers,
+            call="the counter update per worker report",
+            reason="the O(1) signal that the barrier may be complete, without reading every record on every report",
+        ),
+        ExtraCall(
+            operation="dynamodb:UpdateItem",
+            count=1,
+            call="the reduce fire's mark on the counter",
+            reason="the participants item is the fire; its list grows with W, so it cannot live on the "
+            "counter that every report rewrites, where the mark turns late reports away",
+        ),
+        ExtraCall(
+            operation="dynamodb:UpdateItem",
+            count=1,
+            call="the run advance, apart from the merge fire",
+            reason="the run item (status, iteration, token) and the iteration counter are different items; "
+            "the advance is also the heartbeat and the stop check",
+        ),
     ]
 
 
@@ -771,23 +918,38 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     exchange = norm_exchange(traffic.server, R, reduce_bytes)
     invocations = 1 + 2 * W + 2 * R + exchange.released
     counted = invocations if w.training.budget_usd is not None else 0  # each adds its cost to the run's spend
-    for operation, count in (*exchange.requests.items(), *traffic.worker_requests(W).items(),
-                             *((e.operation, e.count) for e in option_extras(R, n, traffic, counted))):
+    for operation, count in (
+        *exchange.requests.items(),
+        *traffic.worker_requests(W).items(),
+        *((e.operation, e.count) for e in option_extras(R, n, traffic, counted)),
+    ):
         requests[operation] = requests.get(operation, 0) + count
     counter_wu = _units(p.counter_item_bytes, 1024)
     # claim, counts, fire, shard counts, fire+merge record; with the norm exchange its counts and release
     counter_writes = 1 + W + 1 + R + 1 + (R + 1 if exchange.released else 0)
-    write_units = (counter_writes * counter_wu + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 1024)
-                   + _units(n * p.participant_bytes, 1024) + _units(p.run_item_bytes, 1024)
-                   + counted)  # the spend item: a number
-    read_units = (_units(p.run_item_bytes, 4096)  # BatchGetItem: per item
-                  + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 4096)
-                  + traffic.late_queries * _units(W * p.record_bytes + p.counter_item_bytes, 4096)
-                  + W * _units(p.counter_item_bytes, 4096)  # the checks: Work's counter, Reduce's participants
-                  + (R + exchange.released) * _units(n * p.participant_bytes, 4096)
-                  + bool(counted))  # the launch's read of the spend
-    sns_billed = (W * prices.sns_chunks(work_bytes) + W + R * prices.sns_chunks(reduce_bytes) + R + 1  # +1: S3 event
-                  + exchange.released * prices.sns_chunks(exchange.release_bytes))
+    write_units = (
+        counter_writes * counter_wu
+        + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 1024)
+        + _units(n * p.participant_bytes, 1024)
+        + _units(p.run_item_bytes, 1024)
+        + counted
+    )  # the spend item: a number
+    read_units = (
+        _units(p.run_item_bytes, 4096)  # BatchGetItem: per item
+        + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 4096)
+        + traffic.late_queries * _units(W * p.record_bytes + p.counter_item_bytes, 4096)
+        + W * _units(p.counter_item_bytes, 4096)  # the checks: Work's counter, Reduce's participants
+        + (R + exchange.released) * _units(n * p.participant_bytes, 4096)
+        + bool(counted)
+    )  # the launch's read of the spend
+    sns_billed = (
+        W * prices.sns_chunks(work_bytes)
+        + W
+        + R * prices.sns_chunks(reduce_bytes)
+        + R
+        + 1  # +1: S3 event
+        + exchange.released * prices.sns_chunks(exchange.release_bytes)
+    )
 
     lat, ddb, pub, hop = p.s3_request_s, p.dynamodb_s, p.sns_publish_s, p.sns_lambda_s
     # WorkLauncher: read the run (and its spend, with a budget), claim the iteration, publish Work (the n-th
@@ -800,8 +962,11 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     # the rule's round reads the slot's state before its steps and stores the new one after them; the residual
     # is read alongside the round and stored before the update
     slot_s = 2 * _transfer(1, slot_b, lat, p.s3_read_mb_s) if slot_b else 0.0
-    residual_read, residual_write = (_transfer(1, residual_b, lat, p.s3_read_mb_s),
-                                     _transfer(1, residual_b, lat, p.s3_write_mb_s)) if residual_b else (0.0, 0.0)
+    residual_read, residual_write = (
+        (_transfer(1, residual_b, lat, p.s3_read_mb_s), _transfer(1, residual_b, lat, p.s3_write_mb_s))
+        if residual_b
+        else (0.0, 0.0)
+    )
     round_s = max(slot_s + compute_s, residual_read)
     write_update = residual_write + _transfer(1, U, lat, p.s3_write_mb_s)
     read_s = max(read_weights, data.read_s) if data else read_weights  # the samples are read with the weights
@@ -813,8 +978,9 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         """(read, compute, total) seconds of one reducer of a shard of this size."""
         elements = weights / 4
         parts = n * part * weights / shard_weights  # the participants' parts of a shard of this size
-        read = (traffic.table_reads * _transfer(n, 16 * n, lat, p.s3_read_mb_s, p.s3_parallel_reads)
-                + _transfer(n + 1, parts + weights + state, lat, p.s3_read_mb_s, p.s3_parallel_reads))
+        read = traffic.table_reads * _transfer(n, 16 * n, lat, p.s3_read_mb_s, p.s3_parallel_reads) + _transfer(
+            n + 1, parts + weights + state, lat, p.s3_read_mb_s, p.s3_parallel_reads
+        )
         cpu = min(1.0, vcpus(mem["reducer"]))
         math_s = elements * (n * p.average_ns + p.optimizer_ns) * 1e-9 / cpu
         total = p.handler_s + ddb + read + math_s + _transfer(1, weights + state, lat, p.s3_write_mb_s) + pub
@@ -824,10 +990,14 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     reducer_mean_s = reducer(mean_weights, mean_state)[2]
     share_s = step_s = 0.0
     if exchange.released:  # store the average, record + count + read the sums + claim, release; read back
-        share_s = (_transfer(1, shard_weights, lat, p.s3_write_mb_s) + (3 + math.ceil(R / runstate.BATCH_READ)) * ddb
-                   + publish_batches(exchange.released, exchange.release_bytes) * pub)
-        step_s = p.handler_s + ddb + _transfer(2, 2 * shard_weights + shard_state, lat, p.s3_read_mb_s,
-                                         p.s3_parallel_reads)
+        share_s = (
+            _transfer(1, shard_weights, lat, p.s3_write_mb_s)
+            + (3 + math.ceil(R / runstate.BATCH_READ)) * ddb
+            + publish_batches(exchange.released, exchange.release_bytes) * pub
+        )
+        step_s = (
+            p.handler_s + ddb + _transfer(2, 2 * shard_weights + shard_state, lat, p.s3_read_mb_s, p.s3_parallel_reads)
+        )
     merge_cpu = min(1.0, vcpus(mem["merger"]))
     shards_read = _transfer(R, M, lat, p.s3_read_mb_s, p.s3_parallel_reads)
     assemble = F / (p.keras_mb_s * 1e6) / merge_cpu
@@ -836,36 +1006,73 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     merger_count_s = p.handler_s + lat + ddb
 
     stages = [
-        Stage(name="model → WorkLauncher", function=None, seconds=p.s3_event_s + hop,
-              detail="S3 event → SNS ModelUpdated → Lambda"),
-        Stage(name="WorkLauncher", function="work_launcher", seconds=launch_s,
-              detail=f"run + claim (DynamoDB), Work to the {n}-th worker: {publish_batches(n, work_bytes)} of "
-                     f"{work_batches} PublishBatch"),
+        Stage(
+            name="model → WorkLauncher",
+            function=None,
+            seconds=p.s3_event_s + hop,
+            detail="S3 event → SNS ModelUpdated → Lambda",
+        ),
+        Stage(
+            name="WorkLauncher",
+            function="work_launcher",
+            seconds=launch_s,
+            detail=f"run + claim (DynamoDB), Work to the {n}-th worker: {publish_batches(n, work_bytes)} of "
+            f"{work_batches} PublishBatch",
+        ),
         Stage(name="Work → Worker", function=None, seconds=hop, detail="SNS → Lambda"),
-        Stage(name="Worker", function="worker", seconds=worker_s,
-              detail=f"read weights {read_weights:.2f} s"
-                     + (f" and {data.gets_per_iteration / W:,.1f} data GETs {data.read_s:.2f} s (alongside)"
-                        if data and data.gets_per_iteration else "")
-                     + f", {w.training.algorithm}: compute "
-                     f"{traffic.compute_steps} × {local_batch} samples {compute_s:.2f} s"
-                     + (f", slot state {slot_s:.2f} s" if slot_b else "")
-                     + (f", residual read {residual_read:.2f} s (alongside), written" if residual_b else "")
-                     + f", write update {write_update:.2f} s, WorkDone"),
+        Stage(
+            name="Worker",
+            function="worker",
+            seconds=worker_s,
+            detail=f"read weights {read_weights:.2f} s"
+            + (
+                f" and {data.gets_per_iteration / W:,.1f} data GETs {data.read_s:.2f} s (alongside)"
+                if data and data.gets_per_iteration
+                else ""
+            )
+            + f", {w.training.algorithm}: compute "
+            f"{traffic.compute_steps} × {local_batch} samples {compute_s:.2f} s"
+            + (f", slot state {slot_s:.2f} s" if slot_b else "")
+            + (f", residual read {residual_read:.2f} s (alongside), written" if residual_b else "")
+            + f", write update {write_update:.2f} s, WorkDone",
+        ),
         Stage(name="WorkDone → ReduceLauncher", function=None, seconds=hop, detail="SNS → Lambda"),
-        Stage(name="ReduceLauncher (fires)", function="reduce_launcher", seconds=fire_s,
-              detail=f"record + count, {pages} BatchGetItem, participants, "
-                     + (f"{traffic.late_queries} Query for late updates, " if traffic.late_queries else "")
-                     + f"fire, {reduce_batches} PublishBatch"),
+        Stage(
+            name="ReduceLauncher (fires)",
+            function="reduce_launcher",
+            seconds=fire_s,
+            detail=f"record + count, {pages} BatchGetItem, participants, "
+            + (f"{traffic.late_queries} Query for late updates, " if traffic.late_queries else "")
+            + f"fire, {reduce_batches} PublishBatch",
+        ),
         Stage(name="Reduce → Reducer", function=None, seconds=hop, detail="SNS → Lambda"),
-        Stage(name="Reducer", function="reducer", seconds=reducer_s,
-              detail=(f"{n} part-table GETs, then " if traffic.table_reads else "")
-                     + f"{n + 1} GETs {reduce_read:.2f} s, average + optimizer {reduce_math:.2f} s, write shard"),
-        *([Stage(name="Norm exchange", function="reducer", seconds=share_s + hop + step_s,
-                 detail=f"store average + sums of squares, release {exchange.released} shards (SNS → Lambda), "
-                        "read average and shard back")] if exchange.released else []),
+        Stage(
+            name="Reducer",
+            function="reducer",
+            seconds=reducer_s,
+            detail=(f"{n} part-table GETs, then " if traffic.table_reads else "")
+            + f"{n + 1} GETs {reduce_read:.2f} s, average + optimizer {reduce_math:.2f} s, write shard",
+        ),
+        *(
+            [
+                Stage(
+                    name="Norm exchange",
+                    function="reducer",
+                    seconds=share_s + hop + step_s,
+                    detail=f"store average + sums of squares, release {exchange.released} shards (SNS → Lambda), "
+                    "read average and shard back",
+                )
+            ]
+            if exchange.released
+            else []
+        ),
         Stage(name="ReduceDone → Merger", function=None, seconds=hop, detail="SNS → Lambda"),
-        Stage(name="Merger (merges)", function="merger", seconds=merge_s,
-              detail=f"{R} ranged GETs {shards_read:.2f} s, assemble {assemble:.2f} s, write weights + model"),
+        Stage(
+            name="Merger (merges)",
+            function="merger",
+            seconds=merge_s,
+            detail=f"{R} ranged GETs {shards_read:.2f} s, assemble {assemble:.2f} s, write weights + model",
+        ),
     ]
     chain_s = sum(s.seconds for s in stages)
     floor_s = counter_writes * counter_wu / quotas.dynamodb_partition_wu_s
@@ -884,56 +1091,109 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     data_bytes = round(data.bytes_per_iteration) if data else 0
     io = {  # (read, written) bytes: the critical invocation, then all of one iteration
         "work_launcher": (0, 0, 0, 0),
-        "worker": (M + slot_b + residual_b + math.ceil(data_bytes / W), U + slot_b + residual_b,
-                   W * (M + slot_b + residual_b) + data_bytes, W * (U + slot_b + residual_b)),
+        "worker": (
+            M + slot_b + residual_b + math.ceil(data_bytes / W),
+            U + slot_b + residual_b,
+            W * (M + slot_b + residual_b) + data_bytes,
+            W * (U + slot_b + residual_b),
+        ),
         "reduce_launcher": (0, 0, 0, 0),
-        "reducer": (n * part + shard_weights + shard_state, shard_weights + shard_state,
-                    n * (U - updates.HEADER_SIZE) + M + state_total, M + state_total),
+        "reducer": (
+            n * part + shard_weights + shard_state,
+            shard_weights + shard_state,
+            n * (U - updates.HEADER_SIZE) + M + state_total,
+            M + state_total,
+        ),
         "merger": (M, M + F, M, M + F),
     }
     memory_needed = {
         "work_launcher": p.python_runtime_mb,
-        "worker": p.tf_runtime_mb + (p.worker_model_copies * M + 2 * slot_b + 2 * residual_b
-                                     + local_batch * w.activation_bytes_per_sample) / 1e6,
+        "worker": p.tf_runtime_mb
+        + (p.worker_model_copies * M + 2 * slot_b + 2 * residual_b + local_batch * w.activation_bytes_per_sample) / 1e6,
         "reduce_launcher": p.python_runtime_mb + W * p.record_bytes / 1e6,
-        "reducer": p.python_runtime_mb + (n * max(part, shard_weights) + 8 * shard_weights / 4
-                                          + 2 * (shard_weights + shard_state)) / 1e6,
+        "reducer": p.python_runtime_mb
+        + (n * max(part, shard_weights) + 8 * shard_weights / 4 + 2 * (shard_weights + shard_state)) / 1e6,
         # the final merge also holds the optimizer's slots (in Keras and in the saved file) and a shard's state
         "merger": p.tf_runtime_mb + (p.merger_model_copies * M + 2 * state_total + shard_state) / 1e6,
     }
-    critical = {"work_launcher": launcher_s, "worker": worker_s, "reduce_launcher": fire_s,
-                "reducer": reducer_s, "merger": merge_s}
+    critical = {
+        "work_launcher": launcher_s,
+        "worker": worker_s,
+        "reduce_launcher": fire_s,
+        "reducer": reducer_s,
+        "merger": merge_s,
+    }
     functions = []
     gb_seconds = 0.0
     for name in PIPELINE:
         gbs = sum(count * prices.gb_seconds(seconds, mem[name]) for count, seconds in durations[name])
         gb_seconds += gbs
         read, written, read_total, written_total = io[name]
-        functions.append(FunctionFigures(
-            function=name, invocations=sum(c for c, _ in durations[name]), memory_mb=mem[name],
-            seconds=critical[name], gb_seconds=gbs, bytes_read=read, bytes_written=written,
-            bytes_read_total=read_total, bytes_written_total=written_total, memory_needed_mb=memory_needed[name],
-        ))
+        functions.append(
+            FunctionFigures(
+                function=name,
+                invocations=sum(c for c, _ in durations[name]),
+                memory_mb=mem[name],
+                seconds=critical[name],
+                gb_seconds=gbs,
+                bytes_read=read,
+                bytes_written=written,
+                bytes_read_total=read_total,
+                bytes_written_total=written_total,
+                memory_needed_mb=memory_needed[name],
+            )
+        )
     dollars = price_table.cost(
-        requests, read_units=read_units, write_units=write_units, gb_seconds=gb_seconds, invocations=invocations,
-        publish_chunks={"sns:PublishBatch": sns_billed}, log_bytes=invocations * p.log_bytes_per_invocation,
+        requests,
+        read_units=read_units,
+        write_units=write_units,
+        gb_seconds=gb_seconds,
+        invocations=invocations,
+        publish_chunks={"sns:PublishBatch": sns_billed},
+        log_bytes=invocations * p.log_bytes_per_invocation,
     )
     first = _first_iteration(w, p, price_table, M, F, local_batch, data)
     spreads = {"work": work_batches * pub, "reduce": reduce_batches * pub}
-    checks = _quotas(w, p, quotas, n, reduce_bytes, critical, memory_needed, spreads, reduce_read, chain_s, floor_s,
-                     counter_writes * counter_wu, data)
+    checks = _quotas(
+        w,
+        p,
+        quotas,
+        n,
+        reduce_bytes,
+        critical,
+        memory_needed,
+        spreads,
+        reduce_read,
+        chain_s,
+        floor_s,
+        counter_writes * counter_wu,
+        data,
+    )
     per_epoch = w.iterations_per_epoch
     minimum = minimum_chain(W, R, n, work_batches, reduce_batches, traffic, requests["s3:DeleteObjects"])
     minimum["s3:GetObject"] += data_gets  # the samples used are read however the pipeline runs
     return Plan(
-        workload=w, participants=n, state_slots=k, requests_per_iteration=requests,
-        minimum_requests_per_iteration=minimum, data=data,
-        extra_calls=chain_extras(W, R, n, traffic, counted), read_units=read_units,
-        write_units=write_units, sns_billed_publishes=sns_billed, stages=stages, functions=functions,
-        chain_s=chain_s, floor_s=floor_s, iteration_s=iteration_s,
+        workload=w,
+        participants=n,
+        state_slots=k,
+        requests_per_iteration=requests,
+        minimum_requests_per_iteration=minimum,
+        data=data,
+        extra_calls=chain_extras(W, R, n, traffic, counted),
+        read_units=read_units,
+        write_units=write_units,
+        sns_billed_publishes=sns_billed,
+        stages=stages,
+        functions=functions,
+        chain_s=chain_s,
+        floor_s=floor_s,
+        iteration_s=iteration_s,
         epoch_s=None if per_epoch is None else per_epoch * iteration_s,
-        run_s=w.iterations * iteration_s + first.extra_s, dollars_per_iteration=dollars, first_iteration=first,
-        quotas=checks, parameters=_described(p),
+        run_s=w.iterations * iteration_s + first.extra_s,
+        dollars_per_iteration=dollars,
+        first_iteration=first,
+        quotas=checks,
+        parameters=_described(p),
     )
 
 
@@ -942,13 +1202,29 @@ def workload_data(w: Workload, p: Parameters) -> DataTraffic | None:
     if w.samples is None or not w.sample_bytes:
         return None
     spec = w.training
-    return data_traffic(spec.shuffle, w.samples, w.sample_bytes, w.global_batch, w.workers, spec.local_batches,
-                        spec.shuffle_block, w.memory_mb["worker"], w.cache_mb, w.shard_records, p.s3_request_s,
-                        p.s3_read_mb_s)
+    return data_traffic(
+        spec.shuffle,
+        w.samples,
+        w.sample_bytes,
+        w.global_batch,
+        w.workers,
+        spec.local_batches,
+        spec.shuffle_block,
+        w.memory_mb["worker"],
+        w.cache_mb,
+        w.shard_records,
+        p.s3_request_s,
+        p.s3_read_mb_s,
+    )
 
 
 def _first_iteration(
-    w: Workload, p: Parameters, price_table: prices.PriceTable, M: int, F: int, local_batch: int,
+    w: Workload,
+    p: Parameters,
+    price_table: prices.PriceTable,
+    M: int,
+    F: int,
+    local_batch: int,
     data: DataTraffic | None,
 ) -> FirstIteration:
     """Cold starts on the critical path and the reads only a cold container makes."""
@@ -968,19 +1244,22 @@ def _first_iteration(
     elif data is not None:
         notes.append("the workers read the samples they use, as every iteration does (past their cache)")
     elif w.samples is not None:
-        notes.append(f"each worker reads dataset shards of up to {DEFAULT_SHARD_MB:g} MB (their number unknown: "
-                     "--sample-bytes)")
+        notes.append(
+            f"each worker reads dataset shards of up to {DEFAULT_SHARD_MB:g} MB (their number unknown: --sample-bytes)"
+        )
     # the worker reads run.json, the model file (instead of the flat weights), the manifest and its shards
     worker_extra = 2 * p.s3_request_s + (F - M) / (p.s3_read_mb_s * 1e6) + load_model + data_s
     extra_s = sum(cold.values()) + worker_extra + p.s3_request_s + F / (p.s3_read_mb_s * 1e6) + load_model
     gets = W * (2 + math.ceil(shards_each)) + W + R + R + 1  # workers; run.json of every other cold container
     extra = {"s3:GetObject": gets}
     memory = w.memory_mb
-    init_gbs = (prices.gb_seconds(cold["work_launcher"], memory["work_launcher"])
-                + W * prices.gb_seconds(cold["worker"] + worker_extra, memory["worker"])
-                + W * prices.gb_seconds(cold["reduce_launcher"], memory["reduce_launcher"])
-                + R * prices.gb_seconds(cold["reducer"], memory["reducer"])
-                + R * prices.gb_seconds(cold["merger"], memory["merger"]))
+    init_gbs = (
+        prices.gb_seconds(cold["work_launcher"], memory["work_launcher"])
+        + W * prices.gb_seconds(cold["worker"] + worker_extra, memory["worker"])
+        + W * prices.gb_seconds(cold["reduce_launcher"], memory["reduce_launcher"])
+        + R * prices.gb_seconds(cold["reducer"], memory["reducer"])
+        + R * prices.gb_seconds(cold["merger"], memory["merger"])
+    )
     dollars = sum(price_table.cost(extra, gb_seconds=init_gbs).values())
     notes.insert(0, "cold starts on the path: " + ", ".join(f"{name} {s:g} s" for name, s in cold.items()))
     notes.append("every container reads run.json; workers and the merging merger read the model file")
@@ -988,58 +1267,131 @@ def _first_iteration(
 
 
 def _quotas(
-    w: Workload, p: Parameters, q: Quotas, n: int, reduce_bytes: int, critical: dict[str, float],
-    memory_needed: dict[str, float], spreads: dict[str, float], reduce_read: float, chain_s: float, floor_s: float,
-    counter_units: int, data: DataTraffic | None = None,
+    w: Workload,
+    p: Parameters,
+    q: Quotas,
+    n: int,
+    reduce_bytes: int,
+    critical: dict[str, float],
+    memory_needed: dict[str, float],
+    spreads: dict[str, float],
+    reduce_read: float,
+    chain_s: float,
+    floor_s: float,
+    counter_units: int,
+    data: DataTraffic | None = None,
 ) -> list[QuotaCheck]:
     W, R = w.workers, w.reducers
     checks: list[QuotaCheck] = []
 
     def add(name: str, value: float, limit: float, unit: str, detail: str, hard: bool = False) -> None:
-        checks.append(QuotaCheck(name=name, value=value, limit=limit, unit=unit, ok=value <= limit, hard=hard,
-                                 detail=detail))
+        checks.append(
+            QuotaCheck(name=name, value=value, limit=limit, unit=unit, ok=value <= limit, hard=hard, detail=detail)
+        )
 
     # Workers run while the WorkLauncher still publishes (when a worker outlasts the launch), reducers likewise.
-    workers_in_flight = W if critical["worker"] >= spreads["work"] else math.ceil(W * critical["worker"] /
-                                                                                  spreads["work"])
-    stage = (f"{workers_in_flight} workers in flight while the WorkLauncher publishes (+1)" if workers_in_flight >= R
-             else f"{R} reducers in flight while the ReduceLauncher publishes (+1)")
-    add("Lambda concurrency", max(workers_in_flight, R) + 1, q.lambda_concurrency, "executions",
-        f"{stage}; throttled invocations wait and retry")
-    add("Lambda burst (first iteration)", W * 10 / max(10.0, spreads["work"]), q.lambda_burst_per_10s,
-        "new workers / 10 s", f"{W} cold workers start within {spreads['work']:.1f} s")
+    workers_in_flight = (
+        W if critical["worker"] >= spreads["work"] else math.ceil(W * critical["worker"] / spreads["work"])
+    )
+    stage = (
+        f"{workers_in_flight} workers in flight while the WorkLauncher publishes (+1)"
+        if workers_in_flight >= R
+        else f"{R} reducers in flight while the ReduceLauncher publishes (+1)"
+    )
+    add(
+        "Lambda concurrency",
+        max(workers_in_flight, R) + 1,
+        q.lambda_concurrency,
+        "executions",
+        f"{stage}; throttled invocations wait and retry",
+    )
+    add(
+        "Lambda burst (first iteration)",
+        W * 10 / max(10.0, spreads["work"]),
+        q.lambda_burst_per_10s,
+        "new workers / 10 s",
+        f"{W} cold workers start within {spreads['work']:.1f} s",
+    )
     for name in ("worker", "reducer", "merger"):
         need, have = memory_needed[name], w.memory_mb[name]
         limit = min(have, q.lambda_memory_mb)
-        add(f"memory: {name}", need, limit, "MB",
-            f"{name} needs ~{need:,.0f} MB and has {have:,} MB" + (
-                f": over by {need - have:,.0f} MB" + (
-                    f", beyond Lambda's {q.lambda_memory_mb:,} MB: {_RELIEF[name]}" if need > q.lambda_memory_mb
-                    else f" (--memory {name}={_fitting(need)})") if need > have else ""),
-            hard=True)
+        add(
+            f"memory: {name}",
+            need,
+            limit,
+            "MB",
+            f"{name} needs ~{need:,.0f} MB and has {have:,} MB"
+            + (
+                f": over by {need - have:,.0f} MB"
+                + (
+                    f", beyond Lambda's {q.lambda_memory_mb:,} MB: {_RELIEF[name]}"
+                    if need > q.lambda_memory_mb
+                    else f" (--memory {name}={_fitting(need)})"
+                )
+                if need > have
+                else ""
+            ),
+            hard=True,
+        )
     for name in ("worker", "reducer", "merger"):
         timeout = min(w.timeout_s[name], q.lambda_timeout_s)
         seconds = critical[name]
-        add(f"duration: {name}", seconds, timeout, "s",
-            f"{name} runs {seconds:,.1f} s of its {timeout} s timeout" + (
-                "" if seconds <= timeout else f": over by {seconds - timeout:,.1f} s" + (
-                    f", beyond Lambda's {q.lambda_timeout_s} s" if seconds > q.lambda_timeout_s else
-                    " (raise the deployment's functions.<name>.timeout_s)")))
+        add(
+            f"duration: {name}",
+            seconds,
+            timeout,
+            "s",
+            f"{name} runs {seconds:,.1f} s of its {timeout} s timeout"
+            + (
+                ""
+                if seconds <= timeout
+                else f": over by {seconds - timeout:,.1f} s"
+                + (
+                    f", beyond Lambda's {q.lambda_timeout_s} s"
+                    if seconds > q.lambda_timeout_s
+                    else " (raise the deployment's functions.<name>.timeout_s)"
+                )
+            ),
+        )
     message_limit = min(q.sns_message_bytes, MAX_MESSAGE_BYTES)
-    add("Reduce message size", reduce_bytes, message_limit, "B",
+    add(
+        "Reduce message size",
+        reduce_bytes,
+        message_limit,
+        "B",
         f"Reduce message with {n} participants is {reduce_bytes:,} B; SNS allows {q.sns_message_bytes:,} B, "
-        f"slsml's functions take {MAX_MESSAGE_BYTES:,} B" + (
-            f": over by {reduce_bytes - message_limit:,} B" if reduce_bytes > message_limit else ""), hard=True)
+        f"slsml's functions take {MAX_MESSAGE_BYTES:,} B"
+        + (f": over by {reduce_bytes - message_limit:,} B" if reduce_bytes > message_limit else ""),
+        hard=True,
+    )
     item = n * p.participant_bytes
-    add("DynamoDB item size", item, q.dynamodb_item_bytes, "B",
-        f"the participants item of {n} workers is ~{item:,.0f} B" + (
+    add(
+        "DynamoDB item size",
+        item,
+        q.dynamodb_item_bytes,
+        "B",
+        f"the participants item of {n} workers is ~{item:,.0f} B"
+        + (
             f": over DynamoDB's {q.dynamodb_item_bytes:,} B by {item - q.dynamodb_item_bytes:,.0f} B"
-            if item > q.dynamodb_item_bytes else ""), hard=True)
+            if item > q.dynamodb_item_bytes
+            else ""
+        ),
+        hard=True,
+    )
     rate = counter_units / max(chain_s, 1e-9)
-    add("DynamoDB partition writes", rate, q.dynamodb_partition_wu_s, "WU/s",
-        f"the iteration counter item takes {counter_units} write units an iteration (W + R + 3 writes)" + (
+    add(
+        "DynamoDB partition writes",
+        rate,
+        q.dynamodb_partition_wu_s,
+        "WU/s",
+        f"the iteration counter item takes {counter_units} write units an iteration (W + R + 3 writes)"
+        + (
             f": at {q.dynamodb_partition_wu_s:,} WU/s an iteration lasts at least {floor_s:.2f} s, "
-            f"{floor_s - chain_s:.2f} s over the {chain_s:.2f} s chain" if floor_s > chain_s else ""))
+            f"{floor_s - chain_s:.2f} s over the {chain_s:.2f} s chain"
+            if floor_s > chain_s
+            else ""
+        ),
+    )
     updates_prefix = keys.update("<run>", 0, 0).rsplit("/", 1)[0].replace("000000", "<i>") + "/"
     iteration_prefix = updates_prefix.removesuffix("updates/")
     models_prefix = keys.models_prefix("<run>")
@@ -1055,15 +1407,29 @@ def _quotas(
     for kind, rates, limit in (("GET", gets, q.s3_get_per_s), ("PUT", puts, q.s3_put_per_s)):
         busiest, value = max(rates.items(), key=lambda item: item[1])
         over = f": over by {value - limit:,.0f}/s, S3 answers 503 SlowDown and the requests retry"
-        add(f"S3 {kind} rate", value, limit, f"{kind}/s",
-            f"busiest {busiest}" + (f"; {hit}" if kind == "GET" else "") + (over if value > limit else ""))
+        add(
+            f"S3 {kind} rate",
+            value,
+            limit,
+            f"{kind}/s",
+            f"busiest {busiest}" + (f"; {hit}" if kind == "GET" else "") + (over if value > limit else ""),
+        )
     if data is not None and data.burst_gets:  # the workers read their samples together, as they start
         prefix = keys.dataset_manifest("<name>").removesuffix("manifest.json")
         value = data.burst_gets / max(1.0, spreads["work"] + data.burst_s)
-        add("S3 GET rate: data", value, q.s3_get_per_s, "GET/s",
-            f"{prefix}: {W} workers' {data.burst_gets:,.0f} GETs as they start" + (
+        add(
+            "S3 GET rate: data",
+            value,
+            q.s3_get_per_s,
+            "GET/s",
+            f"{prefix}: {W} workers' {data.burst_gets:,.0f} GETs as they start"
+            + (
                 f": over by {value - q.s3_get_per_s:,.0f}/s, S3 answers 503 SlowDown and the requests retry (the"
-                " block order reads a block of samples in one GET)" if value > q.s3_get_per_s else ""))
+                " block order reads a block of samples in one GET)"
+                if value > q.s3_get_per_s
+                else ""
+            ),
+        )
     add("zip package", p.zip_layer_mb, q.zip_mb, "MB", "numpy layer + slsml, unzipped", hard=True)
     add("container image", p.image_mb, q.image_mb, "MB", "TensorFlow image of the worker and merger", hard=True)
     return checks
@@ -1072,8 +1438,11 @@ def _quotas(
 STATIC_QUOTAS = ("zip package", "container image")  # the deployment's, whatever the configuration
 
 
-_RELIEF = {"worker": "more workers (a smaller slice each) or a smaller model", "reducer": "more reducers",
-           "merger": "a smaller model"}
+_RELIEF = {
+    "worker": "more workers (a smaller slice each) or a smaller model",
+    "reducer": "more reducers",
+    "merger": "a smaller model",
+}
 
 
 def _fitting(need_mb: float) -> int:
@@ -1090,8 +1459,12 @@ def _described(p: Parameters) -> dict[str, dict[str, Any]]:
     out = {}
     for name, field in Parameters.model_fields.items():
         extra = parameter_facts(name)
-        out[name] = {"value": getattr(p, name), "unit": extra.get("unit", ""), "what": field.description,
-                     "source": extra.get("source", "")}
+        out[name] = {
+            "value": getattr(p, name),
+            "unit": extra.get("unit", ""),
+            "what": field.description,
+            "source": extra.get("source", ""),
+        }
     return out
 
 
@@ -1137,9 +1510,14 @@ class Recommendation(BaseModel):
 
 def _choice(plan: Plan) -> Choice:
     w = plan.workload
-    return Choice(reducers=w.reducers, worker_memory_mb=w.memory_mb["worker"],
-                  reducer_memory_mb=w.memory_mb["reducer"], iteration_s=plan.iteration_s,
-                  iteration_dollars=plan.iteration_dollars, epoch_dollars=plan.epoch_dollars)
+    return Choice(
+        reducers=w.reducers,
+        worker_memory_mb=w.memory_mb["worker"],
+        reducer_memory_mb=w.memory_mb["reducer"],
+        iteration_s=plan.iteration_s,
+        iteration_dollars=plan.iteration_dollars,
+        epoch_dollars=plan.epoch_dollars,
+    )
 
 
 def _rank(plan: Plan, objective: float) -> tuple[int, int, float]:
@@ -1147,13 +1525,25 @@ def _rank(plan: Plan, objective: float) -> tuple[int, int, float]:
     return (sum(q.hard for q in plan.violations), sum(not q.hard for q in plan.violations), objective)
 
 
-def recommend(workload: Workload, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable,
-              reducers_fixed: bool = False) -> Recommendation:
+def recommend(
+    workload: Workload,
+    parameters: Parameters,
+    quotas: Quotas,
+    price_table: prices.PriceTable,
+    reducers_fixed: bool = False,
+) -> Recommendation:
     """The fastest and the cheapest R and worker and reducer memory for the workload's W and model."""
-    reducers = [workload.reducers] if reducers_fixed else sorted(
-        {r for r in (*REDUCER_CHOICES, workload.reducers) if r <= min(256, workload.params)})
-    plans = [predict(_with_memory(workload, worker=wm, reducer=rm).at(reducers=r), parameters, quotas, price_table)
-             for r in reducers for wm in MEMORY_CHOICES_MB for rm in MEMORY_CHOICES_MB]
+    reducers = (
+        [workload.reducers]
+        if reducers_fixed
+        else sorted({r for r in (*REDUCER_CHOICES, workload.reducers) if r <= min(256, workload.params)})
+    )
+    plans = [
+        predict(_with_memory(workload, worker=wm, reducer=rm).at(reducers=r), parameters, quotas, price_table)
+        for r in reducers
+        for wm in MEMORY_CHOICES_MB
+        for rm in MEMORY_CHOICES_MB
+    ]
     fastest = min(plans, key=lambda plan: _rank(plan, plan.iteration_s + 1e-9 * plan.iteration_dollars))
     cheapest = min(plans, key=lambda plan: _rank(plan, plan.iteration_dollars + 1e-9 * plan.iteration_s))
 
@@ -1161,7 +1551,9 @@ def recommend(workload: Workload, parameters: Parameters, quotas: Quotas, price_
         return None if any(q.hard for q in plan.violations) else _choice(plan)
 
     return Recommendation(
-        fastest=fits(fastest), cheapest=fits(cheapest), over=[q.name for q in fastest.violations],
+        fastest=fits(fastest),
+        cheapest=fits(cheapest),
+        over=[q.name for q in fastest.violations],
         as_workers_grow=as_workers_grow(workload, parameters, quotas, price_table),
     )
 
@@ -1188,15 +1580,17 @@ class Verdict(BaseModel):
     budget: str | None = Field(default=None, description="the run's dollars against its --budget-usd")
 
 
-def verdict(plan: Plan, recommendation: Recommendation, parameters: Parameters, quotas: Quotas,
-            price_table: prices.PriceTable) -> Verdict:
+def verdict(
+    plan: Plan, recommendation: Recommendation, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable
+) -> Verdict:
     """The plan in a few sentences."""
     w = plan.workload
     stage = max(plan.stages, key=lambda s: s.seconds)
     quota = plan.binding
-    binds = (f"{stage.name} takes {stage.seconds / plan.iteration_s:.0%} of the iteration ({stage.detail}); "
-             f"nearest limit: {quota.name} at {quota.utilization:.0%}"
-             + (f", over: {quota.detail}" if not quota.ok else ""))
+    binds = (
+        f"{stage.name} takes {stage.seconds / plan.iteration_s:.0%} of the iteration ({stage.detail}); "
+        f"nearest limit: {quota.name} at {quota.utilization:.0%}" + (f", over: {quota.detail}" if not quota.ok else "")
+    )
     if plan.floor_s > plan.chain_s:
         binds = f"the iteration counter's DynamoDB writes: {plan.floor_s:.2f} s an iteration; " + binds
     warnings = []
@@ -1210,22 +1604,34 @@ def verdict(plan: Plan, recommendation: Recommendation, parameters: Parameters, 
         warnings.append(
             f"{w.workers} workers × batch {w.global_batch:,} leave {per_worker} samples per worker: each worker's round"
             f" takes {worker.seconds:.2f} s for {compute:.2g} s of compute on one vCPU; {fewer} workers would take"
-            f" {time:.2g}× the time for {money:.2g}× the dollars")
+            f" {time:.2g}× the time for {money:.2g}× the dollars"
+        )
     hops = sum(s.seconds for s in plan.stages if s.function is None)
     if hops >= LATENCY_BOUND * plan.iteration_s:
-        warnings.append(f"latency-bound: {hops / plan.iteration_s:.0%} of the iteration ({hops:.2f} of "
-                        f"{plan.iteration_s:.2f} s) is S3 event and SNS delivery between functions, whatever the"
-                        " workers compute; more work per round (a larger batch, --local-steps) spreads it")
+        warnings.append(
+            f"latency-bound: {hops / plan.iteration_s:.0%} of the iteration ({hops:.2f} of "
+            f"{plan.iteration_s:.2f} s) is S3 event and SNS delivery between functions, whatever the"
+            " workers compute; more work per round (a larger batch, --local-steps) spreads it"
+        )
     warnings += [f"over {q.name}: {q.detail}" for q in plan.violations if q.name != quota.name or quota.ok]
     budget = w.training.budget_usd
     if budget is not None:
         over = plan.run_dollars > budget
-        budget_sentence = (f"{prices.usd(plan.run_dollars)} for the run is {'above' if over else 'within'} its"
-                           f" budget of {prices.usd(budget)}" + (": run start refuses it" if over else ""))
+        budget_sentence = (
+            f"{prices.usd(plan.run_dollars)} for the run is {'above' if over else 'within'} its"
+            f" budget of {prices.usd(budget)}" + (": run start refuses it" if over else "")
+        )
     return Verdict(
-        iteration_s=plan.iteration_s, epoch_s=plan.epoch_s, epoch_dollars=plan.epoch_dollars, run_s=plan.run_s,
-        run_dollars=plan.run_dollars, iterations=w.iterations, binds=binds, warnings=warnings,
-        recommendations=_advice(plan, recommendation), budget=None if budget is None else budget_sentence,
+        iteration_s=plan.iteration_s,
+        epoch_s=plan.epoch_s,
+        epoch_dollars=plan.epoch_dollars,
+        run_s=plan.run_s,
+        run_dollars=plan.run_dollars,
+        iterations=w.iterations,
+        binds=binds,
+        warnings=warnings,
+        recommendations=_advice(plan, recommendation),
+        budget=None if budget is None else budget_sentence,
     )
 
 
@@ -1244,24 +1650,40 @@ class VmComparison(BaseModel):
     sentence: str
 
 
-def compare_vm(plan: Plan, machine: str, samples_per_s: float, dollars_per_hour: float,
-               source: str = "given (--compare-vm)") -> VmComparison:
+def compare_vm(
+    plan: Plan, machine: str, samples_per_s: float, dollars_per_hour: float, source: str = "given (--compare-vm)"
+) -> VmComparison:
     """The plan's epoch (or run, without --samples) against one machine of ``samples_per_s`` and
     ``dollars_per_hour``: billed by the second for the time the samples take."""
     w = plan.workload
     if plan.epoch_s is not None and plan.epoch_dollars is not None and w.samples is not None:
         what, samples, lambda_s, lambda_dollars = "an epoch", w.samples, plan.epoch_s, plan.epoch_dollars
     else:
-        what, samples, lambda_s, lambda_dollars = ("the run", w.iterations * w.global_batch, plan.run_s,
-                                                    plan.run_dollars)
+        what, samples, lambda_s, lambda_dollars = (
+            "the run",
+            w.iterations * w.global_batch,
+            plan.run_s,
+            plan.run_dollars,
+        )
     seconds = samples / samples_per_s
     dollars = seconds / 3600 * dollars_per_hour
     time, money = lambda_s / seconds, lambda_dollars / dollars
-    sentence = (f"{what} on {machine} ({samples_per_s:,.4g} samples/s, ${dollars_per_hour:,.4g}/h; {source}): "
-                f"{seconds:,.0f} s and ${dollars:,.4g}; slsml takes {time:.2g}× its time for {money:.2g}× its dollars")
-    return VmComparison(machine=machine, samples_per_s=samples_per_s, dollars_per_hour=dollars_per_hour,
-                        source=source, samples=samples, seconds=seconds, dollars=dollars, lambda_seconds=lambda_s,
-                        lambda_dollars=lambda_dollars, sentence=sentence)
+    sentence = (
+        f"{what} on {machine} ({samples_per_s:,.4g} samples/s, ${dollars_per_hour:,.4g}/h; {source}): "
+        f"{seconds:,.0f} s and ${dollars:,.4g}; slsml takes {time:.2g}× its time for {money:.2g}× its dollars"
+    )
+    return VmComparison(
+        machine=machine,
+        samples_per_s=samples_per_s,
+        dollars_per_hour=dollars_per_hour,
+        source=source,
+        samples=samples,
+        seconds=seconds,
+        dollars=dollars,
+        lambda_seconds=lambda_s,
+        lambda_dollars=lambda_dollars,
+        sentence=sentence,
+    )
 
 
 def _advice(plan: Plan, recommendation: Recommendation) -> list[str]:
@@ -1278,18 +1700,23 @@ def _advice(plan: Plan, recommendation: Recommendation) -> list[str]:
         if key in seen:
             continue
         seen.add(key)
-        change = ", ".join(flag for flag, differs in (
-            (f"--reducers {choice.reducers}", choice.reducers != asked.reducers),
-            (f"--memory worker={choice.worker_memory_mb}", choice.worker_memory_mb != asked.worker_memory_mb),
-            (f"--memory reducer={choice.reducer_memory_mb}", choice.reducer_memory_mb != asked.reducer_memory_mb),
-        ) if differs)
+        change = ", ".join(
+            flag
+            for flag, differs in (
+                (f"--reducers {choice.reducers}", choice.reducers != asked.reducers),
+                (f"--memory worker={choice.worker_memory_mb}", choice.worker_memory_mb != asked.worker_memory_mb),
+                (f"--memory reducer={choice.reducer_memory_mb}", choice.reducer_memory_mb != asked.reducer_memory_mb),
+            )
+            if differs
+        )
         time = choice.iteration_s / asked.iteration_s
         money = choice.iteration_dollars / asked.iteration_dollars
         if not change or (time >= 1 - SAME and money >= 1 - SAME):
             advice.append(f"{label}: the asked configuration already is")
         elif time <= 1 + SAME and money <= 1 + SAME:
-            advice.append(f"{label}: {change}: {_times(time, 'the time')} and {_times(money, 'the dollars')},"
-                          " better on both")
+            advice.append(
+                f"{label}: {change}: {_times(time, 'the time')} and {_times(money, 'the dollars')}, better on both"
+            )
         elif time < 1:
             advice.append(f"{label}: {change}: {1 / time:.3g}× faster for {money:.3g}× the dollars")
         else:
@@ -1301,11 +1728,13 @@ def _times(ratio: float, what: str) -> str:
     return f"{what} unchanged" if abs(ratio - 1) <= SAME else f"{ratio:.3g}× {what}"
 
 
-def fastest_reducers(workload: Workload, parameters: Parameters, quotas: Quotas,
-                     price_table: prices.PriceTable) -> int:
+def fastest_reducers(workload: Workload, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable) -> int:
     """The R of least iteration time for the workload's W and memory."""
-    plans = [predict(workload.at(reducers=r), parameters, quotas, price_table)
-             for r in REDUCER_CHOICES if r <= workload.params]
+    plans = [
+        predict(workload.at(reducers=r), parameters, quotas, price_table)
+        for r in REDUCER_CHOICES
+        if r <= workload.params
+    ]
     return min(plans, key=lambda plan: _rank(plan, plan.iteration_s)).workload.reducers
 
 
@@ -1313,8 +1742,9 @@ def _with_memory(workload: Workload, **sizes: int) -> Workload:
     return workload.at(memory_mb={**workload.memory_mb, **sizes})
 
 
-def quota_changes(workload: Workload, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable,
-                  top: int | None = None) -> list[tuple[int, str, bool]]:
+def quota_changes(
+    workload: Workload, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable, top: int | None = None
+) -> list[tuple[int, str, bool]]:
     """(W, quota, exceeded from this W on) for each quota that changes side as W grows from 1 to ``top``,
     R, batch and memory fixed."""
     top = top or min(quotas.lambda_concurrency, workload.global_batch)
@@ -1326,7 +1756,7 @@ def quota_changes(workload: Workload, parameters: Parameters, quotas: Quotas, pr
 
     changes = []
     previous = 1
-    grid = sorted({min(top, max(1, round(1.05 ** i))) for i in range(400)} | {top})
+    grid = sorted({min(top, max(1, round(1.05**i))) for i in range(400)} | {top})
     for workers in grid[1:]:
         for name in sorted(broken(previous) ^ broken(workers)):
             low, high = previous, workers  # bisect to the first W on the new side
@@ -1338,8 +1768,7 @@ def quota_changes(workload: Workload, parameters: Parameters, quotas: Quotas, pr
     return sorted(changes)
 
 
-def as_workers_grow(workload: Workload, parameters: Parameters, quotas: Quotas,
-                    price_table: prices.PriceTable) -> str:
+def as_workers_grow(workload: Workload, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable) -> str:
     """The quotas' changes as W grows, in words."""
     top = min(quotas.lambda_concurrency, workload.global_batch)
     head = f"as W grows from 1 to {top} (R = {workload.reducers}, batch {workload.global_batch})"
@@ -1359,8 +1788,14 @@ class SweepPoint(BaseModel):
     violations: list[str]
 
 
-def sweep(workload: Workload, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable,
-          reducers_fixed: bool, workers: Iterable[int] = SWEEP_WORKERS) -> list[SweepPoint]:
+def sweep(
+    workload: Workload,
+    parameters: Parameters,
+    quotas: Quotas,
+    price_table: prices.PriceTable,
+    reducers_fixed: bool,
+    workers: Iterable[int] = SWEEP_WORKERS,
+) -> list[SweepPoint]:
     """Time and dollars per epoch against W (batch, memory fixed; R fixed or the fastest at each W)."""
     if workload.iterations_per_epoch is None:
         raise BadInputError("a sweep prices epochs: give --epochs and --samples")
@@ -1372,7 +1807,14 @@ def sweep(workload: Workload, parameters: Parameters, quotas: Quotas, price_tabl
         if not reducers_fixed:
             at = at.at(reducers=fastest_reducers(at, parameters, quotas, price_table))
         plan = predict(at, parameters, quotas, price_table)
-        points.append(SweepPoint(workers=count, reducers=at.reducers, iteration_s=plan.iteration_s,
-                                 epoch_s=plan.epoch_s, epoch_dollars=plan.epoch_dollars,
-                                 violations=[q.name for q in plan.violations]))
+        points.append(
+            SweepPoint(
+                workers=count,
+                reducers=at.reducers,
+                iteration_s=plan.iteration_s,
+                epoch_s=plan.epoch_s,
+                epoch_dollars=plan.epoch_dollars,
+                violations=[q.name for q in plan.violations],
+            )
+        )
     return points

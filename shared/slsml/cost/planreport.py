@@ -25,33 +25,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model (one of)")
     model.add_argument("--model", help="a .keras file: its weights are counted and one gradient step is timed")
     model.add_argument("--params", type=int, help="or the number of float32 weights (a ResNet-50-like network)")
-    model.add_argument("--compute-per-sample", type=float,
-                       help="seconds of one sample's gradient on one vCPU (default: measured with --model)")
+    model.add_argument(
+        "--compute-per-sample",
+        type=float,
+        help="seconds of one sample's gradient on one vCPU (default: measured with --model)",
+    )
     model.add_argument("--sample-bytes", type=int, help="bytes of one training sample (default: the model's input)")
     data = parser.add_argument_group("data")
-    data.add_argument("--data", metavar="NAME", help="an uploaded dataset: its samples, their bytes and its shards"
-                      " from its manifest (the local service's, or --stack's)")
+    data.add_argument(
+        "--data",
+        metavar="NAME",
+        help="an uploaded dataset: its samples, their bytes and its shards"
+        " from its manifest (the local service's, or --stack's)",
+    )
     data.add_argument("--stack", help="the deployed stack whose bucket holds --data")
-    data.add_argument("--cache-mb", type=float, help="the workers' warm cache bound, SLSML_WARM_CACHE_MB (default:"
-                      " half a Worker's memory)")
+    data.add_argument(
+        "--cache-mb",
+        type=float,
+        help="the workers' warm cache bound, SLSML_WARM_CACHE_MB (default: half a Worker's memory)",
+    )
     shape = parser.add_argument_group("pipeline")
-    shape.add_argument("--memory", action="append", default=[], metavar="FUNCTION=MB",
-                       help="function memory, e.g. worker=4096 (default: the deployment's settings)")
+    shape.add_argument(
+        "--memory",
+        action="append",
+        default=[],
+        metavar="FUNCTION=MB",
+        help="function memory, e.g. worker=4096 (default: the deployment's settings)",
+    )
     length = parser.add_argument_group("length (or --iterations, or --epochs of --samples)")
     length.add_argument("--samples", type=int, help="training samples: per-epoch figures")
     model_of = parser.add_argument_group("model parameters, quotas, prices")
-    model_of.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                          help="override a parameter of the model (listed in the output)")
+    model_of.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a parameter of the model (listed in the output)",
+    )
     model_of.add_argument("--calibration", help="a JSON object of fitted parameter values")
-    model_of.add_argument("--quota", action="append", default=[], metavar="NAME=VALUE",
-                          help="a raised AWS quota, e.g. lambda_concurrency=3000")
+    model_of.add_argument(
+        "--quota",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a raised AWS quota, e.g. lambda_concurrency=3000",
+    )
     model_of.add_argument("--prices", help="a JSON price table over the built-in one (default $SLSML_PRICES)")
     out = parser.add_argument_group("output")
     out.add_argument("--sweep", action="store_true", help="time and dollars per epoch against W from 1 to 1,000")
     out.add_argument("--png", default="plan-sweep.png", help="where --sweep draws its chart (default plan-sweep.png)")
-    out.add_argument("--compare-vm", metavar="SAMPLES_PER_S:DOLLARS_PER_HOUR[:NAME]", type=_vm,
-                     help="price the same epoch on one machine of this training throughput on the model (measured"
-                     " or published, samples/s) and hourly price, e.g. 1200:3.06:p3.2xlarge")
+    out.add_argument(
+        "--compare-vm",
+        metavar="SAMPLES_PER_S:DOLLARS_PER_HOUR[:NAME]",
+        type=_vm,
+        help="price the same epoch on one machine of this training throughput on the model (measured"
+        " or published, samples/s) and hourly price, e.g. 1200:3.06:p3.2xlarge",
+    )
     out.add_argument("--json", action="store_true", help="print the plan as one JSON object")
 
 
@@ -68,11 +97,13 @@ def iterations(args: argparse.Namespace) -> int:
     if args.epochs is not None:
         return max(1, round(args.epochs * (args.samples // args.batch)))
     return args.iterations or (
-        args.samples // args.batch if args.samples else TrainingSpec.model_fields["iterations"].default)
+        args.samples // args.batch if args.samples else TrainingSpec.model_fields["iterations"].default
+    )
 
 
-def workload(args: argparse.Namespace, spec: TrainingSpec, parameters: Parameters,
-             manifest: DatasetManifest | None = None) -> Workload:
+def workload(
+    args: argparse.Namespace, spec: TrainingSpec, parameters: Parameters, manifest: DatasetManifest | None = None
+) -> Workload:
     """The workload the arguments, the run's training flags (``spec``) and the dataset (``--data``) describe."""
     from slsml.cost import model as costmodel
 
@@ -101,8 +132,9 @@ def _vm(text: str) -> tuple[float, float, str]:
     try:
         figures = float(throughput), float(price)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: write SAMPLES_PER_S:DOLLARS_PER_HOUR[:NAME], e.g."
-                                         " 1200:3.06:p3.2xlarge") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write SAMPLES_PER_S:DOLLARS_PER_HOUR[:NAME], e.g. 1200:3.06:p3.2xlarge"
+        ) from None
     if min(figures) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a machine's throughput and price are above 0")
     return *figures, name or "one machine"
@@ -137,8 +169,12 @@ def run(args: argparse.Namespace, spec: TrainingSpec, console: Any, manifest: Da
     if args.sweep:
         points = costmodel.sweep(work, parameters, quotas, price_table, reducers_fixed=fixed)
         reducers = f"R = {work.reducers}" if fixed else "the fastest R at each W"
-        write_sweep_png(points, Path(args.png), f"{work.model}: {work.params:,} weights, batch {work.global_batch:,},"
-                        f" {work.samples:,} samples per epoch, {reducers}")
+        write_sweep_png(
+            points,
+            Path(args.png),
+            f"{work.model}: {work.params:,} weights, batch {work.global_batch:,},"
+            f" {work.samples:,} samples per epoch, {reducers}",
+        )
     verdict = costmodel.verdict(plan, recommendation, parameters, quotas, price_table)
     vm = None
     if args.compare_vm:
@@ -149,8 +185,11 @@ def run(args: argparse.Namespace, spec: TrainingSpec, console: Any, manifest: Da
     if points is not None:
         render_sweep(points, args.png, console)
     if args.json:
-        out = {"verdict": verdict.model_dump(mode="json")} | plan.summary() | {
-            "recommendation": recommendation.model_dump(mode="json")}
+        out = (
+            {"verdict": verdict.model_dump(mode="json")}
+            | plan.summary()
+            | {"recommendation": recommendation.model_dump(mode="json")}
+        )
         if vm is not None:
             out["compare_vm"] = vm.model_dump(mode="json")
         if points is not None:
@@ -203,28 +242,49 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
         f"[bold]{w.model}[/bold]: {w.params:,} weights, {_bytes(4 * w.params)} · W {w.workers} · R {w.reducers}"
         f"{reducers} · batch {w.global_batch:,} (≤ {per_worker} per worker) · quorum {w.quorum:g} "
         f"(n = {plan.participants}) · {w.training.algorithm}, compress {w.training.compress} · {w.optimizer.name}"
-        f" ({plan.state_slots} state slots on the reducers)")
+        f" ({plan.state_slots} state slots on the reducers)"
+    )
     console.print(f"compute {w.compute_per_sample_s:.4g} s per sample on one vCPU: {w.compute_source}")
     if (data := plan.data) is not None:
-        console.print(f"data ({data.order} order): {data.samples:,} samples of {_bytes(data.sample_bytes)}, "
-                      f"{_bytes(data.split_bytes)} in shards of {data.shard_records:,}; {data.detail}: "
-                      f"{data.gets_per_iteration:,.1f} GETs and {_bytes(data.bytes_per_iteration)} an iteration, "
-                      f"{_time(data.read_s)} of a worker's alongside its weights")
+        console.print(
+            f"data ({data.order} order): {data.samples:,} samples of {_bytes(data.sample_bytes)}, "
+            f"{_bytes(data.split_bytes)} in shards of {data.shard_records:,}; {data.detail}: "
+            f"{data.gets_per_iteration:,.1f} GETs and {_bytes(data.bytes_per_iteration)} an iteration, "
+            f"{_time(data.read_s)} of a worker's alongside its weights"
+        )
 
     stages = Table("stage", "time", "what", title="one iteration, steady state: the critical path")
     for stage in plan.stages:
         stages.add_row(stage.name, _time(stage.seconds), stage.detail, style=None if stage.function else "dim")
-    stages.add_row("[bold]iteration", f"[bold]{_time(plan.iteration_s)}",
-                   f"chain {_time(plan.chain_s)}; DynamoDB floor {_time(plan.floor_s)}")
+    stages.add_row(
+        "[bold]iteration",
+        f"[bold]{_time(plan.iteration_s)}",
+        f"chain {_time(plan.chain_s)}; DynamoDB floor {_time(plan.floor_s)}",
+    )
     console.print(stages)
 
-    functions = Table("function", "invocations", "memory", "needs", "time", "GB-s", "S3 read (all)",
-                      "S3 written (all)", title="by function: the invocation on the path (all of an iteration)")
+    functions = Table(
+        "function",
+        "invocations",
+        "memory",
+        "needs",
+        "time",
+        "GB-s",
+        "S3 read (all)",
+        "S3 written (all)",
+        title="by function: the invocation on the path (all of an iteration)",
+    )
     for f in plan.functions:
-        functions.add_row(f.function, f"{f.invocations:,}", f"{f.memory_mb:,} MB", f"{f.memory_needed_mb:,.0f} MB",
-                          _time(f.seconds), f"{f.gb_seconds:,.1f}",
-                          f"{_bytes(f.bytes_read)} ({_bytes(f.bytes_read_total)})",
-                          f"{_bytes(f.bytes_written)} ({_bytes(f.bytes_written_total)})")
+        functions.add_row(
+            f.function,
+            f"{f.invocations:,}",
+            f"{f.memory_mb:,} MB",
+            f"{f.memory_needed_mb:,.0f} MB",
+            _time(f.seconds),
+            f"{f.gb_seconds:,.1f}",
+            f"{_bytes(f.bytes_read)} ({_bytes(f.bytes_read_total)})",
+            f"{_bytes(f.bytes_written)} ({_bytes(f.bytes_written_total)})",
+        )
     console.print(functions)
 
     services = Table("request", "per iteration", "minimum chain", title="requests by service:Operation")
@@ -234,27 +294,37 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
     services.add_row("SNS billed publishes", f"{plan.sns_billed_publishes:,} (each entry, 64 KB chunks)")
     console.print(services)
     console.print(costmodel.minimum_sentence(plan))
-    extras = Table(Column("request", no_wrap=True), "per iteration", "call", "why",
-                   title="requests beyond the minimum chain")
+    extras = Table(
+        Column("request", no_wrap=True), "per iteration", "call", "why", title="requests beyond the minimum chain"
+    )
     for extra in plan.extra_calls:
         extras.add_row(extra.operation, f"{extra.count:,}", extra.call, extra.reason)
     console.print(extras)
 
     per_epoch = w.iterations_per_epoch
-    money = Table("service", "per iteration", "per epoch", f"per run ({w.iterations:,} iterations)",
-                  title="dollars")
+    money = Table("service", "per iteration", "per epoch", f"per run ({w.iterations:,} iterations)", title="dollars")
     for service, amount in sorted(plan.dollars_per_iteration.items(), key=lambda item: -item[1]):
-        money.add_row(service, _dollars(amount), _dollars(None if per_epoch is None else amount * per_epoch),
-                      _dollars(amount * w.iterations))
+        money.add_row(
+            service,
+            _dollars(amount),
+            _dollars(None if per_epoch is None else amount * per_epoch),
+            _dollars(amount * w.iterations),
+        )
     money.add_row("first iteration, extra", "", "", _dollars(plan.first_iteration.extra_dollars))
-    money.add_row("[bold]total", f"[bold]{_dollars(plan.iteration_dollars)}", f"[bold]{_dollars(plan.epoch_dollars)}",
-                  f"[bold]{_dollars(plan.run_dollars)}")
+    money.add_row(
+        "[bold]total",
+        f"[bold]{_dollars(plan.iteration_dollars)}",
+        f"[bold]{_dollars(plan.epoch_dollars)}",
+        f"[bold]{_dollars(plan.run_dollars)}",
+    )
     console.print(money)
     epoch = "" if per_epoch is None else f", per epoch ({per_epoch:,} iterations) {_time(plan.epoch_s)}"
-    console.print(f"time per iteration {_time(plan.iteration_s)}{epoch}, per run {_time(plan.run_s)}; "
-                  f"the first iteration adds {_time(plan.first_iteration.extra_s)} "
-                  f"and {sum(plan.first_iteration.extra_requests.values()):,} reads "
-                  f"({plan.first_iteration.detail})")
+    console.print(
+        f"time per iteration {_time(plan.iteration_s)}{epoch}, per run {_time(plan.run_s)}; "
+        f"the first iteration adds {_time(plan.first_iteration.extra_s)} "
+        f"and {sum(plan.first_iteration.extra_requests.values()):,} reads "
+        f"({plan.first_iteration.detail})"
+    )
 
     quotas = Table("quota", "value", "limit", "use", "", title="quotas")
     quotas.add_column("detail", overflow="fold")
@@ -271,10 +341,15 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
 
 def _render_verdict(verdict: Verdict, console: Any) -> None:
     """The answer first: time and dollars per epoch and per run, what binds, warnings, recommendations."""
-    epoch = "" if verdict.epoch_s is None else (
-        f"per epoch [bold]{_time(verdict.epoch_s)}, {_dollars(verdict.epoch_dollars)}[/bold] · ")
-    console.print(f"{epoch}per run ({verdict.iterations:,} iterations) [bold]{_time(verdict.run_s)}, "
-                  f"{_dollars(verdict.run_dollars)}[/bold] · per iteration {_time(verdict.iteration_s)}")
+    epoch = (
+        ""
+        if verdict.epoch_s is None
+        else (f"per epoch [bold]{_time(verdict.epoch_s)}, {_dollars(verdict.epoch_dollars)}[/bold] · ")
+    )
+    console.print(
+        f"{epoch}per run ({verdict.iterations:,} iterations) [bold]{_time(verdict.run_s)}, "
+        f"{_dollars(verdict.run_dollars)}[/bold] · per iteration {_time(verdict.iteration_s)}"
+    )
     console.print(f"binds: {verdict.binds}")
     for warning in verdict.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
@@ -300,8 +375,14 @@ def render_sweep(points: list[SweepPoint], png: str, console: Any) -> None:
 
     table = Table("W", "R", "per iteration", "per epoch", "$ per epoch", "over", title="sweep: one epoch against W")
     for point in points:
-        table.add_row(str(point.workers), str(point.reducers), _time(point.iteration_s), _time(point.epoch_s),
-                      _dollars(point.epoch_dollars), ", ".join(point.violations))
+        table.add_row(
+            str(point.workers),
+            str(point.reducers),
+            _time(point.iteration_s),
+            _time(point.epoch_s),
+            _dollars(point.epoch_dollars),
+            ", ".join(point.violations),
+        )
     console.print(table)
     console.print(f"chart: {png}")
 
@@ -323,8 +404,14 @@ def write_sweep_png(points: list[SweepPoint], path: Path, title: str) -> None:
     figure, time_axis = plt.subplots(figsize=(8, 5), dpi=100)
     cost_axis = time_axis.twinx()
     time_axis.plot(workers, hours, color="tab:red", linestyle=":", label="time per epoch")
-    time_axis.plot(workers, [hours[0] * workers[0] / w for w in workers], color="grey", linewidth=0.8,
-                   linestyle="--", label="ideal 1/W")
+    time_axis.plot(
+        workers,
+        [hours[0] * workers[0] / w for w in workers],
+        color="grey",
+        linewidth=0.8,
+        linestyle="--",
+        label="ideal 1/W",
+    )
     cost_axis.plot(workers, dollars, color="tab:blue", label="cost per epoch")
     for axis, values, color in ((time_axis, hours, "tab:red"), (cost_axis, dollars, "tab:blue")):
         for point, value in zip(points, values, strict=True):

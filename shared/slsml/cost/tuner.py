@@ -86,14 +86,18 @@ def decide(
     unit = "s" if objective == "time" else "$"
     if best != workers and values[best][0] <= (1 - MARGIN) * now:
         then, how_then = values[best]
-        reason = (f"tuner ({objective}): {_amount(now, unit)} per round at {workers} workers ({how_now}), "
-                  f"{_amount(then, unit)} at {best} ({how_then})")
+        reason = (
+            f"tuner ({objective}): {_amount(now, unit)} per round at {workers} workers ({how_now}), "
+            f"{_amount(then, unit)} at {best} ({how_then})"
+        )
         return Decision(workers=best, reason=reason, state=state)
     untried = [w for w, (seconds, how) in values.items() if how == "predicted" and seconds <= (1 + MARGIN) * now]
     if objective == "time" and untried:
         trial = min(untried, key=lambda w: values[w][0])
-        reason = (f"tuner (time): {_amount(now, 's')} per round at {workers} workers (measured), {trial} not"
-                  f" tried, predicted {_amount(values[trial][0], 's')}: trying it")
+        reason = (
+            f"tuner (time): {_amount(now, 's')} per round at {workers} workers (measured), {trial} not"
+            f" tried, predicted {_amount(values[trial][0], 's')}: trying it"
+        )
         return Decision(workers=trial, reason=reason, state=state)
     return Decision(workers=workers, reason=None, state=state)
 
@@ -111,11 +115,20 @@ def predictor(config: RunConfig, compute_per_sample_s: float) -> Predict:
     parameters, quotas, table = costmodel.Parameters(), costmodel.Quotas(), prices.load()
     spec = config.training
     workload = costmodel.Workload(
-        **{**costmodel.from_params(config.plan.size, parameters, compute_per_sample_s),
-           "model": "the run's", "trainable_params": max(1, int(config.plan.trainable_mask().sum()))},
-        optimizer=config.optimizer, training=spec, workers=1, reducers=spec.reducers,
-        global_batch=spec.global_batch, quorum=spec.quorum, iterations=spec.iterations,
-        memory_mb=costmodel.function_memory(), timeout_s=costmodel.function_timeouts(),
+        **{
+            **costmodel.from_params(config.plan.size, parameters, compute_per_sample_s),
+            "model": "the run's",
+            "trainable_params": max(1, int(config.plan.trainable_mask().sum())),
+        },
+        optimizer=config.optimizer,
+        training=spec,
+        workers=1,
+        reducers=spec.reducers,
+        global_batch=spec.global_batch,
+        quorum=spec.quorum,
+        iterations=spec.iterations,
+        memory_mb=costmodel.function_memory(),
+        timeout_s=costmodel.function_timeouts(),
     )
 
     def predict(workers: int) -> tuple[float, float]:

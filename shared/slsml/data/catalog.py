@@ -14,8 +14,11 @@ PREFIX = "datasets/"
 
 def datasets(store: ObjectStore) -> list[DatasetManifest]:
     """Every dataset with a manifest (an upload interrupted before it has none), by name."""
-    names = sorted(key.split("/")[1] for key in store.list_keys(PREFIX)
-                   if key.count("/") == 2 and key == keys.dataset_manifest(key.split("/")[1]))
+    names = sorted(
+        key.split("/")[1]
+        for key in store.list_keys(PREFIX)
+        if key.count("/") == 2 and key == keys.dataset_manifest(key.split("/")[1])
+    )
     return [load_manifest(store, name) for name in names]
 
 
@@ -27,9 +30,15 @@ def summary(manifest: DatasetManifest) -> dict[str, Any]:
     """What ``data show`` and ``data list`` say of a dataset: its samples, shapes, classes, bytes and origin."""
     origin = manifest.origin
     return {
-        "name": manifest.name, "format": origin.format if origin else None, "train": manifest.train.count,
-        "test": manifest.test.count, "x_shape": list(manifest.x_shape), "x_dtype": manifest.x_dtype,
-        "y_shape": list(manifest.y_shape), "y_dtype": manifest.y_dtype, "weighted": manifest.weighted,
+        "name": manifest.name,
+        "format": origin.format if origin else None,
+        "train": manifest.train.count,
+        "test": manifest.test.count,
+        "x_shape": list(manifest.x_shape),
+        "x_dtype": manifest.x_dtype,
+        "y_shape": list(manifest.y_shape),
+        "y_dtype": manifest.y_dtype,
+        "weighted": manifest.weighted,
         "classes": manifest.classes,
         "class_names": list(origin.class_names) if origin and origin.class_names else None,
         "bytes": manifest.train.bytes + manifest.test.bytes,

@@ -73,8 +73,9 @@ def put_dataset(
             f"train and test samples differ in shape: x {x.shape[1:]} vs {x_test.shape[1:]}, "
             f"y {y.shape[1:]} vs {y_test.shape[1:]}"
         )
-    with DatasetWriter(store, name, x.shape[1:], str(x.dtype), y.shape[1:], str(y.dtype), shard_mb,
-                       weighted=w is not None) as writer:
+    with DatasetWriter(
+        store, name, x.shape[1:], str(x.dtype), y.shape[1:], str(y.dtype), shard_mb, weighted=w is not None
+    ) as writer:
         writer.write("train", x, y, w)
         writer.write("test", x_test.astype(x.dtype, copy=False), y_test.astype(y.dtype, copy=False), w_test)
         return writer.finish()
@@ -86,8 +87,10 @@ def load_manifest(store: ObjectStore, name: str) -> DatasetManifest:
     except NotFoundError:
         raise NotFoundError(f"dataset {name!r} does not exist (upload it with `slsml data put`)") from None
     if isinstance(stored, dict) and stored.get("schema_version") != SCHEMA_VERSION:
-        raise BadInputError(f"dataset {name!r} is stored in format {stored.get('schema_version')}, which this slsml "
-                            f"no longer reads (v{SCHEMA_VERSION}); upload it again under another name")
+        raise BadInputError(
+            f"dataset {name!r} is stored in format {stored.get('schema_version')}, which this slsml "
+            f"no longer reads (v{SCHEMA_VERSION}); upload it again under another name"
+        )
     return DatasetManifest.model_validate(stored)
 
 
@@ -110,8 +113,9 @@ def worker_indices(batch: np.ndarray, workers: int, worker: int) -> np.ndarray:
     return np.array_split(batch, workers)[worker]
 
 
-def partition_batch(train_count: int, global_batch: int, seed: int, workers: int, worker: int,
-                    number: int) -> np.ndarray:
+def partition_batch(
+    train_count: int, global_batch: int, seed: int, workers: int, worker: int, number: int
+) -> np.ndarray:
     """Sample indices of worker ``worker``'s batch ``number`` within its own partition of the training set
     (ADMM): the partition is its slice of a seeded permutation; its batches, of the worker's share of the
     global batch, follow a seeded per-epoch permutation of the partition."""
@@ -129,8 +133,10 @@ def held_out(spec: TrainingSpec, train_count: int) -> tuple[np.ndarray, np.ndarr
         return np.arange(train_count), np.arange(0)
     size = round(train_count * spec.validation_split)
     if not 0 < size < train_count:
-        raise BadInputError(f"validation split {spec.validation_split:g} of {train_count} training samples holds out"
-                            f" {size}: give a fraction that leaves samples on both sides")
+        raise BadInputError(
+            f"validation split {spec.validation_split:g} of {train_count} training samples holds out"
+            f" {size}: give a fraction that leaves samples on both sides"
+        )
     chosen = np.random.default_rng([spec.seed, train_count]).permutation(train_count)[:size]
     kept = np.ones(train_count, dtype=bool)
     kept[chosen] = False
@@ -143,8 +149,10 @@ def block_order(spec: TrainingSpec, train_count: int) -> BlockOrder | None:
         return None
     order = BlockOrder(train_count, spec.global_batch, spec.shuffle_block, spec.seed)
     if not order.per_epoch:
-        raise BadInputError(f"global batch {spec.global_batch} is larger than the training set in blocks of "
-                            f"{spec.shuffle_block} ({train_count // spec.shuffle_block * spec.shuffle_block} samples)")
+        raise BadInputError(
+            f"global batch {spec.global_batch} is larger than the training set in blocks of "
+            f"{spec.shuffle_block} ({train_count // spec.shuffle_block * spec.shuffle_block} samples)"
+        )
     return order
 
 
@@ -153,8 +161,9 @@ def round_numbers(spec: TrainingSpec, iteration: int) -> range:
     return range(iteration * spec.local_batches, (iteration + 1) * spec.local_batches)
 
 
-def round_batches(spec: TrainingSpec, train_count: int, workers: int, worker: int, iteration: int,
-                  order: BlockOrder | None = None) -> list[np.ndarray]:
+def round_batches(
+    spec: TrainingSpec, train_count: int, workers: int, worker: int, iteration: int, order: BlockOrder | None = None
+) -> list[np.ndarray]:
     """Sample indices of each of worker ``worker``'s batches in round ``iteration``: its slice of the round's
     global batch (gradient averaging), of each of the round's ``local_steps`` global batches (model averaging),
     or its own partition's next ``local_steps`` batches (a partitioned rule: ADMM). ``order``: the run's block order,
@@ -165,8 +174,10 @@ def round_batches(spec: TrainingSpec, train_count: int, workers: int, worker: in
     if order is not None:
         positions = worker_indices(np.arange(spec.global_batch), workers, worker)
         return [order.batch(n, positions) for n in numbers]
-    return [worker_indices(global_batch_indices(train_count, spec.global_batch, spec.seed, n), workers, worker)
-            for n in numbers]
+    return [
+        worker_indices(global_batch_indices(train_count, spec.global_batch, spec.seed, n), workers, worker)
+        for n in numbers
+    ]
 
 
 def coalesce(indices: np.ndarray, shard_records: int) -> list[tuple[int, int, int]]:
@@ -178,8 +189,14 @@ def coalesce(indices: np.ndarray, shard_records: int) -> list[tuple[int, int, in
     shard_of = unique // shard_records
     breaks = np.flatnonzero((np.diff(unique) != 1) | (np.diff(shard_of) != 0)) + 1
     starts, stops = np.concatenate(([0], breaks)), np.concatenate((breaks, [len(unique)]))
-    return [(int(shard_of[a]), int(unique[a] - shard_of[a] * shard_records),
-             int(unique[b - 1] - shard_of[a] * shard_records + 1)) for a, b in zip(starts, stops, strict=True)]
+    return [
+        (
+            int(shard_of[a]),
+            int(unique[a] - shard_of[a] * shard_records),
+            int(unique[b - 1] - shard_of[a] * shard_records + 1),
+        )
+        for a, b in zip(starts, stops, strict=True)
+    ]
 
 
 class DatasetReader:
@@ -220,14 +237,17 @@ class DatasetReader:
     def _ranged_records(self, split: Split, indices: np.ndarray) -> np.ndarray:
         size, per_shard = self.manifest.record_bytes, self.manifest.shard_records
         reads = coalesce(indices, per_shard)
-        bodies = self._get(split, [shard for shard, _, _ in reads],
-                           [(first * size, end * size - 1) for _, first, end in reads])
+        bodies = self._get(
+            split, [shard for shard, _, _ in reads], [(first * size, end * size - 1) for _, first, end in reads]
+        )
         records = np.empty(sum(end - first for _, first, end in reads), self.manifest.record_dtype)
         at = 0
         for (shard, first, end), body in zip(reads, bodies, strict=True):
             if len(body) != (end - first) * size:
-                raise BadInputError(f"dataset {self.manifest.name!r}: {split} shard {shard} is shorter than its "
-                                    f"manifest says (records {first}..{end - 1} read {len(body)} bytes)")
+                raise BadInputError(
+                    f"dataset {self.manifest.name!r}: {split} shard {shard} is shorter than its "
+                    f"manifest says (records {first}..{end - 1} read {len(body)} bytes)"
+                )
             records[at : at + end - first] = np.frombuffer(body, self.manifest.record_dtype)
             at += end - first
         return records[np.searchsorted(np.unique(indices), indices)]
@@ -241,8 +261,9 @@ class DatasetReader:
         for shard, body in zip(missing, self._get(split, missing, [None] * len(missing)), strict=True):
             entry = self.manifest.split(split).shards[shard]
             if len(body) != entry.bytes or hashlib.sha256(body).hexdigest() != entry.sha256:
-                raise BadInputError(f"dataset {self.manifest.name!r}: {split} shard {shard} does not match the "
-                                    "checksum in its manifest")
+                raise BadInputError(
+                    f"dataset {self.manifest.name!r}: {split} shard {shard} does not match the checksum in its manifest"
+                )
             records = np.frombuffer(body, self.manifest.record_dtype)
             shards[shard] = self._cache.put(("shard", self.manifest.name, split, shard), records, len(body))
         out = np.empty(len(indices), self.manifest.record_dtype)
@@ -267,5 +288,7 @@ class DatasetReader:
         except ClientError as error:
             if error_code(error) != "InvalidRange":
                 raise
-            raise BadInputError(f"dataset {self.manifest.name!r}: {split} shard {shard} is shorter than its manifest "
-                                f"says (bytes {byte_range} read)") from None
+            raise BadInputError(
+                f"dataset {self.manifest.name!r}: {split} shard {shard} is shorter than its manifest "
+                f"says (bytes {byte_range} read)"
+            ) from None

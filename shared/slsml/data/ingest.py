@@ -70,8 +70,13 @@ def _split(source: Source, test_fraction: float, seed: int) -> Iterator[tuple[Sp
 
 
 def put(
-    store: ObjectStore, name: str, source: Source, test_fraction: float = 0.2, seed: int = 0,
-    shard_mb: float = DEFAULT_SHARD_MB, origin: Callable[[], DatasetOrigin] | None = None,
+    store: ObjectStore,
+    name: str,
+    source: Source,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    shard_mb: float = DEFAULT_SHARD_MB,
+    origin: Callable[[], DatasetOrigin] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> DatasetManifest:
     """Stream ``source`` into dataset ``name`` (see the module's docstring); ``origin`` gives where it came from,
@@ -83,8 +88,16 @@ def put(
     except StopIteration:
         raise BadInputError(f"{source.where}: no samples") from None
     x, y = first[1][0], first[1][1]
-    writer = DatasetWriter(store, name, x_shape=x.shape[1:], x_dtype=str(x.dtype), y_shape=y.shape[1:],
-                           y_dtype=str(y.dtype), shard_mb=shard_mb, weighted=len(first[1]) > 2)
+    writer = DatasetWriter(
+        store,
+        name,
+        x_shape=x.shape[1:],
+        x_dtype=str(x.dtype),
+        y_shape=y.shape[1:],
+        y_dtype=str(y.dtype),
+        shard_mb=shard_mb,
+        weighted=len(first[1]) > 2,
+    )
     with writer:
         for split, chunk in chain([first], parts):
             writer.write(split, *chunk)
@@ -98,6 +111,11 @@ def origin_of(path: Path, source: Source, test_fraction: float, seed: int) -> Da
     and how it was read."""
     options = vars(source.options) if source.options is not None else {}
     files = [value for value in options.values() if isinstance(value, Path)]
-    return DatasetOrigin(format=source.format, class_names=source.classes, sha256=checksum(path, *files),
-                         options=source.options.model_dump(mode="json") if source.options is not None else {},
-                         test_fraction=None if source.test is not None else test_fraction, seed=seed)
+    return DatasetOrigin(
+        format=source.format,
+        class_names=source.classes,
+        sha256=checksum(path, *files),
+        options=source.options.model_dump(mode="json") if source.options is not None else {},
+        test_fraction=None if source.test is not None else test_fraction,
+        seed=seed,
+    )

@@ -67,8 +67,8 @@ class DatasetManifest(BaseModel):
     y_dtype: str
     classes: int | None = Field(description="number of classes when labels are integer class ids")
     class_counts: tuple[int, ...] | None = Field(
-        default=None, description="training samples of each class id 0 … classes−1 (None: not class ids, or not"
-        " recorded)"
+        default=None,
+        description="training samples of each class id 0 … classes−1 (None: not class ids, or not recorded)",
     )
     x_range: tuple[float, float] | None = Field(
         default=None, description="the smallest and the largest value of x, train and test (None: not recorded)"
@@ -83,19 +83,25 @@ class DatasetManifest(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> DatasetManifest:
         if self.record_dtype.itemsize != self.record_bytes:
-            raise ValueError(f"records of x {self.x_dtype}{list(self.x_shape)} and y {self.y_dtype}"
-                             f"{list(self.y_shape)} take {self.record_dtype.itemsize} bytes, not {self.record_bytes}")
+            raise ValueError(
+                f"records of x {self.x_dtype}{list(self.x_shape)} and y {self.y_dtype}"
+                f"{list(self.y_shape)} take {self.record_dtype.itemsize} bytes, not {self.record_bytes}"
+            )
         for name in SPLITS:
             info = self.split(name)
             if sum(s.records for s in info.shards) != info.count:
-                raise ValueError(f"the {name} shards hold {sum(s.records for s in info.shards)} records, not "
-                                 f"{info.count}")
+                raise ValueError(
+                    f"the {name} shards hold {sum(s.records for s in info.shards)} records, not {info.count}"
+                )
             for index, shard in enumerate(info.shards):
                 last = index == len(info.shards) - 1
                 if (shard.records > self.shard_records if last else shard.records != self.shard_records) or (
-                        shard.bytes != shard.records * self.record_bytes):
-                    raise ValueError(f"{name} shard {index} of {shard.records} records and {shard.bytes} bytes does "
-                                     f"not fit {self.shard_records} records of {self.record_bytes} bytes")
+                    shard.bytes != shard.records * self.record_bytes
+                ):
+                    raise ValueError(
+                        f"{name} shard {index} of {shard.records} records and {shard.bytes} bytes does "
+                        f"not fit {self.shard_records} records of {self.record_bytes} bytes"
+                    )
         return self
 
     @property
@@ -106,11 +112,17 @@ class DatasetManifest(BaseModel):
         return self.train if name == "train" else self.test
 
 
-def record_dtype(x_shape: tuple[int, ...], x_dtype: str, y_shape: tuple[int, ...], y_dtype: str,
-                 weighted: bool = False) -> np.dtype:
+def record_dtype(
+    x_shape: tuple[int, ...], x_dtype: str, y_shape: tuple[int, ...], y_dtype: str, weighted: bool = False
+) -> np.dtype:
     """One record: the sample's x then its y (then its weight), little-endian, packed."""
-    return np.dtype([("x", np.dtype(x_dtype).newbyteorder("<"), x_shape),
-                     ("y", np.dtype(y_dtype).newbyteorder("<"), y_shape), *([("w", "<f4")] if weighted else [])])
+    return np.dtype(
+        [
+            ("x", np.dtype(x_dtype).newbyteorder("<"), x_shape),
+            ("y", np.dtype(y_dtype).newbyteorder("<"), y_shape),
+            *([("w", "<f4")] if weighted else []),
+        ]
+    )
 
 
 def shard_records(record_bytes: int, shard_mb: float = DEFAULT_SHARD_MB) -> int:

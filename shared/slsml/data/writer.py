@@ -64,9 +64,17 @@ class DatasetWriter:
     """Streams (x, y) chunks into a dataset's shards and writes its manifest last (see the module's docstring)."""
 
     def __init__(
-        self, store: ObjectStore, name: str, x_shape: tuple[int, ...], x_dtype: str, y_shape: tuple[int, ...],
-        y_dtype: str, shard_mb: float = DEFAULT_SHARD_MB, uploads: int = UPLOADS,
-        progress: Callable[[int], None] | None = None, weighted: bool = False,
+        self,
+        store: ObjectStore,
+        name: str,
+        x_shape: tuple[int, ...],
+        x_dtype: str,
+        y_shape: tuple[int, ...],
+        y_dtype: str,
+        shard_mb: float = DEFAULT_SHARD_MB,
+        uploads: int = UPLOADS,
+        progress: Callable[[int], None] | None = None,
+        weighted: bool = False,
     ) -> None:
         if not DATASET_PATTERN.match(name):
             raise BadInputError(f"dataset name {name!r} must be 1-63 lowercase letters, digits or '-'")
@@ -98,8 +106,10 @@ class DatasetWriter:
             validate_weights(w, len(x), what)
         for name, array, shape, dtype in (("x", x, self.x_shape, self.x_dtype), ("y", y, self.y_shape, self.y_dtype)):
             if array.shape[1:] != shape or str(array.dtype) != dtype:
-                raise BadInputError(f"{what}: {name} samples are {array.dtype}{list(array.shape[1:])} where the "
-                                    f"dataset's are {dtype}{list(shape)}")
+                raise BadInputError(
+                    f"{what}: {name} samples are {array.dtype}{list(array.shape[1:])} where the "
+                    f"dataset's are {dtype}{list(shape)}"
+                )
         self._low, self._high = min(self._low, float(x.min())), max(self._high, float(x.max()))
         if self._integer_labels:
             self._label_max = max(self._label_max, int(y.max()))
@@ -131,15 +141,26 @@ class DatasetWriter:
                     raise BadInputError(f"{WHAT[split]}: no samples")
                 if state.filled:
                     self._flush(split, state)
-            infos = {split: SplitInfo(count=self._splits[split].count,
-                                      shards=tuple(f.result() for f in self._splits[split].shards)) for split in SPLITS}
+            infos = {
+                split: SplitInfo(
+                    count=self._splits[split].count, shards=tuple(f.result() for f in self._splits[split].shards)
+                )
+                for split in SPLITS
+            }
             manifest = DatasetManifest(
-                name=self.name, x_shape=self.x_shape, x_dtype=self.x_dtype, y_shape=self.y_shape,
-                y_dtype=self.y_dtype, classes=self._label_max + 1 if self._integer_labels else None,
+                name=self.name,
+                x_shape=self.x_shape,
+                x_dtype=self.x_dtype,
+                y_shape=self.y_shape,
+                y_dtype=self.y_dtype,
+                classes=self._label_max + 1 if self._integer_labels else None,
                 class_counts=self._class_counts(),
-                x_range=(self._low, self._high), record_bytes=self.dtype.itemsize, shard_records=self.shard_records,
+                x_range=(self._low, self._high),
+                record_bytes=self.dtype.itemsize,
+                shard_records=self.shard_records,
                 weighted=self.weighted,
-                origin=origin, **infos,
+                origin=origin,
+                **infos,
             )
             if not self.store.put_json_new(keys.dataset_manifest(self.name), manifest.model_dump(mode="json")):
                 raise BadInputError(f"dataset {self.name!r} was created concurrently by someone else")
@@ -180,15 +201,18 @@ class DatasetWriter:
 
     def _upload(self, split: Split, index: int, body: bytes | bytearray) -> ShardEntry:
         try:
-            entry = ShardEntry(records=len(body) // self.dtype.itemsize, bytes=len(body),
-                               sha256=hashlib.sha256(body).hexdigest())
+            entry = ShardEntry(
+                records=len(body) // self.dtype.itemsize, bytes=len(body), sha256=hashlib.sha256(body).hexdigest()
+            )
             key = keys.dataset_shard(self.name, split, index)
             stored = self.store.head(key)  # a shard an interrupted upload stored is not sent again
             if stored is None and self.store.put_new(key, body, metadata={CHECKSUM_METADATA: entry.sha256}):
                 stored = {CHECKSUM_METADATA: entry.sha256}
             if (stored or self.store.head(key) or {}).get(CHECKSUM_METADATA) != entry.sha256:
-                raise BadInputError(f"dataset {self.name!r}: {split} shard {index} stored by an earlier upload "
-                                    "holds other data (its checksum differs); choose another name")
+                raise BadInputError(
+                    f"dataset {self.name!r}: {split} shard {index} stored by an earlier upload "
+                    "holds other data (its checksum differs); choose another name"
+                )
             if self.progress is not None:
                 self.progress(entry.bytes)
             return entry

@@ -55,9 +55,11 @@ class LocalDeployment:
             wiring.STATE_MACHINE_ENV: self.state_machine_arn,
             wiring.RUN_DEFAULTS_ENV: self.run_defaults,
             wiring.RUN_LIMITS_ENV: self.run_limits,
-            wiring.DEAD_LETTER_SOURCES_ENV: json.dumps(wiring.dead_letter_sources(
-                [(arn, function) for function, arn in self.dead_letter_arns.items()], self.topic_arns
-            )),
+            wiring.DEAD_LETTER_SOURCES_ENV: json.dumps(
+                wiring.dead_letter_sources(
+                    [(arn, function) for function, arn in self.dead_letter_arns.items()], self.topic_arns
+                )
+            ),
             **{t.env_var: self.topic_arns[t.name] for t in wiring.TOPICS},
             **{q.env_var: self.queue_urls[q.name] for q in wiring.QUEUES},
         }

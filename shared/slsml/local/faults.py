@@ -149,8 +149,13 @@ class Faults(BaseModel):
     @property
     def active(self) -> bool:
         return bool(
-            self.duplicate or self.worker_crash or self.reducer_crash or self.worker_hang or self.merger_crash_once
-            or (self.s3_get_delay and self.s3_get_delay.probability) or (self.sns_delay and self.sns_delay.probability)
+            self.duplicate
+            or self.worker_crash
+            or self.reducer_crash
+            or self.worker_hang
+            or self.merger_crash_once
+            or (self.s3_get_delay and self.s3_get_delay.probability)
+            or (self.sns_delay and self.sns_delay.probability)
             or self.slow_worker
         )
 

@@ -65,7 +65,13 @@ _TRACEBACK = "\nTraceback (most recent call last):"
 _LOG_BUFFER_BYTES = 1 << 20  # longer than any log line
 PRELOAD = "slsml.local.preload"  # imported once by the process the function processes are forked from
 INJECTED_KINDS = (
-    "duplicate", "sns_delay", "worker_crash", "reducer_crash", "merger_crash", "worker_hang", "slow_worker",
+    "duplicate",
+    "sns_delay",
+    "worker_crash",
+    "reducer_crash",
+    "merger_crash",
+    "worker_hang",
+    "slow_worker",
     "s3_get_delay",
 )
 
@@ -112,8 +118,14 @@ def _start_process(function: str, environment: dict[str, str], log_path: str) ->
     spec.loader.exec_module(module)
     _handler = module.lambda_handler
     fault_injection.install(aws.client("s3"), aws.client("sns"))  # the clients the handler's services use
-    started = {"level": "INFO", "message": "warm process started", "function_name": function, "pid": os.getpid(),
-               "function_memory_size": int(os.environ[MEMORY_ENV]), "timestamp": time.time()}
+    started = {
+        "level": "INFO",
+        "message": "warm process started",
+        "function_name": function,
+        "pid": os.getpid(),
+        "function_memory_size": int(os.environ[MEMORY_ENV]),
+        "timestamp": time.time(),
+    }
     print(json.dumps(started))
 
 
@@ -228,8 +240,13 @@ def raw_body(message: dict[str, Any], topic_arn: str) -> dict[str, Any]:
     the envelope SNS would have wrapped it in."""
     sent = int(message.get("Attributes", {}).get("SentTimestamp", time.time() * 1000))
     stamp = datetime.fromtimestamp(sent / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return {"Type": "Notification", "MessageId": message["MessageId"], "TopicArn": topic_arn,
-            "Message": message["Body"], "Timestamp": stamp}
+    return {
+        "Type": "Notification",
+        "MessageId": message["MessageId"],
+        "TopicArn": topic_arn,
+        "Message": message["Body"],
+        "Timestamp": stamp,
+    }
 
 
 def queued_body(message: dict[str, Any], queue_name: str) -> dict[str, Any]:
@@ -286,11 +303,16 @@ def dead_letter_event(message_id: str, body: str, attributes: dict[str, str], qu
                 "messageId": message_id,
                 "receiptHandle": message_id,
                 "body": body,
-                "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": now, "SenderId": "slsml-local",
-                               "ApproximateFirstReceiveTimestamp": now},
-                "messageAttributes": {name: {"stringValue": value,
-                                             "dataType": "Number" if name == DEAD_LETTER_ERROR_CODE else "String"}
-                                      for name, value in attributes.items()},
+                "attributes": {
+                    "ApproximateReceiveCount": "1",
+                    "SentTimestamp": now,
+                    "SenderId": "slsml-local",
+                    "ApproximateFirstReceiveTimestamp": now,
+                },
+                "messageAttributes": {
+                    name: {"stringValue": value, "dataType": "Number" if name == DEAD_LETTER_ERROR_CODE else "String"}
+                    for name, value in attributes.items()
+                },
                 "md5OfBody": "",
                 "eventSource": "aws:sqs",
                 "eventSourceARN": queue_arn,
@@ -351,8 +373,9 @@ class FunctionHost:
         self.tf_threads = tf_threads
         self.faults = faults
         self.function_environment = dict(function_environment or {})
-        self.sqs = aws.new_client("sqs", endpoint_url=deployment.endpoint, region_name=REGION,
-                                  config=Config(max_pool_connections=64))  # a long poll per queue at once
+        self.sqs = aws.new_client(
+            "sqs", endpoint_url=deployment.endpoint, region_name=REGION, config=Config(max_pool_connections=64)
+        )  # a long poll per queue at once
         self._done: queue_module.SimpleQueue[tuple[str, str]] = queue_module.SimpleQueue()  # (queue, receipt)
         self.services = Services.from_names(
             deployment.bucket, deployment.table, deployment.topic_arns, deployment.state_machine_arn
@@ -377,8 +400,9 @@ class FunctionHost:
         # functions triggered by a queue of their own (not through SNS): function → queue name
         self._queue_triggers = {fn.name: fn.queue.name for fn in wiring.FUNCTIONS if fn.queue is not None}
         # functions whose queue serves one topic get its messages raw: function → that topic's ARN
-        self._raw_topics = {fn.name: deployment.topic_arns[fn.triggers[0].name]
-                            for fn in wiring.FUNCTIONS if raw_delivery(fn)}
+        self._raw_topics = {
+            fn.name: deployment.topic_arns[fn.triggers[0].name] for fn in wiring.FUNCTIONS if raw_delivery(fn)
+        }
 
     def _count(self, counts: dict[str, int]) -> None:
         with self._counts_lock:
@@ -444,8 +468,9 @@ class FunctionHost:
             threading.Thread(target=self._poll, args=(function,), name=f"poll-{function}", daemon=True).start()
         threading.Thread(target=self._delete_handled, name="acknowledge", daemon=True).start()
         for function, queue in self.deployment.dead_letter_queues.items():
-            threading.Thread(target=self._watch_dead_letters, args=(function, queue), name=f"dead-letters-{function}",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._watch_dead_letters, args=(function, queue), name=f"dead-letters-{function}", daemon=True
+            ).start()
 
     def _new_pool(self, function: str) -> ProcessPoolExecutor:
         """``function``'s warm processes (started as they are first needed)."""
@@ -523,8 +548,10 @@ class FunctionHost:
         identity = message_identity(body)
         receives = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
         copy = DUPLICATE_ATTRIBUTE in message.get("MessageAttributes", {})
-        if not copy and receives == 1 and (
-            self.duplicate_deliveries or (fault_spec is not None and fault_spec.duplicates(identity))
+        if (
+            not copy
+            and receives == 1
+            and (self.duplicate_deliveries or (fault_spec is not None and fault_spec.duplicates(identity)))
         ):
             self.sqs.send_message(
                 QueueUrl=queue,
@@ -588,8 +615,9 @@ class FunctionHost:
             nonlocal pool
             pool = self._pools[function]
             try:
-                future = self._submit(function, event, function, request_id, plan, environment,
-                                      self.timeouts.get(function))
+                future = self._submit(
+                    function, event, function, request_id, plan, environment, self.timeouts.get(function)
+                )
                 pool = self._pools[function]
             except RuntimeError:  # the pool has shut down
                 release_slot()
@@ -630,7 +658,7 @@ class FunctionHost:
                 by_queue.setdefault(queue, []).append(receipt)
             for queue, receipts in by_queue.items():
                 for start in range(0, len(receipts), 10):
-                    entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts[start:start + 10])]
+                    entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts[start : start + 10])]
                     try:
                         self.sqs.delete_message_batch(QueueUrl=queue, Entries=entries)
                     except Exception:  # the cloud is shutting down
@@ -655,8 +683,14 @@ class FunctionHost:
         run_id = run_of(body)
         if message["MessageId"] not in self._dead_seen:
             self._dead_seen.add(message["MessageId"])
-            letter = {"function": function, "run_id": run_id, "error": first_line, "rejected": rejected(first_line),
-                      "message_id": body.get("MessageId"), "message": body.get("Message")}
+            letter = {
+                "function": function,
+                "run_id": run_id,
+                "error": first_line,
+                "rejected": rejected(first_line),
+                "message_id": body.get("MessageId"),
+                "message": body.get("Message"),
+            }
             self.dead_letters.append(letter)
             with open(self.log_dir / "dead-letters.jsonl", "a") as log:
                 log.write(json.dumps(letter) + "\n")
@@ -664,8 +698,15 @@ class FunctionHost:
             dead, attributes = message["Body"], {}
         else:  # Lambda's asynchronous-invocation DLQ: the function's event, with the error
             dead = json.dumps(sns_event(body, f"{body['TopicArn']}:{function}"))
-            attributes = {DEAD_LETTER_ERROR_CODE: "200", DEAD_LETTER_ERROR_MESSAGE: error_message(text),
-                          DEAD_LETTER_REQUEST_ID: request_id} if text else {}
+            attributes = (
+                {
+                    DEAD_LETTER_ERROR_CODE: "200",
+                    DEAD_LETTER_ERROR_MESSAGE: error_message(text),
+                    DEAD_LETTER_REQUEST_ID: request_id,
+                }
+                if text
+                else {}
+            )
         event = dead_letter_event(message["MessageId"], dead, attributes, self.deployment.dead_letter_arns[function])
 
         def handled(done: Future) -> None:

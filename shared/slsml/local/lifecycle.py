@@ -59,8 +59,9 @@ def _expire_objects(services: Services, rule: dict[str, Any], now: float) -> lis
     store, days = services.store, rule["Expiration"]["Days"]
     prefix, tags = _filter(rule)
     pages = store.s3.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=prefix)
-    due = [obj["Key"] for page in pages for obj in page.get("Contents", [])
-           if expires_at(obj["LastModified"], days) <= now]
+    due = [
+        obj["Key"] for page in pages for obj in page.get("Contents", []) if expires_at(obj["LastModified"], days) <= now
+    ]
     if tags:  # the tags are read of the objects past their time only
         due = [key for key in due if tags.items() <= _tags(services, key).items()]
     store.delete(due)
@@ -89,9 +90,12 @@ def _expire_items(services: Services, now: float) -> int:
     if described.get("TimeToLiveStatus") != "ENABLED":
         return 0
     attribute, expired = described["AttributeName"], 0
-    kwargs: dict[str, Any] = {"FilterExpression": "#ttl < :now", "ExpressionAttributeNames": {"#ttl": attribute},
-                              "ExpressionAttributeValues": {":now": int(now)},
-                              "ProjectionExpression": f"{PARTITION_KEY.name}, {SORT_KEY.name}"}
+    kwargs: dict[str, Any] = {
+        "FilterExpression": "#ttl < :now",
+        "ExpressionAttributeNames": {"#ttl": attribute},
+        "ExpressionAttributeValues": {":now": int(now)},
+        "ProjectionExpression": f"{PARTITION_KEY.name}, {SORT_KEY.name}",
+    }
     with table.batch_writer() as batch:
         while True:
             page = table.scan(**kwargs)

@@ -274,8 +274,7 @@ def main() -> None:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
     app = local_only(DomainDispatcherApplication(create_backend_app), args.port)
-    server = wsgi.Server((LOOPBACK, args.port), app,
-                         numthreads=SERVER_THREADS, request_queue_size=128)
+    server = wsgi.Server((LOOPBACK, args.port), app, numthreads=SERVER_THREADS, request_queue_size=128)
     server.gateway = gateway()
     server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS
     import_services()

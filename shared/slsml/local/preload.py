@@ -30,8 +30,12 @@ import slsml.state.records  # noqa: E402,F401
 # the session reads a service's descriptions when it makes its first client; these clients are thrown away (a
 # function's own read the region, credentials and endpoint of its environment)
 boto3.setup_default_session()
-_anywhere = {"region_name": "us-east-1", "endpoint_url": "http://127.0.0.1", "aws_access_key_id": "preload",
-             "aws_secret_access_key": "preload"}
+_anywhere = {
+    "region_name": "us-east-1",
+    "endpoint_url": "http://127.0.0.1",
+    "aws_access_key_id": "preload",
+    "aws_secret_access_key": "preload",
+}
 for service in ("s3", "dynamodb", "sns", "sqs", "stepfunctions"):
     boto3.DEFAULT_SESSION.client(service, **_anywhere)
 boto3.DEFAULT_SESSION.resource("dynamodb", **_anywhere)

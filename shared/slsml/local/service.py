@@ -73,18 +73,29 @@ def status(state_dir: Path = STATE_DIR) -> ServiceState | None:
     return state
 
 
-def up(state_dir: Path = STATE_DIR, pool: int | None = None, timeout_s: float = READY_TIMEOUT_S,
-       limits: RunLimits | None = None) -> ServiceState:
+def up(
+    state_dir: Path = STATE_DIR,
+    pool: int | None = None,
+    timeout_s: float = READY_TIMEOUT_S,
+    limits: RunLimits | None = None,
+) -> ServiceState:
     """Start the service (or return the one running) once it is ready to take runs of at most ``limits``."""
     running = status(state_dir)
     if running is not None:
         return running
     state_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "slsml.local.service", str(state_dir), (limits or RunLimits()).model_dump_json(),
-               *([str(pool)] if pool else [])]
+    command = [
+        sys.executable,
+        "-m",
+        "slsml.local.service",
+        str(state_dir),
+        (limits or RunLimits()).model_dump_json(),
+        *([str(pool)] if pool else []),
+    ]
     with open(state_dir / OUTPUT_FILE, "wb") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)  # outlives this command and its terminal's Ctrl-C
+        process = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )  # outlives this command and its terminal's Ctrl-C
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state = status(state_dir)
@@ -120,9 +131,14 @@ def connect(state_dir: Path = STATE_DIR) -> tuple[ServiceState, Services]:
         raise NotFoundError("no local service is up: start one with `slsml local up`, or give --stack NAME")
     deployment = state.local_deployment()
     use_deployment(deployment)
-    services = Services.from_names(deployment.bucket, deployment.table, deployment.topic_arns,
-                                   deployment.state_machine_arn, deployment.deadline_queue_url,
-                                   RunLimits.model_validate_json(deployment.run_limits or "{}"))
+    services = Services.from_names(
+        deployment.bucket,
+        deployment.table,
+        deployment.topic_arns,
+        deployment.state_machine_arn,
+        deployment.deadline_queue_url,
+        RunLimits.model_validate_json(deployment.run_limits or "{}"),
+    )
     return state, services
 
 
@@ -147,8 +163,13 @@ def serve(state_dir: Path, pool: int | None, limits: RunLimits) -> None:
     runtime = LocalRuntime(workers=CONCURRENCY, reducers=CONCURRENCY, pool=pool, log_dir=log_dir, limits=limits)
     with runtime:
         assert runtime.deployment is not None  # provisioned as the runtime is entered
-        state = ServiceState(pid=os.getpid(), started_at=time.time(), pool=runtime.concurrency["worker"],
-                             log_dir=str(log_dir), deployment=dataclasses.asdict(runtime.deployment))
+        state = ServiceState(
+            pid=os.getpid(),
+            started_at=time.time(),
+            pool=runtime.concurrency["worker"],
+            log_dir=str(log_dir),
+            deployment=dataclasses.asdict(runtime.deployment),
+        )
         path = state_dir / STATE_FILE
         staged = path.with_suffix(".tmp")
         staged.write_text(json.dumps(state.model_dump(), indent=1))
@@ -165,5 +186,6 @@ def serve(state_dir: Path, pool: int | None, limits: RunLimits) -> None:
 
 
 if __name__ == "__main__":
-    serve(Path(sys.argv[1]), int(sys.argv[3]) if len(sys.argv) > 3 else None,
-          RunLimits.model_validate_json(sys.argv[2]))
+    serve(
+        Path(sys.argv[1]), int(sys.argv[3]) if len(sys.argv) > 3 else None, RunLimits.model_validate_json(sys.argv[2])
+    )

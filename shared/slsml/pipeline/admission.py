@@ -30,8 +30,11 @@ def problem(message: Any, services: Services) -> str | None:
     """Why ``message`` does not belong to the run it names, or None. The run's config is read from the warm
     cache; each check reads one item or object's metadata at most (``slsml.cost.model``'s admission requests)."""
     if isinstance(message, RunStarted):
-        return None if services.orchestrator.waiting(message.task_token) else (
-            f"no execution of run {message.run_id!r} waits on its task token (a late or forged start)")
+        return (
+            None
+            if services.orchestrator.waiting(message.task_token)
+            else (f"no execution of run {message.run_id!r} waits on its task token (a late or forged start)")
+        )
     if not isinstance(message, Message):
         return None  # an S3 event: its step checks the key it names
     try:
@@ -133,5 +136,9 @@ def _deadline(message: Deadline, config: RunConfig, services: Services) -> str |
 
 
 _CHECKS: dict[type, Callable[[Any, RunConfig, Services], str | None]] = {
-    WorkMessage: _work, WorkDone: _work_done, ReduceMessage: _reduce, ReduceDone: _reduce_done, Deadline: _deadline,
+    WorkMessage: _work,
+    WorkDone: _work_done,
+    ReduceMessage: _reduce,
+    ReduceDone: _reduce_done,
+    Deadline: _deadline,
 }

@@ -110,11 +110,16 @@ class DeadLetterRecords(BaseEnvelope):
 
     def parse(self, data: dict[str, Any] | Any | None, model: type[M]) -> list[M]:  # type: ignore[override]
         return [
-            model.model_validate({
-                "queue_arn": r.eventSourceARN, "message_id": r.messageId, "body": r.body,
-                "attributes": {name: a.stringValue for name, a in r.messageAttributes.items()
-                               if a.stringValue is not None},
-            })
+            model.model_validate(
+                {
+                    "queue_arn": r.eventSourceARN,
+                    "message_id": r.messageId,
+                    "body": r.body,
+                    "attributes": {
+                        name: a.stringValue for name, a in r.messageAttributes.items() if a.stringValue is not None
+                    },
+                }
+            )
             for r in SqsModel.model_validate(data).Records
         ]
 
@@ -174,8 +179,9 @@ def pipeline_handler(
                         if stage is None:
                             run(message)
                             continue
-                        with failing_run_on_bad_input(services, message.run_id, stage(message),
-                                                      message.iteration, message.generation):
+                        with failing_run_on_bad_input(
+                            services, message.run_id, stage(message), message.iteration, message.generation
+                        ):
                             run(message)
                     finally:
                         if charges:

@@ -86,8 +86,11 @@ class Services:
     def ask_watchdog(self, run_id: str, iteration: int, generation: int) -> None:
         """Have the watchdog answer the run's execution as its record says now (it ended, or its final evaluation is
         in): a deadline of stage ``end``, due now, beside the run's chain of deadlines."""
-        self.deadlines.schedule(Deadline(run_id=run_id, iteration=iteration, generation=generation, stage="end",
-                                         round=0, due_at=time.time()))
+        self.deadlines.schedule(
+            Deadline(
+                run_id=run_id, iteration=iteration, generation=generation, stage="end", round=0, due_at=time.time()
+            )
+        )
 
 
 def run_config(store: ObjectStore, run_id: str) -> RunConfig:
@@ -146,11 +149,22 @@ def failing_run_on_bad_input(
     try:
         yield
     except (BadInputError, RunFailed, NotFoundError) as error:
-        if (isinstance(error, NotFoundError) and iteration is not None and generation is not None
-                and superseded(services, run_id, iteration, generation)):
-            logger.info("late step dropped: what it reads was superseded", extra={
-                "run_id": run_id, "iteration": iteration, "generation": generation, "stage": stage,
-                "missing": str(error)})
+        if (
+            isinstance(error, NotFoundError)
+            and iteration is not None
+            and generation is not None
+            and superseded(services, run_id, iteration, generation)
+        ):
+            logger.info(
+                "late step dropped: what it reads was superseded",
+                extra={
+                    "run_id": run_id,
+                    "iteration": iteration,
+                    "generation": generation,
+                    "stage": stage,
+                    "missing": str(error),
+                },
+            )
             return
         reason = f"{stage}: {error}"
         logger.error("run failed", extra={"run_id": run_id, "reason": reason})

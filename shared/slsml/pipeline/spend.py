@@ -45,5 +45,7 @@ def exhausted(run: RunRecord, spent: float | None) -> str | None:
     budget = run.training.budget_usd
     if budget is None or spent is None or spent < budget:
         return None
-    return (f"{BUDGET_REASON}: {prices.usd(spent)} spent of the {prices.usd(budget)} budget (resume with a higher"
-            " --budget-usd)")
+    return (
+        f"{BUDGET_REASON}: {prices.usd(spent)} spent of the {prices.usd(budget)} budget (resume with a higher"
+        " --budget-usd)"
+    )

@@ -53,11 +53,14 @@ class SlotState(NamedTuple):
             arrays = npz.decode(body)
         except (ValueError, OSError, zipfile.BadZipFile) as error:
             raise BadInputError(f"{where}: not an ADMM slot state ({error})") from None
-        found = {name: (np.shape(arrays[name]), str(arrays[name].dtype)) if name in arrays else None
-                 for name in ("model", "dual")}
+        found = {
+            name: (np.shape(arrays[name]), str(arrays[name].dtype)) if name in arrays else None
+            for name in ("model", "dual")
+        }
         if any(entry != ((size,), "float32") for entry in found.values()):
-            raise BadInputError(f"{where}: an ADMM slot state holds a model and a dual of {size} float32 weights,"
-                                f" not {found}")
+            raise BadInputError(
+                f"{where}: an ADMM slot state holds a model and a dual of {size} float32 weights, not {found}"
+            )
         return cls(arrays["model"], arrays["dual"])
 
 
@@ -70,16 +73,19 @@ class Admm(UpdateRule):
     def round(self, work: Round) -> Update:
         size, trainable = work.trainer.plan.size, work.trainer.plan.trainable_mask()
         previous = _state(work.slot.previous(), size, work.slot.where(previous=True))
-        update, state = local_round(work.trainer, work.start, previous, work.batches,
-                                    work.spec.local_optimizer_config(), work.spec.admm_rho)
+        update, state = local_round(
+            work.trainer, work.start, previous, work.batches, work.spec.local_optimizer_config(), work.spec.admm_rho
+        )
         if work.slot.put(state.encode()):
             return update
         stored = _state(work.slot.current(), size, work.slot.where())
         return update if stored is None else update_of(work.start, stored, trainable, update.loss, update.accuracy)
 
     def describe(self, spec: TrainingSpec, optimizer: str, local: str) -> str:
-        return (f"ADMM: {spec.local_steps} local steps a round of {local} on each worker's own partition, proximal"
-                f" weight rho {spec.admm_rho:g}; the reducers average the local models and duals into the consensus")
+        return (
+            f"ADMM: {spec.local_steps} local steps a round of {local} on each worker's own partition, proximal"
+            f" weight rho {spec.admm_rho:g}; the reducers average the local models and duals into the consensus"
+        )
 
     def check_model(self, model: Any) -> None:
         check_model(model)
@@ -114,8 +120,10 @@ def check_model(model) -> None:
         )
     layer = weighted[0]
     if type(layer).__name__ != "Dense":
-        raise BadInputError(f"--algorithm admm applies to a single Dense layer (logistic regression, linear SVM);"
-                            f" this model's layer with weights is {names}")
+        raise BadInputError(
+            f"--algorithm admm applies to a single Dense layer (logistic regression, linear SVM);"
+            f" this model's layer with weights is {names}"
+        )
     activation = getattr(layer.activation, "__name__", str(layer.activation))
     if activation not in CONVEX_ACTIVATIONS:
         raise BadInputError(
@@ -143,14 +151,16 @@ def local_round(
         dual[~trainable] = 0
     anchor = (consensus - dual)[trainable]  # the proximal term pulls x toward z − u
     rho32 = np.float32(rho)
-    current, _, loss, accuracy = averaging.local_steps(trainer, current, batches, optimizer, None,
-                                                       pull=lambda weights: rho32 * (weights - anchor))
+    current, _, loss, accuracy = averaging.local_steps(
+        trainer, current, batches, optimizer, None, pull=lambda weights: rho32 * (weights - anchor)
+    )
     state = SlotState(current, dual)
     return update_of(consensus, state, trainable, loss, accuracy), state
 
 
-def update_of(consensus: np.ndarray, state: SlotState, trainable: np.ndarray, loss: float,
-              accuracy: float | None) -> Update:
+def update_of(
+    consensus: np.ndarray, state: SlotState, trainable: np.ndarray, loss: float, accuracy: float | None
+) -> Update:
     """The update a slot in ``state`` sends: z − (x + u) for trainable weights, x for the others."""
     from slsml.training.modelio import Update
 

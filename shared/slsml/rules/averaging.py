@@ -30,16 +30,20 @@ class ModelAveraging(UpdateRule):
         keep = work.spec.local_state == "keep"
         previous = work.slot.previous() if keep else None
         state = None if previous is None else npz.decode(previous)
-        update, state = take_local_steps(work.trainer, work.start, work.batches, work.spec.local_optimizer_config(),
-                                         state)
+        update, state = take_local_steps(
+            work.trainer, work.start, work.batches, work.spec.local_optimizer_config(), state
+        )
         if keep:  # create-only: a retry's state, computed from the same start, is the same
             work.slot.put(npz.encode(**state))
         return update
 
     def describe(self, spec: TrainingSpec, optimizer: str, local: str) -> str:
         state = "kept per worker slot" if spec.local_state == "keep" else "fresh every round"
-        server = ("the reducers apply the average weight change (FedAvg)" if spec.server == "average"
-                  else f"the reducers step {optimizer} with the average weight change (FedOpt)")
+        server = (
+            "the reducers apply the average weight change (FedAvg)"
+            if spec.server == "average"
+            else f"the reducers step {optimizer} with the average weight change (FedOpt)"
+        )
         return f"model averaging: {spec.local_steps} local steps a round of {local} (state {state}); {server}"
 
     def server_optimizer(self, spec: TrainingSpec, optimizer: OptimizerConfig) -> OptimizerConfig:

@@ -103,4 +103,3 @@ def archive_bytes(template: dict[str, np.ndarray], elements: int) -> int:
     entries (as ``slsml.training.npz`` stores them), without building it."""
     grown = [array for array in template.values() if array.ndim == 1 and array.size == 0]
     return len(npz.encode(**template)) + sum(array.dtype.itemsize for array in grown) * elements
-

@@ -9,9 +9,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 DENSE_F32, DENSE_F16, TOP_K, SIGNIFICANCE = 0, 1, 2, 3  # the update format's encodings, by number
-COMPRESS_FORMS = "none, fp16, topk:F (0 < F ≤ 1: the fraction of each part sent) or significance:V (V > 0: the" \
+COMPRESS_FORMS = (
+    "none, fp16, topk:F (0 < F ≤ 1: the fraction of each part sent) or significance:V (V > 0: the"
     " change relative to its weight an entry must exceed)"
-
+)
 
 
 class Compression(BaseModel):

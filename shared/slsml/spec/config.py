@@ -44,14 +44,24 @@ DATASET_PATTERN = RUN_ID_PATTERN
 
 
 KERAS_OPTIMIZERS = {
-    "sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad", "adamax": "Adamax",
-    "nadam": "Nadam", "lion": "Lion", "adadelta": "Adadelta", "ftrl": "Ftrl",
+    "sgd": "SGD",
+    "adam": "Adam",
+    "adamw": "AdamW",
+    "rmsprop": "RMSprop",
+    "adagrad": "Adagrad",
+    "adamax": "Adamax",
+    "nadam": "Nadam",
+    "lion": "Lion",
+    "adadelta": "Adadelta",
+    "ftrl": "Ftrl",
 }
 OptimizerName = Literal["sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "lion", "adadelta", "ftrl"]
 OPTIMIZER_NAMES: tuple[str, ...] = get_args(OptimizerName)
 # Keras defaults that differ from the fields' defaults below, filled in where a field is not given
 _KERAS_DEFAULTS: dict[str, dict[str, object]] = {
-    "sgd": {"learning_rate": 0.01}, "adamw": {"weight_decay": 0.004}, "lion": {"beta_2": 0.99},
+    "sgd": {"learning_rate": 0.01},
+    "adamw": {"weight_decay": 0.004},
+    "lion": {"beta_2": 0.99},
     "adadelta": {"rho": 0.95},
 }
 # Keras optimizers the reducers refuse, and why (a reducer steps one shard: a slice of the flat vector
@@ -96,11 +106,15 @@ class OptimizerConfig(BaseModel):
     nesterov: bool = Field(default=False, json_schema_extra=_only("sgd"))
     beta_1: float = Field(default=0.9, ge=0, le=1, json_schema_extra=_only("adam", "adamw", "adamax", "nadam", "lion"))
     beta_2: float = Field(
-        default=0.999, ge=0, le=1, description="Lion's default 0.99",
+        default=0.999,
+        ge=0,
+        le=1,
+        description="Lion's default 0.99",
         json_schema_extra=_only("adam", "adamw", "adamax", "nadam", "lion"),
     )
     epsilon: float = Field(
-        default=1e-7, gt=0,
+        default=1e-7,
+        gt=0,
         json_schema_extra=_only("adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "adadelta"),
     )
     amsgrad: bool = Field(default=False, json_schema_extra=_only("adam", "adamw"))
@@ -110,7 +124,9 @@ class OptimizerConfig(BaseModel):
     centered: bool = Field(default=False, json_schema_extra=_only("rmsprop"))
     initial_accumulator_value: float = Field(default=0.1, ge=0, json_schema_extra=_only("adagrad", "ftrl"))
     learning_rate_power: float = Field(
-        default=-0.5, le=0, description="how the per-weight learning rate falls (0: fixed)",
+        default=-0.5,
+        le=0,
+        description="how the per-weight learning rate falls (0: fixed)",
         json_schema_extra=_only("ftrl"),
     )
     l1_regularization_strength: float = Field(default=0.0, ge=0, json_schema_extra=_only("ftrl"))
@@ -127,8 +143,9 @@ class OptimizerConfig(BaseModel):
     exclude_from_weight_decay: tuple[RegularExpression, ...] = Field(
         default=(), description="patterns (regular expressions) of variable names that take no weight decay"
     )
-    use_ema: bool = Field(default=False, description="keep an exponential moving average of the weights; the final"
-                          " model carries it")
+    use_ema: bool = Field(
+        default=False, description="keep an exponential moving average of the weights; the final model carries it"
+    )
     ema_momentum: float = Field(default=0.99, ge=0, le=1, description="the average's momentum")
     ema_overwrite_frequency: int | None = Field(
         default=None, ge=1, description="every this many steps the weights take the average's value"
@@ -162,23 +179,30 @@ class OptimizerConfig(BaseModel):
         apply to this optimizer."""
         keras_defaults = _KERAS_DEFAULTS.get(self.name, {})
         return [
-            field for field, info in type(self).model_fields.items()
-            if not self.applies(field, self.name) and (value := getattr(self, field)) != info.default
+            field
+            for field, info in type(self).model_fields.items()
+            if not self.applies(field, self.name)
+            and (value := getattr(self, field)) != info.default
             and value != keras_defaults.get(field, info.default)
         ]
 
     @model_validator(mode="after")
     def _consistent(self) -> OptimizerConfig:
         if foreign := self.foreign():
-            raise ValueError("; ".join(
-                f"{field} does not apply to {KERAS_OPTIMIZERS[self.name]} (only to"
-                f" {', '.join(KERAS_OPTIMIZERS[n] for n in self.optimizers_of(field))})" for field in foreign
-            ))
+            raise ValueError(
+                "; ".join(
+                    f"{field} does not apply to {KERAS_OPTIMIZERS[self.name]} (only to"
+                    f" {', '.join(KERAS_OPTIMIZERS[n] for n in self.optimizers_of(field))})"
+                    for field in foreign
+                )
+            )
         if self.clipnorm and self.global_clipnorm:
             raise ValueError("clipnorm and global_clipnorm contradict each other: give one of them")
         if self.clipvalue and (self.clipnorm or self.global_clipnorm):
-            raise ValueError("clipvalue and a clipping norm contradict each other: Keras would clip by the norm and"
-                             " ignore clipvalue; give one of them")
+            raise ValueError(
+                "clipvalue and a clipping norm contradict each other: Keras would clip by the norm and"
+                " ignore clipvalue; give one of them"
+            )
         if self.exclude_from_weight_decay and not self.weight_decay:
             raise ValueError("exclude_from_weight_decay needs a weight_decay")
         return self
@@ -261,10 +285,11 @@ def _class_weight_text(value: object) -> object:
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            raise ValueError(f"class_weight {value!r} is neither balanced nor a JSON mapping of class to weight"
-                             ) from None
+            raise ValueError(
+                f"class_weight {value!r} is neither balanced nor a JSON mapping of class to weight"
+            ) from None
     if not isinstance(value, dict) or not value:
-        raise ValueError("class_weight must be balanced or a mapping of class to weight, e.g. {\"0\": 1, \"1\": 3}")
+        raise ValueError('class_weight must be balanced or a mapping of class to weight, e.g. {"0": 1, "1": 3}')
     weights: dict[int, float] = {}
     for key, weight in value.items():
         try:
@@ -288,8 +313,10 @@ def _early_stopping(value: str | None) -> str | None:
         if len(rest) > 2 or (rest and int(rest[0]) < 0) or (len(rest) > 1 and not float(rest[1]) >= 0):
             raise ValueError
     except ValueError:
-        raise ValueError(f"early_stopping {value!r} is not MONITOR[:PATIENCE[:MIN_DELTA]] (e.g. val_loss:3:0.001;"
-                         " PATIENCE a whole number from 0, MIN_DELTA a number from 0)") from None
+        raise ValueError(
+            f"early_stopping {value!r} is not MONITOR[:PATIENCE[:MIN_DELTA]] (e.g. val_loss:3:0.001;"
+            " PATIENCE a whole number from 0, MIN_DELTA a number from 0)"
+        ) from None
     return value
 
 
@@ -328,27 +355,35 @@ class TrainingSpec(BaseModel):
     )
     eval_every: int = Field(default=10, ge=0, description="test-set evaluation period; 0: only at the end")
     epochs: int | None = Field(
-        default=None, ge=1, description="the run's length in epochs (Keras's fit): iterations are epochs × the"
+        default=None,
+        ge=1,
+        description="the run's length in epochs (Keras's fit): iterations are epochs × the"
         " training samples // the global batch (the last partial batch of an epoch is left out), in place of"
         " iterations",
     )
     validation_split: float | None = Field(
-        default=None, gt=0, lt=1, description="a fraction of the training samples, drawn by the seed, held out of"
+        default=None,
+        gt=0,
+        lt=1,
+        description="a fraction of the training samples, drawn by the seed, held out of"
         " training and evaluated at each epoch's end (val_ figures)",
     )
     class_weight: Annotated[str | None, BeforeValidator(_class_weight_text)] = Field(
-        default=None, description="Keras's class_weight: balanced (each class weighted by samples / (classes ×"
-        " its samples)) or a JSON mapping of class to weight, e.g. '{\"0\": 1, \"1\": 3}' (a class left out: 1);"
+        default=None,
+        description="Keras's class_weight: balanced (each class weighted by samples / (classes ×"
+        ' its samples)) or a JSON mapping of class to weight, e.g. \'{"0": 1, "1": 3}\' (a class left out: 1);'
         " each sample's loss is weighted by its class's weight, as fit weights it",
     )
     early_stopping: Annotated[str | None, AfterValidator(_early_stopping)] = Field(
-        default=None, description="Keras's EarlyStopping as MONITOR[:PATIENCE[:MIN_DELTA]], e.g. val_loss:3: the run"
+        default=None,
+        description="Keras's EarlyStopping as MONITOR[:PATIENCE[:MIN_DELTA]], e.g. val_loss:3: the run"
         " ends COMPLETED once the monitored figure (val_… of the validation split, evaluated at each epoch's end;"
         " test_… of the test split) has not improved by more than MIN_DELTA (default 0) for PATIENCE evaluations"
         " (default 0); minimized or maximized as Keras decides from the metric",
     )
     keep_best: str | None = Field(
-        default=None, description="Keras's ModelCheckpoint(save_best_only): the final model is the evaluated model"
+        default=None,
+        description="Keras's ModelCheckpoint(save_best_only): the final model is the evaluated model"
         " best by this figure (val_… or test_…, e.g. val_auc), not the last",
     )
     optimizer: OptimizerConfig | None = Field(
@@ -356,7 +391,8 @@ class TrainingSpec(BaseModel):
     )
     loss: str | None = Field(default=None, description="Keras loss name; None: the model's compiled loss")
     budget_usd: float | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="dollars: a run the plan predicts above this is refused before it starts, and the run is"
         " stopped (STOPPED, reason budget) at the first iteration it would launch once its functions have spent"
         " this much",
@@ -364,17 +400,23 @@ class TrainingSpec(BaseModel):
     heartbeat_s: int = Field(default=900, ge=1, description="seconds: the run fails if an iteration takes longer")
     time_budget_s: int = Field(default=7 * 24 * 3600, ge=1, description="seconds: the run fails if it takes longer")
     deadline_s: float = Field(
-        default=120.0, gt=0, le=24 * 3600,
+        default=120.0,
+        gt=0,
+        le=24 * 3600,
         description="seconds a stage (the workers, then the reducers) of an iteration may take before the"
         " watchdog acts on what is missing",
     )
     deadline_floor: float = Field(
-        default=0.5, gt=0, le=1,
+        default=0.5,
+        gt=0,
+        le=1,
         description="at a deadline, the fraction of workers that lets the reduce fire without the others"
         " (at most the quorum)",
     )
     deadline_retries: int = Field(
-        default=2, ge=0, le=20,
+        default=2,
+        ge=0,
+        le=20,
         description="how often missing workers or reducers are re-launched before the run fails"
         " (workers) or a shard keeps its weights (reducers)",
     )
@@ -383,7 +425,9 @@ class TrainingSpec(BaseModel):
         default="gradient", description="; ".join(f"{rule.name}: {rule.about}" for rule in ALGORITHMS.values())
     )
     local_steps: int = Field(
-        default=1, ge=1, le=1000,
+        default=1,
+        ge=1,
+        le=1000,
         description=f"{algorithms.titles('local_steps')}: local steps per round, one per batch the size of the"
         " worker's share of the global batch (a round takes this many)",
     )
@@ -397,9 +441,10 @@ class TrainingSpec(BaseModel):
         default=0.0, ge=0, lt=1, description=f"{algorithms.titles('local_momentum')}: its momentum (sgd, rmsprop)"
     )
     admm_rho: float = Field(
-        default=0.1, gt=0,
+        default=0.1,
+        gt=0,
         description=f"{algorithms.titles('admm_rho')}: the weight ρ of the proximal term (ρ/2)·‖x − z + u‖² of local"
-        " steps"
+        " steps",
     )
     local_state: Literal["reset", "keep"] = Field(
         default="reset",
@@ -413,7 +458,9 @@ class TrainingSpec(BaseModel):
     )
 
     staleness: int = Field(
-        default=0, ge=0, le=100,
+        default=0,
+        ge=0,
+        le=100,
         description="bounded staleness (SSP): a worker's update that comes after its round's reduce fired is"
         " folded into a later round's reduce, at most this many rounds later; 0: it is left out",
     )
@@ -424,7 +471,9 @@ class TrainingSpec(BaseModel):
         default=None, ge=1, description="the fewest workers `run scale` may set while the run trains (default 1)"
     )
     max_workers: int | None = Field(
-        default=None, ge=1, le=MAX_WORKERS,
+        default=None,
+        ge=1,
+        le=MAX_WORKERS,
         description=f"the most workers `run scale` may set while the run trains (default: the global batch, at"
         f" most {MAX_WORKERS})",
     )
@@ -470,8 +519,10 @@ class TrainingSpec(BaseModel):
     def _monitored(self) -> TrainingSpec:
         for monitor in self.monitors:
             if not monitor.startswith(("val_", "test_")) or monitor in ("val_", "test_"):
-                raise ValueError(f"{monitor!r} is not a figure of an evaluation: monitor val_<metric> (the"
-                                 " validation split) or test_<metric> (the test split), e.g. val_loss")
+                raise ValueError(
+                    f"{monitor!r} is not a figure of an evaluation: monitor val_<metric> (the"
+                    " validation split) or test_<metric> (the test split), e.g. val_loss"
+                )
             if monitor.startswith("val_") and self.validation_split is None:
                 raise ValueError(f"{monitor} is evaluated on a validation split: give validation_split")
             if monitor.startswith("test_") and not self.eval_every:
@@ -528,8 +579,9 @@ class TrainingSpec(BaseModel):
     @model_validator(mode="after")
     def _heartbeat_within_budget(self) -> TrainingSpec:
         if self.heartbeat_s >= self.time_budget_s:  # Step Functions refuses a heartbeat not below the timeout
-            raise ValueError(f"heartbeat ({self.heartbeat_s} s) must be shorter than the time budget"
-                             f" ({self.time_budget_s} s)")
+            raise ValueError(
+                f"heartbeat ({self.heartbeat_s} s) must be shorter than the time budget ({self.time_budget_s} s)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -539,28 +591,37 @@ class TrainingSpec(BaseModel):
         if (self.staleness + 1) * self.heartbeat_s > TRANSIENT_USE_MAX_S:
             raise ValueError(
                 f"(staleness + 1) × heartbeat ({self.staleness + 1} × {self.heartbeat_s} s) exceeds the"
-                f" {TRANSIENT_USE_MAX_S} s a run may read an iteration's updates, which then expire")
+                f" {TRANSIENT_USE_MAX_S} s a run may read an iteration's updates, which then expire"
+            )
         return self
 
     @model_validator(mode="after")
     def _algorithm_options(self) -> TrainingSpec:
         fields = type(self).model_fields
-        foreign = [f for f in algorithms.OPTIONS
-                   if f not in ALGORITHMS[self.algorithm].taken and getattr(self, f) != fields[f].default]
+        foreign = [
+            f
+            for f in algorithms.OPTIONS
+            if f not in ALGORITHMS[self.algorithm].taken and getattr(self, f) != fields[f].default
+        ]
         if foreign:
-            raise ValueError("; ".join(f"{f} is an option of algorithm {' or '.join(algorithms.taking(f))} only"
-                                       for f in foreign))
+            raise ValueError(
+                "; ".join(f"{f} is an option of algorithm {' or '.join(algorithms.taking(f))} only" for f in foreign)
+            )
         rule = ALGORITHMS[self.algorithm]
         if rule.local:
             self.local_optimizer_config()  # the local optimizer must take its options
         if rule.partitioned:
             if self.workers == "auto" or self.min_workers is not None or self.max_workers is not None:
-                raise ValueError(f"algorithm {rule.name} trains a fixed fleet: each worker keeps its data partition"
-                                 " and its state, which another count would cut anew (no workers auto, min_workers"
-                                 " or max_workers)")
+                raise ValueError(
+                    f"algorithm {rule.name} trains a fixed fleet: each worker keeps its data partition"
+                    " and its state, which another count would cut anew (no workers auto, min_workers"
+                    " or max_workers)"
+                )
             if self.staleness:
-                raise ValueError(f"algorithm {rule.name} folds no late updates: a late worker's state is kept with"
-                                 " its slot and enters the slot's next round (no staleness)")
+                raise ValueError(
+                    f"algorithm {rule.name} folds no late updates: a late worker's state is kept with"
+                    " its slot and enters the slot's next round (no staleness)"
+                )
         return self
 
     @property
@@ -597,20 +658,26 @@ class RunConfig(BaseModel):
     optimizer: OptimizerConfig
     loss: str
     classification: bool = Field(description="labels are classes: workers report accuracy")
-    metrics: str = Field(default="[]", description="the metrics the workers evaluate (JSON: Keras names and serialized"
-                         " metrics, as compile takes them; slsml.training.evaluation)")
+    metrics: str = Field(
+        default="[]",
+        description="the metrics the workers evaluate (JSON: Keras names and serialized"
+        " metrics, as compile takes them; slsml.training.evaluation)",
+    )
     modes: dict[str, Literal["min", "max"]] = Field(
-        default_factory=dict, description="whether each monitored figure (training.monitors) improves by falling"
-        " or rising, as Keras decides it from the metric"
+        default_factory=dict,
+        description="whether each monitored figure (training.monitors) improves by falling"
+        " or rising, as Keras decides it from the metric",
     )
     class_weights: tuple[float, ...] | None = Field(
-        default=None, description="the weight of each class id 0 … n−1 (training.class_weight resolved; a class"
-        " beyond: 1, as Keras); None: none"
+        default=None,
+        description="the weight of each class id 0 … n−1 (training.class_weight resolved; a class"
+        " beyond: 1, as Keras); None: none",
     )
     plan: ShardPlan
     architecture: str | None = Field(
-        default=None, description="digest of what the model computes (modelio.architecture): a warm worker serves "
-        "the runs of one architecture with one model (None: with the run's own)"
+        default=None,
+        description="digest of what the model computes (modelio.architecture): a warm worker serves "
+        "the runs of one architecture with one model (None: with the run's own)",
     )
     update_format: Literal[1] = 1
 
@@ -641,6 +708,4 @@ class DropInRequest(BaseModel):
     training: dict[str, object] = Field(default_factory=dict, description="TrainingSpec fields")
 
     def over(self, defaults: DropInRequest) -> DropInRequest:
-        return DropInRequest(
-            dataset=self.dataset or defaults.dataset, training={**defaults.training, **self.training}
-        )
+        return DropInRequest(dataset=self.dataset or defaults.dataset, training={**defaults.training, **self.training})

@@ -79,8 +79,12 @@ class LifecycleRule(BaseModel):
 def lifecycle_rules(scratch_expiry_days: int = SCRATCH_EXPIRY_DAYS) -> tuple[LifecycleRule, ...]:
     """The data bucket's lifecycle rules: tagged transient scratch expires, incomplete uploads are aborted."""
     return (
-        LifecycleRule(id="ExpireIterationScratch", prefix=RUNS_PREFIX, tags={SCRATCH_TAG_KEY: SCRATCH_TAG_VALUE},
-                      expiration_days=scratch_expiry_days),
+        LifecycleRule(
+            id="ExpireIterationScratch",
+            prefix=RUNS_PREFIX,
+            tags={SCRATCH_TAG_KEY: SCRATCH_TAG_VALUE},
+            expiration_days=scratch_expiry_days,
+        ),
         LifecycleRule(id="AbortIncompleteUploads", abort_uploads_days=1),
     )
 
@@ -90,9 +94,11 @@ def lifecycle_configuration(rules: tuple[LifecycleRule, ...]) -> dict[str, Any]:
     configured = []
     for rule in rules:
         tags = [{"Key": k, "Value": v} for k, v in rule.tags.items()]
-        entry: dict[str, Any] = {"ID": rule.id, "Status": "Enabled",
-                                 "Filter": {"And": {"Prefix": rule.prefix, "Tags": tags}} if tags
-                                 else {"Prefix": rule.prefix}}
+        entry: dict[str, Any] = {
+            "ID": rule.id,
+            "Status": "Enabled",
+            "Filter": {"And": {"Prefix": rule.prefix, "Tags": tags}} if tags else {"Prefix": rule.prefix},
+        }
         if rule.expiration_days is not None:
             entry["Expiration"] = {"Days": rule.expiration_days}
         if rule.abort_uploads_days is not None:
@@ -132,8 +138,6 @@ DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
 
 UNRESERVED_MINIMUM = 100  # of an account's Lambda concurrency, which AWS refuses to let reservations take
 ACCOUNT_CONCURRENCY = 1000  # Lambda's default concurrency quota per region
-
-
 
 
 def log_group_output(function: str) -> str:

@@ -21,20 +21,27 @@ class RunLimits(BaseModel):
     workers: int = Field(default=256, ge=1, description="the most workers a run may train with")
     reducers: int = Field(default=64, ge=1, description="the most reducers a run may have")
     iterations: int = Field(default=100_000, ge=1, description="the most iterations a run may ask for")
-    time_budget_s: int = Field(default=7 * 24 * 3600, ge=1,
-                               description="the longest time budget (seconds) a run may ask for")
+    time_budget_s: int = Field(
+        default=7 * 24 * 3600, ge=1, description="the longest time budget (seconds) a run may ask for"
+    )
 
     def refusal(self, spec: TrainingSpec, workers: int | None = None) -> str | None:
         """Why the deployment refuses a run of ``spec`` (its iterations resolved) training with ``workers`` now
         (default: its first round's), or None. The workers a run asks for are the most it names (``max_workers``,
         which bounds ``run scale`` and ``--workers auto``), else those it trains with."""
-        asked = {"workers": spec.asked_workers(workers), "reducers": spec.reducers,
-                 "iterations": spec.iterations, "time_budget_s": spec.time_budget_s}
-        over = [f"{value} {_ASKED[name]}, over the deployment's limit {name}={getattr(self, name)}"
-                for name, value in asked.items() if value > getattr(self, name)]
+        asked = {
+            "workers": spec.asked_workers(workers),
+            "reducers": spec.reducers,
+            "iterations": spec.iterations,
+            "time_budget_s": spec.time_budget_s,
+        }
+        over = [
+            f"{value} {_ASKED[name]}, over the deployment's limit {name}={getattr(self, name)}"
+            for name, value in asked.items()
+            if value > getattr(self, name)
+        ]
         return f"the run asks for {'; '.join(over)}" if over else None
 
 
-_ASKED = {"workers": "workers", "reducers": "reducers", "iterations": "iterations",
-          "time_budget_s": "s of time budget"}
+_ASKED = {"workers": "workers", "reducers": "reducers", "iterations": "iterations", "time_budget_s": "s of time budget"}
 RUN_LIMITS_OUTPUT = "RunLimits"  # the stack output holding the deployment's RunLimits (JSON)

@@ -21,7 +21,6 @@ DEAD_LETTER_REQUEST_ID = "RequestID"
 MAX_MESSAGE_BYTES = 128 * 1024  # the biggest real message, a Reduce for 1000 workers, is 45 KiB; SNS allows 256
 
 
-
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -69,7 +68,8 @@ class ReduceMessage(Message):
     participants: tuple[Participant, ...] = Field(min_length=1)
     attempt: int = Field(default=0, ge=0, description="> 0: re-launched by the watchdog")
     squares: dict[str, float] | None = Field(
-        default=None, description="runs that clip by norm: every shard's sums of squares are in, these are their"
+        default=None,
+        description="runs that clip by norm: every shard's sums of squares are in, these are their"
         " totals; step with your stored average (see slsml.training.clipping)",
     )
 

@@ -74,7 +74,14 @@ RUN_EVENTS = Topic("RunEvents", "SLSML_TOPIC_RUN_EVENTS")
 DEADLINES = Queue("Deadlines", "SLSML_QUEUE_DEADLINES")
 
 TOPICS: tuple[Topic, ...] = (
-    MODEL_UPDATED, WORK, WORK_DONE, REDUCE, REDUCE_DONE, RUN_CONTROL, MODEL_DROPPED, RUN_EVENTS
+    MODEL_UPDATED,
+    WORK,
+    WORK_DONE,
+    REDUCE,
+    REDUCE_DONE,
+    RUN_CONTROL,
+    MODEL_DROPPED,
+    RUN_EVENTS,
 )
 
 _ALL_ANSWERS = tuple(TaskAnswer)
@@ -82,33 +89,82 @@ SCRATCH, MODELS, FINAL = keys.SCRATCH_OBJECTS, keys.MODEL_OBJECTS, keys.FINAL_MO
 
 FUNCTIONS: tuple[Function, ...] = (
     Function(
-        "work_launcher", triggers=(MODEL_UPDATED, RUN_CONTROL), publishes=(WORK,), needs_tensorflow=False,
-        sends=(DEADLINES,), writes=(FINAL,), deletes=(FINAL, SCRATCH), answers=_ALL_ANSWERS,
+        "work_launcher",
+        triggers=(MODEL_UPDATED, RUN_CONTROL),
+        publishes=(WORK,),
+        needs_tensorflow=False,
+        sends=(DEADLINES,),
+        writes=(FINAL,),
+        deletes=(FINAL, SCRATCH),
+        answers=_ALL_ANSWERS,
     ),
     # runs the user's model: it writes scratch alone, and tells no execution anything (the watchdog completes a
     # run its final evaluation finished, and ends the execution of a run it failed)
-    Function("worker", triggers=(WORK,), publishes=(WORK_DONE,), needs_tensorflow=True, sends=(DEADLINES,),
-             writes=(SCRATCH,), deletes=(SCRATCH,)),
-    Function("reduce_launcher", triggers=(WORK_DONE,), publishes=(REDUCE,), needs_tensorflow=False,
-             answers=(TaskAnswer.FAILURE,)),
+    Function(
+        "worker",
+        triggers=(WORK,),
+        publishes=(WORK_DONE,),
+        needs_tensorflow=True,
+        sends=(DEADLINES,),
+        writes=(SCRATCH,),
+        deletes=(SCRATCH,),
+    ),
+    Function(
+        "reduce_launcher",
+        triggers=(WORK_DONE,),
+        publishes=(REDUCE,),
+        needs_tensorflow=False,
+        answers=(TaskAnswer.FAILURE,),
+    ),
     # publishes Reduce too: in runs that clip by norm, the reducer that completes the norm exchange
     # releases the other shards' steps
-    Function("reducer", triggers=(REDUCE,), publishes=(REDUCE_DONE, REDUCE), needs_tensorflow=False,
-             writes=(SCRATCH,), answers=(TaskAnswer.FAILURE,)),
-    Function("merger", triggers=(REDUCE_DONE,), publishes=(), needs_tensorflow=True, writes=(SCRATCH, MODELS),
-             deletes=(SCRATCH, MODELS), answers=(TaskAnswer.FAILURE, TaskAnswer.HEARTBEAT)),
+    Function(
+        "reducer",
+        triggers=(REDUCE,),
+        publishes=(REDUCE_DONE, REDUCE),
+        needs_tensorflow=False,
+        writes=(SCRATCH,),
+        answers=(TaskAnswer.FAILURE,),
+    ),
+    Function(
+        "merger",
+        triggers=(REDUCE_DONE,),
+        publishes=(),
+        needs_tensorflow=True,
+        writes=(SCRATCH, MODELS),
+        deletes=(SCRATCH, MODELS),
+        answers=(TaskAnswer.FAILURE, TaskAnswer.HEARTBEAT),
+    ),
     # beside the loop: at each deadline, fire a late barrier, re-launch what is missing, or fail the run
     Function(
-        "watchdog", triggers=(), publishes=(WORK, REDUCE, REDUCE_DONE), needs_tensorflow=False,
-        queue=DEADLINES, sends=(DEADLINES,), writes=(SCRATCH, FINAL), deletes=(SCRATCH, FINAL),
+        "watchdog",
+        triggers=(),
+        publishes=(WORK, REDUCE, REDUCE_DONE),
+        needs_tensorflow=False,
+        queue=DEADLINES,
+        sends=(DEADLINES,),
+        writes=(SCRATCH, FINAL),
+        deletes=(SCRATCH, FINAL),
         answers=(TaskAnswer.SUCCESS, TaskAnswer.FAILURE),
     ),
     # outside the loop: a plain upload to incoming/ starts a run with the deployment's defaults
-    Function("run_starter", triggers=(MODEL_DROPPED,), publishes=(), needs_tensorflow=True, starts_runs=True,
-             writes=(keys.RUN_CONFIG_OBJECTS, keys.SOURCE_MODEL_OBJECTS, SCRATCH)),
+    Function(
+        "run_starter",
+        triggers=(MODEL_DROPPED,),
+        publishes=(),
+        needs_tensorflow=True,
+        starts_runs=True,
+        writes=(keys.RUN_CONFIG_OBJECTS, keys.SOURCE_MODEL_OBJECTS, SCRATCH),
+    ),
     # beside everything: a message a function failed on three times (or SNS could not deliver) fails its run
-    Function("dead_letters", triggers=(), publishes=(), needs_tensorflow=False, reads_dead_letters=True,
-             answers=(TaskAnswer.FAILURE,)),
+    Function(
+        "dead_letters",
+        triggers=(),
+        publishes=(),
+        needs_tensorflow=False,
+        reads_dead_letters=True,
+        answers=(TaskAnswer.FAILURE,),
+    ),
 )
 
 BUCKET_NOTIFICATIONS: tuple[BucketNotification, ...] = (

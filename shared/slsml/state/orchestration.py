@@ -206,17 +206,25 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                     "ConditionExpression": "execution_arn = :execution",
                     "ExpressionAttributeNames": {"#status": "status"},
                     "ExpressionAttributeValues": {
-                        ":failed": {"S": "FAILED"}, ":reason": {"S.$": "$.failure.reason"},
+                        ":failed": {"S": "FAILED"},
+                        ":reason": {"S.$": "$.failure.reason"},
                         ":execution": {"S.$": "$$.Execution.Id"},
                     },
                 },
                 "ResultPath": None,
                 "Next": "ReadReason",
-                "Catch": [{"ErrorEquals": ["DynamoDB.ConditionalCheckFailedException"], "ResultPath": "$.error",
-                           "Next": "Superseded"}],
+                "Catch": [
+                    {
+                        "ErrorEquals": ["DynamoDB.ConditionalCheckFailedException"],
+                        "ResultPath": "$.error",
+                        "Next": "Superseded",
+                    }
+                ],
             },
             "Superseded": {
-                "Type": "Fail", "Error": "RunSuperseded", "Cause": "the run was resumed by a newer execution",
+                "Type": "Fail",
+                "Error": "RunSuperseded",
+                "Cause": "the run was resumed by a newer execution",
             },
             "ReadReason": {  # the reason the table kept: the pipeline's own, if it recorded one first
                 "Type": "Task",
@@ -293,4 +301,3 @@ class Orchestrator:
             if error_code(error) not in _ENDED:
                 raise
             logger.info("run execution no longer waits", extra={"call": call, "error": error_code(error)})
-

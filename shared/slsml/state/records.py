@@ -73,8 +73,9 @@ class RunRecord(BaseModel):
     final_etag: str | None = Field(default=None, description="the final model's ETag when the run stored it")
     test_loss: float | None = None
     test_accuracy: float | None = None
-    test: dict[str, float] | None = Field(default=None, description="the final model's loss and metrics on the test"
-                                          " split, by Keras name")
+    test: dict[str, float] | None = Field(
+        default=None, description="the final model's loss and metrics on the test split, by Keras name"
+    )
     val: dict[str, float] | None = Field(default=None, description="and on the validation samples")
     execution_arn: str | None = None
     task_token: str | None = None
@@ -138,8 +139,9 @@ class Counter(BaseModel):
     launched_by: str | None = None
     workers: int | None = Field(default=None, description="the workers the iteration was launched with")
     workers_reason: str | None = Field(default=None, description="why they differ from the iteration before's")
-    spent_usd: float | None = Field(default=None, description="the run's spend when it was launched (a run with a"
-                                    " budget)")
+    spent_usd: float | None = Field(
+        default=None, description="the run's spend when it was launched (a run with a budget)"
+    )
     arrived: int = 0
     nonfinite_arrived: int = 0
     reduce_fired_by: int | None = None
@@ -154,8 +156,10 @@ class Counter(BaseModel):
     merged_at: float | None = None
     test_loss: float | None = None
     test_accuracy: float | None = None
-    test: dict[str, float] | None = Field(default=None, description="the loss and metrics on the test split of the"
-                                          " model this iteration merged, by Keras name")
+    test: dict[str, float] | None = Field(
+        default=None,
+        description="the loss and metrics on the test split of the model this iteration merged, by Keras name",
+    )
     val: dict[str, float] | None = Field(default=None, description="and on the validation samples, at an epoch's end")
     stale_attempts: int = Field(default=0, description="reports of superseded attempts, ignored")
     reduce_relaunches: int = Field(default=0, description="reducers the watchdog re-launched")
@@ -265,12 +269,23 @@ INDEXES = (RUNS_INDEX,)
 def run_item(run_id: str, dataset: str, training: TrainingSpec, created_at: float) -> dict[str, Any]:
     """A new run's ``META`` item as the run state machine's RegisterRun writes it (``slsml.state.orchestration``),
     for runs registered without an execution (benchmarks, tests)."""
-    return dynamo({
-        PARTITION_KEY.name: f"RUN#{run_id}", SORT_KEY.name: META, RUNS_INDEX.partition.name: RUN_KIND,
-        "run_id": run_id, "status": RunStatus.RUNNING.value, "dataset": dataset,
-        "training": training.model_dump_json(), "workers": training.initial_workers, "iteration": 0,
-        "created_at": created_at, "iteration_at": created_at, "updated_at": created_at, "generation": 0,
-    })
+    return dynamo(
+        {
+            PARTITION_KEY.name: f"RUN#{run_id}",
+            SORT_KEY.name: META,
+            RUNS_INDEX.partition.name: RUN_KIND,
+            "run_id": run_id,
+            "status": RunStatus.RUNNING.value,
+            "dataset": dataset,
+            "training": training.model_dump_json(),
+            "workers": training.initial_workers,
+            "iteration": 0,
+            "created_at": created_at,
+            "iteration_at": created_at,
+            "updated_at": created_at,
+            "generation": 0,
+        }
+    )
 
 
 def _key_schema(partition: KeyAttribute, sort: KeyAttribute) -> list[dict[str, str]]:
@@ -288,8 +303,11 @@ def create_table_arguments(table: str) -> dict[str, Any]:
             {"AttributeName": name, "AttributeType": kind} for name, kind in {k.name: k.type for k in keys}.items()
         ],
         "GlobalSecondaryIndexes": [
-            {"IndexName": index.name, "KeySchema": _key_schema(index.partition, index.sort),
-             "Projection": {"ProjectionType": "ALL"}}
+            {
+                "IndexName": index.name,
+                "KeySchema": _key_schema(index.partition, index.sort),
+                "Projection": {"ProjectionType": "ALL"},
+            }
             for index in INDEXES
         ],
         "BillingMode": "PAY_PER_REQUEST",
@@ -340,7 +358,7 @@ def iteration_record(iteration: int, items: list[dict[str, Any]]) -> IterationRe
     generation = None
     for item in items:
         item = plain(item)
-        kind = item["sk"][len(iteration_sk(iteration)):]
+        kind = item["sk"][len(iteration_sk(iteration)) :]
         if kind == "":
             fields.update(item)
             generation = item.get("generation", 0)
@@ -358,5 +376,8 @@ def iteration_record(iteration: int, items: list[dict[str, Any]]) -> IterationRe
         reports = {w: r for w, r in reports.items() if r.generation == generation}
     return IterationRecord(
         **{k: v for k, v in fields.items() if k not in {"pk", "sk"}},
-        reports=reports, relaunched=relaunched, participants=participants, dropped_parts=dropped,
+        reports=reports,
+        relaunched=relaunched,
+        participants=participants,
+        dropped_parts=dropped,
     )

@@ -124,16 +124,31 @@ class RunTable:
         written, if a run of that id is registered already."""
         now = time.time()
         item = {
-            **self._key(run_id, META), RUNS_INDEX.partition.name: RUN_KIND, "run_id": run_id,
-            "status": RunStatus.FAILED.value, "dataset": dataset, "training": training.model_dump_json(),
-            "workers": training.initial_workers, "iteration": 0, "generation": 0, "created_at": now,
-            "iteration_at": now, "updated_at": now, "reason": reason,
+            **self._key(run_id, META),
+            RUNS_INDEX.partition.name: RUN_KIND,
+            "run_id": run_id,
+            "status": RunStatus.FAILED.value,
+            "dataset": dataset,
+            "training": training.model_dump_json(),
+            "workers": training.initial_workers,
+            "iteration": 0,
+            "generation": 0,
+            "created_at": now,
+            "iteration_at": now,
+            "updated_at": now,
+            "reason": reason,
         }
-        return conditional(lambda: self.table.put_item(
-            Item=dynamo(item), ConditionExpression="attribute_not_exists(pk)")) is not None
+        return (
+            conditional(lambda: self.table.put_item(Item=dynamo(item), ConditionExpression="attribute_not_exists(pk)"))
+            is not None
+        )
 
     def _update_run(
-        self, run_id: str, values: dict[str, Any], only_if_running: bool = True, condition: str = "",
+        self,
+        run_id: str,
+        values: dict[str, Any],
+        only_if_running: bool = True,
+        condition: str = "",
         condition_values: dict[str, Any] | None = None,
     ) -> RunRecord | None:
         """SET ``values`` on the run; the updated run, or None if it was not running (or is unknown, or
@@ -143,11 +158,16 @@ class RunTable:
         conditions += [condition] if condition else []
         if only_if_running:
             names["#status"], bound[":running"] = "status", RunStatus.RUNNING.value
-        item = conditional(lambda: self.table.update_item(
-            Key=self._key(run_id, META), UpdateExpression=expression, ConditionExpression=" AND ".join(conditions),
-            ExpressionAttributeNames=names, ExpressionAttributeValues={**bound, **(condition_values or {})},
-            ReturnValues="ALL_NEW",
-        ))
+        item = conditional(
+            lambda: self.table.update_item(
+                Key=self._key(run_id, META),
+                UpdateExpression=expression,
+                ConditionExpression=" AND ".join(conditions),
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues={**bound, **(condition_values or {})},
+                ReturnValues="ALL_NEW",
+            )
+        )
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
 
     def advance(self, run_id: str, iteration: int, generation: int) -> RunRecord | None:
@@ -157,9 +177,12 @@ class RunTable:
         Merger then stores nothing)."""
         # a run registered before runs carried their generation has none until it is resumed
         same = f"({_SAME_GENERATION} OR attribute_not_exists(generation))" if generation == 0 else _SAME_GENERATION
-        return self._update_run(run_id, {"iteration": iteration, "iteration_at": time.time()},
-                                condition=f"#iteration <= :iteration AND attribute_not_exists(final_key) AND {same}",
-                                condition_values={":generation": generation})
+        return self._update_run(
+            run_id,
+            {"iteration": iteration, "iteration_at": time.time()},
+            condition=f"#iteration <= :iteration AND attribute_not_exists(final_key) AND {same}",
+            condition_values={":generation": generation},
+        )
 
     def mark_heartbeat(self, run_id: str) -> None:
         self._update_run(run_id, {"heartbeat_at": time.time()})
@@ -168,16 +191,22 @@ class RunTable:
         """Move the deadline chain from ``expected`` to ``position``; None if another message moved it."""
         if expected is None:
             return self._update_run(run_id, {"watched": position}, condition="attribute_not_exists(watched)")
-        return self._update_run(run_id, {"watched": position}, condition="watched = :expected",
-                                condition_values={":expected": expected})
+        return self._update_run(
+            run_id, {"watched": position}, condition="watched = :expected", condition_values={":expected": expected}
+        )
 
     def attach_task_token(self, run_id: str, token: str) -> RunRecord | None:
         """Record the token of the run's execution, whatever the run's status (None: unknown run)."""
         return self._update_run(run_id, {"task_token": token}, only_if_running=False)
 
     def record_outcome(
-        self, run_id: str, final_key: str, test: dict[str, float] | None, val: dict[str, float] | None = None,
-        reason: str | None = None, final_etag: str | None = None,
+        self,
+        run_id: str,
+        final_key: str,
+        test: dict[str, float] | None,
+        val: dict[str, float] | None = None,
+        reason: str | None = None,
+        final_etag: str | None = None,
     ) -> RunRecord | None:
         """The budget is spent (or ``reason`` ended the run early): the final model (its key and ETag) and its test
         and validation figures (the execution marks COMPLETED)."""
@@ -197,29 +226,40 @@ class RunTable:
         generation (with ``training``, its spec with options changed, if given); the resumed run, or None if it
         was neither stopped nor failed."""
         changed = {} if training is None else {":training": training.model_dump_json()}
-        item = conditional(lambda: self.table.update_item(
-            Key=self._key(run_id, META),
-            UpdateExpression="SET #status = :running, iteration = :i, iteration_at = :now, updated_at = :now,"
-            " generation = if_not_exists(generation, :zero) + :one" + (", training = :training" if changed else "")
-            # no execution answers for the run until the new one records itself: the old one's last
-            # states (MarkFailed) then find it superseded, however late they run
-            + " REMOVE reason, task_token, final_key, final_etag, watched, execution_arn",
-            ConditionExpression="#status IN (:stopped, :failed)",
-            ExpressionAttributeNames={"#status": "status"},
-            ExpressionAttributeValues={
-                ":running": RunStatus.RUNNING.value, ":stopped": RunStatus.STOPPED.value,
-                ":failed": RunStatus.FAILED.value, ":i": iteration, ":now": dynamo(time.time()),
-                ":zero": 0, ":one": 1, **changed,
-            },
-            ReturnValues="ALL_NEW",
-        ))
+        item = conditional(
+            lambda: self.table.update_item(
+                Key=self._key(run_id, META),
+                UpdateExpression="SET #status = :running, iteration = :i, iteration_at = :now, updated_at = :now,"
+                " generation = if_not_exists(generation, :zero) + :one"
+                + (", training = :training" if changed else "")
+                # no execution answers for the run until the new one records itself: the old one's last
+                # states (MarkFailed) then find it superseded, however late they run
+                + " REMOVE reason, task_token, final_key, final_etag, watched, execution_arn",
+                ConditionExpression="#status IN (:stopped, :failed)",
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues={
+                    ":running": RunStatus.RUNNING.value,
+                    ":stopped": RunStatus.STOPPED.value,
+                    ":failed": RunStatus.FAILED.value,
+                    ":i": iteration,
+                    ":now": dynamo(time.time()),
+                    ":zero": 0,
+                    ":one": 1,
+                    **changed,
+                },
+                ReturnValues="ALL_NEW",
+            )
+        )
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
 
     # spend: the dollars a run's functions spent so far (runs with a budget)
     def add_spend(self, run_id: str, dollars: float) -> None:
         """Add ``dollars`` to the run's spend: an atomic counter of its own item, whatever the run's status."""
-        self.table.update_item(Key=self._key(run_id, SPEND), UpdateExpression="ADD spent_usd :dollars",
-                               ExpressionAttributeValues={":dollars": dynamo(float(dollars))})
+        self.table.update_item(
+            Key=self._key(run_id, SPEND),
+            UpdateExpression="ADD spent_usd :dollars",
+            ExpressionAttributeValues={":dollars": dynamo(float(dollars))},
+        )
 
     def spent(self, run_id: str) -> float:
         """The dollars the run's functions spent so far (0.0 before any was counted)."""
@@ -274,13 +314,20 @@ class RunTable:
     def scale_workers(self, run_id: str, workers: int, reason: str) -> RunRecord | None:
         """Set the workers the run's next launched iteration takes (a STOPPED or FAILED run's: the first once it
         is resumed); None if the run is COMPLETED."""
-        item = conditional(lambda: self.table.update_item(
-            Key=self._key(run_id, META), UpdateExpression="SET workers = :workers, workers_reason = :reason",
-            ConditionExpression="attribute_exists(#status) AND #status <> :completed",
-            ExpressionAttributeNames={"#status": "status"},
-            ExpressionAttributeValues={":workers": workers, ":reason": reason, ":completed": RunStatus.COMPLETED.value},
-            ReturnValues="ALL_NEW",
-        ))
+        item = conditional(
+            lambda: self.table.update_item(
+                Key=self._key(run_id, META),
+                UpdateExpression="SET workers = :workers, workers_reason = :reason",
+                ConditionExpression="attribute_exists(#status) AND #status <> :completed",
+                ExpressionAttributeNames={"#status": "status"},
+                ExpressionAttributeValues={
+                    ":workers": workers,
+                    ":reason": reason,
+                    ":completed": RunStatus.COMPLETED.value,
+                },
+                ReturnValues="ALL_NEW",
+            )
+        )
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
 
     def tune(
@@ -291,19 +338,28 @@ class RunTable:
         meanwhile stands); None if it was not stored or the run is not RUNNING."""
         values = {"tuner": state.model_dump_json(), "tuned": iteration, "workers": workers, "workers_reason": reason}
         expression, names, bound = _set({k: v for k, v in values.items() if v is not None})
-        item = conditional(lambda: self.table.update_item(
-            Key=self._key(run_id, META), UpdateExpression=expression,
-            ConditionExpression="#status = :running AND #workers = :was"
-            " AND (attribute_not_exists(#tuned) OR #tuned < :tuned)",
-            ExpressionAttributeNames={**names, "#status": "status"},
-            ExpressionAttributeValues={**bound, ":running": RunStatus.RUNNING.value, ":was": was},
-            ReturnValues="ALL_NEW",
-        ))
+        item = conditional(
+            lambda: self.table.update_item(
+                Key=self._key(run_id, META),
+                UpdateExpression=expression,
+                ConditionExpression="#status = :running AND #workers = :was"
+                " AND (attribute_not_exists(#tuned) OR #tuned < :tuned)",
+                ExpressionAttributeNames={**names, "#status": "status"},
+                ExpressionAttributeValues={**bound, ":running": RunStatus.RUNNING.value, ":was": was},
+                ReturnValues="ALL_NEW",
+            )
+        )
         return None if item is None else RunRecord.model_validate(plain(item["Attributes"]))
 
     def claim_launch(
-        self, run_id: str, iteration: int, trigger_id: str, generation: int = 0, workers: int | None = None,
-        reason: str | None = None, spent: float | None = None,
+        self,
+        run_id: str,
+        iteration: int,
+        trigger_id: str,
+        generation: int = 0,
+        workers: int | None = None,
+        reason: str | None = None,
+        spent: float | None = None,
     ) -> Counter | None:
         """Claim the launch of ``iteration`` for ``trigger_id`` with ``workers`` workers (a change of the fleet
         with its ``reason``; ``spent``: the run's spend the launch saw, with a budget): the iteration's counter,
@@ -311,22 +367,37 @@ class RunTable:
         another trigger of this generation or a later one launched it. An earlier generation's claim (its
         watchdog's, landing after a resume deleted the counter) gives way: the counter starts anew."""
         now = time.time()
-        claim = {"launched_by": trigger_id, "launched_at": now, "generation": generation, "workers": workers,
-                 "workers_reason": reason, "spent_usd": spent}
+        claim = {
+            "launched_by": trigger_id,
+            "launched_at": now,
+            "generation": generation,
+            "workers": workers,
+            "workers_reason": reason,
+            "spent_usd": spent,
+        }
         values = {k: v for k, v in claim.items() if v is not None}
         expression, names, bound = _set(values, keep_first=frozenset({"workers", "workers_reason", "spent_usd"}))
         key = self._key(run_id, iteration_sk(iteration))
-        item = conditional(lambda: self.table.update_item(
-            Key=key, UpdateExpression=expression,
-            ConditionExpression="attribute_not_exists(launched_by) OR launched_by = :launched_by",
-            ExpressionAttributeNames=names, ExpressionAttributeValues=bound, ReturnValues="ALL_NEW",
-        ))
+        item = conditional(
+            lambda: self.table.update_item(
+                Key=key,
+                UpdateExpression=expression,
+                ConditionExpression="attribute_not_exists(launched_by) OR launched_by = :launched_by",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=bound,
+                ReturnValues="ALL_NEW",
+            )
+        )
         if item is not None:
             return Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
         fresh = {**key, **dynamo(values)}
-        taken = conditional(lambda: self.table.put_item(
-            Item=fresh, ConditionExpression=_EARLIER_GENERATION, ExpressionAttributeValues={":generation": generation},
-        ))
+        taken = conditional(
+            lambda: self.table.put_item(
+                Item=fresh,
+                ConditionExpression=_EARLIER_GENERATION,
+                ExpressionAttributeValues={":generation": generation},
+            )
+        )
         return None if taken is None else Counter.model_validate({**plain(fresh), "iteration": iteration})
 
     def record_worker(self, done: WorkDone) -> Counter | None:
@@ -336,25 +407,29 @@ class RunTable:
         is counted again: counts are hints that barriers check against the records."""
         report = WorkerReport.model_validate(done.model_dump())
         key = self._key(done.run_id, worker_sk(done.iteration, done.worker))
-        stored = conditional(lambda: self.table.put_item(
-            Item={**key, **dynamo(report.model_dump())},
-            ConditionExpression=f"attribute_not_exists(sk) OR {_EARLIER_GENERATION}"
-                                " OR (attribute_not_exists(samples) AND attempt <= :attempt)",
-            ExpressionAttributeValues={":attempt": done.attempt, ":generation": done.generation},
-        ))
+        stored = conditional(
+            lambda: self.table.put_item(
+                Item={**key, **dynamo(report.model_dump())},
+                ConditionExpression=f"attribute_not_exists(sk) OR {_EARLIER_GENERATION}"
+                " OR (attribute_not_exists(samples) AND attempt <= :attempt)",
+                ExpressionAttributeValues={":attempt": done.attempt, ":generation": done.generation},
+            )
+        )
         if stored is None:
             existing = WorkerReport.model_validate(plain(self.table.get_item(Key=key, ConsistentRead=True)["Item"]))
             if (existing.attempt, existing.generation) != (done.attempt, done.generation):
                 self._add(done.run_id, done.iteration, "stale_attempts")
                 return None
         counter_key = self._key(done.run_id, iteration_sk(done.iteration))
-        item = conditional(lambda: self.table.update_item(
-            Key=counter_key,
-            UpdateExpression="ADD arrived :one" + ("" if done.finite else ", nonfinite_arrived :one"),
-            ConditionExpression=_SAME_GENERATION,
-            ExpressionAttributeValues={":one": 1, ":generation": done.generation},
-            ReturnValues="ALL_NEW",
-        ))
+        item = conditional(
+            lambda: self.table.update_item(
+                Key=counter_key,
+                UpdateExpression="ADD arrived :one" + ("" if done.finite else ", nonfinite_arrived :one"),
+                ConditionExpression=_SAME_GENERATION,
+                ExpressionAttributeValues={":one": 1, ":generation": done.generation},
+                ReturnValues="ALL_NEW",
+            )
+        )
         if item is None:
             self._add(done.run_id, done.iteration, "stale_attempts")
             return None
@@ -363,10 +438,14 @@ class RunTable:
     def _add(self, run_id: str, iteration: int, counter: str, amount: int | set[int] = 1) -> None:
         """Add to one of the iteration's summary counts, if its counter is there: a count that comes after a
         resume deleted the counter is dropped, not stored in an item of its own."""
-        conditional(lambda: self.table.update_item(
-            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=f"ADD {counter} :n",
-            ConditionExpression="attribute_exists(sk)", ExpressionAttributeValues={":n": amount},
-        ))
+        conditional(
+            lambda: self.table.update_item(
+                Key=self._key(run_id, iteration_sk(iteration)),
+                UpdateExpression=f"ADD {counter} :n",
+                ConditionExpression="attribute_exists(sk)",
+                ExpressionAttributeValues={":n": amount},
+            )
+        )
 
     def late_reports(self, run_id: str, iteration: int, staleness: int, generation: int) -> list[Participant]:
         """The finite updates of the ``staleness`` iterations before ``iteration`` that came after their
@@ -376,31 +455,43 @@ class RunTable:
             record = self.get_iteration(run_id, source)
             if record.reduce_fired_by is None or record.generation != generation:
                 continue
-            late += [Participant(worker=r.worker, attempt=r.attempt, samples=r.samples or 0, iteration=source)
-                     for w, r in sorted(record.reports.items())
-                     if w in record.late and r.finite and r.folded_into in (None, iteration)]
+            late += [
+                Participant(worker=r.worker, attempt=r.attempt, samples=r.samples or 0, iteration=source)
+                for w, r in sorted(record.reports.items())
+                if w in record.late and r.finite and r.folded_into in (None, iteration)
+            ]
         return late
 
     def fold(self, run_id: str, participant: Participant, into: int) -> bool:
         """Claim a late update for the reduce of ``into`` (again, for the same one); False if another took it."""
         assert participant.iteration is not None
         key = self._key(run_id, worker_sk(participant.iteration, participant.worker))
-        return conditional(lambda: self.table.update_item(
-            Key=key,
-            UpdateExpression="SET folded_into = :into",
-            ConditionExpression="attempt = :attempt AND (attribute_not_exists(folded_into) OR folded_into = :into)",
-            ExpressionAttributeValues={":into": into, ":attempt": participant.attempt},
-        )) is not None
+        return (
+            conditional(
+                lambda: self.table.update_item(
+                    Key=key,
+                    UpdateExpression="SET folded_into = :into",
+                    ConditionExpression=(
+                        "attempt = :attempt AND (attribute_not_exists(folded_into) OR folded_into = :into)"
+                    ),
+                    ExpressionAttributeValues={":into": into, ":attempt": participant.attempt},
+                )
+            )
+            is not None
+        )
 
     def unfold(self, run_id: str, participant: Participant, into: int) -> None:
         """Give back a late update claimed for a reduce that fired without it."""
         assert participant.iteration is not None
         key = self._key(run_id, worker_sk(participant.iteration, participant.worker))
-        conditional(lambda: self.table.update_item(
-            Key=key,
-            UpdateExpression="REMOVE folded_into", ConditionExpression="folded_into = :into",
-            ExpressionAttributeValues={":into": into},
-        ))
+        conditional(
+            lambda: self.table.update_item(
+                Key=key,
+                UpdateExpression="REMOVE folded_into",
+                ConditionExpression="folded_into = :into",
+                ExpressionAttributeValues={":into": into},
+            )
+        )
 
     def freeze_participants(
         self, run_id: str, iteration: int, owner: int, participants: list[Participant], generation: int
@@ -410,10 +501,13 @@ class RunTable:
         None if a later generation fired it (an earlier generation's firing gives way to this one)."""
         key = self._key(run_id, participants_sk(iteration))
         item = {**key, "owner": owner, "participants": encode_participants(participants), "generation": generation}
-        if conditional(lambda: self.table.put_item(
-            Item=item, ConditionExpression=f"attribute_not_exists(sk) OR {_EARLIER_GENERATION}",
-            ExpressionAttributeValues={":generation": generation},
-        )):
+        if conditional(
+            lambda: self.table.put_item(
+                Item=item,
+                ConditionExpression=f"attribute_not_exists(sk) OR {_EARLIER_GENERATION}",
+                ExpressionAttributeValues={":generation": generation},
+            )
+        ):
             return owner, participants
         stored = plain(self.table.get_item(Key=key, ConsistentRead=True)["Item"])
         if stored.get("generation", 0) != generation:
@@ -430,35 +524,49 @@ class RunTable:
         return stored.get("generation", 0), decode_participants(stored["participants"])
 
     def mark_reduce_fired(
-        self, run_id: str, iteration: int, owner: int, participants: list[Participant], reports: list[WorkerReport],
+        self,
+        run_id: str,
+        iteration: int,
+        owner: int,
+        participants: list[Participant],
+        reports: list[WorkerReport],
         generation: int,
     ) -> None:
         """Note on the counter of ``generation`` that the reduce fired (late reports then skip the barrier),
         with the participants' weighted train loss and accuracy."""
         chosen = {p.worker for p in participants}
         included = [r for r in reports if r.worker in chosen]
-        values = {"reduce_fired_by": owner, "reduce_fired_at": time.time(), "participant_count": len(participants),
-                  "train_loss": _weighted([(r.loss, r.samples or 0) for r in included]),
-                  "train_accuracy": _weighted([(r.accuracy, r.samples or 0) for r in included
-                                               if r.accuracy is not None])}
+        values = {
+            "reduce_fired_by": owner,
+            "reduce_fired_at": time.time(),
+            "participant_count": len(participants),
+            "train_loss": _weighted([(r.loss, r.samples or 0) for r in included]),
+            "train_accuracy": _weighted([(r.accuracy, r.samples or 0) for r in included if r.accuracy is not None]),
+        }
         values = {k: v for k, v in values.items() if v is not None}
         expression, names, bound = _set(values, keep_first=frozenset(values))
-        conditional(lambda: self.table.update_item(
-            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
-            ConditionExpression=_SAME_GENERATION, ExpressionAttributeNames=names,
-            ExpressionAttributeValues={**bound, ":generation": generation},
-        ))
+        conditional(
+            lambda: self.table.update_item(
+                Key=self._key(run_id, iteration_sk(iteration)),
+                UpdateExpression=expression,
+                ConditionExpression=_SAME_GENERATION,
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues={**bound, ":generation": generation},
+            )
+        )
 
     def relaunch_workers(self, run_id: str, iteration: int, generation: int, attempts: dict[int, int]) -> None:
         """Supersede these workers' earlier attempts (worker → new attempt): their reports are ignored."""
         for worker, attempt in attempts.items():
             report = WorkerReport(worker=worker, attempt=attempt, generation=generation)
-            conditional(partial(
-                self.table.put_item,
-                Item={**self._key(run_id, worker_sk(iteration, worker)), **dynamo(report.model_dump())},
-                ConditionExpression=f"attribute_not_exists(samples) OR {_EARLIER_GENERATION}",
-                ExpressionAttributeValues={":generation": generation},
-            ))
+            conditional(
+                partial(
+                    self.table.put_item,
+                    Item={**self._key(run_id, worker_sk(iteration, worker)), **dynamo(report.model_dump())},
+                    ConditionExpression=f"attribute_not_exists(samples) OR {_EARLIER_GENERATION}",
+                    ExpressionAttributeValues={":generation": generation},
+                )
+            )
 
     def record_reduce_relaunch(self, run_id: str, iteration: int, shards: int) -> None:
         self._add(run_id, iteration, "reduce_relaunches", shards)
@@ -470,8 +578,9 @@ class RunTable:
     def record_dropped_parts(self, run_id: str, iteration: int, shard: int, workers: list[int]) -> None:
         """Reducer ``shard`` averaged ``iteration`` without these workers' parts (their reads timed out)."""
         if workers:
-            self.table.put_item(Item={**self._key(run_id, shard_sk(iteration, shard)), "shard": shard,
-                                      "dropped": workers})
+            self.table.put_item(
+                Item={**self._key(run_id, shard_sk(iteration, shard)), "shard": shard, "dropped": workers}
+            )
 
     # iterations: the norm exchange (runs that clip by norm; see slsml.training.clipping)
     def record_squares(
@@ -492,12 +601,18 @@ class RunTable:
     def release_steps(self, run_id: str, iteration: int, shard: int, generation: int) -> bool:
         """Claim the release of ``iteration``'s steps in ``generation`` once every shard's squares are in (True
         for ``shard``'s message, again on its retry)."""
-        return conditional(lambda: self.table.update_item(
-            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression="SET steps_released_by = :shard",
-            ConditionExpression="(attribute_not_exists(steps_released_by) OR steps_released_by = :shard)"
-                                f" AND {_SAME_GENERATION}",
-            ExpressionAttributeValues={":shard": shard, ":generation": generation},
-        )) is not None
+        return (
+            conditional(
+                lambda: self.table.update_item(
+                    Key=self._key(run_id, iteration_sk(iteration)),
+                    UpdateExpression="SET steps_released_by = :shard",
+                    ConditionExpression="(attribute_not_exists(steps_released_by) OR steps_released_by = :shard)"
+                    f" AND {_SAME_GENERATION}",
+                    ExpressionAttributeValues={":shard": shard, ":generation": generation},
+                )
+            )
+            is not None
+        )
 
     # iterations: the merge barrier
     def record_shard(self, run_id: str, iteration: int, generation: int) -> Counter | None:
@@ -506,35 +621,49 @@ class RunTable:
 
     def _count(self, run_id: str, iteration: int, counter: str, generation: int) -> Counter | None:
         """Add one to ``counter`` of the iteration of this generation; the counter item after, or None."""
-        item = conditional(lambda: self.table.update_item(
-            Key=self._key(run_id, iteration_sk(iteration)),
-            UpdateExpression=f"ADD {counter} :one",
-            ConditionExpression=_SAME_GENERATION,
-            ExpressionAttributeValues={":one": 1, ":generation": generation},
-            ReturnValues="ALL_NEW",
-        ))
+        item = conditional(
+            lambda: self.table.update_item(
+                Key=self._key(run_id, iteration_sk(iteration)),
+                UpdateExpression=f"ADD {counter} :one",
+                ConditionExpression=_SAME_GENERATION,
+                ExpressionAttributeValues={":one": 1, ":generation": generation},
+                ReturnValues="ALL_NEW",
+            )
+        )
         return None if item is None else Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
 
     def record_evaluation(self, run_id: str, iteration: int, split: str, figures: dict[str, float]) -> None:
         """The figures on ``split`` (test, val) of the model ``iteration`` merged (the same whoever computes them,
         however often)."""
-        values = {k: v for k, v in (_test_figures(figures) if split == "test" else {split: figures}).items()
-                  if v is not None}
+        values = {
+            k: v for k, v in (_test_figures(figures) if split == "test" else {split: figures}).items() if v is not None
+        }
         expression, names, bound = _set(values)
-        self.table.update_item(Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
-                               ExpressionAttributeNames=names, ExpressionAttributeValues=bound)
+        self.table.update_item(
+            Key=self._key(run_id, iteration_sk(iteration)),
+            UpdateExpression=expression,
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=bound,
+        )
 
     def fire_merge(self, run_id: str, iteration: int, shard: int, generation: int) -> bool:
         """Claim the merge of ``iteration`` in ``generation`` (True for ``shard``'s message, again on its retry,
         which keeps the first claim's ``merged_at``)."""
         values: dict[str, Any] = {"merge_fired_by": shard, "merged_at": time.time()}
         expression, names, bound = _set(values, frozenset({"merged_at"}))
-        return conditional(lambda: self.table.update_item(
-            Key=self._key(run_id, iteration_sk(iteration)), UpdateExpression=expression,
-            ConditionExpression="(attribute_not_exists(merge_fired_by) OR merge_fired_by = :merge_fired_by)"
-                                f" AND {_SAME_GENERATION}",
-            ExpressionAttributeNames=names, ExpressionAttributeValues={**bound, ":generation": generation},
-        )) is not None
+        return (
+            conditional(
+                lambda: self.table.update_item(
+                    Key=self._key(run_id, iteration_sk(iteration)),
+                    UpdateExpression=expression,
+                    ConditionExpression="(attribute_not_exists(merge_fired_by) OR merge_fired_by = :merge_fired_by)"
+                    f" AND {_SAME_GENERATION}",
+                    ExpressionAttributeNames=names,
+                    ExpressionAttributeValues={**bound, ":generation": generation},
+                )
+            )
+            is not None
+        )
 
 
 def _test_figures(test: dict[str, float] | None) -> dict[str, Any]:

@@ -65,13 +65,16 @@ def check_archive(data: bytes, where: str, limits: Limits) -> None:
     except zipfile.BadZipFile:
         return  # the loader names what it is not
     if len(members) > ARCHIVE_MAX_MEMBERS:
-        raise BadInputError(f"{where} has {len(members):,} members: a .keras archive has at most"
-                            f" {ARCHIVE_MAX_MEMBERS:,}")
+        raise BadInputError(
+            f"{where} has {len(members):,} members: a .keras archive has at most {ARCHIVE_MAX_MEMBERS:,}"
+        )
     expanded = sum(member.file_size for member in members)
     room = limits.storage_bytes - len(data)  # the archive itself is written there first
     if expanded > room:
-        raise BadInputError(f"{where} expands to {expanded:,} bytes from {len(data):,}: above the {room:,} that"
-                            f" {limits.describe()} has room for")
+        raise BadInputError(
+            f"{where} expands to {expanded:,} bytes from {len(data):,}: above the {room:,} that"
+            f" {limits.describe()} has room for"
+        )
     config = next((member for member in members if member.filename == "config.json"), None)
     if config is not None:
         check_size(f"{where}'s config.json", config.file_size, CONFIG_MAX_BYTES, "a model's configuration")
@@ -82,6 +85,8 @@ def check_variables(where: str, variable_bytes: int, slots: int, archive_bytes: 
     archive would not fit the function's memory, before they are built."""
     needed = variable_bytes * (LOADING_COPIES + slots) + archive_bytes
     if needed > limits.memory_bytes:
-        raise BadInputError(f"{where} declares {variable_bytes:,} bytes of weights: loading them takes"
-                            f" {LOADING_COPIES}× that, its optimizer's slots {slots}× more, {needed:,} bytes with"
-                            f" its archive, above the {limits.memory_bytes:,} of memory of its loader")
+        raise BadInputError(
+            f"{where} declares {variable_bytes:,} bytes of weights: loading them takes"
+            f" {LOADING_COPIES}× that, its optimizer's slots {slots}× more, {needed:,} bytes with"
+            f" its archive, above the {limits.memory_bytes:,} of memory of its loader"
+        )

@@ -94,8 +94,9 @@ class Evaluator:
         return figures | {name: float(np.asarray(value)) for name, value in self._metrics.result().items()}
 
 
-def figure_modes(model: keras.Model, loss: str, metrics: str, sample: tuple[np.ndarray, np.ndarray]) -> dict[
-        str, str | None]:
+def figure_modes(
+    model: keras.Model, loss: str, metrics: str, sample: tuple[np.ndarray, np.ndarray]
+) -> dict[str, str | None]:
     """Each figure an evaluation gives (``loss`` and every compiled metric, by name) with whether it improves by
     falling ("min") or rising ("max"), as Keras's callbacks tell it in mode auto (None: Keras cannot tell)."""
     evaluator = Evaluator(model, loss, metrics, sample)
@@ -112,17 +113,23 @@ def check_mergeable(model: keras.Model, loss: str, metrics: str, x: np.ndarray, 
         whole = evaluator.result([evaluator.state(x, y)])
         parts = evaluator.result([evaluator.state(x[:cut], y[:cut]), evaluator.state(x[cut:], y[cut:])])
     except Exception as error:  # Keras raises many types for metrics that do not fit the labels
-        raise BadInputError(f"the model's metrics cannot evaluate the data: {str(error).splitlines()[0][:300]}"
-                            ) from None
-    wrong = [name for name, value in whole.items()
-             if not math.isclose(parts[name], value, rel_tol=MERGE_TOLERANCE, abs_tol=MERGE_TOLERANCE)
-             and not (math.isnan(value) and math.isnan(parts[name]))]
+        raise BadInputError(
+            f"the model's metrics cannot evaluate the data: {str(error).splitlines()[0][:300]}"
+        ) from None
+    wrong = [
+        name
+        for name, value in whole.items()
+        if not math.isclose(parts[name], value, rel_tol=MERGE_TOLERANCE, abs_tol=MERGE_TOLERANCE)
+        and not (math.isnan(value) and math.isnan(parts[name]))
+    ]
     if wrong:
         classes = {m.name: type(m).__name__ for m in evaluator.metrics}
         named = ", ".join(f"{name} ({classes.get(name, 'metric')})" for name in wrong)
-        raise BadInputError(f"metric {named} cannot be computed across workers: its state does not add up over"
-                            " parts of the data (the sum of two parts' states gives another result than the whole);"
-                            " compile the model without it")
+        raise BadInputError(
+            f"metric {named} cannot be computed across workers: its state does not add up over"
+            " parts of the data (the sum of two parts' states gives another result than the whole);"
+            " compile the model without it"
+        )
 
 
 def slice_of(count: int, workers: int, worker: int) -> np.ndarray:

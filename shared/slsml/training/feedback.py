@@ -55,8 +55,13 @@ class Compressed(NamedTuple):
 
 
 def compress(
-    vector: np.ndarray, residual: np.ndarray | None, plan: ShardPlan, compression: Compression, samples: int,
-    kind: str, weights: np.ndarray | None = None,
+    vector: np.ndarray,
+    residual: np.ndarray | None,
+    plan: ShardPlan,
+    compression: Compression,
+    samples: int,
+    kind: str,
+    weights: np.ndarray | None = None,
 ) -> Compressed:
     """The update (``vector`` plus the slot's ``residual``, None: zeros) compressed, and the new residual."""
     trainable = plan.trainable_mask()
@@ -99,8 +104,10 @@ def decode_residual(body: bytes, plan: ShardPlan, where: str) -> np.ndarray:
     elif len(body) == residual_bytes(plan.size):
         residual = _from_bfloat16(np.frombuffer(body, dtype="<u2"))
     else:
-        raise ResidualError(f"{where}: a residual of {len(body)} bytes does not match the model's {plan.size}"
-                            f" weights ({residual_bytes(plan.size)} bytes of bfloat16)")
+        raise ResidualError(
+            f"{where}: a residual of {len(body)} bytes does not match the model's {plan.size}"
+            f" weights ({residual_bytes(plan.size)} bytes of bfloat16)"
+        )
     if not np.isfinite(residual).all():
         raise ResidualError(f"{where}: the residual holds NaN or Inf")
     return residual

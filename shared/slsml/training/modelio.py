@@ -219,9 +219,7 @@ def variable_specs(model: keras.Model) -> list[VariableSpec]:
     specs = []
     for variable in model.weights:
         if variable.dtype != "float32":
-            raise BadInputError(
-                f"weight {variable.path} has dtype {variable.dtype}; slsml trains float32 models only"
-            )
+            raise BadInputError(f"weight {variable.path} has dtype {variable.dtype}; slsml trains float32 models only")
         specs.append(VariableSpec(name=variable.path, shape=tuple(variable.shape), trainable=id(variable) in trainable))
     if not any(s.trainable for s in specs):
         raise BadInputError("the model has no trainable weights")
@@ -263,11 +261,19 @@ def optimizer_config(model: keras.Model) -> OptimizerConfig:
 
 def keras_optimizer(config: OptimizerConfig) -> keras.optimizers.Optimizer:
     """The Keras optimizer a run's optimizer config stands for (``optimizer_config`` turned back)."""
-    fields: dict[str, Any] = {field: getattr(config, field) for field in HYPER_PARAMETERS
-                              if field != "exclude_from_weight_decay" and OptimizerConfig.applies(field, config.name)}
+    fields: dict[str, Any] = {
+        field: getattr(config, field)
+        for field in HYPER_PARAMETERS
+        if field != "exclude_from_weight_decay" and OptimizerConfig.applies(field, config.name)
+    }
     rate = config.learning_rate
-    fields["learning_rate"] = rate if isinstance(rate, float) else keras.optimizers.schedules.deserialize(
-        {"class_name": rate.class_name, "config": rate.model_dump(exclude={"class_name"})})
+    fields["learning_rate"] = (
+        rate
+        if isinstance(rate, float)
+        else keras.optimizers.schedules.deserialize(
+            {"class_name": rate.class_name, "config": rate.model_dump(exclude={"class_name"})}
+        )
+    )
     optimizer = keras.optimizers.get({"class_name": KERAS_OPTIMIZERS[config.name], "config": fields})
     if config.exclude_from_weight_decay:
         optimizer.exclude_from_weight_decay(var_names=list(config.exclude_from_weight_decay))
@@ -292,8 +298,13 @@ _AVERAGE_SLOT = "_model_variables_moving_average"
 _SCALARS = {"step": "_iterations", "u_product": "_u_product"}  # one per optimizer: the step, Nadam's product
 
 
-def set_optimizer_state(optimizer: keras.optimizers.Optimizer, model: keras.Model, config: OptimizerConfig,
-                        plan: ShardPlan, states: Iterable[State]) -> None:
+def set_optimizer_state(
+    optimizer: keras.optimizers.Optimizer,
+    model: keras.Model,
+    config: OptimizerConfig,
+    plan: ShardPlan,
+    states: Iterable[State],
+) -> None:
     """Give ``optimizer`` (``config``'s, for ``model``) the reducers' state, one shard's at a time in shard order:
     the optimizer ``fit`` leaves after as many steps. A variable cut across shards is assigned once all its pieces
     are in; the step count is the furthest shard's (a shard the watchdog kept stepped once less)."""
@@ -315,8 +326,9 @@ def set_optimizer_state(optimizer: keras.optimizers.Optimizer, model: keras.Mode
             for slot, attribute in slots.items():
                 if slot not in state:  # an option's slot (SGD's momentum, RMSprop's centered average…) not taken
                     continue
-                values, filled = filling.setdefault((slot, piece.number),
-                                                    (np.empty(piece.variable.size, np.float32), [0]))
+                values, filled = filling.setdefault(
+                    (slot, piece.number), (np.empty(piece.variable.size, np.float32), [0])
+                )
                 values[first : first + count] = state[slot][cursor : cursor + count]
                 filled[0] += count
                 if filled[0] == piece.variable.size:
@@ -329,12 +341,16 @@ def set_optimizer_state(optimizer: keras.optimizers.Optimizer, model: keras.Mode
         getattr(optimizer, _SCALARS[name]).assign(value)
 
 
-def fitted_model(model: keras.Model, config: OptimizerConfig, loss: str, metrics: str, plan: ShardPlan,
-                 states: Iterable[State]) -> bytes:
+def fitted_model(
+    model: keras.Model, config: OptimizerConfig, loss: str, metrics: str, plan: ShardPlan, states: Iterable[State]
+) -> bytes:
     """``model`` as ``fit`` leaves it: compiled with the run's optimizer, loss and metrics, its optimizer holding the
     reducers' state (``states``: each shard's, in order), as a ``.keras`` archive."""
-    model.compile(optimizer=keras_optimizer(config), loss=keras.losses.deserialize(json.loads(loss)),
-                  metrics=deserialize_metrics(metrics))
+    model.compile(
+        optimizer=keras_optimizer(config),
+        loss=keras.losses.deserialize(json.loads(loss)),
+        metrics=deserialize_metrics(metrics),
+    )
     set_optimizer_state(model.optimizer, model, config, plan, states)
     return save_model(model)
 
@@ -364,15 +380,20 @@ def loss_config(model: keras.Model, override: str | None) -> str:
         raise BadInputError(f"unknown loss {loss!r}: {error}") from None
 
 
-_MISSING = {"loss": "a loss (e.g. --loss sparse_categorical_crossentropy)", "optimizer": "an optimizer (e.g."
-            " --optimizer adam)"}
+_MISSING = {
+    "loss": "a loss (e.g. --loss sparse_categorical_crossentropy)",
+    "optimizer": "an optimizer (e.g. --optimizer adam)",
+}
 
 
 def check_compiled(model: keras.Model, loss: bool, optimizer: bool) -> None:
     """BadInputError naming, in one message, every piece of training that neither the model was compiled with
     nor the run gives (``loss``, ``optimizer``: the run gives one)."""
-    missing = [_MISSING[piece] for piece, given in (("loss", loss), ("optimizer", optimizer))
-               if not given and getattr(model, piece, None) is None]
+    missing = [
+        _MISSING[piece]
+        for piece, given in (("loss", loss), ("optimizer", optimizer))
+        if not given and getattr(model, piece, None) is None
+    ]
     if missing:
         raise BadInputError(f"the model is not compiled: give {' and '.join(missing)}")
 
@@ -405,10 +426,16 @@ def metrics_config(model: keras.Model, classification: bool) -> str:
     if metrics is None:
         return json.dumps(["accuracy"] if classification else [])
     if not isinstance(metrics, list) or (compiled or {}).get("weighted_metrics"):
-        raise BadInputError("the model is compiled with metrics per output or weighted metrics: slsml evaluates one"
-                            " list of metrics of one output")
-    return json.dumps([m if isinstance(m, str) else keras.metrics.serialize(m) if isinstance(m, keras.metrics.Metric)
-                       else m for m in metrics])
+        raise BadInputError(
+            "the model is compiled with metrics per output or weighted metrics: slsml evaluates one"
+            " list of metrics of one output"
+        )
+    return json.dumps(
+        [
+            m if isinstance(m, str) else keras.metrics.serialize(m) if isinstance(m, keras.metrics.Metric) else m
+            for m in metrics
+        ]
+    )
 
 
 @dataclass
@@ -521,9 +548,11 @@ def input_mismatch(
     a boolean input takes boolean data only."""
     if len(inputs) != 1:
         named = "; ".join(f"{i.name!r} {_shape(i.shape[1:])} {i.dtype}" for i in inputs)
-        return (f"the model takes {len(inputs)} inputs ({named}) and a dataset holds one array x: slsml trains"
-                " models of one input. Join the inputs into one array (e.g. concatenate the features) and split"
-                " it inside the model (e.g. with a Lambda or slicing layer)")
+        return (
+            f"the model takes {len(inputs)} inputs ({named}) and a dataset holds one array x: slsml trains"
+            " models of one input. Join the inputs into one array (e.g. concatenate the features) and split"
+            " it inside the model (e.g. with a Lambda or slicing layer)"
+        )
     spec = inputs[0]
     wanted, kind, given = spec.shape[1:], _kind(spec.dtype), np.dtype(x_dtype)
     problems = []
@@ -533,8 +562,11 @@ def input_mismatch(
         elif len(wanted) != len(x_shape):
             problems.append(f"samples of {len(x_shape)} dimensions where the model takes {len(wanted)}")
         else:
-            dims = [f"dimension {i + 1}: {d} vs {w}" for i, (w, d) in enumerate(zip(wanted, x_shape, strict=True))
-                    if w is not None and w != d]
+            dims = [
+                f"dimension {i + 1}: {d} vs {w}"
+                for i, (w, d) in enumerate(zip(wanted, x_shape, strict=True))
+                if w is not None and w != d
+            ]
             problems.append(", ".join(dims))
     if kind in "iu":
         if given.kind in "fc":
@@ -551,8 +583,10 @@ def input_mismatch(
         problems.append(f"inputs of dtype {spec.dtype} are not supported")
     if not problems:
         return None
-    return (f"samples of shape {_shape(x_shape)} {given} vs model input {spec.name!r} of shape {_shape(wanted)}"
-            f" {spec.dtype}: {'; '.join(problems)}")
+    return (
+        f"samples of shape {_shape(x_shape)} {given} vs model input {spec.name!r} of shape {_shape(wanted)}"
+        f" {spec.dtype}: {'; '.join(problems)}"
+    )
 
 
 def check_fits(
@@ -573,8 +607,9 @@ def check_fits(
             raise BadInputError(f"the data does not fit the model: {problem}")
     outputs = model.output_shape[-1] if isinstance(model.output_shape, tuple) else None
     if classes is not None and outputs is not None and outputs > 1 and classes > outputs:
-        raise BadInputError(f"labels go up to {classes - 1} but the model has only {outputs} outputs (classes 0 to"
-                            f" {outputs - 1})")
+        raise BadInputError(
+            f"labels go up to {classes - 1} but the model has only {outputs} outputs (classes 0 to {outputs - 1})"
+        )
     try:
         prediction = model(x[:2], training=False)
         float(deserialize_loss(loss)(y[:2], prediction))

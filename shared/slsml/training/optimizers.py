@@ -196,6 +196,14 @@ def _ftrl(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32,
 
 
 _STEPS: dict[str, Callable[[OptimizerConfig, np.ndarray, np.ndarray, np.float32, State], None]] = {
-    "sgd": _sgd, "adam": _adam, "adamw": _adam, "rmsprop": _rmsprop, "adagrad": _adagrad, "adamax": _adamax,
-    "nadam": _nadam, "lion": _lion, "adadelta": _adadelta, "ftrl": _ftrl,
+    "sgd": _sgd,
+    "adam": _adam,
+    "adamw": _adam,
+    "rmsprop": _rmsprop,
+    "adagrad": _adagrad,
+    "adamax": _adamax,
+    "nadam": _nadam,
+    "lion": _lion,
+    "adadelta": _adadelta,
+    "ftrl": _ftrl,
 }

@@ -47,7 +47,7 @@ def filtered_stderr(pattern: re.Pattern[bytes] = STARTUP_LINES) -> Iterator[None
             captured.seek(0)
             kept = memoryview(b"".join(line for line in captured if not pattern.search(line)))
             while kept:
-                kept = kept[os.write(2, kept):]
+                kept = kept[os.write(2, kept) :]
 
 
 class _QuietTensorFlow(importlib.abc.MetaPathFinder):

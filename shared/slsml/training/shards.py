@@ -81,8 +81,10 @@ def state_range(data: bytes, plan: ShardPlan, shard: int) -> tuple[int, int]:
     _, count, state_bytes = _header(data)
     first = HEADER_SIZE + 4 * plan.shard(shard).size
     if count != plan.shard(shard).size or not state_bytes:
-        raise ShardFormatError(f"shard {shard} holds {count} weights and {state_bytes} bytes of state, the plan"
-                               f" expects {plan.shard(shard).size} weights and their state")
+        raise ShardFormatError(
+            f"shard {shard} holds {count} weights and {state_bytes} bytes of state, the plan"
+            f" expects {plan.shard(shard).size} weights and their state"
+        )
     return first, first + state_bytes - 1
 
 

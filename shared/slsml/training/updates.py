@@ -72,10 +72,10 @@ _COUNT = struct.Struct("<I")
 _OFFSETS = struct.Struct("<QQ")  # a part's two entries of the significance table
 FP16_MAX = float(np.finfo(np.float16).max)
 SIGNIFICANCE_EPS = 1e-6  # |w| below this counts as this: a change of a (near) zero weight is measured absolutely
+
+
 class UpdateFormatError(ValueError):
     pass
-
-
 
 
 class Encoded(NamedTuple):
@@ -146,17 +146,25 @@ def significant_part_range(entries: bytes, plan: ShardPlan, shard: int, size: in
     """Significance: the byte range (inclusive) of ``shard``'s part, from its two table entries (the bytes of
     ``table_range``) and the object's ``size`` (None: not known); UpdateFormatError if they cannot be right."""
     if len(entries) != _OFFSETS.size:
-        raise UpdateFormatError(f"part table entries of shard {shard} have {len(entries)} bytes, expected"
-                                f" {_OFFSETS.size}")
+        raise UpdateFormatError(
+            f"part table entries of shard {shard} have {len(entries)} bytes, expected {_OFFSETS.size}"
+        )
     start, end = _OFFSETS.unpack(entries)
     trainable, other = _entry_counts(plan)[shard]
     smallest = _COUNT.size + 4 * other
     parts = HEADER_SIZE + table_bytes(plan.reducers)
-    if start < parts or end < start + smallest or end > start + smallest + 8 * trainable or \
-            (end - start - smallest) % _PAIR.itemsize or (size is not None and end > size):
+    if (
+        start < parts
+        or end < start + smallest
+        or end > start + smallest + 8 * trainable
+        or (end - start - smallest) % _PAIR.itemsize
+        or (size is not None and end > size)
+    ):
         within = f" of the object's {size} bytes" if size is not None else ""
-        raise UpdateFormatError(f"the part table puts shard {shard}'s part at bytes [{start}, {end}){within}, which"
-                                f" cannot hold it ({trainable} trainable and {other} other entries from byte {parts})")
+        raise UpdateFormatError(
+            f"the part table puts shard {shard}'s part at bytes [{start}, {end}){within}, which"
+            f" cannot hold it ({trainable} trainable and {other} other entries from byte {parts})"
+        )
     return start, end - 1
 
 
@@ -164,8 +172,12 @@ def significant_part_range(entries: bytes, plan: ShardPlan, shard: int, size: in
 
 
 def encode(
-    vector: np.ndarray, samples: int, kind: str = "gradient", compression: Compression = NONE,
-    plan: ShardPlan | None = None, weights: np.ndarray | None = None,
+    vector: np.ndarray,
+    samples: int,
+    kind: str = "gradient",
+    compression: Compression = NONE,
+    plan: ShardPlan | None = None,
+    weights: np.ndarray | None = None,
 ) -> Encoded:
     """The update object and its user metadata (the header, as a reducer's ranged GET returns it). Every
     encoding but ``none`` needs the shard plan; ``significance`` also the weights the iteration started from."""
@@ -236,8 +248,10 @@ def _check(version: int, encoding: int, number: int, kind: str, where: str, comp
     if version != VERSION:
         raise UpdateFormatError(f"{where}: update format version {version} is not supported (only {VERSION})")
     if encoding not in ENCODINGS:
-        raise UpdateFormatError(f"{where}: update encoding {encoding} is not supported (only"
-                                f" {', '.join(f'{n} ({name})' for n, name in ENCODINGS.items())})")
+        raise UpdateFormatError(
+            f"{where}: update encoding {encoding} is not supported (only"
+            f" {', '.join(f'{n} ({name})' for n, name in ENCODINGS.items())})"
+        )
     if encoding != compression.encoding:
         raise UpdateFormatError(
             f"{where}: the update's encoding is {encoding} ({ENCODINGS[encoding]}), but the run's compress option"
@@ -264,8 +278,9 @@ def decode_part(data: bytes, plan: ShardPlan, shard: int, compression: Compressi
             raise UpdateFormatError(f"part of shard {shard} has {len(data)} bytes, too few for its count")
         (count,) = _COUNT.unpack_from(data)
         if count > trainable:
-            raise UpdateFormatError(f"part of shard {shard} declares {count} pairs, but the shard has {trainable}"
-                                    " trainable entries")
+            raise UpdateFormatError(
+                f"part of shard {shard} declares {count} pairs, but the shard has {trainable} trainable entries"
+            )
         body, expected = data[_COUNT.size :], _COUNT.size + 8 * count + 4 * other
         what = f"{expected} bytes ({count} pairs)"
     else:
@@ -289,13 +304,15 @@ def _check_indices(index: np.ndarray, trainable: np.ndarray, shard: int) -> None
     if not index.size:
         return
     if index.max() >= trainable.size:
-        raise UpdateFormatError(f"part of shard {shard}: index {int(index.max())} lies outside the part's"
-                                f" {trainable.size} entries")
+        raise UpdateFormatError(
+            f"part of shard {shard}: index {int(index.max())} lies outside the part's {trainable.size} entries"
+        )
     steps = np.diff(index)
     if (steps <= 0).any():
         at = int(np.flatnonzero(steps <= 0)[0]) + 1
-        raise UpdateFormatError(f"part of shard {shard}: index {int(index[at])} repeats or comes out of order"
-                                " (indices must increase)")
+        raise UpdateFormatError(
+            f"part of shard {shard}: index {int(index[at])} repeats or comes out of order (indices must increase)"
+        )
     if not trainable[index].all():
         bad = int(index[~trainable[index]][0])
         raise UpdateFormatError(f"part of shard {shard}: index {bad} is a non-trainable entry, which is sent whole")
@@ -334,6 +351,7 @@ def decode(
         end = last + 1
     if end != len(data):
         raise UpdateFormatError(f"update's parts end at byte {end}, but it holds {len(data)} bytes")
-    vector = np.concatenate([decode_part(data[first : last + 1], plan, r, compression)
-                             for r, (first, last) in enumerate(ranges)])
+    vector = np.concatenate(
+        [decode_part(data[first : last + 1], plan, r, compression) for r, (first, last) in enumerate(ranges)]
+    )
     return vector, samples

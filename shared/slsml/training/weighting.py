@@ -30,17 +30,20 @@ def of_classes(y: np.ndarray, weights: Sequence[float]) -> np.ndarray:
     return out
 
 
-def resolve(class_weight: Mapping[int, float] | str, counts: Sequence[int] | None, classes: int | None) -> tuple[
-        float, ...]:
+def resolve(
+    class_weight: Mapping[int, float] | str, counts: Sequence[int] | None, classes: int | None
+) -> tuple[float, ...]:
     """A run's class weights per class id 0 … n−1, from ``class_weight`` ("balanced": samples / (classes × the
     class's samples), scikit-learn's formula, over the classes present; a mapping: its weights, 1 for a class left
     out). ``counts``: the training labels' samples per class (None: not known), ``classes``: how many class ids
     the labels can take (None: not class ids). ValueError naming the problem: a class the labels do not have."""
     if class_weight == "balanced":
         if counts is None:
-            raise ValueError("class_weight balanced needs the samples of each class, which the dataset does not record"
-                             " (labels that are not class ids, or a dataset stored before slsml recorded them: put"
-                             " it again)")
+            raise ValueError(
+                "class_weight balanced needs the samples of each class, which the dataset does not record"
+                " (labels that are not class ids, or a dataset stored before slsml recorded them: put"
+                " it again)"
+            )
         present = [c for c, n in enumerate(counts) if n]
         total = sum(counts)
         return tuple(total / (len(present) * n) if n else 1.0 for n in counts)
@@ -48,10 +51,16 @@ def resolve(class_weight: Mapping[int, float] | str, counts: Sequence[int] | Non
     have = [c for c, n in enumerate(counts) if n] if counts is not None else list(range(classes or 0))
     missing = sorted(set(class_weight) - set(have))
     if missing:
-        where = (f"the training labels are classes {', '.join(map(str, have))}" if have and len(have) <= 12
-                 else f"the training labels are classes {min(have)} to {max(have)}" if have
-                 else "the labels are not class ids")
-        raise ValueError(f"class_weight names class{'es' if len(missing) > 1 else ''}"
-                         f" {', '.join(map(str, missing))} that the labels do not have ({where})")
+        where = (
+            f"the training labels are classes {', '.join(map(str, have))}"
+            if have and len(have) <= 12
+            else f"the training labels are classes {min(have)} to {max(have)}"
+            if have
+            else "the labels are not class ids"
+        )
+        raise ValueError(
+            f"class_weight names class{'es' if len(missing) > 1 else ''}"
+            f" {', '.join(map(str, missing))} that the labels do not have ({where})"
+        )
     size = max(have, default=-1) + 1
     return tuple(class_weight.get(c, 1.0) for c in range(size))

@@ -12,12 +12,22 @@ from slsml.data.sources import arrays, images, tables, tfrecord
 from slsml.data.sources.base import DEFAULT_CHUNK_BYTES, Chunk, Format, Source, SourceOptions, data_files
 from slsml.spec.errors import BadInputError
 
-FORMATS: dict[str, Format] = {f.name: f for f in (arrays.FORMAT, images.FORMAT, tables.PARQUET, tables.CSV,
-                                                   tfrecord.FORMAT)}
+FORMATS: dict[str, Format] = {
+    f.name: f for f in (arrays.FORMAT, images.FORMAT, tables.PARQUET, tables.CSV, tfrecord.FORMAT)
+}
 from_python = arrays.from_python
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "FORMATS", "Chunk", "Format", "Source", "SourceOptions", "detect", "from_python",
-           "open_source"]
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "FORMATS",
+    "Chunk",
+    "Format",
+    "Source",
+    "SourceOptions",
+    "detect",
+    "from_python",
+    "open_source",
+]
 
 
 def detect(path: Path) -> Format:

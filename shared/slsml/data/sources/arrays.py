@@ -21,7 +21,8 @@ _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.r
 
 class ArrayOptions(SourceOptions):
     labels_file: Path | None = Field(
-        default=None, description="the labels of a .npy source: a .npy file with a row per sample of the source")
+        default=None, description="the labels of a .npy source: a .npy file with a row per sample of the source"
+    )
 
 
 class _StoredArray:
@@ -74,8 +75,9 @@ class StoredArraysSource(Source):
         if x.shape[0] != y.shape[0]:
             raise BadInputError(f"{where}: x has {x.shape[0]} samples but y has {y.shape[0]}")
         if w is not None and w.shape != (x.shape[0],):
-            raise BadInputError(f"{where}: w (sample weights) has shape {w.shape}, where x has {x.shape[0]} samples"
-                                " (one weight each)")
+            raise BadInputError(
+                f"{where}: w (sample weights) has shape {w.shape}, where x has {x.shape[0]} samples (one weight each)"
+            )
         self.x, self.y, self.w = x, y, w
 
     def count(self) -> int:
@@ -113,8 +115,9 @@ def open_file(path: Path, options: ArrayOptions) -> Source:
             raise BadInputError(f"{path} holds w_test (test sample weights) but no w for its training samples")
         source = StoredArraysSource(str(path), member("x"), member("y"), member("w") if "w" in names else None)
         if {"x_test", "y_test"} <= names:
-            source.test = StoredArraysSource(f"{path} (test)", member("x_test"), member("y_test"),
-                                             member("w_test") if "w_test" in names else None)
+            source.test = StoredArraysSource(
+                f"{path} (test)", member("x_test"), member("y_test"), member("w_test") if "w_test" in names else None
+            )
     source.format = FORMAT.name
     return source
 

@@ -72,8 +72,10 @@ class Source(ABC):
             if first is None:
                 first = kind
             elif kind != first:
-                raise BadInputError(f"{what}: samples of x {x.shape[1:]} {x.dtype}, y {y.shape[1:]} {y.dtype},"
-                                    f" where the first are x {first[0]} {first[1]}, y {first[2]} {first[3]}")
+                raise BadInputError(
+                    f"{what}: samples of x {x.shape[1:]} {x.dtype}, y {y.shape[1:]} {y.dtype},"
+                    f" where the first are x {first[0]} {first[1]}, y {first[2]} {first[3]}"
+                )
             start += len(x)
             yield (x, y, np.asarray(chunk[2], dtype=np.float32)) if len(chunk) > 2 else (x, y)
         if first is None:
@@ -102,8 +104,9 @@ def validate_weights(w: np.ndarray, samples: int, what: str) -> None:
         raise BadInputError(f"{what}: sample weights of non-numeric dtype {w.dtype}")
     bad = ~np.isfinite(w) | (w < 0)
     if bad.any():
-        raise BadInputError(f"{what}: sample weights must be finite numbers from 0 (sample {int(np.argmax(bad))}'s"
-                            f" is {w[bad][0]})")
+        raise BadInputError(
+            f"{what}: sample weights must be finite numbers from 0 (sample {int(np.argmax(bad))}'s is {w[bad][0]})"
+        )
 
 
 def rows_per_chunk(sample_bytes: int, chunk_bytes: int) -> int:

@@ -24,10 +24,12 @@ KEPT = {"1": "L", "L": "L", "LA": "LA", "RGB": "RGB", "RGBA": "RGBA"}  # --keep-
 
 class ImageOptions(SourceOptions):
     image_size: Annotated[tuple[PositiveInt, PositiveInt], BeforeValidator(comma_list)] = Field(
-        default=(256, 256), description="images: the height,width every image is resized to (bilinear)")
+        default=(256, 256), description="images: the height,width every image is resized to (bilinear)"
+    )
     grayscale: bool = Field(default=False, description="images: convert each to 1 channel (default: 3, RGB)")
     keep_channels: bool = Field(
-        default=False, description="images: keep the channels the files have, all alike (default: convert to RGB)")
+        default=False, description="images: keep the channels the files have, all alike (default: convert to RGB)"
+    )
 
     @model_validator(mode="after")
     def _one_conversion(self) -> ImageOptions:
@@ -45,14 +47,19 @@ def class_files(folder: Path) -> tuple[tuple[str, ...], list[tuple[Path, int]]]:
     """The class names and every image file with its label, in Keras's order."""
     if not folder.is_dir():
         raise BadInputError(f"{folder} is not a folder of class subfolders")
-    classes = tuple(sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and
-                           not entry.name.startswith(".")))
+    classes = tuple(
+        sorted(entry.name for entry in os.scandir(folder) if entry.is_dir() and not entry.name.startswith("."))
+    )
     if not classes:
         raise BadInputError(f"{folder}: no class subfolders (images go in one subfolder per class)")
     files = []
     for label, name in enumerate(classes):
-        found = [Path(root, file) for root, _, names in sorted(os.walk(folder / name), key=lambda walk: walk[0])
-                 for file in sorted(names) if file.lower().endswith(SUFFIXES)]
+        found = [
+            Path(root, file)
+            for root, _, names in sorted(os.walk(folder / name), key=lambda walk: walk[0])
+            for file in sorted(names)
+            if file.lower().endswith(SUFFIXES)
+        ]
         if not found:
             raise BadInputError(f"{folder / name}: class folder without images ({', '.join(SUFFIXES)})")
         files += [(path, label) for path in found]
@@ -106,8 +113,10 @@ class ImageFolderSource(Source):
                 for (path, _), image in zip(part, images, strict=True):
                     channels = channels or (image.shape[-1], path)
                     if image.shape[-1] != channels[0]:
-                        raise BadInputError(f"{path}: {image.shape[-1]} channels where {channels[1]} has"
-                                            f" {channels[0]}; leave out --keep-channels to convert them to RGB")
+                        raise BadInputError(
+                            f"{path}: {image.shape[-1]} channels where {channels[1]} has"
+                            f" {channels[0]}; leave out --keep-channels to convert them to RGB"
+                        )
                 yield np.stack(images), np.array([label for _, label in part], dtype=np.int32)
 
 

@@ -17,9 +17,11 @@ from slsml.spec.errors import BadInputError
 class TableOptions(SourceOptions):
     label: Label
     features: CommaList | None = Field(
-        default=None, description="tables: the feature columns, comma-separated (default: every other numeric column)")
+        default=None, description="tables: the feature columns, comma-separated (default: every other numeric column)"
+    )
     weight: str | None = Field(
-        default=None, description="tables: the column of the samples' weights (Keras's sample_weight), not a feature")
+        default=None, description="tables: the column of the samples' weights (Keras's sample_weight), not a feature"
+    )
 
 
 class TableSource(Source):
@@ -35,8 +37,11 @@ class TableSource(Source):
             schema = self._table.schema
         except (pa.ArrowInvalid, OSError) as error:
             raise BadInputError(f"{path}: not a readable {format} table ({error})") from None
-        numeric = {f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
-                   or pa.types.is_boolean(f.type)}
+        numeric = {
+            f.name
+            for f in schema
+            if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
+        }
         special = {options.label, options.weight}
         features = options.features or [name for name in schema.names if name in numeric and name not in special]
         for column in (options.label, *features, *([options.weight] if options.weight else [])):
@@ -56,8 +61,9 @@ class TableSource(Source):
 
         rows = rows_per_chunk(4 * len(self.features) + 8, chunk_bytes)
         weight = [self.weight] if self.weight else []
-        batches = self._table.to_batches(columns=[*self.features, self.label, *weight], batch_size=rows,
-                                         batch_readahead=1, fragment_readahead=1)
+        batches = self._table.to_batches(
+            columns=[*self.features, self.label, *weight], batch_size=rows, batch_readahead=1, fragment_readahead=1
+        )
         try:
             for batch in batches:
                 x = np.empty((batch.num_rows, len(self.features)), dtype=np.float32)
@@ -78,7 +84,12 @@ class TableSource(Source):
         return column.to_numpy(zero_copy_only=False)
 
 
-PARQUET = Format(name="parquet", suffixes=(".parquet",), options=TableOptions,
-                 open=lambda path, options: TableSource(path, options, "parquet"))
-CSV = Format(name="csv", suffixes=(".csv",), options=TableOptions,
-             open=lambda path, options: TableSource(path, options, "csv"))
+PARQUET = Format(
+    name="parquet",
+    suffixes=(".parquet",),
+    options=TableOptions,
+    open=lambda path, options: TableSource(path, options, "parquet"),
+)
+CSV = Format(
+    name="csv", suffixes=(".csv",), options=TableOptions, open=lambda path, options: TableSource(path, options, "csv")
+)

@@ -34,7 +34,8 @@ class TFRecordOptions(SourceOptions):
     label: Label
     tfrecord_features: Annotated[CommaList, AfterValidator(_feature_specs)] = Field(
         description="TFRecord: each feature as name:dtype:shape, comma-separated, dims joined by x"
-                    " (image:uint8:32x32x3,label:int64:)")
+        " (image:uint8:32x32x3,label:int64:)"
+    )
 
 
 class TFRecordSource(Source):
@@ -58,8 +59,10 @@ class TFRecordSource(Source):
     def _parsed(self, serialized: Any, path: Path, first: int) -> dict[str, np.ndarray]:
         import tensorflow as tf
 
-        spec = {name: tf.io.FixedLenFeature(shape, tf.float32 if dtype.kind == "f" else tf.int64)
-                for name, (dtype, shape) in self.features.items()}
+        spec = {
+            name: tf.io.FixedLenFeature(shape, tf.float32 if dtype.kind == "f" else tf.int64)
+            for name, (dtype, shape) in self.features.items()
+        }
         try:
             parsed = tf.io.parse_example(serialized, spec)
         except tf.errors.InvalidArgumentError:
@@ -87,8 +90,9 @@ class TFRecordSource(Source):
                     if len(inputs) == 1:
                         x = values[inputs[0]]
                     else:
-                        x = np.concatenate([values[n].reshape(len(serialized), -1) for n in inputs], axis=1,
-                                           dtype=np.float32)
+                        x = np.concatenate(
+                            [values[n].reshape(len(serialized), -1) for n in inputs], axis=1, dtype=np.float32
+                        )
                     yield x, values[self.label]
             except tf.errors.DataLossError as error:
                 raise BadInputError(f"{path}: not a readable TFRecord file ({error.message})") from None

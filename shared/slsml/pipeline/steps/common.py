@@ -31,8 +31,9 @@ def carried_state(config: RunConfig, iteration: int) -> list[str]:
     slot states and residuals."""
     spec, plan = config.training, config.plan
     slot_state = rules.of(spec).slot_traffic(spec, plan.size, int(plan.trainable_mask().sum())).bytes > 0
-    return keys.carried(config.run_id, iteration, config.reducers, spec.worker_bounds[1], slot_state,
-                        spec.compression.lossy)
+    return keys.carried(
+        config.run_id, iteration, config.reducers, spec.worker_bounds[1], slot_state, spec.compression.lossy
+    )
 
 
 def complete_run(services: Services, run_id: str, iteration: int, reason: str | None = None) -> None:
@@ -55,8 +56,16 @@ def complete_run(services: Services, run_id: str, iteration: int, reason: str | 
         services.orchestrator.succeed(run.task_token, outcome(run))
         # nothing resumes a completed run: its last two sets of carried state go (the Merger deleted the others)
         services.store.delete([*carried_state(config, iteration - 1), *carried_state(config, iteration)])
-    logger.info("run completed", extra={"run_id": run_id, "iterations": iteration, "final": final_key,
-                                        "final_iteration": kept.iteration + 1, "reason": reason})
+    logger.info(
+        "run completed",
+        extra={
+            "run_id": run_id,
+            "iterations": iteration,
+            "final": final_key,
+            "final_iteration": kept.iteration + 1,
+            "reason": reason,
+        },
+    )
 
 
 def stop_reason(config: RunConfig, counters: Iterable[Counter]) -> str | None:
@@ -70,17 +79,22 @@ def stop_reason(config: RunConfig, counters: Iterable[Counter]) -> str | None:
     if stopping.stopped_at(values, mode, patience, min_delta) is None:
         return None
     best = stopping.best_at(values, mode)
-    return (f"early stopping: {monitor} did not improve by more than {min_delta:g} for {patience} evaluation"
-            f"{'' if patience == 1 else 's'} after its best, {values[best]:.6g} (the model entering iteration"
-            f" {series[best][0] + 1})")
+    return (
+        f"early stopping: {monitor} did not improve by more than {min_delta:g} for {patience} evaluation"
+        f"{'' if patience == 1 else 's'} after its best, {values[best]:.6g} (the model entering iteration"
+        f" {series[best][0] + 1})"
+    )
 
 
 def _series(monitor: str, counters: Iterable[Counter]) -> list[tuple[int, float]]:
     """The monitored figure (``val_auc``: the validation split's auc) of each evaluation, with the iteration whose
     counter holds it, in order."""
     split, name = monitor.split("_", 1)
-    return [(c.iteration, figures[name]) for c in sorted(counters, key=lambda c: c.iteration)
-            if (figures := c.val if split == "val" else c.test) and name in figures]
+    return [
+        (c.iteration, figures[name])
+        for c in sorted(counters, key=lambda c: c.iteration)
+        if (figures := c.val if split == "val" else c.test) and name in figures
+    ]
 
 
 def _mode(config: RunConfig, monitor: str) -> stopping.Mode:
@@ -89,5 +103,11 @@ def _mode(config: RunConfig, monitor: str) -> stopping.Mode:
 
 def outcome(run: RunRecord) -> dict[str, Any]:
     """What a run's execution ends with."""
-    return {"final_key": run.final_key, "iterations": run.iteration, "test_accuracy": run.test_accuracy,
-            "test_loss": run.test_loss, "test": run.test, "val": run.val}
+    return {
+        "final_key": run.final_key,
+        "iterations": run.iteration,
+        "test_accuracy": run.test_accuracy,
+        "test_loss": run.test_loss,
+        "test": run.test,
+        "val": run.val,
+    }

@@ -154,13 +154,21 @@ def on_dead_letter(letter: DeadLetter, services: Services) -> list[str]:
     failed: list[str] = []
     for said in read(letter, deployed_sources()):
         is_rejection = rejected(said.error) if said.error is not None else _rejected_now(said, letter, services)
-        logger.error("dead letter", extra={
-            "function": said.function, "run_id": said.run_id, "error": said.error, "rejected": is_rejection,
-            "undelivered": said.undelivered, "dead_letter_id": letter.message_id, "queue": letter.queue_arn,
-            "error_code": letter.attributes.get(DEAD_LETTER_ERROR_CODE),
-            "request_id": letter.attributes.get(DEAD_LETTER_REQUEST_ID),
-            "dead_message": said.message[:LOGGED_MESSAGE_CHARS],
-        })
+        logger.error(
+            "dead letter",
+            extra={
+                "function": said.function,
+                "run_id": said.run_id,
+                "error": said.error,
+                "rejected": is_rejection,
+                "undelivered": said.undelivered,
+                "dead_letter_id": letter.message_id,
+                "queue": letter.queue_arn,
+                "error_code": letter.attributes.get(DEAD_LETTER_ERROR_CODE),
+                "request_id": letter.attributes.get(DEAD_LETTER_REQUEST_ID),
+                "dead_message": said.message[:LOGGED_MESSAGE_CHARS],
+            },
+        )
         if said.run_id is None or is_rejection:
             continue
         if services.fail_run(said.run_id, said.reason):

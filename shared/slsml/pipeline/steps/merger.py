@@ -65,8 +65,11 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     with ThreadPoolExecutor(max_workers=2) as pool:  # advance, store the weights and delete superseded state while
         advancing = pool.submit(_advance, services, config, iteration, message.generation)  # the model is saved
         storing = pool.submit(store.put_array_new, keys.weights(run, iteration + 1), weights)
-        body = _fitted(store, config, iteration, trainer, parts) if _carries_state(store, config, iteration + 1) \
+        body = (
+            _fitted(store, config, iteration, trainer, parts)
+            if _carries_state(store, config, iteration + 1)
             else trainer.save()
+        )
         advanced, _ = advancing.result(), storing.result()
     if advanced is None:  # stopped, failed or resumed meanwhile
         return None
@@ -89,13 +92,15 @@ def _carries_state(store: ObjectStore, config: RunConfig, iteration: int) -> boo
     if iteration == config.training.iterations:
         return True
     watched = {monitor.split("_", 1)[0] for monitor in config.training.monitors}
-    return bool(watched) and bool(watched & set(evaluated(config, iteration, reader_for(
-        store, config.dataset).manifest.train.count)))
+    return bool(watched) and bool(
+        watched & set(evaluated(config, iteration, reader_for(store, config.dataset).manifest.train.count))
+    )
 
 
 def _fitted(store: ObjectStore, config: RunConfig, iteration: int, trainer: Trainer, parts: list[bytes]) -> bytes:
     """The trainer's model (holding the merged weights) as ``fit`` leaves it, its optimizer holding the reducers'
     state: each shard's state archive read by range, one at a time (``parts``: the reads of their weights)."""
+
     def states() -> Iterator[State]:
         for shard, part in enumerate(parts):
             where = keys.shard(config.run_id, iteration + 1, shard)
@@ -113,8 +118,9 @@ def _advance(services: Services, config: RunConfig, iteration: int, generation: 
     return advanced
 
 
-def _adopt(store: ObjectStore, config: RunConfig, key: str, body: bytes, metadata: dict[str, str],
-           weights: np.ndarray) -> bool:
+def _adopt(
+    store: ObjectStore, config: RunConfig, key: str, body: bytes, metadata: dict[str, str], weights: np.ndarray
+) -> bool:
     """The model at ``key`` was stored before. False if this generation's Merger stored it (a retry). True if it is
     stored anew as this generation's, for its new event to launch the next iteration: a model an earlier generation
     stored (a resumed run merged again an iteration the earlier one had finished, whose model landed while the run
@@ -137,7 +143,8 @@ def _holds(store: ObjectStore, config: RunConfig, key: str, weights: np.ndarray)
     try:
         model = stored_model(store, key)
         return config.architecture in {None, modelio.architecture(model)} and np.array_equal(
-            modelio.get_flat(model, config.plan), weights)
+            modelio.get_flat(model, config.plan), weights
+        )
     except (BadInputError, ValueError):
         return False
 

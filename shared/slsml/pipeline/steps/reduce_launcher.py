@@ -37,8 +37,7 @@ def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
     finite, workers = counter.arrived - counter.nonfinite_arrived, counter.workers or config.workers
     if finite < quorum_count(workers, config.training.quorum) and counter.arrived < workers:
         return []
-    return fire_reduce(services, config, done.iteration, workers, done.generation, done.worker,
-                       config.training.quorum)
+    return fire_reduce(services, config, done.iteration, workers, done.generation, done.worker, config.training.quorum)
 
 
 def fire_reduce(
@@ -68,8 +67,14 @@ def fire_reduce(
         if owner != DEADLINE_OWNER and owner not in {p.worker for p in participants}:
             _late({"run_id": run_id, "iteration": iteration, "worker": owner})
         return []
-    messages = publish_reduce(services, config, iteration, participants, generation,
-                              nonfinite=sorted(r.worker for r in reports if not r.finite))
+    messages = publish_reduce(
+        services,
+        config,
+        iteration,
+        participants,
+        generation,
+        nonfinite=sorted(r.worker for r in reports if not r.finite),
+    )
     table.mark_reduce_fired(run_id, iteration, owner, participants, reports, generation)  # after: reducers go on
     return messages
 
@@ -102,12 +107,26 @@ def publish_reduce(
 ) -> list[ReduceMessage]:
     """One Reduce message per shard (all, or ``shards``); reducers are idempotent, so publishing again is safe."""
     messages = [
-        ReduceMessage(run_id=config.run_id, iteration=iteration, generation=generation, shard=r,
-                      participants=tuple(participants), attempt=attempt)
+        ReduceMessage(
+            run_id=config.run_id,
+            iteration=iteration,
+            generation=generation,
+            shard=r,
+            participants=tuple(participants),
+            attempt=attempt,
+        )
         for r in (range(config.reducers) if shards is None else shards)
     ]
     services.bus.publish(wiring.REDUCE, messages)
-    logger.info("reduce fired", extra={"run_id": config.run_id, "iteration": iteration,
-                                       "participants": len(participants), "nonfinite": nonfinite or [],
-                                       "shards": len(messages), "attempt": attempt})
+    logger.info(
+        "reduce fired",
+        extra={
+            "run_id": config.run_id,
+            "iteration": iteration,
+            "participants": len(participants),
+            "nonfinite": nonfinite or [],
+            "shards": len(messages),
+            "attempt": attempt,
+        },
+    )
     return messages

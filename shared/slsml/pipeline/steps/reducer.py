@@ -41,8 +41,9 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone | None:
     run, iteration, shard = message.run_id, message.iteration, message.shard
     size = config.plan.shard(shard).size
     if message.squares is not None:  # released after the exchange: step with the stored average
-        stored_mean, stored_shard = services.store.get_many([keys.mean(run, iteration, shard),
-                                                             keys.shard(run, iteration, shard)])
+        stored_mean, stored_shard = services.store.get_many(
+            [keys.mean(run, iteration, shard), keys.shard(run, iteration, shard)]
+        )
         average = shards.decode(stored_mean, size)
         return _step(message, config, services, shards.decode(stored_shard, size), average, message.squares)
     if clipping.needs_exchange(rules.server_optimizer(config), config.plan):
@@ -59,7 +60,11 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone | None:
 
 
 def _step(
-    message: ReduceMessage, config: RunConfig, services: Services, current: shards.Shard, average: shards.Shard,
+    message: ReduceMessage,
+    config: RunConfig,
+    services: Services,
+    current: shards.Shard,
+    average: shards.Shard,
     squares: clipping.Squares | None,
 ) -> ReduceDone:
     """Clip the averaged gradient, step the optimizer, store the shard of the next iteration and announce it."""
@@ -67,9 +72,7 @@ def _step(
     trainable, mean, server = config.plan.shard(shard).trainable, average.weights, rules.server_optimizer(config)
     gradient = clipping.clip(server, config.plan, shard, mean, squares)
     decays = config.plan.mask(shard, lambda v: server.decays(v.name))[trainable]
-    stepped, state = optimizers.apply(
-        server, current.weights[trainable], gradient[trainable], current.state, decays
-    )
+    stepped, state = optimizers.apply(server, current.weights[trainable], gradient[trainable], current.state, decays)
     if iteration + 1 == config.training.iterations:  # the final shard
         stepped = optimizers.finalize(server, stepped, state)
     weights = current.weights.copy()
@@ -103,8 +106,10 @@ def _exchange(
         return None  # the count ran ahead of the records (a retry counted twice)
     totals = clipping.totals(contributions)
     if table.release_steps(run, iteration, shard, message.generation):
-        services.bus.publish(wiring.REDUCE, [message.model_copy(update={"shard": r, "squares": totals})
-                                             for r in range(config.reducers) if r != shard])
+        services.bus.publish(
+            wiring.REDUCE,
+            [message.model_copy(update={"shard": r, "squares": totals}) for r in range(config.reducers) if r != shard],
+        )
     return average, totals
 
 
@@ -114,8 +119,9 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     run, iteration, shard = message.run_id, message.iteration, message.shard
     policy, participants = ReadPolicy(), message.participants
     compression, kind = config.training.compression, rules.of(config.training).kind
-    where = [keys.update(run, iteration if p.iteration is None else p.iteration, p.worker, p.attempt)
-             for p in participants]
+    where = [
+        keys.update(run, iteration if p.iteration is None else p.iteration, p.worker, p.attempt) for p in participants
+    ]
     need = quorum_count(len(participants), policy.quorum)
     if compression.kind == "significance":
         parts = _read_significant_parts(services.store, where, config, shard, need, policy)
@@ -124,8 +130,16 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
         parts = services.store.get_quorum(where, ranges, need=need, timeout_s=policy.timeout_s)
     dropped = [p.worker for p, part in zip(participants, parts, strict=True) if part is None]
     if dropped:
-        logger.warning("parts dropped after their read timeout", extra={
-            "run_id": run, "iteration": iteration, "shard": shard, "workers": dropped, "timeout_s": policy.timeout_s})
+        logger.warning(
+            "parts dropped after their read timeout",
+            extra={
+                "run_id": run,
+                "iteration": iteration,
+                "shard": shard,
+                "workers": dropped,
+                "timeout_s": policy.timeout_s,
+            },
+        )
     included, decoded = [], []
     for participant, key, part in zip(participants, where, parts, strict=True):
         if part is None:
@@ -160,8 +174,9 @@ def _read_significant_parts(
     parts they point at; a read that times out under the read quorum leaves its participant out (each of the
     two rounds of reads waits up to the read timeout)."""
     compression, kind = config.training.compression, rules.of(config.training).kind
-    entries = store.get_quorum(where, [updates.table_range(config.plan, shard)] * len(where), need=need,
-                               timeout_s=policy.timeout_s)
+    entries = store.get_quorum(
+        where, [updates.table_range(config.plan, shard)] * len(where), need=need, timeout_s=policy.timeout_s
+    )
     ranges: dict[int, tuple[int, int]] = {}
     for number, (key, entry) in enumerate(zip(where, entries, strict=True)):
         if entry is None:
@@ -172,8 +187,9 @@ def _read_significant_parts(
         except updates.UpdateFormatError as error:
             raise RunFailed(str(error) if str(error).startswith(key) else f"{key}: {error}") from None
     read = list(ranges)
-    parts = store.get_quorum([where[n] for n in read], [ranges[n] for n in read], need=min(need, len(read)),
-                             timeout_s=policy.timeout_s)
+    parts = store.get_quorum(
+        [where[n] for n in read], [ranges[n] for n in read], need=min(need, len(read)), timeout_s=policy.timeout_s
+    )
     out: list[Stored | None] = [None] * len(where)
     for number, part in zip(read, parts, strict=True):
         out[number] = part

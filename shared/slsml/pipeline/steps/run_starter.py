@@ -52,7 +52,7 @@ def on_dropped(landed: ModelLanded, services: Services, defaults: DropInRequest)
         request = _request(sidecar, name).over(defaults)
         if request.dataset is None:
             raise BadInputError(
-                f"no dataset for {landed.key}: put {{\"dataset\": ...}} in {keys.incoming_request(name)}"
+                f'no dataset for {landed.key}: put {{"dataset": ...}} in {keys.incoming_request(name)}'
                 " or in the deployment's run defaults"
             )
         spec = TrainingSpec.model_validate(request.training)
@@ -69,14 +69,16 @@ def on_dropped(landed: ModelLanded, services: Services, defaults: DropInRequest)
     return run_id
 
 
-def _refuse(services: Services, key: str, run_id: str, dataset: str | None, spec: TrainingSpec,
-            error: Exception) -> None:
+def _refuse(
+    services: Services, key: str, run_id: str, dataset: str | None, spec: TrainingSpec, error: Exception
+) -> None:
     """Register the dropped model's run FAILED with the reason (a run of that id already there is left as it is)."""
     logger.error("dropped model not started", extra={"key": key, "run_id": run_id, "reason": str(error)})
     metrics.emit(Metric.REFUSED_STARTS, 1)
     if not services.table.register_refused(run_id, dataset or "", spec, f"{key} not started: {error}"):
-        logger.error("a run of the dropped model's id is registered already: left as it is",
-                     extra={"key": key, "run_id": run_id})
+        logger.error(
+            "a run of the dropped model's id is registered already: left as it is", extra={"key": key, "run_id": run_id}
+        )
 
 
 def _digest(data: bytes) -> str:

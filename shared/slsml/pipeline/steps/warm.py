@@ -63,8 +63,7 @@ def trainer_for(
 def stored_model(store: ObjectStore, key: str) -> keras.Model:
     """The model at ``key``, read and built only if it fits this function (BadInputError naming the figures)."""
     limits = bounds.Limits.here()
-    return modelio.load_model(store.get_bounded(key, limits.archive_bytes, limits.describe()), where=key,
-                              limits=limits)
+    return modelio.load_model(store.get_bounded(key, limits.archive_bytes, limits.describe()), where=key, limits=limits)
 
 
 def reader_for(store: ObjectStore, dataset: str) -> data.DatasetReader:

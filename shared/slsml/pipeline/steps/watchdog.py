@@ -128,12 +128,14 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
     return _reduce_deadline(deadline, config, record, services)
 
 
-def _claim_launch(deadline: Deadline, run: RunRecord, record: IterationRecord, services: Services,
-                  spent: float | None) -> IterationRecord:
+def _claim_launch(
+    deadline: Deadline, run: RunRecord, record: IterationRecord, services: Services, spent: float | None
+) -> IterationRecord:
     """Claim the launch of the deadline's iteration with the run's current workers (and the spend it saw), so
     that the late launch finds it taken and publishes nothing, and the iteration's times start here."""
-    counter = services.table.claim_launch(run.run_id, deadline.iteration, DEADLINE_LAUNCH, deadline.generation,
-                                          run.workers, run.workers_reason, spent)
+    counter = services.table.claim_launch(
+        run.run_id, deadline.iteration, DEADLINE_LAUNCH, deadline.generation, run.workers, run.workers_reason, spent
+    )
     if counter is None:  # the launch came meanwhile
         return services.table.get_iteration(run.run_id, deadline.iteration)
     return record.model_copy(update=counter.model_dump(include={"launched_by", "launched_at", "workers"}))
@@ -168,11 +170,20 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
     if deadline.round < spec.deadline_retries:
         attempt = deadline.round + 1
         services.table.relaunch_workers(run_id, iteration, deadline.generation, dict.fromkeys(missing, attempt))
-        services.bus.publish(wiring.WORK, [
-            WorkMessage(run_id=run_id, iteration=iteration, generation=deadline.generation, worker=w, workers=workers,
-                        attempt=attempt)
-            for w in missing
-        ])
+        services.bus.publish(
+            wiring.WORK,
+            [
+                WorkMessage(
+                    run_id=run_id,
+                    iteration=iteration,
+                    generation=deadline.generation,
+                    worker=w,
+                    workers=workers,
+                    attempt=attempt,
+                )
+                for w in missing
+            ],
+        )
         logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})
         services.deadlines.schedule(_next(deadline, "work", attempt, _after(deadline, spec.deadline_s)))
         return Action.RELAUNCHED
@@ -192,9 +203,11 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
 
 def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Action:
     spec, run_id, iteration = config.training, config.run_id, deadline.iteration
-    missing = [] if record.merge_fired_by is not None else [
-        s for s in range(config.reducers) if not services.store.exists(keys.shard(run_id, iteration + 1, s))
-    ]
+    missing = (
+        []
+        if record.merge_fired_by is not None
+        else [s for s in range(config.reducers) if not services.store.exists(keys.shard(run_id, iteration + 1, s))]
+    )
     if not missing:  # the Merger has what it needs (its own retries cover it): look again in a while
         services.deadlines.schedule(_next(deadline, "work", 0, _after(deadline, spec.deadline_s)))
         return Action.NOTHING
@@ -208,9 +221,10 @@ def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRec
         return Action.RELAUNCHED
     for shard in missing:
         keep_weights(services, config, iteration, shard)
-    services.bus.publish(wiring.REDUCE_DONE, [
-        ReduceDone(run_id=run_id, iteration=iteration, generation=deadline.generation, shard=s) for s in missing
-    ])
+    services.bus.publish(
+        wiring.REDUCE_DONE,
+        [ReduceDone(run_id=run_id, iteration=iteration, generation=deadline.generation, shard=s) for s in missing],
+    )
     services.deadlines.schedule(_next(deadline, "work", 0, _after(deadline, spec.deadline_s)))
     logger.warning("deadline: shards keep their weights for this iteration", extra=log)
     return Action.STALE_SHARDS

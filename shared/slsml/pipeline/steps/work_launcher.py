@@ -53,8 +53,10 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         logger.info("run is not running: ignored", extra={"run_id": run_id, "status": run.status})
         return Outcome.IGNORED
     if iteration != run.iteration:  # e.g. the initial model placed again when a run is resumed
-        logger.info("model is not the run's current one: ignored",
-                    extra={"run_id": run_id, "iteration": iteration, "current": run.iteration})
+        logger.info(
+            "model is not the run's current one: ignored",
+            extra={"run_id": run_id, "iteration": iteration, "current": run.iteration},
+        )
         return Outcome.IGNORED
     if iteration >= run.iterations and services.table.get_counter(run_id, iteration - 1).test is not None:
         complete_run(services, run_id, iteration)  # its evaluation is in: a resumed run that had finished
@@ -62,8 +64,9 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
     spent = spend.spent(services, run)
     if reason := spend.exhausted(run, spent):
         services.stop_run(run_id, reason)
-        logger.warning("run stopped: its budget is spent", extra={"run_id": run_id, "iteration": iteration,
-                                                                  "reason": reason})
+        logger.warning(
+            "run stopped: its budget is spent", extra={"run_id": run_id, "iteration": iteration, "reason": reason}
+        )
         return Outcome.STOPPED
     if run.training.workers == "auto" and 0 < iteration < run.iterations:
         run = _tune(run, iteration, services)
@@ -72,8 +75,9 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         logger.error("run refused", extra={"run_id": run_id, "iteration": iteration, "reason": refusal})
         services.fail_run(run_id, refusal)
         return Outcome.REFUSED
-    counter = services.table.claim_launch(run_id, iteration, trigger_id, run.generation, run.workers,
-                                          run.workers_reason, spent)
+    counter = services.table.claim_launch(
+        run_id, iteration, trigger_id, run.generation, run.workers, run.workers_reason, spent
+    )
     if counter is None:
         return Outcome.ALREADY_LAUNCHED
     workers = counter.workers or run.workers
@@ -82,17 +86,27 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         services.table.mark_heartbeat(run_id)
     services.bus.publish(
         wiring.WORK,
-        [WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w, workers=workers)
-         for w in range(workers)],
+        [
+            WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w, workers=workers)
+            for w in range(workers)
+        ],
     )
     if run.watched is None:  # the first launch of this generation starts its chain of deadlines
         services.deadlines.schedule(
-            Deadline(run_id=run_id, iteration=iteration, generation=run.generation, stage="work", round=0,
-                     due_at=time.time() + run.deadline_s)
+            Deadline(
+                run_id=run_id,
+                iteration=iteration,
+                generation=run.generation,
+                stage="work",
+                round=0,
+                due_at=time.time() + run.deadline_s,
+            )
         )
         services.table.watch(run_id, None, 0)
-    logger.info("evaluation launched" if iteration >= run.iterations else "iteration launched",
-                extra={"run_id": run_id, "iteration": iteration, "workers": workers})
+    logger.info(
+        "evaluation launched" if iteration >= run.iterations else "iteration launched",
+        extra={"run_id": run_id, "iteration": iteration, "workers": workers},
+    )
     return Outcome.LAUNCHED
 
 
@@ -112,10 +126,18 @@ def _tune(run: RunRecord, iteration: int, services: Services) -> RunRecord:
     decision = tuner.decide(state, iteration, run.workers, spec.objective, spec.worker_bounds, predict)
     changed = decision.workers != run.workers
     if changed:
-        logger.info("tuner changes the workers", extra={"run_id": run.run_id, "iteration": iteration,
-                                                       "workers": decision.workers, "reason": decision.reason})
-    tuned = services.table.tune(run.run_id, iteration, decision.state, run.workers, decision.workers,
-                                decision.reason if changed else None)
+        logger.info(
+            "tuner changes the workers",
+            extra={
+                "run_id": run.run_id,
+                "iteration": iteration,
+                "workers": decision.workers,
+                "reason": decision.reason,
+            },
+        )
+    tuned = services.table.tune(
+        run.run_id, iteration, decision.state, run.workers, decision.workers, decision.reason if changed else None
+    )
     return tuned or services.table.get_run(run.run_id)
 
 

@@ -90,8 +90,12 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     reader = reader_for(store, config.dataset)
     count = reader.manifest.train.count
     trained = data.held_out(spec, count)[0]  # the training samples less the held-out ones
-    batches = [trained[indices] for indices in data.round_batches(
-        spec, len(trained), message.workers, message.worker, message.iteration, data.block_order(spec, len(trained)))]
+    batches = [
+        trained[indices]
+        for indices in data.round_batches(
+            spec, len(trained), message.workers, message.worker, message.iteration, data.block_order(spec, len(trained))
+        )
+    ]
     with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="batch") as reads:
         # the round's samples are read while the model and the weights are
         slices = _Prefetched([reads.submit(_batch, reader, indices, config) for indices in batches])
@@ -113,8 +117,15 @@ def _batch(reader: data.DatasetReader, indices: np.ndarray, config: RunConfig) -
     return x, y, w if config.class_weights is None else weighting.of_classes(y, config.class_weights)
 
 
-def _train(message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer, start: np.ndarray,
-           slices: Sequence[Batch], samples: int) -> WorkDone:
+def _train(
+    message: WorkMessage,
+    config: RunConfig,
+    services: Services,
+    trainer: modelio.Trainer,
+    start: np.ndarray,
+    slices: Sequence[Batch],
+    samples: int,
+) -> WorkDone:
     store, spec = services.store, config.training
     compression, rule = spec.compression, rules.of(spec)
     weights = start if compression.kind == "significance" else None
@@ -127,11 +138,12 @@ def _train(message: WorkMessage, config: RunConfig, services: Services, trainer:
         previous = residual.result() if residual is not None else None
     finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
     if compression.lossy:  # error feedback: the residual is stored first, create-only (see slsml.training.feedback)
-        compressed = feedback.compress(update.vector, previous, config.plan, compression, samples, rule.kind,
-                                       weights)
+        compressed = feedback.compress(update.vector, previous, config.plan, compression, samples, rule.kind, weights)
         body, header = compressed.update
-        store.put_new(keys.residual(message.run_id, message.iteration, message.worker),
-                      feedback.encode_residual(compressed.residual))
+        store.put_new(
+            keys.residual(message.run_id, message.iteration, message.worker),
+            feedback.encode_residual(compressed.residual),
+        )
     else:
         body, header = updates.encode(update.vector, samples=samples, kind=rule.kind)
     done = WorkDone(
@@ -148,8 +160,15 @@ def _train(message: WorkMessage, config: RunConfig, services: Services, trainer:
     )
     metadata = {"done": json.dumps(done.model_dump(mode="json")), **header}
     if not finite:
-        logger.warning("non-finite update", extra={"run_id": message.run_id, "iteration": message.iteration,
-                                                   "worker": message.worker, "loss": repr(update.loss)})
+        logger.warning(
+            "non-finite update",
+            extra={
+                "run_id": message.run_id,
+                "iteration": message.iteration,
+                "worker": message.worker,
+                "loss": repr(update.loss),
+            },
+        )
     key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
     # an object of other bytes at the key is not this worker's: it is replaced (put_own), never announced
     if not store.put_own(key, body, metadata=metadata):  # a duplicate or a retry: announce the stored update
@@ -165,8 +184,9 @@ def evaluated(config: RunConfig, iteration: int, train_count: int) -> list[str]:
     evaluates the test split at each epoch's end: the model it ends with there has its test figures."""
     spec, final = config.training, iteration >= config.training.iterations
     every = spec.eval_every
-    epoch_end = spec.validation_split is not None and (final or (iteration and iteration % _epoch(spec, train_count)
-                                                                 == 0))
+    epoch_end = spec.validation_split is not None and (
+        final or (iteration and iteration % _epoch(spec, train_count) == 0)
+    )
     watched = epoch_end and any(m.startswith("val_") for m in spec.monitors)
     splits = ["test"] if final or watched or (every and iteration and iteration % every == 0) else []
     return [*splits, "val"] if epoch_end else splits
@@ -178,8 +198,9 @@ def _epoch(spec: TrainingSpec, train_count: int) -> int:
     return max(1, data.iterations_per_epoch(trained, spec.global_batch) // spec.local_batches)
 
 
-def _evaluate(message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer,
-              splits: list[str]) -> bool:
+def _evaluate(
+    message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer, splits: list[str]
+) -> bool:
     """Store the states of evaluating the trainer's model (the one entering the iteration) on this worker's slice of
     each split, create-only; if every worker's states are in, sum them and record the results on the iteration
     before's counter (that iteration merged the model); past the budget, or where early stopping ends the run, have
@@ -187,14 +208,17 @@ def _evaluate(message: WorkMessage, config: RunConfig, services: Services, train
     finds them all (two may: the results are the same)."""
     store, run, iteration = services.store, message.run_id, message.iteration
     reader = reader_for(store, config.dataset)
-    samples = {"test": np.arange(reader.manifest.test.count),
-               "val": data.held_out(config.training, reader.manifest.train.count)[1]}
+    samples = {
+        "test": np.arange(reader.manifest.test.count),
+        "val": data.held_out(config.training, reader.manifest.train.count)[1],
+    }
     read = {"test": "test", "val": "train"}  # validation samples are held out of the training split
     evaluator = trainer.evaluators.get(config.metrics)
     if evaluator is None:
         sample = reader.take("test", samples["test"][:2])
         evaluator = trainer.evaluators.setdefault(
-            config.metrics, evaluation.Evaluator(trainer.model, config.loss, config.metrics, sample))
+            config.metrics, evaluation.Evaluator(trainer.model, config.loss, config.metrics, sample)
+        )
     for split in splits:
         mine = samples[split][evaluation.slice_of(len(samples[split]), message.workers, message.worker)]
         state = evaluator.state(*reader.take(read[split], mine))  # type: ignore[arg-type]
@@ -209,8 +233,9 @@ def _evaluate(message: WorkMessage, config: RunConfig, services: Services, train
         except ValueError as error:
             raise RunFailed(f"the {split} evaluation of the model entering iteration {iteration}: {error}") from None
         services.table.record_evaluation(run, iteration - 1, split, figures)
-        logger.info("model evaluated", extra={"run_id": run, "iteration": iteration, "split": split,
-                                              "figures": figures})
+        logger.info(
+            "model evaluated", extra={"run_id": run, "iteration": iteration, "split": split, "figures": figures}
+        )
     if iteration >= config.training.iterations or stop_reason(config, services.table.list_iterations(run)) is not None:
         services.ask_watchdog(run, iteration, message.generation)  # the run is complete: the watchdog completes it
         return True
@@ -237,8 +262,10 @@ def _residual(message: WorkMessage, config: RunConfig, store: ObjectStore) -> np
     try:
         body = store.get(key)
     except NotFoundError:
-        logger.info("no residual of the iteration before: starting from zeros",
-                    extra={"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker})
+        logger.info(
+            "no residual of the iteration before: starting from zeros",
+            extra={"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker},
+        )
         return None
     try:
         return feedback.decode_residual(body, config.plan, key)
@@ -261,8 +288,14 @@ class _Slot:
             return None
         body = self._get(self.where(previous=True))
         if body is None:
-            logger.info("no slot state of the round before: starting fresh", extra={
-                "run_id": self.message.run_id, "iteration": self.message.iteration, "worker": self.message.worker})
+            logger.info(
+                "no slot state of the round before: starting fresh",
+                extra={
+                    "run_id": self.message.run_id,
+                    "iteration": self.message.iteration,
+                    "worker": self.message.worker,
+                },
+            )
         return body
 
     def put(self, body: bytes) -> bool:
