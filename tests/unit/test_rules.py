@@ -105,7 +105,7 @@ def test_a_rule_added_as_contributing_shows_trains_with_no_other_edit(tmp_path: 
     (copy / path[1]).write_text(module)
     declarations = copy / "spec" / "algorithms.py"
     text = declarations.read_text()
-    end = text.index("\n)}\n", text.index("ALGORITHMS: ")) + 1  # the table's last line
+    end = text.index("\n)\n", text.index("DECLARATIONS: ")) + 1  # the table's closing line
     declarations.write_text(text[:end] + registration + text[end:])
     code = "from tests.unit.test_rules import added_rule_checks; added_rule_checks()"
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}

@@ -37,36 +37,34 @@ class Declaration(NamedTuple):
         )
 
 
-ALGORITHMS: dict[str, Declaration] = {
-    rule.name: rule
-    for rule in (
-        Declaration(
-            "gradient",
-            "slsml.rules.gradient",
-            "gradient averaging",
-            "workers send the gradient of their slice of one global batch (gradient averaging)",
-        ),
-        Declaration(
-            "average",
-            "slsml.rules.averaging",
-            "model averaging",
-            "each takes local_steps steps of the local optimizer and sends its weight change (model averaging)",
-            local=True,
-            options=("local_state", "server"),
-        ),
-        Declaration(
-            "admm",
-            "slsml.rules.admm",
-            "ADMM",
-            "each keeps its own data partition, local model and dual, takes"
-            " local_steps steps on its partition's loss plus the proximal term, and the reducers form the"
-            " consensus (models without hidden layers)",
-            local=True,
-            partitioned=True,
-            options=("admm_rho",),
-        ),
-    )
-}
+DECLARATIONS: tuple[Declaration, ...] = (
+    Declaration(
+        "gradient",
+        "slsml.rules.gradient",
+        "gradient averaging",
+        "workers send the gradient of their slice of one global batch (gradient averaging)",
+    ),
+    Declaration(
+        "average",
+        "slsml.rules.averaging",
+        "model averaging",
+        "each takes local_steps steps of the local optimizer and sends its weight change (model averaging)",
+        local=True,
+        options=("local_state", "server"),
+    ),
+    Declaration(
+        "admm",
+        "slsml.rules.admm",
+        "ADMM",
+        "each keeps its own data partition, local model and dual, takes"
+        " local_steps steps on its partition's loss plus the proximal term, and the reducers form the"
+        " consensus (models without hidden layers)",
+        local=True,
+        partitioned=True,
+        options=("admm_rho",),
+    ),
+)
+ALGORITHMS: dict[str, Declaration] = {rule.name: rule for rule in DECLARATIONS}
 
 # the TrainingSpec fields that some rules take and others refuse
 OPTIONS = (*LOCAL_OPTIONS, *dict.fromkeys(o for rule in ALGORITHMS.values() for o in rule.options), *ORDER_OPTIONS)
