@@ -17,6 +17,7 @@ from slsml.cli import main as cli
 from slsml.cli import runs as cli_runs
 from slsml.cli import targets
 from slsml.spec.config import TrainingSpec
+from slsml.spec.limits import RunLimits
 from slsml.state import records
 from slsml.state.runtable import RunTable
 
@@ -35,7 +36,7 @@ def table(monkeypatch: pytest.MonkeyPatch) -> Iterator[RunTable]:
         spec = TrainingSpec(workers=4, max_workers=8, iterations=ITERATIONS)
         runs.table.put_item(Item=records.run_item("r", "d", spec, 1.0))
         runs.advance("r", 3, 0)
-        services = types.SimpleNamespace(table=runs)
+        services = types.SimpleNamespace(table=runs, limits=RunLimits())
         monkeypatch.setattr(targets, "required_target", lambda args: (services, None))
         yield runs
 
