@@ -82,6 +82,9 @@ def test_every_metric_the_dashboard_graphs_is_emitted_with_its_dimensions(local,
             run_id=RUN, iteration=0, generation=0, worker=SPEC.workers + 5, workers=SPEC.workers, attempt=0
         )
         services.bus.publish(wiring.WORK, [forged])
+        # a dropped model that cannot start (not a .keras archive): its run is registered FAILED (RefusedStarts)
+        store = services.store
+        store.s3.put_object(Bucket=store.bucket, Key="incoming/metrics-refused.keras", Body=b"not a keras archive")
         run = finish(services, RUN)
         assert run.status == "COMPLETED", run.reason
         # the straggler's reports come after the run completed: wait for them (and each invocation's metrics)
