@@ -360,7 +360,11 @@ def print_runs(summaries: list[Any], as_json: bool = False) -> None:
     summaries."""
     from rich.table import Table
 
-    table = Table("run", "started", "status", "iterations", "test_loss", "first test metric", "reason")
+    table = Table()
+    # the run id and status are never cut, however narrow the terminal: the other columns wrap first
+    longest = {"run": max((len(s.run_id) for s in summaries), default=3), "status": len("COMPLETED")}
+    for column in ("run", "started", "status", "iterations", "test_loss", "first test metric", "reason"):
+        table.add_column(column, min_width=longest.get(column), no_wrap=column in longest)
     for s in summaries:
         started = "–" if s.started_at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.started_at))
         metric = first_metric(s.test)
