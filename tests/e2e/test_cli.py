@@ -153,25 +153,8 @@ def test_cli_errors_name_the_problem(tmp_path: Path) -> None:
 def test_run_start_refuses_a_model_too_large_for_the_worker(tmp_path: Path, model: bytes, reason: str) -> None:
     (tmp_path / "model.keras").write_bytes(model)
     np.savez(tmp_path / "d.npz", x=np.zeros((10, 7), np.float32), y=np.zeros((10, 2), np.float32))
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slsml.cli.main",
-            "run",
-            "start",
-            "--local",
-            "--model",
-            "model.keras",
-            "--data",
-            "d.npz",
-            "--iterations",
-            "1",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    refused = slsml(
+        "run", "start", "--local", "--model", "model.keras", "--data", "d.npz", "--iterations", "1", cwd=tmp_path
     )
     assert refused.returncode == 2 and reason in refused.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.npz", "model.keras"]  # nothing stored
