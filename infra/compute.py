@@ -87,7 +87,7 @@ class Compute(Construct):
             wiring.STORAGE_ENV: str(sizing.ephemeral_storage_mb),
             "POWERTOOLS_SERVICE_NAME": deployment.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": deployment.METRICS_NAMESPACE,
-            wiring.RUN_LIMITS_ENV: self._settings.run_limits.model_dump_json(),
+            wiring.RUN_LIMITS_ENV: self._settings.limits.model_dump_json(),
             **{topic.env_var: self._topics[topic.name].topic_arn for topic in fn.publishes},
             **{queue.env_var: self._queues[queue.name].queue_url for queue in fn.sends},
         }

@@ -3,7 +3,8 @@
 
 Per-function overrides merge over the function's defaults, e.g. in cdk.json
 ``"functions": {"worker": {"memory_mb": 4096, "reserved_concurrency": 50}}`` (``null`` reserves none);
-the limits of every run, e.g. ``"run_limits": {"workers": 64, "iterations": 5000}``.
+the limits of every run, e.g. ``"run_limits": {"workers": 64, "iterations": 5000}`` (the shortest deadline a run may
+have is the Worker's and the Reducer's timeout, ``functions.<name>.timeout_s``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from constructs import Node
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from slsml.spec import wiring
-from slsml.spec.config import DropInRequest
+from slsml.spec.config import DropInRequest, TrainingSpec
 from slsml.spec.deployment import (
     ACCOUNT_CONCURRENCY,
     DAY_S,
     DEFAULT_FUNCTIONS,
     SCRATCH_EXPIRY_DAYS,
+    STAGE_FUNCTIONS,
     TRANSIENT_USE_MAX_S,
     UNRESERVED_MINIMUM,
     FunctionSettings,
@@ -57,6 +59,13 @@ class Settings(BaseModel):
     def _parse_json(cls, value: Any) -> Any:
         return json.loads(value) if isinstance(value, str) else value
 
+    @field_validator("run_limits", mode="after")
+    @classmethod
+    def _timeouts_from_functions(cls, limits: RunLimits) -> RunLimits:
+        if "function_timeouts_s" in limits.model_fields_set:
+            raise ValueError("run_limits take the functions' timeouts from functions.<name>.timeout_s: leave them out")
+        return limits
+
     @field_validator("scratch_expiry_days")
     @classmethod
     def _outlive_transient_use(cls, days: int) -> int:
@@ -89,6 +98,19 @@ class Settings(BaseModel):
                 " launchers among others); lower functions.<name>.reserved_concurrency or raise account_concurrency"
             )
         return self
+
+    @model_validator(mode="after")
+    def _default_deadline_fits(self) -> Settings:
+        deadline = self.run_defaults.training.get("deadline_s", TrainingSpec.model_fields["deadline_s"].default)
+        if isinstance(deadline, int | float) and (refusal := self.limits.deadline_refusal(deadline)):
+            raise ValueError(f"run_defaults: {refusal}")
+        return self
+
+    @property
+    def limits(self) -> RunLimits:
+        """What every run of the deployment must keep within: ``run_limits``, with its functions' timeouts."""
+        timeouts = {name: self.functions[name].timeout_s for name in STAGE_FUNCTIONS}
+        return self.run_limits.model_copy(update={"function_timeouts_s": timeouts})
 
     @classmethod
     def from_context(cls, node: Node) -> Settings:

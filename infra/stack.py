@@ -57,7 +57,7 @@ class SlsmlStack(Stack):
         CfnOutput(self, "TableName", value=self.storage.table.table_name)
         CfnOutput(self, "StateMachineArn", value=self.orchestration.state_machine.state_machine_arn)
         # the CLI refuses a run beyond them before it stores anything (the pipeline enforces them anyway)
-        CfnOutput(self, RUN_LIMITS_OUTPUT, value=settings.run_limits.model_dump_json())
+        CfnOutput(self, RUN_LIMITS_OUTPUT, value=settings.limits.model_dump_json())
         for name, topic in self.messaging.topics.items():
             CfnOutput(self, f"{name}TopicArn", value=topic.topic_arn)
         CfnOutput(self, "AlarmsTopicArn", value=self.observability.alarm_topic.topic_arn)

@@ -6,6 +6,7 @@ import json
 import os
 import time
 from collections.abc import Collection
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from slsml.local.runtime import LocalRuntime
 from slsml.pipeline.services import Services
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
+from slsml.spec.deployment import STAGE_FUNCTIONS
+from slsml.spec.limits import RunLimits
 from slsml.state.runtable import RunRecord
 from slsml.training import modelio
 
@@ -41,6 +44,20 @@ def digits(services: Services) -> tuple[np.ndarray, ...]:
     arrays = demo.digits()
     data.put_dataset(services.store, DIGITS, *arrays)
     return arrays
+
+
+@pytest.fixture(scope="session")
+def warm(services: Services, digits: tuple[np.ndarray, ...]) -> None:
+    """The warm processes have trained the digits CNN: a test whose Worker and Reducer time out after seconds
+    (``timeouts``) then sees no first step of a process, which loads the model and traces its functions."""
+    spec = TrainingSpec(workers=4, reducers=2, global_batch=128, iterations=4, eval_every=0)
+    trained_clean(services, spec, "warm-up")
+
+
+def timeouts(local: LocalRuntime, seconds: int) -> AbstractContextManager[LocalRuntime]:
+    """For the block, a deployment whose Worker and Reducer time out after ``seconds``: runs with deadlines as
+    short as that may start, and their steps are ended there, as Lambda would end them (see ``warm``)."""
+    return local.limited(RunLimits(function_timeouts_s=dict.fromkeys(STAGE_FUNCTIONS, seconds)))
 
 
 def log_entries(path: Path, **fields: Any) -> list[dict[str, Any]]:

@@ -14,12 +14,13 @@ import numpy as np
 
 from slsml.local.faults import Faults
 from slsml.spec.config import TrainingSpec
+from slsml.spec.limits import RunLimits
 
 from .conftest import final_weights, finish, train
 
 RUN, REFERENCE = "contained", "contained-reference"
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=4, eval_every=0)
-TIMEOUT_S = 2.0  # the Worker's, for this test: every Worker's first receive hangs past it
+TIMEOUT_S = 2  # the Worker's, for this test: every Worker's first receive hangs past it
 HANG = Faults(worker_hang=1.0, hang_s=600)  # ten minutes, if nothing ended it
 
 
@@ -38,21 +39,20 @@ def test_a_killed_warm_process_and_a_step_past_its_timeout_change_nothing(local,
     train(services, SPEC, REFERENCE)
     assert finish(services, REFERENCE).status == "COMPLETED"
     report_before = local.host.fault_report()
-    timeouts = local.host.timeouts
-    local.host.timeouts = {**timeouts, "worker": TIMEOUT_S}
+    limits = RunLimits(function_timeouts_s={**RunLimits().function_timeouts_s, "worker": TIMEOUT_S})
     local.host.faults = HANG
     try:
-        train(services, SPEC, RUN)
-        deadline = time.monotonic() + 120
-        while services.table.get_run(RUN).iteration < 1:
-            assert time.monotonic() < deadline, "the run never completed an iteration"
-            time.sleep(0.05)
-        started = _warm_pids(local, "reducer")
-        os.kill(min(started), signal.SIGKILL)  # as the out-of-memory killer would
-        run = finish(services, RUN)
+        with local.limited(limits):
+            train(services, SPEC, RUN)
+            deadline = time.monotonic() + 120
+            while services.table.get_run(RUN).iteration < 1:
+                assert time.monotonic() < deadline, "the run never completed an iteration"
+                time.sleep(0.05)
+            started = _warm_pids(local, "reducer")
+            os.kill(min(started), signal.SIGKILL)  # as the out-of-memory killer would
+            run = finish(services, RUN)
     finally:
         local.host.faults = None
-        local.host.timeouts = timeouts
     assert run.status == "COMPLETED", run.reason
     report = local.host.fault_report()
     assert report["replaced_processes"] > report_before["replaced_processes"]

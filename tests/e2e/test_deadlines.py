@@ -13,9 +13,10 @@ from slsml.local.faults import Delay, Faults
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.training import modelio
 
-from .conftest import final_weights, finish, train, trained_clean
+from .conftest import final_weights, finish, timeouts, train, trained_clean
 from .test_faults import injecting
 
+pytestmark = pytest.mark.usefixtures("warm")  # the Worker and Reducer time out after seconds here
 SPEC = TrainingSpec(
     workers=4,
     reducers=2,
@@ -36,7 +37,8 @@ def test_lost_deliveries_are_relaunched_and_the_result_is_unchanged(local, servi
     reducers with new attempts, the held-back attempts are ignored, and with a floor of 1 (wait for
     every worker) the weights are bit-identical to the clean run's."""
     spec = SPEC.model_copy(update={"deadline_s": 2.0, "deadline_floor": 1.0, "deadline_retries": 4})
-    with injecting(local, Faults(seed=11, sns_delay=Delay(probability=0.15, seconds=4))) as report:
+    held_back = Faults(seed=11, sns_delay=Delay(probability=0.15, seconds=4))
+    with timeouts(local, 2), injecting(local, held_back) as report:
         train(services, spec, "deadline-relaunch")
         run = finish(services, "deadline-relaunch")
     print(f"relaunch: {report}")
@@ -52,12 +54,12 @@ def test_lost_deliveries_are_relaunched_and_the_result_is_unchanged(local, servi
 
 
 def test_a_shard_no_reducer_finishes_keeps_its_weights(local, services, digits):
-    """Every reducer's reads take 6 s, past two 1 s deadlines: both shards keep the initial weights
-    and the run still completes, counting the stale shards."""
+    """Every reducer's reads take 6 s, past its 1 s timeout and two 1 s deadlines: both shards keep the initial
+    weights and the run still completes, counting the stale shards."""
     spec = SPEC.model_copy(update={"iterations": 1, "deadline_s": 1.0, "deadline_retries": 1})
     model = demo.digits_cnn(seed=1)
     slow_reads = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=r"/updates/")
-    with injecting(local, slow_reads):
+    with timeouts(local, 1), injecting(local, slow_reads):
         train(services, spec, "deadline-stale", modelio.save_model(model))
         run = finish(services, "deadline-stale")
     assert run.status == "COMPLETED", run.reason
@@ -68,14 +70,14 @@ def test_a_shard_no_reducer_finishes_keeps_its_weights(local, services, digits):
 
 
 def test_a_straggler_is_left_behind_at_the_deadline_floor(local, services, digits):
-    """Worker 3 takes 8 s every iteration; with a floor of one half the watchdog fires each reduce at
+    """Worker 3 starts 8 s late every iteration; with a floor of one half the watchdog fires each reduce at
     the 2 s deadline with workers 0-2, so the run neither waits for it nor re-launches it."""
     spec = SPEC.model_copy(update={"iterations": 2, "deadline_s": 2.0, "deadline_floor": 0.5})
-    with injecting(local, Faults.parse("slow_worker=3:8")) as report:
+    with timeouts(local, 2), injecting(local, Faults.parse("late_worker=3:8")) as report:
         train(services, spec, "deadline-floor")
         run = finish(services, "deadline-floor")
     assert run.status == "COMPLETED", run.reason
-    assert report["injected"]["slow_worker"] >= 1
+    assert report["injected"]["late_worker"] >= 1
     iterations = services.table.list_iterations("deadline-floor")
     for record in iterations:
         assert record.fired_at_deadline, record
@@ -87,7 +89,7 @@ def test_a_straggler_is_left_behind_at_the_deadline_floor(local, services, digit
 def test_workers_that_hang_on_every_attempt_fail_the_run_within_its_deadline_budget(local, services, digits):
     spec = SPEC.model_copy(update={"workers": 2, "global_batch": 64, "deadline_s": 1.0, "deadline_retries": 1})
     hang = Faults(worker_hang=1.0, crash_every_receive=True, hang_s=3)
-    with injecting(local, hang):
+    with timeouts(local, 1), injecting(local, hang):
         train(services, spec, "deadline-hang")
         run = finish(services, "deadline-hang", timeout_s=60)
     assert run.status == "FAILED"
@@ -104,7 +106,7 @@ def test_workers_that_crash_on_every_attempt_fail_the_run_within_its_deadline_bu
     """Crashes, unlike hangs, use up a message's three receives within about two deadlines: the dead
     letter or the watchdog, whichever comes first, fails the run, naming the work stage."""
     spec = SPEC.model_copy(update={"workers": 2, "global_batch": 64, "deadline_s": 1.0, "deadline_retries": 1})
-    with injecting(local, Faults(worker_crash=1.0, crash_every_receive=True)):
+    with timeouts(local, 1), injecting(local, Faults(worker_crash=1.0, crash_every_receive=True)):
         train(services, spec, "deadline-crash")
         run = finish(services, "deadline-crash", timeout_s=60)
     assert run.status == "FAILED"

@@ -21,7 +21,7 @@ from slsml.spec import keys, wiring
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.training import modelio
 
-from .conftest import finish, train
+from .conftest import finish, timeouts, train
 from .test_faults import injecting
 
 # the IAM actions an API operation needs, where they are not the operation's own name
@@ -34,6 +34,7 @@ NEEDS = {
     "sqs:SendMessageBatch": {"sqs:SendMessage"},
     "sqs:DeleteMessageBatch": {"sqs:DeleteMessage"},
 }
+pytestmark = pytest.mark.usefixtures("warm")  # the Worker and Reducer time out after seconds here
 CLIPPED = TrainingSpec(
     workers=3,
     reducers=3,
@@ -44,7 +45,7 @@ CLIPPED = TrainingSpec(
     optimizer=OptimizerConfig(name="adam", learning_rate=3e-3, global_clipnorm=0.1),
 )
 LEFT_BEHIND = TrainingSpec(
-    workers=3, reducers=2, global_batch=96, iterations=2, eval_every=0, deadline_s=1.0, deadline_floor=0.5
+    workers=3, reducers=2, global_batch=96, iterations=2, eval_every=0, deadline_s=3.0, deadline_floor=0.5
 )
 
 
@@ -70,7 +71,7 @@ def _dropped(services) -> str:
 def operations(local, services, digits) -> dict[str, set[str]]:
     """Function → the operations its usage lines recorded in the runs above."""
     train(services, CLIPPED, "grants-clipped")
-    with injecting(local, Faults.parse("slow_worker=2:4")):
+    with timeouts(local, 3), injecting(local, Faults.parse("late_worker=2:6")):
         train(services, LEFT_BEHIND, "grants-left-behind")
         runs = ["grants-clipped", "grants-left-behind", _dropped(services)]
         for run_id in runs:

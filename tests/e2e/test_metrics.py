@@ -10,15 +10,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from infra.observability import CUSTOM_STATISTICS, custom_metric
 from slsml.local.faults import Faults
 from slsml.spec import wiring
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.messages import WorkMessage
 
-from .conftest import finish, train
+from .conftest import finish, timeouts, train
 from .test_faults import injecting
 
+pytestmark = pytest.mark.usefixtures("warm")  # the Worker and Reducer time out after seconds here
 RUN = "metrics-straggler"
 SPEC = TrainingSpec(
     workers=4,
@@ -26,7 +29,7 @@ SPEC = TrainingSpec(
     global_batch=128,
     iterations=2,
     eval_every=0,
-    deadline_s=2.0,
+    deadline_s=3.0,
     deadline_floor=0.5,
     optimizer=OptimizerConfig(name="adam", learning_rate=3e-3),
 )
@@ -75,7 +78,7 @@ def test_every_metric_the_dashboard_graphs_is_emitted_with_its_dimensions(local,
     expected = graphed()
     assert len(expected) == len(CUSTOM_STATISTICS)
     offsets = {path: path.stat().st_size for path in local.log_dir.glob("*.log")}
-    with injecting(local, Faults.parse("slow_worker=3:8")) as report:
+    with timeouts(local, 3), injecting(local, Faults.parse("late_worker=3:8")) as report:
         train(services, SPEC, RUN)
         # a message for a worker the run does not have: rejected (RejectedMessages), the run unharmed
         forged = WorkMessage(
@@ -91,7 +94,7 @@ def test_every_metric_the_dashboard_graphs_is_emitted_with_its_dimensions(local,
         deadline = time.monotonic() + 60
         while not expected <= emitted(_new_lines(local.log_dir, offsets)) and time.monotonic() < deadline:
             time.sleep(1)
-    assert report["injected"]["slow_worker"] >= 1
+    assert report["injected"]["late_worker"] >= 1
     assert all(r.fired_at_deadline for r in services.table.list_iterations(RUN))
     missing = expected - emitted(_new_lines(local.log_dir, offsets))
     assert not missing, f"graphed on the dashboard but never emitted: {sorted(missing, key=str)}"

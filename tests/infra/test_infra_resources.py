@@ -64,7 +64,7 @@ def test_function_environment_names_bucket_table_and_published_topics(synthesize
             wiring.STORAGE_ENV: str(stack.settings.functions[fn.name].ephemeral_storage_mb),
             "POWERTOOLS_SERVICE_NAME": deployment.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": deployment.METRICS_NAMESPACE,
-            wiring.RUN_LIMITS_ENV: stack.settings.run_limits.model_dump_json(),
+            wiring.RUN_LIMITS_ENV: stack.settings.limits.model_dump_json(),
             **published,
         }
 
@@ -99,7 +99,15 @@ def test_the_fleet_has_reserved_concurrency_that_leaves_the_watchdog_and_the_dea
 
 def test_the_run_limits_are_an_output_the_cli_reads(synthesized: Synthesized) -> None:
     output = synthesized.template.to_json()["Outputs"][limits.RUN_LIMITS_OUTPUT]["Value"]
-    assert limits.RunLimits.model_validate_json(output) == synthesized.stack.settings.run_limits
+    assert limits.RunLimits.model_validate_json(output) == synthesized.stack.settings.limits
+
+
+def test_the_shortest_deadline_runs_are_checked_against_is_the_stage_functions_deployed_timeout(
+    synthesized: Synthesized,
+) -> None:
+    output = synthesized.template.to_json()["Outputs"][limits.RUN_LIMITS_OUTPUT]["Value"]
+    checked = limits.RunLimits.model_validate_json(output).function_timeouts_s
+    assert checked == {name: _function(synthesized, name)["Timeout"] for name in deployment.STAGE_FUNCTIONS}
 
 
 def test_topics_enforce_tls(synthesized: Synthesized) -> None:

@@ -50,6 +50,7 @@ def test_context_overrides_merge_over_the_function_defaults() -> None:
         # the fleet's reservations would leave less than AWS's unreserved minimum of the account's concurrency
         {"functions": {"worker": {"reserved_concurrency": 900}}},
         {"account_concurrency": 500},
+        {"run_limits": {"function_timeouts_s": {"worker": 30}}},  # a deployment's timeouts are its functions'
     ],
 )
 def test_invalid_settings_are_rejected(context: dict[str, object]) -> None:
@@ -86,3 +87,13 @@ def test_a_disposable_deployment_synthesizes_cleanly(cdk_context: dict[str, Any]
             "LifecycleConfiguration": {"Rules": Match.array_with([scratch])},
         },
     )
+
+
+def test_a_worker_timeout_beyond_the_runs_default_deadline_needs_a_default_deadline_to_match() -> None:
+    longer = {"functions": {"worker": {"timeout_s": 600}}}
+    with pytest.raises(ValidationError, match=r"run_defaults: a deadline of 120 s .* worker function's 600 s timeout"):
+        Settings.from_context(App(context=longer).node)
+    matched = longer | {"run_defaults": {"training": {"deadline_s": 600}}}
+    settings = Settings.from_context(App(context=matched).node)
+    assert settings.limits.function_timeouts_s["worker"] == 600
+    assert settings.limits.deadline_refusal(599) and not settings.limits.deadline_refusal(600)

@@ -12,7 +12,7 @@ import pytest
 
 from slsml.local.host import LambdaContext, error_message
 from slsml.pipeline.envelope import DeadLetterRecords, pipeline_handler
-from slsml.pipeline.services import Services, from_env
+from slsml.pipeline.services import Services, deployment_services
 from slsml.pipeline.steps import dead_letters
 from slsml.pipeline.steps.dead_letters import DeadLetter, on_dead_letter
 from slsml.spec import wiring
@@ -177,7 +177,7 @@ def test_a_letter_the_reader_fails_on_is_retried_alone(monkeypatch: pytest.Monke
         "POWERTOOLS_TRACE_DISABLED": "true",
     }.items():
         monkeypatch.setenv(name, value)
-    from_env.cache_clear()
+    deployment_services.cache_clear()
     handled: list[str] = []
 
     def step(letter: DeadLetter, services: Services) -> None:
@@ -198,6 +198,6 @@ def test_a_letter_the_reader_fails_on_is_retried_alone(monkeypatch: pytest.Monke
     try:
         answer = handler({"Records": records}, LambdaContext("dead_letters", "request-1", 1e12, 256))
     finally:
-        from_env.cache_clear()
+        deployment_services.cache_clear()
     assert answer == {"batchItemFailures": [{"itemIdentifier": "poison"}]}
     assert handled == ["first", "last"]

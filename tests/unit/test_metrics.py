@@ -13,7 +13,7 @@ from moto import mock_aws
 
 from slsml.local.host import LambdaContext
 from slsml.pipeline import envelope, metrics
-from slsml.pipeline.services import Services, from_env
+from slsml.pipeline.services import Services, deployment_services
 from slsml.spec import keys, wiring
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.spec.deployment import METRICS_NAMESPACE, SERVICE_NAME, Metric
@@ -39,7 +39,7 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Any:
         "POWERTOOLS_TRACE_DISABLED": "true",
     }.items():
         monkeypatch.setenv(name, value)
-    from_env.cache_clear()
+    deployment_services.cache_clear()
     with mock_aws():
         boto3.client("s3").create_bucket(Bucket="bucket")
         boto3.client("s3").put_object(Bucket="bucket", Key="runs/r1/blob", Body=BLOB)
@@ -61,7 +61,7 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Any:
         table.table.put_item(Item={**records.run_item("r1", "d", spec, 0.0), "iteration": 3})
         table.claim_launch("r1", 3, "test", workers=4)
         yield run_json
-    from_env.cache_clear()
+    deployment_services.cache_clear()
 
 
 def emf_lines(out: str) -> list[dict[str, Any]]:

@@ -25,7 +25,9 @@ from slsml.pipeline.steps.watchdog import Action
 from slsml.pipeline.steps.work_launcher import Outcome
 from slsml.spec import keys, wiring
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.deployment import STAGE_FUNCTIONS
 from slsml.spec.errors import RunFailed
+from slsml.spec.limits import RunLimits
 from slsml.spec.messages import (
     Deadline,
     ModelLanded,
@@ -66,7 +68,9 @@ def services(monkeypatch: pytest.MonkeyPatch):
         sns = boto3.client("sns", region_name="us-east-1")
         arns = {t.name: sns.create_topic(Name=t.name)["TopicArn"] for t in wiring.TOPICS}
         deadlines = boto3.client("sqs", region_name="us-east-1").create_queue(QueueName="deadlines")["QueueUrl"]
-        yield Services.from_names("bucket", "runs", arns, deadline_queue_url=deadlines)
+        # a deployment whose stage functions time out after a second: the runs here have deadlines of seconds
+        quick = RunLimits(function_timeouts_s=dict.fromkeys(STAGE_FUNCTIONS, 1))
+        yield Services.from_names("bucket", "runs", arns, deadline_queue_url=deadlines, limits=quick)
 
 
 @pytest.fixture

@@ -19,7 +19,9 @@ from slsml.spec.messages import ModelLanded
 
 from .test_reduce_steps import _put_run, services  # noqa: F401
 
-LIMITS = RunLimits(workers=4, reducers=2, iterations=100, time_budget_s=3600)
+LIMITS = RunLimits(
+    workers=4, reducers=2, iterations=100, time_budget_s=3600, function_timeouts_s={"worker": 90, "reducer": 60}
+)
 
 
 @pytest.mark.parametrize(
@@ -36,6 +38,10 @@ LIMITS = RunLimits(workers=4, reducers=2, iterations=100, time_budget_s=3600)
             TrainingSpec(workers=2, time_budget_s=3601),
             "3601 s of time budget, over the deployment's limit time_budget_s=3600",
         ),
+        (
+            TrainingSpec(workers=2, deadline_s=89.5),
+            "a deadline of 89.5 s (deadline_s, --deadline) is shorter than the worker function's 90 s timeout",
+        ),
     ],
 )
 def test_a_run_beyond_a_limit_is_refused_naming_it(spec: TrainingSpec, named: str) -> None:
@@ -43,7 +49,7 @@ def test_a_run_beyond_a_limit_is_refused_naming_it(spec: TrainingSpec, named: st
 
 
 def test_a_run_within_every_limit_is_not_refused() -> None:
-    within = TrainingSpec(workers=4, max_workers=4, reducers=2, iterations=100, time_budget_s=3600)
+    within = TrainingSpec(workers=4, max_workers=4, reducers=2, iterations=100, time_budget_s=3600, deadline_s=90)
     assert LIMITS.refusal(within) is None
     # the global batch bounds run scale when max_workers is not given: not a request for that many workers
     assert LIMITS.refusal(within.model_copy(update={"max_workers": None, "global_batch": 1024})) is None
@@ -77,3 +83,9 @@ def test_the_client_refuses_a_run_beyond_a_limit_before_it_stores_anything(servi
     with pytest.raises(BadInputError, match="3 reducers, over the deployment's limit reducers=2"):
         runs.prepare_run(limited, model, "digits", TrainingSpec(workers=2, reducers=3), run_id="refused")
     assert services.store.list_keys(keys.run_prefix("refused")) == []
+
+
+def test_the_default_deadline_outlasts_the_default_deployment_s_stage_function_timeouts() -> None:
+    assert RunLimits().refusal(TrainingSpec()) is None
+    slow_reducers = RunLimits(function_timeouts_s={"worker": 10, "reducer": 50})
+    assert "the reducer function's 50 s timeout" in (slow_reducers.deadline_refusal(30) or "")  # each stage counts

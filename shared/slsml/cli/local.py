@@ -11,6 +11,8 @@ from slsml.cli import display, targets
 from slsml.spec.limits import RunLimits
 
 _console = display.console
+# the limits an operator sets (the shortest deadline is the functions' timeouts, as a deployment's)
+_LIMITS = {name: field for name, field in RunLimits.model_fields.items() if field.annotation is int}
 
 
 def cmd_local_up(args: argparse.Namespace) -> int:
@@ -18,9 +20,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
 
     running = service.status()
     if running is None:
-        limits = RunLimits(
-            **{name: value for name in RunLimits.model_fields if (value := getattr(args, f"limit_{name}")) is not None}
-        )
+        limits = RunLimits(**{name: value for name in _LIMITS if (value := getattr(args, f"limit_{name}")) is not None})
         with _console().status("starting the embedded cloud and warm function processes…"):
             running = service.up(pool=args.pool, limits=limits)
     display.done(
@@ -128,7 +128,7 @@ def add_commands(commands: Any) -> None:
         "--pool", type=int, help="the most warm processes per function (default: from this machine's cores and memory)"
     )
     local_up.add_argument("--json", action="store_true", help="print the service's state as one JSON line")
-    for name, field in RunLimits.model_fields.items():  # a deployment's CDK context run_limits, by the same names
+    for name, field in _LIMITS.items():  # a deployment's CDK context run_limits, by the same names
         flag = f"--limit-{name.removesuffix('_s').replace('_', '-')}"
         local_up.add_argument(
             flag,

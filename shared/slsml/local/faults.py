@@ -51,7 +51,7 @@ class Delay(BaseModel):
 
 
 class SlowWorker(BaseModel):
-    """Worker ``worker`` sleeps ``seconds`` at the start of every invocation. Written ``worker:seconds`` (``7:4``)."""
+    """Worker ``worker`` is ``seconds`` slow (or late) on every message. Written ``worker:seconds`` (``7:4``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -67,6 +67,7 @@ _PAIRS = {
     "s3_get_delay": ("probability", "seconds", "0.2:1.5"),
     "sns_delay": ("probability", "seconds", "0.2:1.5"),
     "slow_worker": ("worker", "seconds", "7:4"),
+    "late_worker": ("worker", "seconds", "7:4"),
 }
 
 
@@ -91,6 +92,11 @@ class Faults(BaseModel):
     slow_worker: SlowWorker | None = Field(
         default=None, description="this worker sleeps this long at the start of every invocation: a straggler"
     )
+    late_worker: SlowWorker | None = Field(
+        default=None,
+        description="this worker's every message is held back this long before its invocation (a delivery or start"
+        " that comes late): a straggler that no timeout ends",
+    )
     merger_crash_once: bool = Field(
         default=False, description="the Merger fails once per run, just before it writes the run's first merged model"
     )
@@ -103,7 +109,8 @@ class Faults(BaseModel):
     @classmethod
     def parse(cls, text: str) -> Faults:
         """``"duplicate=0.5,worker_crash=0.25,s3_get_delay=0.2:1.5,merger_crash_once,seed=3"`` → Faults.
-        Flags (``merger_crash_once``, ``crash_every_receive``) need no value; ``slow_worker=7:4`` is worker:seconds.
+        Flags (``merger_crash_once``, ``crash_every_receive``) need no value; ``slow_worker=7:4`` and
+        ``late_worker=7:4`` are worker:seconds.
 
         Raises ValueError naming the bad item. An empty string means no faults.
         """
@@ -157,6 +164,7 @@ class Faults(BaseModel):
             or (self.s3_get_delay and self.s3_get_delay.probability)
             or (self.sns_delay and self.sns_delay.probability)
             or self.slow_worker
+            or self.late_worker
         )
 
     # decisions (the host makes them)
@@ -172,6 +180,11 @@ class Faults(BaseModel):
         if delay and self.happens("sns_delay", delay.probability, identity, receives):
             return delay.seconds
         return 0.0
+
+    def late(self, function: str, identity: str) -> float:
+        """Seconds to hold a message of ``function`` back as the late worker's (0: none)."""
+        late = self.late_worker
+        return late.seconds if late and function == "worker" and _worker_of(identity) == late.worker else 0.0
 
     def for_invocation(self, function: str, identity: str, receives: int, merge_crash: bool) -> InvocationFaults:
         """What one invocation of ``function`` on a message gets; ``merge_crash``: the run's Merger has

@@ -53,6 +53,7 @@ from slsml.pipeline.services import Services
 from slsml.spec import wiring
 from slsml.spec.deployment import DEFAULT_FUNCTIONS
 from slsml.spec.errors import rejected
+from slsml.spec.limits import RunLimits
 from slsml.spec.messages import DEAD_LETTER_ERROR_CODE, DEAD_LETTER_ERROR_MESSAGE, DEAD_LETTER_REQUEST_ID, run_named
 from slsml.training import quiet
 
@@ -72,6 +73,7 @@ INJECTED_KINDS = (
     "merger_crash",
     "worker_hang",
     "slow_worker",
+    "late_worker",
     "s3_get_delay",
 )
 
@@ -352,9 +354,9 @@ def start_preloading() -> multiprocessing.context.BaseContext:
 
 
 class FunctionHost:
-    """``faults`` and ``function_environment`` (variables set in a function's process for each
-    invocation, e.g. a ``ReadPolicy``'s) may be changed while the host runs: each message received
-    afterwards is handled under the new values."""
+    """``faults``, ``function_environment`` (variables set in a function's process for each invocation, e.g. a
+    ``ReadPolicy``'s) and the deployment's run limits (``set_limits``) may be changed while the host runs: each
+    message received afterwards is handled under the new values."""
 
     def __init__(
         self,
@@ -385,6 +387,7 @@ class FunctionHost:
         self._context: multiprocessing.context.BaseContext | None = None
         # each function's timeout (Lambda's: its deployment's); may be changed while the host runs
         self.timeouts: dict[str, float] = {name: DEFAULT_FUNCTIONS[name].timeout_s for name in concurrency}
+        self.set_limits(RunLimits.model_validate_json(deployment.run_limits or "{}"))
         self._stopping = threading.Event()
         self._last_error: dict[str, tuple[str, str, str]] = {}  # message id → (first line, error text, request id)
         self._dead_seen: set[str] = set()  # dead letters recorded (one may be handed to the reader again)
@@ -403,6 +406,12 @@ class FunctionHost:
         self._raw_topics = {
             fn.name: deployment.topic_arns[fn.triggers[0].name] for fn in wiring.FUNCTIONS if raw_delivery(fn)
         }
+
+    def set_limits(self, limits: RunLimits) -> None:
+        """The deployment's run limits, from the next message on: the functions check runs against them, and the
+        functions a stage waits on are ended at the timeouts they name, as a deployment with them would."""
+        self.deployment.run_limits = limits.model_dump_json()
+        self.timeouts = {**self.timeouts, **limits.function_timeouts_s}
 
     def _count(self, counts: dict[str, int]) -> None:
         with self._counts_lock:
@@ -560,12 +569,13 @@ class FunctionHost:
             )
             self._count({"duplicate": 1})
         run_id = run_of(body)
-        plan, hold_s = None, 0.0
+        plan, delayed_s, late_s = None, 0.0, 0.0
         if fault_spec is not None:
             plan = fault_spec.for_invocation(function, identity, receives, run_id not in self._merger_crashed)
-            hold_s = fault_spec.held_back(identity, receives)
+            delayed_s, late_s = fault_spec.held_back(identity, receives), fault_spec.late(function, identity)
+        hold_s = delayed_s + late_s
         event = sns_event(body, f"{body['TopicArn']}:{function}") if queue_name is None else sqs_event(message, queue)
-        environment = dict(self.function_environment)
+        environment = {wiring.RUN_LIMITS_ENV: self.deployment.run_limits, **self.function_environment}
         request_id = str(uuid.uuid4())
         pool = self._pools[function]  # the pool the invocation ran in (replaced if it breaks)
         slot_taken = True  # the poller took one of the function's slots for this message
@@ -631,7 +641,7 @@ class FunctionHost:
         if hold_s > 0:
             # a delivery still in flight: the poller may take other messages meanwhile, and the pool
             # runs this one when a process is free (its slot is not taken again, so not given back)
-            self._count({"sns_delay": 1})
+            self._count({"sns_delay": int(delayed_s > 0), "late_worker": int(late_s > 0)})
             release_slot()
             timer = threading.Timer(hold_s, invoke)
             timer.daemon = True

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -110,6 +111,21 @@ class LocalRuntime:
         if self._host is None:
             raise RuntimeError("the local runtime is not started: use it as `with LocalRuntime(...) as local:`")
         return self._host
+
+    @contextmanager
+    def limited(self, limits: RunLimits) -> Iterator[LocalRuntime]:
+        """The block's runs are those of a deployment with ``limits`` (its function timeouts among them): started
+        and checked against them, and their stage functions' invocations ended at the timeouts they name."""
+        before = self.limits
+        self._limit(limits)
+        try:
+            yield self
+        finally:
+            self._limit(before)
+
+    def _limit(self, limits: RunLimits) -> None:
+        self.limits = self.services.limits = limits
+        self.host.set_limits(limits)
 
     def begin(self) -> LocalRuntime:
         """Start, in processes of their own, what takes longest to get ready: the function processes'

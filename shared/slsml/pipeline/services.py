@@ -114,10 +114,16 @@ def _env(name: str) -> str:
     return value
 
 
-@cache
 def from_env(function: str | None = None) -> Services:
     """The services of deployed function ``function`` (its wiring name): bucket, table, the topics it may publish
-    to, the deployment's run limits and what it may tell a run's execution."""
+    to, the deployment's run limits and what it may tell a run's execution. Made once per function and run limits
+    (the local host sets a deployment's changed limits for each invocation)."""
+    return deployment_services(function, os.environ.get(wiring.RUN_LIMITS_ENV) or "{}")
+
+
+@cache
+def deployment_services(function: str | None, limits: str) -> Services:
+    """The services of deployed function ``function`` under the deployment's run limits ``limits`` (JSON)."""
     topics = {t.name: os.environ[t.env_var] for t in wiring.TOPICS if os.environ.get(t.env_var)}
     services = Services.from_names(
         _env(wiring.BUCKET_ENV),
@@ -125,7 +131,7 @@ def from_env(function: str | None = None) -> Services:
         topics,
         os.environ.get(wiring.STATE_MACHINE_ENV),
         os.environ.get(wiring.DEADLINES.env_var),
-        RunLimits.model_validate_json(os.environ.get(wiring.RUN_LIMITS_ENV) or "{}"),
+        RunLimits.model_validate_json(limits),
     )
     if function is not None:
         services.answers = frozenset(wiring.function(function).answers)

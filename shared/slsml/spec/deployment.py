@@ -118,6 +118,13 @@ class FunctionSettings(BaseModel):
     reserved_concurrency: int | None = Field(default=None, ge=1)
 
 
+# The functions an iteration's two stages wait on (the workers, then the reducers), whose steps the watchdog
+# re-launches at a stage's deadline: a run's deadline may not be shorter than their timeouts (``RunLimits``), or a
+# step still running would be launched again beside itself. Their default timeouts are the default deadline's
+# 120 s (``TrainingSpec.deadline_s``): a step slower than that was re-launched anyway, and a hung invocation bills
+# no more than that.
+STAGE_FUNCTIONS = ("worker", "reducer")
+
 # The TensorFlow functions get room for the framework and a cached model; 1769 MB is one full vCPU
 # for the reducers' numpy math. The fleet (the functions a run's width multiplies: its workers, their
 # reports, its reducers, their reports) has reserved concurrency: together they can never take more than
@@ -125,9 +132,9 @@ class FunctionSettings(BaseModel):
 # always find room (AWS keeps at least UNRESERVED_MINIMUM of an account's concurrency unreserved).
 DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
     "work_launcher": FunctionSettings(memory_mb=512, timeout_s=60),
-    "worker": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048, reserved_concurrency=300),
+    "worker": FunctionSettings(memory_mb=3008, timeout_s=120, ephemeral_storage_mb=2048, reserved_concurrency=300),
     "reduce_launcher": FunctionSettings(memory_mb=512, timeout_s=60, reserved_concurrency=100),
-    "reducer": FunctionSettings(memory_mb=1769, timeout_s=300, reserved_concurrency=100),
+    "reducer": FunctionSettings(memory_mb=1769, timeout_s=120, reserved_concurrency=100),
     "merger": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048, reserved_concurrency=20),
     "watchdog": FunctionSettings(memory_mb=512, timeout_s=60),
     "run_starter": FunctionSettings(memory_mb=3008, timeout_s=300, ephemeral_storage_mb=2048),

@@ -7,14 +7,17 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from slsml.spec.config import TrainingSpec
+from slsml.spec.deployment import DEFAULT_FUNCTIONS, STAGE_FUNCTIONS
 
 
 class RunLimits(BaseModel):
     """What an operator allows any one run of a deployment: its workers (the most it may ever train with,
-    ``run scale`` and ``--workers auto`` included), reducers, iterations and run time. Set once per deployment
-    (CDK context ``run_limits``, ``slsml local up --limit-*``), handed to the functions in their environment
-    (``wiring.RUN_LIMITS_ENV``) and enforced by the pipeline whatever started the run: a run asking beyond a limit is
-    FAILED before any of its work is launched, with a reason naming the limit."""
+    ``run scale`` and ``--workers auto`` included), reducers, iterations and run time; and the shortest deadline,
+    the timeouts of the functions its stages wait on (``deployment.STAGE_FUNCTIONS``), which the deployment fills
+    in from its functions' settings. Set once per deployment (CDK context ``run_limits``, ``slsml local up
+    --limit-*``), handed to the functions in their environment (``wiring.RUN_LIMITS_ENV``) and enforced by the
+    pipeline whatever started the run: a run asking beyond a limit is FAILED before any of its work is launched,
+    with a reason naming the limit."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -23,6 +26,11 @@ class RunLimits(BaseModel):
     iterations: int = Field(default=100_000, ge=1, description="the most iterations a run may ask for")
     time_budget_s: int = Field(
         default=7 * 24 * 3600, ge=1, description="the longest time budget (seconds) a run may ask for"
+    )
+    function_timeouts_s: dict[str, int] = Field(
+        default_factory=lambda: {name: DEFAULT_FUNCTIONS[name].timeout_s for name in STAGE_FUNCTIONS},
+        description="the deployment's timeouts of the functions a stage waits on: a run's deadline may not be"
+        " shorter, or the watchdog would re-launch a step that still runs, and its work would be done again",
     )
 
     def refusal(self, spec: TrainingSpec, workers: int | None = None) -> str | None:
@@ -40,7 +48,21 @@ class RunLimits(BaseModel):
             for name, value in asked.items()
             if value > getattr(self, name)
         ]
-        return f"the run asks for {'; '.join(over)}" if over else None
+        early = self.deadline_refusal(spec.deadline_s)
+        reasons = ([f"the run asks for {'; '.join(over)}"] if over else []) + ([early] if early else [])
+        return "; ".join(reasons) or None
+
+    def deadline_refusal(self, deadline_s: float) -> str | None:
+        """Why a stage deadline of ``deadline_s`` is too short for the deployment's function timeouts, or None."""
+        function, timeout = max(self.function_timeouts_s.items(), key=lambda item: item[1], default=("", 0))
+        if deadline_s >= timeout:
+            return None
+        return (
+            f"a deadline of {deadline_s:g} s (deadline_s, --deadline) is shorter than the {function} function's"
+            f" {timeout} s timeout: the watchdog would re-launch {function} steps that may still run, doing their"
+            f" work again; give a deadline of at least {timeout} s (or lower the deployment's"
+            f" functions.{function}.timeout_s)"
+        )
 
 
 _ASKED = {"workers": "workers", "reducers": "reducers", "iterations": "iterations", "time_budget_s": "s of time budget"}
