@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from slsml.accounting import prices
 from slsml.client import runs
 from slsml.cost import model as costmodel
+from slsml.cost.model import Parameters, Quotas, Workload
 from slsml.pipeline.envelope import parse_message
 from slsml.pipeline.services import Services
 from slsml.spec import keys
@@ -56,3 +58,32 @@ def test_the_client_refuses_it_before_it_stores_anything(services: Services) -> 
     with pytest.raises(BadInputError, match=r"participants \(200 workers, and with staleness 30"):
         runs.prepare_run(services, model, "digits", spec, run_id="chatty")
     assert services.store.list_keys(keys.run_prefix("chatty")) == []
+
+
+def test_the_plan_sizes_the_same_largest_reduce_message_as_the_start() -> None:
+    """W=1,000, quorum 0.75, staleness 8: the plan's message check is of the worst case the start refuses (every
+    worker and the largest fold), not of a reduce at the quorum's 750 workers."""
+    spec = FOLDING.model_copy(update={"deadline_floor": 0.75})  # the floor at the quorum: 8 × 250 late updates
+    participants, size = costmodel.largest_reduce(spec)
+    assert participants == 1000 + 8 * 250
+    quorum_only = costmodel.message_bytes(750, 64, 1)[1]
+    assert quorum_only < MAX_MESSAGE_BYTES < size  # the quorum's message fits; the worst case does not
+    work = Workload(
+        **costmodel.from_params(1_000_000, Parameters()),
+        training=spec,
+        workers=1000,
+        reducers=1,
+        global_batch=64_000,
+        quorum=0.75,
+        iterations=1000,
+        memory_mb=costmodel.function_memory(),
+        timeout_s=costmodel.function_timeouts(),
+    )
+    plan = costmodel.predict(work, Parameters(), Quotas(), prices.PriceTable())
+    check = next(q for q in plan.quotas if q.name == "Reduce message size")
+    assert (check.value, check.ok, check.hard) == (size, False, True)
+    assert "3,000 participants (1000 workers, and with staleness 8 and deadline_floor 0.75" in check.detail
+    with pytest.raises(BadInputError, match=f"{size:,} B"):
+        costmodel.check_messages(spec)
+    with pytest.raises(BadInputError, match="the largest Reduce message lists 3,000 participants"):
+        costmodel.check(work, Parameters(), Quotas())

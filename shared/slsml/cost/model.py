@@ -243,6 +243,20 @@ class Workload(BaseModel):
     timeout_s: dict[str, int]
 
     @property
+    def run_spec(self) -> TrainingSpec:
+        """The training options of a run of this workload: ``training`` with its workers, reducers, batch, quorum
+        and iterations (not validated: ``check`` does that)."""
+        return self.training.model_copy(
+            update={
+                "workers": self.workers,
+                "reducers": self.reducers,
+                "global_batch": self.global_batch,
+                "quorum": self.quorum,
+                "iterations": min(self.iterations, 999_999),
+            }
+        )
+
+    @property
     def iterations_per_epoch(self) -> int | None:
         return None if self.samples is None else max(1, self.samples // self.global_batch)
 
@@ -467,16 +481,7 @@ def check(workload: Workload, parameters: Parameters, quotas: Quotas) -> None:
     if w.samples is not None and w.global_batch > w.samples:
         raise BadInputError(f"global batch {w.global_batch} is larger than the {w.samples} training samples")
     try:
-        TrainingSpec.model_validate(
-            {
-                **w.training.model_dump(exclude={"workers", "min_workers", "max_workers", "objective"}),
-                "workers": w.workers,
-                "reducers": w.reducers,
-                "global_batch": w.global_batch,
-                "quorum": w.quorum,
-                "iterations": min(w.iterations, 999_999),
-            }
-        )
+        TrainingSpec.model_validate(w.run_spec.model_dump(exclude={"min_workers", "max_workers", "objective"}))
     except ValidationError as error:
         raise BadInputError(
             "; ".join(f"{e['loc'][0] if e['loc'] else 'training'}: {e['msg']}" for e in error.errors())
@@ -657,23 +662,28 @@ def largest_reduce(spec: TrainingSpec, workers: int | None = None) -> tuple[int,
     return len(participants), len(reduce.model_dump_json().encode())
 
 
+def listed(spec: TrainingSpec, participants: int, workers: int | None = None) -> str:
+    """Who the ``participants`` of a run's largest Reduce message (``largest_reduce``) are, in words."""
+    workers = spec.asked_workers(workers)
+    late = (
+        (
+            f", and with staleness {spec.staleness} and deadline_floor {spec.deadline_floor:g} up to"
+            f" {participants - workers:,} late updates folded in"
+        )
+        if spec.staleness
+        else ""
+    )
+    return f"{participants:,} participants ({workers} workers{late})"
+
+
 def check_messages(spec: TrainingSpec, workers: int | None = None) -> None:
     """BadInputError, naming the options that make it so, if a run of ``spec`` (``workers``: as
     ``TrainingSpec.asked_workers``) could send a message over the size slsml's functions take
     (``MAX_MESSAGE_BYTES``)."""
     participants, size = largest_reduce(spec, workers)
     if size > MAX_MESSAGE_BYTES:
-        workers = spec.asked_workers(workers)
-        late = (
-            (
-                f", and with staleness {spec.staleness} and deadline_floor {spec.deadline_floor:g} up to"
-                f" {participants - workers:,} late updates folded in"
-            )
-            if spec.staleness
-            else ""
-        )
         raise BadInputError(
-            f"a Reduce message of this run may list {participants:,} participants ({workers} workers{late}):"
+            f"a Reduce message of this run may list {listed(spec, participants, workers)}:"
             f" {size:,} B, over the {MAX_MESSAGE_BYTES:,} B slsml's messages may hold; lower the workers"
             + (" or staleness, or raise deadline_floor" if spec.staleness else "")
         )
@@ -1159,7 +1169,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         p,
         quotas,
         n,
-        reduce_bytes,
+        largest_reduce(w.run_spec),
         critical,
         memory_needed,
         spreads,
@@ -1271,7 +1281,7 @@ def _quotas(
     p: Parameters,
     q: Quotas,
     n: int,
-    reduce_bytes: int,
+    largest: tuple[int, int],
     critical: dict[str, float],
     memory_needed: dict[str, float],
     spreads: dict[str, float],
@@ -1354,14 +1364,15 @@ def _quotas(
             ),
         )
     message_limit = min(q.sns_message_bytes, MAX_MESSAGE_BYTES)
+    participants, largest_bytes = largest
     add(
         "Reduce message size",
-        reduce_bytes,
+        largest_bytes,
         message_limit,
         "B",
-        f"Reduce message with {n} participants is {reduce_bytes:,} B; SNS allows {q.sns_message_bytes:,} B, "
-        f"slsml's functions take {MAX_MESSAGE_BYTES:,} B"
-        + (f": over by {reduce_bytes - message_limit:,} B" if reduce_bytes > message_limit else ""),
+        f"the largest Reduce message lists {listed(w.run_spec, participants)}: {largest_bytes:,} B; SNS allows"
+        f" {q.sns_message_bytes:,} B, slsml's functions take {MAX_MESSAGE_BYTES:,} B"
+        + (f": over by {largest_bytes - message_limit:,} B" if largest_bytes > message_limit else ""),
         hard=True,
     )
     item = n * p.participant_bytes
