@@ -16,6 +16,7 @@ from slsml.client import demo, runs
 from slsml.data import datasets as data
 from slsml.spec import keys, schedules
 from slsml.spec.config import OPTIMIZER_NAMES, OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.errors import BadInputError
 from slsml.spec.shardplan import ShardPlan
 from slsml.training import modelio
 
@@ -359,3 +360,96 @@ def test_weighted_runs_equal_keras_fit_with_the_same_weights(weighted_runs, serv
     error = np.abs(got - expected).max() / scale
     print(f"\n{case} weights: max|Δw|/max|w| = {error:.2e} (tolerance 1e-5 × max|weight| = {tolerance:.1e})")
     assert error <= tolerance
+
+
+# several inputs and outputs: a functional model of two named inputs (the digits' pixels and a feature of their own)
+# and two outputs (the digit, and a regression on the feature), its losses weighted as compiled; x and y are named
+# arrays stored in the dataset's records, matched to the model by name
+MULTI = "digits-multi"
+MULTI_CASE = ("sgd-momentum", 3, 2)
+
+
+def multi_arrays() -> tuple[dict[str, np.ndarray], ...]:
+    """(x, y, x_test, y_test): x by input name ("pixels", "extra"), y by output name ("digit", "size")."""
+    x, y, x_test, y_test = demo.digits()
+    rng = np.random.default_rng(5)
+
+    def named(pixels: np.ndarray, labels: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        extra = rng.normal(size=(len(pixels), 3)).astype(np.float32)
+        size = (pixels.mean(axis=(1, 2, 3)) + extra[:, 0]).astype(np.float32)  # shape (n,) against (n, 1)
+        return {"pixels": pixels, "extra": extra}, {"digit": labels, "size": size}
+
+    return (*named(x, y), *named(x_test, y_test))
+
+
+def multi_model(loss_weights: dict[str, float] | None = None, image: str = "pixels") -> keras.Model:
+    keras.utils.set_random_seed(3)
+    pixels, extra = keras.Input((8, 8, 1), name=image), keras.Input((3,), name="extra")
+    hidden = keras.layers.Dense(16, activation="relu")(
+        keras.layers.Concatenate()([keras.layers.Flatten()(pixels), extra])
+    )
+    digit = keras.layers.Dense(10, activation="softmax", name="digit")(hidden)
+    size = keras.layers.Dense(1, name="size")(keras.layers.Concatenate()([hidden, extra]))
+    model = keras.Model({image: pixels, "extra": extra}, [digit, size])
+    model.compile(
+        optimizer=keras_optimizer(MULTI_CASE[0]),
+        loss={"digit": "sparse_categorical_crossentropy", "size": "mse"},
+        loss_weights=loss_weights or {"digit": 1.0, "size": 0.3},
+        metrics={"digit": ["accuracy"], "size": ["mae"]},
+    )
+    return model
+
+
+@pytest.fixture(scope="module")
+def multi_run(services):
+    _, workers, reducers = MULTI_CASE
+    data.put_dataset(services.store, MULTI, *multi_arrays())
+    spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=ITERATIONS, eval_every=0)
+    runs.start_run(services, modelio.save_model(multi_model()), MULTI, spec, run_id="eq-multi")
+    return finish(services, "eq-multi")
+
+
+def multi_reference(loss_weights: dict[str, float] | None = None) -> keras.Model:
+    """Keras's own training step (fit's) on the same global batches of the named arrays."""
+    x, y, _, _ = multi_arrays()
+    model = multi_model(loss_weights)
+    for iteration in range(ITERATIONS):
+        batch = data.global_batch_indices(len(y["digit"]), BATCH, seed=0, iteration=iteration)
+        model.train_on_batch({k: v[batch] for k, v in x.items()}, {k: v[batch] for k, v in y.items()})
+    return model
+
+
+def test_a_two_input_two_output_model_equals_keras_fit_and_its_figures_keras_evaluate(multi_run, services):
+    """Named arrays matched to the model by name, each output's loss times its weight, trained as fit trains it;
+    the workers' evaluation gives Keras's figures, each output's loss and metrics named as Keras names them."""
+    run = multi_run
+    assert run.status == "COMPLETED", run.reason
+    manifest = data.load_manifest(services.store, MULTI)
+    assert [(a.name, a.shape, a.dtype) for a in manifest.x_arrays] == [
+        ("pixels", (8, 8, 1), "float32"),
+        ("extra", (3,), "float32"),
+    ]
+    expected_model = multi_reference()
+    expected, got = flat(expected_model), final_weights(services, run.run_id)[0]
+    scale = np.abs(expected).max()
+    reweighted = flat(multi_reference({"digit": 1.0, "size": 1.0}))
+    assert np.abs(expected - reweighted).max() > 100 * 1e-5 * scale, "the loss weights changed nothing: vacuous"
+    error = np.abs(got - expected).max() / scale
+    print(f"\ntwo inputs, two outputs: max|Δw|/max|w| = {error:.2e} (tolerance 1e-5)")
+    assert error <= 1e-5
+
+    _, _, x_test, y_test = multi_arrays()
+    final = modelio.load_model(services.store.get(keys.final_model(run.run_id)))
+    # in one batch: over batches of unequal sizes Keras's per-output losses are the plain mean of the batches' means
+    keras_figures = final.evaluate(x_test, y_test, batch_size=len(y_test["digit"]), return_dict=True, verbose=0)
+    assert set(run.test) == set(keras_figures) == {"loss", "digit_loss", "size_loss", "digit_accuracy", "size_mae"}
+    for name, value in keras_figures.items():
+        assert run.test[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+
+
+def test_inputs_whose_names_do_not_match_the_models_are_refused_in_one_line_with_nothing_stored(services, multi_run):
+    renamed = multi_model(image="image")  # one input named otherwise than the data's array
+    with pytest.raises(BadInputError, match=r"^the data does not fit the model: the data's inputs do not") as caught:
+        runs.start_run(services, modelio.save_model(renamed), MULTI, TrainingSpec(workers=2), run_id="eq-renamed")
+    assert "\n" not in str(caught.value) and "'pixels'" in str(caught.value)
+    assert not services.store.list_keys(keys.run_prefix("eq-renamed"))

@@ -398,6 +398,21 @@ def test_a_keras_model_is_counted_and_timed(capsys: pytest.CaptureFixture, keras
     assert np.isfinite(out["iteration_s"])
 
 
+def test_a_model_of_two_inputs_and_two_outputs_is_timed(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    import keras
+
+    pixels, extra = keras.Input((8, 8, 1), name="pixels"), keras.Input((3,), name="extra")
+    hidden = keras.layers.Concatenate()([keras.layers.Flatten()(pixels), extra])
+    outputs = [keras.layers.Dense(10, name="digit")(hidden), keras.layers.Dense(1, name="size")(hidden)]
+    model = keras.Model({"pixels": pixels, "extra": extra}, outputs)
+    model.compile(optimizer="adam", loss={"digit": "sparse_categorical_crossentropy", "size": "mse"})
+    model.save(tmp_path / "multi.keras")
+    out = plan_json(capsys, "--model", str(tmp_path / "multi.keras"), "--batch", "16", "--iterations", "5")
+    assert out["workload"]["params"] == model.count_params()
+    assert out["workload"]["sample_bytes"] == 4 * (8 * 8 + 3)  # both inputs of a sample
+    assert out["workload"]["compute_source"].startswith("measured")
+
+
 # ---- update rules and options ---------------------------------------------------------------------
 
 

@@ -172,3 +172,58 @@ def test_bad_sample_weights_are_refused_in_one_line_and_nothing_is_stored(s3, tm
     with pytest.raises(BadInputError, match=message):
         ingest.put(store, "bad", sources.open_source(tmp_path / "bad.npz"))
     assert not store.exists(keys.dataset_manifest("bad"))
+
+
+def test_named_arrays_put_from_python_and_from_an_npz_are_read_back_by_name(s3, tmp_path: Path) -> None:
+    """x and y as named arrays (a model of several inputs and outputs): each sample's record holds all of its arrays
+    at fixed offsets, the manifest lists them, and a sample reads back whole by one ranged GET."""
+    rng = np.random.default_rng(4)
+    x = {"image": rng.random((60, 4, 4, 1), dtype=np.float32), "tokens": rng.integers(0, 300, (60, 5))}
+    y = {"label": rng.integers(0, 3, 60), "size": rng.random(60, dtype=np.float32)}
+    store = ObjectStore(s3, BUCKET)
+    first = {k: v[:45] for k, v in x.items()}, {k: v[:45] for k, v in y.items()}
+    rest = {k: v[45:] for k, v in x.items()}, {k: v[45:] for k, v in y.items()}
+    manifest = data.put_dataset(store, "named", *first, *rest, shard_mb=0.001)
+    assert [(a.name, a.shape, a.dtype, a.range) for a in manifest.x_arrays] == [
+        ("image", (4, 4, 1), "float32", (float(x["image"].min()), float(x["image"].max()))),
+        ("tokens", (5,), "int64", (float(x["tokens"].min()), float(x["tokens"].max()))),
+    ]
+    assert [a.name for a in manifest.y_arrays] == ["label", "size"] and manifest.x_shape is None
+    assert manifest.record_bytes == 4 * 16 + 8 * 5 + 8 + 4 and len(manifest.train.shards) > 1
+    reader = data.DatasetReader(store, data.load_manifest(store, "named"))
+    picked = np.array([44, 3, 17])
+    sent = []
+    s3.meta.events.register("before-parameter-build.s3.GetObject", lambda params, **_: sent.append(params))
+    got_x, got_y = reader.take("train", picked[:1])
+    assert len(sent) == 1 and "Range" in sent[0]
+    got_x, got_y = reader.take("train", picked)
+    for name in x:
+        np.testing.assert_array_equal(got_x[name], x[name][picked])
+    for name in y:
+        np.testing.assert_array_equal(got_y[name], y[name][picked])
+    test_x, _ = reader.split("test")
+    np.testing.assert_array_equal(test_x["tokens"], x["tokens"][45:])
+
+    np.savez(
+        tmp_path / "n.npz",
+        **{f"x_{k}": v for k, v in x.items()},
+        **{f"y_{k}": v for k, v in y.items()},
+        **{f"x_test_{k}": v[:7] for k, v in x.items()},
+        **{f"y_test_{k}": v[:7] for k, v in y.items()},
+    )
+    stored = ingest.put(store, "named-npz", sources.open_source(tmp_path / "n.npz"))
+    assert [a.name for a in stored.x_arrays] == ["image", "tokens"] and stored.test.count == 7
+    got_x, got_y = data.DatasetReader(store, stored).split("train")
+    np.testing.assert_array_equal(got_x["image"], x["image"])
+    np.testing.assert_array_equal(got_y["label"], y["label"])
+
+
+def test_named_arrays_of_different_lengths_or_names_are_refused_with_nothing_stored(s3) -> None:
+    store = ObjectStore(s3, BUCKET)
+    x, y = {"a": np.zeros((5, 2), np.float32), "b": np.zeros((4,), np.float32)}, np.zeros(5, np.int64)
+    with pytest.raises(BadInputError, match=r"^training data: the named arrays hold different numbers of samples"):
+        data.put_dataset(store, "bad", x, y, {"a": x["a"][:2], "b": x["a"][:2, 0]}, y[:2])
+    good = {"a": np.zeros((5, 2), np.float32), "b": np.zeros((5,), np.float32)}
+    with pytest.raises(BadInputError, match=r"^train and test samples differ in shape: x a \(2,\) float32, b"):
+        data.put_dataset(store, "bad", good, y, {"a": good["a"][:2], "c": good["b"][:2]}, y[:2])
+    assert not store.list_keys("datasets/")

@@ -342,15 +342,39 @@ def test_free_dimensions_and_any_numbers_for_a_float_input() -> None:
     )
 
 
-def test_a_model_of_several_inputs_is_refused_saying_what_to_give() -> None:
+def _two_inputs() -> keras.Model:
     first, second = keras.Input((3,), name="a"), keras.Input((4,), name="b", dtype="int32")
     joined = keras.layers.Concatenate()([first, keras.layers.Flatten()(keras.layers.Embedding(9, 2)(second))])
-    model = keras.Model({"a": first, "b": second}, keras.layers.Dense(1)(joined))
-    problem = modelio.input_mismatch(modelio.model_inputs(model), (7,), "float32", None)
+    return keras.Model({"a": first, "b": second}, keras.layers.Dense(1)(joined))
+
+
+def test_a_model_of_several_inputs_given_one_array_is_told_to_give_named_arrays() -> None:
+    problem = modelio.input_mismatch(modelio.model_inputs(_two_inputs()), (7,), "float32", None)
     assert problem.startswith(
-        "the model takes 2 inputs ('a' (3,) float32; 'b' (4,) int32) and a dataset holds"
-        " one array x: slsml trains models of one input. Join the inputs into one array"
+        "the model takes 2 inputs ('a' (3,) float32; 'b' (4,) int32) and the dataset holds one array x:"
+        " give x as named arrays, one per input"
     )
+
+
+def test_named_arrays_are_matched_to_the_inputs_by_name_and_each_input_is_checked() -> None:
+    """As fit matches a dict: the names that do not match are named in one line; then each input's shape and dtype
+    (and an integer input's range) is checked."""
+    model = _two_inputs()
+    inputs = modelio.model_inputs(model)
+    good = {"a": ((3,), "float32", None), "b": ((4,), "int64", (0.0, 8.0))}
+    assert modelio.named_inputs_mismatch(inputs, good) is None
+    renamed = {"a": good["a"], "c": good["b"]}
+    assert modelio.named_inputs_mismatch(inputs, renamed) == (
+        "the data's inputs do not match the model's by name: 'c' is no input of it; 'b' has no array"
+        " (the model takes 'a', 'b'; the data has 'a', 'c')"
+    )
+    wrong = {"a": ((5,), "float32", None), "b": ((4,), "float32", None)}
+    problem = modelio.named_inputs_mismatch(inputs, wrong)
+    assert "'a' of shape (3,) float32: 5 features where the model takes 3" in problem
+    assert "'b' of shape (4,) int32: float32 data for an integer input" in problem
+    x = {"a": np.zeros((4, 3), np.float32), "c": np.zeros((4, 4), np.int32)}
+    with pytest.raises(BadInputError, match=r"^the data does not fit the model: the data's inputs do not match"):
+        modelio.check_fits(model, modelio.loss_config(model, "mse"), x, np.zeros((4, 1), np.float32), None)
 
 
 def test_check_fits_refuses_what_keras_would_run_on() -> None:

@@ -391,7 +391,11 @@ def _size(count: int) -> str:
 
 
 def _shape(summary: dict[str, Any], part: str) -> str:
-    return f"{summary[part + '_dtype']}[{','.join(map(str, summary[part + '_shape']))}]"
+    """``float32[8]``, or named arrays' ``a float32[8], b int64[]``."""
+    shape, dtype = summary[part + "_shape"], summary[part + "_dtype"]
+    if isinstance(shape, dict):
+        return ", ".join(f"{name} {dtype[name]}[{','.join(map(str, dims))}]" for name, dims in shape.items())
+    return f"{dtype}[{','.join(map(str, shape))}]"
 
 
 @contextmanager

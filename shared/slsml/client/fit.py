@@ -19,18 +19,20 @@ import numpy as np
 from slsml.client import runs
 from slsml.data import datasets as data
 from slsml.pipeline.services import Services
+from slsml.spec import samples
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
+from slsml.spec.samples import Arrays
 from slsml.state.records import Counter, IterationRecord, RunRecord
 
 
 def fit(
     model: Any,
-    x: np.ndarray,
-    y: np.ndarray,
+    x: Arrays,
+    y: Arrays,
     batch_size: int = 32,
     epochs: int = 1,
-    validation_data: tuple[np.ndarray, np.ndarray] | None = None,
+    validation_data: tuple[Arrays, Arrays] | None = None,
     validation_split: float | None = None,
     sample_weight: np.ndarray | None = None,
     callbacks: Sequence[Any] = (),
@@ -38,7 +40,8 @@ def fit(
     stack: str | None = None,
     **options: Any,
 ) -> Any:
-    """Train ``model`` (compiled, or given ``loss=``/``optimizer=``) on ``x``, ``y`` as ``model.fit`` would, on
+    """Train ``model`` (compiled, or given ``loss=``/``optimizer=``) on ``x``, ``y`` (each an array, or for a model of
+    several inputs or outputs a dict of arrays by input and output name) as ``model.fit`` would, on
     ``batch_size`` samples per iteration spread over the workers, each sample's loss weighted by ``sample_weight``
     (or ``class_weight=``) as ``fit`` weights it; ``options``: any other TrainingSpec field (``workers=8``,
     ``reducers=2``, ``quorum=0.75``…; ``early_stopping="val_loss:3"`` and ``keep_best="val_auc"``, Keras's
@@ -50,8 +53,14 @@ def fit(
     from slsml.training import modelio
 
     checkpoints = [c.filepath for c in callbacks if isinstance(c, keras.callbacks.ModelCheckpoint)]
-    spec = _spec(len(x), batch_size, epochs, validation_data, validation_split, options | callback_options(callbacks))
-    test = validation_data if validation_data is not None else (x[:1], y[:1])  # the run's test split
+    x, y = samples.as_arrays(x, "x"), samples.as_arrays(y, "y")
+    count = samples.count(x)
+    spec = _spec(count, batch_size, epochs, validation_data, validation_split, options | callback_options(callbacks))
+    first = slice(1)
+    # the data against the model before anything is stored (prepare_run checks it again, with the whole data's range)
+    modelio.check_compiled(model, loss=spec.loss is not None, optimizer=spec.optimizer is not None)
+    modelio.check_fits(model, modelio.loss_config(model, spec.loss), x, y, None)
+    test = validation_data if validation_data is not None else (samples.take(x, first), samples.take(y, first))
     model_bytes = modelio.save_model(model)
     run_id = runs.new_run_id("fit")
     if stack is not None:
@@ -152,8 +161,8 @@ def _train(
     model_bytes: bytes,
     run_id: str,
     spec: TrainingSpec,
-    train: tuple[np.ndarray, np.ndarray, np.ndarray | None],
-    test: tuple[np.ndarray, np.ndarray],
+    train: tuple[Arrays, Arrays, np.ndarray | None],
+    test: tuple[Arrays, Arrays],
     verbose: int,
 ) -> tuple[RunRecord, list[IterationRecord], bytes]:
     """Upload the data (``train``: x, y and the samples' weights), train, and return the ended run, its iterations

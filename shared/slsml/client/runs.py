@@ -20,7 +20,7 @@ from slsml.cost import model as costmodel
 from slsml.data import datasets as data
 from slsml.data.manifest import DatasetManifest
 from slsml.pipeline.services import Services
-from slsml.spec import keys
+from slsml.spec import keys, samples
 from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
 from slsml.spec.shardplan import ShardPlan
@@ -208,13 +208,15 @@ def prepare_run(
     if check_limits and (refusal := services.limits.refusal(spec)):
         raise BadInputError(refusal)
     x, y = data.DatasetReader(store, manifest).take("train", np.arange(min(MERGE_PROBE, manifest.train.count)))
-    modelio.check_fits(model, loss, x, y, manifest.classes, manifest.x_range)
+    ranges = {a.name: a.range for a in manifest.x_arrays} if manifest.x_arrays is not None else manifest.x_range
+    modelio.check_fits(model, loss, x, y, manifest.classes, ranges)
     classification = manifest.classes is not None or modelio.classifies(loss)
     metrics = modelio.metrics_config(model, classification)
     evaluation.check_mergeable(model, loss, metrics, x, y)
     plan = ShardPlan.build(modelio.variable_specs(model), spec.reducers)
     class_weights = _class_weights(spec, manifest)
-    modes = _modes(spec, evaluation.figure_modes(model, loss, metrics, (x[:2], y[:2]))) if spec.monitors else {}
+    sample = samples.take(x, slice(2)), samples.take(y, slice(2))
+    modes = _modes(spec, evaluation.figure_modes(model, loss, metrics, sample)) if spec.monitors else {}
     budget.check(model_bytes, manifest, spec)  # last: it times a gradient step
     config = RunConfig(
         run_id=run_id,
@@ -272,7 +274,8 @@ def _class_weights(spec: TrainingSpec, manifest: DatasetManifest) -> tuple[float
             f"dataset {manifest.name!r} holds sample weights and the run gives class_weight: Keras's"
             " fit takes one or the other (fold the class weights into the sample weights)"
         )
-    one_hot = manifest.y_shape[-1] if len(manifest.y_shape) == 1 and manifest.y_shape[0] > 1 else None
+    y_shape = manifest.y_shape or ()  # named arrays (several outputs): no class ids
+    one_hot = y_shape[-1] if len(y_shape) == 1 and y_shape[0] > 1 else None
     try:
         return weighting.resolve(spec.class_weights, manifest.class_counts, manifest.classes or one_hot)
     except ValueError as error:

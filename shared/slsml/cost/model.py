@@ -394,15 +394,16 @@ def from_keras(data: bytes, name: str, where: str, batch: int, measure: bool, pa
 
     model = modelio.load_model(data, where=where)
     specs = modelio.variable_specs(model)
-    shapes = model.input_shape
-    if not isinstance(shapes, tuple) or (shapes and isinstance(shapes[0], tuple | list)):
-        raise BadInputError(f"{where}: the plan reads single-input models; give --params and --compute-per-sample")
+    inputs = modelio.model_inputs(model)  # several: a sample is all of them
+    shapes = [i.shape for i in inputs] if inputs else [model.input_shape]
+    if any(not isinstance(s, tuple) or (s and isinstance(s[0], tuple | list)) for s in shapes):
+        raise BadInputError(f"{where}: the plan reads models of flat inputs; give --params and --compute-per-sample")
     figures: dict[str, Any] = {
         "model": name,
         "params": sum(s.size for s in specs),
         "trainable_params": sum(s.size for s in specs if s.trainable),
         "model_file_bytes": len(data),
-        "sample_bytes": 4 * math.prod(d or 1 for d in shapes[1:]),
+        "sample_bytes": sum(4 * math.prod(d or 1 for d in shape[1:]) for shape in shapes),
         "activation_bytes_per_sample": 4 * _layer_outputs(model),
     }
     with suppress(BadInputError):  # not compiled, or not an optimizer the reducers apply: the default stands
@@ -449,10 +450,29 @@ def measure_step(model: Any, specs: list, batch: int) -> float:
     from slsml.spec.shardplan import ShardPlan
     from slsml.training import modelio
 
-    trainer = modelio.Trainer(model, ShardPlan.build(specs, 1), json.dumps("mean_squared_error"), classification=False)
+    outputs = modelio.output_names(model)
+    several = len(outputs) > 1  # the loss of each output, on labels by output name
+    loss = json.dumps({"loss": "mean_squared_error", "loss_weights": None} if several else "mean_squared_error")
+    trainer = modelio.Trainer(model, ShardPlan.build(specs, 1), loss, classification=False)
     rng = np.random.default_rng(0)
-    x = rng.random((batch, *(d or 1 for d in model.input_shape[1:])), dtype=np.float32)
-    y = np.zeros((batch, *(d or 1 for d in model.output_shape[1:])), dtype=np.float32)
+
+    def sized(shape: Any) -> tuple[int, ...]:
+        return (batch, *(d or 1 for d in shape[1:]))
+
+    inputs = modelio.model_inputs(model) or []
+    x = (
+        {i.name: rng.random(sized(i.shape), dtype=np.float32) for i in inputs}  # several inputs: by name
+        if len(inputs) > 1
+        else rng.random(sized(model.input_shape), dtype=np.float32)
+    )
+    y = (
+        {
+            name: np.zeros(sized(shape), dtype=np.float32)
+            for name, shape in zip(outputs, model.output_shape, strict=True)
+        }
+        if several
+        else np.zeros(sized(model.output_shape), dtype=np.float32)
+    )
     trainer.compute_update(x, y)
     started = time.perf_counter()
     trainer.compute_update(x, y)

@@ -34,16 +34,28 @@ def summary(manifest: DatasetManifest) -> dict[str, Any]:
         "format": origin.format if origin else None,
         "train": manifest.train.count,
         "test": manifest.test.count,
-        "x_shape": list(manifest.x_shape),
-        "x_dtype": manifest.x_dtype,
-        "y_shape": list(manifest.y_shape),
-        "y_dtype": manifest.y_dtype,
+        **_layout(manifest, "x"),
+        **_layout(manifest, "y"),
         "weighted": manifest.weighted,
         "classes": manifest.classes,
         "class_names": list(origin.class_names) if origin and origin.class_names else None,
         "bytes": manifest.train.bytes + manifest.test.bytes,
         "shards": len(manifest.train.shards) + len(manifest.test.shards),
         "sha256": origin.sha256 if origin else None,
+    }
+
+
+def _layout(manifest: DatasetManifest, part: str) -> dict[str, Any]:
+    """``<part>_shape`` and ``<part>_dtype`` of x or y: one array's, or of each named array by its name."""
+    arrays = getattr(manifest, f"{part}_arrays")
+    if arrays is None:
+        return {
+            f"{part}_shape": list(getattr(manifest, f"{part}_shape")),
+            f"{part}_dtype": getattr(manifest, f"{part}_dtype"),
+        }
+    return {
+        f"{part}_shape": {a.name: list(a.shape) for a in arrays},
+        f"{part}_dtype": {a.name: a.dtype for a in arrays},
     }
 
 

@@ -22,13 +22,14 @@ from slsml.aws.cache import LRUCache
 from slsml.aws.clients import error_code
 from slsml.aws.storage import ObjectStore
 from slsml.data.blockorder import BlockOrder
-from slsml.data.manifest import DEFAULT_SHARD_MB, SCHEMA_VERSION, DatasetManifest, Split
+from slsml.data.manifest import DEFAULT_SHARD_MB, SCHEMA_VERSION, ArraySpec, DatasetManifest, Split
 from slsml.data.sources.base import validate_arrays, validate_weights
 from slsml.data.writer import DatasetWriter
-from slsml.spec import keys
+from slsml.spec import keys, samples
 from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError
+from slsml.spec.samples import Arrays
 
 # A split whose shards take at most this share of the warm cache's bound is kept there whole; the rest of the
 # cache holds the run's model (and its config, its manifest).
@@ -50,35 +51,49 @@ def split_train_test(
 def put_dataset(
     store: ObjectStore,
     name: str,
-    x: np.ndarray,
-    y: np.ndarray,
-    x_test: np.ndarray,
-    y_test: np.ndarray,
+    x: Arrays,
+    y: Arrays,
+    x_test: Arrays,
+    y_test: Arrays,
     shard_mb: float = DEFAULT_SHARD_MB,
     w: np.ndarray | None = None,
     w_test: np.ndarray | None = None,
 ) -> DatasetManifest:
     """Upload arrays as a dataset (``DatasetWriter``), with the training samples' weights ``w`` (and the test
     samples', ``w_test``: default 1 each) if given: every array is checked before anything is stored, the
-    manifest is written last, and an existing dataset is never replaced."""
+    manifest is written last, and an existing dataset is never replaced. x and y are each one array or a dict of
+    named arrays (by the model's input and output names, as ``fit`` takes them)."""
+    x, y = samples.as_arrays(x, "training data"), samples.as_arrays(y, "training data")
+    x_test, y_test = samples.as_arrays(x_test, "test data"), samples.as_arrays(y_test, "test data")
     validate_arrays(x, y, "training data")
     validate_arrays(x_test, y_test, "test data")
     if w_test is not None and w is None:
         raise BadInputError("test data: sample weights where the training data has none")
-    for weights, samples, what in ((w, len(x), "training data"), (w_test, len(x_test), "test data")):
+    for weights, count, what in (
+        (w, samples.count(x), "training data"),
+        (w_test, samples.count(x_test), "test data"),
+    ):
         if weights is not None:
-            validate_weights(weights, samples, what)
-    if x.shape[1:] != x_test.shape[1:] or y.shape[1:] != y_test.shape[1:]:
-        raise BadInputError(
-            f"train and test samples differ in shape: x {x.shape[1:]} vs {x_test.shape[1:]}, "
-            f"y {y.shape[1:]} vs {y_test.shape[1:]}"
-        )
-    with DatasetWriter(
-        store, name, x.shape[1:], str(x.dtype), y.shape[1:], str(y.dtype), shard_mb, weighted=w is not None
-    ) as writer:
+            validate_weights(weights, count, what)
+    x_test, y_test = _like(x_test, x, "x"), _like(y_test, y, "y")
+    with DatasetWriter.like(store, name, x, y, shard_mb=shard_mb, weighted=w is not None) as writer:
         writer.write("train", x, y, w)
-        writer.write("test", x_test.astype(x.dtype, copy=False), y_test.astype(y.dtype, copy=False), w_test)
+        writer.write("test", x_test, y_test, w_test)
         return writer.finish()
+
+
+def _like(test: Arrays, train: Arrays, part: str) -> Arrays:
+    """The test samples in the training samples' dtypes; BadInputError where their names or shapes differ."""
+    pairs = dict(samples.named(train, part)), dict(samples.named(test, part))
+    if pairs[0].keys() != pairs[1].keys() or any(a.shape[1:] != pairs[1][k].shape[1:] for k, a in pairs[0].items()):
+        raise BadInputError(
+            f"train and test samples differ in shape: {part} {samples.describe(train)} vs {samples.describe(test)}"
+        )
+    if isinstance(test, dict):
+        assert isinstance(train, dict)
+        return {k: a.astype(train[k].dtype, copy=False) for k, a in test.items()}
+    assert isinstance(train, np.ndarray)
+    return test.astype(train.dtype, copy=False)
 
 
 def load_manifest(store: ObjectStore, name: str) -> DatasetManifest:
@@ -199,6 +214,13 @@ def coalesce(indices: np.ndarray, shard_records: int) -> list[tuple[int, int, in
     ]
 
 
+def _unpack(field: np.ndarray, dtype: str | None, arrays: tuple[ArraySpec, ...] | None) -> Arrays:
+    """A record field's samples as an array in the dataset's dtype, or as its named arrays."""
+    if arrays is None:
+        return field.astype(dtype)
+    return {a.name: field[a.name].astype(a.dtype) for a in arrays}
+
+
 class DatasetReader:
     """Reads samples by index. A split whose bytes fit ``DATA_CACHE_SHARE`` of ``cache``'s bound is read by whole
     shards, checked against the manifest's SHA-256 and kept in ``cache`` under ``("shard", dataset, split, index)``;
@@ -216,12 +238,13 @@ class DatasetReader:
             return False
         return self._cache.limit is None or self.manifest.split(split).bytes <= DATA_CACHE_SHARE * self._cache.limit
 
-    def take(self, split: Split, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def take(self, split: Split, indices: np.ndarray) -> tuple[Arrays, Arrays]:
         x, y, _ = self.take_weighted(split, indices)
         return x, y
 
-    def take_weighted(self, split: Split, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """The samples' x, y and weights (None: the dataset has none), read together."""
+    def take_weighted(self, split: Split, indices: np.ndarray) -> tuple[Arrays, Arrays, np.ndarray | None]:
+        """The samples' x, y (each one array, or a dict of the named arrays) and weights (None: the dataset has
+        none), read together."""
         m = self.manifest
         indices = np.asarray(indices, dtype=np.int64)
         count = m.split(split).count
@@ -229,9 +252,9 @@ class DatasetReader:
             raise IndexError(f"{split} sample indices {indices.min()}..{indices.max()} outside 0..{count - 1}")
         records = self._cached_records(split, indices) if self.cached(split) else self._ranged_records(split, indices)
         weights = records["w"].astype(np.float32) if m.weighted else None
-        return records["x"].astype(m.x_dtype), records["y"].astype(m.y_dtype), weights
+        return _unpack(records["x"], m.x_dtype, m.x_arrays), _unpack(records["y"], m.y_dtype, m.y_arrays), weights
 
-    def split(self, split: Split) -> tuple[np.ndarray, np.ndarray]:
+    def split(self, split: Split) -> tuple[Arrays, Arrays]:
         return self.take(split, np.arange(self.manifest.split(split).count))
 
     def _ranged_records(self, split: Split, indices: np.ndarray) -> np.ndarray:

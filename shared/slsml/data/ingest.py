@@ -19,6 +19,7 @@ from slsml.aws.storage import ObjectStore
 from slsml.data.manifest import DEFAULT_SHARD_MB, DatasetManifest, DatasetOrigin, Split
 from slsml.data.sources import DEFAULT_CHUNK_BYTES, Chunk, Source
 from slsml.data.writer import DatasetWriter
+from slsml.spec import samples
 from slsml.spec.errors import BadInputError
 
 SPLIT_BLOCK = 1024  # samples: each block of them holds out its share exactly
@@ -63,10 +64,10 @@ def _split(source: Source, test_fraction: float, seed: int) -> Iterator[tuple[Sp
         raise BadInputError(f"test fraction must be between 0 and 1, got {test_fraction}")
     total, start = source.count(), 0
     for chunk in source.chunks(DEFAULT_CHUNK_BYTES):
-        test = held_out(start, len(chunk[0]), test_fraction, seed, total)
-        start += len(chunk[0])
-        yield "train", tuple(array[~test] for array in chunk)
-        yield "test", tuple(array[test] for array in chunk)
+        test = held_out(start, samples.count(chunk[0]), test_fraction, seed, total)
+        start += samples.count(chunk[0])
+        yield "train", tuple(samples.take(arrays, ~test) for arrays in chunk)
+        yield "test", tuple(samples.take(arrays, test) for arrays in chunk)
 
 
 def put(
@@ -87,22 +88,12 @@ def put(
         first = next(parts)
     except StopIteration:
         raise BadInputError(f"{source.where}: no samples") from None
-    x, y = first[1][0], first[1][1]
-    writer = DatasetWriter(
-        store,
-        name,
-        x_shape=x.shape[1:],
-        x_dtype=str(x.dtype),
-        y_shape=y.shape[1:],
-        y_dtype=str(y.dtype),
-        shard_mb=shard_mb,
-        weighted=len(first[1]) > 2,
-    )
+    writer = DatasetWriter.like(store, name, first[1][0], first[1][1], shard_mb=shard_mb, weighted=len(first[1]) > 2)
     with writer:
         for split, chunk in chain([first], parts):
-            writer.write(split, *chunk)
+            writer.write(split, *chunk)  # type: ignore[arg-type]
             if progress is not None:
-                progress(len(chunk[0]))
+                progress(samples.count(chunk[0]))
         return writer.finish(origin() if origin is not None else None)
 
 

@@ -3,7 +3,9 @@
 A dataset is ``datasets/<name>/manifest.json`` plus shard objects ``<split>-<index>.bin`` for the splits ``train``
 and ``test``. A shard is a run of fixed-size records and nothing else: record r of a shard is bytes
 [r·R, (r+1)·R) with R = ``record_bytes``, one sample's x then its y, each in C order and little-endian, then, in a
-``weighted`` dataset, the sample's weight as float32 (``record_dtype``). Every shard of a split holds
+``weighted`` dataset, the sample's weight as float32 (``record_dtype``). An x (or y) of several named arrays (a model
+of several inputs or outputs: ``x_arrays``, ``y_arrays``) is each of them in turn, at fixed offsets of the record.
+Every shard of a split holds
 ``shard_records`` records, the last one the rest; so sample j of a split is record j mod ``shard_records`` of shard
 j // ``shard_records``, and its bytes are a ranged GET away.
 
@@ -17,6 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing_extensions import TypeIs
 
 Split = Literal["train", "test"]
 SPLITS: tuple[Split, Split] = ("train", "test")
@@ -44,6 +47,17 @@ class SplitInfo(BaseModel):
         return sum(shard.bytes for shard in self.shards)
 
 
+class ArraySpec(BaseModel):
+    """One of the named arrays of a dataset's x or y: its name (the model's input or output it feeds), the shape of
+    a sample's part and its dtype, and the smallest and the largest of its values (None: not recorded)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1)
+    shape: tuple[int, ...]
+    dtype: str
+    range: tuple[float, float] | None = None
+
+
 class DatasetOrigin(BaseModel):
     """Where a dataset came from and how it was read: the same file read the same way is the same dataset."""
 
@@ -61,10 +75,16 @@ class DatasetManifest(BaseModel):
 
     schema_version: Literal[2] = SCHEMA_VERSION
     name: str
-    x_shape: tuple[int, ...]
-    x_dtype: str
-    y_shape: tuple[int, ...]
-    y_dtype: str
+    x_shape: tuple[int, ...] | None = Field(description="a sample's x (None: named arrays, x_arrays)")
+    x_dtype: str | None
+    y_shape: tuple[int, ...] | None = Field(description="a sample's y (None: named arrays, y_arrays)")
+    y_dtype: str | None
+    x_arrays: tuple[ArraySpec, ...] | None = Field(
+        default=None, description="x as named arrays, in record order (a model of several inputs)"
+    )
+    y_arrays: tuple[ArraySpec, ...] | None = Field(
+        default=None, description="y as named arrays, in record order (a model of several outputs)"
+    )
     classes: int | None = Field(description="number of classes when labels are integer class ids")
     class_counts: tuple[int, ...] | None = Field(
         default=None,
@@ -82,10 +102,18 @@ class DatasetManifest(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> DatasetManifest:
+        for part, shape, dtype, arrays in (
+            ("x", self.x_shape, self.x_dtype, self.x_arrays),
+            ("y", self.y_shape, self.y_dtype, self.y_arrays),
+        ):
+            if (shape is None or dtype is None) == (arrays is None):
+                raise ValueError(f"{part} is one array ({part}_shape, {part}_dtype) or named arrays ({part}_arrays)")
+            if arrays is not None and (not arrays or len({a.name for a in arrays}) < len(arrays)):
+                raise ValueError(f"{part}_arrays must name one array or more, each once")
         if self.record_dtype.itemsize != self.record_bytes:
             raise ValueError(
-                f"records of x {self.x_dtype}{list(self.x_shape)} and y {self.y_dtype}"
-                f"{list(self.y_shape)} take {self.record_dtype.itemsize} bytes, not {self.record_bytes}"
+                f"records of x and y ({self.record_dtype}) take {self.record_dtype.itemsize} bytes, not"
+                f" {self.record_bytes}"
             )
         for name in SPLITS:
             info = self.split(name)
@@ -106,23 +134,37 @@ class DatasetManifest(BaseModel):
 
     @property
     def record_dtype(self) -> np.dtype:
-        return record_dtype(self.x_shape, self.x_dtype, self.y_shape, self.y_dtype, self.weighted)
+        return record_dtype(self.layout("x"), self.layout("y"), self.weighted)
+
+    def layout(self, part: Literal["x", "y"]) -> Layout:
+        """x's or y's: one array's (shape, dtype), or the named arrays."""
+        named = self.x_arrays if part == "x" else self.y_arrays
+        shape, dtype = (self.x_shape, self.x_dtype) if part == "x" else (self.y_shape, self.y_dtype)
+        return named if named is not None else (shape or (), str(dtype))
 
     def split(self, name: Split) -> SplitInfo:
         return self.train if name == "train" else self.test
 
 
-def record_dtype(
-    x_shape: tuple[int, ...], x_dtype: str, y_shape: tuple[int, ...], y_dtype: str, weighted: bool = False
-) -> np.dtype:
-    """One record: the sample's x then its y (then its weight), little-endian, packed."""
-    return np.dtype(
-        [
-            ("x", np.dtype(x_dtype).newbyteorder("<"), x_shape),
-            ("y", np.dtype(y_dtype).newbyteorder("<"), y_shape),
-            *([("w", "<f4")] if weighted else []),
-        ]
-    )
+# a sample's x or y: one array's (shape, dtype), or named arrays
+Layout = tuple[tuple[int, ...], str] | tuple[ArraySpec, ...]
+
+
+def is_named(layout: Layout) -> TypeIs[tuple[ArraySpec, ...]]:
+    return bool(layout) and isinstance(layout[0], ArraySpec)
+
+
+def record_dtype(x: Layout, y: Layout, weighted: bool = False) -> np.dtype:
+    """One record: the sample's x then its y (each one array, or its named arrays in turn), then its weight,
+    little-endian, packed."""
+    return np.dtype([_field("x", x), _field("y", y), *([("w", "<f4")] if weighted else [])])
+
+
+def _field(name: str, layout: Layout) -> tuple[Any, ...]:
+    if is_named(layout):
+        return name, [(a.name, np.dtype(a.dtype).newbyteorder("<"), a.shape) for a in layout]
+    shape, dtype = layout
+    return name, np.dtype(dtype).newbyteorder("<"), shape
 
 
 def shard_records(record_bytes: int, shard_mb: float = DEFAULT_SHARD_MB) -> int:

@@ -2,6 +2,7 @@
 
 ```python
 writer = DatasetWriter(store, "cifar", x_shape=(32, 32, 3), x_dtype="uint8", y_shape=(), y_dtype="int64")
+# or DatasetWriter.like(store, "cifar", x, y): the layout of sample arrays, x or y a dict of named arrays
 for x, y in chunks:                # numpy arrays, any number of samples each
     writer.write("train", x, y)    # the splits may come in any order, interleaved
 writer.write("test", x_test, y_test)
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
@@ -33,18 +35,22 @@ from slsml.aws.storage import ObjectStore
 from slsml.data.manifest import (
     DEFAULT_SHARD_MB,
     SPLITS,
+    ArraySpec,
     DatasetManifest,
     DatasetOrigin,
+    Layout,
     ShardEntry,
     Split,
     SplitInfo,
+    is_named,
     record_dtype,
     shard_records,
 )
 from slsml.data.sources.base import validate_arrays, validate_weights
-from slsml.spec import keys
+from slsml.spec import keys, samples
 from slsml.spec.config import DATASET_PATTERN
 from slsml.spec.errors import BadInputError
+from slsml.spec.samples import Arrays
 
 UPLOADS = 4  # shards uploaded at once
 CHECKSUM_METADATA = "sha256"
@@ -67,51 +73,73 @@ class DatasetWriter:
         self,
         store: ObjectStore,
         name: str,
-        x_shape: tuple[int, ...],
-        x_dtype: str,
-        y_shape: tuple[int, ...],
-        y_dtype: str,
+        x_shape: tuple[int, ...] | None,
+        x_dtype: str | None,
+        y_shape: tuple[int, ...] | None,
+        y_dtype: str | None,
         shard_mb: float = DEFAULT_SHARD_MB,
         uploads: int = UPLOADS,
         progress: Callable[[int], None] | None = None,
         weighted: bool = False,
+        x_arrays: tuple[ArraySpec, ...] | None = None,
+        y_arrays: tuple[ArraySpec, ...] | None = None,
     ) -> None:
+        """x (and y) is one array of ``x_shape`` and ``x_dtype``, or the named arrays ``x_arrays`` (their shapes and
+        dtypes; the shape and dtype None)."""
         if not DATASET_PATTERN.match(name):
             raise BadInputError(f"dataset name {name!r} must be 1-63 lowercase letters, digits or '-'")
         if store.exists(keys.dataset_manifest(name)):
             raise BadInputError(f"dataset {name!r} already exists; choose another name")
         self.store, self.name, self.progress = store, name, progress
-        self.x_shape, self.y_shape = tuple(x_shape), tuple(y_shape)
-        self.x_dtype, self.y_dtype = str(np.dtype(x_dtype)), str(np.dtype(y_dtype))
+        self.layouts: dict[str, Layout] = {
+            "x": x_arrays or (tuple(x_shape or ()), str(np.dtype(x_dtype))),
+            "y": y_arrays or (tuple(y_shape or ()), str(np.dtype(y_dtype))),
+        }
         self.weighted = weighted  # each sample has a weight (a chunk without weights: 1 each)
-        self.dtype = record_dtype(self.x_shape, self.x_dtype, self.y_shape, self.y_dtype, weighted)
+        self.dtype = record_dtype(self.layouts["x"], self.layouts["y"], weighted)
         self.shard_records = shard_records(self.dtype.itemsize, shard_mb)
         self._splits: dict[Split, _SplitState] = {}
         self._pool = ThreadPoolExecutor(max_workers=uploads, thread_name_prefix="shard-upload")
         self._slots = threading.BoundedSemaphore(uploads)
-        self._low, self._high, self._label_max = np.inf, -np.inf, -1
+        self._ranges: dict[str, tuple[float, float]] = {}  # of x, and of each named array (x's and y's)
+        self._label_max = -1
         self._counts = np.zeros(0, dtype=np.int64)
-        self._integer_labels = np.issubdtype(np.dtype(self.y_dtype), np.integer) and self.y_shape == ()
+        y = self.layouts["y"]
+        self._integer_labels = not is_named(y) and y[0] == () and np.issubdtype(np.dtype(y[1]), np.integer)
 
-    def write(self, split: Split, x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> None:
+    @classmethod
+    def like(cls, store: ObjectStore, name: str, x: Arrays, y: Arrays, **options: Any) -> DatasetWriter:
+        """A writer of samples such as ``x``, ``y`` (each one array or a dict of named arrays)."""
+        layouts: dict[str, Any] = {}
+        for part, arrays in (("x", x), ("y", y)):
+            if isinstance(arrays, dict):
+                specs = tuple(ArraySpec(name=k, shape=a.shape[1:], dtype=str(a.dtype)) for k, a in arrays.items())
+                layouts |= {f"{part}_shape": None, f"{part}_dtype": None, f"{part}_arrays": specs}
+            else:
+                layouts |= {f"{part}_shape": arrays.shape[1:], f"{part}_dtype": str(arrays.dtype)}
+        return cls(store, name, **layouts, **options)
+
+    def write(self, split: Split, x: Arrays, y: Arrays, w: np.ndarray | None = None) -> None:
         """Append samples to ``split`` (with their weights ``w``, in a weighted dataset: None, 1 each); a full
         shard goes to S3 in the background."""
         what = WHAT[split]
-        if len(x) == len(y) == 0:
+        n = samples.count(x)
+        if n == samples.count(y) == 0:
             return
         validate_arrays(x, y, what)
         if w is not None:
             if not self.weighted:
                 raise BadInputError(f"{what}: sample weights where the training data has none")
-            validate_weights(w, len(x), what)
-        for name, array, shape, dtype in (("x", x, self.x_shape, self.x_dtype), ("y", y, self.y_shape, self.y_dtype)):
-            if array.shape[1:] != shape or str(array.dtype) != dtype:
-                raise BadInputError(
-                    f"{what}: {name} samples are {array.dtype}{list(array.shape[1:])} where the "
-                    f"dataset's are {dtype}{list(shape)}"
-                )
-        self._low, self._high = min(self._low, float(x.min())), max(self._high, float(x.max()))
+            validate_weights(w, n, what)
+        for part, arrays in (("x", x), ("y", y)):
+            self._check_layout(what, part, arrays)
+        for part, arrays in (("x", x), ("y", y)):
+            for key, array in samples.named(arrays, part):
+                if part == "x" or key != "y":  # the ranges of x and of every named array
+                    low, high = self._ranges.get(key, (np.inf, -np.inf))
+                    self._ranges[key] = min(low, float(array.min())), max(high, float(array.max()))
         if self._integer_labels:
+            assert isinstance(y, np.ndarray)
             self._label_max = max(self._label_max, int(y.max()))
             if split == "train":  # the samples of each class (class weights)
                 counts = np.bincount(y[y >= 0].astype(np.int64), minlength=len(self._counts))
@@ -121,10 +149,15 @@ class DatasetWriter:
             self._splits[split] = self._new_state()
         state = self._splits[split]
         start = 0
-        while start < len(x):
-            take = min(len(x) - start, self.shard_records - state.filled)
+        while start < n:
+            take = min(n - start, self.shard_records - state.filled)
             rows = state.records[state.filled : state.filled + take]
-            rows["x"], rows["y"] = x[start : start + take], y[start : start + take]
+            for part, arrays in (("x", x), ("y", y)):
+                if isinstance(arrays, dict):
+                    for key, array in arrays.items():
+                        rows[part][key] = array[start : start + take]
+                else:
+                    rows[part] = arrays[start : start + take]
             if self.weighted:
                 rows["w"] = 1.0 if w is None else w[start : start + take]
             state.filled, state.count, start = state.filled + take, state.count + take, start + take
@@ -149,13 +182,13 @@ class DatasetWriter:
             }
             manifest = DatasetManifest(
                 name=self.name,
-                x_shape=self.x_shape,
-                x_dtype=self.x_dtype,
-                y_shape=self.y_shape,
-                y_dtype=self.y_dtype,
+                **self._layout_fields("x"),
+                **self._layout_fields("y"),
                 classes=self._label_max + 1 if self._integer_labels else None,
                 class_counts=self._class_counts(),
-                x_range=(self._low, self._high),
+                x_range=(min(low for low, _ in xs), max(high for _, high in xs))
+                if (xs := [r for key, r in self._ranges.items() if key == "x" or key.startswith("x[")])
+                else None,
                 record_bytes=self.dtype.itemsize,
                 shard_records=self.shard_records,
                 weighted=self.weighted,
@@ -165,6 +198,34 @@ class DatasetWriter:
             if not self.store.put_json_new(keys.dataset_manifest(self.name), manifest.model_dump(mode="json")):
                 raise BadInputError(f"dataset {self.name!r} was created concurrently by someone else")
             return manifest
+
+    def _check_layout(self, what: str, part: str, arrays: Arrays) -> None:
+        """BadInputError naming the array whose names, shape or dtype differ from the dataset's."""
+        layout = self.layouts[part]
+        if isinstance(arrays, dict) != is_named(layout):
+            form = "named arrays" if isinstance(arrays, dict) else "one array"
+            raise BadInputError(f"{what}: {part} is {form} where the dataset's is not")
+        if isinstance(arrays, dict) and is_named(layout):
+            specs = {a.name: (a.shape, a.dtype) for a in layout}
+            if set(arrays) != set(specs):
+                raise BadInputError(f"{what}: {part} names {sorted(arrays)} where the dataset's are {sorted(specs)}")
+            wanted = [(f"{part}[{key!r}]", arrays[key], *specs[key]) for key in specs]
+        else:
+            wanted = [(part, arrays, *layout)]
+        for key, array, shape, dtype in wanted:
+            if array.shape[1:] != shape or str(array.dtype) != dtype:
+                raise BadInputError(
+                    f"{what}: {key} samples are {array.dtype}{list(array.shape[1:])} where the "
+                    f"dataset's are {dtype}{list(shape)}"
+                )
+
+    def _layout_fields(self, part: str) -> dict[str, Any]:
+        """The manifest's fields of x or y: one array's shape and dtype, or the named arrays with their ranges."""
+        layout = self.layouts[part]
+        if not is_named(layout):
+            return {f"{part}_shape": layout[0], f"{part}_dtype": layout[1]}
+        specs = tuple(a.model_copy(update={"range": self._ranges.get(f"{part}[{a.name!r}]")}) for a in layout)
+        return {f"{part}_shape": None, f"{part}_dtype": None, f"{part}_arrays": specs}
 
     def _class_counts(self) -> tuple[int, ...] | None:
         """The training samples of each class id 0 … classes−1 (None: labels that are not class ids)."""

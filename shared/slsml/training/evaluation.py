@@ -2,8 +2,10 @@
 
 Each worker evaluates its slice with the weights it holds and returns the state of the loss and of the model's
 compiled metrics (Keras's ``CompileMetrics``: the metrics ``compile`` was given, ``"accuracy"`` resolved by the
-labels' shape as Keras resolves it): one float64 vector, the loss's weighted sum and sample count, then every
-metric variable (``metric.variables``) flattened. The states of the slices add up to the state of the whole
+labels' shape as Keras resolves it; per output for a model of several, named ``<output>_<metric>``): one float64
+vector, the loss's weighted sum and sample count, then every metric variable (``metric.variables``) flattened,
+those of each output's loss (``<output>_loss``, a model of several outputs) first.
+The states of the slices add up to the state of the whole
 split; the result is computed once from their sum. The vector's size is that of the metrics' variables (AUC:
 4 × its thresholds, MeanIoU: classes², most metrics: 2), whatever the split's size.
 
@@ -20,32 +22,40 @@ from typing import Any
 
 import numpy as np
 
+from slsml.spec import samples
 from slsml.spec.errors import BadInputError
-from slsml.training.modelio import deserialize_loss, deserialize_metrics, keras, tf
+from slsml.spec.samples import Arrays
+from slsml.training.modelio import deserialize_metrics, keras, output_names, tf, training_loss
 
 MERGE_TOLERANCE = 1e-5  # relative: the parts' sums in float64 against the whole's in float32
 EVALUATION_BATCH = 1024
 
 
-def _compiled(metrics: list[Any]) -> Any:
+def _compiled(metrics: Any, outputs: list[str]) -> Any:
     from keras.src.trainers.compile_utils import CompileMetrics  # what compile() builds: names and accuracy kinds
 
-    return CompileMetrics(metrics, None) if metrics else None
+    return CompileMetrics(metrics, None, output_names=outputs or None) if metrics else None
+
+
+def _tensors(arrays: Arrays) -> Any:
+    return tf.nest.map_structure(tf.convert_to_tensor, arrays)
 
 
 class Evaluator:
     """The loss and compiled metrics of one model, as states that add up across slices of a split."""
 
-    def __init__(self, model: keras.Model, loss: str, metrics: str, sample: tuple[np.ndarray, np.ndarray]) -> None:
+    def __init__(self, model: keras.Model, loss: str, metrics: str, sample: tuple[Arrays, Arrays]) -> None:
         """``sample``: a sample or two of the data, on which the metrics are built (their kinds and shapes)."""
         self.model = model
-        self.loss_fn: Callable[[Any, Any], Any] = deserialize_loss(loss)
-        self._metrics = _compiled(deserialize_metrics(metrics))
+        self.loss_fn: Callable[..., Any] = training_loss(loss, model)
+        self._metrics = _compiled(deserialize_metrics(metrics), output_names(model))
+        y, prediction = _tensors(sample[1]), model(sample[0], training=False)
+        self.loss_fn(y, prediction)  # a compiled loss makes the trackers of each output's loss
+        self.loss_trackers = list(getattr(self.loss_fn, "metrics", []))  # each output's loss (several outputs)
         if self._metrics is not None:
-            y, prediction = tf.convert_to_tensor(sample[1]), model(sample[0], training=False)
             self._metrics.build(y, prediction)
             self._metrics.update_state(y, prediction)  # some metrics (R2Score) make their variables on the first
-            self._metrics.reset_state()
+        self._reset()
         self.size = 2 + sum(math.prod(v.shape) for v in self._variables)
 
     @property
@@ -55,21 +65,28 @@ class Evaluator:
 
     @property
     def _variables(self) -> list[Any]:
-        return [] if self._metrics is None else list(self._metrics.variables)
+        own = [] if self._metrics is None else list(self._metrics.variables)
+        return [v for tracker in self.loss_trackers for v in tracker.variables] + own
 
-    def state(self, x: np.ndarray, y: np.ndarray, batch: int = EVALUATION_BATCH) -> np.ndarray:
-        """The state of evaluating ``x``, ``y`` (no samples: zeros)."""
+    def _reset(self) -> None:
+        for metric in [*self.loss_trackers, *([self._metrics] if self._metrics is not None else [])]:
+            metric.reset_state()
+
+    def state(self, x: Arrays, y: Arrays, batch: int = EVALUATION_BATCH) -> np.ndarray:
+        """The state of evaluating ``x``, ``y`` (each one array or named arrays; no samples: zeros)."""
         loss_total, count = 0.0, 0
-        if self._metrics is not None:
-            self._metrics.reset_state()
-        for start in range(0, len(x), batch):
-            xb, yb = x[start : start + batch], tf.convert_to_tensor(y[start : start + batch])
+        self._reset()
+        for start in range(0, samples.count(x), batch):
+            xb, yb = (
+                samples.take(x, slice(start, start + batch)),
+                _tensors(samples.take(y, slice(start, start + batch))),
+            )
             prediction = self.model(xb, training=False)
             loss = self.loss_fn(yb, prediction)
             if self.model.losses:  # regularization penalties, as compute_loss adds them
                 loss = loss + tf.add_n(self.model.losses)
-            loss_total += float(loss) * len(xb)
-            count += len(xb)
+            loss_total += float(loss) * samples.count(xb)
+            count += samples.count(xb)
             if self._metrics is not None:
                 self._metrics.update_state(yb, prediction)
         head = np.array([loss_total, count], dtype=np.float64)
@@ -84,34 +101,41 @@ class Evaluator:
         if total[1] <= 0:
             raise ValueError("no samples were evaluated")
         figures = {"loss": float(total[0] / total[1])}
-        if self._metrics is None:
-            return figures
         offset = 2
         for variable in self._variables:
             n = math.prod(variable.shape)
             variable.assign(total[offset : offset + n].reshape(variable.shape).astype(variable.dtype))
             offset += n
+        figures |= {tracker.name: float(tracker.result()) for tracker in self.loss_trackers}
+        if self._metrics is None:
+            return figures
         return figures | {name: float(np.asarray(value)) for name, value in self._metrics.result().items()}
 
 
-def figure_modes(
-    model: keras.Model, loss: str, metrics: str, sample: tuple[np.ndarray, np.ndarray]
-) -> dict[str, str | None]:
-    """Each figure an evaluation gives (``loss`` and every compiled metric, by name) with whether it improves by
-    falling ("min") or rising ("max"), as Keras's callbacks tell it in mode auto (None: Keras cannot tell)."""
+def figure_modes(model: keras.Model, loss: str, metrics: str, sample: tuple[Arrays, Arrays]) -> dict[str, str | None]:
+    """Each figure an evaluation gives (``loss``, each output's loss and every compiled metric, by name) with whether
+    it improves by falling ("min") or rising ("max"), as Keras's callbacks tell it in mode auto (None: Keras cannot
+    tell)."""
     evaluator = Evaluator(model, loss, metrics, sample)
     directions = {"up": "max", "down": "min"}
-    return {"loss": "min"} | {m.name: directions.get(getattr(m, "_direction", None) or "") for m in evaluator.metrics}
+    return (
+        {"loss": "min"}
+        | {tracker.name: "min" for tracker in evaluator.loss_trackers}
+        | {m.name: directions.get(getattr(m, "_direction", None) or "") for m in evaluator.metrics}
+    )
 
 
-def check_mergeable(model: keras.Model, loss: str, metrics: str, x: np.ndarray, y: np.ndarray) -> None:
+def check_mergeable(model: keras.Model, loss: str, metrics: str, x: Arrays, y: Arrays) -> None:
     """BadInputError if the metrics cannot evaluate ``x``, ``y``, or naming each metric whose result from the
     states of two parts of them differs from its result on the whole: its state does not add up across workers."""
-    cut = max(1, len(x) // 3)
+    cut = max(1, samples.count(x) // 3)
+    head, tail = slice(None, cut), slice(cut, None)
     try:
-        evaluator = Evaluator(model, loss, metrics, (x[:2], y[:2]))
+        evaluator = Evaluator(model, loss, metrics, (samples.take(x, slice(2)), samples.take(y, slice(2))))
         whole = evaluator.result([evaluator.state(x, y)])
-        parts = evaluator.result([evaluator.state(x[:cut], y[:cut]), evaluator.state(x[cut:], y[cut:])])
+        parts = evaluator.result(
+            [evaluator.state(samples.take(x, part), samples.take(y, part)) for part in (head, tail)]
+        )
     except Exception as error:  # Keras raises many types for metrics that do not fit the labels
         raise BadInputError(
             f"the model's metrics cannot evaluate the data: {str(error).splitlines()[0][:300]}"

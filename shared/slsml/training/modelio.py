@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from slsml.spec import samples
 from slsml.spec.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig
 from slsml.spec.errors import BadInputError
+from slsml.spec.samples import Arrays
 from slsml.spec.shardplan import ShardPlan, VariableSpec
 from slsml.training import bounds
 from slsml.training.optimizers import State, initial_state
@@ -346,9 +348,11 @@ def fitted_model(
 ) -> bytes:
     """``model`` as ``fit`` leaves it: compiled with the run's optimizer, loss and metrics, its optimizer holding the
     reducers' state (``states``: each shard's, in order), as a ``.keras`` archive."""
+    losses, weights, _ = _loss_structure(loss)
     model.compile(
         optimizer=keras_optimizer(config),
-        loss=keras.losses.deserialize(json.loads(loss)),
+        loss=_each(losses, _loss_leaf),
+        loss_weights=weights,
         metrics=deserialize_metrics(metrics),
     )
     set_optimizer_state(model.optimizer, model, config, plan, states)
@@ -367,17 +371,96 @@ def take_training(model: keras.Model, trained: keras.Model) -> None:
         variable.assign(value)
 
 
+def input_names(model: keras.Model) -> list[str]:
+    """The names by which the model takes named arrays as x, as ``fit`` matches a dict: the keys of a functional
+    model's dict of inputs, else its inputs' names."""
+    inputs = getattr(model, "_inputs_struct", None)
+    if isinstance(inputs, dict):
+        return list(inputs)
+    return [str(t.name) for t in getattr(model, "inputs", None) or []]
+
+
+def output_names(model: keras.Model) -> list[str]:
+    """The names by which the model's outputs take named arrays as y (and name their losses and metrics)."""
+    outputs = getattr(model, "_outputs_struct", None)
+    if isinstance(outputs, dict):
+        return list(outputs)
+    return list(getattr(model, "output_names", None) or [])
+
+
+def _leaf(value: Any) -> bool:
+    """A loss or a metric (a name, an object, a serialized one, None) rather than a structure of them."""
+    return not isinstance(value, list | tuple | dict) or (isinstance(value, dict) and "class_name" in value)
+
+
+def _each(structure: Any, function: Any) -> Any:
+    """``function`` of each loss or metric of a structure (by output: a dict or a list; of one output: a list)."""
+    if _leaf(structure):
+        return function(structure)
+    if isinstance(structure, dict):
+        return {name: _each(value, function) for name, value in structure.items()}
+    return [_each(value, function) for value in structure]
+
+
+def _by_output(model: keras.Model, structure: Any, what: str) -> Any:
+    """A list per output as a dict by output name; BadInputError naming an output the model does not have."""
+    names = output_names(model)
+    if isinstance(structure, list | tuple) and len(names) > 1:
+        if len(structure) != len(names):
+            raise BadInputError(f"{what} lists {len(structure)} entries for the model's {len(names)} outputs")
+        return dict(zip(names, structure, strict=True))
+    if isinstance(structure, dict) and (unknown := sorted(set(structure) - set(names))):
+        raise BadInputError(
+            f"{what} names output{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} that the model"
+            f" does not have (its outputs: {', '.join(map(repr, names)) or 'one, unnamed'})"
+        )
+    return structure
+
+
 def loss_config(model: keras.Model, override: str | None) -> str:
-    """The loss as a JSON-serialized Keras loss, from ``override`` or the compiled model."""
+    """The loss as JSON: a serialized Keras loss from ``override`` or the compiled model; a model of several
+    outputs (or compiled with ``loss_weights``) has ``{"loss": …, "loss_weights": …}``, its loss by output name
+    (or one for every output) and the weights as it was compiled with them."""
     loss = override if override is not None else getattr(model, "loss", None)
     if loss is None:
         raise BadInputError(f"the model is not compiled with a loss: give {_MISSING['loss']}")
-    if isinstance(loss, list | dict):
-        raise BadInputError("models with several losses are not supported")
+    compiled = model.get_compile_config() if getattr(model, "compiled", False) else None
+    weights = (compiled or {}).get("loss_weights")
     try:
-        return json.dumps(keras.losses.serialize(keras.losses.get(loss)))
+        serialized = _each(
+            _by_output(model, loss, "the loss"),
+            lambda leaf: None if leaf is None else keras.losses.serialize(keras.losses.get(leaf)),
+        )
     except (ValueError, TypeError) as error:
         raise BadInputError(f"unknown loss {loss!r}: {error}") from None
+    if len(output_names(model)) <= 1 and weights is None and _leaf(serialized):
+        return json.dumps(serialized)
+    return json.dumps({"loss": serialized, "loss_weights": _by_output(model, weights, "loss_weights")})
+
+
+def _loss_structure(config: str) -> tuple[Any, Any, bool]:
+    """A run's loss (``loss_config``'s JSON) → (the serialized loss or losses, the loss weights: None for none,
+    whether it is a compiled loss of several outputs or weights)."""
+    stored = json.loads(config)
+    if isinstance(stored, dict) and set(stored) == {"loss", "loss_weights"}:
+        return stored["loss"], stored["loss_weights"], True
+    return stored, None, False
+
+
+def _loss_leaf(serialized: Any) -> Any:
+    return None if serialized is None else keras.losses.deserialize(serialized)
+
+
+def training_loss(config: str, model: keras.Model) -> Any:
+    """A run's loss as ``fit`` computes it, called as ``loss(y, prediction, sample_weight=w)``: for one loss
+    (``deserialize_loss``) the loss; for a model of several outputs Keras's compiled loss (``CompileLoss``): each
+    output's loss on its labels (y by output name), times its loss weight, summed."""
+    from keras.src.trainers.compile_utils import CompileLoss  # what compile() builds from loss and loss_weights
+
+    losses, weights, compiled = _loss_structure(config)
+    if not compiled:
+        return deserialize_loss(config)
+    return CompileLoss(_each(losses, _loss_leaf), weights, output_names=output_names(model) or None)
 
 
 _MISSING = {
@@ -408,9 +491,10 @@ def deserialize_loss(config: str) -> keras.losses.Loss:
     return loss if isinstance(loss, keras.losses.Loss) else LossFunctionWrapper(loss)
 
 
-def deserialize_metrics(config: str) -> list[Any]:
-    """The metrics of a run (JSON: names, or Keras's serialized metrics) as ``compile`` takes them."""
-    return [m if isinstance(m, str) else keras.metrics.deserialize(m) for m in json.loads(config)]
+def deserialize_metrics(config: str) -> Any:
+    """The metrics of a run (JSON: names, or Keras's serialized metrics; a list, or lists by output name) as
+    ``compile`` takes them."""
+    return _each(json.loads(config), lambda m: m if isinstance(m, str) or m is None else keras.metrics.deserialize(m))
 
 
 def classifies(loss: str) -> bool:
@@ -419,22 +503,19 @@ def classifies(loss: str) -> bool:
 
 
 def metrics_config(model: keras.Model, classification: bool) -> str:
-    """The metrics a run evaluates, as JSON: those the model was compiled with (one list: models of one output),
-    else accuracy for a classifier."""
+    """The metrics a run evaluates, as JSON: those the model was compiled with (a list; for a model of several
+    outputs, lists by output name), else accuracy for a classifier of one output."""
     compiled = model.get_compile_config() if getattr(model, "compiled", False) else None
     metrics = (compiled or {}).get("metrics")
     if metrics is None:
-        return json.dumps(["accuracy"] if classification else [])
-    if not isinstance(metrics, list) or (compiled or {}).get("weighted_metrics"):
-        raise BadInputError(
-            "the model is compiled with metrics per output or weighted metrics: slsml evaluates one"
-            " list of metrics of one output"
-        )
+        return json.dumps(["accuracy"] if classification and len(output_names(model)) <= 1 else [])
+    if (compiled or {}).get("weighted_metrics"):
+        raise BadInputError("the model is compiled with weighted metrics: slsml evaluates its metrics unweighted")
     return json.dumps(
-        [
-            m if isinstance(m, str) else keras.metrics.serialize(m) if isinstance(m, keras.metrics.Metric) else m
-            for m in metrics
-        ]
+        _each(
+            _by_output(model, metrics, "the metrics"),
+            lambda m: keras.metrics.serialize(m) if isinstance(m, keras.metrics.Metric) else m,
+        )
     )
 
 
@@ -460,10 +541,11 @@ class Trainer:
     """A warm model for one run: set its weights, compute an update or evaluate."""
 
     def __init__(self, model: keras.Model, plan: ShardPlan, loss: str, classification: bool) -> None:
+        """``classification``: the batches' accuracy is computed (a model of one output)."""
         self.model = model
         self.plan = plan
-        self.loss_fn = deserialize_loss(loss)
-        self.classification = classification
+        self.loss_fn = training_loss(loss, model)
+        self.classification = classification and len(output_names(model)) <= 1
         self._trainable_index = {id(v): i for i, v in enumerate(model.trainable_weights)}
         self._step = tf.function(self._step_fn, reduce_retracing=True)
         self._writer: ArchiveWriter | None = None
@@ -485,10 +567,14 @@ class Trainer:
         accuracy = _accuracy(y, prediction) if self.classification else tf.constant(float("nan"))
         return loss, gradients, accuracy
 
-    def compute_update(self, x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> Update:
-        """The gradient of the batch's loss, each sample's weighted by ``w`` (None: unweighted)."""
+    def compute_update(self, x: Arrays, y: Arrays, w: np.ndarray | None = None) -> Update:
+        """The gradient of the batch's loss, each sample's weighted by ``w`` (None: unweighted); x and y each one
+        array or named arrays (by the model's input and output names)."""
         weights = None if w is None else tf.convert_to_tensor(w)
-        loss, gradients, accuracy = self._step(tf.convert_to_tensor(x), tf.convert_to_tensor(y), weights)
+        x, y = tf.nest.map_structure(tf.convert_to_tensor, x), tf.nest.map_structure(tf.convert_to_tensor, y)
+        if not getattr(self.loss_fn, "built", True):  # a compiled loss makes its trackers once, outside the graph
+            self.loss_fn(y, self.model(x, training=False))
+        loss, gradients, accuracy = self._step(x, y, weights)
         arrays = []
         for variable in self.model.weights:
             index = self._trainable_index.get(id(variable))
@@ -515,11 +601,14 @@ class InputSpec:
 
 
 def model_inputs(model: keras.Model) -> list[InputSpec] | None:
-    """The inputs a model declares; None for a subclassed model, which declares none."""
+    """The inputs a model declares, by the names it takes named arrays by; None for a subclassed model, which
+    declares none."""
     inputs = getattr(model, "inputs", None)
     if not inputs:
         return None
-    return [InputSpec(name=str(t.name), shape=tuple(t.shape), dtype=str(t.dtype)) for t in inputs]
+    struct = getattr(model, "_inputs_struct", None)
+    named = struct.items() if isinstance(struct, dict) else [(str(t.name), t) for t in inputs]
+    return [InputSpec(name=name, shape=tuple(t.shape), dtype=str(t.dtype)) for name, t in named]
 
 
 def _shape(shape: tuple[int | None, ...]) -> str:
@@ -549,11 +638,36 @@ def input_mismatch(
     if len(inputs) != 1:
         named = "; ".join(f"{i.name!r} {_shape(i.shape[1:])} {i.dtype}" for i in inputs)
         return (
-            f"the model takes {len(inputs)} inputs ({named}) and a dataset holds one array x: slsml trains"
-            " models of one input. Join the inputs into one array (e.g. concatenate the features) and split"
-            " it inside the model (e.g. with a Lambda or slicing layer)"
+            f"the model takes {len(inputs)} inputs ({named}) and the dataset holds one array x: give x as named"
+            " arrays, one per input (a dict by input name from Python, x_<name> arrays in an .npz)"
         )
-    spec = inputs[0]
+    return _mismatch(inputs[0], x_shape, x_dtype, x_range)
+
+
+def named_inputs_mismatch(inputs: list[InputSpec], arrays: dict[str, tuple[tuple[int, ...], str, Any]]) -> str | None:
+    """``input_mismatch`` for x of named arrays (name → per-sample shape, dtype and range), matched to the
+    model's inputs by name as ``fit`` matches a dict: the names that do not match, or each input's problem."""
+    wanted = [i.name for i in inputs]
+    if set(arrays) != set(wanted):
+        unknown, missing = [n for n in arrays if n not in wanted], [n for n in wanted if n not in arrays]
+        problems = []
+        if unknown:
+            problems.append(f"{', '.join(map(repr, unknown))} {'is' if len(unknown) == 1 else 'are'} no input of it")
+        if missing:
+            problems.append(f"{', '.join(map(repr, missing))} {'has' if len(missing) == 1 else 'have'} no array")
+        return (
+            f"the data's inputs do not match the model's by name: {'; '.join(problems)} (the model takes"
+            f" {', '.join(map(repr, wanted))}; the data has {', '.join(map(repr, arrays))})"
+        )
+    found = [_mismatch(spec, *arrays[spec.name]) for spec in inputs]
+    return "; ".join(problem for problem in found if problem) or None
+
+
+def _mismatch(
+    spec: InputSpec, x_shape: tuple[int, ...], x_dtype: str, x_range: tuple[float, float] | None
+) -> str | None:
+    """Why samples of ``x_shape``, ``x_dtype`` (within ``x_range``) cannot be model input ``spec``; None if they
+    can."""
     wanted, kind, given = spec.shape[1:], _kind(spec.dtype), np.dtype(x_dtype)
     problems = []
     if len(wanted) != len(x_shape) or any(w is not None and w != d for w, d in zip(wanted, x_shape, strict=False)):
@@ -592,29 +706,53 @@ def input_mismatch(
 def check_fits(
     model: keras.Model,
     loss: str,
-    x: np.ndarray,
-    y: np.ndarray,
+    x: Arrays,
+    y: Arrays,
     classes: int | None,
-    x_range: tuple[float, float] | None = None,
+    x_range: tuple[float, float] | dict[str, tuple[float, float] | None] | None = None,
 ) -> None:
-    """Raise BadInputError unless the data's samples (shape and dtype, values within ``x_range``: default
-    those of ``x``) fit the model's declared input, and a forward pass and the loss run on a few of them."""
+    """Raise BadInputError unless the data's samples (shape and dtype, values within ``x_range``: default those
+    of ``x``; of each named array, for named arrays) fit the model's declared inputs, named arrays matched to the
+    inputs and outputs by name, and a forward pass and the loss run on a few of them."""
     inputs = model_inputs(model)
     if inputs is not None:
-        if x_range is None and len(x) and x.dtype.kind in "iub":
-            x_range = (float(x.min()), float(x.max()))
-        if problem := input_mismatch(inputs, x.shape[1:], str(x.dtype), x_range):
+        if isinstance(x, dict):
+            ranges = x_range if isinstance(x_range, dict) else {}
+            arrays = {name: (a.shape[1:], str(a.dtype), ranges.get(name) or _range(a)) for name, a in x.items()}
+            problem = named_inputs_mismatch(inputs, arrays)
+        else:
+            problem = input_mismatch(
+                inputs, x.shape[1:], str(x.dtype), x_range if isinstance(x_range, tuple) else _range(x)
+            )
+        if problem:
             raise BadInputError(f"the data does not fit the model: {problem}")
-    outputs = model.output_shape[-1] if isinstance(model.output_shape, tuple) else None
-    if classes is not None and outputs is not None and outputs > 1 and classes > outputs:
+    outputs = output_names(model)
+    if isinstance(y, dict) and set(y) != set(outputs):
         raise BadInputError(
-            f"labels go up to {classes - 1} but the model has only {outputs} outputs (classes 0 to {outputs - 1})"
+            f"the data's labels do not match the model's outputs by name: the data has {', '.join(map(repr, y))};"
+            f" the model's outputs are {', '.join(map(repr, outputs)) or 'one, unnamed'}"
+        )
+    if not isinstance(y, dict) and len(outputs) > 1:
+        raise BadInputError(
+            f"the model has {len(outputs)} outputs ({', '.join(map(repr, outputs))}) and the dataset holds one"
+            " array y: give y as named arrays, one per output (a dict by output name from Python, y_<name>"
+            " arrays in an .npz)"
+        )
+    width = model.output_shape[-1] if isinstance(model.output_shape, tuple) else None
+    if classes is not None and width is not None and width > 1 and classes > width:
+        raise BadInputError(
+            f"labels go up to {classes - 1} but the model has only {width} outputs (classes 0 to {width - 1})"
         )
     try:
-        prediction = model(x[:2], training=False)
-        float(deserialize_loss(loss)(y[:2], prediction))
+        prediction = model(samples.take(x, slice(2)), training=False)
+        float(training_loss(loss, model)(samples.take(y, slice(2)), prediction))
     except Exception as error:
         raise BadInputError(
-            f"the data does not fit the model: samples of shape {x.shape[1:]} / labels {y.shape[1:]} "
-            f"vs model input {model.input_shape}: {str(error).splitlines()[0][:300]}"
+            f"the data does not fit the model: samples of x {samples.describe(x)} / y {samples.describe(y)}"
+            f" vs model input {model.input_shape}: {str(error).splitlines()[0][:300]}"
         ) from None
+
+
+def _range(x: np.ndarray) -> tuple[float, float] | None:
+    """The smallest and the largest value of integer or boolean samples (None: others, or none)."""
+    return (float(x.min()), float(x.max())) if len(x) and x.dtype.kind in "iub" else None

@@ -9,7 +9,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-Batch = tuple[np.ndarray, np.ndarray, np.ndarray | None]  # x, y and the samples' weights (None: all 1)
+from slsml.spec.samples import Arrays
+
+Batch = tuple[Arrays, Arrays, np.ndarray | None]  # x, y (each an array or named arrays), the samples' weights (None: 1)
 
 
 def class_ids(y: np.ndarray) -> np.ndarray:

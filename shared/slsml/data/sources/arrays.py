@@ -67,31 +67,51 @@ def _member_stream(path: Path, member: str) -> Iterator[IO[bytes]]:
         yield stream
 
 
-class StoredArraysSource(Source):
-    """x and y (and the samples' weights w) of ``.npy`` files or ``.npz`` members, read in lockstep."""
+Stored = _StoredArray | dict[str, _StoredArray]  # one array, or named arrays (a model's inputs or outputs)
 
-    def __init__(self, where: str, x: _StoredArray, y: _StoredArray, w: _StoredArray | None = None) -> None:
+
+class StoredArraysSource(Source):
+    """x and y (each one array or named arrays) and the samples' weights w of ``.npy`` files or ``.npz`` members,
+    read in lockstep."""
+
+    def __init__(self, where: str, x: Stored, y: Stored, w: _StoredArray | None = None) -> None:
         super().__init__(where)
-        if x.shape[0] != y.shape[0]:
-            raise BadInputError(f"{where}: x has {x.shape[0]} samples but y has {y.shape[0]}")
-        if w is not None and w.shape != (x.shape[0],):
+        parts = {"x": x, "y": y, **({"w": w} if w is not None else {})}
+        self._arrays = {
+            (part, name): array
+            for part, stored in parts.items()
+            for name, array in (stored.items() if isinstance(stored, dict) else [(None, stored)])
+        }
+        counts = {part if name is None else f"{part}[{name!r}]": a.shape[0] for (part, name), a in self._arrays.items()}
+        if w is not None and w.shape != (w_count := next(iter(counts.values())),):
             raise BadInputError(
-                f"{where}: w (sample weights) has shape {w.shape}, where x has {x.shape[0]} samples (one weight each)"
+                f"{where}: w (sample weights) has shape {w.shape}, where x has {w_count} samples (one weight each)"
             )
-        self.x, self.y, self.w = x, y, w
+        if len(set(counts.values())) > 1:
+            (first, n), *others = counts.items()
+            raise BadInputError(f"{where}: {first} has {n} samples but {', '.join(f'{k} has {m}' for k, m in others)}")
+        self._count = next(iter(counts.values()))
 
     def count(self) -> int:
-        return self.x.shape[0]
+        return self._count
 
     def read(self, chunk_bytes: int) -> Iterator[Chunk]:
-        arrays = [self.x, self.y, *([self.w] if self.w is not None else [])]
-        rows = rows_per_chunk(sum(a.row_bytes for a in arrays), chunk_bytes)
-        yield from zip(*(a.blocks(rows) for a in arrays), strict=True)
+        rows = rows_per_chunk(sum(a.row_bytes for a in self._arrays.values()), chunk_bytes)
+        for blocks in zip(*(a.blocks(rows) for a in self._arrays.values()), strict=True):
+            chunk: dict[str, Any] = {}
+            for (part, name), block in zip(self._arrays, blocks, strict=True):
+                if name is None:
+                    chunk[part] = block
+                else:
+                    chunk.setdefault(part, {})[name] = block
+            yield tuple(chunk.values())
 
 
 def open_file(path: Path, options: ArrayOptions) -> Source:
     """A ``.npz`` of x, y (and optionally x_test, y_test: the source's test part; w, w_test: the samples'
-    weights), or a ``.npy`` of x with its labels in ``options.labels_file``."""
+    weights), or a ``.npy`` of x with its labels in ``options.labels_file``. In an ``.npz``, x (y) may be named
+    arrays ``x_<name>`` (``y_<name>``), one per input (output) of the model, with ``x_test_<name>``
+    (``y_test_<name>``) the test part's."""
     if path.suffix == ".npy":
         if options.labels_file is None:
             raise BadInputError(f"{path}: a .npy source holds x alone; give its labels with --labels-file Y.npy")
@@ -105,18 +125,33 @@ def open_file(path: Path, options: ArrayOptions) -> Source:
                 names = {name.removesuffix(".npy") for name in archive.namelist()}
         except (zipfile.BadZipFile, OSError) as error:
             raise BadInputError(f"{path} is not a .npz file of arrays: {error}") from None
-        if not {"x", "y"} <= names:
-            raise BadInputError(f"{path} must hold arrays named x and y (it has {sorted(names)})")
 
         def member(name: str) -> _StoredArray:
             return _StoredArray(partial(_member_stream, path, f"{name}.npy"), f"{path}:{name}")
 
+        def stored(part: str) -> Stored | None:
+            """``part`` (x, y, x_test, y_test): its member, or its named members ``<part>_<name>``."""
+            if part in names:
+                return member(part)
+            test = part.endswith("_test")
+            named = {
+                name.removeprefix(f"{part}_"): member(name)
+                for name in sorted(names)
+                if name.startswith(f"{part}_") and (test or not name.startswith(f"{part}_test"))
+            }
+            return named or None
+
+        inputs, targets = stored("x"), stored("y")
+        if inputs is None or targets is None:
+            raise BadInputError(
+                f"{path} must hold arrays named x and y, or x_<input> and y_<output> (it has {sorted(names)})"
+            )
         if "w_test" in names and "w" not in names:
             raise BadInputError(f"{path} holds w_test (test sample weights) but no w for its training samples")
-        source = StoredArraysSource(str(path), member("x"), member("y"), member("w") if "w" in names else None)
-        if {"x_test", "y_test"} <= names:
+        source = StoredArraysSource(str(path), inputs, targets, member("w") if "w" in names else None)
+        if (x_test := stored("x_test")) is not None and (y_test := stored("y_test")) is not None:
             source.test = StoredArraysSource(
-                f"{path} (test)", member("x_test"), member("y_test"), member("w_test") if "w_test" in names else None
+                f"{path} (test)", x_test, y_test, member("w_test") if "w_test" in names else None
             )
     source.format = FORMAT.name
     return source

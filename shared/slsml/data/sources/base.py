@@ -11,9 +11,11 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from slsml.spec import samples
 from slsml.spec.errors import BadInputError
+from slsml.spec.samples import Arrays
 
-Chunk = tuple[np.ndarray, ...]  # (x, y), or (x, y, w) from a source of sample weights
+Chunk = tuple[Arrays, ...]  # (x, y), or (x, y, w) from a source of sample weights; x, y: an array or named arrays
 DEFAULT_CHUNK_BYTES = 16 * 2**20  # one chunk of samples in memory at a time: a quarter of a shard
 
 
@@ -58,37 +60,39 @@ class Source(ABC):
     def chunks(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Chunk]:
         """``read``'s chunks, checked: numeric, finite, x and y of the same length, every chunk's samples of
         the first chunk's shapes and dtypes (BadInputError naming ``where`` otherwise)."""
-        first: tuple[Any, ...] | None = None
+        first: str | None = None
         start = 0
         for chunk in self.read(chunk_bytes):
-            x, y = np.asarray(chunk[0]), np.asarray(chunk[1])
-            if not len(x) and not len(y):
+            x, y = samples.as_arrays(chunk[0], self.where), samples.as_arrays(chunk[1], self.where)
+            n = samples.count(x)
+            if not n and not samples.count(y):
                 continue
-            what = f"{self.where} (samples {start}–{start + len(x) - 1})"
+            what = f"{self.where} (samples {start}–{start + n - 1})"
             validate_arrays(x, y, what)
             if len(chunk) > 2:
-                validate_weights(chunk[2], len(x), what)
-            kind = (x.shape[1:], x.dtype, y.shape[1:], y.dtype)
+                validate_weights(np.asarray(chunk[2]), n, what)
+            kind = f"x {samples.describe(x)}, y {samples.describe(y)}"
             if first is None:
                 first = kind
             elif kind != first:
-                raise BadInputError(
-                    f"{what}: samples of x {x.shape[1:]} {x.dtype}, y {y.shape[1:]} {y.dtype},"
-                    f" where the first are x {first[0]} {first[1]}, y {first[2]} {first[3]}"
-                )
-            start += len(x)
+                raise BadInputError(f"{what}: samples of {kind}, where the first are {first}")
+            start += n
             yield (x, y, np.asarray(chunk[2], dtype=np.float32)) if len(chunk) > 2 else (x, y)
         if first is None:
             raise BadInputError(f"{self.where}: no samples")
 
 
-def validate_arrays(x: np.ndarray, y: np.ndarray, what: str) -> None:
-    """One line naming ``what`` is wrong with a chunk of samples (BadInputError), if anything is."""
-    if len(x) != len(y):
-        raise BadInputError(f"{what}: x has {len(x)} samples but y has {len(y)}")
-    if len(x) == 0:
+def validate_arrays(x: Arrays, y: Arrays, what: str) -> None:
+    """One line naming ``what`` is wrong with a chunk of samples (BadInputError), if anything is: x and y may each
+    be one array or a dict of named arrays."""
+    arrays = [*samples.named(x, "x"), *samples.named(y, "y")]
+    lengths = {name: len(array) if array.ndim else 0 for name, array in arrays}
+    if len(set(lengths.values())) > 1:
+        (first, n), *others = lengths.items()
+        raise BadInputError(f"{what}: {first} has {n} samples but {', '.join(f'{k} has {m}' for k, m in others)}")
+    if not next(iter(lengths.values())):
         raise BadInputError(f"{what}: no samples")
-    for name, array in (("x", x), ("y", y)):
+    for name, array in arrays:
         if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
             raise BadInputError(f"{what}: {name} has non-numeric dtype {array.dtype}")
         if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():

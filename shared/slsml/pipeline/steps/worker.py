@@ -114,7 +114,10 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
 def _batch(reader: data.DatasetReader, indices: np.ndarray, config: RunConfig) -> Batch:
     """A batch of training samples with their weights: the dataset's, or the run's class weights (None: none)."""
     x, y, w = reader.take_weighted("train", indices)
-    return x, y, w if config.class_weights is None else weighting.of_classes(y, config.class_weights)
+    if config.class_weights is None:
+        return x, y, w
+    assert isinstance(y, np.ndarray)  # class weights are refused for named labels (a model of several outputs)
+    return x, y, weighting.of_classes(y, config.class_weights)
 
 
 def _train(
