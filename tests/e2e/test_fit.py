@@ -241,3 +241,30 @@ def test_early_stopping_on_a_figure_the_model_does_not_compute_is_refused_at_sta
         "--early-stopping val_auc: the model does not compute 'auc' (it computes val_loss, val_accuracy)"
     )
     assert services.store.list_keys(keys.run_prefix("fit-stop-auc")) == []
+
+
+def test_slsml_fit_takes_dicts_of_arrays_by_input_and_output_name() -> None:
+    """slsml.fit of a two-input, two-output model on dicts, as model.fit takes them: the History holds each
+    output's validation loss and metrics under Keras's names, equal to the trained model's own evaluate."""
+    import slsml
+
+    from .test_equivalence import multi_arrays, multi_model
+
+    x, y, x_val, y_val = multi_arrays()
+    model = multi_model()
+    history = slsml.fit(model, x, y, batch_size=256, epochs=2, validation_data=(x_val, y_val), workers=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    expected = model.evaluate(x_val, y_val, batch_size=len(y_val["digit"]), return_dict=True, verbose=0)
+    for name, value in expected.items():
+        assert history.history[f"val_{name}"][-1] == pytest.approx(value, rel=1e-4, abs=1e-5), name
+
+
+def test_slsml_fit_refuses_inputs_whose_names_do_not_match_before_anything_starts() -> None:
+    import slsml
+
+    from .test_equivalence import multi_arrays, multi_model
+
+    x, y, _, _ = multi_arrays()
+    x["image"] = x.pop("pixels")
+    with pytest.raises(BadInputError, match=r"'image' is no input of it; 'pixels' has no array"):
+        slsml.fit(multi_model(), x, y, batch_size=64, workers=2, verbose=0)

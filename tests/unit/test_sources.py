@@ -186,6 +186,14 @@ def test_tables_read_in_batches_with_default_and_chosen_features(tmp_path: Path,
         sources.open_source(folder, label="label", features="a,name")
     with pytest.raises(BadInputError, match=r"column 'klass'"):
         sources.open_source(folder, label="klass")
+    named = list(sources.open_source(folder, label="label", features="wide=c,a; deep=b").chunks())
+    x = {name: np.concatenate([chunk[0][name] for chunk in named]) for name in ("wide", "deep")}
+    np.testing.assert_allclose(x["wide"], expected[:, [2, 0]], rtol=1e-6)
+    np.testing.assert_allclose(x["deep"], expected[:, [1]], rtol=1e-6)
+    with pytest.raises(BadInputError, match=r"t: no column 'd'"):
+        sources.open_source(folder, label="label", features="wide=a;deep=d")
+    with pytest.raises(BadInputError, match=r"'deep' is not NAME=COLUMN"):
+        sources.open_source(folder, label="label", features="wide=a;deep")
 
 
 # ---- TFRecord -------------------------------------------------------------------------------------
