@@ -47,6 +47,23 @@ def test_an_npz_is_read_in_chunks_with_its_test_part(tmp_path: Path, save) -> No
     np.testing.assert_array_equal(test_y, y[250:])
 
 
+@pytest.mark.parametrize(("save", "mapped"), [(np.save, True), (np.savez, True), (np.savez_compressed, False)])
+def test_arrays_stored_as_they_are_are_memory_mapped_a_block_at_a_time(tmp_path: Path, save, mapped: bool) -> None:
+    x, y = samples(300)
+    if save is np.save:
+        np.save(tmp_path / "d.npy", x)
+        np.save(tmp_path / "y.npy", y)
+        source = sources.open_source(tmp_path / "d.npy", labels_file=tmp_path / "y.npy")
+    else:
+        save(tmp_path / "d.npz", x=x, y=y)
+        source = sources.open_source(tmp_path / "d.npz")
+    blocks = list(source.read(CHUNK))
+    assert len(blocks) > 3 and all(isinstance(b, np.memmap) == mapped for block in blocks for b in block)
+    assert all(b.nbytes <= CHUNK for block in blocks for b in block)  # one block mapped at a time, not the file
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in blocks]), x)
+    np.testing.assert_array_equal(np.concatenate([b[1] for b in blocks]), y)
+
+
 def test_an_npy_takes_its_labels_from_another_file_and_a_truncated_one_is_named(tmp_path: Path) -> None:
     x, y = samples(100)
     np.save(tmp_path / "x.npy", x)
@@ -60,6 +77,7 @@ def test_an_npy_takes_its_labels_from_another_file_and_a_truncated_one_is_named(
     (tmp_path / "x.npy").write_bytes(body[: len(body) - 100])
     with pytest.raises(BadInputError, match=r"x\.npy is truncated: it ends within sample 98 of 100"):
         read_all(sources.open_source(tmp_path / "x.npy", labels_file=tmp_path / "y.npy"))
+    np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y[:99])
     with pytest.raises(BadInputError, match="x has 100 samples but y has 99"):
         sources.open_source(tmp_path / "x.npy", labels_file=tmp_path / "y.npy")

@@ -1,8 +1,9 @@
-"""Arrays as a source: ``.npy`` and ``.npz`` files read a chunk of rows at a time, and, from Python, arrays, an
-iterator of ``(x, y)`` batches or a ``tf.data.Dataset`` of them."""
+"""Arrays as a source: ``.npy`` and ``.npz`` files read a chunk of rows at a time (memory-mapped where they are stored
+uncompressed), and, from Python, arrays, an iterator of ``(x, y)`` batches or a ``tf.data.Dataset`` of them."""
 
 from __future__ import annotations
 
+import struct
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -17,6 +18,10 @@ from slsml.data.sources.base import Chunk, Format, Source, SourceOptions, rows_p
 from slsml.spec.errors import BadInputError
 
 _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+# a ZIP member's local file header (its fixed part, ending with its name's and extra field's lengths)
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
+_LOCAL_SIGNATURE = b"PK\x03\x04"
+_ENCRYPTED = 0x1
 
 
 class ArrayOptions(SourceOptions):
@@ -26,14 +31,30 @@ class ArrayOptions(SourceOptions):
 
 
 class _StoredArray:
-    """One array of a ``.npy`` file or ``.npz`` member, read from its stream a block of rows at a time: the
-    file is never mapped or loaded whole, so memory holds one block."""
+    """One array of a ``.npy`` file or ``.npz`` member, a block of rows at a time, so that memory holds one block
+    however big the file: memory-mapped where its bytes lie in a file as they are (a ``.npy``; a ``.npz`` member
+    stored uncompressed, as ``np.savez`` writes them), each block mapped on its own and unmapped once the reader
+    lets it go (one mapping of the whole file would keep every page read resident), else (a compressed member)
+    read from its stream."""
 
-    def __init__(self, open_stream: Callable[[], AbstractContextManager[IO[bytes]]], where: str) -> None:
+    def __init__(
+        self,
+        open_stream: Callable[[], AbstractContextManager[IO[bytes]]],
+        where: str,
+        stored_at: tuple[Path, int] | None = None,
+    ) -> None:
+        """``stored_at``: the file and the offset in it at which the array's ``.npy`` bytes begin, if they are
+        stored as they are."""
         self._open, self.where = open_stream, where
         with self._open() as stream:
             self.shape, self.dtype = self._header(stream)
+            header_bytes = stream.tell()
         self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        self._mapped: tuple[Path, int] | None = None
+        if stored_at is not None and self.row_bytes:
+            path, offset = stored_at
+            self._mapped = path, offset + header_bytes
+            self._check_length(path.stat().st_size - self._mapped[1])
 
     def _header(self, stream: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
         try:
@@ -49,16 +70,40 @@ class _StoredArray:
             raise BadInputError(f"{self.where} is in Fortran order; save it with np.ascontiguousarray(...)")
         return shape, dtype
 
+    def _check_length(self, available: int) -> None:
+        if available < self.shape[0] * self.row_bytes:
+            ends = available // max(1, self.row_bytes)
+            raise BadInputError(f"{self.where} is truncated: it ends within sample {ends} of {self.shape[0]}")
+
     def blocks(self, rows: int) -> Iterator[np.ndarray]:
+        if self._mapped is not None:
+            path, data = self._mapped
+            for start in range(0, self.shape[0], rows):
+                count = min(rows, self.shape[0] - start)
+                shape = (count, *self.shape[1:])
+                yield np.memmap(path, self.dtype, "r", offset=data + start * self.row_bytes, shape=shape)
+            return
         with self._open() as stream:
             self._header(stream)
             for start in range(0, self.shape[0], rows):
                 count = min(rows, self.shape[0] - start)
                 body = stream.read(count * self.row_bytes)
                 if len(body) < count * self.row_bytes:
-                    ends = start + len(body) // max(1, self.row_bytes)
-                    raise BadInputError(f"{self.where} is truncated: it ends within sample {ends} of {self.shape[0]}")
+                    self._check_length(start * self.row_bytes + len(body))
                 yield np.frombuffer(body, self.dtype).reshape(count, *self.shape[1:])
+
+
+def _stored_at(path: Path, member: zipfile.ZipInfo) -> tuple[Path, int] | None:
+    """Where member's bytes begin in the ``.npz`` file ``path``, if it is stored uncompressed and unencrypted."""
+    if member.compress_type != zipfile.ZIP_STORED or member.flag_bits & _ENCRYPTED:
+        return None
+    with path.open("rb") as archive:
+        archive.seek(member.header_offset)
+        local = archive.read(_LOCAL_HEADER.size)
+    if len(local) < _LOCAL_HEADER.size or local[:4] != _LOCAL_SIGNATURE:
+        return None
+    name_bytes, extra_bytes = _LOCAL_HEADER.unpack(local)[-2:]
+    return path, member.header_offset + _LOCAL_HEADER.size + name_bytes + extra_bytes
 
 
 @contextmanager
@@ -115,19 +160,21 @@ def open_file(path: Path, options: ArrayOptions) -> Source:
     if path.suffix == ".npy":
         if options.labels_file is None:
             raise BadInputError(f"{path}: a .npy source holds x alone; give its labels with --labels-file Y.npy")
-        x = _StoredArray(lambda: path.open("rb"), str(path))
+        x = _StoredArray(lambda: path.open("rb"), str(path), (path, 0))
         labels = options.labels_file
-        y = _StoredArray(lambda: labels.open("rb"), str(labels))
+        y = _StoredArray(lambda: labels.open("rb"), str(labels), (labels, 0))
         source = StoredArraysSource(str(path), x, y)
     else:
         try:
             with zipfile.ZipFile(path) as archive:
-                names = {name.removesuffix(".npy") for name in archive.namelist()}
+                members = {info.filename.removesuffix(".npy"): info for info in archive.infolist()}
         except (zipfile.BadZipFile, OSError) as error:
             raise BadInputError(f"{path} is not a .npz file of arrays: {error}") from None
+        names = set(members)
 
         def member(name: str) -> _StoredArray:
-            return _StoredArray(partial(_member_stream, path, f"{name}.npy"), f"{path}:{name}")
+            info = members[name]
+            return _StoredArray(partial(_member_stream, path, info.filename), f"{path}:{name}", _stored_at(path, info))
 
         def stored(part: str) -> Stored | None:
             """``part`` (x, y, x_test, y_test): its member, or its named members ``<part>_<name>``."""
