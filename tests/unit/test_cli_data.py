@@ -60,3 +60,21 @@ def test_a_dataset_is_shown_whole_on_a_narrow_terminal(
     shown = capsys.readouterr().out
     assert "1,200 train, 300 test" in shown and "2: cats, dogs" in shown and "3.7 MB in 2 shards" in shown
     assert checksum in "".join(part.strip() for part in shown.split("source sha256")[1].splitlines())
+
+
+def test_a_dataset_of_named_arrays_shows_each_array(
+    store, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slsml.cli import display
+    from slsml.data import catalog
+    from slsml.data import datasets as stored
+
+    monkeypatch.setenv("COLUMNS", "200")
+    x, y = {"pixels": np.zeros((3, 2, 2), np.float32), "extra": np.zeros(3, np.int64)}, np.zeros(3, np.int64)
+    summary = catalog.summary(stored.put_dataset(store, "named", x, y, x, y))
+    assert (summary["x_shape"], summary["x_dtype"]) == (
+        {"pixels": [2, 2], "extra": []},
+        {"pixels": "float32", "extra": "int64"},
+    )
+    display.print_dataset(summary)
+    assert "pixels float32[2,2], extra int64[]" in capsys.readouterr().out

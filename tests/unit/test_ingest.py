@@ -216,6 +216,11 @@ def test_named_arrays_put_from_python_and_from_an_npz_are_read_back_by_name(s3, 
     got_x, got_y = data.DatasetReader(store, stored).split("train")
     np.testing.assert_array_equal(got_x["image"], x["image"])
     np.testing.assert_array_equal(got_y["label"], y["label"])
+    streamed = ingest.put(store, "named-python", sources.from_python(x, y), test_fraction=0.25, shard_mb=0.001)
+    test = ingest.held_out(0, 60, 0.25, 0, 60)
+    assert (streamed.train.count, streamed.test.count) == ((~test).sum(), test.sum())
+    got_x, _ = data.DatasetReader(store, streamed).split("test")
+    np.testing.assert_array_equal(got_x["tokens"], x["tokens"][test])
 
 
 def test_named_arrays_of_different_lengths_or_names_are_refused_with_nothing_stored(s3) -> None:

@@ -40,6 +40,11 @@ def count(arrays: Arrays) -> int:
     return len(next(iter(arrays.values())) if isinstance(arrays, dict) else arrays)
 
 
+def nbytes(arrays: Arrays) -> int:
+    """The bytes of all the arrays."""
+    return sum(array.nbytes for _, array in named(arrays, ""))
+
+
 def take(arrays: Arrays, index: Any) -> Arrays:
     """The samples at ``index`` (a slice, a mask or indices), in the same form."""
     if isinstance(arrays, dict):

@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import Field
 
 from slsml.data.sources.base import Chunk, Format, Source, SourceOptions, rows_per_chunk
+from slsml.spec import samples
 from slsml.spec.errors import BadInputError
 
 _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
@@ -223,23 +224,29 @@ class BatchesSource(Source):
         for number, batch in enumerate(self._batches()):
             if not (isinstance(batch, tuple | list) and len(batch) == 2):
                 raise BadInputError(f"{self.where}: batch {number} is not an (x, y) pair")
-            x, y = np.asarray(batch[0]), np.asarray(batch[1])
-            rows = rows_per_chunk(x[:1].nbytes + y[:1].nbytes, chunk_bytes)
-            for start in range(0, max(len(x), len(y)), rows):
-                yield x[start : start + rows], y[start : start + rows]
+            x, y = samples.as_arrays(batch[0], self.where), samples.as_arrays(batch[1], self.where)
+            first = slice(1)
+            rows = rows_per_chunk(
+                samples.nbytes(samples.take(x, first)) + samples.nbytes(samples.take(y, first)), chunk_bytes
+            )
+            for start in range(0, max(samples.count(x), samples.count(y)), rows):
+                part = slice(start, start + rows)
+                yield samples.take(x, part), samples.take(y, part)
 
 
 def from_python(x: Any, y: Any = None, x_test: Any = None, y_test: Any = None) -> Source:
-    """A source of arrays ``x``, ``y`` (and ``x_test``, ``y_test``: its test part), or, with ``x`` alone, of
+    """A source of arrays ``x``, ``y`` (and ``x_test``, ``y_test``: its test part; each an array or a dict of named
+    arrays, by the model's input and output names), or, with ``x`` alone, of
     ``x``'s ``(x, y)`` batches: a ``tf.data.Dataset`` as Keras ``fit`` takes it, or an iterable (an iterator is
     read once, so an interrupted ingest of one cannot continue)."""
     if y is None:
         if hasattr(x, "as_numpy_iterator"):
             return BatchesSource("the tf.data.Dataset", x.as_numpy_iterator)
         return BatchesSource("the (x, y) batches", lambda: x)
-    source = BatchesSource("the arrays", lambda: [(x, y)], samples=len(x))
+    source = BatchesSource("the arrays", lambda: [(x, y)], samples=samples.count(samples.as_arrays(x, "x")))
     if (x_test is None) != (y_test is None):
         raise BadInputError("give both x_test and y_test, or neither")
     if x_test is not None:
-        source.test = BatchesSource("the test arrays", lambda: [(x_test, y_test)], samples=len(x_test))
+        count = samples.count(samples.as_arrays(x_test, "x_test"))
+        source.test = BatchesSource("the test arrays", lambda: [(x_test, y_test)], samples=count)
     return source
