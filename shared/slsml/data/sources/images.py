@@ -1,8 +1,10 @@
 """A folder of images in class subfolders, read as ``keras.utils.image_dataset_from_directory`` reads it: the
 classes are the sorted names of the folder's subfolders (hidden ones left out), label i the i-th; each class's
 images are the files under its subfolder, at any depth, walked in sorted order. Images are decoded with Pillow
-(JPEG, PNG, BMP, GIF's first frame, WebP), converted to RGB (or grayscale, or kept as they are) and resized
-bilinearly to ``image_size``, stored as uint8."""
+(JPEG, PNG, BMP, GIF's first frame, WebP), converted to RGB (or grayscale, or kept as they are) and resized to
+``image_size`` as Keras resizes them (``resize_bilinear``), stored as uint8: Keras's float pixels rounded to the
+nearest level. (A JPEG's pixels differ from Keras's by a few levels more: TensorFlow decodes JPEG with libjpeg's fast
+integer transform, Pillow with its accurate one.)"""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ KEPT = {"1": "L", "L": "L", "LA": "LA", "RGB": "RGB", "RGBA": "RGBA"}  # --keep-
 
 class ImageOptions(SourceOptions):
     image_size: Annotated[tuple[PositiveInt, PositiveInt], BeforeValidator(comma_list)] = Field(
-        default=(256, 256), description="images: the height,width every image is resized to (bilinear)"
+        default=(256, 256),
+        description="images: the height,width every image is resized to (bilinear, as Keras resizes it)",
     )
     grayscale: bool = Field(default=False, description="images: convert each to 1 channel (default: 3, RGB)")
     keep_channels: bool = Field(
@@ -82,13 +85,36 @@ def decode(path: Path, options: ImageOptions) -> np.ndarray:
                 image = image.convert(KEPT[image.mode])
             else:
                 raise BadInputError(f"{path}: images of mode {image.mode} cannot be kept as they are")
-            height, width = options.image_size
-            pixels = np.asarray(image.resize((width, height), Image.Resampling.BILINEAR))
+            pixels = np.asarray(image)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         raise BadInputError(f"{path}: not a readable image ({error})") from None
     if pixels.dtype != np.uint8:
         raise BadInputError(f"{path}: {pixels.dtype} pixels; slsml reads 8-bit images")
-    return pixels.reshape(height, width, -1)
+    pixels = pixels.reshape(*pixels.shape[:2], -1)
+    return np.floor(resize_bilinear(pixels, *options.image_size) + 0.5).astype(np.uint8)
+
+
+def _weights(out_size: int, in_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each output row (or column): the input rows below and above its centre and its weight of the upper."""
+    scale = np.float32(in_size / out_size)
+    centre = (np.arange(out_size, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
+    below = np.floor(centre)
+    lower = np.maximum(below, 0).astype(np.intp)
+    upper = np.minimum(np.ceil(centre), in_size - 1).astype(np.intp)
+    return lower, upper, (centre - below).astype(np.float32)
+
+
+def resize_bilinear(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``(h, w, c)`` pixels resized to ``(height, width, c)`` float32 as ``tf.image.resize`` resizes them, and with
+    it Keras's ``image_dataset_from_directory``: bilinear between the nearest pixel centres (half-pixel centres), with
+    no antialiasing when shrinking (unlike Pillow's filters, which average every pixel a shrunk one covers)."""
+    top, bottom, y = _weights(height, pixels.shape[0])
+    left, right, x = _weights(width, pixels.shape[1])
+    image = pixels.astype(np.float32)
+    x = x[None, :, None]
+    upper = image[top][:, left] + (image[top][:, right] - image[top][:, left]) * x
+    lower = image[bottom][:, left] + (image[bottom][:, right] - image[bottom][:, left]) * x
+    return upper + (lower - upper) * y[:, None, None]
 
 
 class ImageFolderSource(Source):
