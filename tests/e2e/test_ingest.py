@@ -124,8 +124,14 @@ def test_a_file_given_twice_is_recognised_and_a_dataset_in_use_is_not_removed(se
         "500",
         "--batch",
         "16",
+        "--workers",
+        "1",
+        "--reducers",
+        "1",
+        "--eval-every",
+        "0",
         "--no-wait",
-    )
+    )  # runs that go on until stopped: one worker and one reducer, no evaluation, hold the machine least
     first = slsml(service, *start)
     assert first.returncode == 0, first.stderr
     again = slsml(service, *start)
