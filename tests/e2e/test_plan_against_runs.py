@@ -51,31 +51,28 @@ EXCHANGE_EXTRAS = {
 }
 
 
+SHAPES = [(4, 2, None, PLAIN_EXTRAS), (3, 3, None, PLAIN_EXTRAS), (3, 3, CLIPPED, EXCHANGE_EXTRAS)]
+
+
+def _shape_run(workers: int, reducers: int, optimizer: OptimizerConfig | None) -> str:
+    return f"plan-requests-{workers}x{reducers}" + ("-clip" if optimizer else "")
+
+
 @pytest.mark.parametrize(
-    ("workers", "reducers", "optimizer", "extras"),
-    [
-        (4, 2, None, PLAIN_EXTRAS),
-        (3, 3, None, PLAIN_EXTRAS),
-        (3, 3, CLIPPED, EXCHANGE_EXTRAS),
-    ],
-    ids=["4x2", "3x3", "3x3-global-clipnorm"],
+    ("workers", "reducers", "optimizer", "extras"), SHAPES, ids=["4x2", "3x3", "3x3-global-clipnorm"]
 )
 def test_the_plan_counts_the_requests_of_an_iteration(
     local: LocalRuntime,
     services: Services,
-    digits,
+    started: None,
     cnn: Path,
     workers: int,
     reducers: int,
     optimizer: OptimizerConfig | None,
     extras: dict[str, int],
 ) -> None:
-    run_id = f"plan-requests-{workers}x{reducers}" + ("-clip" if optimizer else "")
-    spec = TrainingSpec(
-        workers=workers, reducers=reducers, global_batch=128, iterations=ITERATIONS, eval_every=0, optimizer=optimizer
-    )
-    train(services, spec, run_id, cnn.read_bytes())
-    run = finish(services, run_id)
+    run_id = _shape_run(workers, reducers, optimizer)
+    run = finish(services, run_id, timeout_s=900)  # the runs share the machine
     assert run.status == "COMPLETED", run.reason
     assert local.host.wait_idle(run_id, 60)
     records = usage.read_local(local.log_dir, run_id)
@@ -143,23 +140,45 @@ OPTIONS = {
 SHAPE = ["--workers", "4", "--reducers", "2", "--batch", "128", "--iterations", str(ITERATIONS)]
 
 
+def _option_model(name: str, cnn: Path, linear: Path) -> Path:
+    return linear if "admm" in OPTIONS[name] else cnn
+
+
+@pytest.fixture(scope="module")
+def started(services: Services, digits, cnn: Path, linear: Path) -> None:
+    """Every run of the tests below, started at once (runs do not disturb each other); each test waits for its own."""
+    for workers, reducers, optimizer, _ in SHAPES:
+        spec = TrainingSpec(
+            workers=workers,
+            reducers=reducers,
+            global_batch=128,
+            iterations=ITERATIONS,
+            eval_every=0,
+            optimizer=optimizer,
+        )
+        train(services, spec, _shape_run(workers, reducers, optimizer), cnn.read_bytes())
+    for name in OPTIONS:
+        model = _option_model(name, cnn, linear)
+        flags = [*SHAPE, *OPTIONS[name]]
+        args = build_parser().parse_args(["run", "start", "--model", str(model), "--data", "digits", *flags])
+        spec = options.training_spec(args).model_copy(update={"eval_every": 0})
+        train(services, spec, f"plan-options-{name}", model.read_bytes())
+
+
 @pytest.mark.parametrize("name", OPTIONS)
 def test_the_plan_counts_the_requests_of_every_update_rule_and_option(
     local: LocalRuntime,
     services: Services,
-    digits,
+    started: None,
     cnn: Path,
     linear: Path,
     name: str,
     capsys,
 ) -> None:
-    model = linear if "admm" in OPTIONS[name] else cnn
+    model = _option_model(name, cnn, linear)
     flags = [*SHAPE, *OPTIONS[name]]
-    args = build_parser().parse_args(["run", "start", "--model", str(model), "--data", "digits", *flags])
-    spec = options.training_spec(args).model_copy(update={"eval_every": 0})
     run_id = f"plan-options-{name}"
-    train(services, spec, run_id, model.read_bytes())
-    run = finish(services, run_id)
+    run = finish(services, run_id, timeout_s=900)  # the runs share the machine
     assert run.status == "COMPLETED", run.reason
     assert local.host.wait_idle(run_id, 60)
     summary = runs.summarize(run, services.table.list_iterations(run_id), 0.0, usage.read_local(local.log_dir, run_id))
