@@ -4,6 +4,7 @@ from slsml.pipeline.envelope import pipeline_handler
 from slsml.pipeline.steps import worker
 from slsml.spec.messages import WorkMessage
 
+# a continuation is handled once (its duplicates are dropped); a round's first message is idempotent by itself
 lambda_handler = pipeline_handler(
-    "worker", WorkMessage, worker.work, stage=lambda m: f"worker {m.worker}", idempotent=False
+    "worker", WorkMessage, worker.work, stage=lambda m: f"worker {m.worker}", idempotent=lambda m: m.resume > 0
 )

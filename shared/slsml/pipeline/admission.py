@@ -4,7 +4,8 @@ like a malformed one (``envelope.parse_message``): logged, counted, dead-lettere
 
 What is checked: the run exists; the message's generation and iteration are not ahead of the run's (its
 iteration was launched, its reduce fired), nor past its iteration budget; a worker, shard or attempt lies
-within the iteration's workers, the run's reducers and its deadline retries; a work report names an update
+within the iteration's workers, the run's reducers and its deadline retries; a continuation of a round names
+progress that round stored (``slsml.training.progress``); a work report names an update
 that is stored and says the sample count that update says it holds (which a round's batches bound); a
 reduce names the participants its iteration's reduce was fired with; a reduce report's shard is stored; a
 deadline is due within two deadline periods; a run's task token is one that its execution waits on.
@@ -18,6 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from slsml import rules
 from slsml.pipeline.services import Services, run_config
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
@@ -76,7 +78,18 @@ def _work(message: WorkMessage, config: RunConfig, services: Services) -> str | 
     counter, problem_ = _launched(message, services)
     if counter is not None and counter.generation == message.generation and counter.workers != message.workers:
         return f"{message.workers} workers, but iteration {message.iteration} was launched with {counter.workers}"
-    return problem_ or _attempt(message.attempt, config)
+    return problem_ or _attempt(message.attempt, config) or _resume(message, config, services)
+
+
+def _resume(message: WorkMessage, config: RunConfig, services: Services) -> str | None:
+    """A continuation names progress its round stored, within the round's steps."""
+    if not message.resume:
+        return None
+    steps = rules.of(config.training).compute_steps(config.training)
+    if message.resume >= steps:
+        return f"a continuation after {message.resume} local steps of a round of {steps}"
+    key = keys.progress(message.run_id, message.iteration, message.worker, message.attempt, message.resume)
+    return None if services.store.exists(key) else f"no progress is stored at {key}"
 
 
 def _work_done(message: WorkDone, config: RunConfig, services: Services) -> str | None:

@@ -21,7 +21,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from slsml.accounting import usage
-from slsml.pipeline import admission, spend
+from slsml.pipeline import admission, lifetime, spend
 from slsml.pipeline.metrics import emit, emitting
 from slsml.pipeline.services import Services, failing_run_on_bad_input, from_env
 from slsml.spec import keys
@@ -141,7 +141,7 @@ def pipeline_handler(
     envelope: type[BaseEnvelope] = SnsMessages,
     stage: Callable[[Any], str] | None = None,
     unpack: Callable[[Any], Iterable[Any]] = lambda message: (message,),
-    idempotent: bool = True,
+    idempotent: bool | Callable[[Any], bool] = True,
     batch_failures: bool = False,
     charges: bool = True,
 ) -> Callable[[dict[str, Any], LambdaContext], dict[str, Any] | None]:
@@ -153,25 +153,24 @@ def pipeline_handler(
     usage lines count, as ``BytesRead`` and ``BytesWritten``) and Parser, which
     parses the event into ``model`` records (``envelope``). ``unpack`` turns a record into the messages
     to handle (the objects of an S3 event). Each message is checked against its run (``admit``), then handled in
-    its own usage scope
-    (``run_and_iteration``), once (Powertools Idempotency, unless ``idempotent`` is False: for a step
-    that is idempotent by itself), and, given ``stage`` (its name in a failed run's reason), with bad
-    input failing its run (``failing_run_on_bad_input``). With ``batch_failures`` (an SQS batch of records that each
-    carry a ``message_id``), a message the step fails on is logged and reported as the batch's failure alone
-    (Lambda's partial batch response): the others are done with. Unless not ``charges`` (a function whose messages
-    are not a run's work: the dead-letter reader's letters), each message's cost counts in its run's spend
-    (``spend.count``).
+    its own usage scope (``run_and_iteration``), once (Powertools Idempotency, unless ``idempotent`` is False: for
+    a step that is idempotent by itself; or the messages it is true of), and, given ``stage`` (its name in a failed
+    run's reason), with bad input failing its run (``failing_run_on_bad_input``). With ``batch_failures`` (an SQS
+    batch of records that each carry a ``message_id``), a message the step fails on is logged and reported as the
+    batch's failure alone (Lambda's partial batch response): the others are done with. Unless not ``charges`` (a
+    function whose messages are not a run's work: the dead-letter reader's letters), each message's cost counts in
+    its run's spend (``spend.count``).
     """
     service_logger, tracer, metrics = Logger(), Tracer(), Metrics()
 
     def handle(records: list[Any], context: LambdaContext) -> dict[str, Any] | None:
         services = from_env(function)
         metrics.add_metric(name="Messages", unit=MetricUnit.Count, value=len(records))
-        run: Callable[[Any], Any] = partial(step, services=services)
-        if idempotent:
-            run = once_per_message(run, context)
+        plain: Callable[[Any], Any] = partial(step, services=services)
+        once = once_per_message(plain, context) if idempotent else plain
         failures = []
         for message in (message for record in records for message in unpack(record)):
+            run = once if idempotent is True or (callable(idempotent) and idempotent(message)) else plain
             with usage.scope(*run_and_iteration(message), **usage.about(message)):
                 try:
                     admit(message, services)
@@ -199,7 +198,7 @@ def pipeline_handler(
         with emitting():
             spent = None
             try:
-                with usage.invocation(function, int(context.memory_limit_in_mb)) as spent:
+                with usage.invocation(function, int(context.memory_limit_in_mb)) as spent, lifetime.invocation(context):
                     return parsed(event, context)
             finally:
                 if spent is not None:

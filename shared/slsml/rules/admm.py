@@ -17,7 +17,7 @@ refuses the others."""
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -26,7 +26,8 @@ from slsml.rules import averaging
 from slsml.rules.base import Round, SlotTraffic, UpdateRule, archive_bytes
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.errors import BadInputError, RunFailed
-from slsml.training import npz
+from slsml.training import npz, progress
+from slsml.training.progress import Progress
 from slsml.training.weighting import Batch
 
 if TYPE_CHECKING:
@@ -70,12 +71,22 @@ class Admm(UpdateRule):
 
     kind = "weight change"
 
-    def round(self, work: Round) -> Update:
+    def round(self, work: Round) -> Update | Progress:
         size, trainable = work.trainer.plan.size, work.trainer.plan.trainable_mask()
-        previous = _state(work.slot.previous(), size, work.slot.where(previous=True))
-        update, state = local_round(
-            work.trainer, work.start, previous, work.batches, work.spec.local_optimizer_config(), work.spec.admm_rho
+        previous = _state(work.slot.previous(), size, work.slot.where(previous=True))  # again in each continuation
+        ended = local_round(
+            work.trainer,
+            work.start,
+            previous,
+            work.batches,
+            work.spec.local_optimizer_config(),
+            work.spec.admm_rho,
+            work.resumed,
+            work.pause,
         )
+        if isinstance(ended, Progress):
+            return ended
+        update, state = ended
         if work.slot.put(state.encode()):
             return update
         stored = _state(work.slot.current(), size, work.slot.where())
@@ -136,13 +147,16 @@ def local_round(
     trainer: Trainer,
     consensus: np.ndarray,
     state: SlotState | None,
-    batches: Iterable[Batch],
+    batches: Sequence[Batch],
     optimizer: OptimizerConfig,
     rho: float,
-) -> tuple[Update, SlotState]:
+    resumed: Progress | None = None,
+    pause: Callable[[], bool] = progress.never,
+) -> tuple[Update, SlotState] | Progress:
     """One round of slot w from the consensus ``consensus`` and the slot's state of the round before (None:
     none); returns the update (z − (x + u) for trainable weights, the values after the last forward pass for
-    the others, the mean loss and accuracy over the steps, the proximal term left out) and the new state."""
+    the others, the mean loss and accuracy over the steps, the proximal term left out) and the new state, or
+    the round's progress where ``pause`` stopped it (``resumed``: going on from it, as ``averaging.local_steps``)."""
     trainable = trainer.plan.trainable_mask()
     if state is None:
         current, dual = consensus.copy(), np.zeros_like(consensus)
@@ -151,11 +165,13 @@ def local_round(
         dual[~trainable] = 0
     anchor = (consensus - dual)[trainable]  # the proximal term pulls x toward z − u
     rho32 = np.float32(rho)
-    current, _, loss, accuracy = averaging.local_steps(
-        trainer, current, batches, optimizer, None, pull=lambda weights: rho32 * (weights - anchor)
+    reached, finished = averaging.local_steps(
+        trainer, current, batches, optimizer, None, lambda weights: rho32 * (weights - anchor), resumed, pause
     )
-    state = SlotState(current, dual)
-    return update_of(consensus, state, trainable, loss, accuracy), state
+    if not finished:
+        return reached
+    state = SlotState(reached.weights, dual)
+    return update_of(consensus, state, trainable, reached.loss, reached.accuracy), state
 
 
 def update_of(

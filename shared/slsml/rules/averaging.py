@@ -5,7 +5,7 @@ and apply them (``ModelAveraging.server_optimizer``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -13,7 +13,9 @@ import numpy as np
 from slsml.rules.base import Round, SlotTraffic, UpdateRule, archive_bytes
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.training import npz, optimizers
+from slsml.training import progress as progress_
 from slsml.training.optimizers import State
+from slsml.training.progress import Progress
 from slsml.training.weighting import Batch
 
 if TYPE_CHECKING:
@@ -26,16 +28,19 @@ class ModelAveraging(UpdateRule):
 
     kind = "weight change"
 
-    def round(self, work: Round) -> Update:
+    def round(self, work: Round) -> Update | Progress:
         keep = work.spec.local_state == "keep"
-        previous = work.slot.previous() if keep else None
+        previous = work.slot.previous() if keep and work.resumed is None else None
         state = None if previous is None else npz.decode(previous)
-        update, state = take_local_steps(
-            work.trainer, work.start, work.batches, work.spec.local_optimizer_config(), state
+        optimizer = work.spec.local_optimizer_config()
+        progress, finished = local_steps(
+            work.trainer, work.start, work.batches, optimizer, state, resumed=work.resumed, pause=work.pause
         )
+        if not finished:
+            return progress
         if keep:  # create-only: a retry's state, computed from the same start, is the same
-            work.slot.put(npz.encode(**state))
-        return update
+            work.slot.put(npz.encode(**progress.state))
+        return weight_change(work.trainer, work.start, progress)
 
     def describe(self, spec: TrainingSpec, optimizer: str, local: str) -> str:
         state = "kept per worker slot" if spec.local_state == "keep" else "fresh every round"
@@ -60,46 +65,47 @@ class ModelAveraging(UpdateRule):
 SERVER_AVERAGE = OptimizerConfig(name="sgd", learning_rate=1.0)
 
 
-def take_local_steps(
-    trainer: Trainer,
-    start: np.ndarray,
-    batches: Iterable[Batch],
-    optimizer: OptimizerConfig,
-    state: State | None,
-) -> tuple[Update, State]:
-    """Steps from the flat weights ``start``, one per batch; returns the update (start minus end for trainable
-    weights, the values after the last forward pass for the others, the mean loss and accuracy over the
-    steps) and the local optimizer's state (``state`` None: fresh). The trainer's model ends at the end
-    weights."""
+def weight_change(trainer: Trainer, start: np.ndarray, progress: Progress) -> Update:
+    """The update of a round from ``start`` that ended at ``progress``: start minus end for trainable weights, the
+    values after the last forward pass for the others, the mean loss and accuracy over the steps."""
     from slsml.training.modelio import Update
 
-    end, state, loss, accuracy = local_steps(trainer, start, batches, optimizer, state)
     trainable = trainer.plan.trainable_mask()
-    change = end.copy()
-    change[trainable] = start[trainable] - end[trainable]
-    return Update(vector=change, loss=loss, accuracy=accuracy), state
+    change = progress.weights.copy()
+    change[trainable] = start[trainable] - progress.weights[trainable]
+    return Update(vector=change, loss=progress.loss, accuracy=progress.accuracy)
 
 
 def local_steps(
     trainer: Trainer,
     start: np.ndarray,
-    batches: Iterable[Batch],
+    batches: Sequence[Batch],
     optimizer: OptimizerConfig,
     state: State | None,
     pull: Callable[[np.ndarray], np.ndarray] | None = None,
-) -> tuple[np.ndarray, State, float, float | None]:
+    resumed: Progress | None = None,
+    pause: Callable[[], bool] = progress_.never,
+) -> tuple[Progress, bool]:
     """Steps of the local optimizer from the flat weights ``start``, one per batch, each on the batch's gradient
-    plus ``pull(trainable weights)`` if given (e.g. ADMM's proximal term); returns the end weights (non-trainable
-    ones: their values after the last forward pass), the optimizer's state and the mean loss and accuracy over
-    the steps. The trainer's model ends at the end weights."""
+    plus ``pull(trainable weights)`` if given (e.g. ADMM's proximal term); ``resumed``: the round goes on from this
+    progress, ``batches`` being the ones left. Before each step, ``pause()`` may stop the round (its invocation's
+    time runs short: ``slsml.training.progress.Pacer``). Returns the progress (the end weights, non-trainable ones:
+    their values after the last forward pass; the optimizer's state; the steps' losses and accuracies) and whether
+    every batch was stepped on. The trainer's model ends at the weights reached."""
     from slsml.training import modelio
 
     trainable = trainer.plan.trainable_mask()
-    current = start.copy()
-    state = optimizers.initial_state(optimizer, int(trainable.sum())) if state is None else state
-    losses: list[float] = []
-    accuracies: list[float] = []
+    if resumed is None:
+        current, steps, losses, accuracies = start.copy(), 0, [], []
+        state = optimizers.initial_state(optimizer, int(trainable.sum())) if state is None else state
+    else:
+        current, steps, state = resumed.weights.copy(), resumed.steps, resumed.state
+        losses, accuracies = list(resumed.losses), list(resumed.accuracies)
+    finished = True
     for batch in batches:
+        if pause():
+            finished = False
+            break
         modelio.set_flat(trainer.model, trainer.plan, current)
         step = trainer.compute_update(*batch)
         losses.append(step.loss)
@@ -108,8 +114,9 @@ def local_steps(
         gradient = step.vector[trainable] if pull is None else step.vector[trainable] + pull(current[trainable])
         current[trainable], state = optimizers.apply(optimizer, current[trainable], gradient, state)
         current[~trainable] = step.vector[~trainable]
+        steps += 1
     modelio.set_flat(trainer.model, trainer.plan, current)
-    return current, state, float(np.mean(losses)), float(np.mean(accuracies)) if accuracies else None
+    return Progress(steps, current, state, tuple(losses), tuple(accuracies)), finished
 
 
 RULE = ModelAveraging()

@@ -9,14 +9,15 @@ functions (the reducer) read a rule's declarations without it."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
 from slsml.spec.config import OptimizerConfig, TrainingSpec
-from slsml.training import npz
+from slsml.training import npz, progress
+from slsml.training.progress import Progress
 from slsml.training.weighting import Batch
 
 if TYPE_CHECKING:
@@ -41,13 +42,16 @@ class Slot(Protocol):
 
 @dataclass(frozen=True)
 class Round:
-    """What a worker's round starts from."""
+    """What a worker's round starts from; ``resumed``: the progress an invocation before handed the round on with,
+    ``batches`` being the ones left (``slsml.training.progress``)."""
 
     trainer: Trainer
     start: np.ndarray  # the flat weights entering the round (the consensus, under ADMM)
     batches: Sequence[Batch]  # the worker's batches of the round, in order
     spec: TrainingSpec
     slot: Slot
+    resumed: Progress | None = None
+    pause: Callable[[], bool] = progress.never  # before a local step: whether to hand the round on instead
 
 
 @dataclass(frozen=True)
@@ -72,8 +76,9 @@ class UpdateRule(ABC):
     fit_state: ClassVar[bool] = False
 
     @abstractmethod
-    def round(self, work: Round) -> Update:
-        """The worker's round: its update (the trainer's model ends at the round's end weights)."""
+    def round(self, work: Round) -> Update | Progress:
+        """The worker's round: its update (the trainer's model ends at the round's end weights); a rule of local
+        steps returns its progress instead where ``work.pause`` stopped it."""
 
     @abstractmethod
     def describe(self, spec: TrainingSpec, optimizer: str, local: str) -> str:

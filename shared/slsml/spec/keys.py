@@ -13,6 +13,7 @@ runs/<run>/iters/<iter>/means/<shard>.bin     one shard's averaged gradient, kep
 runs/<run>/iters/<iter>/local/<worker>.npz    model averaging: worker slot's local optimizer state after <iter>
 runs/<run>/iters/<iter>/residuals/<worker>.bin  compressed updates: worker slot's residual after <iter> (feedback.py)
 runs/<run>/iters/<iter>/evaluation/<split>/<worker>.npy  a worker's state of evaluating the model entering <iter>
+runs/<run>/iters/<iter>/progress/<worker>-a<attempt>/<steps>.npz  a round handed on to a fresh invocation (progress.py)
 incoming/<name>.keras                         drop-in: start a run with the deployment defaults
 incoming/<name>.json                          (optional) what to override of those defaults
 ```
@@ -20,8 +21,8 @@ incoming/<name>.json                          (optional) what to override of tho
 What lies under ``iters/`` is of two kinds. Carried state is what a later iteration, or a resumed run, reads:
 the weights and shards entering an iteration and the slots' states and residuals that the workers of the one
 before stored (``carried``); it is stored untagged, never expires, and the pipeline deletes each set once it is
-superseded. Transient scratch (updates, means, evaluation states) is read only while its iteration (and the
-``staleness`` iterations after it) run; it carries the tag the bucket's lifecycle rule expires it by.
+superseded. Transient scratch (updates, means, evaluation states, rounds' progress) is read only while its
+iteration (and the ``staleness`` iterations after it) run; it carries the tag the bucket's lifecycle rule expires it by.
 """
 
 from __future__ import annotations
@@ -103,6 +104,12 @@ def residual(run_id: str, iteration: int, worker: int) -> str:
     return f"{iteration_prefix(run_id, iteration)}residuals/{worker:05d}.bin"
 
 
+def progress(run_id: str, iteration: int, worker: int, attempt: int, steps: int) -> str:
+    """A worker's round of ``iteration`` (its ``attempt``) after ``steps`` local steps, stored by the invocation that
+    handed the round on to a fresh one (``slsml.training.progress``)."""
+    return f"{iteration_prefix(run_id, iteration)}progress/{worker:05d}-a{attempt}/{steps:06d}.npz"
+
+
 def evaluation(run_id: str, iteration: int, worker: int, split: str) -> str:
     """A worker's state of evaluating the model entering ``iteration`` on its slice of ``split`` (test, val)."""
     return f"{evaluations_prefix(run_id, iteration, split)}{worker:05d}.npy"
@@ -128,11 +135,12 @@ def parse_model_key(key: str) -> tuple[str, int] | None:
     return match["run"], int(match["iter"])
 
 
-_TRANSIENT_KEY = re.compile(r"^runs/[^/]+/iters/\d{6}/(updates|means|evaluation)/")
+_TRANSIENT_KEY = re.compile(r"^runs/[^/]+/iters/\d{6}/(updates|means|evaluation|progress)/")
 
 
 def is_transient(key: str) -> bool:
-    """Transient scratch (updates, means, evaluation states): no later iteration and no resumed run reads it."""
+    """Transient scratch (updates, means, evaluation states, rounds' progress): no later iteration and no resumed
+    run reads it."""
     return _TRANSIENT_KEY.match(key) is not None
 
 

@@ -36,6 +36,12 @@ class WorkMessage(Message):
     worker: int = Field(ge=0)
     workers: int = Field(ge=1, description="the workers the iteration was launched with (its slices)")
     attempt: int = Field(default=0, ge=0)
+    resume: int = Field(
+        default=0,
+        ge=0,
+        description="> 0: a continuation (the same attempt, in a fresh invocation): go on from the round's progress"
+        " after this many local steps (keys.progress)",
+    )
 
 
 class WorkDone(Message):

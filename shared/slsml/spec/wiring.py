@@ -99,11 +99,12 @@ FUNCTIONS: tuple[Function, ...] = (
         answers=_ALL_ANSWERS,
     ),
     # runs the user's model: it writes scratch alone, and tells no execution anything (the watchdog completes a
-    # run its final evaluation finished, and ends the execution of a run it failed)
+    # run its final evaluation finished, and ends the execution of a run it failed); publishes Work too: a round
+    # whose invocation's time runs short goes on in a fresh one (slsml.training.progress)
     Function(
         "worker",
         triggers=(WORK,),
-        publishes=(WORK_DONE,),
+        publishes=(WORK_DONE, WORK),
         needs_tensorflow=True,
         sends=(DEADLINES,),
         writes=(SCRATCH,),

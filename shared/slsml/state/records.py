@@ -121,6 +121,11 @@ class WorkerReport(BaseModel):
     compute_s: float = 0.0
     finite: bool = True
     folded_into: int | None = Field(default=None, description="late: the iteration whose reduce took it (SSP)")
+    continues_until: float | None = Field(
+        default=None,
+        description="not reported yet: its round was handed on to a fresh invocation, which stores its progress or"
+        " its update by then (epoch seconds)",
+    )
 
     @property
     def reported(self) -> bool:
@@ -178,6 +183,9 @@ class IterationRecord(Counter):
     reports: dict[int, WorkerReport] = Field(default_factory=dict, description="workers that reported")
     relaunched: dict[int, int] = Field(
         default_factory=dict, description="worker → the attempt the watchdog re-launched it with"
+    )
+    continuing: dict[int, float] = Field(
+        default_factory=dict, description="worker → when the invocation its round was handed on to ends at the latest"
     )
     participants: list[Participant] = Field(default_factory=list)
     dropped_parts: set[str] = Field(
@@ -353,6 +361,7 @@ def iteration_record(iteration: int, items: list[dict[str, Any]]) -> IterationRe
     fields: dict[str, Any] = {"iteration": iteration}
     reports: dict[int, WorkerReport] = {}
     relaunched: dict[int, int] = {}
+    continuing: dict[int, tuple[int, float]] = {}  # worker → (generation, until)
     dropped: set[str] = set()
     participants: list[Participant] = []
     generation = None
@@ -368,16 +377,20 @@ def iteration_record(iteration: int, items: list[dict[str, Any]]) -> IterationRe
                 reports[record.worker] = record
             if record.attempt:
                 relaunched[record.worker] = record.attempt
+            if not record.reported and record.continues_until is not None:
+                continuing[record.worker] = (record.generation, record.continues_until)
         elif kind == "#P":
             participants = decode_participants(item["participants"])
         elif kind.startswith("#S#"):
             dropped |= {f"{item['shard']}:{w}" for w in item.get("dropped", [])}
     if generation is not None:  # records an earlier generation left behind do not count
         reports = {w: r for w, r in reports.items() if r.generation == generation}
+        continuing = {w: c for w, c in continuing.items() if c[0] == generation}
     return IterationRecord(
         **{k: v for k, v in fields.items() if k not in {"pk", "sk"}},
         reports=reports,
         relaunched=relaunched,
+        continuing={w: until for w, (_, until) in continuing.items()},
         participants=participants,
         dropped_parts=dropped,
     )

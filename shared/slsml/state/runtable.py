@@ -568,6 +568,29 @@ class RunTable:
                 )
             )
 
+    def record_continuation(
+        self, run_id: str, iteration: int, worker: int, attempt: int, generation: int, until: float
+    ) -> bool:
+        """``worker``'s round (its ``attempt``) was handed on to a fresh invocation, which stores its progress or its
+        update by ``until``; False (nothing recorded) if the attempt is superseded: re-launched, reported, or the
+        record is of another generation."""
+        expression, names, values = _set(
+            {"worker": worker, "attempt": attempt, "generation": generation, "continues_until": until}
+        )
+        return (
+            conditional(
+                lambda: self.table.update_item(
+                    Key=self._key(run_id, worker_sk(iteration, worker)),
+                    UpdateExpression=expression,
+                    ConditionExpression="attribute_not_exists(sk) OR (attribute_not_exists(samples)"
+                    " AND #generation = :generation AND #attempt <= :attempt)",
+                    ExpressionAttributeNames=names,
+                    ExpressionAttributeValues=values,
+                )
+            )
+            is not None
+        )
+
     def record_reduce_relaunch(self, run_id: str, iteration: int, shards: int) -> None:
         self._add(run_id, iteration, "reduce_relaunches", shards)
 

@@ -4,8 +4,9 @@ One deadline of a run is pending at a time: the first launch of a run (or of a r
 sends one, and each deadline, when it comes, sends the next one, for the iteration the run is at then.
 A fast run thus costs one watchdog invocation per deadline period, not one per iteration.
 
-Work stage (the reduce has not fired): if at least the floor of workers is in, fire the reduce
-with them; otherwise re-launch the missing workers with a new attempt number (reports of the old
+Work stage (the reduce has not fired): while a missing worker's round goes on in a fresh invocation that is
+not past its time (``slsml.training.progress``), wait for it; else if at least the floor of workers is in, fire
+the reduce with them; otherwise re-launch the missing workers with a new attempt number (reports of the old
 attempt are ignored from then on), and once the retry budget is spent, fail the run with a reason
 naming the stage. An iteration whose launch has not come (its model's event is late or lost) is
 launched by the watchdog: it claims the launch, with the run's current workers, and re-launches them
@@ -49,6 +50,7 @@ class Action(StrEnum):
     FAILED = "failed"
     COMPLETED = "completed"  # the final model's event is late or lost: the run is completed, nothing launched
     STOPPED = "stopped"  # an iteration it would launch: the run's spend reached its budget
+    CONTINUING = "continuing"  # missing workers' rounds go on in fresh invocations, in time: waited for
 
 
 # what DeadlineActions counts
@@ -162,6 +164,12 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
     floor = min(quorum_count(workers, spec.deadline_floor), quorum_count(workers, spec.quorum))
     missing = [w for w in range(workers) if w not in record.done]
     log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "missing": missing}
+    now = time.time()
+    if continuing := [w for w in missing if record.continuing.get(w, 0.0) > now]:
+        # a round handed on to a fresh invocation in time is no straggler: the stage waits for it
+        services.deadlines.schedule(_next(deadline, "work", deadline.round, _after(deadline, spec.deadline_s)))
+        logger.info("deadline: rounds go on in fresh invocations", extra={**log, "continuing": continuing})
+        return Action.CONTINUING
     if finite and len(finite) >= floor:
         fire_reduce(services, config, iteration, workers, deadline.generation, DEADLINE_OWNER, spec.deadline_floor)
         services.deadlines.schedule(_next(deadline, "reduce", 0, _after(deadline, spec.deadline_s)))

@@ -2,7 +2,9 @@
 store it for the reducers, who read a part each. An update with NaN or Inf is stored and announced like any
 other but marked non-finite, so that it is left out.
 A run that compresses its updates (``compress``) adds the worker slot's residual to the update before it is
-compressed and stores the new residual before the update (error feedback, ``slsml.training.feedback``)."""
+compressed and stores the new residual before the update (error feedback, ``slsml.training.feedback``).
+A round of local steps whose invocation's time runs short is handed on to a fresh invocation of the same attempt
+(``slsml.training.progress``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, overload
 
 import numpy as np
@@ -20,7 +23,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from slsml import rules
 from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
-from slsml.pipeline import metrics
+from slsml.pipeline import lifetime, metrics
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import load_weights, run_config, stop_reason
 from slsml.pipeline.steps.warm import reader_for, trainer_for
@@ -28,15 +31,16 @@ from slsml.rules.base import Round
 from slsml.spec import keys, wiring
 from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.deployment import Metric
-from slsml.spec.errors import NotFoundError, RunFailed
+from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
 from slsml.spec.messages import WorkDone, WorkMessage
 from slsml.state.records import RunStatus
-from slsml.training import evaluation, feedback, modelio, updates, weighting
+from slsml.training import evaluation, feedback, modelio, progress, updates, weighting
 from slsml.training.weighting import Batch
 
 logger = Logger(child=True)
 END_WAIT_S = 30.0  # how long the worker that asked the watchdog to end a run waits for it, before it trains on
 END_POLL_S = 0.2
+HAND_ON_S = 60.0  # a round handed on: its message's delivery and the fresh invocation's start, at most
 
 
 def work(message: WorkMessage, services: Services) -> WorkDone | None:
@@ -96,19 +100,32 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
             spec, len(trained), message.workers, message.worker, message.iteration, data.block_order(spec, len(trained))
         )
     ]
-    with ThreadPoolExecutor(max_workers=len(batches), thread_name_prefix="batch") as reads:
+    resumed = _resumed(message, config, store)
+    left = batches[resumed.steps :] if resumed is not None else batches  # a continuation reads the batches left
+    with ThreadPoolExecutor(max_workers=len(left), thread_name_prefix="batch") as reads:
         # the round's samples are read while the model and the weights are
-        slices = _Prefetched([reads.submit(_batch, reader, indices, config) for indices in batches])
+        slices = _Prefetched([reads.submit(_batch, reader, indices, config) for indices in left])
         trainer, fresh = trainer_for(store, config, message.iteration, shared=True)
         if fresh:  # the weights entering the iteration, in the model and as one flat vector
             start = modelio.get_flat(trainer.model, config.plan)
         else:
             start = load_weights(store, config, message.iteration)
             modelio.set_flat(trainer.model, config.plan, start)
-        splits = evaluated(config, message.iteration, reader.manifest.train.count)
+        splits = evaluated(config, message.iteration, reader.manifest.train.count) if resumed is None else []
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
             return None  # early stopping ended the run: its update is not needed
-        return _train(message, config, services, trainer, start, slices, sum(len(b) for b in batches))
+        return _train(message, config, services, trainer, start, slices, sum(len(b) for b in batches), resumed)
+
+
+def _resumed(message: WorkMessage, config: RunConfig, store: ObjectStore) -> progress.Progress | None:
+    """The progress a continuation goes on from (None: a round's first invocation)."""
+    if not message.resume:
+        return None
+    key = keys.progress(message.run_id, message.iteration, message.worker, message.attempt, message.resume)
+    try:
+        return progress.Progress.decode(store.get(key), config.plan.size, key)
+    except BadInputError as error:
+        raise RunFailed(str(error)) from None
 
 
 def _batch(reader: data.DatasetReader, indices: np.ndarray, config: RunConfig) -> Batch:
@@ -128,17 +145,27 @@ def _train(
     start: np.ndarray,
     slices: Sequence[Batch],
     samples: int,
-) -> WorkDone:
+    resumed: progress.Progress | None,
+) -> WorkDone | None:
     store, spec = services.store, config.training
     compression, rule = spec.compression, rules.of(spec)
     weights = start if compression.kind == "significance" else None
+    optimizer = spec.local_optimizer_config()
+    pacer = progress.Pacer(
+        lifetime.remaining_s,
+        progress.stored_bytes(config.plan.size, int(config.plan.trainable_mask().sum()), optimizer, len(slices)),
+    )
+    work = Round(trainer, start, slices, spec, _Slot(store, message), resumed, pacer.pause)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
         slices[0]  # the first batch read: compute starts (the others are read meanwhile)
         started = time.perf_counter()
-        update = rule.round(Round(trainer, start, slices, spec, _Slot(store, message)))
-        compute_s = time.perf_counter() - started
+        update = rule.round(work)
+        compute_s = time.perf_counter() - started + (resumed.compute_s if resumed is not None else 0.0)
         previous = residual.result() if residual is not None else None
+    if isinstance(update, progress.Progress):
+        _hand_on(message, services, replace(update, compute_s=compute_s))
+        return None
     finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
     if compression.lossy:  # error feedback: the residual is stored first, create-only (see slsml.training.feedback)
         compressed = feedback.compress(update.vector, previous, config.plan, compression, samples, rule.kind, weights)
@@ -178,6 +205,23 @@ def _train(
         stored = WorkDone.model_validate_json((store.head(key) or {})["done"])
         done = stored.model_copy(update={"generation": message.generation})  # a resumed run may announce it again
     return done
+
+
+def _hand_on(message: WorkMessage, services: Services, reached: progress.Progress) -> None:
+    """The invocation's time runs short: store the round's progress (create-only: a duplicate's or a retry's is the
+    same), record that the round goes on, and have a fresh invocation of the same attempt go on from it (unless
+    the attempt was superseded meanwhile). Its duplicates are handled once (``functions/worker``)."""
+    key = keys.progress(message.run_id, message.iteration, message.worker, message.attempt, reached.steps)
+    services.store.put_new(key, reached.encode())
+    until = time.time() + lifetime.lifetime_s() + HAND_ON_S
+    log = {"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker, "steps": reached.steps}
+    if not services.table.record_continuation(
+        message.run_id, message.iteration, message.worker, message.attempt, message.generation, until
+    ):
+        logger.info("round superseded: not handed on", extra=log)
+        return
+    services.bus.publish(wiring.WORK, [message.model_copy(update={"resume": reached.steps})])
+    logger.info("round handed on to a fresh invocation", extra=log)
 
 
 def evaluated(config: RunConfig, iteration: int, train_count: int) -> list[str]:
