@@ -13,9 +13,11 @@ from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.training import progress
 
-from .conftest import final_weights, finish, log_entries, train
+from .conftest import final_weights, finish, log_entries, timeouts, train
 
+pytestmark = pytest.mark.usefixtures("warm")  # the Worker times out after seconds here
 REFERENCE = "continued-reference"
+TIMEOUT_S = 2  # the Worker's (and Reducer's), for this test: below the reserve, so one step an invocation
 LOCAL_STEPS = 8
 SPEC = TrainingSpec(
     workers=2,
@@ -28,9 +30,8 @@ SPEC = TrainingSpec(
     local_learning_rate=0.05,
     local_momentum=0.9,
     local_state="keep",
-    deadline_s=1.5,  # a round of eight invocations outlasts it; its first hands on well within it
+    deadline_s=TIMEOUT_S,  # the shortest the timeout allows: a round of eight invocations outlasts it
 )
-TIMEOUT_S = 4.0  # the Worker's, for this test: room for a cold start, below the reserve: one step an invocation
 assert TIMEOUT_S < progress.PAUSE_RESERVE_S
 
 
@@ -41,7 +42,7 @@ def _progress_keys(services, run_id: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(services, digits) -> np.ndarray:
-    """The run with its rounds in one invocation each (cold processes start: no deadline)."""
+    """The run with its rounds in one invocation each (the deployment's timeouts and a deadline to match)."""
     train(services, SPEC.model_copy(update={"deadline_s": 120.0}), REFERENCE)
     run = finish(services, REFERENCE)
     assert run.status == "COMPLETED", run.reason
@@ -54,14 +55,12 @@ def test_a_round_past_the_workers_timeout_goes_on_in_fresh_invocations_and_ends_
     local, services, uninterrupted, twice
 ):
     run_id = f"continued-{'twice' if twice else 'once'}"
-    timeouts = local.host.timeouts
-    local.host.timeouts = {**timeouts, "worker": TIMEOUT_S}
     local.host.duplicate_deliveries = twice
     try:
-        train(services, SPEC, run_id)
-        run = finish(services, run_id)
+        with timeouts(local, TIMEOUT_S):
+            train(services, SPEC, run_id)
+            run = finish(services, run_id)
     finally:
-        local.host.timeouts = timeouts
         local.host.duplicate_deliveries = False
     assert run.status == "COMPLETED", run.reason
     assert final_weights(services, run_id)[0].tobytes() == uninterrupted.tobytes()

@@ -55,7 +55,7 @@ from slsml.spec.errors import BadInputError
 from slsml.spec.messages import MAX_MESSAGE_BYTES, Participant, ReduceMessage, WorkMessage
 from slsml.state import runtable as runstate
 from slsml.state.barrier import quorum_count
-from slsml.training import feedback, optimizers, updates
+from slsml.training import feedback, optimizers, progress, updates
 
 PIPELINE = ("work_launcher", "worker", "reduce_launcher", "reducer", "merger")
 IMAGE_FUNCTIONS = ("worker", "merger")  # container images with TensorFlow; the others are zip + layer
@@ -568,6 +568,25 @@ class ExtraCall(BaseModel):
     reason: str
 
 
+class Continuations(BaseModel):
+    """A worker's round that would outlast the Worker's timeout goes on in fresh invocations of the same attempt
+    (``slsml.training.progress``): how many, and what they add to an iteration."""
+
+    timeout_s: float = Field(description="the Worker's timeout (at most Lambda's)")
+    invocations: int = Field(description="Worker invocations one round takes (1: it fits one)")
+    steps_per_invocation: int = Field(description="local steps an invocation takes before it hands the round on")
+    progress_bytes: int = Field(description="one round's progress, stored by each invocation that hands on")
+    calls: list[ExtraCall] = Field(description="every worker's calls of handing on, per iteration")
+    bytes_read: int = Field(description="S3, every worker's continuations of one iteration")
+    bytes_written: int
+    seconds: float = Field(description="what handing on adds to a round")
+
+    @property
+    def handed_on(self) -> int:
+        """Times one round is handed on."""
+        return self.invocations - 1
+
+
 class Plan(BaseModel):
     workload: Workload
     participants: int
@@ -592,6 +611,7 @@ class Plan(BaseModel):
     data: DataTraffic | None = Field(
         default=None, description="the workers' data reads (with --samples and the sample's bytes)"
     )
+    continuations: Continuations = Field(description="a round that outlasts the Worker's timeout, handed on")
 
     @property
     def iteration_dollars(self) -> float:
@@ -903,6 +923,84 @@ def chain_extras(
     ]
 
 
+def continuations(
+    w: Workload,
+    p: Parameters,
+    traffic: RoundTraffic,
+    timeout_s: float,
+    setup_s: float,
+    compute_s: float,
+    read_weights_s: float,
+) -> Continuations:
+    """The continuations of one round of ``compute_s`` compute in Worker invocations of ``timeout_s``, each first
+    spending ``setup_s`` (what it reads before its steps), as the worker's pacer decides them (``progress.Pacer``):
+    an invocation steps while the time left is above ``progress.reserve_s``, and takes one step at least."""
+    spec, rule = w.training, rules.of(w.training)
+    K, M = traffic.compute_steps, 4 * w.params
+    if not rule.hands_on:  # its round cannot be handed on: no progress to store
+        return Continuations(
+            timeout_s=timeout_s,
+            invocations=1,
+            steps_per_invocation=K,
+            progress_bytes=0,
+            calls=[],
+            bytes_read=0,
+            bytes_written=0,
+            seconds=0.0,
+        )
+    stored = progress.stored_bytes(w.params, w.trainable_params, spec.local_optimizer_config(), K)
+    step_s = compute_s / K
+    usable = timeout_s - setup_s - progress.reserve_s(stored, step_s, p.s3_write_mb_s)
+    per = K if step_s == 0 else min(K, 1 + math.floor(max(0.0, usable) / step_s))
+    handed = math.ceil(K / per) - 1
+    reread = traffic.residual_bytes + (traffic.slot_bytes if rule.rereads_slot else 0)
+    W = w.workers
+    calls = [
+        ExtraCall(operation=operation, count=W * handed * count, call=call, reason=HAND_ON_REASON)
+        for operation, count, call in (
+            ("s3:PutObject", 1, "the progress each invocation that hands its round on stores"),
+            ("dynamodb:UpdateItem", 1, "its record that the round goes on (the watchdog waits for it)"),
+            ("sns:PublishBatch", 1, "its Work message to the fresh invocation"),
+            ("dynamodb:GetItem", 1, "the continuation's check of its iteration"),
+            ("s3:HeadObject", 1, "the continuation's check of the progress it names"),
+            ("dynamodb:PutItem", 1, "the continuation's record, handled once"),
+            ("dynamodb:UpdateItem", 1, "the continuation's record, completed"),
+            (
+                "s3:GetObject",
+                2 + bool(traffic.residual_bytes) + (rule.rereads_slot and bool(traffic.slot_bytes)),
+                "the continuation's reads: the progress, the weights entering the round"
+                + (", the slot's residual" if traffic.residual_bytes else "")
+                + (", the slot's state" if rule.rereads_slot and traffic.slot_bytes else ""),
+            ),
+        )
+        if handed
+    ]
+    hand_on_s = (
+        _transfer(1, stored, p.s3_request_s, p.s3_write_mb_s)
+        + p.dynamodb_s
+        + p.sns_publish_s
+        + p.sns_lambda_s
+        + p.handler_s
+        + 3 * p.dynamodb_s
+        + p.s3_request_s
+        + _transfer(1, stored, p.s3_request_s, p.s3_read_mb_s)
+        + read_weights_s
+    )
+    return Continuations(
+        timeout_s=timeout_s,
+        invocations=handed + 1,
+        steps_per_invocation=per,
+        progress_bytes=stored,
+        calls=calls,
+        bytes_read=W * handed * (stored + M + reread),
+        bytes_written=W * handed * stored,
+        seconds=handed * hand_on_s,
+    )
+
+
+HAND_ON_REASON = "the round outlasts the Worker's timeout: it goes on in fresh invocations of the same attempt"
+
+
 def _units(item_bytes: float, unit_bytes: int) -> int:
     return max(1, math.ceil(item_bytes / unit_bytes))
 
@@ -946,12 +1044,20 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         "sns:PublishBatch": work_batches + W + reduce_batches + R,
     }
     exchange = norm_exchange(traffic.server, R, reduce_bytes)
-    invocations = 1 + 2 * W + 2 * R + exchange.released
+    lat, ddb, pub, hop = p.s3_request_s, p.dynamodb_s, p.sns_publish_s, p.sns_lambda_s
+    worker_cpus = _speedup(vcpus(mem["worker"]), p.vcpu_efficiency)
+    read_weights = _transfer(1, M, lat, p.s3_read_mb_s)
+    compute_s = traffic.compute_steps * local_batch * w.compute_per_sample_s / worker_cpus
+    read_s = max(read_weights, data.read_s) if data else read_weights  # the samples are read with the weights
+    worker_timeout = min(w.timeout_s["worker"], quotas.lambda_timeout_s)
+    handing = continuations(w, p, traffic, worker_timeout, p.handler_s + ddb + read_s, compute_s, read_weights)
+    invocations = 1 + 2 * W + 2 * R + exchange.released + W * handing.handed_on
     counted = invocations if w.training.budget_usd is not None else 0  # each adds its cost to the run's spend
     for operation, count in (
         *exchange.requests.items(),
         *traffic.worker_requests(W).items(),
         *((e.operation, e.count) for e in option_extras(R, n, traffic, counted)),
+        *((e.operation, e.count) for e in handing.calls),
     ):
         requests[operation] = requests.get(operation, 0) + count
     counter_wu = _units(p.counter_item_bytes, 1024)
@@ -959,7 +1065,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     counter_writes = 1 + W + 1 + R + 1 + (R + 1 if exchange.released else 0)
     write_units = (
         counter_writes * counter_wu
-        + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 1024)
+        + (W + (R if exchange.released else 0) + 3 * W * handing.handed_on) * _units(p.record_bytes, 1024)
         + _units(n * p.participant_bytes, 1024)
         + _units(p.run_item_bytes, 1024)
         + counted
@@ -968,12 +1074,14 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         _units(p.run_item_bytes, 4096)  # BatchGetItem: per item
         + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 4096)
         + traffic.late_queries * _units(W * p.record_bytes + p.counter_item_bytes, 4096)
-        + W * _units(p.counter_item_bytes, 4096)  # the checks: Work's counter, Reduce's participants
+        + W
+        * (1 + handing.handed_on)
+        * _units(p.counter_item_bytes, 4096)  # checks: Work's counter, Reduce's participants
         + (R + exchange.released) * _units(n * p.participant_bytes, 4096)
         + bool(counted)
     )  # the launch's read of the spend
     sns_billed = (
-        W * prices.sns_chunks(work_bytes)
+        W * (1 + handing.handed_on) * prices.sns_chunks(work_bytes)
         + W
         + R * prices.sns_chunks(reduce_bytes)
         + R
@@ -981,14 +1089,10 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         + exchange.released * prices.sns_chunks(exchange.release_bytes)
     )
 
-    lat, ddb, pub, hop = p.s3_request_s, p.dynamodb_s, p.sns_publish_s, p.sns_lambda_s
     # WorkLauncher: read the run (and its spend, with a budget), claim the iteration, publish Work (the n-th
     # message's batch is on the path)
     launch_s = p.handler_s + (2 + bool(counted)) * ddb + publish_batches(n, work_bytes) * pub
     launcher_s = p.handler_s + (2 + bool(counted)) * ddb + work_batches * pub
-    worker_cpus = _speedup(vcpus(mem["worker"]), p.vcpu_efficiency)
-    read_weights = _transfer(1, M, lat, p.s3_read_mb_s)
-    compute_s = traffic.compute_steps * local_batch * w.compute_per_sample_s / worker_cpus
     # the rule's round reads the slot's state before its steps and stores the new one after them; the residual
     # is read alongside the round and stored before the update
     slot_s = 2 * _transfer(1, slot_b, lat, p.s3_read_mb_s) if slot_b else 0.0
@@ -999,8 +1103,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     )
     round_s = max(slot_s + compute_s, residual_read)
     write_update = residual_write + _transfer(1, U, lat, p.s3_write_mb_s)
-    read_s = max(read_weights, data.read_s) if data else read_weights  # the samples are read with the weights
-    worker_s = p.handler_s + ddb + read_s + round_s + write_update + pub  # ddb: the Work's check
+    # ddb: the Work's check; a round that outlasts the Worker's timeout goes on in fresh invocations
+    worker_s = p.handler_s + ddb + read_s + round_s + write_update + pub + handing.seconds
     count_s = p.handler_s + lat + 2 * ddb  # lat: the WorkDone's check
     fire_s = count_s + ddb + pages * ddb + ddb + traffic.late_queries * ddb + reduce_batches * pub
 
@@ -1064,7 +1168,13 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
             f"{traffic.compute_steps} × {local_batch} samples {compute_s:.2f} s"
             + (f", slot state {slot_s:.2f} s" if slot_b else "")
             + (f", residual read {residual_read:.2f} s (alongside), written" if residual_b else "")
-            + f", write update {write_update:.2f} s, WorkDone",
+            + f", write update {write_update:.2f} s, WorkDone"
+            + (
+                f"; in {handing.invocations} invocations of {handing.steps_per_invocation} steps, handing on"
+                f" {handing.seconds:.2f} s"
+                if handing.handed_on
+                else ""
+            ),
         ),
         Stage(name="WorkDone → ReduceLauncher", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(
@@ -1110,7 +1220,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
 
     durations = {  # (invocations, billed seconds of each) per function
         "work_launcher": [(1, launcher_s)],
-        "worker": [(W, worker_s)],
+        "worker": [(W * handing.invocations, worker_s / handing.invocations)],
         "reduce_launcher": [(W - 1, count_s), (1, fire_s)],
         "reducer": [(R, reducer_mean_s + share_s), (exchange.released, step_s)],
         "merger": [(R - 1, merger_count_s), (1, merge_s)],
@@ -1122,10 +1232,10 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     io = {  # (read, written) bytes: the critical invocation, then all of one iteration
         "work_launcher": (0, 0, 0, 0),
         "worker": (
-            M + slot_b + residual_b + math.ceil(data_bytes / W),
-            U + slot_b + residual_b,
-            W * (M + slot_b + residual_b) + data_bytes,
-            W * (U + slot_b + residual_b),
+            M + slot_b + residual_b + math.ceil(data_bytes / W) + handing.bytes_read // W,
+            U + slot_b + residual_b + handing.bytes_written // W,
+            W * (M + slot_b + residual_b) + data_bytes + handing.bytes_read,
+            W * (U + slot_b + residual_b) + handing.bytes_written,
         ),
         "reduce_launcher": (0, 0, 0, 0),
         "reducer": (
@@ -1190,7 +1300,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         quotas,
         n,
         largest_reduce(w.run_spec),
-        critical,
+        {**critical, "worker": worker_s / handing.invocations},  # each invocation's
         memory_needed,
         spreads,
         reduce_read,
@@ -1209,7 +1319,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         requests_per_iteration=requests,
         minimum_requests_per_iteration=minimum,
         data=data,
-        extra_calls=chain_extras(W, R, n, traffic, counted),
+        extra_calls=[*chain_extras(W, R, n, traffic, counted), *handing.calls],
+        continuations=handing,
         read_units=read_units,
         write_units=write_units,
         sns_billed_publishes=sns_billed,
@@ -1644,6 +1755,8 @@ def verdict(
             f"{plan.iteration_s:.2f} s) is S3 event and SNS delivery between functions, whatever the"
             " workers compute; more work per round (a larger batch, --local-steps) spreads it"
         )
+    if handing := continuation_sentence(plan):
+        warnings.append(handing)
     warnings += [f"over {q.name}: {q.detail}" for q in plan.violations if q.name != quota.name or quota.ok]
     budget = w.training.budget_usd
     if budget is not None:
@@ -1664,6 +1777,24 @@ def verdict(
         recommendations=_advice(plan, recommendation),
         budget=None if budget is None else budget_sentence,
     )
+
+
+def continuation_sentence(plan: Plan) -> str | None:
+    """What handing each round on to fresh invocations adds (None: every round fits one Worker invocation)."""
+    handing, w = plan.continuations, plan.workload
+    if not handing.handed_on:
+        return None
+    requests = sum(call.count for call in handing.calls)
+    sentence = (
+        f"each worker's round outlasts the Worker's {handing.timeout_s:g} s timeout: it"
+        f" goes on in {handing.invocations} invocations of {handing.steps_per_invocation} local steps, each handing"
+        f" on {handing.progress_bytes / 1e6:,.1f} MB of progress; that adds {requests:,} requests,"
+        f" {(handing.bytes_read + handing.bytes_written) / 1e6:,.1f} MB and {handing.seconds:,.2f} s an iteration"
+    )
+    heartbeat = w.training.heartbeat_s
+    if plan.iteration_s > heartbeat:
+        sentence += f"; raise --heartbeat above {math.ceil(plan.iteration_s)} s (it is {heartbeat} s)"
+    return sentence
 
 
 class VmComparison(BaseModel):

@@ -70,6 +70,7 @@ class Admm(UpdateRule):
     that state, so that the update and the state agree. The reducers' plain average makes the consensus."""
 
     kind = "weight change"
+    hands_on = rereads_slot = True  # the dual's step and the proximal anchor come from the stored slot state
 
     def round(self, work: Round) -> Update | Progress:
         size, trainable = work.trainer.plan.size, work.trainer.plan.trainable_mask()

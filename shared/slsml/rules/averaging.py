@@ -27,6 +27,7 @@ class ModelAveraging(UpdateRule):
     round before (fresh if there is none), and the slot stores its state after the round."""
 
     kind = "weight change"
+    hands_on = True
 
     def round(self, work: Round) -> Update | Progress:
         keep = work.spec.local_state == "keep"

@@ -74,6 +74,10 @@ class UpdateRule(ABC):
     # whether the reducers' optimizer state is the one Keras's fit would hold for the same steps, so that the final
     # model is saved with it (``fit`` goes on from it as from single-process training)
     fit_state: ClassVar[bool] = False
+    # whether its round may be handed on between local steps to a fresh invocation (``Round.pause``), and whether
+    # each invocation that goes on reads the slot's state of the round before again (``slot_traffic``'s bytes)
+    hands_on: ClassVar[bool] = False
+    rereads_slot: ClassVar[bool] = False
 
     @abstractmethod
     def round(self, work: Round) -> Update | Progress:

@@ -15,6 +15,7 @@ import time
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -88,9 +89,15 @@ class Progress:
 def stored_bytes(params: int, trainable: int, optimizer: OptimizerConfig, steps: int) -> int:
     """Bytes of the progress of a round of ``steps`` steps of ``optimizer`` on a model of ``params`` float32 weights,
     ``trainable`` of them trainable, without building it."""
+    empty, grown = _template(optimizer)
+    return empty + 4 * params + grown * trainable + 2 * 8 * steps
+
+
+@cache
+def _template(optimizer: OptimizerConfig) -> tuple[int, int]:
+    """The bytes of an empty progress of ``optimizer``, and its state's bytes per trainable weight."""
     template = Progress(0, np.zeros(0, np.float32), optimizers.initial_state(optimizer, 0), (), ())
-    grown = sum(value.dtype.itemsize for value in template.state.values() if value.ndim == 1)
-    return len(template.encode()) + 4 * params + grown * trainable + 2 * 8 * steps
+    return len(template.encode()), sum(value.dtype.itemsize for value in template.state.values() if value.ndim == 1)
 
 
 def reserve_s(progress_bytes: int, step_s: float, write_mb_s: float = WRITE_MB_S) -> float:

@@ -1,0 +1,85 @@
+"""The plan of a round that outlasts the Worker's timeout (``slsml.cost.model.continuations``): it says in how many
+invocations the round goes on, as the worker's pacer (``slsml.training.progress``) decides them, and what handing on
+adds to an iteration; a round that fits one invocation, or a rule that cannot hand on, adds nothing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from slsml.cost import model as costmodel
+from slsml.spec.config import TrainingSpec
+from slsml.training import progress
+
+from .test_costmodel import plan_json, predict, workload
+
+PARAMS, LOCAL_STEPS = 2_560_000, 100
+LONG = TrainingSpec(algorithm="average", local_steps=LOCAL_STEPS)
+
+
+def _long(**changes) -> costmodel.Workload:
+    """Rounds of 100 local steps of about 4 s each: 400 s, past the Worker's default timeout."""
+    fields = {"global_batch": 1024, "compute_per_sample_s": 0.05, "training": LONG} | changes
+    return workload(PARAMS, workers=8, reducers=4, **fields)
+
+
+def test_a_round_past_the_workers_timeout_goes_on_in_as_many_invocations_as_the_pacer_takes() -> None:
+    plan = predict(_long())
+    handing, w = plan.continuations, plan.workload
+    compute = float(next(s for s in plan.stages if s.name == "Worker").detail.split("samples ")[1].split(" s")[0])
+    step = compute / LOCAL_STEPS
+    assert handing.timeout_s == w.timeout_s["worker"] < compute
+    # each invocation steps until the pacer's reserve is left (after its reads, under a second here)
+    reserve = progress.reserve_s(handing.progress_bytes, step, costmodel.Parameters().s3_write_mb_s)
+    room = handing.timeout_s - reserve
+    assert (handing.steps_per_invocation - 1) * step <= room < handing.steps_per_invocation * step + 1.0
+    assert handing.invocations == math.ceil(LOCAL_STEPS / handing.steps_per_invocation) >= 2
+    assert handing.progress_bytes == progress.stored_bytes(PARAMS, PARAMS, LONG.local_optimizer_config(), LOCAL_STEPS)
+    # against the same round in one invocation (a timeout it fits): the requests, bytes and time handing on adds
+    whole = predict(_long(timeout_s={**w.timeout_s, "worker": 10**6}), quotas=costmodel.Quotas(lambda_timeout_s=10**6))
+    assert whole.continuations.invocations == 1 and not whole.continuations.calls
+    more = {op: n - whole.requests_per_iteration.get(op, 0) for op, n in plan.requests_per_iteration.items()}
+    handed = w.workers * handing.handed_on
+    assert {op: n for op, n in more.items() if n} == {
+        "s3:PutObject": handed,
+        "s3:HeadObject": handed,
+        "s3:GetObject": 2 * handed,
+        "sns:PublishBatch": handed,
+        "dynamodb:GetItem": handed,
+        "dynamodb:PutItem": handed,
+        "dynamodb:UpdateItem": 2 * handed,
+    }
+    assert sum(call.count for call in handing.calls) == sum(more.values())
+    assert plan.iteration_s == pytest.approx(whole.iteration_s + handing.seconds)
+    worker, alone = (next(f for f in p.functions if f.function == "worker") for p in (plan, whole))
+    assert worker.invocations == w.workers * handing.invocations
+    assert worker.bytes_written_total - alone.bytes_written_total == handed * handing.progress_bytes
+    assert plan.run_dollars > whole.run_dollars
+
+
+def test_a_round_that_fits_or_cannot_hand_on_adds_nothing() -> None:
+    short = predict(_long(training=TrainingSpec(algorithm="average", local_steps=10)))
+    assert short.continuations.invocations == 1 and not short.continuations.calls
+    # gradient averaging's round is one gradient: it cannot go on elsewhere, and the plan says it runs over
+    gradient = predict(_long(compute_per_sample_s=5.0, training=TrainingSpec()))
+    assert gradient.continuations.invocations == 1
+    assert any(q.name == "duration: worker" and not q.ok for q in gradient.quotas)
+
+
+def test_the_plan_says_when_rounds_go_on_and_what_it_costs(capsys: pytest.CaptureFixture) -> None:
+    argv = ["--params", str(PARAMS), "--compute-per-sample", "0.05", "--workers", "8", "--batch", "1024"]
+    out = plan_json(capsys, *argv, "--iterations", "10", "--algorithm", "average", "--local-steps", str(LOCAL_STEPS))
+    handing = out["continuations"]
+    timeout = costmodel.function_timeouts()["worker"]
+    (warning,) = [w for w in out["verdict"]["warnings"] if "outlasts the Worker's" in w]
+    assert warning.startswith(
+        f"each worker's round outlasts the Worker's {timeout} s timeout: it goes on in {handing['invocations']}"
+        f" invocations of {handing['steps_per_invocation']} local steps"
+    )
+    assert f"adds {sum(c['count'] for c in handing['calls']):,} requests" in warning
+    assert "--heartbeat" not in warning  # the iteration is within the default heartbeat
+    short = predict(_long(training=LONG.model_copy(update={"heartbeat_s": 60})))
+    sentence = costmodel.continuation_sentence(short) or ""
+    assert sentence.endswith(f"; raise --heartbeat above {math.ceil(short.iteration_s)} s (it is 60 s)")
+    assert costmodel.continuation_sentence(predict(_long(training=TrainingSpec(algorithm="average")))) is None
