@@ -23,6 +23,9 @@ from slsml.training import modelio
 from .service import last_json, local_service, service_env, service_store, service_table, slsml
 
 LIMIT_WORKERS = 8  # the service's limit on any run's workers (the tests' runs ask for at most 4)
+# enough that the run is still going when `run stop` lands (it is stopped at its second iteration; a command
+# takes a few seconds on a loaded machine, an iteration about one), few enough that its resume ends soon
+STOP_ME_ITERATIONS = 30
 AWS_CLI = os.environ.get("SLSML_AWS_CLI", str(Path(__file__).parents[2] / ".venv-awscli" / "bin" / "aws"))
 
 
@@ -104,7 +107,7 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
         "--data",
         "digits",
         "--iterations",
-        "60",
+        str(STOP_ME_ITERATIONS),
         "--eval-every",
         "0",
         "--run-id",
@@ -142,7 +145,7 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     assert json.loads(resumed.stdout)["iteration"] == int(entering[1])
     watched = slsml(service, "run", "watch", "stop-me", "--json", "--timeout", "300")
     summary = last_json(watched)
-    assert (summary["status"], summary["iterations"]) == ("COMPLETED", 60)
+    assert (summary["status"], summary["iterations"]) == ("COMPLETED", STOP_ME_ITERATIONS)
     assert summary["training"] == status["training"]  # a resumed run goes on with the spec it started with
     first, changed = summary["fleet"]  # the iterations from the resume on trained with 4 workers, and say why
     assert (first["workers"], changed["workers"], changed["reason"]) == (2, 4, "run scale"), summary["fleet"]
