@@ -9,9 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from slsml.accounting import prices, usage
+from slsml.client import demo, runs
+from slsml.cost import model as costmodel
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
-from slsml.training import progress
+from slsml.training import modelio, progress
 
 from .conftest import final_weights, finish, log_entries, timeouts, train
 
@@ -75,3 +78,35 @@ def test_a_round_past_the_workers_timeout_goes_on_in_fresh_invocations_and_ends_
     assert not any(record.relaunched for record in services.table.list_iterations(run_id))
     waited = log_entries(local.log_dir / "watchdog.log", message="deadline: rounds go on in fresh invocations")
     assert any(entry.get("run_id") == run_id for entry in waited)
+
+
+def test_the_plan_counts_the_requests_of_continued_rounds(local, services, tmp_path) -> None:
+    """The plan of the same Worker timeout hands each round on after every step, as the run does, and its requests
+    per iteration are the run's median iteration's, operation by operation (the deadline as long as the default,
+    so that no watchdog turn falls in an iteration)."""
+    run_id, steps = "continued-plan", 4
+    spec = SPEC.model_copy(update={"iterations": 9, "local_steps": steps, "deadline_s": 120.0})
+    with timeouts(local, TIMEOUT_S):
+        train(services, spec, run_id)
+        run = finish(services, run_id)
+    assert run.status == "COMPLETED", run.reason
+    assert local.host.wait_idle(run_id, 60)
+    summary = runs.summarize(run, services.table.list_iterations(run_id), 0.0, usage.read_local(local.log_dir, run_id))
+    path = tmp_path / "cnn.keras"
+    path.write_bytes(modelio.save_model(demo.digits_cnn(seed=1)))
+    figures = costmodel.from_keras_file(path, batch=32, measure=False, parameters=costmodel.Parameters())
+    work = costmodel.Workload(
+        **figures,
+        compute_per_sample_s=1e-4,
+        compute_source="a step well within the timeout",
+        training=spec,
+        workers=spec.workers,
+        reducers=spec.reducers,
+        global_batch=spec.global_batch,
+        iterations=spec.iterations,
+        memory_mb=costmodel.function_memory(),
+        timeout_s={**costmodel.function_timeouts(), "worker": TIMEOUT_S},
+    )
+    plan = costmodel.predict(work, costmodel.Parameters(), costmodel.Quotas(), prices.PriceTable())
+    assert (plan.continuations.invocations, plan.continuations.steps_per_invocation) == (steps, 1)
+    assert plan.requests_per_iteration == summary.requests_per_iteration
