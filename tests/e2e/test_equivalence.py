@@ -119,7 +119,8 @@ def _run_id(name: str, workers: int, reducers: int) -> str:
 
 @pytest.fixture(scope="module")
 def pipeline_runs(services, digits):
-    """All cases at once through the shared pipeline (runs also must not disturb each other)."""
+    """All cases at once through the shared pipeline, the weighted runs beside them (runs also must not disturb each
+    other)."""
     for name, workers, reducers in CASES:
         spec = TrainingSpec(
             workers=workers,
@@ -130,6 +131,7 @@ def pipeline_runs(services, digits):
             eval_every=0,
         )
         train(services, spec, _run_id(name, workers, reducers))
+    start_weighted(services, digits)
     return {case: finish(services, _run_id(*case)) for case in CASES}
 
 
@@ -220,25 +222,14 @@ def test_pipeline_matches_single_process_keras(pipeline_runs, services, digits, 
     assert error <= tolerance, f"{name} W={workers} R={reducers}: max|Δw|/max|w| = {error:.2e}"
 
 
-CONTINUED = ("adam", 3, 3)  # shards that cut across variables
+CONTINUED = ("adam", 4, 3)  # one of the cases: shards that cut across variables
 CONTINUE_STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def continued_run(services, digits):
-    """One more Adam run, whose final.keras fit continues."""
-    name, workers, reducers = CONTINUED
-    run_id = f"eq-continued-{name}-w{workers}-r{reducers}"
-    spec = TrainingSpec(
-        workers=workers,
-        reducers=reducers,
-        global_batch=BATCH,
-        iterations=ITERATIONS,
-        optimizer=config_of(name),
-        eval_every=0,
-    )
-    train(services, spec, run_id)
-    return finish(services, run_id)
+def continued_run(pipeline_runs):
+    """The Adam case whose final.keras fit continues."""
+    return pipeline_runs[CONTINUED]
 
 
 def _continue(model: keras.Model) -> np.ndarray:
@@ -292,8 +283,8 @@ def sample_weights() -> np.ndarray:
     return np.random.default_rng(11).uniform(0.0, 3.0, len(demo.digits()[0])).astype(np.float32)
 
 
-@pytest.fixture(scope="module")
-def weighted_runs(services, digits):
+def start_weighted(services, digits) -> None:
+    """Start the class-weighted runs and the sample-weighted one."""
     name, workers, reducers = WEIGHTED
     spec = TrainingSpec(
         workers=workers,
@@ -313,6 +304,11 @@ def weighted_runs(services, digits):
     runs.start_run(
         services, modelio.save_model(demo.digits_cnn(seed=1)), SAMPLE_WEIGHTS, spec, run_id="eq-sample-weight"
     )
+
+
+@pytest.fixture(scope="module")
+def weighted_runs(pipeline_runs, services):
+    """The weighted runs (started with the cases), once ended."""
     return {
         **{case: finish(services, f"eq-class-weight-{case}") for case in CLASS_WEIGHTS},
         "sample": finish(services, "eq-sample-weight"),
