@@ -21,7 +21,7 @@ from .conftest import final_weights, finish, log_entries, timeouts, train
 pytestmark = pytest.mark.usefixtures("warm")  # the Worker times out after seconds here
 REFERENCE = "continued-reference"
 TIMEOUT_S = 2  # the Worker's (and Reducer's), for this test: below the reserve, so one step an invocation
-LOCAL_STEPS = 8
+LOCAL_STEPS = 12
 SPEC = TrainingSpec(
     workers=2,
     reducers=2,
@@ -33,7 +33,7 @@ SPEC = TrainingSpec(
     local_learning_rate=0.05,
     local_momentum=0.9,
     local_state="keep",
-    deadline_s=TIMEOUT_S,  # the shortest the timeout allows: a round of eight invocations outlasts it
+    deadline_s=TIMEOUT_S,  # the shortest the timeout allows: a round of twelve invocations outlasts it
 )
 assert TIMEOUT_S < progress.PAUSE_RESERVE_S
 
