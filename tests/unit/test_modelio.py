@@ -435,3 +435,50 @@ def test_an_archive_writer_of_weights_it_cannot_tell_apart_saves_with_keras(monk
     for _ in range(2):
         np.testing.assert_array_equal(modelio.get_flat(modelio.load_model(writer.save()), plan), weights)
     assert len(saved) == 3  # the marked save, then Keras' own every time
+
+
+def test_local_steps_on_named_arrays_equal_keras_fit_steps_of_a_two_output_model() -> None:
+    """Model averaging's local steps (and so ADMM's) take x and y as named arrays: each output's loss times its
+    loss weight, as Keras's compiled loss trains it."""
+    from slsml.rules import averaging
+
+    def build() -> keras.Model:
+        keras.utils.set_random_seed(2)
+        first, second = keras.Input((4,), name="first"), keras.Input((2,), name="second")
+        hidden = keras.layers.Dense(6, activation="tanh")(keras.layers.Concatenate()([first, second]))
+        outputs = [
+            keras.layers.Dense(3, activation="softmax", name="kind")(hidden),
+            keras.layers.Dense(1, name="r")(hidden),
+        ]
+        model = keras.Model({"first": first, "second": second}, outputs)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss={"kind": "sparse_categorical_crossentropy", "r": "mse"},
+            loss_weights={"kind": 1.0, "r": 0.5},
+        )
+        return model
+
+    rng = np.random.default_rng(0)
+    batches = [
+        (
+            {
+                "first": rng.normal(size=(16, 4)).astype(np.float32),
+                "second": rng.normal(size=(16, 2)).astype(np.float32),
+            },
+            {"kind": rng.integers(0, 3, 16), "r": rng.normal(size=16).astype(np.float32)},
+            None,
+        )
+        for _ in range(3)
+    ]
+    model, reference = build(), build()
+    plan = ShardPlan.build(modelio.variable_specs(model), 1)
+    trainer = modelio.Trainer(model, plan, modelio.loss_config(model, None), classification=True)
+    start = modelio.get_flat(model, plan)
+    progress, finished = averaging.local_steps(
+        trainer, start, batches, OptimizerConfig(name="sgd", learning_rate=0.1), None
+    )
+    for x, y, _ in batches:
+        reference.train_on_batch(x, y)
+    expected = modelio.get_flat(reference, plan)
+    assert finished and np.abs(expected - start).max() > 1e-3
+    np.testing.assert_allclose(progress.weights, expected, rtol=1e-5, atol=1e-6)
