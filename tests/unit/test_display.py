@@ -160,6 +160,8 @@ def test_the_progress_line_says_loss_accuracy_and_time_per_iteration() -> None:
     later = text.update(run, Counter(iteration=4, train_loss=0.25, val={"loss": 0.8, "auc": 0.55}))
     assert later.startswith("loss 0.2500  test_auc 0.600  val_auc 0.550  ")  # the last ones seen
     assert "test_loss 0.900" in text.update(run, Counter(iteration=5, test={"loss": 0.9}))  # no metric: the loss
+    several = {"loss": 0.9, "digit_loss": 0.7, "size_loss": 0.4, "digit_accuracy": 0.8}  # a model of two outputs
+    assert "test_digit_accuracy 0.800" in text.update(run, Counter(iteration=6, test=several))  # past the losses
     with display.run_progress("run-1", 10, started=0.0) as show:
         show(run, Counter(iteration=4, train_loss=0.5))
 

@@ -224,8 +224,9 @@ class ProgressText:
 
 
 def first_metric(figures: Mapping[str, float]) -> str:
-    """The name of the first compiled metric among a split's figures by Keras name (``loss`` if none)."""
-    return next((name for name in figures if name != "loss"), "loss")
+    """The name of the first compiled metric among a split's figures by Keras name (``loss`` if none), past the
+    losses of each output (``<output>_loss``) of a model of several."""
+    return next((name for name in figures if name != "loss" and not name.endswith("_loss")), "loss")
 
 
 def why(reason: str) -> str:
