@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+from moto import mock_aws
 
 from slsml.local.host import LambdaContext, error_message
 from slsml.pipeline.envelope import DeadLetterRecords, pipeline_handler
@@ -196,7 +197,9 @@ def test_a_letter_the_reader_fails_on_is_retried_alone(monkeypatch: pytest.Monke
     )  # as functions/dead_letters/handler.py
     records = [sqs_record(WORK, FAILURES) | {"messageId": name} for name in ("first", "poison", "last")]
     try:
-        answer = handler({"Records": records}, LambdaContext("dead_letters", "request-1", 1e12, 256))
+        # in moto: the clients the handler's services make (and the process keeps) hold its credentials
+        with mock_aws():
+            answer = handler({"Records": records}, LambdaContext("dead_letters", "request-1", 1e12, 256))
     finally:
         deployment_services.cache_clear()
     assert answer == {"batchItemFailures": [{"itemIdentifier": "poison"}]}
