@@ -1,5 +1,6 @@
 """Ingest streams a source into a dataset (moto's S3): held-out split by index, the origin kept, an interrupted
-upload continued without sending its stored shards again, and one of other data refused."""
+upload (of a file or of Python batches) continued without sending its stored shards again, and one of other data
+refused."""
 
 from __future__ import annotations
 
@@ -99,6 +100,54 @@ def test_an_interrupted_ingest_continues_and_other_data_is_refused(s3, tmp_path:
     assert not store.exists(keys.dataset_manifest("e"))
     with pytest.raises(BadInputError, match="dataset 'd' already exists"):
         ingest.put(store, "d", sources.open_source(tmp_path / "d.npz"), shard_mb=0.02)
+
+
+def test_an_interrupted_upload_of_python_batches_continues_and_other_batches_are_refused(s3) -> None:
+    store = ObjectStore(s3, BUCKET)
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((3000, 10)).astype(np.float32), rng.integers(0, 4, 3000)
+
+    def batches(fail_at: int | None = None, end: int = 3000, changed: int = -1) -> Iterator[tuple]:
+        for start in range(0, end, 200):
+            if start == fail_at:
+                raise ConnectionError("the source went away")
+            batch = slice(start, min(start + 200, end))
+            yield np.where((np.arange(3000) == changed)[batch, None], 0.5, x[batch]), y[batch]
+
+    def put(name: str, own_test: bool = False, **how) -> data.DatasetManifest:
+        """Ingest ``batches(**how)``: a held-out fraction of them the test split, or (``own_test``) 100 more."""
+        source = sources.from_python(batches(**how))
+        if own_test:
+            source.test = sources.from_python(x[:100], y[:100])
+        return ingest.put(store, name, source, shard_mb=0.01)
+
+    with pytest.raises(ConnectionError):
+        put("it", fail_at=2000)
+    stored = set(store.list_keys("datasets/it/"))
+    assert stored and keys.dataset_manifest("it") not in stored
+    sent = puts(s3)
+    manifest = put("it")
+    assert set(sent).isdisjoint(stored) and sent[-1] == keys.dataset_manifest("it")  # the manifest last
+    assert set(store.list_keys("datasets/it/")) == stored | set(sent)
+    got_x, got_y = data.DatasetReader(store, manifest).split("train")
+    train = ~ingest.held_out(0, 3000, 0.2, 0, None)
+    np.testing.assert_array_equal(got_x, x[train])
+    np.testing.assert_array_equal(got_y, y[train])
+
+    def last_stored(name: str, own_test: bool = False) -> int:
+        """The last train shard that an upload of ``name`` interrupted at sample 2,000 stored."""
+        with pytest.raises(ConnectionError):
+            put(name, own_test, fail_at=2000)
+        return max(int(key[-9:-4]) for key in store.list_keys(keys.dataset_shards(name, "train")))
+
+    shard = last_stored("other")
+    changed = int(np.flatnonzero(train)[shard * manifest.shard_records + 5])  # one sample of that shard
+    with pytest.raises(BadInputError, match=rf"'other': train shard {shard} stored by an earlier upload holds other"):
+        put("other", changed=changed)
+    shard = last_stored("short", own_test=True)  # every sample a training sample
+    with pytest.raises(BadInputError, match=rf"'short': train shard {shard} stored by an earlier upload lies past"):
+        put("short", own_test=True, end=shard * manifest.shard_records)  # the samples of the shards before it
+    assert not store.exists(keys.dataset_manifest("other")) and not store.exists(keys.dataset_manifest("short"))
 
 
 def test_bad_input_midway_leaves_no_dataset_visible(s3) -> None:

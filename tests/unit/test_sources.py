@@ -87,10 +87,12 @@ def test_arrays_batches_and_a_tf_dataset_from_python() -> None:
     import tensorflow as tf
 
     x, y = samples(200)
+    dataset = sources.from_python(tf.data.Dataset.from_tensor_slices((x, y)).batch(64))
     for source in (
         sources.from_python(x, y),
         sources.from_python(iter([(x[:70], y[:70]), (x[70:], y[70:])])),
-        sources.from_python(tf.data.Dataset.from_tensor_slices((x, y)).batch(64)),
+        dataset,
+        dataset,  # read anew, from the start: an interrupted ingest of it continues
     ):
         got_x, got_y, _ = read_all(source)
         np.testing.assert_array_equal(got_x, x)

@@ -13,7 +13,8 @@ The writer fills one shard of ``shard_mb`` per split (``slsml.data.manifest`` gi
 each full shard in the background, at most ``uploads`` at a time: it holds at most (2 + ``uploads``) shards, however
 big the dataset. Each chunk is checked first (shape, dtype, NaN or Inf: one line naming the split and the problem).
 Shards are stored create-only with their SHA-256 as metadata; a shard already stored with the same checksum (an
-interrupted upload of the same data, written again) is kept and not sent again, one with another checksum is refused.
+interrupted upload of the same data, written again) is kept and not sent again, one with another checksum is refused,
+and so is one stored past the last shard written now.
 Use it as a context manager: after an error it waits for the uploads in flight and drops those not begun.
 ``finish`` writes the manifest last; an existing dataset is never replaced. ``progress`` is called with the bytes of
 each shard stored.
@@ -180,6 +181,8 @@ class DatasetWriter:
                 )
                 for split in SPLITS
             }
+            for split in SPLITS:
+                self._refuse_stored_beyond(split, len(infos[split].shards))
             manifest = DatasetManifest(
                 name=self.name,
                 **self._layout_fields("x"),
@@ -218,6 +221,18 @@ class DatasetWriter:
                     f"{what}: {key} samples are {array.dtype}{list(array.shape[1:])} where the "
                     f"dataset's are {dtype}{list(shape)}"
                 )
+
+    def _refuse_stored_beyond(self, split: Split, shards: int) -> None:
+        """Refuse a shard an earlier upload stored past the ``shards`` of ``split`` read now: the source gave more
+        samples then, so it gives other data now."""
+        prefix = keys.dataset_shards(self.name, split)
+        written = {keys.dataset_shard(self.name, split, index) for index in range(shards)}
+        if beyond := sorted(set(self.store.list_keys(prefix)) - written):
+            index = int(beyond[0].removeprefix(prefix).removesuffix(".bin"))
+            raise BadInputError(
+                f"dataset {self.name!r}: {split} shard {index} stored by an earlier upload lies past the end of the "
+                f"{shards} shards the source gives now (it gives other data); choose another name"
+            )
 
     def _layout_fields(self, part: str) -> dict[str, Any]:
         """The manifest's fields of x or y: one array's shape and dtype, or the named arrays with their ranges."""
@@ -271,8 +286,8 @@ class DatasetWriter:
                 stored = {CHECKSUM_METADATA: entry.sha256}
             if (stored or self.store.head(key) or {}).get(CHECKSUM_METADATA) != entry.sha256:
                 raise BadInputError(
-                    f"dataset {self.name!r}: {split} shard {index} stored by an earlier upload "
-                    "holds other data (its checksum differs); choose another name"
+                    f"dataset {self.name!r}: {split} shard {index} stored by an earlier upload holds other data "
+                    "than the source gives now (its checksum differs); choose another name"
                 )
             if self.progress is not None:
                 self.progress(entry.bytes)

@@ -123,8 +123,13 @@ def dataset_manifest(name: str) -> str:
     return f"datasets/{name}/manifest.json"
 
 
+def dataset_shards(name: str, split: str) -> str:
+    """The prefix of a dataset split's shards."""
+    return f"datasets/{name}/{split}-"
+
+
 def dataset_shard(name: str, split: str, index: int) -> str:
-    return f"datasets/{name}/{split}-{index:05d}.bin"
+    return f"{dataset_shards(name, split)}{index:05d}.bin"
 
 
 def parse_model_key(key: str) -> tuple[str, int] | None:

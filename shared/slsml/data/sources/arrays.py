@@ -237,8 +237,9 @@ class BatchesSource(Source):
 def from_python(x: Any, y: Any = None, x_test: Any = None, y_test: Any = None) -> Source:
     """A source of arrays ``x``, ``y`` (and ``x_test``, ``y_test``: its test part; each an array or a dict of named
     arrays, by the model's input and output names), or, with ``x`` alone, of
-    ``x``'s ``(x, y)`` batches: a ``tf.data.Dataset`` as Keras ``fit`` takes it, or an iterable (an iterator is
-    read once, so an interrupted ingest of one cannot continue)."""
+    ``x``'s ``(x, y)`` batches: a ``tf.data.Dataset`` as Keras ``fit`` takes it, or an iterable. An interrupted
+    ingest continues when given the same batches again: the same dataset (read anew) or iterable, or a new
+    iterator of them (a generator called again), not one partly read."""
     if y is None:
         if hasattr(x, "as_numpy_iterator"):
             return BatchesSource("the tf.data.Dataset", x.as_numpy_iterator)
