@@ -17,6 +17,7 @@ import boto3
 import numpy as np
 import pytest
 
+from slsml.aws.storage import etag_of
 from slsml.client import demo, runs
 from slsml.local.cloud import REGION
 from slsml.local.faults import Delay, Faults
@@ -24,7 +25,7 @@ from slsml.pipeline.steps.merger import GENERATION_METADATA, MERGED_METADATA
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import SlsmlError
-from slsml.spec.messages import WorkDone
+from slsml.spec.messages import Manifest, WorkDone
 from slsml.training import modelio
 from tests import archives
 
@@ -142,9 +143,11 @@ def test_objects_placed_at_a_runs_next_keys_are_not_trusted_and_a_replaced_final
     bucket = services.store.bucket
     forged = modelio.save_model(demo.digits_cnn(seed=7))  # a loadable model of the run's shape, other weights
     done = WorkDone(run_id=PLACED, iteration=AT + 1, worker=0, samples=32, loss=0.1, compute_s=1)
+    elsewhere = Manifest(iteration=AT + 1, shards=[etag_of(forged)] * SPEC.reducers).model_dump_json().encode()
     placed = {  # key → (body, metadata): each claims to be what the pipeline would have written there
         keys.update(PLACED, AT + 1, 0): (b"\0" * 4096, {"done": done.model_dump_json()}),
-        keys.model(PLACED, AT + 1): (forged, {MERGED_METADATA: str(AT), GENERATION_METADATA: "0"}),
+        keys.manifest(PLACED, AT + 1): (elsewhere, {MERGED_METADATA: str(AT), GENERATION_METADATA: "0"}),
+        keys.model(PLACED, SPEC.iterations): (forged, {}),
         keys.final_model(PLACED): (forged, {}),
     }
     try:

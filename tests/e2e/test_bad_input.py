@@ -32,9 +32,9 @@ def test_upload_that_is_not_a_keras_model_fails_the_run(services, digits):
     runs.launch_run(services, config)
     run = finish(services, "bad-model", timeout_s=60)
     assert run.status == "FAILED"
-    assert "not a Keras model" in run.reason and "runs/bad-model/models/000000.keras" in run.reason
+    assert "not a Keras model" in run.reason and "runs/bad-model/source.keras" in run.reason
     assert store.get(keys.model("bad-model", 0)) == b"definitely not a zip archive"
-    assert not services.store.exists(keys.model("bad-model", 1))
+    assert not services.store.exists(keys.trigger("bad-model", 1))
 
 
 def test_start_rejects_a_file_that_is_not_a_model(services, digits):

@@ -26,6 +26,6 @@ def test_demo_configuration_reaches_95_percent(services, digits):
         assert set(record.reports) == {0, 1, 2, 3}
         assert [p.worker for p in record.participants] == [0, 1, 2, 3] and record.participant_count == 4
         assert (record.shards_in, record.merge_fired_by in {0, 1}, record.stale_shards) == (2, True, set())
-        assert services.store.exists(keys.model("demo-accuracy", record.iteration + 1))
+        assert services.store.exists(keys.trigger("demo-accuracy", record.iteration + 1))
     model = modelio.load_model(services.store.get(keys.final_model("demo-accuracy")))
     assert model.count_params() > 0

@@ -22,7 +22,8 @@ def test_objects_that_are_no_pipeline_model_are_ignored_and_kept(local, services
     other_model = modelio.save_model(demo.digits_cnn(seed=5))
     stray = {
         "runs/stray/models/notes.keras": b"a note, not a model",  # not an iteration's name
-        "runs/stray/models/000007.keras": other_model,  # an iteration the run never reaches
+        "runs/stray/models/000002.keras": other_model,  # a saved model's name: no trigger
+        "runs/stray/models/000007.json": b"{}",  # the trigger of an iteration the run never reaches
         "runs/stray/backup.keras": other_model,  # beside the run's own objects
         "incoming/not a name!.keras": other_model,  # a drop-in name that no run id can come from
         "incoming/nested/model.keras": other_model,
@@ -39,7 +40,7 @@ def test_objects_that_are_no_pipeline_model_are_ignored_and_kept(local, services
         assert services.store.get(key) == body, key
     launcher_log = local.log_dir / "work_launcher.log"
     not_models = {e["key"] for e in log_entries(launcher_log, message="object is not a pipeline model: ignored")}
-    assert {"runs/stray/models/notes.keras", "runs/stray/backup.keras"} <= not_models
+    assert {"runs/stray/models/notes.keras", "runs/stray/models/000002.keras", "runs/stray/backup.keras"} <= not_models
     not_current = log_entries(launcher_log, message="model is not the run's current one: ignored")
     assert any(e["run_id"] == "stray" and e["iteration"] == 7 for e in not_current)
     dropped = {

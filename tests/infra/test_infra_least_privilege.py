@@ -257,7 +257,7 @@ def test_the_key_layout_stays_inside_the_granted_kinds_of_object() -> None:
         keys.source_model("r"): keys.SOURCE_MODEL_OBJECTS,
         keys.model("r", 1): keys.MODEL_OBJECTS,
         keys.final_model("r"): keys.FINAL_MODEL_OBJECTS,
-        keys.weights("r", 1): keys.SCRATCH_OBJECTS,
+        keys.manifest("r", 1): keys.MODEL_OBJECTS,
         keys.shard("r", 1, 0): keys.SCRATCH_OBJECTS,
         keys.mean("r", 1, 0): keys.SCRATCH_OBJECTS,
         keys.update("r", 1, 0, attempt=1): keys.SCRATCH_OBJECTS,

@@ -64,12 +64,22 @@ def register_run(services: Services, model_bytes: bytes, run_id: str, **options:
     return config
 
 
+def place_initial(services: Services, run_id: str, iteration: int) -> None:
+    """The weights entering iteration 0 placed as those entering ``iteration``: its shards, and its manifest."""
+    from slsml.pipeline.steps.common import run_config, shard_etags
+    from slsml.spec.messages import Manifest
+
+    store, config = services.store, run_config(services.store, run_id)
+    for shard in range(config.reducers):
+        store.put_new(keys.shard(run_id, iteration, shard), store.get(keys.shard(run_id, 0, shard)))
+    named = Manifest(iteration=iteration, shards=shard_etags(store, config, iteration) or [])
+    store.put_new(keys.manifest(run_id, iteration), named.model_dump_json().encode())
+
+
 def work(services: Services, run_id: str, iteration: int = 0, worker: int = 0, workers: int = 2) -> WorkDone | None:
     """Worker ``worker``'s step of ``iteration``; past iteration 0, from the model of iteration 0."""
     from slsml.pipeline.steps import worker as step
 
     if iteration:
-        store = services.store
-        store.put_array_new(keys.weights(run_id, iteration), store.get_array(keys.weights(run_id, 0)))
-        store.put_new(keys.model(run_id, iteration), store.get(keys.model(run_id, 0)))
+        place_initial(services, run_id, iteration)
     return step.work(WorkMessage(run_id=run_id, iteration=iteration, worker=worker, workers=workers), services)

@@ -15,6 +15,7 @@ from slsml.bench.algorithms import Variant
 from slsml.cli import display
 from slsml.data import datasets as data
 from slsml.pipeline.services import Services
+from slsml.pipeline.steps.common import load_weights
 from slsml.rules import admm
 from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
@@ -148,7 +149,7 @@ def test_the_worker_goes_on_from_its_slot_state_and_fails_the_run_on_one_that_do
         cloud.work(services, "admm", iteration, 0)
     state = admm.SlotState.decode(store.get(keys.local_state("admm", 1, 0)), size, "s")
     sent = updates.decode(store.get(keys.update("admm", 1, 0)), "weight change", config.plan)[0]
-    consensus = store.get_array(keys.weights("admm", 0))  # round 1's model is round 0's here (see _work)
+    consensus = load_weights(store, config, 0)  # round 1's model is round 0's here (see _work)
     np.testing.assert_allclose(sent, consensus - state.model - state.dual, atol=1e-6)
     assert np.abs(state.dual).max() > 0  # round 1's dual stepped from round 0's model
 

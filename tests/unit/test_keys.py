@@ -1,4 +1,4 @@
-"""Object key layout: the model key that triggers an iteration."""
+"""Object key layout: the keys that trigger an iteration (the initial model, then each iteration's manifest)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from slsml.spec import keys
 
 
 @pytest.mark.parametrize(("run", "iteration"), [("run-1", 0), ("a", 7), ("0abc-def", 123456), ("r" * 63, 999999)])
-def test_parse_model_key_accepts_model_keys(run: str, iteration: int) -> None:
-    key = keys.model(run, iteration)
-    assert key == f"runs/{run}/models/{iteration:06d}.keras"
+def test_parse_model_key_accepts_trigger_keys(run: str, iteration: int) -> None:
+    key = keys.trigger(run, iteration)
+    assert key == f"runs/{run}/models/{iteration:06d}" + (".json" if iteration else ".keras")
     assert keys.parse_model_key(key) == (run, iteration)
 
 
@@ -19,7 +19,8 @@ def test_parse_model_key_accepts_model_keys(run: str, iteration: int) -> None:
     [
         keys.final_model("run-1"),
         keys.run_config("run-1"),
-        keys.weights("run-1", 3),
+        keys.model("run-1", 3),  # a model saved at a checkpoint or for the final one: it launches nothing
+        keys.source_model("run-1"),
         keys.shard("run-1", 3, 0),
         keys.update("run-1", 3, 0),
         keys.residual("run-1", 3, 0),
@@ -28,6 +29,8 @@ def test_parse_model_key_accepts_model_keys(run: str, iteration: int) -> None:
         "runs/run-1/models/000001.h5",
         "runs/run-1/models/000001.keras.tmp",
         "runs/run-1/models/1.keras",
+        "runs/run-1/models/1.json",
+        "runs/run-1/models/000001.json.tmp",
         "runs/run-1/models/0000001.keras",
         "runs/run-1/models/00000a.keras",
         "runs/run-1/models/.keras",

@@ -48,7 +48,7 @@ def test_tagged_transient_scratch_expires_and_nothing_else(services: Services) -
     store = services.store
     transient = [keys.update("r", 0, 0), keys.mean("r", 0, 1), keys.evaluation("r", 0, 0, "test")]
     kept = [
-        keys.weights("r", 1),
+        keys.manifest("r", 1),
         keys.shard("r", 1, 0),
         keys.residual("r", 0, 0),
         keys.local_state("r", 0, 0),

@@ -20,7 +20,7 @@ from slsml.local import faults
 from slsml.local.faults import Delay, InjectedFault, InvocationFaults
 from slsml.pipeline.services import Services, failing_run_on_bad_input
 from slsml.pipeline.steps import reduce_launcher, reducer, watchdog, work_launcher
-from slsml.pipeline.steps.common import carried_state
+from slsml.pipeline.steps.common import carried_state, load_weights, run_config
 from slsml.pipeline.steps.watchdog import Action
 from slsml.pipeline.steps.work_launcher import Outcome
 from slsml.spec import keys, wiring
@@ -30,6 +30,7 @@ from slsml.spec.errors import RunFailed
 from slsml.spec.limits import RunLimits
 from slsml.spec.messages import (
     Deadline,
+    Manifest,
     ModelLanded,
     Participant,
     ReduceMessage,
@@ -109,7 +110,6 @@ def _register(
         state = optimizers.initial_state(optimizer, int(layout.trainable.sum()))
         initial = shards.Shard(WEIGHTS[layout.start : layout.stop], state, averaged=[])
         services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
-    services.store.put_array_new(keys.weights(run_id, 0), WEIGHTS)
     _put_run(services, run_id, spec, launched)
     if watched:
         assert services.table.watch(run_id, None, 0) is not None
@@ -450,7 +450,9 @@ def test_the_first_launch_sends_the_runs_only_deadline(services: Services, sent:
     assert work_launcher.on_model(again, services) == Outcome.ALREADY_LAUNCHED
     assert [(d.iteration, d.stage, d.link) for d in sent] == [(0, "work", 0)]
     services.table.advance("chain", 1, 0)
-    assert work_launcher.on_model(ModelLanded(key=keys.model("chain", 1), sequencer="c"), services) == Outcome.LAUNCHED
+    assert (
+        work_launcher.on_model(ModelLanded(key=keys.trigger("chain", 1), sequencer="c"), services) == Outcome.LAUNCHED
+    )
     assert len(sent) == 1  # the chain goes on from the deadline pending, not from every launch
     assert services.table.get_run("chain").watched == 0
 
@@ -537,7 +539,7 @@ def test_an_iteration_whose_launch_is_late_is_launched_by_its_deadline_and_the_l
     record = services.table.get_iteration("late-launch", 1)
     assert (record.launched_by, record.workers, record.relaunched) == (DEADLINE_LAUNCH, 3, {0: 1, 1: 1, 2: 1})
     assert record.launched_at >= before
-    late = ModelLanded(key=keys.model("late-launch", 1), sequencer="held")
+    late = ModelLanded(key=keys.trigger("late-launch", 1), sequencer="held")
     assert work_launcher.on_model(late, services) == Outcome.ALREADY_LAUNCHED
     assert services.table.get_iteration("late-launch", 1).launched_at == record.launched_at
 
@@ -731,7 +733,7 @@ def test_parts_dropped_by_a_try_whose_shard_was_not_stored_are_not_counted(
     assert services.table.get_iteration("dup-reduce", 0).dropped_parts == set()
 
 
-def _merge_run(services: Services, run_id: str) -> list[ReduceMessage]:
+def _merge_run(services: Services, run_id: str, **training: int) -> list[ReduceMessage]:
     """A run of a small Keras model whose workers reported; the Reduce messages of its shards."""
     import keras
 
@@ -741,7 +743,7 @@ def _merge_run(services: Services, run_id: str) -> list[ReduceMessage]:
     body = modelio.save_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(3, use_bias=False)]))
     model = modelio.load_model(body)  # as prepare_run reads it
     plan = ShardPlan.build(modelio.variable_specs(model), reducers=2)
-    spec = TrainingSpec(workers=2, reducers=2, global_batch=4, iterations=5, eval_every=0)
+    spec = TrainingSpec(workers=2, reducers=2, global_batch=4, **{"iterations": 5, "eval_every": 0, **training})
     config = RunConfig(
         run_id=run_id,
         dataset="d",
@@ -757,7 +759,8 @@ def _merge_run(services: Services, run_id: str) -> list[ReduceMessage]:
         layout = plan.shard(shard)
         initial = shards.Shard(flat[layout.start : layout.stop], optimizers.initial_state(SGD, layout.size), [])
         services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
-    services.store.put_new(keys.model(run_id, 0), body)
+    services.store.put_new(keys.source_model(run_id), body)
+    services.store.put_new(keys.model(run_id, 0), body)  # the run state machine's copy: the first trigger
     _put_run(services, run_id, spec)
     fired = []
     for worker in range(2):
@@ -776,18 +779,54 @@ def test_duplicate_shard_reports_count_twice_but_the_merge_fires_once(services: 
     assert services.table.get_counter("dup-merge", 0).merge_fired_by is None
     second = reducer.reduce(fired[1], services)
     merged = [merger.on_reduce_done(done, services) for done in (second, second, first)]
-    assert merged == [keys.model("dup-merge", 1), None, None]
+    assert merged == [keys.manifest("dup-merge", 1), None, None]
     counter = services.table.get_counter("dup-merge", 0)
     assert (counter.shards_in, counter.merge_fired_by) == (5, 1)
     weights = np.concatenate(
         [shards.decode(services.store.get(keys.shard("dup-merge", 1, r))).weights for r in range(2)]
     )
-    assert np.array_equal(services.store.get_array(keys.weights("dup-merge", 1)), weights)
-    assert services.store.head(keys.model("dup-merge", 1)) == {
+    config = run_config(services.store, "dup-merge")
+    assert np.array_equal(load_weights(services.store, config, 1), weights)  # what the workers of iteration 1 read
+    named = Manifest.model_validate_json(services.store.get(keys.manifest("dup-merge", 1)))
+    assert named.shards == [services.store.etag(keys.shard("dup-merge", 1, r)) for r in range(2)]
+    assert not services.store.exists(keys.model("dup-merge", 1))  # no model is saved where the run cannot end
+    assert services.store.head(keys.manifest("dup-merge", 1)) == {
         merger.MERGED_METADATA: "0",
         merger.GENERATION_METADATA: "0",
     }
     assert services.table.get_run("dup-merge").iteration == 1
+
+
+def test_the_workers_take_only_the_shards_the_manifest_names(services: Services) -> None:
+    """A shard replaced after the merge (a forged object at the shard's key) is not read as the weights."""
+    from slsml.pipeline.steps import merger
+
+    dones = [reducer.reduce(message, services) for message in _merge_run(services, "forged-shard")]
+    assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.manifest("forged-shard", 1)]
+    stored = shards.decode(services.store.get(keys.shard("forged-shard", 1, 1)))
+    forged = shards.Shard(stored.weights + 1, stored.state, stored.averaged)
+    services.store.replace(keys.shard("forged-shard", 1, 1), shards.encode(forged))
+    with pytest.raises(RunFailed, match=r"0001\.bin is not the shard the manifest of iteration 1 names"):
+        load_weights(services.store, run_config(services.store, "forged-shard"), 1)
+
+
+@pytest.mark.parametrize(
+    ("training", "saved"),
+    [({"checkpoint_every": 1}, "a checkpoint"), ({"iterations": 1}, "the final model, with its optimizer's state")],
+)
+def test_the_merger_saves_the_model_at_a_checkpoint_and_for_the_final_one(
+    services: Services, training: dict[str, int], saved: str
+) -> None:
+    from slsml.pipeline.steps import merger
+    from slsml.training import modelio
+
+    run_id = f"saved-{next(iter(training))}".replace("_", "-")
+    dones = [reducer.reduce(message, services) for message in _merge_run(services, run_id, **training)]
+    assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.manifest(run_id, 1)]
+    model = modelio.load_model(services.store.get(keys.model(run_id, 1)))
+    config = run_config(services.store, run_id)
+    assert np.array_equal(modelio.get_flat(model, config.plan), load_weights(services.store, config, 1)), saved
+    assert bool(getattr(model, "optimizer", None)) == ("final" in saved)  # fit_state: gradient averaging
 
 
 def test_an_earlier_generations_late_reports_leave_a_resumed_runs_iteration_alone(services: Services) -> None:
@@ -804,7 +843,7 @@ def test_an_earlier_generations_late_reports_leave_a_resumed_runs_iteration_alon
     assert [reduce_launcher.on_work_done(_done("resumed-race", w), services) for w in range(2)] == [[], []]
     relaunched = services.table.claim_launch("resumed-race", 0, "resume-1", 1, 2)
     assert (relaunched.arrived, relaunched.shards_in, relaunched.merge_fired_by) == (0, 0, None)
-    assert not services.store.exists(keys.model("resumed-race", 1))
+    assert not services.store.exists(keys.manifest("resumed-race", 1))
     # the late workers' records give way to the new generation's re-launch (worker 0) and report (worker 1)
     services.table.relaunch_workers("resumed-race", 0, 1, {0: 1})
     assert services.table.get_iteration("resumed-race", 0).relaunched == {0: 1}
@@ -882,11 +921,11 @@ def test_a_merge_an_earlier_generation_claims_after_the_resume_leaves_the_new_me
     assert merger.on_reduce_done(dones[0], services) is None
     _resume_before(monkeypatch, services, "late-claim", services.table, "fire_merge")
     assert merger.on_reduce_done(dones[1], services) is None
-    assert not services.store.exists(keys.model("late-claim", 1))
+    assert not services.store.exists(keys.manifest("late-claim", 1))
     assert services.table.claim_launch("late-claim", 0, "resume-1", 1, 2) is not None
     fired = _report_in_generation_1(services, "late-claim")
     again = [reducer.reduce(message, services) for message in fired]
-    assert [merger.on_reduce_done(d, services) for d in reversed(again)] == [None, keys.model("late-claim", 1)]
+    assert [merger.on_reduce_done(d, services) for d in reversed(again)] == [None, keys.manifest("late-claim", 1)]
     assert (services.table.get_run("late-claim").iteration, again[0].generation) == (1, 1)
 
 
@@ -901,7 +940,7 @@ def test_an_earlier_generations_merger_resumed_before_it_advances_stores_no_mode
     _resume_before(monkeypatch, services, "late-advance", services.table, "advance")
     assert [merger.on_reduce_done(d, services) for d in dones] == [None, None]
     run = services.table.get_run("late-advance")
-    assert (run.iteration, run.generation, services.store.exists(keys.model("late-advance", 1))) == (0, 1, False)
+    assert (run.iteration, run.generation, services.store.exists(keys.manifest("late-advance", 1))) == (0, 1, False)
 
 
 def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_and_announced(
@@ -913,8 +952,8 @@ def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_a
     from slsml.pipeline.steps import merger
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "adopt")]
-    _resume_before(monkeypatch, services, "adopt", services.store, "put_new", keys.model("adopt", 1))
-    assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.model("adopt", 1)]
+    _resume_before(monkeypatch, services, "adopt", services.store, "put_new", keys.manifest("adopt", 1))
+    assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.manifest("adopt", 1)]
     sqs = boto3.client("sqs", region_name="us-east-1")
     events = sqs.create_queue(QueueName="model-events")["QueueUrl"]
     queue_arn = sqs.get_queue_attributes(QueueUrl=events, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
@@ -925,11 +964,14 @@ def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_a
     assert services.table.claim_launch("adopt", 0, "resume-1", 1, 2) is not None
     fired = _report_in_generation_1(services, "adopt")
     again = [reducer.reduce(message, services) for message in fired]
-    assert [merger.on_reduce_done(d, services) for d in again] == [None, keys.model("adopt", 1)]
-    assert services.store.head(keys.model("adopt", 1)) == {merger.MERGED_METADATA: "0", merger.GENERATION_METADATA: "1"}
+    assert [merger.on_reduce_done(d, services) for d in again] == [None, keys.manifest("adopt", 1)]
+    assert services.store.head(keys.manifest("adopt", 1)) == {
+        merger.MERGED_METADATA: "0",
+        merger.GENERATION_METADATA: "1",
+    }
     received = sqs.receive_message(QueueUrl=events, MaxNumberOfMessages=10)["Messages"]
     landed = [o for m in received for o in landed_objects(S3Notification.model_validate_json(m["Body"]))]
-    assert [o.key for o in landed] == [keys.model("adopt", 1)]
+    assert [o.key for o in landed] == [keys.manifest("adopt", 1)]
     assert work_launcher.on_model(landed[0], services) == Outcome.LAUNCHED
     assert merger.on_reduce_done(again[1], services) is None  # a retry of generation 1's merge: stored already
 
@@ -952,21 +994,21 @@ def test_a_launch_an_earlier_generations_watchdog_claims_after_the_resume_gives_
 def test_a_copy_of_the_merging_report_after_the_merge_does_not_merge_again(
     services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A copy whose first claimed the merge and crashed before the model was stored merges; once the model is
-    stored, a copy finds it and stops before it assembles the weights again."""
+    """A copy whose first claimed the merge and crashed before the manifest was stored merges; once the manifest is
+    stored, a copy finds it and stops before it lists the shards again."""
     from slsml.pipeline.steps import merger
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "copy-merge")]
     assert merger.on_reduce_done(dones[0], services) is None
     assert services.table.fire_merge("copy-merge", 0, 1, 0)  # the crashed copy's claim
     claimed_at = services.table.get_counter("copy-merge", 0).merged_at
-    assert merger.on_reduce_done(dones[1], services) == keys.model("copy-merge", 1)
+    assert merger.on_reduce_done(dones[1], services) == keys.manifest("copy-merge", 1)
     assert services.table.get_counter("copy-merge", 0).merged_at == claimed_at  # the merge's time is the first's
 
-    def assembled(*_: object) -> None:
-        raise AssertionError("a copy of the merging report assembled the model again")
+    def listed(*_: object) -> None:
+        raise AssertionError("a copy of the merging report listed the shards again")
 
-    monkeypatch.setattr(merger, "trainer_for", assembled)
+    monkeypatch.setattr(merger, "shard_etags", listed)
     assert merger.on_reduce_done(dones[1], services) is None
     assert services.table.get_run("copy-merge").iteration == 1
 
@@ -975,7 +1017,7 @@ def test_a_late_duplicate_of_the_merging_shard_report_leaves_the_run_where_it_is
     from slsml.pipeline.steps import merger
 
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "late-merge")]
-    assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.model("late-merge", 1)]
+    assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.manifest("late-merge", 1)]
     services.table.advance("late-merge", 2, 0)  # the next iteration merged too
     entered = services.table.get_run("late-merge").iteration_at
     merged_at = services.table.get_counter("late-merge", 0).merged_at

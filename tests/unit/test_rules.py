@@ -24,6 +24,7 @@ import pytest
 import slsml
 from slsml import rules
 from slsml.pipeline.services import Services
+from slsml.pipeline.steps.common import load_weights
 from slsml.rules.base import UpdateRule
 from slsml.spec import keys
 from slsml.spec.algorithms import ALGORITHMS
@@ -146,7 +147,7 @@ def added_rule_checks() -> None:
         fired = [message for report in done if report for message in reduce_launcher.on_work_done(report, services)]
         for message in fired:
             reducer.reduce(message, services)
-        start = services.store.get_array(keys.weights("sign", 0))
+        start = load_weights(services.store, config, 0)
         end = np.concatenate(
             [
                 shards.decode(services.store.get(keys.shard("sign", 1, r)), config.plan.shard(r).size).weights

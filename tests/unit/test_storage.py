@@ -42,7 +42,7 @@ def test_transient_scratch_carries_the_expiry_tag_and_carried_state_and_models_d
         keys.evaluation("a", 3, 0, "val"),
     ]
     kept = [
-        keys.weights("a", 3),
+        keys.manifest("a", 3),
         keys.shard("a", 3, 0),
         keys.local_state("a", 2, 1),
         keys.residual("a", 2, 1),

@@ -92,7 +92,7 @@ def test_a_warm_process_serving_20_runs_stays_within_its_bound(monkeypatch: pyte
         sizes = []
         for i, run_id in enumerate(runs):
             blob = modelio.save_model(_model(i))
-            store.put_new(keys.model(run_id, 0), blob)
+            store.put_new(keys.source_model(run_id), blob)
             config = RunConfig(
                 run_id=run_id,
                 dataset="d",
@@ -141,7 +141,7 @@ def test_a_workers_warm_model_serves_the_runs_of_one_architecture(monkeypatch: p
         configs = {}
         for name in models:  # as a run is prepared: from the model the user's bytes load
             blob = modelio.save_model(models[name])
-            store.put_new(keys.model(name, 0), blob)
+            store.put_new(keys.source_model(name), blob)
             models[name] = model = modelio.load_model(blob)
             configs[name] = RunConfig(
                 run_id=name,

@@ -67,7 +67,8 @@ def test_past_the_cache_the_worker_reads_its_records_while_it_reads_the_model(
                 gets.append((key, kwargs["Range"]))
                 if len(gets) == len(expected):
                     every_read_began.set()
-        elif key in (keys.model("steps", 0), keys.weights("steps", 0)):  # held until every batch's read began
+        elif key == keys.source_model("steps") or key.startswith(keys.shards_prefix("steps", 0)):  # held until every
+            # batch's read began
             assert every_read_began.wait(WAIT_S), f"the model was read before the batches ({len(gets)} reads)"
         return real_get(**kwargs)
 
@@ -130,9 +131,8 @@ def test_the_plans_data_gets_are_a_runs(
 
     monkeypatch.setattr(store.s3, "get_object", get_object)
     for iteration in range(spec.iterations):
-        store.put_new(keys.model("measured", iteration), model_bytes)
         if iteration:
-            store.put_array_new(keys.weights("measured", iteration), store.get_array(keys.weights("measured", 0)))
+            cloud.place_initial(services, "measured", iteration)
         for worker in range(2):
             step.work(WorkMessage(run_id="measured", iteration=iteration, worker=worker, workers=2), services)
     measured = len(gets) / spec.iterations

@@ -241,6 +241,11 @@ class ObjectStore:
             MetadataDirective="REPLACE",
         )
 
+    def etags(self, prefix: str) -> dict[str, str]:
+        """The keys under ``prefix`` with their ETags (one LIST request per thousand)."""
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return {obj["Key"]: obj["ETag"] for page in pages for obj in page.get("Contents", [])}
+
     def list_keys(self, prefix: str) -> list[str]:
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return [obj["Key"] for page in pages for obj in page.get("Contents", [])]

@@ -138,6 +138,6 @@ def _measure(services: Services, model: object, workers: int, reducers: int) -> 
         participants_item_bytes=capacity.item_bytes(item(participants_sk(0))),
         fire_read_units=fire_reads,
         fired=fired.reduce_fired_by is not None and [p.worker for p in fired.participants] == list(range(workers)),
-        merged=store.exists(keys.model(run_id, 1)),
+        merged=store.exists(keys.trigger(run_id, 1)),
         seconds_per_report=statistics.median(seconds),
     )

@@ -85,7 +85,8 @@ def final_model(services: Services, run: RunRecord) -> bytes:
 
 
 def last_complete_model(services: Services, run_id: str) -> int | None:
-    """The latest iteration whose entering model is stored (None: not even the initial one)."""
+    """The latest iteration whose trigger is stored (the initial model, or a manifest: the shards it names are the
+    carried state a run resumes from); None: not even the initial model."""
     keys_found = services.store.list_keys(keys.models_prefix(run_id))
     return max((parsed[1] for key in keys_found if (parsed := keys.parse_model_key(key))), default=None)
 
@@ -239,7 +240,6 @@ def prepare_run(
         state = optimizers.initial_state(rules.server_optimizer(config), int(layout.trainable.sum()))
         initial = shards.Shard(flat[layout.start : layout.stop], state, averaged=[])
         store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
-    store.put_array_new(keys.weights(run_id, 0), flat)
     store.put_new(keys.source_model(run_id), model_bytes)
     return config
 

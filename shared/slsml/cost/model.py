@@ -8,13 +8,19 @@ q, n = ⌈q·W⌉ participants, M = 4·params bytes, P = M/R bytes per shard, k 
 | function (invocations) | requests per invocation | S3 bytes |
 |---|---|---|
 | WorkLauncher (1) | GetItem 1, UpdateItem 1, PublishBatch ⌈W/10⌉ | – |
-| Worker (W) | GetItem 1 (its check), GetObject 1, PutObject 1, PublishBatch 1 | reads M, writes M + 32 |
+| Worker (W) | GetItem 1 (its check), GetObject R + 1, PutObject 1, PublishBatch 1 | reads M, writes M + 32 |
 | ReduceLauncher (W) | HeadObject 1 (its check: the update's own report), PutItem 1, UpdateItem 1; | – |
 | | the firing one also UpdateItem 1, BatchGetItem ⌈W/100⌉, PutItem 1, PublishBatch ⌈R/per batch⌉ | |
 | Reducer (R) | GetItem 1 (its check), GetObject n + 1, PutObject 1, PublishBatch 1 | reads n·P + P(1+k), |
 | | | writes P(1+k) |
-| Merger (R) | HeadObject 1 (its check), UpdateItem 1; the merging one also GetObject R, UpdateItem 2, | reads M, |
-| | PutObject 2, DeleteObjects ⌈(1 + R + slots)/1000⌉ (the superseded carried state) | writes M + model file |
+| Merger (R) | HeadObject 1 (its check), UpdateItem 1; the merging one also ListObjectsV2 1, UpdateItem 2, | – |
+| | PutObject 1, DeleteObjects ⌈(R + slots)/1000⌉ (the superseded carried state) | writes the manifest |
+
+A worker reads the weights entering its iteration from the R shards the reducers stored (one ranged GET each,
+concurrently with the iteration's manifest, which names their ETags); the Merger only lists the shards and stores
+the manifest, whose S3 event launches the next iteration. It saves the model (``models/<i>.keras``) only where the
+run may end on it (the final one, and each one a watched split is evaluated on) and at checkpoints: not in a steady
+iteration.
 
 The checks are each message's against the run it names (``slsml.pipeline.admission``).
 
@@ -26,7 +32,7 @@ it, each with its reason, are ``chain_extras``.
 
 The critical path of an iteration: the model's S3 event → WorkLauncher → the n-th worker's Work
 message → Worker → ReduceLauncher (fires) → the last Reduce message → Reducer → Merger (merges) →
-the next model. It can be no shorter than the DynamoDB floor: the iteration counter item takes
+the next manifest. It can be no shorter than the DynamoDB floor: the iteration counter item takes
 W + R + 3 writes, at most ``dynamodb_partition_wu_s`` a second.
 """
 
@@ -52,7 +58,7 @@ from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.deployment import DEFAULT_FUNCTIONS
 from slsml.spec.errors import BadInputError
-from slsml.spec.messages import MAX_MESSAGE_BYTES, Participant, ReduceMessage, WorkMessage
+from slsml.spec.messages import MAX_MESSAGE_BYTES, Manifest, Participant, ReduceMessage, WorkMessage
 from slsml.state import runtable as runstate
 from slsml.state.barrier import quorum_count
 from slsml.training import feedback, optimizers, progress, updates
@@ -819,10 +825,10 @@ def round_traffic(w: Workload, p: Parameters) -> RoundTraffic:
 
 def superseded_deletes(spec: TrainingSpec, reducers: int, traffic: RoundTraffic) -> int:
     """DeleteObjects requests of the Merger's delete of the carried state the iteration superseded
-    (``slsml.pipeline.steps.common.carried_state``): the weights, R shards and, where the run keeps them, the slot
-    states and residuals of every worker the run may have."""
+    (``slsml.pipeline.steps.common.carried_state``): the R shards and, where the run keeps them, the slot states and
+    residuals of every worker the run may have."""
     slots = spec.worker_bounds[1] * (bool(traffic.slot_bytes) + bool(traffic.residual_bytes))
-    return math.ceil((1 + reducers + slots) / DELETE_BATCH)
+    return math.ceil((reducers + slots) / DELETE_BATCH)
 
 
 def minimum_chain(
@@ -843,9 +849,13 @@ def minimum_chain(
         "dynamodb:UpdateItem": 1 + R + 1,  # the launch claim, one durable write per shard report, the merge fire
         "dynamodb:PutItem": W + 1,  # one durable write per worker report, the reduce fire (its participants)
         "dynamodb:BatchGetItem": math.ceil(W / runstate.BATCH_READ),  # the reports, read once at the fire
-        "s3:GetObject": W + R * n + R + R + slots["s3:GetObject"],  # weights; each reducer's parts and shard; the
+        # each worker's trigger (the manifest, which names the shards by ETag) and weights, a part of each shard; each
+        # reducer's parts and shard
+        "s3:GetObject": W * (1 + R) + R * n + R + slots["s3:GetObject"],
         "s3:HeadObject": W + R,  # the checks of each WorkDone (its update's own report), each ReduceDone (its shard)
-        "s3:PutObject": W + R + 2 + slots["s3:PutObject"],  # merger's shards. Updates, shards, weights, model
+        # the merge's look that every shard is stored (the count is a hint: a duplicate counts twice)
+        "s3:ListObjectsV2": 1,
+        "s3:PutObject": W + R + 1 + slots["s3:PutObject"],  # updates, shards, the next iteration's trigger
         # the carried state a stopped run would resume from is kept untagged (no lifecycle rule expires it), so the
         # state each iteration supersedes is deleted (DELETE requests are free)
         "s3:DeleteObjects": deletes,
@@ -967,8 +977,8 @@ def continuations(
             ("dynamodb:UpdateItem", 1, "the continuation's record, completed"),
             (
                 "s3:GetObject",
-                2 + bool(traffic.residual_bytes) + (rule.rereads_slot and bool(traffic.slot_bytes)),
-                "the continuation's reads: the progress, the weights entering the round"
+                2 + w.reducers + bool(traffic.residual_bytes) + (rule.rereads_slot and bool(traffic.slot_bytes)),
+                "the continuation's reads: the progress, the weights entering the round (the manifest, the shards)"
                 + (", the slot's residual" if traffic.residual_bytes else "")
                 + (", the slot's state" if rule.rereads_slot and traffic.slot_bytes else ""),
             ),
@@ -1001,6 +1011,12 @@ def continuations(
 HAND_ON_REASON = "the round outlasts the Worker's timeout: it goes on in fresh invocations of the same attempt"
 
 
+def manifest_bytes(reducers: int) -> int:
+    """An iteration's manifest (``slsml.spec.messages.Manifest``) of R shards' ETags, at the largest iteration."""
+    etag = '"' + "0" * 32 + '"'
+    return len(Manifest(iteration=999_999, shards=[etag] * reducers).model_dump_json())
+
+
 def _units(item_bytes: float, unit_bytes: int) -> int:
     return max(1, math.ceil(item_bytes / unit_bytes))
 
@@ -1018,6 +1034,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     traffic = round_traffic(w, p)
     k = state_slots(traffic.server)
     M, F, U = 4 * w.params, w.model_file_bytes, traffic.update_bytes
+    manifest_b = manifest_bytes(R)
     slot_b, residual_b = traffic.slot_bytes, traffic.residual_bytes
     shard_weights = 4 * math.ceil(w.params / R)  # the largest shard: the reducer on the critical path
     part = traffic.part_bytes  # its part of one update
@@ -1037,16 +1054,17 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         "dynamodb:UpdateItem": 1 + W + 1 + R + 2,
         "dynamodb:PutItem": W + 1,
         "dynamodb:BatchGetItem": pages,
-        "s3:GetObject": W + R * (n + 1) + R + data_gets,
+        "s3:GetObject": W * (R + 1) + R * (n + 1) + data_gets,
         "s3:HeadObject": W + R,
-        "s3:PutObject": W + R + 2,
+        "s3:ListObjectsV2": 1,
+        "s3:PutObject": W + R + 1,
         "s3:DeleteObjects": superseded_deletes(w.training, R, traffic),
         "sns:PublishBatch": work_batches + W + reduce_batches + R,
     }
     exchange = norm_exchange(traffic.server, R, reduce_bytes)
     lat, ddb, pub, hop = p.s3_request_s, p.dynamodb_s, p.sns_publish_s, p.sns_lambda_s
     worker_cpus = _speedup(vcpus(mem["worker"]), p.vcpu_efficiency)
-    read_weights = _transfer(1, M, lat, p.s3_read_mb_s)
+    read_weights = _transfer(R, M, lat, p.s3_read_mb_s, p.s3_parallel_reads)  # the manifest's read: alongside
     compute_s = traffic.compute_steps * local_batch * w.compute_per_sample_s / worker_cpus
     read_s = max(read_weights, data.read_s) if data else read_weights  # the samples are read with the weights
     worker_timeout = min(w.timeout_s["worker"], quotas.lambda_timeout_s)
@@ -1132,11 +1150,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         step_s = (
             p.handler_s + ddb + _transfer(2, 2 * shard_weights + shard_state, lat, p.s3_read_mb_s, p.s3_parallel_reads)
         )
-    merge_cpu = min(1.0, vcpus(mem["merger"]))
-    shards_read = _transfer(R, M, lat, p.s3_read_mb_s, p.s3_parallel_reads)
-    assemble = F / (p.keras_mb_s * 1e6) / merge_cpu
-    merge_writes = 2 * lat + (M + F) / (p.s3_write_mb_s * 1e6)
-    merge_s = p.handler_s + lat + ddb + shards_read + 2 * ddb + assemble + merge_writes  # lat: the check
+    # the check, the count, the list of the shards, the fire and the advance, the manifest's PUT
+    merge_s = p.handler_s + lat + ddb + lat + 2 * ddb + lat
     merger_count_s = p.handler_s + lat + ddb
 
     stages = [
@@ -1158,7 +1173,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
             name="Worker",
             function="worker",
             seconds=worker_s,
-            detail=f"read weights {read_weights:.2f} s"
+            detail=f"read weights ({R} shards) {read_weights:.2f} s"
             + (
                 f" and {data.gets_per_iteration / W:,.1f} data GETs {data.read_s:.2f} s (alongside)"
                 if data and data.gets_per_iteration
@@ -1211,7 +1226,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
             name="Merger (merges)",
             function="merger",
             seconds=merge_s,
-            detail=f"{R} ranged GETs {shards_read:.2f} s, assemble {assemble:.2f} s, write weights + model",
+            detail="count, list the shards, advance, write the manifest (its S3 event launches the next iteration)",
         ),
     ]
     chain_s = sum(s.seconds for s in stages)
@@ -1244,7 +1259,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
             n * (U - updates.HEADER_SIZE) + M + state_total,
             M + state_total,
         ),
-        "merger": (M, M + F, M, M + F),
+        "merger": (0, manifest_b, 0, manifest_b),
     }
     memory_needed = {
         "work_launcher": p.python_runtime_mb,
@@ -1304,6 +1319,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         memory_needed,
         spreads,
         reduce_read,
+        read_weights,
         chain_s,
         floor_s,
         counter_writes * counter_wu,
@@ -1390,7 +1406,7 @@ def _first_iteration(
         )
     # the worker reads run.json, the model file (instead of the flat weights), the manifest and its shards
     worker_extra = 2 * p.s3_request_s + (F - M) / (p.s3_read_mb_s * 1e6) + load_model + data_s
-    extra_s = sum(cold.values()) + worker_extra + p.s3_request_s + F / (p.s3_read_mb_s * 1e6) + load_model
+    extra_s = sum(cold.values()) + worker_extra
     gets = W * (2 + math.ceil(shards_each)) + W + R + R + 1  # workers; run.json of every other cold container
     extra = {"s3:GetObject": gets}
     memory = w.memory_mb
@@ -1403,7 +1419,7 @@ def _first_iteration(
     )
     dollars = sum(price_table.cost(extra, gb_seconds=init_gbs).values())
     notes.insert(0, "cold starts on the path: " + ", ".join(f"{name} {s:g} s" for name, s in cold.items()))
-    notes.append("every container reads run.json; workers and the merging merger read the model file")
+    notes.append("every container reads run.json; the workers read the model file")
     return FirstIteration(extra_s=extra_s, extra_requests=extra, extra_dollars=dollars, detail="; ".join(notes))
 
 
@@ -1417,6 +1433,7 @@ def _quotas(
     memory_needed: dict[str, float],
     spreads: dict[str, float],
     reduce_read: float,
+    weights_read: float,
     chain_s: float,
     floor_s: float,
     counter_units: int,
@@ -1536,10 +1553,13 @@ def _quotas(
     )
     updates_prefix = keys.update("<run>", 0, 0).rsplit("/", 1)[0].replace("000000", "<i>") + "/"
     iteration_prefix = updates_prefix.removesuffix("updates/")
+    shards_prefix = f"{iteration_prefix}shards/"
     models_prefix = keys.models_prefix("<run>")
     gets = {
         f"{updates_prefix}: the reducers' {R}×{n} ranged reads": R * n / max(1.0, spreads["reduce"] + reduce_read),
-        f"{iteration_prefix}: {W} workers read the weights": W / max(1.0, spreads["work"]),
+        f"{shards_prefix}: the workers' {W}×{R} ranged reads of the weights": W
+        * R
+        / max(1.0, spreads["work"] + weights_read),
     }
     puts = {
         f"{updates_prefix}: {W} workers' updates": W / max(1.0, spreads["work"]),

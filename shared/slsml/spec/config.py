@@ -354,6 +354,12 @@ class TrainingSpec(BaseModel):
         default=16, ge=1, le=65536, description="shuffle blocks: consecutive samples read (and trained) together"
     )
     eval_every: int = Field(default=10, ge=0, description="test-set evaluation period; 0: only at the end")
+    checkpoint_every: int = Field(
+        default=0,
+        ge=0,
+        description="save the model (models/<iteration>.keras) every this many iterations, after the next one is"
+        " launched; 0: only where the run may end (the final model, and each one a watched split is evaluated on)",
+    )
     epochs: int | None = Field(
         default=None,
         ge=1,

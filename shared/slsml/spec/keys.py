@@ -4,10 +4,14 @@
 datasets/<name>/manifest.json, train-00000.bin, test-00000.bin  (slsml.data.manifest)
 runs/<run>/run.json                           run config (immutable)
 runs/<run>/source.keras                       the model as given; the run state machine copies it to…
-runs/<run>/models/<iter>.keras                model entering iteration <iter>: the trigger
+runs/<run>/models/000000.keras                the model entering iteration 0: the trigger of the first
+runs/<run>/models/<iter>.json                 the manifest of the model entering <iter> > 0 (its shards' ETags): the
+                                              trigger of each later iteration
+runs/<run>/models/<iter>.keras                model entering <iter>, saved where the run may end on it, at
+                                              checkpoints (``checkpoint_every``) and for the final one
 runs/<run>/final.keras                        the trained model, when the run completed
-runs/<run>/iters/<iter>/weights.npy           flat weights entering <iter>: what workers read
-runs/<run>/iters/<iter>/shards/<shard>.bin    one shard's weights and optimizer state entering <iter>
+runs/<run>/iters/<iter>/shards/<shard>.bin    one shard's weights and optimizer state entering <iter>: what workers
+                                              read the weights from, by range
 runs/<run>/iters/<iter>/updates/<worker>.bin  one worker's update (all shards, see updates.py)
 runs/<run>/iters/<iter>/means/<shard>.bin     one shard's averaged gradient, kept for its clipped step
 runs/<run>/iters/<iter>/local/<worker>.npz    model averaging: worker slot's local optimizer state after <iter>
@@ -19,7 +23,7 @@ incoming/<name>.json                          (optional) what to override of tho
 ```
 
 What lies under ``iters/`` is of two kinds. Carried state is what a later iteration, or a resumed run, reads:
-the weights and shards entering an iteration and the slots' states and residuals that the workers of the one
+the shards entering an iteration and the slots' states and residuals that the workers of the one
 before stored (``carried``); it is stored untagged, never expires, and the pipeline deletes each set once it is
 superseded. Transient scratch (updates, means, evaluation states, rounds' progress) is read only while its
 iteration (and the ``staleness`` iterations after it) run; it carries the tag the bucket's lifecycle rule expires it by.
@@ -39,8 +43,11 @@ RUN_CONFIG_OBJECTS = "runs/*/run.json"
 SOURCE_MODEL_OBJECTS = "runs/*/source.keras"
 INCOMING_PREFIX = "incoming/"
 MODEL_SUFFIX = ".keras"
+MANIFEST_SUFFIX = ".json"
 _INCOMING_KEY = re.compile(r"^incoming/(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]{0,100})\.keras$")
-_MODEL_KEY = re.compile(r"^runs/(?P<run>[a-z0-9][a-z0-9-]{0,62})/models/(?P<iter>\d{6})\.keras$")
+_TRIGGER_KEY = re.compile(
+    r"^runs/(?P<run>[a-z0-9][a-z0-9-]{0,62})/models/(?:(?P<first>000000)\.keras|(?P<iter>\d{6})\.json)$"
+)
 
 
 def run_prefix(run_id: str) -> str:
@@ -70,6 +77,16 @@ def model(run_id: str, iteration: int) -> str:
     return f"{models_prefix(run_id)}{model_name(iteration)}"
 
 
+def manifest(run_id: str, iteration: int) -> str:
+    """The manifest of the model entering ``iteration`` (> 0): its shards' ETags, stored by the Merger."""
+    return f"{models_prefix(run_id)}{iteration:06d}{MANIFEST_SUFFIX}"
+
+
+def trigger(run_id: str, iteration: int) -> str:
+    """The object whose S3 event launches ``iteration``: the initial model, then each iteration's manifest."""
+    return model(run_id, 0) if iteration == 0 else manifest(run_id, iteration)
+
+
 def final_model(run_id: str) -> str:
     return f"{run_prefix(run_id)}final.keras"
 
@@ -79,12 +96,12 @@ def iteration_prefix(run_id: str, iteration: int) -> str:
     return f"{run_prefix(run_id)}iters/{iteration:06d}/"
 
 
-def weights(run_id: str, iteration: int) -> str:
-    return f"{iteration_prefix(run_id, iteration)}weights.npy"
+def shards_prefix(run_id: str, iteration: int) -> str:
+    return f"{iteration_prefix(run_id, iteration)}shards/"
 
 
 def shard(run_id: str, iteration: int, shard: int) -> str:
-    return f"{iteration_prefix(run_id, iteration)}shards/{shard:04d}.bin"
+    return f"{shards_prefix(run_id, iteration)}{shard:04d}.bin"
 
 
 def mean(run_id: str, iteration: int, shard: int) -> str:
@@ -133,11 +150,12 @@ def dataset_shard(name: str, split: str, index: int) -> str:
 
 
 def parse_model_key(key: str) -> tuple[str, int] | None:
-    """``runs/<run>/models/<iter>.keras`` → (run, iter); anything else → None."""
-    match = _MODEL_KEY.fullmatch(key)
+    """A trigger (``runs/<run>/models/000000.keras`` or ``runs/<run>/models/<iter>.json``) → (run, iter); anything
+    else (a saved model of a later iteration too) → None."""
+    match = _TRIGGER_KEY.fullmatch(key)
     if match is None:
         return None
-    return match["run"], int(match["iter"])
+    return match["run"], int(match["iter"] or 0)
 
 
 _TRANSIENT_KEY = re.compile(r"^runs/[^/]+/iters/\d{6}/(updates|means|evaluation|progress)/")
@@ -150,9 +168,9 @@ def is_transient(key: str) -> bool:
 
 
 def carried(run_id: str, iteration: int, reducers: int, slots: int, slot_state: bool, residuals: bool) -> list[str]:
-    """The carried state entering ``iteration``: its flat weights and shards, and (where the run keeps them) the
-    slot states and residuals that workers ``0…slots-1`` of the iteration before stored."""
-    found = [weights(run_id, iteration), *(shard(run_id, iteration, r) for r in range(reducers))]
+    """The carried state entering ``iteration``: its shards, and (where the run keeps them) the slot states and
+    residuals that workers ``0…slots-1`` of the iteration before stored."""
+    found = [shard(run_id, iteration, r) for r in range(reducers)]
     if iteration > 0:
         found += [local_state(run_id, iteration - 1, w) for w in range(slots) if slot_state]
         found += [residual(run_id, iteration - 1, w) for w in range(slots) if residuals]

@@ -147,6 +147,16 @@ def landed_objects(notification: S3Notification) -> list[ModelLanded]:
     ]
 
 
+class Manifest(BaseModel):
+    """The trigger of an iteration past the first (``keys.manifest``), stored by the Merger: the ETags of the R shards
+    that hold the weights entering it, as it found them stored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    iteration: int = Field(ge=1)
+    shards: list[str]
+
+
 class RunStarted(BaseModel):
     """Run state machine → WorkLauncher: the run is registered; report its end with this token."""
 

@@ -170,6 +170,7 @@ FUNCTIONS: tuple[Function, ...] = (
 
 BUCKET_NOTIFICATIONS: tuple[BucketNotification, ...] = (
     BucketNotification(prefix=keys.MODELS_PREFIX, suffix=keys.MODEL_SUFFIX, topic=MODEL_UPDATED),
+    BucketNotification(prefix=keys.MODELS_PREFIX, suffix=keys.MANIFEST_SUFFIX, topic=MODEL_UPDATED),
     BucketNotification(prefix=keys.INCOMING_PREFIX, suffix=keys.MODEL_SUFFIX, topic=MODEL_DROPPED),
 )
 

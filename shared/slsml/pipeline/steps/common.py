@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -14,15 +15,39 @@ from slsml.pipeline.services import Services
 from slsml.pipeline.services import run_config as run_config  # read by the admission of messages too
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
+from slsml.spec.errors import RunFailed
+from slsml.spec.messages import Manifest
 from slsml.state.records import Counter, RunRecord
-from slsml.training import stopping
+from slsml.training import shards, stopping
 
 logger = Logger(child=True)
 
 
+def shard_etags(store: ObjectStore, config: RunConfig, iteration: int) -> list[str] | None:
+    """The ETags of the R shards entering ``iteration`` (one LIST request); None if one is missing."""
+    found = store.etags(keys.shards_prefix(config.run_id, iteration))
+    wanted = [keys.shard(config.run_id, iteration, r) for r in range(config.reducers)]
+    return [found[key] for key in wanted] if all(key in found for key in wanted) else None
+
+
 def load_weights(store: ObjectStore, config: RunConfig, iteration: int) -> np.ndarray:
-    """The flat weights entering ``iteration`` (one object, stored by the Merger)."""
-    return store.get_array(keys.weights(config.run_id, iteration))
+    """The flat weights entering ``iteration``: the weights of its R shards, each read by range (concurrently, with
+    the iteration's manifest). A shard is taken only if it is the object the manifest names (its ETag): one not
+    stored by the reducer the Merger counted is not trusted for sitting at the shard's key (RunFailed)."""
+    run, plan = config.run_id, config.plan
+    where = [keys.shard(run, iteration, r) for r in range(config.reducers)]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        manifest = pool.submit(store.get, keys.manifest(run, iteration)) if iteration else None
+        parts = store.get_quorum(where, [shards.weights_range(plan, r) for r in range(plan.reducers)], len(where), 0)
+        named = Manifest.model_validate_json(manifest.result()).shards if manifest is not None else None
+    weights = np.empty(plan.size, dtype=np.float32)
+    for shard, (key, part) in enumerate(zip(where, parts, strict=True)):
+        assert part is not None  # every read is needed: none is left out
+        if named is not None and part.etag != named[shard]:
+            raise RunFailed(f"{key} is not the shard the manifest of iteration {iteration} names: it was replaced")
+        layout = plan.shard(shard)
+        weights[layout.start : layout.stop] = shards.decode_weights(part.body, plan, shard)
+    return weights
 
 
 def carried_state(config: RunConfig, iteration: int) -> list[str]:

@@ -1,10 +1,13 @@
-"""Merger: when every shard of an iteration is in, assemble and upload the next model (the trigger
-of the next iteration). The workers evaluate it (``steps.worker``). The final model also carries the optimizer's
-state, as ``fit`` leaves it (gradient averaging, whose reducers step the run's optimizer as Keras would).
+"""Merger: when every shard of an iteration is in, store the next iteration's manifest (``models/<i>.json``,
+naming the shards' ETags), whose S3 event launches it: the workers read the weights from the shards themselves
+(``steps.common.load_weights``), so that no merged copy of the model lies on an iteration's path. The model is
+assembled and saved (``models/<i>.keras``) only where the run may end on it, before its manifest (the final model,
+which also carries the optimizer's state, as ``fit`` leaves it, for gradient averaging, whose reducers step the
+run's optimizer as Keras would), and at each checkpoint (``checkpoint_every``), after it.
 
 Once the run has advanced, the carried state entering the iteration before (``keys.carried``) is superseded: the
 run resumes from the newest model, whose state is stored, and a step still needing the older state is one
-iteration late at least. The Merger deletes it (one DeleteObjects request) while the model is saved."""
+iteration late at least. The Merger deletes it (one DeleteObjects request) while the manifest is made."""
 
 from __future__ import annotations
 
@@ -20,14 +23,14 @@ from slsml import rules
 from slsml.aws.storage import ObjectStore
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import carried_state, run_config
+from slsml.pipeline.steps.common import carried_state, run_config, shard_etags
 from slsml.pipeline.steps.warm import reader_for, stored_model, trainer_for
 from slsml.pipeline.steps.worker import evaluated
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
-from slsml.spec.errors import BadInputError, NotFoundError
-from slsml.spec.messages import ReduceDone
+from slsml.spec.errors import BadInputError
+from slsml.spec.messages import Manifest, ReduceDone
 from slsml.state.records import RunRecord
 from slsml.training import modelio, shards
 from slsml.training.modelio import Trainer
@@ -40,61 +43,73 @@ HEARTBEATS_PER_WINDOW = 4  # the run's execution hears from the pipeline this of
 
 
 def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
-    """Count the shard; returns the key of the next model if this message completed the iteration."""
+    """Count the shard; returns the key of the next iteration's manifest if this message completed the iteration."""
     store, table = services.store, services.table
     config = run_config(store, message.run_id)
     run, iteration = message.run_id, message.iteration
     counter = table.record_shard(run, iteration, message.generation)
     if counter is None or counter.shards_in < config.reducers or counter.merge_fired_by not in {None, message.shard}:
         return None
-    next_key = keys.model(run, iteration + 1)
+    next_key = keys.manifest(run, iteration + 1)
     if counter.merged_at is not None and store.exists(next_key):  # a copy of the message that merged
         return None
-    try:  # the count is a hint (a duplicate counts twice): every shard must be there
-        parts = store.get_many(
-            [keys.shard(run, iteration + 1, r) for r in range(config.reducers)],
-            [shards.weights_range(config.plan, r) for r in range(config.reducers)],
-        )
-    except NotFoundError:
+    etags = shard_etags(store, config, iteration + 1)  # the count is a hint (a duplicate counts twice)
+    if etags is None:
         return None
-    weights = np.concatenate([shards.decode_weights(part, config.plan, r) for r, part in enumerate(parts)])
-    trainer, _ = trainer_for(store, config, iteration)
-    modelio.set_flat(trainer.model, config.plan, weights)
     if not table.fire_merge(run, iteration, message.shard, message.generation):
         return None
-    with ThreadPoolExecutor(max_workers=2) as pool:  # advance, store the weights and delete superseded state while
-        advancing = pool.submit(_advance, services, config, iteration, message.generation)  # the model is saved
-        storing = pool.submit(store.put_array_new, keys.weights(run, iteration + 1), weights)
-        body = (
-            _fitted(store, config, iteration, trainer, parts)
-            if _carries_state(store, config, iteration + 1)
-            else trainer.save()
-        )
-        advanced, _ = advancing.result(), storing.result()
+    ends = _may_end(store, config, iteration + 1)  # the model a run may end on is saved before it is launched
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the run advances while it is saved
+        advancing = pool.submit(table.advance, run, iteration + 1, message.generation)
+        if ends:
+            _save(store, config, iteration, fitted=rules.of(config.training).fit_state)
+        advanced = advancing.result()
     if advanced is None:  # stopped, failed or resumed meanwhile
         return None
+    body = Manifest(iteration=iteration + 1, shards=etags).model_dump_json().encode()
     metadata = {MERGED_METADATA: str(iteration), GENERATION_METADATA: str(message.generation)}
-    if not store.put_new(next_key, body, metadata) and not _adopt(store, config, next_key, body, metadata, weights):
+    stored = store.put_new(next_key, body, metadata) or _adopt(store, next_key, body, metadata)
+    if iteration > 0:  # after the advance: a step that finds it gone knows that it is late
+        store.delete(carried_state(config, iteration - 1))
+    if not stored:
         return None  # merged before: a retry
     _heartbeat(services, advanced)
-    if counter.launched_at is not None:  # since the iteration was launched, on its model's S3 event
+    if counter.launched_at is not None:  # since the iteration was launched, on its trigger's S3 event
         metrics.emit(Metric.ITERATION_SECONDS, time.time() - counter.launched_at, MetricUnit.Seconds)
     logger.info("model merged", extra={"run_id": run, "iteration": iteration + 1})
+    every = config.training.checkpoint_every
+    if not ends and every and (iteration + 1) % every == 0:  # a checkpoint: saved once the next iteration runs
+        _save(store, config, iteration, fitted=False)
     return next_key
 
 
-def _carries_state(store: ObjectStore, config: RunConfig, iteration: int) -> bool:
-    """Whether the model entering ``iteration`` is saved with its optimizer's state: the final one, and each one a
-    run that may end on it (``early_stopping``, ``keep_best``) evaluates on a watched split, where the reducers'
-    state is the one fit would hold (the rule's ``fit_state``: gradient averaging)."""
-    if not rules.of(config.training).fit_state:
-        return False
+def _may_end(store: ObjectStore, config: RunConfig, iteration: int) -> bool:
+    """Whether the run may end on the model entering ``iteration``: the final one, and each one a run that
+    watches a split (``early_stopping``, ``keep_best``) evaluates that split on."""
     if iteration == config.training.iterations:
         return True
     watched = {monitor.split("_", 1)[0] for monitor in config.training.monitors}
     return bool(watched) and bool(
         watched & set(evaluated(config, iteration, reader_for(store, config.dataset).manifest.train.count))
     )
+
+
+def _save(store: ObjectStore, config: RunConfig, iteration: int, fitted: bool) -> None:
+    """Store the model entering ``iteration + 1`` as ``models/<iteration + 1>.keras``, assembled from its shards
+    (``fitted``: with its optimizer's state, as ``fit`` leaves it). An object of other weights at the key is not the
+    Merger's (a forged or pre-placed one): it is replaced."""
+    key = keys.model(config.run_id, iteration + 1)
+    parts = store.get_many(
+        [keys.shard(config.run_id, iteration + 1, r) for r in range(config.reducers)],
+        [shards.weights_range(config.plan, r) for r in range(config.reducers)],
+    )
+    weights = np.concatenate([shards.decode_weights(part, config.plan, r) for r, part in enumerate(parts)])
+    trainer, _ = trainer_for(store, config, iteration)
+    modelio.set_flat(trainer.model, config.plan, weights)
+    body = _fitted(store, config, iteration, trainer, parts) if fitted else trainer.save()
+    if not store.put_new(key, body) and not _holds(store, config, key, weights):
+        logger.warning("an object not stored by the Merger was replaced", extra={"key": key})
+        store.replace(key, body)
 
 
 def _fitted(store: ObjectStore, config: RunConfig, iteration: int, trainer: Trainer, parts: list[bytes]) -> bytes:
@@ -109,30 +124,19 @@ def _fitted(store: ObjectStore, config: RunConfig, iteration: int, trainer: Trai
     return modelio.fitted_model(trainer.model, config.optimizer, config.loss, config.metrics, config.plan, states())
 
 
-def _advance(services: Services, config: RunConfig, iteration: int, generation: int) -> RunRecord | None:
-    """Advance the run to ``iteration + 1``, then delete the carried state entering ``iteration - 1``: after the
-    advance, a step that finds it gone knows that it is late (``services.failing_run_on_bad_input``)."""
-    advanced = services.table.advance(config.run_id, iteration + 1, generation)
-    if advanced is not None and iteration > 0:
-        services.store.delete(carried_state(config, iteration - 1))
-    return advanced
-
-
-def _adopt(
-    store: ObjectStore, config: RunConfig, key: str, body: bytes, metadata: dict[str, str], weights: np.ndarray
-) -> bool:
-    """The model at ``key`` was stored before. False if this generation's Merger stored it (a retry). True if it is
-    stored anew as this generation's, for its new event to launch the next iteration: a model an earlier generation
-    stored (a resumed run merged again an iteration the earlier one had finished, whose model landed while the run
-    was at an iteration before, so that its event launched nothing) is stored again in place; an object that holds
-    other weights than the merged ones is not this run's (a forged or pre-placed one, whatever its metadata says):
-    it is replaced."""
-    stored = store.head(key) or {}
-    if stored.get(MERGED_METADATA) != metadata[MERGED_METADATA] or not _holds(store, config, key, weights):
+def _adopt(store: ObjectStore, key: str, body: bytes, metadata: dict[str, str]) -> bool:
+    """The manifest at ``key`` was stored before. False if this generation's Merger stored it (a retry). True if it
+    is stored anew as this generation's, for its new event to launch the next iteration: a manifest an earlier
+    generation stored (a resumed run merged again an iteration the earlier one had finished, whose manifest landed
+    while the run was at an iteration before, so that its event launched nothing) is stored again in place; an
+    object that names other shards than the merged ones is not this run's (a forged or pre-placed one, whatever its
+    metadata says): it is replaced."""
+    stored = store.read(key)
+    if stored.metadata.get(MERGED_METADATA) != metadata[MERGED_METADATA] or stored.body != body:
         logger.warning("an object not stored by the Merger was replaced", extra={"key": key})
         store.replace(key, body, metadata)
         return True
-    if int(stored.get(GENERATION_METADATA, 0)) >= int(metadata[GENERATION_METADATA]):
+    if int(stored.metadata.get(GENERATION_METADATA, 0)) >= int(metadata[GENERATION_METADATA]):
         return False
     store.restamp(key, metadata)
     return True

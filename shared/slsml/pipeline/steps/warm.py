@@ -37,12 +37,12 @@ def trainer_bytes(trainer: modelio.Trainer) -> int:
 def trainer_for(
     store: ObjectStore, config: RunConfig, iteration: int, shared: bool = False
 ) -> tuple[modelio.Trainer, bool]:
-    """The run's warm model, loaded from ``models/<iteration>.keras`` on a cold start (or once evicted).
-    ``shared`` (a Worker's, which only computes with it): one warm model serves every run of the same
-    architecture, loss and kind of labels, so that a run that finds one skips the model's download, build and
+    """The run's warm model, loaded from the model the run was started with (``source.keras``) on a cold start
+    (or once evicted). ``shared`` (a Worker's, which only computes with it): one warm model serves every run of the
+    same architecture, loss and kind of labels, so that a run that finds one skips the model's download, build and
     tracing (a sweep's runs, a notebook's models built alike).
 
-    Returns (trainer, fresh): a fresh trainer already holds the weights entering ``iteration``.
+    Returns (trainer, fresh): a fresh trainer already holds the weights entering ``iteration`` (the first one's).
     """
     warm = cache.warm()
     key: tuple[str | bool | None, ...] = ("trainer", config.run_id)
@@ -52,12 +52,12 @@ def trainer_for(
     if trainer is not None:
         trainer.plan = config.plan  # the variables' names are the run's (the same shapes, in the same order)
         return trainer, False
-    model_key = keys.model(config.run_id, iteration)
+    model_key = keys.source_model(config.run_id)
     model = stored_model(store, model_key)
     if tuple(modelio.variable_specs(model)) != config.plan.variables:
         raise BadInputError(f"{model_key} does not have the weights of the model the run was started with")
     trainer = modelio.Trainer(model, config.plan, config.loss, config.classification)
-    return warm.put(key, trainer, trainer_bytes(trainer)), True
+    return warm.put(key, trainer, trainer_bytes(trainer)), iteration == 0
 
 
 def stored_model(store: ObjectStore, key: str) -> keras.Model:

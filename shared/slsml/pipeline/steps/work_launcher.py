@@ -1,4 +1,5 @@
-"""WorkLauncher: a model landed in S3 → launch its iteration's workers; the final model's: launch the workers
+"""WorkLauncher: an iteration's trigger landed in S3 (the initial model, or the manifest of the model entering a
+later one: ``keys.trigger``) → launch its iteration's workers; the final model's: launch the workers
 that evaluate it (an iteration past the budget: see ``steps.worker``), which finish the run. A run whose spend
 reached its dollar budget launches nothing more: it is stopped (``slsml.pipeline.spend``)."""
 
@@ -151,5 +152,5 @@ def on_run_started(started: RunStarted, services: Services) -> None:
         services.orchestrator.fail(started.task_token, run.reason or "the run failed")
     elif run.final_key:
         services.orchestrator.succeed(started.task_token, outcome(run))
-    elif run.generation and services.store.exists(keys.model(run.run_id, run.iteration)):
+    elif run.generation and services.store.exists(keys.trigger(run.run_id, run.iteration)):
         _launch(run, run.iteration, f"resume-{run.generation}", services)
