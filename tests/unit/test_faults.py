@@ -205,8 +205,9 @@ def test_crash_points(clients) -> None:
         with pytest.raises(InjectedFault, match="before announcing it: w"):
             sns.publish_batch(TopicArn=topic, PublishBatchRequestEntries=[{"Id": "0", "Message": "{}"}])
     with faults.invocation(InvocationFaults(crash="model_put")):
-        s3.put_object(Bucket="bucket", Key=keys.shard("r", 1, 0), Body=b"shard")  # not a model: written
-        with pytest.raises(InjectedFault, match=r"before writing runs/r/models/000001\.keras"):
-            s3.put_object(Bucket="bucket", Key=keys.model("r", 1), Body=b"model")
+        s3.put_object(Bucket="bucket", Key=keys.shard("r", 1, 0), Body=b"shard")  # not a trigger: written
+        s3.put_object(Bucket="bucket", Key=keys.model("r", 1), Body=b"model")  # a saved model, no trigger: written
+        with pytest.raises(InjectedFault, match=r"before writing runs/r/models/000001\.json"):
+            s3.put_object(Bucket="bucket", Key=keys.manifest("r", 1), Body=b"manifest")
         sns.publish_batch(TopicArn=topic, PublishBatchRequestEntries=[{"Id": "0", "Message": "{}"}])
-    s3.put_object(Bucket="bucket", Key=keys.model("r", 1), Body=b"model")  # outside an invocation: no crash
+    s3.put_object(Bucket="bucket", Key=keys.manifest("r", 1), Body=b"manifest")  # outside an invocation: no crash
