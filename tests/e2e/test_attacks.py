@@ -61,7 +61,7 @@ ROWS: list[tuple[str, str, str, str]] = [
         "WorkDone",
         _message(worker=1, samples=1, loss=0.1, compute_s=1),
         "reduce_launcher",
-        f"runs/{RUN}/iters/{AT:06d}/updates/00001.bin",
+        f"runs/{RUN}/iters/{AT:06d}/updates/00001/0.bin",
     ),
     ("ReduceDone", _message(shard=7), "merger", "shard 7 of a run of 2 reducers"),
     (

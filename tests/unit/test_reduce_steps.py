@@ -806,7 +806,7 @@ def test_the_workers_take_only_the_shards_the_manifest_names(services: Services)
     stored = shards.decode(services.store.get(keys.shard("forged-shard", 1, 1)))
     forged = shards.Shard(stored.weights + 1, stored.state, stored.averaged)
     services.store.replace(keys.shard("forged-shard", 1, 1), shards.encode(forged))
-    with pytest.raises(RunFailed, match=r"0001\.bin is not the shard the manifest of iteration 1 names"):
+    with pytest.raises(RunFailed, match=r"shards/0001/shard\.bin is not the shard the manifest of iteration 1 names"):
         load_weights(services.store, run_config(services.store, "forged-shard"), 1)
 
 
@@ -1220,4 +1220,4 @@ def test_a_step_that_finds_superseded_state_gone_is_late_and_fails_no_run(servic
     with failing_run_on_bad_input(services, "lost-state", "reducer 0", fired[0].iteration, fired[0].generation):
         reducer.reduce(fired[0], services)
     run = services.table.get_run("lost-state")
-    assert run.status == "FAILED" and "runs/lost-state/iters/000000/shards/0000.bin does not exist" in run.reason
+    assert run.status == "FAILED" and "runs/lost-state/iters/000000/shards/0000/shard.bin does not exist" in run.reason

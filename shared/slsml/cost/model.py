@@ -109,6 +109,13 @@ class Parameters(BaseModel):
     )
     s3_write_mb_s: float = _param(65.0, "MB/s", "S3 write bandwidth of one function", "as s3_read_mb_s", True)
     s3_parallel_reads: float = _param(16, "GETs", "concurrent GETs of one reader", "slsml.aws.storage.get_many", True)
+    sns_parallel_publishes: float = _param(
+        bus.PARALLEL_BATCHES,
+        "PublishBatch",
+        "concurrent PublishBatch calls of one publisher",
+        "slsml.pipeline.bus",
+        True,
+    )
     dynamodb_s: float = _param(0.005, "s", "one DynamoDB request", "DynamoDB docs: single-digit milliseconds")
     handler_s: float = _param(0.005, "s", "warm invocation overhead (parse, log)", "estimate; calibrate")
     cold_start_zip_s: float = _param(
@@ -1063,6 +1070,11 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     }
     exchange = norm_exchange(traffic.server, R, reduce_bytes)
     lat, ddb, pub, hop = p.s3_request_s, p.dynamodb_s, p.sns_publish_s, p.sns_lambda_s
+
+    def publishing(batches: int) -> float:
+        """Seconds of ``batches`` PublishBatch calls, ``sns_parallel_publishes`` at a time."""
+        return math.ceil(batches / p.sns_parallel_publishes) * pub
+
     worker_cpus = _speedup(vcpus(mem["worker"]), p.vcpu_efficiency)
     read_weights = _transfer(R, M, lat, p.s3_read_mb_s, p.s3_parallel_reads)  # the manifest's read: alongside
     compute_s = traffic.compute_steps * local_batch * w.compute_per_sample_s / worker_cpus
@@ -1109,8 +1121,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
 
     # WorkLauncher: read the run (and its spend, with a budget), claim the iteration, publish Work (the n-th
     # message's batch is on the path)
-    launch_s = p.handler_s + (2 + bool(counted)) * ddb + publish_batches(n, work_bytes) * pub
-    launcher_s = p.handler_s + (2 + bool(counted)) * ddb + work_batches * pub
+    launch_s = p.handler_s + (2 + bool(counted)) * ddb + publishing(publish_batches(n, work_bytes))
+    launcher_s = p.handler_s + (2 + bool(counted)) * ddb + publishing(work_batches)
     # the rule's round reads the slot's state before its steps and stores the new one after them; the residual
     # is read alongside the round and stored before the update
     slot_s = 2 * _transfer(1, slot_b, lat, p.s3_read_mb_s) if slot_b else 0.0
@@ -1124,7 +1136,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     # ddb: the Work's check; a round that outlasts the Worker's timeout goes on in fresh invocations
     worker_s = p.handler_s + ddb + read_s + round_s + write_update + pub + handing.seconds
     count_s = p.handler_s + lat + 2 * ddb  # lat: the WorkDone's check
-    fire_s = count_s + ddb + pages * ddb + ddb + traffic.late_queries * ddb + reduce_batches * pub
+    fire_s = count_s + ddb + pages * ddb + ddb + traffic.late_queries * ddb + publishing(reduce_batches)
 
     def reducer(weights: float, state: float) -> tuple[float, float, float]:
         """(read, compute, total) seconds of one reducer of a shard of this size."""
@@ -1145,7 +1157,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         share_s = (
             _transfer(1, shard_weights, lat, p.s3_write_mb_s)
             + (3 + math.ceil(R / runstate.BATCH_READ)) * ddb
-            + publish_batches(exchange.released, exchange.release_bytes) * pub
+            + publishing(publish_batches(exchange.released, exchange.release_bytes))
         )
         step_s = (
             p.handler_s + ddb + _transfer(2, 2 * shard_weights + shard_state, lat, p.s3_read_mb_s, p.s3_parallel_reads)
@@ -1166,7 +1178,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
             function="work_launcher",
             seconds=launch_s,
             detail=f"run + claim (DynamoDB), Work to the {n}-th worker: {publish_batches(n, work_bytes)} of "
-            f"{work_batches} PublishBatch",
+            f"{work_batches} PublishBatch, {p.sns_parallel_publishes:g} at a time",
         ),
         Stage(name="Work → Worker", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(
@@ -1198,7 +1210,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
             seconds=fire_s,
             detail=f"record + count, {pages} BatchGetItem, participants, "
             + (f"{traffic.late_queries} Query for late updates, " if traffic.late_queries else "")
-            + f"fire, {reduce_batches} PublishBatch",
+            + f"fire, {reduce_batches} PublishBatch ({p.sns_parallel_publishes:g} at a time)",
         ),
         Stage(name="Reduce → Reducer", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(
@@ -1308,7 +1320,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         log_bytes=invocations * p.log_bytes_per_invocation,
     )
     first = _first_iteration(w, p, price_table, M, F, local_batch, data)
-    spreads = {"work": work_batches * pub, "reduce": reduce_batches * pub}
+    spreads = {"work": publishing(work_batches), "reduce": publishing(reduce_batches)}
     checks = _quotas(
         w,
         p,
@@ -1551,21 +1563,24 @@ def _quotas(
             else ""
         ),
     )
-    updates_prefix = keys.update("<run>", 0, 0).rsplit("/", 1)[0].replace("000000", "<i>") + "/"
-    iteration_prefix = updates_prefix.removesuffix("updates/")
-    shards_prefix = f"{iteration_prefix}shards/"
-    models_prefix = keys.models_prefix("<run>")
+    # each worker's update and each shard lie under a prefix of their own (slsml.spec.keys), which S3 partitions
+    # apart as their rates call for it
+    update_prefix = keys.update("<run>", 0, 0).rsplit("/", 1)[0].replace("000000", "<i>").replace("00000", "<w>") + "/"
+    shard_prefix = keys.shard("<run>", 0, 0).rsplit("/", 1)[0].replace("000000", "<i>").replace("0000", "<r>") + "/"
     gets = {
-        f"{updates_prefix}: the reducers' {R}×{n} ranged reads": R * n / max(1.0, spreads["reduce"] + reduce_read),
-        f"{shards_prefix}: the workers' {W}×{R} ranged reads of the weights": W
-        * R
+        f"{update_prefix}: the {R} reducers' ranged reads of a worker's update": R
+        / max(1.0, spreads["reduce"] + reduce_read),
+        f"{shard_prefix}: the {W} workers' ranged reads of a shard, and its reducer's": (W + 1)
         / max(1.0, spreads["work"] + weights_read),
     }
     puts = {
-        f"{updates_prefix}: {W} workers' updates": W / max(1.0, spreads["work"]),
-        f"{iteration_prefix}: {R} reducers' shards": R / max(1.0, spreads["reduce"]),
+        f"{update_prefix}: a worker's update": 1 / max(1.0, spreads["work"]),
+        f"{shard_prefix}: a reducer's shard": 1 / max(1.0, spreads["reduce"]),
     }
-    hit = f"the chain hits {updates_prefix}, {iteration_prefix} and {models_prefix}, all one prefix until S3 splits it"
+    hit = (
+        f"each worker's update and each shard under a prefix of its own, {update_prefix} and {shard_prefix}, which"
+        " S3 partitions apart as their rates call for it (until it does, a busy prefix's 503 SlowDown answers retry)"
+    )
     for kind, rates, limit in (("GET", gets, q.s3_get_per_s), ("PUT", puts, q.s3_put_per_s)):
         busiest, value = max(rates.items(), key=lambda item: item[1])
         over = f": over by {value - limit:,.0f}/s, S3 answers 503 SlowDown and the requests retry"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from slsml.spec.messages import Message
@@ -10,6 +11,7 @@ from slsml.spec.wiring import Topic
 
 BATCH_ENTRIES = 10  # SNS PublishBatch limits: 10 entries…
 BATCH_BYTES = 256 * 1024  # …and 256 KiB in all
+PARALLEL_BATCHES = 16  # PublishBatch calls of one publish in flight at once
 
 
 class Bus:
@@ -18,12 +20,22 @@ class Bus:
         self.topic_arns = topic_arns
 
     def publish(self, topic: Topic, messages: Sequence[Message]) -> None:
+        """Publish ``messages`` in batches, ``PARALLEL_BATCHES`` at a time (SNS keeps no order between them)."""
         arn = self.topic_arns[topic.name]
-        for batch in batches([message.model_dump_json() for message in messages]):
+
+        def send(batch: list[str]) -> None:
             entries = [{"Id": str(i), "Message": body} for i, body in enumerate(batch)]
             response = self.sns.publish_batch(TopicArn=arn, PublishBatchRequestEntries=entries)
             if response.get("Failed"):
                 raise RuntimeError(f"publishing to {topic.name} failed: {response['Failed']}")
+
+        grouped = list(batches([message.model_dump_json() for message in messages]))
+        if len(grouped) <= 1:
+            for batch in grouped:
+                send(batch)
+            return
+        with ThreadPoolExecutor(max_workers=min(PARALLEL_BATCHES, len(grouped))) as pool:
+            list(pool.map(send, grouped))
 
 
 def batches(bodies: list[str]) -> Iterator[list[str]]:

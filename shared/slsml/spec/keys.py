@@ -10,9 +10,9 @@ runs/<run>/models/<iter>.json                 the manifest of the model entering
 runs/<run>/models/<iter>.keras                model entering <iter>, saved where the run may end on it, at
                                               checkpoints (``checkpoint_every``) and for the final one
 runs/<run>/final.keras                        the trained model, when the run completed
-runs/<run>/iters/<iter>/shards/<shard>.bin    one shard's weights and optimizer state entering <iter>: what workers
-                                              read the weights from, by range
-runs/<run>/iters/<iter>/updates/<worker>.bin  one worker's update (all shards, see updates.py)
+runs/<run>/iters/<iter>/shards/<shard>/shard.bin  one shard's weights and optimizer state entering <iter>: what
+                                              workers read the weights from, by range
+runs/<run>/iters/<iter>/updates/<worker>/<attempt>.bin  one worker's update (all shards, see updates.py)
 runs/<run>/iters/<iter>/means/<shard>.bin     one shard's averaged gradient, kept for its clipped step
 runs/<run>/iters/<iter>/local/<worker>.npz    model averaging: worker slot's local optimizer state after <iter>
 runs/<run>/iters/<iter>/residuals/<worker>.bin  compressed updates: worker slot's residual after <iter> (feedback.py)
@@ -101,7 +101,9 @@ def shards_prefix(run_id: str, iteration: int) -> str:
 
 
 def shard(run_id: str, iteration: int, shard: int) -> str:
-    return f"{shards_prefix(run_id, iteration)}{shard:04d}.bin"
+    """Each shard under a prefix of its own, as each worker's update: S3's request rates are per prefix, and each
+    shard is read by every worker, each update by every reducer."""
+    return f"{shards_prefix(run_id, iteration)}{shard:04d}/shard.bin"
 
 
 def mean(run_id: str, iteration: int, shard: int) -> str:
@@ -109,8 +111,7 @@ def mean(run_id: str, iteration: int, shard: int) -> str:
 
 
 def update(run_id: str, iteration: int, worker: int, attempt: int = 0) -> str:
-    suffix = f"-a{attempt}" if attempt else ""
-    return f"{iteration_prefix(run_id, iteration)}updates/{worker:05d}{suffix}.bin"
+    return f"{iteration_prefix(run_id, iteration)}updates/{worker:05d}/{attempt}.bin"
 
 
 def local_state(run_id: str, iteration: int, worker: int) -> str:
