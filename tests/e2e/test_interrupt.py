@@ -78,7 +78,10 @@ def _ended(command: subprocess.Popen, signalled_at: float) -> tuple[float, str]:
     return time.monotonic() - signalled_at, err
 
 
-@pytest.mark.parametrize("moment", sorted(random.Random(31).uniform(0.5, 25) for _ in range(MOMENTS)))
+_MOMENTS_RNG = random.Random(31)
+
+
+@pytest.mark.parametrize("moment", sorted(_MOMENTS_RNG.uniform(0.5, 25) for _ in range(MOMENTS)))
 def test_ctrl_c_at_any_moment_ends_the_command_and_its_processes(home: Path, moment: float) -> None:
     run_id = f"interrupted-{moment * 1000:.0f}"
     command = _start(home, run_id)
