@@ -9,8 +9,14 @@ when they are imported."""
 
 import gc
 import os
+import signal
 
-from slsml.training import quiet
+# Ctrl-C in a terminal reaches the whole foreground group. The command that started these processes handles it,
+# and they end with it (``slsml.local.host``): neither this fork server, while it imports, nor the processes it
+# forks (which inherit its handler) take it.
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+from slsml.training import quiet  # noqa: E402
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # numpy's BLAS threads, read once at its import: one per process
 quiet.install()
