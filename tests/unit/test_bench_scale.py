@@ -60,7 +60,6 @@ def test_the_fit_finds_the_latencies_that_made_the_stages() -> None:
         "sns_lambda_s": 0.015,
         "s3_event_s": 0.03,
         "1/s3_mb_s": 1 / 150,
-        "1/keras_mb_s": 1 / 20,
         "dispatch_s": 0.01,
         "s3_parallel_reads": 4,
     }
@@ -74,7 +73,6 @@ def test_the_fit_finds_the_latencies_that_made_the_stages() -> None:
 def test_the_calibration_is_what_plan_reads(tmp_path) -> None:
     values = dict.fromkeys(bench_scale.UNKNOWNS, 0.01) | {
         "1/s3_mb_s": 0.0,
-        "1/keras_mb_s": 0.02,
         "s3_parallel_reads": 2,
     }
     report = bench_scale.ScaleReport(
@@ -95,7 +93,6 @@ def test_the_calibration_is_what_plan_reads(tmp_path) -> None:
     assert json.loads(path.read_text()).keys() == origin.keys()
     assert "dispatch_s" not in origin  # the local runtime's, not the model's
     assert parameters.s3_request_s == parameters.handler_s == 0.01
-    assert parameters.keras_mb_s == 50
     assert parameters.s3_read_mb_s == parameters.s3_write_mb_s == bench_scale.UNBOUNDED_MB_S
     assert parameters.s3_parallel_reads == 2
 
