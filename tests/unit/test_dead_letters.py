@@ -100,7 +100,7 @@ def test_a_function_failing_three_times_fails_the_run_with_its_error() -> None:
 
 
 def test_a_model_event_fails_the_run_of_the_model() -> None:
-    key = "runs/r9/models/000003.keras"
+    key = "runs/r9/models/000003.json"  # the manifest whose event launches iteration 3
     s3_event = {"Records": [{"eventName": "ObjectCreated:Put", "s3": {"object": {"key": key}}}]}
     services = FailingServices({"r9"})
     assert on_dead_letter(lambda_dead_letter(json.dumps(s3_event), "boom", MODEL_UPDATED_TOPIC), services) == ["r9"]
