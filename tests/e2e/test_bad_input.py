@@ -34,7 +34,9 @@ def test_upload_that_is_not_a_keras_model_fails_the_run(services, digits):
     assert run.status == "FAILED"
     assert "not a Keras model" in run.reason and "runs/bad-model/source.keras" in run.reason
     assert store.get(keys.model("bad-model", 0)) == b"definitely not a zip archive"
-    assert not services.store.exists(keys.trigger("bad-model", 1))
+    # workers already warm with a model of the same architecture may take an iteration from the shards the start
+    # stored before the first one that loads the upload fails the run; no final model comes of it
+    assert not services.store.exists(keys.final_model("bad-model"))
 
 
 def test_start_rejects_a_file_that_is_not_a_model(services, digits):
