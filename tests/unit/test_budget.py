@@ -17,7 +17,7 @@ from slsml.cli import display, options
 from slsml.cli.main import build_parser, main
 from slsml.client import fit, runs
 from slsml.cost import model as costmodel
-from slsml.cost.model import Parameters, Quotas, Workload
+from slsml.cost.model import Parameters, Quotas
 from slsml.pipeline import spend
 from slsml.spec.config import DropInRequest, TrainingSpec
 from slsml.state import records
@@ -27,17 +27,7 @@ from slsml.state.runtable import RunTable
 
 def _plan(spec: TrainingSpec) -> costmodel.Plan:
     figures = costmodel.from_params(1_000_000, Parameters(), compute_per_sample_s=0.002)
-    work = Workload(
-        **figures,
-        training=spec,
-        workers=spec.initial_workers,
-        reducers=spec.reducers,
-        global_batch=spec.global_batch,
-        iterations=spec.iterations,
-        memory_mb=costmodel.function_memory(),
-        timeout_s=costmodel.function_timeouts(),
-    )
-    return costmodel.predict(work, Parameters(), Quotas(), prices.PriceTable())
+    return costmodel.predict(costmodel.run_workload(figures, spec), Parameters(), Quotas(), prices.PriceTable())
 
 
 @pytest.mark.parametrize(

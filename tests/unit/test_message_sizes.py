@@ -8,7 +8,7 @@ import pytest
 from slsml.accounting import prices
 from slsml.client import runs
 from slsml.cost import model as costmodel
-from slsml.cost.model import Parameters, Quotas, Workload
+from slsml.cost.model import Parameters, Quotas
 from slsml.pipeline.envelope import parse_message
 from slsml.pipeline.services import Services
 from slsml.spec import keys
@@ -68,17 +68,7 @@ def test_the_plan_sizes_the_same_largest_reduce_message_as_the_start() -> None:
     assert participants == 1000 + 8 * 250
     quorum_only = costmodel.message_bytes(750, 64, 1)[1]
     assert quorum_only < MAX_MESSAGE_BYTES < size  # the quorum's message fits; the worst case does not
-    work = Workload(
-        **costmodel.from_params(1_000_000, Parameters()),
-        training=spec,
-        workers=1000,
-        reducers=1,
-        global_batch=64_000,
-        quorum=0.75,
-        iterations=1000,
-        memory_mb=costmodel.function_memory(),
-        timeout_s=costmodel.function_timeouts(),
-    )
+    work = costmodel.run_workload(costmodel.from_params(1_000_000, Parameters()), spec)
     plan = costmodel.predict(work, Parameters(), Quotas(), prices.PriceTable())
     check = next(q for q in plan.quotas if q.name == "Reduce message size")
     assert (check.value, check.ok, check.hard) == (size, False, True)
