@@ -95,18 +95,8 @@ def test_the_plan_counts_the_requests_of_continued_rounds(local, services, tmp_p
     path = tmp_path / "cnn.keras"
     path.write_bytes(modelio.save_model(demo.digits_cnn(seed=1)))
     figures = costmodel.from_keras_file(path, batch=32, measure=False, parameters=costmodel.Parameters())
-    work = costmodel.Workload(
-        **figures,
-        compute_per_sample_s=1e-4,
-        compute_source="a step well within the timeout",
-        training=spec,
-        workers=spec.workers,
-        reducers=spec.reducers,
-        global_batch=spec.global_batch,
-        iterations=spec.iterations,
-        memory_mb=costmodel.function_memory(),
-        timeout_s={**costmodel.function_timeouts(), "worker": TIMEOUT_S},
-    )
+    figures = {**figures, "compute_per_sample_s": 1e-4, "compute_source": "a step well within the timeout"}
+    work = costmodel.run_workload(figures, spec).at(timeout_s={**costmodel.function_timeouts(), "worker": TIMEOUT_S})
     plan = costmodel.predict(work, costmodel.Parameters(), costmodel.Quotas(), prices.PriceTable())
     assert (plan.continuations.invocations, plan.continuations.steps_per_invocation) == (steps, 1)
     assert plan.requests_per_iteration == summary.requests_per_iteration
