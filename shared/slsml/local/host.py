@@ -389,6 +389,8 @@ class FunctionHost:
         self.timeouts: dict[str, float] = {name: DEFAULT_FUNCTIONS[name].timeout_s for name in concurrency}
         self.set_limits(RunLimits.model_validate_json(deployment.run_limits or "{}"))
         self._stopping = threading.Event()
+        self._draining = threading.Event()  # take no more messages; the functions' processes stay up
+        self._pollers: list[threading.Thread] = []
         self._last_error: dict[str, tuple[str, str, str]] = {}  # message id → (first line, error text, request id)
         self._dead_seen: set[str] = set()  # dead letters recorded (one may be handed to the reader again)
         self._reader = wiring.dead_letter_reader().name
@@ -445,6 +447,18 @@ class FunctionHost:
         with self._idle:
             return self._idle.wait_for(lambda: self._in_flight[run_id] <= 0, timeout=timeout_s)
 
+    def drain(self, timeout_s: float) -> bool:
+        """Take no more messages and wait until every message taken is handled, so that every function log is
+        complete and no request is still to come; False after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        self._draining.set()
+        for poller in self._pollers:  # each ends when its long poll returns, after handing on what it received
+            poller.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self._idle:
+            return self._idle.wait_for(
+                lambda: all(n <= 0 for n in self._in_flight.values()), timeout=max(0.0, deadline - time.monotonic())
+            )
+
     def _environment(self, function: str) -> dict[str, str]:
         threads = str(self.tf_threads)
         return {
@@ -474,7 +488,9 @@ class FunctionHost:
         for warmup in warmups:
             warmup.result()
         for function in (f for f in self.concurrency if f in self.deployment.queues):  # the reader has none
-            threading.Thread(target=self._poll, args=(function,), name=f"poll-{function}", daemon=True).start()
+            poller = threading.Thread(target=self._poll, args=(function,), name=f"poll-{function}", daemon=True)
+            poller.start()
+            self._pollers.append(poller)
         threading.Thread(target=self._delete_handled, name="acknowledge", daemon=True).start()
         for function, queue in self.deployment.dead_letter_queues.items():
             threading.Thread(
@@ -521,7 +537,7 @@ class FunctionHost:
     def _poll(self, function: str) -> None:
         queue = self.deployment.queues[function]
         free = threading.Semaphore(self.concurrency[function])
-        while not self._stopping.is_set():
+        while not (self._stopping.is_set() or self._draining.is_set()):
             if not free.acquire(timeout=0.5):
                 continue
             capacity = 1
