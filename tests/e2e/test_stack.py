@@ -213,3 +213,23 @@ def test_stopped_and_failed_runs_resume_to_the_weights_of_an_uninterrupted_run(
     again = slsml(stack_env, tmp_path, "run", "resume", "interrupted", "--stack", STACK)
     message = " ".join(again.stderr.split())  # the console wraps long lines
     assert again.returncode == 2 and "is COMPLETED: only a STOPPED or FAILED run can be resumed" in message
+
+
+def test_fit_trains_the_model_on_a_stack(local, stack_env, services, digits, monkeypatch) -> None:
+    import slsml
+
+    for name, value in local.deployment.environment().items():  # as a notebook with the stack's account would
+        monkeypatch.setenv(name, value)
+    x, y = digits[0][:256], digits[1][:256]
+    model = demo.digits_cnn(seed=3)
+    untrained = [w.copy() for w in model.get_weights()]
+    before = {r.run_id for r in services.table.list_runs()}
+    history = slsml.fit(model, x, y, batch_size=64, epochs=2, workers=2, reducers=2, verbose=0, stack=STACK)
+
+    (run,) = [r for r in services.table.list_runs() if r.run_id not in before]  # the run went to the stack's table
+    assert (run.status, run.iterations) == ("COMPLETED", 8), run.reason  # 256 samples / 64 per iteration × 2 epochs
+    assert len(history.history["loss"]) == 2
+    stored, _ = final_weights(services, run.run_id)
+    trained = np.concatenate([w.ravel() for w in model.get_weights()])
+    assert np.array_equal(trained, stored)  # the model holds the stack's final weights
+    assert not np.array_equal(trained, np.concatenate([w.ravel() for w in untrained]))
