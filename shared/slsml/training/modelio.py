@@ -371,10 +371,19 @@ def take_training(model: keras.Model, trained: keras.Model) -> None:
         variable.assign(value)
 
 
+def _declared(model: keras.Model, side: str) -> Any:
+    """The inputs (``side`` "input") or outputs ("output") a model was built with, in the structure it was given them
+    (a dict, a list or one tensor); None where it declares none (a subclassed model not yet called)."""
+    try:
+        return getattr(model, side)
+    except (AttributeError, ValueError):  # Keras's answer for a model without symbolic inputs or outputs
+        return None
+
+
 def input_names(model: keras.Model) -> list[str]:
     """The names by which the model takes named arrays as x, as ``fit`` matches a dict: the keys of a functional
     model's dict of inputs, else its inputs' names."""
-    inputs = getattr(model, "_inputs_struct", None)
+    inputs = _declared(model, "input")
     if isinstance(inputs, dict):
         return list(inputs)
     return [str(t.name) for t in getattr(model, "inputs", None) or []]
@@ -382,7 +391,7 @@ def input_names(model: keras.Model) -> list[str]:
 
 def output_names(model: keras.Model) -> list[str]:
     """The names by which the model's outputs take named arrays as y (and name their losses and metrics)."""
-    outputs = getattr(model, "_outputs_struct", None)
+    outputs = _declared(model, "output")
     if isinstance(outputs, dict):
         return list(outputs)
     return list(getattr(model, "output_names", None) or [])
@@ -606,7 +615,7 @@ def model_inputs(model: keras.Model) -> list[InputSpec] | None:
     inputs = getattr(model, "inputs", None)
     if not inputs:
         return None
-    struct = getattr(model, "_inputs_struct", None)
+    struct = _declared(model, "input")
     named = struct.items() if isinstance(struct, dict) else [(str(t.name), t) for t in inputs]
     return [InputSpec(name=name, shape=tuple(t.shape), dtype=str(t.dtype)) for name, t in named]
 
