@@ -65,6 +65,23 @@ def test_binary_labels_of_rank_one_train_and_the_workers_metrics_equal_keras_eva
     assert len(stored) == 3  # the final evaluation: one state per worker
 
 
+def test_test_figures_of_a_weighted_dataset_equal_keras_evaluate_with_its_test_weights(services, cancer) -> None:
+    rng = np.random.default_rng(5)
+    w, w_test = rng.uniform(0.2, 3.0, len(cancer[1])), rng.uniform(0.2, 3.0, len(cancer[3]))
+    data.put_dataset(services.store, "cancer-weighted", *cancer, w=w.astype(np.float32), w_test=w_test)
+    model = _logistic([keras.metrics.AUC(name="auc"), "accuracy"])
+    spec = TrainingSpec(workers=3, reducers=2, global_batch=64, iterations=2, eval_every=0)
+    runs.start_run(services, modelio.save_model(model), "cancer-weighted", spec, run_id="fit-weighted")
+    run = finish(services, "fit-weighted")
+    assert run.status == "COMPLETED", run.reason
+    final = modelio.load_model(services.store.get(keys.final_model("fit-weighted")))
+    weighted = final.evaluate(cancer[2], cancer[3], sample_weight=w_test, return_dict=True, verbose=0)
+    for name, value in weighted.items():
+        assert run.test[name] == pytest.approx(value, abs=1e-5), name
+    unweighted = final.evaluate(cancer[2], cancer[3], return_dict=True, verbose=0)
+    assert run.test["loss"] != pytest.approx(unweighted["loss"], abs=1e-3)  # the weights counted
+
+
 def test_one_hot_labels_with_categorical_crossentropy_get_accuracy(services, cancer) -> None:
     x, y, x_test, y_test = cancer
     one_hot = [x, np.eye(2, dtype=np.float32)[y], x_test, np.eye(2, dtype=np.float32)[y_test]]

@@ -114,3 +114,22 @@ def test_states_of_another_model_are_refused() -> None:
         evaluator.result([np.ones(5)])
     with pytest.raises(ValueError, match="no samples were evaluated"):
         evaluator.result([np.zeros(4)])
+
+
+@pytest.mark.parametrize("case", ["binary", "regression"])
+def test_weighted_states_equal_keras_evaluate_with_sample_weights(case: str) -> None:
+    build, metrics = CASES[case]
+    keras.utils.set_random_seed(4)
+    rng = np.random.default_rng(4)
+    model, x, y, loss = build(rng)
+    w = rng.uniform(0.0, 3.0, SAMPLES).astype(np.float32)
+    model.compile(loss=loss, metrics=metrics())
+    expected = model.evaluate(x, y, sample_weight=w, return_dict=True, verbose=0)
+    evaluator = evaluation.Evaluator(
+        model, modelio.loss_config(model, None), modelio.metrics_config(model, True), (x[:2], y[:2])
+    )
+    slices = [evaluation.slice_of(SAMPLES, 3, worker) for worker in range(3)]
+    got = evaluator.result(evaluator.state(x[s], y[s], w[s]) for s in slices)
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
+    assert got["loss"] != pytest.approx(evaluator.result([evaluator.state(x, y)])["loss"], rel=1e-3)  # w counts

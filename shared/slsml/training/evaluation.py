@@ -72,23 +72,23 @@ class Evaluator:
         for metric in [*self.loss_trackers, *([self._metrics] if self._metrics is not None else [])]:
             metric.reset_state()
 
-    def state(self, x: Arrays, y: Arrays, batch: int = EVALUATION_BATCH) -> np.ndarray:
-        """The state of evaluating ``x``, ``y`` (each one array or named arrays; no samples: zeros)."""
+    def state(self, x: Arrays, y: Arrays, w: np.ndarray | None = None, batch: int = EVALUATION_BATCH) -> np.ndarray:
+        """The state of evaluating ``x``, ``y`` (each one array or named arrays; no samples: zeros), each sample's
+        loss and metrics weighted by ``w`` as ``model.evaluate(x, y, sample_weight=w)`` weights them."""
         loss_total, count = 0.0, 0
         self._reset()
         for start in range(0, samples.count(x), batch):
-            xb, yb = (
-                samples.take(x, slice(start, start + batch)),
-                _tensors(samples.take(y, slice(start, start + batch))),
-            )
+            part = slice(start, start + batch)
+            xb, yb = samples.take(x, part), _tensors(samples.take(y, part))
+            wb = None if w is None else tf.convert_to_tensor(w[part])
             prediction = self.model(xb, training=False)
-            loss = self.loss_fn(yb, prediction)
+            loss = self.loss_fn(yb, prediction, sample_weight=wb)
             if self.model.losses:  # regularization penalties, as compute_loss adds them
                 loss = loss + tf.add_n(self.model.losses)
             loss_total += float(loss) * samples.count(xb)
             count += samples.count(xb)
             if self._metrics is not None:
-                self._metrics.update_state(yb, prediction)
+                self._metrics.update_state(yb, prediction, sample_weight=wb)
         head = np.array([loss_total, count], dtype=np.float64)
         return np.concatenate([head, *(np.asarray(v.numpy(), np.float64).ravel() for v in self._variables)])
 

@@ -23,6 +23,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from slsml import rules
 from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
+from slsml.data.manifest import Split
 from slsml.pipeline import lifetime, metrics
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import load_weights, run_config, stop_reason
@@ -259,7 +260,7 @@ def _evaluate(
         "test": np.arange(reader.manifest.test.count),
         "val": data.held_out(config.training, reader.manifest.train.count)[1],
     }
-    read = {"test": "test", "val": "train"}  # validation samples are held out of the training split
+    read: dict[str, Split] = {"test": "test", "val": "train"}  # validation samples are held out of the training split
     evaluator = trainer.evaluators.get(config.metrics)
     if evaluator is None:
         sample = reader.take("test", samples["test"][:2])
@@ -268,7 +269,7 @@ def _evaluate(
         )
     for split in splits:
         mine = samples[split][evaluation.slice_of(len(samples[split]), message.workers, message.worker)]
-        state = evaluator.state(*reader.take(read[split], mine))  # type: ignore[arg-type]
+        state = evaluator.state(*reader.take_weighted(read[split], mine))  # the dataset's weights, as evaluate takes
         store.put_array_new(keys.evaluation(run, iteration, message.worker, split), state)
     wanted = {split: [keys.evaluation(run, iteration, w, split) for w in range(message.workers)] for split in splits}
     stored = {key for split in splits for key in store.list_keys(keys.evaluations_prefix(run, iteration, split))}
