@@ -161,6 +161,24 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     assert modelio.load_model((service / "stopped.keras").read_bytes()).count_params() > 0
 
 
+def test_a_checkpoint_is_fetched_by_its_iteration_and_starts_a_new_run(service: Path) -> None:
+    common = ["--data", "digits.npz", "--eval-every", "0", "--workers", "2", "--json"]
+    saving = slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--iterations", "4", *common,
+                   "--checkpoint-every", "2", "--run-id", "checkpointed")  # fmt: skip
+    assert last_json(saving)["status"] == "COMPLETED"
+    fetched = slsml(service, "run", "fetch", "checkpointed", "--iteration", "2", "--out", "at-2.keras", "--json")
+    assert last_json(fetched)["bytes"] == (service / "at-2.keras").stat().st_size
+    checkpoint = modelio.load_model((service / "at-2.keras").read_bytes()).get_weights()
+    initial = modelio.load_model((service / "cnn.keras").read_bytes()).get_weights()
+    assert not all(np.array_equal(a, b) for a, b in zip(checkpoint, initial, strict=True))  # two iterations on
+    unsaved = slsml(service, "run", "fetch", "checkpointed", "--iteration", "3")
+    assert unsaved.returncode == 2, unsaved.stderr
+    assert "saved no model entering iteration 3; it saved those entering 0, 2" in unsaved.stderr, unsaved.stderr
+    resumed = slsml(service, "run", "start", "--local", "--model", "at-2.keras", "--iterations", "2", *common,
+                    "--run-id", "from-checkpoint")  # fmt: skip
+    assert last_json(resumed)["status"] == "COMPLETED"
+
+
 def test_a_run_beyond_the_services_limits_is_refused_and_a_dropped_one_fails_with_the_reason(service: Path) -> None:
     over = f"{LIMIT_WORKERS + 4} workers, over the deployment's limit workers={LIMIT_WORKERS}"
     slsml(service, "data", "put", "digits", "digits.npz")  # unless an earlier test put it

@@ -102,7 +102,16 @@ def cmd_run_fetch(args: argparse.Namespace) -> int:
 
     summary, services = _run_summary(args)
     out = Path(args.out or f"{args.run_id}.keras")
-    if services is not None and summary.final_model:
+    if args.iteration is not None:
+        if services is None:
+            raise NotFoundError(
+                f"run {args.run_id}'s saved models are in the local service's bucket: start it (slsml local up)"
+            )
+        from slsml.client import runs
+
+        out.write_bytes(runs.saved_model(services, args.run_id, args.iteration))
+        what = f"model of {args.run_id} entering iteration {args.iteration}"
+    elif services is not None and summary.final_model:
         from slsml.client import runs
 
         out.write_bytes(runs.final_model(services, services.table.get_run(args.run_id)))
@@ -111,7 +120,7 @@ def cmd_run_fetch(args: argparse.Namespace) -> int:
     else:
         raise NotFoundError(f"run {args.run_id} has no final model (status {summary.status.value})")
     display.done(
-        f"final model of {args.run_id} → {out}",
+        f"{what if args.iteration is not None else f'final model of {args.run_id}'} → {out}",
         args.json,
         {"run_id": args.run_id, "model": str(out), "bytes": out.stat().st_size},
     )
@@ -293,6 +302,12 @@ def add_commands(commands: Any) -> None:
     )
     fetch = _command(run, "fetch", "copy a run's final model", cmd_run_fetch, stack_help, "the model's path and bytes")
     fetch.add_argument("--out", help="destination (default <run>.keras)")
+    fetch.add_argument(
+        "--iteration",
+        type=int,
+        metavar="I",
+        help="the model entering iteration I instead, where the run saved it (--checkpoint-every, evaluations)",
+    )
     _command(run, "stop", "stop a run: no new iteration starts", cmd_run_stop, act_help, "the run's status")
     resume = _command(
         run,

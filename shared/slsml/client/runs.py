@@ -84,6 +84,24 @@ def final_model(services: Services, run: RunRecord) -> bytes:
     return stored.body
 
 
+def saved_model(services: Services, run_id: str, iteration: int) -> bytes:
+    """The model entering ``iteration`` as the run saved it (the initial model, a checkpoint, an evaluated model);
+    NotFoundError naming the iterations it saved models of otherwise."""
+    services.table.get_run(run_id)  # NotFoundError naming an unknown run
+    key = keys.model(run_id, iteration)
+    if services.store.exists(key):
+        return services.store.get(key)
+    saved = sorted(
+        int(k.rsplit("/", 1)[1].removesuffix(keys.MODEL_SUFFIX))
+        for k in services.store.list_keys(keys.models_prefix(run_id))
+        if k.endswith(keys.MODEL_SUFFIX)
+    )
+    raise NotFoundError(
+        f"run {run_id} saved no model entering iteration {iteration}; it saved those entering"
+        f" {', '.join(map(str, saved)) or 'none'} (--checkpoint-every N saves every N-th)"
+    )
+
+
 def last_complete_model(services: Services, run_id: str) -> int | None:
     """The latest iteration whose trigger is stored (the initial model, or a manifest: the shards it names are the
     carried state a run resumes from); None: not even the initial model."""
