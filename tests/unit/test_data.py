@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pytest
 
 from slsml.aws.cache import LRUCache
 from slsml.aws.storage import ObjectStore
+from slsml.data import catalog
 from slsml.data import datasets as data
+from slsml.data.manifest import DatasetOrigin
 from slsml.data.writer import DatasetWriter
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
@@ -105,6 +108,9 @@ def test_reader_takes_rows_across_shards(store: ObjectStore) -> None:
     for index, entry in enumerate(manifest.train.shards):
         body = store.get(keys.dataset_shard("digits-1", "train", index))
         assert (entry.bytes, entry.sha256) == (len(body), hashlib.sha256(body).hexdigest())
+    for split in ("train", "test"):  # each shard under a prefix of its own
+        stored = store.list_keys(keys.dataset_shards("digits-1", split))
+        assert len({key.rsplit("/", 1)[0] for key in stored}) == len(stored) == len(manifest.split(split).shards)
 
     loaded = data.load_manifest(store, "digits-1")
     cached, ranged = data.DatasetReader(store, loaded, LRUCache(None)), data.DatasetReader(store, loaded)
@@ -250,6 +256,24 @@ def test_a_dataset_of_the_old_format_is_named(store: ObjectStore) -> None:
     store.put_json_new(keys.dataset_manifest("old"), {"schema_version": 1, "name": "old"})
     with pytest.raises(BadInputError, match="'old' is stored in format 1"):
         data.load_manifest(store, "old")
+
+
+def test_a_dataset_of_shards_under_one_prefix_is_refused_passed_over_and_removable(store: ObjectStore) -> None:
+    origin = DatasetOrigin(format="npy", sha256="0" * 64, test_fraction=0.2, seed=0)
+    for name in ("a-old", "b-new"):  # the same source, stored by an slsml of format 2 and by this one
+        with DatasetWriter.like(store, name, *arrays(7)[:2], shard_mb=SEVEN) as writer:
+            writer.write("train", *arrays(7)[:2])
+            writer.write("test", *arrays(7)[2:])
+            writer.finish(origin)
+    old = store.get_json(keys.dataset_manifest("a-old")) | {"schema_version": 2}
+    store.s3.put_object(Bucket=store.bucket, Key=keys.dataset_manifest("a-old"), Body=json.dumps(old).encode())
+    with pytest.raises(BadInputError, match=r"'a-old' is stored in format 2, .*: remove it \(`slsml data rm a-old`"):
+        data.load_manifest(store, "a-old")
+    found = catalog.same_origin(store, origin)  # the old one is not the source's dataset: the new one is
+    assert found is not None and found.name == "b-new"
+    objects = store.list_keys("datasets/a-old/")
+    assert catalog.remove(store, "a-old") == len(objects) and not store.list_keys("datasets/a-old/")
+    assert catalog.same_origin(store, origin) == found and [m.name for m in catalog.datasets(store)] == ["b-new"]
 
 
 def test_put_dataset_refuses_an_existing_name(store: ObjectStore) -> None:

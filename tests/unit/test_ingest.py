@@ -1,10 +1,10 @@
 """Ingest streams a source into a dataset (moto's S3): held-out split by index, the origin kept, an interrupted
-upload (of a file or of Python batches) continued without sending its stored shards again, and one of other data
-refused."""
+upload (of a file, of Python batches or of a tf.data.Dataset) continued without sending its stored shards again, and
+one of other data refused."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import boto3
@@ -35,6 +35,18 @@ def puts(client: object) -> list[str]:
     sent: list[str] = []
     client.meta.events.register("before-parameter-build.s3.PutObject", lambda params, **_: sent.append(params["Key"]))
     return sent
+
+
+def stop_after(samples: int) -> Callable[[int], None]:
+    """An ingest's progress that interrupts it (KeyboardInterrupt) once ``samples`` samples are read."""
+    read = [0]
+
+    def progress(count: int) -> None:
+        read[0] += count
+        if read[0] >= samples:
+            raise KeyboardInterrupt
+
+    return progress
 
 
 def test_held_out_samples_depend_on_their_index_alone() -> None:
@@ -71,17 +83,6 @@ def test_an_interrupted_ingest_continues_and_other_data_is_refused(s3, tmp_path:
     rng = np.random.default_rng(1)
     np.savez(tmp_path / "d.npz", x=rng.standard_normal((4000, 10)).astype(np.float32), y=rng.integers(0, 3, 4000))
     store = ObjectStore(s3, BUCKET)
-
-    def stop_after(samples: int):
-        read = [0]
-
-        def progress(count: int) -> None:
-            read[0] += count
-            if read[0] >= samples:
-                raise KeyboardInterrupt
-
-        return progress
-
     with pytest.raises(KeyboardInterrupt):
         ingest.put(store, "d", sources.open_source(tmp_path / "d.npz"), shard_mb=0.02, progress=stop_after(2500))
     assert not store.exists(keys.dataset_manifest("d"))
@@ -138,7 +139,8 @@ def test_an_interrupted_upload_of_python_batches_continues_and_other_batches_are
         """The last train shard that an upload of ``name`` interrupted at sample 2,000 stored."""
         with pytest.raises(ConnectionError):
             put(name, own_test, fail_at=2000)
-        return max(int(key[-9:-4]) for key in store.list_keys(keys.dataset_shards(name, "train")))
+        stored = store.list_keys(keys.dataset_shards(name, "train"))
+        return max(index for key in stored if (index := keys.dataset_shard_index(name, "train", key)) is not None)
 
     shard = last_stored("other")
     changed = int(np.flatnonzero(train)[shard * manifest.shard_records + 5])  # one sample of that shard
@@ -281,3 +283,36 @@ def test_named_arrays_of_different_lengths_or_names_are_refused_with_nothing_sto
     with pytest.raises(BadInputError, match=r"^train and test samples differ in shape: x a \(2,\) float32, b"):
         data.put_dataset(store, "bad", good, y, {"a": good["a"][:2], "c": good["b"][:2]}, y[:2])
     assert not store.list_keys("datasets/")
+
+
+def test_an_interrupted_upload_of_a_tf_dataset_continues_from_the_same_call(s3) -> None:
+    import tensorflow as tf
+
+    store = ObjectStore(s3, BUCKET)
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((3000, 10)).astype(np.float32), rng.integers(0, 4, 3000)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(128)
+
+    def put(name: str, batches: tf.data.Dataset, **how) -> data.DatasetManifest:
+        return ingest.put(store, name, sources.from_python(batches), shard_mb=0.01, **how)
+
+    with pytest.raises(KeyboardInterrupt):
+        put("tf", dataset, progress=stop_after(2000))
+    stored = set(store.list_keys("datasets/tf/"))
+    assert len(stored) > 3 and keys.dataset_manifest("tf") not in stored
+    sent = puts(s3)
+    manifest = put("tf", dataset)  # the same call: the dataset read anew, its stored shards verified, not sent
+    assert set(sent).isdisjoint(stored) and sent[-1] == keys.dataset_manifest("tf")
+    assert set(store.list_keys("datasets/tf/")) == stored | set(sent)
+    got_x, got_y = data.DatasetReader(store, manifest).split("train")
+    train = ~ingest.held_out(0, 3000, 0.2, 0, None)
+    np.testing.assert_array_equal(got_x, x[train])
+    np.testing.assert_array_equal(got_y, y[train])
+
+    # a dataset that reshuffles each time it is read gives other data: its stored shards are refused
+    shuffled = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(3000, seed=1).batch(128)
+    with pytest.raises(KeyboardInterrupt):
+        put("shuffled", shuffled, progress=stop_after(2000))
+    with pytest.raises(BadInputError, match=r"'shuffled': (train|test) shard \d+ stored by an earlier upload holds"):
+        put("shuffled", shuffled)
+    assert not store.exists(keys.dataset_manifest("shuffled"))

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
 import pytest
 
 from slsml.accounting import prices
+from slsml.cost import datatraffic, planreport
 from slsml.cost import model as costmodel
-from slsml.cost import planreport
 from slsml.cost.model import Parameters, Quotas, Workload
 from slsml.data.manifest import DatasetManifest, ShardEntry, SplitInfo
 from slsml.spec.config import TrainingSpec
@@ -17,7 +18,9 @@ from slsml.spec.config import TrainingSpec
 SLSML = {"params": 25_600_000, "sample_bytes": 150_528, "samples": 1_281_167, "global_batch": 8192, "workers": 256}
 
 
-def plan(shuffle: str = "global", cache_mb: float | None = None, **changes) -> costmodel.Plan:
+def plan(
+    shuffle: str = "global", cache_mb: float | None = None, shard_records: int | None = None, **changes
+) -> costmodel.Plan:
     figures = {**SLSML, **changes}
     spec = TrainingSpec(workers=figures["workers"], global_batch=figures["global_batch"], reducers=64, shuffle=shuffle)
     work = Workload(
@@ -30,6 +33,7 @@ def plan(shuffle: str = "global", cache_mb: float | None = None, **changes) -> c
         samples=figures["samples"],
         sample_bytes=figures["sample_bytes"],
         cache_mb=cache_mb,
+        shard_records=shard_records,
         memory_mb=costmodel.function_memory({"worker": 10240}),
         timeout_s=costmodel.function_timeouts(),
     )
@@ -46,9 +50,26 @@ def test_past_the_cache_the_exact_order_costs_a_get_per_sample_and_the_block_ord
     assert blocks.requests_per_iteration["s3:GetObject"] == base + round(blocks.data.gets_per_iteration)
     worker = next(s for s in exact.stages if s.function == "worker")
     assert "data GETs" in worker.detail
-    rate = {q.name: q for q in exact.quotas}["S3 GET rate: data"]
-    assert rate.value > Quotas().s3_get_per_s and not rate.ok and "datasets/<name>/" in rate.detail
     assert {q.name: q for q in blocks.quotas}["S3 GET rate: data"].ok
+
+
+def test_the_exact_orders_burst_spreads_over_the_prefixes_of_the_splits_shards() -> None:
+    exact = plan("global")
+    rate = {q.name: q for q in exact.quotas}["S3 GET rate: data"]
+    assert exact.data.prefixes == -(-SLSML["samples"] // exact.data.shard_records)
+    assert rate.ok and rate.value < exact.data.burst_gets / 100 and "datasets/<name>/train/<k>/" in rate.detail
+    whole = plan("global", shard_records=SLSML["samples"])  # every sample in one shard: one prefix takes the burst
+    one = {q.name: q for q in whole.quotas}["S3 GET rate: data"]
+    assert whole.data.prefixes == 1 and whole.data.busiest_gets == whole.data.burst_gets
+    assert one.value > Quotas().s3_get_per_s and not one.ok and "over by" in one.detail
+
+
+@pytest.mark.parametrize(("gets", "prefixes"), [(8192, 2880), (529, 2880), (8192, 64), (128, 10), (1000, 2)])
+def test_the_busiest_prefix_takes_what_the_busiest_of_random_draws_takes(gets: int, prefixes: int) -> None:
+    draws = np.random.default_rng(0).integers(0, prefixes, (400, gets))
+    busiest = np.array([np.bincount(d, minlength=prefixes).max() for d in draws])
+    low, high = np.quantile(busiest, [0.02, 0.98])
+    assert low <= datatraffic.busiest(gets, prefixes) <= high
 
 
 def test_a_split_that_fits_the_workers_cache_costs_nothing_in_steady_state() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -62,7 +63,7 @@ def test_past_the_cache_the_worker_reads_its_records_while_it_reads_the_model(
 
     def get_object(**kwargs):
         key = kwargs["Key"]
-        if key.startswith("datasets/d/train-"):
+        if key.startswith(keys.dataset_shards("d", "train")):
             with lock:
                 gets.append((key, kwargs["Range"]))
                 if len(gets) == len(expected):
@@ -125,19 +126,22 @@ def test_the_plans_data_gets_are_a_runs(
     real_get, gets = store.s3.get_object, []
 
     def get_object(**kwargs):
-        if kwargs["Key"].startswith("datasets/big/train-"):
+        if kwargs["Key"].startswith(keys.dataset_shards("big", "train")):
             gets.append(kwargs["Key"])
         return real_get(**kwargs)
 
     monkeypatch.setattr(store.s3, "get_object", get_object)
+    busiest = []  # each iteration's GETs to its busiest shard's prefix
     for iteration in range(spec.iterations):
         if iteration:
             cloud.place_initial(services, "measured", iteration)
+        before = len(gets)
         for worker in range(2):
             step.work(WorkMessage(run_id="measured", iteration=iteration, worker=worker, workers=2), services)
+        busiest.append(max(Counter(key.rsplit("/", 1)[0] for key in gets[before:]).values()))
     measured = len(gets) / spec.iterations
 
-    planned = data_traffic(
+    plan = data_traffic(
         shuffle,
         manifest.train.count,
         manifest.record_bytes,
@@ -150,7 +154,8 @@ def test_the_plans_data_gets_are_a_runs(
         manifest.shard_records,
         0.04,
         65,
-    ).gets_per_iteration
+    )
+    planned = plan.gets_per_iteration
     assert not data_traffic(
         shuffle,
         manifest.train.count,
@@ -169,3 +174,6 @@ def test_the_plans_data_gets_are_a_runs(
     assert measured == pytest.approx(planned, rel=0.02, abs=2 / spec.iterations), (measured, planned)
     per_sample = spec.global_batch  # a GET per sample; a GET per block
     assert measured == pytest.approx(per_sample if shuffle == "global" else per_sample / spec.shuffle_block, rel=0.02)
+    # the training split's 4 shards, each under a prefix of its own, share the GETs: the busiest takes the plan's
+    assert plan.prefixes == len(manifest.train.shards) == len({key.rsplit("/", 1)[0] for key in gets}) == 4
+    assert min(busiest) <= plan.busiest_gets <= max(busiest) < measured, (busiest, plan.busiest_gets)

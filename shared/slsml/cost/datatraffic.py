@@ -14,6 +14,11 @@ once, then nothing. Past it:
   multiples of c), else 1 + (b − 1)/c on average, for K·b·s bytes.
 
 The worker reads its samples while it reads the weights, so a read adds to its time only where it is longer.
+
+Each of the split's P = ⌈N/S⌉ shards lies under a prefix of its own (``slsml.spec.keys``), and S3's request rates
+are per prefix: the G GETs of a burst fall on the shards at random, so a prefix takes Binomial(G, 1/P) of them, and
+the busiest one the median of their largest (the largest k with 1 − (1 − Pr[X ≥ k])^P ≥ ½, the prefixes taken as
+independent).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class DataTraffic(BaseModel):
     gets_per_iteration: float = Field(description="data GETs of all workers, an iteration on average")
     bytes_per_iteration: float = Field(description="data bytes all workers read, an iteration on average")
     burst_gets: float = Field(description="data GETs the workers send together at an iteration that reads")
+    prefixes: int = Field(description="the training split's shards, each under a prefix of its own")
+    busiest_gets: float = Field(description="of the burst's GETs, those to the busiest shard's prefix")
     worker_gets: float = Field(description="a worker's GETs at an iteration that reads")
     burst_s: float = Field(description="a worker's data read at an iteration that reads")
     read_s: float = Field(description="a worker's data read, an iteration on average")
@@ -65,6 +72,7 @@ def data_traffic(
     per_shard = per_shard or shard_records(sample_bytes)
     cache = int((cache_mb if cache_mb is not None else MEMORY_SHARE * worker_memory_mb) * 2**20)
     split = samples * sample_bytes
+    prefixes = math.ceil(samples / per_shard)
     cached = split <= DATA_CACHE_SHARE * cache
     b = global_batch / workers
     used = batches * global_batch * sample_bytes
@@ -76,6 +84,7 @@ def data_traffic(
         "split_bytes": split,
         "cache_bytes": cache,
         "cached": cached,
+        "prefixes": prefixes,
     }
     if cached:
         return DataTraffic(
@@ -83,6 +92,7 @@ def data_traffic(
             gets_per_iteration=0,
             bytes_per_iteration=0,
             burst_gets=0,
+            busiest_gets=0,
             worker_gets=0,
             burst_s=0,
             read_s=0,
@@ -105,6 +115,7 @@ def data_traffic(
         gets_per_iteration=workers * worker_gets,
         bytes_per_iteration=used,
         burst_gets=workers * worker_gets,
+        busiest_gets=busiest(workers * worker_gets, prefixes),
         worker_gets=worker_gets,
         burst_s=read_s,
         read_s=read_s,
@@ -114,3 +125,20 @@ def data_traffic(
 
 def _read_s(gets: float, size: float, latency_s: float, read_mb_s: float) -> float:
     return math.ceil(gets / READS) * latency_s + size / (read_mb_s * 1e6) if gets else 0.0
+
+
+def busiest(gets: float, prefixes: int) -> float:
+    """Of ``gets`` GETs that fall on ``prefixes`` prefixes at random, those to the busiest: the median of the
+    largest share (see the module's docstring); all of them under one prefix."""
+    n = round(gets)
+    if prefixes <= 1 or n == 0:
+        return gets
+    p, mean = 1 / prefixes, n / prefixes
+    needed = -math.expm1(math.log(0.5) / prefixes)  # Pr[X ≥ k] at which the largest of P is ≥ k half the time
+    tail = 0.0  # Pr[X ≥ k], summed from above a point past which the binomial's tail is negligible
+    for k in range(min(n, math.ceil(mean + 10 * math.sqrt(mean) + 20)), 0, -1):
+        choose = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+        tail += math.exp(choose + k * math.log(p) + (n - k) * math.log1p(-p))
+        if tail >= needed:
+            return float(k)
+    return 1.0

@@ -1592,17 +1592,18 @@ def _quotas(
             f"busiest {busiest}" + (f"; {hit}" if kind == "GET" else "") + (over if value > limit else ""),
         )
     if data is not None and data.burst_gets:  # the workers read their samples together, as they start
-        prefix = keys.dataset_manifest("<name>").removesuffix("manifest.json")
-        value = data.burst_gets / max(1.0, spreads["work"] + data.burst_s)
+        prefix = keys.dataset_shard("<name>", "train", 0).rsplit("/", 1)[0].replace("00000", "<k>") + "/"
+        value = data.busiest_gets / max(1.0, spreads["work"] + data.burst_s)
         add(
             "S3 GET rate: data",
             value,
             q.s3_get_per_s,
             "GET/s",
-            f"{prefix}: {W} workers' {data.burst_gets:,.0f} GETs as they start"
+            f"busiest {prefix}: {data.busiest_gets:,.0f} of the {W} workers' {data.burst_gets:,.0f} GETs as they"
+            f" start, spread over the training split's {data.prefixes:,} shards, each under a prefix of its own"
             + (
                 f": over by {value - q.s3_get_per_s:,.0f}/s, S3 answers 503 SlowDown and the requests retry (the"
-                " block order reads a block of samples in one GET)"
+                " block order reads a block of samples in one GET; smaller shards spread them over more prefixes)"
                 if value > q.s3_get_per_s
                 else ""
             ),

@@ -6,20 +6,25 @@ from typing import Any
 
 from slsml.aws.storage import ObjectStore
 from slsml.data.datasets import load_manifest
-from slsml.data.manifest import DatasetManifest, DatasetOrigin
+from slsml.data.manifest import SCHEMA_VERSION, DatasetManifest, DatasetOrigin
 from slsml.spec import keys
+from slsml.spec.errors import NotFoundError
 
 PREFIX = "datasets/"
 
 
-def datasets(store: ObjectStore) -> list[DatasetManifest]:
-    """Every dataset with a manifest (an upload interrupted before it has none), by name."""
-    names = sorted(
+def _names(store: ObjectStore) -> list[str]:
+    """The names of the datasets with a manifest (an upload interrupted before it has none), sorted."""
+    return sorted(
         key.split("/")[1]
         for key in store.list_keys(PREFIX)
         if key.count("/") == 2 and key == keys.dataset_manifest(key.split("/")[1])
     )
-    return [load_manifest(store, name) for name in names]
+
+
+def datasets(store: ObjectStore) -> list[DatasetManifest]:
+    """Every dataset with a manifest, by name (one of a format no longer read: ``BadInputError`` naming it)."""
+    return [load_manifest(store, name) for name in _names(store)]
 
 
 def exists(store: ObjectStore, name: str) -> bool:
@@ -60,14 +65,22 @@ def _layout(manifest: DatasetManifest, part: str) -> dict[str, Any]:
 
 
 def same_origin(store: ObjectStore, origin: DatasetOrigin) -> DatasetManifest | None:
-    """A dataset read from the same content the same way, if there is one."""
-    return next((manifest for manifest in datasets(store) if manifest.origin == origin), None)
+    """A dataset read from the same content the same way, if there is one (one stored in a format no longer read is
+    not: the source is uploaded again)."""
+    for name in _names(store):
+        stored = store.get_json(keys.dataset_manifest(name))
+        if stored.get("schema_version") == SCHEMA_VERSION:
+            manifest = DatasetManifest.model_validate(stored)
+            if manifest.origin == origin:
+                return manifest
+    return None
 
 
 def remove(store: ObjectStore, name: str) -> int:
-    """Delete dataset ``name`` (NotFoundError if it does not exist): its manifest first, so that it is gone at
-    once, then its shards. Returns how many objects were deleted."""
-    load_manifest(store, name)
+    """Delete dataset ``name`` (NotFoundError if it does not exist), of any format: its manifest first, so that it is
+    gone at once, then its shards. Returns how many objects were deleted."""
+    if not exists(store, name):
+        raise NotFoundError(f"dataset {name!r} does not exist")
     store.delete([keys.dataset_manifest(name)])
     shards = store.list_keys(f"{PREFIX}{name}/")
     store.delete(shards)

@@ -104,7 +104,7 @@ def load_manifest(store: ObjectStore, name: str) -> DatasetManifest:
     if isinstance(stored, dict) and stored.get("schema_version") != SCHEMA_VERSION:
         raise BadInputError(
             f"dataset {name!r} is stored in format {stored.get('schema_version')}, which this slsml "
-            f"no longer reads (v{SCHEMA_VERSION}); upload it again under another name"
+            f"no longer reads (v{SCHEMA_VERSION}): remove it (`slsml data rm {name}`) and upload it again"
         )
     return DatasetManifest.model_validate(stored)
 

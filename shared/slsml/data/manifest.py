@@ -1,13 +1,14 @@
 """A dataset's manifest and the record layout of its shards.
 
-A dataset is ``datasets/<name>/manifest.json`` plus shard objects ``<split>-<index>.bin`` for the splits ``train``
-and ``test``. A shard is a run of fixed-size records and nothing else: record r of a shard is bytes
-[r·R, (r+1)·R) with R = ``record_bytes``, one sample's x then its y, each in C order and little-endian, then, in a
-``weighted`` dataset, the sample's weight as float32 (``record_dtype``). An x (or y) of several named arrays (a model
-of several inputs or outputs: ``x_arrays``, ``y_arrays``) is each of them in turn, at fixed offsets of the record.
-Every shard of a split holds
-``shard_records`` records, the last one the rest; so sample j of a split is record j mod ``shard_records`` of shard
-j // ``shard_records``, and its bytes are a ranged GET away.
+A dataset is ``datasets/<name>/manifest.json`` plus shard objects ``<split>/<index>/shard.bin`` for the splits
+``train`` and ``test``, each under a prefix of its own (``slsml.spec.keys``): the workers read from every shard at
+once, and S3's request rates are per prefix. A shard is a run of fixed-size records and nothing else: record r of a
+shard is bytes [r·R, (r+1)·R) with R = ``record_bytes``, one sample's x then its y, each in C order and
+little-endian, then, in a ``weighted`` dataset, the sample's weight as float32 (``record_dtype``). An x (or y) of
+several named arrays (a model of several inputs or outputs: ``x_arrays``, ``y_arrays``) is each of them in turn, at
+fixed offsets of the record. Every shard of a split holds ``shard_records`` records, the last one the rest; so
+sample j of a split is record j mod ``shard_records`` of shard j // ``shard_records``, and its bytes are a ranged
+GET away.
 
 The manifest lists each shard's records, bytes and SHA-256 and is written last: a dataset without one does not
 exist, whatever shards an interrupted upload left.
@@ -23,7 +24,8 @@ from typing_extensions import TypeIs
 
 Split = Literal["train", "test"]
 SPLITS: tuple[Split, Split] = ("train", "test")
-SCHEMA_VERSION: Literal[2] = 2
+# 3: each shard under a prefix of its own (2: every shard of a split under one prefix, no longer read)
+SCHEMA_VERSION: Literal[3] = 3
 # 64 MB shards: a whole-shard GET streams for ~0.7 s at S3's ~90 MB/s per connection, so its ~20-50 ms first byte
 # costs under 10% and a million 150 KB images make ~3,000 objects; the writer holds one shard per split (plus those
 # in upload) and a cached shard is a small part of a Worker's warm cache (half of its 3,008 MB).
@@ -73,7 +75,7 @@ class DatasetOrigin(BaseModel):
 class DatasetManifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     name: str
     x_shape: tuple[int, ...] | None = Field(description="a sample's x (None: named arrays, x_arrays)")
     x_dtype: str | None

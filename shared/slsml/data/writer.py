@@ -226,12 +226,11 @@ class DatasetWriter:
         """Refuse a shard an earlier upload stored past the ``shards`` of ``split`` read now: the source gave more
         samples then, so it gives other data now."""
         prefix = keys.dataset_shards(self.name, split)
-        written = {keys.dataset_shard(self.name, split, index) for index in range(shards)}
-        if beyond := sorted(set(self.store.list_keys(prefix)) - written):
-            index = int(beyond[0].removeprefix(prefix).removesuffix(".bin"))
+        stored = (keys.dataset_shard_index(self.name, split, key) for key in self.store.list_keys(prefix))
+        if beyond := sorted(index for index in stored if index is not None and index >= shards):
             raise BadInputError(
-                f"dataset {self.name!r}: {split} shard {index} stored by an earlier upload lies past the end of the "
-                f"{shards} shards the source gives now (it gives other data); choose another name"
+                f"dataset {self.name!r}: {split} shard {beyond[0]} stored by an earlier upload lies past the end of "
+                f"the {shards} shards the source gives now (it gives other data); choose another name"
             )
 
     def _layout_fields(self, part: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Where every object lives in the bucket. Objects are versioned by iteration, never overwritten.
 
 ```
-datasets/<name>/manifest.json, train-00000.bin, test-00000.bin  (slsml.data.manifest)
+datasets/<name>/manifest.json                 a dataset's manifest (slsml.data.manifest), written last
+datasets/<name>/<split>/<index>/shard.bin     one shard of its train or test split
 runs/<run>/run.json                           run config (immutable)
 runs/<run>/source.keras                       the model as given; the run state machine copies it to…
 runs/<run>/models/000000.keras                the model entering iteration 0: the trigger of the first
@@ -143,11 +144,19 @@ def dataset_manifest(name: str) -> str:
 
 def dataset_shards(name: str, split: str) -> str:
     """The prefix of a dataset split's shards."""
-    return f"datasets/{name}/{split}-"
+    return f"datasets/{name}/{split}/"
 
 
 def dataset_shard(name: str, split: str, index: int) -> str:
-    return f"{dataset_shards(name, split)}{index:05d}.bin"
+    """Each shard under a prefix of its own, as each shard of a run's weights: S3's request rates are per prefix,
+    and the workers read samples of every shard at once."""
+    return f"{dataset_shards(name, split)}{index:05d}/shard.bin"
+
+
+def dataset_shard_index(name: str, split: str, key: str) -> int | None:
+    """A key of a shard of ``split`` of dataset ``name`` → its index; anything else → None."""
+    match = re.fullmatch(rf"{re.escape(dataset_shards(name, split))}(\d{{5,}})/shard\.bin", key)
+    return int(match[1]) if match else None
 
 
 def parse_model_key(key: str) -> tuple[str, int] | None:
