@@ -1,15 +1,16 @@
-"""The function host: long-polls each function's queue and runs the real handler in a pool of warm
-processes (one import of the handler per process, like a warm Lambda container), with an SNS-shaped
-event and a Lambda-like context. The processes are forked from a server process that imported
-TensorFlow and the other libraries once (``slsml.local.preload``), so each starts in under a second.
-A poller takes no more messages than its pool has free processes: the others wait in the queue. Each
-process has its function's memory setting (``AWS_LAMBDA_FUNCTION_MEMORY_SIZE``) and logs its pid once
-started. A failed invocation is retried by SQS, 1 s and then 2 s after it failed (Lambda retries an
-asynchronous event 1 and 2 minutes later); when its third try fails, the message goes to the function's
-DLQ at once. The host hands each dead letter to the dead-letter reader (``wiring.dead_letter_reader``,
-``slsml.pipeline.steps.dead_letters``) in the shape its AWS dead-letter queue would hold it: an SNS-triggered
-function's event with the error Lambda attaches, a queue-triggered function's message as SQS moves it.
-That step fails the run (unless the function rejected the message as malformed:
+"""The function host: long-polls each function's queue and runs the real handler in a pool of warm processes (one
+import of the handler per process, like a warm Lambda container), with an SNS-shaped event and a Lambda-like
+context. The processes are forked from a server process that imported TensorFlow and the other libraries once
+(``slsml.local.preload``), so each starts in under a second. A poller takes no more messages than its pool has
+free processes: the others wait in the queue. Each process has its function's memory setting
+(``AWS_LAMBDA_FUNCTION_MEMORY_SIZE``) and logs its pid once started; one whose memory passes it while it runs an
+invocation is killed, as Lambda kills a container (``slsml.local.memory``), and each invocation logs Lambda's
+REPORT line, its peak memory among it. A failed invocation is retried by SQS, 1 s and then 2 s after it failed
+(Lambda retries an asynchronous event 1 and 2 minutes later); when its third try fails, the message goes to the
+function's DLQ at once. The host hands each dead letter to the dead-letter reader
+(``wiring.dead_letter_reader``, ``slsml.pipeline.steps.dead_letters``) in the shape its AWS dead-letter queue
+would hold it: an SNS-triggered function's event with the error Lambda attaches, a queue-triggered function's
+message as SQS moves it. That step fails the run (unless the function rejected the message as malformed:
 ``slsml.spec.errors.rejected``), as it does on AWS.
 
 Faults (``slsml.local.faults``) can be injected: set ``FunctionHost.faults`` at any time, and read
@@ -22,6 +23,7 @@ import importlib.machinery
 import importlib.util
 import io
 import json
+import math
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -33,7 +35,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -43,16 +45,19 @@ from pathlib import Path
 from typing import Any
 
 from botocore.config import Config
+from pydantic import ValidationError
 
 from slsml.aws import clients as aws
 from slsml.aws.cache import MEMORY_ENV
 from slsml.local import faults as fault_injection
+from slsml.local import memory
 from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment, raw_delivery
 from slsml.local.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
+from slsml.local.memory import Invocation, MemoryWatch
 from slsml.pipeline.services import Services
 from slsml.spec import wiring
-from slsml.spec.deployment import DEFAULT_FUNCTIONS
-from slsml.spec.errors import rejected
+from slsml.spec.deployment import DEFAULT_FUNCTIONS, FunctionSettings
+from slsml.spec.errors import BadInputError, rejected
 from slsml.spec.limits import RunLimits
 from slsml.spec.messages import DEAD_LETTER_ERROR_CODE, DEAD_LETTER_ERROR_MESSAGE, DEAD_LETTER_REQUEST_ID, run_named
 from slsml.training import quiet
@@ -80,6 +85,8 @@ INJECTED_KINDS = (
 # ---- inside a function process ------------------------------------------------------------------
 
 _handler: Any = None
+_invocations: Any = None  # the host's end of a pipe: this process's invocations as they start and end
+_offset_bytes = 0  # what a container of this function holds beyond this process's resident set (slsml.local.memory)
 
 
 @dataclass
@@ -100,8 +107,9 @@ class LambdaContext:
         return max(0, int((self.deadline - time.time()) * 1000))
 
 
-def _start_process(function: str, environment: dict[str, str], log_path: str) -> None:
-    global _handler
+def _start_process(function: str, environment: dict[str, str], log_path: str, invocations: Any) -> None:
+    global _handler, _invocations, _offset_bytes
+    forked = memory.resident_bytes()  # what this process holds as forked, before it imports its handler
     _end_with_host()
     os.environ.clear()  # forked from the preloaded server: the environment is the host's now, not the server's
     os.environ.update(environment)
@@ -119,6 +127,12 @@ def _start_process(function: str, environment: dict[str, str], log_path: str) ->
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     _handler = module.lambda_handler
+    _invocations = invocations
+    if forked is not None:
+        from slsml.local import preload  # imported by the fork server this process was forked from
+
+        imported = preload.TENSORFLOW_BYTES if wiring.function(function).needs_tensorflow else preload.LIBRARIES_BYTES
+        _offset_bytes = imported - forked
     fault_injection.install(aws.client("s3"), aws.client("sns"))  # the clients the handler's services use
     started = {
         "level": "INFO",
@@ -176,7 +190,11 @@ def _invoke(
     """Run the handler once, for at most ``timeout_s`` (default: the function's timeout, as Lambda ends an
     invocation at its timeout); returns the counts of faults injected inside the process."""
     timeout_s = timeout_s or DEFAULT_FUNCTIONS[function].timeout_s
-    context = LambdaContext(function, request_id, time.time() + timeout_s, int(os.environ[MEMORY_ENV]))
+    started, memory_mb = time.time(), int(os.environ[MEMORY_ENV])
+    context = LambdaContext(function, request_id, started + timeout_s, memory_mb)
+    if memory.WATCHED:
+        memory.reset_peak()
+        _invocations.send((request_id, Invocation(function, os.getpid(), started, _offset_bytes, memory_mb)))
     timer = hasattr(signal, "setitimer")  # where the system has none (Windows), invocations are not timed
     if timer:
         signal.signal(signal.SIGALRM, _time_out)
@@ -194,12 +212,26 @@ def _invoke(
     finally:
         if timer:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        used_mb = None
+        if memory.WATCHED:
+            _invocations.send((request_id, None))
+            used_mb = memory.used_mb(memory.peak_bytes() + _offset_bytes)
+        print(report_line(request_id, time.time() - started, memory_mb, used_mb))
         sys.stdout.flush()
         sys.stderr.flush()
 
 
 def _ready() -> int:
     return os.getpid()
+
+
+def report_line(request_id: str, duration_s: float, memory_mb: int, used_mb: int | None) -> str:
+    """The REPORT line Lambda logs once an invocation ended (its peak memory where it was read)."""
+    used = "" if used_mb is None else f"\tMax Memory Used: {used_mb} MB"
+    return (
+        f"REPORT RequestId: {request_id}\tDuration: {duration_s * 1000:.2f} ms"
+        f"\tBilled Duration: {math.ceil(duration_s * 1000)} ms\tMemory Size: {memory_mb} MB{used}"
+    )
 
 
 # ---- in the host process ------------------------------------------------------------------------
@@ -353,6 +385,19 @@ def start_preloading() -> multiprocessing.context.BaseContext:
     return forkserver
 
 
+def checked_memory(memory_mb: dict[str, int], functions: Iterable[str]) -> dict[str, int]:
+    """``memory_mb`` (function → MB), or ``BadInputError`` naming a function not among ``functions`` or a size
+    Lambda refuses."""
+    for function, size in memory_mb.items():
+        if function not in functions:
+            raise BadInputError(f"no function named {function!r} to size (the functions: {', '.join(functions)})")
+        try:
+            FunctionSettings(memory_mb=size)
+        except ValidationError as error:
+            raise BadInputError(f"{function} memory {size} MB: {error.errors()[0]['msg']}") from None
+    return dict(memory_mb)
+
+
 class FunctionHost:
     """``faults``, ``function_environment`` (variables set in a function's process for each invocation, e.g. a
     ``ReadPolicy``'s) and the deployment's run limits (``set_limits``) may be changed while the host runs: each
@@ -367,6 +412,7 @@ class FunctionHost:
         tf_threads: int = 1,
         faults: Faults | None = None,
         function_environment: dict[str, str] | None = None,
+        memory_mb: dict[str, int] | None = None,
     ) -> None:
         self.deployment = deployment
         self.concurrency = concurrency
@@ -388,6 +434,14 @@ class FunctionHost:
         # each function's timeout (Lambda's: its deployment's); may be changed while the host runs
         self.timeouts: dict[str, float] = {name: DEFAULT_FUNCTIONS[name].timeout_s for name in concurrency}
         self.set_limits(RunLimits.model_validate_json(deployment.run_limits or "{}"))
+        # each function's memory (Lambda's: its deployment's, unless ``memory_mb`` or ``resize`` names another): its
+        # processes' AWS_LAMBDA_FUNCTION_MEMORY_SIZE, past which one running an invocation is killed
+        self.memory_mb = {name: DEFAULT_FUNCTIONS[name].memory_mb for name in concurrency}
+        self.memory_mb.update(checked_memory(memory_mb or {}, concurrency))
+        self._watch = MemoryWatch(self._out_of_memory)
+        self._killed: dict[str, Invocation] = {}  # request id → its invocation, killed past its function's memory
+        self._invocations: Any = None  # the two ends of the pipe the processes send their invocations on
+        self._sender: Any = None
         self._stopping = threading.Event()
         self._draining = threading.Event()  # take no more messages; the functions' processes stay up
         self._pollers: list[threading.Thread] = []
@@ -466,7 +520,7 @@ class FunctionHost:
             "AWS_LAMBDA_FUNCTION_NAME": function,
             # app/slsml-<function> in the User-Agent: the embedded cloud's request log names whose request it was
             "AWS_SDK_UA_APP_ID": f"slsml-{function}",
-            MEMORY_ENV: str(DEFAULT_FUNCTIONS[function].memory_mb),
+            MEMORY_ENV: str(self.memory_mb[function]),
             wiring.STORAGE_ENV: str(DEFAULT_FUNCTIONS[function].ephemeral_storage_mb),
             "POWERTOOLS_SERVICE_NAME": "slsml",
             "POWERTOOLS_METRICS_NAMESPACE": "slsml",
@@ -481,6 +535,7 @@ class FunctionHost:
         """Start every function's warm processes (waiting for their imports) and queue pollers."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._context = start_preloading()
+        self._invocations, self._sender = self._context.Pipe(duplex=False)
         warmups: list[Future] = []
         for function, size in self.concurrency.items():
             pool = self._pools[function] = self._new_pool(function)
@@ -492,6 +547,9 @@ class FunctionHost:
             poller.start()
             self._pollers.append(poller)
         threading.Thread(target=self._delete_handled, name="acknowledge", daemon=True).start()
+        if memory.WATCHED:
+            threading.Thread(target=self._follow_invocations, name="invocations", daemon=True).start()
+            threading.Thread(target=self._watch.run, args=(self._stopping,), name="memory", daemon=True).start()
         for function, queue in self.deployment.dead_letter_queues.items():
             threading.Thread(
                 target=self._watch_dead_letters, args=(function, queue), name=f"dead-letters-{function}", daemon=True
@@ -503,8 +561,61 @@ class FunctionHost:
             max_workers=self.concurrency[function],
             mp_context=self._context,
             initializer=_start_process,
-            initargs=(function, {**os.environ, **self._environment(function)}, str(self.log_dir / f"{function}.log")),
+            initargs=(
+                function,
+                {**os.environ, **self._environment(function)},
+                str(self.log_dir / f"{function}.log"),
+                self._sender,
+            ),
         )
+
+    def resize(self, memory_mb: dict[str, int]) -> None:
+        """Give functions another memory size (function → MB), as a deployment's update does: fresh processes with
+        it take their next invocations, and those running end in theirs."""
+        checked = checked_memory(memory_mb, self.concurrency)
+        with self._pools_lock:
+            for function, size in checked.items():
+                self.memory_mb[function] = size
+                if function in self._pools and not self._stopping.is_set():
+                    self._pools[function].shutdown(wait=False)
+                    self._pools[function] = self._new_pool(function)
+
+    def _follow_invocations(self) -> None:
+        """Hand the memory watch the invocations the function processes start and end."""
+        while not self._stopping.is_set():
+            try:
+                request_id, invocation = self._invocations.recv()
+            except (EOFError, OSError):
+                return
+            if invocation is None:
+                self._watch.ended(request_id)
+            else:
+                self._watch.started(request_id, invocation)
+
+    def _out_of_memory(self, request_id: str, invocation: Invocation) -> None:
+        """Record an invocation whose process is killed past its function's memory, and log its end as Lambda's
+        runtime logs it."""
+        with self._counts_lock:
+            self._killed[request_id] = invocation
+        duration_s = time.time() - invocation.started
+        lines = (
+            f"RequestId: {request_id} Error: Runtime exited with error: signal: killed",
+            "Runtime.ExitError",
+            report_line(request_id, duration_s, invocation.memory_mb, invocation.memory_mb),
+        )
+        with open(self.log_dir / f"{invocation.function}.log", "a") as log:
+            log.write("\n".join(lines) + "\n")
+
+    def _exit_error(self, function: str, request_id: str, error: BaseException) -> str:
+        """Why an invocation ended with its process: killed past its function's memory, or its process died."""
+        with self._counts_lock:
+            killed = self._killed.pop(request_id, None)
+        if killed is not None:
+            return (
+                "Runtime.ExitError: Runtime exited with error: signal: killed"
+                f" (out of memory: past the {function} function's {killed.memory_mb} MB)"
+            )
+        return f"Runtime exited: a warm process of {function} died ({error})"
 
     def _submit(self, function: str, *args: Any) -> Future:
         """``_invoke(*args)`` in one of ``function``'s warm processes. A pool one of whose processes died (killed,
@@ -515,6 +626,10 @@ class FunctionHost:
             return pool.submit(_invoke, *args)
         except BrokenProcessPool:
             return self._renewed(function, pool).submit(_invoke, *args)
+        except RuntimeError:  # shut down: the host is stopping, or ``resize`` replaced it
+            if self._pools[function] is pool:
+                raise
+            return self._pools[function].submit(_invoke, *args)
 
     def _renewed(self, function: str, broken: ProcessPoolExecutor) -> ProcessPoolExecutor:
         """A fresh pool for ``function`` in place of ``broken`` (once, however many found it broken)."""
@@ -614,7 +729,7 @@ class FunctionHost:
                 return
             if isinstance(error, BrokenProcessPool):  # its process died: retried in a fresh one, as on Lambda
                 self._renewed(function, pool)
-                error = RuntimeError(f"Runtime exited: a warm process of {function} died ({error})")
+                error = RuntimeError(self._exit_error(function, request_id, error))
             text = str(error)
             self._last_error[body["MessageId"]] = (text.splitlines()[0][:500], text, request_id)
             counts = {"failed_invocations": 1, "retries": int(receives < MAX_RECEIVES)}

@@ -5,7 +5,9 @@ siblings. boto3's default session, which ``slsml.aws.clients`` makes its clients
 descriptions of what the functions call already. Of slsml's own modules, only the pure definitions of its
 messages, records and settings are imported here (pydantic builds their classes, a tenth of a second); the
 others are left to each process, as on Lambda: their loggers and settings read the function's environment
-when they are imported."""
+when they are imported. What the libraries take, before TensorFlow and with it, is measured as they are imported
+(``LIBRARIES_BYTES``, ``TENSORFLOW_BYTES``): what a container holds once it imported them, by which a forked process
+counts its memory (``slsml.local.memory``)."""
 
 import gc
 import os
@@ -25,13 +27,12 @@ import aws_lambda_powertools.utilities.idempotency  # noqa: E402
 import aws_lambda_powertools.utilities.parser  # noqa: E402,F401
 import aws_xray_sdk.core  # noqa: E402,F401
 import boto3  # noqa: E402
-import keras  # noqa: E402,F401
 import numpy  # noqa: E402,F401
 import pydantic_settings  # noqa: E402,F401
-import tensorflow  # noqa: E402,F401
 
 # with slsml.spec.config and slsml.spec.messages: classes, nothing read from the environment
 import slsml.state.records  # noqa: E402,F401
+from slsml.local import memory  # noqa: E402
 
 # the session reads a service's descriptions when it makes its first client; these clients are thrown away (a
 # function's own read the region, credentials and endpoint of its environment)
@@ -45,5 +46,14 @@ _anywhere = {
 for service in ("s3", "dynamodb", "sns", "sqs", "stepfunctions"):
     boto3.DEFAULT_SESSION.client(service, **_anywhere)
 boto3.DEFAULT_SESSION.resource("dynamodb", **_anywhere)
+
+# what a container holds once it imported its function's libraries, as Lambda counts it (slsml.local.memory): a zip
+# function's, then a TensorFlow function's
+LIBRARIES_BYTES = memory.resident_bytes() or 0
+
+import keras  # noqa: E402,F401
+import tensorflow  # noqa: E402,F401
+
+TENSORFLOW_BYTES = memory.resident_bytes() or 0
 
 gc.freeze()  # the collector leaves these objects alone, so the forked processes do not copy their pages

@@ -61,8 +61,10 @@ class LocalRuntime:
     ``default_pool()``), so a run of any number of workers runs on at most ``pool`` Worker processes: the messages
     beyond wait in their queue. Each function has processes of its own, so the watchdog and the dead-letter
     reader always find one, however busy the fleet. ``limits`` are what any one run may ask for, as a
-    deployment's (``RunLimits``), enforced by the same pipeline code. ``duplicate_deliveries`` delivers every SNS
-    message twice (an at-least-once test switch).
+    deployment's (``RunLimits``), enforced by the same pipeline code. ``memory_mb`` sizes functions (function → MB)
+    otherwise than a default deployment (``DEFAULT_FUNCTIONS``), as its ``functions.<name>.memory_mb`` settings do:
+    a process whose memory passes its function's is killed, as Lambda kills its container (``slsml.local.memory``).
+    ``duplicate_deliveries`` delivers every SNS message twice (an at-least-once test switch).
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class LocalRuntime:
         log_dir: Path = Path(".slsml/logs"),
         tf_threads: int = 1,
         limits: RunLimits | None = None,
+        memory_mb: dict[str, int] | None = None,
     ) -> None:
         self.cloud = EmbeddedCloud()
         pool = pool or default_pool()
@@ -90,6 +93,7 @@ class LocalRuntime:
         reserved = {name: DEFAULT_FUNCTIONS[name].reserved_concurrency or n for name, n in wanted.items()}
         self.concurrency = {function: min(n, reserved[function], pool) for function, n in wanted.items()}
         self.limits = limits or RunLimits()
+        self.memory_mb = dict(memory_mb or {})
         self.duplicate_deliveries = duplicate_deliveries
         self.log_dir = log_dir
         self.tf_threads = tf_threads
@@ -123,6 +127,17 @@ class LocalRuntime:
         finally:
             self._limit(before)
 
+    @contextmanager
+    def resized(self, memory_mb: dict[str, int]) -> Iterator[LocalRuntime]:
+        """The block's invocations run with these functions' memory (function → MB), in fresh processes, as after
+        a deployment's update of their ``memory_mb``; the sizes before are restored after it."""
+        before = {function: self.host.memory_mb[function] for function in memory_mb if function in self.host.memory_mb}
+        self.host.resize(memory_mb)
+        try:
+            yield self
+        finally:
+            self.host.resize(before)
+
     def _limit(self, limits: RunLimits) -> None:
         self.limits = self.services.limits = limits
         self.host.set_limits(limits)
@@ -154,7 +169,12 @@ class LocalRuntime:
                 self.limits,
             )
             self._host = FunctionHost(
-                self.deployment, self.concurrency, self.log_dir, self.duplicate_deliveries, self.tf_threads
+                self.deployment,
+                self.concurrency,
+                self.log_dir,
+                self.duplicate_deliveries,
+                self.tf_threads,
+                memory_mb=self.memory_mb,
             )
             self._host.start()
         except BaseException:

@@ -1,9 +1,9 @@
-"""What the deployed stack and the code running in it agree on beyond the wiring: the bucket
-prefixes the functions may touch, the metrics the dashboard and alarms read, the bucket's lifecycle rules
-(and the object tag by which they expire transient scratch), the functions' default sizes and reserved concurrency
-(which ``slsml plan`` prices, and the local host runs its functions with, so that local GB-seconds are what a
-default deployment bills), and the stack outputs that name the functions' log groups. (The limits an
-operator sets on every run: ``slsml.spec.limits``.)
+"""What the deployed stack and the code running in it agree on beyond the wiring: the bucket prefixes the functions may
+touch, the metrics the dashboard and alarms read, the bucket's lifecycle rules (and the object tag by which they
+expire transient scratch), the functions' default sizes and reserved concurrency (which ``slsml plan`` prices, and
+the local host runs its functions with and holds them to, so that local GB-seconds are what a default deployment
+bills and a local process runs out of memory where a container would), and the stack outputs that name the
+functions' log groups. (The limits an operator sets on every run: ``slsml.spec.limits``.)
 """
 
 from __future__ import annotations
