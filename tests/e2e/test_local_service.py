@@ -1,4 +1,5 @@
-"""The local cloud as a service that stays up, driven as a user would: `slsml local up`, the AWS CLI
+"""The local cloud as a service that stays up, driven as a user would: `slsml local up` (its Reducer sized by
+`--memory`), the AWS CLI
 dropping a model into incoming/, `slsml run list`, `run watch` to COMPLETED, `run stop` and `run resume`
 on a local run, `local down`. Every command is its own process, as in a terminal."""
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from slsml.client import demo
+from slsml.local import service as service_module
 from slsml.spec.errors import NotFoundError
 from slsml.state.runtable import RunTable
 from slsml.training import modelio
@@ -23,6 +25,7 @@ from slsml.training import modelio
 from .service import last_json, local_service, service_env, service_store, service_table, slsml
 
 LIMIT_WORKERS = 8  # the service's limit on any run's workers (the tests' runs ask for at most 4)
+REDUCER_MB = 2048  # the service's Reducer memory (the deployment's: 1769 MB)
 # enough that the run is still going when `run stop` lands (it is stopped at its second iteration; a command
 # takes a few seconds on a loaded machine, an iteration about one), few enough that its resume ends soon
 STOP_ME_ITERATIONS = 30
@@ -36,7 +39,7 @@ def service(tmp_path_factory: pytest.TempPathFactory):
     x, y, x_test, y_test = demo.digits()
     np.savez(home / "digits.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (home / "cnn.keras").write_bytes(modelio.save_model(demo.digits_cnn(seed=1)))
-    with local_service(home, "--limit-workers", str(LIMIT_WORKERS)) as state:
+    with local_service(home, "--limit-workers", str(LIMIT_WORKERS), "--memory", f"reducer={REDUCER_MB}") as state:
         assert state["pool"] == 2
         yield home
 
@@ -81,6 +84,11 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     page = (service / "report" / "index.html").read_text()
     assert run_id in page and "COMPLETED" in page
     assert all((service / "report" / image).stat().st_size > 0 for image in ("curves.png", "cost.png"))
+    reducer_log = (service / service_module.STATE_DIR / "logs" / "reducer.log").read_text()  # the Reducer's size
+    started = [json.loads(line) for line in reducer_log.splitlines() if "warm process started" in line]
+    assert started and {entry["function_memory_size"] for entry in started} == {REDUCER_MB}
+    reports = re.findall(r"^REPORT RequestId: .*\tMemory Size: (\d+) MB\tMax Memory Used: (\d+) MB$", reducer_log, re.M)
+    assert reports and all(int(size) == REDUCER_MB > int(used) for size, used in reports)
 
 
 def _iteration(table: RunTable, run_id: str) -> int:

@@ -49,6 +49,7 @@ def one_shot_runtime(args: argparse.Namespace, spec: TrainingSpec) -> Any:
         reducers=spec.reducers,
         pool=args.pool,
         log_dir=log_dir,
+        memory_mb=dict(args.memory or []),
     ).begin()
 
 

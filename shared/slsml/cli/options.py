@@ -137,6 +137,7 @@ def training_options(parser: argparse.ArgumentParser, iterations: int | None) ->
         help="local runs: the most warm processes per function (default: from"
         " this machine's cores and memory, or the SLSML_POOL environment variable)",
     )
+    memory_option(group)
     group.add_argument(
         "--faults",
         type=_faults,
@@ -144,6 +145,33 @@ def training_options(parser: argparse.ArgumentParser, iterations: int | None) ->
         "s3_get_delay=0.2:1.5' (also reducer_crash, merger_crash_once, sns_delay, "
         "worker_hang=p with hang_s=SECONDS, crash_every_receive, slow_worker=WORKER:SECONDS)",
     )
+
+
+def memory_option(group: Any) -> None:
+    """``--memory FUNCTION=MB``, repeated: a local run's (or the local service's) function sizes."""
+    group.add_argument(
+        "--memory",
+        type=_function_memory,
+        action="append",
+        metavar="FUNCTION=MB",
+        help="local runs: a function's memory, as a deployment's functions.<name>.memory_mb sets it (default: the"
+        " deployment's, e.g. worker=3008); a process past it is killed, as Lambda kills its container. Repeat it"
+        " for more functions",
+    )
+
+
+def _function_memory(text: str) -> tuple[str, int]:
+    from slsml.local.memory import checked_memory
+    from slsml.spec.deployment import DEFAULT_FUNCTIONS
+
+    function, _, size = text.partition("=")
+    if not size.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give FUNCTION=MB, e.g. worker=1024")
+    try:
+        checked_memory({function: int(size)}, DEFAULT_FUNCTIONS)
+    except BadInputError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return function, int(size)
 
 
 def flag(field: str) -> str:

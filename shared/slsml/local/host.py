@@ -35,7 +35,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from botocore.config import Config
-from pydantic import ValidationError
 
 from slsml.aws import clients as aws
 from slsml.aws.cache import MEMORY_ENV
@@ -53,11 +52,11 @@ from slsml.local import faults as fault_injection
 from slsml.local import memory
 from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment, raw_delivery
 from slsml.local.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
-from slsml.local.memory import Invocation, MemoryWatch
+from slsml.local.memory import Invocation, MemoryWatch, checked_memory
 from slsml.pipeline.services import Services
 from slsml.spec import wiring
-from slsml.spec.deployment import DEFAULT_FUNCTIONS, FunctionSettings
-from slsml.spec.errors import BadInputError, rejected
+from slsml.spec.deployment import DEFAULT_FUNCTIONS
+from slsml.spec.errors import rejected
 from slsml.spec.limits import RunLimits
 from slsml.spec.messages import DEAD_LETTER_ERROR_CODE, DEAD_LETTER_ERROR_MESSAGE, DEAD_LETTER_REQUEST_ID, run_named
 from slsml.training import quiet
@@ -383,19 +382,6 @@ def start_preloading() -> multiprocessing.context.BaseContext:
     forkserver.set_forkserver_preload([PRELOAD])
     multiprocessing.forkserver.ensure_running()
     return forkserver
-
-
-def checked_memory(memory_mb: dict[str, int], functions: Iterable[str]) -> dict[str, int]:
-    """``memory_mb`` (function → MB), or ``BadInputError`` naming a function not among ``functions`` or a size
-    Lambda refuses."""
-    for function, size in memory_mb.items():
-        if function not in functions:
-            raise BadInputError(f"no function named {function!r} to size (the functions: {', '.join(functions)})")
-        try:
-            FunctionSettings(memory_mb=size)
-        except ValidationError as error:
-            raise BadInputError(f"{function} memory {size} MB: {error.errors()[0]['msg']}") from None
-    return dict(memory_mb)
 
 
 class FunctionHost:

@@ -10,6 +10,7 @@ from types import TracebackType
 
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment, use_deployment
 from slsml.local.host import FunctionHost, leave_out_main, start_preloading
+from slsml.local.memory import checked_memory
 from slsml.pipeline.services import Services
 from slsml.spec.deployment import DEFAULT_FUNCTIONS
 from slsml.spec.limits import RunLimits
@@ -93,7 +94,7 @@ class LocalRuntime:
         reserved = {name: DEFAULT_FUNCTIONS[name].reserved_concurrency or n for name, n in wanted.items()}
         self.concurrency = {function: min(n, reserved[function], pool) for function, n in wanted.items()}
         self.limits = limits or RunLimits()
-        self.memory_mb = dict(memory_mb or {})
+        self.memory_mb = checked_memory(memory_mb or {}, self.concurrency)
         self.duplicate_deliveries = duplicate_deliveries
         self.log_dir = log_dir
         self.tf_threads = tf_threads

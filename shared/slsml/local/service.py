@@ -78,8 +78,10 @@ def up(
     pool: int | None = None,
     timeout_s: float = READY_TIMEOUT_S,
     limits: RunLimits | None = None,
+    memory_mb: dict[str, int] | None = None,
 ) -> ServiceState:
-    """Start the service (or return the one running) once it is ready to take runs of at most ``limits``."""
+    """Start the service (or return the one running) once it is ready to take runs of at most ``limits``; its
+    functions have the deployment's memory but for those ``memory_mb`` sizes (function → MB)."""
     running = status(state_dir)
     if running is not None:
         return running
@@ -90,6 +92,7 @@ def up(
         "slsml.local.service",
         str(state_dir),
         (limits or RunLimits()).model_dump_json(),
+        json.dumps(memory_mb or {}),
         *([str(pool)] if pool else []),
     ]
     with open(state_dir / OUTPUT_FILE, "wb") as output:
@@ -147,7 +150,7 @@ def environment(state: ServiceState) -> dict[str, str]:
     return state.local_deployment().environment()
 
 
-def serve(state_dir: Path, pool: int | None, limits: RunLimits) -> None:
+def serve(state_dir: Path, pool: int | None, limits: RunLimits, memory_mb: dict[str, int]) -> None:
     """The service's process: run the local runtime until SIGTERM or SIGINT."""
     from slsml.local.runtime import LocalRuntime
 
@@ -160,7 +163,9 @@ def serve(state_dir: Path, pool: int | None, limits: RunLimits) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     log_dir = (state_dir / "logs").resolve()
-    runtime = LocalRuntime(workers=CONCURRENCY, reducers=CONCURRENCY, pool=pool, log_dir=log_dir, limits=limits)
+    runtime = LocalRuntime(
+        workers=CONCURRENCY, reducers=CONCURRENCY, pool=pool, log_dir=log_dir, limits=limits, memory_mb=memory_mb
+    )
     with runtime:
         assert runtime.deployment is not None  # provisioned as the runtime is entered
         state = ServiceState(
@@ -187,5 +192,8 @@ def serve(state_dir: Path, pool: int | None, limits: RunLimits) -> None:
 
 if __name__ == "__main__":
     serve(
-        Path(sys.argv[1]), int(sys.argv[3]) if len(sys.argv) > 3 else None, RunLimits.model_validate_json(sys.argv[2])
+        Path(sys.argv[1]),
+        int(sys.argv[4]) if len(sys.argv) > 4 else None,
+        RunLimits.model_validate_json(sys.argv[2]),
+        json.loads(sys.argv[3]),
     )
