@@ -47,3 +47,26 @@ def test_a_process_past_its_memory_is_killed_and_one_within_it_runs_on() -> None
         still.wait()
         growing.wait()
     assert memory.resident_bytes(growing.pid) is None  # ended: the watch would forget it
+
+
+def test_a_process_counts_what_its_container_would_hold_beyond_it_and_only_while_it_runs_an_invocation() -> None:
+    """An invocation's offset (the libraries a container imported, less what the process held when forked) counts
+    with its process's resident set; a process whose invocation ended is not read."""
+    idle, other = _python(STILL), _python(STILL)
+    killed: list[str] = []
+    watch = MemoryWatch(lambda request_id, invocation: killed.append(request_id))
+    try:
+        watch.started("ended", Invocation("merger", other.pid, time.time(), 512 * memory.MB, 128))
+        watch.ended("ended")
+        watch.started("runs", Invocation("merger", idle.pid, time.time(), 512 * memory.MB, 128))
+        watch.check()
+        assert killed == ["runs"]
+        assert idle.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None
+        watch.check()  # nothing left to read
+        assert killed == ["runs"]
+    finally:
+        idle.kill()
+        other.kill()
+        idle.wait()
+        other.wait()
