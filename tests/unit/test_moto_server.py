@@ -26,9 +26,11 @@ CHECK = textwrap.dedent(
             out = []
             for n in range(3):
                 out.append(ddb.update_item(
-                    TableName="t", Key={"pk": {"S": "a"}}, UpdateExpression="ADD c :one SET m = :m, l = :l",
-                    ExpressionAttributeValues={":one": {"N": "1"}, ":m": {"M": {"x": {"N": str(n)}}},
-                                               ":l": {"L": [{"S": "s"}, {"BOOL": True}, {"NULL": True}]}},
+                    TableName="t", Key={"pk": {"S": "a"}}, UpdateExpression="ADD c :one SET m = :m, l = :l, s = :s",
+                    ExpressionAttributeValues={":one": {"N": "1"}, ":m": {"M": {"x": {"N": str(n)}, "b": {"B": b"0"}}},
+                                               ":l": {"L": [{"S": "s"}, {"BOOL": True}, {"NULL": True}]},
+                                               ":s": {"L": [{"SS": ["a", "b"]}, {"NS": ["1", "2.5"]},
+                                                            {"BS": [b"x", b"y"]}, {"M": {}}, {"L": []}]}},
                     ReturnValues="ALL_NEW")["Attributes"])
             out.append(ddb.get_item(TableName="t", Key={"pk": {"S": "a"}}, ConsistentRead=True)["Item"])
             sqs = boto3.client("sqs", region_name="us-east-1")
@@ -48,6 +50,7 @@ CHECK = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     import moto_server
     moto_server.tune()
+    moto_server.attribute_values()
     assert list(backends.list_of_moto_modules()) == modules
     assert [utils.camelcase_to_underscores(n) for n in names] == converted
     assert responses() == before

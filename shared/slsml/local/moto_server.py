@@ -4,7 +4,9 @@ on every request done once, and DynamoDB's writes atomic.
 moto (5.2.5) lists its package folder to route each request, re-derives every handler class's method
 names and converts the same camel-case names again and again, and finds the aliases of each response
 field anew for every value it serializes. Each of these is a pure function of what it is given, so its
-answers are kept: the responses are the same, served with less CPU.
+answers are kept: the responses are the same, served with less CPU. It also looks each of the ten members
+of a DynamoDB attribute value up in every value of an item it returns; only the members a value holds are
+looked up: a GetItem or UpdateItem of a 65-attribute item cost the server 5.0 ms of CPU, 2.6–3.6 after.
 
 DynamoDB applies each write to an item atomically; moto applies a request in Python on the thread of
 its connection, so two UpdateItem ADDs to one item at once could count once (16 threads adding 4,000
@@ -97,6 +99,34 @@ def tune() -> None:
         return keys
 
     picker.get_possible_keys = possible_keys
+
+
+def attribute_values() -> None:
+    """Serialize a DynamoDB attribute value by the members it holds: moto looks each of the ten members of
+    ``AttributeValue`` up in every value of every item it returns, though a plain dict value holds one."""
+    from moto.core.serialize import BaseJSONSerializer
+
+    every_member = BaseJSONSerializer._serialize_type_structure
+
+    def structure(self: Any, serialized: Any, value: Any, shape: Any, key: str) -> None:
+        # a member the dict lacks is None unless an alias of it is a key (the keys are members: none is) or
+        # the serializer transforms its value (moto's DynamoDB serializer transforms none)
+        if (
+            shape.name != "AttributeValue"
+            or type(value) is not dict
+            or not value.keys() <= shape.members.keys()
+            or self._value_picker.response_transformers
+        ):
+            return every_member(self, serialized, value, shape, key)
+        wrapper = self.MAP_TYPE() if key else serialized
+        for member_key, member_shape in shape.members.items():
+            if member_key in value:
+                member_shape.parent = shape
+                self._serialize_structure_member(wrapper, value, member_shape, member_key)
+        if key:
+            self._default_serialize(serialized, wrapper, shape, key)
+
+    BaseJSONSerializer._serialize_type_structure = structure
 
 
 def serialize_dynamodb() -> None:
@@ -267,6 +297,7 @@ def main() -> None:
     os.environ["MOTO_DISABLE_GLOBAL_CORS"] = "true"  # moto's CORS would echo any Origin
     end_with_parent()
     tune()
+    attribute_values()
     serialize_dynamodb()
     wake_long_polls_when_due()
     ranged_reads()
