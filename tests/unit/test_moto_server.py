@@ -112,3 +112,39 @@ def test_ranged_reads_answer_as_moto_does() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert '"bytes 1000-2999/' in done.stdout and "InvalidRange" in done.stdout
+
+
+TASK_CLIENTS = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["MOTO_PORT"] = "5123"
+    from moto.stepfunctions.parser.asl.utils import boto_client
+
+    def described(client):
+        config = client.meta.config
+        return [client.meta.service_model.service_name, client.meta.region_name, client.meta.endpoint_url,
+                config.retries, config.parameter_validation, config.connect_timeout, config.read_timeout]
+
+    before = [described(boto_client.boto_client_for(region, service)) for region, service in TASKS]
+    sys.path.insert(0, sys.argv[1])
+    import moto_server
+    moto_server.task_clients()
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_dynamodb
+    kept = [state_task_service_dynamodb.boto_client_for(region, service) for region, service in TASKS]
+    assert [described(client) for client in kept] == before, ([described(client) for client in kept], before)
+    again = [boto_client.boto_client_for(region, service, {"RoleArn": "r"}) for region, service in TASKS]
+    assert [a is k for a, k in zip(again, kept)] == [True] * len(TASKS)
+    assert len({id(client) for client in kept}) == len(TASKS)
+    print(json.dumps(before))
+    """
+).replace("TASKS", '[("us-east-1", "dynamodb"), ("us-east-1", "sns"), ("eu-west-1", "dynamodb")]')
+
+
+def test_step_functions_tasks_keep_the_client_moto_makes_per_region_and_service() -> None:
+    """A state machine's tasks reuse one client per region and service, made as moto makes each task's."""
+    folder = Path(slsml.local.moto_server.__file__).parent
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", TASK_CLIENTS, str(folder)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"http://localhost:5123"' in done.stdout
