@@ -704,13 +704,17 @@ def largest_reduce(spec: TrainingSpec, workers: int | None = None) -> tuple[int,
     workers = spec.asked_workers(workers)
     late = spec.staleness * (workers - quorum_count(workers, min(spec.deadline_floor, spec.quorum)))
     samples, attempt = spec.global_batch * spec.local_batches, spec.deadline_retries
-    iteration = (spec.iterations or 1_000_000) - 1
+    return _largest_reduce(workers, late, samples, attempt, (spec.iterations or 1_000_000) - 1, spec.reducers - 1)
+
+
+@lru_cache(maxsize=256)  # a plan's recommendation predicts thousands of variants of one run: one message each
+def _largest_reduce(workers: int, late: int, samples: int, attempt: int, iteration: int, shard: int) -> tuple[int, int]:
     participants = [Participant(worker=w, attempt=attempt, samples=samples) for w in range(workers)]
     participants += [
         Participant(worker=w % workers, attempt=attempt, samples=samples, iteration=iteration) for w in range(late)
     ]
     reduce = ReduceMessage(
-        run_id="r" * 63, iteration=iteration, shard=spec.reducers - 1, attempt=attempt, participants=tuple(participants)
+        run_id="r" * 63, iteration=iteration, shard=shard, attempt=attempt, participants=tuple(participants)
     )
     return len(participants), len(reduce.model_dump_json().encode())
 
