@@ -22,9 +22,11 @@ from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.training import modelio
 from tests.e2e.conftest import finish, train
 
-# The median iteration is a steady one: the first (cold containers), the last (a merger's first read of the
-# test split) and the first turn of each warm process that the first iteration left idle (a worker, a
-# reducer, a ReduceLauncher) make at most 4 others.
+# The median iteration is a steady one: only the first (cold containers: a worker's model holds the weights it
+# starts from) and the last (the Merger assembles and saves the model the run ends on) differ. What a warm process
+# reads when it first meets a run (run.json, the model file, the dataset's manifest) is the run's, of no iteration,
+# whichever iteration brings the run to it (``usage.warming``), so that the runs below, which share the warm
+# processes, each have steady iterations between.
 ITERATIONS = 9
 
 

@@ -17,6 +17,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from slsml.accounting import usage
+from slsml.accounting.prices import PriceTable
 from slsml.aws import clients as aws
 from slsml.local.cloud import REGION, EmbeddedCloud
 from slsml.state import records
@@ -155,6 +156,34 @@ def test_requests_outside_a_scope_go_to_the_next_one_and_scopes_split_the_invoca
     assert (second["iteration"], second["requests"], second["bytes_written"]) == (2, {"s3:PutObject": 1}, 2)
     assert second["start"] == first["end"]  # a message's time runs from the end of the one before it
     assert (unattributed["run_id"], unattributed["requests"]) == (None, {"s3:HeadBucket": 1})
+
+
+def test_what_fills_the_warm_cache_counts_for_the_run_and_not_its_iteration(
+    endpoint: str, lines: list[dict[str, Any]]
+) -> None:
+    """A container's first read of a run's config is the run's, whichever iteration brings the run there: a line of
+    no iteration and no duration, beside the iteration's, and the spend so far counts both."""
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_object(Bucket=BUCKET, Key="runs/d/run.json", Body=b"{}")
+    settle(lines)
+    with usage.invocation("worker", 3008), usage.scope("run-d", 0, worker=1):
+        with usage.warming():
+            s3.get_object(Bucket=BUCKET, Key="runs/d/run.json")["Body"].read()
+        s3.get_object(Bucket=BUCKET, Key="runs/d/run.json", Range="bytes=0-0")["Body"].read()
+        assert usage.so_far(PriceTable(s3_get=1.0, lambda_gb_second=0.0, lambda_request=0.0)) == 2.0
+    iteration, warmed = lines
+    assert (iteration["iteration"], iteration["requests"], iteration["bytes_read"]) == (0, {"s3:GetObject": 1}, 1)
+    assert (warmed["run_id"], warmed["iteration"], warmed["requests"], warmed["bytes_read"]) == (
+        "run-d",
+        None,
+        {"s3:GetObject": 1},
+        2,
+    )
+    assert warmed["duration_s"] == 0 and warmed["start"] == warmed["end"] == iteration["end"]
+    figures = usage.figures([usage.UsageRecord.model_validate(line) for line in lines], 1, PriceTable())
+    assert figures["requests_per_iteration"] == {"s3:GetObject": 1}
+    assert figures["cost_by_service_usd"]["s3"] == pytest.approx(2 * PriceTable().s3_get)
 
 
 def test_a_dropped_model_scope_is_named_by_its_step(endpoint: str, lines: list[dict[str, Any]]) -> None:

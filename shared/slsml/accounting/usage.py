@@ -19,6 +19,11 @@ message was (``about``: its worker or shard, attempt, a deadline's stage), where
 duration runs from the end of the invocation's previous scope (its start, for the first), so a
 message's scopes add up to its invocation's billed duration, bar what follows the last one.
 
+What a container reads once to serve a run (``warming``: its run.json, the model it starts from, the dataset's
+manifest) is not an iteration's work, whichever iteration first brings the run to that container: it is logged in
+a line of its own, for the run and no iteration, of no duration (its time stays in the scope's line), so that it
+counts in the run's totals and not in the iteration's (a warm pool's processes meet a run at any iteration).
+
 ``read_local`` and ``read_cloudwatch`` collect a run's records; ``figures`` prices them.
 """
 
@@ -101,6 +106,7 @@ class _Scope:
     counts: _Counts
     part: dict[str, Any] = field(default_factory=dict)  # of PART_FIELDS
     open: bool = True
+    warm: _Counts = field(default_factory=_Counts)  # what it read to fill the container's warm cache (``warming``)
 
 
 @dataclass
@@ -119,6 +125,7 @@ class _Call:
 
     scope: _Scope | None
     params: dict[str, Any]
+    warming: bool = False  # made within ``warming``
     publishes: dict[str, int] = field(default_factory=dict)  # SNS entry id → billed publishes
     body_bytes: int = 0  # an S3 PutObject's
 
@@ -127,13 +134,28 @@ _lock = threading.Lock()  # the hooks run in whatever thread makes the call (par
 _scope: _Scope | None = None
 _pending = _Counts()  # made outside any scope: for the next one
 _invocation: _Invocation | None = None
+_thread = threading.local()  # ``warming`` of the calls this thread makes
 
 
-def _counts(scope: _Scope | None) -> _Counts:
-    """Where a call's counts go: its scope while that is open, else the open one, else the pending counts."""
-    if scope is not None and scope.open:
-        return scope.counts
-    return _scope.counts if _scope is not None else _pending
+def _counts(scope: _Scope | None, warming: bool = False) -> _Counts:
+    """Where a call's counts go: its scope while that is open, else the open one, else the pending counts; a call
+    made ``warming`` the scope's warm-up counts."""
+    if scope is None or not scope.open:
+        scope = _scope
+    if scope is None:
+        return _pending
+    return scope.warm if warming else scope.counts
+
+
+@contextmanager
+def warming() -> Iterator[None]:
+    """The calls this thread makes in the block fill the container's warm cache for the open scope's run: they
+    count for the run, not for its iteration (see the module's description)."""
+    _thread.warming = True
+    try:
+        yield
+    finally:
+        _thread.warming = False
 
 
 @contextmanager
@@ -174,6 +196,8 @@ def scope(run_id: str | None, iteration: int | None, **part: Any) -> Iterator[No
             opened.open, _scope = False, None
         end = time.time()
         _log(opened, current, end)
+        if opened.warm != _Counts():
+            _log(_Scope(opened.run_id, None, opened.warm), current, end, start=end)
         current.mark, current.scopes = end, current.scopes + 1
 
 
@@ -194,21 +218,35 @@ def so_far(table: PriceTable) -> float:
     if _scope is None or _invocation is None:
         raise RuntimeError("no usage scope is open")
     with _lock:
-        record = _scope_record(_scope, _invocation, time.time())
+        counts = _scope.counts
+        both = _Scope(_scope.run_id, _scope.iteration, _merged(counts, _scope.warm))
+        record = _scope_record(both, _invocation, time.time())
     dollars = sum(cost([record], table).values())
     return dollars if _invocation.scopes == 0 else dollars - table.lambda_request
 
 
-def _scope_record(opened: _Scope, current: _Invocation, end: float) -> UsageRecord:
-    """The usage record of ``opened`` if it ended at ``end``."""
-    counts = opened.counts
+def _merged(first: _Counts, second: _Counts) -> _Counts:
+    return _Counts(
+        first.requests + second.requests,
+        first.read_units + second.read_units,
+        first.write_units + second.write_units,
+        first.sns_billed + second.sns_billed,
+        first.bytes_read + second.bytes_read,
+        first.bytes_written + second.bytes_written,
+    )
+
+
+def _scope_record(opened: _Scope, current: _Invocation, end: float, start: float | None = None) -> UsageRecord:
+    """The usage record of ``opened`` if it ended at ``end`` (and began at ``start``: default, where the
+    invocation's previous scope ended)."""
+    counts, start = opened.counts, current.mark if start is None else start
     return UsageRecord(
         run_id=opened.run_id,
         iteration=opened.iteration,
         function=current.function,
-        start=round(current.mark, 3),
+        start=round(start, 3),
         end=round(end, 3),
-        duration_s=round(end - current.mark, 4),
+        duration_s=round(end - start, 4),
         memory_mb=current.memory_mb,
         requests=dict(sorted(counts.requests.items())),
         read_units=counts.read_units,
@@ -220,10 +258,10 @@ def _scope_record(opened: _Scope, current: _Invocation, end: float) -> UsageReco
     )
 
 
-def _log(opened: _Scope, current: _Invocation, end: float) -> None:
+def _log(opened: _Scope, current: _Invocation, end: float, start: float | None = None) -> None:
     current.bytes_read += opened.counts.bytes_read
     current.bytes_written += opened.counts.bytes_written
-    record = _scope_record(opened, current, end)
+    record = _scope_record(opened, current, end, start)
     unnamed = {name for name in PART_FIELDS if getattr(record, name) is None}  # no bytes for what it is not
     logger.info(USAGE_KEY, extra={USAGE_KEY: record.model_dump(exclude=unnamed)})
 
@@ -241,7 +279,7 @@ def instrument(client: Any) -> None:
 
 
 def _before_build(params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
-    call = context[_CALL] = _Call(_scope, params)
+    call = context[_CALL] = _Call(_scope, params, getattr(_thread, "warming", False))
     if model.input_shape is not None and "ReturnConsumedCapacity" in model.input_shape.members:
         params.setdefault("ReturnConsumedCapacity", "TOTAL")
     if model.name == "PublishBatch":
@@ -255,7 +293,9 @@ def _before_build(params: dict[str, Any], model: Any, context: dict[str, Any], *
 def _attempt(service: str, request: Any, operation_name: str, **_: Any) -> None:
     call = request.context.get(_CALL)
     with _lock:
-        _counts(call.scope if call else _scope).requests[f"{service}:{operation_name}"] += 1
+        _counts(call.scope if call else _scope, call is not None and call.warming).requests[
+            f"{service}:{operation_name}"
+        ] += 1
 
 
 def _after_call(
@@ -267,7 +307,7 @@ def _after_call(
     ok = http_response.status_code < 300
     operation = model.name
     with _lock:
-        counts = _counts(call.scope)
+        counts = _counts(call.scope, call.warming)
         if service == "dynamodb":
             units = _dynamodb_units(operation, call.params, parsed, ok)
             if operation in _DYNAMODB_READS:

@@ -11,6 +11,7 @@ from functools import cache
 
 from aws_lambda_powertools import Logger
 
+from slsml.accounting import usage
 from slsml.aws import cache as warm_cache
 from slsml.aws import clients as aws
 from slsml.aws.storage import ObjectStore
@@ -99,7 +100,8 @@ def run_config(store: ObjectStore, run_id: str) -> RunConfig:
     config = warm.get(("config", run_id))
     if config is None:
         try:
-            body = store.get(keys.run_config(run_id))
+            with usage.warming():  # once per container and run, whichever iteration brings it here
+                body = store.get(keys.run_config(run_id))
         except NotFoundError:
             raise RunFailed(f"run {run_id!r} has no run.json: it was not started with slsml") from None
         config = RunConfig.model_validate_json(body)

@@ -9,6 +9,7 @@ import math
 import keras
 import numpy as np
 
+from slsml.accounting import usage
 from slsml.aws import cache
 from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
@@ -53,7 +54,8 @@ def trainer_for(
         trainer.plan = config.plan  # the variables' names are the run's (the same shapes, in the same order)
         return trainer, False
     model_key = keys.source_model(config.run_id)
-    model = stored_model(store, model_key)
+    with usage.warming():  # once per container (and architecture, or run)
+        model = stored_model(store, model_key)
     if tuple(modelio.variable_specs(model)) != config.plan.variables:
         raise BadInputError(f"{model_key} does not have the weights of the model the run was started with")
     trainer = modelio.Trainer(model, config.plan, config.loss, config.classification)
@@ -71,7 +73,8 @@ def reader_for(store: ObjectStore, dataset: str) -> data.DatasetReader:
     warm = cache.warm()
     reader = warm.get(("reader", dataset))
     if reader is None:
-        manifest = data.load_manifest(store, dataset)
+        with usage.warming():  # once per container and dataset
+            manifest = data.load_manifest(store, dataset)
         size = cache.PARSED_BYTES_PER_JSON_BYTE * len(manifest.model_dump_json())
         reader = warm.put(("reader", dataset), data.DatasetReader(store, manifest, warm), size)
     return reader
