@@ -52,9 +52,7 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     if message.worker >= message.workers:
         raise RunFailed(f"work message for worker {message.worker} of an iteration of {message.workers} workers")
     if message.iteration >= config.training.iterations:
-        trainer, fresh = trainer_for(services.store, config, message.iteration, shared=True)
-        if not fresh:
-            modelio.set_flat(trainer.model, config.plan, load_weights(services.store, config, message.iteration))
+        trainer, _ = _entering(services.store, config, message.iteration)
         count = reader_for(services.store, config.dataset).manifest.train.count
         _evaluate(message, config, services, trainer, evaluated(config, message.iteration, count))
         return None
@@ -90,6 +88,17 @@ class _Prefetched(Sequence[Batch]):
         return self._reads[index].result()
 
 
+def _entering(store: ObjectStore, config: RunConfig, iteration: int) -> tuple[modelio.Trainer, np.ndarray]:
+    """The warm model at the weights entering ``iteration``, and those weights as one flat vector (a fresh model
+    holds them already: the first iteration's)."""
+    trainer, fresh = trainer_for(store, config, iteration, shared=True)
+    if fresh:
+        return trainer, modelio.get_flat(trainer.model, config.plan)
+    weights = load_weights(store, config, iteration)
+    modelio.set_flat(trainer.model, config.plan, weights)
+    return trainer, weights
+
+
 def _compute(message: WorkMessage, config: RunConfig, services: Services) -> WorkDone | None:
     store, spec = services.store, config.training
     reader = reader_for(store, config.dataset)
@@ -106,16 +115,11 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     with ThreadPoolExecutor(max_workers=len(left), thread_name_prefix="batch") as reads:
         # the round's samples are read while the model and the weights are
         slices = _Prefetched([reads.submit(_batch, reader, indices, config) for indices in left])
-        trainer, fresh = trainer_for(store, config, message.iteration, shared=True)
-        if fresh:  # the weights entering the iteration, in the model and as one flat vector
-            start = modelio.get_flat(trainer.model, config.plan)
-        else:
-            start = load_weights(store, config, message.iteration)
-            modelio.set_flat(trainer.model, config.plan, start)
-        splits = evaluated(config, message.iteration, reader.manifest.train.count) if resumed is None else []
+        trainer, start = _entering(store, config, message.iteration)
+        splits = evaluated(config, message.iteration, count) if resumed is None else []
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
             return None  # early stopping ended the run: its update is not needed
-        return _train(message, config, services, trainer, start, slices, sum(len(b) for b in batches), resumed)
+        return _train(message, config, services, trainer, start, batches, slices, resumed)
 
 
 def _resumed(message: WorkMessage, config: RunConfig, store: ObjectStore) -> progress.Progress | None:
@@ -144,17 +148,20 @@ def _train(
     services: Services,
     trainer: modelio.Trainer,
     start: np.ndarray,
+    batches: list[np.ndarray],
     slices: Sequence[Batch],
-    samples: int,
     resumed: progress.Progress | None,
 ) -> WorkDone | None:
+    """The round's update from ``start`` on its ``batches`` (their indices; ``slices``: the samples of those left to
+    step on), stored and announced; None where the round is handed on."""
     store, spec = services.store, config.training
     compression, rule = spec.compression, rules.of(spec)
     weights = start if compression.kind == "significance" else None
+    samples = sum(len(b) for b in batches)
     optimizer = spec.local_optimizer_config()
-    pacer = progress.Pacer(
+    pacer = progress.Pacer(  # sized as the plan sizes it: the progress of the whole round
         lifetime.remaining_s,
-        progress.stored_bytes(config.plan.size, int(config.plan.trainable_mask().sum()), optimizer, len(slices)),
+        progress.stored_bytes(config.plan.size, int(config.plan.trainable_mask().sum()), optimizer, len(batches)),
     )
     work = Round(trainer, start, slices, spec, _Slot(store, message), resumed, pacer.pause)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
@@ -251,9 +258,9 @@ def _evaluate(
 ) -> bool:
     """Store the states of evaluating the trainer's model (the one entering the iteration) on this worker's slice of
     each split, create-only; if every worker's states are in, sum them and record the results on the iteration
-    before's counter (that iteration merged the model); past the budget, or where early stopping ends the run, have
-    the watchdog complete the run (True). Each worker lists the states after storing its own, so the last to store
-    finds them all (two may: the results are the same)."""
+    before's counter (that iteration's reducers stored the model's shards); past the budget, or where early stopping
+    ends the run, have the watchdog complete the run (True). Each worker lists the states after storing its own, so
+    the last to store finds them all (two may: the results are the same)."""
     store, run, iteration = services.store, message.run_id, message.iteration
     reader = reader_for(store, config.dataset)
     samples = {
