@@ -388,6 +388,29 @@ def test_sweep_writes_a_chart_with_a_point_per_worker_count(capsys: pytest.Captu
     assert all(point["epoch_dollars"] > 0 for point in drawn)
 
 
+def test_a_sweep_over_given_workers_prices_the_ones_that_cannot_run_as_over(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    """slsML's workload, whose default W cannot run (a worker's share of the batch is over its memory): the sweep
+    prices the W it is given all the same, naming what each breaks, and leaves out a W above the batch."""
+    out = plan_json(
+        capsys,
+        *("--params", "25600000", "--compute-per-sample", "0.1", "--sample-bytes", "150528", "--batch", "8192"),
+        *("--epochs", "1", "--samples", "1281167", "--memory", "worker=10240"),
+        *("--sweep", "64,16,256,16384", "--png", str(tmp_path / "sweep.png")),
+    )
+    points = {point["workers"]: point for point in out["sweep"]}
+    assert list(points) == [16, 64, 256]
+    assert "memory: worker" in points[16]["violations"] and "memory: worker" in points[64]["violations"]
+    assert "memory: worker" not in points[256]["violations"]
+    assert points[16]["epoch_s"] > points[64]["epoch_s"]  # compute shrinks with W …
+    assert points[16]["epoch_dollars"] < points[64]["epoch_dollars"] < points[256]["epoch_dollars"]  # … overhead grows
+    assert out["workload"]["global_batch"] == 8192 and "workers" not in out["workload"]
+    with pytest.raises(SystemExit):
+        main(["plan", "--params", "1000", "--epochs", "1", "--samples", "6400", "--sweep", "4,x"])
+    assert "'4,x': write worker counts" in capsys.readouterr().err
+
+
 def test_a_keras_model_is_counted_and_timed(capsys: pytest.CaptureFixture, keras_model) -> None:
     path, model = keras_model
     out = plan_json(

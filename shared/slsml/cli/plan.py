@@ -12,18 +12,20 @@ from slsml.spec.errors import BadInputError
 def cmd_plan(args: argparse.Namespace) -> int:
     from slsml.cost import planreport
 
+    # the deployment planned for: --stack's, else the local service's if one is up (its function timeouts)
+    found = targets.target(args)
     manifest = None
     if args.data:  # the dataset's samples, their bytes and its shards
         from slsml.data import datasets as data
 
-        manifest = data.load_manifest(targets.required_target(args)[0].store, args.data)
+        manifest = data.load_manifest(targets.required_target(args, found)[0].store, args.data)
         if args.samples is not None and args.samples != manifest.train.count:
             raise BadInputError(f"--samples {args.samples}: dataset {args.data!r} has {manifest.train.count:,}")
         args.samples = manifest.train.count
     spec = options.training_spec(
         argparse.Namespace(**{**vars(args), "iterations": planreport.iterations(args), "reducers": args.reducers or 1})
     )
-    return planreport.run(args, spec, display.results(args.json), manifest)
+    return planreport.run(args, spec, display.results(args.json), manifest, None if found is None else found[0].limits)
 
 
 def add_commands(commands: Any) -> None:

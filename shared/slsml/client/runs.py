@@ -236,7 +236,7 @@ def prepare_run(
     class_weights = _class_weights(spec, manifest)
     sample = samples.take(x, slice(2)), samples.take(y, slice(2))
     modes = _modes(spec, evaluation.figure_modes(model, loss, metrics, sample)) if spec.monitors else {}
-    budget.check(model_bytes, manifest, spec)  # last: it times a gradient step
+    budget.check(model_bytes, manifest, spec, services.limits)  # last: it times a gradient step
     config = RunConfig(
         run_id=run_id,
         dataset=dataset,

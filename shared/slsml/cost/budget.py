@@ -9,30 +9,36 @@ from slsml.cost import model as costmodel
 from slsml.data.manifest import DatasetManifest
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
+from slsml.spec.limits import RunLimits
 
 
-def predict(model_bytes: bytes, manifest: DatasetManifest, spec: TrainingSpec) -> float:
+def predict(
+    model_bytes: bytes, manifest: DatasetManifest, spec: TrainingSpec, limits: RunLimits | None = None
+) -> float:
     """The run's dollars as ``slsml plan`` predicts them: the model's figures with one gradient step timed here,
-    the dataset's samples, the deployment's function memory, the built-in quotas and parameters, and the price
-    table (``--prices``'s default, ``$SLSML_PRICES``). BadInputError if the plan cannot model the run."""
+    the dataset's samples, the deployment's function memory and the timeouts of its run ``limits``, the built-in
+    quotas and parameters, and the price table (``--prices``'s default, ``$SLSML_PRICES``). BadInputError if the
+    plan cannot model the run."""
     parameters = costmodel.Parameters()
     figures = costmodel.from_keras(
         model_bytes, "the model", "the model", costmodel.measured_batch(spec), measure=True, parameters=parameters
     )
-    work = costmodel.run_workload(figures, spec, manifest=manifest)
+    work = costmodel.run_workload(figures, spec, manifest=manifest, limits=limits)
     costmodel.check(work, parameters, costmodel.Quotas())
     return costmodel.predict(work, parameters, costmodel.Quotas(), prices.load()).run_dollars
 
 
-def check(model_bytes: bytes, manifest: DatasetManifest, spec: TrainingSpec) -> float | None:
-    """The run's predicted dollars if it has a budget (None without one). BadInputError, naming both figures, if
-    the prediction is above the budget; naming why, if the run's cost cannot be predicted: a budget is a
-    promise the plan checks before anything is stored."""
+def check(
+    model_bytes: bytes, manifest: DatasetManifest, spec: TrainingSpec, limits: RunLimits | None = None
+) -> float | None:
+    """The run's predicted dollars on the deployment of run ``limits`` if it has a budget (None without one).
+    BadInputError, naming both figures, if the prediction is above the budget; naming why, if the run's cost cannot
+    be predicted: a budget is a promise the plan checks before anything is stored."""
     budget = spec.budget_usd
     if budget is None:
         return None
     try:
-        predicted = predict(model_bytes, manifest, spec)
+        predicted = predict(model_bytes, manifest, spec, limits)
     except BadInputError as error:
         raise BadInputError(
             f"--budget-usd {budget:g}: the run's cost cannot be predicted, so its budget cannot be"

@@ -56,8 +56,9 @@ from slsml.data.manifest import DEFAULT_SHARD_MB, DatasetManifest
 from slsml.pipeline import bus
 from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
-from slsml.spec.deployment import DEFAULT_FUNCTIONS
+from slsml.spec.deployment import DEFAULT_FUNCTIONS, STAGE_FUNCTIONS
 from slsml.spec.errors import BadInputError
+from slsml.spec.limits import RunLimits
 from slsml.spec.messages import MAX_MESSAGE_BYTES, Manifest, Participant, ReduceMessage, WorkMessage
 from slsml.state import runtable as runstate
 from slsml.state.barrier import quorum_count
@@ -292,10 +293,12 @@ def run_workload(
     manifest: DatasetManifest | None = None,
     cache_mb: float | None = None,
     memory: Mapping[str, int] | None = None,
+    limits: RunLimits | None = None,
 ) -> Workload:
     """The workload of the run ``spec`` of a model of these ``figures`` (``from_keras``, ``from_params``): on the
     dataset of ``manifest`` (its samples, their bytes and its shards), else of ``samples``; with the workers'
-    ``cache_mb`` and the functions' ``memory`` (default: the deployment's)."""
+    ``cache_mb``, the functions' ``memory`` (default: a default deployment's) and the timeouts of the deployment
+    whose run ``limits`` are given (``function_timeouts``)."""
     figures = dict(figures)
     if manifest is not None:  # the dataset's own figures
         figures.update(sample_bytes=manifest.record_bytes, shard_records=manifest.shard_records)
@@ -313,7 +316,7 @@ def run_workload(
         samples=samples,
         cache_mb=cache_mb,
         memory_mb=dict(memory or function_memory()),
-        timeout_s=function_timeouts(),
+        timeout_s=function_timeouts(limits),
     )
 
 
@@ -329,8 +332,11 @@ def function_memory(overrides: Mapping[str, int] | None = None) -> dict[str, int
     return memory
 
 
-def function_timeouts() -> dict[str, int]:
-    return {name: DEFAULT_FUNCTIONS[name].timeout_s for name in PIPELINE}
+def function_timeouts(limits: RunLimits | None = None) -> dict[str, int]:
+    """Each pipeline function's timeout: a default deployment's, and those of the functions a stage waits on as the
+    deployment of run ``limits`` (its stack's, or the local service's) sets them."""
+    stages = (limits or RunLimits()).function_timeouts_s
+    return {name: stages.get(name, DEFAULT_FUNCTIONS[name].timeout_s) for name in PIPELINE}
 
 
 def state_slots(optimizer: OptimizerConfig) -> int:
@@ -519,6 +525,9 @@ def check(workload: Workload, parameters: Parameters, quotas: Quotas) -> None:
         raise BadInputError(
             "; ".join(f"{e['loc'][0] if e['loc'] else 'training'}: {e['msg']}" for e in error.errors())
         ) from None
+    stages = RunLimits(function_timeouts_s={name: w.timeout_s[name] for name in STAGE_FUNCTIONS})
+    if refusal := stages.deadline_refusal(w.training.deadline_s):  # the deployment FAILS such a run at its start
+        raise BadInputError(refusal)
     problems = [
         q.detail for q in predict(workload, parameters, quotas, prices.PriceTable()).quotas if q.hard and not q.ok
     ]

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 from slsml.spec.errors import BadInputError
 
 if TYPE_CHECKING:  # the model's modules load when a plan is made, not when the CLI parses its arguments
-    from slsml.cost.model import Parameters, Plan, Recommendation, SweepPoint, Verdict, Workload
+    from slsml.accounting.prices import PriceTable
+    from slsml.cost.model import Parameters, Plan, Quotas, Recommendation, SweepPoint, Verdict, Workload
     from slsml.data.manifest import DatasetManifest
     from slsml.spec.config import TrainingSpec
+    from slsml.spec.limits import RunLimits
 
 SWEEP_METADATA = "slsml-sweep"  # PNG text chunk: the plotted points as JSON
 
@@ -38,7 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an uploaded dataset: its samples, their bytes and its shards"
         " from its manifest (the local service's, or --stack's)",
     )
-    data.add_argument("--stack", help="the deployed stack whose bucket holds --data")
+    data.add_argument(
+        "--stack",
+        help="the deployed stack planned for: its Worker and Reducer timeouts and the bucket that holds --data"
+        " (default: the local service's, if one is up)",
+    )
     data.add_argument(
         "--cache-mb",
         type=float,
@@ -72,7 +78,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model_of.add_argument("--prices", help="a JSON price table over the built-in one (default $SLSML_PRICES)")
     out = parser.add_argument_group("output")
-    out.add_argument("--sweep", action="store_true", help="time and dollars per epoch against W from 1 to 1,000")
+    out.add_argument(
+        "--sweep",
+        nargs="?",
+        const=(),
+        type=_workers,
+        metavar="W,W,…",
+        help="instead of the plan of one W: time and dollars per epoch against W, from 1 to 1,000 (default) or at the"
+        " W given, e.g. --sweep 1,4,16,64,256 (R as given, else the fastest at each W)",
+    )
     out.add_argument("--png", default="plan-sweep.png", help="where --sweep draws its chart (default plan-sweep.png)")
     out.add_argument(
         "--compare-vm",
@@ -102,9 +116,14 @@ def iterations(args: argparse.Namespace) -> int:
 
 
 def workload(
-    args: argparse.Namespace, spec: TrainingSpec, parameters: Parameters, manifest: DatasetManifest | None = None
+    args: argparse.Namespace,
+    spec: TrainingSpec,
+    parameters: Parameters,
+    manifest: DatasetManifest | None = None,
+    limits: RunLimits | None = None,
 ) -> Workload:
-    """The workload the arguments, the run's training flags (``spec``) and the dataset (``--data``) describe."""
+    """The workload the arguments, the run's training flags (``spec``), the dataset (``--data``) and the run limits
+    of the deployment planned for (its function timeouts) describe."""
     from slsml.cost import model as costmodel
 
     if bool(args.model) == (args.params is not None):
@@ -122,7 +141,7 @@ def workload(
         figures = costmodel.from_params(args.params, parameters, compute_per_sample_s=args.compute_per_sample)
     if args.sample_bytes is not None:
         figures["sample_bytes"] = args.sample_bytes
-    return costmodel.run_workload(figures, spec, args.samples, manifest, args.cache_mb, memory)
+    return costmodel.run_workload(figures, spec, args.samples, manifest, args.cache_mb, memory, limits)
 
 
 def _vm(text: str) -> tuple[float, float, str]:
@@ -140,6 +159,17 @@ def _vm(text: str) -> tuple[float, float, str]:
     return *figures, name or "one machine"
 
 
+def _workers(text: str) -> tuple[int, ...]:
+    """``W,W,…`` → the worker counts, increasing."""
+    try:
+        counts = sorted({int(part) for part in text.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write worker counts, e.g. 1,4,16,64,256") from None
+    if counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a run trains with at least 1 worker")
+    return tuple(counts)
+
+
 def _memory(text: str) -> tuple[str, int]:
     name, _, value = text.partition("=")
     try:
@@ -148,9 +178,16 @@ def _memory(text: str) -> tuple[str, int]:
         raise BadInputError(f"--memory {text!r}: write FUNCTION=MB, e.g. worker=4096") from None
 
 
-def run(args: argparse.Namespace, spec: TrainingSpec, console: Any, manifest: DatasetManifest | None = None) -> int:
+def run(
+    args: argparse.Namespace,
+    spec: TrainingSpec,
+    console: Any,
+    manifest: DatasetManifest | None = None,
+    limits: RunLimits | None = None,
+) -> int:
     """The plan of the run ``spec`` (its R the fastest for W unless --reducers was given), the arguments and the
-    dataset, drawn on ``console``; with --json also as one JSON object on stdout."""
+    dataset on the deployment of run ``limits`` (a default one: None), drawn on ``console``; with --json also as
+    one JSON object on stdout."""
     from slsml.accounting import prices
     from slsml.cost import model as costmodel
     from slsml.cost.model import Parameters, Quotas
@@ -158,23 +195,15 @@ def run(args: argparse.Namespace, spec: TrainingSpec, console: Any, manifest: Da
     parameters, origin = costmodel.load_overrides(args.calibration, args.param, Parameters)
     quotas, _ = costmodel.load_overrides(None, args.quota, Quotas)
     price_table = prices.load(args.prices)
-    work = workload(args, spec, parameters, manifest)
+    work = workload(args, spec, parameters, manifest, limits)
     fixed = args.reducers is not None
+    if args.sweep is not None:
+        return _sweep(args, work, parameters, quotas, price_table, fixed, console)
     if not fixed:
         work = work.at(reducers=costmodel.fastest_reducers(work, parameters, quotas, price_table))
     costmodel.check(work, parameters, quotas)
     plan = costmodel.with_origin(costmodel.predict(work, parameters, quotas, price_table), origin)
     recommendation = costmodel.recommend(work, parameters, quotas, price_table)
-    points = None
-    if args.sweep:
-        points = costmodel.sweep(work, parameters, quotas, price_table, reducers_fixed=fixed)
-        reducers = f"R = {work.reducers}" if fixed else "the fastest R at each W"
-        write_sweep_png(
-            points,
-            Path(args.png),
-            f"{work.model}: {work.params:,} weights, batch {work.global_batch:,},"
-            f" {work.samples:,} samples per epoch, {reducers}",
-        )
     verdict = costmodel.verdict(plan, recommendation, parameters, quotas, price_table)
     vm = None
     if args.compare_vm:
@@ -182,8 +211,6 @@ def run(args: argparse.Namespace, spec: TrainingSpec, console: Any, manifest: Da
         vm = costmodel.compare_vm(plan, machine, samples_per_s, dollars_per_hour)
         verdict = verdict.model_copy(update={"compared": vm.sentence})
     render(plan, recommendation, console, fixed, verdict)
-    if points is not None:
-        render_sweep(points, args.png, console)
     if args.json:
         out = (
             {"verdict": verdict.model_dump(mode="json")}
@@ -192,8 +219,41 @@ def run(args: argparse.Namespace, spec: TrainingSpec, console: Any, manifest: Da
         )
         if vm is not None:
             out["compare_vm"] = vm.model_dump(mode="json")
-        if points is not None:
-            out |= {"sweep": [point.model_dump(mode="json") for point in points], "png": str(args.png)}
+        print(json.dumps(out))
+    return 0
+
+
+def _sweep(
+    args: argparse.Namespace,
+    work: Workload,
+    parameters: Parameters,
+    quotas: Quotas,
+    price_table: PriceTable,
+    fixed: bool,
+    console: Any,
+) -> int:
+    """The sweep of ``work`` over W (``--sweep``'s, else ``SWEEP_WORKERS``): its table and chart, and with --json
+    one JSON object of the workload and the points. A W that cannot run is a point over the limits it breaks."""
+    from slsml.cost import model as costmodel
+
+    workers = args.sweep or costmodel.SWEEP_WORKERS
+    points = costmodel.sweep(work, parameters, quotas, price_table, reducers_fixed=fixed, workers=workers)
+    if not points:
+        raise BadInputError(f"--sweep: no W of {', '.join(map(str, workers))} is within the batch and concurrency")
+    reducers = f"R = {work.reducers}" if fixed else "the fastest R at each W"
+    write_sweep_png(
+        points,
+        Path(args.png),
+        f"{work.model}: {work.params:,} weights, batch {work.global_batch:,},"
+        f" {work.samples:,} samples per epoch, {reducers}",
+    )
+    render_sweep(points, args.png, console)
+    if args.json:
+        out = {
+            "workload": work.model_dump(mode="json", exclude={"workers", "reducers"}),
+            "sweep": [point.model_dump(mode="json") for point in points],
+            "png": str(args.png),
+        }
         print(json.dumps(out))
     return 0
 
