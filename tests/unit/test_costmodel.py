@@ -162,6 +162,17 @@ def test_requests_follow_the_request_chain() -> None:
     assert plan.first_iteration.extra_requests["s3:GetObject"] > 0
 
 
+def test_a_cold_worker_reads_the_model_file_instead_of_the_shards_entering_the_first_iteration() -> None:
+    """The first iteration's extra reads: each cold container's run.json, each worker's model file and dataset
+    manifest, less the manifest and R shards a steady worker reads (the model file holds the first weights)."""
+
+    def extra(reducers: int) -> int:
+        return predict(workload(workers=8, reducers=reducers)).first_iteration.extra_requests["s3:GetObject"]
+
+    # one reducer more: its and its Merger's run.json, and one shard fewer read by each of the 8 workers
+    assert extra(4) - extra(3) == 2 - 8
+
+
 def test_the_superseded_state_takes_a_delete_per_thousand_keys() -> None:
     def deletes(**spec: Any) -> int:
         training = TrainingSpec(global_batch=8192, **spec)

@@ -30,7 +30,7 @@ write per report (W + R), the launch's read and claim, one read of the reports a
 BatchGetItem) and one write per barrier fire (2). The chain's calls beyond
 it, each with its reason, are ``chain_extras``.
 
-The critical path of an iteration: the model's S3 event → WorkLauncher → the n-th worker's Work
+The critical path of an iteration: the manifest's S3 event → WorkLauncher → the n-th worker's Work
 message → Worker → ReduceLauncher (fires) → the last Reduce message → Reducer → Merger (merges) →
 the next manifest. It can be no shorter than the DynamoDB floor: the iteration counter item takes
 W + R + 3 writes, at most ``dynamodb_partition_wu_s`` a second.
@@ -88,7 +88,7 @@ class Parameters(BaseModel):
     s3_event_s: float = _param(
         1.0,
         "s",
-        "model PUT → S3 event → SNS ModelUpdated",
+        "the manifest's PUT → S3 event → SNS ModelUpdated",
         "S3 docs: event notifications 'typically seconds, sometimes a minute or longer'",
     )
     sns_lambda_s: float = _param(0.073, "s", "SNS → Lambda delivery", "published p50 73 ms (p90 125 ms, p99 225 ms)")
@@ -1429,10 +1429,18 @@ def _first_iteration(
         notes.append(
             f"each worker reads dataset shards of up to {DEFAULT_SHARD_MB:g} MB (their number unknown: --sample-bytes)"
         )
-    # the worker reads run.json, the model file (instead of the flat weights), the manifest and its shards
-    worker_extra = 2 * p.s3_request_s + (F - M) / (p.s3_read_mb_s * 1e6) + load_model + data_s
+    # a cold worker reads run.json, the dataset's manifest and the model file, which holds the weights entering the
+    # first iteration: not the manifest and the R shards a steady worker reads them from
+    skipped = 1 + R
+    worker_extra = (
+        3 * p.s3_request_s
+        - math.ceil(R / p.s3_parallel_reads) * p.s3_request_s
+        + (F - M) / (p.s3_read_mb_s * 1e6)
+        + load_model
+        + data_s
+    )
     extra_s = sum(cold.values()) + worker_extra
-    gets = W * (2 + math.ceil(shards_each)) + W + R + R + 1  # workers; run.json of every other cold container
+    gets = W * (3 + math.ceil(shards_each) - skipped) + W + R + R + 1  # workers; run.json of every other container
     extra = {"s3:GetObject": gets}
     memory = w.memory_mb
     init_gbs = (
@@ -1444,7 +1452,9 @@ def _first_iteration(
     )
     dollars = sum(price_table.cost(extra, gb_seconds=init_gbs).values())
     notes.insert(0, "cold starts on the path: " + ", ".join(f"{name} {s:g} s" for name, s in cold.items()))
-    notes.append("every container reads run.json; the workers read the model file")
+    notes.append(
+        "every container reads run.json; the workers read the model file and the dataset's manifest, not the shards"
+    )
     return FirstIteration(extra_s=extra_s, extra_requests=extra, extra_dollars=dollars, detail="; ".join(notes))
 
 
