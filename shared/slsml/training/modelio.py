@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import hashlib
 import io
 import json
@@ -71,10 +72,24 @@ def _declared_variables(data: bytes) -> tuple[int, int]:
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         if "config.json" not in archive.namelist():
             return 0, 0
-        try:
-            config = json.loads(archive.read("config.json"))
-        except ValueError:
-            return 0, 0
+        text = archive.read("config.json")
+    try:
+        return _declared_by(text)
+    except _Unbuildable:  # not kept: the custom objects Keras knows may change
+        return 0, 0
+
+
+class _Unbuildable(Exception):
+    """A model config Keras cannot build."""
+
+
+@functools.lru_cache(maxsize=32)  # a process loads the same model again and again (a client starting runs)
+def _declared_by(text: bytes) -> tuple[int, int]:
+    """``_declared_variables`` of an archive whose config.json is ``text``."""
+    try:
+        config = json.loads(text)
+    except ValueError:
+        return 0, 0
     if not isinstance(config, dict):
         return 0, 0
     compiled = config.pop("compile_config", None) or {}
@@ -91,8 +106,8 @@ def _declared_variables(data: bytes) -> tuple[int, int]:
             warnings.simplefilter("ignore")
             model = keras.saving.deserialize_keras_object(config, safe_mode=True)
         variables = list(getattr(model, "weights", []))
-    except Exception:  # a config Keras cannot build: its loader names why
-        return 0, 0
+    except Exception as error:  # a config Keras cannot build: its loader names why
+        raise _Unbuildable from error
     finally:
         global_state.set_global_attribute("uninitialized_variables", pending)
     return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables), slots
