@@ -24,9 +24,9 @@ from tests.e2e.conftest import finish, train
 
 # The median iteration is a steady one: only the first (cold containers: a worker's model holds the weights it
 # starts from) and the last (the Merger assembles and saves the model the run ends on) differ. What a warm process
-# reads when it first meets a run (run.json, the model file, the dataset's manifest) is the run's, of no iteration,
-# whichever iteration brings the run to it (``usage.warming``), so that the runs below, which share the warm
-# processes, each have steady iterations between.
+# reads when it first meets a run (run.json, the model file, the dataset's manifest and shards) is the run's, of no
+# iteration, whichever iteration brings the run to it (``usage.warming``), so that the runs below, which share the
+# warm processes, each have steady iterations between.
 ITERATIONS = 9
 
 

@@ -186,6 +186,37 @@ def test_what_fills_the_warm_cache_counts_for_the_run_and_not_its_iteration(
     assert figures["cost_by_service_usd"]["s3"] == pytest.approx(2 * PriceTable().s3_get)
 
 
+def test_a_cached_splits_shards_are_read_once_for_the_run_and_not_for_an_iteration(
+    endpoint: str, lines: list[dict[str, Any]]
+) -> None:
+    """A split within the warm cache is read by whole shards once per container: those reads are the run's, and a
+    later batch of the same shards reads nothing."""
+    import numpy as np
+
+    from slsml.aws.cache import LRUCache
+    from slsml.aws.storage import ObjectStore
+    from slsml.data import datasets as data
+
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    store = ObjectStore(s3, BUCKET)
+    x, y = np.arange(400, dtype=np.float32).reshape(100, 4), np.arange(100) % 3
+    data.put_dataset(store, "few", x, y, x[:10], y[:10], shard_mb=0.0005)  # shards of a few records
+    reader = data.DatasetReader(store, data.load_manifest(store, "few"), LRUCache(None))
+    settle(lines)
+    with usage.invocation("worker", 3008):
+        with usage.scope("run-e", 3, worker=0):
+            first, _ = reader.take("train", np.arange(0, 100, 7))
+        with usage.scope("run-e", 4, worker=0):
+            again, _ = reader.take("train", np.arange(1, 100, 7))
+    iteration, warmed, later = lines
+    assert "s3:GetObject" not in iteration["requests"] and "s3:GetObject" not in later["requests"]
+    shards = len(reader.manifest.train.shards)  # a batch of every 7th sample touches each of them
+    assert shards > 1
+    assert (warmed["run_id"], warmed["iteration"], warmed["requests"]) == ("run-e", None, {"s3:GetObject": shards})
+    assert np.array_equal(first, x[::7]) and np.array_equal(again, x[1::7])
+
+
 def test_a_dropped_model_scope_is_named_by_its_step(endpoint: str, lines: list[dict[str, Any]]) -> None:
     settle(lines)
     with usage.invocation("run_starter", 3008), usage.scope(None, None):

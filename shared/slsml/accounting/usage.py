@@ -20,9 +20,10 @@ duration runs from the end of the invocation's previous scope (its start, for th
 message's scopes add up to its invocation's billed duration, bar what follows the last one.
 
 What a container reads once to serve a run (``warming``: its run.json, the model it starts from, the dataset's
-manifest) is not an iteration's work, whichever iteration first brings the run to that container: it is logged in
-a line of its own, for the run and no iteration, of no duration (its time stays in the scope's line), so that it
-counts in the run's totals and not in the iteration's (a warm pool's processes meet a run at any iteration).
+manifest and the shards of a split it keeps warm) is not an iteration's work, whichever iteration first brings the
+run to that container: it is logged in a line of its own, for the run and no iteration, of no duration (its time
+stays in the scope's line), so that it counts in the run's totals and not in the iteration's (a warm pool's
+processes meet a run at any iteration).
 
 ``read_local`` and ``read_cloudwatch`` collect a run's records; ``figures`` prices them.
 """

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import hashlib
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from functools import partial
 
 import numpy as np
 from botocore.exceptions import ClientError
 
+from slsml.accounting import usage
 from slsml.aws.cache import LRUCache
 from slsml.aws.clients import error_code
 from slsml.aws.storage import ObjectStore
@@ -281,7 +284,8 @@ class DatasetReader:
         needed = [int(s) for s in np.unique(shard_of)]
         shards = {s: self._cache.get(("shard", self.manifest.name, split, s)) for s in needed}
         missing = [s for s in needed if shards[s] is None]
-        for shard, body in zip(missing, self._get(split, missing, [None] * len(missing)), strict=True):
+        # the cache fills once per container: the run's reads, not the iteration's (``usage.warming``)
+        for shard, body in zip(missing, self._get(split, missing, [None] * len(missing), warming=True), strict=True):
             entry = self.manifest.split(split).shards[shard]
             if len(body) != entry.bytes or hashlib.sha256(body).hexdigest() != entry.sha256:
                 raise BadInputError(
@@ -296,16 +300,21 @@ class DatasetReader:
             out[rows] = cached[offset[rows]]
         return out
 
-    def _get(self, split: Split, shards: list[int], ranges: list[tuple[int, int] | None]) -> list[bytes]:
-        """Concurrent GETs of ``shards`` of ``split`` (their byte ``ranges``), in order."""
+    def _get(
+        self, split: Split, shards: list[int], ranges: list[tuple[int, int] | None], warming: bool = False
+    ) -> list[bytes]:
+        """Concurrent GETs of ``shards`` of ``split`` (their byte ``ranges``), in order; ``warming``: reads that fill
+        the warm cache (``usage.warming``)."""
+        read = partial(self._read, warming=warming)
         if len(shards) <= 1:
-            return [self._read(split, s, r) for s, r in zip(shards, ranges, strict=True)]
+            return [read(split, s, r) for s, r in zip(shards, ranges, strict=True)]
         with ThreadPoolExecutor(max_workers=min(READS, len(shards))) as pool:
-            return list(pool.map(self._read, [split] * len(shards), shards, ranges))
+            return list(pool.map(read, [split] * len(shards), shards, ranges))
 
-    def _read(self, split: Split, shard: int, byte_range: tuple[int, int] | None) -> bytes:
+    def _read(self, split: Split, shard: int, byte_range: tuple[int, int] | None, warming: bool = False) -> bytes:
         try:
-            return self.store.get(keys.dataset_shard(self.manifest.name, split, shard), byte_range)
+            with usage.warming() if warming else nullcontext():
+                return self.store.get(keys.dataset_shard(self.manifest.name, split, shard), byte_range)
         except NotFoundError:
             raise NotFoundError(f"dataset {self.manifest.name!r} is missing its {split} shard {shard}") from None
         except ClientError as error:
