@@ -40,7 +40,7 @@ def _problem() -> tuple[modelio.Trainer, np.ndarray, np.ndarray, np.ndarray]:
         [keras.Input((5,)), keras.layers.Dense(2, activation="softmax", kernel_regularizer=keras.regularizers.L2(0.02))]
     )
     plan = ShardPlan.build(modelio.variable_specs(model), 1)
-    trainer = modelio.Trainer(model, plan, '"sparse_categorical_crossentropy"', classification=True)
+    trainer = modelio.Trainer(model, plan, '"sparse_categorical_crossentropy"')
     return trainer, modelio.get_flat(model, plan), x[order], y[order]
 
 

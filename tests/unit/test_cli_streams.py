@@ -170,7 +170,7 @@ def test_progress_into_a_pipe_is_whole_lines(monkeypatch: pytest.MonkeyPatch, ca
             participant_count=4,
             reduce_fired_by=1,
             train_loss=0.5,
-            train_accuracy=0.8,
+            train={"loss": 0.5, "accuracy": 0.8},
             workers=4,
         )
 

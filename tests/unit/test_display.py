@@ -154,7 +154,13 @@ def test_the_progress_line_says_loss_accuracy_and_time_per_iteration() -> None:
     )
     assert text.update(run, None) == ""
     line = text.update(
-        run, Counter(iteration=3, train_loss=0.5, train_accuracy=0.75, test={"loss": 0.7, "auc": 0.6, "accuracy": 0.5})
+        run,
+        Counter(
+            iteration=3,
+            train_loss=0.5,
+            train={"loss": 0.5, "accuracy": 0.75},
+            test={"loss": 0.7, "auc": 0.6, "accuracy": 0.5},
+        ),
     )
     assert line.startswith("loss 0.5000  accuracy 0.750  test_auc 0.600  ") and "s/iter" in line  # the first metric
     later = text.update(run, Counter(iteration=4, train_loss=0.25, val={"loss": 0.8, "auc": 0.55}))

@@ -11,17 +11,28 @@ from slsml.client.fit import epoch_history
 from slsml.state.records import Counter
 
 
-def test_each_epoch_has_its_mean_training_loss_and_the_validation_figures_at_its_end() -> None:
-    counters = [Counter(iteration=i, train_loss=float(i), train_accuracy=0.5) for i in range(6)]
+def test_each_epoch_has_the_figures_of_its_summed_train_states_and_the_validation_figures_at_its_end() -> None:
+    # states: the loss's sum and samples, then a metric's correct and samples
+    counters = [Counter(iteration=i, train_state=[float(i), 1.0, float(i % 2), 1.0]) for i in range(6)]
     counters[2] = counters[2].model_copy(update={"test": {"loss": 0.9, "auc": 0.7}})
     counters[5] = counters[5].model_copy(update={"test": {"loss": 0.4, "auc": 0.8}, "val": {"loss": 9.0}})
-    assert epoch_history(counters, 3, 2, "test") == {
+    counters.append(Counter(iteration=6))  # an iteration whose state was not recorded: left out
+
+    def train(states: list[np.ndarray]) -> dict[str, float]:
+        total = np.sum(states, axis=0)
+        return {"loss": total[0] / total[1], "accuracy": total[2] / total[3]}
+
+    assert epoch_history(counters, 3, 2, "test", train) == {
         "loss": [1.0, 4.0],
-        "accuracy": [0.5, 0.5],
+        "accuracy": [1 / 3, 2 / 3],
         "val_loss": [0.9, 0.4],
         "val_auc": [0.7, 0.8],
     }
-    assert epoch_history(counters, 3, 2, "val") == {"loss": [1.0, 4.0], "accuracy": [0.5, 0.5], "val_loss": [9.0]}
+    assert epoch_history(counters, 3, 2, "val", train) == {
+        "loss": [1.0, 4.0],
+        "accuracy": [1 / 3, 2 / 3],
+        "val_loss": [9.0],
+    }
 
 
 def test_the_top_package_imports_no_tensorflow_and_finds_fit_on_first_use() -> None:

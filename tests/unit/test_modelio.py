@@ -13,7 +13,7 @@ import tensorflow as tf
 from slsml.spec.config import OptimizerConfig
 from slsml.spec.errors import BadInputError
 from slsml.spec.shardplan import ShardPlan
-from slsml.training import modelio
+from slsml.training import evaluation, modelio
 
 # keras' own model.save converts tensors with np.array(x) (numpy 2 copy-keyword deprecation): not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
@@ -234,8 +234,10 @@ def parts(plan: ShardPlan, vector: np.ndarray) -> dict[str, np.ndarray]:
 def test_compute_update_is_the_gradient() -> None:
     model = dense_model(seed=3)
     plan = plan_of(model, reducers=2)
-    trainer = modelio.Trainer(model, plan, modelio.loss_config(model, "sparse_categorical_crossentropy"), True)
+    loss = modelio.loss_config(model, "sparse_categorical_crossentropy")
+    trainer = modelio.Trainer(model, plan, loss)
     x, y = batch(4)
+    trainer.meter = evaluation.Evaluator(model, loss, '["accuracy"]', (x[:2], y[:2])).batch_state
 
     update = trainer.compute_update(x, y)
     expected, expected_loss = tape_gradient(model, x, y)
@@ -248,7 +250,9 @@ def test_compute_update_is_the_gradient() -> None:
         np.testing.assert_allclose(got[name], gradient, rtol=1e-5, atol=1e-7, err_msg=name)
     assert update.loss == pytest.approx(expected_loss, rel=1e-6)
     predicted = np.argmax(np.asarray(model(x, training=False)), axis=-1)
-    assert update.accuracy == pytest.approx(float(np.mean(predicted == y)))
+    assert update.metrics is not None  # the loss's sum and samples, then the accuracy's correct and samples
+    n = len(y)
+    np.testing.assert_allclose(update.metrics, [n * expected_loss, n, np.sum(predicted == y), n], rtol=1e-6)
 
 
 def test_compute_update_of_a_batchnorm_model() -> None:
@@ -262,7 +266,7 @@ def test_compute_update_of_a_batchnorm_model() -> None:
     old_variance = rng.uniform(0.5, 2, 4).astype(np.float32)
     bn.moving_mean.assign(old_mean)
     bn.moving_variance.assign(old_variance)
-    trainer = modelio.Trainer(model, plan, modelio.loss_config(model, "sparse_categorical_crossentropy"), False)
+    trainer = modelio.Trainer(model, plan, modelio.loss_config(model, "sparse_categorical_crossentropy"))
     x, y = batch(7, n=32, loc=3.0)
 
     update = trainer.compute_update(x, y)
@@ -273,7 +277,7 @@ def test_compute_update_of_a_batchnorm_model() -> None:
     np.testing.assert_allclose(got["bn/moving_mean"], expected_mean, rtol=1e-5)
     np.testing.assert_allclose(got["bn/moving_variance"], expected_variance, rtol=1e-5)
     assert not np.allclose(got["bn/moving_mean"], old_mean)
-    assert update.accuracy is None
+    assert update.metrics is None  # no meter: no metrics tracked
 
     expected, _ = tape_gradient(model, x, y)  # gradients do not depend on the moving statistics
     for name, gradient in expected.items():
@@ -472,7 +476,7 @@ def test_local_steps_on_named_arrays_equal_keras_fit_steps_of_a_two_output_model
     ]
     model, reference = build(), build()
     plan = ShardPlan.build(modelio.variable_specs(model), 1)
-    trainer = modelio.Trainer(model, plan, modelio.loss_config(model, None), classification=True)
+    trainer = modelio.Trainer(model, plan, modelio.loss_config(model, None))
     start = modelio.get_flat(model, plan)
     progress, finished = averaging.local_steps(
         trainer, start, batches, OptimizerConfig(name="sgd", learning_rate=0.1), None

@@ -35,7 +35,9 @@ def test_a_round_past_the_workers_timeout_goes_on_in_as_many_invocations_as_the_
     room = handing.timeout_s - reserve
     assert (handing.steps_per_invocation - 1) * step <= room < handing.steps_per_invocation * step + 1.0
     assert handing.invocations == math.ceil(LOCAL_STEPS / handing.steps_per_invocation) >= 2
-    assert handing.progress_bytes == progress.stored_bytes(PARAMS, PARAMS, LONG.local_optimizer_config(), LOCAL_STEPS)
+    assert handing.progress_bytes == progress.stored_bytes(
+        PARAMS, PARAMS, LONG.local_optimizer_config(), LOCAL_STEPS, w.metric_values
+    )
     # against the same round in one invocation (a timeout it fits): the requests, bytes and time handing on adds
     whole = predict(_long(timeout_s={**w.timeout_s, "worker": 10**6}), quotas=costmodel.Quotas(lambda_timeout_s=10**6))
     assert whole.continuations.invocations == 1 and not whole.continuations.calls

@@ -6,6 +6,7 @@ stored bytes, ends bit-identical to the same round in one go."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import keras
 import numpy as np
@@ -17,7 +18,7 @@ from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig
 from slsml.spec.errors import BadInputError
 from slsml.spec.shardplan import ShardPlan
-from slsml.training import modelio, optimizers, progress
+from slsml.training import evaluation, modelio, optimizers, progress
 from slsml.training.progress import Pacer, Progress
 
 ADAM = OptimizerConfig(name="adam", learning_rate=0.01)
@@ -31,25 +32,31 @@ def _progress(size: int = 7) -> Progress:
         name: (rng.normal(size=value.shape).astype(value.dtype) if value.ndim else value + 2)
         for name, value in state.items()
     }
-    return Progress(2, rng.normal(size=size).astype(np.float32), state, (0.1 + 0.2, 1 / 3), (0.5, 0.75), 1.25)
+    return Progress(
+        2, rng.normal(size=size).astype(np.float32), state, (0.1 + 0.2, 1 / 3), np.array([0.6, 16.0, 12.0, 16.0]), 1.25
+    )
 
 
 def test_progress_round_trips_bit_for_bit_and_its_size_is_the_plans() -> None:
     sent = _progress()
     body = sent.encode()
     got = Progress.decode(body, 7, KEY)
-    assert (got.steps, got.losses, got.accuracies, got.compute_s) == (sent.steps, sent.losses, sent.accuracies, 1.25)
+    assert (got.steps, got.losses, got.compute_s) == (sent.steps, sent.losses, 1.25)
+    assert got.metrics is not None and sent.metrics is not None and got.metrics.tobytes() == sent.metrics.tobytes()
     assert got.weights.tobytes() == sent.weights.tobytes()
     assert got.state.keys() == sent.state.keys()
     assert all(got.state[k].tobytes() == v.tobytes() and got.state[k].dtype == v.dtype for k, v in sent.state.items())
-    assert (got.loss, got.accuracy) == (float(np.mean([0.1 + 0.2, 1 / 3])), 0.625)
-    assert progress.stored_bytes(7, 7, ADAM, 2) == len(body)
+    assert got.loss == float(np.mean([0.1 + 0.2, 1 / 3]))
+    assert progress.stored_bytes(7, 7, ADAM, 2, 4) == len(body)
+    untracked = replace(sent, metrics=None)
+    assert Progress.decode(untracked.encode(), 7, KEY).metrics is None
+    assert progress.stored_bytes(7, 7, ADAM, 2, 0) == len(untracked.encode())
 
 
 def test_progress_is_stored_create_only(store: ObjectStore) -> None:
     first = _progress().encode()
     assert store.put_new(KEY, first)
-    other = Progress(2, np.zeros(7, np.float32), {}, (), ()).encode()
+    other = Progress(2, np.zeros(7, np.float32), {}, (), None).encode()
     assert not store.put_new(KEY, other)  # a second writer finds it stored: nothing is overwritten
     assert store.get(KEY) == first
     assert keys.is_transient(KEY)  # scratch of its iteration: the lifecycle rule expires it
@@ -59,8 +66,8 @@ def test_progress_is_stored_create_only(store: ObjectStore) -> None:
     ("body", "problem"),
     [
         (b"not an archive", "not a round's progress"),
-        (Progress(1, np.zeros(5, np.float32), {}, (), ()).encode(), "holds 7 float32 weights, not (5,) float32"),
-        (Progress(1, np.zeros(7, np.float64), {}, (), ()).encode(), "holds 7 float32 weights, not (7,) float64"),
+        (Progress(1, np.zeros(5, np.float32), {}, (), None).encode(), "holds 7 float32 weights, not (5,) float32"),
+        (Progress(1, np.zeros(7, np.float64), {}, (), None).encode(), "holds 7 float32 weights, not (7,) float64"),
     ],
 )
 def test_stored_bytes_that_are_not_a_rounds_progress_are_named(body: bytes, problem: str) -> None:
@@ -83,8 +90,11 @@ def _trainer() -> tuple[modelio.Trainer, np.ndarray, list[tuple[np.ndarray, np.n
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")])
     plan = ShardPlan.build(modelio.variable_specs(model), 1)
-    trainer = modelio.Trainer(model, plan, '"sparse_categorical_crossentropy"', classification=True)
+    trainer = modelio.Trainer(model, plan, '"sparse_categorical_crossentropy"')
     x, y = rng.normal(size=(40, 6)).astype(np.float32), rng.integers(0, 3, size=40)
+    metrics = evaluation.encode_metrics(["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2)])
+    loss = '"sparse_categorical_crossentropy"'
+    trainer.meter = evaluation.Evaluator(model, loss, metrics, (x[:2], y[:2])).batch_state
     return trainer, modelio.get_flat(model, plan), [(x[i : i + 8], y[i : i + 8], None) for i in range(0, 40, 8)]
 
 
@@ -118,6 +128,8 @@ def test_a_round_handed_on_after_every_step_ends_bit_identical(rule: str) -> Non
     assert invocations == len(batches)
     whole_update, ended_update = (whole[0], ended[0]) if rule == "admm" else (whole, ended)
     assert ended_update.vector.tobytes() == whole_update.vector.tobytes()
-    assert (ended_update.loss, ended_update.accuracy) == (whole_update.loss, whole_update.accuracy)
+    assert ended_update.loss == whole_update.loss
+    assert ended_update.metrics is not None and whole_update.metrics is not None
+    assert ended_update.metrics.tobytes() == whole_update.metrics.tobytes()
     if rule == "admm":
         assert ended[1].model.tobytes() == whole[1].model.tobytes()

@@ -123,24 +123,36 @@ def _put_run(services: Services, run_id: str, spec: TrainingSpec, launched: bool
         assert services.table.claim_launch(run_id, 0, "launch-0", 0, spec.workers) is not None
 
 
-def _done(run_id: str, worker: int, finite: bool = True, attempt: int = 0) -> WorkDone:
+def _done(run_id: str, worker: int, finite: bool = True, attempt: int = 0, tracked: bool = False) -> WorkDone:
+    """``tracked``: with a train metrics state (the Merger then turns the sum into figures: of a run with a model
+    and data)."""
+    samples = SAMPLES[worker % len(SAMPLES)]
     return WorkDone(
         run_id=run_id,
         iteration=0,
         worker=worker,
         attempt=attempt,
-        samples=SAMPLES[worker % len(SAMPLES)],
+        samples=samples,
         loss=0.5 if finite else 0.0,
+        metrics=_state(worker) if finite and tracked else None,
         compute_s=0.01,
         finite=finite,
     )
 
 
-def _arrive(services: Services, run_id: str, worker: int, finite: bool = True, attempt: int = 0) -> list[ReduceMessage]:
+def _state(worker: int) -> list[float]:
+    """A worker's train metrics state: the loss's sum and samples, then a metric's correct ones and samples."""
+    samples = SAMPLES[worker % len(SAMPLES)]
+    return [0.5 * samples, samples, worker + 1 / 3, samples]
+
+
+def _arrive(
+    services: Services, run_id: str, worker: int, finite: bool = True, attempt: int = 0, tracked: bool = False
+) -> list[ReduceMessage]:
     """What a worker does (store the update, announce it), then the ReduceLauncher."""
     vector = VECTORS[worker] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
     body, header = updates.encode(vector, SAMPLES[worker])
-    done = _done(run_id, worker, finite, attempt)  # stored with the update, as the worker stores it
+    done = _done(run_id, worker, finite, attempt, tracked)  # stored with the update, as the worker stores it
     services.store.put_new(keys.update(run_id, 0, worker, attempt), body, {"done": done.model_dump_json(), **header})
     return reduce_launcher.on_work_done(done, services)
 
@@ -287,21 +299,29 @@ def test_a_superseded_attempt_that_was_not_finite_leaves_its_worker_in(services:
 
 def test_duplicate_reports_count_twice_but_the_reduce_fires_once_with_each_worker_once(services: Services) -> None:
     _register(services, "dup-work", workers=3)
-    assert _arrive(services, "dup-work", 0) == []
-    assert _arrive(services, "dup-work", 0) == []
-    assert _arrive(services, "dup-work", 1) == []  # the counter says three arrived: the records say two
+
+    def arrive(worker: int) -> list[ReduceMessage]:
+        return _arrive(services, "dup-work", worker, tracked=True)
+
+    assert arrive(0) == []
+    assert arrive(0) == []
+    assert arrive(1) == []  # the counter says three arrived: the records say two
     counter = services.table.get_counter("dup-work", 0)
     assert (counter.arrived, counter.reduce_fired_by) == (3, None)
-    fired = _arrive(services, "dup-work", 2)
+    fired = arrive(2)
     assert [m.shard for m in fired] == [0, 1]
     assert [p.worker for p in fired[0].participants] == [0, 1, 2]
-    assert _arrive(services, "dup-work", 1) == []  # after the fire: not a late worker, not a second fire
-    assert _arrive(services, "dup-work", 2) == []  # the firing message again: its reduce went out the first time
+    assert arrive(1) == []  # after the fire: not a late worker, not a second fire
+    assert arrive(2) == []  # the firing message again: its reduce went out the first time
     record = services.table.get_iteration("dup-work", 0)
     assert (record.arrived, record.participant_count, record.reduce_fired_by) == (6, 3, 2)
     assert [p.worker for p in record.participants] == [0, 1, 2]
     assert record.done == {0, 1, 2} and record.late == set()
     assert record.train_loss == pytest.approx(0.5)
+    # the participants' states summed, each once (the duplicates' not again)
+    assert record.train_state == pytest.approx(
+        [sum(v) for v in zip(*(_state(w) for w in range(3)), strict=True)], rel=1e-15
+    )
 
 
 def test_a_retry_of_a_report_that_fired_but_did_not_publish_publishes_the_same_reduce_once(

@@ -198,7 +198,7 @@ def test_curves_add_up_the_dollars_through_each_iteration() -> None:
     assert first.dollars == pytest.approx(invocation + 0.01 + invocation + 0.01)
     assert second.dollars == pytest.approx(first.dollars + invocation + 0.01)
     assert (first.wall_s, second.wall_s) == pytest.approx((11.5, 13.5))
-    assert (first.test, second.test, second.train_loss) == ({}, {"loss": 1.4, "accuracy": 0.6}, 1.5)
+    assert (first.test, second.test, second.train) == ({}, {"loss": 1.4, "accuracy": 0.6}, {"loss": 1.5})
 
 
 def test_usage_by_function_in_chain_order_with_requests_and_dollars_by_service() -> None:
@@ -313,10 +313,10 @@ def _report(tmp_path: Path, reason: str | None = None) -> tuple[report.Report, r
     )
     records = [*iteration_one(), use("work_launcher", T0 + 1.5, T0 + 1.6, iteration=2)]
     iterations = [
-        IterationRecord(iteration=0, launched_at=T0 - 1, train_loss=2.0, train_accuracy=0.1),
+        IterationRecord(iteration=0, launched_at=T0 - 1, train_loss=2.0, train={"loss": 2.0, "accuracy": 0.1}),
         record_one(
             train_loss=1.8,
-            train_accuracy=0.3,
+            train={"loss": 1.8, "accuracy": 0.3},
             test_loss=1.7,
             test_accuracy=0.42,
             test={"loss": 1.7, "accuracy": 0.42, "auc": 0.8},
@@ -406,8 +406,7 @@ def test_the_curves_and_tables_name_the_figures_as_keras_does(tmp_path: Path) ->
             iteration=i,
             wall_s=None,
             dollars=0.0,
-            train_loss=0.5,
-            train_accuracy=0.7,
+            train={"loss": 0.5, "accuracy": 0.7},
             test={"loss": 0.6, "auc": 0.9} if i else {},
         )
         for i in range(2)
@@ -415,6 +414,6 @@ def test_the_curves_and_tables_name_the_figures_as_keras_does(tmp_path: Path) ->
     assert {name: [label for label, _ in lines] for name, lines in report.series(auc).items()} == {
         "loss": ["loss", "test_loss"],
         "auc": ["test_auc"],
-    }  # slsml's batch accuracy is not the AUC
+    }  # no AUC over the batches here: only the evaluated one
     report.draw_curves(auc, tmp_path / "auc.png")
     assert (tmp_path / "auc.png").stat().st_size > 1000

@@ -162,7 +162,7 @@ def test_a_workers_warm_model_serves_the_runs_of_one_architecture(monkeypatch: p
         assert (shared is first, fresh) == (True, False)
         modelio.set_flat(shared.model, configs["alike"].plan, modelio.get_flat(models["alike"], configs["alike"].plan))
         got = shared.compute_update(x, y)
-        alone = modelio.Trainer(models["alike"], configs["alike"].plan, configs["alike"].loss, True)
+        alone = modelio.Trainer(models["alike"], configs["alike"].plan, configs["alike"].loss)
         expected = alone.compute_update(x, y)
         assert np.array_equal(got.vector, expected.vector) and got.loss == expected.loss
 

@@ -39,7 +39,7 @@ def _counter(
         participant_count=3,
         reduce_fired_by=1,
         train_loss=0.5,
-        train_accuracy=0.8,
+        train={"loss": 0.5, "accuracy": 0.8},
         reduce_relaunches=relaunches,
         stale_shards=stale or set(),
         workers=workers,

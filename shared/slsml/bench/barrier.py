@@ -108,7 +108,7 @@ def _measure(services: Services, model: object, workers: int, reducers: int) -> 
     counter_bytes = capacity.item_bytes(item(counter_sk))
     units, largest, seconds = [], counter_bytes, []
     for worker in range(workers):
-        done = WorkDone(run_id=run_id, iteration=0, worker=worker, samples=1, loss=0.5, accuracy=0.5, compute_s=0.01)
+        done = WorkDone(run_id=run_id, iteration=0, worker=worker, samples=1, loss=0.5, compute_s=0.01)
         started = time.perf_counter()
         reduce_launcher.on_work_done(done, services)
         seconds.append(time.perf_counter() - started)

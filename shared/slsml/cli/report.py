@@ -209,14 +209,13 @@ def choose(seconds: Mapping[int, float], chosen: Sequence[int] = ()) -> list[tup
 
 @dataclass(frozen=True)
 class Point:
-    """One iteration on the curves: train figures of its batch; test and validation figures by Keras name where it
-    was evaluated."""
+    """One iteration on the curves: train figures of its batches, test and validation figures where it was
+    evaluated, by Keras name."""
 
     iteration: int
     wall_s: float | None  # its merge, from the run's start
     dollars: float  # the run's cost up to and including this iteration
-    train_loss: float | None
-    train_accuracy: float | None
+    train: dict[str, float] = field(default_factory=dict)
     test: dict[str, float] = field(default_factory=dict)
     val: dict[str, float] = field(default_factory=dict)
 
@@ -243,8 +242,7 @@ def curves(
                 iteration=record.iteration,
                 wall_s=None if record.merged_at is None else record.merged_at - run.created_at,
                 dollars=spent,
-                train_loss=record.train_loss,
-                train_accuracy=record.train_accuracy,
+                train=record.train or ({} if record.train_loss is None else {"loss": record.train_loss}),
                 test=record.test or {},
                 val=record.val or {},
             )
@@ -463,22 +461,18 @@ def _figure(width: float, height: float) -> Any:
 
 
 def first_metric(points: Sequence[Point]) -> str:
-    """The first compiled metric's Keras name on the points evaluated (``loss``: none evaluated, or no metric)."""
-    return display.first_metric(next((p.test or p.val for p in points if p.test or p.val), {}))
+    """The first compiled metric's Keras name on the points evaluated, else trained (``loss``: no metric)."""
+    evaluated = next((p.test or p.val for p in points if p.test or p.val), None)
+    return display.first_metric(evaluated if evaluated is not None else next((p.train for p in points if p.train), {}))
 
 
 def series(points: Sequence[Point]) -> dict[str, list[tuple[str, Callable[[Point], float | None]]]]:
-    """The curves as Keras names them, by figure (the loss, then the first compiled metric): ``loss`` and
-    ``accuracy`` of each iteration's batch (slsml's accuracy), ``test_…`` and ``val_…`` where evaluated; only those
-    some point has."""
+    """The curves as Keras names them, by figure (the loss, then the first compiled metric): the figure over each
+    iteration's batches under its own name, ``test_…`` and ``val_…`` where evaluated; only those some point has."""
     metric = first_metric(points)
-    train: dict[str, Callable[[Point], float | None]] = {
-        "loss": lambda p: p.train_loss,
-        "accuracy": lambda p: p.train_accuracy,
-    }
     drawn: dict[str, list[tuple[str, Callable[[Point], float | None]]]] = {}
     for name in dict.fromkeys(("loss", metric)):
-        candidates = [(name, train[name])] if name in train else []
+        candidates = [(name, _evaluated("train", name))]
         candidates += [(f"{split}_{name}", _evaluated(split, name)) for split in ("test", "val")]
         drawn[name] = [(label, value) for label, value in candidates if any(value(p) is not None for p in points)]
     return drawn
@@ -882,13 +876,13 @@ def render(report: Report) -> str:
     metric = first_metric(report.points)
     parts.append(
         _table(
-            ["iteration", "s", "loss", "accuracy", f"test_{metric}", "faults", "X-Ray"],
+            ["iteration", "s", "loss", metric, f"test_{metric}", "faults", "X-Ray"],
             (
                 [
                     f'<span id="row-{p.iteration}">{p.iteration}</span>',
                     f"{seconds[p.iteration]:.3f}" if p.iteration in seconds else "–",
-                    figure(p.train_loss),
-                    "–" if p.train_accuracy is None else f"{p.train_accuracy:.3f}",
+                    figure(p.train.get("loss")),
+                    figure(p.train.get(metric)),
                     figure(p.test.get(metric)),
                     str(by_fault[p.iteration] or ""),
                     _trace_cell(report, p.iteration),

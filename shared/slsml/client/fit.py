@@ -1,16 +1,16 @@
 """``slsml.fit``: Keras's ``model.fit`` through the pipeline, from Python (a script, a notebook).
 
-The arrays become a dataset in a local runtime of the call's own (or in a deployed stack's bucket), the run
-trains ``epochs`` epochs of ``batch_size`` global batches, the model takes the final weights and its optimizer's
-state in place, and the result is a ``keras.callbacks.History`` as ``fit`` returns it: per epoch, the mean
-training loss of its iterations (and accuracy, if the model computes it) and the figures of the validation
-samples at its end (``val_`` forms). The local runtime ends with the call, however the call ends.
+The arrays become a dataset in a local runtime of the call's own (or in a deployed stack's bucket), the run trains
+``epochs`` epochs of ``batch_size`` global batches, the model takes the final weights and its optimizer's state in
+place, and the result is a ``keras.callbacks.History`` as ``fit`` returns it: per epoch, the loss and compiled metrics
+over the batches of its iterations (their states summed over the epoch, as Keras sums them over an epoch's batches) and
+the figures of the validation samples at its end (``val_`` forms). The local runtime ends with the call, however the
+call ends.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from slsml.client import runs
 from slsml.data import datasets as data
 from slsml.pipeline.services import Services
 from slsml.spec import samples
-from slsml.spec.config import TrainingSpec
+from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.errors import BadInputError
 from slsml.spec.samples import Arrays
 from slsml.state.records import Counter, IterationRecord, RunRecord
@@ -50,7 +50,7 @@ def fit(
     name instead of a local runtime."""
     import keras
 
-    from slsml.training import modelio
+    from slsml.training import evaluation, modelio
 
     checkpoints = [c.filepath for c in callbacks if isinstance(c, keras.callbacks.ModelCheckpoint)]
     x, y = samples.as_arrays(x, "x"), samples.as_arrays(y, "y")
@@ -76,7 +76,7 @@ def fit(
             log_dir=Path(".slsml/logs") / run_id,
         ) as local:
             record = _train(local.services, model_bytes, run_id, spec, (x, y, sample_weight), test, verbose)
-    run, counters, final = record
+    run, counters, final, config = record
     trained = modelio.load_model(final)
     for variable, value in zip(model.weights, trained.weights, strict=True):
         variable.assign(value)
@@ -89,7 +89,10 @@ def fit(
     history.set_model(model)
     history.params = {"verbose": verbose, "epochs": epochs, "steps": per_epoch}
     history.epoch = list(range(ran))
-    history.history = epoch_history(counters, per_epoch, ran, "test" if validation_data is not None else "val")
+    sample = samples.take(x, slice(2)), samples.take(y, slice(2))
+    train = evaluation.Evaluator(model, config.loss, config.metrics, sample).result
+    validation = "test" if validation_data is not None else "val"
+    history.history = epoch_history(counters, per_epoch, ran, validation, train)
     return history
 
 
@@ -164,9 +167,9 @@ def _train(
     train: tuple[Arrays, Arrays, np.ndarray | None],
     test: tuple[Arrays, Arrays],
     verbose: int,
-) -> tuple[RunRecord, list[IterationRecord], bytes]:
-    """Upload the data (``train``: x, y and the samples' weights), train, and return the ended run, its iterations
-    and its final model."""
+) -> tuple[RunRecord, list[IterationRecord], bytes, RunConfig]:
+    """Upload the data (``train``: x, y and the samples' weights), train, and return the ended run, its iterations,
+    its final model and its configuration."""
     import keras
 
     data.put_dataset(services.store, run_id, train[0], train[1], *test, w=train[2])
@@ -183,19 +186,26 @@ def _train(
     if run.status != "COMPLETED" or run.final_key is None:
         raise BadInputError(f"run {run_id} ended {run.status}: {run.reason}")
     bar.update(run.iteration, finalize=True)
-    return run, services.table.list_iterations(run_id), runs.final_model(services, run)
+    return run, services.table.list_iterations(run_id), runs.final_model(services, run), config
 
 
-def epoch_history(counters: Sequence[Counter], per_epoch: int, epochs: int, validation: str) -> dict[str, list[float]]:
-    """Keras's ``History.history`` of a run's iterations: per epoch the mean training loss (and accuracy) of its
-    iterations, and the ``validation`` figures (its counters' ``test`` or ``val``) of the model at its end."""
+def epoch_history(
+    counters: Sequence[Counter],
+    per_epoch: int,
+    epochs: int,
+    validation: str,
+    train: Callable[[list[np.ndarray]], dict[str, float]],
+) -> dict[str, list[float]]:
+    """Keras's ``History.history`` of a run's iterations: per epoch the loss and metrics over the batches of its
+    iterations (``train`` of their train states, which it sums: those recorded), and the ``validation`` figures
+    (its counters' ``test`` or ``val``) of the model at its end."""
     by_iteration = {c.iteration: c for c in counters}
     history: dict[str, list[float]] = {}
     for epoch in range(epochs):
         span = [by_iteration[i] for i in range(epoch * per_epoch, (epoch + 1) * per_epoch) if i in by_iteration]
-        for name, values in (("loss", [c.train_loss for c in span]), ("accuracy", [c.train_accuracy for c in span])):
-            if known := [v for v in values if v is not None]:
-                history.setdefault(name, []).append(statistics.fmean(known))
+        if states := [np.asarray(c.train_state) for c in span if c.train_state is not None]:
+            for name, value in train(states).items():
+                history.setdefault(name, []).append(value)
         end = by_iteration.get((epoch + 1) * per_epoch - 1)
         for name, value in (getattr(end, validation, None) or {}).items():
             history.setdefault(f"val_{name}", []).append(value)

@@ -225,6 +225,9 @@ class Workload(BaseModel):
     model: str = Field(description="where the model's figures come from")
     params: int = Field(gt=0, description="float32 weights")
     trainable_params: int = Field(gt=0)
+    metric_values: int = Field(
+        default=2, ge=2, description="the values of the loss's and metrics' state a worker tracks (2: the loss alone)"
+    )
     model_file_bytes: int = Field(gt=0)
     sample_bytes: int | None = Field(default=None, description="one training sample in the dataset")
     activation_bytes_per_sample: float = Field(ge=0)
@@ -472,7 +475,7 @@ def measure_step(model: Any, specs: list, batch: int) -> float:
     outputs = modelio.output_names(model)
     several = len(outputs) > 1  # the loss of each output, on labels by output name
     loss = json.dumps({"loss": "mean_squared_error", "loss_weights": None} if several else "mean_squared_error")
-    trainer = modelio.Trainer(model, ShardPlan.build(specs, 1), loss, classification=False)
+    trainer = modelio.Trainer(model, ShardPlan.build(specs, 1), loss)
     rng = np.random.default_rng(0)
 
     def sized(shape: Any) -> tuple[int, ...]:
@@ -978,7 +981,7 @@ def continuations(
             bytes_written=0,
             seconds=0.0,
         )
-    stored = progress.stored_bytes(w.params, w.trainable_params, spec.local_optimizer_config(), K)
+    stored = progress.stored_bytes(w.params, w.trainable_params, spec.local_optimizer_config(), K, w.metric_values)
     step_s = compute_s / K
     usable = timeout_s - setup_s - progress.reserve_s(stored, step_s, p.s3_write_mb_s)
     per = K if step_s == 0 else min(K, 1 + math.floor(max(0.0, usable) / step_s))

@@ -91,7 +91,7 @@ class Admm(UpdateRule):
         if work.slot.put(state.encode()):
             return update
         stored = _state(work.slot.current(), size, work.slot.where())
-        return update if stored is None else update_of(work.start, stored, trainable, update.loss, update.accuracy)
+        return update if stored is None else update_of(work.start, stored, trainable, update.loss, update.metrics)
 
     def describe(self, spec: TrainingSpec, optimizer: str, local: str) -> str:
         return (
@@ -155,9 +155,9 @@ def local_round(
     pause: Callable[[], bool] = progress.never,
 ) -> tuple[Update, SlotState] | Progress:
     """One round of slot w from the consensus ``consensus`` and the slot's state of the round before (None:
-    none); returns the update (z − (x + u) for trainable weights, the values after the last forward pass for
-    the others, the mean loss and accuracy over the steps, the proximal term left out) and the new state, or
-    the round's progress where ``pause`` stopped it (``resumed``: going on from it, as ``averaging.local_steps``)."""
+    none); returns the update (z − (x + u) for trainable weights, the values after the last forward pass for the others,
+    the mean loss and the metrics' summed state over the steps, the proximal term left out) and the new state, or the
+    round's progress where ``pause`` stopped it (``resumed``: going on from it, as ``averaging.local_steps``)."""
     trainable = trainer.plan.trainable_mask()
     if state is None:
         current, dual = consensus.copy(), np.zeros_like(consensus)
@@ -172,18 +172,18 @@ def local_round(
     if not finished:
         return reached
     state = SlotState(reached.weights, dual)
-    return update_of(consensus, state, trainable, reached.loss, reached.accuracy), state
+    return update_of(consensus, state, trainable, reached.loss, reached.metrics), state
 
 
 def update_of(
-    consensus: np.ndarray, state: SlotState, trainable: np.ndarray, loss: float, accuracy: float | None
+    consensus: np.ndarray, state: SlotState, trainable: np.ndarray, loss: float, metrics: np.ndarray | None
 ) -> Update:
     """The update a slot in ``state`` sends: z − (x + u) for trainable weights, x for the others."""
     from slsml.training.modelio import Update
 
     change = state.model.copy()
     change[trainable] = consensus[trainable] - (state.model[trainable] + state.dual[trainable])
-    return Update(vector=change, loss=loss, accuracy=accuracy)
+    return Update(vector=change, loss=loss, metrics=metrics)
 
 
 RULE = Admm()

@@ -68,13 +68,13 @@ SERVER_AVERAGE = OptimizerConfig(name="sgd", learning_rate=1.0)
 
 def weight_change(trainer: Trainer, start: np.ndarray, progress: Progress) -> Update:
     """The update of a round from ``start`` that ended at ``progress``: start minus end for trainable weights, the
-    values after the last forward pass for the others, the mean loss and accuracy over the steps."""
+    values after the last forward pass for the others, the mean loss over the steps and their metrics' summed state."""
     from slsml.training.modelio import Update
 
     trainable = trainer.plan.trainable_mask()
     change = progress.weights.copy()
     change[trainable] = start[trainable] - progress.weights[trainable]
-    return Update(vector=change, loss=progress.loss, accuracy=progress.accuracy)
+    return Update(vector=change, loss=progress.loss, metrics=progress.metrics)
 
 
 def local_steps(
@@ -91,17 +91,17 @@ def local_steps(
     plus ``pull(trainable weights)`` if given (e.g. ADMM's proximal term); ``resumed``: the round goes on from this
     progress, ``batches`` being the ones left. Before each step, ``pause()`` may stop the round (its invocation's
     time runs short: ``slsml.training.progress.Pacer``). Returns the progress (the end weights, non-trainable ones:
-    their values after the last forward pass; the optimizer's state; the steps' losses and accuracies) and whether
-    every batch was stepped on. The trainer's model ends at the weights reached."""
+    their values after the last forward pass; the optimizer's state; the steps' losses and their metrics' summed state)
+    and whether every batch was stepped on. The trainer's model ends at the weights reached."""
     from slsml.training import modelio
 
     trainable = trainer.plan.trainable_mask()
     if resumed is None:
-        current, steps, losses, accuracies = start.copy(), 0, [], []
+        current, steps, losses, metrics = start.copy(), 0, [], None
         state = optimizers.initial_state(optimizer, int(trainable.sum())) if state is None else state
     else:
         current, steps, state = resumed.weights.copy(), resumed.steps, resumed.state
-        losses, accuracies = list(resumed.losses), list(resumed.accuracies)
+        losses, metrics = list(resumed.losses), resumed.metrics
     finished = True
     for batch in batches:
         if pause():
@@ -110,14 +110,14 @@ def local_steps(
         modelio.set_flat(trainer.model, trainer.plan, current)
         step = trainer.compute_update(*batch)
         losses.append(step.loss)
-        if step.accuracy is not None:
-            accuracies.append(step.accuracy)
+        if step.metrics is not None:
+            metrics = step.metrics if metrics is None else metrics + step.metrics
         gradient = step.vector[trainable] if pull is None else step.vector[trainable] + pull(current[trainable])
         current[trainable], state = optimizers.apply(optimizer, current[trainable], gradient, state)
         current[~trainable] = step.vector[~trainable]
         steps += 1
     modelio.set_flat(trainer.model, trainer.plan, current)
-    return Progress(steps, current, state, tuple(losses), tuple(accuracies)), finished
+    return Progress(steps, current, state, tuple(losses), metrics), finished
 
 
 RULE = ModelAveraging()

@@ -19,6 +19,9 @@ DEAD_LETTER_ERROR_MESSAGE = "ErrorMessage"
 DEAD_LETTER_REQUEST_ID = "RequestID"
 
 MAX_MESSAGE_BYTES = 128 * 1024  # the biggest real message, a Reduce for 1000 workers, is 45 KiB; SNS allows 256
+# the most values a WorkDone's metrics state holds (AUC: 4 per threshold): a WorkDone of them, at 25 JSON bytes a
+# value at most, stays within MAX_MESSAGE_BYTES
+MAX_METRIC_VALUES = 4096
 
 
 class Message(BaseModel):
@@ -51,7 +54,12 @@ class WorkDone(Message):
     attempt: int = Field(default=0, ge=0)
     samples: int = Field(ge=0)
     loss: float = Field(description="0 when the update is not finite (JSON has no NaN)")
-    accuracy: float | None = None
+    metrics: list[float] | None = Field(
+        default=None,
+        max_length=MAX_METRIC_VALUES,
+        description="the state of the loss and compiled metrics over the worker's batches, on their forward passes"
+        " (slsml.training.evaluation); None when the update is not finite",
+    )
     compute_s: float = Field(ge=0, description="gradient computation, excluding S3 and messaging")
     finite: bool = Field(default=True, description="False: the update holds NaN or Inf and must be left out")
 

@@ -117,7 +117,7 @@ class WorkerReport(BaseModel):
     generation: int = 0
     samples: int | None = None
     loss: float = 0.0
-    accuracy: float | None = None
+    metrics: list[float] | None = None
     compute_s: float = 0.0
     finite: bool = True
     folded_into: int | None = Field(default=None, description="late: the iteration whose reduce took it (SSP)")
@@ -153,7 +153,12 @@ class Counter(BaseModel):
     reduce_fired_at: float | None = None
     participant_count: int = 0
     train_loss: float | None = None
-    train_accuracy: float | None = None
+    train_state: list[float] | None = Field(
+        default=None, description="the state of the participants' train metrics, summed (training.evaluation)"
+    )
+    train: dict[str, float] | None = Field(
+        default=None, description="the loss and metrics over the iteration's batches, by Keras name, from train_state"
+    )
     squares_in: int = Field(default=0, description="shards whose sums of squares are in (runs that clip by norm)")
     steps_released_by: int | None = Field(default=None, description="the shard that released the clipped steps")
     shards_in: int = 0

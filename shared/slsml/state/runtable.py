@@ -10,6 +10,7 @@ generation before neither counts in them nor fires them.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from functools import partial
@@ -533,15 +534,16 @@ class RunTable:
         generation: int,
     ) -> None:
         """Note on the counter of ``generation`` that the reduce fired (late reports then skip the barrier),
-        with the participants' weighted train loss and accuracy."""
-        chosen = {p.worker for p in participants}
-        included = [r for r in reports if r.worker in chosen]
+        with the sum of the participants' train metrics states and the loss it gives (without them where a
+        participant sent none)."""
+        chosen = {p.worker for p in participants if p.iteration is None}  # late ones trained on another's batches
+        state = summed([r.metrics for r in reports if r.worker in chosen])
         values = {
             "reduce_fired_by": owner,
             "reduce_fired_at": time.time(),
             "participant_count": len(participants),
-            "train_loss": _weighted([(r.loss, r.samples or 0) for r in included]),
-            "train_accuracy": _weighted([(r.accuracy, r.samples or 0) for r in included if r.accuracy is not None]),
+            "train_state": state,
+            "train_loss": state[0] / state[1] if state and state[1] > 0 else None,
         }
         values = {k: v for k, v in values.items() if v is not None}
         expression, names, bound = _set(values, keep_first=frozenset(values))
@@ -669,10 +671,14 @@ class RunTable:
             ExpressionAttributeValues=bound,
         )
 
-    def fire_merge(self, run_id: str, iteration: int, shard: int, generation: int) -> bool:
+    def fire_merge(
+        self, run_id: str, iteration: int, shard: int, generation: int, train: dict[str, float] | None = None
+    ) -> bool:
         """Claim the merge of ``iteration`` in ``generation`` (True for ``shard``'s message, again on its retry,
-        which keeps the first claim's ``merged_at``)."""
+        which keeps the first claim's ``merged_at``), recording ``train``: the figures over its batches."""
         values: dict[str, Any] = {"merge_fired_by": shard, "merged_at": time.time()}
+        if train is not None:
+            values["train"] = train
         expression, names, bound = _set(values, frozenset({"merged_at"}))
         return (
             conditional(
@@ -696,6 +702,8 @@ def _test_figures(test: dict[str, float] | None) -> dict[str, Any]:
     return {"test": test, "test_loss": test.get("loss"), "test_accuracy": test.get("accuracy")}
 
 
-def _weighted(pairs: list[tuple[float, int]]) -> float | None:
-    total = sum(n for _, n in pairs)
-    return sum(v * n for v, n in pairs) / total if total else None
+def summed(states: list[list[float] | None]) -> list[float] | None:
+    """The sum of metrics states of one size (None if there are none, one is missing or they differ in size)."""
+    if not states or any(s is None or len(s) != len(states[0] or ()) for s in states):
+        return None
+    return [math.fsum(column) for column in zip(*states, strict=True)]

@@ -5,9 +5,10 @@ compiled metrics (Keras's ``CompileMetrics``: the metrics ``compile`` was given,
 labels' shape as Keras resolves it; per output for a model of several, named ``<output>_<metric>``): one float64
 vector, the loss's weighted sum and sample count, then every metric variable (``metric.variables``) flattened,
 those of each output's loss (``<output>_loss``, a model of several outputs) first.
-The states of the slices add up to the state of the whole
-split; the result is computed once from their sum. The vector's size is that of the metrics' variables (AUC:
-4 × its thresholds, MeanIoU: classes², most metrics: 2), whatever the split's size.
+The states of the slices add up to the state of the whole split; the result is computed once from their sum. Training
+tracks the same state on each batch's forward pass (``batch_state``, as ``fit``'s train step does), summed over a
+worker's batches, then over an iteration's workers. The vector's size is that of the metrics' variables (AUC: 4 × its
+thresholds, MeanIoU: classes², most metrics: 2), whatever the split's size.
 
 A metric whose state does not add up (a maximum, a last value) would give a wrong result, so ``check_mergeable``
 evaluates a sample whole and in two parts and refuses, by name, a metric whose merged result differs.
@@ -24,6 +25,7 @@ import numpy as np
 
 from slsml.spec import samples
 from slsml.spec.errors import BadInputError
+from slsml.spec.messages import MAX_METRIC_VALUES
 from slsml.spec.samples import Arrays
 from slsml.training.modelio import deserialize_metrics, keras, output_names, tf, training_loss
 
@@ -57,6 +59,7 @@ class Evaluator:
             self._metrics.update_state(y, prediction)  # some metrics (R2Score) make their variables on the first
         self._reset()
         self.size = 2 + sum(math.prod(v.shape) for v in self._variables)
+        self._track = tf.function(self._track_fn, reduce_retracing=True)
 
     @property
     def metrics(self) -> list[Any]:
@@ -89,6 +92,27 @@ class Evaluator:
             count += samples.count(xb)
             if self._metrics is not None:
                 self._metrics.update_state(yb, prediction, sample_weight=wb)
+        return self._vector(loss_total, count)
+
+    def batch_state(self, y: Arrays, prediction: Any, w: Any, loss: float) -> np.ndarray:
+        """The state of one training batch as ``fit``'s train step tracks it, from its forward pass (``prediction``)
+        and its loss (``loss``, regularization included): the loss weighted by the batch's samples, each output's
+        loss and the metrics given the samples' weights ``w`` (None: unweighted) as Keras gives them."""
+        values = self._track(_tensors(y), prediction, w)
+        count = samples.count(y)
+        head = np.array([loss * count, count], dtype=np.float64)
+        return np.concatenate([head, *(np.asarray(v, np.float64).ravel() for v in values)])
+
+    def _track_fn(self, y: Any, prediction: Any, w: Any) -> list[Any]:
+        """One batch's metric variables from reset state (traced: one call of a graph per batch)."""
+        self._reset()
+        if self.loss_trackers:
+            self.loss_fn(y, prediction, sample_weight=w)
+        if self._metrics is not None:
+            self._metrics.update_state(y, prediction, sample_weight=w)
+        return [tf.identity(v.value) for v in self._variables]
+
+    def _vector(self, loss_total: float, count: int) -> np.ndarray:
         head = np.array([loss_total, count], dtype=np.float64)
         return np.concatenate([head, *(np.asarray(v.numpy(), np.float64).ravel() for v in self._variables)])
 
@@ -126,8 +150,9 @@ def figure_modes(model: keras.Model, loss: str, metrics: str, sample: tuple[Arra
 
 
 def check_mergeable(model: keras.Model, loss: str, metrics: str, x: Arrays, y: Arrays) -> None:
-    """BadInputError if the metrics cannot evaluate ``x``, ``y``, or naming each metric whose result from the
-    states of two parts of them differs from its result on the whole: its state does not add up across workers."""
+    """BadInputError if the metrics cannot evaluate ``x``, ``y``, if their state is over the values a worker's
+    report may carry (``MAX_METRIC_VALUES``), or naming each metric whose result from the states of two parts of
+    them differs from its result on the whole: its state does not add up across workers."""
     cut = max(1, samples.count(x) // 3)
     head, tail = slice(None, cut), slice(cut, None)
     try:
@@ -140,6 +165,13 @@ def check_mergeable(model: keras.Model, loss: str, metrics: str, x: Arrays, y: A
         raise BadInputError(
             f"the model's metrics cannot evaluate the data: {str(error).splitlines()[0][:300]}"
         ) from None
+    if evaluator.size > MAX_METRIC_VALUES:
+        sizes = ", ".join(f"{m.name} {sum(math.prod(v.shape) for v in m.variables)}" for m in evaluator.metrics)
+        raise BadInputError(
+            f"the model's metrics hold {evaluator.size:,} state values (the loss 2, {sizes}), over the"
+            f" {MAX_METRIC_VALUES:,} a worker's report may carry; compile the model with smaller ones (e.g. AUC"
+            " with fewer num_thresholds)"
+        )
     wrong = [
         name
         for name, value in whole.items()

@@ -17,7 +17,7 @@ import tempfile
 import time
 import warnings
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -547,33 +547,25 @@ def metrics_config(model: keras.Model, classification: bool) -> str:
 class Update:
     vector: np.ndarray  # gradient for trainable weights, new values for non-trainable ones
     loss: float
-    accuracy: float | None
+    metrics: np.ndarray | None = None  # the state of the loss and metrics over its batches (Trainer.meter's), summed
 
 
-def _accuracy(y: tf.Tensor, prediction: tf.Tensor) -> tf.Tensor:
-    """Of a batch: class ids, or one-hot labels (of the predictions' shape), against the predicted classes."""
-    if prediction.shape[-1] == 1:
-        predicted = tf.cast(tf.reshape(prediction, [-1]) > 0.5, tf.int64)
-    else:
-        predicted = tf.argmax(prediction, axis=-1)
-        if y.shape.rank == prediction.shape.rank and y.shape[-1] == prediction.shape[-1]:
-            y = tf.argmax(y, axis=-1)
-    return tf.reduce_mean(tf.cast(tf.equal(predicted, tf.cast(tf.reshape(y, [-1]), tf.int64)), tf.float32))
+# a batch's labels, its forward pass, its samples' weights and its loss → the state of its metrics
+Meter = Callable[[Arrays, Any, Any, float], np.ndarray]
 
 
 class Trainer:
     """A warm model for one run: set its weights, compute an update or evaluate."""
 
-    def __init__(self, model: keras.Model, plan: ShardPlan, loss: str, classification: bool) -> None:
-        """``classification``: the batches' accuracy is computed (a model of one output)."""
+    def __init__(self, model: keras.Model, plan: ShardPlan, loss: str) -> None:
         self.model = model
         self.plan = plan
         self.loss_fn = training_loss(loss, model)
-        self.classification = classification and len(output_names(model)) <= 1
         self._trainable_index = {id(v): i for i, v in enumerate(model.trainable_weights)}
         self._step = tf.function(self._step_fn, reduce_retracing=True)
         self._writer: ArchiveWriter | None = None
         self.evaluators: dict[str, Any] = {}  # a run's metrics (JSON) → its evaluation.Evaluator, built once
+        self.meter: Meter | None = None  # tracks each batch's metrics on its forward pass (None: none)
 
     def save(self) -> bytes:
         """The model as a ``.keras`` archive (an ``ArchiveWriter``'s: only its weights change between saves)."""
@@ -581,24 +573,24 @@ class Trainer:
             self._writer = ArchiveWriter(self.model)
         return self._writer.save()
 
-    def _step_fn(self, x: tf.Tensor, y: tf.Tensor, w: tf.Tensor | None) -> tuple[tf.Tensor, list[tf.Tensor], tf.Tensor]:
+    def _step_fn(self, x: tf.Tensor, y: tf.Tensor, w: tf.Tensor | None) -> tuple[tf.Tensor, list[tf.Tensor], Any]:
         with tf.GradientTape() as tape:
             prediction = self.model(x, training=True)
             loss = self.loss_fn(y, prediction, sample_weight=w)  # Σ wᵢ·lossᵢ / n, as fit weights a batch
             if self.model.losses:
                 loss = loss + tf.add_n(self.model.losses)
         gradients = tape.gradient(loss, self.model.trainable_weights)
-        accuracy = _accuracy(y, prediction) if self.classification else tf.constant(float("nan"))
-        return loss, gradients, accuracy
+        return loss, gradients, prediction
 
     def compute_update(self, x: Arrays, y: Arrays, w: np.ndarray | None = None) -> Update:
-        """The gradient of the batch's loss, each sample's weighted by ``w`` (None: unweighted); x and y each one
-        array or named arrays (by the model's input and output names)."""
+        """The gradient of the batch's loss, each sample's weighted by ``w`` (None: unweighted), with the state of
+        its metrics (``meter``'s) on the forward pass that gave it; x and y each one array or named arrays (by the
+        model's input and output names)."""
         weights = None if w is None else tf.convert_to_tensor(w)
-        x, y = tf.nest.map_structure(tf.convert_to_tensor, x), tf.nest.map_structure(tf.convert_to_tensor, y)
+        xt, yt = tf.nest.map_structure(tf.convert_to_tensor, x), tf.nest.map_structure(tf.convert_to_tensor, y)
         if not getattr(self.loss_fn, "built", True):  # a compiled loss makes its trackers once, outside the graph
-            self.loss_fn(y, self.model(x, training=False))
-        loss, gradients, accuracy = self._step(x, y, weights)
+            self.loss_fn(yt, self.model(xt, training=False))
+        loss, gradients, prediction = self._step(xt, yt, weights)
         arrays = []
         for variable in self.model.weights:
             index = self._trainable_index.get(id(variable))
@@ -611,7 +603,7 @@ class Trainer:
         return Update(
             vector=self.plan.flatten(arrays),
             loss=float(loss),
-            accuracy=float(accuracy) if self.classification else None,
+            metrics=None if self.meter is None else self.meter(y, prediction, weights, float(loss)),
         )
 
 

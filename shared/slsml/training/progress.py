@@ -1,8 +1,8 @@
 """A worker's round handed on between invocations of the same attempt: when an invocation's time runs short
-before a local step, the round stores its progress (``Progress``: local steps done, the local weights and the
-local optimizer's state after them, the steps' losses and accuracies) create-only, and a fresh invocation goes
-on from it with the round's remaining batches. The steps it takes are the ones the uninterrupted round takes,
-in the same order from the same values, so the round ends bit-identical.
+before a local step, the round stores its progress (``Progress``: local steps done, the local weights and the local
+optimizer's state after them, the steps' losses and the state of their metrics) create-only, and a fresh invocation goes
+on from it with the round's remaining batches. The steps it takes are the ones the uninterrupted round takes, in the
+same order from the same values, so the round ends bit-identical.
 
 ``Pacer`` decides when: before each step but the invocation's first (each invocation takes one at least), it
 hands on once the time left is below ``reserve_s``: twice the longest step so far, storing the progress at the
@@ -37,7 +37,7 @@ class Progress:
     weights: np.ndarray  # flat float32, in plan order: trainable ones stepped, the others after the last forward pass
     state: State  # the local optimizer's
     losses: tuple[float, ...]  # each step's
-    accuracies: tuple[float, ...]  # each step's, for a classification model
+    metrics: np.ndarray | None  # the state of the steps' metrics, summed (None: not tracked)
     compute_s: float = 0.0  # the steps' compute, over the invocations so far
 
     @property
@@ -45,17 +45,12 @@ class Progress:
         """The mean loss over the steps."""
         return float(np.mean(self.losses))
 
-    @property
-    def accuracy(self) -> float | None:
-        """The mean accuracy over the steps (None: not a classification model)."""
-        return float(np.mean(self.accuracies)) if self.accuracies else None
-
     def encode(self) -> bytes:
         return npz.encode(
             steps=np.asarray(self.steps, dtype=np.int64),
             weights=self.weights,
             losses=np.asarray(self.losses, dtype=np.float64),
-            accuracies=np.asarray(self.accuracies, dtype=np.float64),
+            metrics=np.zeros(0) if self.metrics is None else np.asarray(self.metrics, dtype=np.float64),
             compute_s=np.asarray(self.compute_s, dtype=np.float64),
             **{_STATE + name: value for name, value in self.state.items()},
         )
@@ -68,7 +63,7 @@ class Progress:
             arrays = npz.decode(body)
         except (ValueError, OSError, zipfile.BadZipFile) as error:
             raise BadInputError(f"{where}: not a round's progress ({error})") from None
-        missing = [name for name in ("steps", "weights", "losses", "accuracies", "compute_s") if name not in arrays]
+        missing = [name for name in ("steps", "weights", "losses", "metrics", "compute_s") if name not in arrays]
         if missing:
             raise BadInputError(f"{where}: a round's progress without {', '.join(missing)}")
         weights = arrays["weights"]
@@ -81,22 +76,22 @@ class Progress:
             weights=weights,
             state={name[len(_STATE) :]: value for name, value in arrays.items() if name.startswith(_STATE)},
             losses=tuple(float(v) for v in arrays["losses"]),
-            accuracies=tuple(float(v) for v in arrays["accuracies"]),
+            metrics=arrays["metrics"] if arrays["metrics"].size else None,
             compute_s=float(arrays["compute_s"]),
         )
 
 
-def stored_bytes(params: int, trainable: int, optimizer: OptimizerConfig, steps: int) -> int:
+def stored_bytes(params: int, trainable: int, optimizer: OptimizerConfig, steps: int, metric_values: int) -> int:
     """Bytes of the progress of a round of ``steps`` steps of ``optimizer`` on a model of ``params`` float32 weights,
-    ``trainable`` of them trainable, without building it."""
+    ``trainable`` of them trainable, whose metrics' state holds ``metric_values`` values, without building it."""
     empty, grown = _template(optimizer)
-    return empty + 4 * params + grown * trainable + 2 * 8 * steps
+    return empty + 4 * params + grown * trainable + 8 * steps + 8 * metric_values
 
 
 @cache
 def _template(optimizer: OptimizerConfig) -> tuple[int, int]:
     """The bytes of an empty progress of ``optimizer``, and its state's bytes per trainable weight."""
-    template = Progress(0, np.zeros(0, np.float32), optimizers.initial_state(optimizer, 0), (), ())
+    template = Progress(0, np.zeros(0, np.float32), optimizers.initial_state(optimizer, 0), (), None)
     return len(template.encode()), sum(value.dtype.itemsize for value in template.state.values() if value.ndim == 1)
 
 

@@ -7,10 +7,15 @@ run's optimizer as Keras would), and at each checkpoint (``checkpoint_every``), 
 
 Once the run has advanced, the carried state entering the iteration before (``keys.carried``) is superseded: the
 run resumes from the newest model, whose state is stored, and a step still needing the older state is one
-iteration late at least. The Merger deletes it (one DeleteObjects request) while the manifest is made."""
+iteration late at least. The Merger deletes it (one DeleteObjects request) while the manifest is made.
+
+The merging Merger also turns the iteration's train metrics, the sum of its participants' states that the
+reduce's firing recorded on the counter, into their results (``loss`` and each metric by its Keras name), once, and
+records them with its claim of the merge."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +30,7 @@ from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import carried_state, run_config, shard_etags
 from slsml.pipeline.steps.warm import reader_for, stored_model, trainer_for
-from slsml.pipeline.steps.worker import evaluated
+from slsml.pipeline.steps.worker import evaluated, evaluator_for
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
@@ -56,7 +61,8 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     etags = shard_etags(store, config, iteration + 1)  # the count is a hint (a duplicate counts twice)
     if etags is None:
         return None
-    if not table.fire_merge(run, iteration, message.shard, message.generation):
+    train = _train_figures(store, config, iteration, counter.train_state)
+    if not table.fire_merge(run, iteration, message.shard, message.generation, train):
         return None
     ends = _may_end(store, config, iteration + 1)  # the model a run may end on is saved before it is launched
     with ThreadPoolExecutor(max_workers=1) as pool:  # the run advances while it is saved
@@ -81,6 +87,26 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     if not ends and every and (iteration + 1) % every == 0:  # a checkpoint: saved once the next iteration runs
         _save(store, config, iteration, fitted=False)
     return next_key
+
+
+def _train_figures(
+    store: ObjectStore, config: RunConfig, iteration: int, state: list[float] | None
+) -> dict[str, float] | None:
+    """The loss and metrics over ``iteration``'s batches from the sum of its participants' states (None: none
+    recorded); figures that are not finite are left out (Keras gives NaN for some metrics of too few samples)."""
+    if state is None:
+        return None
+    trainer, _ = trainer_for(store, config, iteration)
+    reader = reader_for(store, config.dataset)
+    evaluator = evaluator_for(trainer, config, reader.take("test", np.arange(min(2, reader.manifest.test.count))))
+    try:
+        figures = evaluator.result([np.asarray(state, dtype=np.float64)])
+    except ValueError as error:
+        logger.warning(
+            "train metrics left out", extra={"run_id": config.run_id, "iteration": iteration, "why": str(error)}
+        )
+        return None
+    return {name: value for name, value in figures.items() if math.isfinite(value)}
 
 
 def _may_end(store: ObjectStore, config: RunConfig, iteration: int) -> bool:

@@ -58,7 +58,7 @@ def trainer_for(
         model = stored_model(store, model_key)
     if tuple(modelio.variable_specs(model)) != config.plan.variables:
         raise BadInputError(f"{model_key} does not have the weights of the model the run was started with")
-    trainer = modelio.Trainer(model, config.plan, config.loss, config.classification)
+    trainer = modelio.Trainer(model, config.plan, config.loss)
     return warm.put(key, trainer, trainer_bytes(trainer)), iteration == 0
 
 

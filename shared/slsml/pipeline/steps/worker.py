@@ -1,6 +1,7 @@
 """Worker: compute the update of a round's batches with the run's update rule (``slsml.rules``) and
-store it for the reducers, who read a part each. An update with NaN or Inf is stored and announced like any
-other but marked non-finite, so that it is left out.
+store it for the reducers, who read a part each; its report (WorkDone) carries the state of the loss and compiled
+metrics over the batches, on the forward passes that gave their gradients, as ``fit`` tracks them. An update with NaN or
+Inf is stored and announced like any other but marked non-finite, so that it is left out.
 A run that compresses its updates (``compress``) adds the worker slot's residual to the update before it is
 compressed and stores the new residual before the update (error feedback, ``slsml.training.feedback``).
 A round of local steps whose invocation's time runs short is handed on to a fresh invocation of the same attempt
@@ -30,6 +31,7 @@ from slsml.pipeline.steps.common import load_weights, run_config, stop_reason
 from slsml.pipeline.steps.warm import reader_for, trainer_for
 from slsml.rules.base import Round
 from slsml.spec import keys, wiring
+from slsml.spec import samples as samples_
 from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
@@ -159,14 +161,18 @@ def _train(
     weights = start if compression.kind == "significance" else None
     samples = sum(len(b) for b in batches)
     optimizer = spec.local_optimizer_config()
+    x, y, _ = slices[0]  # the first batch read: compute starts (the others are read meanwhile)
+    meter = evaluator_for(trainer, config, (samples_.take(x, slice(2)), samples_.take(y, slice(2))))
+    trainer.meter = meter.batch_state
     pacer = progress.Pacer(  # sized as the plan sizes it: the progress of the whole round
         lifetime.remaining_s,
-        progress.stored_bytes(config.plan.size, int(config.plan.trainable_mask().sum()), optimizer, len(batches)),
+        progress.stored_bytes(
+            config.plan.size, int(config.plan.trainable_mask().sum()), optimizer, len(batches), meter.size
+        ),
     )
     work = Round(trainer, start, slices, spec, _Slot(store, message), resumed, pacer.pause)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
-        slices[0]  # the first batch read: compute starts (the others are read meanwhile)
         started = time.perf_counter()
         update = rule.round(work)
         compute_s = time.perf_counter() - started + (resumed.compute_s if resumed is not None else 0.0)
@@ -175,6 +181,7 @@ def _train(
         _hand_on(message, services, replace(update, compute_s=compute_s))
         return None
     finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
+    tracked = update.metrics is not None and finite and bool(np.isfinite(update.metrics).all())
     if compression.lossy:  # error feedback: the residual is stored first, create-only (see slsml.training.feedback)
         compressed = feedback.compress(update.vector, previous, config.plan, compression, samples, rule.kind, weights)
         body, header = compressed.update
@@ -192,11 +199,12 @@ def _train(
         attempt=message.attempt,
         samples=samples,
         loss=update.loss if finite else 0.0,
-        accuracy=update.accuracy if finite else None,
+        metrics=[float(v) for v in update.metrics] if tracked and update.metrics is not None else None,
         compute_s=compute_s,
         finite=finite,
     )
-    metadata = {"done": json.dumps(done.model_dump(mode="json")), **header}
+    # the report as stored with the update, without its metrics (S3 metadata holds 2 KB): a retry computes them anew
+    metadata = {"done": json.dumps(done.model_dump(mode="json", exclude={"metrics"})), **header}
     if not finite:
         logger.warning(
             "non-finite update",
@@ -211,7 +219,8 @@ def _train(
     # an object of other bytes at the key is not this worker's: it is replaced (put_own), never announced
     if not store.put_own(key, body, metadata=metadata):  # a duplicate or a retry: announce the stored update
         stored = WorkDone.model_validate_json((store.head(key) or {})["done"])
-        done = stored.model_copy(update={"generation": message.generation})  # a resumed run may announce it again
+        # a resumed run may announce it again
+        done = stored.model_copy(update={"generation": message.generation, "metrics": done.metrics})
     return done
 
 
@@ -268,12 +277,7 @@ def _evaluate(
         "val": data.held_out(config.training, reader.manifest.train.count)[1],
     }
     read: dict[str, Split] = {"test": "test", "val": "train"}  # validation samples are held out of the training split
-    evaluator = trainer.evaluators.get(config.metrics)
-    if evaluator is None:
-        sample = reader.take("test", samples["test"][:2])
-        evaluator = trainer.evaluators.setdefault(
-            config.metrics, evaluation.Evaluator(trainer.model, config.loss, config.metrics, sample)
-        )
+    evaluator = evaluator_for(trainer, config, reader.take("test", samples["test"][:2]))
     for split in splits:
         mine = samples[split][evaluation.slice_of(len(samples[split]), message.workers, message.worker)]
         state = evaluator.state(*reader.take_weighted(read[split], mine))  # the dataset's weights, as evaluate takes
@@ -295,6 +299,17 @@ def _evaluate(
         services.ask_watchdog(run, iteration, message.generation)  # the run is complete: the watchdog completes it
         return True
     return False
+
+
+def evaluator_for(
+    trainer: modelio.Trainer, config: RunConfig, sample: tuple[samples_.Arrays, samples_.Arrays]
+) -> evaluation.Evaluator:
+    """The trainer's evaluator of the run's metrics, built on ``sample`` (a sample or two of the data) once."""
+    evaluator = trainer.evaluators.get(config.metrics)
+    if evaluator is None:
+        evaluator = evaluation.Evaluator(trainer.model, config.loss, config.metrics, sample)
+        trainer.evaluators[config.metrics] = evaluator
+    return evaluator
 
 
 def _ended(services: Services, run_id: str) -> bool:

@@ -1,0 +1,126 @@
+"""Train metrics per iteration: the loss and compiled metrics over an iteration's global batch, from the states the
+workers track on their batches' forward passes, summed and turned into results once, equal Keras's train step on
+the same global batch with the same weights (``fit`` over that batch alone), sample-weighted as Keras weights them,
+whatever the workers; and ``slsml.fit``'s History sums an epoch's iterations as ``fit`` aggregates its batches."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from slsml.client import demo, runs
+from slsml.client.fit import epoch_history
+from slsml.data import datasets as data
+from slsml.spec import keys
+from slsml.spec.config import RunConfig, TrainingSpec
+from slsml.training import evaluation, modelio
+
+from .conftest import finish
+
+ITERATIONS = 4
+BATCH = 96
+DATASET = "digits-binary-weighted"
+TOLERANCE = 1e-6
+FIGURES = ("loss", "accuracy", "auc", "mean_absolute_error")
+
+
+def binary_model() -> keras.Model:
+    """A classifier of digits ≥ 5, compiled with accuracy, AUC and a regression metric."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Flatten(),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(1, activation="sigmoid"),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate=0.2),
+        loss="binary_crossentropy",
+        metrics=["accuracy", keras.metrics.AUC(name="auc"), "mean_absolute_error"],
+    )
+    return model
+
+
+def binary_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The digits as ≥ 5 or not, with per-sample weights."""
+    x, y, x_test, y_test = demo.digits()
+    weights = np.random.default_rng(4).uniform(0.0, 3.0, len(x)).astype(np.float32)
+    return x, (y >= 5).astype(np.float32), x_test, (y_test >= 5).astype(np.float32), weights
+
+
+def _run_id(workers: int) -> str:
+    return f"train-metrics-w{workers}"
+
+
+@pytest.fixture(scope="module")
+def metric_runs(services) -> dict[int, str]:
+    x, y, x_test, y_test, weights = binary_digits()
+    data.put_dataset(services.store, DATASET, x, y, x_test, y_test, w=weights)
+    spec = TrainingSpec(reducers=2, global_batch=BATCH, iterations=ITERATIONS, eval_every=0)
+    model_bytes = modelio.save_model(binary_model())
+    for workers in (1, 3):
+        runs.start_run(services, model_bytes, DATASET, spec.model_copy(update={"workers": workers}), _run_id(workers))
+    return {workers: _run_id(workers) for workers in (1, 3)}
+
+
+def reference(weighted: bool = True, every: int = 1) -> list[dict[str, float]]:
+    """Keras's own ``fit`` on the pipeline's global batches, ``every`` of them an epoch (``weighted``: with the
+    samples' weights): each epoch's figures, over its batches."""
+    x, y, _, _, weights = binary_digits()
+    model = binary_model()
+    figures = []
+    for first in range(0, ITERATIONS, every):
+        batches = [data.global_batch_indices(len(x), BATCH, seed=0, iteration=i) for i in range(first, first + every)]
+        epoch = np.concatenate(batches)
+        history = model.fit(
+            x[epoch],
+            y[epoch],
+            sample_weight=weights[epoch] if weighted else None,
+            batch_size=BATCH,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+        ).history
+        figures.append({name: float(values[0]) for name, values in history.items()})
+    return figures
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_each_iterations_train_metrics_equal_keras_train_step_on_its_global_batch(metric_runs, services, workers):
+    run = finish(services, metric_runs[workers], timeout_s=600)
+    assert run.status == "COMPLETED", run.reason
+    expected = reference()
+    assert sorted(expected[0]) == sorted(FIGURES)
+    # the figures move between iterations, and the weights change the loss, by far more than the tolerance
+    assert max(abs(expected[-1][n] - expected[0][n]) for n in FIGURES) > 1000 * TOLERANCE
+    assert abs(reference(weighted=False)[0]["loss"] - expected[0]["loss"]) > 1000 * TOLERANCE
+    counters = [services.table.get_counter(run.run_id, i) for i in range(ITERATIONS)]
+    error = max(abs(c.train[n] - e[n]) for c, e in zip(counters, expected, strict=True) for n in FIGURES if c.train)
+    print(f"\ntrain metrics W={workers}: max |Δ| over {ITERATIONS} iterations = {error:.1e}")
+    for iteration, (counter, keras_figures) in enumerate(zip(counters, expected, strict=True)):
+        assert counter.train is not None, f"iteration {iteration} has no train figures"
+        assert sorted(counter.train) == sorted(FIGURES)
+        for name in FIGURES:
+            assert counter.train[name] == pytest.approx(keras_figures[name], abs=TOLERANCE), (iteration, name)
+        assert counter.train_loss == pytest.approx(keras_figures["loss"], abs=TOLERANCE)
+
+
+def test_an_epochs_history_sums_its_iterations_states_as_keras_aggregates_an_epochs_batches(metric_runs, services):
+    """``slsml.fit``'s History of the same iterations taken as epochs of two: each epoch's figures, from its
+    iterations' states summed, equal Keras's running figures at the end of those two batches."""
+    run = finish(services, metric_runs[3], timeout_s=600)
+    assert run.status == "COMPLETED", run.reason
+    config = RunConfig.model_validate(services.store.get_json(keys.run_config(run.run_id)))
+    x, y, _, _, _ = binary_digits()
+    train = evaluation.Evaluator(binary_model(), config.loss, config.metrics, (x[:2], y[:2])).result
+    history = epoch_history(services.table.list_iterations(run.run_id), 2, ITERATIONS // 2, "val", train)
+    per_iteration, per_epoch = reference(), reference(every=2)
+    assert sorted(history) == sorted(FIGURES)
+    for epoch, expected in enumerate(per_epoch):
+        # the epoch's figure is not its last iteration's: the comparison tells them apart
+        assert abs(expected["auc"] - per_iteration[2 * epoch + 1]["auc"]) > 1000 * TOLERANCE
+        for name in FIGURES:
+            assert history[name][epoch] == pytest.approx(expected[name], abs=TOLERANCE), (epoch, name)
