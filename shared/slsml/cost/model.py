@@ -1442,8 +1442,12 @@ def _first_iteration(
         + load_model
         + data_s
     )
-    extra_s = sum(cold.values()) + worker_extra
+    # the merging Merger builds the run's metrics once, to turn the iteration's train metrics into results: it reads
+    # the model file, the dataset's manifest and a test shard (two samples), and loads the model
+    merger_extra = 3 * p.s3_request_s + F / (p.s3_read_mb_s * 1e6) + load_model
+    extra_s = sum(cold.values()) + worker_extra + merger_extra
     gets = W * (3 + math.ceil(shards_each) - skipped) + W + R + R + 1  # workers; run.json of every other container
+    gets += 3  # the merging Merger's model file, dataset manifest and test shard
     extra = {"s3:GetObject": gets}
     memory = w.memory_mb
     init_gbs = (
@@ -1452,11 +1456,13 @@ def _first_iteration(
         + W * prices.gb_seconds(cold["reduce_launcher"], memory["reduce_launcher"])
         + R * prices.gb_seconds(cold["reducer"], memory["reducer"])
         + R * prices.gb_seconds(cold["merger"], memory["merger"])
+        + prices.gb_seconds(merger_extra, memory["merger"])
     )
     dollars = sum(price_table.cost(extra, gb_seconds=init_gbs).values())
     notes.insert(0, "cold starts on the path: " + ", ".join(f"{name} {s:g} s" for name, s in cold.items()))
     notes.append(
-        "every container reads run.json; the workers read the model file and the dataset's manifest, not the shards"
+        "every container reads run.json; the workers read the model file and the dataset's manifest, not the shards;"
+        " the merging Merger reads the model file, the dataset's manifest and a test shard to build the run's metrics"
     )
     return FirstIteration(extra_s=extra_s, extra_requests=extra, extra_dollars=dollars, detail="; ".join(notes))
 
