@@ -15,7 +15,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import boto3
+import numpy as np
 import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
 
 from slsml.aws import clients as aws
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment
@@ -109,6 +112,63 @@ def test_the_server_keeps_connections_and_s3s_names_as_sent() -> None:
         assert sorted(o["Key"] for o in s3.list_objects_v2(Bucket="names")["Contents"]) == sorted(stored)
     finally:
         cloud.stop()
+
+
+def ranged_answers(s3: object) -> list[object]:
+    """What ``s3`` answers to ranged GETs: of a dataset shard past 5 MB (the server answers these directly) and of
+    what it leaves to moto (another key's form, a versioned object, the whole object, open and suffix ranges, bad
+    ranges, missing objects, a condition)."""
+    body = np.random.default_rng(0).bytes(6 * 2**20 + 777)
+    shard, odd = "datasets/d/train/00000/shard.bin", "with space+plus%25"
+    s3.create_bucket(Bucket="ranges")
+    s3.create_bucket(Bucket="versioned")
+    s3.put_bucket_versioning(Bucket="versioned", VersioningConfiguration={"Status": "Enabled"})
+    for bucket, key in (("ranges", shard), ("ranges", odd), ("versioned", shard), ("versioned", odd)) * 2:
+        s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata={"sha256": "ab" * 32})
+    ranges = ["bytes=0-0", "bytes=1000-2999", f"bytes={len(body) - 10}-{len(body) + 50}", f"bytes=0-{len(body) - 1}"]
+    ranges += ["bytes=-100", "bytes=100-", "bytes=5-2", f"bytes={len(body)}-{len(body) + 1}"]
+    asked = [(bucket, key, r, {}) for bucket in ("ranges", "versioned") for key in (shard, odd) for r in ranges]
+    asked += [("ranges", "missing", "bytes=0-9", {}), ("gone", shard, "bytes=0-9", {})]
+    asked += [("ranges", shard, "bytes=0-9", {"IfMatch": '"other"'})]
+    out: list[object] = []
+    for bucket, key, byte_range, how in asked:
+        try:
+            got = s3.get_object(Bucket=bucket, Key=key, Range=byte_range, **how)
+        except ClientError as error:
+            out.append([bucket, key, byte_range, error.response["Error"]["Code"]])
+            continue
+        head = s3.head_object(Bucket=bucket, Key=key)
+        read = got["Body"].read()
+        first, last = map(int, got.get("ContentRange", f"bytes 0-{len(body) - 1}/").split()[1].split("/")[0].split("-"))
+        fields = ("ContentRange", "ContentLength", "ContentType", "AcceptRanges", "Metadata", "ChecksumCRC32")
+        out.append(
+            [bucket, key, byte_range, read == body[first : last + 1], len(read)]
+            + [got.get(name) for name in fields]
+            + [got["ETag"] == head["ETag"], got["LastModified"] == head["LastModified"]]
+            + [got.get("VersionId") == head.get("VersionId"), "VersionId" in got]
+        )
+    return out
+
+
+def test_ranged_gets_answer_as_moto_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server answers a plain ranged GET itself, with moto's answer; moto answers the rest."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        expected = ranged_answers(boto3.client("s3", region_name="us-east-1"))
+    cloud = EmbeddedCloud()
+    cloud.start()
+    try:
+        assert ranged_answers(cloud.client("s3")) == expected
+    finally:
+        cloud.stop()
+    assert [a[3] for a in expected if a[2] == "bytes=1000-2999"] == [True] * 4  # the bytes asked for, each time
+    assert {a[3] for a in expected if len(a) == 4} == {
+        "InvalidRange",
+        "NoSuchKey",
+        "NoSuchBucket",
+        "PreconditionFailed",
+    }
 
 
 def test_a_long_poll_returns_a_message_when_it_becomes_visible() -> None:

@@ -37,7 +37,7 @@ from slsml.spec.samples import Arrays
 # A split whose shards take at most this share of the warm cache's bound is kept there whole; the rest of the
 # cache holds the run's model (and its config, its manifest).
 DATA_CACHE_SHARE = 0.5
-READS = 16  # concurrent GETs of one batch
+READS = 16  # concurrent GETs of a reader: of a worker's batches together
 
 
 def split_train_test(
@@ -228,12 +228,13 @@ class DatasetReader:
     """Reads samples by index. A split whose bytes fit ``DATA_CACHE_SHARE`` of ``cache``'s bound is read by whole
     shards, checked against the manifest's SHA-256 and kept in ``cache`` under ``("shard", dataset, split, index)``;
     any other split (every split, without a cache) by ranged GETs of the records used alone (``coalesce``), issued
-    concurrently."""
+    concurrently by the reader's ``READS`` threads (kept: a batch's GETs do not start threads of their own)."""
 
     def __init__(self, store: ObjectStore, manifest: DatasetManifest, cache: LRUCache | None = None) -> None:
         self.store = store
         self.manifest = manifest
         self._cache = cache
+        self._reads = ThreadPoolExecutor(max_workers=READS, thread_name_prefix="data-read")
 
     def cached(self, split: Split) -> bool:
         """Whether ``split`` is read by whole shards kept in the cache."""
@@ -308,8 +309,7 @@ class DatasetReader:
         read = partial(self._read, warming=warming)
         if len(shards) <= 1:
             return [read(split, s, r) for s, r in zip(shards, ranges, strict=True)]
-        with ThreadPoolExecutor(max_workers=min(READS, len(shards))) as pool:
-            return list(pool.map(read, [split] * len(shards), shards, ranges))
+        return list(self._reads.map(read, [split] * len(shards), shards, ranges))
 
     def _read(self, split: Split, shard: int, byte_range: tuple[int, int] | None, warming: bool = False) -> bytes:
         try:
