@@ -34,4 +34,9 @@ def test_a_point_per_size_and_w_from_the_runs_usage_lines(local, services, capsy
     rows = [line for line in out.splitlines() if "│" in line and line.strip("│ ")[:1].isdigit()]
     assert [row.split("│")[1:3] for row in rows] == [[f" {n:<12,} ", f" {w} "] for n in SIZES for w in WORKERS]
     assert "Merger per evaluation round, 400 against 40 test samples: W=1 ×" in out
-    assert "evaluation wall time, W=3 against W=1: 40 samples ×" in out
+    for n in SIZES:  # each W's evaluation time per round side by side, against the fewest workers'
+        at = {p.workers: p.evaluation_wall_s for p in report.points if p.test_samples == n}
+        assert (
+            f"evaluation wall time per round, {n:,} test samples: W=1 {at[1]:.3f} s (×1.00), W=3 {at[3]:.3f} s"
+            f" (×{at[3] / at[1]:.2f})"
+        ) in " ".join(out.split())

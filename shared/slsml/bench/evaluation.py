@@ -1,6 +1,6 @@
 """Benchmark ``evaluation``: how a run's evaluation scales with the test split and the workers. For each test
 split size (default 1,000 and 10,000 samples of the digits' shape, 8×8×1, 10 classes, drawn at random beside
-``TRAIN`` training samples) and each W (default 2 and 4), the demo's CNN trains ``ITERATIONS`` iterations evaluated
+``TRAIN`` training samples) and each W (default 1, 2 and 4), the demo's CNN trains ``ITERATIONS`` iterations evaluated
 at every one (global batch 64, one reducer) on the local runtime, one run after the other. Each run gives:
 
 - the Merger's time per evaluation round: its invocations' durations summed per iteration (from the usage lines),
@@ -26,7 +26,7 @@ from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import SlsmlError
 
-SIZES, WORKERS = (1_000, 10_000), (2, 4)
+SIZES, WORKERS = (1_000, 10_000), (1, 2, 4)
 ITERATIONS, TRAIN, BATCH = 4, 1_024, 64
 IDLE_S = 60  # how long a run's last invocations may take to log their usage
 

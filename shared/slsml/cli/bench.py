@@ -261,7 +261,7 @@ def add_commands(commands: Any) -> None:
     evaluation.add_argument(
         "--sizes", type=options.counts, help="test samples of the runs, comma-separated (default 1000,10000)"
     )
-    evaluation.add_argument("--workers", type=options.counts, help="W of the runs, comma-separated (default 2,4)")
+    evaluation.add_argument("--workers", type=options.counts, help="W of the runs, comma-separated (default 1,2,4)")
     evaluation.add_argument("--iterations", type=int, default=4, help="of each run, each evaluated (default 4)")
 
     data = _benchmark(

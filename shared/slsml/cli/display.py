@@ -755,8 +755,8 @@ def print_algorithms(report: Any, as_json: bool = False) -> None:
 
 def print_evaluation(report: Any, as_json: bool = False) -> None:
     """``bench evaluation``: a row per test split size and W, side by side; then, per W, the Merger's time per
-    evaluation round at the largest size against the smallest, and per size the evaluation's wall time at the most
-    workers against the fewest."""
+    evaluation round at the largest size against the smallest, and per size the evaluation's wall time at each W
+    against the fewest workers."""
     from rich.table import Table
 
     table = Table(
@@ -789,12 +789,12 @@ def print_evaluation(report: Any, as_json: bool = False) -> None:
                 f"W={w} ×{at[sizes[-1], w].merger_s_per_round / at[sizes[0], w].merger_s_per_round:.2f}" for w in fleets
             )
         )
-    if len(fleets) > 1:
+    for n in sizes if len(fleets) > 1 else []:
+        fewest = at[n, fleets[0]].evaluation_wall_s
         out.print(
-            f"evaluation wall time, W={fleets[-1]} against W={fleets[0]}: "
+            f"evaluation wall time per round, {n:,} test samples: "
             + ", ".join(
-                f"{n:,} samples ×{at[n, fleets[-1]].evaluation_wall_s / at[n, fleets[0]].evaluation_wall_s:.2f}"
-                for n in sizes
+                f"W={w} {at[n, w].evaluation_wall_s:.3f} s (×{at[n, w].evaluation_wall_s / fewest:.2f})" for w in fleets
             )
         )
 
