@@ -405,19 +405,25 @@ def multi_run(services):
     return finish(services, "eq-multi")
 
 
-def multi_reference(loss_weights: dict[str, float] | None = None) -> keras.Model:
-    """Keras's own training step (fit's) on the same global batches of the named arrays."""
+def multi_reference(loss_weights: dict[str, float] | None = None) -> tuple[keras.Model, list[dict[str, float]]]:
+    """Keras's own training step (fit's) on the same global batches of the named arrays; the model, and each step's
+    figures over its batch."""
     x, y, _, _ = multi_arrays()
     model = multi_model(loss_weights)
+    figures = []
     for iteration in range(ITERATIONS):
         batch = data.global_batch_indices(len(y["digit"]), BATCH, seed=0, iteration=iteration)
-        model.train_on_batch({k: v[batch] for k, v in x.items()}, {k: v[batch] for k, v in y.items()})
-    return model
+        logs = model.train_on_batch(
+            {k: v[batch] for k, v in x.items()}, {k: v[batch] for k, v in y.items()}, return_dict=True
+        )
+        figures.append({name: float(value) for name, value in logs.items()})
+    return model, figures
 
 
 def test_a_two_input_two_output_model_equals_keras_fit_and_its_figures_keras_evaluate(multi_run, services):
     """Named arrays matched to the model by name, each output's loss times its weight, trained as fit trains it;
-    the workers' evaluation gives Keras's figures, each output's loss and metrics named as Keras names them."""
+    the workers' evaluation gives Keras's figures, each output's loss and metrics named as Keras names them, and so
+    does each iteration's training on its batch."""
     run = multi_run
     assert run.status == "COMPLETED", run.reason
     manifest = data.load_manifest(services.store, MULTI)
@@ -425,10 +431,10 @@ def test_a_two_input_two_output_model_equals_keras_fit_and_its_figures_keras_eva
         ("pixels", (8, 8, 1), "float32"),
         ("extra", (3,), "float32"),
     ]
-    expected_model = multi_reference()
+    expected_model, train_figures = multi_reference()
     expected, got = flat(expected_model), final_weights(services, run.run_id)[0]
     scale = np.abs(expected).max()
-    reweighted = flat(multi_reference({"digit": 1.0, "size": 1.0}))
+    reweighted = flat(multi_reference({"digit": 1.0, "size": 1.0})[0])
     assert np.abs(expected - reweighted).max() > 100 * 1e-5 * scale, "the loss weights changed nothing: vacuous"
     error = np.abs(got - expected).max() / scale
     print(f"\ntwo inputs, two outputs: max|Δw|/max|w| = {error:.2e} (tolerance 1e-5)")
@@ -441,6 +447,12 @@ def test_a_two_input_two_output_model_equals_keras_fit_and_its_figures_keras_eva
     assert set(run.test) == set(keras_figures) == {"loss", "digit_loss", "size_loss", "digit_accuracy", "size_mae"}
     for name, value in keras_figures.items():
         assert run.test[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    # each iteration's figures over its batch, each output's loss and metrics too, as Keras's train step gives them
+    for iteration, figures in enumerate(train_figures):
+        train = services.table.get_counter(run.run_id, iteration).train
+        assert train is not None and set(train) == set(keras_figures)
+        for name, value in figures.items():
+            assert train[name] == pytest.approx(value, rel=1e-5, abs=1e-6), (iteration, name)
 
 
 def test_inputs_whose_names_do_not_match_the_models_are_refused_in_one_line_with_nothing_stored(services, multi_run):
