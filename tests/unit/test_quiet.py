@@ -43,6 +43,17 @@ def test_lines_written_meanwhile_that_are_not_tensorflows_get_through(capfd) -> 
 
 def test_the_slsml_command_installs_it_before_tensorflow() -> None:
     said = stderr_of(
-        "import sys; import slsml.cli.main; from slsml.training import modelio; assert 'tensorflow' in sys.modules"
+        "import sys; import slsml.cli.main; from slsml.training import modelio; assert 'tensorflow' in sys.modules;"
+        " assert 'sklearn' not in sys.modules, 'Keras imported scikit-learn'"
     )
     assert not any(line in said for line in NOISE), said
+
+
+def test_keras_imports_without_scikit_learn_after_install_and_scikit_learn_imports_after_it() -> None:
+    stderr_of("import sys, keras; assert 'sklearn' in sys.modules, 'Keras no longer imports scikit-learn'")
+    stderr_of(
+        "import sys; from slsml.training import quiet; quiet.install(); import keras;"
+        " assert 'sklearn' not in sys.modules and 'scipy.optimize' not in sys.modules, 'Keras imported scikit-learn';"
+        " from sklearn.datasets import load_digits; from scipy.optimize import nnls;"
+        " assert load_digits().data.shape == (1797, 64)"
+    )
