@@ -120,7 +120,7 @@ def attribute_values() -> None:
             shape.name != "AttributeValue"
             or type(value) is not dict
             or not value.keys() <= shape.members.keys()
-            or self._value_picker.response_transformers
+            or getattr(self._value_picker, "response_transformers", None)
         ):
             return every_member(self, serialized, value, shape, key)
         wrapper = self.MAP_TYPE() if key else serialized
