@@ -420,6 +420,9 @@ def test_a_sweep_over_given_workers_prices_the_ones_that_cannot_run_as_over(
     with pytest.raises(SystemExit):
         main(["plan", "--params", "1000", "--epochs", "1", "--samples", "6400", "--sweep", "4,x"])
     assert "'4,x': write worker counts" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["plan", "--params", "1000", "--epochs", "1", "--samples", "6400", "--sweep", "--compare-vm", "9:3"])
+    assert "argument --compare-vm: not allowed with argument --sweep" in capsys.readouterr().err
 
 
 def test_a_keras_model_is_counted_and_timed(capsys: pytest.CaptureFixture, keras_model) -> None:

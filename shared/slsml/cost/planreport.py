@@ -78,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model_of.add_argument("--prices", help="a JSON price table over the built-in one (default $SLSML_PRICES)")
     out = parser.add_argument_group("output")
-    out.add_argument(
+    one_or_many = out.add_mutually_exclusive_group()  # a sweep prices many W, and compares none with a machine
+    one_or_many.add_argument(
         "--sweep",
         nargs="?",
         const=(),
@@ -88,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " W given, e.g. --sweep 1,4,16,64,256 (R as given, else the fastest at each W)",
     )
     out.add_argument("--png", default="plan-sweep.png", help="where --sweep draws its chart (default plan-sweep.png)")
-    out.add_argument(
+    one_or_many.add_argument(
         "--compare-vm",
         metavar="SAMPLES_PER_S:DOLLARS_PER_HOUR[:NAME]",
         type=_vm,
