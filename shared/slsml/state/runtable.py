@@ -537,7 +537,7 @@ class RunTable:
         with the sum of the participants' train metrics states and the loss it gives (without them where a
         participant sent none)."""
         chosen = {p.worker for p in participants if p.iteration is None}  # late ones trained on another's batches
-        state = summed([r.metrics for r in reports if r.worker in chosen])
+        state = _summed([r.metrics for r in reports if r.worker in chosen])
         values = {
             "reduce_fired_by": owner,
             "reduce_fired_at": time.time(),
@@ -702,7 +702,7 @@ def _test_figures(test: dict[str, float] | None) -> dict[str, Any]:
     return {"test": test, "test_loss": test.get("loss"), "test_accuracy": test.get("accuracy")}
 
 
-def summed(states: list[list[float] | None]) -> list[float] | None:
+def _summed(states: list[list[float] | None]) -> list[float] | None:
     """The sum of metrics states of one size (None if there are none, one is missing or they differ in size)."""
     if not states or any(s is None or len(s) != len(states[0] or ()) for s in states):
         return None
