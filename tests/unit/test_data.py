@@ -271,9 +271,12 @@ def test_a_dataset_of_shards_under_one_prefix_is_refused_passed_over_and_removab
         data.load_manifest(store, "a-old")
     found = catalog.same_origin(store, origin)  # the old one is not the source's dataset: the new one is
     assert found is not None and found.name == "b-new"
+    listed = catalog.listing(store)  # the old one is listed, with what to do, beside the readable one
+    assert [d["name"] for d in listed] == ["a-old", "b-new"] and "`slsml data rm a-old`" in listed[0]["unreadable"]
+    assert listed[1] == catalog.summary(found)
     objects = store.list_keys("datasets/a-old/")
     assert catalog.remove(store, "a-old") == len(objects) and not store.list_keys("datasets/a-old/")
-    assert catalog.same_origin(store, origin) == found and [m.name for m in catalog.datasets(store)] == ["b-new"]
+    assert catalog.same_origin(store, origin) == found and [d["name"] for d in catalog.listing(store)] == ["b-new"]
 
 
 def test_put_dataset_refuses_an_existing_name(store: ObjectStore) -> None:

@@ -138,7 +138,7 @@ def cmd_data_put(args: argparse.Namespace) -> int:
 def cmd_data_list(args: argparse.Namespace) -> int:
     from slsml.data import catalog
 
-    summaries = [catalog.summary(manifest) for manifest in catalog.datasets(_store(args))]
+    summaries = catalog.listing(_store(args))
     if args.json:
         print(json.dumps(summaries))
     else:

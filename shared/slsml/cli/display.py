@@ -422,6 +422,10 @@ def print_datasets(summaries: list[dict[str, Any]]) -> None:
 
     table = Table("dataset", "format", "train", "test", "x", "y", "classes", "stored")
     for s in summaries:
+        if "unreadable" in s:  # stored by an slsml of another format: named, with what to do, on stderr
+            table.add_row(s["name"], "?", *["–"] * 6)
+            say(s["unreadable"])
+            continue
         table.add_row(
             s["name"],
             s["format"] or "–",

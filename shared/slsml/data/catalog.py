@@ -8,7 +8,7 @@ from slsml.aws.storage import ObjectStore
 from slsml.data.datasets import load_manifest
 from slsml.data.manifest import SCHEMA_VERSION, DatasetManifest, DatasetOrigin
 from slsml.spec import keys
-from slsml.spec.errors import NotFoundError
+from slsml.spec.errors import BadInputError, NotFoundError
 
 PREFIX = "datasets/"
 
@@ -22,9 +22,16 @@ def _names(store: ObjectStore) -> list[str]:
     )
 
 
-def datasets(store: ObjectStore) -> list[DatasetManifest]:
-    """Every dataset with a manifest, by name (one of a format no longer read: ``BadInputError`` naming it)."""
-    return [load_manifest(store, name) for name in _names(store)]
+def listing(store: ObjectStore) -> list[dict[str, Any]]:
+    """The summary of every dataset with a manifest, by name; one this slsml cannot read (a format no longer read)
+    as its name and ``unreadable``: why, and what to do."""
+    listed: list[dict[str, Any]] = []
+    for name in _names(store):
+        try:
+            listed.append(summary(load_manifest(store, name)))
+        except BadInputError as error:
+            listed.append({"name": name, "unreadable": str(error)})
+    return listed
 
 
 def exists(store: ObjectStore, name: str) -> bool:
