@@ -24,7 +24,6 @@ from slsml.spec.deployment import (
     DAY_S,
     DEFAULT_FUNCTIONS,
     SCRATCH_EXPIRY_DAYS,
-    STAGE_FUNCTIONS,
     TRANSIENT_USE_MAX_S,
     UNRESERVED_MINIMUM,
     FunctionSettings,
@@ -109,8 +108,7 @@ class Settings(BaseModel):
     @property
     def limits(self) -> RunLimits:
         """What every run of the deployment must keep within: ``run_limits``, with its functions' timeouts."""
-        timeouts = {name: self.functions[name].timeout_s for name in STAGE_FUNCTIONS}
-        return self.run_limits.model_copy(update={"function_timeouts_s": timeouts})
+        return self.run_limits.with_timeouts({name: f.timeout_s for name, f in self.functions.items()})
 
     @classmethod
     def from_context(cls, node: Node) -> Settings:

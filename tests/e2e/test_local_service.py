@@ -1,5 +1,6 @@
 """The local cloud as a service that stays up, driven as a user would: `slsml local up` (its Reducer sized by
-`--memory`), the AWS CLI
+`--memory`, its Worker's timeout set by `--function-timeout`, which `slsml plan` and its runs' deadlines keep to), the
+AWS CLI
 dropping a model into incoming/, `slsml run list`, `run watch` to COMPLETED, `run stop` and `run resume`
 on a local run, `local down`. Every command is its own process, as in a terminal."""
 
@@ -26,6 +27,8 @@ from .service import last_json, local_service, service_env, service_store, servi
 
 LIMIT_WORKERS = 8  # the service's limit on any run's workers (the tests' runs ask for at most 4)
 REDUCER_MB = 2048  # the service's Reducer memory (the deployment's: 1769 MB)
+WORKER_TIMEOUT_S = 300  # the service's Worker timeout (the deployment's: 120 s), the shortest deadline of its runs
+DEADLINE = ["--deadline", str(WORKER_TIMEOUT_S)]
 # enough that the run is still going when `run stop` lands (it is stopped at its second iteration; a command
 # takes a few seconds on a loaded machine, an iteration about one), few enough that its resume ends soon
 STOP_ME_ITERATIONS = 30
@@ -39,7 +42,8 @@ def service(tmp_path_factory: pytest.TempPathFactory):
     x, y, x_test, y_test = demo.digits()
     np.savez(home / "digits.npz", x=x, y=y, x_test=x_test, y_test=y_test)
     (home / "cnn.keras").write_bytes(modelio.save_model(demo.digits_cnn(seed=1)))
-    with local_service(home, "--limit-workers", str(LIMIT_WORKERS), "--memory", f"reducer={REDUCER_MB}") as state:
+    sizes = ["--memory", f"reducer={REDUCER_MB}", "--function-timeout", f"worker={WORKER_TIMEOUT_S}"]
+    with local_service(home, "--limit-workers", str(LIMIT_WORKERS), *sizes) as state:
         assert state["pool"] == 2
         yield home
 
@@ -51,7 +55,18 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     assert put.returncode == 0, put.stderr
     request = service / "cnn.json"
     request.write_text(
-        json.dumps({"dataset": "digits", "training": {"iterations": 6, "eval_every": 3, "workers": 3, "reducers": 2}})
+        json.dumps(
+            {
+                "dataset": "digits",
+                "training": {
+                    "iterations": 6,
+                    "eval_every": 3,
+                    "workers": 3,
+                    "reducers": 2,
+                    "deadline_s": WORKER_TIMEOUT_S,
+                },
+            }
+        )
     )
     aws = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **env}
     bucket = f"s3://{env['SLSML_BUCKET']}/incoming/"
@@ -125,6 +140,7 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
         "2",
         "--max-workers",
         "4",
+        *DEADLINE,
     )
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip() == "stop-me"
@@ -170,7 +186,7 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
 
 
 def test_a_checkpoint_is_fetched_by_its_iteration_and_starts_a_new_run(service: Path) -> None:
-    common = ["--data", "digits.npz", "--eval-every", "0", "--workers", "2", "--json"]
+    common = ["--data", "digits.npz", "--eval-every", "0", "--workers", "2", "--json", *DEADLINE]
     saving = slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--iterations", "4", *common,
                    "--checkpoint-every", "2", "--run-id", "checkpointed")  # fmt: skip
     assert last_json(saving)["status"] == "COMPLETED"
@@ -206,13 +222,17 @@ def test_a_run_beyond_the_services_limits_is_refused_and_a_dropped_one_fails_wit
         "--run-id",
         "too-wide",
         "--no-wait",
+        *DEADLINE,
     )
     assert refused.returncode == 2 and over in refused.stderr, refused.stderr
     assert "too-wide" not in dict(_listed(service))  # refused before anything was stored
     # a model dropped with a request beyond the limit (no CLI to refuse it): the pipeline fails its run
     store = service_store(service)
     model = modelio.save_model(demo.digits_cnn(seed=11))
-    request = {"dataset": "digits", "training": {"workers": LIMIT_WORKERS + 4, "iterations": 2}}
+    request = {
+        "dataset": "digits",
+        "training": {"workers": LIMIT_WORKERS + 4, "iterations": 2, "deadline_s": WORKER_TIMEOUT_S},
+    }
     body = json.dumps(request).encode()
     store.s3.put_object(Bucket=store.bucket, Key="incoming/wide.json", Body=body)
     store.s3.put_object(Bucket=store.bucket, Key="incoming/wide.keras", Body=model)
@@ -224,6 +244,36 @@ def test_a_run_beyond_the_services_limits_is_refused_and_a_dropped_one_fails_wit
     failed = table.get_run(run_id)
     assert (failed.status, failed.reason) == ("FAILED", f"the run asks for {over}")
     assert table.get_counter(run_id, 0).workers is None  # refused before any worker was launched
+
+
+def _plan(cwd: Path) -> dict:
+    """`slsml plan --json` in ``cwd`` of a run whose rounds (8 local steps of 32 s) outlast a default Worker."""
+    planned = slsml(cwd, "plan", "--workers", "1", "--iterations", "2", "--params", "100000", "--samples", "60000",
+                    "--compute-per-sample", "0.5", "--batch", "64", "--algorithm", "average", "--local-steps", "8",
+                    *DEADLINE, "--json")  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    return last_json(planned)
+
+
+def test_plan_and_runs_keep_to_the_services_function_timeouts(service: Path, tmp_path: Path) -> None:
+    default, local = _plan(tmp_path), _plan(service)  # no service up in tmp_path: a default deployment's
+    assert (default["workload"]["timeout_s"]["worker"], local["workload"]["timeout_s"]["worker"]) == (120, 300)
+    assert local["workload"]["timeout_s"]["reducer"] == default["workload"]["timeout_s"]["reducer"]
+    # a round of 256 s: handed on once (two invocations of 4 steps) within 120 s, in one invocation within 300 s
+    handed = [(plan["continuations"]["invocations"], plan["continuations"]["timeout_s"]) for plan in (default, local)]
+    assert handed == [(2, 120), (1, 300)]
+    assert local["requests_per_iteration"] != default["requests_per_iteration"]
+    short = slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--data", "digits", "--iterations",
+                  "2", "--deadline", "200", "--run-id", "too-short", "--no-wait")  # fmt: skip
+    assert short.returncode == 2, short.stderr
+    assert "a deadline of 200 s (deadline_s, --deadline) is shorter than the worker function's 300 s timeout" in (
+        short.stderr
+    )
+    for command in (["local", "up"], ["run", "start", "--local"]):
+        bad = slsml(service, *command, "--function-timeout", "worker=901")
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
+            "argument --function-timeout: functions.worker.timeout_s=901: Input should be less than or equal to 900"
+        ), bad.stderr
 
 
 def _run_status(table: RunTable, run_id: str) -> str | None:

@@ -50,6 +50,7 @@ def one_shot_runtime(args: argparse.Namespace, spec: TrainingSpec) -> Any:
         pool=args.pool,
         log_dir=log_dir,
         memory_mb=dict(args.memory or []),
+        timeouts_s=dict(args.function_timeout or []),
     ).begin()
 
 

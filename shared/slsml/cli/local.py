@@ -22,7 +22,12 @@ def cmd_local_up(args: argparse.Namespace) -> int:
     if running is None:
         limits = RunLimits(**{name: value for name in _LIMITS if (value := getattr(args, f"limit_{name}")) is not None})
         with _console().status("starting the embedded cloud and warm function processes…"):
-            running = service.up(pool=args.pool, limits=limits, memory_mb=dict(args.memory or []))
+            running = service.up(
+                pool=args.pool,
+                limits=limits,
+                memory_mb=dict(args.memory or []),
+                timeouts_s=dict(args.function_timeout or []),
+            )
     display.done(
         f"local service up at {running.endpoint} (pid {running.pid}, {running.pool} warm processes per"
         f" function); bucket {running.deployment['bucket']}. Its runs and data last as long as the service:"
@@ -128,7 +133,7 @@ def add_commands(commands: Any) -> None:
         "--pool", type=int, help="the most warm processes per function (default: from this machine's cores and memory)"
     )
     local_up.add_argument("--json", action="store_true", help="print the service's state as one JSON line")
-    options.memory_option(local_up)
+    options.function_options(local_up)
     for name, field in _LIMITS.items():  # a deployment's CDK context run_limits, by the same names
         flag = f"--limit-{name.removesuffix('_s').replace('_', '-')}"
         local_up.add_argument(

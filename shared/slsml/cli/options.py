@@ -20,6 +20,7 @@ from slsml.spec.config import (
     RegularExpression,
     TrainingSpec,
 )
+from slsml.spec.deployment import DEFAULT_FUNCTIONS, checked_settings
 from slsml.spec.errors import BadInputError
 
 # TrainingSpec fields whose flag is not named after the field (the flags' names came first): field → dest
@@ -137,7 +138,7 @@ def training_options(parser: argparse.ArgumentParser, iterations: int | None) ->
         help="local runs: the most warm processes per function (default: from"
         " this machine's cores and memory, or the SLSML_POOL environment variable)",
     )
-    memory_option(group)
+    function_options(group)
     group.add_argument(
         "--faults",
         type=_faults,
@@ -147,31 +148,43 @@ def training_options(parser: argparse.ArgumentParser, iterations: int | None) ->
     )
 
 
-def memory_option(group: Any) -> None:
-    """``--memory FUNCTION=MB``, repeated: a local run's (or the local service's) function sizes."""
-    group.add_argument(
-        "--memory",
-        type=_function_memory,
-        action="append",
-        metavar="FUNCTION=MB",
-        help="local runs: a function's memory, as a deployment's functions.<name>.memory_mb sets it (default: the"
-        " deployment's, e.g. worker=3008); a process past it is killed, as Lambda kills its container. Repeat it"
-        " for more functions",
-    )
+# a local run's (or the local service's) function settings, as a deployment's functions.<name>.<field> sets them:
+# flag → (the FunctionSettings field it sets, its unit, what Lambda does past it)
+FUNCTION_OPTIONS = {
+    "--memory": ("memory_mb", "MB", "a process past it is killed, as Lambda kills its container"),
+    "--function-timeout": (
+        "timeout_s",
+        "SECONDS",
+        "an invocation past it is ended, as Lambda ends it; the worker's and reducer's are the shortest deadline a run"
+        " may have",
+    ),
+}
 
 
-def _function_memory(text: str) -> tuple[str, int]:
-    from slsml.local.memory import checked_memory
-    from slsml.spec.deployment import DEFAULT_FUNCTIONS
+def function_options(group: Any) -> None:
+    """``FUNCTION_OPTIONS``, each ``FLAG FUNCTION=VALUE`` repeated: a local run's (or the local service's) function
+    settings; ``args.memory`` and ``args.function_timeout`` hold the pairs given."""
+    for option, (field, unit, effect) in FUNCTION_OPTIONS.items():
+        example = f"worker={getattr(DEFAULT_FUNCTIONS['worker'], field)}"
+        group.add_argument(
+            option,
+            type=partial(_function_setting, field, unit, example),
+            action="append",
+            metavar=f"FUNCTION={unit}",
+            help=f"local runs: a function's {field}, as a deployment's functions.<name>.{field} sets it (default:"
+            f" the deployment's, e.g. {example}); {effect}. Repeat it for more functions",
+        )
 
-    function, _, size = text.partition("=")
-    if not size.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: give FUNCTION=MB, e.g. worker=1024")
+
+def _function_setting(field: str, unit: str, example: str, text: str) -> tuple[str, int]:
+    function, _, value = text.partition("=")
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give FUNCTION={unit}, e.g. {example}")
     try:
-        checked_memory({function: int(size)}, DEFAULT_FUNCTIONS)
+        checked_settings(field, {function: int(value)}, DEFAULT_FUNCTIONS)
     except BadInputError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    return function, int(size)
+    return function, int(value)
 
 
 def flag(field: str) -> str:

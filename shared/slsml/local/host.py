@@ -52,10 +52,10 @@ from slsml.local import faults as fault_injection
 from slsml.local import memory
 from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment, raw_delivery
 from slsml.local.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
-from slsml.local.memory import Invocation, MemoryWatch, checked_memory
+from slsml.local.memory import Invocation, MemoryWatch
 from slsml.pipeline.services import Services
 from slsml.spec import wiring
-from slsml.spec.deployment import DEFAULT_FUNCTIONS
+from slsml.spec.deployment import DEFAULT_FUNCTIONS, checked_settings
 from slsml.spec.errors import rejected
 from slsml.spec.limits import RunLimits
 from slsml.spec.messages import DEAD_LETTER_ERROR_CODE, DEAD_LETTER_ERROR_MESSAGE, DEAD_LETTER_REQUEST_ID, run_named
@@ -399,6 +399,7 @@ class FunctionHost:
         faults: Faults | None = None,
         function_environment: dict[str, str] | None = None,
         memory_mb: dict[str, int] | None = None,
+        timeouts_s: dict[str, int] | None = None,
     ) -> None:
         self.deployment = deployment
         self.concurrency = concurrency
@@ -417,13 +418,15 @@ class FunctionHost:
         self._pools: dict[str, ProcessPoolExecutor] = {}
         self._pools_lock = threading.Lock()
         self._context: multiprocessing.context.BaseContext | None = None
-        # each function's timeout (Lambda's: its deployment's); may be changed while the host runs
+        # each function's timeout (Lambda's: its deployment's, unless ``timeouts_s`` names another; the run limits'
+        # for the functions a stage waits on); may be changed while the host runs
         self.timeouts: dict[str, float] = {name: DEFAULT_FUNCTIONS[name].timeout_s for name in concurrency}
+        self.timeouts.update(checked_settings("timeout_s", timeouts_s or {}, concurrency))
         self.set_limits(RunLimits.model_validate_json(deployment.run_limits or "{}"))
         # each function's memory (Lambda's: its deployment's, unless ``memory_mb`` or ``resize`` names another): its
         # processes' AWS_LAMBDA_FUNCTION_MEMORY_SIZE, past which one running an invocation is killed
         self.memory_mb = {name: DEFAULT_FUNCTIONS[name].memory_mb for name in concurrency}
-        self.memory_mb.update(checked_memory(memory_mb or {}, concurrency))
+        self.memory_mb.update(checked_settings("memory_mb", memory_mb or {}, concurrency))
         self._watch = MemoryWatch(self._out_of_memory)
         self._killed: dict[str, Invocation] = {}  # request id → its invocation, killed past its function's memory
         self._invocations: Any = None  # the two ends of the pipe the processes send their invocations on
@@ -558,7 +561,7 @@ class FunctionHost:
     def resize(self, memory_mb: dict[str, int]) -> None:
         """Give functions another memory size (function → MB), as a deployment's update does: fresh processes with
         it take their next invocations, and those running end in theirs."""
-        checked = checked_memory(memory_mb, self.concurrency)
+        checked = checked_settings("memory_mb", memory_mb, self.concurrency)
         with self._pools_lock:
             for function, size in checked.items():
                 self.memory_mb[function] = size

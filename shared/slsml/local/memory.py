@@ -14,15 +14,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import NamedTuple
-
-from pydantic import ValidationError
-
-from slsml.spec.deployment import FunctionSettings
-from slsml.spec.errors import BadInputError
 
 MB = 2**20  # Lambda's MB: a function's memory_mb is this many bytes
 POLL_S = 0.05  # how often the host reads the resident set of each process running an invocation
@@ -57,19 +52,6 @@ def peak_bytes() -> int:
 def used_mb(counted_bytes: int) -> int:
     """Memory as Lambda's REPORT line states it: whole MB, rounded up."""
     return -(-counted_bytes // MB)
-
-
-def checked_memory(memory_mb: dict[str, int], functions: Iterable[str]) -> dict[str, int]:
-    """``memory_mb`` (function → MB), or ``BadInputError`` naming a function not among ``functions`` or a size
-    Lambda refuses."""
-    for function, size in memory_mb.items():
-        if function not in functions:
-            raise BadInputError(f"no function named {function!r} to size (the functions: {', '.join(functions)})")
-        try:
-            FunctionSettings(memory_mb=size)
-        except ValidationError as error:
-            raise BadInputError(f"{function} memory {size} MB: {error.errors()[0]['msg']}") from None
-    return dict(memory_mb)
 
 
 class Invocation(NamedTuple):

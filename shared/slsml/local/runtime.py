@@ -10,9 +10,8 @@ from types import TracebackType
 
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment, use_deployment
 from slsml.local.host import FunctionHost, leave_out_main, start_preloading
-from slsml.local.memory import checked_memory
 from slsml.pipeline.services import Services
-from slsml.spec.deployment import DEFAULT_FUNCTIONS
+from slsml.spec.deployment import DEFAULT_FUNCTIONS, checked_settings
 from slsml.spec.limits import RunLimits
 
 POOL_ENV = "SLSML_POOL"
@@ -64,7 +63,9 @@ class LocalRuntime:
     reader always find one, however busy the fleet. ``limits`` are what any one run may ask for, as a
     deployment's (``RunLimits``), enforced by the same pipeline code. ``memory_mb`` sizes functions (function → MB)
     otherwise than a default deployment (``DEFAULT_FUNCTIONS``), as its ``functions.<name>.memory_mb`` settings do:
-    a process whose memory passes its function's is killed, as Lambda kills its container (``slsml.local.memory``).
+    a process whose memory passes its function's is killed, as Lambda kills its container (``slsml.local.memory``);
+    ``timeouts_s`` (function → s) so too as its ``functions.<name>.timeout_s`` do: an invocation is ended at its
+    function's, and the Worker's and Reducer's are the run limits' ``function_timeouts_s``.
     ``duplicate_deliveries`` delivers every SNS message twice (an at-least-once test switch).
     """
 
@@ -78,6 +79,7 @@ class LocalRuntime:
         tf_threads: int = 1,
         limits: RunLimits | None = None,
         memory_mb: dict[str, int] | None = None,
+        timeouts_s: dict[str, int] | None = None,
     ) -> None:
         self.cloud = EmbeddedCloud()
         pool = pool or default_pool()
@@ -93,8 +95,9 @@ class LocalRuntime:
         }
         reserved = {name: DEFAULT_FUNCTIONS[name].reserved_concurrency or n for name, n in wanted.items()}
         self.concurrency = {function: min(n, reserved[function], pool) for function, n in wanted.items()}
-        self.limits = limits or RunLimits()
-        self.memory_mb = checked_memory(memory_mb or {}, self.concurrency)
+        self.memory_mb = checked_settings("memory_mb", memory_mb or {}, self.concurrency)
+        self.timeouts_s = checked_settings("timeout_s", timeouts_s or {}, self.concurrency)
+        self.limits = (limits or RunLimits()).with_timeouts(self.timeouts_s)
         self.duplicate_deliveries = duplicate_deliveries
         self.log_dir = log_dir
         self.tf_threads = tf_threads
@@ -176,6 +179,7 @@ class LocalRuntime:
                 self.duplicate_deliveries,
                 self.tf_threads,
                 memory_mb=self.memory_mb,
+                timeouts_s=self.timeouts_s,
             )
             self._host.start()
         except BaseException:

@@ -79,9 +79,11 @@ def up(
     timeout_s: float = READY_TIMEOUT_S,
     limits: RunLimits | None = None,
     memory_mb: dict[str, int] | None = None,
+    timeouts_s: dict[str, int] | None = None,
 ) -> ServiceState:
     """Start the service (or return the one running) once it is ready to take runs of at most ``limits``; its
-    functions have the deployment's memory but for those ``memory_mb`` sizes (function → MB)."""
+    functions have the deployment's memory and timeouts but for those ``memory_mb`` (function → MB) and
+    ``timeouts_s`` (function → s) name."""
     running = status(state_dir)
     if running is not None:
         return running
@@ -93,6 +95,7 @@ def up(
         str(state_dir),
         (limits or RunLimits()).model_dump_json(),
         json.dumps(memory_mb or {}),
+        json.dumps(timeouts_s or {}),
         *([str(pool)] if pool else []),
     ]
     with open(state_dir / OUTPUT_FILE, "wb") as output:
@@ -150,7 +153,9 @@ def environment(state: ServiceState) -> dict[str, str]:
     return state.local_deployment().environment()
 
 
-def serve(state_dir: Path, pool: int | None, limits: RunLimits, memory_mb: dict[str, int]) -> None:
+def serve(
+    state_dir: Path, pool: int | None, limits: RunLimits, memory_mb: dict[str, int], timeouts_s: dict[str, int]
+) -> None:
     """The service's process: run the local runtime until SIGTERM or SIGINT."""
     from slsml.local.runtime import LocalRuntime
 
@@ -164,7 +169,13 @@ def serve(state_dir: Path, pool: int | None, limits: RunLimits, memory_mb: dict[
     signal.signal(signal.SIGINT, stop)
     log_dir = (state_dir / "logs").resolve()
     runtime = LocalRuntime(
-        workers=CONCURRENCY, reducers=CONCURRENCY, pool=pool, log_dir=log_dir, limits=limits, memory_mb=memory_mb
+        workers=CONCURRENCY,
+        reducers=CONCURRENCY,
+        pool=pool,
+        log_dir=log_dir,
+        limits=limits,
+        memory_mb=memory_mb,
+        timeouts_s=timeouts_s,
     )
     with runtime:
         assert runtime.deployment is not None  # provisioned as the runtime is entered
@@ -193,7 +204,8 @@ def serve(state_dir: Path, pool: int | None, limits: RunLimits, memory_mb: dict[
 if __name__ == "__main__":
     serve(
         Path(sys.argv[1]),
-        int(sys.argv[4]) if len(sys.argv) > 4 else None,
+        int(sys.argv[5]) if len(sys.argv) > 5 else None,
         RunLimits.model_validate_json(sys.argv[2]),
         json.loads(sys.argv[3]),
+        json.loads(sys.argv[4]),
     )

@@ -8,12 +8,14 @@ functions' log groups. (The limits an operator sets on every run: ``slsml.spec.l
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slsml.spec import keys
+from slsml.spec.errors import BadInputError
 
 METRICS_NAMESPACE = "slsml"
 # POWERTOOLS_SERVICE_NAME of every function. Powertools adds it as the `service` dimension of each
@@ -141,6 +143,19 @@ DEFAULT_FUNCTIONS: dict[str, FunctionSettings] = {
     # fails runs of dead-lettered messages: a table update and a task failure each
     "dead_letters": FunctionSettings(memory_mb=256, timeout_s=30),
 }
+
+
+def checked_settings(field: str, values: dict[str, int], functions: Iterable[str]) -> dict[str, int]:
+    """``values`` of one ``FunctionSettings`` field (function → value), as a deployment's ``functions.<name>.<field>``
+    sets them, or ``BadInputError`` naming a function not among ``functions`` or a value Lambda refuses."""
+    for function, value in values.items():
+        if function not in functions:
+            raise BadInputError(f"no function named {function!r} to set (the functions: {', '.join(functions)})")
+        try:
+            FunctionSettings.model_validate({field: value})
+        except ValidationError as error:
+            raise BadInputError(f"functions.{function}.{field}={value}: {error.errors()[0]['msg']}") from None
+    return dict(values)
 
 
 UNRESERVED_MINIMUM = 100  # of an account's Lambda concurrency, which AWS refuses to let reservations take

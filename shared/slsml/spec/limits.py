@@ -33,6 +33,11 @@ class RunLimits(BaseModel):
         " shorter, or the watchdog would re-launch a step that still runs, and its work would be done again",
     )
 
+    def with_timeouts(self, timeouts_s: dict[str, int]) -> RunLimits:
+        """These limits with the timeouts ``timeouts_s`` names (function → s) of the functions a stage waits on."""
+        stages = {name: timeout for name, timeout in timeouts_s.items() if name in STAGE_FUNCTIONS}
+        return self.model_copy(update={"function_timeouts_s": {**self.function_timeouts_s, **stages}})
+
     def refusal(self, spec: TrainingSpec, workers: int | None = None) -> str | None:
         """Why the deployment refuses a run of ``spec`` (its iterations resolved) training with ``workers`` now
         (default: its first round's), or None. The workers a run asks for are the most it names (``max_workers``,
