@@ -109,6 +109,56 @@ def test_bytes_match_the_update_format_and_shard_plan_of_a_real_model(keras_mode
     assert plan.state_slots == 2
 
 
+def test_the_plan_sizes_the_metrics_state_a_worker_sends_and_writes(tmp_path: Path) -> None:
+    import keras
+
+    from slsml.accounting import capacity
+    from slsml.spec.messages import WorkDone
+    from slsml.state.records import WorkerReport, dynamo, worker_sk
+    from slsml.training import evaluation, modelio
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=[keras.metrics.AUC(num_thresholds=200)])
+    path = tmp_path / "auc.keras"
+    model.save(path)
+    figures = costmodel.from_keras_file(path, batch=4, measure=False, parameters=Parameters())
+
+    # what a worker sends: its trainer's update of a batch, metered by the run's evaluator (steps/worker)
+    rng = np.random.default_rng(0)
+    x, y = rng.random((16, 6), dtype=np.float32), rng.integers(0, 2, (16, 1)).astype(np.float32)
+    loss = modelio.loss_config(model, None)
+    trainer = modelio.Trainer(model, ShardPlan.build(modelio.variable_specs(model), 1), loss)
+    metrics = modelio.metrics_config(model, modelio.classifies(loss))
+    trainer.meter = evaluation.Evaluator(model, loss, metrics, (x[:2], y[:2])).batch_state
+    update = trainer.compute_update(x, y)
+    assert update.metrics is not None
+    metered = [float(v) for v in update.metrics]  # as the worker's WorkDone carries them
+    done = WorkDone(run_id="r", iteration=0, worker=0, samples=16, loss=update.loss, metrics=metered, compute_s=0.1)
+    assert figures["metric_values"] == len(update.metrics) > 800  # AUC: 4 × its thresholds
+
+    # each worker's record as the ReduceLauncher stores it, and the counter's sum of them from the fire on
+    W, R = 6, 2
+    shape = {"compute_per_sample_s": 0.001, "compute_source": "t", "workers": W, "reducers": R}
+    plan = predict(workload(**figures, **shape))
+    alone = predict(workload(**figures | {"metric_values": 2}, **shape))
+    report = WorkerReport.model_validate(done.model_dump()).model_dump()
+    units = capacity.write_units(capacity.item_bytes({"pk": "RUN#r", "sk": worker_sk(0, 0), **dynamo(report)}))
+    assert units > 1
+    assert plan.write_units - alone.write_units >= (W + R + 2) * (units - 1)
+    assert costmodel.done_bytes(W, 16, len(metered)) >= len(done.model_dump_json())
+
+
+def test_the_plan_refuses_a_metrics_state_over_what_a_report_carries(tmp_path: Path) -> None:
+    import keras
+
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=[keras.metrics.AUC(num_thresholds=1100)])
+    model.save(tmp_path / "big.keras")
+    with pytest.raises(BadInputError, match=r"4,402 state values .* over the 4,096"):
+        costmodel.from_keras_file(tmp_path / "big.keras", batch=4, measure=False, parameters=Parameters())
+
+
 def test_reducer_bytes_on_the_path_are_the_largest_shard_of_an_all_trainable_model() -> None:
     specs = [VariableSpec(name="kernel", shape=(1001,), trainable=True)]
     shard_plan = ShardPlan.build(specs, 7)

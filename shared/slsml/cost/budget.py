@@ -21,7 +21,14 @@ def predict(
     plan cannot model the run."""
     parameters = costmodel.Parameters()
     figures = costmodel.from_keras(
-        model_bytes, "the model", "the model", costmodel.measured_batch(spec), measure=True, parameters=parameters
+        model_bytes,
+        "the model",
+        "the model",
+        costmodel.measured_batch(spec),
+        measure=True,
+        parameters=parameters,
+        loss=spec.loss,
+        manifest=manifest,
     )
     work = costmodel.run_workload(figures, spec, manifest=manifest, limits=limits)
     costmodel.check(work, parameters, costmodel.Quotas())

@@ -40,16 +40,17 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slsml import rules
-from slsml.accounting import prices
+from slsml.accounting import capacity, prices
 from slsml.aws.storage import DELETE_BATCH
 from slsml.cost.datatraffic import DataTraffic, data_traffic
 from slsml.data.manifest import DEFAULT_SHARD_MB, DatasetManifest
@@ -59,14 +60,16 @@ from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.deployment import DEFAULT_FUNCTIONS, STAGE_FUNCTIONS
 from slsml.spec.errors import BadInputError
 from slsml.spec.limits import RunLimits
-from slsml.spec.messages import MAX_MESSAGE_BYTES, Manifest, Participant, ReduceMessage, WorkMessage
+from slsml.spec.messages import MAX_MESSAGE_BYTES, Manifest, Participant, ReduceMessage, WorkDone, WorkMessage
 from slsml.state import runtable as runstate
 from slsml.state.barrier import quorum_count
+from slsml.state.records import dynamo
 from slsml.training import feedback, optimizers, progress, updates
 
 PIPELINE = ("work_launcher", "worker", "reduce_launcher", "reducer", "merger")
 IMAGE_FUNCTIONS = ("worker", "merger")  # container images with TensorFlow; the others are zip + layer
 MEMORY_CHOICES_MB = (512, 1024, 1769, 2048, 3008, 3538, 4096, 5307, 7076, 8845, 10240)
+LONGEST_FLOAT = -1.2345678901234567e-300  # the most bytes a float64 takes in JSON and in DynamoDB
 REDUCER_CHOICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 SWEEP_WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
 _VCPU_MB = 1769  # one vCPU; Lambda allocates CPU in proportion to memory, 6 vCPUs at 10,240 MB
@@ -400,18 +403,35 @@ def from_params(params: int, parameters: Parameters, compute_per_sample_s: float
     }
 
 
-def from_keras_file(path: str | Path, batch: int, measure: bool, parameters: Parameters) -> dict[str, Any]:
+def from_keras_file(
+    path: str | Path,
+    batch: int,
+    measure: bool,
+    parameters: Parameters,
+    loss: str | None = None,
+    manifest: DatasetManifest | None = None,
+) -> dict[str, Any]:
     """The model's figures from a ``.keras`` file (``from_keras``)."""
     path = Path(path)
     if not path.is_file():
         raise BadInputError(f"model file {path} does not exist")
-    return from_keras(path.read_bytes(), path.name, str(path), batch, measure, parameters)
+    return from_keras(path.read_bytes(), path.name, str(path), batch, measure, parameters, loss, manifest)
 
 
-def from_keras(data: bytes, name: str, where: str, batch: int, measure: bool, parameters: Parameters) -> dict[str, Any]:
-    """The figures of the ``.keras`` archive ``data`` (``name``, read from ``where``); with ``measure``, one timed
-    gradient step, converted from TensorFlow's threads here to one vCPU with ``parameters.vcpu_efficiency`` (see
-    ``pin_one_thread``)."""
+def from_keras(
+    data: bytes,
+    name: str,
+    where: str,
+    batch: int,
+    measure: bool,
+    parameters: Parameters,
+    loss: str | None = None,
+    manifest: DatasetManifest | None = None,
+) -> dict[str, Any]:
+    """The figures of the ``.keras`` archive ``data`` (``name``, read from ``where``), its metrics' state as a run of
+    ``loss`` (None: the compiled one) on the dataset of ``manifest`` tracks it (``metric_values``); with
+    ``measure``, one timed gradient step, converted from TensorFlow's threads here to one vCPU with
+    ``parameters.vcpu_efficiency`` (see ``pin_one_thread``)."""
     from slsml.training import modelio
 
     model = modelio.load_model(data, where=where)
@@ -430,12 +450,63 @@ def from_keras(data: bytes, name: str, where: str, batch: int, measure: bool, pa
     }
     with suppress(BadInputError):  # not compiled, or not an optimizer the reducers apply: the default stands
         figures["optimizer"] = modelio.optimizer_config(model)
+    run_loss = None
+    with suppress(BadInputError):  # no loss, compiled or given: the run cannot start, and the loss alone stands
+        run_loss = modelio.loss_config(model, loss)
+    if run_loss is not None:
+        figures["metric_values"] = metric_values(model, run_loss, manifest)
     if measure:
         threads = _threads()
         seconds = measure_step(model, specs, batch)
         figures["compute_per_sample_s"] = seconds / batch * _speedup(threads, parameters.vcpu_efficiency)
         figures["compute_source"] = f"measured: one gradient step of {batch} samples on {threads:g} thread(s) here"
     return figures
+
+
+def metric_values(model: Any, loss: str, manifest: DatasetManifest | None = None) -> int:
+    """The values of the loss's and compiled metrics' state each worker of a run of ``model`` and ``loss`` (its
+    JSON) sends in its WorkDone: the size of the run's ``Evaluator``, its metrics resolved as ``run start`` resolves
+    them, built on two samples of labels as the dataset of ``manifest`` holds them (None: shaped as the model's
+    outputs, class ids for a sparse loss). BadInputError if they are more than a worker's report may carry."""
+    from slsml.training import evaluation, modelio
+
+    classification = (manifest is not None and manifest.classes is not None) or modelio.classifies(loss)
+    metrics = modelio.metrics_config(model, classification)
+    x, y = _sample(model, 2, lambda output: "sparse" in json.dumps(modelio.output_loss(loss, output)))
+    if manifest is not None:  # the dataset's labels, as a worker reads them
+        y = (
+            {a.name: np.zeros((2, *a.shape), a.dtype) for a in manifest.y_arrays}
+            if manifest.y_arrays is not None
+            else np.zeros((2, *(manifest.y_shape or ())), manifest.y_dtype)
+        )
+    evaluator = evaluation.Evaluator(model, loss, metrics, (x, y))
+    evaluation.check_size(evaluator)
+    return evaluator.size
+
+
+def _sample(model: Any, batch: int, sparse: Callable[[str], bool] = lambda output: False) -> tuple[Any, Any]:
+    """``batch`` random inputs of ``model`` (several: by input name) and zero labels shaped as its outputs (several:
+    by output name), class ids of an output ``sparse`` names."""
+    from slsml.training import modelio
+
+    rng = np.random.default_rng(0)
+
+    def sized(shape: Any) -> tuple[int, ...]:
+        return (batch, *(d or 1 for d in shape[1:]))
+
+    def label(output: str, shape: Any) -> np.ndarray:
+        return np.zeros(sized(shape)[:-1], np.int32) if sparse(output) else np.zeros(sized(shape), np.float32)
+
+    inputs = modelio.model_inputs(model) or []
+    x = (
+        {i.name: rng.random(sized(i.shape), dtype=np.float32) for i in inputs}  # several inputs: by name
+        if len(inputs) > 1
+        else rng.random(sized(model.input_shape), dtype=np.float32)
+    )
+    outputs = modelio.output_names(model)
+    if len(outputs) > 1:
+        return x, {name: label(name, shape) for name, shape in zip(outputs, model.output_shape, strict=True)}
+    return x, label(outputs[0] if outputs else "", model.output_shape)
 
 
 def pin_one_thread() -> None:
@@ -467,34 +538,13 @@ def measure_step(model: Any, specs: list, batch: int) -> float:
     """Seconds of one gradient step of ``batch`` random samples (after one untimed step that traces it)."""
     import time
 
-    import numpy as np
-
     from slsml.spec.shardplan import ShardPlan
     from slsml.training import modelio
 
-    outputs = modelio.output_names(model)
-    several = len(outputs) > 1  # the loss of each output, on labels by output name
+    several = len(modelio.output_names(model)) > 1  # the loss of each output, on labels by output name
     loss = json.dumps({"loss": "mean_squared_error", "loss_weights": None} if several else "mean_squared_error")
     trainer = modelio.Trainer(model, ShardPlan.build(specs, 1), loss)
-    rng = np.random.default_rng(0)
-
-    def sized(shape: Any) -> tuple[int, ...]:
-        return (batch, *(d or 1 for d in shape[1:]))
-
-    inputs = modelio.model_inputs(model) or []
-    x = (
-        {i.name: rng.random(sized(i.shape), dtype=np.float32) for i in inputs}  # several inputs: by name
-        if len(inputs) > 1
-        else rng.random(sized(model.input_shape), dtype=np.float32)
-    )
-    y = (
-        {
-            name: np.zeros(sized(shape), dtype=np.float32)
-            for name, shape in zip(outputs, model.output_shape, strict=True)
-        }
-        if several
-        else np.zeros(sized(model.output_shape), dtype=np.float32)
-    )
+    x, y = _sample(model, batch)
     trainer.compute_update(x, y)
     started = time.perf_counter()
     trainer.compute_update(x, y)
@@ -707,6 +757,28 @@ def message_bytes(participants: int, samples: int, reducers: int) -> tuple[int, 
     return len(work.model_dump_json().encode()), len(reduce.model_dump_json().encode())
 
 
+@lru_cache(maxsize=256)
+def done_bytes(workers: int, samples: int, metric_values: int) -> int:
+    """A WorkDone message as the pipeline serializes it, its metrics state of ``metric_values`` values and every
+    figure at the longest a float takes, for a run id of the longest form."""
+    done = WorkDone(
+        run_id="r" * 63,
+        iteration=999_999,
+        worker=workers - 1,
+        samples=samples,
+        loss=LONGEST_FLOAT,
+        metrics=[LONGEST_FLOAT] * metric_values,
+        compute_s=-LONGEST_FLOAT,
+    )
+    return len(done.model_dump_json().encode())
+
+
+def state_item_bytes(metric_values: int) -> int:
+    """What a metrics state of ``metric_values`` values adds to a DynamoDB item (a worker's record's ``metrics``,
+    the counter's ``train_state`` once the reduce fired), every value at the longest a float takes."""
+    return capacity.item_bytes(dynamo({"train_state": [LONGEST_FLOAT] * metric_values}))
+
+
 def largest_reduce(spec: TrainingSpec, workers: int | None = None) -> tuple[int, int]:
     """The most participants a Reduce message of a run of ``spec`` (its iterations resolved; ``workers``: as
     ``TrainingSpec.asked_workers``) can list, and that message's bytes: every worker, at its last attempt, and
@@ -780,7 +852,7 @@ def norm_exchange(optimizer: OptimizerConfig, reducers: int, reduce_bytes: int) 
     if R == 1 or not optimizer.clips_by_norm:
         return NormExchange()
     entries = 1 if optimizer.global_clipnorm else R - 1  # the global sum, or each cut variable's
-    squares = json.dumps({"squares": {str(10**5 + i): -1.2345678901234567e-300 for i in range(entries)}})
+    squares = json.dumps({"squares": {str(10**5 + i): LONGEST_FLOAT for i in range(entries)}})
     release_bytes = reduce_bytes + len(squares)
     return NormExchange(
         requests={
@@ -1065,6 +1137,9 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     mean_weights, mean_state = M / R, k * 4 * w.trainable_params / R
     local_batch = math.ceil(B / W)
     work_bytes, reduce_bytes = message_bytes(n, local_batch, R)
+    report_bytes = done_bytes(W, local_batch * w.training.local_batches, w.metric_values)
+    state_b = state_item_bytes(w.metric_values)  # on each worker's record, and on the counter from the fire on
+    record_b, counter_b = p.record_bytes + state_b, p.counter_item_bytes + state_b
     work_batches = publish_batches(W, work_bytes)
     reduce_batches = publish_batches(R, reduce_bytes)
     pages = math.ceil(W / runstate.BATCH_READ)  # the fire reads the W records by key
@@ -1106,20 +1181,23 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         *((e.operation, e.count) for e in handing.calls),
     ):
         requests[operation] = requests.get(operation, 0) + count
-    counter_wu = _units(p.counter_item_bytes, 1024)
-    # claim, counts, fire, shard counts, fire+merge record; with the norm exchange its counts and release
-    counter_writes = 1 + W + 1 + R + 1 + (R + 1 if exchange.released else 0)
+    # claim and counts; then the fire (the train metrics' state), shard counts, merge; with the norm exchange its
+    # counts and release
+    fired_writes = 1 + R + 1 + (R + 1 if exchange.released else 0)
+    counter_units = (1 + W) * _units(p.counter_item_bytes, 1024) + fired_writes * _units(counter_b, 1024)
     write_units = (
-        counter_writes * counter_wu
-        + (W + (R if exchange.released else 0) + 3 * W * handing.handed_on) * _units(p.record_bytes, 1024)
+        counter_units
+        + W * _units(record_b, 1024)  # the reports, with their metrics' state
+        + ((R if exchange.released else 0) + 3 * W * handing.handed_on) * _units(p.record_bytes, 1024)
         + _units(n * p.participant_bytes, 1024)
         + _units(p.run_item_bytes, 1024)
         + counted
     )  # the spend item: a number
     read_units = (
         _units(p.run_item_bytes, 4096)  # BatchGetItem: per item
-        + (W + (R if exchange.released else 0)) * _units(p.record_bytes, 4096)
-        + traffic.late_queries * _units(W * p.record_bytes + p.counter_item_bytes, 4096)
+        + W * _units(record_b, 4096)
+        + (R if exchange.released else 0) * _units(p.record_bytes, 4096)
+        + traffic.late_queries * _units(W * record_b + counter_b, 4096)
         + W
         * (1 + handing.handed_on)
         * _units(p.counter_item_bytes, 4096)  # checks: Work's counter, Reduce's participants
@@ -1128,7 +1206,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     )  # the launch's read of the spend
     sns_billed = (
         W * (1 + handing.handed_on) * prices.sns_chunks(work_bytes)
-        + W
+        + W * prices.sns_chunks(report_bytes)
         + R * prices.sns_chunks(reduce_bytes)
         + R
         + 1  # +1: S3 event
@@ -1258,7 +1336,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         ),
     ]
     chain_s = sum(s.seconds for s in stages)
-    floor_s = counter_writes * counter_wu / quotas.dynamodb_partition_wu_s
+    floor_s = counter_units / quotas.dynamodb_partition_wu_s
     iteration_s = max(chain_s, floor_s)
 
     durations = {  # (invocations, billed seconds of each) per function
@@ -1293,7 +1371,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         "work_launcher": p.python_runtime_mb,
         "worker": p.tf_runtime_mb
         + (p.worker_model_copies * M + 2 * slot_b + 2 * residual_b + local_batch * w.activation_bytes_per_sample) / 1e6,
-        "reduce_launcher": p.python_runtime_mb + W * p.record_bytes / 1e6,
+        "reduce_launcher": p.python_runtime_mb + W * record_b / 1e6,
         "reducer": p.python_runtime_mb
         + (n * max(part, shard_weights) + 8 * shard_weights / 4 + 2 * (shard_weights + shard_state)) / 1e6,
         # the final merge also holds the optimizer's slots (in Keras and in the saved file) and a shard's state
@@ -1350,7 +1428,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         read_weights,
         chain_s,
         floor_s,
-        counter_writes * counter_wu,
+        counter_units,
         data,
     )
     per_epoch = w.iterations_per_epoch

@@ -135,7 +135,7 @@ def workload(
         batch = costmodel.measured_batch(spec)
         if measure:
             costmodel.pin_one_thread()
-        figures = costmodel.from_keras_file(args.model, batch, measure, parameters)
+        figures = costmodel.from_keras_file(args.model, batch, measure, parameters, spec.loss, manifest)
         if not measure:
             figures.update(compute_per_sample_s=args.compute_per_sample, compute_source="given (--compute-per-sample)")
     else:

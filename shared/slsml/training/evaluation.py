@@ -149,9 +149,21 @@ def figure_modes(model: keras.Model, loss: str, metrics: str, sample: tuple[Arra
     )
 
 
+def check_size(evaluator: Evaluator) -> None:
+    """BadInputError, naming each metric's share, if the evaluator's state is over the values a worker's report may
+    carry (``MAX_METRIC_VALUES``)."""
+    if evaluator.size > MAX_METRIC_VALUES:
+        sizes = ", ".join(f"{m.name} {sum(math.prod(v.shape) for v in m.variables)}" for m in evaluator.metrics)
+        raise BadInputError(
+            f"the model's metrics hold {evaluator.size:,} state values (the loss 2, {sizes}), over the"
+            f" {MAX_METRIC_VALUES:,} a worker's report may carry; compile the model with smaller ones (e.g. AUC"
+            " with fewer num_thresholds)"
+        )
+
+
 def check_mergeable(model: keras.Model, loss: str, metrics: str, x: Arrays, y: Arrays) -> None:
     """BadInputError if the metrics cannot evaluate ``x``, ``y``, if their state is over the values a worker's
-    report may carry (``MAX_METRIC_VALUES``), or naming each metric whose result from the states of two parts of
+    report may carry (``check_size``), or naming each metric whose result from the states of two parts of
     them differs from its result on the whole: its state does not add up across workers."""
     cut = max(1, samples.count(x) // 3)
     head, tail = slice(None, cut), slice(cut, None)
@@ -165,13 +177,7 @@ def check_mergeable(model: keras.Model, loss: str, metrics: str, x: Arrays, y: A
         raise BadInputError(
             f"the model's metrics cannot evaluate the data: {str(error).splitlines()[0][:300]}"
         ) from None
-    if evaluator.size > MAX_METRIC_VALUES:
-        sizes = ", ".join(f"{m.name} {sum(math.prod(v.shape) for v in m.variables)}" for m in evaluator.metrics)
-        raise BadInputError(
-            f"the model's metrics hold {evaluator.size:,} state values (the loss 2, {sizes}), over the"
-            f" {MAX_METRIC_VALUES:,} a worker's report may carry; compile the model with smaller ones (e.g. AUC"
-            " with fewer num_thresholds)"
-        )
+    check_size(evaluator)
     wrong = [
         name
         for name, value in whole.items()

@@ -471,6 +471,12 @@ def _loss_structure(config: str) -> tuple[Any, Any, bool]:
     return stored, None, False
 
 
+def output_loss(config: str, output: str) -> Any:
+    """The serialized loss that a run's loss (``loss_config``'s JSON) applies to ``output`` (None: none)."""
+    losses = _loss_structure(config)[0]
+    return losses if _leaf(losses) else losses.get(output)
+
+
 def _loss_leaf(serialized: Any) -> Any:
     return None if serialized is None else keras.losses.deserialize(serialized)
 
