@@ -91,7 +91,7 @@ def test_admm_through_the_pipeline_equals_admm_in_tensorflow(local, services, fi
     stored = {
         (r.iteration, r.worker): (r.requests.get("s3:PutObject"), r.bytes_written)
         for r in usage.read_local(local.log_dir, RUN)
-        if r.function == "worker" and r.iteration < ROUNDS
+        if r.function == "worker" and r.iteration is not None and r.iteration < ROUNDS
     }
     state_bytes = len(admm.SlotState(weights, weights).encode())
     update_bytes = {

@@ -169,7 +169,7 @@ def test_a_message_failing_three_times_fails_its_run_via_the_dead_letter_queue(l
     # as soon as its third try failed
     tries: dict[int, list[dict]] = {}
     for entry in log_entries(local.log_dir / "worker.log", message="usage"):
-        if entry["usage"]["run_id"] == "corrupt-config":
+        if entry["usage"]["run_id"] == "corrupt-config" and "worker" in entry["usage"]:  # an invocation's line
             tries.setdefault(entry["usage"]["worker"], []).append(entry["usage"])
     assert sorted(tries) == [0, 1] and all(len(made) == 3 for made in tries.values()), tries
     for made in tries.values():

@@ -78,7 +78,7 @@ def _residuals(local, services, run_id: str) -> dict[tuple[int, int], int]:
     return {
         (r.iteration, r.worker): r.bytes_written - updates[keys.update(run_id, r.iteration, r.worker)]
         for r in usage.read_local(local.log_dir, run_id)
-        if r.function == "worker" and r.iteration < ITERATIONS
+        if r.function == "worker" and r.iteration is not None and r.iteration < ITERATIONS
     }
 
 

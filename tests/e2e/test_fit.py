@@ -68,10 +68,10 @@ def test_binary_labels_of_rank_one_train_and_the_workers_metrics_equal_keras_eva
 def test_test_figures_of_a_weighted_dataset_equal_keras_evaluate_with_its_test_weights(services, cancer) -> None:
     rng = np.random.default_rng(5)
     w, w_test = rng.uniform(0.2, 3.0, len(cancer[1])), rng.uniform(0.2, 3.0, len(cancer[3]))
-    data.put_dataset(services.store, "cancer-weighted", *cancer, w=w.astype(np.float32), w_test=w_test)
+    data.put_dataset(services.store, "cancer-test-weights", *cancer, w=w.astype(np.float32), w_test=w_test)
     model = _logistic([keras.metrics.AUC(name="auc"), "accuracy"])
     spec = TrainingSpec(workers=3, reducers=2, global_batch=64, iterations=2, eval_every=0)
-    runs.start_run(services, modelio.save_model(model), "cancer-weighted", spec, run_id="fit-weighted")
+    runs.start_run(services, modelio.save_model(model), "cancer-test-weights", spec, run_id="fit-weighted")
     run = finish(services, "fit-weighted")
     assert run.status == "COMPLETED", run.reason
     final = modelio.load_model(services.store.get(keys.final_model("fit-weighted")))

@@ -55,7 +55,7 @@ def test_fit_from_a_plain_script_returns_a_history_and_trains_the_model_in_place
     history = result["history"]
     assert result["type"] == "History" and result["epoch"] == [0, 1, 2, 3]
     assert {name: len(values) for name, values in history.items()} == dict.fromkeys(
-        ["loss", "accuracy", "val_loss", "val_auc", "val_accuracy"], 4
+        ["loss", "accuracy", "auc", "val_loss", "val_auc", "val_accuracy"], 4
     )
     assert history["loss"][-1] < history["loss"][0]
     for name in ("auc", "loss", "accuracy"):  # the model holds the final weights, evaluated at the last epoch's end

@@ -162,7 +162,7 @@ def test_bad_input_midway_leaves_no_dataset_visible(s3) -> None:
     with pytest.raises(BadInputError, match=r"the \(x, y\) batches \(samples 2\d{3}–\d+\): x contains NaN or Inf"):
         ingest.put(store, "bad", sources.from_python(batches), shard_mb=0.01)
     assert store.list_keys("datasets/bad/")  # shards went up before the bad batch came
-    assert not catalog.exists(store, "bad") and catalog.datasets(store) == []
+    assert not catalog.exists(store, "bad") and catalog.listing(store) == []
 
 
 def test_the_origin_covers_the_files_a_source_reads_and_how(tmp_path: Path) -> None:

@@ -256,9 +256,10 @@ _PLAIN_OBJECT = re.compile(r"/(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<k
 def direct_ranged_gets(app: Any) -> Any:
     """``app``, with a plain ranged GET of an object answered from moto's S3 backend directly: path-style, no query,
     ``Range: bytes=A-B`` (A ≤ B, A within the object), the headers an SDK sends and no others, an object in no
-    archive storage class, not the whole object. Its answer is moto's (the headers moto's get_object gives, the 206
-    of its range handling); any other request goes to ``app``."""
+    archive storage class, not the whole object, while moto records no requests. Its answer is moto's (the headers
+    moto's get_object gives, the 206 of its range handling); any other request goes to ``app``."""
     from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.moto_api import recorder
     from moto.s3.models import s3_backends
     from moto.s3.utils import ARCHIVE_STORAGE_CLASSES
     from moto.utilities.aws_headers import gen_amzn_requestid_long
@@ -272,6 +273,7 @@ def direct_ranged_gets(app: Any) -> Any:
             or where is None
             or environ.get("QUERY_STRING")
             or any(name.startswith("HTTP_") and name not in _SDK_HEADERS for name in environ)
+            or recorder._user_enabled  # moto records the requests it serves: the request log stays whole
         ):
             return app(environ, start_response)
         backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
