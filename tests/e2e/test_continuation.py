@@ -12,6 +12,7 @@ import pytest
 from slsml.accounting import prices, usage
 from slsml.client import demo, runs
 from slsml.cost import model as costmodel
+from slsml.local.faults import Faults, SlowWorker
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.training import modelio, progress
@@ -36,6 +37,10 @@ SPEC = TrainingSpec(
     deadline_s=TIMEOUT_S,  # the shortest the timeout allows: a round of twelve invocations outlasts it
 )
 assert TIMEOUT_S < progress.PAUSE_RESERVE_S
+# worker 0's every invocation starts this late: its rounds of twelve invocations outlast the deadline however fast
+# a step is, so that the deadline comes while they go on
+SLOW_STEPS = Faults(slow_worker=SlowWorker(worker=0, seconds=0.25))
+assert LOCAL_STEPS * SLOW_STEPS.slow_worker.seconds > SPEC.deadline_s
 
 
 def _progress_keys(services, run_id: str) -> set[str]:
@@ -59,12 +64,13 @@ def test_a_round_past_the_workers_timeout_goes_on_in_fresh_invocations_and_ends_
 ):
     run_id = f"continued-{'twice' if twice else 'once'}"
     local.host.duplicate_deliveries = twice
+    local.host.faults = SLOW_STEPS
     try:
         with timeouts(local, TIMEOUT_S):
             train(services, SPEC, run_id)
             run = finish(services, run_id)
     finally:
-        local.host.duplicate_deliveries = False
+        local.host.duplicate_deliveries, local.host.faults = False, None
     assert run.status == "COMPLETED", run.reason
     assert final_weights(services, run_id)[0].tobytes() == uninterrupted.tobytes()
     # every round went on from each of its steps but the last, one invocation a step, duplicates or not
