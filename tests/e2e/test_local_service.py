@@ -30,8 +30,9 @@ REDUCER_MB = 2048  # the service's Reducer memory (the deployment's: 1769 MB)
 WORKER_TIMEOUT_S = 300  # the service's Worker timeout (the deployment's: 120 s), the shortest deadline of its runs
 DEADLINE = ["--deadline", str(WORKER_TIMEOUT_S)]
 # enough that the run is still going when `run stop` lands (it is stopped at its second iteration; a command
-# takes a few seconds on a loaded machine, an iteration about one), few enough that its resume ends soon
-STOP_ME_ITERATIONS = 30
+# takes a few seconds on a loaded machine, an iteration a quarter to a whole second), few enough that its resume
+# ends soon
+STOP_ME_ITERATIONS = 80
 AWS_CLI = os.environ.get("SLSML_AWS_CLI", str(Path(__file__).parents[2] / ".venv-awscli" / "bin" / "aws"))
 
 
