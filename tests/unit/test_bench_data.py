@@ -1,18 +1,13 @@
-"""bench data's pieces: the .npy source it ingests, the ingest's peak RSS, and the means it takes over a run's usage
-lines."""
+"""bench data's pieces: the .npy source it ingests and the means it takes over a run's usage lines."""
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from slsml.accounting.usage import UsageRecord
 from slsml.bench import data as bench
-from slsml.spec.errors import SlsmlError
 
 
 def test_the_source_is_images_and_labels_written_chunk_by_chunk(tmp_path: Path) -> None:
@@ -47,19 +42,3 @@ def test_the_means_leave_out_the_first_iteration_and_what_is_of_no_iteration() -
         line(4, 10**9, 9),
     ]
     assert bench._means(records, 4) == ((150 + 30 + 0) / 3, (3 + 3 + 0) / 3)
-
-
-def test_the_peak_rss_is_the_command_s_own_whatever_this_process_held(tmp_path: Path) -> None:
-    held = b"x" * (400 * 2**20)  # this process's peak: a child started from it directly would report it as its own
-    del held
-
-    def peak(mb: int) -> float:
-        command = [sys.executable, "-c", f"held = b'x' * ({mb} * 2**20)"]
-        return bench.peak_rss_mb(command, dict(os.environ), tmp_path / "log")
-
-    small, big = peak(10), peak(110)
-    assert 10 < small < 100 and 90 < big - small < 110
-    with pytest.raises(SlsmlError, match="no such thing"):
-        bench.peak_rss_mb(
-            [sys.executable, "-c", "raise SystemExit('no such thing')"], dict(os.environ), tmp_path / "log"
-        )

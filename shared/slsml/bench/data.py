@@ -11,13 +11,14 @@ one run each in one local runtime:
 
 Per variant, from the functions' usage lines: S3 bytes read and GETs per iteration (the median, and the mean after
 the first iteration), the data's share (the mean beyond the cached run's median) per byte of the samples used, and
-the median iteration."""
+the median iteration.
+
+Before the runs, the ingest of sources of each of ``ingest_gb`` gigabytes, a ``.npy`` of such images and a folder of
+JPEG and PNG photos (``slsml.bench.ingest``), each measured alike and removed: whether its peak RSS stays within
+``PEAK_MB`` however large the source."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,13 +29,15 @@ from pydantic import BaseModel
 
 from slsml.accounting import usage
 from slsml.aws.cache import BOUND_ENV
+from slsml.aws.storage import ObjectStore
 from slsml.bench import pipeline as bench
+from slsml.bench.ingest import PEAK_MB, Ingest, image_folder, measure
 from slsml.client import runs
+from slsml.data import catalog
 from slsml.data import datasets as data
 from slsml.local.cloud import LocalDeployment
 from slsml.local.runtime import LocalRuntime
 from slsml.spec.config import OptimizerConfig, TrainingSpec
-from slsml.spec.errors import SlsmlError
 from slsml.training import modelio
 
 SHAPE, CLASSES = (32, 32, 3), 10
@@ -47,15 +50,9 @@ CHUNK = 4096  # images generated and written to the source at a time
 BYTES_WITHIN = 2.0  # ranged: S3 bytes per iteration ≤ this × (bytes of the samples used + the cached run's)
 TIME_WITHIN = 1.5  # ranged: median iteration ≤ this × the cached run's
 IDLE_WAIT_S = 30
+INGEST_GB = (0.05,)  # the sizes of the sources whose ingest is measured besides the dataset's
 
 Progress = Callable[[str, int, int], None]  # (variant, iterations merged, iterations)
-
-
-class Ingest(BaseModel):
-    source_bytes: int  # of the .npy files read
-    seconds: float
-    mb_s: float  # source bytes a second
-    peak_rss_mb: float  # of the `slsml data put` process
 
 
 class DataVariant(BaseModel):
@@ -80,7 +77,9 @@ class DataReport(BaseModel):
     workers: int
     global_batch: int
     iterations: int
-    ingest: Ingest
+    ingest: Ingest  # of the dataset trained on
+    ingests: list[Ingest]  # of a .npy and a folder of images of each size measured
+    ingest_within: bool  # every ingest's peak RSS ≤ PEAK_MB
     variants: list[DataVariant]
     bytes_ratio: float | None  # ranged bytes read / (bytes used + cached bytes read)
     time_ratio: float | None  # ranged median iteration / cached
@@ -126,56 +125,29 @@ def write_source(folder: Path, samples: int, seed: int = 0) -> tuple[Path, Path]
     return x_path, y_path
 
 
-# A child that subprocess starts (vfork, then exec) takes its parent's peak RSS as its own from the start: this
-# process's (TensorFlow, the source written) would be counted as the ingest's. A small interpreter in between starts
-# the command and prints its peak RSS (kilobytes on Linux), the command's own.
-_PEAK = (
-    "import resource, subprocess, sys; code = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL); "
-    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(code)"
-)
-
-
-def peak_rss_mb(command: list[str], env: dict[str, str], log: Path) -> float:
-    """Run ``command`` in a process of its own (its stderr to ``log``) and return its peak RSS in MB, as
-    ``/usr/bin/time -v`` shows it for the command run from a shell."""
-    with log.open("w") as stderr:
-        done = subprocess.run(
-            [sys.executable, "-c", _PEAK, *command], env=env, stdout=subprocess.PIPE, stderr=stderr, text=True
-        )
-    if done.returncode:
-        raise SlsmlError(f"{' '.join(command[:5])} failed: {log.read_text()[-2000:]}")
-    return int(done.stdout) / 1024
-
-
-def ingest(deployment: LocalDeployment, name: str, samples: int) -> Ingest:
-    """Write the source and ingest it with ``slsml data put`` in a process of its own: its time and peak RSS."""
+def ingest(deployment: LocalDeployment, store: ObjectStore, name: str, samples: int) -> Ingest:
+    """Write a source of ``samples`` images and ``measure`` their ingest as dataset ``name``."""
     with tempfile.TemporaryDirectory(prefix="slsml-bench-data-") as folder:
-        x_path, y_path = write_source(Path(folder), samples + round(samples * TEST_FRACTION / (1 - TEST_FRACTION)))
+        x_path, y_path = write_source(Path(folder), samples)
+        arguments = [str(x_path), "--labels-file", str(y_path), "--test-fraction", f"{TEST_FRACTION}"]
         source_bytes = x_path.stat().st_size + y_path.stat().st_size
-        command = [
-            sys.executable,
-            "-m",
-            "slsml.cli.main",
-            "data",
-            "put",
-            name,
-            str(x_path),
-            "--labels-file",
-            str(y_path),
-            "--test-fraction",
-            f"{TEST_FRACTION}",
-            "--bucket",
-            deployment.bucket,
-        ]
-        started = time.perf_counter()
-        peak_mb = peak_rss_mb(command, {**os.environ, **deployment.environment()}, Path(folder) / "put.log")
-        seconds = time.perf_counter() - started
-    return Ingest(
-        source_bytes=source_bytes,
-        seconds=round(seconds, 3),
-        mb_s=round(source_bytes / seconds / 1e6, 1),
-        peak_rss_mb=round(peak_mb, 1),
-    )
+        return measure(deployment, store, name, "npy", arguments, source_bytes, Path(folder) / "put.log")
+
+
+def sized_ingests(
+    deployment: LocalDeployment, store: ObjectStore, stem: str, sizes_gb: tuple[float, ...]
+) -> list[Ingest]:
+    """For each of ``sizes_gb``, the ingest of a ``.npy`` source of that many gigabytes and of a folder of images
+    (``image_folder``), each dataset removed once measured."""
+    measured = []
+    sample_bytes = int(np.prod(SHAPE)) + np.dtype(np.int64).itemsize
+    with tempfile.TemporaryDirectory(prefix="slsml-bench-ingest-") as work:
+        for index, gigabytes in enumerate(sizes_gb):
+            name = f"{stem}-npy-{index}"
+            measured.append(ingest(deployment, store, name, max(1, round(gigabytes * 1e9 / sample_bytes))))
+            catalog.remove(store, name)
+            measured.append(image_folder(deployment, store, f"{stem}-images-{index}", gigabytes, Path(work)))
+    return measured
 
 
 def _means(records: list[usage.UsageRecord], iterations: int) -> tuple[float, float]:
@@ -191,13 +163,17 @@ def data_reads(
     iterations: int = ITERATIONS,
     cache_mb: float = CACHE_MB,
     progress: Progress | None = None,
+    ingest_gb: tuple[float, ...] = INGEST_GB,
 ) -> DataReport:
-    """Write the dataset, train each variant on ``local`` (an entered runtime with ``WORKERS`` worker processes)
-    and compare them."""
+    """Write and ingest the dataset, measure the ingests of ``ingest_gb``, then train each variant on ``local`` (an
+    entered runtime with ``WORKERS`` worker processes) and compare them."""
     services = local.services
     stem = runs.new_run_id("data")
     assert local.deployment is not None
-    ingested = ingest(local.deployment, stem, samples)
+    ingested = ingest(
+        local.deployment, services.store, stem, samples + round(samples * TEST_FRACTION / (1 - TEST_FRACTION))
+    )
+    sized = sized_ingests(local.deployment, services.store, stem, ingest_gb)
     manifest = data.load_manifest(services.store, stem)
     model_bytes = image_model()
     spec = TrainingSpec(
@@ -264,6 +240,8 @@ def data_reads(
         global_batch=BATCH,
         iterations=iterations,
         ingest=ingested,
+        ingests=sized,
+        ingest_within=all(i.peak_rss_mb <= PEAK_MB for i in [ingested, *sized]),
         variants=variants,
         bytes_ratio=bytes_ratio,
         time_ratio=time_ratio,

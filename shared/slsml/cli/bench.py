@@ -151,7 +151,9 @@ def cmd_bench_data(args: argparse.Namespace) -> int:
         "data",
         bench.WORKERS,
         bench.REDUCERS,
-        lambda runtime, show: bench.data_reads(runtime, samples, iterations, args.cache_mb or bench.CACHE_MB, show),
+        lambda runtime, show: bench.data_reads(
+            runtime, samples, iterations, args.cache_mb or bench.CACHE_MB, show, args.ingest_gb or bench.INGEST_GB
+        ),
         display.print_data,
     )
     return 0
@@ -269,12 +271,19 @@ def add_commands(commands: Any) -> None:
         cmd_bench_data,
         "data",
         help="a synthetic image dataset past the workers' warm cache, read by range, against the same run"
-        " with the dataset cached: S3 bytes and GETs per iteration, median iteration; ingest MB/s",
+        " with the dataset cached: S3 bytes and GETs per iteration, median iteration; ingest MB/s and peak RSS",
     )
     data.add_argument("--samples", type=int, help="training images of 32×32×3 uint8 (default 60000: 184 MB)")
     data.add_argument("--iterations", type=int, help="of each run (default 30)")
     data.add_argument(
         "--cache-mb", type=float, help="the workers' warm cache bound of the variants past the cache (default 16)"
+    )
+    data.add_argument(
+        "--ingest-gb",
+        type=options.gigabytes,
+        metavar="GB",
+        help="sizes of the sources whose ingest is measured, comma-separated: a .npy and a folder of JPEG and PNG"
+        " photos of each (default 0.05; e.g. 0.5,2)",
     )
 
 

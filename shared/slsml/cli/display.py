@@ -1017,6 +1017,40 @@ def print_communication(report: Any, as_json: bool = False) -> None:
     )
 
 
+def _print_ingests(out: Any, report: Any) -> None:
+    """bench data's ingests of each size: a table, then whether their peaks stay within the bound and how each kind's
+    peak moves from the smallest source to the largest."""
+    from rich.table import Table
+
+    from slsml.bench import ingest as bench_ingest
+
+    sources = {"npy": ".npy of 32×32×3 images", "images": "folder of JPEG and PNG photos, to 256×256"}
+    table = Table("source", "size", "samples", "time", "rate", "peak RSS", title="ingest: slsml data put, measured")
+    for i in report.ingests:
+        table.add_row(
+            sources[i.kind],
+            f"{i.source_bytes / 1e9:.2f} GB",
+            f"{i.samples:,}",
+            f"{i.seconds:.1f} s",
+            f"{i.mb_s:g} MB/s",
+            f"{i.peak_rss_mb:,.0f} MB",
+        )
+    out.print(table)
+    moves = []
+    for kind, name in sources.items():
+        sized = sorted((i for i in report.ingests if i.kind == kind), key=lambda i: i.source_bytes)
+        if len(sized) > 1:
+            first, last = sized[0], sized[-1]
+            moves.append(
+                f"{name}: {first.peak_rss_mb:,.0f} MB at {first.source_bytes / 1e9:.2f} GB → "
+                f"{last.peak_rss_mb:,.0f} MB at {last.source_bytes / 1e9:.2f} GB"
+            )
+    out.print(
+        f"every ingest's peak RSS within {bench_ingest.PEAK_MB:,.0f} MB: {'yes' if report.ingest_within else 'no'}"
+        + "".join(f"; {move}" for move in moves)
+    )
+
+
 def print_data(report: Any, as_json: bool = False) -> None:
     from rich.table import Table
 
@@ -1035,6 +1069,7 @@ def print_data(report: Any, as_json: bool = False) -> None:
         f"ingest (slsml data put of a {ingest.source_bytes / 1e6:,.0f} MB .npy): {ingest.mb_s:g} MB/s, "
         f"peak RSS {ingest.peak_rss_mb:,.0f} MB"
     )
+    _print_ingests(out, report)
     table = Table(
         "variant",
         "S3 read / iteration",

@@ -258,6 +258,16 @@ def counts(text: str) -> tuple[int, ...]:
     return counts
 
 
+def gigabytes(text: str) -> tuple[float, ...]:
+    try:
+        sizes = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give sizes in GB separated by commas, e.g. 0.5,2") from None
+    if not min(sizes) > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes are above 0")
+    return sizes
+
+
 def workers(text: str) -> int:
     try:
         workers = int(text)
