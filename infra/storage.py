@@ -71,17 +71,9 @@ class Storage(Construct):
             auto_delete_objects=destroy,
         )
 
-        # create-only, enforced by S3 for whoever writes (slsml.spec.deployment.CREATE_ONLY_OBJECTS)
-        self.bucket.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="CreateOnlyRunObjects",
-                effect=iam.Effect.DENY,
-                principals=[iam.AnyPrincipal()],
-                actions=["s3:PutObject"],
-                resources=[self.bucket.arn_for_objects(kind) for kind in deployment.CREATE_ONLY_OBJECTS],
-                conditions={"Null": {"s3:if-none-match": "true"}},
-            )
-        )
+        # create-only, enforced by S3 for whoever writes: the statements the local cloud installs and enforces too
+        for statement in deployment.bucket_policy_statements(self.bucket.bucket_arn):
+            self.bucket.add_to_resource_policy(iam.PolicyStatement.from_json(statement))
 
         # the table as slsml.state.records defines it (the local runtime creates it from the same definition)
         self.table = dynamodb.Table(

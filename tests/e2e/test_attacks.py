@@ -3,9 +3,10 @@ well-formed but do not belong to the run they name, sent to its topics and queue
 dead-lettered, counted); objects placed where the run's next update, next model and final model will be written —
 none is trusted for sitting at the expected key: each is replaced by the step's own; and an overwrite of a completed
 run's final model — detected by every reader of it. Each run completes with weights bit-identical to an undisturbed
-run's. (The local cloud enforces no bucket policy: these are the pipeline's own checks. On AWS the bucket's policy
-also refuses a PUT without If-None-Match of an update.) Models dropped meanwhile that are too large to load (a zip
-bomb, a config declaring gigabytes of weights, an oversized run request) are refused by name."""
+run's. (The bucket's policy refuses a PUT without If-None-Match of an update, in the local cloud as on AWS: the
+objects are placed create-only, so that what is tested is the pipeline's own checks.) Models dropped meanwhile that are
+too large to load (a zip bomb, a config declaring gigabytes of weights, an oversized run request) are refused by
+name."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import boto3
 import numpy as np
 import pytest
+from botocore.exceptions import ClientError
 
 from slsml.aws.storage import etag_of
 from slsml.client import demo, runs
@@ -152,8 +154,10 @@ def test_objects_placed_at_a_runs_next_keys_are_not_trusted_and_a_replaced_final
     }
     try:
         _hold(local, services, PLACED)
-        for key, (body, metadata) in placed.items():  # plain PUTs, as any principal with write access could
-            s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=metadata)
+        with pytest.raises(ClientError, match="AccessDenied"):  # a plain PUT of an update: the bucket refuses it
+            s3.put_object(Bucket=bucket, Key=keys.update(PLACED, AT + 1, 0), Body=b"\0" * 4096)
+        for key, (body, metadata) in placed.items():  # create-only PUTs, as any principal with write access could
+            s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=metadata, IfNoneMatch="*")
     finally:
         local.host.faults = None
     run = finish(services, PLACED)

@@ -26,9 +26,10 @@ SPEC = TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=2, eval_e
 
 def test_upload_that_is_not_a_keras_model_fails_the_run(services, digits):
     config = runs.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="bad-model")
-    # an upload that is not a model, behind slsml's back (prepare_run checks what it is given)
+    # an upload that is not a model, behind slsml's back (prepare_run checks what it is given): deleted and created
+    # anew, as the bucket's policy refuses an overwrite
     store = services.store
-    store.s3.put_object(Bucket=store.bucket, Key=keys.source_model("bad-model"), Body=b"definitely not a zip archive")
+    store.replace(keys.source_model("bad-model"), b"definitely not a zip archive")
     runs.launch_run(services, config)
     run = finish(services, "bad-model", timeout_s=60)
     assert run.status == "FAILED"
@@ -149,8 +150,9 @@ def test_dataset_names_are_never_reused(services, digits):
 
 def test_a_message_failing_three_times_fails_its_run_via_the_dead_letter_queue(local, services, digits):
     config = runs.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="corrupt-config")
-    # damage behind slsml's back (slsml itself never overwrites): every worker now fails unexpectedly
-    services.store.s3.put_object(Bucket=services.store.bucket, Key=keys.run_config("corrupt-config"), Body=b"{}")
+    # damage behind slsml's back (slsml itself never overwrites; the bucket's policy refuses an overwrite, not a delete
+    # and a create): every worker now fails unexpectedly
+    services.store.replace(keys.run_config("corrupt-config"), b"{}")
     runs.launch_run(services, config)
     run = finish(services, "corrupt-config", timeout_s=120)
     assert run.status == "FAILED"

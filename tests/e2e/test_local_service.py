@@ -1,8 +1,8 @@
 """The local cloud as a service that stays up, driven as a user would: `slsml local up` (its Reducer sized by
 `--memory`, its Worker's timeout set by `--function-timeout`, which `slsml plan` and its runs' deadlines keep to), the
-AWS CLI
-dropping a model into incoming/, `slsml run list`, `run watch` to COMPLETED, `run stop` and `run resume`
-on a local run, `local down`. Every command is its own process, as in a terminal."""
+AWS CLI dropping a model into incoming/ (and refused an overwrite of what the run stored), `slsml run list`, `run watch`
+to COMPLETED, `run stop` and `run resume` on a local run, `local down`. Every command is its own process, as in a
+terminal."""
 
 from __future__ import annotations
 
@@ -87,6 +87,17 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     summary = last_json(watched)
     assert (summary["run_id"], summary["status"], summary["iterations"]) == (run_id, "COMPLETED", 6)
     assert summary["workers"] == 3 and summary["test_accuracy"] > 0.3
+    # the run wrote create-only, as the bucket's policy demands; an overwrite by the AWS CLI is refused, as S3 would
+    config = f"runs/{run_id}/run.json"
+    overwrite = subprocess.run(
+        [AWS_CLI, "s3", "cp", str(request), f"s3://{env['SLSML_BUCKET']}/{config}"],
+        capture_output=True,
+        text=True,
+        env=aws,
+        timeout=120,
+    )
+    assert overwrite.returncode != 0 and "AccessDenied" in overwrite.stderr, overwrite.stderr
+    assert json.loads(service_store(service).get(config))["run_id"] == run_id
     progress = [line for line in watched.stderr.splitlines() if line.startswith(f"{run_id} 6/6  ")]
     assert progress and re.search(r"  loss [\d.]+  accuracy [\d.]+  test_accuracy [\d.]+  ", progress[-1]), (
         watched.stderr

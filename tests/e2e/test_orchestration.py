@@ -122,7 +122,7 @@ def test_a_failed_step_ends_the_execution_with_its_reason(local, services, digit
 
     config = runs.prepare_run(services, modelio.save_model(digits_cnn()), "digits", SPEC, run_id="sfn-bad")
     store = services.store
-    store.s3.put_object(Bucket=store.bucket, Key=keys.source_model("sfn-bad"), Body=b"not a model")
+    store.replace(keys.source_model("sfn-bad"), b"not a model")  # the bucket's policy refuses an overwrite
     runs.launch_run(services, config)
     run = finish(services, "sfn-bad", timeout_s=60)
     execution, entered = _execution(local, "sfn-bad")

@@ -1,10 +1,11 @@
-"""Embedded clouds are isolated (two alive in one process hold their own resources), apply concurrent
-writes as the services do, serve over kept-alive connections what moto's own server would, answer
-SQS long polls as SQS does, and end with the process that started them."""
+"""Embedded clouds are isolated (two alive in one process hold their own resources), enforce the deployed bucket's
+policy as S3 does, apply concurrent writes as the services do, serve over kept-alive connections what moto's own
+server would, answer SQS long polls as SQS does, and end with the process that started them."""
 
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import subprocess
@@ -22,7 +23,8 @@ from moto import mock_aws
 
 from slsml.aws import clients as aws
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment
-from slsml.spec import wiring
+from slsml.spec import deployment as deployment_spec
+from slsml.spec import keys, wiring
 from tests.processes import left_running
 
 
@@ -34,7 +36,7 @@ def test_two_clouds_in_one_process_do_not_share_state(monkeypatch: pytest.Monkey
         one = first.provision()
         two = second.provision()  # the same names: would collide if the clouds shared state
         _use(monkeypatch, one)
-        aws.client("s3").put_object(Bucket=one.bucket, Key="runs/x/run.json", Body=b"{}")
+        aws.client("s3").put_object(Bucket=one.bucket, Key="runs/x/run.json", Body=b"{}", IfNoneMatch="*")
         _use(monkeypatch, two)  # the cached clients must now reach the second cloud
         assert aws.client("s3").list_objects_v2(Bucket=two.bucket).get("KeyCount", 0) == 0
         sns = boto3.client("sns", endpoint_url=second.endpoint, region_name="us-east-1")
@@ -52,6 +54,56 @@ def _use(monkeypatch: pytest.MonkeyPatch, deployment: LocalDeployment) -> None:
     """What ``use_deployment`` does, undone after the test."""
     for name, value in deployment.environment().items():
         monkeypatch.setenv(name, value)
+
+
+def _refused(write: Callable[[], object]) -> str:
+    """The error code S3 answers ``write`` with."""
+    with pytest.raises(ClientError) as refused:
+        write()
+    return refused.value.response["Error"]["Code"]
+
+
+def test_the_bucket_refuses_what_the_deployed_policy_refuses() -> None:
+    """The bucket holds the stack's policy statements, and a write under runs/ that they deny is refused (403
+    AccessDenied), as S3 refuses it: a PutObject without If-None-Match, a copy, a multipart upload. A create-only
+    PutObject is stored, and nothing stored is overwritten. A policy the server could not enforce is refused."""
+    cloud = EmbeddedCloud()
+    cloud.start()
+    try:
+        bucket = cloud.provision().bucket
+        s3 = cloud.client("s3")
+        installed = json.loads(s3.get_bucket_policy(Bucket=bucket)["Policy"])
+        assert installed["Statement"] == deployment_spec.bucket_policy_statements(f"arn:aws:s3:::{bucket}")
+
+        update, config = keys.update("r", 1, 0, attempt=1), keys.run_config("r")
+        with pytest.raises(ClientError) as plain:
+            s3.put_object(Bucket=bucket, Key=update, Body=b"first")
+        assert plain.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        assert plain.value.response["Error"]["Code"] == "AccessDenied"
+        assert not s3.list_objects_v2(Bucket=bucket, Prefix="runs/").get("Contents")
+        s3.put_object(Bucket=bucket, Key=update, Body=b"first", IfNoneMatch="*")
+        assert _refused(lambda: s3.put_object(Bucket=bucket, Key=update, Body=b"second")) == "AccessDenied"
+        assert (
+            _refused(lambda: s3.put_object(Bucket=bucket, Key=update, Body=b"second", IfNoneMatch="*"))
+            == "PreconditionFailed"
+        )
+        assert s3.get_object(Bucket=bucket, Key=update)["Body"].read() == b"first"
+        source = {"Bucket": bucket, "Key": update}
+        assert _refused(lambda: s3.copy_object(Bucket=bucket, Key=config, CopySource=source)) == "AccessDenied"
+        assert _refused(lambda: s3.create_multipart_upload(Bucket=bucket, Key=config)) == "AccessDenied"
+        assert not s3.list_objects_v2(Bucket=bucket, Prefix=keys.run_prefix("r") + "run").get("Contents")
+
+        model = keys.model("r", 1)  # a kind the policy leaves out: written however it is sent, copied too
+        s3.put_object(Bucket=bucket, Key=model, Body=b"model")
+        s3.copy_object(Bucket=bucket, Key=model, CopySource=source)
+        assert s3.get_object(Bucket=bucket, Key=model)["Body"].read() == b"first"
+
+        statement = {**installed["Statement"][0], "Condition": {"StringEquals": {"s3:if-none-match": "*"}}}
+        other = json.dumps({**installed, "Statement": [statement]})
+        assert _refused(lambda: s3.put_bucket_policy(Bucket=bucket, Policy=other)) == "MalformedPolicy"
+        assert json.loads(s3.get_bucket_policy(Bucket=bucket)["Policy"]) == installed
+    finally:
+        cloud.stop()
 
 
 def test_concurrent_adds_to_one_item_are_all_counted() -> None:

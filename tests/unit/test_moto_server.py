@@ -1,15 +1,22 @@
 """The embedded cloud's tuned moto server: the lookups it keeps give the answers moto's own give, and the
-responses of the services the pipeline uses are the same. It runs in a child process, so that this
+responses of the services the pipeline uses are the same; the bucket policies it enforces are evaluated as S3 does,
+and one it could not evaluate is refused. It runs in a child process, so that this
 process's moto stays as it is."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 import slsml.local.moto_server
+from slsml.local.moto_server import denials, denied, object_request
+from slsml.spec import deployment, keys
 
 CHECK = textwrap.dedent(
     """
@@ -148,3 +155,56 @@ def test_step_functions_tasks_keep_the_client_moto_makes_per_region_and_service(
     )
     assert done.returncode == 0, done.stderr
     assert '"http://localhost:5123"' in done.stdout
+
+
+def _document(**statement: object) -> bytes:
+    stated = {"Effect": "Deny", "Principal": "*", "Action": "s3:PutObject", "Resource": "arn:aws:s3:::b/runs/*"}
+    return json.dumps({"Version": "2012-10-17", "Statement": [{**stated, **statement}]}).encode()
+
+
+def test_the_deployed_policy_refuses_writes_without_if_none_match_and_nothing_else() -> None:
+    statements = deployment.bucket_policy_statements("arn:aws:s3:::b")
+    policy = denials(json.dumps({"Version": "2012-10-17", "Statement": statements}).encode())
+    put, copy = object_request("PUT", {}, {}), object_request("PUT", {}, {"x-amz-copy-source": "b/k"})
+    created = object_request("PUT", {}, {"If-None-Match": "*"})
+    assert put is not None and copy is not None and created is not None
+    update = f"arn:aws:s3:::b/{keys.update('r', 1, 0, attempt=1)}"
+    assert denied(policy, put[0], update, put[1]) and denied(policy, copy[0], update, copy[1])
+    assert not denied(policy, created[0], update, created[1])
+    for key in (keys.model("r", 1), keys.final_model("r"), keys.dataset_manifest("d"), "runs/r/iters"):
+        assert not denied(policy, put[0], f"arn:aws:s3:::b/{key}", put[1]), key
+    assert not denied(policy, put[0], f"arn:aws:s3:::other/{keys.run_config('r')}", put[1])
+    # a multipart upload: its parts and its start carry no If-None-Match, its completion may
+    parts = [object_request("POST", {"uploads": [""]}, {}), object_request("PUT", {"partNumber": ["1"]}, {})]
+    assert all(part is not None and denied(policy, part[0], update, part[1]) for part in parts)
+    complete = object_request("POST", {"uploadId": ["u"]}, {"If-None-Match": "*"})
+    assert complete is not None and not denied(policy, complete[0], update, complete[1])
+    for method, query in (("GET", {}), ("DELETE", {}), ("PUT", {"tagging": [""]}), ("HEAD", {})):
+        assert object_request(method, query, {}) is None  # other actions, which the policy does not name
+
+
+def test_a_null_condition_matches_the_presence_it_names() -> None:
+    present = denials(_document(Condition={"Null": {"s3:if-none-match": "false"}}))
+    assert denied(present, "s3:PutObject", "arn:aws:s3:::b/runs/k", {"s3:if-none-match": "*"})
+    assert not denied(present, "s3:PutObject", "arn:aws:s3:::b/runs/k", {})
+    unconditioned = denials(_document(Resource=["arn:aws:s3:::b/runs/?/x", "arn:aws:s3:::b/data/*"]))
+    assert denied(unconditioned, "s3:PutObject", "arn:aws:s3:::b/runs/a/x", {"s3:if-none-match": "*"})
+    assert not denied(unconditioned, "s3:PutObject", "arn:aws:s3:::b/runs/ab/x", {})
+    assert denials(_document(Effect="Allow", Action="s3:*", Principal={"AWS": "arn:aws:iam::1:root"})) == ()
+
+
+@pytest.mark.parametrize(
+    ("statement", "named"),
+    [
+        ({"Action": "s3:*"}, "s3:*"),
+        ({"Action": ["s3:PutObject", "s3:GetObject"]}, "['s3:GetObject']"),
+        ({"Principal": {"AWS": "arn:aws:iam::1:root"}}, "arn:aws:iam::1:root"),
+        ({"NotResource": "arn:aws:s3:::b/x"}, "NotResource"),
+        ({"Condition": {"StringEquals": {"s3:if-none-match": "*"}}}, "StringEquals"),
+        ({"Condition": {"Null": {"s3:if-match": "true"}}}, "s3:if-match"),
+        ({"Condition": {"Null": {"s3:if-none-match": "yes"}}}, "yes"),
+    ],
+)
+def test_a_policy_the_server_does_not_evaluate_is_refused_by_name(statement: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        denials(_document(**statement))

@@ -144,6 +144,9 @@ class EmbeddedCloud:
         # the deployed bucket's rules (infra/storage.py); moto stores them, slsml.local.lifecycle applies them
         rules = deployment_spec.lifecycle_configuration(deployment_spec.lifecycle_rules())
         s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration=rules)
+        # the deployed bucket's policy statements (infra/storage.py), enforced by moto_server.bucket_policies
+        statements = deployment_spec.bucket_policy_statements(f"arn:aws:s3:::{bucket}")
+        s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Version": "2012-10-17", "Statement": statements}))
         dynamodb.create_table(**records.create_table_arguments(table))  # as infra/storage.py defines it
         dynamodb.update_time_to_live(
             TableName=table, TimeToLiveSpecification={"Enabled": True, "AttributeName": records.TTL_ATTRIBUTE}

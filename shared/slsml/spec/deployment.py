@@ -53,6 +53,22 @@ READABLE_PREFIXES = (RUNS_PREFIX, DATASETS_PREFIX)
 # and by bucket versioning where it is on.
 CREATE_ONLY_OBJECTS = (keys.SCRATCH_OBJECTS, keys.RUN_CONFIG_OBJECTS, keys.SOURCE_MODEL_OBJECTS)
 
+
+def bucket_policy_statements(bucket_arn: str) -> list[dict[str, Any]]:
+    """The statements slsml puts in the data bucket's policy, as infra/storage.py deploys them and the local cloud
+    installs and enforces them (``slsml.local.moto_server.bucket_policies``): create-only ``CREATE_ONLY_OBJECTS``."""
+    return [
+        {
+            "Sid": "CreateOnlyRunObjects",
+            "Effect": "Deny",
+            "Principal": {"AWS": "*"},
+            "Action": "s3:PutObject",
+            "Resource": [f"{bucket_arn}/{kind}" for kind in CREATE_ONLY_OBJECTS],
+            "Condition": {"Null": {"s3:if-none-match": "true"}},  # a PUT without If-None-Match
+        }
+    ]
+
+
 # S3 lifecycle rules filter on a key prefix and object tags, not on a pattern: transient scratch under
 # runs/<run>/iters/ (slsml.spec.keys.is_transient) carries this tag (PutObject Tagging="slsml-scratch=true") and
 # expires after a few days; carried state is stored untagged and deleted by the pipeline once superseded.
