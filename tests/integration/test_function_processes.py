@@ -36,8 +36,8 @@ SCRIPT = textwrap.dedent(
         os.environ["SLSML_PROBE"] = "as the host started its processes"
         del os.environ["SLSML_GONE"]
         with LocalRuntime(workers=1, reducers=1, pool=1, log_dir=Path(sys.argv[1])) as local:
-            pools = local.host._pools
-            print(json.dumps({function: pool.submit(probe).result() for function, pool in pools.items()}), flush=True)
+            containers = local.host._containers
+            print(json.dumps({name: each.submit(probe).result() for name, each in containers.items()}), flush=True)
             time.sleep(300)  # until killed
     """
 )

@@ -1,13 +1,14 @@
-"""The function host: long-polls each function's queue and runs the real handler in a pool of warm processes (one
-import of the handler per process, like a warm Lambda container), with an SNS-shaped event and a Lambda-like
-context. The processes are forked from a server process that imported TensorFlow and the other libraries once
-(``slsml.local.preload``), so each starts in under a second. A poller takes no more messages than its pool has
-free processes: the others wait in the queue. Each process has its function's memory setting
-(``AWS_LAMBDA_FUNCTION_MEMORY_SIZE``) and logs its pid once started; one whose memory passes it while it runs an
-invocation is killed, as Lambda kills a container (``slsml.local.memory``), and each invocation logs Lambda's
-REPORT line, its peak memory among it. A failed invocation is retried by SQS, 1 s and then 2 s after it failed
-(Lambda retries an asynchronous event 1 and 2 minutes later); when its third try fails, the message goes to the
-function's DLQ at once. The host hands each dead letter to the dead-letter reader
+"""The function host: long-polls each function's queue and runs the real handler in its warm containers, each one
+process (one import of the handler per process, like a warm Lambda container: ``slsml.local.containers``), with an
+SNS-shaped event and a Lambda-like context. The processes are forked from a server process that imported TensorFlow
+and the other libraries once (``slsml.local.preload``), so each starts in under a second. A poller takes no more
+messages than its function has containers free: the others wait in the queue. Each process has its function's
+memory setting (``AWS_LAMBDA_FUNCTION_MEMORY_SIZE``) and logs its pid once started; one whose memory passes it while
+it runs an invocation is killed, as Lambda kills a container (``slsml.local.memory``): that invocation alone ends, and
+a fresh container takes the killed one's place. Each invocation logs Lambda's REPORT line, its peak memory among
+it. A failed invocation is retried by SQS, 1 s and then 2 s after it failed (Lambda retries an asynchronous event 1
+and 2 minutes later); when its third try fails, the message goes to the function's DLQ at once. The host hands each
+dead letter to the dead-letter reader
 (``wiring.dead_letter_reader``, ``slsml.pipeline.steps.dead_letters``) in the shape its AWS dead-letter queue
 would hold it: an SNS-triggered function's event with the error Lambda attaches, a queue-triggered function's
 message as SQS moves it. That step fails the run (unless the function rejected the message as malformed:
@@ -41,6 +42,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,7 @@ from slsml.aws.cache import MEMORY_ENV
 from slsml.local import faults as fault_injection
 from slsml.local import memory
 from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment, raw_delivery
+from slsml.local.containers import Container, Containers
 from slsml.local.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
 from slsml.local.memory import Invocation, MemoryWatch
 from slsml.pipeline.services import Services
@@ -145,7 +148,7 @@ def _start_process(function: str, environment: dict[str, str], log_path: str, in
 
 
 def _end_with_host() -> None:
-    """End this process when the host process ends: one killed outright cannot shut its pools down."""
+    """End this process when the host process ends: one killed outright cannot shut its containers down."""
     host = multiprocessing.parent_process()  # whose sentinel is ready once it has exited
     assert host is not None, "a function process is started by its host"
 
@@ -415,8 +418,7 @@ class FunctionHost:
         self.services = Services.from_names(
             deployment.bucket, deployment.table, deployment.topic_arns, deployment.state_machine_arn
         )
-        self._pools: dict[str, ProcessPoolExecutor] = {}
-        self._pools_lock = threading.Lock()
+        self._containers: dict[str, Containers] = {}  # each function's warm containers
         self._context: multiprocessing.context.BaseContext | None = None
         # each function's timeout (Lambda's: its deployment's, unless ``timeouts_s`` names another; the run limits'
         # for the functions a stage waits on); may be changed while the host runs
@@ -525,10 +527,11 @@ class FunctionHost:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._context = start_preloading()
         self._invocations, self._sender = self._context.Pipe(duplex=False)
+        replaced = partial(self._count, {"replaced_processes": 1})
         warmups: list[Future] = []
         for function, size in self.concurrency.items():
-            pool = self._pools[function] = self._new_pool(function)
-            warmups += [pool.submit(_ready) for _ in range(size)]
+            containers = self._containers[function] = Containers(size, partial(self._new_container, function), replaced)
+            warmups += containers.start(_ready)
         for warmup in warmups:
             warmup.result()
         for function in (f for f in self.concurrency if f in self.deployment.queues):  # the reader has none
@@ -544,10 +547,10 @@ class FunctionHost:
                 target=self._watch_dead_letters, args=(function, queue), name=f"dead-letters-{function}", daemon=True
             ).start()
 
-    def _new_pool(self, function: str) -> ProcessPoolExecutor:
-        """``function``'s warm processes (started as they are first needed)."""
+    def _new_container(self, function: str) -> Container:
+        """A warm container of ``function``, with its memory setting now (its process started when first called)."""
         return ProcessPoolExecutor(
-            max_workers=self.concurrency[function],
+            max_workers=1,
             mp_context=self._context,
             initializer=_start_process,
             initargs=(
@@ -561,13 +564,10 @@ class FunctionHost:
     def resize(self, memory_mb: dict[str, int]) -> None:
         """Give functions another memory size (function → MB), as a deployment's update does: fresh processes with
         it take their next invocations, and those running end in theirs."""
-        checked = checked_settings("memory_mb", memory_mb, self.concurrency)
-        with self._pools_lock:
-            for function, size in checked.items():
-                self.memory_mb[function] = size
-                if function in self._pools and not self._stopping.is_set():
-                    self._pools[function].shutdown(wait=False)
-                    self._pools[function] = self._new_pool(function)
+        for function, size in checked_settings("memory_mb", memory_mb, self.concurrency).items():
+            self.memory_mb[function] = size
+            if function in self._containers:
+                self._containers[function].renew()
 
     def _follow_invocations(self) -> None:
         """Hand the memory watch the invocations the function processes start and end."""
@@ -606,37 +606,13 @@ class FunctionHost:
             )
         return f"Runtime exited: a warm process of {function} died ({error})"
 
-    def _submit(self, function: str, *args: Any) -> Future:
-        """``_invoke(*args)`` in one of ``function``'s warm processes. A pool one of whose processes died (killed,
-        out of memory) is broken: it is replaced by a fresh one, as Lambda starts a fresh container after a
-        crash. RuntimeError once the host is stopping."""
-        pool = self._pools[function]
-        try:
-            return pool.submit(_invoke, *args)
-        except BrokenProcessPool:
-            return self._renewed(function, pool).submit(_invoke, *args)
-        except RuntimeError:  # shut down: the host is stopping, or ``resize`` replaced it
-            if self._pools[function] is pool:
-                raise
-            return self._pools[function].submit(_invoke, *args)
-
-    def _renewed(self, function: str, broken: ProcessPoolExecutor) -> ProcessPoolExecutor:
-        """A fresh pool for ``function`` in place of ``broken`` (once, however many found it broken)."""
-        with self._pools_lock:
-            if self._pools[function] is broken and not self._stopping.is_set():
-                broken.shutdown(wait=False, cancel_futures=True)
-                self._pools[function] = self._new_pool(function)
-                self._count({"replaced_processes": 1})
-            return self._pools[function]
-
     def stop(self) -> None:
         """Take no more messages, start no more invocations and shut the function processes down. The
         threads are not waited for: each ends when its long poll returns (at once if the cloud is stopped)
         and hands nothing on."""
         self._stopping.set()
-        with self._pools_lock:
-            for pool in self._pools.values():
-                pool.shutdown(wait=False, cancel_futures=True)
+        for containers in self._containers.values():
+            containers.close()
 
     def _poll(self, function: str) -> None:
         queue = self.deployment.queues[function]
@@ -697,7 +673,6 @@ class FunctionHost:
         event = sns_event(body, f"{body['TopicArn']}:{function}") if queue_name is None else sqs_event(message, queue)
         environment = {wiring.RUN_LIMITS_ENV: self.deployment.run_limits, **self.function_environment}
         request_id = str(uuid.uuid4())
-        pool = self._pools[function]  # the pool the invocation ran in (replaced if it breaks)
         slot_taken = True  # the poller took one of the function's slots for this message
 
         def release_slot() -> None:
@@ -717,7 +692,6 @@ class FunctionHost:
                 self._done.put((queue, message["ReceiptHandle"]))
                 return
             if isinstance(error, BrokenProcessPool):  # its process died: retried in a fresh one, as on Lambda
-                self._renewed(function, pool)
                 error = RuntimeError(self._exit_error(function, request_id, error))
             text = str(error)
             self._last_error[body["MessageId"]] = (text.splitlines()[0][:500], text, request_id)
@@ -742,14 +716,11 @@ class FunctionHost:
                 return
             with self._counts_lock:
                 self.invocations[function] += 1
-            nonlocal pool
-            pool = self._pools[function]
             try:
-                future = self._submit(
-                    function, event, function, request_id, plan, environment, self.timeouts.get(function)
+                future = self._containers[function].submit(
+                    _invoke, event, function, request_id, plan, environment, self.timeouts.get(function)
                 )
-                pool = self._pools[function]
-            except RuntimeError:  # the pool has shut down
+            except RuntimeError:  # the host is stopping
                 release_slot()
                 self._handling(run_id, -1)
                 return
@@ -759,8 +730,8 @@ class FunctionHost:
 
         self._handling(run_id, +1)
         if hold_s > 0:
-            # a delivery still in flight: the poller may take other messages meanwhile, and the pool
-            # runs this one when a process is free (its slot is not taken again, so not given back)
+            # a delivery still in flight: the poller may take other messages meanwhile, and a container
+            # runs this one when one is free (its slot is not taken again, so not given back)
             self._count({"sns_delay": int(delayed_s > 0), "late_worker": int(late_s > 0)})
             release_slot()
             timer = threading.Timer(hold_s, invoke)
@@ -851,8 +822,8 @@ class FunctionHost:
         with self._counts_lock:
             self.invocations[self._reader] = self.invocations.get(self._reader, 0) + 1
         try:
-            future = self._submit(self._reader, event, self._reader, str(uuid.uuid4()))
-        except RuntimeError:  # the pool has shut down
+            future = self._containers[self._reader].submit(_invoke, event, self._reader, str(uuid.uuid4()))
+        except RuntimeError:  # the host is stopping
             self._handling(run_id, -1)
             return
         future.add_done_callback(handled)

@@ -93,7 +93,7 @@ class MemoryWatch:
                 if self._running.pop(request_id, None) is None:  # it ended meanwhile
                     continue
             if resident is not None:
-                self.on_kill(request_id, invocation)  # first: its pool may see it die at once
+                self.on_kill(request_id, invocation)  # first: its container may see it die at once
                 with suppress(ProcessLookupError):  # it ended meanwhile
                     os.kill(invocation.pid, signal.SIGKILL)
 
