@@ -14,6 +14,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import boto3
 import numpy as np
@@ -22,6 +23,7 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from slsml.aws import clients as aws
+from slsml.aws.ranged import RangedReads
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment
 from slsml.spec import deployment as deployment_spec
 from slsml.spec import keys, wiring
@@ -221,6 +223,53 @@ def test_ranged_gets_answer_as_moto_does(monkeypatch: pytest.MonkeyPatch) -> Non
         "NoSuchBucket",
         "PreconditionFailed",
     }
+
+
+def ranged_reads(s3: object) -> list[object]:
+    """What reads by pre-signed URL (``RangedReads``) of byte ranges answer: the bytes or the error's code, each
+    checked against what a ranged GetObject of ``s3`` answers."""
+    body = np.random.default_rng(1).bytes(6 * 2**20 + 777)
+    shard, odd = "datasets/d/train/00000/shard.bin", "with space+plus%25"
+    s3.create_bucket(Bucket="presigned")
+    for key in (shard, odd):
+        s3.put_object(Bucket="presigned", Key=key, Body=body)
+    size = len(body)
+    ranges = [(0, 0), (1000, 2999), (size - 10, size + 50), (0, size - 1), (5, 2), (size, size + 1)]
+    asked = [("presigned", key, r) for key in (shard, odd) for r in ranges]
+    asked += [("presigned", "missing", (0, 9)), ("gone", shard, (0, 9))]
+
+    def outcome(read: Callable[[], bytes]) -> object:
+        try:
+            return read()
+        except ClientError as error:
+            return error.response["Error"]["Code"]
+
+    def by_call(bucket: str, key: str, first: int, last: int) -> bytes:
+        return s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={first}-{last}")["Body"].read()
+
+    out: list[object] = []
+    for bucket, key, (first, last) in asked:
+        by_url = outcome(partial(RangedReads(s3, bucket).get, key, first, last))
+        assert by_url == outcome(partial(by_call, bucket, key, first, last)), (bucket, key, first, last)
+        out.append(by_url)
+    return out
+
+
+def test_reads_by_presigned_url_answer_as_ranged_gets_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read of a byte range by pre-signed URL reads what a ranged GetObject reads, or fails as it fails, from
+    moto's in-process mock and from the embedded cloud (which answers a dataset shard's ranges itself)."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        expected = ranged_reads(boto3.client("s3", region_name="us-east-1"))
+    cloud = EmbeddedCloud()
+    cloud.start()
+    try:
+        assert ranged_reads(cloud.client("s3")) == expected
+    finally:
+        cloud.stop()
+    assert {a for a in expected if isinstance(a, str)} == {"InvalidRange", "NoSuchKey", "NoSuchBucket"}
+    assert [len(a) for a in expected[:4] if isinstance(a, bytes)] == [1, 2000, 10, 6 * 2**20 + 777]
 
 
 def test_a_long_poll_returns_a_message_when_it_becomes_visible() -> None:

@@ -3,6 +3,7 @@ and bytes for known calls; scopes and invocations; the CloudWatch reader."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import socket
@@ -13,8 +14,10 @@ from typing import Any
 import boto3
 import pytest
 from boto3.dynamodb.conditions import Attr
+from botocore.awsrequest import AWSResponse
 from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError
+from urllib3 import HTTPResponse
 
 from slsml.accounting import usage
 from slsml.accounting.prices import PriceTable
@@ -133,6 +136,49 @@ def test_every_attempt_counts(endpoint: str, lines: list[dict[str, Any]]) -> Non
     usage.instrument(s3)
     with usage.invocation("merger", 512), usage.scope("run-b", 0), pytest.raises(EndpointConnectionError):
         s3.get_object(Bucket=BUCKET, Key="nothing")
+    assert lines[0]["requests"] == {"s3:GetObject": 3}
+
+
+def test_a_read_by_presigned_url_counts_as_a_get_each_attempt(endpoint: str, lines: list[dict[str, Any]]) -> None:
+    """A ranged read by pre-signed URL (``slsml.aws.ranged``) counts as the GetObject it is: a request each attempt,
+    a throttled one retried, and the bytes read; within ``usage.warming``, for the run and not the iteration."""
+    from slsml.aws.storage import ObjectStore
+
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_object(Bucket=BUCKET, Key="runs/g/blob", Body=bytes(range(256)) * 40)
+    store = ObjectStore(s3, BUCKET)
+    throttled: list[str] = []
+
+    def slow_down_once(request: Any, **_: Any) -> AWSResponse | None:
+        if throttled or "X-Amz-Signature" not in request.url:  # the pre-signed GETs alone
+            return None
+        throttled.append(request.url)
+        error = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+        return AWSResponse(request.url, 503, {}, HTTPResponse(body=io.BytesIO(error), preload_content=False))
+
+    settle(lines)
+    s3.meta.events.register("before-send.s3.GetObject", slow_down_once, unique_id="slow-down-once")
+    try:
+        with usage.invocation("worker", 3008), usage.scope("run-g", 2, worker=1):
+            assert store.get_range("runs/g/blob", (10, 109)) == (bytes(range(256)) * 40)[10:110]
+            with usage.warming():
+                assert len(store.get_range("runs/g/blob", (0, 49))) == 50
+    finally:
+        s3.meta.events.unregister("before-send.s3.GetObject", unique_id="slow-down-once")
+    iteration, warmed = lines
+    assert len(throttled) == 1
+    assert (iteration["iteration"], iteration["requests"], iteration["bytes_read"]) == (2, {"s3:GetObject": 2}, 100)
+    assert (warmed["iteration"], warmed["requests"], warmed["bytes_read"]) == (None, {"s3:GetObject": 1}, 50)
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    config = Config(retries={"mode": "standard", "total_max_attempts": 3}, connect_timeout=1)
+    unreachable = ObjectStore(boto3.session.Session().client("s3", endpoint_url=closed, config=config), BUCKET)
+    lines.clear()
+    with usage.invocation("worker", 3008), usage.scope("run-g", 3), pytest.raises(EndpointConnectionError):
+        unreachable.get_range("runs/g/blob", (0, 9))
     assert lines[0]["requests"] == {"s3:GetObject": 3}
 
 

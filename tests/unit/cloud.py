@@ -1,24 +1,52 @@
 """A run's cloud in moto's in-process mock for the worker's unit tests: a bucket, the run table and the topics, a
-dataset ``d``, a run registered on it, and the worker's step on one slot."""
+dataset ``d``, a run registered on it, the worker's step on one slot, and the GETs a store sends."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import boto3
 import numpy as np
 import pytest
+from botocore.awsrequest import AWSPreparedRequest
 from moto import mock_aws
 
 from slsml.aws import cache
+from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
 from slsml.pipeline.services import Services
 from slsml.spec import keys, wiring
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.spec.messages import WorkDone, WorkMessage
 from slsml.state import records
+
+
+@contextmanager
+def watching_gets(store: ObjectStore, seen: Callable[[str, str | None], None]) -> Iterator[None]:
+    """While the block runs, ``seen(key, Range)`` for each GetObject request ``store``'s client sends (by its own
+    call or by pre-signed URL), in the sending thread, before it is answered."""
+
+    def sent(request: AWSPreparedRequest, **_: object) -> None:
+        path = urllib.parse.unquote(urllib.parse.urlsplit(request.url).path).lstrip("/")
+        seen(path.removeprefix(f"{store.bucket}/"), request.headers.get("Range"))
+
+    events, event = store.s3.meta.events, "before-send.s3.GetObject"
+    events.register(event, sent, unique_id="watching-gets")
+    try:
+        yield
+    finally:
+        events.unregister(event, unique_id="watching-gets")
+
+
+@contextmanager
+def gets_sent(store: ObjectStore) -> Iterator[list[tuple[str, str | None]]]:
+    """The (key, Range) of every GetObject ``store``'s client sends in the block (``watching_gets``)."""
+    gets: list[tuple[str, str | None]] = []
+    with watching_gets(store, lambda key, byte_range: gets.append((key, byte_range))):
+        yield gets
 
 
 @contextmanager

@@ -18,6 +18,8 @@ from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError
 
+from . import cloud
+
 
 def arrays(seed: int, train: int = 50, test: int = 9) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
@@ -90,14 +92,6 @@ RECORD = 3 * 2 * 4 + 8  # x (3, 2) float32, y int64
 SEVEN = 7 * RECORD / 2**20  # shards of 7 records
 
 
-def counting_gets(store: ObjectStore) -> list[tuple[str, str | None]]:
-    """The (key, Range) of every GET ``store`` makes from now on."""
-    gets: list[tuple[str, str | None]] = []
-    real_get = store.s3.get_object
-    store.s3.get_object = lambda **kwargs: gets.append((kwargs["Key"], kwargs.get("Range"))) or real_get(**kwargs)
-    return gets
-
-
 def test_reader_takes_rows_across_shards(store: ObjectStore) -> None:
     x, y, x_test, y_test = arrays(0)
     manifest = data.put_dataset(store, "digits-1", x, y, x_test, y_test, shard_mb=SEVEN)
@@ -133,8 +127,8 @@ def test_reader_takes_rows_across_shards(store: ObjectStore) -> None:
         np.testing.assert_array_equal(x_all, x)
         np.testing.assert_array_equal(y_all, y)
 
-    gets = counting_gets(store)
-    cached.take("train", np.arange(50))  # every shard is cached by now
+    with cloud.gets_sent(store) as gets:
+        cached.take("train", np.arange(50))  # every shard is cached by now
     assert gets == []
 
 
@@ -142,9 +136,9 @@ def test_a_ranged_reader_gets_only_the_records_it_uses(store: ObjectStore) -> No
     x, y, x_test, y_test = arrays(0)
     manifest = data.put_dataset(store, "ranged", x, y, x_test, y_test, shard_mb=SEVEN)
     reader = data.DatasetReader(store, manifest)
-    gets = counting_gets(store)
     indices = np.array([16, 3, 4, 5, 15, 13, 14, 4, 40])  # records 3-5 of shard 0, 13 | 14-16 across shards 1 and 2
-    x_got, _ = reader.take("train", indices)
+    with cloud.gets_sent(store) as gets:
+        x_got, _ = reader.take("train", indices)
     np.testing.assert_array_equal(x_got, x[indices])
     assert sorted(gets) == sorted(
         [

@@ -57,24 +57,21 @@ def test_past_the_cache_the_worker_reads_its_records_while_it_reads_the_model(
         for shard, first, end in data.coalesce(indices, 50)
     )
     monkeypatch.setenv(cache.BOUND_ENV, str(300 * RECORD / 2**20))  # the training split (200 records) is past half
-    store = services.store
-    real_get, gets, lock = store.s3.get_object, [], threading.Lock()
-    every_read_began = threading.Event()
+    gets: list[tuple[str, str | None]] = []
+    lock, every_read_began = threading.Lock(), threading.Event()
 
-    def get_object(**kwargs):
-        key = kwargs["Key"]
+    def seen(key: str, byte_range: str | None) -> None:
         if key.startswith(keys.dataset_shards("d", "train")):
             with lock:
-                gets.append((key, kwargs["Range"]))
+                gets.append((key, byte_range))
                 if len(gets) == len(expected):
                     every_read_began.set()
         elif key == keys.source_model("steps") or key.startswith(keys.shards_prefix("steps", 0)):  # held until every
             # batch's read began
             assert every_read_began.wait(WAIT_S), f"the model was read before the batches ({len(gets)} reads)"
-        return real_get(**kwargs)
 
-    monkeypatch.setattr(store.s3, "get_object", get_object)
-    cloud.work(services, "steps")
+    with cloud.watching_gets(services.store, seen):
+        cloud.work(services, "steps")
     assert sorted(gets) == expected  # the records of the round's 3 batches, and nothing else
 
 
@@ -123,21 +120,20 @@ def test_the_plans_data_gets_are_a_runs(
     runs.prepare_run(services, model_bytes, "big", spec, "measured")
     services.table.table.put_item(Item=records.run_item("measured", "big", spec, time.time()))
     monkeypatch.setenv(cache.BOUND_ENV, str(cache_mb))
-    real_get, gets = store.s3.get_object, []
+    gets: list[str] = []
 
-    def get_object(**kwargs):
-        if kwargs["Key"].startswith(keys.dataset_shards("big", "train")):
-            gets.append(kwargs["Key"])
-        return real_get(**kwargs)
+    def seen(key: str, _: str | None) -> None:
+        if key.startswith(keys.dataset_shards("big", "train")):
+            gets.append(key)
 
-    monkeypatch.setattr(store.s3, "get_object", get_object)
     busiest = []  # each iteration's GETs to its busiest shard's prefix
     for iteration in range(spec.iterations):
         if iteration:
             cloud.place_initial(services, "measured", iteration)
         before = len(gets)
-        for worker in range(2):
-            step.work(WorkMessage(run_id="measured", iteration=iteration, worker=worker, workers=2), services)
+        with cloud.watching_gets(store, seen):
+            for worker in range(2):
+                step.work(WorkMessage(run_id="measured", iteration=iteration, worker=worker, workers=2), services)
         busiest.append(max(Counter(key.rsplit("/", 1)[0] for key in gets[before:]).values()))
     measured = len(gets) / spec.iterations
 

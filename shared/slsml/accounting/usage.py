@@ -9,6 +9,9 @@ Every client that ``slsml.aws.clients`` makes is instrumented with botocore even
 - SNS publishes count billed publishes: each message, one per 64 KB chunk (``prices.sns_chunks``);
 - S3 GetObject and PutObject bodies count bytes read and written.
 
+A call whose HTTP attempts go out past its client's hooks (a ranged GET by pre-signed URL, ``slsml.aws.ranged``)
+counts them itself the same way (``Sent``).
+
 Counts go to the open scope: the work on one message, for one (run, iteration), within one Lambda
 invocation (``invocation``, ``scope``). Requests made outside any scope (at import, between two
 messages) go to the invocation's next scope; an invocation that opens none (a rejected message)
@@ -277,6 +280,24 @@ def instrument(client: Any) -> None:
     events.register("request-created", partial(_attempt, service))
     # …and before those that deserialize the response
     events.register_first(f"after-call.{service_id}", partial(_after_call, service))
+
+
+class Sent:
+    """What one call sends past its client's hooks (``slsml.aws.ranged``), counted as the hooks count a client's
+    call: for the scope it is made in (and its thread's ``warming``), one ``request`` (``service:Operation``) each
+    HTTP attempt, retries included, and the bytes of an S3 GET's body."""
+
+    def __init__(self, request: str) -> None:
+        self._call = _Call(_scope, {}, getattr(_thread, "warming", False))
+        self._request = request
+
+    def attempt(self) -> None:
+        with _lock:
+            _counts(self._call.scope, self._call.warming).requests[self._request] += 1
+
+    def read(self, size: int) -> None:
+        with _lock:
+            _counts(self._call.scope, self._call.warming).bytes_read += size
 
 
 def _before_build(params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:

@@ -53,10 +53,16 @@ def new_client(service: str, **options: Any) -> Any:
         return _session().client(service, **options)
 
 
+# S3's requests are signed with SigV4 (``s3v4``) as botocore signs them by default; its pre-signed URLs too, which
+# botocore would otherwise sign with SigV2 (refused by the regions opened since 2014)
+SIGNING = {"s3": Config(signature_version="s3v4")}
+
+
 # cached per endpoint: a process that starts a second embedded cloud must not reach the first
 @cache
 def _client(service: str, endpoint: str | None) -> Any:
-    made = new_client(service, config=RETRIES, endpoint_url=endpoint)
+    config = RETRIES.merge(SIGNING[service]) if service in SIGNING else RETRIES
+    made = new_client(service, config=config, endpoint_url=endpoint)
     usage.instrument(made)
     return made
 

@@ -16,6 +16,7 @@ from aws_lambda_powertools import Logger
 from botocore.exceptions import ClientError
 
 from slsml.aws.clients import error_code
+from slsml.aws.ranged import RangedReads
 from slsml.spec import keys
 from slsml.spec.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE, SERVICE_NAME
 from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
@@ -48,9 +49,22 @@ class ObjectStore:
     def __init__(self, s3: Any, bucket: str) -> None:
         self.s3 = s3
         self.bucket = bucket
+        self._ranged: RangedReads | None = None
 
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         return self.read(key, byte_range).body
+
+    def get_range(self, key: str, byte_range: tuple[int, int]) -> bytes:
+        """Bytes ``byte_range`` (inclusive) of the object, without its metadata: one GET by the object's pre-signed
+        URL (``slsml.aws.ranged``), for many small reads of one object."""
+        if self._ranged is None:
+            self._ranged = RangedReads(self.s3, self.bucket)
+        try:
+            return self._ranged.get(key, *byte_range)
+        except ClientError as error:
+            if error_code(error) in _MISSING:
+                raise NotFoundError(f"s3://{self.bucket}/{key} does not exist") from None
+            raise
 
     def read(self, key: str, byte_range: tuple[int, int] | None = None) -> Stored:
         """The object (or its bytes ``byte_range``, inclusive) with its metadata: one GET."""

@@ -314,7 +314,8 @@ class DatasetReader:
     def _read(self, split: Split, shard: int, byte_range: tuple[int, int] | None, warming: bool = False) -> bytes:
         try:
             with usage.warming() if warming else nullcontext():
-                return self.store.get(keys.dataset_shard(self.manifest.name, split, shard), byte_range)
+                key = keys.dataset_shard(self.manifest.name, split, shard)
+                return self.store.get(key) if byte_range is None else self.store.get_range(key, byte_range)
         except NotFoundError:
             raise NotFoundError(f"dataset {self.manifest.name!r} is missing its {split} shard {shard}") from None
         except ClientError as error:

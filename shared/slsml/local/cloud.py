@@ -128,6 +128,7 @@ class EmbeddedCloud:
         """A new client of ``service`` in this cloud."""
         return aws.new_client(
             service,
+            config=aws.SIGNING.get(service),
             endpoint_url=self.endpoint,
             region_name=REGION,
             aws_access_key_id="slsml-local",

@@ -34,10 +34,10 @@ nor reach moto's management endpoints (``/moto-api/reset``). AWS clients send no
 
 A ranged S3 GET reads its bytes alone. moto read the whole object for each (from a temporary file, past
 5 MB) and sliced the range out of it: a worker's ranged reads of a 64 MB dataset shard cost the server
-64 MB each. A plain one (the kind the workers send for their samples, one per sample in the exact order) is
-answered from moto's S3 backend directly, with the headers moto's own answer has: routed through moto's web
-application (Flask, its request parsing and S3's dispatch), it cost the server three times the CPU (a worker's
-32 samples: 34 ms against 11).
+64 MB each. A plain one (the kind the workers send for their samples, one per sample in the exact order, by
+pre-signed URL) is answered from moto's S3 backend directly, with the headers moto's own answer has: routed
+through moto's web application (Flask, its request parsing and S3's dispatch), it cost the server three times the
+CPU (a worker's 32 samples: 34 ms against 11).
 
 A bucket's policy is enforced as S3 enforces it: an object request that a Deny statement's action, resource and
 conditions all match is refused (403 AccessDenied). moto evaluates a bucket policy with its conditions left out, so
@@ -261,12 +261,23 @@ _SDK_HEADERS = frozenset(
     )
 )
 _PLAIN_OBJECT = re.compile(r"/(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<key>[A-Za-z0-9][A-Za-z0-9/._-]*)")
+# the query of a URL pre-signed with SigV4 (slsml.aws.ranged): its signature's parameters and nothing else
+_PRESIGNED = frozenset(
+    f"X-Amz-{name}"
+    for name in ("Algorithm", "Credential", "Date", "Expires", "SignedHeaders", "Signature", "Security-Token")
+)
+
+
+def _signature_only(query: str) -> bool:
+    """Whether a query string is empty or holds a pre-signed URL's signature alone."""
+    return all(part.partition("=")[0] in _PRESIGNED for part in query.split("&")) if query else True
 
 
 def direct_ranged_gets(app: Any) -> Any:
-    """``app``, with a plain ranged GET of an object answered from moto's S3 backend directly: path-style, no query,
-    ``Range: bytes=A-B`` (A ≤ B, A within the object), the headers an SDK sends and no others, an object in no
-    archive storage class, not the whole object, while moto records no requests. Its answer is moto's (the headers
+    """``app``, with a plain ranged GET of an object answered from moto's S3 backend directly: path-style, no query
+    but a pre-signed URL's signature (which moto does not check, as it checks no other), ``Range: bytes=A-B`` (A ≤ B,
+    A within the object), the headers an SDK sends and no others, an object in no archive storage class, not the
+    whole object, while moto records no requests. Its answer is moto's (the headers
     moto's get_object gives, the 206 of its range handling); any other request goes to ``app``."""
     from moto.core import DEFAULT_ACCOUNT_ID
     from moto.moto_api import recorder
@@ -276,12 +287,12 @@ def direct_ranged_gets(app: Any) -> Any:
 
     def serve(environ: dict[str, Any], start_response: Any) -> Any:
         byte_range = _RANGE.fullmatch(environ.get("HTTP_RANGE", ""))
-        where = _PLAIN_OBJECT.fullmatch(environ.get("RAW_URI", ""))
+        where = _PLAIN_OBJECT.fullmatch(environ.get("RAW_URI", "").partition("?")[0])
         if (
             environ["REQUEST_METHOD"] != "GET"
             or byte_range is None
             or where is None
-            or environ.get("QUERY_STRING")
+            or not _signature_only(environ.get("QUERY_STRING", ""))
             or any(name.startswith("HTTP_") and name not in _SDK_HEADERS for name in environ)
             or recorder._user_enabled  # moto records the requests it serves: the request log stays whole
         ):
