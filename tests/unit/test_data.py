@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from slsml.aws.cache import LRUCache
 from slsml.aws.storage import ObjectStore
-from slsml.data import catalog
+from slsml.data import catalog, writer
 from slsml.data import datasets as data
 from slsml.data.manifest import DatasetOrigin
 from slsml.data.writer import DatasetWriter
@@ -183,6 +184,35 @@ def test_the_writer_takes_chunks_of_any_length_and_stores_the_same_dataset(store
             assert store.get(keys.dataset_shard("chunked", split, index)) == store.get(
                 keys.dataset_shard("whole", split, index)
             )
+
+
+def test_the_writer_holds_at_most_a_shard_per_split_and_those_in_upload_however_many_it_writes(
+    store: ObjectStore,
+) -> None:
+    held: list[int] = []  # the bytes allocated by the writer's module and not yet freed, as each shard is sent
+    mine = [tracemalloc.Filter(True, writer.__file__)]
+
+    def count(**_: object) -> None:
+        held.append(sum(trace.size for trace in tracemalloc.take_snapshot().filter_traces(mine).traces))
+
+    store.s3.meta.events.register("before-send.s3.PutObject", count)
+    x = np.random.default_rng(0).integers(0, 256, (256, 32, 32, 3), dtype=np.uint8)
+    y = np.arange(256) % 10
+    out = DatasetWriter.like(store, "bounded", x, y, shard_mb=0.5)
+    shard_bytes = out.shard_records * out.dtype.itemsize
+    tracemalloc.start()
+    try:
+        with out:
+            for chunk in range(40 * out.shard_records // len(x)):  # 40 shards, one in five of the test split
+                out.write("test" if chunk % 5 == 0 else "train", x, y)
+            manifest = out.finish()
+    finally:
+        tracemalloc.stop()
+    shards = len(manifest.train.shards) + len(manifest.test.shards)
+    assert len(held) == shards + 1 and shards > 5 * (2 + writer.UPLOADS)  # each shard, then the manifest
+    # a buffer per split and the shards in upload, beside small objects (without the bound on uploads the writer
+    # held 33 shards here)
+    assert max(held) <= (2 + writer.UPLOADS) * shard_bytes + 2**16
 
 
 def test_an_interrupted_upload_is_continued_without_sending_stored_shards_again(store: ObjectStore) -> None:

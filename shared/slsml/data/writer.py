@@ -10,8 +10,10 @@ manifest = writer.finish()         # the last shards, then the manifest: the dat
 ```
 
 The writer fills one shard of ``shard_mb`` per split (``slsml.data.manifest`` gives the record layout) and uploads
-each full shard in the background, at most ``uploads`` at a time: it holds at most (2 + ``uploads``) shards, however
-big the dataset. Each chunk is checked first (shape, dtype, NaN or Inf: one line naming the split and the problem).
+each full shard in the background, at most ``uploads`` at a time: it holds at most (2 + ``uploads``) shards' bytes,
+however big the dataset (a shard's bytes are freed before its upload's slot is; the last shard of a split is its
+buffer cut to size, not a copy). Each chunk is checked first (shape, dtype, NaN or Inf: one line naming the split
+and the problem).
 Shards are stored create-only with their SHA-256 as metadata; a shard already stored with the same checksum (an
 interrupted upload of the same data, written again) is kept and not sent again, one with another checksum is refused,
 and so is one stored past the last shard written now.
@@ -174,7 +176,7 @@ class DatasetWriter:
                 if state is None or state.count == 0:
                     raise BadInputError(f"{WHAT[split]}: no samples")
                 if state.filled:
-                    self._flush(split, state)
+                    self._flush(split, state, last=True)
             infos = {
                 split: SplitInfo(
                     count=self._splits[split].count, shards=tuple(f.result() for f in self._splits[split].shards)
@@ -258,23 +260,30 @@ class DatasetWriter:
         buffer = bytearray(self.shard_records * self.dtype.itemsize)
         return _SplitState(buffer, np.frombuffer(buffer, self.dtype))
 
-    def _flush(self, split: Split, state: _SplitState) -> None:
+    def _flush(self, split: Split, state: _SplitState, last: bool = False) -> None:
+        """Send ``split``'s shard to S3 in the background once one of the ``uploads`` slots is free (memory stays
+        bounded), and give the split a fresh buffer; the ``last`` shard's buffer is cut to its records, not copied."""
         for earlier in state.shards:  # an upload that failed stops the writer at its next shard
             if earlier.done():
                 earlier.result()
-        full = state.filled == self.shard_records
-        body = state.buffer if full else bytes(state.buffer[: state.filled * self.dtype.itemsize])
-        index = len(state.shards)
-        self._slots.acquire()  # at most ``uploads`` shards in flight: memory stays bounded
+        parcel, index, size = [state.buffer], len(state.shards), state.filled * self.dtype.itemsize
+        # the split lets go of the shard (and of the view that keeps its buffer from being cut) while it waits
+        state.buffer, state.records, state.filled = bytearray(), np.empty(0, self.dtype), 0
+        if last:
+            del parcel[0][size:]
+        self._slots.acquire()
         try:
-            state.shards.append(self._pool.submit(self._upload, split, index, body))
+            state.shards.append(self._pool.submit(self._upload, split, index, parcel))
         except BaseException:
             self._slots.release()
             raise
-        fresh = self._new_state()
-        state.buffer, state.records, state.filled = fresh.buffer, fresh.records, 0
+        if not last:
+            fresh = self._new_state()
+            state.buffer, state.records = fresh.buffer, fresh.records
 
-    def _upload(self, split: Split, index: int, body: bytes | bytearray) -> ShardEntry:
+    def _upload(self, split: Split, index: int, parcel: list[bytearray]) -> ShardEntry:
+        """Store a shard: ``parcel`` holds its bytes, taken out so that they are freed before its slot is."""
+        body = parcel.pop()
         try:
             entry = ShardEntry(
                 records=len(body) // self.dtype.itemsize, bytes=len(body), sha256=hashlib.sha256(body).hexdigest()
@@ -292,4 +301,5 @@ class DatasetWriter:
                 self.progress(entry.bytes)
             return entry
         finally:
+            del body
             self._slots.release()

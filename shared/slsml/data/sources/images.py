@@ -78,7 +78,7 @@ def decode(path: Path, options: ImageOptions) -> np.ndarray:
             opened.load()
             image: Image.Image = opened
             if options.mode is not None:
-                image = image.convert(options.mode)
+                image = image if image.mode == options.mode else image.convert(options.mode)
             elif image.mode == "P":
                 image = image.convert("RGBA" if "transparency" in image.info else "RGB")
             elif image.mode in KEPT:
@@ -110,10 +110,15 @@ def resize_bilinear(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     no antialiasing when shrinking (unlike Pillow's filters, which average every pixel a shrunk one covers)."""
     top, bottom, y = _weights(height, pixels.shape[0])
     left, right, x = _weights(width, pixels.shape[1])
-    image = pixels.astype(np.float32)
+    # the four neighbours of every output pixel, gathered before they become float32: a decoded image is never
+    # copied whole, only the output's size four times
+    top_left, top_right, bottom_left, bottom_right = (
+        pixels[np.ix_(rows, columns)].astype(np.float32)
+        for rows, columns in ((top, left), (top, right), (bottom, left), (bottom, right))
+    )
     x = x[None, :, None]
-    upper = image[top][:, left] + (image[top][:, right] - image[top][:, left]) * x
-    lower = image[bottom][:, left] + (image[bottom][:, right] - image[bottom][:, left]) * x
+    upper = top_left + (top_right - top_left) * x
+    lower = bottom_left + (bottom_right - bottom_left) * x
     return upper + (lower - upper) * y[:, None, None]
 
 
