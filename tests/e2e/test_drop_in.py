@@ -1,4 +1,5 @@
-"""A plain S3 upload to incoming/ (no CLI) starts a run with the deployment's defaults."""
+"""A plain S3 upload to incoming/ (no CLI) starts a run with the deployment's defaults: on the local cloud, which
+names none, TrainingSpec's, with a deadline that fits its functions' timeouts."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 from slsml.client import demo
 from slsml.spec import keys
+from slsml.spec.limits import RunLimits
 from slsml.training import modelio
 
 from .conftest import finish
@@ -68,3 +70,19 @@ def test_a_dropped_model_whose_budget_the_plan_exceeds_is_refused_naming_both_fi
         r"the plan predicts \$[\d.]+ for this run \(3 iterations\), above its budget of \$0\.000001", run.reason
     ), run.reason
     assert services.store.list_keys(f"runs/{run_id}/") == []
+
+
+def test_a_dropped_model_without_a_deadline_gets_one_that_fits_the_worker_s_timeout(local, services, digits) -> None:
+    model = modelio.save_model(demo.digits_cnn(seed=8))
+    request = {"dataset": "digits", "training": {"workers": 2, "reducers": 1, "global_batch": 64, "iterations": 2}}
+    body = json.dumps(request).encode()
+    slow_workers = RunLimits(function_timeouts_s={**RunLimits().function_timeouts_s, "worker": 300})
+    with local.limited(slow_workers):
+        s3 = services.store.s3
+        s3.put_object(Bucket=services.store.bucket, Key=keys.incoming_request("patient"), Body=body)
+        s3.put_object(Bucket=services.store.bucket, Key="incoming/patient.keras", Body=model)
+        run_id = _run_id_of("patient", model, body)
+        _settled(services, run_id)
+        run = finish(services, run_id, timeout_s=120)
+    assert run.status == "COMPLETED", run.reason
+    assert run.deadline_s == 300

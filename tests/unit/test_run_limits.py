@@ -12,7 +12,7 @@ from slsml.pipeline.services import Services
 from slsml.pipeline.steps import work_launcher
 from slsml.pipeline.steps.work_launcher import Outcome
 from slsml.spec import keys
-from slsml.spec.config import TrainingSpec
+from slsml.spec.config import DropInRequest, TrainingSpec
 from slsml.spec.errors import BadInputError
 from slsml.spec.limits import RunLimits
 from slsml.spec.messages import ModelLanded
@@ -89,3 +89,11 @@ def test_the_default_deadline_outlasts_the_default_deployment_s_stage_function_t
     assert RunLimits().refusal(TrainingSpec()) is None
     slow_reducers = RunLimits(function_timeouts_s={"worker": 10, "reducer": 50})
     assert "the reducer function's 50 s timeout" in (slow_reducers.deadline_refusal(30) or "")  # each stage counts
+
+
+def test_a_dropped_model_trains_with_a_deadline_that_fits_the_stage_function_timeouts() -> None:
+    assert RunLimits().drop_in_defaults() == DropInRequest()  # the default deadline fits the default timeouts
+    slow_workers = RunLimits(function_timeouts_s={"worker": 300, "reducer": 200})
+    defaults = slow_workers.drop_in_defaults()
+    assert defaults.training == {"deadline_s": 300}
+    assert slow_workers.refusal(TrainingSpec.model_validate(defaults.training)) is None

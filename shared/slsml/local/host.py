@@ -455,9 +455,11 @@ class FunctionHost:
         }
 
     def set_limits(self, limits: RunLimits) -> None:
-        """The deployment's run limits, from the next message on: the functions check runs against them, and the
-        functions a stage waits on are ended at the timeouts they name, as a deployment with them would."""
+        """The deployment's run limits, from the next message on: the functions check runs against them, the
+        functions a stage waits on are ended at the timeouts they name, as a deployment with them would, and a model
+        dropped under ``incoming/`` trains with a deadline that fits them (``RunLimits.drop_in_defaults``)."""
         self.deployment.run_limits = limits.model_dump_json()
+        self.deployment.run_defaults = limits.drop_in_defaults().model_dump_json()
         self.timeouts = {**self.timeouts, **limits.function_timeouts_s}
 
     def _count(self, counts: dict[str, int]) -> None:
@@ -671,7 +673,11 @@ class FunctionHost:
             delayed_s, late_s = fault_spec.held_back(identity, receives), fault_spec.late(function, identity)
         hold_s = delayed_s + late_s
         event = sns_event(body, f"{body['TopicArn']}:{function}") if queue_name is None else sqs_event(message, queue)
-        environment = {wiring.RUN_LIMITS_ENV: self.deployment.run_limits, **self.function_environment}
+        environment = {
+            wiring.RUN_LIMITS_ENV: self.deployment.run_limits,
+            wiring.RUN_DEFAULTS_ENV: self.deployment.run_defaults,
+            **self.function_environment,
+        }
         request_id = str(uuid.uuid4())
         slot_taken = True  # the poller took one of the function's slots for this message
 

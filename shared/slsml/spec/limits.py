@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from slsml.spec.config import TrainingSpec
+from slsml.spec.config import DropInRequest, TrainingSpec
 from slsml.spec.deployment import DEFAULT_FUNCTIONS, STAGE_FUNCTIONS
 
 
@@ -56,6 +56,15 @@ class RunLimits(BaseModel):
         early = self.deadline_refusal(spec.deadline_s)
         reasons = ([f"the run asks for {'; '.join(over)}"] if over else []) + ([early] if early else [])
         return "; ".join(reasons) or None
+
+    def drop_in_defaults(self) -> DropInRequest:
+        """What a model dropped under ``incoming/`` trains with on a deployment that names no run defaults (the local
+        service): ``TrainingSpec``'s, with the shortest deadline these limits allow where the default one is shorter
+        (a deployed stack refuses run defaults whose deadline is too short instead)."""
+        default = TrainingSpec.model_fields["deadline_s"].default
+        if self.deadline_refusal(default) is None:
+            return DropInRequest()
+        return DropInRequest(training={"deadline_s": max(self.function_timeouts_s.values())})
 
     def deadline_refusal(self, deadline_s: float) -> str | None:
         """Why a stage deadline of ``deadline_s`` is too short for the deployment's function timeouts, or None."""
