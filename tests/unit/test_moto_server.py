@@ -121,6 +121,45 @@ def test_ranged_reads_answer_as_moto_does() -> None:
     assert '"bytes 1000-2999/' in done.stdout and "InvalidRange" in done.stdout
 
 
+DIRECT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    import moto_server
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+    backend.create_bucket("direct", "us-east-1")
+    backend.put_object("direct", "datasets/d/train/00000/shard.bin", bytes(range(256)) * 4)
+    left = []
+    serve = moto_server.direct_ranged_gets(lambda environ, start_response: left.append(environ["QUERY_STRING"]) or [])
+    signed = ("X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=k%2F20261127%2Fus-east-1%2Fs3%2Faws4_request"
+              "&X-Amz-Date=20261127T095543Z&X-Amz-Expires=900&X-Amz-SignedHeaders=host&X-Amz-Signature=0b6e")
+    answers = {}
+    queries = ("", signed, signed + "&X-Amz-Security-Token=t", signed + "&versionId=v", "AWSAccessKeyId=k&Signature=s")
+    for query in queries:
+        path = "/direct/datasets/d/train/00000/shard.bin"
+        environ = {"REQUEST_METHOD": "GET", "RAW_URI": path + ("?" + query if query else ""), "QUERY_STRING": query,
+                   "PATH_INFO": path, "HTTP_HOST": "127.0.0.1:5000", "HTTP_RANGE": "bytes=10-19"}
+        body = serve(environ, lambda status, headers: answers.setdefault(query, status))
+        assert query in left or b"".join(body) == bytes(range(10, 20))
+    print(json.dumps({"direct": [q for q in answers if q not in left], "left": left}))
+    """
+)
+
+
+def test_a_plain_or_pre_signed_ranged_get_is_answered_directly_and_any_other_query_left_to_moto() -> None:
+    folder = Path(slsml.local.moto_server.__file__).parent
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", DIRECT, str(folder)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    answered = json.loads(done.stdout.splitlines()[-1])
+    assert len(answered["direct"]) == 3 and answered["direct"][0] == "", answered
+    assert [query.rpartition("&")[2] for query in answered["left"]] == ["versionId=v", "Signature=s"]
+
+
 TASK_CLIENTS = textwrap.dedent(
     """
     import json, os, sys

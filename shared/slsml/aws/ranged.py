@@ -5,7 +5,7 @@ endpoint resolved from the rule set, the request signed, a dozen events emitted,
 In the exact data order a worker reads its samples one ranged GET each, and that was most of what its reads cost.
 A pre-signed URL signs the host alone, not the ``Range`` header, so one URL signed for an object serves every
 range of it: a GET is then an HTTP request on the client's own connection pool (its TLS and proxy settings), about
-0.4 ms. A URL is signed for ``URL_EXPIRES_S`` and used for ``URL_REUSE_S`` (botocore refreshes credentials well
+0.5 ms. A URL is signed for ``URL_EXPIRES_S`` and used for ``URL_REUSE_S`` (botocore refreshes credentials well
 before they expire, so the credentials it was signed with outlast its use).
 
 Each GET is still one GetObject of the client: its ``before-parameter-build`` hooks see the call (fault
