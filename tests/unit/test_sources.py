@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from PIL import Image
 
 from slsml.data import sources
+from slsml.data.sources import images
 from slsml.spec.errors import BadInputError
 
 CHUNK = 4096  # bytes: small enough that every source here comes in several chunks
@@ -140,6 +142,35 @@ def test_images_get_keras_labels_and_every_format_decodes(tmp_path: Path) -> Non
     x, y, _ = read_all(sources.open_source(tmp_path / "webp", image_size="8,6", grayscale=True))
     assert x.shape == (3, 8, 6, 1)
     np.testing.assert_array_equal(y, [0, 1, 1])
+
+
+def test_the_images_decoded_at_once_hold_no_more_pixels_than_the_limit(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for i in range(8):  # photos of 3 million pixels: numpy's copy of each (9 MB) is traced, Pillow's memory is not
+        (tmp_path / "big" / str(i % 2)).mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (1500, 2000, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "big" / str(i % 2) / f"{i}.jpg", quality=70)
+    source = sources.open_source(tmp_path / "big", image_size=(8, 8))
+    assert isinstance(source, images.ImageFolderSource)
+
+    def read(limit: int) -> tuple[np.ndarray, int]:
+        """The samples, read with the pool's threads decoding at most ``limit`` pixels at once, and the traced
+        peak."""
+        source.decoding = images.Decoding(limit)
+        tracemalloc.start()
+        try:
+            x, _, _ = read_all(source)
+            return x, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            assert source.decoding.held == 0
+
+    image_bytes = 1500 * 2000 * 3  # a decode holds twice that in traced memory: Pillow's bytes and numpy's array
+    one, peak = read(1500 * 2000)
+    assert peak < 2.5 * image_bytes, "one image decoded at a time"
+    alone, peak = read(1)  # an image larger than the limit is decoded alone, not kept waiting
+    assert peak < 2.5 * image_bytes and np.array_equal(alone, one)
+    assert np.array_equal(read(images.DECODING_PIXELS)[0], one)  # (threads decoding at once peaked at 4×)
 
 
 def test_images_are_resized_as_keras_resizes_them(tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ integer transform, Pillow with its accurate one.)"""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -21,6 +23,7 @@ from slsml.data.sources.base import Chunk, Format, Source, SourceOptions, comma_
 from slsml.spec.errors import BadInputError
 
 SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")  # Keras's, and WebP
+DECODING_PIXELS = 32_000_000  # full-size pixels decoded at once, at most (about 230 MB of an RGB JPEG's copies)
 KEPT = {"1": "L", "L": "L", "LA": "LA", "RGB": "RGB", "RGBA": "RGBA"}  # --keep-channels: a file's mode → the one stored
 
 
@@ -69,12 +72,38 @@ def class_files(folder: Path) -> tuple[tuple[str, ...], list[tuple[Path, int]]]:
     return classes, files
 
 
-def decode(path: Path, options: ImageOptions) -> np.ndarray:
-    """One image as a ``(height, width, channels)`` uint8 array."""
+class Decoding:
+    """How many pixels the images decoded at once hold between them, held to ``limit``: an image waits until its
+    pixels fit beside the others' (one larger than the limit is decoded alone), so that a decode's full-size copies
+    (Pillow's and numpy's, up to 12 bytes a pixel) stay bounded however many CPUs decode and however large the
+    images."""
+
+    def __init__(self, limit: int = DECODING_PIXELS) -> None:
+        self.limit, self.held = limit, 0
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def pixels(self, count: int) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: self.held == 0 or self.held + count <= self.limit)
+            self.held += count
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.held -= count
+                self._changed.notify_all()
+
+
+def decode(path: Path, options: ImageOptions, decoding: Decoding | None = None) -> np.ndarray:
+    """One image as a ``(height, width, channels)`` uint8 array (its full-size pixels held to ``decoding``)."""
     from PIL import Image
 
     try:
-        with Image.open(path) as opened:
+        with (
+            Image.open(path) as opened,
+            decoding.pixels(opened.size[0] * opened.size[1]) if decoding else nullcontext(),
+        ):
             opened.load()
             image: Image.Image = opened
             if options.mode is not None:
@@ -86,12 +115,12 @@ def decode(path: Path, options: ImageOptions) -> np.ndarray:
             else:
                 raise BadInputError(f"{path}: images of mode {image.mode} cannot be kept as they are")
             pixels = np.asarray(image)
+            if pixels.dtype != np.uint8:
+                raise BadInputError(f"{path}: {pixels.dtype} pixels; slsml reads 8-bit images")
+            pixels = pixels.reshape(*pixels.shape[:2], -1)
+            return np.floor(resize_bilinear(pixels, *options.image_size) + 0.5).astype(np.uint8)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         raise BadInputError(f"{path}: not a readable image ({error})") from None
-    if pixels.dtype != np.uint8:
-        raise BadInputError(f"{path}: {pixels.dtype} pixels; slsml reads 8-bit images")
-    pixels = pixels.reshape(*pixels.shape[:2], -1)
-    return np.floor(resize_bilinear(pixels, *options.image_size) + 0.5).astype(np.uint8)
 
 
 def _weights(out_size: int, in_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -129,6 +158,7 @@ class ImageFolderSource(Source):
         super().__init__(str(folder))
         self.options = self.settings = options
         self.classes, self._files = class_files(folder)
+        self.decoding = Decoding()
 
     def count(self) -> int:
         return len(self._files)
@@ -140,7 +170,7 @@ class ImageFolderSource(Source):
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # Pillow decodes without the GIL
             for start in range(0, len(self._files), rows):
                 part = self._files[start : start + rows]
-                images = list(pool.map(lambda item: decode(item[0], self.settings), part))
+                images = list(pool.map(lambda item: decode(item[0], self.settings, self.decoding), part))
                 for (path, _), image in zip(part, images, strict=True):
                     channels = channels or (image.shape[-1], path)
                     if image.shape[-1] != channels[0]:
@@ -148,7 +178,9 @@ class ImageFolderSource(Source):
                             f"{path}: {image.shape[-1]} channels where {channels[1]} has"
                             f" {channels[0]}; leave out --keep-channels to convert them to RGB"
                         )
-                yield np.stack(images), np.array([label for _, label in part], dtype=np.int32)
+                x = np.stack(images)
+                del images  # not held beside the chunk while it is written
+                yield x, np.array([label for _, label in part], dtype=np.int32)
 
 
 FORMAT = Format(name="images", suffixes=SUFFIXES, options=ImageOptions, open=ImageFolderSource, class_folders=True)
