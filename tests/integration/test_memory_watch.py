@@ -70,3 +70,13 @@ def test_a_process_counts_what_its_container_would_hold_beyond_it_and_only_while
         other.kill()
         idle.wait()
         other.wait()
+
+
+def test_an_invocation_whose_process_ended_before_it_was_watched_is_not_read_and_kills_nothing() -> None:
+    ended = _python("pass")
+    ended.wait()
+    killed: list[str] = []
+    watch = MemoryWatch(lambda request_id, invocation: killed.append(request_id))
+    watch.started("gone", Invocation("merger", ended.pid, time.time(), 512 * memory.MB, 128))  # past its memory
+    watch.check()
+    assert killed == []

@@ -111,7 +111,8 @@ class LambdaContext:
 
 def _start_process(function: str, environment: dict[str, str], log_path: str, invocations: Any) -> None:
     global _handler, _invocations, _offset_bytes
-    forked = memory.resident_bytes()  # what this process holds as forked, before it imports its handler
+    preloaded = sys.modules.get(PRELOAD)  # imported by the fork server; not where each process starts anew (Windows)
+    forked = memory.resident_bytes() or 0  # what this process holds as forked, before it imports its handler
     _end_with_host()
     os.environ.clear()  # forked from the preloaded server: the environment is the host's now, not the server's
     os.environ.update(environment)
@@ -130,11 +131,9 @@ def _start_process(function: str, environment: dict[str, str], log_path: str, in
     spec.loader.exec_module(module)
     _handler = module.lambda_handler
     _invocations = invocations
-    if forked is not None:
-        from slsml.local import preload  # imported by the fork server this process was forked from
-
-        imported = preload.TENSORFLOW_BYTES if wiring.function(function).needs_tensorflow else preload.LIBRARIES_BYTES
-        _offset_bytes = imported - forked
+    if preloaded is not None:
+        tensorflow = wiring.function(function).needs_tensorflow
+        _offset_bytes = (preloaded.TENSORFLOW_BYTES if tensorflow else preloaded.LIBRARIES_BYTES) - forked
     fault_injection.install(aws.client("s3"), aws.client("sns"))  # the clients the handler's services use
     started = {
         "level": "INFO",
@@ -194,9 +193,8 @@ def _invoke(
     timeout_s = timeout_s or DEFAULT_FUNCTIONS[function].timeout_s
     started, memory_mb = time.time(), int(os.environ[MEMORY_ENV])
     context = LambdaContext(function, request_id, started + timeout_s, memory_mb)
-    if memory.WATCHED:
-        memory.reset_peak()
-        _invocations.send((request_id, Invocation(function, os.getpid(), started, _offset_bytes, memory_mb)))
+    memory.reset_peak()
+    _invocations.send((request_id, Invocation(function, os.getpid(), started, _offset_bytes, memory_mb)))
     timer = hasattr(signal, "setitimer")  # where the system has none (Windows), invocations are not timed
     if timer:
         signal.signal(signal.SIGALRM, _time_out)
@@ -214,10 +212,9 @@ def _invoke(
     finally:
         if timer:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        used_mb = None
-        if memory.WATCHED:
-            _invocations.send((request_id, None))
-            used_mb = memory.used_mb(memory.peak_bytes() + _offset_bytes)
+        _invocations.send((request_id, None))
+        peak = memory.peak_bytes()
+        used_mb = None if peak is None else memory.used_mb(peak + _offset_bytes)
         print(report_line(request_id, time.time() - started, memory_mb, used_mb))
         sys.stdout.flush()
         sys.stderr.flush()
@@ -541,9 +538,8 @@ class FunctionHost:
             poller.start()
             self._pollers.append(poller)
         threading.Thread(target=self._delete_handled, name="acknowledge", daemon=True).start()
-        if memory.WATCHED:
-            threading.Thread(target=self._follow_invocations, name="invocations", daemon=True).start()
-            threading.Thread(target=self._watch.run, args=(self._stopping,), name="memory", daemon=True).start()
+        threading.Thread(target=self._follow_invocations, name="invocations", daemon=True).start()
+        threading.Thread(target=self._watch.run, args=(self._stopping,), name="memory", daemon=True).start()
         for function, queue in self.deployment.dead_letter_queues.items():
             threading.Thread(
                 target=self._watch_dead_letters, args=(function, queue), name=f"dead-letters-{function}", daemon=True
