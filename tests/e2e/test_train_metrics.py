@@ -5,6 +5,8 @@ whatever the workers; and ``slsml.fit``'s History sums an epoch's iterations as 
 
 from __future__ import annotations
 
+import math
+
 import keras
 import numpy as np
 import pytest
@@ -124,3 +126,43 @@ def test_an_epochs_history_sums_its_iterations_states_as_keras_aggregates_an_epo
         assert abs(expected["auc"] - per_iteration[2 * epoch + 1]["auc"]) > 1000 * TOLERANCE
         for name in FIGURES:
             assert history[name][epoch] == pytest.approx(expected[name], abs=TOLERANCE), (epoch, name)
+
+
+HUGE = 1e20  # a label whose squared error overflows float32: Keras's mse is Inf over a batch that holds it
+
+
+def huge_label_model() -> keras.Model:
+    """A linear regression trained on the absolute error (finite), with the squared error and R² as metrics."""
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mae", metrics=["mse", keras.metrics.R2Score()])
+    return model
+
+
+def test_a_participants_state_that_is_not_finite_gives_the_figures_keras_shows(services):
+    """Iteration 0's global batch holds a label of 1e20, in one of the two workers' slices: that worker's mse and R²
+    state is Inf, its update finite. Its figures come out as the sum gives them, as Keras's train step shows them on
+    that batch (mse Inf, R² NaN, the loss finite), stored and read back through the run table; iteration 1's are
+    finite."""
+    rng = np.random.default_rng(5)
+    x, coefficients = rng.normal(size=(72, 4)).astype(np.float32), rng.normal(size=(4, 1))
+    y = (x @ coefficients).astype(np.float32)
+    batches = [data.global_batch_indices(64, 32, seed=0, iteration=i) for i in range(2)]
+    y[batches[0][0]] = HUGE
+    data.put_dataset(services.store, "huge-label", x[:64], y[:64], x[64:], y[64:])
+    spec = TrainingSpec(workers=2, reducers=1, global_batch=32, iterations=2, eval_every=0)
+    runs.start_run(services, modelio.save_model(huge_label_model()), "huge-label", spec, "huge-label-metrics")
+    run = finish(services, "huge-label-metrics")
+    assert run.status == "COMPLETED", run.reason
+    model, expected = huge_label_model(), []
+    for batch in batches:  # Keras's train step on each global batch in turn
+        history = model.fit(x[batch], y[batch], batch_size=32, epochs=1, shuffle=False, verbose=0).history
+        expected.append({name: float(values[0]) for name, values in history.items()})
+    assert math.isinf(expected[0]["mse"]) and math.isnan(expected[0]["r2_score"])
+    assert math.isfinite(expected[0]["loss"]) and all(math.isfinite(v) for v in expected[1].values())
+    for iteration, keras_figures in enumerate(expected):
+        counter = services.table.get_counter(run.run_id, iteration)
+        assert counter.train is not None, f"iteration {iteration} has no train figures"
+        assert sorted(counter.train) == sorted(keras_figures)
+        for name, value in keras_figures.items():
+            assert counter.train[name] == pytest.approx(value, rel=1e-5, nan_ok=True), (iteration, name)

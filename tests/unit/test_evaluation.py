@@ -133,3 +133,40 @@ def test_weighted_states_equal_keras_evaluate_with_sample_weights(case: str) -> 
     for name, value in expected.items():
         assert got[name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
     assert got["loss"] != pytest.approx(evaluator.result([evaluator.state(x, y)])["loss"], rel=1e-3)  # w counts
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_slice_evaluated_in_batches_of_any_size_equals_keras_evaluate(weighted: bool) -> None:
+    """Batches of 64 and a last one of 10 (a traced step for each size), a regularized layer's penalty in the loss."""
+    keras.utils.set_random_seed(5)
+    rng = np.random.default_rng(5)
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8, activation="relu", kernel_regularizer=keras.regularizers.L2(0.05)),
+            keras.layers.Dense(CLASSES, activation="softmax"),
+        ]
+    )
+    x = rng.normal(size=(SAMPLES, 6)).astype(np.float32)
+    y = rng.integers(0, CLASSES, SAMPLES)
+    w = rng.uniform(0.0, 3.0, SAMPLES).astype(np.float32) if weighted else None
+    model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy", M.SparseTopKCategoricalAccuracy(k=2)])
+    expected = model.evaluate(x, y, sample_weight=w, batch_size=64, return_dict=True, verbose=0)
+    evaluator = evaluation.Evaluator(
+        model, modelio.loss_config(model, None), modelio.metrics_config(model, True), (x[:2], y[:2])
+    )
+    got = evaluator.result([evaluator.state(x, y, w, batch=64)])
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, rel=1e-6, abs=1e-6), name
+    unregularized = keras.losses.sparse_categorical_crossentropy(y, model(x)).numpy()
+    assert got["loss"] > np.average(unregularized, weights=w) + 1e-3  # the penalty counts
+
+
+@pytest.mark.parametrize("workers", [1, 3, 7])
+@pytest.mark.parametrize("count", [0, 5, SAMPLES, 10_000])
+def test_the_workers_slices_partition_the_split(count: int, workers: int) -> None:
+    """Every sample in exactly one worker's slice, in order, each slice of ⌊n/W⌋ or ⌈n/W⌉ samples."""
+    slices = [evaluation.slice_of(count, workers, worker) for worker in range(workers)]
+    assert np.array_equal(np.concatenate(slices), np.arange(count))
+    assert {len(s) for s in slices} <= {count // workers, -(-count // workers)}

@@ -126,15 +126,19 @@ def cmd_bench_admm(args: argparse.Namespace) -> int:
 def cmd_bench_evaluation(args: argparse.Namespace) -> int:
     from slsml.bench import evaluation as bench
 
-    sizes, workers = args.sizes or bench.SIZES, args.workers or bench.WORKERS
-    if args.iterations < 1:
-        raise BadInputError(f"--iterations must be at least 1, not {args.iterations}")
+    sizes, workers, iterations = args.sizes or bench.SIZES, args.workers or bench.WORKERS, args.iterations
+    if iterations is not None and iterations <= max(workers):
+        raise BadInputError(
+            f"--iterations must be above the most workers ({max(workers)}, a warm process each), not {iterations}"
+        )
     _bench(
         args,
         "evaluation",
         max(workers),
         1,
-        lambda runtime, show: bench.evaluation(runtime, sizes, workers, args.iterations, show),
+        lambda runtime, show: bench.evaluation(
+            runtime, sizes, workers, iterations or max(bench.ITERATIONS, max(workers) + 1), show
+        ),
         display.print_evaluation,
     )
     return 0
@@ -257,14 +261,19 @@ def add_commands(commands: Any) -> None:
         benchmarks,
         cmd_bench_evaluation,
         "evaluation",
-        help="the Merger's time per evaluation round and the evaluation's wall time at test splits of several sizes"
-        " and several W, side by side (the demo's CNN, evaluated at every iteration)",
+        help="the slowest worker's evaluation CPU and wall time per round, the evaluation's wall time and the Merger's"
+        " time per evaluation round at test splits of several sizes and several W, side by side (the demo's CNN,"
+        " evaluated at every iteration)",
     )
     evaluation.add_argument(
-        "--sizes", type=options.counts, help="test samples of the runs, comma-separated (default 1000,10000)"
+        "--sizes", type=options.counts, help="test samples of the runs, comma-separated (default 10000,100000)"
     )
     evaluation.add_argument("--workers", type=options.counts, help="W of the runs, comma-separated (default 1,2,4)")
-    evaluation.add_argument("--iterations", type=int, default=4, help="of each run, each evaluated (default 4)")
+    evaluation.add_argument(
+        "--iterations",
+        type=int,
+        help="of each run, each evaluated; above the most workers (default 6, or one above the most workers)",
+    )
 
     data = _benchmark(
         benchmarks,

@@ -758,17 +758,19 @@ def print_algorithms(report: Any, as_json: bool = False) -> None:
 
 
 def print_evaluation(report: Any, as_json: bool = False) -> None:
-    """``bench evaluation``: a row per test split size and W, side by side; then, per W, the Merger's time per
-    evaluation round at the largest size against the smallest, and per size the evaluation's wall time at each W
-    against the fewest workers."""
+    """``bench evaluation``: a row per test split size and W, side by side; then per size each W's slowest worker's
+    evaluation CPU per round and the evaluation's wall time against the fewest workers', and per W the Merger's time
+    per evaluation round at the largest size against the smallest."""
     from rich.table import Table
 
     table = Table(
         "test samples",
         "W",
-        "Merger s per evaluation round",
+        "slowest slice CPU s",
+        "slowest slice wall s",
         "evaluation wall s",
         "slowest worker s",
+        "Merger s per evaluation round",
         title=f"evaluation at every iteration ({report.iterations}), the demo's CNN, global batch"
         f" {report.global_batch}",
     )
@@ -776,29 +778,36 @@ def print_evaluation(report: Any, as_json: bool = False) -> None:
         table.add_row(
             f"{p.test_samples:,}",
             str(p.workers),
-            f"{p.merger_s_per_round:.3f}",
+            f"{p.slice_cpu_s:.3f}",
+            f"{p.slice_wall_s:.3f}",
             f"{p.evaluation_wall_s:.3f}",
             f"{p.slowest_worker_s:.3f}",
+            f"{p.merger_s_per_round:.3f}",
         )
     out = results(as_json)
     out.print(table)
     sizes = sorted({p.test_samples for p in report.points})
     fleets = sorted({p.workers for p in report.points})
     at = {(p.test_samples, p.workers): p for p in report.points}
+    for figure, caption in (
+        ("slice_cpu_s", "slowest worker's evaluation CPU per round"),
+        ("evaluation_wall_s", "evaluation wall time per round"),
+    ):
+        for n in sizes if len(fleets) > 1 else []:
+            fewest = getattr(at[n, fleets[0]], figure)
+            out.print(
+                f"{caption}, {n:,} test samples: "
+                + ", ".join(
+                    f"W={w} {getattr(at[n, w], figure):.3f} s (×{getattr(at[n, w], figure) / fewest:.2f})"
+                    for w in fleets
+                )
+            )
     if len(sizes) > 1:
         out.print(
             "Merger per evaluation round, "
             + f"{sizes[-1]:,} against {sizes[0]:,} test samples: "
             + ", ".join(
                 f"W={w} ×{at[sizes[-1], w].merger_s_per_round / at[sizes[0], w].merger_s_per_round:.2f}" for w in fleets
-            )
-        )
-    for n in sizes if len(fleets) > 1 else []:
-        fewest = at[n, fleets[0]].evaluation_wall_s
-        out.print(
-            f"evaluation wall time per round, {n:,} test samples: "
-            + ", ".join(
-                f"W={w} {at[n, w].evaluation_wall_s:.3f} s (×{at[n, w].evaluation_wall_s / fewest:.2f})" for w in fleets
             )
         )
 

@@ -25,7 +25,8 @@ MAX_METRIC_VALUES = 4096
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # a float that is not finite (a metric's state: Keras gives NaN and Inf) travels as its name ("NaN", "Infinity")
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="strings")
 
     schema_version: Literal[1] = 1
     run_id: str = Field(min_length=1, max_length=63)
@@ -58,7 +59,7 @@ class WorkDone(Message):
         default=None,
         max_length=MAX_METRIC_VALUES,
         description="the state of the loss and compiled metrics over the worker's batches, on their forward passes"
-        " (slsml.training.evaluation); None when the update is not finite",
+        " (slsml.training.evaluation), NaN and Inf as Keras's metrics hold them; None when the update is not finite",
     )
     compute_s: float = Field(ge=0, description="gradient computation, excluding S3 and messaging")
     finite: bool = Field(default=True, description="False: the update holds NaN or Inf and must be left out")

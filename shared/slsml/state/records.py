@@ -15,6 +15,7 @@ sparse ``runs`` index (by ``created_at``) that lists the runs without reading an
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
@@ -232,9 +233,11 @@ def plain(value: Any) -> Any:
 
 
 def dynamo(value: Any) -> Any:
-    """Python floats → Decimals (DynamoDB rejects floats); None-valued fields left out."""
+    """Python floats → Decimals (DynamoDB rejects floats), one that is not finite (a metric's NaN or Inf, which no
+    DynamoDB number holds) → its name ("nan", "inf", "-inf"), which the records' float fields read back; None-valued
+    fields left out."""
     if isinstance(value, float):
-        return Decimal(repr(value))
+        return Decimal(repr(value)) if math.isfinite(value) else repr(value)
     if isinstance(value, dict):
         return {k: dynamo(v) for k, v in value.items() if v is not None}
     if isinstance(value, list | tuple):

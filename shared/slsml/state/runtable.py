@@ -703,7 +703,10 @@ def _test_figures(test: dict[str, float] | None) -> dict[str, Any]:
 
 
 def _summed(states: list[list[float] | None]) -> list[float] | None:
-    """The sum of metrics states of one size (None if there are none, one is missing or they differ in size)."""
+    """The sum of metrics states of one size (None if there are none, one is missing or they differ in size); a
+    column that holds NaN or Inf sums to NaN or Inf, as float arithmetic gives it."""
     if not states or any(s is None or len(s) != len(states[0] or ()) for s in states):
         return None
-    return [math.fsum(column) for column in zip(*states, strict=True)]
+    return [
+        math.fsum(column) if all(map(math.isfinite, column)) else sum(column) for column in zip(*states, strict=True)
+    ]

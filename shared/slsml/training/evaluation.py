@@ -60,6 +60,7 @@ class Evaluator:
         self._reset()
         self.size = 2 + sum(math.prod(v.shape) for v in self._variables)
         self._track = tf.function(self._track_fn, reduce_retracing=True)
+        self._evaluate = tf.function(self._evaluate_fn)  # traced for a whole batch's shape, which Keras counts by
 
     @property
     def metrics(self) -> list[Any]:
@@ -75,24 +76,34 @@ class Evaluator:
         for metric in [*self.loss_trackers, *([self._metrics] if self._metrics is not None else [])]:
             metric.reset_state()
 
+    @property
+    def traces(self) -> int:
+        """How often ``state``'s batch step was traced: once for each size and kind of whole batch (the first)."""
+        return int(self._evaluate.experimental_get_tracing_count())
+
     def state(self, x: Arrays, y: Arrays, w: np.ndarray | None = None, batch: int = EVALUATION_BATCH) -> np.ndarray:
         """The state of evaluating ``x``, ``y`` (each one array or named arrays; no samples: zeros), each sample's
         loss and metrics weighted by ``w`` as ``model.evaluate(x, y, sample_weight=w)`` weights them."""
-        loss_total, count = 0.0, 0
+        loss_total, count = 0.0, samples.count(x)
         self._reset()
-        for start in range(0, samples.count(x), batch):
+        for start in range(0, count, batch):
             part = slice(start, start + batch)
-            xb, yb = samples.take(x, part), _tensors(samples.take(y, part))
+            xb, yb = _tensors(samples.take(x, part)), _tensors(samples.take(y, part))
             wb = None if w is None else tf.convert_to_tensor(w[part])
-            prediction = self.model(xb, training=False)
-            loss = self.loss_fn(yb, prediction, sample_weight=wb)
-            if self.model.losses:  # regularization penalties, as compute_loss adds them
-                loss = loss + tf.add_n(self.model.losses)
-            loss_total += float(loss) * samples.count(xb)
-            count += samples.count(xb)
-            if self._metrics is not None:
-                self._metrics.update_state(yb, prediction, sample_weight=wb)
+            size = min(count, start + batch) - start  # a whole batch in its graph; a shorter last one eagerly
+            loss_total += float((self._evaluate if size == batch else self._evaluate_fn)(xb, yb, wb)) * size
         return self._vector(loss_total, count)
+
+    def _evaluate_fn(self, x: Any, y: Any, w: Any) -> Any:
+        """One batch's loss, its metrics added to the state: traced for whole batches, one call of a graph each, as
+        ``evaluate`` runs its test step (a graph of another size would be traced for each size of slice)."""
+        prediction = self.model(x, training=False)
+        loss = self.loss_fn(y, prediction, sample_weight=w)
+        if self.model.losses:  # regularization penalties, as compute_loss adds them
+            loss = loss + tf.add_n(self.model.losses)
+        if self._metrics is not None:
+            self._metrics.update_state(y, prediction, sample_weight=w)
+        return loss
 
     def batch_state(self, y: Arrays, prediction: Any, w: Any, loss: float) -> np.ndarray:
         """The state of one training batch as ``fit``'s train step tracks it, from its forward pass (``prediction``)

@@ -15,7 +15,6 @@ records them with its claim of the merge."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -93,7 +92,7 @@ def _train_figures(
     store: ObjectStore, config: RunConfig, iteration: int, state: list[float] | None
 ) -> dict[str, float] | None:
     """The loss and metrics over ``iteration``'s batches from the sum of its participants' states (None: none
-    recorded); figures that are not finite are left out (Keras gives NaN for some metrics of too few samples)."""
+    recorded); NaN and Inf as the sum gives them, as Keras shows them (NaN for some metrics of too few samples)."""
     if state is None:
         return None
     trainer, _ = trainer_for(store, config, iteration)
@@ -106,7 +105,7 @@ def _train_figures(
             "train metrics left out", extra={"run_id": config.run_id, "iteration": iteration, "why": str(error)}
         )
         return None
-    return {name: value for name, value in figures.items() if math.isfinite(value)}
+    return figures
 
 
 def _may_end(store: ObjectStore, config: RunConfig, iteration: int) -> bool:

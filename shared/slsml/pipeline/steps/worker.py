@@ -20,6 +20,7 @@ from typing import Any, overload
 import numpy as np
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.metrics import MetricUnit
+from pydantic import BaseModel
 
 from slsml import rules
 from slsml.aws.storage import ObjectStore
@@ -44,6 +45,7 @@ logger = Logger(child=True)
 END_WAIT_S = 30.0  # how long the worker that asked the watchdog to end a run waits for it, before it trains on
 END_POLL_S = 0.2
 HAND_ON_S = 60.0  # a round handed on: its message's delivery and the fresh invocation's start, at most
+SLICE_EVALUATED, SLICE_KEY = "slice evaluated", "slice"  # the log line of a slice's evaluation and its record's key
 
 
 def work(message: WorkMessage, services: Services) -> WorkDone | None:
@@ -181,7 +183,7 @@ def _train(
         _hand_on(message, services, replace(update, compute_s=compute_s))
         return None
     finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
-    tracked = update.metrics is not None and finite and bool(np.isfinite(update.metrics).all())
+    tracked = update.metrics is not None and finite  # a metric's NaN or Inf is reported, as Keras shows it
     if compression.lossy:  # error feedback: the residual is stored first, create-only (see slsml.training.feedback)
         compressed = feedback.compress(update.vector, previous, config.plan, compression, samples, rule.kind, weights)
         body, header = compressed.update
@@ -241,6 +243,22 @@ def _hand_on(message: WorkMessage, services: Services, reached: progress.Progres
     logger.info("round handed on to a fresh invocation", extra=log)
 
 
+class SliceEvaluated(BaseModel):
+    """A worker's evaluation of its slice of a split, once read (its log line ``SLICE_EVALUATED``): its samples, the
+    wall seconds it took and the process's CPU seconds meanwhile (every thread's, TensorFlow's own included): on
+    Lambda, one function's work, 1/W of the split's. ``traced``: it traced the evaluation step first (once per
+    container), a container's warming rather than a round's work."""
+
+    run_id: str
+    iteration: int
+    worker: int
+    split: str
+    samples: int
+    wall_s: float
+    cpu_s: float
+    traced: bool
+
+
 def evaluated(config: RunConfig, iteration: int, train_count: int) -> list[str]:
     """The splits the workers of ``iteration`` evaluate the model entering it on: the test split every
     ``eval_every`` iterations, the validation samples (``validation_split``) at each epoch's end, both for the final
@@ -280,7 +298,20 @@ def _evaluate(
     evaluator = evaluator_for(trainer, config, reader.take("test", samples["test"][:2]))
     for split in splits:
         mine = samples[split][evaluation.slice_of(len(samples[split]), message.workers, message.worker)]
-        state = evaluator.state(*reader.take_weighted(read[split], mine))  # the dataset's weights, as evaluate takes
+        x, y, w = reader.take_weighted(read[split], mine)  # the dataset's weights, as evaluate takes
+        started, cpu, traces = time.perf_counter(), time.process_time(), evaluator.traces
+        state = evaluator.state(x, y, w)
+        timed = SliceEvaluated(
+            run_id=run,
+            iteration=iteration,
+            worker=message.worker,
+            split=split,
+            samples=len(mine),
+            wall_s=time.perf_counter() - started,
+            cpu_s=time.process_time() - cpu,
+            traced=evaluator.traces > traces,
+        )
+        logger.info(SLICE_EVALUATED, extra={SLICE_KEY: timed.model_dump()})
         store.put_array_new(keys.evaluation(run, iteration, message.worker, split), state)
     wanted = {split: [keys.evaluation(run, iteration, w, split) for w in range(message.workers)] for split in splits}
     stored = {key for split in splits for key in store.list_keys(keys.evaluations_prefix(run, iteration, split))}
