@@ -170,3 +170,33 @@ def test_the_workers_slices_partition_the_split(count: int, workers: int) -> Non
     slices = [evaluation.slice_of(count, workers, worker) for worker in range(workers)]
     assert np.array_equal(np.concatenate(slices), np.arange(count))
     assert {len(s) for s in slices} <= {count // workers, -(-count // workers)}
+
+
+def test_each_outputs_train_loss_counts_a_batchs_samples_whatever_sizes_came_before() -> None:
+    """A model of two outputs: a batch's state after one of another size (a worker slot's uneven slices) is its state
+    alone, each output's loss counted by the batch's samples."""
+    keras.utils.set_random_seed(6)
+    rng = np.random.default_rng(6)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    outputs = [
+        keras.layers.Dense(CLASSES, activation="softmax", name="digit")(hidden),
+        keras.layers.Dense(1, name="size")(hidden),
+    ]
+    model = keras.Model(inputs, outputs)
+    model.compile(loss={"digit": "sparse_categorical_crossentropy", "size": "mse"}, metrics={"size": ["mae"]})
+    x = rng.normal(size=(22, 6)).astype(np.float32)
+    y = {"digit": rng.integers(0, CLASSES, 22), "size": rng.normal(size=(22, 1)).astype(np.float32)}
+
+    def batch(n: int) -> tuple[dict[str, np.ndarray], object]:
+        return {k: v[:n] for k, v in y.items()}, model(x[:n], training=False)
+
+    config = (modelio.loss_config(model, None), modelio.metrics_config(model, False))
+    alone = evaluation.Evaluator(model, *config, (x[:2], {k: v[:2] for k, v in y.items()})).batch_state(
+        *batch(21), None, 1.0
+    )
+    evaluator = evaluation.Evaluator(model, *config, (x[:2], {k: v[:2] for k, v in y.items()}))
+    evaluator.batch_state(*batch(22), None, 1.0)
+    after = evaluator.batch_state(*batch(21), None, 1.0)
+    assert after[3] == alone[3] == 21  # digit_loss's count
+    np.testing.assert_allclose(after, alone, rtol=1e-6)

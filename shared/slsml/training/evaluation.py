@@ -59,7 +59,8 @@ class Evaluator:
             self._metrics.update_state(y, prediction)  # some metrics (R2Score) make their variables on the first
         self._reset()
         self.size = 2 + sum(math.prod(v.shape) for v in self._variables)
-        self._track = tf.function(self._track_fn, reduce_retracing=True)
+        # each output's loss is counted by its batch's shape: traced for each size of batch where there are several
+        self._track = tf.function(self._track_fn, reduce_retracing=not self.loss_trackers)
         self._evaluate = tf.function(self._evaluate_fn)  # traced for a whole batch's shape, which Keras counts by
 
     @property
