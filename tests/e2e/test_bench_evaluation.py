@@ -54,7 +54,8 @@ def test_a_point_per_size_and_w_from_the_runs_usage_lines(local, services, capsy
     display.print_evaluation(report)
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if "│" in line and line.strip("│ ")[:1].isdigit()]
-    assert [row.split("│")[1:3] for row in rows] == [[f" {n:<12,} ", f" {w} "] for n in SIZES for w in WORKERS]
+    cells = [[cell.strip() for cell in row.split("│")[1:3]] for row in rows]
+    assert cells == [[f"{n:,}", f"{w}"] for n in SIZES for w in WORKERS]
     assert "Merger per evaluation round, 2,100 against 40 test samples: W=1 ×" in out
     for n in SIZES:  # each W's slowest slice CPU and evaluation time per round side by side, against the fewest's
         points = {p.workers: p for p in report.points if p.test_samples == n}

@@ -204,18 +204,27 @@ def ranged_answers(s3: object) -> list[object]:
     return out
 
 
-def test_ranged_gets_answer_as_moto_does(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The server answers a plain ranged GET itself, with moto's answer; moto answers the rest."""
+def answers_in_moto_and_the_embedded_cloud(
+    monkeypatch: pytest.MonkeyPatch, answers: Callable[[object], list[object]]
+) -> list[object]:
+    """What ``answers`` gives against moto's in-process mock, checked equal to what it gives against the embedded
+    cloud."""
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     with mock_aws():
-        expected = ranged_answers(boto3.client("s3", region_name="us-east-1"))
+        expected = answers(boto3.client("s3", region_name="us-east-1"))
     cloud = EmbeddedCloud()
     cloud.start()
     try:
-        assert ranged_answers(cloud.client("s3")) == expected
+        assert answers(cloud.client("s3")) == expected
     finally:
         cloud.stop()
+    return expected
+
+
+def test_ranged_gets_answer_as_moto_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server answers a plain ranged GET itself, with moto's answer; moto answers the rest."""
+    expected = answers_in_moto_and_the_embedded_cloud(monkeypatch, ranged_answers)
     assert [a[3] for a in expected if a[2] == "bytes=1000-2999"] == [True] * 4  # the bytes asked for, each time
     assert {a[3] for a in expected if len(a) == 4} == {
         "InvalidRange",
@@ -258,16 +267,7 @@ def ranged_reads(s3: object) -> list[object]:
 def test_reads_by_presigned_url_answer_as_ranged_gets_do(monkeypatch: pytest.MonkeyPatch) -> None:
     """A read of a byte range by pre-signed URL reads what a ranged GetObject reads, or fails as it fails, from
     moto's in-process mock and from the embedded cloud (which answers a dataset shard's ranges itself)."""
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with mock_aws():
-        expected = ranged_reads(boto3.client("s3", region_name="us-east-1"))
-    cloud = EmbeddedCloud()
-    cloud.start()
-    try:
-        assert ranged_reads(cloud.client("s3")) == expected
-    finally:
-        cloud.stop()
+    expected = answers_in_moto_and_the_embedded_cloud(monkeypatch, ranged_reads)
     assert {a for a in expected if isinstance(a, str)} == {"InvalidRange", "NoSuchKey", "NoSuchBucket"}
     assert [len(a) for a in expected[:4] if isinstance(a, bytes)] == [1, 2000, 10, 6 * 2**20 + 777]
 
