@@ -204,6 +204,13 @@ def wake_long_polls_when_due() -> None:
 _RANGE = re.compile(r"bytes=(\d+)-(\d+)")
 
 
+def _key_bytes(key: Any, begin: int, stop: int) -> bytes:
+    """Bytes ``begin`` … ``stop - 1`` of moto's object ``key``, read alone from its buffer."""
+    with key.lock:
+        key._value_buffer.seek(begin)
+        return key._value_buffer.read(stop - begin)
+
+
 def ranged_reads() -> None:
     """A GET of one byte range ``bytes=A-B`` (A ≤ B) reads bytes A…B of the object, not the object: moto's
     get_object gets, instead of the object's bytes, a view that has its length and reads a slice on demand."""
@@ -220,9 +227,7 @@ def ranged_reads() -> None:
             return self.key.contentsize
 
         def __getitem__(self, part: slice) -> bytes:  # the range response's slice [begin : end + 1]
-            with self.key.lock:
-                self.key._value_buffer.seek(part.start)
-                return self.key._value_buffer.read(min(part.stop, self.key.contentsize) - part.start)
+            return _key_bytes(self.key, part.start, min(part.stop, self.key.contentsize))
 
     def value(key: Any) -> Any:
         return Ranged(key) if getattr(reading, "ranged", False) else whole.fget(key)
@@ -312,9 +317,7 @@ def direct_ranged_gets(app: Any) -> Any:
         headers = {"x-amz-version-id": key.version_id} if key.version_id != "null" else {}
         headers.update(key.response_dict)
         headers.update(key.metadata)
-        with key.lock:
-            key._value_buffer.seek(begin)
-            body = key._value_buffer.read(end + 1 - begin)
+        body = _key_bytes(key, begin, end + 1)
         headers |= {
             "Accept-Ranges": "bytes",
             "content-range": f"bytes {begin}-{end}/{key.size}",
