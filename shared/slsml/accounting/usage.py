@@ -138,7 +138,13 @@ _lock = threading.Lock()  # the hooks run in whatever thread makes the call (par
 _scope: _Scope | None = None
 _pending = _Counts()  # made outside any scope: for the next one
 _invocation: _Invocation | None = None
-_thread = threading.local()  # ``warming`` of the calls this thread makes
+
+
+class _Thread(threading.local):
+    warming = False  # the calls this thread makes are ``warming``
+
+
+_thread = _Thread()
 
 
 def _counts(scope: _Scope | None, warming: bool = False) -> _Counts:
@@ -288,7 +294,7 @@ class Sent:
     HTTP attempt, retries included, and the bytes of an S3 GET's body."""
 
     def __init__(self, request: str) -> None:
-        self._call = _Call(_scope, {}, getattr(_thread, "warming", False))
+        self._call = _Call(_scope, {}, _thread.warming)
         self._request = request
 
     def attempt(self) -> None:
@@ -301,7 +307,7 @@ class Sent:
 
 
 def _before_build(params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
-    call = context[_CALL] = _Call(_scope, params, getattr(_thread, "warming", False))
+    call = context[_CALL] = _Call(_scope, params, _thread.warming)
     if model.input_shape is not None and "ReturnConsumedCapacity" in model.input_shape.members:
         params.setdefault("ReturnConsumedCapacity", "TOTAL")
     if model.name == "PublishBatch":
