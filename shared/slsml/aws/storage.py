@@ -6,8 +6,9 @@ import hashlib
 import io
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,12 +60,8 @@ class ObjectStore:
         URL (``slsml.aws.ranged``), for many small reads of one object."""
         if self._ranged is None:
             self._ranged = RangedReads(self.s3, self.bucket)
-        try:
+        with self._found(key):
             return self._ranged.get(key, *byte_range)
-        except ClientError as error:
-            if error_code(error) in _MISSING:
-                raise NotFoundError(f"s3://{self.bucket}/{key} does not exist") from None
-            raise
 
     def read(self, key: str, byte_range: tuple[int, int] | None = None) -> Stored:
         """The object (or its bytes ``byte_range``, inclusive) with its metadata: one GET."""
@@ -86,8 +83,14 @@ class ObjectStore:
         return response["Body"].read()
 
     def _get_object(self, key: str, **extra: str) -> dict[str, Any]:
-        try:
+        with self._found(key):
             return self.s3.get_object(Bucket=self.bucket, Key=key, **extra)
+
+    @contextmanager
+    def _found(self, key: str) -> Iterator[None]:
+        """A GET of ``key`` in the block: NotFoundError where the object does not exist."""
+        try:
+            yield
         except ClientError as error:
             if error_code(error) in _MISSING:
                 raise NotFoundError(f"s3://{self.bucket}/{key} does not exist") from None
