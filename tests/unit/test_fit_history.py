@@ -16,13 +16,13 @@ def test_each_epoch_has_the_figures_of_its_summed_train_states_and_the_validatio
     counters = [Counter(iteration=i, train_state=[float(i), 1.0, float(i % 2), 1.0]) for i in range(6)]
     counters[2] = counters[2].model_copy(update={"test": {"loss": 0.9, "auc": 0.7}})
     counters[5] = counters[5].model_copy(update={"test": {"loss": 0.4, "auc": 0.8}, "val": {"loss": 9.0}})
-    counters.append(Counter(iteration=6))  # an iteration whose state was not recorded: left out
+    counters.append(Counter(iteration=6))  # a third epoch's iteration whose state was not recorded: left out
 
     def train(states: list[np.ndarray]) -> dict[str, float]:
         total = np.sum(states, axis=0)
         return {"loss": total[0] / total[1], "accuracy": total[2] / total[3]}
 
-    assert epoch_history(counters, 3, 2, "test", train) == {
+    assert epoch_history(counters, 3, 3, "test", train) == {
         "loss": [1.0, 4.0],
         "accuracy": [1 / 3, 2 / 3],
         "val_loss": [0.9, 0.4],
