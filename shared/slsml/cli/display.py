@@ -188,8 +188,9 @@ class ProgressText:
         late = max(0, latest.arrived - latest.participant_count) if latest.reduce_fired_by is not None else 0
         self.seen[latest.iteration] = (late, latest.reduce_relaunches, len(latest.stale_shards))
         parts = [f"loss {latest.train_loss:.4f}"] if latest.train_loss is not None else []
-        if (metric := first_metric(latest.train or {})) != "loss":  # the first compiled metric over its batches
-            parts.append(f"{metric} {(latest.train or {})[metric]:.3f}")
+        train = latest.train or {}
+        if (metric := first_metric(train)) != "loss":  # the first compiled metric over its batches
+            parts.append(f"{metric} {train[metric]:.3f}")
         parts += [f"{name} {value:.3f}" for name, value in self.evaluated.values()]
         parts.append(f"{(time.time() - self.started) / max(1, run.iteration):.2f} s/iter")
         parts.append(self._workers(run, latest))
