@@ -773,6 +773,7 @@ def done_bytes(workers: int, samples: int, metric_values: int) -> int:
     return len(done.model_dump_json().encode())
 
 
+@lru_cache(maxsize=256)  # every predicted variant of a run adds the same state: counted once
 def state_item_bytes(metric_values: int) -> int:
     """What a metrics state of ``metric_values`` values adds to a DynamoDB item (a worker's record's ``metrics``,
     the counter's ``train_state`` once the reduce fired), every value at the longest a float takes."""
