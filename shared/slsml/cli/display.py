@@ -790,18 +790,16 @@ def print_evaluation(report: Any, as_json: bool = False) -> None:
     sizes = sorted({p.test_samples for p in report.points})
     fleets = sorted({p.workers for p in report.points})
     at = {(p.test_samples, p.workers): p for p in report.points}
-    for figure, caption in (
+    compared = (
         ("slice_cpu_s", "slowest worker's evaluation CPU per round"),
         ("evaluation_wall_s", "evaluation wall time per round"),
-    ):
-        for n in sizes if len(fleets) > 1 else []:
-            fewest = getattr(at[n, fleets[0]], figure)
+    )
+    for figure, caption in compared if len(fleets) > 1 else ():
+        for n in sizes:
+            seconds = [getattr(at[n, w], figure) for w in fleets]
             out.print(
                 f"{caption}, {n:,} test samples: "
-                + ", ".join(
-                    f"W={w} {getattr(at[n, w], figure):.3f} s (×{getattr(at[n, w], figure) / fewest:.2f})"
-                    for w in fleets
-                )
+                + ", ".join(f"W={w} {s:.3f} s (×{s / seconds[0]:.2f})" for w, s in zip(fleets, seconds, strict=True))
             )
     if len(sizes) > 1:
         out.print(
