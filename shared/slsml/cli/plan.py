@@ -18,7 +18,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.data:  # the dataset's samples, their bytes and its shards
         from slsml.data import datasets as data
 
-        manifest = data.load_manifest(targets.required_target(args, found)[0].store, args.data)
+        manifest = data.load_manifest(targets.required(found)[0].store, args.data)
         if args.samples is not None and args.samples != manifest.train.count:
             raise BadInputError(f"--samples {args.samples}: dataset {args.data!r} has {manifest.train.count:,}")
         args.samples = manifest.train.count

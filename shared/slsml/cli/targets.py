@@ -72,13 +72,15 @@ def service_usage(log_dir: Path, run: Any) -> list[Any]:
     return usage.read_local(log_dir, run.run_id)
 
 
-def required_target(
-    args: argparse.Namespace, found: tuple[Any, Callable[[Any], list[Any]]] | None = None
-) -> tuple[Any, Callable[[Any], list[Any]]]:
-    """``target(args)`` (or the one ``found`` already), NotFoundError if there is none."""
+def required_target(args: argparse.Namespace) -> tuple[Any, Callable[[Any], list[Any]]]:
+    """``target(args)``, NotFoundError if there is none."""
+    return required(target(args))
+
+
+def required(found: tuple[Any, Callable[[Any], list[Any]]] | None) -> tuple[Any, Callable[[Any], list[Any]]]:
+    """A ``target`` found, NotFoundError if there is none."""
     from slsml.spec.errors import NotFoundError
 
-    found = found or target(args)
     if found is None:
         raise NotFoundError("no local service is up (start one with `slsml local up`) and no --stack given")
     return found
