@@ -97,7 +97,9 @@ def _train_figures(
         return None
     trainer, _ = trainer_for(store, config, iteration)
     reader = reader_for(store, config.dataset)
-    evaluator = evaluator_for(trainer, config, reader.take("test", np.arange(min(2, reader.manifest.test.count))))
+    evaluator = evaluator_for(
+        trainer, config, lambda: reader.take("test", np.arange(min(2, reader.manifest.test.count)))
+    )
     try:
         figures = evaluator.result([np.asarray(state, dtype=np.float64)])
     except ValueError as error:

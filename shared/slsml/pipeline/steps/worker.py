@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, overload
@@ -164,7 +164,7 @@ def _train(
     samples = sum(len(b) for b in batches)
     optimizer = spec.local_optimizer_config()
     x, y, _ = slices[0]  # the first batch read: compute starts (the others are read meanwhile)
-    meter = evaluator_for(trainer, config, (samples_.take(x, slice(2)), samples_.take(y, slice(2))))
+    meter = evaluator_for(trainer, config, lambda: (samples_.take(x, slice(2)), samples_.take(y, slice(2))))
     trainer.meter = meter.batch_state
     pacer = progress.Pacer(  # sized as the plan sizes it: the progress of the whole round
         lifetime.remaining_s,
@@ -295,7 +295,7 @@ def _evaluate(
         "val": data.held_out(config.training, reader.manifest.train.count)[1],
     }
     read: dict[str, Split] = {"test": "test", "val": "train"}  # validation samples are held out of the training split
-    evaluator = evaluator_for(trainer, config, reader.take("test", samples["test"][:2]))
+    evaluator = evaluator_for(trainer, config, lambda: reader.take("test", samples["test"][:2]))
     for split in splits:
         mine = samples[split][evaluation.slice_of(len(samples[split]), message.workers, message.worker)]
         x, y, w = reader.take_weighted(read[split], mine)  # the dataset's weights, as evaluate takes
@@ -333,12 +333,13 @@ def _evaluate(
 
 
 def evaluator_for(
-    trainer: modelio.Trainer, config: RunConfig, sample: tuple[samples_.Arrays, samples_.Arrays]
+    trainer: modelio.Trainer, config: RunConfig, sample: Callable[[], tuple[samples_.Arrays, samples_.Arrays]]
 ) -> evaluation.Evaluator:
-    """The trainer's evaluator of the run's metrics, built on ``sample`` (a sample or two of the data) once."""
+    """The trainer's evaluator of the run's metrics, built once on ``sample()`` (a sample or two of the data, read
+    only then)."""
     evaluator = trainer.evaluators.get(config.metrics)
     if evaluator is None:
-        evaluator = evaluation.Evaluator(trainer.model, config.loss, config.metrics, sample)
+        evaluator = evaluation.Evaluator(trainer.model, config.loss, config.metrics, sample())
         trainer.evaluators[config.metrics] = evaluator
     return evaluator
 
