@@ -43,6 +43,12 @@ def _tensors(arrays: Arrays) -> Any:
     return tf.nest.map_structure(tf.convert_to_tensor, arrays)
 
 
+def _vector(loss_total: float, count: int, values: Iterable[Any]) -> np.ndarray:
+    """A state: the loss's weighted sum and sample count, then the metric variables' ``values`` flattened."""
+    head = np.array([loss_total, count], dtype=np.float64)
+    return np.concatenate([head, *(np.asarray(v, np.float64).ravel() for v in values)])
+
+
 class Evaluator:
     """The loss and compiled metrics of one model, as states that add up across slices of a split."""
 
@@ -93,7 +99,7 @@ class Evaluator:
             wb = None if w is None else tf.convert_to_tensor(w[part])
             size = min(count, start + batch) - start  # a whole batch in its graph; a shorter last one eagerly
             loss_total += float((self._evaluate if size == batch else self._evaluate_fn)(xb, yb, wb)) * size
-        return self._vector(loss_total, count)
+        return _vector(loss_total, count, [v.numpy() for v in self._variables])
 
     def _evaluate_fn(self, x: Any, y: Any, w: Any) -> Any:
         """One batch's loss, its metrics added to the state: traced for whole batches, one call of a graph each, as
@@ -110,10 +116,8 @@ class Evaluator:
         """The state of one training batch as ``fit``'s train step tracks it, from its forward pass (``prediction``)
         and its loss (``loss``, regularization included): the loss weighted by the batch's samples, each output's
         loss and the metrics given the samples' weights ``w`` (None: unweighted) as Keras gives them."""
-        values = self._track(_tensors(y), prediction, w)
         count = samples.count(y)
-        head = np.array([loss * count, count], dtype=np.float64)
-        return np.concatenate([head, *(np.asarray(v, np.float64).ravel() for v in values)])
+        return _vector(loss * count, count, self._track(_tensors(y), prediction, w))
 
     def _track_fn(self, y: Any, prediction: Any, w: Any) -> list[Any]:
         """One batch's metric variables from reset state (traced: one call of a graph per batch)."""
@@ -123,10 +127,6 @@ class Evaluator:
         if self._metrics is not None:
             self._metrics.update_state(y, prediction, sample_weight=w)
         return [tf.identity(v.value) for v in self._variables]
-
-    def _vector(self, loss_total: float, count: int) -> np.ndarray:
-        head = np.array([loss_total, count], dtype=np.float64)
-        return np.concatenate([head, *(np.asarray(v.numpy(), np.float64).ravel() for v in self._variables)])
 
     def result(self, states: Iterable[np.ndarray]) -> dict[str, float]:
         """``loss`` and each metric by its Keras name, from the sum of ``states``; ValueError for states that
