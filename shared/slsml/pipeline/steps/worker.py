@@ -183,7 +183,6 @@ def _train(
         _hand_on(message, services, replace(update, compute_s=compute_s))
         return None
     finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
-    tracked = update.metrics is not None and finite  # a metric's NaN or Inf is reported, as Keras shows it
     if compression.lossy:  # error feedback: the residual is stored first, create-only (see slsml.training.feedback)
         compressed = feedback.compress(update.vector, previous, config.plan, compression, samples, rule.kind, weights)
         body, header = compressed.update
@@ -201,7 +200,8 @@ def _train(
         attempt=message.attempt,
         samples=samples,
         loss=update.loss if finite else 0.0,
-        metrics=[float(v) for v in update.metrics] if tracked and update.metrics is not None else None,
+        # a non-finite update's metrics are left out; a metric's NaN or Inf is reported, as Keras shows it
+        metrics=update.metrics.tolist() if finite and update.metrics is not None else None,
         compute_s=compute_s,
         finite=finite,
     )
