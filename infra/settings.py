@@ -63,6 +63,8 @@ class Settings(BaseModel):
     def _timeouts_from_functions(cls, limits: RunLimits) -> RunLimits:
         if "function_timeouts_s" in limits.model_fields_set:
             raise ValueError("run_limits take the functions' timeouts from functions.<name>.timeout_s: leave them out")
+        if "worker_memory_mb" in limits.model_fields_set:
+            raise ValueError("run_limits take the worker's memory from functions.worker.memory_mb: leave it out")
         return limits
 
     @field_validator("scratch_expiry_days")
@@ -108,7 +110,8 @@ class Settings(BaseModel):
     @property
     def limits(self) -> RunLimits:
         """What every run of the deployment must keep within: ``run_limits``, with its functions' timeouts."""
-        return self.run_limits.with_timeouts({name: f.timeout_s for name, f in self.functions.items()})
+        timeouts = {name: f.timeout_s for name, f in self.functions.items()}
+        return self.run_limits.with_timeouts(timeouts).with_worker_memory(self.functions["worker"].memory_mb)
 
     @classmethod
     def from_context(cls, node: Node) -> Settings:

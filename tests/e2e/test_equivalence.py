@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from slsml.accounting import usage
 from slsml.client import demo, runs
 from slsml.data import datasets as data
+from slsml.rounds import accumulate
 from slsml.spec import keys, schedules
 from slsml.spec.config import OPTIMIZER_NAMES, OptimizerConfig, RunConfig, TrainingSpec
 from slsml.spec.errors import BadInputError
@@ -90,6 +92,9 @@ CASES += [("sgd-nesterov", 3, 2)]
 CASES += [
     (name, w, r) for name in KERAS if name not in ("sgd-momentum", "sgd-nesterov", "adam") for w, r in ((1, 1), (3, 3))
 ]
+# micro-batches forced: each worker's share (96 or 32 samples) in uneven micro-batches of at most 7 (7, 7, 6, 6, 6)
+MICRO_BATCH = 7
+MICRO_CASES = [("sgd-momentum", 1, 2), ("adam", 3, 2)]
 
 
 def config_of(name: str) -> OptimizerConfig:
@@ -113,15 +118,16 @@ def keras_optimizer(name: str, drop: tuple[str, ...] = (), exclude: bool = True)
     return optimizer
 
 
-def _run_id(name: str, workers: int, reducers: int) -> str:
-    return f"eq-{name}-w{workers}-r{reducers}"
+def _run_id(name: str, workers: int, reducers: int, micro_batch: int | None = None) -> str:
+    return f"eq-{name}-w{workers}-r{reducers}" + (f"-m{micro_batch}" if micro_batch else "")
 
 
 @pytest.fixture(scope="module")
 def pipeline_runs(services, digits):
     """All cases at once through the shared pipeline, the weighted runs beside them (runs also must not disturb each
     other)."""
-    for name, workers, reducers in CASES:
+    cases = [(*case, None) for case in CASES] + [(*case, MICRO_BATCH) for case in MICRO_CASES]
+    for name, workers, reducers, micro_batch in cases:
         spec = TrainingSpec(
             workers=workers,
             reducers=reducers,
@@ -129,10 +135,11 @@ def pipeline_runs(services, digits):
             iterations=ITERATIONS,
             optimizer=config_of(name),
             eval_every=0,
+            micro_batch=micro_batch,
         )
-        train(services, spec, _run_id(name, workers, reducers))
+        train(services, spec, _run_id(name, workers, reducers, micro_batch))
     start_weighted(services, digits)
-    return {case: finish(services, _run_id(*case)) for case in CASES}
+    return {case: finish(services, _run_id(*case)) for case in cases}
 
 
 def flat(model: keras.Model) -> np.ndarray:
@@ -182,7 +189,7 @@ def test_the_cases_cover_every_optimizer_schedule_decay_and_clipping():
 
 @pytest.mark.parametrize(("name", "workers", "reducers"), CASES)
 def test_pipeline_matches_single_process_keras(pipeline_runs, services, digits, name, workers, reducers):
-    run = pipeline_runs[(name, workers, reducers)]
+    run = pipeline_runs[(name, workers, reducers, None)]
     assert run.status == "COMPLETED", run.reason
     assert run.iteration == ITERATIONS
     config = RunConfig.model_validate(services.store.get_json(keys.run_config(run.run_id)))
@@ -222,7 +229,25 @@ def test_pipeline_matches_single_process_keras(pipeline_runs, services, digits, 
     assert error <= tolerance, f"{name} W={workers} R={reducers}: max|Δw|/max|w| = {error:.2e}"
 
 
-CONTINUED = ("adam", 4, 3)  # one of the cases: shards that cut across variables
+@pytest.mark.parametrize(("name", "workers", "reducers"), MICRO_CASES)
+def test_micro_batched_workers_match_single_process_keras_on_the_full_batch(
+    pipeline_runs, services, local, name, workers, reducers
+):
+    run = pipeline_runs[(name, workers, reducers, MICRO_BATCH)]
+    assert run.status == "COMPLETED", run.reason
+    share = BATCH // workers
+    streamed = [r.streamed for r in usage.read_local(local.log_dir, run.run_id) if r.streamed is not None]
+    assert len(streamed) == workers * ITERATIONS
+    assert {s.micro_batches for s in streamed} == {len(accumulate.sizes(share, MICRO_BATCH))}
+    assert {s.micro_batch for s in streamed} == {MICRO_BATCH} and share % MICRO_BATCH  # uneven micro-batches
+    got, _ = final_weights(services, run.run_id)
+    expected, _ = reference(name)
+    error = np.abs(got - expected).max() / np.abs(expected).max()
+    print(f"\n{name} W={workers} R={reducers} micro-batch {MICRO_BATCH}: max|Δw|/max|w| = {error:.2e}")
+    assert error <= TOLERANCE[name]
+
+
+CONTINUED = ("adam", 4, 3, None)  # one of the cases: shards that cut across variables
 CONTINUE_STEPS = 4
 
 

@@ -54,7 +54,8 @@ def test_what_the_pipeline_sends_is_admitted(services: Services, fired: list[Red
         (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=3), "3 workers, but iteration 0 was launched with 2"),
         (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2, generation=1), "generation 1 is ahead"),
         (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2, attempt=7), "attempt 7 is past the run's"),
-        (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2, resume=1), "a continuation after 1 local steps"),
+        (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2, resume=1), "no progress is stored at"),
+        (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2, resume=10**5), "a continuation after 100000 micro"),
         (_done(RUN, 0).model_copy(update={"samples": 10**12}), "1000000000000 samples, more than a worker's 16 of"),
         (_done(RUN, 0).model_copy(update={"samples": 3}), "3 samples, but the update at"),
         (_done(RUN, 0).model_copy(update={"attempt": 1}), "no update is stored at runs/checked/iters/000000/updates/"),
@@ -79,16 +80,20 @@ def test_a_message_that_does_not_belong_to_its_run_is_not_admitted(
 
 
 def test_a_continuation_is_admitted_only_with_the_progress_it_names(services: Services) -> None:  # noqa: F811
-    """A round of 3 local steps handed on after 2 (``slsml.training.progress``): its continuation is admitted once
-    that progress is stored, and one naming progress no invocation stored, or past the round, is not."""
+    """A round of 3 local steps handed on after 2 micro-batches (``slsml.training.progress``): its continuation is
+    admitted once that progress is stored, and one naming progress no invocation stored, or past the round's
+    micro-batches (of one sample at least), is not."""
     _register(services, "continued", workers=2, algorithm="average", local_steps=3)
     continuation = WorkMessage(run_id="continued", iteration=0, worker=1, workers=2, resume=2)
     key = keys.progress("continued", 0, 1, 0, 2)
     assert admission.problem(continuation, services) == f"no progress is stored at {key}"
     services.store.put_new(key, b"progress")
     assert admission.problem(continuation, services) is None
-    past = continuation.model_copy(update={"resume": 3})
-    assert admission.problem(past, services) == "a continuation after 3 local steps of a round of 3"
+    samples = 3 * services.store.get_json(keys.run_config("continued"))["training"]["global_batch"]
+    assert admission.problem(continuation.model_copy(update={"resume": samples - 1}), services) is not None
+    past = continuation.model_copy(update={"resume": samples})
+    expected = f"a continuation after {samples} micro-batches of a round of at most {samples} samples"
+    assert admission.problem(past, services) == expected
     forged = continuation.model_copy(update={"attempt": 1})  # of an attempt that stored none
     assert "no progress is stored at" in (admission.problem(forged, services) or "admitted")
 

@@ -16,6 +16,7 @@ from slsml.cli import display
 from slsml.data import datasets as data
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import load_weights
+from slsml.rounds.accumulate import Whole
 from slsml.rules import admm
 from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
@@ -69,7 +70,12 @@ def _rounds(
         sent = []
         for worker, part in enumerate(parts):
             update, state = admm.local_round(
-                trainer, consensus, states[worker] if keep_state else None, [(x[part], y[part])] * 10, local, rho=0.1
+                trainer,
+                consensus,
+                states[worker] if keep_state else None,
+                [Whole((x[part], y[part], None))] * 10,
+                local,
+                rho=0.1,
             )
             states[worker] = state
             sent.append(update.vector)
@@ -96,7 +102,9 @@ def test_a_slot_sends_the_consensus_less_its_model_and_dual_and_its_dual_steps_b
     trainer, start, x, y = _problem()
     before = admm.SlotState(start + 0.1, np.full_like(start, 0.05))
     consensus = start + 0.02
-    update, state = admm.local_round(trainer, consensus, before, [(x[:8], y[:8])], OptimizerConfig(name="sgd"), rho=1.0)
+    update, state = admm.local_round(
+        trainer, consensus, before, [Whole((x[:8], y[:8], None))], OptimizerConfig(name="sgd"), rho=1.0
+    )
     np.testing.assert_allclose(state.dual, before.dual + before.model - consensus, atol=1e-7)
     np.testing.assert_allclose(update.vector, consensus - state.model - state.dual, atol=1e-7)
     assert not np.allclose(state.model, before.model)  # it stepped

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from slsml.rounds.accumulate import Whole
 from slsml.spec.config import OptimizerConfig
 from slsml.spec.errors import BadInputError
 from slsml.spec.shardplan import ShardPlan
@@ -479,7 +480,7 @@ def test_local_steps_on_named_arrays_equal_keras_fit_steps_of_a_two_output_model
     trainer = modelio.Trainer(model, plan, modelio.loss_config(model, None))
     start = modelio.get_flat(model, plan)
     progress, finished = averaging.local_steps(
-        trainer, start, batches, OptimizerConfig(name="sgd", learning_rate=0.1), None
+        trainer, start, [Whole(batch) for batch in batches], OptimizerConfig(name="sgd", learning_rate=0.1), None
     )
     for x, y, _ in batches:
         reference.train_on_batch(x, y)

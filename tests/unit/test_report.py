@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from slsml.accounting.prices import PriceTable
+from slsml.accounting import usage
 from slsml.accounting.usage import UsageRecord
 from slsml.cli import report
 from slsml.client import runs
@@ -417,3 +418,14 @@ def test_the_curves_and_tables_name_the_figures_as_keras_does(tmp_path: Path) ->
     }  # no AUC over the batches here: only the evaluated one
     report.draw_curves(auc, tmp_path / "auc.png")
     assert (tmp_path / "auc.png").stat().st_size > 1000
+
+
+def test_a_timeline_notes_a_workers_micro_batches_and_how_long_compute_waited_for_their_reads() -> None:
+    streamed = usage.Streamed(micro_batch=6, micro_batches=22, read_s=3.21, waited_s=0.05, compute_s=43.0)
+    whole = usage.Streamed(micro_batch=64, micro_batches=1, read_s=0.2, waited_s=0.2, compute_s=1.0)
+    records = [
+        use("worker", T0 + 0.1, T0 + 50.0, worker=0, attempt=0, streamed=streamed),
+        use("worker", T0 + 0.1, T0 + 2.0, worker=1, attempt=0, streamed=whole),
+    ]
+    notes = {b.label: b.note for b in report.timeline(1, records).bars}
+    assert notes == {"Worker 0": "22 micro-batches of ≤6, reads 3.21 s (0.05 s waited)", "Worker 1": ""}

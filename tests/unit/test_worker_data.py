@@ -1,5 +1,5 @@
 """The worker's data: it reads the records of its batches alone (ranged GETs) when the dataset is past its warm
-cache's share for data, all of the round's batches while it reads the model and the weights, and trains on the
+cache's share for data, its first micro-batches while it reads the model and the weights, and trains on the
 same samples as with the dataset cached."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from slsml.aws import cache
 from slsml.data import datasets as data
 from slsml.pipeline.services import Services
+from slsml.rounds import stream
 from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.messages import WorkMessage
@@ -51,11 +52,15 @@ def test_past_the_cache_the_worker_reads_its_records_while_it_reads_the_model(
 ) -> None:
     config = cloud.register_run(services, model_bytes, "steps", reducers=1, algorithm="average", local_steps=3)
     batches = data.round_batches(config.training, 200, 2, 0, 0)
-    expected = sorted(
-        (keys.dataset_shard("d", "train", shard), f"bytes={first * RECORD}-{end * RECORD - 1}")
+    reads = [
+        [
+            (keys.dataset_shard("d", "train", shard), f"bytes={first * RECORD}-{end * RECORD - 1}")
+            for shard, first, end in data.coalesce(indices, 50)
+        ]
         for indices in batches
-        for shard, first, end in data.coalesce(indices, 50)
-    )
+    ]
+    expected = sorted(read for batch in reads for read in batch)
+    ahead = sum(len(batch) for batch in reads[: stream.AHEAD])  # each batch one micro-batch: the first read ahead
     monkeypatch.setenv(cache.BOUND_ENV, str(300 * RECORD / 2**20))  # the training split (200 records) is past half
     gets: list[tuple[str, str | None]] = []
     lock, every_read_began = threading.Lock(), threading.Event()
@@ -64,15 +69,16 @@ def test_past_the_cache_the_worker_reads_its_records_while_it_reads_the_model(
         if key.startswith(keys.dataset_shards("d", "train")):
             with lock:
                 gets.append((key, byte_range))
-                if len(gets) == len(expected):
+                if len(gets) == ahead:
                     every_read_began.set()
         elif key == keys.source_model("steps") or key.startswith(keys.shards_prefix("steps", 0)):  # held until every
             # batch's read began
-            assert every_read_began.wait(WAIT_S), f"the model was read before the batches ({len(gets)} reads)"
+            assert every_read_began.wait(WAIT_S), f"the model was read before the first batches ({len(gets)} reads)"
 
     with cloud.watching_gets(services.store, seen):
         cloud.work(services, "steps")
     assert sorted(gets) == expected  # the records of the round's 3 batches, and nothing else
+    assert len(reads) > stream.AHEAD  # a batch was left to read while the first computed
 
 
 def test_the_worker_sends_the_same_update_from_ranged_reads_as_from_cached_shards(

@@ -62,6 +62,20 @@ _DYNAMODB_READS = {"GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems
 logger = Logger(service=SERVICE_NAME, child=True)
 
 
+class Streamed(BaseModel):
+    """A worker's round as its stream of micro-batches saw it (``slsml.rounds.stream``): the micro-batch, how many
+    it computed, their reads' seconds added up, the seconds compute waited for a read (the rest of the reading
+    overlapped compute) and the seconds it computed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    micro_batch: int
+    micro_batches: int
+    read_s: float
+    waited_s: float
+    compute_s: float
+
+
 class UsageRecord(BaseModel):
     """One scope's usage line (``invocation``, the Lambda request id, and ``trace_id``, the X-Ray trace on
     AWS, come from the line around it)."""
@@ -86,6 +100,7 @@ class UsageRecord(BaseModel):
     shard: int | None = None
     attempt: int | None = None
     stage: str | None = Field(default=None, description="a deadline's: the barrier it watched (work, reduce)")
+    streamed: Streamed | None = Field(default=None, description="a worker's: its round's micro-batches")
     invocation: str | None = Field(default=None, exclude=True)
     trace_id: str | None = Field(default=None, exclude=True)
 
@@ -111,6 +126,7 @@ class _Scope:
     part: dict[str, Any] = field(default_factory=dict)  # of PART_FIELDS
     open: bool = True
     warm: _Counts = field(default_factory=_Counts)  # what it read to fill the container's warm cache (``warming``)
+    streamed: Streamed | None = None
 
 
 @dataclass
@@ -211,6 +227,12 @@ def scope(run_id: str | None, iteration: int | None, **part: Any) -> Iterator[No
         current.mark, current.scopes = end, current.scopes + 1
 
 
+def streamed(figures: Streamed) -> None:
+    """Log the open scope's round of micro-batches with its usage line."""
+    if _scope is not None:
+        _scope.streamed = figures
+
+
 def attribute(run_id: str | None, iteration: int | None = None) -> None:
     """Name the run (and iteration) of the open scope, for a message that names none (a dropped model)."""
     if _scope is not None:
@@ -264,6 +286,7 @@ def _scope_record(opened: _Scope, current: _Invocation, end: float, start: float
         sns_billed=counts.sns_billed,
         bytes_read=counts.bytes_read,
         bytes_written=counts.bytes_written,
+        streamed=opened.streamed,
         **opened.part,
     )
 
@@ -272,7 +295,7 @@ def _log(opened: _Scope, current: _Invocation, end: float, start: float | None =
     current.bytes_read += opened.counts.bytes_read
     current.bytes_written += opened.counts.bytes_written
     record = _scope_record(opened, current, end, start)
-    unnamed = {name for name in PART_FIELDS if getattr(record, name) is None}  # no bytes for what it is not
+    unnamed = {name for name in (*PART_FIELDS, "streamed") if getattr(record, name) is None}  # no bytes for none
     logger.info(USAGE_KEY, extra={USAGE_KEY: record.model_dump(exclude=unnamed)})
 
 

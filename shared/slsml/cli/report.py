@@ -129,6 +129,11 @@ def _note(record: UsageRecord, iteration: IterationRecord | None) -> str:
         notes.append("acts")
     if record.attempt:
         notes.append(f"attempt {record.attempt}")
+    if (streamed := record.streamed) is not None and streamed.micro_batches > 1:
+        notes.append(
+            f"{streamed.micro_batches} micro-batches of ≤{streamed.micro_batch}, reads {streamed.read_s:.2f} s"
+            f" ({streamed.waited_s:.2f} s waited)"
+        )
     if iteration is not None and record.worker is not None and record.function in {"worker", "reduce_launcher"}:
         if record.worker in iteration.nonfinite:
             notes.append("non-finite")

@@ -15,11 +15,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError, computed_field, mod
 
 from slsml import rules
 from slsml.accounting import prices, usage
+from slsml.aws import cache
 from slsml.cost import budget
 from slsml.cost import model as costmodel
 from slsml.data import datasets as data
 from slsml.data.manifest import DatasetManifest
 from slsml.pipeline.services import Services
+from slsml.rounds import sizing
 from slsml.spec import keys, samples
 from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
@@ -248,8 +250,11 @@ def prepare_run(
         class_weights=class_weights,
         modes=modes,
         plan=plan,
+        sample_bytes=sizing.sample_bytes(model),
         architecture=modelio.architecture(model),
     )
+    if refusal := memory_refusal(config, services.limits.worker_memory_mb):
+        raise BadInputError(refusal)
     if not store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json")):
         raise BadInputError(f"a run named {run_id!r} already exists")
     flat = modelio.get_flat(model, plan)
@@ -260,6 +265,21 @@ def prepare_run(
         store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     store.put_new(keys.source_model(run_id), model_bytes)
     return config
+
+
+def memory_refusal(config: RunConfig, worker_memory_mb: int) -> str | None:
+    """Why the run's steps cannot fit a worker of ``worker_memory_mb``: not one sample fits, or the micro-batch it
+    asks for (``--micro-batch``) does not (None: they fit)."""
+    memory = sizing.of_run(config, worker_memory_mb, cache.MEMORY_SHARE * worker_memory_mb, rules.slot_bytes(config))
+    if (refusal := memory.refusal()) is not None:
+        return refusal
+    asked, fitting = config.training.micro_batch, memory.micro_batch()
+    if asked is not None and asked > fitting:
+        return (
+            f"--micro-batch {asked}: a step of {asked} samples needs ~{memory.needed_mb(asked, 2):,.0f} MB and the"
+            f" worker has {worker_memory_mb:,} MB; {fitting:,} fit (leave --micro-batch out to compute in those)"
+        )
+    return None
 
 
 def _modes(spec: TrainingSpec, figures: dict[str, str | None]) -> dict[str, Literal["min", "max"]]:

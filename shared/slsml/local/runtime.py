@@ -97,7 +97,7 @@ class LocalRuntime:
         self.concurrency = {function: min(n, reserved[function], pool) for function, n in wanted.items()}
         self.memory_mb = checked_settings("memory_mb", memory_mb or {}, self.concurrency)
         self.timeouts_s = checked_settings("timeout_s", timeouts_s or {}, self.concurrency)
-        self.limits = (limits or RunLimits()).with_timeouts(self.timeouts_s)
+        self.limits = (limits or RunLimits()).with_timeouts(self.timeouts_s).with_worker_memory(self.worker_memory_mb)
         self.duplicate_deliveries = duplicate_deliveries
         self.log_dir = log_dir
         self.tf_threads = tf_threads
@@ -142,7 +142,13 @@ class LocalRuntime:
         finally:
             self.host.resize(before)
 
+    @property
+    def worker_memory_mb(self) -> int:
+        """The Worker's memory: a run's micro-batches fit it."""
+        return self.memory_mb.get("worker", DEFAULT_FUNCTIONS["worker"].memory_mb)
+
     def _limit(self, limits: RunLimits) -> None:
+        limits = limits.with_worker_memory(self.worker_memory_mb)
         self.limits = self.services.limits = limits
         self.host.set_limits(limits)
 

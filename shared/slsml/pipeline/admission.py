@@ -82,12 +82,13 @@ def _work(message: WorkMessage, config: RunConfig, services: Services) -> str | 
 
 
 def _resume(message: WorkMessage, config: RunConfig, services: Services) -> str | None:
-    """A continuation names progress its round stored, within the round's steps."""
+    """A continuation names progress its round stored, within the round's micro-batches (one sample each at least)."""
     if not message.resume:
         return None
-    steps = rules.of(config.training).compute_steps(config.training)
-    if message.resume >= steps:
-        return f"a continuation after {message.resume} local steps of a round of {steps}"
+    spec = config.training
+    samples = spec.global_batch * rules.of(spec).compute_steps(spec)
+    if message.resume >= samples:
+        return f"a continuation after {message.resume} micro-batches of a round of at most {samples} samples"
     key = keys.progress(message.run_id, message.iteration, message.worker, message.attempt, message.resume)
     return None if services.store.exists(key) else f"no progress is stored at {key}"
 

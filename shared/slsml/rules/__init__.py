@@ -20,3 +20,9 @@ def of(spec: TrainingSpec) -> UpdateRule:
 def server_optimizer(config: RunConfig) -> OptimizerConfig:
     """What the run's reducers step with the averaged update."""
     return of(config.training).server_optimizer(config.training, config.optimizer)
+
+
+def slot_bytes(config: RunConfig) -> int:
+    """What a worker slot of the run keeps between rounds (0: nothing)."""
+    spec, plan = config.training, config.plan
+    return of(spec).slot_traffic(spec, plan.size, int(plan.trainable_mask().sum())).bytes

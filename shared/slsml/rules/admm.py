@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from slsml.rounds.accumulate import StepBatch
 from slsml.rules import averaging
 from slsml.rules.base import Round, SlotTraffic, UpdateRule, archive_bytes
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.errors import BadInputError, RunFailed
 from slsml.training import npz, progress
 from slsml.training.progress import Progress
-from slsml.training.weighting import Batch
 
 if TYPE_CHECKING:
     from slsml.training.modelio import Trainer, Update
@@ -70,7 +70,7 @@ class Admm(UpdateRule):
     that state, so that the update and the state agree. The reducers' plain average makes the consensus."""
 
     kind = "weight change"
-    hands_on = rereads_slot = True  # the dual's step and the proximal anchor come from the stored slot state
+    rereads_slot = True  # the dual's step and the proximal anchor come from the stored slot state
 
     def round(self, work: Round) -> Update | Progress:
         size, trainable = work.trainer.plan.size, work.trainer.plan.trainable_mask()
@@ -148,7 +148,7 @@ def local_round(
     trainer: Trainer,
     consensus: np.ndarray,
     state: SlotState | None,
-    batches: Sequence[Batch],
+    batches: Sequence[StepBatch],
     optimizer: OptimizerConfig,
     rho: float,
     resumed: Progress | None = None,

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from slsml.rounds import accumulate
+from slsml.rounds.accumulate import StepBatch
 from slsml.rules.base import Round, SlotTraffic, UpdateRule, archive_bytes
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.training import npz, optimizers
 from slsml.training import progress as progress_
 from slsml.training.optimizers import State
-from slsml.training.progress import Progress
-from slsml.training.weighting import Batch
+from slsml.training.progress import Partial, Progress
 
 if TYPE_CHECKING:
     from slsml.training.modelio import Trainer, Update
@@ -27,7 +28,6 @@ class ModelAveraging(UpdateRule):
     round before (fresh if there is none), and the slot stores its state after the round."""
 
     kind = "weight change"
-    hands_on = True
 
     def round(self, work: Round) -> Update | Progress:
         keep = work.spec.local_state == "keep"
@@ -80,7 +80,7 @@ def weight_change(trainer: Trainer, start: np.ndarray, progress: Progress) -> Up
 def local_steps(
     trainer: Trainer,
     start: np.ndarray,
-    batches: Sequence[Batch],
+    batches: Sequence[StepBatch],
     optimizer: OptimizerConfig,
     state: State | None,
     pull: Callable[[np.ndarray], np.ndarray] | None = None,
@@ -88,27 +88,30 @@ def local_steps(
     pause: Callable[[], bool] = progress_.never,
 ) -> tuple[Progress, bool]:
     """Steps of the local optimizer from the flat weights ``start``, one per batch, each on the batch's gradient
-    plus ``pull(trainable weights)`` if given (e.g. ADMM's proximal term); ``resumed``: the round goes on from this
-    progress, ``batches`` being the ones left. Before each step, ``pause()`` may stop the round (its invocation's
-    time runs short: ``slsml.training.progress.Pacer``). Returns the progress (the end weights, non-trainable ones:
-    their values after the last forward pass; the optimizer's state; the steps' losses and their metrics' summed state)
-    and whether every batch was stepped on. The trainer's model ends at the weights reached."""
+    plus ``pull(trainable weights)`` if given (e.g. ADMM's proximal term), each batch's gradient added up over its
+    micro-batches; ``resumed``: the round goes on from this progress, ``batches`` being the ones left. Before each
+    micro-batch, ``pause()`` may stop the round (its invocation's time runs short:
+    ``slsml.training.progress.Pacer``). Returns the progress (the end weights, non-trainable ones: their values after
+    the last forward pass; the optimizer's state; the steps' losses and their metrics' summed state; the micro-batches
+    of the step under way) and whether every batch was stepped on. The trainer's model ends at the weights reached."""
     from slsml.training import modelio
 
     trainable = trainer.plan.trainable_mask()
+    partial: Partial | None = None
     if resumed is None:
         current, steps, losses, metrics = start.copy(), 0, [], None
         state = optimizers.initial_state(optimizer, int(trainable.sum())) if state is None else state
     else:
         current, steps, state = resumed.weights.copy(), resumed.steps, resumed.state
-        losses, metrics = list(resumed.losses), resumed.metrics
+        losses, metrics, partial = list(resumed.losses), resumed.metrics, resumed.partial
     finished = True
     for batch in batches:
-        if pause():
-            finished = False
-            break
         modelio.set_flat(trainer.model, trainer.plan, current)
-        step = trainer.compute_update(*batch)
+        step = accumulate.step_update(trainer, batch, partial, pause)
+        if isinstance(step, Partial):
+            partial, finished = (step if step.done else None), False
+            break
+        partial = None
         losses.append(step.loss)
         if step.metrics is not None:
             metrics = step.metrics if metrics is None else metrics + step.metrics
@@ -117,7 +120,7 @@ def local_steps(
         current[~trainable] = step.vector[~trainable]
         steps += 1
     modelio.set_flat(trainer.model, trainer.plan, current)
-    return Progress(steps, current, state, tuple(losses), metrics), finished
+    return Progress(steps, current, state, tuple(losses), metrics, partial=partial), finished
 
 
 RULE = ModelAveraging()

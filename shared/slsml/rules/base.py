@@ -18,7 +18,9 @@ import numpy as np
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.training import npz, progress
 from slsml.training.progress import Progress
-from slsml.training.weighting import Batch
+
+if TYPE_CHECKING:
+    from slsml.rounds.accumulate import StepBatch
 
 if TYPE_CHECKING:
     from slsml.training.modelio import Trainer, Update
@@ -43,15 +45,15 @@ class Slot(Protocol):
 @dataclass(frozen=True)
 class Round:
     """What a worker's round starts from; ``resumed``: the progress an invocation before handed the round on with,
-    ``batches`` being the ones left (``slsml.training.progress``)."""
+    ``batches`` being the ones left, the first of them its micro-batches left (``slsml.training.progress``)."""
 
     trainer: Trainer
     start: np.ndarray  # the flat weights entering the round (the consensus, under ADMM)
-    batches: Sequence[Batch]  # the worker's batches of the round, in order
+    batches: Sequence[StepBatch]  # the worker's batches of the round, in order, each as its micro-batches
     spec: TrainingSpec
     slot: Slot
     resumed: Progress | None = None
-    pause: Callable[[], bool] = progress.never  # before a local step: whether to hand the round on instead
+    pause: Callable[[], bool] = progress.never  # before a micro-batch: whether to hand the round on instead
 
 
 @dataclass(frozen=True)
@@ -74,15 +76,15 @@ class UpdateRule(ABC):
     # whether the reducers' optimizer state is the one Keras's fit would hold for the same steps, so that the final
     # model is saved with it (``fit`` goes on from it as from single-process training)
     fit_state: ClassVar[bool] = False
-    # whether its round may be handed on between local steps to a fresh invocation (``Round.pause``), and whether
+    # whether its round may be handed on between micro-batches to a fresh invocation (``Round.pause``), and whether
     # each invocation that goes on reads the slot's state of the round before again (``slot_traffic``'s bytes)
-    hands_on: ClassVar[bool] = False
+    hands_on: ClassVar[bool] = True
     rereads_slot: ClassVar[bool] = False
 
     @abstractmethod
     def round(self, work: Round) -> Update | Progress:
-        """The worker's round: its update (the trainer's model ends at the round's end weights); a rule of local
-        steps returns its progress instead where ``work.pause`` stopped it."""
+        """The worker's round: its update (the trainer's model ends at the round's end weights), or its progress
+        where ``work.pause`` stopped it."""
 
     @abstractmethod
     def describe(self, spec: TrainingSpec, optimizer: str, local: str) -> str:

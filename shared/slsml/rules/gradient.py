@@ -1,12 +1,17 @@
 """Gradient averaging (synchronous data-parallel SGD): a worker computes the gradient of its slice of the round's
-global batch; the reducers average the gradients, weighted by samples, and step the run's optimizer."""
+global batch, a micro-batch at a time; the reducers average the gradients, weighted by samples, and step the run's
+optimizer."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from slsml.rounds import accumulate
 from slsml.rules.base import Round, UpdateRule
 from slsml.spec.config import TrainingSpec
+from slsml.training.progress import Partial, Progress
 
 if TYPE_CHECKING:
     from slsml.training.modelio import Update
@@ -16,9 +21,13 @@ class GradientAveraging(UpdateRule):
     kind = "gradient"
     fit_state = True  # the reducers step the run's optimizer with the batch's gradient, as fit does
 
-    def round(self, work: Round) -> Update:
+    def round(self, work: Round) -> Update | Progress:
         (batch,) = work.batches
-        return work.trainer.compute_update(*batch)
+        partial = None if work.resumed is None else work.resumed.partial
+        ended = accumulate.step_update(work.trainer, batch, partial, work.pause)
+        if isinstance(ended, Partial):  # no local weights: the micro-batches added up are the progress
+            return Progress(0, np.zeros(0, np.float32), {}, (), None, partial=ended if ended.done else None)
+        return ended
 
     def describe(self, spec: TrainingSpec, optimizer: str, local: str) -> str:
         return f"optimizer: {optimizer}"

@@ -430,6 +430,13 @@ class TrainingSpec(BaseModel):
     algorithm: Algorithm = Field(
         default="gradient", description="; ".join(f"{rule.name}: {rule.about}" for rule in ALGORITHMS.values())
     )
+    micro_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="samples a worker computes at once: it computes its share of each batch in micro-batches of at"
+        " most this many, adding up their gradients (gradient accumulation); default: the most that fit its"
+        " function's memory",
+    )
     local_steps: int = Field(
         default=1,
         ge=1,
@@ -680,6 +687,12 @@ class RunConfig(BaseModel):
         " beyond: 1, as Keras); None: none",
     )
     plan: ShardPlan
+    sample_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="what one sample adds to a training step of the model (slsml.rounds.sizing.sample_bytes), which"
+        " sizes the workers' micro-batches; 0: not known (a run started before it was kept), each share in one",
+    )
     architecture: str | None = Field(
         default=None,
         description="digest of what the model computes (modelio.architecture): a warm worker serves "

@@ -123,10 +123,10 @@ def residual(run_id: str, iteration: int, worker: int) -> str:
     return f"{iteration_prefix(run_id, iteration)}residuals/{worker:05d}.bin"
 
 
-def progress(run_id: str, iteration: int, worker: int, attempt: int, steps: int) -> str:
-    """A worker's round of ``iteration`` (its ``attempt``) after ``steps`` local steps, stored by the invocation that
-    handed the round on to a fresh one (``slsml.training.progress``)."""
-    return f"{iteration_prefix(run_id, iteration)}progress/{worker:05d}-a{attempt}/{steps:06d}.npz"
+def progress(run_id: str, iteration: int, worker: int, attempt: int, micro_batches: int) -> str:
+    """A worker's round of ``iteration`` (its ``attempt``) after ``micro_batches`` micro-batches, stored by the
+    invocation that handed the round on to a fresh one (``slsml.training.progress``)."""
+    return f"{iteration_prefix(run_id, iteration)}progress/{worker:05d}-a{attempt}/{micro_batches:06d}.npz"
 
 
 def evaluation(run_id: str, iteration: int, worker: int, split: str) -> str:

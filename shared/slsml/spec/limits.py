@@ -33,6 +33,16 @@ class RunLimits(BaseModel):
         " shorter, or the watchdog would re-launch a step that still runs, and its work would be done again",
     )
 
+    worker_memory_mb: int = Field(
+        default=DEFAULT_FUNCTIONS["worker"].memory_mb,
+        ge=128,
+        description="the deployment's worker memory, which a run's micro-batches must fit (one sample at least)",
+    )
+
+    def with_worker_memory(self, memory_mb: int) -> RunLimits:
+        """These limits with the deployment's worker memory ``memory_mb``."""
+        return self.model_copy(update={"worker_memory_mb": memory_mb})
+
     def with_timeouts(self, timeouts_s: dict[str, int]) -> RunLimits:
         """These limits with the timeouts ``timeouts_s`` names (function → s) of the functions a stage waits on."""
         stages = {name: timeout for name, timeout in timeouts_s.items() if name in STAGE_FUNCTIONS}

@@ -44,7 +44,7 @@ class WorkMessage(Message):
         default=0,
         ge=0,
         description="> 0: a continuation (the same attempt, in a fresh invocation): go on from the round's progress"
-        " after this many local steps (keys.progress)",
+        " after this many micro-batches (keys.progress)",
     )
 
 

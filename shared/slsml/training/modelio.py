@@ -588,6 +588,16 @@ class Trainer:
         gradients = tape.gradient(loss, self.model.trainable_weights)
         return loss, gradients, prediction
 
+    def untrained_values(self) -> list[np.ndarray]:
+        """The values of the model's weights that are not trained (a BatchNormalization's moving statistics)."""
+        return [np.asarray(v.numpy()) for v in self.model.weights if id(v) not in self._trainable_index]
+
+    def restore_untrained(self, values: list[np.ndarray]) -> None:
+        """Set the weights that are not trained to ``values`` (``untrained_values``'s)."""
+        untrained = [v for v in self.model.weights if id(v) not in self._trainable_index]
+        for variable, value in zip(untrained, values, strict=True):
+            variable.assign(value)
+
     def compute_update(self, x: Arrays, y: Arrays, w: np.ndarray | None = None) -> Update:
         """The gradient of the batch's loss, each sample's weighted by ``w`` (None: unweighted), with the state of
         its metrics (``meter``'s) on the forward pass that gave it; x and y each one array or named arrays (by the

@@ -4,18 +4,18 @@ metrics over the batches, on the forward passes that gave their gradients, as ``
 Inf is stored and announced like any other but marked non-finite, so that it is left out.
 A run that compresses its updates (``compress``) adds the worker slot's residual to the update before it is
 compressed and stores the new residual before the update (error feedback, ``slsml.training.feedback``).
-A round of local steps whose invocation's time runs short is handed on to a fresh invocation of the same attempt
-(``slsml.training.progress``)."""
+The round itself lives in ``slsml.rounds`` and the run's rule: its micro-batches (sized to the function's memory), read
+ahead of compute, added up; a round whose invocation's time runs short is handed on between micro-batches to a fresh
+invocation of the same attempt (``slsml.training.progress``)."""
 
 from __future__ import annotations
 
 import io
 import json
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
-from typing import Any, overload
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
 
 import numpy as np
 from aws_lambda_powertools import Logger
@@ -23,6 +23,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import BaseModel
 
 from slsml import rules
+from slsml.accounting import usage
+from slsml.aws import cache
 from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
 from slsml.data.manifest import Split
@@ -30,15 +32,17 @@ from slsml.pipeline import lifetime, metrics
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import load_weights, run_config, stop_reason
 from slsml.pipeline.steps.warm import reader_for, trainer_for
+from slsml.rounds import accumulate, sizing, stream
 from slsml.rules.base import Round
 from slsml.spec import keys, wiring
 from slsml.spec import samples as samples_
+from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
 from slsml.spec.messages import WorkDone, WorkMessage
 from slsml.state.records import RunStatus
-from slsml.training import evaluation, feedback, modelio, progress, updates, weighting
+from slsml.training import bounds, evaluation, feedback, modelio, progress, updates, weighting
 from slsml.training.weighting import Batch
 
 logger = Logger(child=True)
@@ -70,28 +74,6 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     return done
 
 
-class _Prefetched(Sequence[Batch]):
-    """The round's batches, read concurrently from the start: batch k waits for its own read alone, so that the
-    batches after it are read while it computes."""
-
-    def __init__(self, reads: list[Future[Batch]]) -> None:
-        self._reads = reads
-
-    def __len__(self) -> int:
-        return len(self._reads)
-
-    @overload
-    def __getitem__(self, index: int) -> Batch: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Batch]: ...
-
-    def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            return [read.result() for read in self._reads[index]]
-        return self._reads[index].result()
-
-
 def _entering(store: ObjectStore, config: RunConfig, iteration: int) -> tuple[modelio.Trainer, np.ndarray]:
     """The warm model at the weights entering ``iteration``, and those weights as one flat vector (a fresh model
     holds them already: the first iteration's)."""
@@ -116,14 +98,18 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     ]
     resumed = _resumed(message, config, store)
     left = batches[resumed.steps :] if resumed is not None else batches  # a continuation reads the batches left
-    with ThreadPoolExecutor(max_workers=len(left), thread_name_prefix="batch") as reads:
-        # the round's samples are read while the model and the weights are
-        slices = _Prefetched([reads.submit(_batch, reader, indices, config) for indices in left])
+    limits = bounds.Limits.here()
+    micro = sizing.micro_batch(
+        config, limits.memory_bytes / bounds.MB, cache.limit_bytes() / 1e6, rules.slot_bytes(config)
+    )
+    skip = resumed.micro_batches if resumed is not None else 0
+    # the round's samples are read while the model and the weights are
+    with stream.Stream(lambda indices: _batch(reader, indices, config), left, micro, skip) as samples:
         trainer, start = _entering(store, config, message.iteration)
         splits = evaluated(config, message.iteration, count) if resumed is None else []
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
             return None  # early stopping ended the run: its update is not needed
-        return _train(message, config, services, trainer, start, batches, slices, resumed)
+        return _train(message, config, services, trainer, start, batches, samples, micro, resumed)
 
 
 def _resumed(message: WorkMessage, config: RunConfig, store: ObjectStore) -> progress.Progress | None:
@@ -153,34 +139,45 @@ def _train(
     trainer: modelio.Trainer,
     start: np.ndarray,
     batches: list[np.ndarray],
-    slices: Sequence[Batch],
+    left: stream.Stream,
+    micro_batch: int,
     resumed: progress.Progress | None,
 ) -> WorkDone | None:
-    """The round's update from ``start`` on its ``batches`` (their indices; ``slices``: the samples of those left to
-    step on), stored and announced; None where the round is handed on."""
+    """The round's update from ``start`` on its ``batches`` (their indices; ``left``: the micro-batches of those left
+    to compute, ``micro_batch`` samples at most each), stored and announced; None where the round is handed on."""
     store, spec = services.store, config.training
     compression, rule = spec.compression, rules.of(spec)
     weights = start if compression.kind == "significance" else None
     samples = sum(len(b) for b in batches)
     optimizer = spec.local_optimizer_config()
-    x, y, _ = slices[0]  # the first batch read: compute starts (the others are read meanwhile)
+    x, y, _ = left.steps[0][0]  # the first micro-batch read: compute starts (the others are read meanwhile)
     meter = evaluator_for(trainer, config, lambda: (samples_.take(x, slice(2)), samples_.take(y, slice(2))))
     trainer.meter = meter.batch_state
     pacer = progress.Pacer(  # sized as the plan sizes it: the progress of the whole round
         lifetime.remaining_s,
         progress.stored_bytes(
-            config.plan.size, int(config.plan.trainable_mask().sum()), optimizer, len(batches), meter.size
+            config.plan.size,
+            int(config.plan.trainable_mask().sum()),
+            optimizer,
+            len(batches),
+            meter.size,
+            local_weights=ALGORITHMS[spec.algorithm].local,
+            partial=any(len(b) > micro_batch for b in batches),
         ),
     )
-    work = Round(trainer, start, slices, spec, _Slot(store, message), resumed, pacer.pause)
+    work = Round(trainer, start, left.steps, spec, _Slot(store, message), resumed, pacer.pause)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
         started = time.perf_counter()
         update = rule.round(work)
-        compute_s = time.perf_counter() - started + (resumed.compute_s if resumed is not None else 0.0)
+        computed_s = time.perf_counter() - started
+        compute_s = computed_s + (resumed.compute_s if resumed is not None else 0.0)
         previous = residual.result() if residual is not None else None
+    timing = left.timing()
+    usage.streamed(usage.Streamed(micro_batch=micro_batch, compute_s=computed_s, **asdict(timing)))
     if isinstance(update, progress.Progress):
-        _hand_on(message, services, replace(update, compute_s=compute_s))
+        computed = accumulate.computed([len(b) for b in batches], micro_batch, update.steps, update.micro_batches)
+        _hand_on(message, services, replace(update, compute_s=compute_s), computed)
         return None
     finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
     if compression.lossy:  # error feedback: the residual is stored first, create-only (see slsml.training.feedback)
@@ -226,20 +223,20 @@ def _train(
     return done
 
 
-def _hand_on(message: WorkMessage, services: Services, reached: progress.Progress) -> None:
+def _hand_on(message: WorkMessage, services: Services, reached: progress.Progress, done: int) -> None:
     """The invocation's time runs short: store the round's progress (create-only: a duplicate's or a retry's is the
     same), record that the round goes on, and have a fresh invocation of the same attempt go on from it (unless
     the attempt was superseded meanwhile). Its duplicates are handled once (``functions/worker``)."""
-    key = keys.progress(message.run_id, message.iteration, message.worker, message.attempt, reached.steps)
+    key = keys.progress(message.run_id, message.iteration, message.worker, message.attempt, done)
     services.store.put_new(key, reached.encode())
     until = time.time() + lifetime.lifetime_s() + HAND_ON_S
-    log = {"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker, "steps": reached.steps}
+    log = {"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker, "micro_batches": done}
     if not services.table.record_continuation(
         message.run_id, message.iteration, message.worker, message.attempt, message.generation, until
     ):
         logger.info("round superseded: not handed on", extra=log)
         return
-    services.bus.publish(wiring.WORK, [message.model_copy(update={"resume": reached.steps})])
+    services.bus.publish(wiring.WORK, [message.model_copy(update={"resume": done})])
     logger.info("round handed on to a fresh invocation", extra=log)
 
 

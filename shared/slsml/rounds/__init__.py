@@ -1,0 +1,2 @@
+"""A worker's round below the step that wires it to messages and storage: its micro-batches' size
+(``sizing``), their stream of reads ahead of compute (``stream``) and their gradients added up (``accumulate``)."""

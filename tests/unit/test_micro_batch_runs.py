@@ -1,0 +1,71 @@
+"""Micro-batches in a run: a worker whose share is cut into micro-batches sends the update of its whole share, and
+says so in its usage line; a run is refused at start, with nothing stored, where not one sample (or not the
+``--micro-batch`` it asks for) fits the deployment's worker."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from slsml.accounting import usage
+from slsml.pipeline.services import Services
+from slsml.rounds import sizing
+from slsml.spec import keys
+from slsml.spec.errors import BadInputError
+from slsml.training import updates
+
+from . import cloud
+from .test_worker_data import model_bytes  # noqa: F401
+
+
+@pytest.fixture
+def services(monkeypatch: pytest.MonkeyPatch):
+    with cloud.moto_services(monkeypatch) as services:
+        yield services
+
+
+def test_a_worker_in_micro_batches_sends_its_whole_shares_update(
+    services: Services,
+    model_bytes: bytes,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    streamed: list[usage.Streamed] = []
+    monkeypatch.setattr(usage, "streamed", streamed.append)
+    sent = {}
+    for run_id, micro_batch in (("whole", None), ("micro", 3)):  # a share of 8: micro-batches of 3, 3, 2
+        config = cloud.register_run(services, model_bytes, run_id, micro_batch=micro_batch)
+        cloud.work(services, run_id, worker=1)
+        body = services.store.get(keys.update(run_id, 0, 1))
+        sent[run_id] = updates.decode(body, "gradient", config.plan, config.training.compression)[0]
+    assert [(s.micro_batch, s.micro_batches) for s in streamed] == [(streamed[0].micro_batch, 1), (3, 3)]
+    np.testing.assert_allclose(sent["micro"], sent["whole"], rtol=1e-5, atol=1e-7)
+    assert not np.array_equal(sent["micro"], np.zeros_like(sent["micro"]))
+
+
+def test_a_run_whose_one_sample_does_not_fit_the_worker_is_refused_with_nothing_stored(
+    services: Services,
+    model_bytes: bytes,  # noqa: F811
+) -> None:
+    small = replace(services, limits=services.limits.with_worker_memory(1024))
+    with pytest.raises(BadInputError) as refused:
+        cloud.register_run(small, model_bytes, "small")
+    message = str(refused.value)
+    assert "one sample's training step needs ~" in message and "the worker has 1,024 MB" in message
+    assert "\n" not in message and "functions.worker.memory_mb" in message
+    assert not services.store.exists(keys.run_config("small"))
+
+
+def test_a_micro_batch_past_the_workers_memory_is_refused_naming_the_one_that_fits(
+    services: Services,
+    model_bytes: bytes,  # noqa: F811
+) -> None:
+    config = cloud.register_run(services, model_bytes, "fits")
+    memory = sizing.of_run(config, 3008, 1504, 0)
+    fitting = memory.micro_batch()
+    assert 0 < fitting < 2**31  # the model's samples are counted: they bound it
+    with pytest.raises(BadInputError, match=f"--micro-batch {fitting + 1}: .* {fitting:,} fit"):
+        cloud.register_run(services, model_bytes, "past", micro_batch=fitting + 1)
+    assert not services.store.exists(keys.run_config("past"))
+    assert cloud.register_run(services, model_bytes, "at", micro_batch=fitting).training.micro_batch == fitting
