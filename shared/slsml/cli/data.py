@@ -70,9 +70,13 @@ def _ingest(
     seed: int,
     shard_mb: float | None = None,
 ) -> Any:
-    """Stream ``source`` into dataset ``name`` with a progress bar; its manifest."""
+    """Stream ``source`` into dataset ``name`` with a progress bar, having said what the source found by itself
+    (``Source.found``: a TFRecord's features); its manifest."""
     from slsml.data import ingest
     from slsml.data.manifest import DEFAULT_SHARD_MB
+
+    if source.found is not None:
+        display.say(f"found: {source.found}")
 
     with display.samples_progress(f"ingesting {name}", source.count()) as advance:
         return ingest.put(store, name, source, test_fraction, seed, shard_mb or DEFAULT_SHARD_MB, origin, advance)

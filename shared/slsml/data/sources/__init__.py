@@ -31,13 +31,16 @@ __all__ = [
 
 
 def detect(path: Path) -> Format:
-    """The format of file or folder ``path``: by a file's suffix; a folder by its files' suffixes, or of
-    images in class subfolders."""
+    """The format of file or folder ``path``: by a file's suffix; a folder by its files' suffixes, or by shards
+    named as a format names them (``train-00000-of-01024``), or of images in class subfolders."""
     if not path.exists():
         raise BadInputError(f"{path} does not exist")
     names = [p.name.lower() for p in ([path] if path.is_file() else data_files(path))]
     for format in FORMATS.values():
         if not format.class_folders and names and all(name.endswith(format.suffixes) for name in names):
+            return format
+    for format in FORMATS.values():
+        if format.shards is not None and any(format.shards.fullmatch(name) for name in names):
             return format
     if path.is_dir():
         return images.FORMAT

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -26,7 +27,11 @@ def comma_list(value: Any) -> Any:
 
 CommaList = Annotated[list[str], BeforeValidator(comma_list)]
 # the labels' column (tables) or feature (TFRecord): declared once, a flag of every format that reads it
-Label = Annotated[str, Field(description="the column (tables) or feature (TFRecord) that holds the labels")]
+_LABEL = Field(
+    description="the column (tables) or feature (TFRecord; default image/class/label, else label) that holds the labels"
+)
+Label = Annotated[str, _LABEL]
+OptionalLabel = Annotated[str | None, _LABEL]
 
 
 class SourceOptions(BaseModel):
@@ -39,12 +44,14 @@ class Source(ABC):
     """Samples of one dataset as ``(x, y)`` chunks of at most about ``chunk_bytes`` each.
 
     ``where`` names it in messages; ``classes`` are the names of integer labels 0 … C−1 where the source has
-    them; ``test`` is a held-out part the source brings along (None: the ingest splits one off)."""
+    them; ``test`` is a held-out part the source brings along (None: the ingest splits one off); ``found``, what it
+    found in its files that the options did not say (the ingest says it before reading)."""
 
     format: str = ""
     classes: tuple[str, ...] | None = None
     test: Source | None = None
     options: SourceOptions | None = None  # how it was opened (None: from Python)
+    found: str | None = None
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -121,13 +128,15 @@ def rows_per_chunk(sample_bytes: int, chunk_bytes: int) -> int:
 @dataclass(frozen=True)
 class Format:
     """A source format: its name (``--format``), the file suffixes it reads (a folder: the suffixes of its
-    files), whether it reads a folder of class subfolders, its options and how to open a source."""
+    files), the names of files it reads without a suffix (``shards``: TFRecord's ``train-00000-of-01024``), whether
+    it reads a folder of class subfolders, its options and how to open a source."""
 
     name: str
     suffixes: tuple[str, ...]
     options: type[SourceOptions]
     open: Callable[[Path, Any], Source]
     class_folders: bool = False
+    shards: re.Pattern[str] | None = None
 
 
 def data_files(folder: Path) -> list[Path]:

@@ -8,10 +8,11 @@ integer transform, Pillow with its accurate one.)"""
 
 from __future__ import annotations
 
+import io
 import os
 import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated
@@ -95,13 +96,15 @@ class Decoding:
                 self._changed.notify_all()
 
 
-def decode(path: Path, options: ImageOptions, decoding: Decoding | None = None) -> np.ndarray:
-    """One image as a ``(height, width, channels)`` uint8 array (its full-size pixels held to ``decoding``)."""
+def decode_image(data: Path | bytes, where: str, options: ImageOptions, decoding: Decoding | None = None) -> np.ndarray:
+    """One image, a file or its encoded bytes, as a ``(height, width, channels)`` uint8 array, converted to
+    ``options.mode`` and resized to ``options.image_size`` (its full-size pixels held to ``decoding``); BadInputError
+    naming ``where`` otherwise."""
     from PIL import Image
 
     try:
         with (
-            Image.open(path) as opened,
+            Image.open(data if isinstance(data, Path) else io.BytesIO(data)) as opened,
             decoding.pixels(opened.size[0] * opened.size[1]) if decoding else nullcontext(),
         ):
             opened.load()
@@ -113,14 +116,36 @@ def decode(path: Path, options: ImageOptions, decoding: Decoding | None = None) 
             elif image.mode in KEPT:
                 image = image.convert(KEPT[image.mode])
             else:
-                raise BadInputError(f"{path}: images of mode {image.mode} cannot be kept as they are")
+                raise BadInputError(f"{where}: images of mode {image.mode} cannot be kept as they are")
             pixels = np.asarray(image)
             if pixels.dtype != np.uint8:
-                raise BadInputError(f"{path}: {pixels.dtype} pixels; slsml reads 8-bit images")
+                raise BadInputError(f"{where}: {pixels.dtype} pixels; slsml reads 8-bit images")
             pixels = pixels.reshape(*pixels.shape[:2], -1)
             return np.floor(resize_bilinear(pixels, *options.image_size) + 0.5).astype(np.uint8)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-        raise BadInputError(f"{path}: not a readable image ({error})") from None
+        unusable = "not a readable image" if isinstance(data, Path) else "not a decodable image"
+        raise BadInputError(f"{where}: {unusable} ({error})") from None
+
+
+class ImageDecoder:
+    """Images decoded a chunk at a time on ``pool``'s threads (Pillow decodes without the GIL), their full-size
+    pixels held to ``decoding``, and stacked: each must have the channels of the first."""
+
+    def __init__(self, options: ImageOptions, decoding: Decoding, pool: Executor) -> None:
+        self.options, self.decoding, self.pool = options, decoding, pool
+        self.first: tuple[int, str] | None = None  # the first image's channels and where it is
+
+    def stack(self, images: Sequence[tuple[Path | bytes, str]]) -> np.ndarray:
+        """``(image, where)`` pairs, each a file or its encoded bytes, as one uint8 array of the images."""
+        decoded = list(self.pool.map(lambda item: decode_image(item[0], item[1], self.options, self.decoding), images))
+        for (_, where), image in zip(images, decoded, strict=True):
+            self.first = self.first or (image.shape[-1], where)
+            if image.shape[-1] != self.first[0]:
+                raise BadInputError(
+                    f"{where}: {image.shape[-1]} channels where {self.first[1]} has"
+                    f" {self.first[0]}; leave out --keep-channels to convert them to RGB"
+                )
+        return np.stack(decoded)
 
 
 def _weights(out_size: int, in_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -166,21 +191,14 @@ class ImageFolderSource(Source):
     def read(self, chunk_bytes: int) -> Iterator[Chunk]:
         height, width = self.settings.image_size
         rows = rows_per_chunk(height * width * 4, chunk_bytes)
-        channels: tuple[int, Path] | None = None
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # Pillow decodes without the GIL
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            decoder = ImageDecoder(self.settings, self.decoding, pool)
             for start in range(0, len(self._files), rows):
                 part = self._files[start : start + rows]
-                images = list(pool.map(lambda item: decode(item[0], self.settings, self.decoding), part))
-                for (path, _), image in zip(part, images, strict=True):
-                    channels = channels or (image.shape[-1], path)
-                    if image.shape[-1] != channels[0]:
-                        raise BadInputError(
-                            f"{path}: {image.shape[-1]} channels where {channels[1]} has"
-                            f" {channels[0]}; leave out --keep-channels to convert them to RGB"
-                        )
-                x = np.stack(images)
-                del images  # not held beside the chunk while it is written
-                yield x, np.array([label for _, label in part], dtype=np.int32)
+                yield (
+                    decoder.stack([(path, str(path)) for path, _ in part]),
+                    np.array([label for _, label in part], dtype=np.int32),
+                )
 
 
 FORMAT = Format(name="images", suffixes=SUFFIXES, options=ImageOptions, open=ImageFolderSource, class_folders=True)
