@@ -30,7 +30,7 @@ from slsml.bench import pipeline as bench
 from slsml.client import runs
 from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
-from slsml.pipeline.steps.worker import SLICE_EVALUATED, SLICE_KEY, SliceEvaluated
+from slsml.rounds.evaluation import SLICE_EVALUATED, SLICE_KEY, SliceEvaluated
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import SlsmlError

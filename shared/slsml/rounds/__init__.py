@@ -1,2 +1,3 @@
 """A worker's round below the step that wires it to messages and storage: its micro-batches' size
-(``sizing``), their stream of reads ahead of compute (``stream``) and their gradients added up (``accumulate``)."""
+(``sizing``), their stream of reads ahead of compute (``stream``), their gradients added up (``accumulate``), and its
+slice of an evaluation (``evaluation``)."""

@@ -29,7 +29,7 @@ from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import carried_state, run_config, shard_etags
 from slsml.pipeline.steps.warm import reader_for, stored_model, trainer_for
-from slsml.pipeline.steps.worker import evaluated, evaluator_for
+from slsml.rounds.evaluation import evaluated, evaluator_for
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric

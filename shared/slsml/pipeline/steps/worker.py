@@ -13,31 +13,30 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 
 import numpy as np
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.metrics import MetricUnit
-from pydantic import BaseModel
 
 from slsml import rules
 from slsml.accounting import usage
 from slsml.aws import cache
 from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
-from slsml.data.manifest import Split
 from slsml.pipeline import lifetime, metrics
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import load_weights, run_config, stop_reason
 from slsml.pipeline.steps.warm import reader_for, trainer_for
 from slsml.rounds import accumulate, sizing, stream
+from slsml.rounds import evaluation as evaluating
+from slsml.rounds.evaluation import SLICE_EVALUATED, SLICE_KEY, SliceEvaluated, evaluated, evaluator_for
 from slsml.rules.base import Round
 from slsml.spec import keys, wiring
 from slsml.spec import samples as samples_
 from slsml.spec.algorithms import ALGORITHMS
-from slsml.spec.config import RunConfig, TrainingSpec
+from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
 from slsml.spec.messages import WorkDone, WorkMessage
@@ -49,7 +48,6 @@ logger = Logger(child=True)
 END_WAIT_S = 30.0  # how long the worker that asked the watchdog to end a run waits for it, before it trains on
 END_POLL_S = 0.2
 HAND_ON_S = 60.0  # a round handed on: its message's delivery and the fresh invocation's start, at most
-SLICE_EVALUATED, SLICE_KEY = "slice evaluated", "slice"  # the log line of a slice's evaluation and its record's key
 
 
 def work(message: WorkMessage, services: Services) -> WorkDone | None:
@@ -240,43 +238,6 @@ def _hand_on(message: WorkMessage, services: Services, reached: progress.Progres
     logger.info("round handed on to a fresh invocation", extra=log)
 
 
-class SliceEvaluated(BaseModel):
-    """A worker's evaluation of its slice of a split, once read (its log line ``SLICE_EVALUATED``): its samples, the
-    wall seconds it took and the process's CPU seconds meanwhile (every thread's, TensorFlow's own included): on
-    Lambda, one function's work, 1/W of the split's. ``traced``: it traced the evaluation step first (once per
-    container), a container's warming rather than a round's work."""
-
-    run_id: str
-    iteration: int
-    worker: int
-    split: str
-    samples: int
-    wall_s: float
-    cpu_s: float
-    traced: bool
-
-
-def evaluated(config: RunConfig, iteration: int, train_count: int) -> list[str]:
-    """The splits the workers of ``iteration`` evaluate the model entering it on: the test split every
-    ``eval_every`` iterations, the validation samples (``validation_split``) at each epoch's end, both for the final
-    model (past the budget). A run that watches the validation figures (``early_stopping``, ``keep_best``) also
-    evaluates the test split at each epoch's end: the model it ends with there has its test figures."""
-    spec, final = config.training, iteration >= config.training.iterations
-    every = spec.eval_every
-    epoch_end = spec.validation_split is not None and (
-        final or (iteration and iteration % _epoch(spec, train_count) == 0)
-    )
-    watched = epoch_end and any(m.startswith("val_") for m in spec.monitors)
-    splits = ["test"] if final or watched or (every and iteration and iteration % every == 0) else []
-    return [*splits, "val"] if epoch_end else splits
-
-
-def _epoch(spec: TrainingSpec, train_count: int) -> int:
-    """Iterations per epoch of the samples the run trains on."""
-    trained = len(data.held_out(spec, train_count)[0])
-    return max(1, data.iterations_per_epoch(trained, spec.global_batch) // spec.local_batches)
-
-
 def _evaluate(
     message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer, splits: list[str]
 ) -> bool:
@@ -287,15 +248,11 @@ def _evaluate(
     the last to store finds them all (two may: the results are the same)."""
     store, run, iteration = services.store, message.run_id, message.iteration
     reader = reader_for(store, config.dataset)
-    samples = {
-        "test": np.arange(reader.manifest.test.count),
-        "val": data.held_out(config.training, reader.manifest.train.count)[1],
-    }
-    read: dict[str, Split] = {"test": "test", "val": "train"}  # validation samples are held out of the training split
+    samples = evaluating.split_samples(config, reader.manifest)
     evaluator = evaluator_for(trainer, config, lambda: reader.take("test", samples["test"][:2]))
     for split in splits:
         mine = samples[split][evaluation.slice_of(len(samples[split]), message.workers, message.worker)]
-        x, y, w = reader.take_weighted(read[split], mine)  # the dataset's weights, as evaluate takes
+        x, y, w = reader.take_weighted(evaluating.READ[split], mine)  # the dataset's weights, as evaluate takes
         started, cpu, traces = time.perf_counter(), time.process_time(), evaluator.traces
         state = evaluator.state(x, y, w)
         timed = SliceEvaluated(
@@ -327,18 +284,6 @@ def _evaluate(
         services.ask_watchdog(run, iteration, message.generation)  # the run is complete: the watchdog completes it
         return True
     return False
-
-
-def evaluator_for(
-    trainer: modelio.Trainer, config: RunConfig, sample: Callable[[], tuple[samples_.Arrays, samples_.Arrays]]
-) -> evaluation.Evaluator:
-    """The trainer's evaluator of the run's metrics, built once on ``sample()`` (a sample or two of the data, read
-    only then)."""
-    evaluator = trainer.evaluators.get(config.metrics)
-    if evaluator is None:
-        evaluator = evaluation.Evaluator(trainer.model, config.loss, config.metrics, sample())
-        trainer.evaluators[config.metrics] = evaluator
-    return evaluator
 
 
 def _ended(services: Services, run_id: str) -> bool:
