@@ -104,5 +104,5 @@ def test_the_plan_counts_the_requests_of_continued_rounds(local, services, tmp_p
     figures = {**figures, "compute_per_sample_s": 1e-4, "compute_source": "a step well within the timeout"}
     work = costmodel.run_workload(figures, spec).at(timeout_s={**costmodel.function_timeouts(), "worker": TIMEOUT_S})
     plan = costmodel.predict(work, costmodel.Parameters(), costmodel.Quotas(), prices.PriceTable())
-    assert (plan.continuations.invocations, plan.continuations.steps_per_invocation) == (steps, 1)
+    assert (plan.continuations.invocations, plan.continuations.micro_batches_per_invocation) == (steps, 1)
     assert plan.requests_per_iteration == summary.requests_per_iteration

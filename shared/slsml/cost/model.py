@@ -44,18 +44,21 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slsml import rules
 from slsml.accounting import capacity, prices
+from slsml.aws.cache import MEMORY_SHARE
 from slsml.aws.storage import DELETE_BATCH
 from slsml.cost.datatraffic import DataTraffic, data_traffic
 from slsml.data.manifest import DEFAULT_SHARD_MB, DatasetManifest
 from slsml.pipeline import bus
+from slsml.rounds import accumulate, sizing
 from slsml.spec import keys
+from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.deployment import DEFAULT_FUNCTIONS, STAGE_FUNCTIONS
 from slsml.spec.errors import BadInputError
@@ -164,7 +167,10 @@ class Parameters(BaseModel):
     )
     optimizer_ns: float = _param(10.6, "ns", "optimizer step per weight (reducer)", "numpy Adam on one core, measured")
     tf_runtime_mb: float = _param(
-        584, "MB", "memory of a TensorFlow function before the model", "RSS after importing TensorFlow 2.21, measured"
+        sizing.TF_RUNTIME_MB,
+        "MB",
+        "memory of a TensorFlow function before the model",
+        "RSS after importing TensorFlow 2.21, measured (slsml.rounds.sizing)",
     )
     python_runtime_mb: float = _param(
         50,
@@ -173,10 +179,10 @@ class Parameters(BaseModel):
         "RSS after importing numpy, boto3, pydantic, Powertools, measured",
     )
     worker_model_copies: float = _param(
-        5,
+        sizing.MODEL_COPIES,
         "× M",
-        "model-sized buffers of a worker",
-        "steps/worker: weights, gradients, flat update, encoded update, weights read",
+        "model-sized buffers of a worker's step (its micro-batches' float64 sum adds 2 more)",
+        "steps/worker: weights, gradients, flat update, encoded update, weights read (slsml.rounds.sizing)",
     )
     merger_model_copies: float = _param(
         4,
@@ -288,8 +294,9 @@ class Workload(BaseModel):
 
 
 def measured_batch(spec: TrainingSpec) -> int:
-    """The samples of the gradient step a plan times: a worker's share of the global batch, at most 32."""
-    return max(1, min(32, math.ceil(spec.global_batch / spec.initial_workers)))
+    """The samples of the gradient step a plan times: a worker's share of the global batch, at most 32 and at most
+    the run's micro-batch (a worker computes no more at once)."""
+    return max(1, min(32, math.ceil(spec.global_batch / spec.initial_workers), spec.micro_batch or 32))
 
 
 def run_workload(
@@ -446,7 +453,7 @@ def from_keras(
         "trainable_params": sum(s.size for s in specs if s.trainable),
         "model_file_bytes": len(data),
         "sample_bytes": sum(4 * math.prod(d or 1 for d in shape[1:]) for shape in shapes),
-        "activation_bytes_per_sample": 4 * _layer_outputs(model),
+        "activation_bytes_per_sample": sizing.sample_bytes(model),
     }
     with suppress(BadInputError):  # not compiled, or not an optimizer the reducers apply: the default stands
         figures["optimizer"] = modelio.optimizer_config(model)
@@ -526,14 +533,6 @@ def _threads() -> float:
     return float(tf.config.threading.get_intra_op_parallelism_threads() or len(os.sched_getaffinity(0)))
 
 
-def _layer_outputs(model: Any) -> int:
-    total = 0
-    for layer in model.layers:
-        outputs = layer.output if isinstance(layer.output, list | tuple) else [layer.output]
-        total += sum(math.prod(d or 1 for d in o.shape[1:]) for o in outputs)
-    return total
-
-
 def measure_step(model: Any, specs: list, batch: int) -> float:
     """Seconds of one gradient step of ``batch`` random samples (after one untimed step that traces it)."""
     import time
@@ -552,7 +551,8 @@ def measure_step(model: Any, specs: list, batch: int) -> float:
 
 
 def check(workload: Workload, parameters: Parameters, quotas: Quotas) -> None:
-    """Raise BadInputError for settings that cannot run at all, naming the limit and by how much."""
+    """Raise BadInputError for settings that cannot run at all, naming the limit and by how much; not for a function
+    over its memory, which the plan answers with its figures and the memory to give (``MEMORY_QUOTAS``)."""
     w = workload
     if w.workers > quotas.lambda_concurrency:
         raise BadInputError(
@@ -581,9 +581,8 @@ def check(workload: Workload, parameters: Parameters, quotas: Quotas) -> None:
     stages = RunLimits(function_timeouts_s={name: w.timeout_s[name] for name in STAGE_FUNCTIONS})
     if refusal := stages.deadline_refusal(w.training.deadline_s):  # the deployment FAILS such a run at its start
         raise BadInputError(refusal)
-    problems = [
-        q.detail for q in predict(workload, parameters, quotas, prices.PriceTable()).quotas if q.hard and not q.ok
-    ]
+    plan = predict(workload, parameters, quotas, prices.PriceTable())
+    problems = [q.detail for q in plan.quotas if q.hard and not q.ok and q.name not in MEMORY_QUOTAS]
     if problems:
         raise BadInputError("; ".join(problems))
 
@@ -617,7 +616,10 @@ class QuotaCheck(BaseModel):
     limit: float
     unit: str
     ok: bool
-    hard: bool = Field(description="the run cannot work at all (plan refuses it); else it is slowed or throttled")
+    hard: bool = Field(
+        description="the run cannot work at all (the plan refuses it, but for memory: it answers, naming the memory"
+        " to give); else it is slowed or throttled"
+    )
     detail: str
 
     @property
@@ -644,12 +646,15 @@ class ExtraCall(BaseModel):
 
 
 class Continuations(BaseModel):
-    """A worker's round that would outlast the Worker's timeout goes on in fresh invocations of the same attempt
-    (``slsml.training.progress``): how many, and what they add to an iteration."""
+    """A worker's round that would outlast the Worker's timeout goes on in fresh invocations of the same attempt,
+    handed on between micro-batches (``slsml.training.progress``): how many, and what they add to an iteration."""
 
     timeout_s: float = Field(description="the Worker's timeout (at most Lambda's)")
     invocations: int = Field(description="Worker invocations one round takes (1: it fits one)")
-    steps_per_invocation: int = Field(description="local steps an invocation takes before it hands the round on")
+    micro_batches_per_invocation: int = Field(
+        description="micro-batches an invocation computes before it hands the round on (a step is the plan's"
+        " micro_batches of them)"
+    )
     progress_bytes: int = Field(description="one round's progress, stored by each invocation that hands on")
     calls: list[ExtraCall] = Field(description="every worker's calls of handing on, per iteration")
     bytes_read: int = Field(description="S3, every worker's continuations of one iteration")
@@ -686,6 +691,11 @@ class Plan(BaseModel):
     data: DataTraffic | None = Field(
         default=None, description="the workers' data reads (with --samples and the sample's bytes)"
     )
+    micro_batch: int = Field(
+        description="a worker's micro-batch, at most its share of a batch: --micro-batch, else the most samples that"
+        " fit its memory (slsml.rounds.sizing; 1 where not one does); a step's micro-batches are as even as can be"
+    )
+    micro_batches: int = Field(description="micro-batches of a worker's step, their gradients added up")
     continuations: Continuations = Field(description="a round that outlasts the Worker's timeout, handed on")
 
     @property
@@ -919,6 +929,36 @@ def round_traffic(w: Workload, p: Parameters) -> RoundTraffic:
     )
 
 
+class MicroBatches(NamedTuple):
+    """How a worker of some memory computes its share of each global batch (``slsml.rounds``)."""
+
+    size: int  # the most samples it computes at once
+    per_step: int  # micro-batches of a step
+    fitting: int  # the most samples that fit a step (0: not one)
+    needed_mb: float  # the memory its step takes
+
+
+def micro_batching(w: Workload, p: Parameters, traffic: RoundTraffic, memory_mb: int) -> MicroBatches:
+    """The micro-batches of a worker of ``memory_mb`` as it sizes them (``slsml.rounds.sizing``): the run's
+    ``micro_batch``, else the most samples that fit beside its warm cache (``cache_mb``, else ``MEMORY_SHARE`` of its
+    memory), one where not even one does; and the memory its largest micro-batch's step takes."""
+    memory = sizing.WorkerMemory(
+        memory_mb,
+        MEMORY_SHARE * memory_mb if w.cache_mb is None else w.cache_mb,
+        4 * w.params,
+        w.activation_bytes_per_sample,
+        2 * traffic.slot_bytes + 2 * traffic.residual_bytes,
+    )
+    share, fitting = math.ceil(w.global_batch / w.workers), memory.micro_batch()
+    size = min(share, w.training.micro_batch or max(1, fitting))
+    count = memory.micro_batches(share, size)
+    # the runtime and model buffers of the parameters beyond the worker's own estimate (overridden: calibrated)
+    calibrated = (
+        p.tf_runtime_mb - sizing.TF_RUNTIME_MB + (p.worker_model_copies - sizing.MODEL_COPIES) * 4e-6 * w.params
+    )
+    return MicroBatches(size, count, fitting, memory.needed_mb(accumulate.sizes(share, size)[0], count) + calibrated)
+
+
 def superseded_deletes(spec: TrainingSpec, reducers: int, traffic: RoundTraffic) -> int:
     """DeleteObjects requests of the Merger's delete of the carried state the iteration superseded
     (``slsml.pipeline.steps.common.carried_state``): the R shards and, where the run keeps them, the slot states and
@@ -1037,28 +1077,40 @@ def continuations(
     setup_s: float,
     compute_s: float,
     read_weights_s: float,
+    micro_batches: int,
 ) -> Continuations:
-    """The continuations of one round of ``compute_s`` compute in Worker invocations of ``timeout_s``, each first
-    spending ``setup_s`` (what it reads before its steps), as the worker's pacer decides them (``progress.Pacer``):
-    an invocation steps while the time left is above ``progress.reserve_s``, and takes one step at least."""
+    """The continuations of one round of ``compute_s`` compute, each of its steps in ``micro_batches`` micro-batches,
+    in Worker invocations of ``timeout_s``, each first spending ``setup_s`` (what it reads before computing), as the
+    worker's pacer decides them (``progress.Pacer``): an invocation computes micro-batches while the time left is
+    above ``progress.reserve_s``, and one at least. What it hands on is the local steps' weights and optimizer state
+    (a rule of local steps) and, where a step has several micro-batches, those added up so far."""
     spec, rule = w.training, rules.of(w.training)
     K, M = traffic.compute_steps, 4 * w.params
+    total = K * micro_batches
     if not rule.hands_on:  # its round cannot be handed on: no progress to store
         return Continuations(
             timeout_s=timeout_s,
             invocations=1,
-            steps_per_invocation=K,
+            micro_batches_per_invocation=total,
             progress_bytes=0,
             calls=[],
             bytes_read=0,
             bytes_written=0,
             seconds=0.0,
         )
-    stored = progress.stored_bytes(w.params, w.trainable_params, spec.local_optimizer_config(), K, w.metric_values)
-    step_s = compute_s / K
-    usable = timeout_s - setup_s - progress.reserve_s(stored, step_s, p.s3_write_mb_s)
-    per = K if step_s == 0 else min(K, 1 + math.floor(max(0.0, usable) / step_s))
-    handed = math.ceil(K / per) - 1
+    stored = progress.stored_bytes(
+        w.params,
+        w.trainable_params,
+        spec.local_optimizer_config(),
+        K,
+        w.metric_values,
+        local_weights=ALGORITHMS[spec.algorithm].local,
+        partial=micro_batches > 1,
+    )
+    micro_s = compute_s / total
+    usable = timeout_s - setup_s - progress.reserve_s(stored, micro_s, p.s3_write_mb_s)
+    per = total if micro_s == 0 else min(total, 1 + math.floor(max(0.0, usable) / micro_s))
+    handed = math.ceil(total / per) - 1
     reread = traffic.residual_bytes + (traffic.slot_bytes if rule.rereads_slot else 0)
     W = w.workers
     calls = [
@@ -1095,7 +1147,7 @@ def continuations(
     return Continuations(
         timeout_s=timeout_s,
         invocations=handed + 1,
-        steps_per_invocation=per,
+        micro_batches_per_invocation=per,
         progress_bytes=stored,
         calls=calls,
         bytes_read=W * handed * (stored + M + reread),
@@ -1105,6 +1157,24 @@ def continuations(
 
 
 HAND_ON_REASON = "the round outlasts the Worker's timeout: it goes on in fresh invocations of the same attempt"
+
+
+def in_micro_batches(count: int, micro_batch: int) -> str:
+    """``count`` micro-batches of ``micro_batch`` samples at most, in words."""
+    samples = "1 sample" if micro_batch == 1 else f"≤ {micro_batch:,} samples"
+    return f"{count:,} micro-batch{'' if count == 1 else 'es'} of {samples}"
+
+
+def step_in_words(micro_batch: int, micro_batches: int) -> str:
+    """How a worker computes its step's share, in words: at once, or in micro-batches."""
+    return "at once" if micro_batches == 1 else f"in {in_micro_batches(micro_batches, micro_batch)}"
+
+
+def _handed(handing: Continuations, micro_batch: int, micro_batches: int) -> str:
+    """What each invocation of a round handed on computes, in words: local steps of one micro-batch each, else
+    micro-batches."""
+    per = handing.micro_batches_per_invocation
+    return f"{per:,} local step{'' if per == 1 else 's'}" if micro_batches == 1 else in_micro_batches(per, micro_batch)
 
 
 def manifest_bytes(reducers: int) -> int:
@@ -1145,6 +1215,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     reduce_batches = publish_batches(R, reduce_bytes)
     pages = math.ceil(W / runstate.BATCH_READ)  # the fire reads the W records by key
     mem = w.memory_mb
+    steps = micro_batching(w, p, traffic, mem["worker"])
     data = workload_data(w, p)
     data_gets = round(data.gets_per_iteration) if data else 0
 
@@ -1172,7 +1243,9 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     compute_s = traffic.compute_steps * local_batch * w.compute_per_sample_s / worker_cpus
     read_s = max(read_weights, data.read_s) if data else read_weights  # the samples are read with the weights
     worker_timeout = min(w.timeout_s["worker"], quotas.lambda_timeout_s)
-    handing = continuations(w, p, traffic, worker_timeout, p.handler_s + ddb + read_s, compute_s, read_weights)
+    handing = continuations(
+        w, p, traffic, worker_timeout, p.handler_s + ddb + read_s, compute_s, read_weights, steps.per_step
+    )
     invocations = 1 + 2 * W + 2 * R + exchange.released + W * handing.handed_on
     counted = invocations if w.training.budget_usd is not None else 0  # each adds its cost to the run's spend
     for operation, count in (
@@ -1288,11 +1361,12 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
             )
             + f", {w.training.algorithm}: compute "
             f"{traffic.compute_steps} × {local_batch} samples {compute_s:.2f} s"
+            + (f" {step_in_words(steps.size, steps.per_step)}" if steps.per_step > 1 else "")
             + (f", slot state {slot_s:.2f} s" if slot_b else "")
             + (f", residual read {residual_read:.2f} s (alongside), written" if residual_b else "")
             + f", write update {write_update:.2f} s, WorkDone"
             + (
-                f"; in {handing.invocations} invocations of {handing.steps_per_invocation} steps, handing on"
+                f"; in {handing.invocations} invocations of {_handed(handing, steps.size, steps.per_step)}, handing on"
                 f" {handing.seconds:.2f} s"
                 if handing.handed_on
                 else ""
@@ -1370,8 +1444,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     }
     memory_needed = {
         "work_launcher": p.python_runtime_mb,
-        "worker": p.tf_runtime_mb
-        + (p.worker_model_copies * M + 2 * slot_b + 2 * residual_b + local_batch * w.activation_bytes_per_sample) / 1e6,
+        "worker": steps.needed_mb,
         "reduce_launcher": p.python_runtime_mb + W * record_b / 1e6,
         "reducer": p.python_runtime_mb
         + (n * max(part, shard_weights) + 8 * shard_weights / 4 + 2 * (shard_weights + shard_state)) / 1e6,
@@ -1424,6 +1497,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         largest_reduce(w.run_spec),
         {**critical, "worker": worker_s / handing.invocations},  # each invocation's
         memory_needed,
+        lambda memory_mb: micro_batching(w, p, traffic, memory_mb),
         spreads,
         reduce_read,
         read_weights,
@@ -1443,6 +1517,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         minimum_requests_per_iteration=minimum,
         data=data,
         extra_calls=[*chain_extras(W, R, n, traffic, counted), *handing.calls],
+        micro_batch=steps.size,
+        micro_batches=steps.per_step,
         continuations=handing,
         read_units=read_units,
         write_units=write_units,
@@ -1554,6 +1630,7 @@ def _quotas(
     largest: tuple[int, int],
     critical: dict[str, float],
     memory_needed: dict[str, float],
+    worker_steps: Callable[[int], MicroBatches],
     spreads: dict[str, float],
     reduce_read: float,
     weights_read: float,
@@ -1595,25 +1672,27 @@ def _quotas(
     )
     for name in ("worker", "reducer", "merger"):
         need, have = memory_needed[name], w.memory_mb[name]
-        limit = min(have, q.lambda_memory_mb)
-        add(
-            f"memory: {name}",
-            need,
-            limit,
-            "MB",
-            f"{name} needs ~{need:,.0f} MB and has {have:,} MB"
-            + (
-                f": over by {need - have:,.0f} MB"
-                + (
-                    f", beyond Lambda's {q.lambda_memory_mb:,} MB: {_RELIEF[name]}"
-                    if need > q.lambda_memory_mb
-                    else f" (--memory {name}={_fitting(need)})"
-                )
-                if need > have
-                else ""
-            ),
-            hard=True,
-        )
+        detail = f"{name} needs ~{need:,.0f} MB and has {have:,} MB"
+        if name == "worker":
+            steps = worker_steps(have)
+            detail += f" for a step {step_in_words(steps.size, steps.per_step)}" + (
+                "" if steps.size <= steps.fitting else f" ({steps.fitting} fit)" if steps.fitting else " (not one fits)"
+            )
+        if need > have:  # the least memory that fits (a worker's need grows with it: its warm cache is a share)
+            give = next(
+                (
+                    mb
+                    for mb in MEMORY_CHOICES_MB
+                    if (worker_steps(mb).needed_mb if name == "worker" else need) <= mb <= q.lambda_memory_mb
+                ),
+                None,
+            )
+            detail += f": over by {need - have:,.0f} MB" + (
+                f", beyond Lambda's {q.lambda_memory_mb:,} MB: {_RELIEF[name]}"
+                if give is None
+                else f" (--memory {name}={give})"
+            )
+        add(f"memory: {name}", need, min(have, q.lambda_memory_mb), "MB", detail, hard=True)
     for name in ("worker", "reducer", "merger"):
         timeout = min(w.timeout_s[name], q.lambda_timeout_s)
         seconds = critical[name]
@@ -1725,17 +1804,14 @@ def _quotas(
 
 
 STATIC_QUOTAS = ("zip package", "container image")  # the deployment's, whatever the configuration
+MEMORY_QUOTAS = ("memory: worker", "memory: reducer", "memory: merger")  # answered, naming the memory to give
 
 
 _RELIEF = {
-    "worker": "more workers (a smaller slice each) or a smaller model",
+    "worker": "a smaller model (its weights, or one sample's layer outputs) or a smaller --micro-batch",
     "reducer": "more reducers",
     "merger": "a smaller model",
 }
-
-
-def _fitting(need_mb: float) -> int:
-    return next((mb for mb in MEMORY_CHOICES_MB if mb >= need_mb), 10240)
 
 
 def parameter_facts(name: str) -> dict[str, Any]:
@@ -1933,8 +2009,8 @@ def continuation_sentence(plan: Plan) -> str | None:
         return None
     requests = sum(call.count for call in handing.calls)
     sentence = (
-        f"each worker's round outlasts the Worker's {handing.timeout_s:g} s timeout: it"
-        f" goes on in {handing.invocations} invocations of {handing.steps_per_invocation} local steps, each handing"
+        f"each worker's round outlasts the Worker's {handing.timeout_s:g} s timeout: it goes on in"
+        f" {handing.invocations} invocations of {_handed(handing, plan.micro_batch, plan.micro_batches)}, each handing"
         f" on {handing.progress_bytes / 1e6:,.1f} MB of progress; that adds {requests:,} requests,"
         f" {(handing.bytes_read + handing.bytes_written) / 1e6:,.1f} MB and {handing.seconds:,.2f} s an iteration"
     )
@@ -2091,6 +2167,9 @@ def as_workers_grow(workload: Workload, parameters: Parameters, quotas: Quotas, 
 class SweepPoint(BaseModel):
     workers: int
     reducers: int
+    micro_batch: int = Field(description="the most samples a worker computes at once (the plan's)")
+    micro_batches: int = Field(description="micro-batches of a worker's step")
+    invocations: int = Field(description="Worker invocations a round takes (more than 1: handed on)")
     iteration_s: float
     epoch_s: float
     epoch_dollars: float
@@ -2105,7 +2184,8 @@ def sweep(
     reducers_fixed: bool,
     workers: Iterable[int] = SWEEP_WORKERS,
 ) -> list[SweepPoint]:
-    """Time and dollars per epoch against W (batch, memory fixed; R fixed or the fastest at each W)."""
+    """Time and dollars per epoch against W (batch, memory fixed; R fixed or the fastest at each W), each W as it
+    would run: its workers' shares in micro-batches that fit, its rounds handed on where they outlast the timeout."""
     if workload.iterations_per_epoch is None:
         raise BadInputError("a sweep prices epochs: give --epochs and --samples")
     points = []
@@ -2120,6 +2200,9 @@ def sweep(
             SweepPoint(
                 workers=count,
                 reducers=at.reducers,
+                micro_batch=plan.micro_batch,
+                micro_batches=plan.micro_batches,
+                invocations=plan.continuations.invocations,
                 iteration_s=plan.iteration_s,
                 epoch_s=plan.epoch_s,
                 epoch_dollars=plan.epoch_dollars,

@@ -234,7 +234,8 @@ def _sweep(
     console: Any,
 ) -> int:
     """The sweep of ``work`` over W (``--sweep``'s, else ``SWEEP_WORKERS``): its table and chart, and with --json
-    one JSON object of the workload and the points. A W that cannot run is a point over the limits it breaks."""
+    one JSON object of the workload and the points. Each W is priced as it would run (its workers' shares in
+    micro-batches, its rounds handed on past the timeout); a W over a quota is a point over the limits it breaks."""
     from slsml.cost import model as costmodel
 
     workers = args.sweep or costmodel.SWEEP_WORKERS
@@ -299,9 +300,10 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
     console.rule("detail")
     per_worker = math.ceil(w.global_batch / w.workers)
     reducers = "" if reducers_given else " (the fastest)"
+    step = costmodel.step_in_words(plan.micro_batch, plan.micro_batches)
     console.print(
         f"[bold]{w.model}[/bold]: {w.params:,} weights, {_bytes(4 * w.params)} · W {w.workers} · R {w.reducers}"
-        f"{reducers} · batch {w.global_batch:,} (≤ {per_worker} per worker) · quorum {w.quorum:g} "
+        f"{reducers} · batch {w.global_batch:,} (≤ {per_worker} per worker, {step}) · quorum {w.quorum:g} "
         f"(n = {plan.participants}) · {w.training.algorithm}, compress {w.training.compress} · {w.optimizer.name}"
         f" ({plan.state_slots} state slots on the reducers)"
     )
@@ -434,11 +436,25 @@ def _render_parameters(plan: Plan, console: Any) -> None:
 def render_sweep(points: list[SweepPoint], png: str, console: Any) -> None:
     from rich.table import Table
 
-    table = Table("W", "R", "per iteration", "per epoch", "$ per epoch", "over", title="sweep: one epoch against W")
+    from slsml.cost import model as costmodel
+
+    table = Table(
+        "W",
+        "R",
+        "a worker's step",
+        "invocations a round",
+        "per iteration",
+        "per epoch",
+        "$ per epoch",
+        "over",
+        title="sweep: one epoch against W",
+    )
     for point in points:
         table.add_row(
             str(point.workers),
             str(point.reducers),
+            costmodel.step_in_words(point.micro_batch, point.micro_batches),
+            str(point.invocations),
             _time(point.iteration_s),
             _time(point.epoch_s),
             _dollars(point.epoch_dollars),

@@ -108,7 +108,8 @@ def _amount(value: float, unit: str) -> str:
 
 def predictor(config: RunConfig, compute_per_sample_s: float) -> Predict:
     """Seconds and dollars per round by the analytic cost model (``slsml.cost.model``, AWS's figures), for the
-    run's model and pipeline with the worker compute measured (per sample, on one worker)."""
+    run's model and pipeline with the worker compute measured (per sample, on one worker), its workers' shares in the
+    micro-batches they compute (the run's sample's layer outputs)."""
     from slsml.accounting import prices
     from slsml.cost import model as costmodel
 
@@ -119,6 +120,7 @@ def predictor(config: RunConfig, compute_per_sample_s: float) -> Predict:
             **costmodel.from_params(config.plan.size, parameters, compute_per_sample_s),
             "model": "the run's",
             "trainable_params": max(1, int(config.plan.trainable_mask().sum())),
+            "activation_bytes_per_sample": config.sample_bytes,
         },
         optimizer=config.optimizer,
         training=spec,
