@@ -12,7 +12,9 @@ from slsml.spec.deployment import DEFAULT_FUNCTIONS
 
 from .conftest import finish, train
 
-SPEC = TrainingSpec(workers=1, reducers=1, global_batch=32, iterations=2, eval_every=0)
+# the share in one micro-batch, as given: a worker sized below the step it takes (not one that sizes its micro-batches
+# to its memory, and refuses where none fits) is killed
+SPEC = TrainingSpec(workers=1, reducers=1, global_batch=32, iterations=2, eval_every=0, micro_batch=32)
 USED = re.compile(
     r"^REPORT RequestId: \S+\tDuration: [\d.]+ ms\tBilled Duration: \d+ ms\tMemory Size: (\d+) MB"
     r"\tMax Memory Used: (\d+) MB$",

@@ -64,7 +64,7 @@ def step_update(
     if partial is None and len(micro_batches) == 1:  # the whole batch at once, as a step without micro-batches
         return NOT_BEGUN if pause() else trainer.compute_update(*micro_batches[0])
     untrained = trainer.untrained_values()  # every micro-batch's forward pass starts from these
-    total = np.zeros(trainer.plan.size) if partial is None else partial.vector.copy()
+    total = np.zeros(trainer.plan.size) if partial is None else partial.vector  # a continuation's own: added to
     loss, metrics = (0.0, None) if partial is None else (partial.loss, partial.metrics)
     for number in range(len(micro_batches)):
         if pause():

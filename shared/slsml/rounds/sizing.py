@@ -23,7 +23,9 @@ TF_RUNTIME_MB = 584.0  # resident set after importing TensorFlow 2.21, measured
 MODEL_COPIES = (
     5.0  # model-sized float32 buffers of a step: weights, gradients, flat update, encoded update, weights read
 )
-SUM_COPIES = 2.0  # a step of several micro-batches: their float64 sum, twice a float32 model
+# a step of several micro-batches: their float64 sum (twice a float32 model), and as much again while it is stored or
+# read back (a round handed on: the archive's bytes beside the sum)
+SUM_COPIES = 4.0
 
 
 def sample_bytes(model: Any) -> int:
@@ -75,7 +77,7 @@ class WorkerMemory:
             f" {TF_RUNTIME_MB:.0f} MB, the warm cache {self.cache_mb:,.0f} MB, the model's buffers"
             f" {(MODEL_COPIES + SUM_COPIES) * self.model_bytes / 1e6:,.0f} MB, its layer outputs"
             f" {self.sample_bytes / 1e6:,.1f} MB) and the worker has {self.memory_mb:,.0f} MB: give the worker"
-            " function more memory (functions.worker.memory_mb, up to 10240)"
+            " function more memory (a stack's functions.worker.memory_mb, up to 10240; --memory worker=MB locally)"
         )
 
 

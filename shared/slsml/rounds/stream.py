@@ -59,17 +59,26 @@ class Step(Sequence[Batch]):
 
 class Stream:
     """The micro-batches of a round's steps (``batches``: each step's sample indices), ``micro_batch`` samples at
-    most each, the first step's first ``skip`` left out (a round handed on after them); ``read(indices)`` reads one.
-    Use it as a context manager: its reads stop with it."""
+    most each (as even as can be, or, not ``even``, that many each but the last: an evaluation's batches), the first
+    step's first ``skip`` left out (a round handed on after them); ``read(indices)`` reads one. Use it as a context
+    manager: its reads stop with it."""
 
     def __init__(
-        self, read: Callable[[np.ndarray], Batch], batches: Sequence[np.ndarray], micro_batch: int, skip: int = 0
+        self,
+        read: Callable[[np.ndarray], Batch],
+        batches: Sequence[np.ndarray],
+        micro_batch: int,
+        skip: int = 0,
+        even: bool = True,
     ) -> None:
         self._read = read
         parts: list[np.ndarray] = []
         self.steps: list[Step] = []
         for number, indices in enumerate(batches):
-            cuts = np.cumsum([0, *sizes(len(indices), micro_batch)])
+            whole, rest = divmod(len(indices), micro_batch)
+            cuts = np.cumsum(
+                [0, *(sizes(len(indices), micro_batch) if even else [micro_batch] * whole + [rest] * bool(rest))]
+            )
             mine = [indices[a:b] for a, b in itertools.pairwise(cuts)][skip if number == 0 else 0 :]
             self.steps.append(Step(self, len(parts), len(mine), len(indices)))
             parts.extend(mine)

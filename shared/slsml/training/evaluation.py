@@ -91,14 +91,25 @@ class Evaluator:
     def state(self, x: Arrays, y: Arrays, w: np.ndarray | None = None, batch: int = EVALUATION_BATCH) -> np.ndarray:
         """The state of evaluating ``x``, ``y`` (each one array or named arrays; no samples: zeros), each sample's
         loss and metrics weighted by ``w`` as ``model.evaluate(x, y, sample_weight=w)`` weights them."""
-        loss_total, count = 0.0, samples.count(x)
+        return self.state_of([(x, y, w)], batch)
+
+    def state_of(
+        self, parts: Iterable[tuple[Arrays, Arrays, np.ndarray | None]], batch: int = EVALUATION_BATCH
+    ) -> np.ndarray:
+        """The state of evaluating ``parts`` (x, y, w each) one after another in batches of ``batch`` samples, as
+        ``state`` evaluates them joined where each part but the last holds whole batches: a split read a part at a
+        time."""
+        loss_total, count = 0.0, 0
         self._reset()
-        for start in range(0, count, batch):
-            part = slice(start, start + batch)
-            xb, yb = _tensors(samples.take(x, part)), _tensors(samples.take(y, part))
-            wb = None if w is None else tf.convert_to_tensor(w[part])
-            size = min(count, start + batch) - start  # a whole batch in its graph; a shorter last one eagerly
-            loss_total += float((self._evaluate if size == batch else self._evaluate_fn)(xb, yb, wb)) * size
+        for x, y, w in parts:
+            size_of = samples.count(x)
+            for start in range(0, size_of, batch):
+                part = slice(start, start + batch)
+                xb, yb = _tensors(samples.take(x, part)), _tensors(samples.take(y, part))
+                wb = None if w is None else tf.convert_to_tensor(w[part])
+                size = min(size_of, start + batch) - start  # a whole batch in its graph; a shorter last one eagerly
+                loss_total += float((self._evaluate if size == batch else self._evaluate_fn)(xb, yb, wb)) * size
+            count += size_of
         return _vector(loss_total, count, [v.numpy() for v in self._variables])
 
     def _evaluate_fn(self, x: Any, y: Any, w: Any) -> Any:

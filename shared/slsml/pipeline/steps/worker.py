@@ -10,6 +10,7 @@ invocation of the same attempt (``slsml.training.progress``)."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import time
@@ -96,10 +97,7 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     ]
     resumed = _resumed(message, config, store)
     left = batches[resumed.steps :] if resumed is not None else batches  # a continuation reads the batches left
-    limits = bounds.Limits.here()
-    micro = sizing.micro_batch(
-        config, limits.memory_bytes / bounds.MB, cache.limit_bytes() / 1e6, rules.slot_bytes(config)
-    )
+    micro = _micro_batch(config)
     skip = resumed.micro_batches if resumed is not None else 0
     # the round's samples are read while the model and the weights are
     with stream.Stream(lambda indices: _batch(reader, indices, config), left, micro, skip) as samples:
@@ -108,6 +106,12 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
             return None  # early stopping ended the run: its update is not needed
         return _train(message, config, services, trainer, start, batches, samples, micro, resumed)
+
+
+def _micro_batch(config: RunConfig) -> int:
+    """The run's micro-batch on this function (``slsml.rounds.sizing``): its memory and its warm cache's bound."""
+    memory_mb, cache_mb = bounds.Limits.here().memory_bytes / bounds.MB, cache.limit_bytes() / bounds.MB
+    return sizing.micro_batch(config, memory_mb, cache_mb, rules.slot_bytes(config))
 
 
 def _resumed(message: WorkMessage, config: RunConfig, store: ObjectStore) -> progress.Progress | None:
@@ -250,11 +254,14 @@ def _evaluate(
     reader = reader_for(store, config.dataset)
     samples = evaluating.split_samples(config, reader.manifest)
     evaluator = evaluator_for(trainer, config, lambda: reader.take("test", samples["test"][:2]))
+    batch = min(evaluation.EVALUATION_BATCH, _micro_batch(config))  # a forward pass takes less than a step
     for split in splits:
         mine = samples[split][evaluation.slice_of(len(samples[split]), message.workers, message.worker)]
-        x, y, w = reader.take_weighted(evaluating.READ[split], mine)  # the dataset's weights, as evaluate takes
         started, cpu, traces = time.perf_counter(), time.process_time(), evaluator.traces
-        state = evaluator.state(x, y, w)
+        # read a batch at a time, ahead of the one evaluated, with the dataset's weights, as evaluate takes them
+        take = functools.partial(reader.take_weighted, evaluating.READ[split])
+        with stream.Stream(take, [mine], batch, even=False) as batches:
+            state = evaluator.state_of(batches.steps[0], batch)
         timed = SliceEvaluated(
             run_id=run,
             iteration=iteration,
