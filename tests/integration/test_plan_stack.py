@@ -17,6 +17,7 @@ from slsml.spec.limits import RUN_LIMITS_OUTPUT, RunLimits
 
 STACK = "slsml-plan-stack"
 WORKER_TIMEOUT_S = 600
+WORKER_MB = 5120
 # a round of 100 local steps of 128 samples at 0.05 s each: about 400 s on a default Worker
 ROUNDS = [
     "--params",
@@ -40,7 +41,8 @@ ROUNDS = [
 
 @pytest.fixture(scope="module")
 def stack(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[str]:
-    """A stack whose Worker times out after 600 s (``functions.worker.timeout_s`` in its CDK context)."""
+    """A stack whose Worker times out after 600 s and has 5,120 MB (``functions.worker.timeout_s`` and ``memory_mb``
+    in its CDK context)."""
     cloud = EmbeddedCloud()
     cloud.start()
     for name, value in {
@@ -50,7 +52,7 @@ def stack(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[str]:
         "AWS_ENDPOINT_URL": cloud.endpoint,
     }.items():
         monkeypatch_module.setenv(name, value)
-    limits = RunLimits(function_timeouts_s={"worker": WORKER_TIMEOUT_S, "reducer": 120})
+    limits = RunLimits(function_timeouts_s={"worker": WORKER_TIMEOUT_S, "reducer": 120}, worker_memory_mb=WORKER_MB)
     outputs = {
         "BucketName": "plan-bucket",
         "TableName": "plan-table",
@@ -86,6 +88,10 @@ def plan(capsys: pytest.CaptureFixture, *args: str) -> dict:
 def test_the_plan_hands_rounds_on_at_the_stacks_worker_timeout(stack: str, capsys: pytest.CaptureFixture) -> None:
     default = plan(capsys)
     deployed = plan(capsys, "--stack", stack, "--deadline", str(WORKER_TIMEOUT_S))
+    worker_mb = [default["workload"]["memory_mb"]["worker"], deployed["workload"]["memory_mb"]["worker"]]
+    assert worker_mb == [3008, WORKER_MB]  # the stack's worker, whose micro-batches the plan sizes
+    given = plan(capsys, "--stack", stack, "--deadline", str(WORKER_TIMEOUT_S), "--memory", "worker=4096")
+    assert given["workload"]["memory_mb"]["worker"] == 4096  # --memory plans another size than the stack's
     assert default["workload"]["timeout_s"]["worker"] == 120
     assert default["continuations"]["invocations"] > 1
     assert any("outlasts the Worker's 120 s timeout" in warning for warning in default["verdict"]["warnings"])

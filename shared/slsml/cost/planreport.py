@@ -124,12 +124,13 @@ def workload(
     limits: RunLimits | None = None,
 ) -> Workload:
     """The workload the arguments, the run's training flags (``spec``), the dataset (``--data``) and the run limits
-    of the deployment planned for (its function timeouts) describe."""
+    of the deployment planned for (its function timeouts, its worker's memory) describe."""
     from slsml.cost import model as costmodel
 
     if bool(args.model) == (args.params is not None):
         raise BadInputError("give the model: --model FILE.keras or --params N")
-    memory = costmodel.function_memory(dict(_memory(text) for text in args.memory))
+    deployed = {} if limits is None else {"worker": limits.worker_memory_mb}
+    memory = costmodel.function_memory(deployed | dict(_memory(text) for text in args.memory))
     if args.model:
         measure = args.compute_per_sample is None
         batch = costmodel.measured_batch(spec)
