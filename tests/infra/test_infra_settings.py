@@ -51,6 +51,7 @@ def test_context_overrides_merge_over_the_function_defaults() -> None:
         {"functions": {"worker": {"reserved_concurrency": 900}}},
         {"account_concurrency": 500},
         {"run_limits": {"function_timeouts_s": {"worker": 30}}},  # a deployment's timeouts are its functions'
+        {"run_limits": {"worker_memory_mb": 10240}},  # and its worker's memory is the function's
     ],
 )
 def test_invalid_settings_are_rejected(context: dict[str, object]) -> None:
@@ -61,11 +62,12 @@ def test_invalid_settings_are_rejected(context: dict[str, object]) -> None:
 def test_run_limits_and_reservations_come_from_context() -> None:
     context = {
         "run_limits": '{"workers": 32, "iterations": 500}',  # `cdk -c run_limits=...` passes a string
-        "functions": '{"worker": {"reserved_concurrency": null}}',
+        "functions": '{"worker": {"reserved_concurrency": null, "memory_mb": 6144}}',
         "account_concurrency": 3000,
     }
     settings = Settings.from_context(App(context=context).node)
     assert (settings.run_limits.workers, settings.run_limits.iterations) == (32, 500)
+    assert settings.limits.worker_memory_mb == 6144  # what a run's micro-batches are sized to at its start
     assert settings.run_limits.reducers == RunLimits().reducers
     assert settings.functions["worker"].reserved_concurrency is None  # none reserved: the account's pool
     assert settings.functions["reducer"].reserved_concurrency == DEFAULT_FUNCTIONS["reducer"].reserved_concurrency
