@@ -163,6 +163,23 @@ def cmd_bench_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_micro_batches(args: argparse.Namespace) -> int:
+    from slsml.bench import microbatch as bench
+
+    memory, repeats = args.memory or bench.MEMORY_MB, args.repeats or bench.REPEATS
+    if not 128 <= memory <= 10240 or repeats < 1 or (args.micro_batch is not None and args.micro_batch < 1):
+        raise BadInputError("--memory must be 128 to 10240 MB, --repeats and --micro-batch at least 1")
+    model = None if args.model is None else Path(args.model)
+    if model is not None and not model.is_file():
+        raise BadInputError(f"--model {args.model}: no such file")
+    with display.named_progress("[bold]{task.description}") as show:
+        report = bench.micro_batches(model, memory, args.multiples or bench.MULTIPLES, repeats, args.micro_batch, show)
+    display.print_micro_batches(report, args.json)
+    if args.json:
+        print(report.model_dump_json())
+    return 0 if report.peaks_within else 1
+
+
 def add_commands(commands: Any) -> None:
     """`slsml bench` and its benchmarks."""
     benchmarks = commands.add_parser("bench", help="benchmarks on the local runtime")
@@ -294,6 +311,27 @@ def add_commands(commands: Any) -> None:
         help="sizes of the sources whose ingest is measured, comma-separated: a .npy and a folder of JPEG and PNG"
         " photos of each (default 0.05; e.g. 0.5,2)",
     )
+
+    micro = _benchmark(
+        benchmarks,
+        cmd_bench_micro_batches,
+        "micro-batches",
+        help="a worker's step over shares of 1, 4 and 16 times the micro-batch that fits its memory, each in a"
+        " process of its own: time per sample and peak RSS side by side",
+    )
+    micro.add_argument(
+        "--model",
+        metavar="FILE",
+        help="a .keras model compiled with its loss (default ResNet-50 on 64×64×3, 10 classes)",
+    )
+    micro.add_argument("--memory", type=int, metavar="MB", help="the worker's memory (default 3008, the worker's)")
+    micro.add_argument(
+        "--micro-batch", type=int, metavar="N", help="samples per micro-batch (default the most whose step fits)"
+    )
+    micro.add_argument(
+        "--multiples", type=options.counts, help="shares in micro-batches, comma-separated (default 1,4,16)"
+    )
+    micro.add_argument("--repeats", type=int, help="steps of each share, taken by turns; the median counts (default 3)")
 
 
 def _benchmark(

@@ -1106,3 +1106,56 @@ def print_data(report: Any, as_json: bool = False) -> None:
             f"{report.time_ratio:.2f}× the cached run's, within {bench_data.TIME_WITHIN:g}×: "
             f"{yes[report.time_within]}"
         )
+
+
+def print_micro_batches(report: Any, as_json: bool = False) -> None:
+    """``bench micro-batches``: a row per multiple of the micro-batch, side by side; then the micro-batch, how time per
+    sample moved from the smallest share to the largest, and whether every peak fits the function's memory."""
+    from rich.table import Table
+
+    from slsml.bench import microbatch as bench
+
+    first = report.cases[0].multiple
+    table = Table(
+        "multiple",
+        "share",
+        "micro-batches",
+        "s/step",
+        "ms/sample",
+        f"ratio to {first}×",
+        "peak RSS MB",
+        "of the memory",
+        title=f"a worker's step of {report.model}, {report.memory_mb:,} MB function, median of {report.repeats} steps",
+    )
+    for c in report.cases:
+        peak = c.peak_rss_mb
+        table.add_row(
+            f"{c.multiple}×",
+            f"{c.share:,}",
+            str(c.micro_batches),
+            f"{c.median_step_s:.2f}",
+            f"{c.ms_per_sample:.4g}",
+            f"{c.ratio:.2f}",
+            "–" if peak is None else f"{peak:,.0f}",
+            "–" if peak is None else f"{peak / report.memory_mb:.0%}",
+        )
+    out = results(as_json)
+    out.print(table)
+    given = "" if report.micro_batch == report.fitting else " (given)"
+    out.print(
+        f"micro-batch {report.micro_batch:,}{given}: {report.fitting:,} samples fit a step in {report.memory_mb:,} MB"
+        f" beside a {report.cache_mb:,.0f} MB warm cache ({report.weights:,} weights,"
+        f" {byte_size(report.sample_bytes)} of layer outputs a sample)"
+    )
+    yes = {True: "yes", False: "no"}
+    last = report.cases[-1]
+    out.print(
+        f"time per sample at {last.multiple}× against {first}×: {report.time_ratio:.2f}×, within"
+        f" {bench.TIME_WITHIN:g}×: {yes[report.time_within]}"
+    )
+    peaks = [c.peak_rss_mb for c in report.cases if c.peak_rss_mb is not None]
+    largest = f" (largest {max(peaks):,.0f} MB)" if peaks else " (no peak kept on this system)"
+    out.print(
+        f"every peak RSS within the function's {report.memory_mb:,} MB: {yes[report.peaks_within]}; with the warm cache"
+        f" full beside it ({report.cache_mb:,.0f} MB): {yes[report.peaks_within_cache_full]}{largest}"
+    )

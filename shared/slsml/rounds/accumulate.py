@@ -74,11 +74,21 @@ def step_update(
         batch = micro_batches[number]
         update = trainer.compute_update(*batch)
         share = samples.count(batch[1]) / micro_batches.samples
-        total += share * update.vector.astype(np.float64)
+        _add_scaled(total, update.vector, share)
         loss += share * update.loss
         if update.metrics is not None:
             metrics = update.metrics if metrics is None else metrics + update.metrics
     return Update(vector=total.astype(np.float32), loss=loss, metrics=metrics)
+
+
+ADD_CHUNK = 1 << 20  # values added at a time: the float64 temporaries of a chunk, not of the model
+
+
+def _add_scaled(total: np.ndarray, vector: np.ndarray, share: float) -> None:
+    """``total += share · vector`` in float64, a chunk at a time, so that no model-sized temporary is made."""
+    for start in range(0, len(total), ADD_CHUNK):
+        part = slice(start, start + ADD_CHUNK)
+        total[part] += share * vector[part].astype(np.float64)
 
 
 def sizes(samples_in_batch: int, micro_batch: int) -> list[int]:
