@@ -181,8 +181,8 @@ class Parameters(BaseModel):
     worker_model_copies: float = _param(
         sizing.MODEL_COPIES,
         "× M",
-        "model-sized buffers of a worker's step (its micro-batches' float64 sum adds 2 more)",
-        "steps/worker: weights, gradients, flat update, encoded update, weights read (slsml.rounds.sizing)",
+        "model-sized buffers of a worker's step beside its warm cache (its micro-batches' float64 sum adds 2 more)",
+        "steps/worker: gradients, flat update, encoded update, weights read; the model is the cache's (rounds.sizing)",
     )
     merger_model_copies: float = _param(
         4,
@@ -1079,25 +1079,15 @@ def continuations(
     read_weights_s: float,
     micro_batches: int,
 ) -> Continuations:
-    """The continuations of one round of ``compute_s`` compute, each of its steps in ``micro_batches`` micro-batches,
-    in Worker invocations of ``timeout_s``, each first spending ``setup_s`` (what it reads before computing), as the
-    worker's pacer decides them (``progress.Pacer``): an invocation computes micro-batches while the time left is
-    above ``progress.reserve_s``, and one at least. What it hands on is the local steps' weights and optimizer state
-    (a rule of local steps) and, where a step has several micro-batches, those added up so far."""
+    """The continuations of one round of ``compute_s`` compute (its samples read meanwhile), each of its steps in
+    ``micro_batches`` micro-batches, in Worker invocations of ``timeout_s``, each first spending ``setup_s`` (what it
+    reads before computing), as the worker's pacer decides them (``progress.Pacer``): an invocation computes
+    micro-batches while the time left is above ``progress.reserve_s``, and one at least. What it hands on is the local
+    steps' weights and optimizer state (a rule of local steps) and, where a step has several micro-batches, those
+    added up so far."""
     spec, rule = w.training, rules.of(w.training)
     K, M = traffic.compute_steps, 4 * w.params
     total = K * micro_batches
-    if not rule.hands_on:  # its round cannot be handed on: no progress to store
-        return Continuations(
-            timeout_s=timeout_s,
-            invocations=1,
-            micro_batches_per_invocation=total,
-            progress_bytes=0,
-            calls=[],
-            bytes_read=0,
-            bytes_written=0,
-            seconds=0.0,
-        )
     stored = progress.stored_bytes(
         w.params,
         w.trainable_params,
@@ -1241,10 +1231,15 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     worker_cpus = _speedup(vcpus(mem["worker"]), p.vcpu_efficiency)
     read_weights = _transfer(R, M, lat, p.s3_read_mb_s, p.s3_parallel_reads)  # the manifest's read: alongside
     compute_s = traffic.compute_steps * local_batch * w.compute_per_sample_s / worker_cpus
-    read_s = max(read_weights, data.read_s) if data else read_weights  # the samples are read with the weights
+    # the samples are read a micro-batch at a time, ahead of the one computing: the first with the weights, the
+    # others while the micro-batches before them compute
+    data_s = data.read_s if data else 0.0
+    first_s = data_s / (traffic.compute_steps * steps.per_step)
+    read_s = max(read_weights, first_s)
+    streamed_s = max(compute_s, data_s - first_s)
     worker_timeout = min(w.timeout_s["worker"], quotas.lambda_timeout_s)
     handing = continuations(
-        w, p, traffic, worker_timeout, p.handler_s + ddb + read_s, compute_s, read_weights, steps.per_step
+        w, p, traffic, worker_timeout, p.handler_s + ddb + read_s, streamed_s, read_weights, steps.per_step
     )
     invocations = 1 + 2 * W + 2 * R + exchange.released + W * handing.handed_on
     counted = invocations if w.training.budget_usd is not None else 0  # each adds its cost to the run's spend
@@ -1299,7 +1294,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         if residual_b
         else (0.0, 0.0)
     )
-    round_s = max(slot_s + compute_s, residual_read)
+    round_s = max(slot_s + streamed_s, residual_read)
     write_update = residual_write + _transfer(1, U, lat, p.s3_write_mb_s)
     # ddb: the Work's check; a round that outlasts the Worker's timeout goes on in fresh invocations
     worker_s = p.handler_s + ddb + read_s + round_s + write_update + pub + handing.seconds
@@ -1355,7 +1350,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
             seconds=worker_s,
             detail=f"read weights ({R} shards) {read_weights:.2f} s"
             + (
-                f" and {data.gets_per_iteration / W:,.1f} data GETs {data.read_s:.2f} s (alongside)"
+                f" and {data.gets_per_iteration / W:,.1f} data GETs {data.read_s:.2f} s (ahead of compute)"
                 if data and data.gets_per_iteration
                 else ""
             )

@@ -5,9 +5,9 @@ micro-batches with it, the run's start, which refuses a model of which not even 
 A step's memory beyond the runtime grows with its samples by what their layer outputs take, kept for the backward
 pass (``sample_bytes``: every layer's output, float32). Measured on ResNet-50 at 96×96 (TensorFlow 2.21, peak
 resident set of one step), a sample took 16-22 MB where its layer outputs count 27 MB: the count bounds it from
-above. What the worker holds besides: the TensorFlow runtime, model-sized buffers (the weights, their gradient,
-the flat and encoded update, the weights read), the float64 sum of a step's micro-batches where there are several,
-and its warm cache (models, dataset shards: ``slsml.aws.cache``, a share of the memory)."""
+above. What the worker holds besides: the TensorFlow runtime, model-sized buffers (the gradient, the flat and
+encoded update, the weights read), the float64 sum of a step's micro-batches where there are several, and its warm
+cache (the model and its weights, dataset shards: ``slsml.aws.cache``, a share of the memory)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ from slsml.spec.errors import RunFailed
 from slsml.training import feedback
 
 TF_RUNTIME_MB = 584.0  # resident set after importing TensorFlow 2.21, measured
-MODEL_COPIES = (
-    5.0  # model-sized float32 buffers of a step: weights, gradients, flat update, encoded update, weights read
-)
-# a step of several micro-batches: their float64 sum (twice a float32 model), and as much again while it is stored or
-# read back (a round handed on: the archive's bytes beside the sum)
-SUM_COPIES = 4.0
+# model-sized float32 buffers of a step: the gradient, the flat and encoded update, the weights read (the model's own
+# weights are the warm cache's: its trainer is an entry of it)
+MODEL_COPIES = 4.0
+SUM_COPIES = 2.0  # a step of several micro-batches: their float64 sum, twice a float32 model
+# the sum as stored or read back (a round handed on): the archive's bytes beside it, while no micro-batch computes
+ARCHIVE_COPIES = 2.0
 
 
 def sample_bytes(model: Any) -> int:
@@ -53,15 +53,21 @@ class WorkerMemory:
     other_bytes: float = 0.0  # what the run's update rule keeps besides (a slot's state, a residual)
 
     def needed_mb(self, samples: int, micro_batches: int = 1) -> float:
-        """The memory a step of ``samples`` at once takes, in a round of ``micro_batches`` per step, the cache full."""
-        copies = MODEL_COPIES + (SUM_COPIES if micro_batches > 1 else 0.0)
-        held = copies * self.model_bytes + self.other_bytes + samples * self.sample_bytes
-        return TF_RUNTIME_MB + self.cache_mb + held / 1e6
+        """The memory a step of ``samples`` at once takes, in a round of ``micro_batches`` per step, the cache full:
+        with several, their float64 sum beside it, and the sum's archive in its place while the round is handed on."""
+        held, step = MODEL_COPIES * self.model_bytes + self.other_bytes, samples * self.sample_bytes
+        if micro_batches > 1:
+            held += SUM_COPIES * self.model_bytes
+            step = max(step, ARCHIVE_COPIES * self.model_bytes)
+        return TF_RUNTIME_MB + self.cache_mb + (held + step) / 1e6
 
     def micro_batch(self) -> int:
-        """The most samples a step fits (0: not one)."""
-        free = (self.memory_mb - self.needed_mb(0, micro_batches=2)) * 1e6
-        return max(0, math.floor(free / self.sample_bytes)) if self.sample_bytes else 2**31
+        """The most samples a step of several micro-batches fits (0: not one)."""
+        held = (MODEL_COPIES + SUM_COPIES) * self.model_bytes + self.other_bytes
+        free = (self.memory_mb - TF_RUNTIME_MB - self.cache_mb) * 1e6 - held
+        if free < ARCHIVE_COPIES * self.model_bytes:
+            return 0
+        return math.floor(free / self.sample_bytes) if self.sample_bytes else 2**31
 
     def micro_batches(self, samples: int, micro_batch: int | None = None) -> int:
         """Micro-batches of a step of ``samples`` with micro-batches of ``micro_batch`` (None: the most that fit)."""
@@ -72,12 +78,14 @@ class WorkerMemory:
         """Why not one sample fits (None: one does)."""
         if self.micro_batch() >= 1:
             return None
+        buffers = (MODEL_COPIES + SUM_COPIES) * self.model_bytes / 1e6
         return (
             f"one sample's training step needs ~{self.needed_mb(1, micro_batches=2):,.0f} MB (the runtime"
-            f" {TF_RUNTIME_MB:.0f} MB, the warm cache {self.cache_mb:,.0f} MB, the model's buffers"
-            f" {(MODEL_COPIES + SUM_COPIES) * self.model_bytes / 1e6:,.0f} MB, its layer outputs"
-            f" {self.sample_bytes / 1e6:,.1f} MB) and the worker has {self.memory_mb:,.0f} MB: give the worker"
-            " function more memory (a stack's functions.worker.memory_mb, up to 10240; --memory worker=MB locally)"
+            f" {TF_RUNTIME_MB:.0f} MB, the warm cache {self.cache_mb:,.0f} MB, the model's buffers {buffers:,.0f} MB,"
+            f" a sample's layer outputs {self.sample_bytes / 1e6:,.1f} MB or, handing a round on, the archive of the"
+            f" micro-batches' sum {ARCHIVE_COPIES * self.model_bytes / 1e6:,.0f} MB) and the worker has"
+            f" {self.memory_mb:,.0f} MB: give the worker function more memory (a stack's functions.worker.memory_mb,"
+            " up to 10240; --memory worker=MB locally)"
         )
 
 

@@ -76,9 +76,8 @@ class UpdateRule(ABC):
     # whether the reducers' optimizer state is the one Keras's fit would hold for the same steps, so that the final
     # model is saved with it (``fit`` goes on from it as from single-process training)
     fit_state: ClassVar[bool] = False
-    # whether its round may be handed on between micro-batches to a fresh invocation (``Round.pause``), and whether
-    # each invocation that goes on reads the slot's state of the round before again (``slot_traffic``'s bytes)
-    hands_on: ClassVar[bool] = True
+    # whether each invocation that goes on with a round handed on (``Round.pause``) reads the slot's state of the
+    # round before again (``slot_traffic``'s bytes)
     rereads_slot: ClassVar[bool] = False
 
     @abstractmethod
