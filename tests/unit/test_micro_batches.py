@@ -119,9 +119,10 @@ def test_a_round_handed_on_after_every_micro_batch_ends_bit_identical(rule: str)
         done = 0 if resumed is None else resumed.steps
         with _stream(5, 0 if resumed is None else resumed.micro_batches, steps - done) as parts:
             if rule == "gradient":
-                return gradient.RULE.round(Round(trainer, start, parts.steps, spec, None, resumed, pause))  # type: ignore[arg-type]
-            optimizer = OptimizerConfig(name="adam", learning_rate=0.01)
-            reached, finished = averaging.local_steps(trainer, start, parts.steps, optimizer, None, None, resumed, pause)
+                work = Round(trainer, start, parts.steps, spec, None, resumed, pause)  # type: ignore[arg-type]
+                return gradient.RULE.round(work)
+            adam = OptimizerConfig(name="adam", learning_rate=0.01)
+            reached, finished = averaging.local_steps(trainer, start, parts.steps, adam, None, None, resumed, pause)
             return averaging.weight_change(trainer, start, reached) if finished else reached
 
     whole = run(None, progress.never)

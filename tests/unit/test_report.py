@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slsml.accounting.prices import PriceTable
 from slsml.accounting import usage
+from slsml.accounting.prices import PriceTable
 from slsml.accounting.usage import UsageRecord
 from slsml.cli import report
 from slsml.client import runs
