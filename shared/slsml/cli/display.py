@@ -1157,5 +1157,6 @@ def print_micro_batches(report: Any, as_json: bool = False) -> None:
     largest = f" (largest {max(peaks):,.0f} MB)" if peaks else " (no peak kept on this system)"
     out.print(
         f"every peak RSS within the function's {report.memory_mb:,} MB: {yes[report.peaks_within]}; with the warm cache"
-        f" full beside it ({report.cache_mb:,.0f} MB): {yes[report.peaks_within_cache_full]}{largest}"
+        f" full beside it ({report.cache_mb:,.0f} MB, the model among its entries):"
+        f" {yes[report.peaks_within_cache_full]}{largest}"
     )
