@@ -34,7 +34,10 @@ def _tiny() -> keras.Model:
     return model
 
 
-def test_each_share_is_its_multiple_of_the_workers_micro_batch(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_each_share_is_its_multiple_of_the_workers_micro_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)  # the table drawn uncut, as into a pipe
     model = _tiny()
     path = tmp_path / "tiny.keras"
     path.write_bytes(modelio.save_model(model))
