@@ -9,12 +9,11 @@ import io
 from pathlib import Path
 
 import numpy as np
-import pytest
 from PIL import Image
 
 from ..unit.test_tfrecord_images import imagenet_example, write_records
-from .service import last_json, local_service, slsml
-from .test_ingest import cnn
+from .service import last_json, slsml
+from .test_ingest import service  # noqa: F401 (the module's local service, with the CNN in its folder)
 
 IMAGES = 200  # half of each class
 
@@ -39,15 +38,7 @@ def photo_like(label: int, rng: np.random.Generator) -> bytes:
     return data.getvalue()
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory):
-    home = tmp_path_factory.mktemp("tfrecord")
-    (home / "cnn.keras").write_bytes(cnn())
-    with local_service(home):
-        yield home
-
-
-def test_imagenet_tfrecord_shards_are_put_and_train_a_cnn(service: Path) -> None:
+def test_imagenet_tfrecord_shards_are_put_and_train_a_cnn(service: Path) -> None:  # noqa: F811
     rng = np.random.default_rng(0)
     labels = rng.permutation(np.arange(IMAGES) % 2 + 1)  # ImageNet's labels count from 1
     records = [imagenet_example(photo_like(int(label), rng), int(label), rng) for label in labels]

@@ -18,6 +18,8 @@ from slsml.data import catalog, ingest, sources
 from slsml.spec import keys
 from slsml.spec.errors import BadInputError
 
+from .test_sources import read_all
+
 SYNSETS = ("n01440764", "n01443537", "n01484850")  # ImageNet's first classes: labels 1, 2, 3
 
 
@@ -81,16 +83,6 @@ def encoded(pixels: np.ndarray, format: str) -> bytes:
     data = io.BytesIO()
     Image.fromarray(pixels).save(data, format=format)
     return data.getvalue()
-
-
-def read_all(source: sources.Source, chunk_bytes: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """The source's samples, concatenated, and how many chunks they came in; each chunk within the bound."""
-    xs, ys = [], []
-    for x, y in source.chunks(chunk_bytes):
-        assert x.nbytes + y.nbytes <= max(chunk_bytes, x[:1].nbytes + y[:1].nbytes)
-        xs.append(x)
-        ys.append(y)
-    return np.concatenate(xs), np.concatenate(ys), len(xs)
 
 
 @pytest.fixture(scope="module")
