@@ -13,6 +13,7 @@ from slsml.accounting import prices, usage
 from slsml.client import demo, runs
 from slsml.cost import model as costmodel
 from slsml.local.faults import Faults, SlowWorker
+from slsml.rounds import accumulate
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.training import modelio, progress
@@ -106,3 +107,36 @@ def test_the_plan_counts_the_requests_of_continued_rounds(local, services, tmp_p
     plan = costmodel.predict(work, costmodel.Parameters(), costmodel.Quotas(), prices.PriceTable())
     assert (plan.continuations.invocations, plan.continuations.micro_batches_per_invocation) == (steps, 1)
     assert plan.requests_per_iteration == summary.requests_per_iteration
+
+
+GRADIENT = TrainingSpec(
+    workers=2, reducers=2, global_batch=64, iterations=2, eval_every=0, micro_batch=9, deadline_s=TIMEOUT_S
+)
+GRADIENT_MICRO_BATCHES = len(accumulate.sizes(GRADIENT.global_batch // GRADIENT.workers, 9))  # 32: 8, 8, 8, 8
+
+
+def test_a_gradient_round_past_the_workers_timeout_goes_on_between_micro_batches_and_ends_bit_identical(
+    local, services
+) -> None:
+    """Gradient averaging whose every micro-batch takes an invocation of its own (the slow worker's too): the
+    progress each hands on is the micro-batches' sum so far, and the run ends bit-identical to the same run in one
+    invocation a round."""
+    train(services, GRADIENT.model_copy(update={"deadline_s": 120.0}), "gradient-whole")
+    assert finish(services, "gradient-whole").status == "COMPLETED"
+    local.host.faults = SLOW_STEPS
+    try:
+        with timeouts(local, TIMEOUT_S):
+            train(services, GRADIENT, "gradient-continued")
+            run = finish(services, "gradient-continued")
+    finally:
+        local.host.faults = None
+    assert run.status == "COMPLETED", run.reason
+    whole, continued = final_weights(services, "gradient-whole")[0], final_weights(services, "gradient-continued")[0]
+    assert continued.tobytes() == whole.tobytes()
+    assert _progress_keys(services, "gradient-continued") == {
+        keys.progress("gradient-continued", i, w, 0, done)
+        for i in range(GRADIENT.iterations)
+        for w in range(GRADIENT.workers)
+        for done in range(1, GRADIENT_MICRO_BATCHES)
+    }
+    assert not _progress_keys(services, "gradient-whole")
