@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from slsml.cli import display, options
+from slsml.cost.calibration import CALIBRATION_FILE
 from slsml.spec.errors import BadInputError
 
 _console = display.console
@@ -180,6 +181,26 @@ def cmd_bench_micro_batches(args: argparse.Namespace) -> int:
     return 0 if report.peaks_within else 1
 
 
+def cmd_bench_gpu(args: argparse.Namespace) -> int:
+    from slsml.bench import gpu as bench
+
+    precisions = tuple(args.precisions or bench.PRECISIONS)
+    unknown = sorted(set(precisions) - set(bench.PRECISIONS))
+    if unknown or (args.batches and min(args.batches) < 1) or args.image_size < 32:
+        raise BadInputError(
+            f"--precisions from {', '.join(bench.PRECISIONS)}; --batches at least 1; --image-size at least 32"
+        )
+    with display.named_progress("[bold]{task.description}") as show:
+        report = bench.measure(precisions, tuple(args.batches or bench.BATCHES), args.image_size, not args.no_cpu, show)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report.calibration.model_dump_json(indent=2))
+    display.print_gpu(report, out, args.json)
+    if args.json:
+        print(report.model_dump_json())
+    return 0
+
+
 def add_commands(commands: Any) -> None:
     """`slsml bench` and its benchmarks."""
     benchmarks = commands.add_parser("bench", help="benchmarks on the local runtime")
@@ -332,6 +353,28 @@ def add_commands(commands: Any) -> None:
         "--multiples", type=options.counts, help="shares in micro-batches, comma-separated (default 1,4,16)"
     )
     micro.add_argument("--repeats", type=int, help="steps of each share, taken by turns; the median counts (default 3)")
+
+    gpu = _benchmark(
+        benchmarks,
+        cmd_bench_gpu,
+        "gpu",
+        help="ResNet-50's training throughput on this machine's GPU at each accelerator memory a GPU function may"
+        " have, float32 against mixed precision, beside the CPU; writes the calibration `slsml plan` prices GPU"
+        " workers from (exits 2 where there is no GPU)",
+    )
+    gpu.add_argument(
+        "--precisions",
+        type=lambda text: text.split(","),
+        help="comma-separated (default float32,mixed_float16,mixed_bfloat16)",
+    )
+    gpu.add_argument(
+        "--batches", type=options.counts, help="micro-batches measured, comma-separated (default 16,32,64,128,256)"
+    )
+    gpu.add_argument("--image-size", type=int, default=224, help="ResNet-50's input is SIZE×SIZE×3 (default 224)")
+    gpu.add_argument("--no-cpu", action="store_true", help="leave out the CPU's row")
+    gpu.add_argument(
+        "--out", default=str(CALIBRATION_FILE), help=f"where to write the calibration (default {CALIBRATION_FILE})"
+    )
 
 
 def _benchmark(

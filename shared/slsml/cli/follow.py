@@ -51,6 +51,7 @@ def one_shot_runtime(args: argparse.Namespace, spec: TrainingSpec) -> Any:
         log_dir=log_dir,
         memory_mb=dict(args.memory or []),
         timeouts_s=dict(args.function_timeout or []),
+        accelerator_gib=dict(args.accelerator or []),
     ).begin()
 
 

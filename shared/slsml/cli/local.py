@@ -27,6 +27,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
                 limits=limits,
                 memory_mb=dict(args.memory or []),
                 timeouts_s=dict(args.function_timeout or []),
+                accelerator_gib=dict(args.accelerator or []),
             )
     display.done(
         f"local service up at {running.endpoint} (pid {running.pid}, {running.pool} warm processes per"

@@ -158,21 +158,30 @@ FUNCTION_OPTIONS = {
         "an invocation past it is ended, as Lambda ends it; the worker's and reducer's are the shortest deadline a run"
         " may have",
     ),
+    "--accelerator": (
+        "accelerator_gib",
+        "GIB",
+        "each warm worker process gets a logical GPU of that memory on this machine's GPU, as an execution"
+        " environment of a GPU function does (refused where TensorFlow sees no GPU)",
+    ),
 }
+ACCELERATOR_EXAMPLE_GIB = 24  # a deployment's workers have none: the flag's example
 
 
 def function_options(group: Any) -> None:
     """``FUNCTION_OPTIONS``, each ``FLAG FUNCTION=VALUE`` repeated: a local run's (or the local service's) function
-    settings; ``args.memory`` and ``args.function_timeout`` hold the pairs given."""
+    settings; ``args.memory``, ``args.function_timeout`` and ``args.accelerator`` hold the pairs given."""
     for option, (field, unit, effect) in FUNCTION_OPTIONS.items():
-        example = f"worker={getattr(DEFAULT_FUNCTIONS['worker'], field)}"
+        default = getattr(DEFAULT_FUNCTIONS["worker"], field)
+        example = f"worker={default if default is not None else ACCELERATOR_EXAMPLE_GIB}"
         group.add_argument(
             option,
             type=partial(_function_setting, field, unit, example),
             action="append",
             metavar=f"FUNCTION={unit}",
             help=f"local runs: a function's {field}, as a deployment's functions.<name>.{field} sets it (default:"
-            f" the deployment's, e.g. {example}); {effect}. Repeat it for more functions",
+            f" the deployment's{f', e.g. worker={default}' if default is not None else ': none'}); {effect}."
+            " Repeat it for more functions",
         )
 
 

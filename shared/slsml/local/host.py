@@ -35,7 +35,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -50,8 +50,8 @@ from botocore.config import Config
 
 from slsml.aws import clients as aws
 from slsml.aws.cache import MEMORY_ENV
+from slsml.local import accelerator, memory
 from slsml.local import faults as fault_injection
-from slsml.local import memory
 from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment, raw_delivery
 from slsml.local.containers import Container, Containers
 from slsml.local.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
@@ -124,6 +124,8 @@ def _start_process(function: str, environment: dict[str, str], log_path: str, in
         io.BufferedWriter(io.FileIO(log, "w", closefd=False), buffer_size=_LOG_BUFFER_BYTES), line_buffering=True
     )
     quiet.install()  # TensorFlow's start-up lines stay out of the JSON log
+    if accelerator.ACCELERATOR_ENV in environment:  # before TensorFlow first runs: a logical GPU of its memory
+        accelerator.hold_process(int(environment[accelerator.ACCELERATOR_ENV]))
     path = FUNCTIONS_DIR / function / "handler.py"
     spec = importlib.util.spec_from_file_location(f"slsml_function_{function}", path)
     assert spec is not None and spec.loader is not None, path
@@ -400,6 +402,7 @@ class FunctionHost:
         function_environment: dict[str, str] | None = None,
         memory_mb: dict[str, int] | None = None,
         timeouts_s: dict[str, int] | None = None,
+        accelerator_gib: dict[str, int] | None = None,
     ) -> None:
         self.deployment = deployment
         self.concurrency = concurrency
@@ -427,6 +430,8 @@ class FunctionHost:
         self.memory_mb = {name: DEFAULT_FUNCTIONS[name].memory_mb for name in concurrency}
         self.memory_mb.update(checked_settings("memory_mb", memory_mb or {}, concurrency))
         self._watch = MemoryWatch(self._out_of_memory)
+        # each function's GPU memory per warm process (``slsml.local.accelerator``); none named: no GPU
+        self.accelerator_gib = dict(accelerator_gib or {})
         self._killed: dict[str, Invocation] = {}  # request id → its invocation, killed past its function's memory
         self._invocations: Any = None  # the two ends of the pipe the processes send their invocations on
         self._sender: Any = None
@@ -440,6 +445,9 @@ class FunctionHost:
         self.dead_letters: list[dict[str, Any]] = []
         self._counts: Counter = Counter()  # faults injected, failed invocations, retries
         self._errors: Counter = Counter()  # failures that were not injected: "function: first line"
+        # the same two, run by run (a message naming no run: under None)
+        self._run_counts: defaultdict[str | None, Counter] = defaultdict(Counter)
+        self._run_errors: defaultdict[str | None, Counter] = defaultdict(Counter)
         self._counts_lock = threading.Lock()
         self._merger_crashed: set[str] = set()  # runs whose Merger crashed on purpose already
         self._in_flight: Counter = Counter()  # run → messages received and not yet handled (held back or running)
@@ -459,23 +467,34 @@ class FunctionHost:
         self.deployment.run_defaults = limits.drop_in_defaults().model_dump_json()
         self.timeouts = {**self.timeouts, **limits.function_timeouts_s}
 
-    def _count(self, counts: dict[str, int]) -> None:
+    def _count(self, counts: dict[str, int], run_id: str | None = None) -> None:
         with self._counts_lock:
             self._counts.update(counts)
+            self._run_counts[run_id].update(counts)
 
-    def fault_report(self) -> dict[str, Any]:
-        """Since the host started: the faults injected, per kind, and what happened — invocations
-        that failed, how many of those SQS retried, messages that went to a dead-letter queue, warm
-        processes replaced after one died, and the errors of failures that were not injected."""
+    def _error(self, error: str, run_id: str | None) -> None:
         with self._counts_lock:
-            counts, errors = dict(self._counts), dict(self._errors)
+            self._errors[error] += 1
+            self._run_errors[run_id][error] += 1
+
+    def fault_report(self, run_id: str | None = None) -> dict[str, Any]:
+        """Since the host started (of ``run_id``'s messages only, where it is given): the faults injected, per
+        kind, and what happened — invocations that failed, how many of those SQS retried, messages that went to a
+        dead-letter queue, and the errors of failures that were not injected; warm processes replaced after one
+        died (whichever run's)."""
+        with self._counts_lock:
+            if run_id is None:
+                counts, errors = dict(self._counts), dict(self._errors)
+            else:
+                counts, errors = dict(self._run_counts[run_id]), dict(self._run_errors[run_id])
+            counts["replaced_processes"] = self._counts.get("replaced_processes", 0)
         return {
             "faults": str(self.faults) if self.faults is not None else "",
             "injected": {kind: counts.get(kind, 0) for kind in INJECTED_KINDS},
-            "invocations": sum(self.invocations.values()),
+            "invocations": sum(self.invocations.values()) if run_id is None else counts.get("invocations", 0),
             "failed_invocations": counts.get("failed_invocations", 0),
             "retries": counts.get("retries", 0),
-            "dead_letters": len(self.dead_letters),
+            "dead_letters": sum(run_id in (None, letter["run_id"]) for letter in self.dead_letters),
             "replaced_processes": counts.get("replaced_processes", 0),
             "errors": errors,
         }
@@ -511,6 +530,7 @@ class FunctionHost:
             # app/slsml-<function> in the User-Agent: the embedded cloud's request log names whose request it was
             "AWS_SDK_UA_APP_ID": f"slsml-{function}",
             MEMORY_ENV: str(self.memory_mb[function]),
+            **accelerator.process_environment(self.accelerator_gib.get(function)),
             wiring.STORAGE_ENV: str(DEFAULT_FUNCTIONS[function].ephemeral_storage_mb),
             "POWERTOOLS_SERVICE_NAME": "slsml",
             "POWERTOOLS_METRICS_NAMESPACE": "slsml",
@@ -661,7 +681,7 @@ class FunctionHost:
                 MessageBody=message["Body"],
                 MessageAttributes={DUPLICATE_ATTRIBUTE: {"DataType": "String", "StringValue": "1"}},
             )
-            self._count({"duplicate": 1})
+            self._count({"duplicate": 1}, run_of(body))
         run_id = run_of(body)
         plan, delayed_s, late_s = None, 0.0, 0.0
         if fault_spec is not None:
@@ -690,7 +710,7 @@ class FunctionHost:
                 return  # the cloud is going away: nothing to acknowledge
             error = done.exception()
             if error is None:
-                self._count(done.result() or {})
+                self._count(done.result() or {}, run_id)
                 self._done.put((queue, message["ReceiptHandle"]))
                 return
             if isinstance(error, BrokenProcessPool):  # its process died: retried in a fresh one, as on Lambda
@@ -704,9 +724,8 @@ class FunctionHost:
                 if function == "merger" and run_id:
                     self._merger_crashed.add(run_id)
             else:
-                with self._counts_lock:
-                    self._errors[f"{function}: {text.splitlines()[0][:200]}"] += 1
-            self._count(counts)
+                self._error(f"{function}: {text.splitlines()[0][:200]}", run_id)
+            self._count(counts, run_id)
             self.sqs.change_message_visibility(
                 QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=retry_after_s(receives)
             )
@@ -718,6 +737,7 @@ class FunctionHost:
                 return
             with self._counts_lock:
                 self.invocations[function] += 1
+                self._run_counts[run_id]["invocations"] += 1
             try:
                 future = self._containers[function].submit(
                     _invoke, event, function, request_id, plan, environment, self.timeouts.get(function)
@@ -727,14 +747,14 @@ class FunctionHost:
                 self._handling(run_id, -1)
                 return
             if plan is not None and plan.slow_s:
-                self._count({"slow_worker": 1})
+                self._count({"slow_worker": 1}, run_id)
             future.add_done_callback(finished)
 
         self._handling(run_id, +1)
         if hold_s > 0:
             # a delivery still in flight: the poller may take other messages meanwhile, and a container
             # runs this one when one is free (its slot is not taken again, so not given back)
-            self._count({"sns_delay": int(delayed_s > 0), "late_worker": int(late_s > 0)})
+            self._count({"sns_delay": int(delayed_s > 0), "late_worker": int(late_s > 0)}, run_id)
             release_slot()
             timer = threading.Timer(hold_s, invoke)
             timer.daemon = True
@@ -815,8 +835,7 @@ class FunctionHost:
         def handled(done: Future) -> None:
             self._handling(run_id, -1)
             if done.exception() is not None:
-                with self._counts_lock:
-                    self._errors[f"{self._reader}: {str(done.exception()).splitlines()[0][:200]}"] += 1
+                self._error(f"{self._reader}: {str(done.exception()).splitlines()[0][:200]}", run_id)
             elif not self._stopping.is_set():
                 self.sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
 

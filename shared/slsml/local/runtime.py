@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
+from slsml.local.accelerator import checked_accelerators
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment, use_deployment
 from slsml.local.host import FunctionHost, leave_out_main, start_preloading
 from slsml.pipeline.services import Services
@@ -65,7 +66,9 @@ class LocalRuntime:
     otherwise than a default deployment (``DEFAULT_FUNCTIONS``), as its ``functions.<name>.memory_mb`` settings do:
     a process whose memory passes its function's is killed, as Lambda kills its container (``slsml.local.memory``);
     ``timeouts_s`` (function → s) so too as its ``functions.<name>.timeout_s`` do: an invocation is ended at its
-    function's, and the Worker's and Reducer's are the run limits' ``function_timeouts_s``.
+    function's, and the Worker's and Reducer's are the run limits' ``function_timeouts_s``. ``accelerator_gib``
+    (``{"worker": GiB}``) gives each warm Worker process a logical GPU of that memory, as its
+    ``functions.worker.accelerator_gib`` does (``slsml.local.accelerator``); refused where there is no GPU.
     ``duplicate_deliveries`` delivers every SNS message twice (an at-least-once test switch).
     """
 
@@ -80,6 +83,7 @@ class LocalRuntime:
         limits: RunLimits | None = None,
         memory_mb: dict[str, int] | None = None,
         timeouts_s: dict[str, int] | None = None,
+        accelerator_gib: dict[str, int] | None = None,
     ) -> None:
         self.cloud = EmbeddedCloud()
         pool = pool or default_pool()
@@ -97,6 +101,8 @@ class LocalRuntime:
         self.concurrency = {function: min(n, reserved[function], pool) for function, n in wanted.items()}
         self.memory_mb = checked_settings("memory_mb", memory_mb or {}, self.concurrency)
         self.timeouts_s = checked_settings("timeout_s", timeouts_s or {}, self.concurrency)
+        accelerators = checked_settings("accelerator_gib", accelerator_gib or {}, self.concurrency)
+        self.accelerator_gib = checked_accelerators(accelerators, self.concurrency)
         self.limits = (limits or RunLimits()).with_timeouts(self.timeouts_s).with_worker_memory(self.worker_memory_mb)
         self.duplicate_deliveries = duplicate_deliveries
         self.log_dir = log_dir
@@ -186,6 +192,7 @@ class LocalRuntime:
                 self.tf_threads,
                 memory_mb=self.memory_mb,
                 timeouts_s=self.timeouts_s,
+                accelerator_gib=self.accelerator_gib,
             )
             self._host.start()
         except BaseException:

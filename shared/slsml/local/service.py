@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from slsml.local import lifecycle
+from slsml.local.accelerator import checked_accelerators
 from slsml.local.cloud import LocalDeployment, owner, use_deployment
 from slsml.pipeline.services import Services
 from slsml.spec.errors import NotFoundError, SlsmlError
@@ -80,13 +81,18 @@ def up(
     limits: RunLimits | None = None,
     memory_mb: dict[str, int] | None = None,
     timeouts_s: dict[str, int] | None = None,
+    accelerator_gib: dict[str, int] | None = None,
 ) -> ServiceState:
     """Start the service (or return the one running) once it is ready to take runs of at most ``limits``; its
-    functions have the deployment's memory and timeouts but for those ``memory_mb`` (function → MB) and
-    ``timeouts_s`` (function → s) name."""
+    functions have the deployment's memory, timeouts and accelerators but for those ``memory_mb`` (function → MB),
+    ``timeouts_s`` (function → s) and ``accelerator_gib`` (function → GiB) name."""
     running = status(state_dir)
     if running is not None:
         return running
+    from slsml.local.runtime import default_pool
+
+    # refused here, in one line, rather than by the service's process as it starts
+    checked_accelerators(accelerator_gib or {}, {"worker": min(CONCURRENCY, pool or default_pool())})
     state_dir.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
@@ -96,6 +102,7 @@ def up(
         (limits or RunLimits()).model_dump_json(),
         json.dumps(memory_mb or {}),
         json.dumps(timeouts_s or {}),
+        json.dumps(accelerator_gib or {}),
         *([str(pool)] if pool else []),
     ]
     with open(state_dir / OUTPUT_FILE, "wb") as output:
@@ -154,7 +161,12 @@ def environment(state: ServiceState) -> dict[str, str]:
 
 
 def serve(
-    state_dir: Path, pool: int | None, limits: RunLimits, memory_mb: dict[str, int], timeouts_s: dict[str, int]
+    state_dir: Path,
+    pool: int | None,
+    limits: RunLimits,
+    memory_mb: dict[str, int],
+    timeouts_s: dict[str, int],
+    accelerator_gib: dict[str, int],
 ) -> None:
     """The service's process: run the local runtime until SIGTERM or SIGINT."""
     from slsml.local.runtime import LocalRuntime
@@ -176,6 +188,7 @@ def serve(
         limits=limits,
         memory_mb=memory_mb,
         timeouts_s=timeouts_s,
+        accelerator_gib=accelerator_gib,
     )
     with runtime:
         assert runtime.deployment is not None  # provisioned as the runtime is entered
@@ -204,8 +217,9 @@ def serve(
 if __name__ == "__main__":
     serve(
         Path(sys.argv[1]),
-        int(sys.argv[5]) if len(sys.argv) > 5 else None,
+        int(sys.argv[6]) if len(sys.argv) > 6 else None,
         RunLimits.model_validate_json(sys.argv[2]),
         json.loads(sys.argv[3]),
         json.loads(sys.argv[4]),
+        json.loads(sys.argv[5]),
     )

@@ -1,0 +1,102 @@
+"""GPU workers on this machine: ``--accelerator worker=GIB`` is refused in one line where TensorFlow sees no GPU (and
+for any function but the worker), ``slsml bench gpu`` exits 2 without a GPU, and its calibration gives each
+accelerator memory the throughput of the largest micro-batch whose device memory peak fits it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slsml.bench import gpu
+from slsml.cost.calibration import load_calibration
+from slsml.local import accelerator
+from slsml.spec.errors import BadInputError
+
+SLSML = [sys.executable, "-m", "slsml.cli.main"]
+GIB = 1024**3
+
+
+def _slsml(*arguments: str, cwd: Path, path: str | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, **({"PATH": path} if path is not None else {})}
+    return subprocess.run([*SLSML, *arguments], capture_output=True, text=True, timeout=300, env=environment, cwd=cwd)
+
+
+def test_an_accelerator_is_refused_in_one_line_where_tensorflow_sees_no_gpu(tmp_path: Path) -> None:
+    if accelerator.visible_gpus():  # a machine with a GPU: each warm worker process may hold a logical one
+        assert accelerator.checked_accelerators({"worker": 3}, {"worker": 1}) == {"worker": 3}
+        return
+    done = _slsml("demo", "--accelerator", "worker=24", "--iterations", "1", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == [f"error: --accelerator worker=24: {accelerator.NO_GPU}"]
+    assert not (tmp_path / ".slsml").exists()  # refused before anything started
+
+
+def test_only_the_worker_takes_an_accelerator_and_only_a_size_lambda_offers(tmp_path: Path) -> None:
+    with pytest.raises(BadInputError, match=r"reducer=…: only the worker may have one"):
+        accelerator.checked_accelerators({"reducer": 24}, {"reducer": 2})
+    done = _slsml("local", "up", "--accelerator", "worker=5", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "functions.worker.accelerator_gib=5: Input should be 3, 6, 12, 16, 24 or 48" in done.stderr
+
+
+def test_bench_gpu_exits_2_saying_there_is_no_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "calibration.json"
+    done = _slsml(
+        "bench", "gpu", "--out", str(out), cwd=tmp_path, path=str(Path(sys.executable).parent)
+    )  # no nvidia-smi
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == f"error: {gpu.NO_GPU}"
+    assert not out.exists()
+
+
+def _probe(precision: str, peaks_gib: dict[int, float], rate_per_sample: float) -> gpu.Probe:
+    rows = tuple(
+        gpu.Measured(batch=batch, samples_per_s=batch * rate_per_sample, peak_bytes=int(peak * GIB))
+        for batch, peak in sorted(peaks_gib.items())
+    )
+    return gpu.Probe(precision=precision, device="gpu", backend="jax", params=25_636_712, rows=rows)  # type: ignore[arg-type]
+
+
+def test_each_accelerator_memory_gets_the_largest_micro_batch_that_fits_it(tmp_path: Path) -> None:
+    float32 = _probe("float32", {32: 2.6, 128: 9.8, 256: 19.4}, 10.0)
+    bfloat16 = _probe("mixed_bfloat16", {32: 1.4, 128: 4.8, 256: 9.5}, 15.0)
+    cpu = gpu.Probe(
+        precision="float32",
+        device="cpu",
+        backend="jax",
+        params=25_636_712,
+        rows=(gpu.Measured(batch=8, samples_per_s=7.0, peak_bytes=None),),
+    )
+    report = gpu.assembled("NVIDIA L4", 22.5, (float32, bfloat16), cpu, 224)
+    calibration = report.calibration
+    batches = {(e.accelerator_gib, e.precision): e.micro_batch for e in calibration.entries}
+    assert batches == {
+        (3, "float32"): 32,
+        (3, "mixed_bfloat16"): 32,
+        (6, "float32"): 32,
+        (6, "mixed_bfloat16"): 128,
+        (12, "float32"): 128,
+        (12, "mixed_bfloat16"): 256,
+        (16, "float32"): 128,
+        (16, "mixed_bfloat16"): 256,
+    }  # 24 and 48 GiB are past the card's 22.5
+    assert calibration.samples_per_s(12, "mixed_bfloat16") == pytest.approx(256 * 15.0)
+    assert calibration.samples_per_s(24, "float32") is None
+    assert report.cpu_samples_per_s == 7.0
+    written = tmp_path / "calibration.json"
+    written.write_text(calibration.model_dump_json())
+    assert load_calibration(written) == calibration
+
+
+def test_a_file_that_is_not_a_calibration_is_refused_by_name(tmp_path: Path) -> None:
+    bad = tmp_path / "calibration.json"
+    bad.write_text('{"card": "L4"}')
+    with pytest.raises(BadInputError, match=rf"^{bad}: not a GPU calibration"):
+        load_calibration(bad)
+    with pytest.raises(BadInputError, match="no such GPU calibration"):
+        load_calibration(tmp_path / "missing.json")
