@@ -1,11 +1,14 @@
 """Compute: one Lambda function per pipeline step in slsml.spec.wiring.FUNCTIONS, each with its own
 least-privilege role. TensorFlow steps run as one container image (functions/worker/Dockerfile, the
-handler picked by the image command); the others are zip functions on the common layer.
+handler picked by the image command); the others are zip functions on the common layer. A GPU worker runs its own
+image (functions/worker/Dockerfile.gpu) on the stack's GPU fleet (infra/gpu.py), which the WorkLauncher and the
+Watchdog size.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from aws_cdk import Duration, Size
 from aws_cdk import aws_dynamodb as dynamodb
@@ -20,13 +23,16 @@ from aws_cdk import aws_stepfunctions as sfn
 from cdk_nag import NagPackSuppression, NagSuppressions, RegexAppliesTo
 from constructs import Construct
 
+from infra.gpu import GpuFleet
 from infra.layers import ARCHITECTURE, ROOT, RUNTIME, CommonLayer
 from infra.naming import pascal
-from infra.settings import Settings
+from infra.settings import GPU_FUNCTION, Settings
 from slsml.spec import deployment, keys, wiring
+from slsml.state.records import RUNS_INDEX
 
 FUNCTIONS_DIR = ROOT / "functions"
 DOCKERFILE = "functions/worker/Dockerfile"  # relative to the image's build context, the repository root
+GPU_DOCKERFILE = "functions/worker/Dockerfile.gpu"  # a GPU worker's image (CUDA TensorFlow, Lambda Managed Instances)
 HANDLER = "lambda_handler"  # the entry point in every functions/<name>/handler.py
 # Powertools Idempotency keeps its records in the run table and deletes one when a step fails, so
 # that a retry runs again: hence DeleteItem besides the run-state actions.
@@ -57,9 +63,11 @@ class Compute(Construct):
         queues: Mapping[str, sqs.IQueue],
         failures: sqs.IQueue,
         state_machine: sfn.IStateMachine,
+        gpu: GpuFleet | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         self._settings = settings
+        self._gpu = gpu
         self._bucket = bucket
         self._table = table
         self._topics = topics
@@ -69,6 +77,8 @@ class Compute(Construct):
         self.layer = CommonLayer(self, "CommonLayer", build=not settings.skip_layer_build).layer
         self.log_groups: dict[str, logs.LogGroup] = {}
         self.functions: dict[str, lambda_.Function] = {fn.name: self._function(fn) for fn in wiring.FUNCTIONS}
+        if gpu is not None:
+            self._size_fleet(self.functions[GPU_FUNCTION])
 
     def _function(self, fn: wiring.Function) -> lambda_.Function:
         name = pascal(fn.name)
@@ -110,6 +120,8 @@ class Compute(Construct):
             # the dead-letter reader is only ever invoked by its queues (synchronously): no DLQ of its own
             "dead_letter_queue": None if fn.reads_dead_letters else self._failures,
         }
+        if fn.needs_tensorflow and sizing.gpu:
+            return self._gpu_function(fn, name, common)
         if fn.needs_tensorflow:
             code = lambda_.DockerImageCode.from_image_asset(
                 str(ROOT),
@@ -138,6 +150,49 @@ class Compute(Construct):
             ],
         )
         return function
+
+    def _gpu_function(self, fn: wiring.Function, name: str, common: dict[str, Any]) -> lambda_.Function:
+        """``fn`` on the GPU fleet: the CUDA image (x86_64, as AcceleratorConfig requires); its concurrency is the
+        fleet's (no reservation)."""
+        assert self._gpu is not None, "a GPU function needs the stack's GPU fleet"
+        code = lambda_.DockerImageCode.from_image_asset(
+            str(ROOT),
+            file=GPU_DOCKERFILE,
+            cmd=[f"{fn.name}.handler.{HANDLER}"],
+            platform=ecr_assets.Platform.LINUX_AMD64,
+            exclude=[f"!{GPU_DOCKERFILE}"],  # .dockerignore keeps functions/ to the handlers and the CPU Dockerfile
+        )
+        function = lambda_.DockerImageFunction(self, name, code=code, **common)
+        self._gpu.attach(function)
+        return function
+
+    def _size_fleet(self, worker: lambda_.Function) -> None:
+        """The functions that size the GPU worker's fleet (``deployment.FLEET_SIZERS``): its name and cap in their
+        environment, the scaling calls on its published version and nothing else, and the query of running runs
+        (the runs index) that sizes it."""
+        cap = self._settings.functions[GPU_FUNCTION].max_environments
+        versions = [worker.function_arn, f"{worker.function_arn}:{deployment.FLEET_QUALIFIER}"]
+        for sizer in deployment.FLEET_SIZERS:
+            function = self.functions[sizer]
+            function.add_environment(deployment.FLEET_FUNCTION_ENV, worker.function_name)
+            function.add_environment(deployment.FLEET_CAP_ENV, str(cap))
+            role = function.role
+            assert role is not None
+            role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=[
+                        "lambda:PutFunctionScalingConfig",
+                        "lambda:GetFunctionScalingConfig",
+                        "lambda:GetFunctionConfiguration",
+                    ],
+                    resources=versions,
+                )
+            )
+            role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=["dynamodb:Query"], resources=[f"{self._table.table_arn}/index/{RUNS_INDEX.name}"]
+                )
+            )
 
     def _role(self, fn: wiring.Function, log_group: logs.ILogGroup) -> iam.Role:
         """Logs; reads of runs/ and datasets/ (and the prefix whose uploads trigger it); writes of the kinds of object

@@ -4,7 +4,9 @@
 Per-function overrides merge over the function's defaults, e.g. in cdk.json
 ``"functions": {"worker": {"memory_mb": 4096, "reserved_concurrency": 50}}`` (``null`` reserves none);
 the limits of every run, e.g. ``"run_limits": {"workers": 64, "iterations": 5000}`` (the shortest deadline a run may
-have is the Worker's and the Reducer's timeout, ``functions.<name>.timeout_s``).
+have is the Worker's and the Reducer's timeout, ``functions.<name>.timeout_s``). A GPU worker on Lambda Managed
+Instances: ``"functions": {"worker": {"accelerator_gib": 24}}``, its fleet's other settings defaulting to
+``deployment.GPU_WORKER_DEFAULTS`` (docs/deploy.md, "GPU workers").
 """
 
 from __future__ import annotations
@@ -23,12 +25,18 @@ from slsml.spec.deployment import (
     ACCOUNT_CONCURRENCY,
     DAY_S,
     DEFAULT_FUNCTIONS,
+    GPU_INSTANCES,
+    GPU_MEMORY_GIB_PER_VCPU,
+    GPU_WORKER_DEFAULTS,
+    MANAGED_MEMORY_MB,
     SCRATCH_EXPIRY_DAYS,
     TRANSIENT_USE_MAX_S,
     UNRESERVED_MINIMUM,
     FunctionSettings,
 )
 from slsml.spec.limits import RunLimits
+
+GPU_FUNCTION = "worker"  # the one step that may run on GPU instances (``functions.worker.accelerator_gib``)
 
 
 class Settings(BaseModel):
@@ -84,10 +92,39 @@ class Settings(BaseModel):
         unknown = set(overrides) - {fn.name for fn in wiring.FUNCTIONS}
         if unknown:
             raise ValueError(f"no pipeline function named {sorted(unknown)}")
-        return {
-            fn.name: DEFAULT_FUNCTIONS.get(fn.name, FunctionSettings()).model_dump() | overrides.get(fn.name, {})
-            for fn in wiring.FUNCTIONS
-        }
+        merged = {}
+        for fn in wiring.FUNCTIONS:
+            given = overrides.get(fn.name, {})
+            defaults = DEFAULT_FUNCTIONS.get(fn.name, FunctionSettings()).model_dump()
+            if given.get("accelerator_gib") is not None and fn.name == GPU_FUNCTION:
+                defaults |= GPU_WORKER_DEFAULTS  # what a GPU worker is unless its context says otherwise
+            merged[fn.name] = defaults | given
+        return merged
+
+    @field_validator("functions", mode="after")
+    @classmethod
+    def _gpu_worker_only(cls, functions: dict[str, FunctionSettings]) -> dict[str, FunctionSettings]:
+        for name, function in functions.items():
+            if function.gpu and name != GPU_FUNCTION:
+                raise ValueError(
+                    f"functions.{name}.accelerator_gib={function.accelerator_gib}: only the {GPU_FUNCTION} may run on"
+                    " a GPU (Lambda Managed Instances); the other steps are CPU functions"
+                )
+            if function.gpu:
+                _check_gpu_function(name, function)
+        return functions
+
+    @model_validator(mode="after")
+    def _runs_fit_the_fleet(self) -> Settings:
+        worker = self.functions[GPU_FUNCTION]
+        cap = worker.max_environments
+        if cap is not None and "workers" in self.run_limits.model_fields_set and self.run_limits.workers > cap:
+            raise ValueError(
+                f"run_limits.workers={self.run_limits.workers}: a GPU worker's fleet has at most"
+                f" functions.{GPU_FUNCTION}.max_environments={cap} execution environments, one worker each; lower"
+                " the one or raise the other"
+            )
+        return self
 
     @model_validator(mode="after")
     def _reservations_fit(self) -> Settings:
@@ -109,9 +146,20 @@ class Settings(BaseModel):
 
     @property
     def limits(self) -> RunLimits:
-        """What every run of the deployment must keep within: ``run_limits``, with its functions' timeouts."""
+        """What every run of the deployment must keep within: ``run_limits``, with its functions' timeouts (and, for a
+        GPU worker, no more workers than its fleet's execution environments)."""
         timeouts = {name: f.timeout_s for name, f in self.functions.items()}
-        return self.run_limits.with_timeouts(timeouts).with_worker_memory(self.functions["worker"].memory_mb)
+        worker = self.functions[GPU_FUNCTION]
+        limits = self.run_limits.with_timeouts(timeouts).with_worker_memory(worker.memory_mb)
+        if worker.max_environments is not None and limits.workers > worker.max_environments:
+            limits = limits.model_copy(update={"workers": worker.max_environments})
+        return limits
+
+    @property
+    def gpu_worker(self) -> FunctionSettings | None:
+        """The worker's settings if it runs on GPU instances; None for a CPU worker."""
+        worker = self.functions[GPU_FUNCTION]
+        return worker if worker.gpu else None
 
     @classmethod
     def from_context(cls, node: Node) -> Settings:
@@ -122,3 +170,42 @@ class Settings(BaseModel):
     @property
     def cdk_removal_policy(self) -> RemovalPolicy:
         return RemovalPolicy.DESTROY if self.removal_policy == "destroy" else RemovalPolicy.RETAIN
+
+
+def _check_gpu_function(name: str, function: FunctionSettings) -> None:
+    """A GPU function's settings as Lambda Managed Instances takes them: memory a multiple of its GiB per vCPU within
+    Lambda's bounds, known GPU instance types whose GPU holds ``accelerator_gib`` and whose instance holds an execution
+    environment, no reserved concurrency (its fleet bounds it); else ValueError naming the setting."""
+    where = f"functions.{name}"
+    low, high = MANAGED_MEMORY_MB
+    step = GPU_MEMORY_GIB_PER_VCPU * 1024
+    if not (low <= function.memory_mb <= high and function.memory_mb % step == 0):
+        raise ValueError(
+            f"{where}.memory_mb={function.memory_mb}: a GPU function's memory is a multiple of {step} MB"
+            f" ({GPU_MEMORY_GIB_PER_VCPU} GiB per vCPU) from {low} to {high} MB (Lambda Managed Instances)"
+        )
+    if function.reserved_concurrency is not None:
+        raise ValueError(
+            f"{where}.reserved_concurrency={function.reserved_concurrency}: a GPU function's concurrency is its"
+            f" fleet's; set {where}.max_environments instead (null reserves none)"
+        )
+    if not function.instance_types:
+        raise ValueError(f"{where}.instance_types: name at least one of {', '.join(GPU_INSTANCES)}")
+    unknown = [t for t in function.instance_types if t not in GPU_INSTANCES]
+    if unknown:
+        raise ValueError(
+            f"{where}.instance_types: {unknown} are not GPU instance types slsml knows ({', '.join(GPU_INSTANCES)})"
+        )
+    vcpus = function.memory_mb // step
+    for instance_type in function.instance_types:
+        instance = GPU_INSTANCES[instance_type]
+        if function.accelerator_gib is not None and function.accelerator_gib > instance.gpu_memory_gib:
+            raise ValueError(
+                f"{where}.accelerator_gib={function.accelerator_gib}: the GPU of a {instance_type} has"
+                f" {instance.gpu_memory_gib} GiB"
+            )
+        if vcpus > instance.vcpus or function.memory_mb >= instance.memory_gib * 1024:
+            raise ValueError(
+                f"{where}.memory_mb={function.memory_mb} ({vcpus} vCPUs): more than a {instance_type}"
+                f" ({instance.vcpus} vCPUs, {instance.memory_gib} GiB) holds"
+            )

@@ -6,6 +6,7 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from infra.compute import Compute
+from infra.gpu import GpuFleet
 from infra.messaging import Messaging
 from infra.naming import pascal
 from infra.observability import Observability
@@ -33,6 +34,18 @@ class SlsmlStack(Stack):
             table=self.storage.table,
             topics=self.messaging.topics,
         )
+        worker = settings.gpu_worker
+        self.gpu = (
+            None
+            if worker is None
+            else GpuFleet(
+                self,
+                "GpuFleet",
+                worker=worker,
+                log_retention=settings.log_retention,
+                removal_policy=settings.cdk_removal_policy,
+            )
+        )
         self.compute = Compute(
             self,
             "Compute",
@@ -43,6 +56,7 @@ class SlsmlStack(Stack):
             queues=self.messaging.queues,
             failures=self.messaging.function_failures,
             state_machine=self.orchestration.state_machine,
+            gpu=self.gpu,
         )
         self.messaging.subscribe(self.compute.functions)
         self.observability = Observability(

@@ -1,4 +1,5 @@
-"""One synthesis of the slsml stack per test session (layer build skipped), with cdk.json's context."""
+"""One synthesis of the slsml stack per test session (layer build skipped), with cdk.json's context; and one with
+a GPU worker."""
 
 from __future__ import annotations
 
@@ -42,10 +43,23 @@ def cdk_context() -> dict[str, Any]:
     return json.loads((ROOT / "cdk.json").read_text())["context"] | {"skip_layer_build": True}
 
 
-@pytest.fixture(scope="session")
-def synthesized(cdk_context: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
-    outdir = tmp_path_factory.mktemp("cdk.out")
-    app, stack = create_app(cdk_context, outdir=str(outdir))
+# a GPU worker: the context key that turns it on, and nothing else (its fleet's other settings are defaults)
+GPU_CONTEXT = {"functions": {"worker": {"accelerator_gib": 24}}}
+
+
+def synthesize(context: dict[str, Any], outdir: Path) -> Synthesized:
+    app, stack = create_app(context, outdir=str(outdir))
     assembly = app.synth()
     template = Template.from_json(assembly.get_stack_by_name(stack.stack_name).template)
     return Synthesized(stack=stack, outdir=outdir, template=template)
+
+
+@pytest.fixture(scope="session")
+def synthesized(cdk_context: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    return synthesize(cdk_context, tmp_path_factory.mktemp("cdk.out"))
+
+
+@pytest.fixture(scope="session")
+def gpu_synthesized(cdk_context: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """The stack with a GPU worker (``functions.worker.accelerator_gib=24``) on Lambda Managed Instances."""
+    return synthesize(cdk_context | GPU_CONTEXT, tmp_path_factory.mktemp("cdk.out.gpu"))

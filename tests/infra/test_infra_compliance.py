@@ -1,29 +1,49 @@
-"""cdk-nag (AwsSolutions) and cfn-lint pass on the synthesized stack, and every nag suppression says why."""
+"""cdk-nag (AwsSolutions) and cfn-lint pass on the synthesized stack, with a CPU worker and with a GPU worker, and
+every nag suppression says why. cfn-lint runs as it does from the repository root: with .cfnlintrc, whose schema patch
+(cfn-lint/) adds the AcceleratorConfig of a GPU worker that cfn-lint's own schemas lack."""
 
 from __future__ import annotations
 
 import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from aws_cdk.assertions import Annotations, Match
-from cfnlint.api import ManualArgs, lint_file
+
+from infra.layers import ROOT
 
 if TYPE_CHECKING:
     from conftest import Synthesized
 
 NAG_FINDING = Match.string_like_regexp("AwsSolutions-.*")
-# W3005 (DependsOn already implied by a Ref/GetAtt): CDK itself writes these explicit dependencies.
-CFN_LINT_IGNORED = ["W3005"]
+CFN_LINT = [sys.executable, "-c", "from cfnlint.runner import main; main()"]
 
 
-def test_cdk_nag_reports_no_unsuppressed_finding(synthesized: Synthesized) -> None:
-    annotations = Annotations.from_stack(synthesized.stack)
+@pytest.fixture(params=["cpu", "gpu"])
+def stack(request: pytest.FixtureRequest) -> Synthesized:
+    """Each deployment the compliance checks hold for: a CPU worker (the default), a GPU worker."""
+    fixture = {"cpu": "synthesized", "gpu": "gpu_synthesized"}[request.param]
+    synthesized: Synthesized = request.getfixturevalue(fixture)
+    return synthesized
+
+
+def cfn_lint(template: Path, *options: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """cfn-lint on ``template`` as run from ``cwd`` (from the repository root: with .cfnlintrc)."""
+    return subprocess.run([*CFN_LINT, str(template), *options], cwd=cwd, capture_output=True, text=True, check=False)
+
+
+def test_cdk_nag_reports_no_unsuppressed_finding(stack: Synthesized) -> None:
+    annotations = Annotations.from_stack(stack.stack)
     assert annotations.find_error("*", NAG_FINDING) == []
     assert annotations.find_warning("*", NAG_FINDING) == []
 
 
-def test_cdk_nag_report_is_compliant_or_suppressed_with_a_reason(synthesized: Synthesized) -> None:
-    (report,) = synthesized.outdir.glob("AwsSolutions-*NagReport.csv")
+def test_cdk_nag_report_is_compliant_or_suppressed_with_a_reason(stack: Synthesized) -> None:
+    (report,) = stack.outdir.glob("AwsSolutions-*NagReport.csv")
     with report.open(newline="") as lines:
         rows = list(csv.DictReader(lines))
     assert rows, "cdk-nag did not run"
@@ -31,17 +51,47 @@ def test_cdk_nag_report_is_compliant_or_suppressed_with_a_reason(synthesized: Sy
     assert all(len(row["Exception Reason"]) > 30 for row in rows if row["Compliance"] == "Suppressed")
 
 
-def test_every_suppression_written_in_code_has_a_reason(synthesized: Synthesized) -> None:
+def test_every_suppression_written_in_code_has_a_reason(stack: Synthesized) -> None:
     suppressions: list[dict[str, Any]] = [
         rule
-        for resource in synthesized.resources.values()
+        for resource in stack.resources.values()
         for rule in resource.get("Metadata", {}).get("cdk_nag", {}).get("rules_to_suppress", [])
     ]
     assert suppressions
     assert all(len(rule["reason"]) > 30 for rule in suppressions)
 
 
-def test_cfn_lint_finds_nothing(synthesized: Synthesized) -> None:
-    template = synthesized.outdir / f"{synthesized.stack.stack_name}.template.json"
-    matches = lint_file(template, config=ManualArgs(ignore_checks=CFN_LINT_IGNORED))
-    assert [str(match) for match in matches] == []
+def test_cfn_lint_finds_nothing(stack: Synthesized) -> None:
+    linted = cfn_lint(stack.outdir / f"{stack.stack.stack_name}.template.json")
+    assert (linted.returncode, linted.stdout, linted.stderr) == (0, "", "")
+
+
+def test_cfn_lint_knows_a_gpu_worker_by_the_schema_patch_alone(gpu_synthesized: Synthesized, tmp_path: Path) -> None:
+    """Without .cfnlintrc (run elsewhere), cfn-lint's schemas refuse AcceleratorConfig: the patch is what passes."""
+    linted = cfn_lint(gpu_synthesized.outdir / f"{gpu_synthesized.stack.stack_name}.template.json", cwd=tmp_path)
+    assert linted.returncode != 0
+    assert "E3002 Additional properties are not allowed ('AcceleratorConfig' was unexpected)" in linted.stdout
+
+
+@pytest.mark.parametrize(
+    ("change", "finding"),
+    [
+        ({"AcceleratorConfig": {"AcceleratorMemorySize": 20}}, "E3030 20 is not one of [3, 6, 12, 16, 24, 48]"),
+        ({"AcceleratorConfig": {}}, "E3003 'AcceleratorMemorySize' is a required property"),
+        ({"Architectures": ["arm64"]}, "E3002 'x86_64' was expected"),
+        ({"PackageType": "Zip"}, "E3002 'Image' was expected"),
+        ({"CapacityProviderConfig": None}, "E3021 'CapacityProviderConfig' is a dependency of 'AcceleratorConfig'"),
+    ],
+)
+def test_the_schema_patch_checks_what_lambda_requires_of_a_gpu_function(
+    gpu_synthesized: Synthesized, tmp_path: Path, change: dict[str, Any], finding: str
+) -> None:
+    """GPU memory of 3 to 48 GiB, on a container-image x86_64 function with a capacity provider."""
+    template = gpu_synthesized.template.to_json()
+    worker = template["Resources"][gpu_synthesized.logical_id(gpu_synthesized.stack.compute.functions["worker"])]
+    worker["Properties"] = {k: v for k, v in (worker["Properties"] | change).items() if v is not None}
+    changed = tmp_path / "changed.template.json"
+    changed.write_text(json.dumps(template))
+    linted = cfn_lint(changed)
+    assert linted.returncode != 0
+    assert finding in linted.stdout

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from slsml.spec import keys
 from slsml.spec.errors import BadInputError
@@ -125,6 +125,56 @@ def lifecycle_configuration(rules: tuple[LifecycleRule, ...]) -> dict[str, Any]:
     return {"Rules": configured}
 
 
+class GpuInstance(BaseModel):
+    """An EC2 instance type a GPU function's capacity provider may launch: what one instance holds."""
+
+    model_config = ConfigDict(frozen=True)
+
+    vcpus: int
+    memory_gib: int
+    gpus: int
+    gpu_memory_gib: int  # of each GPU
+
+
+# The GPU instance types a deployment may name (``functions.worker.instance_types``), as EC2 describes them (the types
+# ``slsml.accounting.prices`` prices). An execution environment's AcceleratorConfig asks for GPUs with at least
+# ``accelerator_gib`` of memory each, so that must fit the GPU of every type allowed; its vCPUs (memory over
+# GPU_MEMORY_GIB_PER_VCPU) and memory must fit an instance.
+GPU_INSTANCES: dict[str, GpuInstance] = {
+    "g4dn.xlarge": GpuInstance(vcpus=4, memory_gib=16, gpus=1, gpu_memory_gib=16),  # NVIDIA T4
+    "g5.xlarge": GpuInstance(vcpus=4, memory_gib=16, gpus=1, gpu_memory_gib=24),  # NVIDIA A10G
+    "g5.2xlarge": GpuInstance(vcpus=8, memory_gib=32, gpus=1, gpu_memory_gib=24),
+    "g6.xlarge": GpuInstance(vcpus=4, memory_gib=16, gpus=1, gpu_memory_gib=24),  # NVIDIA L4
+    "g6.2xlarge": GpuInstance(vcpus=8, memory_gib=32, gpus=1, gpu_memory_gib=24),
+    "g6.12xlarge": GpuInstance(vcpus=48, memory_gib=192, gpus=4, gpu_memory_gib=24),
+    "g6e.xlarge": GpuInstance(vcpus=4, memory_gib=32, gpus=1, gpu_memory_gib=48),  # NVIDIA L40S
+    "g6e.2xlarge": GpuInstance(vcpus=8, memory_gib=64, gpus=1, gpu_memory_gib=48),
+}
+# Lambda Managed Instances: PutFunctionScalingConfig's bound on a function's execution environments, and the memory
+# an execution environment may have (a multiple of its GiB per vCPU, which the stack sets to this: compute-bound)
+FLEET_ENVIRONMENTS_MAX = 15_000
+MANAGED_MEMORY_MB = (2048, 32768)
+GPU_MEMORY_GIB_PER_VCPU = 2
+# What a GPU worker is, where its context names only accelerator_gib: 2 vCPUs beside its GPU, a fleet of g6.xlarge (one
+# L4 GPU, 24 GiB, 4 vCPUs each) of at most 8 execution environments; no reserved concurrency (its fleet bounds it)
+GPU_WORKER_DEFAULTS: dict[str, Any] = {
+    "memory_mb": 4096,
+    "reserved_concurrency": None,
+    "instance_types": ("g6.xlarge",),
+    "max_environments": 8,
+}
+# The environment of the functions that size a GPU worker's fleet at a run's start and end (``slsml.aws.fleet``):
+# the worker's function name and the fleet's most execution environments. Unset: a CPU worker, no fleet to size.
+FLEET_FUNCTION_ENV = "SLSML_FLEET_FUNCTION"
+FLEET_CAP_ENV = "SLSML_FLEET_CAP"
+# the version whose execution environments the fleet sizes: what an unqualified invocation (SNS's) of a function on
+# Lambda Managed Instances runs, republished by every deployment of the function
+FLEET_QUALIFIER = "$LATEST.PUBLISHED"
+# the functions that size the fleet: the WorkLauncher at a run's first launch, the Watchdog while it runs and once it
+# ended (both complete runs)
+FLEET_SIZERS = ("work_launcher", "watchdog")
+
+
 class FunctionSettings(BaseModel):
     """Sizing of one Lambda function."""
 
@@ -134,6 +184,23 @@ class FunctionSettings(BaseModel):
     timeout_s: int = Field(default=60, ge=1, le=900)
     ephemeral_storage_mb: int = Field(default=512, ge=512, le=10240)
     reserved_concurrency: int | None = Field(default=None, ge=1)
+    # GPU memory per execution environment (Lambda Managed Instances' AcceleratorConfig); None: a CPU function
+    accelerator_gib: Literal[3, 6, 12, 16, 24, 48] | None = None
+    # a GPU function's fleet: the EC2 instance types its capacity provider may launch (GPU_INSTANCES), and the most
+    # execution environments it may have at once, all runs together (each takes one request at a time)
+    instance_types: tuple[str, ...] = ()
+    max_environments: int | None = Field(default=None, ge=1, le=FLEET_ENVIRONMENTS_MAX)
+
+    @model_validator(mode="after")
+    def _fleet_of_a_gpu_function(self) -> FunctionSettings:
+        if self.accelerator_gib is None and (self.instance_types or self.max_environments is not None):
+            raise ValueError("instance_types and max_environments size a GPU fleet: set accelerator_gib too")
+        return self
+
+    @property
+    def gpu(self) -> bool:
+        """Whether the function runs on GPU instances (Lambda Managed Instances)."""
+        return self.accelerator_gib is not None
 
 
 # The functions an iteration's two stages wait on (the workers, then the reducers), whose steps the watchdog
@@ -173,6 +240,17 @@ def checked_settings(field: str, values: dict[str, int], functions: Iterable[str
             raise BadInputError(f"functions.{function}.{field}={value}: {error.errors()[0]['msg']}") from None
     return dict(values)
 
+
+# A GPU worker (``functions.worker.accelerator_gib``) runs on Lambda Managed Instances in the stack's VPC, which has no
+# route out: the AWS services it calls are reached through VPC endpoints, gateway ones (free) and interface ones
+# (billed per endpoint, per Availability Zone and hour, and per GB), in ENDPOINT_AZS zones. The stack deploys them and
+# ``slsml plan`` prices them. They are what the worker's step calls (``wiring.Function("worker")``: S3 and the table;
+# SNS for Work and WorkDone, SQS for Deadlines; it answers no execution, so no Step Functions) and what Lambda sends
+# from its environments (logs, X-Ray traces of its active tracing; metrics go out as log lines). The functions that
+# size the fleet call the Lambda API from outside the VPC, like every other function of the stack.
+GATEWAY_ENDPOINTS = ("s3", "dynamodb")
+INTERFACE_ENDPOINTS = ("sns", "sqs", "logs", "xray")
+ENDPOINT_AZS = 2
 
 UNRESERVED_MINIMUM = 100  # of an account's Lambda concurrency, which AWS refuses to let reservations take
 ACCOUNT_CONCURRENCY = 1000  # Lambda's default concurrency quota per region

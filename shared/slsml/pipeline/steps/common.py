@@ -1,4 +1,5 @@
-"""What several steps share: the run's immutable config, its carried state, finishing a run."""
+"""What several steps share: the run's immutable config, its carried state, finishing a run, sizing a GPU worker's
+fleet to the running runs."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from typing import Any
 
 import numpy as np
 from aws_lambda_powertools import Logger
+from botocore.exceptions import ClientError
 
 from slsml import rules
+from slsml.aws import clients as aws
+from slsml.aws import fleet as gpu_fleet
 from slsml.aws.storage import ObjectStore
 from slsml.pipeline.services import Services
 from slsml.pipeline.services import run_config as run_config  # read by the admission of messages too
@@ -17,7 +21,7 @@ from slsml.spec import keys
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import RunFailed
 from slsml.spec.messages import Manifest
-from slsml.state.records import Counter, RunRecord
+from slsml.state.records import Counter, RunRecord, RunStatus
 from slsml.training import shards, stopping
 
 logger = Logger(child=True)
@@ -81,6 +85,7 @@ def complete_run(services: Services, run_id: str, iteration: int, reason: str | 
         services.orchestrator.succeed(run.task_token, outcome(run))
         # nothing resumes a completed run: its last two sets of carried state go (the Merger deleted the others)
         services.store.delete([*carried_state(config, iteration - 1), *carried_state(config, iteration)])
+        size_fleet(services, run, quiet=True)  # its workers are done (else the watchdog's chain ends it)
     logger.info(
         "run completed",
         extra={
@@ -136,3 +141,34 @@ def outcome(run: RunRecord) -> dict[str, Any]:
         "test": run.test,
         "val": run.val,
     }
+
+
+# what Lambda answers a scaling call that comes while the function or its scaling is being changed, or too many
+FLEET_BUSY = ("ResourceConflictException", "TooManyRequestsException")
+
+
+def running(run: RunRecord) -> bool:
+    """Whether ``run`` may still launch workers: RUNNING, and its final model not stored (a completed run stays
+    RUNNING until its execution marks it COMPLETED)."""
+    return run.status == RunStatus.RUNNING and run.final_key is None
+
+
+def size_fleet(services: Services, run: RunRecord | None = None, quiet: bool = False) -> bool:
+    """Size a GPU worker's fleet (``slsml.aws.fleet``) to what the running runs ask, each the most workers it may
+    have (``TrainingSpec.asked_workers``: its max_workers, else its workers); ``run``: a record fresher than the runs
+    index's, which is read eventually consistently. True once the fleet is there, and always for a CPU worker (none
+    to size). ``quiet``: Lambda being busy with the function answers False instead of raising (a caller that looks
+    again later)."""
+    fleet = gpu_fleet.from_env()
+    if fleet is None:
+        return True
+    runs = {r.run_id: r for r in services.table.list_runs()}
+    if run is not None:
+        runs[run.run_id] = run
+    try:
+        return fleet.size(fleet.wanted(r.training.asked_workers(r.workers) for r in runs.values() if running(r)))
+    except ClientError as error:
+        if not quiet or aws.error_code(error) not in FLEET_BUSY:
+            raise
+        logger.warning("GPU fleet busy: sized later", extra={"function": fleet.function, "error": str(error)})
+        return False

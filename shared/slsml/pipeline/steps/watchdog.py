@@ -14,6 +14,12 @@ all (or stops the run whose spend reached its dollar budget, as the launch would
 iterations it completes the run instead, once the final model is stored. Reduce stage: re-launch the
 reducers whose shards are missing; once the retry budget is spent, those shards keep the iteration's weights
 (counted and logged) and the merge goes on.
+
+With a GPU worker (``slsml.aws.fleet``), an iteration whose launch has not come waits for the worker's fleet (the
+first launch of a run leaves it here while the fleet is raised): the watchdog looks again every
+``work_launcher.FLEET_POLL_S`` and launches it as its model's event would have, once the fleet is there. Each
+deadline of a running run sizes the fleet again (a resize another run's start or end made from a stale read is
+undone), and the deadline that finds the run ended lowers it.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from enum import StrEnum
 
 from aws_lambda_powertools import Logger
 
+from slsml.aws import fleet as gpu_fleet
 from slsml.pipeline import metrics, spend
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import complete_run, run_config, stop_reason
+from slsml.pipeline.steps import work_launcher
+from slsml.pipeline.steps.common import complete_run, run_config, size_fleet, stop_reason
 from slsml.pipeline.steps.reduce_launcher import fire_reduce, publish_reduce
 from slsml.pipeline.steps.reducer import keep_weights
 from slsml.spec import keys, wiring
@@ -51,6 +59,8 @@ class Action(StrEnum):
     COMPLETED = "completed"  # the final model's event is late or lost: the run is completed, nothing launched
     STOPPED = "stopped"  # an iteration it would launch: the run's spend reached its budget
     CONTINUING = "continuing"  # missing workers' rounds go on in fresh invocations, in time: waited for
+    AWAITING_FLEET = "awaiting-fleet"  # a launch waits for the GPU worker's fleet
+    LAUNCHED = "launched"  # the GPU worker's fleet came: the iteration was launched
 
 
 # what DeadlineActions counts
@@ -71,10 +81,14 @@ def on_deadline(deadline: Deadline, services: Services) -> Action:
     if deadline.stage == "end":
         return _end(deadline, run, services)
     if run.status != RunStatus.RUNNING or run.generation != deadline.generation or run.watched != deadline.link:
+        if run.status != RunStatus.RUNNING and run.generation == deadline.generation and run.watched == deadline.link:
+            size_fleet(services, run)  # the chain ends with the run: its GPU workers go (raises: redelivered)
         return Action.NOTHING  # the run ended, or another copy of this deadline carried the chain on
     action = _act(deadline.model_copy(update={"link": deadline.link + 1, "resent": 0}), run, services)
     if action in ACTED:
         metrics.emit(Metric.DEADLINE_ACTIONS, 1)
+    if action != Action.AWAITING_FLEET and gpu_fleet.from_env() is not None:  # (a launch waiting sized it)
+        size_fleet(services, services.table.get_run(run.run_id), quiet=True)
     services.table.watch(run.run_id, deadline.link, deadline.link + 1)
     return action
 
@@ -87,8 +101,10 @@ def _end(deadline: Deadline, run: RunRecord, services: Services) -> Action:
         return Action.NOTHING
     if run.status == RunStatus.FAILED:
         services.orchestrator.fail(run.task_token, run.reason or "the run failed")
+        size_fleet(services, run, quiet=True)
     elif run.status == RunStatus.STOPPED:
         services.orchestrator.stop(run.task_token, run.reason or "the run was stopped")
+        size_fleet(services, run, quiet=True)
     elif run.status == RunStatus.RUNNING:
         if deadline.iteration >= run.iterations:
             if services.table.get_counter(run.run_id, deadline.iteration - 1).test is None:
@@ -120,6 +136,8 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
     config = run_config(services.store, deadline.run_id)
     record = services.table.get_iteration(deadline.run_id, deadline.iteration)
     if deadline.stage == "work":
+        if record.launched_by is None and deadline.iteration < run.iterations and gpu_fleet.from_env() is not None:
+            return _launch_on_fleet(deadline, run, services)
         if record.launched_by is None:  # its model's launch is late or lost: the workers re-launched now launch it
             spent = spend.spent(services, run)
             if reason := spend.exhausted(run, spent):  # as the launch would have
@@ -128,6 +146,21 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
             record = _claim_launch(deadline, run, record, services, spent)
         return _work_deadline(deadline, config, record, services)
     return _reduce_deadline(deadline, config, record, services)
+
+
+def _launch_on_fleet(deadline: Deadline, run: RunRecord, services: Services) -> Action:
+    """The launch of the deadline's iteration has not come (a run's first waits for its GPU fleet): launch it as its
+    model's event would have once the fleet holds the running runs' workers; until then, look again."""
+    if not size_fleet(services, run, quiet=True):
+        services.deadlines.schedule(_next(deadline, "work", deadline.round, time.time() + work_launcher.FLEET_POLL_S))
+        return Action.AWAITING_FLEET
+    outcome = work_launcher.launch(run, deadline.iteration, DEADLINE_LAUNCH, services)
+    services.deadlines.schedule(_next(deadline, "work", 0, time.time() + run.deadline_s))
+    logger.info(
+        "GPU fleet ready: iteration launched",
+        extra={"run_id": run.run_id, "iteration": deadline.iteration, "outcome": outcome},
+    )
+    return Action.LAUNCHED
 
 
 def _claim_launch(

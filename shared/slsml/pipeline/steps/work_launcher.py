@@ -1,7 +1,9 @@
 """WorkLauncher: an iteration's trigger landed in S3 (the initial model, or the manifest of the model entering a
 later one: ``keys.trigger``) → launch its iteration's workers; the final model's: launch the workers
 that evaluate it (an iteration past the budget: see ``steps.worker``), which finish the run. A run whose spend
-reached its dollar budget launches nothing more: it is stopped (``slsml.pipeline.spend``)."""
+reached its dollar budget launches nothing more: it is stopped (``slsml.pipeline.spend``). With a GPU worker, a run's
+first launch raises the worker's fleet (``slsml.aws.fleet``) and, until it is there, leaves the launch to the
+watchdog, which looks again every FLEET_POLL_S and launches once it is."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from aws_lambda_powertools import Logger
 from slsml.cost import tuner
 from slsml.pipeline import spend
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import complete_run, outcome, run_config
+from slsml.pipeline.steps.common import complete_run, outcome, run_config, size_fleet
 from slsml.spec import keys, wiring
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Deadline, ModelLanded, RunStarted, WorkMessage
@@ -29,6 +31,12 @@ class Outcome(StrEnum):
     COMPLETED = "completed"
     STOPPED = "stopped"  # its spend reached its budget
     REFUSED = "refused"  # the run asks beyond the deployment's limits: it is FAILED with the reason
+    AWAITING_FLEET = "awaiting-fleet"  # a GPU worker's fleet is raised for the run: the watchdog launches it once there
+
+
+# how often the watchdog looks whether the GPU fleet a run waits for is there (Lambda adds instances and execution
+# environments in minutes)
+FLEET_POLL_S = 30
 
 
 def on_model(landed: ModelLanded, services: Services) -> Outcome:
@@ -76,6 +84,8 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         logger.error("run refused", extra={"run_id": run_id, "iteration": iteration, "reason": refusal})
         services.fail_run(run_id, refusal)
         return Outcome.REFUSED
+    if run.watched is None and iteration < run.iterations and not size_fleet(services, run, quiet=True):
+        return _await_fleet(run, iteration, services)  # a GPU worker's fleet is raised: the watchdog launches
     counter = services.table.claim_launch(
         run_id, iteration, trigger_id, run.generation, run.workers, run.workers_reason, spent
     )
@@ -109,6 +119,30 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         extra={"run_id": run_id, "iteration": iteration, "workers": workers},
     )
     return Outcome.LAUNCHED
+
+
+def launch(run: RunRecord, iteration: int, trigger_id: str, services: Services) -> Outcome:
+    """Launch the workers of ``iteration`` of ``run`` (once per trigger): what a landed model does, for the watchdog
+    to launch an iteration whose GPU fleet it waited for."""
+    return _launch(run, iteration, trigger_id, services)
+
+
+def _await_fleet(run: RunRecord, iteration: int, services: Services) -> Outcome:
+    """The run's GPU fleet is not there yet: start its chain of deadlines with one due in FLEET_POLL_S, at which the
+    watchdog launches ``iteration`` if the fleet is there, or looks again."""
+    services.deadlines.schedule(
+        Deadline(
+            run_id=run.run_id,
+            iteration=iteration,
+            generation=run.generation,
+            stage="work",
+            round=0,
+            due_at=time.time() + FLEET_POLL_S,
+        )
+    )
+    services.table.watch(run.run_id, None, 0)
+    logger.info("launch waits for the GPU fleet", extra={"run_id": run.run_id, "iteration": iteration})
+    return Outcome.AWAITING_FLEET
 
 
 def _tune(run: RunRecord, iteration: int, services: Services) -> RunRecord:
