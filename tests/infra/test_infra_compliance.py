@@ -31,9 +31,9 @@ def stack(request: pytest.FixtureRequest) -> Synthesized:
     return synthesized
 
 
-def cfn_lint(template: Path, *options: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """cfn-lint on ``template`` as run from ``cwd`` (from the repository root: with .cfnlintrc)."""
-    return subprocess.run([*CFN_LINT, str(template), *options], cwd=cwd, capture_output=True, text=True, check=False)
+def cfn_lint(*arguments: Path | str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """cfn-lint on templates (and options) as run from ``cwd`` (from the repository root: with .cfnlintrc)."""
+    return subprocess.run([*CFN_LINT, *map(str, arguments)], cwd=cwd, capture_output=True, text=True, check=False)
 
 
 def test_cdk_nag_reports_no_unsuppressed_finding(stack: Synthesized) -> None:
@@ -73,25 +73,35 @@ def test_cfn_lint_knows_a_gpu_worker_by_the_schema_patch_alone(gpu_synthesized: 
     assert "E3002 Additional properties are not allowed ('AcceleratorConfig' was unexpected)" in linted.stdout
 
 
-@pytest.mark.parametrize(
-    ("change", "finding"),
-    [
-        ({"AcceleratorConfig": {"AcceleratorMemorySize": 20}}, "E3030 20 is not one of [3, 6, 12, 16, 24, 48]"),
-        ({"AcceleratorConfig": {}}, "E3003 'AcceleratorMemorySize' is a required property"),
-        ({"Architectures": ["arm64"]}, "E3002 'x86_64' was expected"),
-        ({"PackageType": "Zip"}, "E3002 'Image' was expected"),
-        ({"CapacityProviderConfig": None}, "E3021 'CapacityProviderConfig' is a dependency of 'AcceleratorConfig'"),
-    ],
-)
+# each change to a GPU worker's properties, and what cfn-lint (with the schema patch) finds in it
+BROKEN_GPU_WORKERS = [
+    ({"AcceleratorConfig": {"AcceleratorMemorySize": 20}}, "E3030 20 is not one of [3, 6, 12, 16, 24, 48]"),
+    ({"AcceleratorConfig": {}}, "E3003 'AcceleratorMemorySize' is a required property"),
+    ({"Architectures": ["arm64"]}, "E3002 'x86_64' was expected"),
+    ({"PackageType": "Zip"}, "E3002 'Image' was expected"),
+    ({"CapacityProviderConfig": None}, "E3021 'CapacityProviderConfig' is a dependency of 'AcceleratorConfig'"),
+]
+
+
 def test_the_schema_patch_checks_what_lambda_requires_of_a_gpu_function(
-    gpu_synthesized: Synthesized, tmp_path: Path, change: dict[str, Any], finding: str
+    gpu_synthesized: Synthesized, tmp_path: Path
 ) -> None:
-    """GPU memory of 3 to 48 GiB, on a container-image x86_64 function with a capacity provider."""
-    template = gpu_synthesized.template.to_json()
-    worker = template["Resources"][gpu_synthesized.logical_id(gpu_synthesized.stack.compute.functions["worker"])]
-    worker["Properties"] = {k: v for k, v in (worker["Properties"] | change).items() if v is not None}
-    changed = tmp_path / "changed.template.json"
-    changed.write_text(json.dumps(template))
-    linted = cfn_lint(changed)
+    """GPU memory of 3 to 48 GiB, on a container-image x86_64 function with a capacity provider: each broken
+    variant's template is linted (in one cfn-lint run) and found wanting for its own reason."""
+    worker_id = gpu_synthesized.logical_id(gpu_synthesized.stack.compute.functions["worker"])
+    templates = []
+    for n, (change, _) in enumerate(BROKEN_GPU_WORKERS):
+        template = gpu_synthesized.template.to_json()
+        worker = template["Resources"][worker_id]
+        worker["Properties"] = {k: v for k, v in (worker["Properties"] | change).items() if v is not None}
+        templates.append(tmp_path / f"changed{n}.template.json")
+        templates[-1].write_text(json.dumps(template))
+    linted = cfn_lint(*templates, "--format", "parseable")
     assert linted.returncode != 0
-    assert finding in linted.stdout
+    # path:line:column:end line:end column:rule:message, a finding a line
+    findings = {
+        (path, f"{rule} {message}")
+        for path, *_, rule, message in (line.split(":", 6) for line in linted.stdout.splitlines())
+    }
+    for template, (_, finding) in zip(templates, BROKEN_GPU_WORKERS, strict=True):
+        assert (str(template), finding) in findings, (template.name, linted.stdout)
