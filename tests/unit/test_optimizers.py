@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from slsml.spec.config import KERAS_OPTIMIZERS, OPTIMIZER_NAMES, OptimizerConfig
+from slsml.spec.config import KERAS_OPTIMIZERS, LOSS_SCALE_OPTIMIZER_FIELDS, OPTIMIZER_NAMES, OptimizerConfig
 from slsml.spec.errors import BadInputError
 from slsml.spec.shardplan import ShardPlan
 from slsml.training import modelio, optimizers
@@ -300,15 +300,11 @@ def test_bad_schedule_is_refused_by_name(learning_rate: object, message: str) ->
             keras.optimizers.Nadam(gradient_accumulation_steps=4),
             "gradient_accumulation_steps=4 is not supported: the global batch already adds up",
         ),
-        (
-            keras.optimizers.Adam(loss_scale_factor=128.0),
-            "loss_scale_factor=128.0 is not supported: loss scaling is for mixed precision",
-        ),
         (keras.optimizers.ScheduleFreeAdamW(), "optimizer ScheduleFreeAdamW is not supported; use one of SGD, Adam"),
         (keras.optimizers.RMSprop(rho=1.5), "optimizer RMSprop: rho: Input should be less than 1"),
         (keras.optimizers.Ftrl(beta=-1.0), "optimizer Ftrl: beta: Input should be greater than or equal to 0"),
     ],
-    ids=["accumulation", "loss-scale", "unknown", "bad-value", "bad-ftrl-value"],
+    ids=["accumulation", "unknown", "bad-value", "bad-ftrl-value"],
 )
 def test_unsupported_optimizer_option_is_refused_by_name(optimizer: keras.optimizers.Optimizer, message: str) -> None:
     with pytest.raises(BadInputError, match=message):
@@ -321,13 +317,12 @@ def test_unsupported_optimizer_option_is_refused_by_name(optimizer: keras.optimi
         (keras.optimizers.Adafactor(), "factors its second moment over the rows and columns of each variable"),
         (keras.optimizers.Lamb(), "trust ratio scales each variable's update by the norms of the whole variable"),
         (keras.optimizers.Muon(), "orthogonalizes the momentum of each matrix as a whole"),
-        (keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()), "loss scaling is for mixed precision"),
         (
             keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(keras.optimizers.Adam())),
             "applies different optimizers to different variables",
         ),
     ],
-    ids=["Adafactor", "Lamb", "Muon", "LossScaleOptimizer", "MultiOptimizer"],
+    ids=["Adafactor", "Lamb", "Muon", "MultiOptimizer"],
 )
 def test_optimizer_that_is_not_element_wise_is_refused_with_the_reason(
     optimizer: keras.optimizers.Optimizer, reason: str
@@ -396,11 +391,13 @@ def test_every_optimizer_name_has_a_keras_class_and_a_step() -> None:
 @pytest.mark.parametrize("name", OPTIMIZER_NAMES)
 def test_each_field_applies_to_the_optimizers_whose_keras_config_has_it(name: str) -> None:
     """The declaration in OptimizerConfig against Keras: a field applies to an optimizer iff its get_config() has
-    it (exclude_from_weight_decay, which Keras does not serialize, applies to every one)."""
+    it (exclude_from_weight_decay, which Keras does not serialize, and LossScaleOptimizer's, which wraps any, apply to
+    every one)."""
     keras_config = getattr(keras.optimizers, KERAS_OPTIMIZERS[name])().get_config()
     fields = [f for f in OptimizerConfig.model_fields if f not in {"name", "learning_rate"}]
     applies = {f for f in fields if OptimizerConfig.applies(f, name)}
-    assert applies == {f for f in fields if f in keras_config} | {"exclude_from_weight_decay"}
+    every = {"exclude_from_weight_decay", *LOSS_SCALE_OPTIMIZER_FIELDS}
+    assert applies == {f for f in fields if f in keras_config} | every
     for field in applies:
         assert name in OptimizerConfig.optimizers_of(field)
     # what Keras's defaults are for this optimizer never trips the check

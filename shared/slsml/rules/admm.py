@@ -100,6 +100,7 @@ class Admm(UpdateRule):
         )
 
     def check_model(self, model: Any) -> None:
+        super().check_model(model)
         check_model(model)
 
     def server_optimizer(self, spec: TrainingSpec, optimizer: OptimizerConfig) -> OptimizerConfig:

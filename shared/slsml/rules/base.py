@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 
 from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.errors import BadInputError
 from slsml.training import npz, progress
 from slsml.training.progress import Progress
 
@@ -79,6 +80,9 @@ class UpdateRule(ABC):
     # whether each invocation that goes on with a round handed on (``Round.pause``) reads the slot's state of the
     # round before again (``slot_traffic``'s bytes)
     rereads_slot: ClassVar[bool] = False
+    # whether a worker scales its loss for the run's optimizer (``slsml.training.precision``): the rule's gradients
+    # are the ones the reducers step that optimizer with, whose loss scale they decide on
+    scales_loss: ClassVar[bool] = False
 
     @abstractmethod
     def round(self, work: Round) -> Update | Progress:
@@ -91,8 +95,16 @@ class UpdateRule(ABC):
         ``local`` the local optimizer (``spec.local_optimizer_config()``)."""
 
     def check_model(self, model: Any) -> None:
-        """BadInputError, with the reason, unless the rule applies to ``model`` (every model: nothing)."""
-        return None
+        """BadInputError, with the reason, unless the rule applies to ``model``: a model that computes in float16
+        needs loss scaling, which only a rule that ``scales_loss`` applies."""
+        from slsml.training.modelio import computes_float16
+
+        if not self.scales_loss and computes_float16(model):
+            raise BadInputError(
+                "the model computes in float16 (mixed_float16), whose gradients need loss scaling, and this"
+                " algorithm's local steps take none: build it under mixed_bfloat16, or train it with --algorithm"
+                " gradient"
+            )
 
     def server_optimizer(self, spec: TrainingSpec, optimizer: OptimizerConfig) -> OptimizerConfig:
         """What the reducers step with the averaged update, the run's optimizer being ``optimizer``."""

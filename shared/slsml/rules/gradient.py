@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 class GradientAveraging(UpdateRule):
     kind = "gradient"
     fit_state = True  # the reducers step the run's optimizer with the batch's gradient, as fit does
+    scales_loss = True  # and decide on its loss scale (slsml.training.precision)
 
     def round(self, work: Round) -> Update | Progress:
         (batch,) = work.batches

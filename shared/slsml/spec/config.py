@@ -73,14 +73,11 @@ _REFUSED_OPTIMIZERS = {
     " which no one shard holds",
     "Muon": "it orthogonalizes the momentum of each matrix as a whole (Newton-Schulz iterations), which"
     " model-parallel shards cut across",
-    "LossScaleOptimizer": "loss scaling is for mixed precision, and workers compute in float32; compile with the"
-    " optimizer it wraps",
     "MultiOptimizer": "it applies different optimizers to different variables, and the reducers apply one to every"
     " weight",
 }
 # Keras optimizer options the reducers refuse, and why
 _REFUSED = {
-    "loss_scale_factor": "loss scaling is for mixed precision, and workers compute in float32; compile without it",
     "gradient_accumulation_steps": "the global batch already adds up every worker's gradient: raise --batch by"
     " that factor instead",
 }
@@ -155,6 +152,24 @@ class OptimizerConfig(BaseModel):
         default=None, gt=0, description="clip the whole gradient to this norm (over all shards)"
     )
     clipvalue: float | None = Field(default=None, gt=0, description="clip each gradient element to ±this")
+    loss_scale_factor: float | None = Field(
+        default=None,
+        gt=0,
+        description="static loss scaling: the loss is multiplied by this and the gradients divided by it",
+    )
+    dynamic_loss_scale: bool = Field(
+        default=False,
+        description="Keras's LossScaleOptimizer wraps it (dynamic loss scaling); a model that computes in float16 is"
+        " scaled so whatever this says, as compile wraps its optimizer",
+    )
+    initial_scale: float = Field(
+        default=2.0**15, gt=0, description="dynamic loss scaling: the scale it starts from (Keras's default 2**15)"
+    )
+    dynamic_growth_steps: int = Field(
+        default=2000,
+        ge=1,
+        description="dynamic loss scaling: finite steps in a row after which the scale doubles (Keras's default 2000)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -205,6 +220,11 @@ class OptimizerConfig(BaseModel):
             )
         if self.exclude_from_weight_decay and not self.weight_decay:
             raise ValueError("exclude_from_weight_decay needs a weight_decay")
+        if self.dynamic_loss_scale and self.loss_scale_factor:
+            raise ValueError(
+                "dynamic_loss_scale and loss_scale_factor contradict each other: Keras's LossScaleOptimizer drops"
+                " the factor of the optimizer it wraps; give one of them"
+            )
         return self
 
     @property
@@ -227,7 +247,10 @@ class OptimizerConfig(BaseModel):
     @classmethod
     def from_keras(cls, class_name: str, config: dict[str, Any]) -> OptimizerConfig:
         """A Keras optimizer's ``get_config()`` → the config, if the reducers can apply it exactly; else
-        BadInputError naming what they cannot."""
+        BadInputError naming what they cannot. A ``LossScaleOptimizer``'s is the optimizer it wraps, scaling the loss
+        dynamically with its settings."""
+        if class_name == "LossScaleOptimizer":
+            return cls._loss_scaled(config)
         if class_name in _REFUSED_OPTIMIZERS:
             raise BadInputError(f"optimizer {class_name} is not supported: {_REFUSED_OPTIMIZERS[class_name]}")
         name = class_name.lower()
@@ -245,7 +268,26 @@ class OptimizerConfig(BaseModel):
         except ValidationError as error:
             raise BadInputError(f"optimizer {class_name}: {_problems(error)}") from None
 
+    @classmethod
+    def _loss_scaled(cls, config: dict[str, Any]) -> OptimizerConfig:
+        """A ``LossScaleOptimizer``'s config → the config of the optimizer it wraps, with dynamic loss scaling."""
+        inner = config.get("inner_optimizer")
+        if not isinstance(inner, dict) or not isinstance(inner.get("config"), dict):
+            raise BadInputError("optimizer LossScaleOptimizer has no inner optimizer")
+        if inner.get("class_name") == "LossScaleOptimizer":
+            raise BadInputError("optimizer LossScaleOptimizer wraps another one: wrap the optimizer once")
+        wrapped = cls.from_keras(str(inner.get("class_name")), {**inner["config"], "loss_scale_factor": None})
+        settings = {
+            field: config[field] for field in ("initial_scale", "dynamic_growth_steps") if config.get(field) is not None
+        }
+        try:
+            return cls.model_validate({**wrapped.model_dump(), **settings, "dynamic_loss_scale": True})
+        except ValidationError as error:
+            raise BadInputError(f"optimizer LossScaleOptimizer: {_problems(error)}") from None
 
+
+# the fields of Keras's LossScaleOptimizer, which wraps the optimizer rather than configuring it
+LOSS_SCALE_OPTIMIZER_FIELDS = frozenset({"dynamic_loss_scale", "initial_scale", "dynamic_growth_steps"})
 # OptimizerConfig's hyper-parameters: its fields other than name and learning_rate (a CLI flag each)
 HYPER_PARAMETERS: tuple[str, ...] = tuple(f for f in OptimizerConfig.model_fields if f not in {"name", "learning_rate"})
 
@@ -326,6 +368,7 @@ if TYPE_CHECKING:
 else:  # the --algorithm choices: the registered rules
     Algorithm = Literal[tuple(ALGORITHMS)]
 Objective = Literal["time", "cost"]
+MixedPrecision = Literal["mixed_float16", "mixed_bfloat16"]
 
 
 class TrainingSpec(BaseModel):
@@ -436,6 +479,12 @@ class TrainingSpec(BaseModel):
         description="samples a worker computes at once: it computes its share of each batch in micro-batches of at"
         " most this many, adding up their gradients (gradient accumulation); default: the most that fit its"
         " function's memory",
+    )
+    mixed_precision: MixedPrecision | None = Field(
+        default=None,
+        description="Keras's mixed-precision policy for a model saved in float32: the workers compute under it, as"
+        " if the model were built under it (its weights, updates and optimizer state stay float32); mixed_float16"
+        " scales the loss dynamically, as compile's LossScaleOptimizer does",
     )
     local_steps: int = Field(
         default=1,
@@ -623,6 +672,11 @@ class TrainingSpec(BaseModel):
         rule = ALGORITHMS[self.algorithm]
         if rule.local:
             self.local_optimizer_config()  # the local optimizer must take its options
+            if self.mixed_precision == "mixed_float16":
+                raise ValueError(
+                    f"mixed_precision mixed_float16 needs loss scaling, which algorithm {rule.name}'s local steps do"
+                    " not apply: use mixed_bfloat16, or algorithm gradient"
+                )
         if rule.partitioned:
             if self.workers == "auto" or self.min_workers is not None or self.max_workers is not None:
                 raise ValueError(

@@ -25,12 +25,13 @@ import numpy as np
 from pydantic import ValidationError
 
 from slsml.spec import samples
-from slsml.spec.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig
+from slsml.spec.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, LOSS_SCALE_OPTIMIZER_FIELDS, OptimizerConfig
 from slsml.spec.errors import BadInputError
 from slsml.spec.samples import Arrays
 from slsml.spec.shardplan import ShardPlan, VariableSpec
 from slsml.training import bounds
 from slsml.training.optimizers import State, initial_state
+from slsml.training.precision import LossScale, Scaling
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -256,10 +257,21 @@ def optimizer_config(model: keras.Model) -> OptimizerConfig:
     """The optimizer the model was compiled with, if the reducers can apply it exactly.
 
     Keras does not serialize ``exclude_from_weight_decay`` (a loaded model never carries it); set in
-    memory, its ``var_names`` pattern is carried over, its ``var_list`` refused."""
+    memory, its ``var_names`` pattern is carried over, its ``var_list`` refused. A ``LossScaleOptimizer``'s is the
+    optimizer it wraps, with its loss scaling."""
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         raise BadInputError(f"the model is not compiled: give {_MISSING['optimizer']}")
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        outer = optimizer.get_config()
+        inner = {**outer["inner_optimizer"], "config": _readable_config(optimizer.inner_optimizer)}
+        return OptimizerConfig.from_keras("LossScaleOptimizer", {**outer, "inner_optimizer": inner})
+    return OptimizerConfig.from_keras(type(optimizer).__name__, _readable_config(optimizer))
+
+
+def _readable_config(optimizer: keras.optimizers.Optimizer) -> dict[str, Any]:
+    """An optimizer's ``get_config()`` with its ``exclude_from_weight_decay`` names, or BadInputError naming why it
+    cannot be read."""
     if getattr(optimizer, "_exclude_from_weight_decay", None):
         raise BadInputError(
             "optimizer option exclude_from_weight_decay(var_list=...) is not supported: Keras keeps the ids of"
@@ -273,15 +285,17 @@ def optimizer_config(model: keras.Model) -> OptimizerConfig:
     pattern = getattr(optimizer, "_exclude_from_weight_decay_pattern", None)
     if pattern is not None and config.get("weight_decay"):  # without weight decay, Keras ignores it
         config = {**config, "exclude_from_weight_decay": (pattern.pattern,)}
-    return OptimizerConfig.from_keras(type(optimizer).__name__, config)
+    return config
 
 
-def keras_optimizer(config: OptimizerConfig) -> keras.optimizers.Optimizer:
-    """The Keras optimizer a run's optimizer config stands for (``optimizer_config`` turned back)."""
+def keras_optimizer(config: OptimizerConfig, loss_scaled: bool = False) -> keras.optimizers.Optimizer:
+    """The Keras optimizer a run's optimizer config stands for (``optimizer_config`` turned back): wrapped in a
+    ``LossScaleOptimizer`` where the config says so or ``loss_scaled`` (the run scaled its loss dynamically)."""
     fields: dict[str, Any] = {
         field: getattr(config, field)
         for field in HYPER_PARAMETERS
-        if field != "exclude_from_weight_decay" and OptimizerConfig.applies(field, config.name)
+        if field not in {"exclude_from_weight_decay", *LOSS_SCALE_OPTIMIZER_FIELDS}
+        and OptimizerConfig.applies(field, config.name)
     }
     rate = config.learning_rate
     fields["learning_rate"] = (
@@ -294,7 +308,11 @@ def keras_optimizer(config: OptimizerConfig) -> keras.optimizers.Optimizer:
     optimizer = keras.optimizers.get({"class_name": KERAS_OPTIMIZERS[config.name], "config": fields})
     if config.exclude_from_weight_decay:
         optimizer.exclude_from_weight_decay(var_names=list(config.exclude_from_weight_decay))
-    return optimizer
+    if not (config.dynamic_loss_scale or loss_scaled):
+        return optimizer
+    return keras.optimizers.LossScaleOptimizer(
+        optimizer, initial_scale=config.initial_scale, dynamic_growth_steps=config.dynamic_growth_steps
+    )
 
 
 # The attribute of a built Keras optimizer that holds, per trainable variable, each per-weight slot of the
@@ -321,11 +339,19 @@ def set_optimizer_state(
     config: OptimizerConfig,
     plan: ShardPlan,
     states: Iterable[State],
+    loss_scale: LossScale | None = None,
 ) -> None:
     """Give ``optimizer`` (``config``'s, for ``model``) the reducers' state, one shard's at a time in shard order:
     the optimizer ``fit`` leaves after as many steps. A variable cut across shards is assigned once all its pieces
-    are in; the step count is the furthest shard's (a shard the watchdog kept stepped once less)."""
-    optimizer.build(model.trainable_variables)
+    are in; the step count is the furthest shard's (a shard the watchdog kept stepped once less). A
+    ``LossScaleOptimizer`` takes ``loss_scale`` (its scale and finite steps), the optimizer it wraps the rest."""
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        if loss_scale is not None:
+            optimizer.dynamic_scale.assign(loss_scale.scale)
+            optimizer.step_counter.assign(loss_scale.steps)
+        optimizer = optimizer.inner_optimizer
     index = {id(v): i for i, v in enumerate(model.trainable_variables)}
     variables = [index.get(id(v)) for v in model.weights]  # each plan variable's trainable index (None: none)
     slots = {**KERAS_SLOTS[config.name], **({"average": _AVERAGE_SLOT} if config.use_ema else {})}
@@ -359,18 +385,25 @@ def set_optimizer_state(
 
 
 def fitted_model(
-    model: keras.Model, config: OptimizerConfig, loss: str, metrics: str, plan: ShardPlan, states: Iterable[State]
+    model: keras.Model,
+    config: OptimizerConfig,
+    loss: str,
+    metrics: str,
+    plan: ShardPlan,
+    states: Iterable[State],
+    loss_scale: LossScale | None = None,
 ) -> bytes:
     """``model`` as ``fit`` leaves it: compiled with the run's optimizer, loss and metrics, its optimizer holding the
-    reducers' state (``states``: each shard's, in order), as a ``.keras`` archive."""
+    reducers' state (``states``: each shard's, in order), as a ``.keras`` archive; where the run scaled its loss
+    dynamically (``loss_scale``: the scale it ended with), a ``LossScaleOptimizer`` holding that scale wraps it."""
     losses, weights, _ = _loss_structure(loss)
     model.compile(
-        optimizer=keras_optimizer(config),
+        optimizer=keras_optimizer(config, loss_scaled=loss_scale is not None),
         loss=_each(losses, _loss_leaf),
         loss_weights=weights,
         metrics=deserialize_metrics(metrics),
     )
-    set_optimizer_state(model.optimizer, model, config, plan, states)
+    set_optimizer_state(model.optimizer, model, config, plan, states, loss_scale)
     return save_model(model)
 
 
@@ -560,6 +593,20 @@ class Update:
 Meter = Callable[[Arrays, Any, Any, float], np.ndarray]
 
 
+def _layers(model: keras.Model) -> list[Any]:
+    """The model and every layer within it, its inputs' layers left out (their dtype is the data's)."""
+    return [
+        layer
+        for layer in model._flatten_layers(include_self=True, recursive=True)
+        if not isinstance(layer, keras.layers.InputLayer)
+    ]
+
+
+def computes_float16(model: keras.Model) -> bool:
+    """Whether a layer of the model computes in float16 (mixed_float16): its gradients need loss scaling."""
+    return any(layer.dtype_policy.compute_dtype == "float16" for layer in _layers(model))
+
+
 class Trainer:
     """A warm model for one run: set its weights, compute an update or evaluate."""
 
@@ -572,6 +619,34 @@ class Trainer:
         self._writer: ArchiveWriter | None = None
         self.evaluators: dict[str, Any] = {}  # a run's metrics (JSON) → its evaluation.Evaluator, built once
         self.meter: Meter | None = None  # tracks each batch's metrics on its forward pass (None: none)
+        self.scaling: Scaling | None = None  # the loss scaling of each batch's gradient (None: none)
+        self._own = [(layer, layer.dtype_policy) for layer in _layers(model)]  # the policies it was built with
+        self.policy: str | None = None  # the mixed-precision policy it computes under (None: its own)
+
+    def use_policy(self, policy: str | None) -> None:
+        """Compute under the mixed-precision ``policy`` (``TrainingSpec.mixed_precision``), as the model built under
+        it would: each layer that computes in float32 computes under it, its weights staying float32; None: under
+        the model's own policies. A model built under a mixed policy keeps its own: BadInputError for another."""
+        built = {own.name for _, own in self._own if own.name.startswith("mixed_")}
+        if policy is not None and built and built != {policy}:
+            raise BadInputError(
+                f"the model computes under {', '.join(sorted(built))}: it cannot train under mixed_precision {policy}"
+                " (give a model saved in float32, or leave mixed_precision out)"
+            )
+        wanted = None if built else policy
+        if wanted == self.policy:
+            return
+        for layer, own in self._own:
+            layer.dtype_policy = wanted if wanted is not None and own.name == "float32" else own
+        self.policy = wanted
+        self._step = tf.function(self._step_fn, reduce_retracing=True)  # traced anew: its dtypes change
+        self.evaluators.clear()
+        self._writer = None
+
+    @property
+    def float16(self) -> bool:
+        """Whether the model computes in float16 under the policy it uses (its loss then needs scaling)."""
+        return computes_float16(self.model)
 
     def save(self) -> bytes:
         """The model as a ``.keras`` archive (an ``ArchiveWriter``'s: only its weights change between saves)."""
@@ -579,13 +654,16 @@ class Trainer:
             self._writer = ArchiveWriter(self.model)
         return self._writer.save()
 
-    def _step_fn(self, x: tf.Tensor, y: tf.Tensor, w: tf.Tensor | None) -> tuple[tf.Tensor, list[tf.Tensor], Any]:
+    def _step_fn(
+        self, x: tf.Tensor, y: tf.Tensor, w: tf.Tensor | None, factor: tf.Tensor
+    ) -> tuple[tf.Tensor, list[tf.Tensor], Any]:
         with tf.GradientTape() as tape:
             prediction = self.model(x, training=True)
             loss = self.loss_fn(y, prediction, sample_weight=w)  # Σ wᵢ·lossᵢ / n, as fit weights a batch
             if self.model.losses:
                 loss = loss + tf.add_n(self.model.losses)
-        gradients = tape.gradient(loss, self.model.trainable_weights)
+            scaled = loss * factor  # the loss scale (1: none), as LossScaleOptimizer.scale_loss multiplies it
+        gradients = tape.gradient(scaled, self.model.trainable_weights)
         return loss, gradients, prediction
 
     def untrained_values(self) -> list[np.ndarray]:
@@ -601,12 +679,14 @@ class Trainer:
     def compute_update(self, x: Arrays, y: Arrays, w: np.ndarray | None = None) -> Update:
         """The gradient of the batch's loss, each sample's weighted by ``w`` (None: unweighted), with the state of
         its metrics (``meter``'s) on the forward pass that gave it; x and y each one array or named arrays (by the
-        model's input and output names)."""
+        model's input and output names). With ``scaling``, the loss is multiplied by its factor for the batch before
+        the gradient is computed and the gradient divided by it (float32, as ``LossScaleOptimizer`` unscales it)."""
         weights = None if w is None else tf.convert_to_tensor(w)
         xt, yt = tf.nest.map_structure(tf.convert_to_tensor, x), tf.nest.map_structure(tf.convert_to_tensor, y)
         if not getattr(self.loss_fn, "built", True):  # a compiled loss makes its trackers once, outside the graph
             self.loss_fn(yt, self.model(xt, training=False))
-        loss, gradients, prediction = self._step(xt, yt, weights)
+        factor = np.float32(1.0 if self.scaling is None else self.scaling.factor(samples.count(y)))
+        loss, gradients, prediction = self._step(xt, yt, weights, tf.constant(factor))
         arrays = []
         for variable in self.model.weights:
             index = self._trainable_index.get(id(variable))
@@ -614,8 +694,10 @@ class Trainer:
                 arrays.append(np.asarray(variable.numpy()))
             elif gradients[index] is None:
                 arrays.append(np.zeros(variable.shape, dtype=np.float32))
-            else:
+            elif factor == 1:
                 arrays.append(np.asarray(tf.convert_to_tensor(gradients[index])))
+            else:
+                arrays.append(np.asarray(tf.convert_to_tensor(gradients[index])) / factor)
         return Update(
             vector=self.plan.flatten(arrays),
             loss=float(loss),

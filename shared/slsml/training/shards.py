@@ -2,11 +2,13 @@
 optimizer state together, so that the two always come from the same average, written once.
 
 Version 1: a 32-byte header — magic ``SLSS``, u16 version, u16 flags (1: the shard kept the weights of
-the iteration before, no reducer finished it), u64 element count, u64 byte length of the state
-archive, 8 reserved bytes — then the weights as float32 (little-endian), then the optimizer state
-and the workers averaged as an ``.npz`` archive. The Merger reads only the weights (one ranged GET); for a
-model that carries the optimizer's state (the final one), then each shard's state archive (one ranged GET each,
-its range from the header the first read returned).
+the iteration before, no reducer finished it; 2: the step was skipped, a gradient not being finite under loss
+scaling), u64 element count, u64 byte length of the state archive, the loss scale entering the next iteration as
+float32 and its finite steps as u32 (``slsml.training.precision``; zeros: the run scales no loss, as in shards
+written before) — then the weights as float32 (little-endian), then the optimizer state and the workers averaged
+as an ``.npz`` archive. The Merger reads only the weights (one ranged GET); for a model that carries the
+optimizer's state (the final one), then each shard's state archive (one ranged GET each, its range from the header
+the first read returned). The workers read the loss scale in shard 0's header (``loss_scale``, one ranged GET).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import numpy as np
 from slsml.spec.shardplan import ShardPlan
 from slsml.training import npz
 from slsml.training.optimizers import State
+from slsml.training.precision import LossScale
 
 MAGIC = b"SLSS"
 VERSION = 1
 KEPT = 1
-_HEADER = struct.Struct("<4sHHQQ8x")
+SKIPPED = 2
+_HEADER = struct.Struct("<4sHHQQfI")
 HEADER_SIZE = _HEADER.size
 _AVERAGED = "averaged"
 
@@ -38,13 +42,23 @@ class Shard:
     state: State
     averaged: list[int]  # the workers whose parts were averaged into this shard
     kept: bool = False  # the weights of the iteration before, carried over
+    loss_scale: LossScale | None = None  # the loss scale entering the next iteration (None: the run scales no loss)
+    skipped: bool = False  # the step was skipped: a gradient was not finite under loss scaling
 
 
 def encode(shard: Shard) -> bytes:
     weights = np.ascontiguousarray(shard.weights, dtype="<f4")
     state = npz.encode(**shard.state, **{_AVERAGED: np.asarray(shard.averaged, dtype=np.int64)})
-    header = _HEADER.pack(MAGIC, VERSION, KEPT if shard.kept else 0, weights.size, len(state))
+    flags = (KEPT if shard.kept else 0) | (SKIPPED if shard.skipped else 0)
+    scale = shard.loss_scale or LossScale(0.0)
+    header = _HEADER.pack(MAGIC, VERSION, flags, weights.size, len(state), scale.scale, scale.steps)
     return header + weights.tobytes() + state
+
+
+def loss_scale(data: bytes) -> LossScale | None:
+    """The loss scale in a shard object's header (``data``: a read from its first byte; None: none)."""
+    scale, steps = _HEADER.unpack_from(_checked(data))[5:]
+    return LossScale(scale, steps) if scale else None
 
 
 def decode(data: bytes, expected_size: int | None = None) -> Shard:
@@ -57,18 +71,31 @@ def decode(data: bytes, expected_size: int | None = None) -> Shard:
     arrays = npz.decode(data[end:])
     averaged = arrays.pop(_AVERAGED).tolist()
     weights = np.frombuffer(data, dtype="<f4", count=count, offset=HEADER_SIZE).astype(np.float32)
-    return Shard(weights=weights, state=arrays, averaged=averaged, kept=bool(flags & KEPT))
+    return Shard(
+        weights=weights,
+        state=arrays,
+        averaged=averaged,
+        kept=bool(flags & KEPT),
+        loss_scale=loss_scale(data),
+        skipped=bool(flags & SKIPPED),
+    )
 
 
 def _header(data: bytes) -> tuple[int, int, int]:
+    _, _, flags, count, state_bytes, _, _ = _HEADER.unpack_from(_checked(data))
+    return flags, count, state_bytes
+
+
+def _checked(data: bytes) -> bytes:
+    """``data``, if it begins with a shard header this slsml reads; else ShardFormatError naming why."""
     if len(data) < HEADER_SIZE:
         raise ShardFormatError(f"shard of {len(data)} bytes is shorter than its header")
-    magic, version, flags, count, state_bytes = _HEADER.unpack_from(data)
+    magic, version = _HEADER.unpack_from(data)[:2]
     if magic != MAGIC:
         raise ShardFormatError("not an slsml shard (bad magic)")
     if version != VERSION:
         raise ShardFormatError(f"shard format v{version} is not supported (this slsml reads v{VERSION})")
-    return flags, count, state_bytes
+    return data
 
 
 def weights_range(plan: ShardPlan, shard: int) -> tuple[int, int]:

@@ -141,14 +141,17 @@ def _save(store: ObjectStore, config: RunConfig, iteration: int, fitted: bool) -
 
 def _fitted(store: ObjectStore, config: RunConfig, iteration: int, trainer: Trainer, parts: list[bytes]) -> bytes:
     """The trainer's model (holding the merged weights) as ``fit`` leaves it, its optimizer holding the reducers'
-    state: each shard's state archive read by range, one at a time (``parts``: the reads of their weights)."""
+    state: each shard's state archive read by range, one at a time (``parts``: the reads of their weights, whose
+    headers also carry the loss scale the run ended with, where it scaled its loss dynamically)."""
 
     def states() -> Iterator[State]:
         for shard, part in enumerate(parts):
             where = keys.shard(config.run_id, iteration + 1, shard)
             yield shards.decode_state(store.get(where, shards.state_range(part, config.plan, shard)))
 
-    return modelio.fitted_model(trainer.model, config.optimizer, config.loss, config.metrics, config.plan, states())
+    return modelio.fitted_model(
+        trainer.model, config.optimizer, config.loss, config.metrics, config.plan, states(), shards.loss_scale(parts[0])
+    )
 
 
 def _adopt(store: ObjectStore, key: str, body: bytes, metadata: dict[str, str]) -> bool:

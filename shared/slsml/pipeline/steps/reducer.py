@@ -10,11 +10,15 @@ average and its sums of squares and counts them on the iteration's counter; the 
 complete the set steps its shard and releases the others' steps, once, with the totals (one more Reduce
 message per shard, which steps with the stored average). A shard whose sums never come is re-launched
 by the watchdog like any missing shard; past its retries, the shards still waiting keep their weights.
+
+Under loss scaling (``slsml.training.precision``) every reducer reads each participant's loss scale and whether its
+gradient was finite with its part: if one was not, every shard skips the step, and each stores the same next scale.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 
 import numpy as np
 from aws_lambda_powertools import Logger
@@ -29,7 +33,7 @@ from slsml.spec.errors import RunFailed
 from slsml.spec.messages import Participant, ReduceDone, ReduceMessage
 from slsml.spec.reliability import ReadPolicy
 from slsml.state.barrier import quorum_count
-from slsml.training import clipping, optimizers, shards, updates
+from slsml.training import clipping, optimizers, precision, shards, updates
 
 logger = Logger(child=True)
 
@@ -70,15 +74,27 @@ def _step(
     """Clip the averaged gradient, step the optimizer, store the shard of the next iteration and announce it."""
     run, iteration, shard = message.run_id, message.iteration, message.shard
     trainable, mean, server = config.plan.shard(shard).trainable, average.weights, rules.server_optimizer(config)
-    gradient = clipping.clip(server, config.plan, shard, mean, squares)
-    decays = config.plan.mask(shard, lambda v: server.decays(v.name))[trainable]
-    stepped, state = optimizers.apply(server, current.weights[trainable], gradient[trainable], current.state, decays)
+    if average.skipped:  # a gradient was not finite under loss scaling: every shard skips the step
+        assert average.loss_scale is not None  # a step is skipped under loss scaling only
+        stepped, state = current.weights[trainable], current.state
+        logger.info(
+            "step skipped: a gradient was not finite under loss scaling",
+            extra={"run_id": run, "iteration": iteration, "shard": shard, "next_scale": asdict(average.loss_scale)},
+        )
+    else:
+        gradient = clipping.clip(server, config.plan, shard, mean, squares)
+        decays = config.plan.mask(shard, lambda v: server.decays(v.name))[trainable]
+        stepped, state = optimizers.apply(
+            server, current.weights[trainable], gradient[trainable], current.state, decays
+        )
     if iteration + 1 == config.training.iterations:  # the final shard
         stepped = optimizers.finalize(server, stepped, state)
     weights = current.weights.copy()
     weights[trainable] = stepped
     weights[~trainable] = mean[~trainable]  # non-trainable state (e.g. BatchNorm statistics): averaged
-    body = shards.encode(shards.Shard(weights, state, average.averaged))
+    body = shards.encode(
+        shards.Shard(weights, state, average.averaged, loss_scale=average.loss_scale, skipped=average.skipped)
+    )
     stored = services.store.put_new(keys.shard(run, iteration + 1, shard), body)
     dropped = [p.worker for p in message.participants if p.worker not in average.averaged]
     if stored and dropped:  # else another try's shard stands, and with it what that try left out
@@ -140,16 +156,25 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
                 "timeout_s": policy.timeout_s,
             },
         )
-    included, decoded = [], []
+    included, decoded, reports = [], [], []
     for participant, key, part in zip(participants, where, parts, strict=True):
         if part is None:
             continue
         try:  # every part is checked and decoded before any is used
             updates.check(part.metadata, kind, key, compression)
-            decoded.append(updates.decode_part(part.body, config.plan, shard, compression))
+            report = precision.reported(part.metadata)
+            values = updates.decode_part(part.body, config.plan, shard, compression)
         except updates.UpdateFormatError as error:
             raise RunFailed(str(error) if str(error).startswith(key) else f"{key}: {error}") from None
+        if participant.iteration is not None and report is not None and not report.finite:
+            continue  # a late update whose gradient was not finite: its own step was skipped, it is left out
         included.append(participant)
+        decoded.append(values)
+        reports.append(report)
+    try:
+        scale, finite = precision.agree([r for p, r in zip(included, reports, strict=True) if p.iteration is None])
+    except ValueError as error:
+        raise RunFailed(f"iteration {iteration}: {error}") from None
     weights = [_weight(p, iteration, config.training.staleness_decay) for p in included]
     total = sum(weights)
     if total == 0:
@@ -157,7 +182,11 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     mean = np.zeros(config.plan.shard(shard).size, dtype=np.float64)
     for weight, values in zip(weights, decoded, strict=True):  # in message order: the same sums as long as
         mean += values.astype(np.float64) * weight  # nothing is dropped
-    return shards.Shard((mean / total).astype(np.float32), {}, [p.worker for p in included])
+    average = (mean / total).astype(np.float32)
+    if not finite:  # the step is skipped: only the non-trainable values (e.g. BatchNorm statistics) are taken
+        average[config.plan.shard(shard).trainable] = 0
+    following = None if scale is None else scale.after(finite, config.optimizer.dynamic_growth_steps)
+    return shards.Shard(average, {}, [p.worker for p in included], loss_scale=following, skipped=not finite)
 
 
 def _weight(participant: Participant, iteration: int, decay: float) -> float:
@@ -201,7 +230,7 @@ def keep_weights(services: Services, config: RunConfig, iteration: int, shard: i
     weights and optimizer state unchanged. False if a late reducer stored its average first: it stands."""
     store, run = services.store, config.run_id
     current = shards.decode(store.get(keys.shard(run, iteration, shard)))
-    kept = shards.Shard(current.weights, current.state, [], kept=True)
+    kept = shards.Shard(current.weights, current.state, [], kept=True, loss_scale=current.loss_scale)
     if not store.put_new(keys.shard(run, iteration + 1, shard), shards.encode(kept)):
         return False
     services.table.record_stale_shard(run, iteration, shard)

@@ -1,7 +1,8 @@
 """Worker: compute the update of a round's batches with the run's update rule (``slsml.rules``) and
 store it for the reducers, who read a part each; its report (WorkDone) carries the state of the loss and compiled
 metrics over the batches, on the forward passes that gave their gradients, as ``fit`` tracks them. An update with NaN or
-Inf is stored and announced like any other but marked non-finite, so that it is left out.
+Inf is stored and announced like any other but marked non-finite, so that it is left out; under loss scaling it is
+announced as finite, its metadata saying it is not, and every shard skips the step (``slsml.training.precision``).
 A run that compresses its updates (``compress``) adds the worker slot's residual to the update before it is
 compressed and stores the new residual before the update (error feedback, ``slsml.training.feedback``).
 The round itself lives in ``slsml.rounds`` and the run's rule: its micro-batches (sized to the function's memory), read
@@ -33,16 +34,17 @@ from slsml.pipeline.steps.warm import reader_for, trainer_for
 from slsml.rounds import accumulate, sizing, stream
 from slsml.rounds import evaluation as evaluating
 from slsml.rounds.evaluation import SLICE_EVALUATED, SLICE_KEY, SliceEvaluated, evaluated, evaluator_for
-from slsml.rules.base import Round
+from slsml.rules.base import Round, UpdateRule
 from slsml.spec import keys, wiring
 from slsml.spec import samples as samples_
 from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
-from slsml.spec.messages import WorkDone, WorkMessage
+from slsml.spec.messages import Manifest, WorkDone, WorkMessage
 from slsml.state.records import RunStatus
-from slsml.training import bounds, evaluation, feedback, modelio, progress, updates, weighting
+from slsml.training import bounds, evaluation, feedback, modelio, precision, progress, shards, updates, weighting
+from slsml.training.precision import LossScale
 from slsml.training.weighting import Batch
 
 logger = Logger(child=True)
@@ -77,6 +79,7 @@ def _entering(store: ObjectStore, config: RunConfig, iteration: int) -> tuple[mo
     """The warm model at the weights entering ``iteration``, and those weights as one flat vector (a fresh model
     holds them already: the first iteration's)."""
     trainer, fresh = trainer_for(store, config, iteration, shared=True)
+    trainer.use_policy(config.training.mixed_precision)
     if fresh:
         return trainer, modelio.get_flat(trainer.model, config.plan)
     weights = load_weights(store, config, iteration)
@@ -112,6 +115,35 @@ def _micro_batch(config: RunConfig) -> int:
     """The run's micro-batch on this function (``slsml.rounds.sizing``): its memory and its warm cache's bound."""
     memory_mb, cache_mb = bounds.Limits.here().memory_bytes / bounds.MB, cache.limit_bytes() / bounds.MB
     return sizing.micro_batch(config, memory_mb, cache_mb, rules.slot_bytes(config))
+
+
+def _scaling(
+    store: ObjectStore, config: RunConfig, iteration: int, trainer: modelio.Trainer, rule: UpdateRule
+) -> tuple[precision.Scaling | None, LossScale | None]:
+    """The round's loss scaling (``slsml.training.precision``), and the dynamic scale it starts from: the one carried
+    to the iteration where the run scales its loss dynamically, else its static ``loss_scale_factor`` (None: none)."""
+    optimizer, batch = config.optimizer, config.training.global_batch
+    if not rule.scales_loss:
+        return None, None
+    if precision.dynamic(optimizer, trainer.float16):
+        scale = precision.entering(optimizer, _carried_scale(store, config, iteration))
+        return precision.Scaling(scale.scale, batch), scale
+    return (precision.Scaling(optimizer.loss_scale_factor, batch) if optimizer.loss_scale_factor else None), None
+
+
+def _carried_scale(store: ObjectStore, config: RunConfig, iteration: int) -> LossScale | None:
+    """The loss scale carried to ``iteration`` in shard 0's header (None: none, the first iteration's), read with the
+    iteration's manifest, which must name that shard (RunFailed if it was replaced)."""
+    if iteration == 0:
+        return None
+    key = keys.shard(config.run_id, iteration, 0)
+    manifest, shard = store.get_quorum(
+        [keys.manifest(config.run_id, iteration), key], [None, (0, shards.HEADER_SIZE - 1)], 2, 0
+    )
+    assert manifest is not None and shard is not None  # every read is needed: none is left out
+    if shard.etag != Manifest.model_validate_json(manifest.body).shards[0]:
+        raise RunFailed(f"{key} is not the shard the manifest of iteration {iteration} names: it was replaced")
+    return shards.loss_scale(shard.body)
 
 
 def _resumed(message: WorkMessage, config: RunConfig, store: ObjectStore) -> progress.Progress | None:
@@ -167,6 +199,7 @@ def _train(
             partial=any(len(b) > micro_batch for b in batches),
         ),
     )
+    trainer.scaling, loss_scale = _scaling(store, config, message.iteration, trainer, rule)
     work = Round(trainer, start, left.steps, spec, _Slot(store, message), resumed, pacer.pause)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
@@ -182,6 +215,9 @@ def _train(
         _hand_on(message, services, replace(update, compute_s=compute_s), computed)
         return None
     finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
+    # under loss scaling the update takes part whatever it holds: a non-finite gradient makes every shard skip the step
+    counted = finite or loss_scale is not None
+    overflow = loss_scale is not None and not np.isfinite(update.vector[config.plan.trainable_mask()]).all()
     if compression.lossy:  # error feedback: the residual is stored first, create-only (see slsml.training.feedback)
         compressed = feedback.compress(update.vector, previous, config.plan, compression, samples, rule.kind, weights)
         body, header = compressed.update
@@ -198,24 +234,20 @@ def _train(
         worker=message.worker,
         attempt=message.attempt,
         samples=samples,
-        loss=update.loss if finite else 0.0,
+        loss=update.loss if np.isfinite(update.loss) and counted else 0.0,
         # a non-finite update's metrics are left out; a metric's NaN or Inf is reported, as Keras shows it
-        metrics=update.metrics.tolist() if finite and update.metrics is not None else None,
+        metrics=update.metrics.tolist() if counted and update.metrics is not None else None,
         compute_s=compute_s,
-        finite=finite,
+        finite=counted,
     )
+    scaled = {} if loss_scale is None else precision.metadata(loss_scale, not overflow)
     # the report as stored with the update, without its metrics (S3 metadata holds 2 KB): a retry computes them anew
-    metadata = {"done": json.dumps(done.model_dump(mode="json", exclude={"metrics"})), **header}
-    if not finite:
-        logger.warning(
-            "non-finite update",
-            extra={
-                "run_id": message.run_id,
-                "iteration": message.iteration,
-                "worker": message.worker,
-                "loss": repr(update.loss),
-            },
-        )
+    metadata = {"done": json.dumps(done.model_dump(mode="json", exclude={"metrics"})), **header, **scaled}
+    log = {"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker}
+    if not counted:
+        logger.warning("non-finite update", extra={**log, "loss": repr(update.loss)})
+    elif loss_scale is not None and overflow:
+        logger.info("gradient not finite under loss scaling: the step is skipped", extra={**log, **asdict(loss_scale)})
     key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
     # an object of other bytes at the key is not this worker's: it is replaced (put_own), never announced
     if not store.put_own(key, body, metadata=metadata):  # a duplicate or a retry: announce the stored update
