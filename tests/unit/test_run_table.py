@@ -146,3 +146,43 @@ def test_a_count_that_comes_after_a_resume_deleted_its_counter_stores_nothing(ta
     runs.record_reduce_relaunch("forgotten", 2, 1)
     counters = {iteration_sk(i) for i in range(3)}
     assert [item["sk"] for item in table.scan()["Items"] if item["sk"] in counters] == [iteration_sk(0)]
+
+
+def _calls(table: Any) -> list[str]:
+    """The DynamoDB operations the table's client makes from now on, in order (botocore's own events)."""
+    made: list[str] = []
+    table.meta.client.meta.events.register("before-call.dynamodb.*", lambda model, **_: made.append(model.name))
+    return made
+
+
+def test_the_watched_figures_of_every_evaluation_read_as_one_item_in_order(table: Any) -> None:
+    """Early stopping's check at an epoch's end reads one item however many evaluations came before: the same
+    requests at the 40th as at the 3rd; recorded out of order and twice, the series is each evaluation once, in
+    order."""
+    run = RunTable(table)
+    monitors = ("val_auc", "test_loss")
+    for iteration in [2, 0, 1, 1]:
+        run.record_evaluation("r", iteration, "val", {"auc": 0.5 + iteration / 100, "loss": 1.0}, monitors)
+    made = _calls(table)
+    early = run.watched("r", "val_auc")
+    at_third = list(made)
+    for iteration in range(3, 40):
+        run.record_evaluation("r", iteration, "val", {"auc": 0.5 + iteration / 100, "loss": 1.0}, monitors)
+        run.record_evaluation("r", iteration, "test", {"auc": 0.4, "loss": 2.0 - iteration / 100}, monitors)
+    made.clear()
+    late = run.watched("r", "val_auc")
+    assert at_third == made == ["GetItem"]
+    assert early == [(i, pytest.approx(0.5 + i / 100)) for i in range(3)]
+    assert late == [(i, pytest.approx(0.5 + i / 100)) for i in range(40)]
+    assert run.watched("r", "test_loss") == [(i, pytest.approx(2.0 - i / 100)) for i in range(3, 40)]
+    assert run.watched("r", "val_loss") == []  # not watched: kept with the iteration's figures only
+    assert run.get_counter("r", 7).val == {"auc": pytest.approx(0.57), "loss": 1.0}
+
+
+def test_a_resume_forgets_the_watched_figures_of_the_iterations_it_runs_again(table: Any) -> None:
+    register(table, "r", 1.0, iterations=6)
+    run = RunTable(table)
+    for iteration in range(6):
+        run.record_evaluation("r", iteration, "val", {"loss": 1.0 / (iteration + 1)}, ("val_loss",))
+    run.forget_iterations("r", 4)
+    assert [i for i, _ in run.watched("r", "val_loss")] == [0, 1, 2, 3]

@@ -248,6 +248,9 @@ def dynamo(value: Any) -> Any:
 # sort keys
 META = "META"
 SPEND = "SPEND"
+# the figures a run watches (``TrainingSpec.monitors``) of each evaluation, "<monitor>@<iteration>" → value: what
+# early stopping and keep_best decide on, read as one item whatever the run's length
+WATCHED = "WATCHED"
 
 
 # ---- the table: one definition, which the CDK app (infra/storage.py) and the local runtime

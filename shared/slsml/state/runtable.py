@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
@@ -27,6 +27,7 @@ from slsml.state.records import (
     RUN_KIND,
     RUNS_INDEX,
     SPEND,
+    WATCHED,
     Counter,
     IterationRecord,
     RunRecord,
@@ -305,11 +306,20 @@ class RunTable:
         return items
 
     def forget_iterations(self, run_id: str, first: int) -> None:
-        """Delete the items of iterations from ``first`` on (a resumed run runs them again)."""
+        """Delete the items of iterations from ``first`` on, and their watched figures (a resumed run runs them
+        again)."""
         with self.table.batch_writer() as batch:
             for item in self._query(run_id, "ITER#"):
                 if iteration_of(item["sk"]) >= first:
                     batch.delete_item(Key={"pk": item["pk"], "sk": item["sk"]})
+        watched = self.table.get_item(Key=self._key(run_id, WATCHED), ConsistentRead=True).get("Item") or {}
+        forgotten = [key for key in watched if "@" in key and int(key.rsplit("@", 1)[1]) >= first]
+        if forgotten:
+            self.table.update_item(
+                Key=self._key(run_id, WATCHED),
+                UpdateExpression="REMOVE " + ", ".join(f"#w{n}" for n in range(len(forgotten))),
+                ExpressionAttributeNames={f"#w{n}": key for n, key in enumerate(forgotten)},
+            )
 
     # iterations: the work barrier
     def scale_workers(self, run_id: str, workers: int, reason: str) -> RunRecord | None:
@@ -657,9 +667,12 @@ class RunTable:
         )
         return None if item is None else Counter.model_validate({**plain(item["Attributes"]), "iteration": iteration})
 
-    def record_evaluation(self, run_id: str, iteration: int, split: str, figures: dict[str, float]) -> None:
+    def record_evaluation(
+        self, run_id: str, iteration: int, split: str, figures: dict[str, float], monitors: Iterable[str] = ()
+    ) -> None:
         """The figures on ``split`` (test, val) of the model ``iteration`` merged (the same whoever computes them,
-        however often)."""
+        however often); those of ``monitors`` (``val_auc``: the validation split's auc) on that split also in the
+        run's watched figures (``watched``)."""
         values = {
             k: v for k, v in (_test_figures(figures) if split == "test" else {split: figures}).items() if v is not None
         }
@@ -669,6 +682,29 @@ class RunTable:
             UpdateExpression=expression,
             ExpressionAttributeNames=names,
             ExpressionAttributeValues=bound,
+        )
+        watched = {
+            f"{monitor}@{iteration}": figures[name]
+            for monitor in monitors
+            for watched_split, name in [monitor.split("_", 1)]
+            if watched_split == split and name in figures
+        }
+        if watched:
+            self.table.update_item(
+                Key=self._key(run_id, WATCHED),
+                UpdateExpression="SET " + ", ".join(f"#w{n} = :w{n}" for n in range(len(watched))),
+                ExpressionAttributeNames={f"#w{n}": key for n, key in enumerate(watched)},
+                ExpressionAttributeValues={f":w{n}": dynamo(value) for n, value in enumerate(watched.values())},
+            )
+
+    def watched(self, run_id: str, monitor: str) -> list[tuple[int, float]]:
+        """``monitor``'s figure of each evaluation so far, with the iteration whose merged model it is, in order: one
+        item read by key, one request whatever the run's length (an early-stopping check at every epoch's end costs
+        the same at the 40th as at the 3rd)."""
+        item = self.table.get_item(Key=self._key(run_id, WATCHED), ConsistentRead=True).get("Item") or {}
+        prefix = f"{monitor}@"
+        return sorted(
+            (int(key.removeprefix(prefix)), float(value)) for key, value in item.items() if key.startswith(prefix)
         )
 
     def fire_merge(

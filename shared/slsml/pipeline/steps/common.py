@@ -3,7 +3,6 @@ fleet to the running runs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,7 +20,8 @@ from slsml.spec import keys
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import RunFailed
 from slsml.spec.messages import Manifest
-from slsml.state.records import Counter, RunRecord, RunStatus
+from slsml.state.records import RunRecord, RunStatus
+from slsml.state.runtable import RunTable
 from slsml.training import shards, stopping
 
 logger = Logger(child=True)
@@ -73,7 +73,7 @@ def complete_run(services: Services, run_id: str, iteration: int, reason: str | 
     config = run_config(services.store, run_id)
     kept = services.table.get_counter(run_id, iteration - 1)
     if config.training.keep_best is not None:
-        series = _series(config.training.keep_best, services.table.list_iterations(run_id))
+        series = services.table.watched(run_id, config.training.keep_best)
         if series:
             best = series[stopping.best_at([value for _, value in series], _mode(config, config.training.keep_best))]
             kept = services.table.get_counter(run_id, best[0])
@@ -98,13 +98,14 @@ def complete_run(services: Services, run_id: str, iteration: int, reason: str | 
     )
 
 
-def stop_reason(config: RunConfig, counters: Iterable[Counter]) -> str | None:
+def stop_reason(config: RunConfig, table: RunTable) -> str | None:
     """Why early stopping ends the run after its latest evaluation (Keras's EarlyStopping over the monitored
-    figure's evaluations so far); None: it goes on."""
+    figure's evaluations so far, ``RunTable.watched``); None: it goes on (and nothing is read where the run does
+    not stop early)."""
     if config.training.stopping is None:
         return None
     monitor, patience, min_delta = config.training.stopping
-    series = _series(monitor, counters)
+    series = table.watched(config.run_id, monitor)
     values, mode = [value for _, value in series], _mode(config, monitor)
     if stopping.stopped_at(values, mode, patience, min_delta) is None:
         return None
@@ -114,17 +115,6 @@ def stop_reason(config: RunConfig, counters: Iterable[Counter]) -> str | None:
         f"{'' if patience == 1 else 's'} after its best, {values[best]:.6g} (the model entering iteration"
         f" {series[best][0] + 1})"
     )
-
-
-def _series(monitor: str, counters: Iterable[Counter]) -> list[tuple[int, float]]:
-    """The monitored figure (``val_auc``: the validation split's auc) of each evaluation, with the iteration whose
-    counter holds it, in order."""
-    split, name = monitor.split("_", 1)
-    return [
-        (c.iteration, figures[name])
-        for c in sorted(counters, key=lambda c: c.iteration)
-        if (figures := c.val if split == "val" else c.test) and name in figures
-    ]
 
 
 def _mode(config: RunConfig, monitor: str) -> stopping.Mode:

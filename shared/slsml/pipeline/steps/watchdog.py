@@ -112,7 +112,7 @@ def _end(deadline: Deadline, run: RunRecord, services: Services) -> Action:
             complete_run(services, run.run_id, deadline.iteration)
             return Action.COMPLETED
         config = run_config(services.store, run.run_id)
-        if (reason := stop_reason(config, services.table.list_iterations(run.run_id))) is not None:
+        if (reason := stop_reason(config, services.table)) is not None:
             complete_run(services, run.run_id, deadline.iteration, reason)
             return Action.COMPLETED
     return Action.NOTHING

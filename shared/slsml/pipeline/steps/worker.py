@@ -315,11 +315,11 @@ def _evaluate(
             figures = evaluator.result(np.load(io.BytesIO(body), allow_pickle=False) for body in store.get_many(keys_))
         except ValueError as error:
             raise RunFailed(f"the {split} evaluation of the model entering iteration {iteration}: {error}") from None
-        services.table.record_evaluation(run, iteration - 1, split, figures)
+        services.table.record_evaluation(run, iteration - 1, split, figures, config.training.monitors)
         logger.info(
             "model evaluated", extra={"run_id": run, "iteration": iteration, "split": split, "figures": figures}
         )
-    if iteration >= config.training.iterations or stop_reason(config, services.table.list_iterations(run)) is not None:
+    if iteration >= config.training.iterations or stop_reason(config, services.table) is not None:
         services.ask_watchdog(run, iteration, message.generation)  # the run is complete: the watchdog completes it
         return True
     return False
