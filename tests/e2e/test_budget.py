@@ -17,7 +17,10 @@ from slsml.accounting import prices, usage
 from slsml.cli import display, targets
 from slsml.cli.main import main
 from slsml.client import demo, runs
-from slsml.cost import model as costmodel
+from slsml.cost.modelinfo import from_keras
+from slsml.cost.parameters import Parameters, Quotas
+from slsml.cost.predict import predict
+from slsml.cost.workload import run_workload
 from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
 from slsml.pipeline import spend
@@ -48,13 +51,13 @@ def test_a_run_predicted_above_its_budget_is_refused_before_anything_is_stored(s
     assert f"${named_budget}" == prices.usd(budget)
     # the plan's figure: at least its dollars for the run's requests alone (its compute not timed)
     manifest = data.load_manifest(services.store, DIGITS)
-    untimed = costmodel.from_keras(model_bytes, "m", "m", 32, measure=False, parameters=costmodel.Parameters())
-    work = costmodel.run_workload(
+    untimed = from_keras(model_bytes, "m", "m", 32, measure=False, parameters=Parameters())
+    work = run_workload(
         {**untimed, "compute_per_sample_s": 0.0, "compute_source": "none"},
         runs.with_epochs(_spec(budget), manifest.train.count),
         manifest=manifest,
     )
-    floor = costmodel.predict(work, costmodel.Parameters(), costmodel.Quotas(), prices.load()).run_dollars
+    floor = predict(work, Parameters(), Quotas(), prices.load()).run_dollars
     assert float(predicted.replace(",", "")) >= float(prices.usd(floor).strip("$").replace(",", "")) > budget
     assert services.store.list_keys("runs/budget-refused/") == []
     with pytest.raises(NotFoundError):

@@ -11,7 +11,10 @@ import pytest
 
 from slsml.accounting import prices, usage
 from slsml.client import demo, runs
-from slsml.cost import model as costmodel
+from slsml.cost.modelinfo import from_keras_file
+from slsml.cost.parameters import Parameters, Quotas
+from slsml.cost.predict import predict
+from slsml.cost.workload import function_timeouts, run_workload
 from slsml.local.faults import Faults, SlowWorker
 from slsml.rounds import accumulate
 from slsml.spec import keys
@@ -101,10 +104,10 @@ def test_the_plan_counts_the_requests_of_continued_rounds(local, services, tmp_p
     summary = runs.summarize(run, services.table.list_iterations(run_id), 0.0, usage.read_local(local.log_dir, run_id))
     path = tmp_path / "cnn.keras"
     path.write_bytes(modelio.save_model(demo.digits_cnn(seed=1)))
-    figures = costmodel.from_keras_file(path, batch=32, measure=False, parameters=costmodel.Parameters())
+    figures = from_keras_file(path, batch=32, measure=False, parameters=Parameters())
     figures = {**figures, "compute_per_sample_s": 1e-4, "compute_source": "a step well within the timeout"}
-    work = costmodel.run_workload(figures, spec).at(timeout_s={**costmodel.function_timeouts(), "worker": TIMEOUT_S})
-    plan = costmodel.predict(work, costmodel.Parameters(), costmodel.Quotas(), prices.PriceTable())
+    work = run_workload(figures, spec).at(timeout_s={**function_timeouts(), "worker": TIMEOUT_S})
+    plan = predict(work, Parameters(), Quotas(), prices.PriceTable())
     assert (plan.continuations.invocations, plan.continuations.micro_batches_per_invocation) == (steps, 1)
     assert plan.requests_per_iteration == summary.requests_per_iteration
 

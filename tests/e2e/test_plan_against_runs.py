@@ -1,4 +1,4 @@
-"""The plan against the real pipeline: ``costmodel.predict``'s requests per iteration are the run summary's
+"""The plan against the real pipeline: ``predict``'s requests per iteration are the run summary's
 (built from the functions' usage lines, as ``slsml run`` builds it), operation by operation; and ``bench
 scale`` in miniature fits a calibration that ``slsml plan`` reads."""
 
@@ -14,8 +14,10 @@ from slsml.bench import scale as bench_scale
 from slsml.cli import options
 from slsml.cli.main import build_parser, main
 from slsml.client import demo, runs
-from slsml.cost import model as costmodel
-from slsml.cost.model import Parameters, Quotas, Workload
+from slsml.cost.modelinfo import from_keras_file
+from slsml.cost.parameters import Parameters, Quotas
+from slsml.cost.predict import predict
+from slsml.cost.workload import Workload, function_memory, function_timeouts
 from slsml.local.runtime import LocalRuntime
 from slsml.pipeline.services import Services
 from slsml.spec.config import OptimizerConfig, TrainingSpec
@@ -80,7 +82,7 @@ def test_the_plan_counts_the_requests_of_an_iteration(
     records = usage.read_local(local.log_dir, run_id)
     summary = runs.summarize(run, services.table.list_iterations(run_id), 0.0, records)
 
-    figures = costmodel.from_keras_file(cnn, batch=32, measure=False, parameters=Parameters())
+    figures = from_keras_file(cnn, batch=32, measure=False, parameters=Parameters())
     if optimizer:
         figures["optimizer"] = optimizer
     work = Workload(
@@ -91,10 +93,10 @@ def test_the_plan_counts_the_requests_of_an_iteration(
         reducers=reducers,
         global_batch=128,
         iterations=ITERATIONS,
-        memory_mb=costmodel.function_memory(),
-        timeout_s=costmodel.function_timeouts(),
+        memory_mb=function_memory(),
+        timeout_s=function_timeouts(),
     )
-    plan = costmodel.predict(work, Parameters(), Quotas(), prices.PriceTable())
+    plan = predict(work, Parameters(), Quotas(), prices.PriceTable())
     assert plan.requests_per_iteration == summary.requests_per_iteration
     measured, minimum = summary.requests_per_iteration, plan.minimum_requests_per_iteration
     beyond = {op: count - minimum[op] for op, count in measured.items() if count != minimum[op]}

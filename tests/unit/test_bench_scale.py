@@ -12,26 +12,29 @@ from slsml.accounting import prices
 from slsml.accounting.usage import UsageRecord
 from slsml.bench import scale as bench_scale
 from slsml.bench.scale import STAGES
-from slsml.cost import model as costmodel
-from slsml.cost.model import Parameters, Quotas, Workload
+from slsml.cost import predict as costmodel
+from slsml.cost.modelinfo import from_params
+from slsml.cost.parameters import Parameters, Quotas, load_overrides
+from slsml.cost.plan import Plan
+from slsml.cost.workload import PIPELINE, Workload, function_timeouts
 
-ONE_PROCESS = dict.fromkeys(costmodel.PIPELINE, 1)
+ONE_PROCESS = dict.fromkeys(PIPELINE, 1)
 
 
 def workload(workers: int, reducers: int) -> Workload:
-    figures = costmodel.from_params(2410, Parameters(), compute_per_sample_s=1e-4)
+    figures = from_params(2410, Parameters(), compute_per_sample_s=1e-4)
     return Workload(
         **figures,
         workers=workers,
         reducers=reducers,
         global_batch=128,
         iterations=6,
-        memory_mb=dict.fromkeys(costmodel.PIPELINE, 1769),
-        timeout_s=costmodel.function_timeouts(),
+        memory_mb=dict.fromkeys(PIPELINE, 1769),
+        timeout_s=function_timeouts(),
     )
 
 
-def predict(work: Workload, parameters: Parameters) -> costmodel.Plan:
+def predict(work: Workload, parameters: Parameters) -> Plan:
     return costmodel.predict(work, parameters, Quotas(), prices.PriceTable())
 
 
@@ -89,7 +92,7 @@ def test_the_calibration_is_what_plan_reads(tmp_path) -> None:
     )
     path = tmp_path / "fitted.json"
     bench_scale.write_calibration(report, path)
-    parameters, origin = costmodel.load_overrides(path, [], Parameters)
+    parameters, origin = load_overrides(path, [], Parameters)
     assert json.loads(path.read_text()).keys() == origin.keys()
     assert "dispatch_s" not in origin  # the local runtime's, not the model's
     assert parameters.s3_request_s == parameters.handler_s == 0.01

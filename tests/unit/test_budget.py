@@ -16,8 +16,11 @@ from slsml.accounting import prices
 from slsml.cli import display, options
 from slsml.cli.main import build_parser, main
 from slsml.client import fit, runs
-from slsml.cost import model as costmodel
-from slsml.cost.model import Parameters, Quotas
+from slsml.cost.modelinfo import from_params
+from slsml.cost.parameters import Parameters, Quotas
+from slsml.cost.plan import Plan
+from slsml.cost.predict import predict
+from slsml.cost.workload import run_workload
 from slsml.pipeline import spend
 from slsml.spec.config import DropInRequest, TrainingSpec
 from slsml.state import records
@@ -25,9 +28,9 @@ from slsml.state.records import Counter, RunRecord, RunStatus
 from slsml.state.runtable import RunTable
 
 
-def _plan(spec: TrainingSpec) -> costmodel.Plan:
-    figures = costmodel.from_params(1_000_000, Parameters(), compute_per_sample_s=0.002)
-    return costmodel.predict(costmodel.run_workload(figures, spec), Parameters(), Quotas(), prices.PriceTable())
+def _plan(spec: TrainingSpec) -> Plan:
+    figures = from_params(1_000_000, Parameters(), compute_per_sample_s=0.002)
+    return predict(run_workload(figures, spec), Parameters(), Quotas(), prices.PriceTable())
 
 
 @pytest.mark.parametrize(

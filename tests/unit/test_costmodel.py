@@ -13,8 +13,15 @@ import pytest
 
 from slsml.accounting import prices
 from slsml.cli.main import main
-from slsml.cost import model as costmodel
-from slsml.cost.model import Parameters, Quotas, Workload
+from slsml.cost import predict as costmodel
+from slsml.cost.chain import round_traffic
+from slsml.cost.messages import done_bytes, manifest_bytes
+from slsml.cost.modelinfo import from_keras_file, from_params
+from slsml.cost.parameters import Parameters, Quotas, load_overrides
+from slsml.cost.plan import FunctionFigures, Plan, minimum_sentence
+from slsml.cost.recommend import SWEEP_WORKERS, quota_changes, recommend
+from slsml.cost.verdict import verdict as verdict_of
+from slsml.cost.workload import Workload, function_memory, function_timeouts, with_memory
 from slsml.pipeline import bus
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.errors import BadInputError
@@ -27,23 +34,23 @@ RESNET = 25_600_000
 
 
 def workload(params: int = RESNET, workers: int = 8, reducers: int = 4, **changes) -> Workload:
-    fields = costmodel.from_params(params, Parameters()) | {
+    fields = from_params(params, Parameters()) | {
         "workers": workers,
         "reducers": reducers,
         "global_batch": 8192,
         "iterations": 100,
         "samples": 1_280_000,
-        "memory_mb": costmodel.function_memory(),
-        "timeout_s": costmodel.function_timeouts(),
+        "memory_mb": function_memory(),
+        "timeout_s": function_timeouts(),
     }
     return Workload(**(fields | changes))
 
 
-def predict(work: Workload, parameters: Parameters | None = None, quotas: Quotas | None = None) -> costmodel.Plan:
+def predict(work: Workload, parameters: Parameters | None = None, quotas: Quotas | None = None) -> Plan:
     return costmodel.predict(work, parameters or Parameters(), quotas or Quotas(), PRICES)
 
 
-def function(plan: costmodel.Plan, name: str) -> costmodel.FunctionFigures:
+def function(plan: Plan, name: str) -> FunctionFigures:
     return next(f for f in plan.functions if f.function == name)
 
 
@@ -75,7 +82,7 @@ def test_bytes_match_the_update_format_and_shard_plan_of_a_real_model(keras_mode
 
     path, model = keras_model
     specs = modelio.variable_specs(model)
-    figures = costmodel.from_keras_file(path, batch=4, measure=False, parameters=Parameters())
+    figures = from_keras_file(path, batch=4, measure=False, parameters=Parameters())
     work = workload(
         **figures, compute_per_sample_s=0.001, compute_source="test", workers=6, reducers=4, global_batch=60, quorum=0.5
     )
@@ -90,7 +97,7 @@ def test_bytes_match_the_update_format_and_shard_plan_of_a_real_model(keras_mode
     assert worker.bytes_read == 4 * shard_plan.size
     assert figures["model_file_bytes"] == path.stat().st_size
     merger = function(plan, "merger")  # a steady merge lists the shards and writes the manifest naming them
-    assert (merger.bytes_read, merger.bytes_written) == (0, costmodel.manifest_bytes(4))
+    assert (merger.bytes_read, merger.bytes_written) == (0, manifest_bytes(4))
 
     def state_bytes(shard: int) -> int:
         trainable = int(shard_plan.shard(shard).trainable.sum())
@@ -122,7 +129,7 @@ def test_the_plan_sizes_the_metrics_state_a_worker_sends_and_writes(tmp_path: Pa
     model.compile(optimizer="adam", loss="binary_crossentropy", metrics=[keras.metrics.AUC(num_thresholds=200)])
     path = tmp_path / "auc.keras"
     model.save(path)
-    figures = costmodel.from_keras_file(path, batch=4, measure=False, parameters=Parameters())
+    figures = from_keras_file(path, batch=4, measure=False, parameters=Parameters())
 
     # what a worker sends: its trainer's update of a batch, metered by the run's evaluator (steps/worker)
     rng = np.random.default_rng(0)
@@ -146,7 +153,7 @@ def test_the_plan_sizes_the_metrics_state_a_worker_sends_and_writes(tmp_path: Pa
     units = capacity.write_units(capacity.item_bytes({"pk": "RUN#r", "sk": worker_sk(0, 0), **dynamo(report)}))
     assert units > 1
     assert plan.write_units - alone.write_units >= (W + R + 2) * (units - 1)
-    assert costmodel.done_bytes(W, 16, len(metered)) >= len(done.model_dump_json())
+    assert done_bytes(W, 16, len(metered)) >= len(done.model_dump_json())
 
 
 def test_the_plan_refuses_a_metrics_state_over_what_a_report_carries(tmp_path: Path) -> None:
@@ -156,7 +163,7 @@ def test_the_plan_refuses_a_metrics_state_over_what_a_report_carries(tmp_path: P
     model.compile(optimizer="adam", loss="binary_crossentropy", metrics=[keras.metrics.AUC(num_thresholds=1100)])
     model.save(tmp_path / "big.keras")
     with pytest.raises(BadInputError, match=r"4,402 state values .* over the 4,096"):
-        costmodel.from_keras_file(tmp_path / "big.keras", batch=4, measure=False, parameters=Parameters())
+        from_keras_file(tmp_path / "big.keras", batch=4, measure=False, parameters=Parameters())
 
 
 def test_reducer_bytes_on_the_path_are_the_largest_shard_of_an_all_trainable_model() -> None:
@@ -258,7 +265,7 @@ def test_the_chain_is_its_minimum_and_the_extras_within_a_fifth_of_it() -> None:
 def test_the_docs_state_the_demos_requests_and_the_extras() -> None:
     plan = predict(workload(params=100_000, workers=4, reducers=2, global_batch=128))
     page = " ".join((Path(__file__).parents[2] / "docs" / "cost.md").read_text().split())
-    assert costmodel.minimum_sentence(plan) in page
+    assert minimum_sentence(plan) in page
     for extra in plan.extra_calls:
         assert extra.reason in page
 
@@ -291,8 +298,8 @@ def test_communication_bound_iterations_grow_with_workers_at_fixed_reducers() ->
 
 def test_memory_buys_worker_compute_and_a_quorum_saves_reads() -> None:
     base = workload(workers=64)
-    small = predict(costmodel._with_memory(base, worker=1769))
-    large = predict(costmodel._with_memory(base, worker=10240))
+    small = predict(with_memory(base, worker=1769))
+    large = predict(with_memory(base, worker=10240))
     assert function(large, "worker").seconds < function(small, "worker").seconds
     full, quorum = predict(base), predict(base.at(quorum=0.5))
     assert quorum.requests_per_iteration["s3:GetObject"] < full.requests_per_iteration["s3:GetObject"]
@@ -328,12 +335,12 @@ def test_the_binding_quota_switches_to_reducer_memory_once_the_parts_outgrow_it(
     """R = 10 shards of a 25.6 M-weight model are 10.24 MB parts: a 3008 MB reducer holds fewer than
     3008 / 10.24 = 293 of them. Below that the worker's memory (its runtime, warm cache and model buffers) is the
     closest limit."""
-    memory = costmodel.function_memory({"worker": 3008, "reducer": 3008})
+    memory = function_memory({"worker": 3008, "reducer": 3008})
     base = workload(reducers=10, compute_per_sample_s=0.01, activation_bytes_per_sample=0, memory_mb=memory)
     assert predict(base.at(workers=150)).binding.name == "memory: worker"
     over = predict(base.at(workers=300)).binding
     assert (over.name, over.ok, over.hard) == ("memory: reducer", False, True)
-    changes = costmodel.quota_changes(base, Parameters(), Quotas(), PRICES, top=400)
+    changes = quota_changes(base, Parameters(), Quotas(), PRICES, top=400)
     threshold = next(w for w, name, exceeded in changes if name == "memory: reducer" and exceeded)
     assert 270 < threshold <= 293
 
@@ -382,7 +389,7 @@ def test_calibration_and_params_override_the_defaults(capsys: pytest.CaptureFixt
     # five SNS deliveries on the path: ModelUpdated, Work, WorkDone, Reduce, ReduceDone
     assert slower["iteration_s"] - base["iteration_s"] == pytest.approx(5 * (0.2 - 0.073))
     with pytest.raises(BadInputError, match=r"unknown parameters.*sns_lambda_s"):
-        costmodel.load_overrides(None, ["sns_latency=1"], Parameters)
+        load_overrides(None, ["sns_latency=1"], Parameters)
 
 
 @pytest.mark.parametrize(
@@ -442,7 +449,7 @@ def test_sweep_writes_a_chart_with_a_point_per_worker_count(capsys: pytest.Captu
         "--png",
         str(png),
     )
-    expected = [w for w in costmodel.SWEEP_WORKERS if w <= 64]
+    expected = [w for w in SWEEP_WORKERS if w <= 64]
     assert [point["workers"] for point in out["sweep"]] == expected
     pixels = image.imread(png)
     assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
@@ -517,10 +524,10 @@ def test_the_plan_s_update_is_as_large_as_the_encoder_s(keras_model, compress: s
     rng = np.random.default_rng(0)
     vector, weights = rng.normal(size=plan_of.size).astype(np.float32), rng.normal(size=plan_of.size)
     body = updates.encode(vector, 32, "gradient", spec.compression, plan_of, weights.astype(np.float32)).body
-    figures = costmodel.from_keras_file(path, batch=32, measure=False, parameters=Parameters())
+    figures = from_keras_file(path, batch=32, measure=False, parameters=Parameters())
     trainable = plan_of.trainable_mask()
     sent = (np.abs(vector) > 0.05 * np.maximum(np.abs(weights), updates.SIGNIFICANCE_EPS))[trainable].mean()
-    traffic = costmodel.round_traffic(
+    traffic = round_traffic(
         Workload(
             **figures,
             compute_per_sample_s=0,
@@ -530,8 +537,8 @@ def test_the_plan_s_update_is_as_large_as_the_encoder_s(keras_model, compress: s
             reducers=3,
             global_batch=128,
             iterations=1,
-            memory_mb=costmodel.function_memory(),
-            timeout_s=costmodel.function_timeouts(),
+            memory_mb=function_memory(),
+            timeout_s=function_timeouts(),
         ),
         Parameters(significance_density=float(sent)),
     )
@@ -607,8 +614,8 @@ def test_the_plan_answers_first_and_warns_about_the_configuration(capsys: pytest
 def test_a_recommendation_that_is_no_faster_and_dearer_is_not_made() -> None:
     work = workload(params=1_000_000, workers=64, reducers=4)
     plan = predict(work)
-    recommendation = costmodel.recommend(work, Parameters(), Quotas(), PRICES)
-    verdict = costmodel.verdict(plan, recommendation, Parameters(), Quotas(), PRICES)
+    recommendation = recommend(work, Parameters(), Quotas(), PRICES)
+    verdict = verdict_of(plan, recommendation, Parameters(), Quotas(), PRICES)
     for label, choice in (("fastest", recommendation.fastest), ("cheapest", recommendation.cheapest)):
         assert choice is not None
         said = [advice for advice in verdict.recommendations if advice.startswith(label)]

@@ -7,8 +7,11 @@ import pytest
 
 from slsml.accounting import prices
 from slsml.client import runs
-from slsml.cost import model as costmodel
-from slsml.cost.model import Parameters, Quotas
+from slsml.cost import predict as costmodel
+from slsml.cost.messages import check_messages, largest_reduce, message_bytes
+from slsml.cost.modelinfo import from_params
+from slsml.cost.parameters import Parameters, Quotas
+from slsml.cost.workload import run_workload
 from slsml.pipeline.envelope import parse_message
 from slsml.pipeline.services import Services
 from slsml.spec import keys
@@ -22,7 +25,7 @@ FOLDING = TrainingSpec(workers=1000, global_batch=64_000, quorum=0.75, staleness
 
 
 def test_a_staleness_fold_of_a_thousand_workers_is_refused_naming_its_options() -> None:
-    participants, size = costmodel.largest_reduce(FOLDING)
+    participants, size = largest_reduce(FOLDING)
     assert participants == 1000 + 8 * 500  # every worker, and 8 iterations' late ones beyond the floor's 500
     late = [Participant(worker=w % 1000, attempt=2, samples=64_000, iteration=999) for w in range(4000)]
     largest = ReduceMessage(
@@ -41,10 +44,10 @@ def test_a_staleness_fold_of_a_thousand_workers_is_refused_naming_its_options() 
         r" deadline_floor 0\.5 up to 4,000 late updates folded in\): [\d,]+ B,"
         r" over the 131,072 B",
     ):
-        costmodel.check_messages(FOLDING)
-    costmodel.check_messages(FOLDING.model_copy(update={"staleness": 0}))  # 1000 workers alone fit
+        check_messages(FOLDING)
+    check_messages(FOLDING.model_copy(update={"staleness": 0}))  # 1000 workers alone fit
     with pytest.raises(BadInputError, match="lower the workers or staleness"):
-        costmodel.check_messages(FOLDING.model_copy(update={"workers": 2, "max_workers": 1000}))  # run scale's bound
+        check_messages(FOLDING.model_copy(update={"workers": 2, "max_workers": 1000}))  # run scale's bound
 
 
 def test_the_client_refuses_it_before_it_stores_anything(services: Services) -> None:  # noqa: F811
@@ -64,16 +67,16 @@ def test_the_plan_sizes_the_same_largest_reduce_message_as_the_start() -> None:
     """W=1,000, quorum 0.75, staleness 8: the plan's message check is of the worst case the start refuses (every
     worker and the largest fold), not of a reduce at the quorum's 750 workers."""
     spec = FOLDING.model_copy(update={"deadline_floor": 0.75})  # the floor at the quorum: 8 × 250 late updates
-    participants, size = costmodel.largest_reduce(spec)
+    participants, size = largest_reduce(spec)
     assert participants == 1000 + 8 * 250
-    quorum_only = costmodel.message_bytes(750, 64, 1)[1]
+    quorum_only = message_bytes(750, 64, 1)[1]
     assert quorum_only < MAX_MESSAGE_BYTES < size  # the quorum's message fits; the worst case does not
-    work = costmodel.run_workload(costmodel.from_params(1_000_000, Parameters()), spec)
+    work = run_workload(from_params(1_000_000, Parameters()), spec)
     plan = costmodel.predict(work, Parameters(), Quotas(), prices.PriceTable())
     check = next(q for q in plan.quotas if q.name == "Reduce message size")
     assert (check.value, check.ok, check.hard) == (size, False, True)
     assert "3,000 participants (1000 workers, and with staleness 8 and deadline_floor 0.75" in check.detail
     with pytest.raises(BadInputError, match=f"{size:,} B"):
-        costmodel.check_messages(spec)
+        check_messages(spec)
     with pytest.raises(BadInputError, match="the largest Reduce message lists 3,000 participants"):
         costmodel.check(work, Parameters(), Quotas())

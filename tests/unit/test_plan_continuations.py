@@ -9,7 +9,9 @@ import math
 
 import pytest
 
-from slsml.cost import model as costmodel
+from slsml.cost.parameters import Parameters, Quotas
+from slsml.cost.verdict import continuation_sentence
+from slsml.cost.workload import Workload, function_timeouts
 from slsml.spec.config import TrainingSpec
 from slsml.training import progress
 
@@ -19,7 +21,7 @@ PARAMS, LOCAL_STEPS = 2_560_000, 100
 LONG = TrainingSpec(algorithm="average", local_steps=LOCAL_STEPS)
 
 
-def _long(**changes) -> costmodel.Workload:
+def _long(**changes) -> Workload:
     """Rounds of 100 local steps of about 4 s each, each step in micro-batches: 400 s, past the Worker's default
     timeout."""
     fields = {"global_batch": 1024, "compute_per_sample_s": 0.05, "training": LONG} | changes
@@ -35,7 +37,7 @@ def test_a_round_past_the_workers_timeout_goes_on_in_as_many_invocations_as_the_
     micro = compute / micro_batches
     assert handing.timeout_s == w.timeout_s["worker"] < compute
     # each invocation computes micro-batches until the pacer's reserve is left (after its reads, under a second here)
-    reserve = progress.reserve_s(handing.progress_bytes, micro, costmodel.Parameters().s3_write_mb_s)
+    reserve = progress.reserve_s(handing.progress_bytes, micro, Parameters().s3_write_mb_s)
     room = handing.timeout_s - reserve
     per = handing.micro_batches_per_invocation
     assert (per - 1) * micro <= room < per * micro + 1.0
@@ -45,7 +47,7 @@ def test_a_round_past_the_workers_timeout_goes_on_in_as_many_invocations_as_the_
         PARAMS, PARAMS, LONG.local_optimizer_config(), LOCAL_STEPS, w.metric_values, partial=True
     )
     # against the same round in one invocation (a timeout it fits): the requests, bytes and time handing on adds
-    whole = predict(_long(timeout_s={**w.timeout_s, "worker": 10**6}), quotas=costmodel.Quotas(lambda_timeout_s=10**6))
+    whole = predict(_long(timeout_s={**w.timeout_s, "worker": 10**6}), quotas=Quotas(lambda_timeout_s=10**6))
     assert whole.continuations.invocations == 1 and not whole.continuations.calls
     more = {op: n - whole.requests_per_iteration.get(op, 0) for op, n in plan.requests_per_iteration.items()}
     handed = w.workers * handing.handed_on
@@ -79,7 +81,7 @@ def test_the_plan_says_when_rounds_go_on_and_what_it_costs(capsys: pytest.Captur
     argv = ["--params", str(PARAMS), "--compute-per-sample", "0.05", "--workers", "8", "--batch", "1024"]
     out = plan_json(capsys, *argv, "--iterations", "10", "--algorithm", "average", "--local-steps", str(LOCAL_STEPS))
     handing = out["continuations"]
-    timeout = costmodel.function_timeouts()["worker"]
+    timeout = function_timeouts()["worker"]
     (warning,) = [w for w in out["verdict"]["warnings"] if "outlasts the Worker's" in w]
     assert warning.startswith(
         f"each worker's round outlasts the Worker's {timeout} s timeout: it goes on in {handing['invocations']}"
@@ -88,9 +90,9 @@ def test_the_plan_says_when_rounds_go_on_and_what_it_costs(capsys: pytest.Captur
     assert f"adds {sum(c['count'] for c in handing['calls']):,} requests" in warning
     steps = predict(_long(activation_bytes_per_sample=0))  # a step's share at once: handed on between local steps
     per = steps.continuations.micro_batches_per_invocation
-    assert f"invocations of {per} local steps, each handing on" in (costmodel.continuation_sentence(steps) or "")
+    assert f"invocations of {per} local steps, each handing on" in (continuation_sentence(steps) or "")
     assert "--heartbeat" not in warning  # the iteration is within the default heartbeat
     short = predict(_long(training=LONG.model_copy(update={"heartbeat_s": 60})))
-    sentence = costmodel.continuation_sentence(short) or ""
+    sentence = continuation_sentence(short) or ""
     assert sentence.endswith(f"; raise --heartbeat above {math.ceil(short.iteration_s)} s (it is 60 s)")
-    assert costmodel.continuation_sentence(predict(_long(training=TrainingSpec(algorithm="average")))) is None
+    assert continuation_sentence(predict(_long(training=TrainingSpec(algorithm="average")))) is None

@@ -10,21 +10,22 @@ import pytest
 
 from slsml.accounting import prices
 from slsml.cost import datatraffic, planreport
-from slsml.cost import model as costmodel
-from slsml.cost.model import Parameters, Quotas, Workload
+from slsml.cost.modelinfo import from_params
+from slsml.cost.parameters import Parameters, Quotas
+from slsml.cost.plan import Plan
+from slsml.cost.predict import predict
+from slsml.cost.workload import Workload, function_memory, function_timeouts
 from slsml.data.manifest import DatasetManifest, ShardEntry, SplitInfo
 from slsml.spec.config import TrainingSpec
 
 SLSML = {"params": 25_600_000, "sample_bytes": 150_528, "samples": 1_281_167, "global_batch": 8192, "workers": 256}
 
 
-def plan(
-    shuffle: str = "global", cache_mb: float | None = None, shard_records: int | None = None, **changes
-) -> costmodel.Plan:
+def plan(shuffle: str = "global", cache_mb: float | None = None, shard_records: int | None = None, **changes) -> Plan:
     figures = {**SLSML, **changes}
     spec = TrainingSpec(workers=figures["workers"], global_batch=figures["global_batch"], reducers=64, shuffle=shuffle)
     work = Workload(
-        **costmodel.from_params(figures["params"], Parameters()),
+        **from_params(figures["params"], Parameters()),
         training=spec,
         workers=figures["workers"],
         reducers=64,
@@ -34,10 +35,10 @@ def plan(
         sample_bytes=figures["sample_bytes"],
         cache_mb=cache_mb,
         shard_records=shard_records,
-        memory_mb=costmodel.function_memory({"worker": 10240}),
-        timeout_s=costmodel.function_timeouts(),
+        memory_mb=function_memory({"worker": 10240}),
+        timeout_s=function_timeouts(),
     )
-    return costmodel.predict(work, Parameters(), Quotas(), prices.PriceTable())
+    return predict(work, Parameters(), Quotas(), prices.PriceTable())
 
 
 def test_past_the_cache_the_exact_order_costs_a_get_per_sample_and_the_block_order_one_per_block() -> None:

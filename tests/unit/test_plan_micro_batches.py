@@ -13,8 +13,9 @@ import pytest
 
 from slsml import rules
 from slsml.aws.cache import MEMORY_SHARE
-from slsml.cost import model as costmodel
-from slsml.cost.model import Parameters, Quotas, Workload
+from slsml.cost.parameters import Parameters, Quotas
+from slsml.cost.verdict import continuation_sentence
+from slsml.cost.workload import MEMORY_CHOICES_MB, Workload, function_memory
 from slsml.rounds import accumulate, sizing
 from slsml.spec.config import TrainingSpec
 from slsml.training import feedback, progress
@@ -42,7 +43,7 @@ def _quotas(out: dict) -> dict[str, dict]:
     ],
 )
 def test_the_plans_micro_batches_are_the_ones_the_worker_sizes(memory_mb: int, training: TrainingSpec) -> None:
-    work = workload(workers=8, memory_mb=costmodel.function_memory({"worker": memory_mb}), training=training)
+    work = workload(workers=8, memory_mb=function_memory({"worker": memory_mb}), training=training)
     plan = predict(work)
     # what the worker keeps besides, as ``sizing.of_run`` counts it: twice its slot's state and residual
     slot = rules.of(training).slot_traffic(training, RESNET, RESNET).bytes
@@ -142,7 +143,7 @@ def test_a_gradient_round_past_the_timeout_is_handed_on_between_micro_batches(mo
     assert plan.iteration_s == pytest.approx(whole.iteration_s + handing.seconds)
     assert plan.run_dollars > whole.run_dollars
     assert next(q for q in plan.quotas if q.name == "duration: worker").ok  # each invocation within its timeout
-    sentence = costmodel.continuation_sentence(plan) or ""
+    sentence = continuation_sentence(plan) or ""
     per = handing.micro_batches_per_invocation
     assert f"in {handing.invocations} invocations of {per} micro-batches of ≤ {micro_batch} samples" in sentence
 
@@ -168,7 +169,7 @@ def test_a_plan_of_which_not_one_sample_fits_answers_naming_the_memory_to_give(c
     assert out["dollars"]["run"] > 0 and out["micro_batch"] == 1
     # the memory it names is the least of the choices that fit
     assert _quotas(plan_json(capsys, *argv, "--memory", f"worker={give}"))["memory: worker"]["ok"]
-    below = costmodel.MEMORY_CHOICES_MB[costmodel.MEMORY_CHOICES_MB.index(give) - 1]
+    below = MEMORY_CHOICES_MB[MEMORY_CHOICES_MB.index(give) - 1]
     assert not _quotas(plan_json(capsys, *argv, "--memory", f"worker={below}"))["memory: worker"]["ok"]
     # a model whose buffers are beyond Lambda's memory: still answered, with what to change instead
     huge = plan_json(capsys, "--params", "3000000000", "--workers", "1000", "--batch", "8192", "--reducers", "256")
@@ -214,7 +215,7 @@ def test_a_keras_model_sizes_its_micro_batch_from_its_layer_outputs(
 def test_calibrated_runtime_and_buffers_change_the_memory_needed_not_the_micro_batch() -> None:
     """The worker sizes its micro-batches with its own estimate; the plan's parameters, overridden, say what the
     step then needs."""
-    work = workload(workers=8, memory_mb=costmodel.function_memory({"worker": 10240}))
+    work = workload(workers=8, memory_mb=function_memory({"worker": 10240}))
     plan = predict(work)
     heavier = predict(
         work, Parameters(tf_runtime_mb=sizing.TF_RUNTIME_MB + 100, worker_model_copies=sizing.MODEL_COPIES + 1)

@@ -2,8 +2,13 @@
 
 The built-in table is us-east-1 on-demand list prices as of November 2026, from the public pricing
 pages (aws.amazon.com/lambda/pricing, /s3/pricing, /sns/pricing, /sqs/pricing, /dynamodb/pricing,
-/step-functions/pricing, /cloudwatch/pricing). Another region or a newer price list is a JSON file of
-the same shape (any subset of fields), given as ``--prices FILE`` or ``SLSML_PRICES``.
+/step-functions/pricing, /cloudwatch/pricing, /privatelink/pricing, /ec2/pricing/on-demand). Another region or a
+newer price list is a JSON file of the same shape (any subset of fields), given as ``--prices FILE`` or
+``SLSML_PRICES``.
+
+GPU workers run on Lambda Managed Instances: EC2 instances of the types in ``GPU_INSTANCES`` (billed at their
+on-demand price, with a management fee of 15 % of it, and per request; no GB-seconds), in a VPC whose interface
+endpoints are billed per Availability Zone and hour and per GB they process.
 """
 
 from __future__ import annotations
@@ -16,9 +21,53 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from slsml.spec import deployment
 from slsml.spec.errors import BadInputError
 
 PRICES_ENV = "SLSML_PRICES"
+LAMBDA_PRICING = "https://aws.amazon.com/lambda/pricing/"
+PRIVATELINK_PRICING = "https://aws.amazon.com/privatelink/pricing/"
+EC2_PRICING = "https://aws.amazon.com/ec2/pricing/on-demand/"
+
+
+class GpuInstance(BaseModel):
+    """An EC2 instance type GPU workers may run on, what it holds and its on-demand price."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    card: str = Field(description="its GPU, as NVIDIA's driver names it")
+    gpus: int = Field(gt=0)
+    gpu_memory_gib: int = Field(gt=0, description="of each GPU")
+    dollars_per_hour: float = Field(gt=0, description="on demand, Linux, us-east-1")
+    source: str
+
+
+# on demand, Linux, us-east-1, $/h; what each type holds: ``slsml.spec.deployment.GPU_INSTANCES``
+GPU_DOLLARS_PER_HOUR = {
+    "g4dn.xlarge": 0.526,
+    "g5.xlarge": 1.006,
+    "g5.2xlarge": 1.212,
+    "g6.xlarge": 0.8048,
+    "g6.2xlarge": 0.9776,
+    "g6.12xlarge": 4.6016,
+    "g6e.xlarge": 1.861,
+    "g6e.2xlarge": 2.24208,
+}
+
+
+def _gpu_instance(name: str, dollars_per_hour: float) -> GpuInstance:
+    hardware = deployment.GPU_INSTANCES[name]
+    family = name.split(".")[0].removesuffix("dn")
+    return GpuInstance(
+        card=hardware.card,
+        gpus=hardware.gpus,
+        gpu_memory_gib=hardware.gpu_memory_gib,
+        dollars_per_hour=dollars_per_hour,
+        source=f"{EC2_PRICING} (hardware: https://aws.amazon.com/ec2/instance-types/{family}/)",
+    )
+
+
+GPU_INSTANCES = {name: _gpu_instance(name, price) for name, price in GPU_DOLLARS_PER_HOUR.items()}
 
 
 class PriceTable(BaseModel):
@@ -39,6 +88,20 @@ class PriceTable(BaseModel):
     dynamodb_read_unit: float = Field(default=0.125 / 1e6, description="on demand, per read request unit")
     states_transition: float = 0.025 / 1000
     logs_ingested_gb: float = 0.50
+    managed_instances_fee: float = Field(
+        default=0.15,
+        description="Lambda Managed Instances' management fee, a share of the instances' on-demand price"
+        f" ({LAMBDA_PRICING})",
+    )
+    vpc_endpoint_hour: float = Field(
+        default=0.01, description=f"an interface VPC endpoint, per Availability Zone and hour ({PRIVATELINK_PRICING})"
+    )
+    vpc_endpoint_gb: float = Field(
+        default=0.01, description="data processed by interface endpoints, per GB (the first PB a month)"
+    )
+    gpu_instances: dict[str, GpuInstance] = Field(
+        default_factory=lambda: dict(GPU_INSTANCES), description="the instance types GPU workers may run on"
+    )
 
     def request_price(self, operation: str) -> float:
         """The price of one ``service:Operation`` request, apart from what it consumes (DynamoDB units)."""

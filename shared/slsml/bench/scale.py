@@ -1,4 +1,4 @@
-"""``bench scale``: the cost model (``slsml.cost.model``) against the real pipeline on the embedded cloud.
+"""``bench scale``: the cost model (``slsml.cost.predict``) against the real pipeline on the embedded cloud.
 
 A grid of W workers × R reducers trains a small dense model on the digits, a few iterations each (quorum 1,
 global batch 128). Per configuration:
@@ -42,8 +42,12 @@ from pydantic import BaseModel, computed_field
 from slsml.accounting import prices, usage
 from slsml.accounting.usage import UsageRecord
 from slsml.client import demo, runs
-from slsml.cost import model as costmodel
-from slsml.cost.model import Parameters, Plan, Quotas, Workload
+from slsml.cost.messages import message_bytes, publish_batches
+from slsml.cost.modelinfo import from_keras_file
+from slsml.cost.parameters import Parameters, Quotas
+from slsml.cost.plan import Plan
+from slsml.cost.predict import predict
+from slsml.cost.workload import PIPELINE, Workload, function_timeouts
 from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
 from slsml.spec import keys
@@ -231,12 +235,12 @@ def local_stages(plan: Plan, pools: Mapping[str, int], dispatch_s: float) -> dic
         raise SlsmlError(f"the cost model's stages {tuple(stages)} are not the ones measured {STAGES}")
     w = plan.workload
     publish = plan.parameters["sns_publish_s"]["value"]
-    messages = costmodel.message_bytes(plan.participants, math.ceil(w.global_batch / w.workers), w.reducers)
+    messages = message_bytes(plan.participants, math.ceil(w.global_batch / w.workers), w.reducers)
     for delivery, stage, function, count, size in (
         ("Work → Worker", "Worker", "worker", w.workers, messages[0]),
         ("Reduce → Reducer", "Reducer", "reducer", w.reducers, messages[1]),
     ):
-        earlier = (costmodel.publish_batches(count, size) - 1) * publish
+        earlier = (publish_batches(count, size) - 1) * publish
         waves = math.ceil(count / pools[function])
         stages[delivery] -= earlier
         stages[stage] = waves * stages[stage] + (waves - 1) * dispatch_s if waves > 1 else earlier + stages[stage]
@@ -255,7 +259,7 @@ def parameters(values: Mapping[str, float]) -> Parameters:
 
 def predicted_stages(workload: Workload, values: Mapping[str, float], pools: Mapping[str, int]) -> dict[str, float]:
     """The model's stages on the local runtime at the fitted ``values``."""
-    plan = costmodel.predict(workload, parameters(values), Quotas(), prices.PriceTable())
+    plan = predict(workload, parameters(values), Quotas(), prices.PriceTable())
     return local_stages(plan, pools, values.get(DISPATCH, 0.0))
 
 
@@ -317,7 +321,7 @@ def scale(
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "dense.keras"
         path.write_bytes(model_bytes)
-        figures = costmodel.from_keras_file(path, BATCH, measure=False, parameters=Parameters())
+        figures = from_keras_file(path, BATCH, measure=False, parameters=Parameters())
     figures["model"] = "dense 8×8 → 32 → 10 on digits"
     stem = runs.new_run_id("scale")
     measured = [
@@ -391,10 +395,10 @@ def _measure(
         reducers=reducers,
         global_batch=BATCH,
         iterations=iterations,
-        memory_mb=dict.fromkeys(costmodel.PIPELINE, LOCAL_MEMORY_MB),
-        timeout_s=costmodel.function_timeouts(),
+        memory_mb=dict.fromkeys(PIPELINE, LOCAL_MEMORY_MB),
+        timeout_s=function_timeouts(),
     )
-    plan = costmodel.predict(workload, Parameters(), Quotas(), prices.PriceTable())
+    plan = predict(workload, Parameters(), Quotas(), prices.PriceTable())
     completed = summary.status == RunStatus.COMPLETED
     steady = measured_stages(records, iterations, plan.participants) if completed else []
     point = ScalePoint(

@@ -596,7 +596,7 @@ def print_scale(report: Any, calibration: str, as_json: bool = False) -> None:
     from rich.table import Table
 
     from slsml.bench import scale as bench_scale
-    from slsml.cost.model import Parameters, parameter_facts
+    from slsml.cost.parameters import Parameters, parameter_facts
 
     out = results(as_json)
     out.print(
@@ -1160,3 +1160,42 @@ def print_micro_batches(report: Any, as_json: bool = False) -> None:
         f" full beside it ({report.cache_mb:,.0f} MB, the model among its entries):"
         f" {yes[report.peaks_within_cache_full]}{largest}"
     )
+
+
+def print_gpu(report: Any, written: Any, as_json: bool = False) -> None:
+    """``bench gpu``: a row per accelerator memory that fits the card, each precision's micro-batch and samples/s side
+    by side, mixed precision against float32; then the CPU's throughput and where the calibration went."""
+    from rich.table import Table
+
+    calibration = report.calibration
+    precisions = [probe.precision for probe in report.probes]
+    columns = [f"{p} {what}" for p in precisions for what in ("micro-batch", "samples/s")]
+    mixed = [p for p in precisions if p != "float32"]
+    ratios = [f"{p} ÷ float32" for p in mixed] if "float32" in precisions else []
+    table = Table(
+        "accelerator GiB",
+        *columns,
+        *ratios,
+        title=f"{calibration.model} on {calibration.card} ({report.card_gib:.0f} GiB)",
+    )
+    for size in sorted({entry.accelerator_gib for entry in calibration.entries}):
+        rates = {p: calibration.samples_per_s(size, p) for p in precisions}
+        batches = {e.precision: e.micro_batch for e in calibration.entries if e.accelerator_gib == size}
+        cells = [
+            cell
+            for p in precisions
+            for cell in (f"{batches[p]:,}" if p in batches else "–", f"{rates[p]:,.0f}" if rates[p] else "–")
+        ]
+        base = rates.get("float32")
+        table.add_row(
+            str(size), *cells, *(f"{rates[p] / base:.2f}×" if rates[p] and base else "–" for p in mixed if ratios)
+        )
+    out = results(as_json)
+    out.print(table)
+    if report.cpu_samples_per_s is not None:
+        best = max((entry.samples_per_s for entry in calibration.entries), default=0.0)
+        out.print(
+            f"the CPU (float32, this machine's cores): {report.cpu_samples_per_s:,.1f} samples/s; the GPU's best above"
+            f" is {best / report.cpu_samples_per_s:,.0f}× that"
+        )
+    out.print(f"calibration written to {written} (`slsml plan --gpu-calibration {written}` prices from it)")

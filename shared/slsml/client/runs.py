@@ -17,7 +17,7 @@ from slsml import rules
 from slsml.accounting import prices, usage
 from slsml.aws import cache
 from slsml.cost import budget
-from slsml.cost import model as costmodel
+from slsml.cost.messages import check_messages
 from slsml.data import datasets as data
 from slsml.data.manifest import DatasetManifest
 from slsml.pipeline.services import Services
@@ -180,7 +180,7 @@ def scale_run(services: Services, run_id: str, workers: int, reason: str = "run 
         )
     if refusal := services.limits.refusal(run.training, workers):
         raise BadInputError(refusal)
-    costmodel.check_messages(run.training, workers)
+    check_messages(run.training, workers)
     scaled = services.table.scale_workers(run_id, workers, reason)
     if scaled is None:
         raise SlsmlError(f"run {run_id!r} completed meanwhile: it was not scaled")
@@ -225,7 +225,7 @@ def prepare_run(
     loss = modelio.loss_config(model, spec.loss)
     optimizer = spec.optimizer or modelio.optimizer_config(model)
     spec = with_epochs(spec, manifest.train.count)
-    costmodel.check_messages(spec)
+    check_messages(spec)
     if check_limits and (refusal := services.limits.refusal(spec)):
         raise BadInputError(refusal)
     x, y = data.DatasetReader(store, manifest).take("train", np.arange(min(MERGE_PROBE, manifest.train.count)))

@@ -1,1 +1,2 @@
-"""The analytic time and cost model of a run, ``slsml plan``'s report, and the worker-count tuner."""
+"""The analytic time and cost model of a run, its workers on Lambda's CPUs or on GPUs (Lambda Managed Instances),
+``slsml plan``'s report, and the worker-count tuner."""

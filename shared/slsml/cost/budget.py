@@ -5,7 +5,10 @@
 from __future__ import annotations
 
 from slsml.accounting import prices
-from slsml.cost import model as costmodel
+from slsml.cost import predict as costmodel
+from slsml.cost.modelinfo import from_keras
+from slsml.cost.parameters import Parameters, Quotas
+from slsml.cost.workload import measured_batch, run_workload
 from slsml.data.manifest import DatasetManifest
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
@@ -19,20 +22,20 @@ def predict(
     the dataset's samples, the deployment's function memory and the timeouts of its run ``limits``, the built-in
     quotas and parameters, and the price table (``--prices``'s default, ``$SLSML_PRICES``). BadInputError if the
     plan cannot model the run."""
-    parameters = costmodel.Parameters()
-    figures = costmodel.from_keras(
+    parameters = Parameters()
+    figures = from_keras(
         model_bytes,
         "the model",
         "the model",
-        costmodel.measured_batch(spec),
+        measured_batch(spec),
         measure=True,
         parameters=parameters,
         loss=spec.loss,
         manifest=manifest,
     )
-    work = costmodel.run_workload(figures, spec, manifest=manifest, limits=limits)
-    costmodel.check(work, parameters, costmodel.Quotas())
-    return costmodel.predict(work, parameters, costmodel.Quotas(), prices.load()).run_dollars
+    work = run_workload(figures, spec, manifest=manifest, limits=limits)
+    costmodel.check(work, parameters, Quotas())
+    return costmodel.predict(work, parameters, Quotas(), prices.load()).run_dollars
 
 
 def check(

@@ -13,7 +13,12 @@ from slsml.spec.errors import BadInputError
 
 if TYPE_CHECKING:  # the model's modules load when a plan is made, not when the CLI parses its arguments
     from slsml.accounting.prices import PriceTable
-    from slsml.cost.model import Parameters, Plan, Quotas, Recommendation, SweepPoint, Verdict, Workload
+    from slsml.cost.parameters import Parameters, Quotas
+    from slsml.cost.plan import Plan
+    from slsml.cost.recommend import Recommendation, SweepPoint
+    from slsml.cost.verdict import Verdict
+    from slsml.cost.vm import Side
+    from slsml.cost.workload import Workload
     from slsml.data.manifest import DatasetManifest
     from slsml.spec.config import TrainingSpec
     from slsml.spec.limits import RunLimits
@@ -58,6 +63,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FUNCTION=MB",
         help="function memory, e.g. worker=4096 (default: the deployment's settings)",
     )
+    gpu = parser.add_argument_group("GPU workers (Lambda Managed Instances)")
+    gpu.add_argument(
+        "--accelerator",
+        metavar="worker=GIB",
+        help="price GPU workers of this much GPU memory per execution environment (3, 6, 12, 16, 24 or 48), e.g."
+        " worker=24, beside CPU workers and one machine of their instance type",
+    )
+    gpu.add_argument(
+        "--gpu-instance",
+        metavar="TYPE",
+        help="the instance type GPU workers run on, e.g. g6.xlarge (default: of those whose card's throughput is"
+        " known, the one whose fleet costs least per sample)",
+    )
+    gpu.add_argument(
+        "--gpu-calibration",
+        metavar="FILE",
+        help="a calibration `slsml bench gpu` wrote: its card's measured throughput, used for that card only"
+        " (default: .slsml/gpu-calibration.json if it exists)",
+    )
     length = parser.add_argument_group("length (or --iterations, or --epochs of --samples)")
     length.add_argument("--samples", type=int, help="training samples: per-epoch figures")
     model_of = parser.add_argument_group("model parameters, quotas, prices")
@@ -94,7 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SAMPLES_PER_S:DOLLARS_PER_HOUR[:NAME]",
         type=_vm,
         help="price the same epoch on one machine of this training throughput on the model (measured"
-        " or published, samples/s) and hourly price, e.g. 1200:3.06:p3.2xlarge",
+        " or published, samples/s) and hourly price, e.g. 1200:3.06:p3.2xlarge (default with --accelerator: one"
+        " machine of the GPU workers' instance type at the throughput the plan uses for it)",
     )
     out.add_argument("--json", action="store_true", help="print the plan as one JSON object")
 
@@ -125,25 +150,26 @@ def workload(
 ) -> Workload:
     """The workload the arguments, the run's training flags (``spec``), the dataset (``--data``) and the run limits
     of the deployment planned for (its function timeouts, its worker's memory) describe."""
-    from slsml.cost import model as costmodel
+    from slsml.cost import modelinfo
+    from slsml.cost import workload as workloads
 
     if bool(args.model) == (args.params is not None):
         raise BadInputError("give the model: --model FILE.keras or --params N")
     deployed = {} if limits is None else {"worker": limits.worker_memory_mb}
-    memory = costmodel.function_memory(deployed | dict(_memory(text) for text in args.memory))
+    memory = workloads.function_memory(deployed | dict(_memory(text) for text in args.memory))
     if args.model:
         measure = args.compute_per_sample is None
-        batch = costmodel.measured_batch(spec)
+        batch = workloads.measured_batch(spec)
         if measure:
-            costmodel.pin_one_thread()
-        figures = costmodel.from_keras_file(args.model, batch, measure, parameters, spec.loss, manifest)
+            modelinfo.pin_one_thread()
+        figures = modelinfo.from_keras_file(args.model, batch, measure, parameters, spec.loss, manifest)
         if not measure:
             figures.update(compute_per_sample_s=args.compute_per_sample, compute_source="given (--compute-per-sample)")
     else:
-        figures = costmodel.from_params(args.params, parameters, compute_per_sample_s=args.compute_per_sample)
+        figures = modelinfo.from_params(args.params, parameters, compute_per_sample_s=args.compute_per_sample)
     if args.sample_bytes is not None:
         figures["sample_bytes"] = args.sample_bytes
-    return costmodel.run_workload(figures, spec, args.samples, manifest, args.cache_mb, memory, limits)
+    return workloads.run_workload(figures, spec, args.samples, manifest, args.cache_mb, memory, limits)
 
 
 def _vm(text: str) -> tuple[float, float, str]:
@@ -189,40 +215,142 @@ def run(
 ) -> int:
     """The plan of the run ``spec`` (its R the fastest for W unless --reducers was given), the arguments and the
     dataset on the deployment of run ``limits`` (a default one: None), drawn on ``console``; with --json also as
-    one JSON object on stdout."""
+    one JSON object on stdout. With --accelerator the plan is of GPU workers, and with it or --compare-vm the CPU
+    workers', the GPU workers' and one machine's figures are set side by side."""
     from slsml.accounting import prices
-    from slsml.cost import model as costmodel
-    from slsml.cost.model import Parameters, Quotas
+    from slsml.cost.parameters import Parameters, Quotas, load_overrides
+    from slsml.cost.recommend import recommend
+    from slsml.cost.verdict import verdict as verdict_of
+    from slsml.cost.vm import compare_vm, side_by_side
 
-    parameters, origin = costmodel.load_overrides(args.calibration, args.param, Parameters)
-    quotas, _ = costmodel.load_overrides(None, args.quota, Quotas)
+    parameters, origin = load_overrides(args.calibration, args.param, Parameters)
+    quotas, _ = load_overrides(None, args.quota, Quotas)
     price_table = prices.load(args.prices)
-    work = workload(args, spec, parameters, manifest, limits)
+    cpu = workload(args, spec, parameters, manifest, limits)
+    gpu, no_gpu = _gpu_workload(args, cpu, parameters, price_table)
+    asked = cpu if gpu is None or args.accelerator is None else gpu
     fixed = args.reducers is not None
     if args.sweep is not None:
-        return _sweep(args, work, parameters, quotas, price_table, fixed, console)
-    if not fixed:
-        work = work.at(reducers=costmodel.fastest_reducers(work, parameters, quotas, price_table))
-    costmodel.check(work, parameters, quotas)
-    plan = costmodel.with_origin(costmodel.predict(work, parameters, quotas, price_table), origin)
-    recommendation = costmodel.recommend(work, parameters, quotas, price_table)
-    verdict = costmodel.verdict(plan, recommendation, parameters, quotas, price_table)
+        return _sweep(args, asked, parameters, quotas, price_table, fixed, console)
+    plan = _plan(asked, parameters, quotas, price_table, origin, fixed)
+    recommendation = recommend(plan.workload, parameters, quotas, price_table)
+    verdict = verdict_of(plan, recommendation, parameters, quotas, price_table)
+    other = None
+    if gpu is not None:
+        other = _plan(cpu if asked is gpu else gpu, parameters, quotas, price_table, origin, fixed)
     vm = None
     if args.compare_vm:
         samples_per_s, dollars_per_hour, machine = args.compare_vm
-        vm = costmodel.compare_vm(plan, machine, samples_per_s, dollars_per_hour)
+        vm = compare_vm(plan, machine, samples_per_s, dollars_per_hour)
+    elif gpu is not None:  # --accelerator: the plan is the GPU workers'
+        vm = compare_vm(plan, *_machine(plan, parameters, price_table))
+    if vm is not None:
         verdict = verdict.model_copy(update={"compared": vm.sentence})
+    sides = []
+    if vm is not None:
+        plans = sorted((p for p in (plan, other) if p is not None), key=lambda p: p.workload.worker_kind)
+        sides = side_by_side([(_who(p), p) for p in plans], vm)
     render(plan, recommendation, console, fixed, verdict)
+    for shown in (plan, other):
+        if shown is not None and shown.workload.accelerator is not None:
+            _render_gpu(shown, console)
+    if sides:
+        _render_sides(sides, console, no_gpu)
     if args.json:
         out = (
             {"verdict": verdict.model_dump(mode="json")}
             | plan.summary()
             | {"recommendation": recommendation.model_dump(mode="json")}
         )
+        if other is not None:
+            out[f"{other.workload.worker_kind}_plan"] = other.summary()
         if vm is not None:
             out["compare_vm"] = vm.model_dump(mode="json")
+            out["side_by_side"] = [side.model_dump(mode="json") for side in sides]
         print(json.dumps(out))
     return 0
+
+
+def _plan(
+    work: Workload,
+    parameters: Parameters,
+    quotas: Quotas,
+    price_table: PriceTable,
+    origin: dict[str, str],
+    fixed: bool,
+) -> Plan:
+    """The plan of ``work`` at its reducers, or at the fastest for its W where they are not ``fixed``; refused as
+    ``check`` refuses it."""
+    from slsml.cost import predict as costmodel
+    from slsml.cost.plan import with_origin
+    from slsml.cost.recommend import fastest_reducers
+
+    if not fixed:
+        work = work.at(reducers=fastest_reducers(work, parameters, quotas, price_table))
+    costmodel.check(work, parameters, quotas)
+    return with_origin(costmodel.predict(work, parameters, quotas, price_table), origin)
+
+
+def accelerator_gib(text: str) -> int:
+    """``--accelerator worker=GIB`` → GIB, or BadInputError in one line (only the worker has a GPU)."""
+    from slsml.spec.deployment import checked_settings
+
+    function, _, value = text.partition("=")
+    if function.strip() != "worker" or not value.strip().isdigit():
+        raise BadInputError(f"--accelerator {text!r}: write worker=GIB, e.g. worker=24 (only workers compute on GPUs)")
+    try:
+        return checked_settings("accelerator_gib", {"worker": int(value)}, ("worker",))["worker"]
+    except BadInputError as error:
+        raise BadInputError(f"--accelerator: {error}") from None
+
+
+def _gpu_workload(
+    args: argparse.Namespace, cpu: Workload, parameters: Parameters, price_table: PriceTable
+) -> tuple[Workload | None, str | None]:
+    """``cpu`` with GPU workers: of --accelerator's memory, else (with --compare-vm naming a GPU instance type of the
+    price table) of a whole GPU of that type; and, where there are none beside a --compare-vm, why. The card's
+    throughput comes from --gpu-calibration (or the default calibration file, if there is one) where it measured
+    that card. BadInputError where --accelerator's cannot be priced."""
+    from slsml.cost import gpuworker
+    from slsml.cost.calibration import CALIBRATION_FILE, load_calibration
+
+    instance = args.gpu_instance
+    if args.accelerator is not None:
+        gib = accelerator_gib(args.accelerator)
+    elif args.compare_vm and args.compare_vm[2] in price_table.gpu_instances:
+        instance = instance or args.compare_vm[2]
+        gib = price_table.gpu_instances[instance].gpu_memory_gib
+    else:
+        return None, (
+            "give --accelerator worker=GIB, or name the machine by a GPU instance type of the price table (e.g."
+            " 638:1.006:g5.xlarge)"
+        )
+    path = Path(args.gpu_calibration) if args.gpu_calibration else CALIBRATION_FILE
+    calibration = load_calibration(path) if args.gpu_calibration or path.exists() else None
+    try:
+        chosen = gpuworker.accelerator(gib, cpu, parameters, price_table, calibration, str(path), instance)
+    except BadInputError as error:
+        if args.accelerator is not None:
+            raise
+        return None, str(error)
+    return cpu.at(accelerator=chosen), None
+
+
+def _machine(gpu: Plan, parameters: Parameters, price_table: PriceTable) -> tuple[str, float, float, str]:
+    """One machine of the GPU workers' instance type at the throughput the plan uses for it: (name, samples/s, $/h,
+    source), as ``compare_vm`` takes them."""
+    from slsml.cost import gpuworker
+
+    samples_per_s, dollars_per_hour, name, source = gpuworker.machine(gpu.workload, parameters, price_table)
+    return name, samples_per_s, dollars_per_hour, source
+
+
+def _who(plan: Plan) -> str:
+    """The plan's workers, in words."""
+    w = plan.workload
+    if w.accelerator is None:
+        return f"CPU functions: {w.workers} workers of {w.memory_mb['worker']:,} MB, R {w.reducers}"
+    return f"GPU functions: {w.workers} workers of {w.accelerator.gib} GiB on {w.accelerator.instance}, R {w.reducers}"
 
 
 def _sweep(
@@ -237,10 +365,10 @@ def _sweep(
     """The sweep of ``work`` over W (``--sweep``'s, else ``SWEEP_WORKERS``): its table and chart, and with --json
     one JSON object of the workload and the points. Each W is priced as it would run (its workers' shares in
     micro-batches, its rounds handed on past the timeout); a W over a quota is a point over the limits it breaks."""
-    from slsml.cost import model as costmodel
+    from slsml.cost.recommend import SWEEP_WORKERS, sweep
 
-    workers = args.sweep or costmodel.SWEEP_WORKERS
-    points = costmodel.sweep(work, parameters, quotas, price_table, reducers_fixed=fixed, workers=workers)
+    workers = args.sweep or SWEEP_WORKERS
+    points = sweep(work, parameters, quotas, price_table, reducers_fixed=fixed, workers=workers)
     if not points:
         raise BadInputError(f"--sweep: no W of {', '.join(map(str, workers))} is within the batch and concurrency")
     reducers = f"R = {work.reducers}" if fixed else "the fastest R at each W"
@@ -294,14 +422,15 @@ def _dollars(amount: float | None) -> str:
 def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_given: bool, verdict: Verdict) -> None:
     from rich.table import Column, Table
 
-    from slsml.cost import model as costmodel
+    from slsml.cost.plan import binding_sentence, minimum_sentence
+    from slsml.cost.workerround import step_in_words
 
     w = plan.workload
     _render_verdict(verdict, console)
     console.rule("detail")
     per_worker = math.ceil(w.global_batch / w.workers)
     reducers = "" if reducers_given else " (the fastest)"
-    step = costmodel.step_in_words(plan.micro_batch, plan.micro_batches)
+    step = step_in_words(plan.micro_batch, plan.micro_batches)
     console.print(
         f"[bold]{w.model}[/bold]: {w.params:,} weights, {_bytes(4 * w.params)} · W {w.workers} · R {w.reducers}"
         f"{reducers} · batch {w.global_batch:,} (≤ {per_worker} per worker, {step}) · quorum {w.quorum:g} "
@@ -309,6 +438,7 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
         f" ({plan.state_slots} state slots on the reducers)"
     )
     console.print(f"compute {w.compute_per_sample_s:.4g} s per sample on one vCPU: {w.compute_source}")
+    console.print(f"workers: {plan.worker.compute}; {plan.worker.billing}")
     if (data := plan.data) is not None:
         console.print(
             f"data ({data.order} order): {data.samples:,} samples of {_bytes(data.sample_bytes)}, "
@@ -357,7 +487,7 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
     services.add_row("DynamoDB units", f"{plan.write_units:,.0f} write, {plan.read_units:,.0f} read")
     services.add_row("SNS billed publishes", f"{plan.sns_billed_publishes:,} (each entry, 64 KB chunks)")
     console.print(services)
-    console.print(costmodel.minimum_sentence(plan))
+    console.print(minimum_sentence(plan))
     extras = Table(
         Column("request", no_wrap=True), "per iteration", "call", "why", title="requests beyond the minimum chain"
     )
@@ -396,7 +526,7 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
         mark = "[green]ok" if q.ok else ("[red]cannot run" if q.hard else "[yellow]over")
         quotas.add_row(q.name, _number(q.value), f"{_number(q.limit)} {q.unit}", f"{q.utilization:.0%}", mark, q.detail)
     console.print(quotas)
-    console.print(costmodel.binding_sentence(plan))
+    console.print(binding_sentence(plan))
     if recommendation.over:
         console.print(f"no choice at this W keeps within {', '.join(recommendation.over)}")
     console.print(recommendation.as_workers_grow)
@@ -425,6 +555,47 @@ def _render_verdict(verdict: Verdict, console: Any) -> None:
         console.print(f"budget: {verdict.budget}")
 
 
+def _render_gpu(plan: Plan, console: Any) -> None:
+    """The GPU workers' figures, each with its source."""
+    from rich.table import Table
+
+    table = Table("GPU workers", "figure", "source", title="GPU workers on Lambda Managed Instances")
+    for fact in plan.worker.facts:
+        table.add_row(fact.name, fact.value, fact.source)
+    console.print(table)
+
+
+def _render_sides(sides: list[Side], console: Any, no_gpu: str | None) -> None:
+    """CPU functions, GPU functions (or why there are none: ``no_gpu``) and the machine, side by side."""
+    from rich.table import Table
+
+    table = Table(
+        "",
+        "per epoch",
+        "$ per epoch",
+        "per run",
+        "$ per run",
+        "time ÷ machine's",
+        "$ ÷ machine's",
+        "source",
+        title="side by side: the same samples",
+    )
+    for side in sides:
+        table.add_row(
+            side.what,
+            _time(side.epoch_s),
+            _dollars(side.epoch_dollars),
+            _time(side.run_s),
+            _dollars(side.run_dollars),
+            f"{side.time_vs_machine:.3g}×",
+            f"{side.dollars_vs_machine:.3g}×",
+            side.source,
+        )
+    console.print(table)
+    if no_gpu:
+        console.print(f"GPU functions: {no_gpu}")
+
+
 def _render_parameters(plan: Plan, console: Any) -> None:
     from rich.table import Table
 
@@ -437,7 +608,7 @@ def _render_parameters(plan: Plan, console: Any) -> None:
 def render_sweep(points: list[SweepPoint], png: str, console: Any) -> None:
     from rich.table import Table
 
-    from slsml.cost import model as costmodel
+    from slsml.cost.workerround import step_in_words
 
     table = Table(
         "W",
@@ -454,7 +625,7 @@ def render_sweep(points: list[SweepPoint], png: str, console: Any) -> None:
         table.add_row(
             str(point.workers),
             str(point.reducers),
-            costmodel.step_in_words(point.micro_batch, point.micro_batches),
+            step_in_words(point.micro_batch, point.micro_batches),
             str(point.invocations),
             _time(point.iteration_s),
             _time(point.epoch_s),

@@ -107,17 +107,20 @@ def _amount(value: float, unit: str) -> str:
 
 
 def predictor(config: RunConfig, compute_per_sample_s: float) -> Predict:
-    """Seconds and dollars per round by the analytic cost model (``slsml.cost.model``, AWS's figures), for the
+    """Seconds and dollars per round by the analytic cost model (``slsml.cost.predict``, AWS's figures), for the
     run's model and pipeline with the worker compute measured (per sample, on one worker), its workers' shares in the
     micro-batches they compute (the run's sample's layer outputs)."""
     from slsml.accounting import prices
-    from slsml.cost import model as costmodel
+    from slsml.cost import predict as costmodel
+    from slsml.cost.modelinfo import from_params
+    from slsml.cost.parameters import Parameters, Quotas
+    from slsml.cost.workload import Workload, function_memory, function_timeouts
 
-    parameters, quotas, table = costmodel.Parameters(), costmodel.Quotas(), prices.load()
+    parameters, quotas, table = Parameters(), Quotas(), prices.load()
     spec = config.training
-    workload = costmodel.Workload(
+    workload = Workload(
         **{
-            **costmodel.from_params(config.plan.size, parameters, compute_per_sample_s),
+            **from_params(config.plan.size, parameters, compute_per_sample_s),
             "model": "the run's",
             "trainable_params": max(1, int(config.plan.trainable_mask().sum())),
             "activation_bytes_per_sample": config.sample_bytes,
@@ -129,8 +132,8 @@ def predictor(config: RunConfig, compute_per_sample_s: float) -> Predict:
         global_batch=spec.global_batch,
         quorum=spec.quorum,
         iterations=spec.iterations,
-        memory_mb=costmodel.function_memory(),
-        timeout_s=costmodel.function_timeouts(),
+        memory_mb=function_memory(),
+        timeout_s=function_timeouts(),
     )
 
     def predict(workers: int) -> tuple[float, float]:

@@ -30,7 +30,7 @@ from slsml.state.records import Counter
 
 def problem(message: Any, services: Services) -> str | None:
     """Why ``message`` does not belong to the run it names, or None. The run's config is read from the warm
-    cache; each check reads one item or object's metadata at most (``slsml.cost.model``'s admission requests)."""
+    cache; each check reads one item or object's metadata at most (``slsml.cost.chain``'s admission requests)."""
     if isinstance(message, RunStarted):
         return (
             None

@@ -130,6 +130,7 @@ class GpuInstance(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    card: str  # its GPU, as NVIDIA's driver names it
     vcpus: int
     memory_gib: int
     gpus: int
@@ -141,14 +142,14 @@ class GpuInstance(BaseModel):
 # ``accelerator_gib`` of memory each, so that must fit the GPU of every type allowed; its vCPUs (memory over
 # GPU_MEMORY_GIB_PER_VCPU) and memory must fit an instance.
 GPU_INSTANCES: dict[str, GpuInstance] = {
-    "g4dn.xlarge": GpuInstance(vcpus=4, memory_gib=16, gpus=1, gpu_memory_gib=16),  # NVIDIA T4
-    "g5.xlarge": GpuInstance(vcpus=4, memory_gib=16, gpus=1, gpu_memory_gib=24),  # NVIDIA A10G
-    "g5.2xlarge": GpuInstance(vcpus=8, memory_gib=32, gpus=1, gpu_memory_gib=24),
-    "g6.xlarge": GpuInstance(vcpus=4, memory_gib=16, gpus=1, gpu_memory_gib=24),  # NVIDIA L4
-    "g6.2xlarge": GpuInstance(vcpus=8, memory_gib=32, gpus=1, gpu_memory_gib=24),
-    "g6.12xlarge": GpuInstance(vcpus=48, memory_gib=192, gpus=4, gpu_memory_gib=24),
-    "g6e.xlarge": GpuInstance(vcpus=4, memory_gib=32, gpus=1, gpu_memory_gib=48),  # NVIDIA L40S
-    "g6e.2xlarge": GpuInstance(vcpus=8, memory_gib=64, gpus=1, gpu_memory_gib=48),
+    "g4dn.xlarge": GpuInstance(card="NVIDIA T4", vcpus=4, memory_gib=16, gpus=1, gpu_memory_gib=16),
+    "g5.xlarge": GpuInstance(card="NVIDIA A10G", vcpus=4, memory_gib=16, gpus=1, gpu_memory_gib=24),
+    "g5.2xlarge": GpuInstance(card="NVIDIA A10G", vcpus=8, memory_gib=32, gpus=1, gpu_memory_gib=24),
+    "g6.xlarge": GpuInstance(card="NVIDIA L4", vcpus=4, memory_gib=16, gpus=1, gpu_memory_gib=24),
+    "g6.2xlarge": GpuInstance(card="NVIDIA L4", vcpus=8, memory_gib=32, gpus=1, gpu_memory_gib=24),
+    "g6.12xlarge": GpuInstance(card="NVIDIA L4", vcpus=48, memory_gib=192, gpus=4, gpu_memory_gib=24),
+    "g6e.xlarge": GpuInstance(card="NVIDIA L40S", vcpus=4, memory_gib=32, gpus=1, gpu_memory_gib=48),
+    "g6e.2xlarge": GpuInstance(card="NVIDIA L40S", vcpus=8, memory_gib=64, gpus=1, gpu_memory_gib=48),
 }
 # Lambda Managed Instances: PutFunctionScalingConfig's bound on a function's execution environments, and the memory
 # an execution environment may have (a multiple of its GiB per vCPU, which the stack sets to this: compute-bound)

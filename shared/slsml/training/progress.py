@@ -8,7 +8,7 @@ round ends bit-identical.
 ``Pacer`` decides when: before each micro-batch but the invocation's first (each invocation computes one at least),
 it hands on once the time left is below ``reserve_s``: twice the longest micro-batch so far, storing the progress at
 the function's S3 bandwidth, and ``PAUSE_RESERVE_S`` for the requests and the message that hand the round on. The
-plan (``slsml.cost.model``) counts invocations per round with the same rule."""
+plan (``slsml.cost.workerround``) counts invocations per round with the same rule."""
 
 from __future__ import annotations
 

@@ -1,0 +1,303 @@
+"""The GPU worker: an execution environment of Lambda Managed Instances with ``accelerator_gib`` of a GPU, on EC2
+instances held for the whole run, billed as Lambda Managed Instances bill them.
+
+Dollars, over the run (its scale-up before the first iteration and the idle time between iterations included: the
+environments are held until the run ends):
+
+- the instances: ⌈W / environments per instance⌉ × the type's on-demand price (``PriceTable.gpu_instances``), an
+  instance holding ⌊GPU memory / accelerator_gib⌋ environments on each of its GPUs;
+- Lambda Managed Instances' management fee, ``managed_instances_fee`` (15 %) of that on-demand price;
+- the requests, as every function's ($0.20 per million); no GB-second duration charge;
+- the VPC's interface endpoints (``deployment.INTERFACE_ENDPOINTS`` in ``ENDPOINT_AZS`` zones) per Availability Zone
+  and hour, and per GB they carry (the worker's SNS messages and logs); its gateway endpoints (S3, DynamoDB) are free.
+
+Time: a worker computes its share at one environment's throughput. A card's throughput comes from a calibration of
+that very card (``slsml bench gpu``), never from another card's, else from the published figures in ``PUBLISHED``,
+each with its source. An environment with a fraction of a GPU's memory gets that fraction of its throughput (the
+GPU's compute shared as its memory is), and no more than it measured alone with that memory. A figure measured on
+another model is carried over by the models' compute on one vCPU (``compute_per_sample_s`` against the measured
+model's ``params × compute_s_per_param_sample``, a ResNet-50-like network's)."""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict
+
+from slsml.accounting.prices import LAMBDA_PRICING, PRIVATELINK_PRICING, GpuInstance, PriceTable
+from slsml.cost.calibration import GpuCalibration, Precision, card_key
+from slsml.cost.parameters import Parameters, parameter_facts
+from slsml.cost.workerkind import Fact, WorkerFigures
+from slsml.cost.workload import Accelerator, Workload
+from slsml.spec.deployment import ENDPOINT_AZS, GATEWAY_ENDPOINTS, INTERFACE_ENDPOINTS
+from slsml.spec.errors import BadInputError
+
+RESNET50_PARAMS = 25_636_712  # Keras's ResNet50: 102,546,848 B of float32 weights (Parameters.keras_file_overhead)
+LAMBDA_BENCHMARK = "https://github.com/lambdal/deeplearning-benchmark/blob/master/pytorch/pytorch-train-throughput"
+
+
+class Published(BaseModel):
+    """A card's published ResNet-50 training throughput in one precision."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    card: str
+    precision: Precision
+    samples_per_s: float
+    source: str
+
+
+_A10G = (
+    "Lambda's GPU benchmark, ResNet-50 training (PyTorch) on an A10, {csv}; the A10G is AWS's variant of the A10"
+    " (GA102, 24 GB), assumed as fast"
+)
+PUBLISHED = (
+    Published(
+        card="NVIDIA A10G",
+        precision="float32",
+        samples_per_s=349,
+        source=_A10G.format(csv=f"{LAMBDA_BENCHMARK}-fp32.csv"),
+    ),
+    Published(
+        card="NVIDIA A10G",
+        precision="mixed_float16",
+        samples_per_s=638,
+        source=_A10G.format(csv=f"{LAMBDA_BENCHMARK}-fp16.csv"),
+    ),
+)
+
+
+def precision(w: Workload) -> Precision:
+    """What the workers compute in: the run's mixed-precision policy, else float32."""
+    return w.training.mixed_precision or "float32"
+
+
+def _throughput(
+    instance: GpuInstance, gib: int, mode: Precision, calibration: GpuCalibration | None, calibration_name: str
+) -> tuple[float, float, bool, str] | None:
+    """(one environment's, the whole card's throughput, whether the calibration measured them, their source) of
+    ``instance``'s card in ``mode``; None where neither a calibration of that card nor a published figure has it."""
+    share = gib / instance.gpu_memory_gib
+    if calibration is not None and calibration.measures(instance.card):
+        card = calibration.card_samples_per_s(mode)
+        if card is not None:
+            alone = calibration.samples_per_s(gib, mode)
+            environment = min(card * share, alone) if alone is not None else card * share
+            source = (
+                f"calibration {calibration_name}: {calibration.model} on {calibration.card}, {mode}, measured"
+                f" {calibration.measured_at}"
+            )
+            return environment, card, True, source
+    for figure in PUBLISHED:
+        if card_key(figure.card) == card_key(instance.card) and figure.precision == mode:
+            return figure.samples_per_s * share, figure.samples_per_s, False, figure.source
+    return None
+
+
+def accelerator(
+    gib: int,
+    w: Workload,
+    p: Parameters,
+    price_table: PriceTable,
+    calibration: GpuCalibration | None = None,
+    calibration_name: str = "",
+    instance: str | None = None,
+) -> Accelerator:
+    """The GPU of a worker of ``gib`` GiB for workload ``w``: on ``instance``, else on the instance type whose fleet
+    of W environments costs least per sample a worker computes (of those whose card's throughput is known).
+    BadInputError, in one line, where none can be priced."""
+    mode = precision(w)
+    types = price_table.gpu_instances
+    if instance is not None and instance not in types:
+        raise BadInputError(
+            f"--gpu-instance {instance}: not a GPU instance type of the price table ({', '.join(types)})"
+        )
+    if instance is not None and types[instance].gpu_memory_gib < gib:
+        raise BadInputError(
+            f"--gpu-instance {instance}: its {types[instance].card} has {types[instance].gpu_memory_gib} GiB, less than"
+            f" the {gib} GiB of a worker's execution environment"
+        )
+    choices = []
+    for name, kind in types.items():
+        if instance not in (None, name) or kind.gpu_memory_gib < gib:
+            continue
+        found = _throughput(kind, gib, mode, calibration, calibration_name)
+        if found is None:
+            continue
+        environment, card, measured, source = found
+        measured_params = calibration.params if measured and calibration is not None else RESNET50_PARAMS
+        candidate = Accelerator(
+            gib=gib,
+            instance=name,
+            precision=mode,
+            samples_per_s=environment,
+            card_samples_per_s=card,
+            measured_params=None if measured_params == w.params else measured_params,  # the same model: as measured
+            source=source,
+        )
+        fleet = math.ceil(w.workers / per_instance(candidate, price_table))
+        choices.append((fleet * kind.dollars_per_hour * seconds_per_sample(w.at(accelerator=candidate), p), candidate))
+    if not choices:
+        fitting = sorted(
+            {kind.card for name, kind in types.items() if instance in (None, name) and kind.gpu_memory_gib >= gib}
+        )
+        published = sorted({f.card for f in PUBLISHED if f.precision == mode})
+        raise BadInputError(
+            f"--accelerator worker={gib}{f' on {instance}' if instance else ''}: no {mode} throughput is known of"
+            f" {' or '.join(fitting) or 'a GPU of the price table'}, where {gib} GiB fit (published figures:"
+            f" {', '.join(published) or 'none'}); measure one with `slsml bench gpu` and give --gpu-calibration"
+        )
+    return min(choices, key=lambda choice: choice[0])[1]
+
+
+def per_instance(a: Accelerator, price_table: PriceTable) -> int:
+    """Execution environments one instance holds: ⌊GPU memory / accelerator memory⌋ on each of its GPUs."""
+    kind = price_table.gpu_instances[a.instance]
+    return kind.gpus * (kind.gpu_memory_gib // a.gib)
+
+
+def instances(w: Workload, price_table: PriceTable) -> int:
+    """The instances W environments take."""
+    assert w.accelerator is not None
+    return math.ceil(w.workers / per_instance(w.accelerator, price_table))
+
+
+def seconds_per_sample(w: Workload, p: Parameters) -> float:
+    """One environment's seconds per sample of the workload's model: the measured throughput, carried over to this
+    model by the two models' compute on one vCPU where another model was measured."""
+    a = w.accelerator
+    assert a is not None
+    if a.measured_params is None:
+        return 1 / a.samples_per_s
+    return w.compute_per_sample_s / (a.samples_per_s * a.measured_params * p.compute_s_per_param_sample)
+
+
+def machine(w: Workload, p: Parameters, price_table: PriceTable) -> tuple[float, float, str, str]:
+    """One machine of the workers' instance type training alone: (samples/s on the workload's model, its on-demand
+    $/h, its name, the figures' sources), every GPU of it at the throughput the plan uses."""
+    a = w.accelerator
+    assert a is not None
+    kind = price_table.gpu_instances[a.instance]
+    rate = kind.gpus * a.card_samples_per_s / a.samples_per_s / seconds_per_sample(w, p)
+    return rate, kind.dollars_per_hour, a.instance, f"throughput: {a.source}; price: {kind.source}"
+
+
+class GpuWorker:
+    """A worker on Lambda Managed Instances with a share of a GPU."""
+
+    name = "gpu"
+
+    def compute_s(self, w: Workload, p: Parameters, samples: int) -> float:
+        """``samples`` samples at one environment's throughput on the workload's model."""
+        return samples * seconds_per_sample(w, p)
+
+    def compute_detail(self, w: Workload) -> str:
+        """The GPU it computes on."""
+        a = w.accelerator
+        assert a is not None
+        return f" on {a.gib} GiB of a {a.instance} GPU ({a.precision})"
+
+    def cold_start_s(self, w: Workload, p: Parameters) -> float:
+        """The fleet's scale-up: the run's first launch asks for the environments, which take requests once their
+        instances run them."""
+        return p.gpu_scale_up_s
+
+    def billed_gb_seconds(self, seconds: float, memory_mb: int) -> float:
+        """None: Lambda Managed Instances bill the instances, not the invocations' duration."""
+        return 0.0
+
+    def capacity_dollars(
+        self, w: Workload, p: Parameters, price_table: PriceTable, seconds: float, endpoint_bytes: float
+    ) -> dict[str, float]:
+        """The instances at their on-demand price, the management fee on it, and the interface endpoints, over
+        ``seconds``."""
+        assert w.accelerator is not None
+        hours = seconds / 3600
+        ec2 = instances(w, price_table) * price_table.gpu_instances[w.accelerator.instance].dollars_per_hour * hours
+        endpoint_hours = len(INTERFACE_ENDPOINTS) * ENDPOINT_AZS * hours
+        return {
+            "ec2": ec2,
+            "managed_instances": ec2 * price_table.managed_instances_fee,
+            "vpc_endpoints": endpoint_hours * price_table.vpc_endpoint_hour
+            + endpoint_bytes / 1e9 * price_table.vpc_endpoint_gb,
+        }
+
+    def memory_choices(self, w: Workload) -> tuple[int, ...]:
+        """Its own: its memory is the environment's, not what buys its compute."""
+        return (w.memory_mb["worker"],)
+
+    def figures(self, w: Workload, p: Parameters, price_table: PriceTable) -> WorkerFigures:
+        """The instances, their price and fee, the throughput and the endpoints, each with its source."""
+        a = w.accelerator
+        assert a is not None
+        kind = price_table.gpu_instances[a.instance]
+        each, fleet = per_instance(a, price_table), instances(w, price_table)
+        rate = 1 / seconds_per_sample(w, p)
+        if a.measured_params is None:
+            carried = "this very model was measured"
+        else:
+            measured_s = a.measured_params * p.compute_s_per_param_sample
+            carried = (
+                f"× {measured_s / w.compute_per_sample_s:.3g}: the measured model's {measured_s:.3g} s a sample on one"
+                f" vCPU ({a.measured_params:,} weights × compute_s_per_param_sample) over this one's"
+                f" {w.compute_per_sample_s:.3g} s"
+            )
+        gpus = f"{kind.gpus} GPU{'s' if kind.gpus > 1 else ''}"
+        return WorkerFigures(
+            kind=self.name,
+            compute=f"{a.gib} GiB of a {kind.card} ({kind.gpu_memory_gib} GiB) on {a.instance}, {a.precision}:"
+            f" {rate:,.4g} samples/s on this model",
+            billing=f"Lambda Managed Instances: {fleet} × {a.instance} held for the run at ${kind.dollars_per_hour:g}/h"
+            f" on demand + {price_table.managed_instances_fee:.0%} management fee, requests; no GB-seconds;"
+            f" {len(INTERFACE_ENDPOINTS)} interface endpoints × {ENDPOINT_AZS} AZs",
+            facts=[
+                Fact(
+                    name="instance type",
+                    value=f"{a.instance}: {kind.gpus} × {kind.card}, {kind.gpu_memory_gib} GiB each",
+                    source=kind.source,
+                ),
+                Fact(
+                    name="environments per instance",
+                    value=f"{each} ({gpus} × ⌊{kind.gpu_memory_gib} / {a.gib} GiB⌋)",
+                    source="functions.worker.accelerator_gib: one environment's share of a GPU's memory",
+                ),
+                Fact(
+                    name="instances",
+                    value=f"{fleet} (⌈{w.workers} workers / {each}⌉), held from the scale-up to the run's end",
+                    source="the run sizes the fleet to its workers at its first launch and releases it at its end",
+                ),
+                Fact(name="on-demand price", value=f"${kind.dollars_per_hour:g} per instance-hour", source=kind.source),
+                Fact(
+                    name="management fee",
+                    value=f"{price_table.managed_instances_fee:.0%} of the on-demand price",
+                    source=LAMBDA_PRICING,
+                ),
+                Fact(
+                    name="card throughput",
+                    value=f"{a.card_samples_per_s:,.4g} samples/s, {a.precision}",
+                    source=a.source,
+                ),
+                Fact(
+                    name="environment throughput",
+                    value=f"{rate:,.4g} samples/s on this model: {a.samples_per_s:,.4g} on the measured one"
+                    f" ({a.gib} of the card's {kind.gpu_memory_gib} GiB), {carried}",
+                    source="assumed: a share of a GPU's memory gets that share of its compute; a model's GPU time"
+                    " scales as its time on one vCPU",
+                ),
+                Fact(
+                    name="scale-up",
+                    value=f"{p.gpu_scale_up_s:g} s before the first iteration, billed",
+                    source=parameter_facts("gpu_scale_up_s")["source"],
+                ),
+                Fact(
+                    name="VPC endpoints",
+                    value=f"interface {', '.join(INTERFACE_ENDPOINTS)} × {ENDPOINT_AZS} AZs at"
+                    f" ${price_table.vpc_endpoint_hour:g}/AZ-hour + ${price_table.vpc_endpoint_gb:g}/GB; gateway"
+                    f" {', '.join(GATEWAY_ENDPOINTS)} free",
+                    source=PRIVATELINK_PRICING,
+                ),
+            ],
+        )
+
+
+KIND = GpuWorker()

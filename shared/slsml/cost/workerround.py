@@ -1,0 +1,170 @@
+"""A worker's round as the plan sees it: its share of the batch in micro-batches that fit its memory
+(``slsml.rounds.sizing``), and a round that outlasts the Worker's timeout handed on to fresh invocations
+(``slsml.training.progress``)."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from pydantic import BaseModel, Field
+
+from slsml import rules
+from slsml.aws.cache import MEMORY_SHARE
+from slsml.cost.chain import ExtraCall, RoundTraffic
+from slsml.cost.parameters import Parameters
+from slsml.cost.timing import transfer
+from slsml.cost.workload import Workload
+from slsml.rounds import accumulate, sizing
+from slsml.spec.algorithms import ALGORITHMS
+from slsml.training import progress
+
+
+class MicroBatches(NamedTuple):
+    """How a worker of some memory computes its share of each global batch (``slsml.rounds``)."""
+
+    size: int  # the most samples it computes at once
+    per_step: int  # micro-batches of a step
+    fitting: int  # the most samples that fit a step (0: not one)
+    needed_mb: float  # the memory its step takes
+
+
+def micro_batching(w: Workload, p: Parameters, traffic: RoundTraffic, memory_mb: int) -> MicroBatches:
+    """The micro-batches of a worker of ``memory_mb`` as it sizes them (``slsml.rounds.sizing``): the run's
+    ``micro_batch``, else the most samples that fit beside its warm cache (``cache_mb``, else ``MEMORY_SHARE`` of its
+    memory), one where not even one does; and the memory its largest micro-batch's step takes."""
+    memory = sizing.WorkerMemory(
+        memory_mb,
+        MEMORY_SHARE * memory_mb if w.cache_mb is None else w.cache_mb,
+        4 * w.params,
+        w.activation_bytes_per_sample,
+        2 * traffic.slot_bytes + 2 * traffic.residual_bytes,
+    )
+    share, fitting = math.ceil(w.global_batch / w.workers), memory.micro_batch()
+    size = min(share, w.training.micro_batch or max(1, fitting))
+    count = memory.micro_batches(share, size)
+    # the runtime and model buffers of the parameters beyond the worker's own estimate (overridden: calibrated)
+    calibrated = (
+        p.tf_runtime_mb - sizing.TF_RUNTIME_MB + (p.worker_model_copies - sizing.MODEL_COPIES) * 4e-6 * w.params
+    )
+    return MicroBatches(size, count, fitting, memory.needed_mb(accumulate.sizes(share, size)[0], count) + calibrated)
+
+
+class Continuations(BaseModel):
+    """A worker's round that would outlast the Worker's timeout goes on in fresh invocations of the same attempt,
+    handed on between micro-batches (``slsml.training.progress``): how many, and what they add to an iteration."""
+
+    timeout_s: float = Field(description="the Worker's timeout (at most Lambda's)")
+    invocations: int = Field(description="Worker invocations one round takes (1: it fits one)")
+    micro_batches_per_invocation: int = Field(
+        description="micro-batches an invocation computes before it hands the round on (a step is the plan's"
+        " micro_batches of them)"
+    )
+    progress_bytes: int = Field(description="one round's progress, stored by each invocation that hands on")
+    calls: list[ExtraCall] = Field(description="every worker's calls of handing on, per iteration")
+    bytes_read: int = Field(description="S3, every worker's continuations of one iteration")
+    bytes_written: int
+    seconds: float = Field(description="what handing on adds to a round")
+
+    @property
+    def handed_on(self) -> int:
+        """Times one round is handed on."""
+        return self.invocations - 1
+
+
+def continuations(
+    w: Workload,
+    p: Parameters,
+    traffic: RoundTraffic,
+    timeout_s: float,
+    setup_s: float,
+    compute_s: float,
+    read_weights_s: float,
+    micro_batches: int,
+) -> Continuations:
+    """The continuations of one round of ``compute_s`` compute (its samples read meanwhile), each of its steps in
+    ``micro_batches`` micro-batches, in Worker invocations of ``timeout_s``, each first spending ``setup_s`` (what it
+    reads before computing), as the worker's pacer decides them (``progress.Pacer``): an invocation computes
+    micro-batches while the time left is above ``progress.reserve_s``, and one at least. What it hands on is the local
+    steps' weights and optimizer state (a rule of local steps) and, where a step has several micro-batches, those
+    added up so far."""
+    spec, rule = w.training, rules.of(w.training)
+    K, M = traffic.compute_steps, 4 * w.params
+    total = K * micro_batches
+    stored = progress.stored_bytes(
+        w.params,
+        w.trainable_params,
+        spec.local_optimizer_config(),
+        K,
+        w.metric_values,
+        local_weights=ALGORITHMS[spec.algorithm].local,
+        partial=micro_batches > 1,
+    )
+    micro_s = compute_s / total
+    usable = timeout_s - setup_s - progress.reserve_s(stored, micro_s, p.s3_write_mb_s)
+    per = total if micro_s == 0 else min(total, 1 + math.floor(max(0.0, usable) / micro_s))
+    handed = math.ceil(total / per) - 1
+    reread = traffic.residual_bytes + (traffic.slot_bytes if rule.rereads_slot else 0)
+    W = w.workers
+    calls = [
+        ExtraCall(operation=operation, count=W * handed * count, call=call, reason=HAND_ON_REASON)
+        for operation, count, call in (
+            ("s3:PutObject", 1, "the progress each invocation that hands its round on stores"),
+            ("dynamodb:UpdateItem", 1, "its record that the round goes on (the watchdog waits for it)"),
+            ("sns:PublishBatch", 1, "its Work message to the fresh invocation"),
+            ("dynamodb:GetItem", 1, "the continuation's check of its iteration"),
+            ("s3:HeadObject", 1, "the continuation's check of the progress it names"),
+            ("dynamodb:PutItem", 1, "the continuation's record, handled once"),
+            ("dynamodb:UpdateItem", 1, "the continuation's record, completed"),
+            (
+                "s3:GetObject",
+                2 + w.reducers + bool(traffic.residual_bytes) + (rule.rereads_slot and bool(traffic.slot_bytes)),
+                "the continuation's reads: the progress, the weights entering the round (the manifest, the shards)"
+                + (", the slot's residual" if traffic.residual_bytes else "")
+                + (", the slot's state" if rule.rereads_slot and traffic.slot_bytes else ""),
+            ),
+        )
+        if handed
+    ]
+    hand_on_s = (
+        transfer(1, stored, p.s3_request_s, p.s3_write_mb_s)
+        + p.dynamodb_s
+        + p.sns_publish_s
+        + p.sns_lambda_s
+        + p.handler_s
+        + 3 * p.dynamodb_s
+        + p.s3_request_s
+        + transfer(1, stored, p.s3_request_s, p.s3_read_mb_s)
+        + read_weights_s
+    )
+    return Continuations(
+        timeout_s=timeout_s,
+        invocations=handed + 1,
+        micro_batches_per_invocation=per,
+        progress_bytes=stored,
+        calls=calls,
+        bytes_read=W * handed * (stored + M + reread),
+        bytes_written=W * handed * stored,
+        seconds=handed * hand_on_s,
+    )
+
+
+HAND_ON_REASON = "the round outlasts the Worker's timeout: it goes on in fresh invocations of the same attempt"
+
+
+def in_micro_batches(count: int, micro_batch: int) -> str:
+    """``count`` micro-batches of ``micro_batch`` samples at most, in words."""
+    samples = "1 sample" if micro_batch == 1 else f"≤ {micro_batch:,} samples"
+    return f"{count:,} micro-batch{'' if count == 1 else 'es'} of {samples}"
+
+
+def step_in_words(micro_batch: int, micro_batches: int) -> str:
+    """How a worker computes its step's share, in words: at once, or in micro-batches."""
+    return "at once" if micro_batches == 1 else f"in {in_micro_batches(micro_batches, micro_batch)}"
+
+
+def handed(handing: Continuations, micro_batch: int, micro_batches: int) -> str:
+    """What each invocation of a round handed on computes, in words: local steps of one micro-batch each, else
+    micro-batches."""
+    per = handing.micro_batches_per_invocation
+    return f"{per:,} local step{'' if per == 1 else 's'}" if micro_batches == 1 else in_micro_batches(per, micro_batch)

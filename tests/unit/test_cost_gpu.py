@@ -1,0 +1,253 @@
+"""slsml plan of GPU workers (Lambda Managed Instances): their dollars as the instances, the management fee, the
+requests and the VPC endpoints bill them, the instances W environments take, the card's throughput from a calibration
+of that card else from published figures, and the CLI that sets them beside CPU workers and one machine."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from slsml.accounting import prices
+from slsml.cli.main import main
+from slsml.cost import gpuworker
+from slsml.cost import predict as costmodel
+from slsml.cost.calibration import GpuCalibration, GpuThroughput
+from slsml.cost.modelinfo import from_params
+from slsml.cost.parameters import Parameters, Quotas
+from slsml.cost.plan import FunctionFigures, Plan
+from slsml.cost.workload import Accelerator, Workload, function_memory, function_timeouts
+from slsml.spec.config import TrainingSpec
+from slsml.spec.deployment import ENDPOINT_AZS, INTERFACE_ENDPOINTS
+from slsml.spec.errors import BadInputError
+
+PRICES = prices.PriceTable()
+P = Parameters()
+RESNET = 25_600_000
+
+
+def workload(workers: int = 4, compute_per_sample_s: float = 0.01, **changes) -> Workload:
+    """A ResNet-50-sized model whose CPU rounds fit one invocation."""
+    fields = from_params(RESNET, P, compute_per_sample_s) | {
+        "workers": workers,
+        "reducers": 4,
+        "global_batch": 1024,
+        "iterations": 50,
+        "samples": 51_200,
+        "memory_mb": function_memory(),
+        "timeout_s": function_timeouts(),
+    }
+    return Workload(**(fields | changes))
+
+
+def gpu(
+    work: Workload, gib: int = 24, instance: str | None = "g5.xlarge", calibration: GpuCalibration | None = None
+) -> Accelerator:
+    return gpuworker.accelerator(gib, work, P, PRICES, calibration, "calibration.json", instance)
+
+
+def on_gpu(
+    work: Workload, gib: int = 24, instance: str | None = "g5.xlarge", calibration: GpuCalibration | None = None
+) -> Workload:
+    return work.at(accelerator=gpu(work, gib, instance, calibration))
+
+
+def predict(work: Workload) -> Plan:
+    return costmodel.predict(work, P, Quotas(), PRICES)
+
+
+def function(plan: Plan, name: str) -> FunctionFigures:
+    return next(f for f in plan.functions if f.function == name)
+
+
+def calibration(card: str, params: int, *entries: tuple[int, float], precision: str = "float32") -> GpuCalibration:
+    return GpuCalibration(
+        card=card,
+        model="ResNet50 224x224x3",
+        params=params,
+        sample_shape=(224, 224, 3),
+        measured_at="2026-11-27T00:00:00+00:00",
+        entries=tuple(
+            GpuThroughput(accelerator_gib=gib, precision=precision, micro_batch=64, samples_per_s=rate)
+            for gib, rate in entries
+        ),
+    )
+
+
+def published(card: str, precision: str = "float32") -> float:
+    return next(f.samples_per_s for f in gpuworker.PUBLISHED if f.card == card and f.precision == precision)
+
+
+# ---- dollars ------------------------------------------------------------------------------------------------------
+
+
+def test_gpu_workers_bill_their_instances_fee_requests_and_endpoints_not_gb_seconds() -> None:
+    cpu_work = workload()
+    cpu, gpu = predict(cpu_work), predict(on_gpu(cpu_work))
+    g5 = PRICES.gpu_instances["g5.xlarge"]
+    hours = gpu.iteration_s / 3600
+    instances = math.ceil(cpu_work.workers / (g5.gpus * (g5.gpu_memory_gib // 24)))
+    capacity = instances * g5.dollars_per_hour * hours * (1 + PRICES.managed_instances_fee)
+    endpoints = len(INTERFACE_ENDPOINTS) * ENDPOINT_AZS * PRICES.vpc_endpoint_hour * hours
+    assert function(gpu, "worker").gb_seconds == 0 < function(cpu, "worker").gb_seconds
+    assert gpu.requests_per_iteration == cpu.requests_per_iteration  # the same chain, the worker's bill apart
+    worker_gb_dollars = function(cpu, "worker").gb_seconds * PRICES.lambda_gb_second
+    # what the endpoints charge per GB (a few kB of the workers' messages and logs) stays under a micro-dollar
+    assert gpu.iteration_dollars == pytest.approx(
+        cpu.iteration_dollars - worker_gb_dollars + capacity + endpoints, abs=1e-6
+    )
+    invocations = sum(f.invocations for f in gpu.functions)
+    others = sum(f.gb_seconds for f in gpu.functions if f.function != "worker")
+    assert gpu.dollars_per_iteration["lambda"] == pytest.approx(
+        others * PRICES.lambda_gb_second + invocations * PRICES.lambda_request
+    )
+
+
+def test_the_scale_up_before_the_first_iteration_is_billed_and_waited_for() -> None:
+    work = on_gpu(workload())
+    base, later = predict(work), costmodel.predict(work, P.model_copy(update={"gpu_scale_up_s": 900}), Quotas(), PRICES)
+    more_s = 900 - P.gpu_scale_up_s
+    g5 = PRICES.gpu_instances["g5.xlarge"]
+    per_hour = (
+        work.workers * g5.dollars_per_hour * (1 + PRICES.managed_instances_fee)
+        + len(INTERFACE_ENDPOINTS) * ENDPOINT_AZS * PRICES.vpc_endpoint_hour
+    )
+    assert later.run_s - base.run_s == pytest.approx(more_s)
+    assert later.run_dollars - base.run_dollars == pytest.approx(per_hour * more_s / 3600)
+    assert later.iteration_dollars == base.iteration_dollars
+
+
+@pytest.mark.parametrize(
+    ("instance", "gib"), [("g5.xlarge", 6), ("g5.xlarge", 12), ("g5.xlarge", 24), ("g6.12xlarge", 24)]
+)
+def test_more_workers_than_fit_one_instance_need_more_instances(instance: str, gib: int) -> None:
+    kind = PRICES.gpu_instances[instance]
+    l4 = calibration("NVIDIA L4", gpuworker.RESNET50_PARAMS, (24, 300))
+    fit = kind.gpus * (kind.gpu_memory_gib // gib)
+    for workers in range(1, 2 * fit + 2):
+        plan = predict(on_gpu(workload(workers=workers), gib, instance, l4))
+        billed = plan.dollars_per_iteration["ec2"] / (kind.dollars_per_hour * plan.iteration_s / 3600)
+        assert billed == pytest.approx(math.ceil(workers / fit)), (workers, fit)
+
+
+# ---- throughput ---------------------------------------------------------------------------------------------------
+
+
+def test_a_calibration_prices_the_card_it_measured_and_no_other() -> None:
+    work = workload()
+    a10g = calibration("NVIDIA A10G", gpuworker.RESNET50_PARAMS, (24, 500))
+    l4 = calibration("NVIDIA L4", gpuworker.RESNET50_PARAMS, (24, 300))
+    samples = 256
+    seconds = {
+        name: gpuworker.KIND.compute_s(on_gpu(work, calibration=cal), P, samples)
+        for name, cal in (("published", None), ("a10g", a10g), ("l4", l4))
+    }
+    assert seconds["a10g"] == pytest.approx(seconds["published"] * published("NVIDIA A10G") / 500)
+    assert seconds["l4"] == seconds["published"]  # an L4's measure says nothing of an A10G
+    with pytest.raises(BadInputError, match="NVIDIA L4"):
+        on_gpu(work, instance="g6.xlarge")
+    l4_seconds = gpuworker.KIND.compute_s(on_gpu(work, instance="g6.xlarge", calibration=l4), P, samples)
+    resnet_vcpu_s = gpuworker.RESNET50_PARAMS * P.compute_s_per_param_sample
+    assert l4_seconds == pytest.approx(samples * work.compute_per_sample_s / (300 * resnet_vcpu_s))
+
+
+def test_a_calibration_of_the_model_itself_is_its_throughput() -> None:
+    work = workload()
+    own = calibration("NVIDIA A10G", work.params, (24, 420))
+    assert gpuworker.KIND.compute_s(on_gpu(work, calibration=own), P, 840) == pytest.approx(2.0)
+
+
+def test_a_share_of_a_gpu_gets_that_share_of_its_compute_and_no_more_than_it_measured_alone() -> None:
+    work = workload()
+    roomy = calibration("NVIDIA A10G", work.params, (24, 480), (6, 200))
+    cramped = calibration("NVIDIA A10G", work.params, (24, 480), (6, 90))
+    assert gpu(work, 6, calibration=roomy).samples_per_s == pytest.approx(480 * 6 / 24)
+    assert gpu(work, 6, calibration=cramped).samples_per_s == 90
+    assert gpu(work, 12).samples_per_s == pytest.approx(published("NVIDIA A10G") / 2)
+
+
+def test_mixed_precision_workers_take_the_cards_mixed_precision_figure() -> None:
+    work = workload()
+    mixed = work.at(training=TrainingSpec(mixed_precision="mixed_float16"))
+    ratio = gpuworker.KIND.compute_s(on_gpu(work), P, 100) / gpuworker.KIND.compute_s(on_gpu(mixed), P, 100)
+    assert ratio == pytest.approx(published("NVIDIA A10G", "mixed_float16") / published("NVIDIA A10G"))
+
+
+def test_the_instance_type_chosen_is_the_cheapest_fleet_per_sample() -> None:
+    l4 = calibration("NVIDIA L4", gpuworker.RESNET50_PARAMS, (24, 300))
+    for workers in (1, 3, 4, 5):
+        work = workload(workers=workers)
+        costs = {}
+        for name, kind in PRICES.gpu_instances.items():
+            if kind.card in ("NVIDIA A10G", "NVIDIA L4") and kind.gpu_memory_gib >= 24:
+                a = gpu(work, 24, name, l4)
+                fleet = math.ceil(workers / (kind.gpus * (kind.gpu_memory_gib // 24)))
+                costs[name] = fleet * kind.dollars_per_hour / a.samples_per_s
+        assert gpu(work, 24, None, l4).instance == min(costs, key=costs.__getitem__), workers
+
+
+# ---- the CLI ------------------------------------------------------------------------------------------------------
+
+
+def plan_json(capsys: pytest.CaptureFixture, *argv: str) -> dict:
+    assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("given", ["worker=5", "worker=25", "reducer=24", "worker"])
+def test_an_accelerator_lambda_does_not_offer_is_refused_in_one_line(capsys: pytest.CaptureFixture, given: str) -> None:
+    assert main(["plan", "--params", "100000", "--iterations", "3", "--accelerator", given]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--accelerator" in err, err
+
+
+def test_the_json_sets_cpu_and_gpu_workers_and_their_machine_side_by_side(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no calibration file but the one given
+    argv = ("--params", "2000000", "--workers", "8", "--batch", "1024", "--samples", "20480", "--epochs", "1")
+    out = plan_json(capsys, *argv, "--accelerator", "worker=12")
+    cpu = plan_json(capsys, *argv)
+    assert (out["worker"]["kind"], out["cpu_plan"]["worker"]["kind"]) == ("gpu", "cpu")
+    assert out["cpu_plan"]["dollars"] == cpu["dollars"]  # the CPU workers as a plan without --accelerator prices them
+    assert out["workload"]["accelerator"]["gib"] == 12
+    cpu_side, gpu_side, machine = out["side_by_side"]
+    assert cpu_side["epoch_dollars"] == out["cpu_plan"]["dollars"]["epoch"]
+    assert gpu_side["epoch_dollars"] == out["dollars"]["epoch"]
+    vm = out["compare_vm"]
+    assert machine["epoch_s"] == pytest.approx(20480 / vm["samples_per_s"])
+    assert machine["epoch_dollars"] == pytest.approx(machine["epoch_s"] / 3600 * vm["dollars_per_hour"])
+    for side in (cpu_side, gpu_side):
+        assert side["dollars_vs_machine"] == pytest.approx(side["epoch_dollars"] / machine["epoch_dollars"])
+        assert side["time_vs_machine"] == pytest.approx(side["epoch_s"] / machine["epoch_s"])
+    # the default machine: one of the workers' instance type, each GPU at the throughput the plan gives the workers
+    instance = out["workload"]["accelerator"]["instance"]
+    kind = PRICES.gpu_instances[instance]
+    environments = kind.gpus * kind.gpu_memory_gib // 12
+    gpu_rate = 1 / gpuworker.seconds_per_sample(Workload.model_validate(out["workload"]), P)
+    assert vm["samples_per_s"] == pytest.approx(environments * gpu_rate)
+    assert vm["dollars_per_hour"] == kind.dollars_per_hour
+    given = plan_json(capsys, *argv, "--accelerator", "worker=12", "--compare-vm", "900:2.5:my box")
+    assert (given["compare_vm"]["machine"], given["side_by_side"][-1]["epoch_s"]) == ("my box", 20480 / 900)
+
+
+def test_the_acceptance_epoch_against_one_machine(capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch) -> None:
+    """The ResNet-50 epoch of docs/cost.md: its figures are the plan's, and the machine's follow from the card."""
+    monkeypatch.chdir(tmp_path)
+    out = plan_json(
+        capsys,
+        *("--params", "25600000", "--compute-per-sample", "0.1", "--sample-bytes", "150528", "--batch", "8192"),
+        *("--epochs", "1", "--samples", "1281167", "--accelerator", "worker=24"),
+    )
+    cpu_side, gpu_side, machine = out["side_by_side"]
+    rate = published("NVIDIA A10G") * gpuworker.RESNET50_PARAMS * P.compute_s_per_param_sample / 0.1
+    assert out["compare_vm"]["samples_per_s"] == pytest.approx(rate)  # g5.xlarge: one A10G
+    assert machine["epoch_dollars"] == pytest.approx(
+        1281167 / rate / 3600 * PRICES.gpu_instances["g5.xlarge"].dollars_per_hour
+    )
+    iterations = 1281167 // 8192
+    assert gpu_side["epoch_s"] == pytest.approx(iterations * out["iteration_s"])
+    assert gpu_side["dollars_vs_machine"] == pytest.approx(gpu_side["epoch_dollars"] / machine["epoch_dollars"])
+    assert gpu_side["epoch_dollars"] < cpu_side["epoch_dollars"] and gpu_side["epoch_s"] < cpu_side["epoch_s"]
