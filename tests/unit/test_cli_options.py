@@ -229,3 +229,16 @@ def test_sigterm_unwinds_like_ctrl_c_so_a_local_runtime_stops_what_it_started() 
     )
     done = subprocess.run([sys.executable, "-c", unwinding], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "unwound", done.stderr
+
+
+@pytest.mark.parametrize("run_id", ["abc\n", "Upper", "-lead", "x" * 64])
+def test_a_run_id_of_the_wrong_form_is_refused_in_one_line(run_id: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.build_parser().parse_args([*RUN_START, f"--run-id={run_id}"])
+    assert exited.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith(f"argument --run-id: {run_id!r}: a run id is 1-63 lowercase letters, digits or '-'")
+    )
+    assert options.run_name("ok-7") == "ok-7"

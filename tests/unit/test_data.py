@@ -333,6 +333,7 @@ def test_put_dataset_does_not_serve_shards_left_by_an_interrupted_upload(store: 
         ("", lambda a: a, "dataset name ''"),
         ("-lead", lambda a: a, "dataset name '-lead'"),
         ("x" * 64, lambda a: a, "must be 1-63"),
+        ("trailing\n", lambda a: a, "dataset name 'trailing\\n'"),
         ("short-y", lambda a: (a[0], a[1][:-1], a[2], a[3]), "training data: x has 50 samples but y has 49"),
         ("short-test", lambda a: (a[0], a[1], a[2][:3], a[3]), "test data: x has 3 samples but y has 9"),
         ("nan", lambda a: (np.where(np.arange(50)[:, None, None] == 4, np.nan, a[0]), *a[1:]), "NaN"),

@@ -16,6 +16,7 @@ from slsml.spec.config import (
     HYPER_PARAMETERS,
     KERAS_OPTIMIZERS,
     OPTIMIZER_NAMES,
+    RUN_ID_PATTERN,
     OptimizerConfig,
     RegularExpression,
     TrainingSpec,
@@ -129,7 +130,9 @@ def training_options(parser: argparse.ArgumentParser, iterations: int | None) ->
     (None: --iterations is required)."""
     training_flags(parser, iterations, required=iterations is None)
     group = parser.add_argument_group("run")
-    group.add_argument("--run-id", help="run name (default: generated)")
+    group.add_argument(
+        "--run-id", type=run_name, help="run name: 1-63 lowercase letters, digits or '-' (default: generated)"
+    )
     group.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     group.add_argument("--timeout", type=float, default=3600, help="stop waiting (and fail the run) after this long")
     group.add_argument(
@@ -194,6 +197,13 @@ def _function_setting(field: str, unit: str, example: str, text: str) -> tuple[s
     except BadInputError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return function, int(value)
+
+
+def run_name(text: str) -> str:
+    """A ``--run-id``, checked as the run's config checks it, so that a bad one is refused in one line."""
+    if not RUN_ID_PATTERN.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: a run id is 1-63 lowercase letters, digits or '-'")
+    return text
 
 
 def flag(field: str) -> str:

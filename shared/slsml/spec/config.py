@@ -39,7 +39,7 @@ def _compiles(pattern: str) -> str:
 RegularExpression = Annotated[str, AfterValidator(_compiles)]
 """A field that holds a regular expression (checked when the model is validated)."""
 
-RUN_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+RUN_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")  # \Z: "$" would take a trailing newline
 DATASET_PATTERN = RUN_ID_PATTERN
 
 
