@@ -75,7 +75,8 @@ def test_every_spec_field_has_a_flag_with_its_default_and_description_that_sets_
             assert action.help == field.description + shown, name
         arguments, value = _other(field)
         flag = _flag(name) if value is not False else "--no-" + _flag(name)[2:]
-        spec = options.training_spec(parser.parse_args([*RUN_START, flag, *arguments]))
+        length = RUN_START[:-2] if name == "epochs" else RUN_START  # the run's length is given once
+        spec = options.training_spec(parser.parse_args([*length, flag, *arguments]))
         assert getattr(spec, name) == value and value != field.default, name
     assert actions["--workers"].help.startswith("data-parallel workers; auto: ")
     assert actions["--workers"].help.endswith(" (default 4)")
@@ -85,6 +86,10 @@ def test_every_spec_field_has_a_flag_with_its_default_and_description_that_sets_
     with pytest.raises(BadInputError, match=r"^give the run's length: --iterations N or --epochs N$"):
         options.training_spec(parser.parse_args(RUN_START[:-2]))
     assert options.training_spec(parser.parse_args([*RUN_START[:-2], "--epochs", "3"])).epochs == 3
+    with pytest.raises(BadInputError, match=r"^--iterations 3 and --epochs 2 both give the run's length: give one$"):
+        options.training_spec(parser.parse_args([*RUN_START, "--epochs", "2"]))
+    demo = options.training_spec(parser.parse_args(["demo", "--epochs", "2"]))  # its default budget gives way
+    assert (demo.epochs, "iterations" in demo.model_fields_set) == (2, False)
 
 
 def test_flags_set_the_spec() -> None:

@@ -113,13 +113,16 @@ def training_flags(
         field = TrainingSpec.model_fields[name]
         needed = field.is_required()
         default = None if needed else field.get_default(call_default_factory=True)
-        if name == "iterations":  # each command's own budget (None: --iterations or --epochs is required)
-            default, needed = iterations, False
+        if name == "iterations":  # each command's own budget (None: --iterations or --epochs is required), applied
+            # where neither is given (``training_spec``), so that --iterations given beside --epochs is told apart
+            parser.set_defaults(default_iterations=iterations)
+            default, needed = None, False
         default = (defaults or {}).get(name, default)
         names = [flag(_dest(name)), *([KERAS_NAMES[name]] if name in KERAS_NAMES else [])]
         action = group.add_argument(*names, default=default, required=needed, **reading)
         # set after: BooleanOptionalAction adds a default of its own to the help it is given
-        shown = "" if default is None else f" (default {display.number(default)})"
+        shown_default = iterations if name == "iterations" else default
+        shown = "" if shown_default is None else f" (default {display.number(shown_default)})"
         action.help = f"{field.description}{shown}".replace("%", "%%")
     group.add_argument("--loss", help="Keras loss name (default: the model's compiled loss)")
     _optimizer_options(parser)
@@ -303,10 +306,16 @@ def training_spec(args: argparse.Namespace, default_learning_rate: float | None 
     naming the flags for values that do not make a spec."""
     optimizer = _optimizer(args, default_learning_rate)
     values = {name: getattr(args, _dest(name)) for name in SPEC_READINGS}
-    if values["iterations"] is None:
-        if values["epochs"] is None:
-            raise BadInputError("give the run's length: --iterations N or --epochs N")
+    if values["iterations"] is not None and values["epochs"] is not None:
+        raise BadInputError(
+            f"--iterations {values['iterations']} and --epochs {values['epochs']} both give the run's length: give one"
+        )
+    if values["epochs"] is not None:
         del values["iterations"]  # set from the epochs once the dataset's size is known
+    elif values["iterations"] is None:
+        values["iterations"] = getattr(args, "default_iterations", None)
+        if values["iterations"] is None:
+            raise BadInputError("give the run's length: --iterations N or --epochs N")
     try:
         return TrainingSpec(**values, optimizer=optimizer, loss=args.loss)
     except ValidationError as error:
