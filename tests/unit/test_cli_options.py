@@ -6,6 +6,7 @@ import argparse
 import subprocess
 import sys
 import types
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import pytest
@@ -247,3 +248,20 @@ def test_a_run_id_of_the_wrong_form_is_refused_in_one_line(run_id: str, capsys: 
         .endswith(f"argument --run-id: {run_id!r}: a run id is 1-63 lowercase letters, digits or '-'")
     )
     assert options.run_name("ok-7") == "ok-7"
+
+
+def test_data_a_command_cannot_take_is_refused_with_the_commands_that_would_take_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no local service is up here
+    (tmp_path / "m.keras").write_bytes(b"")
+    (tmp_path / "imgs").mkdir()
+    assert cli.main(["run", "start", "--local", "--model", "m.keras", "--data", "imgs", "--iterations", "2"]) == 2
+    assert "`slsml local up`, `slsml data put NAME imgs`" in capsys.readouterr().err
+    assert cli.main(["plan", "--params", "1000", "--epochs", "1", "--data", "my_data.npz"]) == 2
+    assert "give a stored dataset's name (`slsml data put NAME my_data.npz` stores a file)" in capsys.readouterr().err
+    assert cli.main(["plan", "--params", "1000", "--epochs", "1", "--data", "digits"]) == 2
+    told = capsys.readouterr().err
+    assert "--data digits names a dataset of a local service or stack: none is up" in told
+    assert "`slsml local up`, then `slsml data put NAME FILE`" in told
+    assert not (tmp_path / ".slsml").exists()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from slsml.cli import display, options, targets
-from slsml.spec.errors import BadInputError
+from slsml.spec.errors import BadInputError, NotFoundError
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -18,7 +19,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.data:  # the dataset's samples, their bytes and its shards
         from slsml.data import datasets as data
 
-        manifest = data.load_manifest(targets.required(found)[0].store, args.data)
+        if Path(args.data).suffix or Path(args.data).exists():
+            raise BadInputError(
+                f"--data {args.data}: give a stored dataset's name (`slsml data put NAME {args.data}` stores a file);"
+                " for data not stored, give its figures: --samples N --sample-bytes BYTES"
+            )
+        if found is None:
+            raise NotFoundError(
+                f"--data {args.data} names a dataset of a local service or stack: none is up and no --stack given"
+                " (`slsml local up`, then `slsml data put NAME FILE`); or give --samples N --sample-bytes BYTES"
+            )
+        manifest = data.load_manifest(found[0].store, args.data)
         if args.samples is not None and args.samples != manifest.train.count:
             raise BadInputError(f"--samples {args.samples}: dataset {args.data!r} has {manifest.train.count:,}")
         args.samples = manifest.train.count

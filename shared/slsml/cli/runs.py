@@ -28,7 +28,11 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     data_path = Path(args.data)
     one_shot = args.local and targets.local_service() is None  # a cloud for this run alone
     if one_shot and data_path.suffix != ".npz":
-        raise BadInputError(f"--data {args.data}: a local run takes a .npz file with arrays x, y")
+        raise BadInputError(
+            f"--data {args.data}: a one-shot local run takes a .npz file with arrays x, y; to train on it, store it"
+            f" in the local service: `slsml local up`, `slsml data put NAME {args.data}` (see `slsml data put -h`),"
+            " then `slsml run start --local --data NAME …`"
+        )
     runtime = follow.one_shot_runtime(args, spec) if one_shot else None
     from slsml.training import bounds, modelio
 
