@@ -307,8 +307,10 @@ def test_local_down_ends_the_service_and_its_runs_stay_listed(service: Path) -> 
     listed = _listed(service)
     assert {run_id for run_id, _ in listed} >= {"stop-me"} and len(listed) >= 2
     down = slsml(service, "local", "down", "--json")
-    result = json.loads(down.stdout)  # the runs not recorded yet (a watched run records itself), on both streams
-    assert result["stopped"] and f"local service stopped; {result['recorded']} of its runs recorded" in down.stderr
+    result = json.loads(down.stdout)  # every run of the service, those not recorded yet recorded now
+    assert result["stopped"] and result["runs"] == len(listed) >= result["recorded"]  # watched runs record themselves
+    said = f"local service stopped; its {len(listed)} runs recorded under runs/ ({result['recorded']} now"
+    assert said in down.stderr
     assert slsml(service, "local", "status").returncode == 1
     assert _listed(service) == listed  # recorded under runs/, in the same order
     fetched = slsml(service, "run", "fetch", "stop-me", "--out", "after-down.keras")

@@ -45,21 +45,21 @@ def cmd_local_down(args: argparse.Namespace) -> int:
     if service.status() is None:
         display.done("no local service was up", args.json, {"stopped": False, "recorded": 0})
         return 0
-    kept = _record_runs()
+    recorded_now, runs = _record_runs()
     service.down()
     display.done(
-        f"local service stopped; {kept} of its runs recorded under {targets.RUNS_DIR}/ (run list, run"
-        " status and run fetch read them)",
+        f"local service stopped; its {runs} run{'' if runs == 1 else 's'} recorded under {targets.RUNS_DIR}/"
+        f" ({recorded_now} now, the others as they ended; run list, run status and run fetch read them)",
         args.json,
-        {"stopped": True, "recorded": kept},
+        {"stopped": True, "recorded": recorded_now, "runs": runs},
     )
     return 0
 
 
-def _record_runs() -> int:
+def _record_runs() -> tuple[int, int]:
     """Record the local service's runs under runs/, as a followed run records itself, so that ``run list`` shows
     the same runs once the service is down: those not recorded there yet or recorded as running; a run still
-    running is recorded as stopped. How many were recorded."""
+    running is recorded as stopped. How many were recorded now, and how many runs the service had."""
     from slsml.client import runs
     from slsml.local import service
     from slsml.pipeline import spend
@@ -68,7 +68,8 @@ def _record_runs() -> int:
     state, services = service.connect()
     ended = {summary.run_id for summary in targets.recorded() if summary.status != RunStatus.RUNNING}
     kept = 0
-    for run in services.table.list_runs():
+    listed = services.table.list_runs()
+    for run in listed:
         if run.run_id in ended:
             continue
         summary = runs.summarize(
@@ -82,7 +83,7 @@ def _record_runs() -> int:
             summary.status, summary.reason = RunStatus.STOPPED, "the local service was stopped while it ran"
         targets.record(services, summary)
         kept += 1
-    return kept
+    return kept, len(listed)
 
 
 def cmd_local_status(args: argparse.Namespace) -> int:
