@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import types
@@ -265,3 +266,12 @@ def test_data_a_command_cannot_take_is_refused_with_the_commands_that_would_take
     assert "--data digits names a dataset of a local service or stack: none is up" in told
     assert "`slsml local up`, then `slsml data put NAME FILE`" in told
     assert not (tmp_path / ".slsml").exists()
+
+
+def test_plan_refuses_both_lengths_and_reckons_its_iterations_from_the_epochs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["plan", "--params", "1000", "--samples", "640", "--iterations", "3", "--epochs", "1"]) == 2
+    assert "--iterations 3 and --epochs 1 both give the run's length: give one" in capsys.readouterr().err
+    assert cli.main(["plan", "--params", "1000", "--samples", "640", "--batch", "64", "--epochs", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"]["training"]["iterations"] == 20  # 2 × 640 // 64

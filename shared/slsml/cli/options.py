@@ -300,22 +300,33 @@ def workers(text: str) -> int:
     return workers
 
 
-def training_spec(args: argparse.Namespace, default_learning_rate: float | None = None) -> TrainingSpec:
+def check_run_length(args: argparse.Namespace) -> None:
+    """BadInputError if both --iterations and --epochs are given: each gives the run's length."""
+    if args.iterations is not None and args.epochs is not None:
+        raise BadInputError(
+            f"--iterations {args.iterations} and --epochs {args.epochs} both give the run's length: give one"
+        )
+
+
+def training_spec(
+    args: argparse.Namespace, default_learning_rate: float | None = None, iterations: int | None = None
+) -> TrainingSpec:
     """The run the flags ask for. Without --optimizer its optimizer is None (the model's compiled one): the
-    optimizer flags apply on top of it once the model is read (``with_flags``). BadInputError on one line
-    naming the flags for values that do not make a spec."""
+    optimizer flags apply on top of it once the model is read (``with_flags``). ``iterations``: the run's length as
+    the command reckoned it (``slsml plan``: its --epochs over the samples), in place of the flags'. BadInputError on
+    one line naming the flags for values that do not make a spec."""
     optimizer = _optimizer(args, default_learning_rate)
     values = {name: getattr(args, _dest(name)) for name in SPEC_READINGS}
-    if values["iterations"] is not None and values["epochs"] is not None:
-        raise BadInputError(
-            f"--iterations {values['iterations']} and --epochs {values['epochs']} both give the run's length: give one"
-        )
-    if values["epochs"] is not None:
-        del values["iterations"]  # set from the epochs once the dataset's size is known
-    elif values["iterations"] is None:
-        values["iterations"] = getattr(args, "default_iterations", None)
-        if values["iterations"] is None:
-            raise BadInputError("give the run's length: --iterations N or --epochs N")
+    if iterations is not None:
+        values["iterations"] = iterations
+    else:
+        check_run_length(args)
+        if values["epochs"] is not None:
+            del values["iterations"]  # set from the epochs once the dataset's size is known
+        elif values["iterations"] is None:
+            values["iterations"] = getattr(args, "default_iterations", None)
+            if values["iterations"] is None:
+                raise BadInputError("give the run's length: --iterations N or --epochs N")
     try:
         return TrainingSpec(**values, optimizer=optimizer, loss=args.loss)
     except ValidationError as error:

@@ -33,8 +33,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.samples is not None and args.samples != manifest.train.count:
             raise BadInputError(f"--samples {args.samples}: dataset {args.data!r} has {manifest.train.count:,}")
         args.samples = manifest.train.count
+    options.check_run_length(args)
     spec = options.training_spec(
-        argparse.Namespace(**{**vars(args), "iterations": planreport.iterations(args), "reducers": args.reducers or 1})
+        argparse.Namespace(**{**vars(args), "reducers": args.reducers or 1}), iterations=planreport.iterations(args)
     )
     return planreport.run(args, spec, display.results(args.json), manifest, None if found is None else found[0].limits)
 
