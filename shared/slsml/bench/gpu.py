@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict
 
 from slsml.cost.calibration import GpuCalibration, GpuThroughput, Precision
+from slsml.local import accelerator
 from slsml.spec.deployment import FunctionSettings
 from slsml.spec.errors import SlsmlError
 
@@ -77,20 +77,10 @@ class GpuReport(BaseModel):
 
 def card() -> tuple[str, float]:
     """The first GPU's name and memory in GiB, as its driver reports them; ``SlsmlError`` where there is none."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+    found = accelerator.gpu_card()
+    if found is None:
         raise SlsmlError(NO_GPU)
-    result = subprocess.run(
-        [smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines:
-        raise SlsmlError(NO_GPU)
-    name, memory_mib = (part.strip() for part in lines[0].rsplit(",", 1))
-    return name, int(memory_mib) / 1024
+    return found
 
 
 def measure(

@@ -31,7 +31,8 @@ def checked_accelerators(accelerator_gib: dict[str, int], processes: dict[str, i
     if not gpus:
         raise BadInputError(f"--accelerator worker={accelerator_gib['worker']}: {NO_GPU}")
     wanted = sum(gib * processes.get(function, 1) for function, gib in accelerator_gib.items())
-    total = gpu_memory_gib()
+    card = gpu_card()
+    total = None if card is None else card[1]
     if total is not None and wanted > total:
         raise BadInputError(
             f"--accelerator worker={accelerator_gib['worker']}: {processes.get('worker', 1)} warm worker processes"
@@ -47,16 +48,23 @@ def visible_gpus() -> list[str]:
     return [device.name for device in tf.config.list_physical_devices("GPU")]
 
 
-def gpu_memory_gib() -> float | None:
-    """The first GPU's memory as its driver reports it; None where ``nvidia-smi`` is not at hand."""
+def gpu_card() -> tuple[str, float] | None:
+    """The first GPU's name and memory in GiB, as its driver reports them; None where ``nvidia-smi`` is not at hand
+    or lists none."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
     result = subprocess.run(
-        [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True, text=True, check=False
+        [smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    lines = result.stdout.split()
-    return int(lines[0]) / 1024 if result.returncode == 0 and lines and lines[0].isdigit() else None
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        return None
+    name, memory_mib = (part.strip() for part in lines[0].rsplit(",", 1))
+    return (name, int(memory_mib) / 1024) if memory_mib.isdigit() else None
 
 
 def process_environment(accelerator_gib: int | None) -> dict[str, str]:

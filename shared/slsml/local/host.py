@@ -443,9 +443,8 @@ class FunctionHost:
         self._reader = wiring.dead_letter_reader().name
         self.invocations: dict[str, int] = dict.fromkeys(concurrency, 0)
         self.dead_letters: list[dict[str, Any]] = []
-        self._counts: Counter = Counter()  # faults injected, failed invocations, retries
-        self._errors: Counter = Counter()  # failures that were not injected: "function: first line"
-        # the same two, run by run (a message naming no run: under None)
+        # run by run (a message naming no run, a process replaced: under None): faults injected, invocations, failed
+        # ones, retries; and the failures that were not injected, "function: first line"
         self._run_counts: defaultdict[str | None, Counter] = defaultdict(Counter)
         self._run_errors: defaultdict[str | None, Counter] = defaultdict(Counter)
         self._counts_lock = threading.Lock()
@@ -469,12 +468,10 @@ class FunctionHost:
 
     def _count(self, counts: dict[str, int], run_id: str | None = None) -> None:
         with self._counts_lock:
-            self._counts.update(counts)
             self._run_counts[run_id].update(counts)
 
     def _error(self, error: str, run_id: str | None) -> None:
         with self._counts_lock:
-            self._errors[error] += 1
             self._run_errors[run_id][error] += 1
 
     def fault_report(self, run_id: str | None = None) -> dict[str, Any]:
@@ -483,11 +480,9 @@ class FunctionHost:
         dead-letter queue, and the errors of failures that were not injected; warm processes replaced after one
         died (whichever run's)."""
         with self._counts_lock:
-            if run_id is None:
-                counts, errors = dict(self._counts), dict(self._errors)
-            else:
-                counts, errors = dict(self._run_counts[run_id]), dict(self._run_errors[run_id])
-            counts["replaced_processes"] = self._counts.get("replaced_processes", 0)
+            counts = sum((c for run, c in self._run_counts.items() if run_id in (None, run)), Counter())
+            errors = dict(sum((e for run, e in self._run_errors.items() if run_id in (None, run)), Counter()))
+            counts["replaced_processes"] = self._run_counts[None]["replaced_processes"]
         return {
             "faults": str(self.faults) if self.faults is not None else "",
             "injected": {kind: counts.get(kind, 0) for kind in INJECTED_KINDS},
