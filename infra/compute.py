@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from aws_cdk import Duration, Size
+from aws_cdk import Duration, Fn, Size
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
@@ -25,6 +25,7 @@ from constructs import Construct
 
 from infra.gpu import GpuFleet
 from infra.layers import ARCHITECTURE, ROOT, RUNTIME, CommonLayer
+from infra.messaging import grant_publish
 from infra.naming import pascal
 from infra.settings import GPU_FUNCTION, Settings
 from slsml.spec import deployment, keys, wiring
@@ -34,18 +35,20 @@ FUNCTIONS_DIR = ROOT / "functions"
 DOCKERFILE = "functions/worker/Dockerfile"  # relative to the image's build context, the repository root
 GPU_DOCKERFILE = "functions/worker/Dockerfile.gpu"  # a GPU worker's image (CUDA TensorFlow, Lambda Managed Instances)
 HANDLER = "lambda_handler"  # the entry point in every functions/<name>/handler.py
-# Powertools Idempotency keeps its records in the run table and deletes one when a step fails, so
-# that a retry runs again: hence DeleteItem besides the run-state actions.
 # the kinds of object under runs/ a step writes (slsml.spec.keys.*_OBJECTS), as cdk-nag names the resources
 OBJECT_KINDS_REGEX = r"/^Resource::<.+\.Arn>\/runs\/\*\/(iters\/\*|models\/\*|final\.keras|source\.keras|run\.json)$/g"
+# the run-state actions of every step on the table; no step deletes a run's items
 TABLE_ACTIONS = [
     "dynamodb:GetItem",
     "dynamodb:BatchGetItem",
     "dynamodb:PutItem",
     "dynamodb:UpdateItem",
-    "dynamodb:DeleteItem",
     "dynamodb:Query",
 ]
+# Powertools Idempotency keeps a step's message records in the table, in a partition of their own (this key, of the
+# function's name after this prefix: slsml.state.idempotency), and deletes one when the step fails, so that a retry
+# runs again: a step that handles messages once (wiring.Function.once_per_message) may delete items of it alone
+IDEMPOTENCY_PARTITION_PREFIX = "IDEMPOTENCY#"
 
 
 class Compute(Construct):
@@ -77,6 +80,9 @@ class Compute(Construct):
         self.layer = CommonLayer(self, "CommonLayer", build=not settings.skip_layer_build).layer
         self.log_groups: dict[str, logs.LogGroup] = {}
         self.functions: dict[str, lambda_.Function] = {fn.name: self._function(fn) for fn in wiring.FUNCTIONS}
+        for fn in wiring.FUNCTIONS:
+            if fn.once_per_message:
+                self._forget_failed_messages(fn)
         if gpu is not None:
             self._size_fleet(self.functions[GPU_FUNCTION])
 
@@ -208,12 +214,26 @@ class Compute(Construct):
         log_group.grant_write(role)
         self._answer_executions(role, fn)
         if fn.reads_dead_letters:  # the run item's update and the execution's task failure (its queues: their own)
-            role.add_to_policy(iam.PolicyStatement(actions=["dynamodb:UpdateItem"], resources=[self._table.table_arn]))
+            # a deadline SQS moved is re-checked as the watchdog would (``steps.dead_letters``): the run's message key
+            # (its KEY item) and its run.json are read
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["dynamodb:GetItem", "dynamodb:UpdateItem"], resources=[self._table.table_arn]
+                )
+            )
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=["s3:GetObject"], resources=[self._bucket.arn_for_objects(keys.RUN_CONFIG_OBJECTS)]
+                )
+            )
             NagSuppressions.add_resource_suppressions(
                 role,
                 [
                     NagPackSuppression(
-                        id="AwsSolutions-IAM5", reason="X-Ray accepts no resource but *.", applies_to=["Resource::*"]
+                        id="AwsSolutions-IAM5",
+                        reason="Objects are keyed by run: a run's run.json is read by run; X-Ray accepts no resource"
+                        " but *.",
+                        applies_to=[RegexAppliesTo(regex=OBJECT_KINDS_REGEX), "Resource::*"],
                     )
                 ],
                 apply_to_children=True,
@@ -253,7 +273,7 @@ class Compute(Construct):
             )
         role.add_to_policy(iam.PolicyStatement(actions=TABLE_ACTIONS, resources=[self._table.table_arn]))
         for topic in fn.publishes:
-            self._topics[topic.name].grant_publish(role)
+            grant_publish(self._topics[topic.name], role)
         for queue in fn.sends:
             self._queues[queue.name].grant_send_messages(role)
         if fn.starts_runs:
@@ -279,6 +299,27 @@ class Compute(Construct):
             apply_to_children=True,
         )
         return role
+
+    def _forget_failed_messages(self, fn: wiring.Function) -> None:
+        """DeleteItem on the function's own message records (``IDEMPOTENCY_PARTITION_PREFIX`` and its name), and on no
+        other item: a policy of its own, for it names the function (the role's default policy is one the function waits
+        for)."""
+        function = self.functions[fn.name]
+        role = function.role
+        assert role is not None
+        partition = Fn.join("", [IDEMPOTENCY_PARTITION_PREFIX, function.function_name])
+        iam.Policy(
+            self,
+            f"{pascal(fn.name)}MessageRecords",
+            roles=[role],
+            statements=[
+                iam.PolicyStatement(
+                    actions=["dynamodb:DeleteItem"],
+                    resources=[self._table.table_arn],
+                    conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [partition]}},
+                )
+            ],
+        )
 
     def _answer_executions(self, role: iam.Role, fn: wiring.Function) -> None:
         """The task-token calls its step makes to a run's execution, and no other."""

@@ -1,5 +1,6 @@
-"""Observability: a CloudWatch dashboard of the pipeline and alarms on function errors, dead letters
-and failed runs, all notifying one topic. Custom metrics follow slsml.spec.deployment (Powertools EMF),
+"""Observability: a CloudWatch dashboard of the pipeline and alarms on function errors, dead letters,
+failed runs, rejected messages and the watchdog's deadline actions, all notifying one topic (encrypted with the
+pipeline topics' key). Custom metrics follow slsml.spec.deployment (Powertools EMF),
 emitted where slsml.pipeline.metrics says. The dead-letter queues feed the dead-letter reader, which takes each
 message as it comes: what they show is the messages received from them (by the reader).
 """
@@ -11,6 +12,8 @@ from collections.abc import Mapping
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
@@ -58,11 +61,22 @@ class Observability(Construct):
         functions: Mapping[str, lambda_.IFunction],
         dead_letter_queues: Mapping[str, sqs.IQueue],
         state_machine: sfn.IStateMachine,
+        topic_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
-        # No KMS (as for the pipeline topics): CloudWatch publishes to encrypted topics only with a
-        # customer-managed key, and alarm notifications carry only alarm names and states.
-        self.alarm_topic = sns.Topic(self, "Alarms", display_name="slsml alarms", enforce_ssl=True)
+        # CloudWatch publishes to an encrypted topic with a customer-managed key whose policy lets it (as AWS
+        # documents it for alarm actions)
+        topic_key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="AlarmsPublish",
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],
+            )
+        )
+        self.alarm_topic = sns.Topic(
+            self, "Alarms", display_name="slsml alarms", enforce_ssl=True, master_key=topic_key
+        )
 
         self.alarms: list[cloudwatch.Alarm] = []
         for name, fn in functions.items():
@@ -75,6 +89,16 @@ class Observability(Construct):
                 f"messages dead-lettered in the {name} queue (the dead-letter reader fails their runs)",
             )
         self._alarm("RunsFailed", state_machine.metric_failed(period=PERIOD, statistic="Sum"), "a training run failed")
+        self._alarm(
+            "RejectedMessages",
+            custom_metric(Metric.REJECTED_MESSAGES, CUSTOM_STATISTICS[Metric.REJECTED_MESSAGES]),
+            "messages rejected: malformed, forged, or not of the run they name (no step acted on them)",
+        )
+        self._alarm(
+            "DeadlineActions",
+            custom_metric(Metric.DEADLINE_ACTIONS, CUSTOM_STATISTICS[Metric.DEADLINE_ACTIONS]),
+            "the watchdog acted at a deadline: fired a barrier, re-launched steps, kept a stale shard or failed a run",
+        )
 
         self.dashboard = cloudwatch.Dashboard(
             self,

@@ -17,6 +17,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from cdk_nag import NagPackSuppression, NagSuppressions, RegexAppliesTo
 from constructs import Construct
 
+from infra.messaging import grant_publish
 from infra.settings import Settings
 from slsml.spec import keys, wiring
 from slsml.state import orchestration
@@ -67,7 +68,7 @@ class Orchestration(Construct):
             iam.PolicyStatement(actions=["s3:PutObject"], resources=[bucket.arn_for_objects(keys.MODEL_OBJECTS)])
         )
         for topic in (wiring.RUN_CONTROL, wiring.RUN_EVENTS):
-            topics[topic.name].grant_publish(role)
+            grant_publish(topics[topic.name], role)
         NagSuppressions.add_resource_suppressions(
             role,
             [

@@ -150,7 +150,11 @@ class Settings(BaseModel):
         GPU worker, no more workers than its fleet's execution environments)."""
         timeouts = {name: f.timeout_s for name, f in self.functions.items()}
         worker = self.functions[GPU_FUNCTION]
-        limits = self.run_limits.with_timeouts(timeouts).with_worker_memory(worker.memory_mb)
+        limits = (
+            self.run_limits.with_timeouts(timeouts)
+            .with_worker_memory(worker.memory_mb)
+            .with_worker_accelerator(worker.accelerator_gib, tuple(worker.instance_types))
+        )
         if worker.max_environments is not None and limits.workers > worker.max_environments:
             limits = limits.model_copy(update={"workers": worker.max_environments})
         return limits

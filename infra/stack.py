@@ -59,12 +59,14 @@ class SlsmlStack(Stack):
             gpu=self.gpu,
         )
         self.messaging.subscribe(self.compute.functions)
+        self.storage.guard_run_deletes({name: fn.role for name, fn in self.compute.functions.items() if fn.role})
         self.observability = Observability(
             self,
             "Observability",
             functions=self.compute.functions,
             dead_letter_queues=self.messaging.dead_letter_queues,
             state_machine=self.orchestration.state_machine,
+            topic_key=self.messaging.topic_key,
         )
 
         CfnOutput(self, "BucketName", value=self.storage.bucket.bucket_name)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration
+from collections.abc import Mapping
+
+from aws_cdk import CustomResourceProviderBase, Duration, Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from infra.settings import Settings
-from slsml.spec import deployment
+from slsml.spec import deployment, wiring
 from slsml.state import records
 
 _TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER}
@@ -96,3 +98,17 @@ class Storage(Construct):
                 sort_key=_attribute(index.sort),
                 projection_type=dynamodb.ProjectionType.ALL,
             )
+
+    def guard_run_deletes(self, roles: Mapping[str, iam.IRole]) -> None:
+        """Deletes under runs/ refused by the bucket's policy to every principal but the roles (``roles``: by function)
+        of the steps that delete each kind of object (``wiring.Function.deletes``), and, where the stack destroys its
+        bucket, CDK's handler that empties it."""
+        deleters = {
+            kind: [roles[fn.name].role_arn for fn in wiring.FUNCTIONS if kind in fn.deletes]
+            for kind in deployment.RUN_OBJECTS
+        }
+        emptier = Stack.of(self).node.try_find_child("Custom::S3AutoDeleteObjectsCustomResourceProvider")
+        if isinstance(emptier, CustomResourceProviderBase):
+            deleters = {kind: [*arns, emptier.role_arn] for kind, arns in deleters.items()}
+        for statement in deployment.deletion_statements(self.bucket.bucket_arn, deleters):
+            self.bucket.add_to_resource_policy(iam.PolicyStatement.from_json(statement))

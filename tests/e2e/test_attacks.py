@@ -1,12 +1,12 @@
 """The attack matrix, against the local cloud while a healthy run trains, all sent with boto3: messages that are
-well-formed but do not belong to the run they name, sent to its topics and queues — each is rejected (logged,
-dead-lettered, counted); objects placed where the run's next update, next model and final model will be written —
-none is trusted for sitting at the expected key: each is replaced by the step's own; and an overwrite of a completed
-run's final model — detected by every reader of it. Each run completes with weights bit-identical to an undisturbed
-run's. (The bucket's policy refuses a PUT without If-None-Match of an update, in the local cloud as on AWS: the
-objects are placed create-only, so that what is tested is the pipeline's own checks.) Models dropped meanwhile that are
-too large to load (a zip bomb, a config declaring gigabytes of weights, an oversized run request) are refused by
-name."""
+well-formed but that the pipeline did not send (unsigned, changed on their way, replayed from another run), sent to
+its topics and queues — each is rejected (logged, dead-lettered, counted); objects placed where the run's next
+update, next model and final model will be written — none is trusted for sitting at the expected key: each is
+replaced by the step's own; and an overwrite of a completed run's final model — detected by every reader of it. Each
+run completes with weights bit-identical to an undisturbed run's. (The bucket's policy refuses a PUT without
+If-None-Match of an update, in the local cloud as on AWS: the objects are placed create-only, so that what is tested
+is the pipeline's own checks.) Models dropped meanwhile that are too large to load (a zip bomb, a config declaring
+gigabytes of weights, an oversized run request) are refused by name."""
 
 from __future__ import annotations
 
@@ -45,36 +45,42 @@ def _message(**fields: Any) -> str:
     return json.dumps({"run_id": RUN, "iteration": AT, **fields})
 
 
-# (topic, or "deadlines" for the watchdog's queue), body, the function it reaches, what its rejection says
+UNSIGNED = "carries no proof of origin"
+NOT_HOLDING = "its proof of origin does not hold"
+# (topic, or "deadlines" for the watchdog's queue), body, the function it reaches, what its rejection says: each would
+# fit the run but for its proof of origin (none: the pipeline did not send it)
 ROWS: list[tuple[str, str, str, str]] = [
-    ("Reduce", _message(shard=99, participants=PARTICIPANTS), "reducer", "shard 99 of a run of 2 reducers"),
-    ("Reduce", _message(shard=0, participants=[{"worker": 0, "samples": 64}]), "reducer", "reduce of iteration 2"),
-    ("Work", _message(iteration=AT + 1, worker=0, workers=2), "worker", "iteration 3 was not launched"),
-    ("Work", _message(worker=5, workers=2), "worker", "worker 5 of an iteration of 2 workers"),
-    ("Work", _message(worker=0, workers=4), "worker", "4 workers, but iteration 2 was launched with 2"),
-    (
-        "WorkDone",
-        _message(worker=0, samples=10**12, loss=0.1, compute_s=1),
-        "reduce_launcher",
-        "1000000000000 samples, more than a worker's 64 of a round",
-    ),
-    # "no update is stored at" its key, or "1 samples, but the update at" its key "holds 32", by when it comes
-    (
-        "WorkDone",
-        _message(worker=1, samples=1, loss=0.1, compute_s=1),
-        "reduce_launcher",
-        f"runs/{RUN}/iters/{AT:06d}/updates/00001/0.bin",
-    ),
-    ("ReduceDone", _message(shard=7), "merger", "shard 7 of a run of 2 reducers"),
+    ("Reduce", _message(shard=0, participants=[{"worker": 0, "samples": 64}]), "reducer", UNSIGNED),
+    ("Work", _message(iteration=AT + 1, worker=0, workers=2), "worker", UNSIGNED),
+    ("WorkDone", _message(worker=1, samples=32, loss=0.1, compute_s=1, finite=False), "reduce_launcher", UNSIGNED),
+    ("ReduceDone", _message(shard=1), "merger", UNSIGNED),
     (
         "RunControl",
         json.dumps({"run_id": RUN, "task_token": "forged"}),
         "work_launcher",
         "no execution of run 'attacked' waits on its task token",
     ),
-    ("deadlines", _message(stage="work", round=0, due_at=1e15), "watchdog", "more than two deadline periods"),
+    # deadlines due now at each of the chain's first links: at the floor, at the run's last retry, of the reduce stage
+    *[
+        ("deadlines", _message(stage="work", round=round_, due_at=1.0, link=k), "watchdog", UNSIGNED)
+        for k in range(6)
+        for round_ in (0, TrainingSpec().deadline_retries)
+    ],
+    *[("deadlines", _message(stage="reduce", round=2, due_at=1.0, link=k), "watchdog", UNSIGNED) for k in range(6)],
     ("deadlines", _message(stage="work", round=0, due_at=1.0, forged=True), "watchdog", "Extra inputs"),
 ]
+
+
+def _signed_rows(services) -> list[tuple[str, str, str, str]]:
+    """A report the pipeline signed, changed on its way (its update made non-finite); and one of the undisturbed run,
+    sent under this run's name (replayed from another run)."""
+    done = WorkDone(run_id=RUN, iteration=AT, worker=1, samples=32, loss=0.1, compute_s=1)
+    changed = services.keys.sign(done).model_copy(update={"finite": False, "loss": 0.0})
+    other = services.keys.sign(done.model_copy(update={"run_id": REFERENCE})).model_copy(update={"run_id": RUN})
+    return [
+        ("WorkDone", changed.model_dump_json(), "reduce_launcher", NOT_HOLDING),
+        ("WorkDone", other.model_dump_json(), "reduce_launcher", NOT_HOLDING),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -106,12 +112,13 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
     try:
         deadline = _hold(local, services, RUN)
         token = services.table.get_run(RUN).task_token
-        for topic, body, *_ in ROWS:
+        rows = ROWS + _signed_rows(services)
+        for topic, body, *_ in rows:
             if topic == "deadlines":
                 sqs.send_message(QueueUrl=local.deployment.deadline_queue_url, MessageBody=body)
             else:
                 sns.publish(TopicArn=local.deployment.topic_arns[topic], Message=body)
-        bodies = {body: (function, problem) for _, body, function, problem in ROWS}
+        bodies = {body: (function, problem) for _, body, function, problem in rows}
         letters = dead_letters(local, bodies, deadline + 60 - time.monotonic())
         during = services.table.get_run(RUN)
     finally:

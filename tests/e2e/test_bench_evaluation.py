@@ -8,7 +8,7 @@ import statistics
 
 from slsml.accounting import usage
 from slsml.bench import evaluation as bench_evaluation
-from slsml.cli import display
+from slsml.cli import display_bench
 from slsml.spec import keys
 from slsml.training import evaluation
 
@@ -51,7 +51,7 @@ def test_a_point_per_size_and_w_from_the_runs_usage_lines(local, services, capsy
         warm = {i: [s.cpu_s for s in slices if s.iteration == i and not s.traced] for i in range(1, ITERATIONS + 1)}
         assert point.slice_cpu_s == statistics.median(max(cpu) for cpu in warm.values() if cpu)
 
-    display.print_evaluation(report)
+    display_bench.print_evaluation(report)
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if "│" in line and line.strip("│ ")[:1].isdigit()]
     cells = [[cell.strip() for cell in row.split("│")[1:3]] for row in rows]

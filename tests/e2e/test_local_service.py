@@ -288,6 +288,18 @@ def test_plan_and_runs_keep_to_the_services_function_timeouts(service: Path, tmp
         ), bad.stderr
 
 
+def test_faults_for_a_run_on_the_service_are_refused_in_one_line_saying_what_to_do(service: Path) -> None:
+    refused = slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--data", "digits", "--iterations",
+                    "2", "--faults", "worker_crash=0.5", "--run-id", "faulty", "--no-wait")  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        "error: --faults worker_crash=0.5: faults are injected into a one-shot local run only, and the local service"
+        " is up (the run would go to it, which injects none): stop it (`slsml local down`) to run on a cloud of its"
+        " own with --faults, or leave --faults out"
+    ]
+    assert "faulty" not in slsml(service, "run", "list").stdout
+
+
 def _run_status(table: RunTable, run_id: str) -> str | None:
     try:
         return table.get_run(run_id).status

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slsml.accounting import usage
-from slsml.cli import report
+from slsml.cli import report, report_timeline
 from slsml.client import runs
 from slsml.local.faults import Faults
 from slsml.spec.config import OptimizerConfig, TrainingSpec
@@ -86,7 +86,7 @@ def test_a_runs_report_opens_in_a_browser_and_shows_the_runs_summary(local, serv
     iterations = services.table.list_iterations(RUN)
     summary = runs.summarize(run, iterations, run.updated_at - run.created_at, records)
     expected = summary.model_dump(mode="json")
-    seconds = report.iteration_seconds(iterations)
+    seconds = report_timeline.iteration_seconds(iterations)
     slowest = max(seconds, key=seconds.get)
     assert statistics.median(seconds.values()) == summary.median_iteration_s
     assert {r.worker for r in records if r.function == "worker" and r.iteration is not None} == {0, 1, 2}  # which

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,7 @@ _BLANK = re.compile(r"\s*")
 
 def _recorder(local: LocalRuntime, action: str) -> str:
     method = "GET" if action.startswith("download") else "POST"
-    request = urllib.request.Request(f"{local.cloud.endpoint}/moto-api/recorder/{action}", method=method)
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return response.read().decode()
+    return local.cloud.call(method, f"/moto-api/recorder/{action}").decode()
 
 
 def _entries(recording: str) -> list[dict[str, Any]]:

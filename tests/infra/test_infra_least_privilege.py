@@ -1,12 +1,15 @@
 """Every function role allows only what its step needs: its logs, reads of runs/ and datasets/, writes
 of the kinds of object its step creates (and deletes of those it deletes), the run table, its own
 published topics and queues, the failure queue, the answers to a run's execution its step gives, and X-Ray;
-the dead-letter reader only its logs, its queues (the dead-letter queues), the run item's update, the
-execution's task failure and X-Ray. The bucket's policy refuses overwrites of run objects, whoever writes.
+the dead-letter reader only its logs, its queues (the dead-letter queues), the run item's update, the run's message
+key and run.json (a moved deadline is re-checked as the watchdog would), the execution's task failure and X-Ray. Only a step that handles messages once deletes items: its own message records.
+The bucket's policy refuses overwrites of run objects, whoever writes, and deletes of run objects by any principal but
+the roles of the steps that delete them.
 """
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 from collections import defaultdict
 from collections.abc import Iterator
@@ -14,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from infra.compute import TABLE_ACTIONS
+from infra.compute import IDEMPOTENCY_PARTITION_PREFIX, TABLE_ACTIONS
+from infra.layers import ROOT
+from infra.messaging import PUBLISH_KEY_ACTIONS
 from slsml.spec import deployment, keys, wiring
 
 if TYPE_CHECKING:
@@ -97,10 +102,13 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
     log_group = f"<{function['LoggingConfig']['LogGroup']['Ref']}.Arn>"
     state_machine = f"<{synthesized.logical_id(stack.orchestration.state_machine)}>"
     state_machine_name = synthesized.logical_id(stack.orchestration.state_machine)
+    topic_key = f"<{synthesized.logical_id(stack.messaging.topic_key)}.Arn>"
+    own_records = {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [_records_of(synthesized, fn.name)]}}
     sent_to = {f"<{synthesized.logical_id(stack.messaging.queues[q.name])}.Arn>" for q in fn.sends}
     trigger_queue = {f"<{synthesized.logical_id(stack.messaging.queues[fn.queue.name])}.Arn>"} if fn.queue else set()
     if fn.reads_dead_letters:
         trigger_queue = {f"<{synthesized.logical_id(q)}.Arn>" for q in stack.messaging.dead_letter_queues.values()}
+        readable = {f"{bucket}/{keys.RUN_CONFIG_OBJECTS}"}  # a moved deadline's run, to re-check it
 
     published: set[str] = set()
     for statement in role_statements(synthesized, function["Role"]["Fn::GetAtt"][0]):
@@ -124,9 +132,14 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
             elif service == "sns":
                 assert action == "sns:Publish"
                 published |= resources
+            elif action == "dynamodb:DeleteItem":  # its own message records alone
+                assert fn.once_per_message, f"{fn.name} deletes no items"
+                assert statement["Condition"] == own_records and resources == {table}, statement
             elif service == "dynamodb":
                 assert action in TABLE_ACTIONS
                 assert resources == {table}
+            elif service == "kms":  # what SNS asks of the topics' key for a publisher
+                assert fn.publishes and action in PUBLISH_KEY_ACTIONS and resources == {topic_key}, (action, resources)
             elif service == "logs":
                 assert resources == {log_group}
             elif service == "sqs":
@@ -149,6 +162,12 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
                 assert service == "xray", f"{fn.name} has an unexpected action {action}"
                 assert action in {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
     assert published == own_topics
+
+
+def _records_of(synthesized: Synthesized, function: str) -> Any:
+    """The partition key of the function's message records, as the template writes it."""
+    name = {"Ref": synthesized.logical_id(synthesized.stack.compute.functions[function])}
+    return {"Fn::Join": ["", [IDEMPOTENCY_PARTITION_PREFIX, name]]}
 
 
 def _granted(synthesized: Synthesized, function: str) -> dict[str, set[str]]:
@@ -242,6 +261,9 @@ def test_the_dead_letter_reader_may_fail_runs_and_do_nothing_else(synthesized: S
         for action in as_list(statement["Action"]):
             granted.setdefault(action, set()).update(render(r) for r in as_list(statement["Resource"]))
     assert granted.pop("dynamodb:UpdateItem") == {table}  # the run item, FAILED with the reason
+    # a deadline SQS moved, re-checked as the watchdog would: the run's message key and its run.json
+    assert granted.pop("dynamodb:GetItem") == {table}
+    assert granted.pop("s3:GetObject") == {f"<{synthesized.logical_id(stack.storage.bucket)}.Arn>/{keys.RUN_CONFIG_OBJECTS}"}
     assert granted.pop("states:SendTaskFailure") == {state_machine}  # the run's execution, failed
     for action in SQS_CONSUME_ACTIONS - {"sqs:GetQueueUrl"}:  # every dead-letter queue, and only those
         assert granted.pop(action) == queues, action
@@ -277,3 +299,120 @@ def test_the_key_layout_stays_inside_the_granted_kinds_of_object() -> None:
     kept = [keys.run_config("r"), keys.source_model("r")]
     deletable = {kind for fn in wiring.FUNCTIONS for kind in fn.deletes}
     assert not any(fnmatch.fnmatchcase(key, kind) for key in kept for kind in deletable)
+
+
+# The steps that handle (some of) their messages once, by hand: Powertools Idempotency deletes a message's record when
+# the step fails on it. No other step deletes an item of the table.
+DELETES_ITEMS = {"worker", "watchdog", "run_starter"}
+
+
+@pytest.mark.parametrize("fn", wiring.FUNCTIONS, ids=lambda fn: fn.name)
+def test_only_the_steps_that_handle_messages_once_delete_items_and_only_their_own_records(
+    synthesized: Synthesized, fn: wiring.Function
+) -> None:
+    props = synthesized.resources[synthesized.logical_id(synthesized.stack.compute.functions[fn.name])]["Properties"]
+    deleting = [
+        statement
+        for statement in role_statements(synthesized, props["Role"]["Fn::GetAtt"][0])
+        if "dynamodb:DeleteItem" in as_list(statement["Action"])
+    ]
+    if fn.name not in DELETES_ITEMS:
+        assert deleting == [], f"{fn.name} may delete items"
+        return
+    (statement,) = deleting
+    assert as_list(statement["Action"]) == ["dynamodb:DeleteItem"]
+    assert statement["Condition"] == {
+        "ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [_records_of(synthesized, fn.name)]}
+    }
+
+
+def _handles_messages_once(function: str) -> bool:
+    """Whether ``functions/<function>/handler.py`` runs some of its messages under Powertools Idempotency: its
+    ``pipeline_handler`` call's ``idempotent`` is left True, or is a choice of messages (anything but False)."""
+    tree = ast.parse((ROOT / "functions" / function / "handler.py").read_text())
+    (call,) = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "pipeline_handler"
+    ]
+    idempotent = {keyword.arg: keyword.value for keyword in call.keywords}.get("idempotent")
+    return not (isinstance(idempotent, ast.Constant) and idempotent.value is False)
+
+
+@pytest.mark.parametrize("fn", wiring.FUNCTIONS, ids=lambda fn: fn.name)
+def test_a_step_declared_to_handle_messages_once_is_one_whose_handler_does(fn: wiring.Function) -> None:
+    assert fn.once_per_message == _handles_messages_once(fn.name)
+
+
+def test_the_records_a_step_may_delete_are_in_the_partition_powertools_keeps_them_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from slsml.state import idempotency
+
+    monkeypatch.setenv(wiring.TABLE_ENV, "table")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    name = "Slsml-ComputeWorker-x1"
+    assert idempotency._persistence(name).static_pk_value == f"{IDEMPOTENCY_PARTITION_PREFIX}{name}"
+
+
+# Who may delete each kind of object under runs/, by hand (S3's lifecycle expirations aside, which are no request)
+DELETERS = {
+    keys.shard("r", 1, 0): {"work_launcher", "worker", "merger", "watchdog"},  # scratch, once superseded
+    keys.model("r", 1): {"merger"},  # a foreign object at a model's key, replaced
+    keys.manifest("r", 1): {"merger"},
+    keys.final_model("r"): {"work_launcher", "watchdog"},  # a final model not a copy of the run's last, replaced
+    keys.run_config("r"): set(),
+    keys.source_model("r"): set(),
+}
+SOMEONE = "arn:aws:iam::123456789012:role/someone"  # any other principal of the account, or of another
+
+
+def _deletes_denied(statements: list[dict[str, Any]], principal: str, resource: str) -> bool:
+    """Whether a Deny statement of a bucket policy refuses ``principal`` a DeleteObject of ``resource``."""
+    for statement in statements:
+        actions = as_list(statement["Action"])
+        if statement["Effect"] != "Deny" or not {"s3:DeleteObject", "s3:DeleteObject*", "s3:*"} & set(actions):
+            continue
+        if not any(fnmatch.fnmatchcase(resource, render(r)) for r in as_list(statement["Resource"])):
+            continue
+        condition = statement.get("Condition", {})
+        if set(condition) - {"ArnNotEquals", "Bool"}:
+            raise AssertionError(f"a condition this test does not evaluate: {condition}")
+        if "Bool" in condition:  # the TLS statement: not for a request over TLS
+            continue
+        allowed = {render(arn) for arn in as_list(condition.get("ArnNotEquals", {}).get("aws:PrincipalArn", []))}
+        if principal not in allowed:
+            return True
+    return False
+
+
+def test_the_bucket_refuses_deletes_of_run_objects_to_all_but_the_steps_that_delete_them(
+    synthesized: Synthesized,
+) -> None:
+    stack = synthesized.stack
+    bucket = synthesized.logical_id(stack.storage.bucket)
+    (policy,) = [
+        r["Properties"]["PolicyDocument"]
+        for r in synthesized.resources.values()
+        if r["Type"] == "AWS::S3::BucketPolicy" and r["Properties"]["Bucket"] == {"Ref": bucket}
+    ]
+    statements = policy["Statement"]
+    roles = {
+        fn.name: "<{}.Arn>".format(
+            synthesized.resources[synthesized.logical_id(stack.compute.functions[fn.name])]["Properties"]["Role"][
+                "Fn::GetAtt"
+            ][0]
+        )
+        for fn in wiring.FUNCTIONS
+    }
+    for key, deleters in DELETERS.items():
+        resource = f"<{bucket}.Arn>/{key}"
+        may = {name for name, role in roles.items() if not _deletes_denied(statements, role, resource)}
+        assert may == deleters, key
+        assert _deletes_denied(statements, SOMEONE, resource), key
+    # a version, deleted for good where the bucket keeps versions: refused to the same principals
+    for statement in statements:
+        if "s3:DeleteObject" in as_list(statement["Action"]):
+            assert "s3:DeleteObjectVersion" in as_list(statement["Action"]), statement
+    # datasets are not a run's: a user removes them (`slsml data rm`)
+    assert not _deletes_denied(statements, SOMEONE, f"<{bucket}.Arn>/{keys.dataset_manifest('d')}")

@@ -126,6 +126,70 @@ def test_topics_enforce_tls(synthesized: Synthesized) -> None:
     )
 
 
+def test_topics_are_encrypted_with_a_rotated_customer_managed_key_their_publishers_may_use(
+    synthesized: Synthesized,
+) -> None:
+    """Every topic, the alarms' too, under the topic key; its policy lets S3 (for the topics bucket notifications
+    publish to) and CloudWatch (for the alarms) use it; each function and the run state machine publish with their
+    roles' grants of it."""
+    stack = synthesized.stack
+    key = synthesized.logical_id(stack.messaging.topic_key)
+    assert synthesized.resources[key]["Properties"]["EnableKeyRotation"] is True
+    for name, topic in _of_type(synthesized.resources, "AWS::SNS::Topic").items():
+        assert topic["Properties"].get("KmsMasterKeyId") == {"Fn::GetAtt": [key, "Arn"]}, name
+    services = {}
+    for statement in synthesized.resources[key]["Properties"]["KeyPolicy"]["Statement"]:
+        service = statement["Principal"].get("Service")
+        if service is not None:
+            services[service] = set(_listed(statement["Action"]))
+    assert wiring.BUCKET_NOTIFICATIONS  # S3 publishes ModelUpdated and ModelDropped
+    assert {"kms:GenerateDataKey", "kms:Decrypt"} <= services.pop("s3.amazonaws.com")
+    assert {"kms:GenerateDataKey*", "kms:Decrypt"} <= services.pop("cloudwatch.amazonaws.com")
+    assert services == {}
+    publishers = [
+        (f"<{fn.name}>", synthesized.logical_id(stack.compute.functions[fn.name]))
+        for fn in wiring.FUNCTIONS
+        if fn.publishes
+    ]
+    state_machine = stack.get_logical_id(stack.orchestration.state_machine.role.node.default_child)
+    for name, role in [(n, _role_of(synthesized, f)) for n, f in publishers] + [("state machine", state_machine)]:
+        granted = _granted_on(synthesized, role, {"Fn::GetAtt": [key, "Arn"]})
+        assert granted == {"kms:GenerateDataKey", "kms:Decrypt"}, (name, granted)
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _role_of(synthesized: Synthesized, function_id: str) -> str:
+    return synthesized.resources[function_id]["Properties"]["Role"]["Fn::GetAtt"][0]
+
+
+def _granted_on(synthesized: Synthesized, role: str, resource: Any) -> set[str]:
+    """The actions the policies attached to ``role`` allow on ``resource``."""
+    granted: set[str] = set()
+    for policy in _of_type(synthesized.resources, "AWS::IAM::Policy").values():
+        if {"Ref": role} in policy["Properties"]["Roles"]:
+            for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+                if resource in _listed(statement["Resource"]):
+                    granted |= set(_listed(statement["Action"]))
+    return granted
+
+
+def test_the_bucket_notification_handler_logs_to_a_group_with_the_functions_retention(
+    synthesized: Synthesized,
+) -> None:
+    """CDK's own function that writes the bucket's notification configuration: its logs are not kept forever."""
+    (handler,) = [
+        f["Properties"]
+        for name, f in _of_type(synthesized.resources, "AWS::Lambda::Function").items()
+        if name.startswith("BucketNotificationsHandler")
+    ]
+    log_group = synthesized.resources[handler["LoggingConfig"]["LogGroup"]["Ref"]]
+    assert log_group["Type"] == "AWS::Logs::LogGroup"
+    assert log_group["Properties"]["RetentionInDays"] == 30  # as the functions' own
+
+
 def test_queues_are_encrypted_and_enforce_tls_and_dead_letters_are_kept_two_weeks(synthesized: Synthesized) -> None:
     messaging = synthesized.stack.messaging
     # a DLQ per topic subscriber, the failure queue, and each trigger queue with its DLQ
@@ -180,7 +244,9 @@ def test_bucket_is_private_encrypted_logged_and_expires_tagged_scratch(synthesiz
     assert expiring == [scratch]
 
 
-def test_alarms_cover_errors_dead_letters_and_failed_runs(synthesized: Synthesized) -> None:
+def test_alarms_cover_errors_dead_letters_failed_runs_rejected_messages_and_deadline_actions(
+    synthesized: Synthesized,
+) -> None:
     alarms = _of_type(synthesized.resources, "AWS::CloudWatch::Alarm").values()
     by_metric: dict[str, int] = {}
     for alarm in alarms:
@@ -193,7 +259,22 @@ def test_alarms_cover_errors_dead_letters_and_failed_runs(synthesized: Synthesiz
         "Errors": PIPELINE_SIZE,
         "NumberOfMessagesReceived": len(synthesized.stack.messaging.dead_letter_queues),
         "ExecutionsFailed": 1,
+        deployment.Metric.REJECTED_MESSAGES: 1,
+        deployment.Metric.DEADLINE_ACTIONS: 1,
     }
+    for metric in (deployment.Metric.REJECTED_MESSAGES, deployment.Metric.DEADLINE_ACTIONS):
+        # any one in a period: a forged or malformed message, a step late past its deadline
+        synthesized.template.has_resource_properties(
+            "AWS::CloudWatch::Alarm",
+            {
+                "MetricName": metric.value,
+                "Namespace": deployment.METRICS_NAMESPACE,
+                "Dimensions": [{"Name": "service", "Value": deployment.SERVICE_NAME}],
+                "Statistic": "Sum",
+                "Threshold": 0,
+                "ComparisonOperator": "GreaterThanThreshold",
+            },
+        )
     state_machine = synthesized.logical_id(synthesized.stack.orchestration.state_machine)
     synthesized.template.has_resource_properties(
         "AWS::CloudWatch::Alarm",

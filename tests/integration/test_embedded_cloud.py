@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from moto import mock_aws
 
 from slsml.aws import clients as aws
 from slsml.aws.ranged import RangedReads
-from slsml.local.cloud import EmbeddedCloud, LocalDeployment
+from slsml.local.cloud import EmbeddedCloud, LocalDeployment, signed
 from slsml.spec import deployment as deployment_spec
 from slsml.spec import keys, wiring
 from tests.processes import left_running
@@ -41,10 +42,10 @@ def test_two_clouds_in_one_process_do_not_share_state(monkeypatch: pytest.Monkey
         aws.client("s3").put_object(Bucket=one.bucket, Key="runs/x/run.json", Body=b"{}", IfNoneMatch="*")
         _use(monkeypatch, two)  # the cached clients must now reach the second cloud
         assert aws.client("s3").list_objects_v2(Bucket=two.bucket).get("KeyCount", 0) == 0
-        sns = boto3.client("sns", endpoint_url=second.endpoint, region_name="us-east-1")
+        sns = second.client("sns")
         topics = {t["TopicArn"].rsplit("-", 1)[-1] for t in sns.list_topics()["Topics"]}
         assert topics == {t.name for t in wiring.TOPICS}
-        sqs = boto3.client("sqs", endpoint_url=second.endpoint, region_name="us-east-1")
+        sqs = second.client("sqs")
         queued = [fn for fn in wiring.FUNCTIONS if not fn.reads_dead_letters]  # the reader takes the DLQs'
         assert len(sqs.list_queues()["QueueUrls"]) == 2 * len(queued)  # one queue + DLQ each
     finally:
@@ -147,7 +148,8 @@ def test_the_server_keeps_connections_and_s3s_names_as_sent() -> None:
         sockets: list[list[object]] = [[] for _ in connections]
         for _ in range(3):
             for used, connection in zip(sockets, connections, strict=True):
-                connection.request("GET", "/moto-api/data.json")
+                state = signed("GET", f"{cloud.endpoint}/moto-api/data.json", cloud.credentials)
+                connection.request("GET", "/moto-api/data.json", headers=dict(state.header_items()))
                 response = connection.getresponse()
                 response.read()
                 assert response.status == 200 and response.getheader("Connection") != "close"
@@ -247,20 +249,22 @@ def ranged_reads(s3: object) -> list[object]:
     asked = [("presigned", key, r) for key in (shard, odd) for r in ranges]
     asked += [("presigned", "missing", (0, 9)), ("gone", shard, (0, 9))]
 
-    def outcome(read: Callable[[], bytes]) -> object:
+    def outcome(read: Callable[[], object]) -> object:
         try:
             return read()
         except ClientError as error:
             return error.response["Error"]["Code"]
 
-    def by_call(bucket: str, key: str, first: int, last: int) -> bytes:
-        return s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={first}-{last}")["Body"].read()
+    def by_call(bucket: str, key: str, first: int, last: int) -> tuple[bytes, str]:
+        """The bytes, with the object's ETag (the one a read by URL answers with too)."""
+        answer = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={first}-{last}")
+        return answer["Body"].read(), answer["ETag"]
 
     out: list[object] = []
     for bucket, key, (first, last) in asked:
         by_url = outcome(partial(RangedReads(s3, bucket).get, key, first, last))
         assert by_url == outcome(partial(by_call, bucket, key, first, last)), (bucket, key, first, last)
-        out.append(by_url)
+        out.append(by_url[0] if isinstance(by_url, tuple) else by_url)
     return out
 
 
@@ -329,8 +333,9 @@ def test_the_server_ends_with_the_process_that_started_it() -> None:
     )  # its own process group
     try:
         endpoint = owner.stdout.readline().strip()
-        with urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=5) as served:
-            assert served.status == 200
+        with pytest.raises(urllib.error.HTTPError) as served:  # it serves: an unsigned request is refused
+            urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=5)
+        assert served.value.code == 403
     finally:
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()

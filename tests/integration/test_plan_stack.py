@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import boto3
 import pytest
 
 from slsml.cli.main import main
@@ -46,8 +45,8 @@ def stack(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[str]:
     cloud = EmbeddedCloud()
     cloud.start()
     for name, value in {
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_ACCESS_KEY_ID": cloud.credentials.access_key,
+        "AWS_SECRET_ACCESS_KEY": cloud.credentials.secret_key,
         "AWS_DEFAULT_REGION": REGION,
         "AWS_ENDPOINT_URL": cloud.endpoint,
     }.items():
@@ -64,9 +63,7 @@ def stack(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[str]:
         "Resources": {"Placeholder": {"Type": "AWS::SQS::Queue", "Properties": {"QueueName": "plan-placeholder"}}},
         "Outputs": {key: {"Value": value} for key, value in outputs.items()},
     }
-    boto3.client("cloudformation", endpoint_url=cloud.endpoint, region_name=REGION).create_stack(
-        StackName=STACK, TemplateBody=json.dumps(template)
-    )
+    cloud.client("cloudformation").create_stack(StackName=STACK, TemplateBody=json.dumps(template))
     try:
         yield STACK
     finally:

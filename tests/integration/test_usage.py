@@ -26,7 +26,6 @@ from slsml.local.cloud import REGION, EmbeddedCloud
 from slsml.state import records
 
 BUCKET, TABLE = "usage-bucket", "usage-table"
-ENVIRONMENT = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": REGION}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +40,13 @@ def cloud() -> Iterator[EmbeddedCloud]:
 
 @pytest.fixture
 def endpoint(cloud: EmbeddedCloud, monkeypatch: pytest.MonkeyPatch) -> str:
-    for name, value in {**ENVIRONMENT, "AWS_ENDPOINT_URL": cloud.endpoint}.items():
+    environment = {
+        "AWS_ACCESS_KEY_ID": cloud.credentials.access_key,
+        "AWS_SECRET_ACCESS_KEY": cloud.credentials.secret_key,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ENDPOINT_URL": cloud.endpoint,
+    }
+    for name, value in environment.items():
         monkeypatch.setenv(name, value)
     return cloud.endpoint
 
@@ -161,9 +166,9 @@ def test_a_read_by_presigned_url_counts_as_a_get_each_attempt(endpoint: str, lin
     s3.meta.events.register("before-send.s3.GetObject", slow_down_once, unique_id="slow-down-once")
     try:
         with usage.invocation("worker", 3008), usage.scope("run-g", 2, worker=1):
-            assert store.get_range("runs/g/blob", (10, 109)) == (bytes(range(256)) * 40)[10:110]
+            assert store.get_range("runs/g/blob", (10, 109)).body == (bytes(range(256)) * 40)[10:110]
             with usage.warming():
-                assert len(store.get_range("runs/g/blob", (0, 49))) == 50
+                assert len(store.get_range("runs/g/blob", (0, 49)).body) == 50
     finally:
         s3.meta.events.unregister("before-send.s3.GetObject", unique_id="slow-down-once")
     iteration, warmed = lines
@@ -291,8 +296,8 @@ def test_a_scope_says_which_part_of_its_iteration_the_message_was(endpoint: str,
     assert (record.worker, record.shard, record.invocation, record.trace_id) == (2, None, "req-1", "1-abc-def")
 
 
-def test_cloudwatch_reader_returns_the_runs_usage_lines(endpoint: str) -> None:
-    logs = boto3.client("logs", endpoint_url=endpoint, region_name=REGION)
+def test_cloudwatch_reader_returns_the_runs_usage_lines(cloud: EmbeddedCloud, endpoint: str) -> None:
+    logs = cloud.client("logs")
     groups = {"/aws/lambda/Slsml-Worker": "worker", "/aws/lambda/Slsml-Merger": "merger"}
     now_ms = int(time.time() * 1000)
 

@@ -12,7 +12,7 @@ import pytest
 
 from slsml.bench import admm as bench_admm
 from slsml.bench.algorithms import Variant
-from slsml.cli import display
+from slsml.cli import display_bench
 from slsml.data import datasets as data
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import load_weights
@@ -223,7 +223,7 @@ def test_the_verdict_counts_admm_rounds_to_gradient_averaging_s_accuracy_less_a_
     report = bench_admm.judge([_variant("gradient", gradient), _variant("admm", admm_curve)])
     assert (report.target, report.gradient_rounds, report.admm_rounds, report.admm_fewer) == (0.96, 6, rounds, fewer)
     monkeypatch.setenv("COLUMNS", "200")
-    display.print_admm(report)
+    display_bench.print_admm(report)
     drawn = capsys.readouterr().out
     rows = {
         cells[0]: cells[1:]

@@ -9,7 +9,7 @@ import pytest
 
 from slsml.bench import algorithms as bench_algorithms
 from slsml.bench.algorithms import AlgorithmsReport, Variant
-from slsml.cli import display
+from slsml.cli import display_bench
 from slsml.client.runs import FleetChange
 
 # name → (rounds to the target, seconds to it, fleet): averaging K=16 is fast, the tuner near the fastest fixed W
@@ -65,7 +65,7 @@ def test_a_row_per_variant_and_the_verdicts(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("COLUMNS", "200")
-    display.print_algorithms(_report())
+    display_bench.print_algorithms(_report())
     drawn = capsys.readouterr().out
     rows: dict[str, list[str]] = {}  # variant → its cells to the target, then over the budget
     for line in drawn.splitlines():
@@ -97,7 +97,7 @@ def test_a_verdict_without_the_figures_says_so(
     report = _report()
     for v in report.variants:
         v.wall_to_target_s = None
-    display.print_algorithms(
+    display_bench.print_algorithms(
         report.model_copy(
             update={"averaging_ratio": None, "averaging_fast": False, "tuned_ratio": None, "tuned_close": False}
         )

@@ -10,7 +10,7 @@ import pytest
 
 from slsml.bench import communication as bench_communication
 from slsml.bench.communication import CommunicationReport, Variant
-from slsml.cli import display
+from slsml.cli import display_bench
 
 DENSE_UPDATE = 32 + 4 * 38_282  # bytes of one dense update of the demo CNN
 WORKERS, ITERATIONS = 8, 150
@@ -124,7 +124,7 @@ def test_the_verdicts_follow_the_figures() -> None:
 
 def test_the_tables_and_the_verdict_lines(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COLUMNS", "300")
-    display.print_communication(_report())
+    display_bench.print_communication(_report())
     drawn = capsys.readouterr().out
     reaching = _rows(drawn, "to the first model at test accuracy 0.95")
     assert reaching["dense"] == [
@@ -172,7 +172,7 @@ def test_top_k_short_of_the_target_shows_how_close(
 ) -> None:
     monkeypatch.setenv("COLUMNS", "300")
     report = _report(topk=(32 + 8 * 384, None, 0.9400))
-    display.print_communication(report)
+    display_bench.print_communication(report)
     drawn = capsys.readouterr().out
     assert _rows(drawn, "to the first model")["topk"][1:5] == ["–", "–", "–", "–"]
     assert (
@@ -183,5 +183,5 @@ def test_top_k_short_of_the_target_shows_how_close(
 
 
 def test_accuracy_checkpoints() -> None:
-    assert display.accuracy_checkpoints(150) == [10, 20, 30, 50, 75, 100, 150]
-    assert display.accuracy_checkpoints(3) == [1, 2, 3]
+    assert display_bench.accuracy_checkpoints(150) == [10, 20, 30, 50, 75, 100, 150]
+    assert display_bench.accuracy_checkpoints(3) == [1, 2, 3]

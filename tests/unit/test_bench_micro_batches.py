@@ -12,7 +12,7 @@ import pytest
 
 from slsml.aws import cache
 from slsml.bench import microbatch as bench
-from slsml.cli import display
+from slsml.cli import display_bench
 from slsml.rounds import sizing
 from slsml.training import modelio
 
@@ -66,6 +66,6 @@ def test_each_share_is_its_multiple_of_the_workers_micro_batch(
     assert large.peak_rss_mb is not None and small.peak_rss_mb is not None
     assert large.peak_rss_mb - small.peak_rss_mb < at_once_mb
 
-    display.print_micro_batches(report)
+    display_bench.print_micro_batches(report)
     drawn = capsys.readouterr().out
     assert f"{fitting * 3:,}" in drawn and "ratio to 1×" in drawn and f"{MEMORY_MB:,} MB" in drawn

@@ -13,7 +13,7 @@ import pytest
 from moto import mock_aws
 
 from slsml.accounting import prices
-from slsml.cli import display, options
+from slsml.cli import display, display_runs, options
 from slsml.cli.main import build_parser, main
 from slsml.client import fit, runs
 from slsml.cost.modelinfo import from_params
@@ -162,7 +162,7 @@ def test_the_summary_shows_the_spend_against_the_budget(
         reason="budget: $0.0042 spent of the $0.004 budget",
     )
     summary = runs.summarize(run, [], 5.0, spent_usd=0.0042)
-    display.print_summary(summary, as_json=True)
+    display_runs.print_summary(summary, as_json=True)
     out, err = capsys.readouterr()
     assert {k: json.loads(out)[k] for k in ("budget_usd", "spent_usd")} == {"budget_usd": 0.004, "spent_usd": 0.0042}
     row = re.search(r"│ budget\s*│ (.*?)\s*│", err)
@@ -188,12 +188,12 @@ def test_the_progress_line_shows_the_spend_against_the_budget() -> None:
         created_at=0.0,
         updated_at=5.0,
     )
-    progress = display.ProgressText(started=0.0, spent=lambda run: 0.0042)
+    progress = display_runs.ProgressText(started=0.0, spent=lambda run: 0.0042)
     line = progress.update(run, Counter(iteration=1, train_loss=0.5, workers=2))
     assert line.endswith("  $0.0042 spent of the $0.01 budget (42%)"), line
     plain = run.model_copy(update={"training": spec.model_copy(update={"budget_usd": None})})
     assert (
-        display.ProgressText(started=0.0, spent=lambda run: 0.0042)
+        display_runs.ProgressText(started=0.0, spent=lambda run: 0.0042)
         .update(plain, Counter(iteration=1))
         .endswith(f"{display.dollars(0.0042)} so far")
     )

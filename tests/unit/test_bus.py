@@ -30,7 +30,7 @@ def test_publish_delivers_every_message_of_many_batches_sent_at_once() -> None:
         sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn, Attributes={"RawMessageDelivery": "true"})
         messages = [WorkMessage(run_id="r", iteration=0, worker=w, workers=370) for w in range(370)]
         assert len(list(batches([m.model_dump_json() for m in messages]))) > 2 * PARALLEL_BATCHES
-        Bus(sns, {wiring.WORK.name: topic}).publish(wiring.WORK, messages)
+        Bus(sns, {wiring.WORK.name: topic}, lambda message: message).publish(wiring.WORK, messages)
         received: list[int] = []
         while batch := sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10).get("Messages", []):
             received += [WorkMessage.model_validate_json(m["Body"]).worker for m in batch]

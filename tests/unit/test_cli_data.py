@@ -36,11 +36,11 @@ def test_every_formats_options_are_flags_and_another_formats_are_refused(tmp_pat
 def test_a_dataset_is_shown_whole_on_a_narrow_terminal(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from slsml.cli import display
+    from slsml.cli import display_data
 
     monkeypatch.setenv("COLUMNS", "40")
     checksum = "0123456789abcdef" * 4
-    display.print_dataset(
+    display_data.print_dataset(
         {
             "name": "pets",
             "format": "images",
@@ -65,7 +65,7 @@ def test_a_dataset_is_shown_whole_on_a_narrow_terminal(
 def test_a_dataset_of_named_arrays_shows_each_array(
     store, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from slsml.cli import display
+    from slsml.cli import display_data
     from slsml.data import catalog
     from slsml.data import datasets as stored
 
@@ -76,5 +76,5 @@ def test_a_dataset_of_named_arrays_shows_each_array(
         {"pixels": [2, 2], "extra": []},
         {"pixels": "float32", "extra": "int64"},
     )
-    display.print_dataset(summary)
+    display_data.print_dataset(summary)
     assert "pixels float32[2,2], extra int64[]" in capsys.readouterr().out

@@ -7,7 +7,7 @@ import keras
 import pytest
 
 from slsml.cli import demo as cli_demo
-from slsml.cli import display, options
+from slsml.cli import display_runs, options
 from slsml.cli import main as cli
 from slsml.spec.config import KERAS_OPTIMIZERS, OptimizerConfig
 from slsml.spec.errors import BadInputError
@@ -83,7 +83,7 @@ def test_an_optimizer_named_without_a_rate_takes_keras_default_rate_and_the_line
     for name, rate in (("adam", 0.001), ("sgd", 0.01), ("rmsprop", 0.001)):
         config = in_effect(compiled(keras.optimizers.Adam(0.001)), "--optimizer", name)
         assert config.learning_rate == rate == round(float(keras.optimizers.get(name).learning_rate), 6)
-        assert display.describe_optimizer(config).startswith(
+        assert display_runs.describe_optimizer(config).startswith(
             f"optimizer: {KERAS_OPTIMIZERS[name]}, learning rate {rate:g},"
         )
 
@@ -118,7 +118,7 @@ def test_hyper_parameter_flags_apply_on_top_of_the_compiled_optimizer() -> None:
     assert in_effect(sgd, "--momentum", "0.9", "--nesterov", "--clipvalue", "0.5") == OptimizerConfig(
         name="sgd", learning_rate=0.125, momentum=0.9, nesterov=True, clipvalue=0.5
     )
-    assert display.describe_optimizer(in_effect(sgd, "--momentum", "0.9", "--learning-rate", "0.1")) == (
+    assert display_runs.describe_optimizer(in_effect(sgd, "--momentum", "0.9", "--learning-rate", "0.1")) == (
         "optimizer: SGD, learning rate 0.1, momentum 0.9, no weight decay, no clipping"
     )
 
@@ -203,7 +203,7 @@ def test_the_description_names_the_schedule_decay_and_clipping() -> None:
     schedule = keras.optimizers.schedules.CosineDecay(1e-3, 100, warmup_target=1e-2, warmup_steps=10)
     keras_optimizer = keras.optimizers.AdamW(learning_rate=schedule, global_clipnorm=1.0)
     config = OptimizerConfig.from_keras("AdamW", keras_optimizer.get_config())
-    assert display.describe_optimizer(config) == (
+    assert display_runs.describe_optimizer(config) == (
         "optimizer: AdamW, learning rate CosineDecay(initial_learning_rate=0.001, decay_steps=100,"
         " warmup_target=0.01, warmup_steps=10), weight decay 0.004, global_clipnorm 1"
     )
@@ -216,9 +216,9 @@ def test_the_description_names_the_schedule_decay_and_clipping() -> None:
         exclude_from_weight_decay=("bias", "gamma"),
         clipvalue=0.5,
     )
-    assert display.describe_optimizer(sgd) == (
+    assert display_runs.describe_optimizer(sgd) == (
         "optimizer: SGD, learning rate 0.05, momentum 0.9, nesterov, weight decay 0.01 (not on bias, gamma),"
         " clipvalue 0.5"
     )
     plain = "optimizer: Adam, learning rate 0.001, no weight decay, no clipping"
-    assert display.describe_optimizer(OptimizerConfig()) == plain
+    assert display_runs.describe_optimizer(OptimizerConfig()) == plain

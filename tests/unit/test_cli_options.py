@@ -275,3 +275,16 @@ def test_plan_refuses_both_lengths_and_reckons_its_iterations_from_the_epochs(
     assert "--iterations 3 and --epochs 1 both give the run's length: give one" in capsys.readouterr().err
     assert cli.main(["plan", "--params", "1000", "--samples", "640", "--batch", "64", "--epochs", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["workload"]["training"]["iterations"] == 20  # 2 × 640 // 64
+
+
+def test_faults_for_a_deployed_stack_are_refused_before_the_model_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("m.keras").write_bytes(b"not a model")  # never read: the flags are refused first
+    command = ["run", "start", "--stack", "prod", "--model", "m.keras", "--data", "d", "--iterations", "3"]
+    assert cli.main([*command, "--faults", "seed=3,worker_crash=0.25"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --faults seed=3,worker_crash=0.25: faults are injected into a one-shot local run only, not into"
+        " --stack prod: leave --faults out, or run it with --local and no local service up"
+    ]

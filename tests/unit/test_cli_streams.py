@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from slsml.aws import clients
-from slsml.cli import display, targets
+from slsml.cli import display_runs, targets
 from slsml.cli.main import build_parser, main
 from slsml.client import runs
 from slsml.data import datasets as data
@@ -174,7 +174,7 @@ def test_progress_into_a_pipe_is_whole_lines(monkeypatch: pytest.MonkeyPatch, ca
             workers=4,
         )
 
-    with display.run_progress("run-with-a-long-name-20261125-120000", 20, time.time()) as show:
+    with display_runs.run_progress("run-with-a-long-name-20261125-120000", 20, time.time()) as show:
         for iteration in range(1, 4):
             show(run(iteration), counter(iteration - 1))
     out, err = capsys.readouterr()
@@ -294,3 +294,33 @@ def test_run_fetch_and_local_down_as_json(recorded: Path, capsys: Capture) -> No
     assert (recorded / "fetched.keras").read_bytes() == b"a model's bytes" and "final model of b-older" in err
     result, err = _json(capsys, "local", "down")
     assert result == {"stopped": False, "recorded": 0} and "no local service was up" in err
+
+
+def test_a_piped_plan_draws_its_rule_at_richs_width_and_its_tables_uncut(tmp_path: Path) -> None:
+    """``slsml plan | less``: the ``detail`` rule as wide as rich draws into a pipe (80 columns), not across the
+    width at which the tables are drawn whole."""
+    planned = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slsml.cli.main",
+            "plan",
+            "--params",
+            "10000",
+            "--samples",
+            "1000",
+            "--sample-bytes",
+            "100",
+        ],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if k != "COLUMNS"},
+        timeout=120,
+    )
+    assert planned.returncode == 0, planned.stderr
+    lines = planned.stdout.splitlines()
+    (rule,) = [line for line in lines if line.startswith("─") and " detail " in line]
+    assert len(rule) == 80
+    assert max(len(line) for line in lines) > 80  # a table wider than the rule: drawn whole, not cut

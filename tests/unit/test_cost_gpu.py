@@ -12,16 +12,19 @@ import pytest
 
 from slsml.accounting import prices
 from slsml.cli.main import main
-from slsml.cost import gpuworker
+from slsml.cost import gpuworker, tuner
 from slsml.cost import predict as costmodel
 from slsml.cost.calibration import GpuCalibration, GpuThroughput
 from slsml.cost.modelinfo import from_params
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.plan import FunctionFigures, Plan
 from slsml.cost.workload import Accelerator, Workload, function_memory, function_timeouts
-from slsml.spec.config import TrainingSpec
+from slsml.rounds import sizing
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.spec.deployment import ENDPOINT_AZS, INTERFACE_ENDPOINTS
-from slsml.spec.errors import BadInputError
+from slsml.spec.errors import BadInputError, RunFailed
+from slsml.spec.limits import RunLimits
+from slsml.spec.shardplan import ShardPlan, VariableSpec
 
 PRICES = prices.PriceTable()
 P = Parameters()
@@ -247,7 +250,103 @@ def test_the_acceptance_epoch_against_one_machine(capsys: pytest.CaptureFixture,
     assert machine["epoch_dollars"] == pytest.approx(
         1281167 / rate / 3600 * PRICES.gpu_instances["g5.xlarge"].dollars_per_hour
     )
-    iterations = 1281167 // 8192
-    assert gpu_side["epoch_s"] == pytest.approx(iterations * out["iteration_s"])
+    assert gpu_side["epoch_s"] == pytest.approx(out["iterations_per_epoch"] * out["iteration_s"])
+    # GPU workers: at most the machine's time (micro-batches of the accelerator's memory, block-ordered reads
+    # overlapping compute, an instance's S3 rate); their dollars are what docs/cost.md reports, with what binds them
+    assert gpu_side["time_vs_machine"] <= 1 < gpu_side["dollars_vs_machine"]
     assert gpu_side["dollars_vs_machine"] == pytest.approx(gpu_side["epoch_dollars"] / machine["epoch_dollars"])
     assert gpu_side["epoch_dollars"] < cpu_side["epoch_dollars"] and gpu_side["epoch_s"] < cpu_side["epoch_s"]
+
+
+def run_config(params: int, sample_bytes: int, **training: object) -> RunConfig:
+    """A run of a one-variable model of ``params`` weights whose sample's layer outputs take ``sample_bytes``."""
+    variables = (VariableSpec(name="w", shape=(params,), trainable=True),)
+    return RunConfig(
+        run_id="gpu",
+        dataset="images",
+        training=TrainingSpec(workers=4, global_batch=8192, **training),
+        optimizer=OptimizerConfig(),
+        loss="mse",
+        classification=False,
+        plan=ShardPlan(variables=variables, bounds=(0, params)),
+        sample_bytes=sample_bytes,
+    )
+
+
+@pytest.mark.parametrize("precision", [None, "mixed_float16"])
+def test_a_gpu_workers_micro_batch_fits_its_accelerator_memory_as_the_worker_sizes_it(precision: str | None) -> None:
+    """One sizing for the plan and the worker: the most samples whose step fits the accelerator's GiB, not the
+    function's RAM (where a ResNet-50 sample's 148 MB of layer outputs leave room for about two)."""
+    work = workload(compute_per_sample_s=0.1, global_batch=8192, training=TrainingSpec(mixed_precision=precision))
+    plan = predict(on_gpu(work, gib=24))
+    config = run_config(RESNET, round(work.activation_bytes_per_sample), mixed_precision=precision)
+    worker = sizing.micro_batch(config, 3008, 1504, 0, accelerator_gib=24)
+    assert plan.micro_batch == worker == sizing.of_accelerator(config, 24).micro_batch()
+    device = sizing.of_accelerator(config, 24)
+    assert device.needed_bytes(worker) <= 24 * sizing.GIB < device.needed_bytes(worker + 1)
+    assert worker > 50 * sizing.micro_batch(config, 3008, 1504, 0)  # the CPU worker's, from its RAM
+    assert plan.micro_batches == math.ceil(8192 / 4 / worker)
+    smaller = sizing.micro_batch(config, 3008, 1504, 0, accelerator_gib=6)
+    assert 0 < smaller < worker
+    with pytest.raises(RunFailed, match=r"GPU memory .* the worker has 3 GiB"):
+        sizing.micro_batch(run_config(RESNET, 10**11), 3008, 1504, 0, accelerator_gib=3)
+
+
+def test_gpu_workers_read_in_blocks_unless_the_run_needs_the_exact_order() -> None:
+    cpu = workload(global_batch=8192, samples=1_281_167, sample_bytes=150_528)
+    assert costmodel.workload_data(cpu, P).order == "global"
+    gpu_data = costmodel.workload_data(on_gpu(cpu), P)
+    assert gpu_data.order == "blocks"
+    assert gpu_data.worker_gets < costmodel.workload_data(on_gpu(cpu.at(training=TrainingSpec())), P).gets_per_iteration
+    held_out = TrainingSpec(validation_split=0.1)
+    assert costmodel.workload_data(on_gpu(cpu.at(training=held_out)), P).order == "global"
+    one = TrainingSpec(shuffle="blocks", shuffle_block=1)  # a sample-level order on GPU workers, given
+    assert costmodel.workload_data(on_gpu(cpu.at(training=one)), P).gets_per_iteration > gpu_data.gets_per_iteration
+    assert TrainingSpec().on_gpu_workers().shuffle == "blocks" and TrainingSpec().shuffle == "global"
+
+
+def test_a_gpu_worker_moves_s3_bytes_at_its_instances_rate_over_the_connections_it_uses() -> None:
+    """Per connection as S3's guidelines give it, within the instance's network shared by its environments."""
+    work = workload(compute_per_sample_s=0.1)
+    whole, quarter = on_gpu(work, 24, "g5.xlarge"), on_gpu(work, 6, "g5.xlarge")
+    assert gpuworker.s3_mb_s(whole, 1) == gpuworker.S3_CONNECTION_MB_S
+    assert gpuworker.s3_mb_s(whole, 16) == 10e3 / 8  # 16 × 85 MB/s is past the 10 Gbps network
+    assert gpuworker.s3_mb_s(quarter, 16) == 10e3 / 8 / 4  # four environments share it
+    cpu_plan, gpu_plan = predict(work), predict(whole)
+    cpu_update, gpu_update = (
+        next(f for f in plan.functions if f.function == "worker").bytes_written for plan in (cpu_plan, gpu_plan)
+    )
+    assert cpu_update == gpu_update
+    worker = {plan.worker.kind: next(s for s in plan.stages if s.name == "Worker") for plan in (cpu_plan, gpu_plan)}
+    weights_s = P.s3_request_s + 4 * RESNET / (4 * gpuworker.S3_CONNECTION_MB_S * 1e6)  # 4 GETs at once
+    assert f"read weights (4 shards) {weights_s:.2f} s" in worker["gpu"].detail
+    assert f"write update {P.s3_request_s + 4 * RESNET / 85e6:.2f} s" in worker["gpu"].detail  # one PUT
+    facts = {fact.name: fact for fact in gpu_plan.worker.facts}
+    assert gpuworker.S3_PERFORMANCE in facts["S3 rate"].source and gpuworker.EC2_NETWORK in facts["S3 rate"].source
+
+
+def test_a_gpu_workers_streamed_reads_overlap_its_compute() -> None:
+    """The samples are read two micro-batches ahead of the one computing: the Worker waits for the first only."""
+    work = on_gpu(workload(compute_per_sample_s=0.1, global_batch=8192, samples=1_281_167, sample_bytes=150_528))
+    plan, data = predict(work), costmodel.workload_data(work, P)
+    assert data is not None and data.read_s > 0
+    compute = gpuworker.KIND.compute_s(work, P, 8192 // 4)
+    worker = next(s for s in plan.stages if s.name == "Worker").seconds
+    apart = next(s for s in predict(work.at(samples=None)).stages if s.name == "Worker").seconds  # no data reads
+    assert worker - apart < data.read_s and worker - apart <= max(0.0, data.read_s - compute) + data.read_s / 4
+
+
+def test_a_deployments_limits_carry_its_accelerator_to_the_plan_budget_and_tuner() -> None:
+    limits = RunLimits().with_worker_accelerator(24, ("g5.xlarge",))
+    assert RunLimits.model_validate_json(limits.model_dump_json()) == limits
+    work = workload(compute_per_sample_s=0.1)
+    deployed = gpuworker.deployed(work, P, PRICES, limits)
+    assert deployed.accelerator is not None and deployed.accelerator.instance == "g5.xlarge"
+    assert gpuworker.deployed(work, P, PRICES, RunLimits()) is work
+    with pytest.raises(BadInputError, match="no float32 throughput is known of NVIDIA L4"):
+        gpuworker.deployed(work, P, PRICES, RunLimits().with_worker_accelerator(24, ("g6.xlarge",)))
+    config = run_config(RESNET, 148_000_000)
+    on_cpu, on_gpus = tuner.predictor(config, 0.001), tuner.predictor(config, 0.001, limits)
+    assert on_gpus(4) != on_cpu(4)
+    ec2 = 4 * PRICES.gpu_instances["g5.xlarge"].dollars_per_hour * on_gpus(4)[0] / 3600
+    assert on_gpus(4)[1] > ec2  # its instances are billed for the round, and the pipeline's requests besides

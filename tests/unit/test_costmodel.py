@@ -198,12 +198,11 @@ def test_requests_follow_the_request_chain() -> None:
     plan = predict(workload(workers=8, reducers=3, quorum=0.75, compute_per_sample_s=0.01))
     assert plan.participants == 6
     assert plan.requests_per_iteration == {
-        "dynamodb:GetItem": 1 + 8 + 3,  # the run; the checks of Work (its counter) and Reduce (its participants)
+        "dynamodb:GetItem": 1,  # the launch's read of the run (a message's checks make no request)
         "dynamodb:UpdateItem": 1 + 8 + 1 + 3 + 2,  # claim, counters, fire, merger counters, fire+merge, advance
         "dynamodb:PutItem": 8 + 1,  # records, participants
         "dynamodb:BatchGetItem": 1,
         "s3:GetObject": 8 * (1 + 3) + 3 * 7,  # the manifest and 3 shards per worker, (6 parts + shard) per reducer
-        "s3:HeadObject": 8 + 3,  # the checks of WorkDone (its update's own report) and ReduceDone (its shard)
         "s3:ListObjectsV2": 1,  # the merge's list of the shards
         "s3:PutObject": 8 + 3 + 1,  # updates, shards, the manifest
         "s3:DeleteObjects": 1,  # the 3 superseded shards

@@ -245,7 +245,7 @@ def test_a_stored_shard_that_does_not_match_its_manifest_is_named(store: ObjectS
     x, y, x_test, y_test = arrays(6)
     manifest = data.put_dataset(store, "tampered", x, y, x_test, y_test, shard_mb=SEVEN)
     store.s3.put_object(Bucket=store.bucket, Key=keys.dataset_shard("tampered", "train", 2), Body=b"\0" * (7 * RECORD))
-    with pytest.raises(BadInputError, match="'tampered': train shard 2 does not match the checksum"):
+    with pytest.raises(BadInputError, match="'tampered': train shard 2 is not the one its manifest lists"):
         data.DatasetReader(store, manifest, LRUCache(None)).take("train", np.arange(20))
     store.s3.put_object(Bucket=store.bucket, Key=keys.dataset_shard("tampered", "train", 3), Body=b"short")
     with pytest.raises(BadInputError, match="train shard 3 is shorter than its manifest says"):
@@ -253,7 +253,7 @@ def test_a_stored_shard_that_does_not_match_its_manifest_is_named(store: ObjectS
 
 
 def test_a_manifest_that_does_not_add_up_is_refused() -> None:
-    entry = {"records": 7, "bytes": 7 * RECORD, "sha256": "0" * 64}
+    entry = {"records": 7, "bytes": 7 * RECORD, "sha256": "0" * 64, "etag": '"0"'}
     manifest = {
         "name": "m",
         "x_shape": [3, 2],

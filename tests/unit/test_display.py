@@ -1,4 +1,5 @@
-"""What the slsml command draws lives in slsml.cli.display; the other modules of slsml.cli parse and run commands."""
+"""What the slsml command draws lives in slsml.cli.display, its display_* modules and the report_* modules; the other
+modules of slsml.cli parse and run commands."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slsml.cli import display
+from slsml.cli import display, display_runs
 from slsml.cli import main as cli
 from slsml.client import runs
 from slsml.client.runs import RunSummary
@@ -41,7 +42,9 @@ SUMMARY = RunSummary(
 
 
 def test_cli_draws_nothing_itself() -> None:
-    commands = [path for path in Path(cli.__file__).parent.glob("*.py") if path.stem not in {"display", "report"}]
+    commands = [
+        path for path in Path(cli.__file__).parent.glob("*.py") if not path.stem.startswith(("display", "report"))
+    ]
     assert len(commands) > 5
     for path in commands:
         assert not re.search(r"\brich\b|Table\(|Progress\(", path.read_text()), path.name
@@ -49,7 +52,7 @@ def test_cli_draws_nothing_itself() -> None:
 
 def test_the_summary_table_and_its_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COLUMNS", "200")
-    display.print_summary(SUMMARY, as_json=True)
+    display_runs.print_summary(SUMMARY, as_json=True)
     out, err = capsys.readouterr()
     assert json.loads(out) == json.loads(SUMMARY.model_dump_json())
     assert "0.9123" in err and "s3: GetObject 18, PutObject 8" in err
@@ -89,7 +92,7 @@ def _scaled(
 
 
 def _row(name: str, summary: RunSummary, capsys: pytest.CaptureFixture[str]) -> str:
-    display.print_summary(summary, as_json=False)
+    display_runs.print_summary(summary, as_json=False)
     row = re.search(rf"│ {re.escape(name)}\s*│ (.*?)\s*│", capsys.readouterr().out)
     assert row, f"no {name} row"
     return row[1]
@@ -125,7 +128,7 @@ def test_the_run_list(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
             "started_at": 1.8e9,
         }
     )
-    display.print_runs([SUMMARY, failed])
+    display_runs.print_runs([SUMMARY, failed])
     out, err = capsys.readouterr()
     rows = [line for line in out.splitlines() if "run-" in line]
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1.8e9))
@@ -135,13 +138,13 @@ def test_the_run_list(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFix
     ]
     assert re.search(r"┃ test_loss\s*┃ first test metric\s*┃", out), out
     assert err == ""
-    display.print_runs([SUMMARY, failed], as_json=True)
+    display_runs.print_runs([SUMMARY, failed], as_json=True)
     out, err = capsys.readouterr()
     assert [RunSummary.model_validate(s) for s in json.loads(out)] == [SUMMARY, failed] and "run-2" in err
 
 
 def test_the_progress_line_says_loss_accuracy_and_time_per_iteration() -> None:
-    text = display.ProgressText(started=0.0)
+    text = display_runs.ProgressText(started=0.0)
     run = RunRecord(
         run_id="r",
         status=RunStatus.RUNNING,
@@ -168,7 +171,7 @@ def test_the_progress_line_says_loss_accuracy_and_time_per_iteration() -> None:
     assert "test_loss 0.900" in text.update(run, Counter(iteration=5, test={"loss": 0.9}))  # no metric: the loss
     several = {"loss": 0.9, "digit_loss": 0.7, "size_loss": 0.4, "digit_accuracy": 0.8}  # a model of two outputs
     assert "test_digit_accuracy 0.800" in text.update(run, Counter(iteration=6, test=several))  # past the losses
-    with display.run_progress("run-1", 10, started=0.0) as show:
+    with display_runs.run_progress("run-1", 10, started=0.0) as show:
         show(run, Counter(iteration=4, train_loss=0.5))
 
 
@@ -186,7 +189,7 @@ def test_the_line_before_a_run_says_what_model_averaging_applies() -> None:
             classification=True,
             plan=plan,
         )
-        return display.describe_update(config)
+        return display_runs.describe_update(config)
 
     assert line() == "optimizer: Adam, learning rate 0.001, no weight decay, no clipping"
     assert line(algorithm="average", local_steps=16, local_momentum=0.9) == (

@@ -85,3 +85,11 @@ def test_the_checks_find_a_cycle() -> None:
         assert _cycle(graph) is None
     with pytest.raises(AssertionError):
         assert _cycle(package_graph(graph)) is None
+
+
+def test_the_search_engine_sits_below_the_client() -> None:
+    """``slsml.search`` (the hyperparameter search's engine and records) knows nothing of how runs start or are
+    shown: ``slsml.client.tune`` drives the runs on it, and the command on that."""
+    packages = package_graph(import_graph())
+    assert "slsml.search" in packages["slsml.client"] and "slsml.search" in packages["slsml.cli"]
+    assert not packages["slsml.search"] & {"slsml.client", "slsml.cli", "slsml.local", "slsml.pipeline"}

@@ -33,7 +33,12 @@ def services():
             TableName="table", TimeToLiveSpecification={"Enabled": True, "AttributeName": records.TTL_ATTRIBUTE}
         )
         yield Services(
-            store=ObjectStore(s3, "bucket"), table=RunTable(table), bus=None, orchestrator=None, deadlines=None
+            store=ObjectStore(s3, "bucket"),
+            table=RunTable(table),
+            bus=None,
+            orchestrator=None,
+            deadlines=None,
+            keys=None,
         )
 
 

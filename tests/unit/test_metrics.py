@@ -64,6 +64,11 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Any:
     deployment_services.cache_clear()
 
 
+def signed(fields: dict[str, Any]) -> str:
+    """A Work message of ``fields`` as the pipeline sends it: with its proof of origin, under run r1's key."""
+    return deployment_services("worker", "{}").keys.sign(WorkMessage.model_validate(fields)).model_dump_json()
+
+
 def emf_lines(out: str) -> list[dict[str, Any]]:
     return [entry for line in out.splitlines() if line.startswith("{") and "_aws" in (entry := json.loads(line))]
 
@@ -76,7 +81,7 @@ def test_a_handler_writes_its_steps_metrics_and_its_s3_bytes(deployed: bytes, ca
 
     handler = envelope.pipeline_handler("worker", WorkMessage, step, idempotent=False)
     capsys.readouterr()
-    handler(sns_event(json.dumps(WORK)), LambdaContext("worker", "request-1", 1e12, 3008))
+    handler(sns_event(signed(WORK)), LambdaContext("worker", "request-1", 1e12, 3008))
     entries = [e for e in emf_lines(capsys.readouterr().out) if Metric.LATE_WORKERS.value in e]
     assert len(entries) == 1
     (entry,) = entries
@@ -91,7 +96,7 @@ def test_a_handler_writes_its_steps_metrics_and_its_s3_bytes(deployed: bytes, ca
 def test_a_handler_that_moves_no_bytes_emits_none(deployed: Any, capsys: pytest.CaptureFixture) -> None:
     handler = envelope.pipeline_handler("worker", WorkMessage, lambda message, services: None, idempotent=False)
     capsys.readouterr()
-    handler(sns_event(json.dumps(WORK)), LambdaContext("worker", "request-2", 1e12, 3008))
+    handler(sns_event(signed(WORK)), LambdaContext("worker", "request-2", 1e12, 3008))
     (entry,) = emf_lines(capsys.readouterr().out)[-1:]
     assert Metric.BYTES_READ.value not in entry and Metric.BYTES_WRITTEN.value not in entry
 
@@ -107,7 +112,14 @@ def test_a_message_not_of_its_run_is_rejected_and_counted(deployed: Any, capsys:
 
     handler = envelope.pipeline_handler("worker", WorkMessage, step, idempotent=False)
     capsys.readouterr()
-    with pytest.raises(MessageRejected, match=r"WorkMessage message r1/4 rejected: iteration 4 was not launched"):
-        handler(sns_event(json.dumps(WORK | {"iteration": 4})), LambdaContext("worker", "request-3", 1e12, 3008))
-    (entry,) = [e for e in emf_lines(capsys.readouterr().out) if Metric.REJECTED_MESSAGES.value in e]
-    assert entry[Metric.REJECTED_MESSAGES.value] == [1.0]
+    past = WORK | {"iteration": TrainingSpec().iterations + 1}  # signed, but past the run's iteration budget
+    for number, (body, rejection) in enumerate(
+        [
+            (json.dumps(WORK), "r1/3 rejected: it carries no proof of origin"),
+            (signed(past), f"r1/{past['iteration']} rejected: iteration {past['iteration']} is past the run's"),
+        ]
+    ):
+        with pytest.raises(MessageRejected, match=f"WorkMessage message {rejection}"):
+            handler(sns_event(body), LambdaContext("worker", f"request-{3 + number}", 1e12, 3008))
+        (entry,) = [e for e in emf_lines(capsys.readouterr().out) if Metric.REJECTED_MESSAGES.value in e]
+        assert entry[Metric.REJECTED_MESSAGES.value] == [1.0]

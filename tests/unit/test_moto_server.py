@@ -5,17 +5,24 @@ process's moto stays as it is."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import subprocess
 import sys
 import textwrap
+import urllib.parse
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
+from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth, SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 
 import slsml.local.moto_server
-from slsml.local.moto_server import denials, denied, object_request
+from slsml.local.moto_server import MAX_SKEW_S, Refused, denials, denied, object_request, signing_key, verify
 from slsml.spec import deployment, keys
 
 CHECK = textwrap.dedent(
@@ -166,34 +173,42 @@ TASK_CLIENTS = textwrap.dedent(
     os.environ["MOTO_PORT"] = "5123"
     from moto.stepfunctions.parser.asl.utils import boto_client
 
+    from botocore.credentials import Credentials
+
     def described(client):
         config = client.meta.config
-        return [client.meta.service_model.service_name, client.meta.region_name, client.meta.endpoint_url,
+        return [client.meta.service_model.service_name, client.meta.region_name,
                 config.retries, config.parameter_validation, config.connect_timeout, config.read_timeout]
 
-    before = [described(boto_client.boto_client_for(region, service)) for region, service in TASKS]
+    def reaches(client):
+        return [client.meta.endpoint_url, client._request_signer._credentials.access_key]
+
+    made = [boto_client.boto_client_for(region, service) for region, service in TASKS]
     sys.path.insert(0, sys.argv[1])
     import moto_server
-    moto_server.task_clients()
+    moto_server.task_clients(5123, Credentials("SERVERS", "secret"))
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_dynamodb
     kept = [state_task_service_dynamodb.boto_client_for(region, service) for region, service in TASKS]
-    assert [described(client) for client in kept] == before, ([described(client) for client in kept], before)
+    assert [described(c) for c in kept] == [described(c) for c in made]
     again = [boto_client.boto_client_for(region, service, {"RoleArn": "r"}) for region, service in TASKS]
     assert [a is k for a, k in zip(again, kept)] == [True] * len(TASKS)
     assert len({id(client) for client in kept}) == len(TASKS)
-    print(json.dumps(before))
+    print(json.dumps({"moto": [reaches(c) for c in made], "kept": [reaches(c) for c in kept]}))
     """
 ).replace("TASKS", '[("us-east-1", "dynamodb"), ("us-east-1", "sns"), ("eu-west-1", "dynamodb")]')
 
 
 def test_step_functions_tasks_keep_the_client_moto_makes_per_region_and_service() -> None:
-    """A state machine's tasks reuse one client per region and service, made as moto makes each task's."""
+    """A state machine's tasks reuse one client per region and service, made as moto makes each task's but signing
+    with the server's credentials (moto's sign with its own), at its loopback address."""
     folder = Path(slsml.local.moto_server.__file__).parent
     done = subprocess.run(
         [sys.executable, "-P", "-c", TASK_CLIENTS, str(folder)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert '"http://localhost:5123"' in done.stdout
+    reached = json.loads(done.stdout)
+    assert reached["moto"] == [["http://localhost:5123", "ak"]] * 3
+    assert reached["kept"] == [["http://127.0.0.1:5123", "SERVERS"]] * 3
 
 
 def _document(**statement: object) -> bytes:
@@ -247,3 +262,72 @@ def test_a_null_condition_matches_the_presence_it_names() -> None:
 def test_a_policy_the_server_does_not_evaluate_is_refused_by_name(statement: dict, named: str) -> None:
     with pytest.raises(ValueError, match=re.escape(named)):
         denials(_document(**statement))
+
+
+CREDENTIALS = Credentials("SLSMLKEY", "the-secret")
+NOW = 1_800_000_000.0
+
+
+def _environ(request: AWSRequest) -> dict[str, Any]:
+    """The WSGI environ cheroot gives the server for ``request``, as sent."""
+    url = urllib.parse.urlsplit(request.url)
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": request.method,
+        "REQUEST_URI": url.path + (f"?{url.query}" if url.query else ""),
+        "PATH_INFO": url.path,
+        "QUERY_STRING": url.query,
+        "HTTP_HOST": url.netloc,
+    }
+    for name, value in request.headers.items():
+        key = name.upper().replace("-", "_")
+        environ[key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else f"HTTP_{key}"] = value
+    return environ
+
+
+def _signed(signer: Any, method: str, url: str, body: bytes = b"", **headers: str) -> AWSRequest:
+    request = AWSRequest(method=method, url=url, data=body, headers=headers)
+    with mock.patch("botocore.auth.get_current_datetime", return_value=dt.datetime.fromtimestamp(NOW, dt.UTC)):
+        signer.add_auth(request)
+    return request
+
+
+def _refused(
+    environ: dict[str, Any], body: bytes = b"", now: float = NOW, credentials: Credentials = CREDENTIALS
+) -> str:
+    with pytest.raises(Refused) as refused:
+        verify(environ, credentials, now, lambda: body)
+    return refused.value.s3_code
+
+
+def test_a_request_botocore_signed_with_the_credentials_is_verified_and_any_change_refused() -> None:
+    url = "http://127.0.0.1:5000/bucket/runs/r/iters/000001/w.npz?partNumber=1"
+    s3 = _environ(_signed(S3SigV4Auth(CREDENTIALS, "s3", "us-east-1"), "GET", url, Range="bytes=0-9"))
+    assert verify(s3, CREDENTIALS, NOW).service == "s3"
+    body = b'{"TableName": "runs"}'
+    table = _signed(SigV4Auth(CREDENTIALS, "dynamodb", "us-east-1"), "POST", "http://127.0.0.1:5000/", body)
+    assert verify(_environ(table), CREDENTIALS, NOW + 60, lambda: body).service == "dynamodb"
+    assert _refused(_environ(table), b'{"TableName": "other"}') == "SignatureDoesNotMatch"  # its body changed
+    assert _refused(s3 | {"HTTP_RANGE": "bytes=0-99"}) == "SignatureDoesNotMatch"  # a signed header changed
+    assert _refused(s3 | {"REQUEST_URI": s3["REQUEST_URI"].replace("000001", "000002")}) == "SignatureDoesNotMatch"
+    assert _refused(s3, credentials=Credentials("SLSMLKEY", "another")) == "SignatureDoesNotMatch"
+    assert _refused(s3, credentials=Credentials("OTHERKEY", "the-secret")) == "InvalidAccessKeyId"
+    assert _refused(s3, now=NOW + MAX_SKEW_S + 1) == "RequestTimeTooSkewed"
+    assert _refused({k: v for k, v in s3.items() if k != "HTTP_AUTHORIZATION"}) == "AccessDenied"  # unsigned
+    assert _refused(s3 | {"HTTP_AUTHORIZATION": "AWS SLSMLKEY:c2lnbmVk"}) == "AccessDenied"  # SigV2
+
+
+def test_a_pre_signed_url_is_verified_until_it_expires() -> None:
+    signer = S3SigV4QueryAuth(CREDENTIALS, "s3", "us-east-1", expires=60)
+    presigned = _environ(_signed(signer, "GET", "http://127.0.0.1:5000/bucket/datasets/d/shard-0.npz"))
+    assert verify(presigned, CREDENTIALS, NOW + 59).expires_s == 60
+    assert _refused(presigned, now=NOW + 61) == "AccessDenied"
+    other = presigned["REQUEST_URI"].replace("shard-0", "shard-1")
+    assert _refused(presigned | {"REQUEST_URI": other}) == "SignatureDoesNotMatch"
+
+
+def test_the_signing_key_is_derived_once_per_day_region_and_service() -> None:
+    signing_key.cache_clear()
+    s3 = _environ(_signed(S3SigV4Auth(CREDENTIALS, "s3", "us-east-1"), "GET", "http://127.0.0.1:5000/bucket"))
+    for _ in range(3):
+        verify(s3, CREDENTIALS, NOW)
+    assert (signing_key.cache_info().misses, signing_key.cache_info().hits) == (1, 2)

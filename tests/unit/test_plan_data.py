@@ -83,7 +83,7 @@ def test_a_split_that_fits_the_workers_cache_costs_nothing_in_steady_state() -> 
 
 
 def test_plan_data_takes_the_figures_of_the_datasets_manifest() -> None:
-    entry = ShardEntry(records=100, bytes=100 * 3080, sha256="0" * 64)
+    entry = ShardEntry(records=100, bytes=100 * 3080, sha256="0" * 64, etag='"0"')
     manifest = DatasetManifest(
         name="images",
         x_shape=(32, 32, 3),

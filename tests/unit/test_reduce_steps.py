@@ -112,7 +112,7 @@ def _register(
         services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     _put_run(services, run_id, spec, launched)
     if watched:
-        assert services.table.watch(run_id, None, 0) is not None
+        assert services.table.watch(run_id, None, 0, None) is not None
     return config
 
 
@@ -394,9 +394,19 @@ def _deadline(
     )
 
 
-def _due(deadline: Deadline) -> Deadline:
-    """``deadline`` as it arrives when its time has come."""
-    return deadline.model_copy(update={"due_at": time.time()})
+def _due(deadline: Deadline, services: Services) -> Deadline:
+    """``deadline`` as it arrives when its time has come: the run's record of it (what the watchdog acts on) says it
+    is due now."""
+    now = time.time()
+    run = services.table.get_run(deadline.run_id)
+    if run.pending is not None:
+        pending = run.pending.model_copy(update={"due_at": now})
+        services.table.table.update_item(
+            Key={"pk": f"RUN#{deadline.run_id}", "sk": "META"},
+            UpdateExpression="SET pending = :pending",
+            ExpressionAttributeValues={":pending": pending.model_dump_json()},
+        )
+    return deadline.model_copy(update={"due_at": now})
 
 
 def _delayed(services: Services) -> int:
@@ -439,7 +449,7 @@ def test_below_the_floor_missing_workers_are_relaunched_then_the_run_fails(
     assert watchdog.on_deadline(_deadline("below"), services) == Action.RELAUNCHED
     assert services.table.get_iteration("below", 0).relaunched == {1: 1, 2: 1, 3: 1}
     assert [(d.stage, d.round, d.link) for d in sent] == [("work", 1, 1)]
-    assert watchdog.on_deadline(_due(sent[-1]), services) == Action.FAILED
+    assert watchdog.on_deadline(_due(sent[-1], services), services) == Action.FAILED
     run = services.table.get_run("below")
     assert run.status == "FAILED"
     assert run.reason == (
@@ -507,7 +517,7 @@ def test_two_copies_of_a_model_event_handled_at_once_start_one_chain(
     firsts = list(sent)
     assert {(d.iteration, d.link) for d in firsts} == {(0, 0)} and 1 <= len(firsts) <= 2
     sent.clear()
-    actions = [watchdog.on_deadline(_due(d), services) for d in firsts]
+    actions = [watchdog.on_deadline(_due(d, services), services) for d in firsts]
     assert actions.count(Action.NOTHING) == len(firsts) - 1
     assert [(d.link, d.round) for d in sent] == [(1, 1)]  # one next deadline: the chain did not fork
     assert services.table.get_run("chain-race").watched == 1
@@ -580,12 +590,12 @@ def test_a_deadline_past_the_last_iteration_launches_the_evaluation_then_complet
     assert watchdog.on_deadline(_deadline("lost-final"), services) == Action.NOTHING  # the model is not in yet
     assert services.table.get_run("lost-final").status == "RUNNING" and sent[-1].iteration == 1
     services.store.put_new(keys.model("lost-final", 1), b"the final model")
-    assert watchdog.on_deadline(_due(sent[-1]), services) == Action.RELAUNCHED
+    assert watchdog.on_deadline(_due(sent[-1], services), services) == Action.RELAUNCHED
     record = services.table.get_iteration("lost-final", 1)
     assert (record.launched_by, record.relaunched) == (DEADLINE_LAUNCH, {0: 1, 1: 1})
     assert services.table.get_run("lost-final").final_key is None  # not evaluated yet
     services.table.record_evaluation("lost-final", 0, "test", {"loss": 0.25, "auc": 0.75})
-    assert watchdog.on_deadline(_due(sent[-1]), services) == Action.COMPLETED
+    assert watchdog.on_deadline(_due(sent[-1], services), services) == Action.COMPLETED
     run = services.table.get_run("lost-final")
     assert (run.final_key, run.test_loss, run.test) == (
         keys.final_model("lost-final"),
@@ -612,7 +622,7 @@ def test_two_copies_of_a_deadline_handled_at_once_carry_the_chain_on_once(
     assert services.table.get_run("deadline-race").watched == 1
     nexts = list(sent)
     sent.clear()
-    actions = [watchdog.on_deadline(_due(d), services) for d in nexts]
+    actions = [watchdog.on_deadline(_due(d, services), services) for d in nexts]
     assert actions.count(Action.NOTHING) == 1
     assert len({d.link for d in sent}) == 1 and len(sent) == 1 and services.table.get_run("deadline-race").watched == 2
 
@@ -641,7 +651,7 @@ def test_a_shard_whose_reducer_never_finishes_keeps_its_weights(services: Servic
     assert watchdog.on_deadline(_deadline("stale", "reduce"), services) == Action.RELAUNCHED
     assert services.table.get_iteration("stale", 0).reduce_relaunches == 1
     assert [(d.stage, d.round) for d in sent] == [("reduce", 1)]
-    assert watchdog.on_deadline(_due(sent[-1]), services) == Action.STALE_SHARDS
+    assert watchdog.on_deadline(_due(sent[-1], services), services) == Action.STALE_SHARDS
     assert services.table.get_iteration("stale", 0).stale_shards == {1}
     _assert_kept(services, "stale", 1)
     assert np.array_equal(_shard(services, "stale", 1, 0).weights, _part(_expected_weights([0, 1]), 0))

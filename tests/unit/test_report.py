@@ -14,7 +14,7 @@ import pytest
 from slsml.accounting import usage
 from slsml.accounting.prices import PriceTable
 from slsml.accounting.usage import UsageRecord
-from slsml.cli import report
+from slsml.cli import report, report_charts, report_page, report_timeline
 from slsml.client import runs
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
@@ -91,7 +91,7 @@ def record_one(**fields: object) -> IterationRecord:
 
 
 def test_a_timeline_lays_out_the_iterations_invocations_in_chain_order_from_its_launch() -> None:
-    line = report.timeline(1, iteration_one(), record_one(), "median", 1.5)
+    line = report_timeline.timeline(1, iteration_one(), record_one(), "median", 1.5)
     assert [b.label for b in line.bars] == [
         "WorkLauncher",
         "Worker 0",
@@ -129,7 +129,7 @@ def test_a_timeline_marks_re_launched_attempts_a_deadline_fire_and_stale_shards(
     record = IterationRecord(
         iteration=1, reduce_fired_by=DEADLINE_OWNER, reduce_fired_at=T0 + 3.05, relaunched={1: 1}, stale_shards={0}
     )
-    line = report.timeline(1, records, record)  # not merged: the watchdog is drawn wherever it falls
+    line = report_timeline.timeline(1, records, record)  # not merged: the watchdog is drawn wherever it falls
     notes = {b.label: b.note for b in line.bars}
     assert notes == {
         "WorkLauncher": "",
@@ -144,22 +144,22 @@ def test_a_timeline_marks_re_launched_attempts_a_deadline_fire_and_stale_shards(
 
 def test_a_timeline_without_part_fields_or_an_iteration_record_still_draws() -> None:
     records = [use("worker", T0 + 1, T0 + 2), use("merger", T0 + 3, T0 + 4, requests={"s3:PutObject": 2})]
-    line = report.timeline(1, records)
+    line = report_timeline.timeline(1, records)
     assert [(b.label, b.note, b.start_s) for b in line.bars] == [("Worker", "", 0.0), ("Merger", "merges", 2.0)]
 
 
 def test_the_slowest_and_a_median_iteration_are_drawn_with_those_chosen() -> None:
     seconds = {0: 5.0, 1: 1.0, 2: 1.2, 3: 0.9}
-    assert report.choose(seconds) == [(0, "slowest"), (1, "median")]  # of an even count, the lower median
-    assert report.choose(seconds, [1, 3]) == [(0, "slowest"), (1, "median, chosen"), (3, "chosen")]
-    assert report.choose({4: 2.0}) == [(4, "slowest, median")]
-    assert report.choose({}, [2]) == [(2, "chosen")]
+    assert report_timeline.choose(seconds) == [(0, "slowest"), (1, "median")]  # of an even count, the lower median
+    assert report_timeline.choose(seconds, [1, 3]) == [(0, "slowest"), (1, "median, chosen"), (3, "chosen")]
+    assert report_timeline.choose({4: 2.0}) == [(4, "slowest, median")]
+    assert report_timeline.choose({}, [2]) == [(2, "chosen")]
 
 
 def test_iteration_seconds_are_the_ones_the_summary_takes_its_median_of() -> None:
     launched = [0.0, 5.0, 6.0, 7.2, 8.1]
     iterations = [IterationRecord(iteration=i, launched_at=T0 + t) for i, t in enumerate(launched)]
-    seconds = report.iteration_seconds(iterations)
+    seconds = report_timeline.iteration_seconds(iterations)
     assert seconds == pytest.approx({0: 5.0, 1: 1.0, 2: 1.2, 3: 0.9})
     run = RunRecord(
         run_id="r",
@@ -194,7 +194,7 @@ def test_curves_add_up_the_dollars_through_each_iteration() -> None:
         IterationRecord(iteration=0, train_loss=2.0, merged_at=T0 + 1.5),
         IterationRecord(iteration=1, train_loss=1.5, test={"loss": 1.4, "accuracy": 0.6}, merged_at=T0 + 3.5),
     ]
-    first, second = report.curves(run, iterations, records, PRICES)
+    first, second = report_charts.curves(run, iterations, records, PRICES)
     invocation = 1 / 1024 * 1024 * 1.0 + 0.5  # 1 GB-s at $1, and the request at $0.50
     assert first.dollars == pytest.approx(invocation + 0.01 + invocation + 0.01)
     assert second.dollars == pytest.approx(first.dollars + invocation + 0.01)
@@ -203,7 +203,7 @@ def test_curves_add_up_the_dollars_through_each_iteration() -> None:
 
 
 def test_usage_by_function_in_chain_order_with_requests_and_dollars_by_service() -> None:
-    uses = report.by_function(iteration_one(), PRICES)
+    uses = report_charts.by_function(iteration_one(), PRICES)
     assert [u.function for u in uses] == ["work_launcher", "worker", "reduce_launcher", "reducer", "merger", "watchdog"]
     merger = uses[4]
     assert (merger.invocations, merger.requests) == (2, {"s3": 2})
@@ -234,7 +234,7 @@ def test_faults_say_what_happened_and_what_the_pipeline_did() -> None:
             reports={0: WorkerReport(worker=0, samples=1), 1: WorkerReport(worker=1, samples=1, finite=False)},
         ),
     ]
-    found = [(f.iteration, f.what, f.done) for f in report.faults(run, iterations)]
+    found = [(f.iteration, f.what, f.done) for f in report_page.faults(run, iterations)]
     assert found == [
         (0, "the work stage passed its deadline with 1 of 3 workers in", "the watchdog fired the reduce with them"),
         (0, "worker 1 sent a NaN or Inf update", "left out of the average"),
@@ -264,8 +264,8 @@ def test_traces_per_iteration_the_launchs_first() -> None:
         use("worker", T0, T0 + 1, iteration=2),
         use("worker", T0, T0 + 1, iteration=None, trace_id="1-c"),
     ]
-    assert report.traces(records) == {1: ["1-a", "1-b"]}
-    assert report.trace_url("1-a", "eu-west-1") == (
+    assert report_page.traces(records) == {1: ["1-a", "1-b"]}
+    assert report_page.trace_url("1-a", "eu-west-1") == (
         "https://eu-west-1.console.aws.amazon.com/cloudwatch/home?region=eu-west-1#xray:traces/1-a"
     )
 
@@ -300,7 +300,7 @@ class _Page(HTMLParser):
             raise AssertionError(f"{self._field[0]} is shown as nothing")
 
 
-def _report(tmp_path: Path, reason: str | None = None) -> tuple[report.Report, runs.RunSummary]:
+def _report(tmp_path: Path, reason: str | None = None) -> tuple[report_page.Report, runs.RunSummary]:
     run = RunRecord(
         run_id="r<1>",
         status=RunStatus.COMPLETED,
@@ -333,7 +333,7 @@ def _report(tmp_path: Path, reason: str | None = None) -> tuple[report.Report, r
 
 def test_the_page_shows_the_summarys_figures_escaped_with_its_pngs_beside_it(tmp_path: Path) -> None:
     gathered, summary = _report(tmp_path, reason="<script>alert(1)</script> & more")
-    page = report.render(gathered)
+    page = report_page.render(gathered)
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
     parsed = _Page()
     parsed.feed(page)
@@ -346,7 +346,7 @@ def test_the_page_shows_the_summarys_figures_escaped_with_its_pngs_beside_it(tmp
     for name, shown in parsed.figures.items():
         for value, text in shown:
             assert json.loads(value) == dumped[name], name
-            assert text == report.shown(name, dumped[name]), name
+            assert text == report_page.shown(name, dumped[name]), name
     assert parsed.figures["test_accuracy"][0][1] == "–"  # the run's, not an iteration's
     assert parsed.figures["median_iteration_s"][0][1] == f"{summary.median_iteration_s:.3f} s"
     embedded = re.search(r'<script type="application/json" id="summary-json">(.*?)</script>', page).group(1)
@@ -371,12 +371,12 @@ def test_chosen_iterations_must_be_the_runs(tmp_path: Path) -> None:
 
 
 def test_summary_figures_as_shown() -> None:
-    assert report.shown("test_accuracy", 0.95312) == "0.9531"
-    assert report.shown("median_iteration_s", 0.37312) == "0.373 s"
-    assert report.shown("cost_usd", 0.000123456) == "$0.000123" and report.shown("cost_usd", 12.5) == "$12.50"
-    assert report.shown("overhead_share", 0.9712) == "97.1%"
-    assert report.shown("status", "COMPLETED") == "COMPLETED" and report.shown("reason", None) == "–"
-    assert report.shown("cost_by_service_usd", {"s3": 0.001, "lambda": 0.002}) == "lambda $0.002, s3 $0.001"
+    assert report_page.shown("test_accuracy", 0.95312) == "0.9531"
+    assert report_page.shown("median_iteration_s", 0.37312) == "0.373 s"
+    assert report_page.shown("cost_usd", 0.000123456) == "$0.000123" and report_page.shown("cost_usd", 12.5) == "$12.50"
+    assert report_page.shown("overhead_share", 0.9712) == "97.1%"
+    assert report_page.shown("status", "COMPLETED") == "COMPLETED" and report_page.shown("reason", None) == "–"
+    assert report_page.shown("cost_by_service_usd", {"s3": 0.001, "lambda": 0.002}) == "lambda $0.002, s3 $0.001"
 
 
 def test_the_report_command_reads_a_stack_and_says_where_a_local_runs_report_comes_from(capsys) -> None:
@@ -393,17 +393,17 @@ def test_the_report_command_reads_a_stack_and_says_where_a_local_runs_report_com
 
 def test_the_curves_and_tables_name_the_figures_as_keras_does(tmp_path: Path) -> None:
     gathered, _ = _report(tmp_path)
-    drawn = {name: [label for label, _ in lines] for name, lines in report.series(gathered.points).items()}
+    drawn = {name: [label for label, _ in lines] for name, lines in report_charts.series(gathered.points).items()}
     assert drawn == {
         "loss": ["loss", "test_loss", "val_loss"],
         "accuracy": ["accuracy", "test_accuracy", "val_accuracy"],
     }
-    page = report.render(gathered)
+    page = report_page.render(gathered)
     assert 'alt="loss, test_loss, val_loss and accuracy, test_accuracy, val_accuracy against iterations' in page
     assert "<th>test_loss</th><th>test_accuracy</th><th>test_auc</th><th>val_loss</th><th>val_accuracy</th>" in page
     assert "<th>loss</th><th>accuracy</th><th>test_accuracy</th>" in page  # every iteration: the first metric
     auc = [
-        report.Point(
+        report_charts.Point(
             iteration=i,
             wall_s=None,
             dollars=0.0,
@@ -412,11 +412,11 @@ def test_the_curves_and_tables_name_the_figures_as_keras_does(tmp_path: Path) ->
         )
         for i in range(2)
     ]
-    assert {name: [label for label, _ in lines] for name, lines in report.series(auc).items()} == {
+    assert {name: [label for label, _ in lines] for name, lines in report_charts.series(auc).items()} == {
         "loss": ["loss", "test_loss"],
         "auc": ["test_auc"],
     }  # no AUC over the batches here: only the evaluated one
-    report.draw_curves(auc, tmp_path / "auc.png")
+    report_charts.draw_curves(auc, tmp_path / "auc.png")
     assert (tmp_path / "auc.png").stat().st_size > 1000
 
 
@@ -427,5 +427,5 @@ def test_a_timeline_notes_a_workers_micro_batches_and_how_long_compute_waited_fo
         use("worker", T0 + 0.1, T0 + 50.0, worker=0, attempt=0, streamed=streamed),
         use("worker", T0 + 0.1, T0 + 2.0, worker=1, attempt=0, streamed=whole),
     ]
-    notes = {b.label: b.note for b in report.timeline(1, records).bars}
+    notes = {b.label: b.note for b in report_timeline.timeline(1, records).bars}
     assert notes == {"Worker 0": "22 micro-batches of ≤6, reads 3.21 s (0.05 s waited)", "Worker 1": ""}

@@ -120,7 +120,7 @@ def added_rule_checks() -> None:
     """In a copy of the package with CONTRIBUTING's sign rule added: ``--algorithm``'s help names it, ``slsml plan
     --algorithm sign`` plans it, a run's line describes it, each worker sends the signs of its gradient, and the
     reducers step SGD with their mean; prints the package's folder and the rule's name."""
-    from slsml.cli import display, main
+    from slsml.cli import display_runs, main
     from slsml.pipeline.steps import reduce_launcher, reducer
 
     shown = io.StringIO()
@@ -136,7 +136,7 @@ def added_rule_checks() -> None:
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     with pytest.MonkeyPatch.context() as monkeypatch, cloud.moto_services(monkeypatch) as services:
         config = cloud.register_run(services, modelio.save_model(model), "sign", algorithm="sign")
-        assert display.describe_update(config).startswith("sign gradients: the reducers step SGD")
+        assert display_runs.describe_update(config).startswith("sign gradients: the reducers step SGD")
         assert services.table.claim_launch("sign", 0, "launch-0", 0, 2) is not None
         done = [cloud.work(services, "sign", 0, worker) for worker in range(2)]
         trainable = config.plan.trainable_mask()

@@ -68,3 +68,15 @@ def test_a_refused_start_leaves_a_run_of_the_same_id_as_it_is(services: Services
     assert _start(services, "taken") == run_id  # a redelivered event: the run is there
     assert not services.table.register_refused(run_id, "e", TrainingSpec(), "the second")
     assert (services.table.get_run(run_id).reason, services.table.get_run(run_id).dataset) == ("the first", "d")
+
+
+def test_a_request_with_typos_names_each_with_the_field_meant_on_one_line(services: Services) -> None:  # noqa: F811
+    run_id = _drop(services, "typos", b'{"datset": "d", "training": {"iterationz": 3, "workers": 0}}')
+    assert _start(services, "typos") is None
+    reason = services.table.get_run(run_id).reason
+    assert reason == (
+        "incoming/typos.keras not started: incoming/typos.json is not a valid run request:"
+        " datset: unknown field (did you mean 'dataset'?);"
+        " training.workers: Input should be greater than or equal to 1 or 'auto';"
+        " training.iterationz: unknown field (did you mean 'iterations'?)"
+    )

@@ -250,22 +250,23 @@ def test_features_are_found_from_the_first_record(tmp_path: Path) -> None:
 
 
 def test_a_bad_record_stops_the_upload_with_nothing_visible(store: ObjectStore, tmp_path: Path) -> None:
-    """Records of 256×256 images (the default --image-size) come 64 to a 16 MB chunk: a record past the first
-    chunk's is bad after shards went up, and no manifest is written."""
+    """Records of 256×256 images (the default --image-size) come 64 to a 16 MB chunk, and a file's records are split
+    a block of 128 at a time: a record past the first block's is bad after shards went up, and no manifest is
+    written."""
     rng = np.random.default_rng(5)
-    images = [encoded(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8), "JPEG") for _ in range(100)]
+    images = [encoded(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8), "JPEG") for _ in range(200)]
     records = [imagenet_example(image, 1 + i % 2, rng) for i, image in enumerate(images)]
     write_records(tmp_path / "good" / "train-00000-of-00001", records)
-    records[90] = with_image(records[90], b"\xff\xd8 not a JPEG")
+    records[190] = with_image(records[190], b"\xff\xd8 not a JPEG")
     write_records(tmp_path / "bad" / "train-00000-of-00001", records)
 
     manifest = ingest.put(
         store, "good", sources.open_source(tmp_path / "good", format="tfrecord", label_offset=1), shard_mb=0.5
     )
-    assert manifest.train.count + manifest.test.count == 100
+    assert manifest.train.count + manifest.test.count == 200
     with pytest.raises(
-        BadInputError, match=r"train-00000-of-00001, record 90: not a decodable image \(cannot identify"
+        BadInputError, match=r"train-00000-of-00001, record 190: not a decodable image \(cannot identify"
     ):
         ingest.put(store, "bad", sources.open_source(tmp_path / "bad", format="tfrecord", label_offset=1), shard_mb=0.5)
-    assert store.list_keys("datasets/bad/")  # the first chunk's shards went up
+    assert store.list_keys("datasets/bad/")  # the first block's shards went up
     assert not store.exists(keys.dataset_manifest("bad")) and [d["name"] for d in catalog.listing(store)] == ["good"]

@@ -107,7 +107,7 @@ def test_a_warm_process_serving_20_runs_stays_within_its_bound(monkeypatch: pyte
             config = run_config(store, run_id)  # what a worker does with the run's work
             trainer, fresh = trainer_for(store, config, 0)
             assert fresh
-            trainer.compute_update(*reader_for(store, "d").take("train", np.arange(i, i + 8)))
+            trainer.compute_update(*reader_for(store, config).take("train", np.arange(i, i + 8)))
             sizes.append(trainer_bytes(trainer))
             warm = cache.warm()
             assert warm.limit == limit and warm.nbytes <= limit, (run_id, warm.nbytes)

@@ -3,7 +3,7 @@ times, what the run met so far, and the dollars spent, refreshed from the usage 
 
 from __future__ import annotations
 
-from slsml.cli.display import ProgressText
+from slsml.cli.display_runs import ProgressText
 from slsml.spec.config import TrainingSpec
 from slsml.state.records import Counter, RunRecord, RunStatus
 

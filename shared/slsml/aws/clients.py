@@ -1,6 +1,8 @@
 """boto3 clients with one retry policy. The endpoint comes from the standard ``AWS_ENDPOINT_URL``
 variable, so the same code talks to AWS or to the embedded cloud. Each client counts what it sends
-(``slsml.accounting.usage``).
+(``slsml.accounting.usage``). A client of an endpoint so named signs with the credentials the environment names
+as it is made (the embedded cloud's own: each cloud has its own, and refuses others), not those the session read
+when it made its first client.
 
 The clients of a process come from one session, boto3's default: botocore reads its service descriptions
 (JSON, several MB) once per session, so a client of a session of its own would read them again — about a
@@ -17,6 +19,7 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
+from botocore.credentials import Credentials
 from botocore.exceptions import NoCredentialsError, NoRegionError, PartialCredentialsError
 
 from slsml.accounting import usage
@@ -30,11 +33,21 @@ RETRIES = Config(
 
 
 def client(service: str) -> Any:
-    return _client(service, os.environ.get("AWS_ENDPOINT_URL"))
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    return _client(service, endpoint, *_endpoint_keys(endpoint))
 
 
 def resource(service: str) -> Any:
-    return _resource(service, os.environ.get("AWS_ENDPOINT_URL"))
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    return _resource(service, endpoint, *_endpoint_keys(endpoint))
+
+
+def _endpoint_keys(endpoint: str | None) -> tuple[str | None, str | None]:
+    """The access key id and secret the environment names, for a client of ``endpoint``; none for AWS's own
+    endpoints, whose clients take the session's credentials (a profile's, a role's)."""
+    if endpoint is None:
+        return None, None
+    return os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
 
 
 _making = threading.Lock()
@@ -53,24 +66,35 @@ def new_client(service: str, **options: Any) -> Any:
         return _session().client(service, **options)
 
 
+def use_credentials(credentials: Credentials) -> None:
+    """Sign with ``credentials`` the requests of the session's clients made from now on without credentials of
+    their own (boto3's ``client`` among them): the session reads the environment's once."""
+    with _making:
+        _session()._session.set_credentials(credentials.access_key, credentials.secret_key)
+
+
 # S3's requests are signed with SigV4 (``s3v4``) as botocore signs them by default; its pre-signed URLs too, which
 # botocore would otherwise sign with SigV2 (refused by the regions opened since 2014)
 SIGNING = {"s3": Config(signature_version="s3v4")}
 
 
-# cached per endpoint: a process that starts a second embedded cloud must not reach the first
+# cached per endpoint and credentials: a process that starts a second embedded cloud must not reach the first
 @cache
-def _client(service: str, endpoint: str | None) -> Any:
+def _client(service: str, endpoint: str | None, key_id: str | None, secret: str | None) -> Any:
     config = RETRIES.merge(SIGNING[service]) if service in SIGNING else RETRIES
-    made = new_client(service, config=config, endpoint_url=endpoint)
+    made = new_client(
+        service, config=config, endpoint_url=endpoint, aws_access_key_id=key_id, aws_secret_access_key=secret
+    )
     usage.instrument(made)
     return made
 
 
 @cache
-def _resource(service: str, endpoint: str | None) -> Any:
+def _resource(service: str, endpoint: str | None, key_id: str | None, secret: str | None) -> Any:
     with _making:
-        made = _session().resource(service, config=RETRIES, endpoint_url=endpoint)
+        made = _session().resource(
+            service, config=RETRIES, endpoint_url=endpoint, aws_access_key_id=key_id, aws_secret_access_key=secret
+        )
     usage.instrument(made.meta.client)
     return made
 

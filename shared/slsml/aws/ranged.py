@@ -6,7 +6,9 @@ In the exact data order a worker reads its samples one ranged GET each, and that
 A pre-signed URL signs the host alone, not the ``Range`` header, so one URL signed for an object serves every
 range of it: a GET is then an HTTP request on the client's own connection pool (its TLS and proxy settings), about
 0.5 ms. A URL is signed for ``URL_EXPIRES_S`` and used for ``URL_REUSE_S`` (botocore refreshes credentials well
-before they expire, so the credentials it was signed with outlast its use).
+before they expire, so the credentials it was signed with outlast its use). Its answer carries the object's ETag,
+which names the stored object the bytes came from: a reader that knows the one it expects checks it at no request
+more.
 
 Each GET is still one GetObject of the client: its ``before-parameter-build`` hooks see the call (fault
 injection) and its ``before-send`` hooks may answer it (moto's in-process mock); it is retried under botocore's
@@ -51,8 +53,9 @@ class RangedReads:
         )
         self._urls: dict[str, tuple[str, float]] = {}
 
-    def get(self, key: str, first: int, last: int) -> bytes:
-        """Bytes ``first`` … ``last`` (inclusive) of the object ``key``."""
+    def get(self, key: str, first: int, last: int) -> tuple[bytes, str | None]:
+        """Bytes ``first`` … ``last`` (inclusive) of the object ``key``, with the ETag of the object they were read
+        from (the whole object's, which S3 answers a ranged GET with)."""
         byte_range = f"bytes={first}-{last}"
         params = {"Bucket": self._bucket, "Key": key, "Range": byte_range}
         self._events.emit(f"before-parameter-build.s3.{_OPERATION}", params=params, model=self._operation, context={})
@@ -71,7 +74,7 @@ class RangedReads:
             else:
                 if response.status_code < 300:
                     sent.read(len(body))
-                    return body
+                    return body, response.headers.get("ETag")
                 parsed = self._parser.parse(
                     {"headers": response.headers, "status_code": response.status_code, "body": body},
                     self._operation.output_shape,

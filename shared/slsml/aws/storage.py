@@ -55,13 +55,14 @@ class ObjectStore:
     def get(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes:
         return self.read(key, byte_range).body
 
-    def get_range(self, key: str, byte_range: tuple[int, int]) -> bytes:
-        """Bytes ``byte_range`` (inclusive) of the object, without its metadata: one GET by the object's pre-signed
-        URL (``slsml.aws.ranged``), for many small reads of one object."""
+    def get_range(self, key: str, byte_range: tuple[int, int]) -> Stored:
+        """Bytes ``byte_range`` (inclusive) of the object with the object's ETag, without its metadata: one GET by the
+        object's pre-signed URL (``slsml.aws.ranged``), for many small reads of one object."""
         if self._ranged is None:
             self._ranged = RangedReads(self.s3, self.bucket)
         with self._found(key):
-            return self._ranged.get(key, *byte_range)
+            body, etag = self._ranged.get(key, *byte_range)
+        return Stored(body, {}, etag=etag)
 
     def read(self, key: str, byte_range: tuple[int, int] | None = None) -> Stored:
         """The object (or its bytes ``byte_range``, inclusive) with its metadata: one GET."""
@@ -196,17 +197,21 @@ class ObjectStore:
 
     def put_new(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> bool:
         """Create ``key``; False (and nothing written) if it already exists."""
+        return self.create(key, data, metadata) is not None
+
+    def create(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> str | None:
+        """Create ``key`` (``put_new``): the ETag S3 gave it, None (and nothing written) if it already exists."""
         # transient scratch carries the tag the bucket's lifecycle rule expires by; carried state does not
         tagging = {"Tagging": f"{SCRATCH_TAG_KEY}={SCRATCH_TAG_VALUE}"} if keys.is_transient(key) else {}
         try:
-            self.s3.put_object(
+            created = self.s3.put_object(
                 Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*", Metadata=metadata or {}, **tagging
             )
         except ClientError as error:
             if error_code(error) in {"PreconditionFailed", "ConditionalRequestConflict"}:
-                return False
+                return None
             raise
-        return True
+        return str(created["ETag"])
 
     def copy_new(self, source: str, destination: str) -> bool:
         """Create ``destination`` as a copy of ``source``, made by S3 (its bytes do not pass through this process,

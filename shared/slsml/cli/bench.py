@@ -8,7 +8,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from slsml.cli import display, options
+from slsml.cli import display, display_bench, options
 from slsml.cost.calibration import CALIBRATION_FILE
 from slsml.spec.errors import BadInputError
 
@@ -25,11 +25,11 @@ def cmd_bench_stragglers(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         with _console().status(f"starting the embedded cloud and warm function processes ({pool} for workers)…"):
             stack.enter_context(runtime)
-        with display.named_progress("[bold]({task.description})") as show:
+        with display_bench.named_progress("[bold]({task.description})") as show:
             report = bench.stragglers(
                 runtime, args.workers, args.iterations, args.slow_iterations, args.factor, show, args.ssp_factor
             )
-    display.print_stragglers(report, args.json)
+    display_bench.print_stragglers(report, args.json)
     if args.json:
         print(report.model_dump_json())
     return 0 if all(case.summary.status == "COMPLETED" for case in report.cases) else 1
@@ -40,7 +40,7 @@ def cmd_bench_barrier(args: argparse.Namespace) -> int:
 
     with _console().status(f"driving {args.small} and {args.workers} reports through the barriers…"):
         report = bench_barrier.barrier(args.workers, args.reducers, args.small)
-    display.print_barrier(report, args.workers, args.small, args.json)
+    display_bench.print_barrier(report, args.workers, args.small, args.json)
     if args.json:
         print(report.model_dump_json())
     fired = all(f.fired and f.merged for f in (report.small, report.large))
@@ -55,11 +55,11 @@ def cmd_bench_scale(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         with _console().status("starting the embedded cloud and one warm process per function…"):
             stack.enter_context(local)
-        with display.named_progress("[bold]{task.description}") as show:
+        with display_bench.named_progress("[bold]{task.description}") as show:
             grid = (args.workers or bench_scale.WORKERS, args.reducers or bench_scale.REDUCERS)
             report = bench_scale.scale(local, *grid, args.iterations, show)
     bench_scale.write_calibration(report, Path(args.calibration))
-    display.print_scale(report, args.calibration, args.json)
+    display_bench.print_scale(report, args.calibration, args.json)
     if args.json:
         print(report.model_dump_json())
     return 0 if all(point.status == "COMPLETED" for point in report.points) else 1
@@ -83,7 +83,7 @@ def _bench(
     with ExitStack() as stack:
         with _console().status(f"starting the embedded cloud and warm function processes ({workers} for workers)…"):
             stack.enter_context(runtime)
-        with display.named_progress("[bold]{task.description}") as show:
+        with display_bench.named_progress("[bold]{task.description}") as show:
             report = run(runtime, show)
     draw(report, args.json)
     if args.json:
@@ -94,7 +94,7 @@ def cmd_bench_algorithms(args: argparse.Namespace) -> int:
     from slsml.bench import algorithms as bench_algorithms
 
     pool = max(max(bench_algorithms.FIXED_WORKERS), args.pool or 0)
-    _bench(args, "algorithms", pool, 2, bench_algorithms.algorithms, display.print_algorithms)
+    _bench(args, "algorithms", pool, 2, bench_algorithms.algorithms, display_bench.print_algorithms)
     return 0
 
 
@@ -112,7 +112,7 @@ def cmd_bench_communication(args: argparse.Namespace) -> int:
         bench.WORKERS,
         bench.REDUCERS,
         lambda runtime, show: bench.communication(runtime, args.iterations, show, significance=significance),
-        display.print_communication,
+        display_bench.print_communication,
     )
     return 0
 
@@ -120,7 +120,7 @@ def cmd_bench_communication(args: argparse.Namespace) -> int:
 def cmd_bench_admm(args: argparse.Namespace) -> int:
     from slsml.bench import admm as bench
 
-    _bench(args, "admm", bench.WORKERS, bench.REDUCERS, bench.admm_against_gradient, display.print_admm)
+    _bench(args, "admm", bench.WORKERS, bench.REDUCERS, bench.admm_against_gradient, display_bench.print_admm)
     return 0
 
 
@@ -140,7 +140,7 @@ def cmd_bench_evaluation(args: argparse.Namespace) -> int:
         lambda runtime, show: bench.evaluation(
             runtime, sizes, workers, iterations or max(bench.ITERATIONS, max(workers) + 1), show
         ),
-        display.print_evaluation,
+        display_bench.print_evaluation,
     )
     return 0
 
@@ -159,7 +159,7 @@ def cmd_bench_data(args: argparse.Namespace) -> int:
         lambda runtime, show: bench.data_reads(
             runtime, samples, iterations, args.cache_mb or bench.CACHE_MB, show, args.ingest_gb or bench.INGEST_GB
         ),
-        display.print_data,
+        display_bench.print_data,
     )
     return 0
 
@@ -173,9 +173,9 @@ def cmd_bench_micro_batches(args: argparse.Namespace) -> int:
     model = None if args.model is None else Path(args.model)
     if model is not None and not model.is_file():
         raise BadInputError(f"--model {args.model}: no such file")
-    with display.named_progress("[bold]{task.description}") as show:
+    with display_bench.named_progress("[bold]{task.description}") as show:
         report = bench.micro_batches(model, memory, args.multiples or bench.MULTIPLES, repeats, args.micro_batch, show)
-    display.print_micro_batches(report, args.json)
+    display_bench.print_micro_batches(report, args.json)
     if args.json:
         print(report.model_dump_json())
     return 0 if report.peaks_within else 1
@@ -190,12 +190,12 @@ def cmd_bench_gpu(args: argparse.Namespace) -> int:
         raise BadInputError(
             f"--precisions from {', '.join(bench.PRECISIONS)}; --batches at least 1; --image-size at least 32"
         )
-    with display.named_progress("[bold]{task.description}") as show:
+    with display_bench.named_progress("[bold]{task.description}") as show:
         report = bench.measure(precisions, tuple(args.batches or bench.BATCHES), args.image_size, not args.no_cpu, show)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report.calibration.model_dump_json(indent=2))
-    display.print_gpu(report, out, args.json)
+    display_bench.print_gpu(report, out, args.json)
     if args.json:
         print(report.model_dump_json())
     return 0

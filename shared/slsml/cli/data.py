@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from slsml.cli import display, targets
+from slsml.cli import display, display_data, targets
 from slsml.spec.errors import BadInputError
 
 # ---- a source from the command line: each format's options are flags ------------------------------------------
@@ -78,7 +78,7 @@ def _ingest(
     if source.found is not None:
         display.say(f"found: {source.found}")
 
-    with display.samples_progress(f"ingesting {name}", source.count()) as advance:
+    with display_data.samples_progress(f"ingesting {name}", source.count()) as advance:
         return ingest.put(store, name, source, test_fraction, seed, shard_mb or DEFAULT_SHARD_MB, origin, advance)
 
 
@@ -125,7 +125,7 @@ def _show(manifest: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary))
     else:
-        display.print_dataset(summary)
+        display_data.print_dataset(summary)
 
 
 def cmd_data_put(args: argparse.Namespace) -> int:
@@ -146,7 +146,7 @@ def cmd_data_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summaries))
     else:
-        display.print_datasets(summaries)
+        display_data.print_datasets(summaries)
     return 0
 
 
@@ -162,11 +162,16 @@ def cmd_data_rm(args: argparse.Namespace) -> int:
     from slsml.state.records import RunStatus
 
     services = targets.required_target(args)[0]
-    using = [
-        run.run_id for run in services.table.list_runs() if run.dataset == args.name and run.status == RunStatus.RUNNING
-    ]
+    runs = [run for run in services.table.list_runs() if run.dataset == args.name]
+    using = [run.run_id for run in runs if run.status == RunStatus.RUNNING]
     if using:
         raise BadInputError(f"dataset {args.name!r} is in use by run {', '.join(using)}: stop it first")
+    resumable = [run.run_id for run in runs if run.status in (RunStatus.STOPPED, RunStatus.FAILED)]
+    if resumable and not args.force:
+        raise BadInputError(
+            f"dataset {args.name!r} is the one run {', '.join(resumable)} would resume on (`slsml run resume`):"
+            f" removed, it cannot resume; remove it all the same with `slsml data rm {args.name} --force`"
+        )
     removed = catalog.remove(services.store, args.name)
     display.done(
         f"dataset {args.name} removed ({removed} objects)", args.json, {"dataset": args.name, "objects": removed}
@@ -202,8 +207,13 @@ def add_commands(commands: Any) -> None:
     listing = datasets.add_parser("list", help="the datasets: samples, shapes, classes, bytes, format")
     show = datasets.add_parser("show", help="a dataset's manifest: samples, shapes, classes, bytes, format, origin")
     show.add_argument("name")
-    remove = datasets.add_parser("rm", help="remove a dataset (refused while a run uses it)")
+    remove = datasets.add_parser(
+        "rm", help="remove a dataset (refused while a run uses it, or a stopped or failed run may resume on it)"
+    )
     remove.add_argument("name")
+    remove.add_argument(
+        "--force", action="store_true", help="remove it though stopped or failed runs would resume on it"
+    )
     for parser, handler in ((listing, cmd_data_list), (show, cmd_data_show), (remove, cmd_data_rm)):
         parser.add_argument("--stack", help=stack_help)
         if parser is not remove:

@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from slsml.cli import display, targets
+from slsml.cli import display, display_runs, targets
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
 
@@ -26,7 +26,7 @@ def start(services: Any, model_bytes: bytes, dataset: str, spec: TrainingSpec, r
     from slsml.client import runs
 
     config = runs.prepare_run(services, model_bytes, dataset, spec, run_id=run_id)
-    display.say(display.describe_update(config))
+    display.say(display_runs.describe_update(config))
     runs.launch_run(services, config)
     return config
 
@@ -119,7 +119,7 @@ def follow(
     spent: Callable[[Any], float] | None = None if so_far is None else partial(_spent, so_far)
     if services.table.get_run(run_id).training.budget_usd is not None:  # its functions count what they spend
         spent = partial(_counted, services)
-    with display.run_progress(run_id, iterations, started, spent) as show:
+    with display_runs.run_progress(run_id, iterations, started, spent) as show:
         run = runs.wait_for_run(services, run_id, on_progress=show, timeout_s=args.timeout)
     wall_s = time.time() - started
     records = usage(run) if usage else None
@@ -129,7 +129,7 @@ def follow(
     targets.record(services, summary, out)
     if getattr(args, "report", None):
         write_report(services, records or [], run_id, Path(args.report), summary=summary)
-    display.print_summary(summary, args.json)
+    display_runs.print_summary(summary, args.json)
     return 0 if summary.status == "COMPLETED" else 1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ def cmd_local_up(args: argparse.Namespace) -> int:
         f" function); bucket {running.deployment['bucket']}. Its runs and data last as long as the service:"
         " `slsml local down` ends them. `slsml local env` prints the variables for other AWS clients.",
         args.json,
-        running.model_dump(mode="json"),
+        running.shown(),
     )
     return 0
 
@@ -103,12 +104,11 @@ def cmd_local_status(args: argparse.Namespace) -> int:
         soft_wrap=True,
     )
     if args.json:
-        print(state.model_dump_json())
+        print(json.dumps(state.shown()))
     return 0
 
 
 def cmd_local_env(args: argparse.Namespace) -> int:
-    import json
     import shlex
 
     from slsml.local import service
@@ -158,6 +158,8 @@ def add_commands(commands: Any) -> None:
         "--json", action="store_true", help="print the service's state as one JSON line (null: none is up)"
     )
     status.set_defaults(handler=cmd_local_status)
-    env = local.add_parser("env", help="export lines with which any AWS client reaches the service")
+    env = local.add_parser(
+        "env", help="export lines with which any AWS client reaches the service: its endpoint and credentials"
+    )
     env.add_argument("--json", action="store_true", help="print the variables as one JSON object")
     env.set_defaults(handler=cmd_local_env)

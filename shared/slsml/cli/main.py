@@ -15,13 +15,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from pydantic import ValidationError
 
-from slsml.cli import bench, data, demo, display, local, plan, runs
-from slsml.spec.errors import SlsmlError
+from slsml.cli import bench, data, demo, display, local, plan, runs, tune
+from slsml.spec.errors import SlsmlError, problems
 from slsml.training import quiet
 
 quiet.install()  # before anything imports TensorFlow: its start-up lines stay off the terminal
 
-GROUPS = (demo, runs, local, bench, plan, data)  # the command groups, in the order the help lists them
+GROUPS = (demo, runs, tune, local, bench, plan, data)  # the command groups, in the order the help lists them
 EXIT_CODES = (
     "exit codes: 0 done; 1 the run failed or was stopped (a benchmark: one of its checks failed; local"
     " status: no service is up); 2 bad usage or input; 130 interrupted (Ctrl-C, SIGTERM). A command's"
@@ -91,8 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     _end_on_interrupt()
     try:
         return args.handler(args)
-    except (SlsmlError, ValidationError) as error:
+    except SlsmlError as error:
         display.error(str(error))
+        return 2
+    except ValidationError as error:
+        for line in problems(error):
+            display.error(line)
         return 2
     except KeyboardInterrupt as interrupt:
         display.say(str(interrupt) or "interrupted")  # what became of the command's run, where it says

@@ -22,7 +22,7 @@ from slsml.spec.config import (
     TrainingSpec,
 )
 from slsml.spec.deployment import DEFAULT_FUNCTIONS, checked_settings
-from slsml.spec.errors import BadInputError
+from slsml.spec.errors import BadInputError, by_field
 
 # TrainingSpec fields whose flag is not named after the field (the flags' names came first): field → dest
 FLAG_NAMES = {
@@ -308,6 +308,23 @@ def check_run_length(args: argparse.Namespace) -> None:
         )
 
 
+def check_faults_apply(args: argparse.Namespace, one_shot: bool) -> None:
+    """BadInputError if --faults is given to a run that goes to the local service or a stack: faults are injected
+    into a one-shot local run's own cloud alone."""
+    if args.faults is None or one_shot:
+        return
+    if args.stack:
+        raise BadInputError(
+            f"--faults {args.faults}: faults are injected into a one-shot local run only, not into --stack"
+            f" {args.stack}: leave --faults out, or run it with --local and no local service up"
+        )
+    raise BadInputError(
+        f"--faults {args.faults}: faults are injected into a one-shot local run only, and the local service is up"
+        " (the run would go to it, which injects none): stop it (`slsml local down`) to run on a cloud of its own"
+        " with --faults, or leave --faults out"
+    )
+
+
 def training_spec(
     args: argparse.Namespace, default_learning_rate: float | None = None, iterations: int | None = None
 ) -> TrainingSpec:
@@ -331,7 +348,7 @@ def training_spec(
         return TrainingSpec(**values, optimizer=optimizer, loss=args.loss)
     except ValidationError as error:
         flags = {name: flag(_dest(name)) for name in SPEC_READINGS}
-        raise BadInputError("; ".join(_flagged(e, flags) for e in error.errors())) from None
+        raise BadInputError(_flagged(error, flags)) from None
 
 
 def _optimizer_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -368,7 +385,7 @@ def _optimizer_config(fields: dict[str, Any], compiled: str | None = None) -> Op
     try:
         return OptimizerConfig(**fields)
     except ValidationError as error:
-        message = "; ".join(_flagged(e) for e in error.errors())
+        message = _flagged(error)
         if compiled:
             message += (
                 f" (the optimizer the model is compiled with is {KERAS_OPTIMIZERS[compiled]}; --optimizer"
@@ -377,11 +394,13 @@ def _optimizer_config(fields: dict[str, Any], compiled: str | None = None) -> Op
         raise BadInputError(message) from None
 
 
-def _flagged(error: Any, flags: dict[str, str] | None = None) -> str:
-    """A pydantic error, on one line, naming flags rather than fields: ``flags``, field → flag (default:
-    OptimizerConfig's)."""
+def _flagged(error: ValidationError, flags: dict[str, str] | None = None) -> str:
+    """A pydantic error's problems (``by_field``) on one line, naming flags rather than fields: ``flags``, field →
+    flag (default: OptimizerConfig's)."""
     flags = flags or {name: flag(name) for name in (*HYPER_PARAMETERS, "learning_rate")}
-    message = error["msg"].removeprefix("Value error, ")
     fields = "|".join(sorted(flags, key=len, reverse=True))
-    message = re.sub(rf"(?<![\w-])({fields})(?![\w-])", lambda match: flags[match[1]], message)
-    return f"{flags.get(str(error['loc'][0]), error['loc'][0])}: {message}" if error["loc"] else message
+    return "; ".join(
+        (f"{flags.get(field, field)}: " if field else "")
+        + re.sub(rf"(?<![\w-])({fields})(?![\w-])", lambda match: flags[match[1]], said)
+        for field, said in by_field(error).items()
+    )

@@ -10,7 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from slsml.cli import display, follow, options, targets
+from slsml.cli import display, display_runs, follow, options, targets
 from slsml.cli.data import upload_file
 from slsml.spec.errors import BadInputError
 
@@ -27,6 +27,7 @@ def cmd_run_start(args: argparse.Namespace) -> int:
         raise BadInputError(f"model file {model_path} does not exist")
     data_path = Path(args.data)
     one_shot = args.local and targets.local_service() is None  # a cloud for this run alone
+    options.check_faults_apply(args, one_shot)
     if one_shot and data_path.suffix != ".npz":
         raise BadInputError(
             f"--data {args.data}: a one-shot local run takes a .npz file with arrays x, y; to train on it, store it"
@@ -97,7 +98,7 @@ def _run_summary(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def cmd_run_status(args: argparse.Namespace) -> int:
-    display.print_summary(_run_summary(args)[0], args.json)
+    display_runs.print_summary(_run_summary(args)[0], args.json)
     return 0
 
 
@@ -141,7 +142,7 @@ def cmd_run_list(args: argparse.Namespace) -> int:
     target = targets.target(args)
     if target is not None:
         listed |= {r.run_id: runs.summarize(r, [], r.updated_at - r.created_at) for r in target[0].table.list_runs()}
-    display.print_runs(sorted(listed.values(), key=lambda s: (s.started_at or 0.0, s.run_id)), args.json)
+    display_runs.print_runs(sorted(listed.values(), key=lambda s: (s.started_at or 0.0, s.run_id)), args.json)
     return 0
 
 

@@ -1,72 +1,117 @@
 """``slsml.fit``: Keras's ``model.fit`` through the pipeline, from Python (a script, a notebook).
 
-The arrays become a dataset in a local runtime of the call's own (or in a deployed stack's bucket), the run trains
-``epochs`` epochs of ``batch_size`` global batches, the model takes the final weights and its optimizer's state in
-place, and the result is a ``keras.callbacks.History`` as ``fit`` returns it: per epoch, the loss and compiled metrics
-over the batches of its iterations (their states summed over the epoch, as Keras sums them over an epoch's batches) and
-the figures of the validation samples at its end (``val_`` forms). The local runtime ends with the call, however the
-call ends.
+The data (arrays, dicts of arrays, a ``tf.data.Dataset``, a generator or ``keras.utils.PyDataset`` of ``(x, y[,
+sample_weight])``) is streamed batch by batch into a dataset (``DatasetWriter``: bounded memory) in a local runtime of
+the call's own (or in a deployed stack's bucket); the run trains ``epochs`` epochs of ``batch_size`` global batches
+(the last one of an epoch smaller where the samples do not fill it, as Keras trains it), the model takes the final
+weights and its optimizer's state in place, and the result is a ``keras.callbacks.History`` as ``fit`` returns it:
+per epoch, the loss and compiled metrics over the batches of its iterations (their states summed over the epoch, as
+Keras sums them over an epoch's batches) and the figures of the validation samples at its end (``val_`` forms).
+While the run trains, ``fit`` shows what Keras shows, from the run's iteration records: ``Epoch k/N``, a bar per epoch
+with the epoch's running figures, and its final line with the ``val_`` figures, which History holds. The local runtime
+ends with the call, however the call ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from slsml.client import runs
-from slsml.data import datasets as data
+from slsml.data.writer import DatasetWriter
 from slsml.pipeline.services import Services
 from slsml.spec import samples
 from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.errors import BadInputError
 from slsml.spec.samples import Arrays
-from slsml.state.records import Counter, IterationRecord, RunRecord
+from slsml.state.records import Counter, RunRecord
+
+DEFAULT_BATCH = 32  # Keras's batch_size, left out
+UPLOAD_BATCH = 1024  # samples of an unbatched dataset read at once while it is uploaded
+Chunk = tuple[Arrays, Arrays, np.ndarray | None]  # samples' x, y and weights (None: none)
+Figures = Callable[[list[np.ndarray]], dict[str, float]]
+
+
+@dataclass
+class Data:
+    """What ``fit`` was given as data, as chunks of samples: ``first`` (read already), then ``rest``; ``batch``: the
+    batch size the data comes in (a batched dataset's, a generator's first batch; None: arrays)."""
+
+    first: Chunk
+    rest: Iterator[Chunk]
+    batch: int | None
+
+    def chunks(self) -> Iterator[Chunk]:
+        return itertools.chain([self.first], self.rest)
 
 
 def fit(
     model: Any,
-    x: Arrays,
-    y: Arrays,
-    batch_size: int = 32,
+    x: Any = None,
+    y: Any = None,
+    batch_size: int | None = None,
     epochs: int = 1,
-    validation_data: tuple[Arrays, Arrays] | None = None,
-    validation_split: float | None = None,
-    sample_weight: np.ndarray | None = None,
+    verbose: int | str = "auto",
     callbacks: Sequence[Any] = (),
-    verbose: int = 1,
+    validation_split: float | None = None,
+    validation_data: Any = None,
+    sample_weight: np.ndarray | None = None,
+    steps_per_epoch: int | None = None,
     stack: str | None = None,
     **options: Any,
 ) -> Any:
-    """Train ``model`` (compiled, or given ``loss=``/``optimizer=``) on ``x``, ``y`` (each an array, or for a model of
-    several inputs or outputs a dict of arrays by input and output name) as ``model.fit`` would, on
-    ``batch_size`` samples per iteration spread over the workers, each sample's loss weighted by ``sample_weight``
-    (or ``class_weight=``) as ``fit`` weights it; ``options``: any other TrainingSpec field (``workers=8``,
-    ``reducers=2``, ``quorum=0.75``…; ``early_stopping="val_loss:3"`` and ``keep_best="val_auc"``, Keras's
-    EarlyStopping and ModelCheckpoint, which ``callbacks`` may also give as Keras callbacks). Returns a
-    ``keras.callbacks.History``; the model holds the trained weights. ``stack``: train on the deployed stack of this
-    name instead of a local runtime."""
+    """Train ``model`` (compiled, or given ``loss=``/``optimizer=``) on ``x``, ``y`` as ``model.fit`` would: each an
+    array, or for a model of several inputs or outputs a dict of arrays by input and output name; or ``x`` a
+    ``tf.data.Dataset`` (batched or not), a generator or a ``keras.utils.PyDataset`` of ``(x, y)`` or ``(x, y,
+    sample_weight)`` and no ``y``. ``batch_size`` samples per iteration spread over the workers (left out: a batched
+    dataset's or a generator's own batch size, else 32), each sample's loss weighted by ``sample_weight`` (or
+    ``class_weight=``) as ``fit`` weights it. ``validation_data``: ``(x, y[, sample_weight])`` or a dataset or
+    generator as ``x`` takes; ``validation_split``: arrays only, as Keras. ``steps_per_epoch``: for a dataset or
+    generator, an epoch is its first ``steps_per_epoch`` batches (needed for one without an end: a repeated dataset).
+    ``verbose``: 0 silent, 1 (``"auto"``) a bar per epoch, 2 one line per epoch. ``options``: any other TrainingSpec
+    field (``workers=8``, ``reducers=2``, ``quorum=0.75``…; ``early_stopping="val_loss:3"`` and
+    ``keep_best="val_auc"``, Keras's EarlyStopping and ModelCheckpoint, which ``callbacks`` may also give as Keras
+    callbacks). Returns a ``keras.callbacks.History``; the model holds the trained weights. ``stack``: train on the
+    deployed stack of this name instead of a local runtime."""
     import keras
 
     from slsml.training import evaluation, modelio
 
+    level = 1 if verbose == "auto" else int(verbose)
     checkpoints = [c.filepath for c in callbacks if isinstance(c, keras.callbacks.ModelCheckpoint)]
-    x, y = samples.as_arrays(x, "x"), samples.as_arrays(y, "y")
-    count = samples.count(x)
-    spec = _spec(count, batch_size, epochs, validation_data, validation_split, options | callback_options(callbacks))
-    first = slice(1)
+    if validation_split == 0:  # Keras's default
+        validation_split = None
+    train = training_data(x, y, sample_weight, steps_per_epoch)
+    if validation_split is not None and train.batch is not None:
+        raise BadInputError(
+            "validation_split is for arrays: give a dataset's or a generator's validation samples as validation_data"
+        )
+    validation = validation_chunks(validation_data)
+    batch = batch_size or train.batch or DEFAULT_BATCH
+    fit_options = options | callback_options(callbacks)
+    spec = _options_spec(batch, epochs, validation, validation_split, fit_options)  # before anything is stored
     # the data against the model before anything is stored (prepare_run checks it again, with the whole data's range)
     modelio.check_compiled(model, loss=spec.loss is not None, optimizer=spec.optimizer is not None)
-    modelio.check_fits(model, modelio.loss_config(model, spec.loss), x, y, None)
-    test = validation_data if validation_data is not None else (samples.take(x, first), samples.take(y, first))
-    model_bytes = modelio.save_model(model)
+    first_x, first_y, _ = train.first
+    modelio.check_fits(model, modelio.loss_config(model, spec.loss), first_x, first_y, None)
     run_id = runs.new_run_id("fit")
+    named = "test" if validation is not None else "val" if validation_split is not None else None
+    job = _Job(modelio.save_model(model), run_id, epochs, batch, validation, validation_split, fit_options, named)
+    job.verbose = level
+    shown = [(samples.take(first_x, slice(2)), samples.take(first_y, slice(2)))]
+
+    def figures(config: RunConfig) -> Figures:  # the loss and metrics of summed train states, as the workers sum them
+        return evaluation.Evaluator(model, config.loss, config.metrics, shown[0]).result
+
     if stack is not None:
         from slsml.client.stack import services_for_stack
 
-        record = _train(services_for_stack(stack), model_bytes, run_id, spec, (x, y, sample_weight), test, verbose)
+        epochs_shown = job.train(services_for_stack(stack), train, figures)
     else:
         from slsml.local.runtime import LocalRuntime
 
@@ -75,25 +120,154 @@ def fit(
             reducers=spec.reducers,
             log_dir=Path(".slsml/logs") / run_id,
         ) as local:
-            record = _train(local.services, model_bytes, run_id, spec, (x, y, sample_weight), test, verbose)
-    run, counters, final, config = record
-    trained = modelio.load_model(final)
+            epochs_shown = job.train(local.services, train, figures)
+    trained = modelio.load_model(job.final)
     for variable, value in zip(model.weights, trained.weights, strict=True):
         variable.assign(value)
     modelio.take_training(model, trained)  # the optimizer's state as fit leaves it
     for path in checkpoints:  # the best model, where ModelCheckpoint(save_best_only) would have left it
         model.save(path)
-    per_epoch = run.iterations // epochs
-    ran = min(epochs, run.iteration // per_epoch)  # fewer where early stopping ended the run
     history = keras.callbacks.History()
     history.set_model(model)
-    history.params = {"verbose": verbose, "epochs": epochs, "steps": per_epoch}
-    history.epoch = list(range(ran))
-    sample = samples.take(x, slice(2)), samples.take(y, slice(2))
-    train = evaluation.Evaluator(model, config.loss, config.metrics, sample).result
-    validation = "test" if validation_data is not None else "val"
-    history.history = epoch_history(counters, per_epoch, ran, validation, train)
+    history.params = {"verbose": verbose, "epochs": epochs, "steps": job.per_epoch}
+    history.epoch = list(range(len(epochs_shown)))
+    history.history = {}
+    for epoch_figures_ in epochs_shown:
+        for name, value in epoch_figures_.items():
+            history.history.setdefault(name, []).append(value)
     return history
+
+
+def training_data(x: Any, y: Any, weights: Any, steps: int | None) -> Data:
+    """``fit``'s training data as chunks (``Data``); BadInputError naming what it cannot take."""
+    if _streamed(x):
+        if y is not None or weights is not None:
+            raise BadInputError(
+                f"x is a {type(x).__name__}, which holds its labels (and sample weights): give no y or sample_weight"
+            )
+        return _stream(x, "x", steps)
+    if x is None or y is None:
+        raise BadInputError("fit needs x and y (arrays), or x a dataset or generator of (x, y) or (x, y, weights)")
+    if steps is not None:
+        raise BadInputError(
+            "steps_per_epoch is for a dataset or generator: an epoch of arrays is all their samples (leave it out)"
+        )
+    chunk = samples.as_arrays(x, "x"), samples.as_arrays(y, "y"), None if weights is None else np.asarray(weights)
+    return Data(chunk, iter(()), None)
+
+
+def validation_chunks(validation: Any) -> Iterable[Chunk] | None:
+    """The validation samples ``fit`` was given, as chunks (None: none): ``(x, y[, w])`` or a dataset or generator."""
+    if validation is None:
+        return None
+    if _streamed(validation):
+        return _stream(validation, "validation_data", None).chunks()
+    if not isinstance(validation, tuple | list) or len(validation) not in (2, 3):
+        raise BadInputError(
+            f"validation_data is a {type(validation).__name__}: give (x, y), (x, y, sample_weight), or a dataset or"
+            " generator of them"
+        )
+    x, y = samples.as_arrays(validation[0], "validation x"), samples.as_arrays(validation[1], "validation y")
+    weights = np.asarray(validation[2]) if len(validation) == 3 and validation[2] is not None else None
+    return [(x, y, weights)]
+
+
+def _streamed(value: Any) -> bool:
+    """Whether ``value`` is data read batch by batch: a ``tf.data.Dataset``, a ``PyDataset``, a generator or any
+    iterator (not arrays, dicts or tuples of them)."""
+    if value is None or isinstance(value, np.ndarray | Mapping | tuple | list):
+        return False
+    return _is_dataset(value) or _is_py_dataset(value) or isinstance(value, Iterator)
+
+
+def _is_dataset(value: Any) -> bool:
+    if "tensorflow" not in type(value).__module__:
+        return False
+    import tensorflow as tf
+
+    return isinstance(value, tf.data.Dataset)
+
+
+def _is_py_dataset(value: Any) -> bool:
+    import keras
+
+    return isinstance(value, keras.utils.PyDataset)
+
+
+def _stream(source: Any, what: str, steps: int | None) -> Data:
+    """A dataset's, a PyDataset's or a generator's batches as chunks, read as they are uploaded; BadInputError where
+    it yields nothing, something else than ``(x, y[, w])``, or has no end and no ``steps``."""
+    batch: int | None = None
+    if _is_dataset(source):
+        import tensorflow as tf
+
+        batch = _dataset_batch(source)
+        cardinality = int(source.cardinality())
+        if cardinality == tf.data.INFINITE_CARDINALITY and steps is None:
+            raise BadInputError(
+                f"{what}: the dataset repeats without end: give steps_per_epoch (its batches an epoch), or leave"
+                " out its .repeat()"
+            )
+        if batch is None and not _batched(source):  # single samples, read in batches as they are uploaded
+            if steps is not None:
+                raise BadInputError(
+                    f"{what}: steps_per_epoch counts batches: give the dataset batched (.batch(n)), or leave it out"
+                )
+            source = source.batch(UPLOAD_BATCH)
+            batch = -1  # the data has no batch size of its own
+        elif steps is not None:
+            source = source.take(steps)
+        batches: Iterator[Any] = iter(source.as_numpy_iterator())
+    elif _is_py_dataset(source):
+        count = len(source) if steps is None else min(steps, len(source))
+        batches = (source[i] for i in range(count))
+    else:
+        batches = iter(source) if steps is None else itertools.islice(source, steps)
+    chunks = (_chunk(element, what) for element in batches)
+    try:
+        first = next(chunks)
+    except StopIteration:
+        raise BadInputError(f"{what}: the {type(source).__name__} yields no batch") from None
+    own = batch or samples.count(first[0])
+    return Data(first, chunks, None if own == -1 else own)
+
+
+def _dataset_batch(dataset: Any) -> int | None:
+    """The batch size a ``tf.data.Dataset`` was batched with (``.batch(n)``, through the datasets built on it: map,
+    prefetch, …), None where it was not."""
+    while dataset is not None:
+        size = getattr(dataset, "_batch_size", None)
+        if size is not None:
+            return int(size)
+        dataset = getattr(dataset, "_input_dataset", None)
+    return None
+
+
+def _batched(dataset: Any) -> bool:
+    """Whether a dataset's elements are batches: their leading dimension is unknown (batched some other way)."""
+    import tensorflow as tf
+
+    shapes = [spec.shape for spec in tf.nest.flatten(dataset.element_spec)]
+    return bool(shapes) and all(shape.rank and shape[0] is None for shape in shapes)
+
+
+def _chunk(element: Any, what: str) -> Chunk:
+    """A batch ``(x, y)`` or ``(x, y, sample_weight)`` as arrays; BadInputError naming anything else."""
+    if not isinstance(element, tuple | list) or len(element) not in (2, 3):
+        form = f"a tuple of {len(element)}" if isinstance(element, tuple | list) else type(element).__name__
+        raise BadInputError(f"{what} yields {form}: fit takes batches of (x, y) or (x, y, sample_weight)")
+    x, y = samples.as_arrays(element[0], f"{what} x"), samples.as_arrays(element[1], f"{what} y")
+    weights = np.asarray(element[2]) if len(element) == 3 and element[2] is not None else None
+    return x, y, weights
+
+
+def _like(arrays: Arrays, first: Arrays) -> Arrays:
+    """``arrays`` in the dtypes of the training data's ``first`` (validation arrays of another float width)."""
+    if isinstance(arrays, dict) and isinstance(first, dict):
+        return {k: a.astype(first[k].dtype, copy=False) if k in first else a for k, a in arrays.items()}
+    if isinstance(arrays, np.ndarray) and isinstance(first, np.ndarray):
+        return arrays.astype(first.dtype, copy=False)
+    return arrays
 
 
 def callback_options(callbacks: Sequence[Any]) -> dict[str, Any]:
@@ -133,16 +307,15 @@ def callback_options(callbacks: Sequence[Any]) -> dict[str, Any]:
     return options
 
 
-def _spec(
-    count: int,
+def _options_spec(
     batch_size: int,
     epochs: int,
     validation_data: Any,
     validation_split: float | None,
     options: dict[str, Any],
 ) -> TrainingSpec:
-    """The run ``fit``'s arguments ask for: the validation data (the run's test split) evaluated at each epoch's
-    end, or the held-out ``validation_split``."""
+    """The run ``fit``'s arguments ask for, of any length: the validation data (the run's test split) monitored as
+    ``val_``, or the held-out ``validation_split``."""
     if validation_data is not None and validation_split is not None:
         raise BadInputError("give validation_data or validation_split, not both")
     if "iterations" in options or "global_batch" in options or "epochs" in options:
@@ -154,59 +327,174 @@ def _spec(
             for name in ("early_stopping", "keep_best")
             if isinstance(value := options.get(name), str) and value.startswith("val_")
         }
-    spec = TrainingSpec(global_batch=batch_size, epochs=epochs, validation_split=validation_split, **options)
+    return TrainingSpec(global_batch=batch_size, epochs=epochs, validation_split=validation_split, **options)
+
+
+def _spec(
+    count: int,
+    batch_size: int,
+    epochs: int,
+    validation_data: Any,
+    validation_split: float | None,
+    options: dict[str, Any],
+) -> TrainingSpec:
+    """The run ``fit``'s arguments ask for on ``count`` training samples: the validation data (the run's test split)
+    evaluated at each epoch's end, or the held-out ``validation_split``."""
+    spec = _options_spec(batch_size, epochs, validation_data, validation_split, options)
     per_epoch = runs.with_epochs(spec, count).iterations // epochs
     return spec.model_copy(update={"eval_every": per_epoch if validation_data is not None else 0})
 
 
-def _train(
-    services: Services,
-    model_bytes: bytes,
-    run_id: str,
-    spec: TrainingSpec,
-    train: tuple[Arrays, Arrays, np.ndarray | None],
-    test: tuple[Arrays, Arrays],
-    verbose: int,
-) -> tuple[RunRecord, list[IterationRecord], bytes, RunConfig]:
-    """Upload the data (``train``: x, y and the samples' weights), train, and return the ended run, its iterations,
-    its final model and its configuration."""
-    import keras
+@dataclass
+class _Job:
+    """A ``fit`` call's run: what it trains, and what it ended with (``final``: the model's bytes)."""
 
-    data.put_dataset(services.store, run_id, train[0], train[1], *test, w=train[2])
-    config = runs.start_run(services, model_bytes, run_id, spec, run_id=run_id)
-    bar = keras.utils.Progbar(config.training.iterations, verbose=verbose, unit_name="iteration")
-    shown = [0]  # the last iteration shown: each merged iteration's loss enters the bar's mean once
+    model_bytes: bytes
+    run_id: str
+    epochs: int
+    batch: int
+    validation: Iterable[Chunk] | None
+    validation_split: float | None
+    options: dict[str, Any]
+    named: str | None  # the counters' figures of the validation samples: test, val (None: none)
+    verbose: int = 1
+    per_epoch: int = 0
+    final: bytes = b""
 
-    def show(run: RunRecord, latest: Counter | None) -> None:
-        if run.iteration > shown[0] and latest is not None:
-            shown[0] = run.iteration
-            bar.update(run.iteration, values=[("loss", latest.train_loss)] if latest.train_loss is not None else [])
+    def train(self, services: Services, train: Data, figures: Callable[[RunConfig], Figures]) -> list[dict[str, float]]:
+        """Upload the data, train while showing each epoch, and return each epoch's figures (``figures``: the loss and
+        metrics of summed train states, of the run's configuration)."""
+        count = upload(services, self.run_id, train, self.validation)
+        spec = _spec(count, self.batch, self.epochs, self.validation, self.validation_split, self.options)
+        config = runs.start_run(services, self.model_bytes, self.run_id, spec, run_id=self.run_id)
+        self.per_epoch = config.training.iterations // self.epochs
+        view = EpochView(self.epochs, self.per_epoch, self.named, figures(config))
+        view.verbose = self.verbose
+        run = runs.wait_for_run(services, self.run_id, on_progress=view.follower(services.table, config), poll_s=0.2)
+        if run.status != "COMPLETED" or run.final_key is None:
+            raise BadInputError(f"run {self.run_id} ended {run.status}: {run.reason}")
+        view.end(run, services.table.list_iterations(self.run_id))
+        self.final = runs.final_model(services, run)
+        return view.shown
 
-    run = runs.wait_for_run(services, run_id, on_progress=show if verbose else None, poll_s=0.2)
-    if run.status != "COMPLETED" or run.final_key is None:
-        raise BadInputError(f"run {run_id} ended {run.status}: {run.reason}")
-    bar.update(run.iteration, finalize=True)
-    return run, services.table.list_iterations(run_id), runs.final_model(services, run), config
+
+def upload(services: Services, name: str, train: Data, validation: Iterable[Chunk] | None) -> int:
+    """Stream the training chunks (and the validation ones, as the test split; without them, the first training
+    sample: a test split holds one at least) into dataset ``name``, a chunk at a time; returns the training samples."""
+    x, y, w = train.first
+    test = validation if validation is not None else [(samples.take(x, slice(1)), samples.take(y, slice(1)), None)]
+    with DatasetWriter.like(services.store, name, x, y, weighted=w is not None) as writer:
+        for chunk in train.chunks():
+            writer.write("train", *chunk)
+        for vx, vy, vw in test:
+            writer.write("test", _like(vx, x), _like(vy, y), vw)
+        return writer.finish().train.count
+
+
+class EpochView:
+    """Keras's progress of a run, one epoch at a time, from its iteration records: ``Epoch k/N``, a
+    ``keras.utils.Progbar`` of the epoch's steps with its running loss and metrics (``figures`` of the train states
+    summed so far), and its final line with the ``validation`` figures (the counters' ``test`` or ``val``) of the
+    model at its end; each epoch's final figures kept in ``shown``, as History holds them."""
+
+    def __init__(self, epochs: int, per_epoch: int, validation: str | None, figures: Figures) -> None:
+        self.epochs, self.per_epoch, self.validation, self.figures = epochs, per_epoch, validation, figures
+        self.verbose = 1
+        self.counters: dict[int, Counter] = {}
+        self.shown: list[dict[str, float]] = []
+        self._bar: Any = None
+        self._step = 0  # steps of the current epoch shown
+
+    def follower(self, table: Any, config: RunConfig) -> Callable[[RunRecord, Counter | None], None]:
+        """What ``wait_for_run`` calls at each poll: read the counters of the iterations merged since, and show."""
+
+        def follow(run: RunRecord, latest: Counter | None) -> None:
+            for iteration in range(len(self.counters), run.iteration):
+                self.counters[iteration] = table.get_counter(run.run_id, iteration)
+            if run.status in runs.TERMINAL:
+                return  # the end is shown from the run's whole record (``end``)
+            self._show(run.iteration)
+            end = (len(self.shown) + 1) * self.per_epoch - 1
+            if self._step == self.per_epoch and end in self.counters and self._validation(self.counters[end]) is None:
+                self.counters[end] = table.get_counter(run.run_id, end)  # its validation figures come later
+                self._show(run.iteration)
+
+        return follow
+
+    def end(self, run: RunRecord, counters: Sequence[Counter]) -> None:
+        """Show the epochs left, from the ended run's records: those it ran (fewer where early stopping ended it)."""
+        self.counters = {c.iteration: c for c in counters}
+        ran = min(self.epochs, run.iteration // self.per_epoch)
+        while len(self.shown) < ran:
+            self._show(run.iteration, ended=True)
+
+    def _validation(self, counter: Counter) -> dict[str, float] | None:
+        value: dict[str, float] | None = getattr(counter, self.validation) if self.validation else {}
+        return value
+
+    def _show(self, merged: int, ended: bool = False) -> None:
+        """Bring the current epoch's bar to the ``merged`` iterations, and end each epoch whose figures are in."""
+        import keras
+
+        while len(self.shown) < self.epochs:
+            epoch = len(self.shown)
+            steps = min(merged - epoch * self.per_epoch, self.per_epoch)
+            if steps <= 0:
+                return
+            if self._bar is None:
+                if self.verbose and self.epochs > 1:
+                    print(f"Epoch {epoch + 1}/{self.epochs}", flush=True)  # where Progbar writes: stdout
+                self._bar = keras.utils.Progbar(self.per_epoch, verbose=self.verbose, stateless_metrics=set())
+                self._step = 0
+            if steps > self._step and steps < self.per_epoch and self.verbose == 1:
+                self._step = steps
+                self._bar.update(steps, list(self._running(epoch, steps).items()))
+            if steps < self.per_epoch:
+                return
+            self._step = steps
+            end = self.counters.get((epoch + 1) * self.per_epoch - 1)
+            validation = self._validation(end) if end is not None else None
+            if validation is None and not ended:
+                return  # the validation figures of the epoch's model are not in yet
+            figures = epoch_figures(self.counters, epoch, self.per_epoch, self.validation, self.figures)
+            self._bar.update(self.per_epoch, list(figures.items()), finalize=True)
+            self.shown.append(figures)
+            self._bar = None
+
+    def _running(self, epoch: int, steps: int) -> dict[str, float]:
+        """The loss and metrics over the epoch's first ``steps`` batches."""
+        first = epoch * self.per_epoch
+        states = [
+            np.asarray(c.train_state)
+            for i in range(first, first + steps)
+            if (c := self.counters.get(i)) is not None and c.train_state is not None
+        ]
+        return self.figures(states) if states else {}
+
+
+def epoch_figures(
+    counters: Mapping[int, Counter], epoch: int, per_epoch: int, validation: str | None, train: Figures
+) -> dict[str, float]:
+    """An epoch's History figures: the loss and metrics over the batches of its iterations (``train`` of their train
+    states, which it sums: those recorded), and the ``validation`` figures (its counters' ``test`` or ``val``) of the
+    model at its end, as ``val_``."""
+    first = epoch * per_epoch
+    span = [counters[i] for i in range(first, first + per_epoch) if i in counters]
+    states = [np.asarray(c.train_state) for c in span if c.train_state is not None]
+    figures = dict(train(states)) if states else {}
+    end = counters.get(first + per_epoch - 1)
+    held = getattr(end, validation, None) if validation is not None else None
+    figures |= {f"val_{name}": value for name, value in (held or {}).items()}
+    return figures
 
 
 def epoch_history(
-    counters: Sequence[Counter],
-    per_epoch: int,
-    epochs: int,
-    validation: str,
-    train: Callable[[list[np.ndarray]], dict[str, float]],
+    counters: Sequence[Counter], per_epoch: int, epochs: int, validation: str | None, train: Figures
 ) -> dict[str, list[float]]:
-    """Keras's ``History.history`` of a run's iterations: per epoch the loss and metrics over the batches of its
-    iterations (``train`` of their train states, which it sums: those recorded), and the ``validation`` figures
-    (its counters' ``test`` or ``val``) of the model at its end."""
+    """Keras's ``History.history`` of a run's iterations: ``epoch_figures`` of each of its ``epochs``."""
     by_iteration = {c.iteration: c for c in counters}
     history: dict[str, list[float]] = {}
     for epoch in range(epochs):
-        span = [by_iteration[i] for i in range(epoch * per_epoch, (epoch + 1) * per_epoch) if i in by_iteration]
-        if states := [np.asarray(c.train_state) for c in span if c.train_state is not None]:
-            for name, value in train(states).items():
-                history.setdefault(name, []).append(value)
-        end = by_iteration.get((epoch + 1) * per_epoch - 1)
-        for name, value in (getattr(end, validation, None) or {}).items():
-            history.setdefault(f"val_{name}", []).append(value)
+        for name, value in epoch_figures(by_iteration, epoch, per_epoch, validation, train).items():
+            history.setdefault(name, []).append(value)
     return history

@@ -120,6 +120,7 @@ def resume_run(services: Services, run_id: str, budget_usd: float | None = None)
         raise SlsmlError(f"run {run_id!r} is {run.status}: only a STOPPED or FAILED run can be resumed")
     training = _with_budget(services, run, budget_usd)
     config = RunConfig.model_validate(services.store.get_json(keys.run_config(run_id)))
+    _check_pinned_dataset(services, config)
     iteration = last_complete_model(services, run_id)
     if iteration is None:  # it failed before its initial model was placed
         services.store.copy_new(keys.source_model(run_id), keys.model(run_id, 0))
@@ -132,6 +133,28 @@ def resume_run(services: Services, run_id: str, budget_usd: float | None = None)
         _execution_input(config, resume=True, training=resumed.training), name=f"{run_id}-resumed-{resumed.generation}"
     )
     return resumed
+
+
+def _check_pinned_dataset(services: Services, config: RunConfig) -> None:
+    """BadInputError in one line, naming the dataset and what to do, where the dataset the run pinned is gone or
+    changed: a run resumes on the data it started on or not at all."""
+    name = config.dataset
+    try:
+        data.check_stored(services.store, name, config.dataset_sha256)
+    except NotFoundError as error:
+        again = f"`slsml data put {name} SOURCE` with the source and options it was put with"
+        if services.store.exists(keys.dataset_manifest(name)):
+            again = f"`slsml data rm {name}`, then {again}"
+        raise BadInputError(
+            f"run {config.run_id!r} cannot resume: {error}; put the same data back ({again}), or start a new run"
+            " (`slsml run start`)"
+        ) from None
+    except BadInputError as error:
+        raise BadInputError(
+            f"run {config.run_id!r} cannot resume: {error}; a run resumes on the data it started on: put that data"
+            f" back (`slsml data rm {name}`, then `slsml data put {name} SOURCE` with the source and options it was"
+            " put with), or start a new run (`slsml run start`)"
+        ) from None
 
 
 def _with_budget(services: Services, run: RunRecord, budget_usd: float | None) -> TrainingSpec | None:
@@ -218,7 +241,7 @@ def prepare_run(
 
     run_id = run_id or new_run_id()
     store = services.store
-    manifest = data.load_manifest(store, dataset)
+    manifest, pinned = data.open_manifest(store, dataset)  # the run pins the dataset as it is now
     model = modelio.load_model(model_bytes, where="the model")
     rules.of(spec).check_model(model)
     modelio.check_compiled(model, loss=spec.loss is not None, optimizer=spec.optimizer is not None)
@@ -242,6 +265,7 @@ def prepare_run(
     config = RunConfig(
         run_id=run_id,
         dataset=dataset,
+        dataset_sha256=pinned,
         training=spec,
         optimizer=optimizer,
         loss=loss,
@@ -324,7 +348,7 @@ def with_epochs(spec: TrainingSpec, train_count: int) -> TrainingSpec:
     """``spec`` with its length in iterations: ``epochs`` × the iterations of an epoch of the samples it trains on
     (its own ``iterations`` without epochs). BadInputError if the samples do not make one global batch."""
     trained = len(data.held_out(spec, train_count)[0])
-    per_epoch = data.iterations_per_epoch(trained, spec.global_batch)
+    per_epoch = data.iterations_per_epoch(trained, spec.global_batch, spec.asked_workers())
     if spec.epochs is None:
         return spec
     return spec.model_copy(update={"iterations": spec.epochs * max(1, per_epoch // spec.local_batches)})

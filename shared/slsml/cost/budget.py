@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from slsml.accounting import prices
+from slsml.cost import gpuworker
 from slsml.cost import predict as costmodel
 from slsml.cost.modelinfo import from_keras
 from slsml.cost.parameters import Parameters, Quotas
@@ -19,7 +20,8 @@ def predict(
     model_bytes: bytes, manifest: DatasetManifest, spec: TrainingSpec, limits: RunLimits | None = None
 ) -> float:
     """The run's dollars as ``slsml plan`` predicts them: the model's figures with one gradient step timed here,
-    the dataset's samples, the deployment's function memory and the timeouts of its run ``limits``, the built-in
+    the dataset's samples, the deployment's function memory, the timeouts and the workers (CPU or GPU) of its run
+    ``limits``, the built-in
     quotas and parameters, and the price table (``--prices``'s default, ``$SLSML_PRICES``). BadInputError if the
     plan cannot model the run."""
     parameters = Parameters()
@@ -33,9 +35,11 @@ def predict(
         loss=spec.loss,
         manifest=manifest,
     )
-    work = run_workload(figures, spec, manifest=manifest, limits=limits)
+    table = prices.load()
+    # the deployment's workers: GPU workers where its limits name an accelerator (``gpuworker.deployed``)
+    work = gpuworker.deployed(run_workload(figures, spec, manifest=manifest, limits=limits), parameters, table, limits)
     costmodel.check(work, parameters, Quotas())
-    return costmodel.predict(work, parameters, Quotas(), prices.load()).run_dollars
+    return costmodel.predict(work, parameters, Quotas(), table).run_dollars
 
 
 def check(

@@ -7,12 +7,12 @@ q, n = ⌈q·W⌉ participants, M = 4·params bytes, P = M/R bytes per shard, k 
 | function (invocations) | requests per invocation | S3 bytes |
 |---|---|---|
 | WorkLauncher (1) | GetItem 1, UpdateItem 1, PublishBatch ⌈W/10⌉ | – |
-| Worker (W) | GetItem 1 (its check), GetObject R + 1, PutObject 1, PublishBatch 1 | reads M, writes M + 32 |
-| ReduceLauncher (W) | HeadObject 1 (its check: the update's own report), PutItem 1, UpdateItem 1; | – |
+| Worker (W) | GetObject R + 1, PutObject 1, PublishBatch 1 | reads M, writes M + 32 |
+| ReduceLauncher (W) | PutItem 1, UpdateItem 1; | – |
 | | the firing one also UpdateItem 1, BatchGetItem ⌈W/100⌉, PutItem 1, PublishBatch ⌈R/per batch⌉ | |
-| Reducer (R) | GetItem 1 (its check), GetObject n + 1, PutObject 1, PublishBatch 1 | reads n·P + P(1+k), |
+| Reducer (R) | GetObject n + 1, PutObject 1, PublishBatch 1 | reads n·P + P(1+k), |
 | | | writes P(1+k) |
-| Merger (R) | HeadObject 1 (its check), UpdateItem 1; the merging one also ListObjectsV2 1, UpdateItem 2, | – |
+| Merger (R) | UpdateItem 1; the merging one also ListObjectsV2 1, UpdateItem 2, | – |
 | | PutObject 1, DeleteObjects ⌈(R + slots)/1000⌉ (the superseded carried state) | writes the manifest |
 
 A worker reads the weights entering its iteration from the R shards the reducers stored (one ranged GET each,
@@ -21,10 +21,11 @@ the manifest, whose S3 event launches the next iteration. It saves the model (``
 run may end on it (the final one, and each one a watched split is evaluated on) and at checkpoints: not in a steady
 iteration.
 
-The checks are each message's against the run it names (``slsml.pipeline.admission``).
+Each message's proof of origin (``slsml.pipeline.proof``) and its check against the run it names
+(``slsml.pipeline.admission``) make no request: the run's key and configuration are read once per container and run.
 
 The minimum chain is what any at-least-once pipeline of this shape must do: the data plane above (S3),
-one message per hop, one check of each message that a forged one could make act (2W + 2R), one durable
+one message per hop, one durable
 write per report (W + R), the launch's read and claim, one read of the reports at the fire (⌈W/100⌉
 BatchGetItem) and one write per barrier fire (2). The chain's calls beyond
 it, each with its reason, are ``chain_extras``.
@@ -159,15 +160,13 @@ def minimum_chain(
     W, R, n = workers, reducers, participants
     slots = traffic.worker_requests(W)  # what the worker slots keep between rounds: read once, stored once
     return {
-        # the launch reads the run; the checks of Work (its iteration's counter) and Reduce (its participants)
-        "dynamodb:GetItem": 1 + W + R,
+        "dynamodb:GetItem": 1,  # the launch reads the run
         "dynamodb:UpdateItem": 1 + R + 1,  # the launch claim, one durable write per shard report, the merge fire
         "dynamodb:PutItem": W + 1,  # one durable write per worker report, the reduce fire (its participants)
         "dynamodb:BatchGetItem": math.ceil(W / runstate.BATCH_READ),  # the reports, read once at the fire
         # each worker's trigger (the manifest, which names the shards by ETag) and weights, a part of each shard; each
         # reducer's parts and shard
         "s3:GetObject": W * (1 + R) + R * n + R + slots["s3:GetObject"],
-        "s3:HeadObject": W + R,  # the checks of each WorkDone (its update's own report), each ReduceDone (its shard)
         # the merge's look that every shard is stored (the count is a hint: a duplicate counts twice)
         "s3:ListObjectsV2": 1,
         "s3:PutObject": W + R + 1 + slots["s3:PutObject"],  # updates, shards, the next iteration's trigger

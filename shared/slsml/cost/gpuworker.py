@@ -16,7 +16,12 @@ that very card (``slsml bench gpu``), never from another card's, else from the p
 each with its source. An environment with a fraction of a GPU's memory gets that fraction of its throughput (the
 GPU's compute shared as its memory is), and no more than it measured alone with that memory. A figure measured on
 another model is carried over by the models' compute on one vCPU (``compute_per_sample_s`` against the measured
-model's ``params × compute_s_per_param_sample``, a ResNet-50-like network's)."""
+model's ``params × compute_s_per_param_sample``, a ResNet-50-like network's).
+
+S3: an environment runs on an EC2 instance, not in Lambda's sandbox, so it reads and writes S3 as an instance does
+(``s3_mb_s``): ``S3_CONNECTION_MB_S`` a connection, as many connections as the worker keeps busy (16 GETs of the
+weights or the samples, one PUT of its update), within its share of the instance's network (``NETWORK_GBPS``, the
+instance's environments sharing it), not Lambda's 65 MB/s a function (``s3_read_mb_s``)."""
 
 from __future__ import annotations
 
@@ -25,13 +30,38 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from slsml.accounting.prices import LAMBDA_PRICING, PRIVATELINK_PRICING, GpuInstance, PriceTable
-from slsml.cost.calibration import GpuCalibration, Precision, card_key
+from slsml.cost.calibration import CALIBRATION_FILE, GpuCalibration, Precision, card_key, load_calibration
 from slsml.cost.parameters import Parameters, parameter_facts
 from slsml.cost.workerkind import Fact, WorkerFigures
 from slsml.cost.workload import Accelerator, Workload
-from slsml.spec.deployment import ENDPOINT_AZS, GATEWAY_ENDPOINTS, INTERFACE_ENDPOINTS
+from slsml.rounds.sizing import DEVICE_MODEL_COPIES, DEVICE_SAMPLE_SHARE
+from slsml.spec.deployment import (
+    ENDPOINT_AZS,
+    GATEWAY_ENDPOINTS,
+    GPU_INSTANCES,
+    GPU_WORKER_DEFAULTS,
+    INTERFACE_ENDPOINTS,
+)
 from slsml.spec.errors import BadInputError
+from slsml.spec.limits import RunLimits
 
+S3_PERFORMANCE = (
+    "https://docs.aws.amazon.com/whitepapers/latest/s3-optimizing-performance-best-practices/"
+    "horizontal-scaling-and-request-parallelization-for-high-throughput.html"
+)
+S3_CONNECTION_MB_S = 85.0  # "one concurrent request for each 85–90 MB/s of desired network throughput" (the low end)
+EC2_NETWORK = "https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html#ac_network"
+# each GPU instance type's network bandwidth, Gbps ("up to": its burst, for instances of 16 vCPUs or fewer)
+NETWORK_GBPS = {
+    "g4dn.xlarge": 25.0,
+    "g5.xlarge": 10.0,
+    "g5.2xlarge": 10.0,
+    "g6.xlarge": 10.0,
+    "g6.2xlarge": 10.0,
+    "g6.12xlarge": 40.0,
+    "g6e.xlarge": 20.0,
+    "g6e.2xlarge": 20.0,
+}
 RESNET50_PARAMS = 25_636_712  # Keras's ResNet50: 102,546,848 B of float32 weights (Parameters.keras_file_overhead)
 LAMBDA_BENCHMARK = "https://github.com/lambdal/deeplearning-benchmark/blob/master/pytorch/pytorch-train-throughput"
 
@@ -135,8 +165,7 @@ def accelerator(
             measured_params=None if measured_params == w.params else measured_params,  # the same model: as measured
             source=source,
         )
-        fleet = math.ceil(w.workers / per_instance(candidate, price_table))
-        choices.append((fleet * kind.dollars_per_hour * seconds_per_sample(w.at(accelerator=candidate), p), candidate))
+        choices.append((_fleet_dollars_per_sample(w.at(accelerator=candidate), p, price_table), candidate))
     if not choices:
         fitting = sorted(
             {kind.card for name, kind in types.items() if instance in (None, name) and kind.gpu_memory_gib >= gib}
@@ -154,6 +183,21 @@ def per_instance(a: Accelerator, price_table: PriceTable) -> int:
     """Execution environments one instance holds: ⌊GPU memory / accelerator memory⌋ on each of its GPUs."""
     kind = price_table.gpu_instances[a.instance]
     return kind.gpus * (kind.gpu_memory_gib // a.gib)
+
+
+def environments_per_instance(a: Accelerator) -> int:
+    """Execution environments one instance of ``a``'s type holds (its hardware: ``deployment.GPU_INSTANCES``)."""
+    kind = GPU_INSTANCES[a.instance]
+    return kind.gpus * (kind.gpu_memory_gib // a.gib)
+
+
+def s3_mb_s(w: Workload, connections: float) -> float:
+    """S3 MB/s of one environment moving bytes over ``connections`` at once: ``S3_CONNECTION_MB_S`` each, within its
+    share of its instance's network."""
+    a = w.accelerator
+    assert a is not None
+    network = NETWORK_GBPS[a.instance] * 1e3 / 8 / environments_per_instance(a)
+    return min(max(1.0, connections) * S3_CONNECTION_MB_S, network)
 
 
 def instances(w: Workload, price_table: PriceTable) -> int:
@@ -285,6 +329,23 @@ class GpuWorker:
                     " scales as its time on one vCPU",
                 ),
                 Fact(
+                    name="S3 rate",
+                    value=f"{S3_CONNECTION_MB_S:g} MB/s a connection, within the instance's"
+                    f" {NETWORK_GBPS[a.instance]:g} Gbps shared by its {each} environment{'s' if each > 1 else ''}:"
+                    f" {s3_mb_s(w, p.s3_parallel_reads):,.0f} MB/s over {p.s3_parallel_reads:g} GETs (weights,"
+                    f" samples), {s3_mb_s(w, 1):,.0f} MB/s for its update's one PUT",
+                    source=f"{S3_PERFORMANCE}; network: {EC2_NETWORK} ('up to': the burst of a 16-vCPU-or-smaller"
+                    " instance, which an iteration's reads and writes averaged under its baseline keep)",
+                ),
+                Fact(
+                    name="micro-batch",
+                    value=f"the most samples whose step fits {a.gib} GiB: {DEVICE_SAMPLE_SHARE[a.precision]:g} of a"
+                    f" sample's layer outputs ({w.activation_bytes_per_sample / 1e6:,.0f} MB float32) and"
+                    f" {DEVICE_MODEL_COPIES:g} model-sized buffers on the GPU",
+                    source="slsml.rounds.sizing.AcceleratorMemory: device memory peaks of ResNet-50 measured by"
+                    " `slsml bench gpu` (docs/benchmarks.md#gpu); the worker sizes its micro-batches with it",
+                ),
+                Fact(
                     name="scale-up",
                     value=f"{p.gpu_scale_up_s:g} s before the first iteration, billed",
                     source=parameter_facts("gpu_scale_up_s")["source"],
@@ -301,3 +362,54 @@ class GpuWorker:
 
 
 KIND = GpuWorker()
+
+
+def deployed(w: Workload, p: Parameters, price_table: PriceTable, limits: RunLimits | None) -> Workload:
+    """``w`` on the workers of the deployment of run ``limits``: GPU workers of its ``worker_accelerator_gib`` on the
+    cheapest of its instance types whose throughput is known (the calibration at ``CALIBRATION_FILE`` where there is
+    one), else ``w`` itself (CPU workers). BadInputError where none of its types can be priced."""
+    if limits is None or limits.worker_accelerator_gib is None:
+        return w
+    calibration = load_calibration(CALIBRATION_FILE) if CALIBRATION_FILE.exists() else None
+    choices, refusal = [], ""
+    for instance in limits.worker_instance_types or (None,):
+        try:
+            choices.append(
+                accelerator(
+                    limits.worker_accelerator_gib, w, p, price_table, calibration, str(CALIBRATION_FILE), instance
+                )
+            )
+        except BadInputError as error:
+            refusal = str(error)
+    if not choices:
+        raise BadInputError(refusal)
+    return w.at(accelerator=min(choices, key=lambda a: _fleet_dollars_per_sample(w.at(accelerator=a), p, price_table)))
+
+
+def measured(w: Workload, compute_per_sample_s: float, limits: RunLimits) -> Workload:
+    """``w`` on the GPU workers of the deployment of run ``limits`` (it has them), at the throughput its workers
+    measured: ``compute_per_sample_s`` on one environment, on the first of its instance types."""
+    gib = limits.worker_accelerator_gib
+    assert gib is not None
+    instance = (limits.worker_instance_types or GPU_WORKER_DEFAULTS["instance_types"])[0]
+    rate = 1 / max(compute_per_sample_s, 1e-9)
+    a = Accelerator(
+        gib=gib,
+        instance=instance,
+        precision=precision(w),
+        samples_per_s=rate,
+        card_samples_per_s=rate * GPU_INSTANCES[instance].gpu_memory_gib / gib,
+        measured_params=None,
+        source="measured: the run's workers' compute per sample",
+    )
+    return w.at(accelerator=a)
+
+
+def _fleet_dollars_per_sample(w: Workload, p: Parameters, price_table: PriceTable) -> float:
+    """The fleet's $/h per sample/s of one worker: how ``accelerator`` ranks instance types."""
+    assert w.accelerator is not None
+    return (
+        instances(w, price_table)
+        * price_table.gpu_instances[w.accelerator.instance].dollars_per_hour
+        * (seconds_per_sample(w, p))
+    )

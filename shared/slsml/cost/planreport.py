@@ -125,8 +125,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def iterations(args: argparse.Namespace) -> int:
-    """The run's iterations: --iterations, or --epochs of --samples, or an epoch of --samples, or the spec's."""
+    """The run's iterations: --iterations, or --epochs of --samples (its epoch's batches as a run counts them), or an
+    epoch of --samples, or the spec's."""
     from slsml.spec.config import TrainingSpec
+    from slsml.spec.samples import epoch_batches
 
     if args.epochs is not None and args.iterations is not None:
         raise BadInputError("give --iterations or --epochs, not both")
@@ -135,9 +137,11 @@ def iterations(args: argparse.Namespace) -> int:
     if args.samples is not None and args.samples < 1:
         raise BadInputError("--samples counts from 1")
     if args.epochs is not None:
-        return max(1, round(args.epochs * (args.samples // args.batch)))
+        return max(1, round(args.epochs * epoch_batches(args.samples, args.batch, _asked_workers(args))))
     return args.iterations or (
-        args.samples // args.batch if args.samples else TrainingSpec.model_fields["iterations"].default
+        epoch_batches(args.samples, args.batch, _asked_workers(args))
+        if args.samples
+        else TrainingSpec.model_fields["iterations"].default
     )
 
 
@@ -185,6 +189,14 @@ def _vm(text: str) -> tuple[float, float, str]:
     if min(figures) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a machine's throughput and price are above 0")
     return *figures, name or "one machine"
+
+
+def _asked_workers(args: argparse.Namespace) -> int:
+    """The workers the run asks for (``TrainingSpec.asked_workers``): the fewest samples of an epoch's last, smaller
+    batch it trains."""
+    workers = getattr(args, "workers", None)
+    initial = workers if isinstance(workers, int) else getattr(args, "min_workers", None) or 1
+    return max(getattr(args, "max_workers", None) or 0, initial)
 
 
 def _workers(text: str) -> tuple[int, ...]:

@@ -42,9 +42,18 @@ from slsml.cost.plan import MEMORY_QUOTAS, FirstIteration, FunctionFigures, Plan
 from slsml.cost.quotas import quota_checks
 from slsml.cost.timing import transfer, units, vcpus
 from slsml.cost.workerkind import WorkerKind
-from slsml.cost.workerround import Continuations, MicroBatches, continuations, handed, micro_batching, step_in_words
+from slsml.cost.workerround import (
+    Continuations,
+    MicroBatches,
+    continuations,
+    handed,
+    micro_batching,
+    s3_mb_s,
+    step_in_words,
+)
 from slsml.cost.workers import kind_of
 from slsml.cost.workload import IMAGE_FUNCTIONS, PIPELINE, Workload, state_slots
+from slsml.data.datasets import READS
 from slsml.data.manifest import DEFAULT_SHARD_MB
 from slsml.spec.config import TrainingSpec
 from slsml.spec.deployment import STAGE_FUNCTIONS
@@ -272,12 +281,11 @@ def _steady_requests(w: Workload, s: Sizes) -> dict[str, int]:
     """The requests of the chain's table, before what the run's options and continuations add."""
     W, R, n = s.workers, s.reducers, s.participants
     return {
-        "dynamodb:GetItem": 1 + W + R,
+        "dynamodb:GetItem": 1,
         "dynamodb:UpdateItem": 1 + W + 1 + R + 2,
         "dynamodb:PutItem": W + 1,
         "dynamodb:BatchGetItem": s.pages,
         "s3:GetObject": W * (R + 1) + R * (n + 1) + s.data_gets,
-        "s3:HeadObject": W + R,
         "s3:ListObjectsV2": 1,
         "s3:PutObject": W + R + 1,
         "s3:DeleteObjects": superseded_deletes(w.training, R, s.traffic),
@@ -308,7 +316,9 @@ def _worker_times(w: Workload, p: Parameters, quotas: Quotas, s: Sizes, kind: Wo
     """The Worker's reads, compute (``kind``'s), writes and continuations."""
     lat, ddb = p.s3_request_s, p.dynamodb_s
     traffic, steps = s.traffic, s.steps
-    read_weights = transfer(s.reducers, s.model, lat, p.s3_read_mb_s, p.s3_parallel_reads)
+    # the R shards, s3_parallel_reads at a time, at the worker's S3 rate (its kind's: a GPU worker's instance's)
+    weights_mb_s = s3_mb_s(w, p, min(s.reducers, p.s3_parallel_reads))[0]
+    read_weights = transfer(s.reducers, s.model, lat, weights_mb_s, p.s3_parallel_reads)
     compute_s = kind.compute_s(w, p, traffic.compute_steps * s.local_batch)
     # the samples are read a micro-batch at a time, ahead of the one computing: the first with the weights, the
     # others while the micro-batches before them compute
@@ -329,7 +339,7 @@ def _worker_times(w: Workload, p: Parameters, quotas: Quotas, s: Sizes, kind: Wo
         else (0.0, 0.0)
     )
     round_s = max(slot_s + streamed_s, residual_read)
-    write_update = residual_write + transfer(1, s.update, lat, p.s3_write_mb_s)
+    write_update = residual_write + transfer(1, s.update, lat, s3_mb_s(w, p, 1)[1])
     # ddb: the Work's check; a round that outlasts the Worker's timeout goes on in fresh invocations
     worker_s = p.handler_s + ddb + read_s + round_s + write_update + p.sns_publish_s + handing.seconds
     return WorkerTimes(
@@ -623,10 +633,11 @@ def _functions(
 
 
 def workload_data(w: Workload, p: Parameters) -> DataTraffic | None:
-    """The workers' data reads (``slsml.cost.datatraffic``); None without the samples and their bytes."""
+    """The workers' data reads (``slsml.cost.datatraffic``), in the order they read (GPU workers: in blocks unless
+    told otherwise, ``TrainingSpec.on_gpu_workers``) at their S3 rate; None without the samples and their bytes."""
     if w.samples is None or not w.sample_bytes:
         return None
-    spec = w.training
+    spec = w.training if w.accelerator is None else w.training.on_gpu_workers()
     return data_traffic(
         spec.shuffle,
         w.samples,
@@ -639,7 +650,7 @@ def workload_data(w: Workload, p: Parameters) -> DataTraffic | None:
         w.cache_mb,
         w.shard_records,
         p.s3_request_s,
-        p.s3_read_mb_s,
+        s3_mb_s(w, p, READS)[0],
     )
 
 

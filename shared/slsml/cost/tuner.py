@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from slsml.spec.config import Objective, RunConfig
+from slsml.spec.limits import RunLimits
 from slsml.state.records import Measurement, TunerState
 
 MARGIN = 0.05  # a move must promise at least this much less of the objective
@@ -106,11 +107,13 @@ def _amount(value: float, unit: str) -> str:
     return f"{value:.3g} s" if unit == "s" else f"${value:.3g}"
 
 
-def predictor(config: RunConfig, compute_per_sample_s: float) -> Predict:
+def predictor(config: RunConfig, compute_per_sample_s: float, limits: RunLimits | None = None) -> Predict:
     """Seconds and dollars per round by the analytic cost model (``slsml.cost.predict``, AWS's figures), for the
     run's model and pipeline with the worker compute measured (per sample, on one worker), its workers' shares in the
-    micro-batches they compute (the run's sample's layer outputs)."""
+    micro-batches they compute (the run's sample's layer outputs); on the GPU workers of the deployment of run
+    ``limits`` where it has them (``gpuworker.measured``: their instances billed, their throughput measured)."""
     from slsml.accounting import prices
+    from slsml.cost import gpuworker
     from slsml.cost import predict as costmodel
     from slsml.cost.modelinfo import from_params
     from slsml.cost.parameters import Parameters, Quotas
@@ -133,8 +136,10 @@ def predictor(config: RunConfig, compute_per_sample_s: float) -> Predict:
         quorum=spec.quorum,
         iterations=spec.iterations,
         memory_mb=function_memory(),
-        timeout_s=function_timeouts(),
+        timeout_s=function_timeouts(limits),
     )
+    if limits is not None and limits.worker_accelerator_gib is not None:
+        workload = gpuworker.measured(workload, compute_per_sample_s, limits)
 
     def predict(workers: int) -> tuple[float, float]:
         plan = costmodel.predict(workload.at(workers=workers), parameters, quotas, table)

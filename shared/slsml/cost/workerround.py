@@ -1,6 +1,6 @@
-"""A worker's round as the plan sees it: its share of the batch in micro-batches that fit its memory
-(``slsml.rounds.sizing``), and a round that outlasts the Worker's timeout handed on to fresh invocations
-(``slsml.training.progress``)."""
+"""A worker's round as the plan sees it: its share of the batch in micro-batches that fit its memory, a GPU
+worker's its accelerator memory (``slsml.rounds.sizing``, as the worker sizes them); the S3 rate it moves its bytes
+at; and a round that outlasts the Worker's timeout handed on to fresh invocations (``slsml.training.progress``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from slsml import rules
 from slsml.aws.cache import MEMORY_SHARE
+from slsml.cost import gpuworker
 from slsml.cost.chain import ExtraCall, RoundTraffic
 from slsml.cost.parameters import Parameters
 from slsml.cost.timing import transfer
@@ -32,7 +33,9 @@ class MicroBatches(NamedTuple):
 def micro_batching(w: Workload, p: Parameters, traffic: RoundTraffic, memory_mb: int) -> MicroBatches:
     """The micro-batches of a worker of ``memory_mb`` as it sizes them (``slsml.rounds.sizing``): the run's
     ``micro_batch``, else the most samples that fit beside its warm cache (``cache_mb``, else ``MEMORY_SHARE`` of its
-    memory), one where not even one does; and the memory its largest micro-batch's step takes."""
+    memory), or, a GPU worker, the most whose step fits its accelerator memory (its layer outputs on the GPU, not in
+    the function's memory), one where not even one does; and the memory its largest micro-batch's step takes of the
+    function's."""
     memory = sizing.WorkerMemory(
         memory_mb,
         MEMORY_SHARE * memory_mb if w.cache_mb is None else w.cache_mb,
@@ -41,13 +44,29 @@ def micro_batching(w: Workload, p: Parameters, traffic: RoundTraffic, memory_mb:
         2 * traffic.slot_bytes + 2 * traffic.residual_bytes,
     )
     share, fitting = math.ceil(w.global_batch / w.workers), memory.micro_batch()
+    a = w.accelerator
+    if a is not None:
+        device = sizing.AcceleratorMemory(a.gib, 4 * w.params, w.activation_bytes_per_sample, a.precision)
+        fitting = device.micro_batch()
     size = min(share, w.training.micro_batch or max(1, fitting))
     count = memory.micro_batches(share, size)
+    on_host = size if a is None else 0  # a GPU worker's layer outputs are the GPU's
     # the runtime and model buffers of the parameters beyond the worker's own estimate (overridden: calibrated)
     calibrated = (
         p.tf_runtime_mb - sizing.TF_RUNTIME_MB + (p.worker_model_copies - sizing.MODEL_COPIES) * 4e-6 * w.params
     )
-    return MicroBatches(size, count, fitting, memory.needed_mb(accumulate.sizes(share, size)[0], count) + calibrated)
+    largest = accumulate.sizes(share, size)[0] if on_host else 0
+    return MicroBatches(size, count, fitting, memory.needed_mb(largest, count) + calibrated)
+
+
+def s3_mb_s(w: Workload, p: Parameters, connections: float) -> tuple[float, float]:
+    """(read, write) S3 MB/s of a worker moving bytes over ``connections`` at once: a Lambda function's
+    (``s3_read_mb_s``, ``s3_write_mb_s``, measured whatever the connections), a GPU worker's its instance's
+    (``gpuworker.s3_mb_s``)."""
+    if w.accelerator is None:
+        return p.s3_read_mb_s, p.s3_write_mb_s
+    rate = gpuworker.s3_mb_s(w, connections)
+    return rate, rate
 
 
 class Continuations(BaseModel):
@@ -112,8 +131,6 @@ def continuations(
             ("s3:PutObject", 1, "the progress each invocation that hands its round on stores"),
             ("dynamodb:UpdateItem", 1, "its record that the round goes on (the watchdog waits for it)"),
             ("sns:PublishBatch", 1, "its Work message to the fresh invocation"),
-            ("dynamodb:GetItem", 1, "the continuation's check of its iteration"),
-            ("s3:HeadObject", 1, "the continuation's check of the progress it names"),
             ("dynamodb:PutItem", 1, "the continuation's record, handled once"),
             ("dynamodb:UpdateItem", 1, "the continuation's record, completed"),
             (

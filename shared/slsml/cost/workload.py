@@ -15,6 +15,7 @@ from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.deployment import DEFAULT_FUNCTIONS
 from slsml.spec.errors import BadInputError
 from slsml.spec.limits import RunLimits
+from slsml.spec.samples import epoch_batches
 from slsml.training import optimizers
 
 PIPELINE = ("work_launcher", "worker", "reduce_launcher", "reducer", "merger")
@@ -103,8 +104,8 @@ class Workload(BaseModel):
 
     @property
     def iterations_per_epoch(self) -> int | None:
-        """Iterations of an epoch of ``samples`` (None without them)."""
-        return None if self.samples is None else max(1, self.samples // self.global_batch)
+        """Iterations of an epoch of ``samples`` as a run counts them (``epoch_batches``; None without them)."""
+        return None if self.samples is None else max(1, epoch_batches(self.samples, self.global_batch, self.workers))
 
     def at(self, **changes: Any) -> Workload:
         """The workload with ``changes``."""

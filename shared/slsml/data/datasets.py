@@ -13,6 +13,7 @@ for data (``DATA_CACHE_SHARE`` of its bound): then whole shards are read once an
 from __future__ import annotations
 
 import hashlib
+import json
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from functools import partial
@@ -100,27 +101,73 @@ def _like(test: Arrays, train: Arrays, part: str) -> Arrays:
 
 
 def load_manifest(store: ObjectStore, name: str) -> DatasetManifest:
+    return open_manifest(store, name)[0]
+
+
+def open_manifest(store: ObjectStore, name: str) -> tuple[DatasetManifest, str]:
+    """Dataset ``name``'s manifest and the SHA-256 of its stored bytes: what a run pins (one GET)."""
     try:
-        stored = store.get_json(keys.dataset_manifest(name))
+        body = store.get(keys.dataset_manifest(name))
     except NotFoundError:
         raise NotFoundError(f"dataset {name!r} does not exist (upload it with `slsml data put`)") from None
+    stored = json.loads(body)
     if isinstance(stored, dict) and stored.get("schema_version") != SCHEMA_VERSION:
         raise BadInputError(
             f"dataset {name!r} is stored in format {stored.get('schema_version')}, which this slsml "
             f"no longer reads (v{SCHEMA_VERSION}): remove it (`slsml data rm {name}`) and upload it again"
         )
-    return DatasetManifest.model_validate(stored)
+    return DatasetManifest.model_validate(stored), hashlib.sha256(body).hexdigest()
 
 
-def iterations_per_epoch(train_count: int, global_batch: int) -> int:
+def pinned_manifest(store: ObjectStore, name: str, pinned: str | None) -> DatasetManifest:
+    """Dataset ``name``'s manifest, which must be the one whose stored bytes have the SHA-256 ``pinned`` (None: any):
+    BadInputError naming the dataset where it changed, NotFoundError where it is gone."""
+    try:
+        manifest, digest = open_manifest(store, name)
+    except NotFoundError:
+        raise NotFoundError(f"dataset {name!r} the run trains on was removed since the run started") from None
+    if pinned is not None and digest != pinned:
+        raise BadInputError(
+            f"dataset {name!r} changed since the run started: its manifest is not the one the run pinned"
+            f" (sha256 {pinned[:12]}…, now {digest[:12]}…)"
+        )
+    return manifest
+
+
+def check_stored(store: ObjectStore, name: str, pinned: str | None) -> None:
+    """That dataset ``name`` is the one pinned (``pinned_manifest``) and that every shard its manifest lists is stored
+    as listed (its ETag): one GET and a LIST per thousand shards. BadInputError or NotFoundError naming the dataset
+    and the first shard missing or changed."""
+    manifest = pinned_manifest(store, name, pinned)
+    stored = store.etags(keys.dataset_shards(name, "train")) | store.etags(keys.dataset_shards(name, "test"))
+    for split in ("train", "test"):
+        for index, entry in enumerate(manifest.split(split).shards):
+            found = stored.get(keys.dataset_shard(name, split, index))
+            if found is None:
+                raise NotFoundError(f"dataset {name!r} is missing its {split} shard {index}")
+            if found != entry.etag:
+                raise BadInputError(_changed(name, split, index))
+
+
+def _changed(name: str, split: Split, shard: int) -> str:
+    return (
+        f"dataset {name!r}: {split} shard {shard} is not the one its manifest lists (it was replaced since the"
+        " dataset was put)"
+    )
+
+
+def iterations_per_epoch(train_count: int, global_batch: int, least: int = 1) -> int:
+    """Global batches an epoch, as Keras counts them (``samples.epoch_batches``: the last one smaller, where it holds
+    ``least`` samples)."""
     if global_batch > train_count:
         raise BadInputError(f"global batch {global_batch} is larger than the training set ({train_count} samples)")
-    return train_count // global_batch
+    return samples.epoch_batches(train_count, global_batch, least)
 
 
-def global_batch_indices(train_count: int, global_batch: int, seed: int, iteration: int) -> np.ndarray:
-    """Sample indices of global batch ``iteration``: a slice of epoch e's seeded permutation."""
-    per_epoch = iterations_per_epoch(train_count, global_batch)
+def global_batch_indices(train_count: int, global_batch: int, seed: int, iteration: int, least: int = 1) -> np.ndarray:
+    """Sample indices of global batch ``iteration``: a slice of epoch e's seeded permutation (the epoch's last one
+    the samples left, where they are ``least`` at least)."""
+    per_epoch = iterations_per_epoch(train_count, global_batch, least)
     epoch, position = divmod(iteration, per_epoch)
     order = np.random.default_rng([seed, epoch]).permutation(train_count)
     return order[position * global_batch : (position + 1) * global_batch]
@@ -165,7 +212,7 @@ def block_order(spec: TrainingSpec, train_count: int) -> BlockOrder | None:
     """The run's block order over the training split (None: the exact global order)."""
     if spec.shuffle != "blocks":
         return None
-    order = BlockOrder(train_count, spec.global_batch, spec.shuffle_block, spec.seed)
+    order = BlockOrder(train_count, spec.global_batch, spec.shuffle_block, spec.seed, spec.asked_workers())
     if not order.per_epoch:
         raise BadInputError(
             f"global batch {spec.global_batch} is larger than the training set in blocks of "
@@ -190,10 +237,10 @@ def round_batches(
     if ALGORITHMS[spec.algorithm].partitioned:
         return [partition_batch(train_count, spec.global_batch, spec.seed, workers, worker, n) for n in numbers]
     if order is not None:
-        positions = worker_indices(np.arange(spec.global_batch), workers, worker)
-        return [order.batch(n, positions) for n in numbers]
+        return [order.batch(n, worker_indices(np.arange(order.size(n)), workers, worker)) for n in numbers]
+    least = spec.asked_workers()
     return [
-        worker_indices(global_batch_indices(train_count, spec.global_batch, spec.seed, n), workers, worker)
+        worker_indices(global_batch_indices(train_count, spec.global_batch, spec.seed, n, least), workers, worker)
         for n in numbers
     ]
 
@@ -226,9 +273,11 @@ def _unpack(field: np.ndarray, dtype: str | None, arrays: tuple[ArraySpec, ...] 
 
 class DatasetReader:
     """Reads samples by index. A split whose bytes fit ``DATA_CACHE_SHARE`` of ``cache``'s bound is read by whole
-    shards, checked against the manifest's SHA-256 and kept in ``cache`` under ``("shard", dataset, split, index)``;
-    any other split (every split, without a cache) by ranged GETs of the records used alone (``coalesce``), issued
-    concurrently by the reader's ``READS`` threads (kept: a batch's GETs do not start threads of their own)."""
+    shards, checked against the manifest's SHA-256 and kept in ``cache`` under ``("shard", dataset, split, index,
+    sha256)``; any other split (every split, without a cache) by ranged GETs of the records used alone (``coalesce``),
+    issued concurrently by the reader's ``READS`` threads (kept: a batch's GETs do not start threads of their own).
+    Every GET's answer is checked to come from the object the manifest lists (its ETag): a shard replaced since the
+    dataset was put is refused, naming the dataset and the shard, whichever read finds it."""
 
     def __init__(self, store: ObjectStore, manifest: DatasetManifest, cache: LRUCache | None = None) -> None:
         self.store = store
@@ -283,17 +332,18 @@ class DatasetReader:
         assert self._cache is not None
         shard_of, offset = np.divmod(indices, self.manifest.shard_records)
         needed = [int(s) for s in np.unique(shard_of)]
-        shards = {s: self._cache.get(("shard", self.manifest.name, split, s)) for s in needed}
+        entries = self.manifest.split(split).shards
+        # a shard is kept by its content: a dataset put again under the same name is not read from the old one's
+        kept = {s: ("shard", self.manifest.name, split, s, entries[s].sha256) for s in needed}
+        shards = {s: self._cache.get(kept[s]) for s in needed}
         missing = [s for s in needed if shards[s] is None]
         # the cache fills once per container: the run's reads, not the iteration's (``usage.warming``)
         for shard, body in zip(missing, self._get(split, missing, [None] * len(missing), warming=True), strict=True):
-            entry = self.manifest.split(split).shards[shard]
+            entry = entries[shard]
             if len(body) != entry.bytes or hashlib.sha256(body).hexdigest() != entry.sha256:
-                raise BadInputError(
-                    f"dataset {self.manifest.name!r}: {split} shard {shard} does not match the checksum in its manifest"
-                )
+                raise BadInputError(_changed(self.manifest.name, split, shard))
             records = np.frombuffer(body, self.manifest.record_dtype)
-            shards[shard] = self._cache.put(("shard", self.manifest.name, split, shard), records, len(body))
+            shards[shard] = self._cache.put(kept[shard], records, len(body))
         out = np.empty(len(indices), self.manifest.record_dtype)
         for shard in needed:
             rows, cached = shard_of == shard, shards[shard]
@@ -312,10 +362,15 @@ class DatasetReader:
         return list(self._reads.map(read, [split] * len(shards), shards, ranges))
 
     def _read(self, split: Split, shard: int, byte_range: tuple[int, int] | None, warming: bool = False) -> bytes:
+        """A shard's bytes (``byte_range`` of them), read from the object its manifest lists: the ETag the GET
+        answers with is the listed one (BadInputError naming the dataset and the shard otherwise)."""
         try:
             with usage.warming() if warming else nullcontext():
                 key = keys.dataset_shard(self.manifest.name, split, shard)
-                return self.store.get(key) if byte_range is None else self.store.get_range(key, byte_range)
+                stored = self.store.read(key) if byte_range is None else self.store.get_range(key, byte_range)
+            if stored.etag != self.manifest.split(split).shards[shard].etag:
+                raise BadInputError(_changed(self.manifest.name, split, shard))
+            return stored.body
         except NotFoundError:
             raise NotFoundError(f"dataset {self.manifest.name!r} is missing its {split} shard {shard}") from None
         except ClientError as error:

@@ -1,14 +1,18 @@
 """Ingest: a source's chunks streamed into a dataset's shards (``DatasetWriter``), in bounded memory.
 
-Where the source brings no test part, a seeded ``test_fraction`` of its samples is held out, block by block of
-``SPLIT_BLOCK`` samples, so that a sample's split depends only on its index: the same source read again gives the
-same shards, which is what lets an interrupted ingest continue (shards stored and verified are not sent again).
+Where the source brings no test part, a seeded ``test_fraction`` of its samples is held out by one rule, whatever
+the format (``held_out``): of n samples, exactly max(1, round(n·fraction)) go to the test split, chosen by their index
+alone, block by block of ``SPLIT_BLOCK`` samples. The same rows give the same split as an ``.npz``, Parquet, CSV,
+TFRecord or image folder, and the same source read again gives the same shards, which is what lets an interrupted
+ingest continue (shards stored and verified are not sent again). A source that does not say its count before it
+is read (CSV, TFRecord, Python batches) has its last ``SPLIT_BLOCK`` samples at most held back until its end.
 The manifest keeps where the dataset came from (its format, class names and the source's checksum), so that the
 same file given again is recognised by its content."""
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Iterator
 from itertools import chain
 from pathlib import Path
@@ -22,19 +26,28 @@ from slsml.data.writer import DatasetWriter
 from slsml.spec import samples
 from slsml.spec.errors import BadInputError
 
-SPLIT_BLOCK = 1024  # samples: each block of them holds out its share exactly
+SPLIT_BLOCK = 128  # samples: the split of each block of them is drawn together
 _READ = 2**20
 
 
-def held_out(start: int, count: int, fraction: float, seed: int, total: int | None) -> np.ndarray:
-    """Whether each of samples start … start+count−1 goes to the test split: in each block of ``SPLIT_BLOCK``
-    samples (the last of ``total`` samples shorter, where it is known), a seeded choice of ``fraction`` of them,
+def held_out_by(samples: int, fraction: float) -> int:
+    """How many of a source's first ``samples`` samples the test split takes: round(samples·fraction) (halves up),
     at least one."""
+    return max(1, math.floor(samples * fraction + 0.5)) if samples else 0
+
+
+def held_out(start: int, count: int, fraction: float, seed: int, total: int | None) -> np.ndarray:
+    """Whether each of samples start … start+count−1 of a source of ``total`` samples goes to the test split (None:
+    the blocks these samples lie in are whole). Block b of ``SPLIT_BLOCK`` samples (the last of ``total`` shorter)
+    holds out ``held_out_by`` its end less ``held_out_by`` its start: the first of its samples in a seeded order of
+    the block's positions."""
     mask = np.zeros(count, dtype=bool)
     for block in range(start // SPLIT_BLOCK, -(-(start + count) // SPLIT_BLOCK)):
         first = block * SPLIT_BLOCK
         size = SPLIT_BLOCK if total is None else min(SPLIT_BLOCK, total - first)
-        chosen = first + np.random.default_rng([seed, block]).permutation(size)[: max(1, round(size * fraction))]
+        take = held_out_by(first + size, fraction) - held_out_by(first, fraction)
+        positions = np.random.default_rng([seed, block]).permutation(SPLIT_BLOCK)
+        chosen = first + positions[positions < size][:take]
         chosen = chosen[(chosen >= start) & (chosen < start + count)]
         mask[chosen - start] = True
     return mask
@@ -62,12 +75,33 @@ def _split(source: Source, test_fraction: float, seed: int) -> Iterator[tuple[Sp
         return
     if not 0 < test_fraction < 1:
         raise BadInputError(f"test fraction must be between 0 and 1, got {test_fraction}")
-    total, start = source.count(), 0
+    total, start = source.count(), 0  # start: the first sample not yet given a split
+    pending: list[Chunk] = []  # samples of a block not yet whole (a source of unknown count)
     for chunk in source.chunks(DEFAULT_CHUNK_BYTES):
-        test = held_out(start, samples.count(chunk[0]), test_fraction, seed, total)
-        start += samples.count(chunk[0])
-        yield "train", tuple(samples.take(arrays, ~test) for arrays in chunk)
-        yield "test", tuple(samples.take(arrays, test) for arrays in chunk)
+        pending.append(chunk)
+        end = start + sum(samples.count(c[0]) for c in pending)
+        decided = end if total is not None else end // SPLIT_BLOCK * SPLIT_BLOCK
+        while pending and start < decided:
+            head, n = pending[0], samples.count(pending[0][0])
+            if start + n > decided:  # the samples past ``decided`` wait for their block to be whole
+                cut = decided - start
+                pending[0] = tuple(samples.take(arrays, slice(cut, None)) for arrays in head)
+                head, n = tuple(samples.take(arrays, slice(cut)) for arrays in head), cut
+            else:
+                pending.pop(0)
+            yield from _parts(head, held_out(start, n, test_fraction, seed, total))
+            start += n
+    total = start + sum(samples.count(chunk[0]) for chunk in pending)  # the last block's size known now
+    for chunk in pending:
+        n = samples.count(chunk[0])
+        yield from _parts(chunk, held_out(start, n, test_fraction, seed, total))
+        start += n
+
+
+def _parts(chunk: Chunk, test: np.ndarray) -> Iterator[tuple[Split, Chunk]]:
+    """The chunk's training samples, then its test samples (``test``)."""
+    yield "train", tuple(samples.take(arrays, ~test) for arrays in chunk)
+    yield "test", tuple(samples.take(arrays, test) for arrays in chunk)
 
 
 def put(

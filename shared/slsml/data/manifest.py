@@ -10,8 +10,11 @@ fixed offsets of the record. Every shard of a split holds ``shard_records`` reco
 sample j of a split is record j mod ``shard_records`` of shard j // ``shard_records``, and its bytes are a ranged
 GET away.
 
-The manifest lists each shard's records, bytes and SHA-256 and is written last: a dataset without one does not
-exist, whatever shards an interrupted upload left.
+The manifest lists each shard's records, bytes, SHA-256 and ETag (the one S3 gave the stored object, which S3 answers
+every GET of it with, a ranged one too: a reader checks that the bytes it read are the shard's at no request more)
+and is written last, create-only: a dataset without one does not exist, whatever shards an interrupted upload left,
+and a name's manifest is written once. A run pins its dataset by the SHA-256 of its manifest's stored bytes
+(``slsml.data.datasets.pinned_manifest``), which covers every shard's checksum and ETag.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from typing_extensions import TypeIs
 
 Split = Literal["train", "test"]
 SPLITS: tuple[Split, Split] = ("train", "test")
-# 3: each shard under a prefix of its own (2: every shard of a split under one prefix, no longer read)
-SCHEMA_VERSION: Literal[3] = 3
+# 4: each shard's ETag listed (3: without it; 2: every shard of a split under one prefix; neither read any more)
+SCHEMA_VERSION: Literal[4] = 4
 # 64 MB shards: a whole-shard GET streams for ~0.7 s at S3's ~90 MB/s per connection, so its ~20-50 ms first byte
 # costs under 10% and a million 150 KB images make ~3,000 objects; the writer holds one shard per split (plus those
 # in upload) and a cached shard is a small part of a Worker's warm cache (half of its 3,008 MB).
@@ -37,6 +40,7 @@ class ShardEntry(BaseModel):
     records: int = Field(gt=0)
     bytes: int = Field(gt=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    etag: str = Field(min_length=1, description="the stored object's ETag, as S3 answers its GETs with it")
 
 
 class SplitInfo(BaseModel):
@@ -75,7 +79,7 @@ class DatasetOrigin(BaseModel):
 class DatasetManifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[3] = SCHEMA_VERSION
+    schema_version: Literal[4] = SCHEMA_VERSION
     name: str
     x_shape: tuple[int, ...] | None = Field(description="a sample's x (None: named arrays, x_arrays)")
     x_dtype: str | None

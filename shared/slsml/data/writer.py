@@ -14,12 +14,13 @@ each full shard in the background, at most ``uploads`` at a time: it holds at mo
 however big the dataset (a shard's bytes are freed before its upload's slot is; the last shard of a split is its
 buffer cut to size, not a copy). Each chunk is checked first (shape, dtype, NaN or Inf: one line naming the split
 and the problem).
-Shards are stored create-only with their SHA-256 as metadata; a shard already stored with the same checksum (an
-interrupted upload of the same data, written again) is kept and not sent again, one with another checksum is refused,
-and so is one stored past the last shard written now.
+Shards are stored create-only with their SHA-256 as metadata, and the ETag S3 gives each is listed in the manifest; a
+shard already stored with the same bytes (an interrupted upload of the same data, written again: its ETag is their
+MD5) is kept and not sent again, one of other bytes is refused, and so is one stored past the last shard written now.
 Use it as a context manager: after an error it waits for the uploads in flight and drops those not begun.
-``finish`` writes the manifest last; an existing dataset is never replaced. ``progress`` is called with the bytes of
-each shard stored.
+``finish`` writes the manifest last, create-only: a name's manifest is written once, whoever else writes it at the
+same time (the check when the writer starts only spares an upload that would be refused). ``progress`` is called
+with the bytes of each shard stored.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from slsml.aws.storage import ObjectStore
+from slsml.aws.storage import ObjectStore, etag_of
 from slsml.data.manifest import (
     DEFAULT_SHARD_MB,
     SPLITS,
@@ -285,18 +286,20 @@ class DatasetWriter:
         """Store a shard: ``parcel`` holds its bytes, taken out so that they are freed before its slot is."""
         body = parcel.pop()
         try:
-            entry = ShardEntry(
-                records=len(body) // self.dtype.itemsize, bytes=len(body), sha256=hashlib.sha256(body).hexdigest()
-            )
+            sha256 = hashlib.sha256(body).hexdigest()
             key = keys.dataset_shard(self.name, split, index)
-            stored = self.store.head(key)  # a shard an interrupted upload stored is not sent again
-            if stored is None and self.store.put_new(key, body, metadata={CHECKSUM_METADATA: entry.sha256}):
-                stored = {CHECKSUM_METADATA: entry.sha256}
-            if (stored or self.store.head(key) or {}).get(CHECKSUM_METADATA) != entry.sha256:
+            # a shard an interrupted upload stored is not sent again, but kept if it holds these very bytes (the ETag
+            # a single-part upload gets is their MD5); the create is create-only: one stored meanwhile is not replaced
+            stored = self.store.etag(key)
+            created = None if stored else self.store.create(key, body, metadata={CHECKSUM_METADATA: sha256})
+            etag = created or stored or self.store.etag(key)
+            if created is None and etag != etag_of(body):
                 raise BadInputError(
                     f"dataset {self.name!r}: {split} shard {index} stored by an earlier upload holds other data "
                     "than the source gives now (its checksum differs); choose another name"
                 )
+            assert etag is not None
+            entry = ShardEntry(records=len(body) // self.dtype.itemsize, bytes=len(body), sha256=sha256, etag=etag)
             if self.progress is not None:
                 self.progress(entry.bytes)
             return entry

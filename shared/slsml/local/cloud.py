@@ -1,9 +1,12 @@
-"""moto in server mode (a child process) and the resources of the wiring spec in it."""
+"""moto in server mode (a child process) and the resources of the wiring spec in it. Every request to it is signed
+with credentials generated for it as it starts (``moto_server``'s checks): its clients here sign with them, and a
+deployment hands them on to whatever reaches it."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -12,6 +15,11 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 
 from slsml.aws import clients as aws
 from slsml.local.moto_server import LOOPBACK, OWNER_PATH
@@ -37,17 +45,32 @@ class LocalDeployment:
     dead_letter_queues: dict[str, str] = field(default_factory=dict)  # function → its DLQ's URL
     dead_letter_arns: dict[str, str] = field(default_factory=dict)  # function → its DLQ's ARN
     queue_urls: dict[str, str] = field(default_factory=dict)  # wiring queue name → URL
+    access_key_id: str = ""  # the credentials its requests are signed with (``EmbeddedCloud.credentials``)
+    secret_access_key: str = ""
 
     @property
     def deadline_queue_url(self) -> str:
         return self.queue_urls[wiring.DEADLINES.name]
 
+    @property
+    def credentials(self) -> Credentials:
+        return Credentials(self.access_key_id, self.secret_access_key)
+
+    def client_arguments(self) -> dict[str, str]:
+        """boto3's ``client`` arguments that reach the embedded cloud."""
+        return {
+            "endpoint_url": self.endpoint,
+            "region_name": REGION,
+            "aws_access_key_id": self.access_key_id,
+            "aws_secret_access_key": self.secret_access_key,
+        }
+
     def environment(self) -> dict[str, str]:
         """What a function (or this process) needs to reach the embedded cloud."""
         return {
             "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": "slsml-local",
-            "AWS_SECRET_ACCESS_KEY": "slsml-local",
+            "AWS_ACCESS_KEY_ID": self.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
             "AWS_DEFAULT_REGION": REGION,
             "AWS_REGION": REGION,
             wiring.BUCKET_ENV: self.bucket,
@@ -72,6 +95,22 @@ def _free_port() -> int:
 
 
 _SERVER = Path(__file__).with_name("moto_server.py")  # moto's server, tuned; run with -P (its folder off sys.path)
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # to loopback: never through a proxy
+
+
+def generated_credentials() -> Credentials:
+    """An access key id and secret access key, new and unguessable, for one embedded cloud."""
+    return Credentials(f"SLSML{secrets.token_hex(8).upper()}", secrets.token_urlsafe(30))
+
+
+def signed(
+    method: str, url: str, credentials: Credentials, body: bytes = b"", headers: dict[str, str] | None = None
+) -> urllib.request.Request:
+    """An HTTP request to the embedded cloud, signed with ``credentials`` as an AWS client signs (SigV4, by
+    botocore's signer): moto's management endpoints and ``OWNER_PATH`` take no AWS client."""
+    request = AWSRequest(method=method, url=url, data=body, headers=dict(headers or {}))
+    SigV4Auth(credentials, "moto", REGION).add_auth(request)
+    return urllib.request.Request(url, data=body or None, headers=dict(request.headers.items()), method=method)
 
 
 class EmbeddedCloud:
@@ -85,10 +124,12 @@ class EmbeddedCloud:
     def __init__(self, port: int | None = None) -> None:
         self.port = port or _free_port()
         self.endpoint = f"http://{LOOPBACK}:{self.port}"
+        self.credentials = generated_credentials()  # what it answers: requests signed with these alone
         self._server: subprocess.Popen | None = None
 
     def launch(self) -> None:
-        """Start the server's process, without waiting for it to serve (``start`` waits). It ends with this
+        """Start the server's process, without waiting for it to serve (``start`` waits), handing it its
+        credentials on its standard input (an argument would show them to every user). It ends with this
         process, if not stopped before: it watches its standard input, this end of a pipe."""
         if self._server is None:
             self._server = subprocess.Popen(
@@ -97,6 +138,17 @@ class EmbeddedCloud:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
+            assert self._server.stdin is not None
+            given = {"access_key_id": self.credentials.access_key, "secret_access_key": self.credentials.secret_key}
+            self._server.stdin.write(json.dumps(given).encode() + b"\n")
+            self._server.stdin.flush()
+
+    def call(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
+        """The body of the answer to a signed request for ``path`` (moto's management endpoints: ``/moto-api/…``);
+        urllib's HTTPError where it is not a success."""
+        request = signed(method, f"{self.endpoint}{path}", self.credentials, body, headers)
+        with _DIRECT.open(request, timeout=30) as answer:
+            return answer.read()
 
     def start(self) -> None:
         """Launch the server (if not launched yet) and wait until it serves."""
@@ -104,7 +156,7 @@ class EmbeddedCloud:
         deadline = time.monotonic() + 60
         while True:
             try:
-                with urllib.request.urlopen(f"{self.endpoint}/moto-api/data.json", timeout=1):
+                with _DIRECT.open(signed("GET", f"{self.endpoint}{OWNER_PATH}", self.credentials), timeout=1):
                     return
             except OSError:
                 if self._server is None or self._server.poll() is not None or time.monotonic() > deadline:
@@ -124,15 +176,15 @@ class EmbeddedCloud:
                 self._server.wait()
             self._server = None
 
-    def client(self, service: str):
+    def client(self, service: str) -> Any:
         """A new client of ``service`` in this cloud."""
         return aws.new_client(
             service,
             config=aws.SIGNING.get(service),
             endpoint_url=self.endpoint,
             region_name=REGION,
-            aws_access_key_id="slsml-local",
-            aws_secret_access_key="slsml-local",
+            aws_access_key_id=self.credentials.access_key,
+            aws_secret_access_key=self.credentials.secret_key,
         )
 
     def provision(self, name: str = "slsml") -> LocalDeployment:
@@ -153,7 +205,14 @@ class EmbeddedCloud:
             TableName=table, TimeToLiveSpecification={"Enabled": True, "AttributeName": records.TTL_ATTRIBUTE}
         )
         topic_arns = {t.name: sns.create_topic(Name=f"{name}-{t.name}")["TopicArn"] for t in wiring.TOPICS}
-        deployment = LocalDeployment(self.endpoint, bucket, table, topic_arns)
+        deployment = LocalDeployment(
+            self.endpoint,
+            bucket,
+            table,
+            topic_arns,
+            access_key_id=self.credentials.access_key,
+            secret_access_key=self.credentials.secret_key,
+        )
         for fn in wiring.FUNCTIONS:
             if fn.reads_dead_letters:
                 continue
@@ -210,25 +269,19 @@ class EmbeddedCloud:
 
     def _execute_state_machines(self) -> None:
         """moto only records executions unless told to run them."""
-        request = urllib.request.Request(
-            f"{self.endpoint}/moto-api/config",
-            data=json.dumps({"stepfunctions": {"execute_state_machine": True}}).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=10):
-            pass
+        body = json.dumps({"stepfunctions": {"execute_state_machine": True}}).encode()
+        self.call("POST", "/moto-api/config", body, {"Content-Type": "application/json"})
 
 
-def owner(endpoint: str) -> int | None:
-    """The pid of the process whose embedded cloud serves at ``endpoint`` (a loopback address), or None
-    where none does."""
+def owner(endpoint: str, credentials: Credentials) -> int | None:
+    """The pid of the process whose embedded cloud serves at ``endpoint`` (a loopback address) and answers
+    ``credentials``, or None where none does."""
     parts = urllib.parse.urlsplit(endpoint)
     if parts.scheme != "http" or parts.hostname != LOOPBACK or parts.path not in ("", "/"):
         return None
-    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+    asked = signed("GET", f"http://{LOOPBACK}:{parts.port}{OWNER_PATH}", credentials)
     try:
-        with direct.open(f"http://{LOOPBACK}:{parts.port}{OWNER_PATH}", timeout=5) as answer:
+        with _DIRECT.open(asked, timeout=5) as answer:
             return int(json.load(answer)["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -241,5 +294,6 @@ def raw_delivery(fn: wiring.Function) -> bool:
 
 
 def use_deployment(deployment: LocalDeployment) -> None:
-    """Point this process's AWS clients at the embedded cloud."""
+    """Point this process's AWS clients at the embedded cloud, signing with its credentials."""
     os.environ.update(deployment.environment())
+    aws.use_credentials(deployment.credentials)

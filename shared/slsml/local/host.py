@@ -412,7 +412,7 @@ class FunctionHost:
         self.faults = faults
         self.function_environment = dict(function_environment or {})
         self.sqs = aws.new_client(
-            "sqs", endpoint_url=deployment.endpoint, region_name=REGION, config=Config(max_pool_connections=64)
+            "sqs", **deployment.client_arguments(), config=Config(max_pool_connections=64)
         )  # a long poll per queue at once
         self._done: queue_module.SimpleQueue[tuple[str, str]] = queue_module.SimpleQueue()  # (queue, receipt)
         self.services = Services.from_names(

@@ -32,6 +32,15 @@ browser marks as sent from another site (``Sec-Fetch-Site``: scripts cannot set 
 a 403 and no CORS header: a page the user opens can neither read nor change the runs and datasets it holds,
 nor reach moto's management endpoints (``/moto-api/reset``). AWS clients send none of these headers.
 
+It answers its owner alone: every request, moto's management endpoints and ``OWNER_PATH`` included, must be signed
+with SigV4 (an ``Authorization`` header, or a pre-signed URL's query) by the credentials the process that started it
+handed it on its standard input, generated for this server and readable by its owner alone. The signature is
+recomputed by botocore's own signer from the request as received; a request unsigned, signed with other credentials,
+altered after signing, or dated more than ``MAX_SKEW_S`` away (a pre-signed URL: past its expiry) is refused with a
+403: S3's XML error for S3, a JSON one otherwise. Another user of the machine, who can connect to 127.0.0.1 as well,
+can neither read nor change what it holds. The key each signature is computed with, derived from the secret by date,
+region and service, is derived once (``signing_key``).
+
 A ranged S3 GET reads its bytes alone. moto read the whole object for each (from a temporary file, past
 5 MB) and sliced the range out of it: a worker's ranged reads of a 64 MB dataset shard cost the server
 64 MB each. A plain one (the kind the workers send for their samples, one per sample in the exact order, by
@@ -52,22 +61,32 @@ process's end of the pipe closes when it exits, however it exits). While it star
 the background what the first request to each service would: the first CreateStateMachine alone imported
 moto's Step Functions interpreter, 0.7 s.
 
-Run as a script (``python moto_server.py -p PORT``, its standard input a pipe); it imports
-nothing of slsml.
+Run as a script (``python moto_server.py -p PORT``, its standard input a pipe whose first line is the JSON of
+``{"access_key_id": …, "secret_access_key": …}``); it imports nothing of slsml.
 """
 
 from __future__ import annotations
 
 import argparse
+import calendar
 import functools
+import hashlib
+import hmac
+import io
 import json
 import os
 import re
 import sys
 import threading
-from collections.abc import Mapping
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from xml.sax.saxutils import escape as xml_escape
+
+if TYPE_CHECKING:
+    from botocore.credentials import Credentials
 
 # Threads serving requests. Each long poll holds one for its wait: the local host keeps two per function
 # (its queue, 1 s; its dead-letter queue, 5 s); a kept-alive connection holds none between requests.
@@ -144,13 +163,33 @@ def attribute_values() -> None:
     BaseJSONSerializer._serialize_type_structure = structure
 
 
-def task_clients() -> None:
-    """Step Functions' tasks call this server through one client per region and service: moto made a client,
-    reading its service's model anew, for each task a state machine ran."""
+def task_clients(port: int, credentials: Credentials) -> None:
+    """Step Functions' tasks call this server through one client per region and service, signed with its
+    credentials: moto made a client (signed with credentials of its own), reading its service's model anew, for each
+    task a state machine ran."""
+    import boto3
+    from botocore.config import Config
+    from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
     from moto.stepfunctions.parser.asl.utils import boto_client
 
     made = boto_client.boto_client_for
-    kept = functools.lru_cache(maxsize=64)(lambda region, service: made(region, service))
+    config = Config(  # moto's
+        parameter_validation=False,
+        retries={"max_attempts": 0, "total_max_attempts": 1},
+        connect_timeout=TimeoutSeconds.DEFAULT_TIMEOUT_SECONDS,
+        read_timeout=TimeoutSeconds.DEFAULT_TIMEOUT_SECONDS,
+    )
+
+    @functools.lru_cache(maxsize=64)
+    def kept(region: str, service: str) -> Any:
+        return boto3.client(
+            service,
+            region_name=region,
+            endpoint_url=f"http://{LOOPBACK}:{port}",
+            aws_access_key_id=credentials.access_key,
+            aws_secret_access_key=credentials.secret_key,
+            config=config,
+        )
 
     def boto_client_for(region: str, service: str, state_credentials: Any = None) -> Any:
         return kept(region, service)  # moto's makes the same client whatever the state's credentials
@@ -503,14 +542,227 @@ def refusal(environ: dict[str, Any], port: int) -> str | None:
     return None
 
 
-def local_only(app: Any, port: int) -> Any:
-    """``app`` behind ``refusal``'s checks; it also answers ``OWNER_PATH``."""
+MAX_SKEW_S = 900  # how far a signed request's time may lie from the server's clock, as AWS allows
+MAX_EXPIRES_S = 7 * 24 * 3600  # the longest a pre-signed URL lasts, as AWS allows
+ALGORITHM = "AWS4-HMAC-SHA256"
+_AUTHORIZATION = re.compile(
+    ALGORITHM + r" Credential=(?P<credential>[^,\s]+),\s*SignedHeaders=(?P<headers>[a-z0-9;_.-]+),"
+    r"\s*Signature=(?P<signature>[0-9a-f]{64})"
+)
+_TIMESTAMP = re.compile(r"(\d{4})(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)Z")  # SigV4's: botocore.auth.SIGV4_TIMESTAMP
+_SCOPE = re.compile(r"Credential=[^/&]*/\d{8}/[^/&]*/(?P<service>[^/&]+)/aws4_request")
+
+
+class Refused(Exception):
+    """A request its signature does not admit: the error codes S3 and the JSON services give, and why."""
+
+    def __init__(self, s3_code: str, json_code: str, message: str) -> None:
+        super().__init__(message)
+        self.s3_code, self.json_code, self.message = s3_code, json_code, message
+
+
+def _unsigned(why: str) -> Refused:
+    return Refused(
+        "AccessDenied",
+        "MissingAuthenticationTokenException",
+        f"{why}: the local cloud answers requests signed with its credentials alone (`slsml local env` prints them)",
+    )
+
+
+def _mismatch(why: str) -> Refused:
+    return Refused("SignatureDoesNotMatch", "InvalidSignatureException", why)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a request says of its SigV4 signature."""
+
+    access_key: str
+    date: str  # of its scope: YYYYMMDD
+    region: str
+    service: str
+    headers: tuple[str, ...]  # the names of the headers signed, lower case
+    signature: str  # hex
+    timestamp: str  # X-Amz-Date: YYYYMMDDTHHMMSSZ
+    expires_s: int | None  # a pre-signed URL's lifetime; None: signed in its Authorization header
+
+
+def claimed(environ: Mapping[str, Any]) -> Signature:
+    """The signature a request carries, in its ``Authorization`` header or its pre-signed URL's query; Refused where
+    it carries none or one of another form."""
+    query = environ.get("QUERY_STRING", "")
+    authorization = environ.get("HTTP_AUTHORIZATION")
+    expires: int | None = None
+    if authorization is not None:
+        found = _AUTHORIZATION.fullmatch(authorization.strip())
+        if found is None:
+            raise _unsigned(f"its Authorization header is not an {ALGORITHM} signature")
+        credential, names, signature = found["credential"], found["headers"], found["signature"]
+        timestamp = environ.get("HTTP_X_AMZ_DATE", "")
+    elif "X-Amz-Signature=" in query:
+        params = urllib.parse.parse_qs(query, keep_blank_values=True)
+
+        def one(name: str) -> str:
+            values = params.get(f"X-Amz-{name}", [])
+            return values[0] if len(values) == 1 else ""
+
+        if one("Algorithm") != ALGORITHM or not one("Expires").isdigit():
+            raise _unsigned(f"its pre-signed URL is not signed with {ALGORITHM}")
+        credential, names, signature = one("Credential"), one("SignedHeaders"), one("Signature")
+        timestamp, expires = one("Date"), int(one("Expires"))
+    else:
+        raise _unsigned("it is not signed")
+    scope = credential.split("/")
+    if len(scope) != 5 or scope[4] != "aws4_request":
+        raise _unsigned(f"its credential scope {credential!r} is not ACCESS_KEY/DATE/REGION/SERVICE/aws4_request")
+    access_key, date, region, service = scope[:4]
+    return Signature(access_key, date, region, service, tuple(names.split(";")), signature, timestamp, expires)
+
+
+@functools.lru_cache(maxsize=64)
+def signing_key(secret: str, date: str, region: str, service: str) -> bytes:
+    """The key SigV4 signs a day's requests to a region's service with, derived from the secret key."""
+    key = f"AWS4{secret}".encode()
+    for part in (date, region, service, "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    return key
+
+
+def _header(environ: Mapping[str, Any], name: str) -> str | None:
+    """The value of the request's header ``name`` (lower case), as received."""
+    if name in ("content-type", "content-length"):
+        return environ.get(name.upper().replace("-", "_"))
+    return environ.get("HTTP_" + name.upper().replace("-", "_"))
+
+
+def _signer(signature: Signature, credentials: Credentials) -> Any:
+    """botocore's SigV4 signer of the kind that signed the request: S3's or another service's, by header or by
+    pre-signed URL."""
+    from botocore import auth
+
+    if signature.expires_s is None:
+        kind = auth.S3SigV4Auth if signature.service == "s3" else auth.SigV4Auth
+        return kind(credentials, signature.service, signature.region)
+    kind = auth.S3SigV4QueryAuth if signature.service == "s3" else auth.SigV4QueryAuth
+    return kind(credentials, signature.service, signature.region, expires=signature.expires_s)
+
+
+def needs_body(signature: Signature) -> bool:
+    """Whether the signature covers the request's body itself: one signed in its header whose payload hash is not
+    sent beside it (``X-Amz-Content-SHA256``, which every S3 request carries)."""
+    return signature.expires_s is None and "x-amz-content-sha256" not in signature.headers
+
+
+def verify(
+    environ: Mapping[str, Any], credentials: Credentials, now: float, body: Callable[[], bytes] = bytes
+) -> Signature:
+    """The request's signature, if ``credentials`` made it for this request (its method, path, query, signed headers
+    and, where ``needs_body``, its ``body()``) within ``MAX_SKEW_S`` of ``now`` (a pre-signed URL: before it
+    expires); else Refused. The signature is recomputed by botocore's signer from the request rebuilt as received."""
+    from botocore.awsrequest import AWSRequest
+
+    signature = claimed(environ)
+    if not hmac.compare_digest(signature.access_key, credentials.access_key):
+        raise Refused(
+            "InvalidAccessKeyId",
+            "UnrecognizedClientException",
+            f"the access key {signature.access_key!r} is not this local cloud's (`slsml local env` prints its own)",
+        )
+    stamp = _TIMESTAMP.fullmatch(signature.timestamp)
+    if stamp is None:
+        raise _mismatch(f"its time {signature.timestamp!r} is not of the form YYYYMMDDTHHMMSSZ")
+    signed_at = calendar.timegm(tuple(int(part) for part in stamp.groups()))
+    if signature.expires_s is None and abs(now - signed_at) > MAX_SKEW_S:
+        raise Refused(
+            "RequestTimeTooSkewed",
+            "InvalidSignatureException",
+            f"signed at {signature.timestamp}, more than {MAX_SKEW_S} s from the local cloud's time",
+        )
+    if signature.expires_s is not None and not (
+        signature.expires_s <= MAX_EXPIRES_S and signed_at - MAX_SKEW_S <= now <= signed_at + signature.expires_s
+    ):
+        raise Refused("AccessDenied", "InvalidSignatureException", "the pre-signed URL has expired")
+    if signature.timestamp[:8] != signature.date:
+        raise _mismatch(f"its scope's date {signature.date} is not the day it was signed, {signature.timestamp}")
+    uri = environ.get("REQUEST_URI", "")
+    if signature.expires_s is not None:  # its query without the signature: what was signed
+        path, _, query = uri.partition("?")
+        uri = path + "?" + "&".join(p for p in query.split("&") if not p.startswith("X-Amz-Signature="))
+    headers = {}
+    for name in signature.headers:
+        value = _header(environ, name)
+        if value is None:
+            raise _mismatch(f"its signed header {name!r} is not in the request")
+        headers[name] = value
+    request = AWSRequest(
+        method=environ["REQUEST_METHOD"],
+        url=f"http://{environ.get('HTTP_HOST', '')}{uri}",
+        headers=headers,
+        data=body() if needs_body(signature) else b"",
+    )
+    request.context["timestamp"] = signature.timestamp
+    signer = _signer(signature, credentials)
+    string_to_sign = signer.string_to_sign(request, signer.canonical_request(request))
+    key = signing_key(credentials.secret_key, signature.date, signature.region, signature.service)
+    if not hmac.compare_digest(hmac.new(key, string_to_sign.encode(), hashlib.sha256).hexdigest(), signature.signature):
+        raise _mismatch("the signature computed for the request does not match the one it carries")
+    return signature
+
+
+def _read_body(environ: dict[str, Any]) -> bytes:
+    """The request's body, read whole; the application reads it again from ``environ``."""
+    stream, length = environ["wsgi.input"], environ.get("CONTENT_LENGTH")
+    body = stream.read(int(length)) if length else stream.read() if environ.get("wsgi.input_terminated") else b""
+    environ["wsgi.input"] = io.BytesIO(body)
+    return body
+
+
+def _protocol(environ: Mapping[str, Any]) -> str:
+    """How the service a refused request was sent to answers errors: ``query`` (a form POSTed to SNS's query API),
+    ``s3`` (a request its credential scope names S3, or, unsigned, one for no other service nor the management
+    endpoints), or ``json`` (DynamoDB's, SQS's, Step Functions', the management endpoints')."""
+    path = environ.get("PATH_INFO", "")
+    form = environ.get("CONTENT_TYPE", "").startswith("application/x-www-form-urlencoded")
+    if environ["REQUEST_METHOD"] == "POST" and form and "HTTP_X_AMZ_TARGET" not in environ:
+        return "query"
+    scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION") or urllib.parse.unquote(environ.get("QUERY_STRING", "")))
+    if scope is not None:
+        return "s3" if scope["service"] == "s3" else "json"
+    others = "HTTP_X_AMZ_TARGET" in environ or path.startswith(("/moto-api/", OWNER_PATH))
+    return "json" if others or (environ["REQUEST_METHOD"] == "POST" and path == "/") else "s3"
+
+
+def _refusal_response(environ: Mapping[str, Any], refused: Refused) -> tuple[list[tuple[str, str]], bytes]:
+    """The 403's headers and body: S3's XML error, the query API's, or the JSON services'."""
+    message = xml_escape(refused.message)
+    protocol = _protocol(environ)
+    if protocol == "json":
+        body = json.dumps({"__type": refused.json_code, "message": refused.message}).encode()
+        return [("Content-Type", "application/x-amz-json-1.0")], body
+    if protocol == "s3":
+        error = f"<Error><Code>{refused.s3_code}</Code><Message>{message}</Message></Error>"
+    else:
+        error = (
+            f"<ErrorResponse><Error><Type>Sender</Type><Code>{refused.json_code.removesuffix('Exception')}</Code>"
+            f"<Message>{message}</Message></Error></ErrorResponse>"
+        )
+    return [("Content-Type", "text/xml")], f'<?xml version="1.0" encoding="UTF-8"?>\n{error}'.encode()
+
+
+def local_only(app: Any, port: int, credentials: Credentials) -> Any:
+    """``app`` behind ``refusal``'s checks and ``verify``'s with ``credentials``; it also answers ``OWNER_PATH``."""
 
     def guarded(environ: dict[str, Any], start_response: Any) -> Any:
         refused = refusal(environ, port)
         if refused is not None:
             start_response("403 Forbidden", [("Content-Type", "text/plain"), ("Vary", "Origin")])
             return [refused.encode()]
+        try:
+            verify(environ, credentials, time.time(), lambda: _read_body(environ))
+        except Refused as denied:
+            headers, body = _refusal_response(environ, denied)
+            start_response("403 Forbidden", [*headers, ("Content-Length", str(len(body)))])
+            return [body]
         if environ.get("PATH_INFO") == OWNER_PATH:
             start_response("200 OK", [("Content-Type", "application/json")])
             return [json.dumps({"pid": os.getppid()}).encode()]
@@ -541,16 +793,28 @@ def gateway() -> type:
     return MotoGateway
 
 
+def given_credentials() -> Credentials:
+    """The credentials requests must be signed with: the first line of standard input."""
+    from botocore.credentials import Credentials
+
+    try:
+        given = json.loads(sys.stdin.buffer.readline())
+        return Credentials(str(given["access_key_id"]), str(given["secret_access_key"]))
+    except (ValueError, KeyError, TypeError):
+        sys.exit('the first line of standard input must be {"access_key_id": …, "secret_access_key": …}')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="moto's server, tuned")
     parser.add_argument("-p", "--port", type=int, required=True)
     args = parser.parse_args()
+    credentials = given_credentials()
     os.environ["MOTO_PORT"] = str(args.port)  # where moto's Step Functions tasks call AWS: this server
     os.environ["MOTO_DISABLE_GLOBAL_CORS"] = "true"  # moto's CORS would echo any Origin
     end_with_parent()
     tune()
     attribute_values()
-    task_clients()
+    task_clients(args.port, credentials)
     serialize_dynamodb()
     wake_long_polls_when_due()
     ranged_reads()
@@ -558,7 +822,7 @@ def main() -> None:
     from cheroot import wsgi
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
-    app = local_only(direct_ranged_gets(DomainDispatcherApplication(create_backend_app)), args.port)
+    app = local_only(direct_ranged_gets(DomainDispatcherApplication(create_backend_app)), args.port, credentials)
     server = wsgi.Server((LOOPBACK, args.port), app, numthreads=SERVER_THREADS, request_queue_size=128)
     server.gateway = gateway()
     server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS

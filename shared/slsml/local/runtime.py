@@ -103,7 +103,7 @@ class LocalRuntime:
         self.timeouts_s = checked_settings("timeout_s", timeouts_s or {}, self.concurrency)
         accelerators = checked_settings("accelerator_gib", accelerator_gib or {}, self.concurrency)
         self.accelerator_gib = checked_accelerators(accelerators, self.concurrency)
-        self.limits = (limits or RunLimits()).with_timeouts(self.timeouts_s).with_worker_memory(self.worker_memory_mb)
+        self.limits = self._deployed(limits or RunLimits()).with_timeouts(self.timeouts_s)
         self.duplicate_deliveries = duplicate_deliveries
         self.log_dir = log_dir
         self.tf_threads = tf_threads
@@ -153,8 +153,14 @@ class LocalRuntime:
         """The Worker's memory: a run's micro-batches fit it."""
         return self.memory_mb.get("worker", DEFAULT_FUNCTIONS["worker"].memory_mb)
 
+    def _deployed(self, limits: RunLimits) -> RunLimits:
+        """``limits`` with this deployment's worker: its memory and its accelerator."""
+        return limits.with_worker_memory(self.worker_memory_mb).with_worker_accelerator(
+            self.accelerator_gib.get("worker")
+        )
+
     def _limit(self, limits: RunLimits) -> None:
-        limits = limits.with_worker_memory(self.worker_memory_mb)
+        limits = self._deployed(limits)
         self.limits = self.services.limits = limits
         self.host.set_limits(limits)
 

@@ -2,6 +2,10 @@
 function hosts in a process of their own and returns once they are ready; every ``slsml run`` command
 then works against it as against a deployed stack, and any AWS client reaches it with ``local env``'s
 variables. Its state (bucket, table, runs) lives in that process: it lasts as long as the service.
+
+It is its user's alone: its cloud answers requests signed with credentials generated as it starts
+(``slsml.local.cloud``), kept in its state file, which only that user can read: the state folder is created 0700 and
+everything the service writes in it 0600 (its process's umask), a folder another user owns or can enter is refused.
 """
 
 from __future__ import annotations
@@ -10,10 +14,12 @@ import dataclasses
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -27,6 +33,7 @@ from slsml.spec.limits import RunLimits
 STATE_DIR = Path(".slsml/local")
 STATE_FILE = "service.json"
 OUTPUT_FILE = "service.log"
+PRIVATE_UMASK = 0o077  # what the service creates, its user alone can read: folders 0700, files 0600
 READY_TIMEOUT_S = 180.0
 CONCURRENCY = 1000  # per function, before its reserved concurrency and the pool bound it: runs of any shape
 
@@ -49,6 +56,12 @@ class ServiceState(BaseModel):
     def local_deployment(self) -> LocalDeployment:
         return LocalDeployment(**self.deployment)
 
+    def shown(self) -> dict[str, Any]:
+        """The state as ``local up`` and ``local status`` print it: its secret key left to ``local env``."""
+        shown = self.model_dump(mode="json")
+        shown["deployment"] = {k: v for k, v in self.deployment.items() if k != "secret_access_key"}
+        return shown
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -65,10 +78,17 @@ def status(state_dir: Path = STATE_DIR) -> ServiceState | None:
     address whose cloud answers that its owner is the file's pid, alive: a file that says otherwise (its
     service gone, its pid reused, or a file not written by the service) is removed and nothing acts on it."""
     path = state_dir / STATE_FILE
-    if not path.exists():
-        return None
-    state = ServiceState.model_validate_json(path.read_text())
-    if not _alive(state.pid) or owner(state.endpoint) != state.pid:
+    try:
+        if not path.exists():
+            return None
+        text = path.read_text()
+    except PermissionError:
+        raise SlsmlError(
+            f"{state_dir} is another user's local service, which only that user can reach: start one of your own"
+            " with `slsml local up` in a folder of your own"
+        ) from None
+    state = ServiceState.model_validate_json(text)
+    if not _alive(state.pid) or owner(state.endpoint, state.local_deployment().credentials) != state.pid:
         path.unlink(missing_ok=True)
         return None
     return state
@@ -93,7 +113,7 @@ def up(
 
     # refused here, in one line, rather than by the service's process as it starts
     checked_accelerators(accelerator_gib or {}, {"worker": min(CONCURRENCY, pool or default_pool())})
-    state_dir.mkdir(parents=True, exist_ok=True)
+    private_folder(state_dir)
     command = [
         sys.executable,
         "-m",
@@ -105,7 +125,8 @@ def up(
         json.dumps(accelerator_gib or {}),
         *([str(pool)] if pool else []),
     ]
-    with open(state_dir / OUTPUT_FILE, "wb") as output:
+    log = os.open(state_dir / OUTPUT_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(log, "wb") as output:
         process = subprocess.Popen(
             command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )  # outlives this command and its terminal's Ctrl-C
@@ -120,6 +141,28 @@ def up(
         time.sleep(0.2)
     process.terminate()
     raise SlsmlError(f"the local service was not ready within {timeout_s:.0f} s (see {state_dir / OUTPUT_FILE})")
+
+
+def private_folder(state_dir: Path) -> None:
+    """Make ``state_dir`` 0700 (its user's alone) as it is created. One there already is made so if it is this
+    user's and no other could write in it (a folder of an older slsml: 0755); SlsmlError naming the fix if another
+    user owns it or could have placed files in it."""
+    state_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        state_dir.mkdir(mode=0o700)
+        return
+    except FileExistsError:
+        pass
+    found = state_dir.lstat()
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise SlsmlError(f"{state_dir} is not a folder of yours: remove it, or start `slsml local up` elsewhere")
+    if found.st_mode & 0o022:
+        raise SlsmlError(
+            f"other users may write in {state_dir} (mode {stat.S_IMODE(found.st_mode):o}): remove it and run"
+            " `slsml local up` again"
+        )
+    if found.st_mode & 0o077:
+        os.chmod(state_dir, 0o700)  # before the service's credentials are written in it
 
 
 def down(state_dir: Path = STATE_DIR, timeout_s: float = 60.0) -> bool:
@@ -171,6 +214,8 @@ def serve(
     """The service's process: run the local runtime until SIGTERM or SIGINT."""
     from slsml.local.runtime import LocalRuntime
 
+    os.umask(PRIVATE_UMASK)  # before it creates anything: its logs, its state file, its processes' files
+
     stopping = False
 
     def stop(signum: int, frame: object) -> None:
@@ -201,7 +246,9 @@ def serve(
         )
         path = state_dir / STATE_FILE
         staged = path.with_suffix(".tmp")
-        staged.write_text(json.dumps(state.model_dump(), indent=1))
+        staged.unlink(missing_ok=True)
+        with open(os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as written:  # 0600 as created
+            written.write(json.dumps(state.model_dump(), indent=1))
         staged.replace(path)  # whole, or not at all: readers never see half a file
         print(f"local service ready at {state.endpoint}", flush=True)
         applied = time.monotonic()

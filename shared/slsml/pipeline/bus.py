@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -15,12 +15,14 @@ PARALLEL_BATCHES = 16  # PublishBatch calls of one publish in flight at once
 
 
 class Bus:
-    def __init__(self, sns: Any, topic_arns: dict[str, str]) -> None:
+    def __init__(self, sns: Any, topic_arns: dict[str, str], sign: Callable[[Message], Message]) -> None:
         self.sns = sns
         self.topic_arns = topic_arns
+        self.sign = sign  # the proof of origin each message carries (slsml.pipeline.proof)
 
     def publish(self, topic: Topic, messages: Sequence[Message]) -> None:
-        """Publish ``messages`` in batches, ``PARALLEL_BATCHES`` at a time (SNS keeps no order between them)."""
+        """Publish ``messages``, signed, in batches, ``PARALLEL_BATCHES`` at a time (SNS keeps no order between
+        them)."""
         arn = self.topic_arns[topic.name]
 
         def send(batch: list[str]) -> None:
@@ -29,7 +31,7 @@ class Bus:
             if response.get("Failed"):
                 raise RuntimeError(f"publishing to {topic.name} failed: {response['Failed']}")
 
-        grouped = list(batches([message.model_dump_json() for message in messages]))
+        grouped = list(batches([self.sign(message).model_dump_json() for message in messages]))
         if len(grouped) <= 1:
             for batch in grouped:
                 send(batch)

@@ -1,6 +1,7 @@
 """How a pipeline function receives its messages: SNS (or SQS) records, each checked for size and parsed into
-the function's message type, then checked against the run it names (``slsml.pipeline.admission``). A message
-that is too big, not JSON, not of that type or not of its run is rejected: the reason is logged, counted
+the function's message type, then its proof of origin checked (``slsml.pipeline.proof``) and what it says checked
+against the run it names (``slsml.pipeline.admission``). A message that is too big, not JSON, not of that type, not
+sent by the pipeline or not of its run is rejected: the reason is logged, counted
 (``RejectedMessages``) and ``MessageRejected`` fails the invocation, so the message is retried and ends in
 the function's dead-letter queue without touching any run. ``pipeline_handler`` is what every function's
 handler is made of.
@@ -27,7 +28,7 @@ from slsml.pipeline.services import Services, failing_run_on_bad_input, from_env
 from slsml.spec import keys
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import MessageRejected
-from slsml.spec.messages import MAX_MESSAGE_BYTES, ModelLanded
+from slsml.spec.messages import MAX_MESSAGE_BYTES, Message, ModelLanded
 from slsml.state.idempotency import once_per_message
 
 MAX_REASON_CHARS = 300  # of the validation errors in a rejection's reason
@@ -81,8 +82,10 @@ def reject(message_type: str, message_id: str, problem: str) -> MessageRejected:
 
 
 def admit(message: Any, services: Services) -> None:
-    """``MessageRejected`` (logged and counted) if ``message`` does not belong to the run it names."""
-    problem = admission.problem(message, services)
+    """``MessageRejected`` (logged and counted) if ``message`` is a pipeline message whose proof of origin does not
+    hold (``slsml.pipeline.proof``: checked first), or does not belong to the run it names."""
+    forged = services.keys.problem(message) if isinstance(message, Message) else None
+    problem = forged or admission.problem(message, services)
     if problem is not None:
         name = f"{message.run_id}/{getattr(message, 'iteration', '-')}"
         raise reject(type(message).__name__, name, problem)

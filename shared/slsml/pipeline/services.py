@@ -17,6 +17,7 @@ from slsml.aws import clients as aws
 from slsml.aws.storage import ObjectStore
 from slsml.pipeline.bus import Bus
 from slsml.pipeline.deadlines import DeadlineQueue
+from slsml.pipeline.proof import RunKeys
 from slsml.spec import keys, wiring
 from slsml.spec.config import RunConfig
 from slsml.spec.deployment import SERVICE_NAME
@@ -39,6 +40,7 @@ class Services:
     bus: Bus
     orchestrator: Orchestrator
     deadlines: DeadlineQueue
+    keys: RunKeys  # runs' message keys: what signs the messages sent and checks those received
     limits: RunLimits = field(default_factory=RunLimits)  # the deployment's, which every run must keep within
     # what this step's role may tell a run's execution (the wiring's ``answers``; a client: everything)
     answers: frozenset[wiring.TaskAnswer] = frozenset(wiring.TaskAnswer)
@@ -53,12 +55,15 @@ class Services:
         deadline_queue_url: str | None = None,
         limits: RunLimits | None = None,
     ) -> Services:
+        run_table = RunTable(aws.resource("dynamodb").Table(table))
+        run_keys = RunKeys(run_table)
         return cls(
             store=ObjectStore(aws.client("s3"), bucket),
-            table=RunTable(aws.resource("dynamodb").Table(table)),
-            bus=Bus(aws.client("sns"), topic_arns),
+            table=run_table,
+            bus=Bus(aws.client("sns"), topic_arns, run_keys.sign),
             orchestrator=Orchestrator(aws.client("stepfunctions"), state_machine_arn),
-            deadlines=DeadlineQueue(aws.client("sqs"), deadline_queue_url),
+            deadlines=DeadlineQueue(aws.client("sqs"), deadline_queue_url, run_keys.sign),
+            keys=run_keys,
             limits=limits or RunLimits(),
         )
 

@@ -61,7 +61,7 @@ def evaluated(config: RunConfig, iteration: int, train_count: int) -> list[str]:
 def _epoch(spec: TrainingSpec, train_count: int) -> int:
     """Iterations per epoch of the samples the run trains on."""
     trained = len(data.held_out(spec, train_count)[0])
-    return max(1, data.iterations_per_epoch(trained, spec.global_batch) // spec.local_batches)
+    return max(1, data.iterations_per_epoch(trained, spec.global_batch, spec.asked_workers()) // spec.local_batches)
 
 
 def evaluator_for(

@@ -7,7 +7,14 @@ pass (``sample_bytes``: every layer's output, float32). Measured on ResNet-50 at
 resident set of one step), a sample took 16-22 MB where its layer outputs count 27 MB: the count bounds it from
 above. What the worker holds besides: the TensorFlow runtime, model-sized buffers (the gradient, the flat and
 encoded update, the weights read), the float64 sum of a step's micro-batches where there are several, and its warm
-cache (the model and its weights, dataset shards: ``slsml.aws.cache``, a share of the memory)."""
+cache (the model and its weights, dataset shards: ``slsml.aws.cache``, a share of the memory).
+
+A GPU worker (an execution environment with ``accelerator_gib`` of a GPU's memory) keeps a step's layer outputs on
+the GPU, not in the function's memory: its micro-batch is the most samples whose step fits the accelerator memory
+(``AcceleratorMemory``). Measured on ResNet-50 at 224×224 (``slsml bench gpu``, docs/benchmarks.md#gpu: device
+memory peaks of 5.06 and 19.4 GiB at 64 and 256 samples in float32, 2.60 and 9.49 GiB in mixed_bfloat16), a sample
+took 0.54 of its float32 layer outputs' count on the device in float32 and 0.26 in a 16-bit policy, beside
+2.9-3.2 model-sized buffers (the weights, their gradient, the optimizer's work)."""
 
 from __future__ import annotations
 
@@ -26,6 +33,11 @@ MODEL_COPIES = 4.0
 SUM_COPIES = 2.0  # a step of several micro-batches: their float64 sum, twice a float32 model
 # the sum as stored or read back (a round handed on): the archive's bytes beside it, while no micro-batch computes
 ARCHIVE_COPIES = 2.0
+GIB = 1024**3  # an accelerator's memory is given in GiB (functions.worker.accelerator_gib)
+# on the GPU: model-sized buffers of a step, and the share of a sample's float32 layer-output count (``sample_bytes``)
+# it takes by precision; measured (see the module's docstring), mixed_float16 as mixed_bfloat16 (both 16-bit outputs)
+DEVICE_MODEL_COPIES = 3.2
+DEVICE_SAMPLE_SHARE = {"float32": 0.54, "mixed_float16": 0.26, "mixed_bfloat16": 0.26}
 
 
 def sample_bytes(model: Any) -> int:
@@ -89,6 +101,50 @@ class WorkerMemory:
         )
 
 
+@dataclass(frozen=True)
+class AcceleratorMemory:
+    """A GPU worker's accelerator memory and what a step of its model takes of it (``DEVICE_*``)."""
+
+    accelerator_gib: int
+    model_bytes: float  # the model's float32 weights
+    sample_bytes: float  # one sample's float32 layer outputs (``sample_bytes``)
+    precision: str  # float32, mixed_float16 or mixed_bfloat16
+
+    @property
+    def per_sample_bytes(self) -> float:
+        """What one sample adds to a step on the GPU."""
+        return DEVICE_SAMPLE_SHARE[self.precision] * self.sample_bytes
+
+    def needed_bytes(self, samples: int) -> float:
+        """The device memory a step of ``samples`` at once takes."""
+        return DEVICE_MODEL_COPIES * self.model_bytes + samples * self.per_sample_bytes
+
+    def micro_batch(self) -> int:
+        """The most samples a step fits (0: not one)."""
+        free = self.accelerator_gib * GIB - DEVICE_MODEL_COPIES * self.model_bytes
+        if free < self.per_sample_bytes or free <= 0:
+            return 0
+        return math.floor(free / self.per_sample_bytes) if self.per_sample_bytes else 2**31
+
+    def refusal(self) -> str | None:
+        """Why not one sample fits the accelerator memory (None: one does)."""
+        if self.micro_batch() >= 1:
+            return None
+        return (
+            f"one sample's training step needs ~{self.needed_bytes(1) / GIB:,.1f} GiB of GPU memory ({self.precision}:"
+            f" the model's buffers {DEVICE_MODEL_COPIES * self.model_bytes / GIB:,.1f} GiB, a sample"
+            f" {self.per_sample_bytes / GIB:,.2f} GiB) and the worker has {self.accelerator_gib} GiB: give it more"
+            " (a stack's functions.worker.accelerator_gib; --accelerator worker=GIB locally)"
+        )
+
+
+def of_accelerator(config: RunConfig, accelerator_gib: int) -> AcceleratorMemory:
+    """The accelerator memory of a GPU worker of ``accelerator_gib`` training the run of ``config``, in its mixed
+    precision policy (float32 without one)."""
+    precision = config.training.mixed_precision or "float32"
+    return AcceleratorMemory(accelerator_gib, 4 * config.plan.size, config.sample_bytes, precision)
+
+
 def of_run(config: RunConfig, memory_mb: float, cache_mb: float, slot_bytes: int) -> WorkerMemory:
     """The memory of a worker of ``memory_mb`` with a warm cache of ``cache_mb`` training the run of ``config``,
     whose worker slots keep ``slot_bytes`` between rounds."""
@@ -97,15 +153,22 @@ def of_run(config: RunConfig, memory_mb: float, cache_mb: float, slot_bytes: int
     return WorkerMemory(memory_mb, cache_mb, 4 * size, config.sample_bytes, 2 * slot_bytes + 2 * residual)
 
 
-def micro_batch(config: RunConfig, memory_mb: float, cache_mb: float, slot_bytes: int) -> int:
-    """The run's micro-batch on a worker of ``memory_mb`` with a warm cache of ``cache_mb`` (``of_run``): the run's
-    own (``micro_batch``), else the most samples that fit (a run of no per-sample figure: its shares whole).
-    RunFailed, naming the memory needed, where not one sample fits."""
+def micro_batch(
+    config: RunConfig, memory_mb: float, cache_mb: float, slot_bytes: int, accelerator_gib: int | None = None
+) -> int:
+    """The run's micro-batch on a worker of ``memory_mb`` with a warm cache of ``cache_mb`` (``of_run``), or, with
+    ``accelerator_gib``, on a GPU worker of that accelerator memory (``of_accelerator``): the run's own
+    (``micro_batch``), else the most samples that fit (a run of no per-sample figure: its shares whole). RunFailed,
+    naming the memory needed, where not one sample fits."""
     if config.training.micro_batch is not None:
         return config.training.micro_batch
     if not config.sample_bytes:
         return config.training.global_batch
-    memory = of_run(config, memory_mb, cache_mb, slot_bytes)
+    memory: WorkerMemory | AcceleratorMemory = (
+        of_run(config, memory_mb, cache_mb, slot_bytes)
+        if accelerator_gib is None
+        else of_accelerator(config, accelerator_gib)
+    )
     refusal = memory.refusal()
     if refusal is not None:
         raise RunFailed(refusal)

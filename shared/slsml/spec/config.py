@@ -606,6 +606,16 @@ class TrainingSpec(BaseModel):
         """The workers of the first round (with auto: the fewest)."""
         return self.worker_bounds[0] if self.workers == "auto" else self.workers
 
+    def on_gpu_workers(self) -> TrainingSpec:
+        """The run as GPU workers train it: in the block order (``shuffle blocks``, blocks of ``shuffle_block``)
+        where it keeps the default exact order and can be read in blocks (no ``validation_split``). A GPU computes a
+        worker's share in about a second, so its samples' ranged GETs of one sample each would bound the round; a
+        block is one GET. The trade-off: a block's samples are consecutive in the stored order and trained together
+        (an exact sample-level order on GPU workers: ``shuffle blocks`` with ``shuffle_block`` 1, a GET a sample)."""
+        if self.shuffle == "blocks" or self.validation_split is not None:
+            return self
+        return self.model_copy(update={"shuffle": "blocks"})
+
     def asked_workers(self, workers: int | None = None) -> int:
         """The most workers a run asks for: its ``max_workers`` (the bound of ``run scale`` and ``--workers
         auto``), else ``workers`` (those it is scaled to), else those it trains with."""
@@ -721,6 +731,12 @@ class RunConfig(BaseModel):
     schema_version: Literal[1] = 1
     run_id: str
     dataset: str
+    dataset_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the SHA-256 of the dataset's manifest as the run started: every read of the dataset is checked"
+        " against it (slsml.data.datasets.pinned_manifest); None: a run started before datasets were pinned",
+    )
     training: TrainingSpec
     optimizer: OptimizerConfig
     loss: str

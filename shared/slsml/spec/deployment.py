@@ -8,7 +8,7 @@ functions' log groups. (The limits an operator sets on every run: ``slsml.spec.l
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -67,6 +67,49 @@ def bucket_policy_statements(bucket_arn: str) -> list[dict[str, Any]]:
             "Condition": {"Null": {"s3:if-none-match": "true"}},  # a PUT without If-None-Match
         }
     ]
+
+
+# The kinds of object under runs/, each of which the bucket's policy lets only the roles that own its deletes delete
+RUN_OBJECTS = (
+    keys.RUN_CONFIG_OBJECTS,
+    keys.SOURCE_MODEL_OBJECTS,
+    keys.MODEL_OBJECTS,
+    keys.FINAL_MODEL_OBJECTS,
+    keys.SCRATCH_OBJECTS,
+)
+DELETE_ACTIONS = ("s3:DeleteObject", "s3:DeleteObjectVersion")
+
+
+def deletion_statements(bucket_arn: str, deleters: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
+    """The statements of the data bucket's policy that deny deletes under ``runs/`` to every principal but the roles
+    that own them: ``deleters`` maps each kind of object (``RUN_OBJECTS``) to the ARNs of the roles that delete it
+    (none: nobody deletes it). Any object under ``runs/`` is denied to all but those roles together, each kind to all
+    but its own. S3's lifecycle expirations are not requests, and are not refused. infra/storage.py deploys them; the
+    local cloud, where every function acts under one identity, has no role to tell apart and installs
+    ``bucket_policy_statements`` alone."""
+
+    def denied(sid: str, pattern: str, allowed: Sequence[str]) -> dict[str, Any]:
+        statement: dict[str, Any] = {
+            "Sid": sid,
+            "Effect": "Deny",
+            "Principal": {"AWS": "*"},
+            "Action": list(DELETE_ACTIONS),
+            "Resource": f"{bucket_arn}/{pattern}",
+        }
+        if allowed:
+            statement["Condition"] = {"ArnNotEquals": {"aws:PrincipalArn": list(allowed)}}
+        return statement
+
+    unknown = deleters.keys() - set(RUN_OBJECTS)
+    if unknown:
+        raise ValueError(f"not kinds of object under {RUNS_PREFIX}: {sorted(unknown)}")
+    owners = list(dict.fromkeys(arn for kind in RUN_OBJECTS for arn in deleters.get(kind, ())))
+    statements = [denied("DeleteRunObjects", f"{RUNS_PREFIX}*", owners)]
+    for kind in RUN_OBJECTS:
+        allowed = list(deleters.get(kind, ()))
+        if set(allowed) != set(owners):  # e.g. runs/*/final.keras → DeleteRunsFinalKeras
+            statements.append(denied("Delete" + "".join(c for c in kind.title() if c.isalnum()), kind, allowed))
+    return statements
 
 
 # S3 lifecycle rules filter on a key prefix and object tags, not on a pattern: transient scratch under

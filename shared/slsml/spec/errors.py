@@ -1,6 +1,11 @@
-"""Errors that name what is wrong with a user's input or a run."""
+"""Errors that name what is wrong with a user's input or a run, and the one way a pydantic validation error is
+shown to a user (``problems``, ``described``)."""
 
+import difflib
 import re
+from typing import Any, get_args
+
+from pydantic import BaseModel, ValidationError
 
 
 class SlsmlError(Exception):
@@ -36,3 +41,72 @@ def rejected(error: str) -> bool:
     """Whether a function's error is its rejection of its message (``MessageRejected``): the error message
     that Lambda attaches to a dead letter (without the exception's name), or one with the name before it."""
     return _REJECTION.match(error) is not None
+
+
+# the parts of a pydantic error's location that name a member of a union, not a field: ``constrained-int``,
+# ``literal['auto']``, ``function-after[…]``, or a bare type
+_UNION_MEMBER = re.compile(r"[\[\-]|^(?:int|float|str|bool|bytes|none|dict|list)$")
+
+
+def problems(error: ValidationError, model: type[BaseModel] | None = None, under: str = "") -> list[str]:
+    """Each problem of a pydantic ``error`` as one line, ``field: what is wrong`` (``by_field``)."""
+    return [f"{field}: {said}" if field else said for field, said in by_field(error, model, under).items()]
+
+
+def by_field(error: ValidationError, model: type[BaseModel] | None = None, under: str = "") -> dict[str, str]:
+    """A pydantic ``error``'s problems by field (dotted, below ``under``; ``""``: the whole input): what is wrong,
+    a field not known with the nearest known name of ``model`` (default: the model ``error`` is of), no input
+    echoed and no pydantic URL. A field that no member of a union takes says what each would take."""
+    model = model or _model_titled(error.title)
+    found: dict[str, list[str]] = {}
+    for e in error.errors(include_url=False):
+        path = [part for part in e["loc"] if isinstance(part, int) or not _UNION_MEMBER.search(part)]
+        field = ".".join(str(part) for part in ([under] if under else []) + path)
+        if e["type"] == "extra_forbidden":
+            message = "unknown field" + _nearest(str(path[-1]), _field_names(model, path[:-1]))
+        else:
+            message = e["msg"].removeprefix("Value error, ")
+        found.setdefault(field, [])
+        if message not in found[field]:
+            found[field].append(message)
+    return {field: " or ".join(said).replace(" or Input should be ", " or ") for field, said in found.items()}
+
+
+def described(error: ValidationError, model: type[BaseModel] | None = None, under: str = "") -> str:
+    """``problems`` on one line, for a message or a run's reason: ``a: …; b: …``."""
+    return "; ".join(problems(error, model, under))
+
+
+def _nearest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _field_names(model: type[BaseModel] | None, path: list[str | int]) -> list[str]:
+    """The field names (and aliases) of the model at ``path`` below ``model``; none where it is not a model."""
+    for part in path:
+        if model is None or isinstance(part, int):
+            continue  # an item of a list: the list's model
+        field = model.model_fields.get(part)
+        model = None if field is None else _model_in(field.annotation)
+    if model is None:
+        return []
+    return [*model.model_fields, *(f.alias for f in model.model_fields.values() if f.alias)]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds: itself, or the one of an optional, a list or a union."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((found for arg in get_args(annotation) if (found := _model_in(arg)) is not None), None)
+
+
+def _model_titled(title: str) -> type[BaseModel] | None:
+    """slsml's model of this name (a ValidationError names its model, it does not hold it)."""
+    pending: list[type[BaseModel]] = [BaseModel]
+    while pending:
+        model = pending.pop()
+        if model.__name__ == title and model.__module__.startswith("slsml."):
+            return model
+        pending += model.__subclasses__()
+    return None

@@ -39,9 +39,26 @@ class RunLimits(BaseModel):
         description="the deployment's worker memory, which a run's micro-batches must fit (one sample at least)",
     )
 
+    worker_accelerator_gib: int | None = Field(
+        default=None,
+        gt=0,
+        description="the deployment's GPU memory per worker (functions.worker.accelerator_gib; None: CPU workers),"
+        " which a GPU worker's micro-batches fit and the plan, the budget check and the tuner price",
+    )
+    worker_instance_types: tuple[str, ...] = Field(
+        default=(),
+        description="the EC2 instance types a GPU worker's fleet may run on (functions.worker.instance_types)",
+    )
+
     def with_worker_memory(self, memory_mb: int) -> RunLimits:
         """These limits with the deployment's worker memory ``memory_mb``."""
         return self.model_copy(update={"worker_memory_mb": memory_mb})
+
+    def with_worker_accelerator(self, accelerator_gib: int | None, instance_types: tuple[str, ...] = ()) -> RunLimits:
+        """These limits with the deployment's worker accelerator: ``accelerator_gib`` of GPU memory on one of
+        ``instance_types`` (None: CPU workers)."""
+        types = instance_types if accelerator_gib is not None else ()
+        return self.model_copy(update={"worker_accelerator_gib": accelerator_gib, "worker_instance_types": types})
 
     def with_timeouts(self, timeouts_s: dict[str, int]) -> RunLimits:
         """These limits with the timeouts ``timeouts_s`` names (function → s) of the functions a stage waits on."""

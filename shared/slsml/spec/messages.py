@@ -32,6 +32,11 @@ class Message(BaseModel):
     run_id: str = Field(min_length=1, max_length=63)
     iteration: int = Field(ge=0)
     generation: int = Field(default=0, ge=0, description="how often the run was resumed when this was sent")
+    proof: str = Field(
+        default="",
+        max_length=64,
+        description="HMAC-SHA256 (hex) of the message without it, under its run's key (slsml.pipeline.proof)",
+    )
 
 
 class WorkMessage(Message):

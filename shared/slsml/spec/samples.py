@@ -57,3 +57,11 @@ def describe(arrays: Arrays) -> str:
     if isinstance(arrays, dict):
         return ", ".join(f"{name} {array.shape[1:]} {array.dtype}" for name, array in arrays.items())
     return f"{arrays.shape[1:]} {arrays.dtype}"
+
+
+def epoch_batches(count: int, global_batch: int, least: int = 1) -> int:
+    """Global batches of an epoch of ``count`` samples, as Keras counts its steps: ⌈count / global_batch⌉, the last
+    one smaller where the samples do not fill it, as long as it holds ``least`` samples (one for each worker of the
+    run); fewer left over sit the epoch out."""
+    whole, left = divmod(count, global_batch)
+    return whole + int(left >= max(1, least))

@@ -49,6 +49,9 @@ class Function:
     deletes: tuple[str, ...] = ()
     # what it may tell a run's execution; a step that may not answer leaves it to the watchdog (Services.fail_run)
     answers: tuple[TaskAnswer, ...] = ()
+    # handles some of its messages once (the ``idempotent`` of its handler, slsml.state.idempotency): it deletes a
+    # message's record, in its own partition of the table, when its step fails on it; no other step deletes items
+    once_per_message: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ FUNCTIONS: tuple[Function, ...] = (
         sends=(DEADLINES,),
         writes=(SCRATCH,),
         deletes=(SCRATCH,),
+        once_per_message=True,
     ),
     Function(
         "reduce_launcher",
@@ -147,6 +151,7 @@ FUNCTIONS: tuple[Function, ...] = (
         writes=(SCRATCH, FINAL),
         deletes=(SCRATCH, FINAL),
         answers=(TaskAnswer.SUCCESS, TaskAnswer.FAILURE),
+        once_per_message=True,
     ),
     # outside the loop: a plain upload to incoming/ starts a run with the deployment's defaults
     Function(
@@ -156,6 +161,7 @@ FUNCTIONS: tuple[Function, ...] = (
         needs_tensorflow=True,
         starts_runs=True,
         writes=(keys.RUN_CONFIG_OBJECTS, keys.SOURCE_MODEL_OBJECTS, SCRATCH),
+        once_per_message=True,
     ),
     # beside everything: a message a function failed on three times (or SNS could not deliver) fails its run
     Function(

@@ -51,6 +51,18 @@ class RunStatus(StrEnum):
     STOPPED = "STOPPED"
 
 
+class PendingDeadline(BaseModel):
+    """The deadline of a run's chain that is due next, as the watchdog that sent it recorded it: what the watchdog acts
+    on when it comes (the message names only its run, generation and place in the chain)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    iteration: int
+    stage: Literal["work", "reduce"]
+    round: int
+    due_at: float
+
+
 class RunRecord(BaseModel):
     """A run's ``META`` item: the training spec it was started with (one JSON attribute) and its state."""
 
@@ -63,6 +75,7 @@ class RunRecord(BaseModel):
     iteration_at: float | None = Field(default=None, description="when the model entering `iteration` was stored")
     heartbeat_at: float | None = Field(default=None, description="the last heartbeat sent to the run's execution")
     watched: int | None = Field(default=None, description="the deadline chain's position (see the watchdog)")
+    pending: PendingDeadline | None = Field(default=None, description="the chain's deadline due next (JSON)")
     workers: int = Field(description="the workers the run trains with now (at first, the spec's)")
     workers_reason: str | None = Field(default=None, description="why the workers last changed (run scale, the tuner)")
     tuner: TunerState | None = Field(default=None, description="--workers auto: what the tuner measured (JSON)")
@@ -82,7 +95,7 @@ class RunRecord(BaseModel):
     task_token: str | None = None
     generation: int = Field(default=0, description="how often the run was resumed")
 
-    @field_validator("training", "tuner", mode="before")
+    @field_validator("training", "tuner", "pending", mode="before")
     @classmethod
     def _from_json(cls, value: object) -> object:
         return json.loads(value) if isinstance(value, str) else value
@@ -248,6 +261,7 @@ def dynamo(value: Any) -> Any:
 # sort keys
 META = "META"
 SPEND = "SPEND"
+KEY = "KEY"  # the run's message key (``RunTable.run_key``): readable by the pipeline's roles alone
 # the figures a run watches (``TrainingSpec.monitors``) of each evaluation, "<monitor>@<iteration>" → value: what
 # early stopping and keep_best decide on, read as one item whatever the run's length
 WATCHED = "WATCHED"

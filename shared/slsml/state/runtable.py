@@ -23,6 +23,7 @@ from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Participant, WorkDone
 from slsml.state.records import (
+    KEY,
     META,
     RUN_KIND,
     RUNS_INDEX,
@@ -30,6 +31,7 @@ from slsml.state.records import (
     WATCHED,
     Counter,
     IterationRecord,
+    PendingDeadline,
     RunRecord,
     RunStatus,
     TunerState,
@@ -189,12 +191,16 @@ class RunTable:
     def mark_heartbeat(self, run_id: str) -> None:
         self._update_run(run_id, {"heartbeat_at": time.time()})
 
-    def watch(self, run_id: str, expected: int | None, position: int) -> RunRecord | None:
-        """Move the deadline chain from ``expected`` to ``position``; None if another message moved it."""
+    def watch(
+        self, run_id: str, expected: int | None, position: int, pending: PendingDeadline | None
+    ) -> RunRecord | None:
+        """Move the deadline chain from ``expected`` to ``position``, whose deadline is ``pending`` (None: the chain
+        sent none); None if another message moved it."""
+        values = {"watched": position, "pending": None if pending is None else pending.model_dump_json()}
         if expected is None:
-            return self._update_run(run_id, {"watched": position}, condition="attribute_not_exists(watched)")
+            return self._update_run(run_id, values, condition="attribute_not_exists(watched)")
         return self._update_run(
-            run_id, {"watched": position}, condition="watched = :expected", condition_values={":expected": expected}
+            run_id, values, condition="watched = :expected", condition_values={":expected": expected}
         )
 
     def attach_task_token(self, run_id: str, token: str) -> RunRecord | None:
@@ -236,7 +242,7 @@ class RunTable:
                 + (", training = :training" if changed else "")
                 # no execution answers for the run until the new one records itself: the old one's last
                 # states (MarkFailed) then find it superseded, however late they run
-                + " REMOVE reason, task_token, final_key, final_etag, watched, execution_arn",
+                + " REMOVE reason, task_token, final_key, final_etag, watched, pending, execution_arn",
                 ConditionExpression="#status IN (:stopped, :failed)",
                 ExpressionAttributeNames={"#status": "status"},
                 ExpressionAttributeValues={
@@ -267,6 +273,25 @@ class RunTable:
         """The dollars the run's functions spent so far (0.0 before any was counted)."""
         item = self.table.get_item(Key=self._key(run_id, SPEND), ConsistentRead=True).get("Item") or {}
         return float(item.get("spent_usd", 0))
+
+    # the run's message key: the secret every pipeline message of the run is signed with (slsml.pipeline.proof)
+    def run_key(self, run_id: str) -> bytes | None:
+        """The run's message key; None if none was made (no step of the run sent a message yet)."""
+        item = self.table.get_item(Key=self._key(run_id, KEY), ConsistentRead=True).get("Item")
+        return None if item is None else bytes(item["key"])  # a boto3 Binary
+
+    def make_run_key(self, run_id: str, key: bytes) -> bytes:
+        """Store ``key`` as the run's message key unless it has one: the key that is stored either way."""
+        stored = conditional(
+            lambda: self.table.put_item(
+                Item={**self._key(run_id, KEY), "key": key}, ConditionExpression="attribute_not_exists(sk)"
+            )
+        )
+        if stored is not None:
+            return key
+        found = self.run_key(run_id)
+        assert found is not None  # a key item is never deleted while its run is
+        return found
 
     # iterations: reading
     def get_counter(self, run_id: str, iteration: int) -> Counter:

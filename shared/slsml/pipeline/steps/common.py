@@ -54,6 +54,23 @@ def load_weights(store: ObjectStore, config: RunConfig, iteration: int) -> np.nd
     return weights
 
 
+# what a resume may change in the run item's training (``client.runs.resume_run``): run.json keeps the spec it
+# started with
+RESUMABLE = {"budget_usd"}
+
+
+def changed_behind(run: RunRecord, config: RunConfig) -> str | None:
+    """Why the run cannot go on if its item's training spec is not the one its ``run.json`` holds (one edited behind
+    the pipeline's back: the steps read both), naming what changed; None if they agree."""
+    recorded = run.training.model_dump(exclude=RESUMABLE)
+    stored = config.training.model_dump(exclude=RESUMABLE)
+    changed = [name for name in stored if recorded.get(name) != stored[name]]
+    if not changed:
+        return None
+    said = "; ".join(f"training.{name} is {recorded.get(name)!r}, run.json says {stored[name]!r}" for name in changed)
+    return f"the run item was changed behind the pipeline's back: {said}"
+
+
 def carried_state(config: RunConfig, iteration: int) -> list[str]:
     """The keys of the carried state entering ``iteration`` (``keys.carried``): the slots of every worker the run
     may have (``run scale`` and ``--workers auto`` move within its bounds), where its rule and compression keep

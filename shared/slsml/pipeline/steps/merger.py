@@ -96,7 +96,7 @@ def _train_figures(
     if state is None:
         return None
     trainer, _ = trainer_for(store, config, iteration)
-    reader = reader_for(store, config.dataset)
+    reader = reader_for(store, config)
     evaluator = evaluator_for(
         trainer, config, lambda: reader.take("test", np.arange(min(2, reader.manifest.test.count)))
     )
@@ -117,7 +117,7 @@ def _may_end(store: ObjectStore, config: RunConfig, iteration: int) -> bool:
         return True
     watched = {monitor.split("_", 1)[0] for monitor in config.training.monitors}
     return bool(watched) and bool(
-        watched & set(evaluated(config, iteration, reader_for(store, config.dataset).manifest.train.count))
+        watched & set(evaluated(config, iteration, reader_for(store, config).manifest.train.count))
     )
 
 

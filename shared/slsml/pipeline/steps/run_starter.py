@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 
+import pydantic_core
 from aws_lambda_powertools import Logger
 from pydantic import ValidationError
 
@@ -15,7 +17,7 @@ from slsml.pipeline.services import Services
 from slsml.spec import keys, wiring
 from slsml.spec.config import DropInRequest, RunConfig, TrainingSpec
 from slsml.spec.deployment import Metric
-from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
+from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError, described, problems
 from slsml.spec.messages import ModelLanded
 from slsml.training import bounds
 
@@ -49,13 +51,12 @@ def on_dropped(landed: ModelLanded, services: Services, defaults: DropInRequest)
         return run_id
     request, spec = DropInRequest(), TrainingSpec()
     try:
-        request = _request(sidecar, name).over(defaults)
+        request, spec = _request(sidecar, name, defaults)
         if request.dataset is None:
             raise BadInputError(
                 f'no dataset for {landed.key}: put {{"dataset": ...}} in {keys.incoming_request(name)}'
                 " or in the deployment's run defaults"
             )
-        spec = TrainingSpec.model_validate(request.training)
         if services.store.exists(keys.run_config(run_id)):
             _launch_prepared(services, run_id)
         else:
@@ -73,9 +74,10 @@ def _refuse(
     services: Services, key: str, run_id: str, dataset: str | None, spec: TrainingSpec, error: Exception
 ) -> None:
     """Register the dropped model's run FAILED with the reason (a run of that id already there is left as it is)."""
-    logger.error("dropped model not started", extra={"key": key, "run_id": run_id, "reason": str(error)})
+    reason = described(error) if isinstance(error, ValidationError) else str(error)
+    logger.error("dropped model not started", extra={"key": key, "run_id": run_id, "reason": reason})
     metrics.emit(Metric.REFUSED_STARTS, 1)
-    if not services.table.register_refused(run_id, dataset or "", spec, f"{key} not started: {error}"):
+    if not services.table.register_refused(run_id, dataset or "", spec, f"{key} not started: {reason}"):
         logger.error(
             "a run of the dropped model's id is registered already: left as it is", extra={"key": key, "run_id": run_id}
         )
@@ -108,14 +110,31 @@ def _sidecar(services: Services, name: str) -> bytes | None:
         return None
 
 
-def _request(sidecar: bytes | None, name: str) -> DropInRequest:
-    """The run request beside a dropped model (parsed by pydantic's JSON parser, whose nesting is bounded)."""
-    if sidecar is None:
-        return DropInRequest()
+def _request(sidecar: bytes | None, name: str, defaults: DropInRequest) -> tuple[DropInRequest, TrainingSpec]:
+    """The run request beside a dropped model (parsed by pydantic's JSON parser, whose nesting is bounded) over the
+    deployment's ``defaults``, and the spec it trains with; BadInputError naming every problem of it at once, its
+    training's among them."""
+    found: list[str] = []
+    request = DropInRequest()
+    if sidecar is not None:
+        try:
+            request = DropInRequest.model_validate_json(sidecar)
+        except ValidationError as error:
+            found = problems(error, DropInRequest)
+            with contextlib.suppress(ValueError):  # a request that is JSON: its training is checked too
+                given = pydantic_core.from_json(sidecar)
+                if isinstance(given, dict) and isinstance(given.get("training"), dict):
+                    request = DropInRequest(training=given["training"])
+    request = request.over(defaults)
+    spec = TrainingSpec()
     try:
-        return DropInRequest.model_validate_json(sidecar)
+        spec = TrainingSpec.model_validate(request.training)
     except ValidationError as error:
-        raise BadInputError(f"{keys.incoming_request(name)} is not a valid run request: {error}") from None
+        found += problems(error, TrainingSpec, under="training")
+    if found:
+        source = "the deployment's run defaults" if sidecar is None else keys.incoming_request(name)
+        raise BadInputError(f"{source} is not a valid run request: {'; '.join(found)}")
+    return request, spec
 
 
 def _slug(name: str) -> str:

@@ -1,6 +1,6 @@
 """What a TensorFlow function (Worker, Merger) keeps warm between invocations, in the process's warm
 cache (``slsml.aws.cache``): one model per run (a Worker's: per architecture), one dataset reader (and its shards)
-per dataset."""
+per dataset as runs pinned it."""
 
 from __future__ import annotations
 
@@ -68,13 +68,15 @@ def stored_model(store: ObjectStore, key: str) -> keras.Model:
     return modelio.load_model(store.get_bounded(key, limits.archive_bytes, limits.describe()), where=key, limits=limits)
 
 
-def reader_for(store: ObjectStore, dataset: str) -> data.DatasetReader:
-    """The dataset's reader; its shards are entries of the warm cache too."""
+def reader_for(store: ObjectStore, config: RunConfig) -> data.DatasetReader:
+    """The reader of the run's dataset as the run pinned it (``RunConfig.dataset_sha256``: a manifest of other bytes
+    fails the run, naming the dataset); its shards are entries of the warm cache too."""
     warm = cache.warm()
-    reader = warm.get(("reader", dataset))
+    key = ("reader", config.dataset, config.dataset_sha256)
+    reader = warm.get(key)
     if reader is None:
         with usage.warming():  # once per container and dataset
-            manifest = data.load_manifest(store, dataset)
+            manifest = data.pinned_manifest(store, config.dataset, config.dataset_sha256)
         size = cache.PARSED_BYTES_PER_JSON_BYTE * len(manifest.model_dump_json())
-        reader = warm.put(("reader", dataset), data.DatasetReader(store, manifest, warm), size)
+        reader = warm.put(key, data.DatasetReader(store, manifest, warm), size)
     return reader

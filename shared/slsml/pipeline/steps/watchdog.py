@@ -34,7 +34,7 @@ from slsml.aws import fleet as gpu_fleet
 from slsml.pipeline import metrics, spend
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import work_launcher
-from slsml.pipeline.steps.common import complete_run, run_config, size_fleet, stop_reason
+from slsml.pipeline.steps.common import changed_behind, complete_run, run_config, size_fleet, stop_reason
 from slsml.pipeline.steps.reduce_launcher import fire_reduce, publish_reduce
 from slsml.pipeline.steps.reducer import keep_weights
 from slsml.spec import keys, wiring
@@ -43,7 +43,14 @@ from slsml.spec.deployment import Metric
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Deadline, ReduceDone, WorkMessage
 from slsml.state.barrier import quorum_count
-from slsml.state.records import DEADLINE_LAUNCH, DEADLINE_OWNER, IterationRecord, RunRecord, RunStatus
+from slsml.state.records import (
+    DEADLINE_LAUNCH,
+    DEADLINE_OWNER,
+    IterationRecord,
+    PendingDeadline,
+    RunRecord,
+    RunStatus,
+)
 
 logger = Logger(child=True)
 
@@ -68,12 +75,11 @@ ACTED = {Action.FIRED, Action.RELAUNCHED, Action.STALE_SHARDS, Action.FAILED, Ac
 
 
 def on_deadline(deadline: Deadline, services: Services) -> Action:
-    """Act on the run's current iteration; unless the run ended, send the chain's next deadline. The
-    chain moves on (``RunRecord.watched``) only once the next deadline is sent, so a try that failed
+    """Act on the run's current iteration; unless the run ended, send the chain's next deadline. What a deadline of
+    the chain is (its iteration, stage, round and when it is due) is read from the run's record, where the watchdog
+    that sent it recorded it (``RunRecord.pending``): the message names only its run, generation and place in the
+    chain. The chain moves on (``RunRecord.watched``) only once the next deadline is sent, so a try that failed
     midway is carried on by its redelivery, and a duplicate that comes later finds the chain moved."""
-    if deadline.due_at > time.time() + 1:
-        services.deadlines.schedule(deadline.model_copy(update={"resent": deadline.resent + 1}))
-        return Action.NOT_DUE
     try:
         run = services.table.get_run(deadline.run_id)
     except NotFoundError:
@@ -84,13 +90,25 @@ def on_deadline(deadline: Deadline, services: Services) -> Action:
         if run.status != RunStatus.RUNNING and run.generation == deadline.generation and run.watched == deadline.link:
             size_fleet(services, run)  # the chain ends with the run: its GPU workers go (raises: redelivered)
         return Action.NOTHING  # the run ended, or another copy of this deadline carried the chain on
-    action = _act(deadline.model_copy(update={"link": deadline.link + 1, "resent": 0}), run, services)
+    if run.pending is not None:
+        deadline = deadline.model_copy(update=run.pending.model_dump())
+    if deadline.due_at > time.time() + 1:  # delivered early (SQS delays at most 15 minutes): sent on
+        services.deadlines.schedule(deadline.model_copy(update={"resent": deadline.resent + 1}))
+        return Action.NOT_DUE
+    action, following = _act(deadline.model_copy(update={"link": deadline.link + 1, "resent": 0}), run, services)
+    if following is not None:
+        services.deadlines.schedule(following)
     if action in ACTED:
         metrics.emit(Metric.DEADLINE_ACTIONS, 1)
     if action != Action.AWAITING_FLEET and gpu_fleet.from_env() is not None:  # (a launch waiting sized it)
         size_fleet(services, services.table.get_run(run.run_id), quiet=True)
-    services.table.watch(run.run_id, deadline.link, deadline.link + 1)
+    services.table.watch(run.run_id, deadline.link, deadline.link + 1, pending(following))
     return action
+
+
+def pending(deadline: Deadline | None) -> PendingDeadline | None:
+    """What the run records of the chain's deadline ``deadline``, which the watchdog acts on when it comes."""
+    return None if deadline is None else PendingDeadline.model_validate(deadline.model_dump())
 
 
 def _end(deadline: Deadline, run: RunRecord, services: Services) -> Action:
@@ -118,20 +136,25 @@ def _end(deadline: Deadline, run: RunRecord, services: Services) -> Action:
     return Action.NOTHING
 
 
-def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
+Acted = tuple[Action, Deadline | None]  # what the watchdog did, and the chain's next deadline (None: the chain ends)
+
+
+def _act(deadline: Deadline, run: RunRecord, services: Services) -> Acted:
+    if reason := changed_behind(run, run_config(services.store, run.run_id)):
+        logger.error("run failed", extra={"run_id": run.run_id, "reason": reason})
+        services.fail_run(run.run_id, reason)
+        return Action.FAILED, None
     if run.iteration != deadline.iteration:  # the run moved on: watch the iteration it is at
         deadline = _next(deadline, "work", 0, (run.iteration_at or deadline.due_at) + run.deadline_s)
         deadline = deadline.model_copy(update={"iteration": run.iteration})
         if deadline.due_at > time.time():
-            services.deadlines.schedule(deadline)
-            return Action.NOTHING
+            return Action.NOTHING, deadline
     if deadline.iteration >= run.iterations:  # the budget is spent: evaluate the final model once it is in
         if not services.store.exists(keys.model(run.run_id, deadline.iteration)):
-            services.deadlines.schedule(_next(deadline, "work", 0, _after(deadline, run.deadline_s)))
-            return Action.NOTHING
+            return Action.NOTHING, _next(deadline, "work", 0, _after(deadline, run.deadline_s))
         if services.table.get_counter(run.run_id, deadline.iteration - 1).test is not None:
             complete_run(services, run.run_id, deadline.iteration)  # evaluated: its last worker's finish was lost
-            return Action.COMPLETED
+            return Action.COMPLETED, None
         # else its evaluation round is a work stage like any other: its workers are launched or re-launched
     config = run_config(services.store, deadline.run_id)
     record = services.table.get_iteration(deadline.run_id, deadline.iteration)
@@ -142,25 +165,23 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Action:
             spent = spend.spent(services, run)
             if reason := spend.exhausted(run, spent):  # as the launch would have
                 services.stop_run(run.run_id, reason)
-                return Action.STOPPED
+                return Action.STOPPED, None
             record = _claim_launch(deadline, run, record, services, spent)
         return _work_deadline(deadline, config, record, services)
     return _reduce_deadline(deadline, config, record, services)
 
 
-def _launch_on_fleet(deadline: Deadline, run: RunRecord, services: Services) -> Action:
+def _launch_on_fleet(deadline: Deadline, run: RunRecord, services: Services) -> Acted:
     """The launch of the deadline's iteration has not come (a run's first waits for its GPU fleet): launch it as its
     model's event would have once the fleet holds the running runs' workers; until then, look again."""
     if not size_fleet(services, run, quiet=True):
-        services.deadlines.schedule(_next(deadline, "work", deadline.round, time.time() + work_launcher.FLEET_POLL_S))
-        return Action.AWAITING_FLEET
+        return Action.AWAITING_FLEET, _next(deadline, "work", deadline.round, time.time() + work_launcher.FLEET_POLL_S)
     outcome = work_launcher.launch(run, deadline.iteration, DEADLINE_LAUNCH, services)
-    services.deadlines.schedule(_next(deadline, "work", 0, time.time() + run.deadline_s))
     logger.info(
         "GPU fleet ready: iteration launched",
         extra={"run_id": run.run_id, "iteration": deadline.iteration, "outcome": outcome},
     )
-    return Action.LAUNCHED
+    return Action.LAUNCHED, _next(deadline, "work", 0, time.time() + run.deadline_s)
 
 
 def _claim_launch(
@@ -188,11 +209,10 @@ def _next(deadline: Deadline, stage: str, round_: int, due_at: float) -> Deadlin
     return deadline.model_copy(update={"stage": stage, "round": round_, "due_at": due_at, "resent": 0})
 
 
-def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Action:
+def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Acted:
     spec, run_id, iteration = config.training, config.run_id, deadline.iteration
     if record.reduce_fired_by is not None:  # the workers made it: watch the reducers from when they started
-        services.deadlines.schedule(_next(deadline, "reduce", 0, (record.reduce_fired_at or 0) + spec.deadline_s))
-        return Action.WATCHING_REDUCE
+        return Action.WATCHING_REDUCE, _next(deadline, "reduce", 0, (record.reduce_fired_at or 0) + spec.deadline_s)
     finite, workers = sorted(record.done - record.nonfinite), record.workers or config.workers
     floor = min(quorum_count(workers, spec.deadline_floor), quorum_count(workers, spec.quorum))
     missing = [w for w in range(workers) if w not in record.done]
@@ -200,14 +220,12 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
     now = time.time()
     if continuing := [w for w in missing if record.continuing.get(w, 0.0) > now]:
         # a round handed on to a fresh invocation in time is no straggler: the stage waits for it
-        services.deadlines.schedule(_next(deadline, "work", deadline.round, _after(deadline, spec.deadline_s)))
         logger.info("deadline: rounds go on in fresh invocations", extra={**log, "continuing": continuing})
-        return Action.CONTINUING
+        return Action.CONTINUING, _next(deadline, "work", deadline.round, _after(deadline, spec.deadline_s))
     if finite and len(finite) >= floor:
         fire_reduce(services, config, iteration, workers, deadline.generation, DEADLINE_OWNER, spec.deadline_floor)
-        services.deadlines.schedule(_next(deadline, "reduce", 0, _after(deadline, spec.deadline_s)))
         logger.warning("deadline: reduce fired without the missing workers", extra=log)
-        return Action.FIRED
+        return Action.FIRED, _next(deadline, "reduce", 0, _after(deadline, spec.deadline_s))
     if deadline.round < spec.deadline_retries:
         attempt = deadline.round + 1
         services.table.relaunch_workers(run_id, iteration, deadline.generation, dict.fromkeys(missing, attempt))
@@ -226,12 +244,10 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
             ],
         )
         logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})
-        services.deadlines.schedule(_next(deadline, "work", attempt, _after(deadline, spec.deadline_s)))
-        return Action.RELAUNCHED
+        return Action.RELAUNCHED, _next(deadline, "work", attempt, _after(deadline, spec.deadline_s))
     if iteration >= spec.iterations:  # the final evaluation needs every slice: a straggler is waited for, not failed
-        services.deadlines.schedule(_next(deadline, "work", deadline.round, _after(deadline, spec.deadline_s)))
         logger.warning("deadline: the final evaluation waits for its missing workers", extra=log)
-        return Action.NOTHING
+        return Action.NOTHING, _next(deadline, "work", deadline.round, _after(deadline, spec.deadline_s))
     reason = (
         f"work stage of iteration {iteration}: {len(finite)} of {workers} workers delivered an update"
         f" within {spec.deadline_retries + 1} deadlines of {spec.deadline_s:g} s, fewer than the floor of"
@@ -239,10 +255,10 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
     )
     logger.error("run failed", extra={**log, "reason": reason})
     services.fail_run(run_id, reason)
-    return Action.FAILED
+    return Action.FAILED, None
 
 
-def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Action:
+def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Acted:
     spec, run_id, iteration = config.training, config.run_id, deadline.iteration
     missing = (
         []
@@ -250,22 +266,19 @@ def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRec
         else [s for s in range(config.reducers) if not services.store.exists(keys.shard(run_id, iteration + 1, s))]
     )
     if not missing:  # the Merger has what it needs (its own retries cover it): look again in a while
-        services.deadlines.schedule(_next(deadline, "work", 0, _after(deadline, spec.deadline_s)))
-        return Action.NOTHING
+        return Action.NOTHING, _next(deadline, "work", 0, _after(deadline, spec.deadline_s))
     log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "shards": missing}
     if deadline.round < spec.deadline_retries:
         attempt = deadline.round + 1
         publish_reduce(services, config, iteration, record.participants, deadline.generation, missing, attempt)
         services.table.record_reduce_relaunch(run_id, iteration, len(missing))
-        services.deadlines.schedule(_next(deadline, "reduce", attempt, _after(deadline, spec.deadline_s)))
         logger.warning("deadline: missing reducers re-launched", extra={**log, "attempt": attempt})
-        return Action.RELAUNCHED
+        return Action.RELAUNCHED, _next(deadline, "reduce", attempt, _after(deadline, spec.deadline_s))
     for shard in missing:
         keep_weights(services, config, iteration, shard)
     services.bus.publish(
         wiring.REDUCE_DONE,
         [ReduceDone(run_id=run_id, iteration=iteration, generation=deadline.generation, shard=s) for s in missing],
     )
-    services.deadlines.schedule(_next(deadline, "work", 0, _after(deadline, spec.deadline_s)))
     logger.warning("deadline: shards keep their weights for this iteration", extra=log)
-    return Action.STALE_SHARDS
+    return Action.STALE_SHARDS, _next(deadline, "work", 0, _after(deadline, spec.deadline_s))

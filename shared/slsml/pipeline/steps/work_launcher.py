@@ -15,11 +15,11 @@ from aws_lambda_powertools import Logger
 from slsml.cost import tuner
 from slsml.pipeline import spend
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import complete_run, outcome, run_config, size_fleet
+from slsml.pipeline.steps.common import changed_behind, complete_run, outcome, run_config, size_fleet
 from slsml.spec import keys, wiring
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Deadline, ModelLanded, RunStarted, WorkMessage
-from slsml.state.records import RunRecord, RunStatus
+from slsml.state.records import PendingDeadline, RunRecord, RunStatus
 
 logger = Logger(child=True)
 
@@ -67,6 +67,10 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
             extra={"run_id": run_id, "iteration": iteration, "current": run.iteration},
         )
         return Outcome.IGNORED
+    if reason := changed_behind(run, run_config(services.store, run_id)):
+        logger.error("run failed", extra={"run_id": run_id, "iteration": iteration, "reason": reason})
+        services.fail_run(run_id, reason)
+        return Outcome.REFUSED
     if iteration >= run.iterations and services.table.get_counter(run_id, iteration - 1).test is not None:
         complete_run(services, run_id, iteration)  # its evaluation is in: a resumed run that had finished
         return Outcome.COMPLETED
@@ -103,17 +107,7 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         ],
     )
     if run.watched is None:  # the first launch of this generation starts its chain of deadlines
-        services.deadlines.schedule(
-            Deadline(
-                run_id=run_id,
-                iteration=iteration,
-                generation=run.generation,
-                stage="work",
-                round=0,
-                due_at=time.time() + run.deadline_s,
-            )
-        )
-        services.table.watch(run_id, None, 0)
+        _start_chain(services, run, iteration, time.time() + run.deadline_s)
     logger.info(
         "evaluation launched" if iteration >= run.iterations else "iteration launched",
         extra={"run_id": run_id, "iteration": iteration, "workers": workers},
@@ -130,19 +124,18 @@ def launch(run: RunRecord, iteration: int, trigger_id: str, services: Services) 
 def _await_fleet(run: RunRecord, iteration: int, services: Services) -> Outcome:
     """The run's GPU fleet is not there yet: start its chain of deadlines with one due in FLEET_POLL_S, at which the
     watchdog launches ``iteration`` if the fleet is there, or looks again."""
-    services.deadlines.schedule(
-        Deadline(
-            run_id=run.run_id,
-            iteration=iteration,
-            generation=run.generation,
-            stage="work",
-            round=0,
-            due_at=time.time() + FLEET_POLL_S,
-        )
-    )
-    services.table.watch(run.run_id, None, 0)
+    _start_chain(services, run, iteration, time.time() + FLEET_POLL_S)
     logger.info("launch waits for the GPU fleet", extra={"run_id": run.run_id, "iteration": iteration})
     return Outcome.AWAITING_FLEET
+
+
+def _start_chain(services: Services, run: RunRecord, iteration: int, due_at: float) -> None:
+    """Send the first deadline of the run's chain, due at ``due_at``, and record it as the chain's pending one."""
+    first = Deadline(
+        run_id=run.run_id, iteration=iteration, generation=run.generation, stage="work", round=0, due_at=due_at
+    )
+    services.deadlines.schedule(first)
+    services.table.watch(run.run_id, None, 0, PendingDeadline.model_validate(first.model_dump()))
 
 
 def _tune(run: RunRecord, iteration: int, services: Services) -> RunRecord:
@@ -157,7 +150,8 @@ def _tune(run: RunRecord, iteration: int, services: Services) -> RunRecord:
     finite = [r for r in last.reports.values() if r.finite and r.samples]
     per_sample = sum(r.compute_s for r in finite) / max(1, sum(r.samples or 0 for r in finite))
     spec = run.training
-    predict = tuner.predictor(run_config(services.store, run.run_id), per_sample)
+    # priced on the deployment's workers: GPU instances where it has them
+    predict = tuner.predictor(run_config(services.store, run.run_id), per_sample, services.limits)
     decision = tuner.decide(state, iteration, run.workers, spec.objective, spec.worker_bounds, predict)
     changed = decision.workers != run.workers
     if changed:

@@ -62,7 +62,7 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
         raise RunFailed(f"work message for worker {message.worker} of an iteration of {message.workers} workers")
     if message.iteration >= config.training.iterations:
         trainer, _ = _entering(services.store, config, message.iteration)
-        count = reader_for(services.store, config.dataset).manifest.train.count
+        count = reader_for(services.store, config).manifest.train.count
         _evaluate(message, config, services, trainer, evaluated(config, message.iteration, count))
         return None
     done = _compute(message, config, services)
@@ -89,7 +89,9 @@ def _entering(store: ObjectStore, config: RunConfig, iteration: int) -> tuple[mo
 
 def _compute(message: WorkMessage, config: RunConfig, services: Services) -> WorkDone | None:
     store, spec = services.store, config.training
-    reader = reader_for(store, config.dataset)
+    if services.limits.worker_accelerator_gib is not None:  # a GPU worker reads in blocks unless told otherwise
+        spec = spec.on_gpu_workers()
+    reader = reader_for(store, config)
     count = reader.manifest.train.count
     trained = data.held_out(spec, count)[0]  # the training samples less the held-out ones
     batches = [
@@ -100,7 +102,7 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     ]
     resumed = _resumed(message, config, store)
     left = batches[resumed.steps :] if resumed is not None else batches  # a continuation reads the batches left
-    micro = _micro_batch(config)
+    micro = _micro_batch(config, services.limits.worker_accelerator_gib)
     skip = resumed.micro_batches if resumed is not None else 0
     # the round's samples are read while the model and the weights are
     with stream.Stream(lambda indices: _batch(reader, indices, config), left, micro, skip) as samples:
@@ -111,10 +113,11 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
         return _train(message, config, services, trainer, start, batches, samples, micro, resumed)
 
 
-def _micro_batch(config: RunConfig) -> int:
-    """The run's micro-batch on this function (``slsml.rounds.sizing``): its memory and its warm cache's bound."""
+def _micro_batch(config: RunConfig, accelerator_gib: int | None) -> int:
+    """The run's micro-batch on this function (``slsml.rounds.sizing``): its memory and its warm cache's bound, or
+    a GPU worker's accelerator memory (the deployment's ``worker_accelerator_gib``)."""
     memory_mb, cache_mb = bounds.Limits.here().memory_bytes / bounds.MB, cache.limit_bytes() / bounds.MB
-    return sizing.micro_batch(config, memory_mb, cache_mb, rules.slot_bytes(config))
+    return sizing.micro_batch(config, memory_mb, cache_mb, rules.slot_bytes(config), accelerator_gib)
 
 
 def _scaling(
@@ -283,10 +286,11 @@ def _evaluate(
     ends the run, have the watchdog complete the run (True). Each worker lists the states after storing its own, so
     the last to store finds them all (two may: the results are the same)."""
     store, run, iteration = services.store, message.run_id, message.iteration
-    reader = reader_for(store, config.dataset)
+    reader = reader_for(store, config)
     samples = evaluating.split_samples(config, reader.manifest)
     evaluator = evaluator_for(trainer, config, lambda: reader.take("test", samples["test"][:2]))
-    batch = min(evaluation.EVALUATION_BATCH, _micro_batch(config))  # a forward pass takes less than a step
+    gib = services.limits.worker_accelerator_gib
+    batch = min(evaluation.EVALUATION_BATCH, _micro_batch(config, gib))  # a forward pass takes less than a step
     for split in splits:
         mine = samples[split][evaluation.slice_of(len(samples[split]), message.workers, message.worker)]
         started, cpu, traces = time.perf_counter(), time.process_time(), evaluator.traces

@@ -1,0 +1,76 @@
+"""Proof of origin: every pipeline message carries an HMAC-SHA256 of what it says, under its run's key, and a step
+acts on a message only if its proof holds (``envelope.admit`` checks it before anything else). A forged message
+(no key), one replayed from another run (another key) and one changed on its way (another body) are refused.
+
+The key: 32 random bytes, made by the first step that sends a message of the run (its launch) with a create-once
+PutItem in the run table (``RunTable.make_run_key``), and read once per container and run into the warm cache. It
+lives as long as the run's records; each run has its own, so a key that leaked opens one run alone. Only the
+pipeline's roles (and the deployment's owner) can read the run table (``docs/security.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from typing import TypeVar
+
+from slsml.accounting import usage
+from slsml.aws import cache as warm_cache
+from slsml.spec.messages import Message
+from slsml.state.runtable import RunTable
+
+KEY_BYTES = 32
+M = TypeVar("M", bound=Message)
+
+
+def digest(message: Message, key: bytes) -> str:
+    """The proof ``message`` carries: the HMAC of its type and its JSON without the proof, hex."""
+    body = f"{type(message).__name__}\n{message.model_dump_json(exclude={'proof'})}".encode()
+    return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+class RunKeys:
+    """Runs' message keys, read (or, to sign, made) once per container and run."""
+
+    def __init__(self, table: RunTable) -> None:
+        self.table = table
+
+    def _cached(self, run_id: str) -> bytes | None:
+        found: bytes | None = warm_cache.warm().get(("run-key", run_id))
+        return found
+
+    def _keep(self, run_id: str, key: bytes) -> bytes:
+        return warm_cache.warm().put(("run-key", run_id), key, KEY_BYTES)
+
+    def signing(self, run_id: str) -> bytes:
+        """The run's key, made if it has none."""
+        if (key := self._cached(run_id)) is None:
+            with usage.warming():
+                key = self.table.run_key(run_id) or self.table.make_run_key(run_id, secrets.token_bytes(KEY_BYTES))
+            self._keep(run_id, key)
+        return key
+
+    def checking(self, run_id: str) -> bytes | None:
+        """The run's key; None if it has none (no step of it sent a message)."""
+        if (key := self._cached(run_id)) is None:
+            with usage.warming():
+                key = self.table.run_key(run_id)
+            if key is not None:
+                self._keep(run_id, key)
+        return key
+
+    def sign(self, message: M) -> M:
+        """``message`` with its proof."""
+        return message.model_copy(update={"proof": digest(message, self.signing(message.run_id))})
+
+    def problem(self, message: Message) -> str | None:
+        """Why ``message``'s proof does not hold, or None."""
+        if not message.proof:
+            return "it carries no proof of origin: not sent by the pipeline"
+        key = self.checking(message.run_id)
+        if key is None:
+            return f"run {message.run_id!r} has no message key: no step of it sent a message"
+        if not hmac.compare_digest(message.proof, digest(message, key)):
+            return f"its proof of origin does not hold under run {message.run_id!r}'s key: forged, changed or another's"
+        return None

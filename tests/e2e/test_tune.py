@@ -1,0 +1,229 @@
+"""A hyperparameter search on `slsml local up`, as a user runs one: scikit-learn's breast cancer data, a build
+function over the learning rate (log scale) and a layer's width. From Python, eight trials four at a time end
+completed or pruned, the best model's val_auc is Keras's evaluate of it, and the search takes well under the sum of
+its trials' times; with a budget below all trials' price it starts fewer and says why; from the command line, Ctrl-C
+leaves no run running and --resume finishes the search without running a finished trial again."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slsml import tune
+from slsml.cli.tune import load_build
+from slsml.client import runs
+from slsml.cost import budget
+from slsml.data import datasets as data
+from slsml.local import service
+from slsml.search import space
+from slsml.spec.config import TrainingSpec
+from slsml.state.records import RunStatus
+from slsml.training import modelio
+
+from .service import SLSML, last_json, local_service, service_table, slsml
+
+BUILD = """
+import keras
+
+
+def build_model(hp):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((30,)),
+        keras.layers.Dense(hp.Int("units", 2, 32, step=2), activation="relu"),
+        keras.layers.Dense(1, activation="sigmoid"),
+    ])
+    rate = hp.Float("learning_rate", 1e-4, 1e-1, sampling="log")
+    model.compile(optimizer=keras.optimizers.Adam(rate), loss="binary_crossentropy",
+                  metrics=[keras.metrics.AUC(name="auc")])
+    return model
+"""
+BATCH = 213  # two iterations an epoch of the 427 training samples
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A folder with the build function and the data (``cancer.npz``, also stored as dataset ``cancer``), where
+    `slsml local up` runs for the module."""
+    from sklearn.datasets import load_breast_cancer
+
+    folder = tmp_path_factory.mktemp("tune")
+    (folder / "model.py").write_text(BUILD)
+    x, y = load_breast_cancer(return_X_y=True)
+    x = ((x - x.mean(0)) / x.std(0)).astype(np.float32)
+    x, y, x_val, y_val = data.split_train_test(x, y.astype(np.int64), 0.25, seed=0)
+    np.savez(folder / "cancer.npz", x=x, y=y, x_test=x_val, y_test=y_val)
+    with local_service(folder, "--pool", "4"):
+        put = slsml(folder, "data", "put", "cancer", "cancer.npz", "--json")
+        assert put.returncode == 0, put.stderr
+        yield folder
+
+
+@pytest.fixture
+def cancer(home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, ...]:
+    """The data as arrays, in the service's folder: ``slsml.tune`` runs on the service that is up there."""
+    monkeypatch.chdir(home)
+    arrays = np.load(home / "cancer.npz")
+    return arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"]
+
+
+def test_trials_run_in_parallel_the_weak_stop_early_and_the_best_model_is_the_best_trials(
+    home: Path, cancer: tuple[np.ndarray, ...]
+) -> None:
+    x, y, x_val, y_val = cancer
+    result = tune(
+        load_build(f"{home / 'model.py'}:build_model"),
+        x,
+        y,
+        validation_data=(x_val, y_val),
+        max_trials=8,
+        parallel=4,
+        epochs=6,
+        batch_size=BATCH,
+        objective="val_auc",
+        workers=1,
+        name="cancer-search",
+        verbose=0,
+    )
+    statuses = [t.status.value for t in result.trials]
+    assert len(statuses) == 8 and set(statuses) <= {"completed", "pruned"}, [t.reason for t in result.trials]
+    assert "pruned" in statuses and "completed" in statuses
+    evaluated = result.best_model.evaluate(x_val, y_val, return_dict=True, verbose=0)
+    assert evaluated["auc"] == pytest.approx(result.best_value, abs=1e-3)
+    best = next(t for t in result.trials if t.number == result.best_trial)
+    assert result.best_hyperparameters == best.hyperparameters and set(best.hyperparameters) == {
+        "units",
+        "learning_rate",
+    }
+    assert result.wall_s < 0.6 * sum(t.wall_s for t in result.trials)
+    _, services = service.connect()
+    for trial in result.trials:  # each trial a run of its own, a pruned one stopped as `run stop` stops it
+        run = services.table.get_run(trial.run_id)
+        assert run.status == (RunStatus.COMPLETED if trial.status == "completed" else RunStatus.STOPPED)
+        assert trial.cost_usd and trial.cost_usd > 0
+        epochs = len(trial.history["val_auc"])
+        assert epochs == 6 if trial.status == "completed" else 1 <= epochs < 6
+        assert trial.value == (
+            max(trial.history["val_auc"]) if trial.status == "completed" else trial.history["val_auc"][-1]
+        )
+
+
+def test_a_budget_below_all_trials_price_starts_fewer_and_says_why(home: Path, cancer: tuple[np.ndarray, ...]) -> None:
+    x, y, x_val, y_val = cancer
+    build = load_build(f"{home / 'model.py'}:build_model")
+    _, services = service.connect()
+    manifest = data.load_manifest(services.store, "cancer")
+    spec = TrainingSpec(workers=1, reducers=1, global_batch=BATCH, epochs=1, keep_best="test_auc")
+    model = modelio.save_model(space.build(build, space.hyperparameters()))
+    price = budget.predict(model, manifest, runs.with_epochs(spec, manifest.train.count), services.limits)
+    allowed = 2.5 * price
+    result = tune(
+        build,
+        x,
+        y,
+        validation_data=(x_val, y_val),
+        max_trials=6,
+        parallel=2,
+        epochs=1,
+        batch_size=BATCH,
+        objective="val_auc",
+        workers=1,
+        budget_usd=allowed,
+        name="cancer-budget",
+        verbose=0,
+    )
+    assert 1 <= len(result.trials) < 6
+    assert result.stopped_starting is not None and "budget" in result.stopped_starting
+    most = max(t.predicted_usd or 0.0 for t in result.trials)
+    assert most > 0 and result.spent_usd is not None
+    assert result.spent_usd <= allowed + most
+
+
+def _lines(stream: Iterator[str]) -> queue.Queue[str]:
+    """The lines of ``stream`` as they come, read by a thread of their own (``""`` at its end)."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def test_ctrl_c_stops_every_trial_and_resume_finishes_the_search_without_running_a_finished_trial_again(
+    home: Path,
+) -> None:
+    command = [
+        *SLSML,
+        "tune",
+        "--build",
+        "model.py:build_model",
+        "--data",
+        "cancer",
+        "--max-trials",
+        "4",
+        "--parallel",
+        "2",
+        "--epochs",
+        "3",
+        "--batch-size",
+        str(BATCH),
+        "--objective",
+        "val_auc",
+        "--workers",
+        "1",
+        "--name",
+        "cut",
+    ]
+    search = subprocess.Popen(
+        command,
+        cwd=home,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    said, lines = [], _lines(search.stderr)
+    deadline = time.monotonic() + 400
+    while not any(line.startswith("Trial ") for line in said):
+        line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+        assert line, "".join(said)
+        said.append(line)
+    ended_before = {int(line.split()[1]) - 1 for line in said if line.startswith("Trial ")}
+    os.killpg(search.pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches the command's process group
+    out, _ = search.communicate(timeout=60)
+    while (line := lines.get(timeout=10)) != "":
+        said.append(line)
+    assert search.returncode == 130, "".join(said)
+    assert "slsml tune --resume cut" in "".join(said)
+    assert "search cut" in out  # the table of what it had
+    table = service_table(home)
+    started = [run for run in table.list_runs() if run.run_id.startswith("cut-t")]
+    assert started and all(run.status != RunStatus.RUNNING for run in started)
+
+    resumed = last_json(slsml(home, "tune", "--resume", "cut", "--json", "--report", "report"))
+    trials = {t["number"]: t for t in resumed["trials"]}
+    assert len(trials) == 4 and {t["status"] for t in trials.values()} <= {"completed", "pruned"}
+    assert ended_before <= set(trials)
+    ran = {run.run_id for run in table.list_runs() if run.run_id.startswith("cut-t")}
+    # one run per trial: those that had ended were not run again, the interrupted ones' runs stay stopped
+    assert ran == {t["run_id"] for t in [*trials.values(), *resumed["interrupted"]]}
+    tried = [t["hyperparameters"] for t in trials.values()]
+    for interrupted in resumed["interrupted"]:  # stopped by Ctrl-C, their hyperparameters tried again
+        assert table.get_run(interrupted["run_id"]).status == RunStatus.STOPPED
+        assert interrupted["hyperparameters"] in tried
+    page = (home / "report" / "index.html").read_text()
+    assert all(t["run_id"] in page for t in trials.values())
+    assert resumed["best_hyperparameters"] == trials[resumed["best_trial"]]["hyperparameters"]
