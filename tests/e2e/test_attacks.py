@@ -11,7 +11,9 @@ gigabytes of weights, an oversized run request) are refused by name."""
 from __future__ import annotations
 
 import json
+import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import boto3
@@ -21,6 +23,7 @@ from botocore.exceptions import ClientError
 
 from slsml.aws.storage import etag_of
 from slsml.client import demo, runs
+from slsml.data import datasets as data
 from slsml.local.cloud import REGION
 from slsml.local.faults import Delay, Faults
 from slsml.pipeline.steps.merger import GENERATION_METADATA, MERGED_METADATA
@@ -28,6 +31,7 @@ from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import Manifest, WorkDone
+from slsml.state import records
 from slsml.training import modelio
 from tests import archives
 
@@ -140,6 +144,86 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
     assert run.status == "COMPLETED", run.reason
     assert run.iteration == SPEC.iterations
     assert np.array_equal(final_weights(services, RUN)[0], undisturbed)
+
+
+# What is changed behind the pipeline's back while a run trains, each with boto3 as a hand with access to the table
+# or the bucket would: the run fails with a reason naming what changed, before it goes past the iteration after the
+# change (a step notices it, no deadline has to come), rather than training on it or hanging.
+EDITED, MANIFEST, DELETED, SWAPPED = "item-edited", "manifest-replaced", "shard-deleted", "dataset-swapped"
+PINNED = "digits-pinned"  # the swapped run's dataset, of no other run: no warm function holds its shards
+
+
+def _edit_run_item(local, s3, services) -> tuple[str, str, int]:
+    """``training.iterations`` of the run item raised by hand (UpdateItem) while the run is in AT."""
+    _hold(local, services, EDITED)
+    dynamodb = boto3.resource("dynamodb", endpoint_url=local.deployment.endpoint, region_name=REGION)
+    table = dynamodb.Table(services.table.table.name)
+    item = {records.PARTITION_KEY.name: f"RUN#{EDITED}", records.SORT_KEY.name: records.META}
+    training = json.loads(table.get_item(Key=item, ConsistentRead=True)["Item"]["training"])
+    table.update_item(
+        Key=item,
+        UpdateExpression="SET training = :training",
+        ExpressionAttributeValues={":training": json.dumps(training | {"iterations": SPEC.iterations + 2})},
+    )
+    return EDITED, f"training.iterations is {SPEC.iterations + 2}, run.json says {SPEC.iterations}", AT
+
+
+def _replace_manifest(local, s3, services) -> tuple[str, str, int]:
+    """A plain PUT over the manifest of the model entering AT + 1, as soon as the Merger stored it (its reads are
+    held 6 s), naming the shards in another order."""
+    key = keys.manifest(MANIFEST, AT + 1)
+    local.host.faults = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^{re.escape(key)}$")
+    train(services, SPEC, MANIFEST)
+    _wait_for(lambda: services.store.exists(key), "the Merger never stored the manifest")
+    stored = Manifest.model_validate_json(services.store.get(key))
+    s3.put_object(
+        Bucket=services.store.bucket,
+        Key=key,
+        Body=stored.model_copy(update={"shards": stored.shards[::-1]}).model_dump_json().encode(),
+    )
+    return MANIFEST, f"{key} is not the object the pipeline stored there", AT + 1
+
+
+def _delete_shard(local, s3, services) -> tuple[str, str, int]:
+    """A DeleteObject of a shard (weights and optimizer state) entering AT, before its reads (held 6 s)."""
+    _hold(local, services, DELETED)
+    key = keys.shard(DELETED, AT, 1)
+    s3.delete_object(Bucket=services.store.bucket, Key=key)
+    return DELETED, f"{key} does not exist, though the run has not moved past it: it was deleted behind", AT
+
+
+def _swap_dataset_shard(local, s3, services) -> tuple[str, str, int]:
+    """The run's dataset's train shard replaced (other bytes of its length) once its first iteration is launched,
+    before the workers' first reads of it (held 6 s)."""
+    data.put_dataset(services.store, PINNED, *demo.digits())
+    key = keys.dataset_shard(PINNED, "train", 0)
+    local.host.faults = Faults(
+        s3_get_delay=Delay(probability=1, seconds=6),
+        s3_get_delay_match=rf"^{re.escape(keys.dataset_shards(PINNED, 'train'))}",
+    )
+    runs.start_run(services, modelio.save_model(demo.digits_cnn(seed=1)), PINNED, SPEC, run_id=SWAPPED)
+    _wait_for(lambda: services.table.get_counter(SWAPPED, 0).workers is not None, "the run was never launched")
+    s3.put_object(Bucket=services.store.bucket, Key=key, Body=services.store.get(key)[::-1])
+    return SWAPPED, f"dataset {PINNED!r}: train shard 0 is not the one its manifest lists", 0
+
+
+def _wait_for(condition: Callable[[], bool], failure: str) -> None:
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("change", [_edit_run_item, _replace_manifest, _delete_shard, _swap_dataset_shard])
+def test_what_is_changed_behind_the_pipelines_back_fails_the_run_naming_it(local, services, digits, change):
+    s3 = boto3.client("s3", endpoint_url=local.deployment.endpoint, region_name=REGION)
+    try:
+        run_id, named, changed_in = change(local, s3, services)
+        run = finish(services, run_id)
+    finally:
+        local.host.faults = None
+    assert run.status == "FAILED" and named in (run.reason or ""), run.reason
+    assert run.iteration <= changed_in + 1, f"the run went on to iteration {run.iteration}: {run.reason}"
 
 
 PLACED = "preplaced"

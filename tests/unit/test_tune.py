@@ -208,3 +208,20 @@ def test_the_report_shows_each_trial_how_it_ended_and_the_best(tmp_path: Path) -
     assert (tmp_path / "report" / tune_report.OBJECTIVE).stat().st_size > 0
     assert "1 ★" in text and "epoch 1, " in text and "out of memory" in text
     assert "the next trial would pass the budget" in text and "$0.003 of $0.01" in text
+
+
+def test_a_resumed_search_draws_hyperparameters_it_has_not_tried() -> None:
+    settings = _settings(pruner="none")
+    hp = space.hyperparameters()
+    space.build(build_model, hp)
+    distributions = space.distributions(space.declared(hp))
+    first = Engine(settings)
+    tried = []
+    for number in range(3):
+        trial = first.ask(distributions)
+        first.tell(trial, TrialStatus.COMPLETED, 0.9)
+        tried.append(_trial(number, TrialStatus.COMPLETED, [0.9], params=trial.params))
+    resumed = Engine(settings)
+    resumed.retell(tried, distributions)
+    drawn = resumed.ask(distributions)
+    assert drawn.number == 3 and drawn.params not in [t.params for t in tried]

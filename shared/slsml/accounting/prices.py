@@ -22,7 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slsml.spec import deployment
-from slsml.spec.errors import BadInputError
+from slsml.spec.errors import BadInputError, described
 
 PRICES_ENV = "SLSML_PRICES"
 LAMBDA_PRICING = "https://aws.amazon.com/lambda/pricing/"
@@ -188,5 +188,4 @@ def load(path: str | os.PathLike | None = None) -> PriceTable:
     except (json.JSONDecodeError, TypeError) as error:
         raise BadInputError(f"price file {path} is not a JSON object: {error}") from None
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise BadInputError(f"price file {path}: {problems}") from None
+        raise BadInputError(f"price file {path}: {described(error)}") from None

@@ -309,13 +309,8 @@ class _Search:
     def __init__(
         self, target: Target, build_model: space.BuildModel, settings: SearchSettings, say: Callable[[str], None]
     ) -> None:
-        self.target, self.services, self.build_model, self.settings, self.say = (
-            target,
-            target.services,
-            build_model,
-            settings,
-            say,
-        )
+        self.target, self.services, self.settings = target, target.services, settings
+        self.build_model, self.say = build_model, say
         self.manifest = data.load_manifest(self.services.store, settings.dataset)
         defaults = space.hyperparameters()
         space.build(build_model, defaults)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slsml.pipeline import bus
 from slsml.rounds import sizing
+from slsml.spec import errors
 from slsml.spec.errors import BadInputError
 
 
@@ -199,8 +200,7 @@ def load_overrides(calibration: str | Path | None, pairs: Iterable[str], model: 
     try:
         return model(**values), origin
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise BadInputError(f"{model.__name__.lower()}: {problems}") from None
+        raise BadInputError(f"{model.__name__.lower()}: {errors.described(error)}") from None
 
 
 def parameter_facts(name: str) -> dict[str, Any]:

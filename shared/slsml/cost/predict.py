@@ -55,6 +55,7 @@ from slsml.cost.workers import kind_of
 from slsml.cost.workload import IMAGE_FUNCTIONS, PIPELINE, Workload, state_slots
 from slsml.data.datasets import READS
 from slsml.data.manifest import DEFAULT_SHARD_MB
+from slsml.spec import errors
 from slsml.spec.config import TrainingSpec
 from slsml.spec.deployment import STAGE_FUNCTIONS
 from slsml.spec.errors import BadInputError
@@ -89,9 +90,7 @@ def check(workload: Workload, parameters: Parameters, quotas: Quotas) -> None:
     try:
         TrainingSpec.model_validate(w.run_spec.model_dump(exclude={"min_workers", "max_workers", "objective"}))
     except ValidationError as error:
-        raise BadInputError(
-            "; ".join(f"{e['loc'][0] if e['loc'] else 'training'}: {e['msg']}" for e in error.errors())
-        ) from None
+        raise BadInputError(errors.described(error)) from None
     stages = RunLimits(function_timeouts_s={name: w.timeout_s[name] for name in STAGE_FUNCTIONS})
     if refusal := stages.deadline_refusal(w.training.deadline_s):  # the deployment FAILS such a run at its start
         raise BadInputError(refusal)

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slsml.spec import keys
 from slsml.spec.config import RegularExpression
+from slsml.spec.errors import described
 
 CRASH_KINDS = {"worker": "worker_crash", "reducer": "reducer_crash", "merger": "merger_crash"}
 INJECTED_MARK = "InjectedFault"  # how an injected crash reads in an invocation's error
@@ -141,8 +142,7 @@ class Faults(BaseModel):
         try:
             return cls.model_validate(values)
         except ValidationError as error:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-            raise ValueError(f"invalid faults {text!r}: {problems}") from None
+            raise ValueError(f"invalid faults {text!r}: {described(error)}") from None
 
     def __str__(self) -> str:
         """The ``parse`` form of the faults that are set (``""`` when none are)."""

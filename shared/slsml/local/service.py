@@ -5,7 +5,8 @@ variables. Its state (bucket, table, runs) lives in that process: it lasts as lo
 
 It is its user's alone: its cloud answers requests signed with credentials generated as it starts
 (``slsml.local.cloud``), kept in its state file, which only that user can read: the state folder is created 0700 and
-everything the service writes in it 0600 (its process's umask), a folder another user owns or can enter is refused.
+everything the service writes in it 0600 (its process's umask); a folder another user owns or may write in is
+refused (``private_folder``).
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def up(
         json.dumps(accelerator_gib or {}),
         *([str(pool)] if pool else []),
     ]
-    log = os.open(state_dir / OUTPUT_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    (state_dir / OUTPUT_FILE).unlink(missing_ok=True)  # an older one may be 0644
+    log = os.open(state_dir / OUTPUT_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with open(log, "wb") as output:
         process = subprocess.Popen(
             command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True

@@ -1,6 +1,8 @@
 """Proof of origin: every pipeline message carries an HMAC-SHA256 of what it says, under its run's key, and a step
 acts on a message only if its proof holds (``envelope.admit`` checks it before anything else). A forged message
-(no key), one replayed from another run (another key) and one changed on its way (another body) are refused.
+(no key), one replayed from another run (another key) and one changed on its way (another body) are refused. An
+object that launches a step and that steps trust for what it names (an iteration's manifest) carries the same proof,
+of its key and bytes, in its user metadata (``OBJECT_PROOF``): one put over it is refused by its readers.
 
 The key: 32 random bytes, made by the first step that sends a message of the run (its launch) with a create-once
 PutItem in the run table (``RunTable.make_run_key``), and read once per container and run into the warm cache. It
@@ -13,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Mapping
 from typing import TypeVar
 
 from slsml.accounting import usage
@@ -21,6 +24,7 @@ from slsml.spec.messages import Message
 from slsml.state.runtable import RunTable
 
 KEY_BYTES = 32
+OBJECT_PROOF = "proof"  # the user metadata that holds a signed object's proof of origin
 M = TypeVar("M", bound=Message)
 
 
@@ -28,6 +32,11 @@ def digest(message: Message, key: bytes) -> str:
     """The proof ``message`` carries: the HMAC of its type and its JSON without the proof, hex."""
     body = f"{type(message).__name__}\n{message.model_dump_json(exclude={'proof'})}".encode()
     return hmac.new(key, body, hashlib.sha256).hexdigest()
+
+
+def object_digest(object_key: str, body: bytes, key: bytes) -> str:
+    """The proof an object carries: the HMAC of its S3 key and its bytes, hex (one object's is no other key's)."""
+    return hmac.new(key, f"{object_key}\n".encode() + body, hashlib.sha256).hexdigest()
 
 
 class RunKeys:
@@ -73,4 +82,17 @@ class RunKeys:
             return f"run {message.run_id!r} has no message key: no step of it sent a message"
         if not hmac.compare_digest(message.proof, digest(message, key)):
             return f"its proof of origin does not hold under run {message.run_id!r}'s key: forged, changed or another's"
+        return None
+
+    def sign_object(self, run_id: str, object_key: str, body: bytes) -> dict[str, str]:
+        """The user metadata that proves run ``run_id``'s pipeline stored ``body`` at ``object_key``."""
+        return {OBJECT_PROOF: object_digest(object_key, body, self.signing(run_id))}
+
+    def object_problem(self, run_id: str, object_key: str, body: bytes, metadata: Mapping[str, str]) -> str | None:
+        """Why the object at ``object_key`` (its bytes and user metadata as read) is not the one run ``run_id``'s
+        pipeline stored there, naming it; None if it is."""
+        key = self.checking(run_id)
+        proof = metadata.get(OBJECT_PROOF, "")
+        if key is None or not hmac.compare_digest(proof, object_digest(object_key, body, key)):
+            return f"{object_key} is not the object the pipeline stored there: it was put over behind its back"
         return None

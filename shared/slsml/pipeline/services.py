@@ -158,7 +158,8 @@ def failing_run_on_bad_input(
 ) -> Iterator[None]:
     """Bad input fails the run with a reason (no retries: retrying cannot fix it). An object missing to a step of
     ``iteration`` of ``generation`` whose carried state was superseded fails nothing: the step is late, and is
-    dropped like any late step."""
+    dropped like any late step; an object of the run missing otherwise was deleted behind the pipeline's back, and
+    the reason says so."""
     try:
         yield
     except (BadInputError, RunFailed, NotFoundError) as error:
@@ -180,5 +181,8 @@ def failing_run_on_bad_input(
             )
             return
         reason = f"{stage}: {error}"
+        if isinstance(error, NotFoundError) and f"/{keys.run_prefix(run_id)}" in str(error):
+            # the pipeline deletes a run's objects once the run moved past them alone (``superseded``)
+            reason += ", though the run has not moved past it: it was deleted behind the pipeline's back"
         logger.error("run failed", extra={"run_id": run_id, "reason": reason})
         services.fail_run(run_id, reason)

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from slsml.data.sources import arrays, images, tables, tfrecord
 from slsml.data.sources.base import DEFAULT_CHUNK_BYTES, Chunk, Format, Source, SourceOptions, data_files
-from slsml.spec.errors import BadInputError
+from slsml.spec.errors import BadInputError, described
 
 FORMATS: dict[str, Format] = {
     f.name: f for f in (arrays.FORMAT, images.FORMAT, tables.PARQUET, tables.CSV, tfrecord.FORMAT)
@@ -58,8 +58,7 @@ def open_source(path: Path, format: str | None = None, **options: Any) -> Source
     try:
         settings = chosen.options.model_validate(options)
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in error.errors())
-        raise BadInputError(f"{path} ({chosen.name}): {problems}") from None
+        raise BadInputError(f"{path} ({chosen.name}): {described(error)}") from None
     source = chosen.open(path, settings)
     source.options = settings
     return source

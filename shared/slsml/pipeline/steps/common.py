@@ -13,7 +13,8 @@ from botocore.exceptions import ClientError
 from slsml import rules
 from slsml.aws import clients as aws
 from slsml.aws import fleet as gpu_fleet
-from slsml.aws.storage import ObjectStore
+from slsml.aws.storage import ObjectStore, Stored
+from slsml.pipeline.proof import RunKeys
 from slsml.pipeline.services import Services
 from slsml.pipeline.services import run_config as run_config  # read by the admission of messages too
 from slsml.spec import keys
@@ -34,16 +35,27 @@ def shard_etags(store: ObjectStore, config: RunConfig, iteration: int) -> list[s
     return [found[key] for key in wanted] if all(key in found for key in wanted) else None
 
 
-def load_weights(store: ObjectStore, config: RunConfig, iteration: int) -> np.ndarray:
+def manifest_shards(run_keys: RunKeys | None, run_id: str, iteration: int, manifest: Stored) -> list[str]:
+    """The ETags of the shards entering ``iteration`` that its manifest (as read, with its metadata) names; RunFailed
+    naming the manifest if it is not the one the Merger stored (its proof of origin under ``run_keys``:
+    ``slsml.pipeline.proof``)."""
+    key = keys.manifest(run_id, iteration)
+    if run_keys is not None and (problem := run_keys.object_problem(run_id, key, manifest.body, manifest.metadata)):
+        raise RunFailed(problem)
+    return Manifest.model_validate_json(manifest.body).shards
+
+
+def load_weights(store: ObjectStore, config: RunConfig, iteration: int, run_keys: RunKeys | None = None) -> np.ndarray:
     """The flat weights entering ``iteration``: the weights of its R shards, each read by range (concurrently, with
-    the iteration's manifest). A shard is taken only if it is the object the manifest names (its ETag): one not
-    stored by the reducer the Merger counted is not trusted for sitting at the shard's key (RunFailed)."""
+    the iteration's manifest, whose proof of origin must hold under ``run_keys``: ``manifest_shards``; None: a reader
+    that trusts the bucket, not a step). A shard is taken only if it is the object the manifest names (its ETag): one
+    not stored by the reducer the Merger counted is not trusted for sitting at the shard's key (RunFailed)."""
     run, plan = config.run_id, config.plan
     where = [keys.shard(run, iteration, r) for r in range(config.reducers)]
     with ThreadPoolExecutor(max_workers=1) as pool:
-        manifest = pool.submit(store.get, keys.manifest(run, iteration)) if iteration else None
+        manifest = pool.submit(store.read, keys.manifest(run, iteration)) if iteration else None
         parts = store.get_quorum(where, [shards.weights_range(plan, r) for r in range(plan.reducers)], len(where), 0)
-        named = Manifest.model_validate_json(manifest.result()).shards if manifest is not None else None
+        named = None if manifest is None else manifest_shards(run_keys, run, iteration, manifest.result())
     weights = np.empty(plan.size, dtype=np.float32)
     for shard, (key, part) in enumerate(zip(where, parts, strict=True)):
         assert part is not None  # every read is needed: none is left out

@@ -26,6 +26,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from slsml import rules
 from slsml.aws.storage import ObjectStore
 from slsml.pipeline import metrics
+from slsml.pipeline.proof import OBJECT_PROOF
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import carried_state, run_config, shard_etags
 from slsml.pipeline.steps.warm import reader_for, stored_model, trainer_for
@@ -72,7 +73,11 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     if advanced is None:  # stopped, failed or resumed meanwhile
         return None
     body = Manifest(iteration=iteration + 1, shards=etags).model_dump_json().encode()
-    metadata = {MERGED_METADATA: str(iteration), GENERATION_METADATA: str(message.generation)}
+    metadata = {
+        MERGED_METADATA: str(iteration),
+        GENERATION_METADATA: str(message.generation),
+        **services.keys.sign_object(run, next_key, body),  # its readers take it only as the Merger stored it
+    }
     stored = store.put_new(next_key, body, metadata) or _adopt(store, next_key, body, metadata)
     if iteration > 0:  # after the advance: a step that finds it gone knows that it is late
         store.delete(carried_state(config, iteration - 1))
@@ -159,10 +164,12 @@ def _adopt(store: ObjectStore, key: str, body: bytes, metadata: dict[str, str]) 
     is stored anew as this generation's, for its new event to launch the next iteration: a manifest an earlier
     generation stored (a resumed run merged again an iteration the earlier one had finished, whose manifest landed
     while the run was at an iteration before, so that its event launched nothing) is stored again in place; an
-    object that names other shards than the merged ones is not this run's (a forged or pre-placed one, whatever its
-    metadata says): it is replaced."""
+    object that names other shards than the merged ones, or does not carry the Merger's proof of origin, is not this
+    run's (a forged or pre-placed one, whatever else its metadata says): it is replaced."""
     stored = store.read(key)
-    if stored.metadata.get(MERGED_METADATA) != metadata[MERGED_METADATA] or stored.body != body:
+    if stored.body != body or any(
+        stored.metadata.get(name) != metadata[name] for name in (MERGED_METADATA, OBJECT_PROOF)
+    ):
         logger.warning("an object not stored by the Merger was replaced", extra={"key": key})
         store.replace(key, body, metadata)
         return True

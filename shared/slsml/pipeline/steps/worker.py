@@ -29,7 +29,7 @@ from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
 from slsml.pipeline import lifetime, metrics
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import load_weights, run_config, stop_reason
+from slsml.pipeline.steps.common import load_weights, manifest_shards, run_config, stop_reason
 from slsml.pipeline.steps.warm import reader_for, trainer_for
 from slsml.rounds import accumulate, sizing, stream
 from slsml.rounds import evaluation as evaluating
@@ -41,7 +41,7 @@ from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
-from slsml.spec.messages import Manifest, WorkDone, WorkMessage
+from slsml.spec.messages import WorkDone, WorkMessage
 from slsml.state.records import RunStatus
 from slsml.training import bounds, evaluation, feedback, modelio, precision, progress, shards, updates, weighting
 from slsml.training.precision import LossScale
@@ -61,7 +61,7 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     if message.worker >= message.workers:
         raise RunFailed(f"work message for worker {message.worker} of an iteration of {message.workers} workers")
     if message.iteration >= config.training.iterations:
-        trainer, _ = _entering(services.store, config, message.iteration)
+        trainer, _ = _entering(services, config, message.iteration)
         count = reader_for(services.store, config).manifest.train.count
         _evaluate(message, config, services, trainer, evaluated(config, message.iteration, count))
         return None
@@ -75,14 +75,14 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     return done
 
 
-def _entering(store: ObjectStore, config: RunConfig, iteration: int) -> tuple[modelio.Trainer, np.ndarray]:
+def _entering(services: Services, config: RunConfig, iteration: int) -> tuple[modelio.Trainer, np.ndarray]:
     """The warm model at the weights entering ``iteration``, and those weights as one flat vector (a fresh model
     holds them already: the first iteration's)."""
-    trainer, fresh = trainer_for(store, config, iteration, shared=True)
+    trainer, fresh = trainer_for(services.store, config, iteration, shared=True)
     trainer.use_policy(config.training.mixed_precision)
     if fresh:
         return trainer, modelio.get_flat(trainer.model, config.plan)
-    weights = load_weights(store, config, iteration)
+    weights = load_weights(services.store, config, iteration, services.keys)
     modelio.set_flat(trainer.model, config.plan, weights)
     return trainer, weights
 
@@ -106,7 +106,7 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     skip = resumed.micro_batches if resumed is not None else 0
     # the round's samples are read while the model and the weights are
     with stream.Stream(lambda indices: _batch(reader, indices, config), left, micro, skip) as samples:
-        trainer, start = _entering(store, config, message.iteration)
+        trainer, start = _entering(services, config, message.iteration)
         splits = evaluated(config, message.iteration, count) if resumed is None else []
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
             return None  # early stopping ended the run: its update is not needed
@@ -121,7 +121,7 @@ def _micro_batch(config: RunConfig, accelerator_gib: int | None) -> int:
 
 
 def _scaling(
-    store: ObjectStore, config: RunConfig, iteration: int, trainer: modelio.Trainer, rule: UpdateRule
+    services: Services, config: RunConfig, iteration: int, trainer: modelio.Trainer, rule: UpdateRule
 ) -> tuple[precision.Scaling | None, LossScale | None]:
     """The round's loss scaling (``slsml.training.precision``), and the dynamic scale it starts from: the one carried
     to the iteration where the run scales its loss dynamically, else its static ``loss_scale_factor`` (None: none)."""
@@ -129,22 +129,22 @@ def _scaling(
     if not rule.scales_loss:
         return None, None
     if precision.dynamic(optimizer, trainer.float16):
-        scale = precision.entering(optimizer, _carried_scale(store, config, iteration))
+        scale = precision.entering(optimizer, _carried_scale(services, config, iteration))
         return precision.Scaling(scale.scale, batch), scale
     return (precision.Scaling(optimizer.loss_scale_factor, batch) if optimizer.loss_scale_factor else None), None
 
 
-def _carried_scale(store: ObjectStore, config: RunConfig, iteration: int) -> LossScale | None:
+def _carried_scale(services: Services, config: RunConfig, iteration: int) -> LossScale | None:
     """The loss scale carried to ``iteration`` in shard 0's header (None: none, the first iteration's), read with the
-    iteration's manifest, which must name that shard (RunFailed if it was replaced)."""
+    iteration's manifest, which must be the Merger's and name that shard (RunFailed if either was replaced)."""
     if iteration == 0:
         return None
     key = keys.shard(config.run_id, iteration, 0)
-    manifest, shard = store.get_quorum(
+    manifest, shard = services.store.get_quorum(
         [keys.manifest(config.run_id, iteration), key], [None, (0, shards.HEADER_SIZE - 1)], 2, 0
     )
     assert manifest is not None and shard is not None  # every read is needed: none is left out
-    if shard.etag != Manifest.model_validate_json(manifest.body).shards[0]:
+    if shard.etag != manifest_shards(services.keys, config.run_id, iteration, manifest)[0]:
         raise RunFailed(f"{key} is not the shard the manifest of iteration {iteration} names: it was replaced")
     return shards.loss_scale(shard.body)
 
@@ -202,7 +202,7 @@ def _train(
             partial=any(len(b) > micro_batch for b in batches),
         ),
     )
-    trainer.scaling, loss_scale = _scaling(store, config, message.iteration, trainer, rule)
+    trainer.scaling, loss_scale = _scaling(services, config, message.iteration, trainer, rule)
     work = Round(trainer, start, left.steps, spec, _Slot(store, message), resumed, pacer.pause)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
