@@ -2,7 +2,8 @@
 of the kinds of object its step creates (and deletes of those it deletes), the run table, its own
 published topics and queues, the failure queue, the answers to a run's execution its step gives, and X-Ray;
 the dead-letter reader only its logs, its queues (the dead-letter queues), the run item's update, the run's message
-key and run.json (a moved deadline is re-checked as the watchdog would), the execution's task failure and X-Ray. Only a step that handles messages once deletes items: its own message records.
+key and run.json (a moved deadline is re-checked as the watchdog would), the execution's task failure and X-Ray.
+Only a step that handles messages once deletes items: its own message records.
 The bucket's policy refuses overwrites of run objects, whoever writes, and deletes of run objects by any principal but
 the roles of the steps that delete them.
 """
@@ -263,7 +264,8 @@ def test_the_dead_letter_reader_may_fail_runs_and_do_nothing_else(synthesized: S
     assert granted.pop("dynamodb:UpdateItem") == {table}  # the run item, FAILED with the reason
     # a deadline SQS moved, re-checked as the watchdog would: the run's message key and its run.json
     assert granted.pop("dynamodb:GetItem") == {table}
-    assert granted.pop("s3:GetObject") == {f"<{synthesized.logical_id(stack.storage.bucket)}.Arn>/{keys.RUN_CONFIG_OBJECTS}"}
+    bucket = f"<{synthesized.logical_id(stack.storage.bucket)}.Arn>"
+    assert granted.pop("s3:GetObject") == {f"{bucket}/{keys.RUN_CONFIG_OBJECTS}"}
     assert granted.pop("states:SendTaskFailure") == {state_machine}  # the run's execution, failed
     for action in SQS_CONSUME_ACTIONS - {"sqs:GetQueueUrl"}:  # every dead-letter queue, and only those
         assert granted.pop(action) == queues, action

@@ -100,8 +100,9 @@ def place_initial(services: Services, run_id: str, iteration: int) -> None:
     store, config = services.store, run_config(services.store, run_id)
     for shard in range(config.reducers):
         store.put_new(keys.shard(run_id, iteration, shard), store.get(keys.shard(run_id, 0, shard)))
-    named = Manifest(iteration=iteration, shards=shard_etags(store, config, iteration) or [])
-    store.put_new(keys.manifest(run_id, iteration), named.model_dump_json().encode())
+    named = Manifest(iteration=iteration, shards=shard_etags(store, config, iteration) or []).model_dump_json().encode()
+    key = keys.manifest(run_id, iteration)
+    store.put_new(key, named, services.keys.sign_object(run_id, key, named))  # as the Merger stores it
 
 
 def work(services: Services, run_id: str, iteration: int = 0, worker: int = 0, workers: int = 2) -> WorkDone | None:

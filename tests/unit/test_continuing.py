@@ -48,5 +48,5 @@ def test_a_deadline_waits_for_a_round_that_goes_on_in_time(
     assert [(d.stage, d.round, d.link) for d in sent] == [("work", 0, 1)]
     # its fresh invocation is past its time (it crashed, or its message was lost): the deadline acts on it
     assert services.table.record_continuation("waits", 0, 2, 0, 0, time.time() - 1)
-    assert watchdog.on_deadline(_due(sent[-1]), services) == Action.FIRED
+    assert watchdog.on_deadline(_due(sent[-1], services), services) == Action.FIRED
     assert [p.worker for p in services.table.get_iteration("waits", 0).participants] == [0, 1]

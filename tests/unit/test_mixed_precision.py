@@ -183,7 +183,8 @@ def _reduce(services: Services, config: RunConfig, iteration: int, done: list[Wo
         message = ReduceMessage(run_id=config.run_id, iteration=iteration, shard=shard, participants=participants)
         reducer.reduce(message, services)
     manifest = Manifest(iteration=iteration + 1, shards=shard_etags(services.store, config, iteration + 1) or [])
-    services.store.put_new(keys.manifest(config.run_id, iteration + 1), manifest.model_dump_json().encode())
+    key, body = keys.manifest(config.run_id, iteration + 1), manifest.model_dump_json().encode()
+    services.store.put_new(key, body, services.keys.sign_object(config.run_id, key, body))  # as the Merger stores it
     return [
         shards.decode(services.store.get(keys.shard(config.run_id, iteration + 1, r)), config.plan.shard(r).size)
         for r in range(2)

@@ -820,9 +820,11 @@ def test_duplicate_shard_reports_count_twice_but_the_merge_fires_once(services: 
     named = Manifest.model_validate_json(services.store.get(keys.manifest("dup-merge", 1)))
     assert named.shards == [services.store.etag(keys.shard("dup-merge", 1, r)) for r in range(2)]
     assert not services.store.exists(keys.model("dup-merge", 1))  # no model is saved where the run cannot end
-    assert services.store.head(keys.manifest("dup-merge", 1)) == {
+    manifest = keys.manifest("dup-merge", 1)
+    assert services.store.head(manifest) == {
         merger.MERGED_METADATA: "0",
         merger.GENERATION_METADATA: "0",
+        **services.keys.sign_object("dup-merge", manifest, services.store.get(manifest)),  # its proof of origin
     }
     assert services.table.get_run("dup-merge").iteration == 1
 
@@ -995,9 +997,11 @@ def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_a
     fired = _report_in_generation_1(services, "adopt")
     again = [reducer.reduce(message, services) for message in fired]
     assert [merger.on_reduce_done(d, services) for d in again] == [None, keys.manifest("adopt", 1)]
-    assert services.store.head(keys.manifest("adopt", 1)) == {
+    manifest = keys.manifest("adopt", 1)
+    assert services.store.head(manifest) == {
         merger.MERGED_METADATA: "0",
         merger.GENERATION_METADATA: "1",
+        **services.keys.sign_object("adopt", manifest, services.store.get(manifest)),  # its proof of origin
     }
     received = sqs.receive_message(QueueUrl=events, MaxNumberOfMessages=10)["Messages"]
     landed = [o for m in received for o in landed_objects(S3Notification.model_validate_json(m["Body"]))]

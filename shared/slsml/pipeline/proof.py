@@ -7,7 +7,8 @@ of its key and bytes, in its user metadata (``OBJECT_PROOF``): one put over it i
 The key: 32 random bytes, made by the first step that sends a message of the run (its launch) with a create-once
 PutItem in the run table (``RunTable.make_run_key``), and read once per container and run into the warm cache. It
 lives as long as the run's records; each run has its own, so a key that leaked opens one run alone. Only the
-pipeline's roles (and the deployment's owner) can read the run table (``docs/security.md``).
+pipeline's roles (and the deployment's owner) can read the run table (docs/reliability.md, "Messages that do not
+belong to a run").
 """
 
 from __future__ import annotations
@@ -94,5 +95,8 @@ class RunKeys:
         key = self.checking(run_id)
         proof = metadata.get(OBJECT_PROOF, "")
         if key is None or not hmac.compare_digest(proof, object_digest(object_key, body, key)):
-            return f"{object_key} is not the object the pipeline stored there: it was put over behind its back"
+            return (
+                f"{object_key} is not the object the pipeline stored there: it was replaced behind the pipeline's back"
+                " (its proof of origin does not hold)"
+            )
         return None
