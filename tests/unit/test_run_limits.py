@@ -12,12 +12,12 @@ from slsml.pipeline.services import Services
 from slsml.pipeline.steps import work_launcher
 from slsml.pipeline.steps.work_launcher import Outcome
 from slsml.spec import keys
-from slsml.spec.config import DropInRequest, TrainingSpec
+from slsml.spec.config import DropInRequest, RunConfig, TrainingSpec
 from slsml.spec.errors import BadInputError
 from slsml.spec.limits import RunLimits
 from slsml.spec.messages import ModelLanded
 
-from .test_reduce_steps import _put_run, services  # noqa: F401
+from .test_reduce_steps import PLAN, SGD, _put_run, services  # noqa: F401
 
 LIMITS = RunLimits(
     workers=4, reducers=2, iterations=100, time_budget_s=3600, function_timeouts_s={"worker": 90, "reducer": 60}
@@ -59,7 +59,7 @@ def test_a_run_within_every_limit_is_not_refused() -> None:
 def test_the_pipeline_fails_a_run_beyond_a_limit_before_it_launches_work(services: Services) -> None:  # noqa: F811
     limited = dataclasses.replace(services, limits=LIMITS)
     spec = TrainingSpec(workers=2, reducers=2, global_batch=16, iterations=500, time_budget_s=3600)
-    _put_run(services, "greedy", spec, launched=False)
+    _register(services, "greedy", spec)
     landed = ModelLanded(key=keys.model("greedy", 0), sequencer="1")
     assert work_launcher.on_model(landed, limited) == Outcome.REFUSED
     run = services.table.get_run("greedy")
@@ -68,8 +68,17 @@ def test_the_pipeline_fails_a_run_beyond_a_limit_before_it_launches_work(service
         "the run asks for 500 iterations, over the deployment's limit iterations=100",
     )
     assert services.table.get_counter("greedy", 0).workers is None  # no worker was launched
-    _put_run(services, "modest", spec.model_copy(update={"iterations": 100}), launched=False)
+    _register(services, "modest", spec.model_copy(update={"iterations": 100}))
     assert work_launcher.on_model(ModelLanded(key=keys.model("modest", 0), sequencer="1"), limited) == Outcome.LAUNCHED
+
+
+def _register(services: Services, run_id: str, spec: TrainingSpec) -> None:  # noqa: F811
+    """A run as the RunStarter leaves it: its run.json and its item, no iteration launched."""
+    config = RunConfig(
+        run_id=run_id, dataset="d", training=spec, optimizer=SGD, loss="mse", classification=False, plan=PLAN
+    )
+    services.store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
+    _put_run(services, run_id, spec, launched=False)
 
 
 def test_the_client_refuses_a_run_beyond_a_limit_before_it_stores_anything(services: Services) -> None:  # noqa: F811
