@@ -15,6 +15,7 @@ from pathlib import Path
 
 import boto3
 
+from slsml.aws.clients import SIGNING
 from slsml.aws.storage import ObjectStore
 from slsml.spec import wiring
 from slsml.state.runtable import RunTable
@@ -52,9 +53,10 @@ def _resource_arguments(env: dict[str, str]) -> dict[str, str]:
 
 
 def service_store(cwd: Path) -> ObjectStore:
-    """The service's bucket, reached as any AWS client would, with the variables `slsml local env` prints."""
+    """The service's bucket, reached as any AWS client would, with the variables `slsml local env` prints; signing
+    with SigV4 as slsml's clients do, its pre-signed URLs (ranged reads) too."""
     env = service_env(cwd)
-    return ObjectStore(boto3.client("s3", **_resource_arguments(env)), env["SLSML_BUCKET"])
+    return ObjectStore(boto3.client("s3", config=SIGNING["s3"], **_resource_arguments(env)), env["SLSML_BUCKET"])
 
 
 def service_table(cwd: Path) -> RunTable:

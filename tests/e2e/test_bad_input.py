@@ -151,34 +151,37 @@ def test_dataset_names_are_never_reused(services, digits):
 def test_a_message_failing_three_times_fails_its_run_via_the_dead_letter_queue(local, services, digits):
     config = runs.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="corrupt-config")
     # damage behind slsml's back (slsml itself never overwrites; the bucket's policy refuses an overwrite, not a delete
-    # and a create): every worker now fails unexpectedly
+    # and a create): the WorkLauncher, which reads the run's config first, now fails unexpectedly on its S3 event
     services.store.replace(keys.run_config("corrupt-config"), b"{}")
     runs.launch_run(services, config)
     run = finish(services, "corrupt-config", timeout_s=120)
     assert run.status == "FAILED"
     # the error as Lambda attaches it to a dead letter: the exception's message, without its name
-    assert run.reason.startswith("worker failed three times on one message: "), run.reason
+    assert run.reason.startswith("work_launcher failed three times on one message: "), run.reason
     assert "validation errors for RunConfig" in run.reason, run.reason
-    assert any(d["run_id"] == "corrupt-config" and d["function"] == "worker" for d in local.host.dead_letters)
+    assert any(d["run_id"] == "corrupt-config" and d["function"] == "work_launcher" for d in local.host.dead_letters)
     assert "corrupt-config" in (local.log_dir / "dead-letters.jsonl").read_text()
-    # failed by the dead-letter reader, as on AWS, from the dead letters the host handed it
+    # failed by the dead-letter reader, as on AWS, from the dead letters the host handed it: an S3 event's letter
+    # names its run by the model's key, which the event encodes
     assert local.host.wait_idle("corrupt-config", timeout_s=60)  # its log is written
     letters = log_entries(local.log_dir / "dead_letters.log", message="dead letter", run_id="corrupt-config")
-    assert letters and all(e["function"] == "worker" and not e["rejected"] for e in letters), letters
+    assert letters and all(e["function"] == "work_launcher" and not e["rejected"] for e in letters), letters
     failed = log_entries(local.log_dir / "dead_letters.log", message="run failed", run_id="corrupt-config")
     assert [e["reason"] for e in failed] == [run.reason]
-    # as Lambda retries: each worker's message tried again 1 s, then 2 s after it failed, and dead-lettered
-    # as soon as its third try failed
-    tries: dict[int, list[dict]] = {}
-    for entry in log_entries(local.log_dir / "worker.log", message="usage"):
-        if entry["usage"]["run_id"] == "corrupt-config" and "worker" in entry["usage"]:  # an invocation's line
-            tries.setdefault(entry["usage"]["worker"], []).append(entry["usage"])
-    assert sorted(tries) == [0, 1] and all(len(made) == 3 for made in tries.values()), tries
-    for made in tries.values():
-        first, second, third = sorted(made, key=lambda usage: usage["start"])
-        assert second["start"] - first["end"] >= 1.0 and third["start"] - second["end"] >= 2.0, made
+    # as Lambda retries: the event tried again 1 s, then 2 s after it failed, and dead-lettered as soon as its third
+    # try failed
+    made = [
+        entry["usage"]
+        for entry in log_entries(local.log_dir / "work_launcher.log", message="usage")
+        if entry["usage"]["run_id"] == "corrupt-config"
+        and entry["usage"]["iteration"] == 0  # a try on the event
+        and entry["usage"]["duration_s"] > 0
+    ]
+    assert len(made) == 3, made
+    first, second, third = sorted(made, key=lambda usage: usage["start"])
+    assert second["start"] - first["end"] >= 1.0 and third["start"] - second["end"] >= 2.0, made
     lettered = min(datetime.strptime(e["timestamp"], "%Y-%m-%d %H:%M:%S,%f%z").timestamp() for e in letters)
-    assert lettered - min(max(usage["end"] for usage in made) for made in tries.values()) < 1.0
+    assert lettered - third["end"] < 1.0
 
 
 @keras.saving.register_keras_serializable(package="tests")

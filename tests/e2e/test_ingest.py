@@ -149,7 +149,13 @@ def test_a_file_given_twice_is_recognised_and_a_dataset_in_use_is_not_removed(se
     assert named.returncode == 0, named.stderr
     assert slsml(service, "run", "stop", named.stdout.strip()).returncode == 0
     assert {d["name"] for d in last_json(slsml(service, "data", "list", "--json"))} >= {"wine", "wine-zeros"}
-    removed = slsml(service, "data", "rm", "wine")
+    stopped = f"{first.stdout.strip()}, {again.stdout.strip()}"
+    kept = slsml(service, "data", "rm", "wine")  # the stopped runs would resume on it
+    assert kept.returncode == 2
+    assert f"dataset 'wine' is the one run {stopped} would resume on (`slsml run resume`)" in kept.stderr
+    assert "`slsml data rm wine --force`" in kept.stderr
+    assert "wine" in {d["name"] for d in last_json(slsml(service, "data", "list", "--json"))}
+    removed = slsml(service, "data", "rm", "wine", "--force")
     assert removed.returncode == 0, removed.stderr
     assert "wine" not in {d["name"] for d in last_json(slsml(service, "data", "list", "--json"))}
     assert slsml(service, "data", "show", "wine").returncode == 2

@@ -31,9 +31,8 @@ PACE = Faults.parse("slow_worker=0:1")  # every iteration takes over 1 s: the ru
 @pytest.fixture
 def run_events(local):
     """An SQS queue subscribed to RunEvents, as a user's tool would."""
-    endpoint = local.deployment.endpoint
-    sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
-    sns = boto3.client("sns", endpoint_url=endpoint, region_name="us-east-1")
+    sqs = boto3.client("sqs", **local.deployment.client_arguments())
+    sns = boto3.client("sns", **local.deployment.client_arguments())
     queue = sqs.create_queue(QueueName=f"run-events-{time.time_ns()}")["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     sns.subscribe(TopicArn=local.deployment.topic_arns[wiring.RUN_EVENTS.name], Protocol="sqs", Endpoint=arn)
@@ -86,7 +85,7 @@ def test_a_run_is_an_execution_kept_alive_by_heartbeats(local, services, digits,
 
 
 def test_a_pipeline_that_stops_reporting_fails_by_heartbeat_timeout(local, services, digits, run_events):
-    sns = boto3.client("sns", endpoint_url=local.deployment.endpoint, region_name="us-east-1")
+    sns = boto3.client("sns", **local.deployment.client_arguments())
     merger_queue = local.host.sqs.get_queue_attributes(
         QueueUrl=local.deployment.queues["merger"], AttributeNames=["QueueArn"]
     )["Attributes"]["QueueArn"]

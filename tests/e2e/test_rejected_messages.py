@@ -9,7 +9,6 @@ import json
 import boto3
 import numpy as np
 
-from slsml.local.cloud import REGION
 from slsml.local.faults import Delay, Faults
 from slsml.pipeline.envelope import MAX_MESSAGE_BYTES
 from slsml.spec import keys
@@ -53,7 +52,7 @@ CASES: list[tuple[str, str, str, str]] = [
 
 
 def test_malformed_messages_are_dead_lettered_with_a_reason_and_fail_no_run(local, services, digits):
-    sns = boto3.client("sns", endpoint_url=local.deployment.endpoint, region_name=REGION)
+    sns = boto3.client("sns", **local.deployment.client_arguments())
     local.host.faults = HOLD
     try:
         train(services, SPEC, RUN)

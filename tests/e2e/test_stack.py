@@ -33,7 +33,7 @@ def _log_group(function: str) -> str:
 @pytest.fixture(scope="module")
 def stack_env(local):
     deployment = local.deployment
-    logs = boto3.client("logs", endpoint_url=deployment.endpoint, region_name="us-east-1")
+    logs = boto3.client("logs", **deployment.client_arguments())
     for fn in wiring.FUNCTIONS:
         logs.create_log_group(logGroupName=_log_group(fn.name))
         logs.create_log_stream(logGroupName=_log_group(fn.name), logStreamName="local")
@@ -48,7 +48,7 @@ def stack_env(local):
         "Resources": {"Placeholder": {"Type": "AWS::SQS::Queue", "Properties": {"QueueName": "stack-placeholder"}}},
         "Outputs": {key: {"Value": value} for key, value in outputs.items()},
     }
-    boto3.client("cloudformation", endpoint_url=deployment.endpoint, region_name="us-east-1").create_stack(
+    boto3.client("cloudformation", **deployment.client_arguments()).create_stack(
         StackName=STACK, TemplateBody=json.dumps(template)
     )
     return {**os.environ, **deployment.environment()}
@@ -56,7 +56,7 @@ def stack_env(local):
 
 def ship_logs(local, run_id: str) -> int:
     """Put the run's lines of the local functions' logs into the stack's log groups, as Lambda does."""
-    logs = boto3.client("logs", endpoint_url=local.deployment.endpoint, region_name="us-east-1")
+    logs = boto3.client("logs", **local.deployment.client_arguments())
     shipped = 0
     for fn in wiring.FUNCTIONS:
         lines = [line for line in (local.log_dir / f"{fn.name}.log").read_text().splitlines() if run_id in line]

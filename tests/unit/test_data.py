@@ -51,14 +51,18 @@ def test_global_batch_is_deterministic() -> None:
 def test_each_epoch_is_a_permutation_and_epochs_differ() -> None:
     count, batch = 103, 10
     per_epoch = data.iterations_per_epoch(count, batch)
-    assert per_epoch == 10
+    assert per_epoch == 11  # ⌈103 / 10⌉, as Keras counts an epoch: the last batch the 3 samples left
+    assert data.iterations_per_epoch(count, batch, least=3) == 11 and data.iterations_per_epoch(count, batch, 4) == 10
     epochs = []
     for epoch in range(3):
-        order = np.concatenate(
-            [data.global_batch_indices(count, batch, 1, epoch * per_epoch + i) for i in range(per_epoch)]
-        )
-        assert len(np.unique(order)) == len(order) == per_epoch * batch, f"epoch {epoch} repeats samples"
+        batches = [data.global_batch_indices(count, batch, 1, epoch * per_epoch + i) for i in range(per_epoch)]
+        assert [len(b) for b in batches] == [10] * 10 + [3]
+        order = np.concatenate(batches)
+        assert len(np.unique(order)) == len(order) == count, f"epoch {epoch} repeats or misses samples"
         epochs.append(order)
+    short = [data.global_batch_indices(count, batch, 1, i, least=4) for i in range(11)]
+    assert [len(b) for b in short] == [10] * 11  # the 3 left, fewer than 4 workers, sit the epoch out
+    np.testing.assert_array_equal(short[10], data.global_batch_indices(count, batch, 1, 11)[:10])  # epoch 1 begins
     assert not np.array_equal(epochs[0], epochs[1])
     assert not np.array_equal(epochs[1], epochs[2])
 

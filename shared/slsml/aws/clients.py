@@ -66,11 +66,15 @@ def new_client(service: str, **options: Any) -> Any:
         return _session().client(service, **options)
 
 
-def use_credentials(credentials: Credentials) -> None:
+def use_credentials(credentials: Credentials | None) -> Credentials | None:
     """Sign with ``credentials`` the requests of the session's clients made from now on without credentials of
-    their own (boto3's ``client`` among them): the session reads the environment's once."""
+    their own (boto3's ``client`` among them): the session reads the environment's once. None leaves them to the
+    session to read again as it next needs them. Returns those it replaces (None where the session had read none)."""
     with _making:
-        _session()._session.set_credentials(credentials.access_key, credentials.secret_key)
+        session = _session()._session
+        replaced: Credentials | None = session._credentials
+        session._credentials = credentials
+        return replaced
 
 
 # S3's requests are signed with SigV4 (``s3v4``) as botocore signs them by default; its pre-signed URLs too, which

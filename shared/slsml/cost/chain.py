@@ -79,7 +79,6 @@ def norm_exchange(optimizer: OptimizerConfig, reducers: int, reduce_bytes: int) 
         requests={
             "dynamodb:PutItem": R,
             "dynamodb:UpdateItem": R + 1,
-            "dynamodb:GetItem": R - 1,
             "dynamodb:BatchGetItem": math.ceil(R / runstate.BATCH_READ),
             "s3:PutObject": R,
             "s3:GetObject": R - 1,

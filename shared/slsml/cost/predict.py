@@ -383,8 +383,6 @@ def _units(p: Parameters, s: Sizes, handed_on: int, counted: int) -> Units:
         + W * units(s.record, 4096)
         + (R if released else 0) * units(p.record_bytes, 4096)
         + s.traffic.late_queries * units(W * s.record + s.counter, 4096)
-        + W * (1 + handed_on) * units(p.counter_item_bytes, 4096)  # checks: Work's counter, Reduce's participants
-        + (R + released) * units(n * p.participant_bytes, 4096)
         + bool(counted)
     )  # the launch's read of the spend
     sns_billed = (
@@ -448,10 +446,8 @@ def _pipeline_times(w: Workload, p: Parameters, s: Sizes, counted: int) -> Pipel
             + (3 + math.ceil(R / runstate.BATCH_READ)) * ddb
             + _publishing(p, publish_batches(exchange.released, exchange.release_bytes))
         )
-        step_s = (
-            p.handler_s
-            + ddb
-            + transfer(2, 2 * s.shard_weights + s.shard_state, lat, p.s3_read_mb_s, p.s3_parallel_reads)
+        step_s = p.handler_s + (
+            transfer(2, 2 * s.shard_weights + s.shard_state, lat, p.s3_read_mb_s, p.s3_parallel_reads)
         )
     return PipelineTimes(
         launch_s=launch_s,

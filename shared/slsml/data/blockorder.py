@@ -52,7 +52,7 @@ class BlockOrder:
         return min(self.global_batch, self.streamed - number % self.per_epoch * self.global_batch)
 
     def batch(self, number: int, positions: np.ndarray) -> np.ndarray:
-        """The split indices of positions ``positions`` (0 … B−1) of global batch ``number``."""
+        """The split indices of positions ``positions`` (0 … ``size(number)`` − 1) of global batch ``number``."""
         epoch, p = divmod(number, self.per_epoch)
         blocks = np.random.default_rng([self.seed, _BLOCKS, epoch]).permutation(self.count // self.block)
         stream = p * self.global_batch + np.asarray(positions, dtype=np.int64)

@@ -213,10 +213,10 @@ def block_order(spec: TrainingSpec, train_count: int) -> BlockOrder | None:
     if spec.shuffle != "blocks":
         return None
     order = BlockOrder(train_count, spec.global_batch, spec.shuffle_block, spec.seed, spec.asked_workers())
-    if not order.per_epoch:
+    if spec.global_batch > order.streamed:  # as the exact order refuses one larger than the split
         raise BadInputError(
             f"global batch {spec.global_batch} is larger than the training set in blocks of "
-            f"{spec.shuffle_block} ({train_count // spec.shuffle_block * spec.shuffle_block} samples)"
+            f"{spec.shuffle_block} ({order.streamed} samples)"
         )
     return order
 

@@ -13,6 +13,8 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -297,3 +299,23 @@ def use_deployment(deployment: LocalDeployment) -> None:
     """Point this process's AWS clients at the embedded cloud, signing with its credentials."""
     os.environ.update(deployment.environment())
     aws.use_credentials(deployment.credentials)
+
+
+@contextmanager
+def deployment_in_use(deployment: LocalDeployment) -> Iterator[None]:
+    """``use_deployment`` for the block: after it, this process's variables and its session's credentials are
+    those before it, so that a cloud stopped at its end leaves no clients made later signing for it (each cloud
+    refuses others' credentials)."""
+    environment = deployment.environment()
+    saved = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
+    replaced = aws.use_credentials(deployment.credentials)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        aws.use_credentials(replaced)

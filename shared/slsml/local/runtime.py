@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import TracebackType
 
 from slsml.local.accelerator import checked_accelerators
-from slsml.local.cloud import EmbeddedCloud, LocalDeployment, use_deployment
+from slsml.local.cloud import EmbeddedCloud, LocalDeployment, deployment_in_use
 from slsml.local.host import FunctionHost, leave_out_main, start_preloading
 from slsml.pipeline.services import Services
 from slsml.spec.deployment import DEFAULT_FUNCTIONS, checked_settings
@@ -111,6 +111,7 @@ class LocalRuntime:
         self._host: FunctionHost | None = None
         self._services: Services | None = None
         self._restore_main: Callable[[], None] | None = None
+        self._in_use = ExitStack()  # this process's clients pointed at the cloud, until it stops
 
     @property
     def services(self) -> Services:
@@ -181,7 +182,7 @@ class LocalRuntime:
         try:
             self.deployment = self.cloud.provision()
             self.deployment.run_limits = self.limits.model_dump_json()
-            use_deployment(self.deployment)
+            self._in_use.enter_context(deployment_in_use(self.deployment))
             self._services = Services.from_names(
                 self.deployment.bucket,
                 self.deployment.table,
@@ -202,6 +203,7 @@ class LocalRuntime:
             )
             self._host.start()
         except BaseException:
+            self._in_use.close()
             self.cloud.stop()
             raise
         return self
@@ -209,6 +211,7 @@ class LocalRuntime:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         if self._host is not None:
             self._host.stop()
+        self._in_use.close()
         self.cloud.stop()
         if self._restore_main is not None:
             self._restore_main()

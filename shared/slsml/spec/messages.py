@@ -199,7 +199,7 @@ def run_named(message: str) -> str | None:
     records = parsed.get("Records")
     for record in records if isinstance(records, list) else []:
         try:
-            key = keys.parse_model_key(record["s3"]["object"]["key"])
+            key = keys.parse_model_key(unquote_plus(record["s3"]["object"]["key"]))  # S3 events encode keys
         except (KeyError, TypeError):
             continue
         if key:
