@@ -306,10 +306,19 @@ def deployment_in_use(deployment: LocalDeployment) -> Iterator[None]:
     """``use_deployment`` for the block: after it, this process's variables and its session's credentials are
     those before it, so that a cloud stopped at its end leaves no clients made later signing for it (each cloud
     refuses others' credentials)."""
-    environment = deployment.environment()
-    saved = {name: os.environ.get(name) for name in environment}
-    os.environ.update(environment)
-    replaced = aws.use_credentials(deployment.credentials)
+    with environment_set(deployment.environment()):
+        replaced = aws.use_credentials(deployment.credentials)
+        try:
+            yield
+        finally:
+            aws.use_credentials(replaced)
+
+
+@contextmanager
+def environment_set(values: dict[str, str]) -> Iterator[None]:
+    """This process's environment variables ``values`` for the block; after it, each as it was (unset if it was)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -318,4 +327,3 @@ def deployment_in_use(deployment: LocalDeployment) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        aws.use_credentials(replaced)

@@ -36,10 +36,9 @@ import time
 import traceback
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -52,7 +51,7 @@ from slsml.aws import clients as aws
 from slsml.aws.cache import MEMORY_ENV
 from slsml.local import accelerator, memory
 from slsml.local import faults as fault_injection
-from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment, raw_delivery
+from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment, environment_set, raw_delivery
 from slsml.local.containers import Container, Containers
 from slsml.local.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
 from slsml.local.memory import Invocation, MemoryWatch
@@ -160,20 +159,6 @@ def _end_with_host() -> None:
     threading.Thread(target=watch, name="host", daemon=True).start()
 
 
-@contextmanager
-def _environment_set(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 class TimedOut(BaseException):
     """The invocation ran past its function's timeout (a BaseException: handler code catches no such thing)."""
 
@@ -202,7 +187,7 @@ def _invoke(
         signal.signal(signal.SIGALRM, _time_out)
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
-        with _environment_set(environment or {}), fault_injection.invocation(plan) as injected:
+        with environment_set(environment or {}), fault_injection.invocation(plan) as injected:
             response = _handler(event, context)
         if isinstance(response, dict) and response.get("batchItemFailures"):  # a batch of one here: it failed
             raise RuntimeError(f"the function reported failed messages: {response['batchItemFailures']}")
