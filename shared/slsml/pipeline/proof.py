@@ -55,9 +55,9 @@ class RunKeys:
 
     def signing(self, run_id: str) -> bytes:
         """The run's key, made if it has none."""
-        if (key := self._cached(run_id)) is None:
+        if (key := self.checking(run_id)) is None:
             with usage.warming():
-                key = self.table.run_key(run_id) or self.table.make_run_key(run_id, secrets.token_bytes(KEY_BYTES))
+                key = self.table.make_run_key(run_id, secrets.token_bytes(KEY_BYTES))
             self._keep(run_id, key)
         return key
 
