@@ -145,3 +145,16 @@ def test_an_execution_superseded_by_a_resume_leaves_the_resumed_run_alone(local,
         services.fail_run("sfn-superseded", "the test is done")  # it has no execution: nothing launches on
     assert (execution["status"], entered[-2:]) == ("FAILED", ["MarkFailed", "Superseded"])
     assert (run.status, run.generation, run.reason) == ("RUNNING", resumed.generation, None)
+
+
+def test_an_execution_for_a_registered_run_id_fails_as_taken_and_changes_nothing(local, services, digits):
+    from slsml.state.orchestration import ExecutionInput
+
+    train(services, SPEC, "sfn-taken")
+    run = finish(services, "sfn-taken")
+    again = ExecutionInput(run_id="sfn-taken", dataset="digits", training=SPEC, workers=2, created_at=time.time())
+    arn = services.orchestrator.start(again, name="sfn-taken-again")
+    execution, entered = _execution(local, "sfn-taken", arn)
+    assert (execution["status"], execution["cause"]) == ("FAILED", "the run id is taken")
+    assert entered == ["NewOrResumed", "RegisterRun", "RunIdTaken"]  # refused at once: a taken id is not retried
+    assert services.table.get_run("sfn-taken") == run

@@ -31,6 +31,7 @@ from slsml.state.records import META, RUN_KIND, RUNS_INDEX
 logger = Logger(service=SERVICE_NAME, child=True)
 STOPPED_ERROR = "RunStopped"
 _ENDED = {"TaskTimedOut", "InvalidToken", "TaskDoesNotExist"}  # the execution has moved on already
+_CONDITION_FAILED = "DynamoDB.ConditionalCheckFailedException"  # a conditional write found the item otherwise
 
 
 class ExecutionInput(BaseModel):
@@ -99,13 +100,23 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                         "updated_at": _number("$.created_at"),
                         "execution_arn": {"S.$": "$$.Execution.Id"},
                     },
-                    "ConditionExpression": "attribute_not_exists(pk)",
+                    # a retried put of this execution's own registration is no other run's id
+                    "ConditionExpression": "attribute_not_exists(pk) OR execution_arn = :execution",
+                    "ExpressionAttributeValues": {":execution": {"S.$": "$$.Execution.Id"}},
                 },
                 "ResultPath": None,
                 "Next": "PlaceInitialModel",
-                "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "RunNotRegistered"}],
+                "Retry": [
+                    {"ErrorEquals": [_CONDITION_FAILED], "MaxAttempts": 0},
+                    {"ErrorEquals": ["States.ALL"], "IntervalSeconds": 1, "MaxAttempts": 3, "BackoffRate": 2},
+                ],
+                "Catch": [
+                    {"ErrorEquals": [_CONDITION_FAILED], "Next": "RunIdTaken"},
+                    {"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "RunNotRegistered"},
+                ],
             },
-            "RunNotRegistered": {"Type": "Fail", "Error": "RunNotRegistered", "Cause": "the run id is taken"},
+            "RunIdTaken": {"Type": "Fail", "Error": "RunNotRegistered", "Cause": "the run id is taken"},
+            "RunNotRegistered": {"Type": "Fail", "ErrorPath": "$.error.Error", "CausePath": "$.error.Cause"},
             "PlaceInitialModel": {
                 "Type": "Task",
                 "Resource": "arn:aws:states:::aws-sdk:s3:copyObject",
@@ -215,7 +226,7 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                 "Next": "ReadReason",
                 "Catch": [
                     {
-                        "ErrorEquals": ["DynamoDB.ConditionalCheckFailedException"],
+                        "ErrorEquals": [_CONDITION_FAILED],
                         "ResultPath": "$.error",
                         "Next": "Superseded",
                     }
