@@ -259,10 +259,11 @@ class Compute(Construct):
                     actions=["s3:PutObject"], resources=[self._bucket.arn_for_objects(p) for p in fn.writes]
                 )
             )
-        if keys.SCRATCH_OBJECTS in fn.writes:  # scratch objects are written with the expiry tag
+        if keys.SCRATCH_OBJECTS in fn.writes:  # written with the expiry tag; a large one in parts, aborted on failure
             role.add_to_policy(
                 iam.PolicyStatement(
-                    actions=["s3:PutObjectTagging"], resources=[self._bucket.arn_for_objects(keys.SCRATCH_OBJECTS)]
+                    actions=["s3:PutObjectTagging", "s3:AbortMultipartUpload"],
+                    resources=[self._bucket.arn_for_objects(keys.SCRATCH_OBJECTS)],
                 )
             )
         if fn.deletes:

@@ -124,7 +124,7 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
                 assert resources <= readable
             elif action == "s3:PutObject":
                 assert resources <= written, f"{fn.name} may write other objects than {fn.writes}"
-            elif action == "s3:PutObjectTagging":  # the expiry tag of scratch
+            elif action in {"s3:PutObjectTagging", "s3:AbortMultipartUpload"}:  # scratch's expiry tag and parts
                 assert resources <= written & {f"{bucket}/{keys.SCRATCH_OBJECTS}"}
             elif action == "s3:DeleteObject":
                 assert resources <= deleted, f"{fn.name} may delete other objects than {fn.deletes}"
@@ -213,7 +213,7 @@ def test_each_step_writes_only_its_objects_and_answers_executions_only_as_its_st
     assert granted.get("s3:PutObject", set()) == {f"{bucket}/{kind}" for kind in WRITES[fn.name]}
     assert {a.removeprefix("states:") for a in granted if a.startswith("states:SendTask")} == ANSWERS[fn.name]
     written = {a for a in granted if a.startswith("s3:") and a not in S3_READ_ACTIONS}
-    assert written <= {"s3:PutObject", "s3:PutObjectTagging", "s3:DeleteObject"}
+    assert written <= {"s3:PutObject", "s3:PutObjectTagging", "s3:AbortMultipartUpload", "s3:DeleteObject"}
     assert bool(written) == bool(WRITES[fn.name])  # a ReduceLauncher cannot write S3 at all
 
 
@@ -230,7 +230,11 @@ def test_the_bucket_refuses_overwrites_of_run_objects_whoever_writes(synthesized
         {"AWS": "*"},
         "s3:PutObject",
     )
-    assert create_only["Condition"] == {"Null": {"s3:if-none-match": "true"}}  # a PUT without If-None-Match
+    # a request that creates an object without If-None-Match (a multipart upload's start and parts create none)
+    assert create_only["Condition"] == {
+        "Null": {"s3:if-none-match": "true"},
+        "Bool": {"s3:ObjectCreationOperation": "true"},
+    }
     covered = {render(r) for r in as_list(create_only["Resource"])}
     assert covered == {
         f"<{bucket}.Arn>/{kind}" for kind in ("runs/*/iters/*", "runs/*/run.json", "runs/*/source.keras")

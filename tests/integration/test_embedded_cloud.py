@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import Any
 
 import boto3
 import numpy as np
@@ -25,6 +26,7 @@ from moto import mock_aws
 
 from slsml.aws import clients as aws
 from slsml.aws.ranged import RangedReads
+from slsml.aws.storage import MULTIPART_BYTES, ObjectStore, etag_of
 from slsml.local.cloud import EmbeddedCloud, LocalDeployment, signed
 from slsml.spec import deployment as deployment_spec
 from slsml.spec import keys, wiring
@@ -66,10 +68,19 @@ def _refused(write: Callable[[], object]) -> str:
     return refused.value.response["Error"]["Code"]
 
 
+def _multipart(s3: Any, bucket: str, key: str, body: bytes, completion: dict[str, str]) -> None:
+    """Store ``body`` at ``key`` as a multipart upload of one part, completed with ``completion``'s parameters."""
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    etag = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=body)["ETag"]
+    parts = {"Parts": [{"PartNumber": 1, "ETag": etag}]}
+    s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload=parts, **completion)
+
+
 def test_the_bucket_refuses_what_the_deployed_policy_refuses() -> None:
     """The bucket holds the stack's policy statements, and a write under runs/ that they deny is refused (403
-    AccessDenied), as S3 refuses it: a PutObject without If-None-Match, a copy, a multipart upload. A create-only
-    PutObject is stored, and nothing stored is overwritten. A policy the server could not enforce is refused."""
+    AccessDenied), as S3 refuses it: a PutObject without If-None-Match, a copy, a multipart upload's completion
+    without it. A create-only PutObject or multipart upload is stored, and nothing stored is overwritten. A policy
+    the server could not enforce is refused."""
     cloud = EmbeddedCloud()
     cloud.start()
     try:
@@ -93,8 +104,23 @@ def test_the_bucket_refuses_what_the_deployed_policy_refuses() -> None:
         assert s3.get_object(Bucket=bucket, Key=update)["Body"].read() == b"first"
         source = {"Bucket": bucket, "Key": update}
         assert _refused(lambda: s3.copy_object(Bucket=bucket, Key=config, CopySource=source)) == "AccessDenied"
-        assert _refused(lambda: s3.create_multipart_upload(Bucket=bucket, Key=config)) == "AccessDenied"
+        # a multipart upload starts and sends its parts unconditioned; its completion creates the object: refused
+        # without If-None-Match, stored with it
+        assert _refused(lambda: _multipart(s3, bucket, config, b"{}", {})) == "AccessDenied"
         assert not s3.list_objects_v2(Bucket=bucket, Prefix=keys.run_prefix("r") + "run").get("Contents")
+        _multipart(s3, bucket, config, b"{}", {"IfNoneMatch": "*"})
+        assert s3.get_object(Bucket=bucket, Key=config)["Body"].read() == b"{}"
+        assert _refused(lambda: _multipart(s3, bucket, config, b"[]", {"IfNoneMatch": "*"})) == "PreconditionFailed"
+        # ObjectStore's multipart create onto an existing key stores nothing and leaves what is there
+        store = ObjectStore(s3, bucket)
+        stored = s3.head_object(Bucket=bucket, Key=update)["ETag"]
+        assert store.create(update, b"2" * (MULTIPART_BYTES + 1)) is None
+        assert s3.head_object(Bucket=bucket, Key=update)["ETag"] == stored
+        assert s3.get_object(Bucket=bucket, Key=update)["Body"].read() == b"first"
+        big = keys.update("r", 1, 1, attempt=1)
+        data = b"3" * (MULTIPART_BYTES + 1)
+        assert store.create(big, data) == etag_of(data, 3) == s3.head_object(Bucket=bucket, Key=big)["ETag"]
+        assert not s3.list_multipart_uploads(Bucket=bucket, Prefix=keys.run_prefix("r") + "iters/").get("Uploads")
 
         model = keys.model("r", 1)  # a kind the policy leaves out: written however it is sent, copied too
         s3.put_object(Bucket=bucket, Key=model, Body=b"model")

@@ -18,6 +18,8 @@ from slsml.cost.calibration import GpuCalibration, GpuThroughput
 from slsml.cost.modelinfo import from_params
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.plan import FunctionFigures, Plan
+from slsml.cost.recommend import as_fast_as
+from slsml.cost.vm import VmComparison, compare_vm, compared
 from slsml.cost.workload import Accelerator, Workload, function_memory, function_timeouts
 from slsml.rounds import sizing
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
@@ -242,7 +244,7 @@ def test_the_acceptance_epoch_against_one_machine(capsys: pytest.CaptureFixture,
     out = plan_json(
         capsys,
         *("--params", "25600000", "--compute-per-sample", "0.1", "--sample-bytes", "150528", "--batch", "8192"),
-        *("--epochs", "1", "--samples", "1281167", "--accelerator", "worker=24"),
+        *("--epochs", "1", "--samples", "1281167", "--accelerator", "worker=24", "--workers", "4"),
     )
     cpu_side, gpu_side, machine = out["side_by_side"]
     rate = published("NVIDIA A10G") * gpuworker.RESNET50_PARAMS * P.compute_s_per_param_sample / 0.1
@@ -256,6 +258,96 @@ def test_the_acceptance_epoch_against_one_machine(capsys: pytest.CaptureFixture,
     assert gpu_side["time_vs_machine"] <= 1 < gpu_side["dollars_vs_machine"]
     assert gpu_side["dollars_vs_machine"] == pytest.approx(gpu_side["epoch_dollars"] / machine["epoch_dollars"])
     assert gpu_side["epoch_dollars"] < cpu_side["epoch_dollars"] and gpu_side["epoch_s"] < cpu_side["epoch_s"]
+
+
+# ---- the cheapest W and R as fast as the machine -------------------------------------------------------------------
+
+ACCEPTANCE = (
+    *("--params", "25600000", "--compute-per-sample", "0.1", "--sample-bytes", "150528", "--batch", "8192"),
+    *("--epochs", "1", "--samples", "1281167"),
+)
+
+
+def acceptance_on_gpu() -> Workload:
+    """The acceptance epoch's workload on whole A10Gs of g5.xlarge."""
+    return on_gpu(
+        workload(compute_per_sample_s=0.1, global_batch=8192, iterations=157, samples=1_281_167, sample_bytes=150_528)
+    )
+
+
+def machine_of(work: Workload, samples_per_s: float | None = None) -> VmComparison:
+    """The plan of ``work`` against one machine of its instance type (or of ``samples_per_s``)."""
+    plan = predict(work)
+    rate, dollars_per_hour, name, source = gpuworker.machine(work, P, PRICES)
+    return compare_vm(plan, name, samples_per_s or rate, dollars_per_hour, source)
+
+
+def grid(work: Workload) -> list[tuple[int, int, float, float]]:
+    """(W, R, seconds, dollars) of an epoch over a small W × R grid, each priced on its own, within Lambda's limits."""
+    priced = (predict(work.at(workers=w, reducers=r)) for w in range(1, 9) for r in (4, 16, 32, 64, 80))
+    return [
+        (plan.workload.workers, plan.workload.reducers, *compared(plan)[2:]) for plan in priced if not plan.violations
+    ]
+
+
+def test_the_cheapest_w_and_r_as_fast_as_the_machine_is_no_dearer_than_any_other_as_fast() -> None:
+    work = acceptance_on_gpu()
+    vm = machine_of(work)
+    match = as_fast_as(work, vm, P, Quotas(), PRICES)
+    assert match is not None and match.as_fast and match.seconds <= vm.seconds
+    chosen = predict(work.at(workers=match.workers, reducers=match.reducers))
+    assert (chosen.epoch_s, chosen.epoch_dollars) == (match.seconds, match.dollars)
+    assert (match.time_vs_machine, match.dollars_vs_machine) == (match.seconds / vm.seconds, match.dollars / vm.dollars)
+    points = grid(work)
+    as_fast = [dollars for _, _, seconds, dollars in points if seconds <= vm.seconds]
+    assert len(as_fast) > 1 and len(as_fast) < len(points)  # the machine's time rules some out, and leaves a choice
+    assert match.dollars <= min(as_fast)
+    assert match.dollars < max(dollars for *_, dollars in points)  # the least, not any as fast
+
+
+def test_against_a_machine_faster_than_any_w_and_r_the_fastest_is_named() -> None:
+    work = acceptance_on_gpu()
+    vm = machine_of(work, samples_per_s=1e6)
+    match = as_fast_as(work, vm, P, Quotas(), PRICES)
+    assert match is not None and not match.as_fast and match.time_vs_machine > 1
+    assert match.seconds <= min(seconds for _, _, seconds, _ in grid(work))
+    assert match.workers <= 8 and match.searched == "W 1–8 and R 1–256"
+
+
+def test_without_workers_the_gpu_plan_is_of_the_cheapest_w_and_r_as_fast_as_its_machine(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no calibration file
+    chosen = plan_json(capsys, *ACCEPTANCE, "--accelerator", "worker=24")
+    match = chosen["recommendation"]["as_fast_as_machine"]
+    assert match["as_fast"] and match["priced"]
+    assert (chosen["workload"]["workers"], chosen["workload"]["reducers"]) == (match["workers"], match["reducers"])
+    assert (chosen["epoch_s"], chosen["dollars"]["epoch"]) == (match["seconds"], match["dollars"])
+    line = chosen["verdict"]["recommendations"][-1]
+    assert line == (
+        f"as fast as g5.xlarge for least: --workers {match['workers']} --reducers {match['reducers']} (the plan's):"
+        f" {match['time_vs_machine']:.3g}× its time for {match['dollars_vs_machine']:.3g}× its dollars"
+    )
+    # --workers given: the plan stays at it, and the match is only recommended
+    asked = plan_json(capsys, *ACCEPTANCE, "--accelerator", "worker=24", "--workers", "6")
+    assert asked["workload"]["workers"] == 6 and not asked["recommendation"]["as_fast_as_machine"]["priced"]
+    assert asked["recommendation"]["as_fast_as_machine"]["searched"].startswith("W 1–8 ")
+    assert {k: v for k, v in asked["recommendation"]["as_fast_as_machine"].items() if k != "priced"} == {
+        k: v for k, v in match.items() if k != "priced"
+    }
+    assert main(["plan", *ACCEPTANCE, "--accelerator", "worker=24"]) == 0
+    text = capsys.readouterr().out
+    assert f"W {match['workers']} · R {match['reducers']} (W and R chosen: the cheapest of W 1–8 and R 1–256 as" in text
+    assert "--workers and --reducers choose otherwise" in text
+
+
+def test_a_machine_compared_with_cpu_workers_leaves_their_w_as_asked(capsys: pytest.CaptureFixture) -> None:
+    out = plan_json(capsys, *ACCEPTANCE, "--compare-vm", "1e6:1:fastbox")
+    match = out["recommendation"]["as_fast_as_machine"]
+    assert out["workload"]["workers"] == 4 and not match["priced"] and not match["as_fast"]
+    assert out["verdict"]["recommendations"][-1].startswith(
+        f"as fast as fastbox: none of W 1–8 and R 1–256 is; the fastest: --workers {match['workers']}"
+    )
 
 
 def run_config(params: int, sample_bytes: int, **training: object) -> RunConfig:
@@ -320,7 +412,9 @@ def test_a_gpu_worker_moves_s3_bytes_at_its_instances_rate_over_the_connections_
     worker = {plan.worker.kind: next(s for s in plan.stages if s.name == "Worker") for plan in (cpu_plan, gpu_plan)}
     weights_s = P.s3_request_s + 4 * RESNET / (4 * gpuworker.S3_CONNECTION_MB_S * 1e6)  # 4 GETs at once
     assert f"read weights (4 shards) {weights_s:.2f} s" in worker["gpu"].detail
-    assert f"write update {P.s3_request_s + 4 * RESNET / 85e6:.2f} s" in worker["gpu"].detail  # one PUT
+    # a multipart upload of 13 parts, sent at once: its start, the parts over 13 connections, its completion
+    in_parts = 3 * P.s3_request_s + 4 * RESNET / (gpuworker.s3_mb_s(whole, 13) * 1e6)
+    assert f"write update {in_parts:.2f} s" in worker["gpu"].detail
     facts = {fact.name: fact for fact in gpu_plan.worker.facts}
     assert gpuworker.S3_PERFORMANCE in facts["S3 rate"].source and gpuworker.EC2_NETWORK in facts["S3 rate"].source
 

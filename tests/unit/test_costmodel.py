@@ -188,8 +188,8 @@ def test_reduce_publishes_follow_the_bus_batching_of_real_messages() -> None:
     )
     batches = len(list(bus.batches([reduce.model_dump_json()] * 100)))
     assert batches > math.ceil(100 / 10)  # 1000 participants make a message too big for 10 in one batch
-    # WorkLauncher ⌈W/10⌉, one WorkDone per worker, the Reduce batches, one ReduceDone per reducer
-    assert plan.requests_per_iteration["sns:PublishBatch"] == 100 + 1000 + batches + 100
+    # WorkLauncher ⌈W/10⌉, one WorkDone per worker, the Reduce batches, one ReduceDone per reducer, ModelMerged
+    assert plan.requests_per_iteration["sns:PublishBatch"] == 100 + 1000 + batches + 100 + 1
 
 
 def test_requests_follow_the_request_chain() -> None:
@@ -204,9 +204,13 @@ def test_requests_follow_the_request_chain() -> None:
         "dynamodb:BatchGetItem": 1,
         "s3:GetObject": 8 * (1 + 3) + 3 * 7,  # the manifest and 3 shards per worker, (6 parts + shard) per reducer
         "s3:ListObjectsV2": 1,  # the merge's list of the shards
-        "s3:PutObject": 8 + 3 + 1,  # updates, shards, the manifest
+        "s3:PutObject": 1,  # the manifest
+        # the updates and the shards, of 102 MB each: multipart uploads of 13 parts of 8 MiB (storage.upload_parts)
+        "s3:CreateMultipartUpload": 8 + 3,
+        "s3:UploadPart": (8 + 3) * 13,
+        "s3:CompleteMultipartUpload": 8 + 3,
         "s3:DeleteObjects": 1,  # the 3 superseded shards
-        "sns:PublishBatch": 1 + 8 + 1 + 3,  # Work, WorkDone, Reduce, ReduceDone
+        "sns:PublishBatch": 1 + 8 + 1 + 3 + 1,  # Work, WorkDone, Reduce, ReduceDone, ModelMerged
     }
     assert plan.minimum_requests_per_iteration == plan.requests_per_iteration | {
         "dynamodb:UpdateItem": 1 + 3 + 1,  # claim, merger counters (the shards' durable reports), merge fire
@@ -275,7 +279,8 @@ def test_the_docs_state_the_demos_requests_and_the_extras() -> None:
 def test_doubling_workers_doubles_the_workers_requests() -> None:
     base = workload(compute_per_sample_s=0.01)  # rounds within the Worker's timeout at either W
     small, large = predict(base.at(workers=16)), predict(base.at(workers=32))
-    for operation, others in (("s3:PutObject", 4 + 1), ("dynamodb:PutItem", 1)):  # minus the reducers' and merger's
+    # minus the reducers' and merger's; the updates and the shards are multipart uploads
+    for operation, others in (("s3:CreateMultipartUpload", 4), ("dynamodb:PutItem", 1)):
         workers_own = [plan.requests_per_iteration[operation] - others for plan in (small, large)]
         assert workers_own[1] == 2 * workers_own[0]
     assert function(large, "worker").invocations == 2 * function(small, "worker").invocations
@@ -361,7 +366,7 @@ def test_json_is_one_object_with_requests_keyed_like_a_run_summary(capsys: pytes
     configured = [q for q in out["quotas"] if q["name"] not in ("zip package", "container image")]
     assert out["binding"].startswith(max(configured, key=lambda q: q["utilization"])["name"])
     total, minimum = out["requests_per_iteration"], out["minimum_requests_per_iteration"]
-    assert out["requests_ratio"] == sum(total.values()) / sum(minimum.values()) == 56 / 50
+    assert out["requests_ratio"] == sum(total.values()) / sum(minimum.values()) == 57 / 51
     assert sum(extra["count"] for extra in out["extra_calls"]) == sum(total.values()) - sum(minimum.values())
     assert out["recommendation"]["fastest"]["reducers"] >= 1
     assert out["parameters"]["sns_lambda_s"] == {
@@ -570,7 +575,12 @@ def test_the_plan_follows_the_update_rule_and_compression() -> None:
     assert moved["topk"] < moved["gradient"]  # the update and its bfloat16 residual, against a dense update
     W = gradient.workload.workers
     more = {op: topk.requests_per_iteration[op] - count for op, count in gradient.requests_per_iteration.items()}
-    assert {op: n for op, n in more.items() if n} == {"s3:GetObject": W, "s3:PutObject": W}  # the residuals
+    # the residuals (a multipart upload of 7 parts each); the updates in one PUT each, not a multipart upload of 13
+    assert {op: n for op, n in more.items() if n} == {
+        "s3:GetObject": W,
+        "s3:PutObject": W,
+        "s3:UploadPart": W * (7 - 13),
+    }
     stale = predict(base.at(training=TrainingSpec(staleness=3)))
     assert stale.requests_per_iteration["dynamodb:Query"] == 3
 

@@ -100,7 +100,9 @@ def test_a_message_that_is_not_of_the_type_names_what_is_wrong(body: object, pro
 
 def test_the_validation_errors_of_a_union_name_its_members_and_are_truncated() -> None:
     reason = rejection(json.dumps([1]), LauncherEvent)
-    assert reason.startswith("RunStarted | S3Notification message message-1 rejected: RunStarted: Input should")
+    assert reason.startswith(
+        "RunStarted | ModelMerged | S3Notification message message-1 rejected: RunStarted: Input should"
+    )
     many = {f"field_{i}": i for i in range(100)}
     problems = rejection(json.dumps({**WORK, **many})).split(" rejected: ", 1)[1]
     assert len(problems) == MAX_REASON_CHARS and problems.endswith("…")

@@ -228,13 +228,47 @@ def test_the_deployed_policy_refuses_writes_without_if_none_match_and_nothing_el
     for key in (keys.model("r", 1), keys.final_model("r"), keys.dataset_manifest("d"), "runs/r/iters"):
         assert not denied(policy, put[0], f"arn:aws:s3:::b/{key}", put[1]), key
     assert not denied(policy, put[0], f"arn:aws:s3:::other/{keys.run_config('r')}", put[1])
-    # a multipart upload: its parts and its start carry no If-None-Match, its completion may
-    parts = [object_request("POST", {"uploads": [""]}, {}), object_request("PUT", {"partNumber": ["1"]}, {})]
-    assert all(part is not None and denied(policy, part[0], update, part[1]) for part in parts)
+    # a multipart upload: its start and parts carry no If-None-Match and create nothing (let through); its
+    # completion creates the object: refused without If-None-Match
+    copied_part = {"partNumber": ["1"], "uploadId": ["u"]}
+    parts = [
+        object_request("POST", {"uploads": [""]}, {}),
+        object_request("PUT", {"partNumber": ["1"], "uploadId": ["u"]}, {}),
+        object_request("PUT", copied_part, {"x-amz-copy-source": "b/k"}),
+    ]
+    assert all(part is not None and not denied(policy, part[0], update, part[1]) for part in parts)
     complete = object_request("POST", {"uploadId": ["u"]}, {"If-None-Match": "*"})
     assert complete is not None and not denied(policy, complete[0], update, complete[1])
+    unconditioned = object_request("POST", {"uploadId": ["u"]}, {})
+    assert unconditioned is not None and denied(policy, unconditioned[0], update, unconditioned[1])
     for method, query in (("GET", {}), ("DELETE", {}), ("PUT", {"tagging": [""]}), ("HEAD", {})):
         assert object_request(method, query, {}) is None  # other actions, which the policy does not name
+
+
+def test_object_requests_carry_whether_they_create_the_object() -> None:
+    creating = {
+        ("PUT", ()): "true",  # PutObject
+        ("PUT", ("x-amz-copy-source",)): "true",  # CopyObject
+        ("POST", ("uploadId",)): "true",  # CompleteMultipartUpload
+        ("POST", ("uploads",)): "false",  # CreateMultipartUpload
+        ("PUT", ("partNumber", "uploadId")): "false",  # UploadPart
+        ("PUT", ("partNumber", "uploadId", "x-amz-copy-source")): "false",  # UploadPartCopy
+    }
+    for (method, named), expected in creating.items():
+        query = {name: ["1"] for name in named if name != "x-amz-copy-source"}
+        headers = {"x-amz-copy-source": "b/k"} if "x-amz-copy-source" in named else {}
+        found = object_request(method, query, headers)
+        assert found is not None and found[1]["s3:objectcreationoperation"] == expected, (method, named)
+
+
+def test_a_bool_condition_matches_its_value_and_not_a_missing_key() -> None:
+    creates = denials(_document(Condition={"Bool": {"s3:ObjectCreationOperation": "True"}}))
+    assert denied(creates, "s3:PutObject", "arn:aws:s3:::b/runs/k", {"s3:objectcreationoperation": "true"})
+    assert not denied(creates, "s3:PutObject", "arn:aws:s3:::b/runs/k", {"s3:objectcreationoperation": "false"})
+    assert not denied(creates, "s3:PutObject", "arn:aws:s3:::b/runs/k", {})
+    parts = denials(_document(Condition={"Bool": {"s3:ObjectCreationOperation": False}}))
+    assert denied(parts, "s3:PutObject", "arn:aws:s3:::b/runs/k", {"s3:objectcreationoperation": "false"})
+    assert not denied(parts, "s3:PutObject", "arn:aws:s3:::b/runs/k", {"s3:objectcreationoperation": "true"})
 
 
 def test_a_null_condition_matches_the_presence_it_names() -> None:
@@ -257,6 +291,9 @@ def test_a_null_condition_matches_the_presence_it_names() -> None:
         ({"Condition": {"StringEquals": {"s3:if-none-match": "*"}}}, "StringEquals"),
         ({"Condition": {"Null": {"s3:if-match": "true"}}}, "s3:if-match"),
         ({"Condition": {"Null": {"s3:if-none-match": "yes"}}}, "yes"),
+        ({"Condition": {"Bool": {"s3:ObjectCreationOperation": "1"}}}, "'1'"),
+        ({"Condition": {"Bool": {"aws:SecureTransport": "true"}}}, "aws:SecureTransport"),
+        ({"Condition": {"Null": {"s3:ObjectCreationOperation": "true"}}}, "s3:ObjectCreationOperation"),
     ],
 )
 def test_a_policy_the_server_does_not_evaluate_is_refused_by_name(statement: dict, named: str) -> None:

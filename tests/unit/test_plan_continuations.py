@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from slsml.aws.storage import upload_parts
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.verdict import continuation_sentence
 from slsml.cost.workload import Workload, function_timeouts
@@ -51,8 +52,12 @@ def test_a_round_past_the_workers_timeout_goes_on_in_as_many_invocations_as_the_
     assert whole.continuations.invocations == 1 and not whole.continuations.calls
     more = {op: n - whole.requests_per_iteration.get(op, 0) for op, n in plan.requests_per_iteration.items()}
     handed = w.workers * handing.handed_on
+    parts = upload_parts(handing.progress_bytes)  # the progress, stored as a multipart upload
+    assert parts > 1
     assert {op: n for op, n in more.items() if n} == {
-        "s3:PutObject": handed,
+        "s3:CreateMultipartUpload": handed,
+        "s3:UploadPart": parts * handed,
+        "s3:CompleteMultipartUpload": handed,
         "s3:GetObject": (2 + w.reducers) * handed,  # the progress, the manifest and the R shards
         "sns:PublishBatch": handed,
         "dynamodb:PutItem": handed,

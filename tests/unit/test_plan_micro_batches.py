@@ -13,6 +13,7 @@ import pytest
 
 from slsml import rules
 from slsml.aws.cache import MEMORY_SHARE
+from slsml.aws.storage import upload_parts
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.verdict import continuation_sentence
 from slsml.cost.workload import MEMORY_CHOICES_MB, Workload, function_memory
@@ -127,8 +128,12 @@ def test_a_gradient_round_past_the_timeout_is_handed_on_between_micro_batches(mo
     assert whole.continuations.invocations == 1
     more = {op: n - whole.requests_per_iteration.get(op, 0) for op, n in plan.requests_per_iteration.items()}
     handed = W * handing.handed_on
+    parts = upload_parts(handing.progress_bytes)  # the progress, stored as a multipart upload
+    assert parts > 1
     assert {op: n for op, n in more.items() if n} == {
-        "s3:PutObject": handed,
+        "s3:CreateMultipartUpload": handed,
+        "s3:UploadPart": parts * handed,
+        "s3:CompleteMultipartUpload": handed,
         "s3:GetObject": (2 + R) * handed,
         "dynamodb:UpdateItem": 2 * handed,
         "sns:PublishBatch": handed,

@@ -32,12 +32,11 @@ from slsml.spec.messages import (
     Deadline,
     Manifest,
     ModelLanded,
+    ModelMerged,
     Participant,
     ReduceMessage,
     RunStarted,
-    S3Notification,
     WorkDone,
-    landed_objects,
 )
 from slsml.spec.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV
 from slsml.spec.shardplan import ShardPlan, VariableSpec
@@ -978,21 +977,24 @@ def test_an_earlier_generations_merger_resumed_before_it_advances_stores_no_mode
 def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_and_announced(
     services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Generation 0's Merger advanced the run, and the run is resumed before its model lands: the model's event
+    """Generation 0's Merger advanced the run, and the run is resumed before its model lands: its announcement
     comes while the resumed run is at the iteration before and launches nothing. Generation 1's merge of that
-    iteration finds the model and stores it again in place as its own, whose event launches the next one."""
+    iteration finds the model and stores it again in place as its own, and its announcement launches the next one."""
     from slsml.pipeline.steps import merger
 
+    announced: list[ModelMerged] = []
+    publish = services.bus.publish
+
+    def recording(topic: wiring.Topic, messages: list) -> None:
+        announced.extend(m for m in messages if topic == wiring.MODEL_UPDATED)
+        publish(topic, messages)
+
+    monkeypatch.setattr(services.bus, "publish", recording)
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "adopt")]
     _resume_before(monkeypatch, services, "adopt", services.store, "put_new", keys.manifest("adopt", 1))
     assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.manifest("adopt", 1)]
-    sqs = boto3.client("sqs", region_name="us-east-1")
-    events = sqs.create_queue(QueueName="model-events")["QueueUrl"]
-    queue_arn = sqs.get_queue_attributes(QueueUrl=events, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    services.store.s3.put_bucket_notification_configuration(
-        Bucket="bucket",
-        NotificationConfiguration={"QueueConfigurations": [{"QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"]}]},
-    )
+    assert [(m.iteration, m.generation) for m in announced] == [(1, 0)]
+    assert work_launcher.on_merged(announced.pop(), services) == Outcome.IGNORED  # of generation 0
     assert services.table.claim_launch("adopt", 0, "resume-1", 1, 2) is not None
     fired = _report_in_generation_1(services, "adopt")
     again = [reducer.reduce(message, services) for message in fired]
@@ -1003,11 +1005,12 @@ def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_a
         merger.GENERATION_METADATA: "1",
         **services.keys.sign_object("adopt", manifest, services.store.get(manifest)),  # its proof of origin
     }
-    received = sqs.receive_message(QueueUrl=events, MaxNumberOfMessages=10)["Messages"]
-    landed = [o for m in received for o in landed_objects(S3Notification.model_validate_json(m["Body"]))]
-    assert [o.key for o in landed] == [keys.manifest("adopt", 1)]
-    assert work_launcher.on_model(landed[0], services) == Outcome.LAUNCHED
+    assert [(m.iteration, m.generation) for m in announced] == [(1, 1)]
+    assert work_launcher.on_merged(announced[0], services) == Outcome.LAUNCHED
     assert merger.on_reduce_done(again[1], services) is None  # a retry of generation 1's merge: stored already
+    assert announced[1:] == announced[:1]  # and announced again, in case its announcement was what failed
+    assert work_launcher.on_merged(announced[1], services) == Outcome.LAUNCHED  # the same launch, claimed once
+    assert services.table.get_iteration("adopt", 1).launched_by == f"{keys.manifest('adopt', 1)}#1"
 
 
 def test_a_launch_an_earlier_generations_watchdog_claims_after_the_resume_gives_way_to_the_new_launch(

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import collections
+import hashlib
+from typing import Any
 
-from slsml.aws.storage import ObjectStore
+import pytest
+from botocore.exceptions import ClientError
+
+from slsml.aws.storage import MULTIPART_BYTES, PART_BYTES, ObjectStore, etag_of, stored_parts, upload_parts
 from slsml.spec import keys
 from slsml.spec.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE
 from slsml.spec.errors import NotFoundError
@@ -76,6 +81,64 @@ def test_a_read_tells_the_whole_objects_size_even_of_a_range(store: ObjectStore)
     assert (ranged.body, ranged.metadata, ranged.size) == (b"x" * 16, {"m": "1"}, 100)
     assert store.read(keys.residual("a", 3, 1)).size == 100
     assert _tags(store, keys.residual("a", 3, 1)) == {}  # carried state: never expired by a rule
+
+
+BIG = MULTIPART_BYTES + PART_BYTES // 2  # three parts: two whole, one half
+
+
+def _big(seed: int) -> bytes:
+    """``BIG`` bytes that differ in every part from another seed's."""
+    block = hashlib.sha256(str(seed).encode()).digest()
+    return block * (BIG // len(block)) + block[: BIG % len(block)]
+
+
+def _calls(store: ObjectStore) -> collections.Counter[str]:
+    calls: collections.Counter[str] = collections.Counter()
+    store.s3.meta.events.register("before-call.s3.*", lambda model, **_: calls.update([model.name]))
+    return calls
+
+
+def test_a_large_object_of_an_iteration_is_a_create_only_multipart_upload(store: ObjectStore) -> None:
+    key, data = keys.update("a", 3, 1, attempt=1), _big(1)
+    calls = _calls(store)
+    created = store.create(key, data, metadata={"m": "1"})
+    assert dict(calls) == {"CreateMultipartUpload": 1, "UploadPart": 3, "CompleteMultipartUpload": 1}
+    assert upload_parts(BIG) == stored_parts(key, BIG) == 3
+    stored = store.read(key)
+    assert (stored.body, stored.metadata, stored.etag) == (data, {"m": "1"}, created)
+    assert created == etag_of(data, 3) and created.endswith('-3"')  # the ETag S3 stores: its parts' MD5s'
+    assert _tags(store, key) == {SCRATCH_TAG_KEY: SCRATCH_TAG_VALUE}
+    # the same bytes again (a retry) are found there; other bytes are not the writer's: replaced
+    assert store.create(key, _big(2)) is None and store.get(key) == data
+    assert not store.put_own(key, data) and store.get(key) == data
+    assert store.put_own(key, _big(2)) and store.get(key) == _big(2)
+    assert store.s3.list_multipart_uploads(Bucket="bucket").get("Uploads", []) == []  # the refused ones aborted
+
+
+def test_a_small_object_and_a_large_model_are_one_put(store: ObjectStore) -> None:
+    calls = _calls(store)
+    small = b"x" * (MULTIPART_BYTES - 1)
+    assert store.create(keys.update("a", 3, 1), small) == etag_of(small)
+    model = _big(1)  # copied by S3 into the final model, whose ETag is its bytes' MD5: stored whole
+    assert stored_parts(keys.model("a", 3), len(model)) == 1
+    assert store.create(keys.model("a", 3), model) == etag_of(model)
+    assert dict(calls) == {"PutObject": 2}
+
+
+def test_a_multipart_upload_that_fails_is_aborted_and_stores_nothing(store: ObjectStore) -> None:
+    key = keys.residual("a", 3, 1)
+
+    def refuse_the_second(params: dict[str, Any], **_: Any) -> None:
+        if params["PartNumber"] == 2:
+            raise ClientError({"Error": {"Code": "InternalError", "Message": "injected"}}, "UploadPart")
+
+    store.s3.meta.events.register("before-parameter-build.s3.UploadPart", refuse_the_second)
+    calls = _calls(store)
+    with pytest.raises(ClientError, match="injected"):
+        store.create(key, _big(1))
+    assert calls["AbortMultipartUpload"] == 1 and calls["CompleteMultipartUpload"] == 0
+    assert store.head(key) is None
+    assert store.s3.list_multipart_uploads(Bucket="bucket").get("Uploads", []) == []
 
 
 def test_loggers_of_modules_imported_before_a_functions_environment_reach_the_services_handler() -> None:

@@ -141,7 +141,7 @@ class PriceTable(BaseModel):
         return {service: dollars for service, dollars in by_service.items() if dollars}
 
 
-_S3_FREE = {"DeleteObject", "DeleteObjects"}  # S3 bills no DELETE request
+_S3_FREE = {"DeleteObject", "DeleteObjects", "AbortMultipartUpload"}  # S3 bills no DELETE or CANCEL request
 _S3_PUT_CLASS = {
     "PutObject",
     "CopyObject",

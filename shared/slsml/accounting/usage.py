@@ -7,7 +7,7 @@ Every client that ``slsml.aws.clients`` makes is instrumented with botocore even
 - DynamoDB operations that accept it are sent with ``ReturnConsumedCapacity=TOTAL`` and their read
   and write units summed (``_dynamodb_units``);
 - SNS publishes count billed publishes: each message, one per 64 KB chunk (``prices.sns_chunks``);
-- S3 GetObject and PutObject bodies count bytes read and written.
+- S3 GetObject, PutObject and UploadPart bodies count bytes read and written.
 
 A call whose HTTP attempts go out past its client's hooks (a ranged GET by pre-signed URL, ``slsml.aws.ranged``)
 counts them itself the same way (``Sent``).
@@ -329,6 +329,9 @@ class Sent:
             _counts(self._call.scope, self._call.warming).bytes_read += size
 
 
+_BODY_WRITES = {"PutObject", "UploadPart"}  # the S3 requests whose bodies are the bytes written
+
+
 def _before_build(params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any) -> None:
     call = context[_CALL] = _Call(_scope, params, _thread.warming)
     if model.input_shape is not None and "ReturnConsumedCapacity" in model.input_shape.members:
@@ -337,7 +340,7 @@ def _before_build(params: dict[str, Any], model: Any, context: dict[str, Any], *
         call.publishes = {e["Id"]: prices.sns_chunks(_publish_bytes(e)) for e in params["PublishBatchRequestEntries"]}
     elif model.name == "Publish":
         call.publishes = {"": prices.sns_chunks(_publish_bytes(params))}
-    elif model.name == "PutObject":
+    elif model.name in _BODY_WRITES:
         call.body_bytes = _body_bytes(params.get("Body"))
 
 
@@ -369,7 +372,7 @@ def _after_call(
             return
         elif operation == "GetObject":
             counts.bytes_read += parsed.get("ContentLength") or 0
-        elif operation == "PutObject":
+        elif operation in _BODY_WRITES:
             counts.bytes_written += call.body_bytes
         elif operation == "PublishBatch":
             counts.sns_billed += sum(call.publishes.get(entry["Id"], 1) for entry in parsed.get("Successful", []))

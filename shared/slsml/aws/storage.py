@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,27 @@ _REPLACE_TRIES = 3
 _MAX_READS = 64  # concurrent GETs of one get_quorum call
 _POLL_S = 0.05  # how often reads still queued behind others are checked for having started
 DELETE_BATCH = 1000  # keys of one DeleteObjects request
+_EXISTS = {"PreconditionFailed", "ConditionalRequestConflict"}  # a create-only write onto a key that exists
+
+# An object of a run's iterations of MULTIPART_BYTES or more is stored as a multipart upload of PART_BYTES parts (the
+# last holds the rest), PARALLEL_PARTS of them sent at once: one connection carries ~85 MB/s, an instance's network
+# many times that. S3's smallest part is 5 MiB.
+PART_BYTES = 8 * 1024 * 1024
+MULTIPART_BYTES = 2 * PART_BYTES
+PARALLEL_PARTS = 16
+
+
+def upload_parts(size: int) -> int:
+    """The parts ``ObjectStore.create`` stores an object of a run's iterations of ``size`` bytes in (1: one
+    PutObject)."""
+    return 1 if size < MULTIPART_BYTES else math.ceil(size / PART_BYTES)
+
+
+def stored_parts(key: str, size: int) -> int:
+    """The parts ``ObjectStore.create`` stores ``size`` bytes at ``key`` in: ``upload_parts`` of an object of a run's
+    iterations (``keys.SCRATCH_OBJECTS``), 1 of any other. Models are stored whole: S3's copy of an object (the final
+    model is one) gets the MD5 of its bytes as its ETag, which a multipart source's ETag is not."""
+    return upload_parts(size) if fnmatchcase(key, keys.SCRATCH_OBJECTS) else 1
 
 
 @dataclass(frozen=True)
@@ -180,7 +203,7 @@ class ObjectStore:
         ``data`` created in its place (True)."""
         if self.put_new(key, data, metadata):
             return True
-        if self.etag(key) == etag_of(data):
+        if self.etag(key) == etag_of(data, stored_parts(key, len(data))):
             return False
         logger.warning("an object not written by its step was replaced", extra={"key": key})
         self.replace(key, data, metadata)
@@ -200,18 +223,58 @@ class ObjectStore:
         return self.create(key, data, metadata) is not None
 
     def create(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> str | None:
-        """Create ``key`` (``put_new``): the ETag S3 gave it, None (and nothing written) if it already exists."""
+        """Create ``key`` (``put_new``): the ETag S3 gave it, None (and nothing written) if it already exists. An
+        object of ``stored_parts`` > 1 goes as a multipart upload (``_create_in_parts``)."""
         # transient scratch carries the tag the bucket's lifecycle rule expires by; carried state does not
         tagging = {"Tagging": f"{SCRATCH_TAG_KEY}={SCRATCH_TAG_VALUE}"} if keys.is_transient(key) else {}
+        parts = stored_parts(key, len(data))
+        if parts > 1:
+            return self._create_in_parts(key, data, parts, {"Metadata": metadata or {}, **tagging})
         try:
             created = self.s3.put_object(
                 Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*", Metadata=metadata or {}, **tagging
             )
         except ClientError as error:
-            if error_code(error) in {"PreconditionFailed", "ConditionalRequestConflict"}:
+            if error_code(error) in _EXISTS:
                 return None
             raise
         return str(created["ETag"])
+
+    def _create_in_parts(self, key: str, data: bytes | bytearray, parts: int, extra: dict[str, Any]) -> str | None:
+        """``create`` as a multipart upload of ``parts`` parts of ``PART_BYTES``, ``PARALLEL_PARTS`` sent at once,
+        completed create-only (If-None-Match): its ETag, or None if ``key`` exists. Aborted (nothing stored) if it
+        does, or if anything fails."""
+        upload = self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, **extra)["UploadId"]
+        view = memoryview(data)
+
+        def send(number: int) -> dict[str, Any]:
+            body = bytes(view[(number - 1) * PART_BYTES : number * PART_BYTES])  # copied while it is sent
+            sent = self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number, Body=body)
+            return {"PartNumber": number, "ETag": sent["ETag"]}
+
+        try:
+            pool = ThreadPoolExecutor(max_workers=min(PARALLEL_PARTS, parts))
+            try:
+                sent = list(pool.map(send, range(1, parts + 1)))
+            finally:
+                pool.shutdown(cancel_futures=True)
+            created = self.s3.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": sent}, IfNoneMatch="*"
+            )
+        except BaseException as error:
+            self._abort(key, upload)
+            if isinstance(error, ClientError) and error_code(error) in _EXISTS:
+                return None
+            raise
+        return str(created["ETag"])
+
+    def _abort(self, key: str, upload: str) -> None:
+        """Abort the multipart upload ``upload`` of ``key``, its parts deleted; if that fails too, the bucket's
+        lifecycle rule (``AbortIncompleteUploads``) aborts it a day after it began."""
+        try:
+            self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
+        except ClientError as error:
+            logger.warning("a multipart upload was not aborted", extra={"key": key, "error": error_code(error)})
 
     def copy_new(self, source: str, destination: str) -> bool:
         """Create ``destination`` as a copy of ``source``, made by S3 (its bytes do not pass through this process,
@@ -231,7 +294,7 @@ class ObjectStore:
                 Metadata={},
             )
         except ClientError as error:
-            if error_code(error) in {"PreconditionFailed", "ConditionalRequestConflict"}:
+            if error_code(error) in _EXISTS:
                 return None
             raise
         return copied["CopyObjectResult"]["ETag"]
@@ -301,6 +364,14 @@ class ObjectStore:
         return self.put_new(key, npz.encode(**arrays), metadata)
 
 
-def etag_of(data: bytes | bytearray) -> str:
-    """The ETag S3 gives an object of ``data`` uploaded in one part (unencrypted or SSE-S3): its MD5, quoted."""
-    return f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
+def etag_of(data: bytes | bytearray, parts: int = 1) -> str:
+    """The ETag S3 gives an object of ``data`` (unencrypted or SSE-S3) uploaded in one part: its MD5, quoted; in
+    ``parts`` > 1 parts of ``PART_BYTES``: the MD5 of its parts' MD5s, then "-" and their count."""
+    if parts == 1:
+        return f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
+    view = memoryview(data)
+    digests = b"".join(
+        hashlib.md5(view[start : start + PART_BYTES], usedforsecurity=False).digest()
+        for start in range(0, len(data), PART_BYTES)
+    )
+    return f'"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{parts}"'

@@ -12,6 +12,7 @@ from slsml.spec.errors import BadInputError, NotFoundError
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from slsml.cost import planreport
+    from slsml.spec.config import TrainingSpec
 
     # the deployment planned for: --stack's, else the local service's if one is up (its function timeouts)
     found = targets.target(args)
@@ -34,6 +35,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             raise BadInputError(f"--samples {args.samples}: dataset {args.data!r} has {manifest.train.count:,}")
         args.samples = manifest.train.count
     options.check_run_length(args)
+    workers_given = args.workers is not None  # without --workers, a plan of GPU workers chooses W
+    if not workers_given:
+        args.workers = TrainingSpec.model_fields["workers"].default
     spec = options.training_spec(
         argparse.Namespace(**{**vars(args), "reducers": args.reducers or 1}), iterations=planreport.iterations(args)
     )
@@ -43,7 +47,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         args.accelerator = f"worker={limits.worker_accelerator_gib}"
         if args.gpu_instance is None and len(limits.worker_instance_types) == 1:
             args.gpu_instance = limits.worker_instance_types[0]
-    return planreport.run(args, spec, display.results(args.json), manifest, limits)
+    return planreport.run(args, spec, display.results(args.json), manifest, limits, workers_given)
 
 
 def add_commands(commands: Any) -> None:
@@ -51,6 +55,6 @@ def add_commands(commands: Any) -> None:
     from slsml.cost import planreport
 
     plan = commands.add_parser("plan", help="predict a run's time, requests, dollars and quotas on AWS")
-    options.training_flags(plan, iterations=None, required=False, defaults={"reducers": None})
+    options.training_flags(plan, iterations=None, required=False, defaults={"reducers": None, "workers": None})
     planreport.add_arguments(plan)
     plan.set_defaults(handler=cmd_plan)

@@ -7,19 +7,23 @@ q, n = ⌈q·W⌉ participants, M = 4·params bytes, P = M/R bytes per shard, k 
 | function (invocations) | requests per invocation | S3 bytes |
 |---|---|---|
 | WorkLauncher (1) | GetItem 1, UpdateItem 1, PublishBatch ⌈W/10⌉ | – |
-| Worker (W) | GetObject R + 1, PutObject 1, PublishBatch 1 | reads M, writes M + 32 |
+| Worker (W) | GetObject R + 1, PutObject 1 (†), PublishBatch 1 | reads M, writes M + 32 |
 | ReduceLauncher (W) | PutItem 1, UpdateItem 1; | – |
 | | the firing one also UpdateItem 1, BatchGetItem ⌈W/100⌉, PutItem 1, PublishBatch ⌈R/per batch⌉ | |
-| Reducer (R) | GetObject n + 1, PutObject 1, PublishBatch 1 | reads n·P + P(1+k), |
+| Reducer (R) | GetObject n + 1, PutObject 1 (†), PublishBatch 1 | reads n·P + P(1+k), |
 | | | writes P(1+k) |
 | Merger (R) | UpdateItem 1; the merging one also ListObjectsV2 1, UpdateItem 2, | – |
-| | PutObject 1, DeleteObjects ⌈(R + slots)/1000⌉ (the superseded carried state) | writes the manifest |
+| | PutObject 1, PublishBatch 1, DeleteObjects ⌈(R + slots)/1000⌉ (the superseded carried state) | writes the manifest |
+
+(†) An object of the iteration of ``storage.MULTIPART_BYTES`` or more (an update, a shard, a slot's state) is stored
+as a multipart upload instead (``creates``): CreateMultipartUpload 1, UploadPart 1 a ``storage.PART_BYTES`` part,
+CompleteMultipartUpload 1, each billed as a PUT.
 
 A worker reads the weights entering its iteration from the R shards the reducers stored (one ranged GET each,
-concurrently with the iteration's manifest, which names their ETags); the Merger only lists the shards and stores
-the manifest, whose S3 event launches the next iteration. It saves the model (``models/<i>.keras``) only where the
-run may end on it (the final one, and each one a watched split is evaluated on) and at checkpoints: not in a steady
-iteration.
+concurrently with the iteration's manifest, which names their ETags); the Merger only lists the shards, stores
+the manifest and launches the next iteration (ModelMerged to the WorkLauncher). It saves the model
+(``models/<i>.keras``) only where the run may end on it (the final one, and each one a watched split is evaluated
+on) and at checkpoints: not in a steady iteration.
 
 Each message's proof of origin (``slsml.pipeline.proof``) and its check against the run it names
 (``slsml.pipeline.admission``) make no request: the run's key and configuration are read once per container and run.
@@ -35,17 +39,43 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 
 from pydantic import BaseModel, Field
 
 from slsml import rules
-from slsml.aws.storage import DELETE_BATCH
+from slsml.aws.storage import DELETE_BATCH, upload_parts
 from slsml.cost.messages import LONGEST_FLOAT, publish_batches
 from slsml.cost.parameters import Parameters
-from slsml.cost.workload import Workload
+from slsml.cost.workload import Workload, state_slots
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.state import runtable as runstate
-from slsml.training import feedback, updates
+from slsml.training import feedback, shards, updates
+
+
+def creates(objects: int, size: int) -> dict[str, int]:
+    """The requests that store ``objects`` objects of an iteration of ``size`` bytes each (``ObjectStore.create``): a
+    PutObject each, or, of ``upload_parts`` > 1 parts, a multipart upload each: its CreateMultipartUpload, an
+    UploadPart a part and its CompleteMultipartUpload."""
+    if not objects:
+        return {}
+    parts = upload_parts(size)
+    if parts == 1:
+        return {"s3:PutObject": objects}
+    return {
+        "s3:CreateMultipartUpload": objects,
+        "s3:UploadPart": objects * parts,
+        "s3:CompleteMultipartUpload": objects,
+    }
+
+
+def added(*counts: Mapping[str, int]) -> dict[str, int]:
+    """Requests counted by operation, summed."""
+    total: dict[str, int] = {}
+    for count in counts:
+        for operation, number in count.items():
+            total[operation] = total.get(operation, 0) + number
+    return total
 
 
 class ExtraCall(BaseModel):
@@ -65,11 +95,11 @@ class NormExchange(BaseModel):
     release_bytes: int = 0
 
 
-def norm_exchange(optimizer: OptimizerConfig, reducers: int, reduce_bytes: int) -> NormExchange:
+def norm_exchange(traffic: RoundTraffic, reducers: int, reduce_bytes: int) -> NormExchange:
     """Nothing unless the optimizer clips by norm with R > 1: then each reducer stores its average and its
     sums of squares and counts them; the last one reads them all, claims the release and publishes it to
     the R - 1 others, which read their average back."""
-    R = reducers
+    R, optimizer = reducers, traffic.server
     if R == 1 or not optimizer.clips_by_norm:
         return NormExchange()
     entries = 1 if optimizer.global_clipnorm else R - 1  # the global sum, or each cut variable's
@@ -80,7 +110,7 @@ def norm_exchange(optimizer: OptimizerConfig, reducers: int, reduce_bytes: int) 
             "dynamodb:PutItem": R,
             "dynamodb:UpdateItem": R + 1,
             "dynamodb:BatchGetItem": math.ceil(R / runstate.BATCH_READ),
-            "s3:PutObject": R,
+            **creates(R, traffic.mean_bytes),
             "s3:GetObject": R - 1,
             "sns:PublishBatch": publish_batches(R - 1, release_bytes),
         },
@@ -96,6 +126,8 @@ class RoundTraffic(BaseModel):
     update_bytes: int = Field(description="one worker's update object")
     part_bytes: int = Field(description="the largest shard's part of an update, as a reducer reads it")
     table_reads: int = Field(description="ranged GETs of an update's part table before its part (significance)")
+    shard_bytes: int = Field(description="the largest shard object a reducer stores: weights and optimizer state")
+    mean_bytes: int = Field(description="the largest shard's average, stored where clipping by norm shares it")
     slot_bytes: int = Field(description="one worker slot's stored state (the rule's; 0: none)")
     residual_bytes: int = Field(description="one worker slot's error-feedback residual (0: none)")
     late_queries: int = Field(description="iterations the reduce fire looks at for late updates (staleness)")
@@ -104,7 +136,11 @@ class RoundTraffic(BaseModel):
     def worker_requests(self, workers: int) -> dict[str, int]:
         """Per steady round: each worker reads the objects its slot stored the round before and stores its own."""
         objects = workers * (bool(self.slot_bytes) + bool(self.residual_bytes))
-        return {"s3:GetObject": objects, "s3:PutObject": objects}
+        stored = added(
+            creates(workers * bool(self.slot_bytes), self.slot_bytes),
+            creates(workers * bool(self.residual_bytes), self.residual_bytes),
+        )
+        return {"s3:GetObject": objects, **stored}
 
 
 def round_traffic(w: Workload, p: Parameters) -> RoundTraffic:
@@ -126,15 +162,19 @@ def round_traffic(w: Workload, p: Parameters) -> RoundTraffic:
         + (extra_o - both) * part(low_t, low_o + 1)
         + (R - max(extra_t, extra_o)) * part(low_t, low_o)
     )
+    server = rule.server_optimizer(spec, w.optimizer)
+    shard_weights = math.ceil(w.params / R)  # the largest shard's
     return RoundTraffic(
         compute_steps=rule.compute_steps(spec),
         update_bytes=updates.HEADER_SIZE + (updates.table_bytes(R) if significance else 0) + total,
         part_bytes=part(math.ceil(trainable / R), math.ceil(other / R)),
         table_reads=int(significance),
+        shard_bytes=shards.HEADER_SIZE + 4 * shard_weights + state_slots(server) * 4 * min(shard_weights, trainable),
+        mean_bytes=shards.HEADER_SIZE + 4 * shard_weights,
         slot_bytes=rule.slot_traffic(spec, w.params, w.trainable_params).bytes,
         residual_bytes=feedback.residual_bytes(w.params) if compression.lossy else 0,
         late_queries=spec.staleness,
-        server=rule.server_optimizer(spec, w.optimizer),
+        server=server,
     )
 
 
@@ -168,11 +208,17 @@ def minimum_chain(
         "s3:GetObject": W * (1 + R) + R * n + R + slots["s3:GetObject"],
         # the merge's look that every shard is stored (the count is a hint: a duplicate counts twice)
         "s3:ListObjectsV2": 1,
-        "s3:PutObject": W + R + 1 + slots["s3:PutObject"],  # updates, shards, the next iteration's trigger
+        # the next iteration's trigger, the updates, the shards, the slots' state
+        **added(
+            {"s3:PutObject": 1},
+            creates(W, traffic.update_bytes),
+            creates(R, traffic.shard_bytes),
+            {operation: count for operation, count in slots.items() if operation != "s3:GetObject"},
+        ),
         # the carried state a stopped run would resume from is kept untagged (no lifecycle rule expires it), so the
         # state each iteration supersedes is deleted (DELETE requests are free)
         "s3:DeleteObjects": deletes,
-        "sns:PublishBatch": work_batches + W + reduce_batches + R,  # one message per hop
+        "sns:PublishBatch": work_batches + W + reduce_batches + R + 1,  # one message per hop
     }
 
 

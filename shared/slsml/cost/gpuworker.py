@@ -20,8 +20,9 @@ model's ``params × compute_s_per_param_sample``, a ResNet-50-like network's).
 
 S3: an environment runs on an EC2 instance, not in Lambda's sandbox, so it reads and writes S3 as an instance does
 (``s3_mb_s``): ``S3_CONNECTION_MB_S`` a connection, as many connections as the worker keeps busy (16 GETs of the
-weights or the samples, one PUT of its update), within its share of the instance's network (``NETWORK_GBPS``, the
-instance's environments sharing it), not Lambda's 65 MB/s a function (``s3_read_mb_s``)."""
+weights or the samples; its update's parts, ``storage.PARALLEL_PARTS`` at once, or one PUT of an update under
+``storage.MULTIPART_BYTES``), within its share of the instance's network (``NETWORK_GBPS``, the instance's
+environments sharing it), not Lambda's 65 MB/s a function (``s3_read_mb_s``)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from slsml.accounting.prices import LAMBDA_PRICING, PRIVATELINK_PRICING, GpuInstance, PriceTable
+from slsml.aws.storage import PARALLEL_PARTS, upload_parts
 from slsml.cost.calibration import CALIBRATION_FILE, GpuCalibration, Precision, card_key, load_calibration
+from slsml.cost.chain import round_traffic
 from slsml.cost.parameters import Parameters, parameter_facts
 from slsml.cost.workerkind import Fact, WorkerFigures
 from slsml.cost.workload import Accelerator, Workload
@@ -200,6 +203,15 @@ def s3_mb_s(w: Workload, connections: float) -> float:
     return min(max(1.0, connections) * S3_CONNECTION_MB_S, network)
 
 
+def update_writes(w: Workload, p: Parameters) -> str:
+    """The rate a GPU worker stores its update at, and in how many requests, in words."""
+    parts = upload_parts(round_traffic(w, p).update_bytes)
+    if parts == 1:
+        return f"{s3_mb_s(w, 1):,.0f} MB/s for its update's one PUT"
+    at_once = min(parts, PARALLEL_PARTS)
+    return f"{s3_mb_s(w, at_once):,.0f} MB/s for its update's {parts} parts, {at_once} at once (a multipart upload)"
+
+
 def instances(w: Workload, price_table: PriceTable) -> int:
     """The instances W environments take."""
     assert w.accelerator is not None
@@ -333,7 +345,7 @@ class GpuWorker:
                     value=f"{S3_CONNECTION_MB_S:g} MB/s a connection, within the instance's"
                     f" {NETWORK_GBPS[a.instance]:g} Gbps shared by its {each} environment{'s' if each > 1 else ''}:"
                     f" {s3_mb_s(w, p.s3_parallel_reads):,.0f} MB/s over {p.s3_parallel_reads:g} GETs (weights,"
-                    f" samples), {s3_mb_s(w, 1):,.0f} MB/s for its update's one PUT",
+                    f" samples), {update_writes(w, p)}",
                     source=f"{S3_PERFORMANCE}; network: {EC2_NETWORK} ('up to': the burst of a 16-vCPU-or-smaller"
                     " instance, which an iteration's reads and writes averaged under its baseline keep)",
                 ),

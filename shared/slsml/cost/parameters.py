@@ -32,7 +32,7 @@ class Parameters(BaseModel):
     s3_event_s: float = _param(
         1.0,
         "s",
-        "the manifest's PUT → S3 event → SNS ModelUpdated",
+        "the initial model's copy → S3 event → SNS ModelUpdated (the first iteration's launch)",
         "S3 docs: event notifications 'typically seconds, sometimes a minute or longer'",
     )
     sns_lambda_s: float = _param(0.073, "s", "SNS → Lambda delivery", "published p50 73 ms (p90 125 ms, p99 225 ms)")

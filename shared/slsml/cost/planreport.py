@@ -68,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--accelerator",
         metavar="worker=GIB",
         help="price GPU workers of this much GPU memory per execution environment (3, 6, 12, 16, 24 or 48), e.g."
-        " worker=24, beside CPU workers and one machine of their instance type",
+        " worker=24, beside CPU workers and one machine of their instance type; without --workers, at the cheapest W"
+        " (up to 8) and R whose epoch is as fast as that machine (default W without --accelerator: 4)",
     )
     gpu.add_argument(
         "--gpu-instance",
@@ -119,7 +120,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_vm,
         help="price the same epoch on one machine of this training throughput on the model (measured"
         " or published, samples/s) and hourly price, e.g. 1200:3.06:p3.2xlarge (default with --accelerator: one"
-        " machine of the GPU workers' instance type at the throughput the plan uses for it)",
+        " machine of the GPU workers' instance type at the throughput the plan uses for it), and recommend the"
+        " cheapest W and R whose epoch is as fast as it",
     )
     out.add_argument("--json", action="store_true", help="print the plan as one JSON object")
 
@@ -224,14 +226,17 @@ def run(
     console: Any,
     manifest: DatasetManifest | None = None,
     limits: RunLimits | None = None,
+    workers_given: bool = True,
 ) -> int:
     """The plan of the run ``spec`` (its R the fastest for W unless --reducers was given), the arguments and the
     dataset on the deployment of run ``limits`` (a default one: None), drawn on ``console``; with --json also as
     one JSON object on stdout. With --accelerator the plan is of GPU workers, and with it or --compare-vm the CPU
-    workers', the GPU workers' and one machine's figures are set side by side."""
+    workers', the GPU workers' and one machine's figures are set side by side, and the cheapest W and R as fast as
+    the machine recommended: with --accelerator and no --workers (``workers_given`` False) the plan is of that W
+    and R."""
     from slsml.accounting import prices
     from slsml.cost.parameters import Parameters, Quotas, load_overrides
-    from slsml.cost.recommend import recommend
+    from slsml.cost.recommend import as_fast_as, recommend
     from slsml.cost.verdict import verdict as verdict_of
     from slsml.cost.vm import compare_vm, side_by_side
 
@@ -245,21 +250,29 @@ def run(
     if args.sweep is not None:
         return _sweep(args, asked, parameters, quotas, price_table, fixed, console)
     plan = _plan(asked, parameters, quotas, price_table, origin, fixed)
+    machine = None
+    if args.compare_vm:
+        samples_per_s, dollars_per_hour, name = args.compare_vm
+        machine = name, samples_per_s, dollars_per_hour, "given (--compare-vm)"
+    elif gpu is not None:  # --accelerator: the plan is the GPU workers'
+        machine = _machine(plan, parameters, price_table)
+    match = None
+    if machine is not None:
+        match = as_fast_as(plan.workload, compare_vm(plan, *machine), parameters, quotas, price_table, fixed)
+        if match is not None and args.accelerator is not None and not workers_given:
+            match = match.model_copy(update={"priced": True})
+            at_match = asked.at(workers=match.workers, reducers=match.reducers)
+            plan = _plan(at_match, parameters, quotas, price_table, origin, fixed=True)
     recommendation = recommend(plan.workload, parameters, quotas, price_table)
+    recommendation = recommendation.model_copy(update={"as_fast_as_machine": match})
     verdict = verdict_of(plan, recommendation, parameters, quotas, price_table)
     other = None
     if gpu is not None:
         other = _plan(cpu if asked is gpu else gpu, parameters, quotas, price_table, origin, fixed)
-    vm = None
-    if args.compare_vm:
-        samples_per_s, dollars_per_hour, machine = args.compare_vm
-        vm = compare_vm(plan, machine, samples_per_s, dollars_per_hour)
-    elif gpu is not None:  # --accelerator: the plan is the GPU workers'
-        vm = compare_vm(plan, *_machine(plan, parameters, price_table))
-    if vm is not None:
-        verdict = verdict.model_copy(update={"compared": vm.sentence})
+    vm = None if machine is None else compare_vm(plan, *machine)
     sides = []
     if vm is not None:
+        verdict = verdict.model_copy(update={"compared": vm.sentence})
         plans = sorted((p for p in (plan, other) if p is not None), key=lambda p: p.workload.worker_kind)
         sides = side_by_side([(_who(p), p) for p in plans], vm)
     render(plan, recommendation, console, fixed, verdict)
@@ -442,12 +455,24 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
     console.rule("detail")
     per_worker = math.ceil(w.global_batch / w.workers)
     reducers = "" if reducers_given else " (the fastest)"
+    workers = ""
+    match = recommendation.as_fast_as_machine
+    if match is not None and match.priced:
+        chosen = (
+            f"the cheapest of {match.searched} as fast as {match.machine}"
+            if match.as_fast
+            else f"the fastest of {match.searched}, none being as fast as {match.machine}"
+        )
+        if reducers_given:
+            workers = f" (chosen: {chosen}; --workers chooses otherwise)"
+        else:
+            reducers = f" (W and R chosen: {chosen}; --workers and --reducers choose otherwise)"
     step = step_in_words(plan.micro_batch, plan.micro_batches)
     console.print(
-        f"[bold]{w.model}[/bold]: {w.params:,} weights, {_bytes(4 * w.params)} · W {w.workers} · R {w.reducers}"
-        f"{reducers} · batch {w.global_batch:,} (≤ {per_worker} per worker, {step}) · quorum {w.quorum:g} "
-        f"(n = {plan.participants}) · {w.training.algorithm}, compress {w.training.compress} · {w.optimizer.name}"
-        f" ({plan.state_slots} state slots on the reducers)"
+        f"[bold]{w.model}[/bold]: {w.params:,} weights, {_bytes(4 * w.params)} · W {w.workers}{workers}"
+        f" · R {w.reducers}{reducers} · batch {w.global_batch:,} (≤ {per_worker} per worker, {step})"
+        f" · quorum {w.quorum:g} (n = {plan.participants}) · {w.training.algorithm}, compress {w.training.compress}"
+        f" · {w.optimizer.name} ({plan.state_slots} state slots on the reducers)"
     )
     console.print(f"compute {w.compute_per_sample_s:.4g} s per sample on one vCPU: {w.compute_source}")
     console.print(f"workers: {plan.worker.compute}; {plan.worker.billing}")

@@ -3,7 +3,7 @@ and quotas of one iteration, each function's share, the first iteration, and wha
 (``slsml.cost.workers``) computes and bills. Pure arithmetic over the pipeline's request chain
 (``slsml.cost.chain``).
 
-The critical path of an iteration: the manifest's S3 event → WorkLauncher → the n-th worker's Work
+The critical path of an iteration: the Merger's ModelMerged → WorkLauncher → the n-th worker's Work
 message → Worker → ReduceLauncher (fires) → the last Reduce message → Reducer → Merger (merges) →
 the next manifest. It can be no shorter than the DynamoDB floor: the iteration counter item takes
 W + R + 3 writes, at most ``dynamodb_partition_wu_s`` a second.
@@ -21,7 +21,9 @@ from slsml.accounting import prices
 from slsml.cost.chain import (
     NormExchange,
     RoundTraffic,
+    added,
     chain_extras,
+    creates,
     minimum_chain,
     norm_exchange,
     option_extras,
@@ -50,6 +52,7 @@ from slsml.cost.workerround import (
     micro_batching,
     s3_mb_s,
     step_in_words,
+    write_s,
 )
 from slsml.cost.workers import kind_of
 from slsml.cost.workload import IMAGE_FUNCTIONS, PIPELINE, Workload, state_slots
@@ -272,7 +275,7 @@ def sizes(w: Workload, p: Parameters) -> Sizes:
         steps=micro_batching(w, p, traffic, w.memory_mb["worker"]),
         data=data,
         data_gets=round(data.gets_per_iteration) if data else 0,
-        exchange=norm_exchange(traffic.server, R, reduce_bytes),
+        exchange=norm_exchange(traffic, R, reduce_bytes),
     )
 
 
@@ -286,9 +289,9 @@ def _steady_requests(w: Workload, s: Sizes) -> dict[str, int]:
         "dynamodb:BatchGetItem": s.pages,
         "s3:GetObject": W * (R + 1) + R * (n + 1) + s.data_gets,
         "s3:ListObjectsV2": 1,
-        "s3:PutObject": W + R + 1,
+        **added({"s3:PutObject": 1}, creates(W, s.update), creates(R, s.traffic.shard_bytes)),  # manifest, updates…
         "s3:DeleteObjects": superseded_deletes(w.training, R, s.traffic),
-        "sns:PublishBatch": s.work_batches + W + s.reduce_batches + R,
+        "sns:PublishBatch": s.work_batches + W + s.reduce_batches + R + 1,
     }
 
 
@@ -333,12 +336,10 @@ def _worker_times(w: Workload, p: Parameters, quotas: Quotas, s: Sizes, kind: Wo
     # is read alongside the round and stored before the update
     slot_s = 2 * transfer(1, s.slot, lat, p.s3_read_mb_s) if s.slot else 0.0
     residual_read, residual_write = (
-        (transfer(1, s.residual, lat, p.s3_read_mb_s), transfer(1, s.residual, lat, p.s3_write_mb_s))
-        if s.residual
-        else (0.0, 0.0)
+        (transfer(1, s.residual, lat, p.s3_read_mb_s), write_s(w, p, s.residual)) if s.residual else (0.0, 0.0)
     )
     round_s = max(slot_s + streamed_s, residual_read)
-    write_update = residual_write + transfer(1, s.update, lat, s3_mb_s(w, p, 1)[1])
+    write_update = residual_write + write_s(w, p, s.update)
     # ddb: the Work's check; a round that outlasts the Worker's timeout goes on in fresh invocations
     worker_s = p.handler_s + ddb + read_s + round_s + write_update + p.sns_publish_s + handing.seconds
     return WorkerTimes(
@@ -390,7 +391,7 @@ def _units(p: Parameters, s: Sizes, handed_on: int, counted: int) -> Units:
         + W * prices.sns_chunks(s.report)
         + R * prices.sns_chunks(s.reduce_message)
         + R
-        + 1  # +1: S3 event
+        + 1  # +1: ModelMerged
         + released * prices.sns_chunks(s.exchange.release_bytes)
     )
     return Units(counter=counter_units, write=write_units, read=read_units, sns_billed=sns_billed)
@@ -460,8 +461,8 @@ def _pipeline_times(w: Workload, p: Parameters, s: Sizes, counted: int) -> Pipel
         reducer_mean_s=reducer(s.mean_weights, s.mean_state)[2],
         share_s=share_s,
         step_s=step_s,
-        # the check, the count, the list of the shards, the fire and the advance, the manifest's PUT
-        merge_s=p.handler_s + lat + ddb + lat + 2 * ddb + lat,
+        # the check, the count, the list of the shards, the fire and the advance, the manifest's PUT, its ModelMerged
+        merge_s=p.handler_s + lat + ddb + lat + 2 * ddb + lat + pub,
         merger_count_s=p.handler_s + lat + ddb,
     )
 
@@ -477,8 +478,8 @@ def _stages(
         Stage(
             name="model → WorkLauncher",
             function=None,
-            seconds=p.s3_event_s + hop,
-            detail="S3 event → SNS ModelUpdated → Lambda",
+            seconds=hop,
+            detail="ModelMerged: SNS → Lambda",
         ),
         Stage(
             name="WorkLauncher",
@@ -546,7 +547,7 @@ def _stages(
             name="Merger (merges)",
             function="merger",
             seconds=times.merge_s,
-            detail="count, list the shards, advance, write the manifest (its S3 event launches the next iteration)",
+            detail="count, list the shards, advance, write the manifest, launch the next iteration (ModelMerged)",
         ),
     ]
 
@@ -694,7 +695,8 @@ def first_iteration(
     # the merging Merger builds the run's metrics once, to turn the iteration's train metrics into results: it reads
     # the model file, the dataset's manifest and a test shard (two samples), and loads the model
     merger_extra = 3 * p.s3_request_s + F / (p.s3_read_mb_s * 1e6) + load_model
-    extra_s = sum(cold.values()) + worker_extra + merger_extra
+    # the first iteration is launched by the initial model's S3 event, the later ones by the Merger's message
+    extra_s = p.s3_event_s + sum(cold.values()) + worker_extra + merger_extra
     gets = W * (3 + math.ceil(shards_each) - skipped) + W + R + R + 1  # workers; run.json of every other container
     gets += 3  # the merging Merger's model file, dataset manifest and test shard
     extra = {"s3:GetObject": gets}
@@ -714,6 +716,7 @@ def first_iteration(
             f"the workers' {kind.name} capacity is billed from its start: {prices.usd(sum(capacity.values()))}"
         )
     notes.insert(0, "cold starts on the path: " + ", ".join(f"{name} {s:g} s" for name, s in cold.items()))
+    notes.insert(0, f"the initial model's S3 event launches it: {p.s3_event_s:g} s")
     notes.append(
         "every container reads run.json; the workers read the model file and the dataset's manifest, not the shards;"
         " the merging Merger reads the model file, the dataset's manifest and a test shard to build the run's metrics"

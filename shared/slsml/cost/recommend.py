@@ -1,5 +1,5 @@
-"""The plan's choices: the fastest and the cheapest reducers and memory for a workload, the quotas W reaches as it
-grows, and the sweep of an epoch's time and dollars against W."""
+"""The plan's choices: the fastest and the cheapest reducers and memory for a workload, the cheapest W and R as fast
+as one machine, the quotas W reaches as it grows, and the sweep of an epoch's time and dollars against W."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from slsml.accounting import prices
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.plan import Plan
 from slsml.cost.predict import predict
+from slsml.cost.vm import VmComparison, compared
 from slsml.cost.workers import kind_of
 from slsml.cost.workload import MEMORY_CHOICES_MB, Workload, with_memory
 from slsml.spec.errors import BadInputError
 
 REDUCER_CHOICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 SWEEP_WORKERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
+MATCH_WORKERS = 8  # the match with a machine searches W up to this, or up to the asked W where it is more
 
 
 class Choice(BaseModel):
@@ -31,13 +33,33 @@ class Choice(BaseModel):
     epoch_dollars: float | None
 
 
+class MachineMatch(BaseModel):
+    """Against one machine: the cheapest W and R whose epoch (else run) is no slower than the machine's, or where
+    none is, the fastest W and R; at the workload's memory."""
+
+    machine: str
+    as_fast: bool = Field(description="whether this W and R is no slower than the machine (else none searched is)")
+    workers: int
+    reducers: int
+    seconds: float = Field(description="the epoch's (else the run's) time at this W and R")
+    dollars: float
+    time_vs_machine: float
+    dollars_vs_machine: float
+    searched: str = Field(description="the W and R searched, in words")
+    priced: bool = Field(default=False, description="whether the plan is priced at this W and R (no --workers)")
+
+
 class Recommendation(BaseModel):
-    """The fastest and the cheapest choices at the workload's W."""
+    """The fastest and the cheapest choices at the workload's W, and against a machine the cheapest W and R as
+    fast as it."""
 
     fastest: Choice | None = Field(description="least time per iteration; None: nothing fits Lambda's limits")
     cheapest: Choice | None = Field(description="fewest dollars per iteration")
     over: list[str] = Field(description="throughput quotas the fastest choice still exceeds (none fits them all)")
     as_workers_grow: str = Field(description="the quotas W reaches as it grows, R and the batch fixed")
+    as_fast_as_machine: MachineMatch | None = Field(
+        default=None, description="with a machine compared: None where no W and R searched fits Lambda's limits"
+    )
 
 
 def choice_of(plan: Plan) -> Choice:
@@ -100,6 +122,58 @@ def fastest_reducers(workload: Workload, parameters: Parameters, quotas: Quotas,
         if r <= workload.params
     ]
     return min(plans, key=lambda plan: rank(plan, plan.iteration_s)).workload.reducers
+
+
+def match_workers(workload: Workload, quotas: Quotas) -> list[int]:
+    """The W the match with a machine searches: 1 to the larger of ``MATCH_WORKERS`` and the workload's W (within
+    the batch and the concurrency), each W up to 10, then steps of about a tenth, and the workload's W."""
+    top = min(max(workload.workers, MATCH_WORKERS), workload.global_batch, quotas.lambda_concurrency)
+    counts, count = {top, min(top, workload.workers)}, 1.0
+    while count < top:
+        counts.add(round(count))
+        count = max(count * 1.1, count + 1)
+    return sorted(counts)
+
+
+def as_fast_as(
+    workload: Workload,
+    vm: VmComparison,
+    parameters: Parameters,
+    quotas: Quotas,
+    price_table: prices.PriceTable,
+    reducers_fixed: bool = False,
+) -> MachineMatch | None:
+    """The cheapest W (``match_workers``) and R (the workload's if ``reducers_fixed``, else of ``REDUCER_CHOICES``)
+    whose epoch (else run) is no slower than ``vm``'s machine, within the throughput quotas first; where none is,
+    the fastest. None: no W and R fits Lambda's limits."""
+    reducers = [workload.reducers] if reducers_fixed else [r for r in REDUCER_CHOICES if r <= workload.params]
+    workers = match_workers(workload, quotas)
+    priced = (
+        predict(workload.at(workers=count, reducers=r), parameters, quotas, price_table)
+        for count in workers
+        for r in reducers
+    )
+    # each plan within Lambda's limits with what is compared with the machine: its seconds and dollars
+    figures = [(plan, *compared(plan)[2:]) for plan in priced if not any(q.hard for q in plan.violations)]
+    if not figures:
+        return None
+    as_fast = [entry for entry in figures if entry[1] <= vm.seconds]
+    if as_fast:
+        best, seconds, dollars = min(as_fast, key=lambda entry: rank(entry[0], entry[2] + 1e-9 * entry[1]))
+    else:
+        best, seconds, dollars = min(figures, key=lambda entry: rank(entry[0], entry[1] + 1e-9 * entry[2]))
+    spans = f"W {workers[0]}–{workers[-1]}" if len(workers) > 1 else f"W {workers[0]}"
+    return MachineMatch(
+        machine=vm.machine,
+        as_fast=bool(as_fast),
+        workers=best.workload.workers,
+        reducers=best.workload.reducers,
+        seconds=seconds,
+        dollars=dollars,
+        time_vs_machine=seconds / vm.seconds,
+        dollars_vs_machine=dollars / vm.dollars,
+        searched=f"{spans} at R {reducers[0]}" if reducers_fixed else f"{spans} and R {reducers[0]}–{reducers[-1]}",
+    )
 
 
 def quota_changes(

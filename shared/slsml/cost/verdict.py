@@ -11,11 +11,11 @@ from slsml.accounting import prices
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.plan import Plan
 from slsml.cost.predict import predict
-from slsml.cost.recommend import Recommendation, choice_of
+from slsml.cost.recommend import MachineMatch, Recommendation, choice_of
 from slsml.cost.workerround import handed
 
 FEW_SAMPLES = 16  # a worker's share of the batch below which its compute hardly pays its round trip
-LATENCY_BOUND = 0.5  # the share of an iteration in hops between functions past which it is latency-bound
+LATENCY_BOUND = 1 / 3  # the share of an iteration in hops between functions past which it is latency-bound
 SAME = 0.01  # relative differences below this are no difference
 
 
@@ -66,7 +66,7 @@ def verdict(
     if hops >= LATENCY_BOUND * plan.iteration_s:
         warnings.append(
             f"latency-bound: {hops / plan.iteration_s:.0%} of the iteration ({hops:.2f} of "
-            f"{plan.iteration_s:.2f} s) is S3 event and SNS delivery between functions, whatever the"
+            f"{plan.iteration_s:.2f} s) is SNS delivery between functions, whatever the"
             " workers compute; more work per round (a larger batch, --local-steps) spreads it"
         )
     if handing := continuation_sentence(plan):
@@ -146,7 +146,21 @@ def advice(plan: Plan, recommendation: Recommendation) -> list[str]:
             advice.append(f"{label}: {change}: {1 / time:.3g}× faster for {money:.3g}× the dollars")
         else:
             advice.append(f"{label}: {change}: {1 / money:.3g}× cheaper for {time:.3g}× the time")
+    if recommendation.as_fast_as_machine is not None:
+        advice.append(match_sentence(recommendation.as_fast_as_machine, plan))
     return advice
+
+
+def match_sentence(match: MachineMatch, plan: Plan) -> str:
+    """The cheapest W and R as fast as the machine (or that none is, and the fastest), against the machine."""
+    w = plan.workload
+    flags = f"--workers {match.workers} --reducers {match.reducers}"
+    if (match.workers, match.reducers) == (w.workers, w.reducers):
+        flags += " (the plan's)"
+    figures = f"{match.time_vs_machine:.3g}× its time for {match.dollars_vs_machine:.3g}× its dollars"
+    if match.as_fast:
+        return f"as fast as {match.machine} for least: {flags}: {figures}"
+    return f"as fast as {match.machine}: none of {match.searched} is; the fastest: {flags}: {figures}"
 
 
 def _times(ratio: float, what: str) -> str:

@@ -22,21 +22,20 @@ class VmComparison(BaseModel):
     sentence: str
 
 
+def compared(plan: Plan) -> tuple[str, int, float, float]:
+    """What of the plan a machine is compared on: (an epoch, else the run; its samples, seconds and dollars)."""
+    w = plan.workload
+    if plan.epoch_s is not None and plan.epoch_dollars is not None and w.samples is not None:
+        return "an epoch", w.samples, plan.epoch_s, plan.epoch_dollars
+    return "the run", w.iterations * w.global_batch, plan.run_s, plan.run_dollars
+
+
 def compare_vm(
     plan: Plan, machine: str, samples_per_s: float, dollars_per_hour: float, source: str = "given (--compare-vm)"
 ) -> VmComparison:
     """The plan's epoch (or run, without --samples) against one machine of ``samples_per_s`` and
     ``dollars_per_hour``: billed by the second for the time the samples take."""
-    w = plan.workload
-    if plan.epoch_s is not None and plan.epoch_dollars is not None and w.samples is not None:
-        what, samples, lambda_s, lambda_dollars = "an epoch", w.samples, plan.epoch_s, plan.epoch_dollars
-    else:
-        what, samples, lambda_s, lambda_dollars = (
-            "the run",
-            w.iterations * w.global_batch,
-            plan.run_s,
-            plan.run_dollars,
-        )
+    what, samples, lambda_s, lambda_dollars = compared(plan)
     seconds = samples / samples_per_s
     dollars = seconds / 3600 * dollars_per_hour
     time, money = lambda_s / seconds, lambda_dollars / dollars

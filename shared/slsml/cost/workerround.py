@@ -1,6 +1,7 @@
 """A worker's round as the plan sees it: its share of the batch in micro-batches that fit its memory, a GPU
 worker's its accelerator memory (``slsml.rounds.sizing``, as the worker sizes them); the S3 rate it moves its bytes
-at; and a round that outlasts the Worker's timeout handed on to fresh invocations (``slsml.training.progress``)."""
+at, and how long it takes to store an object (a large one in parts, sent at once); and a round that outlasts the
+Worker's timeout handed on to fresh invocations (``slsml.training.progress``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pydantic import BaseModel, Field
 
 from slsml import rules
 from slsml.aws.cache import MEMORY_SHARE
+from slsml.aws.storage import PARALLEL_PARTS, upload_parts
 from slsml.cost import gpuworker
-from slsml.cost.chain import ExtraCall, RoundTraffic
+from slsml.cost.chain import ExtraCall, RoundTraffic, creates
 from slsml.cost.parameters import Parameters
 from slsml.cost.timing import transfer
 from slsml.cost.workload import Workload
@@ -67,6 +69,16 @@ def s3_mb_s(w: Workload, p: Parameters, connections: float) -> tuple[float, floa
         return p.s3_read_mb_s, p.s3_write_mb_s
     rate = gpuworker.s3_mb_s(w, connections)
     return rate, rate
+
+
+def write_s(w: Workload, p: Parameters, size: int) -> float:
+    """Seconds a worker takes to store an object of its iteration of ``size`` bytes (``ObjectStore.create``): one
+    PutObject, or a multipart upload's start, its ``upload_parts`` parts ``PARALLEL_PARTS`` at a time (a GPU worker's
+    rate: over as many connections; a Lambda function's: its own, whatever the connections) and its completion."""
+    parts = upload_parts(size)
+    at_once = min(parts, PARALLEL_PARTS)
+    framing = 0.0 if parts == 1 else 2 * p.s3_request_s  # CreateMultipartUpload, CompleteMultipartUpload
+    return framing + transfer(parts, size, p.s3_request_s, s3_mb_s(w, p, at_once)[1], at_once)
 
 
 class Continuations(BaseModel):
@@ -128,7 +140,10 @@ def continuations(
     calls = [
         ExtraCall(operation=operation, count=W * handed * count, call=call, reason=HAND_ON_REASON)
         for operation, count, call in (
-            ("s3:PutObject", 1, "the progress each invocation that hands its round on stores"),
+            *(
+                (operation, count, "the progress each invocation that hands its round on stores")
+                for operation, count in creates(1, stored).items()
+            ),
             ("dynamodb:UpdateItem", 1, "its record that the round goes on (the watchdog waits for it)"),
             ("sns:PublishBatch", 1, "its Work message to the fresh invocation"),
             ("dynamodb:PutItem", 1, "the continuation's record, handled once"),
@@ -144,7 +159,7 @@ def continuations(
         if handed
     ]
     hand_on_s = (
-        transfer(1, stored, p.s3_request_s, p.s3_write_mb_s)
+        write_s(w, p, stored)
         + p.dynamodb_s
         + p.sns_publish_s
         + p.sns_lambda_s

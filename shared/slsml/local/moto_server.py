@@ -372,7 +372,7 @@ def direct_ranged_gets(app: Any) -> Any:
 # What a bucket policy's Deny statements may name, each evaluated as S3 does: the actions (lower case: IAM compares
 # them so) and, by condition operator, the condition keys
 POLICY_ACTIONS = frozenset({"s3:putobject"})
-POLICY_CONDITIONS = {"Null": frozenset({"s3:if-none-match"})}
+POLICY_CONDITIONS = {"Null": frozenset({"s3:if-none-match"}), "Bool": frozenset({"s3:objectcreationoperation"})}
 _OTHER_PUTS = frozenset({"acl", "tagging", "retention", "legal-hold"})  # subresources a PUT to is another action
 
 
@@ -383,6 +383,7 @@ class Denial:
     actions: frozenset[str]
     resources: re.Pattern[str]
     absent: tuple[tuple[str, frozenset[bool]], ...]  # Null conditions: a key, and whether its absence matches
+    flags: tuple[tuple[str, frozenset[bool]], ...]  # Bool conditions: a key, and the values that match
 
 
 def _listed(value: Any) -> list[Any]:
@@ -395,10 +396,11 @@ def _pattern(resources: list[str]) -> re.Pattern[str]:
     return re.compile("|".join(f"(?:{glob})" for glob in globs), re.DOTALL)
 
 
-def _null(values: Any) -> frozenset[bool]:
+def _truths(operator: str, values: Any) -> frozenset[bool]:
+    """The values of a Null or Bool condition: true or false (a JSON boolean or a string, in any case)."""
     checked = [v if isinstance(v, bool) else str(v).lower() for v in _listed(values)]
     if not all(v in (True, False, "true", "false") for v in checked):
-        raise ValueError(f"a Null condition takes true or false, not {values!r}")
+        raise ValueError(f"a {operator} condition takes true or false, not {values!r}")
     return frozenset(v in (True, "true") for v in checked)
 
 
@@ -419,7 +421,7 @@ def denials(document: bytes) -> tuple[Denial, ...]:
         others = [action for action in actions if action.lower() not in POLICY_ACTIONS]
         if others:
             raise ValueError(f"the local cloud does not tell apart the actions {others}")
-        absent = []
+        evaluated: dict[str, list[tuple[str, frozenset[bool]]]] = {"Null": [], "Bool": []}
         for operator, conditions in statement.get("Condition", {}).items():
             keys = POLICY_CONDITIONS.get(operator)
             if keys is None:
@@ -427,9 +429,10 @@ def denials(document: bytes) -> tuple[Denial, ...]:
             for key, values in conditions.items():
                 if key.lower() not in keys:
                     raise ValueError(f"the local cloud does not evaluate the condition key {key} with {operator}")
-                absent.append((key.lower(), _null(values)))
+                evaluated[operator].append((key.lower(), _truths(operator, values)))
         resources = _pattern(_listed(statement["Resource"]))
-        denied.append(Denial(frozenset(a.lower() for a in actions), resources, tuple(absent)))
+        actions_named = frozenset(a.lower() for a in actions)
+        denied.append(Denial(actions_named, resources, tuple(evaluated["Null"]), tuple(evaluated["Bool"])))
     return tuple(denied)
 
 
@@ -439,23 +442,31 @@ def object_request(
     """The action a request on an object is authorized as, with the condition keys it carries, where it is one of
     ``POLICY_ACTIONS``; else None. A PutObject, CopyObject, UploadPart (a copy or not), CreateMultipartUpload or
     CompleteMultipartUpload is an ``s3:PutObject``; the PutObject and the CompleteMultipartUpload alone carry
-    ``s3:if-none-match`` (S3 refuses a copy into a key whose writes must carry it)."""
+    ``s3:if-none-match`` (S3 refuses a copy into a key whose writes must carry it). Each carries
+    ``s3:objectcreationoperation``: "true" where it creates the object (a PutObject, a CopyObject, a
+    CompleteMultipartUpload), "false" where it does not (a CreateMultipartUpload, an UploadPart, an UploadPartCopy)."""
     if method == "PUT" and not query.keys() & _OTHER_PUTS:
-        creates = "x-amz-copy-source" not in headers and "partNumber" not in query
+        part = "partNumber" in query
+        conditional, creating = not part and "x-amz-copy-source" not in headers, not part
     elif method == "POST" and ("uploads" in query or "uploadId" in query):
-        creates = "uploadId" in query
+        conditional = creating = "uploadId" in query
     else:
         return None
+    context = {"s3:objectcreationoperation": "true" if creating else "false"}
     condition = headers.get("If-None-Match")
-    return "s3:PutObject", {"s3:if-none-match": condition} if creates and condition is not None else {}
+    if conditional and condition is not None:
+        context["s3:if-none-match"] = condition
+    return "s3:PutObject", context
 
 
 def denied(policy: tuple[Denial, ...], action: str, resource: str, context: Mapping[str, str]) -> bool:
-    """Whether a Deny statement of ``policy`` refuses ``action`` on ``resource`` with the condition keys ``context``."""
+    """Whether a Deny statement of ``policy`` refuses ``action`` on ``resource`` with the condition keys ``context``
+    (all its conditions match: a Bool condition on a key the request does not carry matches none of its values)."""
     return any(
         action.lower() in denial.actions
         and denial.resources.fullmatch(resource) is not None
         and all((key not in context) in matches for key, matches in denial.absent)
+        and all(key in context and (context[key].lower() == "true") in matches for key, matches in denial.flags)
         for denial in policy
     )
 

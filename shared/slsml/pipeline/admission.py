@@ -20,7 +20,16 @@ from slsml import rules
 from slsml.pipeline.services import Services, run_config
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import RunFailed
-from slsml.spec.messages import Deadline, Message, ReduceDone, ReduceMessage, RunStarted, WorkDone, WorkMessage
+from slsml.spec.messages import (
+    Deadline,
+    Message,
+    ModelMerged,
+    ReduceDone,
+    ReduceMessage,
+    RunStarted,
+    WorkDone,
+    WorkMessage,
+)
 
 
 def problem(message: Any, services: Services) -> str | None:
@@ -39,8 +48,11 @@ def problem(message: Any, services: Services) -> str | None:
     except RunFailed:
         return f"no run named {message.run_id!r}"
     iterations = config.training.iterations
-    # a deadline may end the run, and the workers of the round past the budget evaluate its final model
-    if message.iteration > (iterations if isinstance(message, Deadline | WorkMessage) else iterations - 1):
+    # a deadline may end the run, and the workers of the round past the budget evaluate its final model, which its
+    # manifest launches
+    if message.iteration > (
+        iterations if isinstance(message, Deadline | WorkMessage | ModelMerged) else iterations - 1
+    ):
         return f"iteration {message.iteration} is past the run's {iterations}"
     return _CHECKS[type(message)](message, config, services)
 
@@ -106,4 +118,5 @@ _CHECKS: dict[type, Callable[[Any, RunConfig, Services], str | None]] = {
     ReduceMessage: _reduce,
     ReduceDone: _reduce_done,
     Deadline: _deadline,
+    ModelMerged: lambda message, config, services: None,  # its step launches only the run's current iteration
 }

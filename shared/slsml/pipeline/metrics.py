@@ -3,7 +3,7 @@ Metrics (CloudWatch embedded metric format: one JSON log line per invocation, na
 ``METRICS_NAMESPACE``, dimension ``service``) where each is true:
 
 - ``IterationSeconds``: the Merger, when it stores the next model: seconds since the WorkLauncher
-  launched the iteration (its claim, on the S3 event of the iteration's model);
+  launched the iteration (its claim, on the iteration's trigger);
 - ``TrainLoss``, ``WorkerComputeSeconds``: a Worker, for its finite update (compute: its own);
 - ``WorkersDone``: the ReduceLauncher, for each report of a worker it handles;
 - ``LateWorkers``: the ReduceLauncher, for each report that comes after the reduce fired without it

@@ -45,8 +45,9 @@ RUNS_PREFIX = "runs/"
 DATASETS_PREFIX = "datasets/"
 READABLE_PREFIXES = (RUNS_PREFIX, DATASETS_PREFIX)
 
-# The bucket's policy refuses a PutObject of these kinds of object without If-None-Match (the `s3:if-none-match`
-# condition key): what is stored there is never overwritten, whoever writes. Models and final models are left out:
+# The bucket's policy refuses a request that creates an object of these kinds (a PutObject, a CopyObject, a
+# CompleteMultipartUpload: `s3:ObjectCreationOperation`) without If-None-Match (the `s3:if-none-match` condition key):
+# what is stored there is never overwritten, whoever writes. Models and final models are left out:
 # they are made by server-side copies (the run state machine's initial model, the final model, a resumed run's
 # first), and S3 refuses every copy into keys that such a policy covers. They are guarded by the pipeline instead
 # (a foreign object at a model's key is replaced, the final model's ETag is recorded and checked by its readers)
@@ -64,7 +65,9 @@ def bucket_policy_statements(bucket_arn: str) -> list[dict[str, Any]]:
             "Principal": {"AWS": "*"},
             "Action": "s3:PutObject",
             "Resource": [f"{bucket_arn}/{kind}" for kind in CREATE_ONLY_OBJECTS],
-            "Condition": {"Null": {"s3:if-none-match": "true"}},  # a PUT without If-None-Match
+            # a request that creates an object (a PutObject, a CopyObject, a CompleteMultipartUpload) without
+            # If-None-Match; a multipart upload's start and parts, which carry no conditional header, are let through
+            "Condition": {"Null": {"s3:if-none-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}},
         }
     ]
 

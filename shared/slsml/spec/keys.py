@@ -84,7 +84,8 @@ def manifest(run_id: str, iteration: int) -> str:
 
 
 def trigger(run_id: str, iteration: int) -> str:
-    """The object whose S3 event launches ``iteration``: the initial model, then each iteration's manifest."""
+    """The object that launches ``iteration`` once stored: the initial model (by its S3 event), then each iteration's
+    manifest (by the Merger's ModelMerged)."""
     return model(run_id, 0) if iteration == 0 else manifest(run_id, iteration)
 
 

@@ -100,6 +100,14 @@ class ReduceDone(Message):
     shard: int = Field(ge=0)
 
 
+class ModelMerged(Message):
+    """Merger → WorkLauncher, on ModelUpdated: the manifest of the weights entering ``iteration`` is stored in the
+    run's ``generation``: launch it. (The initial model, placed by the run's execution, launches iteration 0 by its S3
+    event.)"""
+
+    iteration: int = Field(ge=1)
+
+
 class Deadline(Message):
     """WorkLauncher/Watchdog → Watchdog, through a delayed queue: look at ``iteration`` at ``due_at``.
 
@@ -181,8 +189,8 @@ class RunStarted(BaseModel):
     task_token: str = Field(min_length=1)
 
 
-# What the WorkLauncher receives: a model landed (S3 event) or a run started (task token).
-LauncherEvent = Annotated[RunStarted | S3Notification, Field(union_mode="left_to_right")]
+# What the WorkLauncher receives: a run started (task token), a model merged (the Merger) or landed (S3 event).
+LauncherEvent = Annotated[RunStarted | ModelMerged | S3Notification, Field(union_mode="left_to_right")]
 
 
 def run_named(message: str) -> str | None:

@@ -134,7 +134,7 @@ FUNCTIONS: tuple[Function, ...] = (
     Function(
         "merger",
         triggers=(REDUCE_DONE,),
-        publishes=(),
+        publishes=(MODEL_UPDATED,),
         needs_tensorflow=True,
         writes=(SCRATCH, MODELS),
         deletes=(SCRATCH, MODELS),
@@ -176,7 +176,6 @@ FUNCTIONS: tuple[Function, ...] = (
 
 BUCKET_NOTIFICATIONS: tuple[BucketNotification, ...] = (
     BucketNotification(prefix=keys.MODELS_PREFIX, suffix=keys.MODEL_SUFFIX, topic=MODEL_UPDATED),
-    BucketNotification(prefix=keys.MODELS_PREFIX, suffix=keys.MANIFEST_SUFFIX, topic=MODEL_UPDATED),
     BucketNotification(prefix=keys.INCOMING_PREFIX, suffix=keys.MODEL_SUFFIX, topic=MODEL_DROPPED),
 )
 

@@ -1,6 +1,7 @@
 """Merger: when every shard of an iteration is in, store the next iteration's manifest (``models/<i>.json``,
-naming the shards' ETags), whose S3 event launches it: the workers read the weights from the shards themselves
-(``steps.common.load_weights``), so that no merged copy of the model lies on an iteration's path. The model is
+naming the shards' ETags) and launch it (``ModelMerged`` to the WorkLauncher, sent again by a retry): the workers
+read the weights from the shards themselves (``steps.common.load_weights``), so that no merged copy of the model lies
+on an iteration's path. The model is
 assembled and saved (``models/<i>.keras``) only where the run may end on it, before its manifest (the final model,
 which also carries the optimizer's state, as ``fit`` leaves it, for gradient averaging, whose reducers step the
 run's optimizer as Keras would), and at each checkpoint (``checkpoint_every``), after it.
@@ -31,11 +32,11 @@ from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import carried_state, run_config, shard_etags
 from slsml.pipeline.steps.warm import reader_for, stored_model, trainer_for
 from slsml.rounds.evaluation import evaluated, evaluator_for
-from slsml.spec import keys
+from slsml.spec import keys, wiring
 from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import BadInputError
-from slsml.spec.messages import Manifest, ReduceDone
+from slsml.spec.messages import Manifest, ModelMerged, ReduceDone
 from slsml.state.records import RunRecord
 from slsml.training import modelio, shards
 from slsml.training.modelio import Trainer
@@ -57,6 +58,7 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
         return None
     next_key = keys.manifest(run, iteration + 1)
     if counter.merged_at is not None and store.exists(next_key):  # a copy of the message that merged
+        _announce(services, message)  # its announcement may be what failed
         return None
     etags = shard_etags(store, config, iteration + 1)  # the count is a hint (a duplicate counts twice)
     if etags is None:
@@ -81,16 +83,26 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     stored = store.put_new(next_key, body, metadata) or _adopt(store, next_key, body, metadata)
     if iteration > 0:  # after the advance: a step that finds it gone knows that it is late
         store.delete(carried_state(config, iteration - 1))
+    _announce(services, message)
     if not stored:
         return None  # merged before: a retry
     _heartbeat(services, advanced)
-    if counter.launched_at is not None:  # since the iteration was launched, on its trigger's S3 event
+    if counter.launched_at is not None:  # since the iteration was launched
         metrics.emit(Metric.ITERATION_SECONDS, time.time() - counter.launched_at, MetricUnit.Seconds)
     logger.info("model merged", extra={"run_id": run, "iteration": iteration + 1})
     every = config.training.checkpoint_every
     if not ends and every and (iteration + 1) % every == 0:  # a checkpoint: saved once the next iteration runs
         _save(store, config, iteration, fitted=False)
     return next_key
+
+
+def _announce(services: Services, merged: ReduceDone) -> None:
+    """Tell the WorkLauncher that the manifest of the iteration after ``merged``'s is stored (a repeated message
+    launches nothing twice: the launch is claimed once per manifest and generation)."""
+    services.bus.publish(
+        wiring.MODEL_UPDATED,
+        [ModelMerged(run_id=merged.run_id, iteration=merged.iteration + 1, generation=merged.generation)],
+    )
 
 
 def _train_figures(
@@ -161,7 +173,7 @@ def _fitted(store: ObjectStore, config: RunConfig, iteration: int, trainer: Trai
 
 def _adopt(store: ObjectStore, key: str, body: bytes, metadata: dict[str, str]) -> bool:
     """The manifest at ``key`` was stored before. False if this generation's Merger stored it (a retry). True if it
-    is stored anew as this generation's, for its new event to launch the next iteration: a manifest an earlier
+    is stored anew as this generation's, and the next iteration is launched from it: a manifest an earlier
     generation stored (a resumed run merged again an iteration the earlier one had finished, whose manifest landed
     while the run was at an iteration before, so that its event launched nothing) is stored again in place; an
     object that names other shards than the merged ones, or does not carry the Merger's proof of origin, is not this

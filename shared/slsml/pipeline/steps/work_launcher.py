@@ -1,9 +1,10 @@
-"""WorkLauncher: an iteration's trigger landed in S3 (the initial model, or the manifest of the model entering a
-later one: ``keys.trigger``) → launch its iteration's workers; the final model's: launch the workers
-that evaluate it (an iteration past the budget: see ``steps.worker``), which finish the run. A run whose spend
-reached its dollar budget launches nothing more: it is stopped (``slsml.pipeline.spend``). With a GPU worker, a run's
-first launch raises the worker's fleet (``slsml.aws.fleet``) and, until it is there, leaves the launch to the
-watchdog, which looks again every FLEET_POLL_S and launches once it is."""
+"""WorkLauncher: an iteration's trigger is stored (the initial model, whose S3 event says so, or the manifest of
+the model entering a later one, which the Merger announces: ``keys.trigger``) → launch its iteration's workers; the
+final model's: launch the workers that evaluate it (an iteration past the budget: see ``steps.worker``), which
+finish the run. A run whose spend reached its dollar budget launches nothing more: it is stopped
+(``slsml.pipeline.spend``). With a GPU worker, a run's first launch raises the worker's fleet (``slsml.aws.fleet``)
+and, until it is there, leaves the launch to the watchdog, which looks again every FLEET_POLL_S and launches once
+it is."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import changed_behind, complete_run, outcome, run_config, size_fleet
 from slsml.spec import keys, wiring
 from slsml.spec.errors import NotFoundError
-from slsml.spec.messages import Deadline, ModelLanded, RunStarted, WorkMessage
+from slsml.spec.messages import Deadline, ModelLanded, ModelMerged, RunStarted, WorkMessage
 from slsml.state.records import PendingDeadline, RunRecord, RunStatus
 
 logger = Logger(child=True)
@@ -52,6 +53,19 @@ def on_model(landed: ModelLanded, services: Services) -> Outcome:
         logger.error("model belongs to no known run: ignored", extra={"key": key, "run_id": run_id})
         return Outcome.IGNORED
     return _launch(run, iteration, f"{key}@{landed.sequencer}", services)
+
+
+def on_merged(merged: ModelMerged, services: Services) -> Outcome:
+    """Launch the iteration whose manifest the Merger stored, if its run is still in the generation that merged it."""
+    run = services.table.get_run(merged.run_id)
+    if merged.generation != run.generation:
+        logger.info(
+            "model merged by another generation of its run: ignored",
+            extra={"run_id": run.run_id, "generation": merged.generation, "current": run.generation},
+        )
+        return Outcome.IGNORED
+    trigger = f"{keys.manifest(run.run_id, merged.iteration)}#{merged.generation}"
+    return _launch(run, merged.iteration, trigger, services)
 
 
 def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services) -> Outcome:
