@@ -248,7 +248,7 @@ class ObjectStore:
         view = memoryview(data)
 
         def send(number: int) -> dict[str, Any]:
-            body = bytes(view[(number - 1) * PART_BYTES : number * PART_BYTES])  # copied while it is sent
+            body = _Part(view[(number - 1) * PART_BYTES : number * PART_BYTES])
             sent = self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number, Body=body)
             return {"PartNumber": number, "ETag": sent["ETag"]}
 
@@ -362,6 +362,34 @@ class ObjectStore:
 
     def put_arrays_new(self, key: str, arrays: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> bool:
         return self.put_new(key, npz.encode(**arrays), metadata)
+
+
+class _Part(io.RawIOBase):
+    """A part of an object's bytes, read in place as a seekable file (no copy of it is made while it is sent)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view, self._at = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        count = max(0, min(len(buffer), len(self._view) - self._at))
+        buffer[:count] = self._view[self._at : self._at + count]
+        self._at += count
+        return count
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: len(self._view)}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
 
 
 def etag_of(data: bytes | bytearray, parts: int = 1) -> str:
