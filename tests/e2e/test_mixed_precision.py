@@ -156,3 +156,15 @@ def test_bfloat16_trains_as_fit_does_without_loss_scaling(mixed_runs, services):
     assert not isinstance(final.optimizer, keras.optimizers.LossScaleOptimizer)
     assert {layer.dtype_policy.name for layer in final.layers} == {"mixed_bfloat16"}
     assert _error("mp-bfloat16", services) <= TOLERANCE["mp-bfloat16"]
+
+
+def test_a_model_built_under_another_policy_is_refused_at_start_and_nothing_is_stored(mixed_runs, services):
+    from slsml.spec.errors import BadInputError
+
+    spec = TrainingSpec(workers=2, reducers=2, global_batch=BATCH, iterations=1, mixed_precision="mixed_float16")
+    model = modelio.save_model(_model("mixed_bfloat16", lambda: keras.optimizers.Adam(0.01)))
+    with pytest.raises(
+        BadInputError, match="computes under mixed_bfloat16: it cannot train under mixed_precision mixed_float16"
+    ):
+        runs.start_run(services, model, CLEAN, spec, run_id="mp-other-policy")
+    assert not services.store.list_keys(keys.run_prefix("mp-other-policy"))

@@ -244,6 +244,7 @@ def prepare_run(
     manifest, pinned = data.open_manifest(store, dataset)  # the run pins the dataset as it is now
     model = modelio.load_model(model_bytes, where="the model")
     rules.of(spec).check_model(model)
+    modelio.check_policy(model, spec.mixed_precision)
     modelio.check_compiled(model, loss=spec.loss is not None, optimizer=spec.optimizer is not None)
     loss = modelio.loss_config(model, spec.loss)
     optimizer = spec.optimizer or modelio.optimizer_config(model)

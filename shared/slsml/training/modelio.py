@@ -607,6 +607,23 @@ def computes_float16(model: keras.Model) -> bool:
     return any(layer.dtype_policy.compute_dtype == "float16" for layer in _layers(model))
 
 
+def check_policy(model: Any, policy: str | None) -> None:
+    """BadInputError where ``model`` was built under a mixed-precision policy other than ``policy``
+    (``TrainingSpec.mixed_precision``): it trains under its own only."""
+    _mixed({layer.dtype_policy.name for layer in _layers(model)}, policy)
+
+
+def _mixed(policies: set[str], policy: str | None) -> set[str]:
+    """The mixed-precision policies of ``policies`` (a model's layers'); BadInputError if ``policy`` is another."""
+    built = {name for name in policies if name.startswith("mixed_")}
+    if policy is not None and built and built != {policy}:
+        raise BadInputError(
+            f"the model computes under {', '.join(sorted(built))}: it cannot train under mixed_precision {policy}"
+            " (give a model saved in float32, or leave mixed_precision out)"
+        )
+    return built
+
+
 class Trainer:
     """A warm model for one run: set its weights, compute an update or evaluate."""
 
@@ -627,12 +644,7 @@ class Trainer:
         """Compute under the mixed-precision ``policy`` (``TrainingSpec.mixed_precision``), as the model built under
         it would: each layer that computes in float32 computes under it, its weights staying float32; None: under
         the model's own policies. A model built under a mixed policy keeps its own: BadInputError for another."""
-        built = {own.name for _, own in self._own if own.name.startswith("mixed_")}
-        if policy is not None and built and built != {policy}:
-            raise BadInputError(
-                f"the model computes under {', '.join(sorted(built))}: it cannot train under mixed_precision {policy}"
-                " (give a model saved in float32, or leave mixed_precision out)"
-            )
+        built = _mixed({own.name for _, own in self._own}, policy)
         wanted = None if built else policy
         if wanted == self.policy:
             return
