@@ -298,6 +298,12 @@ def test_faults_for_a_run_on_the_service_are_refused_in_one_line_saying_what_to_
         " own with --faults, or leave --faults out"
     ]
     assert "faulty" not in slsml(service, "run", "list").stdout
+    sized = slsml(service, "run", "start", "--local", "--model", "cnn.keras", "--data", "digits", "--iterations",
+                  "2", "--memory", "worker=4096", "--run-id", "sized", "--no-wait")  # fmt: skip
+    assert sized.returncode == 2 and sized.stderr.strip().splitlines() == [
+        "error: --memory worker=4096: it sets a one-shot local run's own cloud, and the local service is up (the run"
+        " would go to it, which runs as `slsml local up` set it): give --memory to `slsml local up`, or leave it out"
+    ], sized.stderr
 
 
 def _run_status(table: RunTable, run_id: str) -> str | None:

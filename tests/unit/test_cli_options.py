@@ -277,6 +277,27 @@ def test_plan_refuses_both_lengths_and_reckons_its_iterations_from_the_epochs(
     assert json.loads(capsys.readouterr().out)["workload"]["training"]["iterations"] == 20  # 2 × 640 // 64
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--memory", "worker=4096", "--memory", "reducer=512"], "--memory worker=4096 reducer=512"),
+        (["--function-timeout", "worker=600"], "--function-timeout worker=600"),
+        (["--pool", "3"], "--pool 3"),
+    ],
+)
+def test_a_one_shot_local_runs_settings_for_a_deployed_stack_are_refused_before_the_model_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flags: list[str], named: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("m.keras").write_bytes(b"not a model")  # never read: the flags are refused first
+    command = ["run", "start", "--stack", "prod", "--model", "m.keras", "--data", "d", "--iterations", "3"]
+    assert cli.main([*command, *flags]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {named}: it sets a one-shot local run's own cloud, not --stack prod: leave {named.split()[0]} out, or"
+        " run it with --local and no local service up"
+    ]
+
+
 def test_faults_for_a_deployed_stack_are_refused_before_the_model_is_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -308,21 +308,38 @@ def check_run_length(args: argparse.Namespace) -> None:
         )
 
 
-def check_faults_apply(args: argparse.Namespace, one_shot: bool) -> None:
-    """BadInputError if --faults is given to a run that goes to the local service or a stack: faults are injected
-    into a one-shot local run's own cloud alone."""
-    if args.faults is None or one_shot:
+def check_local_options_apply(args: argparse.Namespace, one_shot: bool) -> None:
+    """BadInputError naming the first flag of a one-shot local run's own cloud (--faults, --pool, ``FUNCTION_OPTIONS``)
+    given to a run that goes to the local service (which runs as `slsml local up` set it) or to a stack."""
+    if one_shot:
         return
-    if args.stack:
-        raise BadInputError(
-            f"--faults {args.faults}: faults are injected into a one-shot local run only, not into --stack"
-            f" {args.stack}: leave --faults out, or run it with --local and no local service up"
+    given = [("--faults", args.faults, str(args.faults)), ("--pool", args.pool, str(args.pool))]
+    for flag in FUNCTION_OPTIONS:
+        pairs = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        given.append((flag, pairs, " ".join(f"{name}={value}" for name, value in pairs or ())))
+    for flag, value, text in given:
+        if value is None:
+            continue
+        faults = flag == "--faults"
+        where = (
+            "faults are injected into a one-shot local run only"
+            if faults
+            else "it sets a one-shot local run's own cloud"
         )
-    raise BadInputError(
-        f"--faults {args.faults}: faults are injected into a one-shot local run only, and the local service is up"
-        " (the run would go to it, which injects none): stop it (`slsml local down`) to run on a cloud of its own"
-        " with --faults, or leave --faults out"
-    )
+        if args.stack:
+            raise BadInputError(
+                f"{flag} {text}: {where}, not {'into ' if faults else ''}--stack {args.stack}: leave {flag} out, or run"
+                " it with --local and no local service up"
+            )
+        if faults:
+            raise BadInputError(
+                f"--faults {text}: {where}, and the local service is up (the run would go to it, which injects none):"
+                " stop it (`slsml local down`) to run on a cloud of its own with --faults, or leave --faults out"
+            )
+        raise BadInputError(
+            f"{flag} {text}: {where}, and the local service is up (the run would go to it, which runs as `slsml local"
+            f" up` set it): give {flag} to `slsml local up`, or leave it out"
+        )
 
 
 def training_spec(

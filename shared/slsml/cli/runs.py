@@ -27,7 +27,7 @@ def cmd_run_start(args: argparse.Namespace) -> int:
         raise BadInputError(f"model file {model_path} does not exist")
     data_path = Path(args.data)
     one_shot = args.local and targets.local_service() is None  # a cloud for this run alone
-    options.check_faults_apply(args, one_shot)
+    options.check_local_options_apply(args, one_shot)
     if one_shot and data_path.suffix != ".npz":
         raise BadInputError(
             f"--data {args.data}: a one-shot local run takes a .npz file with arrays x, y; to train on it, store it"
