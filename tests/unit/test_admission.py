@@ -16,8 +16,9 @@ from slsml.pipeline import admission, envelope
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import dead_letters
 from slsml.pipeline.steps.dead_letters import on_dead_letter
+from slsml.spec import keys
 from slsml.spec.errors import MessageRejected
-from slsml.spec.messages import Deadline, ReduceDone, ReduceMessage, WorkMessage
+from slsml.spec.messages import Deadline, ModelMerged, ReduceDone, ReduceMessage, WorkMessage
 
 from .test_dead_letters import DEADLINES_DLQ, SOURCES, parsed, sqs_record
 from .test_reduce_steps import _arrive, _done, _register, services  # noqa: F401
@@ -40,6 +41,7 @@ def test_what_the_pipeline_sends_is_admitted(services: Services, fired: list[Red
         fired[0],
         ReduceDone(run_id=RUN, iteration=0, shard=fired[0].shard),
         Deadline(run_id=RUN, iteration=0, stage="work", round=0, due_at=time.time() + 60),
+        ModelMerged(run_id=RUN, iteration=1),
     ]
     for message in sent:  # as a step receives it: signed by the step that sent it
         envelope.admit(services.keys.sign(message), services)
@@ -49,7 +51,8 @@ def test_what_the_pipeline_sends_is_admitted(services: Services, fired: list[Red
 @pytest.mark.parametrize(
     ("message", "problem"),
     [
-        (WorkMessage(run_id="nobody", iteration=0, worker=0, workers=2), "no run named 'nobody'"),
+        (WorkMessage(run_id="nobody", iteration=0, worker=0, workers=2), "run 'nobody' has no run.json"),
+        (ModelMerged(run_id=RUN, iteration=10**6), "iteration 1000000 is past the run's"),
         (WorkMessage(run_id=RUN, iteration=10**6, worker=0, workers=2), "iteration 1000000 is past the run's"),
         (WorkMessage(run_id=RUN, iteration=0, worker=2, workers=2), "worker 2 of an iteration of 2 workers"),
         (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=17), "17 workers, outside the run's bounds 1..16"),
@@ -138,3 +141,11 @@ def test_a_deadline_sqs_moved_fails_its_run_only_if_the_watchdog_would_have_acte
     assert run.status == ("FAILED" if fails else "RUNNING")
     if fails:
         assert run.reason == "watchdog failed three times on one message (its error is in watchdog's log)"
+
+
+def test_a_message_of_a_run_whose_run_json_is_not_slsmls_is_refused_naming_what_is_wrong(
+    services: Services,  # noqa: F811
+) -> None:
+    services.store.put_new(keys.run_config("mangled"), b'{"run_id": "mangled"}')
+    problem = admission.problem(WorkMessage(run_id="mangled", iteration=0, worker=0, workers=2), services) or ""
+    assert problem.startswith("run 'mangled' has a run.json that is not slsml's: ") and "Field required" in problem

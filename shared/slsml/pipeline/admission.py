@@ -45,8 +45,8 @@ def problem(message: Any, services: Services) -> str | None:
         return None  # an S3 event: its step checks the key it names
     try:
         config = run_config(services.store, message.run_id)
-    except RunFailed:
-        return f"no run named {message.run_id!r}"
+    except RunFailed as error:  # none, or not slsml's
+        return str(error)
     iterations = config.training.iterations
     # a deadline may end the run, and the workers of the round past the budget evaluate its final model, which its
     # manifest launches

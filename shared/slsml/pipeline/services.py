@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from aws_lambda_powertools import Logger
+from pydantic import ValidationError
 
 from slsml.accounting import usage
 from slsml.aws import cache as warm_cache
@@ -21,7 +22,7 @@ from slsml.pipeline.proof import RunKeys
 from slsml.spec import keys, wiring
 from slsml.spec.config import RunConfig
 from slsml.spec.deployment import SERVICE_NAME
-from slsml.spec.errors import BadInputError, NotFoundError, RunFailed, SlsmlError
+from slsml.spec.errors import BadInputError, NotFoundError, RunFailed, SlsmlError, described
 from slsml.spec.limits import RunLimits
 from slsml.spec.messages import Deadline
 from slsml.state.orchestration import Orchestrator
@@ -109,7 +110,11 @@ def run_config(store: ObjectStore, run_id: str) -> RunConfig:
                 body = store.get(keys.run_config(run_id))
         except NotFoundError:
             raise RunFailed(f"run {run_id!r} has no run.json: it was not started with slsml") from None
-        config = RunConfig.model_validate_json(body)
+        try:
+            config = RunConfig.model_validate_json(body)
+        except ValidationError as error:
+            problem = described(error, RunConfig)
+            raise RunFailed(f"run {run_id!r} has a run.json that is not slsml's: {problem}") from None
         warm.put(("config", run_id), config, warm_cache.PARSED_BYTES_PER_JSON_BYTE * len(body))
     return config
 
