@@ -28,7 +28,12 @@ REDUCE = {"run_id": RUN, "iteration": FORGED, "shard": 0, "participants": [{"wor
 # topic, body, the function that receives it, what its rejection says
 CASES: list[tuple[str, str, str, str]] = [
     ("Work", "work for run rejections, please", "worker", "WorkMessage message {id} rejected: not JSON: "),
-    ("ModelUpdated", "{'Records': []}", "work_launcher", "RunStarted | S3Notification message {id} rejected: not JSON"),
+    (
+        "ModelUpdated",
+        "{'Records': []}",
+        "work_launcher",
+        "RunStarted | ModelMerged | S3Notification message {id} rejected: not JSON",
+    ),
     (
         "WorkDone",
         json.dumps({"run_id": RUN, "iteration": FORGED, "worker": 0}),

@@ -61,7 +61,6 @@ def test_the_fit_finds_the_latencies_that_made_the_stages() -> None:
         "s3_request_s": 0.012,
         "sns_publish_s": 0.02,
         "sns_lambda_s": 0.015,
-        "s3_event_s": 0.03,
         "1/s3_mb_s": 1 / 150,
         "dispatch_s": 0.01,
         "s3_parallel_reads": 4,

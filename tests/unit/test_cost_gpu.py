@@ -336,7 +336,7 @@ def test_without_workers_the_gpu_plan_is_of_the_cheapest_w_and_r_as_fast_as_its_
         k: v for k, v in match.items() if k != "priced"
     }
     assert main(["plan", *ACCEPTANCE, "--accelerator", "worker=24"]) == 0
-    text = capsys.readouterr().out
+    text = " ".join(capsys.readouterr().out.split())  # as the terminal's width wraps it
     assert f"W {match['workers']} · R {match['reducers']} (W and R chosen: the cheapest of W 1–8 and R 1–256 as" in text
     assert "--workers and --reducers choose otherwise" in text
 

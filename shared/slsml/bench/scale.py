@@ -78,8 +78,9 @@ _CHAIN = (*STAGES[1:], STAGES[0])  # in time order within an iteration, from its
 HOPS = ("Work → Worker", "WorkDone → ReduceLauncher", "Reduce → Reducer", "ReduceDone → Merger")
 # the fit's unknowns: latencies (s), inverse bandwidths (s per MB) with the parameters they set, and the local
 # runtime's dispatch, which is none of the model's (a steady iteration saves and loads no .keras: keras_mb_s,
-# which times the first iteration's load alone, is not among them)
-LATENCIES = ("handler_s", "dynamodb_s", "s3_request_s", "sns_publish_s", "sns_lambda_s", "s3_event_s")
+# which times the first iteration's load alone, is not among them; nor is s3_event_s: only the first iteration waits
+# for an S3 event)
+LATENCIES = ("handler_s", "dynamodb_s", "s3_request_s", "sns_publish_s", "sns_lambda_s")
 INVERSE_RATES = {"1/s3_mb_s": ("s3_read_mb_s", "s3_write_mb_s")}
 DISPATCH = "dispatch_s"  # a busy process's next message: the previous one acknowledged, the next one received
 UNKNOWNS = (*LATENCIES, *INVERSE_RATES, DISPATCH)
