@@ -33,9 +33,9 @@ P = Parameters()
 RESNET = 25_600_000
 
 
-def workload(workers: int = 4, compute_per_sample_s: float = 0.01, **changes) -> Workload:
-    """A ResNet-50-sized model whose CPU rounds fit one invocation."""
-    fields = from_params(RESNET, P, compute_per_sample_s) | {
+def workload(workers: int = 4, compute_per_sample_s: float = 0.01, params: int = RESNET, **changes) -> Workload:
+    """A ResNet-50-sized model (or one of ``params``) whose CPU rounds fit one invocation."""
+    fields = from_params(params, P, compute_per_sample_s) | {
         "workers": workers,
         "reducers": 4,
         "global_batch": 1024,

@@ -11,11 +11,12 @@ from slsml.aws.storage import MULTIPART_BYTES, PARALLEL_PARTS, PART_BYTES, Objec
 from slsml.cost import gpuworker
 from slsml.cost import predict as costmodel
 from slsml.cost.chain import creates
-from slsml.cost.modelinfo import from_params
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.plan import Plan
-from slsml.cost.workload import Workload, function_memory, function_timeouts
+from slsml.cost.workload import Workload
 from slsml.spec import keys
+
+from . import test_cost_gpu as cost_gpu
 
 P = Parameters()
 PRICES = prices.PriceTable()
@@ -23,17 +24,9 @@ RESNET = 25_600_000  # a 102 MB update: 13 parts
 MULTIPART = ("s3:CreateMultipartUpload", "s3:UploadPart", "s3:CompleteMultipartUpload")
 
 
-def workload(params: int = RESNET, **changes: object) -> Workload:
-    fields = from_params(params, P, 0.1) | {
-        "workers": 2,
-        "reducers": 32,  # shards of 9.6 MB: one PUT each
-        "global_batch": 1024,
-        "iterations": 50,
-        "samples": 51_200,
-        "memory_mb": function_memory(),
-        "timeout_s": function_timeouts(),
-    }
-    return Workload(**(fields | changes))
+def workload(params: int = RESNET) -> Workload:
+    """Two workers of a model of ``params`` and 32 reducers (a ResNet-50's shards of 9.6 MB: one PUT each)."""
+    return cost_gpu.workload(workers=2, compute_per_sample_s=0.1, params=params, reducers=32)
 
 
 def on_gpu(work: Workload) -> Workload:

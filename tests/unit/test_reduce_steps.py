@@ -486,6 +486,19 @@ def test_the_first_launch_sends_the_runs_only_deadline(services: Services, sent:
     assert services.table.get_run("chain").watched == 0
 
 
+def _published(services: Services, monkeypatch: pytest.MonkeyPatch, topic: wiring.Topic) -> list:
+    """The messages published to ``topic`` from here on (published as ever)."""
+    published: list = []
+    publish = services.bus.publish
+
+    def recording(to: wiring.Topic, messages: list) -> None:
+        published.extend(messages if to == topic else ())
+        publish(to, messages)
+
+    monkeypatch.setattr(services.bus, "publish", recording)
+    return published
+
+
 def _meanwhile(monkeypatch: pytest.MonkeyPatch, target: object, name: str, other: Callable[[], T]) -> list[T]:
     """The first call of ``target.name`` runs ``other`` first (a second invocation, meanwhile); what it returned, once
     it ran."""
@@ -982,14 +995,7 @@ def test_a_model_an_earlier_generation_stored_after_the_resume_is_stored_again_a
     iteration finds the model and stores it again in place as its own, and its announcement launches the next one."""
     from slsml.pipeline.steps import merger
 
-    announced: list[ModelMerged] = []
-    publish = services.bus.publish
-
-    def recording(topic: wiring.Topic, messages: list) -> None:
-        announced.extend(m for m in messages if topic == wiring.MODEL_UPDATED)
-        publish(topic, messages)
-
-    monkeypatch.setattr(services.bus, "publish", recording)
+    announced: list[ModelMerged] = _published(services, monkeypatch, wiring.MODEL_UPDATED)
     dones = [reducer.reduce(message, services) for message in _merge_run(services, "adopt")]
     _resume_before(monkeypatch, services, "adopt", services.store, "put_new", keys.manifest("adopt", 1))
     assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.manifest("adopt", 1)]
@@ -1069,14 +1075,7 @@ def test_norm_exchange_releases_each_clipped_step_once(services: Services, monke
     the one that completes them steps and releases the other, and duplicates change nothing."""
     clip = OptimizerConfig(name="sgd", learning_rate=0.1, global_clipnorm=0.5)
     _register(services, "clip", workers=4, optimizer=clip)
-    released: list[ReduceMessage] = []
-    publish = services.bus.publish
-
-    def recording(topic: wiring.Topic, messages: list) -> None:
-        released.extend(m for m in messages if topic == wiring.REDUCE)
-        publish(topic, messages)
-
-    monkeypatch.setattr(services.bus, "publish", recording)
+    released: list[ReduceMessage] = _published(services, monkeypatch, wiring.REDUCE)
     fired = [m for w in range(4) for m in _arrive(services, "clip", w)]
     released.clear()
     assert [m.shard for m in fired] == [0, 1]
