@@ -79,3 +79,12 @@ def test_a_small_models_updates_stay_one_put_each() -> None:
     plan = predict(workload(params=100_000))
     assert not plan.requests_per_iteration.keys() & set(MULTIPART)
     assert plan.requests_per_iteration["s3:PutObject"] == 2 + 32 + 1
+
+
+@pytest.mark.parametrize("params", [RESNET, 100_000])
+def test_the_put_rate_of_an_updates_prefix_counts_every_request_that_stores_it(params: int) -> None:
+    plan = predict(workload(params=params))
+    update = next(f for f in plan.functions if f.function == "worker").bytes_written
+    (rate,) = [q for q in plan.quotas if q.name == "S3 PUT rate"]
+    assert "a worker's update" in rate.detail
+    assert rate.value == sum(creates(1, update).values())  # within a second: the Work batch is published at once

@@ -167,6 +167,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         floor_s,
         units.counter,
         s.data,
+        (sum(creates(1, s.update).values()), sum(creates(1, s.traffic.shard_bytes).values())),
     )
     per_epoch = w.iterations_per_epoch
     minimum = minimum_chain(W, R, n, s.work_batches, s.reduce_batches, s.traffic, requests["s3:DeleteObjects"])

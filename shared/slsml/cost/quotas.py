@@ -32,11 +32,13 @@ def quota_checks(
     floor_s: float,
     counter_units: int,
     data: DataTraffic | None = None,
+    writes: tuple[int, int] = (1, 1),
 ) -> list[QuotaCheck]:
     """Each quota against an iteration of ``w``: ``n`` participants, the ``largest`` Reduce message (participants,
     bytes), each function's ``critical`` seconds and ``memory_needed``, a worker's micro-batches at a memory
     (``worker_steps``), the launchers' publishing ``spreads``, the reads on the path, the chain, its DynamoDB floor
-    and the counter's write units, and the workers' ``data`` reads."""
+    and the counter's write units, the workers' ``data`` reads, and the requests that ``writes`` an update and a
+    shard."""
     W, R = w.workers, w.reducers
     checks: list[QuotaCheck] = []
 
@@ -161,9 +163,10 @@ def quota_checks(
         f"{shard_prefix}: the {W} workers' ranged reads of a shard, and its reducer's": (W + 1)
         / max(1.0, spreads["work"] + weights_read),
     }
+    update_puts, shard_puts = writes  # the PUT-class requests that store an update, a shard (in parts: more)
     puts = {
-        f"{update_prefix}: a worker's update": 1 / max(1.0, spreads["work"]),
-        f"{shard_prefix}: a reducer's shard": 1 / max(1.0, spreads["reduce"]),
+        f"{update_prefix}: a worker's update": update_puts / max(1.0, spreads["work"]),
+        f"{shard_prefix}: a reducer's shard": shard_puts / max(1.0, spreads["reduce"]),
     }
     hit = (
         f"each worker's update and each shard under a prefix of its own, {update_prefix} and {shard_prefix}, which"
