@@ -479,9 +479,9 @@ def test_the_first_launch_sends_the_runs_only_deadline(services: Services, sent:
     assert work_launcher.on_model(again, services) == Outcome.ALREADY_LAUNCHED
     assert [(d.iteration, d.stage, d.link) for d in sent] == [(0, "work", 0)]
     services.table.advance("chain", 1, 0)
-    assert (
-        work_launcher.on_model(ModelLanded(key=keys.trigger("chain", 1), sequencer="c"), services) == Outcome.LAUNCHED
-    )
+    manifest_event = ModelLanded(key=keys.trigger("chain", 1), sequencer="c")
+    assert work_launcher.on_model(manifest_event, services) == Outcome.IGNORED  # the Merger announces a manifest
+    assert work_launcher.on_merged(ModelMerged(run_id="chain", iteration=1), services) == Outcome.LAUNCHED
     assert len(sent) == 1  # the chain goes on from the deadline pending, not from every launch
     assert services.table.get_run("chain").watched == 0
 
@@ -566,8 +566,8 @@ def test_a_deadline_rebased_on_an_overdue_iteration_acts_on_it_at_once(
 def test_an_iteration_whose_launch_is_late_is_launched_by_its_deadline_and_the_late_launch_does_nothing(
     services: Services, sent: list[Deadline]
 ) -> None:
-    """The model of iteration 1 is merged, but its event is held past the deadline: the watchdog launches the
-    iteration with the run's workers now (scaled to 3), and the event, when it comes, finds it launched."""
+    """The model of iteration 1 is merged, but its announcement is held past the deadline: the watchdog launches the
+    iteration with the run's workers now (scaled to 3), and the announcement, when it comes, finds it launched."""
     _register(services, "late-launch", workers=2, deadline_s=5)
     services.table.advance("late-launch", 1, 0)
     services.table.scale_workers("late-launch", 3, "scaled by the user")
@@ -581,8 +581,8 @@ def test_an_iteration_whose_launch_is_late_is_launched_by_its_deadline_and_the_l
     record = services.table.get_iteration("late-launch", 1)
     assert (record.launched_by, record.workers, record.relaunched) == (DEADLINE_LAUNCH, 3, {0: 1, 1: 1, 2: 1})
     assert record.launched_at >= before
-    late = ModelLanded(key=keys.trigger("late-launch", 1), sequencer="held")
-    assert work_launcher.on_model(late, services) == Outcome.ALREADY_LAUNCHED
+    late = ModelMerged(run_id="late-launch", iteration=1)
+    assert work_launcher.on_merged(late, services) == Outcome.ALREADY_LAUNCHED
     assert services.table.get_iteration("late-launch", 1).launched_at == record.launched_at
 
 

@@ -41,12 +41,16 @@ FLEET_POLL_S = 30
 
 
 def on_model(landed: ModelLanded, services: Services) -> Outcome:
+    """Launch the first iteration of the run whose initial model landed."""
     key = landed.key
     parsed = keys.parse_model_key(key)
     if parsed is None:
         logger.info("object is not a pipeline model: ignored", extra={"key": key})
         return Outcome.IGNORED
     run_id, iteration = parsed
+    if iteration:  # a manifest: the Merger that stored it announces it (ModelMerged), no S3 event
+        logger.info("a manifest's S3 event launches nothing: ignored", extra={"key": key, "run_id": run_id})
+        return Outcome.IGNORED
     try:
         run = services.table.get_run(run_id)
     except NotFoundError:
