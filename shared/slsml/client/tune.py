@@ -505,12 +505,12 @@ class _Search:
     def _interrupt(self) -> str:
         """Stop every trial the search started (each run as `slsml run stop` stops it) and record them; what
         became of the search."""
-        ended = {r.run_id for r in self.running.values() if not self.services.stop_run(r.run_id, INTERRUPTED)}
+        ended = {r.run_id: n for n, r in self.running.items() if not self.services.stop_run(r.run_id, INTERRUPTED)}
         for run in self.services.table.list_runs():  # one whose launch the interruption cut short
             if run.run_id.startswith(f"{self.settings.name}-t") and run.status == RunStatus.RUNNING:
                 self.services.stop_run(run.run_id, INTERRUPTED)
             elif run.status in runs.TERMINAL and run.run_id in ended:  # it ended before the stop: recorded as it ended
-                self._follow(next(n for n, r in self.running.items() if r.run_id == run.run_id))
+                self._follow(ended[run.run_id])
         stopped = list(self.running.values())
         for running in stopped:
             self._end(running, TrialStatus.INTERRUPTED, "stopped as the search was interrupted")

@@ -69,6 +69,11 @@ def creates(objects: int, size: int) -> dict[str, int]:
     }
 
 
+def stored(workers: int, reducers: int, traffic: RoundTraffic) -> dict[str, int]:
+    """The requests that store an iteration's next trigger (the manifest), its W updates and its R shards."""
+    return added({"s3:PutObject": 1}, creates(workers, traffic.update_bytes), creates(reducers, traffic.shard_bytes))
+
+
 def added(*counts: Mapping[str, int]) -> dict[str, int]:
     """Requests counted by operation, summed."""
     total: dict[str, int] = {}
@@ -210,9 +215,7 @@ def minimum_chain(
         "s3:ListObjectsV2": 1,
         # the next iteration's trigger, the updates, the shards, the slots' state
         **added(
-            {"s3:PutObject": 1},
-            creates(W, traffic.update_bytes),
-            creates(R, traffic.shard_bytes),
+            stored(W, R, traffic),
             {operation: count for operation, count in slots.items() if operation != "s3:GetObject"},
         ),
         # the carried state a stopped run would resume from is kept untagged (no lifecycle rule expires it), so the

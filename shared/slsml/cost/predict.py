@@ -21,13 +21,13 @@ from slsml.accounting import prices
 from slsml.cost.chain import (
     NormExchange,
     RoundTraffic,
-    added,
     chain_extras,
     creates,
     minimum_chain,
     norm_exchange,
     option_extras,
     round_traffic,
+    stored,
     superseded_deletes,
 )
 from slsml.cost.datatraffic import DataTraffic, data_traffic
@@ -290,7 +290,7 @@ def _steady_requests(w: Workload, s: Sizes) -> dict[str, int]:
         "dynamodb:BatchGetItem": s.pages,
         "s3:GetObject": W * (R + 1) + R * (n + 1) + s.data_gets,
         "s3:ListObjectsV2": 1,
-        **added({"s3:PutObject": 1}, creates(W, s.update), creates(R, s.traffic.shard_bytes)),  # manifest, updates…
+        **stored(W, R, s.traffic),
         "s3:DeleteObjects": superseded_deletes(w.training, R, s.traffic),
         "sns:PublishBatch": s.work_batches + W + s.reduce_batches + R + 1,
     }

@@ -1,10 +1,10 @@
 """Merger: when every shard of an iteration is in, store the next iteration's manifest (``models/<i>.json``,
 naming the shards' ETags) and launch it (``ModelMerged`` to the WorkLauncher, sent again by a retry): the workers
 read the weights from the shards themselves (``steps.common.load_weights``), so that no merged copy of the model lies
-on an iteration's path. The model is
-assembled and saved (``models/<i>.keras``) only where the run may end on it, before its manifest (the final model,
-which also carries the optimizer's state, as ``fit`` leaves it, for gradient averaging, whose reducers step the
-run's optimizer as Keras would), and at each checkpoint (``checkpoint_every``), after it.
+on an iteration's path. The model is assembled and saved (``models/<i>.keras``) only where the run may end on it,
+before its manifest (the final model, which also carries the optimizer's state, as ``fit`` leaves it, for gradient
+averaging, whose reducers step the run's optimizer as Keras would), and at each checkpoint (``checkpoint_every``),
+after it.
 
 Once the run has advanced, the carried state entering the iteration before (``keys.carried``) is superseded: the
 run resumes from the newest model, whose state is stored, and a step still needing the older state is one
