@@ -25,14 +25,12 @@ from slsml.spec.deployment import (
     ACCOUNT_CONCURRENCY,
     DAY_S,
     DEFAULT_FUNCTIONS,
-    GPU_INSTANCES,
-    GPU_MEMORY_GIB_PER_VCPU,
     GPU_WORKER_DEFAULTS,
-    MANAGED_MEMORY_MB,
     SCRATCH_EXPIRY_DAYS,
     TRANSIENT_USE_MAX_S,
     UNRESERVED_MINIMUM,
     FunctionSettings,
+    check_gpu_function,
 )
 from slsml.spec.limits import RunLimits
 
@@ -111,7 +109,7 @@ class Settings(BaseModel):
                     " a GPU (Lambda Managed Instances); the other steps are CPU functions"
                 )
             if function.gpu:
-                _check_gpu_function(name, function)
+                check_gpu_function(function, f"functions.{name}")
         return functions
 
     @model_validator(mode="after")
@@ -174,42 +172,3 @@ class Settings(BaseModel):
     @property
     def cdk_removal_policy(self) -> RemovalPolicy:
         return RemovalPolicy.DESTROY if self.removal_policy == "destroy" else RemovalPolicy.RETAIN
-
-
-def _check_gpu_function(name: str, function: FunctionSettings) -> None:
-    """A GPU function's settings as Lambda Managed Instances takes them: memory a multiple of its GiB per vCPU within
-    Lambda's bounds, known GPU instance types whose GPU holds ``accelerator_gib`` and whose instance holds an execution
-    environment, no reserved concurrency (its fleet bounds it); else ValueError naming the setting."""
-    where = f"functions.{name}"
-    low, high = MANAGED_MEMORY_MB
-    step = GPU_MEMORY_GIB_PER_VCPU * 1024
-    if not (low <= function.memory_mb <= high and function.memory_mb % step == 0):
-        raise ValueError(
-            f"{where}.memory_mb={function.memory_mb}: a GPU function's memory is a multiple of {step} MB"
-            f" ({GPU_MEMORY_GIB_PER_VCPU} GiB per vCPU) from {low} to {high} MB (Lambda Managed Instances)"
-        )
-    if function.reserved_concurrency is not None:
-        raise ValueError(
-            f"{where}.reserved_concurrency={function.reserved_concurrency}: a GPU function's concurrency is its"
-            f" fleet's; set {where}.max_environments instead (null reserves none)"
-        )
-    if not function.instance_types:
-        raise ValueError(f"{where}.instance_types: name at least one of {', '.join(GPU_INSTANCES)}")
-    unknown = [t for t in function.instance_types if t not in GPU_INSTANCES]
-    if unknown:
-        raise ValueError(
-            f"{where}.instance_types: {unknown} are not GPU instance types slsml knows ({', '.join(GPU_INSTANCES)})"
-        )
-    vcpus = function.memory_mb // step
-    for instance_type in function.instance_types:
-        instance = GPU_INSTANCES[instance_type]
-        if function.accelerator_gib is not None and function.accelerator_gib > instance.gpu_memory_gib:
-            raise ValueError(
-                f"{where}.accelerator_gib={function.accelerator_gib}: the GPU of a {instance_type} has"
-                f" {instance.gpu_memory_gib} GiB"
-            )
-        if vcpus > instance.vcpus or function.memory_mb >= instance.memory_gib * 1024:
-            raise ValueError(
-                f"{where}.memory_mb={function.memory_mb} ({vcpus} vCPUs): more than a {instance_type}"
-                f" ({instance.vcpus} vCPUs, {instance.memory_gib} GiB) holds"
-            )

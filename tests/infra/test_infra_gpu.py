@@ -19,6 +19,7 @@ from infra.compute import DOCKERFILE, GPU_DOCKERFILE
 from infra.gpu import OPERATOR_POLICY
 from infra.layers import ROOT
 from infra.settings import Settings
+from slsml.cli.main import main
 from slsml.spec import deployment, wiring
 from slsml.spec.limits import RunLimits
 
@@ -288,3 +289,25 @@ def test_a_gpu_workers_settings_default_to_a_fleet_of_g6_instances(tmp_path: Pat
     )
     assert worker.timeout_s == deployment.DEFAULT_FUNCTIONS["worker"].timeout_s
     assert Settings.from_context(App().node).gpu_worker is None  # no setting: a CPU worker
+
+
+@pytest.mark.parametrize("memory_mb", [2048, 3008, 4096, 6144, 8192, 10240])
+def test_the_plan_refuses_the_gpu_worker_the_stack_refuses(
+    memory_mb: int, capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no calibration file
+    context = {"functions": {"worker": {"accelerator_gib": 24, "memory_mb": memory_mb}}}
+    try:
+        Settings.from_context(App(context=context).node)
+        refusal = None
+    except ValidationError as error:
+        refusal = str(error.errors()[0]["msg"]).removeprefix("Value error, ")
+    argv = ["plan", "--params", "2000000", "--iterations", "3", "--accelerator", "worker=24"]
+    code = main([*argv, "--memory", f"worker={memory_mb}"])
+    err = capsys.readouterr().err.strip()
+    if refusal is None:
+        assert code == 0, err
+    else:
+        assert code == 2 and len(err.splitlines()) == 1 and refusal in err, (refusal, err)
+    # what the stack refuses: not a multiple of 2,048 MB; 5 vCPUs, more than a g6.xlarge's 4
+    assert (refusal is not None) == (memory_mb in (3008, 10240))

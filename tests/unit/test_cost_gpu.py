@@ -23,7 +23,7 @@ from slsml.cost.vm import VmComparison, compare_vm, compared
 from slsml.cost.workload import Accelerator, Workload, function_memory, function_timeouts
 from slsml.rounds import sizing
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
-from slsml.spec.deployment import ENDPOINT_AZS, INTERFACE_ENDPOINTS
+from slsml.spec.deployment import ENDPOINT_AZS, GPU_WORKER_DEFAULTS, INTERFACE_ENDPOINTS
 from slsml.spec.errors import BadInputError, RunFailed
 from slsml.spec.limits import RunLimits
 from slsml.spec.shardplan import ShardPlan, VariableSpec
@@ -50,7 +50,8 @@ def workload(workers: int = 4, compute_per_sample_s: float = 0.01, params: int =
 def gpu(
     work: Workload, gib: int = 24, instance: str | None = "g5.xlarge", calibration: GpuCalibration | None = None
 ) -> Accelerator:
-    return gpuworker.accelerator(gib, work, P, PRICES, calibration, "calibration.json", instance)
+    types = (instance,) if instance else tuple(n for n, k in PRICES.gpu_instances.items() if k.gpu_memory_gib >= gib)
+    return gpuworker.accelerator(gib, work, P, PRICES, calibration, "calibration.json", types)
 
 
 def on_gpu(
@@ -151,8 +152,8 @@ def test_a_calibration_prices_the_card_it_measured_and_no_other() -> None:
     }
     assert seconds["a10g"] == pytest.approx(seconds["published"] * published("NVIDIA A10G") / 500)
     assert seconds["l4"] == seconds["published"]  # an L4's measure says nothing of an A10G
-    with pytest.raises(BadInputError, match="NVIDIA L4"):
-        on_gpu(work, instance="g6.xlarge")
+    with pytest.raises(BadInputError, match="NVIDIA T4"):  # no published figure, no datasheet to estimate one by
+        on_gpu(work, 12, instance="g4dn.xlarge")
     l4_seconds = gpuworker.KIND.compute_s(on_gpu(work, instance="g6.xlarge", calibration=l4), P, samples)
     resnet_vcpu_s = gpuworker.RESNET50_PARAMS * P.compute_s_per_param_sample
     assert l4_seconds == pytest.approx(samples * work.compute_per_sample_s / (300 * resnet_vcpu_s))
@@ -247,17 +248,50 @@ def test_the_acceptance_epoch_against_one_machine(capsys: pytest.CaptureFixture,
         *("--epochs", "1", "--samples", "1281167", "--accelerator", "worker=24", "--workers", "4"),
     )
     cpu_side, gpu_side, machine = out["side_by_side"]
-    rate = published("NVIDIA A10G") * gpuworker.RESNET50_PARAMS * P.compute_s_per_param_sample / 0.1
-    assert out["compare_vm"]["samples_per_s"] == pytest.approx(rate)  # g5.xlarge: one A10G
+    # g6.xlarge, the instance the stack deploys: one L4, estimated at the A10G's published figure × the lower of the
+    # datasheets' ratios (float32 30.3 / 31.2 TFLOPS, memory 300 / 600 GB/s)
+    l4 = published("NVIDIA A10G") * min(30.3 / 31.2, 300 / 600)
+    rate = l4 * gpuworker.RESNET50_PARAMS * P.compute_s_per_param_sample / 0.1
+    assert out["compare_vm"]["machine"] == "g6.xlarge"
+    assert out["compare_vm"]["samples_per_s"] == pytest.approx(rate)
     assert machine["epoch_dollars"] == pytest.approx(
-        1281167 / rate / 3600 * PRICES.gpu_instances["g5.xlarge"].dollars_per_hour
+        1281167 / rate / 3600 * PRICES.gpu_instances["g6.xlarge"].dollars_per_hour
     )
+    assert "estimate" in out["compare_vm"]["source"] and "`slsml bench gpu`" in out["compare_vm"]["source"]
     assert gpu_side["epoch_s"] == pytest.approx(out["iterations_per_epoch"] * out["iteration_s"])
     # GPU workers: at most the machine's time (micro-batches of the accelerator's memory, block-ordered reads
     # overlapping compute, an instance's S3 rate); their dollars are what docs/cost.md reports, with what binds them
     assert gpu_side["time_vs_machine"] <= 1 < gpu_side["dollars_vs_machine"]
     assert gpu_side["dollars_vs_machine"] == pytest.approx(gpu_side["epoch_dollars"] / machine["epoch_dollars"])
     assert gpu_side["epoch_dollars"] < cpu_side["epoch_dollars"] and gpu_side["epoch_s"] < cpu_side["epoch_s"]
+
+
+def test_the_plan_prices_the_instance_type_the_deployment_allows_with_its_cards_published_figures(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no calibration file
+    out = plan_json(capsys, "--params", "2000000", "--iterations", "3", "--accelerator", "worker=24")
+    assert out["workload"]["accelerator"]["instance"] == GPU_WORKER_DEFAULTS["instance_types"][0]
+    assert out["workload"]["memory_mb"]["worker"] == GPU_WORKER_DEFAULTS["memory_mb"]  # a GPU worker's, not 3,008
+    facts = {fact["name"]: fact for fact in out["worker"]["facts"]}
+    card = facts["card"]
+    assert card["value"].startswith("NVIDIA L4: 30.3 TFLOPS float32, 121 TFLOPS float16 tensor (dense), 24 GB")
+    assert card["source"].startswith("NVIDIA L4 datasheet, https://www.nvidia.com/")
+    throughput = facts["card throughput"]["source"]
+    assert throughput.startswith("estimate: ") and "`slsml bench gpu` on a g6.xlarge" in throughput
+    assert "aws.amazon.com/ec2/pricing" in facts["on-demand price"]["source"]
+    # a deployment naming another type is priced on it
+    limits = RunLimits().with_worker_accelerator(24, ("g5.2xlarge",))
+    assert gpuworker.deployed(workload(), P, PRICES, limits).accelerator.instance == "g5.2xlarge"
+
+
+def test_a_gpu_worker_the_stack_refuses_is_refused_in_one_line(capsys: pytest.CaptureFixture) -> None:
+    argv = ["plan", "--params", "2000000", "--iterations", "3", "--accelerator", "worker=24"]
+    for memory, reason in ((10240, "(5 vCPUs): more than a g6.xlarge"), (3008, "a multiple of 2048 MB")):
+        assert main([*argv, "--memory", f"worker={memory}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"--memory worker={memory}" in err and reason in err, err
+    assert main([*argv, "--memory", "worker=8192"]) == 0
 
 
 # ---- the cheapest W and R as fast as the machine -------------------------------------------------------------------
@@ -325,7 +359,7 @@ def test_without_workers_the_gpu_plan_is_of_the_cheapest_w_and_r_as_fast_as_its_
     assert (chosen["epoch_s"], chosen["dollars"]["epoch"]) == (match["seconds"], match["dollars"])
     line = chosen["verdict"]["recommendations"][-1]
     assert line == (
-        f"as fast as g5.xlarge for least: --workers {match['workers']} --reducers {match['reducers']} (the plan's):"
+        f"as fast as g6.xlarge for least: --workers {match['workers']} --reducers {match['reducers']} (the plan's):"
         f" {match['time_vs_machine']:.3g}× its time for {match['dollars_vs_machine']:.3g}× its dollars"
     )
     # --workers given: the plan stays at it, and the match is only recommended
@@ -437,8 +471,8 @@ def test_a_deployments_limits_carry_its_accelerator_to_the_plan_budget_and_tuner
     deployed = gpuworker.deployed(work, P, PRICES, limits)
     assert deployed.accelerator is not None and deployed.accelerator.instance == "g5.xlarge"
     assert gpuworker.deployed(work, P, PRICES, RunLimits()) is work
-    with pytest.raises(BadInputError, match="no float32 throughput is known of NVIDIA L4"):
-        gpuworker.deployed(work, P, PRICES, RunLimits().with_worker_accelerator(24, ("g6.xlarge",)))
+    with pytest.raises(BadInputError, match="no float32 throughput is known of NVIDIA T4"):
+        gpuworker.deployed(work, P, PRICES, RunLimits().with_worker_accelerator(12, ("g4dn.xlarge",)))
     config = run_config(RESNET, 148_000_000)
     on_cpu, on_gpus = tuner.predictor(config, 0.001), tuner.predictor(config, 0.001, limits)
     assert on_gpus(4) != on_cpu(4)

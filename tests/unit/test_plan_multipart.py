@@ -30,7 +30,7 @@ def workload(params: int = RESNET) -> Workload:
 
 
 def on_gpu(work: Workload) -> Workload:
-    return work.at(accelerator=gpuworker.accelerator(24, work, P, PRICES, None, "calibration.json", "g5.xlarge"))
+    return work.at(accelerator=gpuworker.accelerator(24, work, P, PRICES, None, "calibration.json", ("g5.xlarge",)))
 
 
 def predict(work: Workload) -> Plan:

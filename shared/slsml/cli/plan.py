@@ -43,10 +43,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     limits = None if found is None else found[0].limits
     if limits is not None and limits.worker_accelerator_gib is not None and args.accelerator is None:
-        # the deployment's GPU workers (functions.worker.accelerator_gib), on its instance type where it names one
+        # the deployment's GPU workers (functions.worker.accelerator_gib), on its instance types
         args.accelerator = f"worker={limits.worker_accelerator_gib}"
-        if args.gpu_instance is None and len(limits.worker_instance_types) == 1:
-            args.gpu_instance = limits.worker_instance_types[0]
     return planreport.run(args, spec, display.results(args.json), manifest, limits, workers_given)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from slsml.accounting.prices import LAMBDA_PRICING, PRIVATELINK_PRICING, GpuInstance, PriceTable
 from slsml.aws.storage import PARALLEL_PARTS, upload_parts
@@ -80,6 +80,31 @@ class Published(BaseModel):
     source: str
 
 
+class Datasheet(BaseModel):
+    """A card's figures as its maker publishes them: dense float32 and float16 tensor throughput, memory and its
+    bandwidth."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    card: str
+    float32_tflops: float
+    tensor_tflops: float = Field(description="float16 on the tensor cores, dense (without sparsity)")
+    memory_gib: int
+    memory_gb_s: float
+    source: str
+
+    def tflops(self, mode: Precision) -> float:
+        """Its throughput in ``mode``: float32's, or the tensor cores' for mixed float16."""
+        return self.float32_tflops if mode == "float32" else self.tensor_tflops
+
+    def described(self) -> str:
+        """Its figures, in words."""
+        return (
+            f"{self.float32_tflops:g} TFLOPS float32, {self.tensor_tflops:g} TFLOPS float16 tensor (dense),"
+            f" {self.memory_gib} GB at {self.memory_gb_s:g} GB/s"
+        )
+
+
 _A10G = (
     "Lambda's GPU benchmark, ResNet-50 training (PyTorch) on an A10, {csv}; the A10G is AWS's variant of the A10"
     " (GA102, 24 GB), assumed as fast"
@@ -98,6 +123,55 @@ PUBLISHED = (
         source=_A10G.format(csv=f"{LAMBDA_BENCHMARK}-fp16.csv"),
     ),
 )
+DATASHEETS = (
+    Datasheet(
+        card="NVIDIA A10G",
+        float32_tflops=31.2,
+        tensor_tflops=125,
+        memory_gib=24,
+        memory_gb_s=600,
+        source="NVIDIA A10 datasheet, https://www.nvidia.com/en-us/data-center/products/a10-gpu/ (the A10G: AWS's"
+        " variant, assumed alike)",
+    ),
+    Datasheet(
+        card="NVIDIA L4",
+        float32_tflops=30.3,
+        tensor_tflops=121,
+        memory_gib=24,
+        memory_gb_s=300,
+        source="NVIDIA L4 datasheet, https://www.nvidia.com/en-us/data-center/l4/",
+    ),
+)
+MEASURE = "measure it: `slsml bench gpu` on a {instance}, then --gpu-calibration FILE"
+
+
+def datasheet(card: str) -> Datasheet | None:
+    """The published figures of ``card``; None where slsml has none."""
+    return next((sheet for sheet in DATASHEETS if card_key(sheet.card) == card_key(card)), None)
+
+
+def estimated(card: str, mode: Precision, instance: str) -> Published | None:
+    """An estimate of ``card``'s ResNet-50 training throughput in ``mode`` where none is published: a published
+    card's figure times the lower of the two cards' published ratios of throughput in that precision and of memory
+    bandwidth (what bounds a training step: its arithmetic or its memory traffic). None: no datasheet to scale by."""
+    sheet = datasheet(card)
+    if sheet is None:
+        return None
+    for figure in PUBLISHED:
+        known = datasheet(figure.card)
+        if figure.precision != mode or known is None or known is sheet:
+            continue
+        compute, bandwidth = sheet.tflops(mode) / known.tflops(mode), sheet.memory_gb_s / known.memory_gb_s
+        return Published(
+            card=card,
+            precision=mode,
+            samples_per_s=figure.samples_per_s * min(compute, bandwidth),
+            source=f"estimate: the {figure.card}'s {figure.samples_per_s:g} samples/s × {min(compute, bandwidth):.3g},"
+            f" the lower of the {'float32' if mode == 'float32' else 'float16 tensor'} throughput ratio"
+            f" ({compute:.3g}) and the memory bandwidth ratio ({bandwidth:.3g}) of the datasheets ({sheet.source};"
+            f" {known.source}); its ResNet-50 figure: {figure.source}; {MEASURE.format(instance=instance)}",
+        )
+    return None
 
 
 def precision(w: Workload) -> Precision:
@@ -106,10 +180,16 @@ def precision(w: Workload) -> Precision:
 
 
 def _throughput(
-    instance: GpuInstance, gib: int, mode: Precision, calibration: GpuCalibration | None, calibration_name: str
+    name: str,
+    instance: GpuInstance,
+    gib: int,
+    mode: Precision,
+    calibration: GpuCalibration | None,
+    calibration_name: str,
 ) -> tuple[float, float, bool, str] | None:
     """(one environment's, the whole card's throughput, whether the calibration measured them, their source) of
-    ``instance``'s card in ``mode``; None where neither a calibration of that card nor a published figure has it."""
+    the card of ``instance`` (type ``name``) in ``mode``: a calibration of that card, else its published figure, else
+    an estimate from its datasheet (``estimated``); None where there is none of these."""
     share = gib / instance.gpu_memory_gib
     if calibration is not None and calibration.measures(instance.card):
         card = calibration.card_samples_per_s(mode)
@@ -124,6 +204,9 @@ def _throughput(
     for figure in PUBLISHED:
         if card_key(figure.card) == card_key(instance.card) and figure.precision == mode:
             return figure.samples_per_s * share, figure.samples_per_s, False, figure.source
+    estimate = estimated(instance.card, mode, name)
+    if estimate is not None:
+        return estimate.samples_per_s * share, estimate.samples_per_s, False, estimate.source
     return None
 
 
@@ -134,27 +217,25 @@ def accelerator(
     price_table: PriceTable,
     calibration: GpuCalibration | None = None,
     calibration_name: str = "",
-    instance: str | None = None,
+    instance_types: tuple[str, ...] = GPU_WORKER_DEFAULTS["instance_types"],
 ) -> Accelerator:
-    """The GPU of a worker of ``gib`` GiB for workload ``w``: on ``instance``, else on the instance type whose fleet
-    of W environments costs least per sample a worker computes (of those whose card's throughput is known).
-    BadInputError, in one line, where none can be priced."""
+    """The GPU of a worker of ``gib`` GiB for workload ``w`` on the instance type of ``instance_types`` (a
+    deployment's ``functions.worker.instance_types``, by default the one the stack deploys) whose fleet of W
+    environments costs least per sample a worker computes. BadInputError, in one line, where none can be priced."""
     mode = precision(w)
     types = price_table.gpu_instances
-    if instance is not None and instance not in types:
-        raise BadInputError(
-            f"--gpu-instance {instance}: not a GPU instance type of the price table ({', '.join(types)})"
-        )
-    if instance is not None and types[instance].gpu_memory_gib < gib:
-        raise BadInputError(
-            f"--gpu-instance {instance}: its {types[instance].card} has {types[instance].gpu_memory_gib} GiB, less than"
-            f" the {gib} GiB of a worker's execution environment"
-        )
+    for name in instance_types:
+        if name not in types:
+            raise BadInputError(f"GPU instance type {name}: not one of the price table ({', '.join(types)})")
+        if types[name].gpu_memory_gib < gib:
+            raise BadInputError(
+                f"GPU instance type {name}: its {types[name].card} has {types[name].gpu_memory_gib} GiB, less than"
+                f" the {gib} GiB of a worker's execution environment"
+            )
     choices = []
-    for name, kind in types.items():
-        if instance not in (None, name) or kind.gpu_memory_gib < gib:
-            continue
-        found = _throughput(kind, gib, mode, calibration, calibration_name)
+    for name in instance_types:
+        kind = types[name]
+        found = _throughput(name, kind, gib, mode, calibration, calibration_name)
         if found is None:
             continue
         environment, card, measured, source = found
@@ -170,14 +251,12 @@ def accelerator(
         )
         choices.append((_fleet_dollars_per_sample(w.at(accelerator=candidate), p, price_table), candidate))
     if not choices:
-        fitting = sorted(
-            {kind.card for name, kind in types.items() if instance in (None, name) and kind.gpu_memory_gib >= gib}
-        )
-        published = sorted({f.card for f in PUBLISHED if f.precision == mode})
+        cards = sorted({types[name].card for name in instance_types})
+        published = sorted({f.card for f in PUBLISHED if f.precision == mode} | {d.card for d in DATASHEETS})
         raise BadInputError(
-            f"--accelerator worker={gib}{f' on {instance}' if instance else ''}: no {mode} throughput is known of"
-            f" {' or '.join(fitting) or 'a GPU of the price table'}, where {gib} GiB fit (published figures:"
-            f" {', '.join(published) or 'none'}); measure one with `slsml bench gpu` and give --gpu-calibration"
+            f"--accelerator worker={gib} on {', '.join(instance_types)}: no {mode} throughput is known of"
+            f" {' or '.join(cards)} (published or estimated: {', '.join(published)});"
+            f" {MEASURE.format(instance=instance_types[0])}"
         )
     return min(choices, key=lambda choice: choice[0])[1]
 
@@ -312,6 +391,11 @@ class GpuWorker:
                     value=f"{a.instance}: {kind.gpus} × {kind.card}, {kind.gpu_memory_gib} GiB each",
                     source=kind.source,
                 ),
+                *(
+                    [Fact(name="card", value=f"{kind.card}: {sheet.described()}", source=sheet.source)]
+                    if (sheet := datasheet(kind.card)) is not None
+                    else []
+                ),
                 Fact(
                     name="environments per instance",
                     value=f"{each} ({gpus} × ⌊{kind.gpu_memory_gib} / {a.gib} GiB⌋)",
@@ -383,19 +467,9 @@ def deployed(w: Workload, p: Parameters, price_table: PriceTable, limits: RunLim
     if limits is None or limits.worker_accelerator_gib is None:
         return w
     calibration = load_calibration(CALIBRATION_FILE) if CALIBRATION_FILE.exists() else None
-    choices, refusal = [], ""
-    for instance in limits.worker_instance_types or (None,):
-        try:
-            choices.append(
-                accelerator(
-                    limits.worker_accelerator_gib, w, p, price_table, calibration, str(CALIBRATION_FILE), instance
-                )
-            )
-        except BadInputError as error:
-            refusal = str(error)
-    if not choices:
-        raise BadInputError(refusal)
-    return w.at(accelerator=min(choices, key=lambda a: _fleet_dollars_per_sample(w.at(accelerator=a), p, price_table)))
+    types = limits.worker_instance_types or GPU_WORKER_DEFAULTS["instance_types"]
+    gib = limits.worker_accelerator_gib
+    return w.at(accelerator=accelerator(gib, w, p, price_table, calibration, str(CALIBRATION_FILE), types))
 
 
 def measured(w: Workload, compute_per_sample_s: float, limits: RunLimits) -> Workload:

@@ -244,7 +244,7 @@ def run(
     quotas, _ = load_overrides(None, args.quota, Quotas)
     price_table = prices.load(args.prices)
     cpu = workload(args, spec, parameters, manifest, limits)
-    gpu, no_gpu = _gpu_workload(args, cpu, parameters, price_table)
+    gpu, no_gpu = _gpu_workload(args, cpu, parameters, price_table, limits)
     asked = cpu if gpu is None or args.accelerator is None else gpu
     fixed = args.reducers is not None
     if args.sweep is not None:
@@ -330,35 +330,54 @@ def accelerator_gib(text: str) -> int:
 
 
 def _gpu_workload(
-    args: argparse.Namespace, cpu: Workload, parameters: Parameters, price_table: PriceTable
+    args: argparse.Namespace, cpu: Workload, parameters: Parameters, price_table: PriceTable, limits: RunLimits | None
 ) -> tuple[Workload | None, str | None]:
     """``cpu`` with GPU workers: of --accelerator's memory, else (with --compare-vm naming a GPU instance type of the
-    price table) of a whole GPU of that type; and, where there are none beside a --compare-vm, why. The card's
-    throughput comes from --gpu-calibration (or the default calibration file, if there is one) where it measured
-    that card. BadInputError where --accelerator's cannot be priced."""
+    price table) of a whole GPU of that type; and, where there are none beside a --compare-vm, why. They run on
+    --gpu-instance, else on the deployment's instance types (``functions.worker.instance_types``: --stack's, else
+    the stack's default), with the deployment's GPU worker memory (--memory worker=MB over it), refused as the stack
+    refuses it. The card's throughput comes from --gpu-calibration (or the default calibration file, if there is
+    one) where it measured that card. BadInputError where --accelerator's cannot be priced."""
+    from pydantic import ValidationError
+
     from slsml.cost import gpuworker
     from slsml.cost.calibration import CALIBRATION_FILE, load_calibration
+    from slsml.spec.deployment import GPU_WORKER_DEFAULTS, FunctionSettings, check_gpu_function
 
-    instance = args.gpu_instance
+    deployed = limits is not None and limits.worker_accelerator_gib is not None
+    types = limits.worker_instance_types if limits is not None and deployed else GPU_WORKER_DEFAULTS["instance_types"]
+    if args.gpu_instance is not None:
+        types = (args.gpu_instance,)
     if args.accelerator is not None:
         gib = accelerator_gib(args.accelerator)
     elif args.compare_vm and args.compare_vm[2] in price_table.gpu_instances:
-        instance = instance or args.compare_vm[2]
-        gib = price_table.gpu_instances[instance].gpu_memory_gib
+        types = (args.gpu_instance or args.compare_vm[2],)
+        gib = price_table.gpu_instances[types[0]].gpu_memory_gib
     else:
         return None, (
             "give --accelerator worker=GIB, or name the machine by a GPU instance type of the price table (e.g."
             " 638:1.006:g5.xlarge)"
         )
+    given = dict(_memory(text) for text in args.memory).get("worker")
+    memory = given or (cpu.memory_mb["worker"] if deployed else GPU_WORKER_DEFAULTS["memory_mb"])
+    flag = f"--memory worker={given}" if given else f"--accelerator worker={gib}"
+    try:
+        check_gpu_function(
+            FunctionSettings(accelerator_gib=gib, memory_mb=memory, instance_types=types), "functions.worker"
+        )
+    except ValidationError as error:
+        raise BadInputError(f"{flag}: functions.worker.memory_mb={memory}: {error.errors()[0]['msg']}") from None
+    except ValueError as error:
+        raise BadInputError(f"{flag}: the stack refuses a GPU worker of {error}") from None
     path = Path(args.gpu_calibration) if args.gpu_calibration else CALIBRATION_FILE
     calibration = load_calibration(path) if args.gpu_calibration or path.exists() else None
     try:
-        chosen = gpuworker.accelerator(gib, cpu, parameters, price_table, calibration, str(path), instance)
+        chosen = gpuworker.accelerator(gib, cpu, parameters, price_table, calibration, str(path), types)
     except BadInputError as error:
         if args.accelerator is not None:
             raise
         return None, str(error)
-    return cpu.at(accelerator=chosen), None
+    return cpu.at(accelerator=chosen, memory_mb={**cpu.memory_mb, "worker": memory}), None
 
 
 def _machine(gpu: Plan, parameters: Parameters, price_table: PriceTable) -> tuple[str, float, float, str]:

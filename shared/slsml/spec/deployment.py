@@ -202,12 +202,16 @@ GPU_INSTANCES: dict[str, GpuInstance] = {
 FLEET_ENVIRONMENTS_MAX = 15_000
 MANAGED_MEMORY_MB = (2048, 32768)
 GPU_MEMORY_GIB_PER_VCPU = 2
-# What a GPU worker is, where its context names only accelerator_gib: 2 vCPUs beside its GPU, a fleet of g6.xlarge (one
-# L4 GPU, 24 GiB, 4 vCPUs each) of at most 8 execution environments; no reserved concurrency (its fleet bounds it)
+# The GPU instance type a GPU worker's capacity provider allows unless its context names others
+# (``functions.worker.instance_types``): what the stack deploys and ``slsml plan`` prices. One NVIDIA L4 (24 GiB),
+# 4 vCPUs, 16 GiB.
+GPU_INSTANCE_TYPE = "g6.xlarge"
+# What a GPU worker is, where its context names only accelerator_gib: 2 vCPUs beside its GPU, a fleet of
+# GPU_INSTANCE_TYPE of at most 8 execution environments; no reserved concurrency (its fleet bounds it)
 GPU_WORKER_DEFAULTS: dict[str, Any] = {
     "memory_mb": 4096,
     "reserved_concurrency": None,
-    "instance_types": ("g6.xlarge",),
+    "instance_types": (GPU_INSTANCE_TYPE,),
     "max_environments": 8,
 }
 # The environment of the functions that size a GPU worker's fleet at a run's start and end (``slsml.aws.fleet``):
@@ -248,6 +252,47 @@ class FunctionSettings(BaseModel):
     def gpu(self) -> bool:
         """Whether the function runs on GPU instances (Lambda Managed Instances)."""
         return self.accelerator_gib is not None
+
+
+def check_gpu_function(function: FunctionSettings, where: str) -> None:
+    """A GPU function's settings as Lambda Managed Instances takes them, the one check the stack (``infra.settings``)
+    and ``slsml plan`` make: memory a multiple of its GiB per vCPU within Lambda's bounds, known GPU instance types
+    whose GPU holds ``accelerator_gib`` and whose instance holds an execution environment, no reserved concurrency
+    (its fleet bounds it); else ValueError naming the setting (``where``: the function's, e.g. functions.worker) and
+    what to give."""
+    low, high = MANAGED_MEMORY_MB
+    step = GPU_MEMORY_GIB_PER_VCPU * 1024
+    if not (low <= function.memory_mb <= high and function.memory_mb % step == 0):
+        raise ValueError(
+            f"{where}.memory_mb={function.memory_mb}: a GPU function's memory is a multiple of {step} MB"
+            f" ({GPU_MEMORY_GIB_PER_VCPU} GiB per vCPU) from {low} to {high} MB (Lambda Managed Instances)"
+        )
+    if function.reserved_concurrency is not None:
+        raise ValueError(
+            f"{where}.reserved_concurrency={function.reserved_concurrency}: a GPU function's concurrency is its"
+            f" fleet's; set {where}.max_environments instead (null reserves none)"
+        )
+    if not function.instance_types:
+        raise ValueError(f"{where}.instance_types: name at least one of {', '.join(GPU_INSTANCES)}")
+    unknown = [t for t in function.instance_types if t not in GPU_INSTANCES]
+    if unknown:
+        raise ValueError(
+            f"{where}.instance_types: {unknown} are not GPU instance types slsml knows ({', '.join(GPU_INSTANCES)})"
+        )
+    vcpus = function.memory_mb // step
+    for instance_type in function.instance_types:
+        instance = GPU_INSTANCES[instance_type]
+        if function.accelerator_gib is not None and function.accelerator_gib > instance.gpu_memory_gib:
+            raise ValueError(
+                f"{where}.accelerator_gib={function.accelerator_gib}: the GPU of a {instance_type} has"
+                f" {instance.gpu_memory_gib} GiB"
+            )
+        if vcpus > instance.vcpus or function.memory_mb >= instance.memory_gib * 1024:
+            fits = min(instance.vcpus, (instance.memory_gib * 1024 - 1) // step) * step
+            raise ValueError(
+                f"{where}.memory_mb={function.memory_mb} ({vcpus} vCPUs): more than a {instance_type}"
+                f" ({instance.vcpus} vCPUs, {instance.memory_gib} GiB) holds; give at most {fits} MB"
+            )
 
 
 # The functions an iteration's two stages wait on (the workers, then the reducers), whose steps the watchdog
