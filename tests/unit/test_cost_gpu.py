@@ -19,7 +19,7 @@ from slsml.cost.modelinfo import from_params
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.plan import FunctionFigures, Plan
 from slsml.cost.recommend import as_fast_as
-from slsml.cost.vm import VmComparison, compare_vm, compared
+from slsml.cost.vm import VmComparison, compare_vm, lambda_run
 from slsml.cost.workload import Accelerator, Workload, function_memory, function_timeouts
 from slsml.rounds import sizing
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
@@ -135,7 +135,8 @@ def test_more_workers_than_fit_one_instance_need_more_instances(instance: str, g
     for workers in range(1, 2 * fit + 2):
         plan = predict(on_gpu(workload(workers=workers), gib, instance, l4))
         billed = plan.dollars_per_iteration["ec2"] / (kind.dollars_per_hour * plan.iteration_s / 3600)
-        assert billed == pytest.approx(math.ceil(workers / fit)), (workers, fit)
+        # the instances the workers take, and no fewer than the three Lambda launches for AZ resiliency
+        assert billed == pytest.approx(max(3, math.ceil(workers / fit))), (workers, fit)
 
 
 # ---- throughput ---------------------------------------------------------------------------------------------------
@@ -219,15 +220,20 @@ def test_the_json_sets_cpu_and_gpu_workers_and_their_machine_side_by_side(
     assert (out["worker"]["kind"], out["cpu_plan"]["worker"]["kind"]) == ("gpu", "cpu")
     assert out["cpu_plan"]["dollars"] == cpu["dollars"]  # the CPU workers as a plan without --accelerator prices them
     assert out["workload"]["accelerator"]["gib"] == 12
-    cpu_side, gpu_side, machine = out["side_by_side"]
+    cpu_side, gpu_side, machine, machines = out["side_by_side"]
     assert cpu_side["epoch_dollars"] == out["cpu_plan"]["dollars"]["epoch"]
     assert gpu_side["epoch_dollars"] == out["dollars"]["epoch"]
     vm = out["compare_vm"]
     assert machine["epoch_s"] == pytest.approx(20480 / vm["samples_per_s"])
     assert machine["epoch_dollars"] == pytest.approx(machine["epoch_s"] / 3600 * vm["dollars_per_hour"])
-    for side in (cpu_side, gpu_side):
-        assert side["dollars_vs_machine"] == pytest.approx(side["epoch_dollars"] / machine["epoch_dollars"])
-        assert side["time_vs_machine"] == pytest.approx(side["epoch_s"] / machine["epoch_s"])
+    # per whole run: the GPU workers' plan and what Lambda Managed Instances bill past it; the machine's start-up
+    assert gpu_side["run_dollars"] == pytest.approx(out["dollars"]["run"] + sum(vm["run"]["lambda_extras"].values()))
+    assert (machine["run_s"], machine["run_dollars"]) == (vm["run"]["seconds"], vm["run"]["dollars"])
+    for side in (cpu_side, gpu_side, machines):
+        assert side["dollars_vs_machine"] == pytest.approx(side["run_dollars"] / machine["run_dollars"])
+        assert side["time_vs_machine"] == pytest.approx(side["run_s"] / machine["run_s"])
+    # 8 workers of 12 GiB take 4 GPUs: at equal GPUs, 4 machines of one GPU each
+    assert machines["what"] == f"4 × {vm['machine']}, data-parallel" and vm["machines"]["count"] == 4
     # the default machine: one of the workers' instance type, each GPU at the throughput the plan gives the workers
     instance = out["workload"]["accelerator"]["instance"]
     kind = PRICES.gpu_instances[instance]
@@ -237,6 +243,7 @@ def test_the_json_sets_cpu_and_gpu_workers_and_their_machine_side_by_side(
     assert vm["dollars_per_hour"] == kind.dollars_per_hour
     given = plan_json(capsys, *argv, "--accelerator", "worker=12", "--compare-vm", "900:2.5:my box")
     assert (given["compare_vm"]["machine"], given["side_by_side"][-1]["epoch_s"]) == ("my box", 20480 / 900)
+    assert given["compare_vm"]["machines"] is None  # not the workers' instance type: no GPUs to equal
 
 
 def test_the_acceptance_epoch_against_one_machine(capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch) -> None:
@@ -247,7 +254,7 @@ def test_the_acceptance_epoch_against_one_machine(capsys: pytest.CaptureFixture,
         *("--params", "25600000", "--compute-per-sample", "0.1", "--sample-bytes", "150528", "--batch", "8192"),
         *("--epochs", "1", "--samples", "1281167", "--accelerator", "worker=24", "--workers", "4"),
     )
-    cpu_side, gpu_side, machine = out["side_by_side"]
+    cpu_side, gpu_side, machine, machines = out["side_by_side"]
     # g6.xlarge, the instance the stack deploys: one L4, estimated at the A10G's published figure × the lower of the
     # datasheets' ratios (float32 30.3 / 31.2 TFLOPS, memory 300 / 600 GB/s)
     l4 = published("NVIDIA A10G") * min(30.3 / 31.2, 300 / 600)
@@ -262,8 +269,19 @@ def test_the_acceptance_epoch_against_one_machine(capsys: pytest.CaptureFixture,
     # GPU workers: at most the machine's time (micro-batches of the accelerator's memory, block-ordered reads
     # overlapping compute, an instance's S3 rate); their dollars are what docs/cost.md reports, with what binds them
     assert gpu_side["time_vs_machine"] <= 1 < gpu_side["dollars_vs_machine"]
-    assert gpu_side["dollars_vs_machine"] == pytest.approx(gpu_side["epoch_dollars"] / machine["epoch_dollars"])
+    assert gpu_side["dollars_vs_machine"] == pytest.approx(gpu_side["run_dollars"] / machine["run_dollars"])
     assert gpu_side["epoch_dollars"] < cpu_side["epoch_dollars"] and gpu_side["epoch_s"] < cpu_side["epoch_s"]
+    # the machine's whole run: its start-up, then its samples (its data, streamed at its network rate, hidden)
+    run = out["compare_vm"]["run"]
+    samples = out["workload"]["iterations"] * 8192
+    # its first batch, over 16 connections of 85 MB/s within the instance's 10 Gbps
+    assert run["machine_data_s"] == pytest.approx(8192 * 150528 / min(P.s3_parallel_reads * 85e6, 10e9 / 8))
+    assert run["seconds"] == pytest.approx(P.vm_start_s + run["machine_data_s"] + samples / rate)
+    # four machines at equal GPUs: a quarter of each batch, then a ring all-reduce of the gradients at 10 Gbps
+    allreduce = 2 * 3 / 4 * 4 * 25_600_000 / (10e9 / 8)
+    assert out["compare_vm"]["machines"]["allreduce_s"] == pytest.approx(allreduce)
+    assert machines["epoch_s"] == pytest.approx(out["iterations_per_epoch"] * (2048 / rate + allreduce))
+    assert 0 < run["gpu_busy"] < 1
 
 
 def test_the_plan_prices_the_instance_type_the_deployment_allows_with_its_cards_published_figures(
@@ -313,14 +331,17 @@ def machine_of(work: Workload, samples_per_s: float | None = None) -> VmComparis
     """The plan of ``work`` against one machine of its instance type (or of ``samples_per_s``)."""
     plan = predict(work)
     rate, dollars_per_hour, name, source = gpuworker.machine(work, P, PRICES)
-    return compare_vm(plan, name, samples_per_s or rate, dollars_per_hour, source)
+    return compare_vm(plan, name, samples_per_s or rate, dollars_per_hour, source, P, PRICES)
 
 
 def grid(work: Workload) -> list[tuple[int, int, float, float]]:
-    """(W, R, seconds, dollars) of an epoch over a small W × R grid, each priced on its own, within Lambda's limits."""
+    """(W, R, seconds, dollars) of a whole run over a small W × R grid, each priced on its own, within Lambda's
+    limits."""
     priced = (predict(work.at(workers=w, reducers=r)) for w in range(1, 9) for r in (4, 16, 32, 64, 80))
     return [
-        (plan.workload.workers, plan.workload.reducers, *compared(plan)[2:]) for plan in priced if not plan.violations
+        (plan.workload.workers, plan.workload.reducers, *lambda_run(plan, P, PRICES)[:2])
+        for plan in priced
+        if not plan.violations
     ]
 
 
@@ -328,12 +349,15 @@ def test_the_cheapest_w_and_r_as_fast_as_the_machine_is_no_dearer_than_any_other
     work = acceptance_on_gpu()
     vm = machine_of(work)
     match = as_fast_as(work, vm, P, Quotas(), PRICES)
-    assert match is not None and match.as_fast and match.seconds <= vm.seconds
+    assert match is not None and match.as_fast and match.seconds <= vm.run.seconds
     chosen = predict(work.at(workers=match.workers, reducers=match.reducers))
-    assert (chosen.epoch_s, chosen.epoch_dollars) == (match.seconds, match.dollars)
-    assert (match.time_vs_machine, match.dollars_vs_machine) == (match.seconds / vm.seconds, match.dollars / vm.dollars)
+    assert lambda_run(chosen, P, PRICES)[:2] == (match.seconds, match.dollars)
+    assert (match.time_vs_machine, match.dollars_vs_machine) == (
+        match.seconds / vm.run.seconds,
+        match.dollars / vm.run.dollars,
+    )
     points = grid(work)
-    as_fast = [dollars for _, _, seconds, dollars in points if seconds <= vm.seconds]
+    as_fast = [dollars for _, _, seconds, dollars in points if seconds <= vm.run.seconds]
     assert len(as_fast) > 1 and len(as_fast) < len(points)  # the machine's time rules some out, and leaves a choice
     assert match.dollars <= min(as_fast)
     assert match.dollars < max(dollars for *_, dollars in points)  # the least, not any as fast
@@ -356,7 +380,8 @@ def test_without_workers_the_gpu_plan_is_of_the_cheapest_w_and_r_as_fast_as_its_
     match = chosen["recommendation"]["as_fast_as_machine"]
     assert match["as_fast"] and match["priced"]
     assert (chosen["workload"]["workers"], chosen["workload"]["reducers"]) == (match["workers"], match["reducers"])
-    assert (chosen["epoch_s"], chosen["dollars"]["epoch"]) == (match["seconds"], match["dollars"])
+    run = chosen["compare_vm"]["run"]
+    assert (run["lambda_seconds"], run["lambda_dollars"]) == (match["seconds"], match["dollars"])
     line = chosen["verdict"]["recommendations"][-1]
     assert line == (
         f"as fast as g6.xlarge for least: --workers {match['workers']} --reducers {match['reducers']} (the plan's):"
@@ -478,3 +503,58 @@ def test_a_deployments_limits_carry_its_accelerator_to_the_plan_budget_and_tuner
     assert on_gpus(4) != on_cpu(4)
     ec2 = 4 * PRICES.gpu_instances["g5.xlarge"].dollars_per_hour * on_gpus(4)[0] / 3600
     assert on_gpus(4)[1] > ec2  # its instances are billed for the round, and the pipeline's requests besides
+
+
+# ---- whole runs ---------------------------------------------------------------------------------------------------
+
+
+def test_a_whole_run_bills_the_fleets_tail_and_whole_endpoint_hours_beside_the_plans_run() -> None:
+    work = acceptance_on_gpu().at(workers=2)
+    g5 = PRICES.gpu_instances["g5.xlarge"]
+    for tail in (0, 300, 1800):
+        p = P.model_copy(update={"gpu_scale_down_s": tail})
+        plan = costmodel.predict(work, p, Quotas(), PRICES)
+        seconds, dollars, extras = lambda_run(plan, p, PRICES)
+        # two workers, three instances: Lambda launches three for AZ resiliency
+        assert extras["scale-down tail"] == pytest.approx(3 * g5.dollars_per_hour * 1.15 * tail / 3600)
+        hours = plan.run_s / 3600
+        endpoint_hour = len(INTERFACE_ENDPOINTS) * ENDPOINT_AZS * PRICES.vpc_endpoint_hour
+        assert extras["endpoint-hours, whole"] == pytest.approx(
+            (math.ceil(hours + tail / 3600) - hours) * endpoint_hour
+        )
+        assert (seconds, dollars) == (plan.run_s, pytest.approx(plan.run_dollars + sum(extras.values())))
+
+
+def test_the_verdict_is_per_run_and_faster_only_at_equal_gpus(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for workers in ("2", "6"):
+        out = plan_json(capsys, *ACCEPTANCE, "--accelerator", "worker=24", "--workers", workers)
+        vm = out["compare_vm"]
+        run, machines = vm["run"], vm["machines"]
+        sentence = out["verdict"]["compared"]
+        assert sentence == vm["sentence"] and sentence.startswith("the run on one g6.xlarge")
+        assert f"{run['lambda_seconds'] / run['seconds']:.2g}× its time" in sentence
+        assert f"card busy {run['gpu_busy']:.0%}" in sentence
+        assert machines["count"] == int(workers)
+        faster = run["lambda_seconds"] < machines["seconds"]
+        assert f"at equal GPUs, {workers} g6.xlarge" in sentence
+        assert ("slsml is faster" in sentence) == faster and ("slsml is slower" in sentence) == (not faster)
+
+
+def test_the_resnet50_run_of_docs_cost_md_against_the_deployed_card(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five epochs of ImageNet-1k on ResNet-50 (Keras's, its compute on one vCPU as measured on the build machine):
+    the plan chooses W and R; per run its dollars and time against one g6.xlarge."""
+    monkeypatch.chdir(tmp_path)
+    out = plan_json(
+        capsys,
+        *("--params", str(gpuworker.RESNET50_PARAMS), "--compute-per-sample", "0.4895", "--sample-bytes", "602112"),
+        *("--samples", "1281167", "--batch", "8192", "--epochs", "5", "--accelerator", "worker=24"),
+    )
+    vm, run = out["compare_vm"], out["compare_vm"]["run"]
+    assert vm["machine"] == "g6.xlarge"
+    assert run["lambda_seconds"] <= 0.5 * run["seconds"] and run["lambda_dollars"] <= 1.6 * run["dollars"], run
+    assert 0 < run["gpu_busy"] < 1

@@ -65,6 +65,8 @@ NETWORK_GBPS = {
     "g6e.xlarge": 20.0,
     "g6e.2xlarge": 20.0,
 }
+MANAGED_INSTANCES_SCALING = "https://docs.aws.amazon.com/lambda/latest/dg/lambda-managed-instances-scaling.html"
+LAUNCHED_INSTANCES = 3  # "it launches three by default for AZ resiliency" (MANAGED_INSTANCES_SCALING)
 RESNET50_PARAMS = 25_636_712  # Keras's ResNet50: 102,546,848 B of float32 weights (Parameters.keras_file_overhead)
 LAMBDA_BENCHMARK = "https://github.com/lambdal/deeplearning-benchmark/blob/master/pytorch/pytorch-train-throughput"
 
@@ -292,9 +294,26 @@ def update_writes(w: Workload, p: Parameters) -> str:
 
 
 def instances(w: Workload, price_table: PriceTable) -> int:
-    """The instances W environments take."""
+    """The instances billed for W environments: those they take, and no fewer than the ``LAUNCHED_INSTANCES``
+    Lambda launches for a version."""
     assert w.accelerator is not None
-    return math.ceil(w.workers / per_instance(w.accelerator, price_table))
+    return max(LAUNCHED_INSTANCES, math.ceil(w.workers / per_instance(w.accelerator, price_table)))
+
+
+def run_extras(w: Workload, p: Parameters, price_table: PriceTable, run_s: float) -> dict[str, float]:
+    """What a whole run of ``run_s`` bills beside its iterations: the fleet's instances and their fee over the
+    scale-down tail, and its interface endpoints' hours rounded up to whole hours (a partial endpoint-hour is
+    billed as a whole one)."""
+    assert w.accelerator is not None
+    hourly = instances(w, price_table) * price_table.gpu_instances[w.accelerator.instance].dollars_per_hour
+    hours = (run_s + p.gpu_scale_down_s) / 3600
+    return {
+        "scale-down tail": hourly * (1 + price_table.managed_instances_fee) * p.gpu_scale_down_s / 3600,
+        "endpoint-hours, whole": (math.ceil(hours) - run_s / 3600)
+        * len(INTERFACE_ENDPOINTS)
+        * ENDPOINT_AZS
+        * price_table.vpc_endpoint_hour,
+    }
 
 
 def seconds_per_sample(w: Workload, p: Parameters) -> float:
@@ -403,8 +422,11 @@ class GpuWorker:
                 ),
                 Fact(
                     name="instances",
-                    value=f"{fleet} (⌈{w.workers} workers / {each}⌉), held from the scale-up to the run's end",
-                    source="the run sizes the fleet to its workers at its first launch and releases it at its end",
+                    value=f"{fleet}: ⌈{w.workers} workers / {each}⌉, at least the {LAUNCHED_INSTANCES} Lambda launches"
+                    f" for AZ resiliency; held from the scale-up to the run's end and its {p.gpu_scale_down_s:g} s"
+                    " scale-down tail",
+                    source=f"the run sizes the fleet to its workers at its first launch and releases it at its end;"
+                    f" {MANAGED_INSTANCES_SCALING}; the tail: {parameter_facts('gpu_scale_down_s')['source']}",
                 ),
                 Fact(name="on-demand price", value=f"${kind.dollars_per_hour:g} per instance-hour", source=kind.source),
                 Fact(
@@ -449,8 +471,8 @@ class GpuWorker:
                 Fact(
                     name="VPC endpoints",
                     value=f"interface {', '.join(INTERFACE_ENDPOINTS)} × {ENDPOINT_AZS} AZs at"
-                    f" ${price_table.vpc_endpoint_hour:g}/AZ-hour + ${price_table.vpc_endpoint_gb:g}/GB; gateway"
-                    f" {', '.join(GATEWAY_ENDPOINTS)} free",
+                    f" ${price_table.vpc_endpoint_hour:g}/AZ-hour (a run's whole hours)"
+                    f" + ${price_table.vpc_endpoint_gb:g}/GB; gateway {', '.join(GATEWAY_ENDPOINTS)} free",
                     source=PRIVATELINK_PRICING,
                 ),
             ],

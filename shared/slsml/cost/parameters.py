@@ -145,6 +145,20 @@ class Parameters(BaseModel):
         "estimate: Lambda Managed Instances scale asynchronously, a doubling of traffic within 5 minutes (Lambda"
         " docs, scaling Managed Instances); calibrate",
     )
+    gpu_scale_down_s: float = _param(
+        300,
+        "s",
+        "a GPU worker fleet's instances billed after the run ends: its execution environments set to none, the"
+        " instances drained and terminated",
+        "estimate: Lambda Managed Instances scale asynchronously, down as up (Lambda docs, scaling Managed"
+        " Instances); calibrate",
+    )
+    vm_start_s: float = _param(
+        120,
+        "s",
+        "a machine compared with (--compare-vm): launched, booted, its framework loaded before its first step",
+        "estimate: an EC2 instance's launch and boot with a deep learning AMI; calibrate",
+    )
     image_mb: float = _param(
         2000,
         "MB",

@@ -258,7 +258,8 @@ def run(
         machine = _machine(plan, parameters, price_table)
     match = None
     if machine is not None:
-        match = as_fast_as(plan.workload, compare_vm(plan, *machine), parameters, quotas, price_table, fixed)
+        against = compare_vm(plan, *machine, parameters, price_table)
+        match = as_fast_as(plan.workload, against, parameters, quotas, price_table, fixed)
         if match is not None and args.accelerator is not None and not workers_given:
             match = match.model_copy(update={"priced": True})
             at_match = asked.at(workers=match.workers, reducers=match.reducers)
@@ -269,12 +270,12 @@ def run(
     other = None
     if gpu is not None:
         other = _plan(cpu if asked is gpu else gpu, parameters, quotas, price_table, origin, fixed)
-    vm = None if machine is None else compare_vm(plan, *machine)
+    vm = None if machine is None else compare_vm(plan, *machine, parameters, price_table)
     sides = []
     if vm is not None:
         verdict = verdict.model_copy(update={"compared": vm.sentence})
         plans = sorted((p for p in (plan, other) if p is not None), key=lambda p: p.workload.worker_kind)
-        sides = side_by_side([(_who(p), p) for p in plans], vm)
+        sides = side_by_side([(_who(p), p) for p in plans], vm, parameters, price_table)
     render(plan, recommendation, console, fixed, verdict)
     for shown in (plan, other):
         if shown is not None and shown.workload.accelerator is not None:
@@ -631,10 +632,10 @@ def _render_sides(sides: list[Side], console: Any, no_gpu: str | None) -> None:
         "$ per epoch",
         "per run",
         "$ per run",
-        "time ÷ machine's",
-        "$ ÷ machine's",
+        "run time ÷ one machine's",
+        "run $ ÷ one machine's",
         "source",
-        title="side by side: the same samples",
+        title="side by side: the same samples; per run, slsml's scale-up and tail, the machines' start-up and data",
     )
     for side in sides:
         table.add_row(

@@ -12,7 +12,7 @@ from slsml.accounting import prices
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.plan import Plan
 from slsml.cost.predict import predict
-from slsml.cost.vm import VmComparison, compared
+from slsml.cost.vm import VmComparison, lambda_run
 from slsml.cost.workers import kind_of
 from slsml.cost.workload import MEMORY_CHOICES_MB, Workload, with_memory
 from slsml.spec.errors import BadInputError
@@ -34,14 +34,14 @@ class Choice(BaseModel):
 
 
 class MachineMatch(BaseModel):
-    """Against one machine: the cheapest W and R whose epoch (else run) is no slower than the machine's, or where
-    none is, the fastest W and R; at the workload's memory."""
+    """Against one machine: the cheapest W and R whose whole run is no slower than the machine's, or where none is,
+    the fastest W and R; at the workload's memory."""
 
     machine: str
     as_fast: bool = Field(description="whether this W and R is no slower than the machine (else none searched is)")
     workers: int
     reducers: int
-    seconds: float = Field(description="the epoch's (else the run's) time at this W and R")
+    seconds: float = Field(description="the whole run's time at this W and R (``vm.lambda_run``)")
     dollars: float
     time_vs_machine: float
     dollars_vs_machine: float
@@ -144,8 +144,8 @@ def as_fast_as(
     reducers_fixed: bool = False,
 ) -> MachineMatch | None:
     """The cheapest W (``match_workers``) and R (the workload's if ``reducers_fixed``, else of ``REDUCER_CHOICES``)
-    whose epoch (else run) is no slower than ``vm``'s machine, within the throughput quotas first; where none is,
-    the fastest. None: no W and R fits Lambda's limits."""
+    whose whole run is no slower than ``vm``'s machine's, within the throughput quotas first; where none is, the
+    fastest. None: no W and R fits Lambda's limits."""
     reducers = [workload.reducers] if reducers_fixed else [r for r in REDUCER_CHOICES if r <= workload.params]
     workers = match_workers(workload, quotas)
     priced = (
@@ -153,11 +153,15 @@ def as_fast_as(
         for count in workers
         for r in reducers
     )
-    # each plan within Lambda's limits with what is compared with the machine: its seconds and dollars
-    figures = [(plan, *compared(plan)[2:]) for plan in priced if not any(q.hard for q in plan.violations)]
+    # each plan within Lambda's limits with its whole run's seconds and dollars, as the machine's run is compared
+    figures = [
+        (plan, *lambda_run(plan, parameters, price_table)[:2])
+        for plan in priced
+        if not any(q.hard for q in plan.violations)
+    ]
     if not figures:
         return None
-    as_fast = [entry for entry in figures if entry[1] <= vm.seconds]
+    as_fast = [entry for entry in figures if entry[1] <= vm.run.seconds]
     if as_fast:
         best, seconds, dollars = min(as_fast, key=lambda entry: rank(entry[0], entry[2] + 1e-9 * entry[1]))
     else:
@@ -170,8 +174,8 @@ def as_fast_as(
         reducers=best.workload.reducers,
         seconds=seconds,
         dollars=dollars,
-        time_vs_machine=seconds / vm.seconds,
-        dollars_vs_machine=dollars / vm.dollars,
+        time_vs_machine=seconds / vm.run.seconds,
+        dollars_vs_machine=dollars / vm.run.dollars,
         searched=f"{spans} at R {reducers[0]}" if reducers_fixed else f"{spans} and R {reducers[0]}–{reducers[-1]}",
     )
 
