@@ -656,8 +656,17 @@ def test_compare_vm_prices_the_same_epoch_on_one_machine(capsys: pytest.CaptureF
     assert vm["dollars"] == pytest.approx(200 / 3600 * 3.06)
     assert (vm["lambda_seconds"], vm["lambda_dollars"]) == (out["epoch_s"], out["dollars"]["epoch"])
     assert out["verdict"]["compared"] == vm["sentence"]
-    assert vm["sentence"].startswith("an epoch on p3.2xlarge (500 samples/s, $3.06/h; given (--compare-vm))")
-    assert f"slsml takes {out['epoch_s'] / 200:.2g}× its time" in vm["sentence"]
+    assert vm["sentence"].startswith("the run on one p3.2xlarge (500 samples/s, $3.06/h; given (--compare-vm))")
+    assert f"(an epoch: {out['epoch_s'] / 200:.2g}× the one machine's time" in vm["sentence"]
+    # the whole run: CPU workers' is the plan's; the machine's its start-up and its samples (no sample bytes: no data)
+    run = vm["run"]
+    assert (run["lambda_seconds"], run["lambda_dollars"], run["lambda_extras"]) == (
+        out["run_s"],
+        out["dollars"]["run"],
+        {},
+    )
+    assert run["seconds"] == pytest.approx(Parameters().vm_start_s + out["workload"]["iterations"] * 1024 / 500)
+    assert f"{run['lambda_seconds'] / run['seconds']:.2g}× its time" in vm["sentence"] and vm["machines"] is None
     with pytest.raises(SystemExit) as exit_:
         main(["plan", *argv, "--compare-vm", "fast:3"])
     assert exit_.value.code == 2 and "SAMPLES_PER_S:DOLLARS_PER_HOUR" in capsys.readouterr().err
