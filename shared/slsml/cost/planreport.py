@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the model's modules load when a plan is made, not when the 
     from slsml.cost.workload import Workload
     from slsml.data.manifest import DatasetManifest
     from slsml.spec.config import TrainingSpec
+    from slsml.spec.deployment import FunctionSettings
     from slsml.spec.limits import RunLimits
 
 SWEEP_METADATA = "slsml-sweep"  # PNG text chunk: the plotted points as JSON
@@ -74,8 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument(
         "--gpu-instance",
         metavar="TYPE",
-        help="the instance type GPU workers run on, e.g. g6.xlarge (default: of those whose card's throughput is"
-        " known, the one whose fleet costs least per sample)",
+        help="the instance type GPU workers run on, e.g. g5.xlarge (default: the deployment's"
+        " functions.worker.instance_types, --stack's, else the one the stack deploys, g6.xlarge)",
     )
     gpu.add_argument(
         "--gpu-calibration",
@@ -243,8 +244,11 @@ def run(
     parameters, origin = load_overrides(args.calibration, args.param, Parameters)
     quotas, _ = load_overrides(None, args.quota, Quotas)
     price_table = prices.load(args.prices)
+    worker, no_gpu = gpu_worker(args, price_table, limits)  # refused before the model is timed
     cpu = workload(args, spec, parameters, manifest, limits)
-    gpu, no_gpu = _gpu_workload(args, cpu, parameters, price_table, limits)
+    gpu = None
+    if worker is not None:
+        gpu, no_gpu = _gpu_workload(args, cpu, worker, parameters, price_table)
     asked = cpu if gpu is None or args.accelerator is None else gpu
     fixed = args.reducers is not None
     if args.sweep is not None:
@@ -330,19 +334,16 @@ def accelerator_gib(text: str) -> int:
         raise BadInputError(f"--accelerator: {error}") from None
 
 
-def _gpu_workload(
-    args: argparse.Namespace, cpu: Workload, parameters: Parameters, price_table: PriceTable, limits: RunLimits | None
-) -> tuple[Workload | None, str | None]:
-    """``cpu`` with GPU workers: of --accelerator's memory, else (with --compare-vm naming a GPU instance type of the
-    price table) of a whole GPU of that type; and, where there are none beside a --compare-vm, why. They run on
-    --gpu-instance, else on the deployment's instance types (``functions.worker.instance_types``: --stack's, else
-    the stack's default), with the deployment's GPU worker memory (--memory worker=MB over it), refused as the stack
-    refuses it. The card's throughput comes from --gpu-calibration (or the default calibration file, if there is
-    one) where it measured that card. BadInputError where --accelerator's cannot be priced."""
+def gpu_worker(
+    args: argparse.Namespace, price_table: PriceTable, limits: RunLimits | None
+) -> tuple[FunctionSettings | None, str | None]:
+    """The GPU worker planned, as a deployment's ``functions.worker`` settings: of --accelerator's memory, else (with
+    --compare-vm naming a GPU instance type of the price table) of a whole GPU of that type; on --gpu-instance, else
+    on the deployment's instance types (--stack's, else the stack's default); of the deployment's GPU worker memory
+    (--memory worker=MB over it). Or, where there is none beside a --compare-vm, why. BadInputError, in one line,
+    where the stack would refuse it (``deployment.check_gpu_function``, synth's check), before any model is timed."""
     from pydantic import ValidationError
 
-    from slsml.cost import gpuworker
-    from slsml.cost.calibration import CALIBRATION_FILE, load_calibration
     from slsml.spec.deployment import GPU_WORKER_DEFAULTS, FunctionSettings, check_gpu_function
 
     deployed = limits is not None and limits.worker_accelerator_gib is not None
@@ -360,25 +361,43 @@ def _gpu_workload(
             " 638:1.006:g5.xlarge)"
         )
     given = dict(_memory(text) for text in args.memory).get("worker")
-    memory = given or (cpu.memory_mb["worker"] if deployed else GPU_WORKER_DEFAULTS["memory_mb"])
+    memory = given or (limits.worker_memory_mb if limits is not None and deployed else GPU_WORKER_DEFAULTS["memory_mb"])
     flag = f"--memory worker={given}" if given else f"--accelerator worker={gib}"
     try:
-        check_gpu_function(
-            FunctionSettings(accelerator_gib=gib, memory_mb=memory, instance_types=types), "functions.worker"
-        )
+        settings = FunctionSettings(accelerator_gib=gib, memory_mb=memory, instance_types=types)
+        check_gpu_function(settings, "functions.worker")
     except ValidationError as error:
         raise BadInputError(f"{flag}: functions.worker.memory_mb={memory}: {error.errors()[0]['msg']}") from None
     except ValueError as error:
         raise BadInputError(f"{flag}: the stack refuses a GPU worker of {error}") from None
+    return settings, None
+
+
+def _gpu_workload(
+    args: argparse.Namespace,
+    cpu: Workload,
+    worker: FunctionSettings,
+    parameters: Parameters,
+    price_table: PriceTable,
+) -> tuple[Workload | None, str | None]:
+    """``cpu`` with GPU workers of ``worker``'s settings (``gpu_worker``); or, where their card cannot be priced
+    beside a --compare-vm, why. The card's throughput comes from --gpu-calibration (or the default calibration
+    file, if there is one) where it measured that card. BadInputError where --accelerator's cannot be priced."""
+    from slsml.cost import gpuworker
+    from slsml.cost.calibration import CALIBRATION_FILE, load_calibration
+
+    assert worker.accelerator_gib is not None
     path = Path(args.gpu_calibration) if args.gpu_calibration else CALIBRATION_FILE
     calibration = load_calibration(path) if args.gpu_calibration or path.exists() else None
     try:
-        chosen = gpuworker.accelerator(gib, cpu, parameters, price_table, calibration, str(path), types)
+        chosen = gpuworker.accelerator(
+            worker.accelerator_gib, cpu, parameters, price_table, calibration, str(path), worker.instance_types
+        )
     except BadInputError as error:
         if args.accelerator is not None:
             raise
         return None, str(error)
-    return cpu.at(accelerator=chosen, memory_mb={**cpu.memory_mb, "worker": memory}), None
+    return cpu.at(accelerator=chosen, memory_mb={**cpu.memory_mb, "worker": worker.memory_mb}), None
 
 
 def _machine(gpu: Plan, parameters: Parameters, price_table: PriceTable) -> tuple[str, float, float, str]:
