@@ -546,7 +546,7 @@ def test_the_verdict_is_per_run_and_faster_only_at_equal_gpus(
 def test_the_resnet50_run_of_docs_cost_md_against_the_deployed_card(
     capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Five epochs of ImageNet-1k on ResNet-50 (Keras's, its compute on one vCPU as measured on the build machine):
+    """docs/benchmarks.md's five epochs of ImageNet-1k on ResNet-50 (Keras's, its compute on one vCPU as measured):
     the plan chooses W and R; per run its dollars and time against one g6.xlarge."""
     monkeypatch.chdir(tmp_path)
     out = plan_json(
