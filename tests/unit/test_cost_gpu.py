@@ -558,3 +558,19 @@ def test_the_resnet50_run_of_docs_cost_md_against_the_deployed_card(
     assert vm["machine"] == "g6.xlarge"
     assert run["lambda_seconds"] <= 0.5 * run["seconds"] and run["lambda_dollars"] <= 1.6 * run["dollars"], run
     assert 0 < run["gpu_busy"] < 1
+
+
+def test_gpu_workers_take_no_lambda_concurrency_and_count_against_the_ec2_g_instance_quota() -> None:
+    cpu_work = workload(workers=8)
+    gpu_work = on_gpu(cpu_work, instance="g6.xlarge")
+    cpu, gpu = predict(cpu_work), predict(gpu_work)
+    quota = {q.name: q for q in gpu.quotas}
+    assert {q.name: q for q in cpu.quotas}["Lambda concurrency"].value >= 8
+    assert quota["Lambda concurrency"].value == gpu_work.reducers + 1  # the reducers' only
+    assert "Lambda burst (first iteration)" not in quota and "EC2 G instances (vCPUs)" not in quota  # not given
+    for limit, ok in ((32, True), (31, False), (0, False)):
+        checks = costmodel.predict(gpu_work, P, Quotas(ec2_g_vcpus=limit), PRICES).quotas
+        g = next(q for q in checks if q.name == "EC2 G instances (vCPUs)")
+        assert (g.value, g.ok, g.hard) == (8 * 4, ok, True)  # 8 g6.xlarge of 4 vCPUs
+    three = costmodel.predict(on_gpu(workload(workers=2), instance="g6.xlarge"), P, Quotas(ec2_g_vcpus=64), PRICES)
+    assert next(q for q in three.quotas if q.name == "EC2 G instances (vCPUs)").value == 3 * 4  # three at least

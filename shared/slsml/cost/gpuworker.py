@@ -300,6 +300,15 @@ def instances(w: Workload, price_table: PriceTable) -> int:
     return max(LAUNCHED_INSTANCES, math.ceil(w.workers / per_instance(w.accelerator, price_table)))
 
 
+def fleet_vcpus(w: Workload) -> int:
+    """The vCPUs of the instances W environments run on (``deployment.GPU_INSTANCES``), as the account's EC2 quota
+    of running on-demand G instances counts them."""
+    a = w.accelerator
+    assert a is not None
+    fleet = max(LAUNCHED_INSTANCES, math.ceil(w.workers / environments_per_instance(a)))
+    return fleet * GPU_INSTANCES[a.instance].vcpus
+
+
 def run_extras(w: Workload, p: Parameters, price_table: PriceTable, run_s: float) -> dict[str, float]:
     """What a whole run of ``run_s`` bills beside its iterations: the fleet's instances and their fee over the
     scale-down tail, and its interface endpoints' hours rounded up to whole hours (a partial endpoint-hour is
@@ -427,6 +436,13 @@ class GpuWorker:
                     " scale-down tail",
                     source=f"the run sizes the fleet to its workers at its first launch and releases it at its end;"
                     f" {MANAGED_INSTANCES_SCALING}; the tail: {parameter_facts('gpu_scale_down_s')['source']}",
+                ),
+                Fact(
+                    name="EC2 quota",
+                    value=f"{fleet_vcpus(w)} vCPUs of running on-demand G instances; --quota ec2_g_vcpus=N checks them"
+                    " against the account's (not Lambda's concurrency, which Managed Instances do not take)",
+                    source="Service Quotas, Running On-Demand G and VT instances (`aws service-quotas"
+                    " get-service-quota --service-code ec2 --quota-code L-DB2E81BA`)",
                 ),
                 Fact(name="on-demand price", value=f"${kind.dollars_per_hour:g} per instance-hour", source=kind.source),
                 Fact(

@@ -183,6 +183,12 @@ class Quotas(BaseModel):
     s3_put_per_s: int = Field(3500, gt=0, description="PUT/COPY/POST/DELETE per second per prefix")
     s3_get_per_s: int = Field(5500, gt=0, description="GET/HEAD per second per prefix")
     sns_message_bytes: int = Field(256 * 1024, gt=0, description="one SNS message")
+    ec2_g_vcpus: int | None = Field(
+        None,
+        ge=0,
+        description="Running On-Demand G and VT instances, vCPUs per region (Service Quotas L-DB2E81BA), which a GPU"
+        " worker's fleet counts against; unknown unless given (an account's own, often low on a new one)",
+    )
 
 
 def load_overrides(calibration: str | Path | None, pairs: Iterable[str], model: type[BaseModel]) -> tuple[Any, dict]:

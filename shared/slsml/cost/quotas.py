@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 
 from slsml.cost.datatraffic import DataTraffic
+from slsml.cost.gpuworker import LAUNCHED_INSTANCES, fleet_vcpus
 from slsml.cost.messages import listed
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.plan import QuotaCheck
@@ -47,9 +48,15 @@ def quota_checks(
             QuotaCheck(name=name, value=value, limit=limit, unit=unit, ok=value <= limit, hard=hard, detail=detail)
         )
 
-    # Workers run while the WorkLauncher still publishes (when a worker outlasts the launch), reducers likewise.
+    # Workers run while the WorkLauncher still publishes (when a worker outlasts the launch), reducers likewise. GPU
+    # workers run on Lambda Managed Instances, whose environments take none of the account's concurrency and start
+    # no burst: their fleet counts against the EC2 quota of G instances instead.
     workers_in_flight = (
-        W if critical["worker"] >= spreads["work"] else math.ceil(W * critical["worker"] / spreads["work"])
+        0
+        if w.accelerator is not None
+        else W
+        if critical["worker"] >= spreads["work"]
+        else math.ceil(W * critical["worker"] / spreads["work"])
     )
     stage = (
         f"{workers_in_flight} workers in flight while the WorkLauncher publishes (+1)"
@@ -63,13 +70,25 @@ def quota_checks(
         "executions",
         f"{stage}; throttled invocations wait and retry",
     )
-    add(
-        "Lambda burst (first iteration)",
-        W * 10 / max(10.0, spreads["work"]),
-        q.lambda_burst_per_10s,
-        "new workers / 10 s",
-        f"{W} cold workers start within {spreads['work']:.1f} s",
-    )
+    if w.accelerator is None:
+        add(
+            "Lambda burst (first iteration)",
+            W * 10 / max(10.0, spreads["work"]),
+            q.lambda_burst_per_10s,
+            "new workers / 10 s",
+            f"{W} cold workers start within {spreads['work']:.1f} s",
+        )
+    elif q.ec2_g_vcpus is not None:
+        add(
+            "EC2 G instances (vCPUs)",
+            fleet_vcpus(w),
+            max(q.ec2_g_vcpus, 1e-9),
+            "vCPUs",
+            f"the fleet's {w.accelerator.instance} instances (at least {LAUNCHED_INSTANCES}) against the account's"
+            " Running On-Demand G and VT instances quota (L-DB2E81BA): Lambda cannot launch past it; raise it in"
+            " Service Quotas",
+            hard=True,
+        )
     for name in ("worker", "reducer", "merger"):
         need, have = memory_needed[name], w.memory_mb[name]
         detail = f"{name} needs ~{need:,.0f} MB and has {have:,} MB"
