@@ -4,17 +4,22 @@ instances held for the whole run, billed as Lambda Managed Instances bill them.
 Dollars, over the run (its scale-up before the first iteration and the idle time between iterations included: the
 environments are held until the run ends):
 
-- the instances: ⌈W / environments per instance⌉ × the type's on-demand price (``PriceTable.gpu_instances``), an
-  instance holding ⌊GPU memory / accelerator_gib⌋ environments on each of its GPUs;
+- the instances: ⌈W / environments per instance⌉, and no fewer than the ``LAUNCHED_INSTANCES`` Lambda launches for
+  AZ resiliency, × the type's on-demand price (``PriceTable.gpu_instances``), an instance holding
+  ⌊GPU memory / accelerator_gib⌋ environments on each of its GPUs;
 - Lambda Managed Instances' management fee, ``managed_instances_fee`` (15 %) of that on-demand price;
 - the requests, as every function's ($0.20 per million); no GB-second duration charge;
 - the VPC's interface endpoints (``deployment.INTERFACE_ENDPOINTS`` in ``ENDPOINT_AZS`` zones) per Availability Zone
   and hour, and per GB they carry (the worker's SNS messages and logs); its gateway endpoints (S3, DynamoDB) are free.
 
+A whole run adds (``run_extras``) the instances over the fleet's scale-down tail and the endpoints' hours rounded up
+to whole hours.
+
 Time: a worker computes its share at one environment's throughput. A card's throughput comes from a calibration of
 that very card (``slsml bench gpu``), never from another card's, else from the published figures in ``PUBLISHED``,
-each with its source. An environment with a fraction of a GPU's memory gets that fraction of its throughput (the
-GPU's compute shared as its memory is), and no more than it measured alone with that memory. A figure measured on
+each with its source, else from an estimate by the cards' datasheets (``DATASHEETS``, ``estimated``), labelled so.
+An environment with a fraction of a GPU's memory gets that fraction of its throughput (the GPU's compute shared as
+its memory is), and no more than it measured alone with that memory. A figure measured on
 another model is carried over by the models' compute on one vCPU (``compute_per_sample_s`` against the measured
 model's ``params × compute_s_per_param_sample``, a ResNet-50-like network's).
 
