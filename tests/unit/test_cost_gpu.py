@@ -1,6 +1,7 @@
 """slsml plan of GPU workers (Lambda Managed Instances): their dollars as the instances, the management fee, the
-requests and the VPC endpoints bill them, the instances W environments take, the card's throughput from a calibration
-of that card else from published figures, and the CLI that sets them beside CPU workers and one machine."""
+requests and the VPC endpoints bill them, the instances W environments take, their time as the model's training FLOPs
+over the card's published peak × the fraction of it achieved (a calibration of that card, else an estimate), and the
+CLI that sets them beside CPU workers and one machine."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from slsml.accounting import prices
 from slsml.cli.main import main
-from slsml.cost import gpuworker, tuner
+from slsml.cost import cards, gpuworker, tuner
 from slsml.cost import predict as costmodel
 from slsml.cost.calibration import GpuCalibration, GpuThroughput
 from slsml.cost.modelinfo import from_params
@@ -23,7 +24,7 @@ from slsml.cost.vm import VmComparison, compare_vm, lambda_run
 from slsml.cost.workload import Accelerator, Workload, function_memory, function_timeouts
 from slsml.rounds import sizing
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
-from slsml.spec.deployment import ENDPOINT_AZS, GPU_WORKER_DEFAULTS, INTERFACE_ENDPOINTS
+from slsml.spec.deployment import ENDPOINT_AZS, GPU_INSTANCES, GPU_WORKER_DEFAULTS, INTERFACE_ENDPOINTS
 from slsml.spec.errors import BadInputError, RunFailed
 from slsml.spec.limits import RunLimits
 from slsml.spec.shardplan import ShardPlan, VariableSpec
@@ -68,22 +69,38 @@ def function(plan: Plan, name: str) -> FunctionFigures:
     return next(f for f in plan.functions if f.function == name)
 
 
-def calibration(card: str, params: int, *entries: tuple[int, float], precision: str = "float32") -> GpuCalibration:
+def calibration(card: str, *entries: tuple[int, float], precision: str = "float32") -> GpuCalibration:
+    """What `slsml bench gpu` writes on ``card``: ResNet-50's fraction of the card's peak at each (GiB, fraction)."""
     return GpuCalibration(
         card=card,
         model="ResNet50 224x224x3",
-        params=params,
+        params=cards.RESNET50_PARAMS,
+        train_flops_per_sample=cards.RESNET50_TRAIN_FLOPS,
         sample_shape=(224, 224, 3),
         measured_at="2026-11-27T00:00:00+00:00",
         entries=tuple(
-            GpuThroughput(accelerator_gib=gib, precision=precision, micro_batch=64, samples_per_s=rate)
-            for gib, rate in entries
+            GpuThroughput(
+                accelerator_gib=gib,
+                precision=precision,
+                micro_batch=64,
+                samples_per_s=100.0,
+                achieved_fraction=fraction,
+            )
+            for gib, fraction in entries
         ),
     )
 
 
-def published(card: str, precision: str = "float32") -> float:
-    return next(f.samples_per_s for f in gpuworker.PUBLISHED if f.card == card and f.precision == precision)
+def estimate(precision: str = "float32") -> float:
+    """The fraction of a card's peak the plan takes where none was measured."""
+    return cards.estimated_fraction(precision, "g6.xlarge").value  # type: ignore[arg-type]
+
+
+def peak(card: str, precision: str = "float32") -> float:
+    """The card's published peak, FLOPS."""
+    sheet = cards.datasheet(card)
+    assert sheet is not None
+    return sheet.tflops(precision) * 1e12  # type: ignore[arg-type,operator]
 
 
 # ---- dollars ------------------------------------------------------------------------------------------------------
@@ -130,7 +147,7 @@ def test_the_scale_up_before_the_first_iteration_is_billed_and_waited_for() -> N
 )
 def test_more_workers_than_fit_one_instance_need_more_instances(instance: str, gib: int) -> None:
     kind = PRICES.gpu_instances[instance]
-    l4 = calibration("NVIDIA L4", gpuworker.RESNET50_PARAMS, (24, 300))
+    l4 = calibration("NVIDIA L4", (24, 0.3))
     fit = kind.gpus * (kind.gpu_memory_gib // gib)
     for workers in range(1, 2 * fit + 2):
         plan = predict(on_gpu(workload(workers=workers), gib, instance, l4))
@@ -142,57 +159,71 @@ def test_more_workers_than_fit_one_instance_need_more_instances(instance: str, g
 # ---- throughput ---------------------------------------------------------------------------------------------------
 
 
-def test_a_calibration_prices_the_card_it_measured_and_no_other() -> None:
-    work = workload()
-    a10g = calibration("NVIDIA A10G", gpuworker.RESNET50_PARAMS, (24, 500))
-    l4 = calibration("NVIDIA L4", gpuworker.RESNET50_PARAMS, (24, 300))
+def test_a_gpu_workers_time_is_the_models_flops_over_the_cards_peak_times_the_achieved_fraction() -> None:
+    work = workload().at(train_flops_per_sample=6e9)
+    a10g = calibration("NVIDIA A10G", (24, 0.5))
     samples = 256
-    seconds = {
-        name: gpuworker.KIND.compute_s(on_gpu(work, calibration=cal), P, samples)
-        for name, cal in (("published", None), ("a10g", a10g), ("l4", l4))
-    }
-    assert seconds["a10g"] == pytest.approx(seconds["published"] * published("NVIDIA A10G") / 500)
-    assert seconds["l4"] == seconds["published"]  # an L4's measure says nothing of an A10G
-    with pytest.raises(BadInputError, match="NVIDIA T4"):  # no published figure, no datasheet to estimate one by
-        on_gpu(work, 12, instance="g4dn.xlarge")
-    l4_seconds = gpuworker.KIND.compute_s(on_gpu(work, instance="g6.xlarge", calibration=l4), P, samples)
-    resnet_vcpu_s = gpuworker.RESNET50_PARAMS * P.compute_s_per_param_sample
-    assert l4_seconds == pytest.approx(samples * work.compute_per_sample_s / (300 * resnet_vcpu_s))
+    with_calibration = gpuworker.KIND.compute_s(on_gpu(work, calibration=a10g), P, samples)
+    without = gpuworker.KIND.compute_s(on_gpu(work), P, samples)
+    assert with_calibration == pytest.approx(samples * 6e9 / (31.2e12 * 0.5))  # the A10G's 31.2 TFLOPS float32
+    assert without == pytest.approx(samples * 6e9 / (31.2e12 * estimate()))
+    # a model of no counted FLOPs: estimated from its weights as ResNet-50's are
+    unknown = gpuworker.KIND.compute_s(on_gpu(workload(), calibration=a10g), P, samples)
+    assert unknown == pytest.approx(samples * RESNET * P.train_flops_per_param_sample / (31.2e12 * 0.5))
+    # the default fraction: an A10's published ResNet-50 training throughput × its FLOPs over the A10's peak
+    assert estimate() == pytest.approx(349 * cards.RESNET50_TRAIN_FLOPS / 31.2e12)
+    assert estimate("mixed_float16") == pytest.approx(638 * cards.RESNET50_TRAIN_FLOPS / 125e12)
 
 
-def test_a_calibration_of_the_model_itself_is_its_throughput() -> None:
+def test_a_calibration_of_one_card_is_never_applied_to_another() -> None:
     work = workload()
-    own = calibration("NVIDIA A10G", work.params, (24, 420))
-    assert gpuworker.KIND.compute_s(on_gpu(work, calibration=own), P, 840) == pytest.approx(2.0)
+    l4 = calibration("NVIDIA L4", (24, 0.9))
+    on_a10g = gpuworker.KIND.compute_s(on_gpu(work, calibration=l4), P, 100)
+    assert on_a10g == gpuworker.KIND.compute_s(on_gpu(work), P, 100)  # the A10G's estimate, not the L4's measure
+    on_l4 = on_gpu(work, instance="g6.xlarge", calibration=l4)
+    assert on_l4.accelerator is not None and on_l4.accelerator.fraction == 0.9
+    assert on_l4.accelerator.source.startswith("measured on NVIDIA L4 by slsml bench gpu (calibration.json")
+    with pytest.raises(BadInputError, match=r"measured on NVIDIA L4, not on the NVIDIA A10G of g5\.xlarge") as refused:
+        gpuworker.check_calibration(l4, "l4.json", ("g5.xlarge",))
+    assert len(str(refused.value).splitlines()) == 1 and "`slsml bench gpu` on a g5.xlarge" in str(refused.value)
+    gpuworker.check_calibration(l4, "l4.json", ("g5.xlarge", "g6.xlarge"))  # one of the types has its card
+    with pytest.raises(BadInputError, match="no mixed_bfloat16 peak is published of NVIDIA T4"):  # no bfloat16
+        on_gpu(work.at(training=TrainingSpec(mixed_precision="mixed_bfloat16")), 12, instance="g4dn.xlarge")
 
 
 def test_a_share_of_a_gpu_gets_that_share_of_its_compute_and_no_more_than_it_measured_alone() -> None:
     work = workload()
-    roomy = calibration("NVIDIA A10G", work.params, (24, 480), (6, 200))
-    cramped = calibration("NVIDIA A10G", work.params, (24, 480), (6, 90))
-    assert gpu(work, 6, calibration=roomy).samples_per_s == pytest.approx(480 * 6 / 24)
-    assert gpu(work, 6, calibration=cramped).samples_per_s == 90
-    assert gpu(work, 12).samples_per_s == pytest.approx(published("NVIDIA A10G") / 2)
+    roomy = calibration("NVIDIA A10G", (24, 0.4), (6, 0.2))
+    cramped = calibration("NVIDIA A10G", (24, 0.4), (6, 0.05))
+    assert gpu(work, 6, calibration=roomy).environment_fraction == pytest.approx(0.4 * 6 / 24)
+    assert gpu(work, 6, calibration=cramped).environment_fraction == 0.05
+    assert gpu(work, 12).environment_fraction == pytest.approx(estimate() / 2)
 
 
-def test_mixed_precision_workers_take_the_cards_mixed_precision_figure() -> None:
+def test_mixed_precision_workers_take_the_cards_tensor_peak() -> None:
     work = workload()
     mixed = work.at(training=TrainingSpec(mixed_precision="mixed_float16"))
     ratio = gpuworker.KIND.compute_s(on_gpu(work), P, 100) / gpuworker.KIND.compute_s(on_gpu(mixed), P, 100)
-    assert ratio == pytest.approx(published("NVIDIA A10G", "mixed_float16") / published("NVIDIA A10G"))
+    assert ratio == pytest.approx(125 * estimate("mixed_float16") / (31.2 * estimate()))
 
 
 def test_the_instance_type_chosen_is_the_cheapest_fleet_per_sample() -> None:
-    l4 = calibration("NVIDIA L4", gpuworker.RESNET50_PARAMS, (24, 300))
+    l4 = calibration("NVIDIA L4", (24, 0.15))
     for workers in (1, 3, 4, 5):
         work = workload(workers=workers)
         costs = {}
         for name, kind in PRICES.gpu_instances.items():
-            if kind.card in ("NVIDIA A10G", "NVIDIA L4") and kind.gpu_memory_gib >= 24:
-                a = gpu(work, 24, name, l4)
-                fleet = math.ceil(workers / (kind.gpus * (kind.gpu_memory_gib // 24)))
-                costs[name] = fleet * kind.dollars_per_hour / a.samples_per_s
+            if kind.gpu_memory_gib >= 24:
+                seconds = gpuworker.seconds_per_sample(work.at(accelerator=gpu(work, 24, name, l4)), P)
+                fleet = max(3, math.ceil(workers / (kind.gpus * (kind.gpu_memory_gib // 24))))
+                costs[name] = fleet * kind.dollars_per_hour * seconds
         assert gpu(work, 24, None, l4).instance == min(costs, key=costs.__getitem__), workers
+
+
+def test_every_gpu_instance_types_card_has_a_datasheet() -> None:
+    for name, kind in GPU_INSTANCES.items():
+        sheet = cards.datasheet(kind.card)
+        assert sheet is not None and sheet.memory_gib == kind.gpu_memory_gib, name
 
 
 # ---- the CLI ------------------------------------------------------------------------------------------------------
@@ -255,10 +286,9 @@ def test_the_acceptance_epoch_against_one_machine(capsys: pytest.CaptureFixture,
         *("--epochs", "1", "--samples", "1281167", "--accelerator", "worker=24", "--workers", "4"),
     )
     cpu_side, gpu_side, machine, machines = out["side_by_side"]
-    # g6.xlarge, the instance the stack deploys: one L4, estimated at the A10G's published figure × the lower of the
-    # datasheets' ratios (float32 30.3 / 31.2 TFLOPS, memory 300 / 600 GB/s)
-    l4 = published("NVIDIA A10G") * min(30.3 / 31.2, 300 / 600)
-    rate = l4 * gpuworker.RESNET50_PARAMS * P.compute_s_per_param_sample / 0.1
+    # g6.xlarge, the instance the stack deploys: one L4, its 30.3 TFLOPS float32 at the estimated fraction, over the
+    # model's training FLOPs (estimated from its weights)
+    rate = 30.3e12 * estimate() / (25_600_000 * P.train_flops_per_param_sample)
     assert out["compare_vm"]["machine"] == "g6.xlarge"
     assert out["compare_vm"]["samples_per_s"] == pytest.approx(rate)
     assert machine["epoch_dollars"] == pytest.approx(
@@ -295,8 +325,9 @@ def test_the_plan_prices_the_instance_type_the_deployment_allows_with_its_cards_
     card = facts["card"]
     assert card["value"].startswith("NVIDIA L4: 30.3 TFLOPS float32, 121 TFLOPS float16 tensor (dense), 24 GB")
     assert card["source"].startswith("NVIDIA L4 datasheet, https://www.nvidia.com/")
-    throughput = facts["card throughput"]["source"]
-    assert throughput.startswith("estimate: ") and "`slsml bench gpu` on a g6.xlarge" in throughput
+    fraction = facts["achieved fraction"]
+    assert fraction["source"].startswith("estimate: ") and "`slsml bench gpu` on a g6.xlarge" in fraction["source"]
+    assert fraction["value"].startswith(f"{estimate():.3g} of the card's 30.3 TFLOPS float32 peak")
     assert "aws.amazon.com/ec2/pricing" in facts["on-demand price"]["source"]
     # a deployment naming another type is priced on it
     limits = RunLimits().with_worker_accelerator(24, ("g5.2xlarge",))
@@ -496,8 +527,9 @@ def test_a_deployments_limits_carry_its_accelerator_to_the_plan_budget_and_tuner
     deployed = gpuworker.deployed(work, P, PRICES, limits)
     assert deployed.accelerator is not None and deployed.accelerator.instance == "g5.xlarge"
     assert gpuworker.deployed(work, P, PRICES, RunLimits()) is work
-    with pytest.raises(BadInputError, match="no float32 throughput is known of NVIDIA T4"):
-        gpuworker.deployed(work, P, PRICES, RunLimits().with_worker_accelerator(12, ("g4dn.xlarge",)))
+    bfloat16 = work.at(training=TrainingSpec(mixed_precision="mixed_bfloat16"))
+    with pytest.raises(BadInputError, match="no mixed_bfloat16 peak is published of NVIDIA T4"):
+        gpuworker.deployed(bfloat16, P, PRICES, RunLimits().with_worker_accelerator(12, ("g4dn.xlarge",)))
     config = run_config(RESNET, 148_000_000)
     on_cpu, on_gpus = tuner.predictor(config, 0.001), tuner.predictor(config, 0.001, limits)
     assert on_gpus(4) != on_cpu(4)
@@ -551,12 +583,12 @@ def test_the_resnet50_run_of_docs_cost_md_against_the_deployed_card(
     monkeypatch.chdir(tmp_path)
     out = plan_json(
         capsys,
-        *("--params", str(gpuworker.RESNET50_PARAMS), "--compute-per-sample", "0.4895", "--sample-bytes", "602112"),
+        *("--params", str(cards.RESNET50_PARAMS), "--compute-per-sample", "0.4895", "--sample-bytes", "602112"),
         *("--samples", "1281167", "--batch", "8192", "--epochs", "5", "--accelerator", "worker=24"),
     )
     vm, run = out["compare_vm"], out["compare_vm"]["run"]
     assert vm["machine"] == "g6.xlarge"
-    assert run["lambda_seconds"] <= 0.5 * run["seconds"] and run["lambda_dollars"] <= 1.6 * run["dollars"], run
+    assert run["lambda_seconds"] <= 0.5 * run["seconds"] and run["lambda_dollars"] <= 2 * run["dollars"], run
     assert 0 < run["gpu_busy"] < 1
 
 
@@ -574,3 +606,31 @@ def test_gpu_workers_take_no_lambda_concurrency_and_count_against_the_ec2_g_inst
         assert (g.value, g.ok, g.hard) == (8 * 4, ok, True)  # 8 g6.xlarge of 4 vCPUs
     three = costmodel.predict(on_gpu(workload(workers=2), instance="g6.xlarge"), P, Quotas(ec2_g_vcpus=64), PRICES)
     assert next(q for q in three.quotas if q.name == "EC2 G instances (vCPUs)").value == 3 * 4  # three at least
+
+
+def test_the_plan_takes_a_calibration_of_its_card_and_refuses_one_of_another_in_one_line(
+    capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no calibration file but those given
+    argv = ("--params", "2000000", "--iterations", "3", "--workers", "2", "--accelerator", "worker=24")
+    l4, a10g = tmp_path / "l4.json", tmp_path / "a10g.json"
+    l4.write_text(calibration("NVIDIA L4", (24, 0.3)).model_dump_json())
+    a10g.write_text(calibration("NVIDIA A10G", (24, 0.3)).model_dump_json())
+    measured = plan_json(capsys, *argv, "--gpu-calibration", str(l4))
+    estimated = plan_json(capsys, *argv)
+    seconds = {
+        name: gpuworker.seconds_per_sample(Workload.model_validate(out["workload"]), P)
+        for name, out in (("measured", measured), ("estimated", estimated))
+    }
+    assert seconds["measured"] == pytest.approx(2_000_000 * P.train_flops_per_param_sample / (30.3e12 * 0.3))
+    assert seconds["estimated"] == pytest.approx(seconds["measured"] * 0.3 / estimate())
+    fraction = {fact["name"]: fact for fact in measured["worker"]["facts"]}["achieved fraction"]
+    assert fraction["source"].startswith(f"measured on NVIDIA L4 by slsml bench gpu ({l4}")
+    assert main(["plan", *argv, "--gpu-calibration", str(a10g)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "measured on NVIDIA A10G, not on the NVIDIA L4 of g6.xlarge" in err, err
+    stale = tmp_path / "stale.json"  # a calibration of an earlier slsml: no FLOPs, no fractions
+    stale.write_text(json.dumps({k: v for k, v in json.loads(l4.read_text()).items() if k != "train_flops_per_sample"}))
+    assert main(["plan", *argv, "--gpu-calibration", str(stale)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train_flops_per_sample" in err and "slsml bench gpu" in err, err

@@ -1,6 +1,7 @@
 """GPU workers on this machine: ``--accelerator worker=GIB`` is refused in one line where TensorFlow sees no GPU (and
 for any function but the worker), ``slsml bench gpu`` exits 2 without a GPU, and its calibration gives each
-accelerator memory the throughput of the largest micro-batch whose device memory peak fits it."""
+accelerator memory the throughput of the largest micro-batch whose device memory peak fits it, and the fraction of the
+card's published peak that achieves."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from slsml.spec.errors import BadInputError
 
 SLSML = [sys.executable, "-m", "slsml.cli.main"]
 GIB = 1024**3
+FLOPS = 23_000_000_000
 
 
 def _slsml(*arguments: str, cwd: Path, path: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -59,7 +61,14 @@ def _probe(precision: str, peaks_gib: dict[int, float], rate_per_sample: float) 
         gpu.Measured(batch=batch, samples_per_s=batch * rate_per_sample, peak_bytes=int(peak * GIB))
         for batch, peak in sorted(peaks_gib.items())
     )
-    return gpu.Probe(precision=precision, device="gpu", backend="jax", params=25_636_712, rows=rows)  # type: ignore[arg-type]
+    return gpu.Probe(
+        precision=precision,  # type: ignore[arg-type]
+        device="gpu",
+        backend="tensorflow",
+        params=25_636_712,
+        train_flops_per_sample=FLOPS,
+        rows=rows,
+    )
 
 
 def test_each_accelerator_memory_gets_the_largest_micro_batch_that_fits_it(tmp_path: Path) -> None:
@@ -68,8 +77,9 @@ def test_each_accelerator_memory_gets_the_largest_micro_batch_that_fits_it(tmp_p
     cpu = gpu.Probe(
         precision="float32",
         device="cpu",
-        backend="jax",
+        backend="tensorflow",
         params=25_636_712,
+        train_flops_per_sample=None,
         rows=(gpu.Measured(batch=8, samples_per_s=7.0, peak_bytes=None),),
     )
     report = gpu.assembled("NVIDIA L4", 22.5, (float32, bfloat16), cpu, 224)
@@ -87,6 +97,10 @@ def test_each_accelerator_memory_gets_the_largest_micro_batch_that_fits_it(tmp_p
     }  # 24 and 48 GiB are past the card's 22.5
     assert calibration.samples_per_s(12, "mixed_bfloat16") == pytest.approx(256 * 15.0)
     assert calibration.samples_per_s(24, "float32") is None
+    # the fraction of the L4's published peaks: 30.3 TFLOPS float32, 121 TFLOPS 16-bit on its tensor cores
+    assert calibration.fraction(12, "float32") == pytest.approx(128 * 10.0 * FLOPS / 30.3e12)
+    assert calibration.card_fraction("mixed_bfloat16") == pytest.approx(256 * 15.0 * FLOPS / 121e12)
+    assert calibration.train_flops_per_sample == FLOPS
     assert report.cpu_samples_per_s == 7.0
     written = tmp_path / "calibration.json"
     written.write_text(calibration.model_dump_json())

@@ -1,5 +1,7 @@
 """``slsml bench gpu``: a model's training throughput on this machine's GPU at each accelerator memory a GPU function
-may have, float32 against mixed precision side by side, and the calibration ``slsml plan`` prices GPU workers from.
+may have, float32 against mixed precision side by side, the fraction of the card's published peak that achieves (the
+model's training FLOPs per sample, ``slsml.cost.flops``, × samples/s ÷ the peak of ``cards.DATASHEETS`` in that
+precision), and the calibration ``slsml plan`` times GPU workers of this card by.
 
 Each precision is measured in a process of its own (a fresh framework, its own memory statistics): training steps of
 the model at growing micro-batches, each timed and its device memory peak read. An accelerator memory's throughput
@@ -20,7 +22,9 @@ from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict
 
+from slsml.cost import flops
 from slsml.cost.calibration import GpuCalibration, GpuThroughput, Precision
+from slsml.cost.cards import DATASHEETS, datasheet
 from slsml.local import accelerator
 from slsml.spec.deployment import FunctionSettings
 from slsml.spec.errors import SlsmlError
@@ -60,6 +64,7 @@ class Probe(BaseModel):
     device: Literal["gpu", "cpu"]
     backend: str
     params: int
+    train_flops_per_sample: int | None  # counted on the GPU's probes only
     rows: tuple[Measured, ...]
 
 
@@ -91,8 +96,12 @@ def measure(
     show: Callable[[str, int, int], None] = lambda name, done, total: None,
 ) -> GpuReport:
     """ResNet-50 at ``image_size``² (``CLASSES`` classes) trained at each of ``batches`` in each of ``precisions`` on
-    the GPU, and at ``CPU_BATCH`` on the CPU where ``cpu``; the calibration of every accelerator memory the card has."""
+    the GPU, and at ``CPU_BATCH`` on the CPU where ``cpu``; the calibration of every accelerator memory the card has.
+    ``SlsmlError`` where there is no GPU or its card's peak is not published (``cards.DATASHEETS``)."""
     name, card_gib = card()
+    if datasheet(name) is None:
+        known = ", ".join(sheet.card for sheet in DATASHEETS)
+        raise SlsmlError(f"{name}: no published peak of this card in slsml (cards.DATASHEETS: {known})")
     probes = []
     for precision in precisions:
         show(f"{precision} on {name}", 0, 1)
@@ -111,9 +120,15 @@ def assembled(
 ) -> GpuReport:
     """The report of ``probes`` on the GPU ``name`` of ``card_gib`` (and ``cpu_probe``'s rate beside them): every
     accelerator memory the card has, at the throughput of the largest micro-batch that fits it."""
+    flops = probes[0].train_flops_per_sample
+    assert flops is not None  # a GPU probe's
     entries = [
         GpuThroughput(
-            accelerator_gib=size, precision=probe.precision, micro_batch=row.batch, samples_per_s=row.samples_per_s
+            accelerator_gib=size,
+            precision=probe.precision,
+            micro_batch=row.batch,
+            samples_per_s=row.samples_per_s,
+            achieved_fraction=achieved(name, probe.precision, row.samples_per_s, flops),
         )
         for size in accelerator_sizes()
         if size <= card_gib
@@ -124,6 +139,7 @@ def assembled(
         card=name,
         model=f"ResNet50 {image_size}x{image_size}x3, {CLASSES} classes ({probes[0].backend} backend)",
         params=probes[0].params,
+        train_flops_per_sample=flops,
         sample_shape=(image_size, image_size, 3),
         measured_at=datetime.now(UTC).isoformat(timespec="seconds"),
         entries=tuple(entries),
@@ -135,6 +151,14 @@ def assembled(
         probes=probes,
         cpu_samples_per_s=None if cpu_probe is None else max(row.samples_per_s for row in cpu_probe.rows),
     )
+
+
+def achieved(card_name: str, precision: Precision, samples_per_s: float, flops: int) -> float | None:
+    """The fraction of ``card_name``'s published peak in ``precision`` that ``samples_per_s`` of ``flops`` each
+    achieve; None where the peak is not published."""
+    sheet = datasheet(card_name)
+    peak = None if sheet is None else sheet.tflops(precision)
+    return None if peak is None else samples_per_s * flops / (peak * 1e12)
 
 
 def _fitting(probe: Probe, size_gib: int) -> Measured | None:
@@ -177,6 +201,11 @@ def _run_probe(
     model = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3), classes=CLASSES)
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
     rng = np.random.default_rng(0)
+    counted = None
+    if device == "gpu":
+        if keras.backend.backend() != "tensorflow":
+            raise SystemExit("FLOPs are counted by TensorFlow's cost analysis: run with KERAS_BACKEND=tensorflow")
+        counted = flops.count(model, rng.random((1, image_size, image_size, 3), dtype=np.float32)).training
     rows = []
     for batch in sorted(batches):
         x = rng.random((batch, image_size, image_size, 3), dtype=np.float32)
@@ -200,6 +229,7 @@ def _run_probe(
                 device=device,
                 backend=keras.backend.backend(),
                 params=model.count_params(),
+                train_flops_per_sample=counted,
                 rows=tuple(rows),
             )
         )

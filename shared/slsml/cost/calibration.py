@@ -1,6 +1,7 @@
 """GPU throughput as ``slsml bench gpu`` measured it on a machine with a GPU: samples per second of one model at each
 accelerator memory (a logical device of that memory, as one execution environment of a GPU function has), in float32
-and under mixed precision. The plan prices GPU workers from it where it is given, else from published figures."""
+and under mixed precision, and the fraction of the card's peak that is (the model's training FLOPs per sample ×
+samples/s ÷ the card's published peak in that precision). The plan times GPU workers of that very card by it."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ class GpuThroughput(BaseModel):
     precision: Precision
     micro_batch: int = Field(ge=1, description="samples per step: the most that fit the accelerator memory")
     samples_per_s: float = Field(gt=0)
+    achieved_fraction: float | None = Field(
+        gt=0, description="samples/s × the model's training FLOPs per sample ÷ the card's peak; None: no datasheet"
+    )
 
 
 class GpuCalibration(BaseModel):
@@ -34,6 +38,7 @@ class GpuCalibration(BaseModel):
     card: str = Field(description="the GPU, as its driver names it")
     model: str = Field(description="the model measured, e.g. ResNet50 224x224x3")
     params: int = Field(gt=0)
+    train_flops_per_sample: int = Field(gt=0, description="the model's training step, one sample (slsml.cost.flops)")
     sample_shape: tuple[int, ...]
     measured_at: str = Field(description="ISO 8601, UTC")
     entries: tuple[GpuThroughput, ...]
@@ -45,10 +50,19 @@ class GpuCalibration(BaseModel):
                 return entry.samples_per_s
         return None
 
-    def card_samples_per_s(self, precision: Precision) -> float | None:
-        """The whole card's throughput in ``precision``: that measured at the most memory; None where none was."""
+    def fraction(self, accelerator_gib: int, precision: Precision) -> float | None:
+        """The fraction of the card's peak achieved at ``accelerator_gib`` in ``precision``; None where it was not
+        measured."""
+        for entry in self.entries:
+            if entry.accelerator_gib == accelerator_gib and entry.precision == precision:
+                return entry.achieved_fraction
+        return None
+
+    def card_fraction(self, precision: Precision) -> float | None:
+        """The whole card's fraction of its peak in ``precision``: that measured at the most memory; None where none
+        was."""
         measured = [entry for entry in self.entries if entry.precision == precision]
-        return max(measured, key=lambda entry: entry.accelerator_gib).samples_per_s if measured else None
+        return max(measured, key=lambda entry: entry.accelerator_gib).achieved_fraction if measured else None
 
     def measures(self, card: str) -> bool:
         """Whether this calibration was measured on ``card`` (names compared as ``card_key`` reduces them)."""
@@ -67,4 +81,8 @@ def load_calibration(path: Path) -> GpuCalibration:
     except FileNotFoundError:
         raise BadInputError(f"{path}: no such GPU calibration (`slsml bench gpu` writes one)") from None
     except ValueError as error:
-        raise BadInputError(f"{path}: not a GPU calibration ({str(error).splitlines()[0]})") from None
+        lines = str(error).splitlines()
+        why = f"{lines[1]}: {lines[2].strip()}" if len(lines) > 2 else lines[0]
+        raise BadInputError(
+            f"{path}: not a GPU calibration of this slsml ({why}); run `slsml bench gpu` again"
+        ) from None

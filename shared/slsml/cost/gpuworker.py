@@ -15,13 +15,12 @@ environments are held until the run ends):
 A whole run adds (``run_extras``) the instances over the fleet's scale-down tail and the endpoints' hours rounded up
 to whole hours.
 
-Time: a worker computes its share at one environment's throughput. A card's throughput comes from a calibration of
-that very card (``slsml bench gpu``), never from another card's, else from the published figures in ``PUBLISHED``,
-each with its source, else from an estimate by the cards' datasheets (``DATASHEETS``, ``estimated``), labelled so.
-An environment with a fraction of a GPU's memory gets that fraction of its throughput (the GPU's compute shared as
-its memory is), and no more than it measured alone with that memory. A figure measured on
-another model is carried over by the models' compute on one vCPU (``compute_per_sample_s`` against the measured
-model's ``params × compute_s_per_param_sample``, a ResNet-50-like network's).
+Time: a worker computes its share at one environment's throughput: the model's training FLOPs per sample
+(``slsml.cost.flops``, else estimated from its weights) ÷ (the card's published peak in the run's precision,
+``cards.DATASHEETS`` × the fraction of it achieved). The fraction comes from a calibration of that very card
+(``slsml bench gpu``), never from another card's, else from an estimate (``cards.estimated_fraction``), labelled so.
+An environment with a share of a GPU's memory gets that share of its compute (the GPU's compute shared as its
+memory is), and no more than it measured alone with that memory.
 
 S3: an environment runs on an EC2 instance, not in Lambda's sandbox, so it reads and writes S3 as an instance does
 (``s3_mb_s``): ``S3_CONNECTION_MB_S`` a connection, as many connections as the worker keeps busy (16 GETs of the
@@ -33,11 +32,10 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from slsml.accounting.prices import LAMBDA_PRICING, PRIVATELINK_PRICING, GpuInstance, PriceTable
 from slsml.aws.storage import PARALLEL_PARTS, upload_parts
-from slsml.cost.calibration import CALIBRATION_FILE, GpuCalibration, Precision, card_key, load_calibration
+from slsml.cost.calibration import CALIBRATION_FILE, GpuCalibration, Precision, load_calibration
+from slsml.cost.cards import DATASHEETS, MEASURE, Datasheet, datasheet, estimated_fraction
 from slsml.cost.chain import round_traffic
 from slsml.cost.parameters import Parameters, parameter_facts
 from slsml.cost.workerkind import Fact, WorkerFigures
@@ -72,113 +70,6 @@ NETWORK_GBPS = {
 }
 MANAGED_INSTANCES_SCALING = "https://docs.aws.amazon.com/lambda/latest/dg/lambda-managed-instances-scaling.html"
 LAUNCHED_INSTANCES = 3  # "it launches three by default for AZ resiliency" (MANAGED_INSTANCES_SCALING)
-RESNET50_PARAMS = 25_636_712  # Keras's ResNet50: 102,546,848 B of float32 weights (Parameters.keras_file_overhead)
-LAMBDA_BENCHMARK = "https://github.com/lambdal/deeplearning-benchmark/blob/master/pytorch/pytorch-train-throughput"
-
-
-class Published(BaseModel):
-    """A card's published ResNet-50 training throughput in one precision."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    card: str
-    precision: Precision
-    samples_per_s: float
-    source: str
-
-
-class Datasheet(BaseModel):
-    """A card's figures as its maker publishes them: dense float32 and float16 tensor throughput, memory and its
-    bandwidth."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    card: str
-    float32_tflops: float
-    tensor_tflops: float = Field(description="float16 on the tensor cores, dense (without sparsity)")
-    memory_gib: int
-    memory_gb_s: float
-    source: str
-
-    def tflops(self, mode: Precision) -> float:
-        """Its throughput in ``mode``: float32's, or the tensor cores' for mixed float16."""
-        return self.float32_tflops if mode == "float32" else self.tensor_tflops
-
-    def described(self) -> str:
-        """Its figures, in words."""
-        return (
-            f"{self.float32_tflops:g} TFLOPS float32, {self.tensor_tflops:g} TFLOPS float16 tensor (dense),"
-            f" {self.memory_gib} GB at {self.memory_gb_s:g} GB/s"
-        )
-
-
-_A10G = (
-    "Lambda's GPU benchmark, ResNet-50 training (PyTorch) on an A10, {csv}; the A10G is AWS's variant of the A10"
-    " (GA102, 24 GB), assumed as fast"
-)
-PUBLISHED = (
-    Published(
-        card="NVIDIA A10G",
-        precision="float32",
-        samples_per_s=349,
-        source=_A10G.format(csv=f"{LAMBDA_BENCHMARK}-fp32.csv"),
-    ),
-    Published(
-        card="NVIDIA A10G",
-        precision="mixed_float16",
-        samples_per_s=638,
-        source=_A10G.format(csv=f"{LAMBDA_BENCHMARK}-fp16.csv"),
-    ),
-)
-DATASHEETS = (
-    Datasheet(
-        card="NVIDIA A10G",
-        float32_tflops=31.2,
-        tensor_tflops=125,
-        memory_gib=24,
-        memory_gb_s=600,
-        source="NVIDIA A10 datasheet, https://www.nvidia.com/en-us/data-center/products/a10-gpu/ (the A10G: AWS's"
-        " variant, assumed alike)",
-    ),
-    Datasheet(
-        card="NVIDIA L4",
-        float32_tflops=30.3,
-        tensor_tflops=121,
-        memory_gib=24,
-        memory_gb_s=300,
-        source="NVIDIA L4 datasheet, https://www.nvidia.com/en-us/data-center/l4/",
-    ),
-)
-MEASURE = "measure it: `slsml bench gpu` on a {instance}, then --gpu-calibration FILE"
-
-
-def datasheet(card: str) -> Datasheet | None:
-    """The published figures of ``card``; None where slsml has none."""
-    return next((sheet for sheet in DATASHEETS if card_key(sheet.card) == card_key(card)), None)
-
-
-def estimated(card: str, mode: Precision, instance: str) -> Published | None:
-    """An estimate of ``card``'s ResNet-50 training throughput in ``mode`` where none is published: a published
-    card's figure times the lower of the two cards' published ratios of throughput in that precision and of memory
-    bandwidth (what bounds a training step: its arithmetic or its memory traffic). None: no datasheet to scale by."""
-    sheet = datasheet(card)
-    if sheet is None:
-        return None
-    for figure in PUBLISHED:
-        known = datasheet(figure.card)
-        if figure.precision != mode or known is None or known is sheet:
-            continue
-        compute, bandwidth = sheet.tflops(mode) / known.tflops(mode), sheet.memory_gb_s / known.memory_gb_s
-        return Published(
-            card=card,
-            precision=mode,
-            samples_per_s=figure.samples_per_s * min(compute, bandwidth),
-            source=f"estimate: the {figure.card}'s {figure.samples_per_s:g} samples/s × {min(compute, bandwidth):.3g},"
-            f" the lower of the {'float32' if mode == 'float32' else 'float16 tensor'} throughput ratio"
-            f" ({compute:.3g}) and the memory bandwidth ratio ({bandwidth:.3g}) of the datasheets ({sheet.source};"
-            f" {known.source}); its ResNet-50 figure: {figure.source}; {MEASURE.format(instance=instance)}",
-        )
-    return None
 
 
 def precision(w: Workload) -> Precision:
@@ -186,35 +77,51 @@ def precision(w: Workload) -> Precision:
     return w.training.mixed_precision or "float32"
 
 
-def _throughput(
+def train_flops(w: Workload, p: Parameters) -> float:
+    """The FLOPs of one sample's training step of the workload's model: counted (``slsml.cost.flops``), else
+    estimated from its weights as a ResNet-50-like network's (``train_flops_per_param_sample``)."""
+    return w.train_flops_per_sample or w.params * p.train_flops_per_param_sample
+
+
+def _fraction(
     name: str,
     instance: GpuInstance,
     gib: int,
     mode: Precision,
     calibration: GpuCalibration | None,
     calibration_name: str,
-) -> tuple[float, float, bool, str] | None:
-    """(one environment's, the whole card's throughput, whether the calibration measured them, their source) of
-    the card of ``instance`` (type ``name``) in ``mode``: a calibration of that card, else its published figure, else
-    an estimate from its datasheet (``estimated``); None where there is none of these."""
+) -> tuple[Datasheet, float, float, str] | None:
+    """(the card's datasheet, the fraction of its peak in ``mode`` a whole card and one environment of ``gib``
+    achieve, where the fraction comes from) of the card of ``instance`` (type ``name``): a calibration of that card,
+    else the estimate (``cards.estimated_fraction``); None where the card has no datasheet or no peak in ``mode``."""
+    sheet = datasheet(instance.card)
+    if sheet is None or sheet.tflops(mode) is None:
+        return None
     share = gib / instance.gpu_memory_gib
     if calibration is not None and calibration.measures(instance.card):
-        card = calibration.card_samples_per_s(mode)
+        card = calibration.card_fraction(mode)
         if card is not None:
-            alone = calibration.samples_per_s(gib, mode)
+            alone = calibration.fraction(gib, mode)
             environment = min(card * share, alone) if alone is not None else card * share
             source = (
-                f"calibration {calibration_name}: {calibration.model} on {calibration.card}, {mode}, measured"
-                f" {calibration.measured_at}"
+                f"measured on {calibration.card} by slsml bench gpu ({calibration_name}: {calibration.model}, {mode},"
+                f" {calibration.measured_at})"
             )
-            return environment, card, True, source
-    for figure in PUBLISHED:
-        if card_key(figure.card) == card_key(instance.card) and figure.precision == mode:
-            return figure.samples_per_s * share, figure.samples_per_s, False, figure.source
-    estimate = estimated(instance.card, mode, name)
-    if estimate is not None:
-        return estimate.samples_per_s * share, estimate.samples_per_s, False, estimate.source
-    return None
+            return sheet, card, environment, source
+    estimate = estimated_fraction(mode, name)
+    return sheet, estimate.value, estimate.value * share, estimate.source
+
+
+def check_calibration(calibration: GpuCalibration, path: str, instance_types: tuple[str, ...]) -> None:
+    """BadInputError, in one line, where ``calibration`` measured none of the cards of ``instance_types``: a card's
+    measure is never applied to another card."""
+    cards = sorted({GPU_INSTANCES[name].card for name in instance_types if name in GPU_INSTANCES})
+    if cards and not any(calibration.measures(card) for card in cards):
+        raise BadInputError(
+            f"--gpu-calibration {path}: measured on {calibration.card}, not on the {' or '.join(cards)} of"
+            f" {', '.join(instance_types)}; a calibration is never applied to another card:"
+            f" {MEASURE.format(instance=instance_types[0])}"
+        )
 
 
 def accelerator(
@@ -241,29 +148,28 @@ def accelerator(
             )
     choices = []
     for name in instance_types:
-        kind = types[name]
-        found = _throughput(name, kind, gib, mode, calibration, calibration_name)
+        found = _fraction(name, types[name], gib, mode, calibration, calibration_name)
         if found is None:
             continue
-        environment, card, measured, source = found
-        measured_params = calibration.params if measured and calibration is not None else RESNET50_PARAMS
+        sheet, card, environment, source = found
+        peak = sheet.tflops(mode)
+        assert peak is not None
         candidate = Accelerator(
             gib=gib,
             instance=name,
             precision=mode,
-            samples_per_s=environment,
-            card_samples_per_s=card,
-            measured_params=None if measured_params == w.params else measured_params,  # the same model: as measured
+            peak_tflops=peak,
+            fraction=card,
+            environment_fraction=environment,
             source=source,
         )
         choices.append((_fleet_dollars_per_sample(w.at(accelerator=candidate), p, price_table), candidate))
     if not choices:
         cards = sorted({types[name].card for name in instance_types})
-        published = sorted({f.card for f in PUBLISHED if f.precision == mode} | {d.card for d in DATASHEETS})
+        known = sorted(sheet.card for sheet in DATASHEETS if sheet.tflops(mode) is not None)
         raise BadInputError(
-            f"--accelerator worker={gib} on {', '.join(instance_types)}: no {mode} throughput is known of"
-            f" {' or '.join(cards)} (published or estimated: {', '.join(published)});"
-            f" {MEASURE.format(instance=instance_types[0])}"
+            f"--accelerator worker={gib} on {', '.join(instance_types)}: no {mode} peak is published of"
+            f" {' or '.join(cards)} (datasheets: {', '.join(known)}); give --gpu-instance of one of them"
         )
     return min(choices, key=lambda choice: choice[0])[1]
 
@@ -331,23 +237,21 @@ def run_extras(w: Workload, p: Parameters, price_table: PriceTable, run_s: float
 
 
 def seconds_per_sample(w: Workload, p: Parameters) -> float:
-    """One environment's seconds per sample of the workload's model: the measured throughput, carried over to this
-    model by the two models' compute on one vCPU where another model was measured."""
+    """One environment's seconds per sample of the workload's model: its training FLOPs ÷ the fraction of the card's
+    peak the environment achieves."""
     a = w.accelerator
     assert a is not None
-    if a.measured_params is None:
-        return 1 / a.samples_per_s
-    return w.compute_per_sample_s / (a.samples_per_s * a.measured_params * p.compute_s_per_param_sample)
+    return train_flops(w, p) / (a.peak_tflops * 1e12 * a.environment_fraction)
 
 
 def machine(w: Workload, p: Parameters, price_table: PriceTable) -> tuple[float, float, str, str]:
     """One machine of the workers' instance type training alone: (samples/s on the workload's model, its on-demand
-    $/h, its name, the figures' sources), every GPU of it at the throughput the plan uses."""
+    $/h, its name, the figures' sources), every GPU of it at the fraction of its peak the plan uses."""
     a = w.accelerator
     assert a is not None
     kind = price_table.gpu_instances[a.instance]
-    rate = kind.gpus * a.card_samples_per_s / a.samples_per_s / seconds_per_sample(w, p)
-    return rate, kind.dollars_per_hour, a.instance, f"throughput: {a.source}; price: {kind.source}"
+    rate = kind.gpus * a.peak_tflops * 1e12 * a.fraction / train_flops(w, p)
+    return rate, kind.dollars_per_hour, a.instance, f"achieved fraction: {a.source}; price: {kind.source}"
 
 
 class GpuWorker:
@@ -401,15 +305,13 @@ class GpuWorker:
         kind = price_table.gpu_instances[a.instance]
         each, fleet = per_instance(a, price_table), instances(w, price_table)
         rate = 1 / seconds_per_sample(w, p)
-        if a.measured_params is None:
-            carried = "this very model was measured"
-        else:
-            measured_s = a.measured_params * p.compute_s_per_param_sample
-            carried = (
-                f"× {measured_s / w.compute_per_sample_s:.3g}: the measured model's {measured_s:.3g} s a sample on one"
-                f" vCPU ({a.measured_params:,} weights × compute_s_per_param_sample) over this one's"
-                f" {w.compute_per_sample_s:.3g} s"
-            )
+        flops = train_flops(w, p)
+        counted = (
+            "counted by TensorFlow's cost analysis (slsml.cost.flops)"
+            if w.train_flops_per_sample
+            else f"estimated from its {w.params:,} weights as a ResNet-50-like network's"
+            " (train_flops_per_param_sample; --model counts them)"
+        )
         gpus = f"{kind.gpus} GPU{'s' if kind.gpus > 1 else ''}"
         return WorkerFigures(
             kind=self.name,
@@ -456,16 +358,23 @@ class GpuWorker:
                     source=LAMBDA_PRICING,
                 ),
                 Fact(
-                    name="card throughput",
-                    value=f"{a.card_samples_per_s:,.4g} samples/s, {a.precision}",
+                    name="training FLOPs",
+                    value=f"{flops / 1e9:,.4g} GFLOPs a sample (forward and backward)",
+                    source=counted,
+                ),
+                Fact(
+                    name="achieved fraction",
+                    value=f"{a.fraction:.3g} of the card's {a.peak_tflops:g} TFLOPS {a.precision} peak:"
+                    f" {a.fraction * a.peak_tflops:,.4g} TFLOPS",
                     source=a.source,
                 ),
                 Fact(
                     name="environment throughput",
-                    value=f"{rate:,.4g} samples/s on this model: {a.samples_per_s:,.4g} on the measured one"
-                    f" ({a.gib} of the card's {kind.gpu_memory_gib} GiB), {carried}",
-                    source="assumed: a share of a GPU's memory gets that share of its compute; a model's GPU time"
-                    " scales as its time on one vCPU",
+                    value=f"{rate:,.4g} samples/s on this model: {flops / 1e9:,.4g} GFLOPs ÷"
+                    f" ({a.peak_tflops:g} TFLOPS × {a.environment_fraction:.3g}, {a.gib} of the card's"
+                    f" {kind.gpu_memory_gib} GiB)",
+                    source="assumed: a share of a GPU's memory gets that share of its compute, and no more than it"
+                    " measured alone with that memory",
                 ),
                 Fact(
                     name="S3 rate",
@@ -515,20 +424,24 @@ def deployed(w: Workload, p: Parameters, price_table: PriceTable, limits: RunLim
     return w.at(accelerator=accelerator(gib, w, p, price_table, calibration, str(CALIBRATION_FILE), types))
 
 
-def measured(w: Workload, compute_per_sample_s: float, limits: RunLimits) -> Workload:
+def measured(w: Workload, p: Parameters, compute_per_sample_s: float, limits: RunLimits) -> Workload:
     """``w`` on the GPU workers of the deployment of run ``limits`` (it has them), at the throughput its workers
-    measured: ``compute_per_sample_s`` on one environment, on the first of its instance types."""
+    measured: ``compute_per_sample_s`` on one environment, on the first of its instance types, as a fraction of its
+    card's peak (float32's where the card has none in the run's precision)."""
     gib = limits.worker_accelerator_gib
     assert gib is not None
     instance = (limits.worker_instance_types or GPU_WORKER_DEFAULTS["instance_types"])[0]
-    rate = 1 / max(compute_per_sample_s, 1e-9)
+    sheet = datasheet(GPU_INSTANCES[instance].card)
+    assert sheet is not None  # every GPU instance type's card has one (tests/unit/test_cost_gpu.py)
+    peak = sheet.tflops(precision(w)) or sheet.float32_tflops
+    environment = train_flops(w, p) / (max(compute_per_sample_s, 1e-9) * peak * 1e12)
     a = Accelerator(
         gib=gib,
         instance=instance,
         precision=precision(w),
-        samples_per_s=rate,
-        card_samples_per_s=rate * GPU_INSTANCES[instance].gpu_memory_gib / gib,
-        measured_params=None,
+        peak_tflops=peak,
+        fraction=environment * GPU_INSTANCES[instance].gpu_memory_gib / gib,
+        environment_fraction=environment,
         source="measured: the run's workers' compute per sample",
     )
     return w.at(accelerator=a)

@@ -1,5 +1,6 @@
-"""A model's figures for the plan: from a ``.keras`` file (its weights, file, inputs, metrics' state and one timed
-gradient step; TensorFlow is imported for this only) or from its size alone (a ResNet-50-like network)."""
+"""A model's figures for the plan: from a ``.keras`` file (its weights, file, inputs, metrics' state, its training
+FLOPs per sample and one timed gradient step; TensorFlow is imported for this only) or from its size alone (a
+ResNet-50-like network)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from slsml.cost import flops
 from slsml.cost.parameters import Parameters
 from slsml.cost.timing import speedup
 from slsml.data.manifest import DatasetManifest
 from slsml.rounds import sizing
 from slsml.spec.errors import BadInputError
+
+GIVEN = "your own figure (--compute-per-sample)"
 
 
 def from_params(params: int, parameters: Parameters, compute_per_sample_s: float | None = None) -> dict[str, Any]:
@@ -24,7 +28,7 @@ def from_params(params: int, parameters: Parameters, compute_per_sample_s: float
     if params <= 0:
         raise BadInputError(f"--params {params}: a model has at least one weight")
     compute = compute_per_sample_s
-    source = "given (--compute-per-sample)"
+    source = GIVEN
     if compute is None:
         compute = params * parameters.compute_s_per_param_sample
         source = "estimated from the parameter count (ResNet-50-like): give --compute-per-sample or --model"
@@ -65,7 +69,8 @@ def from_keras(
     manifest: DatasetManifest | None = None,
 ) -> dict[str, Any]:
     """The figures of the ``.keras`` archive ``data`` (``name``, read from ``where``), its metrics' state as a run of
-    ``loss`` (None: the compiled one) on the dataset of ``manifest`` tracks it (``metric_values``); with
+    ``loss`` (None: the compiled one) on the dataset of ``manifest`` tracks it (``metric_values``), its training
+    FLOPs per sample as TensorFlow counts them (``slsml.cost.flops``); with
     ``measure``, one timed gradient step, converted from TensorFlow's threads here to one vCPU with
     ``parameters.vcpu_efficiency`` (see ``pin_one_thread``)."""
     from slsml.training import modelio
@@ -83,6 +88,7 @@ def from_keras(
         "model_file_bytes": len(data),
         "sample_bytes": sum(4 * math.prod(d or 1 for d in shape[1:]) for shape in shapes),
         "activation_bytes_per_sample": sizing.sample_bytes(model),
+        "train_flops_per_sample": flops.count(model, _sample(model, 1)[0]).training,
     }
     with suppress(BadInputError):  # not compiled, or not an optimizer the reducers apply: the default stands
         figures["optimizer"] = modelio.optimizer_config(model)

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from slsml.cost import cards
 from slsml.pipeline import bus
 from slsml.rounds import sizing
 from slsml.spec import errors
@@ -78,6 +79,13 @@ class Parameters(BaseModel):
         "s",
         "gradient time per sample and weight on one vCPU (--params only)",
         "ResNet-50 on 224×224×3: 0.49 s per sample on one core, TF 2.21, measured",
+    )
+    train_flops_per_param_sample: float = _param(
+        cards.RESNET50_TRAIN_FLOPS / cards.RESNET50_PARAMS,
+        "FLOPs",
+        "a training step's floating-point operations per sample and weight, on a GPU (--params only)",
+        "ResNet-50 on 224×224×3: 23.39 GFLOPs a sample (forward 7.80), counted by TensorFlow's cost analysis"
+        " (slsml.cost.flops)",
     )
     activation_bytes_per_param_sample: float = _param(
         5.8,

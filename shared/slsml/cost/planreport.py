@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--compute-per-sample",
         type=float,
-        help="seconds of one sample's gradient on one vCPU (default: measured with --model)",
+        help="your own figure: seconds of one sample's gradient on one vCPU, for CPU workers (default: measured with"
+        " --model); GPU workers are timed by the model's FLOPs",
     )
     model.add_argument("--sample-bytes", type=int, help="bytes of one training sample (default: the model's input)")
     data = parser.add_argument_group("data")
@@ -81,8 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gpu.add_argument(
         "--gpu-calibration",
         metavar="FILE",
-        help="a calibration `slsml bench gpu` wrote: its card's measured throughput, used for that card only"
-        " (default: .slsml/gpu-calibration.json if it exists)",
+        help="a calibration `slsml bench gpu` wrote: the fraction of its card's peak a training step achieved,"
+        " used for that card only, refused for another (default: .slsml/gpu-calibration.json where it exists and"
+        " measured the workers' card)",
     )
     length = parser.add_argument_group("length (or --iterations, or --epochs of --samples)")
     length.add_argument("--samples", type=int, help="training samples: per-epoch figures")
@@ -171,7 +173,7 @@ def workload(
             modelinfo.pin_one_thread()
         figures = modelinfo.from_keras_file(args.model, batch, measure, parameters, spec.loss, manifest)
         if not measure:
-            figures.update(compute_per_sample_s=args.compute_per_sample, compute_source="given (--compute-per-sample)")
+            figures.update(compute_per_sample_s=args.compute_per_sample, compute_source=modelinfo.GIVEN)
     else:
         figures = modelinfo.from_params(args.params, parameters, compute_per_sample_s=args.compute_per_sample)
     if args.sample_bytes is not None:
@@ -381,14 +383,17 @@ def _gpu_workload(
     price_table: PriceTable,
 ) -> tuple[Workload | None, str | None]:
     """``cpu`` with GPU workers of ``worker``'s settings (``gpu_worker``); or, where their card cannot be priced
-    beside a --compare-vm, why. The card's throughput comes from --gpu-calibration (or the default calibration
-    file, if there is one) where it measured that card. BadInputError where --accelerator's cannot be priced."""
+    beside a --compare-vm, why. The fraction of the card's peak achieved comes from --gpu-calibration (or the default
+    calibration file, if there is one) where it measured that card. BadInputError where --accelerator's cannot be
+    priced, or where --gpu-calibration measured another card."""
     from slsml.cost import gpuworker
     from slsml.cost.calibration import CALIBRATION_FILE, load_calibration
 
     assert worker.accelerator_gib is not None
     path = Path(args.gpu_calibration) if args.gpu_calibration else CALIBRATION_FILE
     calibration = load_calibration(path) if args.gpu_calibration or path.exists() else None
+    if calibration is not None and args.gpu_calibration:
+        gpuworker.check_calibration(calibration, args.gpu_calibration, worker.instance_types)
     try:
         chosen = gpuworker.accelerator(
             worker.accelerator_gib, cpu, parameters, price_table, calibration, str(path), worker.instance_types

@@ -139,7 +139,7 @@ def predictor(config: RunConfig, compute_per_sample_s: float, limits: RunLimits 
         timeout_s=function_timeouts(limits),
     )
     if limits is not None and limits.worker_accelerator_gib is not None:
-        workload = gpuworker.measured(workload, compute_per_sample_s, limits)
+        workload = gpuworker.measured(workload, parameters, compute_per_sample_s, limits)
 
     def predict(workers: int) -> tuple[float, float]:
         plan = costmodel.predict(workload.at(workers=workers), parameters, quotas, table)

@@ -25,19 +25,19 @@ MEMORY_CHOICES_MB = (512, 1024, 1769, 2048, 3008, 3538, 4096, 5307, 7076, 8845, 
 
 class Accelerator(BaseModel):
     """The GPU of a GPU worker's execution environment (Lambda Managed Instances): its memory, the instance type it
-    runs on, and its training throughput on the model that was measured (``slsml.cost.gpuworker``)."""
+    runs on, its card's peak and the fraction of it a training step achieves (``slsml.cost.gpuworker``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     gib: int = Field(gt=0, description="GPU memory per execution environment (functions.worker.accelerator_gib)")
     instance: str = Field(description="the EC2 instance type, a key of the price table's gpu_instances")
     precision: Precision
-    samples_per_s: float = Field(gt=0, description="one execution environment's training throughput")
-    card_samples_per_s: float = Field(gt=0, description="a whole GPU's")
-    measured_params: int | None = Field(
-        gt=0, description="the weights of the model measured; None: the workload's own model was"
+    peak_tflops: float = Field(gt=0, description="the card's published peak in this precision (cards.DATASHEETS)")
+    fraction: float = Field(gt=0, description="the fraction of that peak a whole card achieves training")
+    environment_fraction: float = Field(
+        gt=0, description="one execution environment's: the card's × its share of the memory, at most its own measure"
     )
-    source: str = Field(description="where the throughput comes from")
+    source: str = Field(description="where the fraction comes from")
 
 
 class Workload(BaseModel):
@@ -56,6 +56,12 @@ class Workload(BaseModel):
     activation_bytes_per_sample: float = Field(ge=0)
     compute_per_sample_s: float = Field(ge=0, description="one sample's gradient on one vCPU")
     compute_source: str
+    train_flops_per_sample: float | None = Field(
+        default=None,
+        gt=0,
+        description="one sample's training step, forward and backward (slsml.cost.flops); None: estimated from the"
+        " weights (Parameters.train_flops_per_param_sample)",
+    )
     optimizer: OptimizerConfig = OptimizerConfig()
     training: TrainingSpec = Field(
         default_factory=TrainingSpec,
