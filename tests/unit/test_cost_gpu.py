@@ -224,6 +224,10 @@ def test_every_gpu_instance_types_card_has_a_datasheet() -> None:
     for name, kind in GPU_INSTANCES.items():
         sheet = cards.datasheet(kind.card)
         assert sheet is not None and sheet.memory_gib == kind.gpu_memory_gib, name
+    # as nvidia-smi names the cards where it names them otherwise
+    assert cards.datasheet("Tesla T4") == cards.datasheet("NVIDIA T4") is not None
+    assert cards.datasheet("NVIDIA H100 80GB HBM3") == cards.datasheet("NVIDIA H100") is not None
+    assert cards.datasheet("NVIDIA B200") is None
 
 
 # ---- the CLI ------------------------------------------------------------------------------------------------------

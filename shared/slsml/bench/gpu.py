@@ -98,10 +98,12 @@ def measure(
     """ResNet-50 at ``image_size``² (``CLASSES`` classes) trained at each of ``batches`` in each of ``precisions`` on
     the GPU, and at ``CPU_BATCH`` on the CPU where ``cpu``; the calibration of every accelerator memory the card has.
     ``SlsmlError`` where there is no GPU or its card's peak is not published (``cards.DATASHEETS``)."""
-    name, card_gib = card()
-    if datasheet(name) is None:
+    driver_name, card_gib = card()
+    sheet = datasheet(driver_name)
+    if sheet is None:
         known = ", ".join(sheet.card for sheet in DATASHEETS)
-        raise SlsmlError(f"{name}: no published peak of this card in slsml (cards.DATASHEETS: {known})")
+        raise SlsmlError(f"{driver_name}: no published peak of this card in slsml (cards.DATASHEETS: {known})")
+    name = sheet.card  # as the plan's instance types name it
     probes = []
     for precision in precisions:
         show(f"{precision} on {name}", 0, 1)

@@ -705,13 +705,14 @@ def print_micro_batches(report: Any, as_json: bool = False) -> None:
 
 
 def print_gpu(report: Any, written: Any, as_json: bool = False) -> None:
-    """``bench gpu``: a row per accelerator memory that fits the card, each precision's micro-batch and samples/s side
-    by side, mixed precision against float32; then the CPU's throughput and where the calibration went."""
+    """``bench gpu``: a row per accelerator memory that fits the card, each precision's micro-batch, samples/s and
+    fraction of the card's peak side by side, mixed precision against float32; then the CPU's throughput and where the
+    calibration went."""
     from rich.table import Table
 
     calibration = report.calibration
     precisions = [probe.precision for probe in report.probes]
-    columns = [f"{p} {what}" for p in precisions for what in ("micro-batch", "samples/s")]
+    columns = [f"{p} {what}" for p in precisions for what in ("micro-batch", "samples/s", "of peak")]
     mixed = [p for p in precisions if p != "float32"]
     ratios = [f"{p} ÷ float32" for p in mixed] if "float32" in precisions else []
     table = Table(
@@ -723,10 +724,15 @@ def print_gpu(report: Any, written: Any, as_json: bool = False) -> None:
     for size in sorted({entry.accelerator_gib for entry in calibration.entries}):
         rates = {p: calibration.samples_per_s(size, p) for p in precisions}
         batches = {e.precision: e.micro_batch for e in calibration.entries if e.accelerator_gib == size}
+        fractions = {p: calibration.fraction(size, p) for p in precisions}
         cells = [
             cell
             for p in precisions
-            for cell in (f"{batches[p]:,}" if p in batches else "–", f"{rates[p]:,.0f}" if rates[p] else "–")
+            for cell in (
+                f"{batches[p]:,}" if p in batches else "–",
+                f"{rates[p]:,.0f}" if rates[p] else "–",
+                f"{fractions[p]:.1%}" if fractions[p] else "–",
+            )
         ]
         base = rates.get("float32")
         table.add_row(
@@ -740,4 +746,8 @@ def print_gpu(report: Any, written: Any, as_json: bool = False) -> None:
             f"the CPU (float32, this machine's cores): {report.cpu_samples_per_s:,.1f} samples/s; the GPU's best above"
             f" is {best / report.cpu_samples_per_s:,.0f}× that"
         )
+    out.print(
+        f"of peak: samples/s × {calibration.train_flops_per_sample / 1e9:,.2f} GFLOPs a training sample (TensorFlow's"
+        " cost analysis) ÷ the card's published peak in that precision (float32's, else its tensor cores')"
+    )
     out.print(f"calibration written to {written} (`slsml plan --gpu-calibration {written}` prices from it)")

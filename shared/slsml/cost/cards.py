@@ -30,6 +30,7 @@ class Datasheet(BaseModel):
     memory_gib: int
     memory_gb_s: float
     source: str
+    driver_names: tuple[str, ...] = Field(default=(), description="other names its driver (nvidia-smi) gives it")
 
     def tflops(self, mode: Precision) -> float | None:
         """Its peak in ``mode``: float32's, or the tensor cores' for mixed precision; None: it has no such units."""
@@ -52,6 +53,7 @@ DATASHEETS = (
         float32_tflops=8.1,
         tensor_tflops=65,
         bfloat16=False,
+        driver_names=("Tesla T4",),
         memory_gib=16,
         memory_gb_s=320,
         source="NVIDIA T4 datasheet, https://www.nvidia.com/en-us/data-center/tesla-t4/",
@@ -83,6 +85,16 @@ DATASHEETS = (
         " sparsity)",
     ),
     Datasheet(
+        card="NVIDIA H100",
+        float32_tflops=67,
+        tensor_tflops=989.5,
+        driver_names=("NVIDIA H100 80GB HBM3",),
+        memory_gib=80,
+        memory_gb_s=3350,
+        source="NVIDIA H100 datasheet (SXM), https://www.nvidia.com/en-us/data-center/h100/ (1,979 TFLOPS float16"
+        " with sparsity)",
+    ),
+    Datasheet(
         card="NVIDIA H200",
         float32_tflops=67,
         tensor_tflops=989.5,
@@ -111,8 +123,9 @@ _A10_RESNET50 = {
 
 
 def datasheet(card: str) -> Datasheet | None:
-    """The published figures of ``card``; None where slsml has none."""
-    return next((sheet for sheet in DATASHEETS if card_key(sheet.card) == card_key(card)), None)
+    """The published figures of ``card`` (as slsml or its driver names it); None where slsml has none."""
+    key = card_key(card)
+    return next((s for s in DATASHEETS if key in {card_key(n) for n in (s.card, *s.driver_names)}), None)
 
 
 def estimated_fraction(mode: Precision, instance: str) -> Fraction:
