@@ -66,7 +66,6 @@ def _probe(precision: str, peaks_gib: dict[int, float], rate_per_sample: float) 
         device="gpu",
         backend="tensorflow",
         params=25_636_712,
-        train_flops_per_sample=FLOPS,
         rows=rows,
     )
 
@@ -79,10 +78,9 @@ def test_each_accelerator_memory_gets_the_largest_micro_batch_that_fits_it(tmp_p
         device="cpu",
         backend="tensorflow",
         params=25_636_712,
-        train_flops_per_sample=None,
         rows=(gpu.Measured(batch=8, samples_per_s=7.0, peak_bytes=None),),
     )
-    report = gpu.assembled("NVIDIA L4", 22.5, (float32, bfloat16), cpu, 224)
+    report = gpu.assembled("NVIDIA L4", 22.5, (float32, bfloat16), cpu, 224, FLOPS)
     calibration = report.calibration
     batches = {(e.accelerator_gib, e.precision): e.micro_batch for e in calibration.entries}
     assert batches == {
@@ -114,3 +112,13 @@ def test_a_file_that_is_not_a_calibration_is_refused_by_name(tmp_path: Path) -> 
         load_calibration(bad)
     with pytest.raises(BadInputError, match="no such GPU calibration"):
         load_calibration(tmp_path / "missing.json")
+
+
+def test_the_bench_counts_its_models_flops_in_a_tensorflow_process_of_its_own() -> None:
+    import keras
+    import numpy as np
+
+    from slsml.cost import flops
+
+    model = keras.applications.ResNet50(weights=None, input_shape=(64, 64, 3), classes=gpu.CLASSES)
+    assert gpu._count_flops(64) == flops.count(model, np.zeros((1, 64, 64, 3), np.float32)).training

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict
 
@@ -64,7 +64,6 @@ class Probe(BaseModel):
     device: Literal["gpu", "cpu"]
     backend: str
     params: int
-    train_flops_per_sample: int | None  # counted on the GPU's probes only
     rows: tuple[Measured, ...]
 
 
@@ -109,21 +108,23 @@ def measure(
         show(f"{precision} on {name}", 0, 1)
         probes.append(_probe(precision, "gpu", batches, image_size))
         show(f"{precision} on {name}", 1, 1)
+    show("counting the model's FLOPs", 0, 1)
+    counted = _count_flops(image_size)
+    show("counting the model's FLOPs", 1, 1)
     cpu_probe = None
     if cpu:
         show("float32 on the CPU", 0, 1)
         cpu_probe = _probe("float32", "cpu", (CPU_BATCH,), image_size)
         show("float32 on the CPU", 1, 1)
-    return assembled(name, card_gib, tuple(probes), cpu_probe, image_size)
+    return assembled(name, card_gib, tuple(probes), cpu_probe, image_size, counted)
 
 
 def assembled(
-    name: str, card_gib: float, probes: tuple[Probe, ...], cpu_probe: Probe | None, image_size: int
+    name: str, card_gib: float, probes: tuple[Probe, ...], cpu_probe: Probe | None, image_size: int, flops: int
 ) -> GpuReport:
-    """The report of ``probes`` on the GPU ``name`` of ``card_gib`` (and ``cpu_probe``'s rate beside them): every
-    accelerator memory the card has, at the throughput of the largest micro-batch that fits it."""
-    flops = probes[0].train_flops_per_sample
-    assert flops is not None  # a GPU probe's
+    """The report of ``probes`` on the GPU ``name`` of ``card_gib`` (and ``cpu_probe``'s rate beside them) of a model
+    of ``flops`` a training sample: every accelerator memory the card has, at the throughput of the largest
+    micro-batch that fits it, and the fraction of the card's peak that is."""
     entries = [
         GpuThroughput(
             accelerator_gib=size,
@@ -169,6 +170,35 @@ def _fitting(probe: Probe, size_gib: int) -> Measured | None:
     return max(fits, key=lambda row: row.batch) if fits else None
 
 
+def _model(image_size: int) -> Any:
+    """The model measured: Keras's ResNet-50 at ``image_size``² × 3, ``CLASSES`` classes, untrained."""
+    import keras
+
+    return keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3), classes=CLASSES)
+
+
+def _count_flops(image_size: int) -> int:
+    """The model's training FLOPs per sample, counted by TensorFlow on the CPU in a process of its own (whatever
+    backend the probes train on, and none of the GPU's memory taken): ``python -m slsml.bench.gpu flops SIZE``."""
+    environment = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "-1",
+        "KERAS_BACKEND": "tensorflow",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "slsml.bench.gpu", "flops", str(image_size)],
+        capture_output=True,
+        text=True,
+        env=environment,
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines or not lines[-1].isdigit():
+        why = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SlsmlError(f"counting the model's FLOPs failed: {why}")
+    return int(lines[-1])
+
+
 def _probe(precision: Precision, device: str, batches: tuple[int, ...], image_size: int) -> Probe:
     """One precision measured in a process of its own (``python -m slsml.bench.gpu``)."""
     hidden = {"CUDA_VISIBLE_DEVICES": "-1", "JAX_PLATFORMS": "cpu"} if device == "cpu" else {}
@@ -200,14 +230,9 @@ def _run_probe(
     if device == "gpu" and not _framework_sees_gpu(keras.backend.backend()):
         raise SystemExit(f"Keras's {keras.backend.backend()} backend sees no GPU: it needs a build with CUDA")
     keras.mixed_precision.set_global_policy(precision)
-    model = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3), classes=CLASSES)
+    model = _model(image_size)
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
     rng = np.random.default_rng(0)
-    counted = None
-    if device == "gpu":
-        if keras.backend.backend() != "tensorflow":
-            raise SystemExit("FLOPs are counted by TensorFlow's cost analysis: run with KERAS_BACKEND=tensorflow")
-        counted = flops.count(model, rng.random((1, image_size, image_size, 3), dtype=np.float32)).training
     rows = []
     for batch in sorted(batches):
         x = rng.random((batch, image_size, image_size, 3), dtype=np.float32)
@@ -231,7 +256,6 @@ def _run_probe(
                 device=device,
                 backend=keras.backend.backend(),
                 params=model.count_params(),
-                train_flops_per_sample=counted,
                 rows=tuple(rows),
             )
         )
@@ -266,6 +290,12 @@ def _out_of_memory(error: Exception) -> bool:
 
 
 def _main(arguments: list[str]) -> None:
+    if arguments[0] == "flops":
+        import numpy as np
+
+        size = int(arguments[1])
+        print(flops.count(_model(size), np.zeros((1, size, size, 3), np.float32)).training)
+        return
     precision, device, batches, image_size = arguments
     precision_given = next(p for p in PRECISIONS if p == precision)
     device_given: Literal["gpu", "cpu"] = "cpu" if device == "cpu" else "gpu"
