@@ -534,6 +534,10 @@ def test_a_deployments_limits_carry_its_accelerator_to_the_plan_budget_and_tuner
     bfloat16 = work.at(training=TrainingSpec(mixed_precision="mixed_bfloat16"))
     with pytest.raises(BadInputError, match="no mixed_bfloat16 peak is published of NVIDIA T4"):
         gpuworker.deployed(bfloat16, P, PRICES, RunLimits().with_worker_accelerator(12, ("g4dn.xlarge",)))
+    # the tuner's: the time the run's workers measured, whatever the model's FLOPs, as a fraction of the L4's peak
+    timed = gpuworker.measured(work, P, 0.002, limits)
+    assert gpuworker.seconds_per_sample(timed, P) == pytest.approx(0.002)
+    assert timed.accelerator is not None and timed.accelerator.peak_tflops == 31.2  # g5.xlarge's A10G
     config = run_config(RESNET, 148_000_000)
     on_cpu, on_gpus = tuner.predictor(config, 0.001), tuner.predictor(config, 0.001, limits)
     assert on_gpus(4) != on_cpu(4)
