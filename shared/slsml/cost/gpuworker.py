@@ -414,8 +414,9 @@ KIND = GpuWorker()
 
 def deployed(w: Workload, p: Parameters, price_table: PriceTable, limits: RunLimits | None) -> Workload:
     """``w`` on the workers of the deployment of run ``limits``: GPU workers of its ``worker_accelerator_gib`` on the
-    cheapest of its instance types whose throughput is known (the calibration at ``CALIBRATION_FILE`` where there is
-    one), else ``w`` itself (CPU workers). BadInputError where none of its types can be priced."""
+    cheapest of its instance types whose card's peak is published (the fraction of it achieved from the calibration at
+    ``CALIBRATION_FILE`` where it measured that card), else ``w`` itself (CPU workers). BadInputError where none of
+    its types can be priced."""
     if limits is None or limits.worker_accelerator_gib is None:
         return w
     calibration = load_calibration(CALIBRATION_FILE) if CALIBRATION_FILE.exists() else None
