@@ -35,7 +35,7 @@ class GpuCalibration(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    card: str = Field(description="the GPU, as its driver names it")
+    card: str = Field(description="the GPU, as slsml.cost.cards.DATASHEETS names it")
     model: str = Field(description="the model measured, e.g. ResNet50 224x224x3")
     params: int = Field(gt=0)
     train_flops_per_sample: int = Field(gt=0, description="the model's training step, one sample (slsml.cost.flops)")
