@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slsml.spec.deployment import GPU_WORKER_DEFAULTS
 from slsml.spec.errors import BadInputError
 
 if TYPE_CHECKING:  # the model's modules load when a plan is made, not when the CLI parses its arguments
@@ -244,7 +245,8 @@ def run(
     quotas, _ = load_overrides(None, args.quota, Quotas)
     price_table = prices.load(args.prices)
     cpu = workload(args, spec, parameters, manifest, limits)
-    gpu, no_gpu = _gpu_workload(args, cpu, parameters, price_table)
+    worker_memory_given = limits is not None or any(_memory(text)[0] == "worker" for text in args.memory)
+    gpu, no_gpu = _gpu_workload(args, cpu, parameters, price_table, worker_memory_given)
     asked = cpu if gpu is None or args.accelerator is None else gpu
     fixed = args.reducers is not None
     if args.sweep is not None:
@@ -330,12 +332,17 @@ def accelerator_gib(text: str) -> int:
 
 
 def _gpu_workload(
-    args: argparse.Namespace, cpu: Workload, parameters: Parameters, price_table: PriceTable
+    args: argparse.Namespace,
+    cpu: Workload,
+    parameters: Parameters,
+    price_table: PriceTable,
+    worker_memory_given: bool = False,
 ) -> tuple[Workload | None, str | None]:
     """``cpu`` with GPU workers: of --accelerator's memory, else (with --compare-vm naming a GPU instance type of the
     price table) of a whole GPU of that type; and, where there are none beside a --compare-vm, why. The card's
     throughput comes from --gpu-calibration (or the default calibration file, if there is one) where it measured
-    that card. BadInputError where --accelerator's cannot be priced."""
+    that card; their function's memory is the GPU worker's default (``GPU_WORKER_DEFAULTS``) unless --memory or the
+    deployment gives it. BadInputError where --accelerator's cannot be priced."""
     from slsml.cost import gpuworker
     from slsml.cost.calibration import CALIBRATION_FILE, load_calibration
 
@@ -350,6 +357,8 @@ def _gpu_workload(
             "give --accelerator worker=GIB, or name the machine by a GPU instance type of the price table (e.g."
             " 638:1.006:g5.xlarge)"
         )
+    if not worker_memory_given:
+        cpu = cpu.at(memory_mb=cpu.memory_mb | {"worker": GPU_WORKER_DEFAULTS["memory_mb"]})
     path = Path(args.gpu_calibration) if args.gpu_calibration else CALIBRATION_FILE
     calibration = load_calibration(path) if args.gpu_calibration or path.exists() else None
     try:
