@@ -47,8 +47,9 @@ SUM_COPIES = 2.0  # a step of several micro-batches: their float64 sum, twice a 
 # the sum as stored or read back (a round handed on): the archive's bytes beside it, while no micro-batch computes
 ARCHIVE_COPIES = 2.0
 GIB = 1024**3  # an accelerator's memory is given in GiB (functions.worker.accelerator_gib)
-# on the GPU: model-sized buffers of a step, and the share of a sample's float32 layer-output count (``sample_bytes``)
-# it takes by precision; measured (see the module's docstring), mixed_float16 as mixed_bfloat16 (both 16-bit outputs)
+# on the GPU: model-sized buffers of a step, and the share of a sample's ``sample_bytes`` it takes by precision;
+# measured as shares of the layer outputs alone (see the module's docstring), which ``sample_bytes`` exceeds (by 8%
+# for ResNet-50 at 224×224): on a Keras model the device's figure errs high; mixed_float16 as mixed_bfloat16
 DEVICE_MODEL_COPIES = 3.2
 DEVICE_SAMPLE_SHARE = {"float32": 0.54, "mixed_float16": 0.26, "mixed_bfloat16": 0.26}
 
