@@ -14,17 +14,19 @@ Measured (TensorFlow 2.21, Keras 3.15; peak resident set of a step, ``slsml benc
 TensorFlow function take 722 MB and a traced step's graph 23 more; a one-convolution model on 32×32 inputs took
 227 KB a sample where its layer outputs count 66 KB (the gradients and the input, which layer outputs alone leave
 out: the larger the share of one layer in a model, the shorter the outputs fall); ResNet-50 at 64×64 took 7.5-11 MB
-a sample where its outputs count 12.2 MB, and its step in micro-batches peaked 3.7 model-sized buffers above one
-pass (the bench's one pass holds two: gradient and flat update). Counted with the runtime of an import alone
+a sample where its outputs count 12.2 MB, and its step in micro-batches peaked 3.3-3.7 model-sized buffers above
+one pass (the bench's one pass holds two: gradient and flat update). Counted with the runtime of an import alone
 (584, as 10⁶-byte MB) and the outputs alone, 29 samples of it were taken to fit a 3,008 MB worker beside its
 1,504 MB cache, and their step peaked at 1,635 MB: with the cache full, 41 MB over.
 
 A GPU worker (an execution environment with ``accelerator_gib`` of a GPU's memory) keeps a step's layer outputs on
 the GPU, not in the function's memory: its micro-batch is the most samples whose step fits the accelerator memory
-(``AcceleratorMemory``). Measured on ResNet-50 at 224×224 (``slsml bench gpu``, docs/benchmarks.md#gpu: device
-memory peaks of 5.06 and 19.4 GiB at 64 and 256 samples in float32, 2.60 and 9.49 GiB in mixed_bfloat16), a sample
-took 0.54 of its float32 layer outputs' count on the device in float32 and 0.26 in a 16-bit policy, beside
-2.9-3.2 model-sized buffers (the weights, their gradient, the optimizer's work)."""
+(``AcceleratorMemory``); its function's memory holds the rest, the runtime, the warm cache and the model's buffers,
+as a CPU worker's does (``micro_batch`` refuses a run where they do not fit). Measured on ResNet-50 at 224×224
+(``slsml bench gpu``, docs/benchmarks.md#gpu: device memory peaks of 5.06 and 19.4 GiB at 64 and 256 samples in
+float32, 2.60 and 9.49 GiB in mixed_bfloat16), a sample took 0.54 of its float32 layer outputs' count on the device
+in float32 and 0.26 in a 16-bit policy, beside 2.9-3.2 model-sized buffers (the weights, their gradient, the
+optimizer's work)."""
 
 from __future__ import annotations
 
