@@ -321,6 +321,10 @@ def test_without_workers_the_gpu_plan_is_of_the_cheapest_w_and_r_as_fast_as_its_
 ) -> None:
     monkeypatch.chdir(tmp_path)  # no calibration file
     chosen = plan_json(capsys, *ACCEPTANCE, "--accelerator", "worker=24")
+    # the GPU function's default memory, not the CPU worker's 3,008 MB (a GPU function's is a multiple of 2,048)
+    assert chosen["workload"]["memory_mb"]["worker"] == GPU_WORKER_DEFAULTS["memory_mb"]
+    given = plan_json(capsys, *ACCEPTANCE, "--accelerator", "worker=24", "--memory", "worker=6144")
+    assert given["workload"]["memory_mb"]["worker"] == 6144
     match = chosen["recommendation"]["as_fast_as_machine"]
     assert match["as_fast"] and match["priced"]
     assert (chosen["workload"]["workers"], chosen["workload"]["reducers"]) == (match["workers"], match["reducers"])
