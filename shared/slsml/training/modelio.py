@@ -495,7 +495,7 @@ def loss_config(model: keras.Model, override: str | None) -> str:
             lambda leaf: None if leaf is None else keras.losses.serialize(keras.losses.get(leaf)),
         )
     except (ValueError, TypeError) as error:
-        known = [name for name in dir(keras.losses) if name.islower() and name not in {"get", "serialize", "deserialize"}]
+        known = [n for n in dir(keras.losses) if n.islower() and n not in {"get", "serialize", "deserialize"}]
         close = nearest(loss, known, 2) if isinstance(loss, str) else ""
         raise BadInputError(f"unknown loss {loss!r}{close}: {error}") from None
     if len(output_names(model)) <= 1 and weights is None and _leaf(serialized):
