@@ -4,6 +4,7 @@ compiled metrics evaluated by the workers on their slices of the test split, sum
 from __future__ import annotations
 
 import json
+import math
 
 import keras
 import numpy as np
@@ -149,7 +150,8 @@ def test_epochs_set_the_length_and_held_out_samples_are_evaluated_at_each_epochs
     spec = TrainingSpec(workers=2, reducers=1, global_batch=64, epochs=2, validation_split=0.2, eval_every=0)
     config = runs.start_run(services, modelio.save_model(model), "cancer", spec, run_id="fit-epochs")
     trained, held = data.held_out(spec, len(cancer[0]))
-    assert len(held) == round(0.2 * len(cancer[0])) and not set(trained) & set(held)
+    assert held.tolist() == list(range(math.floor(0.8 * len(cancer[0])), len(cancer[0])))  # Keras's: the last ones
+    assert trained.tolist() == list(range(held[0]))
     per_epoch = -(-len(trained) // 64)  # as Keras counts: the last batch the samples left
     assert config.training.iterations == 2 * per_epoch
     run = finish(services, "fit-epochs")
@@ -214,6 +216,7 @@ def test_early_stopping_ends_the_run_completed_and_keep_best_keeps_the_best_eval
         global_batch=64,
         epochs=12,
         validation_split=0.25,
+        validation_samples="seeded",  # a draw whose loss jumps about at this rate
         eval_every=0,
         early_stopping="val_loss:1",
         keep_best="val_loss",
@@ -285,3 +288,41 @@ def test_slsml_fit_refuses_inputs_whose_names_do_not_match_before_anything_start
     x["image"] = x.pop("pixels")
     with pytest.raises(BadInputError, match=r"'image' is no input of it; 'pixels' has no array"):
         slsml.fit(multi_model(), x, y, batch_size=64, workers=2, verbose=0)
+
+
+def test_a_keras_users_fit_trains_an_uncompiled_model_and_its_val_loss_is_evaluate_on_the_last_fifth() -> None:
+    """A Keras user's script as it stands: the model not compiled, fit given compile's loss=, optimizer= and metrics=,
+    and validation_split=0.2; the History's val_ figures are the trained model's evaluate on the last 20 % of the
+    samples, the ones Keras's own fit holds out (before it shuffles)."""
+    from sklearn.datasets import load_breast_cancer
+
+    import slsml
+
+    x, y = load_breast_cancer(return_X_y=True)
+    x = ((x - x.mean(0)) / x.std(0)).astype(np.float32)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(1, activation="sigmoid")])
+    history = slsml.fit(
+        model,
+        x,
+        y,
+        batch_size=64,
+        epochs=3,
+        validation_split=0.2,
+        loss="binary_crossentropy",
+        optimizer="adam",
+        metrics=["accuracy"],
+        workers=2,
+        reducers=1,
+        verbose=0,
+    )
+    assert {name: len(values) for name, values in history.history.items()} == dict.fromkeys(
+        ["loss", "accuracy", "val_loss", "val_accuracy"], 3
+    )
+    split_at = math.floor(len(x) * 0.8)  # Keras's: the samples from here on are held out
+    assert history.params["steps"] == -(-split_at // 64)  # an epoch trains the others only
+    held = model.evaluate(x[split_at:], y[split_at:], return_dict=True, verbose=0)
+    print(f"\nval_loss {history.history['val_loss'][-1]:.6f}, evaluate on the last 20 % {held['loss']:.6f}")
+    assert round(history.history["val_loss"][-1], 4) == round(held["loss"], 4)
+    assert round(history.history["val_accuracy"][-1], 4) == round(held["accuracy"], 4)
+    assert type(model.optimizer).__name__ == "Adam" and int(model.optimizer.iterations) == 3 * history.params["steps"]

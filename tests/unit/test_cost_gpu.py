@@ -390,8 +390,10 @@ def test_gpu_workers_read_in_blocks_unless_the_run_needs_the_exact_order() -> No
     gpu_data = costmodel.workload_data(on_gpu(cpu), P)
     assert gpu_data.order == "blocks"
     assert gpu_data.worker_gets < costmodel.workload_data(on_gpu(cpu.at(training=TrainingSpec())), P).gets_per_iteration
-    held_out = TrainingSpec(validation_split=0.1)
-    assert costmodel.workload_data(on_gpu(cpu.at(training=held_out)), P).order == "global"
+    drawn = TrainingSpec(validation_split=0.1, validation_samples="seeded")  # held out of the global order
+    assert costmodel.workload_data(on_gpu(cpu.at(training=drawn)), P).order == "global"
+    last = TrainingSpec(validation_split=0.1)  # Keras's: the last samples, the rest in blocks as ever
+    assert costmodel.workload_data(on_gpu(cpu.at(training=last)), P).order == "blocks"
     one = TrainingSpec(shuffle="blocks", shuffle_block=1)  # a sample-level order on GPU workers, given
     assert costmodel.workload_data(on_gpu(cpu.at(training=one)), P).gets_per_iteration > gpu_data.gets_per_iteration
     assert TrainingSpec().on_gpu_workers().shuffle == "blocks" and TrainingSpec().shuffle == "global"
