@@ -12,7 +12,7 @@ import pytest
 
 from slsml.accounting import prices
 from slsml.cli.main import main
-from slsml.cost import gpuworker, tuner
+from slsml.cost import gpuworker
 from slsml.cost import predict as costmodel
 from slsml.cost.calibration import GpuCalibration, GpuThroughput
 from slsml.cost.modelinfo import from_params
@@ -21,6 +21,7 @@ from slsml.cost.plan import FunctionFigures, Plan
 from slsml.cost.recommend import as_fast_as
 from slsml.cost.vm import VmComparison, compare_vm, compared
 from slsml.cost.workload import Accelerator, Workload, function_memory, function_timeouts
+from slsml.pipeline import tuner
 from slsml.rounds import sizing
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.spec.deployment import ENDPOINT_AZS, INTERFACE_ENDPOINTS

@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from slsml.cli import main as cli
 from slsml.cli import options
-from slsml.client import runs
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
 
@@ -34,7 +34,7 @@ def test_a_seeded_draw_holds_out_as_many_samples_by_the_seed() -> None:
     assert held.tolist() != last.tolist() and held.tolist() == sorted(held.tolist())
     other = data.held_out(spec.model_copy(update={"seed": 1}), 455)[1]
     assert other.tolist() != held.tolist()
-    assert runs.with_epochs(spec.model_copy(update={"epochs": 1, "global_batch": 64}), 455).iterations == 6
+    assert launch.with_epochs(spec.model_copy(update={"epochs": 1, "global_batch": 64}), 455).iterations == 6
 
 
 def test_a_split_that_leaves_no_sample_on_a_side_is_refused() -> None:

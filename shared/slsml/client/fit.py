@@ -26,6 +26,7 @@ import numpy as np
 from slsml.client import runs
 from slsml.client.arguments import check_keywords, training_spec
 from slsml.data.writer import DatasetWriter
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.spec import samples
 from slsml.spec.config import RunConfig, TrainingSpec
@@ -113,7 +114,7 @@ def fit(
     modelio.optimizer_config(model)  # one the reducers apply
     first_x, first_y, _ = train.first
     modelio.check_fits(model, modelio.loss_config(model, spec.loss), first_x, first_y, None)
-    run_id = runs.new_run_id("fit")
+    run_id = launch.new_run_id("fit")
     named = "test" if validation is not None else "val" if validation_split is not None else None
     job = _Job(modelio.save_model(model), run_id, epochs, batch, validation, validation_split, fit_options, named)
     job.verbose = level
@@ -358,7 +359,7 @@ def _spec(
     """The run ``fit``'s arguments ask for on ``count`` training samples: the validation data (the run's test split)
     evaluated at each epoch's end, or the held-out ``validation_split``."""
     spec = _options_spec(batch_size, epochs, validation_data, validation_split, options)
-    per_epoch = runs.with_epochs(spec, count).iterations // epochs
+    per_epoch = launch.with_epochs(spec, count).iterations // epochs
     return spec.model_copy(update={"eval_every": per_epoch if validation_data is not None else 0})
 
 
@@ -383,7 +384,7 @@ class _Job:
         metrics of summed train states, of the run's configuration)."""
         count = upload(services, self.run_id, train, self.validation)
         spec = _spec(count, self.batch, self.epochs, self.validation, self.validation_split, self.options)
-        config = runs.start_run(services, self.model_bytes, self.run_id, spec, run_id=self.run_id)
+        config = launch.start_run(services, self.model_bytes, self.run_id, spec, run_id=self.run_id)
         self.per_epoch = config.training.iterations // self.epochs
         view = EpochView(self.epochs, self.per_epoch, self.named, figures(config))
         view.verbose = self.verbose

@@ -29,6 +29,7 @@ from slsml.client import runs
 from slsml.client.arguments import check_keywords, training_spec
 from slsml.data import datasets as data
 from slsml.data.manifest import DatasetManifest
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.search import records, space
 from slsml.search.engine import Engine
@@ -127,7 +128,7 @@ def tune(
         )
     if validation_data is not None and validation_split is not None:
         raise BadInputError("give validation_data or validation_split, not both")
-    name = name or runs.new_run_id("tune")
+    name = name or launch.new_run_id("tune")
     training = TRIAL_DEFAULTS | options | {"workers": workers}
     if loss is not None:
         training["loss"] = loss
@@ -295,7 +296,7 @@ def trial_spec(settings: SearchSettings, manifest: DatasetManifest, budget_usd: 
         keep_best=settings.monitor,
         budget_usd=budget_usd,
     )
-    per_epoch = runs.with_epochs(spec, manifest.train.count).iterations // settings.epochs
+    per_epoch = launch.with_epochs(spec, manifest.train.count).iterations // settings.epochs
     return spec.model_copy(update={"eval_every": per_epoch if settings.validation == "test" else 0})
 
 
@@ -386,11 +387,11 @@ class _Search:
                     if share is None:
                         return
                 spec = trial_spec(self.settings, self.manifest, share)
-                per_epoch = runs.with_epochs(spec, self.manifest.train.count).iterations // self.settings.epochs
+                per_epoch = launch.with_epochs(spec, self.manifest.train.count).iterations // self.settings.epochs
                 running.per_epoch = per_epoch
-                config = runs.prepare_run(self.services, model_bytes, self.settings.dataset, spec, running.run_id)
+                config = launch.prepare_run(self.services, model_bytes, self.settings.dataset, spec, running.run_id)
             self.running[trial.number] = running
-            runs.launch_run(self.services, config)
+            launch.launch_run(self.services, config)
         except SlsmlError as error:
             self.running.pop(trial.number, None)
             self._end(running, TrialStatus.FAILED, str(error))
@@ -401,7 +402,7 @@ class _Search:
         from slsml.cost import budget
 
         assert self.settings.budget_usd is not None
-        spec = runs.with_epochs(trial_spec(self.settings, self.manifest, None), self.manifest.train.count)
+        spec = launch.with_epochs(trial_spec(self.settings, self.manifest, None), self.manifest.train.count)
         running.predicted_usd = budget.predict(model_bytes, self.manifest, spec, self.services.limits)
         committed = self._committed()
         if committed + running.predicted_usd <= self.settings.budget_usd:
