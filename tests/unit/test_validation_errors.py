@@ -133,3 +133,15 @@ def test_fits_arguments_that_make_no_run_are_one_line_naming_the_arguments(keywo
         slsml.fit(_uncompiled(), *XY, verbose=0, **keywords)
     message = str(refused.value)
     assert message.startswith(said) and "\n" not in message and "--" not in message, message
+
+
+def test_tune_names_its_arguments_for_a_model_the_build_function_does_not_compile() -> None:
+    import slsml
+
+    arguments = {"max_trials": 1, "parallel": 1, "epochs": 1, "batch_size": 4, "validation_split": 0.25}
+    with pytest.raises(BadInputError) as refused:
+        slsml.tune(lambda hp: _uncompiled(), *XY, **arguments)
+    assert str(refused.value).startswith('the model is not compiled: give loss= (e.g. loss="sparse_categorical')
+    with pytest.raises(BadInputError) as refused:
+        slsml.tune(lambda hp: _uncompiled(), *XY, optimizer="adamx", **arguments)
+    assert str(refused.value).startswith("optimizer='adamx' is not an optimizer slsml applies (did you mean 'adamax'")

@@ -113,7 +113,7 @@ def fit(
     modelio.check_compiled(model, loss=False, optimizer=False, missing=modelio.ARGUMENTS_MISSING)
     modelio.optimizer_config(model)  # one the reducers apply
     first_x, first_y, _ = train.first
-    modelio.check_fits(model, modelio.loss_config(model, spec.loss), first_x, first_y, None)
+    modelio.check_fits(model, modelio.loss_config(model, None), first_x, first_y, None)
     run_id = launch.new_run_id("fit")
     named = "test" if validation is not None else "val" if validation_split is not None else None
     job = _Job(modelio.save_model(model), run_id, epochs, batch, validation, validation_split, fit_options, named)

@@ -42,6 +42,8 @@ from slsml.state.records import RunRecord, RunStatus
 
 POLL_S = 0.2  # how often the running trials' records are read
 LOGS_DIR = Path(".slsml/logs")  # a search on a local runtime of its own: its functions' logs, .slsml/logs/<name>
+# how a build function of `slsml tune` (which has no --loss or --optimizer) gives what its model is not compiled with
+BUILD_MISSING = {piece: f"compile({piece}=…) in the build function" for piece in ("loss", "optimizer")}
 TRIAL_DEFAULTS = {"workers": 2, "reducers": 1}  # a trial's run, unless the search's options say otherwise
 
 
@@ -266,8 +268,9 @@ def _direction(model: Any, settings: SearchSettings, sample: tuple[Arrays, Array
     from slsml.training import evaluation, modelio
 
     training = settings.training
+    missing = modelio.ARGUMENTS_MISSING if settings.build is None else BUILD_MISSING
     modelio.check_compiled(
-        model, loss=training.get("loss") is not None, optimizer=training.get("optimizer") is not None
+        model, loss=training.get("loss") is not None, optimizer=training.get("optimizer") is not None, missing=missing
     )
     loss = modelio.loss_config(model, settings.training.get("loss"))
     metrics = modelio.metrics_config(model, modelio.classifies(loss))
