@@ -16,6 +16,7 @@ import pytest
 from slsml.client import demo, runs
 from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
@@ -69,7 +70,7 @@ def log_entries(path: Path, **fields: Any) -> list[dict[str, Any]]:
 def train(services: Services, spec: TrainingSpec, run_id: str, model_bytes: bytes | None = None) -> None:
     """Start a run on the digits data (without waiting)."""
     model_bytes = model_bytes or modelio.save_model(demo.digits_cnn(seed=1))
-    runs.start_run(services, model_bytes, DIGITS, spec, run_id=run_id)
+    launch.start_run(services, model_bytes, DIGITS, spec, run_id=run_id)
 
 
 def finish(services: Services, run_id: str, timeout_s: float = 300) -> RunRecord:

@@ -26,6 +26,7 @@ from slsml.client import demo, runs
 from slsml.data import datasets as data
 from slsml.local.cloud import REGION
 from slsml.local.faults import Delay, Faults
+from slsml.pipeline import launch
 from slsml.pipeline.steps.merger import GENERATION_METADATA, MERGED_METADATA
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
@@ -201,7 +202,7 @@ def _swap_dataset_shard(local, s3, services) -> tuple[str, str, int]:
         s3_get_delay=Delay(probability=1, seconds=6),
         s3_get_delay_match=rf"^{re.escape(keys.dataset_shards(PINNED, 'train'))}",
     )
-    runs.start_run(services, modelio.save_model(demo.digits_cnn(seed=1)), PINNED, SPEC, run_id=SWAPPED)
+    launch.start_run(services, modelio.save_model(demo.digits_cnn(seed=1)), PINNED, SPEC, run_id=SWAPPED)
     _wait_for(lambda: services.table.get_counter(SWAPPED, 0).workers is not None, "the run was never launched")
     s3.put_object(Bucket=services.store.bucket, Key=key, Body=services.store.get(key)[::-1])
     return SWAPPED, f"dataset {PINNED!r}: train shard 0 is not the one its manifest lists", 0

@@ -9,6 +9,7 @@ import boto3
 import pytest
 
 from slsml.local.faults import Faults
+from slsml.pipeline import launch
 from slsml.spec import wiring
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 
@@ -114,15 +115,14 @@ def test_a_pipeline_that_stops_reporting_fails_by_heartbeat_timeout(local, servi
 
 
 def test_a_failed_step_ends_the_execution_with_its_reason(local, services, digits):
-    from slsml.client import runs
     from slsml.client.demo import digits_cnn
     from slsml.spec import keys
     from slsml.training import modelio
 
-    config = runs.prepare_run(services, modelio.save_model(digits_cnn()), "digits", SPEC, run_id="sfn-bad")
+    config = launch.prepare_run(services, modelio.save_model(digits_cnn()), "digits", SPEC, run_id="sfn-bad")
     store = services.store
     store.replace(keys.source_model("sfn-bad"), b"not a model")  # the bucket's policy refuses an overwrite
-    runs.launch_run(services, config)
+    launch.launch_run(services, config)
     run = finish(services, "sfn-bad", timeout_s=60)
     execution, entered = _execution(local, "sfn-bad")
     assert run.status == "FAILED" and "not a Keras model" in run.reason

@@ -17,6 +17,7 @@ from moto import mock_aws
 from slsml.aws import cache
 from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.spec import keys, wiring
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
@@ -74,7 +75,6 @@ def moto_services(
 def register_run(services: Services, model_bytes: bytes, run_id: str, **options: object) -> RunConfig:
     """A registered run of 2 workers and 2 reducers on dataset ``d`` with the TrainingSpec ``options``, its model
     placed."""
-    from slsml.client import runs
 
     spec = TrainingSpec(
         **{
@@ -86,7 +86,7 @@ def register_run(services: Services, model_bytes: bytes, run_id: str, **options:
             **options,
         }
     )
-    config = runs.prepare_run(services, model_bytes, "d", spec, run_id)
+    config = launch.prepare_run(services, model_bytes, "d", spec, run_id)
     services.store.put_new(keys.model(run_id, 0), model_bytes)
     services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
     return config

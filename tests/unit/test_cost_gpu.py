@@ -12,7 +12,7 @@ import pytest
 
 from slsml.accounting import prices
 from slsml.cli.main import main
-from slsml.cost import gpuworker, tuner
+from slsml.cost import gpuworker
 from slsml.cost import predict as costmodel
 from slsml.cost.calibration import GpuCalibration, GpuThroughput
 from slsml.cost.modelinfo import from_params
@@ -21,6 +21,7 @@ from slsml.cost.plan import FunctionFigures, Plan
 from slsml.cost.recommend import as_fast_as
 from slsml.cost.vm import VmComparison, compare_vm, lambda_run
 from slsml.cost.workload import Accelerator, Workload, function_memory, function_timeouts
+from slsml.pipeline import tuner
 from slsml.rounds import sizing
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.spec.deployment import ENDPOINT_AZS, GPU_WORKER_DEFAULTS, INTERFACE_ENDPOINTS
@@ -471,8 +472,10 @@ def test_gpu_workers_read_in_blocks_unless_the_run_needs_the_exact_order() -> No
     gpu_data = costmodel.workload_data(on_gpu(cpu), P)
     assert gpu_data.order == "blocks"
     assert gpu_data.worker_gets < costmodel.workload_data(on_gpu(cpu.at(training=TrainingSpec())), P).gets_per_iteration
-    held_out = TrainingSpec(validation_split=0.1)
-    assert costmodel.workload_data(on_gpu(cpu.at(training=held_out)), P).order == "global"
+    drawn = TrainingSpec(validation_split=0.1, validation_samples="seeded")  # held out of the global order
+    assert costmodel.workload_data(on_gpu(cpu.at(training=drawn)), P).order == "global"
+    last = TrainingSpec(validation_split=0.1)  # Keras's: the last samples, the rest in blocks as ever
+    assert costmodel.workload_data(on_gpu(cpu.at(training=last)), P).order == "blocks"
     one = TrainingSpec(shuffle="blocks", shuffle_block=1)  # a sample-level order on GPU workers, given
     assert costmodel.workload_data(on_gpu(cpu.at(training=one)), P).gets_per_iteration > gpu_data.gets_per_iteration
     assert TrainingSpec().on_gpu_workers().shuffle == "blocks" and TrainingSpec().shuffle == "global"

@@ -13,6 +13,7 @@ import pytest
 
 from slsml.aws import cache
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.rounds import stream
 from slsml.spec import keys
@@ -121,9 +122,8 @@ def test_the_plans_data_gets_are_a_runs(
         **options,
         optimizer=OptimizerConfig(name="sgd", learning_rate=0.1),
     )
-    from slsml.client import runs
 
-    runs.prepare_run(services, model_bytes, "big", spec, "measured")
+    launch.prepare_run(services, model_bytes, "big", spec, "measured")
     services.table.table.put_item(Item=records.run_item("measured", "big", spec, time.time()))
     monkeypatch.setenv(cache.BOUND_ENV, str(cache_mb))
     gets: list[str] = []

@@ -13,8 +13,7 @@ from enum import StrEnum
 
 from aws_lambda_powertools import Logger
 
-from slsml.cost import tuner
-from slsml.pipeline import spend
+from slsml.pipeline import spend, tuner
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import changed_behind, complete_run, outcome, run_config, size_fleet
 from slsml.spec import keys, wiring
