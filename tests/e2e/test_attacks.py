@@ -13,12 +13,17 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import boto3
 import numpy as np
 import pytest
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from slsml.aws.storage import etag_of
@@ -185,10 +190,14 @@ def _replace_manifest(local, s3, services) -> tuple[str, str, int]:
 
 
 def _delete_shard(local, s3, services) -> tuple[str, str, int]:
-    """A DeleteObject of a shard (weights and optimizer state) entering AT, before its reads (held 6 s)."""
+    """A DeleteObject of a shard (weights and optimizer state) entering AT, before its reads (held 6 s), by a hand
+    holding a Worker's credentials: the bucket's policy refuses deletes under runs/ to all but the roles of the steps
+    that delete each kind (a Worker deletes scratch)."""
     _hold(local, services, DELETED)
     key = keys.shard(DELETED, AT, 1)
-    s3.delete_object(Bucket=services.store.bucket, Key=key)
+    with pytest.raises(ClientError, match="AccessDenied"):  # the owner's credentials: refused
+        s3.delete_object(Bucket=services.store.bucket, Key=key)
+    _as_function(local, "worker").delete_object(Bucket=services.store.bucket, Key=key)
     return DELETED, f"{key} does not exist, though the run has not moved past it: it was deleted behind", AT
 
 
@@ -205,6 +214,33 @@ def _swap_dataset_shard(local, s3, services) -> tuple[str, str, int]:
     _wait_for(lambda: services.table.get_counter(SWAPPED, 0).workers is not None, "the run was never launched")
     s3.put_object(Bucket=services.store.bucket, Key=key, Body=services.store.get(key)[::-1])
     return SWAPPED, f"dataset {PINNED!r}: train shard 0 is not the one its manifest lists", 0
+
+
+def _as_function(local, function: str) -> Any:
+    """An S3 client signing with ``function``'s credentials, as its role."""
+    key, secret = local.deployment.identities[function]
+    return boto3.client(
+        "s3",
+        endpoint_url=local.deployment.endpoint,
+        region_name=REGION,
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+        config=Config(signature_version="s3v4"),
+    )
+
+
+def _replayed(local, key: str, signed_for: bytes, sent: bytes) -> tuple[int, bytes]:
+    """The bucket's answer to a create-only PUT of ``key`` that a Worker signed for the body ``signed_for``, sent
+    (captured on its way, within the 15 minutes its signature lasts) with the body ``sent``."""
+    url = f"{local.deployment.endpoint}/{local.deployment.bucket}/{key}"
+    request = AWSRequest(method="PUT", url=url, data=signed_for, headers={"If-None-Match": "*"})
+    S3SigV4Auth(local.cloud.identities["worker"], "s3", REGION).add_auth(request)
+    replay = urllib.request.Request(url, data=sent, headers=dict(request.headers.items()), method="PUT")
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(replay, timeout=30) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read()
 
 
 def _wait_for(condition: Callable[[], bool], failure: str) -> None:
@@ -249,6 +285,17 @@ def test_objects_placed_at_a_runs_next_keys_are_not_trusted_and_a_replaced_final
             s3.put_object(Bucket=bucket, Key=keys.update(PLACED, AT + 1, 0), Body=b"\0" * 4096)
         for key, (body, metadata) in placed.items():  # create-only PUTs, as any principal with write access could
             s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=metadata, IfNoneMatch="*")
+        # a delete under runs/, which would let a create-only PUT take the object's place: refused to all but the
+        # roles that delete its kind (one DeleteObject, one DeleteObjects)
+        with pytest.raises(ClientError, match="AccessDenied"):
+            s3.delete_object(Bucket=bucket, Key=keys.run_config(PLACED))
+        deleting = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": keys.shard(PLACED, AT, 0)}]})
+        assert [error["Code"] for error in deleting["Errors"]] == ["AccessDenied"]
+        # a Worker's signed PUT of its update replayed with another body: refused, nothing stored
+        replayed = keys.update(PLACED, AT + 1, 1)
+        status, answer = _replayed(local, replayed, signed_for=b"\1" * 4096, sent=b"\0" * 4096)
+        assert status == 403 and b"XAmzContentSHA256Mismatch" in answer, answer
+        assert not services.store.exists(replayed)
     finally:
         local.host.faults = None
     run = finish(services, PLACED)

@@ -336,11 +336,16 @@ class ObjectStore:
         return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
 
     def delete(self, keys: Iterable[str]) -> None:
-        """Delete the objects ``keys`` (those that do not exist too), ``DELETE_BATCH`` a request."""
+        """Delete the objects ``keys`` (those that do not exist too), ``DELETE_BATCH`` a request; SlsmlError naming
+        the first that S3 did not delete (the bucket's policy refused it)."""
         keys = list(keys)
         for start in range(0, len(keys), DELETE_BATCH):
             objects = [{"Key": key} for key in keys[start : start + DELETE_BATCH]]
-            self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+            answer = self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+            for error in answer.get("Errors", [])[:1]:
+                raise SlsmlError(
+                    f"s3://{self.bucket}/{error['Key']} was not deleted: {error.get('Code')} {error.get('Message')}"
+                )
 
     # typed helpers
     def get_json(self, key: str) -> Any:
