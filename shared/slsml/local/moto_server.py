@@ -33,13 +33,15 @@ a 403 and no CORS header: a page the user opens can neither read nor change the 
 nor reach moto's management endpoints (``/moto-api/reset``). AWS clients send none of these headers.
 
 It answers its owner alone: every request, moto's management endpoints and ``OWNER_PATH`` included, must be signed
-with SigV4 (an ``Authorization`` header, or a pre-signed URL's query) by the credentials the process that started it
-handed it on its standard input, generated for this server and readable by its owner alone. The signature is
-recomputed by botocore's own signer from the request as received; a request unsigned, signed with other credentials,
-altered after signing, or dated more than ``MAX_SKEW_S`` away (a pre-signed URL: past its expiry) is refused with a
-403: S3's XML error for S3, a JSON one otherwise. Another user of the machine, who can connect to 127.0.0.1 as well,
-can neither read nor change what it holds. The key each signature is computed with, derived from the secret by date,
-region and service, is derived once (``signing_key``).
+with SigV4 (an ``Authorization`` header, or a pre-signed URL's query) by credentials the process that started it
+handed it on its standard input, generated for this server and readable by its owner alone: the owner's (who alone
+reaches the management endpoints), and one pair for each principal of the deployment (a function's role), whose
+requests it serves as that principal's. The signature is recomputed by botocore's own signer from the request as
+received, and a body must be the payload its ``X-Amz-Content-SHA256`` names (which the signature covers); a request
+unsigned, signed with other credentials, altered after signing (its body too), or dated more than ``MAX_SKEW_S`` away
+(a pre-signed URL: past its expiry) is refused with a 403: S3's XML error for S3, a JSON one otherwise. Another
+user of the machine, who can connect to 127.0.0.1 as well, can neither read nor change what it holds. The key each
+signature is computed with, derived from the secret by date, region and service, is derived once (``signing_key``).
 
 A ranged S3 GET reads its bytes alone. moto read the whole object for each (from a temporary file, past
 5 MB) and sliced the range out of it: a worker's ranged reads of a 64 MB dataset shard cost the server
@@ -49,7 +51,8 @@ through moto's web application (Flask, its request parsing and S3's dispatch), i
 CPU (a worker's 32 samples: 34 ms against 11).
 
 A bucket's policy is enforced as S3 enforces it: an object request that a Deny statement's action, resource and
-conditions all match is refused (403 AccessDenied). moto evaluates a bucket policy with its conditions left out, so
+conditions (the principal's among them) all match is refused (403 AccessDenied; an object of a DeleteObjects by
+itself). moto evaluates a bucket policy with its conditions left out, so
 it would refuse every PutObject that a conditioned Deny names (create-only's among them, ``If-None-Match`` or not);
 its check is replaced. What is evaluated is what the deployed stack's policy uses (``POLICY_ACTIONS``,
 ``POLICY_CONDITIONS``); a policy with anything else is refused when put (MalformedPolicy), so that what is enforced
@@ -62,7 +65,7 @@ the background what the first request to each service would: the first CreateSta
 moto's Step Functions interpreter, 0.7 s.
 
 Run as a script (``python moto_server.py -p PORT``, its standard input a pipe whose first line is the JSON of
-``{"access_key_id": …, "secret_access_key": …}``); it imports nothing of slsml.
+``{"access_key_id": …, "secret_access_key": …, "arn": …, "others": [{…}, …]}``); it imports nothing of slsml.
 """
 
 from __future__ import annotations
