@@ -33,7 +33,7 @@ from slsml.local.cloud import REGION
 from slsml.local.faults import Delay, Faults
 from slsml.pipeline.steps.merger import GENERATION_METADATA, MERGED_METADATA
 from slsml.spec import keys
-from slsml.spec.config import TrainingSpec
+from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import Manifest, WorkDone
 from slsml.state import records
@@ -155,6 +155,7 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
 # or the bucket would: the run fails with a reason naming what changed, before it goes past the iteration after the
 # change (a step notices it, no deadline has to come), rather than training on it or hanging.
 EDITED, MANIFEST, DELETED, SWAPPED = "item-edited", "manifest-replaced", "shard-deleted", "dataset-swapped"
+CONFIGURED = "config-replaced"
 PINNED = "digits-pinned"  # the swapped run's dataset, of no other run: no warm function holds its shards
 
 
@@ -216,6 +217,28 @@ def _swap_dataset_shard(local, s3, services) -> tuple[str, str, int]:
     return SWAPPED, f"dataset {PINNED!r}: train shard 0 is not the one its manifest lists", 0
 
 
+def _replace_run_json(local, s3, services) -> tuple[str, str, int]:
+    """``run.json`` replaced (a learning rate of 0.3) as soon as ``run start`` returned, before any step
+    reads it (its reads are held 6 s): the owner's DeleteObject is refused, so the hand is one that may lift the
+    bucket's policy for the while (``s3:PutBucketPolicy``) and delete it and PUT its own."""
+    key = keys.run_config(CONFIGURED)
+    local.host.faults = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^{re.escape(key)}$")
+    train(services, SPEC, CONFIGURED)
+    bucket = services.store.bucket
+    with pytest.raises(ClientError, match="AccessDenied"):
+        s3.delete_object(Bucket=bucket, Key=key)
+    stored = RunConfig.model_validate_json(services.store.get(key))
+    faster = stored.optimizer.model_copy(update={"learning_rate": 0.3})
+    policy = s3.get_bucket_policy(Bucket=bucket)["Policy"]
+    s3.delete_bucket_policy(Bucket=bucket)
+    try:
+        s3.delete_object(Bucket=bucket, Key=key)
+        s3.put_object(Bucket=bucket, Key=key, Body=stored.model_copy(update={"optimizer": faster}).stored())
+    finally:
+        s3.put_bucket_policy(Bucket=bucket, Policy=policy)
+    return CONFIGURED, f"{key} is not the run.json run '{CONFIGURED}' registered: it was replaced", 0
+
+
 def _as_function(local, function: str) -> Any:
     """An S3 client signing with ``function``'s credentials, as its role."""
     key, secret = local.deployment.identities[function]
@@ -250,7 +273,9 @@ def _wait_for(condition: Callable[[], bool], failure: str) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("change", [_edit_run_item, _replace_manifest, _delete_shard, _swap_dataset_shard])
+@pytest.mark.parametrize(
+    "change", [_edit_run_item, _replace_manifest, _delete_shard, _swap_dataset_shard, _replace_run_json]
+)
 def test_what_is_changed_behind_the_pipelines_back_fails_the_run_naming_it(local, services, digits, change):
     s3 = boto3.client("s3", endpoint_url=local.deployment.endpoint, region_name=REGION)
     try:

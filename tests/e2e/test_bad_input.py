@@ -149,11 +149,13 @@ def test_dataset_names_are_never_reused(services, digits):
 
 
 def test_a_message_failing_three_times_fails_its_run_via_the_dead_letter_queue(local, services, digits):
-    config = runs.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="corrupt-config")
-    # damage behind slsml's back (slsml itself never overwrites; the bucket's policy refuses an overwrite, not a delete
-    # and a create): the WorkLauncher, which reads the run's config first, now fails unexpectedly on its S3 event
-    services.store.replace(keys.run_config("corrupt-config"), b"{}")
-    runs.launch_run(services, config)
+    model = modelio.save_model(demo.digits_cnn())
+    config = runs.prepare_run(services, model, DIGITS, SPEC, run_id="corrupt-source")
+    # a run whose run.json, as it registered it, is not slsml's (slsml never writes one): the WorkLauncher, which reads
+    # the run's config first, fails unexpectedly on its S3 event
+    services.store.put_new(keys.run_config("corrupt-config"), b"{}")
+    services.store.put_new(keys.source_model("corrupt-config"), model)
+    runs.launch_run(services, config.model_copy(update={"run_id": "corrupt-config"}), stored=b"{}")
     run = finish(services, "corrupt-config", timeout_s=120)
     assert run.status == "FAILED"
     # the error as Lambda attaches it to a dead letter: the exception's message, without its name

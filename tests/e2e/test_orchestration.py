@@ -152,7 +152,9 @@ def test_an_execution_for_a_registered_run_id_fails_as_taken_and_changes_nothing
 
     train(services, SPEC, "sfn-taken")
     run = finish(services, "sfn-taken")
-    again = ExecutionInput(run_id="sfn-taken", dataset="digits", training=SPEC, workers=2, created_at=time.time())
+    again = ExecutionInput(
+        run_id="sfn-taken", dataset="digits", training=SPEC, workers=2, created_at=time.time(), config_sha256="0" * 64
+    )
     arn = services.orchestrator.start(again, name="sfn-taken-again")
     execution, entered = _execution(local, "sfn-taken", arn)
     assert (execution["status"], execution["cause"]) == ("FAILED", "the run id is taken")

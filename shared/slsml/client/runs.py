@@ -20,10 +20,10 @@ from slsml.cost import budget
 from slsml.cost.messages import check_messages
 from slsml.data import datasets as data
 from slsml.data.manifest import DatasetManifest
-from slsml.pipeline.services import Services
+from slsml.pipeline.services import Services, registered_config
 from slsml.rounds import sizing
 from slsml.spec import keys, samples
-from slsml.spec.config import RunConfig, TrainingSpec
+from slsml.spec.config import RunConfig, TrainingSpec, config_digest
 from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
 from slsml.spec.shardplan import ShardPlan
 from slsml.state.orchestration import ExecutionInput
@@ -54,13 +54,16 @@ def start_run(
     return config
 
 
-def launch_run(services: Services, config: RunConfig) -> None:
-    """Start the execution of a prepared run; returns once the run is registered."""
-    execution = services.orchestrator.start(_execution_input(config))
+def launch_run(services: Services, config: RunConfig, stored: bytes | None = None) -> None:
+    """Start the execution of a prepared run (its run.json: ``stored``, default ``config.stored()``, the digest of
+    which it registers); returns once the run is registered."""
+    execution = services.orchestrator.start(_execution_input(config, config_digest(stored or config.stored())))
     _wait_until_registered(services, config.run_id, execution)
 
 
-def _execution_input(config: RunConfig, resume: bool = False, training: TrainingSpec | None = None) -> ExecutionInput:
+def _execution_input(
+    config: RunConfig, digest: str, resume: bool = False, training: TrainingSpec | None = None
+) -> ExecutionInput:
     return ExecutionInput(
         run_id=config.run_id,
         dataset=config.dataset,
@@ -68,6 +71,7 @@ def _execution_input(config: RunConfig, resume: bool = False, training: Training
         workers=config.workers,
         created_at=time.time(),
         resume=resume,
+        config_sha256=digest,
     )
 
 
@@ -119,7 +123,7 @@ def resume_run(services: Services, run_id: str, budget_usd: float | None = None)
     if run.status not in {RunStatus.STOPPED, RunStatus.FAILED}:
         raise SlsmlError(f"run {run_id!r} is {run.status}: only a STOPPED or FAILED run can be resumed")
     training = _with_budget(services, run, budget_usd)
-    config = RunConfig.model_validate(services.store.get_json(keys.run_config(run_id)))
+    config = registered_config(services.store, run)
     _check_pinned_dataset(services, config)
     iteration = last_complete_model(services, run_id)
     if iteration is None:  # it failed before its initial model was placed
@@ -130,7 +134,8 @@ def resume_run(services: Services, run_id: str, budget_usd: float | None = None)
         raise SlsmlError(f"run {run_id!r} is no longer STOPPED or FAILED: was it resumed meanwhile?")
     services.table.forget_iterations(run_id, iteration)
     services.orchestrator.start(
-        _execution_input(config, resume=True, training=resumed.training), name=f"{run_id}-resumed-{resumed.generation}"
+        _execution_input(config, resumed.config_sha256 or "", resume=True, training=resumed.training),
+        name=f"{run_id}-resumed-{resumed.generation}",
     )
     return resumed
 
@@ -280,7 +285,7 @@ def prepare_run(
     )
     if refusal := memory_refusal(config, services.limits.worker_memory_mb):
         raise BadInputError(refusal)
-    if not store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json")):
+    if not store.put_new(keys.run_config(run_id), config.stored()):
         raise BadInputError(f"a run named {run_id!r} already exists")
     flat = modelio.get_flat(model, plan)
     for shard in range(plan.reducers):

@@ -99,7 +99,7 @@ def complete_run(services: Services, run_id: str, iteration: int, reason: str | 
     ``iteration`` evaluated: store it (with ``keep_best``: the best evaluated model) as the run's final model with
     its test figures, and end the run's execution."""
     final_key = keys.final_model(run_id)
-    config = run_config(services.store, run_id)
+    config = run_config(services, run_id)
     kept = services.table.get_counter(run_id, iteration - 1)
     if config.training.keep_best is not None:
         series = services.table.watched(run_id, config.training.keep_best)

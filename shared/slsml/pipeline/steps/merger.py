@@ -51,7 +51,7 @@ HEARTBEATS_PER_WINDOW = 4  # the run's execution hears from the pipeline this of
 def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     """Count the shard; returns the key of the next iteration's manifest if this message completed the iteration."""
     store, table = services.store, services.table
-    config = run_config(store, message.run_id)
+    config = run_config(services, message.run_id)
     run, iteration = message.run_id, message.iteration
     counter = table.record_shard(run, iteration, message.generation)
     if counter is None or counter.shards_in < config.reducers or counter.merge_fired_by not in {None, message.shard}:
