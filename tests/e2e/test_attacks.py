@@ -5,11 +5,15 @@ update, next model and final model will be written — none is trusted for sitti
 replaced by the step's own; and an overwrite of a completed run's final model — detected by every reader of it. Each
 run completes with weights bit-identical to an undisturbed run's. (The bucket's policy refuses a PUT without
 If-None-Match of an update, in the local cloud as on AWS: the objects are placed create-only, so that what is tested
-is the pipeline's own checks.) Models dropped meanwhile that are too large to load (a zip bomb, a config declaring
-gigabytes of weights, an oversized run request) are refused by name."""
+is the pipeline's own checks; a delete under runs/ with the owner's credentials, and a Worker's signed PUT replayed
+with another body, are refused outright.) What is changed behind the pipeline's back (the run item, a manifest, a
+shard, the dataset, run.json, the last model before its final copy) fails the run naming it. Models dropped
+meanwhile that are too large to load (a zip bomb, a config declaring gigabytes of weights, an oversized run request)
+are refused by name."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -155,7 +159,7 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
 # or the bucket would: the run fails with a reason naming what changed, before it goes past the iteration after the
 # change (a step notices it, no deadline has to come), rather than training on it or hanging.
 EDITED, MANIFEST, DELETED, SWAPPED = "item-edited", "manifest-replaced", "shard-deleted", "dataset-swapped"
-CONFIGURED = "config-replaced"
+CONFIGURED, FINAL = "config-replaced", "final-swapped"
 PINNED = "digits-pinned"  # the swapped run's dataset, of no other run: no warm function holds its shards
 
 
@@ -239,6 +243,20 @@ def _replace_run_json(local, s3, services) -> tuple[str, str, int]:
     return CONFIGURED, f"{key} is not the run.json run '{CONFIGURED}' registered: it was replaced", 0
 
 
+def _swap_final_model(local, s3, services) -> tuple[str, str, int]:
+    """A plain PUT of the run's initial (untrained) model over the last model the Merger stored
+    (``models/<iterations>.keras``), before the final copy of it is made: the final evaluation's reads are held 6 s."""
+    last = SPEC.iterations
+    key = keys.model(FINAL, last)
+    local.host.faults = Faults(
+        s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^runs/{FINAL}/iters/{last:06d}/shards/"
+    )
+    train(services, SPEC, FINAL)
+    _wait_for(lambda: services.store.exists(key), "the Merger never stored the last model")
+    s3.put_object(Bucket=services.store.bucket, Key=key, Body=services.store.get(keys.source_model(FINAL)))
+    return FINAL, f"{key} is not the model the Merger stored: it was replaced behind the pipeline's back", last
+
+
 def _as_function(local, function: str) -> Any:
     """An S3 client signing with ``function``'s credentials, as its role."""
     key, secret = local.deployment.identities[function]
@@ -274,7 +292,8 @@ def _wait_for(condition: Callable[[], bool], failure: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "change", [_edit_run_item, _replace_manifest, _delete_shard, _swap_dataset_shard, _replace_run_json]
+    "change",
+    [_edit_run_item, _replace_manifest, _delete_shard, _swap_dataset_shard, _replace_run_json, _swap_final_model],
 )
 def test_what_is_changed_behind_the_pipelines_back_fails_the_run_naming_it(local, services, digits, change):
     s3 = boto3.client("s3", endpoint_url=local.deployment.endpoint, region_name=REGION)
@@ -326,6 +345,12 @@ def test_objects_placed_at_a_runs_next_keys_are_not_trusted_and_a_replaced_final
     run = finish(services, PLACED)
     assert run.status == "COMPLETED", run.reason
     assert np.array_equal(final_weights(services, PLACED)[0], undisturbed)
+    # what the run recorded of its final model is what readers are handed: the model the Merger stored last
+    assert run.final_sha256 == hashlib.sha256(runs.final_model(services, run)).hexdigest()
+    assert (
+        run.final_sha256
+        == Manifest.model_validate_json(services.store.get(keys.manifest(PLACED, SPEC.iterations))).model_sha256
+    )
     for key, (body, _) in placed.items():  # each was replaced by the step's own, and the step said so
         assert services.store.get(key) != body, key
     replaced = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import secrets
 import statistics
@@ -77,8 +78,9 @@ def _execution_input(
 
 def final_model(services: Services, run: RunRecord) -> bytes:
     """The final model the run stored. SlsmlError if the object at its key is another one now: final.keras is a
-    server-side copy, which a create-only bucket policy cannot cover, so the run records its ETag and readers check
-    it (with bucket versioning on, the replaced version is kept)."""
+    server-side copy, which a create-only bucket policy cannot cover, so the run records its ETag and SHA-256 and
+    readers check both, the SHA-256 of the bytes handed out (with bucket versioning on, the replaced version is
+    kept)."""
     if run.final_key is None:
         raise NotFoundError(f"run {run.run_id} has no final model (status {run.status.value})")
     stored = services.store.read(run.final_key)
@@ -86,6 +88,11 @@ def final_model(services: Services, run: RunRecord) -> bytes:
         raise SlsmlError(
             f"{run.final_key} is not the final model run {run.run_id!r} stored: it was replaced since"
             f" (ETag {stored.etag}; the run recorded {run.final_etag})"
+        )
+    if run.final_sha256 is not None and (read := hashlib.sha256(stored.body).hexdigest()) != run.final_sha256:
+        raise SlsmlError(
+            f"{run.final_key} is not the final model run {run.run_id!r} stored: its bytes as read have the SHA-256"
+            f" {read}; the run recorded {run.final_sha256}"
         )
     return stored.body
 

@@ -85,6 +85,7 @@ class RunRecord(BaseModel):
     reason: str | None = None
     final_key: str | None = None
     final_etag: str | None = Field(default=None, description="the final model's ETag when the run stored it")
+    final_sha256: str | None = Field(default=None, description="and its SHA-256: what a reader of it checks")
     config_sha256: str | None = Field(
         default=None, description="the SHA-256 of run.json as the run registered it (RunConfig.config_digest)"
     )
