@@ -19,17 +19,15 @@ from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError
 from slsml.training import modelio
 
-from .conftest import DIGITS, finish, log_entries, train
+from .conftest import DIGITS, finish, log_entries, prepared_with_source, train
 
 SPEC = TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=2, eval_every=0)
 
 
 def test_upload_that_is_not_a_keras_model_fails_the_run(services, digits):
-    config = runs.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="bad-model")
-    # an upload that is not a model, behind slsml's back (prepare_run checks what it is given): deleted and created
-    # anew, as the bucket's policy refuses an overwrite
+    # an upload that is not a model, behind slsml's back (prepare_run checks what it is given)
+    config = prepared_with_source(services, SPEC, "bad-model", b"definitely not a zip archive")
     store = services.store
-    store.replace(keys.source_model("bad-model"), b"definitely not a zip archive")
     runs.launch_run(services, config)
     run = finish(services, "bad-model", timeout_s=60)
     assert run.status == "FAILED"

@@ -12,7 +12,7 @@ from slsml.local.faults import Faults
 from slsml.spec import wiring
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 
-from .conftest import finish, train
+from .conftest import finish, prepared_with_source, train
 from .test_faults import injecting
 
 HEARTBEAT_S = 5  # more than a paced first iteration with its cold model loads (~2 s here)
@@ -115,13 +115,8 @@ def test_a_pipeline_that_stops_reporting_fails_by_heartbeat_timeout(local, servi
 
 def test_a_failed_step_ends_the_execution_with_its_reason(local, services, digits):
     from slsml.client import runs
-    from slsml.client.demo import digits_cnn
-    from slsml.spec import keys
-    from slsml.training import modelio
 
-    config = runs.prepare_run(services, modelio.save_model(digits_cnn()), "digits", SPEC, run_id="sfn-bad")
-    store = services.store
-    store.replace(keys.source_model("sfn-bad"), b"not a model")  # the bucket's policy refuses an overwrite
+    config = prepared_with_source(services, SPEC, "sfn-bad", b"not a model")
     runs.launch_run(services, config)
     run = finish(services, "sfn-bad", timeout_s=60)
     execution, entered = _execution(local, "sfn-bad")
