@@ -92,7 +92,7 @@ def prepared_with_source(services: Services, spec: TrainingSpec, run_id: str, so
     config = lent.model_copy(update={"run_id": run_id})
     services.store.put_new(keys.run_config(run_id), config.stored())
     for shard in range(config.reducers):
-        services.store.copy_new(keys.shard(lent.run_id, 0, shard), keys.shard(run_id, 0, shard))
+        services.store.put_new(keys.shard(run_id, 0, shard), services.store.get(keys.shard(lent.run_id, 0, shard)))
     services.store.put_new(keys.source_model(run_id), source)
     return config
 
