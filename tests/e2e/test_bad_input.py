@@ -20,17 +20,15 @@ from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError
 from slsml.training import modelio
 
-from .conftest import DIGITS, finish, log_entries, train
+from .conftest import DIGITS, finish, log_entries, prepared_with_source, train
 
 SPEC = TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=2, eval_every=0)
 
 
 def test_upload_that_is_not_a_keras_model_fails_the_run(services, digits):
-    config = launch.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="bad-model")
-    # an upload that is not a model, behind slsml's back (prepare_run checks what it is given): deleted and created
-    # anew, as the bucket's policy refuses an overwrite
+    # an upload that is not a model, behind slsml's back (prepare_run checks what it is given)
+    config = prepared_with_source(services, SPEC, "bad-model", b"definitely not a zip archive")
     store = services.store
-    store.replace(keys.source_model("bad-model"), b"definitely not a zip archive")
     launch.launch_run(services, config)
     run = finish(services, "bad-model", timeout_s=60)
     assert run.status == "FAILED"
@@ -150,11 +148,13 @@ def test_dataset_names_are_never_reused(services, digits):
 
 
 def test_a_message_failing_three_times_fails_its_run_via_the_dead_letter_queue(local, services, digits):
-    config = launch.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="corrupt-config")
-    # damage behind slsml's back (slsml itself never overwrites; the bucket's policy refuses an overwrite, not a delete
-    # and a create): the WorkLauncher, which reads the run's config first, now fails unexpectedly on its S3 event
-    services.store.replace(keys.run_config("corrupt-config"), b"{}")
-    launch.launch_run(services, config)
+    model = modelio.save_model(demo.digits_cnn())
+    config = launch.prepare_run(services, model, DIGITS, SPEC, run_id="corrupt-source")
+    # a run whose run.json, as it registered it, is not slsml's (slsml never writes one): the WorkLauncher, which reads
+    # the run's config first, fails unexpectedly on its S3 event
+    services.store.put_new(keys.run_config("corrupt-config"), b"{}")
+    services.store.put_new(keys.source_model("corrupt-config"), model)
+    launch.launch_run(services, config.model_copy(update={"run_id": "corrupt-config"}), stored=b"{}")
     run = finish(services, "corrupt-config", timeout_s=120)
     assert run.status == "FAILED"
     # the error as Lambda attaches it to a dead letter: the exception's message, without its name

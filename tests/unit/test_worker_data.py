@@ -17,7 +17,7 @@ from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.rounds import stream
 from slsml.spec import keys
-from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.config import OptimizerConfig, TrainingSpec, config_digest
 from slsml.spec.messages import WorkMessage
 from slsml.state import records
 from slsml.training import updates
@@ -123,8 +123,9 @@ def test_the_plans_data_gets_are_a_runs(
         optimizer=OptimizerConfig(name="sgd", learning_rate=0.1),
     )
 
-    launch.prepare_run(services, model_bytes, "big", spec, "measured")
-    services.table.table.put_item(Item=records.run_item("measured", "big", spec, time.time()))
+    config = launch.prepare_run(services, model_bytes, "big", spec, "measured")
+    digest = config_digest(config.stored())
+    services.table.table.put_item(Item=records.run_item("measured", "big", spec, time.time(), digest))
     monkeypatch.setenv(cache.BOUND_ENV, str(cache_mb))
     gets: list[str] = []
 

@@ -3,6 +3,7 @@ the CLI, the local runtime and tests."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import statistics
 import time
@@ -15,7 +16,7 @@ from slsml.accounting import prices, usage
 from slsml.cost.messages import check_messages
 from slsml.data import datasets as data
 from slsml.pipeline import launch
-from slsml.pipeline.services import Services
+from slsml.pipeline.services import Services, registered_config
 from slsml.spec import keys
 from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
@@ -26,8 +27,9 @@ TERMINAL = {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED}
 
 def final_model(services: Services, run: RunRecord) -> bytes:
     """The final model the run stored. SlsmlError if the object at its key is another one now: final.keras is a
-    server-side copy, which a create-only bucket policy cannot cover, so the run records its ETag and readers check
-    it (with bucket versioning on, the replaced version is kept)."""
+    server-side copy, which a create-only bucket policy cannot cover, so the run records its ETag and SHA-256 and
+    readers check both, the SHA-256 of the bytes handed out (with bucket versioning on, the replaced version is
+    kept)."""
     if run.final_key is None:
         raise NotFoundError(f"run {run.run_id} has no final model (status {run.status.value})")
     stored = services.store.read(run.final_key)
@@ -35,6 +37,11 @@ def final_model(services: Services, run: RunRecord) -> bytes:
         raise SlsmlError(
             f"{run.final_key} is not the final model run {run.run_id!r} stored: it was replaced since"
             f" (ETag {stored.etag}; the run recorded {run.final_etag})"
+        )
+    if run.final_sha256 is not None and (read := hashlib.sha256(stored.body).hexdigest()) != run.final_sha256:
+        raise SlsmlError(
+            f"{run.final_key} is not the final model run {run.run_id!r} stored: its bytes as read have the SHA-256"
+            f" {read}; the run recorded {run.final_sha256}"
         )
     return stored.body
 
@@ -72,7 +79,7 @@ def resume_run(services: Services, run_id: str, budget_usd: float | None = None)
     if run.status not in {RunStatus.STOPPED, RunStatus.FAILED}:
         raise SlsmlError(f"run {run_id!r} is {run.status}: only a STOPPED or FAILED run can be resumed")
     training = _with_budget(services, run, budget_usd)
-    config = RunConfig.model_validate(services.store.get_json(keys.run_config(run_id)))
+    config = registered_config(services.store, run)
     _check_pinned_dataset(services, config)
     iteration = last_complete_model(services, run_id)
     if iteration is None:  # it failed before its initial model was placed
@@ -83,7 +90,7 @@ def resume_run(services: Services, run_id: str, budget_usd: float | None = None)
         raise SlsmlError(f"run {run_id!r} is no longer STOPPED or FAILED: was it resumed meanwhile?")
     services.table.forget_iterations(run_id, iteration)
     services.orchestrator.start(
-        launch.execution_input(config, resume=True, training=resumed.training),
+        launch.execution_input(config, resumed.config_sha256 or "", resume=True, training=resumed.training),
         name=f"{run_id}-resumed-{resumed.generation}",
     )
     return resumed

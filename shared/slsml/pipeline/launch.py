@@ -20,7 +20,7 @@ from slsml.data.manifest import DatasetManifest
 from slsml.pipeline.services import Services
 from slsml.rounds import sizing
 from slsml.spec import keys, samples
-from slsml.spec.config import RunConfig, TrainingSpec
+from slsml.spec.config import RunConfig, TrainingSpec, config_digest
 from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
 from slsml.spec.shardplan import ShardPlan
 from slsml.state.orchestration import ExecutionInput
@@ -49,13 +49,16 @@ def start_run(
     return config
 
 
-def launch_run(services: Services, config: RunConfig) -> None:
-    """Start the execution of a prepared run; returns once the run is registered."""
-    execution = services.orchestrator.start(execution_input(config))
+def launch_run(services: Services, config: RunConfig, stored: bytes | None = None) -> None:
+    """Start the execution of a prepared run (its run.json: ``stored``, default ``config.stored()``, the digest of
+    which it registers); returns once the run is registered."""
+    execution = services.orchestrator.start(execution_input(config, config_digest(stored or config.stored())))
     wait_until_registered(services, config.run_id, execution)
 
 
-def execution_input(config: RunConfig, resume: bool = False, training: TrainingSpec | None = None) -> ExecutionInput:
+def execution_input(
+    config: RunConfig, digest: str, resume: bool = False, training: TrainingSpec | None = None
+) -> ExecutionInput:
     return ExecutionInput(
         run_id=config.run_id,
         dataset=config.dataset,
@@ -63,6 +66,7 @@ def execution_input(config: RunConfig, resume: bool = False, training: TrainingS
         workers=config.workers,
         created_at=time.time(),
         resume=resume,
+        config_sha256=digest,
     )
 
 
@@ -136,7 +140,7 @@ def prepare_run(
     )
     if refusal := memory_refusal(config, services.limits.worker_memory_mb):
         raise BadInputError(refusal)
-    if not store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json")):
+    if not store.put_new(keys.run_config(run_id), config.stored()):
         raise BadInputError(f"a run named {run_id!r} already exists")
     flat = modelio.get_flat(model, plan)
     for shard in range(plan.reducers):

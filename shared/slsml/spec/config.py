@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -811,9 +812,19 @@ class RunConfig(BaseModel):
         """The workers of the first round (later rounds: their counters, ``Counter.workers``)."""
         return self.training.initial_workers
 
+    def stored(self) -> bytes:
+        """``run.json`` as its run's start stores it, and registers its digest (``config_digest``)."""
+        return json.dumps(self.model_dump(mode="json"), indent=1).encode()
+
     @property
     def reducers(self) -> int:
         return self.training.reducers
+
+
+def config_digest(body: bytes) -> str:
+    """The SHA-256 (hex) of a ``run.json``'s bytes: what its run registers (``RunRecord.config_sha256``) and every step
+    that reads it checks."""
+    return hashlib.sha256(body).hexdigest()
 
 
 class DropInRequest(BaseModel):

@@ -21,6 +21,10 @@ class RunFailed(SlsmlError):
     """A pipeline step found the run unusable; the run is marked FAILED with this reason."""
 
 
+class ConfigReplaced(RunFailed):
+    """A run's ``run.json`` is not the one it registered: the run fails, whatever step reads it."""
+
+
 class NotFoundError(SlsmlError):
     """A run, dataset or object that was asked for does not exist."""
 

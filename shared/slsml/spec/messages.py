@@ -180,6 +180,12 @@ class Manifest(BaseModel):
 
     iteration: int = Field(ge=1)
     shards: list[str]
+    model_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the SHA-256 of the model entering the iteration (models/<iteration>.keras), where the Merger"
+        " stored it before the manifest (one a run may end on): the final copy of it is checked against it",
+    )
 
 
 class RunStarted(BaseModel):

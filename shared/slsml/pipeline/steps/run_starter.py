@@ -99,7 +99,8 @@ def _launch_prepared(services: Services, run_id: str) -> None:
     last); one whose files are incomplete is refused."""
     if not services.store.exists(keys.source_model(run_id)):
         raise SlsmlError(f"an earlier start of run {run_id!r} was interrupted before its files were all written")
-    launch.launch_run(services, RunConfig.model_validate(services.store.get_json(keys.run_config(run_id))))
+    stored = services.store.get(keys.run_config(run_id))
+    launch.launch_run(services, RunConfig.model_validate_json(stored), stored)
 
 
 def _sidecar(services: Services, name: str) -> bytes | None:
