@@ -126,6 +126,9 @@ class GpuFleet(Construct):
             instance_type_filter=lambda_.InstanceTypeFilter.allow(
                 [ec2.InstanceType(instance_type) for instance_type in worker.instance_types]
             ),
+            # Auto, AWS's default made explicit: Lambda adds and removes instances itself, within MaxVCpuCount, for
+            # the execution environments the function's scaling config asks for (Manual needs CPU target policies)
+            scaling_options=lambda_.ScalingOptions.auto(),
             max_v_cpu_count=max_vcpus(worker),
         )
 
@@ -138,6 +141,9 @@ class GpuFleet(Construct):
             per_execution_environment_max_concurrency=1,
             execution_environment_memory_gib_per_v_cpu=deployment.GPU_MEMORY_GIB_PER_VCPU,
             publish_to_latest_published=True,
+            # Min = Max = 0: the version deactivated (no environment, its instances ended) until a run's fleet sizer
+            # asks for environments; 0 is within the range CloudFormation and PutFunctionScalingConfig document for
+            # both (0 to 15,000), and AWS's guidance for Lambda Managed Instances names 0 and 0 as deactivation
             latest_published_scaling_config=lambda_.LatestPublishedScalingConfig(
                 min_execution_environments=0, max_execution_environments=0
             ),

@@ -11,7 +11,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from infra.settings import Settings
-from slsml.spec import deployment, wiring
+from slsml.spec import deployment
 from slsml.state import records
 
 _TYPES = {"S": dynamodb.AttributeType.STRING, "N": dynamodb.AttributeType.NUMBER}
@@ -103,12 +103,8 @@ class Storage(Construct):
         """Deletes under runs/ refused by the bucket's policy to every principal but the roles (``roles``: by function)
         of the steps that delete each kind of object (``wiring.Function.deletes``), and, where the stack destroys its
         bucket, CDK's handler that empties it."""
-        deleters = {
-            kind: [roles[fn.name].role_arn for fn in wiring.FUNCTIONS if kind in fn.deletes]
-            for kind in deployment.RUN_OBJECTS
-        }
         emptier = Stack.of(self).node.try_find_child("Custom::S3AutoDeleteObjectsCustomResourceProvider")
-        if isinstance(emptier, CustomResourceProviderBase):
-            deleters = {kind: [*arns, emptier.role_arn] for kind, arns in deleters.items()}
+        others = [emptier.role_arn] if isinstance(emptier, CustomResourceProviderBase) else []
+        deleters = deployment.run_deleters({name: role.role_arn for name, role in roles.items()}, others)
         for statement in deployment.deletion_statements(self.bucket.bucket_arn, deleters):
             self.bucket.add_to_resource_policy(iam.PolicyStatement.from_json(statement))

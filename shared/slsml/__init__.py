@@ -2,8 +2,9 @@
 
 One package per concern, importing downward only: ``spec`` (what a run is and what the functions say to
 each other), ``training`` and ``rules`` (numerics without AWS), ``accounting``, ``aws``, ``data`` and ``state``,
-``pipeline`` and its ``steps`` (the functions), ``search`` (a hyperparameter search's engine and records),
-``client``, ``local`` and ``cost`` (a user's machine), ``bench`` and ``cli``. CONTRIBUTING.md gives the reading order.
+``cost`` (the cost model), ``pipeline`` and its ``steps`` (the functions), ``search`` (a hyperparameter search's
+engine and records), ``client`` and ``local`` (a user's machine), ``bench`` and ``cli``. CONTRIBUTING.md gives the
+reading order.
 """
 
 __version__ = "0.1.0"

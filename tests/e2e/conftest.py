@@ -16,9 +16,10 @@ import pytest
 from slsml.client import demo, runs
 from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.spec import keys
-from slsml.spec.config import TrainingSpec
+from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.deployment import STAGE_FUNCTIONS
 from slsml.spec.limits import RunLimits
 from slsml.state.runtable import RunRecord
@@ -69,7 +70,7 @@ def log_entries(path: Path, **fields: Any) -> list[dict[str, Any]]:
 def train(services: Services, spec: TrainingSpec, run_id: str, model_bytes: bytes | None = None) -> None:
     """Start a run on the digits data (without waiting)."""
     model_bytes = model_bytes or modelio.save_model(demo.digits_cnn(seed=1))
-    runs.start_run(services, model_bytes, DIGITS, spec, run_id=run_id)
+    launch.start_run(services, model_bytes, DIGITS, spec, run_id=run_id)
 
 
 def finish(services: Services, run_id: str, timeout_s: float = 300) -> RunRecord:
@@ -82,6 +83,19 @@ def final_weights(services: Services, run_id: str) -> np.ndarray:
     run = services.table.get_run(run_id)
     model = modelio.load_model(services.store.get(keys.final_model(run_id)))
     return np.concatenate([np.asarray(w).ravel() for w in model.get_weights()]), run
+
+
+def prepared_with_source(services: Services, spec: TrainingSpec, run_id: str, source: bytes) -> RunConfig:
+    """Run ``run_id`` as ``launch.prepare_run`` leaves it, but for its ``source.keras``: ``source``, which slsml never
+    stores (prepare_run checks what it is given; the bucket's policy refuses an overwrite, and a delete under runs/,
+    to all but the pipeline): a run prepared beside it lends its run.json and initial shards, under ``run_id``."""
+    lent = launch.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, spec, run_id=f"{run_id}-lent")
+    config = lent.model_copy(update={"run_id": run_id})
+    services.store.put_new(keys.run_config(run_id), config.stored())
+    for shard in range(config.reducers):
+        services.store.put_new(keys.shard(run_id, 0, shard), services.store.get(keys.shard(lent.run_id, 0, shard)))
+    services.store.put_new(keys.source_model(run_id), source)
+    return config
 
 
 def trained_clean(services: Services, spec: TrainingSpec, run_id: str) -> np.ndarray:

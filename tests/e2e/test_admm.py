@@ -14,6 +14,7 @@ from slsml.accounting import usage
 from slsml.bench import admm as bench_admm
 from slsml.client import runs
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.rules import admm
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
@@ -40,7 +41,7 @@ SPEC = TrainingSpec(
 @pytest.fixture(scope="module")
 def finished(services):
     bench_admm.put_breast_cancer(services)
-    runs.start_run(
+    launch.start_run(
         services, modelio.save_model(bench_admm.logistic_regression(seed=1)), bench_admm.DATASET, SPEC, run_id=RUN
     )
     return finish(services, RUN)
@@ -123,5 +124,5 @@ def test_a_model_with_hidden_layers_is_refused_before_anything_is_stored(service
     )
     hidden.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     with pytest.raises(BadInputError, match=r"admm applies to models without hidden layers .* hidden \(Dense\)"):
-        runs.start_run(services, modelio.save_model(hidden), bench_admm.DATASET, SPEC, run_id="admm-hidden")
+        launch.start_run(services, modelio.save_model(hidden), bench_admm.DATASET, SPEC, run_id="admm-hidden")
     assert not services.store.list_keys(keys.run_prefix("admm-hidden"))

@@ -5,20 +5,29 @@ update, next model and final model will be written — none is trusted for sitti
 replaced by the step's own; and an overwrite of a completed run's final model — detected by every reader of it. Each
 run completes with weights bit-identical to an undisturbed run's. (The bucket's policy refuses a PUT without
 If-None-Match of an update, in the local cloud as on AWS: the objects are placed create-only, so that what is tested
-is the pipeline's own checks.) Models dropped meanwhile that are too large to load (a zip bomb, a config declaring
-gigabytes of weights, an oversized run request) are refused by name."""
+is the pipeline's own checks; a delete under runs/ with the owner's credentials, and a Worker's signed PUT replayed
+with another body, are refused outright.) What is changed behind the pipeline's back (the run item, a manifest, a
+shard, the dataset, run.json, the last model before its final copy) fails the run naming it. Models dropped
+meanwhile that are too large to load (a zip bomb, a config declaring gigabytes of weights, an oversized run request)
+are refused by name."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import boto3
 import numpy as np
 import pytest
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from slsml.aws.storage import etag_of
@@ -26,9 +35,10 @@ from slsml.client import demo, runs
 from slsml.data import datasets as data
 from slsml.local.cloud import REGION
 from slsml.local.faults import Delay, Faults
+from slsml.pipeline import launch
 from slsml.pipeline.steps.merger import GENERATION_METADATA, MERGED_METADATA
 from slsml.spec import keys
-from slsml.spec.config import TrainingSpec
+from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import Manifest, WorkDone
 from slsml.state import records
@@ -150,6 +160,7 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
 # or the bucket would: the run fails with a reason naming what changed, before it goes past the iteration after the
 # change (a step notices it, no deadline has to come), rather than training on it or hanging.
 EDITED, MANIFEST, DELETED, SWAPPED = "item-edited", "manifest-replaced", "shard-deleted", "dataset-swapped"
+CONFIGURED, FINAL = "config-replaced", "final-swapped"
 PINNED = "digits-pinned"  # the swapped run's dataset, of no other run: no warm function holds its shards
 
 
@@ -185,10 +196,14 @@ def _replace_manifest(local, s3, services) -> tuple[str, str, int]:
 
 
 def _delete_shard(local, s3, services) -> tuple[str, str, int]:
-    """A DeleteObject of a shard (weights and optimizer state) entering AT, before its reads (held 6 s)."""
+    """A DeleteObject of a shard (weights and optimizer state) entering AT, before its reads (held 6 s), by a hand
+    holding a Worker's credentials: the bucket's policy refuses deletes under runs/ to all but the roles of the steps
+    that delete each kind (a Worker deletes scratch)."""
     _hold(local, services, DELETED)
     key = keys.shard(DELETED, AT, 1)
-    s3.delete_object(Bucket=services.store.bucket, Key=key)
+    with pytest.raises(ClientError, match="AccessDenied"):  # the owner's credentials: refused
+        s3.delete_object(Bucket=services.store.bucket, Key=key)
+    _as_function(local, "worker").delete_object(Bucket=services.store.bucket, Key=key)
     return DELETED, f"{key} does not exist, though the run has not moved past it: it was deleted behind", AT
 
 
@@ -201,10 +216,73 @@ def _swap_dataset_shard(local, s3, services) -> tuple[str, str, int]:
         s3_get_delay=Delay(probability=1, seconds=6),
         s3_get_delay_match=rf"^{re.escape(keys.dataset_shards(PINNED, 'train'))}",
     )
-    runs.start_run(services, modelio.save_model(demo.digits_cnn(seed=1)), PINNED, SPEC, run_id=SWAPPED)
+    launch.start_run(services, modelio.save_model(demo.digits_cnn(seed=1)), PINNED, SPEC, run_id=SWAPPED)
     _wait_for(lambda: services.table.get_counter(SWAPPED, 0).workers is not None, "the run was never launched")
     s3.put_object(Bucket=services.store.bucket, Key=key, Body=services.store.get(key)[::-1])
     return SWAPPED, f"dataset {PINNED!r}: train shard 0 is not the one its manifest lists", 0
+
+
+def _replace_run_json(local, s3, services) -> tuple[str, str, int]:
+    """``run.json`` replaced (a learning rate of 0.3) as soon as ``run start`` returned, before any step
+    reads it (its reads are held 6 s): the owner's DeleteObject is refused, so the hand is one that may lift the
+    bucket's policy for the while (``s3:PutBucketPolicy``) and delete it and PUT its own."""
+    key = keys.run_config(CONFIGURED)
+    local.host.faults = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^{re.escape(key)}$")
+    train(services, SPEC, CONFIGURED)
+    bucket = services.store.bucket
+    with pytest.raises(ClientError, match="AccessDenied"):
+        s3.delete_object(Bucket=bucket, Key=key)
+    stored = RunConfig.model_validate_json(services.store.get(key))
+    faster = stored.optimizer.model_copy(update={"learning_rate": 0.3})
+    policy = s3.get_bucket_policy(Bucket=bucket)["Policy"]
+    s3.delete_bucket_policy(Bucket=bucket)
+    try:
+        s3.delete_object(Bucket=bucket, Key=key)
+        s3.put_object(Bucket=bucket, Key=key, Body=stored.model_copy(update={"optimizer": faster}).stored())
+    finally:
+        s3.put_bucket_policy(Bucket=bucket, Policy=policy)
+    return CONFIGURED, f"{key} is not the run.json run '{CONFIGURED}' registered: it was replaced", 0
+
+
+def _swap_final_model(local, s3, services) -> tuple[str, str, int]:
+    """A plain PUT of the run's initial (untrained) model over the last model the Merger stored
+    (``models/<iterations>.keras``), before the final copy of it is made: the final evaluation's reads are held 6 s."""
+    last = SPEC.iterations
+    key = keys.model(FINAL, last)
+    local.host.faults = Faults(
+        s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^runs/{FINAL}/iters/{last:06d}/shards/"
+    )
+    train(services, SPEC, FINAL)
+    _wait_for(lambda: services.store.exists(key), "the Merger never stored the last model")
+    s3.put_object(Bucket=services.store.bucket, Key=key, Body=services.store.get(keys.source_model(FINAL)))
+    return FINAL, f"{key} is not the model the Merger stored: it was replaced behind the pipeline's back", last
+
+
+def _as_function(local, function: str) -> Any:
+    """An S3 client signing with ``function``'s credentials, as its role."""
+    key, secret = local.deployment.identities[function]
+    return boto3.client(
+        "s3",
+        endpoint_url=local.deployment.endpoint,
+        region_name=REGION,
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+        config=Config(signature_version="s3v4"),
+    )
+
+
+def _replayed(local, key: str, signed_for: bytes, sent: bytes) -> tuple[int, bytes]:
+    """The bucket's answer to a create-only PUT of ``key`` that a Worker signed for the body ``signed_for``, sent
+    (captured on its way, within the 15 minutes its signature lasts) with the body ``sent``."""
+    url = f"{local.deployment.endpoint}/{local.deployment.bucket}/{key}"
+    request = AWSRequest(method="PUT", url=url, data=signed_for, headers={"If-None-Match": "*"})
+    S3SigV4Auth(local.cloud.identities["worker"], "s3", REGION).add_auth(request)
+    replay = urllib.request.Request(url, data=sent, headers=dict(request.headers.items()), method="PUT")
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(replay, timeout=30) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read()
 
 
 def _wait_for(condition: Callable[[], bool], failure: str) -> None:
@@ -214,7 +292,10 @@ def _wait_for(condition: Callable[[], bool], failure: str) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("change", [_edit_run_item, _replace_manifest, _delete_shard, _swap_dataset_shard])
+@pytest.mark.parametrize(
+    "change",
+    [_edit_run_item, _replace_manifest, _delete_shard, _swap_dataset_shard, _replace_run_json, _swap_final_model],
+)
 def test_what_is_changed_behind_the_pipelines_back_fails_the_run_naming_it(local, services, digits, change):
     s3 = boto3.client("s3", endpoint_url=local.deployment.endpoint, region_name=REGION)
     try:
@@ -249,11 +330,28 @@ def test_objects_placed_at_a_runs_next_keys_are_not_trusted_and_a_replaced_final
             s3.put_object(Bucket=bucket, Key=keys.update(PLACED, AT + 1, 0), Body=b"\0" * 4096)
         for key, (body, metadata) in placed.items():  # create-only PUTs, as any principal with write access could
             s3.put_object(Bucket=bucket, Key=key, Body=body, Metadata=metadata, IfNoneMatch="*")
+        # a delete under runs/, which would let a create-only PUT take the object's place: refused to all but the
+        # roles that delete its kind (one DeleteObject, one DeleteObjects)
+        with pytest.raises(ClientError, match="AccessDenied"):
+            s3.delete_object(Bucket=bucket, Key=keys.run_config(PLACED))
+        deleting = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": keys.shard(PLACED, AT, 0)}]})
+        assert [error["Code"] for error in deleting["Errors"]] == ["AccessDenied"]
+        # a Worker's signed PUT of its update replayed with another body: refused, nothing stored
+        replayed = keys.update(PLACED, AT + 1, 1)
+        status, answer = _replayed(local, replayed, signed_for=b"\1" * 4096, sent=b"\0" * 4096)
+        assert status == 403 and b"XAmzContentSHA256Mismatch" in answer, answer
+        assert not services.store.exists(replayed)
     finally:
         local.host.faults = None
     run = finish(services, PLACED)
     assert run.status == "COMPLETED", run.reason
     assert np.array_equal(final_weights(services, PLACED)[0], undisturbed)
+    # what the run recorded of its final model is what readers are handed: the model the Merger stored last
+    assert run.final_sha256 == hashlib.sha256(runs.final_model(services, run)).hexdigest()
+    assert (
+        run.final_sha256
+        == Manifest.model_validate_json(services.store.get(keys.manifest(PLACED, SPEC.iterations))).model_sha256
+    )
     for key, (body, _) in placed.items():  # each was replaced by the step's own, and the step said so
         assert services.store.get(key) != body, key
     replaced = {

@@ -12,25 +12,24 @@ import keras
 import numpy as np
 import pytest
 
-from slsml.client import demo, runs
+from slsml.client import demo
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError
 from slsml.training import modelio
 
-from .conftest import DIGITS, finish, log_entries, train
+from .conftest import DIGITS, finish, log_entries, prepared_with_source, train
 
 SPEC = TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=2, eval_every=0)
 
 
 def test_upload_that_is_not_a_keras_model_fails_the_run(services, digits):
-    config = runs.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="bad-model")
-    # an upload that is not a model, behind slsml's back (prepare_run checks what it is given): deleted and created
-    # anew, as the bucket's policy refuses an overwrite
+    # an upload that is not a model, behind slsml's back (prepare_run checks what it is given)
+    config = prepared_with_source(services, SPEC, "bad-model", b"definitely not a zip archive")
     store = services.store
-    store.replace(keys.source_model("bad-model"), b"definitely not a zip archive")
-    runs.launch_run(services, config)
+    launch.launch_run(services, config)
     run = finish(services, "bad-model", timeout_s=60)
     assert run.status == "FAILED"
     assert "not a Keras model" in run.reason and "runs/bad-model/source.keras" in run.reason
@@ -42,7 +41,7 @@ def test_upload_that_is_not_a_keras_model_fails_the_run(services, digits):
 
 def test_start_rejects_a_file_that_is_not_a_model(services, digits):
     with pytest.raises(BadInputError, match="not a Keras model"):
-        runs.start_run(services, b"PK\x03\x04 truncated", DIGITS, SPEC, run_id="garbage")
+        launch.start_run(services, b"PK\x03\x04 truncated", DIGITS, SPEC, run_id="garbage")
     assert not services.store.exists(keys.run_config("garbage"))
 
 
@@ -50,7 +49,7 @@ def test_data_that_does_not_fit_the_model(services, digits):
     x, y, x_test, y_test = digits
     data.put_dataset(services.store, "flat-digits", x.reshape(len(x), -1), y, x_test.reshape(len(x_test), -1), y_test)
     with pytest.raises(BadInputError, match="does not fit the model"):
-        runs.start_run(services, modelio.save_model(demo.digits_cnn()), "flat-digits", SPEC, run_id="misfit")
+        launch.start_run(services, modelio.save_model(demo.digits_cnn()), "flat-digits", SPEC, run_id="misfit")
     assert not services.store.exists(keys.run_config("misfit"))
 
 
@@ -79,7 +78,7 @@ def test_float_features_for_an_integer_input_of_another_width_are_refused(servic
     x, y = rng.random((200, 30)).astype(np.float32), rng.integers(0, 3, 200)
     data.put_dataset(services.store, "thirty-floats", x[:160], y[:160], x[160:], y[160:])
     with pytest.raises(BadInputError) as refused:
-        runs.start_run(services, _token_classifier(), "thirty-floats", SPEC, run_id="garbage-in")
+        launch.start_run(services, _token_classifier(), "thirty-floats", SPEC, run_id="garbage-in")
     message = str(refused.value)
     assert message.startswith("the data does not fit the model: samples of shape (30,) float32 vs model input")
     assert "of shape (12,) int32: 30 features where the model takes 12; float32 data for an integer input" in message
@@ -97,7 +96,7 @@ def test_integer_values_beyond_the_inputs_dtype_are_refused(services):
         match=r"samples of shape \(12,\) int64 vs model input '\w+' of shape \(12,\)"
         r" int16: values from 0 to 40000 do not fit int16 \(-32768 to 32767\)",
     ):
-        runs.start_run(services, _token_classifier("int16"), "wide-ids", SPEC, run_id="wide-ids")
+        launch.start_run(services, _token_classifier("int16"), "wide-ids", SPEC, run_id="wide-ids")
     _nothing_stored(services, "wide-ids")
 
 
@@ -105,12 +104,12 @@ def test_labels_beyond_the_model_outputs(services, digits):
     x, y, x_test, y_test = digits
     data.put_dataset(services.store, "many-classes", x, y * 2, x_test, y_test * 2)
     with pytest.raises(BadInputError, match="labels go up to 18 but the model has only 10 outputs"):
-        runs.start_run(services, modelio.save_model(demo.digits_cnn()), "many-classes", SPEC, run_id="classes")
+        launch.start_run(services, modelio.save_model(demo.digits_cnn()), "many-classes", SPEC, run_id="classes")
 
 
 def test_missing_dataset(services, digits):
     with pytest.raises(NotFoundError, match="dataset 'nowhere' does not exist"):
-        runs.start_run(services, modelio.save_model(demo.digits_cnn()), "nowhere", SPEC, run_id="no-data")
+        launch.start_run(services, modelio.save_model(demo.digits_cnn()), "nowhere", SPEC, run_id="no-data")
 
 
 def test_unknown_run_is_ignored_and_reported(local, services, digits):
@@ -130,7 +129,7 @@ def test_an_existing_run_is_never_overwritten(services, digits):
     final_before = services.store.get(keys.final_model("keep-me"))
     other = modelio.save_model(demo.digits_cnn(seed=7))
     with pytest.raises(BadInputError, match="already exists"):
-        runs.start_run(services, other, DIGITS, SPEC, run_id="keep-me")
+        launch.start_run(services, other, DIGITS, SPEC, run_id="keep-me")
     assert services.store.get(keys.run_config("keep-me")) == config_before
     assert services.store.get(keys.final_model("keep-me")) == final_before
     assert services.table.get_run("keep-me").status == "COMPLETED"
@@ -149,11 +148,13 @@ def test_dataset_names_are_never_reused(services, digits):
 
 
 def test_a_message_failing_three_times_fails_its_run_via_the_dead_letter_queue(local, services, digits):
-    config = runs.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, SPEC, run_id="corrupt-config")
-    # damage behind slsml's back (slsml itself never overwrites; the bucket's policy refuses an overwrite, not a delete
-    # and a create): the WorkLauncher, which reads the run's config first, now fails unexpectedly on its S3 event
-    services.store.replace(keys.run_config("corrupt-config"), b"{}")
-    runs.launch_run(services, config)
+    model = modelio.save_model(demo.digits_cnn())
+    config = launch.prepare_run(services, model, DIGITS, SPEC, run_id="corrupt-source")
+    # a run whose run.json, as it registered it, is not slsml's (slsml never writes one): the WorkLauncher, which reads
+    # the run's config first, fails unexpectedly on its S3 event
+    services.store.put_new(keys.run_config("corrupt-config"), b"{}")
+    services.store.put_new(keys.source_model("corrupt-config"), model)
+    launch.launch_run(services, config.model_copy(update={"run_id": "corrupt-config"}), stored=b"{}")
     run = finish(services, "corrupt-config", timeout_s=120)
     assert run.status == "FAILED"
     # the error as Lambda attaches it to a dead letter: the exception's message, without its name
@@ -240,7 +241,7 @@ def _with_learning_rate(model_bytes: bytes, learning_rate: object) -> bytes:
 def test_an_optimizer_the_reducers_cannot_apply_is_refused_by_name(services, digits, model, message):
     run_id = "refused-optimizer"
     with pytest.raises(BadInputError, match=message):
-        runs.start_run(services, model(), DIGITS, SPEC, run_id=run_id)
+        launch.start_run(services, model(), DIGITS, SPEC, run_id=run_id)
     assert not services.store.list_keys(keys.run_prefix(run_id))
     with pytest.raises(NotFoundError):
         services.table.get_run(run_id)

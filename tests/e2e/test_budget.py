@@ -23,7 +23,7 @@ from slsml.cost.predict import predict
 from slsml.cost.workload import run_workload
 from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
-from slsml.pipeline import spend
+from slsml.pipeline import launch, spend
 from slsml.pipeline.services import Services
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
@@ -54,7 +54,7 @@ def test_a_run_predicted_above_its_budget_is_refused_before_anything_is_stored(s
     untimed = from_keras(model_bytes, "m", "m", 32, measure=False, parameters=Parameters())
     work = run_workload(
         {**untimed, "compute_per_sample_s": 0.0, "compute_source": "none"},
-        runs.with_epochs(_spec(budget), manifest.train.count),
+        launch.with_epochs(_spec(budget), manifest.train.count),
         manifest=manifest,
     )
     floor = predict(work, Parameters(), Quotas(), prices.load()).run_dollars

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,14 @@ def test_run_start_trains_a_users_model_and_status_fetch_read_it(tmp_path: Path)
     dollars = display.dollars
     assert f"{dollars(summary['cost_usd'])} in all, {dollars(summary['cost_per_iteration_usd'])}" in table
     assert modelio.load_model((tmp_path / "trained.keras").read_bytes()).count_params() > 0
+    kept = [tmp_path / "runs", tmp_path / "runs" / "cli-run", tmp_path / ".slsml" / "logs" / "cli-run"]
+    files = [path for folder in kept[1:] for path in folder.iterdir()]
+    modes = {str(path.relative_to(tmp_path)): stat.S_IMODE(path.stat().st_mode) for path in kept + files}
+    assert modes == {  # the run's record and its functions' logs are its user's alone, as its local cloud was
+        **{str(path.relative_to(tmp_path)): 0o700 for path in kept},
+        **{str(path.relative_to(tmp_path)): 0o600 for path in files},
+    }
+    assert "runs/cli-run/summary.json" in modes and ".slsml/logs/cli-run/worker.log" in modes, modes
 
     status = slsml("run", "status", "cli-run", "--json", cwd=tmp_path)
     assert status.returncode == 0 and json.loads(status.stdout.strip().splitlines()[-1]) == summary

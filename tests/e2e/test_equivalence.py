@@ -13,8 +13,9 @@ import pytest
 import tensorflow as tf
 
 from slsml.accounting import usage
-from slsml.client import demo, runs
+from slsml.client import demo
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.rounds import accumulate
 from slsml.spec import keys, schedules
 from slsml.spec.config import OPTIMIZER_NAMES, OptimizerConfig, RunConfig, TrainingSpec
@@ -326,7 +327,7 @@ def start_weighted(services, digits) -> None:
             f"eq-class-weight-{case}",
         )
     data.put_dataset(services.store, SAMPLE_WEIGHTS, *digits, w=sample_weights())
-    runs.start_run(
+    launch.start_run(
         services, modelio.save_model(demo.digits_cnn(seed=1)), SAMPLE_WEIGHTS, spec, run_id="eq-sample-weight"
     )
 
@@ -426,7 +427,7 @@ def multi_run(services):
     _, workers, reducers = MULTI_CASE
     data.put_dataset(services.store, MULTI, *multi_arrays())
     spec = TrainingSpec(workers=workers, reducers=reducers, global_batch=BATCH, iterations=ITERATIONS, eval_every=0)
-    runs.start_run(services, modelio.save_model(multi_model()), MULTI, spec, run_id="eq-multi")
+    launch.start_run(services, modelio.save_model(multi_model()), MULTI, spec, run_id="eq-multi")
     return finish(services, "eq-multi")
 
 
@@ -483,6 +484,6 @@ def test_a_two_input_two_output_model_equals_keras_fit_and_its_figures_keras_eva
 def test_inputs_whose_names_do_not_match_the_models_are_refused_in_one_line_with_nothing_stored(services, multi_run):
     renamed = multi_model(image="image")  # one input named otherwise than the data's array
     with pytest.raises(BadInputError, match=r"^the data does not fit the model: the data's inputs do not") as caught:
-        runs.start_run(services, modelio.save_model(renamed), MULTI, TrainingSpec(workers=2), run_id="eq-renamed")
+        launch.start_run(services, modelio.save_model(renamed), MULTI, TrainingSpec(workers=2), run_id="eq-renamed")
     assert "\n" not in str(caught.value) and "'pixels'" in str(caught.value)
     assert not services.store.list_keys(keys.run_prefix("eq-renamed"))

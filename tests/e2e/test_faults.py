@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from slsml.client import demo, runs
+from slsml.client import demo
 from slsml.data import datasets as data
 from slsml.local.faults import Delay, Faults
+from slsml.pipeline import launch
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.reliability import ReadPolicy
 from slsml.training import modelio
@@ -74,7 +75,7 @@ def test_non_finite_updates_from_every_worker_fail_the_run(services, digits):
     x, y, x_test, y_test = digits
     data.put_dataset(services.store, "huge-digits", x * np.float32(3e38), y, x_test, y_test)  # the loss overflows
     spec = SPEC.model_copy(update={"workers": 2, "global_batch": 64})
-    runs.start_run(services, modelio.save_model(demo.digits_cnn(seed=1)), "huge-digits", spec, run_id="faults-nan")
+    launch.start_run(services, modelio.save_model(demo.digits_cnn(seed=1)), "huge-digits", spec, run_id="faults-nan")
     run = finish(services, "faults-nan", timeout_s=120)
     assert run.status == "FAILED"
     assert "all 2 workers produced non-finite updates at iteration 0" in run.reason, run.reason

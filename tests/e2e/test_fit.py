@@ -4,6 +4,7 @@ compiled metrics evaluated by the workers on their slices of the test split, sum
 from __future__ import annotations
 
 import json
+import math
 
 import keras
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from slsml.client import runs
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.errors import BadInputError
@@ -41,7 +43,7 @@ def _logistic(metrics: list) -> keras.Model:
 def test_binary_labels_of_rank_one_train_and_the_workers_metrics_equal_keras_evaluate(services, cancer) -> None:
     model = _logistic([keras.metrics.AUC(name="auc"), "accuracy", keras.metrics.Precision(name="precision")])
     spec = TrainingSpec(workers=3, reducers=2, global_batch=64, iterations=6, eval_every=3)
-    config = runs.start_run(services, modelio.save_model(model), "cancer", spec, run_id="fit-cancer")
+    config = launch.start_run(services, modelio.save_model(model), "cancer", spec, run_id="fit-cancer")
     assert [m if isinstance(m, str) else m["class_name"] for m in json.loads(config.metrics)] == [
         "AUC",
         "accuracy",
@@ -71,7 +73,7 @@ def test_test_figures_of_a_weighted_dataset_equal_keras_evaluate_with_its_test_w
     data.put_dataset(services.store, "cancer-test-weights", *cancer, w=w.astype(np.float32), w_test=w_test)
     model = _logistic([keras.metrics.AUC(name="auc"), "accuracy"])
     spec = TrainingSpec(workers=3, reducers=2, global_batch=64, iterations=2, eval_every=0)
-    runs.start_run(services, modelio.save_model(model), "cancer-test-weights", spec, run_id="fit-weighted")
+    launch.start_run(services, modelio.save_model(model), "cancer-test-weights", spec, run_id="fit-weighted")
     run = finish(services, "fit-weighted")
     assert run.status == "COMPLETED", run.reason
     final = modelio.load_model(services.store.get(keys.final_model("fit-weighted")))
@@ -90,7 +92,7 @@ def test_one_hot_labels_with_categorical_crossentropy_get_accuracy(services, can
     model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(2, activation="softmax")])
     model.compile(optimizer="sgd", loss="categorical_crossentropy")
     spec = TrainingSpec(workers=2, reducers=1, global_batch=64, iterations=3, eval_every=0)
-    runs.start_run(services, modelio.save_model(model), "cancer-one-hot", spec, run_id="fit-one-hot")
+    launch.start_run(services, modelio.save_model(model), "cancer-one-hot", spec, run_id="fit-one-hot")
     run = finish(services, "fit-one-hot")
     assert run.status == "COMPLETED", run.reason
     final = modelio.load_model(services.store.get(keys.final_model("fit-one-hot")))
@@ -102,9 +104,9 @@ def test_one_hot_labels_with_categorical_crossentropy_get_accuracy(services, can
 def test_an_uncompiled_models_missing_pieces_are_named_in_one_message(services, cancer) -> None:
     model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(1, activation="sigmoid")])
     with pytest.raises(BadInputError, match=r"not compiled: give a loss \(.*\) and an optimizer \(e.g. --optimizer"):
-        runs.prepare_run(services, modelio.save_model(model), "cancer", TrainingSpec(iterations=1), "fit-bare")
+        launch.prepare_run(services, modelio.save_model(model), "cancer", TrainingSpec(iterations=1), "fit-bare")
     spec = TrainingSpec(iterations=1, loss="binary_crossentropy", optimizer=OptimizerConfig(name="sgd"))
-    config = runs.prepare_run(services, modelio.save_model(model), "cancer", spec, "fit-given")
+    config = launch.prepare_run(services, modelio.save_model(model), "cancer", spec, "fit-given")
     assert config.optimizer.learning_rate == 0.01  # Keras's default for SGD
     assert not services.store.exists(keys.run_config("fit-bare"))
 
@@ -116,7 +118,7 @@ def test_labels_all_beyond_the_outputs_are_refused_in_slsmls_words(services) -> 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     with pytest.raises(BadInputError) as error:
-        runs.prepare_run(
+        launch.prepare_run(
             services, modelio.save_model(model), "high-labels", TrainingSpec(iterations=1, global_batch=8), "fit-high"
         )
     assert str(error.value) == "labels go up to 7 but the model has only 3 outputs (classes 0 to 2)"
@@ -140,16 +142,17 @@ class LastLoss(keras.metrics.Metric):
 def test_a_metric_that_cannot_be_merged_is_refused_by_name_before_anything_is_stored(services, cancer) -> None:
     model = _logistic([keras.metrics.AUC(), LastLoss()])
     with pytest.raises(BadInputError, match=r"metric last_error \(LastLoss\) cannot be computed across workers"):
-        runs.prepare_run(services, modelio.save_model(model), "cancer", TrainingSpec(iterations=1), "fit-last")
+        launch.prepare_run(services, modelio.save_model(model), "cancer", TrainingSpec(iterations=1), "fit-last")
     assert services.store.list_keys(keys.run_prefix("fit-last")) == []
 
 
 def test_epochs_set_the_length_and_held_out_samples_are_evaluated_at_each_epochs_end(services, cancer) -> None:
     model = _logistic([keras.metrics.AUC(name="auc")])
     spec = TrainingSpec(workers=2, reducers=1, global_batch=64, epochs=2, validation_split=0.2, eval_every=0)
-    config = runs.start_run(services, modelio.save_model(model), "cancer", spec, run_id="fit-epochs")
+    config = launch.start_run(services, modelio.save_model(model), "cancer", spec, run_id="fit-epochs")
     trained, held = data.held_out(spec, len(cancer[0]))
-    assert len(held) == round(0.2 * len(cancer[0])) and not set(trained) & set(held)
+    assert held.tolist() == list(range(math.floor(0.8 * len(cancer[0])), len(cancer[0])))  # Keras's: the last ones
+    assert trained.tolist() == list(range(held[0]))
     per_epoch = -(-len(trained) // 64)  # as Keras counts: the last batch the samples left
     assert config.training.iterations == 2 * per_epoch
     run = finish(services, "fit-epochs")
@@ -175,12 +178,12 @@ def test_class_weights_for_classes_the_labels_do_not_have_are_refused_before_any
     model = _logistic(["accuracy"])
     spec = TrainingSpec(iterations=1, class_weight={0: 1.0, 1: 2.0, 5: 3.0})
     with pytest.raises(BadInputError) as error:
-        runs.prepare_run(services, modelio.save_model(model), "cancer", spec, "fit-class-five")
+        launch.prepare_run(services, modelio.save_model(model), "cancer", spec, "fit-class-five")
     assert str(error.value) == (
         "class_weight names class 5 that the labels do not have (the training labels are classes 0, 1)"
     )
     assert services.store.list_keys(keys.run_prefix("fit-class-five")) == []
-    config = runs.prepare_run(
+    config = launch.prepare_run(
         services,
         modelio.save_model(model),
         "cancer",
@@ -195,7 +198,7 @@ def test_class_weights_for_classes_the_labels_do_not_have_are_refused_before_any
         match=r"holds sample weights and the run gives class_weight: Keras's fit takes"
         " one or the other",
     ):
-        runs.prepare_run(services, modelio.save_model(model), "cancer-weighted", spec, "fit-both-weights")
+        launch.prepare_run(services, modelio.save_model(model), "cancer-weighted", spec, "fit-both-weights")
     assert services.store.list_keys(keys.run_prefix("fit-both-weights")) == []
 
 
@@ -214,11 +217,12 @@ def test_early_stopping_ends_the_run_completed_and_keep_best_keeps_the_best_eval
         global_batch=64,
         epochs=12,
         validation_split=0.25,
+        validation_samples="seeded",  # a draw whose loss jumps about at this rate
         eval_every=0,
         early_stopping="val_loss:1",
         keep_best="val_loss",
     )
-    config = runs.start_run(services, modelio.save_model(model), "cancer", spec, run_id="fit-stop")
+    config = launch.start_run(services, modelio.save_model(model), "cancer", spec, run_id="fit-stop")
     assert config.modes == {"loss": "min"}
     run = finish(services, "fit-stop")
     assert run.status == "COMPLETED", run.reason
@@ -253,7 +257,7 @@ def test_early_stopping_on_a_figure_the_model_does_not_compute_is_refused_at_sta
     model = _logistic(["accuracy"])
     spec = TrainingSpec(iterations=4, validation_split=0.2, early_stopping="val_auc:2")
     with pytest.raises(BadInputError) as error:
-        runs.prepare_run(services, modelio.save_model(model), "cancer", spec, "fit-stop-auc")
+        launch.prepare_run(services, modelio.save_model(model), "cancer", spec, "fit-stop-auc")
     assert str(error.value) == (
         "--early-stopping val_auc: the model does not compute 'auc' (it computes val_loss, val_accuracy)"
     )
@@ -285,3 +289,41 @@ def test_slsml_fit_refuses_inputs_whose_names_do_not_match_before_anything_start
     x["image"] = x.pop("pixels")
     with pytest.raises(BadInputError, match=r"'image' is no input of it; 'pixels' has no array"):
         slsml.fit(multi_model(), x, y, batch_size=64, workers=2, verbose=0)
+
+
+def test_a_keras_users_fit_trains_an_uncompiled_model_and_its_val_loss_is_evaluate_on_the_last_fifth() -> None:
+    """A Keras user's script as it stands: the model not compiled, fit given compile's loss=, optimizer= and metrics=,
+    and validation_split=0.2; the History's val_ figures are the trained model's evaluate on the last 20 % of the
+    samples, the ones Keras's own fit holds out (before it shuffles)."""
+    from sklearn.datasets import load_breast_cancer
+
+    import slsml
+
+    x, y = load_breast_cancer(return_X_y=True)
+    x = ((x - x.mean(0)) / x.std(0)).astype(np.float32)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(1, activation="sigmoid")])
+    history = slsml.fit(
+        model,
+        x,
+        y,
+        batch_size=64,
+        epochs=3,
+        validation_split=0.2,
+        loss="binary_crossentropy",
+        optimizer="adam",
+        metrics=["accuracy"],
+        workers=2,
+        reducers=1,
+        verbose=0,
+    )
+    assert {name: len(values) for name, values in history.history.items()} == dict.fromkeys(
+        ["loss", "accuracy", "val_loss", "val_accuracy"], 3
+    )
+    split_at = math.floor(len(x) * 0.8)  # Keras's: the samples from here on are held out
+    assert history.params["steps"] == -(-split_at // 64)  # an epoch trains the others only
+    held = model.evaluate(x[split_at:], y[split_at:], return_dict=True, verbose=0)
+    print(f"\nval_loss {history.history['val_loss'][-1]:.6f}, evaluate on the last 20 % {held['loss']:.6f}")
+    assert round(history.history["val_loss"][-1], 4) == round(held["loss"], 4)
+    assert round(history.history["val_accuracy"][-1], 4) == round(held["accuracy"], 4)
+    assert type(model.optimizer).__name__ == "Adam" and int(model.optimizer.iterations) == 3 * history.params["steps"]

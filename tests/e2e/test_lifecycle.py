@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from slsml.client import runs
-from slsml.local import lifecycle
 from slsml.pipeline.services import Services
 from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
@@ -76,9 +75,9 @@ def stopped_for_two_weeks(local, services, digits) -> dict[str, int]:
         transient, _ = _scratch(services, run.run_id)
         assert keys.update(run.run_id, 0, 0) in transient  # there is transient scratch to expire
     now = time.time()
-    expired = lifecycle.expire(services, now + (SCRATCH_EXPIRY_DAYS + 1) * DAY_S)
+    expired = local.expire(now + (SCRATCH_EXPIRY_DAYS + 1) * DAY_S)
     assert expired.objects and all(keys.is_transient(key) for key in expired.objects)
-    lifecycle.expire(services, now + 15 * DAY_S)  # past the TTL the run's items had before
+    local.expire(now + 15 * DAY_S)  # past the TTL the run's items had before
     return stood_at
 
 

@@ -8,8 +8,8 @@ import keras
 import numpy as np
 
 from slsml.accounting import usage
-from slsml.client import runs
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.rounds import accumulate, sizing
 from slsml.spec import keys
 from slsml.spec.config import RunConfig, TrainingSpec
@@ -43,7 +43,7 @@ def test_a_share_past_the_workers_memory_trains_in_micro_batches_within_it(local
     data.put_dataset(services.store, "wide", x[:256], y[:256], x[256:], y[256:])
     log = local.log_dir / "worker.log"
     start = len(log.read_bytes())
-    runs.start_run(services, modelio.save_model(_wide_model()), "wide", SPEC, run_id="wide-micro")
+    launch.start_run(services, modelio.save_model(_wide_model()), "wide", SPEC, run_id="wide-micro")
     run = finish(services, "wide-micro", timeout_s=600)
     assert run.status == "COMPLETED", run.reason
 

@@ -15,8 +15,8 @@ import keras
 import numpy as np
 import pytest
 
-from slsml.client import runs
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.training import modelio
@@ -86,7 +86,7 @@ def mixed_runs(services):
             mixed_precision=option,
         )
         model = modelio.save_model(_model(policy, optimizer, **compiled))
-        runs.start_run(services, model, OVERFLOWING if big else CLEAN, spec, run_id=run_id)
+        launch.start_run(services, model, OVERFLOWING if big else CLEAN, spec, run_id=run_id)
     return {run_id: finish(services, run_id) for run_id in RUNS}
 
 
@@ -166,5 +166,5 @@ def test_a_model_built_under_another_policy_is_refused_at_start_and_nothing_is_s
     with pytest.raises(
         BadInputError, match="computes under mixed_bfloat16: it cannot train under mixed_precision mixed_float16"
     ):
-        runs.start_run(services, model, CLEAN, spec, run_id="mp-other-policy")
+        launch.start_run(services, model, CLEAN, spec, run_id="mp-other-policy")
     assert not services.store.list_keys(keys.run_prefix("mp-other-policy"))

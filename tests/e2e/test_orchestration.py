@@ -9,10 +9,11 @@ import boto3
 import pytest
 
 from slsml.local.faults import Faults
+from slsml.pipeline import launch
 from slsml.spec import wiring
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 
-from .conftest import finish, train
+from .conftest import finish, prepared_with_source, train
 from .test_faults import injecting
 
 HEARTBEAT_S = 5  # more than a paced first iteration with its cold model loads (~2 s here)
@@ -114,15 +115,8 @@ def test_a_pipeline_that_stops_reporting_fails_by_heartbeat_timeout(local, servi
 
 
 def test_a_failed_step_ends_the_execution_with_its_reason(local, services, digits):
-    from slsml.client import runs
-    from slsml.client.demo import digits_cnn
-    from slsml.spec import keys
-    from slsml.training import modelio
-
-    config = runs.prepare_run(services, modelio.save_model(digits_cnn()), "digits", SPEC, run_id="sfn-bad")
-    store = services.store
-    store.replace(keys.source_model("sfn-bad"), b"not a model")  # the bucket's policy refuses an overwrite
-    runs.launch_run(services, config)
+    config = prepared_with_source(services, SPEC, "sfn-bad", b"not a model")
+    launch.launch_run(services, config)
     run = finish(services, "sfn-bad", timeout_s=60)
     execution, entered = _execution(local, "sfn-bad")
     assert run.status == "FAILED" and "not a Keras model" in run.reason
@@ -152,7 +146,9 @@ def test_an_execution_for_a_registered_run_id_fails_as_taken_and_changes_nothing
 
     train(services, SPEC, "sfn-taken")
     run = finish(services, "sfn-taken")
-    again = ExecutionInput(run_id="sfn-taken", dataset="digits", training=SPEC, workers=2, created_at=time.time())
+    again = ExecutionInput(
+        run_id="sfn-taken", dataset="digits", training=SPEC, workers=2, created_at=time.time(), config_sha256="0" * 64
+    )
     arn = services.orchestrator.start(again, name="sfn-taken-again")
     execution, entered = _execution(local, "sfn-taken", arn)
     assert (execution["status"], execution["cause"]) == ("FAILED", "the run id is taken")

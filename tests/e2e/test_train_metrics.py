@@ -11,9 +11,10 @@ import keras
 import numpy as np
 import pytest
 
-from slsml.client import demo, runs
+from slsml.client import demo
 from slsml.client.fit import epoch_history
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.spec import keys
 from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.training import evaluation, modelio
@@ -64,7 +65,7 @@ def metric_runs(services) -> dict[int, str]:
     spec = TrainingSpec(reducers=2, global_batch=BATCH, iterations=ITERATIONS, eval_every=0)
     model_bytes = modelio.save_model(binary_model())
     for workers in (1, 3):
-        runs.start_run(services, model_bytes, DATASET, spec.model_copy(update={"workers": workers}), _run_id(workers))
+        launch.start_run(services, model_bytes, DATASET, spec.model_copy(update={"workers": workers}), _run_id(workers))
     return {workers: _run_id(workers) for workers in (1, 3)}
 
 
@@ -151,7 +152,7 @@ def test_a_participants_state_that_is_not_finite_gives_the_figures_keras_shows(s
     y[batches[0][0]] = HUGE
     data.put_dataset(services.store, "huge-label", x[:64], y[:64], x[64:], y[64:])
     spec = TrainingSpec(workers=2, reducers=1, global_batch=32, iterations=2, eval_every=0)
-    runs.start_run(services, modelio.save_model(huge_label_model()), "huge-label", spec, "huge-label-metrics")
+    launch.start_run(services, modelio.save_model(huge_label_model()), "huge-label", spec, "huge-label-metrics")
     run = finish(services, "huge-label-metrics")
     assert run.status == "COMPLETED", run.reason
     model, expected = huge_label_model(), []

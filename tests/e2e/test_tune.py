@@ -20,10 +20,10 @@ import pytest
 
 from slsml import tune
 from slsml.cli.tune import load_build
-from slsml.client import runs
 from slsml.cost import budget
 from slsml.data import datasets as data
 from slsml.local import service
+from slsml.pipeline import launch
 from slsml.search import space
 from slsml.spec.config import TrainingSpec
 from slsml.state.records import RunStatus
@@ -124,7 +124,7 @@ def test_a_budget_below_all_trials_price_starts_fewer_and_says_why(home: Path, c
     manifest = data.load_manifest(services.store, "cancer")
     spec = TrainingSpec(workers=1, reducers=1, global_batch=BATCH, epochs=1, keep_best="test_auc")
     model = modelio.save_model(space.build(build, space.hyperparameters()))
-    price = budget.predict(model, manifest, runs.with_epochs(spec, manifest.train.count), services.limits)
+    price = budget.predict(model, manifest, launch.with_epochs(spec, manifest.train.count), services.limits)
     allowed = 2.5 * price
     result = tune(
         build,

@@ -19,6 +19,7 @@ from slsml.accounting import usage
 from slsml.client import demo, runs
 from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
+from slsml.pipeline import launch
 from slsml.spec.config import TrainingSpec
 from slsml.spec.deployment import DEFAULT_FUNCTIONS
 from slsml.training import modelio
@@ -77,7 +78,7 @@ def test_the_functions_count_every_request_they_send(tmp_path: Path, monkeypatch
         data.put_dataset(services.store, "digits", *demo.digits())
         _recorder(local, "reset-recording")
         _recorder(local, "start-recording")
-        runs.start_run(services, modelio.save_model(demo.digits_cnn(seed=1)), "digits", SPEC, run_id=RUN)
+        launch.start_run(services, modelio.save_model(demo.digits_cnn(seed=1)), "digits", SPEC, run_id=RUN)
         run = runs.wait_for_run(services, RUN, timeout_s=300)
         assert run.status == "COMPLETED", run.reason
         assert local.host.drain(timeout_s=60)  # no request of a function is still to come

@@ -1,9 +1,8 @@
-"""One synthesis of the slsml stack per test session (layer build skipped), with cdk.json's context; and one with
-a GPU worker."""
+"""One synthesis of the slsml stack per test session (layer build skipped), with cdk.json's context (create_app reads
+it, as app.py does); and one with a GPU worker."""
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,8 @@ class Synthesized:
 
 @pytest.fixture(scope="session")
 def cdk_context() -> dict[str, Any]:
-    return json.loads((ROOT / "cdk.json").read_text())["context"] | {"skip_layer_build": True}
+    """What the tests give the app over cdk.json's context, as ``cdk synth -c`` would."""
+    return {"skip_layer_build": True}
 
 
 # a GPU worker: the context key that turns it on, and nothing else (its fleet's other settings are defaults)

@@ -1,11 +1,13 @@
 """cdk-nag (AwsSolutions) and cfn-lint pass on the synthesized stack, with a CPU worker and with a GPU worker, and
 every nag suppression says why. cfn-lint runs as it does from the repository root: with .cfnlintrc, whose schema patch
-(cfn-lint/) adds the AcceleratorConfig of a GPU worker that cfn-lint's own schemas lack."""
+(cfn-lint/) adds the AcceleratorConfig of a GPU worker that cfn-lint's own schemas lack; it lints the template that
+``make synth`` writes (app.py, with cdk.json's feature flags) and finds neither error nor warning."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 from aws_cdk.assertions import Annotations, Match
 
 from infra.layers import ROOT
+from tests.infra.conftest import GPU_CONTEXT
 
 if TYPE_CHECKING:
     from conftest import Synthesized
@@ -61,8 +64,17 @@ def test_every_suppression_written_in_code_has_a_reason(stack: Synthesized) -> N
     assert all(len(rule["reason"]) > 30 for rule in suppressions)
 
 
-def test_cfn_lint_finds_nothing(stack: Synthesized) -> None:
-    linted = cfn_lint(stack.outdir / f"{stack.stack.stack_name}.template.json")
+@pytest.mark.parametrize("worker", ["cpu", "gpu"])
+def test_cfn_lint_finds_nothing_in_what_make_synth_writes(worker: str, tmp_path: Path) -> None:
+    """app.py run as ``make synth`` runs it, the only context given the CLI's way (``cdk synth -c``: the environment):
+    the layer build skipped, and for a GPU worker its key. The feature flags are cdk.json's, which app.py reads."""
+    context = {"skip_layer_build": True} | (GPU_CONTEXT if worker == "gpu" else {})
+    environment = os.environ | {"CDK_OUTDIR": str(tmp_path), "CDK_CONTEXT_JSON": json.dumps(context)}
+    synth = subprocess.run(
+        [sys.executable, "app.py"], cwd=ROOT, env=environment, capture_output=True, text=True, check=False
+    )
+    assert synth.returncode == 0, synth.stderr
+    linted = cfn_lint(tmp_path / "Slsml.template.json")
     assert (linted.returncode, linted.stdout, linted.stderr) == (0, "", "")
 
 

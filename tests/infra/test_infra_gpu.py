@@ -88,8 +88,8 @@ def test_the_worker_runs_on_the_capacity_provider_with_a_gpu_per_environment(gpu
         "AllowedInstanceTypes": ["g6.xlarge"],
         "Architectures": ["x86_64"],
     }
-    # room for the default fleet of 8 environments, a g6.xlarge (4 vCPUs) each
-    assert provider["Properties"]["CapacityProviderScalingConfig"] == {"MaxVCpuCount": 32}
+    # Lambda scales the instances (Auto), with room for the default fleet of 8 environments, a g6.xlarge (4 vCPUs) each
+    assert provider["Properties"]["CapacityProviderScalingConfig"] == {"MaxVCpuCount": 32, "ScalingMode": "Auto"}
     operator = gpu_synthesized.resources[
         provider["Properties"]["PermissionsConfig"]["CapacityProviderOperatorRoleArn"]["Fn::GetAtt"][0]
     ]

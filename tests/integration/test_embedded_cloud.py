@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,9 +28,9 @@ from moto import mock_aws
 from slsml.aws import clients as aws
 from slsml.aws.ranged import RangedReads
 from slsml.aws.storage import MULTIPART_BYTES, ObjectStore, etag_of
-from slsml.local.cloud import EmbeddedCloud, LocalDeployment, signed
-from slsml.spec import deployment as deployment_spec
+from slsml.local.cloud import EmbeddedCloud, LocalDeployment, bucket_policy, signed
 from slsml.spec import keys, wiring
+from slsml.spec.errors import SlsmlError
 from tests.processes import left_running
 
 
@@ -87,7 +88,7 @@ def test_the_bucket_refuses_what_the_deployed_policy_refuses() -> None:
         bucket = cloud.provision().bucket
         s3 = cloud.client("s3")
         installed = json.loads(s3.get_bucket_policy(Bucket=bucket)["Policy"])
-        assert installed["Statement"] == deployment_spec.bucket_policy_statements(f"arn:aws:s3:::{bucket}")
+        assert installed == bucket_policy(bucket)
 
         update, config = keys.update("r", 1, 0, attempt=1), keys.run_config("r")
         with pytest.raises(ClientError) as plain:
@@ -126,6 +127,19 @@ def test_the_bucket_refuses_what_the_deployed_policy_refuses() -> None:
         s3.put_object(Bucket=bucket, Key=model, Body=b"model")
         s3.copy_object(Bucket=bucket, Key=model, CopySource=source)
         assert s3.get_object(Bucket=bucket, Key=model)["Body"].read() == b"first"
+
+        # deletes under runs/: each function deletes the kinds its wiring says it deletes, the owner none
+        assert _refused(lambda: s3.delete_object(Bucket=bucket, Key=model)) == "AccessDenied"
+        with pytest.raises(SlsmlError, match=re.escape(f"s3://{bucket}/{update} was not deleted: AccessDenied")):
+            store.delete([update])
+        worker, merger = (ObjectStore(cloud.client("s3", function), bucket) for function in ("worker", "merger"))
+        with pytest.raises(SlsmlError, match="was not deleted"):
+            worker.delete([model])
+        worker.delete([update])
+        merger.s3.delete_object(Bucket=bucket, Key=model)
+        assert {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="runs/")["Contents"]} == {config, big}
+        s3.put_object(Bucket=bucket, Key=keys.dataset_manifest("d"), Body=b"{}")
+        s3.delete_object(Bucket=bucket, Key=keys.dataset_manifest("d"))  # datasets are the owner's to delete
 
         statement = {**installed["Statement"][0], "Condition": {"StringEquals": {"s3:if-none-match": "*"}}}
         other = json.dumps({**installed, "Statement": [statement]})

@@ -113,6 +113,13 @@ def test_only_requests_signed_with_its_credentials_are_answered(cloud: EmbeddedC
             False,
             "UnrecognizedClientException",
         ),
+        (  # a function's credentials: its requests are answered as its role's, but it manages nothing
+            "POST",
+            "/moto-api/reset",
+            _signature(cloud, "POST", "/moto-api/reset", cloud.identities["worker"]),
+            False,
+            "AccessDeniedException",
+        ),
     ]
     for method, path, headers, s3_error, code in attempts:
         status, answered, body = _send(cloud, method, path, **headers)

@@ -17,9 +17,10 @@ from moto import mock_aws
 from slsml.aws import cache
 from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.spec import keys, wiring
-from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec, config_digest
 from slsml.spec.messages import WorkDone, WorkMessage
 from slsml.state import records
 
@@ -74,7 +75,6 @@ def moto_services(
 def register_run(services: Services, model_bytes: bytes, run_id: str, **options: object) -> RunConfig:
     """A registered run of 2 workers and 2 reducers on dataset ``d`` with the TrainingSpec ``options``, its model
     placed."""
-    from slsml.client import runs
 
     spec = TrainingSpec(
         **{
@@ -86,9 +86,9 @@ def register_run(services: Services, model_bytes: bytes, run_id: str, **options:
             **options,
         }
     )
-    config = runs.prepare_run(services, model_bytes, "d", spec, run_id)
+    config = launch.prepare_run(services, model_bytes, "d", spec, run_id)
     services.store.put_new(keys.model(run_id, 0), model_bytes)
-    services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
+    services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time(), config_digest(config.stored())))
     return config
 
 
@@ -97,7 +97,7 @@ def place_initial(services: Services, run_id: str, iteration: int) -> None:
     from slsml.pipeline.steps.common import run_config, shard_etags
     from slsml.spec.messages import Manifest
 
-    store, config = services.store, run_config(services.store, run_id)
+    store, config = services.store, run_config(services, run_id)
     for shard in range(config.reducers):
         store.put_new(keys.shard(run_id, iteration, shard), store.get(keys.shard(run_id, 0, shard)))
     named = Manifest(iteration=iteration, shards=shard_etags(store, config, iteration) or []).model_dump_json().encode()

@@ -149,3 +149,23 @@ def test_a_message_of_a_run_whose_run_json_is_not_slsmls_is_refused_naming_what_
     services.store.put_new(keys.run_config("mangled"), b'{"run_id": "mangled"}')
     problem = admission.problem(WorkMessage(run_id="mangled", iteration=0, worker=0, workers=2), services) or ""
     assert problem.startswith("run 'mangled' has a run.json that is not slsml's: ") and "Field required" in problem
+
+
+def test_a_message_the_pipeline_sent_to_a_run_whose_run_json_is_not_the_one_it_registered_fails_the_run(
+    services: Services,  # noqa: F811
+) -> None:
+    """run.json is checked against the SHA-256 its run registered as it is first read: a mismatch fails the run,
+    naming it, whichever step reads it; the message is not acted on, but the watchdog's end of the run's execution."""
+    _register(services, "swapped", workers=2)
+    services.table.table.update_item(
+        Key={"pk": "RUN#swapped", "sk": "META"},
+        UpdateExpression="SET config_sha256 = :other",
+        ExpressionAttributeValues={":other": "0" * 64},  # what the run registered: not what run.json is now
+    )
+    named = "runs/swapped/run.json is not the run.json run 'swapped' registered: it was replaced"
+    with pytest.raises(MessageRejected, match=named):
+        envelope.admit(services.keys.sign(WorkMessage(run_id="swapped", iteration=0, worker=1, workers=2)), services)
+    run = services.table.get_run("swapped")
+    assert run.status == "FAILED" and run.reason is not None and run.reason.startswith(named), run.reason
+    ending = Deadline(run_id="swapped", iteration=0, stage="end", round=0, due_at=time.time())
+    envelope.admit(services.keys.sign(ending), services)  # admitted: it ends the failed run's execution

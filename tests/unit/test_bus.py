@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from slsml.pipeline.bus import BATCH_BYTES, BATCH_ENTRIES, batches
+from slsml.pipeline.bus import batches
+from slsml.spec.messages import BATCH_BYTES, BATCH_ENTRIES
 
 
 def test_publish_batches_keep_within_the_sns_limits_on_entries_and_bytes() -> None:
@@ -18,9 +19,9 @@ def test_publish_delivers_every_message_of_many_batches_sent_at_once() -> None:
     import boto3
     from moto import mock_aws
 
-    from slsml.pipeline.bus import PARALLEL_BATCHES, Bus
+    from slsml.pipeline.bus import Bus
     from slsml.spec import wiring
-    from slsml.spec.messages import WorkMessage
+    from slsml.spec.messages import PARALLEL_BATCHES, WorkMessage
 
     with mock_aws():
         sns, sqs = boto3.client("sns", region_name="us-east-1"), boto3.client("sqs", region_name="us-east-1")

@@ -219,7 +219,30 @@ def test_spec_flags_that_make_no_spec_fail_on_one_line_naming_the_flags(argument
 def test_a_local_optimizer_the_reducers_do_not_implement_is_no_choice(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args([*RUN_START, "--algorithm", "average", "--local-optimizer", "adafactor"])
-    assert "--local-optimizer: invalid choice: 'adafactor'" in capsys.readouterr().err
+    assert "--local-optimizer: 'adafactor' is not one of sgd, adam," in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        (["run", "start", "--wrokers", "2"], "unknown option --wrokers (did you mean --workers?)"),
+        ([*RUN_START, "--wrokers=2"], "unknown option --wrokers (did you mean --workers?)"),
+        ([*RUN_START, "--optimizer", "adamx"], "'adamx' is not one of sgd, adam, "),
+        ([*RUN_START, "--optimizer", "adamx"], "(did you mean adamax or adam?)"),
+        (["run", "strat"], "'strat' is not one of start, status, "),
+        ([*RUN_START, "stray"], "unrecognized arguments: stray"),
+    ],
+)
+def test_a_usage_error_is_one_line_with_the_closest_option_or_choice(
+    arguments: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(arguments)
+    out, err = capsys.readouterr()
+    command = " ".join(["slsml", *arguments[:2]] if arguments[1] != "strat" else ["slsml", "run"])
+    assert exited.value.code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith(f"{command}: error: ") and said in err, err
+    assert err.endswith(f"`{command} --help` lists its options\n")
 
 
 def test_sigterm_unwinds_like_ctrl_c_so_a_local_runtime_stops_what_it_started() -> None:
@@ -246,7 +269,10 @@ def test_a_run_id_of_the_wrong_form_is_refused_in_one_line(run_id: str, capsys: 
     assert (
         capsys.readouterr()
         .err.splitlines()[-1]
-        .endswith(f"argument --run-id: {run_id!r}: a run id is 1-63 lowercase letters, digits or '-'")
+        .endswith(
+            f"argument --run-id: {run_id!r}: a run id is 1-63 lowercase letters, digits or '-'; `slsml run start"
+            " --help` lists its options"
+        )
     )
     assert options.run_name("ok-7") == "ok-7"
 

@@ -13,7 +13,7 @@ import pytest
 
 from slsml.accounting import prices
 from slsml.cli.main import main
-from slsml.cost import cards, gpuworker, tuner
+from slsml.cost import cards, gpuworker
 from slsml.cost import predict as costmodel
 from slsml.cost.calibration import GpuCalibration, GpuThroughput
 from slsml.cost.modelinfo import from_params
@@ -22,6 +22,7 @@ from slsml.cost.plan import FunctionFigures, Plan
 from slsml.cost.recommend import as_fast_as
 from slsml.cost.vm import VmComparison, compare_vm, lambda_run
 from slsml.cost.workload import Accelerator, Workload, function_memory, function_timeouts
+from slsml.pipeline import tuner
 from slsml.rounds import sizing
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.spec.deployment import ENDPOINT_AZS, GPU_INSTANCES, GPU_WORKER_DEFAULTS, INTERFACE_ENDPOINTS
@@ -58,7 +59,9 @@ def gpu(
 def on_gpu(
     work: Workload, gib: int = 24, instance: str | None = "g5.xlarge", calibration: GpuCalibration | None = None
 ) -> Workload:
-    return work.at(accelerator=gpu(work, gib, instance, calibration))
+    """``work`` on GPU workers of the GPU function's default memory (a multiple of 2,048 MB)."""
+    memory = function_memory({"worker": GPU_WORKER_DEFAULTS["memory_mb"]})
+    return work.at(accelerator=gpu(work, gib, instance, calibration), memory_mb=memory)
 
 
 def predict(work: Workload) -> Plan:
@@ -412,6 +415,10 @@ def test_without_workers_the_gpu_plan_is_of_the_cheapest_w_and_r_as_fast_as_its_
 ) -> None:
     monkeypatch.chdir(tmp_path)  # no calibration file
     chosen = plan_json(capsys, *ACCEPTANCE, "--accelerator", "worker=24")
+    # the GPU function's default memory, not the CPU worker's 3,008 MB (a GPU function's is a multiple of 2,048)
+    assert chosen["workload"]["memory_mb"]["worker"] == GPU_WORKER_DEFAULTS["memory_mb"]
+    given = plan_json(capsys, *ACCEPTANCE, "--accelerator", "worker=24", "--memory", "worker=6144")
+    assert given["workload"]["memory_mb"]["worker"] == 6144
     match = chosen["recommendation"]["as_fast_as_machine"]
     assert match["as_fast"] and match["priced"]
     assert (chosen["workload"]["workers"], chosen["workload"]["reducers"]) == (match["workers"], match["reducers"])
@@ -436,7 +443,8 @@ def test_without_workers_the_gpu_plan_is_of_the_cheapest_w_and_r_as_fast_as_its_
 
 
 def test_a_machine_compared_with_cpu_workers_leaves_their_w_as_asked(capsys: pytest.CaptureFixture) -> None:
-    out = plan_json(capsys, *ACCEPTANCE, "--compare-vm", "1e6:1:fastbox")
+    # at the least memory a CPU worker fits a ResNet-50 sample's step beside its warm cache
+    out = plan_json(capsys, *ACCEPTANCE, "--memory", "worker=3538", "--compare-vm", "1e6:1:fastbox")
     match = out["recommendation"]["as_fast_as_machine"]
     assert out["workload"]["workers"] == 4 and not match["priced"] and not match["as_fast"]
     assert out["verdict"]["recommendations"][-1].startswith(
@@ -466,16 +474,31 @@ def test_a_gpu_workers_micro_batch_fits_its_accelerator_memory_as_the_worker_siz
     work = workload(compute_per_sample_s=0.1, global_batch=8192, training=TrainingSpec(mixed_precision=precision))
     plan = predict(on_gpu(work, gib=24))
     config = run_config(RESNET, round(work.activation_bytes_per_sample), mixed_precision=precision)
-    worker = sizing.micro_batch(config, 3008, 1504, 0, accelerator_gib=24)
+    worker = sizing.micro_batch(config, 4096, 2048, 0, accelerator_gib=24)  # a GPU function's default memory
     assert plan.micro_batch == worker == sizing.of_accelerator(config, 24).micro_batch()
     device = sizing.of_accelerator(config, 24)
     assert device.needed_bytes(worker) <= 24 * sizing.GIB < device.needed_bytes(worker + 1)
-    assert worker > 50 * sizing.micro_batch(config, 3008, 1504, 0)  # the CPU worker's, from its RAM
+    assert worker > 50 * sizing.micro_batch(config, 4096, 2048, 0)  # the CPU worker's, from its RAM
     assert plan.micro_batches == math.ceil(8192 / 4 / worker)
-    smaller = sizing.micro_batch(config, 3008, 1504, 0, accelerator_gib=6)
+    smaller = sizing.micro_batch(config, 4096, 2048, 0, accelerator_gib=6)
     assert 0 < smaller < worker
     with pytest.raises(RunFailed, match=r"GPU memory .* the worker has 3 GiB"):
-        sizing.micro_batch(run_config(RESNET, 10**11), 3008, 1504, 0, accelerator_gib=3)
+        sizing.micro_batch(run_config(RESNET, 10**11), 4096, 2048, 0, accelerator_gib=3)
+
+
+def test_a_gpu_worker_whose_memory_cannot_hold_the_models_buffers_beside_its_cache_is_refused() -> None:
+    """The layer outputs are the GPU's; the runtime, the warm cache and the model's buffers (the step's, the
+    micro-batches' sum and, handing a round on, its archive) are the function's memory's, as on a CPU worker."""
+    config = run_config(40_000_000, 10**6)  # 160 MB of weights
+    memory = sizing.of_run(config, 4096, 2048, 0)
+    copies = sizing.MODEL_COPIES + sizing.SUM_COPIES + sizing.ARCHIVE_COPIES
+    held_mb = copies * memory.model_bytes / sizing.MB
+    assert sizing.TF_RUNTIME_MB + 2048 + held_mb <= 4096  # the GPU function's default memory holds them
+    on_gpu = sizing.micro_batch(config, 4096, 2048, 0, accelerator_gib=24)
+    assert on_gpu == sizing.of_accelerator(config, 24).micro_batch() > 1000
+    assert sizing.TF_RUNTIME_MB + 1536 + held_mb > 3072  # a smaller one does not, whatever the GPU's memory
+    with pytest.raises(RunFailed, match=r"the model's buffers [\d,]+ MB.* the worker has 3,072 MB: give the worker"):
+        sizing.micro_batch(config, 3072, 1536, 0, accelerator_gib=24)
 
 
 def test_gpu_workers_read_in_blocks_unless_the_run_needs_the_exact_order() -> None:
@@ -484,8 +507,10 @@ def test_gpu_workers_read_in_blocks_unless_the_run_needs_the_exact_order() -> No
     gpu_data = costmodel.workload_data(on_gpu(cpu), P)
     assert gpu_data.order == "blocks"
     assert gpu_data.worker_gets < costmodel.workload_data(on_gpu(cpu.at(training=TrainingSpec())), P).gets_per_iteration
-    held_out = TrainingSpec(validation_split=0.1)
-    assert costmodel.workload_data(on_gpu(cpu.at(training=held_out)), P).order == "global"
+    drawn = TrainingSpec(validation_split=0.1, validation_samples="seeded")  # held out of the global order
+    assert costmodel.workload_data(on_gpu(cpu.at(training=drawn)), P).order == "global"
+    last = TrainingSpec(validation_split=0.1)  # Keras's: the last samples, the rest in blocks as ever
+    assert costmodel.workload_data(on_gpu(cpu.at(training=last)), P).order == "blocks"
     one = TrainingSpec(shuffle="blocks", shuffle_block=1)  # a sample-level order on GPU workers, given
     assert costmodel.workload_data(on_gpu(cpu.at(training=one)), P).gets_per_iteration > gpu_data.gets_per_iteration
     assert TrainingSpec().on_gpu_workers().shuffle == "blocks" and TrainingSpec().shuffle == "global"

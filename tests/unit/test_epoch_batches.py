@@ -7,10 +7,10 @@ import argparse
 
 import numpy as np
 
-from slsml.client import runs
 from slsml.cost import planreport
 from slsml.data import datasets as data
 from slsml.data.blockorder import BlockOrder
+from slsml.pipeline import launch
 from slsml.spec.config import TrainingSpec
 from slsml.spec.samples import epoch_batches
 
@@ -23,7 +23,7 @@ def test_an_epoch_trains_its_last_smaller_batch_and_every_sample_once() -> None:
     assert sorted(np.concatenate(batches[:8]).tolist()) == list(range(455))
     assert sorted(np.concatenate(batches[8:]).tolist()) == list(range(455))  # the next epoch's permutation
     spec = TrainingSpec(global_batch=64, workers=4, epochs=3)
-    assert runs.with_epochs(spec, 455).iterations == 24
+    assert launch.with_epochs(spec, 455).iterations == 24
     slices = [data.round_batches(spec, 455, 4, w, 7)[0] for w in range(4)]
     assert [len(s) for s in slices] == [2, 2, 2, 1]
 
@@ -41,5 +41,5 @@ def test_the_plan_counts_an_epochs_iterations_as_the_run_does() -> None:
     args = argparse.Namespace(epochs=3, iterations=None, samples=455, batch=64, workers=4)
     assert (
         planreport.iterations(args)
-        == runs.with_epochs(TrainingSpec(global_batch=64, workers=4, epochs=3), 455).iterations
+        == launch.with_epochs(TrainingSpec(global_batch=64, workers=4, epochs=3), 455).iterations
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slsml.local.service import private_folder
+from slsml.local.private import private_folder
 from slsml.spec.errors import SlsmlError
 
 NOBODY = 65534

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from slsml.accounting import prices
-from slsml.client import runs
 from slsml.cost import predict as costmodel
 from slsml.cost.messages import check_messages, largest_reduce, message_bytes
 from slsml.cost.modelinfo import from_params
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.workload import run_workload
+from slsml.pipeline import launch
 from slsml.pipeline.envelope import parse_message
 from slsml.pipeline.services import Services
 from slsml.spec import keys
@@ -59,7 +59,7 @@ def test_the_client_refuses_it_before_it_stores_anything(services: Services) -> 
     model = modelio.save_model(demo.digits_cnn(seed=1))
     spec = TrainingSpec(workers=200, global_batch=1000, staleness=30, iterations=2)
     with pytest.raises(BadInputError, match=r"participants \(200 workers, and with staleness 30"):
-        runs.prepare_run(services, model, "digits", spec, run_id="chatty")
+        launch.prepare_run(services, model, "digits", spec, run_id="chatty")
     assert services.store.list_keys(keys.run_prefix("chatty")) == []
 
 

@@ -15,7 +15,7 @@ from slsml.local.host import LambdaContext
 from slsml.pipeline import envelope, metrics
 from slsml.pipeline.services import Services, deployment_services
 from slsml.spec import keys, wiring
-from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec, config_digest
 from slsml.spec.deployment import METRICS_NAMESPACE, SERVICE_NAME, Metric
 from slsml.spec.errors import MessageRejected
 from slsml.spec.messages import WorkMessage
@@ -58,7 +58,8 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Any:
         run_json = config.model_dump_json().encode()
         boto3.client("s3").put_object(Bucket="bucket", Key=keys.run_config("r1"), Body=run_json)
         table = RunTable(boto3.resource("dynamodb").Table("runs"))
-        table.table.put_item(Item={**records.run_item("r1", "d", spec, 0.0), "iteration": 3})
+        item = records.run_item("r1", "d", spec, 0.0, config_digest(run_json))  # registered with its run.json
+        table.table.put_item(Item={**item, "iteration": 3})
         table.claim_launch("r1", 3, "test", workers=4)
         yield run_json
     deployment_services.cache_clear()

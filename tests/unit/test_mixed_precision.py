@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from slsml.client import runs
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import reducer, worker
 from slsml.pipeline.steps.common import shard_etags
 from slsml.spec import keys
-from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec, config_digest
 from slsml.spec.errors import BadInputError
 from slsml.spec.messages import Manifest, Participant, ReduceMessage, WorkDone, WorkMessage
 from slsml.spec.shardplan import ShardPlan
@@ -162,8 +162,10 @@ def _register(services: Services, run_id: str, overflowing: int) -> RunConfig:
     model.compile(
         optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     )
-    config = runs.prepare_run(services, modelio.save_model(model), "big", spec, run_id)
-    services.table.table.put_item(Item=records.run_item(run_id, "big", spec, time.time()))
+    config = launch.prepare_run(services, modelio.save_model(model), "big", spec, run_id)
+    services.table.table.put_item(
+        Item=records.run_item(run_id, "big", spec, time.time(), config_digest(config.stored()))
+    )
     return config
 
 

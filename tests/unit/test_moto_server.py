@@ -19,11 +19,22 @@ from unittest import mock
 import pytest
 from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth, SigV4Auth
 from botocore.awsrequest import AWSRequest
+from botocore.config import Config
 from botocore.credentials import Credentials
 
 import slsml.local.moto_server
-from slsml.local.moto_server import MAX_SKEW_S, Refused, denials, denied, object_request, signing_key, verify
-from slsml.spec import deployment, keys
+from slsml.local import cloud
+from slsml.local.moto_server import (
+    MAX_SKEW_S,
+    PRINCIPAL_ARN,
+    Refused,
+    denials,
+    denied,
+    object_request,
+    signing_key,
+    verify,
+)
+from slsml.spec import deployment, keys, wiring
 
 CHECK = textwrap.dedent(
     """
@@ -241,8 +252,36 @@ def test_the_deployed_policy_refuses_writes_without_if_none_match_and_nothing_el
     assert complete is not None and not denied(policy, complete[0], update, complete[1])
     unconditioned = object_request("POST", {"uploadId": ["u"]}, {})
     assert unconditioned is not None and denied(policy, unconditioned[0], update, unconditioned[1])
-    for method, query in (("GET", {}), ("DELETE", {}), ("PUT", {"tagging": [""]}), ("HEAD", {})):
+    for method, query in (("GET", {}), ("DELETE", {"uploadId": ["u"]}), ("PUT", {"tagging": [""]}), ("HEAD", {})):
         assert object_request(method, query, {}) is None  # other actions, which the policy does not name
+
+
+def test_the_local_policy_lets_each_function_delete_its_own_kinds_under_runs_and_nobody_else() -> None:
+    """The deployed stack's deletion statements, with the local functions' principals: a function deletes what its
+    wiring says it deletes, the lifecycle any object under runs/, the owner (a hand with the bucket's credentials)
+    nothing there; datasets are not guarded."""
+    policy = denials(json.dumps(cloud.bucket_policy("b")).encode())
+    delete, version = object_request("DELETE", {}, {}), object_request("DELETE", {"versionId": ["v"]}, {})
+    assert delete == ("s3:DeleteObject", {}) and version == ("s3:DeleteObjectVersion", {})
+    examples = {
+        keys.SCRATCH_OBJECTS: keys.update("r", 1, 0),
+        keys.MODEL_OBJECTS: keys.model("r", 1),
+        keys.FINAL_MODEL_OBJECTS: keys.final_model("r"),
+        keys.RUN_CONFIG_OBJECTS: keys.run_config("r"),
+    }
+    for kind, key in examples.items():
+        for action in ("s3:DeleteObject", "s3:DeleteObjectVersion"):
+            refused = {
+                name
+                for name in [fn.name for fn in wiring.FUNCTIONS] + [cloud.LIFECYCLE]
+                if denied(policy, action, f"arn:aws:s3:::b/{key}", {PRINCIPAL_ARN: cloud.role_arn(name)})
+            }
+            deleting = {fn.name for fn in wiring.FUNCTIONS if kind in fn.deletes}
+            assert refused == {fn.name for fn in wiring.FUNCTIONS} - deleting, (kind, action)
+            assert denied(policy, action, f"arn:aws:s3:::b/{key}", {PRINCIPAL_ARN: cloud.OWNER_ARN}), key
+            assert denied(policy, action, f"arn:aws:s3:::b/{key}", {}), key  # no principal known: refused too
+    dataset = f"arn:aws:s3:::b/{keys.dataset_manifest('d')}"
+    assert not denied(policy, "s3:DeleteObject", dataset, {PRINCIPAL_ARN: cloud.OWNER_ARN})
 
 
 def test_object_requests_carry_whether_they_create_the_object() -> None:
@@ -294,6 +333,8 @@ def test_a_null_condition_matches_the_presence_it_names() -> None:
         ({"Condition": {"Bool": {"s3:ObjectCreationOperation": "1"}}}, "'1'"),
         ({"Condition": {"Bool": {"aws:SecureTransport": "true"}}}, "aws:SecureTransport"),
         ({"Condition": {"Null": {"s3:ObjectCreationOperation": "true"}}}, "s3:ObjectCreationOperation"),
+        ({"Condition": {"ArnEquals": {"aws:PrincipalArn": "arn:aws:iam::1:root"}}}, "ArnEquals"),
+        ({"Condition": {"ArnNotEquals": {"aws:SourceArn": "arn:aws:iam::1:root"}}}, "aws:SourceArn"),
     ],
 )
 def test_a_policy_the_server_does_not_evaluate_is_refused_by_name(statement: dict, named: str) -> None:
@@ -302,6 +343,7 @@ def test_a_policy_the_server_does_not_evaluate_is_refused_by_name(statement: dic
 
 
 CREDENTIALS = Credentials("SLSMLKEY", "the-secret")
+KNOWN = {CREDENTIALS.access_key: CREDENTIALS, "OTHERKEY": Credentials("OTHERKEY", "another-secret")}
 NOW = 1_800_000_000.0
 
 
@@ -332,22 +374,27 @@ def _refused(
     environ: dict[str, Any], body: bytes = b"", now: float = NOW, credentials: Credentials = CREDENTIALS
 ) -> str:
     with pytest.raises(Refused) as refused:
-        verify(environ, credentials, now, lambda: body)
+        verify(environ, {credentials.access_key: credentials}, now, lambda: body)
     return refused.value.s3_code
 
 
 def test_a_request_botocore_signed_with_the_credentials_is_verified_and_any_change_refused() -> None:
     url = "http://127.0.0.1:5000/bucket/runs/r/iters/000001/w.npz?partNumber=1"
     s3 = _environ(_signed(S3SigV4Auth(CREDENTIALS, "s3", "us-east-1"), "GET", url, Range="bytes=0-9"))
-    assert verify(s3, CREDENTIALS, NOW).service == "s3"
+    assert verify(s3, KNOWN, NOW).service == "s3"
     body = b'{"TableName": "runs"}'
     table = _signed(SigV4Auth(CREDENTIALS, "dynamodb", "us-east-1"), "POST", "http://127.0.0.1:5000/", body)
-    assert verify(_environ(table), CREDENTIALS, NOW + 60, lambda: body).service == "dynamodb"
+    assert verify(_environ(table), KNOWN, NOW + 60, lambda: body).service == "dynamodb"
     assert _refused(_environ(table), b'{"TableName": "other"}') == "SignatureDoesNotMatch"  # its body changed
     assert _refused(s3 | {"HTTP_RANGE": "bytes=0-99"}) == "SignatureDoesNotMatch"  # a signed header changed
     assert _refused(s3 | {"REQUEST_URI": s3["REQUEST_URI"].replace("000001", "000002")}) == "SignatureDoesNotMatch"
     assert _refused(s3, credentials=Credentials("SLSMLKEY", "another")) == "SignatureDoesNotMatch"
     assert _refused(s3, credentials=Credentials("OTHERKEY", "the-secret")) == "InvalidAccessKeyId"
+    assert _refused(s3 | {"HTTP_AUTHORIZATION": s3["HTTP_AUTHORIZATION"].replace("SLSMLKEY", "OTHERKEY")}) == (
+        "InvalidAccessKeyId"  # another's key, unknown to this server
+    )
+    with pytest.raises(Refused, match="does not match"):  # another known key: its secret did not sign it
+        verify(s3 | {"HTTP_AUTHORIZATION": s3["HTTP_AUTHORIZATION"].replace("SLSMLKEY", "OTHERKEY")}, KNOWN, NOW)
     assert _refused(s3, now=NOW + MAX_SKEW_S + 1) == "RequestTimeTooSkewed"
     assert _refused({k: v for k, v in s3.items() if k != "HTTP_AUTHORIZATION"}) == "AccessDenied"  # unsigned
     assert _refused(s3 | {"HTTP_AUTHORIZATION": "AWS SLSMLKEY:c2lnbmVk"}) == "AccessDenied"  # SigV2
@@ -356,7 +403,7 @@ def test_a_request_botocore_signed_with_the_credentials_is_verified_and_any_chan
 def test_a_pre_signed_url_is_verified_until_it_expires() -> None:
     signer = S3SigV4QueryAuth(CREDENTIALS, "s3", "us-east-1", expires=60)
     presigned = _environ(_signed(signer, "GET", "http://127.0.0.1:5000/bucket/datasets/d/shard-0.npz"))
-    assert verify(presigned, CREDENTIALS, NOW + 59).expires_s == 60
+    assert verify(presigned, KNOWN, NOW + 59).expires_s == 60
     assert _refused(presigned, now=NOW + 61) == "AccessDenied"
     other = presigned["REQUEST_URI"].replace("shard-0", "shard-1")
     assert _refused(presigned | {"REQUEST_URI": other}) == "SignatureDoesNotMatch"
@@ -366,5 +413,21 @@ def test_the_signing_key_is_derived_once_per_day_region_and_service() -> None:
     signing_key.cache_clear()
     s3 = _environ(_signed(S3SigV4Auth(CREDENTIALS, "s3", "us-east-1"), "GET", "http://127.0.0.1:5000/bucket"))
     for _ in range(3):
-        verify(s3, CREDENTIALS, NOW)
+        verify(s3, KNOWN, NOW)
     assert (signing_key.cache_info().misses, signing_key.cache_info().hits) == (1, 2)
+
+
+def test_an_s3_request_s_body_must_be_the_payload_it_was_signed_for() -> None:
+    """S3 signs the SHA-256 of a PUT's body (X-Amz-Content-SHA256), not the body: a captured PUT replayed with another
+    body, its signature and headers as sent, is refused; an unsigned payload is taken as S3 takes it."""
+    url = "http://127.0.0.1:5000/bucket/runs/r/run.json"
+    put = _environ(_signed(S3SigV4Auth(CREDENTIALS, "s3", "us-east-1"), "PUT", url, b'{"lr": 0.003}'))
+    assert verify(put, KNOWN, NOW, lambda: b'{"lr": 0.003}').service == "s3"
+    assert _refused(put, b'{"lr": 0.3}') == "XAmzContentSHA256Mismatch"
+    assert _refused(put, b"") == "XAmzContentSHA256Mismatch"
+    unsigned = AWSRequest(method="PUT", url=url.replace("http", "https"), data=b"x")
+    unsigned.context["client_config"] = Config(s3={"payload_signing_enabled": False})  # as a client may choose
+    with mock.patch("botocore.auth.get_current_datetime", return_value=dt.datetime.fromtimestamp(NOW, dt.UTC)):
+        S3SigV4Auth(CREDENTIALS, "s3", "us-east-1").add_auth(unsigned)
+    assert unsigned.headers["X-Amz-Content-SHA256"] == "UNSIGNED-PAYLOAD"
+    assert verify(_environ(unsigned), KNOWN, NOW, lambda: b"anything").service == "s3"

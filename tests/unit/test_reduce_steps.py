@@ -24,7 +24,7 @@ from slsml.pipeline.steps.common import carried_state, load_weights, run_config
 from slsml.pipeline.steps.watchdog import Action
 from slsml.pipeline.steps.work_launcher import Outcome
 from slsml.spec import keys, wiring
-from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec, config_digest
 from slsml.spec.deployment import STAGE_FUNCTIONS
 from slsml.spec.errors import RunFailed
 from slsml.spec.limits import RunLimits
@@ -109,17 +109,18 @@ def _register(
         state = optimizers.initial_state(optimizer, int(layout.trainable.sum()))
         initial = shards.Shard(WEIGHTS[layout.start : layout.stop], state, averaged=[])
         services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
-    _put_run(services, run_id, spec, launched)
+    _put_run(services, config, launched)
     if watched:
         assert services.table.watch(run_id, None, 0, None) is not None
     return config
 
 
-def _put_run(services: Services, run_id: str, spec: TrainingSpec, launched: bool = True) -> None:
+def _put_run(services: Services, config: RunConfig, launched: bool = True) -> None:
     """The run's record as the state machine registers it, with iteration 0 launched unless ``launched`` is False."""
-    services.table.table.put_item(Item=records.run_item(run_id, "d", spec, time.time()))
+    spec, digest = config.training, config_digest(config.stored())
+    services.table.table.put_item(Item=records.run_item(config.run_id, "d", spec, time.time(), digest))
     if launched:
-        assert services.table.claim_launch(run_id, 0, "launch-0", 0, spec.workers) is not None
+        assert services.table.claim_launch(config.run_id, 0, "launch-0", 0, spec.workers) is not None
 
 
 def _done(run_id: str, worker: int, finite: bool = True, attempt: int = 0, tracked: bool = False) -> WorkDone:
@@ -803,7 +804,7 @@ def _merge_run(services: Services, run_id: str, **training: int) -> list[ReduceM
         services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     services.store.put_new(keys.source_model(run_id), body)
     services.store.put_new(keys.model(run_id, 0), body)  # the run state machine's copy: the first trigger
-    _put_run(services, run_id, spec)
+    _put_run(services, config)
     fired = []
     for worker in range(2):
         services.store.put_new(keys.update(run_id, 0, worker), *updates.encode(RNG.standard_normal(plan.size), 2))
@@ -827,7 +828,7 @@ def test_duplicate_shard_reports_count_twice_but_the_merge_fires_once(services: 
     weights = np.concatenate(
         [shards.decode(services.store.get(keys.shard("dup-merge", 1, r))).weights for r in range(2)]
     )
-    config = run_config(services.store, "dup-merge")
+    config = run_config(services, "dup-merge")
     assert np.array_equal(load_weights(services.store, config, 1), weights)  # what the workers of iteration 1 read
     named = Manifest.model_validate_json(services.store.get(keys.manifest("dup-merge", 1)))
     assert named.shards == [services.store.etag(keys.shard("dup-merge", 1, r)) for r in range(2)]
@@ -851,7 +852,7 @@ def test_the_workers_take_only_the_shards_the_manifest_names(services: Services)
     forged = shards.Shard(stored.weights + 1, stored.state, stored.averaged)
     services.store.replace(keys.shard("forged-shard", 1, 1), shards.encode(forged))
     with pytest.raises(RunFailed, match=r"shards/0001/shard\.bin is not the shard the manifest of iteration 1 names"):
-        load_weights(services.store, run_config(services.store, "forged-shard"), 1)
+        load_weights(services.store, run_config(services, "forged-shard"), 1)
 
 
 @pytest.mark.parametrize(
@@ -868,7 +869,7 @@ def test_the_merger_saves_the_model_at_a_checkpoint_and_for_the_final_one(
     dones = [reducer.reduce(message, services) for message in _merge_run(services, run_id, **training)]
     assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.manifest(run_id, 1)]
     model = modelio.load_model(services.store.get(keys.model(run_id, 1)))
-    config = run_config(services.store, run_id)
+    config = run_config(services, run_id)
     assert np.array_equal(modelio.get_flat(model, config.plan), load_weights(services.store, config, 1)), saved
     assert bool(getattr(model, "optimizer", None)) == ("final" in saved)  # fit_state: gradient averaging
 

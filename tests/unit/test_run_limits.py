@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from slsml.client import runs
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import work_launcher
 from slsml.pipeline.steps.work_launcher import Outcome
@@ -90,7 +90,7 @@ def test_the_client_refuses_a_run_beyond_a_limit_before_it_stores_anything(servi
     data.put_dataset(services.store, "digits", *demo.digits())
     model = modelio.save_model(demo.digits_cnn(seed=1))
     with pytest.raises(BadInputError, match="3 reducers, over the deployment's limit reducers=2"):
-        runs.prepare_run(limited, model, "digits", TrainingSpec(workers=2, reducers=3), run_id="refused")
+        launch.prepare_run(limited, model, "digits", TrainingSpec(workers=2, reducers=3), run_id="refused")
     assert services.store.list_keys(keys.run_prefix("refused")) == []
 
 

@@ -62,12 +62,13 @@ def test_the_definition_has_the_runs_index_on_attributes_only_run_items_carry() 
 def test_a_run_item_stores_the_spec_once_beside_what_the_pipeline_updates(table: Any) -> None:
     registered = orchestration.definition("b", "t", "c", "e")["States"]["RegisterRun"]["Parameters"]["Item"]
     spec = TrainingSpec(workers=3, reducers=2, iterations=7, quorum=0.5, eval_every=3, deadline_floor=0.25)
-    item = records.run_item("r", "d", spec, 5.0)
+    item = records.run_item("r", "d", spec, 5.0, "ab" * 32)
     assert item.keys() == registered.keys() - {"execution_arn"}  # as the state machine registers a run
     assert registered["training"] == {"S.$": "States.JsonToString($.training)"}
+    assert registered["config_sha256"] == {"S.$": "$.config_sha256"}  # its run.json's, as launch_run gives it
     table.put_item(Item=item)
     run = RunTable(table).get_run("r")
-    assert run.training == spec and run.workers == 3
+    assert run.training == spec and run.workers == 3 and run.config_sha256 == "ab" * 32
     assert (run.iterations, run.reducers, run.quorum, run.deadline_s, run.heartbeat_s) == (
         7,
         2,

@@ -38,6 +38,20 @@ def test_copy_new_is_made_by_s3_and_never_overwrites(store: ObjectStore) -> None
     assert store.get(keys.final_model("a")) == b"the final model"
 
 
+def test_a_checked_copy_holds_the_bytes_named_or_is_not_kept(store: ObjectStore) -> None:
+    """S3's SHA-256 of what it copied, in the copy's answer, is checked against the digest the copier expects: the
+    copy of other bytes is deleted (None); the copy of those bytes kept, and a retry copies again for its checksum."""
+    merged, untrained = b"the merged model", b"the initial model"
+    store.put_new(keys.model("a", 3), untrained)  # another object where the merged model was stored
+    assert store.copy_own(keys.model("a", 3), keys.final_model("a"), hashlib.sha256(merged).hexdigest()) is None
+    assert not store.exists(keys.final_model("a"))
+    store.replace(keys.model("a", 3), merged)
+    digest = hashlib.sha256(merged).hexdigest()
+    etag = store.copy_own(keys.model("a", 3), keys.final_model("a"), digest)
+    assert etag == etag_of(merged) and store.get(keys.final_model("a")) == merged
+    assert store.copy_own(keys.model("a", 3), keys.final_model("a"), digest) == etag  # a retry
+
+
 def test_transient_scratch_carries_the_expiry_tag_and_carried_state_and_models_do_not(store: ObjectStore) -> None:
     transient = [
         keys.update("a", 3, 1),

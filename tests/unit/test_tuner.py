@@ -3,8 +3,8 @@ tried, the cost model's ratios) say is best for the objective, within the run's 
 
 from __future__ import annotations
 
-from slsml.cost import tuner
-from slsml.cost.tuner import TunerState
+from slsml.pipeline import tuner
+from slsml.pipeline.tuner import TunerState
 
 
 def _measured(state: TunerState, workers: int, *seconds: float) -> TunerState:

@@ -1,10 +1,12 @@
-"""A pydantic validation error reaches a user as one line per problem, naming the field and, for a field not
-known, the nearest known name; never pydantic's own dump or its URL."""
+"""A pydantic validation error reaches a user as one line, naming the field (the flag, the Python argument) and, for
+a field not known, the nearest known name; never pydantic's own dump or its URL. A keyword ``slsml.fit`` or
+``slsml.tune`` does not take is Python's TypeError naming the closest one."""
 
 from __future__ import annotations
 
 import argparse
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -39,7 +41,7 @@ def test_a_run_id_of_the_wrong_form_names_the_field_without_pydantics_dump() -> 
     assert "run_id: run id 'Bad_Id' must be 1-63 lowercase letters, digits or '-'" in said, said
 
 
-def test_the_command_shows_a_validation_error_one_line_per_problem(
+def test_the_command_shows_a_validation_error_on_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def invalid(args: object) -> int:
@@ -50,8 +52,7 @@ def test_the_command_shows_a_validation_error_one_line_per_problem(
     assert cli.main([]) == 2
     err = capsys.readouterr().err
     assert err.splitlines() == [
-        "error: iterationz: unknown field (did you mean 'iterations'?)",
-        "error: epoch: unknown field (did you mean 'epochs'?)",
+        "error: iterationz: unknown field (did you mean 'iterations'?); epoch: unknown field (did you mean 'epochs'?)"
     ], err
     assert "pydantic" not in err and "validation error" not in err
 
@@ -72,3 +73,75 @@ def test_a_flag_that_no_member_of_its_union_takes_is_one_problem() -> None:
     with pytest.raises(BadInputError) as refused:
         options.training_spec(args)
     assert str(refused.value) == "--workers: Input should be greater than or equal to 1 or 'auto'"
+
+
+def _uncompiled() -> object:
+    import keras
+
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, activation="sigmoid")])
+
+
+XY = np.zeros((8, 3), np.float32), np.zeros(8, np.int64)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "said"),
+    [
+        ({"wrokers": 2}, "fit() got an unexpected keyword argument 'wrokers' (did you mean 'workers'?)"),
+        ({"iterations": 3}, "fit() got an unexpected keyword argument 'iterations' (did you mean 'epochs'?)"),
+        ({"global_batch": 3}, "fit() got an unexpected keyword argument 'global_batch' (did you mean 'batch_size'?)"),
+        ({"run_id": "mine"}, "fit() got an unexpected keyword argument 'run_id'"),
+    ],
+)
+def test_a_keyword_fit_does_not_take_is_a_type_error_naming_the_closest_one(keywords: dict, said: str) -> None:
+    import slsml
+
+    with pytest.raises(TypeError) as refused:
+        slsml.fit(_uncompiled(), *XY, loss="binary_crossentropy", optimizer="adam", verbose=0, **keywords)
+    assert str(refused.value) == said
+
+
+def test_a_keyword_tune_does_not_take_is_a_type_error_naming_the_closest_one() -> None:
+    import slsml
+
+    with pytest.raises(TypeError) as refused:
+        slsml.tune(_uncompiled, *XY, max_trials=1, parallel=1, epochs=1, batch_size=4, validation_split=0.25, reducrs=2)
+    assert str(refused.value) == "tune() got an unexpected keyword argument 'reducrs' (did you mean 'reducers'?)"
+
+
+@pytest.mark.parametrize(
+    ("keywords", "said"),
+    [
+        (
+            {"optimizer": "adamx"},
+            "optimizer='adamx' is not an optimizer slsml applies (did you mean 'adamax' or 'adam'?)",
+        ),
+        ({"optimizer": "adam", "workers": 0}, "workers: Input should be greater than or equal to 1 or 'auto'"),
+        (
+            {"optimizer": "adam", "batch_size": 2, "workers": 3},
+            "batch_size (2) must be at least the number of workers (3)",
+        ),
+        ({"optimizer": "adam", "loss": "binary_crossentropi"}, "unknown loss 'binary_crossentropi' (did you mean"),
+        ({}, 'the model is not compiled: give loss= (e.g. loss="sparse_categorical_crossentropy") and optimizer='),
+    ],
+)
+def test_fits_arguments_that_make_no_run_are_one_line_naming_the_arguments(keywords: dict, said: str) -> None:
+    import slsml
+
+    keywords = {"loss": "binary_crossentropy", **keywords} if keywords else {}
+    with pytest.raises(BadInputError) as refused:
+        slsml.fit(_uncompiled(), *XY, verbose=0, **keywords)
+    message = str(refused.value)
+    assert message.startswith(said) and "\n" not in message and "--" not in message, message
+
+
+def test_tune_names_its_arguments_for_a_model_the_build_function_does_not_compile() -> None:
+    import slsml
+
+    arguments = {"max_trials": 1, "parallel": 1, "epochs": 1, "batch_size": 4, "validation_split": 0.25}
+    with pytest.raises(BadInputError) as refused:
+        slsml.tune(lambda hp: _uncompiled(), *XY, **arguments)
+    assert str(refused.value).startswith('the model is not compiled: give loss= (e.g. loss="sparse_categorical')
+    with pytest.raises(BadInputError) as refused:
+        slsml.tune(lambda hp: _uncompiled(), *XY, optimizer="adamx", **arguments)
+    assert str(refused.value).startswith("optimizer='adamx' is not an optimizer slsml applies (did you mean 'adamax'")

@@ -3,6 +3,8 @@ process serving run after run of different models within it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import boto3
 import keras
 import numpy as np
@@ -15,8 +17,10 @@ from slsml.data import datasets as data
 from slsml.pipeline.steps.common import run_config
 from slsml.pipeline.steps.warm import reader_for, trainer_bytes, trainer_for
 from slsml.spec import keys
-from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec, config_digest
 from slsml.spec.shardplan import ShardPlan
+from slsml.state import records
+from slsml.state.runtable import RunTable
 from slsml.training import modelio
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
@@ -88,6 +92,9 @@ def test_a_warm_process_serving_20_runs_stays_within_its_bound(monkeypatch: pyte
         boto3.client("s3").create_bucket(Bucket="bucket")
         store = ObjectStore(boto3.client("s3"), "bucket")
         data.put_dataset(store, "d", x[:160], y[:160], x[160:], y[160:], shard_mb=64 * 40 / MB)  # 64 records
+        boto3.client("dynamodb").create_table(**records.create_table_arguments("runs"))
+        table = RunTable(boto3.resource("dynamodb").Table("runs"))
+        services = SimpleNamespace(store=store, table=table)  # what reading a run's config takes
         runs = [f"run-{i}" for i in range(20)]
         sizes = []
         for i, run_id in enumerate(runs):
@@ -102,9 +109,11 @@ def test_a_warm_process_serving_20_runs_stays_within_its_bound(monkeypatch: pyte
                 classification=True,
                 plan=ShardPlan.build(modelio.variable_specs(modelio.load_model(blob)), 1),
             )
-            store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
+            store.put_new(keys.run_config(run_id), config.stored())
+            digest = config_digest(config.stored())
+            table.table.put_item(Item=records.run_item(run_id, "d", config.training, 0.0, digest))
 
-            config = run_config(store, run_id)  # what a worker does with the run's work
+            config = run_config(services, run_id)  # what a worker does with the run's work
             trainer, fresh = trainer_for(store, config, 0)
             assert fresh
             trainer.compute_update(*reader_for(store, config).take("train", np.arange(i, i + 8)))
@@ -113,8 +122,8 @@ def test_a_warm_process_serving_20_runs_stays_within_its_bound(monkeypatch: pyte
             assert warm.limit == limit and warm.nbytes <= limit, (run_id, warm.nbytes)
 
         assert sum(sizes) > 2 * limit  # without eviction the cache would hold them all
-        assert trainer_for(store, run_config(store, runs[-1]), 0) == (trainer, False)  # the latest run hits
-        assert trainer_for(store, run_config(store, runs[0]), 0)[1]  # the first run was evicted: loaded again
+        assert trainer_for(store, run_config(services, runs[-1]), 0) == (trainer, False)  # the latest run hits
+        assert trainer_for(store, run_config(services, runs[0]), 0)[1]  # the first run was evicted: loaded again
         assert cache.warm().nbytes <= limit
 
 

@@ -13,10 +13,11 @@ import pytest
 
 from slsml.aws import cache
 from slsml.data import datasets as data
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.rounds import stream
 from slsml.spec import keys
-from slsml.spec.config import OptimizerConfig, TrainingSpec
+from slsml.spec.config import OptimizerConfig, TrainingSpec, config_digest
 from slsml.spec.messages import WorkMessage
 from slsml.state import records
 from slsml.training import updates
@@ -121,10 +122,10 @@ def test_the_plans_data_gets_are_a_runs(
         **options,
         optimizer=OptimizerConfig(name="sgd", learning_rate=0.1),
     )
-    from slsml.client import runs
 
-    runs.prepare_run(services, model_bytes, "big", spec, "measured")
-    services.table.table.put_item(Item=records.run_item("measured", "big", spec, time.time()))
+    config = launch.prepare_run(services, model_bytes, "big", spec, "measured")
+    digest = config_digest(config.stored())
+    services.table.table.put_item(Item=records.run_item("measured", "big", spec, time.time(), digest))
     monkeypatch.setenv(cache.BOUND_ENV, str(cache_mb))
     gets: list[str] = []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -281,9 +282,10 @@ class ObjectStore:
         whatever their size), without ``source``'s metadata; False (and nothing written) if it already exists."""
         return not self.exists(destination) and self._copy(source, destination) is not None
 
-    def _copy(self, source: str, destination: str) -> str | None:
-        """The copy's ETag; None if ``destination`` exists. S3 refuses the copy onto an existing key (If-None-Match);
-        moto checks that on a PUT only, so callers look first."""
+    def _copy(self, source: str, destination: str, checked: bool = False) -> tuple[str, str | None] | None:
+        """The copy's ETag and, if ``checked``, the SHA-256 (base64) S3 computed of what it copied; None if
+        ``destination`` exists. S3 refuses the copy onto an existing key (If-None-Match); moto checks that on a PUT
+        only, so callers look first."""
         try:
             copied = self.s3.copy_object(
                 Bucket=self.bucket,
@@ -292,28 +294,38 @@ class ObjectStore:
                 IfNoneMatch="*",
                 MetadataDirective="REPLACE",
                 Metadata={},
+                **({"ChecksumAlgorithm": "SHA256"} if checked else {}),
             )
         except ClientError as error:
             if error_code(error) in _EXISTS:
                 return None
             raise
-        return copied["CopyObjectResult"]["ETag"]
+        result = copied["CopyObjectResult"]
+        return result["ETag"], result.get("ChecksumSHA256")
 
-    def copy_own(self, source: str, destination: str) -> str:
+    def copy_own(self, source: str, destination: str, sha256: str | None = None) -> str | None:
         """``destination`` as a server-side copy of ``source`` (``copy_new``); found there already with ``source``'s
         bytes (a retry), it stays; an object of other bytes there is not trusted for sitting at the key, but
-        deleted and copied over. Returns the copy's ETag (of a single-part object: the MD5 of its bytes)."""
+        deleted and copied over. Returns the copy's ETag (of a single-part object: the MD5 of its bytes). With
+        ``sha256`` (hex), what S3 copied must have that SHA-256 (its own checksum of the copy, in the same request):
+        if not, the copy is deleted and None returned (``source`` is not the object expected)."""
         for _ in range(_REPLACE_TRIES):
             found = self.etag(destination)
             if found is None:
-                copied = self._copy(source, destination)
-                if copied is not None:
-                    return copied
-            elif found == self.etag(source):
+                copied = self._copy(source, destination, checked=sha256 is not None)
+                if copied is None:
+                    continue
+                etag, checksum = copied
+                if sha256 is not None and checksum != base64.b64encode(bytes.fromhex(sha256)).decode():
+                    self.delete([destination])
+                    return None
+                return etag
+            at_source = self.etag(source)
+            if found == at_source and sha256 is None:
                 return found
-            else:
+            if found != at_source:
                 logger.warning("an object not written by its step was replaced", extra={"key": destination})
-                self.delete([destination])
+            self.delete([destination])  # (a retry's copy, checked: copied again, for S3's checksum of it)
         raise SlsmlError(f"s3://{self.bucket}/{destination} is written by something else as soon as it is deleted")
 
     def restamp(self, key: str, metadata: dict[str, str]) -> None:
@@ -336,11 +348,16 @@ class ObjectStore:
         return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
 
     def delete(self, keys: Iterable[str]) -> None:
-        """Delete the objects ``keys`` (those that do not exist too), ``DELETE_BATCH`` a request."""
+        """Delete the objects ``keys`` (those that do not exist too), ``DELETE_BATCH`` a request; SlsmlError naming
+        the first that S3 did not delete (the bucket's policy refused it)."""
         keys = list(keys)
         for start in range(0, len(keys), DELETE_BATCH):
             objects = [{"Key": key} for key in keys[start : start + DELETE_BATCH]]
-            self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+            answer = self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+            for error in answer.get("Errors", [])[:1]:
+                raise SlsmlError(
+                    f"s3://{self.bucket}/{error['Key']} was not deleted: {error.get('Code')} {error.get('Message')}"
+                )
 
     # typed helpers
     def get_json(self, key: str) -> Any:

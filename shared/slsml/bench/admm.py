@@ -19,9 +19,9 @@ from pydantic import BaseModel
 
 from slsml.bench import pipeline as bench
 from slsml.bench.algorithms import Variant, measure
-from slsml.client import runs
 from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
@@ -110,7 +110,7 @@ def admm_against_gradient(local: LocalRuntime, progress: Progress | None = None)
     services = local.services
     put_breast_cancer(services)
     model_bytes = modelio.save_model(logistic_regression())
-    stem = runs.new_run_id("admm")
+    stem = launch.new_run_id("admm")
     compared = []
     for name, (description, spec) in variants().items():
         run, started = bench.run_to_the_end(services, model_bytes, spec, f"{stem}-{name}", name, progress, DATASET)

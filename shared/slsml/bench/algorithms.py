@@ -20,6 +20,7 @@ from slsml.accounting import prices, usage
 from slsml.bench import pipeline as bench
 from slsml.client import runs
 from slsml.local.runtime import LocalRuntime
+from slsml.pipeline import launch
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 
 ACCURACY_TARGET = 0.95
@@ -143,7 +144,7 @@ def algorithms(local: LocalRuntime, progress: Progress | None = None) -> Algorit
     processes), one after the other, and compare them."""
     services = local.services
     model_bytes = bench.demo_model(services)
-    stem = runs.new_run_id("algorithms")
+    stem = launch.new_run_id("algorithms")
     compared = []
     for name, (description, spec) in variants().items():
         run, started = bench.run_to_the_end(services, model_bytes, spec, f"{stem}-{name}", name, progress)

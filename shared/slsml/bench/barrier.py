@@ -8,6 +8,7 @@ writes, and the write units of each report (its worker record, and the counter b
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -18,7 +19,7 @@ from slsml.local.cloud import EmbeddedCloud, use_deployment
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import merger, reduce_launcher
 from slsml.spec import keys
-from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec, config_digest
 from slsml.spec.messages import ReduceDone, WorkDone
 from slsml.spec.shardplan import ShardPlan
 from slsml.state.records import iteration_sk, participants_sk, run_item, worker_sk
@@ -62,6 +63,8 @@ def barrier(workers: int = 1000, reducers: int = 10, small_fleet: int = 10) -> B
     try:
         deployment = cloud.provision()
         use_deployment(deployment)
+        # the steps run here: as the Merger, whose role the bucket's policy lets delete superseded carried state
+        os.environ.update(deployment.signing_as("merger"))
         services = Services.from_names(
             deployment.bucket,
             deployment.table,
@@ -96,9 +99,9 @@ def _measure(services: Services, model: object, workers: int, reducers: int) -> 
         plan=plan,
     )
     store, table = services.store, services.table
-    store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
+    store.put_new(keys.run_config(run_id), config.stored())
     store.put_new(keys.model(run_id, 0), modelio.save_model(model))
-    table.table.put_item(Item=run_item(run_id, "none", spec, time.time()))
+    table.table.put_item(Item=run_item(run_id, "none", spec, time.time(), config_digest(config.stored())))
     table.claim_launch(run_id, 0, "bench")
 
     def item(sort_key: str) -> dict:

@@ -37,6 +37,7 @@ from slsml.accounting import prices, usage
 from slsml.bench import pipeline as bench
 from slsml.client import runs
 from slsml.local.runtime import LocalRuntime
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.spec import keys
 from slsml.spec.config import OptimizerConfig, TrainingSpec
@@ -242,7 +243,7 @@ def communication(
     the other, for ``iterations`` each, and compare them."""
     services = local.services
     model_bytes = bench.demo_model(services)
-    stem = runs.new_run_id("communication")
+    stem = launch.new_run_id("communication")
     compared = []
     for name, spec in variants(iterations, workers, significance).items():
         run, started = bench.run_to_the_end(services, model_bytes, spec, f"{stem}-{name}", name, progress)

@@ -37,6 +37,7 @@ from slsml.data import catalog
 from slsml.data import datasets as data
 from slsml.local.cloud import LocalDeployment
 from slsml.local.runtime import LocalRuntime
+from slsml.pipeline import launch
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.training import modelio
 
@@ -168,7 +169,7 @@ def data_reads(
     """Write and ingest the dataset, measure the ingests of ``ingest_gb``, then train each variant on ``local`` (an
     entered runtime with ``WORKERS`` worker processes) and compare them."""
     services = local.services
-    stem = runs.new_run_id("data")
+    stem = launch.new_run_id("data")
     assert local.deployment is not None
     ingested = ingest(
         local.deployment, services.store, stem, samples + round(samples * TEST_FRACTION / (1 - TEST_FRACTION))

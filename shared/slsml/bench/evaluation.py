@@ -27,9 +27,9 @@ from pydantic import BaseModel
 
 from slsml.accounting import usage
 from slsml.bench import pipeline as bench
-from slsml.client import runs
 from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
+from slsml.pipeline import launch
 from slsml.rounds.evaluation import SLICE_EVALUATED, SLICE_KEY, SliceEvaluated
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
@@ -126,7 +126,7 @@ def evaluation(
 
     services = local.services
     model_bytes = modelio.save_model(demo.digits_cnn())
-    stem = runs.new_run_id("evaluation")
+    stem = launch.new_run_id("evaluation")
     points = []
     for size in sizes:
         dataset = f"evaluation-{size}"

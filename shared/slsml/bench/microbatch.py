@@ -63,12 +63,15 @@ class MicroBatchReport(BaseModel):
     cache_mb: float  # its warm cache's bound
     fitting: int  # the micro-batch ``WorkerMemory`` gives
     micro_batch: int  # the one measured: ``fitting`` unless one was given
+    # the sizing's estimate of a case's peak: its step in several micro-batches, the model, no warm cache beside it
+    estimated_peak_mb: float
     repeats: int
     cases: list[MicroBatchCase]
     time_ratio: float  # the largest multiple's ms per sample against the smallest's
     time_within: bool  # time_ratio ≤ TIME_WITHIN
     peaks_within: bool  # every peak within the function's memory
     peaks_within_cache_full: bool  # and with the warm cache full beside it, the model's weights one of its entries
+    peaks_within_estimate: bool  # every peak within the sizing's estimate
 
 
 def build_model(path: Path | None) -> tuple[Any, str]:
@@ -234,6 +237,7 @@ def _report(
         for multiple, steps in sorted(taken.items())
     ]
     memory_mb = int(budget.memory_mb)
+    estimated = budget.needed_mb(micro, micro_batches=2) - budget.cache_mb + budget.model_bytes / memory.MB
     return MicroBatchReport(
         model=f"ResNet-50, {SHAPE[0]}×{SHAPE[1]}×{SHAPE[2]} inputs, {CLASSES} classes" if path is None else str(path),
         weights=int(budget.model_bytes) // 4,
@@ -242,6 +246,7 @@ def _report(
         cache_mb=budget.cache_mb,
         fitting=budget.micro_batch(),
         micro_batch=micro,
+        estimated_peak_mb=round(estimated, 1),
         repeats=repeats,
         cases=cases,
         time_ratio=cases[-1].ratio,
@@ -251,4 +256,5 @@ def _report(
             p is not None and p - budget.model_bytes / memory.MB + budget.cache_mb <= memory_mb
             for p in peaks_mb.values()
         ),
+        peaks_within_estimate=all(p is not None and p <= estimated for p in peaks_mb.values()),
     )

@@ -32,6 +32,7 @@ from slsml.client import demo, runs
 from slsml.data import datasets as data
 from slsml.local.faults import Faults, SlowWorker
 from slsml.local.runtime import LocalRuntime
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
@@ -106,7 +107,7 @@ def run_to_the_end(
     """Train ``spec`` on ``dataset`` (default the digits) as ``run_id`` and wait for it (``progress``: as variant
     ``name``); the COMPLETED run and when it started. SlsmlError if it did not complete."""
     started = time.time()
-    runs.start_run(services, model_bytes, dataset, spec, run_id=run_id)
+    launch.start_run(services, model_bytes, dataset, spec, run_id=run_id)
     shown = None if progress is None else lambda record, _: progress(name, record.iteration, spec.iterations)
     run = runs.wait_for_run(services, run_id, on_progress=shown, timeout_s=600 + 30 * spec.iterations)
     if run.status != "COMPLETED":
@@ -150,7 +151,7 @@ def stragglers(
         raise SlsmlError(f"a straggler needs at least 2 workers and a factor above 1 (got {workers}, {factor})")
     services = local.services
     model_bytes = demo_model(services)
-    stem = runs.new_run_id("stragglers")
+    stem = launch.new_run_id("stragglers")
     slow, quorum, q = workers - 1, (workers - 1) / workers, f"{workers - 1}/{workers}"
     described: dict[CaseName, tuple[str, float, bool]] = {  # description, quorum, straggler
         "a": ("no straggler, quorum 1", 1.0, False),
@@ -181,7 +182,7 @@ def stragglers(
         previous, local.host.faults = local.host.faults, faults
         try:
             started = time.time()
-            runs.start_run(services, model_bytes, DATASET, spec, run_id=run_id)
+            launch.start_run(services, model_bytes, DATASET, spec, run_id=run_id)
             shown = None if progress is None else lambda record, _: progress(name, record.iteration, budget)
             record = runs.wait_for_run(services, run_id, on_progress=shown, timeout_s=600 + budget * (60 + delay_s))
         finally:

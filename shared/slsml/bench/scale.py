@@ -50,6 +50,7 @@ from slsml.cost.predict import predict
 from slsml.cost.workload import PIPELINE, Workload, function_timeouts
 from slsml.data import datasets as data
 from slsml.local.runtime import LocalRuntime
+from slsml.pipeline import launch
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import SlsmlError
@@ -324,7 +325,7 @@ def scale(
         path.write_bytes(model_bytes)
         figures = from_keras_file(path, BATCH, measure=False, parameters=Parameters())
     figures["model"] = "dense 8×8 → 32 → 10 on digits"
-    stem = runs.new_run_id("scale")
+    stem = launch.new_run_id("scale")
     measured = [
         _measure(local, model_bytes, figures, f"{stem}-w{w}-r{r}", w, r, iterations, progress)
         for w in workers
@@ -380,7 +381,7 @@ def _measure(
     )
     name = f"W {workers}, R {reducers}"
     started = time.time()
-    runs.start_run(services, model_bytes, DATASET, spec, run_id=run_id)
+    launch.start_run(services, model_bytes, DATASET, spec, run_id=run_id)
     shown = None if progress is None else lambda run, _: progress(name, run.iteration, iterations)
     run = runs.wait_for_run(services, run_id, on_progress=shown, timeout_s=300 + 10 * workers * iterations)
     local.host.wait_idle(run_id, 60)

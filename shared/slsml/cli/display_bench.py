@@ -687,7 +687,7 @@ def print_micro_batches(report: Any, as_json: bool = False) -> None:
     out.print(
         f"micro-batch {report.micro_batch:,}{given}: {report.fitting:,} samples fit a step in {report.memory_mb:,} MB"
         f" beside a {report.cache_mb:,.0f} MB warm cache ({report.weights:,} weights,"
-        f" {byte_size(report.sample_bytes)} of layer outputs a sample)"
+        f" {byte_size(report.sample_bytes)} a sample: its layer outputs, gradients and input)"
     )
     yes = {True: "yes", False: "no"}
     last = report.cases[-1]
@@ -701,6 +701,11 @@ def print_micro_batches(report: Any, as_json: bool = False) -> None:
         f"every peak RSS within the function's {report.memory_mb:,} MB: {yes[report.peaks_within]}; with the warm cache"
         f" full beside it ({report.cache_mb:,.0f} MB, the model among its entries):"
         f" {yes[report.peaks_within_cache_full]}{largest}"
+    )
+    out.print(
+        f"every peak RSS within the sizing's estimate of a step of {report.micro_batch:,} samples in micro-batches"
+        f" ({report.estimated_peak_mb:,.0f} MB with the model, the warm cache not counted):"
+        f" {yes[report.peaks_within_estimate]}"
     )
 
 

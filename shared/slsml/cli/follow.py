@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from slsml.cli import display, display_runs, targets
+from slsml.pipeline import launch
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
 
@@ -23,11 +24,10 @@ _console = display.console  # the commands' one-line messages and spinners
 def start(services: Any, model_bytes: bytes, dataset: str, spec: TrainingSpec, run_id: str | None) -> Any:
     """Prepare a run, say which optimizer it applies (the model's compiled one unless the flags name one),
     then start it."""
-    from slsml.client import runs
 
-    config = runs.prepare_run(services, model_bytes, dataset, spec, run_id=run_id)
+    config = launch.prepare_run(services, model_bytes, dataset, spec, run_id=run_id)
     display.say(display_runs.describe_update(config))
-    runs.launch_run(services, config)
+    launch.launch_run(services, config)
     return config
 
 
@@ -35,10 +35,9 @@ def one_shot_runtime(args: argparse.Namespace, spec: TrainingSpec) -> Any:
     """The local runtime of a run on a cloud of its own, begun: its cloud and function processes get ready
     while this process loads TensorFlow and the model. Its logs go to .slsml/logs/<run id>. A name an earlier
     one-shot run left a record or logs under is refused: nothing of that run is overwritten."""
-    from slsml.client import runs
     from slsml.local.runtime import LocalRuntime
 
-    log_dir = LOGS_DIR / (args.run_id or runs.new_run_id())
+    log_dir = LOGS_DIR / (args.run_id or launch.new_run_id())
     used = [str(path) for path in (targets.RUNS_DIR / log_dir.name, log_dir) if path.exists()]
     if used:
         raise BadInputError(

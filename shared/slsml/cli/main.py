@@ -5,18 +5,19 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
+import re
 import signal
 import sys
 import threading
 import types
-from typing import Any
+from typing import Any, NoReturn
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from pydantic import ValidationError
 
 from slsml.cli import bench, data, demo, display, local, plan, runs, tune
-from slsml.spec.errors import SlsmlError, problems
+from slsml.spec.errors import SlsmlError, described, nearest
 from slsml.training import quiet
 
 quiet.install()  # before anything imports TensorFlow: its start-up lines stay off the terminal
@@ -31,10 +32,13 @@ EXIT_CODES = (
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser that names the usage of the command an unknown argument was given to (``slsml run
-    start --batch-size 32``: run start's), not the top level's."""
+    """An argument parser whose usage errors are one line on stderr, exit 2: the command they are of (``slsml run
+    start --batch-count 32``: run start's, not the top level's), what is wrong, the closest option or choice where one
+    is close (``--wrokers``: ``--workers``; ``--optimizer adamx``: adamax or adam), and where the options are listed.
+    Its subcommands' parsers are of this class too (``add_subparsers`` makes them of the parser's own)."""
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[Any, list[str]]:
+        self._given = list(sys.argv[1:] if args is None else args)  # its unknown options, for ``error``
         parsed, unknown = super().parse_known_args(args, namespace)
         if unknown and not hasattr(parsed, "_unknown_in"):  # the innermost command: it parses first
             parsed._unknown_in = self
@@ -43,8 +47,43 @@ class Parser(argparse.ArgumentParser):
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         parsed, unknown = self.parse_known_args(args, namespace)
         if unknown:
-            getattr(parsed, "_unknown_in", self).error(f"unrecognized arguments: {' '.join(unknown)}")
+            getattr(parsed, "_unknown_in", self).unrecognized(unknown)
         return parsed
+
+    def unrecognized(self, unknown: list[str]) -> NoReturn:
+        """The error of arguments no option of this command takes: the first unknown option and the closest known
+        one (else the stray arguments)."""
+        if (flag := self._unknown_option(unknown)) is None:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        self.error(f"unknown option {flag}{nearest(flag, self._options(), form=str)}")
+
+    def _options(self) -> list[str]:
+        return [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+
+    def _unknown_option(self, given: list[str]) -> str | None:
+        """The first of ``given`` that looks like a long option and is none of this command's (nor the start of
+        one, as argparse takes it)."""
+        options = self._options()
+        for argument in given:
+            flag = argument.partition("=")[0]
+            if flag.startswith("--") and len(flag) > 2 and not any(o.startswith(flag) for o in options):
+                return flag
+        return None
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required") and (
+            flag := self._unknown_option(getattr(self, "_given", []))
+        ):  # an unknown option is likely the required one mistyped, or one that was meant: name it first
+            message = f"unknown option {flag}{nearest(flag, self._options(), form=str)}"
+        if choice := INVALID_CHOICE.search(message):  # argparse's own words, with its list of every choice
+            given, choices = choice["given"], re.findall(r"'([^']*)'", choice["choices"])
+            close = nearest(given, choices, 2, form=str)
+            message = f"{message[: choice.start()]}{given!r} is not one of {', '.join(choices)}{close}"
+        self.exit(2, f"{self.prog}: error: {message}; `{self.prog} --help` lists its options\n")
+
+
+# argparse's message for a value not among an argument's choices
+INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)$")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         display.error(str(error))
         return 2
     except ValidationError as error:
-        for line in problems(error):
-            display.error(line)
+        display.error(described(error))
         return 2
     except KeyboardInterrupt as interrupt:
         display.say(str(interrupt) or "interrupted")  # what became of the command's run, where it says

@@ -4,7 +4,6 @@ spec they make; the argument types the commands share."""
 from __future__ import annotations
 
 import argparse
-import re
 import types
 from functools import partial
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -22,7 +21,7 @@ from slsml.spec.config import (
     TrainingSpec,
 )
 from slsml.spec.deployment import DEFAULT_FUNCTIONS, checked_settings
-from slsml.spec.errors import BadInputError, by_field
+from slsml.spec.errors import BadInputError, renamed
 
 # TrainingSpec fields whose flag is not named after the field (the flags' names came first): field → dest
 FLAG_NAMES = {
@@ -412,12 +411,6 @@ def _optimizer_config(fields: dict[str, Any], compiled: str | None = None) -> Op
 
 
 def _flagged(error: ValidationError, flags: dict[str, str] | None = None) -> str:
-    """A pydantic error's problems (``by_field``) on one line, naming flags rather than fields: ``flags``, field →
-    flag (default: OptimizerConfig's)."""
-    flags = flags or {name: flag(name) for name in (*HYPER_PARAMETERS, "learning_rate")}
-    fields = "|".join(sorted(flags, key=len, reverse=True))
-    return "; ".join(
-        (f"{flags.get(field, field)}: " if field else "")
-        + re.sub(rf"(?<![\w-])({fields})(?![\w-])", lambda match: flags[match[1]], said)
-        for field, said in by_field(error).items()
-    )
+    """A pydantic error's problems on one line, naming flags rather than fields: ``flags``, field → flag (default:
+    OptimizerConfig's)."""
+    return renamed(error, flags or {name: flag(name) for name in (*HYPER_PARAMETERS, "learning_rate")})

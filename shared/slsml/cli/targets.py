@@ -14,16 +14,19 @@ RUNS_DIR = Path("runs")  # a local run's record: runs/<run>/summary.json and its
 def record(services: Any, summary: Any, out: Path | None = None) -> None:
     """Keep a run's summary under runs/<run>/, with its final model (at ``out`` if given, else beside it):
     what ``run list``, ``run status`` and ``run fetch`` read once the run's cloud is gone."""
+    from slsml.local.private import private_folder, write_private
+
     record_dir = RUNS_DIR / summary.run_id
-    record_dir.mkdir(parents=True, exist_ok=True)
+    private_folder(RUNS_DIR, "slsml run start")  # its user's alone, as the local cloud the run had
+    private_folder(record_dir, "slsml run start")
     if summary.final_model:  # its key in the run's bucket
         out = out or record_dir / "final.keras"
         out.parent.mkdir(parents=True, exist_ok=True)
         from slsml.client import runs
 
-        out.write_bytes(runs.final_model(services, services.table.get_run(summary.run_id)))
+        write_private(out, runs.final_model(services, services.table.get_run(summary.run_id)))
         summary.final_model = str(out)
-    (record_dir / "summary.json").write_text(summary.model_dump_json(indent=1))
+    write_private(record_dir / "summary.json", summary.model_dump_json(indent=1).encode())
 
 
 def recorded(run_id: str | None = None) -> list[Any]:

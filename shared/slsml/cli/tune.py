@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from slsml.cli import display, display_tune, options, targets
+from slsml.pipeline import launch
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError
 
@@ -48,7 +49,7 @@ def _new_search(args: argparse.Namespace, services: Any) -> tuple[Any, Any]:
     """A new search's settings, checked and kept in the bucket, and its build function."""
     import numpy as np
 
-    from slsml.client import runs, tune
+    from slsml.client import tune
     from slsml.data import datasets as data
     from slsml.search import records
 
@@ -62,7 +63,7 @@ def _new_search(args: argparse.Namespace, services: Any) -> tuple[Any, Any]:
         training["validation_split"] = args.validation_split
     elif manifest.test.count == 0:
         raise BadInputError(f"dataset {args.data!r} has no test split to validate on: give --validation-split F")
-    name = args.name or runs.new_run_id("tune")
+    name = args.name or launch.new_run_id("tune")
     records.check_new(services.store, name)
     path, _, function = args.build.rpartition(":")
     settings = tune.search_settings(

@@ -14,6 +14,7 @@ ends with the call, however the call ends.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ from typing import Any
 import numpy as np
 
 from slsml.client import runs
+from slsml.client.arguments import check_keywords, training_spec
 from slsml.data.writer import DatasetWriter
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.spec import samples
 from slsml.spec.config import RunConfig, TrainingSpec
@@ -62,10 +65,14 @@ def fit(
     validation_data: Any = None,
     sample_weight: np.ndarray | None = None,
     steps_per_epoch: int | None = None,
+    loss: Any = None,
+    optimizer: Any = None,
+    metrics: Any = None,
+    loss_weights: Any = None,
     stack: str | None = None,
     **options: Any,
 ) -> Any:
-    """Train ``model`` (compiled, or given ``loss=``/``optimizer=``) on ``x``, ``y`` as ``model.fit`` would: each an
+    """Train ``model`` (compiled, or given ``loss`` and ``optimizer``) on ``x``, ``y`` as ``model.fit`` would: each an
     array, or for a model of several inputs or outputs a dict of arrays by input and output name; or ``x`` a
     ``tf.data.Dataset`` (batched or not), a generator or a ``keras.utils.PyDataset`` of ``(x, y)`` or ``(x, y,
     sample_weight)`` and no ``y``. ``batch_size`` samples per iteration spread over the workers (left out: a batched
@@ -73,8 +80,12 @@ def fit(
     ``class_weight=``) as ``fit`` weights it. ``validation_data``: ``(x, y[, sample_weight])`` or a dataset or
     generator as ``x`` takes; ``validation_split``: arrays only, as Keras. ``steps_per_epoch``: for a dataset or
     generator, an epoch is its first ``steps_per_epoch`` batches (needed for one without an end: a repeated dataset).
-    ``verbose``: 0 silent, 1 (``"auto"``) a bar per epoch, 2 one line per epoch. ``options``: any other TrainingSpec
-    field (``workers=8``, ``reducers=2``, ``quorum=0.75``…; ``early_stopping="val_loss:3"`` and
+    ``validation_split``: the last fraction of the samples, before shuffling, as Keras holds them out (or drawn by the
+    seed: ``validation_samples="seeded"``). ``loss``, ``optimizer`` (a name or a ``keras.optimizers`` instance),
+    ``metrics``, ``loss_weights``: as ``compile`` takes them, for a model not compiled or to override what it was
+    compiled with (the model is compiled with them, the rest as it was). ``verbose``: 0 silent, 1 (``"auto"``) a bar
+    per epoch, 2 one line per epoch. ``options``: any other TrainingSpec field (``workers=8``, ``reducers=2``,
+    ``quorum=0.75``…; another keyword is a TypeError naming the closest one; ``early_stopping="val_loss:3"`` and
     ``keep_best="val_auc"``, Keras's EarlyStopping and ModelCheckpoint, which ``callbacks`` may also give as Keras
     callbacks). Returns a ``keras.callbacks.History``; the model holds the trained weights. ``stack``: train on the
     deployed stack of this name instead of a local runtime."""
@@ -82,6 +93,7 @@ def fit(
 
     from slsml.training import evaluation, modelio
 
+    check_keywords("fit", options, FIT_ARGUMENTS)
     level = 1 if verbose == "auto" else int(verbose)
     checkpoints = [c.filepath for c in callbacks if isinstance(c, keras.callbacks.ModelCheckpoint)]
     if validation_split == 0:  # Keras's default
@@ -95,11 +107,14 @@ def fit(
     batch = batch_size or train.batch or DEFAULT_BATCH
     fit_options = options | callback_options(callbacks)
     spec = _options_spec(batch, epochs, validation, validation_split, fit_options)  # before anything is stored
+    compiled = {"loss": loss, "optimizer": optimizer, "metrics": metrics, "loss_weights": loss_weights}
+    modelio.compile_with(model, compiled)
     # the data against the model before anything is stored (prepare_run checks it again, with the whole data's range)
-    modelio.check_compiled(model, loss=spec.loss is not None, optimizer=spec.optimizer is not None)
+    modelio.check_compiled(model, loss=False, optimizer=False, missing=modelio.ARGUMENTS_MISSING)
+    modelio.optimizer_config(model)  # one the reducers apply
     first_x, first_y, _ = train.first
-    modelio.check_fits(model, modelio.loss_config(model, spec.loss), first_x, first_y, None)
-    run_id = runs.new_run_id("fit")
+    modelio.check_fits(model, modelio.loss_config(model, None), first_x, first_y, None)
+    run_id = launch.new_run_id("fit")
     named = "test" if validation is not None else "val" if validation_split is not None else None
     job = _Job(modelio.save_model(model), run_id, epochs, batch, validation, validation_split, fit_options, named)
     job.verbose = level
@@ -136,6 +151,9 @@ def fit(
         for name, value in epoch_figures_.items():
             history.history.setdefault(name, []).append(value)
     return history
+
+
+FIT_ARGUMENTS = tuple(inspect.signature(fit).parameters)[:-1]  # its own keywords (not ``options``)
 
 
 def training_data(x: Any, y: Any, weights: Any, steps: int | None) -> Data:
@@ -318,8 +336,6 @@ def _options_spec(
     ``val_``, or the held-out ``validation_split``."""
     if validation_data is not None and validation_split is not None:
         raise BadInputError("give validation_data or validation_split, not both")
-    if "iterations" in options or "global_batch" in options or "epochs" in options:
-        raise BadInputError("fit takes the run's length as epochs= and its global batch as batch_size=")
     options = {"workers": min(4, batch_size), **options}
     if validation_data is not None:  # the validation data is the run's test split: val_x monitors its test_x
         options |= {
@@ -327,7 +343,9 @@ def _options_spec(
             for name in ("early_stopping", "keep_best")
             if isinstance(value := options.get(name), str) and value.startswith("val_")
         }
-    return TrainingSpec(global_batch=batch_size, epochs=epochs, validation_split=validation_split, **options)
+    return training_spec(
+        {"global_batch": batch_size, "epochs": epochs, "validation_split": validation_split, **options}
+    )
 
 
 def _spec(
@@ -341,7 +359,7 @@ def _spec(
     """The run ``fit``'s arguments ask for on ``count`` training samples: the validation data (the run's test split)
     evaluated at each epoch's end, or the held-out ``validation_split``."""
     spec = _options_spec(batch_size, epochs, validation_data, validation_split, options)
-    per_epoch = runs.with_epochs(spec, count).iterations // epochs
+    per_epoch = launch.with_epochs(spec, count).iterations // epochs
     return spec.model_copy(update={"eval_every": per_epoch if validation_data is not None else 0})
 
 
@@ -366,7 +384,7 @@ class _Job:
         metrics of summed train states, of the run's configuration)."""
         count = upload(services, self.run_id, train, self.validation)
         spec = _spec(count, self.batch, self.epochs, self.validation, self.validation_split, self.options)
-        config = runs.start_run(services, self.model_bytes, self.run_id, spec, run_id=self.run_id)
+        config = launch.start_run(services, self.model_bytes, self.run_id, spec, run_id=self.run_id)
         self.per_epoch = config.training.iterations // self.epochs
         view = EpochView(self.epochs, self.per_epoch, self.named, figures(config))
         view.verbose = self.verbose

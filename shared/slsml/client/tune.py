@@ -12,6 +12,7 @@ bucket as it ends (``slsml.search.records``), so that an interrupted search goes
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -25,20 +26,24 @@ from pydantic import ConfigDict, Field
 from slsml.accounting import prices
 from slsml.accounting import usage as accounting
 from slsml.client import runs
+from slsml.client.arguments import check_keywords, training_spec
 from slsml.data import datasets as data
 from slsml.data.manifest import DatasetManifest
+from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.search import records, space
 from slsml.search.engine import Engine
 from slsml.search.records import Pruner, SearchSettings, SearchSummary, TrialRecord, TrialStatus, Validation
 from slsml.spec import keys, samples
-from slsml.spec.config import TrainingSpec
+from slsml.spec.config import TrainingSpec, optimizer_named
 from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
 from slsml.spec.samples import Arrays
 from slsml.state.records import RunRecord, RunStatus
 
 POLL_S = 0.2  # how often the running trials' records are read
 LOGS_DIR = Path(".slsml/logs")  # a search on a local runtime of its own: its functions' logs, .slsml/logs/<name>
+# how a build function of `slsml tune` (which has no --loss or --optimizer) gives what its model is not compiled with
+BUILD_MISSING = {piece: f"compile({piece}=…) in the build function" for piece in ("loss", "optimizer")}
 TRIAL_DEFAULTS = {"workers": 2, "reducers": 1}  # a trial's run, unless the search's options say otherwise
 
 
@@ -92,16 +97,21 @@ def tune(
     pruner: Pruner = "hyperband",
     seed: int = 0,
     verbose: int = 1,
+    loss: str | None = None,
+    optimizer: str | None = None,
     **options: Any,
 ) -> TuneResult:
     """Search ``build_model``'s space for the hyperparameters best by ``objective`` (a ``val_`` figure), training
     each trial on ``x``, ``y`` for ``epochs`` epochs of ``batch_size`` samples with ``workers`` workers, validated on
     ``validation_data`` or the ``validation_split`` held out. ``max_trials`` trials, ``parallel`` at once, within
-    ``budget_usd`` dollars if given; ``options``: the trials' other training options (``reducers=2``…). ``stack``:
+    ``budget_usd`` dollars if given; ``loss`` and ``optimizer`` (Keras names): in place of those the built model was
+    compiled with; ``options``: the trials' other training options (``reducers=2``…; another keyword is a TypeError
+    naming the closest one). ``stack``:
     run on the deployed stack of this name (else the local service if one is up, else a local runtime of the call's
     own). ``name``: the search's (its trials' runs are ``<name>-t<number>``); ``resume=True`` goes on with the search
     of that name, its data and settings as it started (``x`` and ``y`` may be None). ``verbose``: one line per trial
     on stderr (0: none). Ctrl-C stops every trial and raises ``SearchInterrupted`` with what the search had."""
+    check_keywords("tune", options, TUNE_ARGUMENTS)
     say = _stderr if verbose else None
     if resume:
         if name is None:
@@ -120,8 +130,12 @@ def tune(
         )
     if validation_data is not None and validation_split is not None:
         raise BadInputError("give validation_data or validation_split, not both")
-    name = name or runs.new_run_id("tune")
+    name = name or launch.new_run_id("tune")
     training = TRIAL_DEFAULTS | options | {"workers": workers}
+    if loss is not None:
+        training["loss"] = loss
+    if optimizer is not None:
+        training["optimizer"] = {"name": optimizer_named(optimizer)}
     if validation_split is not None:
         training["validation_split"] = validation_split
     x, y = samples.as_arrays(x, "x"), samples.as_arrays(y, "y")
@@ -149,6 +163,9 @@ def tune(
         data.put_dataset(target.services.store, name, x, y, *test)
         records.save_settings(target.services.store, settings)
         return _run_said(target, build_model, settings, say)
+
+
+TUNE_ARGUMENTS = tuple(inspect.signature(tune).parameters)[:-1]  # its own keywords (not ``options``)
 
 
 def _run_said(
@@ -223,7 +240,7 @@ def search_settings(
     training = dict(training or TRIAL_DEFAULTS)
     if validation == "split" and "validation_split" not in training:
         raise BadInputError(f"objective {objective}: validated on a held-out split, the search needs its fraction")
-    TrainingSpec(**training, global_batch=batch_size, epochs=epochs)  # the options, checked
+    training_spec({**training, "global_batch": batch_size, "epochs": epochs})  # the options, checked
     settings = SearchSettings(
         name=name,
         dataset=dataset,
@@ -251,8 +268,9 @@ def _direction(model: Any, settings: SearchSettings, sample: tuple[Arrays, Array
     from slsml.training import evaluation, modelio
 
     training = settings.training
+    missing = modelio.ARGUMENTS_MISSING if settings.build is None else BUILD_MISSING
     modelio.check_compiled(
-        model, loss=training.get("loss") is not None, optimizer=training.get("optimizer") is not None
+        model, loss=training.get("loss") is not None, optimizer=training.get("optimizer") is not None, missing=missing
     )
     loss = modelio.loss_config(model, settings.training.get("loss"))
     metrics = modelio.metrics_config(model, modelio.classifies(loss))
@@ -281,7 +299,7 @@ def trial_spec(settings: SearchSettings, manifest: DatasetManifest, budget_usd: 
         keep_best=settings.monitor,
         budget_usd=budget_usd,
     )
-    per_epoch = runs.with_epochs(spec, manifest.train.count).iterations // settings.epochs
+    per_epoch = launch.with_epochs(spec, manifest.train.count).iterations // settings.epochs
     return spec.model_copy(update={"eval_every": per_epoch if settings.validation == "test" else 0})
 
 
@@ -372,11 +390,11 @@ class _Search:
                     if share is None:
                         return
                 spec = trial_spec(self.settings, self.manifest, share)
-                per_epoch = runs.with_epochs(spec, self.manifest.train.count).iterations // self.settings.epochs
+                per_epoch = launch.with_epochs(spec, self.manifest.train.count).iterations // self.settings.epochs
                 running.per_epoch = per_epoch
-                config = runs.prepare_run(self.services, model_bytes, self.settings.dataset, spec, running.run_id)
+                config = launch.prepare_run(self.services, model_bytes, self.settings.dataset, spec, running.run_id)
             self.running[trial.number] = running
-            runs.launch_run(self.services, config)
+            launch.launch_run(self.services, config)
         except SlsmlError as error:
             self.running.pop(trial.number, None)
             self._end(running, TrialStatus.FAILED, str(error))
@@ -387,7 +405,7 @@ class _Search:
         from slsml.cost import budget
 
         assert self.settings.budget_usd is not None
-        spec = runs.with_epochs(trial_spec(self.settings, self.manifest, None), self.manifest.train.count)
+        spec = launch.with_epochs(trial_spec(self.settings, self.manifest, None), self.manifest.train.count)
         running.predicted_usd = budget.predict(model_bytes, self.manifest, spec, self.services.limits)
         committed = self._committed()
         if committed + running.predicted_usd <= self.settings.budget_usd:

@@ -7,10 +7,18 @@ import math
 from functools import lru_cache
 
 from slsml.accounting import capacity
-from slsml.pipeline import bus
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
-from slsml.spec.messages import MAX_MESSAGE_BYTES, Manifest, Participant, ReduceMessage, WorkDone, WorkMessage
+from slsml.spec.messages import (
+    BATCH_BYTES,
+    BATCH_ENTRIES,
+    MAX_MESSAGE_BYTES,
+    Manifest,
+    Participant,
+    ReduceMessage,
+    WorkDone,
+    WorkMessage,
+)
 from slsml.state.barrier import quorum_count
 from slsml.state.records import dynamo
 
@@ -107,7 +115,7 @@ def check_messages(spec: TrainingSpec, workers: int | None = None) -> None:
 
 def publish_batches(messages: int, message_size: int) -> int:
     """PublishBatch calls for ``messages`` of one size (``slsml.pipeline.bus``: 10 entries, 256 KiB a batch)."""
-    per_batch = max(1, min(bus.BATCH_ENTRIES, bus.BATCH_BYTES // message_size))
+    per_batch = max(1, min(BATCH_ENTRIES, BATCH_BYTES // message_size))
     return math.ceil(messages / per_batch)
 
 

@@ -11,10 +11,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from slsml.cost import cards
-from slsml.pipeline import bus
 from slsml.rounds import sizing
 from slsml.spec import errors
 from slsml.spec.errors import BadInputError
+from slsml.spec.messages import PARALLEL_BATCHES
 
 
 def _param(default: float, unit: str, what: str, source: str, positive: bool = False) -> Any:
@@ -56,7 +56,7 @@ class Parameters(BaseModel):
     s3_write_mb_s: float = _param(65.0, "MB/s", "S3 write bandwidth of one function", "as s3_read_mb_s", True)
     s3_parallel_reads: float = _param(16, "GETs", "concurrent GETs of one reader", "slsml.aws.storage.get_many", True)
     sns_parallel_publishes: float = _param(
-        bus.PARALLEL_BATCHES,
+        PARALLEL_BATCHES,
         "PublishBatch",
         "concurrent PublishBatch calls of one publisher",
         "slsml.pipeline.bus",

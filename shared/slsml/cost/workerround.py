@@ -55,7 +55,9 @@ def micro_batching(w: Workload, p: Parameters, traffic: RoundTraffic, memory_mb:
     on_host = size if a is None else 0  # a GPU worker's layer outputs are the GPU's
     # the runtime and model buffers of the parameters beyond the worker's own estimate (overridden: calibrated)
     calibrated = (
-        p.tf_runtime_mb - sizing.TF_RUNTIME_MB + (p.worker_model_copies - sizing.MODEL_COPIES) * 4e-6 * w.params
+        p.tf_runtime_mb
+        - sizing.TF_RUNTIME_MB
+        + (p.worker_model_copies - sizing.MODEL_COPIES) * 4 * w.params / sizing.MB
     )
     largest = accumulate.sizes(share, size)[0] if on_host else 0
     return MicroBatches(size, count, fitting, memory.needed_mb(largest, count) + calibrated)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from functools import partial
@@ -192,17 +193,21 @@ def partition_batch(
 
 
 def held_out(spec: TrainingSpec, train_count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The training split's samples a run trains on and those it holds out for validation (``validation_split``
-    of them, drawn by the seed; none without it), each in index order."""
+    """The training split's samples a run trains on and those it holds out for validation, each in index order: the
+    samples from ``floor(train_count × (1 - validation_split))`` on, as Keras's ``fit`` splits them before it
+    shuffles (``validation_samples`` last), or as many drawn by the seed (seeded); none without a split. Every
+    reader of the held-out samples (the workers, the evaluations, the run's length) takes them from here."""
     if spec.validation_split is None:
         return np.arange(train_count), np.arange(0)
-    size = round(train_count * spec.validation_split)
-    if not 0 < size < train_count:
+    split_at = math.floor(train_count * (1.0 - spec.validation_split))
+    if not 0 < split_at < train_count:
         raise BadInputError(
             f"validation split {spec.validation_split:g} of {train_count} training samples holds out"
-            f" {size}: give a fraction that leaves samples on both sides"
+            f" {train_count - split_at}: give a fraction that leaves samples on both sides"
         )
-    chosen = np.random.default_rng([spec.seed, train_count]).permutation(train_count)[:size]
+    if spec.validation_samples == "last":
+        return np.arange(split_at), np.arange(split_at, train_count)
+    chosen = np.random.default_rng([spec.seed, train_count]).permutation(train_count)[: train_count - split_at]
     kept = np.ones(train_count, dtype=bool)
     kept[chosen] = False
     return np.flatnonzero(kept), np.sort(chosen)

@@ -1,6 +1,8 @@
 """moto in server mode (a child process) and the resources of the wiring spec in it. Every request to it is signed
-with credentials generated for it as it starts (``moto_server``'s checks): its clients here sign with them, and a
-deployment hands them on to whatever reaches it."""
+with credentials generated for it as it starts (``moto_server``'s checks): its clients here sign with its owner's,
+and a deployment hands them on to whatever reaches it; each function signs with its own, as the principal of its
+role (``role_arn``), and the bucket lifecycle's expirations with theirs: the bucket's policy, the deployed stack's,
+tells them apart."""
 
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ from slsml.spec import wiring
 from slsml.state import orchestration, records
 
 REGION = "us-east-1"
+ACCOUNT = "123456789012"  # moto's
+OWNER_ARN = f"arn:aws:iam::{ACCOUNT}:user/slsml-local"  # the principal of the owner's credentials
+LIFECYCLE = "lifecycle"  # the identity of the bucket's lifecycle expirations (``slsml.local.lifecycle``)
 MAX_RECEIVES = 3  # Lambda's first try + its two async retries, then the DLQ
 VISIBILITY_TIMEOUT_S = 900
 
@@ -49,6 +54,8 @@ class LocalDeployment:
     queue_urls: dict[str, str] = field(default_factory=dict)  # wiring queue name → URL
     access_key_id: str = ""  # the credentials its requests are signed with (``EmbeddedCloud.credentials``)
     secret_access_key: str = ""
+    # function (and LIFECYCLE) → its access key id and secret access key (``EmbeddedCloud.identities``)
+    identities: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def deadline_queue_url(self) -> str:
@@ -57,6 +64,11 @@ class LocalDeployment:
     @property
     def credentials(self) -> Credentials:
         return Credentials(self.access_key_id, self.secret_access_key)
+
+    def signing_as(self, identity: str) -> dict[str, str]:
+        """The variables with which a client signs as ``identity`` (a function, or LIFECYCLE)."""
+        key, secret = self.identities[identity]
+        return {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret}
 
     def client_arguments(self) -> dict[str, str]:
         """boto3's ``client`` arguments that reach the embedded cloud."""
@@ -105,6 +117,22 @@ def generated_credentials() -> Credentials:
     return Credentials(f"SLSML{secrets.token_hex(8).upper()}", secrets.token_urlsafe(30))
 
 
+def role_arn(identity: str) -> str:
+    """The principal a function's requests (or LIFECYCLE's) come from."""
+    return f"arn:aws:iam::{ACCOUNT}:role/slsml-local-{identity}"
+
+
+def bucket_policy(bucket: str) -> dict[str, Any]:
+    """The bucket's policy as the deployed stack's (infra/storage.py): create-only, and deletes under runs/ refused to
+    all but the functions that delete each kind, and the lifecycle (CDK's handler that empties a destroyed bucket,
+    on AWS)."""
+    arn = f"arn:aws:s3:::{bucket}"
+    roles = {fn.name: role_arn(fn.name) for fn in wiring.FUNCTIONS}
+    deleters = deployment_spec.run_deleters(roles, [role_arn(LIFECYCLE)])
+    statements = deployment_spec.bucket_policy_statements(arn) + deployment_spec.deletion_statements(arn, deleters)
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
 def signed(
     method: str, url: str, credentials: Credentials, body: bytes = b"", headers: dict[str, str] | None = None
 ) -> urllib.request.Request:
@@ -113,6 +141,10 @@ def signed(
     request = AWSRequest(method=method, url=url, data=body, headers=dict(headers or {}))
     SigV4Auth(credentials, "moto", REGION).add_auth(request)
     return urllib.request.Request(url, data=body or None, headers=dict(request.headers.items()), method=method)
+
+
+def _identity(credentials: Credentials, arn: str) -> dict[str, str]:
+    return {"access_key_id": credentials.access_key, "secret_access_key": credentials.secret_key, "arn": arn}
 
 
 class EmbeddedCloud:
@@ -126,7 +158,9 @@ class EmbeddedCloud:
     def __init__(self, port: int | None = None) -> None:
         self.port = port or _free_port()
         self.endpoint = f"http://{LOOPBACK}:{self.port}"
-        self.credentials = generated_credentials()  # what it answers: requests signed with these alone
+        self.credentials = generated_credentials()  # its owner's: what the management endpoints answer
+        # each function's (and LIFECYCLE's), signing as its role: what else it answers
+        self.identities = {name: generated_credentials() for name in (*(fn.name for fn in wiring.FUNCTIONS), LIFECYCLE)}
         self._server: subprocess.Popen | None = None
 
     def launch(self) -> None:
@@ -141,7 +175,10 @@ class EmbeddedCloud:
                 stderr=subprocess.DEVNULL,
             )
             assert self._server.stdin is not None
-            given = {"access_key_id": self.credentials.access_key, "secret_access_key": self.credentials.secret_key}
+            given = {
+                **_identity(self.credentials, OWNER_ARN),
+                "others": [_identity(made, role_arn(name)) for name, made in self.identities.items()],
+            }
             self._server.stdin.write(json.dumps(given).encode() + b"\n")
             self._server.stdin.flush()
 
@@ -178,15 +215,17 @@ class EmbeddedCloud:
                 self._server.wait()
             self._server = None
 
-    def client(self, service: str) -> Any:
-        """A new client of ``service`` in this cloud."""
+    def client(self, service: str, identity: str | None = None) -> Any:
+        """A new client of ``service`` in this cloud, signing as its owner (or as ``identity``: a function, or
+        LIFECYCLE)."""
+        credentials = self.credentials if identity is None else self.identities[identity]
         return aws.new_client(
             service,
             config=aws.SIGNING.get(service),
             endpoint_url=self.endpoint,
             region_name=REGION,
-            aws_access_key_id=self.credentials.access_key,
-            aws_secret_access_key=self.credentials.secret_key,
+            aws_access_key_id=credentials.access_key,
+            aws_secret_access_key=credentials.secret_key,
         )
 
     def provision(self, name: str = "slsml") -> LocalDeployment:
@@ -200,8 +239,7 @@ class EmbeddedCloud:
         rules = deployment_spec.lifecycle_configuration(deployment_spec.lifecycle_rules())
         s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration=rules)
         # the deployed bucket's policy statements (infra/storage.py), enforced by moto_server.bucket_policies
-        statements = deployment_spec.bucket_policy_statements(f"arn:aws:s3:::{bucket}")
-        s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Version": "2012-10-17", "Statement": statements}))
+        s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(bucket_policy(bucket)))
         dynamodb.create_table(**records.create_table_arguments(table))  # as infra/storage.py defines it
         dynamodb.update_time_to_live(
             TableName=table, TimeToLiveSpecification={"Enabled": True, "AttributeName": records.TTL_ATTRIBUTE}
@@ -214,6 +252,7 @@ class EmbeddedCloud:
             topic_arns,
             access_key_id=self.credentials.access_key,
             secret_access_key=self.credentials.secret_key,
+            identities={name: [made.access_key, made.secret_key] for name, made in self.identities.items()},
         )
         for fn in wiring.FUNCTIONS:
             if fn.reads_dead_letters:

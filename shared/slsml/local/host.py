@@ -55,6 +55,7 @@ from slsml.local.cloud import MAX_RECEIVES, REGION, LocalDeployment, environment
 from slsml.local.containers import Container, Containers
 from slsml.local.faults import CRASH_KINDS, INJECTED_MARK, Faults, InvocationFaults, message_identity
 from slsml.local.memory import Invocation, MemoryWatch
+from slsml.local.private import private_folder
 from slsml.pipeline.services import Services
 from slsml.spec import wiring
 from slsml.spec.deployment import DEFAULT_FUNCTIONS, checked_settings
@@ -115,7 +116,7 @@ def _start_process(function: str, environment: dict[str, str], log_path: str, in
     _end_with_host()
     os.environ.clear()  # forked from the preloaded server: the environment is the host's now, not the server's
     os.environ.update(environment)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # its user's alone
     os.dup2(log, 1)
     os.dup2(log, 2)
     # the function's processes share its log: each line leaves in one append, whole, never split or interleaved
@@ -506,6 +507,7 @@ class FunctionHost:
         threads = str(self.tf_threads)
         return {
             **self.deployment.environment(),
+            **self.deployment.signing_as(function),  # as its role
             "AWS_LAMBDA_FUNCTION_NAME": function,
             # app/slsml-<function> in the User-Agent: the embedded cloud's request log names whose request it was
             "AWS_SDK_UA_APP_ID": f"slsml-{function}",
@@ -523,7 +525,7 @@ class FunctionHost:
 
     def start(self) -> None:
         """Start every function's warm processes (waiting for their imports) and queue pollers."""
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        private_folder(self.log_dir)
         self._context = start_preloading()
         self._invocations, self._sender = self._context.Pipe(duplex=False)
         replaced = partial(self._count, {"replaced_processes": 1})

@@ -12,6 +12,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from slsml.aws.clients import error_code
+from slsml.aws.storage import ObjectStore
 from slsml.pipeline.services import Services
 from slsml.state.records import PARTITION_KEY, SORT_KEY
 
@@ -55,7 +56,7 @@ def _rules(services: Services) -> list[dict[str, Any]]:
     return [rule for rule in rules if rule.get("Status") == "Enabled"]
 
 
-def _expire_objects(services: Services, rule: dict[str, Any], now: float) -> list[str]:
+def _expire_objects(services: Services, rule: dict[str, Any], now: float, deleter: ObjectStore) -> list[str]:
     store, days = services.store, rule["Expiration"]["Days"]
     prefix, tags = _filter(rule)
     pages = store.s3.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=prefix)
@@ -64,7 +65,7 @@ def _expire_objects(services: Services, rule: dict[str, Any], now: float) -> lis
     ]
     if tags:  # the tags are read of the objects past their time only
         due = [key for key in due if tags.items() <= _tags(services, key).items()]
-    store.delete(due)
+    deleter.delete(due)
     return due
 
 
@@ -107,12 +108,14 @@ def _expire_items(services: Services, now: float) -> int:
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
 
-def expire(services: Services, now: float) -> Expired:
-    """Apply the bucket's lifecycle rules and the table's TTL at the time ``now`` (epoch seconds)."""
+def expire(services: Services, now: float, deleter: ObjectStore | None = None) -> Expired:
+    """Apply the bucket's lifecycle rules and the table's TTL at the time ``now`` (epoch seconds), objects deleted
+    through ``deleter`` (default: ``services.store``; the local cloud's lifecycle identity, whom its bucket's policy
+    lets delete under runs/)."""
     expired = Expired()
     for rule in _rules(services):
         if "Expiration" in rule:
-            expired.objects += _expire_objects(services, rule, now)
+            expired.objects += _expire_objects(services, rule, now, deleter or services.store)
         if "AbortIncompleteMultipartUpload" in rule:
             expired.uploads += _abort_uploads(services, rule, now)
     expired.items = _expire_items(services, now)

@@ -33,13 +33,15 @@ a 403 and no CORS header: a page the user opens can neither read nor change the 
 nor reach moto's management endpoints (``/moto-api/reset``). AWS clients send none of these headers.
 
 It answers its owner alone: every request, moto's management endpoints and ``OWNER_PATH`` included, must be signed
-with SigV4 (an ``Authorization`` header, or a pre-signed URL's query) by the credentials the process that started it
-handed it on its standard input, generated for this server and readable by its owner alone. The signature is
-recomputed by botocore's own signer from the request as received; a request unsigned, signed with other credentials,
-altered after signing, or dated more than ``MAX_SKEW_S`` away (a pre-signed URL: past its expiry) is refused with a
-403: S3's XML error for S3, a JSON one otherwise. Another user of the machine, who can connect to 127.0.0.1 as well,
-can neither read nor change what it holds. The key each signature is computed with, derived from the secret by date,
-region and service, is derived once (``signing_key``).
+with SigV4 (an ``Authorization`` header, or a pre-signed URL's query) by credentials the process that started it
+handed it on its standard input, generated for this server and readable by its owner alone: the owner's (who alone
+reaches the management endpoints), and one pair for each principal of the deployment (a function's role), whose
+requests it serves as that principal's. The signature is recomputed by botocore's own signer from the request as
+received, and a body must be the payload its ``X-Amz-Content-SHA256`` names (which the signature covers); a request
+unsigned, signed with other credentials, altered after signing (its body too), or dated more than ``MAX_SKEW_S`` away
+(a pre-signed URL: past its expiry) is refused with a 403: S3's XML error for S3, a JSON one otherwise. Another
+user of the machine, who can connect to 127.0.0.1 as well, can neither read nor change what it holds. The key each
+signature is computed with, derived from the secret by date, region and service, is derived once (``signing_key``).
 
 A ranged S3 GET reads its bytes alone. moto read the whole object for each (from a temporary file, past
 5 MB) and sliced the range out of it: a worker's ranged reads of a 64 MB dataset shard cost the server
@@ -49,7 +51,8 @@ through moto's web application (Flask, its request parsing and S3's dispatch), i
 CPU (a worker's 32 samples: 34 ms against 11).
 
 A bucket's policy is enforced as S3 enforces it: an object request that a Deny statement's action, resource and
-conditions all match is refused (403 AccessDenied). moto evaluates a bucket policy with its conditions left out, so
+conditions (the principal's among them) all match is refused (403 AccessDenied; an object of a DeleteObjects by
+itself). moto evaluates a bucket policy with its conditions left out, so
 it would refuse every PutObject that a conditioned Deny names (create-only's among them, ``If-None-Match`` or not);
 its check is replaced. What is evaluated is what the deployed stack's policy uses (``POLICY_ACTIONS``,
 ``POLICY_CONDITIONS``); a policy with anything else is refused when put (MalformedPolicy), so that what is enforced
@@ -62,7 +65,7 @@ the background what the first request to each service would: the first CreateSta
 moto's Step Functions interpreter, 0.7 s.
 
 Run as a script (``python moto_server.py -p PORT``, its standard input a pipe whose first line is the JSON of
-``{"access_key_id": …, "secret_access_key": …}``); it imports nothing of slsml.
+``{"access_key_id": …, "secret_access_key": …, "arn": …, "others": [{…}, …]}``); it imports nothing of slsml.
 """
 
 from __future__ import annotations
@@ -98,6 +101,8 @@ KEEP_ALIVE_CONNECTIONS = 4096
 SERVICES = ("s3", "dynamodb", "sns", "sqs", "stepfunctions")  # what the embedded cloud serves
 LOOPBACK = "127.0.0.1"
 OWNER_PATH = "/slsml/owner"  # answers the pid of the process that started the server (who may act on it)
+MANAGEMENT_PATHS = ("/moto-api/", OWNER_PATH)  # the owner's alone
+PRINCIPAL_ARN = "aws:principalarn"  # the condition key naming who signed a request (IAM compares keys in lower case)
 
 
 def tune() -> None:
@@ -371,9 +376,16 @@ def direct_ranged_gets(app: Any) -> Any:
 
 # What a bucket policy's Deny statements may name, each evaluated as S3 does: the actions (lower case: IAM compares
 # them so) and, by condition operator, the condition keys
-POLICY_ACTIONS = frozenset({"s3:putobject"})
-POLICY_CONDITIONS = {"Null": frozenset({"s3:if-none-match"}), "Bool": frozenset({"s3:objectcreationoperation"})}
+_DELETES = frozenset({"s3:deleteobject", "s3:deleteobjectversion"})
+POLICY_ACTIONS = frozenset({"s3:putobject"}) | _DELETES
+POLICY_CONDITIONS = {
+    "Null": frozenset({"s3:if-none-match"}),
+    "Bool": frozenset({"s3:objectcreationoperation"}),
+    "ArnNotEquals": frozenset({PRINCIPAL_ARN}),
+}
 _OTHER_PUTS = frozenset({"acl", "tagging", "retention", "legal-hold"})  # subresources a PUT to is another action
+_OTHER_DELETES = frozenset({"uploadId", "tagging"})  # AbortMultipartUpload, DeleteObjectTagging
+_caller = threading.local()  # the principal (an ARN) whose request this thread serves: ``local_only`` sets it
 
 
 @dataclass(frozen=True)
@@ -384,6 +396,7 @@ class Denial:
     resources: re.Pattern[str]
     absent: tuple[tuple[str, frozenset[bool]], ...]  # Null conditions: a key, and whether its absence matches
     flags: tuple[tuple[str, frozenset[bool]], ...]  # Bool conditions: a key, and the values that match
+    unlike: tuple[tuple[str, re.Pattern[str]], ...] = ()  # ArnNotEquals conditions: a key, and the ARNs that don't
 
 
 def _listed(value: Any) -> list[Any]:
@@ -422,6 +435,7 @@ def denials(document: bytes) -> tuple[Denial, ...]:
         if others:
             raise ValueError(f"the local cloud does not tell apart the actions {others}")
         evaluated: dict[str, list[tuple[str, frozenset[bool]]]] = {"Null": [], "Bool": []}
+        unlike: list[tuple[str, re.Pattern[str]]] = []
         for operator, conditions in statement.get("Condition", {}).items():
             keys = POLICY_CONDITIONS.get(operator)
             if keys is None:
@@ -429,22 +443,31 @@ def denials(document: bytes) -> tuple[Denial, ...]:
             for key, values in conditions.items():
                 if key.lower() not in keys:
                     raise ValueError(f"the local cloud does not evaluate the condition key {key} with {operator}")
-                evaluated[operator].append((key.lower(), _truths(operator, values)))
+                if operator == "ArnNotEquals":
+                    unlike.append((key.lower(), _pattern([str(value) for value in _listed(values)])))
+                else:
+                    evaluated[operator].append((key.lower(), _truths(operator, values)))
         resources = _pattern(_listed(statement["Resource"]))
         actions_named = frozenset(a.lower() for a in actions)
-        denied.append(Denial(actions_named, resources, tuple(evaluated["Null"]), tuple(evaluated["Bool"])))
+        denied.append(
+            Denial(actions_named, resources, tuple(evaluated["Null"]), tuple(evaluated["Bool"]), tuple(unlike))
+        )
     return tuple(denied)
 
 
 def object_request(
     method: str, query: Mapping[str, Any], headers: Mapping[str, str]
 ) -> tuple[str, dict[str, str]] | None:
-    """The action a request on an object is authorized as, with the condition keys it carries, where it is one of
-    ``POLICY_ACTIONS``; else None. A PutObject, CopyObject, UploadPart (a copy or not), CreateMultipartUpload or
-    CompleteMultipartUpload is an ``s3:PutObject``; the PutObject and the CompleteMultipartUpload alone carry
-    ``s3:if-none-match`` (S3 refuses a copy into a key whose writes must carry it). Each carries
+    """The action a request on an object is authorized as, with the condition keys it carries (but the principal's,
+    ``PRINCIPAL_ARN``), where it is one of ``POLICY_ACTIONS``; else None. A DeleteObject is an ``s3:DeleteObject`` (of
+    a version: ``s3:DeleteObjectVersion``), carrying none. A PutObject, CopyObject, UploadPart (a copy or not),
+    CreateMultipartUpload or CompleteMultipartUpload is an ``s3:PutObject``; the PutObject and the
+    CompleteMultipartUpload alone carry ``s3:if-none-match`` (S3 refuses a copy into a key whose writes must carry
+    it). Each carries
     ``s3:objectcreationoperation``: "true" where it creates the object (a PutObject, a CopyObject, a
     CompleteMultipartUpload), "false" where it does not (a CreateMultipartUpload, an UploadPart, an UploadPartCopy)."""
+    if method == "DELETE" and not query.keys() & _OTHER_DELETES:
+        return ("s3:DeleteObjectVersion" if "versionId" in query else "s3:DeleteObject"), {}
     if method == "PUT" and not query.keys() & _OTHER_PUTS:
         part = "partNumber" in query
         conditional, creating = not part and "x-amz-copy-source" not in headers, not part
@@ -461,19 +484,28 @@ def object_request(
 
 def denied(policy: tuple[Denial, ...], action: str, resource: str, context: Mapping[str, str]) -> bool:
     """Whether a Deny statement of ``policy`` refuses ``action`` on ``resource`` with the condition keys ``context``
-    (all its conditions match: a Bool condition on a key the request does not carry matches none of its values)."""
+    (all its conditions match: a Bool condition on a key the request does not carry matches none of its values; an
+    ArnNotEquals condition matches a key the request does not carry, as IAM's negated operators do)."""
     return any(
         action.lower() in denial.actions
         and denial.resources.fullmatch(resource) is not None
         and all((key not in context) in matches for key, matches in denial.absent)
         and all(key in context and (context[key].lower() == "true") in matches for key, matches in denial.flags)
+        and all(key not in context or arns.fullmatch(context[key]) is None for key, arns in denial.unlike)
         for denial in policy
     )
 
 
+def _principal() -> dict[str, str]:
+    """The condition key naming the principal whose request this thread serves (none where it is not known)."""
+    arn = getattr(_caller, "arn", None)
+    return {PRINCIPAL_ARN: arn} if arn else {}
+
+
 def bucket_policies() -> None:
-    """Refuse an object request that the bucket's policy denies (``denied``), and a policy with what ``denials`` does
-    not evaluate when it is put; moto's own check, which leaves conditions out, is not made."""
+    """Refuse an object request that the bucket's policy denies (``denied``), each object of a DeleteObjects among
+    them, and a policy with what ``denials`` does not evaluate when it is put; moto's own check, which leaves
+    conditions and principals out, is not made."""
     from moto.iam.access_control import PermissionResult
     from moto.s3 import models, responses
     from moto.s3.exceptions import S3ClientError
@@ -500,7 +532,7 @@ def bucket_policies() -> None:
         if found is not None:
             resource = f"arn:aws:s3:::{bucket.name}/{self.parse_key_name()}"
             action, context = found
-            if denied(parsed(bucket.policy), action, resource, context):
+            if denied(parsed(bucket.policy), action, resource, context | _principal()):
                 raise S3ClientError(
                     "AccessDenied",
                     f'not authorized to perform: {action} on resource: "{resource}" with an explicit deny in a '
@@ -508,8 +540,27 @@ def bucket_policies() -> None:
                 )
         return unchecked(self, request, full_url)
 
+    def get_permission(self: Any, action: str, resource: str) -> Any:
+        # what moto asks of each object a DeleteObjects names; of a key's request, which _key_response checked (an
+        # AbortMultipartUpload as a DeleteObject among them), it answers nothing
+        if self.policy is None or not getattr(_caller, "deleting", False):
+            return PermissionResult.NEUTRAL
+        refused = denied(parsed(self.policy), action, resource, _principal())
+        return PermissionResult.DENIED if refused else PermissionResult.NEUTRAL
+
+    each_key = responses.S3Response._bucket_response_delete_keys
+
+    @functools.wraps(each_key)
+    def _bucket_response_delete_keys(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _caller.deleting = True
+        try:
+            return each_key(self, *args, **kwargs)
+        finally:
+            _caller.deleting = False
+
     models.S3Backend.put_bucket_policy = put_bucket_policy
-    models.FakeBucket.get_permission = lambda self, action, resource: PermissionResult.NEUTRAL
+    models.FakeBucket.get_permission = get_permission
+    responses.S3Response._bucket_response_delete_keys = _bucket_response_delete_keys
     responses.S3Response._key_response = _key_response
 
 
@@ -664,16 +715,25 @@ def needs_body(signature: Signature) -> bool:
     return signature.expires_s is None and "x-amz-content-sha256" not in signature.headers
 
 
+UNSIGNED_PAYLOADS = ("UNSIGNED-PAYLOAD", "STREAMING-UNSIGNED-PAYLOAD-TRAILER")  # a payload hash that covers no body
+
+
 def verify(
-    environ: Mapping[str, Any], credentials: Credentials, now: float, body: Callable[[], bytes] = bytes
+    environ: Mapping[str, Any],
+    known: Mapping[str, Credentials],
+    now: float,
+    body: Callable[[], bytes] = bytes,
 ) -> Signature:
-    """The request's signature, if ``credentials`` made it for this request (its method, path, query, signed headers
-    and, where ``needs_body``, its ``body()``) within ``MAX_SKEW_S`` of ``now`` (a pre-signed URL: before it
-    expires); else Refused. The signature is recomputed by botocore's signer from the request rebuilt as received."""
+    """The request's signature, if the credentials of its access key (``known``: by access key) made it for this
+    request (its method, path, query, signed headers and, where ``needs_body``, its ``body()``) within ``MAX_SKEW_S``
+    of ``now`` (a pre-signed URL: before it expires), and its ``body()`` is the payload its ``X-Amz-Content-SHA256``
+    names (which the signature covers); else Refused. The signature is recomputed by botocore's signer from the
+    request rebuilt as received."""
     from botocore.awsrequest import AWSRequest
 
-    signature = claimed(environ)
-    if not hmac.compare_digest(signature.access_key, credentials.access_key):
+    signature, read = claimed(environ), functools.cache(body)
+    credentials = known.get(signature.access_key)
+    if credentials is None:
         raise Refused(
             "InvalidAccessKeyId",
             "UnrecognizedClientException",
@@ -709,7 +769,7 @@ def verify(
         method=environ["REQUEST_METHOD"],
         url=f"http://{environ.get('HTTP_HOST', '')}{uri}",
         headers=headers,
-        data=body() if needs_body(signature) else b"",
+        data=read() if needs_body(signature) else b"",
     )
     request.context["timestamp"] = signature.timestamp
     signer = _signer(signature, credentials)
@@ -717,6 +777,16 @@ def verify(
     key = signing_key(credentials.secret_key, signature.date, signature.region, signature.service)
     if not hmac.compare_digest(hmac.new(key, string_to_sign.encode(), hashlib.sha256).hexdigest(), signature.signature):
         raise _mismatch("the signature computed for the request does not match the one it carries")
+    payload = _header(environ, "x-amz-content-sha256")
+    if payload is not None and payload not in UNSIGNED_PAYLOADS:
+        if payload.startswith("STREAMING-"):
+            raise _mismatch(f"the local cloud does not verify a payload signed by chunks ({payload})")
+        if not hmac.compare_digest(hashlib.sha256(read()).hexdigest(), payload.lower()):
+            raise Refused(
+                "XAmzContentSHA256Mismatch",
+                "InvalidSignatureException",
+                "its body is not the payload it was signed for: X-Amz-Content-SHA256 is not the SHA-256 of its body",
+            )
     return signature
 
 
@@ -760,8 +830,34 @@ def _refusal_response(environ: Mapping[str, Any], refused: Refused) -> tuple[lis
     return [("Content-Type", "text/xml")], f'<?xml version="1.0" encoding="UTF-8"?>\n{error}'.encode()
 
 
-def local_only(app: Any, port: int, credentials: Credentials) -> Any:
-    """``app`` behind ``refusal``'s checks and ``verify``'s with ``credentials``; it also answers ``OWNER_PATH``."""
+@dataclass(frozen=True)
+class Principal:
+    """Whom a request signed with ``credentials`` comes from: ``arn``, as a bucket policy names it."""
+
+    credentials: Credentials
+    arn: str
+
+
+@dataclass(frozen=True)
+class Identities:
+    """Whom the server answers: its owner (who alone reaches ``MANAGEMENT_PATHS``) and the others it was handed
+    (the local deployment's functions, each a principal of its own), by access key."""
+
+    owner: Principal
+    others: tuple[Principal, ...] = ()
+
+    @functools.cached_property
+    def by_key(self) -> dict[str, Principal]:
+        return {p.credentials.access_key: p for p in (self.owner, *self.others)}
+
+    @functools.cached_property
+    def credentials(self) -> dict[str, Credentials]:
+        return {key: principal.credentials for key, principal in self.by_key.items()}
+
+
+def local_only(app: Any, port: int, identities: Identities) -> Any:
+    """``app`` behind ``refusal``'s checks and ``verify``'s with the credentials of ``identities``, serving each
+    request as its principal (``_caller``); it also answers ``OWNER_PATH``."""
 
     def guarded(environ: dict[str, Any], start_response: Any) -> Any:
         refused = refusal(environ, port)
@@ -769,7 +865,10 @@ def local_only(app: Any, port: int, credentials: Credentials) -> Any:
             start_response("403 Forbidden", [("Content-Type", "text/plain"), ("Vary", "Origin")])
             return [refused.encode()]
         try:
-            verify(environ, credentials, time.time(), lambda: _read_body(environ))
+            signature = verify(environ, identities.credentials, time.time(), lambda: _read_body(environ))
+            principal = identities.by_key[signature.access_key]
+            if environ.get("PATH_INFO", "").startswith(MANAGEMENT_PATHS) and principal != identities.owner:
+                raise Refused("AccessDenied", "AccessDeniedException", f"{principal.arn} may not manage the server")
         except Refused as denied:
             headers, body = _refusal_response(environ, denied)
             start_response("403 Forbidden", [*headers, ("Content-Length", str(len(body)))])
@@ -777,7 +876,11 @@ def local_only(app: Any, port: int, credentials: Credentials) -> Any:
         if environ.get("PATH_INFO") == OWNER_PATH:
             start_response("200 OK", [("Content-Type", "application/json")])
             return [json.dumps({"pid": os.getppid()}).encode()]
-        return app(environ, start_response)
+        _caller.arn = principal.arn
+        try:
+            return app(environ, start_response)
+        finally:
+            _caller.arn = None
 
     return guarded
 
@@ -804,28 +907,34 @@ def gateway() -> type:
     return MotoGateway
 
 
-def given_credentials() -> Credentials:
-    """The credentials requests must be signed with: the first line of standard input."""
+def given_identities() -> Identities:
+    """Whom the server answers: the first line of standard input."""
     from botocore.credentials import Credentials
+
+    def principal(given: dict[str, Any]) -> Principal:
+        return Principal(Credentials(str(given["access_key_id"]), str(given["secret_access_key"])), str(given["arn"]))
 
     try:
         given = json.loads(sys.stdin.buffer.readline())
-        return Credentials(str(given["access_key_id"]), str(given["secret_access_key"]))
-    except (ValueError, KeyError, TypeError):
-        sys.exit('the first line of standard input must be {"access_key_id": …, "secret_access_key": …}')
+        return Identities(principal(given), tuple(principal(other) for other in given.get("others", ())))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        sys.exit(
+            'the first line of standard input must be {"access_key_id": …, "secret_access_key": …, "arn": …,'
+            ' "others": [{"access_key_id": …, "secret_access_key": …, "arn": …}, …]}'
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="moto's server, tuned")
     parser.add_argument("-p", "--port", type=int, required=True)
     args = parser.parse_args()
-    credentials = given_credentials()
+    identities = given_identities()
     os.environ["MOTO_PORT"] = str(args.port)  # where moto's Step Functions tasks call AWS: this server
     os.environ["MOTO_DISABLE_GLOBAL_CORS"] = "true"  # moto's CORS would echo any Origin
     end_with_parent()
     tune()
     attribute_values()
-    task_clients(args.port, credentials)
+    task_clients(args.port, identities.owner.credentials)
     serialize_dynamodb()
     wake_long_polls_when_due()
     ranged_reads()
@@ -833,7 +942,7 @@ def main() -> None:
     from cheroot import wsgi
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
-    app = local_only(direct_ranged_gets(DomainDispatcherApplication(create_backend_app)), args.port, credentials)
+    app = local_only(direct_ranged_gets(DomainDispatcherApplication(create_backend_app)), args.port, identities)
     server = wsgi.Server((LOOPBACK, args.port), app, numthreads=SERVER_THREADS, request_queue_size=128)
     server.gateway = gateway()
     server.keep_alive_conn_limit = KEEP_ALIVE_CONNECTIONS

@@ -8,8 +8,10 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import TracebackType
 
+from slsml.aws.storage import ObjectStore
+from slsml.local import lifecycle
 from slsml.local.accelerator import checked_accelerators
-from slsml.local.cloud import EmbeddedCloud, LocalDeployment, deployment_in_use
+from slsml.local.cloud import LIFECYCLE, EmbeddedCloud, LocalDeployment, deployment_in_use
 from slsml.local.host import FunctionHost, leave_out_main, start_preloading
 from slsml.pipeline.services import Services
 from slsml.spec.deployment import DEFAULT_FUNCTIONS, checked_settings
@@ -148,6 +150,13 @@ class LocalRuntime:
             yield self
         finally:
             self.host.resize(before)
+
+    def expire(self, now: float) -> lifecycle.Expired:
+        """Apply the bucket's lifecycle rules and the table's TTL at ``now`` (epoch seconds), deleting as the
+        lifecycle's identity: S3's expirations are no principal's requests, and the bucket's policy lets it delete
+        what they would."""
+        deleter = ObjectStore(self.cloud.client("s3", LIFECYCLE), self.services.store.bucket)
+        return lifecycle.expire(self.services, now, deleter)
 
     @property
     def worker_memory_mb(self) -> int:

@@ -6,7 +6,7 @@ variables. Its state (bucket, table, runs) lives in that process: it lasts as lo
 It is its user's alone: its cloud answers requests signed with credentials generated as it starts
 (``slsml.local.cloud``), kept in its state file, which only that user can read: the state folder is created 0700 and
 everything the service writes in it 0600 (its process's umask); a folder another user owns or may write in is
-refused (``private_folder``).
+refused (``slsml.local.private``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from slsml.local import lifecycle
 from slsml.local.accelerator import checked_accelerators
 from slsml.local.cloud import LocalDeployment, owner, use_deployment
+from slsml.local.private import private_folder
 from slsml.pipeline.services import Services
 from slsml.spec.errors import NotFoundError, SlsmlError
 from slsml.spec.limits import RunLimits
@@ -58,9 +58,11 @@ class ServiceState(BaseModel):
         return LocalDeployment(**self.deployment)
 
     def shown(self) -> dict[str, Any]:
-        """The state as ``local up`` and ``local status`` print it: its secret key left to ``local env``."""
+        """The state as ``local up`` and ``local status`` print it: its secret key left to ``local env``, and its
+        functions' credentials to none."""
         shown = self.model_dump(mode="json")
-        shown["deployment"] = {k: v for k, v in self.deployment.items() if k != "secret_access_key"}
+        secret = ("secret_access_key", "identities")
+        shown["deployment"] = {k: v for k, v in self.deployment.items() if k not in secret}
         return shown
 
 
@@ -143,28 +145,6 @@ def up(
         time.sleep(0.2)
     process.terminate()
     raise SlsmlError(f"the local service was not ready within {timeout_s:.0f} s (see {state_dir / OUTPUT_FILE})")
-
-
-def private_folder(state_dir: Path) -> None:
-    """Make ``state_dir`` 0700 (its user's alone) as it is created. One there already is made so if it is this
-    user's and no other could write in it (a folder of an older slsml: 0755); SlsmlError naming the fix if another
-    user owns it or could have placed files in it."""
-    state_dir.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        state_dir.mkdir(mode=0o700)
-        return
-    except FileExistsError:
-        pass
-    found = state_dir.lstat()
-    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
-        raise SlsmlError(f"{state_dir} is not a folder of yours: remove it, or start `slsml local up` elsewhere")
-    if found.st_mode & 0o022:
-        raise SlsmlError(
-            f"other users may write in {state_dir} (mode {stat.S_IMODE(found.st_mode):o}): remove it and run"
-            " `slsml local up` again"
-        )
-    if found.st_mode & 0o077:
-        os.chmod(state_dir, 0o700)  # before the service's credentials are written in it
 
 
 def down(state_dir: Path = STATE_DIR, timeout_s: float = 60.0) -> bool:
@@ -257,7 +237,7 @@ def serve(
         while not stopping:
             time.sleep(0.5)
             if time.monotonic() - applied > lifecycle.PERIOD_S:  # the bucket's lifecycle rules, the table's TTL
-                lifecycle.expire(runtime.services, time.time())
+                runtime.expire(time.time())
                 applied = time.monotonic()
         path.unlink(missing_ok=True)
     print("local service stopped", flush=True)

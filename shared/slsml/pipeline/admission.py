@@ -19,7 +19,7 @@ from typing import Any
 from slsml import rules
 from slsml.pipeline.services import Services, run_config
 from slsml.spec.config import RunConfig
-from slsml.spec.errors import RunFailed
+from slsml.spec.errors import ConfigReplaced, RunFailed
 from slsml.spec.messages import (
     Deadline,
     Message,
@@ -44,7 +44,9 @@ def problem(message: Any, services: Services) -> str | None:
     if not isinstance(message, Message):
         return None  # an S3 event: its step checks the key it names
     try:
-        config = run_config(services.store, message.run_id)
+        config = run_config(services, message.run_id)
+    except ConfigReplaced:  # no fault of the message's: its run fails (``envelope.admit``)
+        raise
     except RunFailed as error:  # none, or not slsml's
         return str(error)
     iterations = config.training.iterations

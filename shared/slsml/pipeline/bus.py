@@ -6,12 +6,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from slsml.spec.messages import Message
+from slsml.spec.messages import BATCH_BYTES, BATCH_ENTRIES, PARALLEL_BATCHES, Message
 from slsml.spec.wiring import Topic
-
-BATCH_ENTRIES = 10  # SNS PublishBatch limits: 10 entries…
-BATCH_BYTES = 256 * 1024  # …and 256 KiB in all
-PARALLEL_BATCHES = 16  # PublishBatch calls of one publish in flight at once
 
 
 class Bus:

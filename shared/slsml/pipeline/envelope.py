@@ -27,8 +27,8 @@ from slsml.pipeline.metrics import emit, emitting
 from slsml.pipeline.services import Services, failing_run_on_bad_input, from_env
 from slsml.spec import keys
 from slsml.spec.deployment import Metric
-from slsml.spec.errors import MessageRejected
-from slsml.spec.messages import MAX_MESSAGE_BYTES, Message, ModelLanded
+from slsml.spec.errors import ConfigReplaced, MessageRejected
+from slsml.spec.messages import MAX_MESSAGE_BYTES, Deadline, Message, ModelLanded
 from slsml.state.idempotency import once_per_message
 
 MAX_REASON_CHARS = 300  # of the validation errors in a rejection's reason
@@ -83,9 +83,17 @@ def reject(message_type: str, message_id: str, problem: str) -> MessageRejected:
 
 def admit(message: Any, services: Services) -> None:
     """``MessageRejected`` (logged and counted) if ``message`` is a pipeline message whose proof of origin does not
-    hold (``slsml.pipeline.proof``: checked first), or does not belong to the run it names."""
+    hold (``slsml.pipeline.proof``: checked first), or does not belong to the run it names. A message the pipeline
+    sent whose run's ``run.json`` was replaced fails that run, naming it, and is rejected."""
     forged = services.keys.problem(message) if isinstance(message, Message) else None
-    problem = forged or admission.problem(message, services)
+    try:
+        problem = forged or admission.problem(message, services)
+    except ConfigReplaced as replaced:
+        logger.error("run failed", extra={"run_id": message.run_id, "reason": str(replaced)})
+        services.fail_run(message.run_id, str(replaced))
+        # the watchdog's end of a run's execution (asked by a step that failed it) reads no run.json: it goes on
+        ending = isinstance(message, Deadline) and message.stage == "end"
+        problem = None if ending else str(replaced)
     if problem is not None:
         name = f"{message.run_id}/{getattr(message, 'iteration', '-')}"
         raise reject(type(message).__name__, name, problem)

@@ -20,9 +20,9 @@ from slsml.pipeline.bus import Bus
 from slsml.pipeline.deadlines import DeadlineQueue
 from slsml.pipeline.proof import RunKeys
 from slsml.spec import keys, wiring
-from slsml.spec.config import RunConfig
+from slsml.spec.config import RunConfig, config_digest
 from slsml.spec.deployment import SERVICE_NAME
-from slsml.spec.errors import BadInputError, NotFoundError, RunFailed, SlsmlError, described
+from slsml.spec.errors import BadInputError, ConfigReplaced, NotFoundError, RunFailed, SlsmlError, described
 from slsml.spec.limits import RunLimits
 from slsml.spec.messages import Deadline
 from slsml.state.orchestration import Orchestrator
@@ -100,23 +100,45 @@ class Services:
         )
 
 
-def run_config(store: ObjectStore, run_id: str) -> RunConfig:
-    """``runs/<run>/run.json``, kept in the warm cache (it never changes)."""
+def run_config(services: Services, run_id: str) -> RunConfig:
+    """``runs/<run>/run.json``, checked against the digest its run registered (``registered_config``: its run item is
+    read with it), kept in the warm cache (it never changes)."""
     warm = warm_cache.warm()
     config = warm.get(("config", run_id))
     if config is None:
-        try:
-            with usage.warming():  # once per container and run, whichever iteration brings it here
-                body = store.get(keys.run_config(run_id))
-        except NotFoundError:
-            raise RunFailed(f"run {run_id!r} has no run.json: it was not started with slsml") from None
-        try:
-            config = RunConfig.model_validate_json(body)
-        except ValidationError as error:
-            problem = described(error, RunConfig)
-            raise RunFailed(f"run {run_id!r} has a run.json that is not slsml's: {problem}") from None
-        warm.put(("config", run_id), config, warm_cache.PARSED_BYTES_PER_JSON_BYTE * len(body))
+        with usage.warming():  # once per container and run, whichever iteration brings it here
+            config, size = _registered(services.store, run_id, lambda: services.table.get_run(run_id))
+        warm.put(("config", run_id), config, warm_cache.PARSED_BYTES_PER_JSON_BYTE * size)
     return config
+
+
+def registered_config(store: ObjectStore, run: RunRecord) -> RunConfig:
+    """``run``'s ``run.json``: RunFailed if there is none or it is not slsml's; ConfigReplaced, naming it, if its
+    SHA-256 is not the one the run registered (``RunRecord.config_sha256``)."""
+    return _registered(store, run.run_id, lambda: run)[0]
+
+
+def _registered(store: ObjectStore, run_id: str, run: Callable[[], RunRecord]) -> tuple[RunConfig, int]:
+    key = keys.run_config(run_id)
+    try:
+        body = store.get(key)
+    except NotFoundError:
+        raise RunFailed(f"run {run_id!r} has no run.json: it was not started with slsml") from None
+    try:
+        config = RunConfig.model_validate_json(body)
+    except ValidationError as error:
+        problem = described(error, RunConfig)
+        raise RunFailed(f"run {run_id!r} has a run.json that is not slsml's: {problem}") from None
+    try:
+        registered = run().config_sha256
+    except NotFoundError:
+        raise RunFailed(f"run {run_id!r} is not registered: it was not started with slsml") from None
+    if (found := config_digest(body)) != registered:
+        raise ConfigReplaced(
+            f"{key} is not the run.json run {run_id!r} registered: it was replaced behind the pipeline's back"
+            f" (its SHA-256 is {found}; the run registered {registered})"
+        )
+    return config, len(body)
 
 
 def _env(name: str) -> str:

@@ -26,7 +26,7 @@ def count(services: Services) -> None:
     if run_id is None:
         return
     try:
-        config = run_config(services.store, run_id)
+        config = run_config(services, run_id)
     except (RunFailed, ValidationError):  # refused at its start, or its config is unreadable: nothing to charge
         return
     if config.training.budget_usd is not None:

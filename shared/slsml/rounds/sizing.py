@@ -2,31 +2,46 @@
 function's memory beside what the worker holds anyway. One estimate serves the worker, which sizes its
 micro-batches with it, the run's start, which refuses a model of which not even one sample fits, and the plan.
 
-A step's memory beyond the runtime grows with its samples by what their layer outputs take, kept for the backward
-pass (``sample_bytes``: every layer's output, float32). Measured on ResNet-50 at 96×96 (TensorFlow 2.21, peak
-resident set of one step), a sample took 16-22 MB where its layer outputs count 27 MB: the count bounds it from
-above. What the worker holds besides: the TensorFlow runtime, model-sized buffers (the gradient, the flat and
-encoded update, the weights read), the float64 sum of a step's micro-batches where there are several, and its warm
-cache (the model and its weights, dataset shards: ``slsml.aws.cache``, a share of the memory).
+A step's memory beyond the runtime grows with its samples (``sample_bytes``): every layer's output, kept for the
+backward pass, the gradients beside them at the backward pass's peak (of the largest output, of its layer's input, a
+fused activation's input), and the sample's input as read, read ahead and as a tensor. What the worker holds besides:
+the TensorFlow runtime, model-sized buffers (the gradient, the flat and encoded update, the weights read), the
+float64 sum of a step's micro-batches where there are several, and its warm cache at its bound (the model and its
+weights, dataset shards: ``slsml.aws.cache``, a share of the memory). All in Lambda's MB (2²⁰ bytes), as a
+function's memory and the warm cache's bound are given.
+
+Measured (TensorFlow 2.21, Keras 3.15; peak resident set of a step, ``slsml bench micro-batches``): the imports of a
+TensorFlow function take 722 MB and a traced step's graph 23 more; a one-convolution model on 32×32 inputs took
+227 KB a sample where its layer outputs count 66 KB (the gradients and the input, which layer outputs alone leave
+out: the larger the share of one layer in a model, the shorter the outputs fall); ResNet-50 at 64×64 took 7.5-11 MB
+a sample where its outputs count 12.2 MB, and its step in micro-batches peaked 3.3-3.7 model-sized buffers above
+one pass (the bench's one pass holds two: gradient and flat update). Counted with the runtime of an import alone
+(584, as 10⁶-byte MB) and the outputs alone, 29 samples of it were taken to fit a 3,008 MB worker beside its
+1,504 MB cache, and their step peaked at 1,635 MB: with the cache full, 41 MB over.
 
 A GPU worker (an execution environment with ``accelerator_gib`` of a GPU's memory) keeps a step's layer outputs on
 the GPU, not in the function's memory: its micro-batch is the most samples whose step fits the accelerator memory
-(``AcceleratorMemory``). Measured on ResNet-50 at 224×224 (``slsml bench gpu``, docs/benchmarks.md#gpu: device
-memory peaks of 5.06 and 19.4 GiB at 64 and 256 samples in float32, 2.60 and 9.49 GiB in mixed_bfloat16), a sample
-took 0.54 of its float32 layer outputs' count on the device in float32 and 0.26 in a 16-bit policy, beside
-2.9-3.2 model-sized buffers (the weights, their gradient, the optimizer's work)."""
+(``AcceleratorMemory``); its function's memory holds the rest, the runtime, the warm cache and the model's buffers,
+as a CPU worker's does (``micro_batch`` refuses a run where they do not fit). Measured on ResNet-50 at 224×224
+(``slsml bench gpu``, docs/benchmarks.md#gpu: device memory peaks of 5.06 and 19.4 GiB at 64 and 256 samples in
+float32, 2.60 and 9.49 GiB in mixed_bfloat16), a sample took 0.54 of its float32 layer outputs' count on the device
+in float32 and 0.26 in a 16-bit policy, beside 2.9-3.2 model-sized buffers (the weights, their gradient, the
+optimizer's work)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import RunFailed
 from slsml.training import feedback
 
-TF_RUNTIME_MB = 584.0  # resident set after importing TensorFlow 2.21, measured
+MB = 2**20  # Lambda's MB: a function's memory_mb and the warm cache's bound are this many bytes
+# a TensorFlow function's resident set before its model: its imports (TensorFlow 2.21, Keras 3.15, boto3, slsml's
+# pipeline: 722 MB) and the graph of a traced training step (23 MB for a one-layer model), measured
+TF_RUNTIME_MB = 745.0
 # model-sized float32 buffers of a step: the gradient, the flat and encoded update, the weights read (the model's own
 # weights are the warm cache's: its trainer is an entry of it)
 MODEL_COPIES = 4.0
@@ -34,29 +49,41 @@ SUM_COPIES = 2.0  # a step of several micro-batches: their float64 sum, twice a 
 # the sum as stored or read back (a round handed on): the archive's bytes beside it, while no micro-batch computes
 ARCHIVE_COPIES = 2.0
 GIB = 1024**3  # an accelerator's memory is given in GiB (functions.worker.accelerator_gib)
-# on the GPU: model-sized buffers of a step, and the share of a sample's float32 layer-output count (``sample_bytes``)
-# it takes by precision; measured (see the module's docstring), mixed_float16 as mixed_bfloat16 (both 16-bit outputs)
+# on the GPU: model-sized buffers of a step, and the share of a sample's ``sample_bytes`` it takes by precision;
+# measured as shares of the layer outputs alone (see the module's docstring), which ``sample_bytes`` exceeds (by 8%
+# for ResNet-50 at 224×224): on a Keras model the device's figure errs high; mixed_float16 as mixed_bfloat16
 DEVICE_MODEL_COPIES = 3.2
 DEVICE_SAMPLE_SHARE = {"float32": 0.54, "mixed_float16": 0.26, "mixed_bfloat16": 0.26}
 
 
+# at the backward pass's peak, beside the outputs kept: the gradients of the largest output and of its layer's input,
+# and a fused activation's input (a layer's own output and what it computed it from), in outputs of the largest layer
+BACKWARD_OUTPUTS = 3
+INPUT_COPIES = 4  # a sample's input: as read, as the two micro-batches read ahead hold it, and as a tensor
+
+
+def _values(tensors: Any) -> int:
+    """The values of one sample of ``tensors`` (a symbolic tensor or a list of them)."""
+    listed = tensors if isinstance(tensors, list | tuple) else [tensors]
+    return sum(math.prod(d or 1 for d in t.shape[1:]) for t in listed)
+
+
 def sample_bytes(model: Any) -> int:
-    """What one sample adds to a training step of ``model`` (a Keras model): its layer outputs, float32; 0 where
-    they are not known (a subclassed model's layers have no symbolic outputs)."""
-    total = 0
+    """What one sample adds to a training step of ``model`` (a Keras model), float32: every layer's output, kept for
+    the backward pass, ``BACKWARD_OUTPUTS`` more of the largest, and ``INPUT_COPIES`` of its input; 0 where they are
+    not known (a subclassed model's layers have no symbolic outputs)."""
+    outputs = []
     for layer in model.layers:
         try:
-            output = layer.output
+            outputs.append(_values(layer.output))
         except (AttributeError, ValueError):
             return 0
-        outputs = output if isinstance(output, list | tuple) else [output]
-        total += sum(math.prod(d or 1 for d in o.shape[1:]) for o in outputs)
-    return 4 * total
+    return 4 * (sum(outputs) + BACKWARD_OUTPUTS * max(outputs, default=0) + INPUT_COPIES * _values(model.inputs))
 
 
 @dataclass(frozen=True)
 class WorkerMemory:
-    """A worker's memory (MB, as the plan counts them: 10⁶ bytes) and what a step of its model takes of it."""
+    """A worker's memory (MB of 2²⁰ bytes, as Lambda counts a function's) and what a step of its model takes of it."""
 
     memory_mb: float  # the function's
     cache_mb: float  # its warm cache's bound
@@ -71,12 +98,12 @@ class WorkerMemory:
         if micro_batches > 1:
             held += SUM_COPIES * self.model_bytes
             step = max(step, ARCHIVE_COPIES * self.model_bytes)
-        return TF_RUNTIME_MB + self.cache_mb + (held + step) / 1e6
+        return TF_RUNTIME_MB + self.cache_mb + (held + step) / MB
 
     def micro_batch(self) -> int:
         """The most samples a step of several micro-batches fits (0: not one)."""
         held = (MODEL_COPIES + SUM_COPIES) * self.model_bytes + self.other_bytes
-        free = (self.memory_mb - TF_RUNTIME_MB - self.cache_mb) * 1e6 - held
+        free = (self.memory_mb - TF_RUNTIME_MB - self.cache_mb) * MB - held
         if free < ARCHIVE_COPIES * self.model_bytes:
             return 0
         return math.floor(free / self.sample_bytes) if self.sample_bytes else 2**31
@@ -90,12 +117,12 @@ class WorkerMemory:
         """Why not one sample fits (None: one does)."""
         if self.micro_batch() >= 1:
             return None
-        buffers = (MODEL_COPIES + SUM_COPIES) * self.model_bytes / 1e6
+        buffers = (MODEL_COPIES + SUM_COPIES) * self.model_bytes / MB
         return (
             f"one sample's training step needs ~{self.needed_mb(1, micro_batches=2):,.0f} MB (the runtime"
             f" {TF_RUNTIME_MB:.0f} MB, the warm cache {self.cache_mb:,.0f} MB, the model's buffers {buffers:,.0f} MB,"
-            f" a sample's layer outputs {self.sample_bytes / 1e6:,.1f} MB or, handing a round on, the archive of the"
-            f" micro-batches' sum {ARCHIVE_COPIES * self.model_bytes / 1e6:,.0f} MB) and the worker has"
+            f" a sample's layer outputs {self.sample_bytes / MB:,.1f} MB or, handing a round on, the archive of the"
+            f" micro-batches' sum {ARCHIVE_COPIES * self.model_bytes / MB:,.0f} MB) and the worker has"
             f" {self.memory_mb:,.0f} MB: give the worker function more memory (a stack's functions.worker.memory_mb,"
             " up to 10240; --memory worker=MB locally)"
         )
@@ -157,19 +184,19 @@ def micro_batch(
     config: RunConfig, memory_mb: float, cache_mb: float, slot_bytes: int, accelerator_gib: int | None = None
 ) -> int:
     """The run's micro-batch on a worker of ``memory_mb`` with a warm cache of ``cache_mb`` (``of_run``), or, with
-    ``accelerator_gib``, on a GPU worker of that accelerator memory (``of_accelerator``): the run's own
-    (``micro_batch``), else the most samples that fit (a run of no per-sample figure: its shares whole). RunFailed,
-    naming the memory needed, where not one sample fits."""
+    ``accelerator_gib``, on a GPU worker of that accelerator memory (``of_accelerator``), whose function's memory
+    still holds the runtime, the warm cache and the model's buffers: the run's own (``micro_batch``), else the most
+    samples that fit (a run of no per-sample figure: its shares whole). RunFailed, naming the memory needed, where
+    not one sample fits."""
     if config.training.micro_batch is not None:
         return config.training.micro_batch
     if not config.sample_bytes:
         return config.training.global_batch
-    memory: WorkerMemory | AcceleratorMemory = (
-        of_run(config, memory_mb, cache_mb, slot_bytes)
-        if accelerator_gib is None
-        else of_accelerator(config, accelerator_gib)
-    )
-    refusal = memory.refusal()
+    host = of_run(config, memory_mb, cache_mb, slot_bytes)
+    memory: WorkerMemory | AcceleratorMemory = host
+    if accelerator_gib is not None:  # a step's layer outputs are the GPU's: the host holds none of them
+        host, memory = replace(host, sample_bytes=0.0), of_accelerator(config, accelerator_gib)
+    refusal = host.refusal() or memory.refusal()
     if refusal is not None:
         raise RunFailed(refusal)
     return memory.micro_batch()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -23,7 +24,7 @@ from slsml.spec import algorithms, schedules
 from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.compression import Compression
 from slsml.spec.deployment import TRANSIENT_USE_MAX_S
-from slsml.spec.errors import BadInputError
+from slsml.spec.errors import BadInputError, nearest
 from slsml.spec.schedules import Schedule
 from slsml.spec.shardplan import ShardPlan
 
@@ -57,6 +58,19 @@ KERAS_OPTIMIZERS = {
 }
 OptimizerName = Literal["sgd", "adam", "adamw", "rmsprop", "adagrad", "adamax", "nadam", "lion", "adadelta", "ftrl"]
 OPTIMIZER_NAMES: tuple[str, ...] = get_args(OptimizerName)
+
+
+def optimizer_named(name: str, other: str = "") -> str:
+    """The optimizer a Python caller names (``optimizer="Adam"``: ``adam``); BadInputError naming the closest ones
+    where slsml applies none of that name (``other``: what else the caller may give)."""
+    if name.lower() in KERAS_OPTIMIZERS:
+        return name.lower()
+    raise BadInputError(
+        f"optimizer={name!r} is not an optimizer slsml applies{nearest(name.lower(), KERAS_OPTIMIZERS, 2)}: give one"
+        f" of {', '.join(map(repr, KERAS_OPTIMIZERS))}{f', {other}' if other else ''}"
+    )
+
+
 # Keras defaults that differ from the fields' defaults below, filled in where a field is not given
 _KERAS_DEFAULTS: dict[str, dict[str, object]] = {
     "sgd": {"learning_rate": 0.01},
@@ -414,8 +428,13 @@ class TrainingSpec(BaseModel):
         default=None,
         gt=0,
         lt=1,
-        description="a fraction of the training samples, drawn by the seed, held out of"
-        " training and evaluated at each epoch's end (val_ figures)",
+        description="a fraction of the training samples held out of training and evaluated at each epoch's end"
+        " (val_ figures): the last ones, as Keras's fit holds them out (validation_samples)",
+    )
+    validation_samples: Literal["last", "seeded"] = Field(
+        default="last",
+        description="which samples validation_split holds out. last: the last fraction of the training samples in"
+        " their stored order, before any shuffling, as Keras's fit does; seeded: that many drawn by the seed",
     )
     class_weight: Annotated[str | None, BeforeValidator(_class_weight_text)] = Field(
         default=None,
@@ -608,11 +627,12 @@ class TrainingSpec(BaseModel):
 
     def on_gpu_workers(self) -> TrainingSpec:
         """The run as GPU workers train it: in the block order (``shuffle blocks``, blocks of ``shuffle_block``)
-        where it keeps the default exact order and can be read in blocks (no ``validation_split``). A GPU computes a
-        worker's share in about a second, so its samples' ranged GETs of one sample each would bound the round; a
-        block is one GET. The trade-off: a block's samples are consecutive in the stored order and trained together
-        (an exact sample-level order on GPU workers: ``shuffle blocks`` with ``shuffle_block`` 1, a GET a sample)."""
-        if self.shuffle == "blocks" or self.validation_split is not None:
+        where it keeps the default exact order and can be read in blocks (no seeded ``validation_split``). A GPU
+        computes a worker's share in about a second, so its samples' ranged GETs of one sample each would bound the
+        round; a block is one GET. The trade-off: a block's samples are consecutive in the stored order and trained
+        together (an exact sample-level order on GPU workers: ``shuffle blocks`` with ``shuffle_block`` 1, a GET a
+        sample)."""
+        if self.shuffle == "blocks" or self.held_out_by_seed:
             return self
         return self.model_copy(update={"shuffle": "blocks"})
 
@@ -644,9 +664,19 @@ class TrainingSpec(BaseModel):
     def _shuffle_options(self) -> TrainingSpec:
         if self.shuffle_block != type(self).model_fields["shuffle_block"].default and self.shuffle != "blocks":
             raise ValueError("shuffle_block applies to shuffle blocks only")
-        if self.validation_split is not None and self.shuffle == "blocks":
-            raise ValueError("validation_split holds samples out of the global order: it needs shuffle global")
+        if self.held_out_by_seed and self.shuffle == "blocks":
+            raise ValueError(
+                "validation_samples seeded holds samples out of the global order: it needs shuffle global (or"
+                " validation_samples last)"
+            )
+        if self.validation_split is None and self.validation_samples != "last":
+            raise ValueError("validation_samples applies to a validation_split: give validation_split too")
         return self
+
+    @property
+    def held_out_by_seed(self) -> bool:
+        """Whether the run holds out validation samples drawn by the seed (``validation_samples`` seeded)."""
+        return self.validation_split is not None and self.validation_samples == "seeded"
 
     @model_validator(mode="after")
     def _heartbeat_within_budget(self) -> TrainingSpec:
@@ -782,9 +812,19 @@ class RunConfig(BaseModel):
         """The workers of the first round (later rounds: their counters, ``Counter.workers``)."""
         return self.training.initial_workers
 
+    def stored(self) -> bytes:
+        """``run.json`` as its run's start stores it, and registers its digest (``config_digest``)."""
+        return json.dumps(self.model_dump(mode="json"), indent=1).encode()
+
     @property
     def reducers(self) -> int:
         return self.training.reducers
+
+
+def config_digest(body: bytes) -> str:
+    """The SHA-256 (hex) of a ``run.json``'s bytes: what its run registers (``RunRecord.config_sha256``) and every step
+    that reads it checks."""
+    return hashlib.sha256(body).hexdigest()
 
 
 class DropInRequest(BaseModel):

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from slsml.spec import keys
+from slsml.spec import keys, wiring
 from slsml.spec.errors import BadInputError
 
 METRICS_NAMESPACE = "slsml"
@@ -57,7 +57,8 @@ CREATE_ONLY_OBJECTS = (keys.SCRATCH_OBJECTS, keys.RUN_CONFIG_OBJECTS, keys.SOURC
 
 def bucket_policy_statements(bucket_arn: str) -> list[dict[str, Any]]:
     """The statements slsml puts in the data bucket's policy, as infra/storage.py deploys them and the local cloud
-    installs and enforces them (``slsml.local.moto_server.bucket_policies``): create-only ``CREATE_ONLY_OBJECTS``."""
+    installs and enforces them (``slsml.local.moto_server.bucket_policies``): create-only ``CREATE_ONLY_OBJECTS``
+    (beside ``deletion_statements``)."""
     return [
         {
             "Sid": "CreateOnlyRunObjects",
@@ -83,13 +84,19 @@ RUN_OBJECTS = (
 DELETE_ACTIONS = ("s3:DeleteObject", "s3:DeleteObjectVersion")
 
 
+def run_deleters(roles: Mapping[str, str], others: Sequence[str] = ()) -> dict[str, list[str]]:
+    """Who may delete each kind of object under ``runs/`` (``RUN_OBJECTS``): the principals (``roles``: ARNs by
+    function name) of the steps that delete it (``wiring.Function.deletes``), and ``others`` (what empties the
+    bucket) every kind; what ``deletion_statements`` takes."""
+    return {kind: [*(roles[fn.name] for fn in wiring.FUNCTIONS if kind in fn.deletes), *others] for kind in RUN_OBJECTS}
+
+
 def deletion_statements(bucket_arn: str, deleters: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
     """The statements of the data bucket's policy that deny deletes under ``runs/`` to every principal but the roles
     that own them: ``deleters`` maps each kind of object (``RUN_OBJECTS``) to the ARNs of the roles that delete it
     (none: nobody deletes it). Any object under ``runs/`` is denied to all but those roles together, each kind to all
-    but its own. S3's lifecycle expirations are not requests, and are not refused. infra/storage.py deploys them; the
-    local cloud, where every function acts under one identity, has no role to tell apart and installs
-    ``bucket_policy_statements`` alone."""
+    but its own. S3's lifecycle expirations are not requests, and are not refused. infra/storage.py deploys them, and
+    the local cloud installs and enforces them (each of its functions signs as a principal of its own)."""
 
     def denied(sid: str, pattern: str, allowed: Sequence[str]) -> dict[str, Any]:
         statement: dict[str, Any] = {

@@ -3,6 +3,7 @@ shown to a user (``problems``, ``described``)."""
 
 import difflib
 import re
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -18,6 +19,10 @@ class BadInputError(SlsmlError):
 
 class RunFailed(SlsmlError):
     """A pipeline step found the run unusable; the run is marked FAILED with this reason."""
+
+
+class ConfigReplaced(RunFailed):
+    """A run's ``run.json`` is not the one it registered: the run fails, whatever step reads it."""
 
 
 class NotFoundError(SlsmlError):
@@ -63,7 +68,7 @@ def by_field(error: ValidationError, model: type[BaseModel] | None = None, under
         path = [part for part in e["loc"] if isinstance(part, int) or not _UNION_MEMBER.search(part)]
         field = ".".join(str(part) for part in ([under] if under else []) + path)
         if e["type"] == "extra_forbidden":
-            message = "unknown field" + _nearest(str(path[-1]), _field_names(model, path[:-1]))
+            message = "unknown field" + nearest(str(path[-1]), _field_names(model, path[:-1]))
         else:
             message = e["msg"].removeprefix("Value error, ")
         found.setdefault(field, [])
@@ -77,9 +82,29 @@ def described(error: ValidationError, model: type[BaseModel] | None = None, unde
     return "; ".join(problems(error, model, under))
 
 
-def _nearest(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def renamed(error: ValidationError, names: Mapping[str, str]) -> str:
+    """A pydantic error's problems (``by_field``) on one line, naming each field as the user gave it: ``names``,
+    field → its name where the user's differs (a flag, a Python argument), in the field and in what is said."""
+    fields = "|".join(sorted(names, key=len, reverse=True)) or r"(?!)"
+    return "; ".join(
+        (f"{names.get(field, field)}: " if field else "")
+        + re.sub(rf"(?<![\w-])({fields})(?![\w-])", lambda match: names[match[1]], said)
+        for field, said in by_field(error).items()
+    )
+
+
+def nearest(name: str, known: Iterable[str], n: int = 1, form: Callable[[str], str] = repr) -> str:
+    """`` (did you mean 'x'?)`` (or ``'x' or 'y'``: the ``n`` closest) naming the known names close to ``name``;
+    empty where none is. ``form``: how a name is written (default: quoted)."""
+    close = difflib.get_close_matches(name, list(known), n=n)
+    return f" (did you mean {' or '.join(form(c) for c in close)}?)" if close else ""
+
+
+def unexpected_keyword(function: str, name: str, known: Iterable[str], meant: str | None = None) -> TypeError:
+    """Python's own error for an unknown keyword argument of ``function``, naming the one ``meant`` (default: the
+    closest ``known`` one)."""
+    hint = f" (did you mean {meant!r}?)" if meant else nearest(name, known)
+    return TypeError(f"{function}() got an unexpected keyword argument {name!r}{hint}")
 
 
 def _field_names(model: type[BaseModel] | None, path: list[str | int]) -> list[str]:

@@ -18,6 +18,9 @@ DEAD_LETTER_ERROR_CODE = "ErrorCode"
 DEAD_LETTER_ERROR_MESSAGE = "ErrorMessage"
 DEAD_LETTER_REQUEST_ID = "RequestID"
 
+BATCH_ENTRIES = 10  # SNS PublishBatch limits: 10 entries…
+BATCH_BYTES = 256 * 1024  # …and 256 KiB in all
+PARALLEL_BATCHES = 16  # PublishBatch calls of one publish in flight at once (slsml.pipeline.bus)
 MAX_MESSAGE_BYTES = 128 * 1024  # the biggest real message, a Reduce for 1000 workers, is 45 KiB; SNS allows 256
 # the most values a WorkDone's metrics state holds (AUC: 4 per threshold): a WorkDone of them, at 25 JSON bytes a
 # value at most, stays within MAX_MESSAGE_BYTES
@@ -177,6 +180,12 @@ class Manifest(BaseModel):
 
     iteration: int = Field(ge=1)
     shards: list[str]
+    model_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the SHA-256 of the model entering the iteration (models/<iteration>.keras), where the Merger"
+        " stored it before the manifest (one a run may end on): the final copy of it is checked against it",
+    )
 
 
 class RunStarted(BaseModel):

@@ -45,6 +45,7 @@ class ExecutionInput(BaseModel):
     workers: int = Field(ge=1, description="the workers it trains with at first (the spec's, or auto's fewest)")
     created_at: float
     resume: bool = Field(default=False, description="the run is registered and its model in place: go on with it")
+    config_sha256: str = Field(description="the SHA-256 of the run's run.json, registered with it")
 
 
 def _run_key() -> dict[str, Any]:
@@ -92,6 +93,7 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                         "status": {"S": "RUNNING"},
                         "dataset": {"S.$": "$.dataset"},
                         "training": {"S.$": "States.JsonToString($.training)"},  # the whole spec, once
+                        "config_sha256": {"S.$": "$.config_sha256"},  # what every reader of run.json checks
                         "workers": _number("$.workers"),  # the workers it trains with now
                         "iteration": {"N": "0"},
                         "generation": {"N": "0"},  # resumes count on from here

@@ -85,6 +85,10 @@ class RunRecord(BaseModel):
     reason: str | None = None
     final_key: str | None = None
     final_etag: str | None = Field(default=None, description="the final model's ETag when the run stored it")
+    final_sha256: str | None = Field(default=None, description="and its SHA-256: what a reader of it checks")
+    config_sha256: str | None = Field(
+        default=None, description="the SHA-256 of run.json as the run registered it (RunConfig.config_digest)"
+    )
     test_loss: float | None = None
     test_accuracy: float | None = None
     test: dict[str, float] | None = Field(
@@ -299,9 +303,11 @@ RUN_KIND = "run"
 INDEXES = (RUNS_INDEX,)
 
 
-def run_item(run_id: str, dataset: str, training: TrainingSpec, created_at: float) -> dict[str, Any]:
+def run_item(
+    run_id: str, dataset: str, training: TrainingSpec, created_at: float, config_sha256: str | None = None
+) -> dict[str, Any]:
     """A new run's ``META`` item as the run state machine's RegisterRun writes it (``slsml.state.orchestration``),
-    for runs registered without an execution (benchmarks, tests)."""
+    for runs registered without an execution (benchmarks, tests); ``config_sha256``: its run.json's digest."""
     return dynamo(
         {
             PARTITION_KEY.name: f"RUN#{run_id}",
@@ -317,6 +323,7 @@ def run_item(run_id: str, dataset: str, training: TrainingSpec, created_at: floa
             "iteration_at": created_at,
             "updated_at": created_at,
             "generation": 0,
+            **({"config_sha256": config_sha256} if config_sha256 else {}),
         }
     )
 

@@ -215,10 +215,18 @@ class RunTable:
         val: dict[str, float] | None = None,
         reason: str | None = None,
         final_etag: str | None = None,
+        final_sha256: str | None = None,
     ) -> RunRecord | None:
-        """The budget is spent (or ``reason`` ended the run early): the final model (its key and ETag) and its test
-        and validation figures (the execution marks COMPLETED)."""
-        values = {"final_key": final_key, "final_etag": final_etag, **_test_figures(test), "val": val, "reason": reason}
+        """The budget is spent (or ``reason`` ended the run early): the final model (its key, ETag and SHA-256) and
+        its test and validation figures (the execution marks COMPLETED)."""
+        values = {
+            "final_key": final_key,
+            "final_etag": final_etag,
+            "final_sha256": final_sha256,
+            **_test_figures(test),
+            "val": val,
+            "reason": reason,
+        }
         return self._update_run(run_id, {k: v for k, v in values.items() if v is not None})
 
     def stop(self, run_id: str, reason: str) -> RunRecord | None:
@@ -242,7 +250,7 @@ class RunTable:
                 + (", training = :training" if changed else "")
                 # no execution answers for the run until the new one records itself: the old one's last
                 # states (MarkFailed) then find it superseded, however late they run
-                + " REMOVE reason, task_token, final_key, final_etag, watched, pending, execution_arn",
+                + " REMOVE reason, task_token, final_key, final_etag, final_sha256, watched, pending, execution_arn",
                 ConditionExpression="#status IN (:stopped, :failed)",
                 ExpressionAttributeNames={"#status": "status"},
                 ExpressionAttributeValues={

@@ -25,8 +25,14 @@ import numpy as np
 from pydantic import ValidationError
 
 from slsml.spec import samples
-from slsml.spec.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, LOSS_SCALE_OPTIMIZER_FIELDS, OptimizerConfig
-from slsml.spec.errors import BadInputError
+from slsml.spec.config import (
+    HYPER_PARAMETERS,
+    KERAS_OPTIMIZERS,
+    LOSS_SCALE_OPTIMIZER_FIELDS,
+    OptimizerConfig,
+    optimizer_named,
+)
+from slsml.spec.errors import BadInputError, nearest
 from slsml.spec.samples import Arrays
 from slsml.spec.shardplan import ShardPlan, VariableSpec
 from slsml.training import bounds
@@ -489,7 +495,9 @@ def loss_config(model: keras.Model, override: str | None) -> str:
             lambda leaf: None if leaf is None else keras.losses.serialize(keras.losses.get(leaf)),
         )
     except (ValueError, TypeError) as error:
-        raise BadInputError(f"unknown loss {loss!r}: {error}") from None
+        known = [n for n in dir(keras.losses) if n.islower() and n not in {"get", "serialize", "deserialize"}]
+        close = nearest(loss, known, 2) if isinstance(loss, str) else ""
+        raise BadInputError(f"unknown loss {loss!r}{close}: {error}") from None
     if len(output_names(model)) <= 1 and weights is None and _leaf(serialized):
         return json.dumps(serialized)
     return json.dumps({"loss": serialized, "loss_weights": _by_output(model, weights, "loss_weights")})
@@ -530,18 +538,45 @@ _MISSING = {
     "loss": "a loss (e.g. --loss sparse_categorical_crossentropy)",
     "optimizer": "an optimizer (e.g. --optimizer adam)",
 }
+# the same, to a Python caller (``slsml.fit``, ``slsml.tune``): its arguments, as ``compile`` takes them
+ARGUMENTS_MISSING = {
+    "loss": 'loss= (e.g. loss="sparse_categorical_crossentropy")',
+    "optimizer": 'optimizer= (e.g. optimizer="adam")',
+}
+COMPILED = ("optimizer", "loss", "metrics", "loss_weights", "weighted_metrics")  # what compile takes that a run uses
 
 
-def check_compiled(model: keras.Model, loss: bool, optimizer: bool) -> None:
+def check_compiled(model: keras.Model, loss: bool, optimizer: bool, missing: dict[str, str] = _MISSING) -> None:
     """BadInputError naming, in one message, every piece of training that neither the model was compiled with
-    nor the run gives (``loss``, ``optimizer``: the run gives one)."""
-    missing = [
-        _MISSING[piece]
+    nor the run gives (``loss``, ``optimizer``: the run gives one); ``missing``: how to give each (default: the
+    flags)."""
+    found = [
+        missing[piece]
         for piece, given in (("loss", loss), ("optimizer", optimizer))
         if not given and getattr(model, piece, None) is None
     ]
-    if missing:
-        raise BadInputError(f"the model is not compiled: give {' and '.join(missing)}")
+    if found:
+        raise BadInputError(f"the model is not compiled: give {' and '.join(found)}")
+
+
+def compile_with(model: keras.Model, given: dict[str, Any]) -> None:
+    """Compile ``model`` as ``compile`` does with the arguments ``given`` (``COMPILED``; None: not given) and the
+    others it was compiled with (its optimizer itself, with its state); left as it is where nothing is given.
+    BadInputError naming an optimizer the reducers do not apply, or what ``compile`` refuses."""
+    given = {name: value for name, value in given.items() if value is not None}
+    if not given:
+        return
+    optimizer = given.get("optimizer")
+    if isinstance(optimizer, str):
+        given["optimizer"] = optimizer_named(optimizer, "or a keras.optimizers instance")
+    kept: dict[str, Any] = {}
+    if getattr(model, "compiled", False):
+        config = keras.saving.deserialize_keras_object(model.get_compile_config())
+        kept = {name: config.get(name) for name in COMPILED} | {"optimizer": model.optimizer}
+    try:
+        model.compile(**(kept | given))
+    except (ValueError, TypeError) as error:
+        raise BadInputError(f"compile refuses {', '.join(f'{n}=' for n in given)}: {error}") from None
 
 
 def deserialize_loss(config: str) -> keras.losses.Loss:

@@ -39,10 +39,15 @@ def manifest_shards(run_keys: RunKeys | None, run_id: str, iteration: int, manif
     """The ETags of the shards entering ``iteration`` that its manifest (as read, with its metadata) names; RunFailed
     naming the manifest if it is not the one the Merger stored (its proof of origin under ``run_keys``:
     ``slsml.pipeline.proof``)."""
+    return manifest_of(run_keys, run_id, iteration, manifest).shards
+
+
+def manifest_of(run_keys: RunKeys | None, run_id: str, iteration: int, manifest: Stored) -> Manifest:
+    """The manifest of ``iteration`` (as read, with its metadata): ``manifest_shards``'s checks."""
     key = keys.manifest(run_id, iteration)
     if run_keys is not None and (problem := run_keys.object_problem(run_id, key, manifest.body, manifest.metadata)):
         raise RunFailed(problem)
-    return Manifest.model_validate_json(manifest.body).shards
+    return Manifest.model_validate_json(manifest.body)
 
 
 def load_weights(store: ObjectStore, config: RunConfig, iteration: int, run_keys: RunKeys | None = None) -> np.ndarray:
@@ -99,17 +104,27 @@ def complete_run(services: Services, run_id: str, iteration: int, reason: str | 
     ``iteration`` evaluated: store it (with ``keep_best``: the best evaluated model) as the run's final model with
     its test figures, and end the run's execution."""
     final_key = keys.final_model(run_id)
-    config = run_config(services.store, run_id)
+    config = run_config(services, run_id)
     kept = services.table.get_counter(run_id, iteration - 1)
     if config.training.keep_best is not None:
         series = services.table.watched(run_id, config.training.keep_best)
         if series:
             best = series[stopping.best_at([value for _, value in series], _mode(config, config.training.keep_best))]
             kept = services.table.get_counter(run_id, best[0])
-    # a server-side copy, which a create-only bucket policy cannot cover: what is found at the key is checked, and
-    # the run records the copy's ETag, by which readers of the final model know it was not replaced since
-    etag = services.store.copy_own(keys.model(run_id, kept.iteration + 1), final_key)
-    run = services.table.record_outcome(run_id, final_key, kept.test, kept.val, reason, etag)
+    # a server-side copy, which a create-only bucket policy cannot cover: what is found at the key is checked, what is
+    # copied must be the model the Merger stored (the SHA-256 its manifest names, against S3's checksum of the copy),
+    # and the run records the copy's ETag and SHA-256, by which readers of the final model know it was not replaced
+    source, entering = keys.model(run_id, kept.iteration + 1), kept.iteration + 1
+    manifest = manifest_of(services.keys, run_id, entering, services.store.read(keys.manifest(run_id, entering)))
+    etag = services.store.copy_own(source, final_key, manifest.model_sha256)
+    if etag is None:
+        raise RunFailed(
+            f"{source} is not the model the Merger stored: it was replaced behind the pipeline's back (its SHA-256 is"
+            f" not the one the manifest of iteration {entering} names)"
+        )
+    run = services.table.record_outcome(
+        run_id, final_key, kept.test, kept.val, reason, etag, final_sha256=manifest.model_sha256
+    )
     if run is not None:
         services.orchestrator.succeed(run.task_token, outcome(run))
         # nothing resumes a completed run: its last two sets of carried state go (the Merger deleted the others)

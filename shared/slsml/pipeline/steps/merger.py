@@ -16,6 +16,7 @@ records them with its claim of the merge."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -51,7 +52,7 @@ HEARTBEATS_PER_WINDOW = 4  # the run's execution hears from the pipeline this of
 def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     """Count the shard; returns the key of the next iteration's manifest if this message completed the iteration."""
     store, table = services.store, services.table
-    config = run_config(store, message.run_id)
+    config = run_config(services, message.run_id)
     run, iteration = message.run_id, message.iteration
     counter = table.record_shard(run, iteration, message.generation)
     if counter is None or counter.shards_in < config.reducers or counter.merge_fired_by not in {None, message.shard}:
@@ -69,12 +70,11 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     ends = _may_end(store, config, iteration + 1)  # the model a run may end on is saved before it is launched
     with ThreadPoolExecutor(max_workers=1) as pool:  # the run advances while it is saved
         advancing = pool.submit(table.advance, run, iteration + 1, message.generation)
-        if ends:
-            _save(store, config, iteration, fitted=rules.of(config.training).fit_state)
+        saved = _save(store, config, iteration, fitted=rules.of(config.training).fit_state) if ends else None
         advanced = advancing.result()
     if advanced is None:  # stopped, failed or resumed meanwhile
         return None
-    body = Manifest(iteration=iteration + 1, shards=etags).model_dump_json().encode()
+    body = Manifest(iteration=iteration + 1, shards=etags, model_sha256=saved).model_dump_json().encode()
     metadata = {
         MERGED_METADATA: str(iteration),
         GENERATION_METADATA: str(message.generation),
@@ -138,10 +138,10 @@ def _may_end(store: ObjectStore, config: RunConfig, iteration: int) -> bool:
     )
 
 
-def _save(store: ObjectStore, config: RunConfig, iteration: int, fitted: bool) -> None:
+def _save(store: ObjectStore, config: RunConfig, iteration: int, fitted: bool) -> str:
     """Store the model entering ``iteration + 1`` as ``models/<iteration + 1>.keras``, assembled from its shards
-    (``fitted``: with its optimizer's state, as ``fit`` leaves it). An object of other weights at the key is not the
-    Merger's (a forged or pre-placed one): it is replaced."""
+    (``fitted``: with its optimizer's state, as ``fit`` leaves it); returns the SHA-256 of the model at the key. An
+    object of other weights at the key is not the Merger's (a forged or pre-placed one): it is replaced."""
     key = keys.model(config.run_id, iteration + 1)
     parts = store.get_many(
         [keys.shard(config.run_id, iteration + 1, r) for r in range(config.reducers)],
@@ -151,9 +151,13 @@ def _save(store: ObjectStore, config: RunConfig, iteration: int, fitted: bool) -
     trainer, _ = trainer_for(store, config, iteration)
     modelio.set_flat(trainer.model, config.plan, weights)
     body = _fitted(store, config, iteration, trainer, parts) if fitted else trainer.save()
-    if not store.put_new(key, body) and not _holds(store, config, key, weights):
-        logger.warning("an object not stored by the Merger was replaced", extra={"key": key})
-        store.replace(key, body)
+    if store.put_new(key, body):
+        return hashlib.sha256(body).hexdigest()
+    if _holds(store, config, key, weights):  # stored before (a retry): the digest of what is there
+        return hashlib.sha256(store.get(key)).hexdigest()
+    logger.warning("an object not stored by the Merger was replaced", extra={"key": key})
+    store.replace(key, body)
+    return hashlib.sha256(body).hexdigest()
 
 
 def _fitted(store: ObjectStore, config: RunConfig, iteration: int, trainer: Trainer, parts: list[bytes]) -> bytes:

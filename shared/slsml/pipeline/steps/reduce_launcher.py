@@ -22,7 +22,7 @@ logger = Logger(child=True)
 def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
     """Record ``done``; return the reduce messages published (none unless this message fires the barrier)."""
     metrics.emit(Metric.WORKERS_DONE, 1)
-    config = run_config(services.store, done.run_id)
+    config = run_config(services, done.run_id)
     log = {"run_id": done.run_id, "iteration": done.iteration, "worker": done.worker, "attempt": done.attempt}
     counter = services.table.record_worker(done)
     if counter is None:

@@ -41,7 +41,7 @@ logger = Logger(child=True)
 def reduce(message: ReduceMessage, services: Services) -> ReduceDone | None:
     """Average and step the shard; None if the step waits for the other shards' sums of squares (runs
     that clip by norm), to be released by the shard whose sums complete the set."""
-    config = run_config(services.store, message.run_id)
+    config = run_config(services, message.run_id)
     run, iteration, shard = message.run_id, message.iteration, message.shard
     size = config.plan.shard(shard).size
     if message.squares is not None:  # released after the exchange: step with the stored average

@@ -11,8 +11,7 @@ import pydantic_core
 from aws_lambda_powertools import Logger
 from pydantic import ValidationError
 
-from slsml.client import runs
-from slsml.pipeline import metrics
+from slsml.pipeline import launch, metrics
 from slsml.pipeline.services import Services
 from slsml.spec import keys, wiring
 from slsml.spec.config import DropInRequest, RunConfig, TrainingSpec
@@ -62,7 +61,7 @@ def on_dropped(landed: ModelLanded, services: Services, defaults: DropInRequest)
         else:
             # a request beyond the deployment's limits is started too, for the pipeline to fail it with the
             # reason: whoever dropped the model sees it as a FAILED run
-            runs.start_run(services, model_bytes, request.dataset, spec, run_id=run_id, check_limits=False)
+            launch.start_run(services, model_bytes, request.dataset, spec, run_id=run_id, check_limits=False)
     except (SlsmlError, ValidationError) as error:
         _refuse(services, landed.key, run_id, request.dataset, spec, error)
         return None
@@ -100,7 +99,8 @@ def _launch_prepared(services: Services, run_id: str) -> None:
     last); one whose files are incomplete is refused."""
     if not services.store.exists(keys.source_model(run_id)):
         raise SlsmlError(f"an earlier start of run {run_id!r} was interrupted before its files were all written")
-    runs.launch_run(services, RunConfig.model_validate(services.store.get_json(keys.run_config(run_id))))
+    stored = services.store.get(keys.run_config(run_id))
+    launch.launch_run(services, RunConfig.model_validate_json(stored), stored)
 
 
 def _sidecar(services: Services, name: str) -> bytes | None:

@@ -129,7 +129,7 @@ def _end(deadline: Deadline, run: RunRecord, services: Services) -> Action:
                 return Action.NOTHING
             complete_run(services, run.run_id, deadline.iteration)
             return Action.COMPLETED
-        config = run_config(services.store, run.run_id)
+        config = run_config(services, run.run_id)
         if (reason := stop_reason(config, services.table)) is not None:
             complete_run(services, run.run_id, deadline.iteration, reason)
             return Action.COMPLETED
@@ -140,7 +140,7 @@ Acted = tuple[Action, Deadline | None]  # what the watchdog did, and the chain's
 
 
 def _act(deadline: Deadline, run: RunRecord, services: Services) -> Acted:
-    if reason := changed_behind(run, run_config(services.store, run.run_id)):
+    if reason := changed_behind(run, run_config(services, run.run_id)):
         logger.error("run failed", extra={"run_id": run.run_id, "reason": reason})
         services.fail_run(run.run_id, reason)
         return Action.FAILED, None
@@ -156,7 +156,7 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Acted:
             complete_run(services, run.run_id, deadline.iteration)  # evaluated: its last worker's finish was lost
             return Action.COMPLETED, None
         # else its evaluation round is a work stage like any other: its workers are launched or re-launched
-    config = run_config(services.store, deadline.run_id)
+    config = run_config(services, deadline.run_id)
     record = services.table.get_iteration(deadline.run_id, deadline.iteration)
     if deadline.stage == "work":
         if record.launched_by is None and deadline.iteration < run.iterations and gpu_fleet.from_env() is not None:

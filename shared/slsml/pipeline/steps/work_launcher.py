@@ -13,8 +13,7 @@ from enum import StrEnum
 
 from aws_lambda_powertools import Logger
 
-from slsml.cost import tuner
-from slsml.pipeline import spend
+from slsml.pipeline import spend, tuner
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import changed_behind, complete_run, outcome, run_config, size_fleet
 from slsml.spec import keys, wiring
@@ -85,7 +84,7 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
             extra={"run_id": run_id, "iteration": iteration, "current": run.iteration},
         )
         return Outcome.IGNORED
-    if reason := changed_behind(run, run_config(services.store, run_id)):
+    if reason := changed_behind(run, run_config(services, run_id)):
         logger.error("run failed", extra={"run_id": run_id, "iteration": iteration, "reason": reason})
         services.fail_run(run_id, reason)
         return Outcome.REFUSED
@@ -169,7 +168,7 @@ def _tune(run: RunRecord, iteration: int, services: Services) -> RunRecord:
     per_sample = sum(r.compute_s for r in finite) / max(1, sum(r.samples or 0 for r in finite))
     spec = run.training
     # priced on the deployment's workers: GPU instances where it has them
-    predict = tuner.predictor(run_config(services.store, run.run_id), per_sample, services.limits)
+    predict = tuner.predictor(run_config(services, run.run_id), per_sample, services.limits)
     decision = tuner.decide(state, iteration, run.workers, spec.objective, spec.worker_bounds, predict)
     changed = decision.workers != run.workers
     if changed:

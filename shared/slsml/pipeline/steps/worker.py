@@ -57,7 +57,7 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     """Compute the update of the worker's slice, evaluating the model entering the iteration first when it is due;
     past the budget, only evaluate the final model (None: nothing to announce, as when the evaluation ended the
     run)."""
-    config = run_config(services.store, message.run_id)
+    config = run_config(services, message.run_id)
     if message.worker >= message.workers:
         raise RunFailed(f"work message for worker {message.worker} of an iteration of {message.workers} workers")
     if message.iteration >= config.training.iterations:
