@@ -165,6 +165,13 @@ def iterations_per_epoch(train_count: int, global_batch: int, least: int = 1) ->
     return samples.epoch_batches(train_count, global_batch, least)
 
 
+def epoch_iterations(spec: TrainingSpec, train_count: int) -> int:
+    """Iterations of an epoch of the samples the run trains on (of ``train_count`` before its held-out ones): its
+    global batches as Keras counts them, ``local_batches`` a round."""
+    trained = len(held_out(spec, train_count)[0])
+    return max(1, iterations_per_epoch(trained, spec.global_batch, spec.asked_workers()) // spec.local_batches)
+
+
 def global_batch_indices(train_count: int, global_batch: int, seed: int, iteration: int, least: int = 1) -> np.ndarray:
     """Sample indices of global batch ``iteration``: a slice of epoch e's seeded permutation (the epoch's last one
     the samples left, where they are ``least`` at least)."""

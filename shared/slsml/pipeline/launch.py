@@ -138,6 +138,7 @@ def prepare_run(
         sample_bytes=sizing.sample_bytes(model),
         architecture=modelio.architecture(model),
     )
+    config = with_compress_warmup(config, manifest.train.count)
     if refusal := memory_refusal(config, services.limits.worker_memory_mb):
         raise BadInputError(refusal)
     if not store.put_new(keys.run_config(run_id), config.stored()):
@@ -208,8 +209,18 @@ def _class_weights(spec: TrainingSpec, manifest: DatasetManifest) -> tuple[float
 def with_epochs(spec: TrainingSpec, train_count: int) -> TrainingSpec:
     """``spec`` with its length in iterations: ``epochs`` × the iterations of an epoch of the samples it trains on
     (its own ``iterations`` without epochs). BadInputError if the samples do not make one global batch."""
-    trained = len(data.held_out(spec, train_count)[0])
-    per_epoch = data.iterations_per_epoch(trained, spec.global_batch, spec.asked_workers())
+    per_epoch = data.epoch_iterations(spec, train_count)  # refuses samples that do not make one global batch
     if spec.epochs is None:
         return spec
-    return spec.model_copy(update={"iterations": spec.epochs * max(1, per_epoch // spec.local_batches)})
+    return spec.model_copy(update={"iterations": spec.epochs * per_epoch})
+
+
+def with_compress_warmup(config: RunConfig, train_count: int) -> RunConfig:
+    """``config`` with its warm-up in iterations (``compress_warmup``): where not given, one epoch where a sparse
+    compression feeds the reducers' adaptive optimizer, else none."""
+    spec = config.training
+    if spec.compress_warmup is not None or not spec.compression.sparse:
+        return config
+    adaptive = optimizers.adaptive(rules.server_optimizer(config))
+    warmup = data.epoch_iterations(spec, train_count) if adaptive else 0
+    return config.model_copy(update={"training": spec.model_copy(update={"compress_warmup": warmup})})

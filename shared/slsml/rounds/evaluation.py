@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from slsml.data import datasets as data
 from slsml.data.manifest import DatasetManifest, Split
 from slsml.spec import samples as samples_
-from slsml.spec.config import RunConfig, TrainingSpec
+from slsml.spec.config import RunConfig
 from slsml.training import evaluation, modelio
 
 SLICE_EVALUATED, SLICE_KEY = "slice evaluated", "slice"  # the log line of a slice's evaluation and its record's key
@@ -51,17 +51,11 @@ def evaluated(config: RunConfig, iteration: int, train_count: int) -> list[str]:
     spec, final = config.training, iteration >= config.training.iterations
     every = spec.eval_every
     epoch_end = spec.validation_split is not None and (
-        final or (iteration and iteration % _epoch(spec, train_count) == 0)
+        final or (iteration and iteration % data.epoch_iterations(spec, train_count) == 0)
     )
     watched = epoch_end and any(m.startswith("val_") for m in spec.monitors)
     splits = ["test"] if final or watched or (every and iteration and iteration % every == 0) else []
     return [*splits, "val"] if epoch_end else splits
-
-
-def _epoch(spec: TrainingSpec, train_count: int) -> int:
-    """Iterations per epoch of the samples the run trains on."""
-    trained = len(data.held_out(spec, train_count)[0])
-    return max(1, data.iterations_per_epoch(trained, spec.global_batch, spec.asked_workers()) // spec.local_batches)
 
 
 def evaluator_for(

@@ -55,6 +55,12 @@ class Compression(BaseModel):
             raise ValueError(f"{text!r}: {why}; compress takes {COMPRESS_FORMS}") from None
 
     @property
+    def sparse(self) -> bool:
+        """Whether an update sends some of its entries only (top-k, significance): a step of the reducers' optimizer
+        then sees each entry now and then, with what it gathered meanwhile."""
+        return self.kind in ("topk", "significance")
+
+    @property
     def encoding(self) -> int:
         return {"none": DENSE_F32, "fp16": DENSE_F16, "topk": TOP_K, "significance": SIGNIFICANCE}[self.kind]
 

@@ -569,11 +569,29 @@ class TrainingSpec(BaseModel):
         " per worker slot and added to its next update (error feedback)",
     )
 
+    compress_warmup: int | None = Field(
+        default=None,
+        ge=0,
+        description="with a sparse compression (topk, significance) and reducers stepping an adaptive optimizer"
+        " (Adam, AdamW, Nadam, RMSprop): the first iterations, whose updates go dense, before the optimizer's second"
+        " moments are frozen and the compression starts (1-bit Adam's warm-up; default: one epoch; 0: compress from"
+        " the first iteration, the second moments adapting throughout)",
+    )
+
     @field_validator("compress")
     @classmethod
     def _compressor(cls, text: str) -> str:
         Compression.parse(text)
         return text
+
+    @model_validator(mode="after")
+    def _warmup_compresses(self) -> TrainingSpec:
+        if self.compress_warmup is not None and not self.compression.sparse:
+            raise ValueError(
+                f"compress_warmup {self.compress_warmup}: a warm-up precedes a sparse compression (topk:F or"
+                f" significance:V), and compress is {self.compress}: leave compress_warmup out"
+            )
+        return self
 
     @property
     def class_weights(self) -> dict[int, float] | Literal["balanced"] | None:
@@ -806,6 +824,21 @@ class RunConfig(BaseModel):
         if not RUN_ID_PATTERN.match(value):
             raise ValueError(f"run id {value!r} must be 1-63 lowercase letters, digits or '-'")
         return value
+
+    @property
+    def dense_warmup(self) -> int:
+        """Iterations whose updates go dense before the run's sparse compression starts (``compress_warmup``); from
+        the first compressed one, the reducers' optimizer keeps the second moments it had (0: no warm-up)."""
+        return self.training.compress_warmup or 0
+
+    def compression_at(self, iteration: int) -> Compression:
+        """What workers send in ``iteration``: dense float32 in the warm-up, else the run's compression."""
+        return Compression() if iteration < self.dense_warmup else self.training.compression
+
+    def moments_frozen(self, iteration: int) -> bool:
+        """Whether the reducers' adaptive optimizer steps ``iteration`` on the second moments it had when the warm-up
+        ended (``slsml.training.optimizers.apply``'s ``frozen``)."""
+        return 0 < self.dense_warmup <= iteration
 
     @property
     def workers(self) -> int:

@@ -13,6 +13,11 @@ from slsml.spec.config import OptimizerConfig
 
 State = dict[str, np.ndarray]
 _F = np.float32
+# the slot of second moments of each adaptive optimizer: frozen once a sparse compression starts (``freeze``)
+SECOND_MOMENTS = {"adam": "v", "adamw": "v", "nadam": "v", "rmsprop": "velocity"}
+# a frozen second moment is at least this share of its shard's mean: an entry the warm-up barely saw move would
+# otherwise turn the first large update it gets into a step of any size
+FROZEN_FLOOR = 0.1
 
 
 def initial_state(config: OptimizerConfig, size: int) -> State:
@@ -52,15 +57,31 @@ def learning_rate(config: OptimizerConfig, step: int) -> np.float32:
     return _F(config.learning_rate.rate(step))
 
 
+def adaptive(config: OptimizerConfig) -> bool:
+    """Whether the optimizer scales each entry's step by its second moments (``SECOND_MOMENTS``)."""
+    return config.name in SECOND_MOMENTS
+
+
 def apply(
-    config: OptimizerConfig, weights: np.ndarray, gradient: np.ndarray, state: State, decays: np.ndarray | None = None
+    config: OptimizerConfig,
+    weights: np.ndarray,
+    gradient: np.ndarray,
+    state: State,
+    decays: np.ndarray | None = None,
+    frozen: bool = False,
 ) -> tuple[np.ndarray, State]:
     """One optimizer step on a clipped gradient; returns new weights and new state (inputs are not modified).
-    ``decays``: which weights take the weight decay (default all)."""
+    ``decays``: which weights take the weight decay (default all). ``frozen``: the second moments of an adaptive
+    optimizer stay as they were at the first frozen step (``freeze``), as 1-bit Adam keeps them once its updates are
+    compressed: an entry that a sparse update sends now and then, with what it gathered meanwhile, then moves as far
+    as the steps it stands for would have moved it, where moments that kept adapting would take the gathered update
+    for one large gradient and shrink its step."""
     if weights.shape != gradient.shape:
         raise ValueError(f"weights {weights.shape} and gradient {gradient.shape} differ in shape")
     w, g = weights.astype(_F, copy=True), gradient.astype(_F, copy=False)
     state = {name: value.copy() for name, value in state.items()}
+    if frozen and adaptive(config) and "frozen_step" not in state:
+        _freeze(config, state)
     lr = learning_rate(config, int(state["step"]))
     if config.weight_decay:
         if decays is None:
@@ -72,6 +93,15 @@ def apply(
         _moving_average(config, w, state)
     state["step"] = state["step"] + 1
     return w, state
+
+
+def _freeze(config: OptimizerConfig, state: State) -> None:
+    """Keep the second moments from now on: each at least ``FROZEN_FLOOR`` of their mean, and the step they were
+    taken at (which bias-corrects them)."""
+    moments = state[SECOND_MOMENTS[config.name]]
+    if moments.size:
+        np.maximum(moments, _F(FROZEN_FLOOR) * moments.mean(dtype=np.float64), out=moments)
+    state["frozen_step"] = np.array(state["step"], dtype=np.int64)
 
 
 def finalize(config: OptimizerConfig, weights: np.ndarray, state: State) -> np.ndarray:
@@ -106,20 +136,27 @@ def _sgd(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32, 
 def _adam(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32, state: State) -> None:
     local_step = _F(state["step"] + 1)
     beta_1_power = np.power(_F(config.beta_1), local_step)
-    beta_2_power = np.power(_F(config.beta_2), local_step)
+    beta_2_power = np.power(_F(config.beta_2), _moments_step(state))
     alpha = lr * np.sqrt(_F(1) - beta_2_power) / (_F(1) - beta_1_power)
     m, v = state["m"], state["v"]
     m += (g - m) * _F(1 - config.beta_1)
-    v += (np.square(g) - v) * _F(1 - config.beta_2)
+    if "frozen_step" not in state:
+        v += (np.square(g) - v) * _F(1 - config.beta_2)
     if config.amsgrad:
         np.maximum(state["v_hat"], v, out=state["v_hat"])
         v = state["v_hat"]
     w -= (m * alpha) / (np.sqrt(v) + _F(config.epsilon))
 
 
+def _moments_step(state: State) -> np.float32:
+    """The step of the second moments, for their bias correction: the next one, or the one they froze at."""
+    return _F(state["frozen_step"] if "frozen_step" in state else state["step"] + 1)
+
+
 def _rmsprop(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32, state: State) -> None:
     rho, velocity = _F(config.rho), state["velocity"]
-    velocity[...] = rho * velocity + _F(1 - config.rho) * np.square(g)
+    if "frozen_step" not in state:
+        velocity[...] = rho * velocity + _F(1 - config.rho) * np.square(g)
     if config.centered:
         average = state["average_gradient"]
         average[...] = rho * average + _F(1 - config.rho) * g
@@ -158,10 +195,11 @@ def _nadam(config: OptimizerConfig, w: np.ndarray, g: np.ndarray, lr: np.float32
     u_t_1 = beta_1 * (_F(1) - half * np.power(decay, next_step))
     u_product_t = _F(state["u_product"])
     u_product_t_1 = u_product_t * u_t_1
-    beta_2_power = np.power(beta_2, local_step)
+    beta_2_power = np.power(beta_2, _moments_step(state))
     m, v = state["m"], state["v"]
     m += (g - m) * (_F(1) - beta_1)
-    v += (np.square(g) - v) * (_F(1) - beta_2)
+    if "frozen_step" not in state:
+        v += (np.square(g) - v) * (_F(1) - beta_2)
     m_hat = (u_t_1 * m) / (_F(1) - u_product_t_1) + ((_F(1) - u_t) * g) / (_F(1) - u_product_t)
     v_hat = v / (_F(1) - beta_2_power)
     w -= (m_hat * lr) / (np.sqrt(v_hat) + _F(config.epsilon))

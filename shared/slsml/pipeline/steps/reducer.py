@@ -28,6 +28,7 @@ from slsml.aws.storage import ObjectStore, Stored
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import run_config
 from slsml.spec import keys, wiring
+from slsml.spec.compression import Compression
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import RunFailed
 from slsml.spec.messages import Participant, ReduceDone, ReduceMessage
@@ -85,7 +86,12 @@ def _step(
         gradient = clipping.clip(server, config.plan, shard, mean, squares)
         decays = config.plan.mask(shard, lambda v: server.decays(v.name))[trainable]
         stepped, state = optimizers.apply(
-            server, current.weights[trainable], gradient[trainable], current.state, decays
+            server,
+            current.weights[trainable],
+            gradient[trainable],
+            current.state,
+            decays,
+            frozen=config.moments_frozen(iteration),
         )
     if iteration + 1 == config.training.iterations:  # the final shard
         stepped = optimizers.finalize(server, stepped, state)
@@ -133,16 +139,15 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     """The samples-weighted mean of the participants' parts of the shard, with the workers whose parts were
     read in time (the others are left out)."""
     run, iteration, shard = message.run_id, message.iteration, message.shard
-    policy, participants = ReadPolicy(), message.participants
-    compression, kind = config.training.compression, rules.of(config.training).kind
-    where = [
-        keys.update(run, iteration if p.iteration is None else p.iteration, p.worker, p.attempt) for p in participants
-    ]
+    policy, participants, kind = ReadPolicy(), message.participants, rules.of(config.training).kind
+    computed = [iteration if p.iteration is None else p.iteration for p in participants]
+    where = [keys.update(run, i, p.worker, p.attempt) for i, p in zip(computed, participants, strict=True)]
+    sent = [config.compression_at(i) for i in computed]  # a late update of the warm-up went dense
     need = quorum_count(len(participants), policy.quorum)
-    if compression.kind == "significance":
-        parts = _read_significant_parts(services.store, where, config, shard, need, policy)
+    if any(c.kind == "significance" for c in sent):
+        parts = _read_significant_parts(services.store, where, sent, config, shard, need, policy)
     else:
-        ranges = [updates.part_range(config.plan, shard, compression)] * len(participants)
+        ranges = [updates.part_range(config.plan, shard, c) for c in sent]
         parts = services.store.get_quorum(where, ranges, need=need, timeout_s=policy.timeout_s)
     dropped = [p.worker for p, part in zip(participants, parts, strict=True) if part is None]
     if dropped:
@@ -157,7 +162,7 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
             },
         )
     included, decoded, reports = [], [], []
-    for participant, key, part in zip(participants, where, parts, strict=True):
+    for participant, key, part, compression in zip(participants, where, parts, sent, strict=True):
         if part is None:
             continue
         try:  # every part is checked and decoded before any is used
@@ -197,25 +202,36 @@ def _weight(participant: Participant, iteration: int, decay: float) -> float:
 
 
 def _read_significant_parts(
-    store: ObjectStore, where: list[str], config: RunConfig, shard: int, need: int, policy: ReadPolicy
+    store: ObjectStore,
+    where: list[str],
+    sent: list[Compression],
+    config: RunConfig,
+    shard: int,
+    need: int,
+    policy: ReadPolicy,
 ) -> list[Stored | None]:
     """Significance updates (``slsml.training.updates``): the shard's two entries of each update's part table, then the
-    parts they point at; a read that times out under the read quorum leaves its participant out (each of the
-    two rounds of reads waits up to the read timeout)."""
-    compression, kind = config.training.compression, rules.of(config.training).kind
+    parts they point at (an update ``sent`` dense, of the warm-up, at its part's range); a read that times out under
+    the read quorum leaves its participant out (each of the two rounds of reads waits up to the read timeout)."""
+    kind = rules.of(config.training).kind
+    tabled = [n for n, compression in enumerate(sent) if compression.kind == "significance"]
     entries = store.get_quorum(
-        where, [updates.table_range(config.plan, shard)] * len(where), need=need, timeout_s=policy.timeout_s
+        [where[n] for n in tabled],
+        [updates.table_range(config.plan, shard)] * len(tabled),
+        need=min(need, len(tabled)),
+        timeout_s=policy.timeout_s,
     )
-    ranges: dict[int, tuple[int, int]] = {}
-    for number, (key, entry) in enumerate(zip(where, entries, strict=True)):
+    ranges = {n: updates.part_range(config.plan, shard, c) for n, c in enumerate(sent) if c.kind != "significance"}
+    for number, entry in zip(tabled, entries, strict=True):
         if entry is None:
             continue
+        key = where[number]
         try:  # the header first: the table of an update of another encoding is no table
-            updates.check(entry.metadata, kind, key, compression)
+            updates.check(entry.metadata, kind, key, sent[number])
             ranges[number] = updates.significant_part_range(entry.body, config.plan, shard, entry.size)
         except updates.UpdateFormatError as error:
             raise RunFailed(str(error) if str(error).startswith(key) else f"{key}: {error}") from None
-    read = list(ranges)
+    read = sorted(ranges)
     parts = store.get_quorum(
         [where[n] for n in read], [ranges[n] for n in read], need=min(need, len(read)), timeout_s=policy.timeout_s
     )

@@ -183,7 +183,7 @@ def _train(
     """The round's update from ``start`` on its ``batches`` (their indices; ``left``: the micro-batches of those left
     to compute, ``micro_batch`` samples at most each), stored and announced; None where the round is handed on."""
     store, spec = services.store, config.training
-    compression, rule = spec.compression, rules.of(spec)
+    compression, rule = config.compression_at(message.iteration), rules.of(spec)
     weights = start if compression.kind == "significance" else None
     samples = sum(len(b) for b in batches)
     optimizer = spec.local_optimizer_config()
@@ -343,7 +343,7 @@ def _ended(services: Services, run_id: str) -> bool:
 
 def _residual(message: WorkMessage, config: RunConfig, store: ObjectStore) -> np.ndarray | None:
     """What compression left out of this worker slot's updates up to the iteration before (None: nothing)."""
-    if message.iteration == 0:
+    if message.iteration <= config.dense_warmup:  # the first compressed round: nothing was left out before it
         return None
     key = keys.residual(message.run_id, message.iteration - 1, message.worker)
     try:
