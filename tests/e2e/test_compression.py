@@ -17,6 +17,7 @@ from .conftest import final_weights, finish, train
 
 ITERATIONS, WORKERS = 4, 4
 COMPRESSORS = {"none": "none", "fp16": "fp16", "topk": "topk:0.01", "significance": "significance:0.1"}
+WARMUP = 2  # the top-k run of ``test_a_warmup_sends_dense_updates_then_compresses_with_its_residuals``
 
 
 def _run_id(name: str) -> str:
@@ -34,9 +35,13 @@ def finished(services, digits):
             eval_every=0,
             optimizer=OptimizerConfig(name="adam", learning_rate=0.003),
             compress=compress,
+            # each encoding from the first iteration (the default warm-up of a sparse one with Adam is an epoch)
+            compress_warmup=0 if name in ("topk", "significance") else None,
         )
         train(services, spec, _run_id(name))
-    return {name: finish(services, _run_id(name)) for name in COMPRESSORS}
+    warm = spec.model_copy(update={"compress": "topk:0.01", "compress_warmup": WARMUP})
+    train(services, warm, _run_id("warm"))
+    return {name: finish(services, _run_id(name)) for name in (*COMPRESSORS, "warm")}
 
 
 def _sizes(services, run_id: str, folder: str) -> dict[str, int]:
@@ -51,6 +56,8 @@ def test_every_compressor_completes_and_shrinks_the_updates(finished, services):
     initial = np.concatenate([np.asarray(w).ravel() for w in demo.digits_cnn(seed=1).get_weights()])
     sizes = {}
     for name, run in finished.items():
+        if name not in COMPRESSORS:
+            continue
         assert run.status == "COMPLETED", f"{name}: {run.reason}"
         weights, _ = final_weights(services, _run_id(name))
         assert np.isfinite(weights).all() and not np.array_equal(weights, initial), name
@@ -92,3 +99,18 @@ def test_each_worker_slot_stores_its_residual_each_iteration(finished, local, se
     dense = sum(_sizes(services, _run_id("none"), "updates").values())
     topk = sum(_sizes(services, _run_id("topk"), "updates").values()) + len(slots) * 2 * weights
     assert topk < 0.6 * dense  # top-k's updates and residuals together, against dense updates
+
+
+def test_a_warmup_sends_dense_updates_then_compresses_with_its_residuals(finished, local, services):
+    """Adam with top-k and compress_warmup 2: iterations 0 and 1 send dense updates and keep no residual, 2 and 3
+    send top-k's pairs and store a residual each, the first of them starting from zeros."""
+    run = finished["warm"]
+    assert run.status == "COMPLETED", run.reason
+    weights = sum(np.asarray(w).size for w in demo.digits_cnn(seed=1).get_weights())
+    sizes = _sizes(services, _run_id("warm"), "updates")
+    by_iteration = {i: {sizes[keys.update(_run_id("warm"), i, w)] for w in range(WORKERS)} for i in range(ITERATIONS)}
+    dense = {32 + 4 * weights}
+    assert [by_iteration[i] == dense for i in range(ITERATIONS)] == [i < WARMUP for i in range(ITERATIONS)]
+    assert all(max(by_iteration[i]) < 0.05 * min(dense) for i in range(WARMUP, ITERATIONS))
+    residuals = _residuals(local, services, _run_id("warm"))
+    assert residuals == {(i, w): 0 if i < WARMUP else 2 * weights for i in range(ITERATIONS) for w in range(WORKERS)}

@@ -4,6 +4,7 @@ duplicates, run-table items whose size does not depend on the fleet, and the wat
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 import time
@@ -602,7 +603,11 @@ def test_a_deadline_past_the_last_iteration_launches_the_evaluation_then_complet
     )
     assert watchdog.on_deadline(_deadline("lost-final"), services) == Action.NOTHING  # the model is not in yet
     assert services.table.get_run("lost-final").status == "RUNNING" and sent[-1].iteration == 1
-    services.store.put_new(keys.model("lost-final", 1), b"the final model")
+    final = b"the final model"
+    services.store.put_new(keys.model("lost-final", 1), final)
+    manifest = Manifest(iteration=1, shards=[], model_sha256=hashlib.sha256(final).hexdigest()).model_dump_json()
+    signed = services.keys.sign_object("lost-final", keys.manifest("lost-final", 1), manifest.encode())
+    services.store.put_new(keys.manifest("lost-final", 1), manifest.encode(), signed)  # as the Merger stores it
     assert watchdog.on_deadline(_due(sent[-1], services), services) == Action.RELAUNCHED
     record = services.table.get_iteration("lost-final", 1)
     assert (record.launched_by, record.relaunched) == (DEADLINE_LAUNCH, {0: 1, 1: 1})

@@ -10,6 +10,9 @@ compressor, one after the other in one local runtime, each for the same fixed nu
   by the sum that error feedback kept for it;
 - ``significance``: the entries whose change relative to their weight exceeds ``SIGNIFICANCE`` (MLLess).
 
+Each encoding is compared from the first iteration (``compress_warmup`` 0): the warm-up of dense rounds and frozen
+second moments that a sparse compression with an adaptive optimizer takes by default is left out.
+
 The lossy ones always run with error feedback (``slsml.training.feedback``). For each run, to the first iteration whose
 model reaches the target test accuracy and over the whole run:
 
@@ -125,7 +128,12 @@ def variants(
     }
     compressors = {**COMPRESSORS, "significance": f"significance:{significance:g}"}
     return {
-        name: TrainingSpec(compress=compress, optimizer=TOPK_OPTIMIZER if name == "topk" else OPTIMIZER, **common)
+        name: TrainingSpec(
+            compress=compress,
+            optimizer=TOPK_OPTIMIZER if name == "topk" else OPTIMIZER,
+            **({"compress_warmup": 0} if Compression.parse(compress).sparse else {}),  # each encoding from the start
+            **common,
+        )
         for name, compress in compressors.items()
     }
 
