@@ -282,7 +282,7 @@ def add_commands(commands: Any) -> None:
     start.add_argument(
         "--no-wait",
         action="store_true",
-        help="print the run id and return (--stack, or --local with the local service up)",
+        help="print the run id and return (--stack, or the local service up)",
     )
     start.add_argument(
         "--dataset",
