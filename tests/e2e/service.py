@@ -14,9 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import boto3
+import pytest
 
 from slsml.aws.clients import SIGNING
 from slsml.aws.storage import ObjectStore
+from slsml.local.service import STATE_HOME_ENV
 from slsml.spec import wiring
 from slsml.state.runtable import RunTable
 
@@ -68,12 +70,15 @@ def service_table(cwd: Path) -> RunTable:
 @contextmanager
 def local_service(home: Path, *options: str) -> Iterator[dict]:
     """`slsml local up --pool 2 --json` (and ``options``) in ``home`` (its state, as the line it printed), `local down`
-    at the end."""
-    up = slsml(home, "local", "up", "--pool", "2", "--json", *options)
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr
-        state = json.loads(up.stdout)  # as `local status --json` prints it
-        assert f"local service up at {state['deployment']['endpoint']}" in up.stderr  # what it says, beside it
-        yield state
-    finally:
-        slsml(home, "local", "down")
+    at the end; for its length, the user's state directory (where every command finds the service) is
+    ``home/state``."""
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setenv(STATE_HOME_ENV, str(home / "state"))
+        up = slsml(home, "local", "up", "--pool", "2", "--json", *options)
+        try:
+            assert up.returncode == 0, up.stdout + up.stderr
+            state = json.loads(up.stdout)  # as `local status --json` prints it
+            assert f"local service up at {state['deployment']['endpoint']}" in up.stderr  # what it says, beside it
+            yield state
+        finally:
+            slsml(home, "local", "down")

@@ -50,7 +50,13 @@ def _as_another_user(*command: str, cwd: Path | None = None) -> subprocess.Compl
         text=True,
         timeout=60,
         cwd=cwd,
-        env={"PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONPATH": str(REPOSITORY / "shared")},
+        env={
+            "PATH": os.environ["PATH"],
+            "HOME": "/tmp",
+            "PYTHONPATH": str(REPOSITORY / "shared"),
+            # pointed at this user's state directory: they are told it is not theirs
+            service_module.STATE_HOME_ENV: os.environ[service_module.STATE_HOME_ENV],
+        },
     )
 
 
@@ -63,7 +69,8 @@ def _curl(*arguments: str) -> tuple[int, str]:
 
 
 def test_the_state_folder_and_its_files_are_the_users_alone(home: Path) -> None:
-    state_dir = home / service_module.STATE_DIR
+    state_dir = service_module.user_state_dir()
+    assert state_dir.is_relative_to(home)  # the state directory `local_service` named for the module
     modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in [state_dir, *state_dir.iterdir()]}
     assert modes == {"local": 0o700, "service.json": 0o600, "service.log": 0o600, "logs": 0o700}, modes
     assert all(

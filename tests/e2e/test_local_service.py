@@ -111,7 +111,7 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     page = (service / "report" / "index.html").read_text()
     assert run_id in page and "COMPLETED" in page
     assert all((service / "report" / image).stat().st_size > 0 for image in ("curves.png", "cost.png"))
-    reducer_log = (service / service_module.STATE_DIR / "logs" / "reducer.log").read_text()  # the Reducer's size
+    reducer_log = (service_module.user_state_dir() / "logs" / "reducer.log").read_text()  # the Reducer's size
     started = [json.loads(line) for line in reducer_log.splitlines() if "warm process started" in line]
     assert started and {entry["function_memory_size"] for entry in started} == {REDUCER_MB}
     reports = re.findall(r"^REPORT RequestId: .*\tMemory Size: (\d+) MB\tMax Memory Used: (\d+) MB$", reducer_log, re.M)
@@ -268,7 +268,10 @@ def _plan(cwd: Path) -> dict:
 
 
 def test_plan_and_runs_keep_to_the_services_function_timeouts(service: Path, tmp_path: Path) -> None:
-    default, local = _plan(tmp_path), _plan(service)  # no service up in tmp_path: a default deployment's
+    with pytest.MonkeyPatch.context() as patched:  # a user with no service up: a default deployment's
+        patched.setenv(service_module.STATE_HOME_ENV, str(tmp_path))
+        default = _plan(tmp_path)
+    local = _plan(service)
     assert (default["workload"]["timeout_s"]["worker"], local["workload"]["timeout_s"]["worker"]) == (120, 300)
     assert local["workload"]["timeout_s"]["reducer"] == default["workload"]["timeout_s"]["reducer"]
     # a round of 256 s: handed on once (two invocations of 4 steps) within 120 s, in one invocation within 300 s
@@ -283,8 +286,9 @@ def test_plan_and_runs_keep_to_the_services_function_timeouts(service: Path, tmp
     )
     for command in (["local", "up"], ["run", "start", "--local"]):
         bad = slsml(service, *command, "--function-timeout", "worker=901")
-        assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
-            "argument --function-timeout: functions.worker.timeout_s=901: Input should be less than or equal to 900"
+        assert bad.returncode == 2 and (
+            "argument --function-timeout: functions.worker.timeout_s=901: Input should be less than or equal to 900;"
+            in bad.stderr.strip().splitlines()[-1]
         ), bad.stderr
 
 
@@ -304,6 +308,29 @@ def test_faults_for_a_run_on_the_service_are_refused_in_one_line_saying_what_to_
         "error: --memory worker=4096: it sets a one-shot local run's own cloud, and the local service is up (the run"
         " would go to it, which runs as `slsml local up` set it): give --memory to `slsml local up`, or leave it out"
     ], sized.stderr
+
+
+def test_the_service_is_found_from_any_folder_and_a_run_given_no_target_goes_to_it(
+    service: Path, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"  # no state of slsml's here or above it: the service is the user's
+    elsewhere.mkdir()
+    for name in ("cnn.keras", "digits.npz"):
+        (elsewhere / name).write_bytes((service / name).read_bytes())
+    status = slsml(elsewhere, "local", "status")
+    assert status.returncode == 0, status.stderr
+    assert f"state in {service_module.user_state_dir()}, logs in" in status.stdout, status.stdout
+    put = slsml(elsewhere, "data", "put", "digits-elsewhere", "digits.npz", "--json")
+    assert put.returncode == 0, put.stderr
+    assert "digits-elsewhere" in slsml(service, "data", "list", "--json").stdout  # seen from where it started
+    started = slsml(elsewhere, "run", "start", "--model", "cnn.keras", "--data", "digits-elsewhere", "--iterations",
+                    "1", "--workers", "1", "--run-id", "no-target", "--no-wait", *DEADLINE)  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    endpoint = service_env(service)["AWS_ENDPOINT_URL"]
+    said = [line for line in started.stderr.splitlines() if "local service" in line]  # beside TensorFlow's own
+    assert said == [f"running on the local service at {endpoint} (neither --local nor --stack given)"], started.stderr
+    assert started.stdout.strip() == "no-target"
+    assert "no-target" in dict(_listed(elsewhere)) and "no-target" in dict(_listed(service))
 
 
 def _run_status(table: RunTable, run_id: str) -> str | None:

@@ -294,6 +294,25 @@ def test_data_a_command_cannot_take_is_refused_with_the_commands_that_would_take
     assert not (tmp_path / ".slsml").exists()
 
 
+def test_a_run_given_no_target_with_no_service_up_is_refused_saying_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # a user with no local service up
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.keras").write_bytes(b"")
+    for where in ([], ["--local", "--stack", "prod"]):
+        assert cli.main(["run", "start", *where, "--model", "m.keras", "--data", "d.npz", "--iterations", "2"]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            "error: say where to run: --local (the embedded cloud) or --stack NAME (a deployed stack)"
+            + (
+                "; or start the local service (`slsml local up`), where a run with neither goes"
+                if not where
+                else ", not both"
+            )
+        ]
+    assert not (tmp_path / "state").exists()  # nothing started, nothing stored
+
+
 def test_plan_refuses_both_lengths_and_reckons_its_iterations_from_the_epochs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from slsml.local.private import private_folder
+from slsml.local.service import user_state_dir
 from slsml.spec.errors import SlsmlError
 
 NOBODY = 65534
@@ -52,3 +53,13 @@ def test_a_folder_another_user_owns_or_a_file_in_its_place_is_refused(tmp_path: 
     for folder in (theirs, placed):
         with pytest.raises(SlsmlError, match="is not a folder of yours"):
             private_folder(folder)
+
+
+def test_the_state_folder_is_the_users_wherever_a_command_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    for unset in ("", "relative/state"):  # unset, or not absolute (XDG): ignored
+        monkeypatch.setenv("XDG_STATE_HOME", unset)
+        assert user_state_dir() == tmp_path / "home" / ".local" / "state" / "slsml" / "local"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert user_state_dir() == tmp_path / "xdg" / "slsml" / "local"

@@ -90,15 +90,17 @@ def _record_runs() -> tuple[int, int]:
 def cmd_local_status(args: argparse.Namespace) -> int:
     from slsml.local import service
 
-    state = service.status()
+    state_dir = service.user_state_dir()
+    state = service.status(state_dir)
     if state is None:
-        _console().print("no local service is up (`slsml local up` starts one)")
+        _console().print(f"no local service is up (its state would be in {state_dir}; `slsml local up` starts one)")
         if args.json:
             print("null")
         return 1
     display.results(args.json).print(
         f"local service up at {state.endpoint} (pid {state.pid}) for {time.time() - state.started_at:.0f} s; bucket"
-        f" {state.deployment['bucket']}, table {state.deployment['table']}; logs in {state.log_dir}",
+        f" {state.deployment['bucket']}, table {state.deployment['table']}; state in {state_dir}, logs in"
+        f" {state.log_dir}",
         markup=False,
         highlight=False,
         soft_wrap=True,
@@ -153,7 +155,9 @@ def add_commands(commands: Any) -> None:
         "--json", action="store_true", help="print whether it stopped one and the runs it recorded as one JSON line"
     )
     down.set_defaults(handler=cmd_local_down)
-    status = local.add_parser("status", help="whether the service is up, and where (exit code 1: none is up)")
+    status = local.add_parser(
+        "status", help="whether the service is up, where, and where its state lives (exit code 1: none is up)"
+    )
     status.add_argument(
         "--json", action="store_true", help="print the service's state as one JSON line (null: none is up)"
     )

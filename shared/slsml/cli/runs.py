@@ -19,14 +19,25 @@ _console = display.console  # the commands' one-line messages and spinners
 
 
 def cmd_run_start(args: argparse.Namespace) -> int:
-    if args.local == bool(args.stack):
-        raise BadInputError("say where to run: --local (the embedded cloud) or --stack NAME (a deployed stack)")
+    where = "say where to run: --local (the embedded cloud) or --stack NAME (a deployed stack)"
+    if args.local and args.stack:
+        raise BadInputError(f"{where}, not both")
+    service = None if args.stack else targets.local_service()
+    if not (args.local or args.stack):
+        if service is None:
+            raise BadInputError(
+                f"{where}; or start the local service (`slsml local up`), where a run with neither goes"
+            )
+        _console().print(
+            f"running on the local service at {service.endpoint} (neither --local nor --stack given)", soft_wrap=True
+        )
+        args.local = True
     spec = options.training_spec(args)
     model_path = Path(args.model)
     if not model_path.is_file():
         raise BadInputError(f"model file {model_path} does not exist")
     data_path = Path(args.data)
-    one_shot = args.local and targets.local_service() is None  # a cloud for this run alone
+    one_shot = args.local and service is None  # a cloud for this run alone
     options.check_local_options_apply(args, one_shot)
     if one_shot and data_path.suffix != ".npz":
         raise BadInputError(
@@ -255,7 +266,12 @@ def add_commands(commands: Any) -> None:
     run = commands.add_parser("run", help="start and inspect training runs")
     run = run.add_subparsers(dest="action", required=True)
     start = run.add_parser("start", help="train your .keras model on your data")
-    start.add_argument("--local", action="store_true", help="run on the embedded local cloud")
+    start.add_argument(
+        "--local",
+        action="store_true",
+        help="run on the embedded local cloud: the local service if one is up, else a cloud for this run alone"
+        " (with neither --local nor --stack: the local service, which must be up)",
+    )
     start.add_argument("--stack", help="run on the deployed stack of this name (CloudFormation outputs)")
     start.add_argument("--model", required=True, help="a .keras model file")
     start.add_argument(
@@ -266,7 +282,7 @@ def add_commands(commands: Any) -> None:
     start.add_argument(
         "--no-wait",
         action="store_true",
-        help="print the run id and return (--stack, or --local with the local service up)",
+        help="print the run id and return (--stack, or the local service up)",
     )
     start.add_argument(
         "--dataset",

@@ -6,7 +6,8 @@ variables. Its state (bucket, table, runs) lives in that process: it lasts as lo
 It is its user's alone: its cloud answers requests signed with credentials generated as it starts
 (``slsml.local.cloud``), kept in its state file, which only that user can read: the state folder is created 0700 and
 everything the service writes in it 0600 (its process's umask); a folder another user owns or may write in is
-refused (``slsml.local.private``).
+refused (``slsml.local.private``). The state folder is the user's (``user_state_dir``), not a project's: every command
+finds the service from any folder.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from slsml.pipeline.services import Services
 from slsml.spec.errors import NotFoundError, SlsmlError
 from slsml.spec.limits import RunLimits
 
-STATE_DIR = Path(".slsml/local")
+STATE_HOME_ENV = "XDG_STATE_HOME"  # the user's state directory (XDG); ~/.local/state where unset or relative
 STATE_FILE = "service.json"
 OUTPUT_FILE = "service.log"
 PRIVATE_UMASK = 0o077  # what the service creates, its user alone can read: folders 0700, files 0600
@@ -66,6 +67,14 @@ class ServiceState(BaseModel):
         return shown
 
 
+def user_state_dir() -> Path:
+    """Where the local service keeps its state: ``$XDG_STATE_HOME/slsml/local``, else
+    ``~/.local/state/slsml/local``."""
+    home = os.environ.get(STATE_HOME_ENV, "")
+    root = Path(home) if os.path.isabs(home) else Path.home() / ".local" / "state"
+    return root / "slsml" / "local"
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -76,10 +85,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def status(state_dir: Path = STATE_DIR) -> ServiceState | None:
-    """The running service's state, or None. The state file is trusted only if its endpoint is a loopback
-    address whose cloud answers that its owner is the file's pid, alive: a file that says otherwise (its
-    service gone, its pid reused, or a file not written by the service) is removed and nothing acts on it."""
+def status(state_dir: Path | None = None) -> ServiceState | None:
+    """The running service's state (in ``state_dir``, by default the user's), or None. The state file is trusted
+    only if its endpoint is a loopback address whose cloud answers that its owner is the file's pid, alive: a file
+    that says otherwise (its service gone, its pid reused, or a file not written by the service) is removed and
+    nothing acts on it."""
+    state_dir = state_dir or user_state_dir()
     path = state_dir / STATE_FILE
     try:
         if not path.exists():
@@ -87,8 +98,8 @@ def status(state_dir: Path = STATE_DIR) -> ServiceState | None:
         text = path.read_text()
     except PermissionError:
         raise SlsmlError(
-            f"{state_dir} is another user's local service, which only that user can reach: start one of your own"
-            " with `slsml local up` in a folder of your own"
+            f"{state_dir} is another user's local service, which only that user can reach: set {STATE_HOME_ENV} to"
+            " a folder of your own (or unset it) and start one of your own with `slsml local up`"
         ) from None
     state = ServiceState.model_validate_json(text)
     if not _alive(state.pid) or owner(state.endpoint, state.local_deployment().credentials) != state.pid:
@@ -98,7 +109,7 @@ def status(state_dir: Path = STATE_DIR) -> ServiceState | None:
 
 
 def up(
-    state_dir: Path = STATE_DIR,
+    state_dir: Path | None = None,
     pool: int | None = None,
     timeout_s: float = READY_TIMEOUT_S,
     limits: RunLimits | None = None,
@@ -109,6 +120,7 @@ def up(
     """Start the service (or return the one running) once it is ready to take runs of at most ``limits``; its
     functions have the deployment's memory, timeouts and accelerators but for those ``memory_mb`` (function → MB),
     ``timeouts_s`` (function → s) and ``accelerator_gib`` (function → GiB) name."""
+    state_dir = state_dir or user_state_dir()
     running = status(state_dir)
     if running is not None:
         return running
@@ -116,6 +128,7 @@ def up(
 
     # refused here, in one line, rather than by the service's process as it starts
     checked_accelerators(accelerator_gib or {}, {"worker": min(CONCURRENCY, pool or default_pool())})
+    private_folder(state_dir.parent)  # slsml's own state: the user's alone as well
     private_folder(state_dir)
     command = [
         sys.executable,
@@ -147,8 +160,9 @@ def up(
     raise SlsmlError(f"the local service was not ready within {timeout_s:.0f} s (see {state_dir / OUTPUT_FILE})")
 
 
-def down(state_dir: Path = STATE_DIR, timeout_s: float = 60.0) -> bool:
+def down(state_dir: Path | None = None, timeout_s: float = 60.0) -> bool:
     """Stop the service: its cloud, its functions and everything they held. False if none was up."""
+    state_dir = state_dir or user_state_dir()
     state = status(state_dir)
     if state is None:
         return False
@@ -162,7 +176,7 @@ def down(state_dir: Path = STATE_DIR, timeout_s: float = 60.0) -> bool:
     return True
 
 
-def connect(state_dir: Path = STATE_DIR) -> tuple[ServiceState, Services]:
+def connect(state_dir: Path | None = None) -> tuple[ServiceState, Services]:
     """The running service's state, and Services that reach it (this process's AWS clients point at it)."""
     state = status(state_dir)
     if state is None:
