@@ -99,7 +99,9 @@ def test_trials_run_in_parallel_the_weak_stop_early_and_the_best_model_is_the_be
     assert "pruned" in statuses and "completed" in statuses
     evaluated = result.best_model.evaluate(x_val, y_val, return_dict=True, verbose=0)
     assert evaluated["auc"] == pytest.approx(result.best_value, abs=1e-3)
-    best = next(t for t in result.trials if t.number == result.best_trial)
+    best = result.best_trial  # the trial, as KerasTuner's oracle gives it
+    assert best is not None and best.score == result.best_value
+    assert sorted(t.number for t in result.trials) == list(range(1, 9))  # counted from 1, as their runs are
     assert result.best_hyperparameters == best.hyperparameters and set(best.hyperparameters) == {
         "units",
         "learning_rate",
@@ -108,6 +110,7 @@ def test_trials_run_in_parallel_the_weak_stop_early_and_the_best_model_is_the_be
     _, services = service.connect()
     for trial in result.trials:  # each trial a run of its own, a pruned one stopped as `run stop` stops it
         run = services.table.get_run(trial.run_id)
+        assert trial.run_id == f"cancer-search-t{trial.number}"
         assert run.status == (RunStatus.COMPLETED if trial.status == "completed" else RunStatus.STOPPED)
         assert trial.cost_usd and trial.cost_usd > 0
         epochs = len(trial.history["val_auc"])
@@ -201,7 +204,7 @@ def test_ctrl_c_stops_every_trial_and_resume_finishes_the_search_without_running
         line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
         assert line, "".join(said)
         said.append(line)
-    ended_before = {int(line.split()[1]) - 1 for line in said if line.startswith("Trial ")}
+    ended_before = {int(line.split()[1]) for line in said if line.startswith("Trial ")}
     os.killpg(search.pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches the command's process group
     out, _ = search.communicate(timeout=60)
     while (line := lines.get(timeout=10)) != "":
@@ -226,4 +229,4 @@ def test_ctrl_c_stops_every_trial_and_resume_finishes_the_search_without_running
         assert interrupted["hyperparameters"] in tried
     page = (home / "report" / "index.html").read_text()
     assert all(t["run_id"] in page for t in trials.values())
-    assert resumed["best_hyperparameters"] == trials[resumed["best_trial"]]["hyperparameters"]
+    assert resumed["best_hyperparameters"] == trials[resumed["best_trial"]["number"]]["hyperparameters"]
