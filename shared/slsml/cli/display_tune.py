@@ -12,6 +12,8 @@ def print_search(result: Any, as_json: bool) -> None:
     """The trials as a table (the best starred) and the best, or with ``as_json`` the summary as one JSON line."""
     from rich.table import Table
 
+    from slsml.client.tune import counted
+
     settings = result.settings
     trials = sorted([*result.trials, *result.interrupted], key=lambda t: t.number)
     names = list(dict.fromkeys(name for t in trials for name in t.hyperparameters))
@@ -41,9 +43,8 @@ def print_search(result: Any, as_json: bool) -> None:
             soft_wrap=True,
         )
     spent = "" if result.spent_usd is None else f", {dollars(result.spent_usd)} spent"
-    ended = len(result.trials)
     console.print(
-        f"{ended} trial{'' if ended == 1 else 's'} in {result.wall_s:.1f} s{spent}", markup=False, highlight=False
+        f"{counted(len(result.trials), 'trial')} in {result.wall_s:.1f} s{spent}", markup=False, highlight=False
     )
     if result.stopped_starting:
         console.print(f"no more trials: {result.stopped_starting}", markup=False, highlight=False, soft_wrap=True)

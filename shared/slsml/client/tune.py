@@ -299,7 +299,7 @@ def measured_price(trials: Sequence[TrialRecord]) -> tuple[float, str] | None:
     costs = [t.cost_usd for t in trials if t.status == TrialStatus.COMPLETED and t.cost_usd is not None]
     if not costs:
         return None
-    return sum(costs) / len(costs), f"as the mean of {_count(len(costs), 'completed trial')}"
+    return sum(costs) / len(costs), f"as the mean of {counted(len(costs), 'completed trial')}"
 
 
 @dataclass
@@ -556,7 +556,7 @@ class _Search:
         )
         which = f" ({', '.join(map(str, stopped))})" if stopped else ""
         line = (
-            f"interrupted: search {self.settings.name} stopped {_count(len(stopped), 'running trial')}{which} after"
+            f"interrupted: search {self.settings.name} stopped {counted(len(stopped), 'running trial')}{which} after"
             f" {self._ended() + len(ended)} of {self.settings.max_trials} ended; {goes_on}"
         )
         self.say(line)
@@ -622,6 +622,6 @@ def _value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _count(n: int, noun: str) -> str:
+def counted(n: int, noun: str) -> str:
     """``n`` ``noun``s, the noun singular for one: "1 trial", "3 trials"."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
