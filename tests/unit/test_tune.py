@@ -13,10 +13,11 @@ import pytest
 
 from slsml.cli import tune as cli_tune
 from slsml.cli import tune_report
+from slsml.cli.display_tune import print_search
 from slsml.cli.main import main
-from slsml.client.tune import progress_line
+from slsml.client.tune import measured_price, progress_line
 from slsml.search import space
-from slsml.search.engine import Engine
+from slsml.search.engine import Engine, trial_number
 from slsml.search.records import SearchSettings, TrialRecord, TrialStatus, summarize
 from slsml.spec.errors import BadInputError
 
@@ -53,7 +54,7 @@ def _trial(number: int, status: TrialStatus, values: list[float], **changes) -> 
     fields = dict(
         number=number,
         run_id=f"cancer-t{number}",
-        hyperparameters={"learning_rate": 0.01 * (number + 1), "hidden": False},
+        hyperparameters={"learning_rate": 0.01 * number, "hidden": False},
         params={"learning_rate": 0.1 * number, "hidden": False},
         status=status,
         history={"val_auc": values},
@@ -103,9 +104,9 @@ def test_the_pruner_stops_trials_that_fall_behind_at_a_rung(pruner: str) -> None
     space.build(build_model, hp)
     distributions = space.distributions(space.declared(hp))
     stopped = []
-    for number, level in enumerate([0.9, 0.5, 0.95, 0.4, 0.3, 0.97, 0.2, 0.1]):
+    for number, level in enumerate([0.9, 0.5, 0.95, 0.4, 0.3, 0.97, 0.2, 0.1], start=1):
         trial = engine.ask(distributions)
-        assert trial.number == number
+        assert trial_number(trial) == number  # counted from 1
         for epoch in range(1, settings.epochs + 1):
             if engine.report(trial, epoch, level + 0.001 * epoch):
                 stopped.append(number)
@@ -113,8 +114,8 @@ def test_the_pruner_stops_trials_that_fall_behind_at_a_rung(pruner: str) -> None
                 break
         else:
             engine.tell(trial, TrialStatus.COMPLETED, level + 0.006)
-    assert stopped and 0 not in stopped and 5 not in stopped  # the first and the best go on; weaker ones stop
-    assert set(stopped) <= {1, 3, 4, 6, 7}
+    assert stopped and 1 not in stopped and 6 not in stopped  # the first and the best go on; weaker ones stop
+    assert set(stopped) <= {2, 4, 5, 7, 8}
 
 
 def test_a_rebuilt_engine_keeps_the_trials_numbers_and_tries_an_interrupted_trials_draw_again() -> None:
@@ -123,10 +124,10 @@ def test_a_rebuilt_engine_keeps_the_trials_numbers_and_tries_an_interrupted_tria
     space.build(build_model, hp)
     distributions = space.distributions(space.declared(hp))
     recorded = [
-        _trial(0, TrialStatus.COMPLETED, [0.9, 0.95]),
-        _trial(1, TrialStatus.PRUNED, [0.5], engine={"completed_rung_0": 0.5}),
-        _trial(3, TrialStatus.INTERRUPTED, [0.7], params={"learning_rate": 0.25, "hidden": True}),
-        _trial(4, TrialStatus.FAILED, []),
+        _trial(1, TrialStatus.COMPLETED, [0.9, 0.95]),
+        _trial(2, TrialStatus.PRUNED, [0.5], engine={"completed_rung_0": 0.5}),
+        _trial(4, TrialStatus.INTERRUPTED, [0.7], params={"learning_rate": 0.25, "hidden": True}),
+        _trial(5, TrialStatus.FAILED, []),
     ]
     engine = Engine(settings)
     engine.retell(recorded, distributions)
@@ -136,25 +137,32 @@ def test_a_rebuilt_engine_keeps_the_trials_numbers_and_tries_an_interrupted_tria
     assert told[0].value == 0.95 and told[0].intermediate_values == {1: 0.9, 2: 0.95}
     assert told[1].system_attrs["completed_rung_0"] == 0.5  # the pruner's rung, as it was
     again = engine.ask(distributions)
-    assert again.number == 5 and again.params == {"learning_rate": 0.25, "hidden": True}
+    assert trial_number(again) == 6 and again.params == {"learning_rate": 0.25, "hidden": True}
+    cut = Engine(settings)  # trial 7's run prepared, its record never written: the next is trial 8
+    cut.retell(recorded, distributions, taken=7)
+    assert trial_number(cut.ask(distributions)) == 8
     with pytest.raises(BadInputError, match="no longer declares"):
-        Engine(settings).retell([_trial(0, TrialStatus.COMPLETED, [0.9], params={"depth": 0.3})], distributions)
+        Engine(settings).retell([_trial(1, TrialStatus.COMPLETED, [0.9], params={"depth": 0.3})], distributions)
 
 
 def test_the_summary_names_the_best_completed_trial_by_the_objectives_direction() -> None:
     trials = [
-        _trial(0, TrialStatus.COMPLETED, [0.90, 0.93]),
-        _trial(1, TrialStatus.PRUNED, [0.99]),  # better, but stopped: it has no trained model
-        _trial(2, TrialStatus.COMPLETED, [0.91, 0.96, 0.95]),
-        _trial(3, TrialStatus.INTERRUPTED, [0.97], cost_usd=0.004),
+        _trial(1, TrialStatus.COMPLETED, [0.90, 0.93]),
+        _trial(2, TrialStatus.PRUNED, [0.99]),  # better, but stopped: it has no trained model
+        _trial(3, TrialStatus.COMPLETED, [0.91, 0.96, 0.95]),
+        _trial(4, TrialStatus.INTERRUPTED, [0.97], cost_usd=0.004),
     ]
     summary = summarize(_settings(), trials, 12.5, None)
-    assert (summary.best_trial, summary.best_value) == (2, 0.96)
-    assert summary.best_hyperparameters == trials[2].hyperparameters
-    assert [t.number for t in summary.trials] == [0, 1, 2] and [t.number for t in summary.interrupted] == [3]
+    best = summary.best_trial
+    assert best is not None  # the trial, as KerasTuner's oracle gives it
+    assert (best.number, best.run_id, best.score, summary.best_value) == (3, "cancer-t3", 0.96, 0.96)
+    assert summary.best_hyperparameters == best.hyperparameters == trials[2].hyperparameters
+    assert [t.number for t in summary.trials] == [1, 2, 3] and [t.number for t in summary.interrupted] == [4]
     assert summary.spent_usd == pytest.approx(0.007)  # the interrupted trial's spend counts
     lowest = summarize(_settings(objective="val_loss", direction="min"), trials, 1.0, None)
-    assert lowest.best_trial == 0  # val_loss: the lower the better (its "val_auc" history aside, value 0.93)
+    assert (
+        lowest.best_trial is not None and lowest.best_trial.number == 1
+    )  # val_loss: the lower the better (its "val_auc" history aside, value 0.93)
 
 
 def test_settings_refuse_a_name_that_makes_no_run_id_and_an_objective_that_is_not_a_validation_figure() -> None:
@@ -167,13 +175,38 @@ def test_settings_refuse_a_name_that_makes_no_run_id_and_an_objective_that_is_no
 
 def test_a_trials_line_says_how_it_ended_its_time_dollars_objective_and_hyperparameters() -> None:
     settings = _settings()
-    best = _trial(2, TrialStatus.COMPLETED, [0.91, 0.96])
+    best = _trial(3, TrialStatus.COMPLETED, [0.91, 0.96])
     assert progress_line(best, settings, best, 2) == (
-        "Trial 3 (2/8) - completed - 2 epochs - 12.0s - $0.001 - val_auc: 0.9600 (best) - learning_rate: 0.03"
+        "Trial 3 (2/8) - completed - 2 epochs - 13.0s - $0.001 - val_auc: 0.9600 (best) - learning_rate: 0.03"
         " - hidden: False"
     )
-    pruned = _trial(1, TrialStatus.PRUNED, [0.5])
-    assert progress_line(pruned, settings, best, 3).startswith("Trial 2 (3/8) - pruned at epoch 1 - 11.0s")
+    pruned = _trial(2, TrialStatus.PRUNED, [0.5])
+    assert progress_line(pruned, settings, best, 3).startswith("Trial 2 (3/8) - pruned at epoch 1 - 12.0s")
+
+
+def test_the_next_trials_price_is_the_completed_trials_mean_cost_once_one_completed() -> None:
+    assert measured_price([_trial(1, TrialStatus.PRUNED, [0.5], cost_usd=0.0004)]) is None  # the plan's, then
+    price, why = measured_price(
+        [
+            _trial(1, TrialStatus.COMPLETED, [0.9], cost_usd=0.0014),
+            _trial(2, TrialStatus.PRUNED, [0.5], cost_usd=0.0004),  # stopped short of a whole trial
+            _trial(3, TrialStatus.COMPLETED, [0.9], cost_usd=0.0017),
+        ]
+    ) or (None, "")
+    assert price == pytest.approx(0.00155) and why == "as the mean of 2 completed trials"
+    assert measured_price([_trial(1, TrialStatus.COMPLETED, [0.9], cost_usd=0.0014)]) == (
+        pytest.approx(0.0014),
+        "as the mean of 1 completed trial",
+    )
+
+
+def test_the_table_counts_the_trials_from_one_and_names_the_best(capsys: pytest.CaptureFixture) -> None:
+    print_search(summarize(_settings(), [_trial(1, TrialStatus.COMPLETED, [0.9, 0.93])], 3.0, None), False)
+    out = capsys.readouterr().out
+    assert "1 trial in 3.0 s" in out and "best: trial 1, val_auc 0.9300" in out and "run cancer-t1" in out
+    two = [_trial(1, TrialStatus.COMPLETED, [0.9]), _trial(2, TrialStatus.COMPLETED, [0.95])]
+    print_search(summarize(_settings(), two, 4.0, None), False)
+    assert "2 trials in 4.0 s" in capsys.readouterr().out
 
 
 def test_the_build_flag_names_what_is_wrong_with_it(tmp_path: Path) -> None:
@@ -197,9 +230,9 @@ def test_tune_without_a_service_or_stack_says_how_to_start_one(
 
 def test_the_report_shows_each_trial_how_it_ended_and_the_best(tmp_path: Path) -> None:
     trials = [
-        _trial(0, TrialStatus.COMPLETED, [0.90, 0.93]),
-        _trial(1, TrialStatus.PRUNED, [0.5], reason="stopped at epoch 1 of 6"),
-        _trial(2, TrialStatus.FAILED, [], reason="its run ended FAILED: out of memory"),
+        _trial(1, TrialStatus.COMPLETED, [0.90, 0.93]),
+        _trial(2, TrialStatus.PRUNED, [0.5], reason="stopped at epoch 1 of 6"),
+        _trial(3, TrialStatus.FAILED, [], reason="its run ended FAILED: out of memory"),
     ]
     summary = summarize(_settings(budget_usd=0.01), trials, 20.0, "the next trial would pass the budget")
     page = tune_report.write_report(summary, tmp_path / "report")
@@ -217,11 +250,11 @@ def test_a_resumed_search_draws_hyperparameters_it_has_not_tried() -> None:
     distributions = space.distributions(space.declared(hp))
     first = Engine(settings)
     tried = []
-    for number in range(3):
+    for number in range(1, 4):
         trial = first.ask(distributions)
         first.tell(trial, TrialStatus.COMPLETED, 0.9)
         tried.append(_trial(number, TrialStatus.COMPLETED, [0.9], params=trial.params))
     resumed = Engine(settings)
     resumed.retell(tried, distributions)
     drawn = resumed.ask(distributions)
-    assert drawn.number == 3 and drawn.params not in [t.params for t in tried]
+    assert trial_number(drawn) == 4 and drawn.params not in [t.params for t in tried]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from slsml.spec.errors import BadInputError, NotFoundError
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    began = time.time()  # the search's wall_s: the whole command's
     from slsml.client import tune
     from slsml.search import records
 
@@ -31,10 +33,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         settings, build_model = _new_search(args, services)
     try:
-        result = tune.run_search(target, build_model, settings, display.say)
-    except tune.SearchInterrupted as interrupted:
+        result = tune.run_search(target, build_model, settings, display.say, began)
+    except tune.SearchInterrupted as interrupted:  # which trials it stopped and how to resume: said as it stopped them
         display_tune.print_search(interrupted.result, args.json)  # what it had
-        raise KeyboardInterrupt(str(interrupted)) from None
+        return 130
     display_tune.print_search(result, args.json)
     if args.report:
         from slsml.cli import tune_report

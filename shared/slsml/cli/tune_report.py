@@ -45,15 +45,16 @@ def draw_trials(summary: SearchSummary, trials: list[TrialRecord], path: Path) -
     figure_ = _figure(13, 0.5 * max(4, len(trials)) + 1.5)
     timeline, dollars = figure_.subplots(1, 2, width_ratios=(3, 2))
     began = min((t.started_at for t in trials), default=0.0)
+    best = summary.best_trial
     for trial in trials:
         start, end = trial.started_at - began, trial.ended_at - began
-        row = trial.number + 1  # trials are counted from 1, as their lines and the table count them
+        row = trial.number
         timeline.barh(row, end - start, left=start, color=STATUS_COLORS[trial.status], height=0.6)
         label = trial.status.value
         if trial.status != TrialStatus.COMPLETED:
             label += f" at epoch {trial.epochs(summary.settings.objective)}"
         timeline.text(end, row, f" {label}", va="center", fontsize=8)
-        if trial.number == summary.best_trial:
+        if best is not None and trial.number == best.number:
             timeline.plot(end, row, marker="*", markersize=14, color="gold", markeredgecolor="black")
     timeline.set_xlabel("seconds since the first trial started")
     timeline.set_ylabel("trial")
@@ -86,7 +87,7 @@ def draw_objective(summary: SearchSummary, trials: list[TrialRecord], path: Path
         values = trial.history.get(objective, [])
         if not values:
             continue
-        best = trial.number == summary.best_trial
+        best = summary.best_trial is not None and trial.number == summary.best_trial.number
         epochs = range(1, len(values) + 1)
         axis.plot(
             epochs,
@@ -96,7 +97,7 @@ def draw_objective(summary: SearchSummary, trials: list[TrialRecord], path: Path
             alpha=1.0 if best else 0.7,
             marker="o",
             markersize=3,
-            label=f"trial {trial.number + 1} (best)" if best else None,
+            label=f"trial {trial.number} (best)" if best else None,
         )
         if trial.status != TrialStatus.COMPLETED:
             axis.plot(len(values), values[-1], marker="x", markersize=9, color=STATUS_COLORS[trial.status])
@@ -120,14 +121,14 @@ def _card(key: str, value: str) -> str:
 
 def render(summary: SearchSummary, trials: list[TrialRecord]) -> str:
     """The page: escaped text, the PNGs referenced relatively, no scripts."""
-    settings = summary.settings
+    settings, best = summary.settings, summary.best_trial
     counts = {status: sum(t.status == status for t in trials) for status in TrialStatus}
     spent = "–" if summary.spent_usd is None else usd(summary.spent_usd)
     if settings.budget_usd is not None:
         spent += f" of {usd(settings.budget_usd)}"
     cards = [
         _card(f"best {settings.objective}", figure(summary.best_value)),
-        _card("best trial", "–" if summary.best_trial is None else str(summary.best_trial + 1)),
+        _card("best trial", "–" if best is None else str(best.number)),
         _card("trials", ", ".join(f"{n} {status.value}" for status, n in counts.items() if n)),
         _card("wall time", f"{summary.wall_s:.1f} s"),
         _card("spent", spent),
@@ -143,7 +144,7 @@ def render(summary: SearchSummary, trials: list[TrialRecord]) -> str:
             else ""
         )
         cells = [
-            str(t.number + 1) + (" ★" if t.number == summary.best_trial else ""),
+            str(t.number) + (" ★" if best is not None and t.number == best.number else ""),
             t.status.value,
             str(t.epochs(settings.objective)),
             figure(t.value),
@@ -155,10 +156,8 @@ def render(summary: SearchSummary, trials: list[TrialRecord]) -> str:
         ]
         rows.append("<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in cells) + "</tr>")
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    best = (
-        ""
-        if summary.best_hyperparameters is None
-        else ", ".join(f"{name} = {_shown(value)}" for name, value in summary.best_hyperparameters.items())
+    chosen = (
+        "" if best is None else ", ".join(f"{name} = {_shown(value)}" for name, value in best.hyperparameters.items())
     )
     parts = [
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>slsml search {_e(settings.name)}'
@@ -168,7 +167,7 @@ def render(summary: SearchSummary, trials: list[TrialRecord]) -> str:
         f" {_e(settings.dataset)}; {_e(settings.objective)} {settings.direction}imized;"
         f" pruner {_e(settings.pruner)}</p>",
         f'<div class="cards">{"".join(cards)}</div>',
-        f"<p>best hyperparameters: {_e(best or '–')}</p>",
+        f"<p>best hyperparameters: {_e(chosen or '–')}</p>",
     ]
     if summary.stopped_starting:
         parts.append(f'<p class="bad">no more trials were started: {_e(summary.stopped_starting)}</p>')

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +32,7 @@ from slsml.data.manifest import DatasetManifest
 from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.search import records, space
-from slsml.search.engine import Engine
+from slsml.search.engine import Engine, trial_number
 from slsml.search.records import Pruner, SearchSettings, SearchSummary, TrialRecord, TrialStatus, Validation
 from slsml.spec import keys, samples
 from slsml.spec.config import TrainingSpec, optimizer_named
@@ -110,7 +110,9 @@ def tune(
     run on the deployed stack of this name (else the local service if one is up, else a local runtime of the call's
     own). ``name``: the search's (its trials' runs are ``<name>-t<number>``); ``resume=True`` goes on with the search
     of that name, its data and settings as it started (``x`` and ``y`` may be None). ``verbose``: one line per trial
-    on stderr (0: none). Ctrl-C stops every trial and raises ``SearchInterrupted`` with what the search had."""
+    on stderr (0: none). Ctrl-C stops every trial, says which and how to resume, and raises ``SearchInterrupted``
+    with what the search had."""
+    began = time.time()  # the result's wall_s: the whole call's, a local runtime's start too
     check_keywords("tune", options, TUNE_ARGUMENTS)
     say = _stderr if verbose else None
     if resume:
@@ -120,7 +122,7 @@ def tune(
             settings = records.load_settings(target.services.store, name)
             if settings is None:
                 raise NotFoundError(f"no search named {name!r} where it runs ({_where(stack)})")
-            return _run_said(target, build_model, settings, say)
+            return run_search(target, build_model, settings, say, began)
     if x is None or y is None:
         raise BadInputError("a new search takes the training data: x and y")
     if validation_data is None and validation_split is None:
@@ -162,22 +164,10 @@ def tune(
         records.check_new(target.services.store, name)
         data.put_dataset(target.services.store, name, x, y, *test)
         records.save_settings(target.services.store, settings)
-        return _run_said(target, build_model, settings, say)
+        return run_search(target, build_model, settings, say, began)
 
 
 TUNE_ARGUMENTS = tuple(inspect.signature(tune).parameters)[:-1]  # its own keywords (not ``options``)
-
-
-def _run_said(
-    target: Target, build_model: space.BuildModel, settings: SearchSettings, say: Callable[[str], None] | None
-) -> TuneResult:
-    """``run_search``, saying (with ``say``) what became of the search if it is interrupted."""
-    try:
-        return run_search(target, build_model, settings, say)
-    except SearchInterrupted as interrupted:
-        if say is not None:
-            say(str(interrupted))
-        raise
 
 
 def _stderr(line: str) -> None:
@@ -303,11 +293,21 @@ def trial_spec(settings: SearchSettings, manifest: DatasetManifest, budget_usd: 
     return spec.model_copy(update={"eval_every": per_epoch if settings.validation == "test" else 0})
 
 
+def measured_price(trials: Sequence[TrialRecord]) -> tuple[float, str] | None:
+    """What a whole trial costs as the search measured it, the mean cost of its completed ``trials`` (a pruned or
+    failed one stopped short of a whole trial), and how it was set; None before any completed."""
+    costs = [t.cost_usd for t in trials if t.status == TrialStatus.COMPLETED and t.cost_usd is not None]
+    if not costs:
+        return None
+    return sum(costs) / len(costs), f"as the mean of {counted(len(costs), 'completed trial')}"
+
+
 @dataclass
 class _Running:
     """A trial whose run is running, and what the search has read of it."""
 
     trial: Any  # Optuna's
+    number: int  # the search's, from 1
     run_id: str
     hyperparameters: dict[str, Any]
     started_at: float
@@ -317,18 +317,28 @@ class _Running:
 
 
 def run_search(
-    target: Target, build_model: space.BuildModel, settings: SearchSettings, say: Callable[[str], None] | None
+    target: Target,
+    build_model: space.BuildModel,
+    settings: SearchSettings,
+    say: Callable[[str], None] | None,
+    began: float | None = None,
 ) -> TuneResult:
     """Run (or go on with) the search ``settings`` describes until it has ``max_trials`` trials ended, or its budget
-    stops it; ``say``: its progress lines."""
-    return _Search(target, build_model, settings, say or (lambda line: None)).run()
+    stops it; ``say``: its progress lines (and, on Ctrl-C, what it stopped and how it goes on); ``began``: when the
+    call started, which its ``wall_s`` counts from (default now)."""
+    return _Search(target, build_model, settings, say or (lambda line: None), began).run()
 
 
 class _Search:
     """A search under way: its engine, its running trials and its recorded ones."""
 
     def __init__(
-        self, target: Target, build_model: space.BuildModel, settings: SearchSettings, say: Callable[[str], None]
+        self,
+        target: Target,
+        build_model: space.BuildModel,
+        settings: SearchSettings,
+        say: Callable[[str], None],
+        began: float | None,
     ) -> None:
         self.target, self.services, self.settings = target, target.services, settings
         self.build_model, self.say = build_model, say
@@ -338,13 +348,13 @@ class _Search:
         self.space = space.declared(defaults)
         self.records = records.load_trials(self.services.store, settings.name)
         self.engine = Engine(settings)
-        taken = max((t.number for t in self.records), default=-1) + 1
-        while self.services.store.exists(keys.run_config(settings.run_id(taken))):  # prepared, cut short unstarted
+        taken = max((t.number for t in self.records), default=0)
+        while self.services.store.exists(keys.run_config(settings.run_id(taken + 1))):  # prepared, cut short unstarted
             taken += 1
         self.engine.retell(self.records, space.distributions(self.space), taken)
         self.running: dict[int, _Running] = {}
         self.stopped_starting: str | None = None
-        self.began = time.time()
+        self.began = time.time() if began is None else began
 
     def run(self) -> TuneResult:
         """Start trials while fewer than ``parallel`` run, follow them, until the search is done; on Ctrl-C (or any
@@ -378,7 +388,8 @@ class _Search:
         hp = space.hyperparameters(space.values(self.space, trial.params))
         model = space.build(self.build_model, hp)
         self.space |= space.declared(hp)  # hyperparameters of a conditional scope join the space as they appear
-        running = _Running(trial, self.settings.run_id(trial.number), space.chosen(hp), started_at, 1, None)
+        number = trial_number(trial)
+        running = _Running(trial, number, self.settings.run_id(number), space.chosen(hp), started_at, 1, None)
         from slsml.training import modelio
 
         model_bytes = modelio.save_model(model)
@@ -393,30 +404,38 @@ class _Search:
                 per_epoch = launch.with_epochs(spec, self.manifest.train.count).iterations // self.settings.epochs
                 running.per_epoch = per_epoch
                 config = launch.prepare_run(self.services, model_bytes, self.settings.dataset, spec, running.run_id)
-            self.running[trial.number] = running
+            self.running[number] = running
             launch.launch_run(self.services, config)
         except SlsmlError as error:
-            self.running.pop(trial.number, None)
+            self.running.pop(number, None)
             self._end(running, TrialStatus.FAILED, str(error))
 
     def _priced(self, running: _Running, model_bytes: bytes) -> float | None:
-        """The trial's share of the budget (what is left of it), or None where the plan's price of the trial
-        would take the search past its budget: the search then starts no more trials."""
-        from slsml.cost import budget
-
+        """The trial's share of the budget (what is left of it), or None where its price would take the search past
+        its budget: the search then starts no more trials."""
         assert self.settings.budget_usd is not None
-        spec = launch.with_epochs(trial_spec(self.settings, self.manifest, None), self.manifest.train.count)
-        running.predicted_usd = budget.predict(model_bytes, self.manifest, spec, self.services.limits)
+        running.predicted_usd, priced_by = self._price(model_bytes)
         committed = self._committed()
         if committed + running.predicted_usd <= self.settings.budget_usd:
             return self.settings.budget_usd - committed
         self.stopped_starting = (
-            f"the next trial, priced {prices.usd(running.predicted_usd)} by the plan, would take the search past its"
-            f" budget: {prices.usd(committed)} of {prices.usd(self.settings.budget_usd)} spent or committed"
+            f"the next trial, priced {prices.usd(running.predicted_usd)} {priced_by}, would take the search past"
+            f" its budget: {prices.usd(committed)} of {prices.usd(self.settings.budget_usd)} spent or committed"
         )
         self.engine.tell(running.trial, TrialStatus.FAILED, None)
         self.say(f"no more trials: {self.stopped_starting}")
         return None
+
+    def _price(self, model_bytes: bytes) -> tuple[float, str]:
+        """The next trial's price, and what set it: what a whole trial costs as measured (``measured_price``),
+        else, before any trial completed, the plan's prediction of the trial."""
+        measured = measured_price(self.records)
+        if measured is not None:
+            return measured
+        from slsml.cost import budget
+
+        spec = launch.with_epochs(trial_spec(self.settings, self.manifest, None), self.manifest.train.count)
+        return budget.predict(model_bytes, self.manifest, spec, self.services.limits), "by the plan"
 
     def _committed(self) -> float:
         """The ended trials' cost and, of each running one, the most of its price and its spend so far."""
@@ -473,7 +492,7 @@ class _Search:
 
     def _end(self, running: _Running, status: TrialStatus, reason: str | None) -> None:
         """Record a trial that ended (told to the engine, kept in the bucket), and say so."""
-        self.running.pop(running.trial.number, None)
+        self.running.pop(running.number, None)
         values = running.history.get(self.settings.objective, [])
         value = None
         if status == TrialStatus.COMPLETED and values:
@@ -483,7 +502,7 @@ class _Search:
         engine = self.engine.tell(running.trial, status, value)
         ended_at = time.time()
         record = TrialRecord(
-            number=running.trial.number,
+            number=running.number,
             run_id=running.run_id,
             hyperparameters=running.hyperparameters,
             params=dict(running.trial.params),
@@ -517,31 +536,35 @@ class _Search:
         return sum(accounting.cost(used, prices.load()).values()) if used else None
 
     def _best(self) -> TrialRecord | None:
-        summary = records.summarize(self.settings, self.records, 0.0, None)
-        return next((t for t in self.records if t.number == summary.best_trial), None)
+        return records.summarize(self.settings, self.records, 0.0, None).best_trial
 
     def _interrupt(self) -> str:
-        """Stop every trial the search started (each run as `slsml run stop` stops it) and record them; what
-        became of the search."""
-        ended = {r.run_id: n for n, r in self.running.items() if not self.services.stop_run(r.run_id, INTERRUPTED)}
+        """Stop every trial the search started (each run as `slsml run stop` stops it), say which and how the search
+        goes on, then record them; that line. Said before the records are written (they read the runs' spend): a
+        command ends a few seconds after Ctrl-C, or at once on a second, whatever it is doing."""
+        unstopped = [n for n, r in self.running.items() if not self.services.stop_run(r.run_id, INTERRUPTED)]
         for run in self.services.table.list_runs():  # one whose launch the interruption cut short
             if run.run_id.startswith(f"{self.settings.name}-t") and run.status == RunStatus.RUNNING:
                 self.services.stop_run(run.run_id, INTERRUPTED)
-            elif run.status in runs.TERMINAL and run.run_id in ended:  # it ended before the stop: recorded as it ended
-                self._follow(ended[run.run_id])
-        stopped = list(self.running.values())
-        for running in stopped:
-            self._end(running, TrialStatus.INTERRUPTED, "stopped as the search was interrupted")
+        ended = [n for n in unstopped if self.services.table.get_run(self.running[n].run_id).status in runs.TERMINAL]
+        stopped = sorted(set(self.running) - set(ended))
         goes_on = (
             f"`slsml tune --resume {self.settings.name}` or slsml.tune(…, name={self.settings.name!r}, resume=True)"
             " goes on"
             if self.target.kept
             else "its local runtime ended with it"
         )
-        return (
-            f"interrupted: search {self.settings.name} stopped its {len(stopped)} running trial(s) after"
-            f" {self._ended()} of {self.settings.max_trials} ended; {goes_on}"
+        which = f" ({', '.join(map(str, stopped))})" if stopped else ""
+        line = (
+            f"interrupted: search {self.settings.name} stopped {counted(len(stopped), 'running trial')}{which} after"
+            f" {self._ended() + len(ended)} of {self.settings.max_trials} ended; {goes_on}"
         )
+        self.say(line)
+        for number in ended:  # its run ended before the stop: recorded as it ended
+            self._follow(number)
+        for running in list(self.running.values()):
+            self._end(running, TrialStatus.INTERRUPTED, "stopped as the search was interrupted")
+        return line
 
     def _result(self, best_model: bool) -> TuneResult:
         summary = records.summarize(self.settings, self.records, time.time() - self.began, self.stopped_starting)
@@ -549,7 +572,7 @@ class _Search:
         if best_model and summary.best_trial is not None:
             from slsml.training import modelio
 
-            best = next(t for t in summary.trials if t.number == summary.best_trial)
+            best = summary.best_trial
             run = self.services.table.get_run(best.run_id)
             model = modelio.load_model(runs.final_model(self.services, run), where=f"trial {best.number}'s model")
         return TuneResult(**dict(summary), best_model=model)
@@ -581,11 +604,14 @@ def progress_line(trial: TrialRecord, settings: SearchSettings, best: TrialRecor
         TrialStatus.FAILED: "failed",
         TrialStatus.INTERRUPTED: f"interrupted at epoch {epochs}",
     }[trial.status]
-    parts = [f"Trial {trial.number + 1} ({ended}/{settings.max_trials})", how, f"{trial.wall_s:.1f}s"]
+    parts = [f"Trial {trial.number} ({ended}/{settings.max_trials})", how, f"{trial.wall_s:.1f}s"]
     if trial.cost_usd is not None:
         parts.append(prices.usd(trial.cost_usd))
     if trial.value is not None:
-        parts.append(f"{settings.objective}: {trial.value:.4f}" + (" (best)" if best is trial else ""))
+        parts.append(
+            f"{settings.objective}: {trial.value:.4f}"
+            + (" (best)" if best is not None and best.number == trial.number else "")
+        )
     parts += [f"{name}: {_value(value)}" for name, value in trial.hyperparameters.items()]
     if trial.status == TrialStatus.FAILED and trial.reason:
         parts.append(trial.reason)
@@ -594,3 +620,8 @@ def progress_line(trial: TrialRecord, settings: SearchSettings, best: TrialRecor
 
 def _value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` ``noun``s, the noun singular for one: "1 trial", "3 trials"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

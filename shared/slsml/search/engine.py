@@ -23,6 +23,11 @@ def _pruner(settings: SearchSettings) -> Any:
     return optuna.pruners.NopPruner()
 
 
+def trial_number(trial: Any) -> int:
+    """A trial's number as the search counts it, from 1 (Optuna's count from 0)."""
+    return int(trial.number) + 1
+
+
 class Engine:
     """The study of one search: which hyperparameters each trial tries, and whether a running one goes on."""
 
@@ -40,14 +45,14 @@ class Engine:
         )
 
     def retell(self, trials: Sequence[TrialRecord], distributions: Mapping[str, Any], taken: int = 0) -> None:
-        """Tell a new study the recorded ``trials``, each under its own number (a number below ``taken`` left
+        """Tell a new study the recorded ``trials``, each under its own number (a number up to ``taken`` left
         without a record is told as failed: the next trial is numbered past it), and queue the hyperparameters of
         the interrupted ones to be tried again."""
         import optuna
         from optuna.trial import TrialState
 
         by_number = {t.number: t for t in trials}
-        for number in range(max(max(by_number, default=-1) + 1, taken)):
+        for number in range(1, max(max(by_number, default=0), taken) + 1):  # the study numbers them from 0, in turn
             trial = by_number.get(number)
             if trial is None or trial.status not in ENDED:
                 self.study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL))
@@ -83,7 +88,7 @@ class Engine:
                 self.study.enqueue_trial(trial.params, skip_if_exists=True)
 
     def ask(self, distributions: Mapping[str, Any]) -> Any:
-        """A new trial, its draw over ``distributions`` made (``trial.params``, ``trial.number``)."""
+        """A new trial, its draw over ``distributions`` made (``trial.params``; its number: ``trial_number(trial)``)."""
         return self.study.ask(dict(distributions))
 
     def report(self, trial: Any, epoch: int, value: float) -> bool:

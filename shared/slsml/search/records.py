@@ -94,7 +94,9 @@ class TrialRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    number: int = Field(ge=0)
+    number: int = Field(
+        ge=1, description="counted from 1, as its line, the table and its run id <name>-t<number> count it"
+    )
     run_id: str
     hyperparameters: dict[str, Any] = Field(description="the values the build function took")
     params: dict[str, Any] = Field(description="the engine's draw (numbers in KerasTuner's probability space)")
@@ -110,12 +112,21 @@ class TrialRecord(BaseModel):
     ended_at: float
     wall_s: float = Field(description="from its model's build to its run's end, as the search saw them")
     cost_usd: float | None = Field(default=None, description="what its run's functions spent")
-    predicted_usd: float | None = Field(default=None, description="its price as the plan predicted it")
+    predicted_usd: float | None = Field(
+        default=None,
+        description="its price as the search set it before it started: the mean cost of the trials completed by"
+        " then, else the plan's",
+    )
     engine: dict[str, Any] = Field(default_factory=dict, description="the pruner's state of the trial (its rungs)")
 
     def epochs(self, objective: str) -> int:
         """The epochs whose figures it recorded."""
         return len(self.history.get(objective, []))
+
+    @property
+    def score(self) -> float | None:
+        """The objective (``value``), as KerasTuner's trials name it."""
+        return self.value
 
 
 class SearchSummary(BaseModel):
@@ -124,10 +135,10 @@ class SearchSummary(BaseModel):
     settings: SearchSettings
     trials: list[TrialRecord] = Field(description="the trials that ended (completed, pruned or failed), by number")
     interrupted: list[TrialRecord] = Field(default_factory=list, description="those an interruption stopped")
-    best_trial: int | None = None
+    best_trial: TrialRecord | None = Field(default=None, description="the completed trial best by the objective")
     best_hyperparameters: dict[str, Any] | None = None
     best_value: float | None = None
-    wall_s: float = 0.0
+    wall_s: float = Field(default=0.0, description="the whole call's, from its start (a local runtime's too)")
     spent_usd: float | None = Field(default=None, description="every trial's cost, the interrupted ones' too")
     stopped_starting: str | None = Field(default=None, description="why it started no more trials (the budget)")
 
@@ -194,7 +205,7 @@ def summarize(
         settings=settings,
         trials=ended,
         interrupted=[t for t in trials if t.status == TrialStatus.INTERRUPTED],
-        best_trial=None if best is None else best.number,
+        best_trial=best,
         best_hyperparameters=None if best is None else best.hyperparameters,
         best_value=None if best is None else best.value,
         wall_s=round(wall_s, 3),
