@@ -134,9 +134,10 @@ OPTIONS = {
     ],
     "fedopt": ["--algorithm", "average", "--local-steps", "2", "--server", "optimizer"],
     "admm": ["--algorithm", "admm", "--local-steps", "2"],
-    "topk": ["--compress", "topk:0.01"],
+    # the plan prices a steady compressed round: each sparse encoding from the first iteration (no dense warm-up)
+    "topk": ["--compress", "topk:0.01", "--compress-warmup", "0"],
     "fp16": ["--compress", "fp16"],
-    "significance": ["--compress", "significance:0.01"],
+    "significance": ["--compress", "significance:0.01", "--compress-warmup", "0"],
     "staleness": ["--staleness", "2"],
     "budget": ["--budget-usd", "1"],  # every invocation adds its cost to the run's spend; the launch reads it
 }
