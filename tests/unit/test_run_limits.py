@@ -77,8 +77,8 @@ def _register(services: Services, run_id: str, spec: TrainingSpec) -> None:  # n
     config = RunConfig(
         run_id=run_id, dataset="d", training=spec, optimizer=SGD, loss="mse", classification=False, plan=PLAN
     )
-    services.store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
-    _put_run(services, run_id, spec, launched=False)
+    services.store.put_new(keys.run_config(run_id), config.stored())
+    _put_run(services, config, launched=False)
 
 
 def test_the_client_refuses_a_run_beyond_a_limit_before_it_stores_anything(services: Services) -> None:  # noqa: F811

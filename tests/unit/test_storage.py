@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import base64
 import hashlib
 from typing import Any
 
@@ -40,7 +41,8 @@ def test_copy_new_is_made_by_s3_and_never_overwrites(store: ObjectStore) -> None
 
 def test_a_checked_copy_holds_the_bytes_named_or_is_not_kept(store: ObjectStore) -> None:
     """S3's SHA-256 of what it copied, in the copy's answer, is checked against the digest the copier expects: the
-    copy of other bytes is deleted (None); the copy of those bytes kept, and a retry copies again for its checksum."""
+    copy of other bytes is deleted (None); the copy of those bytes kept, and a retry (or a second completer) keeps it
+    where S3's checksum of it is the one expected, deleting nothing: a reader never finds the final model gone."""
     merged, untrained = b"the merged model", b"the initial model"
     store.put_new(keys.model("a", 3), untrained)  # another object where the merged model was stored
     assert store.copy_own(keys.model("a", 3), keys.final_model("a"), hashlib.sha256(merged).hexdigest()) is None
@@ -49,7 +51,10 @@ def test_a_checked_copy_holds_the_bytes_named_or_is_not_kept(store: ObjectStore)
     digest = hashlib.sha256(merged).hexdigest()
     etag = store.copy_own(keys.model("a", 3), keys.final_model("a"), digest)
     assert etag == etag_of(merged) and store.get(keys.final_model("a")) == merged
+    deleted: list[list[str]] = []
+    store.delete = deleted.append  # type: ignore[method-assign]
     assert store.copy_own(keys.model("a", 3), keys.final_model("a"), digest) == etag  # a retry
+    assert deleted == [] and store.sha256(keys.final_model("a")) == base64.b64encode(bytes.fromhex(digest)).decode()
 
 
 def test_transient_scratch_carries_the_expiry_tag_and_carried_state_and_models_do_not(store: ObjectStore) -> None:

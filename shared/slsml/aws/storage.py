@@ -197,6 +197,16 @@ class ObjectStore:
                 return None
             raise
 
+    def sha256(self, key: str) -> str | None:
+        """The SHA-256 (base64) S3 keeps of the object, stored with one (``ChecksumAlgorithm``); None if it has none
+        or does not exist."""
+        try:
+            return self.s3.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED").get("ChecksumSHA256")
+        except ClientError as error:
+            if error_code(error) in _MISSING:
+                return None
+            raise
+
     def put_own(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> bool:
         """Create ``key`` with ``data``, which its writer computes the same way each time it tries (a retry writes
         the same bytes): False if those bytes are there already. An object of other bytes at the key is not this
@@ -309,6 +319,7 @@ class ObjectStore:
         deleted and copied over. Returns the copy's ETag (of a single-part object: the MD5 of its bytes). With
         ``sha256`` (hex), what S3 copied must have that SHA-256 (its own checksum of the copy, in the same request):
         if not, the copy is deleted and None returned (``source`` is not the object expected)."""
+        expected = None if sha256 is None else base64.b64encode(bytes.fromhex(sha256)).decode()
         for _ in range(_REPLACE_TRIES):
             found = self.etag(destination)
             if found is None:
@@ -316,12 +327,14 @@ class ObjectStore:
                 if copied is None:
                     continue
                 etag, checksum = copied
-                if sha256 is not None and checksum != base64.b64encode(bytes.fromhex(sha256)).decode():
+                if expected is not None and checksum != expected:
                     self.delete([destination])
                     return None
                 return etag
             at_source = self.etag(source)
-            if found == at_source and sha256 is None:
+            # a retry's copy (or another completer's) stays where S3's checksum of it is the one expected: deleting it
+            # would leave a completed run without its final model until it is copied again
+            if found == at_source and (expected is None or self.sha256(destination) == expected):
                 return found
             if found != at_source:
                 logger.warning("an object not written by its step was replaced", extra={"key": destination})
