@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import collections
 import base64
+import collections
 import hashlib
 from typing import Any
 
