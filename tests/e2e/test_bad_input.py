@@ -82,6 +82,7 @@ def test_float_features_for_an_integer_input_of_another_width_are_refused(servic
     message = str(refused.value)
     assert message.startswith("the data does not fit the model: samples of shape (30,) float32 vs model input")
     assert "of shape (12,) int32: 30 features where the model takes 12; float32 data for an integer input" in message
+    assert message.endswith(modelio.FIT_DATA)
     _nothing_stored(services, "garbage-in")
 
 
@@ -128,7 +129,7 @@ def test_an_existing_run_is_never_overwritten(services, digits):
     config_before = services.store.get(keys.run_config("keep-me"))
     final_before = services.store.get(keys.final_model("keep-me"))
     other = modelio.save_model(demo.digits_cnn(seed=7))
-    with pytest.raises(BadInputError, match="already exists"):
+    with pytest.raises(BadInputError, match=r"already exists \(`slsml run status keep-me` shows it\): give this one"):
         launch.start_run(services, other, DIGITS, SPEC, run_id="keep-me")
     assert services.store.get(keys.run_config("keep-me")) == config_before
     assert services.store.get(keys.final_model("keep-me")) == final_before

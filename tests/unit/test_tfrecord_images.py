@@ -153,7 +153,10 @@ def test_a_label_below_the_offset_and_a_corrupt_image_are_named_by_file_and_reco
     records = [imagenet_example(image, label, rng) for image, label in zip(images, labels, strict=True)]
     write_records(tmp_path / "a.tfrecord", records)
     write_records(tmp_path / "b.tfrecord", [*records[:9], imagenet_example(images[9], 0, rng), *records[10:]])
-    with pytest.raises(BadInputError, match=r"b\.tfrecord, record 9: label 0 is below --label-offset 1$"):  # background
+    with pytest.raises(
+        BadInputError,
+        match=r"b\.tfrecord, record 9: label 0 is below --label-offset 1; fix or leave out that record, then put",
+    ):  # background
         read_all(sources.open_source(tmp_path, image_size=(8, 8), label_offset=1), 8 * 8 * 4 * 4)
     write_records(tmp_path / "b.tfrecord", [*records[:10], with_image(records[10], images[10][:100]), records[11]])
     with pytest.raises(BadInputError, match=r"^\S+/b\.tfrecord, record 10: not a decodable image \(.+\)$"):
@@ -190,7 +193,8 @@ def test_raw_pixels_as_a_bytes_list_or_an_int64_list(tmp_path: Path) -> None:
         [example(image=[p.tobytes()[: 64 - 8 * (i == 7)]], label=[1]) for i, p in enumerate(pixels)],
     )
     with pytest.raises(
-        BadInputError, match=r"short\.tfrecord, record 7: feature image holds 56 bytes where uint8:8x8x1 is 64$"
+        BadInputError,
+        match=r"short\.tfrecord, record 7: feature image holds 56 bytes where uint8:8x8x1 is 64; fix or leave out",
     ):
         read_all(sources.open_source(tmp_path / "short.tfrecord", tfrecord_features=features), 1 << 20)
     records = [example(image=[p.tobytes()], label=[1]) for p in pixels]

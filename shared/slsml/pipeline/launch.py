@@ -142,7 +142,10 @@ def prepare_run(
     if refusal := memory_refusal(config, services.limits.worker_memory_mb):
         raise BadInputError(refusal)
     if not store.put_new(keys.run_config(run_id), config.stored()):
-        raise BadInputError(f"a run named {run_id!r} already exists")
+        raise BadInputError(
+            f"a run named {run_id!r} already exists (`slsml run status {run_id}` shows it): give this one another"
+            " run id, or none for a fresh one"
+        )
     flat = modelio.get_flat(model, plan)
     for shard in range(plan.reducers):
         layout = plan.shard(shard)

@@ -162,6 +162,7 @@ _WEIGHTS_ENTRY = "model.weights.h5"  # the entries of a .keras archive that chan
 _METADATA_ENTRY = "metadata.json"
 _MARKER = -(2.0**20) - 0.5  # variable i is filled with _MARKER - i to find its dataset (exact in float32)
 _LARGEST_KEPT_ARCHIVE = 64 * 2**20  # an ArchiveWriter keeps no copy of a bigger archive: it saves with Keras
+FIT_DATA = "reshape or cast the data to the model's inputs, or build the model for the data (keras.Input(shape=...))"
 
 
 class ArchiveWriter:
@@ -886,7 +887,7 @@ def check_fits(
                 inputs, x.shape[1:], str(x.dtype), x_range if isinstance(x_range, tuple) else _range(x)
             )
         if problem:
-            raise BadInputError(f"the data does not fit the model: {problem}")
+            raise BadInputError(f"the data does not fit the model: {problem}; {FIT_DATA}")
     outputs = output_names(model)
     if isinstance(y, dict) and set(y) != set(outputs):
         raise BadInputError(
@@ -910,7 +911,7 @@ def check_fits(
     except Exception as error:
         raise BadInputError(
             f"the data does not fit the model: samples of x {samples.describe(x)} / y {samples.describe(y)}"
-            f" vs model input {model.input_shape}: {str(error).splitlines()[0][:300]}"
+            f" vs model input {model.input_shape}: {str(error).splitlines()[0][:300]}; {FIT_DATA}"
         ) from None
 
 

@@ -27,6 +27,7 @@ SHARD = re.compile(r".+-\d+-of-\d+")  # TensorFlow's shard names (train-00000-of
 IMAGE = "image"  # a feature spec's dtype of an encoded image
 LABELS = ("image/class/label", "label")  # the labels' feature without --label: the first the records have
 KINDS = {"bytes_list": "bytes", "int64_list": "int64", "float_list": "float"}  # how a record stores a feature
+FIX_RECORD = "fix or leave out that record, then put the data again (nothing of it was stored)"
 # the dtype of a feature of numbers found in the first record, by how it is stored
 _NUMBERS: dict[str, np.dtype] = {"int64_list": np.dtype(np.int64), "float_list": np.dtype(np.float32)}
 # where in TensorFlow an error arose: no news to the user
@@ -230,7 +231,7 @@ class TFRecordSource(Source):
                 except tf.errors.InvalidArgumentError as error:
                     reason = " ".join(_TF_CONTEXT.sub("", error.message).replace("Feature: ", "feature ").split())
                     reason = re.sub(r"^Key: (.+?)\. ", r"feature \1: ", reason).rstrip(".")
-                    raise BadInputError(f"{path}, record {first + number}: {reason}") from None
+                    raise BadInputError(f"{path}, record {first + number}: {reason}; {FIX_RECORD}") from None
             raise
         return {name: parsed[name].numpy() for name in self.features}
 
@@ -246,7 +247,7 @@ class TFRecordSource(Source):
                 shape = "x".join(map(str, feature.shape))
                 raise BadInputError(
                     f"{path}, record {first + number}: feature {name} holds {len(value)} bytes where"
-                    f" {feature.dtype}:{shape} is {size}"
+                    f" {feature.dtype}:{shape} is {size}; {FIX_RECORD}"
                 )
         return np.frombuffer(b"".join(values), feature.dtype.newbyteorder("<")).reshape(len(values), *feature.shape)
 
@@ -258,7 +259,9 @@ class TFRecordSource(Source):
         below = (y < offset).reshape(len(y), -1).any(axis=1) if y.dtype.kind in "iu" else np.zeros(len(y), bool)
         if below.any():
             number = int(np.argmax(below))
-            raise BadInputError(f"{path}, record {first + number}: label {y[number]} is below --label-offset {offset}")
+            raise BadInputError(
+                f"{path}, record {first + number}: label {y[number]} is below --label-offset {offset}; {FIX_RECORD}"
+            )
         return y - offset
 
     def read(self, chunk_bytes: int) -> Iterator[Chunk]:
