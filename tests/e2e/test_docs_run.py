@@ -58,12 +58,18 @@ def pages() -> list[str]:
         return out
 
     config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)  # no !!python tags resolved
-    return ["README.md", *[page for page in walk(config["nav"]) if (ROOT / page).exists()]]
+    return ["README.md", *[_included(page) for page in walk(config["nav"]) if (ROOT / page).exists()]]
 
 
-def blocks(page: str) -> list[Block]:
-    """The fenced blocks of ``page`` with their markers."""
-    lines = (ROOT / page).read_text().splitlines()
+def _included(page: str) -> str:
+    """The file a page includes whole (``--8<-- "FILE"``, as docs/contributing.md includes CONTRIBUTING.md), or it."""
+    snippet = re.fullmatch(r'--8<-- "(?P<file>[^"]+)"\s*', (ROOT / page).read_text())
+    return snippet["file"] if snippet else page
+
+
+def blocks(page: str, text: str | None = None) -> list[Block]:
+    """The fenced blocks of ``page`` (or of ``text``, as the page) with their markers."""
+    lines = (ROOT / page).read_text().splitlines() if text is None else text.splitlines()
     found: list[Block] = []
     i = 0
     while i < len(lines):
@@ -73,11 +79,11 @@ def blocks(page: str) -> list[Block]:
             continue
         end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == opened["fence"])
         indent = len(opened["indent"])
-        text = "\n".join(line[indent:] for line in lines[i + 1 : end]) + "\n"
+        body = "\n".join(line[indent:] for line in lines[i + 1 : end]) + "\n"
         before = next((line for line in reversed(lines[:i]) if line.strip()), "")
         marker = MARKER.match(before)
         language = opened["info"].split()[0] if opened["info"].strip() else ""
-        block = Block(page, i + 1, language, text)
+        block = Block(page, i + 1, language, body)
         if marker:
             block.kind, block.value = marker["kind"], marker["value"].strip('"')
         found.append(block)
@@ -139,19 +145,18 @@ def _run(command: list[str], cwd: Path, env: dict[str, str], what: str) -> str |
     return f"{what} exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}"
 
 
-def test_the_docs_run_as_written(tmp_path: Path) -> None:
-    all_blocks = every_block()
-    assert mistakes(all_blocks) == []
-    env = _folder(tmp_path)
+def run_blocks(all_blocks: list[Block], folder: Path) -> list[str]:
+    """Run ``all_blocks`` in order in ``folder``: what each that failed printed last."""
+    env = _folder(folder)
     files: dict[str, str] = {}  # a file block's name → its text and its continuations'
     continued: list[str] = []  # the files whose continuations wait to run
-    failed: list[str] = []
+    failed: list[str | None] = []
 
     def flush() -> None:
         for name in continued:
-            script = tmp_path / f"{Path(name).stem}-continued.py"
+            script = folder / f"{Path(name).stem}-continued.py"
             script.write_text(files[name])
-            failed.append(_run([sys.executable, script.name], tmp_path, env, f"{name} and its continuations") or "")
+            failed.append(_run([sys.executable, script.name], folder, env, f"{name} and its continuations"))
         continued.clear()
 
     try:
@@ -165,24 +170,74 @@ def test_the_docs_run_as_written(tmp_path: Path) -> None:
                 continue
             flush()
             if block.kind == "file":
-                (tmp_path / block.value).write_text(block.text)
+                (folder / block.value).write_text(block.text)
                 files[block.value] = block.text
             elif block.language == "python":
-                (tmp_path / "block.py").write_text(block.text)
-                failed.append(_run([sys.executable, "block.py"], tmp_path, env, str(block)) or "")
+                (folder / "block.py").write_text(block.text)
+                failed.append(_run([sys.executable, "block.py"], folder, env, str(block)))
             else:
-                failed.append(_run(["bash", "-e", "-o", "pipefail", "-c", block.text], tmp_path, env, str(block)) or "")
+                failed.append(_run(["bash", "-e", "-o", "pipefail", "-c", block.text], folder, env, str(block)))
         flush()
-    finally:
+    finally:  # a page that brought the local service up and failed before its `local down`
         subprocess.run(
-            [sys.executable, "-m", "slsml.cli.main", "local", "down"], cwd=tmp_path, env=env, capture_output=True
+            [sys.executable, "-m", "slsml.cli.main", "local", "down"], cwd=folder, env=env, capture_output=True
         )
-    assert [failure for failure in failed if failure] == []
+    return [failure for failure in failed if failure]
 
 
-@pytest.mark.parametrize("broken", ["python", "bash"])
-def test_a_broken_block_fails_the_run(tmp_path: Path, broken: str) -> None:
-    """What fails a block of the docs fails the run of it."""
-    env = _folder(tmp_path)
-    command = {"python": [sys.executable, "-c", "import slsml; slsml.fit()"], "bash": ["bash", "-c", ".venv/bin/slsml nope"]}
-    assert _run(command[broken], tmp_path, env, broken) is not None
+def test_the_docs_run_as_written(tmp_path: Path) -> None:
+    all_blocks = every_block()
+    assert mistakes(all_blocks) == []
+    assert run_blocks(all_blocks, tmp_path) == []
+
+
+PAGE = """
+<!-- file: make.py -->
+
+```python
+open("made.txt", "w").write("made")
+```
+
+<!-- continues: make.py -->
+
+```python
+assert open("made.txt").read() == "made"
+{fragment}
+```
+
+```bash
+.venv/bin/python make.py
+{shell}
+```
+"""
+
+
+@pytest.mark.parametrize(
+    ("fragment", "shell", "failing"),
+    [
+        ("", "grep -q made made.txt", []),
+        ("raise SystemExit(3)", "true", ["make.py and its continuations exited 3"]),
+        ("", "false\ntrue", ["page.md:15 (bash) exited 1"]),
+        ("", "false | cat", ["page.md:15 (bash) exited 1"]),
+        ("", ".venv/bin/slsml run list --wrokers 2", ["page.md:15 (bash) exited 2"]),
+    ],
+)
+def test_a_block_that_fails_fails_the_run(tmp_path: Path, fragment: str, shell: str, failing: list[str]) -> None:
+    page = blocks("page.md", PAGE.format(fragment=fragment, shell=shell))
+    assert mistakes(page) == []
+    assert [failure.split(":\n")[0] for failure in run_blocks(page, tmp_path)] == failing
+
+
+def test_a_block_neither_run_nor_marked_is_a_mistake() -> None:
+    page = blocks(
+        "page.md",
+        "```\nno language\n```\n\n<!-- file: unused.py -->\n\n```python\npass\n```\n\n"
+        "<!-- continues: nothing.py -->\n\n```python\npass\n```\n\n"
+        "<!-- copy: README.md -->\n\n```bash\nnot there\n```\n",
+    )
+    assert [mistake.split(": ", 1)[0] for mistake in mistakes(page)] == [
+        "page.md:1 (no language)",
+        "page.md:7 (python)",
+        "page.md:13 (python)",
+        "page.md:19 (bash)",
+    ]
