@@ -104,7 +104,9 @@ def mistakes(all_blocks: list[Block]) -> list[str]:
             wrong.append(f"{block}: a block is ```python, ```bash, ```text (output) or ```mermaid")
         elif block.language in SHOWN and block.kind:
             wrong.append(f"{block}: a {block.language} block is never run; it takes no marker")
-        elif block.kind == "file" and Path(block.value).stem not in later:
+        elif block.kind == "file" and not re.search(
+            rf"{re.escape(block.value)}|import {Path(block.value).stem}\b", later
+        ):
             wrong.append(f"{block}: no later block uses the file {block.value}")
         elif block.kind == "continues" and not any(
             other.kind == "file" and other.value == block.value for other in all_blocks[:n]
