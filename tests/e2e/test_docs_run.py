@@ -1,16 +1,6 @@
 """The docs run as written: every fenced block of the README and of the pages of ``docs/`` runs, in the site's
-order, in one folder a reader would work in, or is marked as what it is (see ``docs/contributing.md``, *Blocks
-of the docs*):
-
-- ```` ```text ```` (an output sample) and ```` ```mermaid ```` (a diagram) are shown, never run;
-- ```` ```python ```` runs as a script, ```` ```bash ```` with ``bash -e -o pipefail``, in that folder, where
-  ``.venv/bin/python`` and ``.venv/bin/slsml`` are this tree's; any other fence, or none, fails;
-- a marker, an HTML comment on the last non-blank line before the fence, says otherwise:
-  ``<!-- file: NAME -->`` the block is the file NAME (written, not run; a later block must use it),
-  ``<!-- continues: NAME -->`` a Python fragment that the file NAME completes (run once, after NAME and its
-  other continuations, as one script), ``<!-- copy: PAGE -->`` the same text as a block of PAGE, which runs there,
-  ``<!-- not-run: REASON -->`` shown, not run, for the reason given (an AWS account, a benchmark's hours).
-"""
+order, in one folder a reader would work in, or is marked as what it is (the convention is CONTRIBUTING.md's
+*Blocks of the docs*)."""
 
 from __future__ import annotations
 
@@ -112,8 +102,10 @@ def mistakes(all_blocks: list[Block]) -> list[str]:
             other.kind == "file" and other.value == block.value for other in all_blocks[:n]
         ):
             wrong.append(f"{block}: no earlier block is the file {block.value}")
-        elif block.kind == "copy" and block.text not in {other.text for other in blocks(block.value)}:
-            wrong.append(f"{block}: {block.value} has no block with this text")
+        elif block.kind == "copy" and block.text not in {
+            other.text for other in blocks(_included(block.value)) if other.kind not in {"copy", "not-run"}
+        }:
+            wrong.append(f"{block}: {block.value} has no block with this text that runs")
     return wrong
 
 
