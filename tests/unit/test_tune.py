@@ -258,3 +258,21 @@ def test_a_resumed_search_draws_hyperparameters_it_has_not_tried() -> None:
     resumed.retell(tried, distributions)
     drawn = resumed.ask(distributions)
     assert trial_number(drawn) == 4 and drawn.params not in [t.params for t in tried]
+
+
+def test_keras_tuners_own_random_search_runs_with_the_installed_dependencies(tmp_path: Path) -> None:
+    """A build function written for slsml.tune runs under KerasTuner's own tuner too (which needs tensorboard)."""
+    import keras_tuner
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = (x.sum(1) > 0).astype("float32")
+    tuner = keras_tuner.RandomSearch(
+        build_model, objective="val_loss", max_trials=2, directory=tmp_path, project_name="search", seed=0
+    )
+    tuner.search(x, y, epochs=2, validation_split=0.25, verbose=0)
+    trials = tuner.oracle.get_best_trials(num_trials=2)
+    assert len(trials) == 2
+    assert all(trial.status == "COMPLETED" and math.isfinite(trial.score) for trial in trials)
+    assert tuner.get_best_models(1)[0].predict(x, verbose=0).shape == (64, 1)
