@@ -229,7 +229,7 @@ def _train(
             feedback.encode_residual(compressed.residual),
         )
     else:
-        body, header = updates.encode(update.vector, samples=samples, kind=rule.kind)
+        body, header = updates.encode(update.vector, samples, rule.kind, compression, config.plan)
     done = WorkDone(
         run_id=message.run_id,
         iteration=message.iteration,
