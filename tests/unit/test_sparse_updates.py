@@ -123,3 +123,16 @@ def test_a_criteo_round_sends_a_tenth_of_dense_bytes_and_the_plan_prices_it(crit
     print(f"(uniform features), {dense:,} B dense; planned {planned:,} B")
     assert skewed <= 0.1 * dense and planned <= 0.1 * dense
     assert abs(planned - uniform) <= 0.01 * uniform and skewed < planned
+
+
+def test_the_plan_reads_each_embedding_table_and_the_rows_a_sample_looks_up() -> None:
+    import keras
+
+    shared = keras.layers.Embedding(100, 4)
+    first, second = keras.Input((3,), dtype="int32"), keras.Input((5,), dtype="int32")
+    model = keras.Model([first, second], keras.layers.Concatenate(axis=1)([shared(first), shared(second)]))
+    found = modelinfo.embeddings(modelio.load_model(modelio.save_model(model)))
+    assert [(e.rows, e.width, e.lookups) for e in found] == [(100, 4, 8)]  # a shared table: every call's lookups
+    ratings = modelinfo.embeddings(modelio.load_model(Workload("movielens").model()))
+    assert [(e.rows, e.width, e.lookups) for e in ratings] == [(6040, 16, 1), (3706, 16, 1)]
+    assert ratings[0].touched(1) == pytest.approx(1) and ratings[0].touched(10**6) == pytest.approx(6040)

@@ -109,14 +109,16 @@ def from_keras(
 
 def embeddings(model: Any) -> tuple[Embedding, ...]:
     """The model's trainable ``keras.layers.Embedding`` tables (in nested models too), each with the rows one sample
-    looks up: its input's entries (an input of unknown length: every row, the most a round can touch)."""
+    looks up: its inputs' entries, over every call of a shared table (an input of unknown length: every row, the most
+    a round can touch)."""
     import keras
 
     found = []
     for layer in _layers(model):
         if isinstance(layer, keras.layers.Embedding) and layer.trainable:
-            shape = tuple(layer.input.shape[1:])
-            lookups = math.prod(shape) if None not in shape else layer.input_dim
+            shapes = [tuple(node.input_tensors[0].shape[1:]) for node in layer._inbound_nodes]  # each call's input
+            known = shapes and all(None not in shape for shape in shapes)
+            lookups = sum(math.prod(shape) for shape in shapes) if known else layer.input_dim
             found.append(Embedding(rows=layer.input_dim, width=layer.output_dim, lookups=max(1, lookups)))
     return tuple(found)
 
