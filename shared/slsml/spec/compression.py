@@ -58,7 +58,8 @@ class Compression(BaseModel):
     @property
     def sparse(self) -> bool:
         """Whether an update sends some of its entries only (top-k, significance): a step of the reducers' optimizer
-        then sees each entry now and then, with what it gathered meanwhile."""
+        then sees each entry now and then, with what it gathered meanwhile (not ``sparse``, which leaves out zeros
+        only: every step sees every entry, as dense)."""
         return self.kind in ("topk", "significance")
 
     @property
