@@ -49,5 +49,5 @@ def test_sparse_updates_train_as_dense_ones_at_a_tenth_of_the_bytes(finished, se
     assert sparse_run.test_loss is not None and sparse_run.test_loss == dense_run.test_loss
     dense_bytes, sparse_bytes = _update_bytes(services, _id("none")), _update_bytes(services, _id("sparse"))
     assert len(dense_bytes) == len(sparse_bytes) == ITERATIONS * WORKERS
-    print(f"\nupdate bytes per round: dense {np.mean(dense_bytes):,.0f}, sparse {np.mean(sparse_bytes):,.0f}")
+    print(f"\na worker's update object: dense {np.mean(dense_bytes):,.0f}, sparse {np.mean(sparse_bytes):,.0f}")
     assert max(sparse_bytes) <= 0.1 * min(dense_bytes)
