@@ -138,6 +138,7 @@ OPTIONS = {
     "topk": ["--compress", "topk:0.01", "--compress-warmup", "0"],
     "fp16": ["--compress", "fp16"],
     "significance": ["--compress", "significance:0.01", "--compress-warmup", "0"],
+    "sparse": ["--compress", "sparse"],
     "staleness": ["--staleness", "2"],
     "budget": ["--budget-usd", "1"],  # every invocation adds its cost to the run's spend; the launch reads it
 }

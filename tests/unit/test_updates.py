@@ -1,5 +1,5 @@
 """The update object format: whole-object and per-shard (ranged) decoding, of every encoding (none, fp16, top-k,
-significance), and what a reducer refuses."""
+significance, sparse), and what a reducer refuses."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def test_trailing_bytes() -> None:
         updates.decode(updates.encode(vector(6), samples=2).body + b"\0\0\0\0")
 
 
-@pytest.mark.parametrize(("version", "encoding"), [(2, 0), (0, 0), (1, 4), (1, 7)])
+@pytest.mark.parametrize(("version", "encoding"), [(2, 0), (0, 0), (1, 5), (1, 7)])
 def test_unknown_version_or_encoding(version: int, encoding: int) -> None:
     data = updates.encode(vector(7), samples=2).body
     forged = data[:4] + struct.pack("<HH", version, encoding) + data[8:]
@@ -134,7 +134,9 @@ def test_an_object_without_the_header_is_no_update(header: str | None) -> None:
 
 PLAN = ShardPlan.build(SPECS, 3)  # bounds 0, 38, 75, 113: shard 1 holds the non-trainable "b" (70..72)
 TRAINABLE = PLAN.trainable_mask()
-FP16, TOPK, SIGNIFICANCE = (updates.Compression.parse(t) for t in ("fp16", "topk:0.1", "significance:0.5"))
+FP16, TOPK, SIGNIFICANCE, SPARSE = (
+    updates.Compression.parse(t) for t in ("fp16", "topk:0.1", "significance:0.5", "sparse")
+)
 
 
 def changes(seed: int = 0) -> np.ndarray:
@@ -158,7 +160,7 @@ def parts_of(data: bytes, compression: updates.Compression) -> list[bytes]:
     """Each shard's part, as its reducer's ranged GET(s) return it."""
     out = []
     for shard in range(PLAN.reducers):
-        if compression.kind == "significance":
+        if compression.tabled:
             first, last = updates.table_range(PLAN, shard)
             first, last = updates.significant_part_range(data[first : last + 1], PLAN, shard, len(data))
         else:
@@ -172,6 +174,7 @@ def parts_of(data: bytes, compression: updates.Compression) -> list[bytes]:
     [
         ("none", "none", None),
         ("fp16", "fp16", None),
+        ("Sparse", "sparse", None),
         ("topk:0.01", "topk", 0.01),
         ("topk:1", "topk", 1.0),
         ("significance:0.002", "significance", 0.002),
@@ -183,7 +186,7 @@ def test_compress_forms(text: str, kind: str, value: float | None) -> None:
     assert (compression.kind, compression.value) == (kind, value)
     assert updates.Compression.parse(str(compression)) == compression
     assert TrainingSpec(compress=text).compression == compression
-    assert compression.lossy == (kind != "none")
+    assert compression.lossy == (kind not in ("none", "sparse"))
 
 
 @pytest.mark.parametrize(
@@ -196,6 +199,7 @@ def test_compress_forms(text: str, kind: str, value: float | None) -> None:
         ("significance:0", "above 0"),
         ("topk", "topk needs a value"),
         ("fp16:0.5", "fp16 takes no value"),
+        ("sparse:0.1", "sparse takes no value"),
         ("topk:often", "'often' is not a number"),
         ("significance:inf", "finite"),
         ("", "'' is no compressor"),
@@ -207,7 +211,8 @@ def test_bad_compress_values_are_refused_naming_the_option_and_its_forms(text: s
             make(text)
         message = str(refused.value)
         assert f"{text!r}: " in message
-        assert "compress takes none, fp16, topk:F (0 < F ≤ 1" in message and "significance:V (V > 0" in message
+        assert "compress takes none, sparse (exact" in message and "topk:F (0 < F ≤ 1" in message
+        assert "significance:V (V > 0" in message
     assert str(refused.value).startswith("1 validation error for TrainingSpec\ncompress\n")  # the option, by name
     with pytest.raises((BadInputError, ValidationError), match="compress") as flagged:  # the CLI's flag
         options.training_spec(
@@ -296,6 +301,27 @@ def test_significance_sends_the_entries_that_changed_enough_relative_to_their_we
         assert same_bits(updates.decode_part(part, PLAN, shard, SIGNIFICANCE), expected[layout.start : layout.stop])
 
 
+def test_sparse_sends_every_nonzero_trainable_entry_exactly() -> None:
+    """An embedding-like update: most rows zero. What the reducers decode is the update, bit for bit (a zero left
+    out decodes as +0, as a reducer's mean adds it), at 8 bytes per nonzero trainable entry."""
+    vector = changes(8)
+    rows = np.random.default_rng(9).random(SIZE) < 0.8
+    vector[rows & TRAINABLE] = 0.0
+    vector[6] = -0.0  # a negative zero is left out too
+    vector[~TRAINABLE] = 0.0  # a non-trainable value of zero is sent all the same, whole
+    data = encoded(SPARSE, vector)
+    assert data.metadata == {updates.METADATA: "1/4/0"}
+    decoded, samples = updates.decode(data.body, plan=PLAN, compression=SPARSE)
+    assert samples == 7 and np.array_equal(decoded, vector) and decoded[6] == 0
+    count = int(((vector != 0) & TRAINABLE).sum())
+    assert 5 < count < 40
+    assert len(data.body) == HEADER_SIZE + 8 * 4 + 3 * 4 + 8 * count + 4 * 3  # table, counts, pairs, values
+    for shard, part in enumerate(parts_of(data.body, SPARSE)):
+        layout = PLAN.shard(shard)
+        assert np.array_equal(updates.decode_part(part, PLAN, shard, SPARSE), vector[layout.start : layout.stop])
+    assert not SPARSE.lossy and not SPARSE.sparse  # exact: no residual, no warm-up
+
+
 def test_a_significance_part_may_hold_nothing_but_its_count() -> None:
     data = encoded(SIGNIFICANCE, np.zeros(SIZE, dtype=np.float32)).body
     parts = parts_of(data, SIGNIFICANCE)
@@ -303,10 +329,10 @@ def test_a_significance_part_may_hold_nothing_but_its_count() -> None:
     assert not updates.decode(data, plan=PLAN, compression=SIGNIFICANCE)[0].any()
 
 
-@pytest.mark.parametrize("compression", [FP16, TOPK, SIGNIFICANCE], ids=str)
+@pytest.mark.parametrize("compression", [FP16, TOPK, SIGNIFICANCE, SPARSE], ids=str)
 def test_an_encoding_the_run_does_not_send_is_refused_by_name(compression: updates.Compression) -> None:
     data = encoded(compression)
-    for expected in {updates.NONE, FP16, TOPK, SIGNIFICANCE} - {compression}:
+    for expected in {updates.NONE, FP16, TOPK, SIGNIFICANCE, SPARSE} - {compression}:
         named = (
             f"the update's encoding is {compression.encoding} \\({updates.ENCODINGS[compression.encoding]}\\),"
             f" but the run's compress option {expected} sends encoding {expected.encoding}"
@@ -328,7 +354,7 @@ def _forge_pairs(part: bytes, offset: int, indices: list[int]) -> bytes:
     return bytes(forged)
 
 
-@pytest.mark.parametrize("compression", [TOPK, SIGNIFICANCE], ids=str)
+@pytest.mark.parametrize("compression", [TOPK, SIGNIFICANCE, SPARSE], ids=str)
 @pytest.mark.parametrize(
     ("indices", "named"),
     [
@@ -344,22 +370,22 @@ def test_a_sparse_part_whose_indices_do_not_fit_is_refused_before_use(
     vector = changes(7)
     vector[[1, 2, 3]] = 50.0  # significant, and the largest: each part holds at least two pairs
     part = parts_of(encoded(compression, vector).body, compression)[0]
-    forged = _forge_pairs(part, 4 if compression.kind == "significance" else 0, indices)
+    forged = _forge_pairs(part, 4 if compression.tabled else 0, indices)
     with pytest.raises(UpdateFormatError, match=f"part of shard 0: {named}"):
         updates.decode_part(forged, PLAN, 0, compression)
 
 
-@pytest.mark.parametrize("compression", [TOPK, SIGNIFICANCE], ids=str)
+@pytest.mark.parametrize("compression", [TOPK, SIGNIFICANCE, SPARSE], ids=str)
 def test_a_sparse_pair_may_not_name_a_non_trainable_entry(compression: updates.Compression) -> None:
     vector = np.zeros(SIZE, dtype=np.float32)
     vector[[40, 41, 42, 43]] = 50.0  # shard 1 (38..75): 4 pairs; its non-trainable entries are 32..34 of the part
     part = parts_of(encoded(compression, vector).body, compression)[1]
-    forged = _forge_pairs(part, 4 if compression.kind == "significance" else 0, [2, 3, 4, 33])
+    forged = _forge_pairs(part, 4 if compression.tabled else 0, [2, 3, 4, 33])
     with pytest.raises(UpdateFormatError, match="index 33 is a non-trainable entry"):
         updates.decode_part(forged, PLAN, 1, compression)
 
 
-@pytest.mark.parametrize("compression", [updates.NONE, FP16, TOPK, SIGNIFICANCE], ids=str)
+@pytest.mark.parametrize("compression", [updates.NONE, FP16, TOPK, SIGNIFICANCE, SPARSE], ids=str)
 @pytest.mark.parametrize("change", [-1, 1, -8, 8])
 def test_a_part_whose_length_does_not_match_is_refused(compression: updates.Compression, change: int) -> None:
     part = parts_of(encoded(compression).body, compression)[1]
@@ -395,7 +421,7 @@ def test_a_significance_table_that_cannot_be_right_is_refused(entries: tuple[int
         updates.significant_part_range(b"\0" * 8, PLAN, 0, None)
 
 
-@pytest.mark.parametrize("compression", [FP16, TOPK, SIGNIFICANCE], ids=str)
+@pytest.mark.parametrize("compression", [FP16, TOPK, SIGNIFICANCE, SPARSE], ids=str)
 def test_whole_compressed_objects_that_do_not_add_up_are_refused(compression: updates.Compression) -> None:
     data = encoded(compression).body
     for forged in (data + b"\0" * 8, data[:-8]):

@@ -151,7 +151,7 @@ def part_bytes(size: int, compression: Compression, reducers: int) -> int:
     """What the reducers of an iteration read of one update object of ``size`` bytes: every part, once (the parts
     tile the object after its header), and for ``significance`` not the part table but its two entries per
     reducer (``updates.table_range``)."""
-    if compression.kind == "significance":
+    if compression.tabled:
         return size - updates.HEADER_SIZE - 8 * (reducers + 1) + 16 * reducers
     return size - updates.HEADER_SIZE
 

@@ -117,6 +117,22 @@ def cmd_bench_communication(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_sparse(args: argparse.Namespace) -> int:
+    from slsml.bench import sparse as bench
+
+    if args.iterations < 1:
+        raise BadInputError(f"--iterations must be at least 1, not {args.iterations}")
+    _bench(
+        args,
+        "sparse",
+        bench.WORKERS,
+        bench.REDUCERS,
+        lambda runtime, show: bench.sparse(runtime, args.iterations, show),
+        display_bench.print_sparse,
+    )
+    return 0
+
+
 def cmd_bench_admm(args: argparse.Namespace) -> int:
     from slsml.bench import admm as bench
 
@@ -286,6 +302,16 @@ def add_commands(commands: Any) -> None:
         metavar="V",
         help="the significance variant's threshold, significance:V (default 0.2)",
     )
+
+    sparse = _benchmark(
+        benchmarks,
+        cmd_bench_sparse,
+        "sparse",
+        help="MLLess's sparse workloads (Criteo-like logistic regression, MovieLens-like matrix factorization),"
+        " generated: dense, exact sparse, top-k and significance updates, one worker slowed under GA and SSP, and"
+        " Keras's own fit: time to a target loss, update bytes per round, final loss",
+    )
+    sparse.add_argument("--iterations", type=int, default=30, help="iterations of every run (default 30)")
 
     _benchmark(
         benchmarks,

@@ -756,3 +756,57 @@ def print_gpu(report: Any, written: Any, as_json: bool = False) -> None:
         " cost analysis) ÷ the card's published peak in that precision (float32's, else its tensor cores')"
     )
     out.print(f"calibration written to {written} (`slsml plan --gpu-calibration {written}` prices from it)")
+
+
+def print_sparse(report: Any, as_json: bool = False) -> None:
+    """``bench sparse``: per workload, a row per variant (time to the target test loss and over the run, update
+    bytes per round, final test loss) and Keras's own ``fit`` as the reference, then whether sparse updates sent at
+    most a tenth of dense's bytes at dense's final loss."""
+    from rich.table import Table
+
+    from slsml.bench import sparse as bench
+
+    out, yes = results(as_json), {True: "yes", False: "no"}
+
+    def seconds(value: float | None) -> str:
+        return "–" if value is None else f"{value:.1f}"
+
+    for w in report.workloads:
+        dense = w.variant("dense")
+        table = Table(
+            "variant",
+            "what",
+            f"s to loss {w.target:g}",
+            "s",
+            "update bytes / round",
+            "× dense",
+            "final test loss",
+            title=f"{w.workload}: {w.params:,} weights, {report.workers} workers, {report.reducers} reducers, global"
+            f" batch {report.global_batch}, {report.iterations} iterations, Adam {w.learning_rate:g}; slow:"
+            f" +{report.slow_s:g} s per message",
+        )
+        for v in w.variants:
+            table.add_row(
+                v.name,
+                v.description,
+                seconds(v.wall_to_target_s),
+                seconds(v.wall_s),
+                byte_size(v.update_bytes_per_round),
+                f"{v.update_bytes_per_round / dense.update_bytes_per_round:.4f}",
+                "–" if v.final_loss is None else f"{v.final_loss:.6f}",
+            )
+        r = w.reference
+        table.add_row(
+            "keras fit",
+            f"one process, {r.steps} steps (reference)",
+            seconds(r.train_to_target_s),
+            seconds(r.train_s),
+            "–",
+            "–",
+            f"{r.final_loss:.6f}",
+        )
+        out.print(table)
+        out.print(
+            f"sparse updates at most 1/{bench.SPARSE_FEWER} of dense's bytes per round: {yes[w.sparse_fewer]}"
+            f" ({w.sparse_ratio:.4f}); the same final test loss as dense: {yes[w.sparse_exact]}"
+        )

@@ -130,7 +130,7 @@ class RoundTraffic(BaseModel):
     compute_steps: int = Field(description="gradient computations of a worker's round, each on its local batch")
     update_bytes: int = Field(description="one worker's update object")
     part_bytes: int = Field(description="the largest shard's part of an update, as a reducer reads it")
-    table_reads: int = Field(description="ranged GETs of an update's part table before its part (significance)")
+    table_reads: int = Field(description="ranged GETs of an update's part table before its part (significance, sparse)")
     shard_bytes: int = Field(description="the largest shard object a reducer stores: weights and optimizer state")
     mean_bytes: int = Field(description="the largest shard's average, stored where clipping by norm shares it")
     slot_bytes: int = Field(description="one worker slot's stored state (the rule's; 0: none)")
@@ -153,10 +153,11 @@ def round_traffic(w: Workload, p: Parameters) -> RoundTraffic:
     spec, rule, R = w.training, rules.of(w.training), w.reducers
     compression = spec.compression
     trainable, other = w.trainable_params, w.params - w.trainable_params
-    significance = compression.kind == "significance"
+    tabled = compression.tabled
+    density = touched_fraction(w) if compression.kind == "sparse" else p.significance_density
 
     def part(t: int, o: int) -> int:
-        return updates.part_bytes(compression, t, o, math.ceil(p.significance_density * t))
+        return updates.part_bytes(compression, t, o, math.ceil(density * t))
 
     # R parts of near-equal trainable and other entries: shard r holds one more of each below its remainder
     (low_t, extra_t), (low_o, extra_o) = divmod(trainable, R), divmod(other, R)
@@ -171,9 +172,9 @@ def round_traffic(w: Workload, p: Parameters) -> RoundTraffic:
     shard_weights = math.ceil(w.params / R)  # the largest shard's
     return RoundTraffic(
         compute_steps=rule.compute_steps(spec),
-        update_bytes=updates.HEADER_SIZE + (updates.table_bytes(R) if significance else 0) + total,
+        update_bytes=updates.HEADER_SIZE + (updates.table_bytes(R) if tabled else 0) + total,
         part_bytes=part(math.ceil(trainable / R), math.ceil(other / R)),
-        table_reads=int(significance),
+        table_reads=int(tabled),
         shard_bytes=shards.HEADER_SIZE + 4 * shard_weights + state_slots(server) * 4 * min(shard_weights, trainable),
         mean_bytes=shards.HEADER_SIZE + 4 * shard_weights,
         slot_bytes=rule.slot_traffic(spec, w.params, w.trainable_params).bytes,
@@ -181,6 +182,16 @@ def round_traffic(w: Workload, p: Parameters) -> RoundTraffic:
         late_queries=spec.staleness,
         server=server,
     )
+
+
+def touched_fraction(w: Workload) -> float:
+    """The fraction of the trainable entries a worker's update holds nonzero, as ``compress sparse`` sends them: every
+    entry but an embedding table's, and of those the rows the worker's samples of a round are expected to touch
+    (``Embedding.touched``)."""
+    samples = math.ceil(w.global_batch / w.workers) * w.training.local_batches
+    tables = sum(e.rows * e.width for e in w.embeddings)
+    touched = sum(e.touched(samples) * e.width for e in w.embeddings)
+    return min(1.0, (w.trainable_params - tables + touched) / w.trainable_params)
 
 
 def superseded_deletes(spec: TrainingSpec, reducers: int, traffic: RoundTraffic) -> int:

@@ -1,6 +1,6 @@
-"""A model's figures for the plan: from a ``.keras`` file (its weights, file, inputs, metrics' state, its training
-FLOPs per sample and one timed gradient step; TensorFlow is imported for this only) or from its size alone (a
-ResNet-50-like network)."""
+"""A model's figures for the plan: from a ``.keras`` file (its weights, file, inputs, embedding tables, metrics'
+state, its training FLOPs per sample and one timed gradient step; TensorFlow is imported for this only) or from its
+size alone (a ResNet-50-like network)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import numpy as np
 from slsml.cost import flops
 from slsml.cost.parameters import Parameters
 from slsml.cost.timing import speedup
+from slsml.cost.workload import Embedding
 from slsml.data.manifest import DatasetManifest
 from slsml.rounds import sizing
 from slsml.spec.errors import BadInputError
@@ -89,6 +90,7 @@ def from_keras(
         "sample_bytes": sum(4 * math.prod(d or 1 for d in shape[1:]) for shape in shapes),
         "activation_bytes_per_sample": sizing.sample_bytes(model),
         "train_flops_per_sample": flops.count(model, _sample(model, 1)[0]).training,
+        "embeddings": embeddings(model),
     }
     with suppress(BadInputError):  # not compiled, or not an optimizer the reducers apply: the default stands
         figures["optimizer"] = modelio.optimizer_config(model)
@@ -103,6 +105,28 @@ def from_keras(
         figures["compute_per_sample_s"] = seconds / batch * speedup(threads, parameters.vcpu_efficiency)
         figures["compute_source"] = f"measured: one gradient step of {batch} samples on {threads:g} thread(s) here"
     return figures
+
+
+def embeddings(model: Any) -> tuple[Embedding, ...]:
+    """The model's trainable ``keras.layers.Embedding`` tables (in nested models too), each with the rows one sample
+    looks up: its inputs' entries, over every call of a shared table (an input of unknown length: every row, the most
+    a round can touch)."""
+    import keras
+
+    found = []
+    for layer in _layers(model):
+        if isinstance(layer, keras.layers.Embedding) and layer.trainable:
+            shapes = [tuple(node.input_tensors[0].shape[1:]) for node in layer._inbound_nodes]  # each call's input
+            known = shapes and all(None not in shape for shape in shapes)
+            lookups = sum(math.prod(shape) for shape in shapes) if known else layer.input_dim
+            found.append(Embedding(rows=layer.input_dim, width=layer.output_dim, lookups=max(1, lookups)))
+    return tuple(found)
+
+
+def _layers(model: Any) -> list[Any]:
+    return [
+        inner for layer in model.layers for inner in ([layer, *_layers(layer)] if hasattr(layer, "layers") else [layer])
+    ]
 
 
 def metric_values(model: Any, loss: str, manifest: DatasetManifest | None = None) -> int:

@@ -40,6 +40,22 @@ class Accelerator(BaseModel):
     source: str = Field(description="where the fraction comes from")
 
 
+class Embedding(BaseModel):
+    """An embedding table of the model (``keras.layers.Embedding``): a round's update touches the rows its samples
+    look up, and ``compress sparse`` sends those alone."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rows: int = Field(gt=0, description="the table's rows (input_dim)")
+    width: int = Field(gt=0, description="the entries of a row (output_dim)")
+    lookups: int = Field(gt=0, description="rows one sample looks up (its input's entries)")
+
+    def touched(self, samples: int) -> float:
+        """Rows a batch of ``samples`` is expected to touch, its lookups spread uniformly over the rows (the
+        occupancy of ``rows`` bins by ``samples·lookups`` balls; a skewed distribution touches fewer)."""
+        return self.rows * (1 - (1 - 1 / self.rows) ** (samples * self.lookups))
+
+
 class Workload(BaseModel):
     """What is trained and how: the model's size and speed, the pipeline's shape, the run's length."""
 
@@ -62,6 +78,7 @@ class Workload(BaseModel):
         description="one sample's training step, forward and backward (slsml.cost.flops); None: estimated from the"
         " weights (Parameters.train_flops_per_param_sample)",
     )
+    embeddings: tuple[Embedding, ...] = Field(default=(), description="the model's embedding tables")
     optimizer: OptimizerConfig = OptimizerConfig()
     training: TrainingSpec = Field(
         default_factory=TrainingSpec,

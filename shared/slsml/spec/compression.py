@@ -8,24 +8,25 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-DENSE_F32, DENSE_F16, TOP_K, SIGNIFICANCE = 0, 1, 2, 3  # the update format's encodings, by number
+DENSE_F32, DENSE_F16, TOP_K, SIGNIFICANCE, SPARSE = 0, 1, 2, 3, 4  # the update format's encodings, by number
 COMPRESS_FORMS = (
-    "none, fp16, topk:F (0 < F ≤ 1: the fraction of each part sent) or significance:V (V > 0: the"
-    " change relative to its weight an entry must exceed)"
+    "none, sparse (exact: the update's nonzero entries, e.g. the rows of an embedding a round touched), fp16,"
+    " topk:F (0 < F ≤ 1: the fraction of each part sent) or significance:V (V > 0: the change relative to its"
+    " weight an entry must exceed)"
 )
 
 
 class Compression(BaseModel):
-    """What workers send (the ``compress`` option): ``none``, ``fp16``, ``topk:F`` or ``significance:V``."""
+    """What workers send (the ``compress`` option): ``none``, ``sparse``, ``fp16``, ``topk:F`` or ``significance:V``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["none", "fp16", "topk", "significance"] = "none"
+    kind: Literal["none", "sparse", "fp16", "topk", "significance"] = "none"
     value: float | None = None
 
     @model_validator(mode="after")
     def _value_fits(self) -> Compression:
-        if self.kind in ("none", "fp16"):
+        if self.kind in ("none", "sparse", "fp16"):
             if self.value is not None:
                 raise ValueError(f"{self.kind} takes no value")
         elif self.value is None:
@@ -48,7 +49,7 @@ class Compression(BaseModel):
         except ValueError as error:  # a pydantic ValidationError is one too
             problems = getattr(error, "errors", None)
             why = "; ".join(e["msg"].removeprefix("Value error, ") for e in problems()) if problems else str(error)
-            if kind not in ("none", "fp16", "topk", "significance"):
+            if kind not in ("none", "sparse", "fp16", "topk", "significance"):
                 why = f"{kind!r} is no compressor"
             elif value and not _is_number(value):
                 why = f"{value!r} is not a number"
@@ -57,17 +58,25 @@ class Compression(BaseModel):
     @property
     def sparse(self) -> bool:
         """Whether an update sends some of its entries only (top-k, significance): a step of the reducers' optimizer
-        then sees each entry now and then, with what it gathered meanwhile."""
+        then sees each entry now and then, with what it gathered meanwhile (not ``sparse``, which leaves out zeros
+        only: every step sees every entry, as dense)."""
         return self.kind in ("topk", "significance")
 
     @property
     def encoding(self) -> int:
-        return {"none": DENSE_F32, "fp16": DENSE_F16, "topk": TOP_K, "significance": SIGNIFICANCE}[self.kind]
+        return {"none": DENSE_F32, "sparse": SPARSE, "fp16": DENSE_F16, "topk": TOP_K, "significance": SIGNIFICANCE}[
+            self.kind
+        ]
+
+    @property
+    def tabled(self) -> bool:
+        """Whether an update's parts vary in size (significance, sparse): a part table says where each lies."""
+        return self.kind in ("significance", "sparse")
 
     @property
     def lossy(self) -> bool:
         """Whether the reducers get less than the update (then the worker keeps a residual)."""
-        return self.kind != "none"
+        return self.kind not in ("none", "sparse")
 
     def __str__(self) -> str:
         return self.kind if self.value is None else f"{self.kind}:{self.value:g}"

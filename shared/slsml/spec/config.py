@@ -564,9 +564,10 @@ class TrainingSpec(BaseModel):
     )
     compress: str = Field(
         default="none",
-        description="what workers send: none (float32), fp16, topk:F (each part's fraction F of largest entries) or"
-        " significance:V (the entries whose change relative to their weight exceeds V); what is left out is kept"
-        " per worker slot and added to its next update (error feedback)",
+        description="what workers send: none (float32), sparse (exact: the nonzero entries, e.g. the embedding rows a"
+        " round touched), fp16, topk:F (each part's fraction F of largest entries) or significance:V (the entries"
+        " whose change relative to their weight exceeds V); what a lossy one leaves out is kept per worker slot and"
+        " added to its next update (error feedback)",
     )
 
     compress_warmup: int | None = Field(

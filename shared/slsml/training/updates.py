@@ -23,11 +23,21 @@ enc.  compress        part                                                      
 3     significance:V  u32 count c, then c pairs (as top-k) of the trainable entries whose         4 + 8·c + 4·n_n
                       |u_i| / max(|w_i|, 1e-6) exceeds V (u: the update, w: the weights the
                       iteration started from); then the non-trainable entries as float32
+4     sparse          as significance, the pairs of every nonzero trainable entry: exact         4 + 8·c + 4·n_n
 ====  ==============  ==========================================================================  ===============
+
+``sparse`` is lossless: an entry it leaves out is zero, and a reducer decodes it as zero, so the reducers average
+and step exactly what a dense update gives them (bit for bit), whatever their optimizer: Adam's moments decay on
+every row, touched or not, as in dense training (dense-equivalent, not "lazy", semantics). It pays where a round
+touches few rows of a large embedding (``keras.layers.Embedding``, a hashed sparse input): TensorFlow's gradient
+of a lookup is a ``tf.IndexedSlices`` of the rows looked up, which the worker adds up (duplicates summed) into its
+flat update, and every other row's entries are zero. A part of c nonzero entries costs 4 + 8·c bytes against
+dense's 4·n_t: smaller where fewer than half the entries are nonzero. It keeps no residual: nothing is left out.
 
 Non-trainable entries are always sent whole, as float32: a value cannot be left for later. For encodings
 0-2 each part's size follows from the shard plan and F, so a reducer computes its part's byte range
-(``part_range``) and reads it with one ranged GET, as before. For ``significance`` the count varies, so the
+(``part_range``) and reads it with one ranged GET, as before. For ``significance`` and ``sparse`` the count
+varies, so the
 header is followed by a part table, R+1 u64 byte offsets into the object (part r is bytes
 [table[r], table[r+1]); table[R] is the object's size). A reducer reads its two entries with a ranged GET of
 16 bytes (``table_range``; the response also carries the object's size, checked against them), then its part
@@ -57,12 +67,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from slsml.spec.compression import DENSE_F16, DENSE_F32, NONE, SIGNIFICANCE, TOP_K, Compression
+from slsml.spec.compression import DENSE_F16, DENSE_F32, NONE, SIGNIFICANCE, SPARSE, TOP_K, Compression
 from slsml.spec.shardplan import ShardPlan
 
 MAGIC = b"SLSU"
 VERSION = 1
-ENCODINGS = {DENSE_F32: "dense float32", DENSE_F16: "dense float16", TOP_K: "top-k", SIGNIFICANCE: "significance"}
+ENCODINGS = {
+    DENSE_F32: "dense float32",
+    DENSE_F16: "dense float16",
+    TOP_K: "top-k",
+    SIGNIFICANCE: "significance",
+    SPARSE: "sparse",
+}
 KINDS = ("gradient", "weight change")  # by number
 METADATA = "slsml-update"
 _HEADER = struct.Struct("<4sHHQQH6x")
@@ -104,15 +120,15 @@ def top_k(compression: Compression, trainable: int) -> int:
 
 
 def part_size(plan: ShardPlan, shard: int, compression: Compression = NONE) -> int:
-    """Bytes of ``shard``'s part (fixed layouts: every encoding but significance)."""
-    if compression.kind == "significance":
-        raise ValueError("significance parts have no fixed size: read the part table (table_range)")
+    """Bytes of ``shard``'s part (fixed layouts: every encoding but significance and sparse)."""
+    if compression.tabled:
+        raise ValueError(f"{compression} parts have no fixed size: read the part table (table_range)")
     return part_bytes(compression, *_entry_counts(plan)[shard])
 
 
 def part_bytes(compression: Compression, trainable: int, other: int, significant: int = 0) -> int:
-    """Bytes of a part of ``trainable`` trainable and ``other`` non-trainable entries (significance: of which
-    ``significant`` are sent)."""
+    """Bytes of a part of ``trainable`` trainable and ``other`` non-trainable entries (significance, sparse: of
+    which ``significant`` are sent)."""
     if compression.kind == "none":
         return 4 * (trainable + other)
     if compression.kind == "fp16":
@@ -123,7 +139,7 @@ def part_bytes(compression: Compression, trainable: int, other: int, significant
 
 
 def table_bytes(reducers: int) -> int:
-    """Bytes of a significance update's part table: R+1 offsets."""
+    """Bytes of a significance or sparse update's part table: R+1 offsets."""
     return 8 * (reducers + 1)
 
 
@@ -137,13 +153,14 @@ def part_range(plan: ShardPlan, shard: int, compression: Compression = NONE) -> 
 
 
 def table_range(plan: ShardPlan, shard: int) -> tuple[int, int]:
-    """Significance: the bytes (inclusive) of the part table's entries r and r+1, the bounds of ``shard``'s part."""
+    """Significance, sparse: the bytes (inclusive) of the part table's entries r and r+1, the bounds of ``shard``'s
+    part."""
     first = HEADER_SIZE + 8 * shard
     return first, first + _OFFSETS.size - 1
 
 
 def significant_part_range(entries: bytes, plan: ShardPlan, shard: int, size: int | None) -> tuple[int, int]:
-    """Significance: the byte range (inclusive) of ``shard``'s part, from its two table entries (the bytes of
+    """Significance, sparse: the byte range (inclusive) of ``shard``'s part, from its two table entries (the bytes of
     ``table_range``) and the object's ``size`` (None: not known); UpdateFormatError if they cannot be right."""
     if len(entries) != _OFFSETS.size:
         raise UpdateFormatError(
@@ -198,7 +215,7 @@ def encode(
             scale = None if weights is None else weights[layout.start : layout.stop]
             parts.append(_encode_part(flat[layout.start : layout.stop], layout.trainable, compression, scale))
         body = b"".join(parts)
-        if encoding == SIGNIFICANCE:
+        if compression.tabled:
             offsets = np.cumsum([HEADER_SIZE + table_bytes(plan.reducers)] + [len(p) for p in parts], dtype=np.uint64)
             body = offsets.astype("<u8").tobytes() + body
     number = KINDS.index(kind)
@@ -218,6 +235,9 @@ def _encode_part(
         if k < positions.size:  # the k largest magnitudes, by increasing index
             positions = np.sort(positions[np.argpartition(np.abs(part[positions]), positions.size - k)[-k:]])
         return _pairs(part, positions).tobytes() + values
+    if compression.kind == "sparse":  # exact: every entry left out is zero
+        positions = positions[part[positions] != 0]
+        return _COUNT.pack(positions.size) + _pairs(part, positions).tobytes() + values
     assert weights is not None and compression.value is not None
     scale = np.maximum(np.abs(weights[positions]), np.float32(SIGNIFICANCE_EPS))
     positions = positions[np.abs(part[positions]) > np.float32(compression.value) * scale]
@@ -273,7 +293,7 @@ def decode_part(data: bytes, plan: ShardPlan, shard: int, compression: Compressi
         return np.frombuffer(data, dtype="<f4").astype(np.float32)
     trainable, other = _entry_counts(plan)[shard]
     out = np.zeros(layout.size, dtype=np.float32)
-    if compression.kind == "significance":
+    if compression.tabled:
         if len(data) < _COUNT.size:
             raise UpdateFormatError(f"part of shard {shard} has {len(data)} bytes, too few for its count")
         (count,) = _COUNT.unpack_from(data)
@@ -336,7 +356,7 @@ def decode(
         raise ValueError(f"decoding {compression} needs the shard plan")
     if count != plan.size:
         raise UpdateFormatError(f"update declares {count} elements, the model has {plan.size}")
-    if encoding == SIGNIFICANCE:
+    if compression.tabled:
         ranges = []
         for r in range(plan.reducers):
             first, last = table_range(plan, r)

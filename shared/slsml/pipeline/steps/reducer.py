@@ -144,8 +144,8 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     where = [keys.update(run, i, p.worker, p.attempt) for i, p in zip(computed, participants, strict=True)]
     sent = [config.compression_at(i) for i in computed]  # a late update of the warm-up went dense
     need = quorum_count(len(participants), policy.quorum)
-    if any(c.kind == "significance" for c in sent):
-        parts = _read_significant_parts(services.store, where, sent, config, shard, need, policy)
+    if any(c.tabled for c in sent):
+        parts = _read_tabled_parts(services.store, where, sent, config, shard, need, policy)
     else:
         ranges = [updates.part_range(config.plan, shard, c) for c in sent]
         parts = services.store.get_quorum(where, ranges, need=need, timeout_s=policy.timeout_s)
@@ -201,7 +201,7 @@ def _weight(participant: Participant, iteration: int, decay: float) -> float:
     return participant.samples * decay ** (iteration - participant.iteration)
 
 
-def _read_significant_parts(
+def _read_tabled_parts(
     store: ObjectStore,
     where: list[str],
     sent: list[Compression],
@@ -210,18 +210,19 @@ def _read_significant_parts(
     need: int,
     policy: ReadPolicy,
 ) -> list[Stored | None]:
-    """Significance updates (``slsml.training.updates``): the shard's two entries of each update's part table, then the
-    parts they point at (an update ``sent`` dense, of the warm-up, at its part's range); a read that times out under
-    the read quorum leaves its participant out (each of the two rounds of reads waits up to the read timeout)."""
+    """Significance and sparse updates (``slsml.training.updates``): the shard's two entries of each update's part
+    table, then the parts they point at (an update ``sent`` dense, of the warm-up, at its part's range); a read that
+    times out under the read quorum leaves its participant out (each of the two rounds of reads waits up to the read
+    timeout)."""
     kind = rules.of(config.training).kind
-    tabled = [n for n, compression in enumerate(sent) if compression.kind == "significance"]
+    tabled = [n for n, compression in enumerate(sent) if compression.tabled]
     entries = store.get_quorum(
         [where[n] for n in tabled],
         [updates.table_range(config.plan, shard)] * len(tabled),
         need=min(need, len(tabled)),
         timeout_s=policy.timeout_s,
     )
-    ranges = {n: updates.part_range(config.plan, shard, c) for n, c in enumerate(sent) if c.kind != "significance"}
+    ranges = {n: updates.part_range(config.plan, shard, c) for n, c in enumerate(sent) if not c.tabled}
     for number, entry in zip(tabled, entries, strict=True):
         if entry is None:
             continue

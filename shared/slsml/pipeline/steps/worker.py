@@ -3,8 +3,9 @@ store it for the reducers, who read a part each; its report (WorkDone) carries t
 metrics over the batches, on the forward passes that gave their gradients, as ``fit`` tracks them. An update with NaN or
 Inf is stored and announced like any other but marked non-finite, so that it is left out; under loss scaling it is
 announced as finite, its metadata saying it is not, and every shard skips the step (``slsml.training.precision``).
-A run that compresses its updates (``compress``) adds the worker slot's residual to the update before it is
-compressed and stores the new residual before the update (error feedback, ``slsml.training.feedback``).
+A run that compresses its updates lossily (``compress`` fp16, topk, significance) adds the worker slot's residual to
+the update before it is compressed and stores the new residual before the update (error feedback,
+``slsml.training.feedback``); ``sparse`` sends the update's nonzero entries, exactly, and keeps no residual.
 The round itself lives in ``slsml.rounds`` and the run's rule: its micro-batches (sized to the function's memory), read
 ahead of compute, added up; a round whose invocation's time runs short is handed on between micro-batches to a fresh
 invocation of the same attempt (``slsml.training.progress``)."""
@@ -229,7 +230,7 @@ def _train(
             feedback.encode_residual(compressed.residual),
         )
     else:
-        body, header = updates.encode(update.vector, samples=samples, kind=rule.kind)
+        body, header = updates.encode(update.vector, samples, rule.kind, compression, config.plan)
     done = WorkDone(
         run_id=message.run_id,
         iteration=message.iteration,
