@@ -104,6 +104,7 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
     state_machine = f"<{synthesized.logical_id(stack.orchestration.state_machine)}>"
     state_machine_name = synthesized.logical_id(stack.orchestration.state_machine)
     topic_key = f"<{synthesized.logical_id(stack.messaging.topic_key)}.Arn>"
+    signing_key = f"<{synthesized.logical_id(stack.signing.key)}.Arn>"
     own_records = {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [_records_of(synthesized, fn.name)]}}
     sent_to = {f"<{synthesized.logical_id(stack.messaging.queues[q.name])}.Arn>" for q in fn.sends}
     trigger_queue = {f"<{synthesized.logical_id(stack.messaging.queues[fn.queue.name])}.Arn>"} if fn.queue else set()
@@ -139,6 +140,8 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
             elif service == "dynamodb":
                 assert action in TABLE_ACTIONS
                 assert resources == {table}
+            elif service == "kms" and resources == {signing_key}:  # its own kind's keys (test_infra_signing.py)
+                assert {**statement, "Resource": signing_key} in deployment.signing_grants(fn, signing_key), statement
             elif service == "kms":  # what SNS asks of the topics' key for a publisher
                 assert fn.publishes and action in PUBLISH_KEY_ACTIONS and resources == {topic_key}, (action, resources)
             elif service == "logs":
