@@ -146,6 +146,28 @@ def test_a_kind_proves_only_the_messages_it_sends(services: Services) -> None:  
     assert "which does not send WorkDone: worker do" in (services.keys.problem(worker_done) or "")
 
 
+def test_an_object_is_proven_only_by_a_kind_that_writes_it(services: Services) -> None:  # noqa: F811
+    """A manifest signed by the Merger holds, for its own key and bytes only; the same manifest signed by a Worker
+    (which writes no models/) does not, nor does the Merger's proof of one run under another."""
+    _as(services, "work_launcher").sign(WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2))
+    _as(services, "work_launcher").sign(WorkMessage(run_id="other", iteration=0, worker=0, workers=2))
+    key, body = keys.manifest(RUN, 1), b'{"iteration": 1, "shards": []}'
+    merged = _as(services, "merger").sign_object(RUN, key, body)
+    assert merged == _as(services, "merger").sign_object(RUN, key, body)  # deterministic: a retry stores the same
+    assert services.keys.object_problem(RUN, key, body, merged) is None
+    refused = {
+        "by a worker": (RUN, key, body, _as(services, "worker").sign_object(RUN, key, body)),
+        "other bytes": (RUN, key, body + b" ", merged),
+        "another key": (RUN, keys.manifest(RUN, 2), body, merged),
+        "another run": ("other", keys.manifest("other", 1), body, merged),
+        "no proof": (RUN, key, body, {}),
+    }
+    for name, (run, at, stored, metadata) in refused.items():
+        assert "replaced behind the pipeline's back" in (
+            services.keys.object_problem(run, at, stored, metadata) or ""
+        ), name
+
+
 @pytest.fixture
 def _sources(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dead_letters, "deployed_sources", lambda: SOURCES)
