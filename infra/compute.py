@@ -218,7 +218,7 @@ class Compute(Construct):
         log_group.grant_write(role)
         self._answer_executions(role, fn)
         if fn.reads_dead_letters:  # the run item's update and the execution's task failure (its queues: their own)
-            # a deadline SQS moved is re-checked as the watchdog would (``steps.dead_letters``): the run's message key
+            # a deadline SQS moved is re-checked as the watchdog would (``steps.dead_letters``): the run's public keys
             # (its KEY item) and its run.json are read
             role.add_to_policy(
                 iam.PolicyStatement(

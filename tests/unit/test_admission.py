@@ -86,7 +86,7 @@ def test_a_message_the_pipeline_did_not_send_is_refused_before_anything_else(
     """Unsigned, forged, changed on its way, replayed from another run: each is refused by its proof of origin, also
     where what it says fits the run (a deadline due now, a report of the run's own worker)."""
     _register(services, "other", workers=2)
-    services.keys.sign(WorkMessage(run_id="other", iteration=0, worker=0, workers=2))  # the other run's key is made
+    services.keys.sign(WorkMessage(run_id="other", iteration=0, worker=0, workers=2))  # the other run's keys are made
     deadline = Deadline(run_id=RUN, iteration=0, stage="work", round=2, due_at=time.time())
     signed = services.keys.sign(_done(RUN, 1))
     of_other = services.keys.sign(_done("other", 1))

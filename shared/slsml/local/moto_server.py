@@ -59,6 +59,11 @@ its check is replaced. What is evaluated is what the deployed stack's policy use
 cannot drift silently from what is installed. Allow statements are not evaluated: they grant what every request of
 the local cloud, its owner's, is granted already.
 
+KMS keys' policies are enforced the same way (``key_policies``): a Decrypt, a ReEncrypt or a
+GenerateDataKeyPairWithoutPlaintext that a Deny statement of its key's policy matches, with the request's principal
+and encryption context as condition keys, is refused (AccessDeniedException). moto lacks
+GenerateDataKeyPairWithoutPlaintext; it is added as KMS answers it (``kms_key_pairs``).
+
 It lasts no longer than the process that started it: it ends when its standard input does (that
 process's end of the pipe closes when it exits, however it exits). While it starts serving, it imports in
 the background what the first request to each service would: the first CreateStateMachine alone imported

@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.serialization import load_der_private_key, l
 from slsml.accounting import usage
 from slsml.aws import cache as warm_cache
 from slsml.spec import wiring
+from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import Message
 from slsml.state.runtable import RunTable, SealedKey
 
@@ -128,6 +129,8 @@ class RunKeys:
         warm = warm_cache.warm()
         key: ec.EllipticCurvePrivateKey | None = warm.get(("signing-key", run_id, kind))
         if key is None:
+            if not self.sealing_key:
+                raise SlsmlError(f"{wiring.SIGNING_KEY_ENV} is not set: is this function deployed by slsml?")
             with usage.warming():
                 sealed = self.table.run_keys(run_id) or self._made(run_id)
                 self._keep_public(run_id, sealed)
