@@ -32,11 +32,11 @@ from cryptography.hazmat.primitives.serialization import load_der_private_key, l
 from slsml.accounting import usage
 from slsml.aws import cache as warm_cache
 from slsml.spec import wiring
+from slsml.spec.deployment import KEY_PAIR_SPEC
 from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import Message
 from slsml.state.runtable import RunTable, SealedKey
 
-KEY_PAIR_SPEC = "ECC_NIST_P256"  # KMS's data key pairs offer no Ed25519; P-256 signatures are as fast to check
 OBJECT_PROOF = "proof"  # the user metadata that holds a signed object's proof of origin
 KEY_BYTES = 512  # what a run's public keys or one private key hold in the warm cache, about
 # deterministic (RFC 6979): a message signed twice (a retry's) carries the same proof, as it says the same
