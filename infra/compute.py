@@ -14,6 +14,7 @@ from aws_cdk import Duration, Fn, Size
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
@@ -66,6 +67,7 @@ class Compute(Construct):
         queues: Mapping[str, sqs.IQueue],
         failures: sqs.IQueue,
         state_machine: sfn.IStateMachine,
+        signing_key: kms.IKey,
         gpu: GpuFleet | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -77,6 +79,7 @@ class Compute(Construct):
         self._queues = queues
         self._failures = failures
         self._state_machine = state_machine
+        self._signing_key = signing_key
         self.layer = CommonLayer(self, "CommonLayer", build=not settings.skip_layer_build).layer
         self.log_groups: dict[str, logs.LogGroup] = {}
         self.functions: dict[str, lambda_.Function] = {fn.name: self._function(fn) for fn in wiring.FUNCTIONS}
@@ -104,6 +107,7 @@ class Compute(Construct):
             "POWERTOOLS_SERVICE_NAME": deployment.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": deployment.METRICS_NAMESPACE,
             wiring.RUN_LIMITS_ENV: self._settings.limits.model_dump_json(),
+            wiring.SIGNING_KEY_ENV: self._signing_key.key_arn,
             **{topic.env_var: self._topics[topic.name].topic_arn for topic in fn.publishes},
             **{queue.env_var: self._queues[queue.name].queue_url for queue in fn.sends},
         }
@@ -214,7 +218,7 @@ class Compute(Construct):
         log_group.grant_write(role)
         self._answer_executions(role, fn)
         if fn.reads_dead_letters:  # the run item's update and the execution's task failure (its queues: their own)
-            # a deadline SQS moved is re-checked as the watchdog would (``steps.dead_letters``): the run's message key
+            # a deadline SQS moved is re-checked as the watchdog would (``steps.dead_letters``): the run's public keys
             # (its KEY item) and its run.json are read
             role.add_to_policy(
                 iam.PolicyStatement(
@@ -273,6 +277,8 @@ class Compute(Construct):
                 )
             )
         role.add_to_policy(iam.PolicyStatement(actions=TABLE_ACTIONS, resources=[self._table.table_arn]))
+        for grant in deployment.signing_grants(fn, self._signing_key.key_arn):
+            role.add_to_policy(iam.PolicyStatement.from_json(grant))
         for topic in fn.publishes:
             grant_publish(self._topics[topic.name], role)
         for queue in fn.sends:

@@ -12,6 +12,7 @@ from infra.naming import pascal
 from infra.observability import Observability
 from infra.orchestration import Orchestration
 from infra.settings import Settings
+from infra.signing import Signing
 from infra.storage import Storage
 from slsml.spec import wiring
 from slsml.spec.deployment import log_group_output
@@ -46,6 +47,7 @@ class SlsmlStack(Stack):
                 removal_policy=settings.cdk_removal_policy,
             )
         )
+        self.signing = Signing(self, "Signing", removal_policy=settings.cdk_removal_policy)
         self.compute = Compute(
             self,
             "Compute",
@@ -56,10 +58,13 @@ class SlsmlStack(Stack):
             queues=self.messaging.queues,
             failures=self.messaging.function_failures,
             state_machine=self.orchestration.state_machine,
+            signing_key=self.signing.key,
             gpu=self.gpu,
         )
         self.messaging.subscribe(self.compute.functions)
-        self.storage.guard_run_deletes({name: fn.role for name, fn in self.compute.functions.items() if fn.role})
+        roles = {name: fn.role for name, fn in self.compute.functions.items() if fn.role}
+        self.storage.guard_run_deletes(roles)
+        self.signing.guard(roles)
         self.observability = Observability(
             self,
             "Observability",

@@ -1,15 +1,15 @@
 """The attack matrix, against the local cloud while a healthy run trains, all sent with boto3: messages that are
-well-formed but that the pipeline did not send (unsigned, changed on their way, replayed from another run), sent to
-its topics and queues — each is rejected (logged, dead-lettered, counted); objects placed where the run's next
-update, next model and final model will be written — none is trusted for sitting at the expected key: each is
-replaced by the step's own; and an overwrite of a completed run's final model — detected by every reader of it. Each
-run completes with weights bit-identical to an undisturbed run's. (The bucket's policy refuses a PUT without
-If-None-Match of an update, in the local cloud as on AWS: the objects are placed create-only, so that what is tested
-is the pipeline's own checks; a delete under runs/ with the owner's credentials, and a Worker's signed PUT replayed
-with another body, are refused outright.) What is changed behind the pipeline's back (the run item, a manifest, a
-shard, the dataset, run.json, the last model before its final copy) fails the run naming it. Models dropped
-meanwhile that are too large to load (a zip bomb, a config declaring gigabytes of weights, an oversized run request)
-are refused by name."""
+well-formed but that the pipeline did not send (unsigned, changed on their way, replayed from another run, signed by
+a role with its own key but of a kind its step does not send), sent to its topics and queues — each is rejected
+(logged, dead-lettered, counted); objects placed where the run's next update, next model and final model will be
+written — none is trusted for sitting at the expected key: each is replaced by the step's own; and an overwrite of a
+completed run's final model — detected by every reader of it. Each run completes with weights bit-identical to an
+undisturbed run's. (The bucket's policy refuses a PUT without If-None-Match of an update, in the local cloud as on
+AWS: the objects are placed create-only, so that what is tested is the pipeline's own checks; a delete under runs/
+with the owner's credentials, and a Worker's signed PUT replayed with another body, are refused outright.) What is
+changed behind the pipeline's back (the run item, a manifest, a shard, the dataset, run.json, the last model before
+its final copy) fails the run naming it. Models dropped meanwhile that are too large to load (a zip bomb, a config
+declaring gigabytes of weights, an oversized run request) are refused by name."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import boto3
@@ -35,12 +36,13 @@ from slsml.client import demo, runs
 from slsml.data import datasets as data
 from slsml.local.cloud import REGION
 from slsml.local.faults import Delay, Faults
-from slsml.pipeline import launch
+from slsml.pipeline import launch, proof
+from slsml.pipeline.proof import RunKeys
 from slsml.pipeline.steps.merger import GENERATION_METADATA, MERGED_METADATA
-from slsml.spec import keys
+from slsml.spec import keys, wiring
 from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.errors import SlsmlError
-from slsml.spec.messages import Manifest, WorkDone
+from slsml.spec.messages import Manifest, ReduceDone, WorkDone
 from slsml.state import records
 from slsml.training import modelio
 from tests import archives
@@ -85,16 +87,59 @@ ROWS: list[tuple[str, str, str, str]] = [
 ]
 
 
-def _signed_rows(services) -> list[tuple[str, str, str, str]]:
-    """A report the pipeline signed, changed on its way (its update made non-finite); and one of the undisturbed run,
-    sent under this run's name (replayed from another run)."""
+def _kms_as(local, function: str) -> Any:
+    """A KMS client of the local cloud signing with ``function``'s role's credentials."""
+    signing = local.deployment.signing_as(function)
+    return boto3.client(
+        "kms",
+        endpoint_url=local.deployment.endpoint,
+        region_name=REGION,
+        aws_access_key_id=signing["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=signing["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
+def _as(local, services, function: str) -> RunKeys:
+    """The run keys of ``function``, with its role's credentials."""
+    return RunKeys(services.table, _kms_as(local, function), local.deployment.signing_key, function)
+
+
+def _signed_rows(local, services) -> list[tuple[str, str, str, str]]:
+    """A report the pipeline signed, changed on its way (its update made non-finite); one of the undisturbed run,
+    sent under this run's name (replayed from another run); and messages a role signed with its own key, with its own
+    credentials, that its kind does not send: a Reducer's non-finite report, a Worker's shard done."""
     done = WorkDone(run_id=RUN, iteration=AT, worker=1, samples=32, loss=0.1, compute_s=1)
     changed = services.keys.sign(done).model_copy(update={"finite": False, "loss": 0.0})
     other = services.keys.sign(done.model_copy(update={"run_id": REFERENCE})).model_copy(update={"run_id": RUN})
+    by_reducer = _as(local, services, "reducer").sign(done.model_copy(update={"finite": False, "loss": 0.0}))
+    by_worker = _as(local, services, "worker").sign(ReduceDone(run_id=RUN, iteration=AT, shard=1))
     return [
         ("WorkDone", changed.model_dump_json(), "reduce_launcher", NOT_HOLDING),
         ("WorkDone", other.model_dump_json(), "reduce_launcher", NOT_HOLDING),
+        ("WorkDone", by_reducer.model_dump_json(), "reduce_launcher", "'reducer', which does not send WorkDone"),
+        ("ReduceDone", by_worker.model_dump_json(), "merger", "'worker', which does not send ReduceDone"),
     ]
+
+
+def test_a_role_can_unseal_its_own_kinds_key_alone(local, services, undisturbed):
+    """With each role's credentials, each kind's sealed private key of a run: the role's own opens; another kind's is
+    refused by the signing key's policy, and opens no more with the role's own kind named in its context."""
+    sealed = services.table.run_keys(REFERENCE)
+    assert sealed is not None and sorted(sealed) == sorted(wiring.SIGNERS)
+    opened = set()
+    for fn in wiring.FUNCTIONS:
+        kms = _kms_as(local, fn.name)
+        for kind, key in sealed.items():
+            unseal = partial(kms.decrypt, KeyId=local.deployment.signing_key, CiphertextBlob=key.sealed)
+            try:
+                unseal(EncryptionContext=proof.context(REFERENCE, kind))
+                opened.add((fn.name, kind))
+            except ClientError as error:
+                assert error.response["Error"]["Code"] == "AccessDeniedException", (fn.name, kind, error)
+            if kind != fn.name and fn.name in wiring.SIGNERS:  # its own kind named: the sealed key does not open
+                with pytest.raises(ClientError, match="InvalidCiphertext"):
+                    unseal(EncryptionContext=proof.context(REFERENCE, fn.name))
+    assert opened == {(kind, kind) for kind in wiring.SIGNERS}
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +171,7 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
     try:
         deadline = _hold(local, services, RUN)
         token = services.table.get_run(RUN).task_token
-        rows = ROWS + _signed_rows(services)
+        rows = ROWS + _signed_rows(local, services)
         for topic, body, *_ in rows:
             if topic == "deadlines":
                 sqs.send_message(QueueUrl=local.deployment.deadline_queue_url, MessageBody=body)

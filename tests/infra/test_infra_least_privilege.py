@@ -1,8 +1,9 @@
 """Every function role allows only what its step needs: its logs, reads of runs/ and datasets/, writes
 of the kinds of object its step creates (and deletes of those it deletes), the run table, its own
-published topics and queues, the failure queue, the answers to a run's execution its step gives, and X-Ray;
-the dead-letter reader only its logs, its queues (the dead-letter queues), the run item's update, the run's message
-key and run.json (a moved deadline is re-checked as the watchdog would), the execution's task failure and X-Ray.
+published topics and queues, the failure queue, the answers to a run's execution its step gives, its own kind's
+signing keys (test_infra_signing.py), and X-Ray;
+the dead-letter reader only its logs, its queues (the dead-letter queues), the run item's update, the run's public
+keys and run.json (a moved deadline is re-checked as the watchdog would), the execution's task failure and X-Ray.
 Only a step that handles messages once deletes items: its own message records.
 The bucket's policy refuses overwrites of run objects, whoever writes, and deletes of run objects by any principal but
 the roles of the steps that delete them.
@@ -104,6 +105,7 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
     state_machine = f"<{synthesized.logical_id(stack.orchestration.state_machine)}>"
     state_machine_name = synthesized.logical_id(stack.orchestration.state_machine)
     topic_key = f"<{synthesized.logical_id(stack.messaging.topic_key)}.Arn>"
+    signing_key = f"<{synthesized.logical_id(stack.signing.key)}.Arn>"
     own_records = {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [_records_of(synthesized, fn.name)]}}
     sent_to = {f"<{synthesized.logical_id(stack.messaging.queues[q.name])}.Arn>" for q in fn.sends}
     trigger_queue = {f"<{synthesized.logical_id(stack.messaging.queues[fn.queue.name])}.Arn>"} if fn.queue else set()
@@ -139,6 +141,8 @@ def test_function_role_is_least_privilege(synthesized: Synthesized, fn: wiring.F
             elif service == "dynamodb":
                 assert action in TABLE_ACTIONS
                 assert resources == {table}
+            elif service == "kms" and resources == {signing_key}:  # its own kind's keys (test_infra_signing.py)
+                assert {**statement, "Resource": signing_key} in deployment.signing_grants(fn, signing_key), statement
             elif service == "kms":  # what SNS asks of the topics' key for a publisher
                 assert fn.publishes and action in PUBLISH_KEY_ACTIONS and resources == {topic_key}, (action, resources)
             elif service == "logs":
@@ -266,7 +270,7 @@ def test_the_dead_letter_reader_may_fail_runs_and_do_nothing_else(synthesized: S
         for action in as_list(statement["Action"]):
             granted.setdefault(action, set()).update(render(r) for r in as_list(statement["Resource"]))
     assert granted.pop("dynamodb:UpdateItem") == {table}  # the run item, FAILED with the reason
-    # a deadline SQS moved, re-checked as the watchdog would: the run's message key and its run.json
+    # a deadline SQS moved, re-checked as the watchdog would: the run's public keys and its run.json
     assert granted.pop("dynamodb:GetItem") == {table}
     bucket = f"<{synthesized.logical_id(stack.storage.bucket)}.Arn>"
     assert granted.pop("s3:GetObject") == {f"{bucket}/{keys.RUN_CONFIG_OBJECTS}"}

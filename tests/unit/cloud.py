@@ -50,6 +50,13 @@ def gets_sent(store: ObjectStore) -> Iterator[list[tuple[str, str | None]]]:
         yield gets
 
 
+def signing_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A KMS key in moto that seals runs' signing keys, in the environment as a deployment's functions find it."""
+    arn = boto3.client("kms", region_name="us-east-1").create_key()["KeyMetadata"]["Arn"]
+    monkeypatch.setenv(wiring.SIGNING_KEY_ENV, arn)
+    return arn
+
+
 @contextmanager
 def moto_services(
     monkeypatch: pytest.MonkeyPatch, samples: int = 64, shard_mb: float | None = None
@@ -63,6 +70,7 @@ def moto_services(
         boto3.client("dynamodb", region_name="us-east-1").create_table(**records.create_table_arguments("runs"))
         sns = boto3.client("sns", region_name="us-east-1")
         arns = {t.name: sns.create_topic(Name=t.name)["TopicArn"] for t in wiring.TOPICS}
+        signing_key(monkeypatch)
         services = Services.from_names("bucket", "runs", arns)
         rng = np.random.default_rng(0)
         x, y = rng.standard_normal((samples, 6)).astype(np.float32), rng.integers(0, 3, samples)

@@ -12,6 +12,7 @@ from moto.core.config import default_user_config
 
 from slsml.accounting import usage
 from slsml.aws.storage import ObjectStore
+from slsml.local import moto_server
 
 from . import cloud
 
@@ -20,6 +21,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 # moto's mock intercepts every session's clients: keeping boto3's default session keeps its parsed service
 # descriptions (several MB of JSON) from test to test, where a new session per mock reads them again
 default_user_config["core"]["reset_boto3_session"] = False
+moto_server.kms_key_pairs()  # the local cloud's KMS key pairs, which moto lacks
 
 
 @pytest.fixture(autouse=True)

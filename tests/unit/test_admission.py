@@ -13,10 +13,11 @@ import time
 import pytest
 
 from slsml.pipeline import admission, envelope
+from slsml.pipeline.proof import RunKeys
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import dead_letters
 from slsml.pipeline.steps.dead_letters import on_dead_letter
-from slsml.spec import keys
+from slsml.spec import keys, wiring
 from slsml.spec.errors import MessageRejected
 from slsml.spec.messages import Deadline, ModelMerged, ReduceDone, ReduceMessage, WorkMessage
 
@@ -85,16 +86,16 @@ def test_a_message_the_pipeline_did_not_send_is_refused_before_anything_else(
     """Unsigned, forged, changed on its way, replayed from another run: each is refused by its proof of origin, also
     where what it says fits the run (a deadline due now, a report of the run's own worker)."""
     _register(services, "other", workers=2)
-    services.keys.sign(WorkMessage(run_id="other", iteration=0, worker=0, workers=2))  # the other run's key is made
+    services.keys.sign(WorkMessage(run_id="other", iteration=0, worker=0, workers=2))  # the other run's keys are made
     deadline = Deadline(run_id=RUN, iteration=0, stage="work", round=2, due_at=time.time())
     signed = services.keys.sign(_done(RUN, 1))
     of_other = services.keys.sign(_done("other", 1))
     refused = {
         "unsigned": (deadline, "carries no proof of origin"),
-        "forged": (deadline.model_copy(update={"proof": "0" * 64}), "proof of origin does not hold"),
+        "forged": (deadline.model_copy(update={"proof": "watchdog:" + "A" * 96}), "proof of origin does not hold"),
         "changed": (signed.model_copy(update={"finite": False}), "proof of origin does not hold"),
         "replayed": (of_other.model_copy(update={"run_id": RUN}), "proof of origin does not hold"),
-        "keyless": (services.keys.sign(deadline).model_copy(update={"run_id": "nobody"}), "no message key"),
+        "keyless": (services.keys.sign(deadline).model_copy(update={"run_id": "nobody"}), "no signing keys"),
     }
     envelope.admit(signed, services)
     for name, (message, problem) in refused.items():
@@ -103,12 +104,68 @@ def test_a_message_the_pipeline_did_not_send_is_refused_before_anything_else(
         assert admission.problem(message, services) is None or name == "keyless"  # refused for its proof alone
 
 
-def test_a_run_has_one_key_of_its_own(services: Services) -> None:  # noqa: F811
-    """The first step to sign a run's message makes its key; every other finds that one; another run has another."""
-    made = services.keys.signing("one")
-    assert services.table.make_run_key("one", b"x" * 32) == made == services.table.run_key("one")
-    assert services.table.run_key("two") is None
-    assert services.keys.signing("two") not in (None, made)
+def _as(services: Services, kind: str) -> RunKeys:  # noqa: F811
+    """The run keys of step ``kind`` of the deployment ``services`` reach."""
+    return RunKeys(services.table, services.keys.kms, services.keys.sealing_key, kind)
+
+
+def test_a_run_has_one_key_pair_per_signing_kind_made_at_its_launch(services: Services) -> None:  # noqa: F811
+    """Only the step that launches runs makes a run's keys, one pair per kind that signs, once; another run has
+    others; a step of another kind finds them."""
+    with pytest.raises(RuntimeError, match="the step that launches it makes them"):
+        _as(services, "worker").sign(_done("one", 1))
+    assert services.table.run_keys("one") is None
+    launcher = _as(services, "work_launcher")
+    launcher.sign(WorkMessage(run_id="one", iteration=0, worker=0, workers=2))
+    made = services.table.run_keys("one")
+    assert made is not None and sorted(made) == sorted(wiring.SIGNERS)
+    assert len({key.public for key in made.values()}) == len(wiring.SIGNERS)
+    assert services.table.make_run_keys("one", {}) == made  # create-once
+    launcher.sign(WorkMessage(run_id="two", iteration=0, worker=0, workers=2))
+    other = services.table.run_keys("two")
+    assert other is not None and not {key.public for key in other.values()} & {key.public for key in made.values()}
+    done = _as(services, "worker").sign(_done("one", 1))
+    assert done.proof.startswith("worker:") and services.keys.problem(done) is None
+
+
+def test_a_kind_proves_only_the_messages_it_sends(services: Services) -> None:  # noqa: F811
+    """A message signed by a kind that does not send it (a Worker's ReduceDone, a Reducer's WorkDone) is refused,
+    naming who sends it; its own kind's signature of the same message holds."""
+    _as(services, "work_launcher").sign(WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2))
+    reduced = ReduceDone(run_id=RUN, iteration=0, shard=0)
+    by_worker = _as(services, "worker").sign(reduced)
+    assert services.keys.problem(by_worker) == (
+        "its proof of origin names 'worker', which does not send ReduceDone: reducer, watchdog do"
+    )
+    by_reducer = _as(services, "reducer").sign(reduced)
+    assert services.keys.problem(by_reducer) is None
+    # the Reducer's signature, named as the Watchdog's (a sender of ReduceDone): it does not hold under its key
+    named = by_reducer.model_copy(update={"proof": by_reducer.proof.replace("reducer:", "watchdog:", 1)})
+    assert "does not hold under run" in (services.keys.problem(named) or "")
+    worker_done = _as(services, "reducer").sign(_done(RUN, 1))
+    assert "which does not send WorkDone: worker do" in (services.keys.problem(worker_done) or "")
+
+
+def test_an_object_is_proven_only_by_a_kind_that_writes_it(services: Services) -> None:  # noqa: F811
+    """A manifest signed by the Merger holds, for its own key and bytes only; the same manifest signed by a Worker
+    (which writes no models/) does not, nor does the Merger's proof of one run under another."""
+    _as(services, "work_launcher").sign(WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2))
+    _as(services, "work_launcher").sign(WorkMessage(run_id="other", iteration=0, worker=0, workers=2))
+    key, body = keys.manifest(RUN, 1), b'{"iteration": 1, "shards": []}'
+    merged = _as(services, "merger").sign_object(RUN, key, body)
+    assert merged == _as(services, "merger").sign_object(RUN, key, body)  # deterministic: a retry stores the same
+    assert services.keys.object_problem(RUN, key, body, merged) is None
+    refused = {
+        "by a worker": (RUN, key, body, _as(services, "worker").sign_object(RUN, key, body)),
+        "other bytes": (RUN, key, body + b" ", merged),
+        "another key": (RUN, keys.manifest(RUN, 2), body, merged),
+        "another run": ("other", keys.manifest("other", 1), body, merged),
+        "no proof": (RUN, key, body, {}),
+    }
+    for name, (run, at, stored, metadata) in refused.items():
+        assert "replaced behind the pipeline's back" in (
+            services.keys.object_problem(run, at, stored, metadata) or ""
+        ), name
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from slsml.spec.shardplan import ShardPlan, VariableSpec
 from slsml.state import records
 from slsml.state.runtable import RunTable
 
+from . import cloud
 from .test_envelope import WORK, sns_event
 
 BLOB = b"x" * 1234
@@ -44,6 +45,7 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Any:
         boto3.client("s3").create_bucket(Bucket="bucket")
         boto3.client("s3").put_object(Bucket="bucket", Key="runs/r1/blob", Body=BLOB)
         boto3.client("dynamodb").create_table(**records.create_table_arguments("runs"))
+        cloud.signing_key(monkeypatch)
         spec = TrainingSpec(workers=4, reducers=1)  # run r1, its iteration 3 launched (WORK's)
         plan = ShardPlan.build([VariableSpec(name="kernel", shape=(2,), trainable=True)], 1)
         config = RunConfig(
@@ -66,8 +68,9 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def signed(fields: dict[str, Any]) -> str:
-    """A Work message of ``fields`` as the pipeline sends it: with its proof of origin, under run r1's key."""
-    return deployment_services("worker", "{}").keys.sign(WorkMessage.model_validate(fields)).model_dump_json()
+    """A Work message of ``fields`` as the pipeline sends it: with its proof of origin, by the WorkLauncher's key of
+    run r1 (signed by the deployment's owner, as the WorkLauncher)."""
+    return deployment_services(None, "{}").keys.sign(WorkMessage.model_validate(fields)).model_dump_json()
 
 
 def emf_lines(out: str) -> list[dict[str, Any]]:

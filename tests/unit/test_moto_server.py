@@ -333,7 +333,8 @@ def test_a_null_condition_matches_the_presence_it_names() -> None:
         ({"Condition": {"Bool": {"s3:ObjectCreationOperation": "1"}}}, "'1'"),
         ({"Condition": {"Bool": {"aws:SecureTransport": "true"}}}, "aws:SecureTransport"),
         ({"Condition": {"Null": {"s3:ObjectCreationOperation": "true"}}}, "s3:ObjectCreationOperation"),
-        ({"Condition": {"ArnEquals": {"aws:PrincipalArn": "arn:aws:iam::1:root"}}}, "ArnEquals"),
+        ({"Condition": {"ArnLike": {"aws:PrincipalArn": "arn:aws:iam::1:root"}}}, "ArnLike"),
+        ({"Condition": {"StringNotEquals": {"kms:EncryptionContext:run": "r"}}}, "kms:EncryptionContext:run"),
         ({"Condition": {"ArnNotEquals": {"aws:SourceArn": "arn:aws:iam::1:root"}}}, "aws:SourceArn"),
     ],
 )
@@ -342,6 +343,32 @@ def test_a_policy_the_server_does_not_evaluate_is_refused_by_name(statement: dic
         denials(_document(**statement))
 
 
+def test_the_signing_keys_policy_lets_each_role_unseal_its_own_kind_alone() -> None:
+    """Evaluated as the local cloud enforces it: each role's Decrypt is denied unless the encryption context names its
+    own kind (a role that signs nothing: always); key pairs are made by the launching role alone; nobody re-encrypts."""
+    policy = denials(json.dumps(cloud.key_policy()).encode())
+    key = "arn:aws:kms:us-east-1:123456789012:key/k"
+    unsealed = {
+        (fn.name, kind)
+        for fn in wiring.FUNCTIONS
+        for kind in (*wiring.SIGNERS, "other")
+        if not denied(
+            policy, "kms:Decrypt", key, {PRINCIPAL_ARN: cloud.role_arn(fn.name), "kms:encryptioncontext:kind": kind}
+        )
+    }
+    assert unsealed == {(kind, kind) for kind in wiring.SIGNERS}
+    makers = [
+        fn.name for fn in wiring.FUNCTIONS if not denied(policy, MAKE, key, {PRINCIPAL_ARN: cloud.role_arn(fn.name)})
+    ]
+    assert makers == ["work_launcher"]
+    assert all(
+        denied(policy, "kms:ReEncryptFrom", key, {PRINCIPAL_ARN: cloud.role_arn(fn.name)}) for fn in wiring.FUNCTIONS
+    )
+    owner = {PRINCIPAL_ARN: cloud.OWNER_ARN, "kms:encryptioncontext:kind": "merger"}
+    assert not denied(policy, "kms:Decrypt", key, owner) and not denied(policy, MAKE, key, owner)
+
+
+MAKE = "kms:GenerateDataKeyPairWithoutPlaintext"
 CREDENTIALS = Credentials("SLSMLKEY", "the-secret")
 KNOWN = {CREDENTIALS.access_key: CREDENTIALS, "OTHERKEY": Credentials("OTHERKEY", "another-secret")}
 NOW = 1_800_000_000.0

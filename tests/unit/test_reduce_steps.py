@@ -45,6 +45,8 @@ from slsml.state import records
 from slsml.state.records import DEADLINE_LAUNCH, DEADLINE_OWNER, iteration_sk, participants_sk, plain, worker_sk
 from slsml.training import optimizers, shards, updates
 
+from . import cloud
+
 T = TypeVar("T")
 PLAN = ShardPlan.build(
     [VariableSpec(name="kernel", shape=(2, 3), trainable=True), VariableSpec(name="mean", shape=(2,), trainable=False)],
@@ -71,6 +73,7 @@ def services(monkeypatch: pytest.MonkeyPatch):
         deadlines = boto3.client("sqs", region_name="us-east-1").create_queue(QueueName="deadlines")["QueueUrl"]
         # a deployment whose stage functions time out after a second: the runs here have deadlines of seconds
         quick = RunLimits(function_timeouts_s=dict.fromkeys(STAGE_FUNCTIONS, 1))
+        cloud.signing_key(monkeypatch)
         yield Services.from_names("bucket", "runs", arns, deadline_queue_url=deadlines, limits=quick)
 
 

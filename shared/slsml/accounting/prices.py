@@ -2,8 +2,8 @@
 
 The built-in table is us-east-1 on-demand list prices as of November 2026, from the public pricing
 pages (aws.amazon.com/lambda/pricing, /s3/pricing, /sns/pricing, /sqs/pricing, /dynamodb/pricing,
-/step-functions/pricing, /cloudwatch/pricing, /privatelink/pricing, /ec2/pricing/on-demand). Another region or a
-newer price list is a JSON file of the same shape (any subset of fields), given as ``--prices FILE`` or
+/step-functions/pricing, /cloudwatch/pricing, /privatelink/pricing, /kms/pricing, /ec2/pricing/on-demand). Another
+region or a newer price list is a JSON file of the same shape (any subset of fields), given as ``--prices FILE`` or
 ``SLSML_PRICES``.
 
 GPU workers run on Lambda Managed Instances: EC2 instances of the types in ``GPU_INSTANCES`` (billed at their
@@ -27,6 +27,7 @@ from slsml.spec.errors import BadInputError, described
 PRICES_ENV = "SLSML_PRICES"
 LAMBDA_PRICING = "https://aws.amazon.com/lambda/pricing/"
 PRIVATELINK_PRICING = "https://aws.amazon.com/privatelink/pricing/"
+KMS_PRICING = "https://aws.amazon.com/kms/pricing/"
 EC2_PRICING = "https://aws.amazon.com/ec2/pricing/on-demand/"
 
 
@@ -86,6 +87,8 @@ class PriceTable(BaseModel):
     sqs_request: float = Field(default=0.40 / 1e6, description="per 64 KB chunk")
     dynamodb_write_unit: float = Field(default=0.625 / 1e6, description="on demand, per write request unit")
     dynamodb_read_unit: float = Field(default=0.125 / 1e6, description="on demand, per read request unit")
+    kms_request: float = Field(default=0.03 / 10_000, description=f"a KMS request, e.g. a Decrypt ({KMS_PRICING})")
+    kms_key_pair: float = Field(default=0.10 / 10_000, description="an ECC GenerateDataKeyPair(WithoutPlaintext)")
     states_transition: float = 0.025 / 1000
     logs_ingested_gb: float = 0.50
     managed_instances_fee: float = Field(
@@ -114,6 +117,8 @@ class PriceTable(BaseModel):
             return self.sns_publish if name.startswith("Publish") else 0.0
         if service == "sqs":
             return self.sqs_request
+        if service == "kms":
+            return self.kms_key_pair if name.startswith("GenerateDataKeyPair") else self.kms_request
         return 0.0  # DynamoDB is priced by units; Step Functions by state transitions; control calls are free
 
     def cost(

@@ -26,7 +26,8 @@ the manifest and launches the next iteration (ModelMerged to the WorkLauncher). 
 on) and at checkpoints: not in a steady iteration.
 
 Each message's proof of origin (``slsml.pipeline.proof``) and its check against the run it names
-(``slsml.pipeline.admission``) make no request: the run's key and configuration are read once per container and run.
+(``slsml.pipeline.admission``) make no request: the run's public keys and configuration are read once per container and
+run.
 
 The minimum chain is what any at-least-once pipeline of this shape must do: the data plane above (S3),
 one message per hop, one durable

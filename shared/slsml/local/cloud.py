@@ -52,6 +52,7 @@ class LocalDeployment:
     dead_letter_queues: dict[str, str] = field(default_factory=dict)  # function → its DLQ's URL
     dead_letter_arns: dict[str, str] = field(default_factory=dict)  # function → its DLQ's ARN
     queue_urls: dict[str, str] = field(default_factory=dict)  # wiring queue name → URL
+    signing_key: str = ""  # the ARN of the KMS key that seals runs' signing keys (slsml.pipeline.proof)
     access_key_id: str = ""  # the credentials its requests are signed with (``EmbeddedCloud.credentials``)
     secret_access_key: str = ""
     # function (and LIFECYCLE) → its access key id and secret access key (``EmbeddedCloud.identities``)
@@ -90,6 +91,7 @@ class LocalDeployment:
             wiring.BUCKET_ENV: self.bucket,
             wiring.TABLE_ENV: self.table,
             wiring.STATE_MACHINE_ENV: self.state_machine_arn,
+            wiring.SIGNING_KEY_ENV: self.signing_key,
             wiring.RUN_DEFAULTS_ENV: self.run_defaults,
             wiring.RUN_LIMITS_ENV: self.run_limits,
             wiring.DEAD_LETTER_SOURCES_ENV: json.dumps(
@@ -133,6 +135,20 @@ def bucket_policy(bucket: str) -> dict[str, Any]:
     return {"Version": "2012-10-17", "Statement": statements}
 
 
+def key_policy() -> dict[str, Any]:
+    """The signing key's policy as the deployed stack's (infra/signing.py): the account's, and each function's use of
+    it denied beyond its own kind's keys."""
+    roles = {fn.name: role_arn(fn.name) for fn in wiring.FUNCTIONS}
+    account = {
+        "Sid": "Account",
+        "Effect": "Allow",
+        "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"},
+        "Action": "kms:*",
+        "Resource": "*",
+    }
+    return {"Version": "2012-10-17", "Statement": [account, *deployment_spec.key_policy_statements(roles)]}
+
+
 def signed(
     method: str, url: str, credentials: Credentials, body: bytes = b"", headers: dict[str, str] | None = None
 ) -> urllib.request.Request:
@@ -148,7 +164,7 @@ def _identity(credentials: Credentials, arn: str) -> dict[str, str]:
 
 
 class EmbeddedCloud:
-    """S3, SNS, SQS and DynamoDB on 127.0.0.1 for as long as this object is started.
+    """S3, SNS, SQS, DynamoDB, Step Functions and KMS on 127.0.0.1 for as long as this object is started.
 
     moto serves from a child process: moto keeps its state per process, so two clouds in one
     process would share (and reset) each other's resources. Measured side by side, a thread of
@@ -231,8 +247,8 @@ class EmbeddedCloud:
     def provision(self, name: str = "slsml") -> LocalDeployment:
         """Create bucket, table, topics, one queue (+ DLQ) per function (subscribed to its topics, or the
         queue that triggers it; none for the dead-letter reader, which the host hands the DLQs' messages)
-        and the bucket notifications."""
-        s3, sns, sqs, dynamodb = (self.client(s) for s in ("s3", "sns", "sqs", "dynamodb"))
+        the bucket notifications, and the signing key with its policy (enforced by ``moto_server.key_policies``)."""
+        s3, sns, sqs, dynamodb, kms = (self.client(s) for s in ("s3", "sns", "sqs", "dynamodb", "kms"))
         bucket, table = f"{name}-local", f"{name}-runs"
         s3.create_bucket(Bucket=bucket)
         # the deployed bucket's rules (infra/storage.py); moto stores them, slsml.local.lifecycle applies them
@@ -253,7 +269,10 @@ class EmbeddedCloud:
             access_key_id=self.credentials.access_key,
             secret_access_key=self.credentials.secret_key,
             identities={name: [made.access_key, made.secret_key] for name, made in self.identities.items()},
+            signing_key=kms.create_key(Description=f"{name}: seals runs' signing keys")["KeyMetadata"]["Arn"],
         )
+        kms.enable_key_rotation(KeyId=deployment.signing_key)
+        kms.put_key_policy(KeyId=deployment.signing_key, PolicyName="default", Policy=json.dumps(key_policy()))
         for fn in wiring.FUNCTIONS:
             if fn.reads_dead_letters:
                 continue

@@ -59,6 +59,11 @@ its check is replaced. What is evaluated is what the deployed stack's policy use
 cannot drift silently from what is installed. Allow statements are not evaluated: they grant what every request of
 the local cloud, its owner's, is granted already.
 
+KMS keys' policies are enforced the same way (``key_policies``): a Decrypt, a ReEncrypt or a
+GenerateDataKeyPairWithoutPlaintext that a Deny statement of its key's policy matches, with the request's principal
+and encryption context as condition keys, is refused (AccessDeniedException). moto lacks
+GenerateDataKeyPairWithoutPlaintext; it is added as KMS answers it (``kms_key_pairs``).
+
 It lasts no longer than the process that started it: it ends when its standard input does (that
 process's end of the pipe closes when it exits, however it exits). While it starts serving, it imports in
 the background what the first request to each service would: the first CreateStateMachine alone imported
@@ -98,7 +103,7 @@ SERVER_THREADS = 64
 # connection after its response). Every function process and the host keep a few: a run of W workers
 # holds a few dozen to a few hundred, each an open socket and nothing more.
 KEEP_ALIVE_CONNECTIONS = 4096
-SERVICES = ("s3", "dynamodb", "sns", "sqs", "stepfunctions")  # what the embedded cloud serves
+SERVICES = ("s3", "dynamodb", "sns", "sqs", "stepfunctions", "kms")  # what the embedded cloud serves
 LOOPBACK = "127.0.0.1"
 OWNER_PATH = "/slsml/owner"  # answers the pid of the process that started the server (who may act on it)
 MANAGEMENT_PATHS = ("/moto-api/", OWNER_PATH)  # the owner's alone
@@ -374,14 +379,18 @@ def direct_ranged_gets(app: Any) -> Any:
     return serve
 
 
-# What a bucket policy's Deny statements may name, each evaluated as S3 does: the actions (lower case: IAM compares
-# them so) and, by condition operator, the condition keys
+# What a bucket's or a KMS key's policy's Deny statements may name, each evaluated as S3 and KMS do: the actions
+# (lower case: IAM compares them so) and, by condition operator, the condition keys
 _DELETES = frozenset({"s3:deleteobject", "s3:deleteobjectversion"})
-POLICY_ACTIONS = frozenset({"s3:putobject"}) | _DELETES
+KMS_ACTIONS = frozenset({"kms:decrypt", "kms:generatedatakeypairwithoutplaintext", "kms:reencryptfrom"})
+POLICY_ACTIONS = frozenset({"s3:putobject"}) | _DELETES | KMS_ACTIONS
+KIND_CONTEXT = "kms:encryptioncontext:kind"  # the encryption context's ``kind``, as a KMS condition key
 POLICY_CONDITIONS = {
     "Null": frozenset({"s3:if-none-match"}),
     "Bool": frozenset({"s3:objectcreationoperation"}),
     "ArnNotEquals": frozenset({PRINCIPAL_ARN}),
+    "ArnEquals": frozenset({PRINCIPAL_ARN}),
+    "StringNotEquals": frozenset({KIND_CONTEXT}),
 }
 _OTHER_PUTS = frozenset({"acl", "tagging", "retention", "legal-hold"})  # subresources a PUT to is another action
 _OTHER_DELETES = frozenset({"uploadId", "tagging"})  # AbortMultipartUpload, DeleteObjectTagging
@@ -397,6 +406,8 @@ class Denial:
     absent: tuple[tuple[str, frozenset[bool]], ...]  # Null conditions: a key, and whether its absence matches
     flags: tuple[tuple[str, frozenset[bool]], ...]  # Bool conditions: a key, and the values that match
     unlike: tuple[tuple[str, re.Pattern[str]], ...] = ()  # ArnNotEquals conditions: a key, and the ARNs that don't
+    like: tuple[tuple[str, re.Pattern[str]], ...] = ()  # ArnEquals conditions: a key, and the ARNs that do
+    other: tuple[tuple[str, frozenset[str]], ...] = ()  # StringNotEquals conditions: a key, and the values that don't
 
 
 def _listed(value: Any) -> list[Any]:
@@ -418,8 +429,8 @@ def _truths(operator: str, values: Any) -> frozenset[bool]:
 
 
 def denials(document: bytes) -> tuple[Denial, ...]:
-    """The Deny statements of the bucket policy ``document``; ValueError naming what of it the local cloud does not
-    evaluate."""
+    """The Deny statements of the bucket's or key's policy ``document``; ValueError naming what of it the local cloud
+    does not evaluate."""
     denied = []
     for statement in _listed(json.loads(document)["Statement"]):
         unknown = statement.keys() - {"Sid", "Effect", "Principal", "Action", "Resource", "Condition"}
@@ -435,7 +446,8 @@ def denials(document: bytes) -> tuple[Denial, ...]:
         if others:
             raise ValueError(f"the local cloud does not tell apart the actions {others}")
         evaluated: dict[str, list[tuple[str, frozenset[bool]]]] = {"Null": [], "Bool": []}
-        unlike: list[tuple[str, re.Pattern[str]]] = []
+        arns: dict[str, list[tuple[str, re.Pattern[str]]]] = {"ArnNotEquals": [], "ArnEquals": []}
+        other: list[tuple[str, frozenset[str]]] = []
         for operator, conditions in statement.get("Condition", {}).items():
             keys = POLICY_CONDITIONS.get(operator)
             if keys is None:
@@ -443,14 +455,24 @@ def denials(document: bytes) -> tuple[Denial, ...]:
             for key, values in conditions.items():
                 if key.lower() not in keys:
                     raise ValueError(f"the local cloud does not evaluate the condition key {key} with {operator}")
-                if operator == "ArnNotEquals":
-                    unlike.append((key.lower(), _pattern([str(value) for value in _listed(values)])))
+                if operator in arns:
+                    arns[operator].append((key.lower(), _pattern([str(value) for value in _listed(values)])))
+                elif operator == "StringNotEquals":
+                    other.append((key.lower(), frozenset(str(value) for value in _listed(values))))
                 else:
                     evaluated[operator].append((key.lower(), _truths(operator, values)))
         resources = _pattern(_listed(statement["Resource"]))
         actions_named = frozenset(a.lower() for a in actions)
         denied.append(
-            Denial(actions_named, resources, tuple(evaluated["Null"]), tuple(evaluated["Bool"]), tuple(unlike))
+            Denial(
+                actions_named,
+                resources,
+                tuple(evaluated["Null"]),
+                tuple(evaluated["Bool"]),
+                tuple(arns["ArnNotEquals"]),
+                tuple(arns["ArnEquals"]),
+                tuple(other),
+            )
         )
     return tuple(denied)
 
@@ -484,14 +506,17 @@ def object_request(
 
 def denied(policy: tuple[Denial, ...], action: str, resource: str, context: Mapping[str, str]) -> bool:
     """Whether a Deny statement of ``policy`` refuses ``action`` on ``resource`` with the condition keys ``context``
-    (all its conditions match: a Bool condition on a key the request does not carry matches none of its values; an
-    ArnNotEquals condition matches a key the request does not carry, as IAM's negated operators do)."""
+    (all its conditions match: a Bool or ArnEquals condition on a key the request does not carry matches none of its
+    values; an ArnNotEquals or StringNotEquals condition matches a key the request does not carry, as IAM's negated
+    operators do)."""
     return any(
         action.lower() in denial.actions
         and denial.resources.fullmatch(resource) is not None
         and all((key not in context) in matches for key, matches in denial.absent)
         and all(key in context and (context[key].lower() == "true") in matches for key, matches in denial.flags)
         and all(key not in context or arns.fullmatch(context[key]) is None for key, arns in denial.unlike)
+        and all(key in context and arns.fullmatch(context[key]) is not None for key, arns in denial.like)
+        and all(context.get(key) not in values for key, values in denial.other)
         for denial in policy
     )
 
@@ -562,6 +587,97 @@ def bucket_policies() -> None:
     models.FakeBucket.get_permission = get_permission
     responses.S3Response._bucket_response_delete_keys = _bucket_response_delete_keys
     responses.S3Response._key_response = _key_response
+
+
+def kms_key_pairs() -> None:
+    """KMS's GenerateDataKeyPairWithoutPlaintext, which moto lacks, as KMS answers it: an ECC_NIST_P256 key pair made
+    here, its public key (DER) and its private key (PKCS #8 DER) sealed under the key named with the encryption context
+    given; the private key itself is returned to no one."""
+    import base64
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from moto.kms.exceptions import ValidationException
+    from moto.kms.responses import KmsResponse
+
+    def generate_data_key_pair_without_plaintext(self: Any) -> str:
+        key_id, spec = self._get_param("KeyId"), self._get_param("KeyPairSpec")
+        if spec != "ECC_NIST_P256":
+            raise ValidationException(f"the local cloud makes ECC_NIST_P256 key pairs, not {spec}")
+        self._validate_key_id(key_id)
+        made = ec.generate_private_key(ec.SECP256R1())
+        private = made.private_bytes(
+            serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        public = made.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        sealed, arn = self.kms_backend.encrypt(
+            key_id=key_id, plaintext=private, encryption_context=self._get_param("EncryptionContext", {})
+        )
+        return json.dumps(
+            {
+                "KeyId": arn,
+                "KeyPairSpec": spec,
+                "PrivateKeyCiphertextBlob": base64.b64encode(sealed).decode(),
+                "PublicKey": base64.b64encode(public).decode(),
+            }
+        )
+
+    KmsResponse.generate_data_key_pair_without_plaintext = generate_data_key_pair_without_plaintext
+
+
+def key_policies() -> None:
+    """Refuse a KMS request that its key's policy denies (``denied``: the request's principal and encryption context
+    its condition keys), for the actions that read or make sealed key material (``KMS_ACTIONS``), and a policy with
+    what ``denials`` does not evaluate when it is put; moto evaluates no key policy's conditions."""
+    from moto.kms import models, responses
+    from moto.kms.exceptions import AccessDeniedException, ValidationException
+
+    parsed = functools.lru_cache(maxsize=64)(denials)
+    installing = models.KmsBackend.put_key_policy
+
+    def put_key_policy(self: Any, key_id: str, policy: str) -> None:
+        try:
+            parsed(policy.encode())
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValidationException(f"MalformedPolicyDocument: {type(error).__name__}: {error}") from None
+        installing(self, key_id, policy)
+
+    def check(backend: Any, key_id: str, action: str, context: Mapping[str, str]) -> None:
+        key = backend.keys[backend.any_id_to_key_id(key_id)]
+        keys = {f"kms:encryptioncontext:{name}".lower(): str(value) for name, value in context.items()}
+        if denied(parsed(key.policy.encode()), action, key.arn, keys | _principal()):
+            raise AccessDeniedException(
+                f"not authorized to perform: {action} on resource: {key.arn} with an explicit deny in a"
+                " resource-based policy"
+            )
+
+    unsealing = models.KmsBackend.decrypt
+
+    def decrypt(self: Any, ciphertext_blob: bytes, encryption_context: dict[str, str], key_id: Any = None) -> Any:
+        plaintext, arn = unsealing(self, ciphertext_blob, encryption_context, key_id)
+        check(self, arn, "kms:Decrypt", encryption_context)
+        return plaintext, arn
+
+    resealing = models.KmsBackend.re_encrypt
+
+    def re_encrypt(self: Any, ciphertext_blob: bytes, source_encryption_context: dict[str, str], *args: Any) -> Any:
+        _, arn = unsealing(self, ciphertext_blob, source_encryption_context)
+        check(self, arn, "kms:ReEncryptFrom", source_encryption_context)
+        return resealing(self, ciphertext_blob, source_encryption_context, *args)
+
+    making = responses.KmsResponse.generate_data_key_pair_without_plaintext
+
+    def generate_data_key_pair_without_plaintext(self: Any) -> str:
+        context = self._get_param("EncryptionContext", {})
+        check(self.kms_backend, self._get_param("KeyId"), "kms:GenerateDataKeyPairWithoutPlaintext", context)
+        return making(self)
+
+    models.KmsBackend.put_key_policy = put_key_policy
+    models.KmsBackend.decrypt = decrypt
+    models.KmsBackend.re_encrypt = re_encrypt
+    responses.KmsResponse.generate_data_key_pair_without_plaintext = generate_data_key_pair_without_plaintext
 
 
 def end_with_parent() -> None:
@@ -939,6 +1055,8 @@ def main() -> None:
     wake_long_polls_when_due()
     ranged_reads()
     bucket_policies()
+    kms_key_pairs()
+    key_policies()
     from cheroot import wsgi
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 

@@ -1,102 +1,201 @@
-"""Proof of origin: every pipeline message carries an HMAC-SHA256 of what it says, under its run's key, and a step
-acts on a message only if its proof holds (``envelope.admit`` checks it before anything else). A forged message
-(no key), one replayed from another run (another key) and one changed on its way (another body) are refused. An
-object that launches a step and that steps trust for what it names (an iteration's manifest) carries the same proof,
-of its key and bytes, in its user metadata (``OBJECT_PROOF``): one put over it is refused by its readers.
+"""Proof of origin: every pipeline message carries a signature of what it says by the kind of step that sent it, under
+that kind's signing key of its run, and a step acts on a message only if its proof holds (``envelope.admit`` checks
+it before anything else): the signer is one of the kinds that send that message (``wiring.senders``) and the
+signature verifies with its public key. A forged message (no key), one replayed from another run (another key), one
+changed on its way (another body) and one made by a kind that does not send it (a Worker's ReduceDone) are refused.
+An object that launches a step and that steps trust for what it names (an iteration's manifest) carries the same
+proof, of its key and bytes, in its user metadata (``OBJECT_PROOF``), by a kind that writes it (``wiring.writers``):
+one put over it is refused by its readers.
 
-The key: 32 random bytes, made by the first step that sends a message of the run (its launch) with a create-once
-PutItem in the run table (``RunTable.make_run_key``), and read once per container and run into the warm cache. It
-lives as long as the run's records; each run has its own, so a key that leaked opens one run alone. Only the
-pipeline's roles (and the deployment's owner) can read the run table (docs/reliability.md, "Messages that do not
-belong to a run").
+The keys: one ECDSA P-256 key pair per run and signing kind (``wiring.SIGNERS``), made by KMS as the run is launched
+(``GenerateDataKeyPairWithoutPlaintext``, by the step that launches it: ``wiring.Function.makes_run_keys``) so that
+no step ever holds another kind's private key. Each private key is sealed under the deployment's KMS key with the
+encryption context {run, kind}; each role may unseal (``kms:Decrypt``) only with its own kind in the context (the
+deployment's key policy, ``deployment.key_policy_statements``), once per container and run, into the warm cache. The
+public keys and sealed private keys are one create-once item of the run table (``RunTable.make_run_keys``), read once
+per container and run: verifying takes no request. Each run has its own keys, so a key that leaked opens one kind of
+one run alone.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
+import base64
 from collections.abc import Mapping
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_der_private_key, load_der_public_key
 
 from slsml.accounting import usage
 from slsml.aws import cache as warm_cache
+from slsml.spec import wiring
+from slsml.spec.deployment import KEY_PAIR_SPEC
+from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import Message
-from slsml.state.runtable import RunTable
+from slsml.state.runtable import RunTable, SealedKey
 
-KEY_BYTES = 32
 OBJECT_PROOF = "proof"  # the user metadata that holds a signed object's proof of origin
+KEY_BYTES = 512  # what a run's public keys or one private key hold in the warm cache, about
+# deterministic (RFC 6979): a message signed twice (a retry's) carries the same proof, as it says the same
+_SIGNATURE = ec.ECDSA(hashes.SHA256(), deterministic_signing=True)
 M = TypeVar("M", bound=Message)
 
 
-def digest(message: Message, key: bytes) -> str:
-    """The proof ``message`` carries: the HMAC of its type and its JSON without the proof, hex."""
-    body = f"{type(message).__name__}\n{message.model_dump_json(exclude={'proof'})}".encode()
-    return hmac.new(key, body, hashlib.sha256).hexdigest()
+def message_body(message: Message) -> bytes:
+    """What a message's proof signs: its type and its JSON without the proof."""
+    return f"{type(message).__name__}\n{message.model_dump_json(exclude={'proof'})}".encode()
 
 
-def object_digest(object_key: str, body: bytes, key: bytes) -> str:
-    """The proof an object carries: the HMAC of its S3 key and its bytes, hex (one object's is no other key's)."""
-    return hmac.new(key, f"{object_key}\n".encode() + body, hashlib.sha256).hexdigest()
+def object_body(object_key: str, body: bytes) -> bytes:
+    """What an object's proof signs: its S3 key and its bytes (one object's is no other key's)."""
+    return f"{object_key}\n".encode() + body
+
+
+def context(run_id: str, kind: str) -> dict[str, str]:
+    """The KMS encryption context a kind's private key of a run is sealed with."""
+    return {"run": run_id, "kind": kind}
+
+
+def proof(kind: str, signature: bytes) -> str:
+    """A proof: the kind that signed and its signature (base64url)."""
+    return f"{kind}:{base64.urlsafe_b64encode(signature).decode()}"
+
+
+def parsed(found: str) -> tuple[str, bytes] | None:
+    """A proof's kind and signature; None if it is not one."""
+    kind, _, signature = found.partition(":")
+    try:
+        return kind, base64.urlsafe_b64decode(signature.encode())
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class _Public:
+    """A run's public keys, by kind."""
+
+    keys: dict[str, ec.EllipticCurvePublicKey]
+
+    def holds(self, kind: str, signature: bytes, body: bytes) -> bool:
+        key = self.keys.get(kind)
+        if key is None:
+            return False
+        try:
+            key.verify(signature, body, _SIGNATURE)
+        except InvalidSignature:
+            return False
+        return True
 
 
 class RunKeys:
-    """Runs' message keys, read (or, to sign, made) once per container and run."""
+    """Runs' keys: the signing key of this step's kind (``kind``; None: the deployment's owner, who signs as the first
+    kind that sends what it signs) and every kind's public key, read (or, by the step that launches runs, made) once
+    per container and run."""
 
-    def __init__(self, table: RunTable) -> None:
-        self.table = table
+    def __init__(self, table: RunTable, kms: Any, sealing_key: str | None, kind: str | None) -> None:
+        self.table, self.kms, self.sealing_key, self.kind = table, kms, sealing_key, kind
 
-    def _cached(self, run_id: str) -> bytes | None:
-        found: bytes | None = warm_cache.warm().get(("run-key", run_id))
+    def _public(self, run_id: str) -> _Public | None:
+        found: _Public | None = warm_cache.warm().get(("run-public-keys", run_id))
+        if found is None:
+            with usage.warming():
+                sealed = self.table.run_keys(run_id)
+            if sealed is None:
+                return None
+            found = self._keep_public(run_id, sealed)
         return found
 
-    def _keep(self, run_id: str, key: bytes) -> bytes:
-        return warm_cache.warm().put(("run-key", run_id), key, KEY_BYTES)
+    def _keep_public(self, run_id: str, sealed: Mapping[str, SealedKey]) -> _Public:
+        public = _Public({kind: _public_key(key.public) for kind, key in sealed.items()})
+        return warm_cache.warm().put(("run-public-keys", run_id), public, KEY_BYTES * len(sealed))
 
-    def signing(self, run_id: str) -> bytes:
-        """The run's key, made if it has none."""
-        if (key := self.checking(run_id)) is None:
+    def _made(self, run_id: str) -> dict[str, SealedKey]:
+        """Every signing kind's key pair of the run, made by KMS, private keys sealed: the ones stored either way."""
+        if self.kind is not None and not wiring.function(self.kind).makes_run_keys:
+            raise RuntimeError(f"run {run_id!r} has no signing keys: the step that launches it makes them")
+        made = {}
+        for kind in wiring.SIGNERS:
+            pair = self.kms.generate_data_key_pair_without_plaintext(
+                KeyId=self.sealing_key, KeyPairSpec=KEY_PAIR_SPEC, EncryptionContext=context(run_id, kind)
+            )
+            made[kind] = SealedKey(public=pair["PublicKey"], sealed=pair["PrivateKeyCiphertextBlob"])
+        return self.table.make_run_keys(run_id, made)
+
+    def _signing(self, run_id: str, kind: str) -> ec.EllipticCurvePrivateKey:
+        """``kind``'s private key of the run, unsealed (the run's keys made if it has none)."""
+        warm = warm_cache.warm()
+        key: ec.EllipticCurvePrivateKey | None = warm.get(("signing-key", run_id, kind))
+        if key is None:
+            if not self.sealing_key:
+                raise SlsmlError(f"{wiring.SIGNING_KEY_ENV} is not set: is this function deployed by slsml?")
             with usage.warming():
-                key = self.table.make_run_key(run_id, secrets.token_bytes(KEY_BYTES))
-            self._keep(run_id, key)
+                sealed = self.table.run_keys(run_id) or self._made(run_id)
+                self._keep_public(run_id, sealed)
+                plain = self.kms.decrypt(
+                    KeyId=self.sealing_key, CiphertextBlob=sealed[kind].sealed, EncryptionContext=context(run_id, kind)
+                )["Plaintext"]
+            unsealed = load_der_private_key(plain, password=None)
+            assert isinstance(unsealed, ec.EllipticCurvePrivateKey)
+            key = warm.put(("signing-key", run_id, kind), unsealed, KEY_BYTES)
         return key
 
-    def checking(self, run_id: str) -> bytes | None:
-        """The run's key; None if it has none (no step of it sent a message)."""
-        if (key := self._cached(run_id)) is None:
-            with usage.warming():
-                key = self.table.run_key(run_id)
-            if key is not None:
-                self._keep(run_id, key)
-        return key
+    def _sign(self, run_id: str, kinds: tuple[str, ...], body: bytes) -> str:
+        kind = self.kind if self.kind is not None else (kinds or wiring.SIGNERS)[0]
+        return proof(kind, self._signing(run_id, kind).sign(body, _SIGNATURE))
 
     def sign(self, message: M) -> M:
         """``message`` with its proof."""
-        return message.model_copy(update={"proof": digest(message, self.signing(message.run_id))})
+        signed = self._sign(message.run_id, wiring.senders(type(message).__name__), message_body(message))
+        return message.model_copy(update={"proof": signed})
 
     def problem(self, message: Message) -> str | None:
         """Why ``message``'s proof does not hold, or None."""
         if not message.proof:
             return "it carries no proof of origin: not sent by the pipeline"
-        key = self.checking(message.run_id)
-        if key is None:
-            return f"run {message.run_id!r} has no message key: no step of it sent a message"
-        if not hmac.compare_digest(message.proof, digest(message, key)):
-            return f"its proof of origin does not hold under run {message.run_id!r}'s key: forged, changed or another's"
+        found = parsed(message.proof)
+        kind = "" if found is None else found[0]
+        name = type(message).__name__
+        if kind not in (senders := wiring.senders(name)):
+            return (
+                f"its proof of origin names {kind or 'no kind'!r}, which does not send {name}: {', '.join(senders)} do"
+            )
+        public = self._public(message.run_id)
+        if public is None:
+            return f"run {message.run_id!r} has no signing keys: no step of it sent a message"
+        assert found is not None
+        if not public.holds(kind, found[1], message_body(message)):
+            return (
+                f"its proof of origin does not hold under run {message.run_id!r}'s {kind} key: forged, changed or"
+                " another's"
+            )
         return None
 
     def sign_object(self, run_id: str, object_key: str, body: bytes) -> dict[str, str]:
         """The user metadata that proves run ``run_id``'s pipeline stored ``body`` at ``object_key``."""
-        return {OBJECT_PROOF: object_digest(object_key, body, self.signing(run_id))}
+        return {OBJECT_PROOF: self._sign(run_id, wiring.writers(object_key), object_body(object_key, body))}
 
     def object_problem(self, run_id: str, object_key: str, body: bytes, metadata: Mapping[str, str]) -> str | None:
         """Why the object at ``object_key`` (its bytes and user metadata as read) is not the one run ``run_id``'s
         pipeline stored there, naming it; None if it is."""
-        key = self.checking(run_id)
-        proof = metadata.get(OBJECT_PROOF, "")
-        if key is None or not hmac.compare_digest(proof, object_digest(object_key, body, key)):
+        found = parsed(metadata.get(OBJECT_PROOF, ""))
+        public = self._public(run_id)
+        if (
+            found is None
+            or public is None
+            or found[0] not in wiring.writers(object_key)
+            or not public.holds(found[0], found[1], object_body(object_key, body))
+        ):
             return (
                 f"{object_key} is not the object the pipeline stored there: it was replaced behind the pipeline's back"
                 " (its proof of origin does not hold)"
             )
         return None
+
+
+def _public_key(der: bytes) -> ec.EllipticCurvePublicKey:
+    loaded = load_der_public_key(der)
+    assert isinstance(loaded, ec.EllipticCurvePublicKey)
+    return loaded

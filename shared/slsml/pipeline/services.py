@@ -41,7 +41,7 @@ class Services:
     bus: Bus
     orchestrator: Orchestrator
     deadlines: DeadlineQueue
-    keys: RunKeys  # runs' message keys: what signs the messages sent and checks those received
+    keys: RunKeys  # runs' signing keys: what signs the messages sent and checks those received
     limits: RunLimits = field(default_factory=RunLimits)  # the deployment's, which every run must keep within
     # what this step's role may tell a run's execution (the wiring's ``answers``; a client: everything)
     answers: frozenset[wiring.TaskAnswer] = frozenset(wiring.TaskAnswer)
@@ -55,9 +55,12 @@ class Services:
         state_machine_arn: str | None = None,
         deadline_queue_url: str | None = None,
         limits: RunLimits | None = None,
+        kind: str | None = None,
     ) -> Services:
+        """The services of the deployment named, for its function ``kind`` (None: its owner, a client); the key that
+        seals runs' signing keys is the environment's (``wiring.SIGNING_KEY_ENV``)."""
         run_table = RunTable(aws.resource("dynamodb").Table(table))
-        run_keys = RunKeys(run_table)
+        run_keys = RunKeys(run_table, aws.client("kms"), os.environ.get(wiring.SIGNING_KEY_ENV), kind)
         return cls(
             store=ObjectStore(aws.client("s3"), bucket),
             table=run_table,
@@ -166,6 +169,7 @@ def deployment_services(function: str | None, limits: str) -> Services:
         os.environ.get(wiring.STATE_MACHINE_ENV),
         os.environ.get(wiring.DEADLINES.env_var),
         RunLimits.model_validate_json(limits),
+        function,
     )
     if function is not None:
         services.answers = frozenset(wiring.function(function).answers)

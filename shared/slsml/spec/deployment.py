@@ -73,6 +73,84 @@ def bucket_policy_statements(bucket_arn: str) -> list[dict[str, Any]]:
     ]
 
 
+# The signing keys of runs (slsml.pipeline.proof): each sealed under the deployment's KMS key with the encryption
+# context {run, kind}; a role unseals its own kind's alone
+SIGNING_KIND = "kms:EncryptionContext:kind"
+MAKE_KEY_PAIRS = "kms:GenerateDataKeyPairWithoutPlaintext"
+KEY_PAIR_SPEC = "ECC_NIST_P256"  # KMS's data key pairs offer no Ed25519; P-256 signatures are as quick to check
+
+
+def signing_grants(fn: wiring.Function, key_arn: str) -> list[dict[str, Any]]:
+    """The IAM statements that let ``fn``'s role use the signing key ``key_arn``: unseal its own kind's private key of
+    any run (a kind that signs: ``wiring.SIGNERS``), and, for the step that launches runs, make every kind's key pair
+    without seeing a private key. infra/compute.py grants them; the key's policy denies anything more
+    (``key_policy_statements``)."""
+    grants: list[dict[str, Any]] = []
+    if fn.name in wiring.SIGNERS:
+        grants.append(
+            {
+                "Effect": "Allow",
+                "Action": "kms:Decrypt",
+                "Resource": key_arn,
+                "Condition": {"StringEquals": {SIGNING_KIND: fn.name}},
+            }
+        )
+    if fn.makes_run_keys:
+        grants.append(
+            {
+                "Effect": "Allow",
+                "Action": MAKE_KEY_PAIRS,
+                "Resource": key_arn,
+                "Condition": {"StringEquals": {"kms:DataKeyPairSpec": KEY_PAIR_SPEC}},
+            }
+        )
+    return grants
+
+
+def key_policy_statements(roles: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The Deny statements of the signing key's policy (``roles``: each function's role ARN): a role unseals no kind's
+    private key but its own (one that signs nothing, none), none but the one that launches runs makes key pairs, and
+    none re-encrypts a sealed key under another context. infra/signing.py deploys them beside the account's own
+    statement, and the local cloud installs and enforces them (``slsml.local.moto_server.key_policies``)."""
+
+    def deny(sid: str, action: str, arns: Sequence[str], kind: str | None = None) -> dict[str, Any]:
+        condition: dict[str, Any] = {"ArnEquals": {"aws:PrincipalArn": list(arns)}}
+        if kind is not None:
+            condition["StringNotEquals"] = {SIGNING_KIND: kind}
+        return {
+            "Sid": sid,
+            "Effect": "Deny",
+            "Principal": {"AWS": "*"},
+            "Action": action,
+            "Resource": "*",
+            "Condition": condition,
+        }
+
+    every = [roles[fn.name] for fn in wiring.FUNCTIONS]
+    statements = [
+        deny(
+            f"Unseal{''.join(part.title() for part in fn.name.split('_'))}KeysOnly",
+            "kms:Decrypt",
+            [roles[fn.name]],
+            fn.name,
+        )
+        for fn in wiring.FUNCTIONS
+        if fn.name in wiring.SIGNERS
+    ]
+    unsigned = [roles[fn.name] for fn in wiring.FUNCTIONS if fn.name not in wiring.SIGNERS]
+    if unsigned:
+        statements.append(deny("UnsealNoKeys", "kms:Decrypt", unsigned))
+    statements.append(
+        deny(
+            "MakeKeyPairsAtLaunchOnly",
+            MAKE_KEY_PAIRS,
+            [roles[fn.name] for fn in wiring.FUNCTIONS if not fn.makes_run_keys],
+        )
+    )
+    statements.append(deny("ReEncryptNoKeys", "kms:ReEncryptFrom", every))
+    return statements
+
+
 # The kinds of object under runs/, each of which the bucket's policy lets only the roles that own its deletes delete
 RUN_OBJECTS = (
     keys.RUN_CONFIG_OBJECTS,

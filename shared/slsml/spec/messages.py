@@ -37,8 +37,9 @@ class Message(BaseModel):
     generation: int = Field(default=0, ge=0, description="how often the run was resumed when this was sent")
     proof: str = Field(
         default="",
-        max_length=64,
-        description="HMAC-SHA256 (hex) of the message without it, under its run's key (slsml.pipeline.proof)",
+        max_length=128,
+        description="the kind of step that sent it and its ECDSA signature of the message without it, under that"
+        " kind's key of its run (slsml.pipeline.proof)",
     )
 
 

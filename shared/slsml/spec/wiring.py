@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from fnmatch import fnmatchcase
 
 from slsml.spec import keys
 
@@ -22,6 +23,7 @@ class TaskAnswer(StrEnum):
 class Topic:
     name: str
     env_var: str  # the variable that carries the topic's ARN to the functions that publish to it
+    carries: str = ""  # the pipeline message its publishers send on it (a slsml.spec.messages type's name), if any
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class Queue:
 
     name: str
     env_var: str  # the variable that carries the queue's URL to the functions that send to it
+    carries: str = ""  # the pipeline message its senders send on it (a slsml.spec.messages type's name)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class Function:
     # handles some of its messages once (the ``idempotent`` of its handler, slsml.state.idempotency): it deletes a
     # message's record, in its own partition of the table, when its step fails on it; no other step deletes items
     once_per_message: bool = False
+    # launches runs' iterations: makes, as a run is launched, the signing keys of every kind that signs
+    # (slsml.pipeline.proof), sealed so that it reads none but its own
+    makes_run_keys: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,11 +67,12 @@ class BucketNotification:
     topic: Topic
 
 
-MODEL_UPDATED = Topic("ModelUpdated", "SLSML_TOPIC_MODEL_UPDATED")
-WORK = Topic("Work", "SLSML_TOPIC_WORK")
-WORK_DONE = Topic("WorkDone", "SLSML_TOPIC_WORK_DONE")
-REDUCE = Topic("Reduce", "SLSML_TOPIC_REDUCE")
-REDUCE_DONE = Topic("ReduceDone", "SLSML_TOPIC_REDUCE_DONE")
+# the Merger's ModelMerged, and S3's events of models placed under models/ (not signed: S3 sends them)
+MODEL_UPDATED = Topic("ModelUpdated", "SLSML_TOPIC_MODEL_UPDATED", "ModelMerged")
+WORK = Topic("Work", "SLSML_TOPIC_WORK", "WorkMessage")
+WORK_DONE = Topic("WorkDone", "SLSML_TOPIC_WORK_DONE", "WorkDone")
+REDUCE = Topic("Reduce", "SLSML_TOPIC_REDUCE", "ReduceMessage")
+REDUCE_DONE = Topic("ReduceDone", "SLSML_TOPIC_REDUCE_DONE", "ReduceDone")
 # the run state machine → WorkLauncher: a run was registered; here is the task token to report to
 RUN_CONTROL = Topic("RunControl", "SLSML_TOPIC_RUN_CONTROL")
 # S3 → RunStarter: a model was dropped under incoming/
@@ -74,7 +81,7 @@ MODEL_DROPPED = Topic("ModelDropped", "SLSML_TOPIC_MODEL_DROPPED")
 RUN_EVENTS = Topic("RunEvents", "SLSML_TOPIC_RUN_EVENTS")
 
 # WorkLauncher/Watchdog → Watchdog: an iteration's deadline, delivered when it is due
-DEADLINES = Queue("Deadlines", "SLSML_QUEUE_DEADLINES")
+DEADLINES = Queue("Deadlines", "SLSML_QUEUE_DEADLINES", "Deadline")
 
 TOPICS: tuple[Topic, ...] = (
     MODEL_UPDATED,
@@ -100,6 +107,7 @@ FUNCTIONS: tuple[Function, ...] = (
         writes=(FINAL,),
         deletes=(FINAL, SCRATCH),
         answers=_ALL_ANSWERS,
+        makes_run_keys=True,
     ),
     # runs the user's model: it writes scratch alone, and tells no execution anything (the watchdog completes a
     # run its final evaluation finished, and ends the execution of a run it failed); publishes Work too: a round
@@ -184,6 +192,7 @@ QUEUES: tuple[Queue, ...] = (DEADLINES,)
 BUCKET_ENV = "SLSML_BUCKET"
 TABLE_ENV = "SLSML_TABLE"
 STATE_MACHINE_ENV = "SLSML_STATE_MACHINE"
+SIGNING_KEY_ENV = "SLSML_SIGNING_KEY"  # the KMS key that seals runs' signing keys (slsml.pipeline.proof)
 RUN_DEFAULTS_ENV = "SLSML_RUN_DEFAULTS"  # JSON of a DropInRequest: what an incoming/ model trains with
 RUN_LIMITS_ENV = "SLSML_RUN_LIMITS"  # JSON of the deployment's RunLimits (slsml.spec.deployment), for every function
 # JSON of the dead-letter reader's sources (``dead_letter_sources``)
@@ -207,6 +216,27 @@ def dead_letter_sources(queues: list[tuple[str, str]], topic_arns: dict[str, str
         "queues": [[arn, function] for arn, function in queues],
         "topics": [[topic_arns[topic.name], fn.name] for fn in FUNCTIONS for topic in fn.triggers],
     }
+
+
+def _carried(fn: Function) -> tuple[str, ...]:
+    """The pipeline messages ``fn`` sends (of the topics it publishes to and the queues it sends to)."""
+    return tuple(topic.carries for topic in fn.publishes) + tuple(queue.carries for queue in fn.sends)
+
+
+def senders(message_type: str) -> tuple[str, ...]:
+    """The functions that send pipeline messages of type ``message_type`` (its name): those that publish or send to a
+    topic or queue that carries it."""
+    return tuple(fn.name for fn in FUNCTIONS if message_type in _carried(fn))
+
+
+def writers(object_key: str) -> tuple[str, ...]:
+    """The functions that may create the object at ``object_key`` (their ``writes``)."""
+    return tuple(fn.name for fn in FUNCTIONS if any(fnmatchcase(object_key, pattern) for pattern in fn.writes))
+
+
+# the kinds that sign what they send (one signing key each per run, slsml.pipeline.proof): the functions that publish
+# or send pipeline messages
+SIGNERS: tuple[str, ...] = tuple(fn.name for fn in FUNCTIONS if any(_carried(fn)))
 
 
 def dead_letter_reader() -> Function:

@@ -265,7 +265,7 @@ def dynamo(value: Any) -> Any:
 # sort keys
 META = "META"
 SPEND = "SPEND"
-KEY = "KEY"  # the run's message key (``RunTable.run_key``): readable by the pipeline's roles alone
+KEY = "KEY"  # the run's signing keys (``RunTable.run_keys``): public keys, and private keys sealed by KMS
 # the figures a run watches (``TrainingSpec.monitors``) of each evaluation, "<monitor>@<iteration>" → value: what
 # early stopping and keep_best decide on, read as one item whatever the run's length
 WATCHED = "WATCHED"

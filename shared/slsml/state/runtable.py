@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from botocore.exceptions import ClientError
 
@@ -57,6 +57,13 @@ _SAME_GENERATION = "generation = :generation"
 # a worker's record an earlier generation left (a late report landing after the resume deleted the records)
 # gives way to this generation's report or re-launch
 _EARLIER_GENERATION = "generation < :generation"
+
+
+class SealedKey(NamedTuple):
+    """A signing kind's key pair of a run: its public key (DER) and its private key sealed by KMS."""
+
+    public: bytes
+    sealed: bytes
 
 
 def conditional(write: Callable[[], Any]) -> Any | None:
@@ -282,22 +289,28 @@ class RunTable:
         item = self.table.get_item(Key=self._key(run_id, SPEND), ConsistentRead=True).get("Item") or {}
         return float(item.get("spent_usd", 0))
 
-    # the run's message key: the secret every pipeline message of the run is signed with (slsml.pipeline.proof)
-    def run_key(self, run_id: str) -> bytes | None:
-        """The run's message key; None if none was made (no step of the run sent a message yet)."""
+    # the run's signing keys: each signing kind's public key and sealed private key (slsml.pipeline.proof)
+    def run_keys(self, run_id: str) -> dict[str, SealedKey] | None:
+        """The run's signing keys by kind; None if none were made (the run was not launched yet)."""
         item = self.table.get_item(Key=self._key(run_id, KEY), ConsistentRead=True).get("Item")
-        return None if item is None else bytes(item["key"])  # a boto3 Binary
+        if item is None:
+            return None
+        return {
+            kind: SealedKey(public=bytes(item["public"][kind]), sealed=bytes(item["sealed"][kind]))
+            for kind in item["public"]
+        }
 
-    def make_run_key(self, run_id: str, key: bytes) -> bytes:
-        """Store ``key`` as the run's message key unless it has one: the key that is stored either way."""
-        stored = conditional(
-            lambda: self.table.put_item(
-                Item={**self._key(run_id, KEY), "key": key}, ConditionExpression="attribute_not_exists(sk)"
-            )
-        )
+    def make_run_keys(self, run_id: str, made: dict[str, SealedKey]) -> dict[str, SealedKey]:
+        """Store ``made`` as the run's signing keys unless it has some: the keys that are stored either way."""
+        item = {
+            **self._key(run_id, KEY),
+            "public": {kind: key.public for kind, key in made.items()},
+            "sealed": {kind: key.sealed for kind, key in made.items()},
+        }
+        stored = conditional(lambda: self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(sk)"))
         if stored is not None:
-            return key
-        found = self.run_key(run_id)
+            return made
+        found = self.run_keys(run_id)
         assert found is not None  # a key item is never deleted while its run is
         return found
 
