@@ -23,6 +23,7 @@ from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
 from slsml.state.records import Counter, IterationRecord, RunRecord, RunStatus
 
 TERMINAL = {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.STOPPED}
+RESTING_POLL_S = 1.0  # the longest wait between two reads of a run that has not moved (``wait_for_run``)
 
 
 def final_model(services: Services, run: RunRecord) -> bytes:
@@ -178,11 +179,14 @@ def wait_for_run(
     timeout_s: float | None = None,
     poll_s: float = 0.5,
 ) -> RunRecord:
-    """Poll until the run is COMPLETED or FAILED (or ``timeout_s`` passes: the run is marked FAILED).
+    """Poll until the run is COMPLETED or FAILED (or ``timeout_s`` passes: the run is marked FAILED): every
+    ``poll_s`` while it moves, and while it does not (the same iteration and status), each wait twice the last,
+    up to ``RESTING_POLL_S``: a run that waits on a slow step is read less often, and its end is seen within that.
 
     ``on_progress`` gets the run and its last merged iteration (None before the first).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    wait, seen = poll_s, None
     while True:
         run = services.table.get_run(run_id)
         if on_progress is not None:
@@ -193,7 +197,9 @@ def wait_for_run(
         if deadline is not None and time.monotonic() > deadline:
             services.fail_run(run_id, f"no completion within {timeout_s:.0f} s (at iteration {run.iteration})")
             return services.table.get_run(run_id)
-        time.sleep(poll_s)
+        moved, seen = (run.iteration, run.status) != seen, (run.iteration, run.status)
+        wait = poll_s if moved else min(2 * wait, max(poll_s, RESTING_POLL_S))
+        time.sleep(wait)
 
 
 class FleetChange(BaseModel):
