@@ -214,7 +214,7 @@ def stragglers(
             description=description,
             quorum=case_quorum,
             straggler=straggler,
-            staleness=summaries[name].training.staleness,
+            staleness=summaries[name].training.staleness_bound,
             summary=summaries[name],
             ratio=ratio(name),
             rounds_to_target=rounds.get(name),

@@ -169,7 +169,17 @@ def epoch_iterations(spec: TrainingSpec, train_count: int) -> int:
     """Iterations of an epoch of the samples the run trains on (of ``train_count`` before its held-out ones): its
     global batches as Keras counts them, ``local_batches`` a round."""
     trained = len(held_out(spec, train_count)[0])
-    return max(1, iterations_per_epoch(trained, spec.global_batch, spec.asked_workers()) // spec.local_batches)
+    rounds = max(1, iterations_per_epoch(trained, spec.global_batch, spec.asked_workers()) // spec.local_batches)
+    return rounds * spec.initial_workers if spec.asynchronous else rounds  # ASP: an iteration is one worker's update
+
+
+def asynchronous_task(iteration: int, worker: int, workers: int) -> tuple[int, int]:
+    """ASP (``staleness unbounded``): the (slot, round) of the synchronous run whose batches ``worker``'s update
+    on the model of ``iteration`` takes. Each model version applies one update and launches its worker again: the
+    first ``workers`` updates take round 0's slots, the update launched on version i > 0 takes update number
+    i + workers − 1, so that the run's updates take the synchronous run's slots in order, whichever worker is free."""
+    task = worker if iteration == 0 else iteration + workers - 1
+    return task % workers, task // workers
 
 
 def global_batch_indices(train_count: int, global_batch: int, seed: int, iteration: int, least: int = 1) -> np.ndarray:

@@ -11,7 +11,9 @@ attempt are ignored from then on), and once the retry budget is spent, fail the 
 naming the stage. An iteration whose launch has not come (its model's event is late or lost) is
 launched by the watchdog: it claims the launch, with the run's current workers, and re-launches them
 all (or stops the run whose spend reached its dollar budget, as the launch would have); past the run's
-iterations it completes the run instead, once the final model is stored. Reduce stage: re-launch the
+iterations it completes the run instead, once the final model is stored. Under ASP
+(``staleness unbounded``) the work stage has no missing workers: a version no update reached applies one that
+waits, or waits, and fails the run after ``deadline_retries`` more deadlines. Reduce stage: re-launch the
 reducers whose shards are missing; once the retry budget is spent, those shards keep the iteration's weights
 (counted and logged) and the merge goes on.
 
@@ -35,7 +37,7 @@ from slsml.pipeline import metrics, spend
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import work_launcher
 from slsml.pipeline.steps.common import changed_behind, complete_run, run_config, size_fleet, stop_reason
-from slsml.pipeline.steps.reduce_launcher import fire_reduce, publish_reduce
+from slsml.pipeline.steps.reduce_launcher import apply_next, fire_reduce, publish_reduce
 from slsml.pipeline.steps.reducer import keep_weights
 from slsml.spec import keys, wiring
 from slsml.spec.config import RunConfig
@@ -213,6 +215,8 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
     spec, run_id, iteration = config.training, config.run_id, deadline.iteration
     if record.reduce_fired_by is not None:  # the workers made it: watch the reducers from when they started
         return Action.WATCHING_REDUCE, _next(deadline, "reduce", 0, (record.reduce_fired_at or 0) + spec.deadline_s)
+    if spec.asynchronous and iteration < spec.iterations:
+        return _asynchronous_deadline(deadline, config, services)
     finite, workers = sorted(record.done - record.nonfinite), record.workers or config.workers
     floor = min(quorum_count(workers, spec.deadline_floor), quorum_count(workers, spec.quorum))
     missing = [w for w in range(workers) if w not in record.done]
@@ -255,6 +259,24 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
     )
     logger.error("run failed", extra={**log, "reason": reason})
     services.fail_run(run_id, reason)
+    return Action.FAILED, None
+
+
+def _asynchronous_deadline(deadline: Deadline, config: RunConfig, services: Services) -> Acted:
+    """ASP: no update was applied to the model version the run is at within a deadline: apply one that waits (its
+    reduce's fire was lost), else wait, and fail the run once ``deadline_retries`` more deadlines passed with none."""
+    spec, iteration = config.training, deadline.iteration
+    if apply_next(services, config, deadline.generation):
+        logger.warning("deadline: a waiting update applied", extra={"run_id": config.run_id, "iteration": iteration})
+        return Action.FIRED, _next(deadline, "reduce", 0, _after(deadline, spec.deadline_s))
+    if deadline.round < spec.deadline_retries:
+        return Action.NOTHING, _next(deadline, "work", deadline.round + 1, _after(deadline, spec.deadline_s))
+    reason = (
+        f"model version {iteration}: no worker's update arrived within {spec.deadline_retries + 1} deadlines of"
+        f" {spec.deadline_s:g} s (staleness unbounded)"
+    )
+    logger.error("run failed", extra={"run_id": config.run_id, "iteration": iteration, "reason": reason})
+    services.fail_run(config.run_id, reason)
     return Action.FAILED, None
 
 

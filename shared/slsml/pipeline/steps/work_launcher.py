@@ -1,7 +1,9 @@
 """WorkLauncher: an iteration's trigger is stored (the initial model, whose S3 event says so, or the manifest of
 the model entering a later one, which the Merger announces: ``keys.trigger``) → launch its iteration's workers; the
 final model's: launch the workers that evaluate it (an iteration past the budget: see ``steps.worker``), which
-finish the run. A run whose spend reached its dollar budget launches nothing more: it is stopped
+finish the run. Under ASP (``staleness unbounded``) a model version launches only the worker whose update made it
+(the first: all of them) and applies the next update waiting (``reduce_launcher.apply_next``).
+A run whose spend reached its dollar budget launches nothing more: it is stopped
 (``slsml.pipeline.spend``). With a GPU worker, a run's first launch raises the worker's fleet (``slsml.aws.fleet``)
 and, until it is there, leaves the launch to the watchdog, which looks again every FLEET_POLL_S and launches once
 it is."""
@@ -16,6 +18,7 @@ from aws_lambda_powertools import Logger
 from slsml.pipeline import spend, tuner
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import changed_behind, complete_run, outcome, run_config, size_fleet
+from slsml.pipeline.steps.reduce_launcher import apply_next
 from slsml.spec import keys, wiring
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Deadline, ModelLanded, ModelMerged, RunStarted, WorkMessage
@@ -116,20 +119,34 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
     if iteration >= run.iterations and run.task_token:  # the evaluation round: a heartbeat window of its own
         services.orchestrator.heartbeat(run.task_token)
         services.table.mark_heartbeat(run_id)
+    asynchronous = run.training.asynchronous and iteration < run.iterations
+    launched = _freed(services, run, iteration, workers) if asynchronous else range(workers)
     services.bus.publish(
         wiring.WORK,
         [
             WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w, workers=workers)
-            for w in range(workers)
+            for w in launched
         ],
     )
     if run.watched is None:  # the first launch of this generation starts its chain of deadlines
         _start_chain(services, run, iteration, time.time() + run.deadline_s)
+    if asynchronous:  # an update that came while the version before was reduced is applied to this one
+        apply_next(services, run_config(services, run_id), run.generation)
     logger.info(
         "evaluation launched" if iteration >= run.iterations else "iteration launched",
         extra={"run_id": run_id, "iteration": iteration, "workers": workers},
     )
     return Outcome.LAUNCHED
+
+
+def _freed(services: Services, run: RunRecord, iteration: int, workers: int) -> list[int]:
+    """ASP: the workers launched on model version ``iteration``: all of them on the first, else the one whose update
+    made it; none whose update (``data.asynchronous_task``) would be past the run's iterations."""
+    if iteration == 0:
+        return list(range(min(workers, run.iterations)))
+    frozen = services.table.frozen_participants(run.run_id, iteration - 1)
+    freed = [p.worker for p in frozen[1]] if frozen is not None else []
+    return freed if iteration + workers - 1 < run.iterations else []
 
 
 def launch(run: RunRecord, iteration: int, trigger_id: str, services: Services) -> Outcome:
