@@ -260,6 +260,11 @@ class RunSummary(BaseModel):
     bytes_written_per_iteration: float | None = None
     late_workers: int
     late_folded: int = 0  # late updates a later reduce took (bounded staleness); the others were dropped
+    samples_trained: int = 0  # the samples of the updates the reduces applied
+    # of the updates applied to a later model version than the one they were computed on (SSP's folded ones, and
+    # under ASP, staleness unbounded, most): the versions applied in between, mean and most (None: none was)
+    staleness_mean: float | None = None
+    staleness_max: int | None = None
     dropped_parts: int = 0
     nonfinite_updates: int = 0
     deadlines_fired: int = 0  # reduces the watchdog fired at a deadline, without the missing workers
@@ -320,6 +325,7 @@ def summarize(
     median_cycle = statistics.median(cycle) if cycle else None
     median_compute = statistics.median(compute) if compute else None
     last_loss = max(merged, key=lambda r: r.iteration).train_loss if merged else None
+    stale = [r.iteration - p.iteration for r in iterations for p in r.participants if p.iteration is not None]
     return RunSummary(
         run_id=run.run_id,
         started_at=run.created_at,
@@ -339,6 +345,9 @@ def summarize(
         overhead_share=(1 - median_compute / median_cycle) if median_cycle and median_compute else None,
         late_workers=sum(len(r.late - r.nonfinite) for r in iterations),
         late_folded=sum(len(r.folded) for r in iterations),
+        samples_trained=sum(p.samples for r in iterations for p in r.participants),
+        staleness_mean=statistics.mean(stale) if stale else None,
+        staleness_max=max(stale, default=None),
         dropped_parts=sum(len(r.dropped_parts) for r in iterations),
         nonfinite_updates=sum(len(r.nonfinite) for r in iterations),
         deadlines_fired=sum(r.fired_at_deadline for r in iterations),

@@ -31,6 +31,7 @@ from slsml.pipeline import metrics
 from slsml.pipeline.proof import OBJECT_PROOF
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import carried_state, run_config, shard_etags
+from slsml.pipeline.steps.reduce_launcher import apply_next
 from slsml.pipeline.steps.warm import reader_for, stored_model, trainer_for
 from slsml.rounds.evaluation import evaluated, evaluator_for
 from slsml.spec import keys, wiring
@@ -84,6 +85,8 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     if iteration > 0:  # after the advance: a step that finds it gone knows that it is late
         store.delete(carried_state(config, iteration - 1))
     _announce(services, message)
+    if config.training.asynchronous:  # ASP: an update that came while this version was reduced is applied to the next
+        apply_next(services, config, message.generation)
     if not stored:
         return None  # merged before: a retry
     _heartbeat(services, advanced)

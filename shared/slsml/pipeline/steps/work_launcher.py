@@ -2,7 +2,7 @@
 the model entering a later one, which the Merger announces: ``keys.trigger``) → launch its iteration's workers; the
 final model's: launch the workers that evaluate it (an iteration past the budget: see ``steps.worker``), which
 finish the run. Under ASP (``staleness unbounded``) a model version launches only the worker whose update made it
-(the first: all of them) and applies the next update waiting (``reduce_launcher.apply_next``).
+(the first: all of them).
 A run whose spend reached its dollar budget launches nothing more: it is stopped
 (``slsml.pipeline.spend``). With a GPU worker, a run's first launch raises the worker's fleet (``slsml.aws.fleet``)
 and, until it is there, leaves the launch to the watchdog, which looks again every FLEET_POLL_S and launches once
@@ -18,7 +18,6 @@ from aws_lambda_powertools import Logger
 from slsml.pipeline import spend, tuner
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import changed_behind, complete_run, outcome, run_config, size_fleet
-from slsml.pipeline.steps.reduce_launcher import apply_next
 from slsml.spec import keys, wiring
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Deadline, ModelLanded, ModelMerged, RunStarted, WorkMessage
@@ -130,8 +129,6 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
     )
     if run.watched is None:  # the first launch of this generation starts its chain of deadlines
         _start_chain(services, run, iteration, time.time() + run.deadline_s)
-    if asynchronous:  # an update that came while the version before was reduced is applied to this one
-        apply_next(services, run_config(services, run_id), run.generation)
     logger.info(
         "evaluation launched" if iteration >= run.iterations else "iteration launched",
         extra={"run_id": run_id, "iteration": iteration, "workers": workers},
