@@ -109,14 +109,24 @@ def test_a_deadline_applies_an_update_whose_reduce_was_never_fired(services) -> 
     assert services.table.get_iteration("asp-lost", 0).participants == [Participant(worker=1, samples=SAMPLES[1])]
 
 
-def test_with_no_update_for_every_retry_the_deadline_fails_the_run_naming_the_version(services) -> None:
-    config = _register(services, "asp-dead", workers=2, staleness="unbounded", iterations=4)
+def test_a_worker_whose_update_never_came_is_relaunched_on_its_version_then_the_run_fails_naming_it(services) -> None:
+    config = _register(services, "asp-dead", workers=3, staleness="unbounded", iterations=6)
+    fired = _arrive(services, "asp-dead", 0, 1)
+    assert _arrive(services, "asp-dead", 0, 2) == []  # waits for version 1
+    following = _merge(services, "asp-dead", fired)  # worker 2's update made version 2's; worker 1 was launched on 1
+    _merge(services, "asp-dead", following)  # version 2: worker 2 launched on it; worker 0 never reported on 0
+    deadline = Deadline(run_id="asp-dead", iteration=2, generation=0, stage="work", round=0, due_at=0)
+    action, following = watchdog._work_deadline(deadline, config, services.table.get_iteration("asp-dead", 2), services)
+    assert action == Action.RELAUNCHED and following is not None and following.round == 1
+    relaunched = {v: services.table.get_iteration("asp-dead", v).relaunched for v in range(3)}
+    assert relaunched == {0: {0: 1}, 1: {1: 1}, 2: {2: 1}}  # each worker on the version it was last launched on
+
     retries = config.training.deadline_retries
-    deadline = Deadline(run_id="asp-dead", iteration=0, generation=0, stage="work", round=retries, due_at=0)
-    action, following = watchdog._work_deadline(deadline, config, services.table.get_iteration("asp-dead", 0), services)
+    last = deadline.model_copy(update={"round": retries})
+    action, following = watchdog._work_deadline(last, config, services.table.get_iteration("asp-dead", 2), services)
     run = services.table.get_run("asp-dead")
     assert (action, following, run.status) == (Action.FAILED, None, "FAILED")
-    assert run.reason is not None and "model version 0: no worker's update arrived" in run.reason
+    assert run.reason is not None and "model version 2: no worker's update arrived" in run.reason
 
 
 @pytest.mark.parametrize("workers", [1, 3, 4])

@@ -35,6 +35,7 @@ from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError
 from slsml.spec.samples import Arrays
+from slsml.state import barrier
 
 # A split whose shards take at most this share of the warm cache's bound is kept there whole; the rest of the
 # cache holds the run's model (and its config, its manifest).
@@ -174,12 +175,9 @@ def epoch_iterations(spec: TrainingSpec, train_count: int) -> int:
 
 
 def asynchronous_task(iteration: int, worker: int, workers: int) -> tuple[int, int]:
-    """ASP (``staleness unbounded``): the (slot, round) of the synchronous run whose batches ``worker``'s update
-    on the model of ``iteration`` takes. Each model version applies one update and launches its worker again: the
-    first ``workers`` updates take round 0's slots, the update launched on version i > 0 takes update number
-    i + workers − 1, so that the run's updates take the synchronous run's slots in order, whichever worker is free."""
-    task = worker if iteration == 0 else iteration + workers - 1
-    return task % workers, task // workers
+    """ASP: the (slot, round) of the synchronous run whose batches ``worker``'s update on the model of ``iteration``
+    takes: the updates take the synchronous run's slots in order, whichever worker is free."""
+    return divmod(barrier.asynchronous_update(iteration, worker, workers), workers)[::-1]
 
 
 def global_batch_indices(train_count: int, global_batch: int, seed: int, iteration: int, least: int = 1) -> np.ndarray:

@@ -44,6 +44,7 @@ from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Deadline, ReduceDone, WorkMessage
+from slsml.state import barrier
 from slsml.state.barrier import quorum_count
 from slsml.state.records import (
     DEADLINE_LAUNCH,
@@ -263,21 +264,71 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
 
 
 def _asynchronous_deadline(deadline: Deadline, config: RunConfig, services: Services) -> Acted:
-    """ASP: no update was applied to the model version the run is at within a deadline: apply one that waits (its
-    reduce's fire was lost), else wait, and fail the run once ``deadline_retries`` more deadlines passed with none."""
-    spec, iteration = config.training, deadline.iteration
+    """ASP: no update was applied to the model version the run is at within a deadline. Apply one that waits (its
+    reduce's fire was lost); else wait for the rounds handed on in time; else re-launch, with a new attempt, each
+    worker whose last launch has not reported (on the version it was launched on); once ``deadline_retries``
+    deadlines passed so, fail the run naming the version."""
+    spec, run_id, iteration = config.training, config.run_id, deadline.iteration
     if apply_next(services, config, deadline.generation):
-        logger.warning("deadline: a waiting update applied", extra={"run_id": config.run_id, "iteration": iteration})
+        logger.warning("deadline: a waiting update applied", extra={"run_id": run_id, "iteration": iteration})
         return Action.FIRED, _next(deadline, "reduce", 0, _after(deadline, spec.deadline_s))
-    if deadline.round < spec.deadline_retries:
-        return Action.NOTHING, _next(deadline, "work", deadline.round + 1, _after(deadline, spec.deadline_s))
+    launches = _last_launches(services, config, iteration)
+    missing = {w: r.iteration for w, r in launches.items() if w not in r.done}
+    log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "missing": sorted(missing)}
+    if any(launches[w].continuing.get(w, 0.0) > time.time() for w in missing):
+        logger.info("deadline: rounds go on in fresh invocations", extra=log)
+        return Action.CONTINUING, _next(deadline, "work", deadline.round, _after(deadline, spec.deadline_s))
+    if missing and deadline.round < spec.deadline_retries:
+        attempt = deadline.round + 1
+        for worker, version in missing.items():
+            services.table.relaunch_workers(run_id, version, deadline.generation, {worker: attempt})
+        services.bus.publish(
+            wiring.WORK,
+            [
+                WorkMessage(
+                    run_id=run_id,
+                    iteration=version,
+                    generation=deadline.generation,
+                    worker=worker,
+                    workers=config.workers,
+                    attempt=attempt,
+                )
+                for worker, version in missing.items()
+            ],
+        )
+        logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})
+        return Action.RELAUNCHED, _next(deadline, "work", attempt, _after(deadline, spec.deadline_s))
     reason = (
         f"model version {iteration}: no worker's update arrived within {spec.deadline_retries + 1} deadlines of"
-        f" {spec.deadline_s:g} s (staleness unbounded)"
+        f" {spec.deadline_s:g} s (staleness unbounded); workers {sorted(missing)} were re-launched"
+        f" {spec.deadline_retries} times"
     )
-    logger.error("run failed", extra={"run_id": config.run_id, "iteration": iteration, "reason": reason})
-    services.fail_run(config.run_id, reason)
+    logger.error("run failed", extra={**log, "reason": reason})
+    services.fail_run(run_id, reason)
     return Action.FAILED, None
+
+
+def _last_launches(services: Services, config: RunConfig, iteration: int) -> dict[int, IterationRecord]:
+    """ASP: the record of the version each worker was last launched on, up to ``iteration`` (a version launches the
+    worker whose update made the version before; none whose update is past the run's iterations), read from
+    ``iteration`` back until every worker's is found."""
+    workers, table = config.workers, services.table
+    found: dict[int, IterationRecord] = {}
+    finished: set[int] = set()  # freed with no update left to take
+    record = table.get_iteration(config.run_id, iteration)
+    for version in range(iteration, 0, -1):
+        before = table.get_iteration(config.run_id, version - 1)
+        for worker in {p.worker for p in before.participants} - found.keys() - finished:
+            launched = barrier.asynchronous_update(version, worker, workers) < config.training.iterations
+            found.update({worker: record} if launched else {})
+            finished |= set() if launched else {worker}
+        if len(found) + len(finished) == workers:
+            return found
+        record = before
+    first = {
+        w: record for w in range(workers) if barrier.asynchronous_update(0, w, workers) < config.training.iterations
+    }
+    return {**{w: r for w, r in first.items() if w not in finished}, **found}
 
 
 def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Acted:

@@ -21,6 +21,7 @@ from slsml.pipeline.steps.common import changed_behind, complete_run, outcome, r
 from slsml.spec import keys, wiring
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Deadline, ModelLanded, ModelMerged, RunStarted, WorkMessage
+from slsml.state import barrier
 from slsml.state.records import PendingDeadline, RunRecord, RunStatus
 
 logger = Logger(child=True)
@@ -138,12 +139,13 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
 
 def _freed(services: Services, run: RunRecord, iteration: int, workers: int) -> list[int]:
     """ASP: the workers launched on model version ``iteration``: all of them on the first, else the one whose update
-    made it; none whose update (``data.asynchronous_task``) would be past the run's iterations."""
+    made it; none whose update (``barrier.asynchronous_update``) would be past the run's iterations."""
     if iteration == 0:
-        return list(range(min(workers, run.iterations)))
-    frozen = services.table.frozen_participants(run.run_id, iteration - 1)
-    freed = [p.worker for p in frozen[1]] if frozen is not None else []
-    return freed if iteration + workers - 1 < run.iterations else []
+        freed = list(range(workers))
+    else:
+        frozen = services.table.frozen_participants(run.run_id, iteration - 1)
+        freed = [p.worker for p in frozen[1]] if frozen is not None else []
+    return [w for w in freed if barrier.asynchronous_update(iteration, w, workers) < run.iterations]
 
 
 def launch(run: RunRecord, iteration: int, trigger_id: str, services: Services) -> Outcome:
