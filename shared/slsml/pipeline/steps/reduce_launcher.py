@@ -104,20 +104,37 @@ def apply_next(services: Services, config: RunConfig, generation: int) -> list[R
     if run.status != RunStatus.RUNNING or run.generation != generation or version >= run.iterations:
         return []
     for update in table.waiting(run_id, generation):
-        if not table.fold(run_id, update, version):  # another version applied it (a duplicate report waited again)
-            table.applied(run_id, update)
-            continue
+        if not table.fold(run_id, update, version):  # claimed for another version
+            if _applied(services, run_id, update):  # a duplicate report waited again: its entry goes
+                table.applied(run_id, update)
+            continue  # else claimed by a step that fired nothing with it: it gives it back and looks again
         alone = update.model_copy(update={"iteration": None}) if update.iteration == version else update
         fired = table.freeze_participants(run_id, version, update.worker, [alone], generation)
         if fired is None or fired[0] != update.worker:  # another update is applied to this version
             table.unfold(run_id, update, version)
-            return []
+            # a merge that came meanwhile found the update claimed and left it: it is applied to the newest version
+            return apply_next(services, config, generation) if table.get_run(run_id).iteration != version else []
         messages = publish_reduce(services, config, version, fired[1], generation)
         reports = table.worker_reports(run_id, version, config.workers, generation) if alone.iteration is None else []
         table.mark_reduce_fired(run_id, version, update.worker, fired[1], reports, generation)
         table.applied(run_id, update)
         return messages
     return []
+
+
+def _applied(services: Services, run_id: str, update: Participant) -> bool:
+    """ASP: whether ``update`` is a participant of the version its record says it was claimed for."""
+    assert update.iteration is not None  # a waiting update names the version it read
+    report = services.table.get_iteration(run_id, update.iteration).reports.get(update.worker)
+    if report is None or report.folded_into is None:
+        return False
+    into = report.folded_into
+    frozen = services.table.frozen_participants(run_id, into)
+    return frozen is not None and any(
+        (p.worker, p.attempt, into if p.iteration is None else p.iteration)
+        == (update.worker, update.attempt, update.iteration)
+        for p in frozen[1]
+    )
 
 
 def _fold_late(services: Services, config: RunConfig, iteration: int, generation: int) -> list[Participant]:
