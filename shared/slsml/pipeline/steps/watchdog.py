@@ -164,6 +164,9 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Acted:
     if deadline.stage == "work":
         if record.launched_by is None and deadline.iteration < run.iterations and gpu_fleet.from_env() is not None:
             return _launch_on_fleet(deadline, run, services)
+        if record.launched_by is None and config.training.asynchronous and deadline.iteration < run.iterations:
+            work_launcher.launch(run, deadline.iteration, DEADLINE_LAUNCH, services)  # the freed worker, as its merge's
+            record = services.table.get_iteration(deadline.run_id, deadline.iteration)
         if record.launched_by is None:  # its model's launch is late or lost: the workers re-launched now launch it
             spent = spend.spent(services, run)
             if reason := spend.exhausted(run, spent):  # as the launch would have
