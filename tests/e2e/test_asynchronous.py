@@ -24,7 +24,7 @@ SLOW = Faults.parse("slow_worker=3:1.5")  # worker 3 sleeps 1.5 s at the start o
 
 @pytest.fixture(scope="module")
 def pair(local, services, digits, warm) -> dict[str, runs.RunSummary]:
-    common = {"workers": WORKERS, "reducers": 2, "global_batch": 128, "eval_every": 0, "deadline_s": 60}
+    common = {"workers": WORKERS, "reducers": 2, "global_batch": 128, "eval_every": 0}
     specs = {
         "sync": TrainingSpec(iterations=ITERATIONS, **common),
         "asp": TrainingSpec(iterations=ITERATIONS * WORKERS, staleness="unbounded", **common),
