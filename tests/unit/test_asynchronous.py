@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from slsml.cli import options
+from slsml.client import runs
 from slsml.data import datasets as data
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import reduce_launcher, reducer, watchdog
@@ -17,6 +18,7 @@ from slsml.pipeline.steps.common import run_config
 from slsml.pipeline.steps.watchdog import Action
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import BadInputError
 from slsml.spec.messages import Deadline, Participant, ReduceMessage, WorkDone
 from slsml.training import optimizers, updates
 
@@ -159,3 +161,11 @@ def test_an_asynchronous_epoch_is_the_workers_times_the_synchronous_one() -> Non
     synchronous = TrainingSpec(workers=4, iterations=40, global_batch=128)
     asynchronous = synchronous.model_copy(update={"staleness": "unbounded"})
     assert data.epoch_iterations(asynchronous, 1000) == 4 * data.epoch_iterations(synchronous, 1000) > 0
+
+
+def test_an_asp_run_that_ended_cannot_resume_and_says_what_to_do_instead(services) -> None:
+    _register(services, "asp-ended", workers=2, staleness="unbounded", iterations=4)
+    services.table.fail("asp-ended", "stopped for the test")
+    with pytest.raises(BadInputError, match="staleness unbounded, which cannot resume: fetch its last model"):
+        runs.resume_run(services, "asp-ended")
+    assert services.table.get_run("asp-ended").status == "FAILED"  # nothing changed

@@ -78,6 +78,11 @@ def resume_run(services: Services, run_id: str, budget_usd: float | None = None)
     run = services.table.get_run(run_id)
     if run.status not in {RunStatus.STOPPED, RunStatus.FAILED}:
         raise SlsmlError(f"run {run_id!r} is {run.status}: only a STOPPED or FAILED run can be resumed")
+    if run.training.asynchronous:  # its updates in flight when it ended are not known again
+        raise BadInputError(
+            f"run {run_id!r} trained with staleness unbounded, which cannot resume: fetch its last model"
+            f" (`slsml run fetch {run_id} --iteration I`, a checkpoint) and start a new run with it (`--model`)"
+        )
     training = _with_budget(services, run, budget_usd)
     config = registered_config(services.store, run)
     _check_pinned_dataset(services, config)
