@@ -13,13 +13,13 @@ from slsml.cli import options
 from slsml.client import runs
 from slsml.data import datasets as data
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps import reduce_launcher, reducer, watchdog
+from slsml.pipeline.steps import reduce_launcher, reducer, watchdog, work_launcher
 from slsml.pipeline.steps.common import run_config
 from slsml.pipeline.steps.watchdog import Action
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
-from slsml.spec.messages import Deadline, Participant, ReduceMessage, WorkDone
+from slsml.spec.messages import Deadline, ModelMerged, Participant, ReduceMessage, WorkDone
 from slsml.training import optimizers, updates
 
 from . import test_reduce_steps
@@ -169,3 +169,19 @@ def test_an_asp_run_that_ended_cannot_resume_and_says_what_to_do_instead(service
     with pytest.raises(BadInputError, match="staleness unbounded, which cannot resume: fetch its last model"):
         runs.resume_run(services, "asp-ended")
     assert services.table.get_run("asp-ended").status == "FAILED"  # nothing changed
+
+
+def test_a_version_the_run_moved_past_before_its_launch_came_still_launches_its_freed_worker(services) -> None:
+    config = _register(services, "asp-behind", workers=3, staleness="unbounded", iterations=9)
+    fired = _arrive(services, "asp-behind", 0, 1)
+    assert _arrive(services, "asp-behind", 0, 0) == []
+    for message in fired:
+        reducer.reduce(message, services)
+    assert services.table.advance("asp-behind", 1, 0) is not None  # version 1, worker 1 freed: its launch is late
+    following = reduce_launcher.apply_next(services, config, 0)  # worker 0's update, applied to version 1
+    for message in following:
+        reducer.reduce(message, services)
+    assert services.table.advance("asp-behind", 2, 0) is not None
+    outcome = work_launcher.on_merged(ModelMerged(run_id="asp-behind", iteration=1, generation=0), services)
+    assert outcome == work_launcher.Outcome.LAUNCHED
+    assert services.table.get_counter("asp-behind", 1).launched_by is not None

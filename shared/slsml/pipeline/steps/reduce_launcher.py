@@ -110,7 +110,7 @@ def apply_next(services: Services, config: RunConfig, generation: int) -> list[R
             continue  # else claimed by a step that fired nothing with it: it gives it back and looks again
         alone = update.model_copy(update={"iteration": None}) if update.iteration == version else update
         fired = table.freeze_participants(run_id, version, update.worker, [alone], generation)
-        if fired is None or fired[0] != update.worker:  # another update is applied to this version
+        if fired is None or fired[1] != [alone]:  # another update is applied to this version
             table.unfold(run_id, update, version)
             # a merge that came meanwhile found the update claimed and left it: it is applied to the newest version
             return apply_next(services, config, generation) if table.get_run(run_id).iteration != version else []

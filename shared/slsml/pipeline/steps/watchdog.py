@@ -281,6 +281,8 @@ def _asynchronous_deadline(deadline: Deadline, config: RunConfig, services: Serv
     if any(launches[w].continuing.get(w, 0.0) > time.time() for w in missing):
         logger.info("deadline: rounds go on in fresh invocations", extra=log)
         return Action.CONTINUING, _next(deadline, "work", deadline.round, _after(deadline, spec.deadline_s))
+    if not missing and deadline.round < spec.deadline_retries:  # every last launch reported: its update is on its way
+        return Action.NOTHING, _next(deadline, "work", deadline.round + 1, _after(deadline, spec.deadline_s))
     if missing and deadline.round < spec.deadline_retries:
         attempt = deadline.round + 1
         for worker, version in missing.items():

@@ -81,7 +81,8 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
     if run.status != RunStatus.RUNNING:
         logger.info("run is not running: ignored", extra={"run_id": run_id, "status": run.status})
         return Outcome.IGNORED
-    if iteration != run.iteration:  # e.g. the initial model placed again when a run is resumed
+    behind = run.training.asynchronous and iteration < run.iteration  # ASP moves on without waiting for a launch
+    if iteration != run.iteration and not behind:  # e.g. the initial model placed again when a run is resumed
         logger.info(
             "model is not the run's current one: ignored",
             extra={"run_id": run_id, "iteration": iteration, "current": run.iteration},
