@@ -1,10 +1,12 @@
 """The straggler benchmark, in miniature: its six runs complete, a straggler that the quorum waits for
-lengthens the iterations, and with bounded staleness the straggler's late updates are folded in."""
+lengthens the iterations, and with bounded staleness the straggler's late updates are folded in; the asynchronous
+benchmark's synchronous and ASP runs train the same samples."""
 
 from __future__ import annotations
 
 import pytest
 
+from slsml.bench import asynchronous
 from slsml.bench import pipeline as bench
 
 
@@ -48,3 +50,18 @@ def test_the_straggler_benchmark_compares_six_runs(local, services, digits):
     assert report.f_folded > 0 and report.f_late == report.f_folded + report.f_dropped + report.f_at_the_end
     assert f.late_folded <= report.f_folded
     assert report.ssp_delay_s == pytest.approx((report.ssp_factor - 1) * report.baseline_s)
+
+
+def test_the_asynchronous_benchmark_compares_the_synchronous_and_the_asp_run_on_the_same_samples(
+    local, services, digits
+):
+    progress: dict[str, int] = {}
+    report = asynchronous.asynchronous(
+        local, workers=2, iterations=3, factor=3, progress=lambda run, done, total: progress.__setitem__(run, total)
+    )
+    assert progress == {"synchronous": 3, "asynchronous": 6}
+    assert report.straggler == 1 and report.delay_s == pytest.approx(2 * report.baseline_s)
+    sync, asp = report.synchronous, report.asynchronous
+    assert (sync.training.staleness, asp.training.staleness) == (0, "unbounded")
+    assert (sync.iterations, asp.iterations) == (3, 6) and report.same_samples
+    assert sum(report.updates_by_worker.values()) == 6 and report.time_ratio == asp.wall_s / sync.wall_s

@@ -135,6 +135,41 @@ def work_phase_s(records: list[IterationRecord]) -> float:
     return statistics.median(phases)
 
 
+def slowed(
+    local: LocalRuntime,
+    spec: TrainingSpec,
+    run_id: str,
+    progress: Callable[[int, int], None] | None,
+    delay_s: float,
+    worker: int | None = None,
+) -> runs.RunSummary:
+    """Train ``spec`` on the demo as ``run_id`` with ``worker`` (default the last) sleeping ``delay_s`` at the start
+    of each of its invocations (none: 0), and wait for it (``progress``: iterations merged, iterations); its
+    summary, whatever its status. The watchdog must not act on the straggler: its deadlines are beyond its delay."""
+    services = local.services
+    model_bytes = demo_model(services)
+    if delay_s:
+        spec = TrainingSpec.model_validate(
+            {
+                **spec.model_dump(),
+                "deadline_s": spec.deadline_s + 2 * delay_s,
+                "heartbeat_s": spec.heartbeat_s + math.ceil(2 * (spec.deadline_retries + 1) * delay_s),
+            }
+        )
+    slow = spec.initial_workers - 1 if worker is None else worker
+    faults = Faults(slow_worker=SlowWorker(worker=slow, seconds=delay_s)) if delay_s else None
+    previous, local.host.faults = local.host.faults, faults
+    try:
+        started = time.time()
+        launch.start_run(services, model_bytes, DATASET, spec, run_id=run_id)
+        shown = None if progress is None else lambda record, _: progress(record.iteration, spec.iterations)
+        timeout_s = 600 + spec.iterations * (60 + delay_s)
+        record = runs.wait_for_run(services, run_id, on_progress=shown, timeout_s=timeout_s)
+    finally:
+        local.host.faults = previous
+    return runs.summarize(record, services.table.list_iterations(run_id), time.time() - started)
+
+
 def stragglers(
     local: LocalRuntime,
     workers: int = 8,
@@ -150,7 +185,6 @@ def stragglers(
     if workers < 2 or factor <= 1:
         raise SlsmlError(f"a straggler needs at least 2 workers and a factor above 1 (got {workers}, {factor})")
     services = local.services
-    model_bytes = demo_model(services)
     stem = launch.new_run_id("stragglers")
     slow, quorum, q = workers - 1, (workers - 1) / workers, f"{workers - 1}/{workers}"
     described: dict[CaseName, tuple[str, float, bool]] = {  # description, quorum, straggler
@@ -169,25 +203,8 @@ def stragglers(
         spec = TrainingSpec(
             workers=workers, reducers=2, global_batch=128, iterations=budget, quorum=described[name][1], **staleness
         )
-        if delay_s:  # the watchdog must not fire the reduce without the straggler: deadlines beyond its delay
-            spec = TrainingSpec.model_validate(
-                {
-                    **spec.model_dump(),
-                    "deadline_s": spec.deadline_s + 2 * delay_s,
-                    "heartbeat_s": spec.heartbeat_s + math.ceil(2 * (spec.deadline_retries + 1) * delay_s),
-                }
-            )
-        run_id = f"{stem}-{name}"
-        faults = Faults(slow_worker=SlowWorker(worker=slow, seconds=delay_s)) if delay_s else None
-        previous, local.host.faults = local.host.faults, faults
-        try:
-            started = time.time()
-            launch.start_run(services, model_bytes, DATASET, spec, run_id=run_id)
-            shown = None if progress is None else lambda record, _: progress(name, record.iteration, budget)
-            record = runs.wait_for_run(services, run_id, on_progress=shown, timeout_s=600 + budget * (60 + delay_s))
-        finally:
-            local.host.faults = previous
-        return runs.summarize(record, services.table.list_iterations(run_id), time.time() - started)
+        shown = None if progress is None else lambda done, total: progress(name, done, total)
+        return slowed(local, spec, f"{stem}-{name}", shown, delay_s, slow)
 
     summaries = {"a": run("a", iterations)}
     if summaries["a"].status != "COMPLETED":
@@ -214,7 +231,7 @@ def stragglers(
             description=description,
             quorum=case_quorum,
             straggler=straggler,
-            staleness=summaries[name].training.staleness,
+            staleness=summaries[name].training.staleness_bound,
             summary=summaries[name],
             ratio=ratio(name),
             rounds_to_target=rounds.get(name),

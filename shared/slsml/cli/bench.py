@@ -37,6 +37,27 @@ def cmd_bench_stragglers(args: argparse.Namespace) -> int:
     return 0 if all(case.summary.status == "COMPLETED" for case in report.cases) else 1
 
 
+def cmd_bench_asynchronous(args: argparse.Namespace) -> int:
+    from slsml.bench import asynchronous as bench
+    from slsml.bench.pipeline import worker_pool
+
+    if args.workers < 2 or args.factor <= 1 or args.iterations < 1:
+        raise BadInputError(
+            f"--workers {args.workers}, --factor {args.factor:g}, --iterations {args.iterations}: a straggler needs"
+            " at least 2 workers, a factor above 1 and an iteration at least"
+        )
+    pool = worker_pool(args.workers, args.factor)
+    _bench(
+        args,
+        "asynchronous",
+        pool,
+        2,
+        lambda runtime, show: bench.asynchronous(runtime, args.workers, args.iterations, args.factor, show),
+        display_bench.print_asynchronous,
+    )
+    return 0
+
+
 def cmd_bench_barrier(args: argparse.Namespace) -> int:
     from slsml.bench import barrier as bench_barrier
 
@@ -248,6 +269,22 @@ def add_commands(commands: Any) -> None:
         type=float,
         default=1.5,
         help="(e) and (f): the straggler's invocation lasts this many (a) work phases (default 1.5)",
+    )
+    asynchronous = _benchmark(
+        benchmarks,
+        cmd_bench_asynchronous,
+        "asynchronous",
+        help="the demo's work with one slow worker: synchronous (quorum 1) and fully asynchronous (ASP)",
+    )
+    asynchronous.add_argument("--workers", type=int, default=4, help="workers; the last one is slow (default 4)")
+    asynchronous.add_argument(
+        "--iterations",
+        type=int,
+        default=150,
+        help="the synchronous run's iterations (default 150, the demo's); ASP's: × the workers, the same samples",
+    )
+    asynchronous.add_argument(
+        "--factor", type=float, default=3.0, help="the slow worker's invocation lasts this many work phases (default 3)"
     )
     barrier = _benchmark(
         benchmarks,

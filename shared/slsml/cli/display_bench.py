@@ -96,6 +96,47 @@ def print_stragglers(report: Any, as_json: bool = False) -> None:
     )
 
 
+def print_asynchronous(report: Any, as_json: bool = False) -> None:
+    from rich.table import Table
+
+    from slsml.bench import asynchronous as bench
+
+    table = Table(
+        "",
+        "staleness",
+        "iterations",
+        "samples trained",
+        "wall time",
+        "test acc",
+        "staleness mean / most",
+        title=f"asynchronous: {report.workers} workers, worker {report.straggler} {report.factor:g}× slower",
+    )
+    for name, s in (("synchronous (quorum 1)", report.synchronous), ("asynchronous (ASP)", report.asynchronous)):
+        table.add_row(
+            name,
+            str(s.training.staleness),
+            str(s.iterations),
+            str(s.samples_trained),
+            f"{s.wall_s:.1f} s",
+            "–" if s.test_accuracy is None else f"{s.test_accuracy:.4f}",
+            "–" if s.staleness_mean is None else f"{s.staleness_mean:.1f} / {s.staleness_max}",
+        )
+    out, yes = results(as_json), {True: "yes", False: "no"}
+    out.print(table)
+    out.print(
+        f"delay: worker {report.straggler} sleeps {report.delay_s:.2f} s at the start of every invocation "
+        f"= ({report.factor:g} − 1) × {report.baseline_s:.3f} s, the reference's median work phase"
+    )
+    updates = ", ".join(f"worker {w} {n}" for w, n in report.updates_by_worker.items())
+    out.print(f"ASP updates applied: {updates}")
+    out.print(
+        f"ASP wall time {report.time_ratio:.2f}× the synchronous run's: at most {bench.TIME_RATIO}×:"
+        f" {yes[report.fast]}; same samples: {yes[report.same_samples]}"
+    )
+    points = "–" if report.accuracy_points is None else f"{report.accuracy_points:+.2f}"
+    out.print(f"ASP test accuracy {points} points: within {bench.ACCURACY_POINTS:g}: {yes[report.close]}")
+
+
 def print_barrier(report: Any, workers: int, small: int, as_json: bool = False) -> None:
     from rich.table import Table
 

@@ -262,6 +262,13 @@ def print_summary(summary: Any, as_json: bool) -> None:
         row("  by service", ", ".join(f"{service} {dollars(amount)}" for service, amount in by_cost))
         row("  Lambda GB-seconds", f"{summary.gb_seconds:g}")
     row("late workers", summary.late_workers)
+    row("samples trained", summary.samples_trained)
+    if summary.staleness_mean is not None:
+        row(
+            "staleness",
+            f"mean {summary.staleness_mean:.1f}, most {summary.staleness_max} model versions (updates applied to a"
+            " newer model than they were computed on)",
+        )
     if summary.dropped_parts or summary.nonfinite_updates or summary.stale_attempts:
         row(
             "left out",

@@ -79,6 +79,11 @@ def resume_run(services: Services, run_id: str, budget_usd: float | None = None)
     run = services.table.get_run(run_id)
     if run.status not in {RunStatus.STOPPED, RunStatus.FAILED}:
         raise SlsmlError(f"run {run_id!r} is {run.status}: only a STOPPED or FAILED run can be resumed")
+    if run.training.asynchronous:  # its updates in flight when it ended are not known again
+        raise BadInputError(
+            f"run {run_id!r} trained with staleness unbounded, which cannot resume: fetch its last model"
+            f" (`slsml run fetch {run_id} --iteration I`, a checkpoint) and start a new run with it (`--model`)"
+        )
     training = _with_budget(services, run, budget_usd)
     config = registered_config(services.store, run)
     _check_pinned_dataset(services, config)
@@ -266,6 +271,11 @@ class RunSummary(BaseModel):
     bytes_written_per_iteration: float | None = None
     late_workers: int
     late_folded: int = 0  # late updates a later reduce took (bounded staleness); the others were dropped
+    samples_trained: int = 0  # the samples of the updates the reduces applied
+    # of the updates applied to a later model version than the one they were computed on (SSP's folded ones, and
+    # under ASP, staleness unbounded, most): the versions applied in between, mean and most (None: none was)
+    staleness_mean: float | None = None
+    staleness_max: int | None = None
     dropped_parts: int = 0
     nonfinite_updates: int = 0
     deadlines_fired: int = 0  # reduces the watchdog fired at a deadline, without the missing workers
@@ -326,6 +336,7 @@ def summarize(
     median_cycle = statistics.median(cycle) if cycle else None
     median_compute = statistics.median(compute) if compute else None
     last_loss = max(merged, key=lambda r: r.iteration).train_loss if merged else None
+    stale = [r.iteration - p.iteration for r in iterations for p in r.participants if p.iteration is not None]
     return RunSummary(
         run_id=run.run_id,
         started_at=run.created_at,
@@ -345,6 +356,9 @@ def summarize(
         overhead_share=(1 - median_compute / median_cycle) if median_cycle and median_compute else None,
         late_workers=sum(len(r.late - r.nonfinite) for r in iterations),
         late_folded=sum(len(r.folded) for r in iterations),
+        samples_trained=sum(p.samples for r in iterations for p in r.participants),
+        staleness_mean=statistics.mean(stale) if stale else None,
+        staleness_max=max(stale, default=None),
         dropped_parts=sum(len(r.dropped_parts) for r in iterations),
         nonfinite_updates=sum(len(r.nonfinite) for r in iterations),
         deadlines_fired=sum(r.fired_at_deadline for r in iterations),

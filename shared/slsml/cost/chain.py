@@ -180,7 +180,7 @@ def round_traffic(w: Workload, p: Parameters) -> RoundTraffic:
         mean_bytes=shards.HEADER_SIZE + 4 * shard_weights,
         slot_bytes=rule.slot_traffic(spec, w.params, w.trainable_params).bytes,
         residual_bytes=feedback.residual_bytes(w.params) if compression.lossy else 0,
-        late_queries=spec.staleness,
+        late_queries=spec.staleness_bound,
         server=server,
     )
 

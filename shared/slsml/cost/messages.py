@@ -69,7 +69,7 @@ def largest_reduce(spec: TrainingSpec, workers: int | None = None) -> tuple[int,
     with the deadline floor's fewest workers; each participant at the largest figures it may carry, for a run id
     of the longest form."""
     workers = spec.asked_workers(workers)
-    late = spec.staleness * (workers - quorum_count(workers, min(spec.deadline_floor, spec.quorum)))
+    late = spec.staleness_bound * (workers - quorum_count(workers, min(spec.deadline_floor, spec.quorum)))
     samples, attempt = spec.global_batch * spec.local_batches, spec.deadline_retries
     return _largest_reduce(workers, late, samples, attempt, (spec.iterations or 1_000_000) - 1, spec.reducers - 1)
 
@@ -91,10 +91,10 @@ def listed(spec: TrainingSpec, participants: int, workers: int | None = None) ->
     workers = spec.asked_workers(workers)
     late = (
         (
-            f", and with staleness {spec.staleness} and deadline_floor {spec.deadline_floor:g} up to"
+            f", and with staleness {spec.staleness_bound} and deadline_floor {spec.deadline_floor:g} up to"
             f" {participants - workers:,} late updates folded in"
         )
-        if spec.staleness
+        if spec.staleness_bound
         else ""
     )
     return f"{participants:,} participants ({workers} workers{late})"
@@ -109,7 +109,7 @@ def check_messages(spec: TrainingSpec, workers: int | None = None) -> None:
         raise BadInputError(
             f"a Reduce message of this run may list {listed(spec, participants, workers)}:"
             f" {size:,} B, over the {MAX_MESSAGE_BYTES:,} B slsml's messages may hold; lower the workers"
-            + (" or staleness, or raise deadline_floor" if spec.staleness else "")
+            + (" or staleness, or raise deadline_floor" if spec.staleness_bound else "")
         )
 
 

@@ -150,7 +150,8 @@ def run_workload(
     memory: Mapping[str, int] | None = None,
     limits: RunLimits | None = None,
 ) -> Workload:
-    """The workload of the run ``spec`` of a model of these ``figures`` (``from_keras``, ``from_params``): on the
+    """The workload of the run ``spec`` of a model of these ``figures`` (``from_keras``, ``from_params``; under ASP an
+    iteration is one worker's update: the requests, bytes and time of one update alone, their W overlapping): on the
     dataset of ``manifest`` (its samples, their bytes and its shards), else of ``samples``; with the workers'
     ``cache_mb``, the functions' ``memory`` (default: a default deployment's) and the timeouts of the deployment
     whose run ``limits`` are given (``function_timeouts``)."""
@@ -160,12 +161,15 @@ def run_workload(
         samples = manifest.train.count
     if spec.optimizer is not None:
         figures["optimizer"] = spec.optimizer
+    workers, batch = spec.initial_workers, spec.global_batch
+    if spec.asynchronous:  # ASP: an iteration is one worker's update, on its slice of a global batch, applied alone
+        workers, batch = 1, math.ceil(batch / workers)
     return Workload(
         **figures,
         training=spec,
-        workers=spec.initial_workers,
+        workers=workers,
         reducers=spec.reducers,
-        global_batch=spec.global_batch,
+        global_batch=batch,
         quorum=spec.quorum,
         iterations=spec.iterations,
         samples=samples,

@@ -35,6 +35,7 @@ from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError
 from slsml.spec.samples import Arrays
+from slsml.state import barrier
 
 # A split whose shards take at most this share of the warm cache's bound is kept there whole; the rest of the
 # cache holds the run's model (and its config, its manifest).
@@ -169,7 +170,14 @@ def epoch_iterations(spec: TrainingSpec, train_count: int) -> int:
     """Iterations of an epoch of the samples the run trains on (of ``train_count`` before its held-out ones): its
     global batches as Keras counts them, ``local_batches`` a round."""
     trained = len(held_out(spec, train_count)[0])
-    return max(1, iterations_per_epoch(trained, spec.global_batch, spec.asked_workers()) // spec.local_batches)
+    rounds = max(1, iterations_per_epoch(trained, spec.global_batch, spec.asked_workers()) // spec.local_batches)
+    return rounds * spec.initial_workers if spec.asynchronous else rounds  # ASP: an iteration is one worker's update
+
+
+def asynchronous_task(iteration: int, worker: int, workers: int) -> tuple[int, int]:
+    """ASP: the (slot, round) of the synchronous run whose batches ``worker``'s update on the model of ``iteration``
+    takes: the updates take the synchronous run's slots in order, whichever worker is free."""
+    return divmod(barrier.asynchronous_update(iteration, worker, workers), workers)[::-1]
 
 
 def global_batch_indices(train_count: int, global_batch: int, seed: int, iteration: int, least: int = 1) -> np.ndarray:

@@ -46,9 +46,12 @@ class SliceEvaluated(BaseModel):
 def evaluated(config: RunConfig, iteration: int, train_count: int) -> list[str]:
     """The splits the workers of ``iteration`` evaluate the model entering it on: the test split every
     ``eval_every`` iterations, the validation samples (``validation_split``) at each epoch's end, both for the final
-    model (past the budget). A run that watches the validation figures (``early_stopping``, ``keep_best``) also
-    evaluates the test split at each epoch's end: the model it ends with there has its test figures."""
+    model (past the budget); under ASP the final model only. A run that watches the validation figures
+    (``early_stopping``, ``keep_best``) also evaluates the test split at each epoch's end: the model it ends with
+    there has its test figures."""
     spec, final = config.training, iteration >= config.training.iterations
+    if spec.asynchronous and not final:  # ASP launches one worker per version: the final model is evaluated only
+        return []
     every = spec.eval_every
     epoch_end = spec.validation_split is not None and (
         final or (iteration and iteration % data.epoch_iterations(spec, train_count) == 0)

@@ -538,12 +538,12 @@ class TrainingSpec(BaseModel):
         " step the run's optimizer with it as the gradient (FedOpt)",
     )
 
-    staleness: int = Field(
+    staleness: Annotated[int, Field(ge=0, le=100)] | Literal["unbounded"] = Field(
         default=0,
-        ge=0,
-        le=100,
         description="bounded staleness (SSP): a worker's update that comes after its round's reduce fired is"
-        " folded into a later round's reduce, at most this many rounds later; 0: it is left out",
+        " folded into a later round's reduce, at most this many rounds later; 0: it is left out. unbounded: fully"
+        " asynchronous training (ASP): each worker's update is applied alone as it arrives and the worker goes on at"
+        " once from the newest model; an iteration is one worker's update (its slice of a global batch)",
     )
     staleness_decay: float = Field(
         default=1.0, gt=0, le=1, description="a folded update's weight: its samples × this to the power of its age"
@@ -705,16 +705,48 @@ class TrainingSpec(BaseModel):
             )
         return self
 
+    @property
+    def asynchronous(self) -> bool:
+        """Whether the run trains fully asynchronously (ASP: ``staleness unbounded``)."""
+        return self.staleness == "unbounded"
+
+    @property
+    def staleness_bound(self) -> int:
+        """The iterations a late update may be folded into under SSP (0: none; ASP folds none, it applies each
+        update alone)."""
+        return 0 if self.staleness == "unbounded" else self.staleness
+
     @model_validator(mode="after")
     def _staleness_options(self) -> TrainingSpec:
-        if self.staleness_decay != 1 and not self.staleness:
+        if self.asynchronous:
+            self._asynchronous_options()
+        elif self.staleness_decay != 1 and not self.staleness:
             raise ValueError("staleness_decay needs a staleness above 0")
-        if (self.staleness + 1) * self.heartbeat_s > TRANSIENT_USE_MAX_S:
+        if (self.staleness_bound + 1) * self.heartbeat_s > TRANSIENT_USE_MAX_S:
             raise ValueError(
-                f"(staleness + 1) × heartbeat ({self.staleness + 1} × {self.heartbeat_s} s) exceeds the"
+                f"(staleness + 1) × heartbeat ({self.staleness_bound + 1} × {self.heartbeat_s} s) exceeds the"
                 f" {TRANSIENT_USE_MAX_S} s a run may read an iteration's updates, which then expire"
             )
         return self
+
+    def _asynchronous_options(self) -> None:
+        """ValueError naming what ``staleness unbounded`` (ASP) does not take."""
+        fields = type(self).model_fields
+        if self.workers == "auto" or self.min_workers is not None or self.max_workers is not None:
+            raise ValueError("staleness unbounded trains a fixed fleet: give workers a number (no auto, min or max)")
+        if ALGORITHMS[self.algorithm].partitioned:
+            raise ValueError(f"staleness unbounded applies updates alone: algorithm {self.algorithm} needs rounds")
+        taken = {
+            "quorum": "each update is applied as it arrives",
+            "staleness_decay": "each update is applied alone, whatever its age",
+            "compress": "error feedback follows a worker's synchronous slot",
+            "early_stopping": "the model is evaluated at the end only",
+            "keep_best": "the model is evaluated at the end only",
+            "validation_split": "the model is evaluated at the end only",
+        }
+        for name, why in taken.items():
+            if getattr(self, name) != fields[name].default:
+                raise ValueError(f"{name} does not apply with staleness unbounded ({why}): leave it out")
 
     @model_validator(mode="after")
     def _algorithm_options(self) -> TrainingSpec:

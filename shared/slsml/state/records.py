@@ -362,6 +362,12 @@ def worker_sk(iteration: int, worker: int) -> str:
     return f"{iteration_sk(iteration)}#W#{worker:05d}"
 
 
+def waiting_sk(worker: int) -> str:
+    """ASP: the update of ``worker`` that waits to be applied (one at most: a worker is launched again once its
+    update is applied)."""
+    return f"ASP#{worker:05d}"
+
+
 def participants_sk(iteration: int) -> str:
     return f"{iteration_sk(iteration)}#P"
 

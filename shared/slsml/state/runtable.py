@@ -46,6 +46,7 @@ from slsml.state.records import (
     plain,
     shard_sk,
     squares_sk,
+    waiting_sk,
     worker_sk,
 )
 
@@ -547,6 +548,41 @@ class RunTable:
                 UpdateExpression="REMOVE folded_into",
                 ConditionExpression="folded_into = :into",
                 ExpressionAttributeValues={":into": into},
+            )
+        )
+
+    def wait(self, done: WorkDone) -> None:
+        """ASP: ``done``'s update waits to be applied (again, for a duplicate: the fold that applies it is once)."""
+        waiting = Participant(worker=done.worker, attempt=done.attempt, samples=done.samples, iteration=done.iteration)
+        item = {**self._key(done.run_id, waiting_sk(done.worker)), **dynamo(waiting.model_dump())}
+        conditional(  # a late copy of an applied update leaves its worker's next one waiting
+            lambda: self.table.put_item(
+                Item={**item, "generation": done.generation},
+                ConditionExpression="attribute_not_exists(sk) OR #i <= :i OR generation < :g",
+                ExpressionAttributeNames={"#i": "iteration"},
+                ExpressionAttributeValues={":i": done.iteration, ":g": done.generation},
+            )
+        )
+
+    def waiting(self, run_id: str, generation: int) -> list[Participant]:
+        """ASP: the updates of ``generation`` that wait to be applied, the oldest (the model it read) first."""
+        items = [plain(i) for i in self._query(run_id, waiting_sk(0)[:4])]
+        fields = Participant.model_fields
+        found = [
+            Participant.model_validate({k: v for k, v in i.items() if k in fields})
+            for i in items
+            if i.get("generation", 0) == generation
+        ]
+        return sorted(found, key=lambda p: (p.iteration or 0, p.worker))
+
+    def applied(self, run_id: str, update: Participant) -> None:
+        """ASP: ``update`` was applied (or taken before): it waits no more (a later update of its worker stays)."""
+        conditional(
+            lambda: self.table.delete_item(
+                Key=self._key(run_id, waiting_sk(update.worker)),
+                ConditionExpression="#i = :i AND attempt = :a",
+                ExpressionAttributeNames={"#i": "iteration"},
+                ExpressionAttributeValues={":i": update.iteration, ":a": update.attempt},
             )
         )
 

@@ -8,7 +8,9 @@ after it.
 
 Once the run has advanced, the carried state entering the iteration before (``keys.carried``) is superseded: the
 run resumes from the newest model, whose state is stored, and a step still needing the older state is one
-iteration late at least. The Merger deletes it (one DeleteObjects request) while the manifest is made.
+iteration late at least. The Merger deletes it (one DeleteObjects request) while the manifest is made; under ASP
+(``staleness unbounded``) it keeps it, as a worker reads the version it was launched on whenever it starts, and the
+bucket's lifecycle rule expires it with the run's other scratch.
 
 The merging Merger also turns the iteration's train metrics, the sum of its participants' states that the
 reduce's firing recorded on the counter, into their results (``loss`` and each metric by its Keras name), once, and
@@ -31,6 +33,7 @@ from slsml.pipeline import metrics
 from slsml.pipeline.proof import OBJECT_PROOF
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import carried_state, run_config, shard_etags
+from slsml.pipeline.steps.reduce_launcher import apply_next
 from slsml.pipeline.steps.warm import reader_for, stored_model, trainer_for
 from slsml.rounds.evaluation import evaluated, evaluator_for
 from slsml.spec import keys, wiring
@@ -81,9 +84,11 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
         **services.keys.sign_object(run, next_key, body),  # its readers take it only as the Merger stored it
     }
     stored = store.put_new(next_key, body, metadata) or _adopt(store, next_key, body, metadata)
-    if iteration > 0:  # after the advance: a step that finds it gone knows that it is late
+    if iteration > 0 and not config.training.asynchronous:  # after the advance: a step that finds it gone is late
         store.delete(carried_state(config, iteration - 1))
     _announce(services, message)
+    if config.training.asynchronous:  # ASP: an update that came while this version was reduced is applied to the next
+        apply_next(services, config, message.generation)
     if not stored:
         return None  # merged before: a retry
     _heartbeat(services, advanced)

@@ -1,6 +1,10 @@
 """ReduceLauncher: count finished workers; at the quorum, fire the reducers exactly once. Workers whose
 update is non-finite count as arrived but are left out; if all of them are, the run fails. Reports
-of an attempt the watchdog superseded are ignored."""
+of an attempt the watchdog superseded are ignored.
+
+Fully asynchronous training (ASP, ``staleness unbounded``) has no barrier: a report's update waits in the run's
+table (``RunTable.wait``) and the reduce of the model version the run is at fires with the oldest update waiting,
+alone, once (``apply_next``); the version's merge launches that update's worker again and applies the next one."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
 from slsml.spec.messages import Participant, ReduceMessage, WorkDone
 from slsml.state.barrier import quorum_count
-from slsml.state.records import DEADLINE_OWNER
+from slsml.state.records import DEADLINE_OWNER, RunStatus
 
 logger = Logger(child=True)
 
@@ -28,6 +32,17 @@ def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
     if counter is None:
         logger.info("stale attempt ignored", extra=log)
         return []
+    if config.training.asynchronous:
+        if not done.finite:
+            reason = (
+                f"worker {done.worker}'s update on model version {done.iteration} is not finite: staleness unbounded"
+                " applies every update; lower the learning rate, or train synchronously"
+            )
+            logger.error("run failed", extra={**log, "reason": reason})
+            services.fail_run(done.run_id, reason)
+            return []
+        services.table.wait(done)
+        return apply_next(services, config, done.generation)
     if counter.reduce_fired_by == done.worker:  # a copy of the report that fired: its reduce went out then
         logger.info("duplicate of the firing report ignored", extra=log)
         return []
@@ -79,13 +94,56 @@ def fire_reduce(
     return messages
 
 
+def apply_next(services: Services, config: RunConfig, generation: int) -> list[ReduceMessage]:
+    """ASP: fire the reduce of the model version the run is at with the oldest update waiting, alone, unless one
+    fired already ([] then, or when none waits). The update's staleness is the versions applied since the one it
+    read: its participant names that version (``Participant.iteration``) where it is older."""
+    table, run_id = services.table, config.run_id
+    run = table.get_run(run_id)
+    version = run.iteration
+    if run.status != RunStatus.RUNNING or run.generation != generation or version >= run.iterations:
+        return []
+    for update in table.waiting(run_id, generation):
+        if not table.fold(run_id, update, version):  # claimed for another version
+            if _applied(services, run_id, update):  # a duplicate report waited again: its entry goes
+                table.applied(run_id, update)
+            continue  # else claimed by a step that fired nothing with it: it gives it back and looks again
+        alone = update.model_copy(update={"iteration": None}) if update.iteration == version else update
+        fired = table.freeze_participants(run_id, version, update.worker, [alone], generation)
+        if fired is None or fired[1] != [alone]:  # another update is applied to this version
+            table.unfold(run_id, update, version)
+            # a merge that came meanwhile found the update claimed and left it: it is applied to the newest version
+            return apply_next(services, config, generation) if table.get_run(run_id).iteration != version else []
+        messages = publish_reduce(services, config, version, fired[1], generation)
+        reports = table.worker_reports(run_id, version, config.workers, generation) if alone.iteration is None else []
+        table.mark_reduce_fired(run_id, version, update.worker, fired[1], reports, generation)
+        table.applied(run_id, update)
+        return messages
+    return []
+
+
+def _applied(services: Services, run_id: str, update: Participant) -> bool:
+    """ASP: whether ``update`` is a participant of the version its record says it was claimed for."""
+    assert update.iteration is not None  # a waiting update names the version it read
+    report = services.table.get_iteration(run_id, update.iteration).reports.get(update.worker)
+    if report is None or report.folded_into is None:
+        return False
+    into = report.folded_into
+    frozen = services.table.frozen_participants(run_id, into)
+    return frozen is not None and any(
+        (p.worker, p.attempt, into if p.iteration is None else p.iteration)
+        == (update.worker, update.attempt, update.iteration)
+        for p in frozen[1]
+    )
+
+
 def _fold_late(services: Services, config: RunConfig, iteration: int, generation: int) -> list[Participant]:
     """Bounded staleness: the late updates of the last ``staleness`` iterations that no reduce took yet,
     claimed for this one."""
-    if not config.training.staleness:
+    if not config.training.staleness_bound:
         return []
     table = services.table
-    candidates = table.late_reports(config.run_id, iteration, config.training.staleness, generation)
+    candidates = table.late_reports(config.run_id, iteration, config.training.staleness_bound, generation)
     return [late for late in candidates if table.fold(config.run_id, late, iteration)]
 
 

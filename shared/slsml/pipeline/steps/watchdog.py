@@ -11,7 +11,9 @@ attempt are ignored from then on), and once the retry budget is spent, fail the 
 naming the stage. An iteration whose launch has not come (its model's event is late or lost) is
 launched by the watchdog: it claims the launch, with the run's current workers, and re-launches them
 all (or stops the run whose spend reached its dollar budget, as the launch would have); past the run's
-iterations it completes the run instead, once the final model is stored. Reduce stage: re-launch the
+iterations it completes the run instead, once the final model is stored. Under ASP
+(``staleness unbounded``) the work stage has no missing workers: a version no update reached applies one that
+waits, or waits, and fails the run after ``deadline_retries`` more deadlines. Reduce stage: re-launch the
 reducers whose shards are missing; once the retry budget is spent, those shards keep the iteration's weights
 (counted and logged) and the merge goes on.
 
@@ -35,13 +37,14 @@ from slsml.pipeline import metrics, spend
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import work_launcher
 from slsml.pipeline.steps.common import changed_behind, complete_run, run_config, size_fleet, stop_reason
-from slsml.pipeline.steps.reduce_launcher import fire_reduce, publish_reduce
+from slsml.pipeline.steps.reduce_launcher import apply_next, fire_reduce, publish_reduce
 from slsml.pipeline.steps.reducer import keep_weights
 from slsml.spec import keys, wiring
 from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Deadline, ReduceDone, WorkMessage
+from slsml.state import barrier
 from slsml.state.barrier import quorum_count
 from slsml.state.records import (
     DEADLINE_LAUNCH,
@@ -161,6 +164,9 @@ def _act(deadline: Deadline, run: RunRecord, services: Services) -> Acted:
     if deadline.stage == "work":
         if record.launched_by is None and deadline.iteration < run.iterations and gpu_fleet.from_env() is not None:
             return _launch_on_fleet(deadline, run, services)
+        if record.launched_by is None and config.training.asynchronous and deadline.iteration < run.iterations:
+            work_launcher.launch(run, deadline.iteration, DEADLINE_LAUNCH, services)  # the freed worker, as its merge's
+            record = services.table.get_iteration(deadline.run_id, deadline.iteration)
         if record.launched_by is None:  # its model's launch is late or lost: the workers re-launched now launch it
             spent = spend.spent(services, run)
             if reason := spend.exhausted(run, spent):  # as the launch would have
@@ -213,6 +219,8 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
     spec, run_id, iteration = config.training, config.run_id, deadline.iteration
     if record.reduce_fired_by is not None:  # the workers made it: watch the reducers from when they started
         return Action.WATCHING_REDUCE, _next(deadline, "reduce", 0, (record.reduce_fired_at or 0) + spec.deadline_s)
+    if spec.asynchronous and iteration < spec.iterations:
+        return _asynchronous_deadline(deadline, config, services)
     finite, workers = sorted(record.done - record.nonfinite), record.workers or config.workers
     floor = min(quorum_count(workers, spec.deadline_floor), quorum_count(workers, spec.quorum))
     missing = [w for w in range(workers) if w not in record.done]
@@ -256,6 +264,76 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
     logger.error("run failed", extra={**log, "reason": reason})
     services.fail_run(run_id, reason)
     return Action.FAILED, None
+
+
+def _asynchronous_deadline(deadline: Deadline, config: RunConfig, services: Services) -> Acted:
+    """ASP: no update was applied to the model version the run is at within a deadline. Apply one that waits (its
+    reduce's fire was lost); else wait for the rounds handed on in time; else re-launch, with a new attempt, each
+    worker whose last launch has not reported (on the version it was launched on); once ``deadline_retries``
+    deadlines passed so, fail the run naming the version."""
+    spec, run_id, iteration = config.training, config.run_id, deadline.iteration
+    if apply_next(services, config, deadline.generation):
+        logger.warning("deadline: a waiting update applied", extra={"run_id": run_id, "iteration": iteration})
+        return Action.FIRED, _next(deadline, "reduce", 0, _after(deadline, spec.deadline_s))
+    launches = _last_launches(services, config, iteration)
+    missing = {w: r.iteration for w, r in launches.items() if w not in r.done}
+    log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "missing": sorted(missing)}
+    if any(launches[w].continuing.get(w, 0.0) > time.time() for w in missing):
+        logger.info("deadline: rounds go on in fresh invocations", extra=log)
+        return Action.CONTINUING, _next(deadline, "work", deadline.round, _after(deadline, spec.deadline_s))
+    if not missing and deadline.round < spec.deadline_retries:  # every last launch reported: its update is on its way
+        return Action.NOTHING, _next(deadline, "work", deadline.round + 1, _after(deadline, spec.deadline_s))
+    if missing and deadline.round < spec.deadline_retries:
+        attempt = deadline.round + 1
+        for worker, version in missing.items():
+            services.table.relaunch_workers(run_id, version, deadline.generation, {worker: attempt})
+        services.bus.publish(
+            wiring.WORK,
+            [
+                WorkMessage(
+                    run_id=run_id,
+                    iteration=version,
+                    generation=deadline.generation,
+                    worker=worker,
+                    workers=config.workers,
+                    attempt=attempt,
+                )
+                for worker, version in missing.items()
+            ],
+        )
+        logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})
+        return Action.RELAUNCHED, _next(deadline, "work", attempt, _after(deadline, spec.deadline_s))
+    reason = (
+        f"model version {iteration}: no worker's update arrived within {spec.deadline_retries + 1} deadlines of"
+        f" {spec.deadline_s:g} s (staleness unbounded); workers {sorted(missing)} were re-launched"
+        f" {spec.deadline_retries} times"
+    )
+    logger.error("run failed", extra={**log, "reason": reason})
+    services.fail_run(run_id, reason)
+    return Action.FAILED, None
+
+
+def _last_launches(services: Services, config: RunConfig, iteration: int) -> dict[int, IterationRecord]:
+    """ASP: the record of the version each worker was last launched on, up to ``iteration`` (a version launches the
+    worker whose update made the version before; none whose update is past the run's iterations), read from
+    ``iteration`` back until every worker's is found."""
+    workers, table = config.workers, services.table
+    found: dict[int, IterationRecord] = {}
+    finished: set[int] = set()  # freed with no update left to take
+    record = table.get_iteration(config.run_id, iteration)
+    for version in range(iteration, 0, -1):
+        before = table.get_iteration(config.run_id, version - 1)
+        for worker in {p.worker for p in before.participants} - found.keys() - finished:
+            launched = barrier.asynchronous_update(version, worker, workers) < config.training.iterations
+            found.update({worker: record} if launched else {})
+            finished |= set() if launched else {worker}
+        if len(found) + len(finished) == workers:
+            return found
+        record = before
+    first = {
+        w: record for w in range(workers) if barrier.asynchronous_update(0, w, workers) < config.training.iterations
+    }
+    return {**{w: r for w, r in first.items() if w not in finished}, **found}
 
 
 def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Acted:

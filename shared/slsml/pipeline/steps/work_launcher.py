@@ -1,7 +1,9 @@
 """WorkLauncher: an iteration's trigger is stored (the initial model, whose S3 event says so, or the manifest of
 the model entering a later one, which the Merger announces: ``keys.trigger``) → launch its iteration's workers; the
 final model's: launch the workers that evaluate it (an iteration past the budget: see ``steps.worker``), which
-finish the run. A run whose spend reached its dollar budget launches nothing more: it is stopped
+finish the run. Under ASP (``staleness unbounded``) a model version launches only the worker whose update made it
+(the first: all of them).
+A run whose spend reached its dollar budget launches nothing more: it is stopped
 (``slsml.pipeline.spend``). With a GPU worker, a run's first launch raises the worker's fleet (``slsml.aws.fleet``)
 and, until it is there, leaves the launch to the watchdog, which looks again every FLEET_POLL_S and launches once
 it is."""
@@ -19,6 +21,7 @@ from slsml.pipeline.steps.common import changed_behind, complete_run, outcome, r
 from slsml.spec import keys, wiring
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Deadline, ModelLanded, ModelMerged, RunStarted, WorkMessage
+from slsml.state import barrier
 from slsml.state.records import PendingDeadline, RunRecord, RunStatus
 
 logger = Logger(child=True)
@@ -78,7 +81,8 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
     if run.status != RunStatus.RUNNING:
         logger.info("run is not running: ignored", extra={"run_id": run_id, "status": run.status})
         return Outcome.IGNORED
-    if iteration != run.iteration:  # e.g. the initial model placed again when a run is resumed
+    behind = run.training.asynchronous and iteration < run.iteration  # ASP moves on without waiting for a launch
+    if iteration != run.iteration and not behind:  # e.g. the initial model placed again when a run is resumed
         logger.info(
             "model is not the run's current one: ignored",
             extra={"run_id": run_id, "iteration": iteration, "current": run.iteration},
@@ -116,11 +120,13 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
     if iteration >= run.iterations and run.task_token:  # the evaluation round: a heartbeat window of its own
         services.orchestrator.heartbeat(run.task_token)
         services.table.mark_heartbeat(run_id)
+    asynchronous = run.training.asynchronous and iteration < run.iterations
+    launched = _freed(services, run, iteration, workers) if asynchronous else range(workers)
     services.bus.publish(
         wiring.WORK,
         [
             WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w, workers=workers)
-            for w in range(workers)
+            for w in launched
         ],
     )
     if run.watched is None:  # the first launch of this generation starts its chain of deadlines
@@ -130,6 +136,17 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
         extra={"run_id": run_id, "iteration": iteration, "workers": workers},
     )
     return Outcome.LAUNCHED
+
+
+def _freed(services: Services, run: RunRecord, iteration: int, workers: int) -> list[int]:
+    """ASP: the workers launched on model version ``iteration``: all of them on the first, else the one whose update
+    made it; none whose update (``barrier.asynchronous_update``) would be past the run's iterations."""
+    if iteration == 0:
+        freed = list(range(workers))
+    else:
+        frozen = services.table.frozen_participants(run.run_id, iteration - 1)
+        freed = [p.worker for p in frozen[1]] if frozen is not None else []
+    return [w for w in freed if barrier.asynchronous_update(iteration, w, workers) < run.iterations]
 
 
 def launch(run: RunRecord, iteration: int, trigger_id: str, services: Services) -> Outcome:

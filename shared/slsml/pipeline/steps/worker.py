@@ -95,12 +95,13 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     reader = reader_for(store, config)
     count = reader.manifest.train.count
     trained = data.held_out(spec, count)[0]  # the training samples less the held-out ones
-    batches = [
-        trained[indices]
-        for indices in data.round_batches(
-            spec, len(trained), message.workers, message.worker, message.iteration, data.block_order(spec, len(trained))
-        )
-    ]
+    slot, round_ = (
+        data.asynchronous_task(message.iteration, message.worker, message.workers)
+        if spec.asynchronous
+        else (message.worker, message.iteration)
+    )
+    order = data.block_order(spec, len(trained))
+    batches = [trained[i] for i in data.round_batches(spec, len(trained), message.workers, slot, round_, order)]
     resumed = _resumed(message, config, store)
     left = batches[resumed.steps :] if resumed is not None else batches  # a continuation reads the batches left
     micro = _micro_batch(config, services.limits.worker_accelerator_gib)

@@ -1,0 +1,187 @@
+"""Fully asynchronous training (ASP, ``staleness unbounded``): each worker's update is applied alone, as it arrives,
+to the model version the run is at (a second one waits for the next version, with no barrier); its staleness is the
+versions applied since the one it read; a duplicate changes nothing; the updates take the synchronous run's slots
+in order, whichever worker is free."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from slsml.cli import options
+from slsml.client import runs
+from slsml.data import datasets as data
+from slsml.pipeline.services import Services
+from slsml.pipeline.steps import reduce_launcher, reducer, watchdog, work_launcher
+from slsml.pipeline.steps.common import run_config
+from slsml.pipeline.steps.watchdog import Action
+from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import BadInputError
+from slsml.spec.messages import Deadline, ModelMerged, Participant, ReduceMessage, WorkDone
+from slsml.training import optimizers, updates
+
+from . import test_reduce_steps
+from .test_reduce_steps import PLAN, SAMPLES, SGD, VECTORS, _register, _shard
+
+services = test_reduce_steps.services  # the fixture: a run table, bucket, topics and queue in moto
+
+
+def _done(run_id: str, iteration: int, worker: int) -> WorkDone:
+    return WorkDone(
+        run_id=run_id, iteration=iteration, worker=worker, samples=SAMPLES[worker], loss=0.5, compute_s=0.01
+    )
+
+
+def _arrive(services: Services, run_id: str, iteration: int, worker: int) -> list[ReduceMessage]:
+    """Worker ``worker``'s update on model version ``iteration`` (VECTORS[worker] + iteration), stored and announced."""
+    vector = VECTORS[worker] + iteration
+    services.store.put_new(keys.update(run_id, iteration, worker), *updates.encode(vector, SAMPLES[worker]))
+    return reduce_launcher.on_work_done(_done(run_id, iteration, worker), services)
+
+
+def _merge(services: Services, run_id: str, fired: list[ReduceMessage]) -> list[ReduceMessage]:
+    """Reduce every shard of ``fired``, advance the run as the Merger does and launch the next version: the reduce of
+    the next update waiting (``apply_next``, which the Merger calls) comes back."""
+    for message in fired:
+        reducer.reduce(message, services)
+    version = fired[0].iteration + 1
+    assert services.table.advance(run_id, version, 0) is not None
+    assert services.table.claim_launch(run_id, version, f"launch-{version}", 0, 3) is not None
+    return reduce_launcher.apply_next(services, run_config(services, run_id), 0)
+
+
+def _weights(services: Services, run_id: str, version: int) -> np.ndarray:
+    return np.concatenate([_shard(services, run_id, version, r).weights for r in range(PLAN.reducers)])
+
+
+def test_each_update_is_applied_alone_as_it_arrives_and_a_second_waits_for_the_next_version(services) -> None:
+    _register(services, "asp", workers=3, staleness="unbounded", iterations=6)
+    fired = _arrive(services, "asp", 0, 1)
+    assert len(fired) == PLAN.reducers
+    assert all(m.iteration == 0 and m.participants == (Participant(worker=1, samples=SAMPLES[1]),) for m in fired)
+    assert _arrive(services, "asp", 0, 0) == []  # version 0's reduce is out: it waits, no barrier
+    assert services.table.waiting("asp", 0) == [Participant(worker=0, samples=SAMPLES[0], iteration=0)]
+
+    following = _merge(services, "asp", fired)
+    stale = Participant(worker=0, samples=SAMPLES[0], iteration=0)  # read version 0, applied to version 1
+    assert [m.participants for m in following] == [(stale,)] * PLAN.reducers
+    assert services.table.waiting("asp", 0) == []
+
+    before = _weights(services, "asp", 1)
+    for message in following:
+        reducer.reduce(message, services)
+    trainable = PLAN.trainable_mask()
+    state = optimizers.initial_state(SGD, int(trainable.sum()))
+    state["step"] = np.ones((), dtype=np.int64)
+    expected = before.copy()
+    expected[trainable] = optimizers.apply(SGD, before[trainable], VECTORS[0][trainable], state)[0]
+    expected[~trainable] = VECTORS[0][~trainable]
+    assert np.allclose(_weights(services, "asp", 2), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_a_duplicate_report_of_an_applied_update_is_applied_once_and_leaves_the_next_one_waiting(services) -> None:
+    _register(services, "asp-dup", workers=3, staleness="unbounded", iterations=6)
+    fired = _arrive(services, "asp-dup", 0, 2)
+    assert reduce_launcher.on_work_done(_done("asp-dup", 0, 2), services) == fired  # its copy: the same reduce again
+    assert _arrive(services, "asp-dup", 0, 0) == []
+    following = _merge(services, "asp-dup", fired)  # worker 0's update, on version 1
+    assert [p.worker for p in following[0].participants] == [0]
+    assert _arrive(services, "asp-dup", 1, 2) == []  # worker 2, launched again on version 1, waits for version 2
+    assert reduce_launcher.on_work_done(_done("asp-dup", 0, 2), services) == []  # a late copy of its first update
+    assert services.table.waiting("asp-dup", 0) == [Participant(worker=2, samples=SAMPLES[2], iteration=1)]
+    last = _merge(services, "asp-dup", following)
+    assert next(m.participants for m in last) == (Participant(worker=2, samples=SAMPLES[2], iteration=1),)
+    assert [sorted(p.worker for p in services.table.get_iteration("asp-dup", v).participants) for v in range(3)] == [
+        [2],
+        [0],
+        [2],
+    ]
+
+
+def test_a_deadline_applies_an_update_whose_reduce_was_never_fired(services) -> None:
+    config = _register(services, "asp-lost", workers=2, staleness="unbounded", iterations=4)
+    services.store.put_new(keys.update("asp-lost", 0, 1), *updates.encode(VECTORS[1], SAMPLES[1]))
+    services.table.record_worker(_done("asp-lost", 0, 1))
+    services.table.wait(_done("asp-lost", 0, 1))  # the report's step ended before it fired the reduce
+    deadline = Deadline(run_id="asp-lost", iteration=0, generation=0, stage="work", round=0, due_at=0)
+    action, following = watchdog._work_deadline(deadline, config, services.table.get_iteration("asp-lost", 0), services)
+    assert action == Action.FIRED and following is not None and following.stage == "reduce"
+    assert services.table.get_iteration("asp-lost", 0).participants == [Participant(worker=1, samples=SAMPLES[1])]
+
+
+def test_a_worker_whose_update_never_came_is_relaunched_on_its_version_then_the_run_fails_naming_it(services) -> None:
+    config = _register(services, "asp-dead", workers=3, staleness="unbounded", iterations=6)
+    fired = _arrive(services, "asp-dead", 0, 1)
+    assert _arrive(services, "asp-dead", 0, 2) == []  # waits for version 1
+    following = _merge(services, "asp-dead", fired)  # worker 2's update made version 2's; worker 1 was launched on 1
+    _merge(services, "asp-dead", following)  # version 2: worker 2 launched on it; worker 0 never reported on 0
+    deadline = Deadline(run_id="asp-dead", iteration=2, generation=0, stage="work", round=0, due_at=0)
+    action, following = watchdog._work_deadline(deadline, config, services.table.get_iteration("asp-dead", 2), services)
+    assert action == Action.RELAUNCHED and following is not None and following.round == 1
+    relaunched = {v: services.table.get_iteration("asp-dead", v).relaunched for v in range(3)}
+    assert relaunched == {0: {0: 1}, 1: {1: 1}, 2: {2: 1}}  # each worker on the version it was last launched on
+
+    retries = config.training.deadline_retries
+    last = deadline.model_copy(update={"round": retries})
+    action, following = watchdog._work_deadline(last, config, services.table.get_iteration("asp-dead", 2), services)
+    run = services.table.get_run("asp-dead")
+    assert (action, following, run.status) == (Action.FAILED, None, "FAILED")
+    assert run.reason is not None and "model version 2: no worker's update arrived" in run.reason
+
+
+@pytest.mark.parametrize("workers", [1, 3, 4])
+def test_the_updates_take_each_slot_of_the_synchronous_rounds_once_in_order(workers: int) -> None:
+    iterations = 5 * workers  # 5 synchronous rounds' worth of updates
+    launched = [(0, w) for w in range(workers)]  # version 0 launches every worker, each later one the freed worker
+    launched += [(v, v % workers) for v in range(1, iterations - workers + 1)]
+    taken = [data.asynchronous_task(v, w, workers) for v, w in launched]
+    assert taken == [(s, r) for r in range(5) for s in range(workers)]
+
+
+def test_staleness_unbounded_is_one_setting_its_options_refused_with_the_reason() -> None:
+    spec = TrainingSpec(workers=4, iterations=40, staleness="unbounded")
+    assert spec.asynchronous and spec.staleness_bound == 0
+    assert not TrainingSpec(workers=4, iterations=40, staleness=3).asynchronous
+    parser = options.argparse.ArgumentParser()
+    options.training_flags(parser, iterations=10, required=False)
+    assert parser.parse_args(["--staleness", "unbounded"]).staleness == "unbounded"
+    assert parser.parse_args(["--staleness", "2"]).staleness == 2
+    for refused, named in [
+        ({"quorum": 0.5}, "quorum does not apply with staleness unbounded"),
+        ({"workers": "auto", "min_workers": 2, "max_workers": 4}, "staleness unbounded trains a fixed fleet"),
+        ({"compress": "topk:0.1"}, "compress does not apply with staleness unbounded"),
+    ]:
+        with pytest.raises(ValidationError, match=named):
+            TrainingSpec.model_validate({"workers": 4, "iterations": 40, "staleness": "unbounded", **refused})
+
+
+def test_an_asynchronous_epoch_is_the_workers_times_the_synchronous_one() -> None:
+    synchronous = TrainingSpec(workers=4, iterations=40, global_batch=128)
+    asynchronous = synchronous.model_copy(update={"staleness": "unbounded"})
+    assert data.epoch_iterations(asynchronous, 1000) == 4 * data.epoch_iterations(synchronous, 1000) > 0
+
+
+def test_an_asp_run_that_ended_cannot_resume_and_says_what_to_do_instead(services) -> None:
+    _register(services, "asp-ended", workers=2, staleness="unbounded", iterations=4)
+    services.table.fail("asp-ended", "stopped for the test")
+    with pytest.raises(BadInputError, match="staleness unbounded, which cannot resume: fetch its last model"):
+        runs.resume_run(services, "asp-ended")
+    assert services.table.get_run("asp-ended").status == "FAILED"  # nothing changed
+
+
+def test_a_version_the_run_moved_past_before_its_launch_came_still_launches_its_freed_worker(services) -> None:
+    config = _register(services, "asp-behind", workers=3, staleness="unbounded", iterations=9)
+    fired = _arrive(services, "asp-behind", 0, 1)
+    assert _arrive(services, "asp-behind", 0, 0) == []
+    for message in fired:
+        reducer.reduce(message, services)
+    assert services.table.advance("asp-behind", 1, 0) is not None  # version 1, worker 1 freed: its launch is late
+    following = reduce_launcher.apply_next(services, config, 0)  # worker 0's update, applied to version 1
+    for message in following:
+        reducer.reduce(message, services)
+    assert services.table.advance("asp-behind", 2, 0) is not None
+    outcome = work_launcher.on_merged(ModelMerged(run_id="asp-behind", iteration=1, generation=0), services)
+    assert outcome == work_launcher.Outcome.LAUNCHED
+    assert services.table.get_counter("asp-behind", 1).launched_by is not None
