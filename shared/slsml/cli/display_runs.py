@@ -262,6 +262,8 @@ def print_summary(summary: Any, as_json: bool) -> None:
         row("  by service", ", ".join(f"{service} {dollars(amount)}" for service, amount in by_cost))
         row("  Lambda GB-seconds", f"{summary.gb_seconds:g}")
     row("late workers", summary.late_workers)
+    if summary.training.stale_weights:
+        row("stale weights", f"{summary.stale_updates} updates computed on the weights one round stale")
     if summary.dropped_parts or summary.nonfinite_updates or summary.stale_attempts:
         row(
             "left out",

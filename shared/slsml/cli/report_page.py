@@ -171,6 +171,7 @@ HEADLINE = {  # the summary's figures at the top of the page, with their caption
     "cost_usd": "cost",
     "cost_per_iteration_usd": "cost per iteration (median)",
     "late_workers": "late workers",
+    "stale_updates": "updates on stale weights",
 }
 
 STYLE = """

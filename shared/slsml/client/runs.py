@@ -260,6 +260,7 @@ class RunSummary(BaseModel):
     bytes_written_per_iteration: float | None = None
     late_workers: int
     late_folded: int = 0  # late updates a later reduce took (bounded staleness); the others were dropped
+    stale_updates: int = 0  # updates computed on the weights one round stale (stale_weights)
     dropped_parts: int = 0
     nonfinite_updates: int = 0
     deadlines_fired: int = 0  # reduces the watchdog fired at a deadline, without the missing workers
@@ -339,6 +340,7 @@ def summarize(
         overhead_share=(1 - median_compute / median_cycle) if median_cycle and median_compute else None,
         late_workers=sum(len(r.late - r.nonfinite) for r in iterations),
         late_folded=sum(len(r.folded) for r in iterations),
+        stale_updates=sum(len(r.stale) for r in iterations),
         dropped_parts=sum(len(r.dropped_parts) for r in iterations),
         nonfinite_updates=sum(len(r.nonfinite) for r in iterations),
         deadlines_fired=sum(r.fired_at_deadline for r in iterations),

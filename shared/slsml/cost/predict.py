@@ -126,7 +126,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     stages = _stages(w, p, s, worker, times, kind)
     chain_s = sum(stage.seconds for stage in stages)
     floor_s = units.counter / quotas.dynamodb_partition_wu_s
-    iteration_s = max(chain_s, floor_s)
+    overlap_s = overlapped(w, stages, times.fire_s)
+    iteration_s = max(chain_s if overlap_s is None else overlap_s, floor_s)
     critical = {
         "work_launcher": times.launcher_s,
         "worker": worker.worker_s,
@@ -190,6 +191,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         functions=functions,
         chain_s=chain_s,
         floor_s=floor_s,
+        overlap_s=overlap_s,
         iteration_s=iteration_s,
         epoch_s=None if per_epoch is None else per_epoch * iteration_s,
         run_s=w.iterations * iteration_s + first.extra_s,
@@ -551,6 +553,22 @@ def _stages(
             detail="count, list the shards, advance, write the manifest, launch the next iteration (ModelMerged)",
         ),
     ]
+
+
+def overlapped(w: Workload, stages: list[Stage], fire_s: float) -> float | None:
+    """``stale_weights``: an iteration's mean period, a round's reduce launching the next round's workers as it fires.
+    Such a round takes the longer of its workers' side (the launch, the round, the report, the fire: the stages from
+    the WorkLauncher to the ReduceLauncher's) and the reduce side its fire waits for (the reducers and the Merger of
+    the round before, then the held reduce's fire); an iteration whose workers evaluate the model entering it (every
+    ``eval_every``) is launched by its merge, the whole chain. None without ``stale_weights``."""
+    if not w.training.stale_weights:
+        return None
+    fires = next(i for i, stage in enumerate(stages) if stage.function == "reduce_launcher") + 1
+    workers_side = sum(stage.seconds for stage in stages[1:fires])  # the hop from the Merger is not on it
+    reduce_side = sum(stage.seconds for stage in stages[fires:]) + fire_s
+    ahead, chain = max(workers_side, reduce_side), sum(stage.seconds for stage in stages)
+    every = w.training.eval_every or w.iterations
+    return ((every - 1) * ahead + chain) / every
 
 
 def _functions(

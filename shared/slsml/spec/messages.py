@@ -71,6 +71,9 @@ class WorkDone(Message):
     )
     compute_s: float = Field(ge=0, description="gradient computation, excluding S3 and messaging")
     finite: bool = Field(default=True, description="False: the update holds NaN or Inf and must be left out")
+    stale: bool = Field(
+        default=False, description="computed on the weights one round stale (``stale_weights``), its model not merged"
+    )
 
 
 class Participant(BaseModel):

@@ -12,7 +12,10 @@ iteration late at least. The Merger deletes it (one DeleteObjects request) while
 
 The merging Merger also turns the iteration's train metrics, the sum of its participants' states that the
 reduce's firing recorded on the counter, into their results (``loss`` and each metric by its Keras name), once, and
-records them with its claim of the merge."""
+records them with its claim of the merge.
+
+Under ``stale_weights`` the next iteration's workers were launched as this one's reduce fired: once the model is
+stored, the Merger fires their reduce if it was held for it (``reduce_launcher.fire_held``)."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from slsml.pipeline import metrics
 from slsml.pipeline.proof import OBJECT_PROOF
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import carried_state, run_config, shard_etags
+from slsml.pipeline.steps.reduce_launcher import fire_held
 from slsml.pipeline.steps.warm import reader_for, stored_model, trainer_for
 from slsml.rounds.evaluation import evaluated, evaluator_for
 from slsml.spec import keys, wiring
@@ -84,6 +88,8 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     if iteration > 0:  # after the advance: a step that finds it gone knows that it is late
         store.delete(carried_state(config, iteration - 1))
     _announce(services, message)
+    if config.training.stale_weights:  # the next iteration's reduce, held for this model, may fire
+        fire_held(services, config, iteration + 1, message.generation)
     if not stored:
         return None  # merged before: a retry
     _heartbeat(services, advanced)

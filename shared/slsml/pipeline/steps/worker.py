@@ -106,11 +106,20 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     skip = resumed.micro_batches if resumed is not None else 0
     # the round's samples are read while the model and the weights are
     with stream.Stream(lambda indices: _batch(reader, indices, config), left, micro, skip) as samples:
-        trainer, start = _entering(services, config, message.iteration)
+        entering = _weights_of(services, config, message.iteration)
+        trainer, start = _entering(services, config, entering)
         splits = evaluated(config, message.iteration, count) if resumed is None else []
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
             return None  # early stopping ended the run: its update is not needed
-        return _train(message, config, services, trainer, start, batches, samples, micro, resumed)
+        return _train(message, config, services, trainer, start, batches, samples, micro, resumed, entering)
+
+
+def _weights_of(services: Services, config: RunConfig, iteration: int) -> int:
+    """The iteration whose entering weights the round trains from: its own, or, under ``stale_weights``, where its
+    reduce launched it before its model was merged, the iteration before's (one round stale)."""
+    if not config.training.stale_weights or not iteration:
+        return iteration
+    return iteration if services.store.exists(keys.manifest(config.run_id, iteration)) else iteration - 1
 
 
 def _micro_batch(config: RunConfig, accelerator_gib: int | None) -> int:
@@ -179,9 +188,11 @@ def _train(
     left: stream.Stream,
     micro_batch: int,
     resumed: progress.Progress | None,
+    entering: int,
 ) -> WorkDone | None:
-    """The round's update from ``start`` on its ``batches`` (their indices; ``left``: the micro-batches of those left
-    to compute, ``micro_batch`` samples at most each), stored and announced; None where the round is handed on."""
+    """The round's update from ``start`` (the weights entering iteration ``entering``) on its ``batches`` (their
+    indices; ``left``: the micro-batches of those left to compute, ``micro_batch`` samples at most each), stored and
+    announced; None where the round is handed on."""
     store, spec = services.store, config.training
     compression, rule = config.compression_at(message.iteration), rules.of(spec)
     weights = start if compression.kind == "significance" else None
@@ -202,7 +213,7 @@ def _train(
             partial=any(len(b) > micro_batch for b in batches),
         ),
     )
-    trainer.scaling, loss_scale = _scaling(services, config, message.iteration, trainer, rule)
+    trainer.scaling, loss_scale = _scaling(services, config, entering, trainer, rule)
     work = Round(trainer, start, left.steps, spec, _Slot(store, message), resumed, pacer.pause)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
@@ -242,6 +253,7 @@ def _train(
         metrics=update.metrics.tolist() if counted and update.metrics is not None else None,
         compute_s=compute_s,
         finite=counted,
+        stale=entering < message.iteration,
     )
     scaled = {} if loss_scale is None else precision.metadata(loss_scale, not overflow)
     # the report as stored with the update, without its metrics (S3 metadata holds 2 KB): a retry computes them anew
