@@ -8,7 +8,8 @@ after it.
 
 Once the run has advanced, the carried state entering the iteration before (``keys.carried``) is superseded: the
 run resumes from the newest model, whose state is stored, and a step still needing the older state is one
-iteration late at least. The Merger deletes it (one DeleteObjects request) while the manifest is made.
+iteration late at least. The Merger deletes it (one DeleteObjects request) while the manifest is made; under
+``stale_weights`` the state entering the iteration before that one, which a round launched ahead reads too.
 
 The merging Merger also turns the iteration's train metrics, the sum of its participants' states that the
 reduce's firing recorded on the counter, into their results (``loss`` and each metric by its Keras name), once, and
@@ -85,8 +86,9 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
         **services.keys.sign_object(run, next_key, body),  # its readers take it only as the Merger stored it
     }
     stored = store.put_new(next_key, body, metadata) or _adopt(store, next_key, body, metadata)
-    if iteration > 0:  # after the advance: a step that finds it gone knows that it is late
-        store.delete(carried_state(config, iteration - 1))
+    behind = iteration - 1 - config.training.stale_weights  # (a round one ahead reads the state before its own)
+    if behind >= 0:  # after the advance: a step that finds it gone knows that it is late
+        store.delete(carried_state(config, behind))
     _announce(services, message)
     if config.training.stale_weights:  # the next iteration's reduce, held for this model, may fire
         fire_held(services, config, iteration + 1, message.generation)

@@ -75,14 +75,21 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     return done
 
 
-def _entering(services: Services, config: RunConfig, iteration: int) -> tuple[modelio.Trainer, np.ndarray]:
+def _entering(
+    services: Services, config: RunConfig, iteration: int, predicted: bool = False
+) -> tuple[modelio.Trainer, np.ndarray]:
     """The warm model at the weights entering ``iteration``, and those weights as one flat vector (a fresh model
-    holds them already: the first iteration's)."""
+    holds them already: the first iteration's). ``predicted`` (a round one ahead of ``iteration``, ``stale_weights``):
+    the trainable weights entering the round are predicted from the last two models, w + (w − w_before), the step
+    the round before took taken once more, so that the round's gradient is of about the weights its reduce steps."""
     trainer, fresh = trainer_for(services.store, config, iteration, shared=True)
     trainer.use_policy(config.training.mixed_precision)
     if fresh:
         return trainer, modelio.get_flat(trainer.model, config.plan)
     weights = load_weights(services.store, config, iteration, services.keys)
+    if predicted and iteration:  # (the initial model has none before it)
+        mask = config.plan.trainable_mask()
+        weights[mask] += weights[mask] - load_weights(services.store, config, iteration - 1, services.keys)[mask]
     modelio.set_flat(trainer.model, config.plan, weights)
     return trainer, weights
 
@@ -107,7 +114,7 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     # the round's samples are read while the model and the weights are
     with stream.Stream(lambda indices: _batch(reader, indices, config), left, micro, skip) as samples:
         entering = _weights_of(services, config, message.iteration)
-        trainer, start = _entering(services, config, entering)
+        trainer, start = _entering(services, config, entering, predicted=entering < message.iteration)
         splits = evaluated(config, message.iteration, count) if resumed is None else []
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
             return None  # early stopping ended the run: its update is not needed
