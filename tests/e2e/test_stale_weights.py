@@ -1,7 +1,8 @@
-"""``stale_weights 1``: each round's reduce, as it fires, launches the next round's workers on the weights the round
-trained from, so that workers compute while the reducers and the Merger run. On the demo's CNN on digits (4 workers,
-2 reducers, global batch 128, 150 iterations, Adam 3e-3: the workload of the accuracy floors) the run completes, its record counts the updates computed on stale weights,
-and its test accuracy is within half a point of the same run's synchronous one."""
+"""``stale_weights 1``: each round's reduce, as it fires, launches the next round's workers, which train from the
+weights predicted from the last two models, so that workers compute while the reducers and the Merger run. On the
+workload of the accuracy floors (the demo's CNN on digits: 4 workers, 2 reducers, global batch 128, 150 iterations,
+Adam 3e-3) the run completes, its record counts the updates computed on stale weights, and its test accuracy is
+within half a point of the same run's synchronous one."""
 
 from __future__ import annotations
 

@@ -286,8 +286,8 @@ def _steady_requests(w: Workload, s: Sizes) -> dict[str, int]:
     """The requests of the chain's table, before what the run's options and continuations add."""
     W, R, n = s.workers, s.reducers, s.participants
     # stale_weights: the fire reads the run (held?), its launch of the next round the run, the merge's launch claim
-    # finds it launched and the Merger reads the held reduce's counter and reports; each worker looks for its
-    # model's manifest and reads the model before it too (its weights predicted from the two)
+    # finds it launched and the Merger reads the held reduce's counter and reports; each worker reads the model
+    # before its round's too (its weights predicted from the two)
     stale = w.training.stale_weights
     return {
         "dynamodb:GetItem": 1 + 3 * stale,
@@ -295,7 +295,6 @@ def _steady_requests(w: Workload, s: Sizes) -> dict[str, int]:
         "dynamodb:PutItem": W + 1,
         "dynamodb:BatchGetItem": s.pages * (1 + stale),
         "s3:GetObject": W * (R + 1) * (1 + stale) + R * (n + 1) + s.data_gets,
-        **({"s3:HeadObject": W} if stale else {}),
         "s3:ListObjectsV2": 1,
         **stored(W, R, s.traffic),
         "s3:DeleteObjects": superseded_deletes(w.training, R, s.traffic),
@@ -328,10 +327,9 @@ def _worker_times(w: Workload, p: Parameters, quotas: Quotas, s: Sizes, kind: Wo
     traffic, steps = s.traffic, s.steps
     # the R shards, s3_parallel_reads at a time, at the worker's S3 rate (its kind's: a GPU worker's instance's)
     weights_mb_s = s3_mb_s(w, p, min(s.reducers, p.s3_parallel_reads))[0]
-    # stale_weights: the model before too, then (its weights predicted from the two), after a look for the manifest
+    # stale_weights: the model before too (its weights predicted from the two)
     models = 1 + w.training.stale_weights
     read_weights = models * transfer(s.reducers, s.model, lat, weights_mb_s, p.s3_parallel_reads)
-    read_weights += w.training.stale_weights * lat
     compute_s = kind.compute_s(w, p, traffic.compute_steps * s.local_batch)
     # the samples are read a micro-batch at a time, ahead of the one computing: the first with the weights, the
     # others while the micro-batches before them compute

@@ -54,6 +54,11 @@ class WorkMessage(Message):
         description="> 0: a continuation (the same attempt, in a fresh invocation): go on from the round's progress"
         " after this many micro-batches (keys.progress)",
     )
+    ahead: bool = Field(
+        default=False,
+        description="launched as the reduce of the iteration before fired, its model not merged (stale_weights):"
+        " train from the weights predicted from the last two models",
+    )
 
 
 class WorkDone(Message):

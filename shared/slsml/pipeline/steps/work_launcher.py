@@ -120,7 +120,9 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services,
     services.bus.publish(
         wiring.WORK,
         [
-            WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w, workers=workers)
+            WorkMessage(
+                run_id=run_id, iteration=iteration, generation=run.generation, worker=w, workers=workers, ahead=ahead
+            )
             for w in range(workers)
         ],
     )

@@ -113,20 +113,12 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     skip = resumed.micro_batches if resumed is not None else 0
     # the round's samples are read while the model and the weights are
     with stream.Stream(lambda indices: _batch(reader, indices, config), left, micro, skip) as samples:
-        entering = _weights_of(services, config, message.iteration)
-        trainer, start = _entering(services, config, entering, predicted=entering < message.iteration)
+        entering = message.iteration - message.ahead  # launched ahead: its model is not merged
+        trainer, start = _entering(services, config, entering, predicted=message.ahead)
         splits = evaluated(config, message.iteration, count) if resumed is None else []
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
             return None  # early stopping ended the run: its update is not needed
         return _train(message, config, services, trainer, start, batches, samples, micro, resumed, entering)
-
-
-def _weights_of(services: Services, config: RunConfig, iteration: int) -> int:
-    """The iteration whose entering weights the round trains from: its own, or, under ``stale_weights``, where its
-    reduce launched it before its model was merged, the iteration before's (one round stale)."""
-    if not config.training.stale_weights or not iteration:
-        return iteration
-    return iteration if services.store.exists(keys.manifest(config.run_id, iteration)) else iteration - 1
 
 
 def _micro_batch(config: RunConfig, accelerator_gib: int | None) -> int:
@@ -260,7 +252,7 @@ def _train(
         metrics=update.metrics.tolist() if counted and update.metrics is not None else None,
         compute_s=compute_s,
         finite=counted,
-        stale=entering < message.iteration,
+        stale=message.ahead,
     )
     scaled = {} if loss_scale is None else precision.metadata(loss_scale, not overflow)
     # the report as stored with the update, without its metrics (S3 metadata holds 2 KB): a retry computes them anew
