@@ -552,10 +552,10 @@ class TrainingSpec(BaseModel):
         default=0,
         ge=0,
         le=1,
-        description="1: a round's reduce, as it fires, launches the next round's workers on the weights the round"
-        " trained from (one round stale), so that workers compute while the reducers and the Merger run, and that"
-        " round's reduce fires once the model it steps is merged; 0: each round starts on the model the round"
-        " before merged",
+        description="1: a round's reduce, as it fires, launches the next round's workers, which train from the"
+        " weights predicted from the last two models (one round stale), so that workers compute while the reducers"
+        " and the Merger run; that round's reduce fires once the model it steps is merged (gradient averaging only);"
+        " 0: each round starts on the model the round before merged",
     )
     min_workers: int | None = Field(
         default=None, ge=1, description="the fewest workers `run scale` may set while the run trains (default 1)"
