@@ -20,7 +20,7 @@ from slsml.cost.modelinfo import from_params
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.plan import FunctionFigures, Plan
 from slsml.cost.recommend import as_fast_as
-from slsml.cost.vm import VmComparison, compare_vm, lambda_run
+from slsml.cost.vm import VmComparison, compare_vm, gpu_busy, lambda_run
 from slsml.cost.workload import Accelerator, Workload, function_memory, function_timeouts
 from slsml.pipeline import tuner
 from slsml.rounds import sizing
@@ -608,21 +608,56 @@ def test_the_verdict_is_per_run_and_faster_only_at_equal_gpus(
         assert ("slsml is faster" in sentence) == faster and ("slsml is slower" in sentence) == (not faster)
 
 
+RESNET50_RUN = (
+    *("--params", str(cards.RESNET50_PARAMS), "--compute-per-sample", "0.4895", "--sample-bytes", "602112"),
+    *("--samples", "1281167", "--batch", "8192", "--epochs", "5", "--accelerator", "worker=24"),
+)
+
+
 def test_the_resnet50_run_of_docs_cost_md_against_the_deployed_card(
     capsys: pytest.CaptureFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """docs/benchmarks.md's five epochs of ImageNet-1k on ResNet-50 (Keras's, its compute on one vCPU as measured):
     the plan chooses W and R; per run its dollars and time against one g6.xlarge."""
     monkeypatch.chdir(tmp_path)
-    out = plan_json(
-        capsys,
-        *("--params", str(cards.RESNET50_PARAMS), "--compute-per-sample", "0.4895", "--sample-bytes", "602112"),
-        *("--samples", "1281167", "--batch", "8192", "--epochs", "5", "--accelerator", "worker=24"),
-    )
+    out = plan_json(capsys, *RESNET50_RUN)
     vm, run = out["compare_vm"], out["compare_vm"]["run"]
     assert vm["machine"] == "g6.xlarge"
     assert run["lambda_seconds"] <= 0.5 * run["seconds"] and run["lambda_dollars"] <= 2 * run["dollars"], run
     assert 0 < run["gpu_busy"] < 1
+    # the cards wait for the chain more than a tenth of the iteration: the verdict prices --stale-weights 1
+    worker = next(s for s in out["stages"] if s["function"] == "worker")
+    assert out["iteration_s"] - worker["seconds"] > 0.1 * out["iteration_s"]
+    advised = next(w for w in out["verdict"]["warnings"] if "--stale-weights 1" in w)
+    assert f"its card busy {run['gpu_busy']:.0%} of the run" in advised
+    stale = plan_json(capsys, *RESNET50_RUN, "--stale-weights", "1")["compare_vm"]["run"]
+    assert stale["lambda_seconds"] < run["lambda_seconds"] and stale["lambda_dollars"] < run["lambda_dollars"]
+    assert stale["gpu_busy"] > run["gpu_busy"] and f"its card busy {stale['gpu_busy']:.0%}" in advised
+    assert stale["lambda_seconds"] <= 0.5 * stale["seconds"] and stale["lambda_dollars"] <= 1.7 * stale["dollars"]
+
+
+def test_stale_weights_overlap_the_chain_with_the_next_round_and_keep_the_card_busier() -> None:
+    """``stale_weights 1`` at W = 8 on ResNet-50: a round's period is the longer of its workers' side (launch, round,
+    report, fire) and the reduce side its fire waits for (reducers, Merger, the held fire), every round but the one
+    of each ``eval_every`` whose workers evaluate the merged model; the card computes a larger share of the run."""
+    cpu = workload(8, 0.4895, cards.RESNET50_PARAMS, reducers=16, global_batch=8192, iterations=782, samples=1281167)
+    work = on_gpu(cpu, instance="g6.xlarge")
+    synchronous = predict(work)
+    stale = predict(work.model_copy(update={"training": work.training.model_copy(update={"stale_weights": 1})}))
+    assert synchronous.overlap_s is None and synchronous.iteration_s == synchronous.chain_s
+    fires = next(i for i, s in enumerate(stale.stages) if s.function == "reduce_launcher") + 1
+    workers_side = sum(s.seconds for s in stale.stages[1:fires])  # from the launch to the fire
+    reduce_side = sum(s.seconds for s in stale.stages[fires:]) + stale.stages[fires - 1].seconds
+    every = work.training.eval_every
+    assert stale.iteration_s == pytest.approx(((every - 1) * max(workers_side, reduce_side) + stale.chain_s) / every)
+    assert stale.iteration_s < synchronous.iteration_s
+    # each worker also reads the model before its round's (its weights predicted from the two): a longer round
+    rounds = [next(s for s in p.stages if s.function == "worker").seconds for p in (synchronous, stale)]
+    assert rounds[1] > rounds[0]
+    compute = gpuworker.KIND.compute_s(work, P, 1024)
+    busy = [gpu_busy(p, P) for p in (synchronous, stale)]
+    assert busy == [pytest.approx(782 * compute / p.run_s) for p in (synchronous, stale)]
+    assert busy[0] < busy[1] < 1
 
 
 def test_gpu_workers_take_no_lambda_concurrency_and_count_against_the_ec2_g_instance_quota() -> None:

@@ -5,11 +5,13 @@ per iteration of age); beyond the bound it is left out, as without staleness."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from slsml.client import runs
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import reduce_launcher, reducer
 from slsml.spec import keys
+from slsml.spec.config import TrainingSpec
 from slsml.spec.messages import Participant, ReduceMessage, WorkDone
 from slsml.training import optimizers, updates
 
@@ -94,3 +96,10 @@ def test_without_staleness_a_late_update_is_left_out(services: Services) -> None
     fired = _arrive(services, "no-ssp", 1, 0) + _arrive(services, "no-ssp", 1, 1)
     assert all(p.iteration is None for p in fired[0].participants)
     assert services.table.get_iteration("no-ssp", 0).folded == set()
+
+
+def test_stale_weights_are_refused_for_a_rule_whose_workers_send_what_their_local_steps_moved() -> None:
+    with pytest.raises(ValueError, match="stale_weights steps the model with gradients") as refused:
+        TrainingSpec(workers=2, global_batch=8, algorithm="average", stale_weights=1)
+    assert "use algorithm gradient, or stale_weights 0" in str(refused.value)
+    assert TrainingSpec(workers=2, global_batch=8, stale_weights=1).stale_weights == 1

@@ -269,6 +269,8 @@ def print_summary(summary: Any, as_json: bool) -> None:
             f"mean {summary.staleness_mean:.1f}, most {summary.staleness_max} model versions (updates applied to a"
             " newer model than they were computed on)",
         )
+    if summary.training.stale_weights:
+        row("stale weights", f"{summary.stale_updates} updates computed on the weights one round stale")
     if summary.dropped_parts or summary.nonfinite_updates or summary.stale_attempts:
         row(
             "left out",

@@ -171,6 +171,7 @@ HEADLINE = {  # the summary's figures at the top of the page, with their caption
     "cost_usd": "cost",
     "cost_per_iteration_usd": "cost per iteration (median)",
     "late_workers": "late workers",
+    "stale_updates": "updates on stale weights",  # with stale_weights
 }
 
 STYLE = """
@@ -235,6 +236,8 @@ def render(report: Report) -> str:
         parts.append(f'<p class="bad">{_e(s.status.value)}: {_e(s.reason)}</p>')
     headline: dict[str, str] = {}
     for name, caption in HEADLINE.items():  # the test loss, then the first compiled metric
+        if name == "stale_updates" and not s.training.stale_weights:
+            continue  # a run on fresh weights has none
         headline[name] = caption
         if name == "test_loss" and (metric := display_runs.first_metric(s.test)) != "loss":
             headline[f"test_{metric}"] = f"test_{metric}"

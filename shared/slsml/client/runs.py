@@ -276,6 +276,7 @@ class RunSummary(BaseModel):
     # under ASP, staleness unbounded, most): the versions applied in between, mean and most (None: none was)
     staleness_mean: float | None = None
     staleness_max: int | None = None
+    stale_updates: int = 0  # updates computed on the weights one round stale (stale_weights)
     dropped_parts: int = 0
     nonfinite_updates: int = 0
     deadlines_fired: int = 0  # reduces the watchdog fired at a deadline, without the missing workers
@@ -359,6 +360,7 @@ def summarize(
         samples_trained=sum(p.samples for r in iterations for p in r.participants),
         staleness_mean=statistics.mean(stale) if stale else None,
         staleness_max=max(stale, default=None),
+        stale_updates=sum(len(r.stale) for r in iterations),
         dropped_parts=sum(len(r.dropped_parts) for r in iterations),
         nonfinite_updates=sum(len(r.nonfinite) for r in iterations),
         deadlines_fired=sum(r.fired_at_deadline for r in iterations),

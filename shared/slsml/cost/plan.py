@@ -84,6 +84,11 @@ class Plan(BaseModel):
     functions: list[FunctionFigures]
     chain_s: float = Field(description="the critical path of one iteration")
     floor_s: float = Field(description="the iteration counter item's writes at the partition's write rate")
+    overlap_s: float | None = Field(
+        default=None,
+        description="stale_weights: an iteration's mean period, the next round's workers launched as a round's reduce"
+        " fires (slsml.cost.predict.overlapped); None: each round waits for the chain",
+    )
     iteration_s: float
     epoch_s: float | None
     run_s: float

@@ -126,7 +126,8 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     stages = _stages(w, p, s, worker, times, kind)
     chain_s = sum(stage.seconds for stage in stages)
     floor_s = units.counter / quotas.dynamodb_partition_wu_s
-    iteration_s = max(chain_s, floor_s)
+    overlap_s = overlapped(w, stages, times.fire_s)
+    iteration_s = max(chain_s if overlap_s is None else overlap_s, floor_s)
     critical = {
         "work_launcher": times.launcher_s,
         "worker": worker.worker_s,
@@ -190,6 +191,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         functions=functions,
         chain_s=chain_s,
         floor_s=floor_s,
+        overlap_s=overlap_s,
         iteration_s=iteration_s,
         epoch_s=None if per_epoch is None else per_epoch * iteration_s,
         run_s=w.iterations * iteration_s + first.extra_s,
@@ -283,12 +285,16 @@ def sizes(w: Workload, p: Parameters) -> Sizes:
 def _steady_requests(w: Workload, s: Sizes) -> dict[str, int]:
     """The requests of the chain's table, before what the run's options and continuations add."""
     W, R, n = s.workers, s.reducers, s.participants
+    # stale_weights: the fire reads the run (held?), its launch of the next round the run, the merge's launch claim
+    # finds it launched and the Merger reads the held reduce's counter and reports; each worker reads the model
+    # before its round's too (its weights predicted from the two)
+    stale = w.training.stale_weights
     return {
-        "dynamodb:GetItem": 1,
-        "dynamodb:UpdateItem": 1 + W + 1 + R + 2,
+        "dynamodb:GetItem": 1 + 3 * stale,
+        "dynamodb:UpdateItem": 1 + W + 1 + R + 2 + stale,
         "dynamodb:PutItem": W + 1,
-        "dynamodb:BatchGetItem": s.pages,
-        "s3:GetObject": W * (R + 1) + R * (n + 1) + s.data_gets,
+        "dynamodb:BatchGetItem": s.pages * (1 + stale),
+        "s3:GetObject": W * (R + 1) * (1 + stale) + R * (n + 1) + s.data_gets,
         "s3:ListObjectsV2": 1,
         **stored(W, R, s.traffic),
         "s3:DeleteObjects": superseded_deletes(w.training, R, s.traffic),
@@ -321,7 +327,9 @@ def _worker_times(w: Workload, p: Parameters, quotas: Quotas, s: Sizes, kind: Wo
     traffic, steps = s.traffic, s.steps
     # the R shards, s3_parallel_reads at a time, at the worker's S3 rate (its kind's: a GPU worker's instance's)
     weights_mb_s = s3_mb_s(w, p, min(s.reducers, p.s3_parallel_reads))[0]
-    read_weights = transfer(s.reducers, s.model, lat, weights_mb_s, p.s3_parallel_reads)
+    # stale_weights: the model before too (its weights predicted from the two)
+    models = 1 + w.training.stale_weights
+    read_weights = models * transfer(s.reducers, s.model, lat, weights_mb_s, p.s3_parallel_reads)
     compute_s = kind.compute_s(w, p, traffic.compute_steps * s.local_batch)
     # the samples are read a micro-batch at a time, ahead of the one computing: the first with the weights, the
     # others while the micro-batches before them compute
@@ -551,6 +559,22 @@ def _stages(
             detail="count, list the shards, advance, write the manifest, launch the next iteration (ModelMerged)",
         ),
     ]
+
+
+def overlapped(w: Workload, stages: list[Stage], fire_s: float) -> float | None:
+    """``stale_weights``: an iteration's mean period, a round's reduce launching the next round's workers as it fires.
+    Such a round takes the longer of its workers' side (the launch, the round, the report, the fire: the stages from
+    the WorkLauncher to the ReduceLauncher's) and the reduce side its fire waits for (the reducers and the Merger of
+    the round before, then the held reduce's fire); an iteration whose workers evaluate the model entering it (every
+    ``eval_every``) is launched by its merge, the whole chain. None without ``stale_weights``."""
+    if not w.training.stale_weights:
+        return None
+    fires = next(i for i, stage in enumerate(stages) if stage.function == "reduce_launcher") + 1
+    workers_side = sum(stage.seconds for stage in stages[1:fires])  # the hop from the Merger is not on it
+    reduce_side = sum(stage.seconds for stage in stages[fires:]) + fire_s
+    ahead, chain = max(workers_side, reduce_side), sum(stage.seconds for stage in stages)
+    every = w.training.eval_every or w.iterations
+    return ((every - 1) * ahead + chain) / every
 
 
 def _functions(

@@ -12,10 +12,13 @@ from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.plan import Plan
 from slsml.cost.predict import predict
 from slsml.cost.recommend import MachineMatch, Recommendation, choice_of
+from slsml.cost.vm import gpu_busy
 from slsml.cost.workerround import handed
+from slsml.spec.algorithms import ALGORITHMS
 
 FEW_SAMPLES = 16  # a worker's share of the batch below which its compute hardly pays its round trip
 LATENCY_BOUND = 1 / 3  # the share of an iteration in hops between functions past which it is latency-bound
+CARD_WAIT = 1 / 10  # the share of an iteration a GPU worker waits for the chain past which stale_weights is advised
 SAME = 0.01  # relative differences below this are no difference
 
 
@@ -71,6 +74,8 @@ def verdict(
         )
     if handing := continuation_sentence(plan):
         warnings.append(handing)
+    if waiting := card_wait_sentence(plan, parameters, quotas, price_table):
+        warnings.append(waiting)
     warnings += [f"over {q.name}: {q.detail}" for q in plan.violations if q.name != quota.name or quota.ok]
     budget = w.training.budget_usd
     if budget is not None:
@@ -90,6 +95,30 @@ def verdict(
         warnings=warnings,
         recommendations=advice(plan, recommendation),
         budget=None if budget is None else budget_sentence,
+    )
+
+
+def card_wait_sentence(
+    plan: Plan, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable
+) -> str | None:
+    """GPU workers whose cards wait for the chain (the reducers, the Merger, the hops) more than ``CARD_WAIT`` of the
+    iteration: what ``--stale-weights 1`` makes of it (None: CPU workers, stale weights asked, or little wait)."""
+    w = plan.workload
+    worker = next(s for s in plan.stages if s.function == "worker")
+    waited = plan.iteration_s - worker.seconds
+    if w.accelerator is None or w.training.stale_weights or ALGORITHMS[w.training.algorithm].local:
+        return None
+    if waited <= CARD_WAIT * plan.iteration_s:
+        return None
+    stale = w.model_copy(update={"training": w.training.model_copy(update={"stale_weights": 1})})
+    other = predict(stale, parameters, quotas, price_table)
+    busy, other_busy = gpu_busy(plan, parameters), gpu_busy(other, parameters)
+    assert busy is not None and other_busy is not None  # GPU workers
+    return (
+        f"each GPU worker waits {waited:.2f} s of the {plan.iteration_s:.2f} s iteration for the reducers and the"
+        f" Merger (its card busy {busy:.0%} of the run); --stale-weights 1 (each round's workers launched as the"
+        f" round before's reduce fires, on weights one round stale): {other.run_s / plan.run_s:.3g}× the time for"
+        f" {other.run_dollars / plan.run_dollars:.3g}× the dollars, its card busy {other_busy:.0%}"
     )
 
 

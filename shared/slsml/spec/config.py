@@ -548,6 +548,15 @@ class TrainingSpec(BaseModel):
     staleness_decay: float = Field(
         default=1.0, gt=0, le=1, description="a folded update's weight: its samples × this to the power of its age"
     )
+    stale_weights: int = Field(
+        default=0,
+        ge=0,
+        le=1,
+        description="1: a round's reduce, as it fires, launches the next round's workers, which train from the"
+        " weights predicted from the last two models (one round stale), so that workers compute while the reducers"
+        " and the Merger run; that round's reduce fires once the model it steps is merged (gradient averaging only);"
+        " 0: each round starts on the model the round before merged",
+    )
     min_workers: int | None = Field(
         default=None, ge=1, description="the fewest workers `run scale` may set while the run trains (default 1)"
     )
@@ -743,6 +752,7 @@ class TrainingSpec(BaseModel):
             "early_stopping": "the model is evaluated at the end only",
             "keep_best": "the model is evaluated at the end only",
             "validation_split": "the model is evaluated at the end only",
+            "stale_weights": "each worker goes on at once from the newest model",
         }
         for name, why in taken.items():
             if getattr(self, name) != fields[name].default:
@@ -780,6 +790,12 @@ class TrainingSpec(BaseModel):
                     f"algorithm {rule.name} folds no late updates: a late worker's state is kept with"
                     " its slot and enters the slot's next round (no staleness)"
                 )
+        if self.stale_weights and rule.local:
+            raise ValueError(
+                f"stale_weights steps the model with gradients of the weights one round before; algorithm"
+                f" {rule.name}'s workers send what their local steps moved the weights they started from: use"
+                " algorithm gradient, or stale_weights 0"
+            )
         return self
 
     @property

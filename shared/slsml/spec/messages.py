@@ -55,6 +55,11 @@ class WorkMessage(Message):
         description="> 0: a continuation (the same attempt, in a fresh invocation): go on from the round's progress"
         " after this many micro-batches (keys.progress)",
     )
+    ahead: bool = Field(
+        default=False,
+        description="launched as the reduce of the iteration before fired, its model not merged (stale_weights):"
+        " train from the weights predicted from the last two models",
+    )
 
 
 class WorkDone(Message):
@@ -72,6 +77,9 @@ class WorkDone(Message):
     )
     compute_s: float = Field(ge=0, description="gradient computation, excluding S3 and messaging")
     finite: bool = Field(default=True, description="False: the update holds NaN or Inf and must be left out")
+    stale: bool = Field(
+        default=False, description="computed on the weights one round stale (``stale_weights``), its model not merged"
+    )
 
 
 class Participant(BaseModel):

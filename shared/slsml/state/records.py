@@ -139,6 +139,7 @@ class WorkerReport(BaseModel):
     compute_s: float = 0.0
     finite: bool = True
     folded_into: int | None = Field(default=None, description="late: the iteration whose reduce took it (SSP)")
+    stale: bool = Field(default=False, description="computed on the weights one round stale (``stale_weights``)")
     continues_until: float | None = Field(
         default=None,
         description="not reported yet: its round was handed on to a fresh invocation, which stores its progress or"
@@ -234,6 +235,11 @@ class IterationRecord(Counter):
     def folded(self) -> set[int]:
         """Late workers whose updates a later reduce took (bounded staleness)."""
         return {w for w, r in self.reports.items() if r.folded_into is not None}
+
+    @property
+    def stale(self) -> set[int]:
+        """Workers whose update was computed on the weights one round stale (``stale_weights``)."""
+        return {w for w, r in self.reports.items() if r.stale}
 
 
 def plain(value: Any) -> Any:

@@ -127,8 +127,9 @@ def complete_run(services: Services, run_id: str, iteration: int, reason: str | 
     )
     if run is not None:
         services.orchestrator.succeed(run.task_token, outcome(run))
-        # nothing resumes a completed run: its last two sets of carried state go (the Merger deleted the others)
-        services.store.delete([*carried_state(config, iteration - 1), *carried_state(config, iteration)])
+        # nothing resumes a completed run: its last sets of carried state go (the Merger deleted the others)
+        behind = max(0, iteration - 1 - config.training.stale_weights)
+        services.store.delete([key for i in range(behind, iteration + 1) for key in carried_state(config, i)])
         size_fleet(services, run, quiet=True)  # its workers are done (else the watchdog's chain ends it)
     logger.info(
         "run completed",

@@ -10,11 +10,15 @@ Once the run has advanced, the carried state entering the iteration before (``ke
 run resumes from the newest model, whose state is stored, and a step still needing the older state is one
 iteration late at least. The Merger deletes it (one DeleteObjects request) while the manifest is made; under ASP
 (``staleness unbounded``) it keeps it, as a worker reads the version it was launched on whenever it starts, and the
-bucket's lifecycle rule expires it with the run's other scratch.
+bucket's lifecycle rule expires it with the run's other scratch; under ``stale_weights`` it deletes the state entering
+the iteration before that one, which a round launched ahead reads too.
 
 The merging Merger also turns the iteration's train metrics, the sum of its participants' states that the
 reduce's firing recorded on the counter, into their results (``loss`` and each metric by its Keras name), once, and
-records them with its claim of the merge."""
+records them with its claim of the merge.
+
+Under ``stale_weights`` the next iteration's workers were launched as this one's reduce fired: once the model is
+stored, the Merger fires their reduce if it was held for it (``reduce_launcher.fire_held``)."""
 
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from slsml.pipeline.proof import OBJECT_PROOF
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import carried_state, run_config, shard_etags
 from slsml.pipeline.steps.reduce_launcher import apply_next
+from slsml.pipeline.steps.reduce_launcher import fire_held
 from slsml.pipeline.steps.warm import reader_for, stored_model, trainer_for
 from slsml.rounds.evaluation import evaluated, evaluator_for
 from slsml.spec import keys, wiring
@@ -84,11 +89,14 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
         **services.keys.sign_object(run, next_key, body),  # its readers take it only as the Merger stored it
     }
     stored = store.put_new(next_key, body, metadata) or _adopt(store, next_key, body, metadata)
-    if iteration > 0 and not config.training.asynchronous:  # after the advance: a step that finds it gone is late
-        store.delete(carried_state(config, iteration - 1))
+    behind = iteration - 1 - config.training.stale_weights  # (a round one ahead reads the state before its own)
+    if behind >= 0 and not config.training.asynchronous:  # after the advance: a step that finds it gone is late
+        store.delete(carried_state(config, behind))
     _announce(services, message)
     if config.training.asynchronous:  # ASP: an update that came while this version was reduced is applied to the next
         apply_next(services, config, message.generation)
+    if config.training.stale_weights:  # the next iteration's reduce, held for this model, may fire
+        fire_held(services, config, iteration + 1, message.generation)
     if not stored:
         return None  # merged before: a retry
     _heartbeat(services, advanced)

@@ -4,7 +4,11 @@ of an attempt the watchdog superseded are ignored.
 
 Fully asynchronous training (ASP, ``staleness unbounded``) has no barrier: a report's update waits in the run's
 table (``RunTable.wait``) and the reduce of the model version the run is at fires with the oldest update waiting,
-alone, once (``apply_next``); the version's merge launches that update's worker again and applies the next one."""
+alone, once (``apply_next``); the version's merge launches that update's worker again and applies the next one.
+
+Under ``stale_weights`` a reduce, as it fires, launches the next iteration's workers (``launch_ahead``), which train
+from the weights one round stale; their reduce fires once the model it steps is merged: at the quorum if the run
+advanced to it by then, else by the Merger that advances it (``fire_held``)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,10 @@ from aws_lambda_powertools import Logger
 
 from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
+from slsml.pipeline.steps import work_launcher
 from slsml.pipeline.steps.common import run_config
+from slsml.pipeline.steps.warm import reader_for
+from slsml.rounds.evaluation import evaluated
 from slsml.spec import wiring
 from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
@@ -52,6 +59,9 @@ def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
     finite, workers = counter.arrived - counter.nonfinite_arrived, counter.workers or config.workers
     if finite < quorum_count(workers, config.training.quorum) and counter.arrived < workers:
         return []
+    if config.training.stale_weights and services.table.get_run(done.run_id).iteration < done.iteration:
+        logger.info("reduce held: the model it steps is not merged yet", extra=log)
+        return []  # the Merger that merges it fires it
     return fire_reduce(services, config, done.iteration, workers, done.generation, done.worker, config.training.quorum)
 
 
@@ -91,6 +101,8 @@ def fire_reduce(
         nonfinite=sorted(r.worker for r in reports if not r.finite),
     )
     table.mark_reduce_fired(run_id, iteration, owner, participants, reports, generation)  # after: reducers go on
+    if config.training.stale_weights:
+        launch_ahead(services, config, iteration + 1, generation)
     return messages
 
 
@@ -135,6 +147,29 @@ def _applied(services: Services, run_id: str, update: Participant) -> bool:
         == (update.worker, update.attempt, update.iteration)
         for p in frozen[1]
     )
+
+
+def launch_ahead(services: Services, config: RunConfig, iteration: int, generation: int) -> None:
+    """``stale_weights``: launch ``iteration``'s workers before the model entering it is merged, unless the Merger
+    launches them (the iteration evaluates that model first, or is the final evaluation)."""
+    count = reader_for(services.store, config).manifest.train.count
+    if iteration >= config.training.iterations or evaluated(config, iteration, count):
+        return
+    run = services.table.get_run(config.run_id)
+    if run.generation == generation:
+        work_launcher.launch(run, iteration, f"ahead-{iteration}#{generation}", services, ahead=True)
+
+
+def fire_held(services: Services, config: RunConfig, iteration: int, generation: int) -> None:
+    """``stale_weights``: the model entering ``iteration`` is merged: fire the iteration's reduce if its quorum came
+    before (its reports held it)."""
+    counter = services.table.get_counter(config.run_id, iteration)
+    if counter.launched_by is None or counter.reduce_fired_by is not None:
+        return
+    workers = counter.workers or config.workers
+    reports = services.table.worker_reports(config.run_id, iteration, workers, generation)
+    if reports:
+        fire_reduce(services, config, iteration, workers, generation, reports[0].worker, config.training.quorum)
 
 
 def _fold_late(services: Services, config: RunConfig, iteration: int, generation: int) -> list[Participant]:

@@ -74,15 +74,16 @@ def on_merged(merged: ModelMerged, services: Services) -> Outcome:
     return _launch(run, merged.iteration, trigger, services)
 
 
-def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services) -> Outcome:
+def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services, ahead: bool = False) -> Outcome:
     """Launch the workers of ``iteration`` (once per trigger) and schedule its deadline, or finish the run, or
-    fail it if it asks beyond the deployment's limits (whatever started it: the CLI, the API, a dropped model)."""
+    fail it if it asks beyond the deployment's limits (whatever started it: the CLI, the API, a dropped model).
+    ``ahead``: the iteration after the run's, whose model is not merged yet (``stale_weights``)."""
     run_id = run.run_id
     if run.status != RunStatus.RUNNING:
         logger.info("run is not running: ignored", extra={"run_id": run_id, "status": run.status})
         return Outcome.IGNORED
     behind = run.training.asynchronous and iteration < run.iteration  # ASP moves on without waiting for a launch
-    if iteration != run.iteration and not behind:  # e.g. the initial model placed again when a run is resumed
+    if iteration != run.iteration + ahead and not behind:  # e.g. the initial model placed again when a run is resumed
         logger.info(
             "model is not the run's current one: ignored",
             extra={"run_id": run_id, "iteration": iteration, "current": run.iteration},
@@ -125,7 +126,9 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
     services.bus.publish(
         wiring.WORK,
         [
-            WorkMessage(run_id=run_id, iteration=iteration, generation=run.generation, worker=w, workers=workers)
+            WorkMessage(
+                run_id=run_id, iteration=iteration, generation=run.generation, worker=w, workers=workers, ahead=ahead
+            )
             for w in launched
         ],
     )
@@ -149,10 +152,11 @@ def _freed(services: Services, run: RunRecord, iteration: int, workers: int) -> 
     return [w for w in freed if barrier.asynchronous_update(iteration, w, workers) < run.iterations]
 
 
-def launch(run: RunRecord, iteration: int, trigger_id: str, services: Services) -> Outcome:
+def launch(run: RunRecord, iteration: int, trigger_id: str, services: Services, ahead: bool = False) -> Outcome:
     """Launch the workers of ``iteration`` of ``run`` (once per trigger): what a landed model does, for the watchdog
-    to launch an iteration whose GPU fleet it waited for."""
-    return _launch(run, iteration, trigger_id, services)
+    to launch an iteration whose GPU fleet it waited for, and for a reduce that fires to launch the next iteration
+    ``ahead`` of its model (``stale_weights``)."""
+    return _launch(run, iteration, trigger_id, services, ahead)
 
 
 def _await_fleet(run: RunRecord, iteration: int, services: Services) -> Outcome:

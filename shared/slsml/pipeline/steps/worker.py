@@ -76,14 +76,21 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     return done
 
 
-def _entering(services: Services, config: RunConfig, iteration: int) -> tuple[modelio.Trainer, np.ndarray]:
+def _entering(
+    services: Services, config: RunConfig, iteration: int, predicted: bool = False
+) -> tuple[modelio.Trainer, np.ndarray]:
     """The warm model at the weights entering ``iteration``, and those weights as one flat vector (a fresh model
-    holds them already: the first iteration's)."""
+    holds them already: the first iteration's). ``predicted`` (a round one ahead of ``iteration``, ``stale_weights``):
+    the trainable weights entering the round are predicted from the last two models, w + (w − w_before), the step
+    the round before took taken once more, so that the round's gradient is of about the weights its reduce steps."""
     trainer, fresh = trainer_for(services.store, config, iteration, shared=True)
     trainer.use_policy(config.training.mixed_precision)
     if fresh:
         return trainer, modelio.get_flat(trainer.model, config.plan)
     weights = load_weights(services.store, config, iteration, services.keys)
+    if predicted and iteration:  # (the initial model has none before it)
+        mask = config.plan.trainable_mask()
+        weights[mask] += weights[mask] - load_weights(services.store, config, iteration - 1, services.keys)[mask]
     modelio.set_flat(trainer.model, config.plan, weights)
     return trainer, weights
 
@@ -108,11 +115,12 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     skip = resumed.micro_batches if resumed is not None else 0
     # the round's samples are read while the model and the weights are
     with stream.Stream(lambda indices: _batch(reader, indices, config), left, micro, skip) as samples:
-        trainer, start = _entering(services, config, message.iteration)
+        entering = message.iteration - message.ahead  # launched ahead: its model is not merged
+        trainer, start = _entering(services, config, entering, predicted=message.ahead)
         splits = evaluated(config, message.iteration, count) if resumed is None else []
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
             return None  # early stopping ended the run: its update is not needed
-        return _train(message, config, services, trainer, start, batches, samples, micro, resumed)
+        return _train(message, config, services, trainer, start, batches, samples, micro, resumed, entering)
 
 
 def _micro_batch(config: RunConfig, accelerator_gib: int | None) -> int:
@@ -181,9 +189,11 @@ def _train(
     left: stream.Stream,
     micro_batch: int,
     resumed: progress.Progress | None,
+    entering: int,
 ) -> WorkDone | None:
-    """The round's update from ``start`` on its ``batches`` (their indices; ``left``: the micro-batches of those left
-    to compute, ``micro_batch`` samples at most each), stored and announced; None where the round is handed on."""
+    """The round's update from ``start`` (the weights entering iteration ``entering``) on its ``batches`` (their
+    indices; ``left``: the micro-batches of those left to compute, ``micro_batch`` samples at most each), stored and
+    announced; None where the round is handed on."""
     store, spec = services.store, config.training
     compression, rule = config.compression_at(message.iteration), rules.of(spec)
     weights = start if compression.kind == "significance" else None
@@ -204,7 +214,7 @@ def _train(
             partial=any(len(b) > micro_batch for b in batches),
         ),
     )
-    trainer.scaling, loss_scale = _scaling(services, config, message.iteration, trainer, rule)
+    trainer.scaling, loss_scale = _scaling(services, config, entering, trainer, rule)
     work = Round(trainer, start, left.steps, spec, _Slot(store, message), resumed, pacer.pause)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
@@ -244,6 +254,7 @@ def _train(
         metrics=update.metrics.tolist() if counted and update.metrics is not None else None,
         compute_s=compute_s,
         finite=counted,
+        stale=message.ahead,
     )
     scaled = {} if loss_scale is None else precision.metadata(loss_scale, not overflow)
     # the report as stored with the update, without its metrics (S3 metadata holds 2 KB): a retry computes them anew
