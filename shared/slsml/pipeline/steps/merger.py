@@ -37,8 +37,7 @@ from slsml.pipeline import metrics
 from slsml.pipeline.proof import OBJECT_PROOF
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import carried_state, run_config, shard_etags
-from slsml.pipeline.steps.reduce_launcher import apply_next
-from slsml.pipeline.steps.reduce_launcher import fire_held
+from slsml.pipeline.steps.reduce_launcher import apply_next, fire_held
 from slsml.pipeline.steps.warm import reader_for, stored_model, trainer_for
 from slsml.rounds.evaluation import evaluated, evaluator_for
 from slsml.spec import keys, wiring
