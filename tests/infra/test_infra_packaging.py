@@ -30,7 +30,7 @@ def test_the_common_layer_holds_linux_wheels_for_the_runtime_and_slsml(tmp_path:
     site = tmp_path / f"asset.{layer['Properties']['Content']['S3Key'].removesuffix('.zip')}" / "python"
 
     assert (site / "slsml" / "spec" / "wiring.py").is_file()
-    for package in ("numpy", "pydantic", "pydantic_settings", "aws_lambda_powertools", "aws_xray_sdk"):
+    for package in ("numpy", "pydantic", "pydantic_settings", "aws_lambda_powertools", "aws_xray_sdk", "cryptography"):
         assert (site / package / "__init__.py").is_file(), package
     abi = RUNTIME.name.replace("python", "cpython-").replace(".", "")  # python3.12 → cpython-312
     assert list(site.glob(f"pydantic_core/*.{abi}-x86_64-linux-gnu.so"))
