@@ -15,7 +15,7 @@ from slsml.accounting import prices
 from slsml.cli.main import main
 from slsml.cost import predict as costmodel
 from slsml.cost.chain import round_traffic
-from slsml.cost.messages import done_bytes, manifest_bytes
+from slsml.cost.messages import LONGEST_ETAG, done_bytes, manifest_bytes
 from slsml.cost.modelinfo import from_keras_file, from_params
 from slsml.cost.parameters import Parameters, Quotas, load_overrides
 from slsml.cost.plan import FunctionFigures, Plan, minimum_sentence
@@ -141,7 +141,16 @@ def test_the_plan_sizes_the_metrics_state_a_worker_sends_and_writes(tmp_path: Pa
     update = trainer.compute_update(x, y)
     assert update.metrics is not None
     metered = [float(v) for v in update.metrics]  # as the worker's WorkDone carries them
-    done = WorkDone(run_id="r", iteration=0, worker=0, samples=16, loss=update.loss, metrics=metered, compute_s=0.1)
+    done = WorkDone(
+        run_id="r",
+        iteration=0,
+        worker=0,
+        samples=16,
+        loss=update.loss,
+        metrics=metered,
+        compute_s=0.1,
+        etag=LONGEST_ETAG,
+    )
     assert figures["metric_values"] == len(update.metrics) > 800  # AUC: 4 × its thresholds
 
     # each worker's record as the ReduceLauncher stores it, and the counter's sum of them from the fire on
@@ -184,7 +193,7 @@ def test_reduce_publishes_follow_the_bus_batching_of_real_messages() -> None:
         run_id="r" * 63,
         iteration=999_999,
         shard=99,
-        participants=tuple(Participant(worker=w, samples=9) for w in range(1000)),
+        participants=tuple(Participant(worker=w, samples=9, etag=LONGEST_ETAG) for w in range(1000)),
     )
     batches = len(list(bus.batches([reduce.model_dump_json()] * 100)))
     assert batches > math.ceil(100 / 10)  # 1000 participants make a message too big for 10 in one batch

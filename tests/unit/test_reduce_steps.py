@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
+from slsml.aws.storage import etag_of
 from slsml.local import faults
 from slsml.local.faults import Delay, InjectedFault, InvocationFaults
 from slsml.pipeline.services import Services, failing_run_on_bad_input
@@ -138,7 +139,14 @@ def _done(run_id: str, worker: int, finite: bool = True, attempt: int = 0, track
         metrics=_state(worker) if finite and tracked else None,
         compute_s=0.01,
         finite=finite,
+        etag=etag_of(_update(worker, finite)[0]),
     )
+
+
+def _update(worker: int, finite: bool = True) -> tuple[bytes, dict[str, str]]:
+    """Worker ``worker``'s update of iteration 0 as it stores it: its bytes and header."""
+    vector = VECTORS[worker] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
+    return updates.encode(vector, SAMPLES[worker])
 
 
 def _state(worker: int) -> list[float]:
@@ -151,8 +159,7 @@ def _arrive(
     services: Services, run_id: str, worker: int, finite: bool = True, attempt: int = 0, tracked: bool = False
 ) -> list[ReduceMessage]:
     """What a worker does (store the update, announce it), then the ReduceLauncher."""
-    vector = VECTORS[worker] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
-    body, header = updates.encode(vector, SAMPLES[worker])
+    body, header = _update(worker, finite)
     done = _done(run_id, worker, finite, attempt, tracked)  # stored with the update, as the worker stores it
     services.store.put_new(keys.update(run_id, 0, worker, attempt), body, {"done": done.model_dump_json(), **header})
     return reduce_launcher.on_work_done(done, services)
@@ -332,7 +339,7 @@ def test_a_retry_of_a_report_that_fired_but_did_not_publish_publishes_the_same_r
     its retry publishes that reduce (with those participants), and a copy after that publishes nothing."""
     _register(services, "fire-crash", workers=3, quorum=0.6)
     assert _arrive(services, "fire-crash", 0) == []
-    frozen = [Participant(worker=w, samples=SAMPLES[w]) for w in (0, 1)]  # what the crashed copy froze
+    frozen = [Participant(worker=w, samples=SAMPLES[w], etag=etag_of(_update(w)[0])) for w in (0, 1)]  # what it froze
     assert services.table.freeze_participants("fire-crash", 0, 1, frozen, 0) == (1, frozen)
     services.store.put_new(keys.update("fire-crash", 0, 1), *updates.encode(VECTORS[1], SAMPLES[1]))
     retried = reduce_launcher.on_work_done(_done("fire-crash", 1), services)

@@ -500,7 +500,7 @@ class RunTable:
             if record.reduce_fired_by is None or record.generation != generation:
                 continue
             late += [
-                Participant(worker=r.worker, attempt=r.attempt, samples=r.samples or 0, iteration=source)
+                Participant(worker=r.worker, attempt=r.attempt, samples=r.samples or 0, etag=r.etag, iteration=source)
                 for w, r in sorted(record.reports.items())
                 if w in record.late and r.finite and r.folded_into in (None, iteration)
             ]
