@@ -42,7 +42,7 @@ from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import Manifest, WorkDone
 from slsml.state import records
-from slsml.training import modelio
+from slsml.training import modelio, shards, updates
 from tests import archives
 
 from .conftest import dead_letters, final_weights, finish, log_entries, train
@@ -88,7 +88,7 @@ ROWS: list[tuple[str, str, str, str]] = [
 def _signed_rows(services) -> list[tuple[str, str, str, str]]:
     """A report the pipeline signed, changed on its way (its update made non-finite); and one of the undisturbed run,
     sent under this run's name (replayed from another run)."""
-    done = WorkDone(run_id=RUN, iteration=AT, worker=1, samples=32, loss=0.1, compute_s=1)
+    done = WorkDone(run_id=RUN, iteration=AT, worker=1, samples=32, loss=0.1, compute_s=1, etag=etag_of(b""))
     changed = services.keys.sign(done).model_copy(update={"finite": False, "loss": 0.0})
     other = services.keys.sign(done.model_copy(update={"run_id": REFERENCE})).model_copy(update={"run_id": RUN})
     return [
@@ -105,14 +105,14 @@ def undisturbed(services, digits) -> np.ndarray:
     return final_weights(services, REFERENCE)[0]
 
 
-def _hold(local, services, run_id: str) -> float:
+def _hold(local, services, run_id: str, spec: TrainingSpec = SPEC) -> float:
     """Start ``run_id`` with the reads entering iteration AT held (6 s each); returns once it is in AT, with the
     time left to act on it."""
     local.host.faults = Faults(
         s3_get_delay=Delay(probability=1, seconds=6),
         s3_get_delay_match=rf"^runs/{run_id}/iters/{AT:06d}/(weights\.npy|shards/)",
     )
-    train(services, SPEC, run_id)
+    train(services, spec, run_id)
     deadline = time.monotonic() + 120
     while services.table.get_run(run_id).iteration < AT:
         assert time.monotonic() < deadline, "the run never reached the iteration the attack comes in"
@@ -161,6 +161,7 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
 # change (a step notices it, no deadline has to come), rather than training on it or hanging.
 EDITED, MANIFEST, DELETED, SWAPPED = "item-edited", "manifest-replaced", "shard-deleted", "dataset-swapped"
 CONFIGURED, FINAL = "config-replaced", "final-swapped"
+UPDATED, SHARDED, KEYLESS = "update-replaced", "shard-replaced", "key-deleted"
 PINNED = "digits-pinned"  # the swapped run's dataset, of no other run: no warm function holds its shards
 
 
@@ -258,6 +259,50 @@ def _swap_final_model(local, s3, services) -> tuple[str, str, int]:
     return FINAL, f"{key} is not the model the Merger stored: it was replaced behind the pipeline's back", last
 
 
+def _replace_update(local, s3, services) -> tuple[str, str, int]:
+    """Worker 0's update of AT, once stored, deleted and created anew (create-only) with its metadata and its values
+    scaled by −40, before the reducers read it (their reads of it are held 6 s): by a hand holding a Worker's
+    credentials (its role deletes scratch; the owner's delete is refused)."""
+    key = keys.update(UPDATED, AT, 0)
+    local.host.faults = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^{re.escape(key)}$")
+    train(services, SPEC, UPDATED)
+    _wait_for(lambda: services.store.exists(key), "worker 0 never stored its update")
+    stored = services.store.read(key)
+    vector, samples = updates.decode(stored.body)
+    scaled, _ = updates.encode(vector * -40, samples)
+    _recreate(local, services, key, scaled, stored.metadata)
+    return UPDATED, f"{key} is not the update worker 0 reported", AT
+
+
+def _replace_shard(local, s3, services) -> tuple[str, str, int]:
+    """Shard 1 entering AT (weights and optimizer state), once the workers read it (the reduce fired), deleted and
+    created anew with its weights + 1, before its reducer reads it (held 6 s), by a hand holding a Worker's
+    credentials."""
+    _hold(local, services, SHARDED)
+    _wait_for(lambda: services.table.get_counter(SHARDED, AT).reduce_fired_by is not None, "the reduce never fired")
+    key = keys.shard(SHARDED, AT, 1)
+    stored = shards.decode(services.store.get(key))
+    _recreate(local, services, key, shards.encode(shards.Shard(stored.weights + 1, stored.state, stored.averaged)))
+    return SHARDED, f"{key} is not the shard the manifest of iteration {AT} names", AT
+
+
+def _delete_run_key(local, s3, services) -> tuple[str, str, int]:
+    """The run's message key (its KEY item) deleted by hand (DeleteItem) while the run is in AT."""
+    _hold(local, services, KEYLESS)
+    dynamodb = boto3.resource("dynamodb", endpoint_url=local.deployment.endpoint, region_name=REGION)
+    dynamodb.Table(services.table.table.name).delete_item(
+        Key={records.PARTITION_KEY.name: f"RUN#{KEYLESS}", records.SORT_KEY.name: records.KEY}
+    )
+    return KEYLESS, f"run {KEYLESS!r} lost its message key (its KEY item was deleted behind the pipeline's back)", AT
+
+
+def _recreate(local, services, key: str, body: bytes, metadata: dict[str, str] | None = None) -> None:
+    """``key`` deleted and created anew (create-only) with ``body``, with a Worker's credentials."""
+    worker = _as_function(local, "worker")
+    worker.delete_object(Bucket=services.store.bucket, Key=key)
+    worker.put_object(Bucket=services.store.bucket, Key=key, Body=body, Metadata=metadata or {}, IfNoneMatch="*")
+
+
 def _as_function(local, function: str) -> Any:
     """An S3 client signing with ``function``'s credentials, as its role."""
     key, secret = local.deployment.identities[function]
@@ -294,7 +339,17 @@ def _wait_for(condition: Callable[[], bool], failure: str) -> None:
 
 @pytest.mark.parametrize(
     "change",
-    [_edit_run_item, _replace_manifest, _delete_shard, _swap_dataset_shard, _replace_run_json, _swap_final_model],
+    [
+        _edit_run_item,
+        _replace_manifest,
+        _delete_shard,
+        _swap_dataset_shard,
+        _replace_run_json,
+        _swap_final_model,
+        _replace_update,
+        _replace_shard,
+        _delete_run_key,
+    ],
 )
 def test_what_is_changed_behind_the_pipelines_back_fails_the_run_naming_it(local, services, digits, change):
     s3 = boto3.client("s3", endpoint_url=local.deployment.endpoint, region_name=REGION)
@@ -316,7 +371,7 @@ def test_objects_placed_at_a_runs_next_keys_are_not_trusted_and_a_replaced_final
     s3 = boto3.client("s3", endpoint_url=local.deployment.endpoint, region_name=REGION)
     bucket = services.store.bucket
     forged = modelio.save_model(demo.digits_cnn(seed=7))  # a loadable model of the run's shape, other weights
-    done = WorkDone(run_id=PLACED, iteration=AT + 1, worker=0, samples=32, loss=0.1, compute_s=1)
+    done = WorkDone(run_id=PLACED, iteration=AT + 1, worker=0, samples=32, loss=0.1, compute_s=1, etag=etag_of(b""))
     elsewhere = Manifest(iteration=AT + 1, shards=[etag_of(forged)] * SPEC.reducers).model_dump_json().encode()
     placed = {  # key → (body, metadata): each claims to be what the pipeline would have written there
         keys.update(PLACED, AT + 1, 0): (b"\0" * 4096, {"done": done.model_dump_json()}),
@@ -366,6 +421,38 @@ def test_objects_placed_at_a_runs_next_keys_are_not_trusted_and_a_replaced_final
     s3.put_object(Bucket=bucket, Key=keys.final_model(PLACED), Body=forged)
     with pytest.raises(SlsmlError, match=f"runs/{PLACED}/final.keras is not the final model run '{PLACED}' stored"):
         runs.final_model(services, services.table.get_run(PLACED))
+
+
+PRECLAIMED = "launch-preclaimed"
+
+
+def test_a_launch_claimed_beforehand_is_logged_and_relaunched_at_its_deadline(local, services, undisturbed):
+    """The counter of iteration AT + 1 created by hand (PutItem) with a launch claim of its own while the run is in AT:
+    the WorkLauncher's launch of it is skipped, and says so naming the claim; the iteration's deadline (30 s here)
+    re-launches its workers, and the run completes bit-identical to an undisturbed one, not at its heartbeat."""
+    spec = SPEC.model_copy(update={"deadline_s": 30.0})
+    dynamodb = boto3.resource("dynamodb", endpoint_url=local.deployment.endpoint, region_name=REGION)
+    try:
+        _hold(local, services, PRECLAIMED, spec)
+        claimed = {
+            records.PARTITION_KEY.name: f"RUN#{PRECLAIMED}",
+            records.SORT_KEY.name: records.iteration_sk(AT + 1),
+            "launched_by": "forged",
+        }
+        dynamodb.Table(services.table.table.name).put_item(Item=claimed)
+        started = time.monotonic()
+        run = finish(services, PRECLAIMED)
+    finally:
+        local.host.faults = None
+    assert run.status == "COMPLETED", run.reason
+    assert time.monotonic() - started < 2 * spec.deadline_s + 30  # one deadline, not the heartbeat (15 minutes)
+    assert np.array_equal(final_weights(services, PRECLAIMED)[0], undisturbed)
+    skipped = log_entries(local.log_dir / "work_launcher.log", run_id=PRECLAIMED, iteration=AT + 1)
+    assert [(e["message"], e["claimed_by"]) for e in skipped if "claimed_by" in e] == [
+        ("launch skipped: the iteration's launch was claimed by another trigger", "forged")
+    ]
+    relaunched = log_entries(local.log_dir / "watchdog.log", run_id=PRECLAIMED, iteration=AT + 1)
+    assert "deadline: missing workers re-launched" in [e["message"] for e in relaunched]
 
 
 BOMBED = "bombed"

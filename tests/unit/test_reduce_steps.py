@@ -145,8 +145,8 @@ def _done(run_id: str, worker: int, finite: bool = True, attempt: int = 0, track
 
 def _update(worker: int, finite: bool = True) -> tuple[bytes, dict[str, str]]:
     """Worker ``worker``'s update of iteration 0 as it stores it: its bytes and header."""
-    vector = VECTORS[worker] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
-    return updates.encode(vector, SAMPLES[worker])
+    vector = VECTORS[worker % len(VECTORS)] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
+    return updates.encode(vector, SAMPLES[worker % len(SAMPLES)])
 
 
 def _state(worker: int) -> list[float]:
@@ -391,7 +391,7 @@ def test_the_counter_and_a_workers_record_do_not_grow_with_the_workers(services:
     assert large["counter"] - small["counter"] <= 16  # a few more digits in the counts and times, no more
     assert large["record"] == small["record"]
     assert large["counter"] < 1024 and large["record"] < 300
-    assert large["participants"] < 300 * 20  # written once per iteration: ~15 bytes per participant
+    assert large["participants"] < 300 * 60  # written once per iteration: ~50 bytes per participant, ETag included
 
 
 def _deadline(
@@ -819,8 +819,11 @@ def _merge_run(services: Services, run_id: str, **training: int) -> list[ReduceM
     _put_run(services, config)
     fired = []
     for worker in range(2):
-        services.store.put_new(keys.update(run_id, 0, worker), *updates.encode(RNG.standard_normal(plan.size), 2))
-        fired += reduce_launcher.on_work_done(_done(run_id, worker), services)
+        update, header = updates.encode(RNG.standard_normal(plan.size), 2)
+        services.store.put_new(keys.update(run_id, 0, worker), update, header)
+        fired += reduce_launcher.on_work_done(
+            _done(run_id, worker).model_copy(update={"etag": etag_of(update)}), services
+        )
     return fired
 
 
@@ -865,6 +868,13 @@ def test_the_workers_take_only_the_shards_the_manifest_names(services: Services)
     services.store.replace(keys.shard("forged-shard", 1, 1), shards.encode(forged))
     with pytest.raises(RunFailed, match=r"shards/0001/shard\.bin is not the shard the manifest of iteration 1 names"):
         load_weights(services.store, run_config(services, "forged-shard"), 1)
+    # nor stepped by its reducer: the reduce of iteration 1 refuses it by name, and stores nothing
+    participants = (Participant(worker=0, samples=2, etag=etag_of(_update(0)[0])),)
+    services.store.put_new(keys.update("forged-shard", 1, 0), *_update(0))
+    message = ReduceMessage(run_id="forged-shard", iteration=1, shard=1, participants=participants)
+    with pytest.raises(RunFailed, match=r"shards/0001/shard\.bin is not the shard the manifest of iteration 1 names"):
+        reducer.reduce(message, services)
+    assert not services.store.exists(keys.shard("forged-shard", 2, 1))
 
 
 @pytest.mark.parametrize(
@@ -945,7 +955,12 @@ def _report_in_generation_1(services: Services, run_id: str) -> list[ReduceMessa
     return [
         m
         for w in range(2)
-        for m in reduce_launcher.on_work_done(_done(run_id, w).model_copy(update={"generation": 1}), services)
+        for m in reduce_launcher.on_work_done(
+            _done(run_id, w).model_copy(
+                update={"generation": 1, "etag": services.store.etag(keys.update(run_id, 0, w))}
+            ),
+            services,
+        )
     ]
 
 
@@ -1131,8 +1146,8 @@ def test_a_reducer_refuses_an_update_the_run_did_not_ask_for_by_name(
     run_id = f"forged-{abs(hash(named)) % 10_000}"
     _register(services, run_id, workers=2)
     fired = _arrive(services, run_id, 0)
-    services.store.put_new(keys.update(run_id, 0, 1), *forged)
-    fired = reduce_launcher.on_work_done(_done(run_id, 1), services)
+    services.store.put_new(keys.update(run_id, 0, 1), *forged)  # the worker's own (its report names it)
+    fired = reduce_launcher.on_work_done(_done(run_id, 1).model_copy(update={"etag": etag_of(forged.body)}), services)
     with pytest.raises(RunFailed, match=named) as failure:
         reducer.reduce(fired[0], services)
     assert keys.update(run_id, 0, 1) in str(failure.value)
@@ -1152,7 +1167,31 @@ def _compressed(worker: int, compress: str, vector: np.ndarray | None = None) ->
 
 def _arrive_with(services: Services, run_id: str, worker: int, update: updates.Encoded) -> list[ReduceMessage]:
     services.store.put_new(keys.update(run_id, 0, worker), *update)
-    return reduce_launcher.on_work_done(_done(run_id, worker), services)
+    return reduce_launcher.on_work_done(
+        _done(run_id, worker).model_copy(update={"etag": etag_of(update.body)}), services
+    )
+
+
+@pytest.mark.parametrize("compress", ["none", "significance:0.5"])
+def test_a_reducer_takes_only_the_update_its_workers_report_names(services: Services, compress: str) -> None:
+    """An update whose bytes are not the ones its worker's signed report names by their ETag (another object put in
+    its place): every reducer refuses it by name before reading any part, and the run fails; nothing of the next
+    iteration is stored."""
+    run_id = f"replaced-update-{compress.split(':')[0]}"
+    _register(services, run_id, workers=2, compress=compress)
+    _arrive_with(services, run_id, 0, _compressed(0, compress))
+    fired = reduce_launcher.on_work_done(
+        _done(run_id, 1).model_copy(update={"etag": etag_of(_compressed(1, compress).body)}), services
+    )
+    services.store.put_new(keys.update(run_id, 0, 1), *_compressed(1, compress, VECTORS[1] * -40))
+    assert [m.shard for m in fired] == [0, 1]
+    for message in fired:
+        with pytest.raises(
+            RunFailed, match=r"is not the update worker 1 reported \(ETag \"[0-9a-f]{32}\"\)"
+        ) as failure:
+            reducer.reduce(message, services)
+        assert str(failure.value).startswith(keys.update(run_id, 0, 1) + " ")
+        assert not services.store.exists(keys.shard(run_id, 1, message.shard))
 
 
 @pytest.mark.parametrize("compress", ["fp16", "topk:0.5", "significance:0.5"])

@@ -21,7 +21,9 @@ from typing import TypeVar
 
 from slsml.accounting import usage
 from slsml.aws import cache as warm_cache
+from slsml.spec.errors import KeyLost, NotFoundError
 from slsml.spec.messages import Message
+from slsml.state.records import KEY, RunStatus
 from slsml.state.runtable import RunTable
 
 KEY_BYTES = 32
@@ -54,34 +56,55 @@ class RunKeys:
         return warm_cache.warm().put(("run-key", run_id), key, KEY_BYTES)
 
     def signing(self, run_id: str) -> bytes:
-        """The run's key, made if it has none."""
+        """The run's key, made if it has none; KeyLost naming its key item if the run is running and sent messages
+        before (``lost``): a key made anew would leave every message in flight unproven."""
         if (key := self.checking(run_id)) is None:
+            self.lost(run_id)
             with usage.warming():
                 key = self.table.make_run_key(run_id, secrets.token_bytes(KEY_BYTES))
             self._keep(run_id, key)
         return key
 
-    def checking(self, run_id: str) -> bytes | None:
-        """The run's key; None if it has none (no step of it sent a message)."""
-        if (key := self._cached(run_id)) is None:
+    def checking(self, run_id: str, fresh: bool = False) -> bytes | None:
+        """The run's key (``fresh``: read again, not the one this container keeps); None if it has none (no step of
+        it sent a message)."""
+        if fresh or (key := self._cached(run_id)) is None:
             with usage.warming():
                 key = self.table.run_key(run_id)
             if key is not None:
                 self._keep(run_id, key)
         return key
 
+    def lost(self, run_id: str) -> None:
+        """KeyLost if run ``run_id``, running, has no key though its steps sent messages (its chain of deadlines
+        started, or it went past its first iteration): its key item was deleted (read where a key is missing)."""
+        try:
+            run = self.table.get_run(run_id)
+        except NotFoundError:
+            return
+        if run.status == RunStatus.RUNNING and (run.watched is not None or run.iteration > 0):
+            raise KeyLost(
+                f"run {run_id!r} lost its message key (its {KEY} item was deleted behind the pipeline's back): no"
+                " message of the run can be proven"
+            )
+
     def sign(self, message: M) -> M:
         """``message`` with its proof."""
         return message.model_copy(update={"proof": digest(message, self.signing(message.run_id))})
 
     def problem(self, message: Message) -> str | None:
-        """Why ``message``'s proof does not hold, or None."""
+        """Why ``message``'s proof does not hold, or None; KeyLost if its run lost its key (``lost``)."""
         if not message.proof:
             return "it carries no proof of origin: not sent by the pipeline"
         key = self.checking(message.run_id)
         if key is None:
+            self.lost(message.run_id)
             return f"run {message.run_id!r} has no message key: no step of it sent a message"
-        if not hmac.compare_digest(message.proof, digest(message, key)):
+        if hmac.compare_digest(message.proof, digest(message, key)):
+            return None
+        # the key this container keeps may be gone: a run failed for its lost key is ended under one made anew
+        fresh = self.checking(message.run_id, fresh=True)
+        if fresh is None or fresh == key or not hmac.compare_digest(message.proof, digest(message, fresh)):
             return f"its proof of origin does not hold under run {message.run_id!r}'s key: forged, changed or another's"
         return None
 

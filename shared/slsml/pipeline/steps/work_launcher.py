@@ -110,7 +110,18 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services)
     counter = services.table.claim_launch(
         run_id, iteration, trigger_id, run.generation, run.workers, run.workers_reason, spent
     )
-    if counter is None:
+    if counter is None:  # what claimed it launched the workers; if nothing did, the iteration's deadline re-launches
+        claimed = services.table.get_counter(run_id, iteration)
+        logger.info(
+            "launch skipped: the iteration's launch was claimed by another trigger",
+            extra={
+                "run_id": run_id,
+                "iteration": iteration,
+                "trigger": trigger_id,
+                "claimed_by": claimed.launched_by,
+                "claimed_generation": claimed.generation,
+            },
+        )
         return Outcome.ALREADY_LAUNCHED
     workers = counter.workers or run.workers
     if iteration >= run.iterations and run.task_token:  # the evaluation round: a heartbeat window of its own
