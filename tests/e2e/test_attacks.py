@@ -49,10 +49,11 @@ from .conftest import dead_letters, final_weights, finish, log_entries, train
 
 RUN, REFERENCE = "attacked", "attacked-reference"
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=4, eval_every=0)
+ETAG = etag_of(b"")  # an update's ETag, as a report names it
 AT = 2  # the iteration the run is in when the messages come
 # reads of the weights entering iteration AT take 6 s (workers', then reducers'): the run is still in it while
 # the messages are retried and dead-lettered, and before its next objects are written
-PARTICIPANTS = [{"worker": 0, "samples": 32}, {"worker": 1, "samples": 32}]
+PARTICIPANTS = [{"worker": 0, "samples": 32, "etag": ETAG}, {"worker": 1, "samples": 32, "etag": ETAG}]
 
 
 def _message(**fields: Any) -> str:
@@ -64,9 +65,14 @@ NOT_HOLDING = "its proof of origin does not hold"
 # (topic, or "deadlines" for the watchdog's queue), body, the function it reaches, what its rejection says: each would
 # fit the run but for its proof of origin (none: the pipeline did not send it)
 ROWS: list[tuple[str, str, str, str]] = [
-    ("Reduce", _message(shard=0, participants=[{"worker": 0, "samples": 64}]), "reducer", UNSIGNED),
+    ("Reduce", _message(shard=0, participants=[{"worker": 0, "samples": 64, "etag": ETAG}]), "reducer", UNSIGNED),
     ("Work", _message(iteration=AT + 1, worker=0, workers=2), "worker", UNSIGNED),
-    ("WorkDone", _message(worker=1, samples=32, loss=0.1, compute_s=1, finite=False), "reduce_launcher", UNSIGNED),
+    (
+        "WorkDone",
+        _message(worker=1, samples=32, loss=0.1, compute_s=1, finite=False, etag=ETAG),
+        "reduce_launcher",
+        UNSIGNED,
+    ),
     ("ReduceDone", _message(shard=1), "merger", UNSIGNED),
     (
         "RunControl",
@@ -158,7 +164,8 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
 
 # What is changed behind the pipeline's back while a run trains, each with boto3 as a hand with access to the table
 # or the bucket would: the run fails with a reason naming what changed, before it goes past the iteration after the
-# change (a step notices it, no deadline has to come), rather than training on it or hanging.
+# change (a step notices it, no deadline has to come; a deleted key: the first step that reads it), within one deadline
+# period, rather than training on it or hanging.
 EDITED, MANIFEST, DELETED, SWAPPED = "item-edited", "manifest-replaced", "shard-deleted", "dataset-swapped"
 CONFIGURED, FINAL = "config-replaced", "final-swapped"
 UPDATED, SHARDED, KEYLESS = "update-replaced", "shard-replaced", "key-deleted"
@@ -287,13 +294,16 @@ def _replace_shard(local, s3, services) -> tuple[str, str, int]:
 
 
 def _delete_run_key(local, s3, services) -> tuple[str, str, int]:
-    """The run's message key (its KEY item) deleted by hand (DeleteItem) while the run is in AT."""
+    """The run's message key (its KEY item) deleted by hand (DeleteItem) while the run is in AT: containers that keep
+    the key read before go on proving the run's messages under it (the key it had), and the first step that needs it
+    from the table fails the run, whichever iteration that is in."""
     _hold(local, services, KEYLESS)
     dynamodb = boto3.resource("dynamodb", endpoint_url=local.deployment.endpoint, region_name=REGION)
     dynamodb.Table(services.table.table.name).delete_item(
         Key={records.PARTITION_KEY.name: f"RUN#{KEYLESS}", records.SORT_KEY.name: records.KEY}
     )
-    return KEYLESS, f"run {KEYLESS!r} lost its message key (its KEY item was deleted behind the pipeline's back)", AT
+    named = f"run {KEYLESS!r} lost its message key (its KEY item was deleted behind the pipeline's back)"
+    return KEYLESS, named, SPEC.iterations
 
 
 def _recreate(local, services, key: str, body: bytes, metadata: dict[str, str] | None = None) -> None:
@@ -355,11 +365,13 @@ def test_what_is_changed_behind_the_pipelines_back_fails_the_run_naming_it(local
     s3 = boto3.client("s3", endpoint_url=local.deployment.endpoint, region_name=REGION)
     try:
         run_id, named, changed_in = change(local, s3, services)
+        changed = time.monotonic()
         run = finish(services, run_id)
     finally:
         local.host.faults = None
     assert run.status == "FAILED" and named in (run.reason or ""), run.reason
     assert run.iteration <= changed_in + 1, f"the run went on to iteration {run.iteration}: {run.reason}"
+    assert time.monotonic() - changed < SPEC.deadline_s  # within one deadline period, not at the heartbeat
 
 
 PLACED = "preplaced"

@@ -112,7 +112,8 @@ def _register(
         initial = shards.Shard(WEIGHTS[layout.start : layout.stop], state, averaged=[])
         services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     _put_run(services, config, launched)
-    if watched:
+    if watched:  # the launch's first deadline, signed, made the run's key
+        services.table.make_run_key(run_id, services.keys.signing(run_id))
         assert services.table.watch(run_id, None, 0, None) is not None
     return config
 
