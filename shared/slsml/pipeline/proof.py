@@ -8,7 +8,8 @@ The key: 32 random bytes, made by the first step that sends a message of the run
 PutItem in the run table (``RunTable.make_run_key``), and read once per container and run into the warm cache. It
 lives as long as the run's records; each run has its own, so a key that leaked opens one run alone. Only the
 pipeline's roles (and the deployment's owner) can read the run table (docs/reliability.md, "Messages that do not
-belong to a run").
+belong to a run"). A running run that sent messages and finds its key gone (its item deleted) fails, naming it
+(``KeyLost``), at the first step that needs the key: no key is made anew for it.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ class RunKeys:
         """The run's key, made if it has none; KeyLost naming its key item if the run is running and sent messages
         before (``lost``): a key made anew would leave every message in flight unproven."""
         if (key := self.checking(run_id)) is None:
-            self.lost(run_id)
             with usage.warming():
+                self.lost(run_id)
                 key = self.table.make_run_key(run_id, secrets.token_bytes(KEY_BYTES))
             self._keep(run_id, key)
         return key
