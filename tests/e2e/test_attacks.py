@@ -111,14 +111,14 @@ def undisturbed(services, digits) -> np.ndarray:
     return final_weights(services, REFERENCE)[0]
 
 
-def _hold(local, services, run_id: str, spec: TrainingSpec = SPEC) -> float:
+def _hold(local, services, run_id: str) -> float:
     """Start ``run_id`` with the reads entering iteration AT held (6 s each); returns once it is in AT, with the
     time left to act on it."""
     local.host.faults = Faults(
         s3_get_delay=Delay(probability=1, seconds=6),
         s3_get_delay_match=rf"^runs/{run_id}/iters/{AT:06d}/(weights\.npy|shards/)",
     )
-    train(services, spec, run_id)
+    train(services, SPEC, run_id)
     deadline = time.monotonic() + 120
     while services.table.get_run(run_id).iteration < AT:
         assert time.monotonic() < deadline, "the run never reached the iteration the attack comes in"
@@ -440,12 +440,11 @@ PRECLAIMED = "launch-preclaimed"
 
 def test_a_launch_claimed_beforehand_is_logged_and_relaunched_at_its_deadline(local, services, undisturbed):
     """The counter of iteration AT + 1 created by hand (PutItem) with a launch claim of its own while the run is in AT:
-    the WorkLauncher's launch of it is skipped, and says so naming the claim; the iteration's deadline (30 s here)
-    re-launches its workers, and the run completes bit-identical to an undisturbed one, not at its heartbeat."""
-    spec = SPEC.model_copy(update={"deadline_s": 30.0})
+    the WorkLauncher's launch of it is skipped, and says so naming the claim; the iteration's deadline re-launches its
+    workers, and the run completes bit-identical to an undisturbed one, not at its heartbeat."""
     dynamodb = boto3.resource("dynamodb", endpoint_url=local.deployment.endpoint, region_name=REGION)
     try:
-        _hold(local, services, PRECLAIMED, spec)
+        _hold(local, services, PRECLAIMED)
         claimed = {
             records.PARTITION_KEY.name: f"RUN#{PRECLAIMED}",
             records.SORT_KEY.name: records.iteration_sk(AT + 1),
@@ -457,7 +456,7 @@ def test_a_launch_claimed_beforehand_is_logged_and_relaunched_at_its_deadline(lo
     finally:
         local.host.faults = None
     assert run.status == "COMPLETED", run.reason
-    assert time.monotonic() - started < 2 * spec.deadline_s + 30  # one deadline, not the heartbeat (15 minutes)
+    assert time.monotonic() - started < 2 * SPEC.deadline_s  # one deadline, not the heartbeat (15 minutes)
     assert np.array_equal(final_weights(services, PRECLAIMED)[0], undisturbed)
     skipped = log_entries(local.log_dir / "work_launcher.log", run_id=PRECLAIMED, iteration=AT + 1)
     assert [(e["message"], e["claimed_by"]) for e in skipped if "claimed_by" in e] == [
