@@ -1310,3 +1310,24 @@ def test_a_step_that_finds_superseded_state_gone_is_late_and_fails_no_run(servic
         reducer.reduce(fired[0], services)
     run = services.table.get_run("lost-state")
     assert run.status == "FAILED" and "runs/lost-state/iters/000000/shards/0000/shard.bin does not exist" in run.reason
+
+
+def test_a_launch_claimed_by_an_item_no_launch_wrote_fails_the_run_naming_it(services: Services) -> None:
+    """The counter of iteration 0 put by hand with a claim (no time, workers or generation, as every launch's claim
+    holds): the landed model's launch is skipped and the run fails naming the item, rather than waiting on workers
+    that nothing launched; a launch's own claim, by another trigger, is skipped alone."""
+    _register(services, "preclaimed", workers=2, watched=False, launched=False)
+    services.table.table.put_item(Item={"pk": "RUN#preclaimed", "sk": iteration_sk(0), "launched_by": "forged"})
+    landed = ModelLanded(key=keys.model("preclaimed", 0), sequencer="a")
+    assert work_launcher.on_model(landed, services) == Outcome.REFUSED
+    run = services.table.get_run("preclaimed")
+    assert run.status == "FAILED"
+    assert run.reason == (
+        "the launch of iteration 0 was claimed behind the pipeline's back: its ITER#000000 item names 'forged',"
+        " which launched nothing"
+    )
+    _register(services, "claimed", workers=2, watched=False)  # launched by its "launch-0" trigger
+    assert work_launcher.on_model(ModelLanded(key=keys.model("claimed", 0), sequencer="b"), services) == (
+        Outcome.ALREADY_LAUNCHED
+    )
+    assert services.table.get_run("claimed").status == "RUNNING"
