@@ -61,6 +61,7 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Any:
         item = records.run_item("r1", "d", spec, 0.0, config_digest(run_json))  # registered with its run.json
         table.table.put_item(Item={**item, "iteration": 3})
         table.claim_launch("r1", 3, "test", workers=4)
+        table.make_run_key("r1", b"k" * 32)  # made by its first launch
         yield run_json
     deployment_services.cache_clear()
 
