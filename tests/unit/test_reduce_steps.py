@@ -122,6 +122,13 @@ def _register(
     return config
 
 
+def _manifest(services: Services, run_id: str, iteration: int) -> None:
+    """The manifest of ``iteration``, naming its stored shards, as the Merger stores it (its proof of origin)."""
+    etags = [services.store.etag(keys.shard(run_id, iteration, r)) or "" for r in range(PLAN.reducers)]
+    key, body = keys.manifest(run_id, iteration), Manifest(iteration=iteration, shards=etags).model_dump_json().encode()
+    services.store.put_new(key, body, services.keys.sign_object(run_id, key, body))
+
+
 def _put_run(services: Services, config: RunConfig, launched: bool = True) -> None:
     """The run's record as the state machine registers it, with iteration 0 launched unless ``launched`` is False."""
     spec, digest = config.training, config_digest(config.stored())

@@ -13,11 +13,11 @@ from slsml.pipeline.services import Services
 from slsml.pipeline.steps import reduce_launcher, reducer
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
-from slsml.spec.messages import Manifest, Participant, ReduceMessage, WorkDone
+from slsml.spec.messages import Participant, ReduceMessage, WorkDone
 from slsml.training import optimizers, updates
 
 from . import test_reduce_steps
-from .test_reduce_steps import PLAN, SAMPLES, SGD, VECTORS, _register, _shard
+from .test_reduce_steps import PLAN, SAMPLES, SGD, VECTORS, _manifest, _register, _shard
 
 services = test_reduce_steps.services  # the fixture: a run table, bucket, topics and queue in moto
 
@@ -48,9 +48,7 @@ def _launch(services: Services, run_id: str, iteration: int, fired: list[ReduceM
     """Finish ``iteration - 1``'s reduce (every shard) and launch ``iteration``."""
     for message in fired:
         reducer.reduce(message, services)
-    etags = [services.store.etag(keys.shard(run_id, iteration, r)) or "" for r in range(PLAN.reducers)]
-    key, body = keys.manifest(run_id, iteration), Manifest(iteration=iteration, shards=etags).model_dump_json().encode()
-    services.store.put_new(key, body, services.keys.sign_object(run_id, key, body))  # as the Merger stores it
+    _manifest(services, run_id, iteration)
     assert services.table.claim_launch(run_id, iteration, f"launch-{iteration}", 0, 3) is not None
 
 
