@@ -48,6 +48,7 @@ from slsml.training import modelio, shards, updates
 from tests import archives
 
 from .conftest import dead_letters, final_weights, finish, log_entries, train
+from .test_orchestration import _execution
 
 RUN, REFERENCE = "attacked", "attacked-reference"
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=4, eval_every=0)
@@ -433,6 +434,8 @@ def test_what_is_changed_behind_the_pipelines_back_fails_the_run_naming_it(local
     assert run.status == "FAILED" and named in (run.reason or ""), run.reason
     assert run.iteration <= changed_in + 1, f"the run went on to iteration {run.iteration}: {run.reason}"
     assert time.monotonic() - changed < SPEC.deadline_s  # within one deadline period, not at the heartbeat
+    execution, _ = _execution(local, run_id)  # ended by the step that failed the run, or by the watchdog it asked
+    assert (execution["status"], execution.get("cause")) == ("FAILED", run.reason)
 
 
 PLACED = "preplaced"
