@@ -15,6 +15,7 @@ deployment's key policy, ``deployment.key_policy_statements``), once per contain
 public keys and sealed private keys are one create-once item of the run table (``RunTable.make_run_keys``), read once
 per container and run: verifying takes no request. Each run has its own keys, so a key that leaked opens one kind of
 one run alone.
+
 A run that sent messages and finds its keys gone (its KEY item deleted) gets none made anew: while it runs, the
 first step that needs them fails it, naming the item (``KeyLost``); once it ended, what its steps send carries no
 proof and is refused, but for the watchdog's end of its execution (``ends_execution``), which acts on the run's
