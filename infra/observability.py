@@ -36,6 +36,7 @@ CUSTOM_STATISTICS = {
     Metric.DEADLINE_ACTIONS: "Sum",
     Metric.REJECTED_MESSAGES: "Sum",
     Metric.REFUSED_STARTS: "Sum",
+    Metric.REFUSED_OBJECTS: "Sum",
 }
 
 

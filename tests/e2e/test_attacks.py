@@ -44,17 +44,19 @@ from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import Manifest, ReduceDone, WorkDone
 from slsml.state import records
-from slsml.training import modelio
+from slsml.training import modelio, shards, updates
 from tests import archives
 
 from .conftest import dead_letters, final_weights, finish, log_entries, train
+from .test_orchestration import _execution
 
 RUN, REFERENCE = "attacked", "attacked-reference"
 SPEC = TrainingSpec(workers=2, reducers=2, global_batch=64, iterations=4, eval_every=0)
+ETAG = etag_of(b"")  # an update's ETag, as a report names it
 AT = 2  # the iteration the run is in when the messages come
 # reads of the weights entering iteration AT take 6 s (workers', then reducers'): the run is still in it while
 # the messages are retried and dead-lettered, and before its next objects are written
-PARTICIPANTS = [{"worker": 0, "samples": 32}, {"worker": 1, "samples": 32}]
+PARTICIPANTS = [{"worker": 0, "samples": 32, "etag": ETAG}, {"worker": 1, "samples": 32, "etag": ETAG}]
 
 
 def _message(**fields: Any) -> str:
@@ -66,9 +68,14 @@ NOT_HOLDING = "its proof of origin does not hold"
 # (topic, or "deadlines" for the watchdog's queue), body, the function it reaches, what its rejection says: each would
 # fit the run but for its proof of origin (none: the pipeline did not send it)
 ROWS: list[tuple[str, str, str, str]] = [
-    ("Reduce", _message(shard=0, participants=[{"worker": 0, "samples": 64}]), "reducer", UNSIGNED),
+    ("Reduce", _message(shard=0, participants=[{"worker": 0, "samples": 64, "etag": ETAG}]), "reducer", UNSIGNED),
     ("Work", _message(iteration=AT + 1, worker=0, workers=2), "worker", UNSIGNED),
-    ("WorkDone", _message(worker=1, samples=32, loss=0.1, compute_s=1, finite=False), "reduce_launcher", UNSIGNED),
+    (
+        "WorkDone",
+        _message(worker=1, samples=32, loss=0.1, compute_s=1, finite=False, etag=ETAG),
+        "reduce_launcher",
+        UNSIGNED,
+    ),
     ("ReduceDone", _message(shard=1), "merger", UNSIGNED),
     (
         "RunControl",
@@ -108,7 +115,7 @@ def _signed_rows(local, services) -> list[tuple[str, str, str, str]]:
     """A report the pipeline signed, changed on its way (its update made non-finite); one of the undisturbed run,
     sent under this run's name (replayed from another run); and messages a role signed with its own key, with its own
     credentials, that its kind does not send: a Reducer's non-finite report, a Worker's shard done."""
-    done = WorkDone(run_id=RUN, iteration=AT, worker=1, samples=32, loss=0.1, compute_s=1)
+    done = WorkDone(run_id=RUN, iteration=AT, worker=1, samples=32, loss=0.1, compute_s=1, etag=ETAG)
     changed = services.keys.sign(done).model_copy(update={"finite": False, "loss": 0.0})
     other = services.keys.sign(done.model_copy(update={"run_id": REFERENCE})).model_copy(update={"run_id": RUN})
     by_reducer = _as(local, services, "reducer").sign(done.model_copy(update={"finite": False, "loss": 0.0}))
@@ -203,9 +210,11 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
 
 # What is changed behind the pipeline's back while a run trains, each with boto3 as a hand with access to the table
 # or the bucket would: the run fails with a reason naming what changed, before it goes past the iteration after the
-# change (a step notices it, no deadline has to come), rather than training on it or hanging.
+# change (a step notices it, no deadline has to come; a deleted key: the first step that reads it), within one deadline
+# period, rather than training on it or hanging.
 EDITED, MANIFEST, DELETED, SWAPPED = "item-edited", "manifest-replaced", "shard-deleted", "dataset-swapped"
 CONFIGURED, FINAL = "config-replaced", "final-swapped"
+UPDATED, SHARDED, KEYLESS, PRECLAIMED = "update-replaced", "shard-replaced", "key-deleted", "launch-preclaimed"
 PINNED = "digits-pinned"  # the swapped run's dataset, of no other run: no warm function holds its shards
 
 
@@ -303,6 +312,68 @@ def _swap_final_model(local, s3, services) -> tuple[str, str, int]:
     return FINAL, f"{key} is not the model the Merger stored: it was replaced behind the pipeline's back", last
 
 
+def _replace_update(local, s3, services) -> tuple[str, str, int]:
+    """Worker 0's update of AT, once stored, deleted and created anew (create-only) with its metadata and its values
+    scaled by −40, before the reducers read it (their reads of it are held 6 s): by a hand holding a Worker's
+    credentials (its role deletes scratch; the owner's delete is refused)."""
+    key = keys.update(UPDATED, AT, 0)
+    local.host.faults = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^{re.escape(key)}$")
+    train(services, SPEC, UPDATED)
+    _wait_for(lambda: services.store.exists(key), "worker 0 never stored its update")
+    stored = services.store.read(key)
+    vector, samples = updates.decode(stored.body)
+    scaled, _ = updates.encode(vector * -40, samples)
+    _recreate(local, services, key, scaled, stored.metadata)
+    return UPDATED, f"{key} is not the update worker 0 reported", AT
+
+
+def _replace_shard(local, s3, services) -> tuple[str, str, int]:
+    """Shard 1 entering AT (weights and optimizer state), once the workers read it (the reduce fired), deleted and
+    created anew with its weights + 1, before its reducer reads it (held 6 s), by a hand holding a Worker's
+    credentials."""
+    _hold(local, services, SHARDED)
+    _wait_for(lambda: services.table.get_counter(SHARDED, AT).reduce_fired_by is not None, "the reduce never fired")
+    key = keys.shard(SHARDED, AT, 1)
+    stored = shards.decode(services.store.get(key))
+    _recreate(local, services, key, shards.encode(shards.Shard(stored.weights + 1, stored.state, stored.averaged)))
+    return SHARDED, f"{key} is not the shard the manifest of iteration {AT} names", AT
+
+
+def _delete_run_key(local, s3, services) -> tuple[str, str, int]:
+    """The run's message key (its KEY item) deleted by hand (DeleteItem) while the run is in AT: containers that keep
+    the key read before go on proving the run's messages under it (the key it had), and the first step that needs it
+    from the table fails the run, whichever iteration that is in."""
+    _hold(local, services, KEYLESS)
+    dynamodb = boto3.resource("dynamodb", endpoint_url=local.deployment.endpoint, region_name=REGION)
+    dynamodb.Table(services.table.table.name).delete_item(
+        Key={records.PARTITION_KEY.name: f"RUN#{KEYLESS}", records.SORT_KEY.name: records.KEY}
+    )
+    named = f"run {KEYLESS!r} lost its signing keys (its KEY item was deleted behind the pipeline's back)"
+    return KEYLESS, named, SPEC.iterations
+
+
+def _preclaim_launch(local, s3, services) -> tuple[str, str, int]:
+    """The counter of iteration AT + 1 put by hand (PutItem) with a launch claim of its own while the run is in AT:
+    the WorkLauncher's launch of it is skipped, and the run fails naming the claim (nothing launched the workers)."""
+    _hold(local, services, PRECLAIMED)
+    dynamodb = boto3.resource("dynamodb", endpoint_url=local.deployment.endpoint, region_name=REGION)
+    claimed = {
+        records.PARTITION_KEY.name: f"RUN#{PRECLAIMED}",
+        records.SORT_KEY.name: records.iteration_sk(AT + 1),
+        "launched_by": "forged",
+    }
+    dynamodb.Table(services.table.table.name).put_item(Item=claimed)
+    named = f"the launch of iteration {AT + 1} was claimed behind the pipeline's back: its ITER#{AT + 1:06d} item"
+    return PRECLAIMED, f"{named} names 'forged', which launched nothing", AT + 1
+
+
+def _recreate(local, services, key: str, body: bytes, metadata: dict[str, str] | None = None) -> None:
+    """``key`` deleted and created anew (create-only) with ``body``, with a Worker's credentials."""
+    worker = _as_function(local, "worker")
+    worker.delete_object(Bucket=services.store.bucket, Key=key)
+    worker.put_object(Bucket=services.store.bucket, Key=key, Body=body, Metadata=metadata or {}, IfNoneMatch="*")
+
+
 def _as_function(local, function: str) -> Any:
     """An S3 client signing with ``function``'s credentials, as its role."""
     key, secret = local.deployment.identities[function]
@@ -339,17 +410,32 @@ def _wait_for(condition: Callable[[], bool], failure: str) -> None:
 
 @pytest.mark.parametrize(
     "change",
-    [_edit_run_item, _replace_manifest, _delete_shard, _swap_dataset_shard, _replace_run_json, _swap_final_model],
+    [
+        _edit_run_item,
+        _replace_manifest,
+        _delete_shard,
+        _swap_dataset_shard,
+        _replace_run_json,
+        _swap_final_model,
+        _replace_update,
+        _replace_shard,
+        _delete_run_key,
+        _preclaim_launch,
+    ],
 )
 def test_what_is_changed_behind_the_pipelines_back_fails_the_run_naming_it(local, services, digits, change):
     s3 = boto3.client("s3", endpoint_url=local.deployment.endpoint, region_name=REGION)
     try:
         run_id, named, changed_in = change(local, s3, services)
+        changed = time.monotonic()
         run = finish(services, run_id)
     finally:
         local.host.faults = None
     assert run.status == "FAILED" and named in (run.reason or ""), run.reason
     assert run.iteration <= changed_in + 1, f"the run went on to iteration {run.iteration}: {run.reason}"
+    assert time.monotonic() - changed < SPEC.deadline_s  # within one deadline period, not at the heartbeat
+    execution, _ = _execution(local, run_id)  # ended by the step that failed the run, or by the watchdog it asked
+    assert (execution["status"], execution.get("cause")) == ("FAILED", run.reason)
 
 
 PLACED = "preplaced"
@@ -361,7 +447,7 @@ def test_objects_placed_at_a_runs_next_keys_are_not_trusted_and_a_replaced_final
     s3 = boto3.client("s3", endpoint_url=local.deployment.endpoint, region_name=REGION)
     bucket = services.store.bucket
     forged = modelio.save_model(demo.digits_cnn(seed=7))  # a loadable model of the run's shape, other weights
-    done = WorkDone(run_id=PLACED, iteration=AT + 1, worker=0, samples=32, loss=0.1, compute_s=1)
+    done = WorkDone(run_id=PLACED, iteration=AT + 1, worker=0, samples=32, loss=0.1, compute_s=1, etag=etag_of(b""))
     elsewhere = Manifest(iteration=AT + 1, shards=[etag_of(forged)] * SPEC.reducers).model_dump_json().encode()
     placed = {  # key → (body, metadata): each claims to be what the pipeline would have written there
         keys.update(PLACED, AT + 1, 0): (b"\0" * 4096, {"done": done.model_dump_json()}),

@@ -1,11 +1,13 @@
 """The dashboard's custom metrics are emitted where they are true. A short run whose worker 3 is a
 straggler left behind at the deadline floor (so that the watchdog acts and a worker comes late) writes,
 in its functions' embedded-metric-format log lines, every metric the deployed dashboard graphs, under
-the namespace and with the dimensions the dashboard graphs it with (``infra.observability``)."""
+the namespace and with the dimensions the dashboard graphs it with (``infra.observability``); a run before it, whose
+update is replaced behind the pipeline's back, writes the refusal of it."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -13,12 +15,14 @@ from typing import Any
 import pytest
 
 from infra.observability import CUSTOM_STATISTICS, custom_metric
-from slsml.local.faults import Faults
-from slsml.spec import wiring
+from slsml.local.faults import Delay, Faults
+from slsml.spec import keys, wiring
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 from slsml.spec.messages import WorkMessage
+from slsml.training import updates
 
 from .conftest import finish, timeouts, train
+from .test_attacks import _recreate, _wait_for
 from .test_faults import injecting
 
 pytestmark = pytest.mark.usefixtures("warm")  # the Worker and Reducer time out after seconds here
@@ -77,10 +81,28 @@ def _new_lines(log_dir: Path, offsets: dict[Path, int]) -> list[str]:
     return lines
 
 
+def _refused_update(local, services) -> None:
+    """A run whose worker 0's update of iteration 0 is replaced once stored, before its reducers read it (their reads
+    of it held 6 s): they refuse it (RefusedObjects), and the run fails naming it."""
+    run_id, key = f"{RUN}-refused", keys.update(f"{RUN}-refused", 0, 0)
+    local.host.faults = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^{re.escape(key)}$")
+    try:
+        train(services, SPEC.model_copy(update={"deadline_s": 120.0}), run_id)
+        _wait_for(lambda: services.store.exists(key), "worker 0 never stored its update")
+        stored = services.store.read(key)
+        vector, samples = updates.decode(stored.body)
+        _recreate(local, services, key, updates.encode(vector * -40, samples)[0], stored.metadata)
+        run = finish(services, run_id)
+    finally:
+        local.host.faults = None
+    assert run.status == "FAILED" and f"{key} is not the update worker 0 reported" in (run.reason or ""), run.reason
+
+
 def test_every_metric_the_dashboard_graphs_is_emitted_with_its_dimensions(local, services, digits):
     expected = graphed()
     assert len(expected) == len(CUSTOM_STATISTICS)
     offsets = {path: path.stat().st_size for path in local.log_dir.glob("*.log")}
+    _refused_update(local, services)
     with timeouts(local, DEADLINE_S), injecting(local, Faults.parse(f"late_worker=3:{2 * DEADLINE_S}")) as report:
         train(services, SPEC, RUN)
         # a message for a worker the run does not have: rejected (RejectedMessages), the run unharmed

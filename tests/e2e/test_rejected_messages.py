@@ -9,6 +9,7 @@ import json
 import boto3
 import numpy as np
 
+from slsml.aws.storage import etag_of
 from slsml.local.faults import Delay, Faults
 from slsml.pipeline.envelope import MAX_MESSAGE_BYTES
 from slsml.spec import keys
@@ -24,7 +25,12 @@ HOLD = Faults(
     s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^runs/{RUN}/iters/000002/(weights\.npy|shards/)"
 )
 FORGED = 999  # the iteration the forged messages name: a step that took one in would fail the run
-REDUCE = {"run_id": RUN, "iteration": FORGED, "shard": 0, "participants": [{"worker": 0, "samples": 32}]}
+REDUCE = {
+    "run_id": RUN,
+    "iteration": FORGED,
+    "shard": 0,
+    "participants": [{"worker": 0, "samples": 32, "etag": etag_of(b"")}],
+}
 # topic, body, the function that receives it, what its rejection says
 CASES: list[tuple[str, str, str, str]] = [
     ("Work", "work for run rejections, please", "worker", "WorkMessage message {id} rejected: not JSON: "),

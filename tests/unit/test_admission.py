@@ -8,22 +8,26 @@ would have acted on it."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
 
+from slsml.aws import cache as warm_cache
+from slsml.aws.storage import etag_of
 from slsml.pipeline import admission, envelope
 from slsml.pipeline.proof import RunKeys
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import dead_letters
 from slsml.pipeline.steps.dead_letters import on_dead_letter
 from slsml.spec import keys, wiring
-from slsml.spec.errors import MessageRejected
+from slsml.spec.errors import KeyLost, MessageRejected
 from slsml.spec.messages import Deadline, ModelMerged, ReduceDone, ReduceMessage, WorkMessage
 
 from .test_dead_letters import DEADLINES_DLQ, SOURCES, parsed, sqs_record
 from .test_reduce_steps import _arrive, _done, _register, services  # noqa: F401
 
+ETAG = etag_of(b"")  # an update's ETag, as a report names it
 RUN = "checked"
 
 
@@ -60,9 +64,12 @@ def test_what_the_pipeline_sends_is_admitted(services: Services, fired: list[Red
         (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2, attempt=7), "attempt 7 is past the run's"),
         (WorkMessage(run_id=RUN, iteration=0, worker=0, workers=2, resume=10**5), "a continuation after 100000 micro"),
         (_done(RUN, 0).model_copy(update={"samples": 10**12}), "1000000000000 samples, more than a worker's 16 of"),
-        (ReduceMessage(run_id=RUN, iteration=0, shard=99, participants=({"worker": 0, "samples": 4},)), "shard 99 of"),
         (
-            ReduceMessage(run_id=RUN, iteration=0, shard=0, participants=({"worker": 40, "samples": 4},)),
+            ReduceMessage(run_id=RUN, iteration=0, shard=99, participants=({"worker": 0, "samples": 4, "etag": ETAG},)),
+            "shard 99 of",
+        ),
+        (
+            ReduceMessage(run_id=RUN, iteration=0, shard=0, participants=({"worker": 40, "samples": 4, "etag": ETAG},)),
             "participants [40] beyond the run's 16 workers at most",
         ),
         (ReduceDone(run_id=RUN, iteration=0, shard=7), "shard 7 of a run of 2 reducers"),
@@ -226,3 +233,38 @@ def test_a_message_the_pipeline_sent_to_a_run_whose_run_json_is_not_the_one_it_r
     assert run.status == "FAILED" and run.reason is not None and run.reason.startswith(named), run.reason
     ending = Deadline(run_id="swapped", iteration=0, stage="end", round=0, due_at=time.time())
     envelope.admit(services.keys.sign(ending), services)  # admitted: it ends the failed run's execution
+
+
+def test_a_run_whose_signing_keys_were_deleted_fails_naming_them_at_the_next_step_that_needs_them(
+    services: Services,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run's KEY item deleted once its chain of deadlines started: a step of a fresh container (no key kept) fails
+    the run naming the item, whether it signs a message (no keys are made anew, not even by the launcher) or checks
+    one. The failed run's steps sign nothing: what they send is refused, but for the watchdog's end of its execution
+    (which a Worker asks for), admitted without proof both where no key is kept and where the lost keys still are."""
+    _register(services, "keyless", workers=2)  # watched: its launch's first message made its keys
+    message = _as(services, "work_launcher").sign(WorkMessage(run_id="keyless", iteration=0, worker=1, workers=2))
+    _as(services, "worker").sign(_done("keyless", 1))  # a container that keeps the Worker's key and the public keys
+    keeping = warm_cache.warm()
+    services.table.table.delete_item(Key={"pk": "RUN#keyless", "sk": "KEY"})
+    monkeypatch.setattr(warm_cache, "_warm", None)  # a fresh container
+    named = "run 'keyless' lost its signing keys (its KEY item was deleted behind the pipeline's back)"
+    for kind in ("work_launcher", "worker"):
+        with pytest.raises(KeyLost, match=re.escape(named)):
+            _as(services, kind).sign(message)
+    assert services.table.run_keys("keyless") is None
+    with pytest.raises(MessageRejected, match=re.escape(named)):
+        envelope.admit(message, services)
+    run = services.table.get_run("keyless")
+    assert run.status == "FAILED" and (run.reason or "").startswith(named), run.reason
+    ending = _as(services, "worker").sign(Deadline(run_id="keyless", iteration=0, stage="end", round=0, due_at=0.0))
+    assert ending.proof == "" and services.table.run_keys("keyless") is None
+    envelope.admit(ending, services)  # admitted: it ends the failed run's execution
+    with pytest.raises(MessageRejected, match="lost its signing keys: no message of the run can be proven"):
+        envelope.admit(message, services)
+    monkeypatch.setattr(warm_cache, "_warm", keeping)  # the container that keeps the lost keys
+    envelope.admit(ending, services)
+    envelope.admit(_as(services, "worker").sign(ending), services)  # signed under the Worker's kept key
+    with pytest.raises(MessageRejected, match="carries no proof of origin"):
+        envelope.admit(message.model_copy(update={"proof": ""}), services)

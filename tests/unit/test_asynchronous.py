@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from slsml.aws.storage import etag_of
 from slsml.cli import options
 from slsml.client import runs
 from slsml.data import datasets as data
@@ -23,21 +24,35 @@ from slsml.spec.messages import Deadline, ModelMerged, Participant, ReduceMessag
 from slsml.training import optimizers, updates
 
 from . import test_reduce_steps
-from .test_reduce_steps import PLAN, SAMPLES, SGD, VECTORS, _register, _shard
+from .test_reduce_steps import PLAN, SAMPLES, SGD, VECTORS, _manifest, _register, _shard
 
 services = test_reduce_steps.services  # the fixture: a run table, bucket, topics and queue in moto
 
 
+def _update(iteration: int, worker: int) -> updates.Encoded:
+    """Worker ``worker``'s update on model version ``iteration``: VECTORS[worker] + iteration."""
+    return updates.encode(VECTORS[worker] + iteration, SAMPLES[worker])
+
+
+def _etag(iteration: int, worker: int) -> str:
+    return etag_of(_update(iteration, worker).body)
+
+
 def _done(run_id: str, iteration: int, worker: int) -> WorkDone:
     return WorkDone(
-        run_id=run_id, iteration=iteration, worker=worker, samples=SAMPLES[worker], loss=0.5, compute_s=0.01
+        run_id=run_id,
+        iteration=iteration,
+        worker=worker,
+        samples=SAMPLES[worker],
+        loss=0.5,
+        compute_s=0.01,
+        etag=_etag(iteration, worker),
     )
 
 
 def _arrive(services: Services, run_id: str, iteration: int, worker: int) -> list[ReduceMessage]:
-    """Worker ``worker``'s update on model version ``iteration`` (VECTORS[worker] + iteration), stored and announced."""
-    vector = VECTORS[worker] + iteration
-    services.store.put_new(keys.update(run_id, iteration, worker), *updates.encode(vector, SAMPLES[worker]))
+    """Worker ``worker``'s update on model version ``iteration``, stored and announced."""
+    services.store.put_new(keys.update(run_id, iteration, worker), *_update(iteration, worker))
     return reduce_launcher.on_work_done(_done(run_id, iteration, worker), services)
 
 
@@ -47,6 +62,7 @@ def _merge(services: Services, run_id: str, fired: list[ReduceMessage]) -> list[
     for message in fired:
         reducer.reduce(message, services)
     version = fired[0].iteration + 1
+    _manifest(services, run_id, version)
     assert services.table.advance(run_id, version, 0) is not None
     assert services.table.claim_launch(run_id, version, f"launch-{version}", 0, 3) is not None
     return reduce_launcher.apply_next(services, run_config(services, run_id), 0)
@@ -60,12 +76,19 @@ def test_each_update_is_applied_alone_as_it_arrives_and_a_second_waits_for_the_n
     _register(services, "asp", workers=3, staleness="unbounded", iterations=6)
     fired = _arrive(services, "asp", 0, 1)
     assert len(fired) == PLAN.reducers
-    assert all(m.iteration == 0 and m.participants == (Participant(worker=1, samples=SAMPLES[1]),) for m in fired)
+    assert all(
+        m.iteration == 0 and m.participants == (Participant(worker=1, samples=SAMPLES[1], etag=_etag(0, 1)),)
+        for m in fired
+    )
     assert _arrive(services, "asp", 0, 0) == []  # version 0's reduce is out: it waits, no barrier
-    assert services.table.waiting("asp", 0) == [Participant(worker=0, samples=SAMPLES[0], iteration=0)]
+    assert services.table.waiting("asp", 0) == [
+        Participant(worker=0, samples=SAMPLES[0], iteration=0, etag=_etag(0, 0))
+    ]
 
     following = _merge(services, "asp", fired)
-    stale = Participant(worker=0, samples=SAMPLES[0], iteration=0)  # read version 0, applied to version 1
+    stale = Participant(
+        worker=0, samples=SAMPLES[0], iteration=0, etag=_etag(0, 0)
+    )  # read version 0, applied to version 1
     assert [m.participants for m in following] == [(stale,)] * PLAN.reducers
     assert services.table.waiting("asp", 0) == []
 
@@ -90,9 +113,13 @@ def test_a_duplicate_report_of_an_applied_update_is_applied_once_and_leaves_the_
     assert [p.worker for p in following[0].participants] == [0]
     assert _arrive(services, "asp-dup", 1, 2) == []  # worker 2, launched again on version 1, waits for version 2
     assert reduce_launcher.on_work_done(_done("asp-dup", 0, 2), services) == []  # a late copy of its first update
-    assert services.table.waiting("asp-dup", 0) == [Participant(worker=2, samples=SAMPLES[2], iteration=1)]
+    assert services.table.waiting("asp-dup", 0) == [
+        Participant(worker=2, samples=SAMPLES[2], iteration=1, etag=_etag(1, 2))
+    ]
     last = _merge(services, "asp-dup", following)
-    assert next(m.participants for m in last) == (Participant(worker=2, samples=SAMPLES[2], iteration=1),)
+    assert next(m.participants for m in last) == (
+        Participant(worker=2, samples=SAMPLES[2], iteration=1, etag=_etag(1, 2)),
+    )
     assert [sorted(p.worker for p in services.table.get_iteration("asp-dup", v).participants) for v in range(3)] == [
         [2],
         [0],
@@ -102,13 +129,15 @@ def test_a_duplicate_report_of_an_applied_update_is_applied_once_and_leaves_the_
 
 def test_a_deadline_applies_an_update_whose_reduce_was_never_fired(services) -> None:
     config = _register(services, "asp-lost", workers=2, staleness="unbounded", iterations=4)
-    services.store.put_new(keys.update("asp-lost", 0, 1), *updates.encode(VECTORS[1], SAMPLES[1]))
+    services.store.put_new(keys.update("asp-lost", 0, 1), *_update(0, 1))
     services.table.record_worker(_done("asp-lost", 0, 1))
     services.table.wait(_done("asp-lost", 0, 1))  # the report's step ended before it fired the reduce
     deadline = Deadline(run_id="asp-lost", iteration=0, generation=0, stage="work", round=0, due_at=0)
     action, following = watchdog._work_deadline(deadline, config, services.table.get_iteration("asp-lost", 0), services)
     assert action == Action.FIRED and following is not None and following.stage == "reduce"
-    assert services.table.get_iteration("asp-lost", 0).participants == [Participant(worker=1, samples=SAMPLES[1])]
+    assert services.table.get_iteration("asp-lost", 0).participants == [
+        Participant(worker=1, samples=SAMPLES[1], etag=_etag(0, 1))
+    ]
 
 
 def test_a_worker_whose_update_never_came_is_relaunched_on_its_version_then_the_run_fails_naming_it(services) -> None:
@@ -178,6 +207,7 @@ def test_a_version_the_run_moved_past_before_its_launch_came_still_launches_its_
     for message in fired:
         reducer.reduce(message, services)
     assert services.table.advance("asp-behind", 1, 0) is not None  # version 1, worker 1 freed: its launch is late
+    _manifest(services, "asp-behind", 1)
     following = reduce_launcher.apply_next(services, config, 0)  # worker 0's update, applied to version 1
     for message in following:
         reducer.reduce(message, services)

@@ -9,6 +9,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from slsml.aws.storage import etag_of
 from slsml.local import faults
 from slsml.local.faults import Delay, Faults, InjectedFault, InvocationFaults, SlowWorker, chance, message_identity
 from slsml.spec import keys
@@ -64,7 +65,7 @@ def _body(topic: str, message: dict | str) -> dict:
 
 
 def test_identity_names_the_message_not_its_measurements() -> None:
-    done = WorkDone(run_id="r", iteration=3, worker=1, samples=32, loss=0.5, compute_s=0.1)
+    done = WorkDone(run_id="r", iteration=3, worker=1, samples=32, loss=0.5, compute_s=0.1, etag=etag_of(b""))
     slower = done.model_copy(update={"compute_s": 9.0, "loss": 0.7})
     assert message_identity(_body("WorkDone", done.model_dump())) == message_identity(
         _body("WorkDone", slower.model_dump())

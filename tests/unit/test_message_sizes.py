@@ -7,7 +7,7 @@ import pytest
 
 from slsml.accounting import prices
 from slsml.cost import predict as costmodel
-from slsml.cost.messages import check_messages, largest_reduce, message_bytes
+from slsml.cost.messages import LONGEST_ETAG, check_messages, largest_reduce, message_bytes
 from slsml.cost.modelinfo import from_params
 from slsml.cost.parameters import Parameters, Quotas
 from slsml.cost.workload import run_workload
@@ -27,13 +27,17 @@ FOLDING = TrainingSpec(workers=1000, global_batch=64_000, quorum=0.75, staleness
 def test_a_staleness_fold_of_a_thousand_workers_is_refused_naming_its_options() -> None:
     participants, size = largest_reduce(FOLDING)
     assert participants == 1000 + 8 * 500  # every worker, and 8 iterations' late ones beyond the floor's 500
-    late = [Participant(worker=w % 1000, attempt=2, samples=64_000, iteration=999) for w in range(4000)]
+    late = [
+        Participant(worker=w % 1000, attempt=2, samples=64_000, iteration=999, etag=LONGEST_ETAG) for w in range(4000)
+    ]
     largest = ReduceMessage(
         run_id="r" * 63,
         iteration=999,
         shard=0,
         attempt=2,
-        participants=tuple([Participant(worker=w, attempt=2, samples=64_000) for w in range(1000)] + late),
+        participants=tuple(
+            [Participant(worker=w, attempt=2, samples=64_000, etag=LONGEST_ETAG) for w in range(1000)] + late
+        ),
     )
     assert len(largest.model_dump_json()) == size > MAX_MESSAGE_BYTES
     with pytest.raises(MessageRejected):  # what the reducer would do with it
@@ -80,3 +84,15 @@ def test_the_plan_sizes_the_same_largest_reduce_message_as_the_start() -> None:
         check_messages(spec)
     with pytest.raises(BadInputError, match="the largest Reduce message lists 3,000 participants"):
         costmodel.check(work, Parameters(), Quotas())
+
+
+def test_a_reduce_of_a_thousand_workers_fits_with_every_update_named_by_its_etag() -> None:
+    """Every worker's update at S3's longest ETag: the message is parsed back as sent (a participant's JSON leaves out
+    attempt 0 and no iteration, which it reads back as those), a fifth of the limit to spare."""
+    participants = [Participant(worker=w, samples=64_000, etag=LONGEST_ETAG) for w in range(999)]
+    participants.append(Participant(worker=999, attempt=3, samples=64_000, iteration=998, etag=LONGEST_ETAG))
+    reduce = ReduceMessage(run_id="r" * 63, iteration=999, shard=0, participants=tuple(participants))
+    body = reduce.model_dump_json()
+    assert '{"worker":0,"samples":64000,"etag":' in body and '"worker":999,"attempt":3,' in body
+    assert parse_message(body, ReduceMessage, "m") == reduce
+    assert len(body) < 0.8 * MAX_MESSAGE_BYTES

@@ -61,6 +61,8 @@ def deployed(monkeypatch: pytest.MonkeyPatch) -> Any:
         boto3.client("s3").put_object(Bucket="bucket", Key=keys.run_config("r1"), Body=run_json)
         table = RunTable(boto3.resource("dynamodb").Table("runs"))
         item = records.run_item("r1", "d", spec, 0.0, config_digest(run_json))  # registered with its run.json
+        # its first launch made its keys
+        deployment_services(None, "{}").keys.sign(WorkMessage(run_id="r1", iteration=0, worker=0, workers=4))
         table.table.put_item(Item={**item, "iteration": 3})
         table.claim_launch("r1", 3, "test", workers=4)
         yield run_json

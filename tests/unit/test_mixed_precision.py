@@ -180,7 +180,7 @@ def _work(services: Services, run_id: str, iteration: int) -> list[WorkDone]:
 def _reduce(services: Services, config: RunConfig, iteration: int, done: list[WorkDone]) -> list[shards.Shard]:
     """Both reducers' steps of ``iteration`` on the workers' updates, and the shards they stored; the iteration after
     is placed (its manifest)."""
-    participants = tuple(Participant(worker=d.worker, attempt=d.attempt, samples=d.samples) for d in done)
+    participants = tuple(Participant(worker=d.worker, attempt=d.attempt, samples=d.samples, etag=d.etag) for d in done)
     for shard in range(2):
         message = ReduceMessage(run_id=config.run_id, iteration=iteration, shard=shard, participants=participants)
         reducer.reduce(message, services)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from moto import mock_aws
 
+from slsml.aws.storage import etag_of
 from slsml.local import faults
 from slsml.local.faults import Delay, InjectedFault, InvocationFaults
 from slsml.pipeline.services import Services, failing_run_on_bad_input
@@ -38,6 +39,7 @@ from slsml.spec.messages import (
     ReduceMessage,
     RunStarted,
     WorkDone,
+    WorkMessage,
 )
 from slsml.spec.reliability import READ_QUORUM_ENV, READ_TIMEOUT_ENV
 from slsml.spec.shardplan import ShardPlan, VariableSpec
@@ -114,9 +116,17 @@ def _register(
         initial = shards.Shard(WEIGHTS[layout.start : layout.stop], state, averaged=[])
         services.store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     _put_run(services, config, launched)
-    if watched:
+    if watched:  # the launch's first message, signed, made the run's keys
+        services.keys.sign(WorkMessage(run_id=run_id, iteration=0, worker=0, workers=workers))
         assert services.table.watch(run_id, None, 0, None) is not None
     return config
+
+
+def _manifest(services: Services, run_id: str, iteration: int) -> None:
+    """The manifest of ``iteration``, naming its stored shards, as the Merger stores it (its proof of origin)."""
+    etags = [services.store.etag(keys.shard(run_id, iteration, r)) or "" for r in range(PLAN.reducers)]
+    key, body = keys.manifest(run_id, iteration), Manifest(iteration=iteration, shards=etags).model_dump_json().encode()
+    services.store.put_new(key, body, services.keys.sign_object(run_id, key, body))
 
 
 def _put_run(services: Services, config: RunConfig, launched: bool = True) -> None:
@@ -141,7 +151,14 @@ def _done(run_id: str, worker: int, finite: bool = True, attempt: int = 0, track
         metrics=_state(worker) if finite and tracked else None,
         compute_s=0.01,
         finite=finite,
+        etag=etag_of(_update(worker, finite)[0]),
     )
+
+
+def _update(worker: int, finite: bool = True) -> tuple[bytes, dict[str, str]]:
+    """Worker ``worker``'s update of iteration 0 as it stores it: its bytes and header."""
+    vector = VECTORS[worker % len(VECTORS)] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
+    return updates.encode(vector, SAMPLES[worker % len(SAMPLES)])
 
 
 def _state(worker: int) -> list[float]:
@@ -154,8 +171,7 @@ def _arrive(
     services: Services, run_id: str, worker: int, finite: bool = True, attempt: int = 0, tracked: bool = False
 ) -> list[ReduceMessage]:
     """What a worker does (store the update, announce it), then the ReduceLauncher."""
-    vector = VECTORS[worker] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
-    body, header = updates.encode(vector, SAMPLES[worker])
+    body, header = _update(worker, finite)
     done = _done(run_id, worker, finite, attempt, tracked)  # stored with the update, as the worker stores it
     services.store.put_new(keys.update(run_id, 0, worker, attempt), body, {"done": done.model_dump_json(), **header})
     return reduce_launcher.on_work_done(done, services)
@@ -335,7 +351,7 @@ def test_a_retry_of_a_report_that_fired_but_did_not_publish_publishes_the_same_r
     its retry publishes that reduce (with those participants), and a copy after that publishes nothing."""
     _register(services, "fire-crash", workers=3, quorum=0.6)
     assert _arrive(services, "fire-crash", 0) == []
-    frozen = [Participant(worker=w, samples=SAMPLES[w]) for w in (0, 1)]  # what the crashed copy froze
+    frozen = [Participant(worker=w, samples=SAMPLES[w], etag=etag_of(_update(w)[0])) for w in (0, 1)]  # what it froze
     assert services.table.freeze_participants("fire-crash", 0, 1, frozen, 0) == (1, frozen)
     services.store.put_new(keys.update("fire-crash", 0, 1), *updates.encode(VECTORS[1], SAMPLES[1]))
     retried = reduce_launcher.on_work_done(_done("fire-crash", 1), services)
@@ -387,7 +403,7 @@ def test_the_counter_and_a_workers_record_do_not_grow_with_the_workers(services:
     assert large["counter"] - small["counter"] <= 16  # a few more digits in the counts and times, no more
     assert large["record"] == small["record"]
     assert large["counter"] < 1024 and large["record"] < 300
-    assert large["participants"] < 300 * 20  # written once per iteration: ~15 bytes per participant
+    assert large["participants"] < 300 * 60  # written once per iteration: ~50 bytes per participant, ETag included
 
 
 def _deadline(
@@ -815,8 +831,11 @@ def _merge_run(services: Services, run_id: str, **training: int) -> list[ReduceM
     _put_run(services, config)
     fired = []
     for worker in range(2):
-        services.store.put_new(keys.update(run_id, 0, worker), *updates.encode(RNG.standard_normal(plan.size), 2))
-        fired += reduce_launcher.on_work_done(_done(run_id, worker), services)
+        update, header = updates.encode(RNG.standard_normal(plan.size), 2)
+        services.store.put_new(keys.update(run_id, 0, worker), update, header)
+        fired += reduce_launcher.on_work_done(
+            _done(run_id, worker).model_copy(update={"etag": etag_of(update)}), services
+        )
     return fired
 
 
@@ -861,6 +880,13 @@ def test_the_workers_take_only_the_shards_the_manifest_names(services: Services)
     services.store.replace(keys.shard("forged-shard", 1, 1), shards.encode(forged))
     with pytest.raises(RunFailed, match=r"shards/0001/shard\.bin is not the shard the manifest of iteration 1 names"):
         load_weights(services.store, run_config(services, "forged-shard"), 1)
+    # nor stepped by its reducer: the reduce of iteration 1 refuses it by name, and stores nothing
+    participants = (Participant(worker=0, samples=2, etag=etag_of(_update(0)[0])),)
+    services.store.put_new(keys.update("forged-shard", 1, 0), *_update(0))
+    message = ReduceMessage(run_id="forged-shard", iteration=1, shard=1, participants=participants)
+    with pytest.raises(RunFailed, match=r"shards/0001/shard\.bin is not the shard the manifest of iteration 1 names"):
+        reducer.reduce(message, services)
+    assert not services.store.exists(keys.shard("forged-shard", 2, 1))
 
 
 @pytest.mark.parametrize(
@@ -941,7 +967,12 @@ def _report_in_generation_1(services: Services, run_id: str) -> list[ReduceMessa
     return [
         m
         for w in range(2)
-        for m in reduce_launcher.on_work_done(_done(run_id, w).model_copy(update={"generation": 1}), services)
+        for m in reduce_launcher.on_work_done(
+            _done(run_id, w).model_copy(
+                update={"generation": 1, "etag": services.store.etag(keys.update(run_id, 0, w))}
+            ),
+            services,
+        )
     ]
 
 
@@ -1127,8 +1158,8 @@ def test_a_reducer_refuses_an_update_the_run_did_not_ask_for_by_name(
     run_id = f"forged-{abs(hash(named)) % 10_000}"
     _register(services, run_id, workers=2)
     fired = _arrive(services, run_id, 0)
-    services.store.put_new(keys.update(run_id, 0, 1), *forged)
-    fired = reduce_launcher.on_work_done(_done(run_id, 1), services)
+    services.store.put_new(keys.update(run_id, 0, 1), *forged)  # the worker's own (its report names it)
+    fired = reduce_launcher.on_work_done(_done(run_id, 1).model_copy(update={"etag": etag_of(forged.body)}), services)
     with pytest.raises(RunFailed, match=named) as failure:
         reducer.reduce(fired[0], services)
     assert keys.update(run_id, 0, 1) in str(failure.value)
@@ -1148,7 +1179,31 @@ def _compressed(worker: int, compress: str, vector: np.ndarray | None = None) ->
 
 def _arrive_with(services: Services, run_id: str, worker: int, update: updates.Encoded) -> list[ReduceMessage]:
     services.store.put_new(keys.update(run_id, 0, worker), *update)
-    return reduce_launcher.on_work_done(_done(run_id, worker), services)
+    return reduce_launcher.on_work_done(
+        _done(run_id, worker).model_copy(update={"etag": etag_of(update.body)}), services
+    )
+
+
+@pytest.mark.parametrize("compress", ["none", "significance:0.5"])
+def test_a_reducer_takes_only_the_update_its_workers_report_names(services: Services, compress: str) -> None:
+    """An update whose bytes are not the ones its worker's signed report names by their ETag (another object put in
+    its place): every reducer refuses it by name before reading any part, and the run fails; nothing of the next
+    iteration is stored."""
+    run_id = f"replaced-update-{compress.split(':')[0]}"
+    _register(services, run_id, workers=2, compress=compress)
+    _arrive_with(services, run_id, 0, _compressed(0, compress))
+    fired = reduce_launcher.on_work_done(
+        _done(run_id, 1).model_copy(update={"etag": etag_of(_compressed(1, compress).body)}), services
+    )
+    services.store.put_new(keys.update(run_id, 0, 1), *_compressed(1, compress, VECTORS[1] * -40))
+    assert [m.shard for m in fired] == [0, 1]
+    for message in fired:
+        with pytest.raises(
+            RunFailed, match=r"is not the update worker 1 reported \(ETag \"[0-9a-f]{32}\"\)"
+        ) as failure:
+            reducer.reduce(message, services)
+        assert str(failure.value).startswith(keys.update(run_id, 0, 1) + " ")
+        assert not services.store.exists(keys.shard(run_id, 1, message.shard))
 
 
 @pytest.mark.parametrize("compress", ["fp16", "topk:0.5", "significance:0.5"])
@@ -1266,3 +1321,24 @@ def test_a_step_that_finds_superseded_state_gone_is_late_and_fails_no_run(servic
         reducer.reduce(fired[0], services)
     run = services.table.get_run("lost-state")
     assert run.status == "FAILED" and "runs/lost-state/iters/000000/shards/0000/shard.bin does not exist" in run.reason
+
+
+def test_a_launch_claimed_by_an_item_no_launch_wrote_fails_the_run_naming_it(services: Services) -> None:
+    """The counter of iteration 0 put by hand with a claim (no time, workers or generation, as every launch's claim
+    holds): the landed model's launch is skipped and the run fails naming the item, rather than waiting on workers
+    that nothing launched; a launch's own claim, by another trigger, is skipped alone."""
+    _register(services, "preclaimed", workers=2, watched=False, launched=False)
+    services.table.table.put_item(Item={"pk": "RUN#preclaimed", "sk": iteration_sk(0), "launched_by": "forged"})
+    landed = ModelLanded(key=keys.model("preclaimed", 0), sequencer="a")
+    assert work_launcher.on_model(landed, services) == Outcome.REFUSED
+    run = services.table.get_run("preclaimed")
+    assert run.status == "FAILED"
+    assert run.reason == (
+        "the launch of iteration 0 was claimed behind the pipeline's back: its ITER#000000 item names 'forged',"
+        " which launched nothing"
+    )
+    _register(services, "claimed", workers=2, watched=False)  # launched by its "launch-0" trigger
+    assert work_launcher.on_model(ModelLanded(key=keys.model("claimed", 0), sequencer="b"), services) == (
+        Outcome.ALREADY_LAUNCHED
+    )
+    assert services.table.get_run("claimed").status == "RUNNING"

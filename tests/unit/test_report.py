@@ -14,6 +14,7 @@ import pytest
 from slsml.accounting import usage
 from slsml.accounting.prices import PriceTable
 from slsml.accounting.usage import UsageRecord
+from slsml.aws.storage import etag_of
 from slsml.cli import report, report_charts, report_page, report_timeline
 from slsml.client import runs
 from slsml.spec.config import TrainingSpec
@@ -85,7 +86,7 @@ def record_one(**fields: object) -> IterationRecord:
         merge_fired_by=1,
         participant_count=2,
         reports={w: WorkerReport(worker=w, samples=32) for w in range(3)},
-        participants=[Participant(worker=0, samples=32), Participant(worker=1, samples=32)],
+        participants=[Participant(worker=w, samples=32, etag=etag_of(bytes([w]))) for w in (0, 1)],
         **fields,
     )
 
@@ -230,7 +231,7 @@ def test_faults_say_what_happened_and_what_the_pipeline_did() -> None:
         IterationRecord(
             iteration=0,
             reduce_fired_by=DEADLINE_OWNER,
-            participants=[Participant(worker=0, samples=1)],
+            participants=[Participant(worker=0, samples=1, etag=etag_of(b""))],
             reports={0: WorkerReport(worker=0, samples=1), 1: WorkerReport(worker=1, samples=1, finite=False)},
         ),
     ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from slsml.aws.storage import etag_of
 from slsml.client import runs
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import reduce_launcher, reducer
@@ -16,7 +17,7 @@ from slsml.spec.messages import Participant, ReduceMessage, WorkDone
 from slsml.training import optimizers, updates
 
 from . import test_reduce_steps
-from .test_reduce_steps import PLAN, SAMPLES, SGD, VECTORS, _register, _shard
+from .test_reduce_steps import PLAN, SAMPLES, SGD, VECTORS, _manifest, _register, _shard
 
 services = test_reduce_steps.services  # the fixture: a run table, bucket, topics and queue in moto
 
@@ -24,17 +25,30 @@ services = test_reduce_steps.services  # the fixture: a run table, bucket, topic
 def _arrive(services: Services, run_id: str, iteration: int, worker: int) -> list[ReduceMessage]:
     """Worker ``worker``'s update of ``iteration`` (vector VECTORS[worker] + iteration), stored and announced."""
     vector = VECTORS[worker] + iteration
-    services.store.put_new(keys.update(run_id, iteration, worker), *updates.encode(vector, SAMPLES[worker]))
+    body, header = updates.encode(vector, SAMPLES[worker])
+    services.store.put_new(keys.update(run_id, iteration, worker), body, header)
     done = WorkDone(
-        run_id=run_id, iteration=iteration, worker=worker, samples=SAMPLES[worker], loss=0.5, compute_s=0.01
+        run_id=run_id,
+        iteration=iteration,
+        worker=worker,
+        samples=SAMPLES[worker],
+        loss=0.5,
+        compute_s=0.01,
+        etag=etag_of(body),
     )
     return reduce_launcher.on_work_done(done, services)
+
+
+def _etag(iteration: int, worker: int) -> str:
+    """The ETag of worker ``worker``'s update of ``iteration`` (``_arrive``'s)."""
+    return etag_of(updates.encode(VECTORS[worker] + iteration, SAMPLES[worker])[0])
 
 
 def _launch(services: Services, run_id: str, iteration: int, fired: list[ReduceMessage]) -> None:
     """Finish ``iteration - 1``'s reduce (every shard) and launch ``iteration``."""
     for message in fired:
         reducer.reduce(message, services)
+    _manifest(services, run_id, iteration)
     assert services.table.claim_launch(run_id, iteration, f"launch-{iteration}", 0, 3) is not None
 
 
@@ -45,11 +59,12 @@ def test_a_late_update_is_folded_into_the_next_reduce_once_and_weighted_by_its_s
     _launch(services, "ssp", 1, fired)
     assert not _arrive(services, "ssp", 1, 0)
     fired = _arrive(services, "ssp", 1, 1)
-    late = Participant(worker=2, samples=SAMPLES[2], iteration=0)
+    late = Participant(worker=2, samples=SAMPLES[2], iteration=0, etag=_etag(0, 2))
     assert all(late in message.participants for message in fired)
     assert services.table.get_iteration("ssp", 0).folded == {2}
     again = reduce_launcher.on_work_done(
-        WorkDone(run_id="ssp", iteration=1, worker=1, samples=SAMPLES[1], loss=0.5, compute_s=0.01), services
+        WorkDone(run_id="ssp", iteration=1, worker=1, samples=SAMPLES[1], loss=0.5, compute_s=0.01, etag=_etag(1, 1)),
+        services,
     )  # a duplicate
     assert again == []  # its reduce went out with the late update the first time
 
@@ -82,7 +97,9 @@ def test_beyond_the_bound_a_late_update_is_left_out_and_counted(services: Servic
     _launch(services, "ssp-bound", 2, fired)
     fired = _arrive(services, "ssp-bound", 2, 0) + _arrive(services, "ssp-bound", 2, 1)
     folded = [p for p in fired[0].participants if p.iteration is not None]
-    assert folded == [Participant(worker=2, samples=SAMPLES[2], iteration=1)]  # iteration 0's is beyond the bound
+    assert folded == [
+        Participant(worker=2, samples=SAMPLES[2], iteration=1, etag=_etag(1, 2))
+    ]  # iteration 0's is beyond the bound
     iterations = services.table.list_iterations("ssp-bound")
     summary = runs.summarize(services.table.get_run("ssp-bound"), iterations, 1.0)
     assert (summary.late_workers, summary.late_folded) == (2, 1)

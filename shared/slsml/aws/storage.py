@@ -207,26 +207,26 @@ class ObjectStore:
                 return None
             raise
 
-    def put_own(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> bool:
+    def put_own(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> tuple[bool, str]:
         """Create ``key`` with ``data``, which its writer computes the same way each time it tries (a retry writes
-        the same bytes): False if those bytes are there already. An object of other bytes at the key is not this
-        writer's (a forged or pre-placed one): it is not trusted for sitting at the expected key, but deleted and
-        ``data`` created in its place (True)."""
-        if self.put_new(key, data, metadata):
-            return True
-        if self.etag(key) == etag_of(data, stored_parts(key, len(data))):
-            return False
+        the same bytes): whether it created it (False: those bytes are there already), and the ETag S3 gave them. An
+        object of other bytes at the key is not this writer's (a forged or pre-placed one): it is not trusted for
+        sitting at the expected key, but deleted and ``data`` created in its place."""
+        if (created := self.create(key, data, metadata)) is not None:
+            return True, created
+        expected = etag_of(data, stored_parts(key, len(data)))
+        if self.etag(key) == expected:
+            return False, expected
         logger.warning("an object not written by its step was replaced", extra={"key": key})
-        self.replace(key, data, metadata)
-        return True
+        return True, self.replace(key, data, metadata)
 
-    def replace(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> None:
+    def replace(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> str:
         """Delete ``key`` and create it anew, create-only (If-None-Match: the bucket's policy refuses any other write
-        under runs/): SlsmlError if something else keeps creating it meanwhile."""
+        under runs/): its ETag; SlsmlError if something else keeps creating it meanwhile."""
         for _ in range(_REPLACE_TRIES):
             self.delete([key])
-            if self.put_new(key, data, metadata):
-                return
+            if (created := self.create(key, data, metadata)) is not None:
+                return created
         raise SlsmlError(f"s3://{self.bucket}/{key} is written by something else as soon as it is deleted")
 
     def put_new(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> bool:

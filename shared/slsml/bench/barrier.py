@@ -15,6 +15,7 @@ import time
 from pydantic import BaseModel
 
 from slsml.accounting import capacity
+from slsml.aws.storage import etag_of
 from slsml.local.cloud import EmbeddedCloud, use_deployment
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import merger, reduce_launcher
@@ -111,7 +112,9 @@ def _measure(services: Services, model: object, workers: int, reducers: int) -> 
     counter_bytes = capacity.item_bytes(item(counter_sk))
     units, largest, seconds = [], counter_bytes, []
     for worker in range(workers):
-        done = WorkDone(run_id=run_id, iteration=0, worker=worker, samples=1, loss=0.5, compute_s=0.01)
+        done = WorkDone(
+            run_id=run_id, iteration=0, worker=worker, samples=1, loss=0.5, compute_s=0.01, etag=etag_of(b"update")
+        )
         started = time.perf_counter()
         reduce_launcher.on_work_done(done, services)
         seconds.append(time.perf_counter() - started)

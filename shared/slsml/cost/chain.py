@@ -10,7 +10,7 @@ q, n = ⌈q·W⌉ participants, M = 4·params bytes, P = M/R bytes per shard, k 
 | Worker (W) | GetObject R + 1, PutObject 1 (†), PublishBatch 1 | reads M, writes M + 32 |
 | ReduceLauncher (W) | PutItem 1, UpdateItem 1; | – |
 | | the firing one also UpdateItem 1, BatchGetItem ⌈W/100⌉, PutItem 1, PublishBatch ⌈R/per batch⌉ | |
-| Reducer (R) | GetObject n + 1, PutObject 1 (†), PublishBatch 1 | reads n·P + P(1+k), |
+| Reducer (R) | GetObject n + 2, PutObject 1 (†), PublishBatch 1 | reads n·P + P(1+k), |
 | | | writes P(1+k) |
 | Merger (R) | UpdateItem 1; the merging one also ListObjectsV2 1, UpdateItem 2, | – |
 | | PutObject 1, PublishBatch 1, DeleteObjects ⌈(R + slots)/1000⌉ (the superseded carried state) | writes the manifest |
@@ -221,8 +221,8 @@ def minimum_chain(
         "dynamodb:PutItem": W + 1,  # one durable write per worker report, the reduce fire (its participants)
         "dynamodb:BatchGetItem": math.ceil(W / runstate.BATCH_READ),  # the reports, read once at the fire
         # each worker's trigger (the manifest, which names the shards by ETag) and weights, a part of each shard; each
-        # reducer's parts and shard
-        "s3:GetObject": W * (1 + R) + R * n + R + slots["s3:GetObject"],
+        # reducer's parts, its shard and the manifest that names it
+        "s3:GetObject": W * (1 + R) + R * n + 2 * R + slots["s3:GetObject"],
         # the merge's look that every shard is stored (the count is a hint: a duplicate counts twice)
         "s3:ListObjectsV2": 1,
         # the next iteration's trigger, the updates, the shards, the slots' state

@@ -23,6 +23,7 @@ from slsml.state.barrier import quorum_count
 from slsml.state.records import dynamo
 
 LONGEST_FLOAT = -1.2345678901234567e-300  # the most bytes a float64 takes in JSON and in DynamoDB
+LONGEST_ETAG = '"' + "0" * 32 + '-10000"'  # an update's ETag at its longest: a multipart upload of S3's most parts
 
 
 @lru_cache(maxsize=256)
@@ -34,7 +35,7 @@ def message_bytes(participants: int, samples: int, reducers: int) -> tuple[int, 
         run_id=run_id,
         iteration=999_999,
         shard=reducers - 1,
-        participants=tuple(Participant(worker=w, samples=samples) for w in range(participants)),
+        participants=tuple(Participant(worker=w, samples=samples, etag=LONGEST_ETAG) for w in range(participants)),
     )
     return len(work.model_dump_json().encode()), len(reduce.model_dump_json().encode())
 
@@ -51,6 +52,7 @@ def done_bytes(workers: int, samples: int, metric_values: int) -> int:
         loss=LONGEST_FLOAT,
         metrics=[LONGEST_FLOAT] * metric_values,
         compute_s=-LONGEST_FLOAT,
+        etag=LONGEST_ETAG,
     )
     return len(done.model_dump_json().encode())
 
@@ -76,9 +78,10 @@ def largest_reduce(spec: TrainingSpec, workers: int | None = None) -> tuple[int,
 
 @lru_cache(maxsize=256)  # a plan's recommendation predicts thousands of variants of one run: one message each
 def _largest_reduce(workers: int, late: int, samples: int, attempt: int, iteration: int, shard: int) -> tuple[int, int]:
-    participants = [Participant(worker=w, attempt=attempt, samples=samples) for w in range(workers)]
+    participants = [Participant(worker=w, attempt=attempt, samples=samples, etag=LONGEST_ETAG) for w in range(workers)]
     participants += [
-        Participant(worker=w % workers, attempt=attempt, samples=samples, iteration=iteration) for w in range(late)
+        Participant(worker=w % workers, attempt=attempt, samples=samples, iteration=iteration, etag=LONGEST_ETAG)
+        for w in range(late)
     ]
     reduce = ReduceMessage(
         run_id="r" * 63, iteration=iteration, shard=shard, attempt=attempt, participants=tuple(participants)

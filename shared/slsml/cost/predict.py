@@ -294,7 +294,7 @@ def _steady_requests(w: Workload, s: Sizes) -> dict[str, int]:
         "dynamodb:UpdateItem": 1 + W + 1 + R + 2 + stale,
         "dynamodb:PutItem": W + 1,
         "dynamodb:BatchGetItem": s.pages * (1 + stale),
-        "s3:GetObject": W * (R + 1) * (1 + stale) + R * (n + 1) + s.data_gets,
+        "s3:GetObject": W * (R + 1) * (1 + stale) + R * (n + 2) + s.data_gets,
         "s3:ListObjectsV2": 1,
         **stored(W, R, s.traffic),
         "s3:DeleteObjects": superseded_deletes(w.training, R, s.traffic),
@@ -441,7 +441,7 @@ def _pipeline_times(w: Workload, p: Parameters, s: Sizes, counted: int) -> Pipel
         elements = weights / 4
         parts = n * s.part * weights / s.shard_weights  # the participants' parts of a shard of this size
         read = traffic.table_reads * transfer(n, 16 * n, lat, p.s3_read_mb_s, p.s3_parallel_reads) + transfer(
-            n + 1, parts + weights + state, lat, p.s3_read_mb_s, p.s3_parallel_reads
+            n + 2, parts + weights + state, lat, p.s3_read_mb_s, p.s3_parallel_reads
         )
         cpu = min(1.0, vcpus(w.memory_mb["reducer"]))
         math_s = elements * (n * p.average_ns + p.optimizer_ns) * 1e-9 / cpu
@@ -536,7 +536,7 @@ def _stages(
             function="reducer",
             seconds=times.reducer_s,
             detail=(f"{n} part-table GETs, then " if traffic.table_reads else "")
-            + f"{n + 1} GETs {times.reduce_read:.2f} s, average + optimizer {times.reduce_math:.2f} s, write shard",
+            + f"{n + 2} GETs {times.reduce_read:.2f} s, average + optimizer {times.reduce_math:.2f} s, write shard",
         ),
         *(
             [

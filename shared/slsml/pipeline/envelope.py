@@ -24,11 +24,12 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from slsml.accounting import usage
 from slsml.pipeline import admission, lifetime, spend
 from slsml.pipeline.metrics import emit, emitting
+from slsml.pipeline.proof import ends_execution
 from slsml.pipeline.services import Services, failing_run_on_bad_input, from_env
 from slsml.spec import keys
 from slsml.spec.deployment import Metric
-from slsml.spec.errors import ConfigReplaced, MessageRejected
-from slsml.spec.messages import MAX_MESSAGE_BYTES, Deadline, Message, ModelLanded
+from slsml.spec.errors import ConfigReplaced, KeyLost, MessageRejected
+from slsml.spec.messages import MAX_MESSAGE_BYTES, Message, ModelLanded
 from slsml.state.idempotency import once_per_message
 
 MAX_REASON_CHARS = 300  # of the validation errors in a rejection's reason
@@ -84,16 +85,16 @@ def reject(message_type: str, message_id: str, problem: str) -> MessageRejected:
 def admit(message: Any, services: Services) -> None:
     """``MessageRejected`` (logged and counted) if ``message`` is a pipeline message whose proof of origin does not
     hold (``slsml.pipeline.proof``: checked first), or does not belong to the run it names. A message the pipeline
-    sent whose run's ``run.json`` was replaced fails that run, naming it, and is rejected."""
-    forged = services.keys.problem(message) if isinstance(message, Message) else None
+    sent whose run's ``run.json`` was replaced, or whose run lost its signing keys, fails that run, naming it, and is
+    rejected."""
     try:
+        forged = services.keys.problem(message) if isinstance(message, Message) else None
         problem = forged or admission.problem(message, services)
-    except ConfigReplaced as replaced:
+    except (ConfigReplaced, KeyLost) as replaced:
         logger.error("run failed", extra={"run_id": message.run_id, "reason": str(replaced)})
         services.fail_run(message.run_id, str(replaced))
-        # the watchdog's end of a run's execution (asked by a step that failed it) reads no run.json: it goes on
-        ending = isinstance(message, Deadline) and message.stage == "end"
-        problem = None if ending else str(replaced)
+        # the watchdog's end of a run's execution (asked by a step that failed it) reads no run.json and needs no key
+        problem = None if ends_execution(message) else str(replaced)
     if problem is not None:
         name = f"{message.run_id}/{getattr(message, 'iteration', '-')}"
         raise reject(type(message).__name__, name, problem)

@@ -10,6 +10,8 @@ Metrics (CloudWatch embedded metric format: one JSON log line per invocation, na
   (a quorum below one, or the watchdog's fire at the deadline floor);
 - ``DeadlineActions``: the Watchdog, when it fired a barrier, re-launched steps, kept a stale shard or
   failed a run;
+- ``RefusedObjects``: a step that read an update or a shard that is not the object its signed message or its
+  iteration's manifest names (``slsml.pipeline.steps.common.refused``): its run fails naming it;
 - ``BytesRead``, ``BytesWritten``: every function that moved S3 bytes in an invocation, as its usage
   lines count them (``slsml.accounting.usage``), by ``envelope.pipeline_handler``.
 

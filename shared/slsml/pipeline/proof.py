@@ -15,6 +15,11 @@ deployment's key policy, ``deployment.key_policy_statements``), once per contain
 public keys and sealed private keys are one create-once item of the run table (``RunTable.make_run_keys``), read once
 per container and run: verifying takes no request. Each run has its own keys, so a key that leaked opens one kind of
 one run alone.
+
+A run that sent messages and finds its keys gone (its KEY item deleted) gets none made anew: while it runs, the
+first step that needs them fails it, naming the item (``KeyLost``); once it ended, what its steps send carries no
+proof and is refused, but for the watchdog's end of its execution (``ends_execution``), which acts on the run's
+record alone.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from slsml.accounting import usage
 from slsml.aws import cache as warm_cache
 from slsml.spec import wiring
 from slsml.spec.deployment import KEY_PAIR_SPEC
-from slsml.spec.errors import SlsmlError
-from slsml.spec.messages import Message
+from slsml.spec.errors import KeyLost, NotFoundError, SlsmlError
+from slsml.spec.messages import Deadline, Message
+from slsml.state.records import KEY, RunStatus
 from slsml.state.runtable import RunTable, SealedKey
 
 OBJECT_PROOF = "proof"  # the user metadata that holds a signed object's proof of origin
@@ -124,15 +130,19 @@ class RunKeys:
             made[kind] = SealedKey(public=pair["PublicKey"], sealed=pair["PrivateKeyCiphertextBlob"])
         return self.table.make_run_keys(run_id, made)
 
-    def _signing(self, run_id: str, kind: str) -> ec.EllipticCurvePrivateKey:
-        """``kind``'s private key of the run, unsealed (the run's keys made if it has none)."""
+    def _signing(self, run_id: str, kind: str) -> ec.EllipticCurvePrivateKey | None:
+        """``kind``'s private key of the run, unsealed (the run's keys made if it has none); None if the run lost its
+        keys and ended, KeyLost if it lost them running (``lost``)."""
         warm = warm_cache.warm()
         key: ec.EllipticCurvePrivateKey | None = warm.get(("signing-key", run_id, kind))
         if key is None:
             if not self.sealing_key:
                 raise SlsmlError(f"{wiring.SIGNING_KEY_ENV} is not set: is this function deployed by slsml?")
             with usage.warming():
-                sealed = self.table.run_keys(run_id) or self._made(run_id)
+                sealed = self.table.run_keys(run_id)
+                if sealed is None and self.lost(run_id):
+                    return None
+                sealed = sealed or self._made(run_id)
                 self._keep_public(run_id, sealed)
                 plain = self.kms.decrypt(
                     KeyId=self.sealing_key, CiphertextBlob=sealed[kind].sealed, EncryptionContext=context(run_id, kind)
@@ -143,8 +153,27 @@ class RunKeys:
         return key
 
     def _sign(self, run_id: str, kinds: tuple[str, ...], body: bytes) -> str:
+        """A proof of ``body`` by this step's kind; none ("") if the run lost its keys and ended."""
         kind = self.kind if self.kind is not None else (kinds or wiring.SIGNERS)[0]
-        return proof(kind, self._signing(run_id, kind).sign(body, _SIGNATURE))
+        key = self._signing(run_id, kind)
+        return "" if key is None else proof(kind, key.sign(body, _SIGNATURE))
+
+    def lost(self, run_id: str) -> bool:
+        """Whether run ``run_id``, which has no keys, lost them: its steps sent messages (its chain of deadlines
+        started, or it went past its first iteration), so its KEY item was deleted; KeyLost, naming it, if it is
+        running."""
+        try:
+            run = self.table.get_run(run_id)
+        except NotFoundError:
+            return False
+        if run.watched is None and run.iteration == 0:
+            return False
+        if run.status == RunStatus.RUNNING:
+            raise KeyLost(
+                f"run {run_id!r} lost its signing keys (its {KEY} item was deleted behind the pipeline's back): no"
+                " message of the run can be proven"
+            )
+        return True
 
     def sign(self, message: M) -> M:
         """``message`` with its proof."""
@@ -152,7 +181,16 @@ class RunKeys:
         return message.model_copy(update={"proof": signed})
 
     def problem(self, message: Message) -> str | None:
-        """Why ``message``'s proof does not hold, or None."""
+        """Why ``message``'s proof does not hold, or None; KeyLost if its run lost its keys running (``lost``). The
+        watchdog's end of the execution of a run that lost its keys and ended is admitted without proof
+        (``ends_execution``): none can hold, and the end does what the run's record says alone."""
+        unproven = self._unproven(message)
+        if unproven is None or not ends_execution(message):
+            return unproven
+        # this container may keep the keys the run lost
+        return None if self.table.run_keys(message.run_id) is None and self.lost(message.run_id) else unproven
+
+    def _unproven(self, message: Message) -> str | None:
         if not message.proof:
             return "it carries no proof of origin: not sent by the pipeline"
         found = parsed(message.proof)
@@ -164,6 +202,8 @@ class RunKeys:
             )
         public = self._public(message.run_id)
         if public is None:
+            if self.lost(message.run_id):
+                return f"run {message.run_id!r} lost its signing keys: no message of the run can be proven"
             return f"run {message.run_id!r} has no signing keys: no step of it sent a message"
         assert found is not None
         if not public.holds(kind, found[1], message_body(message)):
@@ -181,7 +221,8 @@ class RunKeys:
         """Why the object at ``object_key`` (its bytes and user metadata as read) is not the one run ``run_id``'s
         pipeline stored there, naming it; None if it is."""
         found = parsed(metadata.get(OBJECT_PROOF, ""))
-        public = self._public(run_id)
+        if (public := self._public(run_id)) is None:
+            self.lost(run_id)  # KeyLost if the run lost its keys running: not an object replaced
         if (
             found is None
             or public is None
@@ -193,6 +234,12 @@ class RunKeys:
                 " (its proof of origin does not hold)"
             )
         return None
+
+
+def ends_execution(message: Message) -> bool:
+    """Whether ``message`` is the watchdog's end of a run's execution, asked by a step that failed the run
+    (``Services.ask_watchdog``): it reads the run's record and nothing of the message but its run and generation."""
+    return isinstance(message, Deadline) and message.stage == "end"
 
 
 def _public_key(der: bytes) -> ec.EllipticCurvePublicKey:

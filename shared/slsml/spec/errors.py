@@ -25,6 +25,10 @@ class ConfigReplaced(RunFailed):
     """A run's ``run.json`` is not the one it registered: the run fails, whatever step reads it."""
 
 
+class KeyLost(RunFailed):
+    """A running run's signing keys are gone though its steps sent messages: the run fails, whatever step needs it."""
+
+
 class NotFoundError(SlsmlError):
     """A run, dataset or object that was asked for does not exist."""
 

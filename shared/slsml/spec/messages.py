@@ -5,10 +5,10 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import unquote_plus
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializationInfo, SerializerFunctionWrapHandler, model_serializer
 
 from slsml.spec import keys
 
@@ -21,7 +21,10 @@ DEAD_LETTER_REQUEST_ID = "RequestID"
 BATCH_ENTRIES = 10  # SNS PublishBatch limits: 10 entries…
 BATCH_BYTES = 256 * 1024  # …and 256 KiB in all
 PARALLEL_BATCHES = 16  # PublishBatch calls of one publish in flight at once (slsml.pipeline.bus)
-MAX_MESSAGE_BYTES = 128 * 1024  # the biggest real message, a Reduce for 1000 workers, is 45 KiB; SNS allows 256
+MAX_MESSAGE_BYTES = 128 * 1024  # the biggest real message, a Reduce for 1000 workers, is 81 KiB; SNS allows 256
+# the ETag S3 gives an object stored whole (the MD5 of its bytes) or in parts (the MD5 of theirs, "-", their count),
+# quoted: every GET (a ranged one too) answers it, so an object a message names by it is checked at no extra request
+ETAG_PATTERN = r'^"[0-9a-f]{32}(-[0-9]+)?"$'
 # the most values a WorkDone's metrics state holds (AUC: 4 per threshold): a WorkDone of them, at 25 JSON bytes a
 # value at most, stays within MAX_MESSAGE_BYTES
 MAX_METRIC_VALUES = 4096
@@ -80,6 +83,10 @@ class WorkDone(Message):
     stale: bool = Field(
         default=False, description="computed on the weights one round stale (``stale_weights``), its model not merged"
     )
+    etag: str = Field(
+        pattern=ETAG_PATTERN,
+        description="the update's ETag as S3 gave it: its readers take only the object of these bytes",
+    )
 
 
 class Participant(BaseModel):
@@ -91,6 +98,18 @@ class Participant(BaseModel):
     iteration: int | None = Field(
         default=None, ge=0, description="a late update folded in (bounded staleness): the iteration it is of"
     )
+    etag: str = Field(pattern=ETAG_PATTERN, description="its update's ETag, as the worker reported it (WorkDone)")
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        """In JSON (a Reduce message lists up to thousands) without the defaults most participants have: attempt 0
+        and no iteration; read back as those defaults."""
+        fields: dict[str, Any] = handler(self)
+        if info.mode_is_json():
+            for name in ("attempt", "iteration"):
+                if fields.get(name) == Participant.model_fields[name].default:
+                    del fields[name]
+        return fields
 
 
 class ReduceMessage(Message):

@@ -138,6 +138,7 @@ class WorkerReport(BaseModel):
     metrics: list[float] | None = None
     compute_s: float = 0.0
     finite: bool = True
+    etag: str | None = Field(default=None, description="its update's ETag (WorkDone.etag)")
     folded_into: int | None = Field(default=None, description="late: the iteration whose reduce took it (SSP)")
     stale: bool = Field(default=False, description="computed on the weights one round stale (``stale_weights``)")
     continues_until: float | None = Field(
@@ -390,14 +391,19 @@ def iteration_of(sk: str) -> int:
     return int(sk[5:11])
 
 
-def encode_participants(participants: list[Participant]) -> list[list[int]]:
-    """Compact: [worker, attempt, samples] per participant (about 15 bytes each), and the iteration of a late
+def encode_participants(participants: list[Participant]) -> list[list[int | str]]:
+    """Compact: [worker, attempt, samples, etag] per participant (about 50 bytes each), and the iteration of a late
     update folded in."""
-    return [[p.worker, p.attempt, p.samples, *([] if p.iteration is None else [p.iteration])] for p in participants]
+    return [
+        [p.worker, p.attempt, p.samples, p.etag, *([] if p.iteration is None else [p.iteration])] for p in participants
+    ]
 
 
-def decode_participants(rows: list[list[int]]) -> list[Participant]:
-    return [Participant(worker=w, attempt=a, samples=n, iteration=i[0] if i else None) for w, a, n, *i in plain(rows)]
+def decode_participants(rows: list[list[Any]]) -> list[Participant]:
+    return [
+        Participant(worker=w, attempt=a, samples=n, etag=e, iteration=i[0] if i else None)
+        for w, a, n, e, *i in plain(rows)
+    ]
 
 
 def iteration_record(iteration: int, items: list[dict[str, Any]]) -> IterationRecord:

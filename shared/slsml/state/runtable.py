@@ -514,7 +514,7 @@ class RunTable:
             if record.reduce_fired_by is None or record.generation != generation:
                 continue
             late += [
-                Participant(worker=r.worker, attempt=r.attempt, samples=r.samples or 0, iteration=source)
+                Participant(worker=r.worker, attempt=r.attempt, samples=r.samples or 0, etag=r.etag, iteration=source)
                 for w, r in sorted(record.reports.items())
                 if w in record.late and r.finite and r.folded_into in (None, iteration)
             ]
@@ -553,7 +553,9 @@ class RunTable:
 
     def wait(self, done: WorkDone) -> None:
         """ASP: ``done``'s update waits to be applied (again, for a duplicate: the fold that applies it is once)."""
-        waiting = Participant(worker=done.worker, attempt=done.attempt, samples=done.samples, iteration=done.iteration)
+        waiting = Participant(
+            worker=done.worker, attempt=done.attempt, samples=done.samples, iteration=done.iteration, etag=done.etag
+        )
         item = {**self._key(done.run_id, waiting_sk(done.worker)), **dynamo(waiting.model_dump())}
         conditional(  # a late copy of an applied update leaves its worker's next one waiting
             lambda: self.table.put_item(

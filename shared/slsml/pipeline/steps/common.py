@@ -14,11 +14,13 @@ from slsml import rules
 from slsml.aws import clients as aws
 from slsml.aws import fleet as gpu_fleet
 from slsml.aws.storage import ObjectStore, Stored
+from slsml.pipeline import metrics
 from slsml.pipeline.proof import RunKeys
 from slsml.pipeline.services import Services
 from slsml.pipeline.services import run_config as run_config  # read by the admission of messages too
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
+from slsml.spec.deployment import Metric
 from slsml.spec.errors import RunFailed
 from slsml.spec.messages import Manifest
 from slsml.state.records import RunRecord, RunStatus
@@ -33,6 +35,23 @@ def shard_etags(store: ObjectStore, config: RunConfig, iteration: int) -> list[s
     found = store.etags(keys.shards_prefix(config.run_id, iteration))
     wanted = [keys.shard(config.run_id, iteration, r) for r in range(config.reducers)]
     return [found[key] for key in wanted] if all(key in found for key in wanted) else None
+
+
+def refused(key: str, why: str, **log: object) -> RunFailed:
+    """The failure of a run whose step read, at ``key``, an object that is not the one its signed message or manifest
+    names (``why``): logged naming it and counted (``RefusedObjects``); nothing of it is used."""
+    reason = f"{key} {why}: it was replaced behind the pipeline's back"
+    logger.error("object refused", extra={**log, "key": key, "reason": reason})
+    metrics.emit(Metric.REFUSED_OBJECTS, 1)
+    return RunFailed(reason)
+
+
+def named_shard(run_keys: RunKeys, run_id: str, iteration: int, shard: int, manifest: Stored, read: Stored) -> None:
+    """``refused`` unless ``read`` (an object, or bytes of it, at shard ``shard`` of ``iteration``) is the shard the
+    iteration's manifest (as read, its proof of origin checked: ``manifest_of``) names by its ETag."""
+    if read.etag != manifest_shards(run_keys, run_id, iteration, manifest)[shard]:
+        key = keys.shard(run_id, iteration, shard)
+        raise refused(key, f"is not the shard the manifest of iteration {iteration} names", run_id=run_id)
 
 
 def manifest_shards(run_keys: RunKeys | None, run_id: str, iteration: int, manifest: Stored) -> list[str]:
@@ -65,7 +84,7 @@ def load_weights(store: ObjectStore, config: RunConfig, iteration: int, run_keys
     for shard, (key, part) in enumerate(zip(where, parts, strict=True)):
         assert part is not None  # every read is needed: none is left out
         if named is not None and part.etag != named[shard]:
-            raise RunFailed(f"{key} is not the shard the manifest of iteration {iteration} names: it was replaced")
+            raise refused(key, f"is not the shard the manifest of iteration {iteration} names", run_id=run)
         layout = plan.shard(shard)
         weights[layout.start : layout.stop] = shards.decode_weights(part.body, plan, shard)
     return weights

@@ -80,7 +80,7 @@ def fire_reduce(
         return []
     if not finite or (len(finite) < quorum_count(workers, quorum) and len(reports) < workers):
         return []  # the counter ran ahead of the records (a duplicate report counted twice)
-    participants = [Participant(worker=r.worker, attempt=r.attempt, samples=r.samples) for r in finite]
+    participants = [Participant(worker=r.worker, attempt=r.attempt, samples=r.samples, etag=r.etag) for r in finite]
     folded = _fold_late(services, config, iteration, generation)
     fired = table.freeze_participants(run_id, iteration, owner, participants + folded, generation)
     if fired is None:  # the run was resumed: a later generation fired it

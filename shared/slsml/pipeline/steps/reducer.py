@@ -26,7 +26,7 @@ from aws_lambda_powertools import Logger
 from slsml import rules
 from slsml.aws.storage import ObjectStore, Stored
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import run_config
+from slsml.pipeline.steps.common import named_shard, refused, run_config
 from slsml.spec import keys, wiring
 from slsml.spec.compression import Compression
 from slsml.spec.config import RunConfig
@@ -46,22 +46,33 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone | None:
     run, iteration, shard = message.run_id, message.iteration, message.shard
     size = config.plan.shard(shard).size
     if message.squares is not None:  # released after the exchange: step with the stored average
-        stored_mean, stored_shard = services.store.get_many(
-            [keys.mean(run, iteration, shard), keys.shard(run, iteration, shard)]
-        )
-        average = shards.decode(stored_mean, size)
-        return _step(message, config, services, shards.decode(stored_shard, size), average, message.squares)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            shard_read = pool.submit(_current, message, services, size)
+            average = shards.decode(services.store.get(keys.mean(run, iteration, shard)), size)
+            return _step(message, config, services, shard_read.result(), average, message.squares)
     if clipping.needs_exchange(rules.server_optimizer(config), config.plan):
         exchanged = _exchange(message, config, services, _average(message, config, services))
         if exchanged is None:
             return None
-        current = shards.decode(services.store.get(keys.shard(run, iteration, shard)), size)
-        return _step(message, config, services, current, *exchanged)
+        return _step(message, config, services, _current(message, services, size), *exchanged)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the shard is read while the parts are
-        shard_read = pool.submit(services.store.get, keys.shard(run, iteration, shard))
+        shard_read = pool.submit(_current, message, services, size)
         average = _average(message, config, services)
-        current = shards.decode(shard_read.result(), size)
+        current = shard_read.result()
     return _step(message, config, services, current, average, None)
+
+
+def _current(message: ReduceMessage, services: Services, size: int) -> shards.Shard:
+    """The shard entering the message's iteration, read with the iteration's manifest (past the first: the Merger's,
+    by its proof of origin), which must name it by its ETag (``common.named_shard``): RunFailed naming it if not."""
+    run, iteration, shard = message.run_id, message.iteration, message.shard
+    key = keys.shard(run, iteration, shard)
+    if iteration == 0:  # split from the run's initial model, which the run's execution placed: no manifest names it
+        return shards.decode(services.store.get(key), size)
+    manifest, read = services.store.get_quorum([keys.manifest(run, iteration), key], [None, None], 2, 0)
+    assert manifest is not None and read is not None  # every read is needed: none is left out
+    named_shard(services.keys, run, iteration, shard, manifest, read)
+    return shards.decode(read.body, size)
 
 
 def _step(
@@ -145,7 +156,7 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     sent = [config.compression_at(i) for i in computed]  # a late update of the warm-up went dense
     need = quorum_count(len(participants), policy.quorum)
     if any(c.tabled for c in sent):
-        parts = _read_tabled_parts(services.store, where, sent, config, shard, need, policy)
+        parts = _read_tabled_parts(services.store, participants, where, sent, config, shard, need, policy)
     else:
         ranges = [updates.part_range(config.plan, shard, c) for c in sent]
         parts = services.store.get_quorum(where, ranges, need=need, timeout_s=policy.timeout_s)
@@ -165,6 +176,7 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     for participant, key, part, compression in zip(participants, where, parts, sent, strict=True):
         if part is None:
             continue
+        _check_named(participant, key, part, run)
         try:  # every part is checked and decoded before any is used
             updates.check(part.metadata, kind, key, compression)
             report = precision.reported(part.metadata)
@@ -194,6 +206,15 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     return shards.Shard(average, {}, [p.worker for p in included], loss_scale=following, skipped=not finite)
 
 
+def _check_named(participant: Participant, key: str, read: Stored, run_id: str) -> None:
+    """``refused`` unless ``read`` (bytes of the update at ``key``) is of the update the participant's worker reported:
+    the object of the ETag its signed report named (every GET answers the object's ETag, a ranged one too)."""
+    if read.etag != participant.etag:
+        raise refused(
+            key, f"is not the update worker {participant.worker} reported (ETag {participant.etag})", run_id=run_id
+        )
+
+
 def _weight(participant: Participant, iteration: int, decay: float) -> float:
     """A part's weight in the mean: its samples, × ``decay`` per iteration of age for a late update folded in."""
     if participant.iteration is None:
@@ -203,6 +224,7 @@ def _weight(participant: Participant, iteration: int, decay: float) -> float:
 
 def _read_tabled_parts(
     store: ObjectStore,
+    participants: tuple[Participant, ...],
     where: list[str],
     sent: list[Compression],
     config: RunConfig,
@@ -211,9 +233,9 @@ def _read_tabled_parts(
     policy: ReadPolicy,
 ) -> list[Stored | None]:
     """Significance and sparse updates (``slsml.training.updates``): the shard's two entries of each update's part
-    table, then the parts they point at (an update ``sent`` dense, of the warm-up, at its part's range); a read that
-    times out under the read quorum leaves its participant out (each of the two rounds of reads waits up to the read
-    timeout)."""
+    table (of the update each of ``participants`` reported, by its ETag), then the parts they point at (an update
+    ``sent`` dense, of the warm-up, at its part's range); a read that times out under the read quorum leaves its
+    participant out (each of the two rounds of reads waits up to the read timeout)."""
     kind = rules.of(config.training).kind
     tabled = [n for n, compression in enumerate(sent) if compression.tabled]
     entries = store.get_quorum(
@@ -227,6 +249,7 @@ def _read_tabled_parts(
         if entry is None:
             continue
         key = where[number]
+        _check_named(participants[number], key, entry, config.run_id)  # the table read is of the update reported
         try:  # the header first: the table of an update of another encoding is no table
             updates.check(entry.metadata, kind, key, sent[number])
             ranges[number] = updates.significant_part_range(entry.body, config.plan, shard, entry.size)

@@ -22,7 +22,7 @@ from slsml.spec import keys, wiring
 from slsml.spec.errors import NotFoundError
 from slsml.spec.messages import Deadline, ModelLanded, ModelMerged, RunStarted, WorkMessage
 from slsml.state import barrier
-from slsml.state.records import PendingDeadline, RunRecord, RunStatus
+from slsml.state.records import PendingDeadline, RunRecord, RunStatus, iteration_sk
 
 logger = Logger(child=True)
 
@@ -116,7 +116,7 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services,
         run_id, iteration, trigger_id, run.generation, run.workers, run.workers_reason, spent
     )
     if counter is None:
-        return Outcome.ALREADY_LAUNCHED
+        return _skipped(run, iteration, trigger_id, services)
     workers = counter.workers or run.workers
     if iteration >= run.iterations and run.task_token:  # the evaluation round: a heartbeat window of its own
         services.orchestrator.heartbeat(run.task_token)
@@ -139,6 +139,24 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services,
         extra={"run_id": run_id, "iteration": iteration, "workers": workers},
     )
     return Outcome.LAUNCHED
+
+
+def _skipped(run: RunRecord, iteration: int, trigger_id: str, services: Services) -> Outcome:
+    """The launch of ``iteration`` was claimed by another trigger: logged with that claim. A claim no launch wrote
+    (without the time, workers and generation every launch's claim holds: an item put behind the pipeline's back)
+    fails the run naming it, since nothing launched the workers; another launch's claim launched them."""
+    claimed = services.table.get_counter(run.run_id, iteration)
+    log = {"run_id": run.run_id, "iteration": iteration, "trigger": trigger_id, "claimed_by": claimed.launched_by}
+    if claimed.launched_at is not None and claimed.workers is not None and "generation" in claimed.model_fields_set:
+        logger.info("launch skipped: the iteration's launch was claimed by another trigger", extra=log)
+        return Outcome.ALREADY_LAUNCHED
+    reason = (
+        f"the launch of iteration {iteration} was claimed behind the pipeline's back: its {iteration_sk(iteration)}"
+        f" item names {claimed.launched_by!r}, which launched nothing"
+    )
+    logger.error("launch skipped: run failed", extra={**log, "reason": reason})
+    services.fail_run(run.run_id, reason)
+    return Outcome.REFUSED
 
 
 def _freed(services: Services, run: RunRecord, iteration: int, workers: int) -> list[int]:

@@ -18,6 +18,7 @@ import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
+from typing import Any
 
 import numpy as np
 from aws_lambda_powertools import Logger
@@ -30,7 +31,7 @@ from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
 from slsml.pipeline import lifetime, metrics
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import load_weights, manifest_shards, run_config, stop_reason
+from slsml.pipeline.steps.common import load_weights, named_shard, run_config, stop_reason
 from slsml.pipeline.steps.warm import reader_for, trainer_for
 from slsml.rounds import accumulate, sizing, stream
 from slsml.rounds import evaluation as evaluating
@@ -154,8 +155,7 @@ def _carried_scale(services: Services, config: RunConfig, iteration: int) -> Los
         [keys.manifest(config.run_id, iteration), key], [None, (0, shards.HEADER_SIZE - 1)], 2, 0
     )
     assert manifest is not None and shard is not None  # every read is needed: none is left out
-    if shard.etag != manifest_shards(services.keys, config.run_id, iteration, manifest)[0]:
-        raise RunFailed(f"{key} is not the shard the manifest of iteration {iteration} names: it was replaced")
+    named_shard(services.keys, config.run_id, iteration, 0, manifest, shard)
     return shards.loss_scale(shard.body)
 
 
@@ -242,23 +242,24 @@ def _train(
         )
     else:
         body, header = updates.encode(update.vector, samples, rule.kind, compression, config.plan)
-    done = WorkDone(
-        run_id=message.run_id,
-        iteration=message.iteration,
-        generation=message.generation,
-        worker=message.worker,
-        attempt=message.attempt,
-        samples=samples,
-        loss=update.loss if np.isfinite(update.loss) and counted else 0.0,
-        # a non-finite update's metrics are left out; a metric's NaN or Inf is reported, as Keras shows it
-        metrics=update.metrics.tolist() if counted and update.metrics is not None else None,
-        compute_s=compute_s,
-        finite=counted,
-        stale=message.ahead,
-    )
+    report: dict[str, Any] = {
+        "run_id": message.run_id,
+        "iteration": message.iteration,
+        "generation": message.generation,
+        "worker": message.worker,
+        "attempt": message.attempt,
+        "samples": int(samples),
+        "loss": float(update.loss) if np.isfinite(update.loss) and counted else 0.0,
+        "compute_s": float(compute_s),
+        "finite": bool(counted),
+        "stale": message.ahead,
+    }
+    # a non-finite update's metrics are left out; a metric's NaN or Inf is reported, as Keras shows it
+    metrics = update.metrics.tolist() if counted and update.metrics is not None else None
     scaled = {} if loss_scale is None else precision.metadata(loss_scale, not overflow)
-    # the report as stored with the update, without its metrics (S3 metadata holds 2 KB): a retry computes them anew
-    metadata = {"done": json.dumps(done.model_dump(mode="json", exclude={"metrics"})), **header, **scaled}
+    # the report as stored with the update, without its metrics (S3 metadata holds 2 KB: a retry computes them anew)
+    # and its ETag (S3 gives it the bytes stored)
+    metadata = {"done": json.dumps(report), **header, **scaled}
     log = {"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker}
     if not counted:
         logger.warning("non-finite update", extra={**log, "loss": repr(update.loss)})
@@ -266,11 +267,11 @@ def _train(
         logger.info("gradient not finite under loss scaling: the step is skipped", extra={**log, **asdict(loss_scale)})
     key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
     # an object of other bytes at the key is not this worker's: it is replaced (put_own), never announced
-    if not store.put_own(key, body, metadata=metadata):  # a duplicate or a retry: announce the stored update
-        stored = WorkDone.model_validate_json((store.head(key) or {})["done"])
-        # a resumed run may announce it again
-        done = stored.model_copy(update={"generation": message.generation, "metrics": done.metrics})
-    return done
+    created, etag = store.put_own(key, body, metadata=metadata)
+    if not created:  # a duplicate or a retry: announce the stored update (a resumed run may announce it again)
+        report = {**json.loads((store.head(key) or {})["done"]), "generation": message.generation}
+    # the report names its update by the ETag S3 gave it: its readers take no other bytes (slsml.pipeline.steps.reducer)
+    return WorkDone.model_validate({**report, "metrics": metrics, "etag": etag})
 
 
 def _hand_on(message: WorkMessage, services: Services, reached: progress.Progress, done: int) -> None:
