@@ -94,14 +94,16 @@ def test_the_byte_figures_are_those_of_the_objects_in_s3(report, local, services
         assert v.update_bytes_to_target == _of_iterations(listed, 0) < v.update_bytes, v.name
         assert v.residual_bytes_to_target == WORKERS * slot_residual, v.name
         # reducers read the parts of every update (but its header, and significance's table but for each reducer's
-        # two entries), their shards (deleted once superseded: sized by their encoding) and the config
+        # two entries), their shards (deleted once superseded: sized by their encoding) with the manifest that names
+        # them (past iteration 0), and the config
         table = 8 * 3 - 16 * 2 if v.name == "significance" else 0
         assert v.reducer_update_bytes_read == v.update_bytes - len(listed) * (32 + table), v.name
         read = sum(r.bytes_read for r in records if r.function == "reducer" and r.iteration is not None)
         assert v.reducer_bytes_read == read, v.name
         run_config = RunConfig.model_validate_json(services.store.get(keys.run_config(run_id)))
         shards_read = _shard_bytes(run_config, []) + (ITERATIONS - 1) * _shard_bytes(run_config, list(range(WORKERS)))
-        assert read == v.reducer_update_bytes_read + shards_read, v.name
+        manifests = sum(len(services.store.get(keys.manifest(run_id, i))) for i in range(1, ITERATIONS))
+        assert read == v.reducer_update_bytes_read + shards_read + run_config.plan.reducers * manifests, v.name
         # what a container reads once to serve the run, its config, counts for the run and no iteration
         once = sum(r.bytes_read for r in records if r.function == "reducer" and r.iteration is None)
         config = len(services.store.get(keys.run_config(run_id)))

@@ -65,6 +65,7 @@ def test_function_environment_names_bucket_table_and_published_topics(synthesize
             "POWERTOOLS_SERVICE_NAME": deployment.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": deployment.METRICS_NAMESPACE,
             wiring.RUN_LIMITS_ENV: stack.settings.limits.model_dump_json(),
+            wiring.SIGNING_KEY_ENV: {"Fn::GetAtt": [synthesized.logical_id(stack.signing.key), "Arn"]},
             **published,
         }
 

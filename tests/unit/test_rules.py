@@ -121,7 +121,10 @@ def added_rule_checks() -> None:
     --algorithm sign`` plans it, a run's line describes it, each worker sends the signs of its gradient, and the
     reducers step SGD with their mean; prints the package's folder and the rule's name."""
     from slsml.cli import display_runs, main
+    from slsml.local import moto_server
     from slsml.pipeline.steps import reduce_launcher, reducer
+
+    moto_server.kms_key_pairs()  # as the unit tests' conftest installs them: this runs in a process of its own
 
     shown = io.StringIO()
     with contextlib.redirect_stdout(shown), pytest.raises(SystemExit):

@@ -122,10 +122,11 @@ FUNCTIONS: tuple[Function, ...] = (
         deletes=(SCRATCH,),
         once_per_message=True,
     ),
+    # publishes Work too: under stale weights, a round's reduce as it fires launches the next round's workers
     Function(
         "reduce_launcher",
         triggers=(WORK_DONE,),
-        publishes=(REDUCE,),
+        publishes=(REDUCE, WORK),
         needs_tensorflow=False,
         answers=(TaskAnswer.FAILURE,),
     ),
@@ -139,10 +140,12 @@ FUNCTIONS: tuple[Function, ...] = (
         writes=(SCRATCH,),
         answers=(TaskAnswer.FAILURE,),
     ),
+    # publishes Reduce too: the reduce of the version it merged that an update waits for (ASP), or that was held
+    # for the model it merged (stale weights)
     Function(
         "merger",
         triggers=(REDUCE_DONE,),
-        publishes=(MODEL_UPDATED,),
+        publishes=(MODEL_UPDATED, REDUCE),
         needs_tensorflow=True,
         writes=(SCRATCH, MODELS),
         deletes=(SCRATCH, MODELS),
