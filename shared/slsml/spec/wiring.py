@@ -141,11 +141,11 @@ FUNCTIONS: tuple[Function, ...] = (
         answers=(TaskAnswer.FAILURE,),
     ),
     # publishes Reduce too: the reduce of the version it merged that an update waits for (ASP), or that was held
-    # for the model it merged (stale weights)
+    # for the model it merged (stale weights), and Work: the round after, launched ahead as that reduce fires
     Function(
         "merger",
         triggers=(REDUCE_DONE,),
-        publishes=(MODEL_UPDATED, REDUCE),
+        publishes=(MODEL_UPDATED, REDUCE, WORK),
         needs_tensorflow=True,
         writes=(SCRATCH, MODELS),
         deletes=(SCRATCH, MODELS),
