@@ -78,7 +78,13 @@ def sample_bytes(model: Any) -> int:
             outputs.append(_values(layer.output))
         except (AttributeError, ValueError):
             return 0
-    return 4 * (sum(outputs) + BACKWARD_OUTPUTS * max(outputs, default=0) + INPUT_COPIES * _values(model.inputs))
+    return step_bytes(outputs, _values(model.inputs))
+
+
+def step_bytes(outputs: list[int], input_values: int) -> int:
+    """What one sample adds to a training step of layers whose outputs hold ``outputs`` values each and whose input
+    holds ``input_values`` (``sample_bytes``; a pipeline stage's, ``slsml.rounds.stages``), float32."""
+    return 4 * (sum(outputs) + BACKWARD_OUTPUTS * max(outputs, default=0) + INPUT_COPIES * input_values)
 
 
 @dataclass(frozen=True)

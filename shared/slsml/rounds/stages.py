@@ -1,0 +1,98 @@
+"""A model's pipeline stages in figures: the blocks it can be cut into (the layers between two neighbouring cut
+points), each stage's memory, and the split into S stages that balances their compute within a function's memory.
+The Keras side (finding the cut points, building the stages, their gradients) is ``slsml.training.stages``; the
+plan's figures of a pipeline round are ``slsml.cost.stages``.
+
+A stage keeps one micro-batch's layer outputs at a time: at the backward pass it computes its forward pass again from
+its stored input (GPipe's re-materialization), so its memory is that of a worker whose model is the stage's weights
+and whose sample is the stage's layer outputs (``sizing.WorkerMemory``), whatever the micro-batches of a round."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from slsml.rounds import sizing
+
+# a stage's training step computes its forward pass twice (once as micro-batches flow forward, once again at the
+# backward pass, from its stored input): a forward is a third of a step (forward 1, backward 2 multiply-adds)
+RECOMPUTE_SHARE = 4 / 3
+
+
+@dataclass(frozen=True)
+class Block:
+    """Layers between two neighbouring cut points: the least a stage holds."""
+
+    first: str  # its first layer's name
+    last: str  # its last layer's name
+    weight_bytes: int  # its float32 weights, trained or not
+    outputs: tuple[int, ...]  # values of one sample's output of each of its layers
+    input_values: int  # values of one sample's input to it (the activation handed to it)
+    flops: int  # a training step's floating-point operations of one sample (``slsml.cost.flops``)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Consecutive blocks run by one stage function."""
+
+    blocks: tuple[Block, ...]
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(b.weight_bytes for b in self.blocks)
+
+    @property
+    def flops(self) -> int:
+        return sum(b.flops for b in self.blocks)
+
+    @property
+    def sample_bytes(self) -> int:
+        """What one sample adds to the stage's step (``sizing.step_bytes`` of its layers and its input)."""
+        return sizing.step_bytes([o for b in self.blocks for o in b.outputs], self.blocks[0].input_values)
+
+    @property
+    def activation_bytes(self) -> int:
+        """One sample's output handed to the next stage (float32), and its gradient handed back."""
+        return 4 * self.blocks[-1].outputs[-1]
+
+    def memory(self, memory_mb: float, cache_mb: float) -> sizing.WorkerMemory:
+        """The stage's memory in a function of ``memory_mb`` with a warm cache of ``cache_mb``."""
+        return sizing.WorkerMemory(memory_mb, cache_mb, self.weight_bytes, self.sample_bytes)
+
+
+def bubble(stages: int, micro_batches: int) -> float:
+    """The share of a GPipe round its stages stand idle: (S−1)/(M+S−1), the pipeline filling and draining."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def balance(blocks: Sequence[Block], count: int, fits: Callable[[Stage], bool]) -> list[Stage] | None:
+    """The split of ``blocks`` into ``count`` consecutive stages whose largest compute (FLOPs) is least, each stage
+    one that ``fits``; None where no split into ``count`` fits (or there are fewer blocks)."""
+    n = len(blocks)
+    if not 1 <= count <= n:
+        return None
+    best: dict[tuple[int, int], tuple[int, list[int]] | None] = {}  # (first block, stages) → (largest FLOPs, cuts)
+
+    def split(first: int, stages: int) -> tuple[int, list[int]] | None:
+        if (first, stages) in best:
+            return best[first, stages]
+        answer: tuple[int, list[int]] | None = None
+        last_stop = n if stages == 1 else n - stages + 1
+        for stop in range(first + 1, last_stop + 1):
+            if stages == 1 and stop != n:
+                continue
+            stage = Stage(tuple(blocks[first:stop]))
+            if not fits(stage):
+                break  # longer stages from ``first`` only take more memory
+            rest = (0, []) if stages == 1 else split(stop, stages - 1)
+            if rest is not None and (answer is None or max(stage.flops, rest[0]) < answer[0]):
+                answer = (max(stage.flops, rest[0]), [stop, *rest[1]])
+        best[first, stages] = answer
+        return answer
+
+    found = split(0, count)
+    if found is None:
+        return None
+    bounds = [0, *found[1]]
+    return [Stage(tuple(blocks[a:b])) for a, b in itertools.pairwise(bounds)]

@@ -1,0 +1,245 @@
+"""A Keras model as pipeline stages: its cut points (the layer boundaries every path from its inputs to its outputs
+passes through as one tensor: every boundary of a Sequential model), the blocks between them
+(``slsml.rounds.stages.Block``), the stage sub-models of a split (sharing the model's layers, so its weights), and a
+step's gradients computed stage by stage as a GPipe round does.
+
+A round's micro-batches flow forward stage by stage, each stage's input kept (the activation a stage function stores
+and announces to the next); then backward, each stage computing its forward pass again from its kept input and
+taking the gradient of its output against the activation gradient handed back (GPipe's re-materialization). The
+gradient of each stage's weights is summed over the micro-batches, each weighted by its share of the batch's
+samples, as ``slsml.rounds.accumulate`` weights them: the same as the whole model's to round-off.
+
+BatchNormalization under stages is as under micro-batches (``slsml.rounds.accumulate``): each micro-batch's forward
+pass normalizes by its own batch statistics, starting from the step's moving statistics; the step's new moving
+statistics are the micro-batches' values after their forward passes averaged by share. The forward pass computed
+again at the backward pass starts from the same values (a Dropout's seed state included: it draws the same masks)
+and leaves them as they were."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from slsml.rounds.stages import Block
+from slsml.spec import samples
+from slsml.spec.errors import BadInputError
+
+
+class Graph(NamedTuple):
+    """A functional model's layer calls in an order they can run in, its inputs and outputs (symbolic tensors)."""
+
+    nodes: list[Any]
+    inputs: list[Any]
+    outputs: list[Any]
+
+
+def graph(model: keras.Model) -> Graph:
+    """The layer calls of ``model`` (a Sequential model's: of the functional model it builds). BadInputError for a
+    subclassed model, whose calls Keras does not record."""
+    functional = model._functional if isinstance(model, keras.Sequential) else model
+    by_depth = getattr(functional, "_nodes_by_depth", None)
+    if by_depth is None:
+        raise BadInputError(
+            f"model {model.name!r} is subclassed: its layer calls are not recorded, so it cannot be cut into stages"
+            " (build it as a Sequential or functional model)"
+        )
+    nodes = [n for depth in sorted(by_depth, reverse=True) for n in by_depth[depth] if n.operation and not n.is_input]
+    return Graph(nodes, list(functional.inputs), list(functional.outputs))
+
+
+def _crossing(g: Graph, position: int) -> list[Any]:
+    """The tensors made before layer call ``position`` (or model inputs) that a later call, or the model's output,
+    takes: what a cut there hands on."""
+    made = {id(t): t for t in g.inputs} | {id(t): t for n in g.nodes[:position] for t in n.outputs}
+    taken = {id(t) for n in g.nodes[position:] for t in n.input_tensors} | {id(t) for t in g.outputs}
+    return [t for key, t in made.items() if key in taken]  # the earliest made first
+
+
+def cut_points(model: keras.Model) -> list[int]:
+    """The positions (layer calls before them, 1 to calls − 1) where ``model`` can be cut: one tensor crosses there,
+    and no layer is called on both sides (its weights would be in two stages)."""
+    g = graph(model)
+    points = []
+    for position in range(1, len(g.nodes)):
+        before = {id(n.operation) for n in g.nodes[:position]}
+        shared = any(id(n.operation) in before for n in g.nodes[position:])
+        if not shared and len(_crossing(g, position)) == 1:
+            points.append(position)
+    return points
+
+
+def refusal(model: keras.Model, count: int) -> str | None:
+    """Why ``model`` cannot be cut into ``count`` stages, in one line naming the layer that prevents it (None: it
+    can)."""
+    g = graph(model)
+    points = cut_points(model)
+    if count <= len(points) + 1:
+        return None
+    blocker, source = _blocker(g, points)
+    reason = (
+        f"layer {blocker!r} takes the output of {source!r} across every boundary between them"
+        if source is not None
+        else f"layer {blocker!r} is called on both sides of every boundary between its calls"
+    )
+    most = len(points) + 1
+    fewer = f"give --pipeline-stages {most} or fewer" if most > 1 else "train it in one stage (--pipeline-stages 1)"
+    return (
+        f"--pipeline-stages {count}: model {model.name!r} can be cut at {len(points)} layer boundaries, into"
+        f" {most} stage{'s' * (most > 1)} at most: {reason}; {fewer}"
+    )
+
+
+def _blocker(g: Graph, points: list[int]) -> tuple[str, str | None]:
+    """The layer that rules out the most boundaries, and the layer (or input) whose output it takes past them (None:
+    it is itself called on both sides)."""
+    producer = {id(t): "the input" for t in g.inputs} | {id(t): n.operation.name for n in g.nodes for t in n.outputs}
+    blocked: dict[tuple[str, str | None], int] = {}
+    for position in range(1, len(g.nodes)):
+        if position in points:
+            continue
+        before = {id(n.operation) for n in g.nodes[:position]}
+        for n in g.nodes[position:]:
+            if id(n.operation) in before:
+                key: tuple[str, str | None] = (n.operation.name, None)
+                blocked[key] = blocked.get(key, 0) + 1
+        crossing = _crossing(g, position)
+        if len(crossing) > 1:
+            far = crossing[0]  # the earliest made: the longest reach
+            for n in g.nodes[position:]:
+                if any(t is far for t in n.input_tensors):
+                    key = (n.operation.name, producer[id(far)])
+                    blocked[key] = blocked.get(key, 0) + 1
+                    break
+    return max(blocked, key=lambda k: blocked[k])
+
+
+def submodel(model: keras.Model, start: int, stop: int) -> keras.Model:
+    """The layer calls ``start`` to ``stop`` (cut points, or the ends) of ``model`` as a model of their own: its
+    input the tensor crossing ``start`` (the model's inputs at 0), its output the one crossing ``stop`` (the model's
+    outputs at the end); the layers are the model's own."""
+    g = graph(model)
+    given = g.inputs if start == 0 else _crossing(g, start)
+    fresh = [
+        keras.Input(shape=t.shape[1:], dtype=t.dtype, name=f"{model.name}_{start}_{i}") for i, t in enumerate(given)
+    ]
+    tensors = {id(t): f for t, f in zip(given, fresh, strict=True)}
+    for node in g.nodes[start:stop]:
+        args, kwargs = node.arguments.fill_in(tensors)
+        made = node.operation(*args, **kwargs)
+        for t, f in zip(node.outputs, tf.nest.flatten(made), strict=True):
+            tensors[id(t)] = f
+    wanted = g.outputs if stop == len(g.nodes) else _crossing(g, stop)
+    outputs = [tensors[id(t)] for t in wanted]
+    return keras.Model(fresh if len(fresh) > 1 else fresh[0], outputs if len(outputs) > 1 else outputs[0])
+
+
+def blocks(model: keras.Model) -> list[Block]:
+    """The blocks of ``model`` between its cut points, each with its weights, its layers' outputs and its training
+    FLOPs of one sample (``slsml.cost.flops``)."""
+    from slsml.cost import flops
+
+    g = graph(model)
+    bounds = [0, *cut_points(model), len(g.nodes)]
+    found = []
+    for start, stop in itertools.pairwise(bounds):
+        block = submodel(model, start, stop)
+        sample = [np.zeros((1, *(d or 1 for d in t.shape[1:])), t.dtype) for t in block.inputs]
+        found.append(
+            Block(
+                first=g.nodes[start].operation.name,
+                last=g.nodes[stop - 1].operation.name,
+                weight_bytes=4 * sum(math.prod(v.shape) for v in block.weights),
+                outputs=tuple(_values(n.outputs) for n in g.nodes[start:stop]),
+                input_values=sum(_values([t]) for t in block.inputs),
+                flops=flops.count(block, sample if len(sample) > 1 else sample[0]).training,
+            )
+        )
+    return found
+
+
+def _values(tensors: list[Any]) -> int:
+    return sum(math.prod(d or 1 for d in t.shape[1:]) for t in tensors)
+
+
+def split(model: keras.Model, sizes: Sequence[int]) -> list[keras.Model]:
+    """The stage sub-models of ``model`` whose stages hold ``sizes`` blocks each (in order). BadInputError, naming
+    the layer that prevents it, where the model has fewer blocks than the stages need."""
+    if (why := refusal(model, len(sizes))) is not None:
+        raise BadInputError(why)
+    g = graph(model)
+    bounds = [0, *cut_points(model), len(g.nodes)]
+    if sum(sizes) != len(bounds) - 1:
+        raise ValueError(f"stages of {sum(sizes)} blocks for a model of {len(bounds) - 1}")
+    ends = np.cumsum([0, *sizes])
+    return [submodel(model, bounds[a], bounds[b]) for a, b in itertools.pairwise(ends)]
+
+
+class StageStep(NamedTuple):
+    """One step computed through the stages: its loss and, per stage, the gradient of its trainable weights and its
+    non-trainable weights' new values."""
+
+    loss: float
+    gradients: list[list[np.ndarray]]
+    untrained: list[list[np.ndarray]]
+
+
+def step(stages: Sequence[keras.Model], loss_fn: Any, micro_batches: Sequence[tuple[Any, Any]]) -> StageStep:
+    """The step of the batch made of ``micro_batches`` ((x, y) each) through ``stages`` on a GPipe schedule with
+    re-materialization (the module's docstring); ``loss_fn(y, prediction)`` the run's loss (a mean over the batch),
+    each stage's own regularization losses added."""
+    total = sum(samples.count(y) for _, y in micro_batches)
+    starting = [[np.asarray(v.numpy()) for v in s.non_trainable_weights] for s in stages]
+    gradients = [[np.zeros(v.shape, np.float64) for v in s.trainable_weights] for s in stages]
+    untrained = [[np.zeros(v.shape, np.float64) for v in s.non_trainable_weights] for s in stages]
+    loss = 0.0
+    for x, y in micro_batches:
+        share = samples.count(y) / total
+        kept = [tf.nest.map_structure(tf.convert_to_tensor, x)]  # each stage's input: the activations handed on
+        for number, stage in enumerate(stages):
+            _assign(stage.non_trainable_weights, starting[number])
+            output = stage(kept[-1], training=True)
+            for sum_, v in zip(untrained[number], stage.non_trainable_weights, strict=True):
+                sum_ += share * np.asarray(v.numpy(), np.float64)
+            if number < len(stages) - 1:
+                kept.append(output)
+        handed_back: Any = None  # the gradient of the loss with respect to the stage's output
+        for number in reversed(range(len(stages))):
+            stage, given = stages[number], kept[number]
+            after = [np.asarray(v.numpy()) for v in stage.non_trainable_weights]
+            _assign(stage.non_trainable_weights, starting[number])
+            with tf.GradientTape() as tape:
+                watched = [t for t in tf.nest.flatten(given) if t.dtype.is_floating]
+                tape.watch(watched)
+                output = stage(given, training=True)
+                if handed_back is None:  # the last stage: the loss
+                    batch_loss = loss_fn(y, output)
+                    objective = share * batch_loss
+                else:
+                    batch_loss = tf.constant(0.0)
+                    objective = tf.reduce_sum(output * handed_back)
+                if stage.losses:
+                    batch_loss = batch_loss + tf.add_n(stage.losses)
+                    objective = objective + share * tf.add_n(stage.losses)
+            loss += share * float(batch_loss)
+            found = tape.gradient(objective, [*stage.trainable_weights, *watched])
+            _assign(stage.non_trainable_weights, after)
+            weights = len(stage.trainable_weights)
+            for sum_, g in zip(gradients[number], found[:weights], strict=True):
+                if g is not None:
+                    sum_ += np.asarray(tf.convert_to_tensor(g), np.float64)
+            handed_back = found[weights] if number else None
+    final = [[s.astype(np.float32) for s in each] for each in untrained]
+    for stage, values in zip(stages, final, strict=True):
+        _assign(stage.non_trainable_weights, values)
+    return StageStep(loss, [[g.astype(np.float32) for g in each] for each in gradients], final)
+
+
+def _assign(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:
+    for variable, value in zip(variables, values, strict=True):
+        variable.assign(value)

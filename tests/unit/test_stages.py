@@ -1,0 +1,164 @@
+"""Pipeline stages: a model's cut points, its stage sub-models, the step computed stage by stage (GPipe with
+re-materialization) against the whole model's gradients, and the split balancing compute within memory."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from slsml.rounds import sizing
+from slsml.rounds.stages import Block, balance, bubble
+from slsml.spec.errors import BadInputError
+from slsml.training import stages
+
+
+def _sequential() -> keras.Model:
+    keras.utils.set_random_seed(3)
+    return keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(8, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01)),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dense(7, activation="tanh"),
+            keras.layers.Dense(5, activation="relu"),
+            keras.layers.Dense(3),
+        ],
+        name="chain",
+    )
+
+
+def _residual_chain() -> keras.Model:
+    """A functional chain with a residual block inside: cut points only around it."""
+    keras.utils.set_random_seed(4)
+    x = keras.Input((6,))
+    h = keras.layers.Dense(8, activation="relu", name="d1")(x)
+    r = keras.layers.Dense(8, activation="relu", name="r1")(h)
+    r = keras.layers.Dense(8, name="r2")(r)
+    h = keras.layers.Add(name="add")([h, r])
+    h = keras.layers.Dense(5, activation="relu", name="d2")(h)
+    return keras.Model(x, keras.layers.Dense(3, name="out")(h), name="residual")
+
+
+def _skip_over_all() -> keras.Model:
+    """A skip connection from the input across every boundary."""
+    x = keras.Input((6,))
+    h = keras.layers.Dense(6, name="a")(x)
+    h = keras.layers.Dense(6, name="b")(h)
+    return keras.Model(x, keras.layers.Add(name="skip")([x, h]), name="skipping")
+
+
+def _whole_gradients(model: keras.Model, loss_fn, x, y) -> tuple[float, list[np.ndarray]]:
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True)) + tf.add_n(model.losses or [tf.constant(0.0)])
+    return float(loss), [np.asarray(g) for g in tape.gradient(loss, model.trainable_weights)]
+
+
+def _data(samples: int = 12) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(samples, 6)).astype(np.float32), rng.integers(0, 3, samples)
+
+
+def test_cut_points_of_a_sequential_model_and_of_a_functional_chain() -> None:
+    assert stages.cut_points(_sequential()) == [1, 2, 3, 4]  # every boundary of five layers
+    residual = stages.cut_points(_residual_chain())
+    names = [n.operation.name for n in stages.graph(_residual_chain()).nodes]
+    assert [names[p - 1] for p in residual] == ["d1", "add", "d2"]  # not inside the residual block (r1, r2)
+
+
+@pytest.mark.parametrize("build", [_sequential, _residual_chain])
+def test_stage_gradients_equal_the_whole_models(build) -> None:
+    model = build()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = _data()
+    untrained = [np.asarray(v.numpy()) for v in model.non_trainable_weights]
+    whole_loss, whole = _whole_gradients(model, loss_fn, x, y)
+    for v, value in zip(model.non_trainable_weights, untrained, strict=True):  # the step starts from the same
+        v.assign(value)
+    count = len(stages.cut_points(model)) + 1
+    parts = stages.split(model, [1] * count)
+    assert len(parts) == count >= 3
+    staged = stages.step(parts, loss_fn, [(x, y)])
+    flat = [g for each in staged.gradients for g in each]
+    assert len(flat) == len(whole)
+    for got, want in zip(flat, whole, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert staged.loss == pytest.approx(whole_loss, rel=1e-5)
+
+
+def test_micro_batched_stages_train_to_the_weights_of_single_process_tensorflow() -> None:
+    """Three SGD steps of a batch of 12 in 3 micro-batches through 3 stages end at the weights of the same steps
+    on the whole model in one process (BatchNormalization's moving statistics averaged over the micro-batches)."""
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = _data()
+    reference, staged_model = _sequential(), _sequential()
+    parts = stages.split(staged_model, [2, 2, 1])
+    rate = 0.1
+    for _ in range(3):
+        start = [np.asarray(v.numpy()) for v in reference.non_trainable_weights]
+        total = [np.zeros(v.shape) for v in reference.trainable_weights]
+        moving = [np.zeros(v.shape) for v in reference.non_trainable_weights]
+        for part in np.split(np.arange(12), 3):  # micro-batches in one process, as accumulate adds them
+            for v, value in zip(reference.non_trainable_weights, start, strict=True):
+                v.assign(value)
+            _, grads = _whole_gradients(reference, loss_fn, x[part], y[part])
+            total = [t + g / 3 for t, g in zip(total, grads, strict=True)]
+            moving = [
+                m + np.asarray(v.numpy()) / 3 for m, v in zip(moving, reference.non_trainable_weights, strict=True)
+            ]
+        for v, g in zip(reference.trainable_weights, total, strict=True):
+            v.assign(v.numpy() - rate * g)
+        for v, m in zip(reference.non_trainable_weights, moving, strict=True):
+            v.assign(m)
+        done = stages.step(parts, loss_fn, [(x[p], y[p]) for p in np.split(np.arange(12), 3)])
+        weights = [v for part in parts for v in part.trainable_weights]
+        for v, g in zip(weights, [g for each in done.gradients for g in each], strict=True):
+            v.assign(v.numpy() - rate * g)
+    for got, want in zip(staged_model.weights, reference.weights, strict=True):
+        np.testing.assert_allclose(np.asarray(got.numpy()), np.asarray(want.numpy()), atol=1e-5)
+
+
+def test_a_model_with_a_skip_across_every_cut_is_refused_naming_the_layer() -> None:
+    model = _skip_over_all()
+    assert stages.cut_points(model) == []
+    with pytest.raises(BadInputError, match=r"layer 'skip' takes the output of 'the input' across every boundary"):
+        stages.split(model, [1, 1])
+    assert stages.refusal(model, 1) is None
+
+
+def test_more_stages_than_blocks_are_refused_with_the_most_that_fit() -> None:
+    why = stages.refusal(_residual_chain(), 5)
+    assert why is not None and "into 4 stages at most" in why and "layer 'add' takes the output of 'd1'" in why
+
+
+def test_blocks_count_each_blocks_weights_outputs_and_flops() -> None:
+    model = _residual_chain()
+    found = stages.blocks(model)
+    assert [(b.first, b.last) for b in found] == [("d1", "d1"), ("r1", "add"), ("d2", "d2"), ("out", "out")]
+    assert sum(b.weight_bytes for b in found) == 4 * model.count_params()
+    assert found[1].outputs == (8, 8, 8) and found[1].input_values == 8
+    # a Dense layer's training step: forward and backward multiply-adds grow with its weights
+    assert found[1].flops > found[0].flops > found[2].flops > found[3].flops > 0
+
+
+def _block(flops: int, weight_mb: float, name: str) -> Block:
+    return Block(name, name, int(weight_mb * sizing.MB), (1000,), 1000, flops)
+
+
+def test_balance_evens_compute_and_keeps_each_stage_within_memory() -> None:
+    blocks = [_block(f, 10, str(i)) for i, f in enumerate([4, 1, 1, 1, 1, 4])]
+    even = balance(blocks, 2, lambda stage: True)
+    assert even is not None and [len(s.blocks) for s in even] == [3, 3]  # 6 and 6
+    three = balance(blocks, 3, lambda stage: True)
+    assert three is not None and max(s.flops for s in three) == 4
+    small = balance(blocks, 2, lambda stage: stage.weight_bytes <= 20 * sizing.MB)  # two blocks a stage at most
+    assert small is None
+    fitting = balance(blocks, 3, lambda stage: stage.weight_bytes <= 20 * sizing.MB)
+    assert fitting is not None and [len(s.blocks) for s in fitting] == [2, 2, 2]
+
+
+def test_bubble_is_the_pipelines_fill_and_drain() -> None:
+    assert bubble(1, 8) == 0
+    assert bubble(4, 8) == pytest.approx(3 / 11)
+    assert bubble(4, 32) < bubble(4, 8)
