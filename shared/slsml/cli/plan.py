@@ -39,7 +39,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not workers_given:
         args.workers = TrainingSpec.model_fields["workers"].default
     spec = options.training_spec(
-        argparse.Namespace(**{**vars(args), "reducers": args.reducers or 1}), iterations=planreport.iterations(args)
+        argparse.Namespace(
+            **{**vars(args), "reducers": args.reducers or 1, "pipeline_stages": args.pipeline_stages or 1}
+        ),
+        iterations=planreport.iterations(args),
     )
     limits = None if found is None else found[0].limits
     if limits is not None and limits.worker_accelerator_gib is not None and args.accelerator is None:
@@ -53,6 +56,8 @@ def add_commands(commands: Any) -> None:
     from slsml.cost import planreport
 
     plan = commands.add_parser("plan", help="predict a run's time, requests, dollars and quotas on AWS")
-    options.training_flags(plan, iterations=None, required=False, defaults={"reducers": None, "workers": None})
+    options.training_flags(
+        plan, iterations=None, required=False, defaults={"reducers": None, "workers": None, "pipeline_stages": None}
+    )
     planreport.add_arguments(plan)
     plan.set_defaults(handler=cmd_plan)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the model's modules load when a plan is made, not when the 
     from slsml.cost.parameters import Parameters, Quotas
     from slsml.cost.plan import Plan
     from slsml.cost.recommend import Recommendation, SweepPoint
+    from slsml.cost.stages import PipelinePlan
     from slsml.cost.verdict import Verdict
     from slsml.cost.vm import Side
     from slsml.cost.workload import Workload
@@ -40,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " --model); GPU workers are timed by the model's FLOPs",
     )
     model.add_argument("--sample-bytes", type=int, help="bytes of one training sample (default: the model's input)")
+    model.add_argument(
+        "--dense-layers",
+        type=int,
+        metavar="L",
+        help="with --params: the model is a stack of L equal dense layers, cut into pipeline stages between them"
+        " (their outputs √(params/L) wide)",
+    )
     data = parser.add_argument_group("data")
     data.add_argument(
         "--data",
@@ -282,7 +290,10 @@ def run(
         verdict = verdict.model_copy(update={"compared": vm.sentence})
         plans = sorted((p for p in (plan, other) if p is not None), key=lambda p: p.workload.worker_kind)
         sides = side_by_side([(_who(p), p) for p in plans], vm, parameters, price_table)
+    pipeline = _pipeline(args, plan, gpu, parameters, price_table)
     render(plan, recommendation, console, fixed, verdict)
+    if pipeline is not None:
+        _render_pipeline(pipeline, console)
     for shown in (plan, other):
         if shown is not None and shown.workload.accelerator is not None:
             _render_gpu(shown, console)
@@ -296,11 +307,88 @@ def run(
         )
         if other is not None:
             out[f"{other.workload.worker_kind}_plan"] = other.summary()
+        if pipeline is not None:
+            out["pipeline"] = pipeline.model_dump(mode="json")
         if vm is not None:
             out["compare_vm"] = vm.model_dump(mode="json")
             out["side_by_side"] = [side.model_dump(mode="json") for side in sides]
         print(json.dumps(out))
     return 0
+
+
+def _pipeline(
+    args: argparse.Namespace, plan: Plan, gpu: Workload | None, parameters: Parameters, price_table: PriceTable
+) -> PipelinePlan | None:
+    """The plan of the model in pipeline stages (``slsml.cost.stages``): at --pipeline-stages, else, where the
+    model's step does not fit a worker, at the fewest stages that fit; None at --pipeline-stages 1, or where the
+    model fits and no stage count is given, or (no count given) its layers are not known."""
+    from slsml.cost import stages
+
+    asked, work = args.pipeline_stages, plan.workload
+    over = any(q.name == "memory: worker" and not q.ok for q in plan.quotas)
+    if asked == 1 or (asked is None and not over):
+        return None
+    if args.model:
+        from slsml.training import modelio
+        from slsml.training import stages as split
+
+        model = modelio.load_model(Path(args.model).read_bytes(), where=args.model)
+        if asked is not None and (why := split.refusal(model, asked)) is not None:
+            raise BadInputError(why)
+        blocks = split.blocks(model)
+    elif args.dense_layers is not None:
+        blocks = stages.uniform_blocks(work, args.dense_layers)
+    elif asked is None:
+        return None
+    else:
+        raise BadInputError(
+            f"--pipeline-stages {asked} of --params: give --dense-layers L (a stack of L equal dense layers) or"
+            " --model FILE.keras, whose layers the stages are cut between"
+        )
+    return stages.plan(work, parameters, price_table, blocks, asked, gpu)
+
+
+def _render_pipeline(pipeline: PipelinePlan, console: Any) -> None:
+    """The pipeline's stages, its round and what the plan would pick."""
+    from rich.table import Table
+
+    p = pipeline
+    how = "given (--pipeline-stages)" if p.given else "the fewest whose stages fit"
+    table = Table(
+        "stage",
+        "layers",
+        "weights",
+        "FLOPs",
+        "fits",
+        "needs",
+        "compute",
+        "hands on",
+        title=f"pipeline: {p.stages} stages ({how}) of {p.memory_mb:,} MB, micro-batch {p.micro_batch:,}",
+    )
+    for number, s in enumerate(p.per_stage):
+        table.add_row(
+            str(number),
+            s.first_layer if s.first_layer == s.last_layer else f"{s.first_layer} … {s.last_layer}",
+            _bytes(s.weight_bytes),
+            f"{s.flops_share:.0%}",
+            f"{s.fitting:,} samples",
+            f"{s.memory_needed_mb:,.0f} MB",
+            _time(s.compute_s),
+            _bytes(s.activation_bytes) if number < p.stages - 1 else "",
+        )
+    console.print(table)
+    requests = ", ".join(f"{count:,} {name}" for name, count in p.requests_per_round.items())
+    console.print(
+        f"round: {_time(p.round_s)} for {p.samples_per_round:,} samples, {_dollars(p.dollars_per_round)}; M"
+        f" {p.micro_batches:,} micro-batches a pipeline, bubble {p.bubble:.0%} ((S−1)/(M+S−1)); activations"
+        f" {_bytes(p.activation_bytes_per_round)} a round ({requests}), a hop {_time(p.hop_s)}"
+    )
+    for option in p.options:
+        figures = f"{_time(option.round_s)}, {_dollars(option.dollars)}" if option.fits else "does not fit"
+        console.print(f"  {option.name}: {figures} ({option.detail})")
+    console.print(f"→ pick: {p.pick}")
+    for name, source in p.sources.items():
+        console.print(f"  [dim]{name}: {source}")
 
 
 def _plan(

@@ -499,6 +499,14 @@ class TrainingSpec(BaseModel):
         " most this many, adding up their gradients (gradient accumulation); default: the most that fit its"
         " function's memory",
     )
+    pipeline_stages: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="pipeline stages a worker's model is split into at layer boundaries, each a function of its own"
+        " that micro-batches flow through (GPipe): for a model whose step does not fit one function; the plan"
+        " models them (`slsml plan`: default the fewest that fit)",
+    )
     mixed_precision: MixedPrecision | None = Field(
         default=None,
         description="Keras's mixed-precision policy for a model saved in float32: the workers compute under it, as"

@@ -1,0 +1,257 @@
+"""The plan of a model trained in pipeline stages (``slsml.rounds.stages``): each of W pipelines is S stage
+functions alive for the round, a micro-batch's activations handed forward and its activation gradients handed back
+through S3 (one PutObject, one announcement, one GetObject a hop); a GPipe round with a flush, each stage computing
+its forward pass again at the backward pass. Its stage count (given, or the fewest whose stages fit the worker's
+memory), each stage's memory and compute, the round's time, requests and dollars, its bubble, and which it would
+pick: the stages, one bigger function holding the whole model, or a GPU worker, by dollars per sample among those that
+fit."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
+
+from slsml.accounting import prices
+from slsml.accounting.prices import PriceTable
+from slsml.aws.cache import MEMORY_SHARE
+from slsml.cost import gpuworker
+from slsml.cost.parameters import Parameters
+from slsml.cost.timing import speedup, vcpus
+from slsml.cost.workload import MEMORY_CHOICES_MB, Workload
+from slsml.rounds import sizing
+from slsml.rounds.stages import RECOMPUTE_SHARE, Block, Stage, balance, bubble
+from slsml.spec.errors import BadInputError
+
+HOP_REQUESTS = ("s3:PutObject", "sns:Publish", "s3:GetObject")  # a micro-batch's activation handed to a stage
+
+
+class StageFigures(BaseModel):
+    """One stage of the pipeline."""
+
+    first_layer: str
+    last_layer: str
+    weight_bytes: int
+    flops_share: float = Field(description="its share of a sample's training FLOPs (slsml.cost.flops)")
+    fitting: int = Field(description="the most samples a micro-batch of it fits (slsml.rounds.sizing)")
+    memory_needed_mb: float = Field(description="its step of the plan's micro-batch, the warm cache full")
+    compute_s: float = Field(description="one micro-batch: forward, forward again and backward")
+    activation_bytes: int = Field(description="one micro-batch's output handed on (and its gradient handed back)")
+
+
+class Option(BaseModel):
+    """One way to compute the workers' round: its time, dollars and whether it fits."""
+
+    name: str
+    fits: bool
+    round_s: float | None = None
+    dollars: float | None = None
+    detail: str
+
+
+class PipelinePlan(BaseModel):
+    """A round of W pipelines of S stage functions."""
+
+    stages: int
+    given: bool = Field(description="--pipeline-stages, else the fewest that fit the worker's memory")
+    memory_mb: int = Field(description="each stage function's")
+    micro_batch: int
+    micro_batches: int = Field(description="M: a pipeline's micro-batches per round (its worker's share)")
+    bubble: float = Field(description="(S−1)/(M+S−1): the share of the round its stages stand idle")
+    per_stage: list[StageFigures]
+    hop_s: float = Field(description="a micro-batch's activation handed to the next stage: put, announce, get")
+    round_s: float = Field(description="read each stage's weights, M+S−1 slots forward and back, write its update")
+    activation_bytes_per_round: int = Field(description="every pipeline's, forward and back")
+    requests_per_round: dict[str, int] = Field(description="the hops' requests, every pipeline")
+    dollars_per_round: float
+    samples_per_round: int
+    options: list[Option] = Field(description="stages, one bigger function, a GPU worker: the workers' round")
+    pick: str = Field(description="what the plan would pick, and why")
+    sources: dict[str, str]
+
+
+def uniform_blocks(w: Workload, layers: int) -> list[Block]:
+    """The blocks of a stack of ``layers`` equal dense layers of the workload's weights (``--dense-layers``): each
+    of width √(params/layers), its output that wide."""
+    if not 1 <= layers <= w.params:
+        raise BadInputError(f"--dense-layers {layers}: a stack of 1 to {w.params:,} layers")
+    width = max(1, round(math.sqrt(w.params / layers)))
+    return [Block(f"dense_{i}", f"dense_{i}", 4 * w.params // layers, (width,), width, 1) for i in range(layers)]
+
+
+def plan(
+    w: Workload,
+    p: Parameters,
+    price_table: PriceTable,
+    blocks: Sequence[Block],
+    stages: int | None,
+    gpu: Workload | None = None,
+) -> PipelinePlan:
+    """The pipeline plan of ``w``'s model as ``blocks`` in ``stages`` stages (None: the fewest that fit), beside
+    one bigger function and, with ``gpu`` (the same workload on GPU workers), a GPU worker. BadInputError in one
+    line where no split fits."""
+    memory = w.memory_mb["worker"]
+    cache = MEMORY_SHARE * memory if w.cache_mb is None else w.cache_mb
+
+    def fits(stage: Stage) -> bool:
+        return stage.memory(memory, cache).micro_batch() >= 1
+
+    counts = [stages] if stages is not None else range(2, len(blocks) + 1)
+    split = next((found for count in counts if (found := balance(blocks, count, fits)) is not None), None)
+    if split is None:
+        largest = max(blocks, key=lambda b: Stage((b,)).memory(memory, cache).needed_mb(1, 2))
+        need = Stage((largest,)).memory(memory, cache).needed_mb(1, 2)
+        asked = f"--pipeline-stages {stages}" if stages is not None else "no stage count"
+        raise BadInputError(
+            f"{asked}: no split of the model's {len(blocks)} blocks fits workers of {memory:,} MB (layer"
+            f" {largest.first!r}'s block alone needs ~{need:,.0f} MB): give the worker more memory (--memory"
+            f" worker=MB){' or more stages' if stages is not None and stages < len(blocks) else ''}"
+        )
+    S = len(split)
+    share = math.ceil(w.global_batch / w.workers)
+    fitting = [stage.memory(memory, cache).micro_batch() for stage in split]
+    per_vcpu = speedup(vcpus(memory), p.vcpu_efficiency)
+    total_flops = sum(s.flops for s in split) or 1
+    heaviest = max(s.weight_bytes for s in split)
+    weights_s = 2 * p.s3_request_s + heaviest / (p.s3_read_mb_s * 1e6) + heaviest / (p.s3_write_mb_s * 1e6)
+
+    def stage_s(stage: Stage, micro: int) -> float:
+        return RECOMPUTE_SHARE * w.compute_per_sample_s * micro * stage.flops / total_flops / per_vcpu
+
+    def hop_s(micro: int) -> float:
+        handed = micro * max((s.activation_bytes for s in split[:-1]), default=0)
+        moved = handed / (p.s3_write_mb_s * 1e6) + handed / (p.s3_read_mb_s * 1e6)
+        return 0.0 if S == 1 else 2 * p.s3_request_s + moved + p.sns_publish_s + p.sns_lambda_s
+
+    def round_s(micro: int) -> float:
+        slots = -(-share // micro) + S - 1  # GPipe: M + S − 1 slots forward, as many back
+        return weights_s + slots * (max(stage_s(s, micro) for s in split) + 2 * hop_s(micro))
+
+    # the micro-batch: the run's, else the one of the shortest round among those that fit (smaller ones shrink the
+    # bubble, each adds a hop's latency)
+    micro = w.training.micro_batch or min(range(1, min(share, *fitting) + 1), key=round_s)
+    M = -(-share // micro)
+    figures = [
+        StageFigures(
+            first_layer=stage.blocks[0].first,
+            last_layer=stage.blocks[-1].last,
+            weight_bytes=stage.weight_bytes,
+            flops_share=stage.flops / total_flops,
+            fitting=fit,
+            memory_needed_mb=stage.memory(memory, cache).needed_mb(micro, M),
+            compute_s=stage_s(stage, micro),
+            activation_bytes=micro * stage.activation_bytes,
+        )
+        for stage, fit in zip(split, fitting, strict=True)
+    ]
+    hops = 2 * M * (S - 1) * w.workers  # forward and back, every boundary, every pipeline
+    requests = dict.fromkeys(HOP_REQUESTS, hops)
+    activation_bytes = 2 * M * w.workers * sum(f.activation_bytes for f in figures[:-1])
+    functions = S * w.workers
+    dollars = sum(
+        price_table.cost(
+            requests, gb_seconds=functions * prices.gb_seconds(round_s(micro), memory), invocations=functions
+        ).values()
+    )
+    samples = share * w.workers
+    options = [
+        Option(
+            name=f"{S} stages of {memory:,} MB",
+            fits=True,
+            round_s=round_s(micro),
+            dollars=dollars,
+            detail=f"{functions} functions; bubble {bubble(S, M):.0%}",
+        ),
+        _bigger(w, p, price_table, share),
+    ]
+    if gpu is not None:
+        options.append(_gpu(gpu, p, price_table, share))
+    return PipelinePlan(
+        stages=S,
+        given=stages is not None,
+        memory_mb=memory,
+        micro_batch=micro,
+        micro_batches=M,
+        bubble=bubble(S, M),
+        per_stage=figures,
+        hop_s=hop_s(micro),
+        round_s=round_s(micro),
+        activation_bytes_per_round=activation_bytes,
+        requests_per_round=requests,
+        dollars_per_round=dollars,
+        samples_per_round=samples,
+        options=options,
+        pick=_pick(options, samples),
+        sources={
+            "stage memory": "slsml.rounds.sizing.WorkerMemory of the stage's weights and layer outputs (one"
+            " micro-batch's: the stage computes its forward pass again at the backward pass)",
+            "stage compute": f"the model's {w.compute_source} × the stage's share of the FLOPs ×"
+            f" {RECOMPUTE_SHARE:.3g} (its forward pass twice) on {vcpus(memory):.3g} vCPUs",
+            "hop": "s3_request_s, s3_write_mb_s, s3_read_mb_s, sns_publish_s, sns_lambda_s (parameters)",
+            "bubble": "GPipe: (S−1)/(M+S−1)",
+            "dollars": f"Lambda GB-seconds of {functions} functions for the round, and the hops' requests",
+        },
+    )
+
+
+def _bigger(w: Workload, p: Parameters, price_table: PriceTable, share: int) -> Option:
+    """The smallest Lambda memory whose worker holds the whole model (its share in micro-batches that fit)."""
+    for memory in MEMORY_CHOICES_MB:
+        whole = sizing.WorkerMemory(memory, MEMORY_SHARE * memory, 4 * w.params, w.activation_bytes_per_sample)
+        if whole.micro_batch() >= 1:
+            cpus = speedup(vcpus(memory), p.vcpu_efficiency)
+            model = 4 * w.params
+            round_s = (
+                2 * p.s3_request_s
+                + model / (p.s3_read_mb_s * 1e6)
+                + model / (p.s3_write_mb_s * 1e6)
+                + share * w.compute_per_sample_s / cpus
+            )
+            dollars = sum(
+                price_table.cost(
+                    {}, gb_seconds=w.workers * prices.gb_seconds(round_s, memory), invocations=w.workers
+                ).values()
+            )
+            return Option(
+                name=f"one function of {memory:,} MB",
+                fits=True,
+                round_s=round_s,
+                dollars=dollars,
+                detail=f"{w.workers} functions; the whole model in each",
+            )
+    need = sizing.WorkerMemory(10240, MEMORY_SHARE * 10240, 4 * w.params, w.activation_bytes_per_sample)
+    return Option(
+        name="one bigger function",
+        fits=False,
+        detail=f"the whole model's step needs ~{need.needed_mb(1, 2):,.0f} MB, beyond Lambda's 10,240 MB",
+    )
+
+
+def _gpu(gpu: Workload, p: Parameters, price_table: PriceTable, share: int) -> Option:
+    """A GPU worker holding the whole model (``slsml.cost.gpuworker``)."""
+    a = gpu.accelerator
+    assert a is not None
+    device = sizing.AcceleratorMemory(a.gib, 4 * gpu.params, gpu.activation_bytes_per_sample, a.precision)
+    name = f"a GPU worker of {a.gib} GiB on {a.instance}"
+    if device.micro_batch() < 1:
+        return Option(name=name, fits=False, detail=device.refusal() or "")
+    model = 4 * gpu.params
+    rate = gpuworker.s3_mb_s(gpu, 1)
+    round_s = 2 * p.s3_request_s + 2 * model / (rate * 1e6) + gpuworker.KIND.compute_s(gpu, p, share)
+    dollars = sum(gpuworker.KIND.capacity_dollars(gpu, p, price_table, round_s, 0.0).values())
+    return Option(name=name, fits=True, round_s=round_s, dollars=dollars, detail=f"{gpu.workers} environments")
+
+
+def _pick(options: list[Option], samples: int) -> str:
+    """The fitting option of the fewest dollars a round, and why."""
+    fitting = [o for o in options if o.fits and o.dollars is not None]
+    best = min(fitting, key=lambda o: o.dollars or 0.0)
+    out = [o.name for o in options if not o.fits]
+    rest = [o for o in fitting if o is not best]
+    why = f"${(best.dollars or 0) / samples:.3g} a sample"
+    if rest:
+        why += ", against " + ", ".join(f"${(o.dollars or 0) / samples:.3g} ({o.name})" for o in rest)
+    if out:
+        why += "; " + " and ".join(out) + " cannot hold the model"
+    return f"{best.name}: {why}"
