@@ -69,3 +69,12 @@ def test_a_micro_batch_past_the_workers_memory_is_refused_naming_the_one_that_fi
         cloud.register_run(services, model_bytes, "past", micro_batch=fitting + 1)
     assert not services.store.exists(keys.run_config("past"))
     assert cloud.register_run(services, model_bytes, "at", micro_batch=fitting).training.micro_batch == fitting
+
+
+def test_a_run_in_pipeline_stages_is_refused_at_start_with_nothing_stored(
+    services: Services,
+    model_bytes: bytes,  # noqa: F811
+) -> None:
+    with pytest.raises(BadInputError, match=r"^--pipeline-stages 2: the pipeline does not run stage functions yet"):
+        cloud.register_run(services, model_bytes, "staged", pipeline_stages=2)
+    assert not services.store.exists(keys.run_config("staged"))

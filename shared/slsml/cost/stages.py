@@ -102,9 +102,9 @@ def plan(
     if split is None:
         largest = max(blocks, key=lambda b: Stage((b,)).memory(memory, cache).needed_mb(1, 2))
         need = Stage((largest,)).memory(memory, cache).needed_mb(1, 2)
-        asked = f"--pipeline-stages {stages}" if stages is not None else "no stage count"
+        asked = f"--pipeline-stages {stages}: " if stages is not None else ""
         raise BadInputError(
-            f"{asked}: no split of the model's {len(blocks)} blocks fits workers of {memory:,} MB (layer"
+            f"{asked}no split of the model's {len(blocks)} blocks fits workers of {memory:,} MB (layer"
             f" {largest.first!r}'s block alone needs ~{need:,.0f} MB): give the worker more memory (--memory"
             f" worker=MB){' or more stages' if stages is not None and stages < len(blocks) else ''}"
         )

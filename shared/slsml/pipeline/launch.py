@@ -7,7 +7,7 @@ from __future__ import annotations
 import secrets
 import time
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -106,6 +106,8 @@ def prepare_run(
     rules.of(spec).check_model(model)
     modelio.check_policy(model, spec.mixed_precision)
     modelio.check_compiled(model, loss=spec.loss is not None, optimizer=spec.optimizer is not None)
+    if spec.pipeline_stages > 1:
+        raise BadInputError(stages_refusal(model, spec.pipeline_stages))
     loss = modelio.loss_config(model, spec.loss)
     optimizer = spec.optimizer or modelio.optimizer_config(model)
     spec = with_epochs(spec, manifest.train.count)
@@ -154,6 +156,18 @@ def prepare_run(
         store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
     store.put_new(keys.source_model(run_id), model_bytes)
     return config
+
+
+def stages_refusal(model: Any, count: int) -> str:
+    """Why a run of ``count`` pipeline stages does not start: the model cannot be cut into them (naming the layer
+    that prevents it), else the pipeline does not run stage functions."""
+    from slsml.training import stages
+
+    return stages.refusal(model, count) or (
+        f"--pipeline-stages {count}: the pipeline does not run stage functions yet; `slsml plan --pipeline-stages"
+        f" {count}` plans them and `slsml bench stages` measures them (leave --pipeline-stages out to train the"
+        " model in one function)"
+    )
 
 
 def memory_refusal(config: RunConfig, worker_memory_mb: int) -> str | None:

@@ -1,0 +1,70 @@
+"""The plan of a model in pipeline stages: the fewest stages whose memory fits the worker, each stage's figures,
+the round's bubble, hops and dollars, and its pick against one bigger function."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import pytest
+
+from slsml.cli.main import main
+
+from .test_costmodel import plan_json
+
+DENSE = ("--params", "1500000000", "--dense-layers", "24", "--compute-per-sample", "0.2", "--memory", "worker=10240")
+
+
+def test_a_dense_model_past_ten_gigabytes_is_planned_in_stages_that_fit_cpu_functions(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    out = plan_json(capsys, *DENSE, "--workers", "4", "--batch", "1024")
+    pipeline = out["pipeline"]
+    S, M = pipeline["stages"], pipeline["micro_batches"]
+    assert 4 * 1_500_000_000 * 3 > 10e9  # weights and Adam's two slots
+    assert not pipeline["given"] and 1 < S <= 24
+    assert all(stage["memory_needed_mb"] <= 10240 for stage in pipeline["per_stage"])
+    assert sum(stage["weight_bytes"] for stage in pipeline["per_stage"]) == 4 * 1_500_000_000
+    assert pipeline["bubble"] == pytest.approx((S - 1) / (M + S - 1))
+    assert M * pipeline["micro_batch"] >= 1024 // 4 > (M - 1) * pipeline["micro_batch"]
+    hops = 2 * M * (S - 1) * 4
+    assert pipeline["requests_per_round"] == {"s3:PutObject": hops, "sns:Publish": hops, "s3:GetObject": hops}
+    bigger = next(o for o in pipeline["options"] if o["name"] == "one bigger function")
+    assert not bigger["fits"] and pipeline["pick"].startswith(f"{S} stages")
+    assert pipeline["dollars_per_round"] > 0 and pipeline["round_s"] > 0
+    # one stage fewer does not fit: the fewest were chosen
+    assert main(["plan", *DENSE, "--workers", "4", "--pipeline-stages", str(S - 1)]) == 2
+    assert "no split of the model's 24 blocks fits workers of 10,240 MB" in capsys.readouterr().err
+
+
+def test_a_model_that_fits_a_bigger_function_is_weighed_against_it(capsys: pytest.CaptureFixture) -> None:
+    small = ("--params", "100000000", "--dense-layers", "8", "--compute-per-sample", "0.02", "--workers", "2")
+    out = plan_json(capsys, *small, "--memory", "worker=3008")
+    pipeline = out["pipeline"]
+    bigger = next(o for o in pipeline["options"] if o["name"].startswith("one function of"))
+    assert bigger["fits"] and pipeline["stages"] > 1
+    cheapest = min((o for o in pipeline["options"] if o["fits"]), key=lambda o: o["dollars"])
+    assert pipeline["pick"].startswith(cheapest["name"])
+
+
+def test_a_keras_model_is_cut_at_its_layers_and_one_without_a_cut_refused(
+    capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    model = keras.Sequential(
+        [keras.Input((32,)), *(keras.layers.Dense(64, activation="relu") for _ in range(3)), keras.layers.Dense(4)]
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    path = tmp_path / "chain.keras"
+    model.save(path)
+    out = plan_json(capsys, "--model", str(path), "--compute-per-sample", "0.001", "--pipeline-stages", "2")
+    stages = out["pipeline"]["per_stage"]
+    assert len(stages) == 2 and out["pipeline"]["given"]
+    assert sum(s["weight_bytes"] for s in stages) == 4 * model.count_params()
+    assert sum(s["flops_share"] for s in stages) == pytest.approx(1)
+    x = keras.Input((8,))
+    skipping = keras.Model(x, keras.layers.Add(name="skip")([x, keras.layers.Dense(8)(keras.layers.Dense(8)(x))]))
+    skipping.compile(optimizer="sgd", loss="mse")
+    skipping.save(tmp_path / "skip.keras")
+    argv = ["plan", "--model", str(tmp_path / "skip.keras"), "--compute-per-sample", "0.001", "--pipeline-stages", "2"]
+    assert main(argv) == 2
+    assert "layer 'skip' takes the output of 'the input' across every boundary" in capsys.readouterr().err
