@@ -201,6 +201,31 @@ def cmd_bench_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_stages(args: argparse.Namespace) -> int:
+    from slsml.bench import stages as bench
+
+    count, memory = args.stages or bench.STAGES, args.memory or bench.MEMORY_MB
+    batch, micro, repeats = (
+        args.batch or bench.BATCH,
+        args.micro_batch or bench.MICRO_BATCH,
+        args.repeats or bench.REPEATS,
+    )
+    if count < 2 or not 128 <= memory <= 10240 or min(batch, micro, repeats) < 1 or micro > batch:
+        raise BadInputError(
+            "--stages at least 2, --memory 128 to 10240 MB, --batch, --micro-batch (at most the batch) and --repeats"
+            " at least 1"
+        )
+    model = None if args.model is None else Path(args.model)
+    if model is not None and not model.is_file():
+        raise BadInputError(f"--model {args.model}: no such file")
+    with display_bench.named_progress("[bold]{task.description}") as show:
+        report = bench.stages_against_bigger(model, count, memory, batch, micro, repeats, show)
+    display_bench.print_stages(report, args.json)
+    if args.json:
+        print(report.model_dump_json())
+    return 0
+
+
 def cmd_bench_micro_batches(args: argparse.Namespace) -> int:
     from slsml.bench import microbatch as bench
 
@@ -416,6 +441,22 @@ def add_commands(commands: Any) -> None:
         "--multiples", type=options.counts, help="shares in micro-batches, comma-separated (default 1,4,16)"
     )
     micro.add_argument("--repeats", type=int, help="steps of each share, taken by turns; the median counts (default 3)")
+
+    staged = _benchmark(
+        benchmarks,
+        cmd_bench_stages,
+        "stages",
+        help="a model that fits both, its step in one bigger function against pipeline stages of smaller ones:"
+        " time per sample and dollars of a round on Lambda side by side, and the stages' gradient against the whole's",
+    )
+    staged.add_argument(
+        "--model", metavar="FILE", help="a .keras model compiled with its loss (default 8 Dense layers 2048 wide)"
+    )
+    staged.add_argument("--stages", type=int, metavar="S", help="pipeline stages (default 4)")
+    staged.add_argument("--memory", type=int, metavar="MB", help="each stage function's memory (default 2048)")
+    staged.add_argument("--batch", type=int, metavar="N", help="samples of a step (default 256)")
+    staged.add_argument("--micro-batch", type=int, metavar="N", help="samples a stage computes at once (default 32)")
+    staged.add_argument("--repeats", type=int, help="steps each way, taken by turns; the median counts (default 3)")
 
     gpu = _benchmark(
         benchmarks,

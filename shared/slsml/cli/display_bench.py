@@ -851,3 +851,41 @@ def print_sparse(report: Any, as_json: bool = False) -> None:
             f"sparse updates at most 1/{bench.SPARSE_FEWER} of dense's bytes per round: {yes[w.sparse_fewer]}"
             f" ({w.sparse_ratio:.4f}); the same final test loss as dense: {yes[w.sparse_exact]}"
         )
+
+
+def print_stages(report: Any, as_json: bool = False) -> None:
+    """``bench stages``: one bigger function against the pipeline's stages, side by side: the step measured here,
+    the round on Lambda, time per sample and dollars; then the split and the stages' gradient against the whole's."""
+    from rich.table import Table
+
+    table = Table(
+        "",
+        "functions",
+        "memory",
+        "step here",
+        "per stage",
+        "round on Lambda",
+        "ms/sample",
+        "$ per round",
+        "$ per million samples",
+        title=f"{report.model} ({report.weights:,} weights), a batch of {report.batch:,}, median of {report.repeats}",
+    )
+    for c in report.cases:
+        table.add_row(
+            c.name,
+            str(c.functions),
+            f"{c.memory_mb:,} MB",
+            f"{c.measured_step_s:.3f} s",
+            " ".join(f"{s:.3f}" for s in c.per_stage_s),
+            f"{c.round_s:.3f} s",
+            f"{c.ms_per_sample:.3g}",
+            f"${c.dollars_per_round:.3g}",
+            f"${c.dollars_per_million_samples:.3g}",
+        )
+    out = results(as_json)
+    out.print(table)
+    out.print(
+        f"stages: {', '.join(report.split)}; micro-batches of {report.micro_batch:,}; their gradient against the"
+        f" whole model's on the same micro-batches: largest difference {report.max_gradient_difference:.3g} (largest value"
+        f" {report.gradient_scale:.3g})"
+    )

@@ -71,6 +71,34 @@ class PipelinePlan(BaseModel):
     sources: dict[str, str]
 
 
+def hop_seconds(p: Parameters, handed: int, stages: int) -> float:
+    """A micro-batch's ``handed`` bytes of activations handed to the next stage: stored, announced, read."""
+    moved = handed / (p.s3_write_mb_s * 1e6) + handed / (p.s3_read_mb_s * 1e6)
+    return 0.0 if stages == 1 else 2 * p.s3_request_s + moved + p.sns_publish_s + p.sns_lambda_s
+
+
+def round_seconds(
+    p: Parameters, weight_bytes: int, micro_batches: int, stages: int, slowest_s: float, handed: int
+) -> float:
+    """A pipeline's round: its heaviest stage reading its ``weight_bytes`` and writing their update, and M+S−1 slots
+    forward and as many back (GPipe), each the slowest stage's micro-batch (``slowest_s``: forward, forward again and
+    backward) and a hop each way of ``handed`` bytes."""
+    weights_s = 2 * p.s3_request_s + weight_bytes / (p.s3_read_mb_s * 1e6) + weight_bytes / (p.s3_write_mb_s * 1e6)
+    return weights_s + (micro_batches + stages - 1) * (slowest_s + 2 * hop_seconds(p, handed, stages))
+
+
+def round_dollars(
+    price_table: PriceTable, micro_batches: int, stages: int, pipelines: int, round_s: float, memory_mb: int
+) -> tuple[dict[str, int], float]:
+    """The hops' requests of a round of ``pipelines`` pipelines (every boundary, each micro-batch, forward and back)
+    and the round's dollars: its stage functions' GB-seconds and invocations, and those requests."""
+    hops = 2 * micro_batches * (stages - 1) * pipelines
+    requests = dict.fromkeys(HOP_REQUESTS, hops)
+    functions = stages * pipelines
+    billed = functions * prices.gb_seconds(round_s, memory_mb)
+    return requests, sum(price_table.cost(requests, gb_seconds=billed, invocations=functions).values())
+
+
 def uniform_blocks(w: Workload, layers: int) -> list[Block]:
     """The blocks of a stack of ``layers`` equal dense layers of the workload's weights (``--dense-layers``): each
     of width √(params/layers), its output that wide."""
@@ -114,19 +142,14 @@ def plan(
     per_vcpu = speedup(vcpus(memory), p.vcpu_efficiency)
     total_flops = sum(s.flops for s in split) or 1
     heaviest = max(s.weight_bytes for s in split)
-    weights_s = 2 * p.s3_request_s + heaviest / (p.s3_read_mb_s * 1e6) + heaviest / (p.s3_write_mb_s * 1e6)
+    handed = max((s.activation_bytes for s in split[:-1]), default=0)
 
     def stage_s(stage: Stage, micro: int) -> float:
         return RECOMPUTE_SHARE * w.compute_per_sample_s * micro * stage.flops / total_flops / per_vcpu
 
-    def hop_s(micro: int) -> float:
-        handed = micro * max((s.activation_bytes for s in split[:-1]), default=0)
-        moved = handed / (p.s3_write_mb_s * 1e6) + handed / (p.s3_read_mb_s * 1e6)
-        return 0.0 if S == 1 else 2 * p.s3_request_s + moved + p.sns_publish_s + p.sns_lambda_s
-
     def round_s(micro: int) -> float:
-        slots = -(-share // micro) + S - 1  # GPipe: M + S − 1 slots forward, as many back
-        return weights_s + slots * (max(stage_s(s, micro) for s in split) + 2 * hop_s(micro))
+        slowest = max(stage_s(s, micro) for s in split)
+        return round_seconds(p, heaviest, -(-share // micro), S, slowest, micro * handed)
 
     # the micro-batch: the run's, else the one of the shortest round among those that fit (smaller ones shrink the
     # bubble, each adds a hop's latency)
@@ -145,15 +168,8 @@ def plan(
         )
         for stage, fit in zip(split, fitting, strict=True)
     ]
-    hops = 2 * M * (S - 1) * w.workers  # forward and back, every boundary, every pipeline
-    requests = dict.fromkeys(HOP_REQUESTS, hops)
     activation_bytes = 2 * M * w.workers * sum(f.activation_bytes for f in figures[:-1])
-    functions = S * w.workers
-    dollars = sum(
-        price_table.cost(
-            requests, gb_seconds=functions * prices.gb_seconds(round_s(micro), memory), invocations=functions
-        ).values()
-    )
+    requests, dollars = round_dollars(price_table, M, S, w.workers, round_s(micro), memory)
     samples = share * w.workers
     options = [
         Option(
@@ -161,7 +177,7 @@ def plan(
             fits=True,
             round_s=round_s(micro),
             dollars=dollars,
-            detail=f"{functions} functions; bubble {bubble(S, M):.0%}",
+            detail=f"{S * w.workers} functions; bubble {bubble(S, M):.0%}",
         ),
         _bigger(w, p, price_table, share),
     ]
@@ -175,7 +191,7 @@ def plan(
         micro_batches=M,
         bubble=bubble(S, M),
         per_stage=figures,
-        hop_s=hop_s(micro),
+        hop_s=hop_seconds(p, micro * handed, S),
         round_s=round_s(micro),
         activation_bytes_per_round=activation_bytes,
         requests_per_round=requests,
@@ -190,7 +206,7 @@ def plan(
             f" {RECOMPUTE_SHARE:.3g} (its forward pass twice) on {vcpus(memory):.3g} vCPUs",
             "hop": "s3_request_s, s3_write_mb_s, s3_read_mb_s, sns_publish_s, sns_lambda_s (parameters)",
             "bubble": "GPipe: (S−1)/(M+S−1)",
-            "dollars": f"Lambda GB-seconds of {functions} functions for the round, and the hops' requests",
+            "dollars": f"Lambda GB-seconds of {S * w.workers} functions for the round, and the hops' requests",
         },
     )
 

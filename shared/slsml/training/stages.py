@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -181,43 +182,46 @@ def split(model: keras.Model, sizes: Sequence[int]) -> list[keras.Model]:
 
 
 class StageStep(NamedTuple):
-    """One step computed through the stages: its loss and, per stage, the gradient of its trainable weights and its
-    non-trainable weights' new values."""
+    """One step computed through the stages: its loss and, per stage, the gradient of its trainable weights, its
+    non-trainable weights' new values and the seconds it computed (every micro-batch's forward pass, its forward
+    pass again and its backward pass)."""
 
     loss: float
     gradients: list[list[np.ndarray]]
     untrained: list[list[np.ndarray]]
+    seconds: list[float]
 
 
 def step(stages: Sequence[keras.Model], loss_fn: Any, micro_batches: Sequence[tuple[Any, Any]]) -> StageStep:
     """The step of the batch made of ``micro_batches`` ((x, y) each) through ``stages`` on a GPipe schedule with
     re-materialization (the module's docstring); ``loss_fn(y, prediction)`` the run's loss (a mean over the batch),
-    each stage's own regularization losses added."""
+    each stage's own regularization losses added. The last stage's forward pass is its backward pass's: one stage
+    computes a plain step."""
     total = sum(samples.count(y) for _, y in micro_batches)
     starting = [[np.asarray(v.numpy()) for v in s.non_trainable_weights] for s in stages]
     gradients = [[np.zeros(v.shape, np.float64) for v in s.trainable_weights] for s in stages]
     untrained = [[np.zeros(v.shape, np.float64) for v in s.non_trainable_weights] for s in stages]
-    loss = 0.0
+    loss, seconds, last = 0.0, [0.0] * len(stages), len(stages) - 1
     for x, y in micro_batches:
         share = samples.count(y) / total
         kept = [tf.nest.map_structure(tf.convert_to_tensor, x)]  # each stage's input: the activations handed on
-        for number, stage in enumerate(stages):
+        after: list[list[np.ndarray]] = []  # each stage's non-trainable values after its forward pass
+        for number, stage in enumerate(stages[:last]):
             _assign(stage.non_trainable_weights, starting[number])
-            output = stage(kept[-1], training=True)
-            for sum_, v in zip(untrained[number], stage.non_trainable_weights, strict=True):
-                sum_ += share * np.asarray(v.numpy(), np.float64)
-            if number < len(stages) - 1:
-                kept.append(output)
+            started = time.perf_counter()
+            kept.append(stage(kept[-1], training=True))
+            seconds[number] += time.perf_counter() - started
+            after.append([np.asarray(v.numpy()) for v in stage.non_trainable_weights])
         handed_back: Any = None  # the gradient of the loss with respect to the stage's output
         for number in reversed(range(len(stages))):
             stage, given = stages[number], kept[number]
-            after = [np.asarray(v.numpy()) for v in stage.non_trainable_weights]
             _assign(stage.non_trainable_weights, starting[number])
+            started = time.perf_counter()
             with tf.GradientTape() as tape:
                 watched = [t for t in tf.nest.flatten(given) if t.dtype.is_floating]
                 tape.watch(watched)
                 output = stage(given, training=True)
-                if handed_back is None:  # the last stage: the loss
+                if number == last:  # the loss
                     batch_loss = loss_fn(y, output)
                     objective = share * batch_loss
                 else:
@@ -226,9 +230,13 @@ def step(stages: Sequence[keras.Model], loss_fn: Any, micro_batches: Sequence[tu
                 if stage.losses:
                     batch_loss = batch_loss + tf.add_n(stage.losses)
                     objective = objective + share * tf.add_n(stage.losses)
-            loss += share * float(batch_loss)
             found = tape.gradient(objective, [*stage.trainable_weights, *watched])
-            _assign(stage.non_trainable_weights, after)
+            seconds[number] += time.perf_counter() - started
+            loss += share * float(batch_loss)
+            if number == last:
+                after.append([np.asarray(v.numpy()) for v in stage.non_trainable_weights])
+            for sum_, value in zip(untrained[number], after[number], strict=True):
+                sum_ += share * value.astype(np.float64)
             weights = len(stage.trainable_weights)
             for sum_, g in zip(gradients[number], found[:weights], strict=True):
                 if g is not None:
@@ -237,7 +245,7 @@ def step(stages: Sequence[keras.Model], loss_fn: Any, micro_batches: Sequence[tu
     final = [[s.astype(np.float32) for s in each] for each in untrained]
     for stage, values in zip(stages, final, strict=True):
         _assign(stage.non_trainable_weights, values)
-    return StageStep(loss, [[g.astype(np.float32) for g in each] for each in gradients], final)
+    return StageStep(loss, [[g.astype(np.float32) for g in each] for each in gradients], final, seconds)
 
 
 def _assign(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:
