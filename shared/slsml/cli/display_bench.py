@@ -886,6 +886,6 @@ def print_stages(report: Any, as_json: bool = False) -> None:
     out.print(table)
     out.print(
         f"stages: {', '.join(report.split)}; micro-batches of {report.micro_batch:,}; their gradient against the"
-        f" whole model's on the same micro-batches: largest difference {report.max_gradient_difference:.3g} (largest value"
-        f" {report.gradient_scale:.3g})"
+        f" whole model's on the same micro-batches: largest difference {report.max_gradient_difference:.3g}"
+        f" (largest value {report.gradient_scale:.3g})"
     )
