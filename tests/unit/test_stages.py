@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from slsml.cost.stages import blocks_of
 from slsml.rounds import sizing
 from slsml.rounds.stages import Block, balance, bubble
 from slsml.spec.errors import BadInputError
@@ -134,7 +135,7 @@ def test_more_stages_than_blocks_are_refused_with_the_most_that_fit() -> None:
 
 def test_blocks_count_each_blocks_weights_outputs_and_flops() -> None:
     model = _residual_chain()
-    found = stages.blocks(model)
+    found = blocks_of(model)
     assert [(b.first, b.last) for b in found] == [("d1", "d1"), ("r1", "add"), ("d2", "d2"), ("out", "out")]
     assert sum(b.weight_bytes for b in found) == 4 * model.count_params()
     assert found[1].outputs == (8, 8, 8) and found[1].input_values == 8

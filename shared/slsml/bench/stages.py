@@ -100,7 +100,7 @@ def stages_against_bigger(
     model, loss_fn = build_model(path)
     if (why := stages.refusal(model, count)) is not None:
         raise BadInputError(why)
-    blocks = stages.blocks(model)
+    blocks = staged.blocks_of(model)
     cache = MEMORY_SHARE * memory_mb
     split = balance(blocks, count, lambda stage: stage.memory(memory_mb, cache).micro_batch() >= micro_batch)
     if split is None:

@@ -335,7 +335,7 @@ def _pipeline(
         model = modelio.load_model(Path(args.model).read_bytes(), where=args.model)
         if asked is not None and (why := split.refusal(model, asked)) is not None:
             raise BadInputError(why)
-        blocks = split.blocks(model)
+        blocks = stages.blocks_of(model)
     elif args.dense_layers is not None:
         blocks = stages.uniform_blocks(work, args.dense_layers)
     elif asked is None:

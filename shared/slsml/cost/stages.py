@@ -8,8 +8,10 @@ fit."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -69,6 +71,36 @@ class PipelinePlan(BaseModel):
     options: list[Option] = Field(description="stages, one bigger function, a GPU worker: the workers' round")
     pick: str = Field(description="what the plan would pick, and why")
     sources: dict[str, str]
+
+
+def blocks_of(model: Any) -> list[Block]:
+    """The blocks of the Keras ``model`` between its cut points (``slsml.training.stages.cut_points``), each with
+    its weights, its layers' outputs and its training FLOPs of one sample (``slsml.cost.flops``)."""
+    import numpy as np
+
+    from slsml.cost import flops
+    from slsml.training import stages
+
+    def values(tensors: Sequence[Any]) -> int:  # of one sample
+        return sum(math.prod(d or 1 for d in t.shape[1:]) for t in tensors)
+
+    g = stages.graph(model)
+    bounds = [0, *stages.cut_points(model), len(g.nodes)]
+    found = []
+    for start, stop in itertools.pairwise(bounds):
+        block = stages.submodel(model, start, stop)
+        sample = [np.zeros((1, *(d or 1 for d in t.shape[1:])), t.dtype) for t in block.inputs]
+        found.append(
+            Block(
+                first=g.nodes[start].operation.name,
+                last=g.nodes[stop - 1].operation.name,
+                weight_bytes=4 * sum(math.prod(v.shape) for v in block.weights),
+                outputs=tuple(values(n.outputs) for n in g.nodes[start:stop]),
+                input_values=values(block.inputs),
+                flops=flops.count(block, sample if len(sample) > 1 else sample[0]).training,
+            )
+        )
+    return found
 
 
 def hop_seconds(p: Parameters, handed: int, stages: int) -> float:

@@ -1,7 +1,8 @@
 """A Keras model as pipeline stages: its cut points (the layer boundaries every path from its inputs to its outputs
-passes through as one tensor: every boundary of a Sequential model), the blocks between them
-(``slsml.rounds.stages.Block``), the stage sub-models of a split (sharing the model's layers, so its weights), and a
-step's gradients computed stage by stage as a GPipe round does.
+passes through as one tensor: every boundary of a Sequential model), the stage sub-models of a split (sharing the
+model's layers, so its weights), and a step's gradients computed stage by stage as a GPipe round does. The blocks
+between cut points in figures, and the split that balances them, are ``slsml.rounds.stages`` and
+``slsml.cost.stages``.
 
 A round's micro-batches flow forward stage by stage, each stage's input kept (the activation a stage function stores
 and announces to the next); then backward, each stage computing its forward pass again from its kept input and
@@ -18,7 +19,6 @@ and leaves them as they were."""
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -27,7 +27,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from slsml.rounds.stages import Block
 from slsml.spec import samples
 from slsml.spec.errors import BadInputError
 
@@ -138,34 +137,6 @@ def submodel(model: keras.Model, start: int, stop: int) -> keras.Model:
     wanted = g.outputs if stop == len(g.nodes) else _crossing(g, stop)
     outputs = [tensors[id(t)] for t in wanted]
     return keras.Model(fresh if len(fresh) > 1 else fresh[0], outputs if len(outputs) > 1 else outputs[0])
-
-
-def blocks(model: keras.Model) -> list[Block]:
-    """The blocks of ``model`` between its cut points, each with its weights, its layers' outputs and its training
-    FLOPs of one sample (``slsml.cost.flops``)."""
-    from slsml.cost import flops
-
-    g = graph(model)
-    bounds = [0, *cut_points(model), len(g.nodes)]
-    found = []
-    for start, stop in itertools.pairwise(bounds):
-        block = submodel(model, start, stop)
-        sample = [np.zeros((1, *(d or 1 for d in t.shape[1:])), t.dtype) for t in block.inputs]
-        found.append(
-            Block(
-                first=g.nodes[start].operation.name,
-                last=g.nodes[stop - 1].operation.name,
-                weight_bytes=4 * sum(math.prod(v.shape) for v in block.weights),
-                outputs=tuple(_values(n.outputs) for n in g.nodes[start:stop]),
-                input_values=sum(_values([t]) for t in block.inputs),
-                flops=flops.count(block, sample if len(sample) > 1 else sample[0]).training,
-            )
-        )
-    return found
-
-
-def _values(tensors: list[Any]) -> int:
-    return sum(math.prod(d or 1 for d in t.shape[1:]) for t in tensors)
 
 
 def split(model: keras.Model, sizes: Sequence[int]) -> list[keras.Model]:
