@@ -290,7 +290,7 @@ def run(
         verdict = verdict.model_copy(update={"compared": vm.sentence})
         plans = sorted((p for p in (plan, other) if p is not None), key=lambda p: p.workload.worker_kind)
         sides = side_by_side([(_who(p), p) for p in plans], vm, parameters, price_table)
-    pipeline = _pipeline(args, plan, gpu, parameters, price_table)
+    pipeline = _pipeline(args, cpu, gpu, parameters, price_table)
     render(plan, recommendation, console, fixed, verdict)
     if pipeline is not None:
         _render_pipeline(pipeline, console)
@@ -317,15 +317,20 @@ def run(
 
 
 def _pipeline(
-    args: argparse.Namespace, plan: Plan, gpu: Workload | None, parameters: Parameters, price_table: PriceTable
+    args: argparse.Namespace, cpu: Workload, gpu: Workload | None, parameters: Parameters, price_table: PriceTable
 ) -> PipelinePlan | None:
-    """The plan of the model in pipeline stages (``slsml.cost.stages``): at --pipeline-stages, else, where the
-    model's step does not fit a worker, at the fewest stages that fit; None at --pipeline-stages 1, or where the
-    model fits and no stage count is given, or (no count given) its layers are not known."""
+    """The plan of the model in pipeline stages of CPU workers (``slsml.cost.stages``; ``gpu``: the same workload
+    on GPU workers, weighed beside them): at --pipeline-stages, else, where not one sample's step fits a CPU worker,
+    at the fewest stages that fit; None at --pipeline-stages 1, or where the model fits and no stage count is given,
+    or (no count given) its layers are not known."""
+    from slsml.aws.cache import MEMORY_SHARE
     from slsml.cost import stages
+    from slsml.rounds import sizing
 
-    asked, work = args.pipeline_stages, plan.workload
-    over = any(q.name == "memory: worker" and not q.ok for q in plan.quotas)
+    asked, work = args.pipeline_stages, cpu
+    memory = work.memory_mb["worker"]
+    cache = MEMORY_SHARE * memory if work.cache_mb is None else work.cache_mb
+    over = sizing.WorkerMemory(memory, cache, 4 * work.params, work.activation_bytes_per_sample).micro_batch() < 1
     if asked == 1 or (asked is None and not over):
         return None
     if args.model:

@@ -277,13 +277,17 @@ def _bigger(w: Workload, p: Parameters, price_table: PriceTable, share: int) -> 
 
 
 def _gpu(gpu: Workload, p: Parameters, price_table: PriceTable, share: int) -> Option:
-    """A GPU worker holding the whole model (``slsml.cost.gpuworker``)."""
+    """A GPU worker holding the whole model (``slsml.cost.gpuworker``): its layer outputs on the GPU, its function's
+    memory holding the rest (``slsml.rounds.sizing.micro_batch``)."""
     a = gpu.accelerator
     assert a is not None
     device = sizing.AcceleratorMemory(a.gib, 4 * gpu.params, gpu.activation_bytes_per_sample, a.precision)
+    memory = gpu.memory_mb["worker"]
+    cache = MEMORY_SHARE * memory if gpu.cache_mb is None else gpu.cache_mb
+    host = sizing.WorkerMemory(memory, cache, 4 * gpu.params, 0.0)  # its layer outputs are the GPU's
     name = f"a GPU worker of {a.gib} GiB on {a.instance}"
-    if device.micro_batch() < 1:
-        return Option(name=name, fits=False, detail=device.refusal() or "")
+    if (refusal := host.refusal() or device.refusal()) is not None:
+        return Option(name=name, fits=False, detail=refusal.split(": give")[0])
     model = 4 * gpu.params
     rate = gpuworker.s3_mb_s(gpu, 1)
     round_s = 2 * p.s3_request_s + 2 * model / (rate * 1e6) + gpuworker.KIND.compute_s(gpu, p, share)
