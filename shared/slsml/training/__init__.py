@@ -1,2 +1,2 @@
-"""Training numerics without AWS: Keras models as flat vectors, numpy optimizers, clipping, the update and
-shard formats, error feedback."""
+"""Training numerics without AWS: Keras models as flat vectors and as pipeline stages, numpy optimizers, clipping,
+the update and shard formats, error feedback."""
