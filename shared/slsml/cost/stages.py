@@ -26,6 +26,7 @@ from slsml.rounds import sizing
 from slsml.rounds.stages import RECOMPUTE_SHARE, Block, Stage, balance, bubble
 from slsml.spec.errors import BadInputError
 
+MOST_MICRO_BATCHES = 1024  # of a pipeline's round, the plan weighs
 HOP_REQUESTS = ("s3:PutObject", "sns:Publish", "s3:GetObject")  # a micro-batch's activation handed to a stage
 
 
@@ -184,8 +185,10 @@ def plan(
         return round_seconds(p, heaviest, -(-share // micro), S, slowest, micro * handed)
 
     # the micro-batch: the run's, else the one of the shortest round among those that fit (smaller ones shrink the
-    # bubble, each adds a hop's latency)
-    micro = w.training.micro_batch or min(range(1, min(share, *fitting) + 1), key=round_s)
+    # bubble, each adds a hop's latency), each the least of its count of micro-batches, up to MOST_MICRO_BATCHES
+    fewest = -(-share // min(share, *fitting))
+    counts = range(fewest, max(fewest, min(share, MOST_MICRO_BATCHES)) + 1)
+    micro = w.training.micro_batch or min({-(-share // count) for count in counts}, key=round_s)
     M = -(-share // micro)
     figures = [
         StageFigures(
