@@ -68,3 +68,14 @@ def test_a_keras_model_is_cut_at_its_layers_and_one_without_a_cut_refused(
     argv = ["plan", "--model", str(tmp_path / "skip.keras"), "--compute-per-sample", "0.001", "--pipeline-stages", "2"]
     assert main(argv) == 2
     assert "layer 'skip' takes the output of 'the input' across every boundary" in capsys.readouterr().err
+
+
+def test_a_gpu_worker_is_weighed_beside_the_stages_when_one_is_planned(capsys: pytest.CaptureFixture) -> None:
+    argv = ("--params", "100000000", "--dense-layers", "8", "--compute-per-sample", "0.02", "--workers", "2")
+    out = plan_json(capsys, *argv, "--memory", "worker=8192", "--accelerator", "worker=24", "--pipeline-stages", "2")
+    options = {o["name"]: o for o in out["pipeline"]["options"]}
+    gpu = options["a GPU worker of 24 GiB on g6.xlarge"]
+    assert gpu["fits"] and gpu["round_s"] > 0 and gpu["dollars"] > 0
+    assert out["pipeline"]["memory_mb"] == 8192 and out["pipeline"]["stages"] == 2
+    cheapest = min((o for o in options.values() if o["fits"]), key=lambda o: o["dollars"])
+    assert out["pipeline"]["pick"].startswith(cheapest["name"])
