@@ -237,7 +237,7 @@ def plan(
         sources={
             "stage memory": "slsml.rounds.sizing.WorkerMemory of the stage's weights and layer outputs (one"
             " micro-batch's: the stage computes its forward pass again at the backward pass)",
-            "stage compute": f"the model's compute per sample ({w.compute_source}) × the stage's share of the FLOPs ×"
+            "stage compute": f"the model's compute per sample, {w.compute_source}, × the stage's share of the FLOPs ×"
             f" {RECOMPUTE_SHARE:.3g} (its forward pass twice) on {vcpus(memory):.3g} vCPUs",
             "hop": "s3_request_s, s3_write_mb_s, s3_read_mb_s, sns_publish_s, sns_lambda_s (parameters)",
             "bubble": "GPipe: (S−1)/(M+S−1)",
