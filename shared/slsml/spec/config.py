@@ -504,8 +504,9 @@ class TrainingSpec(BaseModel):
         ge=1,
         le=64,
         description="pipeline stages a worker's model is split into at layer boundaries, each a function of its own"
-        " that micro-batches flow through (GPipe): for a model whose step does not fit one function; the plan"
-        " models them (`slsml plan`: default the fewest that fit)",
+        " that micro-batches flow through (GPipe), for a model whose step does not fit one function: `slsml plan`"
+        " models them (there, default the fewest that fit); a run refuses more than 1, the pipeline running no"
+        " stage functions yet",
     )
     mixed_precision: MixedPrecision | None = Field(
         default=None,
