@@ -163,3 +163,36 @@ def test_bubble_is_the_pipelines_fill_and_drain() -> None:
     assert bubble(1, 8) == 0
     assert bubble(4, 8) == pytest.approx(3 / 11)
     assert bubble(4, 32) < bubble(4, 8)
+
+
+def test_dropout_draws_the_same_masks_through_stages_as_in_one_process() -> None:
+    """The forward pass computed again at the backward pass starts from the seed state of the forward pass: the
+    stages' gradient is the whole model's, its micro-batches drawing the same masks as in one process."""
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dropout(0.5, seed=1),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dropout(0.5, seed=2),
+            keras.layers.Dense(3),
+        ]
+    )
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = _data()
+    seeds = [np.asarray(v.numpy()) for v in model.non_trainable_variables]  # the Dropouts' generators
+    assert seeds
+    whole = [np.zeros(v.shape) for v in model.trainable_weights]
+    for part in np.split(np.arange(12), 2):  # as accumulate adds micro-batches: the generators go on
+        _, grads = _whole_gradients(model, loss_fn, x[part], y[part])
+        whole = [w + g / 2 for w, g in zip(whole, grads, strict=True)]
+    for v, value in zip(model.non_trainable_variables, seeds, strict=True):
+        v.assign(value)
+    staged = stages.step(stages.split(model, [2, 2, 1]), loss_fn, [(x[p], y[p]) for p in np.split(np.arange(12), 2)])
+    flat = [g for each in staged.gradients for g in each]
+    with tf.GradientTape() as tape:  # without dropout: another gradient (the masks act)
+        plain = tape.gradient(loss_fn(y, model(x, training=False)), model.trainable_weights)
+    assert not np.allclose(np.asarray(plain[0]), whole[0], atol=1e-4)
+    for got, want in zip(flat, whole, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -13,8 +13,8 @@ samples, as ``slsml.rounds.accumulate`` weights them: the same as the whole mode
 BatchNormalization under stages is as under micro-batches (``slsml.rounds.accumulate``): each micro-batch's forward
 pass normalizes by its own batch statistics, starting from the step's moving statistics; the step's new moving
 statistics are the micro-batches' values after their forward passes averaged by share. The forward pass computed
-again at the backward pass starts from the same values (a Dropout's seed state included: it draws the same masks)
-and leaves them as they were."""
+again at the backward pass starts from the same values and random generators' states (a Dropout draws the forward
+pass's masks) and leaves them as they were: the generators advance once a micro-batch, as in one process."""
 
 from __future__ import annotations
 
@@ -177,16 +177,21 @@ def step(stages: Sequence[keras.Model], loss_fn: Any, micro_batches: Sequence[tu
         share = samples.count(y) / total
         kept = [tf.nest.map_structure(tf.convert_to_tensor, x)]  # each stage's input: the activations handed on
         after: list[list[np.ndarray]] = []  # each stage's non-trainable values after its forward pass
+        seeds: list[tuple[list[np.ndarray], list[np.ndarray]]] = []  # its seed states before and after it
         for number, stage in enumerate(stages[:last]):
             _assign(stage.non_trainable_weights, starting[number])
+            before = _values(_seed_states(stage))
             started = time.perf_counter()
             kept.append(stage(kept[-1], training=True))
             seconds[number] += time.perf_counter() - started
-            after.append([np.asarray(v.numpy()) for v in stage.non_trainable_weights])
+            after.append(_values(stage.non_trainable_weights))
+            seeds.append((before, _values(_seed_states(stage))))
         handed_back: Any = None  # the gradient of the loss with respect to the stage's output
         for number in reversed(range(len(stages))):
             stage, given = stages[number], kept[number]
             _assign(stage.non_trainable_weights, starting[number])
+            if number < last:  # computed again as it was: its Dropout draws the forward pass's masks
+                _assign(_seed_states(stage), seeds[number][0])
             started = time.perf_counter()
             with tf.GradientTape() as tape:
                 watched = [t for t in tf.nest.flatten(given) if t.dtype.is_floating]
@@ -205,7 +210,9 @@ def step(stages: Sequence[keras.Model], loss_fn: Any, micro_batches: Sequence[tu
             seconds[number] += time.perf_counter() - started
             loss += share * float(batch_loss)
             if number == last:
-                after.append([np.asarray(v.numpy()) for v in stage.non_trainable_weights])
+                after.append(_values(stage.non_trainable_weights))
+            else:
+                _assign(_seed_states(stage), seeds[number][1])
             for sum_, value in zip(untrained[number], after[number], strict=True):
                 sum_ += share * value.astype(np.float64)
             weights = len(stage.trainable_weights)
@@ -217,6 +224,16 @@ def step(stages: Sequence[keras.Model], loss_fn: Any, micro_batches: Sequence[tu
     for stage, values in zip(stages, final, strict=True):
         _assign(stage.non_trainable_weights, values)
     return StageStep(loss, [[g.astype(np.float32) for g in each] for each in gradients], final, seconds)
+
+
+def _seed_states(stage: keras.Model) -> list[Any]:
+    """The stage's random generators' states (a Dropout's): variables, not weights."""
+    weights = {id(v) for v in stage.non_trainable_weights}
+    return [v for v in stage.non_trainable_variables if id(v) not in weights]
+
+
+def _values(variables: Sequence[Any]) -> list[np.ndarray]:
+    return [np.asarray(v.numpy()) for v in variables]
 
 
 def _assign(variables: Sequence[Any], values: Sequence[np.ndarray]) -> None:
