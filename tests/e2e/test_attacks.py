@@ -134,11 +134,11 @@ def test_a_role_can_unseal_its_own_kinds_key_alone(local, services, undisturbed)
     """With each role's credentials, each kind's sealed private key of a run: the role's own opens; another kind's is
     refused by the signing key's policy, and opens no more with the role's own kind named in its context."""
     sealed = services.table.run_keys(REFERENCE)
-    assert sealed is not None and sorted(sealed) == sorted(wiring.SIGNERS)
+    assert sealed is not None and sorted(sealed.keys) == sorted(wiring.SIGNERS)
     opened = set()
     for fn in wiring.FUNCTIONS:
         kms = _kms_as(local, fn.name)
-        for kind, key in sealed.items():
+        for kind, key in sealed.keys.items():
             unseal = partial(kms.decrypt, KeyId=local.deployment.signing_key, CiphertextBlob=key.sealed)
             try:
                 unseal(EncryptionContext=proof.context(REFERENCE, kind))

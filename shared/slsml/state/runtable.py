@@ -67,6 +67,14 @@ class SealedKey(NamedTuple):
     sealed: bytes
 
 
+class RunKeyItem(NamedTuple):
+    """A run's signing keys by kind, and the KMS ciphertext that vouches for their public keys (None: the item holds
+    none; ``slsml.pipeline.proof``)."""
+
+    keys: dict[str, SealedKey]
+    vouched: bytes | None
+
+
 def conditional(write: Callable[[], Any]) -> Any | None:
     """``write()``'s result, or None if its condition failed (someone else's write came first)."""
     try:
@@ -291,22 +299,24 @@ class RunTable:
         return float(item.get("spent_usd", 0))
 
     # the run's signing keys: each signing kind's public key and sealed private key (slsml.pipeline.proof)
-    def run_keys(self, run_id: str) -> dict[str, SealedKey] | None:
-        """The run's signing keys by kind; None if none were made (the run was not launched yet)."""
+    def run_keys(self, run_id: str) -> RunKeyItem | None:
+        """The run's signing keys; None if none were made (the run was not launched yet)."""
         item = self.table.get_item(Key=self._key(run_id, KEY), ConsistentRead=True).get("Item")
         if item is None:
             return None
-        return {
+        keys = {
             kind: SealedKey(public=bytes(item["public"][kind]), sealed=bytes(item["sealed"][kind]))
             for kind in item["public"]
         }
+        return RunKeyItem(keys, bytes(item["vouched"]) if "vouched" in item else None)
 
-    def make_run_keys(self, run_id: str, made: dict[str, SealedKey]) -> dict[str, SealedKey]:
+    def make_run_keys(self, run_id: str, made: RunKeyItem) -> RunKeyItem:
         """Store ``made`` as the run's signing keys unless it has some: the keys that are stored either way."""
         item = {
             **self._key(run_id, KEY),
-            "public": {kind: key.public for kind, key in made.items()},
-            "sealed": {kind: key.sealed for kind, key in made.items()},
+            "public": {kind: key.public for kind, key in made.keys.items()},
+            "sealed": {kind: key.sealed for kind, key in made.keys.items()},
+            **({} if made.vouched is None else {"vouched": made.vouched}),
         }
         stored = conditional(lambda: self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(sk)"))
         if stored is not None:

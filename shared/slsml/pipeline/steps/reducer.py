@@ -86,9 +86,9 @@ def _current(message: ReduceMessage, services: Services, size: int) -> shards.Sh
     run, iteration, shard = message.run_id, message.iteration, message.shard
     key = keys.shard(run, iteration, shard)
     if iteration == 0:  # split from the run's initial model by its start: run.json names it
-        read = services.store.read(key)
-        initial_shard(run_config(services, run), shard, read)
-        return shards.decode(read.body, size)
+        initial = services.store.read(key)
+        initial_shard(run_config(services, run), shard, initial)
+        return shards.decode(initial.body, size)
     manifest, read = services.store.get_quorum([keys.manifest(run, iteration), key], [None, None], 2, 0)
     assert manifest is not None and read is not None  # every read is needed: none is left out
     named_shard(services.keys, run, iteration, shard, manifest, read)
