@@ -32,6 +32,8 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from slsml.aws.storage import etag_of
 from slsml.client import demo, runs
@@ -43,13 +45,14 @@ from slsml.pipeline.proof import RunKeys
 from slsml.pipeline.steps.merger import GENERATION_METADATA, MERGED_METADATA
 from slsml.spec import keys, wiring
 from slsml.spec.config import RunConfig, TrainingSpec
+from slsml.spec.deployment import VOUCH
 from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import Manifest, ReduceDone, WorkDone
 from slsml.state import records
 from slsml.training import modelio, shards, updates
 from tests import archives
 
-from .conftest import dead_letters, final_weights, finish, log_entries, train
+from .conftest import DIGITS, dead_letters, final_weights, finish, log_entries, train
 from .test_orchestration import _execution
 
 RUN, REFERENCE = "attacked", "attacked-reference"
@@ -217,7 +220,7 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
 EDITED, MANIFEST, DELETED, SWAPPED = "item-edited", "manifest-replaced", "shard-deleted", "dataset-swapped"
 CONFIGURED, FINAL = "config-replaced", "final-swapped"
 UPDATED, SHARDED, KEYLESS, PRECLAIMED = "update-replaced", "shard-replaced", "key-deleted", "launch-preclaimed"
-INITIAL, SOURCE = "initial-shard-replaced", "source-replaced"
+INITIAL, SOURCE, PLANTED = "initial-shard-replaced", "source-replaced", "key-planted"
 PINNED = "digits-pinned"  # the swapped run's dataset, of no other run: no warm function holds its shards
 
 
@@ -396,6 +399,33 @@ def _delete_run_key(local, s3, services) -> tuple[str, str, int]:
     return KEYLESS, named, SPEC.iterations
 
 
+def _plant_run_keys(local, s3, services) -> tuple[str, str, int]:
+    """The run's KEY item put by hand (PutItem), after its start stored run.json and before its execution launches
+    it, with key pairs of a Worker's making (a role that writes the run table): the Worker's role may not vouch for
+    keys of its own (kms:Encrypt), and the launch takes no keys without a vouch that holds for them."""
+    config = launch.prepare_run(services, modelio.save_model(demo.digits_cnn(seed=1)), DIGITS, SPEC, run_id=PLANTED)
+    kms = _kms_as(local, "worker")
+    with pytest.raises(ClientError, match="AccessDeniedException"):
+        kms.encrypt(
+            KeyId=local.deployment.signing_key, Plaintext=b"keys", EncryptionContext=proof.context(PLANTED, VOUCH)
+        )
+    made = {}
+    for kind in wiring.SIGNERS:
+        pair = ec.generate_private_key(ec.SECP256R1())
+        made[kind] = pair.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    dynamodb = boto3.resource("dynamodb", endpoint_url=local.deployment.endpoint, region_name=REGION)
+    dynamodb.Table(services.table.table.name).put_item(
+        Item={
+            records.PARTITION_KEY.name: f"RUN#{PLANTED}",
+            records.SORT_KEY.name: records.KEY,
+            "public": made,
+            "sealed": {kind: b"sealed by no one" for kind in made},
+        }
+    )
+    launch.launch_run(services, config)
+    return PLANTED, f"run {PLANTED!r}'s signing keys (its KEY item) are not the ones its launch made", 0
+
+
 def _preclaim_launch(local, s3, services) -> tuple[str, str, int]:
     """The counter of iteration AT + 1 put by hand (PutItem) with a launch claim of its own while the run is in AT:
     the WorkLauncher's launch of it is skipped, and the run fails naming the claim (nothing launched the workers)."""
@@ -466,6 +496,7 @@ def _wait_for(condition: Callable[[], bool], failure: str) -> None:
         _replace_initial_shard,
         _replace_source_model,
         _delete_run_key,
+        _plant_run_keys,
         _preclaim_launch,
     ],
 )
