@@ -30,6 +30,7 @@ from slsml.pipeline.services import Services
 from slsml.pipeline.steps import dead_letters
 from slsml.pipeline.steps.dead_letters import on_dead_letter
 from slsml.spec import keys, wiring
+from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import KeyForged, KeyLost, MessageRejected
 from slsml.spec.messages import Deadline, ModelMerged, ReduceDone, ReduceMessage, WorkMessage
 from slsml.state.runtable import RunKeyItem, SealedKey
@@ -57,6 +58,9 @@ def test_what_the_pipeline_sends_is_admitted(services: Services, fired: list[Red
         ReduceDone(run_id=RUN, iteration=0, shard=fired[0].shard),
         Deadline(run_id=RUN, iteration=0, stage="work", round=0, due_at=time.time() + 60),
         ModelMerged(run_id=RUN, iteration=1),
+        # a round past its last deadline retry whose update a reducer refused: re-launched once more, and its report
+        WorkMessage(run_id=RUN, iteration=0, worker=1, workers=2, attempt=TrainingSpec().deadline_retries + 1),
+        _done(RUN, 1, attempt=TrainingSpec().deadline_retries + 1),
     ]
     for message in sent:  # as a step receives it: signed by the step that sent it
         envelope.admit(services.keys.sign(message), services)
