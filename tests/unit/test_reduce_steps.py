@@ -1385,3 +1385,20 @@ def test_a_refused_update_relaunches_its_round_once_and_a_second_refusal_fails_t
             with pytest.raises(RunFailed, match=rf"^{refused} is not the update worker 0 reported"):
                 reducer.reduce(again[0], services)
             assert work == []  # not re-launched twice
+
+
+def test_a_reduce_waiting_for_a_relaunched_round_that_never_reports_fails_the_run_naming_the_update(
+    services: Services, sent: list[Deadline]
+) -> None:
+    """Its reducers re-launched until the retries are spent, the watchdog fails the run naming the refused update,
+    rather than have the shards keep their weights."""
+    _register(services, "never-redone", workers=2, deadline_retries=1)
+    fired = _arrive(services, "never-redone", 0) + _arrive(services, "never-redone", 1)
+    services.store.replace(keys.update("never-redone", 0, 0), _update(2)[0], _update(0)[1])
+    assert [reducer.reduce(message, services) for message in fired] == [None] * PLAN.reducers
+    assert watchdog.on_deadline(_deadline("never-redone", "reduce"), services) == Action.RELAUNCHED
+    assert watchdog.on_deadline(_due(sent[-1], services), services) == Action.FAILED
+    run = services.table.get_run("never-redone")
+    refused = keys.update("never-redone", 0, 0)
+    assert run.status == "FAILED" and (run.reason or "").startswith(f"{refused} was refused and the round of worker 0")
+    assert not any(services.store.exists(keys.shard("never-redone", 1, r)) for r in range(PLAN.reducers))
