@@ -217,9 +217,11 @@ class Compute(Construct):
         )
         log_group.grant_write(role)
         self._answer_executions(role, fn)
+        for grant in deployment.signing_grants(fn, self._signing_key.key_arn):
+            role.add_to_policy(iam.PolicyStatement.from_json(grant))
         if fn.reads_dead_letters:  # the run item's update and the execution's task failure (its queues: their own)
             # a deadline SQS moved is re-checked as the watchdog would (``steps.dead_letters``): the run's public keys
-            # (its KEY item) and its run.json are read
+            # (its KEY item, and the launch's vouch for them: its signing grants) and its run.json are read
             role.add_to_policy(
                 iam.PolicyStatement(
                     actions=["dynamodb:GetItem", "dynamodb:UpdateItem"], resources=[self._table.table_arn]
@@ -277,8 +279,6 @@ class Compute(Construct):
                 )
             )
         role.add_to_policy(iam.PolicyStatement(actions=TABLE_ACTIONS, resources=[self._table.table_arn]))
-        for grant in deployment.signing_grants(fn, self._signing_key.key_arn):
-            role.add_to_policy(iam.PolicyStatement.from_json(grant))
         for topic in fn.publishes:
             grant_publish(self._topics[topic.name], role)
         for queue in fn.sends:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -88,9 +89,10 @@ def final_weights(services: Services, run_id: str) -> np.ndarray:
 def prepared_with_source(services: Services, spec: TrainingSpec, run_id: str, source: bytes) -> RunConfig:
     """Run ``run_id`` as ``launch.prepare_run`` leaves it, but for its ``source.keras``: ``source``, which slsml never
     stores (prepare_run checks what it is given; the bucket's policy refuses an overwrite, and a delete under runs/,
-    to all but the pipeline): a run prepared beside it lends its run.json and initial shards, under ``run_id``."""
+    to all but the pipeline): a run prepared beside it lends its run.json and initial shards, under ``run_id``, naming
+    ``source`` by its SHA-256 as a run's start names its model."""
     lent = launch.prepare_run(services, modelio.save_model(demo.digits_cnn()), DIGITS, spec, run_id=f"{run_id}-lent")
-    config = lent.model_copy(update={"run_id": run_id})
+    config = lent.model_copy(update={"run_id": run_id, "source_sha256": hashlib.sha256(source).hexdigest()})
     services.store.put_new(keys.run_config(run_id), config.stored())
     for shard in range(config.reducers):
         services.store.put_new(keys.shard(run_id, 0, shard), services.store.get(keys.shard(lent.run_id, 0, shard)))

@@ -7,8 +7,10 @@ completed run's final model — detected by every reader of it. Each run complet
 undisturbed run's. (The bucket's policy refuses a PUT without If-None-Match of an update, in the local cloud as on
 AWS: the objects are placed create-only, so that what is tested is the pipeline's own checks; a delete under runs/
 with the owner's credentials, and a Worker's signed PUT replayed with another body, are refused outright.) What is
-changed behind the pipeline's back (the run item, a manifest, a shard, the dataset, run.json, the last model before
-its final copy) fails the run naming it. Models dropped meanwhile that are too large to load (a zip bomb, a config
+changed behind the pipeline's back (the run item, a manifest, a shard, a shard entering iteration 0, the dataset,
+run.json, the model the run started from, the last model before its final copy, an update replaced twice) fails the
+run naming it; an update replaced once is refused and its round computed anew, and the run completes bit-identical to
+an undisturbed one. Models dropped meanwhile that are too large to load (a zip bomb, a config
 declaring gigabytes of weights, an oversized run request) are refused by name."""
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from slsml.aws.storage import etag_of
 from slsml.client import demo, runs
@@ -41,13 +45,14 @@ from slsml.pipeline.proof import RunKeys
 from slsml.pipeline.steps.merger import GENERATION_METADATA, MERGED_METADATA
 from slsml.spec import keys, wiring
 from slsml.spec.config import RunConfig, TrainingSpec
+from slsml.spec.deployment import VOUCH
 from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import Manifest, ReduceDone, WorkDone
 from slsml.state import records
 from slsml.training import modelio, shards, updates
 from tests import archives
 
-from .conftest import dead_letters, final_weights, finish, log_entries, train
+from .conftest import DIGITS, dead_letters, final_weights, finish, log_entries, train
 from .test_orchestration import _execution
 
 RUN, REFERENCE = "attacked", "attacked-reference"
@@ -132,11 +137,11 @@ def test_a_role_can_unseal_its_own_kinds_key_alone(local, services, undisturbed)
     """With each role's credentials, each kind's sealed private key of a run: the role's own opens; another kind's is
     refused by the signing key's policy, and opens no more with the role's own kind named in its context."""
     sealed = services.table.run_keys(REFERENCE)
-    assert sealed is not None and sorted(sealed) == sorted(wiring.SIGNERS)
+    assert sealed is not None and sorted(sealed.keys) == sorted(wiring.SIGNERS)
     opened = set()
     for fn in wiring.FUNCTIONS:
         kms = _kms_as(local, fn.name)
-        for kind, key in sealed.items():
+        for kind, key in sealed.keys.items():
             unseal = partial(kms.decrypt, KeyId=local.deployment.signing_key, CiphertextBlob=key.sealed)
             try:
                 unseal(EncryptionContext=proof.context(REFERENCE, kind))
@@ -215,6 +220,7 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
 EDITED, MANIFEST, DELETED, SWAPPED = "item-edited", "manifest-replaced", "shard-deleted", "dataset-swapped"
 CONFIGURED, FINAL = "config-replaced", "final-swapped"
 UPDATED, SHARDED, KEYLESS, PRECLAIMED = "update-replaced", "shard-replaced", "key-deleted", "launch-preclaimed"
+INITIAL, SOURCE, PLANTED = "initial-shard-replaced", "source-replaced", "key-planted"
 PINNED = "digits-pinned"  # the swapped run's dataset, of no other run: no warm function holds its shards
 
 
@@ -288,14 +294,19 @@ def _replace_run_json(local, s3, services) -> tuple[str, str, int]:
         s3.delete_object(Bucket=bucket, Key=key)
     stored = RunConfig.model_validate_json(services.store.get(key))
     faster = stored.optimizer.model_copy(update={"learning_rate": 0.3})
+    _replace_lifting_policy(s3, bucket, key, stored.model_copy(update={"optimizer": faster}).stored())
+    return CONFIGURED, f"{key} is not the run.json run '{CONFIGURED}' registered: it was replaced", 0
+
+
+def _replace_lifting_policy(s3, bucket: str, key: str, body: bytes) -> None:
+    """``key`` deleted and ``body`` PUT in its place by a hand that lifts the bucket's policy for the while."""
     policy = s3.get_bucket_policy(Bucket=bucket)["Policy"]
     s3.delete_bucket_policy(Bucket=bucket)
     try:
         s3.delete_object(Bucket=bucket, Key=key)
-        s3.put_object(Bucket=bucket, Key=key, Body=stored.model_copy(update={"optimizer": faster}).stored())
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
     finally:
         s3.put_bucket_policy(Bucket=bucket, Policy=policy)
-    return CONFIGURED, f"{key} is not the run.json run '{CONFIGURED}' registered: it was replaced", 0
 
 
 def _swap_final_model(local, s3, services) -> tuple[str, str, int]:
@@ -312,18 +323,30 @@ def _swap_final_model(local, s3, services) -> tuple[str, str, int]:
     return FINAL, f"{key} is not the model the Merger stored: it was replaced behind the pipeline's back", last
 
 
-def _replace_update(local, s3, services) -> tuple[str, str, int]:
+def _replace_updates(local, services, run_id: str, attempts: int) -> str:
     """Worker 0's update of AT, once stored, deleted and created anew (create-only) with its metadata and its values
-    scaled by −40, before the reducers read it (their reads of it are held 6 s): by a hand holding a Worker's
-    credentials (its role deletes scratch; the owner's delete is refused)."""
-    key = keys.update(UPDATED, AT, 0)
-    local.host.faults = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^{re.escape(key)}$")
-    train(services, SPEC, UPDATED)
-    _wait_for(lambda: services.store.exists(key), "worker 0 never stored its update")
-    stored = services.store.read(key)
-    vector, samples = updates.decode(stored.body)
-    scaled, _ = updates.encode(vector * -40, samples)
-    _recreate(local, services, key, scaled, stored.metadata)
+    scaled by −40, before the reducers read it (their reads of worker 0's updates are held 6 s): by a hand holding a
+    Worker's credentials (its role deletes scratch; the owner's delete is refused); and so for each of the next
+    ``attempts`` − 1 updates of the round, as each re-launch of it stores its own. The key of the last replaced."""
+    local.host.faults = Faults(
+        s3_get_delay=Delay(probability=1, seconds=6),
+        s3_get_delay_match=rf"^{re.escape(keys.update(run_id, AT, 0, 0).rpartition('/')[0])}/",
+    )
+    train(services, SPEC, run_id)
+    for attempt in range(attempts):
+        key = keys.update(run_id, AT, 0, attempt)
+        _wait_for(partial(services.store.exists, key), f"worker 0 never stored its update of attempt {attempt}")
+        stored = services.store.read(key)
+        vector, samples = updates.decode(stored.body)
+        scaled, _ = updates.encode(vector * -40, samples)
+        _recreate(local, services, key, scaled, stored.metadata)
+    return key
+
+
+def _replace_update_twice(local, s3, services) -> tuple[str, str, int]:
+    """Worker 0's update of AT replaced (``_replace_updates``): its round is re-launched once; and the update of that
+    re-launch replaced too: the run fails naming it."""
+    key = _replace_updates(local, services, UPDATED, attempts=2)
     return UPDATED, f"{key} is not the update worker 0 reported", AT
 
 
@@ -339,6 +362,30 @@ def _replace_shard(local, s3, services) -> tuple[str, str, int]:
     return SHARDED, f"{key} is not the shard the manifest of iteration {AT} names", AT
 
 
+def _replace_initial_shard(local, s3, services) -> tuple[str, str, int]:
+    """Shard 1 entering iteration 0 (weights and optimizer state), which run.json names by its ETag, deleted and
+    created anew with its weights + 1 as soon as ``run start`` returned, before any step reads it (their reads of it
+    are held 6 s), by a hand holding a Worker's credentials."""
+    key = keys.shard(INITIAL, 0, 1)
+    local.host.faults = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^{re.escape(key)}$")
+    train(services, SPEC, INITIAL)
+    stored = shards.decode(services.store.get(key))
+    _recreate(local, services, key, shards.encode(shards.Shard(stored.weights + 1, stored.state, stored.averaged)))
+    return INITIAL, f"{key} is not the shard entering iteration 0 that run.json names", 0
+
+
+def _replace_source_model(local, s3, services) -> tuple[str, str, int]:
+    """The model the run was started with (``source.keras``, which run.json names by its SHA-256 and the steps build
+    their models from), replaced by a loadable model of its shape with other weights as soon as ``run start``
+    returned, before any step reads it (their reads of it are held 6 s), by a hand that may lift the bucket's policy
+    (no role deletes it)."""
+    key = keys.source_model(SOURCE)
+    local.host.faults = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^{re.escape(key)}$")
+    train(services, SPEC, SOURCE)
+    _replace_lifting_policy(s3, services.store.bucket, key, modelio.save_model(demo.digits_cnn(seed=7)))
+    return SOURCE, f"{key} is not the model run.json names (its SHA-256)", 0
+
+
 def _delete_run_key(local, s3, services) -> tuple[str, str, int]:
     """The run's message key (its KEY item) deleted by hand (DeleteItem) while the run is in AT: containers that keep
     the key read before go on proving the run's messages under it (the key it had), and the first step that needs it
@@ -350,6 +397,33 @@ def _delete_run_key(local, s3, services) -> tuple[str, str, int]:
     )
     named = f"run {KEYLESS!r} lost its signing keys (its KEY item was deleted behind the pipeline's back)"
     return KEYLESS, named, SPEC.iterations
+
+
+def _plant_run_keys(local, s3, services) -> tuple[str, str, int]:
+    """The run's KEY item put by hand (PutItem), after its start stored run.json and before its execution launches
+    it, with key pairs of a Worker's making (a role that writes the run table): the Worker's role may not vouch for
+    keys of its own (kms:Encrypt), and the launch takes no keys without a vouch that holds for them."""
+    config = launch.prepare_run(services, modelio.save_model(demo.digits_cnn(seed=1)), DIGITS, SPEC, run_id=PLANTED)
+    kms = _kms_as(local, "worker")
+    with pytest.raises(ClientError, match="AccessDeniedException"):
+        kms.encrypt(
+            KeyId=local.deployment.signing_key, Plaintext=b"keys", EncryptionContext=proof.context(PLANTED, VOUCH)
+        )
+    made = {}
+    for kind in wiring.SIGNERS:
+        pair = ec.generate_private_key(ec.SECP256R1())
+        made[kind] = pair.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    dynamodb = boto3.resource("dynamodb", endpoint_url=local.deployment.endpoint, region_name=REGION)
+    dynamodb.Table(services.table.table.name).put_item(
+        Item={
+            records.PARTITION_KEY.name: f"RUN#{PLANTED}",
+            records.SORT_KEY.name: records.KEY,
+            "public": made,
+            "sealed": {kind: b"sealed by no one" for kind in made},
+        }
+    )
+    launch.launch_run(services, config)
+    return PLANTED, f"run {PLANTED!r}'s signing keys (its KEY item) are not the ones its launch made", 0
 
 
 def _preclaim_launch(local, s3, services) -> tuple[str, str, int]:
@@ -417,9 +491,12 @@ def _wait_for(condition: Callable[[], bool], failure: str) -> None:
         _swap_dataset_shard,
         _replace_run_json,
         _swap_final_model,
-        _replace_update,
+        _replace_update_twice,
         _replace_shard,
+        _replace_initial_shard,
+        _replace_source_model,
         _delete_run_key,
+        _plant_run_keys,
         _preclaim_launch,
     ],
 )
@@ -436,6 +513,35 @@ def test_what_is_changed_behind_the_pipelines_back_fails_the_run_naming_it(local
     assert time.monotonic() - changed < SPEC.deadline_s  # within one deadline period, not at the heartbeat
     execution, _ = _execution(local, run_id)  # ended by the step that failed the run, or by the watchdog it asked
     assert (execution["status"], execution.get("cause")) == ("FAILED", run.reason)
+
+
+REDONE = "update-redone"
+
+
+def test_a_replaced_update_is_refused_and_its_round_computed_anew(local, services, undisturbed):
+    """Worker 0's update of AT replaced (``_replace_updates``) once: each reducer refuses it, counted; its worker's
+    round is re-launched once, under the same inputs, and the reduce fired again with the fresh update: the run
+    completes bit-identical to the undisturbed run."""
+    try:
+        replaced = _replace_updates(local, services, REDONE, attempts=1)
+        run = finish(services, REDONE)
+    finally:
+        local.host.faults = None
+    assert run.status == "COMPLETED", run.reason
+    assert np.array_equal(final_weights(services, REDONE)[0], undisturbed)
+    refusals = [
+        entry
+        for entry in log_entries(local.log_dir / "reducer.log")
+        if entry.get("message") == "object refused" and entry.get("key") == replaced
+    ]
+    assert len(refusals) == SPEC.reducers, refusals  # each reducer read it, and refused it
+    relaunched = log_entries(local.log_dir / "reducer.log", message="update refused: its worker's round re-launched")
+    assert [(e["run_id"], e["worker"], e["attempt"]) for e in relaunched if e["run_id"] == REDONE] == [(REDONE, 0, 1)]
+    counter = services.table.get_counter(REDONE, AT)
+    assert counter.redone == {0}
+    frozen = services.table.frozen_participants(REDONE, AT)
+    assert frozen is not None and [(p.worker, p.attempt) for p in frozen[1]] == [(0, 1), (1, 0)]
+    assert frozen[1][0].etag == services.store.read(keys.update(REDONE, AT, 0, 1)).etag
 
 
 PLACED = "preplaced"

@@ -83,7 +83,7 @@ def _new_lines(log_dir: Path, offsets: dict[Path, int]) -> list[str]:
 
 def _refused_update(local, services) -> None:
     """A run whose worker 0's update of iteration 0 is replaced once stored, before its reducers read it (their reads
-    of it held 6 s): they refuse it (RefusedObjects), and the run fails naming it."""
+    of it held 6 s): they refuse it (RefusedObjects), its round is re-launched once, and the run completes."""
     run_id, key = f"{RUN}-refused", keys.update(f"{RUN}-refused", 0, 0)
     local.host.faults = Faults(s3_get_delay=Delay(probability=1, seconds=6), s3_get_delay_match=rf"^{re.escape(key)}$")
     try:
@@ -95,7 +95,7 @@ def _refused_update(local, services) -> None:
         run = finish(services, run_id)
     finally:
         local.host.faults = None
-    assert run.status == "FAILED" and f"{key} is not the update worker 0 reported" in (run.reason or ""), run.reason
+    assert run.status == "COMPLETED", run.reason
 
 
 def test_every_metric_the_dashboard_graphs_is_emitted_with_its_dimensions(local, services, digits):

@@ -274,6 +274,8 @@ def test_the_dead_letter_reader_may_fail_runs_and_do_nothing_else(synthesized: S
     assert granted.pop("dynamodb:GetItem") == {table}
     bucket = f"<{synthesized.logical_id(stack.storage.bucket)}.Arn>"
     assert granted.pop("s3:GetObject") == {f"{bucket}/{keys.RUN_CONFIG_OBJECTS}"}
+    # and the launch's vouch for the public keys, unsealed (its kind of the signing key alone: test_infra_signing.py)
+    assert granted.pop("kms:Decrypt") == {f"<{synthesized.logical_id(stack.signing.key)}.Arn>"}
     assert granted.pop("states:SendTaskFailure") == {state_machine}  # the run's execution, failed
     for action in SQS_CONSUME_ACTIONS - {"sqs:GetQueueUrl"}:  # every dead-letter queue, and only those
         assert granted.pop(action) == queues, action

@@ -1,7 +1,9 @@
 """Who can prove which messages, read from the synthesized template: each role's grants on the signing key (its IAM
 policies) under the key's own policy (its Deny statements, evaluated as the local cloud evaluates them). A role can
-unseal its own kind's private keys alone (a role that signs nothing: none), only the step that launches runs makes key
-pairs, and no role can re-encrypt a sealed key under another kind: no role can prove another kind's messages."""
+unseal its own kind's private keys alone (a role that signs nothing: none) and the launch's vouch for a run's public
+keys, only the step that launches runs makes key pairs and vouches for them (encrypts), and no role can re-encrypt a
+sealed key under another kind: no role can prove another kind's messages, nor put keys of its own making in a
+run's item."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
     from conftest import Synthesized
 
 KIND = deployment.SIGNING_KIND.lower()
-KEY_ACTIONS = ("kms:Decrypt", deployment.MAKE_KEY_PAIRS, "kms:ReEncryptFrom")
+KEY_ACTIONS = ("kms:Decrypt", deployment.MAKE_KEY_PAIRS, deployment.VOUCH_ACTION, "kms:ReEncryptFrom")
 
 
 def rendered(value: Any) -> Any:
@@ -54,7 +56,7 @@ def usable(synthesized: Synthesized) -> dict[str, dict[str, set[str]]]:
     role's policies and not denied by the key's."""
     key, props = _key(synthesized)
     policy = denials(json.dumps(rendered(props["KeyPolicy"])).encode())
-    kinds = (*wiring.SIGNERS, "another")
+    kinds = (*wiring.SIGNERS, deployment.VOUCH, "another")
     found: dict[str, dict[str, set[str]]] = {}
     for fn in wiring.FUNCTIONS:
         role_id = _role_id(synthesized, fn.name)
@@ -77,25 +79,34 @@ def test_each_role_can_unseal_its_own_kinds_keys_alone_and_only_the_launcher_mak
     found = usable(synthesized)
     for fn in wiring.FUNCTIONS:
         own = {fn.name} if fn.name in wiring.SIGNERS else set()
-        assert found[fn.name]["kms:Decrypt"] == own, (fn.name, found[fn.name])
+        assert found[fn.name]["kms:Decrypt"] == own | {deployment.VOUCH}, (fn.name, found[fn.name])
         assert found[fn.name]["kms:ReEncryptFrom"] == set(), fn.name
         makes = found[fn.name][deployment.MAKE_KEY_PAIRS]
-        assert makes == (set((*wiring.SIGNERS, "another")) if fn.makes_run_keys else set()), (fn.name, makes)
+        assert makes == (set((*wiring.SIGNERS, deployment.VOUCH, "another")) if fn.makes_run_keys else set()), (
+            fn.name,
+            makes,
+        )
+        vouches = found[fn.name][deployment.VOUCH_ACTION]
+        assert vouches == ({deployment.VOUCH} if fn.makes_run_keys else set()), (fn.name, vouches)
     assert [fn.name for fn in wiring.FUNCTIONS if found[fn.name][deployment.MAKE_KEY_PAIRS]] == ["work_launcher"]
+    assert [fn.name for fn in wiring.FUNCTIONS if found[fn.name][deployment.VOUCH_ACTION]] == ["work_launcher"]
 
 
 def test_the_keys_policy_denies_each_role_the_other_kinds_whatever_it_were_granted(synthesized: Synthesized) -> None:
-    """Were a role granted kms:* on the key, its policy would still refuse it every other kind's private key."""
+    """Were a role granted kms:* on the key, its policy would still refuse it every other kind's private key, and any
+    vouch for a run's public keys to all but the launcher."""
     key, props = _key(synthesized)
     policy = denials(json.dumps(rendered(props["KeyPolicy"])).encode())
     for fn in wiring.FUNCTIONS:
         principal = f"<{_role_id(synthesized, fn.name)}.Arn>"
         unsealable = {
             kind
-            for kind in wiring.SIGNERS
+            for kind in (*wiring.SIGNERS, deployment.VOUCH)
             if not denied(policy, "kms:Decrypt", key, {PRINCIPAL_ARN: principal, KIND: kind})
         }
-        assert unsealable == ({fn.name} if fn.name in wiring.SIGNERS else set()), fn.name
+        assert unsealable == ({fn.name} if fn.name in wiring.SIGNERS else set()) | {deployment.VOUCH}, fn.name
+        vouching = not denied(policy, deployment.VOUCH_ACTION, key, {PRINCIPAL_ARN: principal, KIND: deployment.VOUCH})
+        assert vouching == fn.makes_run_keys, fn.name
     assert props["EnableKeyRotation"] is True
 
 

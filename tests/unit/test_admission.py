@@ -12,17 +12,28 @@ import re
 import time
 
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+    load_der_private_key,
+)
 
 from slsml.aws import cache as warm_cache
 from slsml.aws.storage import etag_of
-from slsml.pipeline import admission, envelope
+from slsml.pipeline import admission, envelope, proof
 from slsml.pipeline.proof import RunKeys
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import dead_letters
 from slsml.pipeline.steps.dead_letters import on_dead_letter
 from slsml.spec import keys, wiring
-from slsml.spec.errors import KeyLost, MessageRejected
+from slsml.spec.config import TrainingSpec
+from slsml.spec.errors import KeyForged, KeyLost, MessageRejected
 from slsml.spec.messages import Deadline, ModelMerged, ReduceDone, ReduceMessage, WorkMessage
+from slsml.state.runtable import RunKeyItem, SealedKey
 
 from .test_dead_letters import DEADLINES_DLQ, SOURCES, parsed, sqs_record
 from .test_reduce_steps import _arrive, _done, _register, services  # noqa: F401
@@ -47,6 +58,9 @@ def test_what_the_pipeline_sends_is_admitted(services: Services, fired: list[Red
         ReduceDone(run_id=RUN, iteration=0, shard=fired[0].shard),
         Deadline(run_id=RUN, iteration=0, stage="work", round=0, due_at=time.time() + 60),
         ModelMerged(run_id=RUN, iteration=1),
+        # a round past its last deadline retry whose update a reducer refused: re-launched once more, and its report
+        WorkMessage(run_id=RUN, iteration=0, worker=1, workers=2, attempt=TrainingSpec().deadline_retries + 1),
+        _done(RUN, 1, attempt=TrainingSpec().deadline_retries + 1),
     ]
     for message in sent:  # as a step receives it: signed by the step that sent it
         envelope.admit(services.keys.sign(message), services)
@@ -125,12 +139,13 @@ def test_a_run_has_one_key_pair_per_signing_kind_made_at_its_launch(services: Se
     launcher = _as(services, "work_launcher")
     launcher.sign(WorkMessage(run_id="one", iteration=0, worker=0, workers=2))
     made = services.table.run_keys("one")
-    assert made is not None and sorted(made) == sorted(wiring.SIGNERS)
-    assert len({key.public for key in made.values()}) == len(wiring.SIGNERS)
-    assert services.table.make_run_keys("one", {}) == made  # create-once
+    assert made is not None and sorted(made.keys) == sorted(wiring.SIGNERS) and made.vouched is not None
+    assert len({key.public for key in made.keys.values()}) == len(wiring.SIGNERS)
+    assert services.table.make_run_keys("one", RunKeyItem({}, None)) == made  # create-once
     launcher.sign(WorkMessage(run_id="two", iteration=0, worker=0, workers=2))
     other = services.table.run_keys("two")
-    assert other is not None and not {key.public for key in other.values()} & {key.public for key in made.values()}
+    assert other is not None
+    assert not {key.public for key in other.keys.values()} & {key.public for key in made.keys.values()}
     done = _as(services, "worker").sign(_done("one", 1))
     assert done.proof.startswith("worker:") and services.keys.problem(done) is None
 
@@ -268,3 +283,66 @@ def test_a_run_whose_signing_keys_were_deleted_fails_naming_them_at_the_next_ste
     envelope.admit(_as(services, "worker").sign(ending), services)  # signed under the Worker's kept key
     with pytest.raises(MessageRejected, match="carries no proof of origin"):
         envelope.admit(message.model_copy(update={"proof": ""}), services)
+
+
+def _own_keys() -> dict[str, SealedKey]:
+    """A key pair per signing kind of a hand's own making (its private keys in the clear: it can seal none)."""
+    made = {}
+    for kind in wiring.SIGNERS:
+        private = ec.generate_private_key(ec.SECP256R1())
+        public = private.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+        made[kind] = SealedKey(public, private.private_bytes(Encoding.DER, PrivateFormat.PKCS8, NoEncryption()))
+    return made
+
+
+def test_keys_put_in_a_runs_item_behind_the_launch_are_refused_by_every_reader(
+    services: Services,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A KEY item put before the launch by a role that writes the table, with keys of its own making and another run's
+    vouch, or none: the launch refuses it, naming it, and makes no keys in its place. An item the launch made, put
+    again with the Worker's public key swapped for a hand's own: a fresh container's step refuses it as it reads it,
+    and a message that key signed is not admitted."""
+    monkeypatch.setattr(warm_cache, "_warm", None)  # a fresh container: no keys kept from another test
+    item = {"pk": "RUN#planted", "sk": "KEY"}
+    _as(services, "work_launcher").sign(WorkMessage(run_id="other", iteration=0, worker=0, workers=2))
+    other = services.table.run_keys("other")
+    assert other is not None and other.vouched is not None
+    own = _own_keys()
+    named = "run 'planted''s signing keys (its KEY item) are not the ones its launch made"
+    for vouched in ({"vouched": other.vouched}, {}):
+        services.table.table.put_item(
+            Item={
+                **item,
+                "public": {kind: key.public for kind, key in own.items()},
+                "sealed": {kind: key.sealed for kind, key in own.items()},
+                **vouched,
+            }
+        )
+        with pytest.raises(KeyForged, match=re.escape(named)):
+            _as(services, "work_launcher").sign(WorkMessage(run_id="planted", iteration=0, worker=0, workers=2))
+        found = services.table.run_keys("planted")
+        assert found is not None and found.keys["worker"].public == own["worker"].public  # none made in its place
+
+    _register(services, "key-swapped", workers=2)  # its launch made its keys
+    made = services.table.run_keys("key-swapped")
+    assert made is not None and made.vouched is not None
+    swapped = {**made.keys, "worker": own["worker"]}
+    services.table.table.put_item(
+        Item={
+            "pk": "RUN#key-swapped",
+            "sk": "KEY",
+            "public": {kind: key.public for kind, key in swapped.items()},
+            "sealed": {kind: key.sealed for kind, key in swapped.items()},
+            "vouched": made.vouched,
+        }
+    )
+    monkeypatch.setattr(warm_cache, "_warm", None)  # a fresh container
+    private = load_der_private_key(own["worker"].sealed, password=None)
+    assert isinstance(private, ec.EllipticCurvePrivateKey)
+    done = _done("key-swapped", 1)
+    signature = private.sign(proof.message_body(done), ec.ECDSA(hashes.SHA256()))
+    forged = done.model_copy(update={"proof": proof.proof("worker", signature)})
+    with pytest.raises(MessageRejected, match=re.escape("run 'key-swapped''s signing keys (its KEY item) are not")):
+        envelope.admit(forged, services)
+    assert services.table.get_run("key-swapped").status == "FAILED"

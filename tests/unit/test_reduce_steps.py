@@ -1187,8 +1187,9 @@ def _arrive_with(services: Services, run_id: str, worker: int, update: updates.E
 @pytest.mark.parametrize("compress", ["none", "significance:0.5"])
 def test_a_reducer_takes_only_the_update_its_workers_report_names(services: Services, compress: str) -> None:
     """An update whose bytes are not the ones its worker's signed report names by their ETag (another object put in
-    its place): every reducer refuses it by name before reading any part, and the run fails; nothing of the next
-    iteration is stored."""
+    its place): every reducer refuses it by name before reading any part (the part table's entries, of a tabled
+    update, are checked first), and stores nothing of the next iteration: the first re-launches its round, and the
+    re-launched round's update refused too fails the run."""
     run_id = f"replaced-update-{compress.split(':')[0]}"
     _register(services, run_id, workers=2, compress=compress)
     _arrive_with(services, run_id, 0, _compressed(0, compress))
@@ -1198,11 +1199,19 @@ def test_a_reducer_takes_only_the_update_its_workers_report_names(services: Serv
     services.store.put_new(keys.update(run_id, 0, 1), *_compressed(1, compress, VECTORS[1] * -40))
     assert [m.shard for m in fired] == [0, 1]
     for message in fired:
+        assert reducer.reduce(message, services) is None
+        assert not services.store.exists(keys.shard(run_id, 1, message.shard))
+    assert services.table.get_counter(run_id, 0).redone == {1}
+    services.store.put_new(keys.update(run_id, 0, 1, 1), *_compressed(1, compress, VECTORS[1] * -40))
+    again = reduce_launcher.on_work_done(
+        _done(run_id, 1, attempt=1).model_copy(update={"etag": etag_of(_compressed(1, compress).body)}), services
+    )
+    for message in again:
         with pytest.raises(
             RunFailed, match=r"is not the update worker 1 reported \(ETag \"[0-9a-f]{32}\"\)"
         ) as failure:
             reducer.reduce(message, services)
-        assert str(failure.value).startswith(keys.update(run_id, 0, 1) + " ")
+        assert str(failure.value).startswith(keys.update(run_id, 0, 1, 1) + " ")
         assert not services.store.exists(keys.shard(run_id, 1, message.shard))
 
 
@@ -1342,3 +1351,54 @@ def test_a_launch_claimed_by_an_item_no_launch_wrote_fails_the_run_naming_it(ser
         Outcome.ALREADY_LAUNCHED
     )
     assert services.table.get_run("claimed").status == "RUNNING"
+
+
+def test_a_refused_update_relaunches_its_round_once_and_a_second_refusal_fails_the_run(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's update replaced after its report (other values at its key): each reducer refuses it and stores
+    nothing; the first re-launches the worker's round once, as its next attempt; that round's report fires the reduce
+    again with its update in the refused one's place, and the step is the undisturbed one. The re-launched round's
+    update replaced too: the run fails naming it."""
+    work: list[WorkMessage] = _published(services, monkeypatch, wiring.WORK)
+    for run_id in ("redone", "refused-twice"):
+        _register(services, run_id, workers=2)
+        _arrive(services, run_id, 0)
+        fired = _arrive(services, run_id, 1)
+        header = _update(0)[1]
+        services.store.replace(keys.update(run_id, 0, 0), _update(2)[0], header)
+        assert [reducer.reduce(message, services) for message in fired] == [None] * PLAN.reducers
+        assert not any(services.store.exists(keys.shard(run_id, 1, r)) for r in range(PLAN.reducers))
+        assert [(w.run_id, w.worker, w.attempt) for w in work] == [(run_id, 0, 1)]  # once, by the first refusal
+        work.clear()
+        # the round re-launched stores its update (the same values: the same inputs) and reports it
+        again = _arrive(services, run_id, 0, attempt=1)
+        assert [(p.worker, p.attempt) for m in again for p in m.participants] == [(0, 1), (1, 0)] * PLAN.reducers
+        assert reduce_launcher.on_work_done(_done(run_id, 0, attempt=1), services) == []  # a duplicate: fired once
+        if run_id == "redone":
+            for message in again:
+                reducer.reduce(message, services)
+            assert np.array_equal(_new_weights(services, run_id), _expected_weights([0, 1]))
+        else:
+            refused = keys.update(run_id, 0, 0, 1)
+            services.store.replace(refused, _update(2)[0], header)
+            with pytest.raises(RunFailed, match=rf"^{refused} is not the update worker 0 reported"):
+                reducer.reduce(again[0], services)
+            assert work == []  # not re-launched twice
+
+
+def test_a_reduce_waiting_for_a_relaunched_round_that_never_reports_fails_the_run_naming_the_update(
+    services: Services, sent: list[Deadline]
+) -> None:
+    """Its reducers re-launched until the retries are spent, the watchdog fails the run naming the refused update,
+    rather than have the shards keep their weights."""
+    _register(services, "never-redone", workers=2, deadline_retries=1)
+    fired = _arrive(services, "never-redone", 0) + _arrive(services, "never-redone", 1)
+    services.store.replace(keys.update("never-redone", 0, 0), _update(2)[0], _update(0)[1])
+    assert [reducer.reduce(message, services) for message in fired] == [None] * PLAN.reducers
+    assert watchdog.on_deadline(_deadline("never-redone", "reduce"), services) == Action.RELAUNCHED
+    assert watchdog.on_deadline(_due(sent[-1], services), services) == Action.FAILED
+    run = services.table.get_run("never-redone")
+    refused = keys.update("never-redone", 0, 0)
+    assert run.status == "FAILED" and (run.reason or "").startswith(f"{refused} was refused and the round of worker 0")
+    assert not any(services.store.exists(keys.shard("never-redone", 1, r)) for r in range(PLAN.reducers))

@@ -214,7 +214,7 @@ class ObjectStore:
         sitting at the expected key, but deleted and ``data`` created in its place."""
         if (created := self.create(key, data, metadata)) is not None:
             return True, created
-        expected = etag_of(data, stored_parts(key, len(data)))
+        expected = stored_etag(key, data)
         if self.etag(key) == expected:
             return False, expected
         logger.warning("an object not written by its step was replaced", extra={"key": key})
@@ -420,6 +420,11 @@ class _Part(io.RawIOBase):
 
     def tell(self) -> int:
         return self._at
+
+
+def stored_etag(key: str, data: bytes | bytearray) -> str:
+    """The ETag S3 gives ``data`` stored at ``key`` by ``ObjectStore.create`` (in its ``stored_parts``)."""
+    return etag_of(data, stored_parts(key, len(data)))
 
 
 def etag_of(data: bytes | bytearray, parts: int = 1) -> str:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from slsml.cost.chain import ExtraCall
 from slsml.cost.datatraffic import DataTraffic
+from slsml.cost.proofs import ProofCost
 from slsml.cost.workerkind import WorkerFigures
 from slsml.cost.workerround import Continuations
 from slsml.cost.workload import Workload
@@ -106,6 +107,7 @@ class Plan(BaseModel):
     micro_batches: int = Field(description="micro-batches of a worker's step, their gradients added up")
     continuations: Continuations = Field(description="a round that outlasts the Worker's timeout, handed on")
     worker: WorkerFigures = Field(description="the workers' kind (slsml.cost.workers): where they compute, their bill")
+    proofs: ProofCost = Field(description="the proofs of the run's messages: KMS requests a run, time a hop")
 
     @property
     def iteration_dollars(self) -> float:

@@ -613,6 +613,13 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
     )
     console.print(f"compute {w.compute_per_sample_s:.4g} s per sample on one vCPU: {w.compute_source}")
     console.print(f"workers: {plan.worker.compute}; {plan.worker.billing}")
+    proofs = plan.proofs
+    console.print(
+        f"proofs: {proofs.kms_requests:,} KMS requests a run ({proofs.key_pairs} key pairs and their vouch at the"
+        f" launch, {proofs.unseals:,} Decrypts: the vouch and a private key per container), ${proofs.dollars:.6f} a"
+        f" run; none an iteration: {proofs.messages_per_iteration:,} messages, each signed ({proofs.sign_ms:g} ms)"
+        f" and checked ({proofs.check_ms:g} ms) on its hop"
+    )
     if (data := plan.data) is not None:
         console.print(
             f"data ({data.order} order): {data.samples:,} samples of {_bytes(data.sample_bytes)}, "

@@ -41,6 +41,7 @@ from slsml.cost.messages import (
 )
 from slsml.cost.parameters import Parameters, Quotas, described
 from slsml.cost.plan import MEMORY_QUOTAS, FirstIteration, FunctionFigures, Plan, Stage
+from slsml.cost.proofs import proof_cost
 from slsml.cost.quotas import quota_checks
 from slsml.cost.timing import transfer, units, vcpus
 from slsml.cost.workerkind import WorkerKind
@@ -200,6 +201,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         quotas=checks,
         parameters=described(p),
         worker=kind.figures(w, p, price_table),
+        proofs=proof_cost(W, R, price_table),
     )
 
 

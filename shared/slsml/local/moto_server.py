@@ -382,7 +382,7 @@ def direct_ranged_gets(app: Any) -> Any:
 # What a bucket's or a KMS key's policy's Deny statements may name, each evaluated as S3 and KMS do: the actions
 # (lower case: IAM compares them so) and, by condition operator, the condition keys
 _DELETES = frozenset({"s3:deleteobject", "s3:deleteobjectversion"})
-KMS_ACTIONS = frozenset({"kms:decrypt", "kms:generatedatakeypairwithoutplaintext", "kms:reencryptfrom"})
+KMS_ACTIONS = frozenset({"kms:decrypt", "kms:encrypt", "kms:generatedatakeypairwithoutplaintext", "kms:reencryptfrom"})
 POLICY_ACTIONS = frozenset({"s3:putobject"}) | _DELETES | KMS_ACTIONS
 KIND_CONTEXT = "kms:encryptioncontext:kind"  # the encryption context's ``kind``, as a KMS condition key
 POLICY_CONDITIONS = {
@@ -668,6 +668,11 @@ def key_policies() -> None:
         return resealing(self, ciphertext_blob, source_encryption_context, *args)
 
     making = responses.KmsResponse.generate_data_key_pair_without_plaintext
+    sealing = responses.KmsResponse.encrypt
+
+    def encrypt(self: Any) -> str:  # the request (a key pair's sealing is of the request that makes it)
+        check(self.kms_backend, self._get_param("KeyId"), "kms:Encrypt", self._get_param("EncryptionContext", {}))
+        return sealing(self)
 
     def generate_data_key_pair_without_plaintext(self: Any) -> str:
         context = self._get_param("EncryptionContext", {})
@@ -678,6 +683,7 @@ def key_policies() -> None:
     models.KmsBackend.decrypt = decrypt
     models.KmsBackend.re_encrypt = re_encrypt
     responses.KmsResponse.generate_data_key_pair_without_plaintext = generate_data_key_pair_without_plaintext
+    responses.KmsResponse.encrypt = encrypt
 
 
 def end_with_parent() -> None:

@@ -64,13 +64,22 @@ def _attempt(attempt: int, config: RunConfig) -> str | None:
     return f"attempt {attempt} is past the run's {retries} deadline retries" if attempt > retries else None
 
 
+def _worker_attempt(attempt: int, config: RunConfig) -> str | None:
+    """A worker's attempt lies within the run's deadline retries and the one re-launch of a round whose update a
+    reducer refused (``steps.reducer``)."""
+    retries = config.training.deadline_retries
+    if attempt > retries + 1:
+        return f"attempt {attempt} is past the run's {retries} deadline retries and a refused update's re-launch"
+    return None
+
+
 def _work(message: WorkMessage, config: RunConfig, services: Services) -> str | None:
     if message.worker >= message.workers:
         return f"worker {message.worker} of an iteration of {message.workers} workers"
     low, high = config.training.worker_bounds
     if not low <= message.workers <= high:
         return f"{message.workers} workers, outside the run's bounds {low}..{high}"
-    return _attempt(message.attempt, config) or _resume(message, config)
+    return _worker_attempt(message.attempt, config) or _resume(message, config)
 
 
 def _resume(message: WorkMessage, config: RunConfig) -> str | None:
@@ -87,7 +96,7 @@ def _work_done(message: WorkDone, config: RunConfig, services: Services) -> str 
     most = spec.global_batch * spec.local_batches
     if message.samples > most:
         return f"{message.samples} samples, more than a worker's {most} of a round"
-    return _attempt(message.attempt, config)
+    return _worker_attempt(message.attempt, config)
 
 
 def _shard(shard: int, config: RunConfig) -> str | None:

@@ -28,7 +28,7 @@ from slsml.pipeline.proof import ends_execution
 from slsml.pipeline.services import Services, failing_run_on_bad_input, from_env
 from slsml.spec import keys
 from slsml.spec.deployment import Metric
-from slsml.spec.errors import ConfigReplaced, KeyLost, MessageRejected
+from slsml.spec.errors import ConfigReplaced, KeyForged, KeyLost, MessageRejected
 from slsml.spec.messages import MAX_MESSAGE_BYTES, Message, ModelLanded
 from slsml.state.idempotency import once_per_message
 
@@ -90,7 +90,7 @@ def admit(message: Any, services: Services) -> None:
     try:
         forged = services.keys.problem(message) if isinstance(message, Message) else None
         problem = forged or admission.problem(message, services)
-    except (ConfigReplaced, KeyLost) as replaced:
+    except (ConfigReplaced, KeyLost, KeyForged) as replaced:
         logger.error("run failed", extra={"run_id": message.run_id, "reason": str(replaced)})
         services.fail_run(message.run_id, str(replaced))
         # the watchdog's end of a run's execution (asked by a step that failed it) reads no run.json and needs no key

@@ -4,6 +4,7 @@ and source model stored (``prepare_run``), then its execution of the run state m
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ import numpy as np
 
 from slsml import rules
 from slsml.aws import cache
+from slsml.aws.storage import stored_etag
 from slsml.cost import budget
 from slsml.cost.messages import check_messages
 from slsml.data import datasets as data
@@ -143,17 +145,24 @@ def prepare_run(
     config = with_compress_warmup(config, manifest.train.count)
     if refusal := memory_refusal(config, services.limits.worker_memory_mb):
         raise BadInputError(refusal)
+    flat = modelio.get_flat(model, plan)
+    initial = {}  # the shards entering iteration 0, which run.json names by their ETags
+    for shard in range(plan.reducers):
+        layout = plan.shard(shard)
+        state = optimizers.initial_state(rules.server_optimizer(config), int(layout.trainable.sum()))
+        initial[keys.shard(run_id, 0, shard)] = shards.encode(shards.Shard(flat[layout.start : layout.stop], state, []))
+    named = {
+        "initial_shards": [stored_etag(key, body) for key, body in initial.items()],
+        "source_sha256": hashlib.sha256(model_bytes).hexdigest(),
+    }
+    config = config.model_copy(update=named)
     if not store.put_new(keys.run_config(run_id), config.stored()):
         raise BadInputError(
             f"a run named {run_id!r} already exists (`slsml run status {run_id}` shows it): give this one another"
             " run id, or none for a fresh one"
         )
-    flat = modelio.get_flat(model, plan)
-    for shard in range(plan.reducers):
-        layout = plan.shard(shard)
-        state = optimizers.initial_state(rules.server_optimizer(config), int(layout.trainable.sum()))
-        initial = shards.Shard(flat[layout.start : layout.stop], state, averaged=[])
-        store.put_new(keys.shard(run_id, 0, shard), shards.encode(initial))
+    for key, body in initial.items():
+        store.put_new(key, body)
     store.put_new(keys.source_model(run_id), model_bytes)
     return config
 

@@ -13,8 +13,13 @@ no step ever holds another kind's private key. Each private key is sealed under 
 encryption context {run, kind}; each role may unseal (``kms:Decrypt``) only with its own kind in the context (the
 deployment's key policy, ``deployment.key_policy_statements``), once per container and run, into the warm cache. The
 public keys and sealed private keys are one create-once item of the run table (``RunTable.make_run_keys``), read once
-per container and run: verifying takes no request. Each run has its own keys, so a key that leaked opens one kind of
-one run alone.
+per container and run. The step that makes them vouches for the public keys: it has KMS encrypt their digest
+(``keys_digest``) under the encryption context {run, kind: ``VOUCH``} (``kms:Encrypt``, which the key's policy denies
+every other role), stored with them; whoever reads the item unseals that (``kms:Decrypt`` of the ``VOUCH`` kind, open
+to every role) and takes its keys only if the digest is theirs, once per container and run, as it reads them:
+verifying a message takes no request. An item that a role able to write the run table put (before the launch, or over
+the one it made) fails the run naming it (``KeyForged``): no role but the launcher's can vouch for keys. Each run has
+its own keys, so a key that leaked opens one kind of one run alone.
 
 A run that sent messages and finds its keys gone (its KEY item deleted) gets none made anew: while it runs, the
 first step that needs them fails it, naming the item (``KeyLost``); once it ended, what its steps send carries no
@@ -25,10 +30,12 @@ record alone.
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from botocore.exceptions import ClientError
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -37,11 +44,11 @@ from cryptography.hazmat.primitives.serialization import load_der_private_key, l
 from slsml.accounting import usage
 from slsml.aws import cache as warm_cache
 from slsml.spec import wiring
-from slsml.spec.deployment import KEY_PAIR_SPEC
-from slsml.spec.errors import KeyLost, NotFoundError, SlsmlError
+from slsml.spec.deployment import KEY_PAIR_SPEC, VOUCH
+from slsml.spec.errors import KeyForged, KeyLost, NotFoundError, SlsmlError
 from slsml.spec.messages import Deadline, Message
 from slsml.state.records import KEY, RunStatus
-from slsml.state.runtable import RunTable, SealedKey
+from slsml.state.runtable import RunKeyItem, RunTable, SealedKey
 
 OBJECT_PROOF = "proof"  # the user metadata that holds a signed object's proof of origin
 KEY_BYTES = 512  # what a run's public keys or one private key hold in the warm cache, about
@@ -63,6 +70,12 @@ def object_body(object_key: str, body: bytes) -> bytes:
 def context(run_id: str, kind: str) -> dict[str, str]:
     """The KMS encryption context a kind's private key of a run is sealed with."""
     return {"run": run_id, "kind": kind}
+
+
+def keys_digest(run_id: str, keys: Mapping[str, SealedKey]) -> bytes:
+    """The SHA-256 of run ``run_id``'s public keys, by kind: what the launcher vouches for."""
+    listed = b"".join(f"{kind}\n".encode() + keys[kind].public + b"\n" for kind in sorted(keys))
+    return hashlib.sha256(f"{run_id}\n".encode() + listed).digest()
 
 
 def proof(kind: str, signature: bytes) -> str:
@@ -108,18 +121,40 @@ class RunKeys:
         found: _Public | None = warm_cache.warm().get(("run-public-keys", run_id))
         if found is None:
             with usage.warming():
-                sealed = self.table.run_keys(run_id)
-            if sealed is None:
-                return None
-            found = self._keep_public(run_id, sealed)
+                item = self.table.run_keys(run_id)
+                if item is None:
+                    return None
+                found = self._keep_public(run_id, self._vouched(run_id, item))
         return found
+
+    def _vouched(self, run_id: str, item: RunKeyItem) -> dict[str, SealedKey]:
+        """The run's keys in ``item``, once the launcher's vouch for them holds (one KMS Decrypt); KeyForged naming the
+        item if it does not."""
+        if not self.sealing_key:
+            raise SlsmlError(f"{wiring.SIGNING_KEY_ENV} is not set: is this function deployed by slsml?")
+        digest = None
+        if item.vouched is not None:
+            try:
+                digest = self.kms.decrypt(
+                    KeyId=self.sealing_key, CiphertextBlob=item.vouched, EncryptionContext=context(run_id, VOUCH)
+                )["Plaintext"]
+            except ClientError as error:
+                if error.response["Error"]["Code"] != "InvalidCiphertextException":
+                    raise
+        if digest != keys_digest(run_id, item.keys):
+            raise KeyForged(
+                f"run {run_id!r}'s signing keys (its {KEY} item) are not the ones its launch made: the item was put"
+                " behind the pipeline's back (no vouch of the launch holds for its public keys)"
+            )
+        return item.keys
 
     def _keep_public(self, run_id: str, sealed: Mapping[str, SealedKey]) -> _Public:
         public = _Public({kind: _public_key(key.public) for kind, key in sealed.items()})
         return warm_cache.warm().put(("run-public-keys", run_id), public, KEY_BYTES * len(sealed))
 
-    def _made(self, run_id: str) -> dict[str, SealedKey]:
-        """Every signing kind's key pair of the run, made by KMS, private keys sealed: the ones stored either way."""
+    def _made(self, run_id: str) -> RunKeyItem:
+        """Every signing kind's key pair of the run, made by KMS, private keys sealed, and the vouch for their public
+        keys: the ones stored either way."""
         if self.kind is not None and not wiring.function(self.kind).makes_run_keys:
             raise RuntimeError(f"run {run_id!r} has no signing keys: the step that launches it makes them")
         made = {}
@@ -128,7 +163,10 @@ class RunKeys:
                 KeyId=self.sealing_key, KeyPairSpec=KEY_PAIR_SPEC, EncryptionContext=context(run_id, kind)
             )
             made[kind] = SealedKey(public=pair["PublicKey"], sealed=pair["PrivateKeyCiphertextBlob"])
-        return self.table.make_run_keys(run_id, made)
+        vouched = self.kms.encrypt(
+            KeyId=self.sealing_key, Plaintext=keys_digest(run_id, made), EncryptionContext=context(run_id, VOUCH)
+        )["CiphertextBlob"]
+        return self.table.make_run_keys(run_id, RunKeyItem(made, vouched))
 
     def _signing(self, run_id: str, kind: str) -> ec.EllipticCurvePrivateKey | None:
         """``kind``'s private key of the run, unsealed (the run's keys made if it has none); None if the run lost its
@@ -139,10 +177,10 @@ class RunKeys:
             if not self.sealing_key:
                 raise SlsmlError(f"{wiring.SIGNING_KEY_ENV} is not set: is this function deployed by slsml?")
             with usage.warming():
-                sealed = self.table.run_keys(run_id)
-                if sealed is None and self.lost(run_id):
+                item = self.table.run_keys(run_id)
+                if item is None and self.lost(run_id):
                     return None
-                sealed = sealed or self._made(run_id)
+                sealed = self._vouched(run_id, item or self._made(run_id))
                 self._keep_public(run_id, sealed)
                 plain = self.kms.decrypt(
                     KeyId=self.sealing_key, CiphertextBlob=sealed[kind].sealed, EncryptionContext=context(run_id, kind)

@@ -843,6 +843,17 @@ class RunConfig(BaseModel):
         description="the SHA-256 of the dataset's manifest as the run started: every read of the dataset is checked"
         " against it (slsml.data.datasets.pinned_manifest); None: a run started before datasets were pinned",
     )
+    initial_shards: list[str] | None = Field(
+        default=None,
+        description="the ETags of the shards entering iteration 0 (weights and optimizer state), as the run's start"
+        " stored them: their readers take no other object (None: a run started before they were named)",
+    )
+    source_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the SHA-256 of the model the run was started with (source.keras), which the steps build their"
+        " models from: checked as they read it (None: a run started before it was named)",
+    )
     training: TrainingSpec
     optimizer: OptimizerConfig
     loss: str

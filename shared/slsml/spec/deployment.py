@@ -78,24 +78,26 @@ def bucket_policy_statements(bucket_arn: str) -> list[dict[str, Any]]:
 # context {run, kind}; a role unseals its own kind's alone
 SIGNING_KIND = "kms:EncryptionContext:kind"
 MAKE_KEY_PAIRS = "kms:GenerateDataKeyPairWithoutPlaintext"
+VOUCH_ACTION = "kms:Encrypt"
 KEY_PAIR_SPEC = "ECC_NIST_P256"  # KMS's data key pairs offer no Ed25519; P-256 signatures are as quick to check
+# the context's kind under which the step that makes a run's keys vouches for their public keys (kms:Encrypt of their
+# digest, which no other role may do); every role unseals it
+VOUCH = "public-keys"
 
 
 def signing_grants(fn: wiring.Function, key_arn: str) -> list[dict[str, Any]]:
-    """The IAM statements that let ``fn``'s role use the signing key ``key_arn``: unseal its own kind's private key of
-    any run (a kind that signs: ``wiring.SIGNERS``), and, for the step that launches runs, make every kind's key pair
-    without seeing a private key. infra/compute.py grants them; the key's policy denies anything more
-    (``key_policy_statements``)."""
-    grants: list[dict[str, Any]] = []
-    if fn.name in wiring.SIGNERS:
-        grants.append(
-            {
-                "Effect": "Allow",
-                "Action": "kms:Decrypt",
-                "Resource": key_arn,
-                "Condition": {"StringEquals": {SIGNING_KIND: fn.name}},
-            }
-        )
+    """The IAM statements that let ``fn``'s role use the signing key ``key_arn``: unseal the launch's vouch for a run's
+    public keys (``VOUCH``) and its own kind's private key of any run (a kind that signs: ``wiring.SIGNERS``), and, for
+    the step that launches runs, make every kind's key pair without seeing a private key and vouch for their public
+    keys. infra/compute.py grants them; the key's policy denies anything more (``key_policy_statements``)."""
+    grants: list[dict[str, Any]] = [
+        {
+            "Effect": "Allow",
+            "Action": "kms:Decrypt",
+            "Resource": key_arn,
+            "Condition": {"StringEquals": {SIGNING_KIND: [*_own_kind(fn), VOUCH]}},
+        }
+    ]
     if fn.makes_run_keys:
         grants.append(
             {
@@ -105,19 +107,33 @@ def signing_grants(fn: wiring.Function, key_arn: str) -> list[dict[str, Any]]:
                 "Condition": {"StringEquals": {"kms:DataKeyPairSpec": KEY_PAIR_SPEC}},
             }
         )
+        grants.append(
+            {
+                "Effect": "Allow",
+                "Action": VOUCH_ACTION,
+                "Resource": key_arn,
+                "Condition": {"StringEquals": {SIGNING_KIND: VOUCH}},
+            }
+        )
     return grants
+
+
+def _own_kind(fn: wiring.Function) -> list[str]:
+    """The kind of private key ``fn``'s role unseals: its own, if it signs."""
+    return [fn.name] if fn.name in wiring.SIGNERS else []
 
 
 def key_policy_statements(roles: Mapping[str, str]) -> list[dict[str, Any]]:
     """The Deny statements of the signing key's policy (``roles``: each function's role ARN): a role unseals no kind's
-    private key but its own (one that signs nothing, none), none but the one that launches runs makes key pairs, and
-    none re-encrypts a sealed key under another context. infra/signing.py deploys them beside the account's own
-    statement, and the local cloud installs and enforces them (``slsml.local.moto_server.key_policies``)."""
+    private key but its own (one that signs nothing, none) and the launch's vouch (``VOUCH``), none but the one that
+    launches runs makes key pairs or vouches for them (encrypts), and none re-encrypts a sealed key under another
+    context. infra/signing.py deploys them beside the account's own statement, and the local cloud installs and
+    enforces them (``slsml.local.moto_server.key_policies``)."""
 
-    def deny(sid: str, action: str, arns: Sequence[str], kind: str | None = None) -> dict[str, Any]:
+    def deny(sid: str, action: str, arns: Sequence[str], kinds: Sequence[str] = ()) -> dict[str, Any]:
         condition: dict[str, Any] = {"ArnEquals": {"aws:PrincipalArn": list(arns)}}
-        if kind is not None:
-            condition["StringNotEquals"] = {SIGNING_KIND: kind}
+        if kinds:
+            condition["StringNotEquals"] = {SIGNING_KIND: list(kinds)}
         return {
             "Sid": sid,
             "Effect": "Deny",
@@ -133,21 +149,17 @@ def key_policy_statements(roles: Mapping[str, str]) -> list[dict[str, Any]]:
             f"Unseal{''.join(part.title() for part in fn.name.split('_'))}KeysOnly",
             "kms:Decrypt",
             [roles[fn.name]],
-            fn.name,
+            [fn.name, VOUCH],
         )
         for fn in wiring.FUNCTIONS
         if fn.name in wiring.SIGNERS
     ]
     unsigned = [roles[fn.name] for fn in wiring.FUNCTIONS if fn.name not in wiring.SIGNERS]
     if unsigned:
-        statements.append(deny("UnsealNoKeys", "kms:Decrypt", unsigned))
-    statements.append(
-        deny(
-            "MakeKeyPairsAtLaunchOnly",
-            MAKE_KEY_PAIRS,
-            [roles[fn.name] for fn in wiring.FUNCTIONS if not fn.makes_run_keys],
-        )
-    )
+        statements.append(deny("UnsealNoKeys", "kms:Decrypt", unsigned, [VOUCH]))
+    launching = [roles[fn.name] for fn in wiring.FUNCTIONS if not fn.makes_run_keys]
+    statements.append(deny("MakeKeyPairsAtLaunchOnly", MAKE_KEY_PAIRS, launching))
+    statements.append(deny("VouchAtLaunchOnly", VOUCH_ACTION, launching))
     statements.append(deny("ReEncryptNoKeys", "kms:ReEncryptFrom", every))
     return statements
 

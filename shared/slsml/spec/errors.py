@@ -29,6 +29,11 @@ class KeyLost(RunFailed):
     """A running run's signing keys are gone though its steps sent messages: the run fails, whatever step needs it."""
 
 
+class KeyForged(RunFailed):
+    """A run's signing keys are not the ones its launch made and vouched for: the run fails, whatever step reads
+    them."""
+
+
 class NotFoundError(SlsmlError):
     """A run, dataset or object that was asked for does not exist."""
 

@@ -131,11 +131,11 @@ FUNCTIONS: tuple[Function, ...] = (
         answers=(TaskAnswer.FAILURE,),
     ),
     # publishes Reduce too: in runs that clip by norm, the reducer that completes the norm exchange
-    # releases the other shards' steps
+    # releases the other shards' steps; and Work: the round whose update it refused, re-launched once
     Function(
         "reducer",
         triggers=(REDUCE,),
-        publishes=(REDUCE_DONE, REDUCE),
+        publishes=(REDUCE_DONE, REDUCE, WORK),
         needs_tensorflow=False,
         writes=(SCRATCH,),
         answers=(TaskAnswer.FAILURE,),

@@ -196,6 +196,10 @@ class Counter(BaseModel):
     stale_shards: set[int] = Field(
         default_factory=set, description="shards that kept their weights: no reducer finished in time"
     )
+    redone: set[int] = Field(
+        default_factory=set,
+        description="workers whose round was re-launched once: a reducer refused the update they reported",
+    )
 
     @property
     def fired_at_deadline(self) -> bool:

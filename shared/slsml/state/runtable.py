@@ -67,6 +67,14 @@ class SealedKey(NamedTuple):
     sealed: bytes
 
 
+class RunKeyItem(NamedTuple):
+    """A run's signing keys by kind, and the KMS ciphertext that vouches for their public keys (None: the item holds
+    none; ``slsml.pipeline.proof``)."""
+
+    keys: dict[str, SealedKey]
+    vouched: bytes | None
+
+
 def conditional(write: Callable[[], Any]) -> Any | None:
     """``write()``'s result, or None if its condition failed (someone else's write came first)."""
     try:
@@ -291,22 +299,24 @@ class RunTable:
         return float(item.get("spent_usd", 0))
 
     # the run's signing keys: each signing kind's public key and sealed private key (slsml.pipeline.proof)
-    def run_keys(self, run_id: str) -> dict[str, SealedKey] | None:
-        """The run's signing keys by kind; None if none were made (the run was not launched yet)."""
+    def run_keys(self, run_id: str) -> RunKeyItem | None:
+        """The run's signing keys; None if none were made (the run was not launched yet)."""
         item = self.table.get_item(Key=self._key(run_id, KEY), ConsistentRead=True).get("Item")
         if item is None:
             return None
-        return {
+        keys = {
             kind: SealedKey(public=bytes(item["public"][kind]), sealed=bytes(item["sealed"][kind]))
             for kind in item["public"]
         }
+        return RunKeyItem(keys, bytes(item["vouched"]) if "vouched" in item else None)
 
-    def make_run_keys(self, run_id: str, made: dict[str, SealedKey]) -> dict[str, SealedKey]:
+    def make_run_keys(self, run_id: str, made: RunKeyItem) -> RunKeyItem:
         """Store ``made`` as the run's signing keys unless it has some: the keys that are stored either way."""
         item = {
             **self._key(run_id, KEY),
-            "public": {kind: key.public for kind, key in made.items()},
-            "sealed": {kind: key.sealed for kind, key in made.items()},
+            "public": {kind: key.public for kind, key in made.keys.items()},
+            "sealed": {kind: key.sealed for kind, key in made.keys.items()},
+            **({} if made.vouched is None else {"vouched": made.vouched}),
         }
         stored = conditional(lambda: self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(sk)"))
         if stored is not None:
@@ -663,6 +673,57 @@ class RunTable:
                     ExpressionAttributeValues={":generation": generation},
                 )
             )
+
+    def redo_round(self, run_id: str, iteration: int, generation: int, worker: int, attempt: int) -> Counter | None:
+        """Claim the one re-launch of ``worker``'s round of ``iteration``, whose update (of ``attempt``) a reducer
+        refused after the reduce fired: its report is superseded by the next attempt's, whose report fires the reduce
+        again (``redo_participant``). The counter after, or None if the round was re-launched so before."""
+        claimed = conditional(
+            lambda: self.table.update_item(
+                Key=self._key(run_id, iteration_sk(iteration)),
+                UpdateExpression="ADD redone :workers",
+                ConditionExpression=f"{_SAME_GENERATION}"
+                " AND (attribute_not_exists(redone) OR NOT contains(redone, :w))",
+                ExpressionAttributeValues={":workers": {worker}, ":w": worker, ":generation": generation},
+                ReturnValues="ALL_NEW",
+            )
+        )
+        if claimed is None:
+            return None
+        report = WorkerReport(worker=worker, attempt=attempt + 1, generation=generation)
+        self.table.put_item(Item={**self._key(run_id, worker_sk(iteration, worker)), **dynamo(report.model_dump())})
+        return Counter.model_validate({**plain(claimed["Attributes"]), "iteration": iteration})
+
+    def redo_participant(
+        self, run_id: str, iteration: int, generation: int, redone: Participant
+    ) -> list[Participant] | None:
+        """The participants of ``iteration``'s reduce with ``redone`` (the update of a round ``redo_round`` re-launched)
+        in the place of its worker's refused one, stored; None if it is there already (a duplicate report) or the
+        reduce fired in another generation."""
+        key = self._key(run_id, participants_sk(iteration))
+        stored = plain(self.table.get_item(Key=key, ConsistentRead=True)["Item"])
+        before = decode_participants(stored["participants"])
+        after = [
+            redone if (p.worker, p.iteration) == (redone.worker, None) and p.attempt < redone.attempt else p
+            for p in before
+        ]
+        if stored.get("generation", 0) != generation or after == before:
+            return None
+        swaps = stored.get("swaps", 0)  # two rounds re-launched at once: each swap sees the other's
+        if conditional(
+            lambda: self.table.update_item(
+                Key=key,
+                UpdateExpression="SET participants = :after, swaps = :next",
+                ConditionExpression="attribute_not_exists(swaps) OR swaps = :swaps",
+                ExpressionAttributeValues={
+                    ":after": encode_participants(after),
+                    ":next": swaps + 1,
+                    ":swaps": swaps,
+                },
+            )
+        ):
+            return after
+        return self.redo_participant(run_id, iteration, generation, redone)
 
     def record_continuation(
         self, run_id: str, iteration: int, worker: int, attempt: int, generation: int, until: float

@@ -69,11 +69,20 @@ def manifest_of(run_keys: RunKeys | None, run_id: str, iteration: int, manifest:
     return Manifest.model_validate_json(manifest.body)
 
 
+def initial_shard(config: RunConfig, shard: int, read: Stored) -> None:
+    """``refused`` unless ``read`` (an object, or bytes of it, at shard ``shard`` of iteration 0) is the shard the run's
+    start stored, which ``run.json`` names by its ETag (a run that names none: not checked)."""
+    if config.initial_shards is not None and read.etag != config.initial_shards[shard]:
+        key = keys.shard(config.run_id, 0, shard)
+        raise refused(key, "is not the shard entering iteration 0 that run.json names", run_id=config.run_id)
+
+
 def load_weights(store: ObjectStore, config: RunConfig, iteration: int, run_keys: RunKeys | None = None) -> np.ndarray:
     """The flat weights entering ``iteration``: the weights of its R shards, each read by range (concurrently, with
     the iteration's manifest, whose proof of origin must hold under ``run_keys``: ``manifest_shards``; None: a reader
-    that trusts the bucket, not a step). A shard is taken only if it is the object the manifest names (its ETag): one
-    not stored by the reducer the Merger counted is not trusted for sitting at the shard's key (RunFailed)."""
+    that trusts the bucket, not a step). A shard is taken only if it is the object the manifest names (its ETag; of
+    iteration 0: ``initial_shard``): one not stored by the reducer the Merger counted is not trusted for sitting at
+    the shard's key (RunFailed)."""
     run, plan = config.run_id, config.plan
     where = [keys.shard(run, iteration, r) for r in range(config.reducers)]
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -83,7 +92,9 @@ def load_weights(store: ObjectStore, config: RunConfig, iteration: int, run_keys
     weights = np.empty(plan.size, dtype=np.float32)
     for shard, (key, part) in enumerate(zip(where, parts, strict=True)):
         assert part is not None  # every read is needed: none is left out
-        if named is not None and part.etag != named[shard]:
+        if named is None:
+            initial_shard(config, shard, part)
+        elif part.etag != named[shard]:
             raise refused(key, f"is not the shard the manifest of iteration {iteration} names", run_id=run)
         layout = plan.shard(shard)
         weights[layout.start : layout.stop] = shards.decode_weights(part.body, plan, shard)

@@ -8,7 +8,11 @@ alone, once (``apply_next``); the version's merge launches that update's worker 
 
 Under ``stale_weights`` a reduce, as it fires, launches the next iteration's workers (``launch_ahead``), which train
 from the weights one round stale; their reduce fires once the model it steps is merged: at the quorum if the run
-advanced to it by then, else by the Merger that advances it (``fire_held``)."""
+advanced to it by then, else by the Merger that advances it (``fire_held``).
+
+A round a reducer re-launched, once, because the update its worker reported was refused (``reducer``) reports again:
+its fresh update takes the refused one's place among the reduce's participants, and the reduce fires again
+(``refire``)."""
 
 from __future__ import annotations
 
@@ -50,6 +54,8 @@ def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
             return []
         services.table.wait(done)
         return apply_next(services, config, done.generation)
+    if counter.reduce_fired_by is not None and done.worker in counter.redone:
+        return refire(services, config, done)
     if counter.reduce_fired_by == done.worker:  # a copy of the report that fired: its reduce went out then
         logger.info("duplicate of the firing report ignored", extra=log)
         return []
@@ -104,6 +110,19 @@ def fire_reduce(
     if config.training.stale_weights:
         launch_ahead(services, config, iteration + 1, generation)
     return messages
+
+
+def refire(services: Services, config: RunConfig, done: WorkDone) -> list[ReduceMessage]:
+    """``done`` reports the update of a round re-launched after its first update was refused: fire the reduce again,
+    with it in the refused one's place (once: a duplicate of the report finds it there)."""
+    log = {"run_id": done.run_id, "iteration": done.iteration, "worker": done.worker, "attempt": done.attempt}
+    redone = Participant(worker=done.worker, attempt=done.attempt, samples=done.samples, etag=done.etag)
+    participants = services.table.redo_participant(done.run_id, done.iteration, done.generation, redone)
+    if participants is None:
+        logger.info("duplicate of a re-launched round's report ignored", extra=log)
+        return []
+    logger.warning("reduce fired again: a re-launched round's update replaces the refused one", extra=log)
+    return publish_reduce(services, config, done.iteration, participants, done.generation)
 
 
 def apply_next(services: Services, config: RunConfig, generation: int) -> list[ReduceMessage]:

@@ -13,6 +13,10 @@ by the watchdog like any missing shard; past its retries, the shards still waiti
 
 Under loss scaling (``slsml.training.precision``) every reducer reads each participant's loss scale and whether its
 gradient was finite with its part: if one was not, every shard skips the step, and each stores the same next scale.
+
+An update that is not the object its worker reported (its ETag) is refused and counted, and its worker's round is
+re-launched, once, under the same inputs (a synchronous run's): the reduce gives way to the one its fresh update's
+report fires again (``reduce_launcher``). A second refusal of that round's update fails the run naming it.
 """
 
 from __future__ import annotations
@@ -24,14 +28,14 @@ import numpy as np
 from aws_lambda_powertools import Logger
 
 from slsml import rules
-from slsml.aws.storage import ObjectStore, Stored
+from slsml.aws.storage import Stored
 from slsml.pipeline.services import Services
-from slsml.pipeline.steps.common import named_shard, refused, run_config
+from slsml.pipeline.steps.common import initial_shard, named_shard, refused, run_config
 from slsml.spec import keys, wiring
 from slsml.spec.compression import Compression
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import RunFailed
-from slsml.spec.messages import Participant, ReduceDone, ReduceMessage
+from slsml.spec.messages import Participant, ReduceDone, ReduceMessage, WorkMessage
 from slsml.spec.reliability import ReadPolicy
 from slsml.state.barrier import quorum_count
 from slsml.training import clipping, optimizers, precision, shards, updates
@@ -39,10 +43,23 @@ from slsml.training import clipping, optimizers, precision, shards, updates
 logger = Logger(child=True)
 
 
+class Redone(Exception):
+    """A participant's update was refused and its worker's round re-launched: this reduce gives way to the one the
+    fresh update's report fires."""
+
+
 def reduce(message: ReduceMessage, services: Services) -> ReduceDone | None:
     """Average and step the shard; None if the step waits for the other shards' sums of squares (runs
-    that clip by norm), to be released by the shard whose sums complete the set."""
+    that clip by norm), to be released by the shard whose sums complete the set, or if it gives way to a reduce
+    fired again with a re-launched round's update (``Redone``)."""
     config = run_config(services, message.run_id)
+    try:
+        return _reduce(message, config, services)
+    except Redone:
+        return None
+
+
+def _reduce(message: ReduceMessage, config: RunConfig, services: Services) -> ReduceDone | None:
     run, iteration, shard = message.run_id, message.iteration, message.shard
     size = config.plan.shard(shard).size
     if message.squares is not None:  # released after the exchange: step with the stored average
@@ -64,11 +81,14 @@ def reduce(message: ReduceMessage, services: Services) -> ReduceDone | None:
 
 def _current(message: ReduceMessage, services: Services, size: int) -> shards.Shard:
     """The shard entering the message's iteration, read with the iteration's manifest (past the first: the Merger's,
-    by its proof of origin), which must name it by its ETag (``common.named_shard``): RunFailed naming it if not."""
+    by its proof of origin), which must name it by its ETag (``common.named_shard``; of the first, run.json:
+    ``common.initial_shard``): RunFailed naming it if not."""
     run, iteration, shard = message.run_id, message.iteration, message.shard
     key = keys.shard(run, iteration, shard)
-    if iteration == 0:  # split from the run's initial model, which the run's execution placed: no manifest names it
-        return shards.decode(services.store.get(key), size)
+    if iteration == 0:  # split from the run's initial model by its start: run.json names it
+        initial = services.store.read(key)
+        initial_shard(run_config(services, run), shard, initial)
+        return shards.decode(initial.body, size)
     manifest, read = services.store.get_quorum([keys.manifest(run, iteration), key], [None, None], 2, 0)
     assert manifest is not None and read is not None  # every read is needed: none is left out
     named_shard(services.keys, run, iteration, shard, manifest, read)
@@ -156,7 +176,7 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     sent = [config.compression_at(i) for i in computed]  # a late update of the warm-up went dense
     need = quorum_count(len(participants), policy.quorum)
     if any(c.tabled for c in sent):
-        parts = _read_tabled_parts(services.store, participants, where, sent, config, shard, need, policy)
+        parts = _read_tabled_parts(message, services, where, sent, config, need, policy)
     else:
         ranges = [updates.part_range(config.plan, shard, c) for c in sent]
         parts = services.store.get_quorum(where, ranges, need=need, timeout_s=policy.timeout_s)
@@ -176,7 +196,7 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     for participant, key, part, compression in zip(participants, where, parts, sent, strict=True):
         if part is None:
             continue
-        _check_named(participant, key, part, run)
+        _check_named(participant, key, part, message, config, services)
         try:  # every part is checked and decoded before any is used
             updates.check(part.metadata, kind, key, compression)
             report = precision.reported(part.metadata)
@@ -206,13 +226,47 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     return shards.Shard(average, {}, [p.worker for p in included], loss_scale=following, skipped=not finite)
 
 
-def _check_named(participant: Participant, key: str, read: Stored, run_id: str) -> None:
+def _check_named(
+    participant: Participant, key: str, read: Stored, message: ReduceMessage, config: RunConfig, services: Services
+) -> None:
     """``refused`` unless ``read`` (bytes of the update at ``key``) is of the update the participant's worker reported:
-    the object of the ETag its signed report named (every GET answers the object's ETag, a ranged one too)."""
-    if read.etag != participant.etag:
-        raise refused(
-            key, f"is not the update worker {participant.worker} reported (ETag {participant.etag})", run_id=run_id
-        )
+    the object of the ETag its signed report named (every GET answers the object's ETag, a ranged one too). A refused
+    update's round is re-launched once (``Redone``): the run fails if it was, and this is its update."""
+    if read.etag == participant.etag:
+        return
+    why = f"is not the update worker {participant.worker} reported (ETag {participant.etag})"
+    failure = refused(key, why, run_id=message.run_id)
+    if _relaunched(participant, message, config, services):
+        raise Redone from failure
+    raise failure
+
+
+def _relaunched(participant: Participant, message: ReduceMessage, config: RunConfig, services: Services) -> bool:
+    """Whether the round of ``participant``, whose update was refused, is re-launched: now (claimed once, under the same
+    inputs: its batches and the weights entering the iteration, so that its fresh update is the one it had to be), or
+    before, by another reducer's refusal. False if the update refused is the re-launched round's, or of a round that
+    cannot be re-launched so (asynchronous, stale weights, a late update folded in)."""
+    spec, run, iteration = config.training, message.run_id, message.iteration
+    if spec.asynchronous or spec.stale_weights or participant.iteration is not None:
+        return False
+    claimed = services.table.redo_round(run, iteration, message.generation, participant.worker, participant.attempt)
+    if claimed is None:
+        return services.table.get_iteration(run, iteration).relaunched.get(participant.worker, 0) > participant.attempt
+    attempt = participant.attempt + 1
+    work = WorkMessage(
+        run_id=run,
+        iteration=iteration,
+        generation=message.generation,
+        worker=participant.worker,
+        workers=claimed.workers or config.workers,
+        attempt=attempt,
+    )
+    services.bus.publish(wiring.WORK, [work])
+    logger.warning(
+        "update refused: its worker's round re-launched",
+        extra={"run_id": run, "iteration": iteration, "worker": participant.worker, "attempt": attempt},
+    )
+    return True
 
 
 def _weight(participant: Participant, iteration: int, decay: float) -> float:
@@ -223,19 +277,19 @@ def _weight(participant: Participant, iteration: int, decay: float) -> float:
 
 
 def _read_tabled_parts(
-    store: ObjectStore,
-    participants: tuple[Participant, ...],
+    message: ReduceMessage,
+    services: Services,
     where: list[str],
     sent: list[Compression],
     config: RunConfig,
-    shard: int,
     need: int,
     policy: ReadPolicy,
 ) -> list[Stored | None]:
-    """Significance and sparse updates (``slsml.training.updates``): the shard's two entries of each update's part
-    table (of the update each of ``participants`` reported, by its ETag), then the parts they point at (an update
+    """Significance and sparse updates (``slsml.training.updates``): the message's shard's two entries of each update's
+    part table (of the update each participant reported, by its ETag), then the parts they point at (an update
     ``sent`` dense, of the warm-up, at its part's range); a read that times out under the read quorum leaves its
     participant out (each of the two rounds of reads waits up to the read timeout)."""
+    store, participants, shard = services.store, message.participants, message.shard
     kind = rules.of(config.training).kind
     tabled = [n for n, compression in enumerate(sent) if compression.tabled]
     entries = store.get_quorum(
@@ -249,7 +303,7 @@ def _read_tabled_parts(
         if entry is None:
             continue
         key = where[number]
-        _check_named(participants[number], key, entry, config.run_id)  # the table read is of the update reported
+        _check_named(participants[number], key, entry, message, config, services)  # of the update reported
         try:  # the header first: the table of an update of another encoding is no table
             updates.check(entry.metadata, kind, key, sent[number])
             ranges[number] = updates.significant_part_range(entry.body, config.plan, shard, entry.size)

@@ -4,6 +4,7 @@ per dataset as runs pinned it."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import keras
@@ -13,6 +14,7 @@ from slsml.accounting import usage
 from slsml.aws import cache
 from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
+from slsml.pipeline.steps.common import refused
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import BadInputError
@@ -55,17 +57,21 @@ def trainer_for(
         return trainer, False
     model_key = keys.source_model(config.run_id)
     with usage.warming():  # once per container (and architecture, or run)
-        model = stored_model(store, model_key)
+        model = stored_model(store, model_key, config.source_sha256)
     if tuple(modelio.variable_specs(model)) != config.plan.variables:
         raise BadInputError(f"{model_key} does not have the weights of the model the run was started with")
     trainer = modelio.Trainer(model, config.plan, config.loss)
     return warm.put(key, trainer, trainer_bytes(trainer)), iteration == 0
 
 
-def stored_model(store: ObjectStore, key: str) -> keras.Model:
-    """The model at ``key``, read and built only if it fits this function (BadInputError naming the figures)."""
+def stored_model(store: ObjectStore, key: str, sha256: str | None = None) -> keras.Model:
+    """The model at ``key``, read and built only if it fits this function (BadInputError naming the figures), and,
+    where ``sha256`` names it, only if its bytes have that SHA-256 (``common.refused`` naming it if not)."""
     limits = bounds.Limits.here()
-    return modelio.load_model(store.get_bounded(key, limits.archive_bytes, limits.describe()), where=key, limits=limits)
+    body = store.get_bounded(key, limits.archive_bytes, limits.describe())
+    if sha256 is not None and hashlib.sha256(body).hexdigest() != sha256:
+        raise refused(key, "is not the model run.json names (its SHA-256)")
+    return modelio.load_model(body, where=key, limits=limits)
 
 
 def reader_for(store: ObjectStore, config: RunConfig) -> data.DatasetReader:

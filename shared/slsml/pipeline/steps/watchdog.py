@@ -15,7 +15,8 @@ iterations it completes the run instead, once the final model is stored. Under A
 (``staleness unbounded``) the work stage has no missing workers: a version no update reached applies one that
 waits, or waits, and fails the run after ``deadline_retries`` more deadlines. Reduce stage: re-launch the
 reducers whose shards are missing; once the retry budget is spent, those shards keep the iteration's weights
-(counted and logged) and the merge goes on.
+(counted and logged) and the merge goes on, unless the reduce waits for the round a reducer re-launched because the
+update its worker reported was refused: the run fails then, naming the update.
 
 With a GPU worker (``slsml.aws.fleet``), an iteration whose launch has not come waits for the worker's fleet (the
 first launch of a run leaves it here while the fleet is raised): the watchdog looks again every
@@ -352,6 +353,17 @@ def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRec
         services.table.record_reduce_relaunch(run_id, iteration, len(missing))
         logger.warning("deadline: missing reducers re-launched", extra={**log, "attempt": attempt})
         return Action.RELAUNCHED, _next(deadline, "reduce", attempt, _after(deadline, spec.deadline_s))
+    if refused := [
+        p for p in record.participants if p.worker in record.redone and p.attempt < record.relaunched.get(p.worker, 0)
+    ]:
+        key = keys.update(run_id, iteration, refused[0].worker, refused[0].attempt)
+        reason = (
+            f"{key} was refused and the round of worker {refused[0].worker}, re-launched for it, reported no update"
+            f" within {spec.deadline_retries + 1} deadlines of {spec.deadline_s:g} s"
+        )
+        logger.error("run failed", extra={**log, "reason": reason})
+        services.fail_run(run_id, reason)
+        return Action.FAILED, None
     for shard in missing:
         keep_weights(services, config, iteration, shard)
     services.bus.publish(
