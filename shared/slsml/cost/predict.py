@@ -289,15 +289,16 @@ def _steady_requests(w: Workload, s: Sizes) -> dict[str, int]:
     """The requests of the chain's table, before what the run's options and continuations add."""
     W, R, n = s.workers, s.reducers, s.participants
     # stale_weights: the fire reads the run (held?), its launch of the next round the run, the merge's launch claim
-    # finds it launched and the Merger reads the held reduce's counter and reports; each worker reads the model
-    # before its round's too (its weights predicted from the two)
+    # finds it launched and the Merger reads the held reduce's counter and reports; each worker reads one model a
+    # round, as a synchronous one does: the one before its round's, which it predicts from too, is warm
+    # (``slsml.rounds.ahead``)
     stale = w.training.stale_weights
     return {
         "dynamodb:GetItem": 1 + 3 * stale,
         "dynamodb:UpdateItem": 1 + W + 1 + R + 2 + stale,
         "dynamodb:PutItem": W + 1,
         "dynamodb:BatchGetItem": s.pages * (1 + stale),
-        "s3:GetObject": W * (R + 1) * (1 + stale) + R * (n + 2) + s.data_gets,
+        "s3:GetObject": W * (R + 1) + R * (n + 2) + s.data_gets,
         "s3:ListObjectsV2": 1,
         **stored(W, R, s.traffic),
         "s3:DeleteObjects": superseded_deletes(w.training, R, s.traffic),
