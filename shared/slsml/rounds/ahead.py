@@ -24,16 +24,16 @@ POLL_S = 0.05  # how often a worker looks for the next model's manifest while it
 _pending: dict[Hashable, threading.Thread] = {}  # reads under way, by the key their model lands at
 
 
-def weights(key: Hashable, read: Callable[[], np.ndarray]) -> np.ndarray:
-    """The model at ``key`` (a copy: the caller may change it): the warm one (a read ahead under way is waited for),
-    else ``read()`` now and kept warm."""
+def weights(key: Hashable, read: Callable[[], np.ndarray], keep: bool) -> np.ndarray:
+    """The model at ``key`` (the caller's to change): the warm one (a read ahead under way is waited for), else
+    ``read()`` now, and kept warm where ``keep`` (a run on stale weights, whose next round enters it again)."""
     reading = _pending.get(key)
     if reading is not None:
         reading.join()  # the read this round would make, begun earlier
     held = cache.warm().get(key)
-    if held is None:
-        held = _keep(key, read())
-    return held.copy()
+    if held is not None:
+        return held.copy()
+    return _keep(key, read()).copy() if keep else read()
 
 
 def _keep(key: Hashable, flat: np.ndarray) -> np.ndarray:

@@ -100,7 +100,7 @@ def _entering(
 def _weights(services: Services, config: RunConfig, generation: int, iteration: int) -> np.ndarray:
     """The weights entering ``iteration``, warm or read now (``slsml.rounds.ahead``)."""
     read = functools.partial(load_weights, services.store, config, iteration, services.keys)
-    return ahead.weights(_model(config, generation, iteration), read)
+    return ahead.weights(_model(config, generation, iteration), read, keep=bool(config.training.stale_weights))
 
 
 def _model(config: RunConfig, generation: int, iteration: int) -> tuple[str, str, int, int]:
