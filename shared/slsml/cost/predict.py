@@ -542,6 +542,11 @@ def _stages(
             seconds=worker.worker_s,
             detail=f"read weights ({R} shards) {worker.read_weights:.2f} s"
             + (
+                f" (the model read ahead in {worker.read_model:.2f} s as the round before computed)"
+                if worker.read_weights < worker.read_model
+                else ""
+            )
+            + (
                 f" and {data.gets_per_iteration / W:,.1f} data GETs {data.read_s:.2f} s (ahead of compute)"
                 if data and data.gets_per_iteration
                 else ""
