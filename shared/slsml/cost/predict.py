@@ -354,7 +354,7 @@ def _worker_times(
     rest_s = p.handler_s + ddb + round_s + write_update + p.sns_publish_s
     read_weights, polls = one, 0
     if w.training.stale_weights:  # the models a round enters: the one before warm, the other read ahead
-        read_weights, polls = _read_ahead(p, s, times, one, max(first_s, 0.0) + rest_s)
+        read_weights, polls = _read_ahead(p, s, times, one, first_s + rest_s)
     read_s = max(read_weights, first_s)
     worker_timeout = min(w.timeout_s["worker"], quotas.lambda_timeout_s)
     # a round that outlasts the Worker's timeout goes on in fresh invocations, which read the weights themselves
@@ -384,7 +384,7 @@ def _worker_times(
 
 def _read_ahead(p: Parameters, s: Sizes, times: PipelineTimes, one: float, invocation_s: float) -> tuple[float, int]:
     """``stale_weights``: (the seconds a round waits for the model it enters, the HeadObjects a round makes looking
-    for the next one), as ``slsml.pipeline.steps.ahead`` reads it. The model a round enters is merged while the round
+    for the next one), as ``slsml.rounds.ahead`` reads it. The model a round enters is merged while the round
     before computes: from the fire that launched that round, the reducers and the Merger store its manifest, which
     that round's worker finds within ``ahead.POLL_S`` (half of it on average) of its storing, if its invocation has
     not ended, and reads; the next round starts that worker's invocation, the report, the fire and the launch after
