@@ -59,6 +59,7 @@ from slsml.cost.workers import kind_of
 from slsml.cost.workload import IMAGE_FUNCTIONS, PIPELINE, Workload, state_slots
 from slsml.data.datasets import READS
 from slsml.data.manifest import DEFAULT_SHARD_MB
+from slsml.rounds import ahead
 from slsml.spec import errors
 from slsml.spec.config import TrainingSpec
 from slsml.spec.deployment import STAGE_FUNCTIONS
@@ -111,8 +112,11 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     s = sizes(w, p)
     W, R, n = s.workers, s.reducers, s.participants
     requests = _steady_requests(w, s)
-    worker = _worker_times(w, p, quotas, s, kind)
+    times = _pipeline_times(w, p, s)
+    worker = _worker_times(w, p, quotas, s, kind, times)
     handing = worker.handing
+    if worker.polls:
+        requests["s3:HeadObject"] = W * worker.polls
     invocations = 1 + 2 * W + 2 * R + s.exchange.released + W * handing.handed_on
     counted = invocations if w.training.budget_usd is not None else 0  # each adds its cost to the run's spend
     for operation, count in (
@@ -123,7 +127,6 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     ):
         requests[operation] = requests.get(operation, 0) + count
     units = _units(p, s, handing.handed_on, counted)
-    times = _pipeline_times(w, p, s, counted)
     stages = _stages(w, p, s, worker, times, kind)
     chain_s = sum(stage.seconds for stage in stages)
     floor_s = units.counter / quotas.dynamodb_partition_wu_s
@@ -288,15 +291,16 @@ def _steady_requests(w: Workload, s: Sizes) -> dict[str, int]:
     """The requests of the chain's table, before what the run's options and continuations add."""
     W, R, n = s.workers, s.reducers, s.participants
     # stale_weights: the fire reads the run (held?), its launch of the next round the run, the merge's launch claim
-    # finds it launched and the Merger reads the held reduce's counter and reports; each worker reads the model
-    # before its round's too (its weights predicted from the two)
+    # finds it launched and the Merger reads the held reduce's counter and reports; each worker reads one model a
+    # round, as a synchronous one does: the one before its round's, which it predicts from too, is warm
+    # (``slsml.rounds.ahead``)
     stale = w.training.stale_weights
     return {
         "dynamodb:GetItem": 1 + 3 * stale,
         "dynamodb:UpdateItem": 1 + W + 1 + R + 2 + stale,
         "dynamodb:PutItem": W + 1,
         "dynamodb:BatchGetItem": s.pages * (1 + stale),
-        "s3:GetObject": W * (R + 1) * (1 + stale) + R * (n + 2) + s.data_gets,
+        "s3:GetObject": W * (R + 1) + R * (n + 2) + s.data_gets,
         "s3:ListObjectsV2": 1,
         **stored(W, R, s.traffic),
         "s3:DeleteObjects": superseded_deletes(w.training, R, s.traffic),
@@ -313,7 +317,9 @@ def _publishing(p: Parameters, batches: int) -> float:
 class WorkerTimes:
     """The Worker's part of the critical path."""
 
-    read_weights: float  # the R shards (the manifest's read alongside)
+    read_weights: float  # the R shards (the manifest's read alongside) of the models a round enters, on the path
+    read_model: float  # one model's R shards, wherever they are read
+    polls: int  # stale_weights: the HeadObjects a round makes looking for the next model's manifest (0: none)
     compute_s: float  # its round's gradients, as its kind computes them
     streamed_s: float  # the round's compute and the data reads behind it
     slot_s: float
@@ -323,26 +329,21 @@ class WorkerTimes:
     handing: Continuations
 
 
-def _worker_times(w: Workload, p: Parameters, quotas: Quotas, s: Sizes, kind: WorkerKind) -> WorkerTimes:
+def _worker_times(
+    w: Workload, p: Parameters, quotas: Quotas, s: Sizes, kind: WorkerKind, times: PipelineTimes
+) -> WorkerTimes:
     """The Worker's reads, compute (``kind``'s), writes and continuations."""
     lat, ddb = p.s3_request_s, p.dynamodb_s
     traffic, steps = s.traffic, s.steps
     # the R shards, s3_parallel_reads at a time, at the worker's S3 rate (its kind's: a GPU worker's instance's)
     weights_mb_s = s3_mb_s(w, p, min(s.reducers, p.s3_parallel_reads))[0]
-    # stale_weights: the model before too (its weights predicted from the two)
-    models = 1 + w.training.stale_weights
-    read_weights = models * transfer(s.reducers, s.model, lat, weights_mb_s, p.s3_parallel_reads)
+    one = transfer(s.reducers, s.model, lat, weights_mb_s, p.s3_parallel_reads)
     compute_s = kind.compute_s(w, p, traffic.compute_steps * s.local_batch)
     # the samples are read a micro-batch at a time, ahead of the one computing: the first with the weights, the
     # others while the micro-batches before them compute
     data_s = s.data.read_s if s.data else 0.0
     first_s = data_s / (traffic.compute_steps * steps.per_step)
-    read_s = max(read_weights, first_s)
     streamed_s = max(compute_s, data_s - first_s)
-    worker_timeout = min(w.timeout_s["worker"], quotas.lambda_timeout_s)
-    handing = continuations(
-        w, p, traffic, worker_timeout, p.handler_s + ddb + read_s, streamed_s, read_weights, steps.per_step
-    )
     # the rule's round reads the slot's state before its steps and stores the new one after them; the residual
     # is read alongside the round and stored before the update
     slot_s = 2 * transfer(1, s.slot, lat, p.s3_read_mb_s) if s.slot else 0.0
@@ -351,18 +352,55 @@ def _worker_times(w: Workload, p: Parameters, quotas: Quotas, s: Sizes, kind: Wo
     )
     round_s = max(slot_s + streamed_s, residual_read)
     write_update = residual_write + write_s(w, p, s.update)
-    # ddb: the Work's check; a round that outlasts the Worker's timeout goes on in fresh invocations
-    worker_s = p.handler_s + ddb + read_s + round_s + write_update + p.sns_publish_s + handing.seconds
+    # ddb: the Work's check
+    rest_s = p.handler_s + ddb + round_s + write_update + p.sns_publish_s
+    read_weights, polls = one, 0
+    if w.training.stale_weights:  # the models a round enters: the one before warm, the other read ahead
+        read_weights, polls = _read_ahead(p, s, times, one, first_s + rest_s)
+    read_s = max(read_weights, first_s)
+    worker_timeout = min(w.timeout_s["worker"], quotas.lambda_timeout_s)
+    # a round that outlasts the Worker's timeout goes on in fresh invocations, which read the weights themselves
+    handing = continuations(
+        w,
+        p,
+        traffic,
+        worker_timeout,
+        p.handler_s + ddb + read_s,
+        streamed_s,
+        (1 + w.training.stale_weights) * one,
+        steps.per_step,
+    )
     return WorkerTimes(
         read_weights=read_weights,
+        read_model=one,
+        polls=polls,
         compute_s=compute_s,
         streamed_s=streamed_s,
         slot_s=slot_s,
         residual_read=residual_read,
         write_update=write_update,
-        worker_s=worker_s,
+        worker_s=read_s + rest_s + handing.seconds,
         handing=handing,
     )
+
+
+def _read_ahead(p: Parameters, s: Sizes, times: PipelineTimes, one: float, invocation_s: float) -> tuple[float, int]:
+    """``stale_weights``: (the seconds a round waits for the model it enters, the HeadObjects a round makes looking
+    for the next one), as ``slsml.rounds.ahead`` reads it. The model a round enters is merged while the round
+    before computes: from the fire that launched that round, the reducers and the Merger store its manifest, which
+    that round's worker finds within ``ahead.POLL_S`` (half of it on average) of its storing, if its invocation has
+    not ended, and reads; the next round starts that worker's invocation, the report, the fire and the launch after
+    the same fire. What of the read outlasts that start is on the path; a manifest stored after the invocation
+    ended is read by the next round itself. The model the round before entered is warm."""
+    hop = p.sns_lambda_s
+    started = times.launch_s + hop + p.handler_s  # from the fire: the worker looks from its invocation's start
+    stored = sum(stage.seconds for stage in _reduce_stages(p, s, times))
+    ended = started + invocation_s
+    found = stored + ahead.POLL_S / 2
+    if found > ended:
+        return one, math.ceil(invocation_s / ahead.POLL_S)
+    next_start = ended + hop + times.fire_s + times.launch_s + hop + p.handler_s + p.dynamodb_s
+    return max(0.0, found + one - next_start), max(1, math.ceil((found - started) / ahead.POLL_S))
 
 
 class Units(NamedTuple):
@@ -426,15 +464,16 @@ class PipelineTimes:
     merger_count_s: float  # a Merger that counts
 
 
-def _pipeline_times(w: Workload, p: Parameters, s: Sizes, counted: int) -> PipelineTimes:
-    """The launchers', reducers' and mergers' seconds."""
+def _pipeline_times(w: Workload, p: Parameters, s: Sizes) -> PipelineTimes:
+    """The launchers', reducers' and mergers' seconds (a launch reads the run's spend where it has a budget)."""
+    budget = w.training.budget_usd is not None
     lat, ddb, pub = p.s3_request_s, p.dynamodb_s, p.sns_publish_s
     R, n = s.reducers, s.participants
     traffic, exchange = s.traffic, s.exchange
     # WorkLauncher: read the run (and its spend, with a budget), claim the iteration, publish Work (the n-th
     # message's batch is on the path)
-    launch_s = p.handler_s + (2 + bool(counted)) * ddb + _publishing(p, publish_batches(n, s.work_message))
-    launcher_s = p.handler_s + (2 + bool(counted)) * ddb + _publishing(p, s.work_batches)
+    launch_s = p.handler_s + (2 + budget) * ddb + _publishing(p, publish_batches(n, s.work_message))
+    launcher_s = p.handler_s + (2 + budget) * ddb + _publishing(p, s.work_batches)
     count_s = p.handler_s + lat + 2 * ddb  # lat: the WorkDone's check
     fire_s = count_s + ddb + s.pages * ddb + ddb + traffic.late_queries * ddb + _publishing(p, s.reduce_batches)
 
@@ -484,7 +523,6 @@ def _stages(
     """The critical path, stage by stage."""
     W, R, n = s.workers, s.reducers, s.participants
     traffic, steps, data, handing, hop = s.traffic, s.steps, s.data, worker.handing, p.sns_lambda_s
-    released = s.exchange.released
     return [
         Stage(
             name="model → WorkLauncher",
@@ -505,6 +543,11 @@ def _stages(
             function="worker",
             seconds=worker.worker_s,
             detail=f"read weights ({R} shards) {worker.read_weights:.2f} s"
+            + (
+                f" (the model read ahead in {worker.read_model:.2f} s as the round before computed)"
+                if worker.read_weights < worker.read_model
+                else ""
+            )
             + (
                 f" and {data.gets_per_iteration / W:,.1f} data GETs {data.read_s:.2f} s (ahead of compute)"
                 if data and data.gets_per_iteration
@@ -532,6 +575,14 @@ def _stages(
             + (f"{traffic.late_queries} Query for late updates, " if traffic.late_queries else "")
             + f"fire, {s.reduce_batches} PublishBatch ({p.sns_parallel_publishes:g} at a time)",
         ),
+        *_reduce_stages(p, s, times),
+    ]
+
+
+def _reduce_stages(p: Parameters, s: Sizes, times: PipelineTimes) -> list[Stage]:
+    """The critical path after the fire: the reducers and the Merger, up to the next manifest."""
+    traffic, n, hop, released = s.traffic, s.participants, p.sns_lambda_s, s.exchange.released
+    return [
         Stage(name="Reduce → Reducer", function=None, seconds=hop, detail="SNS → Lambda"),
         Stage(
             name="Reducer",

@@ -34,6 +34,10 @@ class RunFigures(BaseModel):
     machine_start_s: float
     machine_data_s: float = Field(description="the machine's wait for its data, past what its compute hides")
     gpu_busy: float | None = Field(description="the share of the run a GPU worker's card computes; None: CPU workers")
+    gpu_busy_iterations: float | None = Field(
+        description="the share of an iteration a GPU worker's card computes (the run less its scale-up); None: CPU"
+        " workers"
+    )
 
 
 class Machines(BaseModel):
@@ -83,13 +87,14 @@ def lambda_run(plan: Plan, p: Parameters, price_table: PriceTable) -> tuple[floa
     return plan.run_s, plan.run_dollars + sum(extras.values()), extras
 
 
-def gpu_busy(plan: Plan, p: Parameters) -> float | None:
-    """The share of the run a GPU worker's card computes its share of the batches; None: CPU workers."""
+def gpu_busy(plan: Plan, p: Parameters, iterations: bool = False) -> float | None:
+    """The share of the run (``iterations``: of an iteration) a GPU worker's card computes its share of the batches,
+    of the time its instance is billed for; None: CPU workers."""
     w = plan.workload
     if w.accelerator is None:
         return None
     per_iteration = KIND.compute_s(w, p, w.training.local_batches * math.ceil(w.global_batch / w.workers))
-    return w.iterations * per_iteration / plan.run_s
+    return per_iteration / plan.iteration_s if iterations else w.iterations * per_iteration / plan.run_s
 
 
 def _network_mb_s(machine: str, p: Parameters) -> float:
@@ -136,6 +141,7 @@ def compare_vm(
         machine_start_s=p.vm_start_s,
         machine_data_s=data_s,
         gpu_busy=gpu_busy(plan, p),
+        gpu_busy_iterations=gpu_busy(plan, p, iterations=True),
     )
     machines = _machines(plan, machine, samples_per_s, dollars_per_hour, p, mb_s)
     sentence = (
@@ -145,7 +151,8 @@ def compare_vm(
         f" its time for {run_dollars / run.dollars:.2g}× its dollars"
     )
     if run.gpu_busy is not None:
-        sentence += f", each worker's card busy {run.gpu_busy:.0%} of the run"
+        sentence += f", each worker's card busy {run.gpu_busy:.0%} of the run ({run.gpu_busy_iterations:.0%} of an"
+        sentence += " iteration)"
     if machines is not None and machines.count > 1:
         faster = "faster" if run_s < machines.seconds else "slower"
         sentence += (

@@ -43,7 +43,7 @@ def micro_batching(w: Workload, p: Parameters, traffic: RoundTraffic, memory_mb:
         MEMORY_SHARE * memory_mb if w.cache_mb is None else w.cache_mb,
         4 * w.params,
         w.activation_bytes_per_sample,
-        2 * traffic.slot_bytes + 2 * traffic.residual_bytes,
+        sizing.other_bytes(4 * w.params, traffic.slot_bytes, traffic.residual_bytes, w.training.stale_weights),
     )
     share, fitting = math.ceil(w.global_batch / w.workers), memory.micro_batch()
     a = w.accelerator

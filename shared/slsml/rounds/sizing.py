@@ -46,6 +46,9 @@ TF_RUNTIME_MB = 745.0
 # weights are the warm cache's: its trainer is an entry of it)
 MODEL_COPIES = 4.0
 SUM_COPIES = 2.0  # a step of several micro-batches: their float64 sum, twice a float32 model
+# stale_weights: the read of the next round's model under way beside the step, its shards' bytes and its vector
+# (``slsml.rounds.ahead``; the models it keeps are the warm cache's)
+AHEAD_COPIES = 2.0
 # the sum as stored or read back (a round handed on): the archive's bytes beside it, while no micro-batch computes
 ARCHIVE_COPIES = 2.0
 GIB = 1024**3  # an accelerator's memory is given in GiB (functions.worker.accelerator_gib)
@@ -95,7 +98,7 @@ class WorkerMemory:
     cache_mb: float  # its warm cache's bound
     model_bytes: float  # the model's float32 weights
     sample_bytes: float  # what one sample adds to a step (``sample_bytes``)
-    other_bytes: float = 0.0  # what the run's update rule keeps besides (a slot's state, a residual)
+    other_bytes: float = 0.0  # what it holds besides (``other_bytes``: a slot's state, a residual, a read ahead)
 
     def needed_mb(self, samples: int, micro_batches: int = 1) -> float:
         """The memory a step of ``samples`` at once takes, in a round of ``micro_batches`` per step, the cache full:
@@ -178,12 +181,19 @@ def of_accelerator(config: RunConfig, accelerator_gib: int) -> AcceleratorMemory
     return AcceleratorMemory(accelerator_gib, 4 * config.plan.size, config.sample_bytes, precision)
 
 
+def other_bytes(model_bytes: float, slot_bytes: float, residual_bytes: float, stale_weights: int) -> float:
+    """What a worker holds beside a step besides the model's buffers: its slot's state and residual as read and as
+    stored, and, under ``stale_weights``, the read of its next round's model under way (``AHEAD_COPIES``)."""
+    return 2 * slot_bytes + 2 * residual_bytes + (AHEAD_COPIES * model_bytes if stale_weights else 0.0)
+
+
 def of_run(config: RunConfig, memory_mb: float, cache_mb: float, slot_bytes: int) -> WorkerMemory:
     """The memory of a worker of ``memory_mb`` with a warm cache of ``cache_mb`` training the run of ``config``,
     whose worker slots keep ``slot_bytes`` between rounds."""
     size = config.plan.size
     residual = feedback.residual_bytes(size) if config.training.compression.lossy else 0
-    return WorkerMemory(memory_mb, cache_mb, 4 * size, config.sample_bytes, 2 * slot_bytes + 2 * residual)
+    held = other_bytes(4 * size, slot_bytes, residual, config.training.stale_weights)
+    return WorkerMemory(memory_mb, cache_mb, 4 * size, config.sample_bytes, held)
 
 
 def micro_batch(

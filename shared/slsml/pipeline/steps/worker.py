@@ -33,7 +33,7 @@ from slsml.pipeline import lifetime, metrics
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import load_weights, named_shard, run_config, stop_reason
 from slsml.pipeline.steps.warm import reader_for, trainer_for
-from slsml.rounds import accumulate, sizing, stream
+from slsml.rounds import accumulate, ahead, sizing, stream
 from slsml.rounds import evaluation as evaluating
 from slsml.rounds.evaluation import SLICE_EVALUATED, SLICE_KEY, SliceEvaluated, evaluated, evaluator_for
 from slsml.rules.base import Round, UpdateRule
@@ -63,7 +63,7 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     if message.worker >= message.workers:
         raise RunFailed(f"work message for worker {message.worker} of an iteration of {message.workers} workers")
     if message.iteration >= config.training.iterations:
-        trainer, _ = _entering(services, config, message.iteration)
+        trainer, _ = _entering(services, config, message.generation, message.iteration)
         count = reader_for(services.store, config).manifest.train.count
         _evaluate(message, config, services, trainer, evaluated(config, message.iteration, count))
         return None
@@ -78,22 +78,46 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
 
 
 def _entering(
-    services: Services, config: RunConfig, iteration: int, predicted: bool = False
+    services: Services, config: RunConfig, generation: int, iteration: int, predicted: bool = False
 ) -> tuple[modelio.Trainer, np.ndarray]:
     """The warm model at the weights entering ``iteration``, and those weights as one flat vector (a fresh model
-    holds them already: the first iteration's). ``predicted`` (a round one ahead of ``iteration``, ``stale_weights``):
-    the trainable weights entering the round are predicted from the last two models, w + (w − w_before), the step
-    the round before took taken once more, so that the round's gradient is of about the weights its reduce steps."""
+    holds them already: the first iteration's), read or found warm (``ahead.weights``). ``predicted`` (a round one
+    ahead of ``iteration``, ``stale_weights``): the trainable weights entering the round are predicted from the last
+    two models, w + (w − w_before), the step the round before took taken once more, so that the round's gradient is
+    of about the weights its reduce steps."""
     trainer, fresh = trainer_for(services.store, config, iteration, shared=True)
     trainer.use_policy(config.training.mixed_precision)
     if fresh:
         return trainer, modelio.get_flat(trainer.model, config.plan)
-    weights = load_weights(services.store, config, iteration, services.keys)
+    weights = _weights(services, config, generation, iteration)
     if predicted and iteration:  # (the initial model has none before it)
         mask = config.plan.trainable_mask()
-        weights[mask] += weights[mask] - load_weights(services.store, config, iteration - 1, services.keys)[mask]
+        weights[mask] += weights[mask] - _weights(services, config, generation, iteration - 1)[mask]
     modelio.set_flat(trainer.model, config.plan, weights)
     return trainer, weights
+
+
+def _weights(services: Services, config: RunConfig, generation: int, iteration: int) -> np.ndarray:
+    """The weights entering ``iteration``, warm or read now (``slsml.rounds.ahead``)."""
+    read = functools.partial(load_weights, services.store, config, iteration, services.keys)
+    return ahead.weights(_model(config, generation, iteration), read, keep=bool(config.training.stale_weights))
+
+
+def _model(config: RunConfig, generation: int, iteration: int) -> tuple[str, str, int, int]:
+    """The warm cache's key of the weights entering ``iteration`` of the run's ``generation``."""
+    return ("weights", config.run_id, generation, iteration)
+
+
+def _ahead(services: Services, config: RunConfig, message: WorkMessage) -> ahead.Ahead:
+    """The read of the model the worker's next round enters, once merged: a round launched ahead's (``stale_weights``)
+    next round enters the model its reduce steps to (``slsml.rounds.ahead``)."""
+    iteration, store = message.iteration, services.store
+    return ahead.Ahead(
+        _model(config, message.generation, iteration),
+        functools.partial(store.exists, keys.manifest(config.run_id, iteration)),
+        functools.partial(load_weights, store, config, iteration, services.keys),
+        wanted=bool(config.training.stale_weights and message.ahead),
+    )
 
 
 def _compute(message: WorkMessage, config: RunConfig, services: Services) -> WorkDone | None:
@@ -114,10 +138,13 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     left = batches[resumed.steps :] if resumed is not None else batches  # a continuation reads the batches left
     micro = _micro_batch(config, services.limits.worker_accelerator_gib)
     skip = resumed.micro_batches if resumed is not None else 0
-    # the round's samples are read while the model and the weights are
-    with stream.Stream(lambda indices: _batch(reader, indices, config), left, micro, skip) as samples:
+    # the round's samples are read while the model and the weights are, and the next round's model once merged
+    with (
+        _ahead(services, config, message),
+        stream.Stream(lambda indices: _batch(reader, indices, config), left, micro, skip) as samples,
+    ):
         entering = message.iteration - message.ahead  # launched ahead: its model is not merged
-        trainer, start = _entering(services, config, entering, predicted=message.ahead)
+        trainer, start = _entering(services, config, message.generation, entering, predicted=message.ahead)
         splits = evaluated(config, message.iteration, count) if resumed is None else []
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
             return None  # early stopping ended the run: its update is not needed
