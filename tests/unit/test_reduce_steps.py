@@ -713,8 +713,8 @@ def test_a_late_reducer_that_stores_first_its_average_stands(services: Services)
     config = _register(services, "late-first", workers=2, deadline_retries=0)
     fired = _arrive(services, "late-first", 0) + _arrive(services, "late-first", 1)
     reducer.reduce(fired[0], services)
-    assert reducer.keep_weights(services, config, 0, 0) is False
-    assert reducer.keep_weights(services, config, 0, 1) is True
+    assert reducer.keep_weights(services, config, 0, 0, 1) is False
+    assert reducer.keep_weights(services, config, 0, 1, 1) is True
     assert np.array_equal(_shard(services, "late-first", 1, 0).weights, _part(_expected_weights([0, 1]), 0))
     assert _shard(services, "late-first", 1, 0).averaged == [0, 1]
     _assert_kept(services, "late-first", 1)
@@ -731,7 +731,7 @@ def test_a_reducer_overtaken_by_the_watchdog_keeps_the_shard_it_kept(
     read = services.store.get_quorum
 
     def overtaken(*args, **kwargs):
-        assert reducer.keep_weights(services, config, 0, 0)
+        assert reducer.keep_weights(services, config, 0, 0, 1)
         return read(*args, **kwargs)
 
     monkeypatch.setattr(services.store, "get_quorum", overtaken)

@@ -618,6 +618,18 @@ class RunTable:
         stored = plain(item)
         return stored.get("generation", 0), decode_participants(stored["participants"])
 
+    def made_by(self, run_id: str, iteration: int, workers: int) -> list[Participant]:
+        """ASP: the updates applied by the reduce that made model version ``iteration`` (> 0): that of the version
+        their count before it (at most ``workers``), read by key; [] before it fired."""
+        items = self._get_by_keys(
+            [self._key(run_id, participants_sk(v)) for v in range(max(0, iteration - workers), iteration)]
+        )
+        for item in items:
+            participants = decode_participants(plain(item)["participants"])
+            if iteration_of(item["sk"]) + len(participants) == iteration:
+                return participants
+        return []
+
     def mark_reduce_fired(
         self,
         run_id: str,
