@@ -117,6 +117,8 @@ def apply_next(services: Services, config: RunConfig, generation: int) -> list[R
     version = run.iteration
     if run.status != RunStatus.RUNNING or run.generation != generation or version >= run.iterations:
         return []
+    if table.frozen_participants(run_id, version) is not None:  # its merge applies the updates waiting (after its
+        return []  # advance, which comes after this read: it finds them)
     claimed = []
     for update in table.waiting(run_id, generation):
         if table.fold(run_id, update, version):
