@@ -105,7 +105,8 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
         metrics.emit(Metric.ITERATION_SECONDS, time.time() - counter.launched_at, MetricUnit.Seconds)
     logger.info("model merged", extra={"run_id": run, "iteration": following})
     every = config.training.checkpoint_every
-    if not ends and every and following % every == 0:  # a checkpoint: saved once the next iteration runs
+    # a checkpoint, on a multiple of it (ASP: the first version at or past one), saved once the next iteration runs
+    if not ends and every and following // every > iteration // every:
         _save(store, config, iteration, following, fitted=False)
     return next_key
 
