@@ -23,6 +23,7 @@ from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
 from slsml.spec.messages import Deadline, ModelMerged, Participant, ReduceMessage, WorkDone
 from slsml.state import barrier
+from slsml.state.records import MERGER_OWNER
 from slsml.training import optimizers, updates
 
 from . import test_reduce_steps
@@ -67,7 +68,7 @@ def _merge(services: Services, run_id: str, fired: list[ReduceMessage]) -> list[
     _manifest(services, run_id, version)
     assert services.table.advance(run_id, version, 0) is not None
     assert services.table.claim_launch(run_id, version, f"launch-{version}", 0, 3) is not None
-    return reduce_launcher.apply_next(services, run_config(services, run_id), 0)
+    return reduce_launcher.apply_next(services, run_config(services, run_id), 0, MERGER_OWNER)
 
 
 def _weights(services: Services, run_id: str, version: int) -> np.ndarray:
@@ -132,10 +133,25 @@ def test_a_duplicate_report_of_an_applied_update_is_applied_once_and_leaves_the_
         [2],
     ]
     assert services.table.waiting("asp-dup", 0) == []
-    again = reduce_launcher.on_work_done(_done("asp-dup", 1, 2), services)  # a copy, its version not merged yet
-    assert again == last  # the same reduce again (reducers store a shard once): nothing is applied twice
+    # a copy of that update's report, its version not merged yet: the Merger's step fired it, nothing goes again
+    assert reduce_launcher.on_work_done(_done("asp-dup", 1, 2), services) == []
     assert [p.worker for p in services.table.get_iteration("asp-dup", 2).participants] == [2]
+    assert _merge(services, "asp-dup", last) == []  # the next version finds it applied: its entry goes, unapplied
     assert services.table.waiting("asp-dup", 0) == []
+    assert services.table.frozen_participants("asp-dup", 3) is None
+
+
+def test_of_two_steps_that_find_the_same_updates_waiting_one_fires_the_version(services) -> None:
+    config = _register(services, "asp-race", workers=3, staleness="unbounded", iterations=9)
+    for worker in (1, 2):  # both reports stored and waiting before either step fires
+        services.store.put_new(keys.update("asp-race", 0, worker), *_update(0, worker))
+        services.table.record_worker(_done("asp-race", 0, worker))
+        services.table.wait(_done("asp-race", 0, worker))
+    fired = reduce_launcher.apply_next(services, config, 0, 2)
+    assert [[p.worker for p in m.participants] for m in fired] == [[1, 2]] * PLAN.reducers
+    assert reduce_launcher.apply_next(services, config, 0, 1) == []  # worker 1's step: the version fired
+    assert services.table.get_counter("asp-race", 0).reduce_fired_by == 2
+    assert services.table.waiting("asp-race", 0) == []
 
 
 def test_a_deadline_applies_an_update_whose_reduce_was_never_fired(services) -> None:
@@ -236,10 +252,34 @@ def test_a_version_the_run_moved_past_before_its_launch_came_still_launches_its_
         reducer.reduce(message, services)
     assert services.table.advance("asp-behind", 1, 0) is not None  # version 1, worker 1 freed: its launch is late
     _manifest(services, "asp-behind", 1)
-    following = reduce_launcher.apply_next(services, config, 0)  # worker 0's update, applied to version 1
+    following = reduce_launcher.apply_next(services, config, 0, MERGER_OWNER)  # worker 0's update, to version 1
     for message in following:
         reducer.reduce(message, services)
     assert services.table.advance("asp-behind", 2, 0) is not None
     outcome = work_launcher.on_merged(ModelMerged(run_id="asp-behind", iteration=1, generation=0), services)
     assert outcome == work_launcher.Outcome.LAUNCHED
     assert services.table.get_counter("asp-behind", 1).launched_by is not None
+
+
+def test_the_merger_advances_the_run_by_the_updates_a_version_applied_and_checkpoints_past_a_multiple(
+    services,
+) -> None:
+    from slsml.pipeline.steps import merger
+
+    fired = test_reduce_steps._merge_run(
+        services, "asp-merge", workers=3, staleness="unbounded", iterations=9, checkpoint_every=2
+    )  # worker 0's update fired version 0 alone; workers 1 and 2 wait
+    assert [p.worker for p in fired[0].participants] == [0]
+    dones = [reducer.reduce(message, services) for message in fired]
+    assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.manifest("asp-merge", 1)]
+    frozen = services.table.frozen_participants("asp-merge", 1)  # the Merger applied both waiting to version 1
+    assert frozen is not None and [p.worker for p in frozen[1]] == [1, 2]
+    following = [
+        ReduceMessage(run_id="asp-merge", iteration=1, shard=r, participants=tuple(frozen[1])) for r in range(2)
+    ]
+    dones = [reducer.reduce(message, services) for message in following]
+    assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.manifest("asp-merge", 3)]
+    assert services.table.get_run("asp-merge").iteration == 3  # 1 + the 2 updates: version 2 never exists
+    assert not services.store.exists(keys.manifest("asp-merge", 2))
+    assert services.store.exists(keys.model("asp-merge", 3))  # the first version past 2, a multiple of checkpoint_every
+    assert services.table.get_counter("asp-merge", 1).launched_by is None  # merged before its launch came

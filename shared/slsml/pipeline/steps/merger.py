@@ -46,7 +46,7 @@ from slsml.spec.deployment import Metric
 from slsml.spec.errors import BadInputError
 from slsml.spec.messages import Manifest, ModelMerged, ReduceDone
 from slsml.state.barrier import next_version
-from slsml.state.records import RunRecord
+from slsml.state.records import MERGER_OWNER, RunRecord
 from slsml.training import modelio, shards
 from slsml.training.modelio import Trainer
 from slsml.training.optimizers import State
@@ -95,7 +95,7 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
         store.delete(carried_state(config, behind))
     _announce(services, message, following)
     if config.training.asynchronous:  # ASP: the updates that came while this version was reduced: to the next
-        apply_next(services, config, message.generation)
+        apply_next(services, config, message.generation, MERGER_OWNER)
     if config.training.stale_weights:  # the next iteration's reduce, held for this model, may fire
         fire_held(services, config, following, message.generation)
     if not stored:

@@ -49,7 +49,7 @@ def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
             services.fail_run(done.run_id, reason)
             return []
         services.table.wait(done)
-        return apply_next(services, config, done.generation)
+        return apply_next(services, config, done.generation, done.worker)
     if counter.reduce_fired_by == done.worker:  # a copy of the report that fired: its reduce went out then
         logger.info("duplicate of the firing report ignored", extra=log)
         return []
@@ -106,19 +106,21 @@ def fire_reduce(
     return messages
 
 
-def apply_next(services: Services, config: RunConfig, generation: int) -> list[ReduceMessage]:
+def apply_next(services: Services, config: RunConfig, generation: int, owner: int) -> list[ReduceMessage]:
     """ASP: fire the reduce of the model version the run is at with every update waiting, unless one fired already
     ([] then, or when none waits): each is claimed for the version (``fold``), and the version's participants are
-    written once, so that an update is applied once however often its report comes. An update's staleness is the
-    updates applied since the version it read: its participant names that version (``Participant.iteration``) where
-    it is older."""
+    written once, by ``owner`` (the worker whose report calls, or the Merger, or the watchdog), so that an update is
+    applied once however often its report comes, and only the owner's step (or its retry) publishes the reduce. An
+    update's staleness is the updates applied since the version it read: its participant names that version
+    (``Participant.iteration``) where it is older."""
     table, run_id = services.table, config.run_id
     run = table.get_run(run_id)
     version = run.iteration
     if run.status != RunStatus.RUNNING or run.generation != generation or version >= run.iterations:
         return []
-    if table.frozen_participants(run_id, version) is not None:  # its merge applies the updates waiting (after its
-        return []  # advance, which comes after this read: it finds them)
+    frozen = table.frozen_participants(run_id, version)
+    if frozen is not None and frozen[0] != owner:  # its merge applies the updates waiting (after its advance,
+        return []  # which comes after this read: it finds them)
     claimed = []
     for update in table.waiting(run_id, generation):
         if table.fold(run_id, update, version):
@@ -129,20 +131,23 @@ def apply_next(services: Services, config: RunConfig, generation: int) -> list[R
     if not claimed:
         return []
     mine = [u.model_copy(update={"iteration": None}) if u.iteration == version else u for u in claimed]
-    fired = table.freeze_participants(run_id, version, claimed[0].worker, mine, generation)
-    if fired is None or set(fired[1]) != set(mine):  # the version applies other updates
-        taken = set() if fired is None else set(fired[1])
-        for update, participant in zip(claimed, mine, strict=True):
-            if participant not in taken:
-                table.unfold(run_id, update, version)
-        # a merge that came meanwhile found them claimed and left them: they are applied to the newest version
-        return apply_next(services, config, generation) if table.get_run(run_id).iteration != version else []
-    messages = publish_reduce(services, config, version, fired[1], generation)
-    fresh = any(p.iteration is None for p in fired[1])  # the train metrics are of the updates of this version's model
+    fired = table.freeze_participants(run_id, version, owner, mine, generation)
+    taken = set() if fired is None else set(fired[1])
+    for update, participant in zip(claimed, mine, strict=True):
+        if participant not in taken:  # the version applies other updates: this one waits for the next
+            table.unfold(run_id, update, version)
+    if fired is None or fired[0] != owner:  # another step fired the version
+        # a merge that came meanwhile found the updates claimed and left them: they go to the newest version
+        return apply_next(services, config, generation, owner) if table.get_run(run_id).iteration != version else []
+    participants = fired[1]
+    table.open_version(run_id, version, generation)  # before the reducers report to it
+    messages = publish_reduce(services, config, version, participants, generation)
+    fresh = any(p.iteration is None for p in participants)  # train metrics are of the updates of this version's model
     reports = table.worker_reports(run_id, version, config.workers, generation) if fresh else []
-    table.mark_reduce_fired(run_id, version, fired[0], fired[1], reports, generation)
-    for update in claimed:
-        table.applied(run_id, update)
+    table.mark_reduce_fired(run_id, version, owner, participants, reports, generation)
+    for update, participant in zip(claimed, mine, strict=True):
+        if participant in taken:
+            table.applied(run_id, update)
     return messages
 
 

@@ -272,7 +272,7 @@ def _asynchronous_deadline(deadline: Deadline, config: RunConfig, services: Serv
     worker whose last launch has not reported (on the version it was launched on); once ``deadline_retries``
     deadlines passed so, fail the run naming the version."""
     spec, run_id, iteration = config.training, config.run_id, deadline.iteration
-    if apply_next(services, config, deadline.generation):
+    if apply_next(services, config, deadline.generation, DEADLINE_OWNER):
         logger.warning("deadline: a waiting update applied", extra={"run_id": run_id, "iteration": iteration})
         return Action.FIRED, _next(deadline, "reduce", 0, _after(deadline, spec.deadline_s))
     launches = _last_launches(services, config, iteration)
