@@ -1,5 +1,6 @@
 """Merger: when every shard of an iteration is in, store the next iteration's manifest (``models/<i>.json``,
-naming the shards' ETags) and launch it (``ModelMerged`` to the WorkLauncher, sent again by a retry): the workers
+naming the shards' ETags; under ASP that of the model version as many iterations on as the reduce applied updates:
+``barrier.next_version``) and launch it (``ModelMerged`` to the WorkLauncher, sent again by a retry): the workers
 read the weights from the shards themselves (``steps.common.load_weights``), so that no merged copy of the model lies
 on an iteration's path. The model is assembled and saved (``models/<i>.keras``) only where the run may end on it,
 before its manifest (the final model, which also carries the optimizer's state, as ``fit`` leaves it, for gradient
