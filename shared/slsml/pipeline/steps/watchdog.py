@@ -324,16 +324,15 @@ def _last_launches(services: Services, config: RunConfig, iteration: int) -> dic
     finished: set[int] = set()  # freed with no update left to take
     version = iteration
     while len(found) + len(finished) < workers:
-        made_by = table.made_by(config.run_id, version, workers) if version else []
-        freed = [p.worker for p in made_by] if version else list(range(workers))
+        freed = work_launcher.freed(services, config.run_id, version, workers)
         numbered = barrier.asynchronous_updates(version, freed, workers, budget)
         record = table.get_iteration(config.run_id, version)
         fresh = set(freed) - found.keys() - finished
         found.update({w: (record, numbered[w]) for w in fresh if w in numbered})
         finished |= fresh - numbered.keys()
-        if not version or not made_by:
+        if not version or not freed:
             break
-        version -= len(made_by)
+        version -= len(freed)  # the version that made this one
     return found
 
 

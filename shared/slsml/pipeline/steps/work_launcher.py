@@ -171,15 +171,17 @@ def _skipped(run: RunRecord, iteration: int, trigger_id: str, services: Services
 
 
 def asynchronous_launches(services: Services, run_id: str, iteration: int, workers: int, budget: int) -> dict[int, int]:
-    """ASP: the workers launched on model version ``iteration`` → the number of the update each computes: all of
-    them on the first, else those whose updates made it (``barrier.asynchronous_updates``); none past the run's
-    ``budget`` of iterations."""
-    freed = (
-        list(range(workers))
-        if iteration == 0
-        else [p.worker for p in services.table.made_by(run_id, iteration, workers)]
-    )
-    return barrier.asynchronous_updates(iteration, freed, workers, budget)
+    """ASP: the workers launched on model version ``iteration`` (``freed``) → the number of the update each computes
+    (``barrier.asynchronous_updates``): none past the run's ``budget`` of iterations."""
+    return barrier.asynchronous_updates(iteration, freed(services, run_id, iteration, workers), workers, budget)
+
+
+def freed(services: Services, run_id: str, iteration: int, workers: int) -> list[int]:
+    """ASP: the workers model version ``iteration`` frees: all of them on the first, else those whose updates made
+    it (read by key)."""
+    if iteration == 0:
+        return list(range(workers))
+    return [p.worker for p in services.table.made_by(run_id, iteration, workers)]
 
 
 def launch(run: RunRecord, iteration: int, trigger_id: str, services: Services, ahead: bool = False) -> Outcome:
