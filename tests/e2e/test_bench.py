@@ -65,3 +65,4 @@ def test_the_asynchronous_benchmark_compares_the_synchronous_and_the_asp_run_on_
     assert (sync.training.staleness, asp.training.staleness) == (0, "unbounded")
     assert (sync.iterations, asp.iterations) == (3, 6) and report.same_samples
     assert sum(report.updates_by_worker.values()) == 6 and report.time_ratio == asp.wall_s / sync.wall_s
+    assert 6 / report.workers <= report.versions <= 6  # each version applied one update of a worker at least, at most

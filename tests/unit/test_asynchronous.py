@@ -1,7 +1,8 @@
-"""Fully asynchronous training (ASP, ``staleness unbounded``): each worker's update is applied alone, as it arrives,
-to the model version the run is at (a second one waits for the next version, with no barrier); its staleness is the
-versions applied since the one it read; a duplicate changes nothing; the updates take the synchronous run's slots
-in order, whichever worker is free."""
+"""Fully asynchronous training (ASP, ``staleness unbounded``): the reduce of the model version the run is at applies
+every update waiting when it fires (those that come while it is reduced wait for the next version, with no
+barrier), and advances the version by their count; an update's staleness is the updates applied since the version
+it read; a duplicate changes nothing; the updates take the synchronous run's slots in order, whichever workers are
+free."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
 from slsml.spec.messages import Deadline, ModelMerged, Participant, ReduceMessage, WorkDone
+from slsml.state import barrier
+from slsml.state.records import MERGER_OWNER
 from slsml.training import optimizers, updates
 
 from . import test_reduce_steps
@@ -57,55 +60,59 @@ def _arrive(services: Services, run_id: str, iteration: int, worker: int) -> lis
 
 
 def _merge(services: Services, run_id: str, fired: list[ReduceMessage]) -> list[ReduceMessage]:
-    """Reduce every shard of ``fired``, advance the run as the Merger does and launch the next version: the reduce of
-    the next update waiting (``apply_next``, which the Merger calls) comes back."""
+    """Reduce every shard of ``fired``, advance the run as the Merger does (by the updates applied) and launch the
+    next version: the reduce of the updates waiting (``apply_next``, which the Merger calls) comes back."""
     for message in fired:
         reducer.reduce(message, services)
-    version = fired[0].iteration + 1
+    version = fired[0].iteration + len(fired[0].participants)
     _manifest(services, run_id, version)
     assert services.table.advance(run_id, version, 0) is not None
     assert services.table.claim_launch(run_id, version, f"launch-{version}", 0, 3) is not None
-    return reduce_launcher.apply_next(services, run_config(services, run_id), 0)
+    return reduce_launcher.apply_next(services, run_config(services, run_id), 0, MERGER_OWNER)
 
 
 def _weights(services: Services, run_id: str, version: int) -> np.ndarray:
     return np.concatenate([_shard(services, run_id, version, r).weights for r in range(PLAN.reducers)])
 
 
-def test_each_update_is_applied_alone_as_it_arrives_and_a_second_waits_for_the_next_version(services) -> None:
-    _register(services, "asp", workers=3, staleness="unbounded", iterations=6)
+def test_the_updates_that_came_while_a_version_was_reduced_are_applied_together_to_the_next(services) -> None:
+    _register(services, "asp", workers=3, staleness="unbounded", iterations=9)
     fired = _arrive(services, "asp", 0, 1)
     assert len(fired) == PLAN.reducers
     assert all(
         m.iteration == 0 and m.participants == (Participant(worker=1, samples=SAMPLES[1], etag=_etag(0, 1)),)
         for m in fired
     )
-    assert _arrive(services, "asp", 0, 0) == []  # version 0's reduce is out: it waits, no barrier
-    assert services.table.waiting("asp", 0) == [
-        Participant(worker=0, samples=SAMPLES[0], iteration=0, etag=_etag(0, 0))
-    ]
+    assert _arrive(services, "asp", 0, 0) == []  # version 0's reduce is out: they wait, no barrier
+    assert _arrive(services, "asp", 0, 2) == []
+    assert [p.worker for p in services.table.waiting("asp", 0)] == [0, 2]
 
-    following = _merge(services, "asp", fired)
-    stale = Participant(
-        worker=0, samples=SAMPLES[0], iteration=0, etag=_etag(0, 0)
-    )  # read version 0, applied to version 1
-    assert [m.participants for m in following] == [(stale,)] * PLAN.reducers
+    following = _merge(services, "asp", fired)  # both, on version 1, each read version 0: stale by one update
+    stale = tuple(Participant(worker=w, samples=SAMPLES[w], iteration=0, etag=_etag(0, w)) for w in (0, 2))
+    assert [m.participants for m in following] == [stale] * PLAN.reducers
     assert services.table.waiting("asp", 0) == []
 
     before = _weights(services, "asp", 1)
-    for message in following:
-        reducer.reduce(message, services)
+    for message in following:  # one step with their samples-weighted mean: the version after is 1 + 2
+        assert reducer.reduce(message, services).updates == 2
+    mean = (VECTORS[0] * SAMPLES[0] + VECTORS[2] * SAMPLES[2]) / (SAMPLES[0] + SAMPLES[2])
     trainable = PLAN.trainable_mask()
     state = optimizers.initial_state(SGD, int(trainable.sum()))
     state["step"] = np.ones((), dtype=np.int64)
     expected = before.copy()
-    expected[trainable] = optimizers.apply(SGD, before[trainable], VECTORS[0][trainable], state)[0]
-    expected[~trainable] = VECTORS[0][~trainable]
-    assert np.allclose(_weights(services, "asp", 2), expected, rtol=1e-6, atol=1e-7)
+    expected[trainable] = optimizers.apply(SGD, before[trainable], mean[trainable], state)[0]
+    expected[~trainable] = mean[~trainable]
+    assert np.allclose(_weights(services, "asp", 3), expected, rtol=1e-6, atol=1e-6)
+    assert not any(services.store.exists(keys.shard("asp", 2, r)) for r in range(PLAN.reducers))
+
+    # version 1 launched worker 1 with update 3; version 3 launches workers 0 and 2 with the next two
+    assert work_launcher.asynchronous_launches(services, "asp", 1, 3, 9) == {1: 3}
+    assert work_launcher.asynchronous_launches(services, "asp", 3, 3, 9) == {0: 4, 2: 5}
+    assert work_launcher.asynchronous_launches(services, "asp", 3, 3, 5) == {0: 4}  # none past the budget
 
 
 def test_a_duplicate_report_of_an_applied_update_is_applied_once_and_leaves_the_next_one_waiting(services) -> None:
-    _register(services, "asp-dup", workers=3, staleness="unbounded", iterations=6)
+    _register(services, "asp-dup", workers=3, staleness="unbounded", iterations=9)
     fired = _arrive(services, "asp-dup", 0, 2)
     assert reduce_launcher.on_work_done(_done("asp-dup", 0, 2), services) == fired  # its copy: the same reduce again
     assert _arrive(services, "asp-dup", 0, 0) == []
@@ -125,6 +132,26 @@ def test_a_duplicate_report_of_an_applied_update_is_applied_once_and_leaves_the_
         [0],
         [2],
     ]
+    assert services.table.waiting("asp-dup", 0) == []
+    # a copy of that update's report, its version not merged yet: the Merger's step fired it, nothing goes again
+    assert reduce_launcher.on_work_done(_done("asp-dup", 1, 2), services) == []
+    assert [p.worker for p in services.table.get_iteration("asp-dup", 2).participants] == [2]
+    assert _merge(services, "asp-dup", last) == []  # the next version finds it applied: its entry goes, unapplied
+    assert services.table.waiting("asp-dup", 0) == []
+    assert services.table.frozen_participants("asp-dup", 3) is None
+
+
+def test_of_two_steps_that_find_the_same_updates_waiting_one_fires_the_version(services) -> None:
+    config = _register(services, "asp-race", workers=3, staleness="unbounded", iterations=9)
+    for worker in (1, 2):  # both reports stored and waiting before either step fires
+        services.store.put_new(keys.update("asp-race", 0, worker), *_update(0, worker))
+        services.table.record_worker(_done("asp-race", 0, worker))
+        services.table.wait(_done("asp-race", 0, worker))
+    fired = reduce_launcher.apply_next(services, config, 0, 2)
+    assert [[p.worker for p in m.participants] for m in fired] == [[1, 2]] * PLAN.reducers
+    assert reduce_launcher.apply_next(services, config, 0, 1) == []  # worker 1's step: the version fired
+    assert services.table.get_counter("asp-race", 0).reduce_fired_by == 2
+    assert services.table.waiting("asp-race", 0) == []
 
 
 def test_a_deadline_applies_an_update_whose_reduce_was_never_fired(services) -> None:
@@ -151,6 +178,12 @@ def test_a_worker_whose_update_never_came_is_relaunched_on_its_version_then_the_
     assert action == Action.RELAUNCHED and following is not None and following.round == 1
     relaunched = {v: services.table.get_iteration("asp-dead", v).relaunched for v in range(3)}
     assert relaunched == {0: {0: 1}, 1: {1: 1}, 2: {2: 1}}  # each worker on the version it was last launched on
+    last_launches = watchdog._last_launches(services, config, 2)
+    assert {w: (record.iteration, update) for w, (record, update) in last_launches.items()} == {
+        0: (0, 0),
+        1: (1, 3),
+        2: (2, 4),
+    }  # with the number of the update it computes there
 
     retries = config.training.deadline_retries
     last = deadline.model_copy(update={"round": retries})
@@ -161,11 +194,22 @@ def test_a_worker_whose_update_never_came_is_relaunched_on_its_version_then_the_
 
 
 @pytest.mark.parametrize("workers", [1, 3, 4])
-def test_the_updates_take_each_slot_of_the_synchronous_rounds_once_in_order(workers: int) -> None:
-    iterations = 5 * workers  # 5 synchronous rounds' worth of updates
-    launched = [(0, w) for w in range(workers)]  # version 0 launches every worker, each later one the freed worker
-    launched += [(v, v % workers) for v in range(1, iterations - workers + 1)]
-    taken = [data.asynchronous_task(v, w, workers) for v, w in launched]
+def test_the_updates_take_each_slot_of_the_synchronous_rounds_once_in_order_however_they_are_batched(
+    workers: int,
+) -> None:
+    budget, rng = 5 * workers, np.random.default_rng(workers)  # 5 synchronous rounds' worth of updates
+    in_flight = barrier.asynchronous_updates(0, list(range(workers)), workers, budget)  # version 0 launches all
+    launched, version = list(in_flight.values()), 0
+    while in_flight:  # each version applies some of the updates in flight and launches their workers again
+        applied = sorted(rng.choice(sorted(in_flight), size=rng.integers(1, len(in_flight) + 1), replace=False))
+        version += len(applied)
+        for worker in applied:
+            del in_flight[worker]
+        fresh = barrier.asynchronous_updates(version, [int(w) for w in applied], workers, budget)
+        in_flight |= fresh
+        launched += fresh.values()
+    assert version == budget  # the final version is the run's iterations
+    taken = [data.asynchronous_task(update, workers) for update in launched]
     assert taken == [(s, r) for r in range(5) for s in range(workers)]
 
 
@@ -208,10 +252,34 @@ def test_a_version_the_run_moved_past_before_its_launch_came_still_launches_its_
         reducer.reduce(message, services)
     assert services.table.advance("asp-behind", 1, 0) is not None  # version 1, worker 1 freed: its launch is late
     _manifest(services, "asp-behind", 1)
-    following = reduce_launcher.apply_next(services, config, 0)  # worker 0's update, applied to version 1
+    following = reduce_launcher.apply_next(services, config, 0, MERGER_OWNER)  # worker 0's update, to version 1
     for message in following:
         reducer.reduce(message, services)
     assert services.table.advance("asp-behind", 2, 0) is not None
     outcome = work_launcher.on_merged(ModelMerged(run_id="asp-behind", iteration=1, generation=0), services)
     assert outcome == work_launcher.Outcome.LAUNCHED
     assert services.table.get_counter("asp-behind", 1).launched_by is not None
+
+
+def test_the_merger_advances_the_run_by_the_updates_a_version_applied_and_checkpoints_past_a_multiple(
+    services,
+) -> None:
+    from slsml.pipeline.steps import merger
+
+    fired = test_reduce_steps._merge_run(
+        services, "asp-merge", workers=3, staleness="unbounded", iterations=9, checkpoint_every=2
+    )  # worker 0's update fired version 0 alone; workers 1 and 2 wait
+    assert [p.worker for p in fired[0].participants] == [0]
+    dones = [reducer.reduce(message, services) for message in fired]
+    assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.manifest("asp-merge", 1)]
+    frozen = services.table.frozen_participants("asp-merge", 1)  # the Merger applied both waiting to version 1
+    assert frozen is not None and [p.worker for p in frozen[1]] == [1, 2]
+    following = [
+        ReduceMessage(run_id="asp-merge", iteration=1, shard=r, participants=tuple(frozen[1])) for r in range(2)
+    ]
+    dones = [reducer.reduce(message, services) for message in following]
+    assert [merger.on_reduce_done(d, services) for d in dones] == [None, keys.manifest("asp-merge", 3)]
+    assert services.table.get_run("asp-merge").iteration == 3  # 1 + the 2 updates: version 2 never exists
+    assert not services.store.exists(keys.manifest("asp-merge", 2))
+    assert services.store.exists(keys.model("asp-merge", 3))  # the first version past 2, a multiple of checkpoint_every
+    assert services.table.get_counter("asp-merge", 1).launched_by is None  # merged before its launch came

@@ -713,8 +713,8 @@ def test_a_late_reducer_that_stores_first_its_average_stands(services: Services)
     config = _register(services, "late-first", workers=2, deadline_retries=0)
     fired = _arrive(services, "late-first", 0) + _arrive(services, "late-first", 1)
     reducer.reduce(fired[0], services)
-    assert reducer.keep_weights(services, config, 0, 0) is False
-    assert reducer.keep_weights(services, config, 0, 1) is True
+    assert reducer.keep_weights(services, config, 0, 0, 1) is False
+    assert reducer.keep_weights(services, config, 0, 1, 1) is True
     assert np.array_equal(_shard(services, "late-first", 1, 0).weights, _part(_expected_weights([0, 1]), 0))
     assert _shard(services, "late-first", 1, 0).averaged == [0, 1]
     _assert_kept(services, "late-first", 1)
@@ -731,7 +731,7 @@ def test_a_reducer_overtaken_by_the_watchdog_keeps_the_shard_it_kept(
     read = services.store.get_quorum
 
     def overtaken(*args, **kwargs):
-        assert reducer.keep_weights(services, config, 0, 0)
+        assert reducer.keep_weights(services, config, 0, 0, 1)
         return read(*args, **kwargs)
 
     monkeypatch.setattr(services.store, "get_quorum", overtaken)
@@ -800,7 +800,7 @@ def test_parts_dropped_by_a_try_whose_shard_was_not_stored_are_not_counted(
     assert services.table.get_iteration("dup-reduce", 0).dropped_parts == set()
 
 
-def _merge_run(services: Services, run_id: str, **training: int) -> list[ReduceMessage]:
+def _merge_run(services: Services, run_id: str, **training: object) -> list[ReduceMessage]:
     """A run of a small Keras model whose workers reported; the Reduce messages of its shards."""
     import keras
 
@@ -810,7 +810,9 @@ def _merge_run(services: Services, run_id: str, **training: int) -> list[ReduceM
     body = modelio.save_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(3, use_bias=False)]))
     model = modelio.load_model(body)  # as prepare_run reads it
     plan = ShardPlan.build(modelio.variable_specs(model), reducers=2)
-    spec = TrainingSpec(workers=2, reducers=2, global_batch=4, **{"iterations": 5, "eval_every": 0, **training})
+    spec = TrainingSpec.model_validate(
+        {"workers": 2, "reducers": 2, "global_batch": 4, "iterations": 5, "eval_every": 0, **training}
+    )
     config = RunConfig(
         run_id=run_id,
         dataset="d",
@@ -830,7 +832,7 @@ def _merge_run(services: Services, run_id: str, **training: int) -> list[ReduceM
     services.store.put_new(keys.model(run_id, 0), body)  # the run state machine's copy: the first trigger
     _put_run(services, config)
     fired = []
-    for worker in range(2):
+    for worker in range(spec.initial_workers):
         update, header = updates.encode(RNG.standard_normal(plan.size), 2)
         services.store.put_new(keys.update(run_id, 0, worker), update, header)
         fired += reduce_launcher.on_work_done(

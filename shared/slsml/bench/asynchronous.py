@@ -38,6 +38,7 @@ class AsynchronousReport(BaseModel):
     synchronous: runs.RunSummary
     asynchronous: runs.RunSummary
     updates_by_worker: dict[int, int]  # ASP: the updates each worker's applied
+    versions: int  # ASP: the model versions that applied them (each applied the updates waiting when it fired)
     time_ratio: float  # ASP's wall time / the synchronous run's
     accuracy_points: float | None  # ASP's test accuracy − the synchronous run's, in points
     fast: bool  # time_ratio ≤ TIME_RATIO
@@ -73,7 +74,8 @@ def asynchronous(
         if summary.status != "COMPLETED":
             raise SlsmlError(f"run {summary.run_id} did not complete: {summary.reason}")
     sync, asp = summaries["synchronous"], summaries["asynchronous"]
-    applied = collections.Counter(p.worker for r in services.table.list_iterations(asp.run_id) for p in r.participants)
+    records = [r for r in services.table.list_iterations(asp.run_id) if r.participants]
+    applied = collections.Counter(p.worker for r in records for p in r.participants)
     points = (
         None
         if sync.test_accuracy is None or asp.test_accuracy is None
@@ -89,6 +91,7 @@ def asynchronous(
         synchronous=sync,
         asynchronous=asp,
         updates_by_worker=dict(sorted(applied.items())),
+        versions=len(records),
         time_ratio=ratio,
         accuracy_points=points,
         fast=ratio <= TIME_RATIO,

@@ -13,11 +13,11 @@ pay the warm processes' model loading and tracing), side by side:
 - ``ssp sparse slow``: the same slow worker under bounded staleness (SSP, ``STALENESS``), quorum 3/4: its late
   updates are folded into a later round.
 
-(Asynchronous updates, ASP, are not in slsml: they would be one more row.) For each run: the wall time to the first
-merged model whose test loss reaches the workload's ``TARGETS`` and over the run, the update bytes per round (the
-workers' update objects in S3, listed), the final test loss. The reference time is Keras's own single-process
-``fit`` on this machine, of the same model on the same samples, ``BATCH`` at a time for as many steps (the test loss
-evaluated after each step, off the clock)."""
+(Fully asynchronous updates, ASP, have no row yet: they go dense, ``compress`` being refused with them.) For each
+run: the wall time to the first merged model whose test loss reaches the workload's ``TARGETS`` and over the run, the
+update bytes per round (the workers' update objects in S3, listed), the final test loss. The reference time is
+Keras's own single-process ``fit`` on this machine, of the same model on the same samples, ``BATCH`` at a time for as
+many steps (the test loss evaluated after each step, off the clock)."""
 
 from __future__ import annotations
 

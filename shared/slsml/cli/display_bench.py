@@ -128,7 +128,9 @@ def print_asynchronous(report: Any, as_json: bool = False) -> None:
         f"= ({report.factor:g} − 1) × {report.baseline_s:.3f} s, the reference's median work phase"
     )
     updates = ", ".join(f"worker {w} {n}" for w, n in report.updates_by_worker.items())
-    out.print(f"ASP updates applied: {updates}")
+    versions, applied = report.versions, sum(report.updates_by_worker.values())
+    each = applied / max(1, versions)
+    out.print(f"ASP updates applied: {updates}, by {versions} model versions ({each:.1f} each on average)")
     out.print(
         f"ASP wall time {report.time_ratio:.2f}× the synchronous run's: at most {bench.TIME_RATIO}×:"
         f" {yes[report.fast]}; same samples: {yes[report.same_samples]}"

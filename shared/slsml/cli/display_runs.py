@@ -266,8 +266,8 @@ def print_summary(summary: Any, as_json: bool) -> None:
     if summary.staleness_mean is not None:
         row(
             "staleness",
-            f"mean {summary.staleness_mean:.1f}, most {summary.staleness_max} model versions (updates applied to a"
-            " newer model than they were computed on)",
+            f"mean {summary.staleness_mean:.1f}, most {summary.staleness_max} iterations (updates applied to a"
+            " newer model than they were computed on: the iterations applied in between)",
         )
     if summary.training.stale_weights:
         row("stale weights", f"{summary.stale_updates} updates computed on the weights one round stale")

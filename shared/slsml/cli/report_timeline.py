@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slsml.accounting.usage import UsageRecord
-from slsml.state.records import IterationRecord
+from slsml.state.records import DEADLINE_OWNER, MERGER_OWNER, IterationRecord
 
 # the chain's functions in order, with the names the page shows
 FUNCTIONS = {
@@ -128,7 +128,11 @@ def timeline(
     marks: list[tuple[str, float]] = []
     if record is not None:
         if record.reduce_fired_at:
-            who = "by the watchdog at a deadline" if record.fired_at_deadline else f"on worker {record.reduce_fired_by}"
+            named: dict[int | None, str] = {
+                DEADLINE_OWNER: "by the watchdog at a deadline",
+                MERGER_OWNER: "by the Merger",
+            }
+            who = named.get(record.reduce_fired_by, f"on worker {record.reduce_fired_by}")
             marks.append((f"reduce fired ({who})", record.reduce_fired_at - origin))
         if record.merged_at:
             marks.append(("merged", record.merged_at - origin))

@@ -273,7 +273,8 @@ class RunSummary(BaseModel):
     late_folded: int = 0  # late updates a later reduce took (bounded staleness); the others were dropped
     samples_trained: int = 0  # the samples of the updates the reduces applied
     # of the updates applied to a later model version than the one they were computed on (SSP's folded ones, and
-    # under ASP, staleness unbounded, most): the versions applied in between, mean and most (None: none was)
+    # under ASP, staleness unbounded, most): the iterations applied in between (under ASP updates), mean and most
+    # (None: none was)
     staleness_mean: float | None = None
     staleness_max: int | None = None
     stale_updates: int = 0  # updates computed on the weights one round stale (stale_weights)

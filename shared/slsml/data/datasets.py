@@ -35,7 +35,6 @@ from slsml.spec.algorithms import ALGORITHMS
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError
 from slsml.spec.samples import Arrays
-from slsml.state import barrier
 
 # A split whose shards take at most this share of the warm cache's bound is kept there whole; the rest of the
 # cache holds the run's model (and its config, its manifest).
@@ -174,10 +173,11 @@ def epoch_iterations(spec: TrainingSpec, train_count: int) -> int:
     return rounds * spec.initial_workers if spec.asynchronous else rounds  # ASP: an iteration is one worker's update
 
 
-def asynchronous_task(iteration: int, worker: int, workers: int) -> tuple[int, int]:
-    """ASP: the (slot, round) of the synchronous run whose batches ``worker``'s update on the model of ``iteration``
-    takes: the updates take the synchronous run's slots in order, whichever worker is free."""
-    return divmod(barrier.asynchronous_update(iteration, worker, workers), workers)[::-1]
+def asynchronous_task(update: int, workers: int) -> tuple[int, int]:
+    """ASP: the (slot, round) of the synchronous run whose batches update number ``update``
+    (``barrier.asynchronous_updates``) takes: the updates take the synchronous run's slots in order, whichever
+    worker is free."""
+    return divmod(update, workers)[::-1]
 
 
 def global_batch_indices(train_count: int, global_batch: int, seed: int, iteration: int, least: int = 1) -> np.ndarray:

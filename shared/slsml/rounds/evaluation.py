@@ -50,7 +50,7 @@ def evaluated(config: RunConfig, iteration: int, train_count: int) -> list[str]:
     (``early_stopping``, ``keep_best``) also evaluates the test split at each epoch's end: the model it ends with
     there has its test figures."""
     spec, final = config.training, iteration >= config.training.iterations
-    if spec.asynchronous and not final:  # ASP launches one worker per version: the final model is evaluated only
+    if spec.asynchronous and not final:  # ASP launches only the freed workers: the final model is evaluated only
         return []
     every = spec.eval_every
     epoch_end = spec.validation_split is not None and (

@@ -551,8 +551,9 @@ class TrainingSpec(BaseModel):
         default=0,
         description="bounded staleness (SSP): a worker's update that comes after its round's reduce fired is"
         " folded into a later round's reduce, at most this many rounds later; 0: it is left out. unbounded: fully"
-        " asynchronous training (ASP): each worker's update is applied alone as it arrives and the worker goes on at"
-        " once from the newest model; an iteration is one worker's update (its slice of a global batch)",
+        " asynchronous training (ASP): each worker's update is applied to the newest model with the others waiting"
+        " then, with no barrier, and the worker goes on from the model it went into; an iteration is one worker's"
+        " update (its slice of a global batch)",
     )
     staleness_decay: float = Field(
         default=1.0, gt=0, le=1, description="a folded update's weight: its samples × this to the power of its age"
@@ -730,8 +731,8 @@ class TrainingSpec(BaseModel):
 
     @property
     def staleness_bound(self) -> int:
-        """The iterations a late update may be folded into under SSP (0: none; ASP folds none, it applies each
-        update alone)."""
+        """The iterations a late update may be folded into under SSP (0: none; ASP folds none, it applies every
+        update as it comes)."""
         return 0 if self.staleness == "unbounded" else self.staleness
 
     @model_validator(mode="after")
@@ -753,10 +754,12 @@ class TrainingSpec(BaseModel):
         if self.workers == "auto" or self.min_workers is not None or self.max_workers is not None:
             raise ValueError("staleness unbounded trains a fixed fleet: give workers a number (no auto, min or max)")
         if ALGORITHMS[self.algorithm].partitioned:
-            raise ValueError(f"staleness unbounded applies updates alone: algorithm {self.algorithm} needs rounds")
+            raise ValueError(
+                f"staleness unbounded applies updates as they come: algorithm {self.algorithm} needs rounds"
+            )
         taken = {
             "quorum": "each update is applied as it arrives",
-            "staleness_decay": "each update is applied alone, whatever its age",
+            "staleness_decay": "each update is applied in full, whatever its age",
             "compress": "error feedback follows a worker's synchronous slot",
             "early_stopping": "the model is evaluated at the end only",
             "keep_best": "the model is evaluated at the end only",

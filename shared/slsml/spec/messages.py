@@ -63,6 +63,12 @@ class WorkMessage(Message):
         description="launched as the reduce of the iteration before fired, its model not merged (stale_weights):"
         " train from the weights predicted from the last two models",
     )
+    update: int | None = Field(
+        default=None,
+        ge=0,
+        description="ASP (staleness unbounded): the number of the update it computes, which names the synchronous"
+        " run's slot and round whose batches it takes (barrier.asynchronous_updates)",
+    )
 
 
 class WorkDone(Message):
@@ -129,6 +135,9 @@ class ReduceDone(Message):
     """Reducer → Merger: the new weights of my shard are in S3."""
 
     shard: int = Field(ge=0)
+    updates: int = Field(
+        default=1, ge=1, description="the updates the reduce applied (ASP: the model versions it advances)"
+    )
 
 
 class ModelMerged(Message):

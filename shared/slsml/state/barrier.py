@@ -1,5 +1,5 @@
 """Relaxed barriers: a stage fires once a quorum of its inputs is in, not when all are; under ASP (``staleness
-unbounded``) none: each update is applied alone, and launched by the model version its worker's last one made."""
+unbounded``) none: a version applies every update waiting when its reduce fires, and launches their workers again."""
 
 from __future__ import annotations
 
@@ -14,9 +14,17 @@ def quorum_count(total: int, quorum: float) -> int:
     return max(1, math.ceil(round(quorum * total, 9)))
 
 
-def asynchronous_update(iteration: int, worker: int, workers: int) -> int:
-    """ASP (``staleness unbounded``): the number of the update ``worker`` computes on the model of ``iteration``.
-    Each model version applies one update and launches its worker again: the first ``workers`` updates are launched
-    on version 0, the one launched on version i > 0 is update i + workers − 1; a run of n iterations launches the
-    updates below n."""
-    return worker if iteration == 0 else iteration + workers - 1
+def next_version(iteration: int, updates: int, asynchronous: bool) -> int:
+    """The model version a reduce of ``iteration`` applying ``updates`` makes: the next one, or under ASP the one
+    ``updates`` later (a version is numbered by the updates applied before it)."""
+    return iteration + (updates if asynchronous else 1)
+
+
+def asynchronous_updates(iteration: int, freed: list[int], workers: int, budget: int) -> dict[int, int]:
+    """ASP (``staleness unbounded``): worker → the number of the update it computes on model version ``iteration``,
+    for ``freed``, the workers launched on it (all of them on version 0, else those whose updates made it). Updates
+    are numbered in launch order, ``workers`` in flight: ``iteration`` were applied before the version, so
+    ``iteration + workers − len(freed)`` were launched before its; none at or past ``budget`` (the run's iterations)
+    is launched."""
+    first = iteration + workers - len(freed)
+    return {w: n for n, w in enumerate(sorted(freed), start=first) if n < budget}

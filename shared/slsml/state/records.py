@@ -27,6 +27,7 @@ from slsml.spec.config import TrainingSpec
 from slsml.spec.messages import Participant
 
 DEADLINE_OWNER = -1  # reduce_fired_by when the watchdog fired the reduce at a deadline
+MERGER_OWNER = -2  # ASP: when the Merger fired it, as it merged the version before, with the updates waiting
 DEADLINE_LAUNCH = "deadline"  # launched_by when the watchdog launched an iteration whose own launch had not come
 
 

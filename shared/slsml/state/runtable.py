@@ -620,13 +620,35 @@ class RunTable:
         return stored["owner"], decode_participants(stored["participants"])
 
     def frozen_participants(self, run_id: str, iteration: int) -> tuple[int, list[Participant]] | None:
-        """(generation, participants) of the reduce of ``iteration`` as ``freeze_participants`` fired it; None
-        before it fired."""
+        """(owner, participants) of the reduce of ``iteration`` as ``freeze_participants`` fired it; None before it
+        fired."""
         item = self.table.get_item(Key=self._key(run_id, participants_sk(iteration)), ConsistentRead=True).get("Item")
         if item is None:
             return None
         stored = plain(item)
-        return stored.get("generation", 0), decode_participants(stored["participants"])
+        return stored["owner"], decode_participants(stored["participants"])
+
+    def open_version(self, run_id: str, iteration: int, generation: int) -> None:
+        """ASP: the counter of model version ``iteration`` in ``generation``, unless its launch claimed it already:
+        the Merger that made the version may fire its reduce before the version's launch comes."""
+        conditional(
+            lambda: self.table.put_item(
+                Item={**self._key(run_id, iteration_sk(iteration)), "generation": generation},
+                ConditionExpression="attribute_not_exists(sk)",
+            )
+        )
+
+    def made_by(self, run_id: str, iteration: int, workers: int) -> list[Participant]:
+        """ASP: the updates applied by the reduce that made model version ``iteration`` (> 0): that of the version
+        their count before it (at most ``workers``), read by key; [] before it fired."""
+        items = self._get_by_keys(
+            [self._key(run_id, participants_sk(v)) for v in range(max(0, iteration - workers), iteration)]
+        )
+        for item in items:
+            participants = decode_participants(plain(item)["participants"])
+            if iteration_of(item["sk"]) + len(participants) == iteration:
+                return participants
+        return []
 
     def mark_reduce_fired(
         self,

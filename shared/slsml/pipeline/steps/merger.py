@@ -1,5 +1,6 @@
 """Merger: when every shard of an iteration is in, store the next iteration's manifest (``models/<i>.json``,
-naming the shards' ETags) and launch it (``ModelMerged`` to the WorkLauncher, sent again by a retry): the workers
+naming the shards' ETags; under ASP that of the model version as many iterations on as the reduce applied updates:
+``barrier.next_version``) and launch it (``ModelMerged`` to the WorkLauncher, sent again by a retry): the workers
 read the weights from the shards themselves (``steps.common.load_weights``), so that no merged copy of the model lies
 on an iteration's path. The model is assembled and saved (``models/<i>.keras``) only where the run may end on it,
 before its manifest (the final model, which also carries the optimizer's state, as ``fit`` leaves it, for gradient
@@ -45,7 +46,8 @@ from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
 from slsml.spec.errors import BadInputError
 from slsml.spec.messages import Manifest, ModelMerged, ReduceDone
-from slsml.state.records import RunRecord
+from slsml.state.barrier import next_version
+from slsml.state.records import MERGER_OWNER, RunRecord
 from slsml.training import modelio, shards
 from slsml.training.modelio import Trainer
 from slsml.training.optimizers import State
@@ -64,24 +66,25 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     counter = table.record_shard(run, iteration, message.generation)
     if counter is None or counter.shards_in < config.reducers or counter.merge_fired_by not in {None, message.shard}:
         return None
-    next_key = keys.manifest(run, iteration + 1)
+    following = next_version(iteration, message.updates, config.training.asynchronous)
+    next_key = keys.manifest(run, following)
     if counter.merged_at is not None and store.exists(next_key):  # a copy of the message that merged
-        _announce(services, message)  # its announcement may be what failed
+        _announce(services, message, following)  # its announcement may be what failed
         return None
-    etags = shard_etags(store, config, iteration + 1)  # the count is a hint (a duplicate counts twice)
+    etags = shard_etags(store, config, following)  # the count is a hint (a duplicate counts twice)
     if etags is None:
         return None
     train = _train_figures(store, config, iteration, counter.train_state)
     if not table.fire_merge(run, iteration, message.shard, message.generation, train):
         return None
-    ends = _may_end(store, config, iteration + 1)  # the model a run may end on is saved before it is launched
+    ends = _may_end(store, config, following)  # the model a run may end on is saved before it is launched
     with ThreadPoolExecutor(max_workers=1) as pool:  # the run advances while it is saved
-        advancing = pool.submit(table.advance, run, iteration + 1, message.generation)
-        saved = _save(store, config, iteration, fitted=rules.of(config.training).fit_state) if ends else None
+        advancing = pool.submit(table.advance, run, following, message.generation)
+        saved = _save(store, config, iteration, following, fitted=rules.of(config.training).fit_state) if ends else None
         advanced = advancing.result()
     if advanced is None:  # stopped, failed or resumed meanwhile
         return None
-    body = Manifest(iteration=iteration + 1, shards=etags, model_sha256=saved).model_dump_json().encode()
+    body = Manifest(iteration=following, shards=etags, model_sha256=saved).model_dump_json().encode()
     metadata = {
         MERGED_METADATA: str(iteration),
         GENERATION_METADATA: str(message.generation),
@@ -91,29 +94,30 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     behind = iteration - 1 - config.training.stale_weights  # (a round one ahead reads the state before its own)
     if behind >= 0 and not config.training.asynchronous:  # after the advance: a step that finds it gone is late
         store.delete(carried_state(config, behind))
-    _announce(services, message)
-    if config.training.asynchronous:  # ASP: an update that came while this version was reduced is applied to the next
-        apply_next(services, config, message.generation)
+    _announce(services, message, following)
+    if config.training.asynchronous:  # ASP: the updates that came while this version was reduced: to the next
+        apply_next(services, config, message.generation, MERGER_OWNER)
     if config.training.stale_weights:  # the next iteration's reduce, held for this model, may fire
-        fire_held(services, config, iteration + 1, message.generation)
+        fire_held(services, config, following, message.generation)
     if not stored:
         return None  # merged before: a retry
     _heartbeat(services, advanced)
     if counter.launched_at is not None:  # since the iteration was launched
         metrics.emit(Metric.ITERATION_SECONDS, time.time() - counter.launched_at, MetricUnit.Seconds)
-    logger.info("model merged", extra={"run_id": run, "iteration": iteration + 1})
+    logger.info("model merged", extra={"run_id": run, "iteration": following})
     every = config.training.checkpoint_every
-    if not ends and every and (iteration + 1) % every == 0:  # a checkpoint: saved once the next iteration runs
-        _save(store, config, iteration, fitted=False)
+    # a checkpoint, on a multiple of it (ASP: the first version at or past one), saved once the next iteration runs
+    if not ends and every and following // every > iteration // every:
+        _save(store, config, iteration, following, fitted=False)
     return next_key
 
 
-def _announce(services: Services, merged: ReduceDone) -> None:
-    """Tell the WorkLauncher that the manifest of the iteration after ``merged``'s is stored (a repeated message
-    launches nothing twice: the launch is claimed once per manifest and generation)."""
+def _announce(services: Services, merged: ReduceDone, following: int) -> None:
+    """Tell the WorkLauncher that the manifest of the model version ``following`` ``merged``'s is stored (a
+    repeated message launches nothing twice: the launch is claimed once per manifest and generation)."""
     services.bus.publish(
         wiring.MODEL_UPDATED,
-        [ModelMerged(run_id=merged.run_id, iteration=merged.iteration + 1, generation=merged.generation)],
+        [ModelMerged(run_id=merged.run_id, iteration=following, generation=merged.generation)],
     )
 
 
@@ -150,19 +154,20 @@ def _may_end(store: ObjectStore, config: RunConfig, iteration: int) -> bool:
     )
 
 
-def _save(store: ObjectStore, config: RunConfig, iteration: int, fitted: bool) -> str:
-    """Store the model entering ``iteration + 1`` as ``models/<iteration + 1>.keras``, assembled from its shards
-    (``fitted``: with its optimizer's state, as ``fit`` leaves it); returns the SHA-256 of the model at the key. An
-    object of other weights at the key is not the Merger's (a forged or pre-placed one): it is replaced."""
-    key = keys.model(config.run_id, iteration + 1)
+def _save(store: ObjectStore, config: RunConfig, iteration: int, following: int, fitted: bool) -> str:
+    """Store the model version ``following`` (that ``iteration``'s reduce made) as ``models/<following>.keras``,
+    assembled from its shards (``fitted``: with its optimizer's state, as ``fit`` leaves it); returns the SHA-256 of
+    the model at the key. An object of other weights at the key is not the Merger's (a forged or pre-placed one): it
+    is replaced."""
+    key = keys.model(config.run_id, following)
     parts = store.get_many(
-        [keys.shard(config.run_id, iteration + 1, r) for r in range(config.reducers)],
+        [keys.shard(config.run_id, following, r) for r in range(config.reducers)],
         [shards.weights_range(config.plan, r) for r in range(config.reducers)],
     )
     weights = np.concatenate([shards.decode_weights(part, config.plan, r) for r, part in enumerate(parts)])
     trainer, _ = trainer_for(store, config, iteration)
     modelio.set_flat(trainer.model, config.plan, weights)
-    body = _fitted(store, config, iteration, trainer, parts) if fitted else trainer.save()
+    body = _fitted(store, config, following, trainer, parts) if fitted else trainer.save()
     if store.put_new(key, body):
         return hashlib.sha256(body).hexdigest()
     if _holds(store, config, key, weights):  # stored before (a retry): the digest of what is there
@@ -172,14 +177,14 @@ def _save(store: ObjectStore, config: RunConfig, iteration: int, fitted: bool) -
     return hashlib.sha256(body).hexdigest()
 
 
-def _fitted(store: ObjectStore, config: RunConfig, iteration: int, trainer: Trainer, parts: list[bytes]) -> bytes:
+def _fitted(store: ObjectStore, config: RunConfig, following: int, trainer: Trainer, parts: list[bytes]) -> bytes:
     """The trainer's model (holding the merged weights) as ``fit`` leaves it, its optimizer holding the reducers'
     state: each shard's state archive read by range, one at a time (``parts``: the reads of their weights, whose
     headers also carry the loss scale the run ended with, where it scaled its loss dynamically)."""
 
     def states() -> Iterator[State]:
         for shard, part in enumerate(parts):
-            where = keys.shard(config.run_id, iteration + 1, shard)
+            where = keys.shard(config.run_id, following, shard)
             yield shards.decode_state(store.get(where, shards.state_range(part, config.plan, shard)))
 
     return modelio.fitted_model(

@@ -3,8 +3,8 @@ update is non-finite count as arrived but are left out; if all of them are, the 
 of an attempt the watchdog superseded are ignored.
 
 Fully asynchronous training (ASP, ``staleness unbounded``) has no barrier: a report's update waits in the run's
-table (``RunTable.wait``) and the reduce of the model version the run is at fires with the oldest update waiting,
-alone, once (``apply_next``); the version's merge launches that update's worker again and applies the next one.
+table (``RunTable.wait``) and the reduce of the model version the run is at fires with every update waiting, once
+(``apply_next``); the version's merge launches their workers again and applies the updates that came meanwhile.
 
 Under ``stale_weights`` a reduce, as it fires, launches the next iteration's workers (``launch_ahead``), which train
 from the weights one round stale; their reduce fires once the model it steps is merged: at the quorum if the run
@@ -53,7 +53,7 @@ def on_work_done(done: WorkDone, services: Services) -> list[ReduceMessage]:
             services.fail_run(done.run_id, reason)
             return []
         services.table.wait(done)
-        return apply_next(services, config, done.generation)
+        return apply_next(services, config, done.generation, done.worker)
     if counter.reduce_fired_by is not None and done.worker in counter.redone:
         return refire(services, config, done)
     if counter.reduce_fired_by == done.worker:  # a copy of the report that fired: its reduce went out then
@@ -125,32 +125,49 @@ def refire(services: Services, config: RunConfig, done: WorkDone) -> list[Reduce
     return publish_reduce(services, config, done.iteration, participants, done.generation)
 
 
-def apply_next(services: Services, config: RunConfig, generation: int) -> list[ReduceMessage]:
-    """ASP: fire the reduce of the model version the run is at with the oldest update waiting, alone, unless one
-    fired already ([] then, or when none waits). The update's staleness is the versions applied since the one it
-    read: its participant names that version (``Participant.iteration``) where it is older."""
+def apply_next(services: Services, config: RunConfig, generation: int, owner: int) -> list[ReduceMessage]:
+    """ASP: fire the reduce of the model version the run is at with every update waiting, unless one fired already
+    ([] then, or when none waits): each is claimed for the version (``fold``), and the version's participants are
+    written once, by ``owner`` (the worker whose report calls, or the Merger, or the watchdog), so that an update is
+    applied once however often its report comes, and only the owner's step (or its retry) publishes the reduce. An
+    update's staleness is the updates applied since the version it read: its participant names that version
+    (``Participant.iteration``) where it is older."""
     table, run_id = services.table, config.run_id
     run = table.get_run(run_id)
     version = run.iteration
     if run.status != RunStatus.RUNNING or run.generation != generation or version >= run.iterations:
         return []
+    frozen = table.frozen_participants(run_id, version)
+    if frozen is not None and frozen[0] != owner:  # its merge applies the updates waiting (after its advance,
+        return []  # which comes after this read: it finds them)
+    claimed = []
     for update in table.waiting(run_id, generation):
-        if not table.fold(run_id, update, version):  # claimed for another version
-            if _applied(services, run_id, update):  # a duplicate report waited again: its entry goes
-                table.applied(run_id, update)
-            continue  # else claimed by a step that fired nothing with it: it gives it back and looks again
-        alone = update.model_copy(update={"iteration": None}) if update.iteration == version else update
-        fired = table.freeze_participants(run_id, version, update.worker, [alone], generation)
-        if fired is None or fired[1] != [alone]:  # another update is applied to this version
+        if table.fold(run_id, update, version):
+            claimed.append(update)
+        elif _applied(services, run_id, update):  # a duplicate report waited again: its entry goes
+            table.applied(run_id, update)
+        # else claimed by a step that fired nothing with it: it gives it back and looks again
+    if not claimed:
+        return []
+    mine = [u.model_copy(update={"iteration": None}) if u.iteration == version else u for u in claimed]
+    fired = table.freeze_participants(run_id, version, owner, mine, generation)
+    taken = set() if fired is None else set(fired[1])
+    for update, participant in zip(claimed, mine, strict=True):
+        if participant not in taken:  # the version applies other updates: this one waits for the next
             table.unfold(run_id, update, version)
-            # a merge that came meanwhile found the update claimed and left it: it is applied to the newest version
-            return apply_next(services, config, generation) if table.get_run(run_id).iteration != version else []
-        messages = publish_reduce(services, config, version, fired[1], generation)
-        reports = table.worker_reports(run_id, version, config.workers, generation) if alone.iteration is None else []
-        table.mark_reduce_fired(run_id, version, update.worker, fired[1], reports, generation)
-        table.applied(run_id, update)
-        return messages
-    return []
+    if fired is None or fired[0] != owner:  # another step fired the version
+        # a merge that came meanwhile found the updates claimed and left them: they go to the newest version
+        return apply_next(services, config, generation, owner) if table.get_run(run_id).iteration != version else []
+    participants = fired[1]
+    table.open_version(run_id, version, generation)  # before the reducers report to it
+    messages = publish_reduce(services, config, version, participants, generation)
+    fresh = any(p.iteration is None for p in participants)  # train metrics are of the updates of this version's model
+    reports = table.worker_reports(run_id, version, config.workers, generation) if fresh else []
+    table.mark_reduce_fired(run_id, version, owner, participants, reports, generation)
+    for update, participant in zip(claimed, mine, strict=True):
+        if participant in taken:
+            table.applied(run_id, update)
+    return messages
 
 
 def _applied(services: Services, run_id: str, update: Participant) -> bool:

@@ -37,7 +37,7 @@ from slsml.spec.config import RunConfig
 from slsml.spec.errors import RunFailed
 from slsml.spec.messages import Participant, ReduceDone, ReduceMessage, WorkMessage
 from slsml.spec.reliability import ReadPolicy
-from slsml.state.barrier import quorum_count
+from slsml.state.barrier import next_version, quorum_count
 from slsml.training import clipping, optimizers, precision, shards, updates
 
 logger = Logger(child=True)
@@ -124,7 +124,8 @@ def _step(
             decays,
             frozen=config.moments_frozen(iteration),
         )
-    if iteration + 1 == config.training.iterations:  # the final shard
+    following = next_version(iteration, len(message.participants), config.training.asynchronous)
+    if following == config.training.iterations:  # the final shard
         stepped = optimizers.finalize(server, stepped, state)
     weights = current.weights.copy()
     weights[trainable] = stepped
@@ -132,11 +133,13 @@ def _step(
     body = shards.encode(
         shards.Shard(weights, state, average.averaged, loss_scale=average.loss_scale, skipped=average.skipped)
     )
-    stored = services.store.put_new(keys.shard(run, iteration + 1, shard), body)
+    stored = services.store.put_new(keys.shard(run, following, shard), body)
     dropped = [p.worker for p in message.participants if p.worker not in average.averaged]
     if stored and dropped:  # else another try's shard stands, and with it what that try left out
         services.table.record_dropped_parts(run, iteration, shard, dropped)
-    done = ReduceDone(run_id=run, iteration=iteration, generation=message.generation, shard=shard)
+    done = ReduceDone(
+        run_id=run, iteration=iteration, generation=message.generation, shard=shard, updates=len(message.participants)
+    )
     services.bus.publish(wiring.REDUCE_DONE, [done])
     return done
 
@@ -319,13 +322,13 @@ def _read_tabled_parts(
     return out
 
 
-def keep_weights(services: Services, config: RunConfig, iteration: int, shard: int) -> bool:
-    """No reducer of ``shard`` finished ``iteration`` in time: the shard enters the next iteration with its
-    weights and optimizer state unchanged. False if a late reducer stored its average first: it stands."""
+def keep_weights(services: Services, config: RunConfig, iteration: int, shard: int, following: int) -> bool:
+    """No reducer of ``shard`` finished ``iteration`` in time: the shard enters the ``following`` model version with
+    its weights and optimizer state unchanged. False if a late reducer stored its average first: it stands."""
     store, run = services.store, config.run_id
     current = shards.decode(store.get(keys.shard(run, iteration, shard)))
     kept = shards.Shard(current.weights, current.state, [], kept=True, loss_scale=current.loss_scale)
-    if not store.put_new(keys.shard(run, iteration + 1, shard), shards.encode(kept)):
+    if not store.put_new(keys.shard(run, following, shard), shards.encode(kept)):
         return False
     services.table.record_stale_shard(run, iteration, shard)
     return True

@@ -11,12 +11,12 @@ attempt are ignored from then on), and once the retry budget is spent, fail the 
 naming the stage. An iteration whose launch has not come (its model's event is late or lost) is
 launched by the watchdog: it claims the launch, with the run's current workers, and re-launches them
 all (or stops the run whose spend reached its dollar budget, as the launch would have); past the run's
-iterations it completes the run instead, once the final model is stored. Under ASP
-(``staleness unbounded``) the work stage has no missing workers: a version no update reached applies one that
-waits, or waits, and fails the run after ``deadline_retries`` more deadlines. Reduce stage: re-launch the
-reducers whose shards are missing; once the retry budget is spent, those shards keep the iteration's weights
-(counted and logged) and the merge goes on, unless the reduce waits for the round a reducer re-launched because the
-update its worker reported was refused: the run fails then, naming the update.
+iterations it completes the run instead, once the final model is stored. Under ASP (``staleness unbounded``)
+the work stage has no missing workers: a version no update reached applies those that wait, or re-launches the
+workers whose last launch has not reported, and fails the run after ``deadline_retries`` more deadlines. Reduce
+stage: re-launch the reducers whose shards are missing; once the retry budget is spent, those shards keep the
+iteration's weights (counted and logged) and the merge goes on, unless the reduce waits for the round a reducer
+re-launched because the update its worker reported was refused: the run fails then, naming the update.
 
 With a GPU worker (``slsml.aws.fleet``), an iteration whose launch has not come waits for the worker's fleet (the
 first launch of a run leaves it here while the fleet is raised): the watchdog looks again every
@@ -273,33 +273,34 @@ def _asynchronous_deadline(deadline: Deadline, config: RunConfig, services: Serv
     worker whose last launch has not reported (on the version it was launched on); once ``deadline_retries``
     deadlines passed so, fail the run naming the version."""
     spec, run_id, iteration = config.training, config.run_id, deadline.iteration
-    if apply_next(services, config, deadline.generation):
+    if apply_next(services, config, deadline.generation, DEADLINE_OWNER):
         logger.warning("deadline: a waiting update applied", extra={"run_id": run_id, "iteration": iteration})
         return Action.FIRED, _next(deadline, "reduce", 0, _after(deadline, spec.deadline_s))
     launches = _last_launches(services, config, iteration)
-    missing = {w: r.iteration for w, r in launches.items() if w not in r.done}
+    missing = {w: launch for w, launch in launches.items() if w not in launch[0].done}
     log = {"run_id": run_id, "iteration": iteration, "round": deadline.round, "missing": sorted(missing)}
-    if any(launches[w].continuing.get(w, 0.0) > time.time() for w in missing):
+    if any(record.continuing.get(w, 0.0) > time.time() for w, (record, _) in missing.items()):
         logger.info("deadline: rounds go on in fresh invocations", extra=log)
         return Action.CONTINUING, _next(deadline, "work", deadline.round, _after(deadline, spec.deadline_s))
     if not missing and deadline.round < spec.deadline_retries:  # every last launch reported: its update is on its way
         return Action.NOTHING, _next(deadline, "work", deadline.round + 1, _after(deadline, spec.deadline_s))
     if missing and deadline.round < spec.deadline_retries:
         attempt = deadline.round + 1
-        for worker, version in missing.items():
-            services.table.relaunch_workers(run_id, version, deadline.generation, {worker: attempt})
+        for worker, (record, _) in missing.items():
+            services.table.relaunch_workers(run_id, record.iteration, deadline.generation, {worker: attempt})
         services.bus.publish(
             wiring.WORK,
             [
                 WorkMessage(
                     run_id=run_id,
-                    iteration=version,
+                    iteration=record.iteration,
                     generation=deadline.generation,
                     worker=worker,
                     workers=config.workers,
                     attempt=attempt,
+                    update=update,
                 )
-                for worker, version in missing.items()
+                for worker, (record, update) in missing.items()
             ],
         )
         logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})
@@ -314,35 +315,36 @@ def _asynchronous_deadline(deadline: Deadline, config: RunConfig, services: Serv
     return Action.FAILED, None
 
 
-def _last_launches(services: Services, config: RunConfig, iteration: int) -> dict[int, IterationRecord]:
-    """ASP: the record of the version each worker was last launched on, up to ``iteration`` (a version launches the
-    worker whose update made the version before; none whose update is past the run's iterations), read from
-    ``iteration`` back until every worker's is found."""
-    workers, table = config.workers, services.table
-    found: dict[int, IterationRecord] = {}
+def _last_launches(services: Services, config: RunConfig, iteration: int) -> dict[int, tuple[IterationRecord, int]]:
+    """ASP: worker → the record of the version it was last launched on, up to ``iteration``, and the number of the
+    update it computes there (a version launches the workers whose updates made it, none whose update is past the
+    run's iterations), read from ``iteration`` back, from each version to the one that made it, until every
+    worker's is found."""
+    workers, table, budget = config.workers, services.table, config.training.iterations
+    found: dict[int, tuple[IterationRecord, int]] = {}
     finished: set[int] = set()  # freed with no update left to take
-    record = table.get_iteration(config.run_id, iteration)
-    for version in range(iteration, 0, -1):
-        before = table.get_iteration(config.run_id, version - 1)
-        for worker in {p.worker for p in before.participants} - found.keys() - finished:
-            launched = barrier.asynchronous_update(version, worker, workers) < config.training.iterations
-            found.update({worker: record} if launched else {})
-            finished |= set() if launched else {worker}
-        if len(found) + len(finished) == workers:
-            return found
-        record = before
-    first = {
-        w: record for w in range(workers) if barrier.asynchronous_update(0, w, workers) < config.training.iterations
-    }
-    return {**{w: r for w, r in first.items() if w not in finished}, **found}
+    version = iteration
+    while len(found) + len(finished) < workers:
+        freed = work_launcher.freed(services, config.run_id, version, workers)
+        numbered = barrier.asynchronous_updates(version, freed, workers, budget)
+        record = table.get_iteration(config.run_id, version)
+        fresh = set(freed) - found.keys() - finished
+        found.update({w: (record, numbered[w]) for w in fresh if w in numbered})
+        finished |= fresh - numbered.keys()
+        if not version or not freed:
+            break
+        version -= len(freed)  # the version that made this one
+    return found
 
 
 def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRecord, services: Services) -> Acted:
     spec, run_id, iteration = config.training, config.run_id, deadline.iteration
+    updates = len(record.participants)
+    following = barrier.next_version(iteration, updates, spec.asynchronous)
     missing = (
         []
         if record.merge_fired_by is not None
-        else [s for s in range(config.reducers) if not services.store.exists(keys.shard(run_id, iteration + 1, s))]
+        else [s for s in range(config.reducers) if not services.store.exists(keys.shard(run_id, following, s))]
     )
     if not missing:  # the Merger has what it needs (its own retries cover it): look again in a while
         return Action.NOTHING, _next(deadline, "work", 0, _after(deadline, spec.deadline_s))
@@ -365,10 +367,13 @@ def _reduce_deadline(deadline: Deadline, config: RunConfig, record: IterationRec
         services.fail_run(run_id, reason)
         return Action.FAILED, None
     for shard in missing:
-        keep_weights(services, config, iteration, shard)
+        keep_weights(services, config, iteration, shard, following)
     services.bus.publish(
         wiring.REDUCE_DONE,
-        [ReduceDone(run_id=run_id, iteration=iteration, generation=deadline.generation, shard=s) for s in missing],
+        [
+            ReduceDone(run_id=run_id, iteration=iteration, generation=deadline.generation, shard=s, updates=updates)
+            for s in missing
+        ],
     )
     logger.warning("deadline: shards keep their weights for this iteration", extra=log)
     return Action.STALE_SHARDS, _next(deadline, "work", 0, _after(deadline, spec.deadline_s))

@@ -1,8 +1,8 @@
 """WorkLauncher: an iteration's trigger is stored (the initial model, whose S3 event says so, or the manifest of
 the model entering a later one, which the Merger announces: ``keys.trigger``) → launch its iteration's workers; the
 final model's: launch the workers that evaluate it (an iteration past the budget: see ``steps.worker``), which
-finish the run. Under ASP (``staleness unbounded``) a model version launches only the worker whose update made it
-(the first: all of them).
+finish the run. Under ASP (``staleness unbounded``) a model version launches only the workers whose updates made it
+(the first: all of them), each with the number of the update it computes.
 A run whose spend reached its dollar budget launches nothing more: it is stopped
 (``slsml.pipeline.spend``). With a GPU worker, a run's first launch raises the worker's fleet (``slsml.aws.fleet``)
 and, until it is there, leaves the launch to the watchdog, which looks again every FLEET_POLL_S and launches once
@@ -11,6 +11,7 @@ it is."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from enum import StrEnum
 
 from aws_lambda_powertools import Logger
@@ -122,14 +123,24 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services,
         services.orchestrator.heartbeat(run.task_token)
         services.table.mark_heartbeat(run_id)
     asynchronous = run.training.asynchronous and iteration < run.iterations
-    launched = _freed(services, run, iteration, workers) if asynchronous else range(workers)
+    launched: Mapping[int, int | None] = (
+        asynchronous_launches(services, run.run_id, iteration, workers, run.iterations)
+        if asynchronous
+        else dict.fromkeys(range(workers))
+    )
     services.bus.publish(
         wiring.WORK,
         [
             WorkMessage(
-                run_id=run_id, iteration=iteration, generation=run.generation, worker=w, workers=workers, ahead=ahead
+                run_id=run_id,
+                iteration=iteration,
+                generation=run.generation,
+                worker=w,
+                workers=workers,
+                ahead=ahead,
+                update=update,
             )
-            for w in launched
+            for w, update in launched.items()
         ],
     )
     if run.watched is None:  # the first launch of this generation starts its chain of deadlines
@@ -159,15 +170,18 @@ def _skipped(run: RunRecord, iteration: int, trigger_id: str, services: Services
     return Outcome.REFUSED
 
 
-def _freed(services: Services, run: RunRecord, iteration: int, workers: int) -> list[int]:
-    """ASP: the workers launched on model version ``iteration``: all of them on the first, else the one whose update
-    made it; none whose update (``barrier.asynchronous_update``) would be past the run's iterations."""
+def asynchronous_launches(services: Services, run_id: str, iteration: int, workers: int, budget: int) -> dict[int, int]:
+    """ASP: the workers launched on model version ``iteration`` (``freed``) → the number of the update each computes
+    (``barrier.asynchronous_updates``): none past the run's ``budget`` of iterations."""
+    return barrier.asynchronous_updates(iteration, freed(services, run_id, iteration, workers), workers, budget)
+
+
+def freed(services: Services, run_id: str, iteration: int, workers: int) -> list[int]:
+    """ASP: the workers model version ``iteration`` frees: all of them on the first, else those whose updates made
+    it (read by key)."""
     if iteration == 0:
-        freed = list(range(workers))
-    else:
-        frozen = services.table.frozen_participants(run.run_id, iteration - 1)
-        freed = [p.worker for p in frozen[1]] if frozen is not None else []
-    return [w for w in freed if barrier.asynchronous_update(iteration, w, workers) < run.iterations]
+        return list(range(workers))
+    return [p.worker for p in services.table.made_by(run_id, iteration, workers)]
 
 
 def launch(run: RunRecord, iteration: int, trigger_id: str, services: Services, ahead: bool = False) -> Outcome:

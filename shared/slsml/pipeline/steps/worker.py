@@ -127,11 +127,14 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Wor
     reader = reader_for(store, config)
     count = reader.manifest.train.count
     trained = data.held_out(spec, count)[0]  # the training samples less the held-out ones
-    slot, round_ = (
-        data.asynchronous_task(message.iteration, message.worker, message.workers)
-        if spec.asynchronous
-        else (message.worker, message.iteration)
-    )
+    slot, round_ = message.worker, message.iteration
+    if spec.asynchronous:
+        if message.update is None:
+            raise BadInputError(
+                f"work on model version {message.iteration} names no update number: staleness unbounded numbers"
+                " each update it launches; launch the run again"
+            )
+        slot, round_ = data.asynchronous_task(message.update, message.workers)
     order = data.block_order(spec, len(trained))
     batches = [trained[i] for i in data.round_batches(spec, len(trained), message.workers, slot, round_, order)]
     resumed = _resumed(message, config, store)
