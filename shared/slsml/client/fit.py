@@ -388,7 +388,9 @@ class _Job:
         self.per_epoch = config.training.iterations // self.epochs
         view = EpochView(self.epochs, self.per_epoch, self.named, figures(config))
         view.verbose = self.verbose
-        run = runs.wait_for_run(services, self.run_id, on_progress=view.follower(services.table, config), poll_s=0.2)
+        # silent (verbose 0), nothing is shown while it trains: its iterations' records are read once, when it ended
+        follow = view.follower(services.table, config) if self.verbose else None
+        run = runs.wait_for_run(services, self.run_id, on_progress=follow, poll_s=0.2)
         if run.status != "COMPLETED" or run.final_key is None:
             raise BadInputError(f"run {self.run_id} ended {run.status}: {run.reason}")
         view.end(run, services.table.list_iterations(self.run_id))
