@@ -38,7 +38,19 @@ def _plan(spec: TrainingSpec) -> Plan:
     [
         ["run", "start", "--local", "--model", "m.keras", "--data", "d.npz", "--iterations", "5"],
         ["demo"],
-        ["plan", "--params", "1000", "--iterations", "5", "--workers", "2", "--reducers", "2"],
+        [
+            "plan",
+            "--params",
+            "1000",
+            "--iterations",
+            "5",
+            "--workers",
+            "2",
+            "--reducers",
+            "2",
+            "--pipeline-stages",
+            "1",
+        ],
     ],
 )
 def test_budget_usd_is_a_training_option_of_every_command_that_starts_or_plans_a_run(argv: list[str]) -> None:
