@@ -167,6 +167,27 @@ def test_a_deadline_applies_an_update_whose_reduce_was_never_fired(services) -> 
     ]
 
 
+def test_a_deadline_sends_the_reduce_of_a_version_frozen_by_a_step_that_ended_before_sending_it(services) -> None:
+    config = _register(services, "asp-frozen", workers=2, staleness="unbounded", iterations=4)
+    services.store.put_new(keys.update("asp-frozen", 0, 1), *_update(0, 1))
+    services.table.record_worker(_done("asp-frozen", 0, 1))
+    services.table.wait(_done("asp-frozen", 0, 1))
+    (waiting,) = services.table.waiting("asp-frozen", 0)
+    assert services.table.fold("asp-frozen", waiting, 0)  # worker 1's step froze the version, then ended
+    mine = waiting.model_copy(update={"iteration": None})
+    assert services.table.freeze_participants("asp-frozen", 0, 1, [mine], 0) == (1, [mine])
+    assert reduce_launcher.apply_next(services, config, 0, 0) == []  # another worker's step leaves it to its owner
+    deadline = Deadline(run_id="asp-frozen", iteration=0, generation=0, stage="work", round=0, due_at=0)
+    record = services.table.get_iteration("asp-frozen", 0)
+    action, following = watchdog._work_deadline(deadline, config, record, services)
+    assert action == Action.FIRED and following is not None and following.stage == "reduce"
+    assert services.table.get_counter("asp-frozen", 0).reduce_fired_by == 1
+    assert services.table.get_iteration("asp-frozen", 0).participants == [mine]
+    assert services.table.waiting("asp-frozen", 0) == []
+    again = watchdog._work_deadline(deadline, config, services.table.get_iteration("asp-frozen", 0), services)
+    assert again[0] != Action.FIRED  # sent once: a later deadline finds it fired
+
+
 def test_a_worker_whose_update_never_came_is_relaunched_on_its_version_then_the_run_fails_naming_it(services) -> None:
     config = _register(services, "asp-dead", workers=3, staleness="unbounded", iterations=6)
     fired = _arrive(services, "asp-dead", 0, 1)

@@ -70,6 +70,8 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     next_key = keys.manifest(run, following)
     if counter.merged_at is not None and store.exists(next_key):  # a copy of the message that merged
         _announce(services, message, following)  # its announcement may be what failed
+        if config.training.asynchronous:  # or its reduce of the updates waiting (a copy of one sent goes once)
+            apply_next(services, config, message.generation, MERGER_OWNER)
         return None
     etags = shard_etags(store, config, following)  # the count is a hint (a duplicate counts twice)
     if etags is None:

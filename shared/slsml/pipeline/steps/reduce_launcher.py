@@ -138,8 +138,12 @@ def apply_next(services: Services, config: RunConfig, generation: int, owner: in
     if run.status != RunStatus.RUNNING or run.generation != generation or version >= run.iterations:
         return []
     frozen = table.frozen_participants(run_id, version)
-    if frozen is not None and frozen[0] != owner:  # its merge applies the updates waiting (after its advance,
-        return []  # which comes after this read: it finds them)
+    if frozen is not None and frozen[0] != owner:
+        if owner != DEADLINE_OWNER or table.get_counter(run_id, version).reduce_fired_by is not None:
+            return []  # its merge applies the updates waiting (after its advance, which comes after this read)
+        # a deadline passed, the version's updates frozen and its reduce never sent (the step that froze them ended
+        # before, and no retry of it came): the watchdog sends it in that step's place
+        owner = frozen[0]
     claimed = []
     for update in table.waiting(run_id, generation):
         if table.fold(run_id, update, version):
