@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from slsml.aws.storage import etag_of
 from slsml.cli import options
 from slsml.client import runs
 from slsml.data import datasets as data
@@ -21,42 +20,15 @@ from slsml.pipeline.steps.watchdog import Action
 from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
-from slsml.spec.messages import Deadline, ModelMerged, Participant, ReduceMessage, WorkDone
+from slsml.spec.messages import Deadline, ModelMerged, Participant, ReduceMessage
 from slsml.state import barrier
 from slsml.state.records import MERGER_OWNER
-from slsml.training import optimizers, updates
+from slsml.training import optimizers
 
 from . import test_reduce_steps
-from .test_reduce_steps import PLAN, SAMPLES, SGD, VECTORS, _manifest, _register, _shard
+from .test_reduce_steps import PLAN, SAMPLES, SGD, VECTORS, _arrive, _done, _etag, _manifest, _register, _shard, _update
 
 services = test_reduce_steps.services  # the fixture: a run table, bucket, topics and queue in moto
-
-
-def _update(iteration: int, worker: int) -> updates.Encoded:
-    """Worker ``worker``'s update on model version ``iteration``: VECTORS[worker] + iteration."""
-    return updates.encode(VECTORS[worker] + iteration, SAMPLES[worker])
-
-
-def _etag(iteration: int, worker: int) -> str:
-    return etag_of(_update(iteration, worker).body)
-
-
-def _done(run_id: str, iteration: int, worker: int) -> WorkDone:
-    return WorkDone(
-        run_id=run_id,
-        iteration=iteration,
-        worker=worker,
-        samples=SAMPLES[worker],
-        loss=0.5,
-        compute_s=0.01,
-        etag=_etag(iteration, worker),
-    )
-
-
-def _arrive(services: Services, run_id: str, iteration: int, worker: int) -> list[ReduceMessage]:
-    """Worker ``worker``'s update on model version ``iteration``, stored and announced."""
-    services.store.put_new(keys.update(run_id, iteration, worker), *_update(iteration, worker))
-    return reduce_launcher.on_work_done(_done(run_id, iteration, worker), services)
 
 
 def _merge(services: Services, run_id: str, fired: list[ReduceMessage]) -> list[ReduceMessage]:
@@ -77,18 +49,18 @@ def _weights(services: Services, run_id: str, version: int) -> np.ndarray:
 
 def test_the_updates_that_came_while_a_version_was_reduced_are_applied_together_to_the_next(services) -> None:
     _register(services, "asp", workers=3, staleness="unbounded", iterations=9)
-    fired = _arrive(services, "asp", 0, 1)
+    fired = _arrive(services, "asp", 1, iteration=0)
     assert len(fired) == PLAN.reducers
     assert all(
-        m.iteration == 0 and m.participants == (Participant(worker=1, samples=SAMPLES[1], etag=_etag(0, 1)),)
+        m.iteration == 0 and m.participants == (Participant(worker=1, samples=SAMPLES[1], etag=_etag(1, iteration=0)),)
         for m in fired
     )
-    assert _arrive(services, "asp", 0, 0) == []  # version 0's reduce is out: they wait, no barrier
-    assert _arrive(services, "asp", 0, 2) == []
+    assert _arrive(services, "asp", 0, iteration=0) == []  # version 0's reduce is out: they wait, no barrier
+    assert _arrive(services, "asp", 2, iteration=0) == []
     assert [p.worker for p in services.table.waiting("asp", 0)] == [0, 2]
 
     following = _merge(services, "asp", fired)  # both, on version 1, each read version 0: stale by one update
-    stale = tuple(Participant(worker=w, samples=SAMPLES[w], iteration=0, etag=_etag(0, w)) for w in (0, 2))
+    stale = tuple(Participant(worker=w, samples=SAMPLES[w], iteration=0, etag=_etag(w, iteration=0)) for w in (0, 2))
     assert [m.participants for m in following] == [stale] * PLAN.reducers
     assert services.table.waiting("asp", 0) == []
 
@@ -113,19 +85,25 @@ def test_the_updates_that_came_while_a_version_was_reduced_are_applied_together_
 
 def test_a_duplicate_report_of_an_applied_update_is_applied_once_and_leaves_the_next_one_waiting(services) -> None:
     _register(services, "asp-dup", workers=3, staleness="unbounded", iterations=9)
-    fired = _arrive(services, "asp-dup", 0, 2)
-    assert reduce_launcher.on_work_done(_done("asp-dup", 0, 2), services) == fired  # its copy: the same reduce again
-    assert _arrive(services, "asp-dup", 0, 0) == []
+    fired = _arrive(services, "asp-dup", 2, iteration=0)
+    assert (
+        reduce_launcher.on_work_done(_done("asp-dup", 2, iteration=0), services) == fired
+    )  # its copy: the same reduce again
+    assert _arrive(services, "asp-dup", 0, iteration=0) == []
     following = _merge(services, "asp-dup", fired)  # worker 0's update, on version 1
     assert [p.worker for p in following[0].participants] == [0]
-    assert _arrive(services, "asp-dup", 1, 2) == []  # worker 2, launched again on version 1, waits for version 2
-    assert reduce_launcher.on_work_done(_done("asp-dup", 0, 2), services) == []  # a late copy of its first update
+    assert (
+        _arrive(services, "asp-dup", 2, iteration=1) == []
+    )  # worker 2, launched again on version 1, waits for version 2
+    assert (
+        reduce_launcher.on_work_done(_done("asp-dup", 2, iteration=0), services) == []
+    )  # a late copy of its first update
     assert services.table.waiting("asp-dup", 0) == [
-        Participant(worker=2, samples=SAMPLES[2], iteration=1, etag=_etag(1, 2))
+        Participant(worker=2, samples=SAMPLES[2], iteration=1, etag=_etag(2, iteration=1))
     ]
     last = _merge(services, "asp-dup", following)
     assert next(m.participants for m in last) == (
-        Participant(worker=2, samples=SAMPLES[2], iteration=1, etag=_etag(1, 2)),
+        Participant(worker=2, samples=SAMPLES[2], iteration=1, etag=_etag(2, iteration=1)),
     )
     assert [sorted(p.worker for p in services.table.get_iteration("asp-dup", v).participants) for v in range(3)] == [
         [2],
@@ -134,7 +112,7 @@ def test_a_duplicate_report_of_an_applied_update_is_applied_once_and_leaves_the_
     ]
     assert services.table.waiting("asp-dup", 0) == []
     # a copy of that update's report, its version not merged yet: the Merger's step fired it, nothing goes again
-    assert reduce_launcher.on_work_done(_done("asp-dup", 1, 2), services) == []
+    assert reduce_launcher.on_work_done(_done("asp-dup", 2, iteration=1), services) == []
     assert [p.worker for p in services.table.get_iteration("asp-dup", 2).participants] == [2]
     assert _merge(services, "asp-dup", last) == []  # the next version finds it applied: its entry goes, unapplied
     assert services.table.waiting("asp-dup", 0) == []
@@ -144,9 +122,9 @@ def test_a_duplicate_report_of_an_applied_update_is_applied_once_and_leaves_the_
 def test_of_two_steps_that_find_the_same_updates_waiting_one_fires_the_version(services) -> None:
     config = _register(services, "asp-race", workers=3, staleness="unbounded", iterations=9)
     for worker in (1, 2):  # both reports stored and waiting before either step fires
-        services.store.put_new(keys.update("asp-race", 0, worker), *_update(0, worker))
-        services.table.record_worker(_done("asp-race", 0, worker))
-        services.table.wait(_done("asp-race", 0, worker))
+        services.store.put_new(keys.update("asp-race", 0, worker), *_update(worker, iteration=0))
+        services.table.record_worker(_done("asp-race", worker, iteration=0))
+        services.table.wait(_done("asp-race", worker, iteration=0))
     fired = reduce_launcher.apply_next(services, config, 0, 2)
     assert [[p.worker for p in m.participants] for m in fired] == [[1, 2]] * PLAN.reducers
     assert reduce_launcher.apply_next(services, config, 0, 1) == []  # worker 1's step: the version fired
@@ -156,22 +134,22 @@ def test_of_two_steps_that_find_the_same_updates_waiting_one_fires_the_version(s
 
 def test_a_deadline_applies_an_update_whose_reduce_was_never_fired(services) -> None:
     config = _register(services, "asp-lost", workers=2, staleness="unbounded", iterations=4)
-    services.store.put_new(keys.update("asp-lost", 0, 1), *_update(0, 1))
-    services.table.record_worker(_done("asp-lost", 0, 1))
-    services.table.wait(_done("asp-lost", 0, 1))  # the report's step ended before it fired the reduce
+    services.store.put_new(keys.update("asp-lost", 0, 1), *_update(1, iteration=0))
+    services.table.record_worker(_done("asp-lost", 1, iteration=0))
+    services.table.wait(_done("asp-lost", 1, iteration=0))  # the report's step ended before it fired the reduce
     deadline = Deadline(run_id="asp-lost", iteration=0, generation=0, stage="work", round=0, due_at=0)
     action, following = watchdog._work_deadline(deadline, config, services.table.get_iteration("asp-lost", 0), services)
     assert action == Action.FIRED and following is not None and following.stage == "reduce"
     assert services.table.get_iteration("asp-lost", 0).participants == [
-        Participant(worker=1, samples=SAMPLES[1], etag=_etag(0, 1))
+        Participant(worker=1, samples=SAMPLES[1], etag=_etag(1, iteration=0))
     ]
 
 
 def test_a_deadline_sends_the_reduce_of_a_version_frozen_by_a_step_that_ended_before_sending_it(services) -> None:
     config = _register(services, "asp-frozen", workers=2, staleness="unbounded", iterations=4)
-    services.store.put_new(keys.update("asp-frozen", 0, 1), *_update(0, 1))
-    services.table.record_worker(_done("asp-frozen", 0, 1))
-    services.table.wait(_done("asp-frozen", 0, 1))
+    services.store.put_new(keys.update("asp-frozen", 0, 1), *_update(1, iteration=0))
+    services.table.record_worker(_done("asp-frozen", 1, iteration=0))
+    services.table.wait(_done("asp-frozen", 1, iteration=0))
     (waiting,) = services.table.waiting("asp-frozen", 0)
     assert services.table.fold("asp-frozen", waiting, 0)  # worker 1's step froze the version, then ended
     mine = waiting.model_copy(update={"iteration": None})
@@ -190,8 +168,8 @@ def test_a_deadline_sends_the_reduce_of_a_version_frozen_by_a_step_that_ended_be
 
 def test_a_worker_whose_update_never_came_is_relaunched_on_its_version_then_the_run_fails_naming_it(services) -> None:
     config = _register(services, "asp-dead", workers=3, staleness="unbounded", iterations=6)
-    fired = _arrive(services, "asp-dead", 0, 1)
-    assert _arrive(services, "asp-dead", 0, 2) == []  # waits for version 1
+    fired = _arrive(services, "asp-dead", 1, iteration=0)
+    assert _arrive(services, "asp-dead", 2, iteration=0) == []  # waits for version 1
     following = _merge(services, "asp-dead", fired)  # worker 2's update made version 2's; worker 1 was launched on 1
     _merge(services, "asp-dead", following)  # version 2: worker 2 launched on it; worker 0 never reported on 0
     deadline = Deadline(run_id="asp-dead", iteration=2, generation=0, stage="work", round=0, due_at=0)
@@ -267,8 +245,8 @@ def test_an_asp_run_that_ended_cannot_resume_and_says_what_to_do_instead(service
 
 def test_a_version_the_run_moved_past_before_its_launch_came_still_launches_its_freed_worker(services) -> None:
     config = _register(services, "asp-behind", workers=3, staleness="unbounded", iterations=9)
-    fired = _arrive(services, "asp-behind", 0, 1)
-    assert _arrive(services, "asp-behind", 0, 0) == []
+    fired = _arrive(services, "asp-behind", 1, iteration=0)
+    assert _arrive(services, "asp-behind", 0, iteration=0) == []
     for message in fired:
         reducer.reduce(message, services)
     assert services.table.advance("asp-behind", 1, 0) is not None  # version 1, worker 1 freed: its launch is late

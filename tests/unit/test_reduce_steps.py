@@ -137,13 +137,15 @@ def _put_run(services: Services, config: RunConfig, launched: bool = True) -> No
         assert services.table.claim_launch(config.run_id, 0, "launch-0", 0, spec.workers) is not None
 
 
-def _done(run_id: str, worker: int, finite: bool = True, attempt: int = 0, tracked: bool = False) -> WorkDone:
+def _done(
+    run_id: str, worker: int, finite: bool = True, attempt: int = 0, tracked: bool = False, iteration: int = 0
+) -> WorkDone:
     """``tracked``: with a train metrics state (the Merger then turns the sum into figures: of a run with a model
     and data)."""
     samples = SAMPLES[worker % len(SAMPLES)]
     return WorkDone(
         run_id=run_id,
-        iteration=0,
+        iteration=iteration,
         worker=worker,
         attempt=attempt,
         samples=samples,
@@ -151,14 +153,20 @@ def _done(run_id: str, worker: int, finite: bool = True, attempt: int = 0, track
         metrics=_state(worker) if finite and tracked else None,
         compute_s=0.01,
         finite=finite,
-        etag=etag_of(_update(worker, finite)[0]),
+        etag=_etag(worker, finite, iteration),
     )
 
 
-def _update(worker: int, finite: bool = True) -> tuple[bytes, dict[str, str]]:
-    """Worker ``worker``'s update of iteration 0 as it stores it: its bytes and header."""
-    vector = VECTORS[worker % len(VECTORS)] if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
+def _update(worker: int, finite: bool = True, iteration: int = 0) -> updates.Encoded:
+    """Worker ``worker``'s update of ``iteration`` as it stores it (VECTORS[worker] + iteration): its bytes and
+    header."""
+    vector = VECTORS[worker % len(VECTORS)] + iteration if finite else np.full(PLAN.size, np.nan, dtype=np.float32)
     return updates.encode(vector, SAMPLES[worker % len(SAMPLES)])
+
+
+def _etag(worker: int, finite: bool = True, iteration: int = 0) -> str:
+    """The ETag S3 gives ``_update``'s bytes."""
+    return etag_of(_update(worker, finite, iteration)[0])
 
 
 def _state(worker: int) -> list[float]:
@@ -168,12 +176,20 @@ def _state(worker: int) -> list[float]:
 
 
 def _arrive(
-    services: Services, run_id: str, worker: int, finite: bool = True, attempt: int = 0, tracked: bool = False
+    services: Services,
+    run_id: str,
+    worker: int,
+    finite: bool = True,
+    attempt: int = 0,
+    tracked: bool = False,
+    iteration: int = 0,
 ) -> list[ReduceMessage]:
     """What a worker does (store the update, announce it), then the ReduceLauncher."""
-    body, header = _update(worker, finite)
-    done = _done(run_id, worker, finite, attempt, tracked)  # stored with the update, as the worker stores it
-    services.store.put_new(keys.update(run_id, 0, worker, attempt), body, {"done": done.model_dump_json(), **header})
+    body, header = _update(worker, finite, iteration)
+    done = _done(run_id, worker, finite, attempt, tracked, iteration)  # stored with the update, as the worker does
+    services.store.put_new(
+        keys.update(run_id, iteration, worker, attempt), body, {"done": done.model_dump_json(), **header}
+    )
     return reduce_launcher.on_work_done(done, services)
 
 

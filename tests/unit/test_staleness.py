@@ -7,41 +7,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from slsml.aws.storage import etag_of
 from slsml.client import runs
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps import reduce_launcher, reducer
-from slsml.spec import keys
 from slsml.spec.config import TrainingSpec
-from slsml.spec.messages import Participant, ReduceMessage, WorkDone
-from slsml.training import optimizers, updates
+from slsml.spec.messages import Participant, ReduceMessage
+from slsml.training import optimizers
 
 from . import test_reduce_steps
-from .test_reduce_steps import PLAN, SAMPLES, SGD, VECTORS, _manifest, _register, _shard
+from .test_reduce_steps import PLAN, SAMPLES, SGD, VECTORS, _arrive, _done, _etag, _manifest, _register, _shard
 
 services = test_reduce_steps.services  # the fixture: a run table, bucket, topics and queue in moto
-
-
-def _arrive(services: Services, run_id: str, iteration: int, worker: int) -> list[ReduceMessage]:
-    """Worker ``worker``'s update of ``iteration`` (vector VECTORS[worker] + iteration), stored and announced."""
-    vector = VECTORS[worker] + iteration
-    body, header = updates.encode(vector, SAMPLES[worker])
-    services.store.put_new(keys.update(run_id, iteration, worker), body, header)
-    done = WorkDone(
-        run_id=run_id,
-        iteration=iteration,
-        worker=worker,
-        samples=SAMPLES[worker],
-        loss=0.5,
-        compute_s=0.01,
-        etag=etag_of(body),
-    )
-    return reduce_launcher.on_work_done(done, services)
-
-
-def _etag(iteration: int, worker: int) -> str:
-    """The ETag of worker ``worker``'s update of ``iteration`` (``_arrive``'s)."""
-    return etag_of(updates.encode(VECTORS[worker] + iteration, SAMPLES[worker])[0])
 
 
 def _launch(services: Services, run_id: str, iteration: int, fired: list[ReduceMessage]) -> None:
@@ -54,16 +30,16 @@ def _launch(services: Services, run_id: str, iteration: int, fired: list[ReduceM
 
 def test_a_late_update_is_folded_into_the_next_reduce_once_and_weighted_by_its_samples(services: Services) -> None:
     _register(services, "ssp", workers=3, quorum=0.6, staleness=2)
-    fired = _arrive(services, "ssp", 0, 0) + _arrive(services, "ssp", 0, 1)
-    assert fired and not _arrive(services, "ssp", 0, 2)  # quorum 2 of 3: worker 2 is late
+    fired = _arrive(services, "ssp", 0, iteration=0) + _arrive(services, "ssp", 1, iteration=0)
+    assert fired and not _arrive(services, "ssp", 2, iteration=0)  # quorum 2 of 3: worker 2 is late
     _launch(services, "ssp", 1, fired)
-    assert not _arrive(services, "ssp", 1, 0)
-    fired = _arrive(services, "ssp", 1, 1)
-    late = Participant(worker=2, samples=SAMPLES[2], iteration=0, etag=_etag(0, 2))
+    assert not _arrive(services, "ssp", 0, iteration=1)
+    fired = _arrive(services, "ssp", 1, iteration=1)
+    late = Participant(worker=2, samples=SAMPLES[2], iteration=0, etag=_etag(2, iteration=0))
     assert all(late in message.participants for message in fired)
     assert services.table.get_iteration("ssp", 0).folded == {2}
     again = reduce_launcher.on_work_done(
-        WorkDone(run_id="ssp", iteration=1, worker=1, samples=SAMPLES[1], loss=0.5, compute_s=0.01, etag=_etag(1, 1)),
+        _done("ssp", 1, iteration=1),
         services,
     )  # a duplicate
     assert again == []  # its reduce went out with the late update the first time
@@ -83,22 +59,22 @@ def test_a_late_update_is_folded_into_the_next_reduce_once_and_weighted_by_its_s
     assert np.allclose(after, expected, rtol=1e-6, atol=1e-7)
 
     _launch(services, "ssp", 2, [])
-    fired = _arrive(services, "ssp", 2, 0) + _arrive(services, "ssp", 2, 1)
+    fired = _arrive(services, "ssp", 0, iteration=2) + _arrive(services, "ssp", 1, iteration=2)
     assert fired and all(p.iteration is None for p in fired[0].participants), "folded twice"
 
 
 def test_beyond_the_bound_a_late_update_is_left_out_and_counted(services: Services) -> None:
     _register(services, "ssp-bound", workers=3, quorum=0.6, staleness=1)
-    fired = _arrive(services, "ssp-bound", 0, 0) + _arrive(services, "ssp-bound", 0, 1)
+    fired = _arrive(services, "ssp-bound", 0, iteration=0) + _arrive(services, "ssp-bound", 1, iteration=0)
     _launch(services, "ssp-bound", 1, fired)
-    fired = _arrive(services, "ssp-bound", 1, 0) + _arrive(services, "ssp-bound", 1, 1)
-    assert not _arrive(services, "ssp-bound", 1, 2)  # late in iteration 1 too
-    assert not _arrive(services, "ssp-bound", 0, 2)  # iteration 0's worker 2 comes after iteration 1 fired
+    fired = _arrive(services, "ssp-bound", 0, iteration=1) + _arrive(services, "ssp-bound", 1, iteration=1)
+    assert not _arrive(services, "ssp-bound", 2, iteration=1)  # late in iteration 1 too
+    assert not _arrive(services, "ssp-bound", 2, iteration=0)  # iteration 0's worker 2 comes after iteration 1 fired
     _launch(services, "ssp-bound", 2, fired)
-    fired = _arrive(services, "ssp-bound", 2, 0) + _arrive(services, "ssp-bound", 2, 1)
+    fired = _arrive(services, "ssp-bound", 0, iteration=2) + _arrive(services, "ssp-bound", 1, iteration=2)
     folded = [p for p in fired[0].participants if p.iteration is not None]
     assert folded == [
-        Participant(worker=2, samples=SAMPLES[2], iteration=1, etag=_etag(1, 2))
+        Participant(worker=2, samples=SAMPLES[2], iteration=1, etag=_etag(2, iteration=1))
     ]  # iteration 0's is beyond the bound
     iterations = services.table.list_iterations("ssp-bound")
     summary = runs.summarize(services.table.get_run("ssp-bound"), iterations, 1.0)
@@ -107,10 +83,10 @@ def test_beyond_the_bound_a_late_update_is_left_out_and_counted(services: Servic
 
 def test_without_staleness_a_late_update_is_left_out(services: Services) -> None:
     _register(services, "no-ssp", workers=3, quorum=0.6)
-    fired = _arrive(services, "no-ssp", 0, 0) + _arrive(services, "no-ssp", 0, 1)
-    assert not _arrive(services, "no-ssp", 0, 2)
+    fired = _arrive(services, "no-ssp", 0, iteration=0) + _arrive(services, "no-ssp", 1, iteration=0)
+    assert not _arrive(services, "no-ssp", 2, iteration=0)
     _launch(services, "no-ssp", 1, fired)
-    fired = _arrive(services, "no-ssp", 1, 0) + _arrive(services, "no-ssp", 1, 1)
+    fired = _arrive(services, "no-ssp", 0, iteration=1) + _arrive(services, "no-ssp", 1, iteration=1)
     assert all(p.iteration is None for p in fired[0].participants)
     assert services.table.get_iteration("no-ssp", 0).folded == set()
 
