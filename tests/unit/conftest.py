@@ -53,3 +53,18 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[ObjectStore]:
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket="bucket")
         yield ObjectStore(s3, "bucket")
+
+
+@pytest.fixture(scope="module")
+def model_bytes() -> bytes:
+    """A small compiled Keras model (6 features, 3 classes), saved: the worker tests' (a module may give its own)."""
+    import keras
+
+    from slsml.training import modelio
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3, activation="softmax")]
+    )
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    return modelio.save_model(model)

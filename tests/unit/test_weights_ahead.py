@@ -22,20 +22,6 @@ WAIT_S = 10
 RUN = "ahead"
 
 
-@pytest.fixture(scope="module")
-def model_bytes() -> bytes:
-    import keras
-
-    from slsml.training import modelio
-
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3, activation="softmax")]
-    )
-    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    return modelio.save_model(model)
-
-
 def _round(services: Services, iteration: int, attempt: int = 0) -> bytes:
     """Worker 0's round of ``iteration``, launched ahead (entering the model of the iteration before): its update."""
     message = WorkMessage(run_id=RUN, iteration=iteration, worker=0, workers=2, attempt=attempt, ahead=True)

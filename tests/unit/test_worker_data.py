@@ -28,20 +28,6 @@ RECORD = 6 * 4 + 8  # x (6,) float32, y int64
 WAIT_S = 10
 
 
-@pytest.fixture(scope="module")
-def model_bytes() -> bytes:
-    import keras
-
-    from slsml.training import modelio
-
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [keras.Input((6,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3, activation="softmax")]
-    )
-    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    return modelio.save_model(model)
-
-
 @pytest.fixture
 def services(monkeypatch: pytest.MonkeyPatch):
     with cloud.moto_services(monkeypatch, samples=200, shard_mb=50 * RECORD / 2**20) as services:
