@@ -17,7 +17,6 @@ from slsml.spec.errors import BadInputError
 from slsml.training import updates
 
 from . import cloud
-from .test_worker_data import model_bytes  # noqa: F401
 
 
 @pytest.fixture
@@ -28,7 +27,7 @@ def services(monkeypatch: pytest.MonkeyPatch):
 
 def test_a_worker_in_micro_batches_sends_its_whole_shares_update(
     services: Services,
-    model_bytes: bytes,  # noqa: F811
+    model_bytes: bytes,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     streamed: list[usage.Streamed] = []
@@ -46,7 +45,7 @@ def test_a_worker_in_micro_batches_sends_its_whole_shares_update(
 
 def test_a_run_whose_one_sample_does_not_fit_the_worker_is_refused_with_nothing_stored(
     services: Services,
-    model_bytes: bytes,  # noqa: F811
+    model_bytes: bytes,
 ) -> None:
     small = replace(services, limits=services.limits.with_worker_memory(1024))
     with pytest.raises(BadInputError) as refused:
@@ -59,7 +58,7 @@ def test_a_run_whose_one_sample_does_not_fit_the_worker_is_refused_with_nothing_
 
 def test_a_micro_batch_past_the_workers_memory_is_refused_naming_the_one_that_fits(
     services: Services,
-    model_bytes: bytes,  # noqa: F811
+    model_bytes: bytes,
 ) -> None:
     config = cloud.register_run(services, model_bytes, "fits")
     memory = sizing.of_run(config, 3008, 1504, 0)
@@ -73,7 +72,7 @@ def test_a_micro_batch_past_the_workers_memory_is_refused_naming_the_one_that_fi
 
 def test_a_run_in_pipeline_stages_is_refused_at_start_with_nothing_stored(
     services: Services,
-    model_bytes: bytes,  # noqa: F811
+    model_bytes: bytes,
 ) -> None:
     with pytest.raises(BadInputError, match=r"^--pipeline-stages 2: the pipeline does not run stage functions yet"):
         cloud.register_run(services, model_bytes, "staged", pipeline_stages=2)
