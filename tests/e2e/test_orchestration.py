@@ -114,6 +114,19 @@ def test_a_pipeline_that_stops_reporting_fails_by_heartbeat_timeout(local, servi
     assert next(e for e in run_events() if e["run_id"] == "sfn-stalled")["status"] == "FAILED"
 
 
+def test_a_run_stopped_before_its_execution_waits_ends_the_execution_stopped(local, services, digits):
+    """Stopped as soon as it is registered, while the execution's run-control message is held back: the stop finds no
+    task token to answer; the run's start, as it keeps the token, ends the execution, which leaves the run STOPPED."""
+    with injecting(local, Faults.parse("sns_delay=1:3")):
+        train(services, SPEC, "sfn-stopped-early")
+        assert services.stop_run("sfn-stopped-early", "stopped at once")
+        assert services.table.get_run("sfn-stopped-early").task_token is None
+        execution, entered = _execution(local, "sfn-stopped-early")
+    assert execution["status"] == "FAILED" and entered[-1] == "Stopped", (execution, entered)
+    run = services.table.get_run("sfn-stopped-early")
+    assert (run.status, run.reason) == ("STOPPED", "stopped at once")
+
+
 def test_a_failed_step_ends_the_execution_with_its_reason(local, services, digits):
     config = prepared_with_source(services, SPEC, "sfn-bad", b"not a model")
     launch.launch_run(services, config)

@@ -236,7 +236,8 @@ def test_ctrl_c_stops_every_trial_and_resume_finishes_the_search_without_running
     tried = [t["hyperparameters"] for t in trials.values()]
     assert stopped == {t["number"] for t in resumed["interrupted"]}
     for interrupted in resumed["interrupted"]:  # stopped by Ctrl-C, their hyperparameters tried again
-        assert table.get_run(interrupted["run_id"]).status == RunStatus.STOPPED
+        run = table.get_run(interrupted["run_id"])
+        assert run.status == RunStatus.STOPPED, run.reason
         assert interrupted["hyperparameters"] in tried
     page = (home / "report" / "index.html").read_text()
     assert all(t["run_id"] in page for t in trials.values())

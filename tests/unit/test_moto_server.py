@@ -189,7 +189,7 @@ TASK_CLIENTS = textwrap.dedent(
     def described(client):
         config = client.meta.config
         return [client.meta.service_model.service_name, client.meta.region_name,
-                config.retries, config.parameter_validation, config.connect_timeout, config.read_timeout]
+                config.parameter_validation, config.connect_timeout, config.read_timeout]
 
     def reaches(client):
         return [client.meta.endpoint_url, client._request_signer._credentials.access_key]
@@ -220,6 +220,65 @@ def test_step_functions_tasks_keep_the_client_moto_makes_per_region_and_service(
     reached = json.loads(done.stdout)
     assert reached["moto"] == [["http://localhost:5123", "ak"]] * 3
     assert reached["kept"] == [["http://127.0.0.1:5123", "SERVERS"]] * 3
+
+
+CLOSED_CONNECTION = textwrap.dedent(
+    """
+    import json, os, socket, sys, threading
+    from botocore.credentials import Credentials
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    os.environ["MOTO_PORT"] = str(port)
+    from moto.stepfunctions.parser.asl.utils import boto_client
+    answer = (
+        '<PublishResponse xmlns="http://sns.amazonaws.com/doc/2010-03-31/"><PublishResult><MessageId>m-1</MessageId>'
+        '</PublishResult><ResponseMetadata><RequestId>r</RequestId></ResponseMetadata></PublishResponse>'
+    ).encode()
+    requests = []
+
+    def serve():  # the first request's connection is closed unanswered, as an idle one the server expires
+        while True:
+            connection, _ = listener.accept()
+            request = connection.recv(65536)
+            requests.append(request.split(b" ")[0].decode())
+            if len(requests) > 1:
+                connection.sendall(
+                    b"HTTP/1.1 200 OK\\r\\nContent-Type: text/xml\\r\\nContent-Length: "
+                    + str(len(answer)).encode() + b"\\r\\n\\r\\n" + answer
+                )
+            connection.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    sys.path.insert(0, sys.argv[1])
+    import moto_server
+    clients = {"moto": boto_client.boto_client_for("us-east-1", "sns")}
+    moto_server.task_clients(port, Credentials("SERVERS", "secret"))
+    clients["kept"] = boto_client.boto_client_for("us-east-1", "sns")
+    answered = {}
+    for name, client in clients.items():
+        requests.clear()
+        try:
+            answered[name] = client.publish(TopicArn="arn:aws:sns:us-east-1:123456789012:t", Message="m")["MessageId"]
+        except Exception as error:
+            answered[name] = type(error).__name__
+        answered[name + " requests"] = list(requests)
+    print(json.dumps(answered))
+    """
+)
+
+
+def test_a_step_functions_task_is_sent_again_when_the_server_closes_its_connection_unanswered() -> None:
+    """A kept client's connection the server expires as a task sends on it: the task's request is sent again (moto's
+    client, which tries once, fails the task, and with it the run)."""
+    folder = Path(slsml.local.moto_server.__file__).parent
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", CLOSED_CONNECTION, str(folder)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    answered = json.loads(done.stdout)
+    assert answered["moto"] == "ConnectionClosedError" and answered["moto requests"] == ["POST"]
+    assert answered["kept"] == "m-1" and answered["kept requests"] == ["POST", "POST"]
 
 
 def _document(**statement: object) -> bytes:

@@ -25,7 +25,7 @@ from pydantic import ConfigDict, Field
 
 from slsml.accounting import prices
 from slsml.accounting import usage as accounting
-from slsml.client import runs
+from slsml.client import runs, signals
 from slsml.client.arguments import check_keywords, training_spec
 from slsml.data import datasets as data
 from slsml.data.manifest import DatasetManifest
@@ -395,7 +395,8 @@ class _Search:
         model_bytes = modelio.save_model(model)
         share = None
         try:
-            with _retraced_quietly():
+            # a trial the search follows has a registered run, which Ctrl-C stops: the launch is not cut in two
+            with signals.held_until_done(), _retraced_quietly():
                 if self.settings.budget_usd is not None:
                     share = self._priced(running, model_bytes)
                     if share is None:
@@ -543,10 +544,10 @@ class _Search:
         goes on, then record them; that line. Said before the records are written (they read the runs' spend): a
         command ends a few seconds after Ctrl-C, or at once on a second, whatever it is doing."""
         unstopped = [n for n, r in self.running.items() if not self.services.stop_run(r.run_id, INTERRUPTED)]
-        for run in self.services.table.list_runs():  # one whose launch the interruption cut short
+        ended = [n for n in unstopped if self._ended_before_the_stop(self.running[n].run_id)]
+        for run in self.services.table.list_runs():  # one whose launch a second Ctrl-C cut short
             if run.run_id.startswith(f"{self.settings.name}-t") and run.status == RunStatus.RUNNING:
                 self.services.stop_run(run.run_id, INTERRUPTED)
-        ended = [n for n in unstopped if self.services.table.get_run(self.running[n].run_id).status in runs.TERMINAL]
         stopped = sorted(set(self.running) - set(ended))
         goes_on = (
             f"`slsml tune --resume {self.settings.name}` or slsml.tune(…, name={self.settings.name!r}, resume=True)"
@@ -565,6 +566,14 @@ class _Search:
         for running in list(self.running.values()):
             self._end(running, TrialStatus.INTERRUPTED, "stopped as the search was interrupted")
         return line
+
+    def _ended_before_the_stop(self, run_id: str) -> bool:
+        """Whether a trial's run, which Ctrl-C could not stop, had ended on its own (not: its launch was cut short
+        before the run was registered)."""
+        try:
+            return self.services.table.get_run(run_id).status in runs.TERMINAL
+        except NotFoundError:
+            return False
 
     def _result(self, best_model: bool) -> TuneResult:
         summary = records.summarize(self.settings, self.records, time.time() - self.began, self.stopped_starting)

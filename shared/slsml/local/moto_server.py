@@ -176,16 +176,19 @@ def attribute_values() -> None:
 def task_clients(port: int, credentials: Credentials) -> None:
     """Step Functions' tasks call this server through one client per region and service, signed with its
     credentials: moto made a client (signed with credentials of its own), reading its service's model anew, for each
-    task a state machine ran."""
+    task a state machine ran. A kept client reuses its kept-alive connections, which the server closes once idle for
+    its ``timeout`` (10 s): a request sent on one as it closes fails with no answer (``ConnectionClosedError``), and
+    is sent again as botocore's standard mode sends a failed request again (moto's, each on a connection of its own,
+    tried once), as the service's own SDK does on AWS: a task fails on the service's answer, not on the transport."""
     import boto3
     from botocore.config import Config
     from moto.stepfunctions.parser.asl.component.common.timeouts.timeout import TimeoutSeconds
     from moto.stepfunctions.parser.asl.utils import boto_client
 
     made = boto_client.boto_client_for
-    config = Config(  # moto's
+    config = Config(  # moto's, but for its retries
         parameter_validation=False,
-        retries={"max_attempts": 0, "total_max_attempts": 1},
+        retries={"mode": "standard", "total_max_attempts": 3},
         connect_timeout=TimeoutSeconds.DEFAULT_TIMEOUT_SECONDS,
         read_timeout=TimeoutSeconds.DEFAULT_TIMEOUT_SECONDS,
     )

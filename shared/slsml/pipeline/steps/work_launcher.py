@@ -241,13 +241,16 @@ def _tune(run: RunRecord, iteration: int, services: Services) -> RunRecord:
 
 
 def on_run_started(started: RunStarted, services: Services) -> None:
-    """Keep the execution's task token; answer it at once if the run already ended (a fast run). A
-    resumed run is launched from here: its current model is in place already."""
+    """Keep the execution's task token; answer it at once if the run already ended (a fast run, or one failed or
+    stopped before its execution waited: whoever ended it found no token to answer). A resumed run is launched from
+    here: its current model is in place already."""
     run = services.table.attach_task_token(started.run_id, started.task_token)
     if run is None:
         services.orchestrator.fail(started.task_token, f"run {started.run_id!r} is not registered")
     elif run.status == RunStatus.FAILED:
         services.orchestrator.fail(started.task_token, run.reason or "the run failed")
+    elif run.status == RunStatus.STOPPED:
+        services.orchestrator.stop(started.task_token, run.reason or "the run was stopped")
     elif run.final_key:
         services.orchestrator.succeed(started.task_token, outcome(run))
     elif run.generation and services.store.exists(keys.trigger(run.run_id, run.iteration)):
