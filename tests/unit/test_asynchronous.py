@@ -6,6 +6,8 @@ free."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
@@ -22,7 +24,7 @@ from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError
 from slsml.spec.messages import Deadline, ModelMerged, Participant, ReduceMessage
 from slsml.state import barrier
-from slsml.state.records import MERGER_OWNER
+from slsml.state.records import MERGER_OWNER, META
 from slsml.training import optimizers
 
 from . import test_reduce_steps
@@ -57,12 +59,12 @@ def test_the_updates_that_came_while_a_version_was_reduced_are_applied_together_
     )
     assert _arrive(services, "asp", 0, iteration=0) == []  # version 0's reduce is out: they wait, no barrier
     assert _arrive(services, "asp", 2, iteration=0) == []
-    assert [p.worker for p in services.table.waiting("asp", 0)] == [0, 2]
+    assert [p.worker for p in services.table.waiting("asp", 3, 0)] == [0, 2]
 
     following = _merge(services, "asp", fired)  # both, on version 1, each read version 0: stale by one update
     stale = tuple(Participant(worker=w, samples=SAMPLES[w], iteration=0, etag=_etag(w, iteration=0)) for w in (0, 2))
     assert [m.participants for m in following] == [stale] * PLAN.reducers
-    assert services.table.waiting("asp", 0) == []
+    assert services.table.waiting("asp", 3, 0) == []
 
     before = _weights(services, "asp", 1)
     for message in following:  # one step with their samples-weighted mean: the version after is 1 + 2
@@ -98,7 +100,7 @@ def test_a_duplicate_report_of_an_applied_update_is_applied_once_and_leaves_the_
     assert (
         reduce_launcher.on_work_done(_done("asp-dup", 2, iteration=0), services) == []
     )  # a late copy of its first update
-    assert services.table.waiting("asp-dup", 0) == [
+    assert services.table.waiting("asp-dup", 3, 0) == [
         Participant(worker=2, samples=SAMPLES[2], iteration=1, etag=_etag(2, iteration=1))
     ]
     last = _merge(services, "asp-dup", following)
@@ -110,12 +112,12 @@ def test_a_duplicate_report_of_an_applied_update_is_applied_once_and_leaves_the_
         [0],
         [2],
     ]
-    assert services.table.waiting("asp-dup", 0) == []
+    assert services.table.waiting("asp-dup", 3, 0) == []
     # a copy of that update's report, its version not merged yet: the Merger's step fired it, nothing goes again
     assert reduce_launcher.on_work_done(_done("asp-dup", 2, iteration=1), services) == []
     assert [p.worker for p in services.table.get_iteration("asp-dup", 2).participants] == [2]
     assert _merge(services, "asp-dup", last) == []  # the next version finds it applied: its entry goes, unapplied
-    assert services.table.waiting("asp-dup", 0) == []
+    assert services.table.waiting("asp-dup", 3, 0) == []
     assert services.table.frozen_participants("asp-dup", 3) is None
 
 
@@ -129,7 +131,33 @@ def test_of_two_steps_that_find_the_same_updates_waiting_one_fires_the_version(s
     assert [[p.worker for p in m.participants] for m in fired] == [[1, 2]] * PLAN.reducers
     assert reduce_launcher.apply_next(services, config, 0, 1) == []  # worker 1's step: the version fired
     assert services.table.get_counter("asp-race", 0).reduce_fired_by == 2
-    assert services.table.waiting("asp-race", 0) == []
+    assert services.table.waiting("asp-race", config.workers, 0) == []
+
+
+def test_a_version_reads_its_waiting_updates_by_key_and_the_merger_its_run_as_it_advanced_it(services) -> None:
+    """The chain's reads cost the same however much the table holds: no query, and no read of the run the Merger
+    has just written."""
+    config = _register(services, "asp-keys", workers=3, staleness="unbounded", iterations=9)
+    for worker in (0, 2):
+        services.store.put_new(keys.update("asp-keys", 0, worker), *_update(worker, iteration=0))
+        services.table.record_worker(_done("asp-keys", worker, iteration=0))
+        services.table.wait(_done("asp-keys", worker, iteration=0))
+    sent: list[tuple[str, dict]] = []
+
+    def record(model: Any, params: dict, **_: Any) -> None:
+        sent.append((model.name, params))
+
+    events = services.table.table.meta.client.meta.events
+    events.register("before-parameter-build.dynamodb", record)
+    try:
+        advanced = services.table.get_run("asp-keys")
+        sent.clear()
+        fired = reduce_launcher.apply_next(services, config, 0, MERGER_OWNER, advanced)
+    finally:
+        events.unregister("before-parameter-build.dynamodb", record)
+    assert [[p.worker for p in m.participants] for m in fired] == [[0, 2]] * PLAN.reducers
+    assert "Query" not in {name for name, _ in sent}
+    assert not any(name == "GetItem" and META in str(params["Key"]["sk"]) for name, params in sent)
 
 
 def test_a_deadline_applies_an_update_whose_reduce_was_never_fired(services) -> None:
@@ -150,7 +178,7 @@ def test_a_deadline_sends_the_reduce_of_a_version_frozen_by_a_step_that_ended_be
     services.store.put_new(keys.update("asp-frozen", 0, 1), *_update(1, iteration=0))
     services.table.record_worker(_done("asp-frozen", 1, iteration=0))
     services.table.wait(_done("asp-frozen", 1, iteration=0))
-    (waiting,) = services.table.waiting("asp-frozen", 0)
+    (waiting,) = services.table.waiting("asp-frozen", config.workers, 0)
     assert services.table.fold("asp-frozen", waiting, 0)  # worker 1's step froze the version, then ended
     mine = waiting.model_copy(update={"iteration": None})
     assert services.table.freeze_participants("asp-frozen", 0, 1, [mine], 0) == (1, [mine])
@@ -161,7 +189,7 @@ def test_a_deadline_sends_the_reduce_of_a_version_frozen_by_a_step_that_ended_be
     assert action == Action.FIRED and following is not None and following.stage == "reduce"
     assert services.table.get_counter("asp-frozen", 0).reduce_fired_by == 1
     assert services.table.get_iteration("asp-frozen", 0).participants == [mine]
-    assert services.table.waiting("asp-frozen", 0) == []
+    assert services.table.waiting("asp-frozen", config.workers, 0) == []
     again = watchdog._work_deadline(deadline, config, services.table.get_iteration("asp-frozen", 0), services)
     assert again[0] != Action.FIRED  # sent once: a later deadline finds it fired
 

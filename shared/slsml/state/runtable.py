@@ -576,9 +576,11 @@ class RunTable:
             )
         )
 
-    def waiting(self, run_id: str, generation: int) -> list[Participant]:
-        """ASP: the updates of ``generation`` that wait to be applied, the oldest (the model it read) first."""
-        items = [plain(i) for i in self._query(run_id, waiting_sk(0)[:4])]
+    def waiting(self, run_id: str, workers: int, generation: int) -> list[Participant]:
+        """ASP: the updates of ``generation`` that wait to be applied, the oldest (the model it read) first: the
+        entries of the run's ``workers``, read by key (a query's cost grows with the partition, which a version's
+        chain reads on every reduce it fires)."""
+        items = [plain(i) for i in self._get_by_keys([self._key(run_id, waiting_sk(w)) for w in range(workers)])]
         fields = Participant.model_fields
         found = [
             Participant.model_validate({k: v for k, v in i.items() if k in fields})

@@ -98,7 +98,7 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
         store.delete(carried_state(config, behind))
     _announce(services, message, following)
     if config.training.asynchronous:  # ASP: the updates that came while this version was reduced: to the next
-        apply_next(services, config, message.generation, MERGER_OWNER)
+        apply_next(services, config, message.generation, MERGER_OWNER, advanced)
     if config.training.stale_weights:  # the next iteration's reduce, held for this model, may fire
         fire_held(services, config, following, message.generation)
     if not stored:

@@ -29,7 +29,7 @@ from slsml.spec.config import RunConfig
 from slsml.spec.deployment import Metric
 from slsml.spec.messages import Participant, ReduceMessage, WorkDone
 from slsml.state.barrier import quorum_count
-from slsml.state.records import DEADLINE_OWNER, RunStatus
+from slsml.state.records import DEADLINE_OWNER, RunRecord, RunStatus
 
 logger = Logger(child=True)
 
@@ -125,15 +125,18 @@ def refire(services: Services, config: RunConfig, done: WorkDone) -> list[Reduce
     return publish_reduce(services, config, done.iteration, participants, done.generation)
 
 
-def apply_next(services: Services, config: RunConfig, generation: int, owner: int) -> list[ReduceMessage]:
+def apply_next(
+    services: Services, config: RunConfig, generation: int, owner: int, run: RunRecord | None = None
+) -> list[ReduceMessage]:
     """ASP: fire the reduce of the model version the run is at with every update waiting, unless one fired already
     ([] then, or when none waits): each is claimed for the version (``fold``), and the version's participants are
     written once, by ``owner`` (the worker whose report calls, or the Merger, or the watchdog), so that an update is
     applied once however often its report comes, and only the owner's step (or its retry) publishes the reduce. An
     update's staleness is the updates applied since the version it read: its participant names that version
-    (``Participant.iteration``) where it is older."""
+    (``Participant.iteration``) where it is older. ``run``: the run as its caller just wrote it (the Merger's
+    advance), else read."""
     table, run_id = services.table, config.run_id
-    run = table.get_run(run_id)
+    run = run or table.get_run(run_id)
     version = run.iteration
     if run.status != RunStatus.RUNNING or run.generation != generation or version >= run.iterations:
         return []
@@ -145,7 +148,7 @@ def apply_next(services: Services, config: RunConfig, generation: int, owner: in
         # before, and no retry of it came): the watchdog sends it in that step's place
         owner = frozen[0]
     claimed = []
-    for update in table.waiting(run_id, generation):
+    for update in table.waiting(run_id, config.workers, generation):
         if table.fold(run_id, update, version):
             claimed.append(update)
         elif _applied(services, run_id, update):  # a duplicate report waited again: its entry goes
