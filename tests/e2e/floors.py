@@ -57,8 +57,13 @@ def run_id(case: str) -> str:
 def start(services: Services, cases: Iterable[str]) -> None:
     """Start the runs of ``cases`` (without waiting): they train at once (a run mostly waits on the pipeline)."""
     for case in cases:
-        options, model, _ = CASES[case]
-        train(services, TrainingSpec(**{**DEMO, **options}), run_id(case), modelio.save_model(model()))
+        start_case(services, case, run_id(case))
+
+
+def start_case(services: Services, case: str, run: str, **more: Any) -> None:
+    """Start ``case``'s run as ``run`` (without waiting), with ``more`` of the spec's options beside its own."""
+    options, model, _ = CASES[case]
+    train(services, TrainingSpec(**{**DEMO, **options, **more}), run, modelio.save_model(model()))
 
 
 def accuracies(services: Services, cases: Iterable[str]) -> dict[str, float | None]:

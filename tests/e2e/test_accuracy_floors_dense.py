@@ -9,11 +9,9 @@ from __future__ import annotations
 import pytest
 
 from slsml.client import runs
-from slsml.spec.config import TrainingSpec
-from slsml.training import modelio
 
 from . import floors
-from .conftest import finish, train
+from .conftest import finish
 
 STALE = "floor-gradient-stale-weights"  # the floors' gradient run, on weights one round stale
 
@@ -21,8 +19,7 @@ STALE = "floor-gradient-stale-weights"  # the floors' gradient run, on weights o
 @pytest.fixture(scope="module")
 def accuracies(services, digits) -> dict[str, float | None]:
     floors.start(services, floors.DENSE)
-    options, model, _ = floors.CASES["gradient"]
-    train(services, TrainingSpec(**{**floors.DEMO, **options}, stale_weights=1), STALE, modelio.save_model(model()))
+    floors.start_case(services, "gradient", STALE, stale_weights=1)
     return floors.accuracies(services, floors.DENSE)
 
 
