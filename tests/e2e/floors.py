@@ -2,8 +2,7 @@
 global batch 128, 150 iterations, Adam 3e-3; ADMM: its linear model) to a test accuracy no more than a point below
 what it reached when these floors were set. A change to what workers send, what the reducers apply, the error
 feedback or the data order that costs accuracy fails here, as top-k's fall from 0.97 to 0.92 did not. The cases are
-split between two test files (dense and sparse updates), which two test processes run at once; the dense one also
-holds the test that its gradient run is the synchronous run of, on weights one round stale."""
+split between two test files (dense and sparse updates), which two test processes run at once."""
 
 from __future__ import annotations
 
@@ -50,27 +49,16 @@ SPARSE = ("gradient-topk", "gradient-significance", "average-topk")
 DENSE = tuple(case for case in CASES if case not in SPARSE)
 
 
-def run_id(case: str) -> str:
-    return f"floor-{case}"
-
-
-def start(services: Services, cases: Iterable[str]) -> None:
-    """Start the runs of ``cases`` (without waiting): they train at once (a run mostly waits on the pipeline)."""
-    for case in cases:
-        start_case(services, case, run_id(case))
-
-
-def start_case(services: Services, case: str, run: str, **more: Any) -> None:
-    """Start ``case``'s run as ``run`` (without waiting), with ``more`` of the spec's options beside its own."""
-    options, model, _ = CASES[case]
-    train(services, TrainingSpec(**{**DEMO, **options, **more}), run, modelio.save_model(model()))
-
-
 def accuracies(services: Services, cases: Iterable[str]) -> dict[str, float | None]:
-    """The test accuracy each of ``cases`` reached, once their runs (``start``) completed."""
+    """The test accuracy each of ``cases`` reached, their runs trained at once (a run mostly waits on the
+    pipeline)."""
+    cases = tuple(cases)
+    for case in cases:
+        options, model, _ = CASES[case]
+        train(services, TrainingSpec(**{**DEMO, **options}), f"floor-{case}", modelio.save_model(model()))
     reached = {}
     for case in cases:
-        run = finish(services, run_id(case), timeout_s=900)
+        run = finish(services, f"floor-{case}", timeout_s=900)
         assert run.status == "COMPLETED", f"{case}: {run.reason}"
         reached[case] = run.test_accuracy
     return reached

@@ -9,7 +9,6 @@ from . import floors
 
 @pytest.fixture(scope="module")
 def accuracies(services, digits) -> dict[str, float | None]:
-    floors.start(services, floors.SPARSE)
     return floors.accuracies(services, floors.SPARSE)
 
 

@@ -1,7 +1,6 @@
 """The docs run as written: every fenced block of the README and of the pages of ``docs/`` runs, in the site's
-order, in a folder a reader would work in, or is marked as what it is (the convention is CONTRIBUTING.md's
-*Blocks of the docs*). A page runs in a folder of its own, but one that uses what an earlier page made, which runs
-after that page in its folder; the folders run two at a time (a page mostly waits on its local cloud)."""
+order, in one folder a reader would work in, or is marked as what it is (the convention is CONTRIBUTING.md's
+*Blocks of the docs*)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,13 +22,6 @@ MARKER = re.compile(r"^\s*<!-- (?P<kind>file|continues|copy|not-run): (?P<value>
 SHOWN = {"text", "mermaid"}
 RUN = {"python", "bash"}
 BLOCK_TIMEOUT_S = 900
-# page → the earlier page whose folder it runs in, after it: what it uses that the page made
-BUILDS_ON = {
-    "docs/training.md": "docs/getting-started.md",  # my_model.keras, my_data.npz
-    "docs/local-cloud.md": "docs/getting-started.md",  # the run my-model
-    "docs/cost.md": "docs/getting-started.md",  # my_model.keras
-}
-AT_ONCE = 2  # folders run at once
 
 
 @dataclass
@@ -94,18 +85,6 @@ def every_block() -> list[Block]:
     return [block for page in pages() for block in blocks(page)]
 
 
-def folders() -> list[list[Block]]:
-    """The blocks of every page by the folder they run in, in the site's order: each page's in one of its own, but
-    a page of ``BUILDS_ON``'s after the page it names (an earlier one) in that page's."""
-    order = pages()
-    for page, first in BUILDS_ON.items():
-        assert page in order and first in order[: order.index(page)], f"BUILDS_ON: {page} on {first}, no earlier page"
-    by_first: dict[str, list[Block]] = {}
-    for page in order:
-        by_first.setdefault(BUILDS_ON.get(page, page), []).extend(blocks(page))
-    return list(by_first.values())
-
-
 def mistakes(all_blocks: list[Block]) -> list[str]:
     """What the markers get wrong, before anything runs."""
     wrong: list[str] = []
@@ -131,8 +110,9 @@ def mistakes(all_blocks: list[Block]) -> list[str]:
 
 
 def test_every_block_of_the_docs_is_run_or_marked() -> None:
-    assert len(every_block()) > 60
-    assert [mistake for folder in folders() for mistake in mistakes(folder)] == []
+    all_blocks = every_block()
+    assert len(all_blocks) > 60
+    assert mistakes(all_blocks) == []
 
 
 def _folder(tmp_path: Path) -> dict[str, str]:
@@ -199,24 +179,10 @@ def run_blocks(all_blocks: list[Block], folder: Path) -> list[str]:
     return [failure for failure in failed if failure]
 
 
-def runs(folder: list[Block]) -> bool:
-    """Whether any of ``folder``'s blocks is run."""
-    return any(block.language in RUN and block.kind not in {"copy", "not-run"} for block in folder)
-
-
-def run_folders(blocks_by_folder: list[list[Block]], root: Path) -> list[str]:
-    """Run each of ``blocks_by_folder`` that runs a block, in order, in a folder of its own under ``root`` (named
-    for its first page), ``AT_ONCE`` folders at a time: what each block that failed printed last."""
-    running = [folder for folder in blocks_by_folder if runs(folder)]
-    with ThreadPoolExecutor(AT_ONCE) as pool:
-        failed = pool.map(lambda folder: run_blocks(folder, root / Path(folder[0].page).stem), running)
-        return [failure for failures in failed for failure in failures]
-
-
 def test_the_docs_run_as_written(tmp_path: Path) -> None:
-    blocks_by_folder = folders()
-    assert [mistake for folder in blocks_by_folder for mistake in mistakes(folder)] == []
-    assert run_folders(blocks_by_folder, tmp_path) == []
+    all_blocks = every_block()
+    assert mistakes(all_blocks) == []
+    assert run_blocks(all_blocks, tmp_path) == []
 
 
 PAGE = """
