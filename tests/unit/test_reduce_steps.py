@@ -7,10 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import threading
 import time
 from collections.abc import Callable
 from decimal import Decimal
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import boto3
 import numpy as np
@@ -1420,3 +1421,34 @@ def test_a_reduce_waiting_for_a_relaunched_round_that_never_reports_fails_the_ru
     refused = keys.update("never-redone", 0, 0)
     assert run.status == "FAILED" and (run.reason or "").startswith(f"{refused} was refused and the round of worker 0")
     assert not any(services.store.exists(keys.shard("never-redone", 1, r)) for r in range(PLAN.reducers))
+
+
+def test_a_reducer_refusing_an_update_while_another_records_its_relaunch_gives_way(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The re-launch claimed by the first reducer's refusal, its next attempt not yet recorded (two writes): the second
+    reducer's refusal waits for that record and gives way, rather than fail the run as if the update were the
+    re-launched round's."""
+    work: list[WorkMessage] = _published(services, monkeypatch, wiring.WORK)
+    _register(services, "claiming", workers=2)
+    _arrive(services, "claiming", 0)
+    fired = _arrive(services, "claiming", 1)
+    services.store.replace(keys.update("claiming", 0, 0), _update(2)[0], _update(0)[1])
+    put = services.table.table.put_item
+    held = threading.Event()
+
+    def late_put(**item: Any) -> Any:  # the claimant's record of the next attempt lands 0.5 s after its claim
+        if "attempt" in item["Item"]:
+            held.set()
+            time.sleep(0.5)
+        return put(**item)
+
+    first = threading.Thread(target=lambda: reducer.reduce(fired[0], services))
+    monkeypatch.setattr(services.table.table, "put_item", late_put)
+    first.start()
+    assert held.wait(10)
+    monkeypatch.setattr(services.table.table, "put_item", put)
+    assert reducer.reduce(fired[1], services) is None  # gave way
+    first.join()
+    assert services.table.get_run("claiming").status == "RUNNING"
+    assert [(w.worker, w.attempt) for w in work] == [(0, 1)]

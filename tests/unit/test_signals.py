@@ -10,6 +10,18 @@ import pytest
 from slsml.client.signals import held_until_done
 
 
+@pytest.fixture(autouse=True)
+def python_s_own_handlers():
+    """Python's own Ctrl-C handler and the default SIGTERM action for each test, whatever an earlier test of the
+    process installed (the CLI's ``main`` ends the process a few seconds after a Ctrl-C), restored after it."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
 def test_ctrl_c_during_a_held_step_is_handled_once_the_step_ends() -> None:
     done, handler = [], signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt), held_until_done():

@@ -21,6 +21,7 @@ report fires again (``reduce_launcher``). A second refusal of that round's updat
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
@@ -41,6 +42,9 @@ from slsml.state.barrier import next_version, quorum_count
 from slsml.training import clipping, optimizers, precision, shards, updates
 
 logger = Logger(child=True)
+
+
+RELAUNCH_RECORD_WAIT_S = 5.0  # how long a re-launch claimed by another reducer may take to record its next attempt
 
 
 class Redone(Exception):
@@ -254,7 +258,7 @@ def _relaunched(participant: Participant, message: ReduceMessage, config: RunCon
         return False
     claimed = services.table.redo_round(run, iteration, message.generation, participant.worker, participant.attempt)
     if claimed is None:
-        return services.table.get_iteration(run, iteration).relaunched.get(participant.worker, 0) > participant.attempt
+        return _relaunched_before(services, run, iteration, participant)
     attempt = participant.attempt + 1
     work = WorkMessage(
         run_id=run,
@@ -270,6 +274,20 @@ def _relaunched(participant: Participant, message: ReduceMessage, config: RunCon
         extra={"run_id": run, "iteration": iteration, "worker": participant.worker, "attempt": attempt},
     )
     return True
+
+
+def _relaunched_before(services: Services, run_id: str, iteration: int, participant: Participant) -> bool:
+    """Whether another reducer's refusal re-launched the round of ``participant``: its claim (the counter's ``redone``)
+    and the worker's next attempt recorded are two writes, so a claim whose record has not landed yet is waited on,
+    for at most ``RELAUNCH_RECORD_WAIT_S``."""
+    deadline = time.monotonic() + RELAUNCH_RECORD_WAIT_S
+    while True:
+        if services.table.get_iteration(run_id, iteration).relaunched.get(participant.worker, 0) > participant.attempt:
+            return True
+        claimed = participant.worker in services.table.get_counter(run_id, iteration).redone
+        if not claimed or time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def _weight(participant: Participant, iteration: int, decay: float) -> float:
