@@ -251,10 +251,13 @@ def test_staleness_unbounded_is_one_setting_its_options_refused_with_the_reason(
     for refused, named in [
         ({"quorum": 0.5}, "quorum does not apply with staleness unbounded"),
         ({"workers": "auto", "min_workers": 2, "max_workers": 4}, "staleness unbounded trains a fixed fleet"),
-        ({"compress": "topk:0.1"}, "compress does not apply with staleness unbounded"),
+        ({"compress": "topk:0.1"}, "compress topk:0.1 does not apply with staleness unbounded .*error feedback"),
+        ({"compress": "fp16"}, "compress fp16 does not apply with staleness unbounded .*or compress sparse"),
     ]:
         with pytest.raises(ValidationError, match=named):
             TrainingSpec.model_validate({"workers": 4, "iterations": 40, "staleness": "unbounded", **refused})
+    # exact sparse updates keep no residual: ASP takes them
+    assert TrainingSpec(workers=4, iterations=40, staleness="unbounded", compress="sparse").compression.kind == "sparse"
 
 
 def test_an_asynchronous_epoch_is_the_workers_times_the_synchronous_one() -> None:

@@ -11,11 +11,13 @@ pay the warm processes' model loading and tracing), side by side:
 - ``dense slow`` and ``sparse slow``: GA with worker ``WORKERS - 1`` slowed by ``SLOW_S`` on every message (the
   local cloud's ``slow_worker`` fault), quorum 1: every round waits for it;
 - ``ssp sparse slow``: the same slow worker under bounded staleness (SSP, ``STALENESS``), quorum 3/4: its late
-  updates are folded into a later round.
+  updates are folded into a later round;
+- ``asp sparse slow``: the same slow worker under fully asynchronous training (ASP), sparse: ``WORKERS`` times the
+  iterations, as an ASP iteration is one worker's update (the same samples), the final model evaluated only.
 
-(Fully asynchronous updates, ASP, have no row yet: they go dense, ``compress`` being refused with them.) For each
-run: the wall time to the first merged model whose test loss reaches the workload's ``TARGETS`` and over the run, the
-update bytes per round (the workers' update objects in S3, listed), the final test loss. The reference time is
+For each run: the wall time to the first merged model whose test loss reaches the workload's ``TARGETS`` and over the
+run, the update bytes per round (the workers' update objects in S3, listed; under ASP, per ``WORKERS`` updates), the
+final test loss. The reference time is
 Keras's own single-process ``fit`` on this machine, of the same model on the same samples, ``BATCH`` at a time for as
 many steps (the test loss evaluated after each step, off the clock)."""
 
@@ -119,6 +121,11 @@ def variants(iterations: int = ITERATIONS) -> dict[str, tuple[str, TrainingSpec,
             spec(compress="sparse", staleness=STALENESS, quorum=(WORKERS - 1) / WORKERS, **slow_deadlines),
             True,
         ),
+        "asp sparse slow": (
+            f"ASP, sparse, one worker slow ({WORKERS}× the iterations: one update each)",
+            spec(compress="sparse", staleness="unbounded", iterations=iterations * WORKERS, **slow_deadlines),
+            True,
+        ),
     }
 
 
@@ -173,9 +180,14 @@ def _workload(local: LocalRuntime, name: Name, iterations: int, progress: Progre
         finally:
             local.host.faults = previous
         counters = [services.table.get_counter(run.run_id, i) for i in range(run.iteration)]
+        if spec.asynchronous:  # the versions reduced (a version skips the numbers of the updates it applied)
+            counters = [c for c in counters if c.merged_at is not None]
         losses = [c.test_loss for c in counters]
+        if spec.asynchronous:  # evaluated once: the final model
+            losses[-1:] = [run.test_loss]
         reached = next((i for i, loss in enumerate(losses) if loss is not None and loss <= TARGETS[name]), None)
         found = communication.stored_objects(services, run.run_id, spec.compression, spec.reducers)
+        rounds = run.iteration / (WORKERS if spec.asynchronous else 1)
         compared.append(
             Variant(
                 name=variant,
@@ -184,7 +196,7 @@ def _workload(local: LocalRuntime, name: Name, iterations: int, progress: Progre
                 slow=slow,
                 wall_s=round(max(c.merged_at or 0 for c in counters) - started, 3),
                 wall_to_target_s=None if reached is None else round((counters[reached].merged_at or 0) - started, 3),
-                update_bytes_per_round=sum(found.bytes["updates"].values()) / max(1, run.iteration),
+                update_bytes_per_round=sum(found.bytes["updates"].values()) / max(1, rounds),
                 final_loss=losses[-1] if losses else None,
                 loss_by_iteration=losses,
             )

@@ -370,7 +370,7 @@ def add_commands(commands: Any) -> None:
         cmd_bench_sparse,
         "sparse",
         help="MLLess's sparse workloads (Criteo-like logistic regression, MovieLens-like matrix factorization),"
-        " generated: dense, exact sparse, top-k and significance updates, one worker slowed under GA and SSP, and"
+        " generated: dense, exact sparse, top-k and significance updates, one worker slowed under GA, SSP and ASP, and"
         " Keras's own fit: time to a target loss, update bytes per round, final loss",
     )
     sparse.add_argument("--iterations", type=int, default=30, help="iterations of every run (default 30)")

@@ -760,7 +760,6 @@ class TrainingSpec(BaseModel):
         taken = {
             "quorum": "each update is applied as it arrives",
             "staleness_decay": "each update is applied in full, whatever its age",
-            "compress": "error feedback follows a worker's synchronous slot",
             "early_stopping": "the model is evaluated at the end only",
             "keep_best": "the model is evaluated at the end only",
             "validation_split": "the model is evaluated at the end only",
@@ -769,6 +768,11 @@ class TrainingSpec(BaseModel):
         for name, why in taken.items():
             if getattr(self, name) != fields[name].default:
                 raise ValueError(f"{name} does not apply with staleness unbounded ({why}): leave it out")
+        if self.compression.lossy:
+            raise ValueError(
+                f"compress {self.compress} does not apply with staleness unbounded (its error feedback follows a"
+                " worker's synchronous slot): leave it out, or compress sparse (exact: the update's nonzero entries)"
+            )
 
     @model_validator(mode="after")
     def _algorithm_options(self) -> TrainingSpec:
