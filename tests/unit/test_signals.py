@@ -1,13 +1,19 @@
-"""A step Ctrl-C must not cut in two runs whole; the signal is handled as it ends, a second at once."""
+"""A step Ctrl-C must not cut in two runs whole; the signal is handled as it ends, a second at once: a search's
+trial that ended is recorded whole."""
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
+from slsml.client import tune
 from slsml.client.signals import held_until_done
+from slsml.search import records
+from slsml.search.engine import Engine, trial_number
+from slsml.search.records import SearchSettings, TrialStatus
 
 
 @pytest.fixture(autouse=True)
@@ -47,3 +53,36 @@ def test_a_step_no_signal_reached_leaves_the_handlers_as_they_were() -> None:
     with held_until_done():
         pass
     assert signal.getsignal(signal.SIGTERM) is handler
+
+
+def test_ctrl_c_while_a_trial_is_recorded_leaves_it_recorded_and_no_longer_followed(services) -> None:
+    """A search's trial that ended is recorded whole: Ctrl-C as its cost is read is handled once its record is kept
+    (a trial popped from those followed and never recorded would be lost to the search and to its resume)."""
+    settings = SearchSettings(
+        name="held",
+        dataset="d",
+        validation="test",
+        objective="val_auc",
+        direction="max",
+        max_trials=2,
+        parallel=2,
+        epochs=1,
+        batch_size=8,
+        started_at=time.time(),
+    )
+    search = tune._Search.__new__(tune._Search)  # the parts of a search that recording a trial uses
+    search.services, search.settings, search.records, search.say = services, settings, [], lambda line: None
+    search.engine = Engine(settings)
+    trial = search.engine.ask({})
+    running = tune._Running(trial, trial_number(trial), settings.run_id(trial_number(trial)), {}, time.time(), 1, None)
+    search.running = {running.number: running}
+
+    def cost_as_ctrl_c_comes(run_id: str, status: TrialStatus) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+    search._cost = cost_as_ctrl_c_comes
+    with pytest.raises(KeyboardInterrupt):
+        search._end(running, TrialStatus.COMPLETED, None)
+    assert [t.number for t in records.load_trials(services.store, "held")] == [running.number]
+    assert search.running == {}

@@ -469,9 +469,11 @@ class _Search:
         for epoch, value in self._new_epochs(running):
             stop = self.engine.report(running.trial, epoch, value)
             if stop and epoch < self.settings.epochs and run.status == RunStatus.RUNNING:  # done training: kept
-                stopped = self.services.stop_run(running.run_id, f"pruned at epoch {epoch} by the search")
+                with signals.held_until_done():  # a run the pruner stopped is recorded pruned, Ctrl-C or not
+                    stopped = self.services.stop_run(running.run_id, f"pruned at epoch {epoch} by the search")
+                    if stopped:
+                        self._end(running, TrialStatus.PRUNED, f"stopped at epoch {epoch} of {self.settings.epochs}")
                 if stopped:
-                    self._end(running, TrialStatus.PRUNED, f"stopped at epoch {epoch} of {self.settings.epochs}")
                     return
         if run.status == RunStatus.COMPLETED:
             self._end(running, TrialStatus.COMPLETED, None)
@@ -492,35 +494,37 @@ class _Search:
             yield done + 1, running.history[objective][-1]
 
     def _end(self, running: _Running, status: TrialStatus, reason: str | None) -> None:
-        """Record a trial that ended (told to the engine, kept in the bucket), and say so."""
-        self.running.pop(running.number, None)
-        values = running.history.get(self.settings.objective, [])
-        value = None
-        if status == TrialStatus.COMPLETED and values:
-            value = max(values) if self.settings.direction == "max" else min(values)
-        elif status == TrialStatus.PRUNED and values:
-            value = values[-1]
-        engine = self.engine.tell(running.trial, status, value)
-        ended_at = time.time()
-        record = TrialRecord(
-            number=running.number,
-            run_id=running.run_id,
-            hyperparameters=running.hyperparameters,
-            params=dict(running.trial.params),
-            status=status,
-            reason=reason,
-            history=running.history,
-            value=value,
-            started_at=running.started_at,
-            ended_at=ended_at,
-            wall_s=round(ended_at - running.started_at, 3),
-            cost_usd=self._cost(running.run_id, status),
-            predicted_usd=running.predicted_usd,
-            engine=engine,
-        )
-        records.save_trial(self.services.store, self.settings.name, record)
-        self.records.append(record)
-        self.say(progress_line(record, self.settings, self._best(), self._ended()))
+        """Record a trial that ended (told to the engine, kept in the bucket), and say so: whole, as Ctrl-C comes (a
+        trial is followed until its record is kept, so that an interruption never loses one)."""
+        with signals.held_until_done():
+            values = running.history.get(self.settings.objective, [])
+            value = None
+            if status == TrialStatus.COMPLETED and values:
+                value = max(values) if self.settings.direction == "max" else min(values)
+            elif status == TrialStatus.PRUNED and values:
+                value = values[-1]
+            engine = self.engine.tell(running.trial, status, value)
+            ended_at = time.time()
+            record = TrialRecord(
+                number=running.number,
+                run_id=running.run_id,
+                hyperparameters=running.hyperparameters,
+                params=dict(running.trial.params),
+                status=status,
+                reason=reason,
+                history=running.history,
+                value=value,
+                started_at=running.started_at,
+                ended_at=ended_at,
+                wall_s=round(ended_at - running.started_at, 3),
+                cost_usd=self._cost(running.run_id, status),
+                predicted_usd=running.predicted_usd,
+                engine=engine,
+            )
+            records.save_trial(self.services.store, self.settings.name, record)
+            self.records.append(record)
+            self.running.pop(running.number, None)
+            self.say(progress_line(record, self.settings, self._best(), self._ended()))
 
     def _cost(self, run_id: str, status: TrialStatus) -> float | None:
         """What the trial's run spent: as its functions counted it (a run with a share of a budget), else its usage
