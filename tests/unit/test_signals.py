@@ -13,7 +13,9 @@ from slsml.client import tune
 from slsml.client.signals import held_until_done
 from slsml.search import records
 from slsml.search.engine import Engine, trial_number
-from slsml.search.records import SearchSettings, TrialStatus
+from slsml.search.records import TrialStatus
+
+from .searches import search_settings
 
 
 @pytest.fixture(autouse=True)
@@ -58,18 +60,7 @@ def test_a_step_no_signal_reached_leaves_the_handlers_as_they_were() -> None:
 def test_ctrl_c_while_a_trial_is_recorded_leaves_it_recorded_and_no_longer_followed(services) -> None:
     """A search's trial that ended is recorded whole: Ctrl-C as its cost is read is handled once its record is kept
     (a trial popped from those followed and never recorded would be lost to the search and to its resume)."""
-    settings = SearchSettings(
-        name="held",
-        dataset="d",
-        validation="test",
-        objective="val_auc",
-        direction="max",
-        max_trials=2,
-        parallel=2,
-        epochs=1,
-        batch_size=8,
-        started_at=time.time(),
-    )
+    settings = search_settings(name="held", dataset="d", max_trials=2, parallel=2, epochs=1, batch_size=8)
     search = tune._Search.__new__(tune._Search)  # the parts of a search that recording a trial uses
     search.services, search.settings, search.records, search.say = services, settings, [], lambda line: None
     search.engine = Engine(settings)

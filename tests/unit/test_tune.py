@@ -5,7 +5,6 @@ report page."""
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import keras
@@ -18,8 +17,10 @@ from slsml.cli.main import main
 from slsml.client.tune import measured_price, progress_line
 from slsml.search import space
 from slsml.search.engine import Engine, trial_number
-from slsml.search.records import SearchSettings, TrialRecord, TrialStatus, summarize
+from slsml.search.records import TrialRecord, TrialStatus, summarize
 from slsml.spec.errors import BadInputError
+
+from .searches import search_settings
 
 
 def build_model(hp) -> keras.Model:
@@ -32,22 +33,6 @@ def build_model(hp) -> keras.Model:
     hp.Fixed("epsilon", 1e-7)
     model.compile(optimizer=keras.optimizers.Adam(rate), loss="binary_crossentropy")
     return model
-
-
-def _settings(**changes) -> SearchSettings:
-    fields = dict(
-        name="cancer",
-        dataset="cancer",
-        validation="test",
-        objective="val_auc",
-        direction="max",
-        max_trials=8,
-        parallel=4,
-        epochs=6,
-        batch_size=64,
-        started_at=time.time(),
-    )
-    return SearchSettings(**(fields | changes))
 
 
 def _trial(number: int, status: TrialStatus, values: list[float], **changes) -> TrialRecord:
@@ -98,7 +83,7 @@ def test_a_build_function_that_returns_no_model_is_refused() -> None:
 
 @pytest.mark.parametrize("pruner", ["asha", "hyperband"])
 def test_the_pruner_stops_trials_that_fall_behind_at_a_rung(pruner: str) -> None:
-    settings = _settings(pruner=pruner)
+    settings = search_settings(pruner=pruner)
     engine = Engine(settings)
     hp = space.hyperparameters()
     space.build(build_model, hp)
@@ -119,7 +104,7 @@ def test_the_pruner_stops_trials_that_fall_behind_at_a_rung(pruner: str) -> None
 
 
 def test_a_rebuilt_engine_keeps_the_trials_numbers_and_tries_an_interrupted_trials_draw_again() -> None:
-    settings = _settings(pruner="asha")
+    settings = search_settings(pruner="asha")
     hp = space.hyperparameters()
     space.build(build_model, hp)
     distributions = space.distributions(space.declared(hp))
@@ -152,14 +137,14 @@ def test_the_summary_names_the_best_completed_trial_by_the_objectives_direction(
         _trial(3, TrialStatus.COMPLETED, [0.91, 0.96, 0.95]),
         _trial(4, TrialStatus.INTERRUPTED, [0.97], cost_usd=0.004),
     ]
-    summary = summarize(_settings(), trials, 12.5, None)
+    summary = summarize(search_settings(), trials, 12.5, None)
     best = summary.best_trial
     assert best is not None  # the trial, as KerasTuner's oracle gives it
     assert (best.number, best.run_id, best.score, summary.best_value) == (3, "cancer-t3", 0.96, 0.96)
     assert summary.best_hyperparameters == best.hyperparameters == trials[2].hyperparameters
     assert [t.number for t in summary.trials] == [1, 2, 3] and [t.number for t in summary.interrupted] == [4]
     assert summary.spent_usd == pytest.approx(0.007)  # the interrupted trial's spend counts
-    lowest = summarize(_settings(objective="val_loss", direction="min"), trials, 1.0, None)
+    lowest = summarize(search_settings(objective="val_loss", direction="min"), trials, 1.0, None)
     assert (
         lowest.best_trial is not None and lowest.best_trial.number == 1
     )  # val_loss: the lower the better (its "val_auc" history aside, value 0.93)
@@ -167,14 +152,14 @@ def test_the_summary_names_the_best_completed_trial_by_the_objectives_direction(
 
 def test_settings_refuse_a_name_that_makes_no_run_id_and_an_objective_that_is_not_a_validation_figure() -> None:
     with pytest.raises(ValueError, match="lowercase letters"):
-        _settings(name="Cancer_Search")
+        search_settings(name="Cancer_Search")
     with pytest.raises(ValueError, match="validation figure"):
-        _settings(objective="auc")
-    assert _settings().monitor == "test_auc" and _settings(validation="split").monitor == "val_auc"
+        search_settings(objective="auc")
+    assert search_settings().monitor == "test_auc" and search_settings(validation="split").monitor == "val_auc"
 
 
 def test_a_trials_line_says_how_it_ended_its_time_dollars_objective_and_hyperparameters() -> None:
-    settings = _settings()
+    settings = search_settings()
     best = _trial(3, TrialStatus.COMPLETED, [0.91, 0.96])
     assert progress_line(best, settings, best, 2) == (
         "Trial 3 (2/8) - completed - 2 epochs - 13.0s - $0.001 - val_auc: 0.9600 (best) - learning_rate: 0.03"
@@ -201,11 +186,11 @@ def test_the_next_trials_price_is_the_completed_trials_mean_cost_once_one_comple
 
 
 def test_the_table_counts_the_trials_from_one_and_names_the_best(capsys: pytest.CaptureFixture) -> None:
-    print_search(summarize(_settings(), [_trial(1, TrialStatus.COMPLETED, [0.9, 0.93])], 3.0, None), False)
+    print_search(summarize(search_settings(), [_trial(1, TrialStatus.COMPLETED, [0.9, 0.93])], 3.0, None), False)
     out = capsys.readouterr().out
     assert "1 trial in 3.0 s" in out and "best: trial 1, val_auc 0.9300" in out and "run cancer-t1" in out
     two = [_trial(1, TrialStatus.COMPLETED, [0.9]), _trial(2, TrialStatus.COMPLETED, [0.95])]
-    print_search(summarize(_settings(), two, 4.0, None), False)
+    print_search(summarize(search_settings(), two, 4.0, None), False)
     assert "2 trials in 4.0 s" in capsys.readouterr().out
 
 
@@ -234,7 +219,7 @@ def test_the_report_shows_each_trial_how_it_ended_and_the_best(tmp_path: Path) -
         _trial(2, TrialStatus.PRUNED, [0.5], reason="stopped at epoch 1 of 6"),
         _trial(3, TrialStatus.FAILED, [], reason="its run ended FAILED: out of memory"),
     ]
-    summary = summarize(_settings(budget_usd=0.01), trials, 20.0, "the next trial would pass the budget")
+    summary = summarize(search_settings(budget_usd=0.01), trials, 20.0, "the next trial would pass the budget")
     page = tune_report.write_report(summary, tmp_path / "report")
     text = page.read_text()
     assert (tmp_path / "report" / tune_report.TRIALS).stat().st_size > 0
@@ -244,7 +229,7 @@ def test_the_report_shows_each_trial_how_it_ended_and_the_best(tmp_path: Path) -
 
 
 def test_a_resumed_search_draws_hyperparameters_it_has_not_tried() -> None:
-    settings = _settings(pruner="none")
+    settings = search_settings(pruner="none")
     hp = space.hyperparameters()
     space.build(build_model, hp)
     distributions = space.distributions(space.declared(hp))
