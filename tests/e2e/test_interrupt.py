@@ -8,6 +8,7 @@ and nothing of the earlier run is overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -21,7 +22,7 @@ import pytest
 
 from slsml.client import demo
 from slsml.training import modelio
-from tests.processes import left_running
+from tests.processes import left_running, running_in_group
 
 SLSML = [sys.executable, "-m", "slsml.cli.main"]
 MOMENTS = int(os.environ.get("SLSML_INTERRUPTS", "3"))
@@ -98,12 +99,39 @@ def test_ctrl_c_at_any_moment_ends_the_command_and_its_processes(home: Path, mom
     assert left_running(command.pid) == []
 
 
-def test_sigterm_twice_ends_the_command_at_once(home: Path) -> None:
-    command = _start(home, "terminated")
+def _await_workers(home: Path, run_id: str) -> None:
     deadline = time.monotonic() + 120
-    while not (home / ".slsml" / "logs" / "terminated" / "worker.log").exists():  # its functions run
+    while not (home / ".slsml" / "logs" / run_id / "worker.log").exists():  # its functions run
         assert time.monotonic() < deadline, "the run's workers never started"
         time.sleep(0.2)
+
+
+def _output(pid: int) -> set[str]:
+    """What a process's standard output and error are (e.g. ``pipe:[123]``); none once it has exited."""
+    found = set()
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return found
+
+
+def test_no_process_the_command_starts_holds_its_output(home: Path) -> None:
+    """A reader of the command's output (a pipe, ``| tee``) sees it end when the command ends, not when the last
+    of its processes has."""
+    command = _start(home, "output")
+    _await_workers(home, "output")
+    own = _output(command.pid)
+    others = [line for line in running_in_group(command.pid) if int(line.split()[0]) != command.pid]
+    holding = [line for line in others if _output(int(line.split()[0])) & own]
+    os.killpg(command.pid, signal.SIGINT)
+    _ended(command, time.monotonic())
+    assert others and len(own) == 2
+    assert not holding, "\n".join(line[:120] for line in holding)
+
+
+def test_sigterm_twice_ends_the_command_at_once(home: Path) -> None:
+    command = _start(home, "terminated")
+    _await_workers(home, "terminated")
     command.send_signal(signal.SIGTERM)
     command.send_signal(signal.SIGTERM)
     took, err = _ended(command, time.monotonic())

@@ -20,6 +20,7 @@ Faults (``slsml.local.faults``) can be injected: set ``FunctionHost.faults`` at 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import io
@@ -36,7 +37,7 @@ import time
 import traceback
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -372,8 +373,30 @@ def start_preloading() -> multiprocessing.context.BaseContext:
         return multiprocessing.get_context("spawn")
     forkserver = multiprocessing.get_context("forkserver")
     forkserver.set_forkserver_preload([PRELOAD])
-    multiprocessing.forkserver.ensure_running()
+    with _output_elsewhere():
+        multiprocessing.forkserver.ensure_running()  # and its resource tracker
     return forkserver
+
+
+@contextlib.contextmanager
+def _output_elsewhere() -> Iterator[None]:
+    """While in it, this process's standard output and error are /dev/null, for the servers ``multiprocessing``
+    starts to inherit: they outlive the command by as long as they take to end (the fork server with TensorFlow
+    loaded), and a reader of the command's output (a pipe, ``| tee``, a test) would wait for them. The function
+    processes write to their logs; neither server writes anything else."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    kept = [os.dup(fd) for fd in (1, 2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            os.dup2(null, fd)
+        yield
+    finally:
+        for fd, saved in zip((1, 2), kept, strict=True):
+            os.dup2(saved, fd)
+            os.close(saved)
+        os.close(null)
 
 
 class FunctionHost:
