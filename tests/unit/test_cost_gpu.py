@@ -5,6 +5,7 @@ CLI that sets them beside CPU workers and one machine."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -637,9 +638,12 @@ def test_the_resnet50_run_of_docs_cost_md_against_the_deployed_card(
 
 
 def test_stale_weights_overlap_the_chain_with_the_next_round_and_keep_the_card_busier() -> None:
-    """``stale_weights 1`` at W = 8 on ResNet-50: a round's period is the longer of its workers' side (launch, round,
-    report, fire) and the reduce side its fire waits for (reducers, Merger, the held fire), every round but the one
-    of each ``eval_every`` whose workers evaluate the merged model; the card computes a larger share of the run."""
+    """``stale_weights 1`` at W = 8 on ResNet-50: a worker's invocation goes on to its next round while two rounds'
+    time is left of its timeout; such a round's period is the longer of the Worker's (less its invocation's start,
+    plus the model's HeadObject, the run's read and the round's take) and the reduce side (reducers, Merger, the held
+    fire). A round launched as the reduce before fires takes the longer of its workers' side (launch, round, report,
+    fire) and the reduce side; the one of each ``eval_every`` whose workers evaluate the merged model, the whole
+    chain. The card computes a larger share of the run."""
     cpu = workload(8, 0.4895, cards.RESNET50_PARAMS, reducers=16, global_batch=8192, iterations=782, samples=1281167)
     work = on_gpu(cpu, instance="g6.xlarge")
     synchronous = predict(work)
@@ -649,7 +653,16 @@ def test_stale_weights_overlap_the_chain_with_the_next_round_and_keep_the_card_b
     workers_side = sum(s.seconds for s in stale.stages[1:fires])  # from the launch to the fire
     reduce_side = sum(s.seconds for s in stale.stages[fires:]) + stale.stages[fires - 1].seconds
     every = work.training.eval_every
-    assert stale.iteration_s == pytest.approx(((every - 1) * max(workers_side, reduce_side) + stale.chain_s) / every)
+    worker = stale.stages[fires - 3].seconds
+    period = worker - P.handler_s + P.s3_request_s + 2 * P.dynamodb_s
+    timeout = min(work.timeout_s["worker"], 900)
+    rounds = 1 + next(n for n in itertools.count() if timeout - worker - n * period < 2 * period)
+    assert stale.going_on is not None and (stale.going_on.rounds, stale.going_on.period_s) == (rounds, period)
+    launched = math.ceil(every / rounds)
+    following = (every - launched) * max(period, reduce_side)
+    assert stale.iteration_s == pytest.approx(
+        (stale.chain_s + (launched - 1) * max(workers_side, reduce_side) + following) / every
+    )
     assert stale.iteration_s < synchronous.iteration_s
     # each worker read the model its round enters while its round before computed, and kept the one before warm: no
     # weights on its path, where the synchronous round reads one model
@@ -721,7 +734,10 @@ def test_under_stale_weights_a_gpu_worker_reads_the_next_model_while_its_round_c
     found = sum(s.seconds for s in plan.stages[fires:]) + ahead.POLL_S / 2  # the reducers and the Merger store it
     assert found < started + worker.seconds  # while the invocation runs
     assert "read weights (16 shards) 0.00 s" in worker.detail
-    assert plan.requests_per_iteration["s3:HeadObject"] == 8 * math.ceil((found - started) / ahead.POLL_S)
+    # and the rounds an invocation goes on to look once for the model they enter (one invocation's first does not)
+    assert plan.going_on is not None
+    gone = math.ceil(8 * (1 - 1 / plan.going_on.rounds))
+    assert plan.requests_per_iteration["s3:HeadObject"] == 8 * math.ceil((found - started) / ahead.POLL_S) + gone
     # one model's GETs a round (the manifest, the shards), as a synchronous round: the one before it is warm
     assert plan.requests_per_iteration["s3:GetObject"] == synchronous.requests_per_iteration["s3:GetObject"]
     compute = gpuworker.KIND.compute_s(stale, P, 1024)

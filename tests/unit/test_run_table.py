@@ -187,3 +187,32 @@ def test_a_resume_forgets_the_watched_figures_of_the_iterations_it_runs_again(ta
         run.record_evaluation("r", iteration, "val", {"loss": 1.0 / (iteration + 1)}, ("val_loss",))
     run.forget_iterations("r", 4)
     assert [i for i, _ in run.watched("r", "val_loss")] == [0, 1, 2, 3]
+
+
+def test_a_workers_next_round_is_computed_by_its_invocation_or_sent_by_the_launch_never_both(table: Any) -> None:
+    """``stale_weights``: a worker's invocation takes its round of the next iteration unless the iteration's launch
+    sent it Work; the launch sends Work for the rounds no invocation took, and one write decides each round."""
+    runs = RunTable(table)
+    assert runs.go_on("r", 5, 1, generation=0)
+    assert not runs.go_on("r", 5, 1, generation=0)  # a duplicate invocation of the round before: one takes it
+    assert runs.send_work("r", 5, 4) == [0, 2, 3]
+    assert runs.send_work("r", 5, 4) == [0, 2, 3]  # a retry of the launch sends the same Work again
+    assert not runs.go_on("r", 5, 0, generation=0)  # sent: a late worker's invocation ends
+    counter = runs.get_counter("r", 5)
+    assert (counter.went_on, counter.published) == ({1}, {0, 2, 3})
+    # a worker that goes on after the launch read the counter: the launch's write fails, and it reads again
+    real = runs.get_counter
+
+    def read_then_go_on(run_id: str, iteration: int) -> records.Counter:
+        read = real(run_id, iteration)
+        if not read.went_on:
+            assert runs.go_on(run_id, iteration, 2, generation=0)
+        return read
+
+    runs.get_counter = read_then_go_on  # type: ignore[method-assign]
+    assert runs.send_work("r", 6, 3) == [0, 1]
+    runs.get_counter = real  # type: ignore[method-assign]
+    assert (runs.get_counter("r", 6).went_on, runs.get_counter("r", 6).published) == ({2}, {0, 1})
+    # an invocation of an earlier generation takes no round of a resumed run's iteration
+    runs.claim_launch("r", 7, "launch", generation=1, workers=2)
+    assert not runs.go_on("r", 7, 0, generation=0) and runs.go_on("r", 7, 0, generation=1)

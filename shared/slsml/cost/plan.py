@@ -68,6 +68,19 @@ class FirstIteration(BaseModel):
     detail: str
 
 
+class GoingOn(BaseModel):
+    """``stale_weights``: a worker's invocation goes on to its next round once the model that round enters is merged,
+    while it has ``GO_ON_ROUNDS`` rounds' time left (``slsml.pipeline.steps.worker.going_on``); the round after the
+    last it can compute is launched as its iteration's reduce fires."""
+
+    period_s: float = Field(
+        description="a round that follows the worker's round before in its invocation, from that one's report to its"
+        " own: the Worker's time less its invocation's start, plus the merged model's HeadObject, the run's read"
+        " and the round's take (DynamoDB)"
+    )
+    rounds: int = Field(description="rounds one invocation computes: its first, and those it goes on to")
+
+
 class Plan(BaseModel):
     """What one configuration takes: an iteration's requests, units, stages, functions and dollars, the first
     iteration, the quotas, and the figures they rest on."""
@@ -87,8 +100,12 @@ class Plan(BaseModel):
     floor_s: float = Field(description="the iteration counter item's writes at the partition's write rate")
     overlap_s: float | None = Field(
         default=None,
-        description="stale_weights: an iteration's mean period, the next round's workers launched as a round's reduce"
-        " fires (slsml.cost.predict.overlapped); None: each round waits for the chain",
+        description="stale_weights: an iteration's mean period, each worker's next round computed as soon as its round"
+        " before has reported and the model the round enters is merged (slsml.cost.predict.overlapped); None: each"
+        " round waits for the chain",
+    )
+    going_on: GoingOn | None = Field(
+        default=None, description="stale_weights: the rounds a worker's invocation goes on to (None: each is launched)"
     )
     iteration_s: float
     epoch_s: float | None

@@ -40,7 +40,7 @@ from slsml.cost.messages import (
     state_item_bytes,
 )
 from slsml.cost.parameters import Parameters, Quotas, described
-from slsml.cost.plan import MEMORY_QUOTAS, FirstIteration, FunctionFigures, Plan, Stage
+from slsml.cost.plan import MEMORY_QUOTAS, FirstIteration, FunctionFigures, GoingOn, Plan, Stage
 from slsml.cost.proofs import proof_cost
 from slsml.cost.quotas import quota_checks
 from slsml.cost.timing import transfer, units, vcpus
@@ -130,7 +130,13 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     stages = _stages(w, p, s, worker, times, kind)
     chain_s = sum(stage.seconds for stage in stages)
     floor_s = units.counter / quotas.dynamodb_partition_wu_s
-    overlap_s = overlapped(w, stages, times.fire_s)
+    gone = going_on(w, p, worker, _worker_timeout(w, quotas))
+    if gone is not None:  # each round an invocation goes on to: the model's HeadObject, the run's read, the take
+        share = W * (1 - 1 / gone.rounds)
+        for operation in ("s3:HeadObject", "dynamodb:GetItem", "dynamodb:UpdateItem"):
+            requests[operation] = requests.get(operation, 0) + math.ceil(share)
+        invocations -= math.floor(share)
+    overlap_s = overlapped(w, stages, times.fire_s, gone)
     iteration_s = max(chain_s if overlap_s is None else overlap_s, floor_s)
     critical = {
         "work_launcher": times.launcher_s,
@@ -196,6 +202,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
         chain_s=chain_s,
         floor_s=floor_s,
         overlap_s=overlap_s,
+        going_on=gone,
         iteration_s=iteration_s,
         epoch_s=None if per_epoch is None else per_epoch * iteration_s,
         run_s=w.iterations * iteration_s + first.extra_s,
@@ -358,7 +365,7 @@ def _worker_times(
     if w.training.stale_weights:  # the models a round enters: the one before warm, the other read ahead
         read_weights, polls = _read_ahead(p, s, times, one, first_s + rest_s)
     read_s = max(read_weights, first_s)
-    worker_timeout = min(w.timeout_s["worker"], quotas.lambda_timeout_s)
+    worker_timeout = _worker_timeout(w, quotas)
     # a round that outlasts the Worker's timeout goes on in fresh invocations, which read the weights themselves
     handing = continuations(
         w,
@@ -382,6 +389,24 @@ def _worker_times(
         worker_s=read_s + rest_s + handing.seconds,
         handing=handing,
     )
+
+
+def _worker_timeout(w: Workload, quotas: Quotas) -> float:
+    """The Worker's timeout: the deployment's, at most Lambda's."""
+    return min(w.timeout_s["worker"], quotas.lambda_timeout_s)
+
+
+def going_on(w: Workload, p: Parameters, worker: WorkerTimes, timeout_s: float) -> GoingOn | None:
+    """``stale_weights``: the rounds a worker's invocation goes on to (``slsml.pipeline.steps.worker.going_on``),
+    none where a round outlasts one invocation or the workers are tuned. A round it goes on to skips the
+    invocation's start and adds its checks; the invocation goes on while ``GO_ON_ROUNDS`` such rounds' time is left
+    of its ``timeout_s``, its first round (with its start) done."""
+    spec = w.training
+    if not spec.stale_weights or spec.workers == "auto" or worker.handing.handed_on:
+        return None
+    period = worker.worker_s - p.handler_s + p.s3_request_s + 2 * p.dynamodb_s
+    left = timeout_s - worker.worker_s - ahead.GO_ON_ROUNDS * period
+    return GoingOn(period_s=period, rounds=1 + (math.floor(left / period) + 1 if left >= 0 else 0))
 
 
 def _read_ahead(p: Parameters, s: Sizes, times: PipelineTimes, one: float, invocation_s: float) -> tuple[float, int]:
@@ -614,20 +639,25 @@ def _reduce_stages(p: Parameters, s: Sizes, times: PipelineTimes) -> list[Stage]
     ]
 
 
-def overlapped(w: Workload, stages: list[Stage], fire_s: float) -> float | None:
-    """``stale_weights``: an iteration's mean period, a round's reduce launching the next round's workers as it fires.
-    Such a round takes the longer of its workers' side (the launch, the round, the report, the fire: the stages from
-    the WorkLauncher to the ReduceLauncher's) and the reduce side its fire waits for (the reducers and the Merger of
-    the round before, then the held reduce's fire); an iteration whose workers evaluate the model entering it (every
-    ``eval_every``) is launched by its merge, the whole chain. None without ``stale_weights``."""
+def overlapped(w: Workload, stages: list[Stage], fire_s: float, gone: GoingOn | None) -> float | None:
+    """``stale_weights``: an iteration's mean period. A round a worker's invocation goes on to (``gone``) starts as
+    soon as that worker's round before has reported and the model it enters is merged: it takes the longer of its
+    own period and the reduce side (the reducers and the Merger of the round before, then the held reduce's fire). A
+    round launched as the round before's reduce fires takes the longer of its workers' side (the launch, the round,
+    the report, the fire: the stages from the WorkLauncher to the ReduceLauncher's) and the reduce side; an
+    iteration whose workers evaluate the model entering it (every ``eval_every``) is launched by its merge, the whole
+    chain. Of each ``eval_every`` iterations, one invocation in ``gone.rounds`` is launched. None without
+    ``stale_weights``."""
     if not w.training.stale_weights:
         return None
     fires = next(i for i, stage in enumerate(stages) if stage.function == "reduce_launcher") + 1
     workers_side = sum(stage.seconds for stage in stages[1:fires])  # the hop from the Merger is not on it
     reduce_side = sum(stage.seconds for stage in stages[fires:]) + fire_s
-    ahead, chain = max(workers_side, reduce_side), sum(stage.seconds for stage in stages)
+    ahead_s, chain = max(workers_side, reduce_side), sum(stage.seconds for stage in stages)
     every = w.training.eval_every or w.iterations
-    return ((every - 1) * ahead + chain) / every
+    launched = every if gone is None else math.ceil(every / gone.rounds)  # the merge's, then the fires'
+    following = 0.0 if gone is None else (every - launched) * max(gone.period_s, reduce_side)
+    return (chain + (launched - 1) * ahead_s + following) / every
 
 
 def _functions(

@@ -156,6 +156,7 @@ def pipeline_handler(
     idempotent: bool | Callable[[Any], bool] = True,
     batch_failures: bool = False,
     charges: bool = True,
+    goes_on: Callable[[Any, Any, Services], Any | None] | None = None,
 ) -> Callable[[dict[str, Any], LambdaContext], dict[str, Any] | None]:
     """The Lambda handler of pipeline function ``function`` (its wiring name, which its usage lines
     carry): ``step(message, services)`` for each message.
@@ -171,7 +172,9 @@ def pipeline_handler(
     batch of records that each carry a ``message_id``), a message the step fails on is logged and reported as the
     batch's failure alone (Lambda's partial batch response): the others are done with. Unless not ``charges`` (a
     function whose messages are not a run's work: the dead-letter reader's letters), each message's cost counts in
-    its run's spend (``spend.count``).
+    its run's spend (``spend.count``). With ``goes_on``, a message handled may have the invocation go on to another
+    (``goes_on(message, result, services)``: the step's own, not a sent one, so not admitted again), handled as the
+    step's next message, in a scope of its own.
     """
     service_logger, tracer, metrics = Logger(), Tracer(), Metrics()
 
@@ -181,27 +184,33 @@ def pipeline_handler(
         plain: Callable[[Any], Any] = partial(step, services=services)
         once = once_per_message(plain, context) if idempotent else plain
         failures = []
-        for message in (message for record in records for message in unpack(record)):
-            run = once if idempotent is True or (callable(idempotent) and idempotent(message)) else plain
-            with usage.scope(*run_and_iteration(message), **usage.about(message)):
-                try:
-                    admit(message, services)
+        for sent in (message for record in records for message in unpack(record)):
+            message, admitted = sent, False
+            while message is not None:
+                run = once if idempotent is True or (callable(idempotent) and idempotent(message)) else plain
+                with usage.scope(*run_and_iteration(message), **usage.about(message)):
                     try:
-                        if stage is None:
-                            run(message)
-                            continue
-                        with failing_run_on_bad_input(
-                            services, message.run_id, stage(message), message.iteration, message.generation
-                        ):
-                            run(message)
-                    finally:
-                        if charges:
-                            spend.count(services)
-                except Exception:
-                    if not batch_failures:
-                        raise
-                    logger.exception("message failed: retried alone", extra={"message_id": message.message_id})
-                    failures.append({"itemIdentifier": message.message_id})
+                        if not admitted:
+                            admit(message, services)
+                        try:
+                            if stage is None:
+                                result = run(message)
+                            else:
+                                with failing_run_on_bad_input(
+                                    services, message.run_id, stage(message), message.iteration, message.generation
+                                ):
+                                    result = run(message)
+                            message = None if goes_on is None else goes_on(message, result, services)
+                        finally:
+                            if charges:
+                                spend.count(services)
+                    except Exception:
+                        if not batch_failures:
+                            raise
+                        logger.exception("message failed: retried alone", extra={"message_id": sent.message_id})
+                        failures.append({"itemIdentifier": sent.message_id})
+                        message = None
+                admitted = True
         return {"batchItemFailures": failures} if batch_failures else None
 
     parsed = event_parser(model=model, envelope=envelope)(handle)

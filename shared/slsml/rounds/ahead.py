@@ -7,7 +7,11 @@ round takes it from the warm cache, and the model the round before entered too (
 What it holds: two models' float32 weights at most, entries of the warm cache within its bound (the model a round
 entered and the one its next round enters), and, while a read ahead is under way, its shards' bytes and the vector
 they are decoded into (``sizing.AHEAD_COPIES``, counted beside the step). A model is kept by run, generation and
-iteration: a resumed run (a new generation) reads its own."""
+iteration: a resumed run (a new generation) reads its own.
+
+A worker's invocation goes on to its next round once the model that round enters is merged, while it has
+``GO_ON_ROUNDS`` rounds' time left (``slsml.pipeline.steps.worker.going_on``); the plan counts those rounds
+(``slsml.cost.predict.going_on``)."""
 
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ from slsml.aws import cache
 
 logger = Logger(child=True)
 POLL_S = 0.05  # how often a worker looks for the next model's manifest while its round computes
+# a worker's invocation goes on to its next round while it has this many rounds' time left (slsml.pipeline.steps.worker)
+GO_ON_ROUNDS = 2.0
 _pending: dict[Hashable, threading.Thread] = {}  # reads under way, by the key their model lands at
 
 

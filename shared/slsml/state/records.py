@@ -201,6 +201,11 @@ class Counter(BaseModel):
         default_factory=set,
         description="workers whose round was re-launched once: a reducer refused the update they reported",
     )
+    went_on: set[int] = Field(
+        default_factory=set,
+        description="stale_weights: workers whose invocation went on to this round from the round before",
+    )
+    published: set[int] = Field(default_factory=set, description="stale_weights: workers the launch sent Work to")
 
     @property
     def fired_at_deadline(self) -> bool:

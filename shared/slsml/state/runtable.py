@@ -503,6 +503,50 @@ class RunTable:
             return None
         return Counter.model_validate({**plain(item["Attributes"]), "iteration": done.iteration})
 
+    def go_on(self, run_id: str, iteration: int, worker: int, generation: int) -> bool:
+        """``stale_weights``: take ``worker``'s round of ``iteration`` for the invocation that computed its round
+        before, unless the iteration's launch sent that round to a fresh invocation (``send_work``): whether it was
+        taken. The one write decides, whichever of the two comes first."""
+        free = "(attribute_not_exists({0}) OR NOT contains({0}, :worker))"
+        return (
+            conditional(
+                lambda: self.table.update_item(
+                    Key=self._key(run_id, iteration_sk(iteration)),
+                    UpdateExpression="ADD went_on :workers",
+                    ConditionExpression=" AND ".join(
+                        (
+                            free.format("published"),
+                            free.format("went_on"),
+                            "(attribute_not_exists(generation) OR generation = :generation)",
+                        )
+                    ),
+                    ExpressionAttributeValues={":workers": {worker}, ":worker": worker, ":generation": generation},
+                )
+            )
+            is not None
+        )
+
+    def send_work(self, run_id: str, iteration: int, workers: int) -> list[int]:
+        """``stale_weights``: of the ``workers`` rounds of ``iteration``, those no invocation went on to compute
+        (``go_on``), now taken for Work messages of the iteration's launch (a retry of it takes them again)."""
+        while True:
+            went_on = self.get_counter(run_id, iteration).went_on
+            sent = [w for w in range(workers) if w not in went_on]
+            if not sent:
+                return []
+            # the set only grows: its size as read says no invocation went on since
+            unchanged = "size(went_on) = :seen" if went_on else "attribute_not_exists(went_on)"
+            seen = {":seen": len(went_on)} if went_on else {}
+            sending = partial(
+                self.table.update_item,
+                Key=self._key(run_id, iteration_sk(iteration)),
+                UpdateExpression="ADD published :sent",
+                ConditionExpression=unchanged,
+                ExpressionAttributeValues={":sent": set(sent), **seen},
+            )
+            if conditional(sending):
+                return sent
+
     def _add(self, run_id: str, iteration: int, counter: str, amount: int | set[int] = 1) -> None:
         """Add to one of the iteration's summary counts, if its counter is there: a count that comes after a
         resume deleted the counter is dropped, not stored in an item of its own."""

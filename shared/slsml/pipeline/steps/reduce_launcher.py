@@ -1,14 +1,15 @@
-"""ReduceLauncher: count finished workers; at the quorum, fire the reducers exactly once. Workers whose
-update is non-finite count as arrived but are left out; if all of them are, the run fails. Reports
-of an attempt the watchdog superseded are ignored.
+"""ReduceLauncher: count finished workers; at the quorum, fire the reducers exactly once. Workers whose update is
+non-finite count as arrived but are left out; if all of them are, the run fails. Reports of an attempt the watchdog
+superseded are ignored.
 
-Fully asynchronous training (ASP, ``staleness unbounded``) has no barrier: a report's update waits in the run's
-table (``RunTable.wait``) and the reduce of the model version the run is at fires with every update waiting, once
+Fully asynchronous training (ASP, ``staleness unbounded``) has no barrier: a report's update waits in the run's table
+(``RunTable.wait``) and the reduce of the model version the run is at fires with every update waiting, once
 (``apply_next``); the version's merge launches their workers again and applies the updates that came meanwhile.
 
-Under ``stale_weights`` a reduce, as it fires, launches the next iteration's workers (``launch_ahead``), which train
-from the weights one round stale; their reduce fires once the model it steps is merged: at the quorum if the run
-advanced to it by then, else by the Merger that advances it (``fire_held``).
+Under ``stale_weights`` a reduce, as it fires, launches the next iteration's workers (``launch_ahead``: those whose
+invocations did not go on to it, ``steps.worker.going_on``), which train from the weights one round stale; their
+reduce fires once the model it steps is merged: at the quorum if the run advanced to it by then, else by the Merger
+that advances it (``fire_held``).
 
 A round a reducer re-launched, once, because the update its worker reported was refused (``reducer``) reports again:
 its fresh update takes the refused one's place among the reduce's participants, and the reduce fires again
@@ -207,8 +208,8 @@ def fire_held(services: Services, config: RunConfig, iteration: int, generation:
     """``stale_weights``: the model entering ``iteration`` is merged: fire the iteration's reduce if its quorum came
     before (its reports held it)."""
     counter = services.table.get_counter(config.run_id, iteration)
-    if counter.launched_by is None or counter.reduce_fired_by is not None:
-        return
+    if (counter.launched_by is None and not counter.went_on) or counter.reduce_fired_by is not None:
+        return  # (workers that went on to it from the round before may report before its launch)
     workers = counter.workers or config.workers
     reports = services.table.worker_reports(config.run_id, iteration, workers, generation)
     if reports:

@@ -1,12 +1,13 @@
-"""WorkLauncher: an iteration's trigger is stored (the initial model, whose S3 event says so, or the manifest of
-the model entering a later one, which the Merger announces: ``keys.trigger``) → launch its iteration's workers; the
-final model's: launch the workers that evaluate it (an iteration past the budget: see ``steps.worker``), which
-finish the run. Under ASP (``staleness unbounded``) a model version launches only the workers whose updates made it
-(the first: all of them), each with the number of the update it computes.
-A run whose spend reached its dollar budget launches nothing more: it is stopped
+"""WorkLauncher: an iteration's trigger is stored (the initial model, whose S3 event says so, or the manifest of the
+model entering a later one, which the Merger announces: ``keys.trigger``) → launch its iteration's workers; the final
+model's: launch the workers that evaluate it (an iteration past the budget: see ``steps.worker``), which finish the
+run. Under ``stale_weights`` a reduce that fires launches the next iteration ahead of its model: Work goes to the
+workers whose invocations did not go on to it from the round before (``steps.worker``). Under ASP (``staleness
+unbounded``) a model version launches only the workers whose updates made it (the first: all of them), each with the
+number of the update it computes. A run whose spend reached its dollar budget launches nothing more: it is stopped
 (``slsml.pipeline.spend``). With a GPU worker, a run's first launch raises the worker's fleet (``slsml.aws.fleet``)
-and, until it is there, leaves the launch to the watchdog, which looks again every FLEET_POLL_S and launches once
-it is."""
+and, until it is there, leaves the launch to the watchdog, which looks again every FLEET_POLL_S and launches once it
+is."""
 
 from __future__ import annotations
 
@@ -123,11 +124,13 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services,
         services.orchestrator.heartbeat(run.task_token)
         services.table.mark_heartbeat(run_id)
     asynchronous = run.training.asynchronous and iteration < run.iterations
-    launched: Mapping[int, int | None] = (
-        asynchronous_launches(services, run.run_id, iteration, workers, run.iterations)
-        if asynchronous
-        else dict.fromkeys(range(workers))
-    )
+    launched: Mapping[int, int | None]
+    if asynchronous:
+        launched = asynchronous_launches(services, run.run_id, iteration, workers, run.iterations)
+    elif ahead:  # the workers whose invocations went on to the iteration from the one before compute it there
+        launched = dict.fromkeys(services.table.send_work(run_id, iteration, workers))
+    else:
+        launched = dict.fromkeys(range(workers))
     services.bus.publish(
         wiring.WORK,
         [
@@ -147,7 +150,7 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services,
         _start_chain(services, run, iteration, time.time() + run.deadline_s)
     logger.info(
         "evaluation launched" if iteration >= run.iterations else "iteration launched",
-        extra={"run_id": run_id, "iteration": iteration, "workers": workers},
+        extra={"run_id": run_id, "iteration": iteration, "workers": workers, "sent": len(launched)},
     )
     return Outcome.LAUNCHED
 

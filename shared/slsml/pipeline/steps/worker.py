@@ -67,6 +67,8 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
         count = reader_for(services.store, config).manifest.train.count
         _evaluate(message, config, services, trainer, evaluated(config, message.iteration, count))
         return None
+    global _round_started
+    _round_started = time.monotonic()
     done = _compute(message, config, services)
     if done is None:
         return None
@@ -75,6 +77,42 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     if done.finite:  # a non-finite update is announced with no loss
         metrics.emit(Metric.TRAIN_LOSS, done.loss, MetricUnit.NoUnit)
     return done
+
+
+_round_started = 0.0  # when the invocation's latest round began (time.monotonic)
+
+
+def going_on(message: WorkMessage, done: WorkDone | None, services: Services) -> WorkMessage | None:
+    """``stale_weights``: the worker's round of the next iteration, taken to compute in this invocation
+    (``RunTable.go_on``) as soon as ``message``'s round reported ``done``, once the model the next round enters (the
+    one entering this round's: ``_ahead`` reads it as this round computes) is merged, unless that iteration's
+    launch sent it to a fresh invocation already; so that its GPU computes while the reduce it waited for runs. None:
+    the invocation ends (another round's time is not left, the run ended or moved on, the next iteration is the
+    evaluation's or past the budget, or the workers are tuned)."""
+    config = run_config(services, message.run_id)
+    spec, following = config.training, message.iteration + 1
+    if done is None or not spec.stale_weights or spec.workers == "auto" or following >= spec.iterations:
+        return None
+    if evaluated(config, following, reader_for(services.store, config).manifest.train.count):
+        return None  # launched by its merge, after the model entering it is evaluated
+    round_s = time.monotonic() - _round_started
+    entered = keys.trigger(message.run_id, message.iteration)
+    while not services.store.exists(entered):  # the reduce of the round before is not merged yet
+        if lifetime.remaining_s() < ahead.GO_ON_ROUNDS * round_s + ahead.POLL_S:
+            return None
+        time.sleep(ahead.POLL_S)
+    run = services.table.get_run(message.run_id)
+    if lifetime.remaining_s() < ahead.GO_ON_ROUNDS * round_s or run.status != RunStatus.RUNNING:
+        return None
+    if run.generation != message.generation or not services.table.go_on(
+        message.run_id, following, message.worker, message.generation
+    ):
+        return None
+    logger.info(
+        "round goes on in this invocation",
+        extra={"run_id": message.run_id, "iteration": following, "worker": message.worker},
+    )
+    return message.model_copy(update={"iteration": following, "attempt": 0, "resume": 0, "ahead": True})
 
 
 def _entering(
