@@ -9,7 +9,7 @@ from slsml.spec.messages import WorkMessage
 lambda_handler = pipeline_handler(
     "worker",
     WorkMessage,
-    worker.work,
+    worker.step,
     stage=lambda m: f"worker {m.worker}",
     idempotent=lambda m: m.resume > 0,
     goes_on=worker.going_on,

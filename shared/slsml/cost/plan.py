@@ -74,9 +74,13 @@ class GoingOn(BaseModel):
     last it can compute is launched as its iteration's reduce fires."""
 
     period_s: float = Field(
-        description="a round that follows the worker's round before in its invocation, from that one's report to its"
-        " own: the Worker's time less its invocation's start, plus the merged model's HeadObject, the run's read"
-        " and the round's take (DynamoDB)"
+        description="a round that follows the worker's round before in its invocation: the Worker's time less its"
+        " invocation's start and the round before's update stored and announced (as this one computes), plus the"
+        " merged model's HeadObject, the run's read and the round's take (DynamoDB)"
+    )
+    reported_s: float = Field(
+        description="from a round's compute to its report at the ReduceLauncher: its update stored, WorkDone"
+        " published and delivered"
     )
     rounds: int = Field(description="rounds one invocation computes: its first, and those it goes on to")
 

@@ -399,14 +399,17 @@ def _worker_timeout(w: Workload, quotas: Quotas) -> float:
 def going_on(w: Workload, p: Parameters, worker: WorkerTimes, timeout_s: float) -> GoingOn | None:
     """``stale_weights``: the rounds a worker's invocation goes on to (``slsml.pipeline.steps.worker.going_on``),
     none where a round outlasts one invocation or the workers are tuned. A round it goes on to skips the
-    invocation's start and adds its checks; the invocation goes on while ``GO_ON_ROUNDS`` such rounds' time is left
-    of its ``timeout_s``, its first round (with its start) done."""
+    invocation's start and adds its checks, and the update of the round before is stored and announced as it
+    computes; the invocation goes on while ``GO_ON_ROUNDS`` such rounds' time is left of its ``timeout_s``, its first
+    round (with its start) done."""
     spec = w.training
     if not spec.stale_weights or spec.workers == "auto" or worker.handing.handed_on:
         return None
-    period = worker.worker_s - p.handler_s + p.s3_request_s + 2 * p.dynamodb_s
+    stored = worker.write_update + p.sns_publish_s  # as the next round computes
+    period = worker.worker_s - p.handler_s - stored + p.s3_request_s + 2 * p.dynamodb_s
     left = timeout_s - worker.worker_s - ahead.GO_ON_ROUNDS * period
-    return GoingOn(period_s=period, rounds=1 + (math.floor(left / period) + 1 if left >= 0 else 0))
+    rounds = 1 + (math.floor(left / period) + 1 if left >= 0 else 0)
+    return GoingOn(period_s=period, reported_s=stored + p.sns_lambda_s, rounds=rounds)
 
 
 def _read_ahead(p: Parameters, s: Sizes, times: PipelineTimes, one: float, invocation_s: float) -> tuple[float, int]:
@@ -641,8 +644,9 @@ def _reduce_stages(p: Parameters, s: Sizes, times: PipelineTimes) -> list[Stage]
 
 def overlapped(w: Workload, stages: list[Stage], fire_s: float, gone: GoingOn | None) -> float | None:
     """``stale_weights``: an iteration's mean period. A round a worker's invocation goes on to (``gone``) starts as
-    soon as that worker's round before has reported and the model it enters is merged: it takes the longer of its
-    own period and the reduce side (the reducers and the Merger of the round before, then the held reduce's fire). A
+    soon as that worker's round before has computed and the model it enters is merged: it takes the longer of its
+    own period and the round before's report (stored, announced, delivered) with the reduce side after it (the
+    reducers and the Merger of the round before, then the held reduce's fire). A
     round launched as the round before's reduce fires takes the longer of its workers' side (the launch, the round,
     the report, the fire: the stages from the WorkLauncher to the ReduceLauncher's) and the reduce side; an
     iteration whose workers evaluate the model entering it (every ``eval_every``) is launched by its merge, the whole
@@ -656,7 +660,7 @@ def overlapped(w: Workload, stages: list[Stage], fire_s: float, gone: GoingOn | 
     ahead_s, chain = max(workers_side, reduce_side), sum(stage.seconds for stage in stages)
     every = w.training.eval_every or w.iterations
     launched = every if gone is None else math.ceil(every / gone.rounds)  # the merge's, then the fires'
-    following = 0.0 if gone is None else (every - launched) * max(gone.period_s, reduce_side)
+    following = 0.0 if gone is None else (every - launched) * max(gone.period_s, gone.reported_s + reduce_side)
     return (chain + (launched - 1) * ahead_s + following) / every
 
 

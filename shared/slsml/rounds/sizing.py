@@ -49,6 +49,9 @@ SUM_COPIES = 2.0  # a step of several micro-batches: their float64 sum, twice a 
 # stale_weights: the read of the next round's model under way beside the step, its shards' bytes and its vector
 # (``slsml.rounds.ahead``; the models it keeps are the warm cache's)
 AHEAD_COPIES = 2.0
+# under stale_weights, the update of the round before (its vector and its encoded bytes), stored as a round computes
+# (slsml.pipeline.steps.worker.step)
+STORING_COPIES = 2.0
 # the sum as stored or read back (a round handed on): the archive's bytes beside it, while no micro-batch computes
 ARCHIVE_COPIES = 2.0
 GIB = 1024**3  # an accelerator's memory is given in GiB (functions.worker.accelerator_gib)
@@ -183,8 +186,10 @@ def of_accelerator(config: RunConfig, accelerator_gib: int) -> AcceleratorMemory
 
 def other_bytes(model_bytes: float, slot_bytes: float, residual_bytes: float, stale_weights: int) -> float:
     """What a worker holds beside a step besides the model's buffers: its slot's state and residual as read and as
-    stored, and, under ``stale_weights``, the read of its next round's model under way (``AHEAD_COPIES``)."""
-    return 2 * slot_bytes + 2 * residual_bytes + (AHEAD_COPIES * model_bytes if stale_weights else 0.0)
+    stored, and, under ``stale_weights``, the read of its next round's model under way (``AHEAD_COPIES``) and the
+    update of its round before, stored as this one computes (``STORING_COPIES``)."""
+    ahead = (AHEAD_COPIES + STORING_COPIES) * model_bytes if stale_weights else 0.0
+    return 2 * slot_bytes + 2 * residual_bytes + ahead
 
 
 def of_run(config: RunConfig, memory_mb: float, cache_mb: float, slot_bytes: int) -> WorkerMemory:

@@ -16,7 +16,8 @@ import functools
 import io
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -59,6 +60,30 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
     """Compute the update of the worker's slice, evaluating the model entering the iteration first when it is due;
     past the budget, only evaluate the final model (None: nothing to announce, as when the evaluation ended the
     run)."""
+    finish = _round(message, services)
+    return None if finish is None else _announced(finish(), services)
+
+
+def step(message: WorkMessage, services: Services) -> Future[WorkDone] | WorkDone | None:
+    """``work`` as the Worker's invocations run it: under ``stale_weights``, a round's update is stored and announced
+    while the invocation goes on to the worker's next round (``going_on``), which waits for it only as it ends
+    (``_stored``); else as ``work``. The report of the round before is in once a round has computed."""
+    try:
+        finish = _round(message, services)
+    finally:
+        _stored()
+    if finish is None:
+        return None
+    if not run_config(services, message.run_id).training.stale_weights or message.resume:
+        return _announced(finish(), services)  # (a continuation is handled once: its update is in as it ends)
+    global _storing
+    _storing = _background().submit(lambda: _announced(finish(), services))
+    return _storing
+
+
+def _round(message: WorkMessage, services: Services) -> Callable[[], WorkDone] | None:
+    """The round of ``message`` computed (or the final model evaluated: None), and what stores and announces its
+    update."""
     config = run_config(services, message.run_id)
     if message.worker >= message.workers:
         raise RunFailed(f"work message for worker {message.worker} of an iteration of {message.workers} workers")
@@ -69,9 +94,11 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
         return None
     global _round_started
     _round_started = time.monotonic()
-    done = _compute(message, config, services)
-    if done is None:
-        return None
+    return _compute(message, config, services)
+
+
+def _announced(done: WorkDone, services: Services) -> WorkDone:
+    """``done``, its update stored, published, with its metrics."""
     services.bus.publish(wiring.WORK_DONE, [done])
     metrics.emit(Metric.WORKER_COMPUTE_SECONDS, done.compute_s, MetricUnit.Seconds)
     if done.finite:  # a non-finite update is announced with no loss
@@ -80,15 +107,40 @@ def work(message: WorkMessage, services: Services) -> WorkDone | None:
 
 
 _round_started = 0.0  # when the invocation's latest round began (time.monotonic)
+_storing: Future[WorkDone] | None = None  # a round's update being stored and announced as the next round computes
 
 
-def going_on(message: WorkMessage, done: WorkDone | None, services: Services) -> WorkMessage | None:
+@functools.cache
+def _background() -> ThreadPoolExecutor:
+    """The thread that stores and announces a round's update while the invocation goes on."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="storing")
+
+
+def _stored() -> None:
+    """Wait until the update of the round before is stored and announced (its failure raised here)."""
+    global _storing
+    storing, _storing = _storing, None
+    if storing is not None:
+        storing.result()
+
+
+def going_on(message: WorkMessage, done: Future[WorkDone] | WorkDone | None, services: Services) -> WorkMessage | None:
     """``stale_weights``: the worker's round of the next iteration, taken to compute in this invocation
-    (``RunTable.go_on``) as soon as ``message``'s round reported ``done``, once the model the next round enters (the
-    one entering this round's: ``_ahead`` reads it as this round computes) is merged, unless that iteration's
-    launch sent it to a fresh invocation already; so that its GPU computes while the reduce it waited for runs. None:
-    the invocation ends (another round's time is not left, the run ended or moved on, the next iteration is the
-    evaluation's or past the budget, or the workers are tuned)."""
+    (``RunTable.go_on``) as soon as ``message``'s round has computed (``done``: its report, stored and announced
+    meanwhile), once the model the next round enters (the one entering this round's: ``_ahead`` reads it as this
+    round computes) is merged, unless that iteration's launch sent it to a fresh invocation already; so that its GPU
+    computes while the update is stored and the reduce it waited for runs. None: the invocation ends, the report in
+    (another round's time is not left, the run ended or moved on, the next iteration is the evaluation's or past
+    the budget, or the workers are tuned)."""
+    following = _following(message, done, services)
+    if following is None:
+        _stored()
+    return following
+
+
+def _following(
+    message: WorkMessage, done: Future[WorkDone] | WorkDone | None, services: Services
+) -> WorkMessage | None:
     config = run_config(services, message.run_id)
     spec, following = config.training, message.iteration + 1
     if done is None or not spec.stale_weights or spec.workers == "auto" or following >= spec.iterations:
@@ -158,7 +210,7 @@ def _ahead(services: Services, config: RunConfig, message: WorkMessage) -> ahead
     )
 
 
-def _compute(message: WorkMessage, config: RunConfig, services: Services) -> WorkDone | None:
+def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Callable[[], WorkDone] | None:
     store, spec = services.store, config.training
     if services.limits.worker_accelerator_gib is not None:  # a GPU worker reads in blocks unless told otherwise
         spec = spec.on_gpu_workers()
@@ -258,10 +310,10 @@ def _train(
     micro_batch: int,
     resumed: progress.Progress | None,
     entering: int,
-) -> WorkDone | None:
+) -> Callable[[], WorkDone] | None:
     """The round's update from ``start`` (the weights entering iteration ``entering``) on its ``batches`` (their
-    indices; ``left``: the micro-batches of those left to compute, ``micro_batch`` samples at most each), stored and
-    announced; None where the round is handed on."""
+    indices; ``left``: the micro-batches of those left to compute, ``micro_batch`` samples at most each): what
+    stores and announces it, once computed; None where the round is handed on."""
     store, spec = services.store, config.training
     compression, rule = config.compression_at(message.iteration), rules.of(spec)
     weights = start if compression.kind == "significance" else None
@@ -297,49 +349,60 @@ def _train(
         computed = accumulate.computed([len(b) for b in batches], micro_batch, update.steps, update.micro_batches)
         _hand_on(message, services, replace(update, compute_s=compute_s), computed)
         return None
-    finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
-    # under loss scaling the update takes part whatever it holds: a non-finite gradient makes every shard skip the step
-    counted = finite or loss_scale is not None
-    overflow = loss_scale is not None and not np.isfinite(update.vector[config.plan.trainable_mask()]).all()
-    if compression.lossy:  # error feedback: the residual is stored first, create-only (see slsml.training.feedback)
-        compressed = feedback.compress(update.vector, previous, config.plan, compression, samples, rule.kind, weights)
-        body, header = compressed.update
-        store.put_new(
-            keys.residual(message.run_id, message.iteration, message.worker),
-            feedback.encode_residual(compressed.residual),
-        )
-    else:
-        body, header = updates.encode(update.vector, samples, rule.kind, compression, config.plan)
-    report: dict[str, Any] = {
-        "run_id": message.run_id,
-        "iteration": message.iteration,
-        "generation": message.generation,
-        "worker": message.worker,
-        "attempt": message.attempt,
-        "samples": int(samples),
-        "loss": float(update.loss) if np.isfinite(update.loss) and counted else 0.0,
-        "compute_s": float(compute_s),
-        "finite": bool(counted),
-        "stale": message.ahead,
-    }
-    # a non-finite update's metrics are left out; a metric's NaN or Inf is reported, as Keras shows it
-    metrics = update.metrics.tolist() if counted and update.metrics is not None else None
-    scaled = {} if loss_scale is None else precision.metadata(loss_scale, not overflow)
-    # the report as stored with the update, without its metrics (S3 metadata holds 2 KB: a retry computes them anew)
-    # and its ETag (S3 gives it the bytes stored)
-    metadata = {"done": json.dumps(report), **header, **scaled}
-    log = {"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker}
-    if not counted:
-        logger.warning("non-finite update", extra={**log, "loss": repr(update.loss)})
-    elif loss_scale is not None and overflow:
-        logger.info("gradient not finite under loss scaling: the step is skipped", extra={**log, **asdict(loss_scale)})
-    key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
-    # an object of other bytes at the key is not this worker's: it is replaced (put_own), never announced
-    created, etag = store.put_own(key, body, metadata=metadata)
-    if not created:  # a duplicate or a retry: announce the stored update (a resumed run may announce it again)
-        report = {**json.loads((store.head(key) or {})["done"]), "generation": message.generation}
-    # the report names its update by the ETag S3 gave it: its readers take no other bytes (slsml.pipeline.steps.reducer)
-    return WorkDone.model_validate({**report, "metrics": metrics, "etag": etag})
+
+    def finish() -> WorkDone:
+        """The round's update, encoded, stored and announced."""
+        finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
+        # under loss scaling the update takes part whatever it holds: a non-finite gradient makes every shard skip
+        # the step
+        counted = finite or loss_scale is not None
+        overflow = loss_scale is not None and not np.isfinite(update.vector[config.plan.trainable_mask()]).all()
+        if compression.lossy:  # error feedback: the residual is stored first, create-only (see slsml.training.feedback)
+            compressed = feedback.compress(
+                update.vector, previous, config.plan, compression, samples, rule.kind, weights
+            )
+            body, header = compressed.update
+            store.put_new(
+                keys.residual(message.run_id, message.iteration, message.worker),
+                feedback.encode_residual(compressed.residual),
+            )
+        else:
+            body, header = updates.encode(update.vector, samples, rule.kind, compression, config.plan)
+        report: dict[str, Any] = {
+            "run_id": message.run_id,
+            "iteration": message.iteration,
+            "generation": message.generation,
+            "worker": message.worker,
+            "attempt": message.attempt,
+            "samples": int(samples),
+            "loss": float(update.loss) if np.isfinite(update.loss) and counted else 0.0,
+            "compute_s": float(compute_s),
+            "finite": bool(counted),
+            "stale": message.ahead,
+        }
+        # a non-finite update's metrics are left out; a metric's NaN or Inf is reported, as Keras shows it
+        metrics = update.metrics.tolist() if counted and update.metrics is not None else None
+        scaled = {} if loss_scale is None else precision.metadata(loss_scale, not overflow)
+        # the report as stored with the update, without its metrics (S3 metadata holds 2 KB: a retry computes them anew)
+        # and its ETag (S3 gives it the bytes stored)
+        metadata = {"done": json.dumps(report), **header, **scaled}
+        log = {"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker}
+        if not counted:
+            logger.warning("non-finite update", extra={**log, "loss": repr(update.loss)})
+        elif loss_scale is not None and overflow:
+            logger.info(
+                "gradient not finite under loss scaling: the step is skipped", extra={**log, **asdict(loss_scale)}
+            )
+        key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
+        # an object of other bytes at the key is not this worker's: it is replaced (put_own), never announced
+        created, etag = store.put_own(key, body, metadata=metadata)
+        if not created:  # a duplicate or a retry: announce the stored update (a resumed run may announce it again)
+            report = {**json.loads((store.head(key) or {})["done"]), "generation": message.generation}
+        # the report names its update by the ETag S3 gave it: its readers take no other bytes
+        # (slsml.pipeline.steps.reducer)
+        return WorkDone.model_validate({**report, "metrics": metrics, "etag": etag})
+
+    return finish
 
 
 def _hand_on(message: WorkMessage, services: Services, reached: progress.Progress, done: int) -> None:
