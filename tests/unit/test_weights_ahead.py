@@ -5,6 +5,7 @@ from S3, and that round's update is the very bytes of one that read them."""
 from __future__ import annotations
 
 import threading
+import time
 import urllib.parse
 
 import pytest
@@ -94,3 +95,34 @@ def test_only_a_round_launched_ahead_looks_for_the_next_model(
         assert cloud.work(services, RUN, iteration=2) is not None
     looks = heads.count(keys.manifest(RUN, 3 - stale_weights))
     assert (looks > 0) == bool(stale_weights), heads
+
+
+def test_a_round_that_follows_in_its_invocation_reads_no_samples_on_its_path(
+    services: Services, model_bytes: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its first micro-batches (here, its one: 8 samples) were read as the round before's last computed; its update
+    is the one a round that reads them itself computes."""
+    cloud.register_run(services, model_bytes, RUN, stale_weights=1, eval_every=0)
+    for iteration in (1, 2):
+        cloud.place_initial(services, RUN, iteration)
+    phase, reads = ["2"], []
+    read = step._batch
+
+    def recorded(reader: object, indices: object, config: object) -> object:
+        reads.append((phase[0], tuple(indices)))  # type: ignore[call-overload]
+        return read(reader, indices, config)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(step, "_batch", recorded)
+    _round(services, 2)  # its last micro-batch computing, the samples of round 3 are read
+    deadline = time.monotonic() + WAIT_S
+    while len(reads) < 2:  # its own, and the next round's
+        assert time.monotonic() < deadline, reads
+        time.sleep(0.01)
+    phase[0] = "3"
+    read_before = _round(services, 3)  # (its own last computing, round 4's are read)
+    phase[0] = "3 anew"
+    read_now = _round(services, 3, attempt=1)
+    by_phase = {name: [indices for p, indices in reads if p == name] for name in ("2", "3", "3 anew")}
+    own, following = by_phase["2"]
+    assert following != own and following not in by_phase["3"] and following in by_phase["3 anew"]
+    assert read_now == read_before  # bit for bit

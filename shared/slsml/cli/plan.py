@@ -38,6 +38,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     workers_given = args.workers is not None  # without --workers, a plan of GPU workers chooses W
     if not workers_given:
         args.workers = TrainingSpec.model_fields["workers"].default
+    stale_given = args.stale_weights is not None  # and, without --stale-weights, whether to run on stale weights
+    if not stale_given:
+        args.stale_weights = TrainingSpec.model_fields["stale_weights"].default
     spec = options.training_spec(
         argparse.Namespace(
             **{**vars(args), "reducers": args.reducers or 1, "pipeline_stages": args.pipeline_stages or 1}
@@ -48,7 +51,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if limits is not None and limits.worker_accelerator_gib is not None and args.accelerator is None:
         # the deployment's GPU workers (functions.worker.accelerator_gib), on its instance types
         args.accelerator = f"worker={limits.worker_accelerator_gib}"
-    return planreport.run(args, spec, display.results(args.json), manifest, limits, workers_given)
+    return planreport.run(args, spec, display.results(args.json), manifest, limits, workers_given, stale_given)
 
 
 def add_commands(commands: Any) -> None:
@@ -57,7 +60,10 @@ def add_commands(commands: Any) -> None:
 
     plan = commands.add_parser("plan", help="predict a run's time, requests, dollars and quotas on AWS")
     options.training_flags(
-        plan, iterations=None, required=False, defaults={"reducers": None, "workers": None, "pipeline_stages": None}
+        plan,
+        iterations=None,
+        required=False,
+        defaults={"reducers": None, "workers": None, "pipeline_stages": None, "stale_weights": None},
     )
     planreport.add_arguments(plan)
     plan.set_defaults(handler=cmd_plan)

@@ -75,8 +75,9 @@ class GoingOn(BaseModel):
 
     period_s: float = Field(
         description="a round that follows the worker's round before in its invocation: the Worker's time less its"
-        " invocation's start and the round before's update stored and announced (as this one computes), plus the"
-        " merged model's HeadObject, the run's read and the round's take (DynamoDB)"
+        " invocation's start, the round before's update stored and announced (as this one computes) and its first"
+        " micro-batch's read (as the round before's last computed), plus the merged model's HeadObject, the run's"
+        " read and the round's take (DynamoDB)"
     )
     reported_s: float = Field(
         description="from a round's compute to its report at the ReduceLauncher: its update stored, WorkDone"

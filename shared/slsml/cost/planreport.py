@@ -238,16 +238,19 @@ def run(
     manifest: DatasetManifest | None = None,
     limits: RunLimits | None = None,
     workers_given: bool = True,
+    stale_given: bool = True,
 ) -> int:
     """The plan of the run ``spec`` (its R the fastest for W unless --reducers was given), the arguments and the
     dataset on the deployment of run ``limits`` (a default one: None), drawn on ``console``; with --json also as
     one JSON object on stdout. With --accelerator the plan is of GPU workers, and with it or --compare-vm the CPU
     workers', the GPU workers' and one machine's figures are set side by side, and the cheapest W and R as fast as
     the machine recommended: with --accelerator and no --workers (``workers_given`` False) the plan is of that W
-    and R."""
+    and R, and, without --stale-weights (``stale_given`` False), on stale weights where its cards wait for the chain
+    more than a tenth of the iteration (``verdict.on_stale_weights``)."""
     from slsml.accounting import prices
     from slsml.cost.parameters import Parameters, Quotas, load_overrides
     from slsml.cost.recommend import as_fast_as, recommend
+    from slsml.cost.verdict import on_stale_weights
     from slsml.cost.verdict import verdict as verdict_of
     from slsml.cost.vm import compare_vm, side_by_side
 
@@ -264,6 +267,10 @@ def run(
     if args.sweep is not None:
         return _sweep(args, asked, parameters, quotas, price_table, fixed, console)
     plan = _plan(asked, parameters, quotas, price_table, origin, fixed)
+    choosing = gpu is not None and args.accelerator is not None and not workers_given
+    if choosing and not stale_given and (stale := on_stale_weights(plan)) is not None:
+        asked = stale  # its cards wait for the chain: the plan chooses stale weights as it chooses W and R
+        plan = _plan(asked, parameters, quotas, price_table, origin, fixed)
     machine = None
     if args.compare_vm:
         samples_per_s, dollars_per_hour, name = args.compare_vm

@@ -328,6 +328,8 @@ class WorkerTimes:
     read_model: float  # one model's R shards, wherever they are read
     polls: int  # stale_weights: the HeadObjects a round makes looking for the next model's manifest (0: none)
     compute_s: float  # its round's gradients, as its kind computes them
+    first_s: float  # the read of its round's first micro-batch, alongside the weights
+    last_s: float  # the compute of its round's last micro-batch
     streamed_s: float  # the round's compute and the data reads behind it
     slot_s: float
     residual_read: float
@@ -382,6 +384,8 @@ def _worker_times(
         read_model=one,
         polls=polls,
         compute_s=compute_s,
+        first_s=first_s,
+        last_s=compute_s / (traffic.compute_steps * steps.per_step),
         streamed_s=streamed_s,
         slot_s=slot_s,
         residual_read=residual_read,
@@ -397,16 +401,19 @@ def _worker_timeout(w: Workload, quotas: Quotas) -> float:
 
 
 def going_on(w: Workload, p: Parameters, worker: WorkerTimes, timeout_s: float) -> GoingOn | None:
-    """``stale_weights``: the rounds a worker's invocation goes on to (``slsml.pipeline.steps.worker.going_on``),
-    none where a round outlasts one invocation or the workers are tuned. A round it goes on to skips the
-    invocation's start and adds its checks, and the update of the round before is stored and announced as it
-    computes; the invocation goes on while ``GO_ON_ROUNDS`` such rounds' time is left of its ``timeout_s``, its first
-    round (with its start) done."""
+    """``stale_weights``: the rounds a worker's invocation goes on to (``slsml.pipeline.steps.worker.going_on``), none
+    where a round outlasts one invocation or the workers are tuned. A round it goes on to skips the invocation's start
+    and adds its checks, its first micro-batch is read as the round before's last computes, and the update of the round
+    before is stored and announced as it computes; the invocation goes on while ``GO_ON_ROUNDS`` such rounds' time is
+    left of its ``timeout_s``, its first round (with its start) done."""
     spec = w.training
     if not spec.stale_weights or spec.workers == "auto" or worker.handing.handed_on:
         return None
     stored = worker.write_update + p.sns_publish_s  # as the next round computes
-    period = worker.worker_s - p.handler_s - stored + p.s3_request_s + 2 * p.dynamodb_s
+    # its first micro-batch read as the round before's last computed, its weights ahead as ever
+    read = max(worker.read_weights, worker.first_s - worker.last_s)
+    launched = max(worker.read_weights, worker.first_s)
+    period = worker.worker_s - p.handler_s - stored - launched + read + p.s3_request_s + 2 * p.dynamodb_s
     left = timeout_s - worker.worker_s - ahead.GO_ON_ROUNDS * period
     rounds = 1 + (math.floor(left / period) + 1 if left >= 0 else 0)
     return GoingOn(period_s=period, reported_s=stored + p.sns_lambda_s, rounds=rounds)

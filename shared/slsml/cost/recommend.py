@@ -47,6 +47,9 @@ class MachineMatch(BaseModel):
     dollars_vs_machine: float
     searched: str = Field(description="the W and R searched, in words")
     priced: bool = Field(default=False, description="whether the plan is priced at this W and R (no --workers)")
+    stale_weights: int = Field(
+        default=0, description="the run's stale_weights: 1 where the plan chose it (no --workers or --stale-weights)"
+    )
 
 
 class Recommendation(BaseModel):
@@ -177,6 +180,7 @@ def as_fast_as(
         time_vs_machine=seconds / vm.run.seconds,
         dollars_vs_machine=dollars / vm.run.dollars,
         searched=f"{spans} at R {reducers[0]}" if reducers_fixed else f"{spans} and R {reducers[0]}–{reducers[-1]}",
+        stale_weights=workload.training.stale_weights,
     )
 
 

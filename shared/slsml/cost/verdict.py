@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from slsml.accounting import prices
 from slsml.cost.parameters import Parameters, Quotas
@@ -14,7 +14,8 @@ from slsml.cost.predict import predict
 from slsml.cost.recommend import MachineMatch, Recommendation, choice_of
 from slsml.cost.vm import gpu_busy
 from slsml.cost.workerround import handed
-from slsml.spec.algorithms import ALGORITHMS
+from slsml.cost.workload import Workload
+from slsml.spec.config import TrainingSpec
 
 FEW_SAMPLES = 16  # a worker's share of the batch below which its compute hardly pays its round trip
 LATENCY_BOUND = 1 / 3  # the share of an iteration in hops between functions past which it is latency-bound
@@ -98,19 +99,29 @@ def verdict(
     )
 
 
+def on_stale_weights(plan: Plan) -> Workload | None:
+    """The plan's workload on ``stale_weights 1`` where its GPU workers wait for the chain more than ``CARD_WAIT`` of
+    the iteration and its update rule takes stale weights (None: CPU workers, stale weights asked, little wait)."""
+    w = plan.workload
+    waited = plan.iteration_s - next(s for s in plan.stages if s.function == "worker").seconds
+    if w.accelerator is None or w.training.stale_weights or waited <= CARD_WAIT * plan.iteration_s:
+        return None
+    try:
+        training = TrainingSpec.model_validate({**w.training.model_dump(exclude_unset=True), "stale_weights": 1})
+    except ValidationError:  # e.g. a local update rule, or staleness unbounded
+        return None
+    return w.model_copy(update={"training": training})
+
+
 def card_wait_sentence(
     plan: Plan, parameters: Parameters, quotas: Quotas, price_table: prices.PriceTable
 ) -> str | None:
     """GPU workers whose cards wait for the chain (the reducers, the Merger, the hops) more than ``CARD_WAIT`` of the
     iteration: what ``--stale-weights 1`` makes of it (None: CPU workers, stale weights asked, or little wait)."""
-    w = plan.workload
-    worker = next(s for s in plan.stages if s.function == "worker")
-    waited = plan.iteration_s - worker.seconds
-    if w.accelerator is None or w.training.stale_weights or ALGORITHMS[w.training.algorithm].local:
+    stale = on_stale_weights(plan)
+    if stale is None:
         return None
-    if waited <= CARD_WAIT * plan.iteration_s:
-        return None
-    stale = w.model_copy(update={"training": w.training.model_copy(update={"stale_weights": 1})})
+    waited = plan.iteration_s - next(s for s in plan.stages if s.function == "worker").seconds
     other = predict(stale, parameters, quotas, price_table)
     busy, other_busy = gpu_busy(plan, parameters), gpu_busy(other, parameters)
     assert busy is not None and other_busy is not None  # GPU workers
@@ -183,7 +194,9 @@ def advice(plan: Plan, recommendation: Recommendation) -> list[str]:
 def match_sentence(match: MachineMatch, plan: Plan) -> str:
     """The cheapest W and R as fast as the machine (or that none is, and the fastest), against the machine."""
     w = plan.workload
-    flags = f"--workers {match.workers} --reducers {match.reducers}"
+    flags = f"--workers {match.workers} --reducers {match.reducers}" + (
+        f" --stale-weights {match.stale_weights}" if match.stale_weights else ""
+    )
     if (match.workers, match.reducers) == (w.workers, w.reducers):
         flags += " (the plan's)"
     figures = f"{match.time_vs_machine:.3g}× its time for {match.dollars_vs_machine:.3g}× its dollars"

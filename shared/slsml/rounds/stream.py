@@ -61,7 +61,8 @@ class Stream:
     """The micro-batches of a round's steps (``batches``: each step's sample indices), ``micro_batch`` samples at
     most each (as even as can be, or, not ``even``, that many each but the last: an evaluation's batches), the first
     step's first ``skip`` left out (a round handed on after them); ``read(indices)`` reads one. Use it as a context
-    manager: its reads stop with it."""
+    manager: its reads stop with it. ``then``, where set, runs on a reading thread once the last micro-batch is taken
+    (the reads of a round to follow begin)."""
 
     def __init__(
         self,
@@ -88,6 +89,7 @@ class Stream:
         self._lock = threading.Lock()
         self._read_s = self._waited_s = 0.0
         self._kept = 0  # micro-batches taken so far: those before the last one taken are let go
+        self.then: Callable[[], object] | None = None  # run (by a reading thread) as the last micro-batch is taken
         self._submit_through(AHEAD - 1)
 
     def __enter__(self) -> Stream:
@@ -112,6 +114,8 @@ class Stream:
                 self._waited_s += time.perf_counter() - started
                 self._read_s += seconds
                 self._kept = number + 1
+                if self._kept == len(self._parts) and self.then is not None:
+                    self._pool.submit(self.then)
         return batch
 
     def timing(self) -> Timing:

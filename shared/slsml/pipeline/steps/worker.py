@@ -134,6 +134,7 @@ def going_on(message: WorkMessage, done: Future[WorkDone] | WorkDone | None, ser
     the budget, or the workers are tuned)."""
     following = _following(message, done, services)
     if following is None:
+        _forget_next_reads()
         _stored()
     return following
 
@@ -142,11 +143,9 @@ def _following(
     message: WorkMessage, done: Future[WorkDone] | WorkDone | None, services: Services
 ) -> WorkMessage | None:
     config = run_config(services, message.run_id)
-    spec, following = config.training, message.iteration + 1
-    if done is None or not spec.stale_weights or spec.workers == "auto" or following >= spec.iterations:
+    following = message.iteration + 1
+    if done is None or not _goes_on(config, following, services):
         return None
-    if evaluated(config, following, reader_for(services.store, config).manifest.train.count):
-        return None  # launched by its merge, after the model entering it is evaluated
     round_s = time.monotonic() - _round_started
     entered = keys.trigger(message.run_id, message.iteration)
     while not services.store.exists(entered):  # the reduce of the round before is not merged yet
@@ -165,6 +164,16 @@ def _following(
         extra={"run_id": message.run_id, "iteration": following, "worker": message.worker},
     )
     return message.model_copy(update={"iteration": following, "attempt": 0, "resume": 0, "ahead": True})
+
+
+def _goes_on(config: RunConfig, following: int, services: Services) -> bool:
+    """Whether a worker's invocation may go on to its round of iteration ``following``: under ``stale_weights``,
+    with workers not tuned, one before the budget whose workers evaluate no model (launched by its merge, after the
+    model entering it is evaluated)."""
+    spec = config.training
+    if not spec.stale_weights or spec.workers == "auto" or following >= spec.iterations:
+        return False
+    return not evaluated(config, following, reader_for(services.store, config).manifest.train.count)
 
 
 def _entering(
@@ -211,12 +220,37 @@ def _ahead(services: Services, config: RunConfig, message: WorkMessage) -> ahead
 
 
 def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Callable[[], WorkDone] | None:
-    store, spec = services.store, config.training
-    if services.limits.worker_accelerator_gib is not None:  # a GPU worker reads in blocks unless told otherwise
-        spec = spec.on_gpu_workers()
+    store = services.store
     reader = reader_for(store, config)
     count = reader.manifest.train.count
-    trained = data.held_out(spec, count)[0]  # the training samples less the held-out ones
+    batches = _batches(message, config, services)
+    resumed = _resumed(message, config, store)
+    left = batches[resumed.steps :] if resumed is not None else batches  # a continuation reads the batches left
+    micro = _micro_batch(config, services.limits.worker_accelerator_gib)
+    skip = resumed.micro_batches if resumed is not None else 0
+    read = _next_reads.pop(_stream_key(message), None)  # its round before's invocation read its first already
+    _forget_next_reads()
+    # the round's samples are read while the model and the weights are, and the next round's model once merged
+    with (
+        _ahead(services, config, message),
+        read or stream.Stream(lambda indices: _batch(reader, indices, config), left, micro, skip) as samples,
+    ):
+        if config.training.stale_weights and not message.resume:  # the next round's first micro-batches are read
+            samples.then = functools.partial(_read_next, message, services)  # as this round's last computes
+        entering = message.iteration - message.ahead  # launched ahead: its model is not merged
+        trainer, start = _entering(services, config, message.generation, entering, predicted=message.ahead)
+        splits = evaluated(config, message.iteration, count) if resumed is None else []
+        if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
+            return None  # early stopping ended the run: its update is not needed
+        return _train(message, config, services, trainer, start, batches, samples, micro, resumed, entering)
+
+
+def _batches(message: WorkMessage, config: RunConfig, services: Services) -> list[np.ndarray]:
+    """The sample indices of each step of ``message``'s round."""
+    spec = config.training
+    if services.limits.worker_accelerator_gib is not None:  # a GPU worker reads in blocks unless told otherwise
+        spec = spec.on_gpu_workers()
+    trained = data.held_out(spec, reader_for(services.store, config).manifest.train.count)[0]  # less the held out
     slot, round_ = message.worker, message.iteration
     if spec.asynchronous:
         if message.update is None:
@@ -226,22 +260,32 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Cal
             )
         slot, round_ = data.asynchronous_task(message.update, message.workers)
     order = data.block_order(spec, len(trained))
-    batches = [trained[i] for i in data.round_batches(spec, len(trained), message.workers, slot, round_, order)]
-    resumed = _resumed(message, config, store)
-    left = batches[resumed.steps :] if resumed is not None else batches  # a continuation reads the batches left
-    micro = _micro_batch(config, services.limits.worker_accelerator_gib)
-    skip = resumed.micro_batches if resumed is not None else 0
-    # the round's samples are read while the model and the weights are, and the next round's model once merged
-    with (
-        _ahead(services, config, message),
-        stream.Stream(lambda indices: _batch(reader, indices, config), left, micro, skip) as samples,
-    ):
-        entering = message.iteration - message.ahead  # launched ahead: its model is not merged
-        trainer, start = _entering(services, config, message.generation, entering, predicted=message.ahead)
-        splits = evaluated(config, message.iteration, count) if resumed is None else []
-        if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
-            return None  # early stopping ended the run: its update is not needed
-        return _train(message, config, services, trainer, start, batches, samples, micro, resumed, entering)
+    return [trained[i] for i in data.round_batches(spec, len(trained), message.workers, slot, round_, order)]
+
+
+_next_reads: dict[tuple[str, int, int, int, int, int], stream.Stream] = {}  # the next round's first micro-batches
+
+
+def _stream_key(message: WorkMessage) -> tuple[str, int, int, int, int, int]:
+    return (message.run_id, message.generation, message.iteration, message.worker, message.workers, message.resume)
+
+
+def _read_next(message: WorkMessage, services: Services) -> None:
+    """``stale_weights``: start reading the first micro-batches of the worker's next round, which the invocation may
+    go on to (``going_on``), as this round's last micro-batch computes."""
+    config = run_config(services, message.run_id)
+    following = message.model_copy(update={"iteration": message.iteration + 1, "attempt": 0, "resume": 0})
+    if not _goes_on(config, following.iteration, services):
+        return
+    reader, micro = reader_for(services.store, config), _micro_batch(config, services.limits.worker_accelerator_gib)
+    batches = _batches(following, config, services)
+    _next_reads[_stream_key(following)] = stream.Stream(lambda indices: _batch(reader, indices, config), batches, micro)
+
+
+def _forget_next_reads() -> None:
+    """The reads of a round the invocation did not go on to stop."""
+    while _next_reads:
+        _next_reads.popitem()[1].__exit__(None, None, None)
 
 
 def _micro_batch(config: RunConfig, accelerator_gib: int | None) -> int:
