@@ -50,6 +50,8 @@ def _plan(spec: TrainingSpec) -> Plan:
             "2",
             "--pipeline-stages",
             "1",
+            "--stale-weights",
+            "0",
         ],
     ],
 )

@@ -610,7 +610,8 @@ def render(plan: Plan, recommendation: Recommendation, console: Any, reducers_gi
         if reducers_given:
             workers = f" (chosen: {chosen}; --workers chooses otherwise)"
         else:
-            reducers = f" (W and R chosen: {chosen}; --workers and --reducers choose otherwise)"
+            stale = "; on stale weights: --stale-weights 0 chooses otherwise" if match.stale_weights else ""
+            reducers = f" (W and R chosen: {chosen}; --workers and --reducers choose otherwise{stale})"
     step = step_in_words(plan.micro_batch, plan.micro_batches)
     console.print(
         f"[bold]{w.model}[/bold]: {w.params:,} weights, {_bytes(4 * w.params)} · W {w.workers}{workers}"
