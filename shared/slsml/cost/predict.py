@@ -130,7 +130,7 @@ def predict(workload: Workload, parameters: Parameters, quotas: Quotas, price_ta
     stages = _stages(w, p, s, worker, times, kind)
     chain_s = sum(stage.seconds for stage in stages)
     floor_s = units.counter / quotas.dynamodb_partition_wu_s
-    gone = going_on(w, p, worker, _worker_timeout(w, quotas))
+    gone = going_on(w, p, worker, _worker_timeout(w, quotas), _sides(stages, times.fire_s)[1])
     if gone is not None:  # each round an invocation goes on to: the model's HeadObject, the run's read, the take
         share = W * (1 - 1 / gone.rounds)
         for operation in ("s3:HeadObject", "dynamodb:GetItem", "dynamodb:UpdateItem"):
@@ -400,12 +400,13 @@ def _worker_timeout(w: Workload, quotas: Quotas) -> float:
     return min(w.timeout_s["worker"], quotas.lambda_timeout_s)
 
 
-def going_on(w: Workload, p: Parameters, worker: WorkerTimes, timeout_s: float) -> GoingOn | None:
+def going_on(w: Workload, p: Parameters, worker: WorkerTimes, timeout_s: float, reduce_side: float) -> GoingOn | None:
     """``stale_weights``: the rounds a worker's invocation goes on to (``slsml.pipeline.steps.worker.going_on``), none
     where a round outlasts one invocation or the workers are tuned. A round it goes on to skips the invocation's start
     and adds its checks, its first micro-batch is read as the round before's last computes, and the update of the round
     before is stored and announced as it computes; the invocation goes on while ``GO_ON_ROUNDS`` such rounds' time is
-    left of its ``timeout_s``, its first round (with its start) done."""
+    left of its ``timeout_s``, its first round (with its start) done, and where the model the round enters is merged
+    within a round's time of the round before's end (its report, then the ``reduce_side``)."""
     spec = w.training
     if not spec.stale_weights or spec.workers == "auto" or worker.handing.handed_on:
         return None
@@ -416,7 +417,10 @@ def going_on(w: Workload, p: Parameters, worker: WorkerTimes, timeout_s: float) 
     period = worker.worker_s - p.handler_s - stored - launched + read + p.s3_request_s + 2 * p.dynamodb_s
     left = timeout_s - worker.worker_s - ahead.GO_ON_ROUNDS * period
     rounds = 1 + (math.floor(left / period) + 1 if left >= 0 else 0)
-    return GoingOn(period_s=period, reported_s=stored + p.sns_lambda_s, rounds=rounds)
+    reported = stored + p.sns_lambda_s
+    if reported + reduce_side > 2 * period:  # the model a round enters would not be merged within a round's time
+        return None
+    return GoingOn(period_s=period, reported_s=reported, rounds=rounds)
 
 
 def _read_ahead(p: Parameters, s: Sizes, times: PipelineTimes, one: float, invocation_s: float) -> tuple[float, int]:
@@ -649,6 +653,14 @@ def _reduce_stages(p: Parameters, s: Sizes, times: PipelineTimes) -> list[Stage]
     ]
 
 
+def _sides(stages: list[Stage], fire_s: float) -> tuple[float, float]:
+    """A stale-weights round's workers' side (the launch, the round, the report, the fire) and its reduce side (the
+    reducers and the Merger of the round before, then the held reduce's fire)."""
+    fires = next(i for i, stage in enumerate(stages) if stage.function == "reduce_launcher") + 1
+    workers_side = sum(stage.seconds for stage in stages[1:fires])  # the hop from the Merger is not on it
+    return workers_side, sum(stage.seconds for stage in stages[fires:]) + fire_s
+
+
 def overlapped(w: Workload, stages: list[Stage], fire_s: float, gone: GoingOn | None) -> float | None:
     """``stale_weights``: an iteration's mean period. A round a worker's invocation goes on to (``gone``) starts as
     soon as that worker's round before has computed and the model it enters is merged: it takes the longer of its
@@ -661,9 +673,7 @@ def overlapped(w: Workload, stages: list[Stage], fire_s: float, gone: GoingOn | 
     ``stale_weights``."""
     if not w.training.stale_weights:
         return None
-    fires = next(i for i, stage in enumerate(stages) if stage.function == "reduce_launcher") + 1
-    workers_side = sum(stage.seconds for stage in stages[1:fires])  # the hop from the Merger is not on it
-    reduce_side = sum(stage.seconds for stage in stages[fires:]) + fire_s
+    workers_side, reduce_side = _sides(stages, fire_s)
     ahead_s, chain = max(workers_side, reduce_side), sum(stage.seconds for stage in stages)
     every = w.training.eval_every or w.iterations
     launched = every if gone is None else math.ceil(every / gone.rounds)  # the merge's, then the fires'

@@ -128,7 +128,8 @@ def going_on(message: WorkMessage, done: Future[WorkDone] | WorkDone | None, ser
     """``stale_weights``: the worker's round of the next iteration, taken to compute in this invocation
     (``RunTable.go_on``) as soon as ``message``'s round has computed (``done``: its report, stored and announced
     meanwhile), once the model the next round enters (the one entering this round's: ``_ahead`` reads it as this
-    round computes) is merged, unless that iteration's launch sent it to a fresh invocation already; so that its GPU
+    round computes) is merged, within a round's time, unless that iteration's launch sent it to a fresh invocation
+    already; so that its GPU
     computes while the update is stored and the reduce it waited for runs. None: the invocation ends, the report in
     (another round's time is not left, the run ended or moved on, the next iteration is the evaluation's or past
     the budget, or the workers are tuned)."""
@@ -147,9 +148,10 @@ def _following(
     if done is None or not _goes_on(config, following, services):
         return None
     round_s = time.monotonic() - _round_started
-    entered = keys.trigger(message.run_id, message.iteration)
-    while not services.store.exists(entered):  # the reduce of the round before is not merged yet
-        if lifetime.remaining_s() < ahead.GO_ON_ROUNDS * round_s + ahead.POLL_S:
+    entered, waited_until = keys.trigger(message.run_id, message.iteration), time.monotonic() + round_s
+    while not services.store.exists(entered):  # the reduce of the round before is not merged yet: waited for as
+        # long as a round takes at most (a round launched by the fire starts no later)
+        if time.monotonic() > waited_until or lifetime.remaining_s() < ahead.GO_ON_ROUNDS * round_s + ahead.POLL_S:
             return None
         time.sleep(ahead.POLL_S)
     run = services.table.get_run(message.run_id)
