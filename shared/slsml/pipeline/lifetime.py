@@ -36,3 +36,8 @@ def lifetime_s() -> float:
     """The invocation's whole time, as a fresh invocation of the same function has it (infinite outside one)."""
     found = _INVOCATION.get()
     return math.inf if found is None else found[1]
+
+
+def current() -> object | None:
+    """The invocation running (a token of its own: another invocation's is not equal to it; None outside one)."""
+    return _INVOCATION.get()

@@ -77,8 +77,9 @@ def step(message: WorkMessage, services: Services) -> Future[WorkDone] | WorkDon
     if not run_config(services, message.run_id).training.stale_weights or message.resume:
         return _announced(finish(), services)  # (a continuation is handled once: its update is in as it ends)
     global _storing
-    _storing = _background().submit(lambda: _announced(finish(), services))
-    return _storing
+    storing = _background().submit(lambda: _announced(finish(), services))
+    _storing = lifetime.current(), storing
+    return storing
 
 
 def _round(message: WorkMessage, services: Services) -> Callable[[], WorkDone] | None:
@@ -107,7 +108,8 @@ def _announced(done: WorkDone, services: Services) -> WorkDone:
 
 
 _round_started = 0.0  # when the invocation's latest round began (time.monotonic)
-_storing: Future[WorkDone] | None = None  # a round's update being stored and announced as the next round computes
+# a round's update being stored and announced as the next round computes, and the invocation that computed it
+_storing: tuple[object | None, Future[WorkDone]] | None = None
 
 
 @functools.cache
@@ -117,11 +119,17 @@ def _background() -> ThreadPoolExecutor:
 
 
 def _stored() -> None:
-    """Wait until the update of the round before is stored and announced (its failure raised here)."""
+    """Wait until the update of the round before is stored and announced: its failure raised here, or, where an
+    earlier invocation that failed left it (its message is retried), logged."""
     global _storing
     storing, _storing = _storing, None
-    if storing is not None:
-        storing.result()
+    if storing is None:
+        return
+    invocation, stored = storing
+    if invocation is lifetime.current():
+        stored.result()
+    elif (error := stored.exception()) is not None:
+        logger.warning("an earlier invocation's update was not stored", extra={"error": repr(error)})
 
 
 def going_on(message: WorkMessage, done: Future[WorkDone] | WorkDone | None, services: Services) -> WorkMessage | None:
