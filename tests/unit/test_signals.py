@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import types
 
 import pytest
 
@@ -14,6 +15,7 @@ from slsml.client.signals import held_until_done
 from slsml.search import records
 from slsml.search.engine import Engine, trial_number
 from slsml.search.records import TrialStatus
+from slsml.spec.config import RunConfig
 
 from .searches import search_settings
 
@@ -77,3 +79,32 @@ def test_ctrl_c_while_a_trial_is_recorded_leaves_it_recorded_and_no_longer_follo
         search._end(running, TrialStatus.COMPLETED, None)
     assert [t.number for t in records.load_trials(services.store, "held")] == [running.number]
     assert search.running == {}
+
+
+def test_ctrl_c_while_a_trial_launches_leaves_its_run_launched_and_followed(services, monkeypatch) -> None:
+    """A trial's launch is whole: Ctrl-C as its execution starts is handled once its run is registered and the search
+    follows it, so that the interruption stops it (a launch cut in two left a run starting that the search did not
+    stop)."""
+    import keras
+
+    def build(hp: object) -> keras.Model:
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")])
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        return model
+
+    settings = search_settings(
+        name="launched", dataset="d", objective="val_loss", direction="min", max_trials=1, parallel=1, epochs=1
+    )
+    search = tune._Search(types.SimpleNamespace(services=services), build, settings, lambda line: None, None)
+    launched = []
+
+    def launch_as_ctrl_c_comes(services: object, config: RunConfig, stored: bytes | None = None) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)  # the execution starts and registers the run
+        launched.append(config.run_id)
+
+    monkeypatch.setattr(tune.launch, "launch_run", launch_as_ctrl_c_comes)
+    with pytest.raises(KeyboardInterrupt):
+        search._start()
+    assert launched == [settings.run_id(1)]
+    assert [running.run_id for running in search.running.values()] == launched

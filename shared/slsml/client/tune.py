@@ -395,7 +395,8 @@ class _Search:
         model_bytes = modelio.save_model(model)
         share = None
         try:
-            # a trial the search follows has a registered run, which Ctrl-C stops: the launch is not cut in two
+            # a trial the search follows has a registered run, which Ctrl-C stops: the launch is not cut in two (a
+            # second Ctrl-C ends the command at once)
             with signals.held_until_done(), _retraced_quietly():
                 if self.settings.budget_usd is not None:
                     share = self._priced(running, model_bytes)
@@ -405,8 +406,8 @@ class _Search:
                 per_epoch = launch.with_epochs(spec, self.manifest.train.count).iterations // self.settings.epochs
                 running.per_epoch = per_epoch
                 config = launch.prepare_run(self.services, model_bytes, self.settings.dataset, spec, running.run_id)
-            self.running[number] = running
-            launch.launch_run(self.services, config)
+                self.running[number] = running
+                launch.launch_run(self.services, config)
         except SlsmlError as error:
             self.running.pop(number, None)
             self._end(running, TrialStatus.FAILED, str(error))

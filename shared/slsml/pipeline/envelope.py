@@ -192,6 +192,7 @@ def pipeline_handler(
                     try:
                         if not admitted:
                             admit(message, services)
+                        result = None  # (a late step, dropped, gives none)
                         try:
                             if stage is None:
                                 result = run(message)
