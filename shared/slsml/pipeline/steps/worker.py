@@ -137,10 +137,10 @@ def going_on(message: WorkMessage, done: Future[WorkDone] | WorkDone | None, ser
     (``RunTable.go_on``) as soon as ``message``'s round has computed (``done``: its report, stored and announced
     meanwhile), once the model the next round enters (the one entering this round's: ``_ahead`` reads it as this
     round computes) is merged, within a round's time, unless that iteration's launch sent it to a fresh invocation
-    already; so that its GPU
-    computes while the update is stored and the reduce it waited for runs. None: the invocation ends, the report in
-    (another round's time is not left, the run ended or moved on, the next iteration is the evaluation's or past
-    the budget, or the workers are tuned)."""
+    already; so that its GPU computes while the update is stored and the reduce it waited for runs. None: the
+    invocation ends, the report in (the model is not merged within a round's time, another round's time is not
+    left, the run ended or moved on, the next iteration is the evaluation's or past the budget, or the workers are
+    tuned)."""
     following = _following(message, done, services)
     if following is None:
         _forget_next_reads()
