@@ -3,6 +3,7 @@ quotas (``Quotas``); overridden by a calibration file or ``name=value`` pairs.""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -231,6 +232,7 @@ def load_overrides(calibration: str | Path | None, pairs: Iterable[str], model: 
         raise BadInputError(f"{model.__name__.lower()}: {errors.described(error)}") from None
 
 
+@functools.cache  # a field's facts never change: a plan's recommendation reads them thousands of times
 def parameter_facts(name: str) -> dict[str, Any]:
     """A parameter's unit and source (its field's ``json_schema_extra``, as ``_param`` gives it)."""
     extra = Parameters.model_fields[name].json_schema_extra

@@ -3,6 +3,7 @@ as one machine, the quotas W reaches as it grows, and the sweep of an epoch's ti
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from functools import cache
 
@@ -83,6 +84,14 @@ def rank(plan: Plan, objective: float) -> tuple[int, int, float]:
     return (sum(q.hard for q in plan.violations), sum(not q.hard for q in plan.violations), objective)
 
 
+def _faster(plan: Plan) -> tuple[int, int, float]:
+    return rank(plan, plan.iteration_s + 1e-9 * plan.iteration_dollars)
+
+
+def _cheaper(plan: Plan) -> tuple[int, int, float]:
+    return rank(plan, plan.iteration_dollars + 1e-9 * plan.iteration_s)
+
+
 def recommend(
     workload: Workload,
     parameters: Parameters,
@@ -97,14 +106,16 @@ def recommend(
         if reducers_fixed
         else sorted({r for r in (*REDUCER_CHOICES, workload.reducers) if r <= min(256, workload.params)})
     )
-    plans = [
-        predict(with_memory(workload, worker=wm, reducer=rm).at(reducers=r), parameters, quotas, price_table)
-        for r in reducers
-        for wm in kind_of(workload).memory_choices(workload)
-        for rm in MEMORY_CHOICES_MB
-    ]
-    fastest = min(plans, key=lambda plan: rank(plan, plan.iteration_s + 1e-9 * plan.iteration_dollars))
-    cheapest = min(plans, key=lambda plan: rank(plan, plan.iteration_dollars + 1e-9 * plan.iteration_s))
+    fastest: Plan | None = None  # kept as they come: the two best plans are held, not the thousands weighed
+    cheapest: Plan | None = None
+    memories = kind_of(workload).memory_choices(workload)
+    for r, wm, rm in itertools.product(reducers, memories, MEMORY_CHOICES_MB):
+        plan = predict(with_memory(workload, worker=wm, reducer=rm).at(reducers=r), parameters, quotas, price_table)
+        if fastest is None or _faster(plan) < _faster(fastest):
+            fastest = plan
+        if cheapest is None or _cheaper(plan) < _cheaper(cheapest):
+            cheapest = plan
+    assert fastest is not None and cheapest is not None  # (every kind has a memory to choose)
 
     def fits(plan: Plan) -> Choice | None:
         return None if any(q.hard for q in plan.violations) else choice_of(plan)

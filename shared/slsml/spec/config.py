@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -193,6 +194,7 @@ class OptimizerConfig(BaseModel):
         return data
 
     @classmethod
+    @functools.cache  # fixed by the fields' declarations: every optimizer built asks it of each field
     def applies(cls, field: str, name: str) -> bool:
         """Whether the hyper-parameter ``field`` is one of optimizer ``name``'s."""
         extra = cls.model_fields[field].json_schema_extra
