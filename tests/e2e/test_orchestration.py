@@ -10,6 +10,7 @@ import pytest
 
 from slsml.local.faults import Faults
 from slsml.pipeline import launch
+from slsml.pipeline.steps.common import outcome
 from slsml.spec import wiring
 from slsml.spec.config import OptimizerConfig, TrainingSpec
 
@@ -125,6 +126,21 @@ def test_a_run_stopped_before_its_execution_waits_ends_the_execution_stopped(loc
     assert execution["status"] == "FAILED" and entered[-1] == "Stopped", (execution, entered)
     run = services.table.get_run("sfn-stopped-early")
     assert (run.status, run.reason) == ("STOPPED", "stopped at once")
+
+
+def test_a_run_stopped_as_its_completion_is_answered_stays_stopped(local, services, digits):
+    """A stop that lands between the completion's answer and its mark (a search's Ctrl-C as a trial ends): the first
+    end recorded stands, and the execution ends stopped, not failed."""
+    with injecting(local, PACE):  # the run is still going when the test ends it
+        train(services, SPEC, "sfn-stopped-late")
+        while not (run := services.table.get_run("sfn-stopped-late")).task_token:
+            time.sleep(0.05)
+        assert services.table.stop("sfn-stopped-late", "stopped as it completed")
+        services.orchestrator.succeed(run.task_token, outcome(run))
+        execution, entered = _execution(local, "sfn-stopped-late")
+    assert (execution["status"], entered[-4:]) == ("FAILED", ["MarkCompleted", "ReadEnd", "StoppedOrFailed", "Stopped"])
+    run = services.table.get_run("sfn-stopped-late")
+    assert (run.status, run.reason) == ("STOPPED", "stopped as it completed")
 
 
 def test_a_failed_step_ends_the_execution_with_its_reason(local, services, digits):

@@ -157,7 +157,24 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                 },
                 "ResultPath": None,
                 "Next": "PublishCompleted",
-                "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "ExplainFailure"}],
+                "Catch": [
+                    # stopped or failed as its completion was answered: the run ends as its record says
+                    {"ErrorEquals": [_CONDITION_FAILED], "ResultPath": "$.error", "Next": "ReadEnd"},
+                    {"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "ExplainFailure"},
+                ],
+            },
+            "ReadEnd": {  # how the run ended, whoever ended it first
+                "Type": "Task",
+                "Resource": "arn:aws:states:::dynamodb:getItem",
+                "Parameters": {"TableName": table, "Key": _run_key(), "ConsistentRead": True},
+                "ResultSelector": {"status.$": "$.Item.status.S", "reason.$": "$.Item.reason.S"},
+                "ResultPath": "$.failure",
+                "Next": "StoppedOrFailed",
+            },
+            "StoppedOrFailed": {
+                "Type": "Choice",
+                "Choices": [{"Variable": "$.failure.status", "StringEquals": "STOPPED", "Next": "Stopped"}],
+                "Default": "PublishFailed",
             },
             "PublishCompleted": {
                 "Type": "Task",
