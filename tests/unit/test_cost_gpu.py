@@ -169,13 +169,13 @@ def test_a_gpu_workers_time_is_the_models_flops_over_the_cards_peak_times_the_ac
     samples = 256
     with_calibration = gpuworker.KIND.compute_s(on_gpu(work, calibration=a10g), P, samples)
     without = gpuworker.KIND.compute_s(on_gpu(work), P, samples)
-    assert with_calibration == pytest.approx(samples * 6e9 / (31.2e12 * 0.5))  # the A10G's 31.2 TFLOPS float32
-    assert without == pytest.approx(samples * 6e9 / (31.2e12 * estimate()))
+    assert with_calibration == pytest.approx(samples * 6e9 / (62.5e12 * 0.5))  # the A10G's float32: TF32, 62.5 TFLOPS
+    assert without == pytest.approx(samples * 6e9 / (62.5e12 * estimate()))
     # a model of no counted FLOPs: estimated from its weights as ResNet-50's are
     unknown = gpuworker.KIND.compute_s(on_gpu(workload(), calibration=a10g), P, samples)
-    assert unknown == pytest.approx(samples * RESNET * P.train_flops_per_param_sample / (31.2e12 * 0.5))
+    assert unknown == pytest.approx(samples * RESNET * P.train_flops_per_param_sample / (62.5e12 * 0.5))
     # the default fraction: an A10's published ResNet-50 training throughput × its FLOPs over the A10's peak
-    assert estimate() == pytest.approx(349 * cards.RESNET50_TRAIN_FLOPS / 31.2e12)
+    assert estimate() == pytest.approx(349 * cards.RESNET50_TRAIN_FLOPS / 62.5e12)
     assert estimate("mixed_float16") == pytest.approx(638 * cards.RESNET50_TRAIN_FLOPS / 125e12)
 
 
@@ -208,7 +208,7 @@ def test_mixed_precision_workers_take_the_cards_tensor_peak() -> None:
     work = workload()
     mixed = work.at(training=TrainingSpec(mixed_precision="mixed_float16"))
     ratio = gpuworker.KIND.compute_s(on_gpu(work), P, 100) / gpuworker.KIND.compute_s(on_gpu(mixed), P, 100)
-    assert ratio == pytest.approx(125 * estimate("mixed_float16") / (31.2 * estimate()))
+    assert ratio == pytest.approx(125 * estimate("mixed_float16") / (62.5 * estimate()))
 
 
 def test_the_instance_type_chosen_is_the_cheapest_fleet_per_sample() -> None:
@@ -294,9 +294,9 @@ def test_the_acceptance_epoch_against_one_machine(capsys: pytest.CaptureFixture,
         *("--epochs", "1", "--samples", "1281167", "--accelerator", "worker=24", "--workers", "4"),
     )
     cpu_side, gpu_side, machine, machines = out["side_by_side"]
-    # g6.xlarge, the instance the stack deploys: one L4, its 30.3 TFLOPS float32 at the estimated fraction, over the
-    # model's training FLOPs (estimated from its weights)
-    rate = 30.3e12 * estimate() / (25_600_000 * P.train_flops_per_param_sample)
+    # g6.xlarge, the instance the stack deploys: one L4, its 60 TFLOPS float32 (as TF32) at the estimated fraction,
+    # over the model's training FLOPs (estimated from its weights)
+    rate = 60e12 * estimate() / (25_600_000 * P.train_flops_per_param_sample)
     assert out["compare_vm"]["machine"] == "g6.xlarge"
     assert out["compare_vm"]["samples_per_s"] == pytest.approx(rate)
     assert machine["epoch_dollars"] == pytest.approx(
@@ -331,11 +331,13 @@ def test_the_plan_prices_the_instance_type_the_deployment_allows_with_its_cards_
     assert out["workload"]["memory_mb"]["worker"] == GPU_WORKER_DEFAULTS["memory_mb"]  # a GPU worker's, not 3,008
     facts = {fact["name"]: fact for fact in out["worker"]["facts"]}
     card = facts["card"]
-    assert card["value"].startswith("NVIDIA L4: 30.3 TFLOPS float32, 121 TFLOPS float16 tensor (dense), 24 GB")
+    assert card["value"].startswith(
+        "NVIDIA L4: 30.3 TFLOPS float32 (60 as TF32 on its tensor cores), 121 TFLOPS float16 tensor (dense), 24 GB"
+    )
     assert card["source"].startswith("NVIDIA L4 datasheet, https://www.nvidia.com/")
     fraction = facts["achieved fraction"]
     assert fraction["source"].startswith("estimate: ") and "`slsml bench gpu` on a g6.xlarge" in fraction["source"]
-    assert fraction["value"].startswith(f"{estimate():.3g} of the card's 30.3 TFLOPS float32 peak")
+    assert fraction["value"].startswith(f"{estimate():.3g} of the card's 60 TFLOPS float32 peak")
     assert "aws.amazon.com/ec2/pricing" in facts["on-demand price"]["source"]
     # a deployment naming another type is priced on it
     limits = RunLimits().with_worker_accelerator(24, ("g5.2xlarge",))
@@ -570,7 +572,7 @@ def test_a_deployments_limits_carry_its_accelerator_to_the_plan_budget_and_tuner
     # the tuner's: the time the run's workers measured, whatever the model's FLOPs, as a fraction of the L4's peak
     timed = gpuworker.measured(work, P, 0.002, limits)
     assert gpuworker.seconds_per_sample(timed, P) == pytest.approx(0.002)
-    assert timed.accelerator is not None and timed.accelerator.peak_tflops == 31.2  # g5.xlarge's A10G
+    assert timed.accelerator is not None and timed.accelerator.peak_tflops == 62.5  # g5.xlarge's A10G, TF32
     config = run_config(RESNET, 148_000_000)
     on_cpu, on_gpus = tuner.predictor(config, 0.001), tuner.predictor(config, 0.001, limits)
     assert on_gpus(4) != on_cpu(4)
@@ -721,7 +723,7 @@ def test_the_plan_takes_a_calibration_of_its_card_and_refuses_one_of_another_in_
         name: gpuworker.seconds_per_sample(Workload.model_validate(out["workload"]), P)
         for name, out in (("measured", measured), ("estimated", estimated))
     }
-    assert seconds["measured"] == pytest.approx(2_000_000 * P.train_flops_per_param_sample / (30.3e12 * 0.3))
+    assert seconds["measured"] == pytest.approx(2_000_000 * P.train_flops_per_param_sample / (60e12 * 0.3))
     assert seconds["estimated"] == pytest.approx(seconds["measured"] * 0.3 / estimate())
     fraction = {fact["name"]: fact for fact in measured["worker"]["facts"]}["achieved fraction"]
     assert fraction["source"].startswith(f"measured on NVIDIA L4 by slsml bench gpu ({l4}")

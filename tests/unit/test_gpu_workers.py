@@ -15,7 +15,7 @@ import pytest
 from slsml.bench import gpu
 from slsml.cost.calibration import load_calibration
 from slsml.local import accelerator
-from slsml.spec.errors import BadInputError
+from slsml.spec.errors import BadInputError, SlsmlError
 
 SLSML = [sys.executable, "-m", "slsml.cli.main"]
 GIB = 1024**3
@@ -95,8 +95,8 @@ def test_each_accelerator_memory_gets_the_largest_micro_batch_that_fits_it(tmp_p
     }  # 24 and 48 GiB are past the card's 22.5
     assert calibration.samples_per_s(12, "mixed_bfloat16") == pytest.approx(256 * 15.0)
     assert calibration.samples_per_s(24, "float32") is None
-    # the fraction of the L4's published peaks: 30.3 TFLOPS float32, 121 TFLOPS 16-bit on its tensor cores
-    assert calibration.fraction(12, "float32") == pytest.approx(128 * 10.0 * FLOPS / 30.3e12)
+    # the fraction of the L4's published peaks on its tensor cores: 60 TFLOPS float32 as TF32, 121 TFLOPS 16-bit
+    assert calibration.fraction(12, "float32") == pytest.approx(128 * 10.0 * FLOPS / 60e12)
     assert calibration.card_fraction("mixed_bfloat16") == pytest.approx(256 * 15.0 * FLOPS / 121e12)
     assert calibration.train_flops_per_sample == FLOPS
     assert report.cpu_samples_per_s == 7.0
@@ -122,3 +122,17 @@ def test_the_bench_counts_its_models_flops_in_a_tensorflow_process_of_its_own() 
 
     model = keras.applications.ResNet50(weights=None, input_shape=(64, 64, 3), classes=gpu.CLASSES)
     assert gpu._count_flops(64) == flops.count(model, np.zeros((1, 64, 64, 3), np.float32)).training
+
+
+def test_without_tensorflow_the_bench_takes_the_count_recorded_of_its_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine with Keras on JAX alone (no TensorFlow): the count tests/unit/test_flops.py checks against
+    TensorFlow's, at the size it was counted; another size is refused, naming what it needs."""
+    import importlib.util
+
+    from slsml.cost import cards
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorflow" else found(name, *a))
+    assert gpu._count_flops(gpu.IMAGE_SIZE) == cards.RESNET50_TRAIN_FLOPS
+    with pytest.raises(SlsmlError, match="ResNet-50 at 64x64 needs TensorFlow"):
+        gpu._count_flops(64)

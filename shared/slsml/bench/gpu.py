@@ -11,6 +11,7 @@ A CPU row (the GPU hidden, the same model) puts the GPU against the processor. K
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from slsml.cost import flops
 from slsml.cost.calibration import GpuCalibration, GpuThroughput, Precision
-from slsml.cost.cards import DATASHEETS, datasheet
+from slsml.cost.cards import DATASHEETS, RESNET50_TRAIN_FLOPS, datasheet
 from slsml.local import accelerator
 from slsml.spec.deployment import FunctionSettings
 from slsml.spec.errors import SlsmlError
@@ -179,7 +180,16 @@ def _model(image_size: int) -> Any:
 
 def _count_flops(image_size: int) -> int:
     """The model's training FLOPs per sample, counted by TensorFlow on the CPU in a process of its own (whatever
-    backend the probes train on, and none of the GPU's memory taken): ``python -m slsml.bench.gpu flops SIZE``."""
+    backend the probes train on, and none of the GPU's memory taken): ``python -m slsml.bench.gpu flops SIZE``. On a
+    machine without TensorFlow (a JAX backend alone), the count recorded of the model at ``IMAGE_SIZE``
+    (``cards.RESNET50_TRAIN_FLOPS``); another size needs TensorFlow."""
+    if importlib.util.find_spec("tensorflow") is None:
+        if image_size == IMAGE_SIZE:
+            return RESNET50_TRAIN_FLOPS
+        raise SlsmlError(
+            f"counting the FLOPs of ResNet-50 at {image_size}x{image_size} needs TensorFlow (pip install tensorflow);"
+            f" without it, measure at {IMAGE_SIZE}, whose count slsml records"
+        )
     environment = {
         **os.environ,
         "CUDA_VISIBLE_DEVICES": "-1",

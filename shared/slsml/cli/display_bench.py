@@ -796,7 +796,8 @@ def print_gpu(report: Any, written: Any, as_json: bool = False) -> None:
         )
     out.print(
         f"of peak: samples/s × {calibration.train_flops_per_sample / 1e9:,.2f} GFLOPs a training sample (TensorFlow's"
-        " cost analysis) ÷ the card's published peak in that precision (float32's, else its tensor cores')"
+        " cost analysis) ÷ the card's published peak in that precision (float32's as TF32 on its tensor cores where it"
+        " has them; 16-bit's on its tensor cores)"
     )
     out.print(f"calibration written to {written} (`slsml plan --gpu-calibration {written}` prices from it)")
 

@@ -14,17 +14,24 @@ from slsml.cost.calibration import Precision, card_key
 RESNET50_PARAMS = 25_636_712  # Keras's ResNet50: 102,546,848 B of float32 weights (Parameters.keras_file_overhead)
 RESNET50_TRAIN_FLOPS = 23_390_291_294
 MEASURE = "measure it: `slsml bench gpu` on a {instance}, then --gpu-calibration FILE"
+TF32_DEFAULT = "https://www.tensorflow.org/api_docs/python/tf/config/experimental/enable_tensor_float_32_execution"
 LAMBDA_BENCHMARK = "https://github.com/lambdal/deeplearning-benchmark/blob/master/pytorch/pytorch-train-throughput"
 
 
 class Datasheet(BaseModel):
-    """A card's figures as its maker publishes them: dense float32 and 16-bit tensor throughput, memory and its
-    bandwidth."""
+    """A card's figures as its maker publishes them: dense float32 (on its tensor cores as TF32, where it has them)
+    and 16-bit tensor throughput, memory and its bandwidth."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     card: str
     float32_tflops: float
+    tf32_tflops: float | None = Field(
+        default=None,
+        description="float32 on the tensor cores as TF32, dense; None: no such units (before Ampere). TensorFlow"
+        f" computes a float32 model's convolutions and matrix products so by default ({TF32_DEFAULT}), as JAX and"
+        " PyTorch's cuDNN convolutions do",
+    )
     tensor_tflops: float = Field(description="float16 on the tensor cores, dense (without sparsity)")
     bfloat16: bool = Field(default=True, description="whether its tensor cores compute bfloat16 (at float16's rate)")
     memory_gib: int
@@ -33,16 +40,18 @@ class Datasheet(BaseModel):
     driver_names: tuple[str, ...] = Field(default=(), description="other names its driver (nvidia-smi) gives it")
 
     def tflops(self, mode: Precision) -> float | None:
-        """Its peak in ``mode``: float32's, or the tensor cores' for mixed precision; None: it has no such units."""
+        """Its peak in ``mode``: float32's (TF32's on the tensor cores, where it has them), or the tensor cores' for
+        mixed precision; None: it has no such units."""
         if mode == "float32":
-            return self.float32_tflops
+            return self.tf32_tflops or self.float32_tflops
         return self.tensor_tflops if mode == "mixed_float16" or self.bfloat16 else None
 
     def described(self) -> str:
         """Its figures, in words."""
         bf16 = "" if self.bfloat16 else ", no bfloat16"
+        tf32 = "" if self.tf32_tflops is None else f" ({self.tf32_tflops:g} as TF32 on its tensor cores)"
         return (
-            f"{self.float32_tflops:g} TFLOPS float32, {self.tensor_tflops:g} TFLOPS float16 tensor (dense){bf16},"
+            f"{self.float32_tflops:g} TFLOPS float32{tf32}, {self.tensor_tflops:g} TFLOPS float16 tensor (dense){bf16},"
             f" {self.memory_gib} GB at {self.memory_gb_s:g} GB/s"
         )
 
@@ -61,6 +70,7 @@ DATASHEETS = (
     Datasheet(
         card="NVIDIA A10G",
         float32_tflops=31.2,
+        tf32_tflops=62.5,
         tensor_tflops=125,
         memory_gib=24,
         memory_gb_s=600,
@@ -70,38 +80,43 @@ DATASHEETS = (
     Datasheet(
         card="NVIDIA L4",
         float32_tflops=30.3,
+        tf32_tflops=60,
         tensor_tflops=121,
         memory_gib=24,
         memory_gb_s=300,
-        source="NVIDIA L4 datasheet, https://www.nvidia.com/en-us/data-center/l4/ (242 TFLOPS float16 with sparsity)",
+        source="NVIDIA L4 datasheet, https://www.nvidia.com/en-us/data-center/l4/ (120 TFLOPS TF32, 242 float16, with"
+        " sparsity)",
     ),
     Datasheet(
         card="NVIDIA L40S",
         float32_tflops=91.6,
+        tf32_tflops=183,
         tensor_tflops=362.05,
         memory_gib=48,
         memory_gb_s=864,
-        source="NVIDIA L40S datasheet, https://www.nvidia.com/en-us/data-center/l40s/ (733 TFLOPS float16 with"
-        " sparsity)",
+        source="NVIDIA L40S datasheet, https://www.nvidia.com/en-us/data-center/l40s/ (366 TFLOPS TF32, 733 float16,"
+        " with sparsity)",
     ),
     Datasheet(
         card="NVIDIA H100",
         float32_tflops=67,
+        tf32_tflops=494.5,
         tensor_tflops=989.5,
         driver_names=("NVIDIA H100 80GB HBM3",),
         memory_gib=80,
         memory_gb_s=3350,
-        source="NVIDIA H100 datasheet (SXM), https://www.nvidia.com/en-us/data-center/h100/ (1,979 TFLOPS float16"
-        " with sparsity)",
+        source="NVIDIA H100 datasheet (SXM), https://www.nvidia.com/en-us/data-center/h100/ (989 TFLOPS TF32, 1,979"
+        " float16, with sparsity)",
     ),
     Datasheet(
         card="NVIDIA H200",
         float32_tflops=67,
+        tf32_tflops=494.5,
         tensor_tflops=989.5,
         memory_gib=141,
         memory_gb_s=4800,
-        source="NVIDIA H200 datasheet (SXM), https://www.nvidia.com/en-us/data-center/h200/ (1,979 TFLOPS float16"
-        " with sparsity)",
+        source="NVIDIA H200 datasheet (SXM), https://www.nvidia.com/en-us/data-center/h200/ (989 TFLOPS TF32, 1,979"
+        " float16, with sparsity)",
     ),
 )
 
@@ -130,7 +145,8 @@ def datasheet(card: str) -> Datasheet | None:
 
 def estimated_fraction(mode: Precision, instance: str) -> Fraction:
     """An estimate of the fraction of any card's peak in ``mode`` a training step achieves: an A10's in Lambda's
-    ResNet-50 benchmark (its samples/s × ``RESNET50_TRAIN_FLOPS`` ÷ its datasheet's peak); bfloat16 as float16."""
+    ResNet-50 benchmark (its samples/s × ``RESNET50_TRAIN_FLOPS`` ÷ its datasheet's peak, TF32's for float32: PyTorch
+    computes convolutions so by default); bfloat16 as float16."""
     a10 = datasheet("NVIDIA A10G")
     assert a10 is not None
     like: Precision = "float32" if mode == "float32" else "mixed_float16"
@@ -141,7 +157,8 @@ def estimated_fraction(mode: Precision, instance: str) -> Fraction:
     return Fraction(
         value=value,
         source=f"estimate: an A10's {samples_per_s:g} samples/s of ResNet-50 training in Lambda's GPU benchmark"
-        f" (PyTorch, {'float32' if like == 'float32' else 'float16'}{', as bfloat16' if like != mode else ''};"
+        f" (PyTorch, {'float32, its convolutions as TF32' if like == 'float32' else 'float16'}"
+        f"{', as bfloat16' if like != mode else ''};"
         f" {csv}) × {RESNET50_TRAIN_FLOPS / 1e9:.2f} GFLOPs a sample ÷ its {peak:g} TFLOPS;"
         f" {MEASURE.format(instance=instance)}",
     )
