@@ -128,19 +128,32 @@ def test_a_run_stopped_before_its_execution_waits_ends_the_execution_stopped(loc
     assert (run.status, run.reason) == ("STOPPED", "stopped at once")
 
 
-def test_a_run_stopped_as_its_completion_is_answered_stays_stopped(local, services, digits):
-    """A stop that lands between the completion's answer and its mark (a search's Ctrl-C as a trial ends): the first
-    end recorded stands, and the execution ends stopped, not failed."""
+@pytest.mark.parametrize(
+    ("end", "status", "last_states"),
+    [
+        ("stop", "STOPPED", ["MarkCompleted", "ReadEnd", "StoppedOrFailed", "Stopped"]),
+        ("fail", "FAILED", ["MarkCompleted", "ReadEnd", "StoppedOrFailed", "PublishFailed", "Failed"]),
+    ],
+)
+def test_a_run_ended_as_its_completion_is_answered_ends_as_its_record_says(
+    local, services, digits, run_events, end, status, last_states
+):
+    """A stop or failure that lands between the completion's answer and its mark (a search's Ctrl-C as a trial ends):
+    the first end recorded stands, and the execution ends as it says, not as a failure of its own."""
+    run_id = f"sfn-{end}-late"
     with injecting(local, PACE):  # the run is still going when the test ends it
-        train(services, SPEC, "sfn-stopped-late")
-        while not (run := services.table.get_run("sfn-stopped-late")).task_token:
+        train(services, SPEC, run_id)
+        while not (run := services.table.get_run(run_id)).task_token:
             time.sleep(0.05)
-        assert services.table.stop("sfn-stopped-late", "stopped as it completed")
+        assert getattr(services.table, end)(run_id, f"{end} as it completed")
         services.orchestrator.succeed(run.task_token, outcome(run))
-        execution, entered = _execution(local, "sfn-stopped-late")
-    assert (execution["status"], entered[-4:]) == ("FAILED", ["MarkCompleted", "ReadEnd", "StoppedOrFailed", "Stopped"])
-    run = services.table.get_run("sfn-stopped-late")
-    assert (run.status, run.reason) == ("STOPPED", "stopped as it completed")
+        execution, entered = _execution(local, run_id)
+    assert (execution["status"], entered[-len(last_states) :]) == ("FAILED", last_states)
+    assert "MarkFailed" not in entered
+    run = services.table.get_run(run_id)
+    assert (run.status, run.reason) == (status, f"{end} as it completed")
+    published = [e for e in run_events() if e["run_id"] == run_id]
+    assert [e.get("reason") for e in published] == ([f"{end} as it completed"] if end == "fail" else [])
 
 
 def test_a_failed_step_ends_the_execution_with_its_reason(local, services, digits):

@@ -39,11 +39,16 @@ class Datasheet(BaseModel):
     source: str
     driver_names: tuple[str, ...] = Field(default=(), description="other names its driver (nvidia-smi) gives it")
 
+    @property
+    def float32_peak(self) -> float:
+        """Its float32 peak as TensorFlow computes float32: TF32's on the tensor cores, where it has them."""
+        return self.tf32_tflops or self.float32_tflops
+
     def tflops(self, mode: Precision) -> float | None:
-        """Its peak in ``mode``: float32's (TF32's on the tensor cores, where it has them), or the tensor cores' for
-        mixed precision; None: it has no such units."""
+        """Its peak in ``mode``: ``float32_peak``, or the tensor cores' for mixed precision; None: it has no such
+        units."""
         if mode == "float32":
-            return self.tf32_tflops or self.float32_tflops
+            return self.float32_peak
         return self.tensor_tflops if mode == "mixed_float16" or self.bfloat16 else None
 
     def described(self) -> str:

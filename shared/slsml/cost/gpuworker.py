@@ -428,13 +428,13 @@ def deployed(w: Workload, p: Parameters, price_table: PriceTable, limits: RunLim
 def measured(w: Workload, p: Parameters, compute_per_sample_s: float, limits: RunLimits) -> Workload:
     """``w`` on the GPU workers of the deployment of run ``limits`` (it has them), at the throughput its workers
     measured: ``compute_per_sample_s`` on one environment, on the first of its instance types, as a fraction of its
-    card's peak (float32's where the card has none in the run's precision)."""
+    card's peak (its float32 peak where the card has none in the run's precision)."""
     gib = limits.worker_accelerator_gib
     assert gib is not None
     instance = (limits.worker_instance_types or GPU_WORKER_DEFAULTS["instance_types"])[0]
     sheet = datasheet(GPU_INSTANCES[instance].card)
     assert sheet is not None  # every GPU instance type's card has one (tests/unit/test_cost_gpu.py)
-    peak = sheet.tflops(precision(w)) or sheet.float32_tflops
+    peak = sheet.tflops(precision(w)) or sheet.float32_peak
     environment = train_flops(w, p) / (max(compute_per_sample_s, 1e-9) * peak * 1e12)
     a = Accelerator(
         gib=gib,
