@@ -41,8 +41,9 @@ def pair(local, services, digits, warm) -> dict[str, runs.RunSummary]:
     }
     summaries = {}
     with injecting(local, SLOW):
-        for name, spec in specs.items():
+        for name, spec in specs.items():  # at once: the grouping of ASP's updates may be any (``POINTS``)
             train(services, spec, f"asynchronous-{name}")
+        for name in specs:
             run = finish(services, f"asynchronous-{name}", timeout_s=900)
             summaries[name] = runs.summarize(run, services.table.list_iterations(run.run_id), 0.0)
     return summaries
