@@ -14,9 +14,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 
+import slsml as slsml_api
 from slsml.client import demo
 from slsml.local import service as service_module
 from slsml.spec.errors import NotFoundError
@@ -331,6 +333,24 @@ def test_the_service_is_found_from_any_folder_and_a_run_given_no_target_goes_to_
     assert said == [f"running on the local service at {endpoint} (neither --local nor --stack given)"], started.stderr
     assert started.stdout.strip() == "no-target"
     assert "no-target" in dict(_listed(elsewhere)) and "no-target" in dict(_listed(service))
+
+
+def test_fit_trains_on_the_service_that_is_up_and_leaves_the_callers_clients_as_they_were(
+    service: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    x, y, _, _ = demo.digits()
+    model = keras.Sequential([keras.Input(x.shape[1:]), keras.layers.Flatten(), keras.layers.Dense(10, "softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    before = {name: os.environ.get(name) for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID")}
+    listed = dict(_listed(service))
+    history = slsml_api.fit(model, x, y, batch_size=256, epochs=1, verbose=2, workers=2, deadline_s=WORKER_TIMEOUT_S)
+    assert {name: os.environ.get(name) for name in before} == before
+    endpoint = service_env(service)["AWS_ENDPOINT_URL"]
+    said = [line for line in capfd.readouterr().err.splitlines() if "local service" in line]
+    assert said == [f"running on the local service at {endpoint} (no stack given)"]
+    trained = {run: status for run, status in _listed(service) if run not in listed}
+    assert list(trained.values()) == ["COMPLETED"] and next(iter(trained)).startswith("fit-"), trained
+    assert len(history.history["loss"]) == 1
 
 
 def _run_status(table: RunTable, run_id: str) -> str | None:

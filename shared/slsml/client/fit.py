@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,8 @@ def fit(
     ``quorum=0.75``…; another keyword is a TypeError naming the closest one; ``early_stopping="val_loss:3"`` and
     ``keep_best="val_auc"``, Keras's EarlyStopping and ModelCheckpoint, which ``callbacks`` may also give as Keras
     callbacks). Returns a ``keras.callbacks.History``; the model holds the trained weights. ``stack``: train on the
-    deployed stack of this name instead of a local runtime."""
+    deployed stack of this name; else on the local service if one is up (``slsml local up``), else on a local
+    runtime of the call's own."""
     import keras
 
     from slsml.training import evaluation, modelio
@@ -123,10 +125,17 @@ def fit(
     def figures(config: RunConfig) -> Figures:  # the loss and metrics of summed train states, as the workers sum them
         return evaluation.Evaluator(model, config.loss, config.metrics, shown[0]).result
 
+    from slsml.local import service
+
     if stack is not None:
         from slsml.client.stack import services_for_stack
 
         epochs_shown = job.train(services_for_stack(stack), train, figures)
+    elif (state := service.status()) is not None:  # as a run given no target: its warm processes started already
+        if level:
+            print(f"running on the local service at {state.endpoint} (no stack given)", file=sys.stderr)
+        with service.connected(state) as services:
+            epochs_shown = job.train(services, train, figures)
     else:
         from slsml.local.runtime import LocalRuntime
 

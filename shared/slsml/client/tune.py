@@ -189,9 +189,10 @@ def _target(stack: str | None, settings: SearchSettings | None, name: str) -> It
         return
     from slsml.local import service
 
-    if service.status() is not None:
-        state, services = service.connect()
-        yield Target(services, lambda run: accounting.read_local(Path(state.log_dir), run.run_id))
+    state = service.status()
+    if state is not None:
+        with service.connected(state) as services:
+            yield Target(services, lambda run: accounting.read_local(Path(state.log_dir), run.run_id))
         return
     if settings is None:
         raise NotFoundError(f"no local service is up and no stack given: search {name!r} is kept in one of them")

@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from slsml.local import lifecycle
 from slsml.local.accelerator import checked_accelerators
-from slsml.local.cloud import LocalDeployment, owner, use_deployment
+from slsml.local.cloud import LocalDeployment, deployment_in_use, owner, use_deployment
 from slsml.local.private import private_folder
 from slsml.pipeline.services import Services
 from slsml.spec.errors import NotFoundError, SlsmlError
@@ -183,7 +185,20 @@ def connect(state_dir: Path | None = None) -> tuple[ServiceState, Services]:
         raise NotFoundError("no local service is up: start one with `slsml local up`, or give --stack NAME")
     deployment = state.local_deployment()
     use_deployment(deployment)
-    services = Services.from_names(
+    return state, _services(deployment)
+
+
+@contextmanager
+def connected(state: ServiceState) -> Iterator[Services]:
+    """Services that reach the running service ``state``, for the block alone: after it, this process's AWS clients
+    are as they were (a Python caller's own clients reach what they reached before)."""
+    deployment = state.local_deployment()
+    with deployment_in_use(deployment):
+        yield _services(deployment)
+
+
+def _services(deployment: LocalDeployment) -> Services:
+    return Services.from_names(
         deployment.bucket,
         deployment.table,
         deployment.topic_arns,
@@ -191,7 +206,6 @@ def connect(state_dir: Path | None = None) -> tuple[ServiceState, Services]:
         deployment.deadline_queue_url,
         RunLimits.model_validate_json(deployment.run_limits or "{}"),
     )
-    return state, services
 
 
 def environment(state: ServiceState) -> dict[str, str]:
