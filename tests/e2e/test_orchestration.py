@@ -156,6 +156,24 @@ def test_a_run_ended_as_its_completion_is_answered_ends_as_its_record_says(
     assert [e.get("reason") for e in published] == ([f"{end} as it completed"] if end == "fail" else [])
 
 
+def test_a_run_stopped_as_its_failure_is_answered_stays_stopped(local, services, digits, run_events):
+    """A stop that lands as a step's failure reaches the execution (or its heartbeat runs out): the stop, recorded
+    first, stands; the run is not marked FAILED and no FAILED event is published."""
+    run_id = "sfn-stopped-failing"
+    with injecting(local, PACE):  # the run is still going when the test ends it
+        train(services, SPEC, run_id)
+        while not (run := services.table.get_run(run_id)).task_token:
+            time.sleep(0.05)
+        assert services.table.stop(run_id, "stop as it failed")
+        services.orchestrator.fail(run.task_token, "a failure for the test")
+        execution, entered = _execution(local, run_id)
+    assert (execution["status"], execution["error"]) == ("FAILED", "RunStopped")
+    assert entered[-3:] == ["MarkFailed", "StoppedHere", "Stopped"], entered
+    run = services.table.get_run(run_id)
+    assert (run.status, run.reason) == ("STOPPED", "stop as it failed")
+    assert not [e for e in run_events() if e["run_id"] == run_id]
+
+
 def test_a_failed_step_ends_the_execution_with_its_reason(local, services, digits):
     config = prepared_with_source(services, SPEC, "sfn-bad", b"not a model")
     launch.launch_run(services, config)
@@ -179,7 +197,7 @@ def test_an_execution_superseded_by_a_resume_leaves_the_resumed_run_alone(local,
         execution, entered = _execution(local, "sfn-superseded", old.execution_arn)
         run = services.table.get_run("sfn-superseded")
         services.fail_run("sfn-superseded", "the test is done")  # it has no execution: nothing launches on
-    assert (execution["status"], entered[-2:]) == ("FAILED", ["MarkFailed", "Superseded"])
+    assert (execution["status"], entered[-3:]) == ("FAILED", ["MarkFailed", "StoppedHere", "Superseded"])
     assert (run.status, run.generation, run.reason) == ("RUNNING", resumed.generation, None)
 
 

@@ -231,25 +231,39 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
                 "Parameters": {
                     "TableName": table,
                     "Key": _run_key(),
-                    # a reason the pipeline recorded first is kept; a run resumed since is another execution's
+                    # a reason the pipeline recorded first is kept; a run resumed since is another execution's, and
+                    # a stop recorded first stands
                     "UpdateExpression": "SET #status = :failed, reason = if_not_exists(reason, :reason)",
-                    "ConditionExpression": "execution_arn = :execution",
+                    "ConditionExpression": "execution_arn = :execution AND #status <> :stopped",
                     "ExpressionAttributeNames": {"#status": "status"},
                     "ExpressionAttributeValues": {
                         ":failed": {"S": "FAILED"},
+                        ":stopped": {"S": "STOPPED"},
                         ":reason": {"S.$": "$.failure.reason"},
                         ":execution": {"S.$": "$$.Execution.Id"},
                     },
                 },
                 "ResultPath": None,
                 "Next": "ReadReason",
-                "Catch": [
-                    {
-                        "ErrorEquals": [_CONDITION_FAILED],
-                        "ResultPath": "$.error",
-                        "Next": "Superseded",
-                    }
-                ],
+                "Catch": [{"ErrorEquals": [_CONDITION_FAILED], "ResultPath": "$.error", "Next": "StoppedHere"}],
+            },
+            "StoppedHere": {  # whether the run is this execution's, stopped (it changes nothing: it only checks)
+                "Type": "Task",
+                "Resource": mark,
+                "Parameters": {
+                    "TableName": table,
+                    "Key": _run_key(),
+                    "UpdateExpression": "SET execution_arn = :execution",
+                    "ConditionExpression": "execution_arn = :execution AND #status = :stopped",
+                    "ExpressionAttributeNames": {"#status": "status"},
+                    "ExpressionAttributeValues": {
+                        ":stopped": {"S": "STOPPED"},
+                        ":execution": {"S.$": "$$.Execution.Id"},
+                    },
+                },
+                "ResultPath": None,
+                "Next": "Stopped",
+                "Catch": [{"ErrorEquals": [_CONDITION_FAILED], "ResultPath": "$.error", "Next": "Superseded"}],
             },
             "Superseded": {
                 "Type": "Fail",
