@@ -198,6 +198,7 @@ def connected(state: ServiceState) -> Iterator[Services]:
 
 
 def _services(deployment: LocalDeployment) -> Services:
+    """The clients of the service's bucket, table, topics, state machine and deadline queue, under its limits."""
     return Services.from_names(
         deployment.bucket,
         deployment.table,
