@@ -52,6 +52,19 @@ def _run_key() -> dict[str, Any]:
     return {"pk": {"S.$": "States.Format('RUN#{}', $.run_id)"}, "sk": {"S": META}}
 
 
+def _status_write(table: str, update: str, condition: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of an updateItem of the run's item (its ``status`` named ``#status``): ``update`` where
+    ``condition`` holds."""
+    return {
+        "TableName": table,
+        "Key": _run_key(),
+        "UpdateExpression": update,
+        "ConditionExpression": condition,
+        "ExpressionAttributeNames": {"#status": "status"},
+        "ExpressionAttributeValues": values,
+    }
+
+
 def _number(path: str) -> dict[str, str]:
     return {"N.$": f"States.Format('{{}}', {path})"}
 
@@ -147,14 +160,12 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
             "MarkCompleted": {
                 "Type": "Task",
                 "Resource": mark,
-                "Parameters": {
-                    "TableName": table,
-                    "Key": _run_key(),
-                    "UpdateExpression": "SET #status = :completed",
-                    "ConditionExpression": "#status = :running",
-                    "ExpressionAttributeNames": {"#status": "status"},
-                    "ExpressionAttributeValues": {":completed": {"S": "COMPLETED"}, ":running": {"S": "RUNNING"}},
-                },
+                "Parameters": _status_write(
+                    table,
+                    "SET #status = :completed",
+                    "#status = :running",
+                    {":completed": {"S": "COMPLETED"}, ":running": {"S": "RUNNING"}},
+                ),
                 "ResultPath": None,
                 "Next": "PublishCompleted",
                 "Catch": [
@@ -228,21 +239,19 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
             "MarkFailed": {
                 "Type": "Task",
                 "Resource": mark,
-                "Parameters": {
-                    "TableName": table,
-                    "Key": _run_key(),
-                    # a reason the pipeline recorded first is kept; a run resumed since is another execution's, and
-                    # a stop recorded first stands
-                    "UpdateExpression": "SET #status = :failed, reason = if_not_exists(reason, :reason)",
-                    "ConditionExpression": "execution_arn = :execution AND #status <> :stopped",
-                    "ExpressionAttributeNames": {"#status": "status"},
-                    "ExpressionAttributeValues": {
+                # a reason the pipeline recorded first is kept; a run resumed since is another execution's, and a
+                # stop recorded first stands
+                "Parameters": _status_write(
+                    table,
+                    "SET #status = :failed, reason = if_not_exists(reason, :reason)",
+                    "execution_arn = :execution AND #status <> :stopped",
+                    {
                         ":failed": {"S": "FAILED"},
                         ":stopped": {"S": "STOPPED"},
                         ":reason": {"S.$": "$.failure.reason"},
                         ":execution": {"S.$": "$$.Execution.Id"},
                     },
-                },
+                ),
                 "ResultPath": None,
                 "Next": "ReadReason",
                 "Catch": [{"ErrorEquals": [_CONDITION_FAILED], "ResultPath": "$.error", "Next": "StoppedHere"}],
@@ -250,17 +259,12 @@ def definition(bucket: str, table: str, run_control_topic: str, run_events_topic
             "StoppedHere": {  # whether the run is this execution's, stopped (it changes nothing: it only checks)
                 "Type": "Task",
                 "Resource": mark,
-                "Parameters": {
-                    "TableName": table,
-                    "Key": _run_key(),
-                    "UpdateExpression": "SET execution_arn = :execution",
-                    "ConditionExpression": "execution_arn = :execution AND #status = :stopped",
-                    "ExpressionAttributeNames": {"#status": "status"},
-                    "ExpressionAttributeValues": {
-                        ":stopped": {"S": "STOPPED"},
-                        ":execution": {"S.$": "$$.Execution.Id"},
-                    },
-                },
+                "Parameters": _status_write(
+                    table,
+                    "SET execution_arn = :execution",
+                    "execution_arn = :execution AND #status = :stopped",
+                    {":stopped": {"S": "STOPPED"}, ":execution": {"S.$": "$$.Execution.Id"}},
+                ),
                 "ResultPath": None,
                 "Next": "Stopped",
                 "Catch": [{"ErrorEquals": [_CONDITION_FAILED], "ResultPath": "$.error", "Next": "Superseded"}],
