@@ -131,6 +131,19 @@ def test_a_run_with_its_final_model_advances_no_more(table: Any) -> None:
     assert (run.iteration, run.reason, run.test_loss) == (3, "early stopping", 0.5)
 
 
+def test_a_launch_delivered_twice_keeps_the_time_of_its_first_claim(table: Any) -> None:
+    """A duplicate of the message that launched an iteration claims it again (the same trigger) after its reduce
+    may have fired: the iteration's launch time stays the first claim's, so that the work phase (reduce fired −
+    launched) the progress line, the tuner and the benchmarks read is never negative."""
+    register(table, "twice", 1.0)
+    runs = RunTable(table)
+    first = runs.claim_launch("twice", 1, "models/1.json#0", workers=2)
+    time.sleep(0.01)
+    again = runs.claim_launch("twice", 1, "models/1.json#0", workers=3)
+    assert again is not None and (again.launched_at, again.workers) == (first.launched_at, 2)
+    assert runs.claim_launch("twice", 1, "another-trigger", workers=2) is None
+
+
 def test_a_count_that_comes_after_a_resume_deleted_its_counter_stores_nothing(table: Any) -> None:
     """A late step of the generation before adds to the summary counts of an iteration the resume forgot: no
     item comes back for it (it would carry neither generation nor expiry)."""

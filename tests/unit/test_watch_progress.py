@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from slsml.cli.display_runs import ProgressText
 from slsml.spec.config import TrainingSpec
-from slsml.state.records import Counter, RunRecord, RunStatus
+from slsml.spec.messages import Participant
+from slsml.state.records import Counter, IterationRecord, RunRecord, RunStatus, WorkerReport
 
 
 def _run(iteration: int, workers: int = 4, reason: str | None = None) -> RunRecord:
@@ -29,7 +30,18 @@ def _counter(
     stale: set[int] | None = None,
     workers: int = 4,
     reason: str | None = None,
+    late: set[int] | None = None,
 ) -> Counter:
+    """The counter of an iteration whose reduce took workers 0–2; with ``late``: its record, in which those
+    workers reported after it fired (``runs.wait_for_run`` reads the record where the counter's count is past
+    the participants)."""
+    if late is not None:
+        counter = _counter(iteration, arrived, relaunches, stale, workers, reason)
+        return IterationRecord(
+            **counter.model_dump(),
+            reports={w: WorkerReport(worker=w, samples=32) for w in {0, 1, 2} | late},
+            participants=[Participant(worker=w, samples=32, etag=f'"{w:032x}"') for w in range(3)],
+        )
     return Counter(
         iteration=iteration,
         launched_at=100.0,
@@ -55,15 +67,23 @@ def test_the_line_shows_stage_times_what_the_run_met_and_dollars_so_far() -> Non
         return 0.0123
 
     progress = ProgressText(started=0.0, spent=spent)
-    first = progress.update(_run(1), _counter(0, arrived=4))
+    first = progress.update(_run(1), _counter(0, arrived=4, late={3}))
     assert "loss 0.5000" in first and "accuracy 0.800" in first
     assert "workers 0.25 s reduce+merge 0.50 s" in first
     assert "1 late" in first and "$0.0123 so far" in first
-    again = progress.update(_run(1), _counter(0, arrived=4))  # the same iteration seen twice counts once
+    again = progress.update(_run(1), _counter(0, arrived=4, late={3}))  # the same iteration seen twice counts once
     assert "1 late" in again
-    later = progress.update(_run(2), _counter(1, arrived=4, relaunches=2, stale={1}))
+    later = progress.update(_run(2), _counter(1, arrived=4, relaunches=2, stale={1}, late={3}))
     assert "2 late" in later and "2 re-launched reducers" in later and "1 stale shards" in later
     assert calls == [1], "the usage lines are read at most every few seconds"
+
+
+def test_reports_counted_twice_are_not_late() -> None:
+    """A duplicate delivery of a report adds to the counter's count: past the participants, but no one was late,
+    as the iteration's record says."""
+    progress = ProgressText(started=0.0)
+    assert "late" not in progress.update(_run(1), _counter(0, arrived=7))
+    assert "late" not in progress.update(_run(2), _counter(1, arrived=7, late=set()))
 
 
 def test_nothing_met_shows_nothing() -> None:

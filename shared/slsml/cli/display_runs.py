@@ -11,6 +11,7 @@ from typing import Any
 
 from slsml.cli.display import console, dollars, number, results, say, spend
 from slsml.spec.config import HYPER_PARAMETERS, KERAS_OPTIMIZERS, OptimizerConfig, TrainingSpec
+from slsml.state.records import IterationRecord
 
 # ---- the optimizer a run applies -------------------------------------------------------------
 
@@ -136,7 +137,7 @@ class ProgressText:
             if figures := getattr(latest, split):
                 name = first_metric(figures)
                 self.evaluated[split] = (f"{split}_{name}", figures[name])
-        late = max(0, latest.arrived - latest.participant_count) if latest.reduce_fired_by is not None else 0
+        late = len(latest.late - latest.nonfinite) if isinstance(latest, IterationRecord) else 0  # as the summary
         self.seen[latest.iteration] = (late, latest.reduce_relaunches, len(latest.stale_shards))
         parts = [f"loss {latest.train_loss:.4f}"] if latest.train_loss is not None else []
         train = latest.train or {}

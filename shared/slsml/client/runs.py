@@ -188,7 +188,8 @@ def wait_for_run(
     ``poll_s`` while it moves, and while it does not (the same iteration and status), each wait twice the last,
     up to ``RESTING_POLL_S``: a run that waits on a slow step is read less often, and its end is seen within that.
 
-    ``on_progress`` gets the run and its last merged iteration (None before the first).
+    ``on_progress`` gets the run and its last merged iteration (None before the first): its counter, or its record
+    where the counter's count of reports (a hint, which a duplicate adds to) is past the reduce's participants.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     wait, seen = poll_s, None
@@ -196,6 +197,8 @@ def wait_for_run(
         run = services.table.get_run(run_id)
         if on_progress is not None:
             latest = services.table.get_counter(run_id, run.iteration - 1) if run.iteration else None
+            if latest is not None and latest.reduce_fired_by is not None and latest.arrived > latest.participant_count:
+                latest = services.table.get_iteration(run_id, latest.iteration)  # which came late: its records say
             on_progress(run, latest)
         if run.status in TERMINAL:
             return run

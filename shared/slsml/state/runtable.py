@@ -431,7 +431,7 @@ class RunTable:
     ) -> Counter | None:
         """Claim the launch of ``iteration`` for ``trigger_id`` with ``workers`` workers (a change of the fleet
         with its ``reason``; ``spent``: the run's spend the launch saw, with a budget): the iteration's counter,
-        with the workers the first claim set (a retry of the same trigger launches the same ones), or None if
+        with the time and workers the first claim set (a retry of the same trigger launches the same ones), or None if
         another trigger of this generation or a later one launched it. An earlier generation's claim (its
         watchdog's, landing after a resume deleted the counter) gives way: the counter starts anew."""
         now = time.time()
@@ -444,7 +444,8 @@ class RunTable:
             "spent_usd": spent,
         }
         values = {k: v for k, v in claim.items() if v is not None}
-        expression, names, bound = _set(values, keep_first=frozenset({"workers", "workers_reason", "spent_usd"}))
+        first = frozenset({"launched_at", "workers", "workers_reason", "spent_usd"})
+        expression, names, bound = _set(values, keep_first=first)
         key = self._key(run_id, iteration_sk(iteration))
         item = conditional(
             lambda: self.table.update_item(
