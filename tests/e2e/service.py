@@ -61,6 +61,21 @@ def service_store(cwd: Path) -> ObjectStore:
     return ObjectStore(boto3.client("s3", config=SIGNING["s3"], **_resource_arguments(env)), env["SLSML_BUCKET"])
 
 
+@contextmanager
+def held(env: dict[str, str], function: str, seconds: int = 120) -> Iterator[None]:
+    """For the block, the messages sent to ``function``'s queue in the service of ``env`` (``service_env``) wait
+    ``seconds`` before they are delivered (SQS's ``DelaySeconds``): its runs take no further step of it meanwhile, so
+    a command the block runs lands before them however long it takes to start. The messages held are delivered once
+    their delay ends."""
+    sqs = boto3.client("sqs", **_resource_arguments(env))
+    (url,) = [url for url in sqs.list_queues()["QueueUrls"] if url.endswith(f"-{function}")]
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": str(seconds)})
+    try:
+        yield
+    finally:
+        sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "0"})
+
+
 def service_table(cwd: Path) -> RunTable:
     """The service's run table, reached as any AWS client would, with the variables `slsml local env` prints."""
     env = service_env(cwd)

@@ -25,16 +25,14 @@ from slsml.spec.errors import NotFoundError
 from slsml.state.runtable import RunTable
 from slsml.training import modelio
 
-from .service import last_json, local_service, service_env, service_store, service_table, slsml
+from .service import held, last_json, local_service, service_env, service_store, service_table, slsml
 
 LIMIT_WORKERS = 8  # the service's limit on any run's workers (the tests' runs ask for at most 4)
 REDUCER_MB = 2048  # the service's Reducer memory (the deployment's: 1769 MB)
 WORKER_TIMEOUT_S = 300  # the service's Worker timeout (the deployment's: 120 s), the shortest deadline of its runs
 DEADLINE = ["--deadline", str(WORKER_TIMEOUT_S)]
-# enough that the run is still going when `run stop` lands (it is stopped at its second iteration; a command
-# takes a few seconds on a loaded machine, an iteration a quarter to a whole second), few enough that its resume
-# ends soon
-STOP_ME_ITERATIONS = 80
+# few enough that its resume ends soon (it is stopped at its second iteration, its Worker's messages held meanwhile)
+STOP_ME_ITERATIONS = 20
 AWS_CLI = os.environ.get("SLSML_AWS_CLI", str(Path(__file__).parents[2] / ".venv-awscli" / "bin" / "aws"))
 
 
@@ -160,12 +158,13 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     assert started.stdout.strip() == "stop-me"
     # two iterations complete: the run resumes past its first, with 2 workers. Watched in the service's table
     # (a command would take a second or two to answer, and a loaded machine runs many iterations meanwhile)
-    table = service_table(service)
+    table, env = service_table(service), service_env(service)
     deadline = time.monotonic() + 120
     while _iteration(table, "stop-me") < 2:
         assert time.monotonic() < deadline, "run stop-me completed no iteration"
         time.sleep(0.05)
-    stopped = slsml(service, "run", "stop", "stop-me", "--json")
+    with held(env, "worker"):  # the run's next rounds wait in their queue: it cannot end before the stop lands
+        stopped = slsml(service, "run", "stop", "stop-me", "--json")
     assert stopped.returncode == 0, stopped.stderr
     assert json.loads(stopped.stdout) == {"run_id": "stop-me", "status": "STOPPED"}
     status = _status(service, "stop-me")
