@@ -1204,15 +1204,11 @@ def _arrive_with(services: Services, run_id: str, worker: int, update: updates.E
 
 
 @pytest.mark.parametrize("compress", ["none", "significance:0.5"])
-def test_a_reducer_takes_only_the_update_its_workers_report_names(
-    services: Services, compress: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_reducer_takes_only_the_update_its_workers_report_names(services: Services, compress: str) -> None:
     """An update whose bytes are not the ones its worker's signed report names by their ETag (another object put in
     its place): every reducer refuses it by name before reading any part (the part table's entries, of a tabled
     update, are checked first), and stores nothing of the next iteration: the first re-launches its round, and the
-    re-launched round's update refused too fails the run (each reducer after the first waits for a re-launch's
-    record that never comes: a fifth of a second here)."""
-    monkeypatch.setattr(reducer, "RELAUNCH_RECORD_WAIT_S", 0.2)
+    re-launched round's update refused too fails the run."""
     run_id = f"replaced-update-{compress.split(':')[0]}"
     _register(services, run_id, workers=2, compress=compress)
     _arrive_with(services, run_id, 0, _compressed(0, compress))
@@ -1382,9 +1378,7 @@ def test_a_refused_update_relaunches_its_round_once_and_a_second_refusal_fails_t
     """A worker's update replaced after its report (other values at its key): each reducer refuses it and stores
     nothing; the first re-launches the worker's round once, as its next attempt; that round's report fires the reduce
     again with its update in the refused one's place, and the step is the undisturbed one. The re-launched round's
-    update replaced too: the run fails naming it (each reducer after the first waits for a re-launch's record that
-    never comes: a fifth of a second here)."""
-    monkeypatch.setattr(reducer, "RELAUNCH_RECORD_WAIT_S", 0.2)
+    update replaced too: the run fails naming it."""
     work: list[WorkMessage] = _published(services, monkeypatch, wiring.WORK)
     for run_id in ("redone", "refused-twice"):
         _register(services, run_id, workers=2)

@@ -201,6 +201,10 @@ class Counter(BaseModel):
         default_factory=set,
         description="workers whose round was re-launched once: a reducer refused the update they reported",
     )
+    redone_rounds: set[str] = Field(
+        default_factory=set,
+        description='those re-launches as "<worker>:<attempt>" of the update refused: which round each was claimed for',
+    )
     went_on: set[int] = Field(
         default_factory=set,
         description="stale_weights: workers whose invocation went on to this round from the round before",

@@ -750,10 +750,15 @@ class RunTable:
         claimed = conditional(
             lambda: self.table.update_item(
                 Key=self._key(run_id, iteration_sk(iteration)),
-                UpdateExpression="ADD redone :workers",
+                UpdateExpression="ADD redone :workers, redone_rounds :round",
                 ConditionExpression=f"{_SAME_GENERATION}"
                 " AND (attribute_not_exists(redone) OR NOT contains(redone, :w))",
-                ExpressionAttributeValues={":workers": {worker}, ":w": worker, ":generation": generation},
+                ExpressionAttributeValues={
+                    ":workers": {worker},
+                    ":round": {f"{worker}:{attempt}"},
+                    ":w": worker,
+                    ":generation": generation,
+                },
                 ReturnValues="ALL_NEW",
             )
         )

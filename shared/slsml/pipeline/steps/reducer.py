@@ -277,14 +277,17 @@ def _relaunched(participant: Participant, message: ReduceMessage, config: RunCon
 
 
 def _relaunched_before(services: Services, run_id: str, iteration: int, participant: Participant) -> bool:
-    """Whether another reducer's refusal re-launched the round of ``participant``: its claim (the counter's ``redone``)
-    and the worker's next attempt recorded are two writes, so a claim whose record has not landed yet is waited on,
-    for at most ``RELAUNCH_RECORD_WAIT_S``."""
+    """Whether another reducer's refusal re-launched the round of ``participant``: its claim (the counter's
+    ``redone_rounds``, naming the worker and the attempt refused) and the worker's next attempt recorded are two writes,
+    so a claim of this round whose record has not landed yet is waited on, for at most ``RELAUNCH_RECORD_WAIT_S``. A
+    claim of the worker's earlier attempt means that ``participant`` is the round it re-launched: no wait."""
     deadline = time.monotonic() + RELAUNCH_RECORD_WAIT_S
     while True:
         if services.table.get_iteration(run_id, iteration).relaunched.get(participant.worker, 0) > participant.attempt:
             return True
-        claimed = participant.worker in services.table.get_counter(run_id, iteration).redone
+        claimed = (
+            f"{participant.worker}:{participant.attempt}" in services.table.get_counter(run_id, iteration).redone_rounds
+        )
         if not claimed or time.monotonic() > deadline:
             return False
         time.sleep(0.05)
