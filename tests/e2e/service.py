@@ -61,19 +61,23 @@ def service_store(cwd: Path) -> ObjectStore:
     return ObjectStore(boto3.client("s3", config=SIGNING["s3"], **_resource_arguments(env)), env["SLSML_BUCKET"])
 
 
-@contextmanager
-def held(env: dict[str, str], function: str, seconds: int = 120) -> Iterator[None]:
-    """For the block, the messages sent to ``function``'s queue in the service of ``env`` (``service_env``) wait
-    ``seconds`` before they are delivered (SQS's ``DelaySeconds``): its runs take no further step of it meanwhile, so
-    a command the block runs lands before them however long it takes to start. The messages held are delivered once
-    their delay ends."""
-    sqs = boto3.client("sqs", **_resource_arguments(env))
-    (url,) = [url for url in sqs.list_queues()["QueueUrls"] if url.endswith(f"-{function}")]
-    sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": str(seconds)})
-    try:
-        yield
-    finally:
-        sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "0"})
+class Held:
+    """``with Held(env, function):`` for the block, the messages sent to ``function``'s queue in the service of ``env``
+    (``service_env``) wait ``seconds`` before they are delivered (SQS's ``DelaySeconds``): its runs take no further
+    step of it meanwhile, so a command the block runs lands before them however long it takes to start. The client and
+    the queue are found when it is made, so that entering the block is one request. The messages held are delivered
+    once their delay ends."""
+
+    def __init__(self, env: dict[str, str], function: str, seconds: int = 120) -> None:
+        self.sqs = boto3.client("sqs", **_resource_arguments(env))
+        (self.url,) = [url for url in self.sqs.list_queues()["QueueUrls"] if url.endswith(f"-{function}")]
+        self.seconds = seconds
+
+    def __enter__(self) -> None:
+        self.sqs.set_queue_attributes(QueueUrl=self.url, Attributes={"DelaySeconds": str(self.seconds)})
+
+    def __exit__(self, *_: object) -> None:
+        self.sqs.set_queue_attributes(QueueUrl=self.url, Attributes={"DelaySeconds": "0"})
 
 
 def service_table(cwd: Path) -> RunTable:

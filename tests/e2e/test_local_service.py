@@ -25,14 +25,14 @@ from slsml.spec.errors import NotFoundError
 from slsml.state.runtable import RunTable
 from slsml.training import modelio
 
-from .service import held, last_json, local_service, service_env, service_store, service_table, slsml
+from .service import Held, last_json, local_service, service_env, service_store, service_table, slsml
 
 LIMIT_WORKERS = 8  # the service's limit on any run's workers (the tests' runs ask for at most 4)
 REDUCER_MB = 2048  # the service's Reducer memory (the deployment's: 1769 MB)
 WORKER_TIMEOUT_S = 300  # the service's Worker timeout (the deployment's: 120 s), the shortest deadline of its runs
 DEADLINE = ["--deadline", str(WORKER_TIMEOUT_S)]
 # few enough that its resume ends soon (it is stopped at its second iteration, its Worker's messages held meanwhile)
-STOP_ME_ITERATIONS = 20
+STOP_ME_ITERATIONS = 40
 AWS_CLI = os.environ.get("SLSML_AWS_CLI", str(Path(__file__).parents[2] / ".venv-awscli" / "bin" / "aws"))
 
 
@@ -132,6 +132,10 @@ def _status(cwd: Path, run_id: str) -> dict:
 
 
 def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
+    # the run is watched in the service's table from the moment its start returns, and stopped with its Worker's
+    # messages held in their queue (clients made first: a command takes seconds to start on a loaded machine, in
+    # which the run would run to its end)
+    table, hold = service_table(service), Held(service_env(service), "worker")
     started = slsml(
         service,
         "run",
@@ -156,14 +160,12 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     )
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip() == "stop-me"
-    # two iterations complete: the run resumes past its first, with 2 workers. Watched in the service's table
-    # (a command would take a second or two to answer, and a loaded machine runs many iterations meanwhile)
-    table, env = service_table(service), service_env(service)
+    # two iterations complete: the run resumes past its first, with 2 workers
     deadline = time.monotonic() + 120
     while _iteration(table, "stop-me") < 2:
         assert time.monotonic() < deadline, "run stop-me completed no iteration"
         time.sleep(0.05)
-    with held(env, "worker"):  # the run's next rounds wait in their queue: it cannot end before the stop lands
+    with hold:  # the run's next rounds wait in their queue: it cannot end before the stop lands
         stopped = slsml(service, "run", "stop", "stop-me", "--json")
     assert stopped.returncode == 0, stopped.stderr
     assert json.loads(stopped.stdout) == {"run_id": "stop-me", "status": "STOPPED"}
