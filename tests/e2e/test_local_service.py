@@ -33,6 +33,9 @@ WORKER_TIMEOUT_S = 300  # the service's Worker timeout (the deployment's: 120 s)
 DEADLINE = ["--deadline", str(WORKER_TIMEOUT_S)]
 # few enough that its resume ends soon (it is stopped at its second iteration, its Worker's messages held meanwhile)
 STOP_ME_ITERATIONS = 40
+# until it is stopped, each round of the run waits this long in its Worker's queue: `run start` returns long before the
+# run could end (on a loaded machine, the command returned once all 40 rounds had run)
+PACE_S = 2
 AWS_CLI = os.environ.get("SLSML_AWS_CLI", str(Path(__file__).parents[2] / ".venv-awscli" / "bin" / "aws"))
 
 
@@ -132,41 +135,43 @@ def _status(cwd: Path, run_id: str) -> dict:
 
 
 def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
-    # the run is watched in the service's table from the moment its start returns, and stopped with its Worker's
-    # messages held in their queue (clients made first: a command takes seconds to start on a loaded machine, in
-    # which the run would run to its end)
-    table, hold = service_table(service), Held(service_env(service), "worker")
-    started = slsml(
-        service,
-        "run",
-        "start",
-        "--local",
-        "--model",
-        "cnn.keras",
-        "--data",
-        "digits",
-        "--iterations",
-        str(STOP_ME_ITERATIONS),
-        "--eval-every",
-        "0",
-        "--run-id",
-        "stop-me",
-        "--no-wait",
-        "--workers",
-        "2",
-        "--max-workers",
-        "4",
-        *DEADLINE,
-    )
-    assert started.returncode == 0, started.stderr
-    assert started.stdout.strip() == "stop-me"
-    # two iterations complete: the run resumes past its first, with 2 workers
-    deadline = time.monotonic() + 120
-    while _iteration(table, "stop-me") < 2:
-        assert time.monotonic() < deadline, "run stop-me completed no iteration"
-        time.sleep(0.05)
-    with hold:  # the run's next rounds wait in their queue: it cannot end before the stop lands
-        stopped = slsml(service, "run", "stop", "stop-me", "--json")
+    # the run is paced from its start, watched in the service's table, and stopped with its Worker's messages held in
+    # their queue (clients made first: a command takes seconds to start on a loaded machine, in which the run would
+    # run to its end)
+    env = service_env(service)
+    table, paced, hold = service_table(service), Held(env, "worker", PACE_S), Held(env, "worker")
+    with paced:
+        started = slsml(
+            service,
+            "run",
+            "start",
+            "--local",
+            "--model",
+            "cnn.keras",
+            "--data",
+            "digits",
+            "--iterations",
+            str(STOP_ME_ITERATIONS),
+            "--eval-every",
+            "0",
+            "--run-id",
+            "stop-me",
+            "--no-wait",
+            "--workers",
+            "2",
+            "--max-workers",
+            "4",
+            *DEADLINE,
+        )
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.strip() == "stop-me"
+        # two iterations complete: the run resumes past its first, with 2 workers
+        deadline = time.monotonic() + 120
+        while _iteration(table, "stop-me") < 2:
+            assert time.monotonic() < deadline, "run stop-me completed no iteration"
+            time.sleep(0.05)
+        with hold:  # the run's next rounds wait in their queue: it cannot end before the stop lands
+            stopped = slsml(service, "run", "stop", "stop-me", "--json")
     assert stopped.returncode == 0, stopped.stderr
     assert json.loads(stopped.stdout) == {"run_id": "stop-me", "status": "STOPPED"}
     status = _status(service, "stop-me")
