@@ -152,6 +152,7 @@ class Settings(BaseModel):
             self.run_limits.with_timeouts(timeouts)
             .with_worker_memory(worker.memory_mb)
             .with_worker_accelerator(worker.accelerator_gib, tuple(worker.instance_types))
+            .with_worker_concurrency(worker.reserved_concurrency)
         )
         if worker.max_environments is not None and limits.workers > worker.max_environments:
             limits = limits.model_copy(update={"workers": worker.max_environments})

@@ -164,9 +164,11 @@ class LocalRuntime:
         return self.memory_mb.get("worker", DEFAULT_FUNCTIONS["worker"].memory_mb)
 
     def _deployed(self, limits: RunLimits) -> RunLimits:
-        """``limits`` with this deployment's worker: its memory and its accelerator."""
-        return limits.with_worker_memory(self.worker_memory_mb).with_worker_accelerator(
-            self.accelerator_gib.get("worker")
+        """``limits`` with this deployment's worker: its memory, its accelerator and its warm processes."""
+        return (
+            limits.with_worker_memory(self.worker_memory_mb)
+            .with_worker_accelerator(self.accelerator_gib.get("worker"))
+            .with_worker_concurrency(self.concurrency["worker"])
         )
 
     def _limit(self, limits: RunLimits) -> None:

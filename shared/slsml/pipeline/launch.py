@@ -8,7 +8,7 @@ import hashlib
 import secrets
 import time
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from slsml.cost import budget
 from slsml.cost.messages import check_messages
 from slsml.data import datasets as data
 from slsml.data.manifest import DatasetManifest
+from slsml.pipeline import staged
 from slsml.pipeline.services import Services
 from slsml.rounds import sizing
 from slsml.spec import keys, samples
@@ -99,7 +100,7 @@ def prepare_run(
     run's config, initial weights and ``source.keras``. Bad input (or a run predicted above its budget) raises
     BadInputError before anything is written, as does a run beyond the deployment's limits (unless not
     ``check_limits``: the pipeline then FAILS the run with the reason, as it does whatever started it)."""
-    from slsml.training import evaluation, modelio  # TensorFlow: only where a model is read
+    from slsml.training import evaluation, modelio, stages  # TensorFlow: only where a model is read
 
     run_id = run_id or new_run_id()
     store = services.store
@@ -108,8 +109,8 @@ def prepare_run(
     rules.of(spec).check_model(model)
     modelio.check_policy(model, spec.mixed_precision)
     modelio.check_compiled(model, loss=spec.loss is not None, optimizer=spec.optimizer is not None)
-    if spec.pipeline_stages > 1:
-        raise BadInputError(stages_refusal(model, spec.pipeline_stages))
+    if spec.pipeline_stages > 1 and (why := stages.refusal(model, spec.pipeline_stages)) is not None:
+        raise BadInputError(why)  # before the data is read: the model alone rules the stages out
     loss = modelio.loss_config(model, spec.loss)
     optimizer = spec.optimizer or modelio.optimizer_config(model)
     spec = with_epochs(spec, manifest.train.count)
@@ -143,7 +144,9 @@ def prepare_run(
         architecture=modelio.architecture(model),
     )
     config = with_compress_warmup(config, manifest.train.count)
-    if refusal := memory_refusal(config, services.limits.worker_memory_mb):
+    if spec.pipeline_stages > 1:  # split where the stages' compute is most even, each stage's step fitting a worker
+        config = staged.configured(config, model, services.limits.worker_memory_mb)
+    elif refusal := memory_refusal(config, services.limits.worker_memory_mb):
         raise BadInputError(refusal)
     flat = modelio.get_flat(model, plan)
     initial = {}  # the shards entering iteration 0, which run.json names by their ETags
@@ -165,18 +168,6 @@ def prepare_run(
         store.put_new(key, body)
     store.put_new(keys.source_model(run_id), model_bytes)
     return config
-
-
-def stages_refusal(model: Any, count: int) -> str:
-    """Why a run of ``count`` pipeline stages does not start: the model cannot be cut into them (naming the layer
-    that prevents it), else the pipeline does not run stage functions."""
-    from slsml.training import stages
-
-    return stages.refusal(model, count) or (
-        f"--pipeline-stages {count}: the pipeline does not run stage functions yet; `slsml plan --pipeline-stages"
-        f" {count}` plans them and `slsml bench stages` measures them (leave --pipeline-stages out to train the"
-        " model in one function)"
-    )
 
 
 def memory_refusal(config: RunConfig, worker_memory_mb: int) -> str | None:

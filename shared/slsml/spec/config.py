@@ -507,8 +507,8 @@ class TrainingSpec(BaseModel):
         le=64,
         description="pipeline stages a worker's model is split into at layer boundaries, each a function of its own"
         " that micro-batches flow through (GPipe), for a model whose step does not fit one function: `slsml plan`"
-        " models them (there, default the fewest that fit); a run refuses more than 1, the pipeline running no"
-        " stage functions yet",
+        " models them (there, default the fewest that fit); a run splits its model where the stages' compute is most"
+        " even and each stage's step fits the worker's memory",
     )
     mixed_precision: MixedPrecision | None = Field(
         default=None,
@@ -888,6 +888,12 @@ class RunConfig(BaseModel):
         ge=0,
         description="what one sample adds to a training step of the model (slsml.rounds.sizing.sample_bytes), which"
         " sizes the workers' micro-batches; 0: not known (a run started before it was kept), each share in one",
+    )
+    stage_blocks: tuple[int, ...] | None = Field(
+        default=None,
+        description="pipeline_stages > 1: the blocks (layers between neighbouring cut points,"
+        " slsml.training.stages.cut_points) each stage holds, in order, as the run's start split the model; None: one"
+        " stage",
     )
     architecture: str | None = Field(
         default=None,

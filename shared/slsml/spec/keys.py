@@ -116,6 +116,24 @@ def update(run_id: str, iteration: int, worker: int, attempt: int = 0) -> str:
     return f"{iteration_prefix(run_id, iteration)}updates/{worker:05d}/{attempt}.bin"
 
 
+def handed(run_id: str, iteration: int, worker: int, attempt: int, stage: int, micro_batch: int, back: bool) -> str:
+    """What pipeline stage ``stage`` of a worker's round (its ``attempt``) hands on for ``micro_batch``: its output to
+    the next stage, or (``back``) the gradient of its input back to the stage before (``slsml.pipeline.staged``)."""
+    way = "back" if back else "forward"
+    return f"{stages_prefix(run_id, iteration, worker, attempt)}{stage:02d}/{way}/{micro_batch:06d}.npy"
+
+
+def stage_part(run_id: str, iteration: int, worker: int, attempt: int, stage: int) -> str:
+    """A pipeline stage's part of a worker's update (its weights' gradient and new non-trainable values), which the
+    first stage assembles into the update."""
+    return f"{stages_prefix(run_id, iteration, worker, attempt)}{stage:02d}/part.npz"
+
+
+def stages_prefix(run_id: str, iteration: int, worker: int, attempt: int) -> str:
+    """Where the pipeline stages of a worker's round (its ``attempt``) hand each other what they compute."""
+    return f"{iteration_prefix(run_id, iteration)}stages/{worker:05d}-a{attempt}/"
+
+
 def local_state(run_id: str, iteration: int, worker: int) -> str:
     return f"{iteration_prefix(run_id, iteration)}local/{worker:05d}.npz"
 

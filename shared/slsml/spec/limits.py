@@ -45,10 +45,20 @@ class RunLimits(BaseModel):
         description="the deployment's GPU memory per worker (functions.worker.accelerator_gib; None: CPU workers),"
         " which a GPU worker's micro-batches fit and the plan, the budget check and the tuner price",
     )
+    worker_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="the most Worker invocations that run at once (functions.worker.reserved_concurrency; locally,"
+        " its warm processes), which a run's workers times its pipeline stages must keep within (None: unbounded)",
+    )
     worker_instance_types: tuple[str, ...] = Field(
         default=(),
         description="the EC2 instance types a GPU worker's fleet may run on (functions.worker.instance_types)",
     )
+
+    def with_worker_concurrency(self, concurrency: int | None) -> RunLimits:
+        """These limits with the most Worker invocations the deployment runs at once (None: unbounded)."""
+        return self.model_copy(update={"worker_concurrency": concurrency})
 
     def with_worker_memory(self, memory_mb: int) -> RunLimits:
         """These limits with the deployment's worker memory ``memory_mb``."""
@@ -82,7 +92,24 @@ class RunLimits(BaseModel):
         ]
         early = self.deadline_refusal(spec.deadline_s)
         reasons = ([f"the run asks for {'; '.join(over)}"] if over else []) + ([early] if early else [])
-        return "; ".join(reasons) or None
+        staged = self.stages_refusal(spec, asked["workers"])
+        return "; ".join(reasons + ([staged] if staged else [])) or None
+
+    def stages_refusal(self, spec: TrainingSpec, workers: int) -> str | None:
+        """Why ``workers`` workers in ``spec.pipeline_stages`` stages cannot run: a worker's stages wait on each other,
+        so every one of them must run at once, within the Worker's concurrency (None: they can)."""
+        stages = spec.pipeline_stages
+        if stages == 1:
+            return None
+        if self.worker_accelerator_gib is not None:
+            return f"--pipeline-stages {stages}: stages run on CPU workers, and this deployment's run on GPUs"
+        if self.worker_concurrency is None or workers * stages <= self.worker_concurrency:
+            return None
+        return (
+            f"--pipeline-stages {stages}: {workers} workers of {stages} stages are {workers * stages} Worker"
+            f" invocations at once, and the deployment runs {self.worker_concurrency} (the Worker's reserved"
+            " concurrency; locally, its warm processes): give fewer workers or stages"
+        )
 
     def drop_in_defaults(self) -> DropInRequest:
         """What a model dropped under ``incoming/`` trains with on a deployment that names no run defaults (the local

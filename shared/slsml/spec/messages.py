@@ -63,12 +63,23 @@ class WorkMessage(Message):
         description="launched as the reduce of the iteration before fired, its model not merged (stale_weights):"
         " train from the weights predicted from the last two models",
     )
+    stage: int = Field(
+        default=0,
+        ge=0,
+        le=63,
+        description="the pipeline stage of the worker's round this invocation computes (pipeline_stages > 1): stage 0"
+        " reads the samples and stores the update, the others compute their stage's layers (slsml.pipeline.staged)",
+    )
     update: int | None = Field(
         default=None,
         ge=0,
         description="ASP (staleness unbounded): the number of the update it computes, which names the synchronous"
         " run's slot and round whose batches it takes (barrier.asynchronous_updates)",
     )
+
+    def staged(self, stages: int) -> list[WorkMessage]:
+        """This message as one per pipeline stage of the worker's round (one stage: itself)."""
+        return [self.model_copy(update={"stage": stage}) for stage in range(stages)]
 
 
 class WorkDone(Message):

@@ -163,67 +163,101 @@ class StageStep(NamedTuple):
     seconds: list[float]
 
 
+class StageRunner:
+    """One stage's part of a step (the module's docstring), micro-batch by micro-batch, in any order that runs each
+    micro-batch's ``forward`` before its ``backward`` (the last stage has no ``forward``: its backward pass computes
+    it); ``finish`` gives its gradient and non-trainable values. Each micro-batch is weighted by ``share``, its share
+    of the step's samples. One process runs every stage of a step (``step``), or a stage function one."""
+
+    def __init__(self, stage: keras.Model, last: bool) -> None:
+        self.stage, self.last = stage, last
+        self.starting = _values(stage.non_trainable_weights)  # every micro-batch's forward pass starts from these
+        self.gradients = [np.zeros(v.shape, np.float64) for v in stage.trainable_weights]
+        self.untrained = [np.zeros(v.shape, np.float64) for v in stage.non_trainable_weights]
+        self.loss = 0.0  # the loss (the last stage), or the stage's regularization, summed by share
+        self.seconds = 0.0
+        self._seeds: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # micro-batch → states before, after
+
+    def forward(self, number: int, given: Any, share: float) -> Any:
+        """The stage's output of micro-batch ``number`` on its input ``given`` (not the last stage)."""
+        _assign(self.stage.non_trainable_weights, self.starting)
+        before = _values(_seed_states(self.stage))
+        started = time.perf_counter()
+        output = self.stage(given, training=True)
+        self.seconds += time.perf_counter() - started
+        self._add_untrained(share)
+        self._seeds[number] = before, _values(_seed_states(self.stage))
+        return output
+
+    def backward(self, number: int, given: Any, share: float, objective_of: Any) -> Any:
+        """The gradient of the loss with respect to the stage's input ``given`` of micro-batch ``number`` (None for an
+        input that is not floating), its weights' gradient added up. ``objective_of(output)``: the loss of the
+        output (the last stage: its labels' mean loss) or, before it, the gradient handed back (``handed_back``)."""
+        _assign(self.stage.non_trainable_weights, self.starting)
+        if not self.last:  # computed again as it was: its Dropout draws the forward pass's masks
+            _assign(_seed_states(self.stage), self._seeds[number][0])
+        given = tf.nest.map_structure(tf.convert_to_tensor, given)
+        started = time.perf_counter()
+        with tf.GradientTape() as tape:
+            watched = [t for t in tf.nest.flatten(given) if t.dtype.is_floating]
+            tape.watch(watched)
+            output = self.stage(given, training=True)
+            loss = objective_of(output) if self.last else tf.constant(0.0)
+            objective = share * loss if self.last else objective_of(output)
+            if self.stage.losses:
+                loss = loss + tf.add_n(self.stage.losses)
+                objective = objective + share * tf.add_n(self.stage.losses)
+        found = tape.gradient(objective, [*self.stage.trainable_weights, *watched])
+        self.seconds += time.perf_counter() - started
+        self.loss += share * float(loss)
+        if self.last:
+            self._add_untrained(share)
+        else:
+            _assign(_seed_states(self.stage), self._seeds.pop(number)[1])
+        weights = len(self.stage.trainable_weights)
+        for sum_, g in zip(self.gradients, found[:weights], strict=True):
+            if g is not None:
+                sum_ += np.asarray(tf.convert_to_tensor(g), np.float64)
+        return found[weights] if watched else None
+
+    def finish(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The stage's gradient and new non-trainable values (float32), the latter set on its weights."""
+        untrained = [s.astype(np.float32) for s in self.untrained]
+        _assign(self.stage.non_trainable_weights, untrained)
+        return [g.astype(np.float32) for g in self.gradients], untrained
+
+    def _add_untrained(self, share: float) -> None:
+        for sum_, value in zip(self.untrained, _values(self.stage.non_trainable_weights), strict=True):
+            sum_ += share * value.astype(np.float64)
+
+
+def handed_back(gradient: Any) -> Any:
+    """The objective of a stage before the last whose output's gradient ``gradient`` was handed back to it."""
+    return lambda output: tf.reduce_sum(output * gradient)
+
+
 def step(stages: Sequence[keras.Model], loss_fn: Any, micro_batches: Sequence[tuple[Any, Any]]) -> StageStep:
-    """The step of the batch made of ``micro_batches`` ((x, y) each) through ``stages`` on a GPipe schedule with
-    re-materialization (the module's docstring); ``loss_fn(y, prediction)`` the run's loss (a mean over the batch),
-    each stage's own regularization losses added. The last stage's forward pass is its backward pass's: one stage
-    computes a plain step."""
+    """The step of the batch made of ``micro_batches`` ((x, y) each) through ``stages`` (``StageRunner`` each, in one
+    process); ``loss_fn(y, prediction)`` the run's loss (a mean over the batch), each stage's own regularization
+    losses added. The last stage's forward pass is its backward pass's: one stage computes a plain step."""
     total = sum(samples.count(y) for _, y in micro_batches)
-    starting = [[np.asarray(v.numpy()) for v in s.non_trainable_weights] for s in stages]
-    gradients = [[np.zeros(v.shape, np.float64) for v in s.trainable_weights] for s in stages]
-    untrained = [[np.zeros(v.shape, np.float64) for v in s.non_trainable_weights] for s in stages]
-    loss, seconds, last = 0.0, [0.0] * len(stages), len(stages) - 1
-    for x, y in micro_batches:
+    runners = [StageRunner(stage, number == len(stages) - 1) for number, stage in enumerate(stages)]
+    for number, (x, y) in enumerate(micro_batches):
         share = samples.count(y) / total
         kept = [tf.nest.map_structure(tf.convert_to_tensor, x)]  # each stage's input: the activations handed on
-        after: list[list[np.ndarray]] = []  # each stage's non-trainable values after its forward pass
-        seeds: list[tuple[list[np.ndarray], list[np.ndarray]]] = []  # its seed states before and after it
-        for number, stage in enumerate(stages[:last]):
-            _assign(stage.non_trainable_weights, starting[number])
-            before = _values(_seed_states(stage))
-            started = time.perf_counter()
-            kept.append(stage(kept[-1], training=True))
-            seconds[number] += time.perf_counter() - started
-            after.append(_values(stage.non_trainable_weights))
-            seeds.append((before, _values(_seed_states(stage))))
-        handed_back: Any = None  # the gradient of the loss with respect to the stage's output
-        for number in reversed(range(len(stages))):
-            stage, given = stages[number], kept[number]
-            _assign(stage.non_trainable_weights, starting[number])
-            if number < last:  # computed again as it was: its Dropout draws the forward pass's masks
-                _assign(_seed_states(stage), seeds[number][0])
-            started = time.perf_counter()
-            with tf.GradientTape() as tape:
-                watched = [t for t in tf.nest.flatten(given) if t.dtype.is_floating]
-                tape.watch(watched)
-                output = stage(given, training=True)
-                if number == last:  # the loss
-                    batch_loss = loss_fn(y, output)
-                    objective = share * batch_loss
-                else:
-                    batch_loss = tf.constant(0.0)
-                    objective = tf.reduce_sum(output * handed_back)
-                if stage.losses:
-                    batch_loss = batch_loss + tf.add_n(stage.losses)
-                    objective = objective + share * tf.add_n(stage.losses)
-            found = tape.gradient(objective, [*stage.trainable_weights, *watched])
-            seconds[number] += time.perf_counter() - started
-            loss += share * float(batch_loss)
-            if number == last:
-                after.append(_values(stage.non_trainable_weights))
-            else:
-                _assign(_seed_states(stage), seeds[number][1])
-            for sum_, value in zip(untrained[number], after[number], strict=True):
-                sum_ += share * value.astype(np.float64)
-            weights = len(stage.trainable_weights)
-            for sum_, g in zip(gradients[number], found[:weights], strict=True):
-                if g is not None:
-                    sum_ += np.asarray(tf.convert_to_tensor(g), np.float64)
-            handed_back = found[weights] if number else None
-    final = [[s.astype(np.float32) for s in each] for each in untrained]
-    for stage, values in zip(stages, final, strict=True):
-        _assign(stage.non_trainable_weights, values)
-    return StageStep(loss, [[g.astype(np.float32) for g in each] for each in gradients], final, seconds)
+        for runner in runners[:-1]:
+            kept.append(runner.forward(number, kept[-1], share))
+        gradient = None
+        for runner, given in zip(reversed(runners), reversed(kept), strict=True):
+            objective = (lambda output, y=y: loss_fn(y, output)) if runner.last else handed_back(gradient)
+            gradient = runner.backward(number, given, share, objective)
+    finished = [runner.finish() for runner in runners]
+    return StageStep(
+        sum(runner.loss for runner in runners),
+        [gradients for gradients, _ in finished],
+        [untrained for _, untrained in finished],
+        [runner.seconds for runner in runners],
+    )
 
 
 def _seed_states(stage: keras.Model) -> list[Any]:

@@ -241,15 +241,16 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
         services.bus.publish(
             wiring.WORK,
             [
-                WorkMessage(
+                staged
+                for w in missing
+                for staged in WorkMessage(
                     run_id=run_id,
                     iteration=iteration,
                     generation=deadline.generation,
                     worker=w,
                     workers=workers,
                     attempt=attempt,
-                )
-                for w in missing
+                ).staged(spec.pipeline_stages if iteration < spec.iterations else 1)
             ],
         )
         logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})

@@ -131,10 +131,13 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services,
         launched = dict.fromkeys(services.table.send_work(run_id, iteration, workers))
     else:
         launched = dict.fromkeys(range(workers))
+    stages = run.training.pipeline_stages if iteration < run.iterations else 1  # the evaluation's: stage 0's
     services.bus.publish(
         wiring.WORK,
         [
-            WorkMessage(
+            staged
+            for w, update in launched.items()
+            for staged in WorkMessage(
                 run_id=run_id,
                 iteration=iteration,
                 generation=run.generation,
@@ -142,8 +145,7 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services,
                 workers=workers,
                 ahead=ahead,
                 update=update,
-            )
-            for w, update in launched.items()
+            ).staged(stages)
         ],
     )
     if run.watched is None:  # the first launch of this generation starts its chain of deadlines

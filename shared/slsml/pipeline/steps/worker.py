@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -30,7 +31,7 @@ from slsml.accounting import usage
 from slsml.aws import cache
 from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
-from slsml.pipeline import lifetime, metrics
+from slsml.pipeline import lifetime, metrics, staged
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import load_weights, named_shard, run_config, stop_reason
 from slsml.pipeline.steps.warm import reader_for, trainer_for
@@ -88,6 +89,9 @@ def _round(message: WorkMessage, services: Services) -> Callable[[], WorkDone] |
     config = run_config(services, message.run_id)
     if message.worker >= message.workers:
         raise RunFailed(f"work message for worker {message.worker} of an iteration of {message.workers} workers")
+    if message.stage:  # a later stage of a round in pipeline stages: it hands on what it computes, and announces none
+        _later_stage(message, config, services)
+        return None
     if message.iteration >= config.training.iterations:
         trainer, _ = _entering(services, config, message.generation, message.iteration)
         count = reader_for(services.store, config).manifest.train.count
@@ -393,7 +397,15 @@ def _train(
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
         started = time.perf_counter()
-        update = rule.round(work)
+        if config.stage_blocks is None:
+            update = rule.round(work)
+        else:
+            try:
+                hand = staged.Hand(services, message, config)
+                update = staged.first_stage(hand, config, trainer, left.steps[0], left.steps[0].samples)
+            except staged.StageLost as lost:
+                logger.warning("a stage's round did not come: left to the deadline", extra={"waited_on": str(lost)})
+                return None
         computed_s = time.perf_counter() - started
         compute_s = computed_s + (resumed.compute_s if resumed is not None else 0.0)
         previous = residual.result() if residual is not None else None
@@ -457,6 +469,30 @@ def _train(
         return WorkDone.model_validate({**report, "metrics": metrics, "etag": etag})
 
     return finish
+
+
+def _later_stage(message: WorkMessage, config: RunConfig, services: Services) -> None:
+    """Stage ``message.stage`` (after the first) of the worker's round in pipeline stages (``slsml.pipeline.staged``),
+    from the model entering the iteration; the last stage reads the round's labels and tracks its metrics."""
+    trainer, _ = _entering(services, config, message.generation, message.iteration)
+    reader = reader_for(services.store, config)
+    (batch,) = _batches(message, config, services)
+    micro_batch = config.training.micro_batch or len(batch)
+    with ExitStack() as reads:
+
+        def labelled() -> stream.Step:
+            samples = reads.enter_context(
+                stream.Stream(lambda indices: _batch(reader, indices, config), [batch], micro_batch)
+            )
+            x, y, _ = samples.steps[0][0]
+            meter = evaluator_for(trainer, config, lambda: (samples_.take(x, slice(2)), samples_.take(y, slice(2))))
+            trainer.meter = meter.batch_state
+            return samples.steps[0]
+
+        try:
+            staged.later_stage(staged.Hand(services, message, config), config, trainer, batch, labelled)
+        except staged.StageLost as lost:
+            logger.warning("a stage's round did not come: left to the deadline", extra={"waited_on": str(lost)})
 
 
 def _hand_on(message: WorkMessage, services: Services, reached: progress.Progress, done: int) -> None:

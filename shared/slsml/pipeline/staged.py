@@ -1,0 +1,280 @@
+"""A worker's round in pipeline stages, each a Worker invocation of its own (``WorkMessage.stage``): the run's start
+splits the model at cut points (``configured``: the blocks each stage holds, its compute as even as can be, each
+stage's step within the worker's memory), and every launch of a worker launches its stages together.
+
+Stage 0 reads the round's micro-batches and hands each one's output forward; each stage after it takes its input,
+computes its layers and hands its output on; the last computes the loss and hands the gradient of its input back,
+and so on back to stage 0 (GPipe, with a flush: all forward passes, then all backward passes, each stage computing
+its forward pass again from its input, ``slsml.training.stages.StageRunner``). What a stage hands on is a create-only
+object of the round's attempt (``keys.handed``), signed by the pipeline (a forged one fails the run, naming it); a
+stage polls for its input. Each stage but the first stores its part of the update (its weights' gradient and new
+non-trainable values, with its loss and, the last, its metrics) before it hands its last gradient back; stage 0
+assembles the worker's update from the parts and stores and announces it as any worker does, so that the reducers,
+the deadlines and the rest of the pipeline are those of a run of one stage.
+
+What stages take: the gradient-averaging rule (one step a round), dense updates, float32, rounds that fit one
+invocation (a stage does not hand its round on: a round past the function's timeout is re-launched by the deadline,
+all of its stages with a new attempt). Each stage function holds the whole model's weights, as a worker does, and
+one micro-batch's layer outputs of its own stage: stages split the activations, not the weights."""
+
+from __future__ import annotations
+
+import io
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from aws_lambda_powertools import Logger
+
+from slsml.aws import cache
+from slsml.pipeline import lifetime
+from slsml.pipeline.services import Services
+from slsml.rounds import sizing
+from slsml.rounds.accumulate import sizes
+from slsml.rounds.stages import Block, Stage, balance
+from slsml.spec import keys, samples
+from slsml.spec.config import RunConfig
+from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
+from slsml.spec.messages import WorkMessage
+from slsml.training import npz
+from slsml.training.weighting import Batch
+
+logger = Logger(child=True)
+POLL_S = 0.02  # how often a stage looks for what it waits on
+
+
+class StageLost(Exception):
+    """What a stage waits on did not come within the run's deadline: the round is left to the deadline's re-launch."""
+
+
+def refusal(config: RunConfig) -> str | None:
+    """Why the run's options cannot train in pipeline stages (None: they can)."""
+    spec, count = config.training, config.training.pipeline_stages
+    given = {
+        f"--algorithm {spec.algorithm}": spec.algorithm != "gradient",
+        f"--compress {spec.compression.kind}": spec.compression.lossy,
+        f"--stale-weights {spec.stale_weights}": bool(spec.stale_weights),
+        "--staleness unbounded": spec.asynchronous,
+        f"--mixed-precision {spec.mixed_precision}": spec.mixed_precision is not None,
+        "loss scaling": bool(config.optimizer.loss_scale_factor or config.optimizer.dynamic_loss_scale),
+    }
+    taken = [option for option, asked in given.items() if asked]
+    if not taken:
+        return None
+    return (
+        f"--pipeline-stages {count}: stages train with the gradient-averaging rule's exact float32 updates, not with"
+        f" {', '.join(taken)}; leave {'it' if len(taken) == 1 else 'them'} out, or train in one stage"
+    )
+
+
+def configured(config: RunConfig, model: Any, worker_memory_mb: int) -> RunConfig:
+    """``config`` with the blocks each of its ``pipeline_stages`` holds: the split whose largest stage computes least,
+    each stage's step fitting a worker of ``worker_memory_mb`` (the whole model's buffers beside one micro-batch of
+    its layers' outputs); its micro-batch, where not given, the most that fit every stage. BadInputError, naming
+    what prevents it, where the options, the model's cut points or the memory rule the stages out."""
+    from slsml import rules
+    from slsml.cost.stages import blocks_of
+    from slsml.training import stages
+
+    count = config.training.pipeline_stages
+    if (why := refusal(config) or stages.refusal(model, count)) is not None:
+        raise BadInputError(why)
+    memory = sizing.of_run(config, worker_memory_mb, cache.MEMORY_SHARE * worker_memory_mb, rules.slot_bytes(config))
+    blocks = blocks_of(model)
+
+    def fitting(stage: Stage) -> int:
+        return replace(memory, sample_bytes=stage.sample_bytes).micro_batch()
+
+    split = balance(blocks, count, lambda stage: fitting(stage) >= 1)
+    if split is None:
+        raise BadInputError(_unfit(blocks, count, memory, worker_memory_mb))
+    most, asked = min(fitting(stage) for stage in split), config.training.micro_batch
+    if asked is not None and asked > most:
+        raise BadInputError(
+            f"--micro-batch {asked}: a step of {asked} samples through {count} stages does not fit a worker of"
+            f" {worker_memory_mb:,} MB; {most:,} fit (leave --micro-batch out to compute in those)"
+        )
+    training = config.training.model_copy(update={"micro_batch": asked or min(most, config.training.global_batch)})
+    return config.model_copy(update={"training": training, "stage_blocks": tuple(len(s.blocks) for s in split)})
+
+
+def _unfit(blocks: Sequence[Block], count: int, memory: sizing.WorkerMemory, worker_memory_mb: int) -> str:
+    """Why no split of ``blocks`` into ``count`` stages fits: the block whose step alone needs the most memory."""
+    heaviest = max(blocks, key=lambda b: Stage((b,)).sample_bytes)
+    need = replace(memory, sample_bytes=Stage((heaviest,)).sample_bytes).needed_mb(1, micro_batches=2)
+    return (
+        f"--pipeline-stages {count}: no split into {count} stages fits a worker of {worker_memory_mb:,} MB; layers"
+        f" {heaviest.first!r} to {heaviest.last!r}, which no cut divides, need ~{need:,.0f} MB for one sample: give"
+        " the worker function more memory (--memory worker=MB locally) or more stages"
+    )
+
+
+_splits: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], list[Any]]] = weakref.WeakKeyDictionary()
+
+
+def stage_models(model: Any, blocks: Sequence[int]) -> list[Any]:
+    """The stage sub-models of ``model`` (sharing its layers, so its weights) holding ``blocks`` blocks each, made
+    once per warm model."""
+    from slsml.training import stages
+
+    kept = _splits.get(model)
+    if kept is None or kept[0] != tuple(blocks):
+        kept = tuple(blocks), stages.split(model, blocks)
+        _splits[model] = kept
+    return kept[1]
+
+
+def shares(batch: np.ndarray, micro_batch: int) -> list[float]:
+    """Each micro-batch's share of the samples of a step of ``batch`` (its sample indices)."""
+    return [size / len(batch) for size in sizes(len(batch), micro_batch)]
+
+
+class Hand:
+    """What the stages of one worker's round (its attempt) hand each other: stored create-only, signed, and taken
+    once there, within the run's deadline."""
+
+    def __init__(self, services: Services, message: WorkMessage, config: RunConfig) -> None:
+        self.services, self.message, self.config = services, message, config
+
+    def _key(self, stage: int, micro_batch: int, back: bool) -> str:
+        m = self.message
+        return keys.handed(m.run_id, m.iteration, m.worker, m.attempt, stage, micro_batch, back)
+
+    def _part_key(self, stage: int) -> str:
+        m = self.message
+        return keys.stage_part(m.run_id, m.iteration, m.worker, m.attempt, stage)
+
+    def give(self, stage: int, micro_batch: int, back: bool, value: Any) -> None:
+        """Hand on stage ``stage``'s output of ``micro_batch`` (``back``: the gradient of its input)."""
+        buffer = io.BytesIO()
+        np.save(buffer, np.asarray(value), allow_pickle=False)
+        self._put(self._key(stage, micro_batch, back), buffer.getvalue())
+
+    def take(self, stage: int, micro_batch: int, back: bool) -> np.ndarray:
+        """What stage ``stage`` handed on for ``micro_batch``, once there."""
+        return np.load(io.BytesIO(self._wait(self._key(stage, micro_batch, back))), allow_pickle=False)
+
+    def put_part(
+        self,
+        stage: int,
+        gradients: list[np.ndarray],
+        untrained: list[np.ndarray],
+        loss: float,
+        metrics: np.ndarray | None,
+    ) -> None:
+        """Stage ``stage``'s part of the update."""
+        arrays = {f"g{i}": g for i, g in enumerate(gradients)} | {f"u{i}": u for i, u in enumerate(untrained)}
+        extra = {"loss": np.array(loss, np.float64)} | ({"metrics": metrics} if metrics is not None else {})
+        self._put(self._part_key(stage), npz.encode(**arrays, **extra))
+
+    def take_part(self, stage: int) -> dict[str, np.ndarray]:
+        return npz.decode(self._wait(self._part_key(stage)))
+
+    def _put(self, key: str, body: bytes) -> None:
+        run = self.message.run_id
+        self.services.store.put_new(key, body, metadata=self.services.keys.sign_object(run, key, body))
+
+    def _wait(self, key: str) -> bytes:
+        """The body at ``key`` once stored (its proof of origin checked: RunFailed naming it if it does not hold);
+        StageLost past the run's deadline, or where the invocation's time runs out first."""
+        store, run = self.services.store, self.message.run_id
+        until = time.monotonic() + self.config.training.deadline_s
+        while True:
+            try:
+                found = store.read(key)
+                break
+            except NotFoundError:
+                if time.monotonic() > until or lifetime.remaining_s() < 2 * POLL_S:
+                    raise StageLost(key) from None
+                time.sleep(POLL_S)
+        if (problem := self.services.keys.object_problem(run, key, found.body, found.metadata)) is not None:
+            raise RunFailed(problem)
+        return found.body
+
+
+def first_stage(
+    hand: Hand, config: RunConfig, trainer: Any, micro_batches: Sequence[Batch], samples_in_step: int
+) -> Any:
+    """Stage 0's round: its micro-batches (x, y, w) through its layers forward, then the gradients handed back
+    through them; the update assembled from every stage's part (a ``modelio.Update``)."""
+    from slsml.training import modelio
+    from slsml.training.stages import StageRunner, handed_back
+
+    assert config.stage_blocks is not None
+    parts = stage_models(trainer.model, config.stage_blocks)
+    runner, kept = StageRunner(parts[0], last=False), []
+    for number, (x, y, _) in enumerate(micro_batches):
+        share = samples.count(y) / samples_in_step
+        kept.append((x, share))
+        hand.give(0, number, False, runner.forward(number, x, share))
+    for number, (x, share) in enumerate(kept):
+        runner.backward(number, x, share, handed_back(hand.take(1, number, True)))
+    gradients, untrained = runner.finish()
+    found = [{f"g{i}": g for i, g in enumerate(gradients)} | {f"u{i}": u for i, u in enumerate(untrained)}]
+    found += [hand.take_part(stage) for stage in range(1, len(parts))]
+    values: dict[int, np.ndarray] = {}
+    for stage, part in zip(parts, found, strict=True):
+        values |= {id(v): part[f"g{i}"] for i, v in enumerate(stage.trainable_weights)}
+        values |= {id(v): part[f"u{i}"] for i, v in enumerate(stage.non_trainable_weights)}
+    metrics = found[-1].get("metrics")
+    return modelio.Update(
+        vector=config.plan.flatten([values[id(v)] for v in trainer.model.weights]),
+        loss=runner.loss + sum(float(part["loss"]) for part in found[1:]),
+        metrics=None if metrics is None else np.asarray(metrics),
+    )
+
+
+def later_stage(
+    hand: Hand,
+    config: RunConfig,
+    trainer: Any,
+    batch: np.ndarray,
+    labelled: Callable[[], Sequence[Batch]],
+) -> None:
+    """Stage ``hand.message.stage``'s round (after the first) of the step of ``batch`` (its sample indices): each
+    micro-batch's input taken, its output handed on; then each gradient taken and its input's handed back. The last
+    stage computes the loss on ``labelled()``'s micro-batches, with the trainer's metrics. Its part of the update is
+    stored before it hands its last gradient back."""
+    import tensorflow as tf
+
+    from slsml.training.stages import StageRunner, handed_back
+
+    assert config.stage_blocks is not None
+    stage = hand.message.stage
+    parts = stage_models(trainer.model, config.stage_blocks)
+    last = stage == len(parts) - 1
+    runner = StageRunner(parts[stage], last=last)
+    each = shares(batch, config.training.micro_batch or len(batch))
+    metrics: np.ndarray | None = None
+    if last:
+        loss_fn, meter = trainer.loss_fn, trainer.meter
+        for number, ((_, y, w), share) in enumerate(zip(labelled(), each, strict=True)):
+            yt = tf.nest.map_structure(tf.convert_to_tensor, y)
+            weights = None if w is None else tf.convert_to_tensor(w)
+            seen: list[Any] = []  # the forward pass's prediction and loss, which the metrics track
+
+            def loss_of(output: Any, yt: Any = yt, weights: Any = weights, seen: list[Any] = seen) -> Any:
+                loss = loss_fn(yt, output, sample_weight=weights)
+                seen.extend((output, loss))
+                return loss
+
+            gradient = runner.backward(number, hand.take(stage - 1, number, False), share, loss_of)
+            if meter is not None:
+                state = meter(y, seen[0], weights, float(seen[1]))
+                metrics = state if metrics is None else metrics + state
+            if number == len(each) - 1:
+                hand.put_part(stage, *runner.finish(), runner.loss, metrics)
+            hand.give(stage, number, True, gradient)
+        return
+    for number, share in enumerate(each):
+        hand.give(stage, number, False, runner.forward(number, hand.take(stage - 1, number, False), share))
+    for number, share in enumerate(each):
+        gradient = runner.backward(
+            number, hand.take(stage - 1, number, False), share, handed_back(hand.take(stage + 1, number, True))
+        )
+        if number == len(each) - 1:
+            hand.put_part(stage, *runner.finish(), runner.loss, None)
+        hand.give(stage, number, True, gradient)
