@@ -12,6 +12,7 @@ import pytest
 from slsml.accounting import usage
 from slsml.pipeline.services import Services
 from slsml.rounds import sizing
+from slsml.rounds.stages import Stage
 from slsml.spec import keys
 from slsml.spec.errors import BadInputError
 from slsml.training import updates
@@ -70,10 +71,46 @@ def test_a_micro_batch_past_the_workers_memory_is_refused_naming_the_one_that_fi
     assert cloud.register_run(services, model_bytes, "at", micro_batch=fitting).training.micro_batch == fitting
 
 
-def test_a_run_in_pipeline_stages_is_refused_at_start_with_nothing_stored(
-    services: Services,
-    model_bytes: bytes,
-) -> None:
-    with pytest.raises(BadInputError, match=r"^--pipeline-stages 2: the pipeline does not run stage functions yet"):
-        cloud.register_run(services, model_bytes, "staged", pipeline_stages=2)
-    assert not services.store.exists(keys.run_config("staged"))
+def _wide_model() -> bytes:
+    """A model of few weights whose layers' outputs are wide: one sample's step takes ~44 MB."""
+    import keras
+
+    from slsml.training import modelio
+
+    keras.utils.set_random_seed(0)
+    wide = [keras.layers.Activation("relu") for _ in range(40)]
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(2**18), *wide, keras.layers.Dense(3, "softmax")])
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    return modelio.save_model(model)
+
+
+def test_a_model_no_worker_holds_a_sample_of_is_split_into_stages_that_each_fit(services: Services) -> None:
+    from slsml.cost.stages import blocks_of
+    from slsml.training import modelio
+
+    model_bytes, memory_mb = _wide_model(), 1660
+    small = replace(services, limits=services.limits.with_worker_memory(memory_mb))
+    with pytest.raises(BadInputError, match=f"one sample's training step needs ~.* the worker has {memory_mb:,} MB"):
+        cloud.register_run(small, model_bytes, "whole")
+    config = cloud.register_run(small, model_bytes, "staged", pipeline_stages=3)
+    blocks = blocks_of(modelio.load_model(model_bytes))
+    assert config.stage_blocks is not None and len(config.stage_blocks) == 3
+    assert sum(config.stage_blocks) == len(blocks) and min(config.stage_blocks) >= 1
+    memory = sizing.of_run(config, memory_mb, memory_mb / 2, 0)
+    assert memory.micro_batch() == 0  # the whole model's step: not one sample
+    first = 0
+    for count in config.stage_blocks:  # each stage's step fits the run's micro-batch
+        stage = Stage(tuple(blocks[first : first + count]))
+        first += count
+        assert config.training.micro_batch is not None
+        assert 1 <= config.training.micro_batch <= replace(memory, sample_bytes=stage.sample_bytes).micro_batch()
+
+
+def test_stages_refuse_what_they_cannot_run_with_nothing_stored(services: Services, model_bytes: bytes) -> None:
+    with pytest.raises(BadInputError, match=r"^--pipeline-stages 2: stages train .* not with --compress topk"):
+        cloud.register_run(services, model_bytes, "lossy", pipeline_stages=2, compress="topk:0.5")
+    bounded = replace(services, limits=services.limits.with_worker_concurrency(3))
+    with pytest.raises(BadInputError, match=r"2 workers of 2 stages are 4 Worker invocations at once, .* runs 3 "):
+        cloud.register_run(bounded, model_bytes, "crowded", pipeline_stages=2)
+    assert cloud.register_run(bounded, model_bytes, "fits", workers=1, pipeline_stages=2).stage_blocks == (1, 1)
+    assert not services.store.exists(keys.run_config("lossy")) and not services.store.exists(keys.run_config("crowded"))
