@@ -1,42 +1,91 @@
 """A worker's round in pipeline stages across Worker invocations (``slsml.pipeline.staged``): the digits CNN cut
-into three stages, in micro-batches, trains on the local cloud to the weights of single-process Keras on
-the same global batches, as a run of one stage does (``test_equivalence``)."""
+into three stages, in micro-batches, trains on the local cloud to the weights of single-process Keras on the same
+global batches, as a run of one stage does (``test_equivalence``); deliveries held back past the deadline re-launch
+a round's stages together and change no weight; what a stage hands on, replaced behind the pipeline's back, fails the
+run naming it."""
 
 from __future__ import annotations
 
-import numpy as np
+import io
 
+import numpy as np
+import pytest
+
+from slsml.local.faults import Delay, Faults
 from slsml.spec import keys
 from slsml.spec.config import RunConfig, TrainingSpec
 
-from .conftest import final_weights, finish, train
+from .conftest import final_weights, finish, timeouts, train
 from .test_equivalence import BATCH, ITERATIONS, TOLERANCE, config_of, reference
+from .test_faults import injecting
 
 STAGES, WORKERS, MICRO_BATCH = 3, 1, 20  # the worker's 96 samples in five micro-batches (20, 19, 19, 19, 19)
+SPEC = TrainingSpec(
+    workers=WORKERS,
+    reducers=2,
+    global_batch=BATCH,
+    iterations=ITERATIONS,
+    optimizer=config_of("sgd-momentum"),
+    eval_every=0,
+    micro_batch=MICRO_BATCH,
+    pipeline_stages=STAGES,
+)
 
 
-def test_a_run_in_three_stages_trains_to_the_weights_of_single_process_keras(services, local, digits):
-    spec = TrainingSpec(
-        workers=WORKERS,
-        reducers=2,
-        global_batch=BATCH,
-        iterations=ITERATIONS,
-        optimizer=config_of("sgd-momentum"),
-        eval_every=0,
-        micro_batch=MICRO_BATCH,
-        pipeline_stages=STAGES,
-    )
-    train(services, spec, "staged")
+def _stages(found: list[str], run_id: str, iteration: int, attempt: int) -> set[str]:
+    """The stages that stored the objects ``found`` of worker 0's round (its ``attempt``)."""
+    prefix = keys.stages_prefix(run_id, iteration, 0, attempt)
+    return {key.removeprefix(prefix).split("/")[0] for key in found}
+
+
+@pytest.fixture(scope="module")
+def staged(services, digits) -> np.ndarray:
+    """The final weights of the run in stages, trained without faults."""
+    train(services, SPEC, "staged")
     run = finish(services, "staged")
     assert run.status == "COMPLETED", run.reason
+    return final_weights(services, "staged")[0]
+
+
+def test_a_run_in_three_stages_trains_to_the_weights_of_single_process_keras(services, staged):
     config = RunConfig.model_validate(services.store.get_json(keys.run_config("staged")))
     assert config.stage_blocks is not None and len(config.stage_blocks) == STAGES
-    # every stage of every worker's round computed in an invocation of its own, handing on through the bucket
+    # every stage of the worker's round computed in an invocation of its own, handing on through the bucket
     handed = services.store.list_keys(keys.stages_prefix("staged", 0, 0, 0))
-    assert {key.split("/")[-3] for key in handed if key.endswith(".npy")} == {"00", "01", "02"}
+    assert _stages(handed, "staged", 0, 0) == {"00", "01", "02"}
     assert len([key for key in handed if key.endswith("/forward/000000.npy")]) == STAGES - 1
-    got, _ = final_weights(services, "staged")
+    assert len([key for key in handed if key.endswith("part.npz")]) == STAGES - 1
     expected, _ = reference("sgd-momentum")
-    error = np.abs(got - expected).max() / np.abs(expected).max()
+    error = np.abs(staged - expected).max() / np.abs(expected).max()
     print(f"\n{STAGES} stages, W={WORKERS}, micro-batch {MICRO_BATCH}: max|Δw|/max|w| = {error:.2e}")
     assert error <= TOLERANCE["sgd-momentum"]
+
+
+@pytest.mark.usefixtures("warm")  # the Worker times out after seconds here
+def test_stages_held_back_past_the_deadline_are_relaunched_together_and_change_no_weight(local, services, staged):
+    spec = SPEC.model_copy(update={"deadline_s": 4.0, "deadline_floor": 1.0, "deadline_retries": 2})
+    # the first launch of iteration 1 (its three stages' messages) is held back past the deadline
+    first_launch = r"Work\|run_id=staged-relaunch,iteration=1,worker=0(,attempt=0)?$"
+    held_back = Faults(sns_delay=Delay(probability=1, seconds=6), sns_delay_match=first_launch)
+    with timeouts(local, 4), injecting(local, held_back):  # a round's stages take about a second
+        train(services, spec, "staged-relaunch")
+        run = finish(services, "staged-relaunch")
+    assert run.status == "COMPLETED", run.reason
+    relaunched = [r for r in services.table.list_iterations("staged-relaunch") if r.relaunched]
+    assert [(r.iteration, r.relaunched) for r in relaunched] == [(1, {0: 1})]
+    for record in relaunched:  # each re-launched round's stages handed on under its new attempt
+        attempt = record.relaunched[0]
+        found = services.store.list_keys(keys.stages_prefix("staged-relaunch", record.iteration, 0, attempt))
+        assert _stages(found, "staged-relaunch", record.iteration, attempt) == {"00", "01", "02"}, found
+    assert np.array_equal(final_weights(services, "staged-relaunch")[0], staged)
+
+
+def test_an_activation_replaced_behind_the_pipelines_back_fails_the_run_naming_it(services, digits):
+    key = keys.handed("staged-forged", 0, 0, 0, 0, 0, back=False)
+    forged = io.BytesIO()
+    np.save(forged, np.zeros((MICRO_BATCH, 4, 4, 16), np.float32))
+    services.store.put_new(key, forged.getvalue())  # there first: stage 0's create-only put leaves it
+    train(services, SPEC, "staged-forged")
+    run = finish(services, "staged-forged")
+    assert run.status == "FAILED"
+    assert run.reason is not None and key in run.reason and "replaced behind the pipeline's back" in run.reason

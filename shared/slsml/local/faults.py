@@ -106,6 +106,11 @@ class Faults(BaseModel):
         default=None, description="regular expression: only GETs of keys it matches are delayed"
     )
     sns_delay: Delay | None = Field(default=None, description="the host holds a received message back")
+    sns_delay_match: RegularExpression | None = Field(
+        default=None,
+        description="regular expression: only messages whose identity (topic|run_id=…,iteration=…,worker=…, as the"
+        " host names a message) it matches are held back",
+    )
 
     @classmethod
     def parse(cls, text: str) -> Faults:
@@ -176,7 +181,9 @@ class Faults(BaseModel):
 
     def held_back(self, identity: str, receives: int) -> float:
         """Seconds to hold a received message back before dispatching it (0: none)."""
-        delay = self.sns_delay
+        delay, match = self.sns_delay, self.sns_delay_match
+        if match and not re.search(match, identity):
+            return 0.0
         if delay and self.happens("sns_delay", delay.probability, identity, receives):
             return delay.seconds
         return 0.0

@@ -1,6 +1,6 @@
-"""A worker's round in pipeline stages, each a Worker invocation of its own (``WorkMessage.stage``): the run's start
-splits the model at cut points (``configured``: the blocks each stage holds, its compute as even as can be, each
-stage's step within the worker's memory), and every launch of a worker launches its stages together.
+"""A worker's round in pipeline stages, each a Worker invocation of its own (``WorkMessage.pipeline_stage``): the
+run's start splits the model at cut points (``configured``: the blocks each stage holds, its compute as even as can
+be, each stage's step within the worker's memory), and every launch of a worker launches its stages together.
 
 Stage 0 reads the round's micro-batches and hands each one's output forward; each stage after it takes its input,
 computes its layers and hands its output on; the last computes the loss and hands the gradient of its input back,
@@ -234,8 +234,8 @@ def later_stage(
     batch: np.ndarray,
     labelled: Callable[[], Sequence[Batch]],
 ) -> None:
-    """Stage ``hand.message.stage``'s round (after the first) of the step of ``batch`` (its sample indices): each
-    micro-batch's input taken, its output handed on; then each gradient taken and its input's handed back. The last
+    """Stage ``hand.message.pipeline_stage``'s round (after the first) of the step of ``batch`` (its sample indices):
+    each micro-batch's input taken, its output handed on; then each gradient taken and its input's handed back. The last
     stage computes the loss on ``labelled()``'s micro-batches, with the trainer's metrics. Its part of the update is
     stored before it hands its last gradient back."""
     import tensorflow as tf
@@ -243,7 +243,7 @@ def later_stage(
     from slsml.training.stages import StageRunner, handed_back
 
     assert config.stage_blocks is not None
-    stage = hand.message.stage
+    stage = hand.message.pipeline_stage
     parts = stage_models(trainer.model, config.stage_blocks)
     last = stage == len(parts) - 1
     runner = StageRunner(parts[stage], last=last)

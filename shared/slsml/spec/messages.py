@@ -63,7 +63,7 @@ class WorkMessage(Message):
         description="launched as the reduce of the iteration before fired, its model not merged (stale_weights):"
         " train from the weights predicted from the last two models",
     )
-    stage: int = Field(
+    pipeline_stage: int = Field(
         default=0,
         ge=0,
         le=63,
@@ -79,7 +79,7 @@ class WorkMessage(Message):
 
     def staged(self, stages: int) -> list[WorkMessage]:
         """This message as one per pipeline stage of the worker's round (one stage: itself)."""
-        return [self.model_copy(update={"stage": stage}) for stage in range(stages)]
+        return [self.model_copy(update={"pipeline_stage": stage}) for stage in range(stages)]
 
 
 class WorkDone(Message):

@@ -89,7 +89,7 @@ def _round(message: WorkMessage, services: Services) -> Callable[[], WorkDone] |
     config = run_config(services, message.run_id)
     if message.worker >= message.workers:
         raise RunFailed(f"work message for worker {message.worker} of an iteration of {message.workers} workers")
-    if message.stage:  # a later stage of a round in pipeline stages: it hands on what it computes, and announces none
+    if message.pipeline_stage:  # a later stage of a round in stages: it hands on what it computes, and announces none
         _later_stage(message, config, services)
         return None
     if message.iteration >= config.training.iterations:
@@ -472,8 +472,9 @@ def _train(
 
 
 def _later_stage(message: WorkMessage, config: RunConfig, services: Services) -> None:
-    """Stage ``message.stage`` (after the first) of the worker's round in pipeline stages (``slsml.pipeline.staged``),
-    from the model entering the iteration; the last stage reads the round's labels and tracks its metrics."""
+    """Stage ``message.pipeline_stage`` (after the first) of the worker's round in pipeline stages
+    (``slsml.pipeline.staged``), from the model entering the iteration; the last stage reads the round's labels and
+    tracks its metrics."""
     trainer, _ = _entering(services, config, message.generation, message.iteration)
     reader = reader_for(services.store, config)
     (batch,) = _batches(message, config, services)
