@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from aws_lambda_powertools import Logger
 
+from slsml import rules
 from slsml.aws import cache
 from slsml.pipeline import lifetime
 from slsml.pipeline.services import Services
@@ -54,7 +55,7 @@ def refusal(config: RunConfig) -> str | None:
     """Why the run's options cannot train in pipeline stages (None: they can)."""
     spec, count = config.training, config.training.pipeline_stages
     given = {
-        f"--algorithm {spec.algorithm}": spec.algorithm != "gradient",
+        f"--algorithm {spec.algorithm}": not rules.of(spec).staged,
         f"--compress {spec.compression.kind}": spec.compression.lossy,
         f"--stale-weights {spec.stale_weights}": bool(spec.stale_weights),
         "--staleness unbounded": spec.asynchronous,
@@ -75,7 +76,6 @@ def configured(config: RunConfig, model: Any, worker_memory_mb: int) -> RunConfi
     each stage's step fitting a worker of ``worker_memory_mb`` (the whole model's buffers beside one micro-batch of
     its layers' outputs); its micro-batch, where not given, the most that fit every stage. BadInputError, naming
     what prevents it, where the options, the model's cut points or the memory rule the stages out."""
-    from slsml import rules
     from slsml.cost.stages import blocks_of
     from slsml.training import stages
 

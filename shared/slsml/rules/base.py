@@ -83,6 +83,9 @@ class UpdateRule(ABC):
     # whether a worker scales its loss for the run's optimizer (``slsml.training.precision``): the rule's gradients
     # are the ones the reducers step that optimizer with, whose loss scale they decide on
     scales_loss: ClassVar[bool] = False
+    # whether its rounds can run in pipeline stages (slsml.pipeline.staged): one gradient of one batch a round,
+    # nothing kept in the worker slot
+    staged: ClassVar[bool] = False
 
     @abstractmethod
     def round(self, work: Round) -> Update | Progress:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 class GradientAveraging(UpdateRule):
     kind = "gradient"
+    staged = True
     fit_state = True  # the reducers step the run's optimizer with the batch's gradient, as fit does
     scales_loss = True  # and decide on its loss scale (slsml.training.precision)
 
