@@ -15,9 +15,11 @@ from .test_costmodel import plan_json
 DENSE = ("--params", "1500000000", "--dense-layers", "24", "--compute-per-sample", "0.2", "--memory", "worker=10240")
 
 
-def test_a_dense_model_past_ten_gigabytes_is_planned_in_stages_that_fit_cpu_functions(
+def test_a_dense_model_past_ten_gigabytes_is_planned_in_stages_of_their_own_weights_and_a_run_of_them_refused(
     capsys: pytest.CaptureFixture,
 ) -> None:
+    """Stages that hold their own weights fit CPU functions; the pipeline's stage functions hold the whole model's,
+    so the plan says a run is refused, as its start refuses it, and picks nothing."""
     out = plan_json(capsys, *DENSE, "--workers", "4", "--batch", "1024")
     pipeline = out["pipeline"]
     S, M = pipeline["stages"], pipeline["micro_batches"]
@@ -30,7 +32,10 @@ def test_a_dense_model_past_ten_gigabytes_is_planned_in_stages_that_fit_cpu_func
     hops = 2 * M * (S - 1) * 4
     assert pipeline["requests_per_round"] == {"s3:PutObject": hops, "sns:Publish": hops, "s3:GetObject": hops}
     bigger = next(o for o in pipeline["options"] if o["name"] == "one bigger function")
-    assert not bigger["fits"] and pipeline["pick"].startswith(f"{S} stages")
+    staged = next(o for o in pipeline["options"] if o["name"] == f"{S} stages of 10,240 MB")
+    assert not bigger["fits"] and not staged["fits"] and pipeline["deployed"] is None
+    assert "each stage function holds the whole model's buffers (6 × 5,722 MB), ~40,197 MB" in pipeline["refused"]
+    assert pipeline["pick"] == f"none: {S} stages of 10,240 MB and one bigger function cannot hold the model"
     assert pipeline["dollars_per_round"] > 0 and pipeline["round_s"] > 0
     # one stage fewer does not fit: the fewest were chosen
     assert main(["plan", *DENSE, "--workers", "4", "--pipeline-stages", str(S - 1)]) == 2
@@ -43,6 +48,8 @@ def test_a_model_that_fits_a_bigger_function_is_weighed_against_it(capsys: pytes
     pipeline = out["pipeline"]
     bigger = next(o for o in pipeline["options"] if o["name"].startswith("one function of"))
     assert bigger["fits"] and pipeline["stages"] > 1
+    # a run's stage functions hold the whole model (6 × 381 MB of buffers): a 3,008 MB function holds no sample beside
+    assert pipeline["refused"] is not None and "(6 × 381 MB)" in pipeline["refused"]
     cheapest = min((o for o in pipeline["options"] if o["fits"]), key=lambda o: o["dollars"])
     assert pipeline["pick"].startswith(cheapest["name"])
 
@@ -59,6 +66,7 @@ def test_a_keras_model_is_cut_at_its_layers_and_one_without_a_cut_refused(
     out = plan_json(capsys, "--model", str(path), "--compute-per-sample", "0.001", "--pipeline-stages", "2")
     stages = out["pipeline"]["per_stage"]
     assert len(stages) == 2 and out["pipeline"]["given"]
+    assert out["pipeline"]["refused"] is None and out["pipeline"]["deployed"] == [2, 2]  # the split a run makes
     assert sum(s["weight_bytes"] for s in stages) == 4 * model.count_params()
     assert sum(s["flops_share"] for s in stages) == pytest.approx(1)
     x = keras.Input((8,))

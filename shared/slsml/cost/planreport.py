@@ -395,6 +395,11 @@ def _render_pipeline(pipeline: PipelinePlan, console: Any) -> None:
         f" {p.micro_batches:,} micro-batches a pipeline, bubble {p.bubble:.0%} ((S−1)/(M+S−1)); activations"
         f" {_bytes(p.activation_bytes_per_round)} a round ({requests}), a hop {_time(p.hop_s)}"
     )
+    if p.refused is not None:
+        console.print(f"[red]a run of these stages is refused at start: {p.refused}")
+    elif p.deployed is not None:
+        blocks = ", ".join(map(str, p.deployed))
+        console.print(f"a run splits the model into stages of {blocks} blocks, each holding the whole model's weights")
     for option in p.options:
         figures = f"{_time(option.round_s)}, {_dollars(option.dollars)}" if option.fits else "does not fit"
         console.print(f"  {option.name}: {figures} ({option.detail})")

@@ -23,7 +23,7 @@ from slsml.cost.parameters import Parameters
 from slsml.cost.timing import speedup, vcpus
 from slsml.cost.workload import MEMORY_CHOICES_MB, Workload
 from slsml.rounds import sizing
-from slsml.rounds.stages import RECOMPUTE_SHARE, Block, Stage, balance, bubble
+from slsml.rounds.stages import RECOMPUTE_SHARE, Block, Stage, balance, bubble, deployed, unfit
 from slsml.spec.errors import BadInputError
 
 MOST_MICRO_BATCHES = 1024  # of a pipeline's round, the plan weighs
@@ -70,6 +70,11 @@ class PipelinePlan(BaseModel):
     dollars_per_round: float
     samples_per_round: int
     options: list[Option] = Field(description="stages, one bigger function, a GPU worker: the workers' round")
+    deployed: list[int] | None = Field(
+        description="the blocks of each stage as a run's start splits the model, each stage function holding the whole"
+        " model's weights (slsml.pipeline.staged); None: no split fits them, and the run is refused (``refused``)"
+    )
+    refused: str | None = Field(description="why a run of these stages is refused at start (None: it is not)")
     pick: str = Field(description="what the plan would pick, and why")
     sources: dict[str, str]
 
@@ -170,6 +175,9 @@ def plan(
             f" worker=MB){' or more stages' if stages is not None and stages < len(blocks) else ''}"
         )
     S = len(split)
+    whole = sizing.WorkerMemory(memory, cache, sum(b.weight_bytes for b in blocks), 0.0)
+    runs = deployed(blocks, S, whole)
+    refused = unfit(blocks, S, whole) if runs is None else None
     share = math.ceil(w.global_batch / w.workers)
     fitting = [stage.memory(memory, cache).micro_batch() for stage in split]
     per_vcpu = speedup(vcpus(memory), p.vcpu_efficiency)
@@ -209,10 +217,11 @@ def plan(
     options = [
         Option(
             name=f"{S} stages of {memory:,} MB",
-            fits=True,
+            fits=refused is None,
             round_s=round_s(micro),
             dollars=dollars,
-            detail=f"{S * w.workers} functions; bubble {bubble(S, M):.0%}",
+            detail=f"{S * w.workers} functions; bubble {bubble(S, M):.0%}"
+            + ("" if refused is None else "; a run is refused: its stage functions hold the whole model"),
         ),
         _bigger(w, p, price_table, share),
     ]
@@ -233,10 +242,13 @@ def plan(
         dollars_per_round=dollars,
         samples_per_round=samples,
         options=options,
+        deployed=None if runs is None else [len(stage.blocks) for stage in runs],
+        refused=refused,
         pick=_pick(options, samples),
         sources={
             "stage memory": "slsml.rounds.sizing.WorkerMemory of the stage's weights and layer outputs (one"
-            " micro-batch's: the stage computes its forward pass again at the backward pass)",
+            " micro-batch's: the stage computes its forward pass again at the backward pass); a run's stage"
+            " functions hold the whole model's weights beside their layer outputs (slsml.rounds.stages.held)",
             "stage compute": f"the model's compute per sample, {w.compute_source}, × the stage's share of the FLOPs ×"
             f" {RECOMPUTE_SHARE:.3g} (its forward pass twice) on {vcpus(memory):.3g} vCPUs",
             "hop": "s3_request_s, s3_write_mb_s, s3_read_mb_s, sns_publish_s, sns_lambda_s (parameters)",
@@ -301,8 +313,10 @@ def _gpu(gpu: Workload, p: Parameters, price_table: PriceTable, share: int) -> O
 def _pick(options: list[Option], samples: int) -> str:
     """The fitting option of the fewest dollars a round, and why."""
     fitting = [o for o in options if o.fits and o.dollars is not None]
-    best = min(fitting, key=lambda o: o.dollars or 0.0)
     out = [o.name for o in options if not o.fits]
+    if not fitting:
+        return "none: " + " and ".join(out) + " cannot hold the model"
+    best = min(fitting, key=lambda o: o.dollars or 0.0)
     rest = [o for o in fitting if o is not best]
     why = f"${(best.dollars or 0) / samples:.3g} a sample"
     if rest:

@@ -23,7 +23,6 @@ import io
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,7 @@ from slsml.pipeline import lifetime
 from slsml.pipeline.services import Services
 from slsml.rounds import sizing
 from slsml.rounds.accumulate import sizes
-from slsml.rounds.stages import Block, Stage, balance
+from slsml.rounds.stages import deployed, held, unfit
 from slsml.spec import keys, samples
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
@@ -82,16 +81,12 @@ def configured(config: RunConfig, model: Any, worker_memory_mb: int) -> RunConfi
     count = config.training.pipeline_stages
     if (why := refusal(config) or stages.refusal(model, count)) is not None:
         raise BadInputError(why)
-    memory = sizing.of_run(config, worker_memory_mb, cache.MEMORY_SHARE * worker_memory_mb, rules.slot_bytes(config))
+    whole = sizing.of_run(config, worker_memory_mb, cache.MEMORY_SHARE * worker_memory_mb, rules.slot_bytes(config))
     blocks = blocks_of(model)
-
-    def fitting(stage: Stage) -> int:
-        return replace(memory, sample_bytes=stage.sample_bytes).micro_batch()
-
-    split = balance(blocks, count, lambda stage: fitting(stage) >= 1)
+    split = deployed(blocks, count, whole)
     if split is None:
-        raise BadInputError(_unfit(blocks, count, memory, worker_memory_mb))
-    most, asked = min(fitting(stage) for stage in split), config.training.micro_batch
+        raise BadInputError(unfit(blocks, count, whole))
+    most, asked = min(held(stage, whole).micro_batch() for stage in split), config.training.micro_batch
     if asked is not None and asked > most:
         raise BadInputError(
             f"--micro-batch {asked}: a step of {asked} samples through {count} stages does not fit a worker of"
@@ -99,17 +94,6 @@ def configured(config: RunConfig, model: Any, worker_memory_mb: int) -> RunConfi
         )
     training = config.training.model_copy(update={"micro_batch": asked or min(most, config.training.global_batch)})
     return config.model_copy(update={"training": training, "stage_blocks": tuple(len(s.blocks) for s in split)})
-
-
-def _unfit(blocks: Sequence[Block], count: int, memory: sizing.WorkerMemory, worker_memory_mb: int) -> str:
-    """Why no split of ``blocks`` into ``count`` stages fits: the block whose step alone needs the most memory."""
-    heaviest = max(blocks, key=lambda b: Stage((b,)).sample_bytes)
-    need = replace(memory, sample_bytes=Stage((heaviest,)).sample_bytes).needed_mb(1, micro_batches=2)
-    return (
-        f"--pipeline-stages {count}: no split into {count} stages fits a worker of {worker_memory_mb:,} MB; layers"
-        f" {heaviest.first!r} to {heaviest.last!r}, which no cut divides, need ~{need:,.0f} MB for one sample: give"
-        " the worker function more memory (--memory worker=MB locally) or more stages"
-    )
 
 
 _splits: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], list[Any]]] = weakref.WeakKeyDictionary()
