@@ -43,6 +43,16 @@ def _tensors(arrays: Arrays) -> Any:
     return tf.nest.map_structure(tf.convert_to_tensor, arrays)
 
 
+def _prediction_like(model: keras.Model, x: Arrays) -> Any:
+    """A prediction of ``model`` on ``x`` to build its metrics on: of a Sequential or functional model, zeros of its
+    outputs' shapes and dtypes, computed symbolically (its forward pass, called eagerly, holds every layer's output at
+    once: a model of large layer outputs would need their sum); of another model, its forward pass."""
+    if not isinstance(model, keras.Sequential | keras.src.models.functional.Functional):
+        return model(x, training=False)
+    symbolic = tf.nest.map_structure(lambda a: keras.KerasTensor(np.shape(a), np.asarray(a).dtype.name), x)
+    return tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), model.compute_output_spec(symbolic))
+
+
 def _vector(loss_total: float, count: int, values: Iterable[Any]) -> np.ndarray:
     """A state: the loss's weighted sum and sample count, then the metric variables' ``values`` flattened."""
     head = np.array([loss_total, count], dtype=np.float64)
@@ -57,7 +67,7 @@ class Evaluator:
         self.model = model
         self.loss_fn: Callable[..., Any] = training_loss(loss, model)
         self._metrics = _compiled(deserialize_metrics(metrics), output_names(model))
-        y, prediction = _tensors(sample[1]), model(sample[0], training=False)
+        y, prediction = _tensors(sample[1]), _prediction_like(model, sample[0])
         self.loss_fn(y, prediction)  # a compiled loss makes the trackers of each output's loss
         self.loss_trackers = list(getattr(self.loss_fn, "metrics", []))  # each output's loss (several outputs)
         if self._metrics is not None:
