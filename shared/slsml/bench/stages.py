@@ -149,13 +149,15 @@ def stages_against_bigger(
     model_bytes = 4 * model.count_params()
     on_bigger = whole_s / speedup(vcpus(bigger), p.vcpu_efficiency)
     bigger_round = staged.round_seconds(p, model_bytes, 1, 1, on_bigger, 0)
-    _, bigger_dollars = staged.round_dollars(price_table, 1, 1, 1, bigger_round, bigger)
+    bigger_dollars = staged.round_dollars(price_table, {}, 1, 1, bigger_round, bigger)
     per_micro = max(staged_parts) / M / speedup(vcpus(memory_mb), p.vcpu_efficiency)
     handed = max(s.activation_bytes for s in split[:-1]) * micro_batch
     heaviest = max(s.weight_bytes for s in split)
     staged_round = staged.round_seconds(p, heaviest, M, len(split), per_micro, handed)
-    _, staged_dollars = staged.round_dollars(price_table, M, len(split), 1, staged_round, memory_mb)
     S = len(split)
+    idle = S * staged_round - sum(staged_parts) / speedup(vcpus(memory_mb), p.vcpu_efficiency)
+    requests = staged.round_requests(p, M, S, 1, idle)
+    staged_dollars = staged.round_dollars(price_table, requests, S, 1, staged_round, memory_mb)
     cases = [
         _case("one bigger function", 1, bigger, whole_s, whole_parts, bigger_round, bigger_dollars, batch),
         _case(f"{S} stages", S, memory_mb, staged_s, staged_parts, staged_round, staged_dollars, batch),

@@ -23,11 +23,11 @@ from slsml.cost.parameters import Parameters
 from slsml.cost.timing import speedup, vcpus
 from slsml.cost.workload import MEMORY_CHOICES_MB, Workload
 from slsml.rounds import sizing
-from slsml.rounds.stages import RECOMPUTE_SHARE, Block, Stage, balance, bubble, deployed, unfit
+from slsml.rounds.stages import POLL_S, RECOMPUTE_SHARE, Block, Stage, balance, bubble, deployed, unfit
 from slsml.spec.errors import BadInputError
 
 MOST_MICRO_BATCHES = 1024  # of a pipeline's round, the plan weighs
-HOP_REQUESTS = ("s3:PutObject", "sns:Publish", "s3:GetObject")  # a micro-batch's activation handed to a stage
+HOP_REQUESTS = ("s3:PutObject", "s3:GetObject")  # a micro-batch's activation handed to a stage
 
 
 class StageFigures(BaseModel):
@@ -110,9 +110,10 @@ def blocks_of(model: Any) -> list[Block]:
 
 
 def hop_seconds(p: Parameters, handed: int, stages: int) -> float:
-    """A micro-batch's ``handed`` bytes of activations handed to the next stage: stored, announced, read."""
+    """A micro-batch's ``handed`` bytes of activations handed to the next stage: stored, found by its poll (half a
+    poll's wait), read."""
     moved = handed / (p.s3_write_mb_s * 1e6) + handed / (p.s3_read_mb_s * 1e6)
-    return 0.0 if stages == 1 else 2 * p.s3_request_s + moved + p.sns_publish_s + p.sns_lambda_s
+    return 0.0 if stages == 1 else 2 * p.s3_request_s + moved + POLL_S / 2
 
 
 def round_seconds(
@@ -125,16 +126,25 @@ def round_seconds(
     return weights_s + (micro_batches + stages - 1) * (slowest_s + 2 * hop_seconds(p, handed, stages))
 
 
+def round_requests(p: Parameters, micro_batches: int, stages: int, pipelines: int, idle_s: float) -> dict[str, int]:
+    """The requests of the stages' hand-offs in a round of ``pipelines`` pipelines, as ``slsml.pipeline.staged``
+    sends them: each micro-batch's activation and its gradient put at every boundary and read once found; each stage
+    after the first reads its input again at the backward pass; each stores its part of the update, which stage 0
+    reads; and the polls that find nothing, one a ``POLL_S`` and a request while a stage function waits (``idle_s``,
+    every stage function's)."""
+    hops, parts = micro_batches * (stages - 1) * pipelines, (stages - 1) * pipelines
+    polls = round(idle_s / (POLL_S + p.s3_request_s))
+    return {"s3:PutObject": 2 * hops + parts, "s3:GetObject": 3 * hops + parts + polls}
+
+
 def round_dollars(
-    price_table: PriceTable, micro_batches: int, stages: int, pipelines: int, round_s: float, memory_mb: int
-) -> tuple[dict[str, int], float]:
-    """The hops' requests of a round of ``pipelines`` pipelines (every boundary, each micro-batch, forward and back)
-    and the round's dollars: its stage functions' GB-seconds and invocations, and those requests."""
-    hops = 2 * micro_batches * (stages - 1) * pipelines
-    requests = dict.fromkeys(HOP_REQUESTS, hops)
+    price_table: PriceTable, requests: dict[str, int], stages: int, pipelines: int, round_s: float, memory_mb: int
+) -> float:
+    """A round's dollars: its ``stages`` × ``pipelines`` stage functions' GB-seconds and invocations, and its hand-offs'
+    ``requests``."""
     functions = stages * pipelines
     billed = functions * prices.gb_seconds(round_s, memory_mb)
-    return requests, sum(price_table.cost(requests, gb_seconds=billed, invocations=functions).values())
+    return sum(price_table.cost(requests, gb_seconds=billed, invocations=functions).values())
 
 
 def uniform_blocks(w: Workload, layers: int) -> list[Block]:
@@ -212,7 +222,10 @@ def plan(
         for stage, fit in zip(split, fitting, strict=True)
     ]
     activation_bytes = 2 * M * w.workers * sum(f.activation_bytes for f in figures[:-1])
-    requests, dollars = round_dollars(price_table, M, S, w.workers, round_s(micro), memory)
+    busy = sum(M * stage_s(stage, micro) for stage in split)  # each pipeline's stage functions computing
+    idle = w.workers * (S * round_s(micro) - busy)
+    requests = round_requests(p, M, S, w.workers, idle)
+    dollars = round_dollars(price_table, requests, S, w.workers, round_s(micro), memory)
     samples = share * w.workers
     options = [
         Option(
@@ -251,7 +264,9 @@ def plan(
             " functions hold the whole model's weights beside their layer outputs (slsml.rounds.stages.held)",
             "stage compute": f"the model's compute per sample, {w.compute_source}, × the stage's share of the FLOPs ×"
             f" {RECOMPUTE_SHARE:.3g} (its forward pass twice) on {vcpus(memory):.3g} vCPUs",
-            "hop": "s3_request_s, s3_write_mb_s, s3_read_mb_s, sns_publish_s, sns_lambda_s (parameters)",
+            "hop": f"s3_request_s, s3_write_mb_s, s3_read_mb_s (parameters) and half a poll of {POLL_S:g} s",
+            "requests": "slsml.cost.stages.round_requests: the hand-offs as slsml.pipeline.staged sends them, and"
+            " the polls of the stage functions while they wait",
             "bubble": "GPipe: (S−1)/(M+S−1)",
             "dollars": f"Lambda GB-seconds of {S * w.workers} functions for the round, and the hops' requests",
         },

@@ -34,7 +34,7 @@ from slsml.pipeline import lifetime
 from slsml.pipeline.services import Services
 from slsml.rounds import sizing
 from slsml.rounds.accumulate import sizes
-from slsml.rounds.stages import deployed, held, unfit
+from slsml.rounds.stages import POLL_S, deployed, held, unfit
 from slsml.spec import keys, samples
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
@@ -43,7 +43,6 @@ from slsml.training import npz
 from slsml.training.weighting import Batch
 
 logger = Logger(child=True)
-POLL_S = 0.02  # how often a stage looks for what it waits on
 
 
 class StageLost(Exception):
