@@ -63,11 +63,12 @@ def test_a_run_in_three_stages_trains_to_the_weights_of_single_process_keras(ser
 
 @pytest.mark.usefixtures("warm")  # the Worker times out after seconds here
 def test_stages_held_back_past_the_deadline_are_relaunched_together_and_change_no_weight(local, services, staged):
-    spec = SPEC.model_copy(update={"deadline_s": 4.0, "deadline_floor": 1.0, "deadline_retries": 2})
+    spec = SPEC.model_copy(update={"deadline_s": 8.0, "deadline_floor": 1.0, "deadline_retries": 2})
     # the first launch of iteration 1 (its three stages' messages) is held back past the deadline
     first_launch = r"Work\|run_id=staged-relaunch,iteration=1,worker=0(,attempt=0)?$"
-    held_back = Faults(sns_delay=Delay(probability=1, seconds=6), sns_delay_match=first_launch)
-    with timeouts(local, 4), injecting(local, held_back):  # a round's stages take about a second
+    held_back = Faults(sns_delay=Delay(probability=1, seconds=10), sns_delay_match=first_launch)
+    # a round's stages take about a second, three under load: its deadline and the Worker's timeout are eight
+    with timeouts(local, 8), injecting(local, held_back):
         train(services, spec, "staged-relaunch")
         run = finish(services, "staged-relaunch")
     assert run.status == "COMPLETED", run.reason
