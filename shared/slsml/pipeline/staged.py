@@ -115,6 +115,12 @@ def shares(batch: np.ndarray, micro_batch: int) -> list[float]:
     return [size / len(batch) for size in sizes(len(batch), micro_batch)]
 
 
+def part(gradients: Sequence[np.ndarray], untrained: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """A stage's part of the update by name: its trainable weights' gradients (g0, g1, …) and its non-trainable
+    weights' new values (u0, u1, …), each in its stage model's order."""
+    return {f"g{i}": g for i, g in enumerate(gradients)} | {f"u{i}": u for i, u in enumerate(untrained)}
+
+
 class Hand:
     """What the stages of one worker's round (its attempt) hand each other: stored create-only, signed, and taken
     once there, within the run's deadline."""
@@ -149,9 +155,8 @@ class Hand:
         metrics: np.ndarray | None,
     ) -> None:
         """Stage ``stage``'s part of the update."""
-        arrays = {f"g{i}": g for i, g in enumerate(gradients)} | {f"u{i}": u for i, u in enumerate(untrained)}
         extra = {"loss": np.array(loss, np.float64)} | ({"metrics": metrics} if metrics is not None else {})
-        self._put(self._part_key(stage), npz.encode(**arrays, **extra))
+        self._put(self._part_key(stage), npz.encode(**part(gradients, untrained), **extra))
 
     def take_part(self, stage: int) -> dict[str, np.ndarray]:
         return npz.decode(self._wait(self._part_key(stage)))
@@ -196,12 +201,12 @@ def first_stage(
     for number, (x, share) in enumerate(kept):
         runner.backward(number, x, share, handed_back(hand.take(1, number, True)))
     gradients, untrained = runner.finish()
-    found = [{f"g{i}": g for i, g in enumerate(gradients)} | {f"u{i}": u for i, u in enumerate(untrained)}]
+    found = [part(gradients, untrained)]
     found += [hand.take_part(stage) for stage in range(1, len(parts))]
     values: dict[int, np.ndarray] = {}
-    for stage, part in zip(parts, found, strict=True):
-        values |= {id(v): part[f"g{i}"] for i, v in enumerate(stage.trainable_weights)}
-        values |= {id(v): part[f"u{i}"] for i, v in enumerate(stage.non_trainable_weights)}
+    for stage, arrays in zip(parts, found, strict=True):
+        values |= {id(v): arrays[f"g{i}"] for i, v in enumerate(stage.trainable_weights)}
+        values |= {id(v): arrays[f"u{i}"] for i, v in enumerate(stage.non_trainable_weights)}
     metrics = found[-1].get("metrics")
     return modelio.Update(
         vector=config.plan.flatten([values[id(v)] for v in trainer.model.weights]),

@@ -131,7 +131,6 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services,
         launched = dict.fromkeys(services.table.send_work(run_id, iteration, workers))
     else:
         launched = dict.fromkeys(range(workers))
-    stages = run.training.pipeline_stages if iteration < run.iterations else 1  # the evaluation's: stage 0's
     services.bus.publish(
         wiring.WORK,
         [
@@ -145,7 +144,7 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services,
                 workers=workers,
                 ahead=ahead,
                 update=update,
-            ).staged(stages)
+            ).staged(run.training.pipeline_stages, run.iterations)
         ],
     )
     if run.watched is None:  # the first launch of this generation starts its chain of deadlines

@@ -404,7 +404,7 @@ def _train(
                 hand = staged.Hand(services, message, config)
                 update = staged.first_stage(hand, config, trainer, left.steps[0], left.steps[0].samples)
             except staged.StageLost as lost:
-                logger.warning("a stage's round did not come: left to the deadline", extra={"waited_on": str(lost)})
+                _left_to_deadline(lost)
                 return None
         computed_s = time.perf_counter() - started
         compute_s = computed_s + (resumed.compute_s if resumed is not None else 0.0)
@@ -493,7 +493,12 @@ def _later_stage(message: WorkMessage, config: RunConfig, services: Services) ->
         try:
             staged.later_stage(staged.Hand(services, message, config), config, trainer, batch, labelled)
         except staged.StageLost as lost:
-            logger.warning("a stage's round did not come: left to the deadline", extra={"waited_on": str(lost)})
+            _left_to_deadline(lost)
+
+
+def _left_to_deadline(lost: staged.StageLost) -> None:
+    """What a stage waited on did not come: its round is left to the deadline's re-launch of all its stages."""
+    logger.warning("a stage's round did not come: left to the deadline", extra={"waited_on": str(lost)})
 
 
 def _hand_on(message: WorkMessage, services: Services, reached: progress.Progress, done: int) -> None:
