@@ -8,6 +8,7 @@ import json
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from slsml.spec.errors import BadInputError
 from slsml.training import evaluation, modelio
@@ -200,3 +201,21 @@ def test_each_outputs_train_loss_counts_a_batchs_samples_whatever_sizes_came_bef
     after = evaluator.batch_state(*batch(21), None, 1.0)
     assert after[3] == alone[3] == 21  # digit_loss's count
     np.testing.assert_allclose(after, alone, rtol=1e-6)
+
+
+def test_a_model_of_string_inputs_is_evaluated_as_keras_evaluates_it() -> None:
+    """Metrics are built on a prediction found symbolically where the inputs are numbers; strings take a forward
+    pass."""
+    keras.utils.set_random_seed(0)
+    text = keras.Input((1,), dtype="string")
+    ids = keras.layers.StringLookup(vocabulary=["a", "b", "c"])(text)
+    logits = keras.layers.Dense(2)(keras.layers.CategoryEncoding(5)(ids))
+    model = keras.Model(text, logits)
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    x, y = np.array([["a"], ["b"], ["c"], ["a"]]), np.array([0, 1, 1, 0])
+    loss = modelio.loss_config(model, None)
+    evaluator = evaluation.Evaluator(model, loss, modelio.metrics_config(model, True), (x[:2], y[:2]))
+    figures = evaluator.result([evaluator.state(x, y)])
+    expected = model.evaluate(tf.constant(x), y, verbose=0, return_dict=True)
+    assert figures["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    assert figures["accuracy"] == pytest.approx(expected["accuracy"])

@@ -46,8 +46,10 @@ def _tensors(arrays: Arrays) -> Any:
 def _prediction_like(model: keras.Model, x: Arrays) -> Any:
     """A prediction of ``model`` on ``x`` to build its metrics on: of a Sequential or functional model, zeros of its
     outputs' shapes and dtypes, computed symbolically (its forward pass, called eagerly, holds every layer's output at
-    once: a model of large layer outputs would need their sum); of another model, its forward pass."""
-    if not isinstance(model, keras.Sequential | keras.src.models.functional.Functional):
+    once: a model of large layer outputs would need their sum); of another model, or of inputs that are not numbers
+    (strings, which a symbolic tensor cannot hold), its forward pass."""
+    numeric = all(np.asarray(a).dtype.kind in "biuf" for a in tf.nest.flatten(x))
+    if not numeric or not isinstance(model, keras.Sequential | keras.src.models.functional.Functional):
         return model(x, training=False)
     symbolic = tf.nest.map_structure(lambda a: keras.KerasTensor(np.shape(a), np.asarray(a).dtype.name), x)
     return tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), model.compute_output_spec(symbolic))
