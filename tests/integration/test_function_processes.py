@@ -1,5 +1,6 @@
 """The function host's warm processes start from libraries imported once, in a fork server, run with the
-host's environment as it is when they start, not the fork server's, and end with the host."""
+host's environment as it is when they start, not the fork server's, and end with the host; leaving a runtime ends
+every thread its host started."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
+from slsml.local.runtime import LocalRuntime
 from tests.processes import left_running
 
 PROBE = textwrap.dedent(
@@ -70,3 +73,18 @@ def test_warm_processes_start_preloaded_with_the_hosts_environment_and_end_with_
         assert probe == "as the host started its processes", function
         assert gone is None, function
         assert tensorflow, function  # the Worker's and Merger's library, imported before any handler
+
+
+def test_leaving_a_runtime_ends_every_thread_of_its_host(tmp_path: Path) -> None:
+    """``slsml.fit`` returns as its runtime is left: a thread of it still running (a poller whose client retries,
+    drawing its jitter from Python's generator) would share the caller's process, and a seed the caller sets next."""
+    before = set(threading.enumerate())
+
+    def started() -> list[str]:  # the host's threads (another runtime of this process started its own before)
+        names = ("poll-", "dead-letters-", "acknowledge", "invocations", "memory")
+        return sorted(t.name for t in set(threading.enumerate()) - before if t.name.startswith(names))
+
+    with LocalRuntime(workers=1, reducers=1, pool=1, log_dir=tmp_path):
+        running = started()
+    assert "invocations" in running and "poll-worker" in running, running
+    assert started() == []

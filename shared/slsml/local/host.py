@@ -451,6 +451,8 @@ class FunctionHost:
         self._stopping = threading.Event()
         self._draining = threading.Event()  # take no more messages; the functions' processes stay up
         self._pollers: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # every thread of the host, the pollers among them
+        self._held: dict[threading.Timer, str | None] = {}  # deliveries held back, not yet invoked → their run
         self._last_error: dict[str, tuple[str, str, str]] = {}  # message id → (first line, error text, request id)
         self._dead_seen: set[str] = set()  # dead letters recorded (one may be handed to the reader again)
         self._reader = wiring.dead_letter_reader().name
@@ -563,16 +565,18 @@ class FunctionHost:
         for warmup in warmups:
             warmup.result()
         for function in (f for f in self.concurrency if f in self.deployment.queues):  # the reader has none
-            poller = threading.Thread(target=self._poll, args=(function,), name=f"poll-{function}", daemon=True)
-            poller.start()
-            self._pollers.append(poller)
-        threading.Thread(target=self._delete_handled, name="acknowledge", daemon=True).start()
-        threading.Thread(target=self._follow_invocations, name="invocations", daemon=True).start()
-        threading.Thread(target=self._watch.run, args=(self._stopping,), name="memory", daemon=True).start()
+            self._pollers.append(self._thread(self._poll, f"poll-{function}", function))
+        self._thread(self._delete_handled, "acknowledge")
+        self._thread(self._follow_invocations, "invocations")
+        self._thread(self._watch.run, "memory", self._stopping)
         for function, queue in self.deployment.dead_letter_queues.items():
-            threading.Thread(
-                target=self._watch_dead_letters, args=(function, queue), name=f"dead-letters-{function}", daemon=True
-            ).start()
+            self._thread(self._watch_dead_letters, f"dead-letters-{function}", function, queue)
+
+    def _thread(self, target: Callable[..., None], name: str, *args: Any) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return thread
 
     def _new_container(self, function: str) -> Container:
         """A warm container of ``function``, with its memory setting now (its process started when first called)."""
@@ -602,6 +606,8 @@ class FunctionHost:
             try:
                 request_id, invocation = self._invocations.recv()
             except (EOFError, OSError):
+                return
+            if request_id is None:  # the host's own: it is stopping (``join``)
                 return
             if invocation is None:
                 self._watch.ended(request_id)
@@ -634,12 +640,27 @@ class FunctionHost:
         return f"Runtime exited: a warm process of {function} died ({error})"
 
     def stop(self) -> None:
-        """Take no more messages, start no more invocations and shut the function processes down. The
-        threads are not waited for: each ends when its long poll returns (at once if the cloud is stopped)
-        and hands nothing on."""
+        """Take no more messages, start no more invocations (those held back are dropped) and shut the function
+        processes down. The threads are not waited for here (``join``): each ends when its long poll returns (at
+        once if the cloud is stopped) and hands nothing on."""
         self._stopping.set()
+        with self._counts_lock:
+            held, self._held = self._held, {}
+        for timer, run_id in held.items():
+            timer.cancel()
+            self._handling(run_id, -1)
         for containers in self._containers.values():
             containers.close()
+
+    def join(self, timeout_s: float) -> None:
+        """After ``stop``, wait up to ``timeout_s`` for every thread of the host to end: a caller that goes on after
+        the runtime (seeding Python's generator, which a retrying AWS client draws its jitter from) shares its process
+        with none of them."""
+        deadline = time.monotonic() + timeout_s
+        if self._sender is not None:
+            self._sender.send((None, None))  # wakes the thread following the invocations
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _poll(self, function: str) -> None:
         queue = self.deployment.queues[function]
@@ -765,11 +786,23 @@ class FunctionHost:
             # runs this one when one is free (its slot is not taken again, so not given back)
             self._count({"sns_delay": int(delayed_s > 0), "late_worker": int(late_s > 0)}, run_id)
             release_slot()
-            timer = threading.Timer(hold_s, invoke)
+            timer = threading.Timer(hold_s, lambda: self._held_back(timer, invoke))
             timer.daemon = True
-            timer.start()
+            with self._counts_lock:
+                if not self._stopping.is_set():
+                    self._held[timer] = run_id
+                    timer.start()
+                    return
+            self._handling(run_id, -1)
         else:
             invoke()
+
+    def _held_back(self, timer: threading.Timer, invoke: Callable[[], None]) -> None:
+        """Invoke a delivery held back, unless the host stopped meanwhile (``stop`` dropped it)."""
+        with self._counts_lock:
+            if self._held.pop(timer, False) is False:
+                return
+        invoke()
 
     def _delete_handled(self) -> None:
         """Acknowledge handled messages in batches (one request for up to ten of a queue), gathered over

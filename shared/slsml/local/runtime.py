@@ -29,6 +29,9 @@ WARM_REDUCE_LAUNCHER_MB = 110
 SLOT_MB = WARM_WORKER_MB + WARM_REDUCER_MB + WARM_REDUCE_LAUNCHER_MB
 PROCESSES_PER_CORE = 2  # an invocation also waits on the embedded cloud: two per core keep the cores busy
 MEMORY_SHARE = 0.5  # of the memory available when the runtime starts
+# how long leaving the runtime waits for the host's threads to end once the cloud has stopped (each ends as its
+# request to the stopped cloud fails, after the retries its client makes)
+HOST_JOIN_S = 10.0
 
 
 def _available_memory_mb() -> int:
@@ -224,6 +227,8 @@ class LocalRuntime:
             self._host.stop()
         self._in_use.close()
         self.cloud.stop()
+        if self._host is not None:
+            self._host.join(HOST_JOIN_S)
         if self._restore_main is not None:
             self._restore_main()
             self._restore_main = None
