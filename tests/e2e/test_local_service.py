@@ -121,6 +121,11 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     assert reports and all(int(size) == REDUCER_MB > int(used) for size, used in reports)
 
 
+def _put_digits(service: Path) -> subprocess.CompletedProcess[str]:
+    """Dataset ``digits`` on the service, unless an earlier test of the file put it (then: the same content, kept)."""
+    return slsml(service, "data", "put", "digits", "digits.npz")
+
+
 def _iteration(table: RunTable, run_id: str) -> int:
     """The iteration the run is in; 0 until it is registered."""
     try:
@@ -139,6 +144,7 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     # their queue (clients made first: a command takes seconds to start on a loaded machine, in which the run would
     # run to its end)
     env = service_env(service)
+    assert _put_digits(service).returncode == 0
     table, paced, hold = service_table(service), Held(env, "worker", PACE_S), Held(env, "worker")
     with paced:
         started = slsml(
@@ -225,7 +231,7 @@ def test_a_checkpoint_is_fetched_by_its_iteration_and_starts_a_new_run(service: 
 
 def test_a_run_beyond_the_services_limits_is_refused_and_a_dropped_one_fails_with_the_reason(service: Path) -> None:
     over = f"{LIMIT_WORKERS + 4} workers, over the deployment's limit workers={LIMIT_WORKERS}"
-    slsml(service, "data", "put", "digits", "digits.npz")  # unless an earlier test put it
+    _put_digits(service)
     refused = slsml(
         service,
         "run",
