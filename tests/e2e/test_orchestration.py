@@ -181,7 +181,7 @@ def test_a_failed_step_ends_the_execution_with_its_reason(local, services, digit
     execution, entered = _execution(local, "sfn-bad")
     assert run.status == "FAILED" and "not a Keras model" in run.reason
     assert execution["status"] == "FAILED"
-    assert entered[-4:] == ["MarkFailed", "ReadReason", "PublishFailed", "Failed"]
+    assert entered[-5:] == ["ReportedFailure", "MarkFailed", "ReadReason", "PublishFailed", "Failed"], entered
     assert execution["cause"] == run.reason  # the pipeline's own reason, as the table keeps it
 
 

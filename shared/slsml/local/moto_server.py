@@ -19,6 +19,9 @@ An SQS long poll returns a message as soon as it becomes visible, as SQS does. m
 message is sent to the queue, or after 1 s: a message whose visibility timeout or delivery delay ended
 meanwhile, or whose visibility was changed, waited up to 1 s more (a retry, a deadline, a dead letter).
 
+A task answered with SendTaskFailure fails with the cause it was sent, as Step Functions fails it: moto's handler
+dropped the cause, so a run's execution took a reported failure for an unexplained one.
+
 moto's own server (werkzeug's development server) closes every connection after one response, so each
 request opens a connection and starts a server thread. cheroot serves the same application from a pool of
 threads over kept-alive connections: measured over S3 PUTs and GETs and DynamoDB UpdateItems from one
@@ -225,6 +228,21 @@ def serialize_dynamodb() -> None:
             return unlocked(self)
 
     DynamoHandler.call_action = call_action
+
+
+def task_failure_causes() -> None:
+    """A task answered with SendTaskFailure fails with the error and the cause it was sent, as Step Functions fails it:
+    moto's handler passed the error alone, so a state machine's Catch saw no ``Cause`` (the run's ``ExplainFailure``
+    took a reported failure for an unexplained one)."""
+    from moto.core.responses import EmptyResult
+    from moto.stepfunctions.responses import StepFunctionResponse
+
+    def send_task_failure(self: Any) -> Any:
+        token, error, cause = (self._get_param(name) for name in ("taskToken", "error", "cause"))
+        self.stepfunction_backend.send_task_failure(token, error=error, cause=cause)
+        return EmptyResult()
+
+    StepFunctionResponse.send_task_failure = send_task_failure
 
 
 def wake_long_polls_when_due() -> None:
@@ -1070,6 +1088,7 @@ def main() -> None:
     attribute_values()
     task_clients(args.port, identities.owner.credentials)
     serialize_dynamodb()
+    task_failure_causes()
     wake_long_polls_when_due()
     ranged_reads()
     bucket_policies()
