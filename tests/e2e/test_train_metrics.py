@@ -1,7 +1,8 @@
 """Train metrics per iteration: the loss and compiled metrics over an iteration's global batch, from the states the
 workers track on their batches' forward passes, summed and turned into results once, equal Keras's train step on
 the same global batch with the same weights (``fit`` over that batch alone), sample-weighted as Keras weights them,
-whatever the workers; and ``slsml.fit``'s History sums an epoch's iterations as ``fit`` aggregates its batches."""
+whatever the workers, and in pipeline stages, every stage's regularization in the loss; and ``slsml.fit``'s History
+sums an epoch's iterations as ``fit`` aggregates its batches."""
 
 from __future__ import annotations
 
@@ -26,17 +27,20 @@ BATCH = 96
 DATASET = "digits-binary-weighted"
 TOLERANCE = 1e-6
 FIGURES = ("loss", "accuracy", "auc", "mean_absolute_error")
+L2, STAGED = 0.05, "train-metrics-staged"  # a run in two stages, each layer's kernel regularized
 
 
-def binary_model() -> keras.Model:
-    """A classifier of digits ≥ 5, compiled with accuracy, AUC and a regression metric."""
+def binary_model(l2: float | None = None) -> keras.Model:
+    """A classifier of digits ≥ 5, compiled with accuracy, AUC and a regression metric (``l2``: each layer's kernel
+    regularized by that factor)."""
     keras.utils.set_random_seed(3)
+    regularizer = None if l2 is None else keras.regularizers.L2(l2)
     model = keras.Sequential(
         [
             keras.Input((8, 8, 1)),
             keras.layers.Flatten(),
-            keras.layers.Dense(16, activation="relu"),
-            keras.layers.Dense(1, activation="sigmoid"),
+            keras.layers.Dense(16, activation="relu", kernel_regularizer=regularizer),
+            keras.layers.Dense(1, activation="sigmoid", kernel_regularizer=regularizer),
         ]
     )
     model.compile(
@@ -66,14 +70,16 @@ def metric_runs(services) -> dict[int, str]:
     model_bytes = modelio.save_model(binary_model())
     for workers in (1, 3):
         launch.start_run(services, model_bytes, DATASET, spec.model_copy(update={"workers": workers}), _run_id(workers))
+    staged = spec.model_copy(update={"workers": 1, "pipeline_stages": 2, "micro_batch": BATCH // 2})
+    launch.start_run(services, modelio.save_model(binary_model(L2)), DATASET, staged, STAGED)
     return {workers: _run_id(workers) for workers in (1, 3)}
 
 
-def reference(weighted: bool = True, every: int = 1) -> list[dict[str, float]]:
-    """Keras's own ``fit`` on the pipeline's global batches, ``every`` of them an epoch (``weighted``: with the
-    samples' weights): each epoch's figures, over its batches."""
+def reference(weighted: bool = True, every: int = 1, l2: float | None = None) -> list[dict[str, float]]:
+    """Keras's own ``fit`` of ``binary_model(l2)`` on the pipeline's global batches, ``every`` of them an epoch
+    (``weighted``: with the samples' weights): each epoch's figures, over its batches."""
     x, y, _, _, weights = binary_digits()
-    model = binary_model()
+    model = binary_model(l2)
     figures = []
     for first in range(0, ITERATIONS, every):
         batches = [data.global_batch_indices(len(x), BATCH, seed=0, iteration=i) for i in range(first, first + every)]
@@ -109,6 +115,26 @@ def test_each_iterations_train_metrics_equal_keras_train_step_on_its_global_batc
         for name in FIGURES:
             assert counter.train[name] == pytest.approx(keras_figures[name], abs=TOLERANCE), (iteration, name)
         assert counter.train_loss == pytest.approx(keras_figures["loss"], abs=TOLERANCE)
+
+
+def _train_figures(services, run_id: str) -> list[dict[str, float]]:
+    run = finish(services, run_id, timeout_s=600)
+    assert run.status == "COMPLETED", run.reason
+    return [services.table.get_counter(run_id, i).train or {} for i in range(ITERATIONS)]
+
+
+def test_a_run_in_stages_tracks_keras_train_figures_with_every_stages_regularization(metric_runs, services):
+    """Each stage holds a regularized layer: the loss the stages' metrics track adds both regularizations, as Keras's
+    train step does (the gradient of each already did)."""
+    config = RunConfig.model_validate(services.store.get_json(keys.run_config(STAGED)))
+    assert config.stage_blocks is not None and len(config.stage_blocks) == 2
+    expected, found = reference(l2=L2), _train_figures(services, STAGED)
+    # the regularization moves the loss by far more than the tolerance
+    assert abs(expected[0]["loss"] - reference()[0]["loss"]) > 1000 * TOLERANCE
+    for iteration, (figures, keras_figures) in enumerate(zip(found, expected, strict=True)):
+        assert sorted(figures) == sorted(FIGURES), iteration
+        for name in FIGURES:
+            assert figures[name] == pytest.approx(keras_figures[name], abs=TOLERANCE), (iteration, name)
 
 
 def test_an_epochs_history_sums_its_iterations_states_as_keras_aggregates_an_epochs_batches(metric_runs, services):

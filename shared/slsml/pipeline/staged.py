@@ -208,10 +208,13 @@ def first_stage(
         values |= {id(v): arrays[f"g{i}"] for i, v in enumerate(stage.trainable_weights)}
         values |= {id(v): arrays[f"u{i}"] for i, v in enumerate(stage.non_trainable_weights)}
     metrics = found[-1].get("metrics")
+    if metrics is not None:  # the loss the metrics track: each stage's regularization too (the last added its own)
+        metrics = np.array(metrics)
+        metrics[0] += metrics[1] * (runner.loss + sum(float(part["loss"]) for part in found[1:-1]))
     return modelio.Update(
         vector=config.plan.flatten([values[id(v)] for v in trainer.model.weights]),
         loss=runner.loss + sum(float(part["loss"]) for part in found[1:]),
-        metrics=None if metrics is None else np.asarray(metrics),
+        metrics=metrics,
     )
 
 
@@ -238,8 +241,9 @@ def later_stage(
     each = shares(batch, config.training.micro_batch or len(batch))
     metrics: np.ndarray | None = None
     if last:
+        micro_batches = labelled()  # (sets the trainer's meter: its metrics on the round's labels)
         loss_fn, meter = trainer.loss_fn, trainer.meter
-        for number, ((_, y, w), share) in enumerate(zip(labelled(), each, strict=True)):
+        for number, ((_, y, w), share) in enumerate(zip(micro_batches, each, strict=True)):
             yt = tf.nest.map_structure(tf.convert_to_tensor, y)
             weights = None if w is None else tf.convert_to_tensor(w)
             seen: list[Any] = []  # the forward pass's prediction and loss, which the metrics track
@@ -251,7 +255,7 @@ def later_stage(
 
             gradient = runner.backward(number, hand.take(stage - 1, number, False), share, loss_of)
             if meter is not None:
-                state = meter(y, seen[0], weights, float(seen[1]))
+                state = meter(y, seen[0], weights, float(seen[1]) + runner.regularization)
                 metrics = state if metrics is None else metrics + state
             if number == len(each) - 1:
                 hand.put_part(stage, *runner.finish(), runner.loss, metrics)

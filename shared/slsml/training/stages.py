@@ -175,6 +175,7 @@ class StageRunner:
         self.gradients = [np.zeros(v.shape, np.float64) for v in stage.trainable_weights]
         self.untrained = [np.zeros(v.shape, np.float64) for v in stage.non_trainable_weights]
         self.loss = 0.0  # the loss (the last stage), or the stage's regularization, summed by share
+        self.regularization = 0.0  # the stage's regularization losses at its last backward pass (of its weights alone)
         self.seconds = 0.0
         self._seeds: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # micro-batch → states before, after
 
@@ -205,8 +206,9 @@ class StageRunner:
             loss = objective_of(output) if self.last else tf.constant(0.0)
             objective = share * loss if self.last else objective_of(output)
             if self.stage.losses:
-                loss = loss + tf.add_n(self.stage.losses)
-                objective = objective + share * tf.add_n(self.stage.losses)
+                regularization = tf.add_n(self.stage.losses)
+                loss, objective = loss + regularization, objective + share * regularization
+                self.regularization = float(regularization)
         found = tape.gradient(objective, [*self.stage.trainable_weights, *watched])
         self.seconds += time.perf_counter() - started
         self.loss += share * float(loss)
