@@ -1,12 +1,14 @@
-"""The local runtime's pool of warm processes: its size from the machine or SLSML_POOL, and every
-function's processes bounded by it whatever the concurrency asked for."""
+"""The local runtime's pool of warm processes: its size from the machine or SLSML_POOL, every function's processes
+bounded by it whatever the concurrency asked for, and a runtime sized for a run (``fit``'s, ``run start --local``'s,
+a search's) holding its every Worker invocation."""
 
 from __future__ import annotations
 
 import pytest
 
 from slsml.local import runtime
-from slsml.local.runtime import POOL_ENV, LocalRuntime, default_pool
+from slsml.local.runtime import POOL_ENV, LocalRuntime, default_pool, sized_for
+from slsml.spec.config import TrainingSpec
 from slsml.spec.deployment import DEFAULT_FUNCTIONS
 
 
@@ -43,3 +45,16 @@ def test_a_function_gets_at_most_its_reserved_concurrency_and_the_watchdog_its_o
     for name in ("worker", "reduce_launcher", "reducer"):  # a run's width multiplies them
         assert concurrency[name] == DEFAULT_FUNCTIONS[name].reserved_concurrency, name
     assert concurrency["watchdog"] >= 1 and concurrency["dead_letters"] >= 1
+
+
+@pytest.mark.parametrize(("workers", "stages", "parallel"), [(2, 2, 1), (3, 1, 1), (2, 3, 2)])
+def test_a_runtime_sized_for_a_run_in_stages_takes_its_every_stage(workers: int, stages: int, parallel: int) -> None:
+    """A worker's stages wait on each other: W×S Worker invocations at once (the runtime ``slsml.fit`` starts for
+    ``workers=2, pipeline_stages=2`` refused its run, holding W); one report each reaches the ReduceLauncher."""
+    spec = TrainingSpec(workers=workers, reducers=2, global_batch=64, pipeline_stages=stages)
+    local = LocalRuntime(**sized_for(spec, parallel), pool=64)
+    assert local.concurrency["worker"] == parallel * workers * stages
+    assert local.concurrency["reduce_launcher"] == parallel * workers
+    assert local.limits.stages_refusal(spec, parallel * workers) is None
+    # one worker more than it was sized for would wait on a stage no process takes (a run of one stage never does)
+    assert (local.limits.stages_refusal(spec, parallel * workers + 1) is None) == (stages == 1)

@@ -35,7 +35,7 @@ def one_shot_runtime(args: argparse.Namespace, spec: TrainingSpec) -> Any:
     """The local runtime of a run on a cloud of its own, begun: its cloud and function processes get ready
     while this process loads TensorFlow and the model. Its logs go to .slsml/logs/<run id>. A name an earlier
     one-shot run left a record or logs under is refused: nothing of that run is overwritten."""
-    from slsml.local.runtime import LocalRuntime
+    from slsml.local.runtime import LocalRuntime, sized_for
 
     log_dir = LOGS_DIR / (args.run_id or launch.new_run_id())
     used = [str(path) for path in (targets.RUNS_DIR / log_dir.name, log_dir) if path.exists()]
@@ -44,8 +44,7 @@ def one_shot_runtime(args: argparse.Namespace, spec: TrainingSpec) -> Any:
             f"--run-id {log_dir.name}: an earlier local run has this name ({' and '.join(used)}); give another"
         )
     return LocalRuntime(
-        workers=spec.max_workers or spec.initial_workers,  # warm processes for the most it may scale to
-        reducers=spec.reducers,
+        **sized_for(spec),
         pool=args.pool,
         log_dir=log_dir,
         memory_mb=dict(args.memory or []),

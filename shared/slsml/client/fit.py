@@ -137,11 +137,10 @@ def fit(
         with service.connected(state) as services:
             epochs_shown = job.train(services, train, figures)
     else:
-        from slsml.local.runtime import LocalRuntime
+        from slsml.local.runtime import LocalRuntime, sized_for
 
         with LocalRuntime(
-            workers=spec.max_workers or spec.initial_workers,
-            reducers=spec.reducers,
+            **sized_for(spec),
             log_dir=Path(".slsml/logs") / run_id,
         ) as local:
             epochs_shown = job.train(local.services, train, figures)

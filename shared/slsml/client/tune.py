@@ -196,12 +196,11 @@ def _target(stack: str | None, settings: SearchSettings | None, name: str) -> It
         return
     if settings is None:
         raise NotFoundError(f"no local service is up and no stack given: search {name!r} is kept in one of them")
-    from slsml.local.runtime import LocalRuntime
+    from slsml.local.runtime import LocalRuntime, sized_for
 
     spec = TrainingSpec(**settings.training)
     with LocalRuntime(
-        workers=settings.parallel * (spec.max_workers or spec.initial_workers),
-        reducers=settings.parallel * spec.reducers,
+        **sized_for(spec, settings.parallel),
         log_dir=LOGS_DIR / name,
     ) as local:
         yield Target(local.services, lambda run: accounting.read_local(local.log_dir, run.run_id), kept=False)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import TypedDict
 
 from slsml.aws.storage import ObjectStore
 from slsml.local import lifecycle
@@ -14,6 +15,7 @@ from slsml.local.accelerator import checked_accelerators
 from slsml.local.cloud import LIFECYCLE, EmbeddedCloud, LocalDeployment, deployment_in_use
 from slsml.local.host import FunctionHost, leave_out_main, start_preloading
 from slsml.pipeline.services import Services
+from slsml.spec.config import TrainingSpec
 from slsml.spec.deployment import DEFAULT_FUNCTIONS, checked_settings
 from slsml.spec.limits import RunLimits
 
@@ -59,22 +61,37 @@ def default_pool() -> int:
     return max(1, min(PROCESSES_PER_CORE * _cores(), by_memory))
 
 
+class Sized(TypedDict):
+    workers: int
+    reducers: int
+    stages: int
+
+
+def sized_for(spec: TrainingSpec, parallel: int = 1) -> Sized:
+    """``LocalRuntime``'s ``workers``, ``reducers`` and ``stages`` for ``parallel`` runs of ``spec`` at once: warm
+    processes for the most workers each may scale to, every stage of each."""
+    return Sized(
+        workers=parallel * spec.asked_workers(), reducers=parallel * spec.reducers, stages=spec.pipeline_stages
+    )
+
+
 class LocalRuntime:
     """``with LocalRuntime(workers=4, reducers=2) as local: ...`` runs the pipeline on this machine.
 
-    ``workers``/``reducers`` are the most invocations of each a run can have at once, within a deployment's
-    reserved concurrency (``DEFAULT_FUNCTIONS``); ``pool`` bounds every function's warm processes (default
-    ``default_pool()``), so a run of any number of workers runs on at most ``pool`` Worker processes: the messages
-    beyond wait in their queue. Each function has processes of its own, so the watchdog and the dead-letter
-    reader always find one, however busy the fleet. ``limits`` are what any one run may ask for, as a
-    deployment's (``RunLimits``), enforced by the same pipeline code. ``memory_mb`` sizes functions (function → MB)
-    otherwise than a default deployment (``DEFAULT_FUNCTIONS``), as its ``functions.<name>.memory_mb`` settings do:
-    a process whose memory passes its function's is killed, as Lambda kills its container (``slsml.local.memory``);
-    ``timeouts_s`` (function → s) so too as its ``functions.<name>.timeout_s`` do: an invocation is ended at its
-    function's, and the Worker's and Reducer's are the run limits' ``function_timeouts_s``. ``accelerator_gib``
-    (``{"worker": GiB}``) gives each warm Worker process a logical GPU of that memory, as its
-    ``functions.worker.accelerator_gib`` does (``slsml.local.accelerator``); refused where there is no GPU.
-    ``duplicate_deliveries`` delivers every SNS message twice (an at-least-once test switch).
+    ``workers``/``reducers`` are the most invocations of each a run can have at once (a worker in ``stages``
+    pipeline stages is that many Worker invocations), within a deployment's reserved concurrency
+    (``DEFAULT_FUNCTIONS``); ``sized_for`` sizes them for a run's spec. ``pool`` bounds every function's warm
+    processes (default ``default_pool()``), so a run of any number of workers runs on at most ``pool`` Worker
+    processes: the messages beyond wait in their queue. Each function has processes of its own, so the watchdog and
+    the dead-letter reader always find one, however busy the fleet. ``limits`` are what any one run may ask for, as
+    a deployment's (``RunLimits``), enforced by the same pipeline code. ``memory_mb`` sizes functions (function →
+    MB) otherwise than a default deployment (``DEFAULT_FUNCTIONS``), as its ``functions.<name>.memory_mb`` settings
+    do: a process whose memory passes its function's is killed, as Lambda kills its container
+    (``slsml.local.memory``); ``timeouts_s`` (function → s) so too as its ``functions.<name>.timeout_s`` do: an
+    invocation is ended at its function's, and the Worker's and Reducer's are the run limits'
+    ``function_timeouts_s``. ``accelerator_gib`` (``{"worker": GiB}``) gives each warm Worker process a logical GPU
+    of that memory, as its ``functions.worker.accelerator_gib`` does (``slsml.local.accelerator``); refused where
+    there is no GPU. ``duplicate_deliveries`` delivers every SNS message twice (an at-least-once test switch).
     """
 
     def __init__(
@@ -82,6 +99,7 @@ class LocalRuntime:
         workers: int = 4,
         reducers: int = 2,
         pool: int | None = None,
+        stages: int = 1,
         duplicate_deliveries: bool = False,
         log_dir: Path = Path(".slsml/logs"),
         tf_threads: int = 1,
@@ -94,7 +112,7 @@ class LocalRuntime:
         pool = pool or default_pool()
         wanted = {
             "work_launcher": 1,
-            "worker": workers,
+            "worker": workers * stages,
             "reduce_launcher": workers,  # one report per worker: none waits for another's
             "reducer": reducers,
             "merger": 1,
