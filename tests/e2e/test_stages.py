@@ -7,10 +7,14 @@ run naming it."""
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from slsml.cli.main import main
+from slsml.client import demo
 from slsml.local.faults import Delay, Faults
 from slsml.spec import keys
 from slsml.spec.config import RunConfig, TrainingSpec
@@ -59,6 +63,17 @@ def test_a_run_in_three_stages_trains_to_the_weights_of_single_process_keras(ser
     error = np.abs(staged - expected).max() / np.abs(expected).max()
     print(f"\n{STAGES} stages, W={WORKERS}, micro-batch {MICRO_BATCH}: max|Δw|/max|w| = {error:.2e}")
     assert error <= TOLERANCE["sgd-momentum"]
+
+
+def test_the_plan_splits_the_model_as_the_runs_start_did(local, services, staged, capsys, tmp_path: Path):
+    """``slsml plan`` of the run's model, options and worker memory names the split its start stored."""
+    config = RunConfig.model_validate(services.store.get_json(keys.run_config("staged")))
+    demo.digits_cnn(seed=1).save(tmp_path / "cnn.keras")  # the model ``train`` starts the run with
+    argv = ["--model", str(tmp_path / "cnn.keras"), "--pipeline-stages", str(STAGES), "--workers", str(WORKERS)]
+    argv += ["--batch", str(BATCH), "--micro-batch", str(MICRO_BATCH), "--iterations", str(ITERATIONS)]
+    assert main(["plan", *argv, "--memory", f"worker={local.worker_memory_mb}", "--json"]) == 0
+    pipeline = json.loads(capsys.readouterr().out)["pipeline"]
+    assert pipeline["refused"] is None and pipeline["deployed"] == list(config.stage_blocks or ())
 
 
 @pytest.mark.usefixtures("warm")  # the Worker times out after seconds here
