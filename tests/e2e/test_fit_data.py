@@ -101,3 +101,33 @@ def test_what_fit_cannot_take_is_refused_in_one_line() -> None:
         slsml.fit(_model(), iter([(x,)]), verbose=0)
     with pytest.raises(BadInputError, match="steps_per_epoch is for a dataset or generator"):
         slsml.fit(_model(), x, y, steps_per_epoch=3, verbose=0)
+
+
+def test_fit_in_pipeline_stages_starts_a_process_for_each_stage_within_its_pool_and_equals_keras() -> None:
+    """A worker's stages run at once: the runtime ``fit`` starts holds W×S Worker processes, as many as ``pool=``
+    allows (a pool of one is refused, naming it); the History and weights are single-process Keras's."""
+    x, y, _, _ = _cancer()
+
+    def chain() -> keras.Model:  # two stages: one dense layer each
+        initializers = [keras.initializers.GlorotUniform(seed=seed) for seed in (1, 2)]
+        model = keras.Sequential(
+            [
+                keras.Input((30,)),
+                keras.layers.Dense(8, "relu", kernel_initializer=initializers[0]),
+                keras.layers.Dense(1, "sigmoid", kernel_initializer=initializers[1]),
+            ]
+        )
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
+        return model
+
+    options = {"batch_size": BATCH, "epochs": 1, "workers": 2, "reducers": 1, "pipeline_stages": 2, "verbose": 0}
+    with pytest.raises(BadInputError, match="--pool"):
+        slsml.fit(chain(), x, y, pool=1, **options)
+    model = chain()
+    history = slsml.fit(model, x, y, pool=4, **options)
+    reference, steps = chain(), math.ceil(len(x) / BATCH)
+    order = np.concatenate([data.global_batch_indices(len(x), BATCH, 0, i, 2) for i in range(steps)])
+    fitted = reference.fit(x[order], y[order], batch_size=BATCH, shuffle=False, epochs=1, verbose=0)
+    assert history.history["loss"][0] == pytest.approx(fitted.history["loss"][0], rel=1e-4)
+    for got, expected in zip(model.weights, reference.weights, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-4, atol=1e-5)

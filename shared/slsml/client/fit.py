@@ -71,6 +71,7 @@ def fit(
     metrics: Any = None,
     loss_weights: Any = None,
     stack: str | None = None,
+    pool: int | None = None,
     **options: Any,
 ) -> Any:
     """Train ``model`` (compiled, or given ``loss`` and ``optimizer``) on ``x``, ``y`` as ``model.fit`` would: each an
@@ -90,12 +91,15 @@ def fit(
     ``keep_best="val_auc"``, Keras's EarlyStopping and ModelCheckpoint, which ``callbacks`` may also give as Keras
     callbacks). Returns a ``keras.callbacks.History``; the model holds the trained weights. ``stack``: train on the
     deployed stack of this name; else on the local service if one is up (``slsml local up``), else on a local
-    runtime of the call's own."""
+    runtime of the call's own, whose warm processes per function ``pool`` bounds (as ``--pool``; default:
+    ``SLSML_POOL``, else what the machine holds)."""
     import keras
 
     from slsml.training import evaluation, modelio
 
     check_keywords("fit", options, FIT_ARGUMENTS)
+    if pool is not None and stack is not None:
+        raise BadInputError(f"pool={pool} sizes the local runtime fit starts: a stack's functions are deployed")
     level = 1 if verbose == "auto" else int(verbose)
     checkpoints = [c.filepath for c in callbacks if isinstance(c, keras.callbacks.ModelCheckpoint)]
     if validation_split == 0:  # Keras's default
@@ -141,6 +145,7 @@ def fit(
 
         with LocalRuntime(
             **sized_for(spec),
+            pool=pool,
             log_dir=Path(".slsml/logs") / run_id,
         ) as local:
             epochs_shown = job.train(local.services, train, figures)

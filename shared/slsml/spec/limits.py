@@ -108,7 +108,8 @@ class RunLimits(BaseModel):
         return (
             f"--pipeline-stages {stages}: {workers} workers of {stages} stages are {workers * stages} Worker"
             f" invocations at once, and the deployment runs {self.worker_concurrency} (the Worker's reserved"
-            " concurrency; locally, its warm processes): give fewer workers or stages"
+            " concurrency; locally, its warm processes): give fewer workers or stages (locally, or more warm processes:"
+            " --pool, pool=, SLSML_POOL)"
         )
 
     def drop_in_defaults(self) -> DropInRequest:
