@@ -76,6 +76,29 @@ def iteration_one() -> list[UsageRecord]:
     ]
 
 
+def test_a_timeline_names_each_stage_of_a_worker_in_pipeline_stages() -> None:
+    """Each worker's round in two stage invocations (its usage records name the stage): a bar per stage, in the
+    worker's order and then its stages'; a run in one stage names none."""
+    staged = [
+        use("worker", T0 + 0.10, T0 + 0.40, worker=1, pipeline_stage=1, attempt=0),
+        use("worker", T0 + 0.10, T0 + 0.50, worker=0, pipeline_stage=1, attempt=0),
+        use("worker", T0 + 0.10, T0 + 0.60, worker=1, pipeline_stage=0, attempt=0),
+        use("worker", T0 + 0.10, T0 + 0.70, worker=0, pipeline_stage=0, attempt=0),
+        use("work_launcher", T0, T0 + 0.05),
+    ]
+    line = report_timeline.timeline(1, staged)
+    assert [b.label for b in line.bars] == [
+        "WorkLauncher",
+        "Worker 0 stage 0",
+        "Worker 0 stage 1",
+        "Worker 1 stage 0",
+        "Worker 1 stage 1",
+    ]
+    assert [b.end_s for b in line.bars[1:]] == pytest.approx([0.70, 0.50, 0.60, 0.40])
+    one_stage = [r.model_copy(update={"pipeline_stage": 0}) for r in staged]
+    assert "Worker 0" in [b.label for b in report_timeline.timeline(1, one_stage).bars]
+
+
 def record_one(**fields: object) -> IterationRecord:
     return IterationRecord(
         iteration=1,

@@ -53,7 +53,8 @@ from slsml.accounting.prices import PriceTable
 from slsml.spec.deployment import SERVICE_NAME
 
 USAGE_KEY = "usage"  # the key of a usage log line
-PART_FIELDS = ("worker", "shard", "attempt", "stage")  # which part of an iteration a message was, if it says
+# which part of an iteration a message was, if it says
+PART_FIELDS = ("worker", "pipeline_stage", "shard", "attempt", "stage")
 _CALL = "slsml_usage"  # the key of a call's bookkeeping in botocore's request context
 _DYNAMODB_READS = {"GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems"}
 
@@ -97,6 +98,7 @@ class UsageRecord(BaseModel):
     bytes_written: int = 0
     # the message's part of the iteration (``about``); logged only where the message names it
     worker: int | None = None
+    pipeline_stage: int | None = Field(default=None, description="a worker's: the stage of its round (0: its first)")
     shard: int | None = None
     attempt: int | None = None
     stage: str | None = Field(default=None, description="a deadline's: the barrier it watched (work, reduce)")
@@ -207,7 +209,7 @@ def about(message: Any) -> dict[str, Any]:
 @contextmanager
 def scope(run_id: str | None, iteration: int | None, **part: Any) -> Iterator[None]:
     """Count what is sent until the block ends for (``run_id``, ``iteration``), then log it with ``part``
-    (``about``: worker, shard, attempt, stage)."""
+    (``about``: worker, pipeline stage, shard, attempt, deadline stage)."""
     global _scope, _pending
     current = _invocation
     if current is None:

@@ -49,10 +49,11 @@ class Timeline:
     left_out: tuple[str, ...]  # invocations not drawn, and why
 
 
-def _label(record: UsageRecord) -> str:
+def _label(record: UsageRecord, staged: bool = False) -> str:
+    """The bar's name (``staged``: the iteration's workers ran in pipeline stages, each named)."""
     name = FUNCTIONS.get(record.function, record.function)
     if record.function == "worker" and record.worker is not None:
-        return f"{name} {record.worker}"
+        return f"{name} {record.worker}" + (f" stage {record.pipeline_stage or 0}" if staged else "")
     if record.function == "reduce_launcher" and record.worker is not None:
         return f"{name} ← worker {record.worker}"
     if record.function == "reducer" and record.shard is not None:
@@ -95,7 +96,7 @@ def _order(record: UsageRecord) -> tuple[Any, ...]:
     chain = list(FUNCTIONS)
     place = chain.index(record.function) if record.function in chain else len(chain)
     part = record.worker if record.worker is not None else record.shard if record.shard is not None else -1
-    return place, record.function, part, record.attempt or 0, record.start
+    return place, record.function, part, record.pipeline_stage or 0, record.attempt or 0, record.start
 
 
 def timeline(
@@ -106,7 +107,7 @@ def timeline(
     seconds: float | None = None,
 ) -> Timeline:
     """The transaction diagram of ``iteration``: its records (any run's records may be given: the iteration's
-    are taken) as bars in chain order (WorkLauncher, workers by index, ReduceLauncher per report, reducers by
+    are taken) as bars in chain order (WorkLauncher, workers by index and stage, ReduceLauncher per report, reducers by
     shard, Merger, Watchdog), on a time axis from its launch. A watchdog wake after the iteration's last other
     invocation ended (a deadline that came when the iteration was merged) is counted in ``left_out``, not
     drawn; so are rows beyond ``MAX_TIMELINE_ROWS``."""
@@ -115,6 +116,7 @@ def timeline(
     origin = min(launches) if launches else min((r.start for r in mine), default=0.0)
     chain_end = max((r.end for r in mine if r.function != "watchdog"), default=origin)
     merged = record is not None and record.merged_at is not None
+    staged = any(r.pipeline_stage for r in mine)
     bars: list[Bar] = []
     left_out: list[str] = []
     for r in mine:
@@ -124,7 +126,7 @@ def timeline(
         if len(bars) == MAX_TIMELINE_ROWS:
             left_out.append(f"{_label(r)} at +{r.start - origin:.2f} s: past {MAX_TIMELINE_ROWS} rows")
             continue
-        bars.append(Bar(len(bars), r.function, _label(r), r.start - origin, r.end - origin, _note(r, record)))
+        bars.append(Bar(len(bars), r.function, _label(r, staged), r.start - origin, r.end - origin, _note(r, record)))
     marks: list[tuple[str, float]] = []
     if record is not None:
         if record.reduce_fired_at:
