@@ -121,9 +121,13 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     assert reports and all(int(size) == REDUCER_MB > int(used) for size, used in reports)
 
 
-def _put_digits(service: Path) -> subprocess.CompletedProcess[str]:
-    """Dataset ``digits`` on the service, unless an earlier test of the file put it (then: the same content, kept)."""
-    return slsml(service, "data", "put", "digits", "digits.npz")
+def _put_digits(service: Path) -> None:
+    """Dataset ``digits`` on the service, unless an earlier test of the file put it."""
+    listed = slsml(service, "data", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    if "digits" not in {summary["name"] for summary in json.loads(listed.stdout)}:
+        put = slsml(service, "data", "put", "digits", "digits.npz")
+        assert put.returncode == 0, put.stderr
 
 
 def _iteration(table: RunTable, run_id: str) -> int:
@@ -144,7 +148,7 @@ def test_a_local_run_stops_resumes_and_is_scaled(service: Path) -> None:
     # their queue (clients made first: a command takes seconds to start on a loaded machine, in which the run would
     # run to its end)
     env = service_env(service)
-    assert _put_digits(service).returncode == 0
+    _put_digits(service)
     table, paced, hold = service_table(service), Held(env, "worker", PACE_S), Held(env, "worker")
     with paced:
         started = slsml(
