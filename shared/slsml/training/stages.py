@@ -175,7 +175,7 @@ class StageRunner:
         self.gradients = [np.zeros(v.shape, np.float64) for v in stage.trainable_weights]
         self.untrained = [np.zeros(v.shape, np.float64) for v in stage.non_trainable_weights]
         self.loss = 0.0  # the loss (the last stage), or the stage's regularization, summed by share
-        self.regularization = 0.0  # the stage's regularization losses at its last backward pass (of its weights alone)
+        self.regularization = 0.0  # the stage's regularization losses at its last backward pass
         self.seconds = 0.0
         self._seeds: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # micro-batch → states before, after
 
