@@ -121,10 +121,10 @@ def timeline(
     left_out: list[str] = []
     for r in mine:
         if r.function == "watchdog" and merged and r.start > chain_end:
-            left_out.append(f"{_label(r)} at +{r.start - origin:.2f} s, after the iteration's chain ended")
+            left_out.append(f"{_label(r, staged)} at +{r.start - origin:.2f} s, after the iteration's chain ended")
             continue
         if len(bars) == MAX_TIMELINE_ROWS:
-            left_out.append(f"{_label(r)} at +{r.start - origin:.2f} s: past {MAX_TIMELINE_ROWS} rows")
+            left_out.append(f"{_label(r, staged)} at +{r.start - origin:.2f} s: past {MAX_TIMELINE_ROWS} rows")
             continue
         bars.append(Bar(len(bars), r.function, _label(r, staged), r.start - origin, r.end - origin, _note(r, record)))
     marks: list[tuple[str, float]] = []

@@ -207,13 +207,14 @@ def first_stage(
     for stage, arrays in zip(parts, found, strict=True):
         values |= {id(v): arrays[f"g{i}"] for i, v in enumerate(stage.trainable_weights)}
         values |= {id(v): arrays[f"u{i}"] for i, v in enumerate(stage.non_trainable_weights)}
+    before_last = runner.loss + sum(float(part["loss"]) for part in found[1:-1])  # their regularization
     metrics = found[-1].get("metrics")
     if metrics is not None:  # the loss the metrics track: each stage's regularization too (the last added its own)
         metrics = np.array(metrics)
-        metrics[0] += metrics[1] * (runner.loss + sum(float(part["loss"]) for part in found[1:-1]))
+        metrics[0] += metrics[1] * before_last
     return modelio.Update(
         vector=config.plan.flatten([values[id(v)] for v in trainer.model.weights]),
-        loss=runner.loss + sum(float(part["loss"]) for part in found[1:]),
+        loss=before_last + float(found[-1]["loss"]),
         metrics=metrics,
     )
 
