@@ -18,12 +18,14 @@ from slsml.client import demo
 from slsml.local.faults import Delay, Faults
 from slsml.spec import keys
 from slsml.spec.config import RunConfig, TrainingSpec
+from slsml.training import progress
 
 from .conftest import final_weights, finish, timeouts, train
 from .test_equivalence import BATCH, ITERATIONS, TOLERANCE, config_of, reference
 from .test_faults import injecting
 
 STAGES, WORKERS, MICRO_BATCH = 3, 1, 20  # the worker's 96 samples in five micro-batches (20, 19, 19, 19, 19)
+HAND_ON_TIMEOUT_S = 4  # the Worker's (and Reducer's) where its stages hand their rounds on: one pass an invocation
 SPEC = TrainingSpec(
     workers=WORKERS,
     reducers=2,
@@ -94,6 +96,35 @@ def test_stages_held_back_past_the_deadline_are_relaunched_together_and_change_n
         found = services.store.list_keys(keys.stages_prefix("staged-relaunch", record.iteration, 0, attempt))
         assert _stages(found, "staged-relaunch", record.iteration, attempt) == {"00", "01", "02"}, found
     assert np.array_equal(final_weights(services, "staged-relaunch")[0], staged)
+
+
+@pytest.mark.usefixtures("warm")  # the Worker times out after seconds here
+def test_stages_whose_worker_times_out_hand_each_pass_on_and_end_bit_identical(local, services, staged):
+    """With the Worker's timeout below the time a round keeps for handing on (``progress.PAUSE_RESERVE_S``), each
+    stage's invocation computes one pass (a micro-batch's forward or backward pass), stores its stage's progress and
+    hands the rest of the round on to a fresh invocation; every message delivered twice."""
+    assert HAND_ON_TIMEOUT_S < progress.PAUSE_RESERVE_S
+    spec = SPEC.model_copy(update={"deadline_s": 120.0})  # no stage waits so long: no round is re-launched
+    local.host.duplicate_deliveries = True
+    try:
+        with timeouts(local, HAND_ON_TIMEOUT_S):
+            train(services, spec, "staged-handed")
+            run = finish(services, "staged-handed")
+    finally:
+        local.host.duplicate_deliveries = False
+    assert run.status == "COMPLETED", run.reason
+    assert np.array_equal(final_weights(services, "staged-handed")[0], staged)
+    records = services.table.list_iterations("staged-handed")
+    assert len(records) == ITERATIONS and not any(r.relaunched for r in records)
+    passes = 2 * 5  # each of the five micro-batches' forward and backward passes; the last stage's backward alone
+    for iteration in range(ITERATIONS):
+        prefix = keys.stages_prefix("staged-handed", iteration, 0, 0)
+        stored = [k.removeprefix(prefix) for k in services.store.list_keys(prefix) if "/progress/" in k]
+        handed = {(int(k[:2]), int(k.rsplit("/", 1)[1].removesuffix(".npz"))) for k in stored}
+        # handed on after each pass but the last: an invocation a pass
+        assert handed == {(0, d) for d in range(1, passes)} | {(1, d) for d in range(1, passes)} | {
+            (2, d) for d in range(1, passes // 2)
+        }, sorted(handed)
 
 
 def test_an_activation_replaced_behind_the_pipelines_back_fails_the_run_naming_it(services, digits):

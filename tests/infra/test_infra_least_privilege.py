@@ -298,6 +298,8 @@ def test_the_key_layout_stays_inside_the_granted_kinds_of_object() -> None:
         keys.residual("r", 1, 0): keys.SCRATCH_OBJECTS,
         keys.local_state("r", 1, 0): keys.SCRATCH_OBJECTS,
         keys.evaluation("r", 1, 0, "test"): keys.SCRATCH_OBJECTS,
+        keys.handed("r", 1, 0, 0, 1, 0, back=True): keys.SCRATCH_OBJECTS,
+        keys.stage_progress("r", 1, 0, 0, 1, 3): keys.SCRATCH_OBJECTS,
     }
     for key, kind in written.items():
         assert fnmatch.fnmatchcase(key, kind) and kind in kinds, key

@@ -196,3 +196,70 @@ def test_dropout_draws_the_same_masks_through_stages_as_in_one_process() -> None
     assert not np.allclose(np.asarray(plain[0]), whole[0], atol=1e-4)
     for got, want in zip(flat, whole, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _dropping() -> keras.Model:
+    """Dropout, BatchNormalization and a regularizer: each stage carries random generators and moving statistics."""
+    keras.utils.set_random_seed(6)
+    return keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01)),
+            keras.layers.Dropout(0.5, seed=1),
+            keras.layers.BatchNormalization(),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dropout(0.3, seed=2),
+            keras.layers.Dense(3),
+        ]
+    )
+
+
+def _gpipe(handed_on: bool) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+    """A step of 12 samples in 4 micro-batches through 3 stages of ``_dropping`` in a pipeline's order (every forward
+    pass, then every backward pass), each stage's runner, where ``handed_on``, saved after every pass, its state
+    stored as a stage's progress is and restored into a runner of a model built afresh (another invocation's); each
+    stage's gradient and new non-trainable values."""
+    from slsml.pipeline.staged import Reached
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y = _data()
+    micro = np.split(np.arange(12), 4)
+
+    def runner(stage: int, saved: dict[str, np.ndarray] | None = None) -> stages.StageRunner:
+        made = stages.StageRunner(stages.split(_dropping(), [2, 2, 2])[stage], last=stage == 2)
+        if saved is not None:
+            made.restore(Reached.decode(Reached(0, saved, None, 0.0).encode()).runner)
+        return made
+
+    runners = [runner(stage) for stage in range(3)]
+
+    def unit(stage: int, run) -> np.ndarray | None:
+        done = run(runners[stage])
+        if handed_on:
+            runners[stage] = runner(stage, runners[stage].saved())
+        return None if done is None else np.asarray(done)
+
+    inputs = [[x[m] for m in micro]]
+    for stage in range(2):
+        inputs.append([unit(stage, lambda r, n=n, s=stage: r.forward(n, inputs[s][n], 0.25)) for n in range(4)])
+    for n, m in enumerate(micro):
+        gradient = unit(2, lambda r, n=n, m=m: r.backward(n, inputs[2][n], 0.25, lambda out, m=m: loss_fn(y[m], out)))
+        for stage in (1, 0):
+            gradient = unit(
+                stage, lambda r, n=n, s=stage, g=gradient: r.backward(n, inputs[s][n], 0.25, stages.handed_back(g))
+            )
+    return [r.finish() for r in runners]
+
+
+def test_a_stage_handed_on_after_every_pass_ends_bit_identical_to_one_that_was_not() -> None:
+    whole, handed = _gpipe(handed_on=False), _gpipe(handed_on=True)
+    for (gradients, untrained), (got_gradients, got_untrained) in zip(whole, handed, strict=True):
+        for want, got in zip([*gradients, *untrained], [*got_gradients, *got_untrained], strict=True):
+            assert got.tobytes() == want.tobytes()
+
+
+def test_a_stage_refuses_to_go_on_from_another_stages_state() -> None:
+    parts = stages.split(_dropping(), [2, 2, 2])
+    saved = stages.StageRunner(parts[0], last=False).saved()
+    with pytest.raises(ValueError, match="not a saved state of this stage"):
+        stages.StageRunner(parts[1], last=False).restore(saved)

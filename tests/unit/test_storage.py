@@ -64,6 +64,10 @@ def test_transient_scratch_carries_the_expiry_tag_and_carried_state_and_models_d
         keys.mean("a", 3, 0),
         keys.evaluation("a", 3, 1, "test"),
         keys.evaluation("a", 3, 0, "val"),
+        keys.handed("a", 3, 1, 0, 1, 4, back=False),
+        keys.handed("a", 3, 1, 0, 2, 4, back=True),
+        keys.stage_part("a", 3, 1, 0, 2),
+        keys.stage_progress("a", 3, 1, 0, 1, 7),
     ]
     kept = [
         keys.manifest("a", 3),

@@ -83,10 +83,13 @@ def _work(message: WorkMessage, config: RunConfig, services: Services) -> str | 
 
 
 def _resume(message: WorkMessage, config: RunConfig) -> str | None:
-    """A continuation lies within the round's micro-batches (one sample each at least)."""
+    """A continuation lies within the round's micro-batches (one sample each at least); a stage's, within its forward
+    and backward passes of them, or at their end (the first stage's, which then takes the others' parts)."""
     spec = config.training
     samples = spec.global_batch * rules.of(spec).compute_steps(spec)
-    if message.resume >= samples:
+    if config.stage_blocks is not None and message.resume > 2 * samples:
+        return f"a stage's continuation after {message.resume} passes of a round of at most {samples} samples"
+    if config.stage_blocks is None and message.resume >= samples:
         return f"a continuation after {message.resume} micro-batches of a round of at most {samples} samples"
     return None
 

@@ -23,7 +23,8 @@ import io
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from aws_lambda_powertools import Logger
@@ -39,14 +40,74 @@ from slsml.spec import keys, samples
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
 from slsml.spec.messages import WorkMessage
-from slsml.training import npz
+from slsml.training import npz, progress
 from slsml.training.weighting import Batch
+
+if TYPE_CHECKING:
+    from slsml.training.stages import StageRunner
 
 logger = Logger(child=True)
 
 
 class StageLost(Exception):
-    """What a stage waits on did not come within the run's deadline: the round is left to the deadline's re-launch."""
+    """What a stage waits on did not come within the run's deadline, or within the invocation before it computed
+    anything: the round is left to the deadline's re-launch."""
+
+
+class HandOn(Exception):
+    """The invocation's time runs short while the stage waits, once it has computed a unit: its round is handed on
+    from where it is."""
+
+
+@dataclass(frozen=True)
+class Reached:
+    """A stage's round after its first ``done`` units (each micro-batch's forward pass in turn, then each one's
+    backward pass; the last stage's are its backward passes alone): its runner's state (``StageRunner.saved``), the
+    state of its metrics (the last stage's) and its compute so far, over the invocations."""
+
+    done: int
+    runner: dict[str, np.ndarray]
+    metrics: np.ndarray | None
+    compute_s: float
+
+    def encode(self) -> bytes:
+        metrics = {} if self.metrics is None else {"metrics": self.metrics}
+        runner = {_RUNNER + name: value for name, value in self.runner.items()}
+        return npz.encode(done=np.array(self.done, np.int64), compute_s=np.array(self.compute_s), **metrics, **runner)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Reached:
+        arrays = npz.decode(body)
+        return cls(
+            done=int(arrays["done"]),
+            runner={name[len(_RUNNER) :]: value for name, value in arrays.items() if name.startswith(_RUNNER)},
+            metrics=arrays.get("metrics"),
+            compute_s=float(arrays["compute_s"]),
+        )
+
+
+_RUNNER = "runner."  # prefix of the runner state's arrays in a stage's stored progress
+
+
+class Pace:
+    """When a stage's invocation hands its round on: before a unit, as a worker's round does before a micro-batch
+    (``progress.Pacer``: never before the invocation's first); and while it waits for its input, once it has
+    computed a unit, where the time left would not store its progress and hand it on."""
+
+    def __init__(self, start: int, progress_bytes: int) -> None:
+        self.start = self.at = start
+        self.progress_bytes = progress_bytes
+        self.began = time.perf_counter()
+        self._pacer = progress.Pacer(lifetime.remaining_s, progress_bytes)
+
+    def before(self, unit: int) -> bool:
+        """Before unit ``unit``: True if the invocation must hand the round on instead."""
+        self.at = unit
+        return self._pacer.pause()
+
+    def waiting(self) -> bool:
+        """While the stage waits: True if it must hand the round on now."""
+        return self.at > self.start and lifetime.remaining_s() < progress.reserve_s(self.progress_bytes, 0.0)
 
 
 def refusal(config: RunConfig) -> str | None:
@@ -127,6 +188,7 @@ class Hand:
 
     def __init__(self, services: Services, message: WorkMessage, config: RunConfig) -> None:
         self.services, self.message, self.config = services, message, config
+        self.pace: Pace | None = None  # the stage's, while it computes its round
 
     def _key(self, stage: int, micro_batch: int, back: bool) -> str:
         m = self.message
@@ -161,48 +223,91 @@ class Hand:
     def take_part(self, stage: int) -> dict[str, np.ndarray]:
         return npz.decode(self._wait(self._part_key(stage)))
 
+    def _progress_key(self, stage: int, done: int) -> str:
+        m = self.message
+        return keys.stage_progress(m.run_id, m.iteration, m.worker, m.attempt, stage, done)
+
+    def put_progress(self, stage: int, reached: Reached) -> None:
+        """Stage ``stage``'s round as it is handed on (create-only: a duplicate's or a retry's is the same)."""
+        self._put(self._progress_key(stage, reached.done), reached.encode())
+
+    def take_progress(self, stage: int, done: int) -> Reached:
+        """The progress a continuation of stage ``stage`` goes on from: RunFailed, naming it, unless the pipeline
+        stored it."""
+        key = self._progress_key(stage, done)
+        try:
+            found = self.services.store.read(key)
+        except NotFoundError:
+            raise RunFailed(f"{key}: the progress a stage's round goes on from is not stored") from None
+        return Reached.decode(self._checked(key, found.body, found.metadata))
+
     def _put(self, key: str, body: bytes) -> None:
         run = self.message.run_id
         self.services.store.put_new(key, body, metadata=self.services.keys.sign_object(run, key, body))
 
     def _wait(self, key: str) -> bytes:
         """The body at ``key`` once stored (its proof of origin checked: RunFailed naming it if it does not hold);
-        StageLost past the run's deadline, or where the invocation's time runs out first."""
-        store, run = self.services.store, self.message.run_id
+        HandOn where the stage's pace says so; StageLost past the run's deadline, or where the invocation's time runs
+        out first."""
+        store = self.services.store
         until = time.monotonic() + self.config.training.deadline_s
         while True:
             try:
                 found = store.read(key)
                 break
             except NotFoundError:
+                if self.pace is not None and self.pace.waiting():
+                    raise HandOn(key) from None
                 if time.monotonic() > until or lifetime.remaining_s() < 2 * POLL_S:
                     raise StageLost(key) from None
                 time.sleep(POLL_S)
-        if (problem := self.services.keys.object_problem(run, key, found.body, found.metadata)) is not None:
+        return self._checked(key, found.body, found.metadata)
+
+    def _checked(self, key: str, body: bytes, metadata: dict[str, str]) -> bytes:
+        """``body``, its proof of origin checked: RunFailed naming ``key`` if it does not hold."""
+        if (problem := self.services.keys.object_problem(self.message.run_id, key, body, metadata)) is not None:
             raise RunFailed(problem)
-        return found.body
+        return body
 
 
 def first_stage(
-    hand: Hand, config: RunConfig, trainer: Any, micro_batches: Sequence[Batch], samples_in_step: int
+    hand: Hand,
+    config: RunConfig,
+    trainer: Any,
+    micro_batches: Sequence[Batch],
+    samples_in_step: int,
+    resumed: Reached | None,
 ) -> Any:
     """Stage 0's round: its micro-batches (x, y, w) through its layers forward, then the gradients handed back
-    through them; the update assembled from every stage's part (a ``modelio.Update``)."""
+    through them; the update assembled from every stage's part (a ``modelio.Update``). A continuation goes on from
+    ``resumed``; where the invocation's time runs short, the round's progress (``Reached``) instead."""
     from slsml.training import modelio
     from slsml.training.stages import StageRunner, handed_back
 
     assert config.stage_blocks is not None
     parts = stage_models(trainer.model, config.stage_blocks)
     runner, kept = StageRunner(parts[0], last=False), []
-    for number, (x, y, _) in enumerate(micro_batches):
-        share = samples.count(y) / samples_in_step
-        kept.append((x, share))
-        hand.give(0, number, False, runner.forward(number, x, share))
-    for number, (x, share) in enumerate(kept):
-        runner.backward(number, x, share, handed_back(hand.take(1, number, True)))
+    pace = hand.pace = _pace(runner, resumed)
+    try:
+        for number, (x, y, _) in enumerate(micro_batches):
+            share = samples.count(y) / samples_in_step
+            kept.append((x, share))
+            if number >= pace.start:
+                if pace.before(number):
+                    return _reached(pace, runner, None, resumed)
+                hand.give(0, number, False, runner.forward(number, x, share))
+        for number, (x, share) in enumerate(kept):
+            unit = len(kept) + number
+            if unit >= pace.start:
+                if pace.before(unit):
+                    return _reached(pace, runner, None, resumed)
+                runner.backward(number, x, share, handed_back(hand.take(1, number, True)))
+        pace.at = 2 * len(kept)  # every unit done: the later stages' parts are taken
+        later = [hand.take_part(stage) for stage in range(1, len(parts))]
+    except HandOn:
+        return _reached(pace, runner, None, resumed)
     gradients, untrained = runner.finish()
-    found = [part(gradients, untrained)]
-    found += [hand.take_part(stage) for stage in range(1, len(parts))]
+    found = [part(gradients, untrained), *later]
     values: dict[int, np.ndarray] = {}
     for stage, arrays in zip(parts, found, strict=True):
         values |= {id(v): arrays[f"g{i}"] for i, v in enumerate(stage.trainable_weights)}
@@ -224,14 +329,14 @@ def later_stage(
     config: RunConfig,
     trainer: Any,
     batch: np.ndarray,
-    labelled: Callable[[], Sequence[Batch]],
-) -> None:
+    labelled: Callable[[int], Sequence[Batch]],
+    resumed: Reached | None,
+) -> Reached | None:
     """Stage ``hand.message.pipeline_stage``'s round (after the first) of the step of ``batch`` (its sample indices):
     each micro-batch's input taken, its output handed on; then each gradient taken and its input's handed back. The last
-    stage computes the loss on ``labelled()``'s micro-batches, with the trainer's metrics. Its part of the update is
-    stored before it hands its last gradient back."""
-    import tensorflow as tf
-
+    stage computes the loss on ``labelled(skip)``'s micro-batches (the step's, its first ``skip`` left out), with the
+    trainer's metrics. Its part of the update is stored before it hands its last gradient back. A continuation goes on
+    from ``resumed``; where the invocation's time runs short, the round's progress is returned (None: done)."""
     from slsml.training.stages import StageRunner, handed_back
 
     assert config.stage_blocks is not None
@@ -239,12 +344,53 @@ def later_stage(
     parts = stage_models(trainer.model, config.stage_blocks)
     last = stage == len(parts) - 1
     runner = StageRunner(parts[stage], last=last)
+    pace = hand.pace = _pace(runner, resumed)
     each = shares(batch, config.training.micro_batch or len(batch))
-    metrics: np.ndarray | None = None
     if last:
-        micro_batches = labelled()  # (sets the trainer's meter: its metrics on the round's labels)
-        loss_fn, meter = trainer.loss_fn, trainer.meter
-        for number, ((_, y, w), share) in enumerate(zip(micro_batches, each, strict=True)):
+        return _last_stage(hand, trainer, runner, pace, each, labelled, resumed)
+    try:
+        for number, share in enumerate(each):
+            if number >= pace.start:
+                if pace.before(number):
+                    return _reached(pace, runner, None, resumed)
+                hand.give(stage, number, False, runner.forward(number, hand.take(stage - 1, number, False), share))
+        for number, share in enumerate(each):
+            unit = len(each) + number
+            if unit >= pace.start:
+                if pace.before(unit):
+                    return _reached(pace, runner, None, resumed)
+                gradient = runner.backward(
+                    number, hand.take(stage - 1, number, False), share, handed_back(hand.take(stage + 1, number, True))
+                )
+                if number == len(each) - 1:
+                    hand.put_part(stage, *runner.finish(), runner.loss, None)
+                hand.give(stage, number, True, gradient)
+    except HandOn:
+        return _reached(pace, runner, None, resumed)
+    return None
+
+
+def _last_stage(
+    hand: Hand,
+    trainer: Any,
+    runner: StageRunner,
+    pace: Pace,
+    each: list[float],
+    labelled: Callable[[int], Sequence[Batch]],
+    resumed: Reached | None,
+) -> Reached | None:
+    """The last stage's round (``later_stage``): a backward pass a unit, each micro-batch's loss and metrics on its
+    labels."""
+    import tensorflow as tf
+
+    stage = hand.message.pipeline_stage
+    micro_batches = labelled(pace.start)  # (sets the trainer's meter: its metrics on the round's labels)
+    loss_fn, meter = trainer.loss_fn, trainer.meter
+    metrics = None if resumed is None else resumed.metrics
+    try:
+        for number, ((_, y, w), share) in enumerate(zip(micro_batches, each[pace.start :], strict=True), pace.start):
+            if pace.before(number):
+                return _reached(pace, runner, metrics, resumed)
             yt = tf.nest.map_structure(tf.convert_to_tensor, y)
             weights = None if w is None else tf.convert_to_tensor(w)
             seen: list[Any] = []  # the forward pass's prediction and loss, which the metrics track
@@ -261,13 +407,24 @@ def later_stage(
             if number == len(each) - 1:
                 hand.put_part(stage, *runner.finish(), runner.loss, metrics)
             hand.give(stage, number, True, gradient)
-        return
-    for number, share in enumerate(each):
-        hand.give(stage, number, False, runner.forward(number, hand.take(stage - 1, number, False), share))
-    for number, share in enumerate(each):
-        gradient = runner.backward(
-            number, hand.take(stage - 1, number, False), share, handed_back(hand.take(stage + 1, number, True))
-        )
-        if number == len(each) - 1:
-            hand.put_part(stage, *runner.finish(), runner.loss, None)
-        hand.give(stage, number, True, gradient)
+    except HandOn:
+        return _reached(pace, runner, metrics, resumed)
+    return None
+
+
+def _pace(runner: StageRunner, resumed: Reached | None) -> Pace:
+    """The stage's pace, its runner gone on from ``resumed`` (RunFailed if that is not the stage's saved state)."""
+    if resumed is None:
+        return Pace(0, sum(value.nbytes for value in runner.saved().values()))
+    try:
+        runner.restore(resumed.runner)
+    except ValueError as error:
+        raise RunFailed(f"a stage's round goes on from progress that is not its own: {error}") from None
+    return Pace(resumed.done, sum(value.nbytes for value in runner.saved().values()))
+
+
+def _reached(pace: Pace, runner: StageRunner, metrics: np.ndarray | None, resumed: Reached | None) -> Reached:
+    """The stage's round as it is handed on, before unit ``pace.at``; its time so far, ``resumed``'s and this
+    invocation's."""
+    before = 0.0 if resumed is None else resumed.compute_s
+    return Reached(pace.at, runner.saved(), metrics, before + time.perf_counter() - pace.began)

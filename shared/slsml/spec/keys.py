@@ -129,6 +129,12 @@ def stage_part(run_id: str, iteration: int, worker: int, attempt: int, stage: in
     return f"{stages_prefix(run_id, iteration, worker, attempt)}{stage:02d}/part.npz"
 
 
+def stage_progress(run_id: str, iteration: int, worker: int, attempt: int, stage: int, done: int) -> str:
+    """A pipeline stage's round (its ``attempt``) after ``done`` of its forward and backward passes, stored by the
+    invocation that handed it on to a fresh one (``slsml.pipeline.staged``)."""
+    return f"{stages_prefix(run_id, iteration, worker, attempt)}{stage:02d}/progress/{done:06d}.npz"
+
+
 def stages_prefix(run_id: str, iteration: int, worker: int, attempt: int) -> str:
     """Where the pipeline stages of a worker's round (its ``attempt``) hand each other what they compute."""
     return f"{iteration_prefix(run_id, iteration)}stages/{worker:05d}-a{attempt}/"
@@ -187,12 +193,12 @@ def parse_model_key(key: str) -> tuple[str, int] | None:
     return match["run"], int(match["iter"] or 0)
 
 
-_TRANSIENT_KEY = re.compile(r"^runs/[^/]+/iters/\d{6}/(updates|means|evaluation|progress)/")
+_TRANSIENT_KEY = re.compile(r"^runs/[^/]+/iters/\d{6}/(updates|means|evaluation|progress|stages)/")
 
 
 def is_transient(key: str) -> bool:
-    """Transient scratch (updates, means, evaluation states, rounds' progress): no later iteration and no resumed
-    run reads it."""
+    """Transient scratch (updates, means, evaluation states, rounds' progress, what pipeline stages hand each other):
+    no later iteration and no resumed run reads it."""
     return _TRANSIENT_KEY.match(key) is not None
 
 

@@ -222,6 +222,46 @@ class StageRunner:
                 sum_ += np.asarray(tf.convert_to_tensor(g), np.float64)
         return found[weights] if watched else None
 
+    def saved(self) -> dict[str, np.ndarray]:
+        """What the stage has computed so far, by name, for another process to go on from (``restore``): its sums,
+        its compute seconds, its random generators' states now and, of each micro-batch whose forward pass is done and
+        whose backward pass is not, those before and after that forward pass."""
+        arrays = {f"gradient.{i}": g for i, g in enumerate(self.gradients)}
+        arrays |= {f"untrained.{i}": u for i, u in enumerate(self.untrained)}
+        arrays |= {"loss": np.array(self.loss), "seconds": np.array(self.seconds)}
+        arrays |= {f"seed.{i}": v for i, v in enumerate(_values(_seed_states(self.stage)))}
+        arrays["pending"] = np.array(sorted(self._seeds), np.int64)
+        for number, (before, after) in self._seeds.items():
+            arrays |= {f"pending.{number}.before.{i}": v for i, v in enumerate(before)}
+            arrays |= {f"pending.{number}.after.{i}": v for i, v in enumerate(after)}
+        return arrays
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """Go on from ``saved``'s arrays, as the stage was when it saved them. ValueError unless they are a saved state
+        of this stage."""
+        shapes = {f"gradient.{i}": g.shape for i, g in enumerate(self.gradients)}
+        shapes |= {f"untrained.{i}": u.shape for i, u in enumerate(self.untrained)}
+        states = _seed_states(self.stage)
+        shapes |= {f"seed.{i}": tuple(v.shape) for i, v in enumerate(states)}
+        wrong = [name for name, shape in shapes.items() if name not in arrays or arrays[name].shape != shape]
+        wrong += [name for name in ("loss", "seconds", "pending") if name not in arrays]
+        if wrong:
+            raise ValueError(f"not a saved state of this stage (wrong or missing: {', '.join(wrong)})")
+        self.gradients = [np.array(arrays[f"gradient.{i}"], np.float64) for i in range(len(self.gradients))]
+        self.untrained = [np.array(arrays[f"untrained.{i}"], np.float64) for i in range(len(self.untrained))]
+        self.loss, self.seconds = float(arrays["loss"]), float(arrays["seconds"])
+        _assign(states, [arrays[f"seed.{i}"] for i in range(len(states))])
+        try:
+            self._seeds = {
+                number: (
+                    [arrays[f"pending.{number}.before.{i}"] for i in range(len(states))],
+                    [arrays[f"pending.{number}.after.{i}"] for i in range(len(states))],
+                )
+                for number in map(int, arrays["pending"])
+            }
+        except KeyError as missing:
+            raise ValueError(f"not a saved state of this stage (missing: {missing})") from None
+
     def finish(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The stage's gradient and new non-trainable values (float32), the latter set on its weights."""
         untrained = [s.astype(np.float32) for s in self.untrained]

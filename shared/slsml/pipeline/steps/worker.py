@@ -253,7 +253,7 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Cal
             samples.then = functools.partial(_read_next, message, services)  # as this round's last computes
         entering = message.iteration - message.ahead  # launched ahead: its model is not merged
         trainer, start = _entering(services, config, message.generation, entering, predicted=message.ahead)
-        splits = evaluated(config, message.iteration, count) if resumed is None else []
+        splits = evaluated(config, message.iteration, count) if not message.resume else []  # a continuation's: none
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
             return None  # early stopping ended the run: its update is not needed
         return _train(message, config, services, trainer, start, batches, samples, micro, resumed, entering)
@@ -338,8 +338,9 @@ def _carried_scale(services: Services, config: RunConfig, iteration: int) -> Los
 
 
 def _resumed(message: WorkMessage, config: RunConfig, store: ObjectStore) -> progress.Progress | None:
-    """The progress a continuation goes on from (None: a round's first invocation)."""
-    if not message.resume:
+    """The progress a continuation goes on from (None: a round's first invocation, or a round in stages, whose
+    stages each go on from their own: ``slsml.pipeline.staged``)."""
+    if not message.resume or config.stage_blocks is not None:
         return None
     key = keys.progress(message.run_id, message.iteration, message.worker, message.attempt, message.resume)
     try:
@@ -397,20 +398,26 @@ def _train(
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
         started = time.perf_counter()
+        before_s = resumed.compute_s if resumed is not None else 0.0
+        hand = staged.Hand(services, message, config)
         if config.stage_blocks is None:
             update = rule.round(work)
         else:
+            stage_resumed = hand.take_progress(0, message.resume) if message.resume else None
+            before_s = stage_resumed.compute_s if stage_resumed is not None else 0.0
             try:
-                hand = staged.Hand(services, message, config)
-                update = staged.first_stage(hand, config, trainer, left.steps[0], left.steps[0].samples)
+                update = staged.first_stage(hand, config, trainer, left.steps[0], left.steps[0].samples, stage_resumed)
             except staged.StageLost as lost:
                 _left_to_deadline(lost)
                 return None
         computed_s = time.perf_counter() - started
-        compute_s = computed_s + (resumed.compute_s if resumed is not None else 0.0)
+        compute_s = computed_s + before_s
         previous = residual.result() if residual is not None else None
     timing = left.timing()
     usage.streamed(usage.Streamed(micro_batch=micro_batch, compute_s=computed_s, **asdict(timing)))
+    if isinstance(update, staged.Reached):
+        _stage_hand_on(message, services, hand, update)
+        return None
     if isinstance(update, progress.Progress):
         computed = accumulate.computed([len(b) for b in batches], micro_batch, update.steps, update.micro_batches)
         _hand_on(message, services, replace(update, compute_s=compute_s), computed)
@@ -479,11 +486,13 @@ def _later_stage(message: WorkMessage, config: RunConfig, services: Services) ->
     reader = reader_for(services.store, config)
     (batch,) = _batches(message, config, services)
     micro_batch = config.training.micro_batch or len(batch)
+    hand = staged.Hand(services, message, config)
+    resumed = hand.take_progress(message.pipeline_stage, message.resume) if message.resume else None
     with ExitStack() as reads:
 
-        def labelled() -> stream.Step:
+        def labelled(skip: int) -> stream.Step:
             samples = reads.enter_context(
-                stream.Stream(lambda indices: _batch(reader, indices, config), [batch], micro_batch)
+                stream.Stream(lambda indices: _batch(reader, indices, config), [batch], micro_batch, skip)
             )
             x, y, _ = samples.steps[0][0]
             meter = evaluator_for(trainer, config, lambda: (samples_.take(x, slice(2)), samples_.take(y, slice(2))))
@@ -491,9 +500,12 @@ def _later_stage(message: WorkMessage, config: RunConfig, services: Services) ->
             return samples.steps[0]
 
         try:
-            staged.later_stage(staged.Hand(services, message, config), config, trainer, batch, labelled)
+            reached = staged.later_stage(hand, config, trainer, batch, labelled, resumed)
         except staged.StageLost as lost:
             _left_to_deadline(lost)
+            return
+    if reached is not None:
+        _stage_hand_on(message, services, hand, reached)
 
 
 def _left_to_deadline(lost: staged.StageLost) -> None:
@@ -507,8 +519,20 @@ def _hand_on(message: WorkMessage, services: Services, reached: progress.Progres
     the attempt was superseded meanwhile). Its duplicates are handled once (``functions/worker``)."""
     key = keys.progress(message.run_id, message.iteration, message.worker, message.attempt, done)
     services.store.put_new(key, reached.encode())
+    _go_on(message, services, done, {"micro_batches": done})
+
+
+def _stage_hand_on(message: WorkMessage, services: Services, hand: staged.Hand, reached: staged.Reached) -> None:
+    """A stage's invocation's time runs short: as ``_hand_on``, its stage's progress stored (signed, create-only)."""
+    hand.put_progress(message.pipeline_stage, reached)
+    _go_on(message, services, reached.done, {"pipeline_stage": message.pipeline_stage, "units": reached.done})
+
+
+def _go_on(message: WorkMessage, services: Services, done: int, about: dict[str, int]) -> None:
+    """Record that the round goes on and have a fresh invocation of the same attempt go on after ``done`` (unless the
+    attempt was superseded meanwhile)."""
     until = time.time() + lifetime.lifetime_s() + HAND_ON_S
-    log = {"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker, "micro_batches": done}
+    log = {"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker, **about}
     if not services.table.record_continuation(
         message.run_id, message.iteration, message.worker, message.attempt, message.generation, until
     ):
