@@ -13,12 +13,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from slsml.accounting import prices
 from slsml.cli.main import main
 from slsml.client import demo
+from slsml.cost import stages
+from slsml.cost.modelinfo import from_keras_file
+from slsml.cost.parameters import Parameters
+from slsml.cost.workload import function_memory, function_timeouts, run_workload
 from slsml.local.faults import Delay, Faults
 from slsml.spec import keys
 from slsml.spec.config import RunConfig, TrainingSpec
-from slsml.training import progress
+from slsml.training import modelio, progress
 
 from .conftest import final_weights, finish, timeouts, train
 from .test_equivalence import BATCH, ITERATIONS, TOLERANCE, config_of, reference
@@ -99,11 +104,12 @@ def test_stages_held_back_past_the_deadline_are_relaunched_together_and_change_n
 
 
 @pytest.mark.usefixtures("warm")  # the Worker times out after seconds here
-def test_stages_whose_worker_times_out_hand_each_pass_on_and_end_bit_identical(local, services, staged):
+def test_stages_whose_worker_times_out_hand_each_pass_on_and_end_bit_identical(local, services, staged, tmp_path):
     """With the Worker's timeout below the time a round keeps for handing on (``progress.PAUSE_RESERVE_S``), each
     stage's invocation computes one pass (a micro-batch's forward or backward pass), stores its stage's progress and
     hands the rest of the round on to a fresh invocation; every message delivered twice."""
     assert HAND_ON_TIMEOUT_S < progress.PAUSE_RESERVE_S
+    demo.digits_cnn(seed=1).save(tmp_path / "cnn.keras")  # the model ``train`` starts the run with
     spec = SPEC.model_copy(update={"deadline_s": 120.0})  # no stage waits so long: no round is re-launched
     local.host.duplicate_deliveries = True
     try:
@@ -125,6 +131,16 @@ def test_stages_whose_worker_times_out_hand_each_pass_on_and_end_bit_identical(l
         assert handed == {(0, d) for d in range(1, passes)} | {(1, d) for d in range(1, passes)} | {
             (2, d) for d in range(1, passes // 2)
         }, sorted(handed)
+    # the plan of the same stages and timeout hands as many rounds on
+    figures = from_keras_file(tmp_path / "cnn.keras", batch=32, measure=False, parameters=Parameters())
+    figures |= {"compute_per_sample_s": 1e-4, "compute_source": "a pass well within the timeout"}
+    work = run_workload(figures, spec).at(
+        timeout_s={**function_timeouts(), "worker": HAND_ON_TIMEOUT_S},
+        memory_mb={**function_memory(), "worker": local.worker_memory_mb},
+    )
+    model = modelio.load_model((tmp_path / "cnn.keras").read_bytes())
+    pipeline = stages.plan(work, Parameters(), prices.PriceTable(), stages.blocks_of(model), STAGES, HAND_ON_TIMEOUT_S)
+    assert pipeline.hand_ons.handed_on == len(handed)
 
 
 def test_an_activation_replaced_behind_the_pipelines_back_fails_the_run_naming_it(services, digits):

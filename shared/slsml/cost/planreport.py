@@ -297,7 +297,7 @@ def run(
         verdict = verdict.model_copy(update={"compared": vm.sentence})
         plans = sorted((p for p in (plan, other) if p is not None), key=lambda p: p.workload.worker_kind)
         sides = side_by_side([(_who(p), p) for p in plans], vm, parameters, price_table)
-    pipeline = _pipeline(args, cpu, gpu, parameters, price_table)
+    pipeline = _pipeline(args, cpu, gpu, parameters, quotas, price_table)
     render(plan, recommendation, console, fixed, verdict)
     if pipeline is not None:
         _render_pipeline(pipeline, console)
@@ -324,7 +324,12 @@ def run(
 
 
 def _pipeline(
-    args: argparse.Namespace, cpu: Workload, gpu: Workload | None, parameters: Parameters, price_table: PriceTable
+    args: argparse.Namespace,
+    cpu: Workload,
+    gpu: Workload | None,
+    parameters: Parameters,
+    quotas: Quotas,
+    price_table: PriceTable,
 ) -> PipelinePlan | None:
     """The plan of the model in pipeline stages of CPU workers (``slsml.cost.stages``; ``gpu``: the same workload
     on GPU workers, weighed beside them): at --pipeline-stages, else, where not one sample's step fits a CPU worker,
@@ -357,7 +362,8 @@ def _pipeline(
             f"--pipeline-stages {asked} of --params: give --dense-layers L (a stack of L equal dense layers) or"
             " --model FILE.keras, whose layers the stages are cut between"
         )
-    return stages.plan(work, parameters, price_table, blocks, asked, gpu)
+    timeout_s = min(work.timeout_s["worker"], quotas.lambda_timeout_s)  # the Worker's, at most Lambda's
+    return stages.plan(work, parameters, price_table, blocks, asked, timeout_s, gpu)
 
 
 def _render_pipeline(pipeline: PipelinePlan, console: Any) -> None:
@@ -395,6 +401,12 @@ def _render_pipeline(pipeline: PipelinePlan, console: Any) -> None:
         f" {p.micro_batches:,} micro-batches a pipeline, bubble {p.bubble:.0%} ((S−1)/(M+S−1)); activations"
         f" {_bytes(p.activation_bytes_per_round)} a round ({requests}), a hop {_time(p.hop_s)}"
     )
+    if (handing := p.hand_ons).invocations > 1:
+        console.print(
+            f"a stage's round outlasts the Worker's timeout of {_time(handing.timeout_s)}: it goes on in up to"
+            f" {handing.invocations:,} invocations, handed on between passes ({handing.handed_on:,} hand-ons a round"
+            f" of {_bytes(handing.progress_bytes)} each at most, {_time(handing.seconds)} added)"
+        )
     if p.refused is not None:
         console.print(f"[red]a run of these stages is refused at start: {p.refused}")
     elif p.deployed is not None:

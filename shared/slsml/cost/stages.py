@@ -19,12 +19,14 @@ from slsml.accounting import prices
 from slsml.accounting.prices import PriceTable
 from slsml.aws.cache import MEMORY_SHARE
 from slsml.cost import gpuworker
+from slsml.cost.chain import creates
 from slsml.cost.parameters import Parameters
-from slsml.cost.timing import speedup, vcpus
+from slsml.cost.timing import speedup, transfer, vcpus
 from slsml.cost.workload import MEMORY_CHOICES_MB, Workload
 from slsml.rounds import sizing
 from slsml.rounds.stages import POLL_S, RECOMPUTE_SHARE, Block, Stage, balance, bubble, deployed, unfit
 from slsml.spec.errors import BadInputError
+from slsml.training import progress
 
 MOST_MICRO_BATCHES = 1024  # of a pipeline's round, the plan weighs
 HOP_REQUESTS = ("s3:PutObject", "s3:GetObject")  # a micro-batch's activation handed to a stage
@@ -41,6 +43,19 @@ class StageFigures(BaseModel):
     memory_needed_mb: float = Field(description="its step of the plan's micro-batch, the warm cache full")
     compute_s: float = Field(description="one micro-batch: forward, forward again and backward")
     activation_bytes: int = Field(description="one micro-batch's output handed on (and its gradient handed back)")
+
+
+class HandOns(BaseModel):
+    """A stage function's round that outlasts the Worker's timeout goes on in fresh invocations of the same attempt,
+    handed on between its passes as its pace decides (``slsml.pipeline.staged.Pace``: a pass at least an invocation,
+    and more while the time left is above ``progress.reserve_s``)."""
+
+    timeout_s: float = Field(description="the Worker's timeout (at most Lambda's)")
+    invocations: int = Field(description="the invocations of a stage function's round, the most of any stage (1: one)")
+    progress_bytes: int = Field(description="the largest stage's progress: the float64 sums of its weights' values")
+    handed_on: int = Field(description="every pipeline's stage functions' hand-ons in a round")
+    requests: dict[str, int] = Field(description="what they add to a round's requests")
+    seconds: float = Field(description="what they add to a round: the longest stage's hand-ons, one after another")
 
 
 class Option(BaseModel):
@@ -66,7 +81,8 @@ class PipelinePlan(BaseModel):
     hop_s: float = Field(description="a micro-batch's activation handed to the next stage: put, announce, get")
     round_s: float = Field(description="read each stage's weights, M+S−1 slots forward and back, write its update")
     activation_bytes_per_round: int = Field(description="every pipeline's, forward and back")
-    requests_per_round: dict[str, int] = Field(description="the hops' requests, every pipeline")
+    requests_per_round: dict[str, int] = Field(description="the hops' and the hand-ons' requests, every pipeline")
+    hand_ons: HandOns = Field(description="a stage's round past the Worker's timeout, in fresh invocations")
     dollars_per_round: float
     samples_per_round: int
     options: list[Option] = Field(description="stages, one bigger function, a GPU worker: the workers' round")
@@ -138,13 +154,70 @@ def round_requests(p: Parameters, micro_batches: int, stages: int, pipelines: in
 
 
 def round_dollars(
-    price_table: PriceTable, requests: dict[str, int], stages: int, pipelines: int, round_s: float, memory_mb: int
+    price_table: PriceTable,
+    requests: dict[str, int],
+    stages: int,
+    pipelines: int,
+    round_s: float,
+    memory_mb: int,
+    handed_on: int = 0,
 ) -> float:
-    """A round's dollars: its ``stages`` × ``pipelines`` stage functions' GB-seconds and invocations, and its hand-offs'
-    ``requests``."""
+    """A round's dollars: its ``stages`` × ``pipelines`` stage functions' GB-seconds and invocations (and the
+    ``handed_on`` fresh invocations their rounds go on in), and its hand-offs' ``requests``."""
     functions = stages * pipelines
     billed = functions * prices.gb_seconds(round_s, memory_mb)
-    return sum(price_table.cost(requests, gb_seconds=billed, invocations=functions).values())
+    return sum(price_table.cost(requests, gb_seconds=billed, invocations=functions + handed_on).values())
+
+
+def hand_ons(
+    p: Parameters,
+    timeout_s: float,
+    split: Sequence[Stage],
+    micro_batches: int,
+    round_s: float,
+    pipelines: int,
+    reducers: int,
+) -> HandOns:
+    """The hand-ons of a round of ``round_s`` in ``split``'s stage functions of ``timeout_s`` (``pipelines`` of each):
+    each stage's passes (M forward and M backward, the last stage's M backward) share its round's time, and an
+    invocation computes passes while the time left after them is above ``progress.reserve_s`` of its progress (its
+    weights' float64 sums), one at least. Each hand-on stores the progress, records that the round goes on, publishes
+    the stage's Work message, which is handled once, and the fresh invocation reads the progress and the weights
+    entering the round (the manifest, ``reducers`` shards)."""
+    stored = 2 * max(stage.weight_bytes for stage in split)
+    counts = []
+    for number in range(len(split)):
+        passes = micro_batches * (1 if number == len(split) - 1 else 2)
+        pass_s = round_s / passes
+        usable = timeout_s - p.handler_s - progress.reserve_s(stored, pass_s, p.s3_write_mb_s)
+        per = min(passes, 1 + math.floor(max(0.0, usable) / pass_s))
+        counts.append(math.ceil(passes / per))
+    handed = pipelines * sum(count - 1 for count in counts)
+    requests: dict[str, int] = {}
+    for operation, count in (
+        *creates(1, stored).items(),
+        ("dynamodb:UpdateItem", 2),  # the worker's record that its round goes on; the message's record, completed
+        ("sns:PublishBatch", 1),
+        ("dynamodb:PutItem", 1),  # the continuation's record, handled once
+        ("s3:GetObject", 2 + reducers),  # the progress, the manifest, the shards
+    ):
+        requests[operation] = requests.get(operation, 0) + handed * count
+    hand_on_s = (
+        transfer(1, stored, p.s3_request_s, p.s3_write_mb_s)
+        + 4 * p.dynamodb_s
+        + p.sns_publish_s
+        + p.sns_lambda_s
+        + p.handler_s
+        + transfer(2 + reducers, stored, p.s3_request_s, p.s3_read_mb_s, parallel=2 + reducers)
+    )
+    return HandOns(
+        timeout_s=timeout_s,
+        invocations=max(counts),
+        progress_bytes=stored,
+        handed_on=handed,
+        requests={k: v for k, v in requests.items() if v},
+        seconds=(max(counts) - 1) * hand_on_s,
+    )
 
 
 def uniform_blocks(w: Workload, layers: int) -> list[Block]:
@@ -162,11 +235,12 @@ def plan(
     price_table: PriceTable,
     blocks: Sequence[Block],
     stages: int | None,
+    timeout_s: float,
     gpu: Workload | None = None,
 ) -> PipelinePlan:
-    """The pipeline plan of ``w``'s model as ``blocks`` in ``stages`` stages (None: the fewest that fit), beside
-    one bigger function and, with ``gpu`` (the same workload on GPU workers), a GPU worker. BadInputError in one
-    line where no split fits."""
+    """The pipeline plan of ``w``'s model as ``blocks`` in ``stages`` stages (None: the fewest that fit) in stage
+    functions of ``timeout_s``, beside one bigger function and, with ``gpu`` (the same workload on GPU workers), a GPU
+    worker. BadInputError in one line where no split fits."""
     memory = w.memory_mb["worker"]
     cache = MEMORY_SHARE * memory if w.cache_mb is None else w.cache_mb
 
@@ -224,14 +298,18 @@ def plan(
     activation_bytes = 2 * M * w.workers * sum(f.activation_bytes for f in figures[:-1])
     busy = sum(M * stage_s(stage, micro) for stage in split)  # each pipeline's stage functions computing
     idle = w.workers * (S * round_s(micro) - busy)
+    handing = hand_ons(p, timeout_s, split, M, round_s(micro), w.workers, w.reducers)
     requests = round_requests(p, M, S, w.workers, idle)
-    dollars = round_dollars(price_table, requests, S, w.workers, round_s(micro), memory)
+    for operation, count in handing.requests.items():
+        requests[operation] = requests.get(operation, 0) + count
+    whole_s = round_s(micro) + handing.seconds
+    dollars = round_dollars(price_table, requests, S, w.workers, whole_s, memory, handing.handed_on)
     samples = share * w.workers
     options = [
         Option(
             name=f"{S} stages of {memory:,} MB",
             fits=refused is None,
-            round_s=round_s(micro),
+            round_s=whole_s,
             dollars=dollars,
             detail=f"{S * w.workers} functions; bubble {bubble(S, M):.0%}"
             + ("" if refused is None else "; a run is refused: its stage functions hold the whole model"),
@@ -249,9 +327,10 @@ def plan(
         bubble=bubble(S, M),
         per_stage=figures,
         hop_s=hop_seconds(p, micro * handed, S),
-        round_s=round_s(micro),
+        round_s=whole_s,
         activation_bytes_per_round=activation_bytes,
         requests_per_round=requests,
+        hand_ons=handing,
         dollars_per_round=dollars,
         samples_per_round=samples,
         options=options,
@@ -266,7 +345,8 @@ def plan(
             f" {RECOMPUTE_SHARE:.3g} (its forward pass twice) on {vcpus(memory):.3g} vCPUs",
             "hop": f"s3_request_s, s3_write_mb_s, s3_read_mb_s (parameters) and half a poll of {POLL_S:g} s",
             "requests": "slsml.cost.stages.round_requests: the hand-offs as slsml.pipeline.staged sends them, and"
-            " the polls of the stage functions while they wait",
+            " the polls of the stage functions while they wait; slsml.cost.stages.hand_ons: a stage's round past the"
+            f" Worker's timeout ({timeout_s:g} s) handed on to fresh invocations",
             "bubble": "GPipe: (S−1)/(M+S−1)",
             "dollars": f"Lambda GB-seconds of {S * w.workers} functions for the round, and the hops' requests",
         },

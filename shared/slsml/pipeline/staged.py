@@ -12,10 +12,17 @@ non-trainable values, with its loss and, the last, its metrics) before it hands 
 assembles the worker's update from the parts and stores and announces it as any worker does, so that the reducers,
 the deadlines and the rest of the pipeline are those of a run of one stage.
 
-What stages take: the gradient-averaging rule (one step a round), dense updates, float32, rounds that fit one
-invocation (a stage does not hand its round on: a round past the function's timeout is re-launched by the deadline,
-all of its stages with a new attempt). Each stage function holds the whole model's weights, as a worker does, and
-one micro-batch's layer outputs of its own stage: stages split the activations, not the weights."""
+A stage's round is passes (each micro-batch's forward pass, then each one's backward pass; the last stage's backward
+passes alone). Where the invocation's time runs short (``Pace``: before a pass, as a worker's round before a
+micro-batch; or while it waits, once it computed a pass), the stage stores its progress (``Reached``: its sums, its
+random generators' states, its metrics), signed and create-only, and hands the rest of the round on to a fresh
+invocation of the same attempt, as a worker does (``WorkMessage.resume``: the passes done). A stage that waits a whole
+invocation before computing anything leaves its round to the deadline, which re-launches all of its stages with a new
+attempt.
+
+What stages take: the gradient-averaging rule (one step a round), dense updates, float32. Each stage function holds
+the whole model's weights, as a worker does, and one micro-batch's layer outputs of its own stage: stages split the
+activations, not the weights."""
 
 from __future__ import annotations
 
@@ -286,23 +293,25 @@ def first_stage(
 
     assert config.stage_blocks is not None
     parts = stage_models(trainer.model, config.stage_blocks)
-    runner, kept = StageRunner(parts[0], last=False), []
+    runner, kept = StageRunner(parts[0], last=False), {}
     pace = hand.pace = _pace(runner, resumed)
+    count = len(sizes(samples_in_step, config.training.micro_batch or samples_in_step))
+    skipped = first_skipped(config, samples_in_step, pace.start)
     try:
-        for number, (x, y, _) in enumerate(micro_batches):
+        for number, (x, y, _) in enumerate(micro_batches, skipped):
             share = samples.count(y) / samples_in_step
-            kept.append((x, share))
+            kept[number] = x, share
             if number >= pace.start:
                 if pace.before(number):
                     return _reached(pace, runner, None, resumed)
                 hand.give(0, number, False, runner.forward(number, x, share))
-        for number, (x, share) in enumerate(kept):
-            unit = len(kept) + number
+        for number, (x, share) in kept.items():
+            unit = count + number
             if unit >= pace.start:
                 if pace.before(unit):
                     return _reached(pace, runner, None, resumed)
                 runner.backward(number, x, share, handed_back(hand.take(1, number, True)))
-        pace.at = 2 * len(kept)  # every unit done: the later stages' parts are taken
+        pace.at = 2 * count  # every pass done: the later stages' parts are taken
         later = [hand.take_part(stage) for stage in range(1, len(parts))]
     except HandOn:
         return _reached(pace, runner, None, resumed)
@@ -322,6 +331,13 @@ def first_stage(
         loss=before_last + float(found[-1]["loss"]),
         metrics=metrics,
     )
+
+
+def first_skipped(config: RunConfig, samples_in_step: int, done: int) -> int:
+    """The micro-batches stage 0's round after ``done`` passes no longer reads: those whose backward pass is done (a
+    continuation in its forward passes reads every one again, for its backward passes)."""
+    count = len(sizes(samples_in_step, config.training.micro_batch or samples_in_step))
+    return max(0, min(done, 2 * count) - count)
 
 
 def later_stage(

@@ -242,6 +242,9 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Cal
     left = batches[resumed.steps :] if resumed is not None else batches  # a continuation reads the batches left
     micro = _micro_batch(config, services.limits.worker_accelerator_gib)
     skip = resumed.micro_batches if resumed is not None else 0
+    if config.stage_blocks is not None:  # stage 0 of a round in stages
+        (batch,) = batches
+        skip = staged.first_skipped(config, len(batch), message.resume)
     read = _next_reads.pop(_stream_key(message), None)  # its round before's invocation read its first already
     _forget_next_reads()
     # the round's samples are read while the model and the weights are, and the next round's model once merged
