@@ -48,6 +48,7 @@ from slsml.spec.config import RunConfig
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
 from slsml.spec.messages import WorkMessage
 from slsml.training import npz, progress
+from slsml.training.generators import Draws, counter
 from slsml.training.weighting import Batch
 
 if TYPE_CHECKING:
@@ -293,9 +294,9 @@ def first_stage(
 
     assert config.stage_blocks is not None
     parts = stage_models(trainer.model, config.stage_blocks)
-    runner, kept = StageRunner(parts[0], last=False), {}
-    pace = hand.pace = _pace(runner, resumed)
     count = len(sizes(samples_in_step, config.training.micro_batch or samples_in_step))
+    runner, kept = StageRunner(parts[0], last=False, draws=_draws(hand, config, trainer, count)), {}
+    pace = hand.pace = _pace(runner, resumed)
     skipped = first_skipped(config, samples_in_step, pace.start)
     try:
         for number, (x, y, _) in enumerate(micro_batches, skipped):
@@ -359,9 +360,9 @@ def later_stage(
     stage = hand.message.pipeline_stage
     parts = stage_models(trainer.model, config.stage_blocks)
     last = stage == len(parts) - 1
-    runner = StageRunner(parts[stage], last=last)
-    pace = hand.pace = _pace(runner, resumed)
     each = shares(batch, config.training.micro_batch or len(batch))
+    runner = StageRunner(parts[stage], last=last, draws=_draws(hand, config, trainer, len(each)))
+    pace = hand.pace = _pace(runner, resumed)
     if last:
         return _last_stage(hand, trainer, runner, pace, each, labelled, resumed)
     try:
@@ -426,6 +427,13 @@ def _last_stage(
     except HandOn:
         return _reached(pace, runner, metrics, resumed)
     return None
+
+
+def _draws(hand: Hand, config: RunConfig, trainer: Any, micro_batches: int) -> Draws:
+    """What sets the random generators of the worker's round of ``micro_batches`` micro-batches, as a round in one
+    stage sets them (``slsml.training.generators``): the same masks, whatever stage computes a layer."""
+    m = hand.message
+    return Draws(trainer.model, config.training.seed, counter(m.iteration, m.workers, m.worker, micro_batches, 0))
 
 
 def _pace(runner: StageRunner, resumed: Reached | None) -> Pace:

@@ -401,7 +401,12 @@ class TrainingSpec(BaseModel):
     global_batch: int = Field(default=128, ge=1, description="global mini-batch: samples per iteration")
     iterations: int = Field(default=150, ge=1, le=999_999, description="iteration budget")  # model keys: six digits
     quorum: float = Field(default=1.0, gt=0, le=1, description="fraction of workers a reduce waits for")
-    seed: int = Field(default=0, ge=0, description="data order seed (one permutation per epoch)")
+    seed: int = Field(
+        default=0,
+        ge=0,
+        description="data order seed (one permutation per epoch), and the seed of the random layers built without one"
+        " (slsml.training.generators)",
+    )
     shuffle: Literal["global", "blocks"] = Field(
         default="global",
         description="the data order. global: each epoch a seeded permutation of the whole training set, the batches"

@@ -36,6 +36,7 @@ from slsml.spec.errors import BadInputError, nearest
 from slsml.spec.samples import Arrays
 from slsml.spec.shardplan import ShardPlan, VariableSpec
 from slsml.training import bounds
+from slsml.training.generators import Draws
 from slsml.training.optimizers import State, initial_state
 from slsml.training.precision import LossScale, Scaling
 
@@ -673,6 +674,7 @@ class Trainer:
         self.evaluators: dict[str, Any] = {}  # a run's metrics (JSON) → its evaluation.Evaluator, built once
         self.meter: Meter | None = None  # tracks each batch's metrics on its forward pass (None: none)
         self.scaling: Scaling | None = None  # the loss scaling of each batch's gradient (None: none)
+        self.draws: Draws | None = None  # sets the random generators for each batch (None: they go on as they are)
         self._own = [(layer, layer.dtype_policy) for layer in _layers(model)]  # the policies it was built with
         self.policy: str | None = None  # the mixed-precision policy it computes under (None: its own)
 
@@ -726,11 +728,14 @@ class Trainer:
 
     def compute_update(self, x: Arrays, y: Arrays, w: np.ndarray | None = None) -> Update:
         """The gradient of the batch's loss, each sample's weighted by ``w`` (None: unweighted), with the state of
-        its metrics (``meter``'s) on the forward pass that gave it; x and y each one array or named arrays (by the
-        model's input and output names). With ``scaling``, the loss is multiplied by its factor for the batch before
-        the gradient is computed and the gradient divided by it (float32, as ``LossScaleOptimizer`` unscales it)."""
+        its metrics (``meter``'s) on the forward pass that gave it, its random generators set by ``draws``; x and y
+        each one array or named arrays (by the model's input and output names). With ``scaling``, the loss is
+        multiplied by its factor for the batch before the gradient is computed and the gradient divided by it (float32,
+        as ``LossScaleOptimizer`` unscales it)."""
         weights = None if w is None else tf.convert_to_tensor(w)
         xt, yt = tf.nest.map_structure(tf.convert_to_tensor, x), tf.nest.map_structure(tf.convert_to_tensor, y)
+        if self.draws is not None:
+            self.draws.next()
         if not getattr(self.loss_fn, "built", True):  # a compiled loss makes its trackers once, outside the graph
             self.loss_fn(yt, self.model(xt, training=False))
         factor = np.float32(1.0 if self.scaling is None else self.scaling.factor(samples.count(y)))

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from slsml.spec import samples
 from slsml.spec.errors import BadInputError
+from slsml.training.generators import Draws
 
 
 class Graph(NamedTuple):
@@ -169,8 +170,8 @@ class StageRunner:
     it); ``finish`` gives its gradient and non-trainable values. Each micro-batch is weighted by ``share``, its share
     of the step's samples. One process runs every stage of a step (``step``), or a stage function one."""
 
-    def __init__(self, stage: keras.Model, last: bool) -> None:
-        self.stage, self.last = stage, last
+    def __init__(self, stage: keras.Model, last: bool, draws: Draws | None = None) -> None:
+        self.stage, self.last, self.draws = stage, last, draws  # draws: sets the generators for each micro-batch
         self.starting = _values(stage.non_trainable_weights)  # every micro-batch's forward pass starts from these
         self.gradients = [np.zeros(v.shape, np.float64) for v in stage.trainable_weights]
         self.untrained = [np.zeros(v.shape, np.float64) for v in stage.non_trainable_weights]
@@ -182,6 +183,8 @@ class StageRunner:
     def forward(self, number: int, given: Any, share: float) -> Any:
         """The stage's output of micro-batch ``number`` on its input ``given`` (not the last stage)."""
         _assign(self.stage.non_trainable_weights, self.starting)
+        if self.draws is not None:
+            self.draws.at(number)
         before = _values(_seed_states(self.stage))
         started = time.perf_counter()
         output = self.stage(given, training=True)
@@ -197,6 +200,8 @@ class StageRunner:
         _assign(self.stage.non_trainable_weights, self.starting)
         if not self.last:  # computed again as it was: its Dropout draws the forward pass's masks
             _assign(_seed_states(self.stage), self._seeds[number][0])
+        elif self.draws is not None:
+            self.draws.at(number)
         given = tf.nest.map_structure(tf.convert_to_tensor, given)
         started = time.perf_counter()
         with tf.GradientTape() as tape:

@@ -47,7 +47,18 @@ from slsml.spec.deployment import Metric
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
 from slsml.spec.messages import WorkDone, WorkMessage
 from slsml.state.records import RunStatus
-from slsml.training import bounds, evaluation, feedback, modelio, precision, progress, shards, updates, weighting
+from slsml.training import (
+    bounds,
+    evaluation,
+    feedback,
+    generators,
+    modelio,
+    precision,
+    progress,
+    shards,
+    updates,
+    weighting,
+)
 from slsml.training.precision import LossScale
 from slsml.training.weighting import Batch
 
@@ -268,16 +279,29 @@ def _batches(message: WorkMessage, config: RunConfig, services: Services) -> lis
     if services.limits.worker_accelerator_gib is not None:  # a GPU worker reads in blocks unless told otherwise
         spec = spec.on_gpu_workers()
     trained = data.held_out(spec, reader_for(services.store, config).manifest.train.count)[0]  # less the held out
-    slot, round_ = message.worker, message.iteration
-    if spec.asynchronous:
-        if message.update is None:
-            raise BadInputError(
-                f"work on model version {message.iteration} names no update number: staleness unbounded numbers"
-                " each update it launches; launch the run again"
-            )
-        slot, round_ = data.asynchronous_task(message.update, message.workers)
+    slot, round_ = _task(message, config)
     order = data.block_order(spec, len(trained))
     return [trained[i] for i in data.round_batches(spec, len(trained), message.workers, slot, round_, order)]
+
+
+def _task(message: WorkMessage, config: RunConfig) -> tuple[int, int]:
+    """The slot and round whose batches ``message``'s round takes: its worker's of its iteration, or under ASP those
+    its update number names."""
+    if not config.training.asynchronous:
+        return message.worker, message.iteration
+    if message.update is None:
+        raise BadInputError(
+            f"work on model version {message.iteration} names no update number: staleness unbounded numbers"
+            " each update it launches; launch the run again"
+        )
+    return data.asynchronous_task(message.update, message.workers)
+
+
+def _draws(message: WorkMessage, config: RunConfig, model: Any, per_round: int) -> generators.Draws:
+    """What sets the random generators of the round's ``per_round`` micro-batches (``slsml.training.generators``)."""
+    slot, round_ = _task(message, config)
+    base = generators.counter(round_, message.workers, slot, per_round, 0)
+    return generators.Draws(model, config.training.seed, base)
 
 
 _next_reads: dict[tuple[str, int, int, int, int, int], stream.Stream] = {}  # the next round's first micro-batches
@@ -379,7 +403,8 @@ def _train(
     store, spec = services.store, config.training
     compression, rule = config.compression_at(message.iteration), rules.of(spec)
     weights = start if compression.kind == "significance" else None
-    samples = sum(len(b) for b in batches)
+    sizes = [len(b) for b in batches]
+    samples = sum(sizes)
     optimizer = spec.local_optimizer_config()
     x, y, _ = left.steps[0][0]  # the first micro-batch read: compute starts (the others are read meanwhile)
     meter = evaluator_for(trainer, config, lambda: (samples_.take(x, slice(2)), samples_.take(y, slice(2))))
@@ -397,6 +422,8 @@ def _train(
         ),
     )
     trainer.scaling, loss_scale = _scaling(services, config, entering, trainer, rule)
+    trainer.draws = _draws(message, config, trainer.model, accumulate.computed(sizes, micro_batch, len(sizes), 0))
+    trainer.draws.number = message.resume if config.stage_blocks is None else 0  # a continuation's first
     work = Round(trainer, start, left.steps, spec, _Slot(store, message), resumed, pacer.pause)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
