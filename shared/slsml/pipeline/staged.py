@@ -63,13 +63,13 @@ class StageLost(Exception):
 
 
 class HandOn(Exception):
-    """The invocation's time runs short while the stage waits, once it has computed a unit: its round is handed on
+    """The invocation's time runs short while the stage waits, once it has computed a pass: its round is handed on
     from where it is."""
 
 
 @dataclass(frozen=True)
 class Reached:
-    """A stage's round after its first ``done`` units (each micro-batch's forward pass in turn, then each one's
+    """A stage's round after its first ``done`` passes (each micro-batch's forward pass in turn, then each one's
     backward pass; the last stage's are its backward passes alone): its runner's state (``StageRunner.saved``), the
     state of its metrics (the last stage's) and its compute so far, over the invocations."""
 
@@ -98,9 +98,9 @@ _RUNNER = "runner."  # prefix of the runner state's arrays in a stage's stored p
 
 
 class Pace:
-    """When a stage's invocation hands its round on: before a unit, as a worker's round does before a micro-batch
+    """When a stage's invocation hands its round on: before a pass, as a worker's round does before a micro-batch
     (``progress.Pacer``: never before the invocation's first); and while it waits for its input, once it has
-    computed a unit, where the time left would not store its progress and hand it on."""
+    computed a pass, where the time left would not store its progress and hand it on."""
 
     def __init__(self, start: int, progress_bytes: int) -> None:
         self.start = self.at = start
@@ -109,7 +109,7 @@ class Pace:
         self._pacer = progress.Pacer(lifetime.remaining_s, progress_bytes)
 
     def before(self, unit: int) -> bool:
-        """Before unit ``unit``: True if the invocation must hand the round on instead."""
+        """Before pass ``unit``: True if the invocation must hand the round on instead."""
         self.at = unit
         return self._pacer.pause()
 
@@ -294,7 +294,7 @@ def first_stage(
 
     assert config.stage_blocks is not None
     parts = stage_models(trainer.model, config.stage_blocks)
-    count = len(sizes(samples_in_step, config.training.micro_batch or samples_in_step))
+    count = _micro_batches(config, samples_in_step)
     runner, kept = StageRunner(parts[0], last=False, draws=_draws(hand, config, trainer, count)), {}
     pace = hand.pace = _pace(runner, resumed)
     skipped = first_skipped(config, samples_in_step, pace.start)
@@ -337,8 +337,13 @@ def first_stage(
 def first_skipped(config: RunConfig, samples_in_step: int, done: int) -> int:
     """The micro-batches stage 0's round after ``done`` passes no longer reads: those whose backward pass is done (a
     continuation in its forward passes reads every one again, for its backward passes)."""
-    count = len(sizes(samples_in_step, config.training.micro_batch or samples_in_step))
+    count = _micro_batches(config, samples_in_step)
     return max(0, min(done, 2 * count) - count)
+
+
+def _micro_batches(config: RunConfig, samples_in_step: int) -> int:
+    """The micro-batches of a worker's step of ``samples_in_step`` samples in stages."""
+    return len(sizes(samples_in_step, config.training.micro_batch or samples_in_step))
 
 
 def later_stage(
@@ -396,7 +401,7 @@ def _last_stage(
     labelled: Callable[[int], Sequence[Batch]],
     resumed: Reached | None,
 ) -> Reached | None:
-    """The last stage's round (``later_stage``): a backward pass a unit, each micro-batch's loss and metrics on its
+    """The last stage's round (``later_stage``): its passes backward alone, each micro-batch's loss and metrics on its
     labels."""
     import tensorflow as tf
 
@@ -448,7 +453,7 @@ def _pace(runner: StageRunner, resumed: Reached | None) -> Pace:
 
 
 def _reached(pace: Pace, runner: StageRunner, metrics: np.ndarray | None, resumed: Reached | None) -> Reached:
-    """The stage's round as it is handed on, before unit ``pace.at``; its time so far, ``resumed``'s and this
+    """The stage's round as it is handed on, before pass ``pace.at``; its time so far, ``resumed``'s and this
     invocation's."""
     before = 0.0 if resumed is None else resumed.compute_s
     return Reached(pace.at, runner.saved(), metrics, before + time.perf_counter() - pace.began)
