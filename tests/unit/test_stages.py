@@ -263,3 +263,36 @@ def test_a_stage_refuses_to_go_on_from_another_stages_state() -> None:
     saved = stages.StageRunner(parts[0], last=False).saved()
     with pytest.raises(ValueError, match="not a saved state of this stage"):
         stages.StageRunner(parts[1], last=False).restore(saved)
+
+
+class _Context:
+    """A Lambda context of ``seconds`` left."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def get_remaining_time_in_millis(self) -> int:
+        return int(self.seconds * 1000)
+
+
+@pytest.mark.parametrize(
+    ("lifetime_s", "computed", "waited", "hands_on"),
+    [
+        (0.5, True, 0, True),  # a pass computed, its progress not storable in the time left: handed on
+        (30.0, True, 0, False),  # time enough: it waits on
+        (0.5, False, 0, True),  # no pass computed, its time nearly out: the same progress handed on
+        (0.5, False, 119, True),  # its waits (120 of 0.5 s) within the deadline of 60 s
+        (0.5, False, 120, False),  # past it: left to the deadline
+        (30.0, False, 0, False),  # time enough to wait on
+    ],
+)
+def test_a_waiting_stage_hands_on_when_its_time_runs_short_and_its_waits_stay_within_the_deadline(
+    lifetime_s, computed, waited, hands_on
+) -> None:
+    from slsml.pipeline import lifetime
+    from slsml.pipeline.staged import Pace
+
+    pace = Pace(3, 1000, waited=waited, deadline_s=60.0)
+    pace.before(4 if computed else 3)
+    with lifetime.invocation(_Context(lifetime_s)):
+        assert pace.waiting() is hands_on

@@ -91,6 +91,8 @@ def _resume(message: WorkMessage, config: RunConfig) -> str | None:
         return f"a stage's continuation after {message.resume} passes of a round of at most {samples} samples"
     if config.stage_blocks is None and message.resume >= samples:
         return f"a continuation after {message.resume} micro-batches of a round of at most {samples} samples"
+    if config.stage_blocks is None and message.waited:
+        return f"a continuation that waited ({message.waited}) of a round in one stage: only a stage waits"
     return None
 
 

@@ -14,11 +14,11 @@ the deadlines and the rest of the pipeline are those of a run of one stage.
 
 A stage's round is passes (each micro-batch's forward pass, then each one's backward pass; the last stage's backward
 passes alone). Where the invocation's time runs short (``Pace``: before a pass, as a worker's round before a
-micro-batch; or while it waits, once it computed a pass), the stage stores its progress (``Reached``: its sums, its
-random generators' states, its metrics), signed and create-only, and hands the rest of the round on to a fresh
-invocation of the same attempt, as a worker does (``WorkMessage.resume``: the passes done). A stage that waits a whole
-invocation before computing anything leaves its round to the deadline, which re-launches all of its stages with a new
-attempt.
+micro-batch; or while it waits), the stage stores its progress (``Reached``: its sums, its random generators' states,
+its metrics), signed and create-only, and hands the rest of the round on to a fresh invocation of the same attempt, as
+a worker does (``WorkMessage.resume``: the passes done). An invocation that waits out its time before computing a
+pass hands on the same progress (``WorkMessage.waited``), as long as its waits stay within the run's deadline: past
+it, its round is left to the deadline, which re-launches all of its stages with a new attempt.
 
 What stages take: the gradient-averaging rule (one step a round), dense updates, float32. Each stage function holds
 the whole model's weights, as a worker does, and one micro-batch's layer outputs of its own stage: stages split the
@@ -97,14 +97,21 @@ class Reached:
 _RUNNER = "runner."  # prefix of the runner state's arrays in a stage's stored progress
 
 
+WAIT_RESERVE_S = 1.0  # what an invocation that computed no pass keeps for handing on: a record and a message
+
+
 class Pace:
     """When a stage's invocation hands its round on: before a pass, as a worker's round does before a micro-batch
-    (``progress.Pacer``: never before the invocation's first); and while it waits for its input, once it has
-    computed a pass, where the time left would not store its progress and hand it on."""
+    (``progress.Pacer``: never before the invocation's first); and while it waits for its input, where the time left
+    would not store its progress and hand it on. An invocation that computed no pass waits out its time
+    (``WAIT_RESERVE_S`` left) and hands on (its continuation goes on from the same progress, ``WorkMessage.waited``)
+    while the invocations that waited so far (``waited``, each of ``lifetime.lifetime_s``) are within ``deadline_s``:
+    past it, the round is left to the deadline, as a wait within one invocation is."""
 
-    def __init__(self, start: int, progress_bytes: int) -> None:
+    def __init__(self, start: int, progress_bytes: int, waited: int = 0, deadline_s: float = 0.0) -> None:
         self.start = self.at = start
         self.progress_bytes = progress_bytes
+        self.waited, self.deadline_s = waited, deadline_s
         self.began = time.perf_counter()
         self._pacer = progress.Pacer(lifetime.remaining_s, progress_bytes)
 
@@ -115,7 +122,10 @@ class Pace:
 
     def waiting(self) -> bool:
         """While the stage waits: True if it must hand the round on now."""
-        return self.at > self.start and lifetime.remaining_s() < progress.reserve_s(self.progress_bytes, 0.0)
+        left = lifetime.remaining_s()
+        if self.at > self.start:
+            return left < progress.reserve_s(self.progress_bytes, 0.0)
+        return left < WAIT_RESERVE_S and (self.waited + 1) * lifetime.lifetime_s() <= self.deadline_s
 
 
 def refusal(config: RunConfig) -> str | None:
@@ -296,7 +306,7 @@ def first_stage(
     parts = stage_models(trainer.model, config.stage_blocks)
     count = _micro_batches(config, samples_in_step)
     runner, kept = StageRunner(parts[0], last=False, draws=_draws(hand, config, trainer, count)), {}
-    pace = hand.pace = _pace(runner, resumed)
+    pace = hand.pace = _pace(hand, runner, resumed)
     skipped = first_skipped(config, samples_in_step, pace.start)
     try:
         for number, (x, y, _) in enumerate(micro_batches, skipped):
@@ -367,7 +377,7 @@ def later_stage(
     last = stage == len(parts) - 1
     each = shares(batch, config.training.micro_batch or len(batch))
     runner = StageRunner(parts[stage], last=last, draws=_draws(hand, config, trainer, len(each)))
-    pace = hand.pace = _pace(runner, resumed)
+    pace = hand.pace = _pace(hand, runner, resumed)
     if last:
         return _last_stage(hand, trainer, runner, pace, each, labelled, resumed)
     try:
@@ -441,15 +451,16 @@ def _draws(hand: Hand, config: RunConfig, trainer: Any, micro_batches: int) -> D
     return Draws(trainer.model, config.training.seed, counter(m.iteration, m.workers, m.worker, micro_batches, 0))
 
 
-def _pace(runner: StageRunner, resumed: Reached | None) -> Pace:
+def _pace(hand: Hand, runner: StageRunner, resumed: Reached | None) -> Pace:
     """The stage's pace, its runner gone on from ``resumed`` (RunFailed if that is not the stage's saved state)."""
-    if resumed is None:
-        return Pace(0, sum(value.nbytes for value in runner.saved().values()))
-    try:
-        runner.restore(resumed.runner)
-    except ValueError as error:
-        raise RunFailed(f"a stage's round goes on from progress that is not its own: {error}") from None
-    return Pace(resumed.done, sum(value.nbytes for value in runner.saved().values()))
+    if resumed is not None:
+        try:
+            runner.restore(resumed.runner)
+        except ValueError as error:
+            raise RunFailed(f"a stage's round goes on from progress that is not its own: {error}") from None
+    stored = sum(value.nbytes for value in runner.saved().values())
+    deadline_s = hand.config.training.deadline_s
+    return Pace(0 if resumed is None else resumed.done, stored, hand.message.waited, deadline_s)
 
 
 def _reached(pace: Pace, runner: StageRunner, metrics: np.ndarray | None, resumed: Reached | None) -> Reached:

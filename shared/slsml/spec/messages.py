@@ -58,6 +58,12 @@ class WorkMessage(Message):
         description="> 0: a continuation (the same attempt, in a fresh invocation): go on from the round's progress"
         " after this many micro-batches (keys.progress)",
     )
+    waited: int = Field(
+        default=0,
+        ge=0,
+        description="a pipeline stage's continuation handed on as it waited, having computed no pass: how many in a"
+        " row after ``resume`` passes (slsml.pipeline.staged)",
+    )
     ahead: bool = Field(
         default=False,
         description="launched as the reduce of the iteration before fired, its model not merged (stale_weights):"

@@ -267,7 +267,8 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Cal
             samples.then = functools.partial(_read_next, message, services)  # as this round's last computes
         entering = message.iteration - message.ahead  # launched ahead: its model is not merged
         trainer, start = _entering(services, config, message.generation, entering, predicted=message.ahead)
-        splits = evaluated(config, message.iteration, count) if not message.resume else []  # a continuation's: none
+        continued = message.resume or message.waited  # a continuation evaluates nothing
+        splits = evaluated(config, message.iteration, count) if not continued else []
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
             return None  # early stopping ended the run: its update is not needed
         return _train(message, config, services, trainer, start, batches, samples, micro, resumed, entering)
@@ -549,18 +550,23 @@ def _hand_on(message: WorkMessage, services: Services, reached: progress.Progres
     the attempt was superseded meanwhile). Its duplicates are handled once (``functions/worker``)."""
     key = keys.progress(message.run_id, message.iteration, message.worker, message.attempt, done)
     services.store.put_new(key, reached.encode())
-    _go_on(message, services, done, {"micro_batches": done})
+    _go_on(message, services, {"resume": done}, {"micro_batches": done})
 
 
 def _stage_hand_on(message: WorkMessage, services: Services, hand: staged.Hand, reached: staged.Reached) -> None:
-    """A stage's invocation's time runs short: as ``_hand_on``, its stage's progress stored (signed, create-only)."""
+    """A stage's invocation's time runs short: as ``_hand_on``, its stage's progress stored (signed, create-only); an
+    invocation that computed no pass hands the same progress on (stored already, or none), once more waited."""
+    about = {"pipeline_stage": message.pipeline_stage, "passes": reached.done}
+    if reached.done == message.resume:
+        _go_on(message, services, {"waited": message.waited + 1}, about | {"waited": message.waited + 1})
+        return
     hand.put_progress(message.pipeline_stage, reached)
-    _go_on(message, services, reached.done, {"pipeline_stage": message.pipeline_stage, "units": reached.done})
+    _go_on(message, services, {"resume": reached.done, "waited": 0}, about)
 
 
-def _go_on(message: WorkMessage, services: Services, done: int, about: dict[str, int]) -> None:
-    """Record that the round goes on and have a fresh invocation of the same attempt go on after ``done`` (unless the
-    attempt was superseded meanwhile)."""
+def _go_on(message: WorkMessage, services: Services, update: dict[str, int], about: dict[str, int]) -> None:
+    """Record that the round goes on and have a fresh invocation of the same attempt go on as ``message`` with
+    ``update`` (unless the attempt was superseded meanwhile)."""
     until = time.time() + lifetime.lifetime_s() + HAND_ON_S
     log = {"run_id": message.run_id, "iteration": message.iteration, "worker": message.worker, **about}
     if not services.table.record_continuation(
@@ -568,7 +574,7 @@ def _go_on(message: WorkMessage, services: Services, done: int, about: dict[str,
     ):
         logger.info("round superseded: not handed on", extra=log)
         return
-    services.bus.publish(wiring.WORK, [message.model_copy(update={"resume": done})])
+    services.bus.publish(wiring.WORK, [message.model_copy(update=update)])
     logger.info("round handed on to a fresh invocation", extra=log)
 
 
