@@ -17,7 +17,7 @@ from slsml.spec.config import OptimizerConfig, TrainingSpec
 from .conftest import finish, prepared_with_source, train
 from .test_faults import injecting
 
-HEARTBEAT_S = 5  # more than a paced first iteration with its cold model loads (~2 s here)
+HEARTBEAT_S = 5  # more than a paced first iteration (~2 s here; its processes warm: no first step's load and trace)
 SPEC = TrainingSpec(
     workers=2,
     reducers=2,
@@ -60,6 +60,7 @@ def _execution(local, run_id: str, arn: str | None = None) -> tuple[dict, list[s
     return execution, entered
 
 
+@pytest.mark.usefixtures("warm")  # the Worker processes have loaded and traced the model: no cold first iteration
 def test_a_run_is_an_execution_kept_alive_by_heartbeats(local, services, digits, run_events):
     started = time.monotonic()
     with injecting(local, PACE):

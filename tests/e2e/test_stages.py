@@ -143,6 +143,21 @@ def test_stages_whose_worker_times_out_hand_each_pass_on_and_end_bit_identical(l
     assert pipeline.hand_ons.handed_on == len(handed)
 
 
+@pytest.mark.usefixtures("warm")  # the Worker times out after seconds here
+def test_stages_handing_their_rounds_on_under_faults_end_bit_identical(local, services, staged):
+    """Each pass an invocation, as above, with duplicated messages, Worker invocations that crash on their first
+    receive (and are retried) and slow reads."""
+    spec = SPEC.model_copy(update={"deadline_s": 120.0})
+    faults = Faults.parse("seed=6,duplicate=0.5,worker_crash=0.25,s3_get_delay=0.2:0.3")
+    with timeouts(local, HAND_ON_TIMEOUT_S), injecting(local, faults) as report:
+        train(services, spec, "staged-handed-faults")
+        run = finish(services, "staged-handed-faults")
+    print(f"faults: {report}")
+    assert run.status == "COMPLETED", run.reason
+    assert report["injected"]["worker_crash"] > 0 and report["retries"] >= report["injected"]["worker_crash"]
+    assert np.array_equal(final_weights(services, "staged-handed-faults")[0], staged)
+
+
 def test_an_activation_replaced_behind_the_pipelines_back_fails_the_run_naming_it(services, digits):
     key = keys.handed("staged-forged", 0, 0, 0, 0, 0, back=False)
     forged = io.BytesIO()
