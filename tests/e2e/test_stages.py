@@ -158,6 +158,19 @@ def test_stages_handing_their_rounds_on_under_faults_end_bit_identical(local, se
     assert np.array_equal(final_weights(services, "staged-handed-faults")[0], staged)
 
 
+@pytest.mark.usefixtures("warm")  # the Worker times out after seconds here
+def test_a_stages_progress_replaced_behind_the_pipelines_back_fails_the_run_naming_it(local, services):
+    """Stage 1's progress after its first pass, there before the stage stores its own (its create-only put leaves it):
+    the continuation that would go on from it fails the run, naming it."""
+    key = keys.stage_progress("staged-forged-progress", 0, 0, 0, 1, 1)
+    services.store.put_new(key, b"not a stage's progress")
+    with timeouts(local, HAND_ON_TIMEOUT_S):
+        train(services, SPEC.model_copy(update={"deadline_s": 120.0}), "staged-forged-progress")
+        run = finish(services, "staged-forged-progress")
+    assert run.status == "FAILED"
+    assert run.reason is not None and key in run.reason and "replaced behind the pipeline's back" in run.reason
+
+
 def test_an_activation_replaced_behind_the_pipelines_back_fails_the_run_naming_it(services, digits):
     key = keys.handed("staged-forged", 0, 0, 0, 0, 0, back=False)
     forged = io.BytesIO()
