@@ -38,7 +38,7 @@ def test_a_dense_model_past_ten_gigabytes_is_planned_in_stages_of_their_own_weig
     staged = next(o for o in pipeline["options"] if o["name"] == f"{S} stages of 10,240 MB")
     assert not bigger["fits"] and not staged["fits"] and pipeline["deployed"] is None
     assert "each stage function holds the whole model's buffers (6 × 5,722 MB), ~40,197 MB" in pipeline["refused"]
-    assert pipeline["pick"] == f"none: {S} stages of 10,240 MB and one bigger function cannot hold the model"
+    assert pipeline["pick"] == f"none: {S} stages of 10,240 MB and one bigger function do not fit"
     assert pipeline["dollars_per_round"] > 0 and pipeline["round_s"] > 0
     # one stage fewer does not fit: the fewest were chosen
     assert main(["plan", *DENSE, "--workers", "4", "--pipeline-stages", str(S - 1)]) == 2
@@ -90,3 +90,23 @@ def test_a_gpu_worker_is_weighed_beside_the_stages_when_one_is_planned(capsys: p
     assert out["pipeline"]["memory_mb"] == 8192 and out["pipeline"]["stages"] == 2
     cheapest = min((o for o in options.values() if o["fits"]), key=lambda o: o["dollars"])
     assert out["pipeline"]["pick"].startswith(cheapest["name"])
+
+
+def test_a_pass_or_a_sample_past_the_workers_timeout_does_not_fit(capsys: pytest.CaptureFixture) -> None:
+    """A round goes on past the Worker's timeout between passes (stages) or micro-batches (one function), never within
+    one: where a stage's pass, or one sample's step of the whole model, outlasts the timeout (120 s), the option does
+    not fit; with a tenth of the compute both fit, the stages' round handed on in invocations the plan counts."""
+    heavy = ("--params", "100000000", "--dense-layers", "8", "--workers", "1", "--batch", "8", "--micro-batch", "1")
+    heavy += ("--pipeline-stages", "4", "--memory", "worker=10240", "--iterations", "2")
+    options = {}
+    for compute in ("3000", "300"):
+        pipeline = plan_json(capsys, *heavy, "--compute-per-sample", compute)["pipeline"]
+        options[compute] = {o["name"]: o for o in pipeline["options"]}
+        staged, bigger = options[compute]["4 stages of 10,240 MB"], options[compute]["one function of 8,845 MB"]
+        assert staged["fits"] is (compute == "300") and bigger["fits"] is (compute == "300"), (staged, bigger)
+        assert ("outlasts the Worker's timeout of 120 s" in staged["detail"]) is (compute == "3000")
+        assert ("outlasts the Worker's timeout of 120 s" in bigger["detail"]) is (compute == "3000")
+        assert pipeline["hand_ons"]["invocations"] > 1 and pipeline["hand_ons"]["timeout_s"] == 120
+    assert plan_json(capsys, *heavy, "--compute-per-sample", "3000")["pipeline"]["pick"] == (
+        "none: 4 stages of 10,240 MB and one function of 8,845 MB do not fit"
+    )

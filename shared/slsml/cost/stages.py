@@ -303,18 +303,27 @@ def plan(
     for operation, count in handing.requests.items():
         requests[operation] = requests.get(operation, 0) + count
     whole_s = round_s(micro) + handing.seconds
+    # a pass is never handed on within: the slowest stage's, with its hops, must fit one invocation
+    longest_pass = max(stage_s(stage, micro) for stage in split) + 2 * hop_seconds(p, micro * handed, S)
+    over = longest_pass + p.handler_s > timeout_s
     dollars = round_dollars(price_table, requests, S, w.workers, whole_s, memory, handing.handed_on)
     samples = share * w.workers
     options = [
         Option(
             name=f"{S} stages of {memory:,} MB",
-            fits=refused is None,
+            fits=refused is None and not over,
             round_s=whole_s,
             dollars=dollars,
             detail=f"{S * w.workers} functions; bubble {bubble(S, M):.0%}"
-            + ("" if refused is None else "; a run is refused: its stage functions hold the whole model"),
+            + ("" if refused is None else "; a run is refused: its stage functions hold the whole model")
+            + (
+                f"; a stage's pass of {longest_pass:,.1f} s outlasts the Worker's timeout of {timeout_s:g} s (a pass is"
+                " never handed on within: raise functions.worker.timeout_s, or give a smaller --micro-batch)"
+                if over
+                else ""
+            ),
         ),
-        _bigger(w, p, price_table, share),
+        _bigger(w, p, price_table, share, timeout_s),
     ]
     if gpu is not None:
         options.append(_gpu(gpu, p, price_table, share))
@@ -353,8 +362,9 @@ def plan(
     )
 
 
-def _bigger(w: Workload, p: Parameters, price_table: PriceTable, share: int) -> Option:
-    """The smallest Lambda memory whose worker holds the whole model (its share in micro-batches that fit)."""
+def _bigger(w: Workload, p: Parameters, price_table: PriceTable, share: int, timeout_s: float) -> Option:
+    """The smallest Lambda memory whose worker holds the whole model (its share in micro-batches that fit, handed on
+    between them past the Worker's ``timeout_s``: one sample's step must fit it)."""
     for memory in MEMORY_CHOICES_MB:
         whole = sizing.WorkerMemory(memory, MEMORY_SHARE * memory, 4 * w.params, w.activation_bytes_per_sample)
         if whole.micro_batch() >= 1:
@@ -371,12 +381,20 @@ def _bigger(w: Workload, p: Parameters, price_table: PriceTable, share: int) -> 
                     {}, gb_seconds=w.workers * prices.gb_seconds(round_s, memory), invocations=w.workers
                 ).values()
             )
+            sample_s = w.compute_per_sample_s / cpus
+            over = sample_s + p.handler_s > timeout_s
             return Option(
                 name=f"one function of {memory:,} MB",
-                fits=True,
+                fits=not over,
                 round_s=round_s,
                 dollars=dollars,
-                detail=f"{w.workers} functions; the whole model in each",
+                detail=f"{w.workers} functions; the whole model in each"
+                + (
+                    f"; one sample's step of {sample_s:,.1f} s outlasts the Worker's timeout of {timeout_s:g} s (a"
+                    " micro-batch is never handed on within: raise functions.worker.timeout_s)"
+                    if over
+                    else ""
+                ),
             )
     need = sizing.WorkerMemory(10240, MEMORY_SHARE * 10240, 4 * w.params, w.activation_bytes_per_sample)
     return Option(
@@ -409,13 +427,14 @@ def _pick(options: list[Option], samples: int) -> str:
     """The fitting option of the fewest dollars a round, and why."""
     fitting = [o for o in options if o.fits and o.dollars is not None]
     out = [o.name for o in options if not o.fits]
+    unfit = " and ".join(out) + (" does not fit" if len(out) == 1 else " do not fit")  # (the options say why)
     if not fitting:
-        return "none: " + " and ".join(out) + " cannot hold the model"
+        return f"none: {unfit}"
     best = min(fitting, key=lambda o: o.dollars or 0.0)
     rest = [o for o in fitting if o is not best]
     why = f"${(best.dollars or 0) / samples:.3g} a sample"
     if rest:
         why += ", against " + ", ".join(f"${(o.dollars or 0) / samples:.3g} ({o.name})" for o in rest)
     if out:
-        why += "; " + " and ".join(out) + " cannot hold the model"
+        why += f"; {unfit}"
     return f"{best.name}: {why}"
