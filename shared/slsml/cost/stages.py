@@ -19,9 +19,9 @@ from slsml.accounting import prices
 from slsml.accounting.prices import PriceTable
 from slsml.aws.cache import MEMORY_SHARE
 from slsml.cost import gpuworker
-from slsml.cost.chain import creates
 from slsml.cost.parameters import Parameters
 from slsml.cost.timing import speedup, transfer, vcpus
+from slsml.cost.workerround import hand_on_calls, invocations
 from slsml.cost.workload import MEMORY_CHOICES_MB, Workload
 from slsml.rounds import sizing
 from slsml.rounds.stages import POLL_S, RECOMPUTE_SHARE, Block, Stage, balance, bubble, deployed, unfit
@@ -190,17 +190,10 @@ def hand_ons(
         passes = micro_batches * (1 if number == len(split) - 1 else 2)
         pass_s = round_s / passes
         usable = timeout_s - p.handler_s - progress.reserve_s(stored, pass_s, p.s3_write_mb_s)
-        per = min(passes, 1 + math.floor(max(0.0, usable) / pass_s))
-        counts.append(math.ceil(passes / per))
+        counts.append(invocations(passes, pass_s, usable)[0])
     handed = pipelines * sum(count - 1 for count in counts)
     requests: dict[str, int] = {}
-    for operation, count in (
-        *creates(1, stored).items(),
-        ("dynamodb:UpdateItem", 2),  # the worker's record that its round goes on; the message's record, completed
-        ("sns:PublishBatch", 1),
-        ("dynamodb:PutItem", 1),  # the continuation's record, handled once
-        ("s3:GetObject", 2 + reducers),  # the progress, the manifest, the shards
-    ):
+    for operation, count, _ in hand_on_calls(stored, 2 + reducers):
         requests[operation] = requests.get(operation, 0) + handed * count
     hand_on_s = (
         transfer(1, stored, p.s3_request_s, p.s3_write_mb_s)

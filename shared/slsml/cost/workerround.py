@@ -135,29 +135,17 @@ def continuations(
     )
     micro_s = compute_s / total
     usable = timeout_s - setup_s - progress.reserve_s(stored, micro_s, p.s3_write_mb_s)
-    per = total if micro_s == 0 else min(total, 1 + math.floor(max(0.0, usable) / micro_s))
-    handed = math.ceil(total / per) - 1
+    invoked, per = invocations(total, micro_s, usable)
+    handed = invoked - 1
     reread = traffic.residual_bytes + (traffic.slot_bytes if rule.rereads_slot else 0)
     W = w.workers
+    reads = 2 + w.reducers + bool(traffic.residual_bytes) + (rule.rereads_slot and bool(traffic.slot_bytes))
+    read = (", the slot's residual" if traffic.residual_bytes else "") + (
+        ", the slot's state" if rule.rereads_slot and traffic.slot_bytes else ""
+    )
     calls = [
         ExtraCall(operation=operation, count=W * handed * count, call=call, reason=HAND_ON_REASON)
-        for operation, count, call in (
-            *(
-                (operation, count, "the progress each invocation that hands its round on stores")
-                for operation, count in creates(1, stored).items()
-            ),
-            ("dynamodb:UpdateItem", 1, "its record that the round goes on (the watchdog waits for it)"),
-            ("sns:PublishBatch", 1, "its Work message to the fresh invocation"),
-            ("dynamodb:PutItem", 1, "the continuation's record, handled once"),
-            ("dynamodb:UpdateItem", 1, "the continuation's record, completed"),
-            (
-                "s3:GetObject",
-                2 + w.reducers + bool(traffic.residual_bytes) + (rule.rereads_slot and bool(traffic.slot_bytes)),
-                "the continuation's reads: the progress, the weights entering the round (the manifest, the shards)"
-                + (", the slot's residual" if traffic.residual_bytes else "")
-                + (", the slot's state" if rule.rereads_slot and traffic.slot_bytes else ""),
-            ),
-        )
+        for operation, count, call in hand_on_calls(stored, reads, read)
         if handed
     ]
     hand_on_s = (
@@ -184,6 +172,34 @@ def continuations(
 
 
 HAND_ON_REASON = "the round outlasts the Worker's timeout: it goes on in fresh invocations of the same attempt"
+
+
+def invocations(units: int, unit_s: float, usable_s: float) -> tuple[int, int]:
+    """The invocations a round of ``units`` units of ``unit_s`` each takes as the pacer hands it on
+    (``progress.Pacer``), and the units an invocation computes: units while ``usable_s`` (an invocation's time less
+    what it keeps for handing on) lasts, one at least."""
+    per = units if unit_s == 0 else min(units, 1 + math.floor(max(0.0, usable_s) / unit_s))
+    return math.ceil(units / per), per
+
+
+def hand_on_calls(stored: int, reads: int, read: str = "") -> list[tuple[str, int, str]]:
+    """The calls of one hand-on of a progress of ``stored`` bytes, whose fresh invocation makes ``reads`` GETs (the
+    progress, the weights entering the round, and ``read``, what else it reads, in words): (operation, count, call)."""
+    return [
+        *(
+            (operation, count, "the progress each invocation that hands its round on stores")
+            for operation, count in creates(1, stored).items()
+        ),
+        ("dynamodb:UpdateItem", 1, "its record that the round goes on (the watchdog waits for it)"),
+        ("sns:PublishBatch", 1, "its Work message to the fresh invocation"),
+        ("dynamodb:PutItem", 1, "the continuation's record, handled once"),
+        ("dynamodb:UpdateItem", 1, "the continuation's record, completed"),
+        (
+            "s3:GetObject",
+            reads,
+            "the continuation's reads: the progress, the weights entering the round (the manifest, the shards)" + read,
+        ),
+    ]
 
 
 def in_micro_batches(count: int, micro_batch: int) -> str:

@@ -48,7 +48,7 @@ from slsml.spec.config import RunConfig
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
 from slsml.spec.messages import WorkMessage
 from slsml.training import npz, progress
-from slsml.training.generators import Draws, counter
+from slsml.training.generators import Draws
 from slsml.training.weighting import Batch
 
 if TYPE_CHECKING:
@@ -58,8 +58,8 @@ logger = Logger(child=True)
 
 
 class StageLost(Exception):
-    """What a stage waits on did not come within the run's deadline, or within the invocation before it computed
-    anything: the round is left to the deadline's re-launch."""
+    """What a stage waits on did not come within the run's deadline (its waits in earlier invocations counted): the
+    round is left to the deadline's re-launch."""
 
 
 class HandOn(Exception):
@@ -448,7 +448,7 @@ def _draws(hand: Hand, config: RunConfig, trainer: Any, micro_batches: int) -> D
     """What sets the random generators of the worker's round of ``micro_batches`` micro-batches, as a round in one
     stage sets them (``slsml.training.generators``): the same masks, whatever stage computes a layer."""
     m = hand.message
-    return Draws(trainer.model, config.training.seed, counter(m.iteration, m.workers, m.worker, micro_batches, 0))
+    return Draws(trainer.model, config.training.seed, m.iteration, m.workers, m.worker, micro_batches)
 
 
 def _pace(hand: Hand, runner: StageRunner, resumed: Reached | None) -> Pace:

@@ -41,20 +41,24 @@ def seeds(model: keras.Model, run_seed: int) -> list[int]:
     return found
 
 
-def counter(iteration: int, workers: int, slot: int, per_round: int, number: int) -> int:
-    """The counter of micro-batch ``number`` of slot ``slot``'s round of ``iteration`` (``workers`` slots, each
-    round of ``per_round`` micro-batches)."""
-    return (iteration * workers + slot) * per_round + number
-
-
 class Draws:
-    """The generators of a round's model set before each micro-batch: ``at(number)``, or ``next()`` for the
-    micro-batches in turn from ``first``."""
+    """The generators of slot ``slot``'s round of ``iteration`` (``workers`` slots, each round of ``per_round``
+    micro-batches) set before each micro-batch: ``at(number)``, or ``next()`` for the micro-batches in turn from
+    ``first`` (a continuation's)."""
 
-    def __init__(self, model: keras.Model, run_seed: int, base: int, first: int = 0) -> None:
+    def __init__(
+        self,
+        model: keras.Model,
+        run_seed: int,
+        iteration: int,
+        workers: int,
+        slot: int,
+        per_round: int,
+        first: int = 0,
+    ) -> None:
         self._states = [g.state for _, g in generators(model)]
         self._seeds: Sequence[int] = seeds(model, run_seed) if self._states else ()
-        self.base, self.number = base, first
+        self.base, self.number = (iteration * workers + slot) * per_round, first
 
     def at(self, number: int) -> None:
         """Set every generator for micro-batch ``number`` of the round."""

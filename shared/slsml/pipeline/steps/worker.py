@@ -51,7 +51,6 @@ from slsml.training import (
     bounds,
     evaluation,
     feedback,
-    generators,
     modelio,
     precision,
     progress,
@@ -59,6 +58,7 @@ from slsml.training import (
     updates,
     weighting,
 )
+from slsml.training.generators import Draws
 from slsml.training.precision import LossScale
 from slsml.training.weighting import Batch
 
@@ -298,13 +298,6 @@ def _task(message: WorkMessage, config: RunConfig) -> tuple[int, int]:
     return data.asynchronous_task(message.update, message.workers)
 
 
-def _draws(message: WorkMessage, config: RunConfig, model: Any, per_round: int) -> generators.Draws:
-    """What sets the random generators of the round's ``per_round`` micro-batches (``slsml.training.generators``)."""
-    slot, round_ = _task(message, config)
-    base = generators.counter(round_, message.workers, slot, per_round, 0)
-    return generators.Draws(model, config.training.seed, base)
-
-
 _next_reads: dict[tuple[str, int, int, int, int, int], stream.Stream] = {}  # the next round's first micro-batches
 
 
@@ -423,8 +416,9 @@ def _train(
         ),
     )
     trainer.scaling, loss_scale = _scaling(services, config, entering, trainer, rule)
-    trainer.draws = _draws(message, config, trainer.model, accumulate.computed(sizes, micro_batch, len(sizes), 0))
-    trainer.draws.number = message.resume if config.stage_blocks is None else 0  # a continuation's first
+    slot, round_ = _task(message, config)  # the round's random generators (a continuation's: from its micro-batch)
+    per_round = accumulate.computed(sizes, micro_batch, len(sizes), 0)
+    trainer.draws = Draws(trainer.model, spec.seed, round_, message.workers, slot, per_round, message.resume)
     work = Round(trainer, start, left.steps, spec, _Slot(store, message), resumed, pacer.pause)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, store) if compression.lossy else None
@@ -450,7 +444,7 @@ def _train(
         _stage_hand_on(message, services, hand, update)
         return None
     if isinstance(update, progress.Progress):
-        computed = accumulate.computed([len(b) for b in batches], micro_batch, update.steps, update.micro_batches)
+        computed = accumulate.computed(sizes, micro_batch, update.steps, update.micro_batches)
         _hand_on(message, services, replace(update, compute_s=compute_s), computed)
         return None
 
