@@ -98,11 +98,10 @@ def test_a_pass_or_a_sample_past_the_workers_timeout_does_not_fit(capsys: pytest
     not fit; with a tenth of the compute both fit, the stages' round handed on in invocations the plan counts."""
     heavy = ("--params", "100000000", "--dense-layers", "8", "--workers", "1", "--batch", "8", "--micro-batch", "1")
     heavy += ("--pipeline-stages", "4", "--memory", "worker=10240", "--iterations", "2")
-    options = {}
     for compute in ("3000", "300"):
         pipeline = plan_json(capsys, *heavy, "--compute-per-sample", compute)["pipeline"]
-        options[compute] = {o["name"]: o for o in pipeline["options"]}
-        staged, bigger = options[compute]["4 stages of 10,240 MB"], options[compute]["one function of 8,845 MB"]
+        options = {o["name"]: o for o in pipeline["options"]}
+        staged, bigger = options["4 stages of 10,240 MB"], options["one function of 8,845 MB"]
         assert staged["fits"] is (compute == "300") and bigger["fits"] is (compute == "300"), (staged, bigger)
         assert ("outlasts the Worker's timeout of 120 s" in staged["detail"]) is (compute == "3000")
         assert ("outlasts the Worker's timeout of 120 s" in bigger["detail"]) is (compute == "3000")
