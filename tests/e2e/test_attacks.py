@@ -44,12 +44,12 @@ from slsml.pipeline import launch, proof
 from slsml.pipeline.proof import RunKeys
 from slsml.pipeline.steps.merger import GENERATION_METADATA, MERGED_METADATA
 from slsml.spec import keys, wiring
-from slsml.spec.config import RunConfig, TrainingSpec
+from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
 from slsml.spec.deployment import VOUCH
 from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import Manifest, ReduceDone, WorkDone
 from slsml.state import records
-from slsml.training import modelio, shards, updates
+from slsml.training import feedback, modelio, npz, shards, updates
 from tests import archives
 
 from .conftest import DIGITS, dead_letters, final_weights, finish, log_entries, train
@@ -162,14 +162,14 @@ def undisturbed(services, digits) -> np.ndarray:
     return final_weights(services, REFERENCE)[0]
 
 
-def _hold(local, services, run_id: str) -> float:
+def _hold(local, services, run_id: str, spec: TrainingSpec = SPEC) -> float:
     """Start ``run_id`` with the reads entering iteration AT held (6 s each); returns once it is in AT, with the
     time left to act on it."""
     local.host.faults = Faults(
         s3_get_delay=Delay(probability=1, seconds=6),
         s3_get_delay_match=rf"^runs/{run_id}/iters/{AT:06d}/(weights\.npy|shards/)",
     )
-    train(services, SPEC, run_id)
+    train(services, spec, run_id)
     deadline = time.monotonic() + 120
     while services.table.get_run(run_id).iteration < AT:
         assert time.monotonic() < deadline, "the run never reached the iteration the attack comes in"
@@ -220,6 +220,7 @@ def test_messages_that_do_not_belong_to_a_run_are_rejected_and_change_nothing(lo
 EDITED, MANIFEST, DELETED, SWAPPED = "item-edited", "manifest-replaced", "shard-deleted", "dataset-swapped"
 CONFIGURED, FINAL = "config-replaced", "final-swapped"
 UPDATED, SHARDED, KEYLESS, PRECLAIMED = "update-replaced", "shard-replaced", "key-deleted", "launch-preclaimed"
+RESIDUAL = "residual-replaced"
 INITIAL, SOURCE, PLANTED = "initial-shard-replaced", "source-replaced", "key-planted"
 PINNED = "digits-pinned"  # the swapped run's dataset, of no other run: no warm function holds its shards
 
@@ -362,6 +363,16 @@ def _replace_shard(local, s3, services) -> tuple[str, str, int]:
     return SHARDED, f"{key} is not the shard the manifest of iteration {AT} names", AT
 
 
+def _replace_residual(local, s3, services) -> tuple[str, str, int]:
+    """Worker 0's residual of AT − 1 (what compression left out of its updates so far, which it adds to its update of
+    AT) deleted and created anew as ones, before the worker reads it (its reads entering AT are held 6 s), by a hand
+    holding a Worker's credentials."""
+    _hold(local, services, RESIDUAL, HANDED_SPEC.model_copy(update={"eval_every": 0}))
+    key = keys.residual(RESIDUAL, AT - 1, 0)
+    _recreate(local, services, key, feedback.encode_residual(np.ones(len(services.store.get(key)) // 2, np.float32)))
+    return RESIDUAL, f"{key} is not the object the pipeline stored there", AT
+
+
 def _replace_initial_shard(local, s3, services) -> tuple[str, str, int]:
     """Shard 1 entering iteration 0 (weights and optimizer state), which run.json names by its ETag, deleted and
     created anew with its weights + 1 as soon as ``run start`` returned, before any step reads it (their reads of it
@@ -493,6 +504,7 @@ def _wait_for(condition: Callable[[], bool], failure: str) -> None:
         _swap_final_model,
         _replace_update_twice,
         _replace_shard,
+        _replace_residual,
         _replace_initial_shard,
         _replace_source_model,
         _delete_run_key,
@@ -604,6 +616,53 @@ def test_objects_placed_at_a_runs_next_keys_are_not_trusted_and_a_replaced_final
     s3.put_object(Bucket=bucket, Key=keys.final_model(PLACED), Body=forged)
     with pytest.raises(SlsmlError, match=f"runs/{PLACED}/final.keras is not the final model run '{PLACED}' stored"):
         runs.final_model(services, services.table.get_run(PLACED))
+
+
+# a run whose steps hand each other state that no message names: the workers' residuals (error feedback), their
+# evaluation states, the reducers' averages (the norm exchange)
+HANDED_SPEC = SPEC.model_copy(
+    update={
+        "compress": "topk:0.05",
+        "compress_warmup": 0,
+        "eval_every": 1,
+        "optimizer": OptimizerConfig(name="sgd", learning_rate=0.05, momentum=0.9, global_clipnorm=1.0),
+    }
+)
+HANDED_KINDS = re.compile(r"/iters/\d+/(residuals|evaluation|means)/")
+
+
+def test_state_placed_where_a_runs_steps_hand_it_on_is_replaced_and_changes_nothing(local, services, digits):
+    """Objects placed, before the run starts, at every key where its steps would store the state they hand each other
+    without a message naming it (each loadable as what it claims to be where it can be): each is replaced by the
+    step's own, and the run ends bit-identical to the same run undisturbed."""
+    train(services, HANDED_SPEC, "handed-reference")
+    assert finish(services, "handed-reference").status == "COMPLETED"
+    residuals = [  # carried state, deleted once superseded: each slot's of each iteration
+        keys.residual("handed-reference", i, w) for i in range(SPEC.iterations) for w in range(SPEC.workers)
+    ]
+    stored = [k for k in services.store.list_keys("runs/handed-reference/iters/") if HANDED_KINDS.search(k)]
+    reference = set(residuals + stored)
+    assert {HANDED_KINDS.search(k)[1] for k in reference} == {"residuals", "evaluation", "means"}
+    size = final_weights(services, "handed-reference")[0].size
+    forged = {  # a residual of ones, an evaluation state of zeros, an average of other bytes
+        "residuals": feedback.encode_residual(np.ones(size, np.float32)),
+        "evaluation": npz.encode_array(np.zeros(3)),
+        "means": b"not an average",
+    }
+    placed = {key.replace("handed-reference", "handed-placed", 1) for key in reference}
+    for key in placed:
+        services.store.put_new(key, forged[HANDED_KINDS.search(key)[1]])
+    train(services, HANDED_SPEC, "handed-placed")
+    run = finish(services, "handed-placed")
+    assert run.status == "COMPLETED", run.reason
+    assert np.array_equal(final_weights(services, "handed-placed")[0], final_weights(services, "handed-reference")[0])
+    replaced = {
+        entry["key"]
+        for log in ("worker", "reducer")
+        for entry in log_entries(local.log_dir / f"{log}.log")
+        if entry.get("message", "").startswith("an object not") and "/handed-placed/" in entry.get("key", "")
+    }
+    assert replaced == placed
 
 
 BOMBED = "bombed"

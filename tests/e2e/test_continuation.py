@@ -62,11 +62,21 @@ def uninterrupted(services, digits) -> np.ndarray:
     return final_weights(services, REFERENCE)[0]
 
 
-@pytest.mark.parametrize("twice", [False, True], ids=["once", "twice"])
+@pytest.mark.parametrize("twice", [False, True], ids=["once", "twice-placed"])
 def test_a_round_past_the_workers_timeout_goes_on_in_fresh_invocations_and_ends_bit_identical(
     local, services, uninterrupted, twice
 ):
+    """Twice: every message delivered twice, and objects placed beforehand at every key of the progress and slot
+    state the rounds store (``slsml.pipeline.signed``): each is replaced by the worker's own."""
     run_id = f"continued-{'twice' if twice else 'once'}"
+    placed = {
+        keys.progress(run_id, i, w, 0, steps)
+        for i in range(SPEC.iterations)
+        for w in range(SPEC.workers)
+        for steps in range(1, LOCAL_STEPS)
+    } | {keys.local_state(run_id, i, w) for i in range(SPEC.iterations) for w in range(SPEC.workers)}
+    for key in placed if twice else ():
+        services.store.put_new(key, b"not the pipeline's")
     local.host.duplicate_deliveries = twice
     local.host.faults = SLOW_STEPS
     try:
@@ -88,6 +98,8 @@ def test_a_round_past_the_workers_timeout_goes_on_in_fresh_invocations_and_ends_
     assert not any(record.relaunched for record in services.table.list_iterations(run_id))
     waited = log_entries(local.log_dir / "watchdog.log", message="deadline: rounds go on in fresh invocations")
     assert any(entry.get("run_id") == run_id for entry in waited)
+    replaced = log_entries(local.log_dir / "worker.log", message="an object not written by its step was replaced")
+    assert {entry["key"] for entry in replaced if f"/{run_id}/" in entry["key"]} == (placed if twice else set())
 
 
 def test_the_plan_counts_the_requests_of_continued_rounds(local, services, tmp_path) -> None:

@@ -123,12 +123,16 @@ class ObjectStore:
 
     def get_many(self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None] | None = None) -> list[bytes]:
         """Parallel GETs, results in the order of ``keys``."""
+        return [found.body for found in self.read_many(keys, ranges)]
+
+    def read_many(self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None] | None = None) -> list[Stored]:
+        """Parallel GETs with the objects' metadata, results in the order of ``keys``."""
         keys = list(keys)
         ranges = list(ranges) if ranges is not None else [None] * len(keys)
         if len(keys) <= 1:
-            return [self.get(k, r) for k, r in zip(keys, ranges, strict=True)]
+            return [self.read(k, r) for k, r in zip(keys, ranges, strict=True)]
         with ThreadPoolExecutor(max_workers=min(16, len(keys))) as pool:
-            return list(pool.map(self.get, keys, ranges))
+            return list(pool.map(self.read, keys, ranges))
 
     def get_quorum(
         self, keys: Iterable[str], ranges: Iterable[tuple[int, int] | None], need: int, timeout_s: float
@@ -211,14 +215,19 @@ class ObjectStore:
         """Create ``key`` with ``data``, which its writer computes the same way each time it tries (a retry writes
         the same bytes): whether it created it (False: those bytes are there already), and the ETag S3 gave them. An
         object of other bytes at the key is not this writer's (a forged or pre-placed one): it is not trusted for
-        sitting at the expected key, but deleted and ``data`` created in its place."""
-        if (created := self.create(key, data, metadata)) is not None:
-            return True, created
+        sitting at the expected key, but deleted (``delete_if``: not one another writer put in its place meanwhile)
+        and ``data`` created in its place."""
         expected = stored_etag(key, data)
-        if self.etag(key) == expected:
-            return False, expected
-        logger.warning("an object not written by its step was replaced", extra={"key": key})
-        return True, self.replace(key, data, metadata)
+        for _ in range(_REPLACE_TRIES):
+            if (created := self.create(key, data, metadata)) is not None:
+                return True, created
+            found = self.etag(key)
+            if found == expected:
+                return False, expected
+            if found is not None:  # (None: deleted meanwhile, by another writer that replaces it)
+                logger.warning("an object not written by its step was replaced", extra={"key": key})
+                self.delete_if(key, found)
+        raise SlsmlError(f"s3://{self.bucket}/{key} is written by something else as soon as it is deleted")
 
     def replace(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> str:
         """Delete ``key`` and create it anew, create-only (If-None-Match: the bucket's policy refuses any other write
@@ -228,6 +237,17 @@ class ObjectStore:
             if (created := self.create(key, data, metadata)) is not None:
                 return created
         raise SlsmlError(f"s3://{self.bucket}/{key} is written by something else as soon as it is deleted")
+
+    def delete_if(self, key: str, etag: str | None) -> bool:
+        """Delete ``key`` while it is the object of ``etag`` (S3's conditional delete, If-Match): False, and nothing
+        deleted, where it is another one or none."""
+        try:
+            self.s3.delete_object(Bucket=self.bucket, Key=key, IfMatch=etag or "")
+        except ClientError as error:
+            if error_code(error) in _MISSING | _EXISTS:
+                return False
+            raise
+        return True
 
     def put_new(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> bool:
         """Create ``key``; False (and nothing written) if it already exists."""
@@ -378,14 +398,6 @@ class ObjectStore:
 
     def put_json_new(self, key: str, value: Any) -> bool:
         return self.put_new(key, json.dumps(value, indent=1).encode())
-
-    def get_array(self, key: str) -> np.ndarray:
-        return np.load(io.BytesIO(self.get(key)), allow_pickle=False)
-
-    def put_array_new(self, key: str, array: np.ndarray) -> bool:
-        buffer = io.BytesIO()
-        np.save(buffer, array, allow_pickle=False)
-        return self.put_new(key, buffer.getvalue())
 
     def get_arrays(self, key: str) -> dict[str, np.ndarray]:
         return npz.decode(self.get(key))

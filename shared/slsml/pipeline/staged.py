@@ -6,11 +6,12 @@ Stage 0 reads the round's micro-batches and hands each one's output forward; eac
 computes its layers and hands its output on; the last computes the loss and hands the gradient of its input back,
 and so on back to stage 0 (GPipe, with a flush: all forward passes, then all backward passes, each stage computing
 its forward pass again from its input, ``slsml.training.stages.StageRunner``). What a stage hands on is a create-only
-object of the round's attempt (``keys.handed``), signed by the pipeline (a forged one fails the run, naming it); a
-stage polls for its input. Each stage but the first stores its part of the update (its weights' gradient and new
-non-trainable values, with its loss and, the last, its metrics) before it hands its last gradient back; stage 0
-assembles the worker's update from the parts and stores and announces it as any worker does, so that the reducers,
-the deadlines and the rest of the pipeline are those of a run of one stage.
+object of the round's attempt (``keys.handed``), signed by the pipeline (``slsml.pipeline.signed``: an object placed at
+its key before it is replaced, and none the pipeline did not store is taken); a stage polls for its input. Each
+stage but the first stores its part of the update (its weights' gradient and new non-trainable values, with its loss
+and, the last, its metrics) before it hands its last gradient back; stage 0 assembles the worker's update from the
+parts and stores and announces it as any worker does, so that the reducers, the deadlines and the rest of the pipeline
+are those of a run of one stage.
 
 A stage's round is passes (each micro-batch's forward pass, then each one's backward pass; the last stage's backward
 passes alone). Where the invocation's time runs short (``Pace``: before a pass, as a worker's round before a
@@ -26,7 +27,6 @@ activations, not the weights."""
 
 from __future__ import annotations
 
-import io
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -38,7 +38,7 @@ from aws_lambda_powertools import Logger
 
 from slsml import rules
 from slsml.aws import cache
-from slsml.pipeline import lifetime
+from slsml.pipeline import lifetime, signed
 from slsml.pipeline.services import Services
 from slsml.rounds import sizing
 from slsml.rounds.accumulate import sizes
@@ -218,13 +218,11 @@ class Hand:
 
     def give(self, stage: int, micro_batch: int, back: bool, value: Any) -> None:
         """Hand on stage ``stage``'s output of ``micro_batch`` (``back``: the gradient of its input)."""
-        buffer = io.BytesIO()
-        np.save(buffer, np.asarray(value), allow_pickle=False)
-        self._put(self._key(stage, micro_batch, back), buffer.getvalue())
+        self._put(self._key(stage, micro_batch, back), npz.encode_array(value))
 
     def take(self, stage: int, micro_batch: int, back: bool) -> np.ndarray:
         """What stage ``stage`` handed on for ``micro_batch``, once there."""
-        return np.load(io.BytesIO(self._wait(self._key(stage, micro_batch, back))), allow_pickle=False)
+        return npz.decode_array(self._wait(self._key(stage, micro_batch, back)))
 
     def put_part(
         self,
@@ -254,38 +252,34 @@ class Hand:
         stored it."""
         key = self._progress_key(stage, done)
         try:
-            found = self.services.store.read(key)
+            return Reached.decode(signed.read(self.services, self.message.run_id, key))
         except NotFoundError:
             raise RunFailed(f"{key}: the progress a stage's round goes on from is not stored") from None
-        return Reached.decode(self._checked(key, found.body, found.metadata))
 
     def _put(self, key: str, body: bytes) -> None:
-        run = self.message.run_id
-        self.services.store.put_new(key, body, metadata=self.services.keys.sign_object(run, key, body))
+        signed.put(self.services, self.message.run_id, key, body)
 
     def _wait(self, key: str) -> bytes:
-        """The body at ``key`` once stored (its proof of origin checked: RunFailed naming it if it does not hold);
-        HandOn where the stage's pace says so; StageLost past the run's deadline, or where the invocation's time runs
-        out first."""
-        store = self.services.store
+        """The body at ``key`` once the pipeline stored it (an object there that it did not store, placed before the
+        stage that hands it on replaces it, is not taken: logged, and waited past); HandOn where the stage's pace says
+        so; StageLost past the run's deadline, or where the invocation's time runs out first."""
         until = time.monotonic() + self.config.training.deadline_s
+        foreign = False
         while True:
             try:
-                found = store.read(key)
-                break
+                found = self.services.store.read(key)
+                if self.services.keys.object_problem(self.message.run_id, key, found.body, found.metadata) is None:
+                    return found.body
+                if not foreign:
+                    logger.warning("an object not stored by the pipeline is not taken: waiting", extra={"key": key})
+                foreign = True
             except NotFoundError:
-                if self.pace is not None and self.pace.waiting():
-                    raise HandOn(key) from None
-                if time.monotonic() > until or lifetime.remaining_s() < 2 * POLL_S:
-                    raise StageLost(key) from None
-                time.sleep(POLL_S)
-        return self._checked(key, found.body, found.metadata)
-
-    def _checked(self, key: str, body: bytes, metadata: dict[str, str]) -> bytes:
-        """``body``, its proof of origin checked: RunFailed naming ``key`` if it does not hold."""
-        if (problem := self.services.keys.object_problem(self.message.run_id, key, body, metadata)) is not None:
-            raise RunFailed(problem)
-        return body
+                pass
+            if self.pace is not None and self.pace.waiting():
+                raise HandOn(key)
+            if time.monotonic() > until or lifetime.remaining_s() < 2 * POLL_S:
+                raise StageLost(key)
+            time.sleep(POLL_S)
 
 
 def first_stage(

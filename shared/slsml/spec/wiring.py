@@ -131,13 +131,15 @@ FUNCTIONS: tuple[Function, ...] = (
         answers=(TaskAnswer.FAILURE,),
     ),
     # publishes Reduce too: in runs that clip by norm, the reducer that completes the norm exchange
-    # releases the other shards' steps; and Work: the round whose update it refused, re-launched once
+    # releases the other shards' steps; and Work: the round whose update it refused, re-launched once; deletes
+    # what was placed where it stores a shard's average (slsml.pipeline.signed)
     Function(
         "reducer",
         triggers=(REDUCE,),
         publishes=(REDUCE_DONE, REDUCE, WORK),
         needs_tensorflow=False,
         writes=(SCRATCH,),
+        deletes=(SCRATCH,),
         answers=(TaskAnswer.FAILURE,),
     ),
     # publishes Reduce too: the reduce of the version it merged that an update waits for (ASP), or that was held

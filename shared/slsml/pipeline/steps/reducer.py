@@ -30,6 +30,7 @@ from aws_lambda_powertools import Logger
 
 from slsml import rules
 from slsml.aws.storage import Stored
+from slsml.pipeline import signed
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import initial_shard, named_shard, refused, run_config
 from slsml.spec import keys, wiring
@@ -69,7 +70,7 @@ def _reduce(message: ReduceMessage, config: RunConfig, services: Services) -> Re
     if message.squares is not None:  # released after the exchange: step with the stored average
         with ThreadPoolExecutor(max_workers=1) as pool:
             shard_read = pool.submit(_current, message, services, size)
-            average = shards.decode(services.store.get(keys.mean(run, iteration, shard)), size)
+            average = shards.decode(signed.read(services, run, keys.mean(run, iteration, shard)), size)
             return _step(message, config, services, shard_read.result(), average, message.squares)
     if clipping.needs_exchange(rules.server_optimizer(config), config.plan):
         exchanged = _exchange(message, config, services, _average(message, config, services))
@@ -153,10 +154,10 @@ def _exchange(
 ) -> tuple[shards.Shard, clipping.Squares] | None:
     """Store the shard's average and its sums of squares, and count them. If every shard's are in, release
     the other shards' steps (once) and return this shard's average with the totals; else None."""
-    store, table = services.store, services.table
+    table = services.table
     run, iteration, shard = message.run_id, message.iteration, message.shard
-    if not store.put_new(keys.mean(run, iteration, shard), shards.encode(average)):
-        average = shards.decode(store.get(keys.mean(run, iteration, shard)))  # another try's average stands
+    if not signed.put(services, run, keys.mean(run, iteration, shard), shards.encode(average)):
+        average = shards.decode(signed.read(services, run, keys.mean(run, iteration, shard)))  # another try's stands
     squares = clipping.shared_squares(rules.server_optimizer(config), config.plan, shard, average.weights)
     counter = table.record_squares(run, iteration, shard, message.generation, squares)
     if counter is None or counter.squares_in < config.reducers:

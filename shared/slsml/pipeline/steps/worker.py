@@ -13,7 +13,6 @@ invocation of the same attempt (``slsml.training.progress``)."""
 from __future__ import annotations
 
 import functools
-import io
 import json
 import time
 from collections.abc import Callable
@@ -29,9 +28,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from slsml import rules
 from slsml.accounting import usage
 from slsml.aws import cache
-from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
-from slsml.pipeline import lifetime, metrics, staged
+from slsml.pipeline import lifetime, metrics, signed, staged
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import load_weights, named_shard, run_config, stop_reason
 from slsml.pipeline.steps.warm import reader_for, trainer_for
@@ -52,6 +50,7 @@ from slsml.training import (
     evaluation,
     feedback,
     modelio,
+    npz,
     precision,
     progress,
     shards,
@@ -249,7 +248,7 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Cal
     reader = reader_for(store, config)
     count = reader.manifest.train.count
     batches = _batches(message, config, services)
-    resumed = _resumed(message, config, store)
+    resumed = _resumed(message, config, services)
     left = batches[resumed.steps :] if resumed is not None else batches  # a continuation reads the batches left
     micro = _micro_batch(config, services.limits.worker_accelerator_gib)
     skip = resumed.micro_batches if resumed is not None else 0
@@ -358,14 +357,14 @@ def _carried_scale(services: Services, config: RunConfig, iteration: int) -> Los
     return shards.loss_scale(shard.body)
 
 
-def _resumed(message: WorkMessage, config: RunConfig, store: ObjectStore) -> progress.Progress | None:
-    """The progress a continuation goes on from (None: a round's first invocation, or a round in stages, whose
-    stages each go on from their own: ``slsml.pipeline.staged``)."""
+def _resumed(message: WorkMessage, config: RunConfig, services: Services) -> progress.Progress | None:
+    """The progress a continuation goes on from, as the pipeline stored it (None: a round's first invocation, or a
+    round in stages, whose stages each go on from their own: ``slsml.pipeline.staged``)."""
     if not message.resume or config.stage_blocks is not None:
         return None
     key = keys.progress(message.run_id, message.iteration, message.worker, message.attempt, message.resume)
     try:
-        return progress.Progress.decode(store.get(key), config.plan.size, key)
+        return progress.Progress.decode(signed.read(services, message.run_id, key), config.plan.size, key)
     except BadInputError as error:
         raise RunFailed(str(error)) from None
 
@@ -419,9 +418,9 @@ def _train(
     slot, round_ = _task(message, config)  # the round's random generators (a continuation's: from its micro-batch)
     per_round = accumulate.computed(sizes, micro_batch, len(sizes), 0)
     trainer.draws = Draws(trainer.model, spec.seed, round_, message.workers, slot, per_round, message.resume)
-    work = Round(trainer, start, left.steps, spec, _Slot(store, message), resumed, pacer.pause)
+    work = Round(trainer, start, left.steps, spec, _Slot(services, message), resumed, pacer.pause)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
-        residual = pool.submit(_residual, message, config, store) if compression.lossy else None
+        residual = pool.submit(_residual, message, config, services) if compression.lossy else None
         started = time.perf_counter()
         before_s = resumed.compute_s if resumed is not None else 0.0
         hand = staged.Hand(services, message, config)
@@ -460,10 +459,8 @@ def _train(
                 update.vector, previous, config.plan, compression, samples, rule.kind, weights
             )
             body, header = compressed.update
-            store.put_new(
-                keys.residual(message.run_id, message.iteration, message.worker),
-                feedback.encode_residual(compressed.residual),
-            )
+            residual_key = keys.residual(message.run_id, message.iteration, message.worker)
+            signed.put(services, message.run_id, residual_key, feedback.encode_residual(compressed.residual))
         else:
             body, header = updates.encode(update.vector, samples, rule.kind, compression, config.plan)
         report: dict[str, Any] = {
@@ -543,7 +540,7 @@ def _hand_on(message: WorkMessage, services: Services, reached: progress.Progres
     same), record that the round goes on, and have a fresh invocation of the same attempt go on from it (unless
     the attempt was superseded meanwhile). Its duplicates are handled once (``functions/worker``)."""
     key = keys.progress(message.run_id, message.iteration, message.worker, message.attempt, done)
-    services.store.put_new(key, reached.encode())
+    signed.put(services, message.run_id, key, reached.encode())
     _go_on(message, services, {"resume": done}, {"micro_batches": done})
 
 
@@ -604,14 +601,24 @@ def _evaluate(
             traced=evaluator.traces > traces,
         )
         logger.info(SLICE_EVALUATED, extra={SLICE_KEY: timed.model_dump()})
-        store.put_array_new(keys.evaluation(run, iteration, message.worker, split), state)
+        signed.put(services, run, keys.evaluation(run, iteration, message.worker, split), npz.encode_array(state))
     wanted = {split: [keys.evaluation(run, iteration, w, split) for w in range(message.workers)] for split in splits}
     stored = {key for split in splits for key in store.list_keys(keys.evaluations_prefix(run, iteration, split))}
     if not all(set(keys_) <= stored for keys_ in wanted.values()):
         return False
-    for split, keys_ in wanted.items():
+    try:
+        found = {split: store.read_many(keys_) for split, keys_ in wanted.items()}
+    except NotFoundError:  # one placed there before its worker stored its own, deleted as that worker replaces it
+        return False
+    if any(
+        services.keys.object_problem(run, key, state.body, state.metadata) is not None
+        for split, keys_ in wanted.items()
+        for key, state in zip(keys_, found[split], strict=True)
+    ):  # one placed there before its worker stored its own: that worker replaces it, then finds them all
+        return False
+    for split, states in found.items():
         try:
-            figures = evaluator.result(np.load(io.BytesIO(body), allow_pickle=False) for body in store.get_many(keys_))
+            figures = evaluator.result(npz.decode_array(state.body) for state in states)
         except ValueError as error:
             raise RunFailed(f"the {split} evaluation of the model entering iteration {iteration}: {error}") from None
         services.table.record_evaluation(run, iteration - 1, split, figures, config.training.monitors)
@@ -636,13 +643,14 @@ def _ended(services: Services, run_id: str) -> bool:
     return False
 
 
-def _residual(message: WorkMessage, config: RunConfig, store: ObjectStore) -> np.ndarray | None:
-    """What compression left out of this worker slot's updates up to the iteration before (None: nothing)."""
+def _residual(message: WorkMessage, config: RunConfig, services: Services) -> np.ndarray | None:
+    """What compression left out of this worker slot's updates up to the iteration before, as the pipeline stored it
+    (None: nothing)."""
     if message.iteration <= config.dense_warmup:  # the first compressed round: nothing was left out before it
         return None
     key = keys.residual(message.run_id, message.iteration - 1, message.worker)
     try:
-        body = store.get(key)
+        body = signed.read(services, message.run_id, key)
     except NotFoundError:
         logger.info(
             "no residual of the iteration before: starting from zeros",
@@ -656,10 +664,11 @@ def _residual(message: WorkMessage, config: RunConfig, store: ObjectStore) -> np
 
 
 class _Slot:
-    """The worker slot's state objects (``keys.local_state``), for the run's update rule."""
+    """The worker slot's state objects (``keys.local_state``), for the run's update rule: signed, and read as the
+    pipeline stored them (``slsml.pipeline.signed``)."""
 
-    def __init__(self, store: ObjectStore, message: WorkMessage) -> None:
-        self.store, self.message = store, message
+    def __init__(self, services: Services, message: WorkMessage) -> None:
+        self.services, self.message = services, message
 
     def where(self, previous: bool = False) -> str:
         message = self.message
@@ -681,13 +690,13 @@ class _Slot:
         return body
 
     def put(self, body: bytes) -> bool:
-        return self.store.put_new(self.where(), body)
+        return signed.put(self.services, self.message.run_id, self.where(), body)
 
     def current(self) -> bytes | None:
         return self._get(self.where())
 
     def _get(self, key: str) -> bytes | None:
         try:
-            return self.store.get(key)
+            return signed.read(self.services, self.message.run_id, key)
         except NotFoundError:
             return None
