@@ -371,7 +371,8 @@ def test_the_records_a_step_may_delete_are_in_the_partition_powertools_keeps_the
 
 # Who may delete each kind of object under runs/, by hand (S3's lifecycle expirations aside, which are no request)
 DELETERS = {
-    keys.shard("r", 1, 0): {"work_launcher", "worker", "merger", "watchdog"},  # scratch, once superseded
+    # scratch, once superseded; a foreign object where a step stores its own (the Reducer: a shard's average)
+    keys.shard("r", 1, 0): {"work_launcher", "worker", "reducer", "merger", "watchdog"},
     keys.model("r", 1): {"merger"},  # a foreign object at a model's key, replaced
     keys.manifest("r", 1): {"merger"},
     keys.final_model("r"): {"work_launcher", "watchdog"},  # a final model not a copy of the run's last, replaced

@@ -162,7 +162,9 @@ def test_the_worker_goes_on_from_its_slot_state_and_fails_the_run_on_one_that_do
     assert np.abs(state.dual).max() > 0  # round 1's dual stepped from round 0's model
 
     wrong = keys.local_state("admm", 0, 1)
-    store.put_new(wrong, admm.SlotState(np.zeros(size - 1, np.float32), np.zeros(size - 1, np.float32)).encode())
+    body = admm.SlotState(np.zeros(size - 1, np.float32), np.zeros(size - 1, np.float32)).encode()
+    # stored as the pipeline stores it (signed: slsml.pipeline.signed), so that what is checked is its shape
+    store.put_new(wrong, body, services.keys.sign_object("admm", wrong, body))
     with pytest.raises(RunFailed, match=f"{wrong}: an ADMM slot state holds a model and a dual of {size} float32"):
         cloud.work(services, "admm", 1, 1)
     assert not store.exists(keys.update("admm", 1, 1)) and not store.exists(keys.local_state("admm", 1, 1))

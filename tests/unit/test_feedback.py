@@ -178,7 +178,9 @@ def test_a_residual_that_does_not_fit_the_model_fails_the_run_and_stores_nothing
 ) -> None:
     config = cloud.register_run(services, model_bytes, "bad-residual", compress="fp16")
     wrong = keys.residual("bad-residual", 0, 1)
-    services.store.put_new(wrong, feedback.encode_residual(np.zeros(config.plan.size - 1, dtype=np.float32)))
+    body = feedback.encode_residual(np.zeros(config.plan.size - 1, dtype=np.float32))
+    # stored as the pipeline stores it (signed: slsml.pipeline.signed), so that what is checked is its shape
+    services.store.put_new(wrong, body, services.keys.sign_object("bad-residual", wrong, body))
     with pytest.raises(RunFailed, match=f"{wrong}: a residual of {2 * config.plan.size - 2} bytes does not match"):
         cloud.work(services, "bad-residual", 1, 1)
     assert not services.store.exists(keys.update("bad-residual", 1, 1))
