@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.metadata
 import os
 import re
@@ -126,6 +127,14 @@ def _end_on_interrupt() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (``argv``; None: the process's arguments, the ``slsml`` command, whose process ends with it)."""
+    code = _command(argv)
+    if argv is None:  # the interpreter's last collection at exit walks every object (TensorFlow's: a second or more)
+        gc.freeze()
+    return code
+
+
+def _command(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     _end_on_interrupt()
     try:

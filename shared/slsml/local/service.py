@@ -84,7 +84,17 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _ended(pid)
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` ended and is left for its parent to reap (a zombie, as Linux's ``/proc`` says; where
+    there is none: not known, False)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 def status(state_dir: Path | None = None) -> ServiceState | None:
