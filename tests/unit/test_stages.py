@@ -296,3 +296,29 @@ def test_a_waiting_stage_hands_on_when_its_time_runs_short_and_its_waits_stay_wi
     pace.before(4 if computed else 3)
     with lifetime.invocation(_Context(lifetime_s)):
         assert pace.waiting() is hands_on
+
+
+@pytest.mark.parametrize("moved_on", ["failed", "went past the round"])
+def test_a_stage_waiting_for_its_input_stops_once_its_run_moved_on(services, model_bytes, moved_on) -> None:
+    """A stage function polls for what it waits on up to the run's deadline; once its run failed (or stopped), or
+    went on to the next iteration without its round, it stops within ``RUN_CHECK_S`` of waiting, not at the deadline."""
+    import time
+
+    from slsml.pipeline import staged
+    from slsml.rounds.stages import RUN_CHECK_S
+    from slsml.spec import keys
+    from slsml.spec.messages import WorkMessage
+
+    from . import cloud
+
+    run_id = f"waits-{moved_on.split()[0]}"
+    config = cloud.register_run(services, model_bytes, run_id, deadline_s=600.0)
+    hand = staged.Hand(services, WorkMessage(run_id=run_id, iteration=0, worker=0, workers=2), config)
+    if moved_on == "failed":
+        assert services.table.fail(run_id, "failed while a stage waits") is not None
+    else:
+        assert services.table.advance(run_id, 1, 0) is not None
+    started = time.monotonic()
+    with pytest.raises(staged.RunMovedOn, match=keys.handed(run_id, 0, 0, 0, 0, 3, False)):
+        hand.take(0, 3, False)
+    assert time.monotonic() - started < 3 * RUN_CHECK_S < config.training.deadline_s

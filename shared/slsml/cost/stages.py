@@ -24,7 +24,7 @@ from slsml.cost.timing import speedup, transfer, vcpus
 from slsml.cost.workerround import hand_on_calls, invocations
 from slsml.cost.workload import MEMORY_CHOICES_MB, Workload
 from slsml.rounds import sizing
-from slsml.rounds.stages import POLL_S, RECOMPUTE_SHARE, Block, Stage, balance, bubble, deployed, unfit
+from slsml.rounds.stages import POLL_S, RECOMPUTE_SHARE, RUN_CHECK_S, Block, Stage, balance, bubble, deployed, unfit
 from slsml.spec.errors import BadInputError
 from slsml.training import progress
 
@@ -147,10 +147,13 @@ def round_requests(p: Parameters, micro_batches: int, stages: int, pipelines: in
     sends them: each micro-batch's activation and its gradient put at every boundary and read once found; each stage
     after the first reads its input again at the backward pass; each stores its part of the update, which stage 0
     reads; and the polls that find nothing, one a ``POLL_S`` and a request while a stage function waits (``idle_s``,
-    every stage function's)."""
+    every stage function's), and a read of the run's record every ``RUN_CHECK_S`` of polls (whether it still trains
+    the round)."""
     hops, parts = micro_batches * (stages - 1) * pipelines, (stages - 1) * pipelines
     polls = round(idle_s / (POLL_S + p.s3_request_s))
-    return {"s3:PutObject": 2 * hops + parts, "s3:GetObject": 3 * hops + parts + polls}
+    checks = math.floor(polls * POLL_S / RUN_CHECK_S)
+    requests = {"s3:PutObject": 2 * hops + parts, "s3:GetObject": 3 * hops + parts + polls}
+    return requests | ({"dynamodb:GetItem": checks} if checks else {})
 
 
 def round_dollars(

@@ -7,11 +7,12 @@ computes its layers and hands its output on; the last computes the loss and hand
 and so on back to stage 0 (GPipe, with a flush: all forward passes, then all backward passes, each stage computing
 its forward pass again from its input, ``slsml.training.stages.StageRunner``). What a stage hands on is a create-only
 object of the round's attempt (``keys.handed``), signed by the pipeline (``slsml.pipeline.signed``: an object placed at
-its key before it is replaced, and none the pipeline did not store is taken); a stage polls for its input. Each
-stage but the first stores its part of the update (its weights' gradient and new non-trainable values, with its loss
-and, the last, its metrics) before it hands its last gradient back; stage 0 assembles the worker's update from the
-parts and stores and announces it as any worker does, so that the reducers, the deadlines and the rest of the pipeline
-are those of a run of one stage.
+its key before it is replaced, and none the pipeline did not store is taken); a stage polls for its input, and
+every ``RUN_CHECK_S`` of its polls reads whether its run still trains the round (it stops where the run ended or went
+on without it). Each stage but the first stores its part of the update (its weights' gradient and new non-trainable
+values, with its loss and, the last, its metrics) before it hands its last gradient back; stage 0 assembles the
+worker's update from the parts and stores and announces it as any worker does, so that the reducers, the deadlines and
+the rest of the pipeline are those of a run of one stage.
 
 A stage's round is passes (each micro-batch's forward pass, then each one's backward pass; the last stage's backward
 passes alone). Where the invocation's time runs short (``Pace``: before a pass, as a worker's round before a
@@ -42,11 +43,12 @@ from slsml.pipeline import lifetime, signed
 from slsml.pipeline.services import Services
 from slsml.rounds import sizing
 from slsml.rounds.accumulate import sizes
-from slsml.rounds.stages import POLL_S, deployed, held, unfit
+from slsml.rounds.stages import POLL_S, RUN_CHECK_S, deployed, held, unfit
 from slsml.spec import keys, samples
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
 from slsml.spec.messages import WorkMessage
+from slsml.state.records import RunStatus
 from slsml.training import npz, progress
 from slsml.training.generators import Draws
 from slsml.training.weighting import Batch
@@ -60,6 +62,10 @@ logger = Logger(child=True)
 class StageLost(Exception):
     """What a stage waits on did not come within the run's deadline (its waits in earlier invocations counted): the
     round is left to the deadline's re-launch."""
+
+
+class RunMovedOn(StageLost):
+    """The run ended, or went past the round's iteration, while a stage waited: nothing will come."""
 
 
 class HandOn(Exception):
@@ -207,6 +213,7 @@ class Hand:
     def __init__(self, services: Services, message: WorkMessage, config: RunConfig) -> None:
         self.services, self.message, self.config = services, message, config
         self.pace: Pace | None = None  # the stage's, while it computes its round
+        self.unchecked_s = 0.0  # waited since the stage last read whether its run trains the round
 
     def _key(self, stage: int, micro_batch: int, back: bool) -> str:
         m = self.message
@@ -262,7 +269,8 @@ class Hand:
     def _wait(self, key: str) -> bytes:
         """The body at ``key`` once the pipeline stored it (an object there that it did not store, placed before the
         stage that hands it on replaces it, is not taken: logged, and waited past); HandOn where the stage's pace says
-        so; StageLost past the run's deadline, or where the invocation's time runs out first."""
+        so; StageLost past the run's deadline, or where the invocation's time runs out first; RunMovedOn where the run
+        ended or went past the round's iteration (read every ``RUN_CHECK_S`` of waiting)."""
         until = time.monotonic() + self.config.training.deadline_s
         foreign = False
         while True:
@@ -280,6 +288,12 @@ class Hand:
             if time.monotonic() > until or lifetime.remaining_s() < 2 * POLL_S:
                 raise StageLost(key)
             time.sleep(POLL_S)
+            self.unchecked_s += POLL_S
+            if self.unchecked_s >= RUN_CHECK_S:
+                self.unchecked_s = 0.0
+                run = self.services.table.get_run(self.message.run_id)
+                if run.status != RunStatus.RUNNING or run.iteration > self.message.iteration:
+                    raise RunMovedOn(key)
 
 
 def first_stage(

@@ -17,6 +17,7 @@ from slsml.rounds import sizing
 from slsml.rounds.sizing import MB
 
 POLL_S = 0.02  # how often a stage function looks for what it waits on (``slsml.pipeline.staged``)
+RUN_CHECK_S = 2.0  # of a stage function's polls, between its reads of whether its run still trains its round
 # a stage's training step computes its forward pass twice (once as micro-batches flow forward, once again at the
 # backward pass, from its stored input): a forward is a third of a step (forward 1, backward 2 multiply-adds)
 RECOMPUTE_SHARE = 4 / 3

@@ -531,7 +531,11 @@ def _later_stage(message: WorkMessage, config: RunConfig, services: Services) ->
 
 
 def _left_to_deadline(lost: staged.StageLost) -> None:
-    """What a stage waited on did not come: its round is left to the deadline's re-launch of all its stages."""
+    """What a stage waited on did not come: its round is left to the deadline's re-launch of all its stages (or
+    needed no more: its run ended, or went on without it)."""
+    if isinstance(lost, staged.RunMovedOn):
+        logger.info("the run moved on: a stage stops waiting", extra={"waited_on": str(lost)})
+        return
     logger.warning("a stage's round did not come: left to the deadline", extra={"waited_on": str(lost)})
 
 
