@@ -285,6 +285,12 @@ def test_data_a_command_cannot_take_is_refused_with_the_commands_that_would_take
     (tmp_path / "imgs").mkdir()
     assert cli.main(["run", "start", "--local", "--model", "m.keras", "--data", "imgs", "--iterations", "2"]) == 2
     assert "`slsml local up`, `slsml data put NAME imgs`" in capsys.readouterr().err
+    # the model given as the data: named, with where each goes
+    assert cli.main(["run", "start", "--local", "--model", "m.keras", "--data", "m.keras", "--iterations", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --data m.keras is a Keras model, not data: give it as --model, and the samples as --data (a .npz file"
+        " of arrays x, y, or a dataset stored with `slsml data put`)"
+    ]
     assert cli.main(["plan", "--params", "1000", "--epochs", "1", "--data", "my_data.npz"]) == 2
     assert "give a stored dataset's name (`slsml data put NAME my_data.npz` stores a file)" in capsys.readouterr().err
     assert cli.main(["plan", "--params", "1000", "--epochs", "1", "--data", "digits"]) == 2
