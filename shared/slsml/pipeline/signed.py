@@ -11,6 +11,7 @@ from fnmatch import fnmatchcase
 
 from aws_lambda_powertools import Logger
 
+from slsml.aws.storage import Stored
 from slsml.pipeline.services import Services
 from slsml.spec import wiring
 from slsml.spec.errors import NotFoundError, RunFailed, SlsmlError
@@ -34,10 +35,10 @@ def put(services: Services, run_id: str, key: str, body: bytes) -> bool:
             found = store.read(key)
         except NotFoundError:  # deleted meanwhile, by another writer that replaces it
             continue
-        if (problem := services.keys.object_problem(run_id, key, found.body, found.metadata)) is None:
+        if (why := problem(services, run_id, key, found)) is None:
             return False
         if kind is not None and not any(fnmatchcase(key, pattern) for pattern in wiring.function(kind).deletes):
-            raise RunFailed(problem)
+            raise RunFailed(why)
         logger.warning("an object not written by its step was replaced", extra={"key": key})
         store.delete_if(key, found.etag)
     raise SlsmlError(f"{key} is written by something else as soon as it is deleted")
@@ -47,12 +48,12 @@ def read(services: Services, run_id: str, key: str) -> bytes:
     """The object the pipeline stored at ``key`` (NotFoundError if there is none); RunFailed, naming it, if the object
     there is not the one it stored."""
     found = services.store.read(key)
-    return checked(services, run_id, key, found.body, found.metadata)
+    if (why := problem(services, run_id, key, found)) is not None:
+        raise RunFailed(why)
+    return found.body
 
 
-def checked(services: Services, run_id: str, key: str, body: bytes, metadata: dict[str, str]) -> bytes:
-    """``body`` (read at ``key`` with ``metadata``), its proof of origin checked: RunFailed naming ``key`` if it does
-    not hold."""
-    if (problem := services.keys.object_problem(run_id, key, body, metadata)) is not None:
-        raise RunFailed(problem)
-    return body
+def problem(services: Services, run_id: str, key: str, found: Stored) -> str | None:
+    """Why ``found`` (the object read at ``key``, with its metadata) is not the one run ``run_id``'s pipeline stored
+    there, naming it; None if it is."""
+    return services.keys.object_problem(run_id, key, found.body, found.metadata)

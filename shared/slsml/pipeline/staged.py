@@ -276,7 +276,7 @@ class Hand:
         while True:
             try:
                 found = self.services.store.read(key)
-                if self.services.keys.object_problem(self.message.run_id, key, found.body, found.metadata) is None:
+                if signed.problem(self.services, self.message.run_id, key, found) is None:
                     return found.body
                 if not foreign:
                     logger.warning("an object not stored by the pipeline is not taken: waiting", extra={"key": key})

@@ -610,15 +610,17 @@ def _evaluate(
     stored = {key for split in splits for key in store.list_keys(keys.evaluations_prefix(run, iteration, split))}
     if not all(set(keys_) <= stored for keys_ in wanted.values()):
         return False
+    # one not stored by the pipeline (placed before its worker stored its own) is replaced by that worker, which then
+    # finds them all: until then they are not all in
     try:
         found = {split: store.read_many(keys_) for split, keys_ in wanted.items()}
-    except NotFoundError:  # one placed there before its worker stored its own, deleted as that worker replaces it
+    except NotFoundError:  # (deleted as its worker replaces it)
         return False
     if any(
-        services.keys.object_problem(run, key, state.body, state.metadata) is not None
+        signed.problem(services, run, key, state) is not None
         for split, keys_ in wanted.items()
         for key, state in zip(keys_, found[split], strict=True)
-    ):  # one placed there before its worker stored its own: that worker replaces it, then finds them all
+    ):
         return False
     for split, states in found.items():
         try:
