@@ -350,7 +350,8 @@ def plan(
             f" {RECOMPUTE_SHARE:.3g} (its forward pass twice) on {vcpus(memory):.3g} vCPUs",
             "hop": f"s3_request_s, s3_write_mb_s, s3_read_mb_s (parameters) and half a poll of {POLL_S:g} s",
             "requests": "slsml.cost.stages.round_requests: the hand-offs as slsml.pipeline.staged sends them, and"
-            " the polls of the stage functions while they wait; slsml.cost.stages.hand_ons: a stage's round past the"
+            " the polls of the stage functions while they wait, with a read of the run's record every"
+            f" {RUN_CHECK_S:g} s of polls; slsml.cost.stages.hand_ons: a stage's round past the"
             f" Worker's timeout ({timeout_s:g} s) handed on to fresh invocations",
             "bubble": "GPipe: (S−1)/(M+S−1)",
             "dollars": f"Lambda GB-seconds of {S * w.workers} functions for the round, and the hops' requests",
