@@ -38,12 +38,12 @@ from .conftest import final_weights, finish, train
 from .test_faults import injecting
 
 WORKERS = 4
-SPEC = TrainingSpec(  # 240 updates: the samples of 60 synchronous rounds
-    workers=WORKERS, reducers=2, global_batch=128, iterations=60 * WORKERS, staleness="unbounded", eval_every=0
+SPEC = TrainingSpec(  # 120 updates: the samples of 30 synchronous rounds
+    workers=WORKERS, reducers=2, global_batch=128, iterations=30 * WORKERS, staleness="unbounded", eval_every=0
 )
 # worker 3 sleeps 2 s at the start of each invocation: longer than a version's chain under any load, so that it takes
-# fewer updates than the others (with 5-6 busy processes beside the run, 0.5 s gave it 43 updates against 65-66; 2 s, 17
-# against 74-75)
+# fewer updates than the others (of 240 updates, with 5-6 busy processes beside the run, 0.5 s gave it 43 updates
+# against 65-66; 2 s, 17 against 74-75)
 SLOW = Faults.parse("slow_worker=3:2")
 # One step from the same stored weights: the gradients and their float64 mean as the worker and the reducers compute
 # them. Measured: at most 3e-8 (absolute; the weights' scale is 0.44); a step with one update's gradient of the version

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import boto3
@@ -175,6 +176,20 @@ def test_s3_delay_applies_inside_an_invocation_to_the_matching_keys(clients) -> 
         assert _timed_get(s3, fast) < 0.3
     assert injected == {"s3_get_delay": 1}
     assert _timed_get(s3, slow) < 0.3  # outside an invocation: nothing injected
+
+
+def test_a_held_read_goes_on_once_its_faults_are_lifted(clients, tmp_path) -> None:
+    s3, _, _ = clients
+    key, lifted = "runs/r/iters/000000/updates/00001.bin", tmp_path / "lifted"
+    plan = InvocationFaults(s3_get_delay=Delay(probability=1, seconds=60), lifted=str(lifted))
+    lift = threading.Timer(0.3, lifted.touch)
+    lift.start()
+    with faults.invocation(plan) as injected:
+        waited = _timed_get(s3, key)
+    assert injected == {"s3_get_delay": 1}
+    assert 0.3 <= waited < 30  # held until lifted, not its 60 s
+    with faults.invocation(plan):  # lifted before it was read: not held
+        assert _timed_get(s3, key) < 30
 
 
 def test_a_hang_runs_until_its_timeout_and_fails_as_lambda_reports_it() -> None:

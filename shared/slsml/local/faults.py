@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -231,6 +232,9 @@ class InvocationFaults(BaseModel):
     slow_s: float = 0.0  # sleep before doing anything
     s3_get_delay: Delay | None = None
     s3_get_delay_match: str | None = None
+    # a file the host creates once these faults are lifted or replaced (``FunctionHost.faults``): a delayed read
+    # still waiting then ends at once, as one started after it would not be delayed
+    lifted: str | None = None
 
 
 def chance(seed: int, *subject: object) -> float:
@@ -327,7 +331,19 @@ def _on_get_object(params: dict[str, Any], context: dict[str, Any], **_: Any) ->
     ):
         with _lock:
             injected["s3_get_delay"] += 1
-        time.sleep(delay.seconds)
+        _wait_unless_lifted(delay.seconds, plan.lifted)
+
+
+LIFT_POLL_S = 0.05  # how often a delayed read looks whether its faults were lifted
+
+
+def _wait_unless_lifted(seconds: float, lifted: str | None) -> None:
+    """Wait ``seconds``, or until the file ``lifted`` names exists (None: the whole time)."""
+    until = time.monotonic() + seconds
+    while (left := until - time.monotonic()) > 0:
+        if lifted is not None and os.path.exists(lifted):
+            return
+        time.sleep(min(left, LIFT_POLL_S) if lifted is not None else left)
 
 
 def _on_put_object(params: dict[str, Any], **_: Any) -> None:

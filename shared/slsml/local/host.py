@@ -14,8 +14,8 @@ would hold it: an SNS-triggered function's event with the error Lambda attaches,
 message as SQS moves it. That step fails the run (unless the function rejected the message as malformed:
 ``slsml.spec.errors.rejected``), as it does on AWS.
 
-Faults (``slsml.local.faults``) can be injected: set ``FunctionHost.faults`` at any time, and read
-``fault_report()`` for what was injected and what it caused.
+Faults (``slsml.local.faults``) can be injected: set ``FunctionHost.faults`` at any time (a read that faults set
+before hold back is let go then), and read ``fault_report()`` for what was injected and what it caused.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 import queue as queue_module
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -422,7 +424,9 @@ class FunctionHost:
         self.log_dir = log_dir
         self.duplicate_deliveries = duplicate_deliveries
         self.tf_threads = tf_threads
-        self.faults = faults
+        # a file per setting of the faults, created when they are lifted or replaced (``InvocationFaults.lifted``)
+        self._lifts = Path(tempfile.mkdtemp(prefix="slsml-faults-"))
+        self._faults: tuple[Faults | None, Path] = (faults, self._lifts / "0")
         self.function_environment = dict(function_environment or {})
         self.sqs = aws.new_client(
             "sqs", **deployment.client_arguments(), config=Config(max_pool_connections=64)
@@ -639,6 +643,18 @@ class FunctionHost:
             )
         return f"Runtime exited: a warm process of {function} died ({error})"
 
+    @property
+    def faults(self) -> Faults | None:
+        """The faults injected into each message received from now on (None: none)."""
+        return self._faults[0]
+
+    @faults.setter
+    def faults(self, faults: Faults | None) -> None:
+        """Set at any time: the S3 reads that the faults before still hold back go on at once."""
+        _, lifted = self._faults
+        self._faults = faults, self._lifts / str(int(lifted.name) + 1)
+        lifted.touch()
+
     def stop(self) -> None:
         """Take no more messages, start no more invocations (those held back are dropped) and shut the function
         processes down. The threads are not waited for here (``join``): each ends when its long poll returns (at
@@ -651,6 +667,7 @@ class FunctionHost:
             self._handling(run_id, -1)
         for containers in self._containers.values():
             containers.close()
+        shutil.rmtree(self._lifts, ignore_errors=True)
 
     def join(self, timeout_s: float) -> None:
         """After ``stop``, wait up to ``timeout_s`` for every thread of the host to end: a caller that goes on after
@@ -697,7 +714,8 @@ class FunctionHost:
     def _dispatch(self, function: str, queue: str, message: dict[str, Any], free: threading.Semaphore) -> None:
         queue_name = self._queue_triggers.get(function)
         body = self._queued(function, message)
-        fault_spec = self.faults if self.faults is not None and self.faults.active else None
+        faults, lifted = self._faults
+        fault_spec = faults if faults is not None and faults.active else None
         identity = message_identity(body)
         receives = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
         copy = DUPLICATE_ATTRIBUTE in message.get("MessageAttributes", {})
@@ -716,6 +734,7 @@ class FunctionHost:
         plan, delayed_s, late_s = None, 0.0, 0.0
         if fault_spec is not None:
             plan = fault_spec.for_invocation(function, identity, receives, run_id not in self._merger_crashed)
+            plan = plan.model_copy(update={"lifted": str(lifted)})
             delayed_s, late_s = fault_spec.held_back(identity, receives), fault_spec.late(function, identity)
         hold_s = delayed_s + late_s
         event = sns_event(body, f"{body['TopicArn']}:{function}") if queue_name is None else sqs_event(message, queue)
