@@ -45,7 +45,7 @@ from slsml.pipeline.proof import RunKeys
 from slsml.pipeline.steps.merger import GENERATION_METADATA, MERGED_METADATA
 from slsml.spec import keys, wiring
 from slsml.spec.config import OptimizerConfig, RunConfig, TrainingSpec
-from slsml.spec.deployment import VOUCH
+from slsml.spec.deployment import VOUCH, Metric
 from slsml.spec.errors import SlsmlError
 from slsml.spec.messages import Manifest, ReduceDone, WorkDone
 from slsml.state import records
@@ -652,17 +652,22 @@ def test_state_placed_where_a_runs_steps_hand_it_on_is_replaced_and_changes_noth
     placed = {key.replace("handed-reference", "handed-placed", 1) for key in reference}
     for key in placed:
         services.store.put_new(key, forged[HANDED_KINDS.search(key)[1]])
+    logs = [local.log_dir / f"{log}.log" for log in ("worker", "reducer")]
+    before = {log: len(log_entries(log)) for log in logs}  # the entries of the runs before, all ended
     train(services, HANDED_SPEC, "handed-placed")
     run = finish(services, "handed-placed")
     assert run.status == "COMPLETED", run.reason
     assert np.array_equal(final_weights(services, "handed-placed")[0], final_weights(services, "handed-reference")[0])
+    entries = [entry for log in logs for entry in log_entries(log)[before[log] :]]
     replaced = {
         entry["key"]
-        for log in ("worker", "reducer")
-        for entry in log_entries(local.log_dir / f"{log}.log")
+        for entry in entries
         if entry.get("message", "").startswith("an object not") and "/handed-placed/" in entry.get("key", "")
     }
     assert replaced == placed
+    refusals = Metric.REFUSED_OBJECTS.value
+    # each replaced object counted on the dashboard
+    assert sum(np.sum(entry[refusals]) for entry in entries if refusals in entry) == len(placed)
 
 
 BOMBED = "bombed"

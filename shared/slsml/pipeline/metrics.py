@@ -10,8 +10,10 @@ Metrics (CloudWatch embedded metric format: one JSON log line per invocation, na
   (a quorum below one, or the watchdog's fire at the deadline floor);
 - ``DeadlineActions``: the Watchdog, when it fired a barrier, re-launched steps, kept a stale shard or
   failed a run;
-- ``RefusedObjects``: a step that read an update or a shard that is not the object its signed message or its
-  iteration's manifest names (``slsml.pipeline.steps.common.refused``): its run fails naming it;
+- ``RefusedObjects``: a step that read an object its pipeline did not store (an update or a shard that is not the
+  one its signed message or its iteration's manifest names, a manifest or a handed-on state without the proof of
+  origin of the step that stores it: ``slsml.pipeline.signed.refuse``), its run failing naming it; or that replaced
+  one placed at a key before the pipeline stored its own there (``slsml.pipeline.signed.put``);
 - ``BytesRead``, ``BytesWritten``: every function that moved S3 bytes in an invocation, as its usage
   lines count them (``slsml.accounting.usage``), by ``envelope.pipeline_handler``.
 

@@ -12,8 +12,10 @@ from fnmatch import fnmatchcase
 from aws_lambda_powertools import Logger
 
 from slsml.aws.storage import Stored
+from slsml.pipeline import metrics
 from slsml.pipeline.services import Services
 from slsml.spec import wiring
+from slsml.spec.deployment import Metric
 from slsml.spec.errors import NotFoundError, RunFailed, SlsmlError
 
 logger = Logger(child=True)
@@ -24,7 +26,7 @@ def put(services: Services, run_id: str, key: str, body: bytes) -> bool:
     """Store ``body`` at ``key``, signed: False (and nothing written) where the pipeline stored an object there already
     (a duplicate's or a retry's, which stands). An object there that it did not store is replaced (logged; deleted
     only while it is that object: ``ObjectStore.delete_if``) by a step that may delete it (its wiring's ``deletes``);
-    RunFailed, naming it, where the step may not."""
+    RunFailed, naming it, where the step may not. Each counted (``RefusedObjects``)."""
     store = services.store
     metadata = services.keys.sign_object(run_id, key, body)
     kind = services.keys.kind
@@ -38,8 +40,9 @@ def put(services: Services, run_id: str, key: str, body: bytes) -> bool:
         if (why := problem(services, run_id, key, found)) is None:
             return False
         if kind is not None and not any(fnmatchcase(key, pattern) for pattern in wiring.function(kind).deletes):
-            raise RunFailed(why)
+            raise refuse(key, why)
         logger.warning("an object not written by its step was replaced", extra={"key": key})
+        metrics.emit(Metric.REFUSED_OBJECTS, 1)
         store.delete_if(key, found.etag)
     raise SlsmlError(f"{key} is written by something else as soon as it is deleted")
 
@@ -49,8 +52,16 @@ def read(services: Services, run_id: str, key: str) -> bytes:
     there is not the one it stored."""
     found = services.store.read(key)
     if (why := problem(services, run_id, key, found)) is not None:
-        raise RunFailed(why)
+        raise refuse(key, why)
     return found.body
+
+
+def refuse(key: str, reason: str, **log: object) -> RunFailed:
+    """The failure of a run whose step read, at ``key``, an object that its pipeline did not store there (``reason``,
+    naming it): logged and counted (``RefusedObjects``); nothing of it is used."""
+    logger.error("object refused", extra={**log, "key": key, "reason": reason})
+    metrics.emit(Metric.REFUSED_OBJECTS, 1)
+    return RunFailed(reason)
 
 
 def problem(services: Services, run_id: str, key: str, found: Stored) -> str | None:

@@ -37,7 +37,7 @@ class Metric(StrEnum):
     DEADLINE_ACTIONS = "DeadlineActions"  # the watchdog fired a barrier, re-launched steps, failed or completed a run
     REJECTED_MESSAGES = "RejectedMessages"  # malformed, or not belonging to the run it names: no step acted
     REFUSED_STARTS = "RefusedStarts"  # a model dropped under incoming/ that the RunStarter could not start
-    REFUSED_OBJECTS = "RefusedObjects"  # an object read that is not the one its signed message or manifest names
+    REFUSED_OBJECTS = "RefusedObjects"  # an object read or replaced that the pipeline did not store
 
 
 # What the functions' IAM policies let them read in the bucket (keys.py puts every object under one of these);

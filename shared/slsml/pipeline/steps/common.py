@@ -14,13 +14,12 @@ from slsml import rules
 from slsml.aws import clients as aws
 from slsml.aws import fleet as gpu_fleet
 from slsml.aws.storage import ObjectStore, Stored
-from slsml.pipeline import metrics
+from slsml.pipeline import signed
 from slsml.pipeline.proof import RunKeys
 from slsml.pipeline.services import Services
 from slsml.pipeline.services import run_config as run_config  # read by the admission of messages too
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
-from slsml.spec.deployment import Metric
 from slsml.spec.errors import RunFailed
 from slsml.spec.messages import Manifest
 from slsml.state.records import RunRecord, RunStatus
@@ -40,10 +39,7 @@ def shard_etags(store: ObjectStore, config: RunConfig, iteration: int) -> list[s
 def refused(key: str, why: str, **log: object) -> RunFailed:
     """The failure of a run whose step read, at ``key``, an object that is not the one its signed message or manifest
     names (``why``): logged naming it and counted (``RefusedObjects``); nothing of it is used."""
-    reason = f"{key} {why}: it was replaced behind the pipeline's back"
-    logger.error("object refused", extra={**log, "key": key, "reason": reason})
-    metrics.emit(Metric.REFUSED_OBJECTS, 1)
-    return RunFailed(reason)
+    return signed.refuse(key, f"{key} {why}: it was replaced behind the pipeline's back", **log)
 
 
 def named_shard(run_keys: RunKeys, run_id: str, iteration: int, shard: int, manifest: Stored, read: Stored) -> None:
@@ -65,7 +61,7 @@ def manifest_of(run_keys: RunKeys | None, run_id: str, iteration: int, manifest:
     """The manifest of ``iteration`` (as read, with its metadata): ``manifest_shards``'s checks."""
     key = keys.manifest(run_id, iteration)
     if run_keys is not None and (problem := run_keys.object_problem(run_id, key, manifest.body, manifest.metadata)):
-        raise RunFailed(problem)
+        raise signed.refuse(key, problem, run_id=run_id)
     return Manifest.model_validate_json(manifest.body)
 
 
