@@ -16,6 +16,7 @@ from pydantic.fields import FieldInfo
 
 from slsml.cli import display, options
 from slsml.cli import main as cli
+from slsml.spec import flags
 from slsml.spec.config import RegularExpression, TrainingSpec
 from slsml.spec.errors import BadInputError
 
@@ -30,7 +31,7 @@ def _actions(parser: argparse.ArgumentParser, *command: str) -> dict[str, argpar
 
 
 def _flag(field: str) -> str:
-    return "--" + options.FLAG_NAMES.get(field, field).replace("_", "-")
+    return "--" + flags.FLAG_NAMES.get(field, field).replace("_", "-")
 
 
 def _other(field: FieldInfo) -> tuple[list[str], Any]:

@@ -128,6 +128,14 @@ def test_a_model_with_a_skip_across_every_cut_is_refused_naming_the_layer() -> N
     assert stages.refusal(model, 1) is None
 
 
+def test_a_model_of_one_layer_is_refused_naming_it() -> None:
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="only")])
+    assert stages.refusal(model, 2) == (
+        f"--pipeline-stages 2: model {model.name!r} can be cut at 0 layer boundaries, into 1 stage at most: its one"
+        " layer, 'only', has no boundary to cut at; train it in one stage (--pipeline-stages 1)"
+    )
+
+
 def test_more_stages_than_blocks_are_refused_with_the_most_that_fit() -> None:
     why = stages.refusal(_residual_chain(), 5)
     assert why is not None and "into 4 stages at most" in why and "layer 'add' takes the output of 'd1'" in why

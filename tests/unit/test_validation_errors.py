@@ -12,8 +12,10 @@ from pydantic import ValidationError
 
 from slsml.cli import main as cli
 from slsml.cli import options
+from slsml.client.arguments import KEYWORDS
 from slsml.spec.config import DropInRequest, RunConfig, TrainingSpec
 from slsml.spec.errors import BadInputError, problems
+from slsml.spec.flags import as_keywords
 
 
 def _error(model: type, value: object) -> ValidationError:
@@ -123,6 +125,10 @@ def test_a_keyword_tune_does_not_take_is_a_type_error_naming_the_closest_one() -
         ),
         ({"optimizer": "adam", "loss": "binary_crossentropi"}, "unknown loss 'binary_crossentropi' (did you mean"),
         ({}, 'the model is not compiled: give loss= (e.g. loss="sparse_categorical_crossentropy") and optimizer='),
+        (
+            {"optimizer": "adam", "pipeline_stages": 2},
+            "pipeline_stages=2: model 'sequential",
+        ),
     ],
 )
 def test_fits_arguments_that_make_no_run_are_one_line_naming_the_arguments(keywords: dict, said: str) -> None:
@@ -145,3 +151,23 @@ def test_tune_names_its_arguments_for_a_model_the_build_function_does_not_compil
     with pytest.raises(BadInputError) as refused:
         slsml.tune(lambda hp: _uncompiled(), *XY, optimizer="adamx", **arguments)
     assert str(refused.value).startswith("optimizer='adamx' is not an optimizer slsml applies (did you mean 'adamax'")
+
+
+@pytest.mark.parametrize(
+    ("said", "read"),
+    [
+        (
+            "--pipeline-stages 4: into 2 stages at most; give --pipeline-stages 2 or fewer",
+            "pipeline_stages=4: into 2 stages at most; give pipeline_stages=2 or fewer",
+        ),
+        ("--batch 8 and --batch-size 8 (--workers 3)", "batch_size=8 and batch_size=8 (workers=3)"),
+        (
+            "leave --micro-batch out, or give --memory worker=2048",
+            "leave micro_batch out, or give --memory worker=2048",
+        ),
+        ("--compress topk:0.01 with --staleness unbounded", "compress topk:0.01 with staleness unbounded"),
+        ("--iterations 3 or --epochs 2.5; --learning-rate 0.1", "--iterations 3 or epochs=2.5; --learning-rate 0.1"),
+    ],
+)
+def test_a_refusal_names_the_training_options_as_a_python_caller_gives_them(said: str, read: str) -> None:
+    assert as_keywords(said, KEYWORDS) == read

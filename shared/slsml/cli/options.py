@@ -22,23 +22,10 @@ from slsml.spec.config import (
 )
 from slsml.spec.deployment import DEFAULT_FUNCTIONS, checked_settings
 from slsml.spec.errors import BadInputError, renamed
+from slsml.spec.flags import KERAS_NAMES, dest, flag
 
-# TrainingSpec fields whose flag is not named after the field (the flags' names came first): field → dest
-FLAG_NAMES = {
-    "global_batch": "batch",
-    "heartbeat_s": "heartbeat",
-    "time_budget_s": "time_budget",
-    "deadline_s": "deadline",
-}
-# TrainingSpec fields whose flag also takes Keras's name for it (fit's argument)
-KERAS_NAMES = {"global_batch": "--batch-size"}
 # TrainingSpec fields with options of their own: the optimizer group (_optimizer_options) and --loss
 OWN_OPTIONS = frozenset({"optimizer", "loss"})
-
-
-def _dest(field: str) -> str:
-    """The dest of TrainingSpec field ``field``'s flag."""
-    return FLAG_NAMES.get(field, field)
 
 
 def readings(spec: type[BaseModel]) -> dict[str, dict[str, Any]]:
@@ -117,7 +104,7 @@ def training_flags(
             parser.set_defaults(default_iterations=iterations)
             default, needed = None, False
         default = (defaults or {}).get(name, default)
-        names = [flag(_dest(name)), *([KERAS_NAMES[name]] if name in KERAS_NAMES else [])]
+        names = [flag(dest(name)), *([KERAS_NAMES[name]] if name in KERAS_NAMES else [])]
         action = group.add_argument(*names, default=default, required=needed, **reading)
         # set after: BooleanOptionalAction adds a default of its own to the help it is given
         shown_default = iterations if name == "iterations" else default
@@ -206,11 +193,6 @@ def run_name(text: str) -> str:
     if not RUN_ID_PATTERN.match(text):
         raise argparse.ArgumentTypeError(f"{text!r}: a run id is 1-63 lowercase letters, digits or '-'")
     return text
-
-
-def flag(field: str) -> str:
-    """The option string of ``field``."""
-    return "--" + field.replace("_", "-")
 
 
 def _optimizer_options(parser: argparse.ArgumentParser) -> None:
@@ -313,13 +295,13 @@ def check_local_options_apply(args: argparse.Namespace, one_shot: bool) -> None:
     if one_shot:
         return
     given = [("--faults", args.faults, str(args.faults)), ("--pool", args.pool, str(args.pool))]
-    for flag in FUNCTION_OPTIONS:
-        pairs = getattr(args, flag.removeprefix("--").replace("-", "_"))
-        given.append((flag, pairs, " ".join(f"{name}={value}" for name, value in pairs or ())))
-    for flag, value, text in given:
+    for option in FUNCTION_OPTIONS:
+        pairs = getattr(args, option.removeprefix("--").replace("-", "_"))
+        given.append((option, pairs, " ".join(f"{name}={value}" for name, value in pairs or ())))
+    for given_flag, value, text in given:
         if value is None:
             continue
-        faults = flag == "--faults"
+        faults = given_flag == "--faults"
         where = (
             "faults are injected into a one-shot local run only"
             if faults
@@ -327,8 +309,8 @@ def check_local_options_apply(args: argparse.Namespace, one_shot: bool) -> None:
         )
         if args.stack:
             raise BadInputError(
-                f"{flag} {text}: {where}, not {'into ' if faults else ''}--stack {args.stack}: leave {flag} out, or run"
-                " it with --local and no local service up"
+                f"{given_flag} {text}: {where}, not {'into ' if faults else ''}--stack {args.stack}: leave"
+                f" {given_flag} out, or run it with --local and no local service up"
             )
         if faults:
             raise BadInputError(
@@ -336,8 +318,8 @@ def check_local_options_apply(args: argparse.Namespace, one_shot: bool) -> None:
                 " stop it (`slsml local down`) to run on a cloud of its own with --faults, or leave --faults out"
             )
         raise BadInputError(
-            f"{flag} {text}: {where}, and the local service is up (the run would go to it, which runs as `slsml local"
-            f" up` set it): give {flag} to `slsml local up`, or leave it out"
+            f"{given_flag} {text}: {where}, and the local service is up (the run would go to it, which runs as"
+            f" `slsml local up` set it): give {given_flag} to `slsml local up`, or leave it out"
         )
 
 
@@ -349,7 +331,7 @@ def training_spec(
     the command reckoned it (``slsml plan``: its --epochs over the samples), in place of the flags'. BadInputError on
     one line naming the flags for values that do not make a spec."""
     optimizer = _optimizer(args, default_learning_rate)
-    values = {name: getattr(args, _dest(name)) for name in SPEC_READINGS}
+    values = {name: getattr(args, dest(name)) for name in SPEC_READINGS}
     if iterations is not None:
         values["iterations"] = iterations
     else:
@@ -363,7 +345,7 @@ def training_spec(
     try:
         return TrainingSpec(**values, optimizer=optimizer, loss=args.loss)
     except ValidationError as error:
-        flags = {name: flag(_dest(name)) for name in SPEC_READINGS}
+        flags = {name: flag(dest(name)) for name in SPEC_READINGS}
         raise BadInputError(_flagged(error, flags)) from None
 
 

@@ -4,15 +4,16 @@ never a pydantic dump."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ParamSpec, TypeVar
 
 from pydantic import ValidationError
 
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, renamed, unexpected_keyword
+from slsml.spec.flags import ARGUMENT_NAMES, KERAS_NAMES, as_keywords, dest, flag
 
-ARGUMENT_NAMES = {"global_batch": "batch_size"}  # TrainingSpec fields a Python caller gives under Keras's name
 # TrainingSpec fields that are no training option of a Python caller, and the argument that gives each
 NOT_OPTIONS = {
     "iterations": "epochs",
@@ -39,3 +40,29 @@ def check_keywords(function: str, options: Mapping[str, Any], own: Iterable[str]
     for name in options:
         if name not in known:
             raise unexpected_keyword(function, name, known, NOT_OPTIONS.get(name))
+
+
+def _keywords() -> dict[str, str]:
+    """The flag of each training option a Python caller gives as a keyword → that keyword."""
+    fields = [name for name in TrainingSpec.model_fields if NOT_OPTIONS.get(name, name) == name]
+    named = {flag(dest(name)): ARGUMENT_NAMES.get(name, name) for name in [*fields, *ARGUMENT_NAMES]}
+    return named | {KERAS_NAMES[name]: keyword for name, keyword in ARGUMENT_NAMES.items()}
+
+
+KEYWORDS = _keywords()
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def said_as_keywords(function: Callable[P, R]) -> Callable[P, R]:
+    """``function`` (``fit``, ``tune``) whose BadInputError names the training options as its caller gave them, by
+    keyword (``pipeline_stages=4``), not by the flags a command takes (``--pipeline-stages 4``)."""
+
+    @functools.wraps(function)
+    def called(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return function(*args, **kwargs)
+        except BadInputError as error:
+            raise BadInputError(as_keywords(str(error), KEYWORDS)) from None
+
+    return called

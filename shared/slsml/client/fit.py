@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from slsml.client import runs
-from slsml.client.arguments import check_keywords, training_spec
+from slsml.client.arguments import check_keywords, said_as_keywords, training_spec
 from slsml.data.writer import DatasetWriter
 from slsml.pipeline import launch
 from slsml.pipeline.services import Services
@@ -54,6 +54,7 @@ class Data:
         return itertools.chain([self.first], self.rest)
 
 
+@said_as_keywords
 def fit(
     model: Any,
     x: Any = None,
@@ -95,7 +96,7 @@ def fit(
     ``SLSML_POOL``, else what the machine holds)."""
     import keras
 
-    from slsml.training import evaluation, modelio
+    from slsml.training import evaluation, modelio, stages
 
     check_keywords("fit", options, FIT_ARGUMENTS)
     if pool is not None and stack is not None:
@@ -118,6 +119,8 @@ def fit(
     # the data against the model before anything is stored (prepare_run checks it again, with the whole data's range)
     modelio.check_compiled(model, loss=False, optimizer=False, missing=modelio.ARGUMENTS_MISSING)
     modelio.optimizer_config(model)  # one the reducers apply
+    if (why := stages.refusal(model, spec.pipeline_stages)) is not None:  # a model with too few cut points
+        raise BadInputError(why)
     first_x, first_y, _ = train.first
     modelio.check_fits(model, modelio.loss_config(model, None), first_x, first_y, None)
     run_id = launch.new_run_id("fit")

@@ -26,7 +26,7 @@ from pydantic import ConfigDict, Field
 from slsml.accounting import prices
 from slsml.accounting import usage as accounting
 from slsml.client import runs, signals
-from slsml.client.arguments import check_keywords, training_spec
+from slsml.client.arguments import check_keywords, said_as_keywords, training_spec
 from slsml.data import datasets as data
 from slsml.data.manifest import DatasetManifest
 from slsml.pipeline import launch
@@ -77,6 +77,7 @@ class Target:
     kept: bool = True
 
 
+@said_as_keywords
 def tune(
     build_model: space.BuildModel,
     x: Arrays | None,

@@ -82,12 +82,15 @@ def refusal(model: keras.Model, count: int) -> str | None:
     points = cut_points(model)
     if count <= len(points) + 1:
         return None
-    blocker, source = _blocker(g, points)
-    reason = (
-        f"layer {blocker!r} takes the output of {source!r} across every boundary between them"
-        if source is not None
-        else f"layer {blocker!r} is called on both sides of every boundary between its calls"
-    )
+    if len(g.nodes) == 1:
+        reason = f"its one layer, {g.nodes[0].operation.name!r}, has no boundary to cut at"
+    else:
+        blocker, source = _blocker(g, points)
+        reason = (
+            f"layer {blocker!r} takes the output of {source!r} across every boundary between them"
+            if source is not None
+            else f"layer {blocker!r} is called on both sides of every boundary between its calls"
+        )
     most = len(points) + 1
     fewer = f"give --pipeline-stages {most} or fewer" if most > 1 else "train it in one stage (--pipeline-stages 1)"
     return (
