@@ -243,6 +243,12 @@ def plan(
     def fits(stage: Stage) -> bool:
         return stage.memory(memory, cache).micro_batch() >= 1
 
+    if stages is not None and stages > len(blocks):
+        raise BadInputError(
+            f"--pipeline-stages {stages}: the model's {len(blocks)} block{'s' * (len(blocks) > 1)} (the layers between"
+            f" its cut points) make {len(blocks)} stage{'s' * (len(blocks) > 1)} at most: give --pipeline-stages"
+            f" {len(blocks)}{' or fewer' * (len(blocks) > 1)}"
+        )
     counts = [stages] if stages is not None else range(2, len(blocks) + 1)
     split = next((found for count in counts if (found := balance(blocks, count, fits)) is not None), None)
     if split is None:
