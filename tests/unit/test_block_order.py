@@ -89,8 +89,8 @@ def test_the_spec_names_what_the_block_order_does_not_take() -> None:
         TrainingSpec(shuffle_block=8)
     with pytest.raises(
         BadInputError,
-        match="global batch 64 is larger than the training set in blocks of 16 "
-        r"\(48 samples\)",
+        match=r"global batch 64 is larger than the training set in blocks of 16 \(48 samples\): give --batch 48 or"
+        " less$",
     ):
         data.block_order(TrainingSpec(global_batch=64, shuffle="blocks"), 63)
     edge = data.block_order(TrainingSpec(global_batch=48, shuffle="blocks"), 63)  # a batch of every whole block

@@ -680,3 +680,22 @@ def test_compare_vm_prices_the_same_epoch_on_one_machine(capsys: pytest.CaptureF
     with pytest.raises(SystemExit) as exit_:
         main(["plan", *argv, "--compare-vm", "fast:3"])
     assert exit_.value.code == 2 and "SAMPLES_PER_S:DOLLARS_PER_HOUR" in capsys.readouterr().err
+
+
+def test_a_global_batch_past_the_samples_or_reducers_past_the_weights_are_refused_with_what_to_give(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    assert main(["plan", "--params", "1000", "--samples", "100", "--iterations", "2"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("global batch 128 is larger than the 100 training samples: give --batch 100 or less")
+    )
+    assert main(["plan", "--params", "10", "--samples", "1000", "--reducers", "12", "--iterations", "2"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "12 reducers but the model has only 10 weights: 2 reducers would own no shard; give --reducers 10 or fewer"
+        )
+    )

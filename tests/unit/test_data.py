@@ -68,7 +68,7 @@ def test_each_epoch_is_a_permutation_and_epochs_differ() -> None:
 
 
 def test_global_batch_larger_than_the_data_is_refused() -> None:
-    with pytest.raises(BadInputError, match="larger than the training set"):
+    with pytest.raises(BadInputError, match=r"larger than the training set \(9 samples\): give --batch 9 or less$"):
         data.global_batch_indices(9, 10, seed=0, iteration=0)
 
 

@@ -44,13 +44,10 @@ def test_a_dense_model_past_ten_gigabytes_is_planned_in_stages_of_their_own_weig
     assert main(["plan", *DENSE, "--workers", "4", "--pipeline-stages", str(S - 1)]) == 2
     assert "no split of the model's 24 blocks fits workers of 10,240 MB" in capsys.readouterr().err
     assert main(["plan", *DENSE, "--workers", "4", "--pipeline-stages", "25"]) == 2  # more stages than blocks
-    assert (
-        capsys.readouterr()
-        .err.strip()
-        .endswith(
-            "--pipeline-stages 25: the model's 24 blocks (the layers between its cut points) make 24 stages at most: give"
-            " --pipeline-stages 24 or fewer"
-        )
+    said = capsys.readouterr().err.strip()
+    assert said.endswith(
+        "--pipeline-stages 25: the model's 24 blocks (the layers between its cut points) make 24 stages at most:"
+        " give --pipeline-stages 24 or fewer"
     )
 
 

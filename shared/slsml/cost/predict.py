@@ -88,10 +88,13 @@ def check(workload: Workload, parameters: Parameters, quotas: Quotas) -> None:
     if w.reducers > w.params:
         raise BadInputError(
             f"{w.reducers} reducers but the model has only {w.params} weights: "
-            f"{w.reducers - w.params} reducers would own no shard"
+            f"{w.reducers - w.params} reducers would own no shard; give --reducers {w.params} or fewer"
         )
     if w.samples is not None and w.global_batch > w.samples:
-        raise BadInputError(f"global batch {w.global_batch} is larger than the {w.samples} training samples")
+        raise BadInputError(
+            f"global batch {w.global_batch} is larger than the {w.samples} training samples: give --batch {w.samples}"
+            " or less"
+        )
     try:
         TrainingSpec.model_validate(w.run_spec.model_dump(exclude={"min_workers", "max_workers", "objective"}))
     except ValidationError as error:

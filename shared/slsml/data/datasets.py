@@ -161,7 +161,10 @@ def iterations_per_epoch(train_count: int, global_batch: int, least: int = 1) ->
     """Global batches an epoch, as Keras counts them (``samples.epoch_batches``: the last one smaller, where it holds
     ``least`` samples)."""
     if global_batch > train_count:
-        raise BadInputError(f"global batch {global_batch} is larger than the training set ({train_count} samples)")
+        raise BadInputError(
+            f"global batch {global_batch} is larger than the training set ({train_count} samples): give --batch"
+            f" {train_count} or less"
+        )
     return samples.epoch_batches(train_count, global_batch, least)
 
 
@@ -235,8 +238,8 @@ def block_order(spec: TrainingSpec, train_count: int) -> BlockOrder | None:
     order = BlockOrder(train_count, spec.global_batch, spec.shuffle_block, spec.seed, spec.asked_workers())
     if spec.global_batch > order.streamed:  # as the exact order refuses one larger than the split
         raise BadInputError(
-            f"global batch {spec.global_batch} is larger than the training set in blocks of "
-            f"{spec.shuffle_block} ({order.streamed} samples)"
+            f"global batch {spec.global_batch} is larger than the training set in blocks of {spec.shuffle_block}"
+            f" ({order.streamed} samples): give --batch {order.streamed} or less"
         )
     return order
 
