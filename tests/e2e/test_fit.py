@@ -200,6 +200,20 @@ def test_class_weights_for_classes_the_labels_do_not_have_are_refused_before_any
     ):
         launch.prepare_run(services, modelio.save_model(model), "cancer-weighted", spec, "fit-both-weights")
     assert services.store.list_keys(keys.run_prefix("fit-both-weights")) == []
+    # float labels (0./1.) record no classes: each label is rounded to its class, as Keras's fit rounds it
+    x, y, x_test, y_test = cancer
+    data.put_dataset(services.store, "cancer-floats", x, y.astype(np.float32), x_test, y_test.astype(np.float32))
+    floats = spec.model_copy(update={"class_weight": TrainingSpec(class_weight={1: 2.0}).class_weight})
+    config = launch.prepare_run(services, modelio.save_model(model), "cancer-floats", floats, "fit-float-classes")
+    assert config.class_weights == (1.0, 2.0)
+    # labels of several outputs: Keras weighs the classes of one output only
+    named, named_test = ({k: labels.astype(np.float32) for k in "ab"} for labels in (y, y_test))
+    data.put_dataset(services.store, "cancer-two", x, named, x_test, named_test)
+    inputs = keras.Input((x.shape[1],))
+    two = keras.Model(inputs, {k: keras.layers.Dense(1, activation="sigmoid", name=k)(inputs) for k in named})
+    two.compile(optimizer="adam", loss={k: "binary_crossentropy" for k in named})
+    with pytest.raises(BadInputError, match="has the labels of several outputs and the run gives class_weight"):
+        launch.prepare_run(services, modelio.save_model(two), "cancer-two", floats, "fit-two-classes")
 
 
 def test_early_stopping_ends_the_run_completed_and_keep_best_keeps_the_best_evaluated_model(services, cancer):

@@ -50,6 +50,15 @@ def test_a_mapping_naming_a_class_the_labels_do_not_have_is_refused_by_name() ->
     assert weighting.resolve({2: 4.0}, (5, 1, 2), 3) == (1.0, 1.0, 4.0)
     with pytest.raises(ValueError, match="balanced needs the samples of each class"):
         weighting.resolve("balanced", None, 4)
+    with pytest.raises(ValueError, match="balanced needs the samples of each class"):
+        weighting.resolve("balanced", None, None)
+
+
+def test_float_labels_take_a_mapping_as_keras_each_label_rounded_to_its_class() -> None:
+    y, class_weight = LABELS["binary floats"], {1: 5.0}
+    table = weighting.resolve(class_weight, None, None)  # a dataset of float labels records no classes
+    expected = class_weight_to_sample_weights(keras.ops.convert_to_tensor(y), class_weight)
+    np.testing.assert_array_equal(weighting.of_classes(y, table), expected)
 
 
 @pytest.mark.parametrize(

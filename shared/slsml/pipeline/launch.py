@@ -215,7 +215,12 @@ def _class_weights(spec: TrainingSpec, manifest: DatasetManifest) -> tuple[float
             f"dataset {manifest.name!r} holds sample weights and the run gives class_weight: Keras's"
             " fit takes one or the other (fold the class weights into the sample weights)"
         )
-    y_shape = manifest.y_shape or ()  # named arrays (several outputs): no class ids
+    if manifest.y_arrays is not None:
+        raise BadInputError(
+            f"dataset {manifest.name!r} has the labels of several outputs and the run gives class_weight: Keras's fit"
+            " weighs the classes of a model of one output (give the samples' weights instead)"
+        )
+    y_shape = manifest.y_shape or ()
     one_hot = y_shape[-1] if len(y_shape) == 1 and y_shape[0] > 1 else None
     try:
         return weighting.resolve(spec.class_weights, manifest.class_counts, manifest.classes or one_hot)

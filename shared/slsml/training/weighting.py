@@ -38,7 +38,9 @@ def resolve(
     """A run's class weights per class id 0 … n−1, from ``class_weight`` ("balanced": samples / (classes × the
     class's samples), scikit-learn's formula, over the classes present; a mapping: its weights, 1 for a class left
     out). ``counts``: the training labels' samples per class (None: not known), ``classes``: how many class ids
-    the labels can take (None: not class ids). ValueError naming the problem: a class the labels do not have."""
+    the labels can take (None: not class ids). Labels of neither (float labels, 0./1.) take a mapping as Keras does,
+    each label rounded to its class, the classes unchecked. ValueError naming the problem: a class the labels do not
+    have."""
     if class_weight == "balanced":
         if counts is None:
             raise ValueError(
@@ -50,6 +52,8 @@ def resolve(
         total = sum(counts)
         return tuple(total / (len(present) * n) if n else 1.0 for n in counts)
     assert isinstance(class_weight, Mapping)
+    if counts is None and classes is None:  # no class ids recorded: each label rounded to its class (``class_ids``)
+        return tuple(class_weight.get(c, 1.0) for c in range(max(class_weight, default=-1) + 1))
     have = [c for c, n in enumerate(counts) if n] if counts is not None else list(range(classes or 0))
     missing = sorted(set(class_weight) - set(have))
     if missing:
