@@ -292,6 +292,8 @@ def test_data_a_command_cannot_take_is_refused_with_the_commands_that_would_take
         "error: --data m.keras is a Keras model, not data: give it as --model, and the samples as --data (a .npz file"
         " of arrays x, y, or a dataset stored with `slsml data put`)"
     ]
+    assert cli.main(["plan", "--params", "1000", "--epochs", "1", "--data", "m.keras"]) == 2  # the plan's too
+    assert "error: --data m.keras is a Keras model, not data: give it as --model" in capsys.readouterr().err
     assert cli.main(["plan", "--params", "1000", "--epochs", "1", "--data", "my_data.npz"]) == 2
     assert "give a stored dataset's name (`slsml data put NAME my_data.npz` stores a file)" in capsys.readouterr().err
     assert cli.main(["plan", "--params", "1000", "--epochs", "1", "--data", "digits"]) == 2

@@ -289,6 +289,15 @@ def check_run_length(args: argparse.Namespace) -> None:
         )
 
 
+def check_data_not_a_model(data: str) -> None:
+    """BadInputError where ``--data`` names a Keras model file: the two were swapped, or the model given twice."""
+    if data.endswith(".keras"):
+        raise BadInputError(
+            f"--data {data} is a Keras model, not data: give it as --model, and the samples as --data (a .npz file"
+            " of arrays x, y, or a dataset stored with `slsml data put`)"
+        )
+
+
 def check_local_options_apply(args: argparse.Namespace, one_shot: bool) -> None:
     """BadInputError naming the first flag of a one-shot local run's own cloud (--faults, --pool, ``FUNCTION_OPTIONS``)
     given to a run that goes to the local service (which runs as `slsml local up` set it) or to a stack."""

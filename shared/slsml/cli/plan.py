@@ -20,6 +20,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.data:  # the dataset's samples, their bytes and its shards
         from slsml.data import datasets as data
 
+        options.check_data_not_a_model(args.data)
         if Path(args.data).suffix or Path(args.data).exists():
             raise BadInputError(
                 f"--data {args.data}: give a stored dataset's name (`slsml data put NAME {args.data}` stores a file);"

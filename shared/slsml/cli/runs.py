@@ -39,11 +39,7 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     data_path = Path(args.data)
     one_shot = args.local and service is None  # a cloud for this run alone
     options.check_local_options_apply(args, one_shot)
-    if data_path.suffix == ".keras":
-        raise BadInputError(
-            f"--data {args.data} is a Keras model, not data: give it as --model, and the samples as --data (a .npz"
-            " file of arrays x, y, or a dataset stored with `slsml data put`)"
-        )
+    options.check_data_not_a_model(args.data)
     if one_shot and data_path.suffix != ".npz":
         raise BadInputError(
             f"--data {args.data}: a one-shot local run takes a .npz file with arrays x, y; to train on it, store it"
