@@ -217,6 +217,17 @@ def test_load_model_refuses_a_zip_that_is_not_a_model() -> None:
         modelio.load_model(buffer.getvalue())
 
 
+def test_load_model_names_a_numpy_archive_given_as_the_model() -> None:
+    buffer = io.BytesIO()
+    np.savez(buffer, x=np.zeros((2, 3)), y=np.zeros(2))
+    with pytest.raises(BadInputError) as refused:
+        modelio.load_model(buffer.getvalue(), where="data.npz")
+    assert str(refused.value) == (
+        "data.npz is a NumPy archive of arrays (x, y), not a Keras model: give it as the data, and the model's .keras"
+        " file (model.save) as the model"
+    )
+
+
 # ---- the worker's update ------------------------------------------------------------------------
 
 

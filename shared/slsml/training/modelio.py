@@ -53,6 +53,13 @@ def load_model(data: bytes, where: str = "the model", limits: bounds.Limits | No
     model that would not fit ``limits`` (this function's, by default) is refused before it is extracted or built."""
     if not zipfile.is_zipfile(io.BytesIO(data)):
         raise BadInputError(f"{where} is not a Keras model (.keras files are zip archives; got {len(data)} bytes)")
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        names = archive.namelist()
+    if "config.json" not in names and names and all(name.endswith(".npy") for name in names):
+        raise BadInputError(
+            f"{where} is a NumPy archive of arrays ({', '.join(n.removesuffix('.npy') for n in names[:4])}), not a"
+            " Keras model: give it as the data, and the model's .keras file (model.save) as the model"
+        )
     limits = limits or bounds.Limits.here()
     bounds.check_archive(data, where, limits)
     bounds.check_variables(where, *_declared_variables(data), len(data), limits)
