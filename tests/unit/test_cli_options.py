@@ -262,6 +262,27 @@ def test_sigterm_unwinds_like_ctrl_c_so_a_local_runtime_stops_what_it_started() 
     assert done.stdout.strip() == "unwound", done.stderr
 
 
+def test_an_error_a_library_makes_of_ctrl_c_ends_the_command_as_interrupted() -> None:
+    # as pybind11 turns a KeyboardInterrupt in a module's import into an ImportError, which Keras takes for a
+    # missing package and replaces with its own: the command still ends as interrupted (130), not on a traceback
+    command = (
+        "import os, signal, sys, time\n"
+        "from slsml.cli import main as cli\n"
+        "from slsml.cli import plan\n"
+        "def handler(args):\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        time.sleep(5)\n"
+        "    except KeyboardInterrupt:\n"
+        "        pass\n"
+        "    raise ImportError('To use Keras, you need to have optree installed')\n"
+        "plan.cmd_plan = handler\n"
+        "sys.exit(cli.main(['plan', '--params', '1000', '--samples', '1000', '--iterations', '2']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (130, "interrupted"), done.stderr
+
+
 @pytest.mark.parametrize("run_id", ["abc\n", "Upper", "-lead", "x" * 64])
 def test_a_run_id_of_the_wrong_form_is_refused_in_one_line(run_id: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:

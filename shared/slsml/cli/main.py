@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 EXIT_GRACE_S = 5.0  # after Ctrl-C or SIGTERM: how long the command may take to end before it ends at once
+# set by Ctrl-C or SIGTERM: an error the command ends on afterwards is the interrupt's (a library may turn the
+# KeyboardInterrupt into another error: pybind11 turns one raised in a module's import into an ImportError, which
+# Keras takes for a missing package)
+_interrupted = threading.Event()
 
 
 def _end_on_interrupt() -> None:
@@ -105,7 +109,6 @@ def _end_on_interrupt() -> None:
     stops its embedded cloud and warm processes; the command ends within ``EXIT_GRACE_S`` however its threads
     are blocked, and at once on a second signal. Its embedded cloud and warm processes end with it, however it
     ends (``slsml.local.host``, ``slsml.local.moto_server``)."""
-    interrupted = threading.Event()
 
     def end_now() -> None:
         for stream in (sys.stdout, sys.stderr):
@@ -113,9 +116,9 @@ def _end_on_interrupt() -> None:
         os._exit(130)
 
     def interrupt(signum: int, frame: types.FrameType | None) -> None:
-        if interrupted.is_set():
+        if _interrupted.is_set():
             end_now()
-        interrupted.set()
+        _interrupted.set()
         deadline = threading.Timer(EXIT_GRACE_S, end_now)
         deadline.daemon = True  # a command that ends in time ends without waiting for it
         deadline.start()
@@ -151,6 +154,9 @@ def _command(argv: list[str] | None) -> int:
     except Exception as error:
         from slsml.aws import clients as aws
 
+        if _interrupted.is_set():  # an error the interrupt caused, whatever its type
+            display.say("interrupted")
+            return 130
         if (problem := aws.setup_problem(error)) is None:
             raise
         display.error(problem)
