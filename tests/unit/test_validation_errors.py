@@ -125,6 +125,7 @@ def test_a_keyword_tune_does_not_take_is_a_type_error_naming_the_closest_one() -
         ),
         ({"optimizer": "adam", "loss": "binary_crossentropi"}, "unknown loss 'binary_crossentropi' (did you mean"),
         ({}, 'the model is not compiled: give loss= (e.g. loss="sparse_categorical_crossentropy") and optimizer='),
+        ({"optimizer": "adam", "batch_size": 0}, "batch_size=0: give the samples of a step, 1 or more"),
         (
             {"optimizer": "adam", "batch_size": 16},
             "global batch 16 is larger than the training set (8 samples): give batch_size=8 or less",

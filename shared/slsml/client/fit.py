@@ -111,6 +111,8 @@ def fit(
             "validation_split is for arrays: give a dataset's or a generator's validation samples as validation_data"
         )
     validation = validation_chunks(validation_data)
+    if batch_size is not None and batch_size < 1:  # Keras divides by it
+        raise BadInputError(f"batch_size={batch_size}: give the samples of a step, 1 or more (or leave it out: 32)")
     batch = batch_size or train.batch or DEFAULT_BATCH
     fit_options = options | callback_options(callbacks)
     spec = _options_spec(batch, epochs, validation, validation_split, fit_options)  # before anything is stored
