@@ -126,6 +126,11 @@ def test_a_keyword_tune_does_not_take_is_a_type_error_naming_the_closest_one() -
         ({"optimizer": "adam", "loss": "binary_crossentropi"}, "unknown loss 'binary_crossentropi' (did you mean"),
         ({}, 'the model is not compiled: give loss= (e.g. loss="sparse_categorical_crossentropy") and optimizer='),
         ({"optimizer": "adam", "batch_size": 0}, "batch_size=0: give the samples of a step, 1 or more"),
+        ({"optimizer": "adam", "shuffle": False}, "shuffle=False: slsml draws each epoch's global batches anew"),
+        ({"optimizer": "adam", "shuffle": "batch"}, "shuffle: Input should be 'global' or 'blocks'"),
+        ({"optimizer": "adam", "initial_epoch": 2}, "initial_epoch=2: a fit trains from its first epoch"),
+        ({"optimizer": "adam", "validation_steps": 2}, "validation_steps=2: slsml validates on every sample"),
+        ({"optimizer": "adam", "validation_freq": 2}, "validation_freq=2: slsml validates at the end of every epoch"),
         (
             {"optimizer": "adam", "batch_size": 16},
             "global batch 16 is larger than the training set (8 samples): give batch_size=8 or less",
@@ -176,3 +181,10 @@ def test_tune_names_its_arguments_for_a_model_the_build_function_does_not_compil
 )
 def test_a_refusal_names_the_training_options_as_a_python_caller_gives_them(said: str, read: str) -> None:
     assert as_keywords(said, KEYWORDS) == read
+
+
+def test_kerass_own_fit_keywords_are_taken_as_keras_takes_them() -> None:
+    from slsml.client.fit import _keras_options
+
+    assert _keras_options(True, 0, None, 1) == {}  # Keras's defaults: the run's own order, every epoch validated
+    assert _keras_options("blocks", 0, None, 1) == {"shuffle": "blocks"}

@@ -73,6 +73,11 @@ def fit(
     loss_weights: Any = None,
     stack: str | None = None,
     pool: int | None = None,
+    shuffle: bool | str = True,
+    initial_epoch: int = 0,
+    validation_steps: int | None = None,
+    validation_batch_size: int | None = None,
+    validation_freq: int = 1,
     **options: Any,
 ) -> Any:
     """Train ``model`` (compiled, or given ``loss`` and ``optimizer``) on ``x``, ``y`` as ``model.fit`` would: each an
@@ -93,12 +98,16 @@ def fit(
     callbacks). Returns a ``keras.callbacks.History``; the model holds the trained weights. ``stack``: train on the
     deployed stack of this name; else on the local service if one is up (``slsml local up``), else on a local
     runtime of the call's own, whose warm processes per function ``pool`` bounds (as ``--pool``; default:
-    ``SLSML_POOL``, else what the machine holds)."""
+    ``SLSML_POOL``, else what the machine holds). Keras's ``shuffle=True`` (each epoch's batches drawn anew, by
+    ``seed=``; or slsml's order, ``"global"`` or ``"blocks"``), ``initial_epoch=0``, ``validation_freq=1`` and
+    ``validation_batch_size`` (the figures do not depend on it) are taken as Keras takes them; ``shuffle=False``, a
+    later initial epoch, a sparser validation or ``validation_steps`` are refused, saying what slsml does instead."""
     import keras
 
     from slsml.training import evaluation, modelio, stages
 
     check_keywords("fit", options, FIT_ARGUMENTS)
+    options |= _keras_options(shuffle, initial_epoch, validation_steps, validation_freq)
     if pool is not None and stack is not None:
         raise BadInputError(f"pool={pool} sizes the local runtime fit starts: a stack's functions are deployed")
     level = 1 if verbose == "auto" else int(verbose)
@@ -172,6 +181,33 @@ def fit(
 
 
 FIT_ARGUMENTS = tuple(inspect.signature(fit).parameters)[:-1]  # its own keywords (not ``options``)
+
+
+def _keras_options(
+    shuffle: bool | str, initial_epoch: int, validation_steps: int | None, validation_freq: int
+) -> dict[str, Any]:
+    """The training options of Keras's ``fit`` keywords that slsml takes as Keras does (``shuffle=True``: the run's
+    own order; a name: slsml's order); BadInputError, saying what slsml does, for those it does not."""
+    if shuffle is False:
+        raise BadInputError(
+            "shuffle=False: slsml draws each epoch's global batches anew (from seed=, the same for every run of it);"
+            ' leave shuffle out, or give shuffle="blocks" for its block order'
+        )
+    if initial_epoch:
+        raise BadInputError(
+            f"initial_epoch={initial_epoch}: a fit trains from its first epoch; to go on with a model it trained,"
+            " fit it again (its weights and its optimizer's state are the model's)"
+        )
+    if validation_steps is not None:
+        raise BadInputError(
+            f"validation_steps={validation_steps}: slsml validates on every sample of validation_data; leave it out"
+            " (or give fewer samples)"
+        )
+    if validation_freq != 1:
+        raise BadInputError(
+            f"validation_freq={validation_freq}: slsml validates at the end of every epoch; leave it out"
+        )
+    return {} if shuffle is True else {"shuffle": shuffle}
 
 
 def training_data(x: Any, y: Any, weights: Any, steps: int | None) -> Data:
