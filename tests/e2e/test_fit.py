@@ -279,15 +279,22 @@ def test_early_stopping_on_a_figure_the_model_does_not_compute_is_refused_at_sta
 
 
 def test_slsml_fit_takes_dicts_of_arrays_by_input_and_output_name() -> None:
-    """slsml.fit of a two-input, two-output model on dicts, as model.fit takes them: the History holds each
-    output's validation loss and metrics under Keras's names, equal to the trained model's own evaluate."""
+    """slsml.fit of a two-input, two-output model on dicts, and x as a list in the order of its inputs, as model.fit
+    takes them: the History holds each output's validation loss and metrics under Keras's names, equal to the trained
+    model's own evaluate."""
     import slsml
 
     from .test_equivalence import multi_arrays, multi_model
 
     x, y, x_val, y_val = multi_arrays()
     model = multi_model()
-    history = slsml.fit(model, x, y, batch_size=256, epochs=2, validation_data=(x_val, y_val), workers=2, verbose=0)
+    order = modelio.input_names(model)
+    listed, listed_val = [x[name] for name in order], [x_val[name] for name in order]
+    with pytest.raises(BadInputError, match=r"x is a list of 1 arrays and the model has 2 \("):
+        slsml.fit(model, listed[:1], y, batch_size=256, workers=2, verbose=0)
+    history = slsml.fit(
+        model, listed, y, batch_size=256, epochs=2, validation_data=(listed_val, y_val), workers=2, verbose=0
+    )
     assert len(history.history["loss"]) == 2
     expected = model.evaluate(x_val, y_val, batch_size=len(y_val["digit"]), return_dict=True, verbose=0)
     for name, value in expected.items():

@@ -188,3 +188,16 @@ def test_kerass_own_fit_keywords_are_taken_as_keras_takes_them() -> None:
 
     assert _keras_options(True, 0, None, 1) == {}  # Keras's defaults: the run's own order, every epoch validated
     assert _keras_options("blocks", 0, None, 1) == {"shuffle": "blocks"}
+
+
+def test_fit_refuses_x_and_y_of_different_lengths_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import slsml
+    from slsml.local import runtime
+
+    def started(*_: object) -> None:
+        pytest.fail("a local runtime was started for data that cannot train")
+
+    monkeypatch.setattr(runtime.LocalRuntime, "__enter__", started)
+    with pytest.raises(BadInputError) as refused:
+        slsml.fit(_uncompiled(), XY[0], XY[1][:3], loss="binary_crossentropy", optimizer="adam", verbose=0)
+    assert str(refused.value) == "training data: x has 8 samples but y has 3"

@@ -26,6 +26,7 @@ import numpy as np
 
 from slsml.client import runs
 from slsml.client.arguments import check_keywords, said_as_keywords, training_spec
+from slsml.data.sources.base import validate_arrays
 from slsml.data.writer import DatasetWriter
 from slsml.pipeline import launch
 from slsml.pipeline.services import Services
@@ -114,6 +115,14 @@ def fit(
     checkpoints = [c.filepath for c in callbacks if isinstance(c, keras.callbacks.ModelCheckpoint)]
     if validation_split == 0:  # Keras's default
         validation_split = None
+    x, y = _by_name(modelio.input_names(model), x, "x"), _by_name(modelio.output_names(model), y, "y")
+    if isinstance(validation_data, tuple | list) and len(validation_data) in (2, 3):
+        inputs, outputs = modelio.input_names(model), modelio.output_names(model)
+        given = (
+            _by_name(inputs, validation_data[0], "validation x"),
+            _by_name(outputs, validation_data[1], "validation y"),
+        )
+        validation_data = (*given, *validation_data[2:])
     train = training_data(x, y, sample_weight, steps_per_epoch)
     if validation_split is not None and train.batch is not None:
         raise BadInputError(
@@ -225,7 +234,21 @@ def training_data(x: Any, y: Any, weights: Any, steps: int | None) -> Data:
             "steps_per_epoch is for a dataset or generator: an epoch of arrays is all their samples (leave it out)"
         )
     chunk = samples.as_arrays(x, "x"), samples.as_arrays(y, "y"), None if weights is None else np.asarray(weights)
+    validate_arrays(chunk[0], chunk[1], "training data")  # before anything starts: the upload checks it again
     return Data(chunk, iter(()), None)
+
+
+def _by_name(names: list[str], arrays: Any, what: str) -> Any:
+    """A list or tuple of arrays for a model of several inputs (or outputs: ``names``) as Keras's ``fit`` takes it,
+    in their order, as named arrays; anything else as it is."""
+    if len(names) < 2 or not isinstance(arrays, list | tuple):
+        return arrays
+    if len(arrays) != len(names):
+        raise BadInputError(
+            f"{what} is a list of {len(arrays)} arrays and the model has {len(names)} ({', '.join(names)}): give one"
+            " array each, in their order, or a dict of them by name"
+        )
+    return dict(zip(names, arrays, strict=True))
 
 
 def validation_chunks(validation: Any) -> Iterable[Chunk] | None:
