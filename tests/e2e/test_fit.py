@@ -3,8 +3,10 @@ compiled metrics evaluated by the workers on their slices of the test split, sum
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -312,10 +314,13 @@ def test_slsml_fit_refuses_inputs_whose_names_do_not_match_before_anything_start
         slsml.fit(multi_model(), x, y, batch_size=64, workers=2, verbose=0)
 
 
-def test_a_keras_users_fit_trains_an_uncompiled_model_and_its_val_loss_is_evaluate_on_the_last_fifth() -> None:
+def test_a_keras_users_fit_trains_an_uncompiled_model_and_its_val_loss_is_evaluate_on_the_last_fifth(
+    tmp_path: Path,
+) -> None:
     """A Keras user's script as it stands: the model not compiled, fit given compile's loss=, optimizer= and metrics=,
     and validation_split=0.2; the History's val_ figures are the trained model's evaluate on the last 20 % of the
-    samples, the ones Keras's own fit holds out (before it shuffles)."""
+    samples, the ones Keras's own fit holds out (before it shuffles). Its CSVLogger and LambdaCallback are told each
+    epoch's figures as it ends, as Keras tells them; a LambdaCallback of a batch hook is refused."""
     from sklearn.datasets import load_breast_cancer
 
     import slsml
@@ -324,20 +329,32 @@ def test_a_keras_users_fit_trains_an_uncompiled_model_and_its_val_loss_is_evalua
     x = ((x - x.mean(0)) / x.std(0)).astype(np.float32)
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(1, activation="sigmoid")])
-    history = slsml.fit(
-        model,
-        x,
-        y,
-        batch_size=64,
-        epochs=3,
-        validation_split=0.2,
-        loss="binary_crossentropy",
-        optimizer="adam",
-        metrics=["accuracy"],
-        workers=2,
-        reducers=1,
-        verbose=0,
-    )
+    told: list[tuple] = []
+    watching = [
+        keras.callbacks.CSVLogger(str(tmp_path / "epochs.csv")),
+        keras.callbacks.LambdaCallback(
+            on_train_begin=lambda logs: told.append(("train_begin",)),
+            on_epoch_begin=lambda epoch, logs: told.append(("epoch_begin", epoch)),
+            on_epoch_end=lambda epoch, logs: told.append(("epoch_end", epoch, dict(logs))),
+            on_train_end=lambda logs: told.append(("train_end",)),
+        ),
+    ]
+    arguments = {"batch_size": 64, "epochs": 3, "validation_split": 0.2, "loss": "binary_crossentropy"}
+    arguments |= {"optimizer": "adam", "metrics": ["accuracy"], "workers": 2, "reducers": 1, "verbose": 0}
+    batched = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: None)
+    with pytest.raises(BadInputError, match=r"callback LambdaCallback cannot run in slsml\.fit"):
+        slsml.fit(model, x, y, callbacks=[batched], **arguments)
+    history = slsml.fit(model, x, y, callbacks=watching, **arguments)
+    per_epoch = [{name: values[e] for name, values in history.history.items()} for e in range(3)]
+    assert told == [
+        ("train_begin",),
+        *[event for e in range(3) for event in (("epoch_begin", e), ("epoch_end", e, per_epoch[e]))],
+        ("train_end",),
+    ]
+    with open(tmp_path / "epochs.csv") as logged:
+        rows = list(csv.DictReader(logged))
+    assert [int(row.pop("epoch")) for row in rows] == [0, 1, 2]
+    assert [{name: float(value) for name, value in row.items()} for row in rows] == per_epoch
     assert {name: len(values) for name, values in history.history.items()} == dict.fromkeys(
         ["loss", "accuracy", "val_loss", "val_accuracy"], 3
     )

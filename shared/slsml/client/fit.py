@@ -147,6 +147,9 @@ def fit(
     named = "test" if validation is not None else "val" if validation_split is not None else None
     job = _Job(modelio.save_model(model), run_id, epochs, batch, validation, validation_split, fit_options, named)
     job.verbose = level
+    watching = [c for c in callbacks if observes(c)]
+    if watching:
+        job.observers = keras.callbacks.CallbackList(watching, model=model, epochs=epochs, verbose=level)
     shown = [(samples.take(first_x, slice(2)), samples.take(first_y, slice(2)))]
 
     def figures(config: RunConfig) -> Figures:  # the loss and metrics of summed train states, as the workers sum them
@@ -388,11 +391,14 @@ def callback_options(callbacks: Sequence[Any]) -> dict[str, Any]:
             and "{" not in str(callback.filepath)
         ):
             options["keep_best"] = callback.monitor
-        elif not isinstance(callback, keras.callbacks.History | keras.callbacks.ProgbarLogger):
+        elif not isinstance(callback, keras.callbacks.History | keras.callbacks.ProgbarLogger) and not observes(
+            callback
+        ):
             raise BadInputError(
                 f"callback {name} cannot run in slsml.fit: it takes EarlyStopping (without baseline"
                 " or start_from_epoch) and ModelCheckpoint(save_best_only=True) of one .keras file,"
-                " as the training options early_stopping and keep_best"
+                " as the training options early_stopping and keep_best, and CSVLogger and LambdaCallback"
+                " of epoch and training hooks, told each epoch's figures as it ends"
             )
         if getattr(callback, "mode", "auto") != "auto":
             raise BadInputError(
@@ -400,6 +406,21 @@ def callback_options(callbacks: Sequence[Any]) -> dict[str, Any]:
                 " improves as Keras's mode auto does; leave mode out"
             )
     return options
+
+
+_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end")  # a LambdaCallback's, where given
+
+
+def observes(callback: Any) -> bool:
+    """Whether ``callback`` only watches the epochs go by, as ``fit`` runs it (``Observers``): a CSVLogger, or a
+    LambdaCallback of no batch hook (a run's steps are not this process's)."""
+    import keras
+
+    if isinstance(callback, keras.callbacks.CSVLogger):
+        return True
+    return isinstance(callback, keras.callbacks.LambdaCallback) and not any(
+        hook in vars(callback) for hook in _BATCH_HOOKS
+    )
 
 
 def _options_spec(
@@ -455,6 +476,7 @@ class _Job:
     verbose: int = 1
     per_epoch: int = 0
     final: bytes = b""
+    observers: Any = None  # a keras.callbacks.CallbackList of the callbacks that watch the epochs (``observes``)
 
     def train(self, services: Services, train: Data, figures: Callable[[RunConfig], Figures]) -> list[dict[str, float]]:
         """Upload the data, train while showing each epoch, and return each epoch's figures (``figures``: the loss and
@@ -464,13 +486,18 @@ class _Job:
         config = launch.start_run(services, self.model_bytes, self.run_id, spec, run_id=self.run_id)
         self.per_epoch = config.training.iterations // self.epochs
         view = EpochView(self.epochs, self.per_epoch, self.named, figures(config))
-        view.verbose = self.verbose
-        # silent (verbose 0), nothing is shown while it trains: its iterations' records are read once, when it ended
-        follow = view.follower(services.table, config) if self.verbose else None
+        view.verbose, view.observers = self.verbose, self.observers
+        # silent (verbose 0) and watched by no callback, nothing is shown while it trains: its iterations' records
+        # are read once, when it ended
+        follow = view.follower(services.table, config) if self.verbose or self.observers else None
+        if self.observers is not None:
+            self.observers.on_train_begin()
         run = runs.wait_for_run(services, self.run_id, on_progress=follow, poll_s=0.2)
         if run.status != "COMPLETED" or run.final_key is None:
             raise BadInputError(f"run {self.run_id} ended {run.status}: {run.reason}")
         view.end(run, services.table.list_iterations(self.run_id))
+        if self.observers is not None:
+            self.observers.on_train_end(view.shown[-1] if view.shown else None)
         self.final = runs.final_model(services, run)
         return view.shown
 
@@ -497,6 +524,7 @@ class EpochView:
     def __init__(self, epochs: int, per_epoch: int, validation: str | None, figures: Figures) -> None:
         self.epochs, self.per_epoch, self.validation, self.figures = epochs, per_epoch, validation, figures
         self.verbose = 1
+        self.observers: Any = None  # told each epoch's figures as it ends (a keras.callbacks.CallbackList)
         self.counters: dict[int, Counter] = {}
         self.shown: list[dict[str, float]] = []
         self._bar: Any = None
@@ -539,6 +567,8 @@ class EpochView:
             if steps <= 0:
                 return
             if self._bar is None:
+                if self.observers is not None:
+                    self.observers.on_epoch_begin(epoch)
                 if self.verbose and self.epochs > 1:
                     print(f"Epoch {epoch + 1}/{self.epochs}", flush=True)  # where Progbar writes: stdout
                 self._bar = keras.utils.Progbar(self.per_epoch, verbose=self.verbose, stateless_metrics=set())
@@ -557,6 +587,8 @@ class EpochView:
             self._bar.update(self.per_epoch, list(figures.items()), finalize=True)
             self.shown.append(figures)
             self._bar = None
+            if self.observers is not None:
+                self.observers.on_epoch_end(epoch, dict(figures))
 
     def _running(self, epoch: int, steps: int) -> dict[str, float]:
         """The loss and metrics over the epoch's first ``steps`` batches."""
