@@ -200,7 +200,11 @@ def test_a_field_no_flag_can_set_is_refused(annotation: Any) -> None:
             ["--algorithm", "average", "--local-optimizer", "adam", "--local-momentum", "0.9"],
             "--local-optimizer adam: momentum does not apply to Adam",
         ),
-        (["--workers", "auto"], "--workers auto needs --min-workers and --max-workers"),
+        (
+            ["--workers", "auto"],
+            "--workers auto needs --min-workers and --max-workers, the bounds the tuner moves within (e.g."
+            " --min-workers 1 and --max-workers 16)",
+        ),
         (["--objective", "cost"], "--objective applies to --workers auto only"),
         (
             ["--workers", "auto", "--min-workers", "6", "--max-workers", "3"],

@@ -693,7 +693,10 @@ class TrainingSpec(BaseModel):
                 f"global_batch ({self.global_batch}) must be at least the number of workers ({self.initial_workers})"
             )
         if self.workers == "auto" and (self.min_workers is None or self.max_workers is None):
-            raise ValueError("workers auto needs min_workers and max_workers: the bounds the tuner moves within")
+            raise ValueError(
+                "workers auto needs min_workers and max_workers, the bounds the tuner moves within (e.g. min_workers 1"
+                " and max_workers 16)"
+            )
         if self.workers != "auto" and self.objective != type(self).model_fields["objective"].default:
             raise ValueError("objective applies to workers auto only")
         low, high = self.worker_bounds
