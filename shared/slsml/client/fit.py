@@ -115,14 +115,7 @@ def fit(
     checkpoints = [c.filepath for c in callbacks if isinstance(c, keras.callbacks.ModelCheckpoint)]
     if validation_split == 0:  # Keras's default
         validation_split = None
-    x, y = _by_name(modelio.input_names(model), x, "x"), _by_name(modelio.output_names(model), y, "y")
-    if isinstance(validation_data, tuple | list) and len(validation_data) in (2, 3):
-        inputs, outputs = modelio.input_names(model), modelio.output_names(model)
-        given = (
-            _by_name(inputs, validation_data[0], "validation x"),
-            _by_name(outputs, validation_data[1], "validation y"),
-        )
-        validation_data = (*given, *validation_data[2:])
+    x, y, validation_data = _by_names(model, x, y, validation_data)
     train = training_data(x, y, sample_weight, steps_per_epoch)
     if validation_split is not None and train.batch is not None:
         raise BadInputError(
@@ -239,6 +232,18 @@ def training_data(x: Any, y: Any, weights: Any, steps: int | None) -> Data:
     chunk = samples.as_arrays(x, "x"), samples.as_arrays(y, "y"), None if weights is None else np.asarray(weights)
     validate_arrays(chunk[0], chunk[1], "training data")  # before anything starts: the upload checks it again
     return Data(chunk, iter(()), None)
+
+
+def _by_names(model: Any, x: Any, y: Any, validation: Any) -> tuple[Any, Any, Any]:
+    """``x``, ``y`` and the ``validation`` data's with each list of arrays for a model of several inputs or outputs
+    named (``_by_name``)."""
+    from slsml.training import modelio
+
+    inputs, outputs = modelio.input_names(model), modelio.output_names(model)
+    if isinstance(validation, tuple | list) and len(validation) in (2, 3):
+        named = _by_name(inputs, validation[0], "validation x"), _by_name(outputs, validation[1], "validation y")
+        validation = (*named, *validation[2:])
+    return _by_name(inputs, x, "x"), _by_name(outputs, y, "y"), validation
 
 
 def _by_name(names: list[str], arrays: Any, what: str) -> Any:
