@@ -91,7 +91,7 @@ def test_an_interrupted_ingest_continues_and_other_data_is_refused(s3, tmp_path:
     with pytest.raises(BadInputError, match=other):
         ingest.put(store, "e", sources.open_source(tmp_path / "d.npz"), seed=1, shard_mb=0.02)
     assert not store.exists(keys.dataset_manifest("e"))
-    with pytest.raises(BadInputError, match="dataset 'd' already exists"):
+    with pytest.raises(BadInputError, match=r"dataset 'd' already exists; .* remove it first \(`slsml data rm d`"):
         ingest.put(store, "d", sources.open_source(tmp_path / "d.npz"), shard_mb=0.02)
 
 

@@ -265,6 +265,11 @@ def test_tables_read_in_batches_with_default_and_chosen_features(tmp_path: Path,
         sources.open_source(folder, label="label", features="a,name")
     with pytest.raises(BadInputError, match=r"column 'klass'"):
         sources.open_source(folder, label="klass")
+    with pytest.raises(BadInputError) as unlabelled:  # no --label: the columns it could be
+        sources.open_source(folder)
+    assert str(unlabelled.value) == (
+        f"{folder}: which column holds the labels? give it as --label COLUMN (it has a, name, b, label, c)"
+    )
     named = list(sources.open_source(folder, label="label", features="wide=c,a; deep=b").chunks())
     x = {name: np.concatenate([chunk[0][name] for chunk in named]) for name in ("wide", "deep")}
     np.testing.assert_allclose(x["wide"], expected[:, [2, 0]], rtol=1e-6)

@@ -93,7 +93,10 @@ class DatasetWriter:
         if not DATASET_PATTERN.match(name):
             raise BadInputError(f"dataset name {name!r} must be 1-63 lowercase letters, digits or '-'")
         if store.exists(keys.dataset_manifest(name)):
-            raise BadInputError(f"dataset {name!r} already exists; choose another name")
+            raise BadInputError(
+                f"dataset {name!r} already exists; choose another name, or remove it first (`slsml data rm {name}`,"
+                " refused while a run trains or would resume on it)"
+            )
         self.store, self.name, self.progress = store, name, progress
         self.layouts: dict[str, Layout] = {
             "x": x_arrays or (tuple(x_shape or ()), str(np.dtype(x_dtype))),

@@ -30,7 +30,6 @@ CommaList = Annotated[list[str], BeforeValidator(comma_list)]
 _LABEL = Field(
     description="the column (tables) or feature (TFRecord; default image/class/label, else label) that holds the labels"
 )
-Label = Annotated[str, _LABEL]
 OptionalLabel = Annotated[str | None, _LABEL]
 
 

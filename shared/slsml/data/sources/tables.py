@@ -11,7 +11,16 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BeforeValidator, Field
 
-from slsml.data.sources.base import Chunk, Format, Label, Source, SourceOptions, comma_list, files_of, rows_per_chunk
+from slsml.data.sources.base import (
+    Chunk,
+    Format,
+    OptionalLabel,
+    Source,
+    SourceOptions,
+    comma_list,
+    files_of,
+    rows_per_chunk,
+)
 from slsml.spec.errors import BadInputError
 
 
@@ -32,7 +41,7 @@ Features = Annotated[list[str] | dict[str, list[str]], BeforeValidator(feature_g
 
 
 class TableOptions(SourceOptions):
-    label: Label
+    label: OptionalLabel = None  # required: None is refused naming the table's columns
     features: Features | None = Field(
         default=None,
         description="tables: the feature columns, comma-separated (default: every other numeric column); or named"
@@ -56,23 +65,28 @@ class TableSource(Source):
             schema = self._table.schema
         except (pa.ArrowInvalid, OSError) as error:
             raise BadInputError(f"{path}: not a readable {format} table ({error})") from None
+        if options.label is None:
+            raise BadInputError(
+                f"{path}: which column holds the labels? give it as --label COLUMN (it has {', '.join(schema.names)})"
+            )
+        label: str = options.label
         numeric = {
             f.name
             for f in schema
             if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
         }
-        special = {options.label, options.weight}
+        special = {label, options.weight}
         features = options.features or [name for name in schema.names if name in numeric and name not in special]
         self.groups = features if isinstance(features, dict) else {"": features}  # "": x is one array
         columns = [column for group in self.groups.values() for column in group]
-        for column in (options.label, *columns, *([options.weight] if options.weight else [])):
+        for column in (label, *columns, *([options.weight] if options.weight else [])):
             if column not in schema.names:
                 raise BadInputError(f"{path}: no column {column!r} (it has {', '.join(schema.names)})")
             if column not in numeric:
                 raise BadInputError(f"{path}: column {column!r} is {schema.field(column).type}, not numeric")
         if not columns:
-            raise BadInputError(f"{path}: no numeric column besides the label {options.label!r}")
-        self.label, self.features, self.weight = options.label, columns, options.weight
+            raise BadInputError(f"{path}: no numeric column besides the label {label!r}")
+        self.label, self.features, self.weight = label, columns, options.weight
 
     def count(self) -> int | None:
         return self._table.count_rows() if self.format == "parquet" else None  # Parquet's footers hold it
