@@ -109,6 +109,7 @@ def _end_on_interrupt() -> None:
     stops its embedded cloud and warm processes; the command ends within ``EXIT_GRACE_S`` however its threads
     are blocked, and at once on a second signal. Its embedded cloud and warm processes end with it, however it
     ends (``slsml.local.host``, ``slsml.local.moto_server``)."""
+    _interrupted.clear()  # a command's own interrupt, not an earlier command's in the same process
 
     def end_now() -> None:
         for stream in (sys.stdout, sys.stderr):

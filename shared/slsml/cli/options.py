@@ -22,7 +22,7 @@ from slsml.spec.config import (
 )
 from slsml.spec.deployment import DEFAULT_FUNCTIONS, checked_settings
 from slsml.spec.errors import BadInputError, renamed
-from slsml.spec.flags import KERAS_NAMES, dest, flag
+from slsml.spec.flags import ARGUMENT_NAMES, dest, flag
 
 # TrainingSpec fields with options of their own: the optimizer group (_optimizer_options) and --loss
 OWN_OPTIONS = frozenset({"optimizer", "loss"})
@@ -104,7 +104,7 @@ def training_flags(
             parser.set_defaults(default_iterations=iterations)
             default, needed = None, False
         default = (defaults or {}).get(name, default)
-        names = [flag(dest(name)), *([KERAS_NAMES[name]] if name in KERAS_NAMES else [])]
+        names = [flag(dest(name)), *([flag(ARGUMENT_NAMES[name])] if name in ARGUMENT_NAMES else [])]
         action = group.add_argument(*names, default=default, required=needed, **reading)
         # set after: BooleanOptionalAction adds a default of its own to the help it is given
         shown_default = iterations if name == "iterations" else default

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, renamed, unexpected_keyword
-from slsml.spec.flags import ARGUMENT_NAMES, KERAS_NAMES, as_keywords, dest, flag
+from slsml.spec.flags import ARGUMENT_NAMES, as_keywords, dest, flag
 
 # TrainingSpec fields that are no training option of a Python caller, and the argument that gives each
 NOT_OPTIONS = {
@@ -46,7 +46,7 @@ def _keywords() -> dict[str, str]:
     """The flag of each training option a Python caller gives as a keyword → that keyword."""
     fields = [name for name in TrainingSpec.model_fields if NOT_OPTIONS.get(name, name) == name]
     named = {flag(dest(name)): ARGUMENT_NAMES.get(name, name) for name in [*fields, *ARGUMENT_NAMES]}
-    return named | {KERAS_NAMES[name]: keyword for name, keyword in ARGUMENT_NAMES.items()}
+    return named | {flag(keyword): keyword for keyword in ARGUMENT_NAMES.values()}
 
 
 KEYWORDS = _keywords()

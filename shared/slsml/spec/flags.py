@@ -13,9 +13,8 @@ FLAG_NAMES = {
     "time_budget_s": "time_budget",
     "deadline_s": "deadline",
 }
-# TrainingSpec fields whose flag also takes Keras's name for it (fit's argument)
-KERAS_NAMES = {"global_batch": "--batch-size"}
-ARGUMENT_NAMES = {"global_batch": "batch_size"}  # TrainingSpec fields a Python caller gives under Keras's name
+# TrainingSpec fields a Python caller gives under Keras's name; their flags take that name too (--batch-size)
+ARGUMENT_NAMES = {"global_batch": "batch_size"}
 # a flag in a refusal, and the number it is given there (``--pipeline-stages 4``)
 _FLAG = re.compile(r"(?<![\w-])--(?P<name>[a-z][a-z0-9-]*)(?: (?P<number>-?\d+(?:\.\d+)?)(?![\w.]))?")
 
