@@ -73,6 +73,66 @@ def test_a_batched_dataset_trains_epochs_of_keras_steps_shows_keras_progress_and
     assert history.history["val_auc"][-1] == pytest.approx(evaluated["auc"], abs=1e-4)
 
 
+class _Watch(keras.callbacks.Callback):
+    """A callback of a user's own: keeps the model's weights and the figures at each epoch's end and the weights at
+    the training's end, and stops the training after ``stop_after`` epochs (``model.stop_training``)."""
+
+    def __init__(self, stop_after: int) -> None:
+        super().__init__()
+        self.stop_after, self.began, self.ended, self.logs = stop_after, [], [], []
+        self.final: list[np.ndarray] = []
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.began.append(epoch)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.ended.append([np.array(w) for w in self.model.get_weights()])
+        self.logs.append(dict(logs or {}))
+        if epoch + 1 == self.stop_after:
+            self.model.stop_training = True
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self.final = [np.array(w) for w in self.model.get_weights()]
+
+
+class _Decay(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.model.optimizer.learning_rate = 0.05
+
+
+def test_a_callback_of_the_users_own_sees_each_epochs_weights_and_stops_the_training_as_in_keras() -> None:
+    """At each epoch's end the model holds that epoch's weights, those single-process Keras has there; a callback that
+    sets ``model.stop_training`` ends the training after that epoch with its weights, as Keras's fit does. One that
+    changes the learning rate (which the run's reducers never see) fails the fit naming it; one of batch hooks, or a
+    Keras callback that changes the training, is refused before anything starts."""
+    x, y, _, _ = _cancer()
+    model, watch = _model(), _Watch(stop_after=2)
+    history = slsml.fit(model, x, y, batch_size=BATCH, epochs=4, callbacks=[watch], workers=2, reducers=1, verbose=0)
+    assert history.epoch == [0, 1] and watch.began == [0, 1]
+    assert watch.logs == [{name: values[e] for name, values in history.history.items()} for e in range(2)]
+    reference, steps = _model(), math.ceil(len(x) / BATCH)
+    for epoch in range(2):
+        order = np.concatenate(
+            [data.global_batch_indices(len(x), BATCH, 0, epoch * steps + i, 2) for i in range(steps)]
+        )
+        reference.fit(x[order], y[order], batch_size=BATCH, shuffle=False, epochs=1, verbose=0)
+        for got, expected in zip(watch.ended[epoch], reference.get_weights(), strict=True):
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    for final, seen, kept in zip(model.get_weights(), watch.final, watch.ended[-1], strict=True):
+        np.testing.assert_array_equal(final, kept)
+        np.testing.assert_array_equal(seen, kept)
+    with pytest.raises(BadInputError, match=r"a callback changed the optimizer's learning rate \(0\.1 → 0\.05\)"):
+        slsml.fit(_model(), x, y, batch_size=BATCH, epochs=2, callbacks=[_Decay()], workers=2, verbose=0)
+
+    class Batched(_Watch):
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None: ...
+
+    with pytest.raises(BadInputError, match=r"callback Batched defines on_train_batch_end: slsml\.fit tells"):
+        slsml.fit(_model(), x, y, callbacks=[Batched(1)], verbose=0)
+    with pytest.raises(BadInputError, match=r"callback ReduceLROnPlateau cannot run in slsml\.fit"):
+        slsml.fit(_model(), x, y, callbacks=[keras.callbacks.ReduceLROnPlateau()], verbose=0)
+
+
 def test_a_generator_trains_with_its_batch_size_and_verbose_2_prints_one_line_per_epoch(capsys) -> None:
     x, y, x_val, y_val = _cancer()
 

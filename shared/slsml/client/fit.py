@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +33,12 @@ from slsml.pipeline import launch
 from slsml.pipeline.services import Services
 from slsml.spec import samples
 from slsml.spec.config import RunConfig, TrainingSpec
-from slsml.spec.errors import BadInputError
+from slsml.spec.errors import BadInputError, NotFoundError
 from slsml.spec.samples import Arrays
 from slsml.state.records import Counter, RunRecord
 
 DEFAULT_BATCH = 32  # Keras's batch_size, left out
+SAVED_POLL_S = 0.1  # between reads of whether an epoch's model is stored
 UPLOAD_BATCH = 1024  # samples of an unbatched dataset read at once while it is uploaded
 Chunk = tuple[Arrays, Arrays, np.ndarray | None]  # samples' x, y and weights (None: none)
 Figures = Callable[[list[np.ndarray]], dict[str, float]]
@@ -96,7 +98,10 @@ def fit(
     per epoch, 2 one line per epoch. ``options``: any other TrainingSpec field (``workers=8``, ``reducers=2``,
     ``quorum=0.75``…; another keyword is a TypeError naming the closest one; ``early_stopping="val_loss:3"`` and
     ``keep_best="val_auc"``, Keras's EarlyStopping and ModelCheckpoint, which ``callbacks`` may also give as Keras
-    callbacks). Returns a ``keras.callbacks.History``; the model holds the trained weights. ``stack``: train on the
+    callbacks). ``callbacks`` also takes CSVLogger, LambdaCallback and callbacks of the caller's own whose hooks are
+    the training's and its epochs' (``on_epoch_end``…): told as Keras tells them, the model holding each epoch's
+    weights at its end; one that sets ``model.stop_training`` stops the run after that epoch, as Keras stops. Returns
+    a ``keras.callbacks.History``; the model holds the trained weights. ``stack``: train on the
     deployed stack of this name; else on the local service if one is up (``slsml local up``), else on a local
     runtime of the call's own, whose warm processes per function ``pool`` bounds (as ``--pool``; default:
     ``SLSML_POOL``, else what the machine holds). Keras's ``shuffle=True`` (each epoch's batches drawn anew, by
@@ -143,6 +148,7 @@ def fit(
     watching = [c for c in callbacks if observes(c)]
     if watching:
         job.observers = keras.callbacks.CallbackList(watching, model=model, epochs=epochs, verbose=level)
+        job.epoch_weights = any(not isinstance(c, keras.callbacks.CSVLogger) for c in watching)
     shown = [(samples.take(first_x, slice(2)), samples.take(first_y, slice(2)))]
 
     def figures(config: RunConfig) -> Figures:  # the loss and metrics of summed train states, as the workers sum them
@@ -172,6 +178,8 @@ def fit(
     for variable, value in zip(model.weights, trained.weights, strict=True):
         variable.assign(value)
     modelio.take_training(model, trained)  # the optimizer's state as fit leaves it
+    if job.observers is not None:
+        job.observers.on_train_end(epochs_shown[-1] if epochs_shown else None)
     for path in checkpoints:  # the best model, where ModelCheckpoint(save_best_only) would have left it
         model.save(path)
     history = keras.callbacks.History()
@@ -402,8 +410,8 @@ def callback_options(callbacks: Sequence[Any]) -> dict[str, Any]:
             raise BadInputError(
                 f"callback {name} cannot run in slsml.fit: it takes EarlyStopping (without baseline"
                 " or start_from_epoch) and ModelCheckpoint(save_best_only=True) of one .keras file,"
-                " as the training options early_stopping and keep_best, and CSVLogger and LambdaCallback"
-                " of epoch and training hooks, told each epoch's figures as it ends"
+                " as the training options early_stopping and keep_best, and CSVLogger, LambdaCallback and"
+                " callbacks of your own that watch the training's epochs (on_epoch_end…), told as Keras tells them"
             )
         if getattr(callback, "mode", "auto") != "auto":
             raise BadInputError(
@@ -413,19 +421,39 @@ def callback_options(callbacks: Sequence[Any]) -> dict[str, Any]:
     return options
 
 
-_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end")  # a LambdaCallback's, where given
+EPOCH_HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end")  # what fit tells a callback
 
 
 def observes(callback: Any) -> bool:
-    """Whether ``callback`` only watches the epochs go by, as ``fit`` runs it (``Observers``): a CSVLogger, or a
-    LambdaCallback of no batch hook (a run's steps are not this process's)."""
+    """Whether ``callback`` only watches the training and its epochs go by, as ``fit`` tells them (``Observed``): a
+    CSVLogger, a LambdaCallback or a callback of the caller's own (a ``keras.callbacks.Callback`` of no Keras class
+    but that one) whose hooks are the training's and its epochs' (``EPOCH_HOOKS``); a run's steps are not this
+    process's. BadInputError, naming them, for one of those with other hooks."""
     import keras
 
     if isinstance(callback, keras.callbacks.CSVLogger):
         return True
-    return isinstance(callback, keras.callbacks.LambdaCallback) and not any(
-        hook in vars(callback) for hook in _BATCH_HOOKS
-    )
+    own = _below(type(callback), keras.callbacks.Callback) if isinstance(callback, keras.callbacks.Callback) else []
+    if isinstance(callback, keras.callbacks.LambdaCallback):
+        hooks = [name for name, hook in vars(callback).items() if name.startswith("on_") and callable(hook)]
+    elif own and not any(cls.__module__.startswith("keras") for cls in own):
+        hooks = [name for cls in own for name in vars(cls) if name.startswith("on_")]
+    else:
+        return False
+    others = sorted(set(hooks) - set(EPOCH_HOOKS))
+    if others:
+        raise BadInputError(
+            f"callback {type(callback).__name__} defines {', '.join(others)}: slsml.fit tells a callback of the"
+            f" training's start and end and of each epoch ({', '.join(EPOCH_HOOKS)}), as its steps run in the"
+            " run's functions, not in this process; watch the epochs instead"
+        )
+    return True
+
+
+def _below(cls: type, base: type) -> list[type]:
+    """The classes of ``cls``'s method resolution order before ``base``."""
+    order = cls.__mro__
+    return list(order[: order.index(base)])
 
 
 def _options_spec(
@@ -482,28 +510,37 @@ class _Job:
     per_epoch: int = 0
     final: bytes = b""
     observers: Any = None  # a keras.callbacks.CallbackList of the callbacks that watch the epochs (``observes``)
+    epoch_weights: bool = False  # whether they find each epoch's weights in the model at its end
 
     def train(self, services: Services, train: Data, figures: Callable[[RunConfig], Figures]) -> list[dict[str, float]]:
         """Upload the data, train while showing each epoch, and return each epoch's figures (``figures``: the loss and
         metrics of summed train states, of the run's configuration)."""
         count = upload(services, self.run_id, train, self.validation)
         spec = _spec(count, self.batch, self.epochs, self.validation, self.validation_split, self.options)
+        if self.epoch_weights:  # each epoch's model saved, for the callbacks to find in the model at its end
+            spec = spec.model_copy(
+                update={"checkpoint_every": launch.with_epochs(spec, count).iterations // self.epochs}
+            )
         config = launch.start_run(services, self.model_bytes, self.run_id, spec, run_id=self.run_id)
         self.per_epoch = config.training.iterations // self.epochs
         view = EpochView(self.epochs, self.per_epoch, self.named, figures(config))
-        view.verbose, view.observers = self.verbose, self.observers
+        view.verbose = self.verbose
+        if self.observers is not None:
+            self.observers.set_params({"verbose": self.verbose, "epochs": self.epochs, "steps": self.per_epoch})
+            view.observed = Observed(self.observers, services, self.run_id, self.per_epoch, self.epoch_weights)
         # silent (verbose 0) and watched by no callback, nothing is shown while it trains: its iterations' records
         # are read once, when it ended
         follow = view.follower(services.table, config) if self.verbose or self.observers else None
         if self.observers is not None:
             self.observers.on_train_begin()
         run = runs.wait_for_run(services, self.run_id, on_progress=follow, poll_s=0.2)
-        if run.status != "COMPLETED" or run.final_key is None:
+        stopped = view.observed.stopped_with if view.observed is not None else None
+        if stopped is not None:  # by a callback, after the last epoch shown
+            run = run.model_copy(update={"iteration": len(view.shown) * self.per_epoch})
+        elif run.status != "COMPLETED" or run.final_key is None:
             raise BadInputError(f"run {self.run_id} ended {run.status}: {run.reason}")
         view.end(run, services.table.list_iterations(self.run_id))
-        if self.observers is not None:
-            self.observers.on_train_end(view.shown[-1] if view.shown else None)
-        self.final = runs.final_model(services, run)
+        self.final = stopped or runs.final_model(services, run)
         return view.shown
 
 
@@ -520,6 +557,74 @@ def upload(services: Services, name: str, train: Data, validation: Iterable[Chun
         return writer.finish().train.count
 
 
+@dataclass
+class Observed:
+    """The callbacks that watch a run's epochs (``observes``: a ``keras.callbacks.CallbackList``), told of each epoch's
+    start and end as Keras tells them: at its end the model holds the epoch's weights (``weights``: those of the model
+    the run saved of it, each epoch's saved where this is set), and where a callback sets ``model.stop_training`` the
+    run is stopped, its result the model of that epoch (``stopped_with``). A callback that changes the optimizer's
+    learning rate, which the run's reducers never see, fails the run, naming what to give instead."""
+
+    callbacks: Any
+    services: Services
+    run_id: str
+    per_epoch: int
+    weights: bool
+    stopped_with: bytes | None = None
+
+    def begin(self, epoch: int) -> None:
+        self._told(epoch, lambda: self.callbacks.on_epoch_begin(epoch))
+
+    def end(self, epoch: int, figures: dict[str, float]) -> None:
+        model = self.callbacks.model
+        saved = self._model_after(epoch) if self.weights else None
+        if saved is not None:
+            from slsml.training import modelio
+
+            for variable, value in zip(model.weights, modelio.load_model(saved).weights, strict=True):
+                variable.assign(value)
+        self._told(epoch, lambda: self.callbacks.on_epoch_end(epoch, figures))
+        if getattr(model, "stop_training", False):  # as Keras: no epoch after this one
+            self.services.stop_run(self.run_id, f"stopped by a callback at the end of epoch {epoch + 1}")
+            self.stopped_with = saved if saved is not None else self._model_after(epoch)
+
+    def _told(self, epoch: int, hook: Callable[[], None]) -> None:
+        """Run ``hook``; BadInputError (the run failed) where it changed the optimizer's learning rate."""
+        before = _learning_rate(self.callbacks.model)
+        hook()
+        after = _learning_rate(self.callbacks.model)
+        if before != after:
+            reason = (
+                f"a callback changed the optimizer's learning rate ({before:g} → {after:g}) at epoch {epoch + 1}: the"
+                " run's reducers step with the optimizer it started with; give the optimizer a"
+                " keras.optimizers.schedules.LearningRateSchedule instead"
+            )
+            self.services.fail_run(self.run_id, reason)
+            raise BadInputError(reason)
+
+    def _model_after(self, epoch: int) -> bytes | None:
+        """The model the run saved at ``epoch``'s end, once it is stored (it is saved once the next epoch runs; the
+        last one's is the final model); None if the run ended without it."""
+        iteration = (epoch + 1) * self.per_epoch
+        while True:
+            try:
+                return runs.saved_model(self.services, self.run_id, iteration)
+            except NotFoundError:
+                run = self.services.table.get_run(self.run_id)
+                if run.status in runs.TERMINAL:
+                    ended_here = run.status == "COMPLETED" and run.iteration == iteration
+                    return runs.final_model(self.services, run) if ended_here else None
+            time.sleep(SAVED_POLL_S)
+
+
+def _learning_rate(model: Any) -> float | None:
+    """The optimizer's learning rate, where it is a value (None: a schedule, or no optimizer)."""
+    rate = getattr(getattr(model, "optimizer", None), "_learning_rate", None)
+    if rate is None or callable(rate):
+        return None
+    return float(np.asarray(rate))
+
+
 class EpochView:
     """Keras's progress of a run, one epoch at a time, from its iteration records: ``Epoch k/N``, a
     ``keras.utils.Progbar`` of the epoch's steps with its running loss and metrics (``figures`` of the train states
@@ -529,7 +634,7 @@ class EpochView:
     def __init__(self, epochs: int, per_epoch: int, validation: str | None, figures: Figures) -> None:
         self.epochs, self.per_epoch, self.validation, self.figures = epochs, per_epoch, validation, figures
         self.verbose = 1
-        self.observers: Any = None  # told each epoch's figures as it ends (a keras.callbacks.CallbackList)
+        self.observed: Observed | None = None  # the callbacks told each epoch's start and end
         self.counters: dict[int, Counter] = {}
         self.shown: list[dict[str, float]] = []
         self._bar: Any = None
@@ -558,6 +663,11 @@ class EpochView:
         while len(self.shown) < ran:
             self._show(run.iteration, ended=True)
 
+    @property
+    def stopped(self) -> bool:
+        """Whether a callback stopped the run after the last epoch shown."""
+        return self.observed is not None and self.observed.stopped_with is not None
+
     def _validation(self, counter: Counter) -> dict[str, float] | None:
         value: dict[str, float] | None = getattr(counter, self.validation) if self.validation else {}
         return value
@@ -566,14 +676,14 @@ class EpochView:
         """Bring the current epoch's bar to the ``merged`` iterations, and end each epoch whose figures are in."""
         import keras
 
-        while len(self.shown) < self.epochs:
+        while len(self.shown) < self.epochs and not self.stopped:
             epoch = len(self.shown)
             steps = min(merged - epoch * self.per_epoch, self.per_epoch)
             if steps <= 0:
                 return
             if self._bar is None:
-                if self.observers is not None:
-                    self.observers.on_epoch_begin(epoch)
+                if self.observed is not None:
+                    self.observed.begin(epoch)
                 if self.verbose and self.epochs > 1:
                     print(f"Epoch {epoch + 1}/{self.epochs}", flush=True)  # where Progbar writes: stdout
                 self._bar = keras.utils.Progbar(self.per_epoch, verbose=self.verbose, stateless_metrics=set())
@@ -592,8 +702,8 @@ class EpochView:
             self._bar.update(self.per_epoch, list(figures.items()), finalize=True)
             self.shown.append(figures)
             self._bar = None
-            if self.observers is not None:
-                self.observers.on_epoch_end(epoch, dict(figures))
+            if self.observed is not None:
+                self.observed.end(epoch, dict(figures))
 
     def _running(self, epoch: int, steps: int) -> dict[str, float]:
         """The loss and metrics over the epoch's first ``steps`` batches."""
