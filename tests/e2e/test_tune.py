@@ -130,13 +130,11 @@ def test_a_budget_below_all_trials_price_starts_fewer_and_says_why(home: Path, c
     model = modelio.save_model(space.build(build, space.hyperparameters()))
     price = budget.predict(model, manifest, launch.with_epochs(spec, manifest.train.count), services.limits)
     allowed = 1.5 * price
-    result = tune(
+    result = tune(  # 10 trials, 2 at once: the search's own, as `slsml tune`'s (left out, as KerasTuner's search)
         build,
         x,
         y,
         validation_data=(x_val, y_val),
-        max_trials=10,
-        parallel=2,
         epochs=1,
         batch_size=BATCH,
         objective="val_auc",

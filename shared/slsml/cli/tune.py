@@ -130,10 +130,14 @@ def add_commands(commands: Any) -> None:
     tune.add_argument(
         "--data", metavar="NAME", help="a dataset stored with `slsml data put` (validated on its test split)"
     )
-    tune.add_argument("--max-trials", type=int, default=10, help="trials to run (default 10)")
-    tune.add_argument("--parallel", type=int, default=2, help=f"{described['parallel'].description} (default 2)")
-    tune.add_argument("--epochs", type=int, default=10, help="each trial's epochs (default 10)")
-    tune.add_argument("--batch-size", type=int, default=32, help=f"{described['batch_size'].description} (default 32)")
+    for name in ("max_trials", "parallel", "epochs", "batch_size"):
+        field = described[name]
+        tune.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=int,
+            default=field.default,
+            help=f"{field.description} (default {field.default})",
+        )
     tune.add_argument(
         "--validation-split",
         type=float,

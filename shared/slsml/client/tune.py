@@ -45,6 +45,7 @@ LOGS_DIR = Path(".slsml/logs")  # a search on a local runtime of its own: its fu
 # how a build function of `slsml tune` (which has no --loss or --optimizer) gives what its model is not compiled with
 BUILD_MISSING = {piece: f"compile({piece}=…) in the build function" for piece in ("loss", "optimizer")}
 TRIAL_DEFAULTS = {"workers": 2, "reducers": 1}  # a trial's run, unless the search's options say otherwise
+SEARCH_DEFAULTS = SearchSettings.model_fields  # a search's trials, parallel, epochs and batch, as `slsml tune`'s
 
 
 class TuneResult(SearchSummary):
@@ -83,10 +84,10 @@ def tune(
     x: Arrays | None,
     y: Arrays | None,
     *,
-    max_trials: int,
-    parallel: int,
-    epochs: int,
-    batch_size: int,
+    max_trials: int = SEARCH_DEFAULTS["max_trials"].default,
+    parallel: int = SEARCH_DEFAULTS["parallel"].default,
+    epochs: int = SEARCH_DEFAULTS["epochs"].default,
+    batch_size: int = SEARCH_DEFAULTS["batch_size"].default,
     validation_data: tuple[Arrays, Arrays] | None = None,
     validation_split: float | None = None,
     objective: str = "val_loss",
@@ -105,7 +106,8 @@ def tune(
     """Search ``build_model``'s space for the hyperparameters best by ``objective`` (a ``val_`` figure), training
     each trial on ``x``, ``y`` for ``epochs`` epochs of ``batch_size`` samples with ``workers`` workers, validated on
     ``validation_data`` or the ``validation_split`` held out. ``max_trials`` trials, ``parallel`` at once, within
-    ``budget_usd`` dollars if given; ``loss`` and ``optimizer`` (Keras names): in place of those the built model was
+    ``budget_usd`` dollars if given (left out, as ``slsml tune`` leaves them: 10 trials, 2 at once, 10 epochs of
+    Keras's 32 samples); ``loss`` and ``optimizer`` (Keras names): in place of those the built model was
     compiled with; ``options``: the trials' other training options (``reducers=2``…; another keyword is a TypeError
     naming the closest one). ``stack``:
     run on the deployed stack of this name (else the local service if one is up, else a local runtime of the call's
