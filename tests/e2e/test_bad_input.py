@@ -223,8 +223,11 @@ def _with_learning_rate(model_bytes: bytes, learning_rate: object) -> bytes:
 @pytest.mark.parametrize(
     ("model", "message"),
     [
-        (lambda: _compiled(keras.optimizers.Adam(HalvingSchedule())), "learning-rate schedule HalvingSchedule is not"),
-        (lambda: _compiled(TunedSGD(0.01)), "optimizer TunedSGD is not supported"),
+        (
+            lambda: _compiled(keras.optimizers.Adam(HalvingSchedule())),
+            r"carries code of its own, which slsml's functions do not run: class 'HalvingSchedule' \(tests>Halving",
+        ),
+        (lambda: _compiled(TunedSGD(0.01)), r"code of its own, which .* class 'TunedSGD' \(tests>TunedSGD\); they"),
         (
             lambda: _with_learning_rate(
                 _compiled(keras.optimizers.Adam()),

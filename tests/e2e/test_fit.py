@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 
+import slsml
 from slsml.client import runs
 from slsml.data import datasets as data
 from slsml.pipeline import launch
@@ -141,11 +142,56 @@ class LastLoss(keras.metrics.Metric):
         return self.last
 
 
-def test_a_metric_that_cannot_be_merged_is_refused_by_name_before_anything_is_stored(services, cancer) -> None:
+@keras.saving.register_keras_serializable("slsml_fit_tests")
+class Unlearning(keras.Model):
+    """A model of its own training step (which slsml's workers would not run: they compute Keras's)."""
+
+    def train_step(self, data):
+        return {"loss": 0.0}
+
+
+def _lambda() -> keras.Model:
+    model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(1), keras.layers.Lambda(lambda z: z * 2)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def _own_loss() -> keras.Model:
+    model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss=lambda y, p: keras.ops.mean((y - p) ** 2))
+    return model
+
+
+def _subclassed() -> keras.Model:
+    inputs = keras.Input((30,))
+    model = Unlearning(inputs, keras.layers.Dense(1, "sigmoid")(inputs))
+    model.compile(optimizer="sgd", loss="binary_crossentropy")
+    return model
+
+
+def test_a_model_carrying_code_of_its_own_is_refused_naming_it_before_anything_is_stored(services, cancer) -> None:
+    """A metric, a model class, a loss function or a Lambda layer of the caller's own, which the functions cannot
+    import (Keras's safe mode), is named before anything is stored or started: by the run's start (the command's
+    path), by ``fit``, and by any loader of the archive."""
     model = _logistic([keras.metrics.AUC(), LastLoss()])
-    with pytest.raises(BadInputError, match=r"metric last_error \(LastLoss\) cannot be computed across workers"):
+    with pytest.raises(BadInputError, match=r"code of its own, .* class 'LastLoss' \(slsml_fit_tests>LastLoss\); they"):
         launch.prepare_run(services, modelio.save_model(model), "cancer", TrainingSpec(iterations=1), "fit-last")
     assert services.store.list_keys(keys.run_prefix("fit-last")) == []
+    x, y, *_ = cancer
+    for build, named in [
+        (_subclassed, r"class 'Unlearning' \(slsml_fit_tests>Unlearning\)"),
+        (_lambda, r"Lambda layer 'lambda(_\d+)?' \(Python code\)"),
+        (_own_loss, r"loss \(a Python lambda\)"),
+    ]:
+        with pytest.raises(BadInputError, match=rf"^the model carries code of its own, .*: {named}; they hold Keras"):
+            slsml.fit(build(), x, y, verbose=0)
+        with pytest.raises(BadInputError, match=rf"^model\.keras carries code of its own, .*: {named}; they"):
+            modelio.load_model(modelio.save_model(build()), "model.keras")
+    # Keras's own functions, given as functions, are Keras's: taken
+    own = keras.Sequential([keras.Input((30,)), keras.layers.Dense(1), keras.layers.Lambda(keras.ops.sigmoid)])
+    own.compile(optimizer="sgd", loss=keras.losses.binary_crossentropy, metrics=[keras.metrics.binary_accuracy])
+    modelio.check_portable(keras.saving.serialize_keras_object(own))
+    assert len(modelio.load_model(modelio.save_model(own)).weights) == 2
 
 
 def test_epochs_set_the_length_and_held_out_samples_are_evaluated_at_each_epochs_end(services, cancer) -> None:

@@ -62,6 +62,8 @@ def load_model(data: bytes, where: str = "the model", limits: bounds.Limits | No
         )
     limits = limits or bounds.Limits.here()
     bounds.check_archive(data, where, limits)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive, contextlib.suppress(KeyError, ValueError):
+        check_portable(json.loads(archive.read("config.json")), where)  # (Keras's loader names a config it cannot read)
     bounds.check_variables(where, *_declared_variables(data), len(data), limits)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "model.keras")
@@ -78,6 +80,56 @@ def load_model(data: bytes, where: str = "the model", limits: bounds.Limits | No
     if not model.built:
         raise BadInputError(f"{where} is not built (its weights have no shapes yet): call it once before saving")
     return model
+
+
+def check_portable(config: Any, where: str = "the model") -> None:
+    """BadInputError naming what ``config`` (a model's, as a ``.keras`` archive's config.json holds it) carries of the
+    caller's own code: classes and functions not Keras's (a subclassed model or layer, a loss of one's own) and Lambda
+    layers of Python code. slsml's functions hold Keras and slsml alone, and load a model as Keras's safe mode does:
+    no code the model carries is run."""
+    found: list[str] = []
+
+    def visit(node: Any, key: str) -> None:  # key: the entry of its parent that holds it
+        if isinstance(node, list):
+            for item in node:
+                visit(item, key)
+        if not isinstance(node, dict):
+            return
+        name, module, registered = node.get("class_name"), node.get("module"), node.get("registered_name")
+        function = node.get("config", {}).get("function") if isinstance(node.get("config"), dict) else None
+        if name == "Lambda" and isinstance(function, dict) and function.get("class_name") == "__lambda__":
+            found.append(f"Lambda layer {node['config'].get('name')!r} (Python code)")
+            return
+        if name == "__lambda__":
+            found.append(f"{key} (a Python lambda)")
+        elif name == "function" and module == "builtins":  # a function by its name, which Keras looks up
+            if not _keras_function(node.get("config")):
+                found.append(f"function {node.get('config')!r}")
+        elif isinstance(name, str) and "module" in node and not _keras_module(module, registered, name):
+            found.append(f"class {name!r}" + (f" ({registered})" if registered not in (None, name) else ""))
+        for entry, value in node.items():
+            visit(value, entry)
+
+    visit(config, "model")
+    if found:
+        named = list(dict.fromkeys(found))
+        raise BadInputError(
+            f"{where} carries code of its own, which slsml's functions do not run: {', '.join(named)}; they hold Keras"
+            " and slsml alone and load a model as Keras's safe mode does: build it from Keras's own layers, losses,"
+            " metrics and optimizers (a Lambda's computation as a Keras layer)"
+        )
+
+
+def _keras_function(name: Any) -> bool:
+    """Whether a function a model's config names is one of Keras's losses, metrics, activations or operations."""
+    spaces = (keras.losses, keras.metrics, keras.activations, keras.ops)
+    return isinstance(name, str) and any(hasattr(space, name) for space in spaces)
+
+
+def _keras_module(module: Any, registered: Any, name: str) -> bool:
+    """Whether an object of a model's config is Keras's own: of a Keras module, under its own name."""
+    ours = isinstance(module, str) and (module == "keras" or module.startswith("keras."))
+    return ours and registered in (None, name)
 
 
 def _declared_variables(data: bytes) -> tuple[int, int]:
