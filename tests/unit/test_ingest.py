@@ -307,3 +307,22 @@ def test_an_interrupted_upload_of_a_tf_dataset_continues_from_the_same_call(s3) 
     with pytest.raises(BadInputError, match=r"'shuffled': (train|test) shard \d+ stored by an earlier upload holds"):
         put("shuffled", shuffled)
     assert not store.exists(keys.dataset_manifest("shuffled"))
+
+
+def test_an_npz_named_as_kerass_datasets_name_their_arrays_is_put_as_x_and_y(s3, tmp_path: Path) -> None:
+    """``x_train``, ``y_train``, ``x_test``, ``y_test`` (as ``keras.datasets``' ``mnist.npz`` holds them) are the
+    training and test parts, not an input named ``train``; where the parts are named unalike, the error names both."""
+    rng = np.random.default_rng(5)
+    x, y = rng.random((50, 3, 3), dtype=np.float32), rng.integers(0, 10, 50).astype(np.uint8)
+    np.savez(tmp_path / "mnist.npz", x_train=x[:40], y_train=y[:40], x_test=x[40:], y_test=y[40:])
+    store = ObjectStore(s3, BUCKET)
+    stored = ingest.put(store, "mnist", sources.open_source(tmp_path / "mnist.npz"))
+    assert stored.x_shape == (3, 3) and stored.train.count == 40 and stored.test.count == 10
+    got_x, got_y = data.DatasetReader(store, stored).split("train")
+    np.testing.assert_array_equal(got_x, x[:40])
+    np.testing.assert_array_equal(got_y, y[:40])
+    np.savez(tmp_path / "unalike.npz", x_tr=x[:40], y_tr=y[:40], x_test=x[40:], y_test=y[40:])
+    with pytest.raises(
+        BadInputError, match=r"x is one array where the dataset's first samples' is named arrays \('tr'\): give"
+    ):
+        ingest.put(store, "unalike", sources.open_source(tmp_path / "unalike.npz"))

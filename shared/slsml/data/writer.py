@@ -212,8 +212,11 @@ class DatasetWriter:
         """BadInputError naming the array whose names, shape or dtype differ from the dataset's."""
         layout = self.layouts[part]
         if isinstance(arrays, dict) != is_named(layout):
-            form = "named arrays" if isinstance(arrays, dict) else "one array"
-            raise BadInputError(f"{what}: {part} is {form} where the dataset's is not")
+            form = f"named arrays ({', '.join(map(repr, arrays))})" if isinstance(arrays, dict) else "one array"
+            first = f"named arrays ({', '.join(repr(a.name) for a in layout)})" if is_named(layout) else "one array"
+            raise BadInputError(
+                f"{what}: {part} is {form} where the dataset's first samples' is {first}: give all of its samples alike"
+            )
         if isinstance(arrays, dict) and is_named(layout):
             specs = {a.name: (a.shape, a.dtype) for a in layout}
             if set(arrays) != set(specs):

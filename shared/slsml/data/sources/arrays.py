@@ -157,7 +157,8 @@ def open_file(path: Path, options: ArrayOptions) -> Source:
     """A ``.npz`` of x, y (and optionally x_test, y_test: the source's test part; w, w_test: the samples'
     weights), or a ``.npy`` of x with its labels in ``options.labels_file``. In an ``.npz``, x (y) may be named
     arrays ``x_<name>`` (``y_<name>``), one per input (output) of the model, with ``x_test_<name>``
-    (``y_test_<name>``) the test part's."""
+    (``y_test_<name>``) the test part's. The training arrays may be named as Keras's datasets name them (``x_train``,
+    ``y_train``, as ``mnist.npz`` holds them)."""
     if path.suffix == ".npy":
         if options.labels_file is None:
             raise BadInputError(f"{path}: a .npy source holds x alone; give its labels with --labels-file Y.npy")
@@ -171,6 +172,7 @@ def open_file(path: Path, options: ArrayOptions) -> Source:
                 members = {info.filename.removesuffix(".npy"): info for info in archive.infolist()}
         except (zipfile.BadZipFile, OSError) as error:
             raise BadInputError(f"{path} is not a .npz file of arrays: {error}") from None
+        members = _training_named(members)
         names = set(members)
 
         def member(name: str) -> _StoredArray:
@@ -203,6 +205,24 @@ def open_file(path: Path, options: ArrayOptions) -> Source:
             )
     source.format = FORMAT.name
     return source
+
+
+def _training_named(members: dict[str, zipfile.ZipInfo]) -> dict[str, zipfile.ZipInfo]:
+    """``members`` with ``x_train``, ``y_train`` (and ``w_train``) as x, y (and w), where they are the training
+    arrays: no x or y besides them and the test part's (else ``x_train`` is the input named ``train``)."""
+    parts = ("x", "y")
+    plain = all(f"{part}_train" in members for part in parts) and not any(
+        name == part
+        or (name.startswith(f"{part}_") and name != f"{part}_train" and not name.startswith(f"{part}_test"))
+        for name in members
+        for part in parts
+    )
+    if not plain:
+        return members
+    return {
+        name.removesuffix("_train") if name in {"x_train", "y_train", "w_train"} else name: info
+        for name, info in members.items()
+    }
 
 
 FORMAT = Format(name="arrays", suffixes=(".npz", ".npy"), options=ArrayOptions, open=open_file)
