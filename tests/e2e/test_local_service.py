@@ -108,12 +108,13 @@ def test_a_model_dropped_by_the_aws_cli_trains_and_is_watched_to_the_end(service
     assert re.search(r"test_loss\s*│ [\d.]+\s*│", watched.stderr) and re.search(
         r"test_accuracy\s*│ [\d.]+\s*│", watched.stderr
     ), watched.stderr
-    report = slsml(service, "run", "report", run_id, "--out", "report", "--json")
+    report = slsml(service, "run", "report", run_id, "--json")  # where a run's files go: runs/<run>/
     assert report.returncode == 0, report.stderr
-    assert json.loads(report.stdout) == {"run_id": run_id, "report": str(Path("report") / "index.html")}
-    page = (service / "report" / "index.html").read_text()
+    written = Path("runs") / run_id / "report"
+    assert json.loads(report.stdout) == {"run_id": run_id, "report": str(written / "index.html")}
+    page = (service / written / "index.html").read_text()
     assert run_id in page and "COMPLETED" in page
-    assert all((service / "report" / image).stat().st_size > 0 for image in ("curves.png", "cost.png"))
+    assert all((service / written / image).stat().st_size > 0 for image in ("curves.png", "cost.png"))
     reducer_log = (service_module.user_state_dir() / "logs" / "reducer.log").read_text()  # the Reducer's size
     started = [json.loads(line) for line in reducer_log.splitlines() if "warm process started" in line]
     assert started and {entry["function_memory_size"] for entry in started} == {REDUCER_MB}

@@ -213,6 +213,9 @@ def test_stopped_and_failed_runs_resume_to_the_weights_of_an_uninterrupted_run(
     again = slsml(stack_env, tmp_path, "run", "resume", "interrupted", "--stack", STACK)
     message = " ".join(again.stderr.split())  # the console wraps long lines
     assert again.returncode == 2 and "is COMPLETED: only a STOPPED or FAILED run can be resumed" in message
+    fetched = slsml(stack_env, tmp_path, "run", "fetch", "interrupted", "-o", "further.keras", "--stack", STACK)
+    assert fetched.returncode == 0 and "`slsml run fetch interrupted`, then `slsml run start --model" in message
+    assert modelio.load_model((tmp_path / "further.keras").read_bytes()).weights  # the model to train further
 
 
 def test_fit_trains_the_model_on_a_stack(local, stack_env, services, digits, monkeypatch) -> None:

@@ -498,3 +498,22 @@ def test_local_steps_on_named_arrays_equal_keras_fit_steps_of_a_two_output_model
     expected = modelio.get_flat(reference, plan)
     assert finished and np.abs(expected - start).max() > 1e-3
     np.testing.assert_allclose(progress.weights, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("loss", "labels", "said"),
+    [
+        ("categorical_crossentropy", np.array([0, 2]), r"class ids .* loss='sparse_categorical_crossentropy', or give"),
+        (keras.losses.CategoricalCrossentropy(), np.array([[1], [2]]), r"class ids .*\.to_categorical\(y, 3\)\)$"),
+        ("sparse_categorical_crossentropy", np.eye(3)[[0, 2]], r"one-hot \(3 columns\) .* class ids \(y\.argmax"),
+    ],
+)
+def test_a_cross_entropy_given_labels_of_the_other_form_says_which_loss_or_labels_to_give(loss, labels, said) -> None:
+    """Keras fails deep in the loss (ranks or shapes that differ); the check names the mix-up and both ways out, and
+    takes each loss with its own form of labels."""
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    x = np.zeros((2, 4), np.float32)
+    with pytest.raises(BadInputError, match=said):
+        modelio.check_fits(model, modelio.loss_config(model, loss), x, labels, None)
+    right = np.eye(3)[[0, 2]] if labels.ndim == 1 or labels.shape[1] == 1 else np.array([0, 2])
+    modelio.check_fits(model, modelio.loss_config(model, loss), x, right, None)

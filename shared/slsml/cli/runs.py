@@ -256,7 +256,8 @@ def cmd_run_report(args: argparse.Namespace) -> int:
         )
     services, usage = targets.required_target(args)
     run = services.table.get_run(args.run_id)
-    page = follow.write_report(services, usage(run), args.run_id, Path(args.out), tuple(args.iteration or ()))
+    out = Path(args.out) if args.out else Path("runs") / args.run_id / "report"
+    page = follow.write_report(services, usage(run), args.run_id, out, tuple(args.iteration or ()))
     if args.json:
         print(json.dumps({"run_id": args.run_id, "report": str(page)}))
     return 0
@@ -313,7 +314,9 @@ def add_commands(commands: Any) -> None:
         " service; a one-shot local run: --report DIR of run start --local or demo)",
         "the report's page",
     )
-    report.add_argument("--out", required=True, metavar="DIR", help="where index.html and its PNGs go")
+    report.add_argument(
+        "-o", "--out", metavar="DIR", help="where index.html and its PNGs go (default runs/<run>/report)"
+    )
     report.add_argument(
         "--iteration",
         type=int,
@@ -323,7 +326,7 @@ def add_commands(commands: Any) -> None:
         help="also draw these iterations' timelines (besides the slowest and a median one)",
     )
     fetch = _command(run, "fetch", "copy a run's final model", cmd_run_fetch, stack_help, "the model's path and bytes")
-    fetch.add_argument("--out", help="destination (default <run>.keras)")
+    fetch.add_argument("-o", "--out", help="destination (default <run>.keras)")
     fetch.add_argument(
         "--iteration",
         type=int,

@@ -78,7 +78,13 @@ def resume_run(services: Services, run_id: str, budget_usd: float | None = None)
     kept and reused. BadInputError, and nothing changes, for a budget the run cannot take or has spent."""
     run = services.table.get_run(run_id)
     if run.status not in {RunStatus.STOPPED, RunStatus.FAILED}:
-        raise SlsmlError(f"run {run_id!r} is {run.status}: only a STOPPED or FAILED run can be resumed")
+        further = (
+            f"; to train its model further, start a run with it (`slsml run fetch {run_id}`, then `slsml run start"
+            f" --model {run_id}.keras`)"
+            if run.status == RunStatus.COMPLETED
+            else ""
+        )
+        raise SlsmlError(f"run {run_id!r} is {run.status}: only a STOPPED or FAILED run can be resumed{further}")
     if run.training.asynchronous:  # its updates in flight when it ended are not known again
         raise BadInputError(
             f"run {run_id!r} trained with staleness unbounded, which cannot resume: fetch its last model"

@@ -969,6 +969,8 @@ def check_fits(
         raise BadInputError(
             f"labels go up to {classes - 1} but the model has only {width} outputs (classes 0 to {width - 1})"
         )
+    if not isinstance(y, dict) and width is not None and (problem := _label_form(loss, y, width)):
+        raise BadInputError(problem)
     try:
         prediction = model(samples.take(x, slice(2)), training=False)
         float(training_loss(loss, model)(samples.take(y, slice(2)), prediction))
@@ -977,6 +979,27 @@ def check_fits(
             f"the data does not fit the model: samples of x {samples.describe(x)} / y {samples.describe(y)}"
             f" vs model input {model.input_shape}: {str(error).splitlines()[0][:300]}; {FIT_DATA}"
         ) from None
+
+
+def _label_form(loss: str, y: np.ndarray, width: int) -> str | None:
+    """Where a categorical cross-entropy meets labels of the other form (Keras's most common mix-up): what to give."""
+    losses, _, several = _loss_structure(loss)
+    named = json.dumps(losses).lower().replace("_", "")
+    if several or "categoricalcrossentropy" not in named or width < 2:
+        return None
+    ids, one_hot = y.shape[1:] in {(), (1,)}, y.shape[1:] == (width,)
+    if "sparsecategorical" in named and one_hot and not ids:
+        return (
+            f"the labels are one-hot ({width} columns) but loss sparse_categorical_crossentropy takes class ids:"
+            " compile the model with loss='categorical_crossentropy', or give the labels as class ids (y.argmax(-1))"
+        )
+    if "sparsecategorical" not in named and ids:
+        return (
+            f"the labels are class ids (one number a sample) but loss categorical_crossentropy takes one-hot labels"
+            f" of the model's {width} classes: compile the model with loss='sparse_categorical_crossentropy', or give"
+            f" one-hot labels (keras.utils.to_categorical(y, {width}))"
+        )
+    return None
 
 
 def _range(x: np.ndarray) -> tuple[float, float] | None:
