@@ -167,9 +167,8 @@ def test_the_local_host_reports_an_error_as_lambda_does() -> None:
     assert len(error_message("ValueError: " + "é" * 2000).encode()) <= 1024
 
 
-def test_a_letter_the_reader_fails_on_is_retried_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Lambda's partial batch response: the reader's batch of letters reports the one it failed on, and is done
-    with the others (which a failed batch would have held back and redelivered with it)."""
+def _function_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a function's handler reads from its environment."""
     for name, value in {
         "AWS_DEFAULT_REGION": "us-east-1",
         wiring.BUCKET_ENV: "b",
@@ -179,6 +178,12 @@ def test_a_letter_the_reader_fails_on_is_retried_alone(monkeypatch: pytest.Monke
     }.items():
         monkeypatch.setenv(name, value)
     deployment_services.cache_clear()
+
+
+def test_a_letter_the_reader_fails_on_is_retried_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lambda's partial batch response: the reader's batch of letters reports the one it failed on, and is done
+    with the others (which a failed batch would have held back and redelivered with it)."""
+    _function_environment(monkeypatch)
     handled: list[str] = []
 
     def step(letter: DeadLetter, services: Services) -> None:
@@ -204,3 +209,44 @@ def test_a_letter_the_reader_fails_on_is_retried_alone(monkeypatch: pytest.Monke
         deployment_services.cache_clear()
     assert answer == {"batchItemFailures": [{"itemIdentifier": "poison"}]}
     assert handled == ["first", "last"]
+
+
+def test_an_error_of_traced_code_is_reported_by_what_it_says_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorFlow's error of a traced function leads with its frames: a deep stack pushes the error itself past the
+    first KB Lambda reports (the run's reason said only "in user code: File …"). The handler raises it with the error
+    first, then the frame that raised it; other errors are raised as they are."""
+    import tensorflow as tf
+
+    from slsml.pipeline.envelope import error_first
+
+    def deep(x: Any, depth: int) -> Any:
+        if depth:
+            return deep(x, depth - 1)
+        raise ValueError(f"the labels of {x.shape[0]} samples\ndo not fit the outputs")
+
+    traced = tf.function(lambda x: deep(x, 30))
+    with pytest.raises(ValueError) as raised:
+        traced(tf.zeros(3))
+    assert "the labels of 3 samples" not in error_message(f"ValueError: {raised.value}")  # what Lambda reported
+    readable = error_first(raised.value)
+    assert type(readable) is ValueError
+    reported = error_message(f"ValueError: {readable}")
+    assert reported.startswith("the labels of 3 samples do not fit the outputs (raised in traced code: File ")
+    assert ", in deep" in reported
+    plain = KeyError("x")
+    assert error_first(plain) is plain
+
+    _function_environment(monkeypatch)
+
+    def step(letter: DeadLetter, services: Services) -> None:
+        traced(tf.zeros(4))
+
+    handler = pipeline_handler(
+        "dead_letters", DeadLetter, step, envelope=DeadLetterRecords, idempotent=False, charges=False
+    )
+    try:
+        with mock_aws(), pytest.raises(ValueError) as handled:
+            handler({"Records": [sqs_record(WORK, FAILURES)]}, LambdaContext("dead_letters", "request-1", 1e12, 256))
+    finally:
+        deployment_services.cache_clear()
+    assert error_message(f"ValueError: {handled.value}").startswith("the labels of 4 samples do not fit the outputs")

@@ -205,9 +205,12 @@ def pipeline_handler(
                         finally:
                             if charges:
                                 spend.count(services)
-                    except Exception:
+                    except Exception as error:
                         if not batch_failures:
-                            raise
+                            readable = error_first(error)
+                            if readable is error:
+                                raise
+                            raise readable from error
                         logger.exception("message failed: retried alone", extra={"message_id": sent.message_id})
                         failures.append({"itemIdentifier": sent.message_id})
                         message = None
@@ -229,6 +232,25 @@ def pipeline_handler(
     return service_logger.inject_lambda_context(
         tracer.capture_lambda_handler(metrics.log_metrics(counted, capture_cold_start_metric=True))
     )
+
+
+TRACED = "in user code:"  # how TensorFlow's error of a function it traced begins: its frames, then the error
+
+
+def error_first(error: Exception) -> Exception:
+    """``error`` with what it says first, as Lambda reports an error's first KB alone: TensorFlow's error of traced
+    code (``in user code:``, the frames, then the error) as an error of its type saying the error, then the frame that
+    raised it; any other error as it is."""
+    lines = str(error).splitlines()
+    frames = [n for n, line in enumerate(lines) if line.strip().startswith("File ")]
+    if not lines or lines[0].strip() != TRACED or not frames:
+        return error
+    said = " ".join(line.strip() for line in lines[frames[-1] + 2 :] if line.strip())
+    said = said.removeprefix(f"{type(error).__name__}: ")
+    try:
+        return type(error)(f"{said} (raised in traced code: {lines[frames[-1]].strip()})")
+    except Exception:  # an error type of other arguments: as it is
+        return error
 
 
 def _emit_bytes(read: int, written: int) -> None:
