@@ -133,6 +133,18 @@ def test_a_callback_of_the_users_own_sees_each_epochs_weights_and_stops_the_trai
         slsml.fit(_model(), x, y, callbacks=[keras.callbacks.ReduceLROnPlateau()], verbose=0)
 
 
+def test_a_batch_larger_than_the_samples_is_one_step_of_them_all_as_in_keras() -> None:
+    x, y, _, _ = _cancer()
+    model = _model()
+    history = slsml.fit(model, x, y, batch_size=1000, epochs=2, workers=2, reducers=1, verbose=0)
+    assert history.params["steps"] == 1 and history.epoch == [0, 1]
+    reference = _model()
+    fitted = reference.fit(x, y, batch_size=1000, epochs=2, shuffle=False, verbose=0)
+    np.testing.assert_allclose(history.history["loss"], fitted.history["loss"], rtol=1e-4)
+    for got, expected in zip(model.weights, reference.weights, strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-4, atol=1e-5)
+
+
 def test_a_generator_trains_with_its_batch_size_and_verbose_2_prints_one_line_per_epoch(capsys) -> None:
     x, y, x_val, y_val = _cancer()
 

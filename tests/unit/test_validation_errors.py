@@ -132,10 +132,6 @@ def test_a_keyword_tune_does_not_take_is_a_type_error_naming_the_closest_one() -
         ({"optimizer": "adam", "validation_steps": 2}, "validation_steps=2: slsml validates on every sample"),
         ({"optimizer": "adam", "validation_freq": 2}, "validation_freq=2: slsml validates at the end of every epoch"),
         (
-            {"optimizer": "adam", "batch_size": 16},
-            "global batch 16 is larger than the training set (8 samples): give batch_size=8 or less",
-        ),
-        (
             {"optimizer": "adam", "pipeline_stages": 2},
             "pipeline_stages=2: model 'sequential",
         ),

@@ -520,7 +520,8 @@ class _Job:
         """Upload the data, train while showing each epoch, and return each epoch's figures (``figures``: the loss and
         metrics of summed train states, of the run's configuration)."""
         count = upload(services, self.run_id, train, self.validation)
-        spec = _spec(count, self.batch, self.epochs, self.validation, self.validation_split, self.options)
+        batch = min(self.batch, count)  # as Keras: a batch past the samples is all of them, one step an epoch
+        spec = _spec(count, batch, self.epochs, self.validation, self.validation_split, self.options)
         if self.epoch_weights:  # each epoch's model saved, for the callbacks to find in the model at its end
             spec = spec.model_copy(
                 update={"checkpoint_every": launch.with_epochs(spec, count).iterations // self.epochs}
