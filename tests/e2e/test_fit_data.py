@@ -133,13 +133,26 @@ def test_a_callback_of_the_users_own_sees_each_epochs_weights_and_stops_the_trai
         slsml.fit(_model(), x, y, callbacks=[keras.callbacks.ReduceLROnPlateau()], verbose=0)
 
 
-def test_a_batch_larger_than_the_samples_is_one_step_of_them_all_as_in_keras() -> None:
-    x, y, _, _ = _cancer()
+def _normalized(x: np.ndarray) -> keras.Model:
+    """``_model`` behind a Normalization adapted to ``x``: a weight of int64 (its sample count) that is not trained."""
+    normalization = keras.layers.Normalization()
+    normalization.adapt(x)
     model = _model()
-    history = slsml.fit(model, x, y, batch_size=1000, epochs=2, workers=2, reducers=1, verbose=0)
+    return keras.Sequential([keras.Input((30,)), normalization, *model.layers], name="normalized")
+
+
+def test_a_batch_larger_than_the_samples_is_one_step_of_them_all_as_in_keras() -> None:
+    """As Keras's fit: one step of all the samples an epoch; the model, behind an adapted Normalization (whose int64
+    count a float32-only plan refused), ends at Keras's weights, the Normalization's as adapted."""
+    x, y, _, _ = _cancer()
+    raw = x * 3 + 1
+    model = _normalized(raw)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy", metrics=["accuracy"])
+    history = slsml.fit(model, raw, y, batch_size=1000, epochs=2, workers=2, reducers=1, verbose=0)
     assert history.params["steps"] == 1 and history.epoch == [0, 1]
-    reference = _model()
-    fitted = reference.fit(x, y, batch_size=1000, epochs=2, shuffle=False, verbose=0)
+    reference = _normalized(raw)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy", metrics=["accuracy"])
+    fitted = reference.fit(raw, y, batch_size=1000, epochs=2, shuffle=False, verbose=0)
     np.testing.assert_allclose(history.history["loss"], fitted.history["loss"], rtol=1e-4)
     for got, expected in zip(model.weights, reference.weights, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-4, atol=1e-5)

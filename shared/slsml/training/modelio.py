@@ -300,10 +300,13 @@ class ArchiveWriter:
 
 
 def variable_specs(model: keras.Model) -> list[VariableSpec]:
+    """The shard plan's variables: the model's weights, float32 (an integer weight that is not trained, such as an
+    adapted Normalization's sample count, travels as float32 too: its value, exact to 2^24, is never stepped)."""
     trainable = {id(v) for v in model.trainable_weights}
     specs = []
     for variable in model.weights:
-        if variable.dtype != "float32":
+        carried = id(variable) not in trainable and np.dtype(variable.dtype).kind in "iub"
+        if variable.dtype != "float32" and not carried:
             raise BadInputError(f"weight {variable.path} has dtype {variable.dtype}; slsml trains float32 models only")
         specs.append(VariableSpec(name=variable.path, shape=tuple(variable.shape), trainable=id(variable) in trainable))
     if not any(s.trainable for s in specs):
