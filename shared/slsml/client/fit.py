@@ -178,9 +178,7 @@ def fit(
             log_dir=Path(".slsml/logs") / run_id,
         ) as local:
             epochs_shown = job.train(local.services, train, figures)
-    trained = modelio.load_model(job.final)
-    for variable, value in zip(model.weights, trained.weights, strict=True):
-        variable.assign(value)
+    trained = _take_weights(model, job.final)
     modelio.take_training(model, trained)  # the optimizer's state as fit leaves it
     if job.observers is not None:
         job.observers.on_train_end(epochs_shown[-1] if epochs_shown else None)
@@ -490,12 +488,15 @@ def _spec(
     validation_data: Any,
     validation_split: float | None,
     options: dict[str, Any],
+    epoch_models: bool = False,
 ) -> TrainingSpec:
     """The run ``fit``'s arguments ask for on ``count`` training samples: the validation data (the run's test split)
-    evaluated at each epoch's end, or the held-out ``validation_split``."""
+    evaluated at each epoch's end, or the held-out ``validation_split``; ``epoch_models``: each epoch's model saved
+    (for the callbacks to find in the model at its end)."""
     spec = _options_spec(batch_size, epochs, validation_data, validation_split, options)
     per_epoch = launch.with_epochs(spec, count).iterations // epochs
-    return spec.model_copy(update={"eval_every": per_epoch if validation_data is not None else 0})
+    saved = {"checkpoint_every": per_epoch} if epoch_models else {}
+    return spec.model_copy(update={"eval_every": per_epoch if validation_data is not None else 0, **saved})
 
 
 @dataclass
@@ -521,11 +522,9 @@ class _Job:
         metrics of summed train states, of the run's configuration)."""
         count = upload(services, self.run_id, train, self.validation)
         batch = min(self.batch, count)  # as Keras: a batch past the samples is all of them, one step an epoch
-        spec = _spec(count, batch, self.epochs, self.validation, self.validation_split, self.options)
-        if self.epoch_weights:  # each epoch's model saved, for the callbacks to find in the model at its end
-            spec = spec.model_copy(
-                update={"checkpoint_every": launch.with_epochs(spec, count).iterations // self.epochs}
-            )
+        spec = _spec(
+            count, batch, self.epochs, self.validation, self.validation_split, self.options, self.epoch_weights
+        )
         config = launch.start_run(services, self.model_bytes, self.run_id, spec, run_id=self.run_id)
         self.per_epoch = config.training.iterations // self.epochs
         view = EpochView(self.epochs, self.per_epoch, self.named, figures(config))
@@ -584,10 +583,7 @@ class Observed:
         model = self.callbacks.model
         saved = self._model_after(epoch) if self.weights else None
         if saved is not None:
-            from slsml.training import modelio
-
-            for variable, value in zip(model.weights, modelio.load_model(saved).weights, strict=True):
-                variable.assign(value)
+            _take_weights(model, saved)
         self._told(epoch, lambda: self.callbacks.on_epoch_end(epoch, figures))
         if getattr(model, "stop_training", False):  # as Keras: no epoch after this one
             self.services.stop_run(self.run_id, f"stopped by a callback at the end of epoch {epoch + 1}")
@@ -622,12 +618,20 @@ class Observed:
             time.sleep(SAVED_POLL_S)
 
 
+def _take_weights(model: Any, archive: bytes) -> Any:
+    """Give ``model`` the weights of the model ``archive`` holds (of the same weights); that model."""
+    from slsml.training import modelio
+
+    source = modelio.load_model(archive)
+    for variable, value in zip(model.weights, source.weights, strict=True):
+        variable.assign(value)
+    return source
+
+
 def _learning_rate(model: Any) -> float | None:
-    """The optimizer's learning rate, where it is a value (None: a schedule, or no optimizer)."""
-    rate = getattr(getattr(model, "optimizer", None), "_learning_rate", None)
-    if rate is None or callable(rate):
-        return None
-    return float(np.asarray(rate))
+    """The optimizer's learning rate now (None: no optimizer)."""
+    optimizer = getattr(model, "optimizer", None)
+    return None if optimizer is None else float(np.asarray(optimizer.learning_rate))
 
 
 class EpochView:

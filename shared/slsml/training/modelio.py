@@ -62,9 +62,12 @@ def load_model(data: bytes, where: str = "the model", limits: bounds.Limits | No
         )
     limits = limits or bounds.Limits.here()
     bounds.check_archive(data, where, limits)
-    with zipfile.ZipFile(io.BytesIO(data)) as archive, contextlib.suppress(KeyError, ValueError):
-        check_portable(json.loads(archive.read("config.json")), where)  # (Keras's loader names a config it cannot read)
-    bounds.check_variables(where, *_declared_variables(data), len(data), limits)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        config = archive.read("config.json") if "config.json" in names else None
+    if config is not None:
+        with contextlib.suppress(ValueError):  # (Keras's loader names a config it cannot read)
+            check_portable(json.loads(config), where)
+    bounds.check_variables(where, *_declared_variables(config), len(data), limits)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "model.keras")
         with open(path, "wb") as file:
@@ -132,14 +135,12 @@ def _keras_module(module: Any, registered: Any, name: str) -> bool:
     return ours and registered in (None, name)
 
 
-def _declared_variables(data: bytes) -> tuple[int, int]:
-    """The bytes of the variables the archive's config declares, and the slots per weight of the optimizer it is
-    compiled with: the model is built without its variables' values (nothing is allocated); (0, 0) for a config
-    Keras cannot build, which its loader then names."""
-    with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        if "config.json" not in archive.namelist():
-            return 0, 0
-        text = archive.read("config.json")
+def _declared_variables(text: bytes | None) -> tuple[int, int]:
+    """The bytes of the variables an archive's config (``text``, its config.json; None: none) declares, and the slots
+    per weight of the optimizer it is compiled with: the model is built without its variables' values (nothing is
+    allocated); (0, 0) for a config Keras cannot build, which its loader then names."""
+    if text is None:
+        return 0, 0
     try:
         return _declared_by(text)
     except _Unbuildable:  # not kept: the custom objects Keras knows may change
@@ -991,7 +992,7 @@ def _label_form(loss: str, y: np.ndarray, width: int) -> str | None:
     if several or "categoricalcrossentropy" not in named or width < 2:
         return None
     ids, one_hot = y.shape[1:] in {(), (1,)}, y.shape[1:] == (width,)
-    if "sparsecategorical" in named and one_hot and not ids:
+    if "sparsecategorical" in named and one_hot:  # (width ≥ 2: not also ids)
         return (
             f"the labels are one-hot ({width} columns) but loss sparse_categorical_crossentropy takes class ids:"
             " compile the model with loss='categorical_crossentropy', or give the labels as class ids (y.argmax(-1))"
