@@ -21,6 +21,7 @@ import pytest
 import slsml as slsml_api
 from slsml.client import demo
 from slsml.local import service as service_module
+from slsml.spec import keys
 from slsml.spec.errors import NotFoundError
 from slsml.state.runtable import RunTable
 from slsml.training import modelio
@@ -232,6 +233,14 @@ def test_a_checkpoint_is_fetched_by_its_iteration_and_starts_a_new_run(service: 
     resumed = slsml(service, "run", "start", "--local", "--model", "at-2.keras", "--iterations", "2", *common,
                     "--run-id", "from-checkpoint")  # fmt: skip
     assert last_json(resumed)["status"] == "COMPLETED"
+    # a checkpoint replaced behind the pipeline's back is refused by its SHA-256, which the Merger recorded
+    store, initial_bytes = service_store(service), (service / "cnn.keras").read_bytes()
+    store.s3.put_object(Bucket=store.bucket, Key=keys.model("checkpointed", 2), Body=initial_bytes)
+    replaced = slsml(service, "run", "fetch", "checkpointed", "--iteration", "2", "--out", "forged.keras")
+    assert replaced.returncode != 0 and not (service / "forged.keras").exists()
+    read = hashlib.sha256(initial_bytes).hexdigest()
+    assert f"is not the model run 'checkpointed' saved: its bytes as read have the SHA-256 {read}" in replaced.stderr
+    assert slsml(service, "run", "fetch", "checkpointed", "--iteration", "0", "--out", "at-0.keras").returncode == 0
 
 
 def test_a_run_beyond_the_services_limits_is_refused_and_a_dropped_one_fails_with_the_reason(service: Path) -> None:

@@ -49,11 +49,23 @@ def final_model(services: Services, run: RunRecord) -> bytes:
 
 def saved_model(services: Services, run_id: str, iteration: int) -> bytes:
     """The model entering ``iteration`` as the run saved it (the initial model, a checkpoint, an evaluated model);
-    NotFoundError naming the iterations it saved models of otherwise."""
-    services.table.get_run(run_id)  # NotFoundError naming an unknown run
+    NotFoundError naming the iterations it saved models of otherwise. SlsmlError if its bytes are not those the run
+    recorded: the initial model's SHA-256 in the run's config, each model the Merger saved in the run's table."""
+    run = services.table.get_run(run_id)  # NotFoundError naming an unknown run
     key = keys.model(run_id, iteration)
     if services.store.exists(key):
-        return services.store.get(key)
+        body = services.store.get(key)
+        if iteration:
+            recorded = services.table.saved_sha256(run_id, iteration)
+        else:
+            recorded = registered_config(services.store, run).source_sha256
+        if (read := hashlib.sha256(body).hexdigest()) != recorded:
+            said = "recorded none" if recorded is None else f"recorded {recorded}"
+            raise SlsmlError(
+                f"{key} is not the model run {run_id!r} saved: its bytes as read have the SHA-256 {read}; the run"
+                f" {said} (it was placed or replaced behind the pipeline's back)"
+            )
+        return body
     saved = sorted(
         int(k.rsplit("/", 1)[1].removesuffix(keys.MODEL_SUFFIX))
         for k in services.store.list_keys(keys.models_prefix(run_id))

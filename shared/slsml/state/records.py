@@ -290,6 +290,9 @@ KEY = "KEY"  # the run's signing keys (``RunTable.run_keys``): public keys, and 
 # the figures a run watches (``TrainingSpec.monitors``) of each evaluation, "<monitor>@<iteration>" → value: what
 # early stopping and keep_best decide on, read as one item whatever the run's length
 WATCHED = "WATCHED"
+# the SHA-256 of each model the Merger saved (``models/<iteration>.keras``), "<iteration>" → digest: what a reader of
+# a checkpoint checks its bytes against
+SAVED = "SAVED"
 
 
 # ---- the table: one definition, which the CDK app (infra/storage.py) and the local runtime

@@ -82,8 +82,11 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     ends = _may_end(store, config, following)  # the model a run may end on is saved before it is launched
     with ThreadPoolExecutor(max_workers=1) as pool:  # the run advances while it is saved
         advancing = pool.submit(table.advance, run, following, message.generation)
-        saved = _save(store, config, iteration, following, fitted=rules.of(config.training).fit_state) if ends else None
+        fitted = rules.of(config.training).fit_state
+        saved = _stored_model(store, config, iteration, following, fitted) if ends else None
         advanced = advancing.result()
+    if saved is not None:  # (after the advance: the table is not written from two threads)
+        table.record_saved(run, following, saved)
     if advanced is None:  # stopped, failed or resumed meanwhile
         return None
     body = Manifest(iteration=following, shards=etags, model_sha256=saved).model_dump_json().encode()
@@ -110,7 +113,7 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     every = config.training.checkpoint_every
     # a checkpoint, on a multiple of it (ASP: the first version at or past one), saved once the next iteration runs
     if not ends and every and following // every > iteration // every:
-        _save(store, config, iteration, following, fitted=False)
+        _save(services, config, iteration, following, fitted=False)
     return next_key
 
 
@@ -156,11 +159,18 @@ def _may_end(store: ObjectStore, config: RunConfig, iteration: int) -> bool:
     )
 
 
-def _save(store: ObjectStore, config: RunConfig, iteration: int, following: int, fitted: bool) -> str:
+def _save(services: Services, config: RunConfig, iteration: int, following: int, fitted: bool) -> None:
     """Store the model version ``following`` (that ``iteration``'s reduce made) as ``models/<following>.keras``,
-    assembled from its shards (``fitted``: with its optimizer's state, as ``fit`` leaves it); returns the SHA-256 of
-    the model at the key. An object of other weights at the key is not the Merger's (a forged or pre-placed one): it
-    is replaced."""
+    assembled from its shards (``fitted``: with its optimizer's state, as ``fit`` leaves it), and record its SHA-256
+    in the run's table, which its readers check it by (``client.runs.saved_model``)."""
+    services.table.record_saved(
+        config.run_id, following, _stored_model(services.store, config, iteration, following, fitted)
+    )
+
+
+def _stored_model(store: ObjectStore, config: RunConfig, iteration: int, following: int, fitted: bool) -> str:
+    """``_save``'s store: the SHA-256 of the model at the key. An object of other weights at the key is not the
+    Merger's (a forged or pre-placed one): it is replaced."""
     key = keys.model(config.run_id, following)
     parts = store.get_many(
         [keys.shard(config.run_id, following, r) for r in range(config.reducers)],
