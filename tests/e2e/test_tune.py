@@ -240,3 +240,52 @@ def test_ctrl_c_stops_every_trial_and_resume_finishes_the_search_without_running
     page = (home / "report" / "index.html").read_text()
     assert all(t["run_id"] in page for t in trials.values())
     assert resumed["best_hyperparameters"] == trials[resumed["best_trial"]["number"]]["hyperparameters"]
+
+
+def test_each_trial_is_compiled_with_the_loss_optimizer_metrics_and_loss_weights_given_as_fit_takes_them(
+    home: Path, cancer: tuple[np.ndarray, ...]
+) -> None:
+    """A build function that compiles with SGD and no metric, searched with ``compile``'s arguments given to
+    ``tune`` as ``slsml.fit`` takes them: an optimizer instance, a metric object, a loss and its weight."""
+    import json
+
+    import keras
+
+    from slsml.pipeline.services import run_config
+
+    def plain(hp):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((30,)), keras.layers.Dense(hp.Int("units", 2, 4)),
+                                  keras.layers.Dense(1, activation="sigmoid")])  # fmt: skip
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    x, y, x_val, y_val = cancer
+    result = tune(
+        plain,
+        x,
+        y,
+        validation_data=(x_val, y_val),
+        max_trials=1,
+        epochs=1,
+        batch_size=BATCH,
+        objective="val_auc",  # computed by the metric given here only
+        workers=1,
+        name="cancer-compiled",
+        verbose=0,
+        optimizer=keras.optimizers.Adam(0.02),
+        loss="binary_crossentropy",
+        metrics=[keras.metrics.AUC(name="auc")],
+        loss_weights=[2.0],
+    )
+    (trial,) = result.trials
+    assert trial.status == "completed", trial.reason
+    _, services = service.connect()
+    config = run_config(services, trial.run_id)
+    assert (config.optimizer.name, config.optimizer.learning_rate) == ("adam", pytest.approx(0.02))
+    loss = json.loads(config.loss)
+    assert loss["loss_weights"] in ([2.0], {"dense_1": 2.0}) and "binary_crossentropy" in json.dumps(loss["loss"])
+    evaluated = result.best_model.evaluate(x_val, y_val, return_dict=True, verbose=0)
+    assert evaluated["auc"] == pytest.approx(trial.history["val_auc"][-1], abs=1e-3)
+    with pytest.raises(TypeError, match=r"tune\(\) got an unexpected keyword argument 'metric'.*'metrics'"):
+        tune(plain, x, y, validation_data=(x_val, y_val), metric=["auc"], name="cancer-misspelt")

@@ -35,7 +35,7 @@ from slsml.search import records, space
 from slsml.search.engine import Engine, trial_number
 from slsml.search.records import Pruner, SearchSettings, SearchSummary, TrialRecord, TrialStatus, Validation
 from slsml.spec import keys, samples
-from slsml.spec.config import TrainingSpec, optimizer_named
+from slsml.spec.config import TrainingSpec
 from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
 from slsml.spec.samples import Arrays
 from slsml.state.records import RunRecord, RunStatus
@@ -99,17 +99,20 @@ def tune(
     pruner: Pruner = "hyperband",
     seed: int = 0,
     verbose: int = 1,
-    loss: str | None = None,
-    optimizer: str | None = None,
+    loss: Any = None,
+    optimizer: Any = None,
+    metrics: Any = None,
+    loss_weights: Any = None,
     **options: Any,
 ) -> TuneResult:
     """Search ``build_model``'s space for the hyperparameters best by ``objective`` (a ``val_`` figure), training
     each trial on ``x``, ``y`` for ``epochs`` epochs of ``batch_size`` samples with ``workers`` workers, validated on
     ``validation_data`` or the ``validation_split`` held out. ``max_trials`` trials, ``parallel`` at once, within
     ``budget_usd`` dollars if given (left out, as ``slsml tune`` leaves them: 10 trials, 2 at once, 10 epochs of
-    Keras's 32 samples); ``loss`` and ``optimizer`` (Keras names): in place of those the built model was
-    compiled with; ``options``: the trials' other training options (``reducers=2``…; another keyword is a TypeError
-    naming the closest one). ``stack``:
+    Keras's 32 samples); ``loss``, ``optimizer`` (a name or a ``keras.optimizers`` instance), ``metrics``,
+    ``loss_weights``: as ``compile`` takes them, each trial's model compiled with them in place of what the build
+    function gave (as ``slsml.fit`` takes them); ``options``: the trials' other training options (``reducers=2``…;
+    another keyword is a TypeError naming the closest one). ``stack``:
     run on the deployed stack of this name (else the local service if one is up, else a local runtime of the call's
     own). ``name``: the search's (its trials' runs are ``<name>-t<number>``); ``resume=True`` goes on with the search
     of that name, its data and settings as it started (``x`` and ``y`` may be None). ``verbose``: one line per trial
@@ -137,10 +140,9 @@ def tune(
         raise BadInputError("give validation_data or validation_split, not both")
     name = name or launch.new_run_id("tune")
     training = TRIAL_DEFAULTS | options | {"workers": workers}
-    if loss is not None:
-        training["loss"] = loss
-    if optimizer is not None:
-        training["optimizer"] = {"name": optimizer_named(optimizer)}
+    from slsml.training import modelio
+
+    compiled = {"loss": loss, "optimizer": optimizer, "metrics": metrics, "loss_weights": loss_weights}
     if validation_split is not None:
         training["validation_split"] = validation_split
     x, y = samples.as_arrays(x, "x"), samples.as_arrays(y, "y")
@@ -162,6 +164,7 @@ def tune(
         pruner=pruner,
         seed=seed,
         training=training,
+        compiled=modelio.stored_arguments(compiled),
     )
     with _target(stack, settings, name) as target:
         records.check_new(target.services.store, name)
@@ -226,10 +229,11 @@ def search_settings(
     seed: int = 0,
     training: Mapping[str, Any] | None = None,
     build: str | None = None,
+    compiled: Mapping[str, Any] | None = None,
 ) -> SearchSettings:
     """A new search's settings, checked: its training options, and the model ``build_model`` builds of the space's
-    defaults, which must compute the objective on ``sample`` (two training samples), its direction as Keras tells
-    it."""
+    defaults (compiled with ``compiled``: ``modelio.stored_arguments``), which must compute the objective on
+    ``sample`` (two training samples), its direction as Keras tells it."""
     training = dict(training or TRIAL_DEFAULTS)
     if validation == "split" and "validation_split" not in training:
         raise BadInputError(f"objective {objective}: validated on a held-out split, the search needs its fraction")
@@ -249,10 +253,23 @@ def search_settings(
         seed=seed,
         training=training,
         build=build,
+        compiled=dict(compiled or {}),
         started_at=time.time(),
     )
-    model = space.build(build_model, space.hyperparameters())
+    model = trial_model(build_model, space.hyperparameters(), settings)
     return settings.model_copy(update={"direction": _direction(model, settings, sample)})
+
+
+def trial_model(build_model: space.BuildModel, hp: Any, settings: SearchSettings) -> Any:
+    """The model ``build_model`` builds of ``hp``, compiled with what the search was given in place of what it
+    gave (``SearchSettings.compiled``); BadInputError naming what ``compile`` or the reducers refuse."""
+    from slsml.training import modelio
+
+    model = space.build(build_model, hp)
+    if settings.compiled:
+        modelio.compile_with(model, modelio.revived_arguments(settings.compiled))
+        modelio.optimizer_config(model)  # one the reducers apply
+    return model
 
 
 def _direction(model: Any, settings: SearchSettings, sample: tuple[Arrays, Arrays]) -> str:
@@ -389,7 +406,7 @@ class _Search:
         started_at = time.time()
         trial = self.engine.ask(space.distributions(self.space))
         hp = space.hyperparameters(space.values(self.space, trial.params))
-        model = space.build(self.build_model, hp)
+        model = trial_model(self.build_model, hp, self.settings)
         self.space |= space.declared(hp)  # hyperparameters of a conditional scope join the space as they appear
         number = trial_number(trial)
         running = _Running(trial, number, self.settings.run_id(number), space.chosen(hp), started_at, 1, None)

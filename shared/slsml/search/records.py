@@ -54,6 +54,11 @@ class SearchSettings(BaseModel):
     pruner: Pruner = "hyperband"
     seed: int = Field(default=0, ge=0, description="the sampler's seed")
     training: dict[str, Any] = Field(default_factory=dict, description="the trials' other training options")
+    compiled: dict[str, Any] = Field(
+        default_factory=dict,
+        description="what compile takes (loss, optimizer, metrics, loss_weights) that each trial's model is compiled"
+        " with in place of what the build function gave, as Keras serializes it (slsml.tune's)",
+    )
     build: str | None = Field(default=None, description="FILE.py:FUNCTION, the build function of `slsml tune`")
     started_at: float
 

@@ -644,6 +644,37 @@ def compile_with(model: keras.Model, given: dict[str, Any]) -> None:
         raise BadInputError(f"compile refuses {', '.join(f'{n}=' for n in given)}: {error}") from None
 
 
+def stored_arguments(given: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of ``compile`` ``given`` (None: not given) as JSON, to compile other models with later
+    (``compile_with(model, revived_arguments(stored))``): names as they are, objects (an optimizer, a loss, a metric)
+    as Keras serializes them. BadInputError naming one Keras cannot serialize."""
+    stored: dict[str, Any] = {}
+    for name, value in given.items():
+        if value is None:
+            continue
+        try:
+            stored[name] = keras.saving.serialize_keras_object(value)
+        except (TypeError, ValueError) as error:
+            raise BadInputError(f"{name}={value!r}: Keras cannot save it ({error})") from None
+    return stored
+
+
+def revived_arguments(stored: dict[str, Any]) -> dict[str, Any]:
+    """``stored_arguments``' JSON as ``compile`` takes it: each object Keras serialized made anew (an optimizer a
+    fresh instance, with no state)."""
+
+    def revived(value: Any) -> Any:
+        if isinstance(value, dict) and "class_name" in value:
+            return keras.saving.deserialize_keras_object(value)
+        if isinstance(value, dict):
+            return {key: revived(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [revived(item) for item in value]
+        return value
+
+    return {name: revived(value) for name, value in stored.items()}
+
+
 def deserialize_loss(config: str) -> keras.losses.Loss:
     """A mean-reduced Keras loss as ``compile`` makes it: a plain loss function is wrapped as a Loss, which
     squeezes or expands the labels to the rank of the predictions ((n,) against (n, 1)) and averages over the
