@@ -100,15 +100,24 @@ class _Decay(keras.callbacks.Callback):
         self.model.optimizer.learning_rate = 0.05
 
 
-def test_a_callback_of_the_users_own_sees_each_epochs_weights_and_stops_the_training_as_in_keras() -> None:
-    """At each epoch's end the model holds that epoch's weights, those single-process Keras has there; a callback that
-    sets ``model.stop_training`` ends the training after that epoch with its weights, as Keras's fit does. One that
-    changes the learning rate (which the run's reducers never see) fails the fit naming it; one of batch hooks, or a
-    Keras callback that changes the training, is refused before anything starts."""
+def test_a_callback_of_the_users_own_sees_each_epochs_weights_and_stops_the_training_as_in_keras(tmp_path) -> None:
+    """At each epoch's end the model holds that epoch's weights, those single-process Keras has there (and Keras's
+    ModelCheckpoint saves them); a callback that sets ``model.stop_training`` ends the training after that epoch with
+    its weights, as Keras's fit does. One that changes the learning rate (which the run's reducers never see) fails
+    the fit naming it; one of batch hooks, or a Keras callback that changes the training, is refused before anything
+    starts."""
     x, y, _, _ = _cancer()
     model, watch = _model(), _Watch(stop_after=2)
-    history = slsml.fit(model, x, y, batch_size=BATCH, epochs=4, callbacks=[watch], workers=2, reducers=1, verbose=0)
+    saving = keras.callbacks.ModelCheckpoint(str(tmp_path / "epoch-{epoch}.keras"))  # Keras's default: each epoch
+    history = slsml.fit(
+        model, x, y, batch_size=BATCH, epochs=4, callbacks=[watch, saving], workers=2, reducers=1, verbose=0
+    )
     assert history.epoch == [0, 1] and watch.began == [0, 1]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["epoch-1.keras", "epoch-2.keras"]
+    for epoch in range(2):
+        saved = keras.saving.load_model(tmp_path / f"epoch-{epoch + 1}.keras").get_weights()
+        for got, seen in zip(saved, watch.ended[epoch], strict=True):
+            np.testing.assert_array_equal(got, seen)
     assert watch.logs == [{name: values[e] for name, values in history.history.items()} for e in range(2)]
     reference, steps = _model(), math.ceil(len(x) / BATCH)
     for epoch in range(2):

@@ -73,6 +73,7 @@ def test_fits_keras_callbacks_become_the_runs_early_stopping_and_best_model() ->
     with pytest.raises(BadInputError, match=r"^callback LearningRateScheduler cannot run in slsml\.fit"):
         callback_options([keras.callbacks.LearningRateScheduler(lambda epoch: 0.1)])
     with pytest.raises(BadInputError, match=r"^callback ModelCheckpoint cannot run"):
-        callback_options([keras.callbacks.ModelCheckpoint("every.keras")])  # not save_best_only
+        callback_options([keras.callbacks.ModelCheckpoint("every.keras", save_freq=10)])  # every 10 batches
+    assert callback_options([keras.callbacks.ModelCheckpoint("each-{epoch}.keras")]) == {}  # told each epoch's end
     with pytest.raises(BadInputError, match="with mode='max'"):
         callback_options([keras.callbacks.EarlyStopping(monitor="val_auc", mode="max")])

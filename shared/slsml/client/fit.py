@@ -118,7 +118,9 @@ def fit(
     if pool is not None and stack is not None:
         raise BadInputError(f"pool={pool} sizes the local runtime fit starts: a stack's functions are deployed")
     level = 1 if verbose == "auto" else int(verbose)
-    checkpoints = [c.filepath for c in callbacks if isinstance(c, keras.callbacks.ModelCheckpoint)]
+    checkpoints = [  # the run's best model, ModelCheckpoint(save_best_only=True)'s file
+        c.filepath for c in callbacks if isinstance(c, keras.callbacks.ModelCheckpoint) and c.save_best_only
+    ]
     if validation_split == 0:  # Keras's default
         validation_split = None
     x, y, validation_data = _by_names(model, x, y, validation_data)
@@ -385,7 +387,8 @@ def _like(arrays: Arrays, first: Arrays) -> Arrays:
 
 def callback_options(callbacks: Sequence[Any]) -> dict[str, Any]:
     """The training options of Keras callbacks ``fit`` takes: EarlyStopping (``restore_best_weights``: the best model
-    kept too) and ModelCheckpoint(save_best_only=True) of one ``.keras`` file; BadInputError naming any other."""
+    kept too) and ModelCheckpoint(save_best_only=True) of one ``.keras`` file; the callbacks it tells the epochs as
+    Keras does (``observes``) take none; BadInputError naming any other."""
     import keras
 
     options: dict[str, Any] = {}
@@ -412,8 +415,9 @@ def callback_options(callbacks: Sequence[Any]) -> dict[str, Any]:
             raise BadInputError(
                 f"callback {name} cannot run in slsml.fit: it takes EarlyStopping (without baseline"
                 " or start_from_epoch) and ModelCheckpoint(save_best_only=True) of one .keras file,"
-                " as the training options early_stopping and keep_best, and CSVLogger, LambdaCallback and"
-                " callbacks of your own that watch the training's epochs (on_epoch_end…), told as Keras tells them"
+                " as the training options early_stopping and keep_best, and ModelCheckpoint saving each epoch,"
+                " CSVLogger, LambdaCallback and callbacks of your own that watch the training's epochs"
+                " (on_epoch_end…), told as Keras tells them"
             )
         if getattr(callback, "mode", "auto") != "auto":
             raise BadInputError(
@@ -433,7 +437,7 @@ def observes(callback: Any) -> bool:
     process's. BadInputError, naming them, for one of those with other hooks."""
     import keras
 
-    if isinstance(callback, keras.callbacks.CSVLogger):
+    if isinstance(callback, keras.callbacks.CSVLogger) or _saves_each_epoch(callback):
         return True
     own = _below(type(callback), keras.callbacks.Callback) if isinstance(callback, keras.callbacks.Callback) else []
     if isinstance(callback, keras.callbacks.LambdaCallback):
@@ -450,6 +454,19 @@ def observes(callback: Any) -> bool:
             " run's functions, not in this process; watch the epochs instead"
         )
     return True
+
+
+def _saves_each_epoch(callback: Any) -> bool:
+    """Whether ``callback`` is a ModelCheckpoint that saves the model (or its weights) as each epoch ends, which Keras's
+    own does from the epoch's weights ``fit`` gives the model there (``save_best_only``: the run keeps its best
+    model instead, ``callback_options``)."""
+    import keras
+
+    return (
+        isinstance(callback, keras.callbacks.ModelCheckpoint)
+        and callback.save_freq == "epoch"
+        and not callback.save_best_only
+    )
 
 
 def _below(cls: type, base: type) -> list[type]:

@@ -80,13 +80,13 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     if not table.fire_merge(run, iteration, message.shard, message.generation, train):
         return None
     ends = _may_end(store, config, following)  # the model a run may end on is saved before it is launched
-    with ThreadPoolExecutor(max_workers=1) as pool:  # the run advances while it is saved
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the run advances while the model is assembled
         advancing = pool.submit(table.advance, run, following, message.generation)
         fitted = rules.of(config.training).fit_state
-        saved = _stored_model(store, config, iteration, following, fitted) if ends else None
+        assembled = _assembled(store, config, iteration, following, fitted) if ends else None
         advanced = advancing.result()
-    if saved is not None:  # (after the advance: the table is not written from two threads)
-        table.record_saved(run, following, saved)
+    # stored after the advance: its digest is recorded first, and the table is not written from two threads
+    saved = None if assembled is None else _store_model(services, config, following, *assembled)
     if advanced is None:  # stopped, failed or resumed meanwhile
         return None
     body = Manifest(iteration=following, shards=etags, model_sha256=saved).model_dump_json().encode()
@@ -159,19 +159,17 @@ def _may_end(store: ObjectStore, config: RunConfig, iteration: int) -> bool:
     )
 
 
-def _save(services: Services, config: RunConfig, iteration: int, following: int, fitted: bool) -> None:
+def _save(services: Services, config: RunConfig, iteration: int, following: int, fitted: bool) -> str:
     """Store the model version ``following`` (that ``iteration``'s reduce made) as ``models/<following>.keras``,
-    assembled from its shards (``fitted``: with its optimizer's state, as ``fit`` leaves it), and record its SHA-256
-    in the run's table, which its readers check it by (``client.runs.saved_model``)."""
-    services.table.record_saved(
-        config.run_id, following, _stored_model(services.store, config, iteration, following, fitted)
-    )
+    assembled from its shards (``fitted``: with its optimizer's state, as ``fit`` leaves it); returns its SHA-256
+    (``_store_model``)."""
+    return _store_model(services, config, following, *_assembled(services.store, config, iteration, following, fitted))
 
 
-def _stored_model(store: ObjectStore, config: RunConfig, iteration: int, following: int, fitted: bool) -> str:
-    """``_save``'s store: the SHA-256 of the model at the key. An object of other weights at the key is not the
-    Merger's (a forged or pre-placed one): it is replaced."""
-    key = keys.model(config.run_id, following)
+def _assembled(
+    store: ObjectStore, config: RunConfig, iteration: int, following: int, fitted: bool
+) -> tuple[bytes, np.ndarray]:
+    """``_save``'s model as saved, and its flat weights."""
     parts = store.get_many(
         [keys.shard(config.run_id, following, r) for r in range(config.reducers)],
         [shards.weights_range(config.plan, r) for r in range(config.reducers)],
@@ -179,14 +177,28 @@ def _stored_model(store: ObjectStore, config: RunConfig, iteration: int, followi
     weights = np.concatenate([shards.decode_weights(part, config.plan, r) for r, part in enumerate(parts)])
     trainer, _ = trainer_for(store, config, iteration)
     modelio.set_flat(trainer.model, config.plan, weights)
-    body = _fitted(store, config, following, trainer, parts) if fitted else trainer.save()
-    if store.put_new(key, body):
-        return hashlib.sha256(body).hexdigest()
-    if _holds(store, config, key, weights):  # stored before (a retry): the digest of what is there
-        return hashlib.sha256(store.get(key)).hexdigest()
+    return (_fitted(store, config, following, trainer, parts) if fitted else trainer.save()), weights
+
+
+def _store_model(services: Services, config: RunConfig, following: int, body: bytes, weights: np.ndarray) -> str:
+    """Store ``body`` (of ``weights``) as the model entering ``following``, its SHA-256 recorded in the run's table
+    first, which its readers check it by (``client.runs.saved_model``: one read before it is stored finds none there
+    yet); returns the digest. One stored before with these weights (by a retry) is kept, its digest recorded; an
+    object of other weights at the key is not the Merger's (a forged or pre-placed one): it is replaced."""
+    store, key = services.store, keys.model(config.run_id, following)
+    digest = hashlib.sha256(body).hexdigest()
+    if not store.exists(key):
+        services.table.record_saved(config.run_id, following, digest)
+        if store.put_new(key, body):
+            return digest
+    if _holds(store, config, key, weights):  # stored before (a retry, or a copy of this merge meanwhile)
+        digest = hashlib.sha256(store.get(key)).hexdigest()
+        services.table.record_saved(config.run_id, following, digest)
+        return digest
     logger.warning("an object not stored by the Merger was replaced", extra={"key": key})
+    services.table.record_saved(config.run_id, following, digest)
     store.replace(key, body)
-    return hashlib.sha256(body).hexdigest()
+    return digest
 
 
 def _fitted(store: ObjectStore, config: RunConfig, following: int, trainer: Trainer, parts: list[bytes]) -> bytes:
