@@ -109,13 +109,15 @@ def test_a_callback_of_the_users_own_sees_each_epochs_weights_and_stops_the_trai
     x, y, _, _ = _cancer()
     model, watch = _model(), _Watch(stop_after=2)
     saving = keras.callbacks.ModelCheckpoint(str(tmp_path / "epoch-{epoch}.keras"))  # Keras's default: each epoch
+    best = keras.callbacks.ModelCheckpoint(tmp_path / "best.keras", monitor="accuracy", mode="max", save_best_only=True)
     history = slsml.fit(
-        model, x, y, batch_size=BATCH, epochs=4, callbacks=[watch, saving], workers=2, reducers=1, verbose=0
+        model, x, y, batch_size=BATCH, epochs=4, callbacks=[watch, saving, best], workers=2, reducers=1, verbose=0
     )
     assert history.epoch == [0, 1] and watch.began == [0, 1]
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["epoch-1.keras", "epoch-2.keras"]
-    for epoch in range(2):
-        saved = keras.saving.load_model(tmp_path / f"epoch-{epoch + 1}.keras").get_weights()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["best.keras", "epoch-1.keras", "epoch-2.keras"]
+    kept = int(np.argmax(history.history["accuracy"]))  # Keras's choice: the first epoch of the best accuracy
+    for name, epoch in [("epoch-1.keras", 0), ("epoch-2.keras", 1), ("best.keras", kept)]:
+        saved = keras.saving.load_model(tmp_path / name).get_weights()
         for got, seen in zip(saved, watch.ended[epoch], strict=True):
             np.testing.assert_array_equal(got, seen)
     assert watch.logs == [{name: values[e] for name, values in history.history.items()} for e in range(2)]

@@ -98,14 +98,14 @@ def fit(
     compiled with (the model is compiled with them, the rest as it was). ``verbose``: 0 silent, 1 (``"auto"``) a bar
     per epoch, 2 one line per epoch. ``options``: any other TrainingSpec field (``workers=8``, ``reducers=2``,
     ``quorum=0.75``…; another keyword is a TypeError naming the closest one; ``early_stopping="val_loss:3"`` and
-    ``keep_best="val_auc"``, Keras's EarlyStopping and ModelCheckpoint, which ``callbacks`` may also give as Keras
-    callbacks). ``callbacks`` also takes CSVLogger, LambdaCallback and callbacks of the caller's own whose hooks are
-    the training's and its epochs' (``on_epoch_end``…): told as Keras tells them, the model holding each epoch's
-    weights at its end; one that sets ``model.stop_training`` stops the run after that epoch, as Keras stops. Returns
-    a ``keras.callbacks.History``; the model holds the trained weights. ``stack``: train on the
-    deployed stack of this name; else on the local service if one is up (``slsml local up``), else on a local
-    runtime of the call's own, whose warm processes per function ``pool`` bounds (as ``--pool``; default:
-    ``SLSML_POOL``, else what the machine holds). Keras's ``shuffle=True`` (each epoch's batches drawn anew, by
+    ``keep_best="val_auc"``: the run's own early stopping and best model, which ``callbacks`` may also give as Keras's
+    EarlyStopping). ``callbacks`` also takes ModelCheckpoint saving at epochs' ends, CSVLogger, LambdaCallback and
+    callbacks of the caller's own whose hooks are the training's and its epochs' (``on_epoch_end``…): told as Keras
+    tells them, the model holding each epoch's weights at its end; one that sets ``model.stop_training`` stops the run
+    after that epoch, as Keras stops. Returns a ``keras.callbacks.History``; the model holds the trained weights.
+    ``stack``: train on the deployed stack of this name; else on the local service if one is up (``slsml local up``),
+    else on a local runtime of the call's own, whose warm processes per function ``pool`` bounds (as ``--pool``;
+    default: ``SLSML_POOL``, else what the machine holds). Keras's ``shuffle=True`` (each epoch's batches drawn anew, by
     ``seed=``; or slsml's order, ``"global"`` or ``"blocks"``), ``initial_epoch=0``, ``validation_freq=1`` and
     ``validation_batch_size`` (the figures do not depend on it) are taken as Keras takes them; ``shuffle=False``, a
     later initial epoch, a sparser validation or ``validation_steps`` are refused, saying what slsml does instead."""
@@ -118,9 +118,6 @@ def fit(
     if pool is not None and stack is not None:
         raise BadInputError(f"pool={pool} sizes the local runtime fit starts: a stack's functions are deployed")
     level = 1 if verbose == "auto" else int(verbose)
-    checkpoints = [  # the run's best model, ModelCheckpoint(save_best_only=True)'s file
-        c.filepath for c in callbacks if isinstance(c, keras.callbacks.ModelCheckpoint) and c.save_best_only
-    ]
     if validation_split == 0:  # Keras's default
         validation_split = None
     x, y, validation_data = _by_names(model, x, y, validation_data)
@@ -184,8 +181,6 @@ def fit(
     modelio.take_training(model, trained)  # the optimizer's state as fit leaves it
     if job.observers is not None:
         job.observers.on_train_end(epochs_shown[-1] if epochs_shown else None)
-    for path in checkpoints:  # the best model, where ModelCheckpoint(save_best_only) would have left it
-        model.save(path)
     history = keras.callbacks.History()
     history.set_model(model)
     history.params = {"verbose": verbose, "epochs": epochs, "steps": job.per_epoch}
@@ -387,8 +382,8 @@ def _like(arrays: Arrays, first: Arrays) -> Arrays:
 
 def callback_options(callbacks: Sequence[Any]) -> dict[str, Any]:
     """The training options of Keras callbacks ``fit`` takes: EarlyStopping (``restore_best_weights``: the best model
-    kept too) and ModelCheckpoint(save_best_only=True) of one ``.keras`` file; the callbacks it tells the epochs as
-    Keras does (``observes``) take none; BadInputError naming any other."""
+    kept too); the callbacks it tells the epochs as Keras does (``observes``) take none; BadInputError naming any
+    other."""
     import keras
 
     options: dict[str, Any] = {}
@@ -399,30 +394,22 @@ def callback_options(callbacks: Sequence[Any]) -> dict[str, Any]:
             and callback.baseline is None
             and not callback.start_from_epoch
         ):
+            if callback.mode != "auto":
+                raise BadInputError(
+                    f"callback {name} with mode={callback.mode!r}: slsml.fit decides whether a figure"
+                    " improves as Keras's mode auto does; leave mode out"
+                )
             options["early_stopping"] = f"{callback.monitor}:{callback.patience}:{abs(callback.min_delta):g}"
             if callback.restore_best_weights:
                 options["keep_best"] = callback.monitor
-        elif (
-            isinstance(callback, keras.callbacks.ModelCheckpoint)
-            and callback.save_best_only
-            and not callback.save_weights_only
-            and "{" not in str(callback.filepath)
-        ):
-            options["keep_best"] = callback.monitor
         elif not isinstance(callback, keras.callbacks.History | keras.callbacks.ProgbarLogger) and not observes(
             callback
         ):
             raise BadInputError(
-                f"callback {name} cannot run in slsml.fit: it takes EarlyStopping (without baseline"
-                " or start_from_epoch) and ModelCheckpoint(save_best_only=True) of one .keras file,"
-                " as the training options early_stopping and keep_best, and ModelCheckpoint saving each epoch,"
-                " CSVLogger, LambdaCallback and callbacks of your own that watch the training's epochs"
+                f"callback {name} cannot run in slsml.fit: it takes EarlyStopping (without baseline or"
+                " start_from_epoch), as the training option early_stopping, and ModelCheckpoint saving at each"
+                " epoch's end, CSVLogger, LambdaCallback and callbacks of your own that watch the training's epochs"
                 " (on_epoch_end…), told as Keras tells them"
-            )
-        if getattr(callback, "mode", "auto") != "auto":
-            raise BadInputError(
-                f"callback {name} with mode={callback.mode!r}: slsml.fit decides whether a figure"
-                " improves as Keras's mode auto does; leave mode out"
             )
     return options
 
@@ -457,16 +444,12 @@ def observes(callback: Any) -> bool:
 
 
 def _saves_each_epoch(callback: Any) -> bool:
-    """Whether ``callback`` is a ModelCheckpoint that saves the model (or its weights) as each epoch ends, which Keras's
-    own does from the epoch's weights ``fit`` gives the model there (``save_best_only``: the run keeps its best
-    model instead, ``callback_options``)."""
+    """Whether ``callback`` is a ModelCheckpoint that saves at epochs' ends (``save_freq="epoch"``, Keras's default:
+    each one, or the best by its monitor), which Keras's own does from the epoch's weights ``fit`` gives the model
+    there and the epoch's figures."""
     import keras
 
-    return (
-        isinstance(callback, keras.callbacks.ModelCheckpoint)
-        and callback.save_freq == "epoch"
-        and not callback.save_best_only
-    )
+    return isinstance(callback, keras.callbacks.ModelCheckpoint) and callback.save_freq == "epoch"
 
 
 def _below(cls: type, base: type) -> list[type]:
