@@ -290,9 +290,6 @@ KEY = "KEY"  # the run's signing keys (``RunTable.run_keys``): public keys, and 
 # the figures a run watches (``TrainingSpec.monitors``) of each evaluation, "<monitor>@<iteration>" → value: what
 # early stopping and keep_best decide on, read as one item whatever the run's length
 WATCHED = "WATCHED"
-# the SHA-256 of each model the Merger saved (``models/<iteration>.keras``), "<iteration>" → digest: what a reader of
-# a checkpoint checks its bytes against
-SAVED = "SAVED"
 
 
 # ---- the table: one definition, which the CDK app (infra/storage.py) and the local runtime
@@ -390,6 +387,12 @@ def waiting_sk(worker: int) -> str:
     """ASP: the update of ``worker`` that waits to be applied (one at most: a worker is launched again once its
     update is applied)."""
     return f"ASP#{worker:05d}"
+
+
+def saved_sk(iteration: int) -> str:
+    """The item of the SHA-256 of the model entering ``iteration`` that the Merger saved (``models/<i>.keras``): what
+    a reader of it checks its bytes against; one item a model, so that a run's saves do not grow one item."""
+    return f"SAVED#{iteration:06d}"
 
 
 def participants_sk(iteration: int) -> str:

@@ -27,7 +27,6 @@ from slsml.state.records import (
     META,
     RUN_KIND,
     RUNS_INDEX,
-    SAVED,
     SPEND,
     WATCHED,
     Counter,
@@ -45,6 +44,7 @@ from slsml.state.records import (
     iteration_sk,
     participants_sk,
     plain,
+    saved_sk,
     shard_sk,
     squares_sk,
     waiting_sk,
@@ -920,18 +920,12 @@ class RunTable:
     def record_saved(self, run_id: str, iteration: int, sha256: str) -> None:
         """The Merger saved the model entering ``iteration`` with the SHA-256 ``sha256`` (a resumed run's save again
         replaces it)."""
-        self.table.update_item(
-            Key=self._key(run_id, SAVED),
-            UpdateExpression="SET #i = :d",
-            ExpressionAttributeNames={"#i": str(iteration)},
-            ExpressionAttributeValues={":d": sha256},
-        )
+        self.table.put_item(Item={**self._key(run_id, saved_sk(iteration)), "sha256": sha256})
 
     def saved_sha256(self, run_id: str, iteration: int) -> str | None:
         """The SHA-256 of the model entering ``iteration`` as the Merger saved it; None: it saved none."""
-        item = self.table.get_item(Key=self._key(run_id, SAVED), ConsistentRead=True).get("Item") or {}
-        digest = item.get(str(iteration))
-        return None if digest is None else str(digest)
+        item = self.table.get_item(Key=self._key(run_id, saved_sk(iteration)), ConsistentRead=True).get("Item")
+        return None if item is None else str(item["sha256"])
 
     def watched(self, run_id: str, monitor: str) -> list[tuple[int, float]]:
         """``monitor``'s figure of each evaluation so far, with the iteration whose merged model it is, in order: one
