@@ -289,3 +289,26 @@ def test_each_trial_is_compiled_with_the_loss_optimizer_metrics_and_loss_weights
     assert evaluated["auc"] == pytest.approx(trial.history["val_auc"][-1], abs=1e-3)
     with pytest.raises(TypeError, match=r"tune\(\) got an unexpected keyword argument 'metric'.*'metrics'"):
         tune(plain, x, y, validation_data=(x_val, y_val), metric=["auc"], name="cancer-misspelt")
+
+
+def test_a_build_function_whose_model_carries_code_of_its_own_is_refused_before_anything_is_stored(
+    home: Path, cancer: tuple[np.ndarray, ...]
+) -> None:
+    """slsml's functions load a model as Keras's safe mode does: a Lambda of Python code is refused in one line by the
+    search itself, as by ``slsml.fit``, rather than failing every trial on the workers."""
+    import keras
+
+    from slsml.search import records
+    from slsml.spec.errors import BadInputError
+
+    def doubling(hp):
+        model = keras.Sequential([keras.Input((30,)), keras.layers.Lambda(lambda t: t * 2),
+                                  keras.layers.Dense(hp.Int("units", 1, 2), activation="sigmoid")])  # fmt: skip
+        model.compile(optimizer="adam", loss="binary_crossentropy")
+        return model
+
+    x, y, x_val, y_val = cancer
+    with pytest.raises(BadInputError, match=r"^the model carries code of its own.*a Lambda"):
+        tune(doubling, x, y, validation_data=(x_val, y_val), name="cancer-lambda", verbose=0)
+    _, services = service.connect()
+    assert records.load_settings(services.store, "cancer-lambda") is None  # nothing stored

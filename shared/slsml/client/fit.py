@@ -18,7 +18,6 @@ import inspect
 import itertools
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,9 +133,7 @@ def fit(
     spec = _options_spec(batch, epochs, validation, validation_split, fit_options)  # before anything is stored
     compiled = {"loss": loss, "optimizer": optimizer, "metrics": metrics, "loss_weights": loss_weights}
     modelio.compile_with(model, compiled)
-    with warnings.catch_warnings():  # Keras's of a lambda it serializes, which the check names
-        warnings.simplefilter("ignore")
-        modelio.check_portable(keras.saving.serialize_keras_object(model))  # code of its own the functions cannot run
+    modelio.check_model_portable(model)  # code of its own the functions cannot run
     # the data against the model before anything is stored (prepare_run checks it again, with the whole data's range)
     modelio.check_compiled(model, loss=False, optimizer=False, missing=modelio.ARGUMENTS_MISSING)
     modelio.optimizer_config(model)  # one the reducers apply

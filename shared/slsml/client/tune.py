@@ -262,13 +262,15 @@ def search_settings(
 
 def trial_model(build_model: space.BuildModel, hp: Any, settings: SearchSettings) -> Any:
     """The model ``build_model`` builds of ``hp``, compiled with what the search was given in place of what it
-    gave (``SearchSettings.compiled``); BadInputError naming what ``compile`` or the reducers refuse."""
+    gave (``SearchSettings.compiled``); BadInputError naming what ``compile`` or the reducers refuse, or code of the
+    caller's own it carries."""
     from slsml.training import modelio
 
     model = space.build(build_model, hp)
     if settings.compiled:
         modelio.compile_with(model, modelio.revived_arguments(settings.compiled))
         modelio.optimizer_config(model)  # one the reducers apply
+    modelio.check_model_portable(model)  # code of its own the functions cannot run: refused, not every trial failed
     return model
 
 

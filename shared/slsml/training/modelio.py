@@ -85,6 +85,14 @@ def load_model(data: bytes, where: str = "the model", limits: bounds.Limits | No
     return model
 
 
+def check_model_portable(model: keras.Model) -> None:
+    """``check_portable`` of a model in memory (before it is saved: a caller's own code refused before anything is
+    stored or started)."""
+    with warnings.catch_warnings():  # Keras's of a lambda it serializes, which the check names
+        warnings.simplefilter("ignore")
+        check_portable(keras.saving.serialize_keras_object(model))
+
+
 def check_portable(config: Any, where: str = "the model") -> None:
     """BadInputError naming what ``config`` (a model's, as a ``.keras`` archive's config.json holds it) carries of the
     caller's own code: classes and functions not Keras's (a subclassed model or layer, a loss of one's own) and Lambda
