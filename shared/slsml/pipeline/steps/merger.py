@@ -82,7 +82,7 @@ def on_reduce_done(message: ReduceDone, services: Services) -> str | None:
     ends = _may_end(store, config, following)  # the model a run may end on is saved before it is launched
     with ThreadPoolExecutor(max_workers=1) as pool:  # the run advances while the model is assembled
         advancing = pool.submit(table.advance, run, following, message.generation)
-        fitted = rules.of(config.training).fit_state
+        fitted = ends and rules.of(config.training).fit_state
         assembled = _assembled(store, config, iteration, following, fitted) if ends else None
         advanced = advancing.result()
     # stored after the advance: its digest is recorded first, and the table is not written from two threads
