@@ -12,7 +12,7 @@ import pytest
 from slsml.accounting import usage
 from slsml.pipeline.services import Services
 from slsml.rounds import sizing
-from slsml.rounds.stages import Stage
+from slsml.rounds.stages import Stage, held
 from slsml.spec import keys
 from slsml.spec.errors import BadInputError
 from slsml.training import updates
@@ -99,11 +99,11 @@ def test_a_model_no_worker_holds_a_sample_of_is_split_into_stages_that_each_fit(
     memory = sizing.of_run(config, memory_mb, memory_mb / 2, 0)
     assert memory.micro_batch() == 0  # the whole model's step: not one sample
     first = 0
-    for count in config.stage_blocks:  # each stage's step fits the run's micro-batch
+    for number, count in enumerate(config.stage_blocks):  # each stage's step fits the run's micro-batch
         stage = Stage(tuple(blocks[first : first + count]))
         first += count
         assert config.training.micro_batch is not None
-        assert 1 <= config.training.micro_batch <= replace(memory, sample_bytes=stage.sample_bytes).micro_batch()
+        assert 1 <= config.training.micro_batch <= held(stage, memory, number == 0).micro_batch()
 
 
 def test_stages_refuse_what_they_cannot_run_with_nothing_stored(services: Services, model_bytes: bytes) -> None:

@@ -18,8 +18,8 @@ DENSE = ("--params", "1500000000", "--dense-layers", "24", "--compute-per-sample
 def test_a_dense_model_past_ten_gigabytes_is_planned_in_stages_of_their_own_weights_and_a_run_of_them_refused(
     capsys: pytest.CaptureFixture,
 ) -> None:
-    """Stages that hold their own weights fit CPU functions; the pipeline's stage functions hold the whole model's,
-    so the plan says a run is refused, as its start refuses it, and picks nothing."""
+    """Stages that hold their own weights fit CPU functions; the pipeline's stage 0 holds the whole model's, so the
+    plan says a run is refused, as its start refuses it, and picks nothing."""
     out = plan_json(capsys, *DENSE, "--workers", "4", "--batch", "1024")
     pipeline = out["pipeline"]
     S, M = pipeline["stages"], pipeline["micro_batches"]
@@ -37,7 +37,7 @@ def test_a_dense_model_past_ten_gigabytes_is_planned_in_stages_of_their_own_weig
     bigger = next(o for o in pipeline["options"] if o["name"] == "one bigger function")
     staged = next(o for o in pipeline["options"] if o["name"] == f"{S} stages of 10,240 MB")
     assert not bigger["fits"] and not staged["fits"] and pipeline["deployed"] is None
-    assert "each stage function holds the whole model's buffers (6 × 5,722 MB), ~40,197 MB" in pipeline["refused"]
+    assert "stage 0's function holds the whole model's buffers (6 × 5,722 MB), ~40,197 MB" in pipeline["refused"]
     assert pipeline["pick"] == f"none: {S} stages of 10,240 MB and one bigger function do not fit"
     assert pipeline["dollars_per_round"] > 0 and pipeline["round_s"] > 0
     # one stage fewer does not fit: the fewest were chosen
@@ -57,7 +57,7 @@ def test_a_model_that_fits_a_bigger_function_is_weighed_against_it(capsys: pytes
     pipeline = out["pipeline"]
     bigger = next(o for o in pipeline["options"] if o["name"].startswith("one function of"))
     assert bigger["fits"] and pipeline["stages"] > 1
-    # a run's stage functions hold the whole model (6 × 381 MB of buffers): a 3,008 MB function holds no sample beside
+    # a run's stage 0 holds the whole model (6 × 381 MB of buffers): a 3,008 MB function holds no sample beside
     assert pipeline["refused"] is not None and "(6 × 381 MB)" in pipeline["refused"]
     cheapest = min((o for o in pipeline["options"] if o["fits"]), key=lambda o: o["dollars"])
     assert pipeline["pick"].startswith(cheapest["name"])

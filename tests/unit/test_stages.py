@@ -330,3 +330,23 @@ def test_a_stage_waiting_for_its_input_stops_once_its_run_moved_on(services, mod
     with pytest.raises(staged.RunMovedOn, match=keys.handed(run_id, 0, 0, 0, 0, 3, False)):
         hand.take(0, 3, False)
     assert time.monotonic() - started < 3 * RUN_CHECK_S < config.training.deadline_s
+
+
+def test_a_later_stage_is_sized_with_its_own_weights_and_stage_0_with_the_whole_models() -> None:
+    from dataclasses import replace
+
+    from slsml.rounds.stages import Stage, deployed, held, unfit
+
+    heavy = Block("dense", "dense", 50 * sizing.MB, (1000,), 1000, 10)  # most of the weights, small outputs
+    wide = Block("conv", "conv", sizing.MB, (40_000_000,), 1000, 10)  # few weights, ~640 MB a sample's step
+    whole = sizing.WorkerMemory(3008, 1504, heavy.weight_bytes + wide.weight_bytes, 0.0)
+    # the second stage beside the whole model's buffers: not one sample (the run's start refused it so before)
+    assert replace(whole, sample_bytes=Stage((wide,)).sample_bytes).micro_batch() == 0
+    split = deployed([heavy, wide], 2, whole)
+    assert split is not None and [s.blocks for s in split] == [(heavy,), (wide,)]
+    assert held(split[1], whole, first=False).model_bytes == wide.weight_bytes
+    assert held(split[0], whole, first=True).model_bytes == whole.model_bytes
+    # the whole model's buffers past the function's memory: stage 0, which holds them, cannot run
+    small = replace(whole, memory_mb=2400)
+    assert deployed([heavy, wide], 2, small) is None
+    assert unfit([heavy, wide], 2, small).startswith("--pipeline-stages 2: stage 0's function holds the whole model's")

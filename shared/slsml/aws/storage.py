@@ -23,7 +23,7 @@ from slsml.aws.clients import error_code
 from slsml.aws.ranged import RangedReads
 from slsml.spec import keys
 from slsml.spec.deployment import SCRATCH_TAG_KEY, SCRATCH_TAG_VALUE, SERVICE_NAME
-from slsml.spec.errors import BadInputError, NotFoundError, SlsmlError
+from slsml.spec.errors import BadInputError, NotFoundError, RunFailed, SlsmlError
 from slsml.training import bounds, npz
 
 # named by the service explicitly: this module is imported before a function's environment is (the local host's
@@ -106,6 +106,17 @@ class ObjectStore:
             response["Body"].close()
             raise
         return response["Body"].read()
+
+    def opened(self, key: str, chunk: int) -> tuple[str, RangedObject]:
+        """The object's SHA-256 (hex), read ``chunk`` bytes a GET (no more of it held at once), and the object as a
+        seekable file of the bytes it was computed from (each read a ranged GET of the same object, by its ETag)."""
+        first = self.read(key, (0, chunk - 1))
+        size, etag = first.size if first.size is not None else len(first.body), first.etag
+        opened = RangedObject(self, key, size, etag)
+        digest = hashlib.sha256(first.body)
+        for start in range(len(first.body), size, chunk):
+            digest.update(opened.range(start, min(start + chunk, size)))
+        return digest.hexdigest(), opened
 
     def _get_object(self, key: str, **extra: str) -> dict[str, Any]:
         with self._found(key):
@@ -427,6 +438,44 @@ class _Part(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: len(self._view)}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+
+class RangedObject(io.RawIOBase):
+    """An object read in place as a seekable file, each read a ranged GET: RunFailed, naming it, where the object
+    answering a read is not the one it was opened on (another ETag: replaced meanwhile)."""
+
+    def __init__(self, store: ObjectStore, key: str, size: int, etag: str | None) -> None:
+        super().__init__()
+        self._store, self._key, self._size, self._etag, self._at = store, key, size, etag, 0
+
+    def range(self, start: int, stop: int) -> bytes:
+        """Bytes ``start`` to ``stop`` (exclusive) of the object."""
+        if start >= stop:
+            return b""
+        read = self._store.read(self._key, (start, stop - 1))
+        if read.etag != self._etag or len(read.body) != stop - start:
+            raise RunFailed(f"{self._key} was replaced while it was read")
+        return read.body
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        body = self.range(self._at, min(self._at + len(buffer), self._size))
+        buffer[: len(body)] = body
+        self._at += len(body)
+        return len(body)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence]
         self._at = max(0, base + offset)
         return self._at
 

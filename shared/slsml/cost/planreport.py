@@ -411,7 +411,10 @@ def _render_pipeline(pipeline: PipelinePlan, console: Any) -> None:
         console.print(f"[red]a run of these stages is refused at start: {p.refused}")
     elif p.deployed is not None:
         blocks = ", ".join(map(str, p.deployed))
-        console.print(f"a run splits the model into stages of {blocks} blocks, each holding the whole model's weights")
+        console.print(
+            f"a run splits the model into stages of {blocks} blocks, stage 0 holding the whole model's weights,"
+            " each later stage its own"
+        )
     for option in p.options:
         figures = f"{_time(option.round_s)}, {_dollars(option.dollars)}" if option.fits else "does not fit"
         console.print(f"  {option.name}: {figures} ({option.detail})")

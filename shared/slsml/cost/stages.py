@@ -87,8 +87,9 @@ class PipelinePlan(BaseModel):
     samples_per_round: int
     options: list[Option] = Field(description="stages, one bigger function, a GPU worker: the workers' round")
     deployed: list[int] | None = Field(
-        description="the blocks of each stage as a run's start splits the model, each stage function holding the whole"
-        " model's weights (slsml.pipeline.staged); None: no split fits them, and the run is refused (``refused``)"
+        description="the blocks of each stage as a run's start splits the model, stage 0's function holding the whole"
+        " model's weights, each later one its own (slsml.pipeline.staged); None: no split fits them, and the run is"
+        " refused (``refused``)"
     )
     refused: str | None = Field(description="why a run of these stages is refused at start (None: it is not)")
     pick: str = Field(description="what the plan would pick, and why")
@@ -317,7 +318,7 @@ def plan(
             round_s=whole_s,
             dollars=dollars,
             detail=f"{S * w.workers} functions; bubble {bubble(S, M):.0%}"
-            + ("" if refused is None else "; a run is refused: its stage functions hold the whole model")
+            + ("" if refused is None else "; a run is refused: its stage 0 holds the whole model")
             + (
                 f"; a stage's pass of {longest_pass:,.1f} s outlasts the Worker's timeout of {timeout_s:g} s (a pass is"
                 " never handed on within: raise functions.worker.timeout_s, or give a smaller --micro-batch)"
@@ -350,8 +351,9 @@ def plan(
         pick=_pick(options, samples),
         sources={
             "stage memory": "slsml.rounds.sizing.WorkerMemory of the stage's weights and layer outputs (one"
-            " micro-batch's: the stage computes its forward pass again at the backward pass); a run's stage"
-            " functions hold the whole model's weights beside their layer outputs (slsml.rounds.stages.held)",
+            " micro-batch's: the stage computes its forward pass again at the backward pass); a run's stage 0"
+            " holds the whole model's weights beside its layer outputs, each later stage its own"
+            " (slsml.rounds.stages.held)",
             "stage compute": f"the model's compute per sample, {w.compute_source}, × the stage's share of the FLOPs ×"
             f" {RECOMPUTE_SHARE:.3g} (its forward pass twice) on {vcpus(memory):.3g} vCPUs",
             "hop": f"s3_request_s, s3_write_mb_s, s3_read_mb_s (parameters) and half a poll of {POLL_S:g} s",

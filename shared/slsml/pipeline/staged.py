@@ -23,8 +23,11 @@ pass hands on the same progress (``WorkMessage.waited``), as long as its waits s
 it, its round is left to the deadline, which re-launches all of its stages with a new attempt.
 
 What stages take: the gradient-averaging rule (one step a round), dense updates, float32. Each stage function holds
-the whole model's weights, as a worker does, and one micro-batch's layer outputs of its own stage: stages split the
-activations, not the weights."""
+one micro-batch's layer outputs of its own stage. A later stage's function holds its own layers' weights alone: its
+warm model is built from the archive's config with no memory for the other layers' weights, and it reads its own
+weights' ranges of the shards (``slsml.pipeline.steps.warm.stage_trainer_for``, ``own_weights``). Stage 0's holds the
+whole model's, as a worker does: it evaluates the model entering a round and assembles the worker's update from the
+stages' parts."""
 
 from __future__ import annotations
 
@@ -156,9 +159,10 @@ def refusal(config: RunConfig) -> str | None:
 
 def configured(config: RunConfig, model: Any, worker_memory_mb: int) -> RunConfig:
     """``config`` with the blocks each of its ``pipeline_stages`` holds: the split whose largest stage computes least,
-    each stage's step fitting a worker of ``worker_memory_mb`` (the whole model's buffers beside one micro-batch of
-    its layers' outputs); its micro-batch, where not given, the most that fit every stage. BadInputError, naming
-    what prevents it, where the options, the model's cut points or the memory rule the stages out."""
+    each stage's step fitting a worker of ``worker_memory_mb`` (the weights its function holds beside one micro-batch
+    of its layers' outputs: ``held``); its micro-batch, where not given, the most that fit every stage.
+    BadInputError, naming what prevents it, where the options, the model's cut points or the memory rule the stages
+    out."""
     from slsml.cost.stages import blocks_of
     from slsml.training import stages
 
@@ -170,7 +174,8 @@ def configured(config: RunConfig, model: Any, worker_memory_mb: int) -> RunConfi
     split = deployed(blocks, count, whole)
     if split is None:
         raise BadInputError(unfit(blocks, count, whole))
-    most, asked = min(held(stage, whole).micro_batch() for stage in split), config.training.micro_batch
+    most = min(held(stage, whole, number == 0).micro_batch() for number, stage in enumerate(split))
+    asked = config.training.micro_batch
     if asked is not None and asked > most:
         raise BadInputError(
             f"--micro-batch {asked}: a step of {asked} samples through {count} stages does not fit a worker of"
@@ -193,6 +198,36 @@ def stage_models(model: Any, blocks: Sequence[int]) -> list[Any]:
         kept = tuple(blocks), stages.split(model, blocks)
         _splits[model] = kept
     return kept[1]
+
+
+def own_weights(model: Any, blocks: Sequence[int], stage: int) -> list[tuple[Any, int]]:
+    """The weights of stage ``stage`` of ``model`` (``stage_models``), each with its offset in the flat vector (the
+    model's weights in order, ``ShardPlan``'s), in that order."""
+    mine = {id(v) for v in stage_models(model, blocks)[stage].weights}
+    offsets = np.cumsum([0, *(int(np.prod(v.shape)) for v in model.weights)])
+    return [(v, int(offset)) for v, offset in zip(model.weights, offsets, strict=False) if id(v) in mine]
+
+
+def spans(weights: Sequence[tuple[Any, int]]) -> list[tuple[int, int]]:
+    """The [start, stop) ranges of the flat vector that ``weights`` (``own_weights``) fill, neighbours joined."""
+    found: list[tuple[int, int]] = []
+    for variable, offset in weights:
+        stop = offset + int(np.prod(variable.shape))
+        if found and found[-1][1] == offset:
+            found[-1] = (found[-1][0], stop)
+        else:
+            found.append((offset, stop))
+    return found
+
+
+def set_own(weights: Sequence[tuple[Any, int]], values: np.ndarray) -> None:
+    """Set ``weights`` (``own_weights``) from ``values``: their elements one after the other, in order (what
+    ``load_weights`` reads of their ``spans``)."""
+    at = 0
+    for variable, _ in weights:
+        size = int(np.prod(variable.shape))
+        variable.assign(values[at : at + size].reshape(variable.shape))
+        at += size
 
 
 def shares(batch: np.ndarray, micro_batch: int) -> list[float]:

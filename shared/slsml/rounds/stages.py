@@ -101,42 +101,46 @@ def balance(blocks: Sequence[Block], count: int, fits: Callable[[Stage], bool]) 
     return [Stage(tuple(blocks[a:b])) for a, b in itertools.pairwise(bounds)]
 
 
-def held(stage: Stage, whole: sizing.WorkerMemory) -> sizing.WorkerMemory:
+def held(stage: Stage, whole: sizing.WorkerMemory, first: bool) -> sizing.WorkerMemory:
     """A stage function's memory as the pipeline runs one (``slsml.pipeline.staged``): a worker's (``whole``: the
     function's memory, its warm cache, the whole model's buffers and what a worker holds besides) whose sample is the
-    stage's layer outputs. Each stage function holds the whole model's weights; ``Stage.memory`` is a stage function
-    that holds its own alone."""
-    return replace(whole, sample_bytes=stage.sample_bytes)
+    stage's layer outputs, and whose model is the whole model in stage 0 (``first``: it evaluates the model and
+    assembles the worker's update from the stages' parts) and the stage's own weights alone in every later stage
+    (``slsml.pipeline.steps.warm.stage_trainer_for``)."""
+    return replace(
+        whole, model_bytes=whole.model_bytes if first else stage.weight_bytes, sample_bytes=stage.sample_bytes
+    )
 
 
 def deployed(blocks: Sequence[Block], count: int, whole: sizing.WorkerMemory) -> list[Stage] | None:
     """The split a run's start makes of ``blocks`` into ``count`` stages (``balance``), each stage function's step
     fitting as it is run (``held``); None where none fits."""
-    return balance(blocks, count, lambda stage: held(stage, whole).micro_batch() >= 1)
+    return balance(blocks, count, lambda stage: held(stage, whole, stage.blocks[0] is blocks[0]).micro_batch() >= 1)
 
 
 def unfit(blocks: Sequence[Block], count: int, whole: sizing.WorkerMemory) -> str:
     """Why no split of ``blocks`` into ``count`` stages fits stage functions as they are run (``deployed``), in one
-    line: the whole model's buffers alone, or the block whose step needs the most memory beside them."""
+    line: the whole model's buffers alone (stage 0's), or the block whose step needs the most memory beside the
+    weights its stage holds."""
     copies = sizing.MODEL_COPIES + sizing.SUM_COPIES
     where, buffers = f"--pipeline-stages {count}: ", copies * whole.model_bytes
     held_mb = f"the whole model's buffers ({copies:g} × {whole.model_bytes / MB:,.0f} MB)"
     if replace(whole, sample_bytes=0.0).micro_batch() == 0:
         return (
-            f"{where}each stage function holds {held_mb}, ~{sizing.TF_RUNTIME_MB + whole.cache_mb + buffers / MB:,.0f}"
-            f" MB with the runtime and the warm cache, beyond a worker of {whole.memory_mb:,.0f} MB: stages split a"
-            " model's layer outputs, not its weights; give the worker function more memory (--memory worker=MB"
-            " locally)"
+            f"{where}stage 0's function holds {held_mb}, ~{sizing.TF_RUNTIME_MB + whole.cache_mb + buffers / MB:,.0f}"
+            f" MB with the runtime and the warm cache, beyond a worker of {whole.memory_mb:,.0f} MB: it evaluates the"
+            " model and assembles the worker's update (the later stages hold their own weights alone); give the"
+            " worker function more memory (--memory worker=MB locally)"
         )
     heaviest = max(blocks, key=lambda b: Stage((b,)).sample_bytes)
-    need = held(Stage((heaviest,)), whole).needed_mb(1, micro_batches=2)
+    need = held(Stage((heaviest,)), whole, heaviest is blocks[0]).needed_mb(1, micro_batches=2)
     layers = (
         f"layer {heaviest.first!r}"
         if heaviest.first == heaviest.last
         else f"layers {heaviest.first!r} to {heaviest.last!r}, which no cut divides,"
     )
     return (
-        f"{where}no split into {count} stages fits a worker of {whole.memory_mb:,.0f} MB: each stage function holds"
-        f" {held_mb}, and {layers} need ~{need:,.0f} MB for one sample beside them: give the worker function more"
-        " memory (--memory worker=MB locally) or more stages"
+        f"{where}no split into {count} stages fits a worker of {whole.memory_mb:,.0f} MB: stage 0's function holds"
+        f" {held_mb} and each later one its own stage's weights, and {layers} need ~{need:,.0f} MB for one sample"
+        " beside its stage's: give the worker function more memory (--memory worker=MB locally) or more stages"
     )

@@ -175,18 +175,59 @@ def _declared_by(text: bytes) -> tuple[int, int]:
         with contextlib.suppress(BadInputError, ValidationError, TypeError):
             state = initial_state(OptimizerConfig.from_keras(str(optimizer.get("class_name")), optimizer["config"]), 1)
             slots = sum(1 for values in state.values() if values.ndim == 1)
+    try:
+        variables = list(getattr(_unvalued(config), "weights", []))
+    except Exception as error:  # a config Keras cannot build: its loader names why
+        raise _Unbuildable from error
+    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables), slots
+
+
+def _unvalued(config: dict[str, Any]) -> Any:
+    """The Keras object of ``config`` (a model's, its compile config left out) built with no value in any of its
+    variables: each holds its shape, dtype and initializer alone until ``hold`` gives it one."""
     # Keras keeps variables made in a stateless scope in a global list to initialize later: restored untouched
     pending = list(global_state.get_global_attribute("uninitialized_variables", []) or [])
     try:
         with warnings.catch_warnings(), keras.StatelessScope(initialize_variables=False):
             warnings.simplefilter("ignore")
-            model = keras.saving.deserialize_keras_object(config, safe_mode=True)
-        variables = list(getattr(model, "weights", []))
-    except Exception as error:  # a config Keras cannot build: its loader names why
-        raise _Unbuildable from error
+            return keras.saving.deserialize_keras_object(config, safe_mode=True)
     finally:
         global_state.set_global_attribute("uninitialized_variables", pending)
-    return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables), slots
+
+
+def skeleton(config_text: bytes, where: str = "the model") -> keras.Model:
+    """The model of a ``.keras`` archive's config.json with no memory for its weights: its layers and their calls,
+    each variable its shape alone (a pipeline stage's function gives values to its own layers' weights alone:
+    ``hold``). BadInputError naming the problem where the config is not a model's, or carries code of its own."""
+    try:
+        config = json.loads(config_text)
+    except ValueError as error:
+        raise BadInputError(f"{where}'s config.json is not JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise BadInputError(f"{where}'s config.json is not a model's config")
+    check_portable(config, where)
+    config.pop("compile_config", None)  # the run's loss and metrics are its own: the optimizer's state is unneeded
+    try:
+        model = _unvalued(config)
+    except Exception as error:  # keras raises many types for configs it cannot build
+        raise BadInputError(f"{where} could not be built as a Keras model: {error}") from None
+    if not isinstance(model, keras.Model):
+        raise BadInputError(f"{where} holds a {type(model).__name__}, not a Keras model")
+    return model
+
+
+def hold(model: keras.Model, weights: Iterable[Any]) -> None:
+    """Give ``weights`` (of a ``skeleton``) their memory, with their initializers' values until they are set, and
+    every variable of the model that is not a weight (its random generators' states: a few numbers each)."""
+    kept = {id(v) for v in model.weights}
+    for variable in [*weights, *(v for v in model.variables if id(v) not in kept)]:
+        if not held(variable):
+            variable._deferred_initialize()
+
+
+def held(variable: Any) -> bool:
+    """Whether ``variable`` has memory for its value (a ``skeleton``'s are given it by ``hold``)."""
+    return getattr(variable, "_value", True) is not None
 
 
 def save_model(model: keras.Model) -> bytes:

@@ -3,6 +3,7 @@ fleet to the running runs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,6 +23,7 @@ from slsml.spec import keys
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import RunFailed
 from slsml.spec.messages import Manifest
+from slsml.spec.shardplan import ShardPlan
 from slsml.state.records import RunRecord, RunStatus
 from slsml.state.runtable import RunTable
 from slsml.training import shards, stopping
@@ -73,28 +75,57 @@ def initial_shard(config: RunConfig, shard: int, read: Stored) -> None:
         raise refused(key, "is not the shard entering iteration 0 that run.json names", run_id=config.run_id)
 
 
-def load_weights(store: ObjectStore, config: RunConfig, iteration: int, run_keys: RunKeys | None = None) -> np.ndarray:
-    """The flat weights entering ``iteration``: the weights of its R shards, each read by range (concurrently, with
-    the iteration's manifest, whose proof of origin must hold under ``run_keys``: ``manifest_shards``; None: a reader
+def load_weights(
+    store: ObjectStore,
+    config: RunConfig,
+    iteration: int,
+    run_keys: RunKeys | None = None,
+    spans: Sequence[tuple[int, int]] | None = None,
+) -> np.ndarray:
+    """The flat weights entering ``iteration`` (``spans``: only the elements of these [start, stop) ranges of the flat
+    vector, in order, one after the other: a pipeline stage's own), each shard read by range (concurrently, with the
+    iteration's manifest, whose proof of origin must hold under ``run_keys``: ``manifest_shards``; None: a reader
     that trusts the bucket, not a step). A shard is taken only if it is the object the manifest names (its ETag; of
     iteration 0: ``initial_shard``): one not stored by the reducer the Merger counted is not trusted for sitting at
     the shard's key (RunFailed)."""
     run, plan = config.run_id, config.plan
-    where = [keys.shard(run, iteration, r) for r in range(config.reducers)]
+    pieces = [  # (shard, first and last element of the flat vector read from it)
+        (shard, max(lo, plan.bounds[shard]), min(hi, plan.bounds[shard + 1]))
+        for lo, hi in (spans if spans is not None else [(0, plan.size)])
+        for shard in range(plan.reducers)
+        if max(lo, plan.bounds[shard]) < min(hi, plan.bounds[shard + 1])
+    ]
+    where = [keys.shard(run, iteration, shard) for shard, _, _ in pieces]
     with ThreadPoolExecutor(max_workers=1) as pool:
         manifest = pool.submit(store.read, keys.manifest(run, iteration)) if iteration else None
-        parts = store.get_quorum(where, [shards.weights_range(plan, r) for r in range(plan.reducers)], len(where), 0)
+        reads = store.get_quorum(where, [_piece_range(plan, *piece) for piece in pieces], len(where), 0)
         named = None if manifest is None else manifest_shards(run_keys, run, iteration, manifest.result())
-    weights = np.empty(plan.size, dtype=np.float32)
-    for shard, (key, part) in enumerate(zip(where, parts, strict=True)):
-        assert part is not None  # every read is needed: none is left out
+    weights = np.empty(sum(b - a for _, a, b in pieces), dtype=np.float32)
+    at = 0
+    for (shard, first, stop), key, read in zip(pieces, where, reads, strict=True):
+        assert read is not None  # every read is needed: none is left out
         if named is None:
-            initial_shard(config, shard, part)
-        elif part.etag != named[shard]:
+            initial_shard(config, shard, read)
+        elif read.etag != named[shard]:
             raise refused(key, f"is not the shard the manifest of iteration {iteration} names", run_id=run)
         layout = plan.shard(shard)
-        weights[layout.start : layout.stop] = shards.decode_weights(part.body, plan, shard)
+        if (first, stop) == (layout.start, layout.stop):  # the whole shard's: its header checked too
+            weights[at : at + stop - first] = shards.decode_weights(read.body, plan, shard)
+        elif len(read.body) == 4 * (stop - first):
+            weights[at : at + stop - first] = np.frombuffer(read.body, dtype="<f4")
+        else:
+            raise shards.ShardFormatError(f"{key}: {len(read.body)} bytes read of the {4 * (stop - first)} asked")
+        at += stop - first
     return weights
+
+
+def _piece_range(plan: ShardPlan, shard: int, first: int, stop: int) -> tuple[int, int]:
+    """The bytes (inclusive) of elements ``first`` to ``stop`` of the flat vector in shard ``shard``'s object: the
+    whole shard's weights with its header, or those elements alone."""
+    start = plan.bounds[shard]
+    if (first, stop) == (start, plan.bounds[shard + 1]):
+        return shards.weights_range(plan, shard)
+    return shards.HEADER_SIZE + 4 * (first - start), shards.HEADER_SIZE + 4 * (stop - start) - 1
 
 
 # what a resume may change in the run item's training (``client.runs.resume_run``): run.json keeps the spec it

@@ -5,7 +5,9 @@ per dataset as runs pinned it."""
 from __future__ import annotations
 
 import hashlib
+import io
 import math
+import zipfile
 
 import keras
 import numpy as np
@@ -14,6 +16,7 @@ from slsml.accounting import usage
 from slsml.aws import cache
 from slsml.aws.storage import ObjectStore
 from slsml.data import datasets as data
+from slsml.pipeline import staged
 from slsml.pipeline.steps.common import refused
 from slsml.spec import keys
 from slsml.spec.config import RunConfig
@@ -28,11 +31,16 @@ TRAINER_OVERHEAD_FACTOR = 1.1
 TRAINER_FIXED_BYTES = 3 * 2**20
 
 
+# a stage function reads the model's archive this many bytes a GET: it holds no more of it at once
+ARCHIVE_CHUNK = 16 * 2**20
+
+
 def trainer_bytes(trainer: modelio.Trainer) -> int:
-    """What a warm Trainer takes in memory (estimated from its variables)."""
+    """What a warm Trainer takes in memory (estimated from its variables that hold values)."""
     model = trainer.model
     optimizer = getattr(model, "optimizer", None)
     variables = [*model.weights, *(optimizer.variables if optimizer is not None else [])]
+    variables = [v for v in variables if modelio.held(v)]
     held = sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
     return int(TRAINER_OVERHEAD_FACTOR * held) + TRAINER_FIXED_BYTES
 
@@ -62,6 +70,44 @@ def trainer_for(
         raise BadInputError(f"{model_key} does not have the weights of the model the run was started with")
     trainer = modelio.Trainer(model, config.plan, config.loss)
     return warm.put(key, trainer, trainer_bytes(trainer)), iteration == 0
+
+
+def stage_trainer_for(store: ObjectStore, config: RunConfig, stage: int) -> modelio.Trainer:
+    """The warm model of pipeline stage ``stage`` of the run (``RunConfig.stage_blocks``): the model the run was
+    started with built from its config alone, its stage's layers' weights alone given memory (``modelio.hold``: set
+    from the shards each round), so that a stage function holds its own weights, not the model's. On a cold start
+    the archive is read ``ARCHIVE_CHUNK`` bytes at a time, its SHA-256 checked against run.json's before its config
+    is taken."""
+    assert config.stage_blocks is not None
+    warm = cache.warm()
+    key = (
+        "stage",
+        config.architecture or config.run_id,
+        config.loss,
+        config.classification,
+        config.stage_blocks,
+        stage,
+    )
+    trainer = warm.get(key)
+    if trainer is not None:
+        trainer.plan = config.plan
+        return trainer
+    model_key = keys.source_model(config.run_id)
+    with usage.warming():  # once per container (and architecture, or run)
+        digest, opened = store.opened(model_key, ARCHIVE_CHUNK)
+        if config.source_sha256 is not None and digest != config.source_sha256:
+            raise refused(model_key, "is not the model run.json names (its SHA-256)")
+        try:
+            with zipfile.ZipFile(io.BufferedReader(opened, 2**16)) as archive:
+                text = archive.read("config.json")
+        except (zipfile.BadZipFile, KeyError) as error:
+            raise BadInputError(f"{model_key} is not a Keras model: {error}") from None
+        model = modelio.skeleton(text, model_key)
+    if tuple(modelio.variable_specs(model)) != config.plan.variables:
+        raise BadInputError(f"{model_key} does not have the weights of the model the run was started with")
+    modelio.hold(model, staged.stage_models(model, config.stage_blocks)[stage].weights)
+    trainer = modelio.Trainer(model, config.plan, config.loss)
+    return warm.put(key, trainer, trainer_bytes(trainer))
 
 
 def stored_model(store: ObjectStore, key: str, sha256: str | None = None) -> keras.Model:

@@ -32,7 +32,7 @@ from slsml.data import datasets as data
 from slsml.pipeline import lifetime, metrics, signed, staged
 from slsml.pipeline.services import Services
 from slsml.pipeline.steps.common import load_weights, named_shard, run_config, stop_reason
-from slsml.pipeline.steps.warm import reader_for, trainer_for
+from slsml.pipeline.steps.warm import reader_for, stage_trainer_for, trainer_for
 from slsml.rounds import accumulate, ahead, sizing, stream
 from slsml.rounds import evaluation as evaluating
 from slsml.rounds.evaluation import SLICE_EVALUATED, SLICE_KEY, SliceEvaluated, evaluated, evaluator_for
@@ -504,7 +504,7 @@ def _later_stage(message: WorkMessage, config: RunConfig, services: Services) ->
     """Stage ``message.pipeline_stage`` (after the first) of the worker's round in pipeline stages
     (``slsml.pipeline.staged``), from the model entering the iteration; the last stage reads the round's labels and
     tracks its metrics."""
-    trainer, _ = _entering(services, config, message.generation, message.iteration)
+    trainer = _stage_entering(services, config, message)
     reader = reader_for(services.store, config)
     (batch,) = _batches(message, config, services)
     micro_batch = config.training.micro_batch or len(batch)
@@ -528,6 +528,17 @@ def _later_stage(message: WorkMessage, config: RunConfig, services: Services) ->
             return
     if reached is not None:
         _stage_hand_on(message, services, hand, reached)
+
+
+def _stage_entering(services: Services, config: RunConfig, message: WorkMessage) -> modelio.Trainer:
+    """The warm model of the message's pipeline stage (its own weights alone held: ``stage_trainer_for``) at the
+    weights entering the iteration, of which only the stage's are read."""
+    assert config.stage_blocks is not None
+    trainer = stage_trainer_for(services.store, config, message.pipeline_stage)
+    own = staged.own_weights(trainer.model, config.stage_blocks, message.pipeline_stage)
+    values = load_weights(services.store, config, message.iteration, services.keys, staged.spans(own))
+    staged.set_own(own, values)
+    return trainer
 
 
 def _left_to_deadline(lost: staged.StageLost) -> None:
