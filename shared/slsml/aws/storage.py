@@ -417,12 +417,11 @@ class ObjectStore:
         return self.put_new(key, npz.encode(**arrays), metadata)
 
 
-class _Part(io.RawIOBase):
-    """A part of an object's bytes, read in place as a seekable file (no copy of it is made while it is sent)."""
+class _Seekable(io.RawIOBase):
+    """A read-only seekable file of ``_size`` bytes, read from ``_at`` on by ``readinto``."""
 
-    def __init__(self, view: memoryview) -> None:
-        super().__init__()
-        self._view, self._at = view, 0
+    _size = 0
+    _at = 0
 
     def readable(self) -> bool:
         return True
@@ -430,14 +429,8 @@ class _Part(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def readinto(self, buffer: Any) -> int:
-        count = max(0, min(len(buffer), len(self._view) - self._at))
-        buffer[:count] = self._view[self._at : self._at + count]
-        self._at += count
-        return count
-
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: len(self._view)}[whence]
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence]
         self._at = max(0, base + offset)
         return self._at
 
@@ -445,13 +438,27 @@ class _Part(io.RawIOBase):
         return self._at
 
 
-class RangedObject(io.RawIOBase):
+class _Part(_Seekable):
+    """A part of an object's bytes, read in place as a seekable file (no copy of it is made while it is sent)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view, self._size = view, len(view)
+
+    def readinto(self, buffer: Any) -> int:
+        count = max(0, min(len(buffer), self._size - self._at))
+        buffer[:count] = self._view[self._at : self._at + count]
+        self._at += count
+        return count
+
+
+class RangedObject(_Seekable):
     """An object read in place as a seekable file, each read a ranged GET: RunFailed, naming it, where the object
     answering a read is not the one it was opened on (another ETag: replaced meanwhile)."""
 
     def __init__(self, store: ObjectStore, key: str, size: int, etag: str | None) -> None:
         super().__init__()
-        self._store, self._key, self._size, self._etag, self._at = store, key, size, etag, 0
+        self._store, self._key, self._size, self._etag = store, key, size, etag
 
     def range(self, start: int, stop: int) -> bytes:
         """Bytes ``start`` to ``stop`` (exclusive) of the object."""
@@ -462,25 +469,11 @@ class RangedObject(io.RawIOBase):
             raise RunFailed(f"{self._key} was replaced while it was read")
         return read.body
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
     def readinto(self, buffer: Any) -> int:
         body = self.range(self._at, min(self._at + len(buffer), self._size))
         buffer[: len(body)] = body
         self._at += len(body)
         return len(body)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence]
-        self._at = max(0, base + offset)
-        return self._at
-
-    def tell(self) -> int:
-        return self._at
 
 
 def stored_etag(key: str, data: bytes | bytearray) -> str:

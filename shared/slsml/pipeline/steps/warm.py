@@ -95,8 +95,7 @@ def stage_trainer_for(store: ObjectStore, config: RunConfig, stage: int) -> mode
     model_key = keys.source_model(config.run_id)
     with usage.warming():  # once per container (and architecture, or run)
         digest, opened = store.opened(model_key, ARCHIVE_CHUNK)
-        if config.source_sha256 is not None and digest != config.source_sha256:
-            raise refused(model_key, "is not the model run.json names (its SHA-256)")
+        _check_sha256(model_key, digest, config.source_sha256)
         try:
             with zipfile.ZipFile(io.BufferedReader(opened, 2**16)) as archive:
                 text = archive.read("config.json")
@@ -115,9 +114,14 @@ def stored_model(store: ObjectStore, key: str, sha256: str | None = None) -> ker
     where ``sha256`` names it, only if its bytes have that SHA-256 (``common.refused`` naming it if not)."""
     limits = bounds.Limits.here()
     body = store.get_bounded(key, limits.archive_bytes, limits.describe())
-    if sha256 is not None and hashlib.sha256(body).hexdigest() != sha256:
-        raise refused(key, "is not the model run.json names (its SHA-256)")
+    _check_sha256(key, hashlib.sha256(body).hexdigest(), sha256)
     return modelio.load_model(body, where=key, limits=limits)
+
+
+def _check_sha256(key: str, digest: str, sha256: str | None) -> None:
+    """``common.refused`` where ``sha256`` names the model at ``key`` and its bytes as read (``digest``) are others."""
+    if sha256 is not None and digest != sha256:
+        raise refused(key, "is not the model run.json names (its SHA-256)")
 
 
 def reader_for(store: ObjectStore, config: RunConfig) -> data.DatasetReader:
