@@ -23,6 +23,7 @@ from slsml.local.faults import Delay, Faults
 from slsml.spec import keys
 from slsml.spec.config import RunConfig, TrainingSpec
 from slsml.training import modelio, progress
+from slsml.training.modelio import keras
 
 from .conftest import final_weights, finish, log_entries, timeouts, train
 from .test_equivalence import BATCH, ITERATIONS, TOLERANCE, config_of, reference
@@ -48,6 +49,26 @@ def _stages(found: list[str], run_id: str, iteration: int, attempt: int) -> set[
     return {key.removeprefix(prefix).split("/")[0] for key in found}
 
 
+def _penalized() -> keras.Model:
+    """The digits CNN with L2 penalties on its first convolution (stage 0's) and its hidden dense layer, and
+    accuracy."""
+    keras.utils.set_random_seed(1)
+    l2 = keras.regularizers.L2(1e-3)
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(16, 3, padding="same", activation="relu", kernel_regularizer=l2),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, activation="relu", kernel_regularizer=l2),
+            keras.layers.Dense(10, activation="softmax"),
+        ]
+    )
+    model.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
 @pytest.fixture(scope="module")
 def staged(services, digits) -> np.ndarray:
     """The final weights of the run in stages, trained without faults."""
@@ -69,6 +90,32 @@ def test_a_run_in_three_stages_trains_to_the_weights_of_single_process_keras(ser
     error = np.abs(staged - expected).max() / np.abs(expected).max()
     print(f"\n{STAGES} stages, W={WORKERS}, micro-batch {MICRO_BATCH}: max|Δw|/max|w| = {error:.2e}")
     assert error <= TOLERANCE["sgd-momentum"]
+
+
+def test_a_run_in_stages_evaluates_through_them_to_the_figures_of_keras_evaluate(services, digits):
+    """Each stage computes its layers on the workers' slices of the test split, handing on its output with the
+    penalties so far; the last stage's loss and accuracy are Keras's ``evaluate`` of the same model, penalties
+    included, at a checkpoint and for the final model."""
+    run_id = "staged-evaluated"
+    spec = SPEC.model_copy(update={"eval_every": 2, "checkpoint_every": 2})
+    train(services, spec, run_id, modelio.save_model(_penalized()))
+    run = finish(services, run_id)
+    assert run.status == "COMPLETED", run.reason
+    _, _, x_test, y_test = digits
+    for iteration in (2, ITERATIONS):  # a checkpoint's evaluation, then the final model's past the budget
+        handed = services.store.list_keys(keys.stages_prefix(run_id, iteration, 0, 0))
+        assert _stages([key for key in handed if "/test/" in key], run_id, iteration, 0) == {"00", "01"}
+        saved = keys.model(run_id, iteration) if iteration < ITERATIONS else keys.final_model(run_id)
+        model = modelio.load_model(services.store.get(saved))
+        expected = model.evaluate(x_test, y_test, return_dict=True, verbose=0)
+        got = services.table.get_counter(run_id, iteration - 1).test
+        penalties = float(sum(model.losses))
+        print(f"\nmodel entering {iteration}: {got} against Keras's {expected} (penalties {penalties:.4f})")
+        assert got is not None and set(got) == set(expected) == {"loss", "accuracy"}
+        assert penalties > 1e-3 * expected["loss"], "the penalties are too small to tell: vacuous"
+        assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+        assert got["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
+    assert run.test == services.table.get_counter(run_id, ITERATIONS - 1).test
 
 
 def test_the_plan_splits_the_model_as_the_runs_start_did(local, services, staged, capsys, tmp_path: Path):

@@ -26,14 +26,21 @@ What stages take: the gradient-averaging rule (one step a round), dense updates,
 one micro-batch's layer outputs of its own stage. A later stage's function holds its own layers' weights alone: its
 warm model is built from the archive's config with no memory for the other layers' weights, and it reads its own
 weights' ranges of the shards (``slsml.pipeline.steps.warm.stage_trainer_for``, ``own_weights``). Stage 0's holds the
-whole model's, as a worker does: it evaluates the model entering a round and assembles the worker's update from the
-stages' parts."""
+whole model's, as a worker does: it assembles the worker's update from the stages' parts.
+
+Where a round evaluates the model entering it (and past the budget, where the final model alone is evaluated), its
+stages evaluate it before they train, through themselves (``evaluate``): stage 0 reads the worker's slice of each
+split a batch at a time and hands on its layers' output of each batch, computed in inference mode, with the
+regularization penalties of its layers; each later stage takes it, computes its own layers, adds its own penalties and
+hands on; the last computes the loss (penalties included, as ``evaluate`` adds them) and the metrics on the batches'
+labels, stores the slice's state and records the figures once every worker's are in, as a worker does
+(``slsml.training.evaluation``)."""
 
 from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -266,6 +273,21 @@ class Hand:
         """What stage ``stage`` handed on for ``micro_batch``, once there."""
         return npz.decode_array(self._wait(self._key(stage, micro_batch, back)))
 
+    def give_evaluated(self, stage: int, split: str, batch: int, output: Any, regularization: float) -> None:
+        """Hand on stage ``stage``'s output of ``batch`` of the worker's slice of ``split`` as the stages evaluate the
+        model, with the regularization penalties of the stages up to it."""
+        body = npz.encode(output=np.asarray(output), regularization=np.array(regularization, np.float64))
+        self._put(self._evaluation_key(stage, split, batch), body)
+
+    def take_evaluated(self, stage: int, split: str, batch: int) -> tuple[np.ndarray, float]:
+        """What stage ``stage`` handed on for ``batch`` of ``split`` (``give_evaluated``), once there."""
+        arrays = npz.decode(self._wait(self._evaluation_key(stage, split, batch)))
+        return arrays["output"], float(arrays["regularization"])
+
+    def _evaluation_key(self, stage: int, split: str, batch: int) -> str:
+        m = self.message
+        return keys.handed_evaluation(m.run_id, m.iteration, m.worker, m.attempt, stage, split, batch)
+
     def put_part(
         self,
         stage: int,
@@ -329,6 +351,50 @@ class Hand:
                 run = self.services.table.get_run(self.message.run_id)
                 if run.status != RunStatus.RUNNING or run.iteration > self.message.iteration:
                     raise RunMovedOn(key)
+
+
+def evaluation_batch(config: RunConfig) -> int:
+    """The samples of each batch the stages evaluate a slice in: a forward pass of a micro-batch's samples at most,
+    the stages' step fitting it (``configured``)."""
+    from slsml.training.evaluation import EVALUATION_BATCH
+
+    return min(EVALUATION_BATCH, config.training.micro_batch or EVALUATION_BATCH)
+
+
+def evaluate(
+    hand: Hand, config: RunConfig, model: Any, split: str, count: int, batches: Iterable[Batch] | None, evaluator: Any
+) -> np.ndarray | None:
+    """Stage ``hand.message.pipeline_stage``'s part of evaluating ``model`` (the weights entering the round) on the
+    worker's slice of ``split``, of ``count`` batches: each batch's output computed in inference mode on its input
+    (stage 0: ``batches``' x; a later stage: what the stage before handed on) and handed on with the regularization
+    penalties of the stages so far. The last stage computes, with ``evaluator`` (``slsml.training.evaluation``), the
+    loss and metrics on ``batches``' labels, and returns their state (the other stages: None)."""
+    assert config.stage_blocks is not None
+    stage = hand.message.pipeline_stage
+    parts = stage_models(model, config.stage_blocks)
+    own = parts[stage]
+
+    def computed(given: Any, regularization: float) -> tuple[Any, float]:
+        return own(given, training=False), regularization + sum(float(loss) for loss in own.losses)
+
+    def taken(number: int) -> tuple[Any, float]:
+        return computed(*hand.take_evaluated(stage - 1, split, number))
+
+    if stage == 0:
+        assert batches is not None
+        for number, (x, _, _) in enumerate(batches):
+            hand.give_evaluated(0, split, number, *computed(x, 0.0))
+        return None
+    if stage < len(parts) - 1:
+        for number in range(count):
+            hand.give_evaluated(stage, split, number, *taken(number))
+        return None
+    assert batches is not None
+    return evaluator.state_of_predictions(
+        (output, y, w, regularization)
+        for number, (_, y, w) in enumerate(batches)
+        for output, regularization in [taken(number)]
+    )
 
 
 def first_stage(

@@ -104,8 +104,8 @@ def balance(blocks: Sequence[Block], count: int, fits: Callable[[Stage], bool]) 
 def held(stage: Stage, whole: sizing.WorkerMemory, first: bool) -> sizing.WorkerMemory:
     """A stage function's memory as the pipeline runs one (``slsml.pipeline.staged``): a worker's (``whole``: the
     function's memory, its warm cache, the whole model's buffers and what a worker holds besides) whose sample is the
-    stage's layer outputs, and whose model is the whole model in stage 0 (``first``: it evaluates the model and
-    assembles the worker's update from the stages' parts) and the stage's own weights alone in every later stage
+    stage's layer outputs, and whose model is the whole model in stage 0 (``first``: it assembles the worker's
+    update from the stages' parts) and the stage's own weights alone in every later stage
     (``slsml.pipeline.steps.warm.stage_trainer_for``)."""
     return replace(
         whole, model_bytes=whole.model_bytes if first else stage.weight_bytes, sample_bytes=stage.sample_bytes
@@ -128,8 +128,8 @@ def unfit(blocks: Sequence[Block], count: int, whole: sizing.WorkerMemory) -> st
     if replace(whole, sample_bytes=0.0).micro_batch() == 0:
         return (
             f"{where}stage 0's function holds {held_mb}, ~{sizing.TF_RUNTIME_MB + whole.cache_mb + buffers / MB:,.0f}"
-            f" MB with the runtime and the warm cache, beyond a worker of {whole.memory_mb:,.0f} MB: it evaluates the"
-            " model and assembles the worker's update (the later stages hold their own weights alone); give the"
+            f" MB with the runtime and the warm cache, beyond a worker of {whole.memory_mb:,.0f} MB: it assembles the"
+            " worker's update from the stages' parts (the later stages hold their own weights alone); give the"
             " worker function more memory (--memory worker=MB locally)"
         )
     heaviest = max(blocks, key=lambda b: Stage((b,)).sample_bytes)

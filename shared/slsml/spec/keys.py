@@ -123,6 +123,14 @@ def handed(run_id: str, iteration: int, worker: int, attempt: int, stage: int, m
     return f"{stages_prefix(run_id, iteration, worker, attempt)}{stage:02d}/{way}/{micro_batch:06d}.npy"
 
 
+def handed_evaluation(
+    run_id: str, iteration: int, worker: int, attempt: int, stage: int, split: str, batch: int
+) -> str:
+    """What pipeline stage ``stage`` hands the next for ``batch`` of the worker's slice of ``split`` as the stages
+    evaluate the model entering ``iteration``: its output and the regularization of the stages so far."""
+    return f"{stages_prefix(run_id, iteration, worker, attempt)}{stage:02d}/{split}/{batch:06d}.npz"
+
+
 def stage_part(run_id: str, iteration: int, worker: int, attempt: int, stage: int) -> str:
     """A pipeline stage's part of a worker's update (its weights' gradient and new non-trainable values), which the
     first stage assembles into the update."""

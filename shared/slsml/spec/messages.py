@@ -83,11 +83,10 @@ class WorkMessage(Message):
         " run's slot and round whose batches it takes (barrier.asynchronous_updates)",
     )
 
-    def staged(self, stages: int, iterations: int) -> list[WorkMessage]:
-        """This message as one per pipeline stage of the worker's round (one stage: itself); the evaluation of the
-        final model, past the run's ``iterations``, is stage 0's alone."""
-        count = stages if self.iteration < iterations else 1
-        return [self.model_copy(update={"pipeline_stage": stage}) for stage in range(count)]
+    def staged(self, stages: int) -> list[WorkMessage]:
+        """This message as one per pipeline stage of the worker's round (one stage: itself); the final model, past
+        the run's iterations, is evaluated through the stages too."""
+        return [self.model_copy(update={"pipeline_stage": stage}) for stage in range(stages)]
 
 
 class WorkDone(Message):

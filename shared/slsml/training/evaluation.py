@@ -127,13 +127,30 @@ class Evaluator:
     def _evaluate_fn(self, x: Any, y: Any, w: Any) -> Any:
         """One batch's loss, its metrics added to the state: traced for whole batches, one call of a graph each, as
         ``evaluate`` runs its test step (a graph of another size would be traced for each size of slice)."""
-        prediction = self.model(x, training=False)
-        loss = self.loss_fn(y, prediction, sample_weight=w)
+        loss = self._scored(y, self.model(x, training=False), w)
         if self.model.losses:  # regularization penalties, as compute_loss adds them
             loss = loss + tf.add_n(self.model.losses)
+        return loss
+
+    def _scored(self, y: Any, prediction: Any, w: Any) -> Any:
+        """The loss of a batch's ``prediction`` (regularization left out), its metrics added to the state."""
+        loss = self.loss_fn(y, prediction, sample_weight=w)
         if self._metrics is not None:
             self._metrics.update_state(y, prediction, sample_weight=w)
         return loss
+
+    def state_of_predictions(self, batches: Iterable[tuple[Any, Arrays, np.ndarray | None, float]]) -> np.ndarray:
+        """The state of evaluating ``batches`` whose model outputs are computed already: each batch's prediction,
+        labels, samples' weights and the regularization penalties of the model's layers (a model evaluated through
+        pipeline stages, ``slsml.pipeline.staged``), as ``state_of`` evaluates their inputs."""
+        loss_total, count = 0.0, 0
+        self._reset()
+        for prediction, y, w, regularization in batches:
+            size = samples.count(y)
+            weights = None if w is None else tf.convert_to_tensor(w)
+            loss_total += (float(self._scored(_tensors(y), prediction, weights)) + regularization) * size
+            count += size
+        return _vector(loss_total, count, [v.numpy() for v in self._variables])
 
     def batch_state(self, y: Arrays, prediction: Any, w: Any, loss: float) -> np.ndarray:
         """The state of one training batch as ``fit``'s train step tracks it, from its forward pass (``prediction``)

@@ -269,7 +269,7 @@ def _relaunched(participant: Participant, message: ReduceMessage, config: RunCon
         workers=claimed.workers or config.workers,
         attempt=attempt,
     )
-    services.bus.publish(wiring.WORK, work.staged(spec.pipeline_stages, spec.iterations))
+    services.bus.publish(wiring.WORK, work.staged(spec.pipeline_stages))
     logger.warning(
         "update refused: its worker's round re-launched",
         extra={"run_id": run, "iteration": iteration, "worker": participant.worker, "attempt": attempt},

@@ -250,7 +250,7 @@ def _work_deadline(deadline: Deadline, config: RunConfig, record: IterationRecor
                     worker=w,
                     workers=workers,
                     attempt=attempt,
-                ).staged(spec.pipeline_stages, spec.iterations)
+                ).staged(spec.pipeline_stages)
             ],
         )
         logger.warning("deadline: missing workers re-launched", extra={**log, "attempt": attempt})

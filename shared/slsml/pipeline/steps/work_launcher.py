@@ -144,7 +144,7 @@ def _launch(run: RunRecord, iteration: int, trigger_id: str, services: Services,
                 workers=workers,
                 ahead=ahead,
                 update=update,
-            ).staged(run.training.pipeline_stages, run.iterations)
+            ).staged(run.training.pipeline_stages)
         ],
     )
     if run.watched is None:  # the first launch of this generation starts its chain of deadlines

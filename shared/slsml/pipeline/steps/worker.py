@@ -502,10 +502,21 @@ def _train(
 
 def _later_stage(message: WorkMessage, config: RunConfig, services: Services) -> None:
     """Stage ``message.pipeline_stage`` (after the first) of the worker's round in pipeline stages
-    (``slsml.pipeline.staged``), from the model entering the iteration; the last stage reads the round's labels and
+    (``slsml.pipeline.staged``), from the model entering the iteration, which it evaluates first where it is due (a
+    round's first invocation; past the budget, the final model alone); the last stage reads the round's labels and
     tracks its metrics."""
     trainer = _stage_entering(services, config, message)
     reader = reader_for(services.store, config)
+    continued = message.resume or message.waited  # a continuation evaluates nothing
+    splits = evaluated(config, message.iteration, reader.manifest.train.count) if not continued else []
+    final = message.iteration >= config.training.iterations
+    try:
+        ending = bool(splits) and _evaluate(message, config, services, trainer, splits)
+    except staged.StageLost as lost:
+        _left_to_deadline(lost)
+        return
+    if final or (ending and _ended(services, config.run_id)):  # early stopping ended the run: its round is not needed
+        return
     (batch,) = _batches(message, config, services)
     micro_batch = config.training.micro_batch or len(batch)
     hand = staged.Hand(services, message, config)
@@ -588,23 +599,37 @@ def _evaluate(
     message: WorkMessage, config: RunConfig, services: Services, trainer: modelio.Trainer, splits: list[str]
 ) -> bool:
     """Store the states of evaluating the trainer's model (the one entering the iteration) on this worker's slice of
-    each split, create-only; if every worker's states are in, sum them and record the results on the iteration
-    before's counter (that iteration's reducers stored the model's shards); past the budget, or where early stopping
-    ends the run, have the watchdog complete the run (True). Each worker lists the states after storing its own, so
-    the last to store finds them all (two may: the results are the same)."""
+    each split, create-only; if every worker's states are in, record the results (``_recorded``). In pipeline stages
+    each stage computes its layers on the slice, and the last the states (``staged.evaluate``): only it stores and
+    records them (False for the others). StageLost where a later stage's input did not come."""
     store, run, iteration = services.store, message.run_id, message.iteration
     reader = reader_for(store, config)
     samples = evaluating.split_samples(config, reader.manifest)
+    stages = config.stage_blocks
+    stage, last = message.pipeline_stage, stages is None or message.pipeline_stage == len(stages) - 1
     evaluator = evaluator_for(trainer, config, lambda: reader.take("test", samples["test"][:2]))
-    gib = services.limits.worker_accelerator_gib
-    batch = min(evaluation.EVALUATION_BATCH, _micro_batch(config, gib))  # a forward pass takes less than a step
+    if stages is None:  # a forward pass takes less than a step
+        batch = min(evaluation.EVALUATION_BATCH, _micro_batch(config, services.limits.worker_accelerator_gib))
+    else:
+        batch, hand = staged.evaluation_batch(config), staged.Hand(services, message, config)
     for split in splits:
         mine = samples[split][evaluation.slice_of(len(samples[split]), message.workers, message.worker)]
         started, cpu, traces = time.perf_counter(), time.process_time(), evaluator.traces
-        # read a batch at a time, ahead of the one evaluated, with the dataset's weights, as evaluate takes them
+        # read a batch at a time, ahead of the one evaluated, with the dataset's weights, as evaluate takes them (a
+        # stage between the first and the last reads none)
         take = functools.partial(reader.take_weighted, evaluating.READ[split])
-        with stream.Stream(take, [mine], batch, even=False) as batches:
-            state = evaluator.state_of(batches.steps[0], batch)
+        reads = stream.Stream(take, [mine], batch, even=False) if stage == 0 or last else None
+        with reads or ExitStack():
+            batches = None if reads is None else reads.steps[0]
+            state: np.ndarray | None
+            if stages is None:
+                assert batches is not None
+                state = evaluator.state_of(batches, batch)
+            else:
+                count = -(-len(mine) // batch)
+                state = staged.evaluate(hand, config, trainer.model, split, count, batches, evaluator)
+        if state is None:
+            continue
         timed = SliceEvaluated(
             run_id=run,
             iteration=iteration,
@@ -617,6 +642,17 @@ def _evaluate(
         )
         logger.info(SLICE_EVALUATED, extra={SLICE_KEY: timed.model_dump()})
         signed.put(services, run, keys.evaluation(run, iteration, message.worker, split), npz.encode_array(state))
+    return last and _recorded(message, config, services, evaluator, splits)
+
+
+def _recorded(
+    message: WorkMessage, config: RunConfig, services: Services, evaluator: evaluation.Evaluator, splits: list[str]
+) -> bool:
+    """If every worker's states of ``splits`` are in, sum them and record the results on the iteration before's
+    counter (that iteration's reducers stored the model's shards); past the budget, or where early stopping ends the
+    run, have the watchdog complete the run (True). Each worker lists the states after storing its own, so the last
+    to store finds them all (two may: the results are the same)."""
+    store, run, iteration = services.store, message.run_id, message.iteration
     wanted = {split: [keys.evaluation(run, iteration, w, split) for w in range(message.workers)] for split in splits}
     stored = {key for split in splits for key in store.list_keys(keys.evaluations_prefix(run, iteration, split))}
     if not all(set(keys_) <= stored for keys_ in wanted.values()):
