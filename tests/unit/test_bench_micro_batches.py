@@ -56,11 +56,12 @@ def test_each_share_is_its_multiple_of_the_workers_micro_batch(
         assert case.micro_batches == math.ceil(case.share / fitting)
         assert len(case.step_s) == REPEATS and all(s > 0 for s in case.step_s)
         assert case.ms_per_sample == pytest.approx(1e3 * case.median_step_s / case.share, rel=1e-2)
-        assert case.peak_rss_mb is not None and case.peak_rss_mb > 0
+        assert case.peak_rss_mb is not None and 0 < case.imports_mb < case.peak_rss_mb
     assert report.cases[0].ratio == 1.0
 
     # the sizing holds: a one-layer model's step takes about three times its layer outputs a sample (the backward
-    # pass's gradients, its input), which ``sizing.sample_bytes`` counts
+    # pass's gradients, its input), which ``sizing.sample_bytes`` counts; each peak judged with the runtime at the
+    # sizing's figure, as this machine's imports take what they take
     assert report.peaks_within_estimate and report.peaks_within_cache_full, report.cases
     # computing the larger share's extra samples at once would add what a sample takes of a step (``sample_bytes``,
     # its input among it); in micro-batches only the inputs held and two read ahead

@@ -699,6 +699,7 @@ def print_micro_batches(report: Any, as_json: bool = False) -> None:
     from rich.table import Table
 
     from slsml.bench import microbatch as bench
+    from slsml.rounds import sizing
 
     first = report.cases[0].multiple
     table = Table(
@@ -710,6 +711,7 @@ def print_micro_batches(report: Any, as_json: bool = False) -> None:
         f"ratio to {first}×",
         "peak RSS MB",
         "of the memory",
+        "imports MB",
         title=f"a worker's step of {report.model}, {report.memory_mb:,} MB function, median of {report.repeats} steps",
     )
     for c in report.cases:
@@ -723,6 +725,7 @@ def print_micro_batches(report: Any, as_json: bool = False) -> None:
             f"{c.ratio:.2f}",
             "–" if peak is None else f"{peak:,.0f}",
             "–" if peak is None else f"{peak / report.memory_mb:.0%}",
+            f"{c.imports_mb:,.0f}",
         )
     out = results(as_json)
     out.print(table)
@@ -742,11 +745,12 @@ def print_micro_batches(report: Any, as_json: bool = False) -> None:
     largest = f" (largest {max(peaks):,.0f} MB)" if peaks else " (no peak kept on this system)"
     out.print(
         f"every peak RSS within the function's {report.memory_mb:,} MB: {yes[report.peaks_within]}; with the warm cache"
-        f" full beside it ({report.cache_mb:,.0f} MB, the model among its entries):"
+        f" full beside it ({report.cache_mb:,.0f} MB, the model among its entries) and the runtime as sized:"
         f" {yes[report.peaks_within_cache_full]}{largest}"
     )
     out.print(
-        f"every peak RSS within the sizing's estimate of a step of {report.micro_batch:,} samples in micro-batches"
+        f"every peak RSS, the runtime counted at the sizing's {sizing.TF_IMPORTS_MB:,.0f} MB of imports (imports MB:"
+        f" this machine's), within the sizing's estimate of a step of {report.micro_batch:,} samples in micro-batches"
         f" ({report.estimated_peak_mb:,.0f} MB with the model, the warm cache not counted):"
         f" {yes[report.peaks_within_estimate]}"
     )

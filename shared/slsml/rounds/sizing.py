@@ -40,8 +40,9 @@ from slsml.training import feedback
 
 MB = 2**20  # Lambda's MB: a function's memory_mb and the warm cache's bound are this many bytes
 # a TensorFlow function's resident set before its model: its imports (TensorFlow 2.21, Keras 3.15, boto3, slsml's
-# pipeline: 722 MB) and the graph of a traced training step (23 MB for a one-layer model), measured
-TF_RUNTIME_MB = 745.0
+# pipeline) and the graph of a traced training step (23 MB for a one-layer model), measured
+TF_IMPORTS_MB = 722.0
+TF_RUNTIME_MB = TF_IMPORTS_MB + 23.0
 # model-sized float32 buffers of a step: the gradient, the flat and encoded update, the weights read (the model's own
 # weights are the warm cache's: its trainer is an entry of it)
 MODEL_COPIES = 4.0
