@@ -49,7 +49,7 @@ def test_the_demos_run_reaches_95_percent_every_iteration_through_all_five_funct
     assert model.count_params() > 0
 
 
-def test_a_run_on_weights_one_round_stale_completes_within_half_a_point_of_the_synchronous_run(services, ended):
+def test_a_run_on_weights_one_round_stale_completes_within_a_point_of_the_synchronous_run(services, ended):
     synchronous, stale = ended["gradient"], ended["gradient-stale"]
     iterations, workers = floors.DEMO["iterations"], floors.DEMO["workers"]
     summary = runs.summarize(stale, services.table.list_iterations(stale.run_id), 1.0)
@@ -68,6 +68,7 @@ def test_a_run_on_weights_one_round_stale_completes_within_half_a_point_of_the_s
     assert sum(len(i.went_on) for i in records) > 0
     assert not any(i.went_on or i.published for i in services.table.list_iterations(synchronous.run_id))
     assert synchronous.test_accuracy is not None and stale.test_accuracy is not None
-    # what stale weights cost: at most half a point of the synchronous run's test accuracy (it reached 0.9694, and
-    # 0.9749 on stale weights: the two differ by two of the holdout's 359 samples)
-    assert stale.test_accuracy >= synchronous.test_accuracy - 0.005, (stale.test_accuracy, synchronous.test_accuracy)
+    # what stale weights cost: at most a point of the synchronous run's test accuracy; stale less synchronous over
+    # seeds 0-4 (``floors.CASES``): +0.55, -0.28, -0.84, +0.28 and 0 points, a few of the holdout's 359 samples, which
+    # a processor's round-off moves as a seed does
+    assert stale.test_accuracy >= synchronous.test_accuracy - 0.01, (stale.test_accuracy, synchronous.test_accuracy)
