@@ -111,8 +111,9 @@ def samples(model: Any, loss: str, count: int, seed: int = 0) -> tuple[np.ndarra
 
 
 def _case(connection: Connection, path: Path | None, share: int, micro_batch: int) -> None:
-    """A case's process: build the model, trace a micro-batch's step, reset the peak, then on each ``"step"`` time
-    one step of ``share`` samples and answer (seconds, micro-batches); on ``"peak"`` answer the peak and end."""
+    """A case's process: read its resident set once TensorFlow is imported, build the model, trace a micro-batch's
+    step, reset the peak and answer ``"ready"`` with that resident set; then on each ``"step"`` time one step of
+    ``share`` samples and answer (seconds, micro-batches); on ``"peak"`` answer the peak and end."""
     try:
         import keras  # noqa: F401  (TensorFlow with it: the runtime, read before the model)
 
