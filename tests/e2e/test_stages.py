@@ -11,14 +11,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from slsml.accounting import prices
+from slsml.aws.storage import MULTIPART_BYTES, upload_parts
 from slsml.cli.main import main
 from slsml.client import demo
 from slsml.cost import stages
 from slsml.cost.modelinfo import from_keras_file
 from slsml.cost.parameters import Parameters
 from slsml.cost.workload import function_memory, function_timeouts, run_workload
+from slsml.data import datasets as data
 from slsml.local.faults import Delay, Faults
 from slsml.spec import keys
 from slsml.spec.config import RunConfig, TrainingSpec
@@ -26,7 +29,7 @@ from slsml.training import modelio, progress
 from slsml.training.modelio import keras
 
 from .conftest import final_weights, finish, log_entries, timeouts, train
-from .test_equivalence import BATCH, ITERATIONS, TOLERANCE, config_of, reference
+from .test_equivalence import BATCH, ITERATIONS, TOLERANCE, config_of, keras_optimizer, reference
 from .test_faults import injecting
 
 STAGES, WORKERS, MICRO_BATCH = 3, 1, 20  # the worker's 96 samples in five micro-batches (20, 19, 19, 19, 19)
@@ -86,6 +89,7 @@ def test_a_run_in_three_stages_trains_to_the_weights_of_single_process_keras(ser
     assert _stages(handed, "staged", 0, 0) == {"00", "01", "02"}
     assert len([key for key in handed if key.endswith("/forward/000000.npy")]) == STAGES - 1
     assert len([key for key in handed if key.endswith("part.npz")]) == STAGES - 1
+    assert len([key for key in handed if key.endswith("part.f32")]) == STAGES - 1
     expected, _ = reference("sgd-momentum")
     error = np.abs(staged - expected).max() / np.abs(expected).max()
     print(f"\n{STAGES} stages, W={WORKERS}, micro-batch {MICRO_BATCH}: max|Δw|/max|w| = {error:.2e}")
@@ -118,6 +122,45 @@ def test_a_run_in_stages_evaluates_through_them_to_the_figures_of_keras_evaluate
     assert run.test == services.table.get_counter(run_id, ITERATIONS - 1).test
 
 
+def _wide() -> keras.Model:
+    """A model of 6 M weights whose update (24 MB) and middle layer's part (18.5 MB) are each stored in parts."""
+    keras.utils.set_random_seed(1)
+    layers = [keras.layers.Dense(32, activation="relu"), keras.layers.Dense(140_000, activation="relu")]
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), *layers, keras.layers.Dense(10)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_an_update_streamed_from_parts_stored_in_parts_trains_to_the_weights_of_single_process_keras(services):
+    """Stage 0 holds its own weights alone and streams the worker's update from the stages' parts into a multipart
+    upload, which the reducers read by range as any update: the run ends at single-process Keras's weights."""
+    run_id, iterations = "staged-streamed", 2
+    train(services, SPEC.model_copy(update={"iterations": iterations}), run_id, modelio.save_model(_wide()))
+    run = finish(services, run_id)
+    assert run.status == "COMPLETED", run.reason
+    handed = services.store.list_keys(keys.stages_prefix(run_id, 0, 0, 0))
+    parts = [services.store.read(key, (0, 0)) for key in handed if key.endswith("part.f32")]
+    update = services.store.read(keys.update(run_id, 0, 0, 0), (0, 0))
+    assert update.size is not None and update.size > MULTIPART_BYTES  # the update and a part: stored in parts
+    assert max(p.size or 0 for p in parts) > MULTIPART_BYTES and str(update.etag).endswith(
+        f'-{upload_parts(update.size)}"'
+    )
+
+    x, y, _, _ = demo.digits()
+    model, optimizer = _wide(), keras_optimizer("sgd-momentum")
+    for iteration in range(iterations):
+        batch = data.global_batch_indices(len(x), BATCH, seed=0, iteration=iteration)
+        with tf.GradientTape() as tape:
+            loss = model.loss(y[batch], model(x[batch], training=True))
+        optimizer.apply_gradients(
+            zip(tape.gradient(loss, model.trainable_weights), model.trainable_weights, strict=True)
+        )
+    expected = np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])
+    error = np.abs(final_weights(services, run_id)[0] - expected).max() / np.abs(expected).max()
+    print(f"\nan update streamed from {len(parts)} stored parts: max|Δw|/max|w| = {error:.2e}")
+    assert error <= TOLERANCE["sgd-momentum"]
+
+
 def test_the_plan_splits_the_model_as_the_runs_start_did(local, services, staged, capsys, tmp_path: Path):
     """``slsml plan`` of the run's model, options and worker memory names the split its start stored."""
     config = RunConfig.model_validate(services.store.get_json(keys.run_config("staged")))
@@ -126,7 +169,7 @@ def test_the_plan_splits_the_model_as_the_runs_start_did(local, services, staged
     argv += ["--batch", str(BATCH), "--micro-batch", str(MICRO_BATCH), "--iterations", str(ITERATIONS)]
     assert main(["plan", *argv, "--memory", f"worker={local.worker_memory_mb}", "--json"]) == 0
     pipeline = json.loads(capsys.readouterr().out)["pipeline"]
-    assert pipeline["refused"] is None and pipeline["deployed"] == list(config.stage_blocks or ())
+    assert pipeline["deployed"] == list(config.stage_blocks or ())
 
 
 @pytest.mark.usefixtures("warm")  # the Worker times out after seconds here
@@ -154,8 +197,8 @@ def test_stages_whose_worker_times_out_hand_each_pass_on_and_end_bit_identical(l
     """With the Worker's timeout below the time a round keeps for handing on (``progress.PAUSE_RESERVE_S``), each
     stage's invocation computes one pass (a micro-batch's forward or backward pass), stores its stage's progress and
     hands the rest of the round on to a fresh invocation; every message delivered twice, and an object placed
-    beforehand at every key where the stages hand each other their outputs, gradients, parts and progress: each is
-    replaced by the stage's own (``slsml.pipeline.signed``)."""
+    beforehand at every key where the stages hand each other their outputs, gradients, parts (their records and
+    values) and progress: each is replaced by the stage's own (``slsml.pipeline.signed``, ``ObjectStore.put_own``)."""
     assert HAND_ON_TIMEOUT_S < progress.PAUSE_RESERVE_S
     demo.digits_cnn(seed=1).save(tmp_path / "cnn.keras")  # the model ``train`` starts the run with
     spec = SPEC.model_copy(update={"deadline_s": 120.0})  # no stage waits so long: no round is re-launched
@@ -168,6 +211,7 @@ def test_stages_whose_worker_times_out_hand_each_pass_on_and_end_bit_identical(l
         placed |= {keys.handed("staged-handed", i, 0, 0, s, m, False) for s in (0, 1) for m in range(5)}
         placed |= {keys.handed("staged-handed", i, 0, 0, s, m, True) for s in (1, 2) for m in range(5)}
         placed |= {keys.stage_part("staged-handed", i, 0, 0, s) for s in (1, 2)}
+        placed |= {keys.stage_values("staged-handed", i, 0, 0, s) for s in (1, 2)}
     for key in placed:
         services.store.put_new(key, b"not the pipeline's")
     local.host.duplicate_deliveries = True

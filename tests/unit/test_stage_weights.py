@@ -67,3 +67,53 @@ def test_a_stages_archive_of_other_bytes_than_run_json_names_is_refused(services
     s3.put_object(Bucket="bucket", Key=keys.source_model("staged"), Body=modelio.save_model(other))
     with pytest.raises(RunFailed, match=r"source.keras is not the model run.json names \(its SHA-256\)"):
         warm.stage_trainer_for(services.store, config, 2)
+
+
+def test_stage_0_streams_the_update_from_the_stages_parts_and_takes_no_part_replaced_after_it_was_named(
+    services: Services,
+) -> None:
+    """Each later stage stores its part of the update as it is (a large one in parts) and a signed record naming it
+    by its ETag; stage 0 streams the update from its own part and theirs, reading theirs a PART_BYTES range at a time:
+    the bytes are the model's flat gradient, and values replaced after their record was stored are not taken."""
+    import keras
+
+    from slsml.aws.storage import MULTIPART_BYTES, PART_BYTES
+    from slsml.spec.messages import WorkMessage
+
+    keras.utils.set_random_seed(0)
+    layers = [keras.layers.Dense(64, name="a"), keras.layers.Dense(80_000, name="b"), keras.layers.Dense(3, name="c")]
+    model = keras.Sequential([keras.Input((6,)), *layers])  # (the dataset's 6 features)
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    config = cloud.register_run(services, modelio.save_model(model), "streamed", workers=1, pipeline_stages=3)
+    assert config.stage_blocks == (1, 1, 1)
+    rng = np.random.default_rng(0)
+    gradients = {id(v): rng.normal(size=v.shape).astype(np.float32) for v in model.weights}
+    parts = staged.stage_models(model, config.stage_blocks)
+
+    def values(stage: int) -> list[np.ndarray]:
+        own = staged.own_weights(model, config.stage_blocks, stage)
+        return staged.part_values(parts[stage], own, [gradients[id(v)] for v in parts[stage].trainable_weights], [])
+
+    hand = staged.Hand(services, WorkMessage(run_id="streamed", iteration=0, worker=0, workers=1), config)
+    for stage in (1, 2):
+        hand.put_part(stage, values(stage), 0.5 * stage, None)
+    taken = {stage: hand.take_part(stage) for stage in (1, 2)}
+    assert taken[1][0].size == 4 * (64 * 80_000 + 80_000) > MULTIPART_BYTES  # stored in parts
+    assert (taken[2][0].loss, taken[2][0].finite) == (1.0, True)
+    stored = {stage: read for stage, (_, read) in taken.items()}
+    ranges: list[str] = []
+    services.store.s3.meta.events.register(
+        "before-parameter-build.s3.GetObject", lambda params, **_: ranges.append(params["Range"])
+    )
+    streamed = staged.assembled_pieces(model, config.stage_blocks, stored, values(0))
+    expected = config.plan.flatten([gradients[id(v)] for v in model.weights])
+    assert b"".join(bytes(piece) for piece in streamed) == expected.tobytes()
+    spans = [tuple(map(int, r.removeprefix("bytes=").split("-"))) for r in ranges]
+    assert max(stop + 1 - start for start, stop in spans) == PART_BYTES
+    assert sum(stop + 1 - start for start, stop in spans) == taken[1][0].size + taken[2][0].size
+
+    key = keys.stage_values("streamed", 0, 0, 0, 2)
+    s3 = boto3.client("s3", region_name="us-east-1")  # behind the pipeline's back
+    s3.put_object(Bucket="bucket", Key=key, Body=np.zeros(taken[2][0].size // 4, np.float32).tobytes())
+    with pytest.raises(RunFailed, match=f"{key} was replaced while it was read"):
+        b"".join(staged.assembled_pieces(model, config.stage_blocks, stored, values(0)))

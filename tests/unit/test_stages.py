@@ -332,10 +332,10 @@ def test_a_stage_waiting_for_its_input_stops_once_its_run_moved_on(services, mod
     assert time.monotonic() - started < 3 * RUN_CHECK_S < config.training.deadline_s
 
 
-def test_a_later_stage_is_sized_with_its_own_weights_and_stage_0_with_the_whole_models() -> None:
+def test_each_stage_is_sized_with_its_own_weights_and_stage_0_with_what_it_streams_the_update_through() -> None:
     from dataclasses import replace
 
-    from slsml.rounds.stages import Stage, deployed, held, unfit
+    from slsml.rounds.stages import ASSEMBLY_BYTES, Stage, deployed, held, unfit
 
     heavy = Block("dense", "dense", 50 * sizing.MB, (1000,), 1000, 10)  # most of the weights, small outputs
     wide = Block("conv", "conv", sizing.MB, (40_000_000,), 1000, 10)  # few weights, ~640 MB a sample's step
@@ -345,8 +345,15 @@ def test_a_later_stage_is_sized_with_its_own_weights_and_stage_0_with_the_whole_
     split = deployed([heavy, wide], 2, whole)
     assert split is not None and [s.blocks for s in split] == [(heavy,), (wide,)]
     assert held(split[1], whole, first=False).model_bytes == wide.weight_bytes
-    assert held(split[0], whole, first=True).model_bytes == whole.model_bytes
-    # the whole model's buffers past the function's memory: stage 0, which holds them, cannot run
-    small = replace(whole, memory_mb=2400)
+    assert held(split[1], whole, first=False).other_bytes == 0
+    first = held(split[0], whole, first=True)
+    assert first.model_bytes == heavy.weight_bytes and first.other_bytes == ASSEMBLY_BYTES < 2 * whole.model_bytes
+    # a model smaller than the streaming's buffers: its update is joined, twice the update at most
+    tiny = replace(whole, model_bytes=sizing.MB)
+    assert held(Stage((heavy,)), tiny, first=True).other_bytes == 2 * sizing.MB
+    # the wide block's step past the function's memory in any stage: refused naming it
+    small = replace(whole, memory_mb=2000)
     assert deployed([heavy, wide], 2, small) is None
-    assert unfit([heavy, wide], 2, small).startswith("--pipeline-stages 2: stage 0's function holds the whole model's")
+    said = unfit([heavy, wide], 2, small)
+    assert said.startswith("--pipeline-stages 2: no split into 2 stages fits a worker of 2,000 MB")
+    assert "layer 'conv' needs ~" in said

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import collections
 import hashlib
+import itertools
+import threading
 from typing import Any
 
 import pytest
@@ -136,6 +138,54 @@ def test_a_large_object_of_an_iteration_is_a_create_only_multipart_upload(store:
     assert store.put_own(key, data) == (False, created) and store.get(key) == data
     assert store.put_own(key, _big(2)) == (True, etag_of(_big(2), 3)) and store.get(key) == _big(2)
     assert store.s3.list_multipart_uploads(Bucket="bucket").get("Uploads", []) == []  # the refused ones aborted
+
+
+def test_a_streamed_object_is_sent_a_bounded_number_of_parts_at_once_and_stored_create_only(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``put_own_streamed``: pieces of any size, joined into parts of PART_BYTES, the object the bytes they make, its
+    ETag the one those bytes give (so that a retry finds its own); never more than UPLOADS_IN_FLIGHT parts sent at
+    once; other bytes at the key replaced; pieces that are not the size announced store nothing."""
+    from slsml.aws import storage
+
+    key, data = keys.update("a", 3, 1), _big(1)
+    cuts = [0, 5, PART_BYTES - 3, PART_BYTES + 11, 2 * PART_BYTES, len(data)]
+
+    def pieces() -> list[memoryview]:
+        return [memoryview(data)[a:b] for a, b in itertools.pairwise(cuts)]
+
+    sending, most, lock = [0], [0], threading.Lock()
+    send = store.s3.upload_part
+
+    def counted(**params: Any) -> Any:
+        with lock:
+            sending[0] += 1
+            most[0] = max(most[0], sending[0])
+        try:
+            return send(**params)
+        finally:
+            with lock:
+                sending[0] -= 1
+
+    monkeypatch.setattr(store.s3, "upload_part", counted)
+    monkeypatch.setattr(storage, "UPLOADS_IN_FLIGHT", 2)
+    assert store.put_own_streamed(key, len(data), pieces, {"m": "1"}) == (True, etag_of(data, 3))
+    stored = store.read(key)
+    assert (stored.body, stored.metadata) == (data, {"m": "1"}) and 1 <= most[0] <= 2
+    assert _tags(store, key) == {SCRATCH_TAG_KEY: SCRATCH_TAG_VALUE}
+    assert store.put_own_streamed(key, len(data), pieces, {"m": "1"}) == (False, etag_of(data, 3))  # a retry
+    other = _big(2)
+    assert store.put_own_streamed(key, len(other), lambda: [other], {}) == (True, etag_of(other, 3))
+    assert store.get(key) == other
+    with pytest.raises(ValueError, match=f"{len(data) - 5} bytes streamed, not the {len(data)} announced"):
+        store.put_own_streamed(keys.update("a", 3, 2), len(data), lambda: pieces()[1:], {})
+    assert not store.exists(keys.update("a", 3, 2))
+    assert store.s3.list_multipart_uploads(Bucket="bucket").get("Uploads", []) == []
+    small = b"a small update"  # one part: one PutObject
+    assert store.put_own_streamed(keys.update("a", 4, 1), len(small), lambda: [small[:3], small[3:]], {}) == (
+        True,
+        etag_of(small),
+    )
 
 
 def test_a_small_object_and_a_large_model_are_one_put(store: ObjectStore) -> None:

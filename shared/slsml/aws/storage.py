@@ -8,7 +8,8 @@ import io
 import json
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ _EXISTS = {"PreconditionFailed", "ConditionalRequestConflict"}  # a create-only 
 PART_BYTES = 8 * 1024 * 1024
 MULTIPART_BYTES = 2 * PART_BYTES
 PARALLEL_PARTS = 16
+UPLOADS_IN_FLIGHT = 4  # parts of a streamed upload (``put_own_streamed``) sent at once: what its writer holds of it
 
 
 def upload_parts(size: int) -> int:
@@ -239,6 +241,66 @@ class ObjectStore:
                 logger.warning("an object not written by its step was replaced", extra={"key": key})
                 self.delete_if(key, found)
         raise SlsmlError(f"s3://{self.bucket}/{key} is written by something else as soon as it is deleted")
+
+    def put_own_streamed(
+        self, key: str, size: int, pieces: Callable[[], Iterable[bytes | memoryview]], metadata: dict[str, str]
+    ) -> tuple[bool, str]:
+        """``put_own`` of the ``size`` bytes that ``pieces()`` yields in turn (the same bytes each time it is called):
+        stored in ``stored_parts`` parts, of which the writer holds ``UPLOADS_IN_FLIGHT`` at once as they are sent
+        (and the one it fills), whatever the object's size. Where the key holds an object already, the bytes are
+        streamed before it is known whether that object is theirs (an S3 multipart upload's ETag is known once its
+        parts are)."""
+        parts = stored_parts(key, size)
+        if parts == 1:
+            return self.put_own(key, b"".join(pieces()), metadata)
+        for _ in range(_REPLACE_TRIES):
+            created, expected = self._stream_in_parts(key, size, parts, pieces(), metadata)
+            if created is not None:
+                return True, created
+            found = self.etag(key)
+            if found == expected:
+                return False, expected
+            if found is not None:
+                logger.warning("an object not written by its step was replaced", extra={"key": key})
+                self.delete_if(key, found)
+        raise SlsmlError(f"s3://{self.bucket}/{key} is written by something else as soon as it is deleted")
+
+    def _stream_in_parts(
+        self, key: str, size: int, parts: int, pieces: Iterable[bytes | memoryview], metadata: dict[str, str]
+    ) -> tuple[str | None, str]:
+        """A multipart upload of ``pieces`` (``size`` bytes) in ``parts`` parts of ``PART_BYTES``, completed
+        create-only: its ETag (None if ``key`` exists, the upload aborted) and the ETag its bytes make."""
+        tagging = {"Tagging": f"{SCRATCH_TAG_KEY}={SCRATCH_TAG_VALUE}"} if keys.is_transient(key) else {}
+        upload = self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, Metadata=metadata, **tagging)["UploadId"]
+        digests: list[bytes] = []
+        streamed = 0
+
+        def send(number: int, body: bytes) -> dict[str, Any]:
+            sent = self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number, Body=body)
+            return {"PartNumber": number, "ETag": sent["ETag"]}
+
+        try:
+            sent: list[dict[str, Any]] = []
+            with ThreadPoolExecutor(max_workers=UPLOADS_IN_FLIGHT) as pool:
+                in_flight: deque[Future[dict[str, Any]]] = deque()
+                for body in _in_parts(pieces):
+                    digests.append(hashlib.md5(body, usedforsecurity=False).digest())
+                    streamed += len(body)
+                    if len(in_flight) == UPLOADS_IN_FLIGHT:
+                        sent.append(in_flight.popleft().result())
+                    in_flight.append(pool.submit(send, len(digests), body))
+                sent.extend(future.result() for future in in_flight)
+            if streamed != size or len(sent) != parts:
+                raise ValueError(f"s3://{self.bucket}/{key}: {streamed} bytes streamed, not the {size} announced")
+            created = self.s3.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": sent}, IfNoneMatch="*"
+            )
+        except BaseException as error:
+            self._abort(key, upload)
+            if isinstance(error, ClientError) and error_code(error) in _EXISTS:
+                return None, _multipart_etag(digests)
+            raise
+        return str(created["ETag"]), _multipart_etag(digests)
 
     def replace(self, key: str, data: bytes | bytearray, metadata: dict[str, str] | None = None) -> str:
         """Delete ``key`` and create it anew, create-only (If-None-Match: the bucket's policy refuses any other write
@@ -487,8 +549,30 @@ def etag_of(data: bytes | bytearray, parts: int = 1) -> str:
     if parts == 1:
         return f'"{hashlib.md5(data, usedforsecurity=False).hexdigest()}"'
     view = memoryview(data)
-    digests = b"".join(
-        hashlib.md5(view[start : start + PART_BYTES], usedforsecurity=False).digest()
-        for start in range(0, len(data), PART_BYTES)
+    return _multipart_etag(
+        [
+            hashlib.md5(view[start : start + PART_BYTES], usedforsecurity=False).digest()
+            for start in range(0, len(data), PART_BYTES)
+        ]
     )
-    return f'"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{parts}"'
+
+
+def _multipart_etag(digests: list[bytes]) -> str:
+    """The ETag of a multipart upload of parts of MD5s ``digests``."""
+    return f'"{hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest()}-{len(digests)}"'
+
+
+def _in_parts(pieces: Iterable[bytes | memoryview]) -> Iterator[bytes]:
+    """``pieces`` joined and cut again into parts of ``PART_BYTES`` (the last: the rest)."""
+    filling = bytearray()
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        while len(view):
+            taken = min(len(view), PART_BYTES - len(filling))
+            filling += view[:taken]
+            view = view[taken:]
+            if len(filling) == PART_BYTES:
+                yield bytes(filling)
+                filling.clear()
+    if filling:
+        yield bytes(filling)

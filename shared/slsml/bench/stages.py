@@ -153,10 +153,11 @@ def stages_against_bigger(
     per_micro = max(staged_parts) / M / speedup(vcpus(memory_mb), p.vcpu_efficiency)
     handed = max(s.activation_bytes for s in split[:-1]) * micro_batch
     heaviest = max(s.weight_bytes for s in split)
-    staged_round = staged.round_seconds(p, heaviest, M, len(split), per_micro, handed)
+    parts = [s.weight_bytes for s in split]
+    staged_round = staged.round_seconds(p, heaviest, M, len(split), per_micro, handed, parts)
     S = len(split)
     idle = S * staged_round - sum(staged_parts) / speedup(vcpus(memory_mb), p.vcpu_efficiency)
-    requests = staged.round_requests(p, M, S, 1, idle)
+    requests = staged.round_requests(p, M, S, 1, idle, parts)
     staged_dollars = staged.round_dollars(price_table, requests, S, 1, staged_round, memory_mb)
     cases = [
         _case("one bigger function", 1, bigger, whole_s, whole_parts, bigger_round, bigger_dollars, batch),

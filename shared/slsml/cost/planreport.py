@@ -407,14 +407,11 @@ def _render_pipeline(pipeline: PipelinePlan, console: Any) -> None:
             f" {handing.invocations:,} invocations, handed on between passes ({handing.handed_on:,} hand-ons a round"
             f" of {_bytes(handing.progress_bytes)} each at most, {_time(handing.seconds)} added)"
         )
-    if p.refused is not None:
-        console.print(f"[red]a run of these stages is refused at start: {p.refused}")
-    elif p.deployed is not None:
-        blocks = ", ".join(map(str, p.deployed))
-        console.print(
-            f"a run splits the model into stages of {blocks} blocks, stage 0 holding the whole model's weights,"
-            " each later stage its own"
-        )
+    blocks = ", ".join(map(str, p.deployed))
+    console.print(
+        f"a run splits the model into stages of {blocks} blocks, each stage's function holding its own weights,"
+        " stage 0's streaming the update from the stages' parts"
+    )
     for option in p.options:
         figures = f"{_time(option.round_s)}, {_dollars(option.dollars)}" if option.fits else "does not fit"
         console.print(f"  {option.name}: {figures} ({option.detail})")

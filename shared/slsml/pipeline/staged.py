@@ -9,10 +9,13 @@ its forward pass again from its input, ``slsml.training.stages.StageRunner``). W
 object of the round's attempt (``keys.handed``), signed by the pipeline (``slsml.pipeline.signed``: an object placed at
 its key before it is replaced, and none the pipeline did not store is taken); a stage polls for its input, and
 every ``RUN_CHECK_S`` of its polls reads whether its run still trains the round (it stops where the run ended or went
-on without it). Each stage but the first stores its part of the update (its weights' gradient and new non-trainable
-values, with its loss and, the last, its metrics) before it hands its last gradient back; stage 0 assembles the
-worker's update from the parts and stores and announces it as any worker does, so that the reducers, the deadlines and
-the rest of the pipeline are those of a run of one stage.
+on without it). Each stage but the first stores its part of the update before it hands its last gradient back: its
+weights' gradients and new non-trainable values, float32 in the update's order, as they are (create-only, a large one
+in parts: ``keys.stage_values``), then a signed record naming them by their ETag, with its loss and, the last, its
+metrics (``Part``). Stage 0 streams the worker's update from its own part and theirs (``assembled_pieces``: theirs
+read ``PART_BYTES`` a GET, each read refused where the object answering it is not the one named) into a multipart
+upload (``ObjectStore.put_own_streamed``), and announces it as any worker does, so that the reducers, the deadlines
+and the rest of the pipeline are those of a run of one stage.
 
 A stage's round is passes (each micro-batch's forward pass, then each one's backward pass; the last stage's backward
 passes alone). Where the invocation's time runs short (``Pace``: before a pass, as a worker's round before a
@@ -22,11 +25,11 @@ a worker does (``WorkMessage.resume``: the passes done). An invocation that wait
 pass hands on the same progress (``WorkMessage.waited``), as long as its waits stay within the run's deadline: past
 it, its round is left to the deadline, which re-launches all of its stages with a new attempt.
 
-What stages take: the gradient-averaging rule (one step a round), dense updates, float32. Each stage function holds
-one micro-batch's layer outputs of its own stage. A later stage's function holds its own layers' weights alone: its
-warm model is built from the archive's config with no memory for the other layers' weights, and it reads its own
-weights' ranges of the shards (``slsml.pipeline.steps.warm.stage_trainer_for``, ``own_weights``). Stage 0's holds the
-whole model's, as a worker does: it assembles the worker's update from the stages' parts.
+What stages take: the gradient-averaging rule (one step a round), dense float32 updates. Each stage function holds
+one micro-batch's layer outputs of its own stage and its own layers' weights alone: its warm model is built from the
+archive's config with no memory for the other layers' weights, and it reads its own weights' ranges of the shards
+(``slsml.pipeline.steps.warm.stage_trainer_for``, ``own_weights``). Stage 0's also holds what it streams the update
+through, a bounded number of parts (``slsml.rounds.stages.ASSEMBLY_BYTES``), whatever the model's size.
 
 Where a round evaluates the model entering it (and past the budget, where the final model alone is evaluated), its
 stages evaluate it before they train, through themselves (``evaluate``): stage 0 reads the worker's slice of each
@@ -38,9 +41,12 @@ labels, stores the slice's state and records the figures once every worker's are
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,11 +55,12 @@ from aws_lambda_powertools import Logger
 
 from slsml import rules
 from slsml.aws import cache
+from slsml.aws.storage import PART_BYTES, RangedObject
 from slsml.pipeline import lifetime, signed
 from slsml.pipeline.services import Services
 from slsml.rounds import sizing
 from slsml.rounds.accumulate import sizes
-from slsml.rounds.stages import POLL_S, RUN_CHECK_S, deployed, held, unfit
+from slsml.rounds.stages import POLL_S, READS_AHEAD, RUN_CHECK_S, deployed, held, unfit
 from slsml.spec import keys, samples
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
@@ -149,7 +156,7 @@ def refusal(config: RunConfig) -> str | None:
     spec, count = config.training, config.training.pipeline_stages
     given = {
         f"--algorithm {spec.algorithm}": not rules.of(spec).staged,
-        f"--compress {spec.compression.kind}": spec.compression.lossy,
+        f"--compress {spec.compression.kind}": spec.compression.kind != "none",
         f"--stale-weights {spec.stale_weights}": bool(spec.stale_weights),
         "--staleness unbounded": spec.asynchronous,
         f"--mixed-precision {spec.mixed_precision}": spec.mixed_precision is not None,
@@ -159,7 +166,7 @@ def refusal(config: RunConfig) -> str | None:
     if not taken:
         return None
     return (
-        f"--pipeline-stages {count}: stages train with the gradient-averaging rule's exact float32 updates, not with"
+        f"--pipeline-stages {count}: stages train with the gradient-averaging rule's dense float32 updates, not with"
         f" {', '.join(taken)}; leave {'it' if len(taken) == 1 else 'them'} out, or train in one stage"
     )
 
@@ -242,10 +249,101 @@ def shares(batch: np.ndarray, micro_batch: int) -> list[float]:
     return [size / len(batch) for size in sizes(len(batch), micro_batch)]
 
 
-def part(gradients: Sequence[np.ndarray], untrained: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-    """A stage's part of the update by name: its trainable weights' gradients (g0, g1, …) and its non-trainable
-    weights' new values (u0, u1, …), each in its stage model's order."""
-    return {f"g{i}": g for i, g in enumerate(gradients)} | {f"u{i}": u for i, u in enumerate(untrained)}
+def part_values(
+    stage_model: Any, own: Sequence[tuple[Any, int]], gradients: Sequence[Any], untrained: Sequence[Any]
+) -> list[np.ndarray]:
+    """A stage's part of the update, in the update's order (its weights, ``own``: ``own_weights``): each trainable
+    weight's gradient and each non-trainable one's new value (``gradients``, ``untrained``: in ``stage_model``'s
+    order), each flat float32."""
+    by_weight = {id(v): g for v, g in zip(stage_model.trainable_weights, gradients, strict=True)}
+    by_weight |= {id(v): u for v, u in zip(stage_model.non_trainable_weights, untrained, strict=True)}
+    return [np.ascontiguousarray(by_weight[id(v)], dtype="<f4").ravel() for v, _ in own]
+
+
+@dataclass(frozen=True)
+class Part:
+    """A later stage's part of the update as stage 0 takes it: the ETag and bytes of its values (``Hand.put_part``),
+    whether they are all finite, its loss (its regularization; the last stage's: with the round's loss) and, the last
+    stage's, the state of its metrics."""
+
+    etag: str
+    size: int
+    finite: bool
+    loss: float
+    metrics: np.ndarray | None
+
+    def encode(self) -> bytes:
+        metrics = {} if self.metrics is None else {"metrics": self.metrics}
+        return npz.encode(
+            etag=np.array(self.etag),
+            size=np.array(self.size, np.int64),
+            finite=np.array(self.finite),
+            loss=np.array(self.loss, np.float64),
+            **metrics,
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> Part:
+        arrays = npz.decode(body)
+        return cls(
+            str(arrays["etag"]),
+            int(arrays["size"]),
+            bool(arrays["finite"]),
+            float(arrays["loss"]),
+            arrays.get("metrics"),
+        )
+
+
+@dataclass(frozen=True)
+class Assembled:
+    """A worker's update in stages as stage 0 stores it: its loss, the state of its metrics, whether its values are
+    all finite, and its values (``elements`` float32 in the update's order), which ``pieces()`` streams from stage 0's
+    part and the later stages' stored ones, each time it is called."""
+
+    loss: float
+    metrics: np.ndarray | None
+    finite: bool
+    elements: int
+    pieces: Callable[[], Iterator[bytes | memoryview]]
+
+
+def assembled_pieces(
+    model: Any, blocks: Sequence[int], values: dict[int, RangedObject], mine: Sequence[np.ndarray]
+) -> Iterator[bytes | memoryview]:
+    """The update's values in its order: stage 0's own (``mine``, its weights' in order) in place, and each later
+    stage's read from its stored part (``values``, by stage) ``PART_BYTES`` a GET, ``READS_AHEAD`` at once."""
+    owner = {id(v): stage for stage in range(len(blocks)) for v, _ in own_weights(model, blocks, stage)}
+    runs: list[tuple[int, int]] = []  # (stage, bytes) in the update's order: a later stage's weights joined
+    for variable in model.weights:
+        stage, size = owner[id(variable)], 4 * int(np.prod(variable.shape))
+        if stage and runs and runs[-1][0] == stage:
+            runs[-1] = (stage, runs[-1][1] + size)
+        else:
+            runs.append((stage, size))
+    reads: list[Callable[[], bytes | memoryview]] = []
+    at, own = [0] * len(blocks), iter(mine)
+    for stage, size in runs:
+        if stage == 0:
+            reads.append(functools.partial(_bytes_of, next(own)))
+            continue
+        stop = at[stage] + size
+        part = values[stage]
+        reads += [
+            functools.partial(part.range, a, min(a + PART_BYTES, stop)) for a in range(at[stage], stop, PART_BYTES)
+        ]
+        at[stage] = stop
+    with ThreadPoolExecutor(max_workers=READS_AHEAD) as pool:
+        ahead: deque[Future[bytes | memoryview]] = deque()
+        for read in reads:
+            ahead.append(pool.submit(read))
+            if len(ahead) > READS_AHEAD:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
+
+
+def _bytes_of(array: np.ndarray) -> memoryview:
+    return memoryview(array).cast("B")  # type: ignore[arg-type]  # (numpy's arrays are buffers)
 
 
 class Hand:
@@ -288,20 +386,26 @@ class Hand:
         m = self.message
         return keys.handed_evaluation(m.run_id, m.iteration, m.worker, m.attempt, stage, split, batch)
 
-    def put_part(
-        self,
-        stage: int,
-        gradients: list[np.ndarray],
-        untrained: list[np.ndarray],
-        loss: float,
-        metrics: np.ndarray | None,
-    ) -> None:
-        """Stage ``stage``'s part of the update."""
-        extra = {"loss": np.array(loss, np.float64)} | ({"metrics": metrics} if metrics is not None else {})
-        self._put(self._part_key(stage), npz.encode(**part(gradients, untrained), **extra))
+    def _values_key(self, stage: int) -> str:
+        m = self.message
+        return keys.stage_values(m.run_id, m.iteration, m.worker, m.attempt, stage)
 
-    def take_part(self, stage: int) -> dict[str, np.ndarray]:
-        return npz.decode(self._wait(self._part_key(stage)))
+    def put_part(self, stage: int, values: Sequence[np.ndarray], loss: float, metrics: np.ndarray | None) -> None:
+        """Stage ``stage``'s part of the update: its ``values`` (``part_values``) stored as they are, create-only
+        (``ObjectStore.put_own_streamed``: no copy of them made), then what stage 0 takes of it (``Part``, signed),
+        which names them by their ETag."""
+        size = sum(v.nbytes for v in values)
+        _, etag = self.services.store.put_own_streamed(
+            self._values_key(stage), size, lambda: map(_bytes_of, values), {}
+        )
+        finite = all(bool(np.isfinite(v).all()) for v in values)
+        self._put(self._part_key(stage), Part(etag, size, finite, loss, metrics).encode())
+
+    def take_part(self, stage: int) -> tuple[Part, RangedObject]:
+        """Stage ``stage``'s part of the update once there, and its values as stored (each read RunFailed, naming them,
+        where they are not the bytes the part names)."""
+        taken = Part.decode(self._wait(self._part_key(stage)))
+        return taken, RangedObject(self.services.store, self._values_key(stage), taken.size, taken.etag)
 
     def _progress_key(self, stage: int, done: int) -> str:
         m = self.message
@@ -404,11 +508,10 @@ def first_stage(
     micro_batches: Sequence[Batch],
     samples_in_step: int,
     resumed: Reached | None,
-) -> Any:
+) -> Assembled | Reached:
     """Stage 0's round: its micro-batches (x, y, w) through its layers forward, then the gradients handed back
-    through them; the update assembled from every stage's part (a ``modelio.Update``). A continuation goes on from
-    ``resumed``; where the invocation's time runs short, the round's progress (``Reached``) instead."""
-    from slsml.training import modelio
+    through them; the update assembled from every stage's part as it is stored (``Assembled``). A continuation goes
+    on from ``resumed``; where the invocation's time runs short, the round's progress (``Reached``) instead."""
     from slsml.training.stages import StageRunner, handed_back
 
     assert config.stage_blocks is not None
@@ -435,21 +538,19 @@ def first_stage(
         later = [hand.take_part(stage) for stage in range(1, len(parts))]
     except HandOn:
         return _reached(pace, runner, None, resumed)
-    gradients, untrained = runner.finish()
-    found = [part(gradients, untrained), *later]
-    values: dict[int, np.ndarray] = {}
-    for stage, arrays in zip(parts, found, strict=True):
-        values |= {id(v): arrays[f"g{i}"] for i, v in enumerate(stage.trainable_weights)}
-        values |= {id(v): arrays[f"u{i}"] for i, v in enumerate(stage.non_trainable_weights)}
-    before_last = runner.loss + sum(float(part["loss"]) for part in found[1:-1])  # their regularization
-    metrics = found[-1].get("metrics")
+    mine = part_values(parts[0], own_weights(trainer.model, config.stage_blocks, 0), *runner.finish())
+    before_last = runner.loss + sum(taken.loss for taken, _ in later[:-1])  # their regularization
+    metrics = later[-1][0].metrics
     if metrics is not None:  # the loss the metrics track: each stage's regularization too (the last added its own)
         metrics = np.array(metrics)
         metrics[0] += metrics[1] * before_last
-    return modelio.Update(
-        vector=config.plan.flatten([values[id(v)] for v in trainer.model.weights]),
-        loss=before_last + float(found[-1]["loss"]),
+    stored = {stage: values for stage, (_, values) in enumerate(later, 1)}
+    return Assembled(
+        loss=before_last + later[-1][0].loss,
         metrics=metrics,
+        finite=all(taken.finite for taken, _ in later) and all(bool(np.isfinite(v).all()) for v in mine),
+        elements=config.plan.size,
+        pieces=functools.partial(assembled_pieces, trainer.model, config.stage_blocks, stored, mine),
     )
 
 
@@ -504,7 +605,7 @@ def later_stage(
                     number, hand.take(stage - 1, number, False), share, handed_back(hand.take(stage + 1, number, True))
                 )
                 if number == len(each) - 1:
-                    hand.put_part(stage, *runner.finish(), runner.loss, None)
+                    hand.put_part(stage, _own_part(trainer.model, config, stage, runner), runner.loss, None)
                 hand.give(stage, number, True, gradient)
     except HandOn:
         return _reached(pace, runner, None, resumed)
@@ -546,11 +647,18 @@ def _last_stage(
                 state = meter(y, seen[0], weights, float(seen[1]) + runner.regularization)
                 metrics = state if metrics is None else metrics + state
             if number == len(each) - 1:
-                hand.put_part(stage, *runner.finish(), runner.loss, metrics)
+                hand.put_part(stage, _own_part(trainer.model, hand.config, stage, runner), runner.loss, metrics)
             hand.give(stage, number, True, gradient)
     except HandOn:
         return _reached(pace, runner, metrics, resumed)
     return None
+
+
+def _own_part(model: Any, config: RunConfig, stage: int, runner: StageRunner) -> list[np.ndarray]:
+    """Stage ``stage``'s part of the update as its round ends (``part_values``)."""
+    assert config.stage_blocks is not None
+    own = own_weights(model, config.stage_blocks, stage)
+    return part_values(stage_models(model, config.stage_blocks)[stage], own, *runner.finish())
 
 
 def _draws(hand: Hand, config: RunConfig, trainer: Any, micro_batches: int) -> Draws:
@@ -568,6 +676,8 @@ def _pace(hand: Hand, runner: StageRunner, resumed: Reached | None) -> Pace:
         except ValueError as error:
             raise RunFailed(f"a stage's round goes on from progress that is not its own: {error}") from None
     stored = sum(value.nbytes for value in runner.saved().values())
+    if hand.message.pipeline_stage == 0:  # its invocation streams the update once its passes are done: kept for it
+        stored = max(stored, 4 * hand.config.plan.size)
     deadline_s = hand.config.training.deadline_s
     return Pace(0 if resumed is None else resumed.done, stored, hand.message.waited, deadline_s)
 

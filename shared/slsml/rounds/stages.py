@@ -13,14 +13,19 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from slsml.aws.storage import PART_BYTES, UPLOADS_IN_FLIGHT
 from slsml.rounds import sizing
-from slsml.rounds.sizing import MB
 
 POLL_S = 0.02  # how often a stage function looks for what it waits on (``slsml.pipeline.staged``)
 RUN_CHECK_S = 2.0  # of a stage function's polls, between its reads of whether its run still trains its round
 # a stage's training step computes its forward pass twice (once as micro-batches flow forward, once again at the
 # backward pass, from its stored input): a forward is a third of a step (forward 1, backward 2 multiply-adds)
 RECOMPUTE_SHARE = 4 / 3
+READS_AHEAD = 4  # pieces of the later stages' parts stage 0 reads at once (PART_BYTES each) as it streams the update
+# the most stage 0 holds as it streams the update (``slsml.pipeline.staged.assembled_pieces``): the pieces read ahead
+# and the one taken, the parts in flight and the one sent next, and the part it fills; an update stored in one part
+# (``slsml.aws.storage.stored_parts``) is joined first, so stage 0 holds at most twice the update (``assembly_bytes``)
+ASSEMBLY_BYTES = (READS_AHEAD + 1 + UPLOADS_IN_FLIGHT + 1 + 1) * PART_BYTES
 
 
 @dataclass(frozen=True)
@@ -103,13 +108,21 @@ def balance(blocks: Sequence[Block], count: int, fits: Callable[[Stage], bool]) 
 
 def held(stage: Stage, whole: sizing.WorkerMemory, first: bool) -> sizing.WorkerMemory:
     """A stage function's memory as the pipeline runs one (``slsml.pipeline.staged``): a worker's (``whole``: the
-    function's memory, its warm cache, the whole model's buffers and what a worker holds besides) whose sample is the
-    stage's layer outputs, and whose model is the whole model in stage 0 (``first``: it assembles the worker's
-    update from the stages' parts) and the stage's own weights alone in every later stage
-    (``slsml.pipeline.steps.warm.stage_trainer_for``)."""
+    function's memory, its warm cache and what a worker holds besides) whose model is the stage's own weights
+    (``slsml.pipeline.steps.warm.stage_trainer_for``) and whose sample is the stage's layer outputs; stage 0
+    (``first``) also holds what it streams the worker's update through (``assembly_bytes``)."""
+    extra = assembly_bytes(whole.model_bytes) if first else 0
     return replace(
-        whole, model_bytes=whole.model_bytes if first else stage.weight_bytes, sample_bytes=stage.sample_bytes
+        whole,
+        model_bytes=stage.weight_bytes,
+        sample_bytes=stage.sample_bytes,
+        other_bytes=whole.other_bytes + extra,
     )
+
+
+def assembly_bytes(model_bytes: float) -> float:
+    """What stage 0 holds as it streams the update of a model of ``model_bytes`` (``ASSEMBLY_BYTES``)."""
+    return min(ASSEMBLY_BYTES, 2 * model_bytes)
 
 
 def deployed(blocks: Sequence[Block], count: int, whole: sizing.WorkerMemory) -> list[Stage] | None:
@@ -120,27 +133,19 @@ def deployed(blocks: Sequence[Block], count: int, whole: sizing.WorkerMemory) ->
 
 def unfit(blocks: Sequence[Block], count: int, whole: sizing.WorkerMemory) -> str:
     """Why no split of ``blocks`` into ``count`` stages fits stage functions as they are run (``deployed``), in one
-    line: the whole model's buffers alone (stage 0's), or the block whose step needs the most memory beside the
-    weights its stage holds."""
-    copies = sizing.MODEL_COPIES + sizing.SUM_COPIES
-    where, buffers = f"--pipeline-stages {count}: ", copies * whole.model_bytes
-    held_mb = f"the whole model's buffers ({copies:g} × {whole.model_bytes / MB:,.0f} MB)"
-    if replace(whole, sample_bytes=0.0).micro_batch() == 0:
-        return (
-            f"{where}stage 0's function holds {held_mb}, ~{sizing.TF_RUNTIME_MB + whole.cache_mb + buffers / MB:,.0f}"
-            f" MB with the runtime and the warm cache, beyond a worker of {whole.memory_mb:,.0f} MB: it assembles the"
-            " worker's update from the stages' parts (the later stages hold their own weights alone); give the"
-            " worker function more memory (--memory worker=MB locally)"
-        )
-    heaviest = max(blocks, key=lambda b: Stage((b,)).sample_bytes)
-    need = held(Stage((heaviest,)), whole, heaviest is blocks[0]).needed_mb(1, micro_batches=2)
+    line: the block whose step needs the most memory in a stage of its own."""
+
+    def need(block: Block) -> float:
+        return held(Stage((block,)), whole, block is blocks[0]).needed_mb(1, micro_batches=2)
+
+    heaviest = max(blocks, key=need)
     layers = (
-        f"layer {heaviest.first!r}"
+        f"layer {heaviest.first!r} needs"
         if heaviest.first == heaviest.last
-        else f"layers {heaviest.first!r} to {heaviest.last!r}, which no cut divides,"
+        else f"layers {heaviest.first!r} to {heaviest.last!r}, which no cut divides, need"
     )
     return (
-        f"{where}no split into {count} stages fits a worker of {whole.memory_mb:,.0f} MB: stage 0's function holds"
-        f" {held_mb} and each later one its own stage's weights, and {layers} need ~{need:,.0f} MB for one sample"
-        " beside its stage's: give the worker function more memory (--memory worker=MB locally) or more stages"
+        f"--pipeline-stages {count}: no split into {count} stages fits a worker of {whole.memory_mb:,.0f} MB: each"
+        f" stage's function holds its own stage's weights, and {layers} ~{need(heaviest):,.0f} MB for one sample"
+        " in a stage of their own: give the worker function more memory (--memory worker=MB locally) or more stages"
     )

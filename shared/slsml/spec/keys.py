@@ -132,9 +132,15 @@ def handed_evaluation(
 
 
 def stage_part(run_id: str, iteration: int, worker: int, attempt: int, stage: int) -> str:
-    """A pipeline stage's part of a worker's update (its weights' gradient and new non-trainable values), which the
-    first stage assembles into the update."""
+    """A pipeline stage's part of a worker's update as the first stage takes it: the ETag of its values
+    (``stage_values``), its loss and, the last stage's, its metrics."""
     return f"{stages_prefix(run_id, iteration, worker, attempt)}{stage:02d}/part.npz"
+
+
+def stage_values(run_id: str, iteration: int, worker: int, attempt: int, stage: int) -> str:
+    """A pipeline stage's part of a worker's update: its weights' gradients and new non-trainable values, float32, in
+    the update's order, which the first stage streams into the update."""
+    return f"{stages_prefix(run_id, iteration, worker, attempt)}{stage:02d}/part.f32"
 
 
 def stage_progress(run_id: str, iteration: int, worker: int, attempt: int, stage: int, done: int) -> str:

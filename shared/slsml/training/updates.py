@@ -218,9 +218,16 @@ def encode(
         if compression.tabled:
             offsets = np.cumsum([HEADER_SIZE + table_bytes(plan.reducers)] + [len(p) for p in parts], dtype=np.uint64)
             body = offsets.astype("<u8").tobytes() + body
+    start = header(flat.size, samples, kind, compression)
+    return Encoded(start.body + body, start.metadata)
+
+
+def header(elements: int, samples: int, kind: str = "gradient", compression: Compression = NONE) -> Encoded:
+    """The first ``HEADER_SIZE`` bytes of an update of a model of ``elements`` weights, and the update's user
+    metadata: what a writer that streams the body puts first (``encode``: the whole update at once)."""
     number = KINDS.index(kind)
-    header = _HEADER.pack(MAGIC, VERSION, encoding, flat.size, samples, number)
-    return Encoded(header + body, {METADATA: f"{VERSION}/{encoding}/{number}"})
+    packed = _HEADER.pack(MAGIC, VERSION, compression.encoding, elements, samples, number)
+    return Encoded(packed, {METADATA: f"{VERSION}/{compression.encoding}/{number}"})
 
 
 def _encode_part(

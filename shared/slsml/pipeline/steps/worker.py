@@ -13,9 +13,10 @@ invocation of the same attempt (``slsml.training.progress``)."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, replace
@@ -265,7 +266,10 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Cal
         if config.training.stale_weights and not message.resume:  # the next round's first micro-batches are read
             samples.then = functools.partial(_read_next, message, services)  # as this round's last computes
         entering = message.iteration - message.ahead  # launched ahead: its model is not merged
-        trainer, start = _entering(services, config, message.generation, entering, predicted=message.ahead)
+        if config.stage_blocks is None:
+            trainer, start = _entering(services, config, message.generation, entering, predicted=message.ahead)
+        else:  # stage 0 holds its own weights alone: the update is streamed from the stages' parts
+            trainer, start = _stage_entering(services, config, message), None
         continued = message.resume or message.waited  # a continuation evaluates nothing
         splits = evaluated(config, message.iteration, count) if not continued else []
         if splits and _evaluate(message, config, services, trainer, splits) and _ended(services, message.run_id):
@@ -383,16 +387,17 @@ def _train(
     config: RunConfig,
     services: Services,
     trainer: modelio.Trainer,
-    start: np.ndarray,
+    start: np.ndarray | None,
     batches: list[np.ndarray],
     left: stream.Stream,
     micro_batch: int,
     resumed: progress.Progress | None,
     entering: int,
 ) -> Callable[[], WorkDone] | None:
-    """The round's update from ``start`` (the weights entering iteration ``entering``) on its ``batches`` (their
-    indices; ``left``: the micro-batches of those left to compute, ``micro_batch`` samples at most each): what
-    stores and announces it, once computed; None where the round is handed on."""
+    """The round's update from ``start`` (the weights entering iteration ``entering``; None: stage 0 of a round in
+    stages, which holds its own) on its ``batches`` (their indices; ``left``: the micro-batches of those left to
+    compute, ``micro_batch`` samples at most each): what stores and announces it, once computed; None where the round
+    is handed on."""
     store, spec = services.store, config.training
     compression, rule = config.compression_at(message.iteration), rules.of(spec)
     weights = start if compression.kind == "significance" else None
@@ -418,14 +423,14 @@ def _train(
     slot, round_ = _task(message, config)  # the round's random generators (a continuation's: from its micro-batch)
     per_round = accumulate.computed(sizes, micro_batch, len(sizes), 0)
     trainer.draws = Draws(trainer.model, spec.seed, round_, message.workers, slot, per_round, message.resume)
-    work = Round(trainer, start, left.steps, spec, _Slot(services, message), resumed, pacer.pause)
     with ThreadPoolExecutor(max_workers=1) as pool:  # the slot's residual is read while the update is computed
         residual = pool.submit(_residual, message, config, services) if compression.lossy else None
         started = time.perf_counter()
         before_s = resumed.compute_s if resumed is not None else 0.0
         hand = staged.Hand(services, message, config)
-        if config.stage_blocks is None:
-            update = rule.round(work)
+        update: modelio.Update | progress.Progress | staged.Assembled | staged.Reached
+        if start is not None:
+            update = rule.round(Round(trainer, start, left.steps, spec, _Slot(services, message), resumed, pacer.pause))
         else:
             stage_resumed = hand.take_progress(0, message.resume) if message.resume else None
             before_s = stage_resumed.compute_s if stage_resumed is not None else 0.0
@@ -449,18 +454,29 @@ def _train(
 
     def finish() -> WorkDone:
         """The round's update, encoded, stored and announced."""
-        finite = bool(np.isfinite(update.loss) and np.isfinite(update.vector).all())
+        if isinstance(update, staged.Assembled):  # streamed from the stages' parts as it is stored
+            streamed, values = update, update.finite
+        else:
+            streamed, values = None, bool(np.isfinite(update.vector).all())
+        finite = bool(np.isfinite(update.loss)) and values
         # under loss scaling the update takes part whatever it holds: a non-finite gradient makes every shard skip
         # the step
         counted = finite or loss_scale is not None
-        overflow = loss_scale is not None and not np.isfinite(update.vector[config.plan.trainable_mask()]).all()
+        overflow = (
+            loss_scale is not None
+            and isinstance(update, modelio.Update)
+            and not np.isfinite(update.vector[config.plan.trainable_mask()]).all()
+        )
         if compression.lossy:  # error feedback: the residual is stored first, create-only (see slsml.training.feedback)
+            assert isinstance(update, modelio.Update)  # (stages send dense updates)
             compressed = feedback.compress(
                 update.vector, previous, config.plan, compression, samples, rule.kind, weights
             )
             body, header = compressed.update
             residual_key = keys.residual(message.run_id, message.iteration, message.worker)
             signed.put(services, message.run_id, residual_key, feedback.encode_residual(compressed.residual))
+        elif isinstance(update, staged.Assembled):
+            opening, header = updates.header(update.elements, samples, rule.kind, compression)
         else:
             body, header = updates.encode(update.vector, samples, rule.kind, compression, config.plan)
         report: dict[str, Any] = {
@@ -490,7 +506,11 @@ def _train(
             )
         key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
         # an object of other bytes at the key is not this worker's: it is replaced (put_own), never announced
-        created, etag = store.put_own(key, body, metadata=metadata)
+        if streamed is not None:
+            size, pieces = len(opening) + 4 * streamed.elements, functools.partial(_opened, opening, streamed)
+            created, etag = store.put_own_streamed(key, size, pieces, metadata)
+        else:
+            created, etag = store.put_own(key, body, metadata=metadata)
         if not created:  # a duplicate or a retry: announce the stored update (a resumed run may announce it again)
             report = {**json.loads((store.head(key) or {})["done"]), "generation": message.generation}
         # the report names its update by the ETag S3 gave it: its readers take no other bytes
@@ -498,6 +518,11 @@ def _train(
         return WorkDone.model_validate({**report, "metrics": metrics, "etag": etag})
 
     return finish
+
+
+def _opened(opening: bytes, update: staged.Assembled) -> Iterator[bytes | memoryview]:
+    """A streamed update's bytes: its header, then its values."""
+    return itertools.chain([opening], update.pieces())
 
 
 def _later_stage(message: WorkMessage, config: RunConfig, services: Services) -> None:
