@@ -52,7 +52,20 @@ def test_a_dense_model_past_ten_gigabytes_is_planned_in_stages_that_each_hold_th
     assert pipeline["dollars_per_round"] > 0 and pipeline["round_s"] > 0
     # one stage fewer does not fit: the fewest were chosen
     assert main(["plan", *DENSE, "--workers", "4", "--pipeline-stages", str(S - 1)]) == 2
-    assert "no split of the model's 24 blocks fits workers of 10,240 MB" in capsys.readouterr().err
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.endswith(
+        f"--pipeline-stages {S - 1}: no split into {S - 1} stages fits a worker of 10,240 MB, each stage's function"
+        f" holding its own stage's weights; {S} stages fit: give --pipeline-stages {S} or more, or the worker function"
+        " more memory (--memory worker=MB)"
+    )
+    # a worker that no block fits: the block that needs the most, in a stage of its own
+    assert main(["plan", *DENSE[:-1], "worker=2048", "--workers", "4", "--pipeline-stages", str(S)]) == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.endswith(
+        f"--pipeline-stages {S}: no split into {S} stages fits a worker of 2,048 MB: each stage's function holds its"
+        " own stage's weights, and layer 'dense_0' needs ~3,764 MB for one sample in a stage of their own: give the"
+        " worker function more memory (--memory worker=MB)"
+    )
     assert main(["plan", *DENSE, "--workers", "4", "--pipeline-stages", "25"]) == 2  # more stages than blocks
     said = capsys.readouterr().err.strip()
     assert said.endswith(

@@ -26,7 +26,18 @@ from slsml.cost.timing import speedup, transfer, vcpus
 from slsml.cost.workerround import hand_on_calls, invocations
 from slsml.cost.workload import MEMORY_CHOICES_MB, Workload
 from slsml.rounds import sizing
-from slsml.rounds.stages import POLL_S, READS_AHEAD, RECOMPUTE_SHARE, RUN_CHECK_S, Block, Stage, bubble, deployed, held
+from slsml.rounds.stages import (
+    POLL_S,
+    READS_AHEAD,
+    RECOMPUTE_SHARE,
+    RUN_CHECK_S,
+    Block,
+    Stage,
+    bubble,
+    deployed,
+    held,
+    unfit,
+)
 from slsml.spec.errors import BadInputError
 from slsml.training import progress
 
@@ -291,14 +302,7 @@ def plan(
     counts = [stages] if stages is not None else range(2, len(blocks) + 1)
     split = next((found for count in counts if (found := deployed(blocks, count, whole)) is not None), None)
     if split is None:
-        largest = max(blocks, key=lambda b: held_by(Stage((b,))).needed_mb(1, 2))
-        need = held_by(Stage((largest,))).needed_mb(1, 2)
-        asked = f"--pipeline-stages {stages}: " if stages is not None else ""
-        raise BadInputError(
-            f"{asked}no split of the model's {len(blocks)} blocks fits workers of {memory:,} MB (layer"
-            f" {largest.first!r}'s block alone needs ~{need:,.0f} MB): give the worker more memory (--memory"
-            f" worker=MB){' or more stages' if stages is not None and stages < len(blocks) else ''}"
-        )
+        raise BadInputError(unfit(blocks, stages, whole))
     S = len(split)
     share = math.ceil(w.global_batch / w.workers)
     fitting = [held_by(stage).micro_batch() for stage in split]

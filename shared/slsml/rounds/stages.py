@@ -131,9 +131,19 @@ def deployed(blocks: Sequence[Block], count: int, whole: sizing.WorkerMemory) ->
     return balance(blocks, count, lambda stage: held(stage, whole, stage.blocks[0] is blocks[0]).micro_batch() >= 1)
 
 
-def unfit(blocks: Sequence[Block], count: int, whole: sizing.WorkerMemory) -> str:
-    """Why no split of ``blocks`` into ``count`` stages fits stage functions as they are run (``deployed``), in one
-    line: the block whose step needs the most memory in a stage of its own."""
+def unfit(blocks: Sequence[Block], count: int | None, whole: sizing.WorkerMemory) -> str:
+    """Why no split of ``blocks`` into ``count`` stages (None: into any count, as the plan looks for one) fits stage
+    functions as they are run (``deployed``), in one line: the fewest stages that fit, or, where none do, the block
+    whose step needs the most memory in a stage of its own."""
+    memory = f"a worker of {whole.memory_mb:,.0f} MB"
+    if count:
+        fits = (n for n in range(count + 1, len(blocks) + 1) if deployed(blocks, n, whole) is not None)
+        if (fewest := next(fits, None)) is not None:
+            return (
+                f"--pipeline-stages {count}: no split into {count} stages fits {memory}, each stage's function"
+                f" holding its own stage's weights; {fewest} stages fit: give --pipeline-stages {fewest} or more, or"
+                " the worker function more memory (--memory worker=MB)"
+            )
 
     def need(block: Block) -> float:
         return held(Stage((block,)), whole, block is blocks[0]).needed_mb(1, micro_batches=2)
@@ -144,8 +154,9 @@ def unfit(blocks: Sequence[Block], count: int, whole: sizing.WorkerMemory) -> st
         if heaviest.first == heaviest.last
         else f"layers {heaviest.first!r} to {heaviest.last!r}, which no cut divides, need"
     )
+    split = f"--pipeline-stages {count}: no split into {count} stages" if count else "no split of the model into stages"
     return (
-        f"--pipeline-stages {count}: no split into {count} stages fits a worker of {whole.memory_mb:,.0f} MB: each"
-        f" stage's function holds its own stage's weights, and {layers} ~{need(heaviest):,.0f} MB for one sample"
-        " in a stage of their own: give the worker function more memory (--memory worker=MB locally) or more stages"
+        f"{split} fits {memory}: each stage's function holds its own stage's weights, and {layers}"
+        f" ~{need(heaviest):,.0f} MB for one sample in a stage of their own: give the worker function more memory"
+        " (--memory worker=MB)"
     )
