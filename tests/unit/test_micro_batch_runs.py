@@ -99,11 +99,11 @@ def test_a_model_no_worker_holds_a_sample_of_is_split_into_stages_that_each_fit(
     memory = sizing.of_run(config, memory_mb, memory_mb / 2, 0)
     assert memory.micro_batch() == 0  # the whole model's step: not one sample
     first = 0
-    for number, count in enumerate(config.stage_blocks):  # each stage's step fits the run's micro-batch
+    for count in config.stage_blocks:  # each stage's step fits the run's micro-batch
         stage = Stage(tuple(blocks[first : first + count]))
         first += count
         assert config.training.micro_batch is not None
-        assert 1 <= config.training.micro_batch <= held(stage, memory, number == 0).micro_batch()
+        assert 1 <= config.training.micro_batch <= held(stage, memory).micro_batch()
 
 
 def test_stages_refuse_what_they_cannot_run_with_nothing_stored(services: Services, model_bytes: bytes) -> None:

@@ -102,13 +102,22 @@ def _register(
     watched: bool = True,
     optimizer: OptimizerConfig = SGD,
     launched: bool = True,
+    stage_blocks: tuple[int, ...] | None = None,
     **training: object,
 ) -> RunConfig:
     """A run as prepare_run leaves it (config, shards and flat weights of iteration 0), with iteration 0
-    launched unless ``launched`` is False: the deadline chain is at its first link unless ``watched`` is False."""
+    launched unless ``launched`` is False: the deadline chain is at its first link unless ``watched`` is False;
+    ``stage_blocks``: a run in pipeline stages."""
     spec = TrainingSpec(workers=workers, reducers=PLAN.reducers, global_batch=8 * workers, quorum=quorum, **training)
     config = RunConfig(
-        run_id=run_id, dataset="d", training=spec, optimizer=optimizer, loss="mse", classification=False, plan=PLAN
+        run_id=run_id,
+        dataset="d",
+        training=spec,
+        optimizer=optimizer,
+        loss="mse",
+        classification=False,
+        plan=PLAN,
+        stage_blocks=stage_blocks,
     )
     services.store.put_json_new(keys.run_config(run_id), config.model_dump(mode="json"))
     for shard in range(PLAN.reducers):
@@ -1370,6 +1379,43 @@ def test_a_launch_claimed_by_an_item_no_launch_wrote_fails_the_run_naming_it(ser
         Outcome.ALREADY_LAUNCHED
     )
     assert services.table.get_run("claimed").status == "RUNNING"
+
+
+def test_an_update_in_stages_is_read_by_its_index_and_a_part_replaced_after_it_is_refused(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's round in pipeline stages leaves its update as each stage's part, stored as it is, and an index at
+    the update's key naming them by their ETag (``updates.StagedIndex``): each reducer reads the index of the ETag the
+    report names, then its shard's ranges of the parts, and steps as from the dense update. A part replaced after the
+    index named it is refused by the reducer that reads it, as an update replaced is: its shard not stored, the round
+    re-launched once (each of its stages), and the step, once the re-launched round reports, the undisturbed one."""
+    work: list[WorkMessage] = _published(services, monkeypatch, wiring.WORK)
+    cut = PLAN.bounds[1] // 2  # within shard 0: its range spans both parts, shard 1's the second alone
+
+    def arrive(run_id: str, worker: int, attempt: int = 0) -> list[ReduceMessage]:
+        values = [VECTORS[worker][:cut], VECTORS[worker][cut:]]
+        etags = tuple(
+            services.store.put_own(keys.stage_values(run_id, 0, worker, attempt, stage), part.tobytes())[1]
+            for stage, part in enumerate(values)
+        )
+        index = updates.StagedIndex(((0, 0, cut), (1, cut, PLAN.size - cut)), etags).encode()
+        done = _done(run_id, worker, attempt=attempt).model_copy(update={"etag": etag_of(index)})
+        header = {"done": done.model_dump_json(), **updates.header(PLAN.size, done.samples).metadata}
+        services.store.put_new(keys.update(run_id, 0, worker, attempt), index, header)
+        return reduce_launcher.on_work_done(done, services)
+
+    for run_id in ("staged-parts", "staged-part-replaced"):
+        _register(services, run_id, workers=2, stage_blocks=(1, 1), pipeline_stages=2)
+        arrive(run_id, 0)
+        fired = arrive(run_id, 1)
+        if run_id == "staged-part-replaced":
+            services.store.replace(keys.stage_values(run_id, 0, 1, 0, 0), (VECTORS[1][:cut] * -40).tobytes())
+            assert reducer.reduce(fired[0], services) is None and not services.store.exists(keys.shard(run_id, 1, 0))
+            assert [(w.worker, w.attempt, w.pipeline_stage) for w in work] == [(1, 1, 0), (1, 1, 1)]
+            fired = fired[1:] + arrive(run_id, 1, attempt=1)  # (its round computes the same values again)
+        for message in fired:
+            reducer.reduce(message, services)
+        assert np.array_equal(_new_weights(services, run_id), _expected_weights([0, 1]))
 
 
 def test_a_refused_update_relaunches_its_round_once_and_a_second_refusal_fails_the_run(

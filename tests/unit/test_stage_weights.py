@@ -69,23 +69,22 @@ def test_a_stages_archive_of_other_bytes_than_run_json_names_is_refused(services
         warm.stage_trainer_for(services.store, config, 2)
 
 
-def test_stage_0_streams_the_update_from_the_stages_parts_and_takes_no_part_replaced_after_it_was_named(
-    services: Services,
-) -> None:
-    """Each later stage stores its part of the update as it is (a large one in parts) and a signed record naming it
-    by its ETag; stage 0 streams the update from its own part and theirs, reading theirs a PART_BYTES range at a time:
-    the bytes are the model's flat gradient, and values replaced after their record was stored are not taken."""
+def test_the_update_of_a_round_in_stages_is_each_stages_part_as_stored_named_by_an_index(services: Services) -> None:
+    """Each stage stores its part of the update as it is (a large one in parts), a later one with a signed record
+    naming it by its ETag; the update's index says which runs of the flat vector each part holds: each shard's ranges
+    of the parts, joined, are the shard's entries of the model's flat gradient, read no more than the shard's bytes."""
     import keras
 
-    from slsml.aws.storage import MULTIPART_BYTES, PART_BYTES
+    from slsml.aws.storage import MULTIPART_BYTES
     from slsml.spec.messages import WorkMessage
+    from slsml.training import updates
 
     keras.utils.set_random_seed(0)
     layers = [keras.layers.Dense(64, name="a"), keras.layers.Dense(80_000, name="b"), keras.layers.Dense(3, name="c")]
     model = keras.Sequential([keras.Input((6,)), *layers])  # (the dataset's 6 features)
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    config = cloud.register_run(services, modelio.save_model(model), "streamed", workers=1, pipeline_stages=3)
-    assert config.stage_blocks == (1, 1, 1)
+    config = cloud.register_run(services, modelio.save_model(model), "indexed", workers=1, pipeline_stages=3)
+    assert config.stage_blocks == (1, 1, 1) and config.reducers == 2
     rng = np.random.default_rng(0)
     gradients = {id(v): rng.normal(size=v.shape).astype(np.float32) for v in model.weights}
     parts = staged.stage_models(model, config.stage_blocks)
@@ -94,26 +93,28 @@ def test_stage_0_streams_the_update_from_the_stages_parts_and_takes_no_part_repl
         own = staged.own_weights(model, config.stage_blocks, stage)
         return staged.part_values(parts[stage], own, [gradients[id(v)] for v in parts[stage].trainable_weights], [])
 
-    hand = staged.Hand(services, WorkMessage(run_id="streamed", iteration=0, worker=0, workers=1), config)
+    hand = staged.Hand(services, WorkMessage(run_id="indexed", iteration=0, worker=0, workers=1), config)
     for stage in (1, 2):
         hand.put_part(stage, values(stage), 0.5 * stage, None)
-    taken = {stage: hand.take_part(stage) for stage in (1, 2)}
-    assert taken[1][0].size == 4 * (64 * 80_000 + 80_000) > MULTIPART_BYTES  # stored in parts
-    assert (taken[2][0].loss, taken[2][0].finite) == (1.0, True)
-    stored = {stage: read for stage, (_, read) in taken.items()}
-    ranges: list[str] = []
-    services.store.s3.meta.events.register(
-        "before-parameter-build.s3.GetObject", lambda params, **_: ranges.append(params["Range"])
+    taken = [hand.take_part(stage) for stage in (1, 2)]
+    assert taken[0].size == 4 * (64 * 80_000 + 80_000) > MULTIPART_BYTES and taken[0].etag.endswith('-3"')  # in parts
+    assert (taken[1].loss, taken[1].finite) == (1.0, True)
+    index = updates.StagedIndex(
+        tuple(staged.stage_runs(model, config.stage_blocks)), (hand.put_values(0, values(0)), *(t.etag for t in taken))
     )
-    streamed = staged.assembled_pieces(model, config.stage_blocks, stored, values(0))
+    assert [stage for stage, _, _ in index.runs] == [0, 1, 2]
+    index = updates.StagedIndex.decode(index.encode(), config.plan)
     expected = config.plan.flatten([gradients[id(v)] for v in model.weights])
-    assert b"".join(bytes(piece) for piece in streamed) == expected.tobytes()
-    spans = [tuple(map(int, r.removeprefix("bytes=").split("-"))) for r in ranges]
-    assert max(stop + 1 - start for start, stop in spans) == PART_BYTES
-    assert sum(stop + 1 - start for start, stop in spans) == taken[1][0].size + taken[2][0].size
-
-    key = keys.stage_values("streamed", 0, 0, 0, 2)
-    s3 = boto3.client("s3", region_name="us-east-1")  # behind the pipeline's back
-    s3.put_object(Bucket="bucket", Key=key, Body=np.zeros(taken[2][0].size // 4, np.float32).tobytes())
-    with pytest.raises(RunFailed, match=f"{key} was replaced while it was read"):
-        b"".join(staged.assembled_pieces(model, config.stage_blocks, stored, values(0)))
+    for shard in range(config.reducers):
+        layout = config.plan.shard(shard)
+        ranges = index.ranges(config.plan, shard)
+        assert sum(stop - start for _, start, stop in ranges) == 4 * layout.size
+        read = b"".join(
+            services.store.get(keys.stage_values("indexed", 0, 0, 0, stage), (start, stop - 1))
+            for stage, start, stop in ranges
+        )
+        assert read == expected[layout.start : layout.stop].tobytes()
+    # an index whose runs do not cover the model, or overlap, is no index
+    for runs in (index.runs[:-1], ((0, 0, 10), (1, 5, config.plan.size - 5))):
+        with pytest.raises(updates.UpdateFormatError, match="index of an update in stages"):
+            updates.StagedIndex.decode(updates.StagedIndex(runs, index.etags).encode(), config.plan)

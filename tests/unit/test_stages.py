@@ -332,10 +332,10 @@ def test_a_stage_waiting_for_its_input_stops_once_its_run_moved_on(services, mod
     assert time.monotonic() - started < 3 * RUN_CHECK_S < config.training.deadline_s
 
 
-def test_each_stage_is_sized_with_its_own_weights_and_stage_0_with_what_it_streams_the_update_through() -> None:
+def test_each_stage_is_sized_with_its_own_weights_and_what_it_stores_its_part_of_the_update_through() -> None:
     from dataclasses import replace
 
-    from slsml.rounds.stages import ASSEMBLY_BYTES, Stage, deployed, held, unfit
+    from slsml.rounds.stages import UPLOAD_BYTES, Stage, deployed, held, unfit
 
     heavy = Block("dense", "dense", 50 * sizing.MB, (1000,), 1000, 10)  # most of the weights, small outputs
     wide = Block("conv", "conv", sizing.MB, (40_000_000,), 1000, 10)  # few weights, ~640 MB a sample's step
@@ -344,13 +344,10 @@ def test_each_stage_is_sized_with_its_own_weights_and_stage_0_with_what_it_strea
     assert replace(whole, sample_bytes=Stage((wide,)).sample_bytes).micro_batch() == 0
     split = deployed([heavy, wide], 2, whole)
     assert split is not None and [s.blocks for s in split] == [(heavy,), (wide,)]
-    assert held(split[1], whole, first=False).model_bytes == wide.weight_bytes
-    assert held(split[1], whole, first=False).other_bytes == 0
-    first = held(split[0], whole, first=True)
-    assert first.model_bytes == heavy.weight_bytes and first.other_bytes == ASSEMBLY_BYTES < 2 * whole.model_bytes
-    # a model smaller than the streaming's buffers: its update is joined, twice the update at most
-    tiny = replace(whole, model_bytes=sizing.MB)
-    assert held(Stage((heavy,)), tiny, first=True).other_bytes == 2 * sizing.MB
+    # each its own weights, and the parts in flight as it stores its part (a small part: joined, its bytes)
+    first, second = held(split[0], whole), held(split[1], whole)
+    assert (first.model_bytes, first.other_bytes) == (heavy.weight_bytes, UPLOAD_BYTES) and UPLOAD_BYTES < 50 * 2**20
+    assert (second.model_bytes, second.other_bytes) == (wide.weight_bytes, wide.weight_bytes)
     # the wide block's step past the function's memory in any stage: refused naming it
     small = replace(whole, memory_mb=2000)
     assert deployed([heavy, wide], 2, small) is None

@@ -154,7 +154,7 @@ def stages_against_bigger(
     handed = max(s.activation_bytes for s in split[:-1]) * micro_batch
     heaviest = max(s.weight_bytes for s in split)
     parts = [s.weight_bytes for s in split]
-    staged_round = staged.round_seconds(p, heaviest, M, len(split), per_micro, handed, parts)
+    staged_round = staged.round_seconds(p, heaviest, M, len(split), per_micro, handed)
     S = len(split)
     idle = S * staged_round - sum(staged_parts) / speedup(vcpus(memory_mb), p.vcpu_efficiency)
     requests = staged.round_requests(p, M, S, 1, idle, parts)

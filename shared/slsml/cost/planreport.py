@@ -409,8 +409,8 @@ def _render_pipeline(pipeline: PipelinePlan, console: Any) -> None:
         )
     blocks = ", ".join(map(str, p.deployed))
     console.print(
-        f"a run splits the model into stages of {blocks} blocks, each stage's function holding its own weights,"
-        " stage 0's streaming the update from the stages' parts"
+        f"a run splits the model into stages of {blocks} blocks, each stage's function holding its own weights and"
+        " storing its own part of the update, which the reducers read by range"
     )
     for option in p.options:
         figures = f"{_time(option.round_s)}, {_dollars(option.dollars)}" if option.fits else "does not fit"

@@ -18,7 +18,6 @@ from pydantic import BaseModel, Field
 from slsml.accounting import prices
 from slsml.accounting.prices import PriceTable
 from slsml.aws.cache import MEMORY_SHARE
-from slsml.aws.storage import PART_BYTES, UPLOADS_IN_FLIGHT, upload_parts
 from slsml.cost import gpuworker
 from slsml.cost.chain import added, creates
 from slsml.cost.parameters import Parameters
@@ -28,7 +27,6 @@ from slsml.cost.workload import MEMORY_CHOICES_MB, Workload
 from slsml.rounds import sizing
 from slsml.rounds.stages import (
     POLL_S,
-    READS_AHEAD,
     RECOMPUTE_SHARE,
     RUN_CHECK_S,
     Block,
@@ -101,7 +99,7 @@ class PipelinePlan(BaseModel):
     options: list[Option] = Field(description="stages, one bigger function, a GPU worker: the workers' round")
     deployed: list[int] = Field(
         description="the blocks of each stage, as a run's start splits the model (slsml.pipeline.staged.configured):"
-        " each stage's function holds its own weights, stage 0's also what it streams the update through"
+        " each stage's function holds its own weights and stores its own part of the update"
     )
     pick: str = Field(description="what the plan would pick, and why")
     sources: dict[str, str]
@@ -145,56 +143,39 @@ def hop_seconds(p: Parameters, handed: int, stages: int) -> float:
 
 
 def round_seconds(
-    p: Parameters,
-    weight_bytes: int,
-    micro_batches: int,
-    stages: int,
-    slowest_s: float,
-    handed: int,
-    parts: Sequence[int] = (),
+    p: Parameters, weight_bytes: int, micro_batches: int, stages: int, slowest_s: float, handed: int
 ) -> float:
-    """A pipeline's round: its heaviest stage reading its ``weight_bytes`` and writing their update, M+S−1 slots
-    forward and as many back (GPipe), each the slowest stage's micro-batch (``slowest_s``: forward, forward again and
-    backward) and a hop each way of ``handed`` bytes; then stage 0 streaming the worker's update from the stages'
-    ``parts`` (each stage's bytes, ``assembly_seconds``)."""
+    """A pipeline's round: its heaviest stage reading its ``weight_bytes`` and writing their part of the update, and
+    M+S−1 slots forward and as many back (GPipe), each the slowest stage's micro-batch (``slowest_s``: forward, forward
+    again and backward) and a hop each way of ``handed`` bytes."""
     weights_s = 2 * p.s3_request_s + weight_bytes / (p.s3_read_mb_s * 1e6) + weight_bytes / (p.s3_write_mb_s * 1e6)
-    slots_s = (micro_batches + stages - 1) * (slowest_s + 2 * hop_seconds(p, handed, stages))
-    return weights_s + slots_s + assembly_seconds(p, parts)
-
-
-def assembly_seconds(p: Parameters, parts: Sequence[int]) -> float:
-    """Stage 0 streaming the worker's update from the stages' ``parts`` (each stage's bytes, stage 0's first): it
-    reads the later stages' records, then their values ``PART_BYTES`` a GET, ``READS_AHEAD`` at once, as it sends the
-    update's parts, ``UPLOADS_IN_FLIGHT`` at once (``slsml.pipeline.staged.assembled_pieces``,
-    ``ObjectStore.put_own_streamed``), at one function's bandwidth each way."""
-    if len(parts) < 2:
-        return 0.0
-    later, whole = sum(parts[1:]), sum(parts)
-    pieces = sum(math.ceil(b / PART_BYTES) for b in parts[1:])
-    read_s = p.s3_request_s + transfer(pieces, later, p.s3_request_s, p.s3_read_mb_s, READS_AHEAD)
-    write_s = transfer(upload_parts(whole), whole, p.s3_request_s, p.s3_write_mb_s, UPLOADS_IN_FLIGHT)
-    return max(read_s, write_s)
+    return weights_s + (micro_batches + stages - 1) * (slowest_s + 2 * hop_seconds(p, handed, stages))
 
 
 def round_requests(
-    p: Parameters, micro_batches: int, stages: int, pipelines: int, idle_s: float, parts: Sequence[int] = ()
+    p: Parameters,
+    micro_batches: int,
+    stages: int,
+    pipelines: int,
+    idle_s: float,
+    parts: Sequence[int] = (),
+    reducers: int = 0,
 ) -> dict[str, int]:
     """The requests of the stages' hand-offs in a round of ``pipelines`` pipelines, as ``slsml.pipeline.staged``
     sends them: each micro-batch's activation and its gradient put at every boundary and read once found; each stage
-    after the first reads its input again at the backward pass; each later stage stores its part of the update (its
-    values, ``chain.creates``; ``parts``: each stage's bytes, stage 0's first, and the record that names them),
-    which stage 0 reads (the record,
-    then the values ``PART_BYTES`` a GET); and the polls that find nothing, one a ``POLL_S`` and a request while a
-    stage function waits (``idle_s``, every stage function's), and a read of the run's record every ``RUN_CHECK_S`` of
-    polls (whether it still trains the round)."""
-    later = parts[1:]
-    hops, records = micro_batches * (stages - 1) * pipelines, len(later) * pipelines
-    pieces = pipelines * sum(math.ceil(b / PART_BYTES) for b in later)
+    after the first reads its input again at the backward pass; each stage stores its part of the update (``parts``:
+    each stage's bytes, ``chain.creates``), each later one a record naming it, which stage 0 reads; each of
+    ``reducers`` reads, in place of its range of an update, the update's index and a range of each part its shard
+    spans (its shard's and the parts' bounds meet at S−1 places at most); and the polls that find nothing, one a
+    ``POLL_S`` and a request while a stage function waits (``idle_s``, every stage function's), and a read of the
+    run's record every ``RUN_CHECK_S`` of polls (whether it still trains the round)."""
+    hops, records = micro_batches * (stages - 1) * pipelines, (len(parts) - 1) * pipelines if parts else 0
+    read = pipelines * (reducers + stages - 1) if reducers else 0  # more than an update's one range a reducer
     polls = round(idle_s / (POLL_S + p.s3_request_s))
     checks = math.floor(polls * POLL_S / RUN_CHECK_S)
     requests = added(
-        {"s3:PutObject": 2 * hops + records, "s3:GetObject": 3 * hops + records + pieces + polls},
-        *(creates(pipelines, size) for size in later),
+        {"s3:PutObject": 2 * hops + records, "s3:GetObject": 3 * hops + records + read + polls},
+        *(creates(pipelines, size) for size in parts),
     )
     return requests | ({"dynamodb:GetItem": checks} if checks else {})
 
@@ -207,14 +188,11 @@ def round_dollars(
     round_s: float,
     memory_mb: int,
     handed_on: int = 0,
-    assembly_s: float = 0.0,
 ) -> float:
     """A round's dollars: its ``stages`` × ``pipelines`` stage functions' GB-seconds and invocations (and the
-    ``handed_on`` fresh invocations their rounds go on in), and its hand-offs' ``requests``. The later stages end
-    ``assembly_s`` before the round, as stage 0 streams the update alone."""
+    ``handed_on`` fresh invocations their rounds go on in), and its hand-offs' ``requests``."""
     functions = stages * pipelines
-    billed = pipelines * prices.gb_seconds(round_s, memory_mb)
-    billed += (functions - pipelines) * prices.gb_seconds(round_s - assembly_s, memory_mb)
+    billed = functions * prices.gb_seconds(round_s, memory_mb)
     return sum(price_table.cost(requests, gb_seconds=billed, invocations=functions + handed_on).values())
 
 
@@ -227,21 +205,18 @@ def hand_ons(
     pipelines: int,
     reducers: int,
 ) -> HandOns:
-    """The hand-ons of a round of passes of ``round_s`` in ``split``'s stage functions of ``timeout_s``
-    (``pipelines`` of each): each stage's passes (M forward and M backward, the last stage's M backward) share its
-    round's time, and an invocation computes passes while the time left after them is above ``progress.reserve_s`` of
-    its progress (its weights' float64 sums; stage 0's: at least the update it streams once its passes are done,
-    ``staged.Pace``), one at least. Each hand-on stores the progress, records that the round goes on, publishes the
-    stage's Work message, which is handled once, and the fresh invocation reads the progress and the weights entering
-    the round (the manifest, ``reducers`` shards)."""
+    """The hand-ons of a round of ``round_s`` in ``split``'s stage functions of ``timeout_s`` (``pipelines`` of each):
+    each stage's passes (M forward and M backward, the last stage's M backward) share its round's time, and an
+    invocation computes passes while the time left after them is above ``progress.reserve_s`` of its progress (its
+    weights' float64 sums), one at least. Each hand-on stores the progress, records that the round goes on, publishes
+    the stage's Work message, which is handled once, and the fresh invocation reads the progress and the weights
+    entering the round (the manifest, ``reducers`` shards)."""
     stored = 2 * max(stage.weight_bytes for stage in split)
-    update = sum(stage.weight_bytes for stage in split)
     counts = []
     for number in range(len(split)):
         passes = micro_batches * (1 if number == len(split) - 1 else 2)
         pass_s = round_s / passes
-        kept = max(stored, update) if number == 0 else stored
-        usable = timeout_s - p.handler_s - progress.reserve_s(kept, pass_s, p.s3_write_mb_s)
+        usable = timeout_s - p.handler_s - progress.reserve_s(stored, pass_s, p.s3_write_mb_s)
         counts.append(invocations(passes, pass_s, usable)[0])
     handed = pipelines * sum(count - 1 for count in counts)
     requests: dict[str, int] = {}
@@ -290,9 +265,6 @@ def plan(
     cache = MEMORY_SHARE * memory if w.cache_mb is None else w.cache_mb
     whole = sizing.WorkerMemory(memory, cache, sum(b.weight_bytes for b in blocks), 0.0)
 
-    def held_by(stage: Stage) -> sizing.WorkerMemory:
-        return held(stage, whole, stage.blocks[0] is blocks[0])
-
     if stages is not None and stages > len(blocks):
         raise BadInputError(
             f"--pipeline-stages {stages}: the model's {len(blocks)} block{'s' * (len(blocks) > 1)} (the layers between"
@@ -305,11 +277,11 @@ def plan(
         raise BadInputError(unfit(blocks, stages, whole))
     S = len(split)
     share = math.ceil(w.global_batch / w.workers)
-    fitting = [held_by(stage).micro_batch() for stage in split]
+    fitting = [held(stage, whole).micro_batch() for stage in split]
     per_vcpu = speedup(vcpus(memory), p.vcpu_efficiency)
     total_flops = sum(s.flops for s in split) or 1
     heaviest = max(s.weight_bytes for s in split)
-    parts = [s.weight_bytes for s in split]  # each stage's part of the update, which stage 0 streams
+    parts = [s.weight_bytes for s in split]  # each stage's part of the update, as it stores it
     handed = max((s.activation_bytes for s in split[:-1]), default=0)
 
     def stage_s(stage: Stage, micro: int) -> float:
@@ -317,7 +289,7 @@ def plan(
 
     def round_s(micro: int) -> float:
         slowest = max(stage_s(s, micro) for s in split)
-        return round_seconds(p, heaviest, -(-share // micro), S, slowest, micro * handed, parts)
+        return round_seconds(p, heaviest, -(-share // micro), S, slowest, micro * handed)
 
     # the micro-batch: the run's, else the one of the shortest round among those that fit (smaller ones shrink the
     # bubble, each adds a hop's latency), each the least of its count of micro-batches, up to MOST_MICRO_BATCHES
@@ -332,7 +304,7 @@ def plan(
             weight_bytes=stage.weight_bytes,
             flops_share=stage.flops / total_flops,
             fitting=fit,
-            memory_needed_mb=held_by(stage).needed_mb(micro, M),
+            memory_needed_mb=held(stage, whole).needed_mb(micro, M),
             compute_s=stage_s(stage, micro),
             activation_bytes=micro * stage.activation_bytes,
         )
@@ -340,24 +312,21 @@ def plan(
     ]
     activation_bytes = 2 * M * w.workers * sum(f.activation_bytes for f in figures[:-1])
     busy = sum(M * stage_s(stage, micro) for stage in split)  # each pipeline's stage functions computing
-    assembly = assembly_seconds(p, parts)  # stage 0 alone, once the later stages' rounds ended
-    idle = w.workers * (S * (round_s(micro) - assembly) - busy)
-    handing = hand_ons(p, timeout_s, split, M, round_s(micro) - assembly, w.workers, w.reducers)
-    requests = round_requests(p, M, S, w.workers, idle, parts)
+    idle = w.workers * (S * round_s(micro) - busy)
+    handing = hand_ons(p, timeout_s, split, M, round_s(micro), w.workers, w.reducers)
+    requests = round_requests(p, M, S, w.workers, idle, parts, w.reducers)
     for operation, count in handing.requests.items():
         requests[operation] = requests.get(operation, 0) + count
     whole_s = round_s(micro) + handing.seconds
     # a pass is never handed on within: the slowest stage's, with its hops, must fit one invocation
     longest_pass = max(stage_s(stage, micro) for stage in split) + 2 * hop_seconds(p, micro * handed, S)
     over = longest_pass + p.handler_s > timeout_s
-    # nor is stage 0's streaming of the update: it must fit what an invocation keeps past its last pass
-    streaming_over = assembly + p.handler_s > timeout_s
-    dollars = round_dollars(price_table, requests, S, w.workers, whole_s, memory, handing.handed_on, assembly)
+    dollars = round_dollars(price_table, requests, S, w.workers, whole_s, memory, handing.handed_on)
     samples = share * w.workers
     options = [
         Option(
             name=f"{S} stages of {memory:,} MB",
-            fits=not over and not streaming_over,
+            fits=not over,
             round_s=whole_s,
             dollars=dollars,
             detail=f"{S * w.workers} functions; bubble {bubble(S, M):.0%}"
@@ -365,12 +334,6 @@ def plan(
                 f"; a stage's pass of {longest_pass:,.1f} s outlasts the Worker's timeout of {timeout_s:g} s (a pass is"
                 " never handed on within: raise functions.worker.timeout_s, or give a smaller --micro-batch)"
                 if over
-                else ""
-            )
-            + (
-                f"; stage 0's streaming of the update, {assembly:,.1f} s, outlasts the Worker's timeout of"
-                f" {timeout_s:g} s (it is never handed on: raise functions.worker.timeout_s)"
-                if streaming_over
                 else ""
             ),
         ),
@@ -398,8 +361,8 @@ def plan(
         pick=_pick(options, samples),
         sources={
             "stage memory": "slsml.rounds.sizing.WorkerMemory of the stage's weights and layer outputs (one"
-            " micro-batch's: the stage computes its forward pass again at the backward pass), and stage 0's buffers"
-            " as it streams the update from the stages' parts (slsml.rounds.stages.held)",
+            " micro-batch's: the stage computes its forward pass again at the backward pass), and the parts in"
+            " flight as it stores its part of the update (slsml.rounds.stages.held)",
             "stage compute": f"the model's compute per sample, {w.compute_source}, × the stage's share of the FLOPs ×"
             f" {RECOMPUTE_SHARE:.3g} (its forward pass twice) on {vcpus(memory):.3g} vCPUs",
             "hop": f"s3_request_s, s3_write_mb_s, s3_read_mb_s (parameters) and half a poll of {POLL_S:g} s",

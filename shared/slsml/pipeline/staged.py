@@ -9,13 +9,15 @@ its forward pass again from its input, ``slsml.training.stages.StageRunner``). W
 object of the round's attempt (``keys.handed``), signed by the pipeline (``slsml.pipeline.signed``: an object placed at
 its key before it is replaced, and none the pipeline did not store is taken); a stage polls for its input, and
 every ``RUN_CHECK_S`` of its polls reads whether its run still trains the round (it stops where the run ended or went
-on without it). Each stage but the first stores its part of the update before it hands its last gradient back: its
-weights' gradients and new non-trainable values, float32 in the update's order, as they are (create-only, a large one
-in parts: ``keys.stage_values``), then a signed record naming them by their ETag, with its loss and, the last, its
-metrics (``Part``). Stage 0 streams the worker's update from its own part and theirs (``assembled_pieces``: theirs
-read ``PART_BYTES`` a GET, each read refused where the object answering it is not the one named) into a multipart
-upload (``ObjectStore.put_own_streamed``), and announces it as any worker does, so that the reducers, the deadlines
-and the rest of the pipeline are those of a run of one stage.
+on without it). Each stage stores its part of the update as its round ends (a later stage before it hands its last
+gradient back): its weights' gradients and new non-trainable values, float32 in the update's order, as they are
+(create-only, a large one in parts: ``keys.stage_values``); a later stage then stores a signed record naming them by
+their ETag, with its loss and, the last, its metrics (``Part``). Stage 0 takes the records and stores, at the
+worker's update's key, the update's index (``updates.StagedIndex``: which runs of the flat vector each part holds, and
+each part's ETag), and announces it as any worker announces its update. Each reducer reads the index (of the ETag
+the worker reported), then the ranges of the parts its shard spans (each of the ETag the index names), so that no
+function holds or moves the whole update, and the reducers, the deadlines and the rest of the pipeline are those of
+a run of one stage.
 
 A stage's round is passes (each micro-batch's forward pass, then each one's backward pass; the last stage's backward
 passes alone). Where the invocation's time runs short (``Pace``: before a pass, as a worker's round before a
@@ -28,8 +30,7 @@ it, its round is left to the deadline, which re-launches all of its stages with 
 What stages take: the gradient-averaging rule (one step a round), dense float32 updates. Each stage function holds
 one micro-batch's layer outputs of its own stage and its own layers' weights alone: its warm model is built from the
 archive's config with no memory for the other layers' weights, and it reads its own weights' ranges of the shards
-(``slsml.pipeline.steps.warm.stage_trainer_for``, ``own_weights``). Stage 0's also holds what it streams the update
-through, a bounded number of parts (``slsml.rounds.stages.ASSEMBLY_BYTES``), whatever the model's size.
+(``slsml.pipeline.steps.warm.stage_trainer_for``, ``own_weights``), whatever the model's size.
 
 Where a round evaluates the model entering it (and past the budget, where the final model alone is evaluated), its
 stages evaluate it before they train, through themselves (``evaluate``): stage 0 reads the worker's slice of each
@@ -41,12 +42,9 @@ labels, stores the slice's state and records the figures once every worker's are
 
 from __future__ import annotations
 
-import functools
 import time
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,18 +53,17 @@ from aws_lambda_powertools import Logger
 
 from slsml import rules
 from slsml.aws import cache
-from slsml.aws.storage import PART_BYTES, RangedObject
 from slsml.pipeline import lifetime, signed
 from slsml.pipeline.services import Services
 from slsml.rounds import sizing
 from slsml.rounds.accumulate import sizes
-from slsml.rounds.stages import POLL_S, READS_AHEAD, RUN_CHECK_S, deployed, held, unfit
+from slsml.rounds.stages import POLL_S, RUN_CHECK_S, deployed, held, unfit
 from slsml.spec import keys, samples
 from slsml.spec.config import RunConfig
 from slsml.spec.errors import BadInputError, NotFoundError, RunFailed
 from slsml.spec.messages import WorkMessage
 from slsml.state.records import RunStatus
-from slsml.training import npz, progress
+from slsml.training import npz, progress, updates
 from slsml.training.generators import Draws
 from slsml.training.weighting import Batch
 
@@ -188,7 +185,7 @@ def configured(config: RunConfig, model: Any, worker_memory_mb: int) -> RunConfi
     split = deployed(blocks, count, whole)
     if split is None:
         raise BadInputError(unfit(blocks, count, whole))
-    most = min(held(stage, whole, number == 0).micro_batch() for number, stage in enumerate(split))
+    most = min(held(stage, whole).micro_batch() for stage in split)
     asked = config.training.micro_batch
     if asked is not None and asked > most:
         raise BadInputError(
@@ -295,51 +292,31 @@ class Part:
 
 
 @dataclass(frozen=True)
-class Assembled:
-    """A worker's update in stages as stage 0 stores it: its loss, the state of its metrics, whether its values are
-    all finite, and its values (``elements`` float32 in the update's order), which ``pieces()`` streams from stage 0's
-    part and the later stages' stored ones, each time it is called."""
+class StagedUpdate:
+    """A worker's update in stages as stage 0 announces it: its loss, the state of its metrics, whether its entries
+    are all finite, and its index (``updates.StagedIndex``: the stages' parts as stored, which the reducers read by
+    range)."""
 
     loss: float
     metrics: np.ndarray | None
     finite: bool
-    elements: int
-    pieces: Callable[[], Iterator[bytes | memoryview]]
+    index: updates.StagedIndex
 
 
-def assembled_pieces(
-    model: Any, blocks: Sequence[int], values: dict[int, RangedObject], mine: Sequence[np.ndarray]
-) -> Iterator[bytes | memoryview]:
-    """The update's values in its order: stage 0's own (``mine``, its weights' in order) in place, and each later
-    stage's read from its stored part (``values``, by stage) ``PART_BYTES`` a GET, ``READS_AHEAD`` at once."""
+def stage_runs(model: Any, blocks: Sequence[int]) -> list[tuple[int, int, int]]:
+    """The runs of the flat vector (stage, first element, elements) that each stage's part of the update holds, in
+    order: each stage's weights (``own_weights``), neighbours of one stage joined."""
     owner = {id(v): stage for stage in range(len(blocks)) for v, _ in own_weights(model, blocks, stage)}
-    runs: list[tuple[int, int]] = []  # (stage, bytes) in the update's order: a later stage's weights joined
+    runs: list[tuple[int, int, int]] = []
+    at = 0
     for variable in model.weights:
-        stage, size = owner[id(variable)], 4 * int(np.prod(variable.shape))
-        if stage and runs and runs[-1][0] == stage:
-            runs[-1] = (stage, runs[-1][1] + size)
-        else:
-            runs.append((stage, size))
-    reads: list[Callable[[], bytes | memoryview]] = []
-    at, own = [0] * len(blocks), iter(mine)
-    for stage, size in runs:
-        if stage == 0:
-            reads.append(functools.partial(_bytes_of, next(own)))
-            continue
-        stop = at[stage] + size
-        part = values[stage]
-        reads += [
-            functools.partial(part.range, a, min(a + PART_BYTES, stop)) for a in range(at[stage], stop, PART_BYTES)
-        ]
-        at[stage] = stop
-    with ThreadPoolExecutor(max_workers=READS_AHEAD) as pool:
-        ahead: deque[Future[bytes | memoryview]] = deque()
-        for read in reads:
-            ahead.append(pool.submit(read))
-            if len(ahead) > READS_AHEAD:
-                yield ahead.popleft().result()
-        while ahead:
-            yield ahead.popleft().result()
+        stage, size = owner[id(variable)], int(np.prod(variable.shape))
+        if runs and runs[-1][0] == stage:
+            runs[-1] = (stage, runs[-1][1], runs[-1][2] + size)
+        elif size:
+            runs.append((stage, at, size))
+        at += size
+    return runs
 
 
 def _bytes_of(array: np.ndarray) -> memoryview:
@@ -390,22 +367,24 @@ class Hand:
         m = self.message
         return keys.stage_values(m.run_id, m.iteration, m.worker, m.attempt, stage)
 
-    def put_part(self, stage: int, values: Sequence[np.ndarray], loss: float, metrics: np.ndarray | None) -> None:
-        """Stage ``stage``'s part of the update: its ``values`` (``part_values``) stored as they are, create-only
-        (``ObjectStore.put_own_streamed``: no copy of them made), then what stage 0 takes of it (``Part``, signed),
-        which names them by their ETag."""
+    def put_values(self, stage: int, values: Sequence[np.ndarray]) -> str:
+        """Stage ``stage``'s part of the update, its ``values`` (``part_values``) stored as they are, create-only
+        (``ObjectStore.put_own_streamed``: a large one in parts, no copy of it made): their ETag."""
         size = sum(v.nbytes for v in values)
-        _, etag = self.services.store.put_own_streamed(
-            self._values_key(stage), size, lambda: map(_bytes_of, values), {}
-        )
-        finite = all(bool(np.isfinite(v).all()) for v in values)
-        self._put(self._part_key(stage), Part(etag, size, finite, loss, metrics).encode())
+        return self.services.store.put_own_streamed(self._values_key(stage), size, lambda: map(_bytes_of, values), {})[
+            1
+        ]
 
-    def take_part(self, stage: int) -> tuple[Part, RangedObject]:
-        """Stage ``stage``'s part of the update once there, and its values as stored (each read RunFailed, naming them,
-        where they are not the bytes the part names)."""
-        taken = Part.decode(self._wait(self._part_key(stage)))
-        return taken, RangedObject(self.services.store, self._values_key(stage), taken.size, taken.etag)
+    def put_part(self, stage: int, values: Sequence[np.ndarray], loss: float, metrics: np.ndarray | None) -> None:
+        """A later stage's part of the update: its ``values`` (``put_values``), then what stage 0 takes of it
+        (``Part``, signed), which names them by their ETag."""
+        etag = self.put_values(stage, values)
+        finite = all(bool(np.isfinite(v).all()) for v in values)
+        self._put(self._part_key(stage), Part(etag, sum(v.nbytes for v in values), finite, loss, metrics).encode())
+
+    def take_part(self, stage: int) -> Part:
+        """Stage ``stage``'s part of the update, once there."""
+        return Part.decode(self._wait(self._part_key(stage)))
 
     def _progress_key(self, stage: int, done: int) -> str:
         m = self.message
@@ -508,10 +487,11 @@ def first_stage(
     micro_batches: Sequence[Batch],
     samples_in_step: int,
     resumed: Reached | None,
-) -> Assembled | Reached:
+) -> StagedUpdate | Reached:
     """Stage 0's round: its micro-batches (x, y, w) through its layers forward, then the gradients handed back
-    through them; the update assembled from every stage's part as it is stored (``Assembled``). A continuation goes
-    on from ``resumed``; where the invocation's time runs short, the round's progress (``Reached``) instead."""
+    through them; its own part of the update stored, and the update's index of every stage's part
+    (``StagedUpdate``). A continuation goes on from ``resumed``; where the invocation's time runs short, the round's
+    progress (``Reached``) instead."""
     from slsml.training.stages import StageRunner, handed_back
 
     assert config.stage_blocks is not None
@@ -539,18 +519,19 @@ def first_stage(
     except HandOn:
         return _reached(pace, runner, None, resumed)
     mine = part_values(parts[0], own_weights(trainer.model, config.stage_blocks, 0), *runner.finish())
-    before_last = runner.loss + sum(taken.loss for taken, _ in later[:-1])  # their regularization
-    metrics = later[-1][0].metrics
+    etag = hand.put_values(0, mine)
+    before_last = runner.loss + sum(taken.loss for taken in later[:-1])  # their regularization
+    metrics = later[-1].metrics
     if metrics is not None:  # the loss the metrics track: each stage's regularization too (the last added its own)
         metrics = np.array(metrics)
         metrics[0] += metrics[1] * before_last
-    stored = {stage: values for stage, (_, values) in enumerate(later, 1)}
-    return Assembled(
-        loss=before_last + later[-1][0].loss,
+    return StagedUpdate(
+        loss=before_last + later[-1].loss,
         metrics=metrics,
-        finite=all(taken.finite for taken, _ in later) and all(bool(np.isfinite(v).all()) for v in mine),
-        elements=config.plan.size,
-        pieces=functools.partial(assembled_pieces, trainer.model, config.stage_blocks, stored, mine),
+        finite=all(taken.finite for taken in later) and all(bool(np.isfinite(v).all()) for v in mine),
+        index=updates.StagedIndex(
+            tuple(stage_runs(trainer.model, config.stage_blocks)), (etag, *(taken.etag for taken in later))
+        ),
     )
 
 
@@ -676,8 +657,6 @@ def _pace(hand: Hand, runner: StageRunner, resumed: Reached | None) -> Pace:
         except ValueError as error:
             raise RunFailed(f"a stage's round goes on from progress that is not its own: {error}") from None
     stored = sum(value.nbytes for value in runner.saved().values())
-    if hand.message.pipeline_stage == 0:  # its invocation streams the update once its passes are done: kept for it
-        stored = max(stored, 4 * hand.config.plan.size)
     deadline_s = hand.config.training.deadline_s
     return Pace(0 if resumed is None else resumed.done, stored, hand.message.waited, deadline_s)
 

@@ -21,11 +21,9 @@ RUN_CHECK_S = 2.0  # of a stage function's polls, between its reads of whether i
 # a stage's training step computes its forward pass twice (once as micro-batches flow forward, once again at the
 # backward pass, from its stored input): a forward is a third of a step (forward 1, backward 2 multiply-adds)
 RECOMPUTE_SHARE = 4 / 3
-READS_AHEAD = 4  # pieces of the later stages' parts stage 0 reads at once (PART_BYTES each) as it streams the update
-# the most stage 0 holds as it streams the update (``slsml.pipeline.staged.assembled_pieces``): the pieces read ahead
-# and the one taken, the parts in flight and the one sent next, and the part it fills; an update stored in one part
-# (``slsml.aws.storage.stored_parts``) is joined first, so stage 0 holds at most twice the update (``assembly_bytes``)
-ASSEMBLY_BYTES = (READS_AHEAD + 1 + UPLOADS_IN_FLIGHT + 1 + 1) * PART_BYTES
+# what a stage holds beside its weights' sums as it stores its part of the update (``ObjectStore.put_own_streamed``):
+# the parts in flight, the one sent next and the one it fills; a part stored in one PUT is joined first (its bytes)
+UPLOAD_BYTES = (UPLOADS_IN_FLIGHT + 2) * PART_BYTES
 
 
 @dataclass(frozen=True)
@@ -106,29 +104,21 @@ def balance(blocks: Sequence[Block], count: int, fits: Callable[[Stage], bool]) 
     return [Stage(tuple(blocks[a:b])) for a, b in itertools.pairwise(bounds)]
 
 
-def held(stage: Stage, whole: sizing.WorkerMemory, first: bool) -> sizing.WorkerMemory:
+def held(stage: Stage, whole: sizing.WorkerMemory) -> sizing.WorkerMemory:
     """A stage function's memory as the pipeline runs one (``slsml.pipeline.staged``): a worker's (``whole``: the
     function's memory, its warm cache and what a worker holds besides) whose model is the stage's own weights
-    (``slsml.pipeline.steps.warm.stage_trainer_for``) and whose sample is the stage's layer outputs; stage 0
-    (``first``) also holds what it streams the worker's update through (``assembly_bytes``)."""
-    extra = assembly_bytes(whole.model_bytes) if first else 0
+    (``slsml.pipeline.steps.warm.stage_trainer_for``), whose sample is the stage's layer outputs, and which holds what
+    it stores its part of the update through (``UPLOAD_BYTES``, or the part's bytes where they are fewer)."""
+    storing = min(UPLOAD_BYTES, stage.weight_bytes)
     return replace(
-        whole,
-        model_bytes=stage.weight_bytes,
-        sample_bytes=stage.sample_bytes,
-        other_bytes=whole.other_bytes + extra,
+        whole, model_bytes=stage.weight_bytes, sample_bytes=stage.sample_bytes, other_bytes=whole.other_bytes + storing
     )
-
-
-def assembly_bytes(model_bytes: float) -> float:
-    """What stage 0 holds as it streams the update of a model of ``model_bytes`` (``ASSEMBLY_BYTES``)."""
-    return min(ASSEMBLY_BYTES, 2 * model_bytes)
 
 
 def deployed(blocks: Sequence[Block], count: int, whole: sizing.WorkerMemory) -> list[Stage] | None:
     """The split a run's start makes of ``blocks`` into ``count`` stages (``balance``), each stage function's step
     fitting as it is run (``held``); None where none fits."""
-    return balance(blocks, count, lambda stage: held(stage, whole, stage.blocks[0] is blocks[0]).micro_batch() >= 1)
+    return balance(blocks, count, lambda stage: held(stage, whole).micro_batch() >= 1)
 
 
 def unfit(blocks: Sequence[Block], count: int | None, whole: sizing.WorkerMemory) -> str:
@@ -146,7 +136,7 @@ def unfit(blocks: Sequence[Block], count: int | None, whole: sizing.WorkerMemory
             )
 
     def need(block: Block) -> float:
-        return held(Stage((block,)), whole, block is blocks[0]).needed_mb(1, micro_batches=2)
+        return held(Stage((block,)), whole).needed_mb(1, micro_batches=2)
 
     heaviest = max(blocks, key=need)
     layers = (

@@ -139,7 +139,7 @@ def stage_part(run_id: str, iteration: int, worker: int, attempt: int, stage: in
 
 def stage_values(run_id: str, iteration: int, worker: int, attempt: int, stage: int) -> str:
     """A pipeline stage's part of a worker's update: its weights' gradients and new non-trainable values, float32, in
-    the update's order, which the first stage streams into the update."""
+    the update's order, which the update's index names and the reducers read by range (``updates.StagedIndex``)."""
     return f"{stages_prefix(run_id, iteration, worker, attempt)}{stage:02d}/part.f32"
 
 

@@ -55,6 +55,13 @@ whose length does not match its layout, and a sparse part whose indices fall out
 out of order or point at a non-trainable entry, before any of it is used.
 
 What compression leaves out is not lost: see ``slsml.training.feedback`` (error feedback).
+
+A round in pipeline stages (``slsml.pipeline.staged``) stores no update body: each stage stores its part of the
+update (float32, in the update's order) as an object of its own, and the object at the update's key is an index
+(``StagedIndex``, an ``.npz`` of the runs of the flat vector each part holds and each part's ETag) with the update's
+metadata, as above. A reducer reads the index whole, by the ETag the worker reported, then each range of the parts
+its shard spans (``StagedIndex.ranges``), by the ETag the index names, and decodes their bytes joined as a dense
+part.
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ import numpy as np
 
 from slsml.spec.compression import DENSE_F16, DENSE_F32, NONE, SIGNIFICANCE, SPARSE, TOP_K, Compression
 from slsml.spec.shardplan import ShardPlan
+from slsml.training import npz
 
 MAGIC = b"SLSU"
 VERSION = 1
@@ -255,6 +263,55 @@ def _pairs(part: np.ndarray, positions: np.ndarray) -> np.ndarray:
     pairs = np.empty(positions.size, dtype=_PAIR)
     pairs["index"], pairs["value"] = positions, part[positions]
     return pairs
+
+
+# ---- an update in pipeline stages ---------------------------------------------------------------------------
+
+
+class StagedIndex(NamedTuple):
+    """What stands at an update's key where its worker computed it in pipeline stages (``slsml.pipeline.staged``):
+    each stage stored its part of the update, its entries float32 in the update's order, as an object of its own, and
+    the index says which runs of the flat vector each part holds (``runs``: stage, first element, elements) and names
+    each part by its ETag (``etags``, by stage). Its user metadata is the update's (``header``)."""
+
+    runs: tuple[tuple[int, int, int], ...]
+    etags: tuple[str, ...]
+
+    def encode(self) -> bytes:
+        return npz.encode(runs=np.array(self.runs, np.int64).reshape(-1, 3), etags=np.array(self.etags))
+
+    @classmethod
+    def decode(cls, body: bytes, plan: ShardPlan) -> StagedIndex:
+        """UpdateFormatError unless ``body`` is an index whose runs cover the plan's flat vector, in order."""
+        try:
+            arrays = npz.decode(body)
+            runs = tuple((int(a), int(b), int(c)) for a, b, c in arrays["runs"])
+            etags = tuple(str(e) for e in arrays["etags"])
+        except (ValueError, KeyError, OSError, TypeError) as error:
+            raise UpdateFormatError(f"not an index of an update in stages ({error})") from None
+        at = 0
+        for stage, start, count in runs:
+            if start != at or count <= 0 or not 0 <= stage < len(etags):
+                raise UpdateFormatError(
+                    f"an index of an update in stages whose run {(stage, start, count)} is out of place"
+                )
+            at += count
+        if at != plan.size:
+            raise UpdateFormatError(f"an index of an update in stages of {at} entries, the model has {plan.size}")
+        return cls(runs, etags)
+
+    def ranges(self, plan: ShardPlan, shard: int) -> list[tuple[int, int, int]]:
+        """The byte ranges (stage, first byte, byte after) of the stages' parts that hold ``shard``'s entries, in
+        order."""
+        layout = plan.shard(shard)
+        found, within = [], dict.fromkeys(range(len(self.etags)), 0)  # elements of each part before the run
+        for stage, start, count in self.runs:
+            first, last = max(start, layout.start), min(start + count, layout.stop)
+            if first < last:
+                offset = within[stage] + first - start
+                found.append((stage, 4 * offset, 4 * (offset + last - first)))
+            within[stage] += count
+        return found
 
 
 # ---- checking and decoding ---------------------------------------------------------------------------------

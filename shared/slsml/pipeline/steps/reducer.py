@@ -16,7 +16,9 @@ gradient was finite with its part: if one was not, every shard skips the step, a
 
 An update that is not the object its worker reported (its ETag) is refused and counted, and its worker's round is
 re-launched, once, under the same inputs (a synchronous run's): the reduce gives way to the one its fresh update's
-report fires again (``reduce_launcher``). A second refusal of that round's update fails the run naming it.
+report fires again (``reduce_launcher``). A second refusal of that round's update fails the run naming it. Of a round
+in pipeline stages, the update is an index of the stages' parts (``updates.StagedIndex``): a part that is not the
+object the index names (its ETag) is refused so too, by the reducers whose shards it spans.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from typing import NoReturn
 
 import numpy as np
 from aws_lambda_powertools import Logger
@@ -183,7 +186,9 @@ def _average(message: ReduceMessage, config: RunConfig, services: Services) -> s
     where = [keys.update(run, i, p.worker, p.attempt) for i, p in zip(computed, participants, strict=True)]
     sent = [config.compression_at(i) for i in computed]  # a late update of the warm-up went dense
     need = quorum_count(len(participants), policy.quorum)
-    if any(c.tabled for c in sent):
+    if config.stage_blocks is not None:
+        parts = _read_staged_parts(message, services, where, computed, config, need, policy)
+    elif any(c.tabled for c in sent):
         parts = _read_tabled_parts(message, services, where, sent, config, need, policy)
     else:
         ranges = [updates.part_range(config.plan, shard, c) for c in sent]
@@ -240,9 +245,16 @@ def _check_named(
     """``refused`` unless ``read`` (bytes of the update at ``key``) is of the update the participant's worker reported:
     the object of the ETag its signed report named (every GET answers the object's ETag, a ranged one too). A refused
     update's round is re-launched once (``Redone``): the run fails if it was, and this is its update."""
-    if read.etag == participant.etag:
-        return
-    why = f"is not the update worker {participant.worker} reported (ETag {participant.etag})"
+    if read.etag != participant.etag:
+        why = f"is not the update worker {participant.worker} reported (ETag {participant.etag})"
+        _refuse(participant, key, why, message, config, services)
+
+
+def _refuse(
+    participant: Participant, key: str, why: str, message: ReduceMessage, config: RunConfig, services: Services
+) -> NoReturn:
+    """``refused``: the object at ``key`` (of ``participant``'s update) is not the one named (``why``); the round
+    re-launched once (``Redone``), the run failed if it was."""
     failure = refused(key, why, run_id=message.run_id)
     if _relaunched(participant, message, config, services):
         raise Redone from failure
@@ -299,6 +311,49 @@ def _weight(participant: Participant, iteration: int, decay: float) -> float:
     if participant.iteration is None:
         return participant.samples
     return participant.samples * decay ** (iteration - participant.iteration)
+
+
+def _read_staged_parts(
+    message: ReduceMessage,
+    services: Services,
+    where: list[str],
+    computed: list[int],
+    config: RunConfig,
+    need: int,
+    policy: ReadPolicy,
+) -> list[Stored | None]:
+    """Updates computed in pipeline stages (``updates.StagedIndex``): each participant's index (of the update it
+    reported, by its ETag), then the ranges of the stages' parts that the message's shard spans, each of the part the
+    index names; a participant's ranges joined are its part of the shard, with its index's metadata and ETag. An index
+    read that times out under the read quorum leaves its participant out."""
+    store, participants, shard = services.store, message.participants, message.shard
+    indexes = store.get_quorum(where, [None] * len(where), need=need, timeout_s=policy.timeout_s)
+    reads: list[tuple[int, str, tuple[int, int], str]] = []  # (participant, part's key, byte range, its ETag)
+    for number, (index, participant) in enumerate(zip(indexes, participants, strict=True)):
+        if index is None:
+            continue
+        key = where[number]
+        _check_named(participant, key, index, message, config, services)  # of the update reported
+        try:
+            updates.check(index.metadata, rules.of(config.training).kind, key)
+            staged = updates.StagedIndex.decode(index.body, config.plan)
+        except updates.UpdateFormatError as error:
+            raise RunFailed(str(error) if str(error).startswith(key) else f"{key}: {error}") from None
+        w, a = participant.worker, participant.attempt
+        for stage, start, stop in staged.ranges(config.plan, shard):
+            part = keys.stage_values(message.run_id, computed[number], w, a, stage)
+            reads.append((number, part, (start, stop - 1), staged.etags[stage]))
+    found = store.read_many([key for _, key, _, _ in reads], [span for _, _, span, _ in reads])
+    bodies: dict[int, list[bytes]] = {}
+    for (number, key, _, etag), read in zip(reads, found, strict=True):
+        if read.etag != etag:
+            why = f"is not the part of the update worker {participants[number].worker} reported (ETag {etag})"
+            _refuse(participants[number], key, why, message, config, services)
+        bodies.setdefault(number, []).append(read.body)
+    return [
+        None if index is None else Stored(b"".join(bodies.get(number, [])), index.metadata, index.size, index.etag)
+        for number, index in enumerate(indexes)
+    ]
 
 
 def _read_tabled_parts(

@@ -13,10 +13,9 @@ invocation of the same attempt (``slsml.training.progress``)."""
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, replace
@@ -268,7 +267,7 @@ def _compute(message: WorkMessage, config: RunConfig, services: Services) -> Cal
         entering = message.iteration - message.ahead  # launched ahead: its model is not merged
         if config.stage_blocks is None:
             trainer, start = _entering(services, config, message.generation, entering, predicted=message.ahead)
-        else:  # stage 0 holds its own weights alone: the update is streamed from the stages' parts
+        else:  # stage 0 holds its own weights alone: the update is the stages' parts
             trainer, start = _stage_entering(services, config, message), None
         continued = message.resume or message.waited  # a continuation evaluates nothing
         splits = evaluated(config, message.iteration, count) if not continued else []
@@ -428,7 +427,7 @@ def _train(
         started = time.perf_counter()
         before_s = resumed.compute_s if resumed is not None else 0.0
         hand = staged.Hand(services, message, config)
-        update: modelio.Update | progress.Progress | staged.Assembled | staged.Reached
+        update: modelio.Update | progress.Progress | staged.StagedUpdate | staged.Reached
         if start is not None:
             update = rule.round(Round(trainer, start, left.steps, spec, _Slot(services, message), resumed, pacer.pause))
         else:
@@ -454,10 +453,7 @@ def _train(
 
     def finish() -> WorkDone:
         """The round's update, encoded, stored and announced."""
-        if isinstance(update, staged.Assembled):  # streamed from the stages' parts as it is stored
-            streamed, values = update, update.finite
-        else:
-            streamed, values = None, bool(np.isfinite(update.vector).all())
+        values = update.finite if isinstance(update, staged.StagedUpdate) else bool(np.isfinite(update.vector).all())
         finite = bool(np.isfinite(update.loss)) and values
         # under loss scaling the update takes part whatever it holds: a non-finite gradient makes every shard skip
         # the step
@@ -475,8 +471,8 @@ def _train(
             body, header = compressed.update
             residual_key = keys.residual(message.run_id, message.iteration, message.worker)
             signed.put(services, message.run_id, residual_key, feedback.encode_residual(compressed.residual))
-        elif isinstance(update, staged.Assembled):
-            opening, header = updates.header(update.elements, samples, rule.kind, compression)
+        elif isinstance(update, staged.StagedUpdate):  # the stages' parts as stored, named by the update's index
+            body, header = update.index.encode(), updates.header(config.plan.size, samples, rule.kind).metadata
         else:
             body, header = updates.encode(update.vector, samples, rule.kind, compression, config.plan)
         report: dict[str, Any] = {
@@ -506,11 +502,7 @@ def _train(
             )
         key = keys.update(message.run_id, message.iteration, message.worker, message.attempt)
         # an object of other bytes at the key is not this worker's: it is replaced (put_own), never announced
-        if streamed is not None:
-            size, pieces = len(opening) + 4 * streamed.elements, functools.partial(_opened, opening, streamed)
-            created, etag = store.put_own_streamed(key, size, pieces, metadata)
-        else:
-            created, etag = store.put_own(key, body, metadata=metadata)
+        created, etag = store.put_own(key, body, metadata=metadata)
         if not created:  # a duplicate or a retry: announce the stored update (a resumed run may announce it again)
             report = {**json.loads((store.head(key) or {})["done"]), "generation": message.generation}
         # the report names its update by the ETag S3 gave it: its readers take no other bytes
@@ -518,11 +510,6 @@ def _train(
         return WorkDone.model_validate({**report, "metrics": metrics, "etag": etag})
 
     return finish
-
-
-def _opened(opening: bytes, update: staged.Assembled) -> Iterator[bytes | memoryview]:
-    """A streamed update's bytes: its header, then its values."""
-    return itertools.chain([opening], update.pieces())
 
 
 def _later_stage(message: WorkMessage, config: RunConfig, services: Services) -> None:
