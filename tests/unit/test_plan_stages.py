@@ -41,6 +41,7 @@ def test_a_dense_model_past_ten_gigabytes_is_planned_in_stages_that_each_hold_th
     pieces = sum(math.ceil(stage["weight_bytes"] / PART_BYTES) for stage in pipeline["per_stage"])
     handing = pipeline["hand_ons"]["requests"]  # (a stage's round handed on stores its progress, multipart too)
     assert requests["s3:CreateMultipartUpload"] - handing.get("s3:CreateMultipartUpload", 0) == S * 4
+    assert requests["s3:HeadObject"] - handing.get("s3:HeadObject", 0) == S * 4  # (looked for first: a retry's)
     assert requests["s3:UploadPart"] - handing.get("s3:UploadPart", 0) == 4 * pieces
     # each read once found, each input read again at the backward pass, the records, each reducer's reads of an
     # update's index and of the parts (more than an update's one range: R + S − 1 a pipeline); and the polls

@@ -167,13 +167,16 @@ def test_a_streamed_object_is_sent_a_bounded_number_of_parts_at_once_and_stored_
             with lock:
                 sending[0] -= 1
 
+    calls = _calls(store)
     monkeypatch.setattr(store.s3, "upload_part", counted)
     monkeypatch.setattr(storage, "UPLOADS_IN_FLIGHT", 2)
     assert store.put_own_streamed(key, len(data), pieces, {"m": "1"}) == (True, etag_of(data, 3))
     stored = store.read(key)
     assert (stored.body, stored.metadata) == (data, {"m": "1"}) and 1 <= most[0] <= 2
     assert _tags(store, key) == {SCRATCH_TAG_KEY: SCRATCH_TAG_VALUE}
+    sends = calls["UploadPart"]
     assert store.put_own_streamed(key, len(data), pieces, {"m": "1"}) == (False, etag_of(data, 3))  # a retry
+    assert calls["UploadPart"] == sends  # found there: not sent again
     other = _big(2)
     assert store.put_own_streamed(key, len(other), lambda: [other], {}) == (True, etag_of(other, 3))
     assert store.get(key) == other

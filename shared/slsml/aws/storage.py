@@ -247,12 +247,16 @@ class ObjectStore:
     ) -> tuple[bool, str]:
         """``put_own`` of the ``size`` bytes that ``pieces()`` yields in turn (the same bytes each time it is called):
         stored in ``stored_parts`` parts, of which the writer holds ``UPLOADS_IN_FLIGHT`` at once as they are sent
-        (and the one it fills), whatever the object's size. Where the key holds an object already, the bytes are
-        streamed before it is known whether that object is theirs (an S3 multipart upload's ETag is known once its
-        parts are)."""
+        (and the one it fills), whatever the object's size. Where the key holds an object already (a duplicate's or a
+        retry's), the ETag its bytes would make is computed first, and they are not sent again if it is that one."""
         parts = stored_parts(key, size)
         if parts == 1:
             return self.put_own(key, b"".join(pieces()), metadata)
+        found = self.etag(key)
+        if found is not None and found == _multipart_etag(
+            [hashlib.md5(p, usedforsecurity=False).digest() for p in _in_parts(pieces())]
+        ):
+            return False, found
         for _ in range(_REPLACE_TRIES):
             created, expected = self._stream_in_parts(key, size, parts, pieces(), metadata)
             if created is not None:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from slsml.accounting import prices
 from slsml.accounting.prices import PriceTable
 from slsml.aws.cache import MEMORY_SHARE
+from slsml.aws.storage import upload_parts
 from slsml.cost import gpuworker
 from slsml.cost.chain import added, creates
 from slsml.cost.parameters import Parameters
@@ -164,7 +165,8 @@ def round_requests(
     """The requests of the stages' hand-offs in a round of ``pipelines`` pipelines, as ``slsml.pipeline.staged``
     sends them: each micro-batch's activation and its gradient put at every boundary and read once found; each stage
     after the first reads its input again at the backward pass; each stage stores its part of the update (``parts``:
-    each stage's bytes, ``chain.creates``), each later one a record naming it, which stage 0 reads; each of
+    each stage's bytes, ``chain.creates``; one stored in parts looked for first, ``ObjectStore.put_own_streamed``),
+    each later one a record naming it, which stage 0 reads; each of
     ``reducers`` reads, in place of its range of an update, the update's index and a range of each part its shard
     spans (its shard's and the parts' bounds meet at S−1 places at most); and the polls that find nothing, one a
     ``POLL_S`` and a request while a stage function waits (``idle_s``, every stage function's), and a read of the
@@ -173,8 +175,10 @@ def round_requests(
     read = pipelines * (reducers + stages - 1) if reducers else 0  # more than an update's one range a reducer
     polls = round(idle_s / (POLL_S + p.s3_request_s))
     checks = math.floor(polls * POLL_S / RUN_CHECK_S)
+    looked = pipelines * sum(upload_parts(size) > 1 for size in parts)  # a part stored in parts is looked for first
     requests = added(
         {"s3:PutObject": 2 * hops + records, "s3:GetObject": 3 * hops + records + read + polls},
+        {"s3:HeadObject": looked} if looked else {},
         *(creates(pipelines, size) for size in parts),
     )
     return requests | ({"dynamodb:GetItem": checks} if checks else {})
