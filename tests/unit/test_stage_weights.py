@@ -4,6 +4,8 @@ weights alone given memory, and only their ranges of the shards are read."""
 
 from __future__ import annotations
 
+import base64
+
 import boto3
 import numpy as np
 import pytest
@@ -56,6 +58,30 @@ def test_a_later_stage_holds_its_own_weights_alone_read_by_range_from_the_shards
     for variable, expected in zip(trainer.model.get_layer("d32").weights, source.get_weights(), strict=True):
         np.testing.assert_array_equal(variable.numpy(), expected)
     assert warm.stage_trainer_for(services.store, config, 1) is trainer  # warm: nothing read again
+
+
+def test_a_stages_cold_start_takes_the_sha256_s3_keeps_of_the_archive_and_reads_its_config_alone(
+    services: Services,
+) -> None:
+    """A run's source model is stored with the SHA-256 S3 keeps of it: a stage function's cold start checks that one
+    against run.json's and reads only the ranges of the archive its config needs, not the whole archive."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    layers = [keras.layers.Dense(64, name="a"), keras.layers.Dense(8_000, name="b"), keras.layers.Dense(3, name="c")]
+    model = keras.Sequential([keras.Input((6,)), *layers])  # 2 MB of weights
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    archive = modelio.save_model(model)
+    config = cloud.register_run(services, archive, "staged", workers=1, pipeline_stages=3)
+    kept = services.store.sha256(keys.source_model("staged"))
+    assert kept is not None and base64.b64decode(kept).hex() == config.source_sha256
+    read: list[int] = []
+    services.store.s3.meta.events.register(
+        "after-call.s3.GetObject", lambda parsed, **_: read.append(int(parsed["ContentLength"]))
+    )
+    trainer = warm.stage_trainer_for(services.store, config, 2)
+    assert [v.path for v in trainer.model.weights if modelio.held(v)] == ["c/kernel", "c/bias"]
+    assert 0 < sum(read) < len(archive) / 10, (read, len(archive))
 
 
 def test_a_stages_archive_of_other_bytes_than_run_json_names_is_refused(services: Services, layered: bytes) -> None:

@@ -109,9 +109,17 @@ class ObjectStore:
             raise
         return response["Body"].read()
 
-    def opened(self, key: str, chunk: int) -> tuple[str, RangedObject]:
-        """The object's SHA-256 (hex), read ``chunk`` bytes a GET (no more of it held at once), and the object as a
-        seekable file of the bytes it was computed from (each read a ranged GET of the same object, by its ETag)."""
+    def opened(self, key: str, chunk: int, sha256: str | None = None) -> tuple[str, RangedObject]:
+        """The object's SHA-256 (hex), and the object as a seekable file of the bytes it was computed from (each read
+        a ranged GET of the same object, by its ETag). Where S3 keeps the object's SHA-256 (stored with one: a run's
+        source model) and it is ``sha256``, that is taken, and the object is not read for it; else it is computed,
+        the object read ``chunk`` bytes a GET (no more of it held at once)."""
+        if sha256 is not None:
+            with self._found(key):
+                head = self.s3.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+            kept = head.get("ChecksumSHA256")
+            if kept is not None and base64.b64decode(kept).hex() == sha256:
+                return sha256, RangedObject(self, key, int(head["ContentLength"]), head["ETag"])
         first = self.read(key, (0, chunk - 1))
         size, etag = first.size if first.size is not None else len(first.body), first.etag
         opened = RangedObject(self, key, size, etag)
@@ -338,9 +346,11 @@ class ObjectStore:
         parts = stored_parts(key, len(data))
         if parts > 1:
             return self._create_in_parts(key, data, parts, {"Metadata": metadata or {}, **tagging})
+        # a run's source model: S3 keeps its SHA-256, which a reader checks it by without reading it (``opened``)
+        checked = {"ChecksumAlgorithm": "SHA256"} if fnmatchcase(key, keys.SOURCE_MODEL_OBJECTS) else {}
         try:
             created = self.s3.put_object(
-                Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*", Metadata=metadata or {}, **tagging
+                Bucket=self.bucket, Key=key, Body=data, IfNoneMatch="*", Metadata=metadata or {}, **tagging, **checked
             )
         except ClientError as error:
             if error_code(error) in _EXISTS:

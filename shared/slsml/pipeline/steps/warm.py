@@ -76,8 +76,8 @@ def stage_trainer_for(store: ObjectStore, config: RunConfig, stage: int) -> mode
     """The warm model of pipeline stage ``stage`` of the run (``RunConfig.stage_blocks``): the model the run was
     started with built from its config alone, its stage's layers' weights alone given memory (``modelio.hold``: set
     from the shards each round), so that a stage function holds its own weights, not the model's. On a cold start
-    the archive is read ``ARCHIVE_CHUNK`` bytes at a time, its SHA-256 checked against run.json's before its config
-    is taken."""
+    the archive's SHA-256 is checked against run.json's before its config is taken: the one S3 keeps of it, else
+    one computed, the archive read ``ARCHIVE_CHUNK`` bytes at a time (``ObjectStore.opened``)."""
     assert config.stage_blocks is not None
     warm = cache.warm()
     key = (
@@ -94,7 +94,7 @@ def stage_trainer_for(store: ObjectStore, config: RunConfig, stage: int) -> mode
         return trainer
     model_key = keys.source_model(config.run_id)
     with usage.warming():  # once per container (and architecture, or run)
-        digest, opened = store.opened(model_key, ARCHIVE_CHUNK)
+        digest, opened = store.opened(model_key, ARCHIVE_CHUNK, config.source_sha256)
         _check_sha256(model_key, digest, config.source_sha256)
         try:
             with zipfile.ZipFile(io.BufferedReader(opened, 2**16)) as archive:
