@@ -58,7 +58,7 @@ What compression leaves out is not lost: see ``slsml.training.feedback`` (error 
 
 A round in pipeline stages (``slsml.pipeline.staged``) stores no update body: each stage stores its part of the
 update (float32, in the update's order) as an object of its own, and the object at the update's key is an index
-(``StagedIndex``, an ``.npz`` of the runs of the flat vector each part holds and each part's ETag) with the update's
+(``StagedIndex``, JSON of the runs of the flat vector each part holds and each part's ETag) with the update's
 metadata, as above. A reducer reads the index whole, by the ETag the worker reported, then each range of the parts
 its shard spans (``StagedIndex.ranges``), by the ETag the index names, and decodes their bytes joined as a dense
 part.
@@ -66,6 +66,7 @@ part.
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from decimal import Decimal
@@ -76,7 +77,6 @@ import numpy as np
 
 from slsml.spec.compression import DENSE_F16, DENSE_F32, NONE, SIGNIFICANCE, SPARSE, TOP_K, Compression
 from slsml.spec.shardplan import ShardPlan
-from slsml.training import npz
 
 MAGIC = b"SLSU"
 VERSION = 1
@@ -272,22 +272,23 @@ class StagedIndex(NamedTuple):
     """What stands at an update's key where its worker computed it in pipeline stages (``slsml.pipeline.staged``):
     each stage stored its part of the update, its entries float32 in the update's order, as an object of its own, and
     the index says which runs of the flat vector each part holds (``runs``: stage, first element, elements) and names
-    each part by its ETag (``etags``, by stage). Its user metadata is the update's (``header``)."""
+    each part by its ETag (``etags``, by stage). Its user metadata is the update's (``header``). Encoded as JSON, the
+    same bytes each time (a retry's index is the one stored before: ``ObjectStore.put_own``)."""
 
     runs: tuple[tuple[int, int, int], ...]
     etags: tuple[str, ...]
 
     def encode(self) -> bytes:
-        return npz.encode(runs=np.array(self.runs, np.int64).reshape(-1, 3), etags=np.array(self.etags))
+        return json.dumps({"runs": [list(run) for run in self.runs], "etags": list(self.etags)}).encode()
 
     @classmethod
     def decode(cls, body: bytes, plan: ShardPlan) -> StagedIndex:
         """UpdateFormatError unless ``body`` is an index whose runs cover the plan's flat vector, in order."""
         try:
-            arrays = npz.decode(body)
-            runs = tuple((int(a), int(b), int(c)) for a, b, c in arrays["runs"])
-            etags = tuple(str(e) for e in arrays["etags"])
-        except (ValueError, KeyError, OSError, TypeError) as error:
+            found = json.loads(body)
+            runs = tuple((int(a), int(b), int(c)) for a, b, c in found["runs"])
+            etags = tuple(str(e) for e in found["etags"])
+        except (ValueError, KeyError, TypeError) as error:
             raise UpdateFormatError(f"not an index of an update in stages ({error})") from None
         at = 0
         for stage, start, count in runs:
