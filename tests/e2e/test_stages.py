@@ -168,7 +168,7 @@ def test_the_plan_splits_the_model_as_the_runs_start_did(local, services, staged
     argv += ["--batch", str(BATCH), "--micro-batch", str(MICRO_BATCH), "--iterations", str(ITERATIONS)]
     assert main(["plan", *argv, "--memory", f"worker={local.worker_memory_mb}", "--json"]) == 0
     pipeline = json.loads(capsys.readouterr().out)["pipeline"]
-    assert pipeline["deployed"] == list(config.stage_blocks or ())
+    assert pipeline["deployed"] == list(config.stage_blocks or ()) and pipeline["merger"] is None
 
 
 @pytest.mark.usefixtures("warm")  # the Worker times out after seconds here

@@ -50,6 +50,9 @@ def test_a_dense_model_past_ten_gigabytes_is_planned_in_stages_that_each_hold_th
     staged = next(o for o in pipeline["options"] if o["name"] == f"{S} stages of 10,240 MB")
     assert not bigger["fits"] and staged["fits"] and pipeline["deployed"] == [2] * S
     assert pipeline["pick"].startswith(f"{S} stages of 10,240 MB")
+    # the Merger loads the whole model (49 GB with Adam's state): the stages do not split it
+    merger = next(q for q in out["quotas"] if q["name"] == "memory: merger")
+    assert not merger["ok"] and pipeline["merger"] == merger["detail"]
     assert pipeline["dollars_per_round"] > 0 and pipeline["round_s"] > 0
     # one stage fewer does not fit: the fewest were chosen
     assert main(["plan", *DENSE, "--workers", "4", "--pipeline-stages", str(S - 1)]) == 2

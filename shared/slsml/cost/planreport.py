@@ -298,6 +298,9 @@ def run(
         plans = sorted((p for p in (plan, other) if p is not None), key=lambda p: p.workload.worker_kind)
         sides = side_by_side([(_who(p), p) for p in plans], vm, parameters, price_table)
     pipeline = _pipeline(args, cpu, gpu, parameters, quotas, price_table)
+    merger = next((q for q in plan.quotas if q.name == "memory: merger" and not q.ok), None)
+    if pipeline is not None and merger is not None:  # stages split the workers' model, not the Merger's
+        pipeline = pipeline.model_copy(update={"merger": merger.detail})
     render(plan, recommendation, console, fixed, verdict)
     if pipeline is not None:
         _render_pipeline(pipeline, console)
@@ -416,6 +419,8 @@ def _render_pipeline(pipeline: PipelinePlan, console: Any) -> None:
         figures = f"{_time(option.round_s)}, {_dollars(option.dollars)}" if option.fits else "does not fit"
         console.print(f"  {option.name}: {figures} ({option.detail})")
     console.print(f"→ pick: {p.pick}")
+    if p.merger is not None:
+        console.print(f"[red]but a run of this model cannot work: the Merger loads the whole model: {p.merger}")
     for name, source in p.sources.items():
         console.print(f"  [dim]{name}: {source}")
 

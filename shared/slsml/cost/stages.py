@@ -103,6 +103,11 @@ class PipelinePlan(BaseModel):
         " each stage's function holds its own weights and stores its own part of the update"
     )
     pick: str = Field(description="what the plan would pick, and why")
+    merger: str | None = Field(
+        default=None,
+        description="why the Merger cannot run this model, which it loads whole (the plan's quota memory: merger),"
+        " whatever the stages; None: it can",
+    )
     sources: dict[str, str]
 
 
